@@ -1,0 +1,107 @@
+# Troupe — build everything with `make`, run every test with `make test`.
+#
+# Layout is discovered by wildcard so a new file needs no Makefile edit:
+#   common/ messages/ topology/ engine/ kernels/cpu/ actors/runtime/ tools/lib/  -> build/libtroupe.a
+#   actors/<name>.c  -> build/bin/troupe-<name>   (one process per actor; '_' becomes '-')
+#   tools/<name>.c   -> build/bin/troupe-<name>   (supervisor, client, top, generate, bench)
+#   tests/unit/test_<x>.c -> build/tests/test_<x> (cmocka)
+#   kernels/cuda/*.cu -> build/libtroupe_cuda.a   (only where nvcc exists)
+#   tests/fuzz/fuzz_<x>.c -> build/fuzz/fuzz_<x>  (`make fuzz`, clang libFuzzer + ASan + UBSan)
+
+CC      ?= cc
+ARCH    ?= -march=native
+OPT     ?= -O2
+CFLAGS  ?= $(OPT) -g
+CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -Wshadow -fopenmp $(ARCH) -I.
+PKGS    := libzmq msgpack jansson oniguruma libcyaml libxxhash
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+LDLIBS  := $(PKG_LIBS) -lncursesw -lm -lpthread -ldl -fopenmp
+CMOCKA  := $(shell pkg-config --libs cmocka 2>/dev/null || echo -lcmocka)
+
+# CUDA and NCCL: /usr/local/cuda on the CPU machines, /usr on the GPU node. Optional.
+CUDA_HOME ?= /usr/local/cuda
+NVCC      ?= $(shell command -v nvcc 2>/dev/null || ( [ -x $(CUDA_HOME)/bin/nvcc ] && echo $(CUDA_HOME)/bin/nvcc ))
+CUDA_ARCH ?= -gencode=arch=compute_90a,code=sm_90a
+NCCL_INC  := $(firstword $(wildcard $(CUDA_HOME)/include/nccl.h /usr/include/nccl.h))
+
+B := build
+LIB_SRCS   := $(wildcard common/*.c messages/*.c topology/*.c engine/*.c kernels/cpu/*.c actors/runtime/*.c tools/lib/*.c)
+ACTOR_SRCS := $(wildcard actors/*.c)
+TOOL_SRCS  := $(wildcard tools/*.c)
+TEST_SRCS  := $(wildcard tests/unit/test_*.c)
+FUZZ_SRCS  := $(wildcard tests/fuzz/fuzz_*.c)
+CU_SRCS    := $(wildcard kernels/cuda/*.cu)
+
+LIB_OBJS := $(LIB_SRCS:%.c=$(B)/obj/%.o)
+ACTOR_BINS := $(patsubst actors/%.c,$(B)/bin/troupe-%,$(subst _,-,$(ACTOR_SRCS)))
+TOOL_BINS  := $(patsubst tools/%.c,$(B)/bin/troupe-%,$(subst _,-,$(TOOL_SRCS)))
+TEST_BINS  := $(TEST_SRCS:tests/unit/%.c=$(B)/tests/%)
+FUZZ_BINS  := $(FUZZ_SRCS:tests/fuzz/%.c=$(B)/fuzz/%)
+
+ifneq ($(NVCC),)
+CU_OBJS := $(CU_SRCS:%.cu=$(B)/obj/%.o)
+CUDA_LIB := $(if $(CU_SRCS),$(B)/libtroupe_cuda.a)
+endif
+
+.PHONY: all deps demo test fuzz clean cuda
+all: $(B)/libtroupe.a $(ACTOR_BINS) $(TOOL_BINS) $(TEST_BINS) $(CUDA_LIB)
+
+# Installs what is missing (apt-get as root; otherwise prints the line), fetches tokenizers.
+deps:
+	@tools/install-deps.sh
+
+# The README's first command: deps, build, then the main job on the embedded default topology.
+demo: deps
+	@$(MAKE) --no-print-directory all
+	@tools/demo.sh
+
+# The README's second command (and .ci/run): deps, build, every test, one summary line at the end.
+test: deps
+	@$(MAKE) --no-print-directory all
+	@tests/run.sh
+
+cuda: $(CUDA_LIB)
+
+$(B)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(PKG_CFLAGS) -MMD -MP -c $< -o $@
+
+$(B)/libtroupe.a: $(LIB_OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+
+# Actor and tool names use '-' where the source uses '_': actors/cache_manager.c -> troupe-cache-manager.
+.SECONDEXPANSION:
+$(B)/bin/troupe-%: $$(firstword $$(wildcard actors/$$(subst -,_,$$*).c tools/$$(subst -,_,$$*).c)) $(B)/libtroupe.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(PKG_CFLAGS) $< -o $@ $(B)/libtroupe.a $(LDLIBS)
+
+$(B)/tests/%: tests/unit/%.c $(B)/libtroupe.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(PKG_CFLAGS) $< -o $@ $(B)/libtroupe.a $(CMOCKA) $(LDLIBS)
+
+$(B)/obj/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) -O3 -std=c++17 $(CUDA_ARCH) -I. $(if $(NCCL_INC),-I$(dir $(NCCL_INC))) -c $< -o $@
+
+$(B)/libtroupe_cuda.a: $(CU_OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+
+# Fuzzers: the library sources rebuilt with clang and sanitizers, one binary per target.
+FUZZ_CC     ?= clang
+FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined -I.
+FUZZ_OBJS   := $(LIB_SRCS:%.c=$(B)/fuzz-obj/%.o)
+fuzz: $(FUZZ_BINS)
+$(B)/fuzz-obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fopenmp $(PKG_CFLAGS) -c $< -o $@
+$(B)/fuzz/%: tests/fuzz/%.c $(FUZZ_OBJS)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer $(PKG_CFLAGS) $< $(FUZZ_OBJS) -o $@ $(LDLIBS)
+
+clean:
+	rm -rf $(B)
+
+-include $(shell find $(B) -name '*.d' 2>/dev/null)

@@ -1,0 +1,20 @@
+/* common/util.h — small helpers every module uses: clocks and error strings. */
+#ifndef TROUPE_UTIL_H
+#define TROUPE_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Monotonic clock in milliseconds / nanoseconds (never jumps with wall-clock changes). */
+int64_t now_ms(void);
+int64_t now_ns(void);
+/* Wall clock in milliseconds since the epoch (for timestamps that cross processes). */
+int64_t wall_ms(void);
+
+/* Formats an error into err (may be NULL) and returns -1, so callers can write
+ *     return errf(err, errlen, "%s: header length %llu exceeds 100 MB", path, n);   */
+int errf(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+#define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+
+#endif
