@@ -21,7 +21,7 @@ for t in build/tests/test_*; do
   f=$(grep -oE '\[  FAILED  \] [0-9]+ test' "$logs/$name.log" | awk '{s+=$4} END {print s+0}')
   if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi   # crashed or timed out before its summary
   passed=$((passed + p)); failed=$((failed + f))
-  printf '%-40s %3d passed %3d failed  %5.1fs\n' "$name" "$p" "$f" "$(echo "$(date +%s.%N) - $start" | bc)"
+  printf "%-40s %3d passed %3d failed  %5.1fs\n" "$name" "$p" "$f" "$(awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN{print e-s}')"
   if [ "$f" -ne 0 ]; then failures+=("$name"); grep -E 'FAILED|ERROR|error|Assert' "$logs/$name.log" | head -20 | sed 's/^/    /'; fi
 done
 
@@ -33,7 +33,7 @@ for s in tests/scenario/*.sh; do
   timeout 600 bash "$s" >"$logs/$name.log" 2>&1
   rc=$?
   if [ "$rc" -eq 0 ]; then passed=$((passed + 1)); res=PASS; else failed=$((failed + 1)); res=FAIL; failures+=("$name"); fi
-  printf '%-40s %s  %5.1fs\n' "scenario/$name" "$res" "$(echo "$(date +%s.%N) - $start" | bc)"
+  printf '%-40s %s  %5.1fs\n' "scenario/$name" "$res" "$(awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN{print e-s}')"
   [ "$res" = FAIL ] && tail -25 "$logs/$name.log" | sed 's/^/    /'
 done
 
