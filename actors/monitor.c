@@ -1,0 +1,187 @@
+/* actors/monitor.c — the live view of the cluster.
+ *
+ * Duties:
+ *   - subscribe to every actor's periodic STATS (a SUB socket bound at endpoints.stats; every
+ *     actor and the supervisor connect a PUB to it) and keep the latest frame per actor;
+ *   - answer INSPECT queries on the inspection endpoint (troupe-top, scripts) with an
+ *     INSPECT_REPLY listing every actor, itself included, and marking actors whose stats have
+ *     gone quiet (a killed or wedged process) with the metric `silent_ms`.
+ *
+ * The latest STATS frame of each actor is kept as raw bytes and decoded only when someone asks:
+ * stats arrive every second from every actor, queries rarely.
+ *
+ * Known limits: Prometheus /metrics is not served yet; cache and expert views (INSPECT cache /
+ * experts) answer with the actors whose stats carry those metrics. */
+#include <stdlib.h>
+#include <string.h>
+#include <zmq.h>
+
+#include "actors/runtime/actor.h"
+#include "common/log.h"
+#include "common/util.h"
+
+#define MAX_TRACKED 1024
+
+typedef struct tracked {
+    char name[MSG_MAX_NAME];     /* actor instance name, from its stats */
+    uint8_t *frame;              /* latest STATS frame, as received */
+    size_t len;
+    int64_t seen_ms;             /* when it arrived (monotonic) */
+} tracked_t;
+
+typedef struct monitor {
+    void *sub;                   /* SUB at endpoints.stats_bind */
+    void *inspect;               /* ROUTER at endpoints.inspect */
+    tracked_t actors[MAX_TRACKED];
+    int n;
+    uint64_t frames, bad_frames; /* stats frames received / undecodable */
+    int64_t started_ms;
+} monitor_t;
+
+static tracked_t *s_track(monitor_t *mon, const char *name)
+{
+    for (int i = 0; i < mon->n; i++)
+        if (strcmp(mon->actors[i].name, name) == 0)
+            return &mon->actors[i];
+    if (mon->n >= MAX_TRACKED)
+        return NULL;
+    tracked_t *t = &mon->actors[mon->n++];
+    snprintf(t->name, sizeof t->name, "%s", name);
+    return t;
+}
+
+static int s_on_stats(actor_t *a, void *state, void *sock)
+{
+    monitor_t *mon = state;
+    for (int k = 0; k < 1024; k++) {
+        zmq_msg_t part;
+        zmq_msg_init(&part);
+        if (zmq_msg_recv(&part, sock, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&part);
+            return 0;
+        }
+        mon->frames++;
+        msg_t m;
+        char err[256];
+        const uint8_t *data = zmq_msg_data(&part);
+        size_t len = zmq_msg_size(&part);
+        if (msg_decode(data, len, &m, err, sizeof err) != 0 || m.type != MSG_STATS) {
+            if (m.type == MSG_NONE)
+                LOG_D("bad stats frame: %s", err);
+            mon->bad_frames++;
+            msg_free(&m);
+            zmq_msg_close(&part);
+            continue;
+        }
+        tracked_t *t = s_track(mon, m.u.stats.name);
+        msg_free(&m);
+        if (t) {
+            uint8_t *copy = realloc(t->frame, len);
+            if (copy) {
+                memcpy(copy, data, len);
+                t->frame = copy;
+                t->len = len;
+                t->seen_ms = now_ms();
+            }
+        }
+        zmq_msg_close(&part);
+    }
+    return 0;
+}
+
+/* Builds the reply from every tracked actor's latest stats (decoded now) plus a silent_ms
+ * metric each; the monitor's own entry comes from its live counters. */
+static int s_on_inspect(actor_t *a, void *state, const actor_peer_t *from, msg_t *q)
+{
+    monitor_t *mon = state;
+    const char *only = q->u.inspect.what == MSG_INSPECT_ACTOR ? q->u.inspect.name : NULL;
+    msg_t *decoded = calloc((size_t)mon->n, sizeof *decoded);
+    msg_stats_t *entries = calloc((size_t)mon->n, sizeof *entries);
+    msg_metric_t *metrics = calloc((size_t)mon->n * (MSG_MAX_METRICS + 1), sizeof *metrics);
+    if (!decoded || !entries || !metrics) {
+        free(decoded);
+        free(entries);
+        free(metrics);
+        return actor_reply_error(a, from, q->id, MSG_ERR_INTERNAL, 1, "out of memory"), 0;
+    }
+    int n = 0;
+    int64_t now = now_ms();
+    for (int i = 0; i < mon->n; i++) {
+        tracked_t *t = &mon->actors[i];
+        if (only && strcmp(only, t->name) != 0)
+            continue;
+        char err[256];
+        if (msg_decode(t->frame, t->len, &decoded[n], err, sizeof err) != 0)
+            continue;
+        entries[n] = decoded[n].u.stats;
+        msg_metric_t *ms = &metrics[(size_t)n * (MSG_MAX_METRICS + 1)];
+        uint32_t nm = entries[n].n_metrics < MSG_MAX_METRICS ? entries[n].n_metrics : MSG_MAX_METRICS - 1;
+        memcpy(ms, entries[n].metrics, nm * sizeof *ms);
+        ms[nm++] = (msg_metric_t){.name = "silent_ms", .value = (double)(now - t->seen_ms)};
+        entries[n].metrics = ms;
+        entries[n].n_metrics = nm;
+        n++;
+    }
+    if (only && n == 0) {
+        actor_reply_error(a, from, q->id, MSG_ERR_BAD_REQUEST, 0, "no actor named '%s' has reported", only);
+    } else {
+        msg_t r;
+        msg_init(&r, MSG_INSPECT_REPLY, q->id);
+        r.u.inspect_reply.uptime_ms = (uint64_t)(now - mon->started_ms);
+        r.u.inspect_reply.actors = entries;
+        r.u.inspect_reply.n_actors = (uint32_t)n;
+        if (actor_reply(a, from, &r) != 0)
+            LOG_D("inspect reply not delivered");
+    }
+    for (int i = 0; i < n; i++)
+        msg_free(&decoded[i]);
+    free(decoded);
+    free(entries);
+    free(metrics);
+    return 0;
+}
+
+static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
+{
+    monitor_t *mon = state;
+    actor_stat_metric(a, st, "actors_tracked", mon->n, 0);
+    actor_stat_metric(a, st, "stats_frames", (double)mon->frames, 1);
+    actor_stat_metric(a, st, "stats_frames_bad", (double)mon->bad_frames, 1);
+}
+
+static const actor_handler_t s_handlers[] = {
+    {MSG_INSPECT, s_on_inspect},
+};
+
+int main(int argc, char **argv)
+{
+    actor_t *a = actor_new(argc, argv, ROLE_MONITOR);
+    if (!a)
+        return 2;
+    monitor_t *mon = calloc(1, sizeof *mon);
+    mon->started_ms = now_ms();
+    const topo_t *t = actor_topo(a);
+    mon->sub = zmq_socket(actor_zmq_ctx(a), ZMQ_SUB);
+    actor_sock_defaults(mon->sub, &t->limits);
+    zmq_setsockopt(mon->sub, ZMQ_SUBSCRIBE, "", 0);
+    int rc = -1;
+    if (zmq_bind(mon->sub, t->endpoints.stats_bind) != 0) {
+        LOG_E("bind stats %s: %s", t->endpoints.stats_bind, zmq_strerror(zmq_errno()));
+        zmq_close(mon->sub);
+        goto out;
+    }
+    actor_add_reader(a, mon->sub, s_on_stats);
+    mon->inspect = actor_bind_router(a, t->endpoints.inspect);
+    if (!mon->inspect) {
+        LOG_E("cannot bind the inspection endpoint %s", t->endpoints.inspect);
+        goto out;
+    }
+    actor_ops_t ops = {.handlers = s_handlers, .n_handlers = ARRAY_LEN(s_handlers), .fill_stats = s_fill_stats};
+    rc = actor_run(a, &ops, mon);
+out:
+    actor_destroy(&a);
+    for (int i = 0; i < mon->n; i++)
+        free(mon->actors[i].frame);
+    free(mon);
+    return rc == 0 ? 0 : 1;
+}

@@ -1,0 +1,697 @@
+/* actors/runtime/actor.c — the poll loop, sockets, supervision protocol and stats of every actor.
+ * See actor.h for the life of an actor and the socket layout. */
+#include "actors/runtime/actor.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "common/log.h"
+#include "common/util.h"
+
+#define MAX_EXTRA     4             /* role-bound ROUTER sockets */
+#define MAX_POLLED    4             /* role sockets with their own reader (SUB, ...) */
+#define MAX_TIMERS    16
+#define MAX_PEERS     256
+#define OUTBOX_CAP    1024          /* queued messages per peer beyond its HWM before sends fail */
+#define SEND_BUF      (MSG_MAX_FRAME)
+#define LINGER_MS     200           /* bounded: shutdown never waits longer on unsent data */
+#define STATS_MS      1000
+
+typedef struct outbox_item {
+    uint8_t *data;
+    size_t len;
+} outbox_item_t;
+
+/* One destination actor: a lazily-connected DEALER and the bounded queue for when it is full. */
+typedef struct peer {
+    char name[TOPO_NAME_MAX];
+    void *sock;
+    outbox_item_t *q;               /* ring of OUTBOX_CAP */
+    int q_head, q_len;
+} peer_t;
+
+typedef struct timer {
+    int interval_ms;
+    int64_t next_ms;
+    actor_timer_fn fn;
+} timer_t_;
+
+struct actor {
+    topo_t *topo;                   /* the whole cluster's topology, validated */
+    const topo_instance_t *self;    /* our instance inside topo */
+    topo_role_t role;
+    void *ctx;                      /* ZeroMQ context */
+    void *inbox;                    /* ROUTER, bound at self->inbox_bind */
+    void *control;                  /* DEALER to the supervisor; NULL when run by hand without one */
+    void *stats_pub;                /* PUB to the monitor */
+    void *extra[MAX_EXTRA];         /* role-bound ROUTERs */
+    int n_extra;
+    void *polled[MAX_POLLED];       /* role sockets read by their own function */
+    actor_reader_fn polled_fn[MAX_POLLED];
+    int n_polled;
+    peer_t peers[MAX_PEERS];        /* destinations, by name */
+    int n_peers;
+    timer_t_ timers[MAX_TIMERS];
+    int n_timers;
+    uint8_t *sendbuf;               /* [SEND_BUF] encode scratch: no malloc per message */
+    int64_t started_ms;             /* monotonic, for uptime */
+    int64_t last_sup_ms;            /* last message from the supervisor (orphan detection) */
+    int64_t next_stats_ms;
+    int64_t drain_deadline_ms;      /* 0 until TERM */
+    uint64_t restarts;              /* incarnation number from the supervisor (TROUPE_RESTARTS) */
+    uint64_t msgs_in, msgs_out, malformed, steps;
+    int draining;
+    msg_state_t state;
+    msg_queue_depth_t queues[MSG_MAX_QUEUES];   /* storage for the stats being built */
+    msg_metric_t metrics[MSG_MAX_METRICS];
+    int n_queues, n_metrics;
+};
+
+static volatile sig_atomic_t s_term_signal = 0;
+
+static void s_on_signal(int sig) { s_term_signal = sig; }
+
+/* ---- sockets ----------------------------------------------------------------------------- */
+
+void actor_sock_defaults(void *sock, const topo_limits_t *limits)
+{
+    int linger = LINGER_MS;
+    int64_t maxmsg = limits ? limits->max_message_bytes : MSG_MAX_FRAME;
+    int sndhwm = limits ? limits->send_hwm : 1000, rcvhwm = limits ? limits->recv_hwm : 1000;
+    zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
+    zmq_setsockopt(sock, ZMQ_SNDHWM, &sndhwm, sizeof sndhwm);
+    zmq_setsockopt(sock, ZMQ_RCVHWM, &rcvhwm, sizeof rcvhwm);
+}
+
+static void *s_router(actor_t *a, const char *endpoint)
+{
+    void *s = zmq_socket(a->ctx, ZMQ_ROUTER);
+    if (!s)
+        return NULL;
+    int one = 1;
+    actor_sock_defaults(s, &a->topo->limits);
+    zmq_setsockopt(s, ZMQ_ROUTER_MANDATORY, &one, sizeof one);   /* never drop silently */
+    zmq_setsockopt(s, ZMQ_ROUTER_HANDOVER, &one, sizeof one);    /* restarted peers reclaim ids */
+    if (zmq_bind(s, endpoint) != 0) {
+        LOG_E("bind %s: %s", endpoint, zmq_strerror(errno));
+        zmq_close(s);
+        return NULL;
+    }
+    return s;
+}
+
+/* immediate: queue nothing for a peer that is not connected (peers: the outbox holds it);
+ * the control channel wants the opposite, READY must wait for the supervisor's socket. */
+static void *s_dealer(actor_t *a, const char *endpoint, const char *identity, int immediate)
+{
+    void *s = zmq_socket(a->ctx, ZMQ_DEALER);
+    if (!s)
+        return NULL;
+    actor_sock_defaults(s, &a->topo->limits);
+    zmq_setsockopt(s, ZMQ_IMMEDIATE, &immediate, sizeof immediate);
+    zmq_setsockopt(s, ZMQ_ROUTING_ID, identity, strlen(identity));
+    if (zmq_connect(s, endpoint) != 0) {
+        LOG_E("connect %s: %s", endpoint, zmq_strerror(errno));
+        zmq_close(s);
+        return NULL;
+    }
+    return s;
+}
+
+void *actor_bind_router(actor_t *a, const char *endpoint)
+{
+    if (a->n_extra >= MAX_EXTRA)
+        return NULL;
+    void *s = s_router(a, endpoint);
+    if (s)
+        a->extra[a->n_extra++] = s;
+    return s;
+}
+
+/* ---- encode / send ----------------------------------------------------------------------- */
+
+static int s_encode(actor_t *a, const msg_t *m, size_t *len)
+{
+    char err[256];
+    if (msg_encode(m, a->sendbuf, SEND_BUF, len, err, sizeof err) != 0) {
+        LOG_E("encode %s id=%llu: %s", msg_type_name(m->type), (unsigned long long)m->id, err);
+        return -1;
+    }
+    return 0;
+}
+
+static peer_t *s_peer(actor_t *a, const char *name)
+{
+    for (int i = 0; i < a->n_peers; i++)
+        if (strcmp(a->peers[i].name, name) == 0)
+            return &a->peers[i];
+    const topo_instance_t *inst = topo_find(a->topo, name);
+    if (!inst || a->n_peers >= MAX_PEERS)
+        return NULL;
+    peer_t *p = &a->peers[a->n_peers];
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "%s", name);
+    p->sock = s_dealer(a, inst->inbox, a->self->name, 1);
+    p->q = calloc(OUTBOX_CAP, sizeof *p->q);
+    if (!p->sock || !p->q) {
+        if (p->sock)
+            zmq_close(p->sock);
+        free(p->q);
+        return NULL;
+    }
+    a->n_peers++;
+    return p;
+}
+
+/* Sends queued messages while the peer accepts them. Returns how many are still queued. */
+static int s_flush_peer(peer_t *p)
+{
+    while (p->q_len > 0) {
+        outbox_item_t *it = &p->q[p->q_head];
+        if (zmq_send(p->sock, it->data, it->len, ZMQ_DONTWAIT) < 0)
+            break;
+        free(it->data);
+        it->data = NULL;
+        p->q_head = (p->q_head + 1) % OUTBOX_CAP;
+        p->q_len--;
+    }
+    return p->q_len;
+}
+
+int actor_send(actor_t *a, const char *peer_name, const msg_t *m)
+{
+    peer_t *p = s_peer(a, peer_name);
+    if (!p) {
+        LOG_W("send %s to unknown peer '%s'", msg_type_name(m->type), peer_name);
+        return -1;
+    }
+    size_t len;
+    if (s_encode(a, m, &len) != 0)
+        return -1;
+    /* Order matters: never overtake messages already queued for this peer. */
+    if (s_flush_peer(p) == 0 && zmq_send(p->sock, a->sendbuf, len, ZMQ_DONTWAIT) >= 0) {
+        a->msgs_out++;
+        return 0;
+    }
+    if (p->q_len >= OUTBOX_CAP) {
+        LOG_W("outbox to %s full (%d): %s id=%llu refused", p->name, p->q_len,
+              msg_type_name(m->type), (unsigned long long)m->id);
+        return -1;
+    }
+    outbox_item_t *it = &p->q[(p->q_head + p->q_len) % OUTBOX_CAP];
+    it->data = malloc(len);
+    if (!it->data)
+        return -1;
+    memcpy(it->data, a->sendbuf, len);
+    it->len = len;
+    p->q_len++;
+    a->msgs_out++;
+    return 0;
+}
+
+int actor_reply(actor_t *a, const actor_peer_t *to, const msg_t *m)
+{
+    size_t len;
+    if (s_encode(a, m, &len) != 0)
+        return -1;
+    if (zmq_send(to->sock, to->id, to->id_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+        zmq_send(to->sock, a->sendbuf, len, ZMQ_DONTWAIT) < 0) {
+        LOG_D("reply %s id=%llu: %s", msg_type_name(m->type), (unsigned long long)m->id,
+              zmq_strerror(errno));
+        return -1;
+    }
+    a->msgs_out++;
+    return 0;
+}
+
+int actor_reply_error(actor_t *a, const actor_peer_t *to, uint64_t id, msg_error_code_t code,
+                      int retryable, const char *fmt, ...)
+{
+    char text[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    msg_t m;
+    msg_init(&m, MSG_ERROR, id);
+    m.u.error.code = code;
+    m.u.error.retryable = retryable != 0;
+    m.u.error.message = text;
+    return actor_reply(a, to, &m);
+}
+
+static int s_control_send(actor_t *a, const msg_t *m)
+{
+    if (!a->control)
+        return 0;
+    size_t len;
+    if (s_encode(a, m, &len) != 0)
+        return -1;
+    /* The supervisor always reads; DONTWAIT so a stalled supervisor can never wedge us. */
+    return zmq_send(a->control, a->sendbuf, len, ZMQ_DONTWAIT) < 0 ? -1 : 0;
+}
+
+/* ---- stats ------------------------------------------------------------------------------- */
+
+msg_role_t actor_msg_role(topo_role_t r)
+{
+    static const msg_role_t map[ROLE_COUNT] = {
+        [ROLE_ROUTER] = MSG_ROLE_ROUTER,
+        [ROLE_PREFILL] = MSG_ROLE_PREFILL,
+        [ROLE_DECODE] = MSG_ROLE_DECODE,
+        [ROLE_CACHE_MANAGER] = MSG_ROLE_CACHE_MANAGER,
+        [ROLE_EXPERT_BALANCER] = MSG_ROLE_EXPERT_BALANCER,
+        [ROLE_DRAFT_SCHEDULER] = MSG_ROLE_DRAFT_SCHEDULER,
+        [ROLE_MONITOR] = MSG_ROLE_MONITOR,
+    };
+    return r < ROLE_COUNT ? map[r] : MSG_ROLE_NONE;
+}
+
+void actor_stat_queue(actor_t *a, msg_stats_t *st, const char *name, uint64_t depth, uint64_t cap)
+{
+    if (a->n_queues >= MSG_MAX_QUEUES)
+        return;
+    a->queues[a->n_queues++] = (msg_queue_depth_t){.name = name, .depth = depth, .capacity = cap};
+    st->n_queues = (uint32_t)a->n_queues;
+}
+
+void actor_stat_metric(actor_t *a, msg_stats_t *st, const char *name, double value, int counter)
+{
+    if (a->n_metrics >= MSG_MAX_METRICS)
+        return;
+    a->metrics[a->n_metrics++] = (msg_metric_t){
+        .name = name, .value = value, .kind = counter ? MSG_METRIC_COUNTER : MSG_METRIC_GAUGE};
+    st->n_metrics = (uint32_t)a->n_metrics;
+}
+
+static void s_publish_stats(actor_t *a, const actor_ops_t *ops, void *state)
+{
+    msg_t m;
+    msg_init(&m, MSG_STATS, a->steps);
+    msg_stats_t *st = &m.u.stats;
+    st->role = actor_msg_role(a->role);
+    st->name = a->self->name;
+    st->pid = (uint32_t)getpid();
+    st->uptime_ms = (uint64_t)(now_ms() - a->started_ms);
+    st->state = a->state;
+    st->restarts = (uint32_t)a->restarts;
+    st->msgs_in = a->msgs_in;
+    st->msgs_out = a->msgs_out;
+    st->malformed = a->malformed;
+    /* Queue depths the runtime knows: the longest outbox. Roles add their own. */
+    a->n_queues = 0;
+    a->n_metrics = 0;
+    st->queues = a->queues;
+    st->metrics = a->metrics;
+    int outbox = 0;
+    for (int i = 0; i < a->n_peers; i++)
+        if (a->peers[i].q_len > outbox)
+            outbox = a->peers[i].q_len;
+    actor_stat_queue(a, st, "outbox", (uint64_t)outbox, OUTBOX_CAP);
+    if (ops->fill_stats)
+        ops->fill_stats(a, state, st);
+    size_t len;
+    if (s_encode(a, &m, &len) == 0)
+        zmq_send(a->stats_pub, a->sendbuf, len, ZMQ_DONTWAIT);   /* PUB drops at HWM: fine for stats */
+}
+
+/* ---- receive / dispatch ------------------------------------------------------------------ */
+
+static int s_dispatch(actor_t *a, const actor_ops_t *ops, void *state, const actor_peer_t *from,
+                      msg_t *m)
+{
+    for (size_t i = 0; i < ops->n_handlers; i++)
+        if (ops->handlers[i].type == m->type)
+            return ops->handlers[i].fn(a, state, from, m);
+    actor_reply_error(a, from, m->id, MSG_ERR_BAD_REQUEST, 0, "%s does not handle '%s' messages",
+                      topo_role_name(a->role), msg_type_name(m->type));
+    return 0;
+}
+
+/* Reads everything waiting on one ROUTER socket (identity frame + payload frame), bounded per
+ * call so one busy socket cannot starve the others. */
+static int s_drain_router(actor_t *a, const actor_ops_t *ops, void *state, void *sock)
+{
+    for (int n = 0; n < 256; n++) {
+        actor_peer_t from = {.sock = sock};
+        zmq_msg_t part;
+        zmq_msg_init(&part);
+        if (zmq_msg_recv(&part, sock, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&part);
+            return 0;
+        }
+        from.id_len = zmq_msg_size(&part) < ACTOR_ID_MAX ? zmq_msg_size(&part) : ACTOR_ID_MAX;
+        memcpy(from.id, zmq_msg_data(&part), from.id_len);
+        int more = zmq_msg_more(&part);
+        zmq_msg_close(&part);
+        if (!more)
+            continue;   /* a bare identity: nothing to do */
+        zmq_msg_init(&part);
+        if (zmq_msg_recv(&part, sock, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&part);
+            return 0;
+        }
+        int extra_frames = zmq_msg_more(&part);
+        a->msgs_in++;
+        if (extra_frames) {
+            /* One message = one frame. Swallow the rest of a multipart message and refuse it. */
+            zmq_msg_t rest;
+            do {
+                zmq_msg_init(&rest);
+                zmq_msg_recv(&rest, sock, ZMQ_DONTWAIT);
+                extra_frames = zmq_msg_more(&rest);
+                zmq_msg_close(&rest);
+            } while (extra_frames);
+            a->malformed++;
+            actor_reply_error(a, &from, 0, MSG_ERR_MALFORMED, 0, "a message is exactly one frame");
+            zmq_msg_close(&part);
+            continue;
+        }
+        msg_t m;
+        char err[256];
+        int rc = msg_decode(zmq_msg_data(&part), zmq_msg_size(&part), &m, err, sizeof err);
+        if (rc != 0) {
+            /* Answer with the request id when the frame still shows one, so the client can
+             * correlate the error with what it sent. */
+            msg_type_t t;
+            uint64_t id = 0;
+            if (msg_peek(zmq_msg_data(&part), zmq_msg_size(&part), &t, &id) != 0)
+                id = 0;
+            zmq_msg_close(&part);
+            a->malformed++;
+            LOG_D("malformed message from %.*s: %s", (int)from.id_len, (const char *)from.id, err);
+            actor_reply_error(a, &from, id, MSG_ERR_MALFORMED, 0, "malformed message: %s", err);
+            continue;
+        }
+        zmq_msg_close(&part);
+        if (log_verbose()) {
+            char line[512];
+            msg_to_json(&m, line, sizeof line);
+            LOG_D("<- %.*s %s", (int)from.id_len, (const char *)from.id, line);
+        }
+        rc = s_dispatch(a, ops, state, &from, &m);
+        msg_free(&m);
+        if (rc != 0)
+            return -1;
+    }
+    return 0;
+}
+
+static void s_start_drain(actor_t *a, const char *why)
+{
+    if (a->draining)
+        return;
+    a->draining = 1;
+    a->state = MSG_STATE_DRAINING;
+    a->drain_deadline_ms = now_ms() + (int64_t)a->topo->supervision.grace_s * 1000;
+    LOG_I("draining (%s)", why);
+}
+
+/* The supervisor's channel: heartbeats in (answered with our progress counters), TERM. */
+static int s_drain_control(actor_t *a)
+{
+    uint8_t buf[4096];
+    for (;;) {
+        int n = zmq_recv(a->control, buf, sizeof buf, ZMQ_DONTWAIT);
+        if (n < 0)
+            return 0;
+        a->last_sup_ms = now_ms();
+        msg_t m;
+        char err[256];
+        if (n > (int)sizeof buf || msg_decode(buf, (size_t)n, &m, err, sizeof err) != 0) {
+            a->malformed++;
+            continue;
+        }
+        if (m.type == MSG_HEARTBEAT) {
+            msg_t r;
+            msg_init(&r, MSG_HEARTBEAT, m.id);
+            r.u.heartbeat.seq = m.u.heartbeat.seq;
+            r.u.heartbeat.steps = a->steps;
+            r.u.heartbeat.msgs_in = a->msgs_in;
+            r.u.heartbeat.msgs_out = a->msgs_out;
+            s_control_send(a, &r);
+        } else if (m.type == MSG_TERM) {
+            s_start_drain(a, "TERM from supervisor");
+        }
+        msg_free(&m);
+    }
+}
+
+/* ---- the loop ---------------------------------------------------------------------------- */
+
+int actor_run(actor_t *a, const actor_ops_t *ops, void *state)
+{
+    msg_t ready;
+    msg_init(&ready, MSG_READY, 0);
+    ready.u.ready.role = actor_msg_role(a->role);
+    ready.u.ready.name = a->self->name;
+    ready.u.ready.endpoint = a->self->inbox;
+    ready.u.ready.pid = (uint32_t)getpid();
+    if (s_control_send(a, &ready) != 0)
+        LOG_W("could not send READY to the supervisor");
+    a->state = MSG_STATE_READY;
+    a->last_sup_ms = now_ms();
+    LOG_I("ready: %s inbox %s", a->self->name, a->self->inbox);
+
+    /* With no supervisor message for this long we are an orphan (the supervisor died or the
+     * node lost it): exit rather than serve a cluster nobody manages. */
+    const int64_t orphan_ms = (int64_t)a->topo->supervision.heartbeat_ms *
+                                  a->topo->supervision.liveness * 4 + 5000;
+    zmq_pollitem_t items[3 + MAX_EXTRA + MAX_POLLED];
+    for (;;) {
+        if (s_term_signal)
+            s_start_drain(a, s_term_signal == SIGTERM ? "SIGTERM" : "SIGINT");
+        if (a->draining) {
+            int done = ops->drained ? ops->drained(a, state) : 1;
+            if (done || now_ms() >= a->drain_deadline_ms) {
+                if (!done)
+                    LOG_W("grace period over with work left; exiting");
+                a->state = MSG_STATE_STOPPING;
+                s_publish_stats(a, ops, state);
+                LOG_I("stopped");
+                return 0;
+            }
+        }
+        int busy = 0;
+        if (ops->before_sleep) {
+            busy = ops->before_sleep(a, state);
+            if (busy < 0)
+                return -1;
+            if (busy)
+                a->steps++;
+        }
+        int pending = 0;
+        for (int i = 0; i < a->n_peers; i++)
+            pending += s_flush_peer(&a->peers[i]);
+
+        int64_t now = now_ms();
+        int64_t wake = a->next_stats_ms;
+        for (int i = 0; i < a->n_timers; i++)
+            if (a->timers[i].next_ms < wake)
+                wake = a->timers[i].next_ms;
+        long timeout = busy ? 0 : (long)(wake > now ? wake - now : 0);
+        if (pending && timeout > 5)
+            timeout = 5;   /* retry queued sends soon */
+        if (a->draining && timeout > 20)
+            timeout = 20;
+
+        int n = 0;
+        items[n++] = (zmq_pollitem_t){.socket = a->inbox, .events = ZMQ_POLLIN};
+        if (a->control)
+            items[n++] = (zmq_pollitem_t){.socket = a->control, .events = ZMQ_POLLIN};
+        for (int i = 0; i < a->n_extra; i++)
+            items[n++] = (zmq_pollitem_t){.socket = a->extra[i], .events = ZMQ_POLLIN};
+        for (int i = 0; i < a->n_polled; i++)
+            items[n++] = (zmq_pollitem_t){.socket = a->polled[i], .events = ZMQ_POLLIN};
+        if (zmq_poll(items, n, timeout) < 0 && errno != EINTR) {
+            LOG_E("poll: %s", zmq_strerror(errno));
+            return -1;
+        }
+        if (s_drain_router(a, ops, state, a->inbox) != 0)
+            return -1;
+        if (a->control)
+            s_drain_control(a);
+        for (int i = 0; i < a->n_extra; i++)
+            if (s_drain_router(a, ops, state, a->extra[i]) != 0)
+                return -1;
+        for (int i = 0; i < a->n_polled; i++)
+            if (a->polled_fn[i](a, state, a->polled[i]) != 0)
+                return -1;
+
+        now = now_ms();
+        for (int i = 0; i < a->n_timers; i++) {
+            timer_t_ *t = &a->timers[i];
+            if (now >= t->next_ms) {
+                t->next_ms = now + t->interval_ms;
+                if (t->fn(a, state) != 0)
+                    return -1;
+            }
+        }
+        if (now >= a->next_stats_ms) {
+            a->next_stats_ms = now + STATS_MS;
+            s_publish_stats(a, ops, state);
+        }
+        if (a->control && now - a->last_sup_ms > orphan_ms) {
+            LOG_E("no word from the supervisor for %lld ms: exiting", (long long)(now - a->last_sup_ms));
+            return -1;
+        }
+    }
+}
+
+int actor_add_reader(actor_t *a, void *sock, actor_reader_fn fn)
+{
+    if (a->n_polled >= MAX_POLLED)
+        return -1;
+    a->polled[a->n_polled] = sock;
+    a->polled_fn[a->n_polled++] = fn;
+    return 0;
+}
+
+int actor_timer_add(actor_t *a, int interval_ms, actor_timer_fn fn)
+{
+    if (a->n_timers >= MAX_TIMERS || interval_ms <= 0)
+        return -1;
+    a->timers[a->n_timers++] = (timer_t_){interval_ms, now_ms() + interval_ms, fn};
+    return 0;
+}
+
+/* ---- set-up and tear-down ---------------------------------------------------------------- */
+
+static void s_usage(const char *prog, topo_role_t role)
+{
+    fprintf(stderr,
+            "usage: %s [--topology FILE] [--name INSTANCE] [--verbose]\n"
+            "  Runs one %s actor of a Troupe cluster. Normally started by troupe-supervisor.\n"
+            "  --topology FILE  the cluster's topology (default: the embedded one-machine CPU topology)\n"
+            "  --name NAME      this instance's name in the topology (default: the first %s)\n"
+            "  --verbose        debug logging, including every decoded message\n",
+            prog, topo_role_name(role), topo_role_name(role));
+}
+
+actor_t *actor_new(int argc, char **argv, topo_role_t role)
+{
+    const char *topo_path = NULL, *name = NULL;
+    static const struct option opts[] = {
+        {"topology", required_argument, 0, 't'}, {"name", required_argument, 0, 'n'},
+        {"verbose", no_argument, 0, 'v'},         {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0}};
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "t:n:vh", opts, NULL)) != -1) {
+        switch (c) {
+        case 't': topo_path = optarg; break;
+        case 'n': name = optarg; break;
+        case 'v': log_set_verbose(1); break;
+        case 'h': s_usage(argv[0], role); exit(0);
+        default: s_usage(argv[0], role); return NULL;
+        }
+    }
+    log_init(topo_role_name(role), -1);
+
+    actor_t *a = calloc(1, sizeof *a);
+    if (!a)
+        return NULL;
+    a->role = role;
+    a->started_ms = now_ms();
+    a->state = MSG_STATE_STARTING;
+    const char *r = getenv("TROUPE_RESTARTS");
+    a->restarts = r ? strtoull(r, NULL, 10) : 0;
+
+    topo_errors_t *errs = calloc(1, sizeof *errs);
+    int rc = topo_path ? topo_load_file(topo_path, &a->topo, errs) : topo_load_default(&a->topo, errs);
+    if (rc != 0) {
+        topo_errors_print(errs, stderr);
+        free(errs);
+        free(a);
+        return NULL;
+    }
+    free(errs);
+    a->self = name ? topo_find(a->topo, name) : topo_first(a->topo, role);
+    if (!a->self || a->self->role != role) {
+        LOG_E("%s: no %s instance named '%s' in %s", argv[0], topo_role_name(role),
+              name ? name : "(first)", a->topo->source);
+        goto fail;
+    }
+    log_init(a->self->name, -1);
+
+    /* Die with the supervisor when it started us locally (remote children rely on the orphan
+     * timeout in the loop instead). */
+    if (getenv("TROUPE_SUPERVISED"))
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+    struct sigaction sa = {.sa_handler = s_on_signal};
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    a->sendbuf = malloc(SEND_BUF);
+    a->ctx = zmq_ctx_new();
+    if (!a->sendbuf || !a->ctx)
+        goto fail;
+    a->inbox = s_router(a, a->self->inbox_bind);
+    if (!a->inbox) {
+        LOG_E("cannot bind the inbox %s (is another cluster with the same name running?)",
+              a->self->inbox_bind);
+        goto fail;
+    }
+    if (getenv("TROUPE_SUPERVISED")) {
+        a->control = s_dealer(a, a->topo->endpoints.control, a->self->name, 0);
+        if (!a->control)
+            goto fail;
+    }
+    a->stats_pub = zmq_socket(a->ctx, ZMQ_PUB);
+    actor_sock_defaults(a->stats_pub, &a->topo->limits);
+    if (zmq_connect(a->stats_pub, a->topo->endpoints.stats) != 0) {
+        LOG_E("connect stats %s: %s", a->topo->endpoints.stats, zmq_strerror(errno));
+        goto fail;
+    }
+    a->next_stats_ms = now_ms() + 200;   /* first stats soon after start */
+    return a;
+fail:
+    actor_destroy(&a);
+    return NULL;
+}
+
+void actor_destroy(actor_t **self_p)
+{
+    if (!self_p || !*self_p)
+        return;
+    actor_t *a = *self_p;
+    for (int i = 0; i < a->n_peers; i++) {
+        peer_t *p = &a->peers[i];
+        for (int k = 0; k < p->q_len; k++)
+            free(p->q[(p->q_head + k) % OUTBOX_CAP].data);
+        free(p->q);
+        zmq_close(p->sock);
+    }
+    for (int i = 0; i < a->n_extra; i++)
+        zmq_close(a->extra[i]);
+    for (int i = 0; i < a->n_polled; i++)
+        zmq_close(a->polled[i]);
+    if (a->inbox)
+        zmq_close(a->inbox);
+    if (a->control)
+        zmq_close(a->control);
+    if (a->stats_pub)
+        zmq_close(a->stats_pub);
+    if (a->ctx)
+        zmq_ctx_term(a->ctx);   /* bounded: every socket has a short linger */
+    topo_destroy(&a->topo);
+    free(a->sendbuf);
+    free(a);
+    *self_p = NULL;
+}
+
+const topo_t *actor_topo(const actor_t *a) { return a->topo; }
+const topo_instance_t *actor_self(const actor_t *a) { return a->self; }
+void *actor_zmq_ctx(actor_t *a) { return a->ctx; }
+int actor_draining(const actor_t *a) { return a->draining; }
+uint64_t actor_restarts(const actor_t *a) { return a->restarts; }

@@ -1,0 +1,117 @@
+/* actors/runtime/actor.h — the skeleton every actor process shares.
+ *
+ * Life of an actor:  actor_new (parse argv, load the topology, find our instance, open sockets)
+ *   -> the role's own set-up (load a model, allocate pools)  -> actor_run (sends READY, then one poll
+ *   loop)  -> actor_destroy.  The loop dispatches each incoming message to one handler from the
+ *   role's table keyed by message type, fires timers, calls the role's before_sleep hook (where
+ *   decode runs a step), answers the supervisor's heartbeats, publishes stats, and on TERM or
+ *   SIGTERM drains (the role says when it is drained) and returns 0. A fatal error returns -1 and
+ *   main() exits non-zero so the supervisor can decide what happens next.
+ *
+ * Sockets (endpoints all derived by topology/):
+ *   inbox    ROUTER, bound at our instance's inbox; peers' DEALERs connect with routing id = their
+ *            instance name. ROUTER_MANDATORY + ROUTER_HANDOVER (a restarted peer reclaims its id).
+ *   peers    one DEALER per destination actor, connected lazily to its inbox, ZMQ_IMMEDIATE so
+ *            nothing queues for a peer that is not there; sends never block: at the high-water
+ *            mark a bounded per-peer outbox holds the message, past that the send fails and the
+ *            caller answers `overloaded`.
+ *   control  DEALER to the supervisor: READY, heartbeats (with progress counters), TERM.
+ *   stats    PUB connected to the monitor's SUB: periodic STATS (monitoring only; drops at HWM).
+ *   extra    sockets a role adds (the router's client ROUTER, the monitor's inspection ROUTER).
+ *
+ * Every socket gets a bounded linger, a maximum message size and high-water marks from the
+ * topology's limits, so shutdown never hangs and no peer can make us allocate without bound.
+ *
+ * Known limits: CURVE is configured by the topology but not yet applied to sockets here. */
+#ifndef TROUPE_ACTOR_H
+#define TROUPE_ACTOR_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "messages/msg.h"
+#include "topology/topology.h"
+
+#define ACTOR_ID_MAX 256           /* ZeroMQ routing ids are at most 255 bytes */
+
+typedef struct actor actor_t;
+
+/* Who sent a message and how to answer: the socket it came in on plus the routing id. */
+typedef struct actor_peer {
+    void *sock;                    /* a ROUTER socket of ours (inbox or an extra socket) */
+    uint8_t id[ACTOR_ID_MAX];
+    size_t id_len;
+} actor_peer_t;
+
+/* A handler returns 0 to go on, or -1 to stop the actor with an error (fatal). The message is
+ * freed by the runtime after the handler returns; a handler that keeps data copies it. */
+typedef int (*actor_handler_fn)(actor_t *a, void *state, const actor_peer_t *from, msg_t *m);
+
+typedef struct actor_handler {
+    msg_type_t type;
+    actor_handler_fn fn;
+} actor_handler_t;
+
+typedef struct actor_ops {
+    const actor_handler_t *handlers;   /* dispatch table for the inbox and extra sockets */
+    size_t n_handlers;
+    /* Called once per loop iteration before polling. Return 1 if there is more work right away
+     * (poll will not sleep), 0 if idle, -1 on a fatal error. May be NULL. */
+    int (*before_sleep)(actor_t *a, void *state);
+    /* Adds role-specific metrics and queue depths to the periodic stats. May be NULL. */
+    void (*fill_stats)(actor_t *a, void *state, msg_stats_t *st);
+    /* Called repeatedly after TERM/SIGTERM; return 1 when drained (the loop then exits 0).
+     * NULL means nothing to drain. Draining is bounded by the grace period. */
+    int (*drained)(actor_t *a, void *state);
+} actor_ops_t;
+
+/* Parses --topology FILE (default: the embedded default), --name INSTANCE, --verbose, --help,
+ * loads and validates the topology, checks the instance's role is `role`, sets up logging and
+ * opens the sockets. Returns NULL after logging a clear error (main exits 2 then). */
+actor_t *actor_new(int argc, char **argv, topo_role_t role);
+void actor_destroy(actor_t **self_p);
+
+/* The loop: READY, then dispatch until TERM/SIGTERM (returns 0 when drained) or a fatal error
+ * (returns -1). */
+int actor_run(actor_t *a, const actor_ops_t *ops, void *state);
+
+/* Sends m to another actor's inbox. Never blocks. 0 when sent or queued; -1 when the peer is
+ * unknown or its outbox is full (the caller turns that into `overloaded` or a retry). */
+int actor_send(actor_t *a, const char *peer_name, const msg_t *m);
+/* Answers the sender of a message through the socket it came in on. -1 if it is gone. */
+int actor_reply(actor_t *a, const actor_peer_t *to, const msg_t *m);
+/* Replies with an error message (code, text, retryable) to a sender, correlated by id. */
+int actor_reply_error(actor_t *a, const actor_peer_t *to, uint64_t id, msg_error_code_t code,
+                      int retryable, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+
+/* Adds a ROUTER socket the role binds itself (client-facing, inspection). Its messages are
+ * decoded and dispatched through the same handler table; the socket is closed by actor_destroy.
+ * Returns the socket (the runtime applies the standard options first) or NULL. */
+void *actor_bind_router(actor_t *a, const char *endpoint);
+
+/* Adds a socket the role reads itself (the monitor's stats SUB): fn is called when it is
+ * readable and must not block (ZMQ_DONTWAIT). The socket is closed by actor_destroy. */
+typedef int (*actor_reader_fn)(actor_t *a, void *state, void *sock);
+int actor_add_reader(actor_t *a, void *sock, actor_reader_fn fn);
+
+/* Calls fn(a, state) every interval_ms (first call after one interval). At most 16 timers. */
+typedef int (*actor_timer_fn)(actor_t *a, void *state);
+int actor_timer_add(actor_t *a, int interval_ms, actor_timer_fn fn);
+
+/* Applies the standard options (linger, max message size, HWMs) to a socket made elsewhere
+ * (e.g. a client library socket). */
+void actor_sock_defaults(void *sock, const topo_limits_t *limits);
+
+/* Role-specific entries for fill_stats (names must be string literals or outlive the call). */
+void actor_stat_queue(actor_t *a, msg_stats_t *st, const char *name, uint64_t depth, uint64_t cap);
+void actor_stat_metric(actor_t *a, msg_stats_t *st, const char *name, double value, int counter);
+/* The wire role for a topology role. */
+msg_role_t actor_msg_role(topo_role_t r);
+
+const topo_t *actor_topo(const actor_t *a);
+const topo_instance_t *actor_self(const actor_t *a);
+void *actor_zmq_ctx(actor_t *a);
+int actor_draining(const actor_t *a);    /* 1 after TERM / SIGTERM */
+uint64_t actor_restarts(const actor_t *a);
+
+#endif

@@ -1,0 +1,604 @@
+/* engine/config.c — model_config_t from config.json (+ generation_config.json), both spellings.
+ *
+ * A key that is absent takes the default of the transformers config class for that architecture,
+ * exactly as transformers would when it loads the same file, so a hand-written config means the
+ * same thing to us as to the oracle. A key that is present but wrong (type, range, an option we do
+ * not implement) is an error naming the file and the key: running a model with silently different
+ * semantics is worse than refusing it.
+ *
+ * Sanity ceilings (CFG_MAX_*) bound every dimension so that the products the engine computes from
+ * them (hidden x vocab, heads x head_dim, ...) can never overflow, whatever the file says. */
+#include "engine/config.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+
+#define CFG_MAX_FILE (16u << 20)  /* config files are a few KB; refuse anything absurd */
+#define CFG_MAX_VOCAB (1 << 22)
+#define CFG_MAX_HIDDEN (1 << 17)
+#define CFG_MAX_INTERMEDIATE (1 << 20)
+#define CFG_MAX_LAYERS 1024
+#define CFG_MAX_HEADS 1024
+#define CFG_MAX_HEAD_DIM 1024
+#define CFG_MAX_EXPERTS 4096
+#define CFG_MAX_POS (1 << 30)
+
+/* transformers' class defaults per architecture (configuration_<model>.py). */
+typedef struct {
+    const char *arch_class, *model_type;
+    int vocab, hidden, intermediate, layers, heads;
+    int kv_heads;                 /* 0: same as heads */
+    int head_dim;                 /* 0: hidden / heads */
+    int max_pos;
+    double rms_eps, rope_theta;
+    int bos, eos;                 /* -1: none */
+    int experts, experts_per_tok, moe_intermediate, norm_topk;  /* moe_intermediate 0: intermediate */
+    int qk_norm;
+} arch_defaults_t;
+
+static const arch_defaults_t s_arch[ARCH_COUNT] = {
+    [ARCH_LLAMA] = {"LlamaForCausalLM", "llama", 32000, 4096, 11008, 32, 32, 0, 0, 2048, 1e-6, 10000.0, 1, 2,
+                    0, 0, 0, 0, 0},
+    [ARCH_QWEN3] = {"Qwen3ForCausalLM", "qwen3", 151936, 4096, 22016, 32, 32, 32, 128, 32768, 1e-6, 10000.0, -1, -1,
+                    0, 0, 0, 0, 1},
+    [ARCH_QWEN3_MOE] = {"Qwen3MoeForCausalLM", "qwen3_moe", 151936, 2048, 6144, 24, 32, 4, 0, 32768, 1e-6, 10000.0,
+                        -1, -1, 128, 8, 768, 0, 1},
+    /* Mixtral always renormalises its top-k routing weights, i.e. norm_topk_prob is 1. */
+    [ARCH_MIXTRAL] = {"MixtralForCausalLM", "mixtral", 32000, 4096, 14336, 32, 32, 8, 0, 131072, 1e-5, 1e6, 1, 2,
+                      8, 2, 0, 1, 0},
+};
+
+const char *config_arch_name(model_arch_t arch) { return arch < ARCH_COUNT ? s_arch[arch].model_type : "?"; }
+
+/* ---- typed getters: absent or null -> default; present with the wrong type or range -> error ---- */
+
+typedef struct {
+    json_t *root;
+    const char *file;
+    char *err;
+    size_t errlen;
+    const char *scope;            /* "" or "rope_scaling." : prefixes key names in messages */
+} ctx_t;
+
+static int s_present(json_t *obj, const char *key) { json_t *v = json_object_get(obj, key); return v && !json_is_null(v); }
+
+static int s_int(ctx_t *c, json_t *obj, const char *key, int def, int lo, int hi, int *out)
+{
+    json_t *v = json_object_get(obj, key);
+    if (!v || json_is_null(v)) {
+        *out = def;
+        return 0;
+    }
+    if (!json_is_integer(v))
+        return errf(c->err, c->errlen, "%s: \"%s%s\" must be an integer", c->file, c->scope, key);
+    json_int_t x = json_integer_value(v);
+    if (x < lo || x > hi)
+        return errf(c->err, c->errlen, "%s: \"%s%s\" is %lld, outside [%d, %d]", c->file, c->scope, key, (long long)x,
+                    lo, hi);
+    *out = (int)x;
+    return 0;
+}
+
+static int s_num(ctx_t *c, json_t *obj, const char *key, double def, int *found, double *out)
+{
+    json_t *v = json_object_get(obj, key);
+    if (found)
+        *found = 0;
+    if (!v || json_is_null(v)) {
+        *out = def;
+        return 0;
+    }
+    if (!json_is_number(v))
+        return errf(c->err, c->errlen, "%s: \"%s%s\" must be a number", c->file, c->scope, key);
+    *out = json_number_value(v);
+    if (!isfinite(*out))
+        return errf(c->err, c->errlen, "%s: \"%s%s\" is not finite", c->file, c->scope, key);
+    if (found)
+        *found = 1;
+    return 0;
+}
+
+static int s_bool(ctx_t *c, json_t *obj, const char *key, int def, int *out)
+{
+    json_t *v = json_object_get(obj, key);
+    if (!v || json_is_null(v))
+        *out = def;
+    else if (json_is_boolean(v))
+        *out = json_is_true(v);
+    else if (json_is_integer(v) && (json_integer_value(v) == 0 || json_integer_value(v) == 1))
+        *out = (int)json_integer_value(v);
+    else
+        return errf(c->err, c->errlen, "%s: \"%s%s\" must be true or false", c->file, c->scope, key);
+    return 0;
+}
+
+/* eos_token_id: an int or a list of ints; null leaves the list empty. */
+static int s_token_list(ctx_t *c, json_t *obj, const char *key, int vocab, int *ids, int *n)
+{
+    json_t *v = json_object_get(obj, key);
+    *n = 0;
+    if (!v || json_is_null(v))
+        return 0;
+    size_t cnt = json_is_array(v) ? json_array_size(v) : 1;
+    if (!json_is_array(v) && !json_is_integer(v))
+        return errf(c->err, c->errlen, "%s: \"%s\" must be an integer or a list of integers", c->file, key);
+    if (cnt > CONFIG_MAX_EOS)
+        return errf(c->err, c->errlen, "%s: \"%s\" lists %zu tokens (at most %d)", c->file, key, cnt, CONFIG_MAX_EOS);
+    for (size_t i = 0; i < cnt; i++) {
+        json_t *e = json_is_array(v) ? json_array_get(v, i) : v;
+        if (!json_is_integer(e))
+            return errf(c->err, c->errlen, "%s: \"%s\" must be an integer or a list of integers", c->file, key);
+        json_int_t x = json_integer_value(e);
+        if (x < 0 || x >= vocab)
+            return errf(c->err, c->errlen, "%s: \"%s\" token %lld is outside the vocabulary [0, %d)", c->file, key,
+                        (long long)x, vocab);
+        ids[(*n)++] = (int)x;
+    }
+    return 0;
+}
+
+/* ---- rope ---- */
+
+/* Reads transformers 4's rope_scaling or transformers 5's rope_parameters. As transformers 5 does,
+ * rope_scaling wins when both are given; rope_theta inside the object beats a top-level one. */
+static int s_rope(ctx_t *c, model_config_t *cfg, double def_theta)
+{
+    json_t *root = c->root;
+    if (s_num(c, root, "rope_theta", def_theta, NULL, &cfg->rope_theta) != 0)
+        return -1;
+    cfg->rope_kind = ROPE_DEFAULT;
+    cfg->rope_factor = 1.0;
+    const char *objkey = s_present(root, "rope_scaling") ? "rope_scaling"
+                       : s_present(root, "rope_parameters") ? "rope_parameters" : NULL;
+    if (objkey) {
+        json_t *r = json_object_get(root, objkey);
+        if (!json_is_object(r))
+            return errf(c->err, c->errlen, "%s: \"%s\" must be an object", c->file, objkey);
+        char scope[32];
+        snprintf(scope, sizeof scope, "%s.", objkey);
+        ctx_t rc = *c;
+        rc.scope = scope;          /* messages say "rope_scaling.factor" */
+
+        const char *tkey = s_present(r, "rope_type") ? "rope_type" : s_present(r, "type") ? "type" : NULL;
+        const char *type = "default";
+        if (tkey) {
+            json_t *t = json_object_get(r, tkey);
+            if (!json_is_string(t))
+                return errf(c->err, c->errlen, "%s: \"%s%s\" must be a string", c->file, scope, tkey);
+            type = json_string_value(t);
+        } else {
+            /* transformers 5 also allows one rope object per layer type; no model we serve uses it. */
+            const char *k;
+            json_t *v;
+            json_object_foreach(r, k, v) {
+                if (json_is_object(v))
+                    return errf(c->err, c->errlen, "%s: \"%s%s\": per-layer-type rope parameters are not supported",
+                                c->file, scope, k);
+            }
+        }
+        if (s_num(&rc, r, "rope_theta", cfg->rope_theta, NULL, &cfg->rope_theta) != 0)
+            return -1;
+        double prf;
+        if (s_num(&rc, r, "partial_rotary_factor", 1.0, NULL, &prf) != 0)
+            return -1;
+        if (prf != 1.0)
+            return errf(c->err, c->errlen, "%s: \"%spartial_rotary_factor\" must be 1 (partial rotary is not supported)",
+                        c->file, scope);
+        if (strcmp(type, "default") == 0) {
+            cfg->rope_kind = ROPE_DEFAULT;
+        } else if (strcmp(type, "linear") == 0 || strcmp(type, "llama3") == 0) {
+            cfg->rope_kind = strcmp(type, "linear") == 0 ? ROPE_LINEAR : ROPE_LLAMA3;
+            if (!s_present(r, "factor"))
+                return errf(c->err, c->errlen, "%s: \"%sfactor\" is required for rope_type %s", c->file, scope, type);
+            if (s_num(&rc, r, "factor", 1.0, NULL, &cfg->rope_factor) != 0)
+                return -1;
+            if (cfg->rope_factor < 1.0)
+                return errf(c->err, c->errlen, "%s: \"%sfactor\" must be >= 1", c->file, scope);
+        } else {
+            return errf(c->err, c->errlen, "%s: \"%s%s\" '%.40s' is not supported (default, linear, llama3)", c->file,
+                        scope, tkey, type);
+        }
+        if (cfg->rope_kind == ROPE_LLAMA3) {
+            static const char *const need[] = {"low_freq_factor", "high_freq_factor", "original_max_position_embeddings"};
+            for (size_t i = 0; i < ARRAY_LEN(need); i++)
+                if (!s_present(r, need[i]))
+                    return errf(c->err, c->errlen, "%s: \"%s%s\" is required for rope_type llama3", c->file, scope,
+                                need[i]);
+            if (s_num(&rc, r, "low_freq_factor", 0, NULL, &cfg->rope_low_freq_factor) != 0 ||
+                s_num(&rc, r, "high_freq_factor", 0, NULL, &cfg->rope_high_freq_factor) != 0 ||
+                s_int(&rc, r, "original_max_position_embeddings", 0, 1, CFG_MAX_POS, &cfg->rope_original_max_pos) != 0)
+                return -1;
+            if (!(cfg->rope_low_freq_factor > 0))
+                return errf(c->err, c->errlen, "%s: \"%slow_freq_factor\" must be > 0", c->file, scope);
+            /* The smoothing divides by (high - low). */
+            if (!(cfg->rope_high_freq_factor > cfg->rope_low_freq_factor))
+                return errf(c->err, c->errlen, "%s: \"%shigh_freq_factor\" must be > low_freq_factor", c->file, scope);
+        }
+    }
+    if (!(cfg->rope_theta > 0))
+        return errf(c->err, c->errlen, "%s: \"rope_theta\" must be > 0", c->file);
+    return 0;
+}
+
+/* ---- architecture ---- */
+
+static int s_arch_of(ctx_t *c, model_arch_t *out)
+{
+    json_t *archs = json_object_get(c->root, "architectures");
+    json_t *mt = json_object_get(c->root, "model_type");
+    int by_class = -1, by_type = -1;
+    if (archs && !json_is_null(archs)) {
+        if (!json_is_array(archs) || json_array_size(archs) == 0 || !json_is_string(json_array_get(archs, 0)))
+            return errf(c->err, c->errlen, "%s: \"architectures\" must be a non-empty list of strings", c->file);
+        const char *name = json_string_value(json_array_get(archs, 0));
+        for (int a = 0; a < ARCH_COUNT; a++)
+            if (strcmp(name, s_arch[a].arch_class) == 0)
+                by_class = a;
+        if (by_class < 0)
+            return errf(c->err, c->errlen,
+                        "%s: \"architectures\" '%.60s' is not supported (LlamaForCausalLM, Qwen3ForCausalLM, "
+                        "Qwen3MoeForCausalLM, MixtralForCausalLM)", c->file, name);
+    }
+    if (mt && !json_is_null(mt)) {
+        if (!json_is_string(mt))
+            return errf(c->err, c->errlen, "%s: \"model_type\" must be a string", c->file);
+        for (int a = 0; a < ARCH_COUNT; a++)
+            if (strcmp(json_string_value(mt), s_arch[a].model_type) == 0)
+                by_type = a;
+        if (by_type < 0 && by_class < 0)
+            return errf(c->err, c->errlen, "%s: \"model_type\" '%.60s' is not supported (llama, qwen3, qwen3_moe, mixtral)",
+                        c->file, json_string_value(mt));
+        if (by_type >= 0 && by_class >= 0 && by_type != by_class)
+            return errf(c->err, c->errlen, "%s: \"model_type\" '%s' contradicts \"architectures\" '%s'", c->file,
+                        json_string_value(mt), s_arch[by_class].arch_class);
+    }
+    if (by_class < 0 && by_type < 0)
+        return errf(c->err, c->errlen, "%s: neither \"architectures\" nor \"model_type\" names the model", c->file);
+    *out = (model_arch_t)(by_class >= 0 ? by_class : by_type);
+    return 0;
+}
+
+/* ---- options we do not implement: refuse rather than run a different model ---- */
+
+static int s_unsupported(ctx_t *c, model_arch_t arch)
+{
+    json_t *act = json_object_get(c->root, "hidden_act");
+    if (act && !json_is_null(act) && (!json_is_string(act) || strcmp(json_string_value(act), "silu") != 0))
+        return errf(c->err, c->errlen, "%s: \"hidden_act\" must be \"silu\" (the only activation supported)", c->file);
+    int on;
+    if (s_bool(c, c->root, "mlp_bias", 0, &on) != 0)
+        return -1;
+    if (on)
+        return errf(c->err, c->errlen, "%s: \"mlp_bias\" true is not supported", c->file);
+    if (arch == ARCH_QWEN3 || arch == ARCH_QWEN3_MOE) {
+        if (s_bool(c, c->root, "use_sliding_window", 0, &on) != 0)
+            return -1;
+        if (on)
+            return errf(c->err, c->errlen, "%s: \"use_sliding_window\" true is not supported", c->file);
+    }
+    json_t *lt = json_object_get(c->root, "layer_types");
+    if (lt && !json_is_null(lt)) {
+        if (!json_is_array(lt))
+            return errf(c->err, c->errlen, "%s: \"layer_types\" must be a list", c->file);
+        for (size_t i = 0; i < json_array_size(lt); i++) {
+            json_t *e = json_array_get(lt, i);
+            if (!json_is_string(e) || strcmp(json_string_value(e), "full_attention") != 0)
+                return errf(c->err, c->errlen, "%s: \"layer_types\"[%zu] is not \"full_attention\" (only full attention is supported)",
+                            c->file, i);
+        }
+    }
+    if (arch == ARCH_MIXTRAL && s_present(c->root, "sliding_window"))
+        return errf(c->err, c->errlen, "%s: \"sliding_window\" is set; sliding-window attention is not supported", c->file);
+    return 0;
+}
+
+static void s_gen_defaults(model_config_t *cfg)
+{
+    /* transformers' GenerationConfig defaults. */
+    cfg->gen.do_sample = 0;
+    cfg->gen.temperature = 1.0;
+    cfg->gen.top_p = 1.0;
+    cfg->gen.min_p = 0.0;
+    cfg->gen.repetition_penalty = 1.0;
+    cfg->gen.top_k = 50;
+    cfg->gen.max_new_tokens = 0;
+}
+
+static json_t *s_load_object(const char *json, size_t len, const char *file, char *err, size_t errlen)
+{
+    json_error_t jerr;
+    json_t *root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root) {
+        errf(err, errlen, "%s: not valid JSON (line %d, column %d: %s)", file, jerr.line, jerr.column, jerr.text);
+        return NULL;
+    }
+    if (!json_is_object(root)) {
+        json_decref(root);
+        errf(err, errlen, "%s: top level is not a JSON object", file);
+        return NULL;
+    }
+    return root;
+}
+
+int config_parse(const char *json, size_t len, const char *name_for_errors, model_config_t *cfg, char *err,
+                 size_t errlen)
+{
+    const char *file = name_for_errors ? name_for_errors : "config.json";
+    memset(cfg, 0, sizeof *cfg);
+    json_t *root = s_load_object(json, len, file, err, errlen);
+    if (!root)
+        return -1;
+    ctx_t c = {root, file, err, errlen, ""};
+    ctx_t *C = &c;
+    int rc = -1;
+    model_arch_t arch = ARCH_LLAMA;
+    if (s_arch_of(C, &arch) != 0 || s_unsupported(C, arch) != 0)
+        goto out;
+    const arch_defaults_t *d = &s_arch[arch];
+    cfg->arch = arch;
+
+    if (s_int(C, root, "vocab_size", d->vocab, 1, CFG_MAX_VOCAB, &cfg->vocab_size) ||
+        s_int(C, root, "hidden_size", d->hidden, 1, CFG_MAX_HIDDEN, &cfg->hidden_size) ||
+        s_int(C, root, "intermediate_size", d->intermediate, 1, CFG_MAX_INTERMEDIATE, &cfg->intermediate_size) ||
+        s_int(C, root, "num_hidden_layers", d->layers, 1, CFG_MAX_LAYERS, &cfg->num_layers) ||
+        s_int(C, root, "num_attention_heads", d->heads, 1, CFG_MAX_HEADS, &cfg->num_heads) ||
+        s_int(C, root, "max_position_embeddings", d->max_pos, 1, CFG_MAX_POS, &cfg->max_position_embeddings))
+        goto out;
+    /* A null num_key_value_heads means MHA in every class; an absent one takes the class default. */
+    json_t *kv = json_object_get(root, "num_key_value_heads");
+    int kv_def = (kv && json_is_null(kv)) || d->kv_heads == 0 ? cfg->num_heads : d->kv_heads;
+    if (s_int(C, root, "num_key_value_heads", kv_def, 1, CFG_MAX_HEADS, &cfg->num_kv_heads))
+        goto out;
+    if (cfg->num_heads % cfg->num_kv_heads != 0) {
+        errf(err, errlen, "%s: \"num_key_value_heads\" (%d) must divide \"num_attention_heads\" (%d)", file,
+             cfg->num_kv_heads, cfg->num_heads);
+        goto out;
+    }
+    /* head_dim: explicit wins; null means hidden/heads; absent takes the class default (Qwen3: 128). */
+    json_t *hd = json_object_get(root, "head_dim");
+    if ((!hd && d->head_dim == 0) || (hd && json_is_null(hd))) {
+        if (cfg->hidden_size % cfg->num_heads != 0) {
+            errf(err, errlen, "%s: \"hidden_size\" (%d) is not a multiple of \"num_attention_heads\" (%d) and no \"head_dim\" is given",
+                 file, cfg->hidden_size, cfg->num_heads);
+            goto out;
+        }
+        cfg->head_dim = cfg->hidden_size / cfg->num_heads;
+    } else if (s_int(C, root, "head_dim", d->head_dim, 1, CFG_MAX_HEAD_DIM, &cfg->head_dim)) {
+        goto out;
+    }
+    if (cfg->head_dim % 2 != 0) {
+        errf(err, errlen, "%s: \"head_dim\" (%d) must be even for rotary embeddings", file, cfg->head_dim);
+        goto out;
+    }
+
+    if (s_num(C, root, "rms_norm_eps", d->rms_eps, NULL, &cfg->rms_norm_eps))
+        goto out;
+    if (!(cfg->rms_norm_eps > 0) || cfg->rms_norm_eps >= 1) {
+        errf(err, errlen, "%s: \"rms_norm_eps\" must be in (0, 1)", file);
+        goto out;
+    }
+    if (s_rope(C, cfg, d->rope_theta))
+        goto out;
+    if (s_bool(C, root, "tie_word_embeddings", 0, &cfg->tie_word_embeddings) ||
+        s_bool(C, root, "attention_bias", 0, &cfg->attention_bias))
+        goto out;
+    cfg->has_qk_norm = d->qk_norm;
+
+    /* MoE: Qwen3-MoE writes num_experts (v4) or num_local_experts (v5); Mixtral num_local_experts. */
+    cfg->decoder_sparse_step = 1;
+    if (arch == ARCH_QWEN3_MOE || arch == ARCH_MIXTRAL) {
+        int ne_a = -1, ne_b = -1;
+        if (s_int(C, root, "num_experts", -1, 0, CFG_MAX_EXPERTS, &ne_a) ||
+            s_int(C, root, "num_local_experts", -1, 0, CFG_MAX_EXPERTS, &ne_b))
+            goto out;
+        if (ne_a >= 0 && ne_b >= 0 && ne_a != ne_b) {
+            errf(err, errlen, "%s: \"num_experts\" (%d) and \"num_local_experts\" (%d) disagree", file, ne_a, ne_b);
+            goto out;
+        }
+        cfg->num_experts = ne_b >= 0 ? ne_b : ne_a >= 0 ? ne_a : d->experts;
+        if (arch == ARCH_MIXTRAL && cfg->num_experts == 0) {
+            errf(err, errlen, "%s: \"num_local_experts\" must be > 0 for Mixtral", file);
+            goto out;
+        }
+        if (s_int(C, root, "num_experts_per_tok", d->experts_per_tok, 1, CFG_MAX_EXPERTS, &cfg->num_experts_per_tok))
+            goto out;
+        if (cfg->num_experts > 0 && cfg->num_experts_per_tok > cfg->num_experts) {
+            errf(err, errlen, "%s: \"num_experts_per_tok\" (%d) exceeds the number of experts (%d)", file,
+                 cfg->num_experts_per_tok, cfg->num_experts);
+            goto out;
+        }
+        if (arch == ARCH_MIXTRAL) {
+            cfg->moe_intermediate_size = cfg->intermediate_size;   /* Mixtral's experts are intermediate_size wide */
+            cfg->norm_topk_prob = 1;
+        } else {
+            if (s_int(C, root, "moe_intermediate_size", d->moe_intermediate, 1, CFG_MAX_INTERMEDIATE,
+                      &cfg->moe_intermediate_size) ||
+                s_bool(C, root, "norm_topk_prob", d->norm_topk, &cfg->norm_topk_prob) ||
+                s_int(C, root, "decoder_sparse_step", 1, 1, CFG_MAX_LAYERS, &cfg->decoder_sparse_step))
+                goto out;
+            json_t *mol = json_object_get(root, "mlp_only_layers");
+            if (mol && !json_is_null(mol)) {
+                if (!json_is_array(mol)) {
+                    errf(err, errlen, "%s: \"mlp_only_layers\" must be a list of layer indices", file);
+                    goto out;
+                }
+                if (json_array_size(mol) > CONFIG_MAX_MLP_ONLY_LAYERS) {
+                    errf(err, errlen, "%s: \"mlp_only_layers\" lists %zu layers (at most %d)", file,
+                         json_array_size(mol), CONFIG_MAX_MLP_ONLY_LAYERS);
+                    goto out;
+                }
+                for (size_t i = 0; i < json_array_size(mol); i++) {
+                    json_t *e = json_array_get(mol, i);
+                    if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) >= cfg->num_layers) {
+                        errf(err, errlen, "%s: \"mlp_only_layers\"[%zu] is not a layer index in [0, %d)", file, i,
+                             cfg->num_layers);
+                        goto out;
+                    }
+                    cfg->mlp_only_layers[cfg->n_mlp_only_layers++] = (int)json_integer_value(e);
+                }
+            }
+        }
+        if (cfg->num_experts == 0)
+            cfg->num_experts_per_tok = 0;     /* every layer dense */
+    }
+
+    if (s_present(root, "torch_dtype") || s_present(root, "dtype")) {
+        const char *key = s_present(root, "dtype") ? "dtype" : "torch_dtype";
+        json_t *v = json_object_get(root, key);
+        if (!json_is_string(v) || dtype_parse(json_string_value(v), &cfg->dtype) != 0) {
+            errf(err, errlen, "%s: \"%s\" must be \"float32\", \"bfloat16\" or \"float16\"", file, key);
+            goto out;
+        }
+    } else {
+        cfg->dtype = DT_F32;
+    }
+
+    if (s_int(C, root, "bos_token_id", d->bos, -1, cfg->vocab_size - 1, &cfg->bos_token_id))
+        goto out;
+    if (json_object_get(root, "eos_token_id")) {
+        if (s_token_list(C, root, "eos_token_id", cfg->vocab_size, cfg->eos_token_ids, &cfg->n_eos))
+            goto out;
+    } else if (d->eos >= 0 && d->eos < cfg->vocab_size) {
+        cfg->eos_token_ids[0] = d->eos;
+        cfg->n_eos = 1;
+    }
+    s_gen_defaults(cfg);
+    rc = 0;
+out:
+    json_decref(root);
+    return rc;
+}
+
+int config_parse_generation(const char *json, size_t len, const char *name_for_errors, model_config_t *cfg, char *err,
+                            size_t errlen)
+{
+    const char *file = name_for_errors ? name_for_errors : "generation_config.json";
+    json_t *root = s_load_object(json, len, file, err, errlen);
+    if (!root)
+        return -1;
+    ctx_t c = {root, file, err, errlen, ""};
+    model_config_t g = *cfg;      /* applied only when the whole file is valid */
+    int rc = -1;
+    if (s_bool(&c, root, "do_sample", g.gen.do_sample, &g.gen.do_sample) ||
+        s_num(&c, root, "temperature", g.gen.temperature, NULL, &g.gen.temperature) ||
+        s_num(&c, root, "top_p", g.gen.top_p, NULL, &g.gen.top_p) ||
+        s_num(&c, root, "min_p", g.gen.min_p, NULL, &g.gen.min_p) ||
+        s_num(&c, root, "repetition_penalty", g.gen.repetition_penalty, NULL, &g.gen.repetition_penalty) ||
+        s_int(&c, root, "top_k", g.gen.top_k, 0, CFG_MAX_VOCAB, &g.gen.top_k) ||
+        s_int(&c, root, "max_new_tokens", g.gen.max_new_tokens, 0, CFG_MAX_POS, &g.gen.max_new_tokens) ||
+        s_int(&c, root, "bos_token_id", g.bos_token_id, -1, g.vocab_size - 1, &g.bos_token_id))
+        goto out;
+    if (g.gen.temperature < 0) {
+        errf(err, errlen, "%s: \"temperature\" must be >= 0", file);
+        goto out;
+    }
+    if (!(g.gen.top_p > 0 && g.gen.top_p <= 1)) {
+        errf(err, errlen, "%s: \"top_p\" must be in (0, 1]", file);
+        goto out;
+    }
+    if (g.gen.min_p < 0 || g.gen.min_p > 1) {
+        errf(err, errlen, "%s: \"min_p\" must be in [0, 1]", file);
+        goto out;
+    }
+    if (!(g.gen.repetition_penalty > 0)) {
+        errf(err, errlen, "%s: \"repetition_penalty\" must be > 0", file);
+        goto out;
+    }
+    if (s_present(root, "eos_token_id") &&
+        s_token_list(&c, root, "eos_token_id", g.vocab_size, g.eos_token_ids, &g.n_eos))
+        goto out;
+    *cfg = g;
+    rc = 0;
+out:
+    json_decref(root);
+    return rc;
+}
+
+int config_layer_is_moe(const model_config_t *cfg, int layer)
+{
+    if (cfg->num_experts <= 0 || layer < 0 || layer >= cfg->num_layers)
+        return 0;
+    for (int i = 0; i < cfg->n_mlp_only_layers; i++)
+        if (cfg->mlp_only_layers[i] == layer)
+            return 0;
+    return (layer + 1) % cfg->decoder_sparse_step == 0;
+}
+
+/* Reads a whole small file; *missing is set (and 0 returned) when it does not exist and may_miss. */
+static int s_read_file(const char *path, int may_miss, char **buf, size_t *len, int *missing, char *err, size_t errlen)
+{
+    *buf = NULL;
+    *len = 0;
+    if (missing)
+        *missing = 0;
+    FILE *fp = fopen(path, "rb");
+    if (!fp) {
+        if (may_miss && errno == ENOENT) {
+            *missing = 1;
+            return 0;
+        }
+        return errf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+    }
+    size_t cap = 4096, n = 0;
+    char *b = malloc(cap);
+    while (b) {
+        if (n == cap) {
+            if (cap >= CFG_MAX_FILE) {
+                free(b);
+                fclose(fp);
+                return errf(err, errlen, "%s: larger than %u bytes", path, CFG_MAX_FILE);
+            }
+            char *nb = realloc(b, cap * 2);
+            if (!nb) {
+                free(b);
+                b = NULL;
+                break;
+            }
+            b = nb;
+            cap *= 2;
+        }
+        size_t got = fread(b + n, 1, cap - n, fp);
+        n += got;
+        if (got == 0)
+            break;
+    }
+    int bad = !b || ferror(fp);
+    fclose(fp);
+    if (bad) {
+        free(b);
+        return errf(err, errlen, "%s: read failed", path);
+    }
+    *buf = b;
+    *len = n;
+    return 0;
+}
+
+int config_load(const char *model_dir, model_config_t *cfg, char *err, size_t errlen)
+{
+    char path[4096];
+    char *buf;
+    size_t len;
+    int missing;
+    if ((size_t)snprintf(path, sizeof path, "%s/config.json", model_dir) >= sizeof path)
+        return errf(err, errlen, "%s: path too long", model_dir);
+    if (s_read_file(path, 0, &buf, &len, NULL, err, errlen) != 0)
+        return -1;
+    int rc = config_parse(buf, len, path, cfg, err, errlen);
+    free(buf);
+    if (rc != 0)
+        return -1;
+    snprintf(path, sizeof path, "%s/generation_config.json", model_dir);
+    if (s_read_file(path, 1, &buf, &len, &missing, err, errlen) != 0)
+        return -1;
+    if (missing)
+        return 0;
+    rc = config_parse_generation(buf, len, path, cfg, err, errlen);
+    free(buf);
+    return rc;
+}

@@ -1,0 +1,61 @@
+/* engine/config.h — a model's shape and defaults, read from a Hugging Face model directory.
+ *
+ * config_load reads <dir>/config.json and, when present, <dir>/generation_config.json. Both the
+ * transformers 4 and transformers 5 spellings are accepted and give identical structs:
+ *   torch_dtype | dtype;  rope_theta + rope_scaling | rope_parameters (rope_theta inside);
+ *   num_experts (Qwen3-MoE, v4) | num_local_experts (Mixtral; Qwen3-MoE in v5);
+ *   rope_scaling.rope_type | rope_scaling.type;  eos_token_id int | list.
+ * Every value is range-checked; an error names the file and the key.
+ *
+ * Supported: LlamaForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM, with
+ * SiLU MLPs and rope types default / llama3 / linear. Anything else (an unknown architecture, yarn
+ * rope, sliding-window attention, MLP biases) is refused with an error rather than run wrongly. */
+#ifndef TROUPE_ENGINE_CONFIG_H
+#define TROUPE_ENGINE_CONFIG_H
+
+#include <stddef.h>
+
+#include "common/dtype.h"
+
+typedef enum { ARCH_LLAMA, ARCH_QWEN3, ARCH_QWEN3_MOE, ARCH_MIXTRAL, ARCH_COUNT } model_arch_t;
+typedef enum { ROPE_DEFAULT, ROPE_LLAMA3, ROPE_LINEAR } rope_kind_t;
+
+#define CONFIG_MAX_MLP_ONLY_LAYERS 64
+#define CONFIG_MAX_EOS 8
+
+typedef struct model_config {
+    model_arch_t arch;            /* from "architectures"[0] / "model_type" */
+    int vocab_size, hidden_size, intermediate_size, num_layers, num_heads, num_kv_heads, head_dim; /* head_dim explicit or hidden/heads */
+    int max_position_embeddings;
+    double rms_norm_eps, rope_theta;
+    rope_kind_t rope_kind;        /* ROPE_DEFAULT: rope_factor 1 and the llama3 fields 0 */
+    double rope_factor, rope_low_freq_factor, rope_high_freq_factor; int rope_original_max_pos;
+    int tie_word_embeddings, attention_bias;  /* attention_bias: q/k/v/o have biases (Qwen2-style) */
+    int num_experts, num_experts_per_tok, moe_intermediate_size, norm_topk_prob; /* 0 experts = dense */
+    int decoder_sparse_step; int n_mlp_only_layers; int mlp_only_layers[CONFIG_MAX_MLP_ONLY_LAYERS];  /* Qwen3-MoE: which layers are dense */
+    int has_qk_norm;              /* Qwen3 family: RMSNorm over head_dim on q and k before RoPE */
+    dtype_t dtype;                /* torch_dtype / dtype; float32 when absent (transformers' default) */
+    int bos_token_id, n_eos; int eos_token_ids[CONFIG_MAX_EOS];  /* bos -1 when absent; eos from generation_config.json when it has one */
+    struct {
+        int do_sample;            /* 0 = greedy */
+        double temperature, top_p, min_p, repetition_penalty;  /* min_p 0 = off */
+        int top_k;                /* 0 = off */
+        int max_new_tokens;       /* 0 = not set */
+    } gen;                        /* generation_config.json defaults, or HF's defaults when absent */
+} model_config_t;
+
+/* Reads config.json (required) and generation_config.json (optional) from model_dir. */
+int config_load(const char *model_dir, model_config_t *cfg, char *err, size_t errlen);
+/* Parses a config.json image; name_for_errors (e.g. the path) starts every error message.
+ * Sets gen to HF's GenerationConfig defaults (eos from config.json). */
+int config_parse(const char *json, size_t len, const char *name_for_errors, model_config_t *cfg, char *err, size_t errlen);
+/* Applies a generation_config.json image on top of a parsed config (its eos list replaces config.json's). */
+int config_parse_generation(const char *json, size_t len, const char *name_for_errors, model_config_t *cfg, char *err, size_t errlen);
+
+/* Whether decoder layer `layer` uses the sparse MoE block (1) or a dense MLP of intermediate_size (0).
+ * Qwen3-MoE's rule: not in mlp_only_layers and (layer + 1) % decoder_sparse_step == 0. */
+int config_layer_is_moe(const model_config_t *cfg, int layer);
+/* "llama", "qwen3", "qwen3_moe", "mixtral" (the HF model_type). */
+const char *config_arch_name(model_arch_t arch);
+
+#endif

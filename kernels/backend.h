@@ -1,0 +1,175 @@
+/* kernels/backend.h — the one interface between the model code and the hardware.
+ *
+ * A backend owns device memory and runs ops on it. The engine sees device memory only as opaque
+ * pointers (`float *` typed for documentation, never dereferenced outside a backend): it allocates,
+ * uploads, downloads and calls ops, so engine/forward.c reads like the model and a CUDA backend
+ * can implement the same table. Pointer arithmetic on device pointers (a row offset, an expert's
+ * slice of a fused tensor) is allowed; reading through them is not.
+ *
+ * Every op is asynchronous with respect to the host on a device backend (it is queued on the
+ * backend's stream); `download` and `sync` wait. The CPU backend runs each op to completion, in
+ * parallel over its OpenMP threads.
+ *
+ * Semantics that a second implementation must copy are written next to each op: accumulation
+ * type, where eps goes, tie-breaking. Activations are f32 everywhere; weights stay in their stored
+ * dtype (f32, bf16, f16) and are converted on the fly inside the op (bf16 -> f32 is exact).
+ *
+ * Known limits: RoPE rotates the whole head (partial_rotary_factor 1); head_dim <= BK_MAX_HEAD_DIM,
+ * query heads per kv head <= BK_MAX_GQA_GROUP, KV block_size <= BK_MAX_BLOCK_SIZE (the CPU
+ * attention keeps its state on the stack).
+ */
+#ifndef TROUPE_KERNELS_BACKEND_H
+#define TROUPE_KERNELS_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/dtype.h"
+
+#define BK_MAX_HEAD_DIM 512
+#define BK_MAX_GQA_GROUP 16
+#define BK_MAX_BLOCK_SIZE 256
+
+typedef struct backend backend_t;
+
+/* A weight matrix resident on the backend, as nn.Linear stores it: row-major [rows][cols] in
+ * dtype; a matmul computes y = x W^T, so rows = output features (N), cols = input features (K). */
+typedef struct bk_mat {
+    const void *data;             /* device pointer, [rows][cols] dtype */
+    dtype_t dtype;
+    int64_t rows, cols;
+} bk_mat_t;
+
+/* One expert's SwiGLU FFN: down(silu(gate(x)) * up(x)). */
+typedef struct bk_expert {
+    bk_mat_t gate;                /* [I][H] */
+    bk_mat_t up;                  /* [I][H] */
+    bk_mat_t down;                /* [H][I] */
+} bk_expert_t;
+
+/* The paged KV cache as the ops address it. Block b, layer l, slot j (token j of the block),
+ * kv head h: K at base + b*block_bytes + (((l*2 + 0)*block_size + j)*n_kv_heads + h)*head_dim
+ * elements, V the same with 1 for 0. One block is one contiguous chunk of block_bytes. */
+typedef struct bk_kv {
+    void *base;                   /* device: [n_blocks][n_layers][2][block_size][n_kv_heads][head_dim] dtype */
+    dtype_t dtype;                /* f32, bf16 or f16; converted to/from f32 on store/load */
+    int n_blocks, block_size, n_layers, n_kv_heads, head_dim;
+    size_t block_bytes;           /* n_layers*2*block_size*n_kv_heads*head_dim*dtype_size */
+} bk_kv_t;
+
+/* Where each row of a step's activations lives in the paged cache. Row t belongs to sequence
+ * tok_seq[t] at absolute position tok_pos[t]; that sequence's block table is
+ * block_table[seq_bt_start[s] ...], one pool block id per block_size positions. The rows of one
+ * sequence need not be contiguous or sorted, but every position a row attends to (0..tok_pos[t])
+ * must be covered by its block table and already stored (earlier steps or this step's kv_store). */
+typedef struct bk_attn_meta {
+    int n_tokens;                 /* rows */
+    int n_seqs;
+    const int32_t *tok_seq;       /* device [n_tokens] */
+    const int32_t *tok_pos;       /* device [n_tokens] */
+    const int32_t *seq_bt_start;  /* device [n_seqs] */
+    const int32_t *block_table;   /* device [sum over seqs of their block counts] */
+} bk_attn_meta_t;
+
+typedef struct backend_ops {
+    const char *name;             /* "cpu", "cuda" */
+    void (*destroy)(backend_t *be);
+
+    /* Memory. alloc returns 64-byte aligned device memory or NULL; upload/download copy n bytes
+     * (download waits for queued ops first). */
+    void *(*alloc)(backend_t *be, size_t bytes);
+    void (*free)(backend_t *be, void *p);
+    int (*upload)(backend_t *be, void *dst, const void *host_src, size_t n);
+    int (*download)(backend_t *be, void *host_dst, const void *src, size_t n);
+    int (*sync)(backend_t *be);   /* waits for every queued op; -1 on a device error */
+    /* Makes checkpoint bytes (host memory, any alignment, kept alive by the caller while the
+     * weight is in use) resident and returns the device pointer; the CPU backend uses them in
+     * place when naturally aligned for elem_size and copies them otherwise. */
+    const void *(*weight_put)(backend_t *be, const void *host, size_t bytes, size_t elem_size);
+    void (*weight_release)(backend_t *be, const void *dev);
+
+    /* out[t][:] = f32(table[ids[t]][:]); ids must be in [0, table.rows) (the engine checks). */
+    void (*embed)(backend_t *be, const bk_mat_t *table, const int32_t *ids, int n, float *out);
+
+    /* y[M][N] = x[M][K] W^T (+ bias[N]). Each y element is an f32 dot product whose summation
+     * order depends only on K (16 interleaved partial sums over k mod 16, then a fixed tree), so a
+     * row's result is bit-identical whatever M is and whichever other rows are in the batch. The
+     * bias is added after the dot product. x and y must not overlap. */
+    void (*matmul)(backend_t *be, const float *x, int M, const bk_mat_t *w, const float *bias, float *y);
+
+    /* The pre-norm residual step: if x != NULL, res += x (f32); then
+     * out = w * (res * 1/sqrt(mean(res^2) + eps)) per row of H. The mean of squares is summed in
+     * double, the scale and products in f32 (HF: x.float() * rsqrt(var + eps), then weight *). */
+    void (*add_rmsnorm)(backend_t *be, float *res, const float *x, const float *w, int M, int H, float eps, float *out);
+
+    /* Per-head RMSNorm in place (Qwen3 q_norm / k_norm): x [M][n_heads][head_dim], w [head_dim];
+     * same arithmetic as add_rmsnorm over each head_dim vector. */
+    void (*head_rmsnorm)(backend_t *be, float *x, const float *w, int M, int n_heads, int head_dim, float eps);
+
+    /* RoPE in place, HF's rotate_half layout: for head vector x, i < d/2, with
+     * a = f32(f32(pos[t]) * inv_freq[i]):  x[i] = x[i] cos a - x[i+d/2] sin a,
+     * x[i+d/2] = x[i+d/2] cos a + x[i] sin a.  inv_freq [head_dim/2] f32 carries any scaling
+     * (llama3, linear) so the op is the same for every rope kind. x [M][n_heads][head_dim]. */
+    void (*rope)(backend_t *be, float *x, const int32_t *pos, const float *inv_freq, int M, int n_heads, int head_dim);
+
+    /* out = silu(gate) * up elementwise, silu(g) = g / (1 + exp(-g)) in f32. [n] each. */
+    void (*swiglu)(backend_t *be, const float *gate, const float *up, int n, float *out);
+
+    /* Stores this step's K and V rows into the paged cache of `layer`, converted to kv->dtype
+     * (round to nearest even). k, v [M][n_kv_heads][head_dim] with M = meta->n_tokens. */
+    void (*kv_store)(backend_t *be, const bk_kv_t *kv, int layer, const float *k, const float *v, const bk_attn_meta_t *meta);
+
+    /* Causal GQA attention over the paged cache: row t, head h (kv head h / (n_heads/n_kv_heads))
+     * attends to positions 0..tok_pos[t] of its sequence. Scores q.k * scale in f32; softmax in f32
+     * with max subtraction, computed online block by block (equal to the two-pass softmax up to
+     * rounding); out = sum p v / sum p. q [M][n_heads][head_dim], out the same shape. */
+    void (*attention)(backend_t *be, const bk_kv_t *kv, int layer, const float *q, int n_heads, float scale,
+                      const bk_attn_meta_t *meta, float *out);
+
+    /* MoE routing (HF Qwen3-MoE and Mixtral): p = softmax(logits[t]) over E in f32 (max
+     * subtracted); the k largest p, ties to the lower expert index, in descending order; if
+     * renorm, each divided by their sum (Mixtral always; Qwen3-MoE when norm_topk_prob).
+     * logits [M][E] -> ids [M][k], weights [M][k]. */
+    void (*moe_route)(backend_t *be, const float *logits, int M, int E, int k, int renorm, int32_t *ids, float *weights);
+
+    /* out[t] = sum over the k experts e of token t, in ascending expert order, of
+     * weights[t][j] * down_e(silu(gate_e(x[t])) * up_e(x[t])) — HF's order of index_add_. Every
+     * expert's matmuls are the `matmul` op, so a token's result does not depend on the batch.
+     * scratch: device memory of moe_scratch_bytes(M, k, H, I, n_experts) bytes. x, out [M][H]. */
+    void (*moe_ffn)(backend_t *be, const float *x, int M, int H, const int32_t *ids, const float *weights, int k,
+                    const bk_expert_t *experts, int n_experts, void *scratch, float *out);
+
+    /* dst[i][:] = src[rows[i]][:], cols floats per row. */
+    void (*gather_rows)(backend_t *be, const float *src, const int32_t *rows, int n, int cols, float *dst);
+
+    /* out[m] = the index of the largest x[m][:], the lowest index on ties; NaN is never the
+     * largest (an all-NaN row gives 0). */
+    void (*argmax)(backend_t *be, const float *x, int M, int N, int32_t *out);
+} backend_ops_t;
+
+struct backend {
+    const backend_ops_t *ops;
+    int n_threads;                /* CPU threads the backend's host work may use */
+    void *impl;                   /* the implementation's own state */
+};
+
+/* Bytes of scratch moe_ffn needs for M tokens, top-k, hidden H, expert width I, E experts: one
+ * expert's gathered rows, gate, up and output (an expert sees each token at most once), plus the
+ * per-expert token lists. */
+static inline size_t moe_scratch_bytes(int M, int k, int H, int I, int E)
+{
+    size_t m = (size_t)M, rows = m * (size_t)k;
+    return m * ((size_t)H * 2 + (size_t)I * 2) * sizeof(float) + (rows * 2 + (size_t)E + 1) * sizeof(int32_t) + 256;
+}
+
+/* Makes a backend by name: "cpu" (n_threads <= 0: all cores, or OMP_NUM_THREADS) or "cuda" /
+ * "cuda:N" (when libtroupe_cuda is linked in). NULL with err naming the problem otherwise. */
+backend_t *backend_new(const char *kind, int n_threads, char *err, size_t errlen);
+void backend_destroy(backend_t **self_p);
+
+/* The CPU backend directly. */
+backend_t *backend_cpu_new(int n_threads);
+/* Provided by libtroupe_cuda.a when linked (weak here). */
+backend_t *backend_cuda_new(int device, char *err, size_t errlen) __attribute__((weak));
+
+#endif

@@ -1,0 +1,40 @@
+# The cluster comes up under the supervisor, every actor reports to the monitor, `top` shows
+# them all, and SIGTERM stops everything with exit code 0 within the grace period.
+. "$(dirname "$0")/lib.sh"
+make_topology "$WORK/t.yaml"
+start=$(date +%s%N)
+start_cluster "$WORK/t.yaml"
+note "all READY in $(cat "$WORK/ready") ms (supervisor's count)"
+
+# Every instance of the topology plus the supervisor shows in top, state ready.
+want="monitor cache-manager router prefill decode expert-balancer draft-scheduler supervisor"
+wait_for sh -c "'$BIN/troupe-top' --topology '$WORK/t.yaml' --once | grep -c ' ready ' | grep -qx 8" \
+  || { "$BIN/troupe-top" --topology "$WORK/t.yaml" --once; fail "top does not show 8 ready actors"; }
+"$BIN/troupe-top" --topology "$WORK/t.yaml" --once | tee "$WORK/top.txt"
+for a in $want; do grep -q "^$a " "$WORK/top.txt" || fail "top lacks $a"; done
+top_json "$WORK/t.yaml" > "$WORK/top.json"
+/usr/bin/python3 - "$WORK/top.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+actors = d.get("actors") or d.get("inspect_reply", {}).get("actors")
+assert len(actors) == 8, actors
+for a in actors:
+    for k in ("role", "name", "pid", "uptime_ms", "state", "restarts", "msgs_in", "msgs_out", "malformed"):
+        assert k in a, (k, a)
+    assert a["pid"] > 0
+PY
+
+# SIGTERM: everything stops, exit 0, within the grace period (5 s) plus a margin.
+pids=$(pgrep -f -- "--topology $WORK/t.yaml" || true)
+[ -n "$pids" ] || fail "no actor processes found"
+t0=$(date +%s%N)
+kill -TERM "$SUP_PID"
+rc=0; wait "$SUP_PID" || rc=$?
+ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+SUP_PID=
+note "SIGTERM -> supervisor exit $rc in $ms ms"
+[ "$rc" -eq 0 ] || { cat "$WORK/supervisor.log"; fail "supervisor exit code $rc after SIGTERM"; }
+[ "$ms" -lt 6000 ] || fail "stop took $ms ms (grace 5 s)"
+for p in $pids; do kill -0 "$p" 2>/dev/null && fail "actor pid $p still alive after stop"; done
+grep -q "report for cluster" "$WORK/supervisor.log" || fail "no stop report"
+echo "PASS cluster_up"

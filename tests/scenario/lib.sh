@@ -1,0 +1,102 @@
+# tests/scenario/lib.sh — helpers for scenario tests: real processes under the real supervisor.
+# Each test gets its own cluster name (so its own ipc run directory) and its own tcp ports.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+BIN=${TROUPE_BIN:-$ROOT/build/bin}
+WORK=$(mktemp -d /tmp/troupe-test.XXXXXX)
+SUP_PID=
+export TROUPE_TEST_NAME=${TROUPE_TEST_NAME:-$(basename "$0" .sh)}
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+note() { echo "--- $*"; }
+
+cleanup() {
+  if [ -n "$SUP_PID" ] && kill -0 "$SUP_PID" 2>/dev/null; then
+    kill -TERM "$SUP_PID" 2>/dev/null || true
+    for _ in $(seq 100); do kill -0 "$SUP_PID" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$SUP_PID" 2>/dev/null || true
+  fi
+  # Never leave actors of this test behind.
+  pkill -KILL -f -- "--topology $WORK/" 2>/dev/null || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+# A free tcp port on loopback (bind to 0, read it back).
+free_port() {
+  /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+}
+
+# make_topology FILE [extra yaml appended]: a one-machine CPU cluster of every role on free ports.
+make_topology() {
+  local file=$1; shift
+  local p1 p2
+  p1=$(free_port); p2=$(free_port)
+  cat > "$file" <<YAML
+name: t-$TROUPE_TEST_NAME-$$
+model:
+  path: ${MODEL_PATH:-$ROOT/tests/fixtures/models/qwen3-f32}
+  backend: cpu
+  load_format: ${LOAD_FORMAT:-auto}
+nodes:
+  - name: local
+    address: 127.0.0.1
+actors:
+  - role: monitor
+  - role: cache-manager
+  - role: router
+  - role: prefill
+    count: ${N_PREFILL:-1}
+  - role: decode
+    count: ${N_DECODE:-1}
+  - role: expert-balancer
+  - role: draft-scheduler
+endpoints:
+  client: tcp://127.0.0.1:$p1
+  inspect: tcp://127.0.0.1:$p2
+  run_dir: $WORK/run
+supervision:
+  strategy: ${STRATEGY:-one_for_one}
+  max_restarts: ${MAX_RESTARTS:-5}
+  period_s: ${PERIOD_S:-10}
+  ready_timeout_s: 30
+  grace_s: ${GRACE_S:-5}
+  heartbeat_ms: ${HEARTBEAT_MS:-200}
+  liveness: 3
+YAML
+  for extra in "$@"; do echo "$extra" >> "$file"; done
+}
+
+# start_cluster TOPOLOGY [supervisor args]: starts the supervisor in the background and waits
+# until every actor is READY (or fails the test after 60 s).
+start_cluster() {
+  local topo=$1; shift
+  rm -f "$WORK/ready"
+  "$BIN/troupe-supervisor" --topology "$topo" --ready-file "$WORK/ready" "$@" >"$WORK/supervisor.log" 2>&1 &
+  SUP_PID=$!
+  for _ in $(seq 600); do
+    [ -s "$WORK/ready" ] && return 0
+    kill -0 "$SUP_PID" 2>/dev/null || { cat "$WORK/supervisor.log"; fail "supervisor exited before the cluster was ready"; }
+    sleep 0.1
+  done
+  cat "$WORK/supervisor.log"
+  fail "cluster not ready within 60 s"
+}
+
+# top_json TOPOLOGY: the monitor's view as JSON.
+top_json() { "$BIN/troupe-top" --topology "$1" --json; }
+
+# actor_pid TOPOLOGY NAME: the pid the monitor reports for an actor.
+actor_pid() {
+  top_json "$1" | /usr/bin/python3 -c '
+import json,sys
+d=json.load(sys.stdin); name=sys.argv[1]
+for a in d["inspect_reply"]["actors"] if "inspect_reply" in d else d["actors"]:
+    if a["name"]==name: print(a["pid"]); break' "$2"
+}
+
+# wait_for CMD...: retries a command for up to 10 s.
+wait_for() {
+  for _ in $(seq 100); do "$@" && return 0; sleep 0.1; done
+  return 1
+}

@@ -1,0 +1,50 @@
+# 10,000 malformed or mutated messages at the router: every actor keeps running (same pids, no
+# restarts) and every message that has a sender is answered with an error.
+. "$(dirname "$0")/lib.sh"
+make_topology "$WORK/t.yaml"
+start_cluster "$WORK/t.yaml"
+before=$(pgrep -f -- "--topology $WORK/t.yaml" | sort | tr '\n' ' ')
+ep=$(grep 'client:' "$WORK/t.yaml" | awk '{print $2}')
+PYTHONPATH="$ROOT/tools" /usr/bin/python3 - "$ep" <<'PY'
+import random, sys, time
+import msgpack, zmq
+from troupe_client import TYPE_NUM
+random.seed(1234)
+ctx = zmq.Context.instance()
+s = ctx.socket(zmq.DEALER); s.setsockopt(zmq.LINGER, 0); s.connect(sys.argv[1])
+valid = [
+    msgpack.packb({"v": 1, "t": TYPE_NUM["submit"], "id": 7, "prompt": "hello", "sampling": {"max_tokens": 8}}),
+    msgpack.packb({"v": 1, "t": TYPE_NUM["cancel"], "id": 8}),
+    msgpack.packb({"v": 1, "t": TYPE_NUM["submit"], "id": 9, "tokens": [1, 2, 3], "stream": True}),
+]
+def mutate(b):
+    b = bytearray(b)
+    op = random.randrange(6)
+    if op == 0 and b: b[random.randrange(len(b))] ^= 1 << random.randrange(8)
+    elif op == 1: b = b[:random.randrange(len(b) + 1)]
+    elif op == 2: b.insert(random.randrange(len(b) + 1), random.randrange(256))
+    elif op == 3: b = bytearray(random.getrandbits(8) for _ in range(random.randrange(64)))
+    elif op == 4: b = bytearray(b"\xdd\xff\x00\x00\x00") + b   # huge declared count
+    else: b[random.randrange(len(b)):] = bytes(random.getrandbits(8) for _ in range(8))
+    return bytes(b)
+N, sent, got, errors = 10000, 0, 0, 0
+t0 = time.time()
+while sent < N or got < sent:
+    while sent < N and sent - got < 200:
+        s.send(mutate(random.choice(valid))); sent += 1
+    if not s.poll(10000):
+        break
+    r = msgpack.unpackb(s.recv(), raw=False, strict_map_key=False)
+    got += 1
+    errors += r.get("t") == TYPE_NUM["error"]
+print(f"sent {sent}, replies {got}, errors {errors}, {time.time()-t0:.1f} s")
+assert got == sent, "some messages got no reply"
+assert errors == got, "a non-error reply to garbage"
+PY
+sleep 1.5   # a stats interval, so the monitor sees the counters
+after=$(pgrep -f -- "--topology $WORK/t.yaml" | sort | tr '\n' ' ')
+[ "$before" = "$after" ] || fail "processes changed: before [$before] after [$after]"
+"$BIN/troupe-top" --topology "$WORK/t.yaml" --once | tee "$WORK/top.txt"
+awk '$1=="router" && $9 > 5000' "$WORK/top.txt" | grep -q . || fail "router does not count malformed messages"
+grep -c " ready " "$WORK/top.txt" | grep -qx 8 || fail "not every actor ready"
+echo "PASS malformed_flood"

@@ -1,0 +1,240 @@
+/* tools/client.c — troupe-client: submit a request to a cluster and stream the answer.
+ *
+ *   troupe-client [--endpoint EP | --topology FILE] [--json] [--timeout-ms N] submit [opts] TEXT
+ *   troupe-client [...] cancel ID
+ *
+ * Text streams to stdout as it arrives; --json prints every reply as one JSON object per line.
+ * Exit codes: 0 done, 1 the cluster answered with an error, 2 bad usage, 3 no reply in time. */
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+#include "tools/lib/client.h"
+
+#define MAX_IDS 65536
+
+static void s_usage(FILE *f)
+{
+    fprintf(f,
+        "usage: troupe-client [--endpoint EP | --topology FILE] [--json] [--timeout-ms N] COMMAND\n"
+        "commands:\n"
+        "  submit [options] TEXT   generate from TEXT, streaming the answer\n"
+        "    --chat                TEXT is a user chat message (the model's chat template applies)\n"
+        "    --system TEXT         a system message before it (implies --chat)\n"
+        "    --ids                 TEXT is a comma-separated list of token ids\n"
+        "    --max-tokens N  --temperature T  --top-k K  --top-p P  --min-p P  --seed S\n"
+        "    --repetition-penalty R  --presence-penalty P  --frequency-penalty P\n"
+        "    --stop STR (repeatable)  --stop-id ID (repeatable)  --ignore-eos  --logprobs\n"
+        "    --cache-key KEY       prompt_cache_key: retain this prompt's prefix\n"
+        "    --retention DUR       how long: 300, 5m, 1h (needs --cache-key)\n"
+        "    --tenant NAME         cache isolation domain\n"
+        "    --timeout DUR         the request's deadline at the cluster\n"
+        "    --no-stream           only the final reply\n"
+        "    --cancel-after-ms N   send a cancel N ms after submitting\n"
+        "  cancel ID               cancel request ID\n"
+        "default endpoint: the client endpoint of the embedded default topology\n");
+}
+
+static int s_parse_f(const char *opt, const char *v, float *out)
+{
+    char *end;
+    errno = 0;
+    double d = strtod(v, &end);
+    if (errno || end == v || *end) {
+        fprintf(stderr, "troupe-client: %s: '%s' is not a number\n", opt, v);
+        return -1;
+    }
+    *out = (float)d;
+    return 0;
+}
+
+static int s_parse_u(const char *opt, const char *v, long long lo, long long hi, long long *out)
+{
+    char *end;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (errno || end == v || *end || x < lo || x > hi) {
+        fprintf(stderr, "troupe-client: %s: '%s' is not an integer in [%lld, %lld]\n", opt, v, lo, hi);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+static int s_print_reply(const msg_t *r, int json, int *done)
+{
+    if (json) {
+        static char buf[1 << 20];
+        if (msg_to_json(r, buf, sizeof buf) >= 0)
+            printf("%s\n", buf);
+    }
+    switch (r->type) {
+    case MSG_TOKEN:
+        if (!json && r->u.token.text) {
+            fputs(r->u.token.text, stdout);
+            fflush(stdout);
+        }
+        return 0;
+    case MSG_DONE:
+        *done = 1;
+        if (!json)
+            fprintf(stderr, "\n[done: %s; prompt %u (cached %u), completion %u tokens; ttft %u ms, e2e %u ms]\n",
+                    msg_finish_name(r->u.done.finish), r->u.done.usage.prompt_tokens,
+                    r->u.done.usage.cached_tokens, r->u.done.usage.completion_tokens,
+                    r->u.done.timings.ttft_ms, r->u.done.timings.e2e_ms);
+        return 0;
+    case MSG_ERROR:
+        *done = 1;
+        if (!json)
+            fprintf(stderr, "troupe-client: error %s%s: %s%s%s\n", msg_error_code_name(r->u.error.code),
+                    r->u.error.retryable ? " (retryable)" : "", r->u.error.message,
+                    r->u.error.field ? " — field " : "", r->u.error.field ? r->u.error.field : "");
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+int main(int argc, char **argv)
+{
+    const char *endpoint = NULL, *topology = NULL;
+    int json = 0;
+    long long timeout_ms = 120000;
+    int i = 1;
+    /* Global options come before the command. */
+    for (; i < argc && argv[i][0] == '-'; i++) {
+        if (!strcmp(argv[i], "--endpoint") && i + 1 < argc) endpoint = argv[++i];
+        else if (!strcmp(argv[i], "--topology") && i + 1 < argc) topology = argv[++i];
+        else if (!strcmp(argv[i], "--json")) json = 1;
+        else if (!strcmp(argv[i], "--timeout-ms") && i + 1 < argc) {
+            if (s_parse_u("--timeout-ms", argv[++i], 1, 86400000, &timeout_ms) != 0)
+                return 2;
+        } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { s_usage(stdout); return 0; }
+        else { fprintf(stderr, "troupe-client: unknown option '%s'\n", argv[i]); s_usage(stderr); return 2; }
+    }
+    if (i >= argc) { s_usage(stderr); return 2; }
+    const char *cmd = argv[i++];
+    char err[512], ep[256];
+    if (!endpoint) {
+        if (client_endpoints_from_topology(topology, ep, NULL, sizeof ep, err, sizeof err) != 0) {
+            fprintf(stderr, "troupe-client: %s\n", err);
+            return 2;
+        }
+        endpoint = ep;
+    }
+
+    msg_t m;
+    long long cancel_after = -1;
+    static uint32_t ids[MAX_IDS], stop_ids[MSG_MAX_STOP_TOKENS];
+    static const char *stops[MSG_MAX_STOP];
+    msg_chat_t chat[2];
+    if (!strcmp(cmd, "cancel")) {
+        long long id;
+        if (i >= argc || s_parse_u("cancel", argv[i], 1, INT64_MAX, &id) != 0)
+            return 2;
+        msg_init(&m, MSG_CANCEL, (uint64_t)id);
+    } else if (!strcmp(cmd, "submit")) {
+        msg_init(&m, MSG_SUBMIT, 0);
+        msg_submit_t *s = &m.u.submit;
+        msg_sampling_t *sp = &s->sampling;
+        s->stream = true;
+        int as_chat = 0, as_ids = 0;
+        const char *system = NULL, *text = NULL;
+        for (; i < argc; i++) {
+            const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+            long long x;
+            int need = 1;
+            if (!strcmp(a, "--chat")) { as_chat = 1; need = 0; }
+            else if (!strcmp(a, "--ids")) { as_ids = 1; need = 0; }
+            else if (!strcmp(a, "--ignore-eos")) { sp->ignore_eos = true; need = 0; }
+            else if (!strcmp(a, "--logprobs")) { sp->logprobs = true; need = 0; }
+            else if (!strcmp(a, "--no-stream")) { s->stream = false; need = 0; }
+            else if (a[0] == '-' && a[1] == '-' && !v) { fprintf(stderr, "troupe-client: %s needs a value\n", a); return 2; }
+            else if (!strcmp(a, "--system")) { system = v; as_chat = 1; }
+            else if (!strcmp(a, "--max-tokens")) { if (s_parse_u(a, v, 1, MSG_MAX_NEW_TOKENS, &x)) return 2; sp->max_tokens = (uint32_t)x; }
+            else if (!strcmp(a, "--temperature")) { if (s_parse_f(a, v, &sp->temperature)) return 2; }
+            else if (!strcmp(a, "--top-k")) { if (s_parse_u(a, v, 0, UINT32_MAX, &x)) return 2; sp->top_k = (uint32_t)x; }
+            else if (!strcmp(a, "--top-p")) { if (s_parse_f(a, v, &sp->top_p)) return 2; }
+            else if (!strcmp(a, "--min-p")) { if (s_parse_f(a, v, &sp->min_p)) return 2; }
+            else if (!strcmp(a, "--repetition-penalty")) { if (s_parse_f(a, v, &sp->repetition_penalty)) return 2; }
+            else if (!strcmp(a, "--presence-penalty")) { if (s_parse_f(a, v, &sp->presence_penalty)) return 2; }
+            else if (!strcmp(a, "--frequency-penalty")) { if (s_parse_f(a, v, &sp->frequency_penalty)) return 2; }
+            else if (!strcmp(a, "--seed")) { if (s_parse_u(a, v, 0, INT64_MAX, &x)) return 2; sp->seed = x; }
+            else if (!strcmp(a, "--stop")) { if (sp->n_stop >= MSG_MAX_STOP) { fprintf(stderr, "troupe-client: at most %d --stop\n", MSG_MAX_STOP); return 2; } stops[sp->n_stop++] = v; sp->stop = stops; }
+            else if (!strcmp(a, "--stop-id")) { if (sp->n_stop_token_ids >= MSG_MAX_STOP_TOKENS || s_parse_u(a, v, 0, UINT32_MAX, &x)) return 2; stop_ids[sp->n_stop_token_ids++] = (uint32_t)x; sp->stop_token_ids = stop_ids; }
+            else if (!strcmp(a, "--cache-key")) { s->prompt_cache_key = v; }
+            else if (!strcmp(a, "--retention")) { int64_t d = client_parse_duration_s(v); if (d < 0) { fprintf(stderr, "troupe-client: --retention: '%s' is not a duration (300, 5m, 1h)\n", v); return 2; } s->cache_retention_s = (uint32_t)d; }
+            else if (!strcmp(a, "--tenant")) { s->tenant = v; }
+            else if (!strcmp(a, "--timeout")) { int64_t d = client_parse_duration_s(v); if (d < 0) { fprintf(stderr, "troupe-client: --timeout: '%s' is not a duration\n", v); return 2; } s->timeout_ms = (uint32_t)(d * 1000); }
+            else if (!strcmp(a, "--cancel-after-ms")) { if (s_parse_u(a, v, 0, 86400000, &cancel_after)) return 2; }
+            else if (a[0] == '-' && a[1] == '-') { fprintf(stderr, "troupe-client: unknown option '%s'\n", a); return 2; }
+            else { if (text) { fprintf(stderr, "troupe-client: one TEXT only (quote it)\n"); return 2; } text = a; need = 0; }
+            i += need;
+        }
+        if (!text) { fprintf(stderr, "troupe-client: submit needs TEXT\n"); return 2; }
+        if (as_ids) {
+            char *copy = strdup(text), *save = NULL;
+            for (char *t = strtok_r(copy, ", ", &save); t; t = strtok_r(NULL, ", ", &save)) {
+                long long x;
+                if (s->n_tokens >= MAX_IDS || s_parse_u("--ids", t, 0, UINT32_MAX, &x)) return 2;
+                ids[s->n_tokens++] = (uint32_t)x;
+            }
+            s->tokens = ids;
+        } else if (as_chat) {
+            int n = 0;
+            if (system) chat[n++] = (msg_chat_t){.role = MSG_CHAT_SYSTEM, .content = system};
+            chat[n++] = (msg_chat_t){.role = MSG_CHAT_USER, .content = text};
+            s->messages = chat;
+            s->n_messages = (uint32_t)n;
+        } else {
+            s->prompt = text;
+        }
+    } else {
+        fprintf(stderr, "troupe-client: unknown command '%s'\n", cmd);
+        s_usage(stderr);
+        return 2;
+    }
+
+    client_t *c = client_connect(endpoint, err, sizeof err);
+    if (!c) { fprintf(stderr, "troupe-client: %s\n", err); return 2; }
+    uint64_t id;
+    if (client_send(c, &m, &id, err, sizeof err) != 0) {
+        fprintf(stderr, "troupe-client: %s\n", err);
+        client_destroy(&c);
+        return 2;
+    }
+    int64_t start = now_ms(), deadline = start + timeout_ms;
+    int done = 0, rc = 0, cancelled = 0;
+    while (!done) {
+        int64_t left = deadline - now_ms();
+        if (cancel_after >= 0 && !cancelled) {
+            int64_t until = start + cancel_after - now_ms();
+            if (until <= 0) {
+                client_cancel(c, id, err, sizeof err);
+                cancelled = 1;
+                continue;
+            }
+            if (until < left)
+                left = until;
+        }
+        if (left <= 0 && now_ms() >= deadline) {
+            fprintf(stderr, "troupe-client: no terminal reply for request %llu within %lld ms\n",
+                    (unsigned long long)id, timeout_ms);
+            rc = 3;
+            break;
+        }
+        msg_t r;
+        int got = client_recv(c, &r, (int)(left > 0 ? left : 1), err, sizeof err);
+        if (got == 1)
+            continue;
+        if (got < 0) { fprintf(stderr, "troupe-client: %s\n", err); rc = 1; break; }
+        if (r.id == id)
+            rc = s_print_reply(&r, json, &done);
+        msg_free(&r);
+    }
+    client_destroy(&c);
+    return rc;
+}

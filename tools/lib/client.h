@@ -1,0 +1,41 @@
+/* tools/lib/client.h — the C client library: talk to a Troupe cluster over ZeroMQ.
+ *
+ * One DEALER socket to the router's client endpoint (or the monitor's inspection endpoint).
+ * Requests are msg_t values (messages/msg.h); replies come back as decoded msg_t. Every call is
+ * bounded by a timeout: nothing here can hang on a dead cluster.
+ *
+ *     client_t *c = client_connect("tcp://127.0.0.1:5555", err, sizeof err);
+ *     msg_t m; msg_init(&m, MSG_SUBMIT, 0); m.u.submit.prompt = "Hello"; m.u.submit.stream = true;
+ *     uint64_t id; client_send(c, &m, &id, err, sizeof err);
+ *     msg_t r; while (client_recv(c, &r, 30000, err, sizeof err) == 0) { ...; if terminal break; msg_free(&r); }
+ */
+#ifndef TROUPE_CLIENT_H
+#define TROUPE_CLIENT_H
+
+#include <stdint.h>
+
+#include "messages/msg.h"
+
+typedef struct client client_t;
+
+client_t *client_connect(const char *endpoint, char *err, size_t errlen);
+void client_destroy(client_t **self_p);
+
+/* Sends m. If m->id is 0 a fresh id is assigned (random 63-bit); it is returned in *id_out. */
+int client_send(client_t *c, msg_t *m, uint64_t *id_out, char *err, size_t errlen);
+/* Waits up to timeout_ms for the next message. 0 with *out decoded (msg_free it); 1 on timeout;
+ * -1 on a receive or decode error (err says which). */
+int client_recv(client_t *c, msg_t *out, int timeout_ms, char *err, size_t errlen);
+/* Sends a cancel for request id. */
+int client_cancel(client_t *c, uint64_t id, char *err, size_t errlen);
+/* One request, one reply with the same id (other messages are skipped): for inspect. */
+int client_call(client_t *c, msg_t *req, msg_t *reply, int timeout_ms, char *err, size_t errlen);
+
+/* "5m" -> 300, "1h" -> 3600, "90" / "90s" -> 90, "2d" -> 172800. -1 on junk or overflow. */
+int64_t client_parse_duration_s(const char *s);
+
+/* The client endpoint or inspection endpoint of a topology file (NULL = embedded default). */
+int client_endpoints_from_topology(const char *topology_path, char *client_ep, char *inspect_ep,
+                                   size_t cap, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,593 @@
+/* tools/supervisor.c — troupe-supervisor: launches a topology and keeps it alive.
+ *
+ * Duties, in order of the main loop:
+ *   - start every instance (fork/exec locally, or the ssh / srun command its node names), in the
+ *     topology's order, and wait for each one's READY on the control socket;
+ *   - heartbeat every ready actor; one that stops answering for `liveness` heartbeats is wedged
+ *     (alive but stuck, e.g. SIGSTOP) and is killed with SIGKILL;
+ *   - reap exits and restart by policy (permanent / transient / temporary; one_for_one or
+ *     rest_for_one), at most max_restarts in period_s — one more and the whole cluster is stopped
+ *     with a report and a non-zero exit;
+ *   - on SIGINT / SIGTERM: TERM every actor in reverse start order, wait the grace period, SIGKILL
+ *     whatever is left, print the report; exit 0 when every actor exited 0 in time.
+ *
+ * Exit codes: 0 clean stop; 1 a stop where some actor had to be killed or failed; 2 bad usage or
+ * topology; 3 gave up after too many restarts; 4 the cluster never became ready.
+ *
+ * Known limits: a remote (ssh) child is stopped by TERM over the control socket and by killing
+ * the local ssh process; if both fail, the remote actor exits by itself once it hears nothing
+ * from the supervisor (its orphan timeout). */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <libgen.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "actors/runtime/actor.h"
+#include "common/log.h"
+#include "common/util.h"
+#include "messages/msg.h"
+#include "tools/lib/launch.h"
+#include "tools/lib/restart.h"
+#include "topology/topology.h"
+
+#define EXIT_PARTIAL   1
+#define EXIT_USAGE     2
+#define EXIT_GAVE_UP   3
+#define EXIT_NOT_READY 4
+
+typedef struct child {
+    const topo_instance_t *inst;   /* its entry in the topology */
+    pid_t pid;                     /* 0 when not running */
+    int ready;                     /* READY received from this incarnation */
+    uint32_t restarts;             /* incarnations after the first */
+    int64_t started_ms;            /* when this incarnation was launched */
+    int64_t last_hb_ms;            /* last heartbeat answer (or READY) */
+    uint64_t last_steps;           /* progress counter from its last heartbeat */
+    int last_status;               /* wait status of the last exit; -1 none yet */
+    int finished;                  /* exited and not to be restarted (temporary / transient ok) */
+    int stopping;                  /* we asked it to stop; its exit is expected */
+} child_t;
+
+typedef struct supervisor {
+    topo_t *topo;
+    char topo_path[PATH_MAX];      /* absolute, passed to every actor; "" = embedded default */
+    char bin_dir[PATH_MAX];
+    void *ctx;
+    void *control;                 /* ROUTER at endpoints.control_bind */
+    void *stats_pub;               /* PUB to the monitor: our own stats */
+    child_t *children;             /* [n], start order */
+    int n;
+    restart_window_t window;
+    uint64_t hb_seq;
+    int64_t started_ms;
+    uint8_t buf[MSG_MAX_FRAME > 65536 ? 65536 : MSG_MAX_FRAME];
+    uint8_t *sendbuf;
+    uint64_t total_restarts;
+} supervisor_t;
+
+static volatile sig_atomic_t s_stop_signal = 0;
+static void s_on_signal(int sig) { s_stop_signal = sig; }
+
+/* ---- launching --------------------------------------------------------------------------- */
+
+static int s_spawn(supervisor_t *s, child_t *c)
+{
+    char **argv = NULL;
+    char err[512];
+    if (launch_build_argv(s->topo, c->inst, s->bin_dir, s->topo_path[0] ? s->topo_path : NULL,
+                          &argv, err, sizeof err) != 0) {
+        LOG_E("%s: %s", c->inst->name, err);
+        return -1;
+    }
+    pid_t pid = fork();
+    if (pid < 0) {
+        LOG_E("fork for %s: %s", c->inst->name, strerror(errno));
+        launch_free_argv(&argv);
+        return -1;
+    }
+    if (pid == 0) {
+        char restarts[32];
+        snprintf(restarts, sizeof restarts, "%u", c->restarts);
+        setenv("TROUPE_SUPERVISED", "1", 1);
+        setenv("TROUPE_RESTARTS", restarts, 1);
+        /* A local child dies with us even if we are SIGKILLed (no orphaned clusters). */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        signal(SIGINT, SIG_IGN);   /* Ctrl-C reaches the whole process group: let us drain them */
+        signal(SIGTERM, SIG_DFL);
+        execvp(argv[0], argv);
+        fprintf(stderr, "troupe-supervisor: exec %s: %s\n", argv[0], strerror(errno));
+        _exit(127);
+    }
+    launch_free_argv(&argv);
+    c->pid = pid;
+    c->ready = 0;
+    c->stopping = 0;
+    c->started_ms = now_ms();
+    c->last_hb_ms = c->started_ms;
+    LOG_D("started %s pid %d", c->inst->name, (int)pid);
+    return 0;
+}
+
+static child_t *s_child_by_name(supervisor_t *s, const uint8_t *id, size_t len)
+{
+    for (int i = 0; i < s->n; i++)
+        if (strlen(s->children[i].inst->name) == len && memcmp(s->children[i].inst->name, id, len) == 0)
+            return &s->children[i];
+    return NULL;
+}
+
+static child_t *s_child_by_pid(supervisor_t *s, pid_t pid)
+{
+    for (int i = 0; i < s->n; i++)
+        if (s->children[i].pid == pid)
+            return &s->children[i];
+    return NULL;
+}
+
+static void s_send(supervisor_t *s, child_t *c, const msg_t *m)
+{
+    size_t len;
+    char err[256];
+    if (msg_encode(m, s->sendbuf, MSG_MAX_FRAME, &len, err, sizeof err) != 0)
+        return;
+    const char *name = c->inst->name;
+    if (zmq_send(s->control, name, strlen(name), ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0)
+        zmq_send(s->control, s->sendbuf, len, ZMQ_DONTWAIT);
+}
+
+/* ---- control socket ---------------------------------------------------------------------- */
+
+static void s_read_control(supervisor_t *s)
+{
+    for (;;) {
+        uint8_t id[256];
+        int idn = zmq_recv(s->control, id, sizeof id, ZMQ_DONTWAIT);
+        if (idn < 0)
+            return;
+        int more = 0;
+        size_t more_len = sizeof more;
+        zmq_getsockopt(s->control, ZMQ_RCVMORE, &more, &more_len);
+        if (!more)
+            continue;
+        int n = zmq_recv(s->control, s->buf, sizeof s->buf, ZMQ_DONTWAIT);
+        if (n < 0)
+            return;
+        child_t *c = s_child_by_name(s, id, (size_t)(idn < (int)sizeof id ? idn : (int)sizeof id));
+        msg_t m;
+        char err[256];
+        if (!c || n > (int)sizeof s->buf || msg_decode(s->buf, (size_t)n, &m, err, sizeof err) != 0)
+            continue;   /* not one of ours, or garbage: ignore */
+        if (m.type == MSG_READY) {
+            if (!c->pid || c->stopping) {
+                /* a READY racing with a stop: nothing to do */
+            } else if (m.u.ready.pid != (uint32_t)c->pid && c->inst->node >= 0 &&
+                s->topo->nodes[c->inst->node].launch == TOPO_LAUNCH_LOCAL) {
+                LOG_W("%s: READY from pid %u, expected %d (stale incarnation?)", c->inst->name,
+                      m.u.ready.pid, (int)c->pid);
+            } else if (!c->ready) {
+                c->ready = 1;
+                c->last_hb_ms = now_ms();
+                LOG_I("%s ready in %lld ms (pid %u%s)", c->inst->name,
+                      (long long)(now_ms() - c->started_ms), m.u.ready.pid,
+                      c->restarts ? ", restarted" : "");
+            }
+        } else if (m.type == MSG_HEARTBEAT) {
+            c->last_hb_ms = now_ms();
+            c->last_steps = m.u.heartbeat.steps;
+        }
+        msg_free(&m);
+    }
+}
+
+static void s_heartbeat(supervisor_t *s)
+{
+    msg_t m;
+    msg_init(&m, MSG_HEARTBEAT, 0);
+    m.u.heartbeat.seq = ++s->hb_seq;
+    for (int i = 0; i < s->n; i++)
+        if (s->children[i].pid && s->children[i].ready)
+            s_send(s, &s->children[i], &m);
+}
+
+static void s_publish_stats(supervisor_t *s)
+{
+    int ready = 0, running = 0;
+    for (int i = 0; i < s->n; i++) {
+        running += s->children[i].pid != 0;
+        ready += s->children[i].pid && s->children[i].ready;
+    }
+    msg_metric_t metrics[] = {
+        {.name = "actors_total", .value = s->n},
+        {.name = "actors_running", .value = running},
+        {.name = "actors_ready", .value = ready},
+        {.name = "restarts_total", .value = (double)s->total_restarts, .kind = MSG_METRIC_COUNTER},
+    };
+    msg_t m;
+    msg_init(&m, MSG_STATS, 0);
+    m.u.stats.role = MSG_ROLE_SUPERVISOR;
+    m.u.stats.name = "supervisor";
+    m.u.stats.pid = (uint32_t)getpid();
+    m.u.stats.uptime_ms = (uint64_t)(now_ms() - s->started_ms);
+    m.u.stats.state = s_stop_signal ? MSG_STATE_STOPPING : MSG_STATE_READY;
+    m.u.stats.restarts = 0;
+    m.u.stats.metrics = metrics;
+    m.u.stats.n_metrics = ARRAY_LEN(metrics);
+    size_t len;
+    char err[256];
+    if (msg_encode(&m, s->sendbuf, MSG_MAX_FRAME, &len, err, sizeof err) == 0)
+        zmq_send(s->stats_pub, s->sendbuf, len, ZMQ_DONTWAIT);
+}
+
+/* ---- stopping ---------------------------------------------------------------------------- */
+
+/* Asks the given children to stop (TERM over the control socket and SIGTERM), in reverse start
+ * order, waits up to grace_ms for them, then SIGKILLs the rest. Returns how many had to be
+ * killed or exited non-zero. */
+static int s_stop_children(supervisor_t *s, const int *idx, int n, int64_t grace_ms, const char *why)
+{
+    msg_t term;
+    msg_init(&term, MSG_TERM, 0);
+    term.u.term.reason = why;
+    term.u.term.grace_ms = (uint32_t)grace_ms;
+    for (int k = n - 1; k >= 0; k--) {
+        child_t *c = &s->children[idx[k]];
+        if (!c->pid)
+            continue;
+        c->stopping = 1;
+        s_send(s, c, &term);
+        kill(c->pid, SIGTERM);
+    }
+    int bad = 0;
+    int64_t deadline = now_ms() + grace_ms;
+    for (;;) {
+        int left = 0;
+        for (int k = 0; k < n; k++) {
+            child_t *c = &s->children[idx[k]];
+            if (!c->pid)
+                continue;
+            int st;
+            pid_t r = waitpid(c->pid, &st, WNOHANG);
+            if (r == c->pid) {
+                c->last_status = st;
+                c->pid = 0;
+                c->ready = 0;
+                if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
+                    char d[96];
+                    LOG_W("%s stopped with %s", c->inst->name, restart_describe_status(st, d, sizeof d));
+                    bad++;
+                }
+            } else {
+                left++;
+            }
+        }
+        if (!left)
+            return bad;
+        if (now_ms() >= deadline)
+            break;
+        s_read_control(s);
+        usleep(10000);
+    }
+    for (int k = 0; k < n; k++) {
+        child_t *c = &s->children[idx[k]];
+        if (!c->pid)
+            continue;
+        LOG_W("%s did not stop within %lld ms: SIGKILL", c->inst->name, (long long)grace_ms);
+        kill(c->pid, SIGKILL);
+        int st;
+        waitpid(c->pid, &st, 0);
+        c->last_status = st;
+        c->pid = 0;
+        c->ready = 0;
+        bad++;
+    }
+    return bad;
+}
+
+static int s_stop_all(supervisor_t *s, const char *why)
+{
+    int *idx = malloc((size_t)s->n * sizeof *idx);
+    for (int i = 0; i < s->n; i++)
+        idx[i] = i;
+    int bad = s_stop_children(s, idx, s->n, (int64_t)s->topo->supervision.grace_s * 1000, why);
+    free(idx);
+    return bad;
+}
+
+static void s_report(supervisor_t *s, FILE *f)
+{
+    fprintf(f, "\ntroupe-supervisor: report for cluster '%s' (up %.1f s, %llu restarts)\n",
+            s->topo->name, (double)(now_ms() - s->started_ms) / 1000.0,
+            (unsigned long long)s->total_restarts);
+    fprintf(f, "  %-20s %-16s %8s  %s\n", "actor", "role", "restarts", "last exit");
+    for (int i = 0; i < s->n; i++) {
+        child_t *c = &s->children[i];
+        char d[96] = "running";
+        if (c->last_status >= 0)
+            restart_describe_status(c->last_status, d, sizeof d);
+        fprintf(f, "  %-20s %-16s %8u  %s\n", c->inst->name, topo_role_name(c->inst->role),
+                c->restarts, d);
+    }
+    fflush(f);
+}
+
+/* ---- failures and restarts --------------------------------------------------------------- */
+
+/* Child `i` exited (status) or must be replaced. Returns 0 to go on, -1 to give up. */
+static int s_on_failure(supervisor_t *s, int i, int status)
+{
+    child_t *c = &s->children[i];
+    char d[96];
+    restart_describe_status(status, d, sizeof d);
+    if (!restart_wanted(c->inst->restart, status)) {
+        LOG_I("%s exited (%s); %s: not restarted", c->inst->name, d, topo_restart_name(c->inst->restart));
+        c->finished = 1;
+        return 0;
+    }
+    if (!restart_window_allow(&s->window, now_ms())) {
+        LOG_E("%s exited (%s): more than %d restarts in %d s — giving up and stopping the cluster",
+              c->inst->name, d, s->topo->supervision.max_restarts, s->topo->supervision.period_s);
+        return -1;
+    }
+    int affected[4096];
+    int n = restart_affected(s->topo->supervision.strategy, i, s->n, affected);
+    if (n > 1) {
+        /* rest_for_one: the ones started after it depend on it; stop them first (they are
+         * restarted below, in start order). */
+        s_stop_children(s, affected + 1, n - 1, (int64_t)s->topo->supervision.grace_s * 1000,
+                        "rest_for_one restart");
+    }
+    LOG_W("%s exited (%s): restarting%s", c->inst->name, d, n > 1 ? " with the actors after it" : "");
+    for (int k = 0; k < n; k++) {
+        child_t *r = &s->children[affected[k]];
+        r->restarts++;
+        s->total_restarts++;
+        if (s_spawn(s, r) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+static int s_reap(supervisor_t *s)
+{
+    for (;;) {
+        int st;
+        pid_t pid = waitpid(-1, &st, WNOHANG);
+        if (pid <= 0)
+            return 0;
+        child_t *c = s_child_by_pid(s, pid);
+        if (!c)
+            continue;
+        c->pid = 0;
+        c->ready = 0;
+        c->last_status = st;
+        if (c->stopping)
+            continue;
+        if (s_on_failure(s, (int)(c - s->children), st) != 0)
+            return -1;
+    }
+}
+
+/* Wedged: alive but no heartbeat answer for liveness x heartbeat_ms. Not ready in time: the
+ * ready timeout. Both are killed; the reaper then restarts them by policy. */
+static void s_check_liveness(supervisor_t *s)
+{
+    int64_t now = now_ms();
+    int64_t hb_limit = (int64_t)s->topo->supervision.heartbeat_ms * s->topo->supervision.liveness;
+    for (int i = 0; i < s->n; i++) {
+        child_t *c = &s->children[i];
+        if (!c->pid || c->stopping)
+            continue;
+        if (c->ready && now - c->last_hb_ms > hb_limit) {
+            LOG_W("%s (pid %d) missed %d heartbeats (%lld ms): wedged, killing it", c->inst->name,
+                  (int)c->pid, s->topo->supervision.liveness, (long long)(now - c->last_hb_ms));
+            kill(c->pid, SIGKILL);
+            c->last_hb_ms = now;   /* one kill per incident */
+        } else if (!c->ready && now - c->started_ms > (int64_t)s->topo->supervision.ready_timeout_s * 1000) {
+            LOG_W("%s (pid %d) not ready after %d s: killing it", c->inst->name, (int)c->pid,
+                  s->topo->supervision.ready_timeout_s);
+            kill(c->pid, SIGKILL);
+            c->started_ms = now;
+        }
+    }
+}
+
+/* ---- main -------------------------------------------------------------------------------- */
+
+static void s_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: troupe-supervisor [--topology FILE] [--bin-dir DIR] [--check] [--print] [--verbose]\n"
+            "  Launches every actor of a topology, waits for READY, restarts by policy, and stops\n"
+            "  the cluster cleanly on SIGINT/SIGTERM.\n"
+            "  --topology FILE  the cluster (default: the embedded one-machine CPU topology)\n"
+            "  --bin-dir DIR    where the troupe-<role> binaries are (default: beside this program)\n"
+            "  --check          validate the topology, print every problem, exit 0/2\n"
+            "  --print          print the effective topology (defaults applied, instances expanded)\n"
+            "  --ready-file F   write F once every actor is ready (for scripts)\n"
+            "  --verbose        debug logging (also passed to actors via TROUPE_VERBOSE)\n");
+}
+
+int main(int argc, char **argv)
+{
+    const char *topo_arg = NULL, *bin_dir = NULL, *ready_file = NULL;
+    int check = 0, print = 0;
+    static const struct option opts[] = {
+        {"topology", required_argument, 0, 't'}, {"bin-dir", required_argument, 0, 'b'},
+        {"check", no_argument, 0, 'c'},          {"print", no_argument, 0, 'p'},
+        {"ready-file", required_argument, 0, 'r'}, {"verbose", no_argument, 0, 'v'},
+        {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
+    int o;
+    while ((o = getopt_long(argc, argv, "t:b:cpr:vh", opts, NULL)) != -1) {
+        switch (o) {
+        case 't': topo_arg = optarg; break;
+        case 'b': bin_dir = optarg; break;
+        case 'c': check = 1; break;
+        case 'p': print = 1; break;
+        case 'r': ready_file = optarg; break;
+        case 'v': log_set_verbose(1); setenv("TROUPE_VERBOSE", "1", 1); break;
+        case 'h': s_usage(stdout); return 0;
+        default: s_usage(stderr); return EXIT_USAGE;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "troupe-supervisor: unexpected argument '%s'\n", argv[optind]);
+        s_usage(stderr);
+        return EXIT_USAGE;
+    }
+    log_init("supervisor", -1);
+
+    supervisor_t sv = {0}, *s = &sv;
+    s->started_ms = now_ms();
+    topo_errors_t *errs = calloc(1, sizeof *errs);
+    int rc = topo_arg ? topo_load_file(topo_arg, &s->topo, errs) : topo_load_default(&s->topo, errs);
+    if (rc != 0) {
+        fprintf(stderr, "troupe-supervisor: %s is not a valid topology:\n", topo_arg ? topo_arg : "the embedded default");
+        topo_errors_print(errs, stderr);
+        free(errs);
+        return EXIT_USAGE;
+    }
+    free(errs);
+    if (print)
+        topo_print(s->topo, stdout);
+    if (check || print) {
+        if (check)
+            printf("%s: ok (%d actors on %d node%s)\n", s->topo->source, s->topo->n_instances,
+                   s->topo->n_nodes, s->topo->n_nodes == 1 ? "" : "s");
+        topo_destroy(&s->topo);
+        return 0;
+    }
+    if (topo_arg && !realpath(topo_arg, s->topo_path)) {
+        LOG_E("%s: %s", topo_arg, strerror(errno));
+        return EXIT_USAGE;
+    }
+    if (bin_dir) {
+        snprintf(s->bin_dir, sizeof s->bin_dir, "%s", bin_dir);
+    } else {
+        char self[PATH_MAX];
+        ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+        if (n <= 0) {
+            LOG_E("cannot find my own directory; pass --bin-dir");
+            return EXIT_USAGE;
+        }
+        self[n] = 0;
+        snprintf(s->bin_dir, sizeof s->bin_dir, "%s", dirname(self));
+    }
+
+    /* The run directory holds the ipc:// sockets; private to this user. */
+    const char *run_dir = s->topo->endpoints.run_dir;
+    if (mkdir(run_dir, 0700) != 0 && errno != EEXIST) {
+        LOG_E("cannot create run directory %s: %s", run_dir, strerror(errno));
+        return EXIT_USAGE;
+    }
+
+    s->sendbuf = malloc(MSG_MAX_FRAME);
+    s->ctx = zmq_ctx_new();
+    s->control = zmq_socket(s->ctx, ZMQ_ROUTER);
+    actor_sock_defaults(s->control, &s->topo->limits);
+    int one = 1;
+    zmq_setsockopt(s->control, ZMQ_ROUTER_HANDOVER, &one, sizeof one);
+    if (zmq_bind(s->control, s->topo->endpoints.control_bind) != 0) {
+        LOG_E("bind control %s: %s (is cluster '%s' already running?)", s->topo->endpoints.control_bind,
+              zmq_strerror(errno), s->topo->name);
+        return EXIT_USAGE;
+    }
+    s->stats_pub = zmq_socket(s->ctx, ZMQ_PUB);
+    actor_sock_defaults(s->stats_pub, &s->topo->limits);
+    zmq_connect(s->stats_pub, s->topo->endpoints.stats);
+
+    struct sigaction sa = {.sa_handler = s_on_signal};
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    s->n = s->topo->n_instances;
+    s->children = calloc((size_t)s->n, sizeof *s->children);
+    restart_window_init(&s->window, s->topo->supervision.max_restarts,
+                        (int64_t)s->topo->supervision.period_s * 1000);
+    LOG_I("starting cluster '%s': %d actors from %s", s->topo->name, s->n, s->topo->source);
+    int exit_code = 0;
+    for (int i = 0; i < s->n; i++) {
+        s->children[i].inst = &s->topo->instances[i];
+        s->children[i].last_status = -1;
+        if (s_spawn(s, &s->children[i]) != 0) {
+            exit_code = EXIT_NOT_READY;
+            s_stop_all(s, "start failed");
+            goto out;
+        }
+    }
+
+    int all_ready = 0;
+    int64_t next_hb = now_ms(), next_stats = now_ms();
+    for (;;) {
+        if (s_stop_signal) {
+            LOG_I("%s: stopping the cluster (grace %d s)", s_stop_signal == SIGINT ? "SIGINT" : "SIGTERM",
+                  s->topo->supervision.grace_s);
+            exit_code = s_stop_all(s, "supervisor stopping") ? EXIT_PARTIAL : 0;
+            break;
+        }
+        zmq_pollitem_t item = {.socket = s->control, .events = ZMQ_POLLIN};
+        zmq_poll(&item, 1, 20);
+        s_read_control(s);
+        if (s_reap(s) != 0) {
+            s_stop_all(s, "restart limit reached");
+            exit_code = EXIT_GAVE_UP;
+            break;
+        }
+        int64_t now = now_ms();
+        if (now >= next_hb) {
+            s_heartbeat(s);
+            next_hb = now + s->topo->supervision.heartbeat_ms;
+        }
+        if (now >= next_stats) {
+            s_publish_stats(s);
+            next_stats = now + 1000;
+        }
+        s_check_liveness(s);
+        if (!all_ready) {
+            int ready = 1;
+            for (int i = 0; i < s->n; i++)
+                if (!s->children[i].finished && !(s->children[i].pid && s->children[i].ready))
+                    ready = 0;
+            if (ready) {
+                all_ready = 1;
+                LOG_I("cluster '%s' ready: %d actors in %lld ms; clients: %s; inspect: %s",
+                      s->topo->name, s->n, (long long)(now - s->started_ms),
+                      s->topo->endpoints.client, s->topo->endpoints.inspect);
+                if (ready_file) {
+                    FILE *f = fopen(ready_file, "w");
+                    if (f) {
+                        fprintf(f, "%lld\n", (long long)(now - s->started_ms));
+                        fclose(f);
+                    }
+                }
+            }
+        }
+        int alive = 0;
+        for (int i = 0; i < s->n; i++)
+            alive += s->children[i].pid != 0;
+        if (!alive) {
+            LOG_I("every actor has exited; stopping");
+            break;
+        }
+    }
+out:
+    s_report(s, stderr);
+    zmq_close(s->control);
+    zmq_close(s->stats_pub);
+    zmq_ctx_term(s->ctx);
+    restart_window_free(&s->window);
+    free(s->children);
+    free(s->sendbuf);
+    topo_destroy(&s->topo);
+    return exit_code;
+}

@@ -1,0 +1,176 @@
+/* tools/top.c — troupe-top: the live view of a cluster, from its monitor actor.
+ *
+ *   troupe-top [--topology FILE | --endpoint EP] [--once] [--json] [--interval-ms N]
+ *
+ * Live mode (a terminal): an ncurses table refreshed every interval; q quits. --once prints one
+ * plain-text snapshot (for scripts and logs); --json prints the monitor's reply as JSON.
+ * Exit codes: 0 ok, 2 bad usage, 3 the monitor did not answer. */
+#include <errno.h>
+#include <locale.h>
+#include <ncurses.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/util.h"
+#include "tools/lib/client.h"
+
+#define SILENT_MS 3000   /* stats older than this: the actor is down or wedged */
+
+static double s_metric(const msg_stats_t *st, const char *name, double dflt)
+{
+    for (uint32_t i = 0; i < st->n_metrics; i++)
+        if (strcmp(st->metrics[i].name, name) == 0)
+            return st->metrics[i].value;
+    return dflt;
+}
+
+static const char *s_state(const msg_stats_t *st)
+{
+    if (s_metric(st, "silent_ms", 0) > SILENT_MS)
+        return "silent";
+    return msg_state_name(st->state);
+}
+
+static int s_cmp(const void *a, const void *b)
+{
+    const msg_stats_t *x = a, *y = b;
+    if (x->role != y->role)
+        return (int)x->role - (int)y->role;
+    return strcmp(x->name, y->name);
+}
+
+/* Renders one snapshot as lines of text into buf (shared by --once and the live view). */
+static void s_render(const msg_t *r, char *buf, size_t cap)
+{
+    const msg_inspect_reply_t *ir = &r->u.inspect_reply;
+    msg_stats_t *rows = malloc(ir->n_actors * sizeof *rows + 1);
+    memcpy(rows, ir->actors, ir->n_actors * sizeof *rows);
+    qsort(rows, ir->n_actors, sizeof *rows, s_cmp);
+    size_t n = 0;
+    n += (size_t)snprintf(buf + n, cap - n, "troupe-top — %u actors, monitor up %.1f s\n",
+                          ir->n_actors, (double)ir->uptime_ms / 1000.0);
+    n += (size_t)snprintf(buf + n, cap - n, "%-18s %-16s %7s %9s %-9s %8s %9s %9s %9s %6s  %s\n",
+                          "ACTOR", "ROLE", "PID", "UPTIME", "STATE", "RESTARTS", "MSGS_IN",
+                          "MSGS_OUT", "MALFORMED", "QUEUE", "METRICS");
+    for (uint32_t i = 0; i < ir->n_actors && n < cap - 512; i++) {
+        const msg_stats_t *st = &rows[i];
+        uint64_t q = 0;
+        for (uint32_t k = 0; k < st->n_queues; k++)
+            q += st->queues[k].depth;
+        n += (size_t)snprintf(buf + n, cap - n, "%-18s %-16s %7u %8.1fs %-9s %8u %9llu %9llu %9llu %6llu ",
+                              st->name, msg_role_name(st->role), st->pid,
+                              /* stats are up to a second old: age them to now */
+                              (double)st->uptime_ms / 1000.0 + s_metric(st, "silent_ms", 0) / 1000.0,
+                              s_state(st), st->restarts, (unsigned long long)st->msgs_in,
+                              (unsigned long long)st->msgs_out, (unsigned long long)st->malformed,
+                              (unsigned long long)q);
+        for (uint32_t k = 0; k < st->n_metrics && n < cap - 256; k++) {
+            if (!strcmp(st->metrics[k].name, "silent_ms"))
+                continue;
+            n += (size_t)snprintf(buf + n, cap - n, " %s=%g", st->metrics[k].name, st->metrics[k].value);
+        }
+        n += (size_t)snprintf(buf + n, cap - n, "\n");
+    }
+    free(rows);
+}
+
+static int s_query(client_t *c, msg_t *reply, char *err, size_t errlen)
+{
+    msg_t q;
+    msg_init(&q, MSG_INSPECT, 0);
+    q.u.inspect.what = MSG_INSPECT_ACTORS;
+    return client_call(c, &q, reply, 3000, err, errlen);
+}
+
+int main(int argc, char **argv)
+{
+    const char *endpoint = NULL, *topology = NULL;
+    int once = 0, json = 0;
+    long interval = 1000;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--endpoint") && i + 1 < argc) endpoint = argv[++i];
+        else if (!strcmp(argv[i], "--topology") && i + 1 < argc) topology = argv[++i];
+        else if (!strcmp(argv[i], "--once")) once = 1;
+        else if (!strcmp(argv[i], "--json")) json = once = 1;
+        else if (!strcmp(argv[i], "--interval-ms") && i + 1 < argc) {
+            char *end;
+            interval = strtol(argv[++i], &end, 10);
+            if (*end || interval < 50 || interval > 3600000) {
+                fprintf(stderr, "troupe-top: --interval-ms: 50..3600000\n");
+                return 2;
+            }
+        } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            printf("usage: troupe-top [--topology FILE | --endpoint EP] [--once] [--json] [--interval-ms N]\n");
+            return 0;
+        } else {
+            fprintf(stderr, "troupe-top: unknown argument '%s'\n", argv[i]);
+            return 2;
+        }
+    }
+    char err[512], ep[256];
+    if (!endpoint) {
+        if (client_endpoints_from_topology(topology, NULL, ep, sizeof ep, err, sizeof err) != 0) {
+            fprintf(stderr, "troupe-top: %s\n", err);
+            return 2;
+        }
+        endpoint = ep;
+    }
+    client_t *c = client_connect(endpoint, err, sizeof err);
+    if (!c) {
+        fprintf(stderr, "troupe-top: %s\n", err);
+        return 2;
+    }
+    static char text[1 << 20];
+    int rc = 0;
+    if (once || !isatty(STDOUT_FILENO)) {
+        msg_t r;
+        msg_init(&r, MSG_NONE, 0);
+        if (s_query(c, &r, err, sizeof err) != 0) {
+            fprintf(stderr, "troupe-top: monitor at %s: %s\n", endpoint, err);
+            rc = 3;
+        } else if (r.type != MSG_INSPECT_REPLY) {
+            fprintf(stderr, "troupe-top: monitor answered %s\n", msg_type_name(r.type));
+            rc = 3;
+        } else if (json) {
+            if (msg_to_json(&r, text, sizeof text) < 0)
+                rc = 3;
+            else
+                printf("%s\n", text);
+        } else {
+            s_render(&r, text, sizeof text);
+            fputs(text, stdout);
+        }
+        msg_free(&r);
+        client_destroy(&c);
+        return rc;
+    }
+
+    setlocale(LC_ALL, "");
+    initscr();
+    cbreak();
+    noecho();
+    curs_set(0);
+    timeout((int)interval);
+    for (;;) {
+        msg_t r;
+        msg_init(&r, MSG_NONE, 0);
+        erase();
+        if (s_query(c, &r, err, sizeof err) == 0 && r.type == MSG_INSPECT_REPLY) {
+            s_render(&r, text, sizeof text);
+            mvaddstr(0, 0, text);
+        } else {
+            mvprintw(0, 0, "troupe-top: monitor at %s: %s (retrying)", endpoint, err);
+        }
+        msg_free(&r);
+        mvprintw(LINES - 1, 0, "q: quit   refresh every %ld ms", interval);
+        refresh();
+        int ch = getch();
+        if (ch == 'q' || ch == 'Q')
+            break;
+    }
+    endwin();
+    client_destroy(&c);
+    return 0;
+}

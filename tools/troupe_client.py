@@ -1,0 +1,197 @@
+#!/usr/bin/python3
+"""troupe_client — a small Python client for a Troupe cluster (pyzmq + msgpack).
+
+Speaks the same wire format as the C client (messages/msg.h): one ZeroMQ frame = one msgpack map
+{"v": 1, "t": <type number>, "id": <u64>, ...fields by their C struct names}.
+
+    from troupe_client import Client
+    with Client("tcp://127.0.0.1:5555") as c:
+        for event in c.generate("Hello", max_tokens=32):
+            print(event)            # {"type": "token", ...} ... then one "done" or "error"
+
+    python3 tools/troupe_client.py --endpoint tcp://127.0.0.1:5555 submit "Hello" --max-tokens 32
+    python3 tools/troupe_client.py --endpoint tcp://127.0.0.1:5556 inspect
+"""
+import argparse
+import json
+import os
+import random
+import sys
+import time
+
+import msgpack
+import zmq
+
+VERSION = 1
+# Wire numbers of messages/msg.h's msg_type_t (append-only there).
+TYPES = ["none", "ready", "term", "heartbeat", "stats", "submit", "token", "done", "error", "cancel",
+         "prefill_request", "handoff", "kv_announce", "kv_ack", "cache_lookup", "cache_lookup_reply",
+         "cache_put", "cache_evict", "cache_pin", "cache_unpin", "cache_fetch", "cache_fetch_reply",
+         "cache_event", "expert_load", "expert_placement", "draft_policy", "draft_stats", "inspect",
+         "inspect_reply"]
+TYPE_NUM = {name: i for i, name in enumerate(TYPES)}
+ERROR_CODES = ["bad_request", "malformed", "overloaded", "unavailable", "timeout", "cancelled",
+               "transfer_failed", "worker_lost", "internal"]
+FINISH = ["stop", "length", "cancelled"]
+CHAT_ROLES = {"system": 0, "user": 1, "assistant": 2, "tool": 3}
+ROLES = ["none", "supervisor", "router", "prefill", "decode", "cache_manager", "expert_balancer",
+         "draft_scheduler", "monitor", "client"]
+STATES = ["starting", "ready", "draining", "stopping"]
+
+
+class TroupeError(Exception):
+    """The cluster answered with an error message."""
+
+    def __init__(self, reply):
+        self.reply = reply
+        self.code = reply.get("code_name")
+        self.retryable = reply.get("retryable", False)
+        super().__init__(f"{self.code}: {reply.get('message')}")
+
+
+def parse_duration(s):
+    """'300' / '90s' / '5m' / '1h' / '2d' -> seconds."""
+    s = str(s).strip()
+    mul = {"s": 1, "m": 60, "h": 3600, "d": 86400}.get(s[-1:], None)
+    n = int(s[:-1] if mul else s)
+    if n < 0:
+        raise ValueError(f"negative duration {s!r}")
+    return n * (mul or 1)
+
+
+def _decorate(m):
+    """Adds readable names next to enum numbers."""
+    m["type"] = TYPES[m["t"]] if 0 <= m.get("t", -1) < len(TYPES) else "?"
+    if m["type"] == "error" and "code" in m:
+        m["code_name"] = ERROR_CODES[m["code"]] if m["code"] < len(ERROR_CODES) else "?"
+    if m["type"] == "done":
+        m["finish_name"] = FINISH[m.get("finish", 0)]
+    return m
+
+
+class Client:
+    def __init__(self, endpoint, timeout_s=120.0):
+        self.ctx = zmq.Context.instance()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 100)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, 16 << 20)
+        self.sock.connect(endpoint)
+        self.timeout_s = timeout_s
+        self.next_id = random.getrandbits(62)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self):
+        self.sock.close()
+
+    def send(self, type_name, id=None, **fields):
+        if id is None:
+            self.next_id += 1
+            id = self.next_id
+        m = {"v": VERSION, "t": TYPE_NUM[type_name], "id": id}
+        m.update({k: v for k, v in fields.items() if v is not None})
+        self.sock.send(msgpack.packb(m, use_bin_type=True))
+        return id
+
+    def recv(self, timeout_s=None):
+        t = self.timeout_s if timeout_s is None else timeout_s
+        if not self.sock.poll(int(t * 1000)):
+            return None
+        return _decorate(msgpack.unpackb(self.sock.recv(), raw=False, strict_map_key=False))
+
+    def generate(self, prompt=None, messages=None, tokens=None, max_tokens=256, temperature=None,
+                 top_k=None, top_p=None, min_p=None, seed=None, stop=None, ignore_eos=None,
+                 prompt_cache_key=None, cache_retention=None, tenant=None, stream=True):
+        """Yields every reply for one request: token events, then exactly one done or error."""
+        sampling = {"max_tokens": max_tokens}
+        for k, v in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p),
+                     ("min_p", min_p), ("seed", seed), ("stop", stop), ("ignore_eos", ignore_eos)):
+            if v is not None:
+                sampling[k] = v
+        if messages is not None:
+            messages = [{"role": CHAT_ROLES[m["role"]], "content": m["content"]} for m in messages]
+        rid = self.send("submit", prompt=prompt, messages=messages, tokens=tokens, sampling=sampling,
+                        stream=stream, prompt_cache_key=prompt_cache_key,
+                        cache_retention_s=parse_duration(cache_retention) if cache_retention else None,
+                        tenant=tenant)
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no terminal reply for request {rid} in {self.timeout_s} s")
+            m = self.recv(left)
+            if m is None or m.get("id") != rid:
+                continue
+            yield m
+            if m["type"] in ("done", "error"):
+                return
+
+    def complete(self, prompt, **kw):
+        """The whole text of one request, or raises TroupeError."""
+        text = []
+        for m in self.generate(prompt, **kw):
+            if m["type"] == "token":
+                text.append(m.get("text", ""))
+            elif m["type"] == "error":
+                raise TroupeError(m)
+        return "".join(text)
+
+    def cancel(self, rid):
+        self.send("cancel", id=rid)
+
+    def inspect(self):
+        rid = self.send("inspect", what=0)
+        while True:
+            m = self.recv()
+            if m is None:
+                raise TimeoutError("monitor did not answer")
+            if m.get("id") == rid:
+                return m
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="Troupe Python client")
+    ap.add_argument("--endpoint", default=os.environ.get("TROUPE_ENDPOINT", "tcp://127.0.0.1:5555"))
+    ap.add_argument("--timeout", type=float, default=120.0)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("submit")
+    s.add_argument("text")
+    s.add_argument("--chat", action="store_true")
+    s.add_argument("--max-tokens", type=int, default=64)
+    s.add_argument("--temperature", type=float)
+    s.add_argument("--seed", type=int)
+    s.add_argument("--cache-key")
+    s.add_argument("--retention")
+    s.add_argument("--json", action="store_true")
+    sub.add_parser("inspect")
+    a = ap.parse_args(argv)
+    with Client(a.endpoint, a.timeout) as c:
+        if a.cmd == "inspect":
+            print(json.dumps(c.inspect(), default=str))
+            return 0
+        kw = dict(max_tokens=a.max_tokens, temperature=a.temperature, seed=a.seed,
+                  prompt_cache_key=a.cache_key, cache_retention=a.retention)
+        if a.chat:
+            kw["messages"] = [{"role": "user", "content": a.text}]
+        else:
+            kw["prompt"] = a.text
+        rc = 0
+        for m in c.generate(**kw):
+            if a.json:
+                print(json.dumps(m, default=str))
+            elif m["type"] == "token":
+                print(m.get("text", ""), end="", flush=True)
+            elif m["type"] == "done":
+                print(f"\n[done: {m['finish_name']}, usage {m.get('usage')}]", file=sys.stderr)
+            elif m["type"] == "error":
+                print(f"error {m['code_name']}: {m.get('message')}", file=sys.stderr)
+                rc = 1
+        return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
