@@ -259,9 +259,10 @@ static int s_load_merges(s_ctx_t *c, json_t *model)
         memcpy(cat + la, b, lb);
         int32_t im = tok_strmap_get(&t->vocab, (const uint8_t *)cat, la + lb);
         if (im < 0) {
+            s_fail(c, "model.merges[%zu]: merged token \"%.*s\" is not in model.vocab", r,
+                   (int)(la + lb > 60 ? 60 : la + lb), cat);
             free(cat);
-            return s_fail(c, "model.merges[%zu]: merged token \"%.*s\" is not in model.vocab", r,
-                          (int)(la + lb > 60 ? 60 : la + lb), cat);
+            return -1;
         }
         tok_pairmap_put(&t->merges, ia, ib, (int32_t)r, im);
     }
@@ -277,7 +278,7 @@ static int s_check_model_options(s_ctx_t *c, json_t *model)
     json_t *dropout = json_object_get(model, "dropout");
     if (dropout && !json_is_null(dropout) && !(json_is_number(dropout) && json_number_value(dropout) == 0.0))
         return s_fail(c, "model.dropout: BPE dropout is not supported (must be null)");
-    int byte_fallback;
+    int byte_fallback = 0;
     if (s_get_bool(c, model, "model", "byte_fallback", 0, &byte_fallback) < 0)
         return -1;
     if (byte_fallback)
@@ -360,7 +361,7 @@ static int s_load_added(s_ctx_t *c, json_t *root, int32_t *max_id)
         if (!tok_utf8_valid((const uint8_t *)content, len, NULL))
             return s_fail(c, "%s.content: not valid UTF-8", where);
         tok_added_t *a = &t->added[t->n_added];
-        int special, lstrip, rstrip, single_word, normalized;
+        int special = 0, lstrip = 0, rstrip = 0, single_word = 0, normalized = 0;
         if (s_get_bool(c, o, where, "special", 0, &special) < 0 ||
             s_get_bool(c, o, where, "lstrip", 0, &lstrip) < 0 ||
             s_get_bool(c, o, where, "rstrip", 0, &rstrip) < 0 ||
@@ -544,7 +545,7 @@ static int s_load_pre(s_ctx_t *c, json_t *o, const char *where, int depth)
         return s_load_split(c, o, where, p);
     }
     if (strcmp(type, "ByteLevel") == 0) {
-        int use_regex;
+        int use_regex = 0;
         p->kind = TOK_PRE_BYTELEVEL;
         t->n_pre++;
         if (s_get_bool(c, o, where, "add_prefix_space", 1, &p->add_prefix_space) < 0 ||
@@ -675,7 +676,9 @@ static int s_load_config(s_ctx_t *c, const char *cfg_path)
         return errf(c->err, c->errlen, "%s: %lld bytes is larger than %u", cfg_path,
                     (long long)st.st_size, TOK_MAX_FILE_BYTES);
     json_error_t jerr;
-    json_t *cfg = json_load_file(cfg_path, 0, &jerr);
+    /* As reals: model_max_length is often 1e30 written as an integer, too big for json_int_t;
+     * only strings are read from this file. */
+    json_t *cfg = json_load_file(cfg_path, JSON_DECODE_INT_AS_REAL, &jerr);
     if (!cfg)
         return errf(c->err, c->errlen, "%s:%d:%d: %s", cfg_path, jerr.line, jerr.column, jerr.text);
     int rc = -1;
@@ -713,7 +716,7 @@ static int s_load_json(s_ctx_t *c, json_t *root)
     if (s_check_decoder(c, json_object_get(root, "decoder")) < 0)
         return -1;
 
-    int32_t max_vocab, max_added = -1;
+    int32_t max_vocab = -1, max_added = -1;
     if (s_load_vocab(c, model, &max_vocab) < 0 || s_load_added(c, root, &max_added) < 0)
         return -1;
     t->n_ids = (max_vocab > max_added ? max_vocab : max_added) + 1;
@@ -728,7 +731,7 @@ static int s_load_json(s_ctx_t *c, json_t *root)
     if (s_fill_vocab(c, model) < 0 || s_load_merges(c, model) < 0)
         return -1;
 
-    const char *unk;
+    const char *unk = NULL;
     if (s_get_str(c, model, "model", "unk_token", 0, &unk, NULL) < 0)
         return -1;
     for (int b = 0; b < 256; b++)

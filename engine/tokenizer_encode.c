@@ -97,7 +97,7 @@ static int s_word_before(const tokenizer_t *t, const uint8_t *s, size_t n, size_
     return s_word_at(t, s, n, k);
 }
 
-/* Leftmost-longest match of the trie in s[from..n): 1 and *mstart/*mlen/*term, or 0. */
+/* Leftmost-longest match of the trie in s[from..n): 1 with its start, length and term; or 0. */
 static int s_trie_find(const tok_trie_t *tr, const uint8_t *s, size_t n, size_t from,
                        size_t *mstart, size_t *mlen, int32_t *term)
 {
