@@ -313,11 +313,13 @@ fail:
 
 ckpt_t *ckpt_dummy(dtype_t dtype, uint64_t seed)
 {
+    if ((unsigned)dtype >= DT_COUNT)
+        return NULL;
     ckpt_t *c = s_new("dummy");
     if (!c)
         return NULL;
     c->dummy = 1;
-    c->dummy_dtype = dtype < DT_COUNT ? dtype : DT_F32;
+    c->dummy_dtype = dtype;
     c->seed = seed;
     return c;
 }

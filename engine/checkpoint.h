@@ -24,7 +24,7 @@ typedef struct ckpt ckpt_t;
 typedef struct tensor_view {
     const char *name;
     dtype_t dtype;
-    int ndim;                     /* 0..4 (a stored tensor with more dimensions never matches an expect) */
+    int ndim;                     /* 0..4 (ckpt_open refuses files holding tensors of higher rank) */
     int64_t shape[4];
     const void *data;             /* may be unaligned */
     size_t nbytes;
@@ -32,7 +32,7 @@ typedef struct tensor_view {
 
 /* model.safetensors or the sharded index; mmap, read-only. Every file is validated completely. */
 ckpt_t *ckpt_open(const char *model_dir, char *err, size_t errlen);
-/* The 'dummy' load format: tensors appear on first ckpt_expect. */
+/* The 'dummy' load format: tensors appear on first ckpt_expect. NULL for a dtype out of range. */
 ckpt_t *ckpt_dummy(dtype_t dtype, uint64_t seed);
 /* Returns the named tensor after checking its shape is exactly shape[0..ndim) (error names the tensor,
  * the file and both shapes). For a dummy checkpoint it creates deterministic random data of that shape

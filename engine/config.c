@@ -459,7 +459,9 @@ int config_parse(const char *json, size_t len, const char *name_for_errors, mode
         cfg->dtype = DT_F32;
     }
 
-    if (s_int(C, root, "bos_token_id", d->bos, -1, cfg->vocab_size - 1, &cfg->bos_token_id))
+    /* Explicit null means "no such token"; only an absent key takes the class default. */
+    json_t *bos = json_object_get(root, "bos_token_id");
+    if (s_int(C, root, "bos_token_id", bos ? -1 : d->bos, -1, cfg->vocab_size - 1, &cfg->bos_token_id))
         goto out;
     if (json_object_get(root, "eos_token_id")) {
         if (s_token_list(C, root, "eos_token_id", cfg->vocab_size, cfg->eos_token_ids, &cfg->n_eos))

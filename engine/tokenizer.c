@@ -7,8 +7,9 @@
  * path of the field and the problem. Components this engine does not implement are refused
  * by name rather than approximated, so a loaded tokenizer is one we reproduce exactly. */
 #include <errno.h>
-#include <oniguruma.h>
 #include <jansson.h>
+#include <oniguruma.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -460,8 +461,19 @@ static int s_load_normalizer(s_ctx_t *c, json_t *n, const char *where, int depth
 
 /* ---- pre-tokenizers ---- */
 
+/* Oniguruma initialises its encoding tables on first use, which is not safe to race; do it
+ * once, explicitly, as its documentation asks of multi-threaded programs. */
+static pthread_once_t s_onig_once = PTHREAD_ONCE_INIT;
+
+static void s_onig_init(void)
+{
+    OnigEncoding encs[1] = {ONIG_ENCODING_UTF8};
+    onig_initialize(encs, 1);
+}
+
 static int s_compile(s_ctx_t *c, const char *where, const char *pattern, size_t len, void **out)
 {
+    pthread_once(&s_onig_once, s_onig_init);
     OnigRegex re;
     OnigErrorInfo einfo;
     int r = onig_new(&re, (const OnigUChar *)pattern, (const OnigUChar *)pattern + len,
@@ -744,7 +756,7 @@ static int s_load_json(s_ctx_t *c, json_t *root)
         return -1;
     for (size_t i = 0; i < t->n_added; i++)
         if (t->added[i].single_word) {
-            /* Rust regex's Unicode \\w, which `tokenizers` uses to tell word boundaries. */
+            /* Rust regex's Unicode \w, which `tokenizers` uses to tell word boundaries. */
             static const char word[] = "[\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\p{Join_Control}]";
             if (s_compile(c, "added_tokens (single_word)", word, sizeof word - 1, &t->word_re) < 0)
                 return -1;

@@ -19,7 +19,9 @@
  * Decoding is what `Tokenizer.decode` returns: transformers' clean_up_tokenization_spaces is a
  * separate text post-pass that is not applied here.
  *
- * A loaded tokenizer is immutable: encode and decode may run from several threads at once. */
+ * A loaded tokenizer is immutable: encode and decode may run from several threads at once.
+ * tok_load and tok_destroy must not run concurrently with one another (Oniguruma's regex
+ * compiler keeps shared state); load at start-up. */
 #ifndef TROUPE_TOKENIZER_H
 #define TROUPE_TOKENIZER_H
 

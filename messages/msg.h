@@ -489,6 +489,7 @@ typedef struct msg {
         msg_inspect_reply_t inspect_reply;
     } u;
     struct msg_arena *arena_;    /* private: owns variable-length fields after decode */
+    size_t arena_hint_;          /* private: first arena chunk size for this decode */
 } msg_t;
 
 /* "ready", "submit", ...; "?" when out of range. */
@@ -520,6 +521,12 @@ int msg_decode(const uint8_t *buf, size_t len, msg_t *out, char *err, size_t err
 /* Best-effort read of "t" and "id" from a frame that may fail msg_decode, so a malformed
  * request can still get an error reply. Bounded, allocates nothing. -1 if not found. */
 int msg_peek(const uint8_t *buf, size_t len, msg_type_t *type, uint64_t *id);
+
+/* Deep copy: dst gets its own arena holding every string and array, so it outlives src (a
+ * router keeps a request's submit after the frame is gone). dst must not be src and need not
+ * be initialised; msg_free(dst) when done. On failure (src invalid, out of memory) dst is left
+ * as msg_init(MSG_NONE, 0). */
+int msg_clone(const msg_t *src, msg_t *dst, char *err, size_t errlen);
 
 /* Enums in range, counts within limits, required fields present, cross-field rules. */
 int msg_validate(const msg_t *m, char *err, size_t errlen);

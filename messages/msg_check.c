@@ -33,6 +33,21 @@ size_t msg_path_push(msg_path_t *p, const char *fmt, ...)
     return mark;
 }
 
+size_t msg_path_key(msg_path_t *p, const char *key)
+{
+    size_t mark = p->n, room = sizeof p->s - 1 - p->n, k = strlen(key);
+    if (room > 0) {
+        p->s[p->n++] = '.';
+        room--;
+        if (k > room)
+            k = room;
+        memcpy(p->s + p->n, key, k);
+        p->n += k;
+    }
+    p->s[p->n] = 0;
+    return mark;
+}
+
 void msg_path_pop(msg_path_t *p, size_t mark)
 {
     p->n = mark;
@@ -101,8 +116,10 @@ int msg_check_i64(const msg_field_t *f, int64_t v, const char *path, char *err, 
 
 int msg_check_float(const msg_field_t *f, double v, const char *path, char *err, size_t errlen)
 {
+    if (isnan(v))
+        return errf(err, errlen, "%s: NaN is not a finite number", path);
     if (!isfinite(v))
-        return errf(err, errlen, "%s: %g is not a finite number", path, v);
+        return errf(err, errlen, "%s: %s is not a finite number", path, v > 0 ? "inf" : "-inf");
     if (v < f->flo || v > f->fhi)
         return errf(err, errlen, "%s: %g outside [%g, %g]", path, v, f->flo, f->fhi);
     return 0;
@@ -202,8 +219,15 @@ static int s_validate_field(const msg_field_t *f, const void *base, msg_path_t *
         return 0;
     if (!p)
         return errf(err, errlen, "%s: NULL with count %u", ps, n);
+    if (f->kind != MSG_F_F32_ARR && f->kind != MSG_F_STR_ARR && f->kind != MSG_F_STRUCT_ARR)
+        return 0;                           /* integers and bytes: any value */
     for (uint32_t i = 0; i < n; i++) {
         int rc = 0;
+        if (f->kind == MSG_F_F32_ARR) {     /* up to thousands: name the index only on failure */
+            float v = ((const float *)p)[i];
+            if (isfinite(v) && v >= f->flo && v <= f->fhi)
+                continue;
+        }
         size_t mark = msg_path_push(path, "[%u]", i);
         if (f->kind == MSG_F_F32_ARR) {
             rc = msg_check_float(f, ((const float *)p)[i], path->s, err, errlen);
@@ -211,11 +235,8 @@ static int s_validate_field(const msg_field_t *f, const void *base, msg_path_t *
             const char *s = ((const char *const *)p)[i];
             rc = s ? msg_check_str(s, msg_strnlen(s, f->ehi), f->elo, f->ehi, path->s, err, errlen)
                    : errf(err, errlen, "%s: NULL string", path->s);
-        } else if (f->kind == MSG_F_STRUCT_ARR) {
-            rc = s_validate_struct(f->sub, (const char *)p + (size_t)i * f->sub->size, path, err, errlen);
         } else {
-            msg_path_pop(path, mark);
-            break;                          /* integers and bytes: any value */
+            rc = s_validate_struct(f->sub, (const char *)p + (size_t)i * f->sub->size, path, err, errlen);
         }
         if (rc < 0)
             return -1;
@@ -227,7 +248,7 @@ static int s_validate_field(const msg_field_t *f, const void *base, msg_path_t *
 static int s_validate_struct(const msg_schema_t *s, const void *base, msg_path_t *path, char *err, size_t errlen)
 {
     for (unsigned i = 0; i < s->n_fields; i++) {
-        size_t mark = msg_path_push(path, ".%s", s->fields[i].key);
+        size_t mark = msg_path_key(path, s->fields[i].key);
         if (s_validate_field(&s->fields[i], base, path, err, errlen) < 0)
             return -1;
         msg_path_pop(path, mark);
@@ -298,7 +319,7 @@ static bool s_equal_field(const msg_field_t *f, const void *a, const void *b, ms
 static bool s_equal_struct(const msg_schema_t *s, const void *a, const void *b, msg_path_t *path)
 {
     for (unsigned i = 0; i < s->n_fields; i++) {
-        size_t mark = msg_path_push(path, ".%s", s->fields[i].key);
+        size_t mark = msg_path_key(path, s->fields[i].key);
         if (!s_equal_field(&s->fields[i], a, b, path))
             return false;
         msg_path_pop(path, mark);

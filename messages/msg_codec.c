@@ -35,6 +35,14 @@ struct msg_arena {
 
 #define ARENA_CHUNK (64u << 10)
 
+/* First chunk size for a frame of len bytes: most decoded messages need about the frame's size
+ * (strings are copied, small ints widen), so a small frame gets a small chunk. */
+static size_t s_first_chunk(size_t len)
+{
+    size_t c = 2 * len + 256;
+    return c < ARENA_CHUNK ? c : ARENA_CHUNK;
+}
+
 static void *s_alloc(msg_t *m, size_t n, const char *path, char *err, size_t errlen)
 {
     size_t need = (n + 15) & ~(size_t)15;   /* keep every allocation 16-byte aligned */
@@ -45,7 +53,8 @@ static void *s_alloc(msg_t *m, size_t n, const char *path, char *err, size_t err
         return NULL;
     }
     if (!a || a->cap - a->used < need) {
-        size_t cap = need > ARENA_CHUNK ? need : ARENA_CHUNK;
+        size_t chunk = a ? ARENA_CHUNK : m->arena_hint_;
+        size_t cap = need > chunk ? need : chunk;
         struct msg_arena *c = malloc(sizeof *c + cap);
         if (!c) {
             errf(err, errlen, "%s: out of memory allocating %zu bytes", path, cap);
@@ -86,6 +95,88 @@ void msg_init(msg_t *m, msg_type_t t, uint64_t id)
         msg_schema_init(s, &m->u);
 }
 
+/* ---- field access ---- */
+
+static const void *s_ptr(const void *base, const msg_field_t *f)
+{
+    const void *p;
+    memcpy(&p, MSG_CAT(base, f->off), sizeof p);
+    return p;
+}
+
+static uint32_t s_count(const void *base, const msg_field_t *f)
+{
+    uint32_t n;
+    memcpy(&n, MSG_CAT(base, f->count_off), sizeof n);
+    return n;
+}
+
+/* ---- clone ---- */
+
+static int s_clone_struct(msg_t *dst, const msg_schema_t *s, void *base, char *err, size_t errlen);
+
+static void *s_dup(msg_t *dst, const void *src, size_t n, char *err, size_t errlen)
+{
+    void *p = s_alloc(dst, n, "clone", err, errlen);
+    if (p)
+        memcpy(p, src, n);
+    return p;
+}
+
+/* base is already a shallow copy: re-point every pointer at a copy in dst's arena. */
+static int s_clone_struct(msg_t *dst, const msg_schema_t *s, void *base, char *err, size_t errlen)
+{
+    for (unsigned i = 0; i < s->n_fields; i++) {
+        const msg_field_t *f = &s->fields[i];
+        void *at = MSG_AT(base, f->off);
+        if (f->kind == MSG_F_STRUCT) {
+            if (s_clone_struct(dst, f->sub, at, err, errlen) < 0)
+                return -1;
+            continue;
+        }
+        if (f->kind < MSG_F_STR)                /* scalar: the shallow copy is the copy */
+            continue;
+        if (!msg_field_present(f, base)) {
+            memset(at, 0, sizeof(void *));      /* absent: no stray pointer into src */
+            continue;
+        }
+        const void *src;
+        memcpy(&src, at, sizeof src);
+        size_t n = f->kind == MSG_F_STR ? strlen(src) + 1 : (size_t)s_count(base, f) * msg_field_elem_size(f);
+        void *copy = s_dup(dst, src, n, err, errlen);
+        if (!copy)
+            return -1;
+        memcpy(at, &copy, sizeof copy);
+        uint32_t count = f->kind == MSG_F_STR ? 0 : s_count(base, f);
+        for (uint32_t k = 0; k < count && f->kind == MSG_F_STR_ARR; k++) {
+            const char **strs = copy;
+            if (!(strs[k] = s_dup(dst, strs[k], strlen(strs[k]) + 1, err, errlen)))
+                return -1;
+        }
+        for (uint32_t k = 0; k < count && f->kind == MSG_F_STRUCT_ARR; k++)
+            if (s_clone_struct(dst, f->sub, (char *)copy + (size_t)k * f->sub->size, err, errlen) < 0)
+                return -1;
+    }
+    return 0;
+}
+
+int msg_clone(const msg_t *src, msg_t *dst, char *err, size_t errlen)
+{
+    msg_init(dst, MSG_NONE, 0);
+    if (msg_validate(src, err, errlen) < 0)     /* bounds every strlen below */
+        return -1;
+    dst->type = src->type;
+    dst->id = src->id;
+    dst->u = src->u;
+    dst->arena_hint_ = 4096;
+    if (s_clone_struct(dst, msg_schema_of(src->type), &dst->u, err, errlen) < 0) {
+        msg_free(dst);
+        msg_init(dst, MSG_NONE, 0);
+        return -1;
+    }
+    return 0;
+}
+
 /* ---- encode ---- */
 
 typedef struct s_wbuf {
@@ -104,20 +195,6 @@ static int s_write(void *data, const char *p, size_t n)
     memcpy(w->buf + w->len, p, n);
     w->len += n;
     return 0;
-}
-
-static const void *s_ptr(const void *base, const msg_field_t *f)
-{
-    const void *p;
-    memcpy(&p, MSG_CAT(base, f->off), sizeof p);
-    return p;
-}
-
-static uint32_t s_count(const void *base, const msg_field_t *f)
-{
-    uint32_t n;
-    memcpy(&n, MSG_CAT(base, f->count_off), sizeof n);
-    return n;
 }
 
 static void s_pack_str(msgpack_packer *pk, const char *s)
@@ -303,7 +380,7 @@ static int s_read_number(s_dec_t *d, const msg_wire_obj_t *o, double *v)
 static int s_to_f32(s_dec_t *d, const msg_field_t *f, double v, float *out)
 {
     if (!isfinite(v))
-        return errf(d->err, d->errlen, "%s: %g is not a finite number", d->path.s, v);
+        return msg_check_float(f, v, d->path.s, d->err, d->errlen);   /* names NaN/inf */
     if (fabs(v) > FLT_MAX)
         return errf(d->err, d->errlen, "%s: %g outside the float32 range", d->path.s, v);
     *out = (float)v;
@@ -323,12 +400,27 @@ static int s_decode_array(s_dec_t *d, const msg_field_t *f, void *base, const ms
     if (n > 0 && !(p = s_alloc(d->m, (size_t)n * msg_field_elem_size(f), d->path.s, d->err, d->errlen)))
         return -1;
     for (uint32_t i = 0; i < n; i++) {
-        size_t mark = msg_path_push(&d->path, "[%u]", i);
         msg_wire_obj_t e;
         uint64_t u = 0;
         double x = 0;
         if (s_next(d, &e) < 0)
             return -1;
+        /* Token ids and hashes come by the hundred thousand: store the common case directly
+         * and build the "[i]" path only for an element that is about to be reported. */
+        if (e.kind == MSG_WIRE_UINT && f->kind == MSG_F_U64_ARR) {
+            ((uint64_t *)p)[i] = e.u;
+            continue;
+        }
+        if (e.kind == MSG_WIRE_UINT && f->kind == MSG_F_U32_ARR && e.u <= UINT32_MAX) {
+            ((uint32_t *)p)[i] = (uint32_t)e.u;
+            continue;
+        }
+        if (e.kind == MSG_WIRE_F32 && f->kind == MSG_F_F32_ARR && isfinite(e.f) && e.f >= f->flo &&
+            e.f <= f->fhi) {
+            ((float *)p)[i] = (float)e.f;  /* exact: it was a float32 on the wire */
+            continue;
+        }
+        size_t mark = msg_path_push(&d->path, "[%u]", i);
         switch (f->kind) {
         case MSG_F_U32_ARR:
             if (s_read_uint(d, &e, &u) < 0)
@@ -470,6 +562,7 @@ static int s_decode_field(s_dec_t *d, const msg_field_t *f, void *base)
 static int s_decode_map(s_dec_t *d, const msg_schema_t *s, void *base, uint32_t pairs, bool top)
 {
     uint64_t seen = 0;                      /* n_fields <= 64, checked by the tests */
+    unsigned header_keys = 0;               /* top level: v, t, id seen (the first pass read them) */
     for (uint32_t i = 0; i < pairs; i++) {
         msg_wire_obj_t k;
         if (s_next(d, &k) < 0)
@@ -478,7 +571,11 @@ static int s_decode_map(s_dec_t *d, const msg_schema_t *s, void *base, uint32_t 
             return errf(d->err, d->errlen, "%s: key %u is a %s, not a string", d->path.s, i,
                         msg_wire_kind_name(k.kind));
         if (top && (s_key_is(&k, "v") || s_key_is(&k, "t") || s_key_is(&k, "id"))) {
-            if (msg_wire_skip(&d->cur, d->err, d->errlen) < 0)   /* read in the first pass */
+            unsigned bit = k.data[0] == 'v' ? 1u : k.data[0] == 't' ? 2u : 4u;
+            if (header_keys & bit)
+                return errf(d->err, d->errlen, "%.*s: duplicate key", (int)k.n, (const char *)k.data);
+            header_keys |= bit;
+            if (msg_wire_skip(&d->cur, d->err, d->errlen) < 0)
                 return -1;
             continue;
         }
@@ -490,7 +587,7 @@ static int s_decode_map(s_dec_t *d, const msg_schema_t *s, void *base, uint32_t 
             s_quote_key(&k, q, sizeof q);
             return errf(d->err, d->errlen, "%s: unknown key \"%s\"", d->path.s, q);
         }
-        size_t mark = msg_path_push(&d->path, ".%s", s->fields[fi].key);
+        size_t mark = msg_path_key(&d->path, s->fields[fi].key);
         if (seen & (1ull << fi))
             return errf(d->err, d->errlen, "%s: duplicate key", d->path.s);
         seen |= 1ull << fi;
@@ -542,6 +639,10 @@ static int s_read_header(const uint8_t *buf, size_t len, uint64_t *v, uint64_t *
         if (val.kind != MSG_WIRE_UINT)
             return errf(err, errlen, "%s: expected unsigned int, got %s", keys[which], msg_wire_kind_name(val.kind));
         *vals[which] = val.u;
+        /* Our encoder writes them first: stop here rather than walk a large frame twice. A
+         * repeat further on is caught by the second pass. */
+        if (got[0] && got[1] && got[2])
+            break;
     }
     if (!got[0])
         return errf(err, errlen, "v: missing protocol version");
@@ -567,6 +668,7 @@ int msg_decode(const uint8_t *buf, size_t len, msg_t *out, char *err, size_t err
         return -1;
 
     msg_init(out, (msg_type_t)t, id);
+    out->arena_hint_ = s_first_chunk(len);
     const msg_schema_t *s = msg_schema_of(out->type);
     s_dec_t d = {.m = out, .err = err, .errlen = errlen};
     msg_wire_cur_init(&d.cur, buf, len);

@@ -12,6 +12,8 @@
 
 #include "messages/msg.h"
 
+/* Order matters: the scalar kinds come first; every kind from MSG_F_STR on holds a pointer,
+ * except MSG_F_STRUCT (an embedded struct). */
 typedef enum msg_fkind {
     MSG_F_BOOL,        /* bool */
     MSG_F_U32,         /* uint32_t in [lo, hi] */
@@ -83,6 +85,8 @@ typedef struct msg_path {
 } msg_path_t;
 void msg_path_init(msg_path_t *p, const char *root);
 size_t msg_path_push(msg_path_t *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* push(".key") without printf: this one runs for every field of every message. */
+size_t msg_path_key(msg_path_t *p, const char *key);
 void msg_path_pop(msg_path_t *p, size_t mark);
 
 /* The value-level rules, shared by decode (before storing) and validate, so both report alike. */

@@ -216,7 +216,7 @@ int msg_to_json(const msg_t *m, char *buf, size_t cap)
         return -1;
     s_out_t o = {.buf = buf, .cap = cap - 1, .json = true};
     s_message(&o, m);
-    if (o.len > o.cap) {
+    if (o.len > o.cap || o.len > INT32_MAX) {
         buf[0] = 0;
         return -1;
     }

@@ -652,18 +652,22 @@ static void s_endpoints(topo_diag_t *d, const raw_topo_t *raw, topo_t *t)
          * derived ports do not move when a printed topology (which spells control out) is reloaded. */
         int p0 = s_next_port(&port, &client, client_ok, &inspect, inspect_ok);
         /* The supervisor binds control on its own machine: the first node it launches locally. */
+        int sup = -1;
+        for (int k = 0; k < t->n_nodes && sup < 0; k++)
+            if (t->nodes[k].launch == TOPO_LAUNCH_LOCAL)
+                sup = k;
         if (e->control) {
             s_str(d, "endpoints.control", e->control, NULL, out->control, sizeof out->control, 0);
             s_ep_t c;
-            if (out->control[0] && s_ep_parse(out->control, &c, why, sizeof why) == 0 && c.tcp && bif[0])
+            int parsed_ok = out->control[0] && s_ep_parse(out->control, &c, why, sizeof why) == 0;
+            if (parsed_ok && !c.tcp)
+                topo_diag_err(d, "endpoints.control", "'%s': actors on other nodes cannot reach an ipc "
+                              "socket; use tcp://<supervisor host>:<port>", out->control);
+            if (parsed_ok && c.tcp && bif[0])
                 s_tcp(out->control_bind, sizeof out->control_bind, bif, c.port);
             else
                 memcpy(out->control_bind, out->control, sizeof out->control);
         } else {
-            int sup = -1;
-            for (int k = 0; k < t->n_nodes && sup < 0; k++)
-                if (t->nodes[k].launch == TOPO_LAUNCH_LOCAL)
-                    sup = k;
             if (sup < 0) {
                 topo_diag_err(d, "endpoints", "control: missing: no node is launched locally, so the "
                               "supervisor's own address is unknown; set endpoints.control: "
@@ -700,7 +704,7 @@ static void s_endpoints(topo_diag_t *d, const raw_topo_t *raw, topo_t *t)
                     used |= t->instances[i].node == k;
                 /* An address left out defaults to loopback; that case is reported in s_nodes. */
                 int given = !raw->nodes || raw->nodes[k].address;
-                if ((used || (!e->control && k == 0)) && given && s_loopback_host(t->nodes[k].address)) {
+                if ((used || (!e->control && k == sup)) && given && s_loopback_host(t->nodes[k].address)) {
                     char p[TOPO_FIELD_PATH_MAX];
                     snprintf(p, sizeof p, "nodes[%d].address", k);
                     topo_diag_err(d, p, "'%s' is loopback, but actors on other machines must reach "
@@ -744,12 +748,13 @@ static void s_endpoints(topo_diag_t *d, const raw_topo_t *raw, topo_t *t)
             ok[i] = b[i].ep[0] && s_ep_parse(b[i].ep, &parsed[i], why, sizeof why) == 0;
             if (!ok[i] && b[i].ep[0] && i >= 2) {
                 /* Derived endpoints fail only on a too-long run_dir (or a bad control override). */
-                if (strncmp(b[i].ep, "ipc://", 6) == 0 && !path_reported) {
+                int explicit_control = strcmp(b[i].path, "endpoints.control") == 0;
+                if (strncmp(b[i].ep, "ipc://", 6) == 0 && !explicit_control && !path_reported) {
                     topo_diag_err(d, "endpoints.run_dir", "'%s' is too long for Unix socket paths: %s",
                                   out->run_dir, why);
                     path_reported = 1;
-                } else if (strncmp(b[i].ep, "ipc://", 6) != 0) {
-                    topo_diag_err(d, b[i].path, "%s: %s", b[i].what, why);
+                } else if (strncmp(b[i].ep, "ipc://", 6) != 0 || explicit_control) {
+                    topo_diag_err(d, b[i].path, "%s", why);
                 }
             }
             /* Derived endpoints bind wildcards only through bind_interface: reported once below. */
@@ -779,6 +784,8 @@ static void s_endpoints(topo_diag_t *d, const raw_topo_t *raw, topo_t *t)
     }
     if (s_wildcard_host(out->bind_interface) && t->multi_node)
         s_wildcard(d, t, "endpoints.bind_interface", out->bind_interface);
+    if (!parsed || !ok)
+        topo_diag_err(d, "endpoints", "out of memory");
     free(parsed);
     free(ok);
     free(b);

@@ -91,6 +91,10 @@ int topo_diag_line(const topo_diag_t *d, const char *path)
 
 static void s_vadd(topo_diag_t *d, int line, const char *path, const char *fmt, va_list ap)
 {
+    if (d->n_problems >= TOPO_DIAG_PROBLEMS_MAX) {
+        d->dropped++;
+        return;
+    }
     if (d->n_problems == d->cap_problems) {
         int cap = d->cap_problems ? d->cap_problems * 2 : 16;
         topo_problem_t *p = realloc(d->problems, (size_t)cap * sizeof *p);
@@ -118,6 +122,10 @@ static void s_vadd(topo_diag_t *d, int line, const char *path, const char *fmt, 
 
 void topo_diag_err(topo_diag_t *d, const char *path, const char *fmt, ...)
 {
+    if (d->n_problems >= TOPO_DIAG_PROBLEMS_MAX) {
+        d->dropped++;
+        return;
+    }
     va_list ap;
     va_start(ap, fmt);
     /* A field that is nowhere in the file (a whole section left out) is reported on line 1,

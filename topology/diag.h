@@ -11,6 +11,9 @@
 #include "topology/topology.h"
 
 #define TOPO_FIELD_PATH_MAX 160
+/* Problems kept before the rest are only counted: bounds the work a hostile file can cause
+ * (each problem looks its line up among all the file's keys). */
+#define TOPO_DIAG_PROBLEMS_MAX 1024
 
 typedef struct topo_mark {
     char path[TOPO_FIELD_PATH_MAX];      /* "actors[2].gpus[0]" */
@@ -28,7 +31,7 @@ typedef struct topo_diag {
     int n_marks, cap_marks;
     topo_problem_t *problems;            /* [n_problems] */
     int n_problems, cap_problems;
-    int dropped;                         /* problems lost to allocation failure */
+    int dropped;                         /* problems beyond TOPO_DIAG_PROBLEMS_MAX or lost to allocation failure */
 } topo_diag_t;
 
 void topo_diag_init(topo_diag_t *d, const char *file);

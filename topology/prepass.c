@@ -49,17 +49,26 @@ static int s_next(s_pass_t *p, yaml_event_t *ev)
     return 0;
 }
 
-/* Consumes the rest of the value whose first event is ev (already read, deleted here). */
+/* Consumes the rest of the value whose first event is ev (already read, deleted here).
+ * libyaml's scanner costs O(depth) per token, so "[[[[..." a megabyte deep would take minutes:
+ * nesting beyond SKIP_DEPTH_MAX (no topology comes close) stops the pass. */
+#define SKIP_DEPTH_MAX 64
 static int s_skip(s_pass_t *p, yaml_event_t *ev)
 {
     int depth = 0;
     for (;;) {
         yaml_event_type_t t = ev->type;
+        int line = s_line(ev);
         yaml_event_delete(ev);
         if (t == YAML_MAPPING_START_EVENT || t == YAML_SEQUENCE_START_EVENT)
             depth++;
         else if (t == YAML_MAPPING_END_EVENT || t == YAML_SEQUENCE_END_EVENT)
             depth--;
+        if (depth > SKIP_DEPTH_MAX) {
+            s_problem(p, line, "", "%s", "nesting deeper than 64 levels: not a topology");
+            p->fatal = 1;
+            return -1;
+        }
         if (depth <= 0)
             return 0;
         if (s_next(p, ev) < 0)

@@ -25,13 +25,16 @@ s_tile(const float *x, int64_t K, const int MR, const void *w0, const void *w1, 
        int nr, float *y, int64_t ldy, const float *bias)
 {
     __m512 acc[8][NR];
+#pragma GCC unroll 8
     for (int m = 0; m < MR; m++)
+#pragma GCC unroll 3
         for (int n = 0; n < NR; n++)
             acc[m][n] = _mm512_setzero_ps();
     int64_t k = 0;
     for (; k + 16 <= K; k += 16) {
         __m512 wv0 = cpu_load16(dt, w0, k, 0xffff), wv1 = cpu_load16(dt, w1, k, 0xffff),
                wv2 = cpu_load16(dt, w2, k, 0xffff);
+#pragma GCC unroll 8
         for (int m = 0; m < MR; m++) {
             __m512 xv = _mm512_loadu_ps(x + m * K + k);
             acc[m][0] = _mm512_fmadd_ps(xv, wv0, acc[m][0]);
@@ -42,6 +45,7 @@ s_tile(const float *x, int64_t K, const int MR, const void *w0, const void *w1, 
     if (k < K) {                                   /* masked tail: absent lanes load as 0 */
         __mmask16 mk = cpu_mask(K - k);
         __m512 wv0 = cpu_load16(dt, w0, k, mk), wv1 = cpu_load16(dt, w1, k, mk), wv2 = cpu_load16(dt, w2, k, mk);
+#pragma GCC unroll 8
         for (int m = 0; m < MR; m++) {
             __m512 xv = _mm512_maskz_loadu_ps(mk, x + m * K + k);
             acc[m][0] = _mm512_fmadd_ps(xv, wv0, acc[m][0]);
@@ -49,9 +53,12 @@ s_tile(const float *x, int64_t K, const int MR, const void *w0, const void *w1, 
             acc[m][2] = _mm512_fmadd_ps(xv, wv2, acc[m][2]);
         }
     }
+#pragma GCC unroll 8
     for (int m = 0; m < MR; m++)
-        for (int n = 0; n < nr; n++)
-            y[m * ldy + n] = _mm512_reduce_add_ps(acc[m][n]) + (bias ? bias[n] : 0.0f);
+#pragma GCC unroll 3
+        for (int n = 0; n < NR; n++)
+            if (n < nr)
+                y[m * ldy + n] = _mm512_reduce_add_ps(acc[m][n]) + (bias ? bias[n] : 0.0f);
 }
 
 #define S_TILE_DT(DT, SUFFIX)                                                                          \

@@ -242,6 +242,10 @@ static void test_defaults_per_arch(void **state)
     for (int i = 0; i < x.num_layers; i++)
         assert_int_equal(config_layer_is_moe(&x, i), 1);
     assert_int_equal(config_layer_is_moe(&l, 0), 0);
+    /* Explicit nulls: no bos, no eos (not the class defaults 1 and 2). */
+    model_config_t nb = s_parse_ok("{\"model_type\":\"llama\",\"bos_token_id\":null,\"eos_token_id\":null}");
+    assert_int_equal(nb.bos_token_id, -1);
+    assert_int_equal(nb.n_eos, 0);
     /* Explicit head_dim that is not hidden / heads, and hidden not a multiple of heads. */
     model_config_t h = s_parse_ok("{\"model_type\":\"llama\",\"hidden_size\":100,\"num_attention_heads\":8,"
                                   "\"head_dim\":32}");

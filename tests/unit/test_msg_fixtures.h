@@ -16,13 +16,13 @@ static const char *const fx_stop[] = {"\n\nUser:", "</s>", "\xc3\xa9t\xc3\xa9 \x
 static const uint32_t fx_stop_ids[] = {128001, 128009};
 static const msg_queue_depth_t fx_queues[] = {{"inbox", 3, 1024}, {"waiting", 17, 0}};
 static const msg_metric_t fx_metrics[] = {
-    {"batch_size", 12.0, MSG_METRIC_GAUGE},
     {"tokens_total", 123456789.0, MSG_METRIC_COUNTER},
+    {"batch_size", 12.0, MSG_METRIC_GAUGE},
     {"ttft_p99_ms", 0.125, MSG_METRIC_GAUGE},
 };
 static const msg_chat_t fx_chat[] = {
-    {MSG_CHAT_SYSTEM, "You are terse."},
     {MSG_CHAT_USER, "Say \"hi\"\n\ttwice \xf0\x9f\x98\x80"},
+    {MSG_CHAT_SYSTEM, "You are terse."},
     {MSG_CHAT_ASSISTANT, ""},
 };
 static const msg_cache_holder_t fx_holders[] = {
@@ -243,6 +243,20 @@ static void fx_fill(msg_t *m, msg_type_t t)
         break;
     default:
         break;
+    }
+}
+
+/* submit takes exactly one prompt form: the fixture uses messages, these the other two. */
+static void fx_fill_submit_variant(msg_t *m, int variant)
+{
+    fx_fill(m, MSG_SUBMIT);
+    m->u.submit.messages = NULL;
+    m->u.submit.n_messages = 0;
+    if (variant == 0) {
+        m->u.submit.prompt = "Once upon a time,\n\"quoted\" \xe2\x82\xac";
+    } else {
+        m->u.submit.tokens = fx_tokens;
+        m->u.submit.n_tokens = 7;
     }
 }
 

@@ -309,7 +309,27 @@ static void test_derived_endpoints_multi_node(void **state)
     assert_int_equal(topo_find(t, "decode-1")->node, 1);
     assert_string_equal(t->nodes[1].workdir, "/srv/t");
     s_assert_unique_endpoints(t);
+    /* The printed form (control spelled out) reloads to the same ports. */
+    char *a = NULL;
+    size_t alen = 0;
+    FILE *f = open_memstream(&a, &alen);
+    topo_print(t, f);
+    fclose(f);
+    topo_t *t2 = s_ok(a);
+    free(a);
+    for (int i = 0; i < t->n_instances; i++)
+        assert_string_equal(t2->instances[i].inbox, t->instances[i].inbox);
+    assert_string_equal(t2->endpoints.stats, t->endpoints.stats);
+    assert_string_equal(t2->endpoints.control, t->endpoints.control);
+    topo_destroy(&t2);
     topo_destroy(&t);
+    char bad_control[2048];
+    snprintf(bad_control, sizeof bad_control, "%s  control: ipc:///tmp/c.sock\n", yaml);
+    s_bad(bad_control);
+    assert_err("inline.yaml:21: endpoints.control: 'ipc:///tmp/c.sock': actors on other nodes cannot reach");
+    snprintf(bad_control, sizeof bad_control, "%s  base_port: 65530\n", yaml);
+    s_bad(bad_control);
+    assert_err("endpoints.base_port: given twice");
 
     /* bind_interface changes where things bind, not where peers connect. */
     char with_if[2048];
@@ -557,7 +577,7 @@ static void test_junk_numbers(void **state)
         char yaml[512];
         snprintf(yaml, sizeof yaml, MINIMAL "limits:\n  max_batch: %s\n", junk[i]);
         s_bad(yaml);
-        assert_err("inline.yaml:8: limits.max_batch: ");
+        assert_err("inline.yaml:9: limits.max_batch: ");
         assert_int_equal(s_errs.count, 1);
     }
     /* Signs and quoting that are fine. */
@@ -614,6 +634,7 @@ static void test_hostile_input(void **state)
     memset(deep + 100000, ']', 100000);
     deep[200000] = '\0';
     s_bad(deep);
+    assert_err("nesting deeper than 64 levels");
     memset(deep, '{', 100000);
     deep[100000] = '\0';
     s_bad(deep);

@@ -1,0 +1,174 @@
+/* engine/forward.c — one step of the decoder over a batch of sequences.
+ *
+ * Read it top to bottom as the model: embed, then per layer
+ *     x = norm(res);  res += o(attention(rope(norm_qk(q(x))), rope(norm_qk(k(x))), v(x)))
+ *     x = norm(res);  res += mlp(x)        (SwiGLU, or routed experts)
+ * then the final norm and the LM head on the rows that want logits. The residual add is fused
+ * into the next norm (add_rmsnorm), so `delta` carries each block's output to the next norm.
+ *
+ * Duties of model_forward: validate the batch (nothing is computed on a bad one), lay out the
+ * step's metadata (token ids, each row's sequence and position, the block tables, the rows that
+ * get logits) in one host array and upload it once, run the layers, download the logits.
+ */
+#include <string.h>
+
+#include "common/util.h"
+#include "engine/model_internal.h"
+
+/* Builds the step's metadata into m->h_meta and its bk_attn_meta_t view (device pointers). */
+static int s_layout(model_t *m, const model_batch_t *b, int T, int R, bk_attn_meta_t *meta, int32_t **d_ids,
+                    int32_t **d_rows, char *err, size_t errlen)
+{
+    const int S = b->n_seqs;
+    int32_t *ids = m->h_meta, *tseq = ids + T, *tpos = tseq + T, *rows = tpos + T, *bt_start = rows + R,
+            *bt = bt_start + S;
+    int row = 0, n_bt = 0, r = 0;
+    for (int s = 0; s < S; s++) {
+        const kvseq_t *kv = b->seqs[s].kv;
+        const int len = kvseq_len(kv), n_new = b->seqs[s].n_new, nb = kvseq_n_blocks(kv);
+        const int32_t *tok = kvseq_tokens(kv);
+        if (n_bt + nb > m->max_bt)
+            return errf(err, errlen, "%s: the batch's block tables need more than %d entries (model_opts max_seqs x "
+                        "max_context / kv_block_size)", m->where, m->max_bt);
+        bt_start[s] = n_bt;
+        memcpy(bt + n_bt, kvseq_blocks(kv), (size_t)nb * sizeof(int32_t));
+        n_bt += nb;
+        for (int i = len - n_new; i < len; i++, row++) {
+            if (tok[i] < 0 || tok[i] >= m->cfg.vocab_size)
+                return errf(err, errlen, "%s: sequence %d token %d at position %d is outside the vocabulary [0, %d)",
+                            m->where, s, tok[i], i, m->cfg.vocab_size);
+            ids[row] = tok[i];
+            tseq[row] = s;
+            tpos[row] = i;
+            if (b->all_logits)
+                rows[r++] = row;
+        }
+        if (!b->all_logits)
+            rows[r++] = row - 1;
+    }
+    /* One upload of the used part of each section (the sections are contiguous in both copies). */
+    size_t used = (size_t)(3 * T + R + S + n_bt);
+    if (m->be->ops->upload(m->be, m->d_meta, m->h_meta, used * sizeof(int32_t)) < 0)
+        return errf(err, errlen, "%s: cannot upload the step metadata", m->where);
+    int32_t *d = m->d_meta;
+    *d_ids = d;
+    *meta = (bk_attn_meta_t){.n_tokens = T, .n_seqs = S, .tok_seq = d + T, .tok_pos = d + 2 * T,
+                             .seq_bt_start = d + 3 * T + R, .block_table = d + 3 * T + R + S};
+    *d_rows = d + 3 * T;
+    return 0;
+}
+
+static int s_validate(const model_t *m, const model_batch_t *b, int *T_out, int *R_out, const bk_kv_t **kv_out,
+                      char *err, size_t errlen)
+{
+    const model_config_t *c = &m->cfg;
+    if (!b || b->n_seqs < 1 || !b->seqs)
+        return errf(err, errlen, "%s: empty batch", m->where);
+    if (b->n_seqs > m->opts.max_seqs)
+        return errf(err, errlen, "%s: batch of %d sequences exceeds max_seqs %d", m->where, b->n_seqs, m->opts.max_seqs);
+    const kvpool_t *pool = NULL;
+    long T = 0;
+    for (int s = 0; s < b->n_seqs; s++) {
+        const model_seq_t *q = &b->seqs[s];
+        if (!q->kv)
+            return errf(err, errlen, "%s: sequence %d has no KV sequence", m->where, s);
+        if (q->n_new < 1 || q->n_new > kvseq_len(q->kv))
+            return errf(err, errlen, "%s: sequence %d: %d new tokens of %d recorded", m->where, s, q->n_new, kvseq_len(q->kv));
+        if (kvseq_len(q->kv) > m->opts.max_context)
+            return errf(err, errlen, "%s: sequence %d has %d tokens, beyond max_context %d", m->where, s,
+                        kvseq_len(q->kv), m->opts.max_context);
+        if (pool && kvseq_pool(q->kv) != pool)
+            return errf(err, errlen, "%s: sequence %d uses another KV pool than sequence 0", m->where, s);
+        pool = kvseq_pool(q->kv);
+        T += q->n_new;
+    }
+    if (T > m->opts.max_tokens)
+        return errf(err, errlen, "%s: batch of %ld new tokens exceeds max_tokens %d", m->where, T, m->opts.max_tokens);
+    const int R = b->all_logits ? (int)T : b->n_seqs;
+    if (R > m->opts.max_logit_rows)
+        return errf(err, errlen, "%s: %d rows of logits exceed max_logit_rows %d", m->where, R, m->opts.max_logit_rows);
+    const bk_kv_t *kv = kvpool_view(pool);
+    if (!kv->base)
+        return errf(err, errlen, "%s: the KV pool has no memory (a bookkeeping-only pool)", m->where);
+    if (kv->n_layers != c->num_layers || kv->n_kv_heads != c->num_kv_heads || kv->head_dim != c->head_dim)
+        return errf(err, errlen, "%s: KV pool shaped for %d layers x %d kv heads x %d, the model has %d x %d x %d",
+                    m->where, kv->n_layers, kv->n_kv_heads, kv->head_dim, c->num_layers, c->num_kv_heads, c->head_dim);
+    *T_out = (int)T;
+    *R_out = R;
+    *kv_out = kv;
+    return 0;
+}
+
+/* x = xn [T][H] -> delta [T][H]: causal self-attention of layer l. */
+static void s_attention(model_t *m, int l, int T, const bk_kv_t *kv, const bk_attn_meta_t *meta)
+{
+    const backend_ops_t *op = m->be->ops;
+    backend_t *be = m->be;
+    const model_config_t *c = &m->cfg;
+    const model_layer_t *L = &m->layers[l];
+    op->matmul(be, m->xn, T, &L->q, L->q_bias, m->q);
+    op->matmul(be, m->xn, T, &L->k, L->k_bias, m->k);
+    op->matmul(be, m->xn, T, &L->v, L->v_bias, m->v);
+    if (L->q_norm) {
+        op->head_rmsnorm(be, m->q, L->q_norm, T, c->num_heads, c->head_dim, (float)c->rms_norm_eps);
+        op->head_rmsnorm(be, m->k, L->k_norm, T, c->num_kv_heads, c->head_dim, (float)c->rms_norm_eps);
+    }
+    op->rope(be, m->q, meta->tok_pos, m->inv_freq, T, c->num_heads, c->head_dim);
+    op->rope(be, m->k, meta->tok_pos, m->inv_freq, T, c->num_kv_heads, c->head_dim);
+    op->kv_store(be, kv, l, m->k, m->v, meta);
+    op->attention(be, kv, l, m->q, c->num_heads, m->scale, meta, m->att);
+    op->matmul(be, m->att, T, &L->o, L->o_bias, m->delta);
+}
+
+/* xn -> delta: the feed-forward block of layer l (dense SwiGLU, or the routed experts). */
+static void s_mlp(model_t *m, int l, int T)
+{
+    const backend_ops_t *op = m->be->ops;
+    backend_t *be = m->be;
+    const model_config_t *c = &m->cfg;
+    const model_layer_t *L = &m->layers[l];
+    if (!L->is_moe) {
+        op->matmul(be, m->xn, T, &L->gate, NULL, m->g);
+        op->matmul(be, m->xn, T, &L->up, NULL, m->u);
+        op->swiglu(be, m->g, m->u, T * (int)L->gate.rows, m->g);
+        op->matmul(be, m->g, T, &L->down, NULL, m->delta);
+        return;
+    }
+    const int renorm = c->arch == ARCH_MIXTRAL || c->norm_topk_prob;
+    op->matmul(be, m->xn, T, &L->router, NULL, m->rlogits);
+    op->moe_route(be, m->rlogits, T, c->num_experts, c->num_experts_per_tok, renorm, m->moe_ids, m->moe_w);
+    op->moe_ffn(be, m->xn, T, c->hidden_size, m->moe_ids, m->moe_w, c->num_experts_per_tok, L->experts,
+                c->num_experts, m->moe_scratch, m->delta);
+}
+
+int model_forward(model_t *m, const model_batch_t *batch, float *logits, char *err, size_t errlen)
+{
+    int T = 0, R = 0;
+    const bk_kv_t *kv = NULL;
+    if (s_validate(m, batch, &T, &R, &kv, err, errlen) < 0)
+        return -1;
+    bk_attn_meta_t meta;
+    int32_t *ids = NULL, *rows = NULL;
+    if (s_layout(m, batch, T, R, &meta, &ids, &rows, err, errlen) < 0)
+        return -1;
+
+    const backend_ops_t *op = m->be->ops;
+    backend_t *be = m->be;
+    const model_config_t *c = &m->cfg;
+    const int H = c->hidden_size;
+    const float eps = (float)c->rms_norm_eps;
+
+    op->embed(be, &m->embed, ids, T, m->res);
+    for (int l = 0; l < c->num_layers; l++) {
+        op->add_rmsnorm(be, m->res, l ? m->delta : NULL, m->layers[l].attn_norm, T, H, eps, m->xn);
+        s_attention(m, l, T, kv, &meta);
+        op->add_rmsnorm(be, m->res, m->delta, m->layers[l].mlp_norm, T, H, eps, m->xn);
+        s_mlp(m, l, T);
+    }
+    op->add_rmsnorm(be, m->res, m->delta, m->final_norm, T, H, eps, m->xn);
+    op->gather_rows(be, m->xn, rows, R, H, m->rows);
+    op->matmul(be, m->rows, R, &m->lm_head, NULL, m->logits);
+    if (op->download(be, logits, m->logits, (size_t)R * c->vocab_size * sizeof(float)) < 0)
+        return errf(err, errlen, "%s: the %s backend failed during the forward pass", m->where, op->name);
+    return 0;
+}

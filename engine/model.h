@@ -1,0 +1,80 @@
+/* engine/model.h — the decoder-only transformer forward pass: Llama, Qwen3, Qwen3-MoE, Mixtral.
+ *
+ * A model is its weights on a backend plus activation buffers sized at load for the largest step
+ * (opts): a forward never allocates. The KV cache is not the model's: each sequence of a batch
+ * brings its kvseq (engine/kvcache.h), whose pool holds the layers' K and V.
+ *
+ * One forward runs a step over a batch of sequences. Sequence i contributes its last n_new tokens
+ * (recorded by kvseq_append before the call) at positions len-n_new .. len-1: a prefill chunk is
+ * many tokens, a decode step one. Their K and V are written into the sequence's blocks, attention
+ * reads positions 0..p of the same sequence, and the logits of each sequence's LAST new token (or
+ * of every new token, when asked) come back. Rows never interact except through their own
+ * sequence's cache, and every op is batch-invariant (kernels/backend.h), so a sequence's logits do
+ * not depend on what else is in the batch or on how its prompt was chunked.
+ *
+ * Weights are used in their stored dtype (f32, bf16, f16); activations are f32. Norm weights and
+ * biases are converted to f32 once at load. Tensor names are Hugging Face's; MoE experts may be
+ * stored per expert (hub checkpoints, and what transformers 5 save_pretrained writes) or fused
+ * (transformers 5's in-memory layout: mlp.experts.gate_up_proj [E][2I][H], gate rows first, and
+ * mlp.experts.down_proj [E][H][I]). The checkpoint must outlive the model (the CPU backend uses the
+ * mapped file in place).
+ */
+#ifndef TROUPE_ENGINE_MODEL_H
+#define TROUPE_ENGINE_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/checkpoint.h"
+#include "engine/config.h"
+#include "engine/kvcache.h"
+#include "kernels/backend.h"
+
+typedef struct model model_t;
+
+/* Limits that size the activation buffers (0 fields take the defaults). */
+typedef struct model_opts {
+    int max_tokens;               /* new tokens per forward, all sequences together (default 512) */
+    int max_seqs;                 /* sequences per forward (default 64) */
+    int max_logit_rows;           /* rows of logits per forward (default max_seqs; all_logits needs more) */
+    int max_context;              /* longest sequence (default config max_position_embeddings) */
+    int kv_block_size;            /* smallest KV block size to be used (default 16); sizes block tables */
+} model_opts_t;
+
+/* One sequence's part of a step. */
+typedef struct model_seq {
+    kvseq_t *kv;                  /* tokens and block table; every sequence of a batch shares one pool */
+    int n_new;                    /* >= 1: the last n_new tokens of kv are computed now */
+} model_seq_t;
+
+typedef struct model_batch {
+    int n_seqs;
+    const model_seq_t *seqs;      /* [n_seqs] */
+    int all_logits;               /* 0: one row per sequence (its last new token); 1: every new token */
+} model_batch_t;
+
+/* Loads every weight the config implies from ck onto be (shapes checked, errors name the tensor
+ * and the file). model_dir (may be NULL) only labels messages. */
+model_t *model_load(const char *model_dir, const model_config_t *cfg, ckpt_t *ck, backend_t *be,
+                    const model_opts_t *opts, char *err, size_t errlen);
+void model_destroy(model_t **self_p);
+
+/* One step. logits: host memory of [rows][vocab_size] floats, rows = n_seqs (or the total of n_new
+ * with all_logits), in batch order. -1 with err on a bad batch (token id outside the vocabulary,
+ * too many tokens, a pool of another shape, ...), nothing computed. */
+int model_forward(model_t *m, const model_batch_t *batch, float *logits, char *err, size_t errlen);
+
+const model_config_t *model_config(const model_t *m);
+backend_t *model_backend(const model_t *m);
+/* Bytes of weights one decode step reads (every layer's weights at their stored dtype, plus the
+ * LM head; for MoE, all experts): the numerator of the memory-bandwidth bound. */
+size_t model_weight_bytes(const model_t *m);
+/* Bytes of weights one token reads: as above, but only num_experts_per_tok experts per MoE layer. */
+size_t model_active_weight_bytes(const model_t *m);
+
+/* RoPE inverse frequencies [head_dim / 2] as transformers computes them in float32: default
+ * 1 / theta^(2i/d); linear divides by factor; llama3 scales the low-frequency band by 1/factor and
+ * interpolates the middle band (engine/rope.c). */
+int rope_inv_freq(const model_config_t *cfg, float *inv_freq, char *err, size_t errlen);
+
+#endif

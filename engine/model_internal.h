@@ -1,0 +1,61 @@
+/* engine/model_internal.h — the model's state, shared by model_load.c and forward.c (internal).
+ * Every pointer named "device" belongs to the backend and is only passed to its ops. */
+#ifndef TROUPE_ENGINE_MODEL_INTERNAL_H
+#define TROUPE_ENGINE_MODEL_INTERNAL_H
+
+#include "engine/model.h"
+
+typedef struct model_layer {
+    float *attn_norm;             /* device [H] f32: input_layernorm */
+    float *mlp_norm;              /* device [H] f32: post_attention_layernorm */
+    bk_mat_t q, k, v, o;          /* [nH*D][H], [nKV*D][H], [nKV*D][H], [H][nH*D] */
+    float *q_bias, *k_bias, *v_bias, *o_bias;   /* device f32, or NULL without attention_bias */
+    float *q_norm, *k_norm;       /* device [D] f32 (Qwen3), or NULL */
+    int is_moe;
+    bk_mat_t gate, up, down;      /* dense MLP: [I][H], [I][H], [H][I] */
+    bk_mat_t router;              /* MoE: [E][H] */
+    bk_expert_t *experts;         /* MoE: host [E], each pointing at device weights */
+} model_layer_t;
+
+struct model {
+    model_config_t cfg;
+    model_opts_t opts;
+    backend_t *be;
+    char where[256];              /* the model directory, for messages */
+
+    bk_mat_t embed;               /* [V][H] model.embed_tokens.weight */
+    bk_mat_t lm_head;             /* [V][H]: lm_head.weight, or embed when tied */
+    float *final_norm;            /* device [H] f32: model.norm.weight */
+    model_layer_t *layers;        /* host [num_layers] */
+    float *inv_freq;              /* device [D/2] f32 */
+    float scale;                  /* head_dim^-0.5 */
+    int max_i;                    /* widest FFN (dense or expert), sizes g/u */
+
+    const void **weights;         /* host [n_weights]: device pointers from weight_put, to release */
+    int n_weights, cap_weights;
+    void **allocs;                /* host [n_allocs]: device buffers from alloc, to free */
+    int n_allocs, cap_allocs;
+
+    /* Per-step metadata: host staging and its device copy (sizes from opts). */
+    int max_bt;                   /* block-table entries per step */
+    int32_t *h_meta;              /* host: ids [T] | tok_seq [T] | tok_pos [T] | out_rows [R] | bt_start [S] | bt [max_bt] */
+    int32_t *d_meta;              /* device, same layout */
+
+    /* Activations (device, f32), T = opts.max_tokens rows. */
+    float *res;                   /* [T][H] residual stream */
+    float *xn;                    /* [T][H] normed input of the current block */
+    float *delta;                 /* [T][H] the current block's output, added to res by the next norm */
+    float *q, *k, *v, *att;       /* [T][nH*D], [T][nKV*D], [T][nKV*D], [T][nH*D] */
+    float *g, *u;                 /* [T][max_i] */
+    float *rlogits;               /* [T][E] router logits */
+    int32_t *moe_ids;             /* [T][k] */
+    float *moe_w;                 /* [T][k] */
+    void *moe_scratch;            /* moe_scratch_bytes(T, k, H, moe_I, E) */
+    float *rows;                  /* [R][H] final-normed rows that get logits */
+    float *logits;                /* [R][V] */
+    int32_t *argmax;              /* [R] (reserved for device-side greedy) */
+
+    size_t weight_bytes, active_weight_bytes;
+};
+
+#endif

@@ -1,0 +1,360 @@
+/* engine/model_load.c — from a checkpoint to a model resident on a backend.
+ *
+ * Every tensor the config implies is asked for by its Hugging Face name with its exact shape
+ * (ckpt_expect names the tensor, the file and both shapes on a mismatch), so a checkpoint that
+ * does not fit the config fails at load with one clear line, never at run time. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/util.h"
+#include "engine/model_internal.h"
+
+/* Remembers a device buffer to free at destroy; NULL stays NULL. */
+static void *s_track(model_t *m, void *p)
+{
+    if (!p)
+        return NULL;
+    if (m->n_allocs == m->cap_allocs) {
+        int cap = m->cap_allocs ? 2 * m->cap_allocs : 64;
+        void **a = realloc(m->allocs, (size_t)cap * sizeof(*a));
+        if (!a) {
+            m->be->ops->free(m->be, p);
+            return NULL;
+        }
+        m->allocs = a;
+        m->cap_allocs = cap;
+    }
+    m->allocs[m->n_allocs++] = p;
+    return p;
+}
+
+static void *s_alloc(model_t *m, size_t bytes, const char *what, char *err, size_t errlen)
+{
+    void *p = s_track(m, m->be->ops->alloc(m->be, bytes ? bytes : 64));
+    if (!p)
+        errf(err, errlen, "%s: cannot allocate %zu bytes for %s on the %s backend", m->where, bytes, what, m->be->ops->name);
+    return p;
+}
+
+static int s_dtype_ok(model_t *m, const tensor_view_t *t, char *err, size_t errlen)
+{
+    if (t->dtype != DT_F32 && t->dtype != DT_BF16 && t->dtype != DT_F16)
+        return errf(err, errlen, "%s: tensor %s has dtype %d (expected f32, bf16 or f16)", m->where, t->name, (int)t->dtype);
+    return 0;
+}
+
+/* A 2-D weight [rows][cols] made resident as it is stored. */
+static int s_mat(model_t *m, ckpt_t *ck, bk_mat_t *out, int64_t rows, int64_t cols, char *err, size_t errlen,
+                 const char *fmt, ...) __attribute__((format(printf, 8, 9)));
+static int s_mat(model_t *m, ckpt_t *ck, bk_mat_t *out, int64_t rows, int64_t cols, char *err, size_t errlen,
+                 const char *fmt, ...)
+{
+    char name[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    int64_t shape[2] = {rows, cols};
+    const tensor_view_t *t = ckpt_expect(ck, name, 2, shape, err, errlen);
+    if (!t || s_dtype_ok(m, t, err, errlen) < 0)
+        return -1;
+    const void *dev = m->be->ops->weight_put(m->be, t->data, t->nbytes, dtype_size(t->dtype));
+    if (!dev)
+        return errf(err, errlen, "%s: cannot place tensor %s (%zu bytes) on the %s backend", m->where, name, t->nbytes,
+                    m->be->ops->name);
+    if (m->n_weights == m->cap_weights) {
+        int cap = m->cap_weights ? 2 * m->cap_weights : 256;
+        const void **w = realloc(m->weights, (size_t)cap * sizeof(*w));
+        if (!w) {
+            m->be->ops->weight_release(m->be, dev);
+            return errf(err, errlen, "%s: out of memory", m->where);
+        }
+        m->weights = w;
+        m->cap_weights = cap;
+    }
+    m->weights[m->n_weights++] = dev;
+    *out = (bk_mat_t){.data = dev, .dtype = t->dtype, .rows = rows, .cols = cols};
+    return 0;
+}
+
+/* A 1-D tensor [n] (norm weight, bias) converted to f32 on the device. */
+static float *s_vec(model_t *m, ckpt_t *ck, int64_t n, char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+static float *s_vec(model_t *m, ckpt_t *ck, int64_t n, char *err, size_t errlen, const char *fmt, ...)
+{
+    char name[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    const tensor_view_t *t = ckpt_expect(ck, name, 1, &n, err, errlen);
+    if (!t || s_dtype_ok(m, t, err, errlen) < 0)
+        return NULL;
+    float *dev = s_alloc(m, (size_t)n * sizeof(float), name, err, errlen);
+    if (!dev)
+        return NULL;
+    float *host = malloc((size_t)n * sizeof(float));
+    if (!host)
+        return errf(err, errlen, "%s: out of memory", m->where), NULL;
+    dtype_to_f32(t->dtype, t->data, host, (size_t)n);
+    int rc = m->be->ops->upload(m->be, dev, host, (size_t)n * sizeof(float));
+    free(host);
+    if (rc < 0)
+        return errf(err, errlen, "%s: cannot upload %s", m->where, name), NULL;
+    return dev;
+}
+
+static size_t s_bytes(const bk_mat_t *w) { return (size_t)w->rows * (size_t)w->cols * dtype_size(w->dtype); }
+
+/* The experts of one MoE layer: per-expert tensors, or transformers 5's fused pair. */
+static int s_experts(model_t *m, ckpt_t *ck, int l, model_layer_t *L, char *err, size_t errlen)
+{
+    const model_config_t *c = &m->cfg;
+    const int E = c->num_experts, H = c->hidden_size, I = c->moe_intermediate_size;
+    const int mixtral = c->arch == ARCH_MIXTRAL;
+    char fused[128];
+    snprintf(fused, sizeof fused, "model.layers.%d.mlp.experts.gate_up_proj", l);
+    L->experts = calloc((size_t)E, sizeof(bk_expert_t));
+    if (!L->experts)
+        return errf(err, errlen, "%s: out of memory", m->where);
+    if (ckpt_has(ck, fused)) {
+        /* [E][2I][H] and [E][H][I]: views of 3-D tensors as [E*2I][H] and [E*H][I] matrices. */
+        int64_t gu_shape[3] = {E, 2 * (int64_t)I, H}, d_shape[3] = {E, H, I};
+        char down[128];
+        snprintf(down, sizeof down, "model.layers.%d.mlp.experts.down_proj", l);
+        const tensor_view_t *gu = ckpt_expect(ck, fused, 3, gu_shape, err, errlen);
+        const tensor_view_t *dn = gu ? ckpt_expect(ck, down, 3, d_shape, err, errlen) : NULL;
+        if (!gu || !dn || s_dtype_ok(m, gu, err, errlen) < 0 || s_dtype_ok(m, dn, err, errlen) < 0)
+            return -1;
+        const uint8_t *gud = m->be->ops->weight_put(m->be, gu->data, gu->nbytes, dtype_size(gu->dtype));
+        const uint8_t *dnd = m->be->ops->weight_put(m->be, dn->data, dn->nbytes, dtype_size(dn->dtype));
+        if (!gud || !dnd)
+            return errf(err, errlen, "%s: cannot place the fused experts of layer %d", m->where, l);
+        if (m->n_weights + 2 > m->cap_weights) {
+            int cap = m->cap_weights ? 2 * m->cap_weights : 256;
+            const void **w = realloc(m->weights, (size_t)cap * sizeof(*w));
+            if (!w)
+                return errf(err, errlen, "%s: out of memory", m->where);
+            m->weights = w;
+            m->cap_weights = cap;
+        }
+        m->weights[m->n_weights++] = gud;
+        m->weights[m->n_weights++] = dnd;
+        size_t ges = dtype_size(gu->dtype), des = dtype_size(dn->dtype);
+        for (int e = 0; e < E; e++) {
+            const uint8_t *base = gud + (size_t)e * 2 * I * H * ges;
+            L->experts[e].gate = (bk_mat_t){base, gu->dtype, I, H};
+            L->experts[e].up = (bk_mat_t){base + (size_t)I * H * ges, gu->dtype, I, H};
+            L->experts[e].down = (bk_mat_t){dnd + (size_t)e * H * I * des, dn->dtype, H, I};
+        }
+        return 0;
+    }
+    for (int e = 0; e < E; e++) {
+        bk_expert_t *x = &L->experts[e];
+        int rc = mixtral
+            ? (s_mat(m, ck, &x->gate, I, H, err, errlen, "model.layers.%d.block_sparse_moe.experts.%d.w1.weight", l, e) ||
+               s_mat(m, ck, &x->up, I, H, err, errlen, "model.layers.%d.block_sparse_moe.experts.%d.w3.weight", l, e) ||
+               s_mat(m, ck, &x->down, H, I, err, errlen, "model.layers.%d.block_sparse_moe.experts.%d.w2.weight", l, e))
+            : (s_mat(m, ck, &x->gate, I, H, err, errlen, "model.layers.%d.mlp.experts.%d.gate_proj.weight", l, e) ||
+               s_mat(m, ck, &x->up, I, H, err, errlen, "model.layers.%d.mlp.experts.%d.up_proj.weight", l, e) ||
+               s_mat(m, ck, &x->down, H, I, err, errlen, "model.layers.%d.mlp.experts.%d.down_proj.weight", l, e));
+        if (rc)
+            return -1;
+    }
+    return 0;
+}
+
+/* The MoE router: transformers 5 in memory calls the Mixtral block "mlp"; files say block_sparse_moe. */
+static int s_router(model_t *m, ckpt_t *ck, int l, model_layer_t *L, char *err, size_t errlen)
+{
+    const model_config_t *c = &m->cfg;
+    char name[128];
+    snprintf(name, sizeof name, "model.layers.%d.mlp.gate.weight", l);
+    if (c->arch == ARCH_MIXTRAL && !ckpt_has(ck, name))
+        return s_mat(m, ck, &L->router, c->num_experts, c->hidden_size, err, errlen,
+                     "model.layers.%d.block_sparse_moe.gate.weight", l);
+    return s_mat(m, ck, &L->router, c->num_experts, c->hidden_size, err, errlen, "%s", name);
+}
+
+static int s_check_config(const model_config_t *c, const char *where, char *err, size_t errlen)
+{
+    if (c->vocab_size < 1 || c->hidden_size < 1 || c->num_layers < 1 || c->num_heads < 1 || c->num_kv_heads < 1 ||
+        c->head_dim < 2)
+        return errf(err, errlen, "%s: config has a zero dimension", where);
+    if (c->head_dim > BK_MAX_HEAD_DIM || c->head_dim % 2)
+        return errf(err, errlen, "%s: head_dim %d must be even and <= %d", where, c->head_dim, BK_MAX_HEAD_DIM);
+    if (c->num_heads % c->num_kv_heads)
+        return errf(err, errlen, "%s: num_attention_heads %d is not a multiple of num_key_value_heads %d", where,
+                    c->num_heads, c->num_kv_heads);
+    if (c->num_heads / c->num_kv_heads > BK_MAX_GQA_GROUP)
+        return errf(err, errlen, "%s: %d query heads per kv head (at most %d)", where, c->num_heads / c->num_kv_heads,
+                    BK_MAX_GQA_GROUP);
+    if (c->num_experts > 0 && (c->num_experts_per_tok < 1 || c->num_experts_per_tok > c->num_experts ||
+                               c->moe_intermediate_size < 1))
+        return errf(err, errlen, "%s: MoE with %d experts, %d per token, moe_intermediate_size %d", where,
+                    c->num_experts, c->num_experts_per_tok, c->moe_intermediate_size);
+    return 0;
+}
+
+model_t *model_load(const char *model_dir, const model_config_t *cfg, ckpt_t *ck, backend_t *be,
+                    const model_opts_t *opts, char *err, size_t errlen)
+{
+    const char *where = model_dir ? model_dir : "model";
+    if (!cfg || !ck || !be)
+        return errf(err, errlen, "%s: model_load needs a config, a checkpoint and a backend", where), NULL;
+    if (s_check_config(cfg, where, err, errlen) < 0)
+        return NULL;
+    model_t *m = calloc(1, sizeof(*m));
+    if (!m)
+        return errf(err, errlen, "%s: out of memory", where), NULL;
+    m->cfg = *cfg;
+    m->be = be;
+    snprintf(m->where, sizeof m->where, "%s", where);
+    model_opts_t o = opts ? *opts : (model_opts_t){0};
+    if (o.max_tokens <= 0) o.max_tokens = 512;
+    if (o.max_seqs <= 0) o.max_seqs = 64;
+    if (o.max_logit_rows <= 0) o.max_logit_rows = o.max_seqs;
+    if (o.max_context <= 0) o.max_context = cfg->max_position_embeddings > 0 ? cfg->max_position_embeddings : 4096;
+    if (o.kv_block_size <= 0) o.kv_block_size = 16;
+    m->opts = o;
+
+    const model_config_t *c = &m->cfg;
+    const int H = c->hidden_size, V = c->vocab_size, D = c->head_dim, nH = c->num_heads, nKV = c->num_kv_heads;
+    const int L = c->num_layers, E = c->num_experts, K = c->num_experts_per_tok;
+    m->layers = calloc((size_t)L, sizeof(model_layer_t));
+    if (!m->layers) {
+        errf(err, errlen, "%s: out of memory", where);
+        goto fail;
+    }
+    if (s_mat(m, ck, &m->embed, V, H, err, errlen, "model.embed_tokens.weight") < 0)
+        goto fail;
+    size_t layer_bytes = 0, active_bytes = 0;
+    m->max_i = 0;
+    for (int l = 0; l < L; l++) {
+        model_layer_t *Ly = &m->layers[l];
+        if (!(Ly->attn_norm = s_vec(m, ck, H, err, errlen, "model.layers.%d.input_layernorm.weight", l)) ||
+            !(Ly->mlp_norm = s_vec(m, ck, H, err, errlen, "model.layers.%d.post_attention_layernorm.weight", l)) ||
+            s_mat(m, ck, &Ly->q, (int64_t)nH * D, H, err, errlen, "model.layers.%d.self_attn.q_proj.weight", l) < 0 ||
+            s_mat(m, ck, &Ly->k, (int64_t)nKV * D, H, err, errlen, "model.layers.%d.self_attn.k_proj.weight", l) < 0 ||
+            s_mat(m, ck, &Ly->v, (int64_t)nKV * D, H, err, errlen, "model.layers.%d.self_attn.v_proj.weight", l) < 0 ||
+            s_mat(m, ck, &Ly->o, H, (int64_t)nH * D, err, errlen, "model.layers.%d.self_attn.o_proj.weight", l) < 0)
+            goto fail;
+        if (c->attention_bias &&
+            (!(Ly->q_bias = s_vec(m, ck, (int64_t)nH * D, err, errlen, "model.layers.%d.self_attn.q_proj.bias", l)) ||
+             !(Ly->k_bias = s_vec(m, ck, (int64_t)nKV * D, err, errlen, "model.layers.%d.self_attn.k_proj.bias", l)) ||
+             !(Ly->v_bias = s_vec(m, ck, (int64_t)nKV * D, err, errlen, "model.layers.%d.self_attn.v_proj.bias", l)) ||
+             !(Ly->o_bias = s_vec(m, ck, H, err, errlen, "model.layers.%d.self_attn.o_proj.bias", l))))
+            goto fail;
+        if (c->has_qk_norm &&
+            (!(Ly->q_norm = s_vec(m, ck, D, err, errlen, "model.layers.%d.self_attn.q_norm.weight", l)) ||
+             !(Ly->k_norm = s_vec(m, ck, D, err, errlen, "model.layers.%d.self_attn.k_norm.weight", l))))
+            goto fail;
+        size_t attn = s_bytes(&Ly->q) + s_bytes(&Ly->k) + s_bytes(&Ly->v) + s_bytes(&Ly->o);
+        layer_bytes += attn;
+        active_bytes += attn;
+        Ly->is_moe = E > 0 && config_layer_is_moe(c, l);
+        if (Ly->is_moe) {
+            if (s_router(m, ck, l, Ly, err, errlen) < 0 || s_experts(m, ck, l, Ly, err, errlen) < 0)
+                goto fail;
+            size_t one = s_bytes(&Ly->experts[0].gate) + s_bytes(&Ly->experts[0].up) + s_bytes(&Ly->experts[0].down);
+            layer_bytes += s_bytes(&Ly->router) + one * (size_t)E;
+            active_bytes += s_bytes(&Ly->router) + one * (size_t)K;
+            m->max_i = c->moe_intermediate_size > m->max_i ? c->moe_intermediate_size : m->max_i;
+        } else {
+            const int I = c->intermediate_size;
+            if (s_mat(m, ck, &Ly->gate, I, H, err, errlen, "model.layers.%d.mlp.gate_proj.weight", l) < 0 ||
+                s_mat(m, ck, &Ly->up, I, H, err, errlen, "model.layers.%d.mlp.up_proj.weight", l) < 0 ||
+                s_mat(m, ck, &Ly->down, H, I, err, errlen, "model.layers.%d.mlp.down_proj.weight", l) < 0)
+                goto fail;
+            size_t mlp = s_bytes(&Ly->gate) + s_bytes(&Ly->up) + s_bytes(&Ly->down);
+            layer_bytes += mlp;
+            active_bytes += mlp;
+            m->max_i = I > m->max_i ? I : m->max_i;
+        }
+    }
+    if (!(m->final_norm = s_vec(m, ck, H, err, errlen, "model.norm.weight")))
+        goto fail;
+    /* Tied when the config says so, or when a file checkpoint simply has no lm_head (as HF loads it). */
+    if (c->tie_word_embeddings || (!ckpt_is_dummy(ck) && !ckpt_has(ck, "lm_head.weight"))) {
+        m->lm_head = m->embed;
+    } else if (s_mat(m, ck, &m->lm_head, V, H, err, errlen, "lm_head.weight") < 0) {
+        goto fail;
+    }
+    m->weight_bytes = layer_bytes + s_bytes(&m->lm_head);
+    m->active_weight_bytes = active_bytes + s_bytes(&m->lm_head);
+
+    float inv[BK_MAX_HEAD_DIM / 2];
+    if (rope_inv_freq(c, inv, err, errlen) < 0)
+        goto fail;
+    if (!(m->inv_freq = s_alloc(m, (size_t)(D / 2) * sizeof(float), "rope", err, errlen)) ||
+        be->ops->upload(be, m->inv_freq, inv, (size_t)(D / 2) * sizeof(float)) < 0)
+        goto fail;
+    m->scale = (float)(1.0 / sqrt((double)D));
+
+    /* Step buffers. */
+    const size_t T = (size_t)o.max_tokens, R = (size_t)o.max_logit_rows, S = (size_t)o.max_seqs;
+    m->max_bt = (int)(S * (size_t)((o.max_context + o.kv_block_size - 1) / o.kv_block_size));
+    size_t meta_n = 3 * T + R + S + (size_t)m->max_bt;
+    m->h_meta = malloc(meta_n * sizeof(int32_t));
+    if (!m->h_meta) {
+        errf(err, errlen, "%s: out of memory for step metadata", where);
+        goto fail;
+    }
+    const size_t f = sizeof(float);
+    const int kk = K > 0 ? K : 1, EE = E > 0 ? E : 1;
+    if (!(m->d_meta = s_alloc(m, meta_n * sizeof(int32_t), "step metadata", err, errlen)) ||
+        !(m->res = s_alloc(m, T * H * f, "activations", err, errlen)) ||
+        !(m->xn = s_alloc(m, T * H * f, "activations", err, errlen)) ||
+        !(m->delta = s_alloc(m, T * H * f, "activations", err, errlen)) ||
+        !(m->q = s_alloc(m, T * nH * D * f, "activations", err, errlen)) ||
+        !(m->att = s_alloc(m, T * nH * D * f, "activations", err, errlen)) ||
+        !(m->k = s_alloc(m, T * nKV * D * f, "activations", err, errlen)) ||
+        !(m->v = s_alloc(m, T * nKV * D * f, "activations", err, errlen)) ||
+        !(m->g = s_alloc(m, T * m->max_i * f, "activations", err, errlen)) ||
+        !(m->u = s_alloc(m, T * m->max_i * f, "activations", err, errlen)) ||
+        !(m->rows = s_alloc(m, R * H * f, "activations", err, errlen)) ||
+        !(m->logits = s_alloc(m, R * V * f, "logits", err, errlen)) ||
+        !(m->argmax = s_alloc(m, R * sizeof(int32_t), "argmax", err, errlen)))
+        goto fail;
+    if (E > 0 && (!(m->rlogits = s_alloc(m, T * EE * f, "router logits", err, errlen)) ||
+                  !(m->moe_ids = s_alloc(m, T * kk * sizeof(int32_t), "routing", err, errlen)) ||
+                  !(m->moe_w = s_alloc(m, T * kk * f, "routing", err, errlen)) ||
+                  !(m->moe_scratch = s_alloc(m, moe_scratch_bytes((int)T, kk, H, c->moe_intermediate_size, EE),
+                                             "MoE scratch", err, errlen))))
+        goto fail;
+    LOG_D("%s: %s loaded on %s: %.1f MB of weights per step", where, config_arch_name(c->arch), be->ops->name,
+          (double)m->weight_bytes / 1e6);
+    return m;
+fail:
+    model_destroy(&m);
+    return NULL;
+}
+
+void model_destroy(model_t **self_p)
+{
+    if (!self_p || !*self_p)
+        return;
+    model_t *m = *self_p;
+    for (int i = 0; i < m->n_weights; i++)
+        m->be->ops->weight_release(m->be, m->weights[i]);
+    for (int i = 0; i < m->n_allocs; i++)
+        m->be->ops->free(m->be, m->allocs[i]);
+    if (m->layers)
+        for (int l = 0; l < m->cfg.num_layers; l++)
+            free(m->layers[l].experts);
+    free(m->layers);
+    free(m->weights);
+    free(m->allocs);
+    free(m->h_meta);
+    free(m);
+    *self_p = NULL;
+}
+
+const model_config_t *model_config(const model_t *m) { return &m->cfg; }
+backend_t *model_backend(const model_t *m) { return m->be; }
+size_t model_weight_bytes(const model_t *m) { return m->weight_bytes; }
+size_t model_active_weight_bytes(const model_t *m) { return m->active_weight_bytes; }

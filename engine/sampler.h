@@ -1,0 +1,100 @@
+/* engine/sampler.h — choosing the next token from logits, and deciding when a request is done.
+ *
+ * One sampler per request. It owns every buffer it needs (allocated by sampler_new, sized by the
+ * vocabulary), so sampling a token never allocates.
+ *
+ * Processing order (HF's logits-processor order; vLLM applies min-p before top-k/top-p, which only
+ * differs when both are set):
+ *   1. repetition penalty (HF): over tokens of the prompt and the output so far, a logit l > 0
+ *      becomes l / r, l < 0 becomes l * r (l == 0 stays);
+ *   2. presence and frequency penalties (OpenAI): over output tokens only,
+ *      l -= frequency * count + presence * (count > 0);
+ *   3. temperature 0: greedy, the largest logit, the lowest index on ties; otherwise l / T, then
+ *   4. top-k: the k largest (ties: the lower index ranks first);
+ *   5. top-p: the smallest set of highest-probability tokens whose probability sum >= p
+ *      (probabilities renormalised over what top-k kept; always at least one token);
+ *   6. min-p: drop tokens whose probability < min_p * the largest probability;
+ *   7. draw u in [0, 1) and walk the kept tokens in rank order until their cumulative mass
+ *      exceeds u * total.
+ * Randomness is counter-based: u = mix(seed, number of tokens generated so far), so a request
+ * gets the same tokens for the same seed whatever else is in the batch, and after a restart.
+ *
+ * Log-probability of the chosen token: SAMPLER_LOGPROBS_RAW (the default, as vLLM's default
+ * logprobs_mode "raw_logprobs") is log_softmax of the model's logits before any processing;
+ * SAMPLER_LOGPROBS_PROCESSED is the log of the probability the token was actually drawn with
+ * (after penalties, temperature and filtering; for greedy, log_softmax of the penalised logits).
+ *
+ * Stop strings are matched on the detokenised text (sampler_text): across token boundaries, the
+ * earliest match wins, the stop string and everything after it are never emitted (vLLM's
+ * include_stop_str_in_output = false). Text that might be the start of a stop string is held
+ * back until it is known not to be.
+ */
+#ifndef TROUPE_ENGINE_SAMPLER_H
+#define TROUPE_ENGINE_SAMPLER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define SAMPLER_MAX_STOP_IDS 16
+#define SAMPLER_MAX_EOS 8
+#define SAMPLER_MAX_STOPS 8
+#define SAMPLER_MAX_STOP_LEN 256   /* bytes per stop string */
+
+typedef enum { SAMPLER_LOGPROBS_RAW = 0, SAMPLER_LOGPROBS_PROCESSED } sampler_logprobs_t;
+
+typedef enum {
+    FINISH_NONE = 0,              /* keep going */
+    FINISH_STOP,                  /* an EOS id, a stop id or a stop string */
+    FINISH_LENGTH,                /* max_tokens generated */
+} finish_reason_t;
+
+const char *finish_reason_name(finish_reason_t r);   /* "none", "stop", "length" */
+
+typedef struct sampler_params {
+    double temperature;           /* 0 = greedy; else > 0 */
+    int top_k;                    /* <= 0 = off */
+    double top_p;                 /* (0, 1]; 1 = off */
+    double min_p;                 /* [0, 1]; 0 = off */
+    double repetition_penalty;    /* > 0; 1 = off */
+    double presence_penalty;      /* [-2, 2]; 0 = off */
+    double frequency_penalty;     /* [-2, 2]; 0 = off */
+    uint64_t seed;
+    int max_tokens;               /* new tokens before FINISH_LENGTH; <= 0 = no limit */
+    int ignore_eos;               /* EOS ids do not stop (stop ids still do) */
+    int n_eos;
+    int32_t eos_ids[SAMPLER_MAX_EOS];            /* the model's EOS ids (config) */
+    int n_stop_ids;
+    int32_t stop_ids[SAMPLER_MAX_STOP_IDS];      /* extra ids that stop */
+    int n_stops;
+    const char *stops[SAMPLER_MAX_STOPS];        /* stop strings (copied by sampler_new) */
+    sampler_logprobs_t logprobs_mode;
+} sampler_params_t;
+
+typedef struct sampler sampler_t;
+
+/* Greedy, no penalties, no limits, seed 0, no stops. */
+void sampler_params_default(sampler_params_t *p);
+/* Range checks; the error names the field and the value. */
+int sampler_params_check(const sampler_params_t *p, int vocab_size, char *err, size_t errlen);
+
+/* A sampler for one request over vocab_size logits; prompt tokens feed the repetition penalty. */
+sampler_t *sampler_new(const sampler_params_t *p, int vocab_size, const int32_t *prompt, int n_prompt, char *err,
+                       size_t errlen);
+void sampler_destroy(sampler_t **self_p);
+
+/* Chooses the next token from logits [vocab_size] (left unchanged); *logprob (may be NULL) gets
+ * its log-probability in the configured mode. Does not record the token: call sampler_accept. */
+int32_t sampler_sample(sampler_t *s, const float *logits, float *logprob);
+/* Records a generated token (penalty counts, the RNG counter) and says whether it finishes the
+ * request: FINISH_STOP for an EOS id (unless ignore_eos) or a stop id, FINISH_LENGTH at max_tokens. */
+finish_reason_t sampler_accept(sampler_t *s, int32_t token);
+int sampler_n_generated(const sampler_t *s);
+
+/* Feeds detokenised text (complete UTF-8) of the accepted tokens. Text known not to start a stop
+ * string goes to emit(ctx, bytes, n). Returns 1 when a stop string completed (emit got the text
+ * before it; the request finishes with FINISH_STOP and later text is ignored), else 0. */
+int sampler_text(sampler_t *s, const char *text, size_t len, void (*emit)(void *ctx, const char *t, size_t n), void *ctx);
+/* At the end of a request (any reason but a stop string), emits the text held back. */
+void sampler_text_flush(sampler_t *s, void (*emit)(void *ctx, const char *t, size_t n), void *ctx);
+
+#endif
