@@ -1,17 +1,586 @@
-/* actors/decode.c — the decode actor: continuous batching over a paged KV pool, streaming tokens.
+/* actors/decode.c — the decode worker: continuous batching over a paged KV pool.
  *
- * Known limits: this is the actor's skeleton on the shared runtime (READY, heartbeats, stats,
- * drain on TERM). Its message handlers arrive with the serving path; until then any request sent
- * to it is answered with a bad_request error naming the message type, never dropped. */
+ * Duties:
+ *   - take hand-offs: a kv_announce (the blocks, in a shared-memory segment) followed by a handoff
+ *     (the request); copy the blocks into our pool, acknowledge (kv_ack) so the prefill side frees
+ *     its copy, stream the first token;
+ *   - each step (the loop's before_sleep hook), one forward for the whole running batch: every
+ *     request feeds its last token, gets logits, samples, streams the token (with its text: whole
+ *     UTF-8 only, stop strings held back) and stops on EOS / stop ids / stop strings / max tokens;
+ *     requests join and leave at every step;
+ *   - when the pool runs out of blocks, preempt the newest request (free its blocks) and recompute
+ *     its KV later from its tokens (recompute, as vLLM does);
+ *   - write finished sequences' full blocks back to the cache-manager's host store (cache_put plus a
+ *     kv_announce on the shared-memory channel) so the next turn of a conversation can reuse them
+ *     on any prefill worker;
+ *   - cancel frees a request's blocks at once.
+ *
+ * Every request ends with exactly one done or error to its router.
+ *
+ * A request's life: RUNNING <-> PREEMPTED -> gone. */
+#include <stdlib.h>
+#include <string.h>
+
 #include "actors/runtime/actor.h"
+#include "actors/runtime/worker.h"
+#include "common/log.h"
+#include "common/util.h"
+
+#define MAX_PENDING_ANNOUNCES 256
+#define WRITEBACK_TIMEOUT_MS  2000
+#define MAX_WRITEBACKS        64
+
+typedef enum { DC_RUNNING, DC_PREEMPTED, DC_STATE_COUNT } dc_state_t;
+static const char *const s_state_names[DC_STATE_COUNT] = {"running", "preempted"};
+
+typedef struct dc_req {
+    uint64_t id;                 /* the router's request id */
+    msg_t handoff;               /* clone: owns prompt, sampling, reply_to */
+    kvseq_t *kv;                 /* prompt + generated tokens whose KV is (to be) computed */
+    sampler_t *smp;
+    tok_stream_t ts;             /* streaming detokenizer */
+    int32_t next;                /* sampled, not yet fed to the model */
+    int n_gen;                   /* generated tokens (next included) */
+    int32_t *gen;                /* [max_model_len] generated ids, for recompute */
+    dc_state_t state;
+    int64_t admitted_ms, first_ms;
+    struct dc_req *next_req;
+} dc_req_t;
+
+typedef struct writeback {
+    uint64_t transfer_id;
+    tchan_seg_t seg;
+    int64_t deadline_ms;
+} writeback_t;
+
+typedef struct decode {
+    worker_t *w;
+    const char *name, *cluster;
+    const char *cache_manager;   /* NULL when the topology has none */
+    msg_t announces[MAX_PENDING_ANNOUNCES];   /* kv_announce clones waiting for their handoff */
+    int n_announces;
+    dc_req_t *head;              /* every request, admission order */
+    int n_running, n_preempted;
+    model_seq_t *seqs;           /* [max_seqs] step scratch */
+    dc_req_t **batch;
+    char *text;                  /* [text_cap] emitted text of one token */
+    size_t text_cap, text_len;
+    writeback_t wb[MAX_WRITEBACKS];
+    uint64_t next_transfer;
+    /* stats */
+    uint64_t tokens_out, finished, preemptions, handoffs_in, handoff_refused, writebacks;
+    uint64_t last_tokens;
+    int64_t last_stats_ms;
+    double tokens_per_s;
+    int last_batch;
+} decode_t;
+
+static void s_emit_text(void *ctx, const char *t, size_t n)
+{
+    decode_t *d = ctx;
+    if (d->text_len + n + 1 > d->text_cap)
+        n = d->text_cap - d->text_len - 1;
+    memcpy(d->text + d->text_len, t, n);
+    d->text_len += n;
+    d->text[d->text_len] = 0;
+}
+
+static void s_unlink(decode_t *d, dc_req_t *r)
+{
+    for (dc_req_t **pp = &d->head; *pp; pp = &(*pp)->next_req)
+        if (*pp == r) {
+            *pp = r->next_req;
+            break;
+        }
+    if (r->state == DC_RUNNING)
+        d->n_running--;
+    else
+        d->n_preempted--;
+    kvseq_destroy(&r->kv);
+    sampler_destroy(&r->smp);
+    msg_free(&r->handoff);
+    free(r->gen);
+    free(r);
+}
+
+static dc_req_t *s_find(decode_t *d, uint64_t id)
+{
+    for (dc_req_t *r = d->head; r; r = r->next_req)
+        if (r->id == id)
+            return r;
+    return NULL;
+}
+
+static void s_error(actor_t *a, const char *to, uint64_t id, msg_error_code_t code, int retryable, const char *why)
+{
+    msg_t e;
+    msg_init(&e, MSG_ERROR, id);
+    e.u.error.code = code;
+    e.u.error.retryable = retryable;
+    e.u.error.message = why;
+    actor_send(a, to, &e);
+}
+
+/* Writes a finished sequence's full blocks to the cache-manager's host store (best effort: a
+ * refused or lost write-back only costs a future cache miss). */
+static void s_writeback(actor_t *a, decode_t *d, dc_req_t *r)
+{
+    int full = kvseq_len(r->kv) / d->w->block_size;
+    if (!d->cache_manager || full <= 0)
+        return;
+    writeback_t *wb = NULL;
+    for (int i = 0; i < MAX_WRITEBACKS; i++)
+        if (!d->wb[i].seg.ptr) {
+            wb = &d->wb[i];
+            break;
+        }
+    if (!wb)
+        return;   /* too many in flight: skip this one */
+    if (full > MSG_MAX_BLOCKS)
+        full = MSG_MAX_BLOCKS;
+    size_t bb = worker_block_bytes(d->w);
+    char err[256];
+    wb->transfer_id = ++d->next_transfer;
+    if (tchan_shm_create(&wb->seg, d->cluster, wb->transfer_id | (1ULL << 62), (size_t)full * bb, err, sizeof err) != 0 ||
+        worker_blocks_out(d->w, kvseq_blocks(r->kv), full, wb->seg.ptr) != 0) {
+        tchan_shm_close(&wb->seg);
+        return;
+    }
+    uint64_t *hashes = malloc((size_t)full * sizeof *hashes);
+    if (!hashes) {
+        tchan_shm_close(&wb->seg);
+        return;
+    }
+    for (int i = 0; i < full; i++)
+        hashes[i] = kvseq_hash(r->kv, i);
+    const bk_kv_t *kv = kvpool_view(d->w->pool);
+    /* cache_put.id == kv_announce.transfer_id: the cache-manager pairs them. */
+    msg_t put;
+    msg_init(&put, MSG_CACHE_PUT, wb->transfer_id);
+    put.u.cache_put.holder = d->name;
+    put.u.cache_put.tier = MSG_TIER_HOST;
+    put.u.cache_put.hashes = hashes;
+    put.u.cache_put.n_hashes = (uint32_t)full;
+    msg_t an;
+    msg_init(&an, MSG_KV_ANNOUNCE, wb->transfer_id);
+    msg_kv_announce_t *k = &an.u.kv_announce;
+    k->transfer_id = wb->transfer_id;
+    k->request_id = r->id;
+    k->last = true;
+    k->channel = MSG_CHAN_SHM;
+    k->n_layers = (uint32_t)kv->n_layers;
+    k->block_size = (uint32_t)kv->block_size;
+    k->n_kv_heads = (uint32_t)kv->n_kv_heads;
+    k->head_dim = (uint32_t)kv->head_dim;
+    k->dtype = kv->dtype;
+    k->block_ids = (const uint32_t *)kvseq_blocks(r->kv);
+    k->n_block_ids = (uint32_t)full;
+    k->total_bytes = (uint64_t)full * bb;
+    k->handle = (const uint8_t *)wb->seg.name;
+    k->handle_len = (uint32_t)strlen(wb->seg.name);
+    k->src = d->name;
+    k->deadline_ms = (uint64_t)(wall_ms() + WRITEBACK_TIMEOUT_MS);
+    if (actor_send(a, d->cache_manager, &put) != 0 || actor_send(a, d->cache_manager, &an) != 0)
+        tchan_shm_close(&wb->seg);
+    else
+        wb->deadline_ms = now_ms() + WRITEBACK_TIMEOUT_MS;
+    d->writebacks++;
+    free(hashes);
+}
+
+/* Ends a request: done to the router, write-back, free. */
+static void s_finish(actor_t *a, decode_t *d, dc_req_t *r, msg_finish_t fin)
+{
+    const msg_handoff_t *h = &r->handoff.u.handoff;
+    msg_t m;
+    msg_init(&m, MSG_DONE, r->id);
+    m.u.done.finish = fin;
+    m.u.done.usage.prompt_tokens = h->n_tokens;
+    m.u.done.usage.cached_tokens = h->cached_tokens;
+    m.u.done.usage.completion_tokens = (uint32_t)r->n_gen;
+    m.u.done.timings.queue_ms = h->queue_ms;
+    m.u.done.timings.prefill_ms = h->prefill_ms;
+    m.u.done.timings.decode_ms = (uint32_t)(now_ms() - r->admitted_ms);
+    actor_send(a, h->reply_to, &m);
+    d->finished++;
+    if (r->state == DC_RUNNING)
+        s_writeback(a, d, r);
+    s_unlink(d, r);
+}
+
+/* Streams token t (the request's n_gen-th) with its text; returns the finish reason. */
+static finish_reason_t s_emit(actor_t *a, decode_t *d, dc_req_t *r, int32_t t, float lp)
+{
+    finish_reason_t fin = sampler_accept(r->smp, t);
+    d->text_len = 0;
+    d->text[0] = 0;
+    if (fin != FINISH_STOP && d->w->tok) {
+        char piece[1024];
+        size_t n = 0;
+        if (tok_stream_feed(&r->ts, t, piece, sizeof piece, &n) == 0 && n &&
+            sampler_text(r->smp, piece, n, s_emit_text, d))
+            fin = FINISH_STOP;
+    }
+    if (fin != FINISH_NONE && d->w->tok) {
+        char piece[1024];
+        size_t n = 0;
+        if (fin != FINISH_STOP && tok_stream_flush(&r->ts, piece, sizeof piece, &n) == 0 && n)
+            sampler_text(r->smp, piece, n, s_emit_text, d);
+        sampler_text_flush(r->smp, s_emit_text, d);
+    }
+    r->gen[r->n_gen++] = t;
+    msg_t m;
+    msg_init(&m, MSG_TOKEN, r->id);
+    uint32_t tok = (uint32_t)t;
+    m.u.token.seq = (uint32_t)(r->n_gen - 1);
+    m.u.token.tokens = &tok;
+    m.u.token.n_tokens = 1;
+    m.u.token.text = d->text_len ? d->text : NULL;
+    if (r->handoff.u.handoff.sampling.logprobs) {
+        m.u.token.logprobs = &lp;
+        m.u.token.n_logprobs = 1;
+    }
+    actor_send(a, r->handoff.u.handoff.reply_to, &m);
+    d->tokens_out++;
+    r->next = t;
+    return fin;
+}
+
+static int s_on_kv_announce(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
+{
+    decode_t *d = state;
+    char err[256];
+    if (d->n_announces >= MAX_PENDING_ANNOUNCES) {
+        msg_free(&d->announces[0]);
+        memmove(d->announces, d->announces + 1, (size_t)--d->n_announces * sizeof *d->announces);
+    }
+    if (msg_clone(m, &d->announces[d->n_announces], err, sizeof err) == 0)
+        d->n_announces++;
+    return 0;
+}
+
+static void s_ack(actor_t *a, const char *to, uint64_t transfer_id, int ok, const char *why,
+                  const int32_t *blocks, int n)
+{
+    msg_t k;
+    msg_init(&k, MSG_KV_ACK, transfer_id);
+    k.u.kv_ack.transfer_id = transfer_id;
+    k.u.kv_ack.status = ok ? MSG_ACK_OK : MSG_ACK_FAILED;
+    k.u.kv_ack.message = ok ? NULL : why;
+    k.u.kv_ack.dst_block_ids = (const uint32_t *)blocks;
+    k.u.kv_ack.n_dst_block_ids = ok ? (uint32_t)n : 0;
+    actor_send(a, to, &k);
+}
+
+static int s_on_handoff(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
+{
+    decode_t *d = state;
+    const msg_handoff_t *h = &m->u.handoff;
+    char err[512];
+    msg_t *an = NULL;
+    int ai = -1;
+    for (int i = 0; i < d->n_announces; i++)
+        if (d->announces[i].u.kv_announce.transfer_id == h->transfer_id) {
+            an = &d->announces[i];
+            ai = i;
+            break;
+        }
+    dc_req_t *r = NULL;
+    tchan_seg_t seg = {0};
+    const char *why = NULL;
+    if (!an) {
+        why = "handoff without a kv_announce";
+    } else if (s_find(d, m->id)) {
+        why = "request already here";
+    } else if (worker_check_announce(d->w, &an->u.kv_announce, err, sizeof err) != 0) {
+        why = err;
+    } else if (h->kv_tokens != h->n_tokens ||
+               an->u.kv_announce.n_block_ids != (h->n_tokens + (uint32_t)d->w->block_size - 1) / (uint32_t)d->w->block_size) {
+        why = "handoff and kv_announce disagree on the number of blocks";
+    } else if ((int)h->n_tokens + (int)h->sampling.max_tokens > d->w->max_model_len) {
+        why = "prompt + max_tokens exceeds this worker's max_model_len";
+    } else if (d->n_running >= d->w->max_seqs) {
+        why = "decode batch is full";
+    } else if (!(r = calloc(1, sizeof *r)) || msg_clone(m, &r->handoff, err, sizeof err) != 0 ||
+               !(r->gen = malloc((size_t)d->w->max_model_len * sizeof *r->gen))) {
+        why = "decode out of memory";
+    } else {
+        const msg_handoff_t *hh = &r->handoff.u.handoff;
+        r->id = m->id;
+        r->kv = kvseq_new(d->w->pool, d->w->max_model_len, hh->tenant_salt);
+        sampler_params_t sp;
+        if (!r->kv) {
+            why = "decode out of memory";
+        } else if (worker_sampler_params(d->w, &hh->sampling, &sp, err, sizeof err) != 0 ||
+                   !(r->smp = sampler_new(&sp, d->w->cfg.vocab_size, (const int32_t *)hh->tokens, (int)hh->n_tokens, err, sizeof err))) {
+            why = err;
+        } else if (kvseq_append(r->kv, (const int32_t *)hh->tokens, (int)hh->n_tokens) != 0) {
+            why = "no free KV blocks on the decode worker";
+        } else if (tchan_shm_open(&seg, an->u.kv_announce.handle, an->u.kv_announce.handle_len,
+                                  (size_t)an->u.kv_announce.total_bytes, err, sizeof err) != 0) {
+            why = err;
+        } else if (worker_blocks_in(d->w, kvseq_blocks(r->kv), kvseq_n_blocks(r->kv), seg.ptr) != 0) {
+            why = "copying the blocks into the pool failed";
+        }
+    }
+    tchan_shm_close(&seg);
+    const char *src = an ? an->u.kv_announce.src : h->prefill_worker;
+    if (why) {
+        d->handoff_refused++;
+        LOG_W("hand-off of request %llu refused: %s", (unsigned long long)m->id, why);
+        s_ack(a, src, h->transfer_id, 0, why, NULL, 0);
+        if (r) {
+            kvseq_destroy(&r->kv);
+            sampler_destroy(&r->smp);
+            msg_free(&r->handoff);
+            free(r->gen);
+            free(r);
+        }
+    } else {
+        kvseq_publish(r->kv);
+        s_ack(a, src, h->transfer_id, 1, NULL, kvseq_blocks(r->kv), kvseq_n_blocks(r->kv));
+        d->handoffs_in++;
+        r->state = DC_RUNNING;
+        r->admitted_ms = r->first_ms = now_ms();
+        if (d->w->tok) {
+            tok_stream_init(&r->ts, d->w->tok);
+            r->ts.skip_special = 1;
+        }
+        r->next_req = d->head;
+        d->head = r;
+        d->n_running++;
+        finish_reason_t fin = s_emit(a, d, r, (int32_t)h->first_token, h->first_logprob);
+        if (fin != FINISH_NONE)
+            s_finish(a, d, r, fin == FINISH_LENGTH ? MSG_FINISH_LENGTH : MSG_FINISH_STOP);
+    }
+    if (ai >= 0) {
+        msg_free(&d->announces[ai]);
+        memmove(d->announces + ai, d->announces + ai + 1, (size_t)(d->n_announces - ai - 1) * sizeof *d->announces);
+        d->n_announces--;
+    }
+    return 0;
+}
+
+static int s_on_cancel(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
+{
+    decode_t *d = state;
+    dc_req_t *r = s_find(d, m->id);
+    if (r)
+        s_unlink(d, r);
+    return 0;
+}
+
+static int s_on_kv_ack(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
+{
+    decode_t *d = state;
+    for (int i = 0; i < MAX_WRITEBACKS; i++)
+        if (d->wb[i].seg.ptr && d->wb[i].transfer_id == m->u.kv_ack.transfer_id)
+            tchan_shm_close(&d->wb[i].seg);
+    return 0;
+}
+
+/* Frees the newest running request's blocks; it will be recomputed when blocks free up. */
+static int s_preempt_one(decode_t *d)
+{
+    dc_req_t *victim = NULL;
+    for (dc_req_t *r = d->head; r; r = r->next_req)
+        if (r->state == DC_RUNNING && (!victim || r->admitted_ms > victim->admitted_ms))
+            victim = r;
+    if (!victim || d->n_running <= 1)
+        return -1;
+    LOG_I("request %llu %s -> %s (KV pool full); will recompute", (unsigned long long)victim->id,
+          s_state_names[DC_RUNNING], s_state_names[DC_PREEMPTED]);
+    kvseq_release(victim->kv);
+    victim->state = DC_PREEMPTED;
+    d->n_running--;
+    d->n_preempted++;
+    d->preemptions++;
+    return 0;
+}
+
+/* Brings a preempted request back: recomputes the KV of its prompt and every generated token but
+ * the last (which the next step feeds), in chunks of the forward's token budget. */
+static int s_recompute(actor_t *a, decode_t *d, dc_req_t *r)
+{
+    const msg_handoff_t *h = &r->handoff.u.handoff;
+    int n_total = (int)h->n_tokens + r->n_gen - 1;
+    int need = (n_total + 1 + d->w->block_size - 1) / d->w->block_size;
+    if (kvpool_free_count(d->w->pool) < need + 1)
+        return 0;
+    int32_t *all = malloc((size_t)n_total * sizeof *all);
+    if (!all)
+        return 0;
+    memcpy(all, h->tokens, h->n_tokens * sizeof *all);
+    memcpy(all + h->n_tokens, r->gen, (size_t)(r->n_gen - 1) * sizeof *all);
+    int done = kvseq_match_prefix(r->kv, all, n_total);
+    if (done < 0)
+        done = 0;
+    char err[256];
+    while (done < n_total) {
+        int k = n_total - done < d->w->max_tokens ? n_total - done : d->w->max_tokens;
+        model_seq_t s = {.kv = r->kv, .n_new = k};
+        model_batch_t b = {.n_seqs = 1, .seqs = &s};
+        if (kvseq_append(r->kv, all + done, k) != 0 || model_forward(d->w->model, &b, d->w->logits, err, sizeof err) != 0) {
+            free(all);
+            kvseq_release(r->kv);
+            return 0;
+        }
+        done += k;
+    }
+    free(all);
+    kvseq_publish(r->kv);
+    r->state = DC_RUNNING;
+    d->n_preempted--;
+    d->n_running++;
+    LOG_I("request %llu resumed after recomputing %d tokens", (unsigned long long)r->id, n_total);
+    return 1;
+}
+
+/* One decode step for the whole running batch. Returns 1 if it did work. */
+static int s_step(actor_t *a, void *state)
+{
+    decode_t *d = state;
+    int64_t now = now_ms();
+    for (int i = 0; i < MAX_WRITEBACKS; i++)
+        if (d->wb[i].seg.ptr && now > d->wb[i].deadline_ms)
+            tchan_shm_close(&d->wb[i].seg);
+    /* Preempted requests come back first when blocks allow (oldest first). */
+    if (d->n_preempted && d->n_running < d->w->max_seqs)
+        for (dc_req_t *r = d->head; r; r = r->next_req)
+            if (r->state == DC_PREEMPTED && s_recompute(a, d, r))
+                break;
+    if (d->n_running == 0)
+        return 0;
+    /* Each running request feeds its last token; preempt until everyone has a slot. */
+    int n = 0;
+    for (dc_req_t *r = d->head; r; r = r->next_req) {
+        if (r->state != DC_RUNNING)
+            continue;
+        while (kvseq_append(r->kv, &r->next, 1) != 0) {
+            if (s_preempt_one(d) != 0) {
+                /* Alone and still out of blocks: it can never finish here. */
+                char why[128];
+                snprintf(why, sizeof why, "KV pool exhausted at %d tokens", kvseq_len(r->kv));
+                s_error(a, r->handoff.u.handoff.reply_to, r->id, MSG_ERR_OVERLOADED, 1, why);
+                s_unlink(d, r);
+                return 1;
+            }
+            if (r->state != DC_RUNNING)
+                break;
+        }
+        if (r->state != DC_RUNNING)
+            continue;
+        d->seqs[n] = (model_seq_t){.kv = r->kv, .n_new = 1};
+        d->batch[n++] = r;
+    }
+    /* A request preempted after it was batched must leave the batch. */
+    int m = 0;
+    for (int i = 0; i < n; i++)
+        if (d->batch[i]->state == DC_RUNNING) {
+            d->seqs[m] = d->seqs[i];
+            d->batch[m++] = d->batch[i];
+        }
+    n = m;
+    if (n == 0)
+        return 1;
+    d->last_batch = n;
+    model_batch_t b = {.n_seqs = n, .seqs = d->seqs};
+    char err[512];
+    if (model_forward(d->w->model, &b, d->w->logits, err, sizeof err) != 0) {
+        LOG_E("forward: %s", err);
+        for (int i = 0; i < n; i++) {
+            s_error(a, d->batch[i]->handoff.u.handoff.reply_to, d->batch[i]->id, MSG_ERR_INTERNAL, 1, err);
+            s_unlink(d, d->batch[i]);
+        }
+        return 1;
+    }
+    for (int i = 0; i < n; i++) {
+        dc_req_t *r = d->batch[i];
+        kvseq_publish(r->kv);
+        float lp = 0;
+        int32_t t = sampler_sample(r->smp, d->w->logits + (size_t)i * (size_t)d->w->cfg.vocab_size, &lp);
+        finish_reason_t fin = s_emit(a, d, r, t, lp);
+        if (fin == FINISH_NONE && kvseq_len(r->kv) + 1 >= d->w->max_model_len)
+            fin = FINISH_LENGTH;
+        if (fin != FINISH_NONE)
+            s_finish(a, d, r, fin == FINISH_LENGTH ? MSG_FINISH_LENGTH : MSG_FINISH_STOP);
+    }
+    return 1;
+}
+
+static int s_drained(actor_t *a, void *state)
+{
+    decode_t *d = state;
+    return d->head == NULL;
+}
+
+static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
+{
+    decode_t *d = state;
+    int64_t now = now_ms();
+    if (d->last_stats_ms && now > d->last_stats_ms)
+        d->tokens_per_s = (double)(d->tokens_out - d->last_tokens) * 1000.0 / (double)(now - d->last_stats_ms);
+    d->last_stats_ms = now;
+    d->last_tokens = d->tokens_out;
+    actor_stat_queue(a, st, "running", (uint64_t)d->n_running, (uint64_t)d->w->max_seqs);
+    actor_stat_queue(a, st, "preempted", (uint64_t)d->n_preempted, 0);
+    actor_stat_metric(a, st, "requests_running", d->n_running, 0);
+    actor_stat_metric(a, st, "requests_waiting", d->n_preempted, 0);
+    actor_stat_metric(a, st, "batch_size", d->n_running ? d->last_batch : 0, 0);
+    actor_stat_metric(a, st, "tokens_per_s", d->tokens_per_s, 0);
+    actor_stat_metric(a, st, "kv_blocks_free", kvpool_free_count(d->w->pool), 0);
+    actor_stat_metric(a, st, "kv_blocks_used", kvpool_n_blocks(d->w->pool) - kvpool_free_count(d->w->pool), 0);
+    actor_stat_metric(a, st, "generation_tokens_total", (double)d->tokens_out, 1);
+    actor_stat_metric(a, st, "requests_finished_total", (double)d->finished, 1);
+    actor_stat_metric(a, st, "preemptions_total", (double)d->preemptions, 1);
+    actor_stat_metric(a, st, "transfers_total", (double)d->handoffs_in, 1);
+    actor_stat_metric(a, st, "transfer_failures_total", (double)d->handoff_refused, 1);
+    actor_stat_metric(a, st, "writebacks_total", (double)d->writebacks, 1);
+}
+
+static const actor_handler_t s_handlers[] = {
+    {MSG_KV_ANNOUNCE, s_on_kv_announce},
+    {MSG_HANDOFF, s_on_handoff},
+    {MSG_CANCEL, s_on_cancel},
+    {MSG_KV_ACK, s_on_kv_ack},
+};
 
 int main(int argc, char **argv)
 {
     actor_t *a = actor_new(argc, argv, ROLE_DECODE);
     if (!a)
         return 2;
-    actor_ops_t ops = {0};
-    int rc = actor_run(a, &ops, NULL);
+    const topo_t *t = actor_topo(a);
+    decode_t d = {.name = actor_self(a)->name, .cluster = t->name};
+    const topo_instance_t *cm = topo_first(t, ROLE_CACHE_MANAGER);
+    d.cache_manager = cm ? cm->name : NULL;
+    char err[1024];
+    int max_seqs = t->limits.max_batch;
+    d.w = worker_load(t, max_seqs > t->limits.prefill_chunk_tokens ? max_seqs : t->limits.prefill_chunk_tokens,
+                      max_seqs, err, sizeof err);
+    if (!d.w) {
+        LOG_E("cannot load the model: %s", err);
+        actor_destroy(&a);
+        return 1;
+    }
+    d.seqs = calloc((size_t)max_seqs, sizeof *d.seqs);
+    d.batch = calloc((size_t)max_seqs, sizeof *d.batch);
+    d.text_cap = 8192;
+    d.text = malloc(d.text_cap);
+    tchan_shm_sweep(t->name);
+    actor_ops_t ops = {.handlers = s_handlers, .n_handlers = ARRAY_LEN(s_handlers), .before_sleep = s_step,
+                       .fill_stats = s_fill_stats, .drained = s_drained};
+    int rc = actor_run(a, &ops, &d);
+    while (d.head)
+        s_unlink(&d, d.head);
+    for (int i = 0; i < d.n_announces; i++)
+        msg_free(&d.announces[i]);
+    for (int i = 0; i < MAX_WRITEBACKS; i++)
+        tchan_shm_close(&d.wb[i].seg);
+    free(d.seqs);
+    free(d.batch);
+    free(d.text);
+    worker_destroy(&d.w);
     actor_destroy(&a);
     return rc == 0 ? 0 : 1;
 }

@@ -1,17 +1,419 @@
-/* actors/prefill.c — the prefill actor: runs prompt forward passes in chunks and hands the KV to a decode worker.
+/* actors/prefill.c — the prefill worker: prompt forward passes, then the KV hand-off to decode.
  *
- * Known limits: this is the actor's skeleton on the shared runtime (READY, heartbeats, stats,
- * drain on TERM). Its message handlers arrive with the serving path; until then any request sent
- * to it is answered with a bad_request error naming the message type, never dropped. */
+ * Duties:
+ *   - queue prefill_requests from the router (FIFO);
+ *   - each step, fill a token budget (limits.prefill_chunk_tokens) with prompt chunks of as many
+ *     requests as fit (chunked prefill), reusing every cached prefix block of the local pool first
+ *     (kvseq_match_prefix: blocks of earlier requests, or fetched from the cache-manager's store);
+ *   - when a prompt is complete: sample the first token, write the request's KV blocks into a
+ *     shared-memory segment, announce them (kv_announce) and hand the request over (handoff) to
+ *     the decode worker the router chose; free the blocks once the decode side acknowledges, or fail
+ *     the request with a retryable error when it does not within TRANSFER_TIMEOUT_MS;
+ *   - tell the cache-manager which full blocks this worker now holds (cache_put, device tier);
+ *   - cancel frees everything a request holds.
+ *
+ * A request's life: WAITING -> (FETCHING ->) RUNNING -> HANDING_OFF -> gone.
+ *
+ * Known limits: one backend stream; the whole prompt must fit in the KV pool at once. */
+#include <stdlib.h>
+#include <string.h>
+
 #include "actors/runtime/actor.h"
+#include "actors/runtime/worker.h"
+#include "common/log.h"
+#include "common/util.h"
+
+#define TRANSFER_TIMEOUT_MS 2000
+#define FETCH_TIMEOUT_MS    1000
+
+typedef enum { PF_WAITING, PF_FETCHING, PF_RUNNING, PF_HANDING_OFF, PF_STATE_COUNT } pf_state_t;
+static const char *const s_state_names[PF_STATE_COUNT] = {"waiting", "fetching", "running", "handing_off"};
+
+typedef struct pf_req {
+    uint64_t id;                 /* the router's request id */
+    msg_t msg;                   /* clone of the prefill_request: owns the prompt */
+    const int32_t *prompt;       /* msg's token ids (uint32 on the wire, < vocab checked) */
+    int n_prompt;
+    kvseq_t *kv;                 /* its tokens and blocks in our pool */
+    int n_cached;                /* prompt tokens reused from cache */
+    int n_done;                  /* prompt tokens whose KV exists */
+    pf_state_t state;
+    int64_t arrived_ms, started_ms, deadline_ms;   /* deadline: of the fetch or the transfer */
+    uint64_t transfer_id;
+    tchan_seg_t seg;             /* the hand-off segment while HANDING_OFF */
+    struct pf_req *next;
+} pf_req_t;
+
+typedef struct prefill {
+    worker_t *w;
+    const char *name;            /* our instance name */
+    const char *cluster;
+    pf_req_t *head, *tail;       /* every request, arrival order */
+    int n_reqs;
+    model_seq_t *seqs;           /* [max_seqs] scratch for a step */
+    pf_req_t **batch;            /* [max_seqs] */
+    int64_t *tmp_ids;            /* unused */
+    uint64_t next_transfer;
+    /* counters for stats */
+    uint64_t prompts, prompt_tokens, computed_tokens, cached_tokens, handoffs, handoff_failures;
+    double tokens_per_s;         /* computed tokens per second over the last stats interval */
+    uint64_t last_computed;
+    int64_t last_stats_ms;
+} prefill_t;
+
+static void s_set_state(pf_req_t *r, pf_state_t to, const char *why)
+{
+    LOG_D("request %llu: %s -> %s on %s", (unsigned long long)r->id, s_state_names[r->state],
+          s_state_names[to], why);
+    r->state = to;
+}
+
+static void s_remove(prefill_t *p, pf_req_t *r)
+{
+    pf_req_t **pp = &p->head, *prev = NULL;
+    while (*pp && *pp != r) {
+        prev = *pp;
+        pp = &(*pp)->next;
+    }
+    if (*pp) {
+        *pp = r->next;
+        if (p->tail == r)
+            p->tail = prev;
+    }
+    tchan_shm_close(&r->seg);
+    kvseq_destroy(&r->kv);
+    msg_free(&r->msg);
+    free(r);
+    p->n_reqs--;
+}
+
+static pf_req_t *s_find(prefill_t *p, uint64_t id)
+{
+    for (pf_req_t *r = p->head; r; r = r->next)
+        if (r->id == id)
+            return r;
+    return NULL;
+}
+
+/* Fails a request back to the router (which gives the client its one terminal reply). */
+static void s_fail(actor_t *a, prefill_t *p, pf_req_t *r, msg_error_code_t code, int retryable, const char *why)
+{
+    msg_t e;
+    msg_init(&e, MSG_ERROR, r->id);
+    e.u.error.code = code;
+    e.u.error.retryable = retryable;
+    e.u.error.message = why;
+    actor_send(a, r->msg.u.prefill_request.reply_to, &e);
+    LOG_W("request %llu failed: %s", (unsigned long long)r->id, why);
+    s_remove(p, r);
+}
+
+static int s_on_prefill_request(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
+{
+    prefill_t *p = state;
+    const msg_prefill_request_t *q = &m->u.prefill_request;
+    char err[256];
+    if (s_find(p, m->id))
+        return actor_reply_error(a, from, m->id, MSG_ERR_BAD_REQUEST, 0, "request %llu is already here",
+                                 (unsigned long long)m->id), 0;
+    if ((int)q->n_tokens + 1 > p->w->max_model_len)
+        return actor_reply_error(a, from, m->id, MSG_ERR_BAD_REQUEST, 0, "prompt of %u tokens exceeds max_model_len %d",
+                                 q->n_tokens, p->w->max_model_len), 0;
+    for (uint32_t i = 0; i < q->n_tokens; i++)
+        if (q->tokens[i] >= (uint32_t)p->w->cfg.vocab_size)
+            return actor_reply_error(a, from, m->id, MSG_ERR_BAD_REQUEST, 0, "token id %u at %u is outside the vocabulary (%d)",
+                                     q->tokens[i], i, p->w->cfg.vocab_size), 0;
+    pf_req_t *r = calloc(1, sizeof *r);
+    if (!r || msg_clone(m, &r->msg, err, sizeof err) != 0) {
+        free(r);
+        return actor_reply_error(a, from, m->id, MSG_ERR_OVERLOADED, 1, "prefill out of memory"), 0;
+    }
+    r->id = m->id;
+    /* uint32 ids below vocab_size (checked) are valid int32 ids: same bytes. */
+    r->prompt = (const int32_t *)r->msg.u.prefill_request.tokens;
+    r->n_prompt = (int)q->n_tokens;
+    r->kv = kvseq_new(p->w->pool, p->w->max_model_len, q->tenant_salt);
+    r->arrived_ms = now_ms();
+    if (!r->kv) {
+        msg_free(&r->msg);
+        free(r);
+        return actor_reply_error(a, from, m->id, MSG_ERR_OVERLOADED, 1, "prefill out of memory"), 0;
+    }
+    if (p->tail)
+        p->tail->next = r;
+    else
+        p->head = r;
+    p->tail = r;
+    p->n_reqs++;
+    p->prompts++;
+    p->prompt_tokens += (uint64_t)r->n_prompt;
+    return 0;
+}
+
+static int s_on_cancel(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
+{
+    prefill_t *p = state;
+    pf_req_t *r = s_find(p, m->id);
+    if (r) {
+        LOG_D("request %llu cancelled in state %s", (unsigned long long)r->id, s_state_names[r->state]);
+        s_remove(p, r);
+    }
+    return 0;
+}
+
+/* The decode side answered a hand-off: free the transfer either way. */
+static int s_on_kv_ack(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
+{
+    prefill_t *p = state;
+    const msg_kv_ack_t *k = &m->u.kv_ack;
+    for (pf_req_t *r = p->head; r; r = r->next) {
+        if (r->state != PF_HANDING_OFF || r->transfer_id != k->transfer_id)
+            continue;
+        if (k->status == MSG_ACK_OK) {
+            p->handoffs++;
+            LOG_D("request %llu handed off (%d blocks)", (unsigned long long)r->id, kvseq_n_blocks(r->kv));
+            s_remove(p, r);
+        } else {
+            p->handoff_failures++;
+            char why[512];
+            snprintf(why, sizeof why, "KV hand-off refused by %s: %s", r->msg.u.prefill_request.decode_worker,
+                     k->message ? k->message : "no reason");
+            s_fail(a, p, r, MSG_ERR_TRANSFER_FAILED, 1, why);
+        }
+        return 0;
+    }
+    return 0;   /* a late ack for a transfer we already gave up on */
+}
+
+/* Tells the cache-manager which full blocks we hold now (device tier), so the router can send
+ * requests with the same prefix here. */
+static void s_publish_blocks(actor_t *a, prefill_t *p, pf_req_t *r)
+{
+    int full = kvseq_len(r->kv) / p->w->block_size;
+    if (full <= 0 || !topo_first(actor_topo(a), ROLE_CACHE_MANAGER))
+        return;
+    uint64_t hashes[512];
+    int n = full < 512 ? full : 512;
+    for (int i = 0; i < n; i++)
+        hashes[i] = kvseq_hash(r->kv, i);
+    msg_t m;
+    msg_init(&m, MSG_CACHE_PUT, 0);
+    m.u.cache_put.holder = p->name;
+    m.u.cache_put.tier = MSG_TIER_DEVICE;
+    m.u.cache_put.hashes = hashes;
+    m.u.cache_put.n_hashes = (uint32_t)n;
+    actor_send(a, topo_first(actor_topo(a), ROLE_CACHE_MANAGER)->name, &m);
+}
+
+/* Samples the first token and hands the request over to its decode worker. */
+static void s_handoff(actor_t *a, prefill_t *p, pf_req_t *r, const float *logits)
+{
+    const msg_prefill_request_t *q = &r->msg.u.prefill_request;
+    char err[512];
+    sampler_params_t sp;
+    if (worker_sampler_params(p->w, &q->sampling, &sp, err, sizeof err) != 0) {
+        s_fail(a, p, r, MSG_ERR_BAD_REQUEST, 0, err);
+        return;
+    }
+    sampler_t *smp = sampler_new(&sp, p->w->cfg.vocab_size, r->prompt, r->n_prompt, err, sizeof err);
+    if (!smp) {
+        s_fail(a, p, r, MSG_ERR_BAD_REQUEST, 0, err);
+        return;
+    }
+    float lp = 0;
+    int32_t first = sampler_sample(smp, logits, &lp);
+    sampler_destroy(&smp);
+
+    int nb = kvseq_n_blocks(r->kv);
+    size_t bb = worker_block_bytes(p->w);
+    r->transfer_id = ++p->next_transfer;
+    if (tchan_shm_create(&r->seg, p->cluster, r->transfer_id, (size_t)nb * bb, err, sizeof err) != 0 ||
+        worker_blocks_out(p->w, kvseq_blocks(r->kv), nb, r->seg.ptr) != 0) {
+        s_fail(a, p, r, MSG_ERR_TRANSFER_FAILED, 1, err);
+        return;
+    }
+    const bk_kv_t *kv = kvpool_view(p->w->pool);
+    uint64_t deadline = (uint64_t)(wall_ms() + TRANSFER_TIMEOUT_MS);
+    msg_t an;
+    msg_init(&an, MSG_KV_ANNOUNCE, r->transfer_id);
+    msg_kv_announce_t *k = &an.u.kv_announce;
+    k->transfer_id = r->transfer_id;
+    k->request_id = r->id;
+    k->last = true;
+    k->channel = MSG_CHAN_SHM;
+    k->n_layers = (uint32_t)kv->n_layers;
+    k->block_size = (uint32_t)kv->block_size;
+    k->n_kv_heads = (uint32_t)kv->n_kv_heads;
+    k->head_dim = (uint32_t)kv->head_dim;
+    k->dtype = kv->dtype;
+    k->block_ids = (const uint32_t *)kvseq_blocks(r->kv);
+    k->n_block_ids = (uint32_t)nb;
+    k->total_bytes = (uint64_t)nb * bb;
+    k->handle = (const uint8_t *)r->seg.name;
+    k->handle_len = (uint32_t)strlen(r->seg.name);
+    k->src = p->name;
+    k->deadline_ms = deadline;
+
+    msg_t h;
+    msg_init(&h, MSG_HANDOFF, r->id);
+    msg_handoff_t *o = &h.u.handoff;
+    o->tokens = q->tokens;
+    o->n_tokens = q->n_tokens;
+    o->first_token = (uint32_t)first;
+    o->first_logprob = lp > 0 ? 0 : lp;
+    o->sampling = q->sampling;
+    o->tokens_left = q->sampling.max_tokens > 0 ? q->sampling.max_tokens - 1 : 0;
+    o->kv_tokens = (uint32_t)r->n_prompt;
+    o->block_size = (uint32_t)kv->block_size;
+    o->transfer_id = r->transfer_id;
+    o->reply_to = q->reply_to;
+    o->prefill_worker = p->name;
+    o->tenant_salt = q->tenant_salt;
+    o->prompt_cache_key = q->prompt_cache_key;
+    o->cache_retention_s = q->cache_retention_s;
+    o->cached_tokens = (uint32_t)r->n_cached;
+    o->queue_ms = q->queue_ms + (uint32_t)(r->started_ms - r->arrived_ms);
+    o->prefill_ms = (uint32_t)(now_ms() - r->started_ms);
+    o->deadline_ms = q->deadline_ms;
+    if (actor_send(a, q->decode_worker, &an) != 0 || actor_send(a, q->decode_worker, &h) != 0) {
+        s_fail(a, p, r, MSG_ERR_UNAVAILABLE, 1, "decode worker unreachable for the KV hand-off");
+        return;
+    }
+    s_publish_blocks(a, p, r);
+    r->deadline_ms = now_ms() + TRANSFER_TIMEOUT_MS;
+    s_set_state(r, PF_HANDING_OFF, "prompt complete");
+}
+
+/* One step: expire transfers, build a batch of prompt chunks within the token budget, run it,
+ * hand off what finished. Returns 1 if it did work. */
+static int s_step(actor_t *a, void *state)
+{
+    prefill_t *p = state;
+    int64_t now = now_ms();
+    for (pf_req_t *r = p->head, *next; r; r = next) {
+        next = r->next;
+        if (r->state == PF_HANDING_OFF && now > r->deadline_ms) {
+            p->handoff_failures++;
+            s_fail(a, p, r, MSG_ERR_TRANSFER_FAILED, 1, "KV hand-off not acknowledged in time");
+        }
+    }
+    int budget = p->w->max_tokens, n = 0;
+    for (pf_req_t *r = p->head, *next; r && budget > 0 && n < p->w->max_seqs; r = next) {
+        next = r->next;
+        if (r->state == PF_WAITING) {
+            r->n_cached = kvseq_match_prefix(r->kv, r->prompt, r->n_prompt);
+            if (r->n_cached < 0)
+                r->n_cached = 0;
+            r->n_done = r->n_cached;
+            p->cached_tokens += (uint64_t)r->n_cached;
+            r->started_ms = now;
+            s_set_state(r, PF_RUNNING, "scheduled");
+        }
+        if (r->state != PF_RUNNING)
+            continue;
+        int k = r->n_prompt - r->n_done;
+        if (k > budget)
+            k = budget;
+        if (kvseq_append(r->kv, r->prompt + r->n_done, k) != 0) {
+            /* Not enough free blocks now. If it could never fit, fail it; else wait. */
+            int need = (r->n_prompt + p->w->block_size - 1) / p->w->block_size;
+            if (need > kvpool_n_blocks(p->w->pool))
+                s_fail(a, p, r, MSG_ERR_BAD_REQUEST, 0, "prompt needs more KV blocks than the prefill pool has");
+            break;
+        }
+        p->seqs[n] = (model_seq_t){.kv = r->kv, .n_new = k};
+        p->batch[n++] = r;
+        r->n_done += k;
+        budget -= k;
+    }
+    if (n == 0)
+        return 0;
+    model_batch_t b = {.n_seqs = n, .seqs = p->seqs};
+    char err[512];
+    if (model_forward(p->w->model, &b, p->w->logits, err, sizeof err) != 0) {
+        LOG_E("forward: %s", err);
+        for (int i = 0; i < n; i++)
+            s_fail(a, p, p->batch[i], MSG_ERR_INTERNAL, 1, err);
+        return 1;
+    }
+    for (int i = 0; i < n; i++) {
+        pf_req_t *r = p->batch[i];
+        p->computed_tokens += (uint64_t)p->seqs[i].n_new;
+        kvseq_publish(r->kv);
+        if (r->n_done == r->n_prompt)
+            s_handoff(a, p, r, p->w->logits + (size_t)i * (size_t)p->w->cfg.vocab_size);
+    }
+    return 1;
+}
+
+static int s_drained(actor_t *a, void *state)
+{
+    prefill_t *p = state;
+    return p->n_reqs == 0;
+}
+
+static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
+{
+    prefill_t *p = state;
+    int waiting = 0, running = 0, handing = 0;
+    for (pf_req_t *r = p->head; r; r = r->next) {
+        waiting += r->state == PF_WAITING || r->state == PF_FETCHING;
+        running += r->state == PF_RUNNING;
+        handing += r->state == PF_HANDING_OFF;
+    }
+    int64_t now = now_ms();
+    if (p->last_stats_ms && now > p->last_stats_ms)
+        p->tokens_per_s = (double)(p->computed_tokens - p->last_computed) * 1000.0 / (double)(now - p->last_stats_ms);
+    p->last_stats_ms = now;
+    p->last_computed = p->computed_tokens;
+    actor_stat_queue(a, st, "waiting", (uint64_t)waiting, 0);
+    actor_stat_queue(a, st, "running", (uint64_t)running, 0);
+    actor_stat_metric(a, st, "requests_waiting", waiting, 0);
+    actor_stat_metric(a, st, "requests_running", running, 0);
+    actor_stat_metric(a, st, "handoffs_in_flight", handing, 0);
+    actor_stat_metric(a, st, "tokens_per_s", p->tokens_per_s, 0);
+    actor_stat_metric(a, st, "kv_blocks_free", kvpool_free_count(p->w->pool), 0);
+    actor_stat_metric(a, st, "kv_blocks_used", kvpool_n_blocks(p->w->pool) - kvpool_free_count(p->w->pool), 0);
+    actor_stat_metric(a, st, "prompts_total", (double)p->prompts, 1);
+    actor_stat_metric(a, st, "prompt_tokens_total", (double)p->prompt_tokens, 1);
+    actor_stat_metric(a, st, "computed_tokens_total", (double)p->computed_tokens, 1);
+    actor_stat_metric(a, st, "cached_tokens_total", (double)p->cached_tokens, 1);
+    actor_stat_metric(a, st, "transfers_total", (double)p->handoffs, 1);
+    actor_stat_metric(a, st, "transfer_failures_total", (double)p->handoff_failures, 1);
+}
+
+static const actor_handler_t s_handlers[] = {
+    {MSG_PREFILL_REQUEST, s_on_prefill_request},
+    {MSG_CANCEL, s_on_cancel},
+    {MSG_KV_ACK, s_on_kv_ack},
+};
 
 int main(int argc, char **argv)
 {
     actor_t *a = actor_new(argc, argv, ROLE_PREFILL);
     if (!a)
         return 2;
-    actor_ops_t ops = {0};
-    int rc = actor_run(a, &ops, NULL);
+    const topo_t *t = actor_topo(a);
+    prefill_t p = {.name = actor_self(a)->name, .cluster = t->name};
+    char err[1024];
+    int max_seqs = t->limits.max_batch < 64 ? t->limits.max_batch : 64;
+    p.w = worker_load(t, t->limits.prefill_chunk_tokens, max_seqs, err, sizeof err);
+    if (!p.w) {
+        LOG_E("cannot load the model: %s", err);
+        actor_destroy(&a);
+        return 1;
+    }
+    p.seqs = calloc((size_t)max_seqs, sizeof *p.seqs);
+    p.batch = calloc((size_t)max_seqs, sizeof *p.batch);
+    tchan_shm_sweep(t->name);
+    actor_ops_t ops = {.handlers = s_handlers, .n_handlers = ARRAY_LEN(s_handlers), .before_sleep = s_step,
+                       .fill_stats = s_fill_stats, .drained = s_drained};
+    int rc = actor_run(a, &ops, &p);
+    while (p.head)
+        s_remove(&p, p.head);
+    free(p.seqs);
+    free(p.batch);
+    worker_destroy(&p.w);
     actor_destroy(&a);
     return rc == 0 ? 0 : 1;
 }

@@ -1,53 +1,586 @@
-/* actors/router.c — the router: the cluster's front door.
+/* actors/router.c — the router: the cluster's front door and every request's owner.
  *
- * Duties: bind the client endpoint; check every client message (malformed frames are answered
- * by the runtime with a `malformed` error); answer every request with exactly one terminal reply.
+ * Duties:
+ *   - admit client requests (text, chat messages or token ids) into a bounded table
+ *     (limits.admission_queue; past it an immediate `overloaded` error), tokenize them, check them
+ *     against the model (vocabulary, max_model_len);
+ *   - choose a prefill worker by prefix overlap against load (the block hashes of the prompt
+ *     against the cache-manager's index, mirrored here from its cache events) and a decode worker
+ *     by load; send the prefill_request; pin the prefix when the client asked for retention;
+ *   - relay token / done / error messages from the workers to the client, rewriting the router's
+ *     internal id to the client's own;
+ *   - enforce deadlines and cancellation, and fail the requests of a worker whose process went away
+ *     with a retryable error within milliseconds (runtime peer watch);
+ *   - give every request exactly one terminal reply (done or error), never more.
  *
- * Known limits: the serving path (tokenize, pick prefill/decode workers, stream tokens back) is
- * not wired yet, so a well-formed submit is answered with an `unavailable` error that says so;
- * nothing is silently dropped. */
+ * A request's life: PREFILL -> DECODE -> (removed). Every transition is logged in verbose mode.
+ *
+ * Known limits: a failed request is not retried on another worker (the client gets a retryable
+ * error); text prompts get no BOS unless the tokenizer's post-processor adds one. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "actors/runtime/actor.h"
+#include "actors/runtime/worker.h"
 #include "common/log.h"
+#include "common/u64map.h"
 #include "common/util.h"
+#include "engine/chat_template.h"
+#include "engine/config.h"
+#include "engine/kvcache.h"
+#include "engine/tokenizer.h"
+
+#define MAX_WORKERS   64          /* prefill + decode instances the index can name */
+#define HOST_BIT      63          /* index bit: the block is in the cache-manager's host store */
+#define LAT_SAMPLES   2048
+
+typedef enum { RQ_PREFILL, RQ_DECODE, RQ_STATE_COUNT } rq_state_t;
+static const char *const s_state_names[RQ_STATE_COUNT] = {"prefill", "decode"};
+
+typedef struct rq {
+    uint64_t id;                 /* ours, unique in the cluster's life of this router */
+    uint64_t client_id;          /* the client's id, restored on every reply */
+    actor_peer_t client;         /* where replies go */
+    rq_state_t state;
+    int prefill, decode;         /* worker indices (into router_t.workers) */
+    uint32_t prompt_tokens, cached_tokens, completion;
+    int64_t arrived_ms, first_ms, last_ms, deadline_ms;   /* monotonic; deadline 0 = none */
+    struct rq *next;
+} rq_t;
+
+typedef struct wk {
+    const char *name;            /* instance name */
+    topo_role_t role;
+    int up;                      /* its process is connected */
+    int inflight;                /* our requests it holds */
+    uint64_t inflight_tokens;    /* prompt tokens queued at it (prefill load) */
+} wk_t;
 
 typedef struct router {
+    const topo_t *topo;
+    const char *name;
+    const char *cache_manager;   /* NULL when none */
     void *clients;               /* ROUTER at endpoints.client */
-    uint64_t submitted, rejected;
+    tokenizer_t *tok;            /* NULL: token-id prompts only */
+    chat_family_t chat;
+    model_config_t cfg;
+    int max_model_len, block_size;
+    wk_t workers[MAX_WORKERS];
+    int n_workers;
+    u64map_t index;              /* block hash -> bitmask of holders (worker index bits, HOST_BIT) */
+    rq_t *head;
+    int n_reqs;
+    uint64_t next_id;
+    /* stats */
+    uint64_t submitted, rejected, completed, failed, cancelled, prompt_tokens, cached_tokens, gen_tokens;
+    uint64_t cache_queries, cache_hits;      /* blocks looked up / found anywhere */
+    float ttft[LAT_SAMPLES], itl[LAT_SAMPLES];
+    int n_ttft, n_itl;
 } router_t;
+
+/* ---- bookkeeping ------------------------------------------------------------------------- */
+
+static rq_t *s_find(router_t *r, uint64_t id)
+{
+    for (rq_t *q = r->head; q; q = q->next)
+        if (q->id == id)
+            return q;
+    return NULL;
+}
+
+static rq_t *s_find_client(router_t *r, const actor_peer_t *from, uint64_t client_id)
+{
+    for (rq_t *q = r->head; q; q = q->next)
+        if (q->client_id == client_id && q->client.id_len == from->id_len &&
+            memcmp(q->client.id, from->id, from->id_len) == 0)
+            return q;
+    return NULL;
+}
+
+static int s_worker(router_t *r, const char *name)
+{
+    for (int i = 0; i < r->n_workers; i++)
+        if (strcmp(r->workers[i].name, name) == 0)
+            return i;
+    return -1;
+}
+
+static void s_sample(float *ring, int *n, float v)
+{
+    ring[*n % LAT_SAMPLES] = v;
+    (*n)++;
+}
+
+static void s_transition(rq_t *q, rq_state_t to, const char *on)
+{
+    LOG_D("request %llu: %s -> %s on %s", (unsigned long long)q->id, s_state_names[q->state], s_state_names[to], on);
+    q->state = to;
+}
+
+/* Removes a request after its terminal reply went out. */
+static void s_remove(router_t *r, rq_t *q)
+{
+    for (rq_t **pp = &r->head; *pp; pp = &(*pp)->next)
+        if (*pp == q) {
+            *pp = q->next;
+            break;
+        }
+    if (q->prefill >= 0 && q->state == RQ_PREFILL) {
+        r->workers[q->prefill].inflight--;
+        r->workers[q->prefill].inflight_tokens -= q->prompt_tokens;
+    }
+    if (q->decode >= 0)
+        r->workers[q->decode].inflight--;
+    r->n_reqs--;
+    free(q);
+}
+
+/* The one terminal error of a request; tells its workers to let go of it. */
+static void s_fail(actor_t *a, router_t *r, rq_t *q, msg_error_code_t code, int retryable, const char *why)
+{
+    msg_t c;
+    msg_init(&c, MSG_CANCEL, q->id);
+    if (q->prefill >= 0 && r->workers[q->prefill].up)
+        actor_send(a, r->workers[q->prefill].name, &c);
+    if (q->decode >= 0 && r->workers[q->decode].up)
+        actor_send(a, r->workers[q->decode].name, &c);
+    actor_reply_error(a, &q->client, q->client_id, code, retryable, "%s", why);
+    r->failed++;
+    s_remove(r, q);
+}
+
+/* ---- admission --------------------------------------------------------------------------- */
+
+/* Turns the submit into prompt token ids (malloc'd). -1 with the reason and field. */
+static int s_tokenize(router_t *r, const msg_submit_t *s, int32_t **ids, size_t *n, char *err, size_t errlen,
+                      const char **field)
+{
+    *ids = NULL;
+    *n = 0;
+    if (s->n_tokens) {
+        *field = "tokens";
+        *ids = malloc(s->n_tokens * sizeof **ids);
+        if (!*ids)
+            return errf(err, errlen, "out of memory");
+        for (uint32_t i = 0; i < s->n_tokens; i++) {
+            if (s->tokens[i] >= (uint32_t)r->cfg.vocab_size) {
+                free(*ids);
+                *ids = NULL;
+                return errf(err, errlen, "token id %u at position %u is outside the vocabulary (%d)",
+                            s->tokens[i], i, r->cfg.vocab_size);
+            }
+            (*ids)[i] = (int32_t)s->tokens[i];
+        }
+        *n = s->n_tokens;
+        return 0;
+    }
+    if (!r->tok) {
+        *field = s->prompt ? "prompt" : "messages";
+        return errf(err, errlen, "this model has no tokenizer: send token ids");
+    }
+    if (s->prompt) {
+        *field = "prompt";
+        if (tok_encode(r->tok, s->prompt, strlen(s->prompt), 1, ids, n) != 0)
+            return errf(err, errlen, "prompt is not valid UTF-8");
+        return 0;
+    }
+    *field = "messages";
+    if (r->chat == CHAT_NONE)
+        return errf(err, errlen, "this model has no supported chat template: send a prompt or token ids");
+    static const char *const roles[] = {"system", "user", "assistant", "tool"};
+    chat_msg_t *cm = malloc(s->n_messages * sizeof *cm);
+    if (!cm)
+        return errf(err, errlen, "out of memory");
+    for (uint32_t i = 0; i < s->n_messages; i++)
+        cm[i] = (chat_msg_t){.role = roles[s->messages[i].role], .content = s->messages[i].content};
+    char *text = NULL;
+    int rc = chat_render(r->chat, cm, s->n_messages, 1, 1, &text, err, errlen);
+    free(cm);
+    if (rc != 0)
+        return -1;
+    /* The rendered template carries its own special tokens (BOS included): no post-processor. */
+    rc = tok_encode(r->tok, text, strlen(text), 0, ids, n);
+    free(text);
+    return rc == 0 ? 0 : errf(err, errlen, "chat messages are not valid UTF-8");
+}
+
+/* Leading blocks of the prompt found in the index for holder bit `bit` (or anywhere with -1). */
+static int s_matched(router_t *r, const uint64_t *hashes, int n, int bit)
+{
+    int k = 0;
+    for (; k < n; k++) {
+        uint64_t *v = u64map_get(&r->index, hashes[k]);
+        if (!v || (bit >= 0 ? !(*v & (1ULL << bit)) : !*v))
+            break;
+    }
+    return k;
+}
+
+/* Prefill choice: the most prompt already cached there (own pool; the host store helps every
+ * worker equally) minus the prompt tokens already queued there. Decode: the fewest requests. */
+static void s_choose(router_t *r, const uint64_t *hashes, int n_hashes, int *prefill, int *decode, int *hit_blocks)
+{
+    long best = 0;
+    *prefill = *decode = -1;
+    *hit_blocks = s_matched(r, hashes, n_hashes, -1);
+    for (int i = 0; i < r->n_workers; i++) {
+        wk_t *w = &r->workers[i];
+        if (!w->up)
+            continue;
+        if (w->role == ROLE_PREFILL) {
+            long score = (long)s_matched(r, hashes, n_hashes, i) * r->block_size - (long)w->inflight_tokens;
+            if (*prefill < 0 || score > best) {
+                best = score;
+                *prefill = i;
+            }
+        } else if (w->role == ROLE_DECODE) {
+            if (*decode < 0 || w->inflight < r->workers[*decode].inflight)
+                *decode = i;
+        }
+    }
+}
 
 static int s_on_submit(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
 {
     router_t *r = state;
+    const msg_submit_t *s = &m->u.submit;
     r->submitted++;
+    char err[512];
+    const char *field = NULL;
     if (actor_draining(a)) {
         r->rejected++;
         return actor_reply_error(a, from, m->id, MSG_ERR_UNAVAILABLE, 1, "router is draining"), 0;
     }
-    r->rejected++;
-    actor_reply_error(a, from, m->id, MSG_ERR_UNAVAILABLE, 0,
-                      "this build has no serving path yet: prefill/decode are not wired");
+    if (r->n_reqs >= r->topo->limits.admission_queue) {
+        r->rejected++;
+        return actor_reply_error(a, from, m->id, MSG_ERR_OVERLOADED, 1, "%d requests in flight (admission_queue)",
+                                 r->n_reqs), 0;
+    }
+    if (s_find_client(r, from, m->id)) {
+        r->rejected++;
+        return actor_reply_error(a, from, m->id, MSG_ERR_BAD_REQUEST, 0, "request id %llu is already in flight",
+                                 (unsigned long long)m->id), 0;
+    }
+    int32_t *ids = NULL;
+    size_t n = 0;
+    if (s_tokenize(r, s, &ids, &n, err, sizeof err, &field) != 0) {
+        r->rejected++;
+        msg_t e;
+        msg_init(&e, MSG_ERROR, m->id);
+        e.u.error.code = MSG_ERR_BAD_REQUEST;
+        e.u.error.message = err;
+        e.u.error.field = field;
+        actor_reply(a, from, &e);
+        return 0;
+    }
+    if (n == 0 || (long)n + (long)s->sampling.max_tokens > r->max_model_len) {
+        r->rejected++;
+        free(ids);
+        msg_t e;
+        msg_init(&e, MSG_ERROR, m->id);
+        e.u.error.code = MSG_ERR_BAD_REQUEST;
+        snprintf(err, sizeof err, n == 0 ? "the prompt is empty" :
+                 "prompt (%zu tokens) + max_tokens (%u) exceeds max_model_len (%d)", n, s->sampling.max_tokens,
+                 r->max_model_len);
+        e.u.error.message = err;
+        e.u.error.field = n == 0 ? "prompt" : "sampling.max_tokens";
+        actor_reply(a, from, &e);
+        return 0;
+    }
+
+    /* Prefix hashes of the full blocks, salted by tenant. */
+    uint64_t salt = worker_tenant_salt(s->tenant);
+    int n_hashes = (int)n / r->block_size;
+    uint64_t *hashes = calloc((size_t)n_hashes + 1, sizeof *hashes);
+    for (int i = 0; i < n_hashes; i++)
+        hashes[i] = kv_block_hash(salt, i ? hashes[i - 1] : 0, ids + (size_t)i * r->block_size, r->block_size);
+    int pi, di, hit;
+    s_choose(r, hashes, n_hashes, &pi, &di, &hit);
+    r->cache_queries += (uint64_t)n_hashes;
+    r->cache_hits += (uint64_t)hit;
+    if (pi < 0 || di < 0) {
+        r->rejected++;
+        free(ids);
+        free(hashes);
+        return actor_reply_error(a, from, m->id, MSG_ERR_UNAVAILABLE, 1, "no %s worker is up",
+                                 pi < 0 ? "prefill" : "decode"), 0;
+    }
+
+    rq_t *q = calloc(1, sizeof *q);
+    q->id = ++r->next_id;
+    q->client_id = m->id;
+    q->client = *from;
+    q->prefill = pi;
+    q->decode = di;
+    q->prompt_tokens = (uint32_t)n;
+    q->arrived_ms = now_ms();
+    q->deadline_ms = s->timeout_ms ? q->arrived_ms + s->timeout_ms : 0;
+    q->state = RQ_PREFILL;
+
+    msg_t pr;
+    msg_init(&pr, MSG_PREFILL_REQUEST, q->id);
+    msg_prefill_request_t *p = &pr.u.prefill_request;
+    p->tokens = (const uint32_t *)ids;
+    p->n_tokens = (uint32_t)n;
+    p->sampling = s->sampling;
+    if (p->sampling.seed < 0) {
+        /* Resolve "random" here so prefill and decode continue one random stream. */
+        p->sampling.seed = (int64_t)((uint64_t)now_ns() * 0x9e3779b97f4a7c15ULL >> 1);
+    }
+    p->decode_worker = r->workers[di].name;
+    p->reply_to = r->name;
+    p->tenant_salt = salt;
+    p->prompt_cache_key = s->prompt_cache_key;
+    p->cache_retention_s = s->cache_retention_s;
+    p->deadline_ms = s->timeout_ms ? (uint64_t)(wall_ms() + s->timeout_ms) : 0;
+    int rc = actor_send(a, r->workers[pi].name, &pr);
+    if (rc == 0 && s->prompt_cache_key && r->cache_manager && n_hashes > 0) {
+        uint32_t retention = s->cache_retention_s ? s->cache_retention_s : (uint32_t)r->topo->cache.default_retention_s;
+        msg_t pin;
+        msg_init(&pin, MSG_CACHE_PIN, q->id);
+        pin.u.cache_pin.tenant = s->tenant;
+        pin.u.cache_pin.prompt_cache_key = s->prompt_cache_key;
+        pin.u.cache_pin.hashes = hashes;
+        pin.u.cache_pin.n_hashes = (uint32_t)n_hashes;
+        pin.u.cache_pin.expires_in_ms = (uint64_t)retention * 1000;
+        actor_send(a, r->cache_manager, &pin);
+    }
+    free(ids);
+    free(hashes);
+    if (rc != 0) {
+        free(q);
+        r->rejected++;
+        return actor_reply_error(a, from, m->id, MSG_ERR_OVERLOADED, 1, "prefill worker %s is not accepting work",
+                                 r->workers[pi].name), 0;
+    }
+    q->next = r->head;
+    r->head = q;
+    r->n_reqs++;
+    r->workers[pi].inflight++;
+    r->workers[pi].inflight_tokens += n;
+    r->workers[di].inflight++;
+    r->prompt_tokens += n;
+    LOG_D("request %llu (client %llu): %zu prompt tokens, %d cached blocks known -> %s / %s",
+          (unsigned long long)q->id, (unsigned long long)m->id, n, hit, r->workers[pi].name, r->workers[di].name);
     return 0;
 }
 
 static int s_on_cancel(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
 {
-    actor_reply_error(a, from, m->id, MSG_ERR_BAD_REQUEST, 0, "no request %llu in flight",
-                      (unsigned long long)m->id);
+    router_t *r = state;
+    rq_t *q = s_find_client(r, from, m->id);
+    if (!q) {
+        /* A cancel from another connection names the request by the client id alone. */
+        for (rq_t *x = r->head; x && !q; x = x->next)
+            if (x->client_id == m->id)
+                q = x;
+    }
+    if (!q)
+        return actor_reply_error(a, from, m->id, MSG_ERR_BAD_REQUEST, 0, "no request %llu in flight",
+                                 (unsigned long long)m->id), 0;
+    msg_t c;
+    msg_init(&c, MSG_CANCEL, q->id);
+    if (q->prefill >= 0)
+        actor_send(a, r->workers[q->prefill].name, &c);
+    if (q->decode >= 0)
+        actor_send(a, r->workers[q->decode].name, &c);
+    msg_t d;
+    msg_init(&d, MSG_DONE, q->client_id);
+    d.u.done.finish = MSG_FINISH_CANCELLED;
+    d.u.done.usage.prompt_tokens = q->prompt_tokens;
+    d.u.done.usage.cached_tokens = q->cached_tokens;
+    d.u.done.usage.completion_tokens = q->completion;
+    d.u.done.timings.e2e_ms = (uint32_t)(now_ms() - q->arrived_ms);
+    actor_reply(a, &q->client, &d);
+    r->cancelled++;
+    s_remove(r, q);
     return 0;
+}
+
+/* ---- from the workers -------------------------------------------------------------------- */
+
+static int s_on_token(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
+{
+    router_t *r = state;
+    rq_t *q = s_find(r, m->id);
+    if (!q)
+        return 0;   /* cancelled or failed already: drop */
+    int64_t now = now_ms();
+    if (q->state == RQ_PREFILL) {
+        s_transition(q, RQ_DECODE, "first token");
+        r->workers[q->prefill].inflight--;
+        r->workers[q->prefill].inflight_tokens -= q->prompt_tokens;
+        q->first_ms = now;
+        s_sample(r->ttft, &r->n_ttft, (float)(now - q->arrived_ms));
+    } else {
+        s_sample(r->itl, &r->n_itl, (float)(now - q->last_ms));
+    }
+    q->last_ms = now;
+    q->completion += m->u.token.n_tokens;
+    r->gen_tokens += m->u.token.n_tokens;
+    m->id = q->client_id;
+    if (actor_reply(a, &q->client, m) != 0) {
+        /* The client is gone or not reading: stop the work. */
+        s_fail(a, r, q, MSG_ERR_CANCELLED, 0, "client unreachable");
+    }
+    return 0;
+}
+
+static int s_on_done(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
+{
+    router_t *r = state;
+    rq_t *q = s_find(r, m->id);
+    if (!q)
+        return 0;
+    int64_t now = now_ms();
+    msg_done_t *d = &m->u.done;
+    d->timings.ttft_ms = q->first_ms ? (uint32_t)(q->first_ms - q->arrived_ms) : 0;
+    d->timings.e2e_ms = (uint32_t)(now - q->arrived_ms);
+    r->cached_tokens += d->usage.cached_tokens;
+    m->id = q->client_id;
+    actor_reply(a, &q->client, m);
+    r->completed++;
+    if (q->state == RQ_PREFILL) {   /* finished on its first token */
+        r->workers[q->prefill].inflight--;
+        r->workers[q->prefill].inflight_tokens -= q->prompt_tokens;
+        q->state = RQ_DECODE;
+    }
+    s_remove(r, q);
+    return 0;
+}
+
+static int s_on_error(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
+{
+    router_t *r = state;
+    rq_t *q = s_find(r, m->id);
+    if (!q)
+        return 0;
+    s_fail(a, r, q, m->u.error.code, m->u.error.retryable, m->u.error.message);
+    return 0;
+}
+
+/* The cache-manager's index events, mirrored for routing. */
+static int s_on_cache_event(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
+{
+    router_t *r = state;
+    const msg_cache_event_t *e = &m->u.cache_event;
+    int bit = e->tier == MSG_TIER_HOST ? HOST_BIT : s_worker(r, e->holder);
+    if (bit < 0)
+        return 0;
+    for (uint32_t i = 0; i < e->n_hashes; i++) {
+        uint64_t *v = u64map_get(&r->index, e->hashes[i]);
+        if (e->kind == MSG_CEV_STORED || e->kind == MSG_CEV_PINNED) {
+            u64map_put(&r->index, e->hashes[i], (v ? *v : 0) | (1ULL << bit));
+        } else if (v) {
+            *v &= ~(1ULL << bit);
+            if (!*v)
+                u64map_del(&r->index, e->hashes[i]);
+        }
+    }
+    return 0;
+}
+
+static void s_peer_event(actor_t *a, void *state, const char *peer, int up)
+{
+    router_t *r = state;
+    int w = s_worker(r, peer);
+    if (w < 0)
+        return;
+    r->workers[w].up = up;
+    if (up)
+        return;
+    /* Its process is gone: every request it held fails now, retryable; its cached blocks too. */
+    int n = 0;
+    for (rq_t *q = r->head, *next; q; q = next) {
+        next = q->next;
+        if (q->decode == w || (q->prefill == w && q->state == RQ_PREFILL)) {
+            char why[160];
+            snprintf(why, sizeof why, "worker %s was lost; retry the request", peer);
+            if (q->decode == w)
+                q->decode = -1;   /* no cancel to the dead one */
+            if (q->prefill == w)
+                q->prefill = -1;
+            s_fail(a, r, q, MSG_ERR_WORKER_LOST, 1, why);
+            n++;
+        }
+    }
+    for (size_t i = 0; i < r->index.cap; i++)
+        if (r->index.keys[i])
+            r->index.vals[i] &= ~(1ULL << w);
+    LOG_W("worker %s lost: %d requests failed with a retryable error", peer, n);
+}
+
+/* ---- timers and stats -------------------------------------------------------------------- */
+
+static int s_deadlines(actor_t *a, void *state)
+{
+    router_t *r = state;
+    int64_t now = now_ms();
+    for (rq_t *q = r->head, *next; q; q = next) {
+        next = q->next;
+        if (q->deadline_ms && now > q->deadline_ms)
+            s_fail(a, r, q, MSG_ERR_TIMEOUT, 1, "deadline exceeded");
+    }
+    return 0;
+}
+
+static int s_cmpf(const void *x, const void *y)
+{
+    float a = *(const float *)x, b = *(const float *)y;
+    return a < b ? -1 : a > b;
+}
+
+static double s_pct(const float *ring, int n, double p)
+{
+    int k = n < LAT_SAMPLES ? n : LAT_SAMPLES;
+    if (k == 0)
+        return 0;
+    float tmp[LAT_SAMPLES];
+    memcpy(tmp, ring, (size_t)k * sizeof *tmp);
+    qsort(tmp, (size_t)k, sizeof *tmp, s_cmpf);
+    int i = (int)(p * (k - 1) + 0.5);
+    return tmp[i];
 }
 
 static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
 {
     router_t *r = state;
+    int prefilling = 0, decoding = 0;
+    for (rq_t *q = r->head; q; q = q->next) {
+        prefilling += q->state == RQ_PREFILL;
+        decoding += q->state == RQ_DECODE;
+    }
+    actor_stat_queue(a, st, "requests", (uint64_t)r->n_reqs, (uint64_t)r->topo->limits.admission_queue);
+    actor_stat_metric(a, st, "requests_waiting", prefilling, 0);
+    actor_stat_metric(a, st, "requests_running", decoding, 0);
     actor_stat_metric(a, st, "requests_submitted", (double)r->submitted, 1);
     actor_stat_metric(a, st, "requests_rejected", (double)r->rejected, 1);
+    actor_stat_metric(a, st, "requests_completed", (double)r->completed, 1);
+    actor_stat_metric(a, st, "requests_failed", (double)r->failed, 1);
+    actor_stat_metric(a, st, "requests_cancelled", (double)r->cancelled, 1);
+    actor_stat_metric(a, st, "prompt_tokens_total", (double)r->prompt_tokens, 1);
+    actor_stat_metric(a, st, "cached_tokens_total", (double)r->cached_tokens, 1);
+    actor_stat_metric(a, st, "generation_tokens_total", (double)r->gen_tokens, 1);
+    actor_stat_metric(a, st, "prefix_cache_queries", (double)r->cache_queries, 1);
+    actor_stat_metric(a, st, "prefix_cache_hits", (double)r->cache_hits, 1);
+    actor_stat_metric(a, st, "ttft_p50_ms", s_pct(r->ttft, r->n_ttft, 0.5), 0);
+    actor_stat_metric(a, st, "ttft_p99_ms", s_pct(r->ttft, r->n_ttft, 0.99), 0);
+    actor_stat_metric(a, st, "itl_p50_ms", s_pct(r->itl, r->n_itl, 0.5), 0);
+    actor_stat_metric(a, st, "itl_p99_ms", s_pct(r->itl, r->n_itl, 0.99), 0);
+}
+
+static int s_drained(actor_t *a, void *state)
+{
+    return ((router_t *)state)->n_reqs == 0;
 }
 
 static const actor_handler_t s_handlers[] = {
     {MSG_SUBMIT, s_on_submit},
     {MSG_CANCEL, s_on_cancel},
+    {MSG_TOKEN, s_on_token},
+    {MSG_DONE, s_on_done},
+    {MSG_ERROR, s_on_error},
+    {MSG_CACHE_EVENT, s_on_cache_event},
 };
 
 int main(int argc, char **argv)
@@ -55,16 +588,50 @@ int main(int argc, char **argv)
     actor_t *a = actor_new(argc, argv, ROLE_ROUTER);
     if (!a)
         return 2;
-    router_t r = {0};
+    const topo_t *t = actor_topo(a);
+    router_t *r = calloc(1, sizeof *r);
+    r->topo = t;
+    r->name = actor_self(a)->name;
+    r->block_size = t->cache.block_size;
+    const topo_instance_t *cm = topo_first(t, ROLE_CACHE_MANAGER);
+    r->cache_manager = cm ? cm->name : NULL;
+    char err[1024];
     int rc = -1;
-    r.clients = actor_bind_router(a, actor_topo(a)->endpoints.client);
-    if (!r.clients) {
-        LOG_E("cannot bind the client endpoint %s", actor_topo(a)->endpoints.client);
-    } else {
-        actor_ops_t ops = {.handlers = s_handlers, .n_handlers = ARRAY_LEN(s_handlers),
-                           .fill_stats = s_fill_stats};
-        rc = actor_run(a, &ops, &r);
+    u64map_init(&r->index, 1024);
+    if (config_load(t->model.path, &r->cfg, err, sizeof err) != 0) {
+        LOG_E("%s", err);
+        goto out;
     }
+    r->max_model_len = t->limits.max_model_len;
+    if (r->cfg.max_position_embeddings > 0 && r->cfg.max_position_embeddings < r->max_model_len)
+        r->max_model_len = r->cfg.max_position_embeddings;
+    const char *tokdir = t->model.tokenizer[0] ? t->model.tokenizer : t->model.path;
+    r->tok = tok_load(tokdir, err, sizeof err);
+    if (!r->tok)
+        LOG_W("no tokenizer (%s): only token-id prompts are accepted", err);
+    r->chat = r->tok ? chat_family_detect(tokdir) : CHAT_NONE;
+    for (int i = 0; i < t->n_instances && r->n_workers < MAX_WORKERS - 1; i++) {
+        const topo_instance_t *in = &t->instances[i];
+        if (in->role != ROLE_PREFILL && in->role != ROLE_DECODE)
+            continue;
+        r->workers[r->n_workers++] = (wk_t){.name = in->name, .role = in->role};
+        actor_watch(a, in->name);
+    }
+    r->clients = actor_bind_router(a, t->endpoints.client);
+    if (!r->clients) {
+        LOG_E("cannot bind the client endpoint %s", t->endpoints.client);
+        goto out;
+    }
+    actor_timer_add(a, 50, s_deadlines);
+    actor_ops_t ops = {.handlers = s_handlers, .n_handlers = ARRAY_LEN(s_handlers), .fill_stats = s_fill_stats,
+                       .drained = s_drained, .peer_event = s_peer_event};
+    rc = actor_run(a, &ops, r);
+out:
+    while (r->head)
+        s_remove(r, r->head);
+    tok_destroy(&r->tok);
+    u64map_free(&r->index);
+    free(r);
     actor_destroy(&a);
     return rc == 0 ? 0 : 1;
 }

@@ -22,6 +22,7 @@ declare -A probe=(
   [python3-zmq]="py:zmq"
   [python3-msgpack]="py:msgpack"
   [npm]="cmd:npm"
+  [unicode-data]="file:/usr/share/unicode/NormalizationTest.txt.bz2"
 )
 
 have() {
@@ -31,6 +32,7 @@ have() {
     header) for d in /usr/include ${CPATH:+${CPATH//:/ }}; do [ -f "$d/$what" ] && return 0; done; return 1 ;;
     cmd) command -v "$what" >/dev/null ;;
     py) /usr/bin/python3 -c "import $what" 2>/dev/null ;;
+    file) [ -f "$what" ] ;;
     clangrt) ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1 ;;
   esac
 }

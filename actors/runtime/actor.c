@@ -34,6 +34,8 @@ typedef struct outbox_item {
 typedef struct peer {
     char name[TOPO_NAME_MAX];
     void *sock;
+    void *mon;                      /* PAIR receiving the DEALER's socket-monitor events, or NULL */
+    int up;                         /* last connection event seen (watched peers) */
     outbox_item_t *q;               /* ring of OUTBOX_CAP */
     int q_head, q_len;
 } peer_t;
@@ -185,6 +187,50 @@ static int s_flush_peer(peer_t *p)
         p->q_len--;
     }
     return p->q_len;
+}
+
+int actor_watch(actor_t *a, const char *peer_name)
+{
+    peer_t *p = s_peer(a, peer_name);
+    if (!p)
+        return -1;
+    if (p->mon)
+        return 0;
+    char ep[96];
+    snprintf(ep, sizeof ep, "inproc://peer-mon-%d", (int)(p - a->peers));
+    if (zmq_socket_monitor(p->sock, ep, ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED) != 0)
+        return -1;
+    p->mon = zmq_socket(a->ctx, ZMQ_PAIR);
+    int linger = 0;
+    zmq_setsockopt(p->mon, ZMQ_LINGER, &linger, sizeof linger);
+    if (zmq_connect(p->mon, ep) != 0) {
+        zmq_close(p->mon);
+        p->mon = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+/* Socket-monitor events: frame 1 = u16 event + u32 value, frame 2 = the endpoint. */
+static void s_read_peer_events(actor_t *a, const actor_ops_t *ops, void *state, peer_t *p)
+{
+    for (;;) {
+        uint8_t ev[6];
+        int n = zmq_recv(p->mon, ev, sizeof ev, ZMQ_DONTWAIT);
+        if (n < 0)
+            return;
+        char ep[256];
+        zmq_recv(p->mon, ep, sizeof ep, ZMQ_DONTWAIT);
+        uint16_t e;
+        memcpy(&e, ev, 2);
+        int up = e == ZMQ_EVENT_CONNECTED;
+        if (up == p->up)
+            continue;
+        p->up = up;
+        LOG_I("peer %s %s", p->name, up ? "connected" : "disconnected");
+        if (ops->peer_event)
+            ops->peer_event(a, state, p->name, up);
+    }
 }
 
 int actor_send(actor_t *a, const char *peer_name, const msg_t *m)
@@ -466,7 +512,7 @@ int actor_run(actor_t *a, const actor_ops_t *ops, void *state)
      * node lost it): exit rather than serve a cluster nobody manages. */
     const int64_t orphan_ms = (int64_t)a->topo->supervision.heartbeat_ms *
                                   a->topo->supervision.liveness * 4 + 5000;
-    zmq_pollitem_t items[3 + MAX_EXTRA + MAX_POLLED];
+    zmq_pollitem_t items[3 + MAX_EXTRA + MAX_POLLED + MAX_PEERS];
     for (;;) {
         if (s_term_signal)
             s_start_drain(a, s_term_signal == SIGTERM ? "SIGTERM" : "SIGINT");
@@ -512,6 +558,9 @@ int actor_run(actor_t *a, const actor_ops_t *ops, void *state)
             items[n++] = (zmq_pollitem_t){.socket = a->extra[i], .events = ZMQ_POLLIN};
         for (int i = 0; i < a->n_polled; i++)
             items[n++] = (zmq_pollitem_t){.socket = a->polled[i], .events = ZMQ_POLLIN};
+        for (int i = 0; i < a->n_peers; i++)
+            if (a->peers[i].mon)
+                items[n++] = (zmq_pollitem_t){.socket = a->peers[i].mon, .events = ZMQ_POLLIN};
         if (zmq_poll(items, n, timeout) < 0 && errno != EINTR) {
             LOG_E("poll: %s", zmq_strerror(errno));
             return -1;
@@ -526,6 +575,9 @@ int actor_run(actor_t *a, const actor_ops_t *ops, void *state)
         for (int i = 0; i < a->n_polled; i++)
             if (a->polled_fn[i](a, state, a->polled[i]) != 0)
                 return -1;
+        for (int i = 0; i < a->n_peers; i++)
+            if (a->peers[i].mon)
+                s_read_peer_events(a, ops, state, &a->peers[i]);
 
         now = now_ms();
         for (int i = 0; i < a->n_timers; i++) {
@@ -670,6 +722,10 @@ void actor_destroy(actor_t **self_p)
         for (int k = 0; k < p->q_len; k++)
             free(p->q[(p->q_head + k) % OUTBOX_CAP].data);
         free(p->q);
+        if (p->mon) {
+            zmq_socket_monitor(p->sock, NULL, 0);
+            zmq_close(p->mon);
+        }
         zmq_close(p->sock);
     }
     for (int i = 0; i < a->n_extra; i++)

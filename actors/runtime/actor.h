@@ -63,6 +63,9 @@ typedef struct actor_ops {
     /* Called repeatedly after TERM/SIGTERM; return 1 when drained (the loop then exits 0).
      * NULL means nothing to drain. Draining is bounded by the grace period. */
     int (*drained)(actor_t *a, void *state);
+    /* A watched peer's connection came up (up = 1) or went down (up = 0: the process died or
+     * closed its inbox). May be NULL. */
+    void (*peer_event)(actor_t *a, void *state, const char *peer_name, int up);
 } actor_ops_t;
 
 /* Parses --topology FILE (default: the embedded default), --name INSTANCE, --verbose, --help,
@@ -78,6 +81,10 @@ int actor_run(actor_t *a, const actor_ops_t *ops, void *state);
 /* Sends m to another actor's inbox. Never blocks. 0 when sent or queued; -1 when the peer is
  * unknown or its outbox is full (the caller turns that into `overloaded` or a retry). */
 int actor_send(actor_t *a, const char *peer_name, const msg_t *m);
+/* Connects to a peer now (not on first send) and reports its connection's ups and downs through
+ * ops->peer_event: how a router learns within milliseconds that a worker process died. */
+int actor_watch(actor_t *a, const char *peer_name);
+
 /* Answers the sender of a message through the socket it came in on. -1 if it is gone. */
 int actor_reply(actor_t *a, const actor_peer_t *to, const msg_t *m);
 /* Replies with an error message (code, text, retryable) to a sender, correlated by id. */

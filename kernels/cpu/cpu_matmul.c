@@ -15,6 +15,9 @@
 
 #define NR 3          /* W rows per tile */
 #define NB 48         /* W rows per thread work unit (a multiple of NR) */
+#define PF_TILES 2
+
+
 
 #if CPU_AVX512
 /* MR x NR outputs: y[m*ldy + n] = dot(x[m], w_n) (+ bias[n]); only the first nr columns are stored
@@ -31,7 +34,17 @@ s_tile(const float *x, int64_t K, const int MR, const void *w0, const void *w1, 
         for (int n = 0; n < NR; n++)
             acc[m][n] = _mm512_setzero_ps();
     int64_t k = 0;
+    /* Decode streams W once: rows are short (K elements), too short for the hardware prefetcher
+     * to ramp up on each new tile, so the tile also prefetches the next tile's rows (which follow
+     * in memory), one cache line per row per 64 bytes consumed. Prefetches never fault. */
+    const size_t es = dtype_size(dt), row_bytes = (size_t)K * es;
+    const char *next = (const char *)w2 + row_bytes + PF_TILES * 3 * row_bytes;
     for (; k + 16 <= K; k += 16) {
+        if (MR <= 4 && ((k * es) & 63) == 0) {
+            _mm_prefetch(next + k * es, _MM_HINT_T0);
+            _mm_prefetch(next + row_bytes + k * es, _MM_HINT_T0);
+            _mm_prefetch(next + 2 * row_bytes + k * es, _MM_HINT_T0);
+        }
         __m512 wv0 = cpu_load16(dt, w0, k, 0xffff), wv1 = cpu_load16(dt, w1, k, 0xffff),
                wv2 = cpu_load16(dt, w2, k, 0xffff);
 #pragma GCC unroll 8

@@ -1,0 +1,196 @@
+#include "actors/runtime/worker.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "common/log.h"
+#include "common/util.h"
+
+static int s_has_weights(const char *dir)
+{
+    char p[2048];
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    if (access(p, R_OK) == 0)
+        return 1;
+    snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
+    return access(p, R_OK) == 0;
+}
+
+worker_t *worker_load(const topo_t *t, int max_tokens, int max_seqs, char *err, size_t errlen)
+{
+    worker_t *w = calloc(1, sizeof *w);
+    if (!w) {
+        errf(err, errlen, "out of memory");
+        return NULL;
+    }
+    const topo_model_t *tm = &t->model;
+    w->block_size = t->cache.block_size;
+    w->max_tokens = max_tokens;
+    w->max_seqs = max_seqs;
+    if (config_load(tm->path, &w->cfg, err, errlen) != 0)
+        goto fail;
+    w->max_model_len = t->limits.max_model_len;
+    if (w->cfg.max_position_embeddings > 0 && w->cfg.max_position_embeddings < w->max_model_len)
+        w->max_model_len = w->cfg.max_position_embeddings;
+
+    /* Threads: the topology's, or the cores shared evenly by the model workers of this node. */
+    int threads = tm->threads;
+    if (threads <= 0) {
+        int workers = topo_count_role(t, ROLE_PREFILL) + topo_count_role(t, ROLE_DECODE);
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = (int)(cores / (workers > 0 ? workers : 1));
+        if (threads < 1)
+            threads = 1;
+    }
+    if (tm->backend == TOPO_BACKEND_CUDA) {
+        w->be = backend_new("cuda", threads, err, errlen);
+    } else {
+        w->be = backend_new("cpu", threads, err, errlen);
+    }
+    if (!w->be)
+        goto fail;
+
+    dtype_t wdt = tm->dtype;
+    if (tm->load_format == TOPO_LOAD_DUMMY) {
+        w->ck = ckpt_dummy(wdt, 0);
+    } else if (!s_has_weights(tm->path)) {
+        errf(err, errlen, "%s: no model.safetensors or model.safetensors.index.json (load_format: dummy runs "
+                          "random weights of this shape)", tm->path);
+        goto fail;
+    } else {
+        w->ck = ckpt_open(tm->path, err, errlen);
+    }
+    if (!w->ck)
+        goto fail;
+    model_opts_t mo = {.max_tokens = max_tokens, .max_seqs = max_seqs, .max_logit_rows = max_seqs,
+                       .max_context = w->max_model_len, .kv_block_size = w->block_size};
+    w->model = model_load(tm->path, &w->cfg, w->ck, w->be, &mo, err, errlen);
+    if (!w->model)
+        goto fail;
+
+    dtype_t kvt = w->cfg.dtype == DT_F32 && wdt == DT_F32 ? DT_F32 : DT_BF16;
+    size_t block_bytes = (size_t)w->cfg.num_layers * 2 * (size_t)w->block_size *
+                         (size_t)w->cfg.num_kv_heads * (size_t)w->cfg.head_dim * dtype_size(kvt);
+    long n_blocks = t->limits.kv_blocks;
+    if (n_blocks <= 0) {
+        long per_seq = (w->max_model_len + w->block_size - 1) / w->block_size;
+        n_blocks = (long)t->limits.max_batch * per_seq + per_seq;   /* + room for cached prefixes */
+        long mem = sysconf(_SC_PHYS_PAGES) * sysconf(_SC_PAGESIZE) / 4;
+        if (tm->backend == TOPO_BACKEND_CPU && (long)(n_blocks * (long)block_bytes) > mem)
+            n_blocks = mem / (long)block_bytes;
+    }
+    w->pool = kvpool_new((int)n_blocks, w->block_size, w->cfg.num_layers, w->cfg.num_kv_heads,
+                         w->cfg.head_dim, kvt, w->be, err, errlen);
+    if (!w->pool)
+        goto fail;
+
+    const char *tokdir = tm->tokenizer[0] ? tm->tokenizer : tm->path;
+    char terr[512];
+    w->tok = tok_load(tokdir, terr, sizeof terr);
+    if (!w->tok)
+        LOG_W("no tokenizer (%s): token-id prompts only, no text in the stream", terr);
+    w->logits = malloc((size_t)max_seqs * (size_t)w->cfg.vocab_size * sizeof(float));
+    w->stage = malloc(block_bytes);
+    if (!w->logits || !w->stage) {
+        errf(err, errlen, "out of memory");
+        goto fail;
+    }
+    LOG_I("model %s: %d layers, hidden %d, vocab %d, %s weights; KV pool %ld blocks of %d tokens (%.1f MiB)",
+          tm->path, w->cfg.num_layers, w->cfg.hidden_size, w->cfg.vocab_size, dtype_name(wdt), n_blocks,
+          w->block_size, (double)n_blocks * (double)block_bytes / (1 << 20));
+    return w;
+fail:
+    worker_destroy(&w);
+    return NULL;
+}
+
+void worker_destroy(worker_t **self_p)
+{
+    if (!self_p || !*self_p)
+        return;
+    worker_t *w = *self_p;
+    kvpool_destroy(&w->pool);
+    model_destroy(&w->model);
+    ckpt_destroy(&w->ck);
+    tok_destroy(&w->tok);
+    backend_destroy(&w->be);
+    free(w->logits);
+    free(w->stage);
+    free(w);
+    *self_p = NULL;
+}
+
+int worker_sampler_params(const worker_t *w, const msg_sampling_t *s, sampler_params_t *p, char *err,
+                          size_t errlen)
+{
+    sampler_params_default(p);
+    p->temperature = s->temperature;
+    p->top_k = (int)s->top_k;
+    p->top_p = s->top_p;
+    p->min_p = s->min_p;
+    p->repetition_penalty = s->repetition_penalty;
+    p->presence_penalty = s->presence_penalty;
+    p->frequency_penalty = s->frequency_penalty;
+    p->seed = (uint64_t)s->seed;
+    p->max_tokens = (int)s->max_tokens;
+    p->ignore_eos = s->ignore_eos;
+    p->n_eos = w->cfg.n_eos < SAMPLER_MAX_EOS ? w->cfg.n_eos : SAMPLER_MAX_EOS;
+    memcpy(p->eos_ids, w->cfg.eos_token_ids, (size_t)p->n_eos * sizeof(int32_t));
+    if (p->n_eos == 0 && w->tok && tok_eos_id(w->tok) >= 0)
+        p->eos_ids[p->n_eos++] = tok_eos_id(w->tok);
+    if (s->n_stop_token_ids > SAMPLER_MAX_STOP_IDS)
+        return errf(err, errlen, "sampling.stop_token_ids: at most %d", SAMPLER_MAX_STOP_IDS);
+    for (uint32_t i = 0; i < s->n_stop_token_ids; i++)
+        p->stop_ids[p->n_stop_ids++] = (int32_t)s->stop_token_ids[i];
+    if (s->n_stop > SAMPLER_MAX_STOPS)
+        return errf(err, errlen, "sampling.stop: at most %d stop strings", SAMPLER_MAX_STOPS);
+    for (uint32_t i = 0; i < s->n_stop; i++)
+        p->stops[p->n_stops++] = s->stop[i];
+    p->logprobs_mode = SAMPLER_LOGPROBS_RAW;
+    return sampler_params_check(p, w->cfg.vocab_size, err, errlen);
+}
+
+size_t worker_block_bytes(const worker_t *w) { return kvpool_view(w->pool)->block_bytes; }
+
+int worker_blocks_out(worker_t *w, const int32_t *blocks, int n, uint8_t *dst)
+{
+    size_t bb = worker_block_bytes(w);
+    for (int i = 0; i < n; i++)
+        if (w->be->ops->download(w->be, dst + (size_t)i * bb, kvpool_block_ptr(w->pool, blocks[i]), bb) != 0)
+            return -1;
+    return 0;
+}
+
+int worker_blocks_in(worker_t *w, const int32_t *blocks, int n, const uint8_t *src)
+{
+    size_t bb = worker_block_bytes(w);
+    for (int i = 0; i < n; i++)
+        if (w->be->ops->upload(w->be, kvpool_block_ptr(w->pool, blocks[i]), src + (size_t)i * bb, bb) != 0)
+            return -1;
+    return 0;
+}
+
+int worker_check_announce(const worker_t *w, const msg_kv_announce_t *a, char *err, size_t errlen)
+{
+    const bk_kv_t *kv = kvpool_view(w->pool);
+    if ((int)a->n_layers != kv->n_layers || (int)a->block_size != kv->block_size ||
+        (int)a->n_kv_heads != kv->n_kv_heads || (int)a->head_dim != kv->head_dim || a->dtype != kv->dtype)
+        return errf(err, errlen, "kv_announce: blocks of %u layers x %u tokens x %u heads x %u dims %s, "
+                    "this pool holds %d x %d x %d x %d %s", a->n_layers, a->block_size, a->n_kv_heads,
+                    a->head_dim, dtype_name(a->dtype), kv->n_layers, kv->block_size, kv->n_kv_heads,
+                    kv->head_dim, dtype_name(kv->dtype));
+    if (a->total_bytes != (uint64_t)a->n_block_ids * kv->block_bytes)
+        return errf(err, errlen, "kv_announce: %llu bytes for %u blocks of %zu bytes",
+                    (unsigned long long)a->total_bytes, a->n_block_ids, kv->block_bytes);
+    return 0;
+}
+
+uint64_t worker_tenant_salt(const char *tenant)
+{
+    if (!tenant || !*tenant)
+        return 0;
+    return XXH3_64bits_withSeed(tenant, strlen(tenant), 0x74726f757065ULL);
+}

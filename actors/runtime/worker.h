@@ -1,0 +1,59 @@
+/* actors/runtime/worker.h — what a prefill or decode actor holds of the engine: a model replica on
+ * a backend, its paged KV pool and the tokenizer, loaded from the topology's model section; plus the
+ * bridges between wire messages and the engine (sampling parameters, KV block transfers).
+ *
+ * Sizing: the KV pool has limits.kv_blocks blocks, or (0) enough for max_batch sequences of
+ * max_model_len tokens plus a prefix-cache margin, capped at a quarter of physical memory. */
+#ifndef TROUPE_WORKER_H
+#define TROUPE_WORKER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "actors/runtime/tensor_chan.h"
+#include "engine/checkpoint.h"
+#include "engine/config.h"
+#include "engine/kvcache.h"
+#include "engine/model.h"
+#include "engine/sampler.h"
+#include "engine/tokenizer.h"
+#include "kernels/backend.h"
+#include "messages/msg.h"
+#include "topology/topology.h"
+
+typedef struct worker {
+    model_config_t cfg;          /* from config.json */
+    backend_t *be;
+    ckpt_t *ck;                  /* must outlive the model */
+    model_t *model;
+    kvpool_t *pool;              /* this worker's KV blocks */
+    tokenizer_t *tok;            /* NULL when the model directory has none (token-id prompts only) */
+    int block_size;              /* tokens per KV block (topology cache.block_size) */
+    int max_tokens;              /* tokens per forward (prefill chunk or decode batch) */
+    int max_seqs;                /* sequences per forward */
+    int max_model_len;           /* prompt + generation, tokens */
+    float *logits;               /* [max_seqs][vocab] host */
+    uint8_t *stage;              /* [block_bytes] host staging for block copies */
+} worker_t;
+
+/* Loads the model of topology t for one actor: max_tokens / max_seqs size the forward. */
+worker_t *worker_load(const topo_t *t, int max_tokens, int max_seqs, char *err, size_t errlen);
+void worker_destroy(worker_t **self_p);
+
+/* Engine sampling parameters from a request's wire parameters (EOS ids from the model). */
+int worker_sampler_params(const worker_t *w, const msg_sampling_t *s, sampler_params_t *out,
+                          char *err, size_t errlen);
+
+/* Bytes of one KV block of this worker's pool. */
+size_t worker_block_bytes(const worker_t *w);
+/* Copies blocks[0..n) of the pool into dst (n * block_bytes, host memory). */
+int worker_blocks_out(worker_t *w, const int32_t *blocks, int n, uint8_t *dst);
+/* Copies n blocks' bytes from src (host memory) into the pool's blocks[0..n). */
+int worker_blocks_in(worker_t *w, const int32_t *blocks, int n, const uint8_t *src);
+/* 0 when a kv_announce describes blocks of exactly this pool's shape, else -1 and why. */
+int worker_check_announce(const worker_t *w, const msg_kv_announce_t *a, char *err, size_t errlen);
+
+/* The tenant salt mixed into block hashes: 0 for no tenant, else a hash of its name. */
+uint64_t worker_tenant_salt(const char *tenant);
+
+#endif

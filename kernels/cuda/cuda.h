@@ -1,0 +1,130 @@
+/* kernels/cuda/cuda.h — the CUDA backend's state and ops, shared between its files (internal).
+ *
+ * Each cuda_<op> implements the backend_ops_t entry of the same name with the semantics written in
+ * kernels/backend.h; where the GPU's arithmetic differs from the CPU reference (summation order,
+ * bf16 activations inside a GEMM) the op's file says so next to it. Every op is queued on the
+ * backend's one stream and returns at once; nothing on the per-token path allocates, except a
+ * scratch buffer growing to the largest shape seen (once, at the first step of that shape).
+ *
+ * Errors: a failing CUDA or cuBLAS call inside an op prints the call, file and line and exits the
+ * process with status 1 (CUDA_CHECK / CUBLAS_CHECK): a device error leaves the context unusable,
+ * so the supervisor restarting the actor is the only recovery. upload/download/sync report through
+ * their return value instead (CUDA_TRY), as the interface asks; alloc returns NULL on
+ * out-of-memory.
+ *
+ * Known limits: one device per process (ops do not call cudaSetDevice: a process with several
+ * CUDA backends on different devices must not interleave them on one thread).
+ */
+#ifndef TROUPE_KERNELS_CUDA_H
+#define TROUPE_KERNELS_CUDA_H
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+extern "C" {
+#include "common/dtype.h"
+#include "common/util.h"
+#include "kernels/backend.h"
+}
+
+/* Prints "what failed: why (file:line)" and exits 1. */
+[[noreturn]] void cuda_die(const char *expr, const char *why, const char *file, int line);
+/* Prints the same line and returns -1 (for the ops that report errors by value). */
+int cuda_report(const char *expr, const char *why, const char *file, int line);
+
+#define CUDA_CHECK(expr)                                                                                  \
+    do {                                                                                                  \
+        cudaError_t e_ = (expr);                                                                          \
+        if (e_ != cudaSuccess)                                                                            \
+            cuda_die(#expr, cudaGetErrorString(e_), __FILE__, __LINE__);                                  \
+    } while (0)
+#define CUBLAS_CHECK(expr)                                                                                \
+    do {                                                                                                  \
+        cublasStatus_t s_ = (expr);                                                                       \
+        if (s_ != CUBLAS_STATUS_SUCCESS)                                                                  \
+            cuda_die(#expr, cublasGetStatusString(s_), __FILE__, __LINE__);                               \
+    } while (0)
+/* After every kernel launch: a bad launch configuration shows up here, not at the next sync. */
+#define CUDA_LAUNCHED() CUDA_CHECK(cudaGetLastError())
+/* For functions that return 0 / -1. */
+#define CUDA_TRY(expr)                                                                                    \
+    do {                                                                                                  \
+        cudaError_t e_ = (expr);                                                                          \
+        if (e_ != cudaSuccess)                                                                            \
+            return cuda_report(#expr, cudaGetErrorString(e_), __FILE__, __LINE__);                        \
+    } while (0)
+
+#define CUDA_MAX_PLANS 64         /* cuBLASLt plans cached by shape */
+#define CUDA_STAGE_BYTES ((size_t)64 << 20)   /* one pinned staging buffer for weight_put */
+
+/* One cuBLASLt GEMM shape, ready to run: descriptors and the algorithm the heuristic chose. */
+typedef struct cuda_plan {
+    int used;
+    dtype_t dt;                   /* weight dtype (bf16 or f16) */
+    int M;
+    int64_t N, K;
+    unsigned align_w, align_y;    /* pointer alignments the algorithm was chosen for */
+    int has_algo;                 /* 0: the heuristic found none; cublasGemmEx runs instead */
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t la, lb, lc;
+    cublasLtMatmulAlgo_t algo;
+} cuda_plan_t;
+
+typedef struct cuda_state {
+    int device;
+    int n_sm;                     /* multiprocessors: sizes the attention split */
+    cudaStream_t stream;          /* every op, copy and sync of this backend */
+    cublasHandle_t blas;          /* SGEMM for f32 weights (pedantic math: no TF32) */
+    cublasLtHandle_t lt;          /* bf16 / f16 GEMMs */
+    void *lt_ws;                  /* device: cuBLASLt workspace */
+    size_t lt_ws_bytes;
+    void *conv;                   /* device: activations converted to the weights' 16-bit type for a GEMM */
+    size_t conv_bytes;
+    float *part;                  /* device: split-KV attention partials [rows][heads][splits][D + 2] */
+    size_t part_bytes;
+    int gemv_max_m;               /* matmuls with M <= this run the GEMV kernel (TROUPE_CUDA_GEMV_MAX_M, default 8) */
+    int attn_split;               /* 0: never split the keys of a row across blocks (TROUPE_CUDA_ATTN_SPLIT=0) */
+    cuda_plan_t plans[CUDA_MAX_PLANS];
+    int next_plan;                /* round-robin victim when the plan cache is full */
+
+    void *stage[2];               /* pinned host: weight_put staging, used alternately */
+    cudaEvent_t stage_done[2];    /* recorded after the copy out of stage[i]: refill only after it */
+    int stage_next;
+
+    void **weights;               /* device buffers made by weight_put, freed at destroy if still held */
+    int n_weights, cap_weights;
+
+    int32_t *h_ids;               /* host: moe_ffn's routing copied back, then its sorted lists */
+    size_t h_ids_cap;             /* int32 elements */
+} cuda_state_t;
+
+static inline cuda_state_t *cuda_st(backend_t *be) { return (cuda_state_t *)be->impl; }
+
+/* Grows a device scratch buffer to at least `bytes` (waits for queued work before freeing the
+ * old one, which an op in flight may still read). */
+void *cuda_scratch(backend_t *be, void **buf, size_t *cap, size_t bytes);
+
+void cuda_matmul(backend_t *be, const float *x, int M, const bk_mat_t *w, const float *bias, float *y);
+void cuda_plans_destroy(cuda_state_t *st);
+
+void cuda_embed(backend_t *be, const bk_mat_t *table, const int32_t *ids, int n, float *out);
+void cuda_add_rmsnorm(backend_t *be, float *res, const float *x, const float *w, int M, int H, float eps, float *out);
+void cuda_head_rmsnorm(backend_t *be, float *x, const float *w, int M, int n_heads, int head_dim, float eps);
+void cuda_rope(backend_t *be, float *x, const int32_t *pos, const float *inv_freq, int M, int n_heads, int head_dim);
+void cuda_swiglu(backend_t *be, const float *gate, const float *up, int n, float *out);
+void cuda_gather_rows(backend_t *be, const float *src, const int32_t *rows, int n, int cols, float *dst);
+void cuda_argmax(backend_t *be, const float *x, int M, int N, int32_t *out);
+
+void cuda_kv_store(backend_t *be, const bk_kv_t *kv, int layer, const float *k, const float *v, const bk_attn_meta_t *meta);
+void cuda_attention(backend_t *be, const bk_kv_t *kv, int layer, const float *q, int n_heads, float scale,
+                    const bk_attn_meta_t *meta, float *out);
+
+void cuda_moe_route(backend_t *be, const float *logits, int M, int E, int k, int renorm, int32_t *ids, float *weights);
+void cuda_moe_ffn(backend_t *be, const float *x, int M, int H, const int32_t *ids, const float *weights, int k,
+                  const bk_expert_t *experts, int n_experts, void *scratch, float *out);
+
+/* Shared by moe_ffn: dst[i] = src[rows[i]] for n rows of cols floats (rows on the device). */
+void cuda_launch_gather(cudaStream_t s, const float *src, const int32_t *rows, int n, int cols, float *dst);
+
+#endif

@@ -1,0 +1,282 @@
+/* kernels/cuda/cuda_backend.cu — the CUDA backend's table, memory and weight placement, and
+ * backend_cuda_new (which backend_new("cuda" / "cuda:N") calls when this library is linked).
+ *
+ * Memory is plain cudaMalloc (256-byte aligned, more than the 64 the interface promises). All
+ * copies and ops go on one non-blocking stream, so they run in the order the engine queued them;
+ * upload copies from pageable host memory, which the driver stages before returning, so the
+ * caller may reuse its buffer at once; download and sync wait for the stream.
+ *
+ * weight_put streams checkpoint bytes through two pinned staging buffers: while the DMA engine
+ * copies one to the device, the host fills the other, and an event per buffer says when it may be
+ * refilled. The host source may be unaligned (a mapped safetensors file): memcpy does not care.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda/cuda.h"
+
+void cuda_die(const char *expr, const char *why, const char *file, int line)
+{
+    fprintf(stderr, "troupe cuda: %s failed: %s (%s:%d)\n", expr, why, file, line);
+    fflush(stderr);
+    exit(1);
+}
+
+int cuda_report(const char *expr, const char *why, const char *file, int line)
+{
+    fprintf(stderr, "troupe cuda: %s failed: %s (%s:%d)\n", expr, why, file, line);
+    return -1;
+}
+
+void *cuda_scratch(backend_t *be, void **buf, size_t *cap, size_t bytes)
+{
+    if (bytes <= *cap)
+        return *buf;
+    cuda_state_t *st = cuda_st(be);
+    size_t want = bytes + bytes / 4;
+    CUDA_CHECK(cudaStreamSynchronize(st->stream));   /* the old buffer may still be read by a queued op */
+    if (*buf)
+        CUDA_CHECK(cudaFree(*buf));
+    *buf = NULL;
+    *cap = 0;
+    CUDA_CHECK(cudaMalloc(buf, want));
+    *cap = want;
+    return *buf;
+}
+
+static void *s_alloc(backend_t *be, size_t bytes)
+{
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 64);
+    if (e == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();                  /* not sticky: clear it so the next check is clean */
+        return NULL;
+    }
+    CUDA_CHECK(e);
+    return p;
+}
+
+static void s_free(backend_t *be, void *p)
+{
+    if (p)
+        CUDA_CHECK(cudaFree(p));
+}
+
+static int s_upload(backend_t *be, void *dst, const void *src, size_t n)
+{
+    if (n == 0)
+        return 0;
+    CUDA_TRY(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, cuda_st(be)->stream));
+    return 0;
+}
+
+static int s_download(backend_t *be, void *dst, const void *src, size_t n)
+{
+    cuda_state_t *st = cuda_st(be);
+    if (n)
+        CUDA_TRY(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, st->stream));
+    CUDA_TRY(cudaStreamSynchronize(st->stream));
+    return 0;
+}
+
+static int s_sync(backend_t *be)
+{
+    CUDA_TRY(cudaStreamSynchronize(cuda_st(be)->stream));
+    CUDA_TRY(cudaGetLastError());
+    return 0;
+}
+
+static int s_track(cuda_state_t *st, void *p)
+{
+    if (st->n_weights == st->cap_weights) {
+        int cap = st->cap_weights ? st->cap_weights * 2 : 256;
+        void **w = (void **)realloc(st->weights, (size_t)cap * sizeof(*w));
+        if (!w)
+            return -1;
+        st->weights = w;
+        st->cap_weights = cap;
+    }
+    st->weights[st->n_weights++] = p;
+    return 0;
+}
+
+static const void *s_weight_put(backend_t *be, const void *host, size_t bytes, size_t elem_size)
+{
+    cuda_state_t *st = cuda_st(be);
+    void *dev = s_alloc(be, bytes);
+    if (!dev)
+        return NULL;
+    if (s_track(st, dev) < 0) {
+        CUDA_CHECK(cudaFree(dev));
+        return NULL;
+    }
+    for (size_t off = 0; off < bytes; off += CUDA_STAGE_BYTES) {
+        size_t n = bytes - off < CUDA_STAGE_BYTES ? bytes - off : CUDA_STAGE_BYTES;
+        int b = st->stage_next;
+        st->stage_next ^= 1;
+        CUDA_CHECK(cudaEventSynchronize(st->stage_done[b]));   /* its previous copy has left the buffer */
+        memcpy(st->stage[b], (const char *)host + off, n);
+        CUDA_CHECK(cudaMemcpyAsync((char *)dev + off, st->stage[b], n, cudaMemcpyHostToDevice, st->stream));
+        CUDA_CHECK(cudaEventRecord(st->stage_done[b], st->stream));
+    }
+    return dev;
+}
+
+static void s_weight_release(backend_t *be, const void *dev)
+{
+    cuda_state_t *st = cuda_st(be);
+    for (int i = 0; i < st->n_weights; i++)
+        if (st->weights[i] == dev) {
+            CUDA_CHECK(cudaFree(st->weights[i]));
+            st->weights[i] = st->weights[--st->n_weights];
+            return;
+        }
+}
+
+static void s_destroy(backend_t *be)
+{
+    cuda_state_t *st = cuda_st(be);
+    if (st) {
+        if (st->stream)
+            cudaStreamSynchronize(st->stream);
+        for (int i = 0; i < st->n_weights; i++)
+            cudaFree(st->weights[i]);
+        free(st->weights);
+        cuda_plans_destroy(st);
+        for (int i = 0; i < 2; i++) {
+            if (st->stage[i])
+                cudaFreeHost(st->stage[i]);
+            if (st->stage_done[i])
+                cudaEventDestroy(st->stage_done[i]);
+        }
+        if (st->conv)
+            cudaFree(st->conv);
+        if (st->part)
+            cudaFree(st->part);
+        if (st->lt_ws)
+            cudaFree(st->lt_ws);
+        if (st->lt)
+            cublasLtDestroy(st->lt);
+        if (st->blas)
+            cublasDestroy(st->blas);
+        if (st->stream)
+            cudaStreamDestroy(st->stream);
+        free(st->h_ids);
+        free(st);
+    }
+    free(be);
+}
+
+static const backend_ops_t s_cuda_ops = {
+    .name = "cuda",
+    .destroy = s_destroy,
+    .alloc = s_alloc,
+    .free = s_free,
+    .upload = s_upload,
+    .download = s_download,
+    .sync = s_sync,
+    .weight_put = s_weight_put,
+    .weight_release = s_weight_release,
+    .embed = cuda_embed,
+    .matmul = cuda_matmul,
+    .add_rmsnorm = cuda_add_rmsnorm,
+    .head_rmsnorm = cuda_head_rmsnorm,
+    .rope = cuda_rope,
+    .swiglu = cuda_swiglu,
+    .kv_store = cuda_kv_store,
+    .attention = cuda_attention,
+    .moe_route = cuda_moe_route,
+    .moe_ffn = cuda_moe_ffn,
+    .gather_rows = cuda_gather_rows,
+    .argmax = cuda_argmax,
+};
+
+/* An integer from the environment in [lo, hi], or def when unset; a bad value is an error. */
+static int s_env_int(const char *name, int def, int lo, int hi, int *out, char *err, size_t errlen)
+{
+    const char *v = getenv(name);
+    *out = def;
+    if (!v || !*v)
+        return 0;
+    char *end;
+    long x = strtol(v, &end, 10);
+    if (*end || x < lo || x > hi)
+        return errf(err, errlen, "backend cuda: %s='%s' (expected an integer in [%d, %d])", name, v, lo, hi);
+    *out = (int)x;
+    return 0;
+}
+
+/* Device setup failures are reported, not fatal: a machine without a GPU gets a clear message. */
+#define SETUP(expr, what)                                                                                 \
+    do {                                                                                                  \
+        cudaError_t e_ = (expr);                                                                          \
+        if (e_ != cudaSuccess) {                                                                          \
+            errf(err, errlen, "backend cuda:%d: %s: %s (%s)", device, what, cudaGetErrorString(e_), #expr); \
+            goto fail;                                                                                    \
+        }                                                                                                 \
+    } while (0)
+#define SETUP_BLAS(expr, what)                                                                            \
+    do {                                                                                                  \
+        cublasStatus_t s_ = (expr);                                                                       \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                                \
+            errf(err, errlen, "backend cuda:%d: %s: %s (%s)", device, what, cublasGetStatusString(s_), #expr); \
+            goto fail;                                                                                    \
+        }                                                                                                 \
+    } while (0)
+
+extern "C" backend_t *backend_cuda_new(int device, char *err, size_t errlen)
+{
+    backend_t *be = (backend_t *)calloc(1, sizeof(*be));
+    cuda_state_t *st = (cuda_state_t *)calloc(1, sizeof(*st));
+    int n_dev = 0;
+    cudaDeviceProp prop;
+    if (!be || !st) {
+        free(be);
+        free(st);
+        errf(err, errlen, "backend cuda:%d: out of memory", device);
+        return NULL;
+    }
+    be->ops = &s_cuda_ops;
+    be->n_threads = 1;
+    be->impl = st;
+    st->device = device;
+    if (s_env_int("TROUPE_CUDA_GEMV_MAX_M", 8, 0, 64, &st->gemv_max_m, err, errlen) < 0 ||
+        s_env_int("TROUPE_CUDA_ATTN_SPLIT", 1, 0, 1, &st->attn_split, err, errlen) < 0)
+        goto fail;
+    {
+        cudaError_t e = cudaGetDeviceCount(&n_dev);
+        if (e != cudaSuccess || n_dev == 0) {
+            errf(err, errlen, "backend cuda:%d: no CUDA device (%s)", device,
+                 e != cudaSuccess ? cudaGetErrorString(e) : "cudaGetDeviceCount found 0");
+            goto fail;
+        }
+    }
+    if (device < 0 || device >= n_dev) {
+        errf(err, errlen, "backend cuda:%d: no such device (this machine has %d)", device, n_dev);
+        goto fail;
+    }
+    SETUP(cudaSetDevice(device), "cannot select the device");
+    SETUP(cudaGetDeviceProperties(&prop, device), "cannot read the device properties");
+    st->n_sm = prop.multiProcessorCount;
+    SETUP(cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking), "cannot create a stream");
+    SETUP_BLAS(cublasCreate(&st->blas), "cannot create a cuBLAS handle");
+    SETUP_BLAS(cublasSetStream(st->blas, st->stream), "cannot bind cuBLAS to the stream");
+    SETUP_BLAS(cublasSetMathMode(st->blas, CUBLAS_PEDANTIC_MATH), "cannot turn TF32 off");
+    SETUP_BLAS(cublasLtCreate(&st->lt), "cannot create a cuBLASLt handle");
+    st->lt_ws_bytes = (size_t)32 << 20;
+    SETUP(cudaMalloc(&st->lt_ws, st->lt_ws_bytes), "cannot allocate the cuBLASLt workspace");
+    SETUP(cublasSetWorkspace(st->blas, st->lt_ws, st->lt_ws_bytes) == CUBLAS_STATUS_SUCCESS ? cudaSuccess
+                                                                                             : cudaErrorUnknown,
+          "cannot give cuBLAS its workspace");
+    for (int i = 0; i < 2; i++) {
+        SETUP(cudaHostAlloc(&st->stage[i], CUDA_STAGE_BYTES, cudaHostAllocDefault), "cannot pin the staging buffers");
+        SETUP(cudaEventCreateWithFlags(&st->stage_done[i], cudaEventDisableTiming), "cannot create an event");
+        SETUP(cudaEventRecord(st->stage_done[i], st->stream), "cannot record an event");
+    }
+    return be;
+fail:
+    s_destroy(be);
+    return NULL;
+}
