@@ -41,6 +41,7 @@ typedef struct pf_req {
     int64_t arrived_ms, started_ms, deadline_ms;   /* deadline: of the fetch or the transfer */
     uint64_t transfer_id;
     tchan_seg_t seg;             /* the hand-off segment while HANDING_OFF */
+    int fetch_from;              /* FETCHING: index of the first hint block asked for */
     struct pf_req *next;
 } pf_req_t;
 
@@ -52,10 +53,11 @@ typedef struct prefill {
     int n_reqs;
     model_seq_t *seqs;           /* [max_seqs] scratch for a step */
     pf_req_t **batch;            /* [max_seqs] */
-    int64_t *tmp_ids;            /* unused */
     uint64_t next_transfer;
     /* counters for stats */
+    const char *cache_manager;   /* NULL when the topology has none */
     uint64_t prompts, prompt_tokens, computed_tokens, cached_tokens, handoffs, handoff_failures;
+    uint64_t fetches, fetched_blocks;
     double tokens_per_s;         /* computed tokens per second over the last stats interval */
     uint64_t last_computed;
     int64_t last_stats_ms;
@@ -139,6 +141,27 @@ static int s_on_prefill_request(actor_t *a, void *state, const actor_peer_t *fro
         free(r);
         return actor_reply_error(a, from, m->id, MSG_ERR_OVERLOADED, 1, "prefill out of memory"), 0;
     }
+    /* Blocks the host store holds and our pool lacks are fetched before the prompt runs. */
+    const msg_prefill_request_t *rq = &r->msg.u.prefill_request;
+    if (rq->n_hint_hashes && p->cache_manager) {
+        int i = 0;
+        while (i < (int)rq->n_hint_hashes && kvpool_lookup(p->w->pool, rq->hint_hashes[i]) >= 0)
+            i++;
+        if (i < (int)rq->n_hint_hashes) {
+            msg_t f;
+            msg_init(&f, MSG_CACHE_FETCH, r->id);
+            f.u.cache_fetch.hashes = rq->hint_hashes + i;
+            f.u.cache_fetch.n_hashes = rq->n_hint_hashes - (uint32_t)i;
+            f.u.cache_fetch.channel = MSG_CHAN_SHM;
+            f.u.cache_fetch.reply_to = p->name;
+            if (actor_send(a, p->cache_manager, &f) == 0) {
+                r->fetch_from = i;
+                r->state = PF_FETCHING;
+                r->deadline_ms = now_ms() + FETCH_TIMEOUT_MS;
+                p->fetches++;
+            }
+        }
+    }
     if (p->tail)
         p->tail->next = r;
     else
@@ -185,12 +208,60 @@ static int s_on_kv_ack(actor_t *a, void *state, const actor_peer_t *from, msg_t 
     return 0;   /* a late ack for a transfer we already gave up on */
 }
 
+/* Blocks fetched from the host store: into free pool blocks, registered by hash and released at
+ * once, so the request's kvseq_match_prefix adopts them like any cached prefix. */
+static int s_on_kv_announce(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
+{
+    prefill_t *p = state;
+    const msg_kv_announce_t *k = &m->u.kv_announce;
+    pf_req_t *r = s_find(p, k->request_id);
+    char err[256];
+    tchan_seg_t seg = {0};
+    int ok = r && r->state == PF_FETCHING && worker_check_announce(p->w, k, err, sizeof err) == 0 &&
+             tchan_shm_open(&seg, k->handle, k->handle_len, (size_t)k->total_bytes, err, sizeof err) == 0;
+    int got = 0;
+    if (ok) {
+        const msg_prefill_request_t *q = &r->msg.u.prefill_request;
+        size_t bb = worker_block_bytes(p->w);
+        for (uint32_t j = 0; j < k->n_block_ids && r->fetch_from + (int)j < (int)q->n_hint_hashes; j++) {
+            int32_t b = kvpool_alloc(p->w->pool);
+            if (b < 0)
+                break;
+            if (worker_blocks_in(p->w, &b, 1, (const uint8_t *)seg.ptr + (size_t)j * bb) == 0) {
+                kvpool_set_hash(p->w->pool, b, q->hint_hashes[r->fetch_from + (int)j]);
+                got++;
+            }
+            kvpool_free(p->w->pool, b);
+        }
+        p->fetched_blocks += (uint64_t)got;
+        LOG_D("request %llu: %d blocks fetched from the host store", (unsigned long long)r->id, got);
+        s_set_state(r, PF_WAITING, "blocks fetched");
+    }
+    tchan_shm_close(&seg);
+    msg_t ack;
+    msg_init(&ack, MSG_KV_ACK, k->transfer_id);
+    ack.u.kv_ack.transfer_id = k->transfer_id;
+    ack.u.kv_ack.status = ok ? MSG_ACK_OK : MSG_ACK_FAILED;
+    ack.u.kv_ack.message = ok ? NULL : "fetch not wanted any more";
+    actor_send(a, k->src, &ack);
+    return 0;
+}
+
+static int s_on_fetch_reply(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
+{
+    prefill_t *p = state;
+    pf_req_t *r = s_find(p, m->id);
+    if (r && r->state == PF_FETCHING && m->u.cache_fetch_reply.found == 0)
+        s_set_state(r, PF_WAITING, "nothing to fetch");
+    return 0;
+}
+
 /* Tells the cache-manager which full blocks we hold now (device tier), so the router can send
  * requests with the same prefix here. */
 static void s_publish_blocks(actor_t *a, prefill_t *p, pf_req_t *r)
 {
     int full = kvseq_len(r->kv) / p->w->block_size;
-    if (full <= 0 || !topo_first(actor_topo(a), ROLE_CACHE_MANAGER))
+    if (full <= 0 || !p->cache_manager)
         return;
     uint64_t hashes[512];
     int n = full < 512 ? full : 512;
@@ -202,7 +273,7 @@ static void s_publish_blocks(actor_t *a, prefill_t *p, pf_req_t *r)
     m.u.cache_put.tier = MSG_TIER_DEVICE;
     m.u.cache_put.hashes = hashes;
     m.u.cache_put.n_hashes = (uint32_t)n;
-    actor_send(a, topo_first(actor_topo(a), ROLE_CACHE_MANAGER)->name, &m);
+    actor_send(a, p->cache_manager, &m);
 }
 
 /* Samples the first token and hands the request over to its decode worker. */
@@ -296,6 +367,8 @@ static int s_step(actor_t *a, void *state)
             p->handoff_failures++;
             s_fail(a, p, r, MSG_ERR_TRANSFER_FAILED, 1, "KV hand-off not acknowledged in time");
         }
+        if (r->state == PF_FETCHING && now > r->deadline_ms)
+            s_set_state(r, PF_WAITING, "fetch timed out");
     }
     int budget = p->w->max_tokens, n = 0;
     for (pf_req_t *r = p->head, *next; r && budget > 0 && n < p->w->max_seqs; r = next) {
@@ -380,12 +453,16 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
     actor_stat_metric(a, st, "cached_tokens_total", (double)p->cached_tokens, 1);
     actor_stat_metric(a, st, "transfers_total", (double)p->handoffs, 1);
     actor_stat_metric(a, st, "transfer_failures_total", (double)p->handoff_failures, 1);
+    actor_stat_metric(a, st, "fetches_total", (double)p->fetches, 1);
+    actor_stat_metric(a, st, "fetched_blocks_total", (double)p->fetched_blocks, 1);
 }
 
 static const actor_handler_t s_handlers[] = {
     {MSG_PREFILL_REQUEST, s_on_prefill_request},
     {MSG_CANCEL, s_on_cancel},
     {MSG_KV_ACK, s_on_kv_ack},
+    {MSG_KV_ANNOUNCE, s_on_kv_announce},
+    {MSG_CACHE_FETCH_REPLY, s_on_fetch_reply},
 };
 
 int main(int argc, char **argv)
@@ -395,6 +472,8 @@ int main(int argc, char **argv)
         return 2;
     const topo_t *t = actor_topo(a);
     prefill_t p = {.name = actor_self(a)->name, .cluster = t->name};
+    const topo_instance_t *cm = topo_first(t, ROLE_CACHE_MANAGER);
+    p.cache_manager = cm ? cm->name : NULL;
     char err[1024];
     int max_seqs = t->limits.max_batch < 64 ? t->limits.max_batch : 64;
     p.w = worker_load(t, t->limits.prefill_chunk_tokens, max_seqs, err, sizeof err);

@@ -333,6 +333,16 @@ static int s_on_submit(actor_t *a, void *state, const actor_peer_t *from, msg_t 
     p->prompt_cache_key = s->prompt_cache_key;
     p->cache_retention_s = s->cache_retention_s;
     p->deadline_ms = s->timeout_ms ? (uint64_t)(wall_ms() + s->timeout_ms) : 0;
+    /* Hint: the leading blocks the cache-manager's host store holds; the prefill worker fetches
+     * what its own pool lacks instead of recomputing it. */
+    int host = r->cache_manager ? s_matched(r, hashes, n_hashes, HOST_BIT) : 0;
+    msg_cache_holder_t holder = {.holder = r->cache_manager, .tier = MSG_TIER_HOST, .matched_blocks = (uint32_t)host};
+    if (host > 0) {
+        p->hint_hashes = hashes;
+        p->n_hint_hashes = (uint32_t)host;
+        p->hint_holders = &holder;
+        p->n_hint_holders = 1;
+    }
     int rc = actor_send(a, r->workers[pi].name, &pr);
     if (rc == 0 && s->prompt_cache_key && r->cache_manager && n_hashes > 0) {
         uint32_t retention = s->cache_retention_s ? s->cache_retention_s : (uint32_t)r->topo->cache.default_retention_s;
@@ -614,7 +624,9 @@ int main(int argc, char **argv)
         const topo_instance_t *in = &t->instances[i];
         if (in->role != ROLE_PREFILL && in->role != ROLE_DECODE)
             continue;
-        r->workers[r->n_workers++] = (wk_t){.name = in->name, .role = in->role};
+        /* Up until its connection is seen to drop: a worker that is still starting gets its
+         * first requests queued (the runtime's outbox) rather than refused. */
+        r->workers[r->n_workers++] = (wk_t){.name = in->name, .role = in->role, .up = 1};
         actor_watch(a, in->name);
     }
     r->clients = actor_bind_router(a, t->endpoints.client);

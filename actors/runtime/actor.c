@@ -163,6 +163,7 @@ static peer_t *s_peer(actor_t *a, const char *name)
     memset(p, 0, sizeof *p);
     snprintf(p->name, sizeof p->name, "%s", name);
     p->sock = s_dealer(a, inst->inbox, a->self->name, 1);
+    p->up = 1;   /* assumed until a watched connection reports otherwise */
     p->q = calloc(OUTBOX_CAP, sizeof *p->q);
     if (!p->sock || !p->q) {
         if (p->sock)

@@ -258,8 +258,10 @@ static void test_fixture_others(void **state)
     static const char *const known[] = {"llama-gqa-f32", "llama-tied-bf16", "qwen3-f32", "qwen3-moe-f32", "mixtral-f32",
                                         "qwen3-sharded-f32"};
     DIR *d = opendir(s_fixture_root());
-    if (!d)
+    if (!d) {
+        print_message("SKIP: no fixture directory %s\n", s_fixture_root());
         skip();
+    }
     struct dirent *de;
     int ran = 0;
     while ((de = readdir(d))) {
@@ -278,7 +280,7 @@ static void test_fixture_others(void **state)
     }
     closedir(d);
     if (!ran)
-        skip();
+        print_message("no fixtures beyond the six known ones under %s\n", s_fixture_root());
 }
 
 /* ================================================================================================
