@@ -91,7 +91,7 @@ actor_pid() {
   top_json "$1" | /usr/bin/python3 -c '
 import json,sys
 d=json.load(sys.stdin); name=sys.argv[1]
-for a in d["inspect_reply"]["actors"] if "inspect_reply" in d else d["actors"]:
+for a in d.get("actors", []):
     if a["name"]==name: print(a["pid"]); break' "$2"
 }
 
@@ -100,3 +100,7 @@ wait_for() {
   for _ in $(seq 100); do "$@" && return 0; sleep 0.1; done
   return 1
 }
+
+# Python for the serving tests: the client and servelib on the path.
+export PYTHONPATH="$ROOT/tools:$ROOT/tests/scenario"
+PY=/usr/bin/python3

@@ -1,0 +1,73 @@
+"""Helpers for the serving scenario tests: run requests through a live cluster, read top."""
+import json
+import subprocess
+import threading
+import time
+
+from troupe_client import Client  # PYTHONPATH has tools/ (tests/scenario/lib.sh sets it)
+
+
+def run_one(ep, ids, max_tokens=8, timeout_s=120, **kw):
+    """(tokens, terminal message, [all replies]) for one request."""
+    with Client(ep, timeout_s=timeout_s) as c:
+        toks, replies = [], []
+        for m in c.generate(tokens=ids, max_tokens=max_tokens, temperature=0, ignore_eos=True, **kw):
+            replies.append(m)
+            if m["type"] == "token":
+                toks += m["tokens"]
+        return toks, replies[-1], replies
+
+
+def run_many(ep, jobs, workers=32):
+    """jobs: list of (key, kwargs for run_one). Returns {key: result or Exception}."""
+    results, lock, it = {}, threading.Lock(), iter(jobs)
+
+    def worker():
+        while True:
+            with lock:
+                job = next(it, None)
+            if job is None:
+                return
+            key, kw = job
+            try:
+                r = run_one(ep, **kw)
+            except Exception as e:  # noqa: BLE001 — the test inspects it
+                r = e
+            with lock:
+                results[key] = r
+
+    ts = [threading.Thread(target=worker) for _ in range(workers)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return results
+
+
+def top(bin_dir, topo):
+    out = subprocess.run([f"{bin_dir}/troupe-top", "--topology", topo, "--json"], check=True,
+                         capture_output=True, text=True).stdout
+    d = json.loads(out)
+    actors = d.get("actors", [])
+    return {a["name"]: a for a in actors}
+
+
+def metric(actor, name):
+    for m in actor.get("metrics", []):
+        if m["name"] == name:
+            return m["value"]
+    raise KeyError(name)
+
+
+def wait_idle_pools(bin_dir, topo, roles=("prefill", "decode"), timeout_s=10):
+    """Waits until every worker's KV blocks in use are back to 0 (idle); returns the last view."""
+    deadline = time.time() + timeout_s
+    while True:
+        t = top(bin_dir, topo)
+        busy = {n: metric(a, "kv_blocks_used") for n, a in t.items()
+                if a["role"] in roles and metric(a, "kv_blocks_used") != 0}
+        if not busy:
+            return t
+        if time.time() > deadline:
+            raise AssertionError(f"KV blocks still in use: {busy}")
+        time.sleep(0.3)
