@@ -514,6 +514,8 @@ static void s_peer_event(actor_t *a, void *state, const char *peer, int up)
             n++;
         }
     }
+    r->workers[w].inflight = 0;   /* every request it held has just failed */
+    r->workers[w].inflight_tokens = 0;
     for (size_t i = 0; i < r->index.cap; i++)
         if (r->index.keys[i])
             r->index.vals[i] &= ~(1ULL << w);

@@ -77,6 +77,9 @@ static int s_validate(const model_t *m, const model_batch_t *b, int *T_out, int 
         if (kvseq_len(q->kv) > m->opts.max_context)
             return errf(err, errlen, "%s: sequence %d has %d tokens, beyond max_context %d", m->where, s,
                         kvseq_len(q->kv), m->opts.max_context);
+        for (int r = 0; r < s; r++)
+            if (b->seqs[r].kv == q->kv)
+                return errf(err, errlen, "%s: sequences %d and %d of the batch are the same sequence", m->where, r, s);
         if (pool && kvseq_pool(q->kv) != pool)
             return errf(err, errlen, "%s: sequence %d uses another KV pool than sequence 0", m->where, s);
         pool = kvseq_pool(q->kv);

@@ -16,7 +16,8 @@
  * biases are converted to f32 once at load. Tensor names are Hugging Face's; MoE experts may be
  * stored per expert (hub checkpoints, and what transformers 5 save_pretrained writes) or fused
  * (transformers 5's in-memory layout: mlp.experts.gate_up_proj [E][2I][H], gate rows first, and
- * mlp.experts.down_proj [E][H][I]). The checkpoint must outlive the model (the CPU backend uses the
+ * mlp.experts.down_proj [E][H][I]). The LM head is the embedding when tie_word_embeddings, else
+ * lm_head.weight (required). The checkpoint must outlive the model (the CPU backend uses the
  * mapped file in place).
  */
 #ifndef TROUPE_ENGINE_MODEL_H

@@ -278,8 +278,9 @@ model_t *model_load(const char *model_dir, const model_config_t *cfg, ckpt_t *ck
     }
     if (!(m->final_norm = s_vec(m, ck, H, err, errlen, "model.norm.weight")))
         goto fail;
-    /* Tied when the config says so, or when a file checkpoint simply has no lm_head (as HF loads it). */
-    if (c->tie_word_embeddings || (!ckpt_is_dummy(ck) && !ckpt_has(ck, "lm_head.weight"))) {
+    /* Tied only when the config says so: an untied model without lm_head.weight is refused (HF
+     * would run it with a randomly initialised head). */
+    if (c->tie_word_embeddings) {
         m->lm_head = m->embed;
     } else if (s_mat(m, ck, &m->lm_head, V, H, err, errlen, "lm_head.weight") < 0) {
         goto fail;

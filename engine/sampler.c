@@ -1,8 +1,9 @@
 /* engine/sampler.c — logits processing, seeded sampling, stop conditions. Semantics: sampler.h.
  *
- * Filtering never sorts the whole vocabulary: top-k is a quickselect, top-p a quickselect on
- * probability mass (expected O(vocab)), and only the surviving tokens are sorted. Ranks use one
- * total order — larger logit first, then lower index — so every choice is deterministic. */
+ * Nothing is sorted: top-k is a quickselect, top-p a quickselect on probability mass (both
+ * expected O(vocab), in place), min-p a filter, and the draw walks the kept tokens in the order
+ * selection left them. Ranks use one total order — larger logit first, then lower index — so
+ * every choice is deterministic, and no step allocates (qsort may). */
 #include "engine/sampler.h"
 
 #include <math.h>
@@ -202,17 +203,6 @@ static void s_select(const float *v, int32_t *idx, int n, int k)
     }
 }
 
-static int s_cmp(const void *x, const void *y, void *keys)
-{
-    int32_t a = *(const int32_t *)x, b = *(const int32_t *)y;
-    return s_before(keys, a, b) ? -1 : s_before(keys, b, a) ? 1 : 0;
-}
-
-static void s_sort(const float *v, int32_t *idx, int n)
-{
-    qsort_r(idx, (size_t)n, sizeof(int32_t), s_cmp, (void *)v);
-}
-
 /* The smallest c such that the c best of idx[0, n) hold >= target of the mass; moves them to
  * idx[0, c). mass[t] = exp(work[t] - max). */
 static int s_select_mass(const float *v, const float *mass, int32_t *idx, int n, double target)
@@ -301,20 +291,22 @@ int32_t sampler_sample(sampler_t *s, const float *logits, float *logprob)
             s->mass[t] = expf(s->work[t] - mx);
             total += s->mass[t];
         }
-        if (s->p.top_p < 1.0 && n > 1) {
+        if (s->p.top_p < 1.0 && n > 1)
             n = s_select_mass(s->work, s->mass, s->idx, n, s->p.top_p * total);
-        }
-        s_sort(s->work, s->idx, n);
         if (s->p.min_p > 0) {
-            float floor_mass = (float)(s->p.min_p * s->mass[s->idx[0]]);
-            int keep = 1;
-            while (keep < n && s->mass[s->idx[keep]] >= floor_mass)
-                keep++;
+            /* The best token is still kept (top-k and top-p keep it) and has mass exp(0) = 1. */
+            const float floor_mass = (float)s->p.min_p;
+            int keep = 0;
+            for (int i = 0; i < n; i++)
+                if (s->mass[s->idx[i]] >= floor_mass)
+                    s->idx[keep++] = s->idx[i];
             n = keep;
         }
         total = 0;
         for (int i = 0; i < n; i++)
             total += s->mass[s->idx[i]];
+        /* The kept tokens are walked in the (deterministic) order selection left them in: any
+         * fixed order draws from the same distribution, and no sort is needed. */
         double u = s_uniform(s->p.seed, (uint64_t)s->n_generated) * total, acc = 0;
         tok = s->idx[n - 1];                       /* rounding fallback: the last kept token */
         for (int i = 0; i < n; i++) {

@@ -14,8 +14,8 @@
  *   5. top-p: the smallest set of highest-probability tokens whose probability sum >= p
  *      (probabilities renormalised over what top-k kept; always at least one token);
  *   6. min-p: drop tokens whose probability < min_p * the largest probability;
- *   7. draw u in [0, 1) and walk the kept tokens in rank order until their cumulative mass
- *      exceeds u * total.
+ *   7. draw u in [0, 1) and walk the kept tokens (in a fixed, deterministic order) until their
+ *      cumulative mass exceeds u * total.
  * Randomness is counter-based: u = mix(seed, number of tokens generated so far), so a request
  * gets the same tokens for the same seed whatever else is in the batch, and after a restart.
  *

@@ -395,7 +395,7 @@ int main(int argc, char **argv)
         goto done;
     }
     const int n_blocks = (total + KV_BLOCK - 1) / KV_BLOCK;
-    dtype_t kvt = o.dtype ? wdt : (cfg.dtype == DT_F32 ? DT_F32 : DT_BF16);
+    dtype_t kvt = wdt;                             /* as HF keeps K/V: in the model's dtype */
     if (!(pool = kvpool_new(n_blocks, KV_BLOCK, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, kvt, be, err, sizeof err)) ||
         !(seq = kvseq_new(pool, total, 0))) {
         fprintf(stderr, "troupe-generate: %s\n", pool ? "out of memory" : err);

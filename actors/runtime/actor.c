@@ -11,6 +11,8 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <unistd.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <zmq.h>
 
 #include "common/log.h"
@@ -24,6 +26,11 @@
 #define SEND_BUF      (MSG_MAX_FRAME)
 #define LINGER_MS     200           /* bounded: shutdown never waits longer on unsent data */
 #define STATS_MS      1000
+/* A step (one forward of a big batch on a slow CPU) may take seconds; heartbeats are answered by a
+ * thread meanwhile. A loop that has not come round for this long is wedged for real: the thread
+ * stops answering and the supervisor kills the process. SIGSTOP stops the thread too, so a
+ * stopped process is still detected within liveness x heartbeat_ms. */
+#define STEP_TIMEOUT_MS 30000
 
 typedef struct outbox_item {
     uint8_t *data;
@@ -52,7 +59,15 @@ struct actor {
     topo_role_t role;
     void *ctx;                      /* ZeroMQ context */
     void *inbox;                    /* ROUTER, bound at self->inbox_bind */
-    void *control;                  /* DEALER to the supervisor; NULL when run by hand without one */
+    void *control;                  /* DEALER to the supervisor, owned by the heartbeat thread; NULL
+                                       when run by hand without one */
+    pthread_t hb_thread;            /* answers the supervisor while a long step runs (see s_hb_main) */
+    int hb_started;
+    _Atomic int hb_stop;            /* main -> thread: exit */
+    _Atomic int ready_flag;         /* main -> thread: send READY */
+    _Atomic int term_flag;          /* thread -> main: TERM received */
+    _Atomic int64_t progress_ms;    /* main: last time the loop came round */
+    _Atomic uint64_t a_steps, a_msgs_in, a_msgs_out;   /* counters the heartbeats carry */
     void *stats_pub;                /* PUB to the monitor */
     void *extra[MAX_EXTRA];         /* role-bound ROUTERs */
     int n_extra;
@@ -65,7 +80,7 @@ struct actor {
     int n_timers;
     uint8_t *sendbuf;               /* [SEND_BUF] encode scratch: no malloc per message */
     int64_t started_ms;             /* monotonic, for uptime */
-    int64_t last_sup_ms;            /* last message from the supervisor (orphan detection) */
+    _Atomic int64_t last_sup_ms;    /* last message from the supervisor (orphan detection) */
     int64_t next_stats_ms;
     int64_t drain_deadline_ms;      /* 0 until TERM */
     uint64_t restarts;              /* incarnation number from the supervisor (TROUPE_RESTARTS) */
@@ -296,15 +311,64 @@ int actor_reply_error(actor_t *a, const actor_peer_t *to, uint64_t id, msg_error
     return actor_reply(a, to, &m);
 }
 
-static int s_control_send(actor_t *a, const msg_t *m)
+/* Encodes with a private buffer: the heartbeat thread must not share the main thread's. */
+static int s_control_send(void *sock, const msg_t *m)
 {
-    if (!a->control)
-        return 0;
+    uint8_t buf[1024];
     size_t len;
-    if (s_encode(a, m, &len) != 0)
+    char err[128];
+    if (msg_encode(m, buf, sizeof buf, &len, err, sizeof err) != 0)
         return -1;
     /* The supervisor always reads; DONTWAIT so a stalled supervisor can never wedge us. */
-    return zmq_send(a->control, a->sendbuf, len, ZMQ_DONTWAIT) < 0 ? -1 : 0;
+    return zmq_send(sock, buf, len, ZMQ_DONTWAIT) < 0 ? -1 : 0;
+}
+
+/* The heartbeat thread: owns the control socket. Sends READY when the main thread says so,
+ * answers each heartbeat with the loop's progress counters as long as the loop is alive
+ * (came round within STEP_TIMEOUT_MS), and turns TERM into a flag the loop reads. */
+static void *s_hb_main(void *arg)
+{
+    actor_t *a = arg;
+    int ready_sent = 0;
+    while (!atomic_load(&a->hb_stop)) {
+        if (!ready_sent && atomic_load(&a->ready_flag)) {
+            msg_t ready;
+            msg_init(&ready, MSG_READY, 0);
+            ready.u.ready.role = actor_msg_role(a->role);
+            ready.u.ready.name = a->self->name;
+            ready.u.ready.endpoint = a->self->inbox;
+            ready.u.ready.pid = (uint32_t)getpid();
+            if (s_control_send(a->control, &ready) != 0)
+                LOG_W("could not send READY to the supervisor");
+            ready_sent = 1;
+        }
+        zmq_pollitem_t item = {.socket = a->control, .events = ZMQ_POLLIN};
+        if (zmq_poll(&item, 1, 20) <= 0)
+            continue;
+        uint8_t buf[4096];
+        int n;
+        while ((n = zmq_recv(a->control, buf, sizeof buf, ZMQ_DONTWAIT)) >= 0) {
+            atomic_store(&a->last_sup_ms, now_ms());
+            msg_t m;
+            char err[256];
+            if (n > (int)sizeof buf || msg_decode(buf, (size_t)n, &m, err, sizeof err) != 0)
+                continue;
+            if (m.type == MSG_HEARTBEAT && ready_sent &&
+                now_ms() - atomic_load(&a->progress_ms) < STEP_TIMEOUT_MS) {
+                msg_t r;
+                msg_init(&r, MSG_HEARTBEAT, m.id);
+                r.u.heartbeat.seq = m.u.heartbeat.seq;
+                r.u.heartbeat.steps = atomic_load(&a->a_steps);
+                r.u.heartbeat.msgs_in = atomic_load(&a->a_msgs_in);
+                r.u.heartbeat.msgs_out = atomic_load(&a->a_msgs_out);
+                s_control_send(a->control, &r);
+            } else if (m.type == MSG_TERM) {
+                atomic_store(&a->term_flag, 1);
+            }
+            msg_free(&m);
+        }
+    }
+    return NULL;
 }
 
 /* ---- stats ------------------------------------------------------------------------------- */
@@ -463,50 +527,14 @@ static void s_start_drain(actor_t *a, const char *why)
     LOG_I("draining (%s)", why);
 }
 
-/* The supervisor's channel: heartbeats in (answered with our progress counters), TERM. */
-static int s_drain_control(actor_t *a)
-{
-    uint8_t buf[4096];
-    for (;;) {
-        int n = zmq_recv(a->control, buf, sizeof buf, ZMQ_DONTWAIT);
-        if (n < 0)
-            return 0;
-        a->last_sup_ms = now_ms();
-        msg_t m;
-        char err[256];
-        if (n > (int)sizeof buf || msg_decode(buf, (size_t)n, &m, err, sizeof err) != 0) {
-            a->malformed++;
-            continue;
-        }
-        if (m.type == MSG_HEARTBEAT) {
-            msg_t r;
-            msg_init(&r, MSG_HEARTBEAT, m.id);
-            r.u.heartbeat.seq = m.u.heartbeat.seq;
-            r.u.heartbeat.steps = a->steps;
-            r.u.heartbeat.msgs_in = a->msgs_in;
-            r.u.heartbeat.msgs_out = a->msgs_out;
-            s_control_send(a, &r);
-        } else if (m.type == MSG_TERM) {
-            s_start_drain(a, "TERM from supervisor");
-        }
-        msg_free(&m);
-    }
-}
-
 /* ---- the loop ---------------------------------------------------------------------------- */
 
 int actor_run(actor_t *a, const actor_ops_t *ops, void *state)
 {
-    msg_t ready;
-    msg_init(&ready, MSG_READY, 0);
-    ready.u.ready.role = actor_msg_role(a->role);
-    ready.u.ready.name = a->self->name;
-    ready.u.ready.endpoint = a->self->inbox;
-    ready.u.ready.pid = (uint32_t)getpid();
-    if (s_control_send(a, &ready) != 0)
-        LOG_W("could not send READY to the supervisor");
     a->state = MSG_STATE_READY;
-    a->last_sup_ms = now_ms();
+    atomic_store(&a->last_sup_ms, now_ms());
+    atomic_store(&a->progress_ms, now_ms());
+    atomic_store(&a->ready_flag, 1);
     LOG_I("ready: %s inbox %s", a->self->name, a->self->inbox);
 
     /* With no supervisor message for this long we are an orphan (the supervisor died or the
@@ -553,8 +581,6 @@ int actor_run(actor_t *a, const actor_ops_t *ops, void *state)
 
         int n = 0;
         items[n++] = (zmq_pollitem_t){.socket = a->inbox, .events = ZMQ_POLLIN};
-        if (a->control)
-            items[n++] = (zmq_pollitem_t){.socket = a->control, .events = ZMQ_POLLIN};
         for (int i = 0; i < a->n_extra; i++)
             items[n++] = (zmq_pollitem_t){.socket = a->extra[i], .events = ZMQ_POLLIN};
         for (int i = 0; i < a->n_polled; i++)
@@ -568,8 +594,8 @@ int actor_run(actor_t *a, const actor_ops_t *ops, void *state)
         }
         if (s_drain_router(a, ops, state, a->inbox) != 0)
             return -1;
-        if (a->control)
-            s_drain_control(a);
+        if (atomic_load(&a->term_flag))
+            s_start_drain(a, "TERM from supervisor");
         for (int i = 0; i < a->n_extra; i++)
             if (s_drain_router(a, ops, state, a->extra[i]) != 0)
                 return -1;
@@ -593,8 +619,12 @@ int actor_run(actor_t *a, const actor_ops_t *ops, void *state)
             a->next_stats_ms = now + STATS_MS;
             s_publish_stats(a, ops, state);
         }
-        if (a->control && now - a->last_sup_ms > orphan_ms) {
-            LOG_E("no word from the supervisor for %lld ms: exiting", (long long)(now - a->last_sup_ms));
+        atomic_store(&a->progress_ms, now);
+        atomic_store(&a->a_steps, a->steps);
+        atomic_store(&a->a_msgs_in, a->msgs_in);
+        atomic_store(&a->a_msgs_out, a->msgs_out);
+        if (a->control && now - atomic_load(&a->last_sup_ms) > orphan_ms) {
+            LOG_E("no word from the supervisor for %lld ms: exiting", (long long)(now - atomic_load(&a->last_sup_ms)));
             return -1;
         }
     }
@@ -697,8 +727,9 @@ actor_t *actor_new(int argc, char **argv, topo_role_t role)
     }
     if (getenv("TROUPE_SUPERVISED")) {
         a->control = s_dealer(a, a->topo->endpoints.control, a->self->name, 0);
-        if (!a->control)
+        if (!a->control || pthread_create(&a->hb_thread, NULL, s_hb_main, a) != 0)
             goto fail;
+        a->hb_started = 1;
     }
     a->stats_pub = zmq_socket(a->ctx, ZMQ_PUB);
     actor_sock_defaults(a->stats_pub, &a->topo->limits);
@@ -735,6 +766,10 @@ void actor_destroy(actor_t **self_p)
         zmq_close(a->polled[i]);
     if (a->inbox)
         zmq_close(a->inbox);
+    if (a->hb_started) {
+        atomic_store(&a->hb_stop, 1);
+        pthread_join(a->hb_thread, NULL);
+    }
     if (a->control)
         zmq_close(a->control);
     if (a->stats_pub)

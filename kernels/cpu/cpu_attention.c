@@ -6,6 +6,7 @@
  * running max m, running sum l, unnormalised accumulator acc, rescaled by exp(m_old - m_new) when
  * the max grows. Everything lives on the stack: no scratch, no allocation, any context length.
  */
+#include <assert.h>
 #include <math.h>
 #include <string.h>
 
@@ -66,6 +67,29 @@ static inline float s_dot(const float *q, dtype_t dt, const void *k, int D)
 #endif
 }
 
+#if CPU_AVX512
+/* q . k_j for four keys at once, k_j = k + j*stride bytes; one combined horizontal reduction
+ * (the single-key reduction costs as much as the dot product itself at head_dim 128). */
+static inline void s_dot4(const float *q, dtype_t dt, const uint8_t *k, size_t stride, int D, float *out)
+{
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int d = 0; d < D; d += 16) {
+        __mmask16 m = cpu_mask(D - d);
+        __m512 qv = _mm512_maskz_loadu_ps(m, q + d);
+        a0 = _mm512_fmadd_ps(qv, cpu_load16(dt, k, d, m), a0);
+        a1 = _mm512_fmadd_ps(qv, cpu_load16(dt, k + stride, d, m), a1);
+        a2 = _mm512_fmadd_ps(qv, cpu_load16(dt, k + 2 * stride, d, m), a2);
+        a3 = _mm512_fmadd_ps(qv, cpu_load16(dt, k + 3 * stride, d, m), a3);
+    }
+    __m256 b0 = _mm256_add_ps(_mm512_castps512_ps256(a0), _mm512_extractf32x8_ps(a0, 1));
+    __m256 b1 = _mm256_add_ps(_mm512_castps512_ps256(a1), _mm512_extractf32x8_ps(a1, 1));
+    __m256 b2 = _mm256_add_ps(_mm512_castps512_ps256(a2), _mm512_extractf32x8_ps(a2, 1));
+    __m256 b3 = _mm256_add_ps(_mm512_castps512_ps256(a3), _mm512_extractf32x8_ps(a3, 1));
+    __m256 c = _mm256_hadd_ps(_mm256_hadd_ps(b0, b1), _mm256_hadd_ps(b2, b3));
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(c), _mm256_extractf128_ps(c, 1)));
+}
+#endif
+
 /* acc[0..D) = acc * corr + sum_j p[j] * v_j, v_j = vbase + j*stride elements. */
 static inline void s_accumulate(float *acc, float corr, const float *p, int nk, dtype_t dt, const uint8_t *vbase,
                                 size_t stride_bytes, int D)
@@ -118,6 +142,7 @@ void cpu_attention(backend_t *be, const bk_kv_t *kv, int layer, const float *q, 
     const dtype_t dt = kv->dtype;
     const size_t es = dtype_size(dt), key_stride = (size_t)n_kv * D * es;
     const int64_t tasks = (int64_t)meta->n_tokens * n_kv;
+    assert(G >= 1 && G <= MAX_GROUP && D <= BK_MAX_HEAD_DIM && bs <= MAX_BLOCK);   /* the engine checks these at load */
 #pragma omp parallel for schedule(dynamic, 1) num_threads(be->n_threads) if (tasks > 1)
     for (int64_t task = 0; task < tasks; task++) {
         const int t = (int)(task / n_kv), g = (int)(task % n_kv);
@@ -135,9 +160,18 @@ void cpu_attention(backend_t *be, const bk_kv_t *kv, int layer, const float *q, 
             const int32_t blk = meta->block_table[meta->seq_bt_start[seq] + b];
             const uint8_t *kb = s_row(kv, blk, layer, 0, 0) + (size_t)g * D * es;
             const uint8_t *vb = s_row(kv, blk, layer, 1, 0) + (size_t)g * D * es;
-            for (int j = 0; j < nk; j++)
+            int key = 0;
+#if CPU_AVX512
+            for (; key + 4 <= nk; key += 4)
+                for (int i = 0; i < G; i++) {
+                    s_dot4(qh[i], dt, kb + (size_t)key * key_stride, key_stride, D, &sc[i][key]);
+                    for (int e = 0; e < 4; e++)
+                        sc[i][key + e] *= scale;
+                }
+#endif
+            for (; key < nk; key++)
                 for (int i = 0; i < G; i++)
-                    sc[i][j] = s_dot(qh[i], dt, kb + (size_t)j * key_stride, D) * scale;
+                    sc[i][key] = s_dot(qh[i], dt, kb + (size_t)key * key_stride, D) * scale;
             for (int i = 0; i < G; i++) {
                 float bmax = sc[i][0];
                 for (int j = 1; j < nk; j++)

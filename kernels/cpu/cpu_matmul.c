@@ -15,9 +15,7 @@
 
 #define NR 3          /* W rows per tile */
 #define NB 48         /* W rows per thread work unit (a multiple of NR) */
-#define PF_TILES 2
-
-
+#define PF_TILES 1    /* decode prefetches the rows this many tiles past the next one */
 
 #if CPU_AVX512
 /* MR x NR outputs: y[m*ldy + n] = dot(x[m], w_n) (+ bias[n]); only the first nr columns are stored
@@ -34,9 +32,10 @@ s_tile(const float *x, int64_t K, const int MR, const void *w0, const void *w1, 
         for (int n = 0; n < NR; n++)
             acc[m][n] = _mm512_setzero_ps();
     int64_t k = 0;
-    /* Decode streams W once: rows are short (K elements), too short for the hardware prefetcher
-     * to ramp up on each new tile, so the tile also prefetches the next tile's rows (which follow
-     * in memory), one cache line per row per 64 bytes consumed. Prefetches never fault. */
+    /* Decode (MR <= 4) streams W once and is bound by memory: rows are short (K elements), too
+     * short for the hardware prefetcher to ramp up on every new tile, so a tile prefetches the
+     * rows of a tile further on (they follow in memory), one cache line per row per 64 bytes it
+     * consumes; measured 12 -> 20 GB/s for bf16 on 2 Zen 4 cores. Prefetches never fault. */
     const size_t es = dtype_size(dt), row_bytes = (size_t)K * es;
     const char *next = (const char *)w2 + row_bytes + PF_TILES * 3 * row_bytes;
     for (; k + 16 <= K; k += 16) {

@@ -18,7 +18,7 @@ cleanup() {
   fi
   # Never leave actors of this test behind.
   pkill -KILL -f -- "--topology $WORK/" 2>/dev/null || true
-  rm -rf "$WORK"
+  if [ -n "${KEEP_WORK:-}" ]; then echo "kept $WORK"; else rm -rf "$WORK"; fi
 }
 trap cleanup EXIT
 
