@@ -385,9 +385,12 @@ static int s_on_cancel(actor_t *a, void *state, const actor_peer_t *from, msg_t 
             if (x->client_id == m->id)
                 q = x;
     }
-    if (!q)
-        return actor_reply_error(a, from, m->id, MSG_ERR_BAD_REQUEST, 0, "no request %llu in flight",
-                                 (unsigned long long)m->id), 0;
+    if (!q) {
+        /* Already finished (its one terminal reply is out) or never known: a cancel is idempotent,
+         * and answering it would look like a second terminal reply for that id. */
+        LOG_D("cancel of request %llu, not in flight: ignored", (unsigned long long)m->id);
+        return 0;
+    }
     msg_t c;
     msg_init(&c, MSG_CANCEL, q->id);
     if (q->prefill >= 0)

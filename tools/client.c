@@ -34,7 +34,7 @@ static void s_usage(FILE *f)
         "    --timeout DUR         the request's deadline at the cluster\n"
         "    --no-stream           only the final reply\n"
         "    --cancel-after-ms N   send a cancel N ms after submitting\n"
-        "  cancel ID               cancel request ID\n"
+        "  cancel ID               cancel request ID (its stream ends with done, finish cancelled)\n"
         "default endpoint: the client endpoint of the embedded default topology\n");
 }
 
@@ -205,6 +205,11 @@ int main(int argc, char **argv)
         fprintf(stderr, "troupe-client: %s\n", err);
         client_destroy(&c);
         return 2;
+    }
+    if (m.type == MSG_CANCEL) {
+        /* Fire and forget: the request's own stream gets its terminal reply (done, cancelled). */
+        client_destroy(&c);
+        return 0;
     }
     int64_t start = now_ms(), deadline = start + timeout_ms;
     int done = 0, rc = 0, cancelled = 0;

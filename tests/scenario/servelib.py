@@ -71,3 +71,14 @@ def wait_idle_pools(bin_dir, topo, roles=("prefill", "decode"), timeout_s=10):
         if time.time() > deadline:
             raise AssertionError(f"KV blocks still in use: {busy}")
         time.sleep(0.3)
+
+
+def wait_workers(bin_dir, topo, n, timeout_s=10):
+    """Waits until n prefill/decode workers have reported to the monitor."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        t = top(bin_dir, topo)
+        if sum(a["role"] in ("prefill", "decode") for a in t.values()) >= n:
+            return t
+        time.sleep(0.2)
+    raise AssertionError(f"fewer than {n} workers reported")

@@ -792,6 +792,10 @@ static void test_errors(void **state)
     q2.kv = s3;
     assert_int_equal(model_forward(m, &b2, lg, err, sizeof err), -1);
     assert_non_null(strstr(err, "2 layers"));
+    model_seq_t twice[2] = {{.kv = s3, .n_new = 1}, {.kv = s3, .n_new = 1}};
+    model_batch_t bt = {.n_seqs = 2, .seqs = twice};
+    assert_int_equal(model_forward(m, &bt, lg, err, sizeof err), -1);
+    assert_non_null(strstr(err, "same sequence"));
     model_batch_t empty = {.n_seqs = 0, .seqs = NULL};
     assert_int_equal(model_forward(m, &empty, lg, err, sizeof err), -1);
     kvseq_destroy(&s3);
@@ -803,6 +807,22 @@ static void test_errors(void **state)
     kvpool_destroy(&pool);
     model_destroy(&m);
     ckpt_destroy(&ck);
+
+    /* An untied config over a file without lm_head.weight is refused, not run with a guess. */
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/qwen3-f32", s_fixture_root());
+    struct stat st;
+    if (stat(dir, &st) == 0) {
+        assert_int_equal(config_load(dir, &cfg, err, sizeof err), 0);
+        cfg.tie_word_embeddings = 0;
+        ck = ckpt_open(dir, err, sizeof err);
+        assert_non_null(ck);
+        assert_null(model_load(dir, &cfg, ck, s_be, NULL, err, sizeof err));
+        assert_non_null(strstr(err, "lm_head.weight"));
+        ckpt_destroy(&ck);
+    } else {
+        print_message("(the untied-without-lm_head check needs %s)\n", dir);
+    }
 }
 
 int main(void)
