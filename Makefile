@@ -43,8 +43,24 @@ ifneq ($(NVCC),)
 CU_OBJS := $(CU_SRCS:%.cu=$(B)/obj/%.o)
 CUDA_LIB := $(if $(CU_SRCS),$(B)/libtroupe_cuda.a)
 endif
+# Binaries link the CUDA backend when it is built (CUDA_LINK=0 opts out). -u makes the linker
+# take backend_cuda_new from the archive (libtroupe's weak reference alone would not); libtroupe.a
+# again after it resolves what the CUDA objects use. CUDA_LIBDIR holds libcudart/libcublas(Lt).
+CUDA_LINK   ?= 1
+CUDA_LIBDIR ?= $(firstword $(wildcard $(CUDA_HOME)/lib64 $(CUDA_HOME)/targets/x86_64-linux/lib) /usr/lib/x86_64-linux-gnu)
+ifneq ($(CUDA_LIB),)
+ifneq ($(CUDA_LINK),0)
+CUDA_LDLIBS := -Wl,-u,backend_cuda_new $(CUDA_LIB) $(B)/libtroupe.a -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) \
+               -lcublasLt -lcublas -lcudart -lstdc++
+CUDA_DEP    := $(CUDA_LIB)
+endif
+endif
+# GPU-only tests and benchmarks (never run by tests/run.sh): tests/gpu/test_*.c (cmocka) and
+# tests/gpu/*.cu -> build/gpu-tests/<name>, with `make gpu-tests` where CUDA is built.
+GPU_TEST_BINS := $(if $(CUDA_LDLIBS),$(patsubst tests/gpu/%.c,$(B)/gpu-tests/%,$(wildcard tests/gpu/test_*.c)) \
+                                     $(patsubst tests/gpu/%.cu,$(B)/gpu-tests/%,$(wildcard tests/gpu/*.cu)))
 
-.PHONY: all deps demo test fuzz clean cuda
+.PHONY: all deps demo test fuzz clean cuda gpu-tests
 all: $(B)/libtroupe.a $(ACTOR_BINS) $(TOOL_BINS) $(TEST_BINS) $(CUDA_LIB)
 
 # Installs what is missing (apt-get as root; otherwise prints the line), fetches tokenizers.
@@ -62,6 +78,7 @@ test: deps
 	@tests/run.sh
 
 cuda: $(CUDA_LIB)
+gpu-tests: $(GPU_TEST_BINS)
 
 $(B)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -73,9 +90,9 @@ $(B)/libtroupe.a: $(LIB_OBJS)
 
 # Actor and tool names use '-' where the source uses '_': actors/cache_manager.c -> troupe-cache-manager.
 .SECONDEXPANSION:
-$(B)/bin/troupe-%: $$(firstword $$(wildcard actors/$$(subst -,_,$$*).c tools/$$(subst -,_,$$*).c)) $(B)/libtroupe.a
+$(B)/bin/troupe-%: $$(firstword $$(wildcard actors/$$(subst -,_,$$*).c tools/$$(subst -,_,$$*).c)) $(B)/libtroupe.a $(CUDA_DEP)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(PKG_CFLAGS) $< -o $@ $(B)/libtroupe.a $(LDLIBS)
+	$(CC) $(CFLAGS) $(PKG_CFLAGS) $< -o $@ $(B)/libtroupe.a $(CUDA_LDLIBS) $(LDLIBS)
 
 $(B)/tests/%: tests/unit/%.c $(B)/libtroupe.a
 	@mkdir -p $(dir $@)
@@ -88,6 +105,14 @@ $(B)/obj/%.o: %.cu
 $(B)/libtroupe_cuda.a: $(CU_OBJS)
 	@rm -f $@
 	ar rcs $@ $^
+
+$(B)/gpu-tests/%: tests/gpu/%.c $(B)/libtroupe.a $(CUDA_DEP)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(PKG_CFLAGS) $< -o $@ $(B)/libtroupe.a $(CUDA_LDLIBS) $(CMOCKA) $(LDLIBS)
+$(B)/gpu-tests/%: tests/gpu/%.cu $(B)/libtroupe.a $(CUDA_DEP)
+	@mkdir -p $(dir $@)
+	$(NVCC) -O3 -std=c++17 $(CUDA_ARCH) -I. -c $< -o $@.o
+	$(CC) $(CFLAGS) $@.o -o $@ $(B)/libtroupe.a $(CUDA_LDLIBS) $(LDLIBS)
 
 # Fuzzers: the library sources rebuilt with clang and sanitizers, one binary per target.
 FUZZ_CC     ?= clang

@@ -412,9 +412,22 @@ static int s_on_cancel(actor_t *a, void *state, const actor_peer_t *from, msg_t 
 
 /* ---- from the workers -------------------------------------------------------------------- */
 
+/* Worker messages come on the inbox; the same types arriving from a client are refused (a client
+ * must not be able to end or feed someone else's request). */
+static int s_from_client(actor_t *a, router_t *r, const actor_peer_t *from, const msg_t *m)
+{
+    if (from->sock != r->clients)
+        return 0;
+    actor_reply_error(a, from, m->id, MSG_ERR_BAD_REQUEST, 0, "'%s' is not a client message",
+                      msg_type_name(m->type));
+    return 1;
+}
+
 static int s_on_token(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
 {
     router_t *r = state;
+    if (s_from_client(a, r, from, m))
+        return 0;
     rq_t *q = s_find(r, m->id);
     if (!q)
         return 0;   /* cancelled or failed already: drop */
@@ -442,6 +455,8 @@ static int s_on_token(actor_t *a, void *state, const actor_peer_t *from, msg_t *
 static int s_on_done(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
 {
     router_t *r = state;
+    if (s_from_client(a, r, from, m))
+        return 0;
     rq_t *q = s_find(r, m->id);
     if (!q)
         return 0;
@@ -465,6 +480,8 @@ static int s_on_done(actor_t *a, void *state, const actor_peer_t *from, msg_t *m
 static int s_on_error(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
 {
     router_t *r = state;
+    if (s_from_client(a, r, from, m))
+        return 0;
     rq_t *q = s_find(r, m->id);
     if (!q)
         return 0;
@@ -476,6 +493,8 @@ static int s_on_error(actor_t *a, void *state, const actor_peer_t *from, msg_t *
 static int s_on_cache_event(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
 {
     router_t *r = state;
+    if (s_from_client(a, r, from, m))
+        return 0;
     const msg_cache_event_t *e = &m->u.cache_event;
     int bit = e->tier == MSG_TIER_HOST ? HOST_BIT : s_worker(r, e->holder);
     if (bit < 0)

@@ -135,6 +135,8 @@ typedef struct backend_ops {
     /* out[t] = sum over the k experts e of token t, in ascending expert order, of
      * weights[t][j] * down_e(silu(gate_e(x[t])) * up_e(x[t])) — HF's order of index_add_. Every
      * expert's matmuls are the `matmul` op, so a token's result does not depend on the batch.
+     * experts is a HOST array [n_experts] of descriptors of device weights (fixed after load, so a
+     * device backend may cache its own copy keyed by the pointer); ids and weights are device.
      * scratch: device memory of moe_scratch_bytes(M, k, H, I, n_experts) bytes. x, out [M][H]. */
     void (*moe_ffn)(backend_t *be, const float *x, int M, int H, const int32_t *ids, const float *weights, int k,
                     const bk_expert_t *experts, int n_experts, void *scratch, float *out);

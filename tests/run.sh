@@ -28,6 +28,7 @@ done
 for s in tests/scenario/*.sh; do
   [ -f "$s" ] || continue
   name=$(basename "$s" .sh)
+  [ "$name" = lib ] && continue          # helpers for the scenarios, not a test
   echo "$name" | grep -qE "$pattern" || continue
   start=$(date +%s.%N)
   timeout 600 bash "$s" >"$logs/$name.log" 2>&1

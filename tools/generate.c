@@ -36,6 +36,7 @@ static const char *s_usage =
     "         [--repetition-penalty R] [--presence-penalty X] [--frequency-penalty X] [--seed S]\n"
     "         [--stop STR]... [--stop-id ID]... [--ignore-eos] [--dtype f32|bf16|f16]\n"
     "         [--load-format auto|dummy] [--tokenizer DIR] [--threads N] [--chunk N]\n"
+    "         [--backend cpu|cuda|cuda:N]\n"
     "         [--json] [--logprobs] [--logprobs-mode raw|processed] [--no-think] [-v]\n"
     "Sampling options left out take the model's generation_config.json defaults (greedy when it\n"
     "has none). --dtype sets the dummy weights' dtype and the KV cache's (default: the config's).\n";
@@ -47,6 +48,7 @@ typedef struct gen_opts {
     sampler_params_t sp;
     int have_seed;
     const char *dtype;            /* NULL: config */
+    const char *backend;          /* backend_new kind: cpu (default), cuda, cuda:N */
     int dummy;                    /* --load-format dummy */
     int threads, chunk, json, logprobs, no_think, verbose;
 } gen_opts_t;
@@ -118,6 +120,7 @@ static int s_parse_args(int argc, char **argv, gen_opts_t *o)
         else if (!strcmp(a, "--system")) o->system = v;
         else if (!strcmp(a, "--ids")) o->ids = v;
         else if (!strcmp(a, "--tokenizer")) o->tokenizer_dir = v;
+        else if (!strcmp(a, "--backend")) o->backend = v;
         else if (!strcmp(a, "--max-tokens")) rc = s_parse_int(a, v, 1, INT_MAX / 2, &o->max_tokens);
         else if (!strcmp(a, "--temperature")) { rc = s_parse_double(a, v, &o->sp.temperature); o->have_temperature = 1; }
         else if (!strcmp(a, "--top-k")) { rc = s_parse_int(a, v, -1, INT_MAX, &o->sp.top_k); o->have_top_k = 1; }
@@ -373,7 +376,7 @@ int main(int argc, char **argv)
     }
 
     /* Backend, weights, model. */
-    if (!(be = backend_new("cpu", o.threads, err, sizeof err))) {
+    if (!(be = backend_new(o.backend ? o.backend : "cpu", o.threads, err, sizeof err))) {
         fprintf(stderr, "troupe-generate: %s\n", err);
         goto done;
     }
@@ -496,6 +499,7 @@ int main(int argc, char **argv)
         json_object_set_new(md, "kv_dtype", json_string(dtype_name(kvt)));
         json_object_set_new(md, "weight_bytes_per_token", json_integer((json_int_t)model_active_weight_bytes(m)));
         json_object_set_new(md, "threads", json_integer(be->n_threads));
+        json_object_set_new(md, "backend", json_string(be->ops->name));
         json_object_set_new(j, "model", md);
         if (o.logprobs) {
             json_t *l = json_array();

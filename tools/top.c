@@ -1,6 +1,6 @@
 /* tools/top.c — troupe-top: the live view of a cluster, from its monitor actor.
  *
- *   troupe-top [--topology FILE | --endpoint EP] [--once] [--json] [--interval-ms N]
+ *   troupe-top [--topology FILE | --endpoint EP] [--once] [--json] [--metrics] [--interval-ms N]
  *
  * Live mode (a terminal): an ncurses table refreshed every interval; q quits. --once prints one
  * plain-text snapshot (for scripts and logs); --json prints the monitor's reply as JSON.
@@ -41,8 +41,27 @@ static int s_cmp(const void *a, const void *b)
     return strcmp(x->name, y->name);
 }
 
-/* Renders one snapshot as lines of text into buf (shared by --once and the live view). */
-static void s_render(const msg_t *r, char *buf, size_t cap)
+/* Appends a metric's value in a column of width w, or "-" where the actor has no such metric. */
+static size_t s_col(char *buf, size_t cap, const msg_stats_t *st, const char *name, int w, int prec)
+{
+    for (uint32_t i = 0; i < st->n_metrics; i++)
+        if (strcmp(st->metrics[i].name, name) == 0)
+            return (size_t)snprintf(buf, cap, " %*.*f", w, prec, st->metrics[i].value);
+    return (size_t)snprintf(buf, cap, " %*s", w, "-");
+}
+
+static int s_has(const msg_stats_t *st, const char *name)
+{
+    for (uint32_t i = 0; i < st->n_metrics; i++)
+        if (strcmp(st->metrics[i].name, name) == 0)
+            return 1;
+    return 0;
+}
+
+/* Renders one snapshot as lines of text into buf (shared by --once and the live view): every
+ * actor's life (first table), then the serving view of the actors that serve (second table), then
+ * with all_metrics every metric by name. */
+static void s_render(const msg_t *r, char *buf, size_t cap, int all_metrics)
 {
     const msg_inspect_reply_t *ir = &r->u.inspect_reply;
     msg_stats_t *rows = malloc(ir->n_actors * sizeof *rows + 1);
@@ -51,27 +70,66 @@ static void s_render(const msg_t *r, char *buf, size_t cap)
     size_t n = 0;
     n += (size_t)snprintf(buf + n, cap - n, "troupe-top — %u actors, monitor up %.1f s\n",
                           ir->n_actors, (double)ir->uptime_ms / 1000.0);
-    n += (size_t)snprintf(buf + n, cap - n, "%-18s %-16s %7s %9s %-9s %8s %9s %9s %9s %6s  %s\n",
+    n += (size_t)snprintf(buf + n, cap - n, "%-18s %-16s %7s %9s %-9s %8s %9s %9s %9s %6s\n",
                           "ACTOR", "ROLE", "PID", "UPTIME", "STATE", "RESTARTS", "MSGS_IN",
-                          "MSGS_OUT", "MALFORMED", "QUEUE", "METRICS");
+                          "MSGS_OUT", "MALFORMED", "QUEUE");
     for (uint32_t i = 0; i < ir->n_actors && n < cap - 512; i++) {
         const msg_stats_t *st = &rows[i];
         uint64_t q = 0;
         for (uint32_t k = 0; k < st->n_queues; k++)
             q += st->queues[k].depth;
-        n += (size_t)snprintf(buf + n, cap - n, "%-18s %-16s %7u %8.1fs %-9s %8u %9llu %9llu %9llu %6llu ",
+        n += (size_t)snprintf(buf + n, cap - n, "%-18s %-16s %7u %8.1fs %-9s %8u %9llu %9llu %9llu %6llu\n",
                               st->name, msg_role_name(st->role), st->pid,
                               /* stats are up to a second old: age them to now */
                               (double)st->uptime_ms / 1000.0 + s_metric(st, "silent_ms", 0) / 1000.0,
                               s_state(st), st->restarts, (unsigned long long)st->msgs_in,
                               (unsigned long long)st->msgs_out, (unsigned long long)st->malformed,
                               (unsigned long long)q);
-        for (uint32_t k = 0; k < st->n_metrics && n < cap - 256; k++) {
-            if (!strcmp(st->metrics[k].name, "silent_ms"))
-                continue;
-            n += (size_t)snprintf(buf + n, cap - n, " %s=%g", st->metrics[k].name, st->metrics[k].value);
-        }
+    }
+    n += (size_t)snprintf(buf + n, cap - n, "\n%-18s %5s %5s %5s %8s %8s %8s %7s %7s %6s %8s %8s %7s %7s\n",
+                          "SERVING", "RUN", "WAIT", "BATCH", "TOK/S", "KV_USED", "KV_FREE", "HIT%", "XFERS",
+                          "XFAIL", "TTFT_P50", "TTFT_P99", "ITL_P50", "ITL_P99");
+    for (uint32_t i = 0; i < ir->n_actors && n < cap - 512; i++) {
+        const msg_stats_t *st = &rows[i];
+        if (!s_has(st, "requests_running") && !s_has(st, "host_blocks_used"))
+            continue;
+        n += (size_t)snprintf(buf + n, cap - n, "%-18s", st->name);
+        n += s_col(buf + n, cap - n, st, "requests_running", 5, 0);
+        n += s_col(buf + n, cap - n, st, "requests_waiting", 5, 0);
+        n += s_col(buf + n, cap - n, st, "batch_size", 5, 0);
+        n += s_col(buf + n, cap - n, st, "tokens_per_s", 8, 1);
+        n += s_col(buf + n, cap - n, st, s_has(st, "kv_blocks_used") ? "kv_blocks_used" : "host_blocks_used", 8, 0);
+        n += s_col(buf + n, cap - n, st, s_has(st, "kv_blocks_free") ? "kv_blocks_free" : "host_blocks_free", 8, 0);
+        /* Hit rate: the router's prefix look-ups (blocks found anywhere / blocks asked), the
+         * prefill's reuse (cached / prompt tokens), the cache-manager's fetches. */
+        double hits = -1, queries = 0;
+        if (s_has(st, "prefix_cache_queries"))
+            hits = s_metric(st, "prefix_cache_hits", 0), queries = s_metric(st, "prefix_cache_queries", 0);
+        else if (s_has(st, "cached_tokens_total") && s_has(st, "prompt_tokens_total") && !s_has(st, "ttft_p50_ms"))
+            hits = s_metric(st, "cached_tokens_total", 0), queries = s_metric(st, "prompt_tokens_total", 0);
+        else if (s_has(st, "fetch_queries_total"))
+            hits = s_metric(st, "fetch_hits_total", 0), queries = s_metric(st, "fetch_queries_total", 0);
+        if (hits >= 0 && queries > 0)
+            n += (size_t)snprintf(buf + n, cap - n, " %6.1f%%", 100.0 * hits / queries);
+        else
+            n += (size_t)snprintf(buf + n, cap - n, " %7s", "-");
+        n += s_col(buf + n, cap - n, st, "transfers_total", 7, 0);
+        n += s_col(buf + n, cap - n, st, "transfer_failures_total", 6, 0);
+        n += s_col(buf + n, cap - n, st, "ttft_p50_ms", 8, 1);
+        n += s_col(buf + n, cap - n, st, "ttft_p99_ms", 8, 1);
+        n += s_col(buf + n, cap - n, st, "itl_p50_ms", 7, 1);
+        n += s_col(buf + n, cap - n, st, "itl_p99_ms", 7, 1);
         n += (size_t)snprintf(buf + n, cap - n, "\n");
+    }
+    if (all_metrics) {
+        n += (size_t)snprintf(buf + n, cap - n, "\nMETRICS\n");
+        for (uint32_t i = 0; i < ir->n_actors && n < cap - 512; i++) {
+            const msg_stats_t *st = &rows[i];
+            n += (size_t)snprintf(buf + n, cap - n, "%-18s", st->name);
+            for (uint32_t k = 0; k < st->n_metrics && n < cap - 256; k++)
+                n += (size_t)snprintf(buf + n, cap - n, " %s=%g", st->metrics[k].name, st->metrics[k].value);
+            n += (size_t)snprintf(buf + n, cap - n, "\n");
+        }
     }
     free(rows);
 }
@@ -87,13 +145,14 @@ static int s_query(client_t *c, msg_t *reply, char *err, size_t errlen)
 int main(int argc, char **argv)
 {
     const char *endpoint = NULL, *topology = NULL;
-    int once = 0, json = 0;
+    int once = 0, json = 0, all_metrics = 0;
     long interval = 1000;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--endpoint") && i + 1 < argc) endpoint = argv[++i];
         else if (!strcmp(argv[i], "--topology") && i + 1 < argc) topology = argv[++i];
         else if (!strcmp(argv[i], "--once")) once = 1;
         else if (!strcmp(argv[i], "--json")) json = once = 1;
+        else if (!strcmp(argv[i], "--metrics")) all_metrics = 1;
         else if (!strcmp(argv[i], "--interval-ms") && i + 1 < argc) {
             char *end;
             interval = strtol(argv[++i], &end, 10);
@@ -102,7 +161,9 @@ int main(int argc, char **argv)
                 return 2;
             }
         } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("usage: troupe-top [--topology FILE | --endpoint EP] [--once] [--json] [--interval-ms N]\n");
+            printf("usage: troupe-top [--topology FILE | --endpoint EP] [--once] [--json] [--metrics] [--interval-ms N]\n"
+                   "  --once: one plain-text snapshot; --json: the monitor's reply as JSON;\n"
+                   "  --metrics: every metric of every actor by name, after the tables\n");
             return 0;
         } else {
             fprintf(stderr, "troupe-top: unknown argument '%s'\n", argv[i]);
@@ -139,7 +200,7 @@ int main(int argc, char **argv)
             else
                 printf("%s\n", text);
         } else {
-            s_render(&r, text, sizeof text);
+            s_render(&r, text, sizeof text, all_metrics);
             fputs(text, stdout);
         }
         msg_free(&r);
@@ -158,7 +219,7 @@ int main(int argc, char **argv)
         msg_init(&r, MSG_NONE, 0);
         erase();
         if (s_query(c, &r, err, sizeof err) == 0 && r.type == MSG_INSPECT_REPLY) {
-            s_render(&r, text, sizeof text);
+            s_render(&r, text, sizeof text, all_metrics);
             mvaddstr(0, 0, text);
         } else {
             mvprintw(0, 0, "troupe-top: monitor at %s: %s (retrying)", endpoint, err);

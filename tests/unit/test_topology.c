@@ -85,7 +85,9 @@ static void test_examples_load(void **state)
     assert_int_equal(topo_load_file("topology/examples/cpu-default.yaml", &t, &s_errs), 0);
     assert_string_equal(t->name, "cpu-default");
     assert_int_equal(t->model.backend, TOPO_BACKEND_CPU);
-    assert_int_equal(t->model.dtype, DT_F32);
+    assert_int_equal(t->model.dtype, DT_BF16);
+    assert_int_equal(t->model.load_format, TOPO_LOAD_DUMMY);
+    assert_string_equal(t->model.tokenizer, "third_party/tokenizers/qwen3");
     assert_int_equal(t->n_instances, 7);
     for (int r = 0; r < ROLE_COUNT; r++)
         assert_int_equal(topo_count_role(t, (topo_role_t)r), 1);
