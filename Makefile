@@ -43,10 +43,12 @@ ifneq ($(NVCC),)
 CU_OBJS := $(CU_SRCS:%.cu=$(B)/obj/%.o)
 CUDA_LIB := $(if $(CU_SRCS),$(B)/libtroupe_cuda.a)
 endif
-# Binaries link the CUDA backend when it is built (CUDA_LINK=0 opts out). -u makes the linker
+# The model-running binaries (CUDA_USERS) link the CUDA backend when it is built (CUDA_LINK=0 opts
+# out); the others stay free of the CUDA libraries, which cost ~80 ms per process start. -u makes the linker
 # take backend_cuda_new from the archive (libtroupe's weak reference alone would not); libtroupe.a
 # again after it resolves what the CUDA objects use. CUDA_LIBDIR holds libcudart/libcublas(Lt).
 CUDA_LINK   ?= 1
+CUDA_USERS  := troupe-prefill troupe-decode troupe-generate
 CUDA_LIBDIR ?= $(firstword $(wildcard $(CUDA_HOME)/lib64 $(CUDA_HOME)/targets/x86_64-linux/lib) /usr/lib/x86_64-linux-gnu)
 ifneq ($(CUDA_LIB),)
 ifneq ($(CUDA_LINK),0)
@@ -92,7 +94,7 @@ $(B)/libtroupe.a: $(LIB_OBJS)
 .SECONDEXPANSION:
 $(B)/bin/troupe-%: $$(firstword $$(wildcard actors/$$(subst -,_,$$*).c tools/$$(subst -,_,$$*).c)) $(B)/libtroupe.a $(CUDA_DEP)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(PKG_CFLAGS) $< -o $@ $(B)/libtroupe.a $(CUDA_LDLIBS) $(LDLIBS)
+	$(CC) $(CFLAGS) $(PKG_CFLAGS) $< -o $@ $(B)/libtroupe.a $(if $(filter $(notdir $@),$(CUDA_USERS)),$(CUDA_LDLIBS)) $(LDLIBS)
 
 $(B)/tests/%: tests/unit/%.c $(B)/libtroupe.a
 	@mkdir -p $(dir $@)

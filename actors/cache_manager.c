@@ -11,7 +11,8 @@
  *   - retention: cache_pin pins a prefix's blocks until an expiry (prompt_cache_key + 5 min / 1 h);
  *     a pinned block is never evicted before its time whatever the load; unpinned blocks are
  *     evicted least-recently-used; expired pins are dropped by a timer;
- *   - publish cache_event (stored / removed) to every router, so routing sees where prefixes live.
+ *   - publish cache_event (stored / removed) to every router, so routing sees where prefixes live,
+ *     and to the monitor, which counts them.
  *
  * Known limits: the host store lives in this process's memory (no disk tier yet); device-tier
  * entries are what workers announced and may be stale after a worker evicts (harmless: a stale
@@ -52,7 +53,7 @@ typedef struct fetch {
 typedef struct cmgr {
     const topo_t *topo;
     const char *name, *cluster;
-    const char *routers[16];        /* who gets cache events */
+    const char *routers[16];        /* who gets cache events (with the monitor) */
     int n_routers;
     const char *workers[MAX_WORKERS];
     int n_workers;
@@ -412,7 +413,7 @@ int main(int argc, char **argv)
     u64map_init(&c->pins, 256);
     for (int i = 0; i < t->n_instances; i++) {
         const topo_instance_t *in = &t->instances[i];
-        if (in->role == ROLE_ROUTER && c->n_routers < 16)
+        if ((in->role == ROLE_ROUTER || in->role == ROLE_MONITOR) && c->n_routers < 16)
             c->routers[c->n_routers++] = in->name;
         if ((in->role == ROLE_PREFILL || in->role == ROLE_DECODE) && c->n_workers < MAX_WORKERS)
             c->workers[c->n_workers++] = in->name;

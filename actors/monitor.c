@@ -10,6 +10,8 @@
  * The latest STATS frame of each actor is kept as raw bytes and decoded only when someone asks:
  * stats arrive every second from every actor, queries rarely.
  *
+ * It also counts the cache-manager's cache events (blocks stored / removed) as metrics.
+ *
  * Known limits: Prometheus /metrics is not served yet; cache and expert views (INSPECT cache /
  * experts) answer with the actors whose stats carry those metrics. */
 #include <stdlib.h>
@@ -35,6 +37,7 @@ typedef struct monitor {
     tracked_t actors[MAX_TRACKED];
     int n;
     uint64_t frames, bad_frames; /* stats frames received / undecodable */
+    uint64_t cache_events[MSG_CEV_COUNT];   /* cache_event blocks by kind, from the cache-manager */
     int64_t started_ms;
 } monitor_t;
 
@@ -141,9 +144,19 @@ static int s_on_inspect(actor_t *a, void *state, const actor_peer_t *from, msg_t
     return 0;
 }
 
+static int s_on_cache_event(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
+{
+    monitor_t *mon = state;
+    if (m->u.cache_event.kind < MSG_CEV_COUNT)
+        mon->cache_events[m->u.cache_event.kind] += m->u.cache_event.n_hashes;
+    return 0;
+}
+
 static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
 {
     monitor_t *mon = state;
+    actor_stat_metric(a, st, "cache_blocks_stored_events", (double)mon->cache_events[MSG_CEV_STORED], 1);
+    actor_stat_metric(a, st, "cache_blocks_removed_events", (double)mon->cache_events[MSG_CEV_REMOVED], 1);
     actor_stat_metric(a, st, "actors_tracked", mon->n, 0);
     actor_stat_metric(a, st, "stats_frames", (double)mon->frames, 1);
     actor_stat_metric(a, st, "stats_frames_bad", (double)mon->bad_frames, 1);
@@ -151,6 +164,7 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
 
 static const actor_handler_t s_handlers[] = {
     {MSG_INSPECT, s_on_inspect},
+    {MSG_CACHE_EVENT, s_on_cache_event},
 };
 
 int main(int argc, char **argv)

@@ -83,8 +83,13 @@ typedef struct cuda_state {
     size_t conv_bytes;
     float *part;                  /* device: split-KV attention partials [rows][heads][splits][D + 2] */
     size_t part_bytes;
+    float *gout;                  /* device: the split GEMM's [2M][N] output (hi rows, then lo rows) */
+    size_t gout_bytes;
     int gemv_max_m;               /* matmuls with M <= this run the GEMV kernel (TROUPE_CUDA_GEMV_MAX_M, default 8) */
+    int gemv_warps;               /* warps sharing one output row in the GEMV (TROUPE_CUDA_GEMV_WARPS: 1, 4, 8) */
+    int gemm_split;               /* 1: activations as bf16 hi + lo in the GEMM (TROUPE_CUDA_GEMM_SPLIT, default 1) */
     int attn_split;               /* 0: never split the keys of a row across blocks (TROUPE_CUDA_ATTN_SPLIT=0) */
+    int pdl;                      /* 1: kernels launch with programmatic dependent launch (TROUPE_CUDA_PDL=1) */
     cuda_plan_t plans[CUDA_MAX_PLANS];
     int next_plan;                /* round-robin victim when the plan cache is full */
 
@@ -125,6 +130,29 @@ void cuda_moe_ffn(backend_t *be, const float *x, int M, int H, const int32_t *id
                   const bk_expert_t *experts, int n_experts, void *scratch, float *out);
 
 /* Shared by moe_ffn: dst[i] = src[rows[i]] for n rows of cols floats (rows on the device). */
-void cuda_launch_gather(cudaStream_t s, const float *src, const int32_t *rows, int n, int cols, float *dst);
+void cuda_launch_gather(const cuda_state_t *st, const float *src, const int32_t *rows, int n, int cols, float *dst);
+
+/* Every kernel of this backend is launched here, on the backend's stream. With st->pdl the launch
+ * allows programmatic dependent launch (Hopper): the kernel may start while its predecessor in
+ * the stream is finishing. That is safe because every kernel begins with DEV_PDL_ENTER (in
+ * cuda_dev.cuh), which waits until the predecessor grid has completed and its writes are visible
+ * before touching anything but immutable weights; launches that are not kernels (copies, memsets,
+ * cuBLAS) keep the stream's full ordering. The check after the launch catches a bad configuration
+ * at once. */
+template <typename... KArgs, typename... Args>
+static inline void cuda_launch(const cuda_state_t *st, void (*kernel)(KArgs...), dim3 grid, dim3 block, Args... args)
+{
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = st->stream;
+    cfg.attrs = &attr;
+    cfg.numAttrs = st->pdl ? 1 : 0;
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, ((KArgs)args)...));
+}
 
 #endif

@@ -1,0 +1,479 @@
+/* kernels/cuda/cuda_attention.cu — K/V into the paged cache, and causal GQA attention over it.
+ *
+ * Two attention kernels, both with the online softmax of kernels/backend.h (running max m, running
+ * sum l, unnormalised accumulator rescaled by exp(m_old - m_new); out = acc * (1 / l)), both
+ * reading K and V at the cache's stored width (bf16 K/V are converted in registers):
+ *
+ * Rows (decode, and any shape): one block per (row, query head, split). Each of its 4 warps takes
+ * 4 keys at a time (all 8 K/V loads in flight before the first use), a lane holding head_dim/32
+ * elements of q, K, V and the accumulator; a dot product is finished by a butterfly of shuffles.
+ * The warps' states merge in shared memory at the end. When rows x heads cannot fill the GPU
+ * (decode: 1 row x 32 heads on 132 SMs), each row's keys are split into S ranges (split-KV,
+ * "flash-decoding"): every block writes (m, l, acc) for its range and a second kernel merges them.
+ * S comes from the shape only (the host does not know the context lengths: positions live on the
+ * device), so a short context just leaves some ranges empty.
+ *
+ * Tiles (prefill: many rows per sequence, head_dim 32, 64 or 128): one block per (16 consecutive
+ * rows, query head). Keys come 32 at a time into shared memory as f32 (K rows padded so each
+ * lane's 16-byte reads hit distinct banks); lane j scores key j against each of the warp's 4 rows,
+ * then the tile's softmax update and P.V (p broadcast by shuffle, V read as float4). K and V are
+ * read once per 16 rows instead of once per row. Rows of one tile that belong to different
+ * sequences (the interface allows any order) are handled in one pass per sequence.
+ *
+ * Numerics: scores are f32 dot products times scale, exp is expf; only the summation order
+ * differs from the CPU (relative ~1e-6).
+ */
+#include <math.h>
+
+#include "kernels/cuda/cuda.h"
+#include "kernels/cuda/cuda_dev.cuh"
+
+#define ATTN_WARPS 4              /* warps per block in both kernels */
+#define ATTN_KU 4                 /* keys per warp per step in the row kernel */
+#define ATTN_MAX_SPLIT 32
+#define TILE_ROWS 16              /* query rows per block in the tile kernel (4 per warp) */
+#define TILE_KEYS 32              /* keys per shared-memory tile: one per lane */
+#define TILE_MAX_D 128
+
+/* Everything a kernel needs to address the pool and the step, passed by value. */
+typedef struct attn_args {
+    const uint8_t *base;          /* pool */
+    size_t block_bytes;
+    int block_size, n_kv, D, layer;
+    const int32_t *tok_seq, *tok_pos, *seq_bt_start, *block_table;
+    const float *q;               /* [T][n_heads][D] */
+    int T, n_heads;
+    float scale;
+    int S;                        /* key ranges per row (row kernel) */
+    float *out;                   /* [T][n_heads][D] */
+    float *part;                  /* S > 1: [T][n_heads][S][D + 2] = (m, l, acc[D]) */
+} attn_args_t;
+
+/* Element offset, from the start of a block, of K (which 0) or V (1) of `layer`, slot 0, head 0. */
+__device__ __forceinline__ size_t dev_kv_off(const attn_args_t &a, int which)
+{
+    return ((size_t)a.layer * 2 + (size_t)which) * (size_t)a.block_size * (size_t)a.n_kv * (size_t)a.D;
+}
+
+/* ---- kv_store ----------------------------------------------------------------------------------- */
+
+template <typename KT>
+__global__ void k_kv_store(attn_args_t a, const float *k, const float *v)
+{
+    DEV_PDL_ENTER();
+    const int t = blockIdx.x;
+    const int seq = a.tok_seq[t], pos = a.tok_pos[t];
+    const int32_t blk = a.block_table[a.seq_bt_start[seq] + pos / a.block_size];
+    const int slot = pos % a.block_size, n = a.n_kv * a.D;
+    KT *blockp = (KT *)(a.base + (size_t)blk * a.block_bytes);
+    KT *kd = blockp + dev_kv_off(a, 0) + (size_t)slot * n;
+    KT *vd = blockp + dev_kv_off(a, 1) + (size_t)slot * n;
+    const float *ks = k + (size_t)t * n, *vs = v + (size_t)t * n;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        dev_store(kd + i, ks[i]);
+        dev_store(vd + i, vs[i]);
+    }
+}
+
+void cuda_kv_store(backend_t *be, const bk_kv_t *kv, int layer, const float *k, const float *v, const bk_attn_meta_t *meta)
+{
+    if (meta->n_tokens <= 0)
+        return;
+    attn_args_t a = {};
+    a.base = (const uint8_t *)kv->base;
+    a.block_bytes = kv->block_bytes;
+    a.block_size = kv->block_size;
+    a.n_kv = kv->n_kv_heads;
+    a.D = kv->head_dim;
+    a.layer = layer;
+    a.tok_seq = meta->tok_seq;
+    a.tok_pos = meta->tok_pos;
+    a.seq_bt_start = meta->seq_bt_start;
+    a.block_table = meta->block_table;
+    const cuda_state_t *st = cuda_st(be);
+    const int threads = kv->n_kv_heads * kv->head_dim >= 512 ? 256 : 128;
+    switch (kv->dtype) {
+    case DT_F32: cuda_launch(st, k_kv_store<float>, meta->n_tokens, threads, a, k, v); break;
+    case DT_BF16: cuda_launch(st, k_kv_store<__nv_bfloat16>, meta->n_tokens, threads, a, k, v); break;
+    default: cuda_launch(st, k_kv_store<__half>, meta->n_tokens, threads, a, k, v); break;
+    }
+}
+
+/* ---- row kernel (decode, split-KV) ------------------------------------------------------------- */
+
+/* DPL elements of a head vector at p + d0 (this lane's part) as floats. VEC: D == 32 * DPL and
+ * the lane's part is 4, 8 or 16+ bytes, so it is loaded in 16-byte (or smaller) vectors; else one
+ * element at a time, lanes past D reading nothing. */
+template <typename KT, int DPL, bool VEC>
+__device__ __forceinline__ void dev_load_part(const KT *p, int d0, int D, float *out)
+{
+    if constexpr (VEC) {
+        constexpr int VN = DPL * (int)sizeof(KT) > 16 ? 16 / (int)sizeof(KT) : DPL;
+#pragma unroll
+        for (int i = 0; i < DPL; i += VN)
+            dev_load_vec<KT, VN>(p + d0 + i, out + i);
+    } else {
+#pragma unroll
+        for (int i = 0; i < DPL; i++)
+            out[i] = d0 + i < D ? dev_to_f32(p[d0 + i]) : 0.0f;
+    }
+}
+
+template <typename KT, int DPL, bool VEC>
+__global__ void __launch_bounds__(ATTN_WARPS * 32) k_attn_rows(attn_args_t a)
+{
+    DEV_PDL_ENTER();
+    __shared__ float sm_m[ATTN_WARPS], sm_l[ATTN_WARPS];
+    __shared__ float sm_acc[ATTN_WARPS][BK_MAX_HEAD_DIM];
+    const int t = blockIdx.x, h = blockIdx.y, s = blockIdx.z;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int D = a.D, G = a.n_heads / a.n_kv, g = h / G, d0 = lane * DPL;
+    const int seq = a.tok_seq[t], n_keys = a.tok_pos[t] + 1;
+    const int chunk = (n_keys + a.S - 1) / a.S;
+    const int k0 = s * chunk, k1 = min(n_keys, k0 + chunk);
+    const int32_t *bt = a.block_table + a.seq_bt_start[seq];
+    const size_t slot_stride = (size_t)a.n_kv * D, k_off = dev_kv_off(a, 0) + (size_t)g * D,
+                 v_off = dev_kv_off(a, 1) + (size_t)g * D;
+
+    float qv[DPL], acc[DPL];
+    const float *qp = a.q + ((size_t)t * a.n_heads + h) * D;
+#pragma unroll
+    for (int i = 0; i < DPL; i++) {
+        qv[i] = d0 + i < D ? qp[d0 + i] : 0.0f;
+        acc[i] = 0.0f;
+    }
+    float m = -INFINITY, l = 0.0f;
+    for (int j0 = k0 + warp * ATTN_KU; j0 < k1; j0 += ATTN_WARPS * ATTN_KU) {
+        float kf[ATTN_KU][DPL], vf[ATTN_KU][DPL];
+#pragma unroll
+        for (int u = 0; u < ATTN_KU; u++) {
+            const int j = j0 + u;
+            if (j < k1) {
+                const KT *blockp = (const KT *)(a.base + (size_t)bt[j / a.block_size] * a.block_bytes);
+                const size_t slot = (size_t)(j % a.block_size) * slot_stride;
+                dev_load_part<KT, DPL, VEC>(blockp + k_off + slot, d0, D, kf[u]);
+                dev_load_part<KT, DPL, VEC>(blockp + v_off + slot, d0, D, vf[u]);
+            } else {
+#pragma unroll
+                for (int i = 0; i < DPL; i++)
+                    kf[u][i] = vf[u][i] = 0.0f;
+            }
+        }
+        float sc[ATTN_KU];
+        float bmax = -INFINITY;
+#pragma unroll
+        for (int u = 0; u < ATTN_KU; u++) {
+            float part = 0.0f;
+#pragma unroll
+            for (int i = 0; i < DPL; i++)
+                part = fmaf(qv[i], kf[u][i], part);
+            sc[u] = j0 + u < k1 ? dev_warp_sum(part) * a.scale : -INFINITY;
+            bmax = fmaxf(bmax, sc[u]);
+        }
+        const float m_new = fmaxf(m, bmax);        /* finite: key j0 is always in range */
+        const float corr = m == -INFINITY ? 0.0f : expf(m - m_new);
+        float p[ATTN_KU], psum = 0.0f;
+#pragma unroll
+        for (int u = 0; u < ATTN_KU; u++) {
+            p[u] = j0 + u < k1 ? expf(sc[u] - m_new) : 0.0f;
+            psum += p[u];
+        }
+        l = l * corr + psum;
+#pragma unroll
+        for (int i = 0; i < DPL; i++) {
+            float x = acc[i] * corr;
+#pragma unroll
+            for (int u = 0; u < ATTN_KU; u++)
+                x = fmaf(p[u], vf[u][i], x);
+            acc[i] = x;
+        }
+        m = m_new;
+    }
+
+    /* Merge the warps (a warp that saw no key has m = -inf, l = 0, acc = 0 and weight 0). */
+    if (lane == 0) {
+        sm_m[warp] = m;
+        sm_l[warp] = l;
+    }
+#pragma unroll
+    for (int i = 0; i < DPL; i++)
+        if (d0 + i < D)
+            sm_acc[warp][d0 + i] = acc[i];
+    __syncthreads();
+    float mt = -INFINITY, lt = 0.0f, wt[ATTN_WARPS];
+#pragma unroll
+    for (int w = 0; w < ATTN_WARPS; w++)
+        mt = fmaxf(mt, sm_m[w]);
+#pragma unroll
+    for (int w = 0; w < ATTN_WARPS; w++) {
+        wt[w] = sm_m[w] == -INFINITY ? 0.0f : expf(sm_m[w] - mt);
+        lt += sm_l[w] * wt[w];
+    }
+    const size_t r = (size_t)t * a.n_heads + h;
+    if (a.S == 1) {
+        const float inv = 1.0f / lt;
+        for (int d = threadIdx.x; d < D; d += blockDim.x) {
+            float x = 0.0f;
+#pragma unroll
+            for (int w = 0; w < ATTN_WARPS; w++)
+                x += sm_acc[w][d] * wt[w];
+            a.out[r * D + d] = x * inv;
+        }
+    } else {
+        float *pp = a.part + (r * a.S + s) * (size_t)(D + 2);
+        if (threadIdx.x == 0) {
+            pp[0] = mt;
+            pp[1] = lt;
+        }
+        for (int d = threadIdx.x; d < D; d += blockDim.x) {
+            float x = 0.0f;
+#pragma unroll
+            for (int w = 0; w < ATTN_WARPS; w++)
+                x += sm_acc[w][d] * wt[w];
+            pp[2 + d] = x;
+        }
+    }
+}
+
+/* Merges the S key ranges of each (row, head): one block each. */
+__global__ void k_attn_merge(const float *part, int S, int D, float *out)
+{
+    DEV_PDL_ENTER();
+    __shared__ float wts[ATTN_MAX_SPLIT];
+    __shared__ float s_inv;
+    const size_t r = blockIdx.x;
+    const float *p = part + r * S * (size_t)(D + 2);
+    if (threadIdx.x == 0) {
+        float mt = -INFINITY, lt = 0.0f;
+        for (int s = 0; s < S; s++)
+            mt = fmaxf(mt, p[(size_t)s * (D + 2)]);
+        for (int s = 0; s < S; s++) {
+            const float ms = p[(size_t)s * (D + 2)];
+            wts[s] = ms == -INFINITY ? 0.0f : expf(ms - mt);   /* an empty range weighs nothing */
+            lt += p[(size_t)s * (D + 2) + 1] * wts[s];
+        }
+        s_inv = 1.0f / lt;
+    }
+    __syncthreads();
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+        float x = 0.0f;
+        for (int s = 0; s < S; s++)
+            x += p[(size_t)s * (D + 2) + 2 + d] * wts[s];
+        out[r * D + d] = x * s_inv;
+    }
+}
+
+/* ---- tile kernel (prefill) --------------------------------------------------------------------- */
+
+template <typename KT, int DPL>
+__global__ void __launch_bounds__(ATTN_WARPS * 32) k_attn_tiles(attn_args_t a)
+{
+    DEV_PDL_ENTER();
+    constexpr int D = 32 * DPL, KSTRIDE = D + 4;   /* +4 floats: lane j's float4 reads spread over banks */
+    constexpr int RPW = TILE_ROWS / ATTN_WARPS;    /* rows per warp */
+    __shared__ __align__(16) float Ks[TILE_KEYS][KSTRIDE];
+    __shared__ __align__(16) float Vs[TILE_KEYS][D];
+    __shared__ __align__(16) float Qs[TILE_ROWS][D];
+    __shared__ int s_seq[TILE_ROWS], s_pos[TILE_ROWS];
+    const int t0 = blockIdx.x * TILE_ROWS, h = blockIdx.y;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, d0 = lane * DPL;
+    const int G = a.n_heads / a.n_kv, g = h / G;
+    const size_t slot_stride = (size_t)a.n_kv * D, k_off = dev_kv_off(a, 0) + (size_t)g * D,
+                 v_off = dev_kv_off(a, 1) + (size_t)g * D;
+    if (threadIdx.x < TILE_ROWS) {
+        const int t = t0 + threadIdx.x;
+        s_seq[threadIdx.x] = t < a.T ? a.tok_seq[t] : -1;   /* -1: no row, or a row already done */
+        s_pos[threadIdx.x] = t < a.T ? a.tok_pos[t] : -1;
+    }
+    for (;;) {
+        __syncthreads();
+        /* This pass: the sequence of the first row not done yet, and its rows' largest position. */
+        int cur = -1, max_pos = -1;
+        for (int r = 0; r < TILE_ROWS; r++)
+            if (s_seq[r] >= 0 && cur < 0)
+                cur = s_seq[r];
+        if (cur < 0)
+            break;
+        for (int r = 0; r < TILE_ROWS; r++)
+            if (s_seq[r] == cur)
+                max_pos = max(max_pos, s_pos[r]);
+        for (int i = threadIdx.x; i < TILE_ROWS * D; i += blockDim.x) {
+            const int r = i / D, d = i % D;
+            Qs[r][d] = s_seq[r] == cur ? a.q[((size_t)(t0 + r) * a.n_heads + h) * D + d] : 0.0f;
+        }
+        const int32_t *bt = a.block_table + a.seq_bt_start[cur];
+        float m[RPW], l[RPW], acc[RPW][DPL];
+#pragma unroll
+        for (int rr = 0; rr < RPW; rr++) {
+            m[rr] = -INFINITY;
+            l[rr] = 0.0f;
+#pragma unroll
+            for (int i = 0; i < DPL; i++)
+                acc[rr][i] = 0.0f;
+        }
+        for (int kt = 0; kt <= max_pos; kt += TILE_KEYS) {
+            __syncthreads();                       /* the previous tile (and Qs's writers) are done */
+            for (int i = threadIdx.x; i < TILE_KEYS * D; i += blockDim.x) {
+                const int j = i / D, d = i % D, key = kt + j;
+                float kx = 0.0f, vx = 0.0f;        /* keys past max_pos: zeros, never garbage (0 * NaN) */
+                if (key <= max_pos) {
+                    const KT *blockp = (const KT *)(a.base + (size_t)bt[key / a.block_size] * a.block_bytes);
+                    const size_t slot = (size_t)(key % a.block_size) * slot_stride;
+                    kx = dev_to_f32(blockp[k_off + slot + d]);
+                    vx = dev_to_f32(blockp[v_off + slot + d]);
+                }
+                Ks[j][d] = kx;
+                Vs[j][d] = vx;
+            }
+            __syncthreads();
+#pragma unroll
+            for (int rr = 0; rr < RPW; rr++) {
+                const int r = warp * RPW + rr;
+                if (s_seq[r] != cur || kt > s_pos[r])   /* warp-uniform */
+                    continue;
+                const int key = kt + lane;
+                float sc = 0.0f;
+#pragma unroll 8
+                for (int d = 0; d < D; d += 4) {
+                    const float4 kv = *(const float4 *)&Ks[lane][d];
+                    const float4 qv = *(const float4 *)&Qs[r][d];
+                    sc = fmaf(qv.x, kv.x, sc);
+                    sc = fmaf(qv.y, kv.y, sc);
+                    sc = fmaf(qv.z, kv.z, sc);
+                    sc = fmaf(qv.w, kv.w, sc);
+                }
+                const bool valid = key <= s_pos[r];
+                sc = valid ? sc * a.scale : -INFINITY;
+                const float m_new = fmaxf(m[rr], dev_warp_max(sc));   /* finite: key kt is valid */
+                const float corr = m[rr] == -INFINITY ? 0.0f : expf(m[rr] - m_new);
+                const float p = valid ? expf(sc - m_new) : 0.0f;
+                l[rr] = l[rr] * corr + dev_warp_sum(p);
+                m[rr] = m_new;
+#pragma unroll
+                for (int i = 0; i < DPL; i++)
+                    acc[rr][i] *= corr;
+                for (int j = 0; j < TILE_KEYS; j++) {
+                    const float pj = __shfl_sync(0xffffffffu, p, j);
+                    float vv[DPL];
+                    if constexpr (DPL == 4) {
+                        const float4 v4 = *(const float4 *)&Vs[j][d0];
+                        vv[0] = v4.x, vv[1] = v4.y, vv[2] = v4.z, vv[3] = v4.w;
+                    } else if constexpr (DPL == 2) {
+                        const float2 v2 = *(const float2 *)&Vs[j][d0];
+                        vv[0] = v2.x, vv[1] = v2.y;
+                    } else {
+                        vv[0] = Vs[j][d0];
+                    }
+#pragma unroll
+                    for (int i = 0; i < DPL; i++)
+                        acc[rr][i] = fmaf(pj, vv[i], acc[rr][i]);
+                }
+            }
+        }
+#pragma unroll
+        for (int rr = 0; rr < RPW; rr++) {
+            const int r = warp * RPW + rr;
+            if (s_seq[r] != cur)
+                continue;
+            const float inv = 1.0f / l[rr];
+            float *o = a.out + ((size_t)(t0 + r) * a.n_heads + h) * D;
+#pragma unroll
+            for (int i = 0; i < DPL; i++)
+                o[d0 + i] = acc[rr][i] * inv;
+        }
+        __syncthreads();                           /* every warp has read s_seq for this pass */
+        if (threadIdx.x < TILE_ROWS && s_seq[threadIdx.x] == cur)
+            s_seq[threadIdx.x] = -1;
+    }
+}
+
+/* ---- dispatch ----------------------------------------------------------------------------------- */
+
+template <typename KT, int DPL>
+static void s_rows(const cuda_state_t *st, const attn_args_t &a)
+{
+    const dim3 grid((unsigned)a.T, (unsigned)a.n_heads, (unsigned)a.S);
+    if constexpr (DPL * sizeof(KT) >= 4) {         /* a lane's part is at least one 4-byte word */
+        if (a.D == 32 * DPL) {
+            cuda_launch(st, k_attn_rows<KT, DPL, true>, grid, ATTN_WARPS * 32, a);
+            return;
+        }
+    }
+    cuda_launch(st, k_attn_rows<KT, DPL, false>, grid, ATTN_WARPS * 32, a);
+}
+
+template <typename KT>
+static void s_rows_dpl(const cuda_state_t *st, const attn_args_t &a)
+{
+    const int dpl = (a.D + 31) / 32;
+    if (dpl <= 1) s_rows<KT, 1>(st, a);
+    else if (dpl <= 2) s_rows<KT, 2>(st, a);
+    else if (dpl <= 4) s_rows<KT, 4>(st, a);
+    else if (dpl <= 8) s_rows<KT, 8>(st, a);
+    else s_rows<KT, 16>(st, a);
+}
+
+template <typename KT>
+static void s_tiles(const cuda_state_t *st, const attn_args_t &a)
+{
+    const dim3 grid((unsigned)((a.T + TILE_ROWS - 1) / TILE_ROWS), (unsigned)a.n_heads);
+    switch (a.D) {
+    case 32: cuda_launch(st, k_attn_tiles<KT, 1>, grid, ATTN_WARPS * 32, a); break;
+    case 64: cuda_launch(st, k_attn_tiles<KT, 2>, grid, ATTN_WARPS * 32, a); break;
+    default: cuda_launch(st, k_attn_tiles<KT, 4>, grid, ATTN_WARPS * 32, a); break;
+    }
+}
+
+void cuda_attention(backend_t *be, const bk_kv_t *kv, int layer, const float *q, int n_heads, float scale,
+                    const bk_attn_meta_t *meta, float *out)
+{
+    const int T = meta->n_tokens;
+    if (T <= 0)
+        return;
+    cuda_state_t *st = cuda_st(be);
+    attn_args_t a = {};
+    a.base = (const uint8_t *)kv->base;
+    a.block_bytes = kv->block_bytes;
+    a.block_size = kv->block_size;
+    a.n_kv = kv->n_kv_heads;
+    a.D = kv->head_dim;
+    a.layer = layer;
+    a.tok_seq = meta->tok_seq;
+    a.tok_pos = meta->tok_pos;
+    a.seq_bt_start = meta->seq_bt_start;
+    a.block_table = meta->block_table;
+    a.q = q;
+    a.T = T;
+    a.n_heads = n_heads;
+    a.scale = scale;
+    a.out = out;
+    a.S = 1;
+
+    /* Prefill-shaped steps (8+ rows per sequence on average) take the tile kernel. */
+    const int D = kv->head_dim;
+    if (T >= 8 * meta->n_seqs && (D == 32 || D == 64 || D == 128)) {
+        switch (kv->dtype) {
+        case DT_F32: s_tiles<float>(st, a); break;
+        case DT_BF16: s_tiles<__nv_bfloat16>(st, a); break;
+        default: s_tiles<__half>(st, a); break;
+        }
+        return;
+    }
+    /* Split each row's keys until rows x heads x S is about four blocks per SM. */
+    const int64_t rh = (int64_t)T * n_heads;
+    if (st->attn_split && rh < 2 * (int64_t)st->n_sm) {
+        int64_t S = (4 * (int64_t)st->n_sm + rh - 1) / rh;
+        a.S = (int)(S > ATTN_MAX_SPLIT ? ATTN_MAX_SPLIT : S);
+    }
+    if (a.S > 1)
+        a.part = (float *)cuda_scratch(be, (void **)&st->part, &st->part_bytes,
+                                       (size_t)rh * a.S * (D + 2) * sizeof(float));
+    switch (kv->dtype) {
+    case DT_F32: s_rows_dpl<float>(st, a); break;
+    case DT_BF16: s_rows_dpl<__nv_bfloat16>(st, a); break;
+    default: s_rows_dpl<__half>(st, a); break;
+    }
+    if (a.S > 1) {
+        cuda_launch(st, k_attn_merge, (unsigned)rh, D >= 256 ? 256 : 128, (const float *)a.part, a.S, D, out);
+    }
+}

@@ -1,0 +1,403 @@
+/* kernels/cuda/cuda_matmul.cu — y[M][N] = x[M][K] W^T (+ bias) on the GPU, two ways.
+ *
+ * Few rows (M <= gemv_max_m, default 8: decode steps, small experts): our GEMV kernel. W's row n
+ * is streamed once with 16-byte loads (several in flight per lane) by gemv_warps warps (1: a warp
+ * per row, 8 rows per block; 4 or 8: the warps of a block split the row's K and add their parts
+ * in shared memory, in warp order — more, shorter work units, so the last wave of a 4096- or
+ * 14336-row matrix leaves fewer SMs idle), converting bf16/f16 to f32 in registers and doing f32
+ * FMAs against the f32 activations; lane partial sums are combined by a butterfly of shuffles.
+ * Numerics: exact f32 products of the stored weights and the f32 activations, f32 accumulation —
+ * the CPU's arithmetic in another summation order (relative difference ~1e-6). The order depends
+ * on K, gemv_warps and W's alignment only, so a row's result is bit-identical for any M on this
+ * path (batch-invariant within it). A batch-1 decode step is bound by reading W: this kernel is
+ * what the HBM bound measures.
+ *
+ * Many rows: the library. f32 weights: cublasSgemm with pedantic math (no TF32): plain f32.
+ * bf16 / f16 weights, default (gemm_split): each activation is written as the sum of two 16-bit
+ * numbers, hi = round(x) and lo = round(x - hi) (x - hi is exact in f32), stacked as 2M rows of
+ * ONE cuBLASLt GEMM (tensor cores, f32 accumulation, W read once), and y = y_hi + y_lo: each
+ * product keeps ~16 bits of the activation, so results are within ~1e-5 of f32 — the price is
+ * twice the tensor-core work, which only shows once M is large enough to be compute-bound. With
+ * TROUPE_CUDA_GEMM_SPLIT=0 the activations are rounded once to the weights' type (round to
+ * nearest even; f16 saturates at +-65504 so a large activation cannot become inf): ~1e-3 relative
+ * per matmul, which on the bf16 fixture compounds to 1.3e-2 in the logits (over its 1e-2 bound;
+ * with the split: 2e-5). cuBLASLt picks its kernel by shape, so this path is NOT batch-invariant:
+ * a row's bits can change with M, and differ from the same row computed on the GEMV path. The
+ * bias is added after the product (f32 add, as the CPU).
+ *
+ * Plans (descriptors + the heuristic's algorithm) are cached by (dtype, rows, N, K, alignments),
+ * so the per-step cost is the conversion launch, cublasLtMatmul and (split) the sum of halves.
+ * Should the heuristic offer no algorithm, cublasGemmEx with the same types runs instead.
+ */
+#include <stdio.h>
+
+#include "kernels/cuda/cuda.h"
+#include "kernels/cuda/cuda_dev.cuh"
+
+#define GEMV_THREADS 256          /* 8 warps per block */
+#define GEMV_UNROLL 4             /* 16-byte chunks of W in flight per lane */
+#define GEMV_MR 8                 /* rows of x per launch (more rows: several launches) */
+
+/* ---- GEMV ------------------------------------------------------------------------------------- */
+
+/* W rows and x rows 16-byte aligned, K a multiple of 16 / sizeof(WT) and of 4. W warps per output
+ * row (1, 4 or 8), so a block covers 8 / W rows. */
+template <typename WT, int MR, int W>
+__global__ void __launch_bounds__(GEMV_THREADS)
+    k_gemv_vec(const float *x, const WT *__restrict__ w, int64_t N, int64_t K, float *y)
+{
+    constexpr int VE = 16 / (int)sizeof(WT);       /* weights per 16-byte chunk */
+    constexpr int RPB = GEMV_THREADS / 32 / W;     /* rows per block */
+    constexpr int STEP = W * 32 * GEMV_UNROLL;     /* chunks of a row per pass of its W warps */
+    __shared__ float part[GEMV_THREADS / 32][MR];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, seg = warp % W;
+    const int64_t n = (int64_t)blockIdx.x * RPB + warp / W;
+    const bool live = n < N;                       /* a dead warp still reaches the barrier */
+    const uint4 *wr = (const uint4 *)(w + (live ? n : 0) * K);
+    const int64_t chunks = live ? K / VE : 0;
+    int64_t c0 = seg * 32 + lane;
+    uint4 raw[GEMV_UNROLL];
+#pragma unroll
+    for (int u = 0; u < GEMV_UNROLL; u++)          /* the first pass's weights: immutable, so they */
+        if (c0 + W * 32 * u < chunks)              /* may stream before the previous kernel is done */
+            raw[u] = __ldg(wr + c0 + W * 32 * u);
+    DEV_PDL_ENTER();
+    float acc[MR];
+#pragma unroll
+    for (int m = 0; m < MR; m++)
+        acc[m] = 0.0f;
+    while (c0 < chunks) {
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; u++) {
+            const int64_t c = c0 + W * 32 * u;
+            if (c >= chunks)
+                break;
+            float wf[VE];
+            dev_unpack16<WT>(raw[u], wf);
+#pragma unroll
+            for (int m = 0; m < MR; m++) {
+                const float4 *xp = (const float4 *)(x + m * K + c * VE);
+#pragma unroll
+                for (int q = 0; q < VE / 4; q++) {
+                    const float4 xv = xp[q];
+                    acc[m] = fmaf(xv.x, wf[4 * q + 0], acc[m]);
+                    acc[m] = fmaf(xv.y, wf[4 * q + 1], acc[m]);
+                    acc[m] = fmaf(xv.z, wf[4 * q + 2], acc[m]);
+                    acc[m] = fmaf(xv.w, wf[4 * q + 3], acc[m]);
+                }
+            }
+        }
+        c0 += STEP;
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; u++)      /* the next pass's loads, all before their first use */
+            if (c0 + W * 32 * u < chunks)
+                raw[u] = __ldg(wr + c0 + W * 32 * u);
+    }
+#pragma unroll
+    for (int m = 0; m < MR; m++)
+        acc[m] = dev_warp_sum(acc[m]);
+    if constexpr (W == 1) {
+        if (live && lane == 0) {
+#pragma unroll
+            for (int m = 0; m < MR; m++)
+                y[m * N + n] = acc[m];
+        }
+    } else {
+        if (lane == 0) {
+#pragma unroll
+            for (int m = 0; m < MR; m++)
+                part[warp][m] = acc[m];
+        }
+        __syncthreads();
+        if (live && seg == 0 && lane < MR) {       /* lane m adds row m's W parts in warp order */
+            float sum = 0.0f;
+#pragma unroll
+            for (int i = 0; i < W; i++)
+                sum += part[warp + i][lane];
+            y[lane * N + n] = sum;
+        }
+    }
+}
+
+/* Any alignment and K: a warp per row, one element per lane per step. */
+template <typename WT, int MR>
+__global__ void __launch_bounds__(GEMV_THREADS)
+    k_gemv_scalar(const float *x, const WT *__restrict__ w, int64_t N, int64_t K, float *y)
+{
+    DEV_PDL_ENTER();
+    const int lane = threadIdx.x & 31;
+    const int64_t n = (int64_t)blockIdx.x * (GEMV_THREADS / 32) + (threadIdx.x >> 5);
+    if (n >= N)
+        return;
+    const WT *wr = w + n * K;
+    float acc[MR];
+#pragma unroll
+    for (int m = 0; m < MR; m++)
+        acc[m] = 0.0f;
+    for (int64_t k = lane; k < K; k += 32) {
+        const float wv = dev_to_f32(wr[k]);
+#pragma unroll
+        for (int m = 0; m < MR; m++)
+            acc[m] = fmaf(x[m * K + k], wv, acc[m]);
+    }
+#pragma unroll
+    for (int m = 0; m < MR; m++)
+        acc[m] = dev_warp_sum(acc[m]);
+    if (lane == 0) {
+#pragma unroll
+        for (int m = 0; m < MR; m++)
+            y[m * N + n] = acc[m];
+    }
+}
+
+template <typename WT, int MR>
+static void s_gemv_launch(const cuda_state_t *st, bool vec, const float *x, const WT *w, int64_t N, int64_t K, float *y)
+{
+    const int warps = st->gemv_warps, rpb = vec ? GEMV_THREADS / 32 / warps : GEMV_THREADS / 32;
+    const dim3 blocks((unsigned)((N + rpb - 1) / rpb)), threads(GEMV_THREADS);
+    if (!vec)
+        cuda_launch(st, k_gemv_scalar<WT, MR>, blocks, threads, x, w, N, K, y);
+    else if (warps == 1)
+        cuda_launch(st, k_gemv_vec<WT, MR, 1>, blocks, threads, x, w, N, K, y);
+    else if (warps == 4)
+        cuda_launch(st, k_gemv_vec<WT, MR, 4>, blocks, threads, x, w, N, K, y);
+    else
+        cuda_launch(st, k_gemv_vec<WT, MR, 8>, blocks, threads, x, w, N, K, y);
+}
+
+template <typename WT>
+static void s_gemv(const cuda_state_t *st, const float *x, int M, const WT *w, int64_t N, int64_t K, float *y)
+{
+    constexpr int VE = 16 / (int)sizeof(WT);
+    const bool vec = (uintptr_t)w % 16 == 0 && (uintptr_t)x % 16 == 0 && K % VE == 0 && K % 4 == 0;
+    for (int m0 = 0; m0 < M; m0 += GEMV_MR) {      /* rows are independent: chunks of 8 change no bits */
+        const int mr = M - m0 < GEMV_MR ? M - m0 : GEMV_MR;
+        const float *xm = x + (int64_t)m0 * K;
+        float *ym = y + (int64_t)m0 * N;
+        switch (mr) {
+        case 1: s_gemv_launch<WT, 1>(st, vec, xm, w, N, K, ym); break;
+        case 2: s_gemv_launch<WT, 2>(st, vec, xm, w, N, K, ym); break;
+        case 3: s_gemv_launch<WT, 3>(st, vec, xm, w, N, K, ym); break;
+        case 4: s_gemv_launch<WT, 4>(st, vec, xm, w, N, K, ym); break;
+        case 5: s_gemv_launch<WT, 5>(st, vec, xm, w, N, K, ym); break;
+        case 6: s_gemv_launch<WT, 6>(st, vec, xm, w, N, K, ym); break;
+        case 7: s_gemv_launch<WT, 7>(st, vec, xm, w, N, K, ym); break;
+        default: s_gemv_launch<WT, 8>(st, vec, xm, w, N, K, ym); break;
+        }
+    }
+}
+
+/* ---- activations to 16 bits, halves, bias ------------------------------------------------------ */
+
+__global__ void k_to_bf16(const float *x, int64_t n, uint16_t *out)
+{
+    DEV_PDL_ENTER();
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        out[i] = dev_bf16_bits(x[i]);
+}
+
+__device__ __forceinline__ float dev_f16_sat(float v)
+{
+    if (v > 65504.0f)                              /* comparisons are false for NaN: NaN stays NaN */
+        return 65504.0f;
+    if (v < -65504.0f)
+        return -65504.0f;
+    return v;
+}
+
+__global__ void k_to_f16(const float *x, int64_t n, __half *out)
+{
+    DEV_PDL_ENTER();
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        out[i] = __float2half_rn(dev_f16_sat(x[i]));
+}
+
+/* x = hi + lo: hi = bf16(x), lo = bf16(x - hi) (the difference is exact in f32). */
+__global__ void k_to_bf16x2(const float *x, int64_t n, uint16_t *hi, uint16_t *lo)
+{
+    DEV_PDL_ENTER();
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const float v = x[i];
+        const uint16_t h = dev_bf16_bits(v);
+        hi[i] = h;
+        lo[i] = dev_bf16_bits(__fsub_rn(v, __uint_as_float((uint32_t)h << 16)));
+    }
+}
+
+__global__ void k_to_f16x2(const float *x, int64_t n, __half *hi, __half *lo)
+{
+    DEV_PDL_ENTER();
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const float v = dev_f16_sat(x[i]);
+        const __half h = __float2half_rn(v);
+        hi[i] = h;
+        lo[i] = __float2half_rn(__fsub_rn(v, __half2float(h)));
+    }
+}
+
+/* y = y2[hi rows] + y2[lo rows] (+ bias): n = M * N outputs, the lo rows start at y2 + n. */
+__global__ void k_sum_halves(const float *y2, int64_t n, int64_t N, const float *bias, float *y)
+{
+    DEV_PDL_ENTER();
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const float v = __fadd_rn(y2[i], y2[n + i]);
+        y[i] = bias ? __fadd_rn(v, bias[i % N]) : v;
+    }
+}
+
+__global__ void k_add_bias(float *y, const float *bias, int64_t n, int64_t N)
+{
+    DEV_PDL_ENTER();
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = __fadd_rn(y[i], bias[i % N]);
+}
+
+static unsigned s_grid(int64_t n)
+{
+    int64_t b = (n + 255) / 256;
+    return (unsigned)(b > 16384 ? 16384 : b < 1 ? 1 : b);
+}
+
+/* ---- cuBLASLt plans ----------------------------------------------------------------------------- */
+
+/* The largest power of two <= 256 that divides the address. */
+static unsigned s_align(const void *p)
+{
+    uintptr_t a = (uintptr_t)p;
+    unsigned r = 256;
+    while (r > 1 && a % r)
+        r >>= 1;
+    return r;
+}
+
+static void s_plan_release(cuda_plan_t *p)
+{
+    if (!p->used)
+        return;
+    cublasLtMatrixLayoutDestroy(p->la);
+    cublasLtMatrixLayoutDestroy(p->lb);
+    cublasLtMatrixLayoutDestroy(p->lc);
+    cublasLtMatmulDescDestroy(p->desc);
+    p->used = 0;
+}
+
+void cuda_plans_destroy(cuda_state_t *st)
+{
+    for (int i = 0; i < CUDA_MAX_PLANS; i++)
+        s_plan_release(&st->plans[i]);
+}
+
+/* The cached plan for this GEMM, made on first use: C[N][M] (column-major) = W^T-as-stored . x^T,
+ * i.e. A = W viewed column-major as K x N with op T, B = x as K x M with op N, C = y as N x M. */
+static cuda_plan_t *s_plan(cuda_state_t *st, dtype_t dt, int M, int64_t N, int64_t K, unsigned align_w,
+                           unsigned align_y)
+{
+    for (int i = 0; i < CUDA_MAX_PLANS; i++) {
+        cuda_plan_t *p = &st->plans[i];
+        if (p->used && p->dt == dt && p->M == M && p->N == N && p->K == K && p->align_w == align_w &&
+            p->align_y == align_y)
+            return p;
+    }
+    cuda_plan_t *p = NULL;
+    for (int i = 0; i < CUDA_MAX_PLANS && !p; i++)
+        if (!st->plans[i].used)
+            p = &st->plans[i];
+    if (!p) {
+        p = &st->plans[st->next_plan];
+        st->next_plan = (st->next_plan + 1) % CUDA_MAX_PLANS;
+        s_plan_release(p);
+    }
+    const cudaDataType_t ab = dt == DT_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+    const cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof(op_t)));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof(op_n)));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->la, ab, (uint64_t)K, (uint64_t)N, K));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lb, ab, (uint64_t)K, (uint64_t)M, K));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_32F, (uint64_t)N, (uint64_t)M, N));
+    p->used = 1;
+    p->dt = dt;
+    p->M = M;
+    p->N = N;
+    p->K = K;
+    p->align_w = align_w;
+    p->align_y = align_y;
+
+    cublasLtMatmulPreference_t pref;
+    const uint64_t ws = st->lt_ws_bytes;
+    const uint32_t aw = align_w, ab_align = 256, ay = align_y;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aw, sizeof(aw)));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab_align,
+                                                      sizeof(ab_align)));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ay, sizeof(ay)));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ay, sizeof(ay)));
+    cublasLtMatmulHeuristicResult_t res;
+    int found = 0;
+    cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(st->lt, p->desc, p->la, p->lb, p->lc, p->lc, pref, 1, &res, &found);
+    CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+    p->has_algo = hs == CUBLAS_STATUS_SUCCESS && found > 0 && res.state == CUBLAS_STATUS_SUCCESS;
+    if (p->has_algo)
+        p->algo = res.algo;
+    else
+        fprintf(stderr, "troupe cuda: cuBLASLt has no algorithm for %s %d x %lld x %lld (%s); using cublasGemmEx\n",
+                dtype_name(dt), M, (long long)N, (long long)K, cublasGetStatusString(hs));
+    return p;
+}
+
+/* ---- the op ------------------------------------------------------------------------------------- */
+
+void cuda_matmul(backend_t *be, const float *x, int M, const bk_mat_t *w, const float *bias, float *y)
+{
+    if (M <= 0)
+        return;
+    cuda_state_t *st = cuda_st(be);
+    cudaStream_t s = st->stream;
+    const int64_t N = w->rows, K = w->cols;
+    bool bias_done = false;
+    if (M <= st->gemv_max_m) {
+        switch (w->dtype) {
+        case DT_F32: s_gemv(st, x, M, (const float *)w->data, N, K, y); break;
+        case DT_BF16: s_gemv(st, x, M, (const __nv_bfloat16 *)w->data, N, K, y); break;
+        default: s_gemv(st, x, M, (const __half *)w->data, N, K, y); break;
+        }
+    } else if (w->dtype == DT_F32) {
+        const float alpha = 1.0f, beta = 0.0f;
+        CUBLAS_CHECK(cublasSgemm(st->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, M, (int)K, &alpha, (const float *)w->data,
+                                 (int)K, x, (int)K, &beta, y, (int)N));
+    } else {
+        const int split = st->gemm_split, Mg = split ? 2 * M : M;   /* GEMM rows: hi then lo, or the rounded x */
+        const int64_t n = (int64_t)M * K;
+        void *xb = cuda_scratch(be, &st->conv, &st->conv_bytes, (size_t)Mg * K * 2);
+        float *yg = split ? (float *)cuda_scratch(be, (void **)&st->gout, &st->gout_bytes, (size_t)Mg * N * 4) : y;
+        if (w->dtype == DT_BF16 && split)
+            cuda_launch(st, k_to_bf16x2, s_grid(n), 256, x, n, (uint16_t *)xb, (uint16_t *)xb + n);
+        else if (w->dtype == DT_BF16)
+            cuda_launch(st, k_to_bf16, s_grid(n), 256, x, n, (uint16_t *)xb);
+        else if (split)
+            cuda_launch(st, k_to_f16x2, s_grid(n), 256, x, n, (__half *)xb, (__half *)xb + n);
+        else
+            cuda_launch(st, k_to_f16, s_grid(n), 256, x, n, (__half *)xb);
+        const cuda_plan_t *p = s_plan(st, w->dtype, Mg, N, K, s_align(w->data), s_align(yg));
+        const float alpha = 1.0f, beta = 0.0f;
+        if (p->has_algo) {
+            CUBLAS_CHECK(cublasLtMatmul(st->lt, p->desc, &alpha, w->data, p->la, xb, p->lb, &beta, yg, p->lc, yg, p->lc,
+                                        &p->algo, st->lt_ws, st->lt_ws_bytes, s));
+        } else {
+            const cudaDataType_t ab = w->dtype == DT_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+            CUBLAS_CHECK(cublasGemmEx(st->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, Mg, (int)K, &alpha, w->data, ab,
+                                      (int)K, xb, ab, (int)K, &beta, yg, CUDA_R_32F, (int)N, CUBLAS_COMPUTE_32F,
+                                      CUBLAS_GEMM_DEFAULT));
+        }
+        if (split) {
+            const int64_t ny = (int64_t)M * N;
+            cuda_launch(st, k_sum_halves, s_grid(ny), 256, (const float *)yg, ny, N, bias, y);
+            bias_done = true;
+        }
+    }
+    if (bias && !bias_done) {
+        const int64_t n = (int64_t)M * N;
+        cuda_launch(st, k_add_bias, s_grid(n), 256, y, bias, n, N);
+    }
+}

@@ -1,0 +1,256 @@
+/* kernels/cuda/cuda_ops.cu — the elementwise and per-row ops on the GPU: embedding, RMSNorm (+
+ * residual), per-head RMSNorm, RoPE, SwiGLU, row gather, argmax. Semantics: kernels/backend.h.
+ *
+ * Arithmetic matches the CPU reference operation for operation: products and sums that the CPU
+ * rounds separately are written with __fmul_rn / __fadd_rn so nvcc cannot fuse them into an FMA;
+ * the RMSNorm sum of squares is in double like the CPU's (only its summation order differs);
+ * sqrtf, division, expf, cosf and sinf are the accurate versions (no fast math). So these ops
+ * agree with the CPU to a few ulp, not bit for bit (libm and CUDA's expf/cosf/sinf may differ in
+ * the last place).
+ */
+#include <math.h>
+
+#include "kernels/cuda/cuda.h"
+#include "kernels/cuda/cuda_dev.cuh"
+
+/* ---- embedding ------------------------------------------------------------------------------- */
+
+template <typename T>
+__global__ void k_embed(const T *table, const int32_t *ids, int64_t H, float *out)
+{
+    DEV_PDL_ENTER();
+    const int t = blockIdx.x;
+    const T *row = table + (int64_t)ids[t] * H;
+    float *o = out + (int64_t)t * H;
+    for (int64_t i = threadIdx.x; i < H; i += blockDim.x)
+        o[i] = dev_to_f32(row[i]);
+}
+
+void cuda_embed(backend_t *be, const bk_mat_t *table, const int32_t *ids, int n, float *out)
+{
+    if (n <= 0)
+        return;
+    const cuda_state_t *st = cuda_st(be);
+    const int64_t H = table->cols;
+    switch (table->dtype) {
+    case DT_F32: cuda_launch(st, k_embed<float>, n, 256, (const float *)table->data, ids, H, out); break;
+    case DT_BF16: cuda_launch(st, k_embed<__nv_bfloat16>, n, 256, (const __nv_bfloat16 *)table->data, ids, H, out); break;
+    default: cuda_launch(st, k_embed<__half>, n, 256, (const __half *)table->data, ids, H, out); break;
+    }
+}
+
+/* ---- RMSNorm ------------------------------------------------------------------------------------ */
+
+/* Sum of a double over the block; every thread gets the total. blockDim.x a multiple of 32, <= 1024. */
+__device__ double dev_block_sum(double v)
+{
+    __shared__ double warp_sums[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+    v = dev_warp_sum(v);
+    __syncthreads();                               /* warp_sums may still be read by a previous call */
+    if (lane == 0)
+        warp_sums[warp] = v;
+    __syncthreads();
+    double t = lane < n_warps ? warp_sums[lane] : 0.0;
+    return dev_warp_sum(t);
+}
+
+/* One row per block: res += x (when x), then out = w * (res * 1/sqrt(mean(res^2) + eps)). Each
+ * element is read, updated and normalised by the same thread, so out may alias res. */
+__global__ void k_add_rmsnorm(float *res, const float *x, const float *w, int H, float eps, float *out)
+{
+    DEV_PDL_ENTER();
+    float *r = res + (int64_t)blockIdx.x * H;
+    const float *xr = x ? x + (int64_t)blockIdx.x * H : NULL;
+    float *o = out + (int64_t)blockIdx.x * H;
+    double ss = 0;
+    for (int i = threadIdx.x; i < H; i += blockDim.x) {
+        float v = r[i];
+        if (xr) {
+            v = __fadd_rn(v, xr[i]);
+            r[i] = v;
+        }
+        ss += (double)v * (double)v;
+    }
+    ss = dev_block_sum(ss);
+    const float var = (float)(ss / H);
+    const float scale = 1.0f / sqrtf(var + eps);
+    for (int i = threadIdx.x; i < H; i += blockDim.x)
+        o[i] = __fmul_rn(w[i], __fmul_rn(r[i], scale));
+}
+
+void cuda_add_rmsnorm(backend_t *be, float *res, const float *x, const float *w, int M, int H, float eps, float *out)
+{
+    if (M <= 0)
+        return;
+    const int threads = H >= 4096 ? 1024 : H >= 1024 ? 512 : 128;
+    cuda_launch(cuda_st(be), k_add_rmsnorm, M, threads, res, x, w, H, eps, out);
+}
+
+/* One warp per head vector, in place. */
+__global__ void k_head_rmsnorm(float *x, const float *w, int64_t rows, int D, float eps)
+{
+    DEV_PDL_ENTER();
+    const int64_t r = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (r >= rows)
+        return;
+    float *v = x + r * D;
+    double ss = 0;
+    for (int i = lane; i < D; i += 32)
+        ss += (double)v[i] * (double)v[i];
+    ss = dev_warp_sum(ss);
+    const float var = (float)(ss / D);
+    const float scale = 1.0f / sqrtf(var + eps);
+    for (int i = lane; i < D; i += 32)
+        v[i] = __fmul_rn(w[i], __fmul_rn(v[i], scale));
+}
+
+void cuda_head_rmsnorm(backend_t *be, float *x, const float *w, int M, int n_heads, int head_dim, float eps)
+{
+    const int64_t rows = (int64_t)M * n_heads;
+    if (rows <= 0)
+        return;
+    const int per_block = 8;
+    cuda_launch(cuda_st(be), k_head_rmsnorm, (unsigned)((rows + per_block - 1) / per_block), per_block * 32, x, w, rows,
+                head_dim, eps);
+}
+
+/* ---- RoPE --------------------------------------------------------------------------------------- */
+
+/* One token per block: the angles of its position once in shared memory, then every head. */
+__global__ void k_rope(float *x, const int32_t *pos, const float *inv_freq, int n_heads, int D)
+{
+    DEV_PDL_ENTER();
+    __shared__ float c[BK_MAX_HEAD_DIM / 2], s[BK_MAX_HEAD_DIM / 2];
+    const int t = blockIdx.x, half = D / 2;
+    const float p = (float)pos[t];
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        float a = __fmul_rn(p, inv_freq[i]);       /* f32 product, as HF's inv_freq @ position_ids */
+        sincosf(a, &s[i], &c[i]);                 /* the same values as sinf and cosf, one reduction */
+    }
+    __syncthreads();
+    float *row = x + (int64_t)t * n_heads * D;
+    for (int j = threadIdx.x; j < n_heads * half; j += blockDim.x) {
+        const int h = j / half, i = j % half;
+        float *v = row + (int64_t)h * D;
+        const float lo = v[i], hi = v[i + half];
+        v[i] = __fsub_rn(__fmul_rn(lo, c[i]), __fmul_rn(hi, s[i]));
+        v[i + half] = __fadd_rn(__fmul_rn(hi, c[i]), __fmul_rn(lo, s[i]));
+    }
+}
+
+void cuda_rope(backend_t *be, float *x, const int32_t *pos, const float *inv_freq, int M, int n_heads, int head_dim)
+{
+    if (M <= 0)
+        return;
+    cuda_launch(cuda_st(be), k_rope, M, 256, x, pos, inv_freq, n_heads, head_dim);
+}
+
+/* ---- SwiGLU ------------------------------------------------------------------------------------- */
+
+/* out may alias gate or up: each element is read before it is written, by one thread. */
+__global__ void k_swiglu(const float *gate, const float *up, int64_t n, float *out)
+{
+    DEV_PDL_ENTER();
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const float g = gate[i];
+        const float silu = g / __fadd_rn(1.0f, expf(-g));
+        out[i] = __fmul_rn(silu, up[i]);
+    }
+}
+
+void cuda_swiglu(backend_t *be, const float *gate, const float *up, int n, float *out)
+{
+    if (n <= 0)
+        return;
+    int blocks = (n + 255) / 256;
+    blocks = blocks > 8192 ? 8192 : blocks;
+    cuda_launch(cuda_st(be), k_swiglu, blocks, 256, gate, up, (int64_t)n, out);
+}
+
+/* ---- gather ------------------------------------------------------------------------------------- */
+
+__global__ void k_gather(const float *src, const int32_t *rows, int cols, float *dst)
+{
+    DEV_PDL_ENTER();
+    const float *s = src + (int64_t)rows[blockIdx.x] * cols;
+    float *d = dst + (int64_t)blockIdx.x * cols;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x)
+        d[c] = s[c];
+}
+
+void cuda_launch_gather(const cuda_state_t *st, const float *src, const int32_t *rows, int n, int cols, float *dst)
+{
+    if (n <= 0)
+        return;
+    cuda_launch(st, k_gather, n, cols >= 1024 ? 512 : 128, src, rows, cols, dst);
+}
+
+void cuda_gather_rows(backend_t *be, const float *src, const int32_t *rows, int n, int cols, float *dst)
+{
+    cuda_launch_gather(cuda_st(be), src, rows, n, cols, dst);
+}
+
+/* ---- argmax ------------------------------------------------------------------------------------- */
+
+/* A candidate: the largest value seen and its index; found == 0 until a non-NaN value is seen. */
+struct dev_best {
+    float v;
+    int i;
+    int found;
+};
+
+/* The better of two candidates: the larger value, the lower index on a tie; a NaN is never taken. */
+__device__ __forceinline__ dev_best dev_better(dev_best a, dev_best b)
+{
+    if (!b.found)
+        return a;
+    if (!a.found)
+        return b;
+    if (b.v > a.v || (b.v == a.v && b.i < a.i))
+        return b;
+    return a;
+}
+
+__global__ void k_argmax(const float *x, int N, int32_t *out)
+{
+    DEV_PDL_ENTER();
+    __shared__ dev_best warp_best[32];
+    const float *r = x + (int64_t)blockIdx.x * N;
+    dev_best b = {-INFINITY, 0, 0};
+    for (int i = threadIdx.x; i < N; i += blockDim.x) {   /* ascending i: strict > keeps the lowest index */
+        const float v = r[i];
+        if (v != v)
+            continue;
+        if (!b.found || v > b.v) {
+            b.v = v;
+            b.i = i;
+            b.found = 1;
+        }
+    }
+    for (int off = 16; off > 0; off >>= 1) {
+        dev_best o;
+        o.v = __shfl_down_sync(0xffffffffu, b.v, off);
+        o.i = __shfl_down_sync(0xffffffffu, b.i, off);
+        o.found = __shfl_down_sync(0xffffffffu, b.found, off);
+        b = dev_better(b, o);
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+    if (lane == 0)
+        warp_best[warp] = b;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        dev_best t = warp_best[0];
+        for (int w = 1; w < n_warps; w++)
+            t = dev_better(t, warp_best[w]);
+        out[blockIdx.x] = t.found ? t.i : 0;       /* an all-NaN row gives 0 */
+    }
+}
+
+void cuda_argmax(backend_t *be, const float *x, int M, int N, int32_t *out)
+{
+    if (M <= 0)
+        return;
+    cuda_launch(cuda_st(be), k_argmax, M, 1024, x, N, out);
+}

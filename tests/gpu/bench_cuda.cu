@@ -1,0 +1,289 @@
+/* tests/gpu/bench_cuda.cu — the GPU's two ceilings and the CUDA backend's decode matmuls.
+ *
+ *   build/gpu-tests/bench_cuda [--quick]
+ *
+ * 1. Copy bandwidth: cudaMemcpy device to device of 2 GiB, bytes read + written over the median
+ *    time of 10 (events, after 2 warm-ups). The HBM ceiling a memory-bound kernel is judged by.
+ * 2. bf16 GEMM ceiling: cuBLASLt 8192^3, bf16 in and out, f32 accumulation, TN, random data (never
+ *    zeros: they run faster), median of 10 after 3 warm-ups.
+ * 3. The backend's matmul at M = 1 with bf16 weights of Llama-3.1-8B's shapes (q, k/v, o, gate/up,
+ *    down, lm_head): per call time and achieved bandwidth, for the GEMV kernel with 1, 4 and 8
+ *    warps per row and for cuBLASLt (TROUPE_CUDA_GEMV_MAX_M=0). Each shape rotates over enough
+ *    weight copies (>= 256 MB) that the 60 MB L2 cannot serve them. The sum over one Llama-8B
+ *    step is the matmul-only decode time.
+ * 4. The gate_proj GEMM at M = 128 and 512 through the backend, activations split in two bf16
+ *    terms (the default) and rounded once: what the split costs a prefill.
+ * Output: one "name value unit" line per figure (tools/gpu-run.sh reads them), then a table.
+ */
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <vector>
+
+extern "C" {
+#include "kernels/backend.h"
+}
+
+#define CK(expr)                                                                                          \
+    do {                                                                                                  \
+        cudaError_t e_ = (expr);                                                                          \
+        if (e_ != cudaSuccess) {                                                                          \
+            fprintf(stderr, "bench_cuda: %s failed: %s (%s:%d)\n", #expr, cudaGetErrorString(e_), __FILE__, __LINE__); \
+            exit(1);                                                                                      \
+        }                                                                                                 \
+    } while (0)
+#define CKB(expr)                                                                                         \
+    do {                                                                                                  \
+        cublasStatus_t s_ = (expr);                                                                       \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                                \
+            fprintf(stderr, "bench_cuda: %s failed: %s (%s:%d)\n", #expr, cublasGetStatusString(s_), __FILE__, __LINE__); \
+            exit(1);                                                                                      \
+        }                                                                                                 \
+    } while (0)
+
+/* Random bf16 in (-1, 1) (and, for 4-byte views, random words): a hash of the index. */
+__global__ void k_fill_bf16(uint16_t *p, size_t n, uint64_t seed)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint64_t z = (i + 1) * 0x9e3779b97f4a7c15ull + seed;
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        z ^= z >> 31;
+        float v = ((float)(z >> 40) + 0.5f) * (2.0f / 16777216.0f) - 1.0f;
+        p[i] = (uint16_t)(__float_as_uint(v) >> 16);
+    }
+}
+
+static void s_fill(void *p, size_t bytes, uint64_t seed)
+{
+    k_fill_bf16<<<4096, 256>>>((uint16_t *)p, bytes / 2, seed);
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+}
+
+static float s_median(std::vector<float> v)
+{
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+
+static double s_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static double s_copy_bandwidth(void)
+{
+    const size_t bytes = (size_t)2 << 30;
+    void *a, *b;
+    CK(cudaMalloc(&a, bytes));
+    CK(cudaMalloc(&b, bytes));
+    s_fill(a, bytes, 1);
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    std::vector<float> ms;
+    for (int i = 0; i < 12; i++) {
+        CK(cudaEventRecord(e0));
+        CK(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));
+        CK(cudaEventRecord(e1));
+        CK(cudaEventSynchronize(e1));
+        float t;
+        CK(cudaEventElapsedTime(&t, e0, e1));
+        if (i >= 2)
+            ms.push_back(t);
+    }
+    CK(cudaFree(a));
+    CK(cudaFree(b));
+    return 2.0 * bytes / (s_median(ms) * 1e-3) / 1e12;   /* TB/s, read + write */
+}
+
+static double s_gemm_tflops(int n)
+{
+    const size_t elems = (size_t)n * n;
+    void *A, *B, *D, *ws;
+    const size_t ws_bytes = (size_t)64 << 20;
+    CK(cudaMalloc(&A, elems * 2));
+    CK(cudaMalloc(&B, elems * 2));
+    CK(cudaMalloc(&D, elems * 2));
+    CK(cudaMalloc(&ws, ws_bytes));
+    s_fill(A, elems * 2, 2);
+    s_fill(B, elems * 2, 3);
+    cublasLtHandle_t lt;
+    CKB(cublasLtCreate(&lt));
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t la, lb, ld;
+    const cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
+    CKB(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    CKB(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof op_t));
+    CKB(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof op_n));
+    CKB(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, n, n, n));
+    CKB(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, n, n, n));
+    CKB(cublasLtMatrixLayoutCreate(&ld, CUDA_R_16BF, n, n, n));
+    cublasLtMatmulPreference_t pref;
+    CKB(cublasLtMatmulPreferenceCreate(&pref));
+    const uint64_t wsb = ws_bytes;
+    CKB(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb));
+    cublasLtMatmulHeuristicResult_t res;
+    int found = 0;
+    CKB(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, ld, ld, pref, 1, &res, &found));
+    if (!found) {
+        fprintf(stderr, "bench_cuda: cuBLASLt offers no bf16 %d^3 algorithm\n", n);
+        exit(1);
+    }
+    const float alpha = 1.0f, beta = 0.0f;
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    std::vector<float> ms;
+    for (int i = 0; i < 13; i++) {
+        CK(cudaEventRecord(e0));
+        CKB(cublasLtMatmul(lt, desc, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &res.algo, ws, ws_bytes, 0));
+        CK(cudaEventRecord(e1));
+        CK(cudaEventSynchronize(e1));
+        float t;
+        CK(cudaEventElapsedTime(&t, e0, e1));
+        if (i >= 3)
+            ms.push_back(t);
+    }
+    cublasLtMatmulPreferenceDestroy(pref);
+    cublasLtMatrixLayoutDestroy(la);
+    cublasLtMatrixLayoutDestroy(lb);
+    cublasLtMatrixLayoutDestroy(ld);
+    cublasLtMatmulDescDestroy(desc);
+    cublasLtDestroy(lt);
+    CK(cudaFree(A));
+    CK(cudaFree(B));
+    CK(cudaFree(D));
+    CK(cudaFree(ws));
+    return 2.0 * n * (double)n * n / (s_median(ms) * 1e-3) / 1e12;
+}
+
+/* Median microseconds of one backend matmul at M rows, bf16 W [N][K], over rotating copies. */
+static double s_backend_matmul_us(backend_t *be, int M, int64_t N, int64_t K)
+{
+    const size_t wbytes = (size_t)N * K * 2;
+    int copies = (int)(((size_t)256 << 20) / wbytes) + 1;
+    copies = copies > 64 ? 64 : copies;
+    std::vector<void *> w(copies);
+    for (int c = 0; c < copies; c++) {
+        w[c] = be->ops->alloc(be, wbytes);
+        if (!w[c]) {
+            fprintf(stderr, "bench_cuda: out of device memory\n");
+            exit(1);
+        }
+        s_fill(w[c], wbytes, 10 + c);
+    }
+    float *x = (float *)be->ops->alloc(be, (size_t)M * K * 4), *y = (float *)be->ops->alloc(be, (size_t)M * N * 4);
+    std::vector<float> hx((size_t)M * K);
+    for (size_t i = 0; i < hx.size(); i++)
+        hx[i] = (float)((i * 2654435761u) % 2000) / 1000.0f - 0.999f;
+    be->ops->upload(be, x, hx.data(), hx.size() * 4);
+    std::vector<float> us;
+    for (int rep = 0; rep < 7; rep++) {
+        const int calls = 40;
+        be->ops->sync(be);
+        double t0 = s_now();
+        for (int i = 0; i < calls; i++) {
+            bk_mat_t W = {w[i % copies], DT_BF16, N, K};
+            be->ops->matmul(be, x, M, &W, NULL, y);
+        }
+        if (be->ops->sync(be) != 0)
+            exit(1);
+        if (rep >= 2)
+            us.push_back((float)((s_now() - t0) / calls * 1e6));
+    }
+    for (int c = 0; c < copies; c++)
+        be->ops->free(be, w[c]);
+    be->ops->free(be, x);
+    be->ops->free(be, y);
+    return s_median(us);
+}
+
+static backend_t *s_backend(const char *env_name, const char *value)
+{
+    char err[256];
+    if (env_name)
+        setenv(env_name, value, 1);
+    backend_t *be = backend_new("cuda", 0, err, sizeof err);
+    if (env_name)
+        unsetenv(env_name);
+    if (!be) {
+        fprintf(stderr, "bench_cuda: %s\n", err);
+        exit(1);
+    }
+    return be;
+}
+
+int main(int argc, char **argv)
+{
+    const int quick = argc > 1 && !strcmp(argv[1], "--quick");
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    printf("device %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
+    const double bw = s_copy_bandwidth();
+    printf("copy_bandwidth %.3f TB/s\n", bw);
+    const double tf = s_gemm_tflops(8192);
+    printf("gemm_bf16_8192 %.1f TFLOP/s\n", tf);
+
+    /* The GEMV with 1, 4 and 8 warps per row, and cuBLASLt at M = 1 (activations rounded once). */
+    enum { NV = 4 };
+    const char *vname[NV] = {"GEMV w1", "GEMV w4", "GEMV w8", "cuBLASLt"};
+    const char *vkey[NV] = {"gemv_w1", "gemv_w4", "gemv_w8", "cublaslt"};
+    backend_t *bes[NV] = {s_backend("TROUPE_CUDA_GEMV_WARPS", "1"), s_backend("TROUPE_CUDA_GEMV_WARPS", "4"),
+                          s_backend("TROUPE_CUDA_GEMV_WARPS", "8"), NULL};
+    setenv("TROUPE_CUDA_GEMM_SPLIT", "0", 1);
+    bes[3] = s_backend("TROUPE_CUDA_GEMV_MAX_M", "0");
+    unsetenv("TROUPE_CUDA_GEMM_SPLIT");
+    /* Llama-3.1-8B: one layer's matmuls (count per layer), then the LM head once per step. */
+    struct { const char *name; int64_t N, K; int per_layer; } shapes[] = {
+        {"q_proj/o_proj", 4096, 4096, 2}, {"k_proj/v_proj", 1024, 4096, 2}, {"gate/up_proj", 14336, 4096, 2},
+        {"down_proj", 4096, 14336, 1},    {"lm_head", 128256, 4096, 0},
+    };
+    const int n_shapes = quick ? 2 : 5;
+    double step[NV] = {0}, bytes_step = 0;
+    printf("%-14s %8s", "M=1 bf16", "MB");
+    for (int v = 0; v < NV; v++)
+        printf(" %9s us %6s", vname[v], "GB/s");
+    printf("\n");
+    for (int i = 0; i < n_shapes; i++) {
+        const double mb = shapes[i].N * shapes[i].K * 2 / 1e6;
+        const double times = shapes[i].per_layer ? 32.0 * shapes[i].per_layer : 1.0;
+        printf("%-14s %8.1f", shapes[i].name, mb);
+        for (int v = 0; v < NV; v++) {
+            const double t = s_backend_matmul_us(bes[v], 1, shapes[i].N, shapes[i].K);
+            printf(" %12.1f %6.0f", t, mb * 1e3 / t);
+            step[v] += times * t;
+        }
+        printf("\n");
+        bytes_step += times * mb * 1e6;
+    }
+    if (!quick) {
+        printf("weight_bytes_step %.0f bytes\n", bytes_step);
+        for (int v = 0; v < NV; v++) {
+            printf("%s_step_ms %.3f ms\n", vkey[v], step[v] / 1e3);
+            printf("%s_bandwidth %.3f TB/s\n", vkey[v], bytes_step / (step[v] * 1e-6) / 1e12);
+        }
+        /* Prefill-sized GEMMs through the backend: activations split (default) and rounded once. */
+        backend_t *split = s_backend(NULL, NULL);
+        const int Ms[2] = {128, 512};
+        for (int i = 0; i < 2; i++) {
+            const double flop = 2.0 * Ms[i] * 14336.0 * 4096.0;
+            const double ts = s_backend_matmul_us(split, Ms[i], 14336, 4096);
+            const double t1 = s_backend_matmul_us(bes[3], Ms[i], 14336, 4096);
+            printf("gemm_M%d_split %.1f TFLOP/s (%.1f us)\n", Ms[i], flop / ts / 1e6, ts);
+            printf("gemm_M%d_single %.1f TFLOP/s (%.1f us)\n", Ms[i], flop / t1 / 1e6, t1);
+        }
+        backend_destroy(&split);
+    }
+    for (int v = 0; v < NV; v++)
+        backend_destroy(&bes[v]);
+    return 0;
+}

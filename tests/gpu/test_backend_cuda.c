@@ -1,0 +1,1072 @@
+/* tests/gpu/test_backend_cuda.c — the CUDA backend against the CPU backend, op by op, and end to
+ * end against the transformers fixtures. Runs only where a GPU is (build/gpu-tests/, from
+ * tools/gpu-run.sh); cmocka, like the unit tests.
+ *
+ * 1. Every op of backend_ops_t, table-driven: the same random inputs (never zeros) go to both
+ *    backends; the CUDA output is compared with the CPU output by ||cuda - cpu|| / ||cpu|| with a
+ *    bound per case (f32 arithmetic 1e-5; bf16/f16 GEMMs with split activations 2e-5; with the
+ *    activations rounded once to bf16 1e-2, f16 2e-3; copies, stores, ids and argmax exactly).
+ *    Outputs are poisoned with
+ *    NaN first and followed by guard words on BOTH backends: an unwritten element stays NaN and
+ *    fails (NaN never passes), a write past the end changes a guard and fails. Each case prints
+ *    its error, so a run's log is a table of the backend's accuracy.
+ *    More CUDA backends run the other paths: TROUPE_CUDA_GEMV_MAX_M=0, TROUPE_CUDA_GEMM_SPLIT=0,
+ *    TROUPE_CUDA_ATTN_SPLIT=0 (cuBLASLt at M = 1 with activations rounded once, attention without
+ *    split-KV), and TROUPE_CUDA_GEMV_WARPS=1 and 4 (the GEMV's other work splits).
+ * 2. Fixtures (tests/fixtures/models/<name>/expected.json; TROUPE_MODEL_FIXTURES elsewhere): on the
+ *    CUDA backend, every f32 fixture's greedy tokens equal transformers' (each prompt alone, then
+ *    all prompts batched and decoded in lockstep) and its last-position logits are within 1e-4;
+ *    the bf16 fixture with an f32 KV cache: logits within 1e-4 and greedy tokens equal (the split
+ *    GEMM keeps ~16 bits of each activation); with a bf16 KV cache: logits within 1e-2.
+ */
+#include <dirent.h>
+#include <jansson.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <cmocka.h>
+
+#include "common/dtype.h"
+#include "common/util.h"
+#include "engine/checkpoint.h"
+#include "engine/config.h"
+#include "engine/kvcache.h"
+#include "engine/model.h"
+#include "kernels/backend.h"
+
+#define GUARD 16
+static const uint32_t POISON_BITS = 0x7fc00badu;   /* a quiet NaN as f32; an impossible index as int32 */
+static const uint32_t GUARD_BITS = 0x7fbadbadu;
+
+#define B_F32 1e-5                /* f32 arithmetic in another order */
+#define B_SPLIT 2e-5              /* bf16/f16 GEMM, activations as hi + lo (the default) */
+#define B_BF16_GEMM 1e-2          /* bf16 activations rounded once (TROUPE_CUDA_GEMM_SPLIT=0) */
+#define B_F16_GEMM 2e-3
+#define GEMV_MAX_M 8              /* the backend's default TROUPE_CUDA_GEMV_MAX_M */
+
+static backend_t *s_cpu, *s_gpu;           /* reference; CUDA with the defaults */
+static backend_t *s_gpu2;                  /* CUDA: GEMV off, GEMM split off, attention split off */
+static backend_t *s_gpu_w1, *s_gpu_w4;     /* CUDA: GEMV with 1 and 4 warps per row (default 8) */
+
+/* ---- random inputs ------------------------------------------------------------------------ */
+
+static uint64_t s_rng = 0x9e3779b97f4a7c15ull;
+static double s_uniform(void)                      /* in (-1, 1), never 0 */
+{
+    s_rng ^= s_rng << 13;
+    s_rng ^= s_rng >> 7;
+    s_rng ^= s_rng << 17;
+    double u = ((s_rng >> 11) + 0.5) / 9007199254740992.0;
+    return 2 * u - 1;
+}
+static int s_randint(int n) { return (int)((s_uniform() + 1) * 0.5 * n) % n; }
+
+static float *s_rand_f32(size_t n, double scale)
+{
+    float *p = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        p[i] = (float)(s_uniform() * scale);
+    return p;
+}
+
+/* n random values stored as dtype t (host bytes). */
+static void *s_rand_dt(dtype_t t, size_t n, double scale)
+{
+    uint8_t *p = malloc(n * dtype_size(t) + 16);
+    for (size_t i = 0; i < n; i++) {
+        float v = (float)(s_uniform() * scale);
+        dtype_from_f32(t, &v, p + i * dtype_size(t), 1);
+    }
+    return p;
+}
+
+/* ---- device buffers on either backend ----------------------------------------------------- */
+
+static void *s_put(backend_t *be, const void *host, size_t bytes)
+{
+    void *p = be->ops->alloc(be, bytes ? bytes : 4);
+    if (!p)
+        fail_msg("%s: alloc of %zu bytes failed", be->ops->name, bytes);
+    if (bytes && be->ops->upload(be, p, host, bytes) != 0)
+        fail_msg("%s: upload of %zu bytes failed", be->ops->name, bytes);
+    return p;
+}
+
+/* An output of n 4-byte elements: poisoned, then GUARD guard words. */
+static void *s_out(backend_t *be, size_t n)
+{
+    uint32_t *h = malloc((n + GUARD) * 4);
+    for (size_t i = 0; i < n; i++)
+        h[i] = POISON_BITS;
+    for (size_t i = 0; i < GUARD; i++)
+        h[n + i] = GUARD_BITS;
+    void *p = s_put(be, h, (n + GUARD) * 4);
+    free(h);
+    return p;
+}
+
+/* Downloads an output made by s_out, checks its guard words, frees it; returns the host copy. */
+static void *s_take(backend_t *be, void *dev, size_t n, const char *what)
+{
+    uint32_t *h = malloc((n + GUARD) * 4);
+    if (be->ops->download(be, h, dev, (n + GUARD) * 4) != 0)
+        fail_msg("%s on %s: download failed (a device error in the op?)", what, be->ops->name);
+    for (size_t i = 0; i < GUARD; i++)
+        if (h[n + i] != GUARD_BITS)
+            fail_msg("%s on %s: guard word %zu after %zu outputs was overwritten", what, be->ops->name, i, n);
+    be->ops->free(be, dev);
+    return h;
+}
+
+static void *s_get(backend_t *be, const void *dev, size_t bytes)
+{
+    void *h = malloc(bytes ? bytes : 1);
+    if (be->ops->download(be, h, dev, bytes) != 0)
+        fail_msg("%s: download of %zu bytes failed", be->ops->name, bytes);
+    return h;
+}
+
+/* CUDA result vs CPU result: relative error within bound (bound 0: bit-identical). NaN fails. */
+static void s_compare(const float *got, const float *ref, size_t n, double bound, const char *what)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(got[i]))
+            fail_msg("%s: CUDA element %zu is NaN (never written?)", what, i);
+        if (isnan(ref[i]))
+            fail_msg("%s: CPU element %zu is NaN (never written?)", what, i);
+        double d = (double)got[i] - ref[i];
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+    }
+    double e = den > 0 ? sqrt(num / den) : sqrt(num);
+    if (bound == 0) {
+        print_message("  %-64s %s\n", what, memcmp(got, ref, n * 4) == 0 ? "bit-identical" : "DIFFERS");
+        if (memcmp(got, ref, n * 4) != 0)
+            fail_msg("%s: not bit-identical (relative error %.3g)", what, e);
+        return;
+    }
+    print_message("  %-64s rel err %.2e (bound %.0e)\n", what, e, bound);
+    if (!(e <= bound))
+        fail_msg("%s: relative error %.3g exceeds %.3g", what, e, bound);
+}
+
+static void s_compare_ints(const int32_t *got, const int32_t *ref, size_t n, const char *what)
+{
+    for (size_t i = 0; i < n; i++)
+        if (got[i] != ref[i])
+            fail_msg("%s: element %zu is %d on CUDA, %d on the CPU", what, i, got[i], ref[i]);
+    print_message("  %-64s identical\n", what);
+}
+
+/* ---- setup ---------------------------------------------------------------------------------- */
+
+/* A CUDA backend made with `name=value` settings in the environment (removed again after). */
+static backend_t *s_gpu_with(const char *const *env, int n)
+{
+    char err[512];
+    for (int i = 0; i < n; i += 2)
+        setenv(env[i], env[i + 1], 1);
+    backend_t *be = backend_new("cuda:0", 0, err, sizeof err);
+    for (int i = 0; i < n; i += 2)
+        unsetenv(env[i]);
+    if (!be)
+        fprintf(stderr, "test_backend_cuda: %s\n", err);
+    return be;
+}
+
+static int s_setup(void **state)
+{
+    static const char *const off[] = {"TROUPE_CUDA_GEMV_MAX_M", "0", "TROUPE_CUDA_GEMM_SPLIT", "0",
+                                      "TROUPE_CUDA_ATTN_SPLIT", "0"};
+    static const char *const w1[] = {"TROUPE_CUDA_GEMV_WARPS", "1"}, *const w4[] = {"TROUPE_CUDA_GEMV_WARPS", "4"};
+    s_cpu = backend_cpu_new(0);
+    s_gpu = s_gpu_with(NULL, 0);
+    s_gpu2 = s_gpu_with(off, 6);
+    s_gpu_w1 = s_gpu_with(w1, 2);
+    s_gpu_w4 = s_gpu_with(w4, 2);
+    return s_cpu && s_gpu && s_gpu2 && s_gpu_w1 && s_gpu_w4 ? 0 : -1;
+}
+
+static int s_teardown(void **state)
+{
+    backend_destroy(&s_gpu_w4);
+    backend_destroy(&s_gpu_w1);
+    backend_destroy(&s_gpu2);
+    backend_destroy(&s_gpu);
+    backend_destroy(&s_cpu);
+    return 0;
+}
+
+static void test_backend_new(void **state)
+{
+    char err[256];
+    assert_non_null(backend_cuda_new);             /* the weak symbol resolved: libtroupe_cuda is linked */
+    assert_string_equal(s_gpu->ops->name, "cuda");
+    assert_null(backend_new("cuda:999", 0, err, sizeof err));
+    print_message("  backend_new(\"cuda:999\"): %s\n", err);
+    assert_non_null(strstr(err, "cuda:999"));
+    setenv("TROUPE_CUDA_GEMV_MAX_M", "lots", 1);
+    assert_null(backend_new("cuda", 0, err, sizeof err));
+    unsetenv("TROUPE_CUDA_GEMV_MAX_M");
+    assert_non_null(strstr(err, "TROUPE_CUDA_GEMV_MAX_M"));
+}
+
+/* weight_put of an unaligned host source larger than two staging buffers, and upload/download. */
+static void test_memory(void **state)
+{
+    const size_t n = ((size_t)150 << 20) + 3;
+    uint8_t *src = malloc(n + 1);
+    for (size_t i = 0; i < n + 1; i++)
+        src[i] = (uint8_t)(i * 2654435761u >> 13);
+    const void *dev = s_gpu->ops->weight_put(s_gpu, src + 1, n, 2);
+    assert_non_null(dev);
+    uint8_t *back = s_get(s_gpu, dev, n);
+    assert_memory_equal(back, src + 1, n);
+    s_gpu->ops->weight_release(s_gpu, dev);
+    free(back);
+    const void *small = s_gpu->ops->weight_put(s_gpu, src + 5, 10, 2);
+    back = s_get(s_gpu, small, 10);
+    assert_memory_equal(back, src + 5, 10);
+    s_gpu->ops->weight_release(s_gpu, small);
+    free(back);
+    assert_int_equal(s_gpu->ops->sync(s_gpu), 0);
+    free(src);
+    print_message("  weight_put 150 MB from an odd address: bytes identical\n");
+}
+
+/* ---- matmul ------------------------------------------------------------------------------------ */
+
+static const char *s_variant(const backend_t *gpu)
+{
+    return gpu == s_gpu2 ? " [GEMV off, split off]" : gpu == s_gpu_w1 ? " [GEMV 1 warp/row]"
+         : gpu == s_gpu_w4 ? " [GEMV 4 warps/row]" : "";
+}
+
+static double s_mm_bound(const backend_t *gpu, dtype_t dt, int M)
+{
+    if (dt == DT_F32 || (gpu != s_gpu2 && M <= GEMV_MAX_M))
+        return B_F32;
+    if (gpu != s_gpu2)
+        return B_SPLIT;
+    return dt == DT_BF16 ? B_BF16_GEMM : B_F16_GEMM;
+}
+
+/* y = x W^T (+ bias) on the CPU and on `gpu`; w_off elements of offset misalign W on purpose. */
+static void s_matmul_case(backend_t *gpu, dtype_t dt, int M, int N, int K, int with_bias, int w_off)
+{
+    const size_t es = dtype_size(dt);
+    void *w = s_rand_dt(dt, (size_t)N * K + (size_t)w_off, 0.5);
+    float *x = s_rand_f32((size_t)M * K, 1.0), *bias = s_rand_f32((size_t)N, 1.0);
+    float *res[2];
+    backend_t *be[2] = {s_cpu, gpu};
+    char what[128];
+    snprintf(what, sizeof what, "matmul %s M=%d N=%d K=%d%s%s%s", dtype_name(dt), M, N, K, with_bias ? " bias" : "",
+             w_off ? " W misaligned" : "", s_variant(gpu));
+    for (int b = 0; b < 2; b++) {
+        const uint8_t *wd = be[b]->ops->weight_put(be[b], w, ((size_t)N * K + (size_t)w_off) * es, es);
+        assert_non_null(wd);
+        bk_mat_t W = {.data = wd + (size_t)w_off * es, .dtype = dt, .rows = N, .cols = K};
+        float *dx = s_put(be[b], x, (size_t)M * K * 4), *db = s_put(be[b], bias, (size_t)N * 4);
+        float *dy = s_out(be[b], (size_t)M * N);
+        be[b]->ops->matmul(be[b], dx, M, &W, with_bias ? db : NULL, dy);
+        res[b] = s_take(be[b], dy, (size_t)M * N, what);
+        be[b]->ops->free(be[b], dx);
+        be[b]->ops->free(be[b], db);
+        be[b]->ops->weight_release(be[b], wd);
+    }
+    s_compare(res[1], res[0], (size_t)M * N, s_mm_bound(gpu, dt, M), what);
+    free(res[0]);
+    free(res[1]);
+    free(bias);
+    free(x);
+    free(w);
+}
+
+static void test_matmul(void **state)
+{
+    /* M, N, K, bias, W offset: GEMV (vector and scalar), cuBLASLt / SGEMM, odd shapes. */
+    static const int cases[][5] = {
+        {1, 1000, 4096, 0, 0}, {1, 4096, 1024, 1, 0}, {3, 257, 130, 1, 0}, {5, 300, 512, 0, 1}, {8, 512, 1024, 0, 0},
+        {9, 384, 512, 1, 0},   {40, 100, 256, 0, 1},  {64, 1024, 768, 0, 0}, {300, 200, 136, 1, 0}, {2, 64, 36, 0, 0},
+    };
+    for (int dt = 0; dt < DT_COUNT; dt++)
+        for (size_t i = 0; i < ARRAY_LEN(cases); i++) {
+            s_matmul_case(s_gpu, (dtype_t)dt, cases[i][0], cases[i][1], cases[i][2], cases[i][3], cases[i][4]);
+            if (cases[i][0] <= GEMV_MAX_M) {       /* the GEMV's other work splits */
+                s_matmul_case(s_gpu_w1, (dtype_t)dt, cases[i][0], cases[i][1], cases[i][2], cases[i][3], cases[i][4]);
+                s_matmul_case(s_gpu_w4, (dtype_t)dt, cases[i][0], cases[i][1], cases[i][2], cases[i][3], cases[i][4]);
+            }
+        }
+    /* The library with activations rounded once, at decode and prefill shapes. */
+    s_matmul_case(s_gpu2, DT_BF16, 1, 4096, 4096, 0, 0);
+    s_matmul_case(s_gpu2, DT_F16, 1, 1024, 4096, 1, 0);
+    s_matmul_case(s_gpu2, DT_F32, 2, 1000, 512, 0, 0);
+    s_matmul_case(s_gpu2, DT_BF16, 64, 1024, 768, 1, 0);
+    s_matmul_case(s_gpu2, DT_F16, 300, 200, 136, 0, 0);
+}
+
+/* The GEMV path is batch-invariant: a row alone gives the bits it gives inside a batch (each
+ * work split of the GEMV). */
+static void test_matmul_batch_invariance(void **state)
+{
+    backend_t *const gpus[3] = {s_gpu, s_gpu_w1, s_gpu_w4};
+    const int M = 7, N = 777, K = 2048;
+    void *w = s_rand_dt(DT_BF16, (size_t)N * K, 0.5);
+    float *x = s_rand_f32((size_t)M * K, 1.0);
+    for (int v = 0; v < 3; v++) {
+        backend_t *gpu = gpus[v];
+        const void *wd = gpu->ops->weight_put(gpu, w, (size_t)N * K * 2, 2);
+        bk_mat_t W = {.data = wd, .dtype = DT_BF16, .rows = N, .cols = K};
+        float *dx = s_put(gpu, x, (size_t)M * K * 4), *dy = s_out(gpu, (size_t)M * N);
+        gpu->ops->matmul(gpu, dx, M, &W, NULL, dy);
+        float *all = s_take(gpu, dy, (size_t)M * N, "matmul batch");
+        for (int m = 0; m < M; m++) {
+            float *d1 = s_out(gpu, (size_t)N);
+            gpu->ops->matmul(gpu, dx + (size_t)m * K, 1, &W, NULL, d1);
+            float *one = s_take(gpu, d1, (size_t)N, "matmul row");
+            if (memcmp(one, all + (size_t)m * N, (size_t)N * 4) != 0)
+                fail_msg("GEMV%s: row %d alone differs from the same row in a batch of %d", s_variant(gpu), m, M);
+            free(one);
+        }
+        print_message("  GEMV%s: rows alone vs in a batch of %d: bit-identical\n", s_variant(gpu), M);
+        gpu->ops->free(gpu, dx);
+        gpu->ops->weight_release(gpu, wd);
+        free(all);
+    }
+    free(x);
+    free(w);
+}
+
+/* ---- per-row ops -------------------------------------------------------------------------------- */
+
+static void test_embed(void **state)
+{
+    const int V = 1000, n = 37;
+    const int Hs[2] = {200, 4096};
+    int32_t ids[37];
+    for (int i = 0; i < n; i++)
+        ids[i] = s_randint(V);
+    for (int dt = 0; dt < DT_COUNT; dt++)
+        for (int hi = 0; hi < 2; hi++) {
+            const int H = Hs[hi];
+            void *table = s_rand_dt((dtype_t)dt, (size_t)V * H, 1.0);
+            float *res[2];
+            backend_t *be[2] = {s_cpu, s_gpu};
+            char what[96];
+            snprintf(what, sizeof what, "embed %s V=%d H=%d n=%d", dtype_name((dtype_t)dt), V, H, n);
+            for (int b = 0; b < 2; b++) {
+                const void *td = be[b]->ops->weight_put(be[b], table, (size_t)V * H * dtype_size((dtype_t)dt),
+                                                        dtype_size((dtype_t)dt));
+                bk_mat_t T = {.data = td, .dtype = (dtype_t)dt, .rows = V, .cols = H};
+                int32_t *di = s_put(be[b], ids, sizeof ids);
+                float *out = s_out(be[b], (size_t)n * H);
+                be[b]->ops->embed(be[b], &T, di, n, out);
+                res[b] = s_take(be[b], out, (size_t)n * H, what);
+                be[b]->ops->free(be[b], di);
+                be[b]->ops->weight_release(be[b], td);
+            }
+            s_compare(res[1], res[0], (size_t)n * H, 0, what);
+            free(res[0]);
+            free(res[1]);
+            free(table);
+        }
+}
+
+static void test_add_rmsnorm(void **state)
+{
+    static const int cases[][3] = {{7, 64, 0}, {7, 4099, 1}, {33, 4096, 1}, {2, 1000, 0}};   /* M, H, with x */
+    for (size_t c = 0; c < ARRAY_LEN(cases); c++) {
+        const int M = cases[c][0], H = cases[c][1], with_x = cases[c][2];
+        float *res = s_rand_f32((size_t)M * H, 3.0), *x = s_rand_f32((size_t)M * H, 1.0), *w = s_rand_f32((size_t)H, 1.0);
+        float *out[2], *rs[2];
+        backend_t *be[2] = {s_cpu, s_gpu};
+        char what[96], what_r[112];
+        snprintf(what, sizeof what, "add_rmsnorm M=%d H=%d%s", M, H, with_x ? " (+x)" : "");
+        snprintf(what_r, sizeof what_r, "%s: residual", what);
+        for (int b = 0; b < 2; b++) {
+            float *dr = s_out(be[b], (size_t)M * H);
+            assert_int_equal(be[b]->ops->upload(be[b], dr, res, (size_t)M * H * 4), 0);
+            float *dx = s_put(be[b], x, (size_t)M * H * 4), *dw = s_put(be[b], w, (size_t)H * 4);
+            float *dout = s_out(be[b], (size_t)M * H);
+            be[b]->ops->add_rmsnorm(be[b], dr, with_x ? dx : NULL, dw, M, H, 1e-5f, dout);
+            out[b] = s_take(be[b], dout, (size_t)M * H, what);
+            rs[b] = s_take(be[b], dr, (size_t)M * H, what_r);
+            be[b]->ops->free(be[b], dx);
+            be[b]->ops->free(be[b], dw);
+        }
+        s_compare(out[1], out[0], (size_t)M * H, B_F32, what);
+        s_compare(rs[1], rs[0], (size_t)M * H, 0, what_r);
+        for (int b = 0; b < 2; b++) {
+            free(out[b]);
+            free(rs[b]);
+        }
+        free(res);
+        free(x);
+        free(w);
+    }
+}
+
+static void test_head_rmsnorm(void **state)
+{
+    static const int cases[][3] = {{5, 6, 32}, {3, 32, 128}, {2, 4, 8}, {4, 2, 256}};   /* M, heads, D */
+    for (size_t c = 0; c < ARRAY_LEN(cases); c++) {
+        const int M = cases[c][0], nh = cases[c][1], D = cases[c][2];
+        const size_t n = (size_t)M * nh * D;
+        float *x = s_rand_f32(n, 2.0), *w = s_rand_f32((size_t)D, 1.0), *res[2];
+        backend_t *be[2] = {s_cpu, s_gpu};
+        char what[96];
+        snprintf(what, sizeof what, "head_rmsnorm M=%d heads=%d D=%d", M, nh, D);
+        for (int b = 0; b < 2; b++) {
+            float *dx = s_out(be[b], n), *dw = s_put(be[b], w, (size_t)D * 4);
+            assert_int_equal(be[b]->ops->upload(be[b], dx, x, n * 4), 0);
+            be[b]->ops->head_rmsnorm(be[b], dx, dw, M, nh, D, 1e-6f);
+            res[b] = s_take(be[b], dx, n, what);
+            be[b]->ops->free(be[b], dw);
+        }
+        s_compare(res[1], res[0], n, B_F32, what);
+        free(res[0]);
+        free(res[1]);
+        free(x);
+        free(w);
+    }
+}
+
+static void test_rope(void **state)
+{
+    static const int cases[][4] = {{9, 4, 8, 100}, {5, 32, 128, 8000}, {3, 8, 64, 131000}, {2, 2, 256, 50}};   /* M, heads, D, max pos */
+    for (size_t c = 0; c < ARRAY_LEN(cases); c++) {
+        const int M = cases[c][0], nh = cases[c][1], D = cases[c][2];
+        const size_t n = (size_t)M * nh * D;
+        float *x = s_rand_f32(n, 1.0), inv[BK_MAX_HEAD_DIM / 2], *res[2];
+        int32_t pos[16];
+        for (int i = 0; i < D / 2; i++)
+            inv[i] = (float)pow(500000.0, -2.0 * i / D) * (i > D / 4 ? 0.125f : 1.0f);
+        for (int t = 0; t < M; t++)
+            pos[t] = s_randint(cases[c][3]);
+        backend_t *be[2] = {s_cpu, s_gpu};
+        char what[96];
+        snprintf(what, sizeof what, "rope M=%d heads=%d D=%d pos<%d", M, nh, D, cases[c][3]);
+        for (int b = 0; b < 2; b++) {
+            float *dx = s_out(be[b], n), *dinv = s_put(be[b], inv, (size_t)D / 2 * 4);
+            int32_t *dpos = s_put(be[b], pos, (size_t)M * 4);
+            assert_int_equal(be[b]->ops->upload(be[b], dx, x, n * 4), 0);
+            be[b]->ops->rope(be[b], dx, dpos, dinv, M, nh, D);
+            res[b] = s_take(be[b], dx, n, what);
+            be[b]->ops->free(be[b], dinv);
+            be[b]->ops->free(be[b], dpos);
+        }
+        s_compare(res[1], res[0], n, B_F32, what);
+        free(res[0]);
+        free(res[1]);
+        free(x);
+    }
+}
+
+static void test_swiglu(void **state)
+{
+    const int n = 100003;
+    float *g = s_rand_f32((size_t)n, 8.0), *u = s_rand_f32((size_t)n, 2.0), *res[2], *inplace[2];
+    backend_t *be[2] = {s_cpu, s_gpu};
+    for (int b = 0; b < 2; b++) {
+        float *dg = s_out(be[b], (size_t)n), *du = s_put(be[b], u, (size_t)n * 4), *dout = s_out(be[b], (size_t)n);
+        assert_int_equal(be[b]->ops->upload(be[b], dg, g, (size_t)n * 4), 0);
+        be[b]->ops->swiglu(be[b], dg, du, n, dout);
+        res[b] = s_take(be[b], dout, (size_t)n, "swiglu");
+        be[b]->ops->swiglu(be[b], dg, du, n, dg);  /* in place, as the forward pass calls it */
+        inplace[b] = s_take(be[b], dg, (size_t)n, "swiglu in place");
+        be[b]->ops->free(be[b], du);
+    }
+    s_compare(res[1], res[0], (size_t)n, B_F32, "swiglu n=100003");
+    s_compare(inplace[1], res[1], (size_t)n, 0, "swiglu in place vs out of place (CUDA)");
+    for (int b = 0; b < 2; b++) {
+        free(res[b]);
+        free(inplace[b]);
+    }
+    free(g);
+    free(u);
+}
+
+static void test_gather_rows(void **state)
+{
+    const int n = 10, cols = 333, src_rows = 50;
+    float *src = s_rand_f32((size_t)src_rows * cols, 1.0), *res[2];
+    int32_t rows[10];
+    for (int i = 0; i < n; i++)
+        rows[i] = s_randint(src_rows);
+    backend_t *be[2] = {s_cpu, s_gpu};
+    for (int b = 0; b < 2; b++) {
+        float *ds = s_put(be[b], src, (size_t)src_rows * cols * 4), *dd = s_out(be[b], (size_t)n * cols);
+        int32_t *dr = s_put(be[b], rows, sizeof rows);
+        be[b]->ops->gather_rows(be[b], ds, dr, n, cols, dd);
+        res[b] = s_take(be[b], dd, (size_t)n * cols, "gather_rows");
+        be[b]->ops->free(be[b], ds);
+        be[b]->ops->free(be[b], dr);
+    }
+    s_compare(res[1], res[0], (size_t)n * cols, 0, "gather_rows n=10 cols=333");
+    free(res[0]);
+    free(res[1]);
+    free(src);
+}
+
+static void test_argmax(void **state)
+{
+    const int M = 7, N = 50000;
+    float *x = s_rand_f32((size_t)M * N, 10.0);
+    float *r1 = x + N, *r2 = x + 2 * N, *r3 = x + 3 * N, *r4 = x + 4 * N, *r5 = x + 5 * N, *r6 = x + 6 * N;
+    r1[123] = r1[40000] = 50.0f;                   /* a tie: the lower index wins */
+    r2[0] = NAN;                                   /* NaN is never the largest */
+    r2[77] = NAN;
+    r2[4999] = 60.0f;
+    r2[5000] = NAN;
+    for (int i = 0; i < N; i++) {
+        r3[i] = NAN;                               /* all NaN: 0 */
+        r4[i] = -INFINITY;                         /* all -inf: the first */
+    }
+    r5[N - 1] = 99.0f;                             /* the last element */
+    r6[31] = INFINITY;
+    r6[32] = INFINITY;
+    const int32_t expect[7] = {-1, 123, 4999, 0, 0, N - 1, 31};
+    int32_t *res[2];
+    backend_t *be[2] = {s_cpu, s_gpu};
+    for (int b = 0; b < 2; b++) {
+        float *dx = s_put(be[b], x, (size_t)M * N * 4);
+        int32_t *dout = s_out(be[b], (size_t)M);
+        be[b]->ops->argmax(be[b], dx, M, N, dout);
+        res[b] = s_take(be[b], dout, (size_t)M, "argmax");
+        be[b]->ops->free(be[b], dx);
+    }
+    s_compare_ints(res[1], res[0], (size_t)M, "argmax 7 rows x 50000 (ties, NaN, -inf, inf)");
+    for (int m = 1; m < M; m++)
+        if (res[1][m] != expect[m])
+            fail_msg("argmax row %d: %d, expected %d", m, res[1][m], expect[m]);
+    free(res[0]);
+    free(res[1]);
+    free(x);
+}
+
+/* ---- paged KV: kv_store and attention -------------------------------------------------------- */
+
+typedef struct kv_case {
+    const char *name;
+    dtype_t dt;
+    int n_heads, n_kv, D, bs, n_layers, layer;
+    int n_seqs;
+    int len[4];                   /* tokens in the cache per sequence */
+    int rows[4];                  /* rows per sequence: its last rows[s] positions */
+    int shuffle;                  /* rows in random order instead of sequence by sequence */
+} kv_case_t;
+
+/* Host-side layout of a kv_case: block tables (random pool blocks), rows, and the pool bytes. */
+typedef struct kv_setup {
+    bk_kv_t kv;                   /* base filled per backend */
+    int T, n_bt;
+    int32_t tok_seq[2048], tok_pos[2048], bt_start[4], bt[1024];
+    size_t pool_bytes;
+    uint8_t *pool;                /* random K/V of the pool's dtype */
+} kv_setup_t;
+
+static void s_kv_setup(const kv_case_t *c, kv_setup_t *k)
+{
+    memset(k, 0, sizeof *k);
+    int total_blocks = 0;
+    for (int s = 0; s < c->n_seqs; s++)
+        total_blocks += (c->len[s] + c->bs - 1) / c->bs;
+    const int n_blocks = total_blocks + 3;
+    assert_true(total_blocks <= 1024);
+    int perm[1024 + 3];
+    for (int i = 0; i < n_blocks; i++)
+        perm[i] = i;
+    for (int i = n_blocks - 1; i > 0; i--) {
+        int j = s_randint(i + 1), t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    for (int s = 0, at = 0; s < c->n_seqs; s++) {
+        k->bt_start[s] = k->n_bt;
+        for (int b = 0; b < (c->len[s] + c->bs - 1) / c->bs; b++)
+            k->bt[k->n_bt++] = perm[at++];
+        for (int p = c->len[s] - c->rows[s]; p < c->len[s]; p++) {
+            assert_true(k->T < 2048);
+            k->tok_seq[k->T] = s;
+            k->tok_pos[k->T++] = p;
+        }
+    }
+    if (c->shuffle)
+        for (int i = k->T - 1; i > 0; i--) {
+            int j = s_randint(i + 1), a = k->tok_seq[i], b = k->tok_pos[i];
+            k->tok_seq[i] = k->tok_seq[j];
+            k->tok_pos[i] = k->tok_pos[j];
+            k->tok_seq[j] = a;
+            k->tok_pos[j] = b;
+        }
+    const size_t es = dtype_size(c->dt);
+    k->kv = (bk_kv_t){.dtype = c->dt, .n_blocks = n_blocks, .block_size = c->bs, .n_layers = c->n_layers,
+                      .n_kv_heads = c->n_kv, .head_dim = c->D};
+    k->kv.block_bytes = (size_t)c->n_layers * 2 * c->bs * c->n_kv * c->D * es;
+    k->pool_bytes = k->kv.block_bytes * (size_t)n_blocks;
+    k->pool = s_rand_dt(c->dt, k->pool_bytes / es, 1.0);
+}
+
+/* The step metadata on a backend (one upload of all four arrays). */
+static int32_t *s_kv_meta(backend_t *be, const kv_setup_t *k, int n_seqs, bk_attn_meta_t *meta)
+{
+    const int T = k->T;
+    int32_t *h = malloc((size_t)(2 * T + n_seqs + k->n_bt) * 4);
+    memcpy(h, k->tok_seq, (size_t)T * 4);
+    memcpy(h + T, k->tok_pos, (size_t)T * 4);
+    memcpy(h + 2 * T, k->bt_start, (size_t)n_seqs * 4);
+    memcpy(h + 2 * T + n_seqs, k->bt, (size_t)k->n_bt * 4);
+    int32_t *d = s_put(be, h, (size_t)(2 * T + n_seqs + k->n_bt) * 4);
+    free(h);
+    *meta = (bk_attn_meta_t){.n_tokens = T, .n_seqs = n_seqs, .tok_seq = d, .tok_pos = d + T,
+                             .seq_bt_start = d + 2 * T, .block_table = d + 2 * T + n_seqs};
+    return d;
+}
+
+static const kv_case_t s_kv_cases[] = {
+    /* decode rows (row kernel, split-KV): contexts 1, 37, 1000 */
+    {"decode 3 seqs ctx 1/37/1000 D=128 G=4", DT_F32, 8, 2, 128, 16, 2, 1, 3, {1, 37, 1000}, {1, 1, 1}, 0},
+    {"decode 3 seqs ctx 1/37/1000 D=128 G=4", DT_BF16, 8, 2, 128, 16, 2, 1, 3, {1, 37, 1000}, {1, 1, 1}, 0},
+    {"decode 1 seq ctx 3000 32 heads 8 kv", DT_BF16, 32, 8, 128, 16, 1, 0, 1, {3000}, {1}, 0},
+    {"decode 2 seqs D=256 G=16", DT_F16, 16, 1, 256, 16, 1, 0, 2, {300, 41}, {1, 1}, 0},
+    {"decode 2 seqs D=8 block 5", DT_F32, 8, 2, 8, 5, 2, 1, 2, {17, 3}, {1, 1}, 0},
+    /* prefill-shaped (tile kernel for D 32/64/128) */
+    {"prefill 50+20 rows D=128 G=4", DT_F32, 8, 2, 128, 16, 2, 1, 2, {70, 20}, {50, 20}, 0},
+    {"prefill 50+20 rows D=128 G=4", DT_BF16, 8, 2, 128, 16, 2, 1, 2, {70, 20}, {50, 20}, 0},
+    {"prefill 50+20 rows shuffled D=128", DT_BF16, 8, 2, 128, 16, 2, 0, 2, {70, 20}, {50, 20}, 1},
+    {"prefill 40 rows D=64 MHA block 5", DT_F16, 4, 4, 64, 5, 1, 0, 1, {40}, {40}, 0},
+    {"prefill 33+9 rows D=32 G=2", DT_F32, 4, 2, 32, 4, 2, 1, 2, {33, 9}, {33, 9}, 0},
+    {"prefill 20 rows D=8 (row kernel)", DT_F32, 8, 2, 8, 16, 1, 0, 1, {20}, {20}, 0},
+    {"prefill 200 rows ctx 700 D=128", DT_BF16, 32, 8, 128, 16, 1, 0, 1, {700}, {200}, 0},
+};
+
+static void test_kv_store(void **state)
+{
+    for (size_t ci = 0; ci < ARRAY_LEN(s_kv_cases); ci++) {
+        const kv_case_t *c = &s_kv_cases[ci];
+        kv_setup_t k;
+        s_kv_setup(c, &k);
+        const size_t n = (size_t)k.T * c->n_kv * c->D;
+        float *kx = s_rand_f32(n, 2.0), *vx = s_rand_f32(n, 2.0);
+        uint8_t *pools[2];
+        backend_t *be[2] = {s_cpu, s_gpu};
+        for (int b = 0; b < 2; b++) {
+            bk_kv_t kv = k.kv;
+            kv.base = s_put(be[b], k.pool, k.pool_bytes);
+            bk_attn_meta_t meta;
+            int32_t *dm = s_kv_meta(be[b], &k, c->n_seqs, &meta);
+            float *dk = s_put(be[b], kx, n * 4), *dv = s_put(be[b], vx, n * 4);
+            be[b]->ops->kv_store(be[b], &kv, c->layer, dk, dv, &meta);
+            pools[b] = s_get(be[b], kv.base, k.pool_bytes);
+            be[b]->ops->free(be[b], kv.base);
+            be[b]->ops->free(be[b], dm);
+            be[b]->ops->free(be[b], dk);
+            be[b]->ops->free(be[b], dv);
+        }
+        char what[128];
+        snprintf(what, sizeof what, "kv_store %s %s (whole pool)", dtype_name(c->dt), c->name);
+        if (memcmp(pools[0], pools[1], k.pool_bytes) != 0)
+            fail_msg("%s: pools differ after the store", what);
+        if (memcmp(pools[0], k.pool, k.pool_bytes) == 0)
+            fail_msg("%s: the store changed nothing", what);
+        print_message("  %-64s bit-identical\n", what);
+        free(pools[0]);
+        free(pools[1]);
+        free(kx);
+        free(vx);
+        free(k.pool);
+    }
+}
+
+static void s_attention_case(backend_t *gpu, const kv_case_t *c)
+{
+    kv_setup_t k;
+    s_kv_setup(c, &k);
+    const size_t n = (size_t)k.T * c->n_heads * c->D;
+    float *q = s_rand_f32(n, 3.0), *res[2];
+    const float scale = 1.0f / sqrtf((float)c->D);
+    backend_t *be[2] = {s_cpu, gpu};
+    char what[128];
+    snprintf(what, sizeof what, "attention %s %s (%d rows)%s", dtype_name(c->dt), c->name, k.T,
+             gpu == s_gpu2 ? " [split off]" : "");
+    for (int b = 0; b < 2; b++) {
+        bk_kv_t kv = k.kv;
+        kv.base = s_put(be[b], k.pool, k.pool_bytes);
+        bk_attn_meta_t meta;
+        int32_t *dm = s_kv_meta(be[b], &k, c->n_seqs, &meta);
+        float *dq = s_put(be[b], q, n * 4), *dout = s_out(be[b], n);
+        be[b]->ops->attention(be[b], &kv, c->layer, dq, c->n_heads, scale, &meta, dout);
+        res[b] = s_take(be[b], dout, n, what);
+        be[b]->ops->free(be[b], kv.base);
+        be[b]->ops->free(be[b], dm);
+        be[b]->ops->free(be[b], dq);
+    }
+    s_compare(res[1], res[0], n, B_F32, what);
+    free(res[0]);
+    free(res[1]);
+    free(q);
+    free(k.pool);
+}
+
+static void test_attention(void **state)
+{
+    for (size_t ci = 0; ci < ARRAY_LEN(s_kv_cases); ci++)
+        s_attention_case(s_gpu, &s_kv_cases[ci]);
+    s_attention_case(s_gpu2, &s_kv_cases[1]);
+    s_attention_case(s_gpu2, &s_kv_cases[2]);
+}
+
+/* ---- MoE ---------------------------------------------------------------------------------------- */
+
+static void test_moe_route(void **state)
+{
+    static const int cases[][4] = {{33, 8, 2, 1}, {17, 128, 8, 0}, {5, 4, 2, 1}, {300, 64, 6, 1}};   /* M, E, k, renorm */
+    for (size_t c = 0; c < ARRAY_LEN(cases); c++) {
+        const int M = cases[c][0], E = cases[c][1], k = cases[c][2], renorm = cases[c][3];
+        float *logits = s_rand_f32((size_t)M * E, 4.0), *w[2];
+        int32_t *ids[2];
+        backend_t *be[2] = {s_cpu, s_gpu};
+        char what[96], what_w[112];
+        snprintf(what, sizeof what, "moe_route M=%d E=%d k=%d renorm=%d: ids", M, E, k, renorm);
+        snprintf(what_w, sizeof what_w, "moe_route M=%d E=%d k=%d renorm=%d: weights", M, E, k, renorm);
+        for (int b = 0; b < 2; b++) {
+            float *dl = s_put(be[b], logits, (size_t)M * E * 4), *dw = s_out(be[b], (size_t)M * k);
+            int32_t *di = s_out(be[b], (size_t)M * k);
+            be[b]->ops->moe_route(be[b], dl, M, E, k, renorm, di, dw);
+            ids[b] = s_take(be[b], di, (size_t)M * k, what);
+            w[b] = s_take(be[b], dw, (size_t)M * k, what_w);
+            be[b]->ops->free(be[b], dl);
+        }
+        s_compare_ints(ids[1], ids[0], (size_t)M * k, what);
+        s_compare(w[1], w[0], (size_t)M * k, B_F32, what_w);
+        for (int b = 0; b < 2; b++) {
+            free(ids[b]);
+            free(w[b]);
+        }
+        free(logits);
+    }
+}
+
+static void s_moe_ffn_case(dtype_t dt, int M, int H, int I, int E, int k)
+{
+    const size_t es = dtype_size(dt);
+    void *gw[128], *uw[128], *dw[128];
+    assert_true(E <= 128);
+    for (int e = 0; e < E; e++) {
+        gw[e] = s_rand_dt(dt, (size_t)I * H, 0.3);
+        uw[e] = s_rand_dt(dt, (size_t)I * H, 0.3);
+        dw[e] = s_rand_dt(dt, (size_t)H * I, 0.3);
+    }
+    float *x = s_rand_f32((size_t)M * H, 1.0), *wts = malloc((size_t)M * k * 4), *res[2];
+    int32_t *ids = malloc((size_t)M * k * 4);
+    for (int t = 0; t < M; t++)                    /* k distinct experts per token, positive weights */
+        for (int j = 0; j < k; j++) {
+            int e, dup;
+            do {
+                e = s_randint(E);
+                dup = 0;
+                for (int i = 0; i < j; i++)
+                    dup |= ids[t * k + i] == e;
+            } while (dup);
+            ids[t * k + j] = e;
+            wts[t * k + j] = (float)(0.55 + 0.45 * s_uniform());
+        }
+    backend_t *be[2] = {s_cpu, s_gpu};
+    bk_expert_t ex[2][128];
+    char what[128];
+    snprintf(what, sizeof what, "moe_ffn %s M=%d H=%d I=%d E=%d k=%d", dtype_name(dt), M, H, I, E, k);
+    for (int b = 0; b < 2; b++) {
+        for (int e = 0; e < E; e++) {
+            ex[b][e].gate = (bk_mat_t){be[b]->ops->weight_put(be[b], gw[e], (size_t)I * H * es, es), dt, I, H};
+            ex[b][e].up = (bk_mat_t){be[b]->ops->weight_put(be[b], uw[e], (size_t)I * H * es, es), dt, I, H};
+            ex[b][e].down = (bk_mat_t){be[b]->ops->weight_put(be[b], dw[e], (size_t)H * I * es, es), dt, H, I};
+        }
+        float *dx = s_put(be[b], x, (size_t)M * H * 4), *dwt = s_put(be[b], wts, (size_t)M * k * 4);
+        int32_t *di = s_put(be[b], ids, (size_t)M * k * 4);
+        void *scratch = be[b]->ops->alloc(be[b], moe_scratch_bytes(M, k, H, I, E));
+        float *dout = s_out(be[b], (size_t)M * H);
+        be[b]->ops->moe_ffn(be[b], dx, M, H, di, dwt, k, ex[b], E, scratch, dout);
+        res[b] = s_take(be[b], dout, (size_t)M * H, what);
+        be[b]->ops->free(be[b], dx);
+        be[b]->ops->free(be[b], dwt);
+        be[b]->ops->free(be[b], di);
+        be[b]->ops->free(be[b], scratch);
+        for (int e = 0; e < E; e++) {
+            be[b]->ops->weight_release(be[b], ex[b][e].gate.data);
+            be[b]->ops->weight_release(be[b], ex[b][e].up.data);
+            be[b]->ops->weight_release(be[b], ex[b][e].down.data);
+        }
+    }
+    /* An expert with at most GEMV_MAX_M rows runs the GEMV (f32 activations), more take cuBLASLt. */
+    int most = 0;
+    for (int e = 0; e < E; e++) {
+        int cnt = 0;
+        for (int r = 0; r < M * k; r++)
+            cnt += ids[r] == e;
+        most = cnt > most ? cnt : most;
+    }
+    const double bound = dt == DT_F32 || most <= GEMV_MAX_M ? B_F32 : B_SPLIT;
+    s_compare(res[1], res[0], (size_t)M * H, bound, what);
+    free(res[0]);
+    free(res[1]);
+    for (int e = 0; e < E; e++) {
+        free(gw[e]);
+        free(uw[e]);
+        free(dw[e]);
+    }
+    free(x);
+    free(wts);
+    free(ids);
+}
+
+static void test_moe_ffn(void **state)
+{
+    s_moe_ffn_case(DT_F32, 13, 64, 32, 8, 2);
+    s_moe_ffn_case(DT_BF16, 13, 64, 32, 8, 2);
+    s_moe_ffn_case(DT_F32, 200, 64, 32, 8, 2);
+    s_moe_ffn_case(DT_BF16, 200, 256, 96, 8, 2);
+    s_moe_ffn_case(DT_BF16, 4, 128, 64, 128, 8);
+}
+
+/* ================================================================================================
+ * End to end: the transformers fixtures on the CUDA backend
+ * ============================================================================================== */
+
+static const char *s_fixture_root(void)
+{
+    const char *r = getenv("TROUPE_MODEL_FIXTURES");
+    return r && *r ? r : "tests/fixtures/models";
+}
+
+typedef struct {
+    int n;
+    int32_t *ids[8], *greedy[8];
+    int n_ids[8], n_greedy[8];
+    double *last[8];
+    int vocab;
+} expected_t;
+
+static int32_t *s_int_array(json_t *a, int *n)
+{
+    *n = (int)json_array_size(a);
+    int32_t *v = malloc((size_t)(*n ? *n : 1) * sizeof(int32_t));
+    for (int i = 0; i < *n; i++)
+        v[i] = (int32_t)json_integer_value(json_array_get(a, (size_t)i));
+    return v;
+}
+
+static void s_load_expected(const char *path, expected_t *e)
+{
+    json_error_t je;
+    json_t *root = json_load_file(path, 0, &je);
+    if (!root)
+        fail_msg("%s: %s (line %d)", path, je.text, je.line);
+    json_t *prompts = json_object_get(root, "prompts");
+    assert_true(json_is_array(prompts));
+    e->n = (int)json_array_size(prompts);
+    assert_true(e->n >= 1 && e->n <= 8);
+    for (int i = 0; i < e->n; i++) {
+        json_t *p = json_array_get(prompts, (size_t)i);
+        e->ids[i] = s_int_array(json_object_get(p, "ids"), &e->n_ids[i]);
+        e->greedy[i] = s_int_array(json_object_get(p, "greedy"), &e->n_greedy[i]);
+        json_t *ll = json_object_get(p, "last_logits");
+        e->vocab = (int)json_array_size(ll);
+        e->last[i] = malloc((size_t)e->vocab * sizeof(double));
+        for (int v = 0; v < e->vocab; v++)
+            e->last[i][v] = json_number_value(json_array_get(ll, (size_t)v));
+    }
+    json_decref(root);
+}
+
+static double s_relerr_d(const float *a, const double *b, int n)
+{
+    double num = 0, den = 0;
+    for (int i = 0; i < n; i++) {
+        if (isnan(a[i]))
+            return INFINITY;
+        num += (a[i] - b[i]) * (a[i] - b[i]);
+        den += b[i] * b[i];
+    }
+    return sqrt(num / den);
+}
+
+static int32_t s_host_argmax(const float *x, int n)
+{
+    int32_t best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best])
+            best = i;
+    return best;
+}
+
+static void s_forward(model_t *m, const model_seq_t *qs, int n, float *logits)
+{
+    char err[512];
+    model_batch_t b = {.n_seqs = n, .seqs = qs};
+    if (model_forward(m, &b, logits, err, sizeof err) < 0)
+        fail_msg("model_forward: %s", err);
+}
+
+/* One fixture on the CUDA backend with a KV cache of kvt. Exact greedy (and the batched lockstep
+ * run) is asserted when the numbers are f32-accurate: f32 weights, or bf16 weights with an f32 KV
+ * cache (the split GEMM keeps activations to ~16 bits). A bf16 KV cache rounds K and V: its
+ * logits get the looser bound and its greedy agreement is only reported. */
+static void s_run_fixture(const char *name, dtype_t kvt)
+{
+    char dir[1024], path[1100], err[512];
+    if (snprintf(dir, sizeof dir, "%s/%s", s_fixture_root(), name) >= (int)sizeof dir ||
+        snprintf(path, sizeof path, "%s/expected.json", dir) >= (int)sizeof path)
+        fail_msg("%s/%s: path too long", s_fixture_root(), name);
+    expected_t e = {0};
+    s_load_expected(path, &e);
+    model_config_t cfg;
+    if (config_load(dir, &cfg, err, sizeof err) < 0)
+        fail_msg("%s", err);
+    assert_int_equal(cfg.vocab_size, e.vocab);
+    ckpt_t *ck = ckpt_open(dir, err, sizeof err);
+    if (!ck)
+        fail_msg("%s", err);
+    model_opts_t o = {.max_tokens = 128, .max_seqs = 8, .max_context = 128, .kv_block_size = 4};
+    model_t *m = model_load(dir, &cfg, ck, s_gpu, &o, err, sizeof err);
+    if (!m)
+        fail_msg("%s", err);
+    const int f32 = kvt == DT_F32, V = cfg.vocab_size;
+    kvpool_t *pool = kvpool_new(256, 4, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, kvt, s_gpu, err, sizeof err);
+    if (!pool)
+        fail_msg("%s", err);
+    float *lg = malloc((size_t)V * 8 * sizeof(float));
+    const double bound = f32 ? 1e-4 : 1e-2;
+
+    for (int p = 0; p < e.n; p++) {
+        kvseq_t *s = kvseq_new(pool, 128, 0);
+        assert_int_equal(kvseq_append(s, e.ids[p], e.n_ids[p]), 0);
+        model_seq_t q = {.kv = s, .n_new = e.n_ids[p]};
+        s_forward(m, &q, 1, lg);
+        const double rel = s_relerr_d(lg, e.last[p], V);
+        print_message("  %-18s %s KV prompt %d (%2d tokens): last logits rel err %.2e (bound %.0e)", name,
+                      dtype_name(kvt), p, e.n_ids[p], rel, bound);
+        if (!(rel <= bound))
+            fail_msg("%s prompt %d: last-position logits relative error %.3g exceeds %.3g", name, p, rel, bound);
+        int agree = 0, first_diff = -1;
+        for (int i = 0; i < e.n_greedy[p]; i++) {
+            int32_t t = s_host_argmax(lg, V);
+            if (t == e.greedy[p][i])
+                agree++;
+            else if (first_diff < 0)
+                first_diff = i;
+            if (f32 && t != e.greedy[p][i])
+                fail_msg("%s prompt %d: greedy token %d is %d on CUDA, transformers says %d", name, p, i, t,
+                         e.greedy[p][i]);
+            if (i + 1 == e.n_greedy[p] || first_diff >= 0)
+                break;
+            assert_int_equal(kvseq_append(s, &t, 1), 0);
+            q.n_new = 1;
+            s_forward(m, &q, 1, lg);
+        }
+        if (first_diff < 0)
+            print_message(", greedy %d/%d equal\n", agree, e.n_greedy[p]);
+        else
+            print_message(", greedy equal for the first %d of %d tokens (informational: bf16 KV)\n", agree,
+                          e.n_greedy[p]);
+        kvseq_destroy(&s);
+    }
+
+    if (f32) {                                     /* every prompt in one batch, then lockstep decode */
+        kvseq_t *seqs[8];
+        model_seq_t qs[8];
+        for (int p = 0; p < e.n; p++) {
+            seqs[p] = kvseq_new(pool, 128, 0);
+            assert_int_equal(kvseq_append(seqs[p], e.ids[p], e.n_ids[p]), 0);
+            qs[p] = (model_seq_t){.kv = seqs[p], .n_new = e.n_ids[p]};
+        }
+        s_forward(m, qs, e.n, lg);
+        for (int i = 0; i < e.n_greedy[0]; i++) {
+            for (int p = 0; p < e.n; p++) {
+                int32_t t = s_host_argmax(lg + (size_t)p * V, V);
+                if (t != e.greedy[p][i])
+                    fail_msg("%s: batched greedy, prompt %d token %d is %d, transformers says %d", name, p, i, t,
+                             e.greedy[p][i]);
+                assert_int_equal(kvseq_append(seqs[p], &t, 1), 0);
+                qs[p].n_new = 1;
+            }
+            if (i + 1 == e.n_greedy[0])
+                break;
+            s_forward(m, qs, e.n, lg);
+        }
+        print_message("  %-18s %s KV batch of %d prompts, lockstep greedy: all %d tokens equal\n", name,
+                      dtype_name(kvt), e.n, e.n_greedy[0]);
+        for (int p = 0; p < e.n; p++)
+            kvseq_destroy(&seqs[p]);
+    }
+    free(lg);
+    kvpool_destroy(&pool);
+    model_destroy(&m);
+    ckpt_destroy(&ck);
+    for (int i = 0; i < e.n; i++) {
+        free(e.ids[i]);
+        free(e.greedy[i]);
+        free(e.last[i]);
+    }
+}
+
+static void test_fixtures(void **state)
+{
+    DIR *d = opendir(s_fixture_root());
+    if (!d)
+        fail_msg("%s: cannot open the fixture directory", s_fixture_root());
+    char names[32][256];
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) && n < 32) {
+        char path[1024];
+        struct stat st;
+        if (snprintf(path, sizeof path, "%s/%s/expected.json", s_fixture_root(), de->d_name) >= (int)sizeof path)
+            continue;
+        if (de->d_name[0] != '.' && stat(path, &st) == 0)
+            snprintf(names[n++], sizeof names[0], "%s", de->d_name);
+    }
+    closedir(d);
+    if (n == 0)
+        fail_msg("no fixture with expected.json under %s", s_fixture_root());
+    for (int i = 0; i < n; i++) {
+        char dir[1024], err[512];
+        model_config_t cfg;
+        snprintf(dir, sizeof dir, "%s/%.512s", s_fixture_root(), names[i]);
+        if (config_load(dir, &cfg, err, sizeof err) < 0)
+            fail_msg("%s", err);
+        s_run_fixture(names[i], DT_F32);
+        if (cfg.dtype != DT_F32)                   /* and as the engine runs it: KV in the model's dtype */
+            s_run_fixture(names[i], cfg.dtype);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_backend_new),
+        cmocka_unit_test(test_memory),
+        cmocka_unit_test(test_matmul),
+        cmocka_unit_test(test_matmul_batch_invariance),
+        cmocka_unit_test(test_embed),
+        cmocka_unit_test(test_add_rmsnorm),
+        cmocka_unit_test(test_head_rmsnorm),
+        cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_swiglu),
+        cmocka_unit_test(test_gather_rows),
+        cmocka_unit_test(test_argmax),
+        cmocka_unit_test(test_kv_store),
+        cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_moe_route),
+        cmocka_unit_test(test_moe_ffn),
+        cmocka_unit_test(test_fixtures),
+    };
+    return cmocka_run_group_tests(tests, s_setup, s_teardown);
+}

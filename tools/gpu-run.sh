@@ -1,0 +1,150 @@
+#!/usr/bin/env bash
+# tools/gpu-run.sh — everything the GPU node checks and measures, in one call, from the repo root:
+#   . .gpu-debs/env.sh && TROUPE_OFFLINE=1 tools/gpu-run.sh
+# 1. builds everything with CUDA (make -j16: libtroupe, libtroupe_cuda, tools, unit and GPU tests);
+# 2. runs the unit tests (tests/run.sh; SCENARIOS=1 runs the scenario tests too);
+# 3. runs the GPU tests (build/gpu-tests/test_backend_cuda: every op against the CPU backend, and
+#    the transformers fixtures end to end on CUDA), with plain and with PDL launches;
+# 4. benchmarks: copy bandwidth and the bf16 GEMM ceiling (build/gpu-tests/bench_cuda, which also
+#    times the backend's M=1 matmuls), then troupe-generate on Llama-3.1-8B's shape (dummy bf16
+#    weights, 128 prompt ids, 128 greedy tokens, --ignore-eos) on the CUDA backend, with the GEMV
+#    kernel (8 warps per row, plain and PDL launches; 1 warp per row) and with cuBLASLt at M=1,
+#    next to the HBM bound (weight bytes per token / copy bandwidth).
+# Logs go to $OUT (the device tool's folder) or build/gpu-logs; a short table is printed last.
+# Exit status: 0 when every step passed, 1 otherwise.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-build/gpu-logs}
+mkdir -p "$OUT"
+export TROUPE_OFFLINE=1
+status=0
+step() { printf '\n== %s (%s)\n' "$1" "$(date +%T)"; }
+
+# ---- toolchain ------------------------------------------------------------------------------------
+if [ -z "${PKG_CONFIG_SYSROOT_DIR:-}" ] && [ -f .gpu-debs/env.sh ]; then . .gpu-debs/env.sh; fi
+if ! command -v nvcc >/dev/null; then
+  for d in /usr/local/cuda/bin /usr/local/cuda-*/bin; do [ -x "$d/nvcc" ] && PATH="$d:$PATH" && break; done
+fi
+NVCC=$(command -v nvcc || true)
+if [ -z "$NVCC" ]; then echo "gpu-run: no nvcc on this machine"; exit 1; fi
+CUDA_HOME=$(dirname "$(dirname "$(readlink -f "$NVCC")")")
+# cudart / cublas / cublasLt: wherever this image keeps them; a folder of links gives the linker
+# the unversioned names and the loader the versioned ones.
+LIBDIR=/tmp/troupe-cudalib
+mkdir -p "$LIBDIR"
+for lib in libcudart libcublas libcublasLt; do
+  found=""
+  for d in "$CUDA_HOME/lib64" "$CUDA_HOME/targets/x86_64-linux/lib" /usr/local/cuda/lib64 /usr/lib/x86_64-linux-gnu; do
+    found=$(ls "$d/$lib.so" "$d/$lib.so."[0-9]* 2>/dev/null | head -1)
+    [ -n "$found" ] && break
+  done
+  [ -z "$found" ] && found=$(ldconfig -p | awk -v l="$lib.so" '$1 ~ "^"l {print $NF; exit}')
+  if [ -z "$found" ]; then echo "gpu-run: $lib not found"; exit 1; fi
+  real=$(readlink -f "$found")
+  ln -sf "$real" "$LIBDIR/$lib.so"
+  for v in "$(dirname "$found")/$lib.so."[0-9]*; do [ -e "$v" ] && ln -sf "$real" "$LIBDIR/$(basename "$v")"; done
+done
+export LD_LIBRARY_PATH="$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used,memory.total --format=csv; \
+  echo "nvcc: $NVCC ($("$NVCC" --version | tail -1))"; ls -l "$LIBDIR"; } >"$OUT/build.log" 2>&1
+cat "$OUT/build.log"
+
+# ---- build ----------------------------------------------------------------------------------------
+step build
+MK=(make -j16 NVCC="$NVCC" CUDA_HOME="$CUDA_HOME" CUDA_LIBDIR="$LIBDIR")
+t0=$(date +%s)
+"${MK[@]}" gpu-tests build/bin/troupe-generate >>"$OUT/build.log" 2>&1 || { echo "build of the GPU targets FAILED"; status=1; }
+"${MK[@]}" -k all >>"$OUT/build.log" 2>&1 || { echo "make all FAILED (some targets)"; status=1; }
+grep -E "error|warning" "$OUT/build.log" | grep -v "^make" | head -30
+echo "build: $(( $(date +%s) - t0 )) s"
+
+# ---- unit tests -----------------------------------------------------------------------------------
+step "unit tests"
+pattern='^test_'
+[ "${SCENARIOS:-0}" = 1 ] && pattern='.'
+TESTS="$pattern" timeout 300 tests/run.sh >"$OUT/unit.log" 2>&1 || status=1
+tail -25 "$OUT/unit.log"
+unit=$(tail -1 "$OUT/unit.log")
+
+# ---- GPU tests ------------------------------------------------------------------------------------
+step "GPU tests"
+gpu="not built"
+if [ -x build/gpu-tests/test_backend_cuda ]; then
+  # Twice: plain launches, then every kernel with programmatic dependent launch (TROUPE_CUDA_PDL=1).
+  { echo "### launches: plain"; timeout 200 build/gpu-tests/test_backend_cuda 2>&1 || { status=1; echo "### FAILED"; }
+    echo "### launches: TROUPE_CUDA_PDL=1"; TROUPE_CUDA_PDL=1 timeout 200 build/gpu-tests/test_backend_cuda 2>&1 \
+      || { status=1; echo "### FAILED"; }; } >"$OUT/gpu-tests.log"
+  cat "$OUT/gpu-tests.log"
+  p=$(grep -oE '\[  PASSED  \] [0-9]+' "$OUT/gpu-tests.log" | awk '{s+=$4} END {print s+0}')
+  f=$(grep -oE '\[  FAILED  \] [0-9]+ test' "$OUT/gpu-tests.log" | awk '{s+=$4} END {print s+0}')
+  gpu="$p passed, $f failed (plain + PDL launches)"
+else
+  status=1
+fi
+
+# ---- benchmarks -----------------------------------------------------------------------------------
+step "ceilings and backend matmuls"
+if [ -x build/gpu-tests/bench_cuda ]; then
+  timeout 180 build/gpu-tests/bench_cuda >"$OUT/bench.log" 2>&1 || status=1
+  cat "$OUT/bench.log"
+fi
+val() { awk -v k="$1" '$1 == k {print $2; exit}' "$OUT/bench.log" 2>/dev/null; }
+bw=$(val copy_bandwidth); tf=$(val gemm_bf16_8192)
+gemv_line=""
+for v in gemv_w1 gemv_w4 gemv_w8 cublaslt; do
+  gemv_line+="$v $(val ${v}_step_ms) ms $(val ${v}_bandwidth) TB/s; "
+done
+split_line="M=512: split $(val gemm_M512_split), single $(val gemm_M512_single) TFLOP/s"
+
+step "Llama-3.1-8B shape, batch 1 decode"
+ids=$(python3 -c 'print(",".join(str((i * 7919 + 1000) % 120000) for i in range(128)))')
+gen() {   # name, then environment assignments
+  local name=$1; shift
+  if [ -x build/bin/troupe-generate ]; then
+    env "$@" timeout 240 build/bin/troupe-generate tests/fixtures/models/llama-3.1-8b-shape --load-format dummy \
+      --dtype bf16 --backend cuda --ids "$ids" --max-tokens 128 --ignore-eos --temperature 0 --json \
+      >"$OUT/generate-$name.json" 2>/tmp/generate-$name.err || { status=1; cat /tmp/generate-$name.err; }
+    head -c 600 "$OUT/generate-$name.json"; echo
+  fi
+}
+gen w8 TROUPE_CUDA_GEMV_WARPS=8
+gen pdl TROUPE_CUDA_GEMV_WARPS=8 TROUPE_CUDA_PDL=1
+gen w1 TROUPE_CUDA_GEMV_WARPS=1
+gen cublaslt TROUPE_CUDA_GEMV_MAX_M=0 TROUPE_CUDA_GEMM_SPLIT=0
+report() {   # name -> "decode tok/s | prefill tok/s | bound | fraction"
+  python3 - "$OUT/generate-$1.json" "${bw:-0}" <<'EOF'
+import json, sys
+try:
+    j = json.load(open(sys.argv[1]))
+except Exception as e:
+    print("no result (%s)" % e.__class__.__name__); sys.exit(0)
+bw = float(sys.argv[2] or 0) * 1e12
+t = j["timings"]; wb = j["model"]["weight_bytes_per_token"]
+bound = bw / wb if bw else 0
+d = t["decode_tokens_per_s"]
+print("%.1f tok/s (%.2f ms/token) | HBM bound %.0f tok/s (%.2f GB/token) -> %.0f%% | prefill %.0f tok/s | load %.1f s"
+      % (d, 1e3 / d if d else 0, bound, wb / 1e9, 100 * d / bound if bound else 0, t["prompt_tokens_per_s"], t["load_ms"] / 1e3))
+EOF
+}
+dec_w8=$(report w8); dec_pdl=$(report pdl); dec_w1=$(report w1); dec_lt=$(report cublaslt)
+
+# ---- the table ------------------------------------------------------------------------------------
+gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+fix=$(grep -cE 'greedy [0-9]+/[0-9]+ equal|all [0-9]+ tokens equal' "$OUT/gpu-tests.log" 2>/dev/null)
+bf16=$(grep -E 'llama-tied-bf16 +bf16 KV prompt' "$OUT/gpu-tests.log" 2>/dev/null | grep -oE 'rel err [0-9.e+-]+' | awk '{print $3}' | paste -sd/ -)
+bf16f=$(grep -E 'llama-tied-bf16 +f32 KV prompt' "$OUT/gpu-tests.log" 2>/dev/null | grep -oE 'rel err [0-9.e+-]+' | awk '{print $3}' | paste -sd/ -)
+echo
+echo "== Troupe CUDA backend on ${gpu_name:-?} (logs in $OUT)"
+printf '%-30s %s\n' "unit tests" "${unit:-?}"
+printf '%-30s %s\n' "GPU tests (CUDA vs CPU, e2e)" "$gpu"
+printf '%-30s %s\n' "fixture greedy runs equal" "${fix:-0} (f32: must all be equal)"
+printf '%-30s %s\n' "bf16 fixture logits rel err" "bf16 KV ${bf16:-?} (bound 1e-2); f32 KV ${bf16f:-?} (bound 1e-4)"
+printf '%-30s %s\n' "copy bandwidth D2D" "${bw:-?} TB/s (read + write)"
+printf '%-30s %s\n' "bf16 GEMM 8192^3 cuBLASLt" "${tf:-?} TFLOP/s"
+printf '%-30s %s\n' "8B step matmuls M=1" "$gemv_line"
+printf '%-30s %s\n' "gate GEMM through backend" "$split_line"
+printf '%-30s %s\n' "8B decode b=1, GEMV w8" "$dec_w8"
+printf '%-30s %s\n' "8B decode b=1, w8 + PDL" "$dec_pdl"
+printf '%-30s %s\n' "8B decode b=1, GEMV w1 (run 1)" "$dec_w1"
+printf '%-30s %s\n' "8B decode b=1, cuBLASLt" "$dec_lt"
+exit $status
