@@ -17,7 +17,7 @@
  *
  * Every request ends with exactly one done or error to its router.
  *
- * A request's life: RUNNING <-> PREEMPTED -> gone. */
+ * A request's life: (WAITING ->) RUNNING <-> PREEMPTED -> gone; every move goes through s_move. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -30,8 +30,9 @@
 #define WRITEBACK_TIMEOUT_MS  2000
 #define MAX_WRITEBACKS        64
 
-typedef enum { DC_RUNNING, DC_PREEMPTED, DC_STATE_COUNT } dc_state_t;
-static const char *const s_state_names[DC_STATE_COUNT] = {"running", "preempted"};
+/* WAITING: its KV is here but the batch is full; PREEMPTED: its blocks were taken back. */
+typedef enum { DC_WAITING, DC_RUNNING, DC_PREEMPTED, DC_STATE_COUNT } dc_state_t;
+static const char *const s_state_names[DC_STATE_COUNT] = {"waiting", "running", "preempted"};
 
 typedef struct dc_req {
     uint64_t id;                 /* the router's request id */
@@ -60,7 +61,7 @@ typedef struct decode {
     msg_t announces[MAX_PENDING_ANNOUNCES];   /* kv_announce clones waiting for their handoff */
     int n_announces;
     dc_req_t *head;              /* every request, admission order */
-    int n_running, n_preempted;
+    int n_state[DC_STATE_COUNT]; /* requests in each state */
     model_seq_t *seqs;           /* [max_seqs] step scratch */
     dc_req_t **batch;
     char *text;                  /* [text_cap] emitted text of one token */
@@ -85,6 +86,15 @@ static void s_emit_text(void *ctx, const char *t, size_t n)
     d->text[d->text_len] = 0;
 }
 
+/* The one place a request changes state, so the counts stay right. */
+static void s_move(decode_t *d, dc_req_t *r, dc_state_t to, const char *why)
+{
+    LOG_D("request %llu: %s -> %s on %s", (unsigned long long)r->id, s_state_names[r->state], s_state_names[to], why);
+    d->n_state[r->state]--;
+    d->n_state[to]++;
+    r->state = to;
+}
+
 static void s_unlink(decode_t *d, dc_req_t *r)
 {
     for (dc_req_t **pp = &d->head; *pp; pp = &(*pp)->next_req)
@@ -92,10 +102,7 @@ static void s_unlink(decode_t *d, dc_req_t *r)
             *pp = r->next_req;
             break;
         }
-    if (r->state == DC_RUNNING)
-        d->n_running--;
-    else
-        d->n_preempted--;
+    d->n_state[r->state]--;
     kvseq_destroy(&r->kv);
     sampler_destroy(&r->smp);
     msg_free(&r->handoff);
@@ -203,7 +210,7 @@ static void s_finish(actor_t *a, decode_t *d, dc_req_t *r, msg_finish_t fin)
     m.u.done.timings.decode_ms = (uint32_t)(now_ms() - r->admitted_ms);
     actor_send(a, h->reply_to, &m);
     d->finished++;
-    if (r->state == DC_RUNNING)
+    if (r->state != DC_PREEMPTED)
         s_writeback(a, d, r);
     s_unlink(d, r);
 }
@@ -299,8 +306,6 @@ static int s_on_handoff(actor_t *a, void *state, const actor_peer_t *from, msg_t
         why = "handoff and kv_announce disagree on the number of blocks";
     } else if ((int)h->n_tokens + (int)h->sampling.max_tokens > d->w->max_model_len) {
         why = "prompt + max_tokens exceeds this worker's max_model_len";
-    } else if (d->n_running >= d->w->max_seqs) {
-        why = "decode batch is full";
     } else if (!(r = calloc(1, sizeof *r)) || msg_clone(m, &r->handoff, err, sizeof err) != 0 ||
                !(r->gen = malloc((size_t)d->w->max_model_len * sizeof *r->gen))) {
         why = "decode out of memory";
@@ -340,7 +345,10 @@ static int s_on_handoff(actor_t *a, void *state, const actor_peer_t *from, msg_t
         kvseq_publish(r->kv);
         s_ack(a, src, h->transfer_id, 1, NULL, kvseq_blocks(r->kv), kvseq_n_blocks(r->kv));
         d->handoffs_in++;
-        r->state = DC_RUNNING;
+        /* A full batch does not refuse: the request waits here with its KV, its first token
+         * streamed, and joins at the next step with a free slot. */
+        r->state = d->n_state[DC_RUNNING] < d->w->max_seqs ? DC_RUNNING : DC_WAITING;
+        d->n_state[r->state]++;
         r->admitted_ms = r->first_ms = now_ms();
         if (d->w->tok) {
             tok_stream_init(&r->ts, d->w->tok);
@@ -348,7 +356,6 @@ static int s_on_handoff(actor_t *a, void *state, const actor_peer_t *from, msg_t
         }
         r->next_req = d->head;
         d->head = r;
-        d->n_running++;
         finish_reason_t fin = s_emit(a, d, r, (int32_t)h->first_token, h->first_logprob);
         if (fin != FINISH_NONE)
             s_finish(a, d, r, fin == FINISH_LENGTH ? MSG_FINISH_LENGTH : MSG_FINISH_STOP);
@@ -386,14 +393,11 @@ static int s_preempt_one(decode_t *d)
     for (dc_req_t *r = d->head; r; r = r->next_req)
         if (r->state == DC_RUNNING && (!victim || r->admitted_ms > victim->admitted_ms))
             victim = r;
-    if (!victim || d->n_running <= 1)
+    if (!victim || d->n_state[DC_RUNNING] <= 1)
         return -1;
-    LOG_I("request %llu %s -> %s (KV pool full); will recompute", (unsigned long long)victim->id,
-          s_state_names[DC_RUNNING], s_state_names[DC_PREEMPTED]);
+    LOG_I("request %llu preempted (KV pool full); its KV will be recomputed", (unsigned long long)victim->id);
     kvseq_release(victim->kv);
-    victim->state = DC_PREEMPTED;
-    d->n_running--;
-    d->n_preempted++;
+    s_move(d, victim, DC_PREEMPTED, "KV pool full");
     d->preemptions++;
     return 0;
 }
@@ -429,9 +433,7 @@ static int s_recompute(actor_t *a, decode_t *d, dc_req_t *r)
     }
     free(all);
     kvseq_publish(r->kv);
-    r->state = DC_RUNNING;
-    d->n_preempted--;
-    d->n_running++;
+    s_move(d, r, DC_RUNNING, "recomputed");
     LOG_I("request %llu resumed after recomputing %d tokens", (unsigned long long)r->id, n_total);
     return 1;
 }
@@ -445,11 +447,19 @@ static int s_step(actor_t *a, void *state)
         if (d->wb[i].seg.ptr && now > d->wb[i].deadline_ms)
             tchan_shm_close(&d->wb[i].seg);
     /* Preempted requests come back first when blocks allow (oldest first). */
-    if (d->n_preempted && d->n_running < d->w->max_seqs)
+    if (d->n_state[DC_PREEMPTED] && d->n_state[DC_RUNNING] < d->w->max_seqs)
         for (dc_req_t *r = d->head; r; r = r->next_req)
             if (r->state == DC_PREEMPTED && s_recompute(a, d, r))
                 break;
-    if (d->n_running == 0)
+    /* Waiting requests take free batch slots, oldest first (the list is newest first). */
+    while (d->n_state[DC_WAITING] && d->n_state[DC_RUNNING] < d->w->max_seqs) {
+        dc_req_t *oldest = NULL;
+        for (dc_req_t *r = d->head; r; r = r->next_req)
+            if (r->state == DC_WAITING)
+                oldest = r;
+        s_move(d, oldest, DC_RUNNING, "a batch slot freed");
+    }
+    if (d->n_state[DC_RUNNING] == 0)
         return 0;
     /* Each running request feeds its last token; preempt until everyone has a slot. */
     int n = 0;
@@ -522,11 +532,12 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
         d->tokens_per_s = (double)(d->tokens_out - d->last_tokens) * 1000.0 / (double)(now - d->last_stats_ms);
     d->last_stats_ms = now;
     d->last_tokens = d->tokens_out;
-    actor_stat_queue(a, st, "running", (uint64_t)d->n_running, (uint64_t)d->w->max_seqs);
-    actor_stat_queue(a, st, "preempted", (uint64_t)d->n_preempted, 0);
-    actor_stat_metric(a, st, "requests_running", d->n_running, 0);
-    actor_stat_metric(a, st, "requests_waiting", d->n_preempted, 0);
-    actor_stat_metric(a, st, "batch_size", d->n_running ? d->last_batch : 0, 0);
+    actor_stat_queue(a, st, "running", (uint64_t)d->n_state[DC_RUNNING], (uint64_t)d->w->max_seqs);
+    actor_stat_queue(a, st, "waiting", (uint64_t)d->n_state[DC_WAITING], 0);
+    actor_stat_queue(a, st, "preempted", (uint64_t)d->n_state[DC_PREEMPTED], 0);
+    actor_stat_metric(a, st, "requests_running", d->n_state[DC_RUNNING], 0);
+    actor_stat_metric(a, st, "requests_waiting", d->n_state[DC_WAITING] + d->n_state[DC_PREEMPTED], 0);
+    actor_stat_metric(a, st, "batch_size", d->n_state[DC_RUNNING] ? d->last_batch : 0, 0);
     actor_stat_metric(a, st, "tokens_per_s", d->tokens_per_s, 0);
     actor_stat_metric(a, st, "kv_blocks_free", kvpool_free_count(d->w->pool), 0);
     actor_stat_metric(a, st, "kv_blocks_used", kvpool_n_blocks(d->w->pool) - kvpool_free_count(d->w->pool), 0);

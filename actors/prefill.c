@@ -23,7 +23,10 @@
 #include "common/log.h"
 #include "common/util.h"
 
-#define TRANSFER_TIMEOUT_MS 2000
+/* A hand-off not acknowledged by then fails the request (retryable) and frees the blocks. A dead
+ * decode worker is noticed sooner by the router (peer watch); this bounds a live but overloaded
+ * one. */
+#define TRANSFER_TIMEOUT_MS 5000
 #define FETCH_TIMEOUT_MS    1000
 
 typedef enum { PF_WAITING, PF_FETCHING, PF_RUNNING, PF_HANDING_OFF, PF_STATE_COUNT } pf_state_t;

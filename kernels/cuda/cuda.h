@@ -12,8 +12,17 @@
  * their return value instead (CUDA_TRY), as the interface asks; alloc returns NULL on
  * out-of-memory.
  *
+ * Settings (environment, read by backend_cuda_new; a bad value is an error naming it):
+ *   TROUPE_CUDA_GEMV_MAX_M  rows up to which matmul runs the GEMV kernel (default 8; 0: never)
+ *   TROUPE_CUDA_GEMV_WARPS  warps sharing a GEMV row: 1, 4 (default) or 8
+ *   TROUPE_CUDA_GEMM_SPLIT  1 (default): GEMM activations as bf16/f16 hi + lo; 0: rounded once
+ *   TROUPE_CUDA_ATTN_SPLIT  1 (default): split-KV decode attention when rows x heads are few
+ *   TROUPE_CUDA_PDL         1 (default): programmatic dependent launch for every kernel
+ * kernels/cuda/README.md has what each choice measured on the H200.
+ *
  * Known limits: one device per process (ops do not call cudaSetDevice: a process with several
- * CUDA backends on different devices must not interleave them on one thread).
+ * CUDA backends on different devices must not interleave them on one thread). Not batch-
+ * invariant above gemv_max_m rows (cuBLASLt chooses its kernel by shape; kernels/cuda/cuda_matmul.cu).
  */
 #ifndef TROUPE_KERNELS_CUDA_H
 #define TROUPE_KERNELS_CUDA_H
@@ -86,10 +95,10 @@ typedef struct cuda_state {
     float *gout;                  /* device: the split GEMM's [2M][N] output (hi rows, then lo rows) */
     size_t gout_bytes;
     int gemv_max_m;               /* matmuls with M <= this run the GEMV kernel (TROUPE_CUDA_GEMV_MAX_M, default 8) */
-    int gemv_warps;               /* warps sharing one output row in the GEMV (TROUPE_CUDA_GEMV_WARPS: 1, 4, 8) */
+    int gemv_warps;               /* warps sharing one output row in the GEMV (TROUPE_CUDA_GEMV_WARPS: 1, 4 (default), 8) */
     int gemm_split;               /* 1: activations as bf16 hi + lo in the GEMM (TROUPE_CUDA_GEMM_SPLIT, default 1) */
     int attn_split;               /* 0: never split the keys of a row across blocks (TROUPE_CUDA_ATTN_SPLIT=0) */
-    int pdl;                      /* 1: kernels launch with programmatic dependent launch (TROUPE_CUDA_PDL=1) */
+    int pdl;                      /* 1 (default): kernels launch with programmatic dependent launch (TROUPE_CUDA_PDL) */
     cuda_plan_t plans[CUDA_MAX_PLANS];
     int next_plan;                /* round-robin victim when the plan cache is full */
 

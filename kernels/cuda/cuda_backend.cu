@@ -245,10 +245,10 @@ extern "C" backend_t *backend_cuda_new(int device, char *err, size_t errlen)
     be->impl = st;
     st->device = device;
     if (s_env_int("TROUPE_CUDA_GEMV_MAX_M", 8, 0, 64, &st->gemv_max_m, err, errlen) < 0 ||
-        s_env_int("TROUPE_CUDA_GEMV_WARPS", 8, 1, 8, &st->gemv_warps, err, errlen) < 0 ||
+        s_env_int("TROUPE_CUDA_GEMV_WARPS", 4, 1, 8, &st->gemv_warps, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_GEMM_SPLIT", 1, 0, 1, &st->gemm_split, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_ATTN_SPLIT", 1, 0, 1, &st->attn_split, err, errlen) < 0 ||
-        s_env_int("TROUPE_CUDA_PDL", 0, 0, 1, &st->pdl, err, errlen) < 0)
+        s_env_int("TROUPE_CUDA_PDL", 1, 0, 1, &st->pdl, err, errlen) < 0)
         goto fail;
     if (st->gemv_warps != 1 && st->gemv_warps != 4 && st->gemv_warps != 8) {
         errf(err, errlen, "backend cuda: TROUPE_CUDA_GEMV_WARPS=%d (expected 1, 4 or 8)", st->gemv_warps);

@@ -12,7 +12,9 @@
  *    its error, so a run's log is a table of the backend's accuracy.
  *    More CUDA backends run the other paths: TROUPE_CUDA_GEMV_MAX_M=0, TROUPE_CUDA_GEMM_SPLIT=0,
  *    TROUPE_CUDA_ATTN_SPLIT=0 (cuBLASLt at M = 1 with activations rounded once, attention without
- *    split-KV), and TROUPE_CUDA_GEMV_WARPS=1 and 4 (the GEMV's other work splits).
+ *    split-KV), and TROUPE_CUDA_GEMV_WARPS=1 and 8 (the GEMV's other work splits; default 4).
+ *    tools/gpu-run.sh runs the whole program twice: with the default programmatic dependent
+ *    launches and with TROUPE_CUDA_PDL=0.
  * 2. Fixtures (tests/fixtures/models/<name>/expected.json; TROUPE_MODEL_FIXTURES elsewhere): on the
  *    CUDA backend, every f32 fixture's greedy tokens equal transformers' (each prompt alone, then
  *    all prompts batched and decoded in lockstep) and its last-position logits are within 1e-4;
@@ -53,7 +55,7 @@ static const uint32_t GUARD_BITS = 0x7fbadbadu;
 
 static backend_t *s_cpu, *s_gpu;           /* reference; CUDA with the defaults */
 static backend_t *s_gpu2;                  /* CUDA: GEMV off, GEMM split off, attention split off */
-static backend_t *s_gpu_w1, *s_gpu_w4;     /* CUDA: GEMV with 1 and 4 warps per row (default 8) */
+static backend_t *s_gpu_w1, *s_gpu_w8;     /* CUDA: GEMV with 1 and 8 warps per row (default 4) */
 
 /* ---- random inputs ------------------------------------------------------------------------ */
 
@@ -186,18 +188,18 @@ static int s_setup(void **state)
 {
     static const char *const off[] = {"TROUPE_CUDA_GEMV_MAX_M", "0", "TROUPE_CUDA_GEMM_SPLIT", "0",
                                       "TROUPE_CUDA_ATTN_SPLIT", "0"};
-    static const char *const w1[] = {"TROUPE_CUDA_GEMV_WARPS", "1"}, *const w4[] = {"TROUPE_CUDA_GEMV_WARPS", "4"};
+    static const char *const w1[] = {"TROUPE_CUDA_GEMV_WARPS", "1"}, *const w8[] = {"TROUPE_CUDA_GEMV_WARPS", "8"};
     s_cpu = backend_cpu_new(0);
     s_gpu = s_gpu_with(NULL, 0);
     s_gpu2 = s_gpu_with(off, 6);
     s_gpu_w1 = s_gpu_with(w1, 2);
-    s_gpu_w4 = s_gpu_with(w4, 2);
-    return s_cpu && s_gpu && s_gpu2 && s_gpu_w1 && s_gpu_w4 ? 0 : -1;
+    s_gpu_w8 = s_gpu_with(w8, 2);
+    return s_cpu && s_gpu && s_gpu2 && s_gpu_w1 && s_gpu_w8 ? 0 : -1;
 }
 
 static int s_teardown(void **state)
 {
-    backend_destroy(&s_gpu_w4);
+    backend_destroy(&s_gpu_w8);
     backend_destroy(&s_gpu_w1);
     backend_destroy(&s_gpu2);
     backend_destroy(&s_gpu);
@@ -247,7 +249,7 @@ static void test_memory(void **state)
 static const char *s_variant(const backend_t *gpu)
 {
     return gpu == s_gpu2 ? " [GEMV off, split off]" : gpu == s_gpu_w1 ? " [GEMV 1 warp/row]"
-         : gpu == s_gpu_w4 ? " [GEMV 4 warps/row]" : "";
+         : gpu == s_gpu_w8 ? " [GEMV 8 warps/row]" : "";
 }
 
 static double s_mm_bound(const backend_t *gpu, dtype_t dt, int M)
@@ -302,7 +304,7 @@ static void test_matmul(void **state)
             s_matmul_case(s_gpu, (dtype_t)dt, cases[i][0], cases[i][1], cases[i][2], cases[i][3], cases[i][4]);
             if (cases[i][0] <= GEMV_MAX_M) {       /* the GEMV's other work splits */
                 s_matmul_case(s_gpu_w1, (dtype_t)dt, cases[i][0], cases[i][1], cases[i][2], cases[i][3], cases[i][4]);
-                s_matmul_case(s_gpu_w4, (dtype_t)dt, cases[i][0], cases[i][1], cases[i][2], cases[i][3], cases[i][4]);
+                s_matmul_case(s_gpu_w8, (dtype_t)dt, cases[i][0], cases[i][1], cases[i][2], cases[i][3], cases[i][4]);
             }
         }
     /* The library with activations rounded once, at decode and prefill shapes. */
@@ -317,7 +319,7 @@ static void test_matmul(void **state)
  * work split of the GEMV). */
 static void test_matmul_batch_invariance(void **state)
 {
-    backend_t *const gpus[3] = {s_gpu, s_gpu_w1, s_gpu_w4};
+    backend_t *const gpus[3] = {s_gpu, s_gpu_w1, s_gpu_w8};
     const int M = 7, N = 777, K = 2048;
     void *w = s_rand_dt(DT_BF16, (size_t)N * K, 0.5);
     float *x = s_rand_f32((size_t)M * K, 1.0);

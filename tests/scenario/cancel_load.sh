@@ -39,7 +39,7 @@ def one(results, key, cancel_after, n_tokens, drain_s):
                     terminal += 1  # a token after the terminal reply counts as a violation
             elif m["type"] in ("done", "error"):
                 terminal += 1
-                finish = m.get("finish_name") or m.get("code_name")
+                finish = m.get("finish_name") or f"{m.get('code_name')}: {m.get('message')}"
                 deadline = time.time() + drain_s
         results[key] = (terminal, finish, tokens)
 
