@@ -147,6 +147,10 @@ typedef struct backend_ops {
     /* out[m] = the index of the largest x[m][:], the lowest index on ties; NaN is never the
      * largest (an all-NaN row gives 0). */
     void (*argmax)(backend_t *be, const float *x, int M, int N, int32_t *out);
+
+    /* Bytes of device memory still free for allocations (sizing KV pools), or 0 when the backend
+     * cannot tell (the CPU backend: callers size by host memory). May be NULL. */
+    size_t (*mem_available)(backend_t *be);
 } backend_ops_t;
 
 struct backend {

@@ -107,10 +107,12 @@ gen() {   # name, then environment assignments
     head -c 600 "$OUT/generate-$name.json"; echo
   fi
 }
-gen default
-gen nopdl TROUPE_CUDA_PDL=0
-gen w8 TROUPE_CUDA_GEMV_WARPS=8
-gen cublaslt TROUPE_CUDA_GEMV_MAX_M=0 TROUPE_CUDA_GEMM_SPLIT=0 TROUPE_CUDA_PDL=0
+# GEN_VARIANTS limits the runs (each loads 16 GB of dummy weights): default nopdl w8 cublaslt.
+variants=" ${GEN_VARIANTS:-default nopdl w8 cublaslt} "
+[[ $variants == *" default "* ]] && gen default
+[[ $variants == *" nopdl "* ]] && gen nopdl TROUPE_CUDA_PDL=0
+[[ $variants == *" w8 "* ]] && gen w8 TROUPE_CUDA_GEMV_WARPS=8
+[[ $variants == *" cublaslt "* ]] && gen cublaslt TROUPE_CUDA_GEMV_MAX_M=0 TROUPE_CUDA_GEMM_SPLIT=0 TROUPE_CUDA_PDL=0
 report() {   # name -> "decode tok/s | prefill tok/s | bound | fraction"
   python3 - "$OUT/generate-$1.json" "${bw:-0}" <<'EOF'
 import json, sys
@@ -127,6 +129,36 @@ print("%.1f tok/s (%.2f ms/token) | HBM bound %.0f tok/s (%.2f GB/token) -> %.0f
 EOF
 }
 dec_def=$(report default); dec_nopdl=$(report nopdl); dec_w8=$(report w8); dec_lt=$(report cublaslt)
+
+# ---- serving on the GPU ---------------------------------------------------------------------------
+# SERVE=1: the one-GPU topology (prefill and decode processes on GPU 0, Llama-3.1-8B shape, dummy
+# bf16 weights) under the supervisor, then troupe-bench: input 1000 / output SERVE_OUT tokens at
+# SERVE_CONC concurrency levels. Reports the time from supervisor start to READY and to the first
+# token.
+serve_line="not run (SERVE=1 runs it)"
+if [ "${SERVE:-0}" = 1 ] && [ -x build/bin/troupe-supervisor ]; then
+  step "serving: supervisor + router + prefill + decode on GPU 0"
+  rm -f /tmp/serve.ready
+  t0=$(date +%s%N)
+  build/bin/troupe-supervisor --topology tools/bench/h200-8b.yaml --ready-file /tmp/serve.ready >"$OUT/serve-cluster.log" 2>&1 &
+  sup=$!
+  for _ in $(seq 3000); do [ -s /tmp/serve.ready ] && break; kill -0 $sup 2>/dev/null || break; sleep 0.1; done
+  if [ -s /tmp/serve.ready ]; then
+    ready_ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+    timeout 60 build/bin/troupe-client --topology tools/bench/h200-8b.yaml --json submit --ids 1000,2000,3000 --max-tokens 1 --temperature 0 >/dev/null 2>&1
+    first_ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+    timeout "${SERVE_TIMEOUT:-240}" build/bin/troupe-bench --topology tools/bench/h200-8b.yaml --vocab 120000 \
+      --input-len 1000 --output-len "${SERVE_OUT:-128}" --concurrency "${SERVE_CONC:-1,16,64}" \
+      --json "$OUT/serve-bench.json" >"$OUT/serve-bench.txt" 2>&1 || status=1
+    cat "$OUT/serve-bench.txt"
+    build/bin/troupe-top --topology tools/bench/h200-8b.yaml --once >>"$OUT/serve-bench.txt" 2>&1
+    serve_line="ready ${ready_ms} ms, first token ${first_ms} ms after supervisor start; bench in serve-bench.txt"
+  else
+    serve_line="cluster did not become ready"; status=1
+    tail -30 "$OUT/serve-cluster.log"
+  fi
+  kill -TERM $sup 2>/dev/null; wait $sup 2>/dev/null
+fi
 
 # ---- the table ------------------------------------------------------------------------------------
 gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
@@ -147,4 +179,6 @@ printf '%-30s %s\n' "8B decode b=1 (defaults)" "$dec_def"
 printf '%-30s %s\n' "8B decode b=1, PDL off" "$dec_nopdl"
 printf '%-30s %s\n' "8B decode b=1, GEMV 8 warps" "$dec_w8"
 printf '%-30s %s\n' "8B decode b=1, cuBLASLt" "$dec_lt"
+printf '%-30s %s\n' "8B serving (SERVE=1)" "$serve_line"
+[ -s "$OUT/serve-bench.txt" ] && grep -A6 '^ conc' "$OUT/serve-bench.txt"
 exit $status

@@ -19,7 +19,7 @@ static int s_has_weights(const char *dir)
     return access(p, R_OK) == 0;
 }
 
-worker_t *worker_load(const topo_t *t, int max_tokens, int max_seqs, char *err, size_t errlen)
+worker_t *worker_load(const topo_t *t, int gpu, int max_tokens, int max_seqs, char *err, size_t errlen)
 {
     worker_t *w = calloc(1, sizeof *w);
     if (!w) {
@@ -46,7 +46,9 @@ worker_t *worker_load(const topo_t *t, int max_tokens, int max_seqs, char *err, 
             threads = 1;
     }
     if (tm->backend == TOPO_BACKEND_CUDA) {
-        w->be = backend_new("cuda", threads, err, errlen);
+        char kind[32];
+        snprintf(kind, sizeof kind, "cuda:%d", gpu > 0 ? gpu : 0);
+        w->be = backend_new(kind, threads, err, errlen);
     } else {
         w->be = backend_new("cpu", threads, err, errlen);
     }
@@ -71,6 +73,9 @@ worker_t *worker_load(const topo_t *t, int max_tokens, int max_seqs, char *err, 
     if (!w->model)
         goto fail;
 
+    int gpu_workers = 0;
+    for (int i = 0; i < t->n_instances; i++)
+        gpu_workers += t->instances[i].role == ROLE_PREFILL || t->instances[i].role == ROLE_DECODE;
     dtype_t kvt = w->cfg.dtype == DT_F32 && wdt == DT_F32 ? DT_F32 : DT_BF16;
     size_t block_bytes = (size_t)w->cfg.num_layers * 2 * (size_t)w->block_size *
                          (size_t)w->cfg.num_kv_heads * (size_t)w->cfg.head_dim * dtype_size(kvt);
@@ -78,8 +83,13 @@ worker_t *worker_load(const topo_t *t, int max_tokens, int max_seqs, char *err, 
     if (n_blocks <= 0) {
         long per_seq = (w->max_model_len + w->block_size - 1) / w->block_size;
         n_blocks = (long)t->limits.max_batch * per_seq + per_seq;   /* + room for cached prefixes */
-        long mem = sysconf(_SC_PHYS_PAGES) * sysconf(_SC_PAGESIZE) / 4;
-        if (tm->backend == TOPO_BACKEND_CPU && (long)(n_blocks * (long)block_bytes) > mem)
+        /* Capped by memory: a quarter of the host's on the CPU; on a GPU, 80% of what is free
+         * after the weights, shared evenly by the model workers of this node (they load at the
+         * same time, so each sees the same free memory). */
+        size_t avail = w->be->ops->mem_available ? w->be->ops->mem_available(w->be) : 0;
+        long mem = avail ? (long)(avail / 100 * 80) / (gpu_workers > 0 ? gpu_workers : 1)
+                         : sysconf(_SC_PHYS_PAGES) * sysconf(_SC_PAGESIZE) / 4;
+        if (n_blocks * (long)block_bytes > mem)
             n_blocks = mem / (long)block_bytes;
     }
     w->pool = kvpool_new((int)n_blocks, w->block_size, w->cfg.num_layers, w->cfg.num_kv_heads,

@@ -3,7 +3,8 @@
  * bridges between wire messages and the engine (sampling parameters, KV block transfers).
  *
  * Sizing: the KV pool has limits.kv_blocks blocks, or (0) enough for max_batch sequences of
- * max_model_len tokens plus a prefix-cache margin, capped at a quarter of physical memory. */
+ * max_model_len tokens plus a prefix-cache margin, capped at a quarter of host memory on the CPU
+ * or at 80% of the GPU memory left after the weights, split among the node's model workers. */
 #ifndef TROUPE_WORKER_H
 #define TROUPE_WORKER_H
 
@@ -36,8 +37,9 @@ typedef struct worker {
     uint8_t *stage;              /* [block_bytes] host staging for block copies */
 } worker_t;
 
-/* Loads the model of topology t for one actor: max_tokens / max_seqs size the forward. */
-worker_t *worker_load(const topo_t *t, int max_tokens, int max_seqs, char *err, size_t errlen);
+/* Loads the model of topology t for one actor on GPU `gpu` (CUDA backend; -1 = device 0):
+ * max_tokens / max_seqs size the forward. */
+worker_t *worker_load(const topo_t *t, int gpu, int max_tokens, int max_seqs, char *err, size_t errlen);
 void worker_destroy(worker_t **self_p);
 
 /* Engine sampling parameters from a request's wire parameters (EOS ids from the model). */

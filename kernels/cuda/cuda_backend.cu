@@ -171,6 +171,13 @@ static void s_destroy(backend_t *be)
     free(be);
 }
 
+static size_t cuda_mem_available(backend_t *be)
+{
+    (void)be;
+    size_t free_b = 0, total_b = 0;
+    return cudaMemGetInfo(&free_b, &total_b) == cudaSuccess ? free_b : 0;
+}
+
 static const backend_ops_t s_cuda_ops = {
     .name = "cuda",
     .destroy = s_destroy,
@@ -193,6 +200,7 @@ static const backend_ops_t s_cuda_ops = {
     .moe_ffn = cuda_moe_ffn,
     .gather_rows = cuda_gather_rows,
     .argmax = cuda_argmax,
+    .mem_available = cuda_mem_available,
 };
 
 /* An integer from the environment in [lo, hi], or def when unset; a bad value is an error. */
