@@ -103,9 +103,10 @@ static int s_pinned(cmgr_t *c, uint64_t hash, int64_t now)
     return p && (int64_t)*p > now;
 }
 
-/* A slot for a new block: a free one, else the least recently used unpinned one (evicted).
- * -1 when every slot is pinned. */
-static int s_take_slot(actor_t *a, cmgr_t *c, int64_t now)
+/* A slot for a new block: a free one, else the least recently used unpinned one (evicted; its
+ * hash is added to evicted[*n_evicted] for one batched removed event). -1 when every slot is
+ * pinned. */
+static int s_take_slot(cmgr_t *c, int64_t now, uint64_t *evicted, uint32_t *n_evicted)
 {
     int best = -1;
     for (int i = 0; i < c->n_slots; i++) {
@@ -121,7 +122,7 @@ static int s_take_slot(actor_t *a, cmgr_t *c, int64_t now)
         u64map_del(&c->host, h);
         c->slots[best].hash = 0;
         c->evicted++;
-        s_event(a, c, MSG_CEV_REMOVED, MSG_TIER_HOST, c->name, &h, 1);
+        evicted[(*n_evicted)++] = h;
     }
     return best;
 }
@@ -225,15 +226,19 @@ static int s_on_announce(actor_t *a, void *state, const actor_peer_t *from, msg_
         why = err;
     if (!why) {
         int64_t now = now_ms();
-        uint64_t added[512];
-        uint32_t n_added = 0;
+        uint64_t added[512], evicted[512];
+        uint32_t n_added = 0, n_evicted = 0;
         for (uint32_t i = 0; i < p->n; i++) {
             uint64_t *s = u64map_get(&c->host, p->hashes[i]);
             if (s) {
                 c->slots[*s - 1].lru = ++c->tick;
                 continue;
             }
-            int slot = s_take_slot(a, c, now);
+            if (n_evicted == 512) {
+                s_event(a, c, MSG_CEV_REMOVED, MSG_TIER_HOST, c->name, evicted, n_evicted);
+                n_evicted = 0;
+            }
+            int slot = s_take_slot(c, now, evicted, &n_evicted);
             if (slot < 0)
                 break;   /* every slot pinned: the rest of this sequence is not stored */
             memcpy(c->store + (size_t)slot * bb, (uint8_t *)seg.ptr + (size_t)i * bb, bb);
@@ -246,6 +251,7 @@ static int s_on_announce(actor_t *a, void *state, const actor_peer_t *from, msg_
                 n_added = 0;
             }
         }
+        s_event(a, c, MSG_CEV_REMOVED, MSG_TIER_HOST, c->name, evicted, n_evicted);
         s_event(a, c, MSG_CEV_STORED, MSG_TIER_HOST, c->name, added, n_added);
     }
     tchan_shm_close(&seg);
