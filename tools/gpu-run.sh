@@ -60,16 +60,19 @@ echo "build: $(( $(date +%s) - t0 )) s"
 
 # ---- unit tests -----------------------------------------------------------------------------------
 step "unit tests"
+[ "${SKIP_TESTS:-0}" = 1 ] && echo "skipped (SKIP_TESTS=1)"
 pattern='^test_'
 [ "${SCENARIOS:-0}" = 1 ] && pattern='.'
-TESTS="$pattern" timeout 300 tests/run.sh >"$OUT/unit.log" 2>&1 || status=1
+[ "${SKIP_TESTS:-0}" = 1 ] || TESTS="$pattern" timeout 300 tests/run.sh >"$OUT/unit.log" 2>&1 || status=1
 tail -25 "$OUT/unit.log"
 unit=$(tail -1 "$OUT/unit.log")
 
 # ---- GPU tests ------------------------------------------------------------------------------------
 step "GPU tests"
 gpu="not built"
-if [ -x build/gpu-tests/test_backend_cuda ]; then
+if [ "${SKIP_TESTS:-0}" = 1 ]; then
+  gpu="skipped (SKIP_TESTS=1)"
+elif [ -x build/gpu-tests/test_backend_cuda ]; then
   # Twice: programmatic dependent launches (the default), then plain launches (TROUPE_CUDA_PDL=0).
   { echo "### launches: PDL (default)"; timeout 200 build/gpu-tests/test_backend_cuda 2>&1 || { status=1; echo "### FAILED"; }
     echo "### launches: TROUPE_CUDA_PDL=0"; TROUPE_CUDA_PDL=0 timeout 200 build/gpu-tests/test_backend_cuda 2>&1 \
@@ -160,6 +163,19 @@ if [ "${SERVE:-0}" = 1 ] && [ -x build/bin/troupe-supervisor ]; then
   kill -TERM $sup 2>/dev/null; wait $sup 2>/dev/null
 fi
 
+# ---- the transformers baseline -------------------------------------------------------------------
+# HF=1: Hugging Face transformers (eager attention, bf16, random weights of the same shape) on the
+# same GPU in the same run, same input/output lengths, batch = each concurrency level.
+hf_line="not run (HF=1 runs it)"
+if [ "${HF:-0}" = 1 ]; then
+  step "transformers baseline"
+  timeout "${HF_TIMEOUT:-240}" python3 tools/bench_hf.py --model tests/fixtures/models/llama-3.1-8b-shape \
+    --input-len 1000 --output-len "${SERVE_OUT:-128}" --batch "${SERVE_CONC:-1,16,64}" --json "$OUT/hf.json" \
+    >"$OUT/hf.txt" 2>&1 || status=1
+  cat "$OUT/hf.txt"
+  hf_line="see hf.txt"
+fi
+
 # ---- the table ------------------------------------------------------------------------------------
 gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 fix=$(grep -cE 'greedy [0-9]+/[0-9]+ equal|all [0-9]+ tokens equal' "$OUT/gpu-tests.log" 2>/dev/null)
@@ -181,4 +197,6 @@ printf '%-30s %s\n' "8B decode b=1, GEMV 8 warps" "$dec_w8"
 printf '%-30s %s\n' "8B decode b=1, cuBLASLt" "$dec_lt"
 printf '%-30s %s\n' "8B serving (SERVE=1)" "$serve_line"
 [ -s "$OUT/serve-bench.txt" ] && grep -A6 '^ conc' "$OUT/serve-bench.txt"
+printf '%-30s %s\n' "transformers (HF=1)" "$hf_line"
+[ -s "$OUT/hf.txt" ] && grep -E '^(batch|hf )' "$OUT/hf.txt"
 exit $status
