@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "actors/runtime/actor.h"
+#include "actors/runtime/kv_transfer.h"
 #include "actors/runtime/tensor_chan.h"
 #include "common/log.h"
 #include "common/u64map.h"
@@ -181,16 +182,6 @@ static int s_on_evict(actor_t *a, void *state, const actor_peer_t *from, msg_t *
 
 /* ---- host tier: write-backs in, fetches out ---------------------------------------------- */
 
-static void s_ack(actor_t *a, const char *to, uint64_t transfer_id, int ok, const char *why)
-{
-    msg_t k;
-    msg_init(&k, MSG_KV_ACK, transfer_id);
-    k.u.kv_ack.transfer_id = transfer_id;
-    k.u.kv_ack.status = ok ? MSG_ACK_OK : MSG_ACK_FAILED;
-    k.u.kv_ack.message = ok ? NULL : why;
-    actor_send(a, to, &k);
-}
-
 static int s_on_announce(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
 {
     cmgr_t *c = state;
@@ -200,7 +191,7 @@ static int s_on_announce(actor_t *a, void *state, const actor_peer_t *from, msg_
         if (c->pending[i].hashes && c->pending[i].transfer_id == k->transfer_id)
             p = &c->pending[i];
     if (!p) {
-        s_ack(a, k->src, k->transfer_id, 0, "no cache_put announced these blocks");
+        kvx_ack(a, k->src, k->transfer_id, 0, "no cache_put announced these blocks", NULL, 0);
         return 0;
     }
     char err[256];
@@ -255,7 +246,7 @@ static int s_on_announce(actor_t *a, void *state, const actor_peer_t *from, msg_
         s_event(a, c, MSG_CEV_STORED, MSG_TIER_HOST, c->name, added, n_added);
     }
     tchan_shm_close(&seg);
-    s_ack(a, k->src, k->transfer_id, why == NULL, why);
+    kvx_ack(a, k->src, k->transfer_id, why == NULL, why, NULL, 0);
     free(p->hashes);
     memset(p, 0, sizeof *p);
     return 0;
@@ -295,25 +286,10 @@ static int s_on_fetch(actor_t *a, void *state, const actor_peer_t *from, msg_t *
     }
     c->fetch_hits += found;
     c->fetched_blocks += found;
+    bk_kv_t shape = {.dtype = c->dtype, .block_size = (int)c->shape[1], .n_layers = (int)c->shape[0],
+                     .n_kv_heads = (int)c->shape[2], .head_dim = (int)c->shape[3], .block_bytes = c->block_bytes};
     msg_t an;
-    msg_init(&an, MSG_KV_ANNOUNCE, ft->transfer_id);
-    msg_kv_announce_t *k = &an.u.kv_announce;
-    k->transfer_id = ft->transfer_id;
-    k->request_id = m->id;
-    k->last = true;
-    k->channel = MSG_CHAN_SHM;
-    k->n_layers = c->shape[0];
-    k->block_size = c->shape[1];
-    k->n_kv_heads = c->shape[2];
-    k->head_dim = c->shape[3];
-    k->dtype = c->dtype;
-    k->block_ids = ids;
-    k->n_block_ids = found;
-    k->total_bytes = (uint64_t)found * c->block_bytes;
-    k->handle = (const uint8_t *)ft->seg.name;
-    k->handle_len = (uint32_t)strlen(ft->seg.name);
-    k->src = c->name;
-    k->deadline_ms = (uint64_t)(wall_ms() + FETCH_TIMEOUT_MS);
+    kvx_announce(&an, ft->transfer_id, m->id, &shape, ids, found, &ft->seg, c->name, FETCH_TIMEOUT_MS);
     r.u.cache_fetch_reply.found = found;
     r.u.cache_fetch_reply.transfer_id = ft->transfer_id;
     if (actor_send(a, f->reply_to, &an) != 0 || actor_send(a, f->reply_to, &r) != 0)

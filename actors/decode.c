@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "actors/runtime/actor.h"
+#include "actors/runtime/kv_transfer.h"
 #include "actors/runtime/worker.h"
 #include "common/log.h"
 #include "common/util.h"
@@ -169,24 +170,8 @@ static void s_writeback(actor_t *a, decode_t *d, dc_req_t *r)
     put.u.cache_put.hashes = hashes;
     put.u.cache_put.n_hashes = (uint32_t)full;
     msg_t an;
-    msg_init(&an, MSG_KV_ANNOUNCE, wb->transfer_id);
-    msg_kv_announce_t *k = &an.u.kv_announce;
-    k->transfer_id = wb->transfer_id;
-    k->request_id = r->id;
-    k->last = true;
-    k->channel = MSG_CHAN_SHM;
-    k->n_layers = (uint32_t)kv->n_layers;
-    k->block_size = (uint32_t)kv->block_size;
-    k->n_kv_heads = (uint32_t)kv->n_kv_heads;
-    k->head_dim = (uint32_t)kv->head_dim;
-    k->dtype = kv->dtype;
-    k->block_ids = (const uint32_t *)kvseq_blocks(r->kv);
-    k->n_block_ids = (uint32_t)full;
-    k->total_bytes = (uint64_t)full * bb;
-    k->handle = (const uint8_t *)wb->seg.name;
-    k->handle_len = (uint32_t)strlen(wb->seg.name);
-    k->src = d->name;
-    k->deadline_ms = (uint64_t)(wall_ms() + WRITEBACK_TIMEOUT_MS);
+    kvx_announce(&an, wb->transfer_id, r->id, kv, (const uint32_t *)kvseq_blocks(r->kv), (uint32_t)full, &wb->seg,
+                 d->name, WRITEBACK_TIMEOUT_MS);
     if (actor_send(a, d->cache_manager, &put) != 0 || actor_send(a, d->cache_manager, &an) != 0)
         tchan_shm_close(&wb->seg);
     else
@@ -266,19 +251,6 @@ static int s_on_kv_announce(actor_t *a, void *state, const actor_peer_t *from, m
     return 0;
 }
 
-static void s_ack(actor_t *a, const char *to, uint64_t transfer_id, int ok, const char *why,
-                  const int32_t *blocks, int n)
-{
-    msg_t k;
-    msg_init(&k, MSG_KV_ACK, transfer_id);
-    k.u.kv_ack.transfer_id = transfer_id;
-    k.u.kv_ack.status = ok ? MSG_ACK_OK : MSG_ACK_FAILED;
-    k.u.kv_ack.message = ok ? NULL : why;
-    k.u.kv_ack.dst_block_ids = (const uint32_t *)blocks;
-    k.u.kv_ack.n_dst_block_ids = ok ? (uint32_t)n : 0;
-    actor_send(a, to, &k);
-}
-
 static int s_on_handoff(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
 {
     decode_t *d = state;
@@ -333,7 +305,7 @@ static int s_on_handoff(actor_t *a, void *state, const actor_peer_t *from, msg_t
     if (why) {
         d->handoff_refused++;
         LOG_W("hand-off of request %llu refused: %s", (unsigned long long)m->id, why);
-        s_ack(a, src, h->transfer_id, 0, why, NULL, 0);
+        kvx_ack(a, src, h->transfer_id, 0, why, NULL, 0);
         if (r) {
             kvseq_destroy(&r->kv);
             sampler_destroy(&r->smp);
@@ -343,7 +315,7 @@ static int s_on_handoff(actor_t *a, void *state, const actor_peer_t *from, msg_t
         }
     } else {
         kvseq_publish(r->kv);
-        s_ack(a, src, h->transfer_id, 1, NULL, kvseq_blocks(r->kv), kvseq_n_blocks(r->kv));
+        kvx_ack(a, src, h->transfer_id, 1, NULL, (const uint32_t *)kvseq_blocks(r->kv), (uint32_t)kvseq_n_blocks(r->kv));
         d->handoffs_in++;
         /* A full batch does not refuse: the request waits here with its KV, its first token
          * streamed, and joins at the next step with a free slot. */

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "actors/runtime/actor.h"
+#include "actors/runtime/kv_transfer.h"
 #include "actors/runtime/worker.h"
 #include "common/log.h"
 #include "common/util.h"
@@ -241,12 +242,7 @@ static int s_on_kv_announce(actor_t *a, void *state, const actor_peer_t *from, m
         s_set_state(r, PF_WAITING, "blocks fetched");
     }
     tchan_shm_close(&seg);
-    msg_t ack;
-    msg_init(&ack, MSG_KV_ACK, k->transfer_id);
-    ack.u.kv_ack.transfer_id = k->transfer_id;
-    ack.u.kv_ack.status = ok ? MSG_ACK_OK : MSG_ACK_FAILED;
-    ack.u.kv_ack.message = ok ? NULL : "fetch not wanted any more";
-    actor_send(a, k->src, &ack);
+    kvx_ack(a, k->src, k->transfer_id, ok, "fetch not wanted any more", NULL, 0);
     return 0;
 }
 
@@ -307,26 +303,9 @@ static void s_handoff(actor_t *a, prefill_t *p, pf_req_t *r, const float *logits
         return;
     }
     const bk_kv_t *kv = kvpool_view(p->w->pool);
-    uint64_t deadline = (uint64_t)(wall_ms() + TRANSFER_TIMEOUT_MS);
     msg_t an;
-    msg_init(&an, MSG_KV_ANNOUNCE, r->transfer_id);
-    msg_kv_announce_t *k = &an.u.kv_announce;
-    k->transfer_id = r->transfer_id;
-    k->request_id = r->id;
-    k->last = true;
-    k->channel = MSG_CHAN_SHM;
-    k->n_layers = (uint32_t)kv->n_layers;
-    k->block_size = (uint32_t)kv->block_size;
-    k->n_kv_heads = (uint32_t)kv->n_kv_heads;
-    k->head_dim = (uint32_t)kv->head_dim;
-    k->dtype = kv->dtype;
-    k->block_ids = (const uint32_t *)kvseq_blocks(r->kv);
-    k->n_block_ids = (uint32_t)nb;
-    k->total_bytes = (uint64_t)nb * bb;
-    k->handle = (const uint8_t *)r->seg.name;
-    k->handle_len = (uint32_t)strlen(r->seg.name);
-    k->src = p->name;
-    k->deadline_ms = deadline;
+    kvx_announce(&an, r->transfer_id, r->id, kv, (const uint32_t *)kvseq_blocks(r->kv), (uint32_t)nb, &r->seg,
+                 p->name, TRANSFER_TIMEOUT_MS);
 
     msg_t h;
     msg_init(&h, MSG_HANDOFF, r->id);
