@@ -188,7 +188,8 @@ static int s_on_announce(actor_t *a, void *state, const actor_peer_t *from, msg_
     const msg_kv_announce_t *k = &m->u.kv_announce;
     pending_put_t *p = NULL;
     for (int i = 0; i < MAX_PENDING && !p; i++)
-        if (c->pending[i].hashes && c->pending[i].transfer_id == k->transfer_id)
+        if (c->pending[i].hashes && c->pending[i].transfer_id == k->transfer_id &&
+            strcmp(c->pending[i].holder, k->src) == 0)
             p = &c->pending[i];
     if (!p) {
         kvx_ack(a, k->src, k->transfer_id, 0, "no cache_put announced these blocks", NULL, 0);
@@ -401,6 +402,7 @@ int main(int argc, char **argv)
             c->workers[c->n_workers++] = in->name;
     }
     tchan_shm_sweep(t->name);
+    c->next_transfer = kvx_first_id();
     actor_timer_add(a, 100, s_expire);
     actor_ops_t ops = {.handlers = s_handlers, .n_handlers = ARRAY_LEN(s_handlers), .fill_stats = s_fill_stats};
     int rc = actor_run(a, &ops, c);

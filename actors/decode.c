@@ -259,7 +259,10 @@ static int s_on_handoff(actor_t *a, void *state, const actor_peer_t *from, msg_t
     msg_t *an = NULL;
     int ai = -1;
     for (int i = 0; i < d->n_announces; i++)
-        if (d->announces[i].u.kv_announce.transfer_id == h->transfer_id) {
+        /* The same transfer, request and sender: two prefill workers' ids never get mixed up. */
+        if (d->announces[i].u.kv_announce.transfer_id == h->transfer_id &&
+            d->announces[i].u.kv_announce.request_id == m->id &&
+            strcmp(d->announces[i].u.kv_announce.src, h->prefill_worker) == 0) {
             an = &d->announces[i];
             ai = i;
             break;
@@ -548,6 +551,7 @@ int main(int argc, char **argv)
     }
     d.seqs = calloc((size_t)max_seqs, sizeof *d.seqs);
     d.batch = calloc((size_t)max_seqs, sizeof *d.batch);
+    d.next_transfer = kvx_first_id();
     d.text_cap = 8192;
     d.text = malloc(d.text_cap);
     tchan_shm_sweep(t->name);

@@ -464,6 +464,7 @@ int main(int argc, char **argv)
         actor_destroy(&a);
         return 1;
     }
+    p.next_transfer = kvx_first_id();
     p.seqs = calloc((size_t)max_seqs, sizeof *p.seqs);
     p.batch = calloc((size_t)max_seqs, sizeof *p.batch);
     tchan_shm_sweep(t->name);

@@ -1,8 +1,21 @@
 #include "actors/runtime/kv_transfer.h"
 
+#include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/util.h"
+
+uint64_t kvx_first_id(void)
+{
+    uint64_t id = 0;
+    FILE *f = fopen("/dev/urandom", "rb");
+    if (!f || fread(&id, sizeof id, 1, f) != 1)
+        id = (uint64_t)now_ns() ^ ((uint64_t)getpid() << 40);
+    if (f)
+        fclose(f);
+    return (id >> 2) & ~0xffffffULL;   /* room to count up; below 2^62 (the write-back flag bit) */
+}
 
 void kvx_announce(msg_t *m, uint64_t transfer_id, uint64_t request_id, const bk_kv_t *kv,
                   const uint32_t *block_ids, uint32_t n, const tchan_seg_t *seg, const char *src,

@@ -16,6 +16,11 @@
 #include "kernels/backend.h"
 #include "messages/msg.h"
 
+/* A first transfer id for this process: transfer ids only need to be unique per sender, but
+ * receivers also match on the sender's name and the request; starting every process at a random
+ * point keeps ids from two senders (or two incarnations of one) from ever looking alike. */
+uint64_t kvx_first_id(void);
+
 /* Fills *m as the kv_announce of transfer `transfer_id` for request `request_id`: n blocks of
  * shape kv (block_ids are the sender's), carried by shared-memory segment seg, from `src`, due
  * within timeout_ms. The message points at block_ids, seg and src: they must outlive the send. */

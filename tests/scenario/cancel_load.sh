@@ -54,6 +54,7 @@ finishes = {}
 for _, f, _ in res.values():
     finishes[f] = finishes.get(f, 0) + 1
 print(f"100 cancelled requests: exactly one terminal reply each; finishes {finishes}")
+assert set(finishes) <= {"cancelled", "length"}, "a cancel race surfaced as an error"
 t = wait_idle_pools(bin_dir, topo)
 for n, a in t.items():
     if a["role"] in ("prefill", "decode"):
