@@ -290,7 +290,8 @@ static int s_on_fetch(actor_t *a, void *state, const actor_peer_t *from, msg_t *
     bk_kv_t shape = {.dtype = c->dtype, .block_size = (int)c->shape[1], .n_layers = (int)c->shape[0],
                      .n_kv_heads = (int)c->shape[2], .head_dim = (int)c->shape[3], .block_bytes = c->block_bytes};
     msg_t an;
-    kvx_announce(&an, ft->transfer_id, m->id, &shape, ids, found, &ft->seg, c->name, FETCH_TIMEOUT_MS);
+    kvx_announce(&an, ft->transfer_id, m->id, &shape, ids, found, MSG_CHAN_SHM,
+                 (const uint8_t *)ft->seg.name, (uint32_t)strlen(ft->seg.name), c->name, FETCH_TIMEOUT_MS);
     r.u.cache_fetch_reply.found = found;
     r.u.cache_fetch_reply.transfer_id = ft->transfer_id;
     if (actor_send(a, f->reply_to, &an) != 0 || actor_send(a, f->reply_to, &r) != 0)

@@ -70,7 +70,7 @@ typedef struct decode {
     writeback_t wb[MAX_WRITEBACKS];
     uint64_t next_transfer;
     /* stats */
-    uint64_t tokens_out, finished, preemptions, handoffs_in, handoff_refused, writebacks;
+    uint64_t tokens_out, finished, preemptions, handoffs_in, handoff_refused, writebacks, handoffs_ipc;
     uint64_t last_tokens;
     int64_t last_stats_ms;
     double tokens_per_s;
@@ -170,8 +170,8 @@ static void s_writeback(actor_t *a, decode_t *d, dc_req_t *r)
     put.u.cache_put.hashes = hashes;
     put.u.cache_put.n_hashes = (uint32_t)full;
     msg_t an;
-    kvx_announce(&an, wb->transfer_id, r->id, kv, (const uint32_t *)kvseq_blocks(r->kv), (uint32_t)full, &wb->seg,
-                 d->name, WRITEBACK_TIMEOUT_MS);
+    kvx_announce(&an, wb->transfer_id, r->id, kv, (const uint32_t *)kvseq_blocks(r->kv), (uint32_t)full, MSG_CHAN_SHM,
+                 (const uint8_t *)wb->seg.name, (uint32_t)strlen(wb->seg.name), d->name, WRITEBACK_TIMEOUT_MS);
     if (actor_send(a, d->cache_manager, &put) != 0 || actor_send(a, d->cache_manager, &an) != 0)
         tchan_shm_close(&wb->seg);
     else
@@ -296,6 +296,10 @@ static int s_on_handoff(actor_t *a, void *state, const actor_peer_t *from, msg_t
             why = err;
         } else if (kvseq_append(r->kv, (const int32_t *)hh->tokens, (int)hh->n_tokens) != 0) {
             why = "no free KV blocks on the decode worker";
+        } else if (an->u.kv_announce.channel == MSG_CHAN_CUDA_IPC) {
+            if (worker_blocks_in_ipc(d->w, &an->u.kv_announce, kvseq_blocks(r->kv), kvseq_n_blocks(r->kv), err,
+                                     sizeof err) != 0)
+                why = err;
         } else if (tchan_shm_open(&seg, an->u.kv_announce.handle, an->u.kv_announce.handle_len,
                                   (size_t)an->u.kv_announce.total_bytes, err, sizeof err) != 0) {
             why = err;
@@ -320,6 +324,7 @@ static int s_on_handoff(actor_t *a, void *state, const actor_peer_t *from, msg_t
         kvseq_publish(r->kv);
         kvx_ack(a, src, h->transfer_id, 1, NULL, (const uint32_t *)kvseq_blocks(r->kv), (uint32_t)kvseq_n_blocks(r->kv));
         d->handoffs_in++;
+        d->handoffs_ipc += an->u.kv_announce.channel == MSG_CHAN_CUDA_IPC;
         /* A full batch does not refuse: the request waits here with its KV, its first token
          * streamed, and joins at the next step with a free slot. */
         r->state = d->n_state[DC_RUNNING] < d->w->max_seqs ? DC_RUNNING : DC_WAITING;
@@ -522,6 +527,7 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
     actor_stat_metric(a, st, "transfers_total", (double)d->handoffs_in, 1);
     actor_stat_metric(a, st, "transfer_failures_total", (double)d->handoff_refused, 1);
     actor_stat_metric(a, st, "writebacks_total", (double)d->writebacks, 1);
+    actor_stat_metric(a, st, "transfers_cuda_ipc_total", (double)d->handoffs_ipc, 1);
 }
 
 static const actor_handler_t s_handlers[] = {

@@ -60,6 +60,8 @@ typedef struct prefill {
     uint64_t next_transfer;
     /* counters for stats */
     const char *cache_manager;   /* NULL when the topology has none */
+    const topo_t *topo;
+    const topo_instance_t *self;
     uint64_t prompts, prompt_tokens, computed_tokens, cached_tokens, handoffs, handoff_failures;
     uint64_t fetches, fetched_blocks;
     double tokens_per_s;         /* computed tokens per second over the last stats interval */
@@ -297,15 +299,25 @@ static void s_handoff(actor_t *a, prefill_t *p, pf_req_t *r, const float *logits
     int nb = kvseq_n_blocks(r->kv);
     size_t bb = worker_block_bytes(p->w);
     r->transfer_id = ++p->next_transfer;
-    if (tchan_shm_create(&r->seg, p->cluster, r->transfer_id, (size_t)nb * bb, err, sizeof err) != 0 ||
-        worker_blocks_out(p->w, kvseq_blocks(r->kv), nb, r->seg.ptr) != 0) {
+    /* Same GPU: the decode worker copies the blocks straight out of our pool (CUDA IPC); else
+     * they travel through a shared-memory segment in host memory. Either way our blocks stay
+     * ours until the kv_ack. */
+    const topo_instance_t *dst = topo_find(p->topo, q->decode_worker), *self = p->self;
+    int ipc = p->w->ipc_ok && dst && dst->node == self->node && dst->gpu >= 0 && dst->gpu == self->gpu;
+    if (!ipc && (tchan_shm_create(&r->seg, p->cluster, r->transfer_id, (size_t)nb * bb, err, sizeof err) != 0 ||
+                 worker_blocks_out(p->w, kvseq_blocks(r->kv), nb, r->seg.ptr) != 0)) {
         s_fail(a, p, r, MSG_ERR_TRANSFER_FAILED, 1, err);
         return;
     }
     const bk_kv_t *kv = kvpool_view(p->w->pool);
     msg_t an;
-    kvx_announce(&an, r->transfer_id, r->id, kv, (const uint32_t *)kvseq_blocks(r->kv), (uint32_t)nb, &r->seg,
-                 p->name, TRANSFER_TIMEOUT_MS);
+    if (ipc)
+        kvx_announce(&an, r->transfer_id, r->id, kv, (const uint32_t *)kvseq_blocks(r->kv), (uint32_t)nb,
+                     MSG_CHAN_CUDA_IPC, p->w->ipc_handle, KVX_IPC_HANDLE_BYTES, p->name, TRANSFER_TIMEOUT_MS);
+    else
+        kvx_announce(&an, r->transfer_id, r->id, kv, (const uint32_t *)kvseq_blocks(r->kv), (uint32_t)nb,
+                     MSG_CHAN_SHM, (const uint8_t *)r->seg.name, (uint32_t)strlen(r->seg.name), p->name,
+                     TRANSFER_TIMEOUT_MS);
 
     msg_t h;
     msg_init(&h, MSG_HANDOFF, r->id);
@@ -453,7 +465,7 @@ int main(int argc, char **argv)
     if (!a)
         return 2;
     const topo_t *t = actor_topo(a);
-    prefill_t p = {.name = actor_self(a)->name, .cluster = t->name};
+    prefill_t p = {.name = actor_self(a)->name, .cluster = t->name, .topo = t, .self = actor_self(a)};
     const topo_instance_t *cm = topo_first(t, ROLE_CACHE_MANAGER);
     p.cache_manager = cm ? cm->name : NULL;
     char err[1024];

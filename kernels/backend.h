@@ -29,6 +29,7 @@
 #define BK_MAX_HEAD_DIM 512
 #define BK_MAX_GQA_GROUP 16
 #define BK_MAX_BLOCK_SIZE 256
+#define BK_IPC_HANDLE_BYTES 64       /* cudaIpcMemHandle_t */
 
 typedef struct backend backend_t;
 
@@ -151,6 +152,17 @@ typedef struct backend_ops {
     /* Bytes of device memory still free for allocations (sizing KV pools), or 0 when the backend
      * cannot tell (the CPU backend: callers size by host memory). May be NULL. */
     size_t (*mem_available)(backend_t *be);
+
+    /* Sharing device memory with another process on the same device (KV hand-off between a
+     * prefill and a decode process on one GPU). All four may be NULL (no such sharing: the CPU
+     * backend; callers then move bytes through host memory). ipc_export writes an opaque handle of
+     * BK_IPC_HANDLE_BYTES for the allocation that holds dev; ipc_open maps a handle exported by
+     * another process (NULL on failure: not the same device, the exporter is gone, ...) and
+     * ipc_close unmaps it; copy moves n bytes device to device, ordered with the other ops. */
+    int (*ipc_export)(backend_t *be, const void *dev, uint8_t *handle);
+    void *(*ipc_open)(backend_t *be, const uint8_t *handle);
+    void (*ipc_close)(backend_t *be, void *dev);
+    int (*copy)(backend_t *be, void *dst, const void *src, size_t n);
 } backend_ops_t;
 
 struct backend {

@@ -150,12 +150,29 @@ if [ "${SERVE:-0}" = 1 ] && [ -x build/bin/troupe-supervisor ]; then
     ready_ms=$(( ($(date +%s%N) - t0) / 1000000 ))
     timeout 60 build/bin/troupe-client --topology tools/bench/h200-8b.yaml --json submit --ids 1000,2000,3000 --max-tokens 1 --temperature 0 >/dev/null 2>&1
     first_ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+    # Exactness on the GPU: greedy through the cluster (prefill -> CUDA IPC hand-off -> decode)
+    # equals the one-process engine on the same dummy weights.
+    ex_ids=$(python3 -c 'print(",".join(str((i * 104729 + 77) % 120000) for i in range(40)))')
+    ex_gen=$(timeout 120 build/bin/troupe-generate tests/fixtures/models/llama-3.1-8b-shape --load-format dummy --dtype bf16 \
+      --backend cuda --ids "$ex_ids" --max-tokens 24 --ignore-eos --temperature 0 --json 2>/dev/null \
+      | python3 -c 'import json,sys; print(json.load(sys.stdin)["ids"])')
+    ex_cl=$(timeout 60 build/bin/troupe-client --topology tools/bench/h200-8b.yaml --json submit --ids --max-tokens 24 \
+      --ignore-eos --temperature 0 "$ex_ids" | python3 -c 'import json, sys
+ids = []
+for l in sys.stdin:
+    m = json.loads(l)
+    if m["type"] == "token": ids += m["tokens"]
+print(ids)')
+    if [ -n "$ex_gen" ] && [ "$ex_gen" = "$ex_cl" ]; then exact="cluster greedy == generate (24 tokens)"; else exact="MISMATCH cluster $ex_cl vs generate $ex_gen"; status=1; fi
+    echo "$exact"
     timeout "${SERVE_TIMEOUT:-240}" build/bin/troupe-bench --topology tools/bench/h200-8b.yaml --vocab 120000 \
       --input-len 1000 --output-len "${SERVE_OUT:-128}" --concurrency "${SERVE_CONC:-1,16,64}" \
       --json "$OUT/serve-bench.json" >"$OUT/serve-bench.txt" 2>&1 || status=1
     cat "$OUT/serve-bench.txt"
     build/bin/troupe-top --topology tools/bench/h200-8b.yaml --once >>"$OUT/serve-bench.txt" 2>&1
-    serve_line="ready ${ready_ms} ms, first token ${first_ms} ms after supervisor start; bench in serve-bench.txt"
+    ipc=$(build/bin/troupe-top --topology tools/bench/h200-8b.yaml --json | python3 -c 'import json, sys
+print(sum(m["value"] for a in json.load(sys.stdin).get("actors", []) for m in a["metrics"] if m["name"] == "transfers_cuda_ipc_total"))')
+    serve_line="ready ${ready_ms} ms, first token ${first_ms} ms after supervisor start; $exact; CUDA IPC hand-offs $ipc"
   else
     serve_line="cluster did not become ready"; status=1
     tail -30 "$OUT/serve-cluster.log"

@@ -97,6 +97,7 @@ worker_t *worker_load(const topo_t *t, int gpu, int max_tokens, int max_seqs, ch
     if (!w->pool)
         goto fail;
 
+    w->ipc_ok = kvx_ipc_handle(w->be, kvpool_view(w->pool), w->ipc_handle) == 0;
     const char *tokdir = tm->tokenizer[0] ? tm->tokenizer : tm->path;
     char terr[512];
     w->tok = tok_load(tokdir, terr, sizeof terr);
@@ -122,6 +123,9 @@ void worker_destroy(worker_t **self_p)
     if (!self_p || !*self_p)
         return;
     worker_t *w = *self_p;
+    for (size_t i = 0; i < sizeof w->peers / sizeof w->peers[0]; i++)
+        if (w->peers[i].base)
+            w->be->ops->ipc_close(w->be, w->peers[i].base);
     kvpool_destroy(&w->pool);
     model_destroy(&w->model);
     ckpt_destroy(&w->ck);
@@ -181,6 +185,46 @@ int worker_blocks_in(worker_t *w, const int32_t *blocks, int n, const uint8_t *s
         if (w->be->ops->upload(w->be, kvpool_block_ptr(w->pool, blocks[i]), src + (size_t)i * bb, bb) != 0)
             return -1;
     return 0;
+}
+
+int worker_blocks_in_ipc(worker_t *w, const msg_kv_announce_t *k, const int32_t *blocks, int n, char *err,
+                         size_t errlen)
+{
+    size_t bb = worker_block_bytes(w);
+    if (!w->be->ops->ipc_open || !w->be->ops->copy)
+        return errf(err, errlen, "this backend cannot map another process's memory (CUDA IPC)");
+    if (!kvx_ipc_check(k, bb, err, errlen))
+        return -1;
+    if ((int)k->n_block_ids != n)
+        return errf(err, errlen, "kv_announce names %u blocks, %d expected", k->n_block_ids, n);
+    /* The sender's pool: mapped once, remapped when the sender restarted (a new handle). */
+    size_t np = sizeof w->peers / sizeof w->peers[0], slot = np;
+    for (size_t i = 0; i < np && slot == np; i++)
+        if (strcmp(w->peers[i].src, k->src) == 0)
+            slot = i;
+    if (slot < np && memcmp(w->peers[slot].handle, k->handle, KVX_IPC_HANDLE_BYTES) != 0) {
+        w->be->ops->ipc_close(w->be, w->peers[slot].base);
+        w->peers[slot].base = NULL;
+    }
+    if (slot == np)
+        for (size_t i = 0; i < np && slot == np; i++)
+            if (!w->peers[i].base)
+                slot = i;
+    if (slot == np)
+        return errf(err, errlen, "too many CUDA IPC senders");
+    if (!w->peers[slot].base) {
+        w->peers[slot].base = w->be->ops->ipc_open(w->be, k->handle);
+        if (!w->peers[slot].base)
+            return errf(err, errlen, "cannot map %s's KV pool (CUDA IPC)", k->src);
+        snprintf(w->peers[slot].src, sizeof w->peers[slot].src, "%s", k->src);
+        memcpy(w->peers[slot].handle, k->handle, KVX_IPC_HANDLE_BYTES);
+    }
+    const uint8_t *remote = w->peers[slot].base;
+    for (int i = 0; i < n; i++)
+        if (w->be->ops->copy(w->be, kvpool_block_ptr(w->pool, blocks[i]), remote + (size_t)k->block_ids[i] * bb, bb) != 0)
+            return errf(err, errlen, "device copy of block %d failed", i);
+    /* The sender frees its blocks on our ack: the copies must be done before we send it. */
+    return w->be->ops->sync(w->be) == 0 ? 0 : errf(err, errlen, "device sync after the copies failed");
 }
 
 int worker_check_announce(const worker_t *w, const msg_kv_announce_t *a, char *err, size_t errlen)

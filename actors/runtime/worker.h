@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "actors/runtime/kv_transfer.h"
 #include "actors/runtime/tensor_chan.h"
 #include "engine/checkpoint.h"
 #include "engine/config.h"
@@ -35,6 +36,13 @@ typedef struct worker {
     int max_model_len;           /* prompt + generation, tokens */
     float *logits;               /* [max_seqs][vocab] host */
     uint8_t *stage;              /* [block_bytes] host staging for block copies */
+    int ipc_ok;                  /* the pool can be shared with processes on the same GPU */
+    uint8_t ipc_handle[KVX_IPC_HANDLE_BYTES];   /* its CUDA IPC handle + size, when ipc_ok */
+    struct {                     /* pools of senders mapped here (CUDA IPC), by sender */
+        char src[64];
+        uint8_t handle[KVX_IPC_HANDLE_BYTES];
+        void *base;
+    } peers[16];
 } worker_t;
 
 /* Loads the model of topology t for one actor on GPU `gpu` (CUDA backend; -1 = device 0):
@@ -52,6 +60,11 @@ size_t worker_block_bytes(const worker_t *w);
 int worker_blocks_out(worker_t *w, const int32_t *blocks, int n, uint8_t *dst);
 /* Copies n blocks' bytes from src (host memory) into the pool's blocks[0..n). */
 int worker_blocks_in(worker_t *w, const int32_t *blocks, int n, const uint8_t *src);
+/* Copies the blocks a CUDA IPC kv_announce names out of the sender's pool (mapped once per
+ * sender, remapped when it restarts) into this pool's blocks[0..n). -1 with why. */
+int worker_blocks_in_ipc(worker_t *w, const msg_kv_announce_t *k, const int32_t *blocks, int n, char *err,
+                         size_t errlen);
+
 /* 0 when a kv_announce describes blocks of exactly this pool's shape, else -1 and why. */
 int worker_check_announce(const worker_t *w, const msg_kv_announce_t *a, char *err, size_t errlen);
 

@@ -178,6 +178,47 @@ static size_t cuda_mem_available(backend_t *be)
     return cudaMemGetInfo(&free_b, &total_b) == cudaSuccess ? free_b : 0;
 }
 
+/* CUDA IPC: the handle names the whole cudaMalloc allocation holding dev (the KV pool is one). */
+static int cuda_ipc_export(backend_t *be, const void *dev, uint8_t *handle)
+{
+    (void)be;
+    cudaIpcMemHandle_t h;
+    static_assert(sizeof h == BK_IPC_HANDLE_BYTES, "IPC handle size");
+    if (cudaIpcGetMemHandle(&h, (void *)dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return -1;
+    }
+    memcpy(handle, &h, sizeof h);
+    return 0;
+}
+
+static void *cuda_ipc_open(backend_t *be, const uint8_t *handle)
+{
+    (void)be;
+    cudaIpcMemHandle_t h;
+    memcpy(&h, handle, sizeof h);
+    void *p = NULL;
+    if (cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess) != cudaSuccess) {
+        (void)cudaGetLastError();   /* a peer that is gone, or another device: the caller falls back */
+        return NULL;
+    }
+    return p;
+}
+
+static void cuda_ipc_close(backend_t *be, void *dev)
+{
+    (void)be;
+    if (dev && cudaIpcCloseMemHandle(dev) != cudaSuccess)
+        (void)cudaGetLastError();
+}
+
+static int cuda_copy(backend_t *be, void *dst, const void *src, size_t n)
+{
+    if (n)
+        CUDA_TRY(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, cuda_st(be)->stream));
+    return 0;
+}
+
 static const backend_ops_t s_cuda_ops = {
     .name = "cuda",
     .destroy = s_destroy,
@@ -201,6 +242,10 @@ static const backend_ops_t s_cuda_ops = {
     .gather_rows = cuda_gather_rows,
     .argmax = cuda_argmax,
     .mem_available = cuda_mem_available,
+    .ipc_export = cuda_ipc_export,
+    .ipc_open = cuda_ipc_open,
+    .ipc_close = cuda_ipc_close,
+    .copy = cuda_copy,
 };
 
 /* An integer from the environment in [lo, hi], or def when unset; a bad value is an error. */
