@@ -166,7 +166,7 @@ print(ids)')
     if [ -n "$ex_gen" ] && [ "$ex_gen" = "$ex_cl" ]; then exact="cluster greedy == generate (24 tokens)"; else exact="MISMATCH cluster $ex_cl vs generate $ex_gen"; status=1; fi
     echo "$exact"
     timeout "${SERVE_TIMEOUT:-240}" build/bin/troupe-bench --topology tools/bench/h200-8b.yaml --vocab 120000 \
-      --input-len 1000 --output-len "${SERVE_OUT:-128}" --concurrency "${SERVE_CONC:-1,16,64}" \
+      --input-len "${SERVE_IN:-1000}" --output-len "${SERVE_OUT:-128}" --concurrency "${SERVE_CONC:-1,16,64}" \
       --json "$OUT/serve-bench.json" >"$OUT/serve-bench.txt" 2>&1 || status=1
     cat "$OUT/serve-bench.txt"
     build/bin/troupe-top --topology tools/bench/h200-8b.yaml --once >>"$OUT/serve-bench.txt" 2>&1
