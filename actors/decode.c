@@ -487,8 +487,10 @@ static int s_step(actor_t *a, void *state)
     for (int i = 0; i < n; i++) {
         dc_req_t *r = d->batch[i];
         kvseq_publish(r->kv);
+        /* The log-probability costs a softmax over the vocabulary: only when it was asked for. */
         float lp = 0;
-        int32_t t = sampler_sample(r->smp, d->w->logits + (size_t)i * (size_t)d->w->cfg.vocab_size, &lp);
+        int32_t t = sampler_sample(r->smp, d->w->logits + (size_t)i * (size_t)d->w->cfg.vocab_size,
+                                   r->handoff.u.handoff.sampling.logprobs ? &lp : NULL);
         finish_reason_t fin = s_emit(a, d, r, t, lp);
         if (fin == FINISH_NONE && kvseq_len(r->kv) + 1 >= d->w->max_model_len)
             fin = FINISH_LENGTH;

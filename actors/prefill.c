@@ -293,7 +293,7 @@ static void s_handoff(actor_t *a, prefill_t *p, pf_req_t *r, const float *logits
         return;
     }
     float lp = 0;
-    int32_t first = sampler_sample(smp, logits, &lp);
+    int32_t first = sampler_sample(smp, logits, q->sampling.logprobs ? &lp : NULL);
     sampler_destroy(&smp);
 
     int nb = kvseq_n_blocks(r->kv);
