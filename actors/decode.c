@@ -269,6 +269,7 @@ static int s_on_handoff(actor_t *a, void *state, const actor_peer_t *from, msg_t
         }
     dc_req_t *r = NULL;
     tchan_seg_t seg = {0};
+    int no_room = 0;
     const char *why = NULL;
     if (!an) {
         why = "handoff without a kv_announce";
@@ -295,7 +296,13 @@ static int s_on_handoff(actor_t *a, void *state, const actor_peer_t *from, msg_t
                    !(r->smp = sampler_new(&sp, d->w->cfg.vocab_size, (const int32_t *)hh->tokens, (int)hh->n_tokens, err, sizeof err))) {
             why = err;
         } else if (kvseq_append(r->kv, (const int32_t *)hh->tokens, (int)hh->n_tokens) != 0) {
-            why = "no free KV blocks on the decode worker";
+            /* No room for its blocks now: take the request over all the same, without its KV, as
+             * a preempted one; its prompt is recomputed here when blocks free up. Only a prompt
+             * that could never fit is refused. */
+            if (an->u.kv_announce.n_block_ids + 1 > (uint32_t)kvpool_n_blocks(d->w->pool))
+                why = "the prompt needs more KV blocks than the decode pool has";
+            else
+                no_room = 1;
         } else if (an->u.kv_announce.channel == MSG_CHAN_CUDA_IPC) {
             if (worker_blocks_in_ipc(d->w, &an->u.kv_announce, kvseq_blocks(r->kv), kvseq_n_blocks(r->kv), err,
                                      sizeof err) != 0)
@@ -327,7 +334,8 @@ static int s_on_handoff(actor_t *a, void *state, const actor_peer_t *from, msg_t
         d->handoffs_ipc += an->u.kv_announce.channel == MSG_CHAN_CUDA_IPC;
         /* A full batch does not refuse: the request waits here with its KV, its first token
          * streamed, and joins at the next step with a free slot. */
-        r->state = d->n_state[DC_RUNNING] < d->w->max_seqs ? DC_RUNNING : DC_WAITING;
+        r->state = no_room ? DC_PREEMPTED : d->n_state[DC_RUNNING] < d->w->max_seqs ? DC_RUNNING : DC_WAITING;
+        d->preemptions += no_room;
         d->n_state[r->state]++;
         r->admitted_ms = r->first_ms = now_ms();
         if (d->w->tok) {

@@ -292,6 +292,11 @@ static int s_on_submit(actor_t *a, void *state, const actor_peer_t *from, msg_t 
     uint64_t salt = worker_tenant_salt(s->tenant);
     int n_hashes = (int)n / r->block_size;
     uint64_t *hashes = calloc((size_t)n_hashes + 1, sizeof *hashes);
+    if (!hashes) {
+        r->rejected++;
+        free(ids);
+        return actor_reply_error(a, from, m->id, MSG_ERR_OVERLOADED, 1, "router out of memory"), 0;
+    }
     for (int i = 0; i < n_hashes; i++)
         hashes[i] = kv_block_hash(salt, i ? hashes[i - 1] : 0, ids + (size_t)i * r->block_size, r->block_size);
     int pi, di, hit;
@@ -307,6 +312,12 @@ static int s_on_submit(actor_t *a, void *state, const actor_peer_t *from, msg_t 
     }
 
     rq_t *q = calloc(1, sizeof *q);
+    if (!q) {
+        r->rejected++;
+        free(ids);
+        free(hashes);
+        return actor_reply_error(a, from, m->id, MSG_ERR_OVERLOADED, 1, "router out of memory"), 0;
+    }
     q->id = ++r->next_id;
     q->client_id = m->id;
     q->client = *from;

@@ -60,7 +60,10 @@ def metric(actor, name):
 
 
 def wait_idle_pools(bin_dir, topo, roles=("prefill", "decode"), timeout_s=10):
-    """Waits until every worker's KV blocks in use are back to 0 (idle); returns the last view."""
+    """Waits until every worker's KV blocks in use are back to 0 (idle); returns the last view.
+    Stats arrive once a second: the first look waits one interval, so a frame from before the
+    work just done can never pass for idle."""
+    time.sleep(1.1)
     deadline = time.time() + timeout_s
     while True:
         t = top(bin_dir, topo)
