@@ -12,7 +12,10 @@
  *
  * It also counts the cache-manager's cache events (blocks stored / removed) as metrics.
  *
- * Known limits: Prometheus /metrics is not served yet; cache and expert views (INSPECT cache /
+ * With endpoints.metrics set it also serves Prometheus text on HTTP GET /metrics (a ZMQ_STREAM
+ * socket: plain TCP), one sample per actor metric labelled with the actor and its role.
+ *
+ * Known limits: cache and expert views (INSPECT cache /
  * experts) answer with the actors whose stats carry those metrics. */
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +26,7 @@
 #include "common/util.h"
 
 #define MAX_TRACKED 1024
+#define PAGE_MAX    (1 << 20)
 
 typedef struct tracked {
     char name[MSG_MAX_NAME];     /* actor instance name, from its stats */
@@ -34,6 +38,8 @@ typedef struct tracked {
 typedef struct monitor {
     void *sub;                   /* SUB at endpoints.stats_bind */
     void *inspect;               /* ROUTER at endpoints.inspect */
+    void *http;                  /* ZMQ_STREAM at endpoints.metrics, or NULL */
+    char *page;                  /* [PAGE_MAX] scratch for one /metrics response */
     tracked_t actors[MAX_TRACKED];
     int n;
     uint64_t frames, bad_frames; /* stats frames received / undecodable */
@@ -152,6 +158,92 @@ static int s_on_cache_event(actor_t *a, void *state, const actor_peer_t *from, m
     return 0;
 }
 
+/* ---- Prometheus ---------------------------------------------------------------------------- */
+
+/* Appends one sample; names are the wire metric names (already [a-z0-9_]). */
+static size_t s_sample(char *b, size_t cap, size_t n, const char *name, const char *suffix, const msg_stats_t *st,
+                       const char *extra_label, double v)
+{
+    if (n >= cap)
+        return n;
+    int k = snprintf(b + n, cap - n, "troupe_%s%s{actor=\"%s\",role=\"%s\"%s} %.17g\n", name, suffix, st->name,
+                     msg_role_name(st->role), extra_label ? extra_label : "", v);
+    return k < 0 ? n : n + (size_t)k;
+}
+
+/* The exposition of every tracked actor's latest stats. */
+static size_t s_render_metrics(monitor_t *mon, char *b, size_t cap)
+{
+    size_t n = 0;
+    int64_t now = now_ms();
+    for (int i = 0; i < mon->n; i++) {
+        tracked_t *t = &mon->actors[i];
+        msg_t m;
+        char err[256];
+        if (msg_decode(t->frame, t->len, &m, err, sizeof err) != 0)
+            continue;
+        const msg_stats_t *st = &m.u.stats;
+        n = s_sample(b, cap, n, "up", "", st, NULL, now - t->seen_ms < 3000 ? 1 : 0);
+        n = s_sample(b, cap, n, "uptime_seconds", "", st, NULL, (double)st->uptime_ms / 1000.0);
+        n = s_sample(b, cap, n, "restarts_total", "", st, NULL, st->restarts);
+        n = s_sample(b, cap, n, "messages_in_total", "", st, NULL, (double)st->msgs_in);
+        n = s_sample(b, cap, n, "messages_out_total", "", st, NULL, (double)st->msgs_out);
+        n = s_sample(b, cap, n, "messages_malformed_total", "", st, NULL, (double)st->malformed);
+        for (uint32_t k = 0; k < st->n_queues; k++) {
+            char label[MSG_MAX_NAME + 16];
+            snprintf(label, sizeof label, ",queue=\"%s\"", st->queues[k].name);
+            n = s_sample(b, cap, n, "queue_depth", "", st, label, (double)st->queues[k].depth);
+        }
+        for (uint32_t k = 0; k < st->n_metrics; k++) {
+            const msg_metric_t *mt = &st->metrics[k];
+            size_t len = strlen(mt->name);
+            int counter = mt->kind == MSG_METRIC_COUNTER;
+            const char *suffix = counter && (len < 6 || strcmp(mt->name + len - 6, "_total") != 0) ? "_total" : "";
+            n = s_sample(b, cap, n, mt->name, suffix, st, NULL, mt->value);
+        }
+        msg_free(&m);
+    }
+    return n < cap ? n : cap;
+}
+
+/* HTTP over a ZMQ_STREAM socket: frames come as [peer id][bytes]; an empty payload announces a
+ * connection or its end. Each request gets one response and the connection is closed (an empty
+ * payload back), as HTTP/1.0 does. */
+static int s_on_http(actor_t *a, void *state, void *sock)
+{
+    monitor_t *mon = state;
+    for (int k = 0; k < 64; k++) {
+        uint8_t id[256], req[2048];
+        int idn = zmq_recv(sock, id, sizeof id, ZMQ_DONTWAIT);
+        if (idn < 0)
+            return 0;
+        int n = zmq_recv(sock, req, sizeof req - 1, ZMQ_DONTWAIT);
+        if (n <= 0 || idn > (int)sizeof id)
+            continue;
+        req[n < (int)sizeof req - 1 ? n : (int)sizeof req - 1] = 0;
+        const char *status = "200 OK", *ctype = "text/plain; version=0.0.4";
+        size_t body;
+        if (strncmp((char *)req, "GET /metrics", 12) == 0) {
+            body = s_render_metrics(mon, mon->page, PAGE_MAX);
+        } else {
+            status = "404 Not Found";
+            ctype = "text/plain";
+            body = (size_t)snprintf(mon->page, PAGE_MAX, "troupe monitor: only GET /metrics is served\n");
+        }
+        char head[256];
+        int hn = snprintf(head, sizeof head, "HTTP/1.0 %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
+                          "Connection: close\r\n\r\n", status, ctype, body);
+        /* A STREAM message is exactly [id][bytes]: the head and the body go as two. */
+        zmq_send(sock, id, (size_t)idn, ZMQ_SNDMORE);
+        zmq_send(sock, head, (size_t)hn, 0);
+        zmq_send(sock, id, (size_t)idn, ZMQ_SNDMORE);
+        zmq_send(sock, mon->page, body, 0);
+        zmq_send(sock, id, (size_t)idn, ZMQ_SNDMORE);   /* then close the connection */
+        zmq_send(sock, NULL, 0, 0);
+    }
+    return 0;
+}
+
 static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
 {
     monitor_t *mon = state;
@@ -190,12 +282,26 @@ int main(int argc, char **argv)
         LOG_E("cannot bind the inspection endpoint %s", t->endpoints.inspect);
         goto out;
     }
+    if (t->endpoints.metrics[0]) {
+        mon->page = malloc(PAGE_MAX);
+        mon->http = zmq_socket(actor_zmq_ctx(a), ZMQ_STREAM);
+        int linger = 0;
+        zmq_setsockopt(mon->http, ZMQ_LINGER, &linger, sizeof linger);
+        if (!mon->page || zmq_bind(mon->http, t->endpoints.metrics) != 0) {
+            LOG_E("cannot serve /metrics at %s: %s", t->endpoints.metrics, zmq_strerror(zmq_errno()));
+            zmq_close(mon->http);
+            goto out;
+        }
+        actor_add_reader(a, mon->http, s_on_http);
+        LOG_I("Prometheus metrics at http://%s/metrics", t->endpoints.metrics + strlen("tcp://"));
+    }
     actor_ops_t ops = {.handlers = s_handlers, .n_handlers = ARRAY_LEN(s_handlers), .fill_stats = s_fill_stats};
     rc = actor_run(a, &ops, mon);
 out:
     actor_destroy(&a);
     for (int i = 0; i < mon->n; i++)
         free(mon->actors[i].frame);
+    free(mon->page);
     free(mon);
     return rc == 0 ? 0 : 1;
 }

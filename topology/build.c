@@ -606,6 +606,15 @@ static void s_endpoints(topo_diag_t *d, const raw_topo_t *raw, topo_t *t)
     s_str(d, "endpoints.inspect", e->inspect, DEFAULT_INSPECT, out->inspect, sizeof out->inspect, 0);
     if (out->inspect[0] && !(inspect_ok = s_ep_parse(out->inspect, &inspect, why, sizeof why) == 0))
         topo_diag_err(d, "endpoints.inspect", "%s", why);
+    s_str(d, "endpoints.metrics", e->metrics, "", out->metrics, sizeof out->metrics, 1);
+    if (out->metrics[0]) {
+        s_ep_t mep = { 0 };
+        if (s_ep_parse(out->metrics, &mep, why, sizeof why) != 0)
+            topo_diag_err(d, "endpoints.metrics", "%s", why);
+        else if (!mep.tcp)
+            topo_diag_err(d, "endpoints.metrics", "'%s': Prometheus scrapes over HTTP: give a tcp:// endpoint",
+                          out->metrics);
+    }
 
     char def_run[TOPO_PATH_MAX];
     snprintf(def_run, sizeof def_run, "/tmp/troupe-%s-%u", t->name, (unsigned)getuid());
@@ -716,7 +725,7 @@ static void s_endpoints(topo_diag_t *d, const raw_topo_t *raw, topo_t *t)
     }
 
     /* Everything that binds, for clash, wildcard and path-length checks. */
-    int nb = 4 + t->n_instances;
+    int nb = 5 + t->n_instances;
     s_bound_t *b = calloc((size_t)nb, sizeof *b);
     char (*labels)[TOPO_NAME_MAX + 16] = calloc((size_t)nb, sizeof *labels);
     char (*paths)[TOPO_FIELD_PATH_MAX] = calloc((size_t)nb, sizeof *paths);
@@ -730,6 +739,8 @@ static void s_endpoints(topo_diag_t *d, const raw_topo_t *raw, topo_t *t)
     int n = 0;
     b[n++] = (s_bound_t){ "endpoints.client", "endpoints.client", out->client };
     b[n++] = (s_bound_t){ "endpoints.inspect", "endpoints.inspect", out->inspect };
+    if (out->metrics[0])
+        b[n++] = (s_bound_t){ "endpoints.metrics", "endpoints.metrics", out->metrics };
     if (out->control_bind[0])
         b[n++] = (s_bound_t){ "the control endpoint", e->control ? "endpoints.control" : "endpoints",
                               out->control_bind };

@@ -37,6 +37,7 @@ const char topo_default_yaml[] =
     "endpoints:\n"
     "  client: tcp://127.0.0.1:5555\n"
     "  inspect: tcp://127.0.0.1:5556\n"
+    "  metrics: tcp://127.0.0.1:5557   # Prometheus: GET http://127.0.0.1:5557/metrics\n"
     "limits:\n"
     "  max_batch: 16\n"
     "  prefill_chunk_tokens: 256\n"

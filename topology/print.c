@@ -71,6 +71,8 @@ void topo_print(const topo_t *t, FILE *f)
     fprintf(f, "endpoints:\n");
     s_kv(f, "  ", "client", e->client);
     s_kv(f, "  ", "inspect", e->inspect);
+    if (e->metrics[0])
+        s_kv(f, "  ", "metrics", e->metrics);
     s_kv(f, "  ", "run_dir", e->run_dir);
     if (e->bind_interface[0])
         s_kv(f, "  ", "bind_interface", e->bind_interface);

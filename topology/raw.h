@@ -30,7 +30,7 @@ typedef struct raw_actor {
 } raw_actor_t;
 
 typedef struct raw_endpoints {
-    char *client, *inspect, *run_dir, *bind_interface, *base_port, *control;
+    char *client, *inspect, *metrics, *run_dir, *bind_interface, *base_port, *control;
 } raw_endpoints_t;
 
 typedef struct raw_limits {

@@ -60,6 +60,7 @@ static const cyaml_schema_value_t s_actor_entry = {
 static const cyaml_schema_field_t s_endpoints_fields[] = {
     STR("client", raw_endpoints_t, client),
     STR("inspect", raw_endpoints_t, inspect),
+    STR("metrics", raw_endpoints_t, metrics),
     STR("run_dir", raw_endpoints_t, run_dir),
     STR("bind_interface", raw_endpoints_t, bind_interface),
     STR("base_port", raw_endpoints_t, base_port),

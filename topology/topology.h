@@ -98,6 +98,7 @@ typedef struct topo_instance {
 typedef struct topo_endpoints {
     char client[TOPO_ENDPOINT_MAX];      /* the router binds it; clients connect. default tcp://127.0.0.1:5555 */
     char inspect[TOPO_ENDPOINT_MAX];     /* the monitor's inspection endpoint for `top`; default tcp://127.0.0.1:5556 */
+    char metrics[TOPO_ENDPOINT_MAX];     /* the monitor's Prometheus endpoint (HTTP GET /metrics), tcp:// only; "" (default) = off */
     char run_dir[TOPO_PATH_MAX];         /* ipc sockets live here; default /tmp/troupe-<name>-<uid>; the supervisor creates it 0700 */
     char bind_interface[TOPO_ENDPOINT_MAX]; /* "" = bind internal tcp endpoints on each node's address; else this host/interface */
     int base_port;                       /* first port of derived internal tcp endpoints (multi-node); default 5600 */

@@ -24,6 +24,26 @@ for a in actors:
     assert a["pid"] > 0
 PY
 
+# Prometheus: every actor's samples on GET /metrics, and a 404 elsewhere.
+mp=$(grep 'metrics:' "$WORK/t.yaml" | sed 's|.*:||')
+/usr/bin/python3 - "$mp" <<'PY'
+import sys, urllib.request, urllib.error
+port = sys.argv[1]
+body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+ups = [l for l in body.splitlines() if l.startswith("troupe_up{")]
+assert len(ups) == 8 and all(l.endswith(" 1") for l in ups), ups
+for name in ("router", "prefill", "decode", "cache-manager", "monitor", "supervisor"):
+    assert f'actor="{name}"' in body, name
+assert 'troupe_kv_blocks_free{actor="decode",role="decode"}' in body
+assert "troupe_requests_submitted_total{" in body    # counters get _total
+try:
+    urllib.request.urlopen(f"http://127.0.0.1:{port}/nope", timeout=5)
+    raise AssertionError("no 404")
+except urllib.error.HTTPError as e:
+    assert e.code == 404
+print(f"/metrics: {len(body.splitlines())} samples, every actor up")
+PY
+
 # SIGTERM: everything stops, exit 0, within the grace period (5 s) plus a margin.
 pids=$(pgrep -f -- "--topology $WORK/t.yaml" || true)
 [ -n "$pids" ] || fail "no actor processes found"

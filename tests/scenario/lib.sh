@@ -30,8 +30,8 @@ free_port() {
 # make_topology FILE [extra yaml appended]: a one-machine CPU cluster of every role on free ports.
 make_topology() {
   local file=$1; shift
-  local p1 p2
-  p1=$(free_port); p2=$(free_port)
+  local p1 p2 p3
+  p1=$(free_port); p2=$(free_port); p3=$(free_port)
   cat > "$file" <<YAML
 name: t-$TROUPE_TEST_NAME-$$
 model:
@@ -54,6 +54,7 @@ actors:
 endpoints:
   client: tcp://127.0.0.1:$p1
   inspect: tcp://127.0.0.1:$p2
+  metrics: tcp://127.0.0.1:$p3
   run_dir: $WORK/run
 supervision:
   strategy: ${STRATEGY:-one_for_one}
