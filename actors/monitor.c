@@ -125,7 +125,8 @@ static int s_on_inspect(actor_t *a, void *state, const actor_peer_t *from, msg_t
         entries[n] = decoded[n].u.stats;
         msg_metric_t *ms = &metrics[(size_t)n * (MSG_MAX_METRICS + 1)];
         uint32_t nm = entries[n].n_metrics < MSG_MAX_METRICS ? entries[n].n_metrics : MSG_MAX_METRICS - 1;
-        memcpy(ms, entries[n].metrics, nm * sizeof *ms);
+        if (nm)
+            memcpy(ms, entries[n].metrics, nm * sizeof *ms);
         ms[nm++] = (msg_metric_t){.name = "silent_ms", .value = (double)(now - t->seen_ms)};
         entries[n].metrics = ms;
         entries[n].n_metrics = nm;

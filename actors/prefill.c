@@ -360,6 +360,7 @@ static int s_step(actor_t *a, void *state)
         if (r->state == PF_HANDING_OFF && now > r->deadline_ms) {
             p->handoff_failures++;
             s_fail(a, p, r, MSG_ERR_TRANSFER_FAILED, 1, "KV hand-off not acknowledged in time");
+            continue;   /* r is freed */
         }
         if (r->state == PF_FETCHING && now > r->deadline_ms)
             s_set_state(r, PF_WAITING, "fetch timed out");
