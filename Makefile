@@ -62,7 +62,7 @@ endif
 GPU_TEST_BINS := $(if $(CUDA_LDLIBS),$(patsubst tests/gpu/%.c,$(B)/gpu-tests/%,$(wildcard tests/gpu/test_*.c)) \
                                      $(patsubst tests/gpu/%.cu,$(B)/gpu-tests/%,$(wildcard tests/gpu/*.cu)))
 
-.PHONY: all deps demo test fuzz clean cuda gpu-tests
+.PHONY: all deps demo test test-asan fuzz clean cuda gpu-tests
 all: $(B)/libtroupe.a $(ACTOR_BINS) $(TOOL_BINS) $(TEST_BINS) $(CUDA_LIB)
 
 # Installs what is missing (apt-get as root; otherwise prints the line), fetches tokenizers.
@@ -78,6 +78,16 @@ demo: deps
 test: deps
 	@$(MAKE) --no-print-directory all
 	@tests/run.sh
+
+# The scenario tests with every process built with AddressSanitizer + UBSan (slower; not in CI).
+# A sanitizer report in any actor's log fails its scenario (tests/scenario/lib.sh).
+ASAN_BINS := $(patsubst $(B)/%,build/asan/%,$(ACTOR_BINS) $(TOOL_BINS))
+test-asan: deps
+	@CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer" $(MAKE) --no-print-directory \
+	    B=build/asan CUDA_LINK=0 NVCC= build/libtroupe.a $(ASAN_BINS)
+	@$(MAKE) --no-print-directory all
+	@ASAN_OPTIONS=detect_leaks=0:halt_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	    TROUPE_BIN=$(CURDIR)/build/asan/bin tests/run.sh
 
 cuda: $(CUDA_LIB)
 gpu-tests: $(GPU_TEST_BINS)

@@ -18,6 +18,12 @@ cleanup() {
   fi
   # Never leave actors of this test behind.
   pkill -KILL -f -- "--topology $WORK/" 2>/dev/null || true
+  # A sanitizer report from any actor (make test-asan) fails the test, even if a restart hid it.
+  if grep -h -m3 -A8 "ERROR: AddressSanitizer\|runtime error:" "$WORK"/*.log 2>/dev/null; then
+    echo "FAIL: a sanitizer report above" >&2
+    rm -rf "$WORK"
+    exit 1
+  fi
   if [ -n "${KEEP_WORK:-}" ]; then echo "kept $WORK"; else rm -rf "$WORK"; fi
 }
 trap cleanup EXIT
