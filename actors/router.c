@@ -9,14 +9,16 @@
  *     by load; send the prefill_request; pin the prefix when the client asked for retention;
  *   - relay token / done / error messages from the workers to the client, rewriting the router's
  *     internal id to the client's own;
- *   - enforce deadlines and cancellation, and fail the requests of a worker whose process went away
- *     with a retryable error within milliseconds (runtime peer watch);
+ *   - enforce deadlines and cancellation; when a worker's process goes away (runtime peer watch,
+ *     milliseconds), re-send its requests that have not streamed yet to live workers and fail the
+ *     others with a retryable error;
  *   - give every request exactly one terminal reply (done or error), never more.
  *
  * A request's life: PREFILL -> DECODE -> (removed). Every transition is logged in verbose mode.
  *
- * Known limits: a failed request is not retried on another worker (the client gets a retryable
- * error); text prompts get no BOS unless the tokenizer's post-processor adds one. */
+ * Known limits: a request that lost its worker after streaming began fails with a retryable error
+ * (it is re-routed only before its first token); text prompts get no BOS unless the tokenizer's
+ * post-processor adds one. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -45,6 +47,9 @@ typedef struct rq {
     int prefill, decode;         /* worker indices (into router_t.workers) */
     uint32_t prompt_tokens, cached_tokens, completion;
     int64_t arrived_ms, first_ms, last_ms, deadline_ms;   /* monotonic; deadline 0 = none */
+    msg_t pr;                    /* the prefill_request as sent, owning its prompt: re-sent elsewhere
+                                    when a worker is lost before the first token (MSG_NONE: not kept) */
+    int rerouted;                /* re-sent once already */
     struct rq *next;
 } rq_t;
 
@@ -72,7 +77,7 @@ typedef struct router {
     int n_reqs;
     uint64_t next_id;
     /* stats */
-    uint64_t submitted, rejected, completed, failed, cancelled, prompt_tokens, cached_tokens, gen_tokens;
+    uint64_t submitted, rejected, completed, failed, cancelled, rerouted, prompt_tokens, cached_tokens, gen_tokens;
     uint64_t cache_queries, cache_hits;      /* blocks looked up / found anywhere */
     float ttft[LAT_SAMPLES], itl[LAT_SAMPLES];
     int n_ttft, n_itl;
@@ -132,6 +137,7 @@ static void s_remove(router_t *r, rq_t *q)
     if (q->decode >= 0)
         r->workers[q->decode].inflight--;
     r->n_reqs--;
+    msg_free(&q->pr);
     free(q);
 }
 
@@ -355,6 +361,8 @@ static int s_on_submit(actor_t *a, void *state, const actor_peer_t *from, msg_t 
         p->n_hint_holders = 1;
     }
     int rc = actor_send(a, r->workers[pi].name, &pr);
+    if (rc == 0 && msg_clone(&pr, &q->pr, err, sizeof err) != 0)
+        msg_init(&q->pr, MSG_NONE, 0);   /* no copy: this request just cannot be re-routed */
     if (rc == 0 && s->prompt_cache_key && r->cache_manager && n_hashes > 0) {
         uint32_t retention = s->cache_retention_s ? s->cache_retention_s : (uint32_t)r->topo->cache.default_retention_s;
         msg_t pin;
@@ -523,6 +531,60 @@ static int s_on_cache_event(actor_t *a, void *state, const actor_peer_t *from, m
     return 0;
 }
 
+/* The up worker of a role with the least work, other than `not`; -1 if none. */
+static int s_least_loaded(router_t *r, topo_role_t role, int not)
+{
+    int best = -1;
+    for (int i = 0; i < r->n_workers; i++) {
+        wk_t *w = &r->workers[i];
+        if (i == not || !w->up || w->role != role)
+            continue;
+        if (best < 0 || (role == ROLE_PREFILL ? w->inflight_tokens < r->workers[best].inflight_tokens
+                                              : w->inflight < r->workers[best].inflight))
+            best = i;
+    }
+    return best;
+}
+
+/* A request that lost a worker before its first token is sent again, to live workers: nothing
+ * reached the client yet, so it is recomputed elsewhere (its prompt blocks are usually still
+ * cached at the prefill worker). Once only. Returns 1 if it was re-sent. */
+static int s_reroute(actor_t *a, router_t *r, rq_t *q, int lost)
+{
+    if (q->state != RQ_PREFILL || q->rerouted || q->pr.type != MSG_PREFILL_REQUEST)
+        return 0;
+    int pi = q->prefill == lost ? s_least_loaded(r, ROLE_PREFILL, lost) : q->prefill;
+    int di = q->decode == lost ? s_least_loaded(r, ROLE_DECODE, lost) : q->decode;
+    if (pi < 0 || di < 0)
+        return 0;
+    if (q->prefill != lost && q->prefill >= 0) {
+        /* It may still sit at its (live) prefill worker, mid-hand-off to the dead decode worker:
+         * cancel it there first; the same connection delivers the cancel before the new request. */
+        msg_t c;
+        msg_init(&c, MSG_CANCEL, q->id);
+        actor_send(a, r->workers[q->prefill].name, &c);
+    }
+    q->pr.u.prefill_request.decode_worker = r->workers[di].name;
+    if (actor_send(a, r->workers[pi].name, &q->pr) != 0)
+        return 0;
+    if (q->prefill != lost) {
+        r->workers[q->prefill].inflight--;
+        r->workers[q->prefill].inflight_tokens -= q->prompt_tokens;
+    }
+    if (q->decode != lost)
+        r->workers[q->decode].inflight--;
+    q->prefill = pi;
+    q->decode = di;
+    r->workers[pi].inflight++;
+    r->workers[pi].inflight_tokens += q->prompt_tokens;
+    r->workers[di].inflight++;
+    q->rerouted = 1;
+    r->rerouted++;
+    LOG_I("request %llu re-routed to %s / %s after losing %s", (unsigned long long)q->id, r->workers[pi].name,
+          r->workers[di].name, r->workers[lost].name);
+    return 1;
+}
+
 static void s_peer_event(actor_t *a, void *state, const char *peer, int up)
 {
     router_t *r = state;
@@ -532,11 +594,16 @@ static void s_peer_event(actor_t *a, void *state, const char *peer, int up)
     r->workers[w].up = up;
     if (up)
         return;
-    /* Its process is gone: every request it held fails now, retryable; its cached blocks too. */
-    int n = 0;
+    /* Its process is gone: a request that has not streamed yet goes to other workers; every
+     * other request it held fails now, retryable. Its cached blocks are forgotten. */
+    int n = 0, moved = 0;
     for (rq_t *q = r->head, *next; q; q = next) {
         next = q->next;
         if (q->decode == w || (q->prefill == w && q->state == RQ_PREFILL)) {
+            if (s_reroute(a, r, q, w)) {
+                moved++;
+                continue;
+            }
             char why[160];
             snprintf(why, sizeof why, "worker %s was lost; retry the request", peer);
             if (q->decode == w)
@@ -547,12 +614,12 @@ static void s_peer_event(actor_t *a, void *state, const char *peer, int up)
             n++;
         }
     }
-    r->workers[w].inflight = 0;   /* every request it held has just failed */
+    r->workers[w].inflight = 0;   /* every request it held has just failed or moved */
     r->workers[w].inflight_tokens = 0;
     for (size_t i = 0; i < r->index.cap; i++)
         if (r->index.keys[i])
             r->index.vals[i] &= ~(1ULL << w);
-    LOG_W("worker %s lost: %d requests failed with a retryable error", peer, n);
+    LOG_W("worker %s lost: %d requests re-routed, %d failed with a retryable error", peer, moved, n);
 }
 
 /* ---- timers and stats -------------------------------------------------------------------- */
@@ -603,6 +670,7 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
     actor_stat_metric(a, st, "requests_completed", (double)r->completed, 1);
     actor_stat_metric(a, st, "requests_failed", (double)r->failed, 1);
     actor_stat_metric(a, st, "requests_cancelled", (double)r->cancelled, 1);
+    actor_stat_metric(a, st, "requests_rerouted", (double)r->rerouted, 1);
     actor_stat_metric(a, st, "prompt_tokens_total", (double)r->prompt_tokens, 1);
     actor_stat_metric(a, st, "cached_tokens_total", (double)r->cached_tokens, 1);
     actor_stat_metric(a, st, "generation_tokens_total", (double)r->gen_tokens, 1);

@@ -11,6 +11,12 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 note() { echo "--- $*"; }
 
 cleanup() {
+  local rc=$?
+  # On failure, what the cluster said about itself goes into the test's log.
+  if [ "$rc" -ne 0 ] && [ -f "$WORK/supervisor.log" ]; then
+    echo "--- supervisor log (warnings and errors):"
+    grep -E " (WARN|ERROR) " "$WORK/supervisor.log" | grep -v "no tokenizer" | tail -20
+  fi
   if [ -n "$SUP_PID" ] && kill -0 "$SUP_PID" 2>/dev/null; then
     kill -TERM "$SUP_PID" 2>/dev/null || true
     for _ in $(seq 100); do kill -0 "$SUP_PID" 2>/dev/null || break; sleep 0.1; done

@@ -1,0 +1,44 @@
+# A decode worker killed while requests are still being prefilled for it: those requests have not
+# streamed anything yet, so the router sends them to the other decode worker and they complete;
+# only requests already streaming from the dead worker fail (retryable). Every request ends once.
+. "$(dirname "$0")/lib.sh"
+MODEL_PATH=$ROOT/tests/fixtures/models/qwen3-demo-shape LOAD_FORMAT=dummy N_DECODE=2 HEARTBEAT_MS=200 \
+  make_topology "$WORK/t.yaml" "limits:" "  max_batch: 32" "  max_model_len: 1024" "  prefill_chunk_tokens: 128"
+sed -i "s|^  load_format: dummy|  load_format: dummy\n  dtype: bf16\n  tokenizer: $ROOT/third_party/tokenizers/qwen3|" "$WORK/t.yaml"
+start_cluster "$WORK/t.yaml"
+ep=$(grep 'client:' "$WORK/t.yaml" | awk '{print $2}')
+$PY - "$ep" "$BIN" "$WORK/t.yaml" <<'PY'
+import os, random, signal, sys, threading, time
+from troupe_client import Client
+from servelib import top, metric, wait_idle_pools, wait_workers
+ep, bin_dir, topo = sys.argv[1:4]
+random.seed(23)
+t = wait_workers(bin_dir, topo, 3)
+results = {}
+def one(i):
+    with Client(ep, timeout_s=120) as c:
+        n, last = 0, None
+        for m in c.generate(tokens=[random.randrange(1000, 100000) for _ in range(300)], max_tokens=16,
+                            temperature=0, ignore_eos=True):
+            n += m["type"] == "token"
+            last = m
+        results[i] = (n, last)
+ts = [threading.Thread(target=one, args=(i,)) for i in range(12)]
+for th in ts: th.start()
+time.sleep(0.4)                    # 12 x 300 prompt tokens in 128-token chunks: most still prefilling
+os.kill(t["decode-0"]["pid"], signal.SIGKILL)
+for th in ts: th.join()
+done = [r for r in results.values() if r[1]["type"] == "done"]
+failed = [r for r in results.values() if r[1]["type"] == "error"]
+assert len(results) == 12
+for n, m in done:
+    assert n == 16 and m["usage"]["completion_tokens"] == 16, (n, m)
+for n, m in failed:
+    assert m["code_name"] == "worker_lost" and m["retryable"] and n > 0, (n, m)   # only ones already streaming
+wait_idle_pools(bin_dir, topo)
+router = next(a for a in top(bin_dir, topo).values() if a["role"] == "router")
+moved = metric(router, "requests_rerouted")
+print(f"decode-0 killed: {moved:.0f} requests re-routed, {len(done)} completed, {len(failed)} failed (were streaming)")
+assert moved >= 1, "nothing was re-routed: the test did not test re-routing"
+PY
+echo "PASS reroute"
