@@ -52,6 +52,9 @@ typedef struct child {
     uint32_t restarts;             /* incarnations after the first */
     int64_t started_ms;            /* when this incarnation was launched */
     int64_t last_hb_ms;            /* last heartbeat answer (or READY) */
+    int unanswered;                /* heartbeats sent since the last answer: > liveness = wedged.
+                                      Counted, not timed, so a supervisor that was itself busy
+                                      (stopping children for rest_for_one) never blames its actors */
     uint64_t last_steps;           /* progress counter from its last heartbeat */
     int last_status;               /* wait status of the last exit; -1 none yet */
     int finished;                  /* exited and not to be restarted (temporary / transient ok) */
@@ -176,6 +179,7 @@ static void s_read_control(supervisor_t *s)
                       m.u.ready.pid, (int)c->pid);
             } else if (!c->ready) {
                 c->ready = 1;
+                c->unanswered = 0;
                 c->last_hb_ms = now_ms();
                 LOG_I("%s ready in %lld ms (pid %u%s)", c->inst->name,
                       (long long)(now_ms() - c->started_ms), m.u.ready.pid,
@@ -183,6 +187,7 @@ static void s_read_control(supervisor_t *s)
             }
         } else if (m.type == MSG_HEARTBEAT) {
             c->last_hb_ms = now_ms();
+            c->unanswered = 0;
             c->last_steps = m.u.heartbeat.steps;
         }
         msg_free(&m);
@@ -195,8 +200,10 @@ static void s_heartbeat(supervisor_t *s)
     msg_init(&m, MSG_HEARTBEAT, 0);
     m.u.heartbeat.seq = ++s->hb_seq;
     for (int i = 0; i < s->n; i++)
-        if (s->children[i].pid && s->children[i].ready)
+        if (s->children[i].pid && s->children[i].ready) {
+            s->children[i].unanswered++;
             s_send(s, &s->children[i], &m);
+        }
 }
 
 static void s_publish_stats(supervisor_t *s)
@@ -377,7 +384,8 @@ static int s_reap(supervisor_t *s)
     }
 }
 
-/* Wedged: alive but no heartbeat answer for liveness x heartbeat_ms. Not ready in time: the
+/* Wedged: alive but more than `liveness` heartbeats in a row unanswered (and liveness x
+ * heartbeat_ms without an answer). Not ready in time: the
  * ready timeout. Both are killed; the reaper then restarts them by policy. */
 static void s_check_liveness(supervisor_t *s)
 {
@@ -387,11 +395,12 @@ static void s_check_liveness(supervisor_t *s)
         child_t *c = &s->children[i];
         if (!c->pid || c->stopping)
             continue;
-        if (c->ready && now - c->last_hb_ms > hb_limit) {
+        if (c->ready && c->unanswered > s->topo->supervision.liveness && now - c->last_hb_ms > hb_limit) {
             LOG_W("%s (pid %d) missed %d heartbeats (%lld ms): wedged, killing it", c->inst->name,
                   (int)c->pid, s->topo->supervision.liveness, (long long)(now - c->last_hb_ms));
             kill(c->pid, SIGKILL);
             c->last_hb_ms = now;   /* one kill per incident */
+            c->unanswered = 0;
         } else if (!c->ready && now - c->started_ms > (int64_t)s->topo->supervision.ready_timeout_s * 1000) {
             LOG_W("%s (pid %d) not ready after %d s: killing it", c->inst->name, (int)c->pid,
                   s->topo->supervision.ready_timeout_s);
