@@ -442,14 +442,33 @@ static int s_from_client(actor_t *a, router_t *r, const actor_peer_t *from, cons
     return 1;
 }
 
+/* 1 if `from` is the worker the request is assigned to now. After a re-route, or from a worker's
+ * new incarnation fed stale messages, another worker may still speak for the request: it is told
+ * to drop it and is not heard. */
+static int s_from_assigned(actor_t *a, router_t *r, rq_t *q, const actor_peer_t *from)
+{
+    for (int k = 0; k < 2; k++) {
+        int w = k ? q->prefill : q->decode;
+        if (w >= 0 && strlen(r->workers[w].name) == from->id_len &&
+            memcmp(r->workers[w].name, from->id, from->id_len) == 0)
+            return 1;
+    }
+    msg_t c;
+    msg_init(&c, MSG_CANCEL, q->id);
+    actor_reply(a, from, &c);
+    LOG_D("request %llu: message from %.*s, not its worker: told to drop it", (unsigned long long)q->id,
+          (int)from->id_len, (const char *)from->id);
+    return 0;
+}
+
 static int s_on_token(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
 {
     router_t *r = state;
     if (s_from_client(a, r, from, m))
         return 0;
     rq_t *q = s_find(r, m->id);
-    if (!q)
-        return 0;   /* cancelled or failed already: drop */
+    if (!q || !s_from_assigned(a, r, q, from))
+        return 0;   /* cancelled, failed, or not from its worker: drop */
     int64_t now = now_ms();
     if (q->state == RQ_PREFILL) {
         s_transition(q, RQ_DECODE, "first token");
@@ -477,7 +496,7 @@ static int s_on_done(actor_t *a, void *state, const actor_peer_t *from, msg_t *m
     if (s_from_client(a, r, from, m))
         return 0;
     rq_t *q = s_find(r, m->id);
-    if (!q)
+    if (!q || !s_from_assigned(a, r, q, from))
         return 0;
     int64_t now = now_ms();
     msg_done_t *d = &m->u.done;
@@ -502,7 +521,7 @@ static int s_on_error(actor_t *a, void *state, const actor_peer_t *from, msg_t *
     if (s_from_client(a, r, from, m))
         return 0;
     rq_t *q = s_find(r, m->id);
-    if (!q)
+    if (!q || !s_from_assigned(a, r, q, from))
         return 0;
     s_fail(a, r, q, m->u.error.code, m->u.error.retryable, m->u.error.message);
     return 0;

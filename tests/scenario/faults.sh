@@ -3,9 +3,7 @@
 # worker and no KV block leaks; then a stuck decode worker (SIGSTOP) is detected (missed heartbeats)
 # and its requests end with a retryable error within 2 s.
 . "$(dirname "$0")/lib.sh"
-MODEL_PATH=$ROOT/tests/fixtures/models/qwen3-demo-shape LOAD_FORMAT=dummy N_DECODE=2 HEARTBEAT_MS=200 \
-  make_topology "$WORK/t.yaml" "limits:" "  max_batch: 32" "  max_model_len: 512"
-sed -i "s|^  load_format: dummy|  load_format: dummy\n  dtype: bf16\n  tokenizer: $ROOT/third_party/tokenizers/qwen3|" "$WORK/t.yaml"
+make_demo_topology "$WORK/t.yaml" "limits:" "  max_batch: 32" "  max_model_len: 512"
 start_cluster "$WORK/t.yaml"
 ep=$(grep 'client:' "$WORK/t.yaml" | awk '{print $2}')
 $PY - "$ep" "$BIN" "$WORK/t.yaml" <<'PY'
@@ -15,6 +13,7 @@ from servelib import top, metric, wait_idle_pools
 ep, bin_dir, topo = sys.argv[1:4]
 random.seed(9)
 
+streaming = set()
 def stream(results, key, n_tokens):
     with Client(ep, timeout_s=120) as c:
         toks, last = 0, None
@@ -22,6 +21,7 @@ def stream(results, key, n_tokens):
                             temperature=0, ignore_eos=True):
             if m["type"] == "token":
                 toks += 1
+                streaming.add(key)
             last = m
         results[key] = (toks, last, time.time())
 
@@ -29,7 +29,12 @@ def storm(n, victim, sig, label):
     results = {}
     ts = [threading.Thread(target=stream, args=(results, i, 60)) for i in range(n)]
     for t in ts: t.start()
-    time.sleep(2.0)                       # every stream is producing tokens by now
+    streaming.clear()
+    deadline = time.time() + 60           # every stream producing tokens (slow builds take longer)
+    while len(streaming) < n and time.time() < deadline:
+        time.sleep(0.05)
+    assert len(streaming) == n, f"only {len(streaming)} of {n} streams started"
+    time.sleep(0.2)
     batches = {n: metric(a, "requests_running") for n, a in top(bin_dir, topo).items() if a["role"] == "decode"}
     pid = top(bin_dir, topo)[victim]["pid"]
     t_fault = time.time()

@@ -80,6 +80,16 @@ YAML
   for extra in "$@"; do echo "$extra" >> "$file"; done
 }
 
+# make_demo_topology FILE [extra yaml]: make_topology with the demo model (Qwen3 shape, real
+# vocabulary and tokenizer, dummy bf16 weights: slow enough on the CPU to act mid-request), two
+# decode workers and fast heartbeats.
+make_demo_topology() {
+  local file=$1; shift
+  MODEL_PATH=$ROOT/tests/fixtures/models/qwen3-demo-shape LOAD_FORMAT=dummy N_DECODE=2 HEARTBEAT_MS=200 \
+    make_topology "$file" "$@"
+  sed -i "s|^  load_format: dummy|  load_format: dummy\n  dtype: bf16\n  tokenizer: $ROOT/third_party/tokenizers/qwen3|" "$file"
+}
+
 # start_cluster TOPOLOGY [supervisor args]: starts the supervisor in the background and waits
 # until every actor is READY (or fails the test after 60 s).
 start_cluster() {

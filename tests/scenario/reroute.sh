@@ -2,9 +2,7 @@
 # streamed anything yet, so the router sends them to the other decode worker and they complete;
 # only requests already streaming from the dead worker fail (retryable). Every request ends once.
 . "$(dirname "$0")/lib.sh"
-MODEL_PATH=$ROOT/tests/fixtures/models/qwen3-demo-shape LOAD_FORMAT=dummy N_DECODE=2 HEARTBEAT_MS=200 \
-  make_topology "$WORK/t.yaml" "limits:" "  max_batch: 32" "  max_model_len: 1024" "  prefill_chunk_tokens: 128"
-sed -i "s|^  load_format: dummy|  load_format: dummy\n  dtype: bf16\n  tokenizer: $ROOT/third_party/tokenizers/qwen3|" "$WORK/t.yaml"
+make_demo_topology "$WORK/t.yaml" "limits:" "  max_batch: 32" "  max_model_len: 1024" "  prefill_chunk_tokens: 128"
 start_cluster "$WORK/t.yaml"
 ep=$(grep 'client:' "$WORK/t.yaml" | awk '{print $2}')
 $PY - "$ep" "$BIN" "$WORK/t.yaml" <<'PY'
