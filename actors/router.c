@@ -461,14 +461,23 @@ static int s_from_assigned(actor_t *a, router_t *r, rq_t *q, const actor_peer_t 
     return 0;
 }
 
+/* The request a worker's token / done / error message is about, or NULL when the message must be
+ * dropped: it came from a client, the request is over (cancelled or failed), or the sender is not
+ * the request's worker (s_from_assigned). */
+static rq_t *s_worker_msg(actor_t *a, router_t *r, const actor_peer_t *from, const msg_t *m)
+{
+    if (s_from_client(a, r, from, m))
+        return NULL;
+    rq_t *q = s_find(r, m->id);
+    return q && s_from_assigned(a, r, q, from) ? q : NULL;
+}
+
 static int s_on_token(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
 {
     router_t *r = state;
-    if (s_from_client(a, r, from, m))
-        return 0;
-    rq_t *q = s_find(r, m->id);
-    if (!q || !s_from_assigned(a, r, q, from))
-        return 0;   /* cancelled, failed, or not from its worker: drop */
+    rq_t *q = s_worker_msg(a, r, from, m);
+    if (!q)
+        return 0;   /* from a client, for a request that is over, or not from its worker: drop */
     int64_t now = now_ms();
     if (q->state == RQ_PREFILL) {
         s_transition(q, RQ_DECODE, "first token");
@@ -493,11 +502,9 @@ static int s_on_token(actor_t *a, void *state, const actor_peer_t *from, msg_t *
 static int s_on_done(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
 {
     router_t *r = state;
-    if (s_from_client(a, r, from, m))
-        return 0;
-    rq_t *q = s_find(r, m->id);
-    if (!q || !s_from_assigned(a, r, q, from))
-        return 0;
+    rq_t *q = s_worker_msg(a, r, from, m);
+    if (!q)
+        return 0;   /* from a client, for a request that is over, or not from its worker: drop */
     int64_t now = now_ms();
     msg_done_t *d = &m->u.done;
     d->timings.ttft_ms = q->first_ms ? (uint32_t)(q->first_ms - q->arrived_ms) : 0;
@@ -518,11 +525,9 @@ static int s_on_done(actor_t *a, void *state, const actor_peer_t *from, msg_t *m
 static int s_on_error(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
 {
     router_t *r = state;
-    if (s_from_client(a, r, from, m))
-        return 0;
-    rq_t *q = s_find(r, m->id);
-    if (!q || !s_from_assigned(a, r, q, from))
-        return 0;
+    rq_t *q = s_worker_msg(a, r, from, m);
+    if (!q)
+        return 0;   /* from a client, for a request that is over, or not from its worker: drop */
     s_fail(a, r, q, m->u.error.code, m->u.error.retryable, m->u.error.message);
     return 0;
 }

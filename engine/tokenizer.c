@@ -427,6 +427,28 @@ static int s_fill_added(s_ctx_t *c)
     return 0;
 }
 
+/* ---- components ---- */
+
+typedef int (*s_loader_fn)(s_ctx_t *c, json_t *o, const char *where, int depth);
+
+/* A "Sequence" component (normalizer, pre-tokenizer or post-processor): loads every element of
+ * o[key] with `load` at depth 1, where a nested Sequence is refused. At most TOK_MAX_PRE. */
+static int s_load_sequence(s_ctx_t *c, json_t *o, const char *key, const char *where, s_loader_fn load)
+{
+    json_t *arr = json_object_get(o, key);
+    if (!json_is_array(arr))
+        return s_fail(c, "%s.%s: expected an array", where, key);
+    if (json_array_size(arr) > TOK_MAX_PRE)
+        return s_fail(c, "%s.%s: more than %d entries", where, key, TOK_MAX_PRE);
+    for (size_t i = 0; i < json_array_size(arr); i++) {
+        char w[64];
+        snprintf(w, sizeof w, "%s.%s[%zu]", where, key, i);
+        if (load(c, json_array_get(arr, i), w, 1) < 0)
+            return -1;
+    }
+    return 0;
+}
+
 /* ---- normalizer ---- */
 
 static int s_load_normalizer(s_ctx_t *c, json_t *n, const char *where, int depth)
@@ -442,20 +464,8 @@ static int s_load_normalizer(s_ctx_t *c, json_t *n, const char *where, int depth
         c->t->nfc = 1;
         return 0;
     }
-    if (strcmp(type, "Sequence") == 0 && depth == 0) {
-        json_t *arr = json_object_get(n, "normalizers");
-        if (!json_is_array(arr))
-            return s_fail(c, "%s.normalizers: expected an array", where);
-        if (json_array_size(arr) > TOK_MAX_PRE)
-            return s_fail(c, "%s.normalizers: more than %d entries", where, TOK_MAX_PRE);
-        for (size_t i = 0; i < json_array_size(arr); i++) {
-            char w[64];
-            snprintf(w, sizeof w, "%s.normalizers[%zu]", where, i);
-            if (s_load_normalizer(c, json_array_get(arr, i), w, 1) < 0)
-                return -1;
-        }
-        return 0;
-    }
+    if (strcmp(type, "Sequence") == 0 && depth == 0)
+        return s_load_sequence(c, n, "normalizers", where, s_load_normalizer);
     return s_fail(c, "%s.type: normalizer \"%s\" is not supported (NFC or a Sequence of NFC)", where, type);
 }
 
@@ -533,18 +543,8 @@ static int s_load_pre(s_ctx_t *c, json_t *o, const char *where, int depth)
     const char *type = s_type(o);
     if (!type)
         return s_fail(c, "%s.type: missing", where);
-    if (strcmp(type, "Sequence") == 0 && depth == 0) {
-        json_t *arr = json_object_get(o, "pretokenizers");
-        if (!json_is_array(arr))
-            return s_fail(c, "%s.pretokenizers: expected an array", where);
-        for (size_t i = 0; i < json_array_size(arr); i++) {
-            char w[64];
-            snprintf(w, sizeof w, "%s.pretokenizers[%zu]", where, i);
-            if (s_load_pre(c, json_array_get(arr, i), w, 1) < 0)
-                return -1;
-        }
-        return 0;
-    }
+    if (strcmp(type, "Sequence") == 0 && depth == 0)
+        return s_load_sequence(c, o, "pretokenizers", where, s_load_pre);
     if (t->n_pre == TOK_MAX_PRE)
         return s_fail(c, "%s: more than %d pre-tokenizers", where, TOK_MAX_PRE);
     if (t->n_pre > 0 && t->pre[t->n_pre - 1].kind == TOK_PRE_BYTELEVEL)
@@ -632,20 +632,8 @@ static int s_load_post(s_ctx_t *c, json_t *o, const char *where, int depth)
             return s_fail(c, "%s: a second TemplateProcessing is not supported", where);
         return s_template_ids(c, o, where);
     }
-    if (strcmp(type, "Sequence") == 0 && depth == 0) {
-        json_t *arr = json_object_get(o, "processors");
-        if (!json_is_array(arr))
-            return s_fail(c, "%s.processors: expected an array", where);
-        if (json_array_size(arr) > TOK_MAX_PRE)
-            return s_fail(c, "%s.processors: more than %d entries", where, TOK_MAX_PRE);
-        for (size_t i = 0; i < json_array_size(arr); i++) {
-            char w[64];
-            snprintf(w, sizeof w, "%s.processors[%zu]", where, i);
-            if (s_load_post(c, json_array_get(arr, i), w, 1) < 0)
-                return -1;
-        }
-        return 0;
-    }
+    if (strcmp(type, "Sequence") == 0 && depth == 0)
+        return s_load_sequence(c, o, "processors", where, s_load_post);
     return s_fail(c, "%s.type: post-processor \"%s\" is not supported (TemplateProcessing, ByteLevel or a Sequence of them)", where, type);
 }
 

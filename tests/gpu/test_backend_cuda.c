@@ -850,27 +850,6 @@ static const char *s_fixture_root(void)
 }
 
 
-static double s_relerr_d(const float *a, const double *b, int n)
-{
-    double num = 0, den = 0;
-    for (int i = 0; i < n; i++) {
-        if (isnan(a[i]))
-            return INFINITY;
-        num += (a[i] - b[i]) * (a[i] - b[i]);
-        den += b[i] * b[i];
-    }
-    return sqrt(num / den);
-}
-
-static int32_t s_host_argmax(const float *x, int n)
-{
-    int32_t best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best])
-            best = i;
-    return best;
-}
-
 static void s_forward(model_t *m, const model_seq_t *qs, int n, float *logits)
 {
     char err[512];
@@ -914,14 +893,14 @@ static void s_run_fixture(const char *name, dtype_t kvt)
         assert_int_equal(kvseq_append(s, e.ids[p], e.n_ids[p]), 0);
         model_seq_t q = {.kv = s, .n_new = e.n_ids[p]};
         s_forward(m, &q, 1, lg);
-        const double rel = s_relerr_d(lg, e.last[p], V);
+        const double rel = fixture_relerr(lg, e.last[p], V);
         print_message("  %-18s %s KV prompt %d (%2d tokens): last logits rel err %.2e (bound %.0e)", name,
                       dtype_name(kvt), p, e.n_ids[p], rel, bound);
         if (!(rel <= bound))
             fail_msg("%s prompt %d: last-position logits relative error %.3g exceeds %.3g", name, p, rel, bound);
         int agree = 0, first_diff = -1;
         for (int i = 0; i < e.n_greedy[p]; i++) {
-            int32_t t = s_host_argmax(lg, V);
+            int32_t t = fixture_argmax(lg, V);
             if (t == e.greedy[p][i])
                 agree++;
             else if (first_diff < 0)
@@ -954,7 +933,7 @@ static void s_run_fixture(const char *name, dtype_t kvt)
         s_forward(m, qs, e.n, lg);
         for (int i = 0; i < e.n_greedy[0]; i++) {
             for (int p = 0; p < e.n; p++) {
-                int32_t t = s_host_argmax(lg + (size_t)p * V, V);
+                int32_t t = fixture_argmax(lg + (size_t)p * V, V);
                 if (t != e.greedy[p][i])
                     fail_msg("%s: batched greedy, prompt %d token %d is %d, transformers says %d", name, p, i, t,
                              e.greedy[p][i]);

@@ -5,6 +5,7 @@
 #define TROUPE_EXPECTED_FIXTURE_H
 
 #include <jansson.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -57,6 +58,29 @@ static inline void s_free_expected(expected_t *e)
         free(e->greedy[i]);
         free(e->last[i]);
     }
+}
+
+/* ||a - b|| / ||b||, with b the float64 reference; a NaN anywhere never passes. */
+static inline double fixture_relerr(const float *a, const double *b, int n)
+{
+    double num = 0, den = 0;
+    for (int i = 0; i < n; i++) {
+        if (isnan(a[i]))
+            return INFINITY;
+        num += (a[i] - b[i]) * (a[i] - b[i]);
+        den += b[i] * b[i];
+    }
+    return sqrt(num / den);
+}
+
+/* Greedy choice as transformers makes it: the largest logit, the lowest index on ties. */
+static inline int32_t fixture_argmax(const float *x, int n)
+{
+    int32_t best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best])
+            best = i;
+    return best;
 }
 
 #endif

@@ -46,27 +46,6 @@ static int s_teardown(void **state)
     return 0;
 }
 
-static double s_relerr_f(const float *a, const double *b, int n)
-{
-    double num = 0, den = 0;
-    for (int i = 0; i < n; i++) {
-        if (isnan(a[i]))
-            return INFINITY;
-        num += (a[i] - b[i]) * (a[i] - b[i]);
-        den += b[i] * b[i];
-    }
-    return sqrt(num / den);
-}
-
-static int s_argmax(const float *x, int n)
-{
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best])
-            best = i;
-    return best;
-}
-
 /* Prefills one sequence with tokens in chunks of `chunk` (0: all at once); logits of the last. */
 static void s_prefill(model_t *m, kvseq_t *s, const int32_t *ids, int n, int chunk, float *logits)
 {
@@ -128,14 +107,14 @@ static void s_run_fixture(const char *name)
     for (int p = 0; p < e.n; p++) {
         kvseq_t *s = kvseq_new(pool, 128, 0);
         s_prefill(m, s, e.ids[p], e.n_ids[p], 0, lg);
-        double rel = s_relerr_f(lg, e.last[p], V);
+        double rel = fixture_relerr(lg, e.last[p], V);
         print_message("%s prompt %d (%d tokens): last-position logits relative error %.3g\n", name, p, e.n_ids[p], rel);
         if (!(rel <= 1e-4))
             fail_msg("%s prompt %d: logits relative error %.3g exceeds 1e-4", name, p, rel);
         first[p] = malloc((size_t)V * sizeof(float));
         memcpy(first[p], lg, (size_t)V * sizeof(float));
         for (int i = 0; i < e.n_greedy[p]; i++) {
-            int32_t t = s_argmax(lg, V);
+            int32_t t = fixture_argmax(lg, V);
             if (t != e.greedy[p][i])
                 fail_msg("%s prompt %d: greedy token %d is %d, transformers says %d", name, p, i, t, e.greedy[p][i]);
             if (i + 1 == e.n_greedy[p])
@@ -175,7 +154,7 @@ static void s_run_fixture(const char *name)
             fail_msg("%s: prompt %d's logits in a batch of %d differ from its single-sequence logits", name, p, e.n);
     for (int i = 0; i < e.n_greedy[0]; i++) {
         for (int p = 0; p < e.n; p++) {
-            int32_t t = s_argmax(lg2 + (size_t)p * V, V);
+            int32_t t = fixture_argmax(lg2 + (size_t)p * V, V);
             if (t != e.greedy[p][i])
                 fail_msg("%s: batched greedy, prompt %d token %d is %d, expected %d", name, p, i, t, e.greedy[p][i]);
             assert_int_equal(kvseq_append(seqs[p], &t, 1), 0);
@@ -612,11 +591,11 @@ static void test_tiny_against_reference(void **state)
         double worst = 0;
         for (int step = 0; step < 6; step++) {
             s_ref_forward(&ref, toks, n, rl);
-            double e = s_relerr_f(lg, rl, V);
+            double e = fixture_relerr(lg, rl, V);
             worst = e > worst ? e : worst;
             if (!(e <= tc->bound))
                 fail_msg("%s: step %d (%d tokens): logits relative error %.3g exceeds %.1g", tc->name, step, n, e, tc->bound);
-            toks[n] = s_argmax(lg, V);
+            toks[n] = fixture_argmax(lg, V);
             assert_int_equal(kvseq_append(s, &toks[n], 1), 0);
             n++;
             model_seq_t q = {.kv = s, .n_new = 1};
@@ -652,7 +631,7 @@ static void test_tiny_against_reference(void **state)
             fail_msg("%s", err);
         assert_memory_equal(lg + (size_t)12 * V, first, (size_t)V * sizeof(float));
         s_ref_forward(&ref, toks, 8, rl);
-        assert_true(s_relerr_f(lg + (size_t)7 * V, rl, V) <= tc->bound);
+        assert_true(fixture_relerr(lg + (size_t)7 * V, rl, V) <= tc->bound);
 
         kvseq_destroy(&al);
         kvseq_destroy(&a);
