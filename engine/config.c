@@ -532,6 +532,23 @@ int config_layer_is_moe(const model_config_t *cfg, int layer)
     return (layer + 1) % cfg->decoder_sparse_step == 0;
 }
 
+double config_weight_bytes(const model_config_t *cfg, size_t elem_bytes, double experts)
+{
+    const double H = cfg->hidden_size, D = cfg->head_dim, es = (double)elem_bytes;
+    const double attn = (2.0 * cfg->num_heads * D + 2.0 * cfg->num_kv_heads * D) * H;   /* q, o; k, v */
+    double elems = (double)cfg->vocab_size * H;                                         /* LM head */
+    for (int l = 0; l < cfg->num_layers; l++)
+        elems += attn + (config_layer_is_moe(cfg, l)
+                             ? (double)cfg->num_experts * H + experts * 3.0 * cfg->moe_intermediate_size * H
+                             : 3.0 * cfg->intermediate_size * H);
+    return elems * es;
+}
+
+size_t config_kv_bytes_per_token(const model_config_t *cfg, size_t elem_bytes)
+{
+    return (size_t)cfg->num_layers * (size_t)cfg->num_kv_heads * (size_t)cfg->head_dim * 2 * elem_bytes;
+}
+
 /* Reads a whole small file; *missing is set (and 0 returned) when it does not exist and may_miss. */
 static int s_read_file(const char *path, int may_miss, char **buf, size_t *len, int *missing, char *err, size_t errlen)
 {

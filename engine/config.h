@@ -55,6 +55,14 @@ int config_parse_generation(const char *json, size_t len, const char *name_for_e
 /* Whether decoder layer `layer` uses the sparse MoE block (1) or a dense MLP of intermediate_size (0).
  * Qwen3-MoE's rule: not in mlp_only_layers and (layer + 1) % decoder_sparse_step == 0. */
 int config_layer_is_moe(const model_config_t *cfg, int layer);
+/* Bytes of weights one forward step reads, from the shape alone (no checkpoint): every layer's
+ * matrices at elem_bytes per element plus the LM head, counted as model_weight_bytes counts them
+ * (norms, biases and the embedding rows are left out), with `experts` experts read per MoE layer:
+ * num_experts gives model_weight_bytes, num_experts_per_tok model_active_weight_bytes (a unit test
+ * checks both), a fractional count an expected number. For tools that size a run without loading. */
+double config_weight_bytes(const model_config_t *cfg, size_t elem_bytes, double experts);
+/* Bytes of KV one token keeps per sequence: layers x kv_heads x head_dim x 2 (K and V) x elem_bytes. */
+size_t config_kv_bytes_per_token(const model_config_t *cfg, size_t elem_bytes);
 /* "llama", "qwen3", "qwen3_moe", "mixtral" (the HF model_type). */
 const char *config_arch_name(model_arch_t arch);
 

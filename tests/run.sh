@@ -3,14 +3,17 @@
 #   unit:     build/tests/test_*        (cmocka; its own per-test counts are added up)
 #   scenario: tests/scenario/*.sh       (real processes; one test each, pass = exit 0)
 # TESTS=pattern runs only the tests whose name matches. Logs go to build/test-logs/.
+# B=DIR tests what `make B=DIR` built (its tests/ and, unless TROUPE_BIN says otherwise, bin/).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-logs=build/test-logs
+B=${B:-build}
+[ "$B" = build ] || export TROUPE_BIN=${TROUPE_BIN:-$PWD/$B/bin}
+logs=$B/test-logs
 mkdir -p "$logs"
 pattern=${TESTS:-.}
 passed=0 failed=0 failures=()
 
-for t in build/tests/test_*; do
+for t in "$B"/tests/test_*; do
   [ -x "$t" ] || continue
   name=$(basename "$t")
   echo "$name" | grep -qE "$pattern" || continue

@@ -2,17 +2,57 @@
  *
  *   troupe-bench [--endpoint EP | --topology FILE] [--input-len N] [--output-len N]
  *                [--concurrency 1,8,32,64] [--prompts-per-level N] [--warmup N] [--vocab N]
- *                [--generate MODEL_DIR [--generate-args "..."]] [--json FILE] [--seed S]
+ *                [--generate MODEL_DIR [--generate-args "..."]] [--json FILE] [--seed S] [--gpus N]
+ *                [--copy-bw GBps] [--model DIR [--dtype bf16]] [--weight-bytes N] [--kv-bytes-per-token N]
+ *   troupe-bench --multi-turn [--turns T] [--system-len S] [--turn-len N] [--output-len M]
+ *                [--concurrency ...] [--prompts-per-level CONVERSATIONS] [--retention DUR] ...
  *
  * Random token-id prompts of a fixed input length, a fixed output length (EOS ignored), a warm-up,
  * then one run per concurrency level (that many client threads, each with its own connection,
  * each sending its next request when the last one ends). Per level: TTFT, ITL and end-to-end
- * latency (p50, p99), output and total tokens/s, output tokens/s per user. With --generate it
- * first times the one-process troupe-generate on the same lengths (median of 3) and prints the
- * ratio of the cluster's tokens/s per user at concurrency 1 to it. Written in C so that the load
- * generator is never the bottleneck at high concurrency. Exit 1 if any request failed. */
+ * latency (p50, p99), output and total tokens/s, output tokens/s per user and per GPU (--gpus).
+ * With --generate it first times the one-process troupe-generate on the same lengths (median of 3)
+ * and prints the ratio of the cluster's tokens/s per user at concurrency 1 to it. Written in C so
+ * that the load generator is never the bottleneck at high concurrency. Exit 1 if any request failed.
+ *
+ * Decode bandwidth (a column when the model's bytes are known, its fraction of --copy-bw, the
+ * device-to-device copy bandwidth of one GPU measured by the caller in the same run, read + write
+ * counted as bench_cuda and troupe-membw count it). Bytes come from --weight-bytes and
+ * --kv-bytes-per-token, else from a config.json read without loading any weight: --model DIR
+ * (weights at --dtype, default the config's torch_dtype), else the --topology's model section
+ * (weights at its dtype with load_format dummy, else at the config's). The count is
+ * config_weight_bytes, which a unit test holds equal to model_weight_bytes; KV bytes per token are
+ * layers x kv_heads x head_dim x 2 at the workers' KV dtype (worker_kv_dtype). It is an estimate
+ * from the client's side, not a measurement of the decode worker:
+ *   - the decode batch is taken to be the concurrency (steady state), so steps/s = output tokens/s /
+ *     concurrency. While some users wait for prefill the real batch is smaller and there are more
+ *     steps, so the weight term is a lower bound; the KV term (output tokens/s x context x KV bytes
+ *     per token) does not depend on the batch size;
+ *   - every sequence's context is the mean over its output: input_len + output_len / 2;
+ *   - output tokens/s includes each request's first token, which prefill produces (1/output_len);
+ *   - MoE: a step of batch B reads E x (1 - (1 - k/E)^B) experts per layer (uniform routing);
+ *     --weight-bytes replaces the whole count;
+ *   - activations, logits and the embedding rows are not counted; with --gpus N the fraction is of
+ *     N x --copy-bw, the weights counted once per step (one model split over the GPUs).
+ *
+ * Multi-turn (--multi-turn): every simulated user (one per concurrency slot) holds conversations
+ * of --turns turns. All conversations of a level begin with the same --system-len token ids; each
+ * turn appends --turn-len new random user tokens to the history, submits the whole history, and
+ * appends the answer's tokens (greedy, EOS ignored, --output-len of them) for the next turn.
+ * --prompts-per-level is the number of conversations (default: the concurrency). Each level runs
+ * twice on the same token sequences:
+ *   with reuse     one tenant per level (so no earlier run's cache is hit) and a prompt_cache_key per
+ *                  conversation, pinned for --retention (default: the topology's cache retention);
+ *   without reuse  a fresh tenant for every request: block hashes are salted per tenant, so nothing
+ *                  can be reused (the cluster has no switch that turns the prefix cache off).
+ * The cache hit rate is the cluster's own count: the sum of usage.cached_tokens (the prompt tokens
+ * the prefill worker took from a cache, its pool or the cache-manager's store) over the sum of
+ * usage.prompt_tokens of every done message; the router's cached_tokens_total adds up the same.
+ * The pins outlive the run by their retention and hold their blocks in the cache-manager's host
+ * store meanwhile (a later run's tenants differ, so it never hits them). */
 #include <errno.h>
 #include <jansson.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -20,27 +60,42 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "actors/runtime/worker.h"
 #include "common/util.h"
+#include "engine/config.h"
 #include "tools/lib/client.h"
+#include "topology/topology.h"
 
 #define MAX_LEVELS 16
 
 typedef struct req_result {
     double ttft_ms, e2e_ms;
     int n_out;
+    uint32_t prompt_tokens, cached_tokens;   /* the done message's usage */
     int failed;
 } req_result_t;
 
+/* One run at one concurrency level: random single prompts, or multi-turn conversations. */
 typedef struct level {
     const char *ep;
-    int in_len, out_len, n_prompts, concurrency, vocab;
+    int in_len, out_len, concurrency, vocab;
+    int n_prompts;              /* requests, or conversations when turns > 0 */
     uint64_t seed;
+    int turns;                  /* 0: single prompts; else requests per conversation */
+    int turn_len;               /* new user tokens per turn */
+    const uint32_t *system;     /* [sys_len] the head of every conversation */
+    int sys_len;
+    int reuse;                  /* 1: per-conversation prompt_cache_key; 0: a fresh tenant per request */
+    uint32_t retention_s;       /* with reuse; 0 = the topology's default */
+    char tag[64];               /* unique to this run and level: tenant and cache-key names */
     _Atomic int next;
-    req_result_t *res;          /* [n_prompts] */
-    float *itl;                 /* [n_prompts][out_len] ms, -1 unused */
+    req_result_t *res;          /* [n_requests] (conversation-major) */
+    float *itl;                 /* [n_requests][out_len] ms, -1 unused */
     char first_error[512];
     pthread_mutex_t lock;
 } level_t;
+
+static int s_n_requests(const level_t *L) { return L->n_prompts * (L->turns > 0 ? L->turns : 1); }
 
 static uint64_t s_rng(uint64_t *s)
 {
@@ -50,20 +105,33 @@ static uint64_t s_rng(uint64_t *s)
     return z ^ (z >> 31);
 }
 
-/* One streamed request; fills res and its ITL row. */
-static void s_one(level_t *L, client_t *c, int idx, uint32_t *prompt)
+static uint32_t s_token(uint64_t *st, int vocab) { return 10 + (uint32_t)(s_rng(st) % (uint64_t)(vocab - 10)); }
+
+static void s_fail(level_t *L, req_result_t *r, const char *err)
 {
-    uint64_t st = L->seed * 1000003u + (uint64_t)idx;
-    for (int i = 0; i < L->in_len; i++)
-        prompt[i] = 10 + (uint32_t)(s_rng(&st) % (uint64_t)(L->vocab - 10));
+    r->failed = 1;
+    pthread_mutex_lock(&L->lock);
+    if (!L->first_error[0])
+        snprintf(L->first_error, sizeof L->first_error, "%s", err);
+    pthread_mutex_unlock(&L->lock);
+}
+
+/* One streamed greedy request of n prompt tokens; fills res[idx] and its ITL row, and the answer's
+ * ids into answer[0..out_len) when not NULL. The number of answer ids, or -1 when it failed. */
+static int s_request(level_t *L, client_t *c, int idx, const uint32_t *prompt, int n, const char *cache_key,
+                     const char *tenant, uint32_t *answer)
+{
     msg_t m;
     msg_init(&m, MSG_SUBMIT, 0);
     m.u.submit.tokens = prompt;
-    m.u.submit.n_tokens = (uint32_t)L->in_len;
+    m.u.submit.n_tokens = (uint32_t)n;
     m.u.submit.stream = true;
     m.u.submit.sampling.temperature = 0;
     m.u.submit.sampling.ignore_eos = true;
     m.u.submit.sampling.max_tokens = (uint32_t)L->out_len;
+    m.u.submit.prompt_cache_key = cache_key;
+    m.u.submit.cache_retention_s = cache_key ? L->retention_s : 0;
+    m.u.submit.tenant = tenant;
     req_result_t *r = &L->res[idx];
     float *itl = L->itl + (size_t)idx * (size_t)L->out_len;
     char err[512];
@@ -89,26 +157,52 @@ static void s_one(level_t *L, client_t *c, int idx, uint32_t *prompt)
                 r->ttft_ms = (double)(now - t0) / 1e6;
             else if (r->n_out - 1 < L->out_len)
                 itl[r->n_out - 1] = (float)((double)(now - last) / 1e6);
+            for (uint32_t k = 0; answer && k < rep.u.token.n_tokens && r->n_out + (int)k < L->out_len; k++)
+                answer[r->n_out + (int)k] = rep.u.token.tokens[k];
             r->n_out += (int)rep.u.token.n_tokens;
             last = now;
         } else if (rep.type == MSG_DONE || rep.type == MSG_ERROR) {
-            if (rep.type == MSG_ERROR)
-                snprintf(err, sizeof err, "%s: %s", msg_error_code_name(rep.u.error.code), rep.u.error.message);
             int failed = rep.type == MSG_ERROR;
+            if (failed)
+                snprintf(err, sizeof err, "%s: %s", msg_error_code_name(rep.u.error.code), rep.u.error.message);
+            else
+                r->prompt_tokens = rep.u.done.usage.prompt_tokens, r->cached_tokens = rep.u.done.usage.cached_tokens;
             msg_free(&rep);
             r->e2e_ms = (double)(now - t0) / 1e6;
             if (failed)
                 goto fail;
-            return;
+            return r->n_out < L->out_len ? r->n_out : L->out_len;
         }
         msg_free(&rep);
     }
 fail:
-    r->failed = 1;
-    pthread_mutex_lock(&L->lock);
-    if (!L->first_error[0])
-        snprintf(L->first_error, sizeof L->first_error, "%s", err);
-    pthread_mutex_unlock(&L->lock);
+    s_fail(L, r, err);
+    return -1;
+}
+
+/* Conversation `conv`: the system prompt, then per turn new user tokens, the whole history
+ * submitted, the answer appended. hist holds sys_len + turns x (turn_len + out_len) ids. */
+static void s_conversation(level_t *L, client_t *c, int conv, uint32_t *hist)
+{
+    uint64_t st = L->seed * 1000003u + (uint64_t)conv;
+    char key[96], tenant[128];
+    snprintf(key, sizeof key, "%s-conv%d", L->tag, conv);
+    memcpy(hist, L->system, (size_t)L->sys_len * sizeof *hist);
+    int n = L->sys_len;
+    for (int t = 0; t < L->turns; t++) {
+        for (int i = 0; i < L->turn_len; i++)
+            hist[n++] = s_token(&st, L->vocab);
+        if (!L->reuse)
+            snprintf(tenant, sizeof tenant, "%s-conv%d-turn%d", L->tag, conv, t);
+        int got = s_request(L, c, conv * L->turns + t, hist, n, L->reuse ? key : NULL, L->reuse ? L->tag : tenant,
+                            hist + n);
+        if (got < 0) {   /* the history has no answer to go on with: the rest of it fails too */
+            for (int k = t + 1; k < L->turns; k++)
+                s_fail(L, &L->res[conv * L->turns + k], "an earlier turn of the conversation failed");
+            return;
+        }
+        n += got;
+    }
 }
 
 static void *s_worker(void *arg)
@@ -116,10 +210,20 @@ static void *s_worker(void *arg)
     level_t *L = arg;
     char err[256];
     client_t *c = client_connect(L->ep, err, sizeof err);
-    uint32_t *prompt = malloc((size_t)L->in_len * sizeof *prompt);
-    for (int i; c && (i = atomic_fetch_add(&L->next, 1)) < L->n_prompts;)
-        s_one(L, c, i, prompt);
-    free(prompt);
+    size_t cap = L->turns > 0 ? (size_t)L->sys_len + (size_t)L->turns * (size_t)(L->turn_len + L->out_len)
+                              : (size_t)L->in_len;
+    uint32_t *buf = malloc(cap * sizeof *buf);
+    for (int i; c && buf && (i = atomic_fetch_add(&L->next, 1)) < L->n_prompts;) {
+        if (L->turns > 0) {
+            s_conversation(L, c, i, buf);
+            continue;
+        }
+        uint64_t st = L->seed * 1000003u + (uint64_t)i;
+        for (int k = 0; k < L->in_len; k++)
+            buf[k] = s_token(&st, L->vocab);
+        s_request(L, c, i, buf, L->in_len, NULL, NULL, NULL);
+    }
+    free(buf);
     client_destroy(&c);
     return NULL;
 }
@@ -141,14 +245,17 @@ static double s_pct(double *v, size_t n, double p)
 typedef struct summary {
     int concurrency, requests, errors;
     double wall_s, out_tps, total_tps, per_user, ttft50, ttft99, itl50, itl99, e2e50, e2e99;
+    long prompt_tokens, cached_tokens;
+    double hit_rate;            /* cached_tokens / prompt_tokens */
 } summary_t;
 
 static summary_t s_run_level(level_t *L)
 {
     summary_t S = {.concurrency = L->concurrency};
-    L->res = calloc((size_t)L->n_prompts, sizeof *L->res);
-    L->itl = malloc((size_t)L->n_prompts * (size_t)L->out_len * sizeof *L->itl);
-    for (size_t i = 0; i < (size_t)L->n_prompts * (size_t)L->out_len; i++)
+    const int n_req = s_n_requests(L);
+    L->res = calloc((size_t)n_req, sizeof *L->res);
+    L->itl = malloc((size_t)n_req * (size_t)L->out_len * sizeof *L->itl);
+    for (size_t i = 0; i < (size_t)n_req * (size_t)L->out_len; i++)
         L->itl[i] = -1;
     atomic_store(&L->next, 0);
     pthread_mutex_init(&L->lock, NULL);
@@ -159,12 +266,12 @@ static summary_t s_run_level(level_t *L)
     for (int i = 0; i < L->concurrency; i++)
         pthread_join(th[i], NULL);
     S.wall_s = (double)(now_ns() - t0) / 1e9;
-    double *ttft = malloc((size_t)L->n_prompts * sizeof *ttft), *e2e = malloc((size_t)L->n_prompts * sizeof *e2e);
-    double *itl = malloc((size_t)L->n_prompts * (size_t)L->out_len * sizeof *itl);
+    double *ttft = malloc((size_t)n_req * sizeof *ttft), *e2e = malloc((size_t)n_req * sizeof *e2e);
+    double *itl = malloc((size_t)n_req * (size_t)L->out_len * sizeof *itl);
     size_t n_ok = 0, n_itl = 0;
     long out_tokens = 0;
     double per_user = 0;
-    for (int i = 0; i < L->n_prompts; i++) {
+    for (int i = 0; i < n_req; i++) {
         req_result_t *r = &L->res[i];
         if (r->failed) {
             S.errors++;
@@ -173,6 +280,8 @@ static summary_t s_run_level(level_t *L)
         ttft[n_ok] = r->ttft_ms;
         e2e[n_ok++] = r->e2e_ms;
         out_tokens += r->n_out;
+        S.prompt_tokens += r->prompt_tokens;
+        S.cached_tokens += r->cached_tokens;
         if (r->n_out > 1 && r->e2e_ms > r->ttft_ms)
             per_user += (r->n_out - 1) / ((r->e2e_ms - r->ttft_ms) / 1000.0);
         for (int k = 0; k < L->out_len; k++)
@@ -181,8 +290,9 @@ static summary_t s_run_level(level_t *L)
     }
     S.requests = (int)n_ok;
     S.out_tps = (double)out_tokens / S.wall_s;
-    S.total_tps = (double)(out_tokens + (long)n_ok * L->in_len) / S.wall_s;
+    S.total_tps = (double)(out_tokens + S.prompt_tokens) / S.wall_s;
     S.per_user = n_ok ? per_user / (double)n_ok : 0;
+    S.hit_rate = S.prompt_tokens ? (double)S.cached_tokens / (double)S.prompt_tokens : 0;
     S.ttft50 = s_pct(ttft, n_ok, 0.5), S.ttft99 = s_pct(ttft, n_ok, 0.99);
     S.e2e50 = s_pct(e2e, n_ok, 0.5), S.e2e99 = s_pct(e2e, n_ok, 0.99);
     S.itl50 = s_pct(itl, n_itl, 0.5), S.itl99 = s_pct(itl, n_itl, 0.99);
@@ -193,6 +303,74 @@ static summary_t s_run_level(level_t *L)
     pthread_mutex_destroy(&L->lock);
     return S;
 }
+
+/* ---- decode bandwidth: bytes one decode step reads ---------------------------------------------- */
+
+typedef struct bytes_model {
+    int have_cfg;               /* cfg was read from a config.json */
+    model_config_t cfg;
+    dtype_t weights, kv;        /* element types of the weights and of the KV cache */
+    char source[1100];          /* where the figures came from, for the report */
+    double weight_bytes;        /* --weight-bytes: per step, whatever the batch; 0 = from cfg */
+    double kv_per_token;        /* bytes of KV per token of context; 0 = unknown */
+    double copy_bw;             /* bytes/s of one GPU (read + write); 0 = not given */
+    int gpus;
+} bytes_model_t;
+
+/* Weight bytes a step of `batch` sequences reads (0 when unknown). */
+static double s_step_weight_bytes(const bytes_model_t *b, int batch)
+{
+    if (b->weight_bytes > 0 || !b->have_cfg)
+        return b->weight_bytes;
+    const model_config_t *c = &b->cfg;
+    double experts = 0;
+    if (c->num_experts > 0)
+        experts = c->num_experts * (1 - pow(1 - (double)c->num_experts_per_tok / c->num_experts, batch));
+    return config_weight_bytes(c, dtype_size(b->weights), experts);
+}
+
+/* Reads the model's shape: --model DIR (dtype: --dtype or the config's), else the topology's model
+ * section. 0 when read, 1 when there is nothing to read, -1 on an error. */
+static int s_bytes_from_config(bytes_model_t *b, const char *model_dir, const char *dtype, const char *topology,
+                               char *err, size_t errlen)
+{
+    dtype_t wdt = DT_COUNT, topo_dt = DT_COUNT;
+    char path[1024];
+    if (dtype && dtype_parse(dtype, &wdt) != 0)
+        return errf(err, errlen, "--dtype '%s': expected f32, bf16 or f16", dtype);
+    if (model_dir) {
+        snprintf(path, sizeof path, "%s", model_dir);
+    } else if (topology) {
+        topo_t *t = NULL;
+        topo_errors_t *e = calloc(1, sizeof *e);
+        if (!e || topo_load_file(topology, &t, e) != 0) {
+            errf(err, errlen, "%s", e && e->count ? e->msg[0] : "invalid topology");
+            free(e);
+            return -1;
+        }
+        free(e);
+        snprintf(path, sizeof path, "%s", t->model.path);
+        topo_dt = t->model.dtype;
+        int dummy = t->model.load_format == TOPO_LOAD_DUMMY;
+        topo_destroy(&t);
+        if (!path[0])
+            return 1;
+        if (dummy && wdt == DT_COUNT)
+            wdt = topo_dt;
+    } else {
+        return 1;
+    }
+    if (config_load(path, &b->cfg, err, errlen) != 0)
+        return -1;
+    b->have_cfg = 1;
+    b->weights = wdt != DT_COUNT ? wdt : b->cfg.dtype;
+    /* The workers' KV dtype follows the topology's dtype (worker.c), whatever the checkpoint holds. */
+    b->kv = worker_kv_dtype(&b->cfg, topo_dt != DT_COUNT ? topo_dt : b->weights);
+    snprintf(b->source, sizeof b->source, "%s, %s weights, %s KV", path, dtype_name(b->weights), dtype_name(b->kv));
+    return 0;
+}
+
+/* ---- troupe-generate, for the ratio at concurrency 1 ------------------------------------------- */
 
 /* Median decode tokens/s of 3 troupe-generate runs with the same lengths. */
 static double s_generate(const char *bin_dir, const char *model, const char *extra, int in_len, int out_len, int vocab)
@@ -206,7 +384,7 @@ static double s_generate(const char *bin_dir, const char *model, const char *ext
         int k = snprintf(cmd, cap, "'%s/troupe-generate' '%s' %s --max-tokens %d --temperature 0 --ignore-eos --json --ids ",
                          bin_dir, model, extra ? extra : "", out_len);
         for (int i = 0; i < in_len; i++)
-            k += snprintf(cmd + k, cap - (size_t)k, "%s%u", i ? "," : "", 10 + (unsigned)(s_rng(&st) % (uint64_t)(vocab - 10)));
+            k += snprintf(cmd + k, cap - (size_t)k, "%s%u", i ? "," : "", s_token(&st, vocab));
         FILE *p = popen(cmd, "r");
         free(cmd);
         if (!p)
@@ -225,22 +403,40 @@ static double s_generate(const char *bin_dir, const char *model, const char *ext
     return rates[n / 2];
 }
 
+static json_t *s_summary_json(const summary_t *s)
+{
+    return json_pack("{s:i,s:i,s:i,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:I,s:I,s:f}",
+                     "concurrency", s->concurrency, "requests", s->requests, "errors", s->errors, "wall_s", s->wall_s,
+                     "output_tokens_per_s", s->out_tps, "total_tokens_per_s", s->total_tps,
+                     "tokens_per_s_per_user", s->per_user, "ttft_ms_p50", s->ttft50, "ttft_ms_p99", s->ttft99,
+                     "itl_ms_p50", s->itl50, "itl_ms_p99", s->itl99, "e2e_ms_p50", s->e2e50, "e2e_ms_p99", s->e2e99,
+                     "prompt_tokens", (json_int_t)s->prompt_tokens, "cached_tokens", (json_int_t)s->cached_tokens,
+                     "cache_hit_rate", s->hit_rate);
+}
+
 static void s_usage(FILE *f)
 {
     fprintf(f, "usage: troupe-bench [--endpoint EP | --topology FILE] [--input-len N] [--output-len N]\n"
                "       [--concurrency 1,8,32,64] [--prompts-per-level N] [--warmup N] [--vocab N]\n"
-               "       [--generate MODEL_DIR [--generate-args \"...\"]] [--json FILE] [--seed S]\n");
+               "       [--generate MODEL_DIR [--generate-args \"...\"]] [--json FILE] [--seed S] [--gpus N]\n"
+               "       [--copy-bw GBps] [--model DIR [--dtype bf16]] [--weight-bytes N] [--kv-bytes-per-token N]\n"
+               "       [--multi-turn [--turns T] [--system-len S] [--turn-len N] [--retention DUR]]\n");
 }
 
 int main(int argc, char **argv)
 {
     const char *ep = NULL, *topology = NULL, *gen_model = NULL, *gen_args = "", *json_path = NULL;
+    const char *model_dir = NULL, *dtype = NULL;
     int in_len = 64, out_len = 64, per_level = 0, warmup = 2, vocab = 500, levels[MAX_LEVELS], n_levels = 0;
+    int multi = 0, turns = 4, sys_len = 256, turn_len = 64;
+    int64_t retention = 0;
     uint64_t seed = 1;
     char conc[256] = "1,8,32,64";
+    bytes_model_t bm = {.gpus = 1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { s_usage(stdout); return 0; }
+        if (!strcmp(a, "--multi-turn")) { multi = 1; continue; }
         if (!v) { fprintf(stderr, "troupe-bench: %s needs a value\n", a); return 2; }
         i++;
         if (!strcmp(a, "--endpoint")) ep = v;
@@ -255,10 +451,25 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--generate-args")) gen_args = v;
         else if (!strcmp(a, "--json")) json_path = v;
         else if (!strcmp(a, "--seed")) seed = strtoull(v, NULL, 10);
+        else if (!strcmp(a, "--gpus")) bm.gpus = atoi(v);
+        else if (!strcmp(a, "--copy-bw")) bm.copy_bw = strtod(v, NULL) * 1e9;
+        else if (!strcmp(a, "--model")) model_dir = v;
+        else if (!strcmp(a, "--dtype")) dtype = v;
+        else if (!strcmp(a, "--weight-bytes")) bm.weight_bytes = strtod(v, NULL);
+        else if (!strcmp(a, "--kv-bytes-per-token")) bm.kv_per_token = strtod(v, NULL);
+        else if (!strcmp(a, "--turns")) turns = atoi(v);
+        else if (!strcmp(a, "--system-len")) sys_len = atoi(v);
+        else if (!strcmp(a, "--turn-len")) turn_len = atoi(v);
+        else if (!strcmp(a, "--retention")) retention = client_parse_duration_s(v);
         else { fprintf(stderr, "troupe-bench: unknown option '%s'\n", a); s_usage(stderr); return 2; }
     }
-    if (in_len < 1 || out_len < 1 || vocab < 11 || warmup < 0) {
-        fprintf(stderr, "troupe-bench: lengths must be >= 1 and --vocab >= 11\n");
+    if (in_len < 1 || out_len < 1 || vocab < 11 || warmup < 0 || bm.gpus < 1 || bm.copy_bw < 0 ||
+        bm.weight_bytes < 0 || bm.kv_per_token < 0) {
+        fprintf(stderr, "troupe-bench: lengths and --gpus must be >= 1, --vocab >= 11, byte counts >= 0\n");
+        return 2;
+    }
+    if (multi && (turns < 1 || turn_len < 1 || sys_len < 0 || retention < 0 || retention > MSG_MAX_RETENTION_S)) {
+        fprintf(stderr, "troupe-bench: --turns and --turn-len must be >= 1, --system-len >= 0, --retention a duration\n");
         return 2;
     }
     for (char *save = NULL, *t = strtok_r(conc, ",", &save); t && n_levels < MAX_LEVELS; t = strtok_r(NULL, ",", &save))
@@ -274,6 +485,21 @@ int main(int argc, char **argv)
         }
         ep = epbuf;
     }
+    if (!multi) {
+        int rc = s_bytes_from_config(&bm, model_dir, dtype, topology, err, sizeof err);
+        if (rc < 0 && (model_dir || bm.copy_bw > 0)) {
+            fprintf(stderr, "troupe-bench: %s\n", err);
+            return 2;
+        }
+        if (bm.have_cfg && bm.kv_per_token == 0)
+            bm.kv_per_token = (double)config_kv_bytes_per_token(&bm.cfg, dtype_size(bm.kv));
+    }
+    const int have_bytes = s_step_weight_bytes(&bm, 1) > 0 && bm.kv_per_token > 0;
+    if (!multi && bm.copy_bw > 0 && !have_bytes) {
+        fprintf(stderr, "troupe-bench: --copy-bw needs the model's bytes: --model DIR, a --topology with a model, "
+                        "or --weight-bytes and --kv-bytes-per-token\n");
+        return 2;
+    }
     char self[1024], bin_dir[1024] = ".";
     ssize_t sl = readlink("/proc/self/exe", self, sizeof self - 1);
     if (sl > 0) {
@@ -284,7 +510,7 @@ int main(int argc, char **argv)
             snprintf(bin_dir, sizeof bin_dir, "%s", self);
         }
     }
-    double gen_tps = gen_model ? s_generate(bin_dir, gen_model, gen_args, in_len, out_len, vocab) : 0;
+    double gen_tps = gen_model && !multi ? s_generate(bin_dir, gen_model, gen_args, in_len, out_len, vocab) : 0;
     if (warmup) {
         level_t W = {.ep = ep, .in_len = in_len, .out_len = out_len < 8 ? out_len : 8, .n_prompts = warmup,
                      .concurrency = 1, .vocab = vocab, .seed = seed + 999};
@@ -294,51 +520,132 @@ int main(int argc, char **argv)
             return 1;
         }
     }
-    summary_t S[MAX_LEVELS];
+    /* Tenants and cache keys of this run: a later run on the same cluster must not hit its cache. */
+    uint64_t run_id = (uint64_t)now_ns() ^ ((uint64_t)getpid() << 32);
+    summary_t S[MAX_LEVELS], N[MAX_LEVELS];   /* N: multi-turn without reuse */
     int errors = 0;
     for (int l = 0; l < n_levels; l++) {
         level_t L = {.ep = ep, .in_len = in_len, .out_len = out_len, .concurrency = levels[l], .vocab = vocab,
-                     .seed = seed + (uint64_t)levels[l],
-                     .n_prompts = per_level > 0 ? per_level : (4 * levels[l] > 8 ? 4 * levels[l] : 8)};
-        S[l] = s_run_level(&L);
-        errors += S[l].errors;
-        fprintf(stderr, "  concurrency %4d: %9.1f out tok/s, %7.1f tok/s/user, TTFT p50 %8.1f ms, ITL p50 %6.2f ms\n",
-                S[l].concurrency, S[l].out_tps, S[l].per_user, S[l].ttft50, S[l].itl50);
+                     .seed = seed + (uint64_t)levels[l]};
+        if (!multi) {
+            L.n_prompts = per_level > 0 ? per_level : (4 * levels[l] > 8 ? 4 * levels[l] : 8);
+            S[l] = s_run_level(&L);
+            errors += S[l].errors;
+            fprintf(stderr, "  concurrency %4d: %9.1f out tok/s, %7.1f tok/s/user, TTFT p50 %8.1f ms, ITL p50 %6.2f ms\n",
+                    S[l].concurrency, S[l].out_tps, S[l].per_user, S[l].ttft50, S[l].itl50);
+            continue;
+        }
+        uint32_t *sys = malloc(((size_t)sys_len + 1) * sizeof *sys);
+        uint64_t st = L.seed ^ 0x5157454e;
+        for (int i = 0; i < sys_len; i++)
+            sys[i] = s_token(&st, vocab);
+        L.n_prompts = per_level > 0 ? per_level : levels[l];
+        L.turns = turns, L.turn_len = turn_len, L.system = sys, L.sys_len = sys_len;
+        L.retention_s = (uint32_t)retention;
+        for (int reuse = 1; reuse >= 0; reuse--) {
+            L.reuse = reuse;
+            snprintf(L.tag, sizeof L.tag, "bench-%016llx-c%d-%s", (unsigned long long)run_id, levels[l],
+                     reuse ? "reuse" : "fresh");
+            summary_t *s = reuse ? &S[l] : &N[l];
+            *s = s_run_level(&L);
+            errors += s->errors;
+            fprintf(stderr, "  concurrency %4d, %s reuse: cache hit rate %5.1f%%, TTFT p50 %8.1f ms, p99 %8.1f ms\n",
+                    levels[l], reuse ? "with" : "without", 100 * s->hit_rate, s->ttft50, s->ttft99);
+        }
+        free(sys);
     }
-    printf("\ninput %d / output %d tokens, endpoint %s\n", in_len, out_len, ep);
-    printf("%5s %5s %10s %11s %10s %9s %9s %8s %8s %9s %9s %4s\n", "conc", "reqs", "out tok/s", "total tok/s",
-           "tok/s/user", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99", "E2E p50", "E2E p99", "err");
-    for (int l = 0; l < n_levels; l++)
-        printf("%5d %5d %10.1f %11.1f %10.1f %9.1f %9.1f %8.2f %8.2f %9.1f %9.1f %4d\n", S[l].concurrency,
-               S[l].requests, S[l].out_tps, S[l].total_tps, S[l].per_user, S[l].ttft50, S[l].ttft99, S[l].itl50,
-               S[l].itl99, S[l].e2e50, S[l].e2e99, S[l].errors);
-    double ratio = 0;
-    if (gen_model) {
-        printf("troupe-generate (one process): %.1f decode tok/s", gen_tps);
-        for (int l = 0; l < n_levels; l++)
-            if (S[l].concurrency == 1 && gen_tps > 0) {
-                ratio = S[l].per_user / gen_tps;
-                printf("; cluster at concurrency 1: %.1f tok/s/user = %.1f%% of it", S[l].per_user, 100 * ratio);
+
+    json_t *j = json_pack("{s:s, s:i, s:s, s:i}", "mode", multi ? "multi-turn" : "single", "output_len", out_len,
+                          "endpoint", ep, "gpus", bm.gpus);
+    json_t *arr = json_array();
+    if (multi) {
+        printf("\nmulti-turn: %d turns; %d system tokens shared by every conversation, %d new user tokens and %d "
+               "output tokens per turn; endpoint %s\n", turns, sys_len, turn_len, out_len, ep);
+        printf("%5s %5s %5s | %-41s | %-41s | %4s\n", "", "", "", "                 with reuse",
+               "               without reuse", "");
+        printf("%5s %5s %5s | %8s %9s %9s %11s | %8s %9s %9s %11s | %4s\n", "conc", "convs", "reqs", "hit rate",
+               "TTFT p50", "TTFT p99", "out tok/s", "hit rate", "TTFT p50", "TTFT p99", "out tok/s", "err");
+        for (int l = 0; l < n_levels; l++) {
+            int convs = per_level > 0 ? per_level : levels[l];
+            printf("%5d %5d %5d | %7.1f%% %9.1f %9.1f %11.1f | %7.1f%% %9.1f %9.1f %11.1f | %4d\n", levels[l], convs,
+                   convs * turns, 100 * S[l].hit_rate, S[l].ttft50, S[l].ttft99, S[l].out_tps, 100 * N[l].hit_rate,
+                   N[l].ttft50, N[l].ttft99, N[l].out_tps, S[l].errors + N[l].errors);
+            json_array_append_new(arr, json_pack("{s:i, s:i, s:o, s:o}", "concurrency", levels[l], "conversations",
+                                                 convs, "reuse", s_summary_json(&S[l]),
+                                                 "no_reuse", s_summary_json(&N[l])));
+        }
+        json_object_update_new(j, json_pack("{s:i, s:i, s:i, s:i}", "turns", turns, "system_len", sys_len,
+                                            "turn_len", turn_len, "retention_s", (int)retention));
+    } else {
+        /* Decode bytes per level (header comment): steps/s = out tok/s / concurrency; a step reads the
+         * weights once and every sequence's KV at the mean context. */
+        const double ctx = in_len + out_len / 2.0, bw = bm.copy_bw * bm.gpus;
+        double step_bytes[MAX_LEVELS] = {0}, bytes_s[MAX_LEVELS] = {0};
+        for (int l = 0; have_bytes && l < n_levels; l++) {
+            step_bytes[l] = s_step_weight_bytes(&bm, levels[l]) + levels[l] * ctx * bm.kv_per_token;
+            bytes_s[l] = S[l].out_tps / levels[l] * step_bytes[l];
+        }
+        printf("\ninput %d / output %d tokens, endpoint %s\n", in_len, out_len, ep);
+        if (have_bytes)
+            printf("decode bytes: weights %.3f GB per step, KV %.0f bytes per token (%s); copy bandwidth %s\n",
+                   s_step_weight_bytes(&bm, 1) / 1e9, bm.kv_per_token, bm.have_cfg ? bm.source : "given",
+                   bm.copy_bw > 0 ? "given" : "not given");
+        printf("%5s %5s %10s %11s %10s %9s %9s %8s %8s %9s %9s", "conc", "reqs", "out tok/s", "total tok/s",
+               "tok/s/user", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99", "E2E p50", "E2E p99");
+        if (bm.gpus > 1)
+            printf(" %9s", "tok/s/GPU");
+        if (have_bytes)
+            printf(" %8s", "dec GB/s");
+        if (bm.copy_bw > 0)
+            printf(" %7s", "of copy");
+        printf(" %4s\n", "err");
+        for (int l = 0; l < n_levels; l++) {
+            printf("%5d %5d %10.1f %11.1f %10.1f %9.1f %9.1f %8.2f %8.2f %9.1f %9.1f", S[l].concurrency,
+                   S[l].requests, S[l].out_tps, S[l].total_tps, S[l].per_user, S[l].ttft50, S[l].ttft99, S[l].itl50,
+                   S[l].itl99, S[l].e2e50, S[l].e2e99);
+            if (bm.gpus > 1)
+                printf(" %9.1f", S[l].out_tps / bm.gpus);
+            if (have_bytes)
+                printf(" %8.1f", bytes_s[l] / 1e9);
+            if (bm.copy_bw > 0)
+                printf(" %6.1f%%", 100 * bytes_s[l] / bw);
+            printf(" %4d\n", S[l].errors);
+            json_t *lj = s_summary_json(&S[l]);
+            json_object_set_new(lj, "output_tokens_per_s_per_gpu", json_real(S[l].out_tps / bm.gpus));
+            if (have_bytes) {
+                json_object_set_new(lj, "decode_bytes_per_step", json_real(step_bytes[l]));
+                json_object_set_new(lj, "decode_bytes_per_s", json_real(bytes_s[l]));
             }
-        printf("\n");
-    }
-    if (json_path) {
-        json_t *j = json_pack("{s:i, s:i, s:s}", "input_len", in_len, "output_len", out_len, "endpoint", ep);
-        json_t *arr = json_array();
-        for (int l = 0; l < n_levels; l++)
-            json_array_append_new(arr, json_pack("{s:i,s:i,s:i,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f}",
-                "concurrency", S[l].concurrency, "requests", S[l].requests, "errors", S[l].errors,
-                "wall_s", S[l].wall_s, "output_tokens_per_s", S[l].out_tps, "total_tokens_per_s", S[l].total_tps,
-                "tokens_per_s_per_user", S[l].per_user, "ttft_ms_p50", S[l].ttft50, "ttft_ms_p99", S[l].ttft99,
-                "itl_ms_p50", S[l].itl50, "itl_ms_p99", S[l].itl99, "e2e_ms_p50", S[l].e2e50, "e2e_ms_p99", S[l].e2e99));
-        json_object_set_new(j, "levels", arr);
+            if (bm.copy_bw > 0)
+                json_object_set_new(lj, "copy_bandwidth_fraction", json_real(bytes_s[l] / bw));
+            json_array_append_new(arr, lj);
+        }
+        json_object_set_new(j, "input_len", json_integer(in_len));
+        if (have_bytes) {
+            json_object_set_new(j, "weight_bytes_per_step", json_real(s_step_weight_bytes(&bm, 1)));
+            json_object_set_new(j, "kv_bytes_per_token", json_real(bm.kv_per_token));
+            json_object_set_new(j, "decode_context_tokens", json_real(ctx));
+            if (bm.have_cfg)
+                json_object_set_new(j, "model_bytes_source", json_string(bm.source));
+        }
+        if (bm.copy_bw > 0)
+            json_object_set_new(j, "copy_bandwidth_GBps", json_real(bm.copy_bw / 1e9));
+        double ratio = 0;
         if (gen_model) {
+            printf("troupe-generate (one process): %.1f decode tok/s", gen_tps);
+            for (int l = 0; l < n_levels; l++)
+                if (S[l].concurrency == 1 && gen_tps > 0) {
+                    ratio = S[l].per_user / gen_tps;
+                    printf("; cluster at concurrency 1: %.1f tok/s/user = %.1f%% of it", S[l].per_user, 100 * ratio);
+                }
+            printf("\n");
             json_object_set_new(j, "generate_decode_tokens_per_s", json_real(gen_tps));
             json_object_set_new(j, "cluster_c1_over_generate", json_real(ratio));
         }
-        if (json_dump_file(j, json_path, JSON_INDENT(1)) != 0)
-            fprintf(stderr, "troupe-bench: cannot write %s\n", json_path);
-        json_decref(j);
     }
+    json_object_set_new(j, "levels", arr);
+    if (json_path && json_dump_file(j, json_path, JSON_INDENT(1)) != 0)
+        fprintf(stderr, "troupe-bench: cannot write %s\n", json_path);
+    json_decref(j);
     return errors ? 1 : 0;
 }

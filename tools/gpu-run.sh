@@ -136,8 +136,12 @@ dec_def=$(report default); dec_nopdl=$(report nopdl); dec_w8=$(report w8); dec_l
 # ---- serving on the GPU ---------------------------------------------------------------------------
 # SERVE=1: the one-GPU topology (prefill and decode processes on GPU 0, Llama-3.1-8B shape, dummy
 # bf16 weights) under the supervisor, then troupe-bench: input 1000 / output SERVE_OUT tokens at
-# SERVE_CONC concurrency levels. Reports the time from supervisor start to READY and to the first
-# token.
+# SERVE_CONC concurrency levels, with the decode bytes/s as a fraction of the copy bandwidth above
+# (the model's bytes from the topology's config.json); the plot (serve-bench.png, with the
+# transformers line when HF=1) is drawn with the table. MULTITURN=1 adds troupe-bench --multi-turn
+# (MT_TURNS turns, a shared MT_SYS-token system prompt, MT_TURN new tokens and SERVE_OUT output
+# tokens per turn, MT_CONC users): cache hit rate and TTFT with and without prefix reuse.
+# Reports the time from supervisor start to READY and to the first token.
 serve_line="not run (SERVE=1 runs it)"
 if [ "${SERVE:-0}" = 1 ] && [ -x build/bin/troupe-supervisor ]; then
   step "serving: supervisor + router + prefill + decode on GPU 0"
@@ -165,10 +169,19 @@ for l in sys.stdin:
 print(ids)')
     if [ -n "$ex_gen" ] && [ "$ex_gen" = "$ex_cl" ]; then exact="cluster greedy == generate (24 tokens)"; else exact="MISMATCH cluster $ex_cl vs generate $ex_gen"; status=1; fi
     echo "$exact"
+    copy_bw=(); [ -n "$bw" ] && copy_bw=(--copy-bw "$(awk -v t="$bw" 'BEGIN {print t * 1000}')")   # TB/s -> GB/s
     timeout "${SERVE_TIMEOUT:-240}" build/bin/troupe-bench --topology tools/bench/h200-8b.yaml --vocab 120000 \
       --input-len "${SERVE_IN:-1000}" --output-len "${SERVE_OUT:-128}" --concurrency "${SERVE_CONC:-1,16,64}" \
-      --json "$OUT/serve-bench.json" >"$OUT/serve-bench.txt" 2>&1 || status=1
+      --gpus 1 "${copy_bw[@]}" --json "$OUT/serve-bench.json" >"$OUT/serve-bench.txt" 2>&1 || status=1
     cat "$OUT/serve-bench.txt"
+    if [ "${MULTITURN:-0}" = 1 ]; then
+      step "serving: multi-turn conversations, with and without prefix reuse"
+      timeout "${MT_TIMEOUT:-300}" build/bin/troupe-bench --topology tools/bench/h200-8b.yaml --vocab 120000 \
+        --multi-turn --turns "${MT_TURNS:-4}" --system-len "${MT_SYS:-512}" --turn-len "${MT_TURN:-128}" \
+        --output-len "${SERVE_OUT:-128}" --concurrency "${MT_CONC:-1,16}" --json "$OUT/serve-multiturn.json" \
+        >"$OUT/serve-multiturn.txt" 2>&1 || status=1
+      cat "$OUT/serve-multiturn.txt"
+    fi
     build/bin/troupe-top --topology tools/bench/h200-8b.yaml --once >>"$OUT/serve-bench.txt" 2>&1
     ipc=$(build/bin/troupe-top --topology tools/bench/h200-8b.yaml --json | python3 -c 'import json, sys
 print(sum(m["value"] for a in json.load(sys.stdin).get("actors", []) for m in a["metrics"] if m["name"] == "transfers_cuda_ipc_total"))')
@@ -213,7 +226,13 @@ printf '%-30s %s\n' "8B decode b=1, PDL off" "$dec_nopdl"
 printf '%-30s %s\n' "8B decode b=1, GEMV 8 warps" "$dec_w8"
 printf '%-30s %s\n' "8B decode b=1, cuBLASLt" "$dec_lt"
 printf '%-30s %s\n' "8B serving (SERVE=1)" "$serve_line"
-[ -s "$OUT/serve-bench.txt" ] && grep -A6 '^ conc' "$OUT/serve-bench.txt"
+[ -s "$OUT/serve-bench.txt" ] && grep -B1 -A6 '^ conc' "$OUT/serve-bench.txt"
+[ -s "$OUT/serve-multiturn.txt" ] && grep -A6 '^multi-turn' "$OUT/serve-multiturn.txt"
 printf '%-30s %s\n' "transformers (HF=1)" "$hf_line"
 [ -s "$OUT/hf.txt" ] && grep -E '^(batch|hf )' "$OUT/hf.txt"
+if [ -s "$OUT/serve-bench.json" ]; then   # output tokens/s per GPU against tokens/s per user
+  hf_json=(); [ -s "$OUT/hf.json" ] && hf_json=(--hf "$OUT/hf.json")
+  python3 tools/bench_plot.py "$OUT/serve-bench.json" "${hf_json[@]}" --out "$OUT/serve-bench.png" \
+    --title "Llama-3.1-8B shape on ${gpu_name:-?}, input ${SERVE_IN:-1000} / output ${SERVE_OUT:-128}" || status=1
+fi
 exit $status

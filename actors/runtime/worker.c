@@ -76,7 +76,7 @@ worker_t *worker_load(const topo_t *t, int gpu, int max_tokens, int max_seqs, ch
     int gpu_workers = 0;
     for (int i = 0; i < t->n_instances; i++)
         gpu_workers += t->instances[i].role == ROLE_PREFILL || t->instances[i].role == ROLE_DECODE;
-    dtype_t kvt = w->cfg.dtype == DT_F32 && wdt == DT_F32 ? DT_F32 : DT_BF16;
+    dtype_t kvt = worker_kv_dtype(&w->cfg, wdt);
     size_t block_bytes = (size_t)w->cfg.num_layers * 2 * (size_t)w->block_size *
                          (size_t)w->cfg.num_kv_heads * (size_t)w->cfg.head_dim * dtype_size(kvt);
     long n_blocks = t->limits.kv_blocks;
@@ -116,6 +116,11 @@ worker_t *worker_load(const topo_t *t, int gpu, int max_tokens, int max_seqs, ch
 fail:
     worker_destroy(&w);
     return NULL;
+}
+
+dtype_t worker_kv_dtype(const model_config_t *cfg, dtype_t weights)
+{
+    return cfg->dtype == DT_F32 && weights == DT_F32 ? DT_F32 : DT_BF16;
 }
 
 void worker_destroy(worker_t **self_p)

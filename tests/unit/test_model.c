@@ -565,6 +565,10 @@ static void test_tiny_against_reference(void **state)
         model_t *m = model_load(NULL, &cfg, ck, s_be, &o, err, sizeof err);
         if (!m)
             fail_msg("%s: %s", tc->name, err);
+        /* The shape-only count (troupe-bench sizes its bandwidth figures with it) equals the loader's. */
+        assert_int_equal((size_t)config_weight_bytes(&cfg, dtype_size(tc->dtype), cfg.num_experts), model_weight_bytes(m));
+        assert_int_equal((size_t)config_weight_bytes(&cfg, dtype_size(tc->dtype), cfg.num_experts_per_tok),
+                         model_active_weight_bytes(m));
         if (tc->fused) {                           /* the fused path was taken: no per-expert tensor was made */
             int l0 = config_layer_is_moe(&cfg, 0) ? 0 : 1;
             char name[128];
