@@ -1,7 +1,8 @@
 /* actors/decode.c — the decode worker: continuous batching over a paged KV pool.
  *
  * Duties:
- *   - take hand-offs: a kv_announce (the blocks, in a shared-memory segment) followed by a handoff
+ *   - take hand-offs: a kv_announce (the blocks: in a shared-memory segment, in the prefill pool on
+ *     our GPU, or on an NCCL link from another GPU: actors/runtime/kv_link.h) followed by a handoff
  *     (the request); copy the blocks into our pool, acknowledge (kv_ack) so the prefill side frees
  *     its copy, stream the first token;
  *   - each step (the loop's before_sleep hook), one forward for the whole running batch: every
@@ -22,6 +23,7 @@
 #include <string.h>
 
 #include "actors/runtime/actor.h"
+#include "actors/runtime/kv_link.h"
 #include "actors/runtime/kv_transfer.h"
 #include "actors/runtime/worker.h"
 #include "common/log.h"
@@ -65,10 +67,13 @@ typedef struct decode {
     int n_state[DC_STATE_COUNT]; /* requests in each state */
     model_seq_t *seqs;           /* [max_seqs] step scratch */
     dc_req_t **batch;
+    int32_t *argmax;             /* [max_seqs] the device's greedy ids of a step */
+    uint8_t *need_logits;        /* [max_seqs] rows whose logits the host sampler needs */
     char *text;                  /* [text_cap] emitted text of one token */
     size_t text_cap, text_len;
     writeback_t wb[MAX_WRITEBACKS];
     uint64_t next_transfer;
+    kvlinks_t *links;            /* NCCL links from prefill workers on other GPUs of the node */
     /* stats */
     uint64_t tokens_out, finished, preemptions, handoffs_in, handoff_refused, writebacks, handoffs_ipc;
     uint64_t last_tokens;
@@ -307,6 +312,10 @@ static int s_on_handoff(actor_t *a, void *state, const actor_peer_t *from, msg_t
             if (worker_blocks_in_ipc(d->w, &an->u.kv_announce, kvseq_blocks(r->kv), kvseq_n_blocks(r->kv), err,
                                      sizeof err) != 0)
                 why = err;
+        } else if (an->u.kv_announce.channel == MSG_CHAN_NCCL) {
+            if (kvlinks_recv(d->links, &an->u.kv_announce, kvpool_view(d->w->pool), kvseq_blocks(r->kv),
+                             kvseq_n_blocks(r->kv), err, sizeof err) != 0)
+                why = err;
         } else if (tchan_shm_open(&seg, an->u.kv_announce.handle, an->u.kv_announce.handle_len,
                                   (size_t)an->u.kv_announce.total_bytes, err, sizeof err) != 0) {
             why = err;
@@ -315,6 +324,8 @@ static int s_on_handoff(actor_t *a, void *state, const actor_peer_t *from, msg_t
         }
     }
     tchan_shm_close(&seg);
+    if (an)   /* an NCCL hand-off refused or taken without its KV still takes its bytes off the link */
+        kvlinks_settle(d->links, &an->u.kv_announce);
     const char *src = an ? an->u.kv_announce.src : h->prefill_worker;
     if (why) {
         d->handoff_refused++;
@@ -364,6 +375,21 @@ static int s_on_cancel(actor_t *a, void *state, const actor_peer_t *from, msg_t 
         s_unlink(d, r);
     return 0;
 }
+
+static int s_on_kv_link(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
+{
+    decode_t *d = state;
+    return kvlinks_on_msg(d->links, m);
+}
+
+static int s_poll_links(actor_t *a, void *state)
+{
+    decode_t *d = state;
+    kvlinks_poll(d->links);
+    return 0;
+}
+
+static int s_link_send(void *ctx, const char *to, const msg_t *m) { return actor_send(ctx, to, m); }
 
 static int s_on_kv_ack(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
 {
@@ -482,7 +508,13 @@ static int s_step(actor_t *a, void *state)
     if (n == 0)
         return 1;
     d->last_batch = n;
-    model_batch_t b = {.n_seqs = n, .seqs = d->seqs};
+    /* Greedy requests take their token from the device's argmax; only the others (temperature,
+     * penalties, log-probabilities) need their row of logits brought to the host. */
+    for (int i = 0; i < n; i++) {
+        const dc_req_t *r = d->batch[i];
+        d->need_logits[i] = !sampler_is_greedy(r->smp) || r->handoff.u.handoff.sampling.logprobs;
+    }
+    model_batch_t b = {.n_seqs = n, .seqs = d->seqs, .argmax_out = d->argmax, .need_logits = d->need_logits};
     char err[512];
     if (model_forward(d->w->model, &b, d->w->logits, err, sizeof err) != 0) {
         LOG_E("forward: %s", err);
@@ -497,8 +529,9 @@ static int s_step(actor_t *a, void *state)
         kvseq_publish(r->kv);
         /* The log-probability costs a softmax over the vocabulary: only when it was asked for. */
         float lp = 0;
-        int32_t t = sampler_sample(r->smp, d->w->logits + (size_t)i * (size_t)d->w->cfg.vocab_size,
-                                   r->handoff.u.handoff.sampling.logprobs ? &lp : NULL);
+        int32_t t = d->need_logits[i] ? sampler_sample(r->smp, d->w->logits + (size_t)i * (size_t)d->w->cfg.vocab_size,
+                                                       r->handoff.u.handoff.sampling.logprobs ? &lp : NULL)
+                                      : d->argmax[i];
         finish_reason_t fin = s_emit(a, d, r, t, lp);
         if (fin == FINISH_NONE && kvseq_len(r->kv) + 1 >= d->w->max_model_len)
             fin = FINISH_LENGTH;
@@ -538,6 +571,7 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
     actor_stat_metric(a, st, "transfer_failures_total", (double)d->handoff_refused, 1);
     actor_stat_metric(a, st, "writebacks_total", (double)d->writebacks, 1);
     actor_stat_metric(a, st, "transfers_cuda_ipc_total", (double)d->handoffs_ipc, 1);
+    actor_stat_metric(a, st, "transfers_nccl_total", (double)kvlinks_transfers(d->links), 1);
 }
 
 static const actor_handler_t s_handlers[] = {
@@ -545,6 +579,7 @@ static const actor_handler_t s_handlers[] = {
     {MSG_HANDOFF, s_on_handoff},
     {MSG_CANCEL, s_on_cancel},
     {MSG_KV_ACK, s_on_kv_ack},
+    {MSG_KV_LINK, s_on_kv_link},
 };
 
 int main(int argc, char **argv)
@@ -565,15 +600,32 @@ int main(int argc, char **argv)
         actor_destroy(&a);
         return 1;
     }
+    d.links = kvlinks_new(d.w->be, d.name, worker_block_bytes(d.w), NULL, s_link_send, a);
+    if (tchan_nccl_available(d.w->be))
+        actor_timer_add(a, KVLINK_POLL_MS, s_poll_links);
     d.seqs = calloc((size_t)max_seqs, sizeof *d.seqs);
     d.batch = calloc((size_t)max_seqs, sizeof *d.batch);
+    d.argmax = calloc((size_t)max_seqs, sizeof *d.argmax);
+    d.need_logits = calloc((size_t)max_seqs, 1);
     d.next_transfer = kvx_first_id();
     d.text_cap = 8192;
     d.text = malloc(d.text_cap);
+    if (!d.seqs || !d.batch || !d.argmax || !d.need_logits || !d.text) {
+        LOG_E("out of memory for a batch of %d", max_seqs);
+        free(d.seqs);
+        free(d.batch);
+        free(d.argmax);
+        free(d.need_logits);
+        free(d.text);
+        worker_destroy(&d.w);
+        actor_destroy(&a);
+        return 1;
+    }
     tchan_shm_sweep(t->name);
     actor_ops_t ops = {.handlers = s_handlers, .n_handlers = ARRAY_LEN(s_handlers), .before_sleep = s_step,
                        .fill_stats = s_fill_stats, .drained = s_drained};
     int rc = actor_run(a, &ops, &d);
+    kvlinks_destroy(&d.links);
     while (d.head)
         s_unlink(&d, d.head);
     for (int i = 0; i < d.n_announces; i++)
@@ -582,6 +634,8 @@ int main(int argc, char **argv)
         tchan_shm_close(&d.wb[i].seg);
     free(d.seqs);
     free(d.batch);
+    free(d.argmax);
+    free(d.need_logits);
     free(d.text);
     worker_destroy(&d.w);
     actor_destroy(&a);

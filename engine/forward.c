@@ -10,10 +10,49 @@
  * step's metadata (token ids, each row's sequence and position, the block tables, the rows that
  * get logits) in one host array and upload it once, run the layers, download the logits.
  */
+#include <stdio.h>
 #include <string.h>
 
 #include "common/util.h"
 #include "engine/model_internal.h"
+
+/* Profile categories (TROUPE_PROFILE=1): PROF(m, cat, op call) syncs the backend around the call. */
+enum { P_EMBED, P_NORM, P_QKV, P_QK_NORM, P_ROPE, P_KV_STORE, P_ATTENTION, P_O, P_GATE_UP, P_SWIGLU, P_DOWN,
+       P_MOE_ROUTE, P_MOE_FFN, P_LM_HEAD, P_ARGMAX, P_DOWNLOAD, P_COUNT };
+static const char *const s_prof_names[P_COUNT] = {
+    "embed", "rmsnorm", "qkv_proj", "qk_norm", "rope", "kv_store", "attention", "o_proj",
+    "gate_up_proj", "swiglu", "down_proj", "moe_route", "moe_experts", "lm_head", "argmax", "download"};
+
+#define PROF(m, cat, call)                                                                                \
+    do {                                                                                                  \
+        if (!(m)->prof) {                                                                                 \
+            call;                                                                                         \
+            break;                                                                                        \
+        }                                                                                                 \
+        (m)->be->ops->sync((m)->be);                                                                      \
+        int64_t t0_ = now_ns();                                                                           \
+        call;                                                                                             \
+        (m)->be->ops->sync((m)->be);                                                                      \
+        (m)->prof_ns[cat] += now_ns() - t0_;                                                              \
+        (m)->prof_calls[cat]++;                                                                           \
+    } while (0)
+
+void model_profile_enable(model_t *m, int on) { m->prof = on != 0; }
+
+size_t model_profile(model_t *m, char *buf, size_t len, int reset)
+{
+    size_t n = 0;
+    if (len)
+        buf[0] = 0;
+    for (int i = 0; i < P_COUNT; i++) {
+        if (m->prof_calls[i] && n < len)
+            n += (size_t)snprintf(buf + n, len - n, "%s %.3f %lld\n", s_prof_names[i], m->prof_ns[i] / 1e6,
+                                  (long long)m->prof_calls[i]);
+        if (reset)
+            m->prof_ns[i] = m->prof_calls[i] = 0;
+    }
+    return n < len ? n : len;
+}
 
 /* Builds the step's metadata into m->h_meta and its bk_attn_meta_t view (device pointers). */
 static int s_layout(model_t *m, const model_batch_t *b, int T, int R, bk_attn_meta_t *meta, int32_t **d_ids,
@@ -109,18 +148,18 @@ static void s_attention(model_t *m, int l, int T, const bk_kv_t *kv, const bk_at
     backend_t *be = m->be;
     const model_config_t *c = &m->cfg;
     const model_layer_t *L = &m->layers[l];
-    op->matmul(be, m->xn, T, &L->q, L->q_bias, m->q);
-    op->matmul(be, m->xn, T, &L->k, L->k_bias, m->k);
-    op->matmul(be, m->xn, T, &L->v, L->v_bias, m->v);
+    PROF(m, P_QKV, op->matmul(be, m->xn, T, &L->q, L->q_bias, m->q));
+    PROF(m, P_QKV, op->matmul(be, m->xn, T, &L->k, L->k_bias, m->k));
+    PROF(m, P_QKV, op->matmul(be, m->xn, T, &L->v, L->v_bias, m->v));
     if (L->q_norm) {
-        op->head_rmsnorm(be, m->q, L->q_norm, T, c->num_heads, c->head_dim, (float)c->rms_norm_eps);
-        op->head_rmsnorm(be, m->k, L->k_norm, T, c->num_kv_heads, c->head_dim, (float)c->rms_norm_eps);
+        PROF(m, P_QK_NORM, op->head_rmsnorm(be, m->q, L->q_norm, T, c->num_heads, c->head_dim, (float)c->rms_norm_eps));
+        PROF(m, P_QK_NORM, op->head_rmsnorm(be, m->k, L->k_norm, T, c->num_kv_heads, c->head_dim, (float)c->rms_norm_eps));
     }
-    op->rope(be, m->q, meta->tok_pos, m->inv_freq, T, c->num_heads, c->head_dim);
-    op->rope(be, m->k, meta->tok_pos, m->inv_freq, T, c->num_kv_heads, c->head_dim);
-    op->kv_store(be, kv, l, m->k, m->v, meta);
-    op->attention(be, kv, l, m->q, c->num_heads, m->scale, meta, m->att);
-    op->matmul(be, m->att, T, &L->o, L->o_bias, m->delta);
+    PROF(m, P_ROPE, op->rope(be, m->q, meta->tok_pos, m->inv_freq, T, c->num_heads, c->head_dim));
+    PROF(m, P_ROPE, op->rope(be, m->k, meta->tok_pos, m->inv_freq, T, c->num_kv_heads, c->head_dim));
+    PROF(m, P_KV_STORE, op->kv_store(be, kv, l, m->k, m->v, meta));
+    PROF(m, P_ATTENTION, op->attention(be, kv, l, m->q, c->num_heads, m->scale, meta, m->att));
+    PROF(m, P_O, op->matmul(be, m->att, T, &L->o, L->o_bias, m->delta));
 }
 
 /* xn -> delta: the feed-forward block of layer l (dense SwiGLU, or the routed experts). */
@@ -131,17 +170,41 @@ static void s_mlp(model_t *m, int l, int T)
     const model_config_t *c = &m->cfg;
     const model_layer_t *L = &m->layers[l];
     if (!L->is_moe) {
-        op->matmul(be, m->xn, T, &L->gate, NULL, m->g);
-        op->matmul(be, m->xn, T, &L->up, NULL, m->u);
-        op->swiglu(be, m->g, m->u, T * (int)L->gate.rows, m->g);
-        op->matmul(be, m->g, T, &L->down, NULL, m->delta);
+        PROF(m, P_GATE_UP, op->matmul(be, m->xn, T, &L->gate, NULL, m->g));
+        PROF(m, P_GATE_UP, op->matmul(be, m->xn, T, &L->up, NULL, m->u));
+        PROF(m, P_SWIGLU, op->swiglu(be, m->g, m->u, T * (int)L->gate.rows, m->g));
+        PROF(m, P_DOWN, op->matmul(be, m->g, T, &L->down, NULL, m->delta));
         return;
     }
     const int renorm = c->arch == ARCH_MIXTRAL || c->norm_topk_prob;
-    op->matmul(be, m->xn, T, &L->router, NULL, m->rlogits);
-    op->moe_route(be, m->rlogits, T, c->num_experts, c->num_experts_per_tok, renorm, m->moe_ids, m->moe_w);
-    op->moe_ffn(be, m->xn, T, c->hidden_size, m->moe_ids, m->moe_w, c->num_experts_per_tok, L->experts,
-                c->num_experts, m->moe_scratch, m->delta);
+    PROF(m, P_MOE_ROUTE, op->matmul(be, m->xn, T, &L->router, NULL, m->rlogits));
+    PROF(m, P_MOE_ROUTE, op->moe_route(be, m->rlogits, T, c->num_experts, c->num_experts_per_tok, renorm, m->moe_ids, m->moe_w));
+    PROF(m, P_MOE_FFN, op->moe_ffn(be, m->xn, T, c->hidden_size, m->moe_ids, m->moe_w, c->num_experts_per_tok, L->experts,
+                                   c->num_experts, m->moe_scratch, m->delta));
+}
+
+/* Brings the step's results to the host: every row's logits, or (argmax_out) the device argmax of
+ * every row plus the logits of the rows marked in need_logits, in runs of consecutive rows. */
+static int s_results(model_t *m, const model_batch_t *b, int R, float *logits)
+{
+    const backend_ops_t *op = m->be->ops;
+    const size_t V = (size_t)m->cfg.vocab_size;
+    if (!b->argmax_out)
+        return op->download(m->be, logits, m->logits, (size_t)R * V * sizeof(float));
+    op->argmax(m->be, m->logits, R, (int)V, m->argmax);
+    for (int r = 0; r < R;) {
+        if (!b->need_logits || !b->need_logits[r]) {
+            r++;
+            continue;
+        }
+        int e = r + 1;
+        while (e < R && b->need_logits[e])
+            e++;
+        if (op->download(m->be, logits + (size_t)r * V, m->logits + (size_t)r * V, (size_t)(e - r) * V * sizeof(float)) < 0)
+            return -1;
+        r = e;
+    }
+    return op->download(m->be, b->argmax_out, m->argmax, (size_t)R * sizeof(int32_t));
 }
 
 int model_forward(model_t *m, const model_batch_t *batch, float *logits, char *err, size_t errlen)
@@ -161,17 +224,19 @@ int model_forward(model_t *m, const model_batch_t *batch, float *logits, char *e
     const int H = c->hidden_size;
     const float eps = (float)c->rms_norm_eps;
 
-    op->embed(be, &m->embed, ids, T, m->res);
+    PROF(m, P_EMBED, op->embed(be, &m->embed, ids, T, m->res));
     for (int l = 0; l < c->num_layers; l++) {
-        op->add_rmsnorm(be, m->res, l ? m->delta : NULL, m->layers[l].attn_norm, T, H, eps, m->xn);
+        PROF(m, P_NORM, op->add_rmsnorm(be, m->res, l ? m->delta : NULL, m->layers[l].attn_norm, T, H, eps, m->xn));
         s_attention(m, l, T, kv, &meta);
-        op->add_rmsnorm(be, m->res, m->delta, m->layers[l].mlp_norm, T, H, eps, m->xn);
+        PROF(m, P_NORM, op->add_rmsnorm(be, m->res, m->delta, m->layers[l].mlp_norm, T, H, eps, m->xn));
         s_mlp(m, l, T);
     }
-    op->add_rmsnorm(be, m->res, m->delta, m->final_norm, T, H, eps, m->xn);
-    op->gather_rows(be, m->xn, rows, R, H, m->rows);
-    op->matmul(be, m->rows, R, &m->lm_head, NULL, m->logits);
-    if (op->download(be, logits, m->logits, (size_t)R * c->vocab_size * sizeof(float)) < 0)
+    PROF(m, P_NORM, op->add_rmsnorm(be, m->res, m->delta, m->final_norm, T, H, eps, m->xn));
+    PROF(m, P_LM_HEAD, op->gather_rows(be, m->xn, rows, R, H, m->rows));
+    PROF(m, P_LM_HEAD, op->matmul(be, m->rows, R, &m->lm_head, NULL, m->logits));
+    int rc = 0;
+    PROF(m, P_DOWNLOAD, rc = s_results(m, batch, R, logits));
+    if (rc < 0)
         return errf(err, errlen, "%s: the %s backend failed during the forward pass", m->where, op->name);
     return 0;
 }

@@ -52,6 +52,13 @@ typedef struct model_batch {
     int n_seqs;
     const model_seq_t *seqs;      /* [n_seqs] */
     int all_logits;               /* 0: one row per sequence (its last new token); 1: every new token */
+    /* Optional, for decode steps: greedy sampling on the device. When argmax_out (host [rows]) is
+     * set, each row's argmax (the lowest index on ties, NaN never chosen) is computed on the
+     * backend and only those ids come back, not the rows x vocab logits; need_logits (host [rows],
+     * may be NULL = none) marks the rows whose full logits are still wanted (a sampler with
+     * temperature, penalties or log-probabilities): only those rows are copied into `logits`. */
+    int32_t *argmax_out;
+    const uint8_t *need_logits;
 } model_batch_t;
 
 /* Loads every weight the config implies from ck onto be (shapes checked, errors name the tensor
@@ -64,6 +71,14 @@ void model_destroy(model_t **self_p);
  * with all_logits), in batch order. -1 with err on a bad batch (token id outside the vocabulary,
  * too many tokens, a pool of another shape, ...), nothing computed. */
 int model_forward(model_t *m, const model_batch_t *batch, float *logits, char *err, size_t errlen);
+
+/* Per-op time profile (TROUPE_PROFILE=1 at model_load): every op is followed by a backend sync
+ * and its wall time added to its category, so a profiled step is slower than a real one; it says
+ * where a step's time goes, not how long a step takes. model_profile writes "name ms calls" lines
+ * of the time since the last reset (and resets when reset != 0); 0 bytes when nothing was timed. */
+size_t model_profile(model_t *m, char *buf, size_t len, int reset);
+/* Turns the profile on or off at run time (a tool profiles a few chosen steps). */
+void model_profile_enable(model_t *m, int on);
 
 const model_config_t *model_config(const model_t *m);
 backend_t *model_backend(const model_t *m);

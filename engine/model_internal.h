@@ -56,6 +56,11 @@ struct model {
     int32_t *argmax;              /* [R] (reserved for device-side greedy) */
 
     size_t weight_bytes, active_weight_bytes;
+
+    /* TROUPE_PROFILE=1: wall time per op category (forward.c's PROF_* list). */
+    int prof;
+    int64_t prof_ns[16];
+    int64_t prof_calls[16];
 };
 
 #endif

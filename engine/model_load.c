@@ -221,6 +221,8 @@ model_t *model_load(const char *model_dir, const model_config_t *cfg, ckpt_t *ck
     if (o.max_context <= 0) o.max_context = cfg->max_position_embeddings > 0 ? cfg->max_position_embeddings : 4096;
     if (o.kv_block_size <= 0) o.kv_block_size = 16;
     m->opts = o;
+    const char *prof = getenv("TROUPE_PROFILE");
+    m->prof = prof && *prof && strcmp(prof, "0") != 0;
 
     const model_config_t *c = &m->cfg;
     const int H = c->hidden_size, V = c->vocab_size, D = c->head_dim, nH = c->num_heads, nKV = c->num_kv_heads;

@@ -256,6 +256,12 @@ static float s_log_softmax_at(const float *v, int n, int32_t t)
     return (float)((double)v[t] - mx - log(sum));
 }
 
+int sampler_is_greedy(const sampler_t *s)
+{
+    return s->p.temperature == 0 && s->p.repetition_penalty == 1.0 && s->p.presence_penalty == 0 &&
+           s->p.frequency_penalty == 0;
+}
+
 int32_t sampler_sample(sampler_t *s, const float *logits, float *logprob)
 {
     const int V = s->vocab;

@@ -88,6 +88,9 @@ int32_t sampler_sample(sampler_t *s, const float *logits, float *logprob);
 /* Records a generated token (penalty counts, the RNG counter) and says whether it finishes the
  * request: FINISH_STOP for an EOS id (unless ignore_eos) or a stop id, FINISH_LENGTH at max_tokens. */
 finish_reason_t sampler_accept(sampler_t *s, int32_t token);
+/* 1 when sampler_sample is a plain argmax of the raw logits (temperature 0, no penalties): the
+ * caller may take the token from a device-side argmax (model_batch_t.argmax_out) instead. */
+int sampler_is_greedy(const sampler_t *s);
 int sampler_n_generated(const sampler_t *s);
 
 /* Feeds detokenised text (complete UTF-8) of the accepted tokens. Text known not to start a stop

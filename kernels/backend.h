@@ -30,6 +30,8 @@
 #define BK_MAX_GQA_GROUP 16
 #define BK_MAX_BLOCK_SIZE 256
 #define BK_IPC_HANDLE_BYTES 64       /* cudaIpcMemHandle_t */
+#define BK_NCCL_ID_BYTES 128         /* ncclUniqueId */
+#define BK_NCCL_GROUP_SPANS 512      /* spans per direction in one ncclGroupStart/End (<= 1024 ops) */
 
 typedef struct backend backend_t;
 
@@ -71,6 +73,47 @@ typedef struct bk_attn_meta {
     const int32_t *seq_bt_start;  /* device [n_seqs] */
     const int32_t *block_table;   /* device [sum over seqs of their block counts] */
 } bk_attn_meta_t;
+
+/* NCCL point-to-point between processes on different GPUs (KV hand-off from a prefill to a decode
+ * process): a communicator of this backend's device, and transfers of device memory through it.
+ * Nothing here blocks: init, transfers and their completion are polled, so a peer that never
+ * comes (or dies mid-transfer) costs the caller a deadline, never a hang.
+ *
+ * Ordering: a transfer runs on the communicator's own stream, after everything queued on the
+ * backend's stream before the call (so a send reads the finished KV and a receive never overwrites
+ * a block an earlier op still reads); the backend's stream never waits for a transfer (a send the
+ * peer never matches must not wedge the model's ops or a download). Received bytes may be used by
+ * the backend's ops once xfer_poll has said 1. Sends and receives are matched in posting order per
+ * peer; the spans of a transfer go in groups of at most BK_NCCL_GROUP_SPANS per direction, so two
+ * sides that post the same number of spans group them alike (NCCL requires it). */
+typedef struct bk_comm bk_comm_t;
+
+typedef struct bk_span {
+    void *dev;                    /* device memory of this backend */
+    size_t bytes;
+} bk_span_t;
+
+typedef struct bk_nccl_ops {
+    /* A new ncclUniqueId (the bootstrap's root lives in this process). */
+    int (*unique_id)(uint8_t id[BK_NCCL_ID_BYTES], char *err, size_t errlen);
+    /* Starts rank `rank` of `n_ranks` with ncclCommInitRankConfig (config.blocking = 0) on the
+     * backend's device and returns at once; NULL with why when NCCL refused at once. */
+    bk_comm_t *(*comm_init)(backend_t *be, const uint8_t id[BK_NCCL_ID_BYTES], int n_ranks, int rank, char *err,
+                            size_t errlen);
+    /* ncclCommGetAsyncError: 1 ready, 0 still initialising, -1 failed (why). */
+    int (*comm_poll)(bk_comm_t *c, char *err, size_t errlen);
+    /* Posts one transfer with `peer`: a send of every sends[i], a receive into every recvs[i]
+     * (either list may be empty; both, with peer = own rank, on a one-rank communicator). Returns
+     * its ticket (>= 0), or -1 with why: NCCL refused, or too many transfers in flight. */
+    int64_t (*xfer)(bk_comm_t *c, int peer, const bk_span_t *sends, int n_sends, const bk_span_t *recvs, int n_recvs,
+                    char *err, size_t errlen);
+    /* 1 when transfer `ticket` (and every one before it) completed, 0 while in flight, -1 when the
+     * communicator failed (why: NCCL's asynchronous error). */
+    int (*xfer_poll)(bk_comm_t *c, int64_t ticket, char *err, size_t errlen);
+    /* ncclCommAbort: ends whatever is in flight, frees everything, nulls *c. The only way a
+     * communicator goes (ncclCommFinalize would wait for a peer that may be gone). */
+    void (*comm_abort)(bk_comm_t **c);
+} bk_nccl_ops_t;
 
 typedef struct backend_ops {
     const char *name;             /* "cpu", "cuda" */
@@ -158,11 +201,16 @@ typedef struct backend_ops {
      * backend; callers then move bytes through host memory). ipc_export writes an opaque handle of
      * BK_IPC_HANDLE_BYTES for the allocation that holds dev; ipc_open maps a handle exported by
      * another process (NULL on failure: not the same device, the exporter is gone, ...) and
-     * ipc_close unmaps it; copy moves n bytes device to device, ordered with the other ops. */
+     * ipc_close unmaps it. copy moves n bytes device to device, ordered with the other ops; every
+     * backend has it (the CPU backend's is memcpy), only the three ipc_ hooks may be NULL. */
     int (*ipc_export)(backend_t *be, const void *dev, uint8_t *handle);
     void *(*ipc_open)(backend_t *be, const uint8_t *handle);
     void (*ipc_close)(backend_t *be, void *dev);
     int (*copy)(backend_t *be, void *dst, const void *src, size_t n);
+
+    /* NCCL between processes on different GPUs (bk_nccl_ops_t above); NULL when the backend has
+     * none (the CPU backend, or libtroupe_cuda built without nccl.h). */
+    const bk_nccl_ops_t *nccl;
 } backend_ops_t;
 
 struct backend {

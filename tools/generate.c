@@ -437,9 +437,12 @@ int main(int argc, char **argv)
     }
     finish_reason_t fin = FINISH_NONE;
     int n_out = 0, n_decode_steps = 0;
+    /* Greedy without log-probabilities: decode steps bring back the device's argmax, not logits. */
+    const int device_greedy = sampler_is_greedy(smp) && !o.logprobs;
+    int32_t dev_tok = 0;
     while (fin == FINISH_NONE) {
         float lp = 0;
-        int32_t t = sampler_sample(smp, logits, o.logprobs ? &lp : NULL);
+        int32_t t = n_out > 0 && device_greedy ? dev_tok : sampler_sample(smp, logits, o.logprobs ? &lp : NULL);
         out_ids[n_out] = t;
         lps[n_out++] = lp;
         fin = sampler_accept(smp, t);
@@ -458,7 +461,7 @@ int main(int argc, char **argv)
         if (fin != FINISH_NONE)
             break;
         model_seq_t q = {.kv = seq, .n_new = 1};
-        model_batch_t b = {.n_seqs = 1, .seqs = &q};
+        model_batch_t b = {.n_seqs = 1, .seqs = &q, .argmax_out = device_greedy ? &dev_tok : NULL};
         if (kvseq_append(seq, &t, 1) < 0 || model_forward(m, &b, logits, err, sizeof err) < 0) {
             fprintf(stderr, "troupe-generate: decode step %d: %s\n", n_out, err);
             goto done;

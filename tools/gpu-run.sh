@@ -60,10 +60,10 @@ echo "build: $(( $(date +%s) - t0 )) s"
 
 # ---- unit tests -----------------------------------------------------------------------------------
 step "unit tests"
-[ "${SKIP_TESTS:-0}" = 1 ] && echo "skipped (SKIP_TESTS=1)"
+[ "${SKIP_TESTS:-0}" = 1 ] || [ "${SKIP_UNIT:-0}" = 1 ] && echo "skipped (SKIP_TESTS=1 or SKIP_UNIT=1)"
 pattern='^test_'
 [ "${SCENARIOS:-0}" = 1 ] && pattern='.'
-[ "${SKIP_TESTS:-0}" = 1 ] || TESTS="$pattern" timeout 300 tests/run.sh >"$OUT/unit.log" 2>&1 || status=1
+[ "${SKIP_TESTS:-0}" = 1 ] || [ "${SKIP_UNIT:-0}" = 1 ] || TESTS="$pattern" timeout 300 tests/run.sh >"$OUT/unit.log" 2>&1 || status=1
 tail -25 "$OUT/unit.log"
 unit=$(tail -1 "$OUT/unit.log")
 
@@ -132,6 +132,26 @@ print("%.1f tok/s (%.2f ms/token) | HBM bound %.0f tok/s (%.2f GB/token) -> %.0f
 EOF
 }
 dec_def=$(report default); dec_nopdl=$(report nopdl); dec_w8=$(report w8); dec_lt=$(report cublaslt)
+
+# ---- the engine alone: prefill and batched decode steps ------------------------------------------
+# ENGINE=1 (default): troupe-bench-engine on the 8B shape (one weight load): a 1,000-token prefill
+# and the decode step at ENGINE_BATCH sizes over 1,000 tokens of context, with the per-op profile,
+# next to the copy bandwidth; ENGINE_SPLIT0=1 repeats it with TROUPE_CUDA_GEMM_SPLIT=0.
+engine_line="not run (ENGINE=0)"
+if [ "${ENGINE:-1}" = 1 ] && [ -x build/bin/troupe-bench-engine ]; then
+  step "engine: prefill and batched decode (troupe-bench-engine)"
+  eng() {   # name, then environment assignments
+    local name=$1; shift
+    env "$@" timeout 300 build/bin/troupe-bench-engine "${ENGINE_MODEL:-tests/fixtures/models/llama-3.1-8b-shape}" \
+      --load-format dummy --dtype bf16 --backend cuda --prompt-len "${ENGINE_PROMPT:-1000}" \
+      --batch "${ENGINE_BATCH:-1,16,64,256}" --steps "${ENGINE_STEPS:-16}" --copy-bw "${bw:-0}" --profile \
+      --json "$OUT/engine-$name.json" >"$OUT/engine-$name.txt" 2>&1 || status=1
+    cat "$OUT/engine-$name.txt"
+  }
+  eng default
+  [ "${ENGINE_SPLIT0:-0}" = 1 ] && eng split0 TROUPE_CUDA_GEMM_SPLIT=0
+  engine_line="see engine-*.txt"
+fi
 
 # ---- serving on the GPU ---------------------------------------------------------------------------
 # SERVE=1: the one-GPU topology (prefill and decode processes on GPU 0, Llama-3.1-8B shape, dummy
@@ -225,6 +245,8 @@ printf '%-30s %s\n' "8B decode b=1 (defaults)" "$dec_def"
 printf '%-30s %s\n' "8B decode b=1, PDL off" "$dec_nopdl"
 printf '%-30s %s\n' "8B decode b=1, GEMV 8 warps" "$dec_w8"
 printf '%-30s %s\n' "8B decode b=1, cuBLASLt" "$dec_lt"
+printf '%-30s %s\n' "8B engine (ENGINE=1)" "$engine_line"
+[ -s "$OUT/engine-default.txt" ] && grep -E '^prefill|^ +[0-9]+ +[0-9]+ ' "$OUT/engine-default.txt"
 printf '%-30s %s\n' "8B serving (SERVE=1)" "$serve_line"
 [ -s "$OUT/serve-bench.txt" ] && grep -B1 -A6 '^ conc' "$OUT/serve-bench.txt"
 [ -s "$OUT/serve-multiturn.txt" ] && grep -A6 '^multi-turn' "$OUT/serve-multiturn.txt"

@@ -81,6 +81,14 @@ static void s_destroy(backend_t *be)
     free(be);
 }
 
+static int cpu_copy(backend_t *be, void *dst, const void *src, size_t n)
+{
+    (void)be;
+    if (n)
+        memcpy(dst, src, n);
+    return 0;
+}
+
 static const backend_ops_t s_cpu_ops = {
     .name = "cpu",
     .destroy = s_destroy,
@@ -103,6 +111,7 @@ static const backend_ops_t s_cpu_ops = {
     .moe_ffn = cpu_moe_ffn,
     .gather_rows = cpu_gather_rows,
     .argmax = cpu_argmax,
+    .copy = cpu_copy,
 };
 
 backend_t *backend_cpu_new(int n_threads)

@@ -17,6 +17,7 @@
  *   TROUPE_CUDA_GEMV_WARPS  warps sharing a GEMV row: 1, 4 (default) or 8
  *   TROUPE_CUDA_GEMM_SPLIT  1 (default): GEMM activations as bf16/f16 hi + lo; 0: rounded once
  *   TROUPE_CUDA_ATTN_SPLIT  1 (default): split-KV decode attention when rows x heads are few
+ *   TROUPE_CUDA_ATTN_FLASH  1 (default): the flash attention kernel (head_dim 64/128); 0: row/tile kernels
  *   TROUPE_CUDA_PDL         1 (default): programmatic dependent launch for every kernel
  * kernels/cuda/README.md has what each choice measured on the H200.
  *
@@ -98,6 +99,7 @@ typedef struct cuda_state {
     int gemv_warps;               /* warps sharing one output row in the GEMV (TROUPE_CUDA_GEMV_WARPS: 1, 4 (default), 8) */
     int gemm_split;               /* 1: activations as bf16 hi + lo in the GEMM (TROUPE_CUDA_GEMM_SPLIT, default 1) */
     int attn_split;               /* 0: never split the keys of a row across blocks (TROUPE_CUDA_ATTN_SPLIT=0) */
+    int attn_flash;               /* 1 (default): the flash kernel for head_dim 64/128 (TROUPE_CUDA_ATTN_FLASH) */
     int pdl;                      /* 1 (default): kernels launch with programmatic dependent launch (TROUPE_CUDA_PDL) */
     cuda_plan_t plans[CUDA_MAX_PLANS];
     int next_plan;                /* round-robin victim when the plan cache is full */
@@ -138,6 +140,14 @@ void cuda_moe_route(backend_t *be, const float *logits, int M, int E, int k, int
 void cuda_moe_ffn(backend_t *be, const float *x, int M, int H, const int32_t *ids, const float *weights, int k,
                   const bk_expert_t *experts, int n_experts, void *scratch, float *out);
 
+/* NCCL between processes on different GPUs (cuda_nccl.cu; only when built with nccl.h). */
+#ifdef TROUPE_NCCL
+extern const bk_nccl_ops_t cuda_nccl_ops;
+#define CUDA_NCCL_OPS (&cuda_nccl_ops)
+#else
+#define CUDA_NCCL_OPS NULL
+#endif
+
 /* Shared by moe_ffn: dst[i] = src[rows[i]] for n rows of cols floats (rows on the device). */
 void cuda_launch_gather(const cuda_state_t *st, const float *src, const int32_t *rows, int n, int cols, float *dst);
 
@@ -149,7 +159,8 @@ void cuda_launch_gather(const cuda_state_t *st, const float *src, const int32_t 
  * cuBLAS) keep the stream's full ordering. The check after the launch catches a bad configuration
  * at once. */
 template <typename... KArgs, typename... Args>
-static inline void cuda_launch(const cuda_state_t *st, void (*kernel)(KArgs...), dim3 grid, dim3 block, Args... args)
+static inline void cuda_launch_smem(const cuda_state_t *st, void (*kernel)(KArgs...), dim3 grid, dim3 block,
+                                    size_t smem, Args... args)
 {
     cudaLaunchAttribute attr;
     attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -157,11 +168,16 @@ static inline void cuda_launch(const cuda_state_t *st, void (*kernel)(KArgs...),
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
-    cfg.dynamicSmemBytes = 0;
+    cfg.dynamicSmemBytes = smem;
     cfg.stream = st->stream;
     cfg.attrs = &attr;
     cfg.numAttrs = st->pdl ? 1 : 0;
     CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, ((KArgs)args)...));
+}
+template <typename... KArgs, typename... Args>
+static inline void cuda_launch(const cuda_state_t *st, void (*kernel)(KArgs...), dim3 grid, dim3 block, Args... args)
+{
+    cuda_launch_smem(st, kernel, grid, block, 0, args...);
 }
 
 #endif

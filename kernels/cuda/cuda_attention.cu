@@ -387,6 +387,261 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) k_attn_tiles(attn_args_t a)
     }
 }
 
+/* ---- flash kernel (decode and prefill, D = 64 or 128) ------------------------------------------ */
+
+/* One block per (tile of NT rows, kv head g, key range s). Its "vectors" are the NT x G queries of
+ * the tile's rows and g's query heads: every K/V tile is loaded once for all of them (GQA costs
+ * no extra reads). Warp w owns vectors w, w + 4, ... (VPW of them), and for each of them:
+ *   scores: lane j takes key kt + j of the tile (a dot product over D from shared memory);
+ *   softmax: the warp's max and sum of the tile's 32 scores update (m, l); p goes to shared memory;
+ *   P.V: lane owns DPL dimensions of the accumulator and walks the tile's keys.
+ * A warp touches only its own vectors' rows of Ps, so only the K/V tiles need block barriers.
+ * K/V tiles are double-buffered with cp.async (16-byte chunks; keys past the range load zeros), K
+ * rows padded by 16 bytes so that the lanes' 16-byte reads of different keys hit different banks.
+ * Rows of one tile that belong to different sequences are handled one sequence per pass. */
+#define FL_KEYS 32                /* keys per K/V tile: one per lane */
+#define FL_VECS 64                /* most vectors (rows x heads) per block: 4 warps x 16 */
+
+__device__ __forceinline__ void dev_cp_async16(void *smem, const void *gmem, int src_bytes)
+{
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void dev_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void dev_cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+/* Shared memory of one block: K and V tiles (two of each), the queries, the probabilities. */
+template <typename KT, int D, int VECS>
+struct fl_smem {
+    static constexpr int KPAD = D + 16 / (int)sizeof(KT);          /* K row stride, elements */
+    static constexpr size_t K_BYTES = (size_t)2 * FL_KEYS * KPAD * sizeof(KT);
+    static constexpr size_t V_BYTES = (size_t)2 * FL_KEYS * D * sizeof(KT);
+    static constexpr size_t Q_BYTES = (size_t)VECS * D * sizeof(float);
+    static constexpr size_t P_BYTES = (size_t)VECS * FL_KEYS * sizeof(float);
+    static constexpr size_t BYTES = K_BYTES + V_BYTES + Q_BYTES + P_BYTES;
+};
+
+/* N elements of shared memory at p (N * sizeof(T) = 4, 8 or 16 bytes, aligned) as floats. */
+template <typename T, int N> __device__ __forceinline__ void dev_smem_load(const T *p, float *out)
+{
+    constexpr int BYTES = N * (int)sizeof(T);
+    static_assert(BYTES == 4 || BYTES == 8 || BYTES == 16, "a vector of 4, 8 or 16 bytes");
+    uint4 w = {0, 0, 0, 0};
+    if constexpr (BYTES == 16) {
+        w = *(const uint4 *)p;
+    } else if constexpr (BYTES == 8) {
+        const uint2 x = *(const uint2 *)p;
+        w.x = x.x, w.y = x.y;
+    } else {
+        w.x = *(const unsigned *)p;
+    }
+    float all[16 / sizeof(T)];
+    dev_unpack16<T>(w, all);
+#pragma unroll
+    for (int i = 0; i < N; i++)
+        out[i] = all[i];
+}
+
+template <typename KT, int DPL, int VPW>
+__global__ void __launch_bounds__(ATTN_WARPS * 32) k_attn_flash(attn_args_t a, int NT)
+{
+    DEV_PDL_ENTER();
+    constexpr int D = 32 * DPL, VN = 16 / (int)sizeof(KT), CHUNKS = D / VN;   /* 16-byte chunks per key */
+    typedef fl_smem<KT, D, 4 * VPW> SM;
+    extern __shared__ __align__(16) uint8_t fl_sm[];
+    KT *Ks = (KT *)fl_sm;                                   /* [2][FL_KEYS][KPAD] */
+    KT *Vs = (KT *)(fl_sm + SM::K_BYTES);                   /* [2][FL_KEYS][D] */
+    float *Qs = (float *)(fl_sm + SM::K_BYTES + SM::V_BYTES);   /* [4 * VPW][D] */
+    float *Ps = Qs + 4 * VPW * D;                           /* [4 * VPW][FL_KEYS] */
+    __shared__ int s_seq[FL_VECS], s_pos[FL_VECS];          /* per tile row; seq -1: no row, or done */
+
+    const int G = a.n_heads / a.n_kv, g = blockIdx.y, sidx = blockIdx.z;
+    const int t0 = blockIdx.x * NT, nvec = NT * G;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, d0 = lane * DPL;
+    const size_t slot_stride = (size_t)a.n_kv * D, k_off = dev_kv_off(a, 0) + (size_t)g * D,
+                 v_off = dev_kv_off(a, 1) + (size_t)g * D;
+    for (int r = threadIdx.x; r < NT; r += blockDim.x) {
+        const int t = t0 + r;
+        s_seq[r] = t < a.T ? a.tok_seq[t] : -1;
+        s_pos[r] = t < a.T ? a.tok_pos[t] : -1;
+    }
+    for (;;) {
+        __syncthreads();
+        int cur = -1, max_pos = -1;
+        for (int r = 0; r < NT; r++)
+            if (s_seq[r] >= 0 && cur < 0)
+                cur = s_seq[r];
+        if (cur < 0)
+            break;
+        for (int r = 0; r < NT; r++)
+            if (s_seq[r] == cur)
+                max_pos = max(max_pos, s_pos[r]);
+        /* This block's key range: [k0, k1) of 0..max_pos, split S ways (decode). */
+        const int n_keys = max_pos + 1, span = (n_keys + a.S - 1) / a.S;
+        const int k0 = sidx * span, k1 = min(n_keys, k0 + span);
+        const int32_t *bt = a.block_table + a.seq_bt_start[cur];
+
+        /* Queries of this pass; vectors of other sequences' rows get position -1 (never valid). */
+        for (int i = threadIdx.x; i < nvec * D; i += blockDim.x) {
+            const int v = i / D, d = i % D, r = v / G, h = g * G + v % G;
+            Qs[v * D + d] = s_seq[r] == cur ? a.q[((size_t)(t0 + r) * a.n_heads + h) * D + d] : 0.0f;
+        }
+        int vpos[VPW];
+        float m[VPW], l[VPW], acc[VPW][DPL];
+#pragma unroll
+        for (int i = 0; i < VPW; i++) {
+            const int v = warp + 4 * i, r = v / G;
+            vpos[i] = v < nvec && s_seq[r] == cur ? s_pos[r] : -1;
+            m[i] = -INFINITY;
+            l[i] = 0.0f;
+#pragma unroll
+            for (int e = 0; e < DPL; e++)
+                acc[i][e] = 0.0f;
+        }
+
+        auto load_tile = [&](int kt, int buf) {
+            for (int c = threadIdx.x; c < FL_KEYS * CHUNKS; c += blockDim.x) {
+                const int j = c / CHUNKS, part = c % CHUNKS, key = kt + j;
+                const bool in = key < k1;
+                const KT *blockp = (const KT *)(a.base + (in ? (size_t)bt[key / a.block_size] * a.block_bytes : 0));
+                const size_t slot = in ? (size_t)(key % a.block_size) * slot_stride : 0;
+                dev_cp_async16(Ks + ((size_t)buf * FL_KEYS + j) * SM::KPAD + part * VN, blockp + k_off + slot + part * VN,
+                               in ? 16 : 0);
+                dev_cp_async16(Vs + ((size_t)buf * FL_KEYS + j) * D + part * VN, blockp + v_off + slot + part * VN,
+                               in ? 16 : 0);
+            }
+            dev_cp_commit();
+        };
+        if (k0 < k1)
+            load_tile(k0, 0);
+        for (int kt = k0, buf = 0; kt < k1; kt += FL_KEYS, buf ^= 1) {
+            if (kt + FL_KEYS < k1)
+                load_tile(kt + FL_KEYS, buf ^ 1);
+            else
+                dev_cp_commit();                   /* an empty group keeps the wait count uniform */
+            dev_cp_wait<1>();
+            __syncthreads();                       /* tile kt (and the queries) visible to every warp */
+            const KT *Kt = Ks + (size_t)buf * FL_KEYS * SM::KPAD, *Vt = Vs + (size_t)buf * FL_KEYS * D;
+
+            /* Scores: lane j, key kt + j, against each of this warp's vectors. */
+            float sc[VPW];
+#pragma unroll
+            for (int i = 0; i < VPW; i++)
+                sc[i] = 0.0f;
+#pragma unroll 4
+            for (int d = 0; d < D; d += VN) {
+                float kf[VN];
+                dev_unpack16<KT>(*(const uint4 *)(Kt + (size_t)lane * SM::KPAD + d), kf);
+#pragma unroll
+                for (int i = 0; i < VPW; i++) {
+                    const float *qv = Qs + (size_t)(warp + 4 * i) * D + d;
+#pragma unroll
+                    for (int e = 0; e < VN; e++)
+                        sc[i] = fmaf(qv[e], kf[e], sc[i]);
+                }
+            }
+            const int key = kt + lane;
+#pragma unroll
+            for (int i = 0; i < VPW; i++) {
+                const bool valid = key < k1 && key <= vpos[i];
+                const float s = valid ? sc[i] * a.scale : -INFINITY;
+                const float m_new = fmaxf(m[i], dev_warp_max(s));
+                const float corr = m[i] == -INFINITY ? 0.0f : expf(m[i] - m_new);
+                const float p = valid ? expf(s - m_new) : 0.0f;
+                l[i] = l[i] * corr + dev_warp_sum(p);
+                m[i] = m_new;
+                Ps[(size_t)(warp + 4 * i) * FL_KEYS + lane] = p;
+#pragma unroll
+                for (int e = 0; e < DPL; e++)
+                    acc[i][e] *= corr;
+            }
+            __syncwarp();
+            /* P.V over the tile's keys that exist. */
+            const int nk = min(FL_KEYS, k1 - kt);
+            for (int j = 0; j < nk; j++) {
+                float vf[DPL];
+                dev_smem_load<KT, DPL>(Vt + (size_t)j * D + d0, vf);
+#pragma unroll
+                for (int i = 0; i < VPW; i++) {
+                    const float p = Ps[(size_t)(warp + 4 * i) * FL_KEYS + j];
+#pragma unroll
+                    for (int e = 0; e < DPL; e++)
+                        acc[i][e] = fmaf(p, vf[e], acc[i][e]);
+                }
+            }
+            __syncthreads();                       /* every warp is done with buf before it is refilled */
+        }
+        dev_cp_wait<0>();
+
+        /* Results: the normalised output (one range), or the range's (m, l, acc) for the merge. */
+#pragma unroll
+        for (int i = 0; i < VPW; i++) {
+            const int v = warp + 4 * i;
+            if (vpos[i] < 0)
+                continue;
+            const int r = v / G, h = g * G + v % G;
+            const size_t row = (size_t)(t0 + r) * a.n_heads + h;
+            if (a.S == 1) {
+                const float inv = 1.0f / l[i];
+#pragma unroll
+                for (int e = 0; e < DPL; e++)
+                    a.out[row * D + d0 + e] = acc[i][e] * inv;
+            } else {
+                float *pp = a.part + (row * a.S + sidx) * (size_t)(D + 2);
+                if (lane == 0) {
+                    pp[0] = m[i];
+                    pp[1] = l[i];
+                }
+#pragma unroll
+                for (int e = 0; e < DPL; e++)
+                    pp[2 + d0 + e] = acc[i][e];
+            }
+        }
+        __syncthreads();                           /* every warp has read s_seq / Qs for this pass */
+        for (int r = threadIdx.x; r < NT; r += blockDim.x)
+            if (s_seq[r] == cur)
+                s_seq[r] = -1;
+    }
+}
+
+/* Launches the flash kernel: NT rows per block (1 for decode), S key ranges. */
+template <typename KT, int DPL, int VPW>
+static void s_flash_launch(const cuda_state_t *st, const attn_args_t &a, int NT)
+{
+    constexpr size_t bytes = fl_smem<KT, 32 * DPL, 4 * VPW>::BYTES;
+    static bool configured = false;                /* per instantiation: allow > 48 KB of shared memory */
+    if (!configured) {
+        CUDA_CHECK(cudaFuncSetAttribute(k_attn_flash<KT, DPL, VPW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)bytes));
+        configured = true;
+    }
+    const dim3 grid((unsigned)((a.T + NT - 1) / NT), (unsigned)a.n_kv, (unsigned)a.S);
+    cuda_launch_smem(st, k_attn_flash<KT, DPL, VPW>, grid, ATTN_WARPS * 32, bytes, a, NT);
+}
+
+/* 1 when the flash kernel takes this shape (else the row / tile kernels do). */
+static int s_flash_ok(int D, int G) { return (D == 64 || D == 128) && G >= 1 && G <= 16; }
+
+template <typename KT, int DPL>
+static void s_flash_dpl(const cuda_state_t *st, const attn_args_t &a, int prefill)
+{
+    const int G = a.n_heads / a.n_kv;
+    if (prefill) {                                 /* 64 vectors: NT = 64 / G rows */
+        s_flash_launch<KT, DPL, 16>(st, a, FL_VECS / G);
+        return;
+    }
+    if (G <= 4) s_flash_launch<KT, DPL, 1>(st, a, 1);   /* decode: one row, its G heads */
+    else if (G <= 8) s_flash_launch<KT, DPL, 2>(st, a, 1);
+    else s_flash_launch<KT, DPL, 4>(st, a, 1);
+}
+
+template <typename KT>
+static void s_flash(const cuda_state_t *st, const attn_args_t &a, int prefill)
+{
+    if (a.D == 64) s_flash_dpl<KT, 2>(st, a, prefill);
+    else s_flash_dpl<KT, 4>(st, a, prefill);
+}
+
 /* ---- dispatch ----------------------------------------------------------------------------------- */
 
 template <typename KT, int DPL>
@@ -449,9 +704,30 @@ void cuda_attention(backend_t *be, const bk_kv_t *kv, int layer, const float *q,
     a.out = out;
     a.S = 1;
 
-    /* Prefill-shaped steps (8+ rows per sequence on average) take the tile kernel. */
-    const int D = kv->head_dim;
-    if (T >= 8 * meta->n_seqs && (D == 32 || D == 64 || D == 128)) {
+    /* The flash kernel for head_dim 64 / 128 (every row shape); else prefill-shaped steps (8+ rows
+     * per sequence on average) take the tile kernel and the rest the row kernel. */
+    const int D = kv->head_dim, G = n_heads / kv->n_kv_heads;
+    const int prefill = T >= 8 * meta->n_seqs;
+    if (st->attn_flash && s_flash_ok(D, G)) {
+        const int64_t base = prefill ? 0 : (int64_t)T * kv->n_kv_heads;   /* blocks before splitting */
+        if (!prefill && st->attn_split && base < 4 * (int64_t)st->n_sm) {
+            const int64_t S = (8 * (int64_t)st->n_sm + base - 1) / base;
+            a.S = (int)(S > ATTN_MAX_SPLIT ? ATTN_MAX_SPLIT : S);
+        }
+        const int64_t rh = (int64_t)T * n_heads;
+        if (a.S > 1)
+            a.part = (float *)cuda_scratch(be, (void **)&st->part, &st->part_bytes,
+                                           (size_t)rh * a.S * (D + 2) * sizeof(float));
+        switch (kv->dtype) {
+        case DT_F32: s_flash<float>(st, a, prefill); break;
+        case DT_BF16: s_flash<__nv_bfloat16>(st, a, prefill); break;
+        default: s_flash<__half>(st, a, prefill); break;
+        }
+        if (a.S > 1)
+            cuda_launch(st, k_attn_merge, (unsigned)rh, D >= 256 ? 256 : 128, (const float *)a.part, a.S, D, out);
+        return;
+    }
+    if (prefill && (D == 32 || D == 64 || D == 128)) {
         switch (kv->dtype) {
         case DT_F32: s_tiles<float>(st, a); break;
         case DT_BF16: s_tiles<__nv_bfloat16>(st, a); break;

@@ -246,6 +246,7 @@ static const backend_ops_t s_cuda_ops = {
     .ipc_open = cuda_ipc_open,
     .ipc_close = cuda_ipc_close,
     .copy = cuda_copy,
+    .nccl = CUDA_NCCL_OPS,
 };
 
 /* An integer from the environment in [lo, hi], or def when unset; a bad value is an error. */
@@ -301,6 +302,7 @@ extern "C" backend_t *backend_cuda_new(int device, char *err, size_t errlen)
         s_env_int("TROUPE_CUDA_GEMV_WARPS", 4, 1, 8, &st->gemv_warps, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_GEMM_SPLIT", 1, 0, 1, &st->gemm_split, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_ATTN_SPLIT", 1, 0, 1, &st->attn_split, err, errlen) < 0 ||
+        s_env_int("TROUPE_CUDA_ATTN_FLASH", 1, 0, 1, &st->attn_flash, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_PDL", 1, 0, 1, &st->pdl, err, errlen) < 0)
         goto fail;
     if (st->gemv_warps != 1 && st->gemv_warps != 4 && st->gemv_warps != 8) {

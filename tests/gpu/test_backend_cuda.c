@@ -649,6 +649,13 @@ static const kv_case_t s_kv_cases[] = {
     {"prefill 33+9 rows D=32 G=2", DT_F32, 4, 2, 32, 4, 2, 1, 2, {33, 9}, {33, 9}, 0},
     {"prefill 20 rows D=8 (row kernel)", DT_F32, 8, 2, 8, 16, 1, 0, 1, {20}, {20}, 0},
     {"prefill 200 rows ctx 700 D=128", DT_BF16, 32, 8, 128, 16, 1, 0, 1, {700}, {200}, 0},
+    /* the flash kernel's other shapes: G = 8 (Qwen3-30B-A3B), D = 64, blocks that cut key tiles,
+     * rows of several sequences in one tile, a context not a multiple of the 32-key tile */
+    {"decode 4 seqs G=8 ctx 1/33/64/2049", DT_BF16, 32, 4, 128, 16, 2, 1, 4, {1, 33, 64, 2049}, {1, 1, 1, 1}, 0},
+    {"decode 3 seqs D=64 G=2 block 5", DT_F16, 8, 4, 64, 5, 1, 0, 3, {7, 100, 301}, {1, 1, 1}, 0},
+    {"prefill 100+31 rows G=8", DT_BF16, 32, 4, 128, 16, 1, 0, 2, {150, 31}, {100, 31}, 0},
+    {"prefill 61+7 rows shuffled G=8 block 5", DT_F32, 16, 2, 128, 5, 2, 1, 2, {61, 90}, {61, 7}, 1},
+    {"mixed: 2 decode rows + 40 prefill rows", DT_BF16, 8, 2, 64, 16, 1, 0, 3, {500, 40, 77}, {1, 40, 1}, 0},
 };
 
 static void test_kv_store(void **state)

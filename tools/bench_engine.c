@@ -1,0 +1,412 @@
+/* tools/bench_engine.c — troupe-bench-engine: the engine alone (no actors, no sockets), its
+ * prefill and its batched decode step, next to the memory-bandwidth bound.
+ *
+ *   troupe-bench-engine MODEL_DIR [--backend cpu|cuda|cuda:N] [--dtype bf16|f16|f32]
+ *       [--load-format auto|dummy] [--threads N] [--prompt-len 1000] [--batch 1,16,64,256]
+ *       [--steps 32] [--chunk 2048] [--copy-bw TB/s] [--profile] [--json FILE]
+ *
+ * What it measures, in one process with one weight load:
+ *   - prefill: one --prompt-len prompt of random ids, prefilled in chunks of --chunk tokens
+ *     (a warm-up, then the median of 3): the engine's part of the time to first token;
+ *   - decode, per batch size B: B sequences of --prompt-len tokens of context, then --steps
+ *     greedy steps of the whole batch (2 warm-up steps first), the device argmax bringing back
+ *     only token ids (as the decode worker does). Reported: the step time (median), tokens/s,
+ *     the bytes one step must read (every weight once, plus each sequence's K and V), and those
+ *     bytes per second as a fraction of --copy-bw (the copy bandwidth measured in the same run).
+ *     The context of every sequence is a copy of the prefilled prompt's KV blocks (distinct
+ *     memory per sequence, so the attention reads what it would in serving, not one cached
+ *     copy); computing B real prefills would cost B times the prefill for the same step time.
+ *   - --profile: after the timed steps, a few more steps (and one prefill) with the per-op
+ *     profile on (engine/model.h: each op synced and timed), printed as ms per step by op.
+ * Exit status 0, 2 on a usage error, 1 on any other error (with a message naming it). */
+#include <errno.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/util.h"
+#include "engine/checkpoint.h"
+#include "engine/config.h"
+#include "engine/kvcache.h"
+#include "engine/model.h"
+#include "kernels/backend.h"
+
+#define KV_BLOCK 16
+#define MAX_LEVELS 16
+#define WARMUP_STEPS 2
+#define PREFILL_RUNS 3
+
+static const char *s_usage =
+    "usage: troupe-bench-engine MODEL_DIR [--backend cpu|cuda|cuda:N] [--dtype bf16|f16|f32]\n"
+    "         [--load-format auto|dummy] [--threads N] [--prompt-len N] [--batch 1,16,64,256]\n"
+    "         [--steps N] [--chunk N] [--copy-bw TB/s] [--profile] [--json FILE]\n";
+
+typedef struct opts {
+    const char *model_dir, *backend, *dtype, *json;
+    int dummy, threads, prompt_len, steps, chunk, profile;
+    int batch[MAX_LEVELS], n_levels;
+    double copy_bw;               /* TB/s, 0 = not given */
+} opts_t;
+
+static int s_bad(const char *opt, const char *v)
+{
+    fprintf(stderr, "troupe-bench-engine: %s '%s' is not valid\n%s", opt, v, s_usage);
+    return 2;
+}
+
+static int s_int(const char *s, long lo, long hi, int *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (!*s || *end || errno || v < lo || v > hi)
+        return -1;
+    *out = (int)v;
+    return 0;
+}
+
+static int s_parse(int argc, char **argv, opts_t *o)
+{
+    *o = (opts_t){.backend = "cpu", .prompt_len = 1000, .steps = 32, .chunk = 2048, .threads = 0,
+                  .batch = {1, 16, 64, 256}, .n_levels = 4};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (a[0] != '-') {
+            if (o->model_dir)
+                return s_bad("MODEL_DIR (a second one)", a);
+            o->model_dir = a;
+            continue;
+        }
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            fputs(s_usage, stdout);
+            exit(0);
+        }
+        if (!strcmp(a, "--profile")) {
+            o->profile = 1;
+            continue;
+        }
+        if (!v)
+            return s_bad(a, "(missing value)");
+        i++;
+        if (!strcmp(a, "--backend"))
+            o->backend = v;
+        else if (!strcmp(a, "--dtype"))
+            o->dtype = v;
+        else if (!strcmp(a, "--json"))
+            o->json = v;
+        else if (!strcmp(a, "--load-format")) {
+            if (strcmp(v, "dummy") && strcmp(v, "auto"))
+                return s_bad(a, v);
+            o->dummy = !strcmp(v, "dummy");
+        } else if (!strcmp(a, "--threads")) {
+            if (s_int(v, 0, 1024, &o->threads) < 0)
+                return s_bad(a, v);
+        } else if (!strcmp(a, "--prompt-len")) {
+            if (s_int(v, 1, 1 << 20, &o->prompt_len) < 0)
+                return s_bad(a, v);
+        } else if (!strcmp(a, "--steps")) {
+            if (s_int(v, 1, 100000, &o->steps) < 0)
+                return s_bad(a, v);
+        } else if (!strcmp(a, "--chunk")) {
+            if (s_int(v, 1, 1 << 16, &o->chunk) < 0)
+                return s_bad(a, v);
+        } else if (!strcmp(a, "--copy-bw")) {
+            char *end;
+            o->copy_bw = strtod(v, &end);
+            if (*end || !(o->copy_bw > 0))
+                return s_bad(a, v);
+        } else if (!strcmp(a, "--batch")) {
+            o->n_levels = 0;
+            char buf[256];
+            snprintf(buf, sizeof buf, "%s", v);
+            for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+                if (o->n_levels == MAX_LEVELS || s_int(t, 1, 4096, &o->batch[o->n_levels]) < 0)
+                    return s_bad(a, v);
+                o->n_levels++;
+            }
+            if (!o->n_levels)
+                return s_bad(a, v);
+        } else
+            return s_bad("option", a);
+    }
+    if (!o->model_dir)
+        return s_bad("MODEL_DIR", "(missing)");
+    return 0;
+}
+
+static int s_cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double s_median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, s_cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+static uint64_t s_rng = 0x9E3779B97F4A7C15ull;
+static int32_t s_rand_id(int vocab)
+{
+    s_rng ^= s_rng << 13;
+    s_rng ^= s_rng >> 7;
+    s_rng ^= s_rng << 17;
+    return (int32_t)(s_rng % (uint64_t)vocab);
+}
+
+/* Prints and clears the model's profile as ms per step ("-" when profiling found nothing). */
+static void s_print_profile(model_t *m, const char *what, int n_steps, json_t *into)
+{
+    char buf[2048];
+    if (!model_profile(m, buf, sizeof buf, 1))
+        return;
+    printf("  profile, %s (ms per step, each op synced):", what);
+    json_t *jp = json_object();
+    double total = 0;
+    for (char *save = NULL, *line = strtok_r(buf, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        char name[64];
+        double ms;
+        long long calls;
+        if (sscanf(line, "%63s %lf %lld", name, &ms, &calls) == 3) {
+            printf(" %s %.3f", name, ms / n_steps);
+            json_object_set_new(jp, name, json_real(ms / n_steps));
+            total += ms / n_steps;
+        }
+    }
+    printf(" | total %.3f\n", total);
+    json_object_set_new(into, "profile_ms_per_step", jp);
+}
+
+/* Prefills seq (already holding its prompt tokens via the caller's append) in chunks. */
+static int s_prefill(model_t *m, kvseq_t *seq, const int32_t *ids, int n, int chunk, float *logits, char *err,
+                     size_t errlen)
+{
+    for (int at = 0; at < n; at += chunk) {
+        int k = n - at < chunk ? n - at : chunk;
+        model_seq_t q = {.kv = seq, .n_new = k};
+        model_batch_t b = {.n_seqs = 1, .seqs = &q};
+        if (kvseq_append(seq, ids + at, k) < 0)
+            return errf(err, errlen, "the KV pool is full");
+        if (model_forward(m, &b, logits, err, errlen) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    opts_t o;
+    int rc = s_parse(argc, argv, &o);
+    if (rc)
+        return rc;
+    log_init("bench-engine", -1);
+    char err[1024];
+    int status = 1, max_b = 0;
+    for (int i = 0; i < o.n_levels; i++)
+        max_b = o.batch[i] > max_b ? o.batch[i] : max_b;
+    model_config_t cfg;
+    backend_t *be = NULL;
+    ckpt_t *ck = NULL;
+    model_t *m = NULL;
+    kvpool_t *pool = NULL;
+    kvseq_t **seqs = calloc((size_t)max_b + 1, sizeof *seqs);
+    model_seq_t *ms = calloc((size_t)max_b, sizeof *ms);
+    int32_t *ids = malloc((size_t)o.prompt_len * sizeof *ids), *out = calloc((size_t)max_b, sizeof *out);
+    float *logits = NULL;
+    json_t *jroot = json_object(), *jlevels = json_array();
+    if (!seqs || !ms || !ids || !out) {
+        fprintf(stderr, "troupe-bench-engine: out of memory\n");
+        goto done;
+    }
+    if (config_load(o.model_dir, &cfg, err, sizeof err) < 0) {
+        fprintf(stderr, "troupe-bench-engine: %s\n", err);
+        goto done;
+    }
+    dtype_t wdt = cfg.dtype;
+    if (o.dtype && dtype_parse(o.dtype, &wdt) < 0) {
+        status = s_bad("--dtype", o.dtype);
+        goto done;
+    }
+    if (!(be = backend_new(o.backend, o.threads, err, sizeof err))) {
+        fprintf(stderr, "troupe-bench-engine: %s\n", err);
+        goto done;
+    }
+    if (!(ck = o.dummy ? ckpt_dummy(wdt, 0) : ckpt_open(o.model_dir, err, sizeof err))) {
+        fprintf(stderr, "troupe-bench-engine: %s\n", o.dummy ? "out of memory" : err);
+        goto done;
+    }
+    const int ctx = o.prompt_len + WARMUP_STEPS + o.steps + 8;
+    const int chunk = o.chunk < o.prompt_len ? o.chunk : o.prompt_len;
+    model_opts_t mo = {.max_tokens = chunk > max_b ? chunk : max_b, .max_seqs = max_b, .max_context = ctx,
+                       .kv_block_size = KV_BLOCK};
+    int64_t t0 = now_ns();
+    if (!(m = model_load(o.model_dir, &cfg, ck, be, &mo, err, sizeof err))) {
+        fprintf(stderr, "troupe-bench-engine: %s\n", err);
+        goto done;
+    }
+    be->ops->sync(be);
+    const double load_s = (now_ns() - t0) / 1e9;
+    const int blocks_per_seq = (ctx + KV_BLOCK - 1) / KV_BLOCK;
+    if (!(pool = kvpool_new((max_b + 1) * blocks_per_seq, KV_BLOCK, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
+                            wdt, be, err, sizeof err))) {
+        fprintf(stderr, "troupe-bench-engine: KV pool for %d sequences of %d tokens: %s\n", max_b + 1, ctx, err);
+        goto done;
+    }
+    if (!(logits = malloc((size_t)max_b * (size_t)cfg.vocab_size * sizeof(float)))) {
+        fprintf(stderr, "troupe-bench-engine: out of memory\n");
+        goto done;
+    }
+    const size_t wbytes = model_weight_bytes(m), abytes = model_active_weight_bytes(m);
+    const size_t kv_tok = (size_t)cfg.num_layers * 2 * (size_t)cfg.num_kv_heads * (size_t)cfg.head_dim * dtype_size(wdt);
+    const double copy_bps = o.copy_bw * 1e12;
+    printf("model %s (%s, %s), backend %s: %.2f GB of weights (%.2f GB active per token), KV %.1f KB per token, "
+           "loaded in %.1f s\n", o.model_dir, o.dummy ? "dummy weights" : "checkpoint", dtype_name(wdt),
+           be->ops->name, wbytes / 1e9, abytes / 1e9, kv_tok / 1e3, load_s);
+
+    /* ---- prefill: the template sequence, timed ---------------------------------------------- */
+    double pf_ms[PREFILL_RUNS];
+    for (int run = -1; run < PREFILL_RUNS; run++) {
+        for (int i = 0; i < o.prompt_len; i++)
+            ids[i] = s_rand_id(cfg.vocab_size);
+        kvseq_destroy(&seqs[max_b]);
+        if (!(seqs[max_b] = kvseq_new(pool, ctx, (uint64_t)run + 7))) {
+            fprintf(stderr, "troupe-bench-engine: out of memory\n");
+            goto done;
+        }
+        be->ops->sync(be);
+        int64_t t = now_ns();
+        if (s_prefill(m, seqs[max_b], ids, o.prompt_len, chunk, logits, err, sizeof err) < 0) {
+            fprintf(stderr, "troupe-bench-engine: prefill: %s\n", err);
+            goto done;
+        }
+        if (run >= 0)
+            pf_ms[run] = (now_ns() - t) / 1e6;
+    }
+    const double prefill_ms = s_median(pf_ms, PREFILL_RUNS);
+    printf("prefill of %d tokens (chunks of %d): %.2f ms (median of %d), %.0f tokens/s\n", o.prompt_len, chunk,
+           prefill_ms, PREFILL_RUNS, o.prompt_len / (prefill_ms / 1e3));
+    json_object_set_new(jroot, "prefill_ms", json_real(prefill_ms));
+    json_object_set_new(jroot, "prefill_tokens_per_s", json_real(o.prompt_len / (prefill_ms / 1e3)));
+    const kvseq_t *tmpl = seqs[max_b];
+    const int tmpl_blocks = kvseq_n_blocks(tmpl);
+
+    /* ---- decode, per batch size ------------------------------------------------------------- */
+    printf("%6s %8s %10s %10s %10s %9s %8s\n", "batch", "context", "step ms", "tok/s", "GB/step", "TB/s",
+           o.copy_bw > 0 ? "of copy" : "");
+    double *step_ms = malloc((size_t)o.steps * sizeof *step_ms);
+    if (!step_ms)
+        goto done;
+    for (int lv = 0; lv < o.n_levels; lv++) {
+        const int B = o.batch[lv];
+        for (int s = 0; s < B; s++) {
+            if (!(seqs[s] = kvseq_new(pool, ctx, 1000 + (uint64_t)s)) ||
+                kvseq_append(seqs[s], kvseq_tokens(tmpl), o.prompt_len) < 0) {
+                fprintf(stderr, "troupe-bench-engine: the KV pool cannot hold %d sequences\n", B);
+                free(step_ms);
+                goto done;
+            }
+            for (int b = 0; b < tmpl_blocks; b++)
+                be->ops->copy(be, kvpool_block_ptr(pool, kvseq_blocks(seqs[s])[b]),
+                              kvpool_block_ptr(pool, kvseq_blocks(tmpl)[b]), kvpool_view(pool)->block_bytes);
+            out[s] = s_rand_id(cfg.vocab_size);
+        }
+        be->ops->sync(be);
+        double kv_bytes = 0;
+        for (int step = -WARMUP_STEPS; step < o.steps + (o.profile ? 3 : 0); step++) {
+            if (step == o.steps)
+                model_profile_enable(m, 1);
+            for (int s = 0; s < B; s++) {
+                if (kvseq_append(seqs[s], &out[s], 1) < 0) {
+                    fprintf(stderr, "troupe-bench-engine: the KV pool is full\n");
+                    free(step_ms);
+                    goto done;
+                }
+                ms[s] = (model_seq_t){.kv = seqs[s], .n_new = 1};
+                if (step == 0)
+                    kv_bytes += (double)kvseq_len(seqs[s]) * (double)kv_tok;
+            }
+            model_batch_t b = {.n_seqs = B, .seqs = ms, .argmax_out = out};
+            int64_t t = now_ns();
+            if (model_forward(m, &b, logits, err, sizeof err) < 0) {
+                fprintf(stderr, "troupe-bench-engine: decode step at batch %d: %s\n", B, err);
+                free(step_ms);
+                goto done;
+            }
+            if (step >= 0 && step < o.steps)
+                step_ms[step] = (now_ns() - t) / 1e6;
+        }
+        model_profile_enable(m, 0);
+        const double med = s_median(step_ms, o.steps), tps = B / (med / 1e3);
+        const double bytes = (double)wbytes + kv_bytes, bps = bytes / (med / 1e3);
+        printf("%6d %8d %10.3f %10.1f %10.2f %9.3f", B, o.prompt_len + 1, med, tps, bytes / 1e9, bps / 1e12);
+        if (copy_bps > 0)
+            printf(" %7.0f%%", 100 * bps / copy_bps);
+        printf("\n");
+        json_t *jl = json_object();
+        json_object_set_new(jl, "batch", json_integer(B));
+        json_object_set_new(jl, "context", json_integer(o.prompt_len + 1));
+        json_object_set_new(jl, "step_ms", json_real(med));
+        json_object_set_new(jl, "tokens_per_s", json_real(tps));
+        json_object_set_new(jl, "bytes_per_step", json_real(bytes));
+        json_object_set_new(jl, "bytes_per_s", json_real(bps));
+        if (copy_bps > 0)
+            json_object_set_new(jl, "fraction_of_copy_bw", json_real(bps / copy_bps));
+        if (o.profile) {
+            char what[64];
+            snprintf(what, sizeof what, "decode batch %d", B);
+            s_print_profile(m, what, 3, jl);
+        }
+        json_array_append_new(jlevels, jl);
+        for (int s = 0; s < B; s++)
+            kvseq_destroy(&seqs[s]);
+    }
+    free(step_ms);
+    if (o.profile) {
+        kvseq_destroy(&seqs[max_b]);
+        if (!(seqs[max_b] = kvseq_new(pool, ctx, 99))) {
+            fprintf(stderr, "troupe-bench-engine: out of memory\n");
+            goto done;
+        }
+        model_profile_enable(m, 1);
+        if (s_prefill(m, seqs[max_b], ids, o.prompt_len, chunk, logits, err, sizeof err) < 0) {
+            fprintf(stderr, "troupe-bench-engine: prefill: %s\n", err);
+            goto done;
+        }
+        model_profile_enable(m, 0);
+        s_print_profile(m, "prefill", 1, jroot);
+    }
+    json_object_set_new(jroot, "model", json_string(o.model_dir));
+    json_object_set_new(jroot, "backend", json_string(be->ops->name));
+    json_object_set_new(jroot, "dtype", json_string(dtype_name(wdt)));
+    json_object_set_new(jroot, "weight_bytes", json_real((double)wbytes));
+    json_object_set_new(jroot, "active_weight_bytes", json_real((double)abytes));
+    json_object_set_new(jroot, "kv_bytes_per_token", json_real((double)kv_tok));
+    json_object_set_new(jroot, "prompt_len", json_integer(o.prompt_len));
+    json_object_set_new(jroot, "copy_bw_tbps", json_real(o.copy_bw));
+    json_object_set_new(jroot, "decode", jlevels);
+    jlevels = NULL;
+    if (o.json && json_dump_file(jroot, o.json, JSON_INDENT(1)) < 0) {
+        fprintf(stderr, "troupe-bench-engine: cannot write %s\n", o.json);
+        goto done;
+    }
+    status = 0;
+done:
+    for (int s = 0; s <= max_b && seqs; s++)
+        kvseq_destroy(&seqs[s]);
+    kvpool_destroy(&pool);
+    model_destroy(&m);
+    ckpt_destroy(&ck);
+    if (be)
+        be->ops->destroy(be);
+    json_decref(jlevels);
+    json_decref(jroot);
+    free(seqs);
+    free(ms);
+    free(ids);
+    free(out);
+    free(logits);
+    return status;
+}
