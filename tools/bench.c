@@ -1,7 +1,7 @@
 /* tools/bench.c — troupe-bench: a serving load generator in the style of `vllm bench serve`.
  *
  *   troupe-bench [--endpoint EP | --topology FILE] [--input-len N] [--output-len N]
- *                [--concurrency 1,8,32,64] [--prompts-per-level N] [--warmup N] [--vocab N]
+ *                [--concurrency 1,8,32,64] [--prompts-per-level N | --rounds R] [--warmup N] [--vocab N]
  *                [--generate MODEL_DIR [--generate-args "..."]] [--json FILE] [--seed S] [--gpus N]
  *                [--copy-bw GBps] [--model DIR [--dtype bf16]] [--weight-bytes N] [--kv-bytes-per-token N]
  *   troupe-bench --multi-turn [--turns T] [--system-len S] [--turn-len N] [--output-len M]
@@ -9,7 +9,8 @@
  *
  * Random token-id prompts of a fixed input length, a fixed output length (EOS ignored), a warm-up,
  * then one run per concurrency level (that many client threads, each with its own connection,
- * each sending its next request when the last one ends). Per level: TTFT, ITL and end-to-end
+ * each sending its next request when the last one ends; 4 x concurrency requests per level, or
+ * --prompts-per-level N, or --rounds R = R x concurrency). Per level: TTFT, ITL and end-to-end
  * latency (p50, p99), output and total tokens/s, output tokens/s per user and per GPU (--gpus).
  * With --generate it first times the one-process troupe-generate on the same lengths (median of 3)
  * and prints the ratio of the cluster's tokens/s per user at concurrency 1 to it. Written in C so
@@ -417,7 +418,7 @@ static json_t *s_summary_json(const summary_t *s)
 static void s_usage(FILE *f)
 {
     fprintf(f, "usage: troupe-bench [--endpoint EP | --topology FILE] [--input-len N] [--output-len N]\n"
-               "       [--concurrency 1,8,32,64] [--prompts-per-level N] [--warmup N] [--vocab N]\n"
+               "       [--concurrency 1,8,32,64] [--prompts-per-level N | --rounds R] [--warmup N] [--vocab N]\n"
                "       [--generate MODEL_DIR [--generate-args \"...\"]] [--json FILE] [--seed S] [--gpus N]\n"
                "       [--copy-bw GBps] [--model DIR [--dtype bf16]] [--weight-bytes N] [--kv-bytes-per-token N]\n"
                "       [--multi-turn [--turns T] [--system-len S] [--turn-len N] [--retention DUR]]\n");
@@ -427,7 +428,7 @@ int main(int argc, char **argv)
 {
     const char *ep = NULL, *topology = NULL, *gen_model = NULL, *gen_args = "", *json_path = NULL;
     const char *model_dir = NULL, *dtype = NULL;
-    int in_len = 64, out_len = 64, per_level = 0, warmup = 2, vocab = 500, levels[MAX_LEVELS], n_levels = 0;
+    int in_len = 64, out_len = 64, per_level = 0, rounds = 0, warmup = 2, vocab = 500, levels[MAX_LEVELS], n_levels = 0;
     int multi = 0, turns = 4, sys_len = 256, turn_len = 64;
     int64_t retention = 0;
     uint64_t seed = 1;
@@ -445,6 +446,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--output-len")) out_len = atoi(v);
         else if (!strcmp(a, "--concurrency")) snprintf(conc, sizeof conc, "%s", v);
         else if (!strcmp(a, "--prompts-per-level")) per_level = atoi(v);
+        else if (!strcmp(a, "--rounds")) rounds = atoi(v);
         else if (!strcmp(a, "--warmup")) warmup = atoi(v);
         else if (!strcmp(a, "--vocab")) vocab = atoi(v);
         else if (!strcmp(a, "--generate")) gen_model = v;
@@ -528,7 +530,8 @@ int main(int argc, char **argv)
         level_t L = {.ep = ep, .in_len = in_len, .out_len = out_len, .concurrency = levels[l], .vocab = vocab,
                      .seed = seed + (uint64_t)levels[l]};
         if (!multi) {
-            L.n_prompts = per_level > 0 ? per_level : (4 * levels[l] > 8 ? 4 * levels[l] : 8);
+            L.n_prompts = per_level > 0 ? per_level : rounds > 0 ? rounds * levels[l]
+                                                    : (4 * levels[l] > 8 ? 4 * levels[l] : 8);
             S[l] = s_run_level(&L);
             errors += S[l].errors;
             fprintf(stderr, "  concurrency %4d: %9.1f out tok/s, %7.1f tok/s/user, TTFT p50 %8.1f ms, ITL p50 %6.2f ms\n",

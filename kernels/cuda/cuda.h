@@ -15,7 +15,8 @@
  * Settings (environment, read by backend_cuda_new; a bad value is an error naming it):
  *   TROUPE_CUDA_GEMV_MAX_M  rows up to which matmul runs the GEMV kernel (default 8; 0: never)
  *   TROUPE_CUDA_GEMV_WARPS  warps sharing a GEMV row: 1, 4 (default) or 8
- *   TROUPE_CUDA_GEMM_SPLIT  1 (default): GEMM activations as bf16/f16 hi + lo; 0: rounded once
+ *   TROUPE_CUDA_GEMM_SPLIT  N: GEMMs of <= N rows (default 32) take activations as bf16/f16 hi + lo,
+ *                           larger ones round them once (bf16 activations); 0: always rounded once
  *   TROUPE_CUDA_ATTN_SPLIT  1 (default): split-KV decode attention when rows x heads are few
  *   TROUPE_CUDA_ATTN_FLASH  1 (default): the flash attention kernel (head_dim 64/128); 0: row/tile kernels
  *   TROUPE_CUDA_PDL         1 (default): programmatic dependent launch for every kernel
@@ -97,7 +98,7 @@ typedef struct cuda_state {
     size_t gout_bytes;
     int gemv_max_m;               /* matmuls with M <= this run the GEMV kernel (TROUPE_CUDA_GEMV_MAX_M, default 8) */
     int gemv_warps;               /* warps sharing one output row in the GEMV (TROUPE_CUDA_GEMV_WARPS: 1, 4 (default), 8) */
-    int gemm_split;               /* 1: activations as bf16 hi + lo in the GEMM (TROUPE_CUDA_GEMM_SPLIT, default 1) */
+    int gemm_split_max_m;         /* GEMMs of at most this many rows take activations as hi + lo (TROUPE_CUDA_GEMM_SPLIT, default 32) */
     int attn_split;               /* 0: never split the keys of a row across blocks (TROUPE_CUDA_ATTN_SPLIT=0) */
     int attn_flash;               /* 1 (default): the flash kernel for head_dim 64/128 (TROUPE_CUDA_ATTN_FLASH) */
     int pdl;                      /* 1 (default): kernels launch with programmatic dependent launch (TROUPE_CUDA_PDL) */

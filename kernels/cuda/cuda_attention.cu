@@ -400,7 +400,7 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) k_attn_tiles(attn_args_t a)
  * rows padded by 16 bytes so that the lanes' 16-byte reads of different keys hit different banks.
  * Rows of one tile that belong to different sequences are handled one sequence per pass. */
 #define FL_KEYS 32                /* keys per K/V tile: one per lane */
-#define FL_VECS 64                /* most vectors (rows x heads) per block: 4 warps x 16 */
+#define FL_VECS 32                /* vectors (rows x heads) per prefill block: 4 warps x 8 (G=4: 8 rows) */
 
 __device__ __forceinline__ void dev_cp_async16(void *smem, const void *gmem, int src_bytes)
 {
@@ -456,7 +456,9 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) k_attn_flash(attn_args_t a, i
     __shared__ int s_seq[FL_VECS], s_pos[FL_VECS];          /* per tile row; seq -1: no row, or done */
 
     const int G = a.n_heads / a.n_kv, g = blockIdx.y, sidx = blockIdx.z;
-    const int t0 = blockIdx.x * NT, nvec = NT * G;
+    /* Last row tiles first: in a causal prefill they have the most keys, so the short ones fill
+     * the tail of the grid instead of the long ones running alone at its end. */
+    const int t0 = (gridDim.x - 1 - blockIdx.x) * NT, nvec = NT * G;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, d0 = lane * DPL;
     const size_t slot_stride = (size_t)a.n_kv * D, k_off = dev_kv_off(a, 0) + (size_t)g * D,
                  v_off = dev_kv_off(a, 1) + (size_t)g * D;
@@ -626,8 +628,8 @@ template <typename KT, int DPL>
 static void s_flash_dpl(const cuda_state_t *st, const attn_args_t &a, int prefill)
 {
     const int G = a.n_heads / a.n_kv;
-    if (prefill) {                                 /* 64 vectors: NT = 64 / G rows */
-        s_flash_launch<KT, DPL, 16>(st, a, FL_VECS / G);
+    if (prefill) {                                 /* FL_VECS vectors: NT = FL_VECS / G rows */
+        s_flash_launch<KT, DPL, FL_VECS / 4>(st, a, FL_VECS / G > 0 ? FL_VECS / G : 1);
         return;
     }
     if (G <= 4) s_flash_launch<KT, DPL, 1>(st, a, 1);   /* decode: one row, its G heads */

@@ -300,7 +300,7 @@ extern "C" backend_t *backend_cuda_new(int device, char *err, size_t errlen)
     st->device = device;
     if (s_env_int("TROUPE_CUDA_GEMV_MAX_M", 8, 0, 64, &st->gemv_max_m, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_GEMV_WARPS", 4, 1, 8, &st->gemv_warps, err, errlen) < 0 ||
-        s_env_int("TROUPE_CUDA_GEMM_SPLIT", 1, 0, 1, &st->gemm_split, err, errlen) < 0 ||
+        s_env_int("TROUPE_CUDA_GEMM_SPLIT", 32, 0, 1 << 30, &st->gemm_split_max_m, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_ATTN_SPLIT", 1, 0, 1, &st->attn_split, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_ATTN_FLASH", 1, 0, 1, &st->attn_flash, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_PDL", 1, 0, 1, &st->pdl, err, errlen) < 0)

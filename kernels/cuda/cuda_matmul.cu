@@ -15,15 +15,17 @@
  * what the HBM bound measures.
  *
  * Many rows: the library. f32 weights: cublasSgemm with pedantic math (no TF32): plain f32.
- * bf16 / f16 weights, default (gemm_split): each activation is written as the sum of two 16-bit
+ * bf16 / f16 weights, M <= gemm_split_max_m (TROUPE_CUDA_GEMM_SPLIT, default 32: decode batches,
+ * short prompts, where reading W is the cost): each activation is written as the sum of two 16-bit
  * numbers, hi = round(x) and lo = round(x - hi) (x - hi is exact in f32), stacked as 2M rows of
  * ONE cuBLASLt GEMM (tensor cores, f32 accumulation, W read once), and y = y_hi + y_lo: each
  * product keeps ~16 bits of the activation, so results are within ~1e-5 of f32 — the price is
- * twice the tensor-core work, which only shows once M is large enough to be compute-bound. With
- * TROUPE_CUDA_GEMM_SPLIT=0 the activations are rounded once to the weights' type (round to
- * nearest even; f16 saturates at +-65504 so a large activation cannot become inf): ~1e-3 relative
- * per matmul, which on the bf16 fixture compounds to 1.3e-2 in the logits (over its 1e-2 bound;
- * with the split: 2e-5). cuBLASLt picks its kernel by shape, so this path is NOT batch-invariant:
+ * twice the tensor-core work, which only shows once M is large enough to be compute-bound. Above
+ * that many rows (prefill chunks, large decode batches: compute-bound, where the split costs up to
+ * 2x), the activations are rounded once to the weights' type — bf16 activations with f32
+ * accumulation, as vLLM, SGLang and TensorRT-LLM run (round to nearest even; f16 saturates at
+ * +-65504 so a large activation cannot become inf): ~1e-3 relative per matmul, which on the bf16
+ * fixture compounds to ~1.5e-2 in the logits (measured; the split: 2e-5). cuBLASLt picks its kernel by shape, so this path is NOT batch-invariant:
  * a row's bits can change with M, and differ from the same row computed on the GEMV path. The
  * bias is added after the product (f32 add, as the CPU).
  *
@@ -369,7 +371,7 @@ void cuda_matmul(backend_t *be, const float *x, int M, const bk_mat_t *w, const 
         CUBLAS_CHECK(cublasSgemm(st->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, M, (int)K, &alpha, (const float *)w->data,
                                  (int)K, x, (int)K, &beta, y, (int)N));
     } else {
-        const int split = st->gemm_split, Mg = split ? 2 * M : M;   /* GEMM rows: hi then lo, or the rounded x */
+        const int split = M <= st->gemm_split_max_m, Mg = split ? 2 * M : M;   /* GEMM rows: hi then lo, or the rounded x */
         const int64_t n = (int64_t)M * K;
         void *xb = cuda_scratch(be, &st->conv, &st->conv_bytes, (size_t)Mg * K * 2);
         float *yg = split ? (float *)cuda_scratch(be, (void **)&st->gout, &st->gout_bytes, (size_t)Mg * N * 4) : y;

@@ -271,8 +271,9 @@ int main(int argc, char **argv)
             printf("%s_step_ms %.3f ms\n", vkey[v], step[v] / 1e3);
             printf("%s_bandwidth %.3f TB/s\n", vkey[v], bytes_step / (step[v] * 1e-6) / 1e12);
         }
-        /* Prefill-sized GEMMs through the backend: activations split (default) and rounded once. */
-        backend_t *split = s_backend(NULL, NULL);
+        /* Prefill-sized GEMMs through the backend: activations split (forced for every M) and
+         * rounded once (what the default does above TROUPE_CUDA_GEMM_SPLIT rows). */
+        backend_t *split = s_backend("TROUPE_CUDA_GEMM_SPLIT", "1000000");
         const int Ms[2] = {128, 512};
         for (int i = 0; i < 2; i++) {
             const double flop = 2.0 * Ms[i] * 14336.0 * 4096.0;
