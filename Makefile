@@ -20,10 +20,19 @@ LDLIBS  := $(PKG_LIBS) -lncursesw -lm -lpthread -ldl -fopenmp
 CMOCKA  := $(shell pkg-config --libs cmocka 2>/dev/null || echo -lcmocka)
 
 # CUDA and NCCL: /usr/local/cuda on the CPU machines, /usr on the GPU node. Optional.
+comma := ,
 CUDA_HOME ?= /usr/local/cuda
 NVCC      ?= $(shell command -v nvcc 2>/dev/null || ( [ -x $(CUDA_HOME)/bin/nvcc ] && echo $(CUDA_HOME)/bin/nvcc ))
 CUDA_ARCH ?= -gencode=arch=compute_90a,code=sm_90a
 NCCL_INC  := $(firstword $(wildcard $(CUDA_HOME)/include/nccl.h /usr/include/nccl.h))
+# libnccl beside its header: CUDA_HOME's lib folder here, the system's on the GPU node. With both,
+# kernels/cuda/cuda_nccl.cu is compiled (-DTROUPE_NCCL) and the CUDA binaries link -lnccl.
+NCCL_LIBDIR ?= $(patsubst %/,%,$(dir $(firstword $(wildcard $(CUDA_HOME)/lib64/libnccl.so \
+               $(CUDA_HOME)/targets/x86_64-linux/lib/libnccl.so /usr/lib/x86_64-linux-gnu/libnccl.so))))
+NCCL      := $(if $(and $(NCCL_INC),$(NCCL_LIBDIR)),1)
+# (The system's folder needs no -L: one would put it before LIBRARY_PATH's folders.)
+NCCL_LDLIBS := $(if $(NCCL),$(if $(filter /usr/lib/x86_64-linux-gnu,$(NCCL_LIBDIR)),,-L$(NCCL_LIBDIR) \
+               -Wl$(comma)-rpath$(comma)$(NCCL_LIBDIR)) -lnccl)
 
 B := build
 LIB_SRCS   := $(wildcard common/*.c messages/*.c topology/*.c engine/*.c kernels/cpu/*.c actors/runtime/*.c tools/lib/*.c)
@@ -53,7 +62,7 @@ CUDA_LIBDIR ?= $(firstword $(wildcard $(CUDA_HOME)/lib64 $(CUDA_HOME)/targets/x8
 ifneq ($(CUDA_LIB),)
 ifneq ($(CUDA_LINK),0)
 CUDA_LDLIBS := -Wl,-u,backend_cuda_new $(CUDA_LIB) $(B)/libtroupe.a -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) \
-               -lcublasLt -lcublas -lcudart -lstdc++
+               $(NCCL_LDLIBS) -lcublasLt -lcublas -lcudart -lstdc++
 CUDA_DEP    := $(CUDA_LIB)
 endif
 endif
@@ -112,7 +121,7 @@ $(B)/tests/%: tests/unit/%.c $(B)/libtroupe.a
 
 $(B)/obj/%.o: %.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) -O3 -std=c++17 $(CUDA_ARCH) -I. $(if $(NCCL_INC),-I$(dir $(NCCL_INC))) -c $< -o $@
+	$(NVCC) -O3 -std=c++17 $(CUDA_ARCH) -I. $(if $(NCCL),-DTROUPE_NCCL -I$(dir $(NCCL_INC))) -c $< -o $@
 
 $(B)/libtroupe_cuda.a: $(CU_OBJS)
 	@rm -f $@
@@ -120,7 +129,7 @@ $(B)/libtroupe_cuda.a: $(CU_OBJS)
 
 $(B)/gpu-tests/%: tests/gpu/%.c $(B)/libtroupe.a $(CUDA_DEP)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(PKG_CFLAGS) $< -o $@ $(B)/libtroupe.a $(CUDA_LDLIBS) $(CMOCKA) $(LDLIBS)
+	$(CC) $(CFLAGS) $(PKG_CFLAGS) -I$(CUDA_HOME)/include $< -o $@ $(B)/libtroupe.a $(CUDA_LDLIBS) $(CMOCKA) $(LDLIBS)
 $(B)/gpu-tests/%: tests/gpu/%.cu $(B)/libtroupe.a $(CUDA_DEP)
 	@mkdir -p $(dir $@)
 	$(NVCC) -O3 -std=c++17 $(CUDA_ARCH) -I. -c $< -o $@.o

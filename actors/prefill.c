@@ -5,20 +5,27 @@
  *   - each step, fill a token budget (limits.prefill_chunk_tokens) with prompt chunks of as many
  *     requests as fit (chunked prefill), reusing every cached prefix block of the local pool first
  *     (kvseq_match_prefix: blocks of earlier requests, or fetched from the cache-manager's store);
- *   - when a prompt is complete: sample the first token, write the request's KV blocks into a
- *     shared-memory segment, announce them (kv_announce) and hand the request over (handoff) to
- *     the decode worker the router chose; free the blocks once the decode side acknowledges, or fail
- *     the request with a retryable error when it does not within TRANSFER_TIMEOUT_MS;
+ *   - when a prompt is complete: sample the first token, move the request's KV blocks towards the
+ *     decode worker the router chose (same GPU: it copies them out of our pool, CUDA IPC; another
+ *     GPU of the node: an NCCL send once the link to it is up, actors/runtime/kv_link.h; else a
+ *     shared-memory segment), announce them (kv_announce) and hand the request over (handoff);
+ *     free the blocks once the decode side acknowledges, or fail the request with a retryable
+ *     error when it does not within TRANSFER_TIMEOUT_MS. An NCCL hand-off that fails (the link
+ *     broke, the send missed its deadline, the decode side refused it) is done again once
+ *     through shared memory, so a link failure loses no request;
  *   - tell the cache-manager which full blocks this worker now holds (cache_put, device tier);
  *   - cancel frees everything a request holds.
  *
  * A request's life: WAITING -> (FETCHING ->) RUNNING -> HANDING_OFF -> gone.
+ * An NCCL hand-off leaves HANDING_OFF only when the decode side acknowledged it AND our send is seen
+ * complete (until then NCCL may still read the blocks), or through the shared-memory retry.
  *
  * Known limits: one backend stream; the whole prompt must fit in the KV pool at once. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "actors/runtime/actor.h"
+#include "actors/runtime/kv_link.h"
 #include "actors/runtime/kv_transfer.h"
 #include "actors/runtime/worker.h"
 #include "common/log.h"
@@ -29,6 +36,10 @@
  * one. */
 #define TRANSFER_TIMEOUT_MS 5000
 #define FETCH_TIMEOUT_MS    1000
+/* A refused NCCL hand-off is retried through shared memory once our send is over: the decode side
+ * receives (and drops) the bytes of a hand-off it refuses, so this only bounds a refusal that left
+ * them on the link (its link is then aborted). */
+#define REFUSED_SEND_GRACE_MS 250
 
 typedef enum { PF_WAITING, PF_FETCHING, PF_RUNNING, PF_HANDING_OFF, PF_STATE_COUNT } pf_state_t;
 static const char *const s_state_names[PF_STATE_COUNT] = {"waiting", "fetching", "running", "handing_off"};
@@ -45,6 +56,15 @@ typedef struct pf_req {
     int64_t arrived_ms, started_ms, deadline_ms;   /* deadline: of the fetch or the transfer */
     uint64_t transfer_id;
     tchan_seg_t seg;             /* the hand-off segment while HANDING_OFF */
+    int32_t first_token;         /* sampled at the end of the prompt (kept for a retried hand-off) */
+    float first_lp;
+    msg_channel_t channel;       /* how the current hand-off's blocks travel */
+    tchan_nccl_xfer_t xfer;      /* NCCL: our send */
+    uint8_t handle[KVLINK_HANDLE_BYTES];   /* NCCL: the announce's handle (link id, sequence) */
+    int sent;                    /* NCCL: the send is over (done, or its link aborted) */
+    int acked;                   /* NCCL: the decode side acknowledged before the send was seen done */
+    int refused;                 /* NCCL: the decode side refused: retry through shm once the send is over */
+    uint64_t nccl_transfer;      /* the NCCL attempt's transfer id after a retry (its late ok still counts) */
     int fetch_from;              /* FETCHING: index of the first hint block asked for */
     struct pf_req *next;
 } pf_req_t;
@@ -64,6 +84,8 @@ typedef struct prefill {
     const topo_instance_t *self;
     uint64_t prompts, prompt_tokens, computed_tokens, cached_tokens, handoffs, handoff_failures;
     uint64_t fetches, fetched_blocks;
+    uint64_t handoff_retries;    /* NCCL hand-offs done again through shared memory */
+    kvlinks_t *links;            /* NCCL links to decode workers on other GPUs of the node */
     double tokens_per_s;         /* computed tokens per second over the last stats interval */
     uint64_t last_computed;
     int64_t last_stats_ms;
@@ -101,6 +123,12 @@ static pf_req_t *s_find(prefill_t *p, uint64_t id)
         if (r->id == id)
             return r;
     return NULL;
+}
+
+/* The channel the topology gives a hand-off to decode worker `dw` (kv_link.h). */
+static msg_channel_t s_route(const prefill_t *p, const char *dw)
+{
+    return kvlink_route(p->self, topo_find(p->topo, dw), p->w->ipc_ok, tchan_nccl_available(p->w->be));
 }
 
 /* Fails a request back to the router (which gives the client its one terminal reply). */
@@ -168,6 +196,9 @@ static int s_on_prefill_request(actor_t *a, void *state, const actor_peer_t *fro
             }
         }
     }
+    /* Another GPU of the node: bring the NCCL link up while the prompt runs (no-op once it is). */
+    if (s_route(p, q->decode_worker) == MSG_CHAN_NCCL)
+        kvlinks_want(p->links, q->decode_worker);
     if (p->tail)
         p->tail->next = r;
     else
@@ -190,18 +221,48 @@ static int s_on_cancel(actor_t *a, void *state, const actor_peer_t *from, msg_t 
     return 0;
 }
 
-/* The decode side answered a hand-off: free the transfer either way. */
+static void s_retry_shm(actor_t *a, prefill_t *p, pf_req_t *r, const char *why);
+
+/* The decode side answered a hand-off: free the transfer either way (an NCCL one: once our send is
+ * seen complete too; a refused NCCL one is retried through shared memory). */
 static int s_on_kv_ack(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
 {
     prefill_t *p = state;
     const msg_kv_ack_t *k = &m->u.kv_ack;
     for (pf_req_t *r = p->head; r; r = r->next) {
-        if (r->state != PF_HANDING_OFF || r->transfer_id != k->transfer_id)
+        if (r->state != PF_HANDING_OFF)
             continue;
-        if (k->status == MSG_ACK_OK) {
+        if (r->nccl_transfer && r->nccl_transfer == k->transfer_id) {
+            /* The NCCL attempt's late answer, its shared-memory retry already out: ok means the
+             * decode side has the request (it refuses the retry as a duplicate); a refusal is old news. */
+            if (k->status == MSG_ACK_OK) {
+                p->handoffs++;
+                s_remove(p, r);
+            }
+            return 0;
+        }
+        if (r->transfer_id != k->transfer_id)
+            continue;
+        if (r->channel == MSG_CHAN_NCCL && !r->sent) {
+            char err[512];
+            if (kvlinks_test(p->links, r->msg.u.prefill_request.decode_worker, &r->xfer, err, sizeof err) != 0)
+                r->sent = 1;   /* done, or its link aborted: NCCL reads our blocks no more */
+        }
+        if (k->status == MSG_ACK_OK && r->channel == MSG_CHAN_NCCL && !r->sent) {
+            r->acked = 1;   /* NCCL may still read the blocks: freed when our send is seen done */
+        } else if (k->status == MSG_ACK_OK) {
             p->handoffs++;
             LOG_D("request %llu handed off (%d blocks)", (unsigned long long)r->id, kvseq_n_blocks(r->kv));
             s_remove(p, r);
+        } else if (r->channel == MSG_CHAN_NCCL) {
+            char why[512];
+            snprintf(why, sizeof why, "refused by %s: %s", r->msg.u.prefill_request.decode_worker,
+                     k->message ? k->message : "no reason");
+            r->refused = 1;
+            if (r->sent)
+                s_retry_shm(a, p, r, why);
+            else if (r->xfer.deadline_ms > now_ms() + REFUSED_SEND_GRACE_MS)
+                r->xfer.deadline_ms = now_ms() + REFUSED_SEND_GRACE_MS;
         } else {
             p->handoff_failures++;
             char why[512];
@@ -277,6 +338,87 @@ static void s_publish_blocks(actor_t *a, prefill_t *p, pf_req_t *r)
     actor_send(a, p->cache_manager, &m);
 }
 
+/* Moves r's blocks towards its decode worker by `channel` (NCCL falls back to shared memory when
+ * the send cannot be posted) and sends kv_announce + handoff; fails the request when it cannot. */
+static void s_send_handoff(actor_t *a, prefill_t *p, pf_req_t *r, msg_channel_t channel)
+{
+    const msg_prefill_request_t *q = &r->msg.u.prefill_request;
+    char err[512];
+    int nb = kvseq_n_blocks(r->kv);
+    size_t bb = worker_block_bytes(p->w);
+    const bk_kv_t *kv = kvpool_view(p->w->pool);
+    r->transfer_id = ++p->next_transfer;
+    r->sent = r->acked = r->refused = 0;
+    /* Same GPU: the decode worker copies the blocks straight out of our pool (CUDA IPC); another GPU
+     * of the node: our NCCL send, posted now, which its receive matches; else they travel through
+     * a shared-memory segment in host memory. Either way our blocks stay ours until the kv_ack. */
+    if (channel == MSG_CHAN_NCCL && kvlinks_send(p->links, q->decode_worker, kv, kvseq_blocks(r->kv), nb, &r->xfer,
+                                                 r->handle, err, sizeof err) != 0) {
+        LOG_W("request %llu: %s; handing it off through shared memory", (unsigned long long)r->id, err);
+        channel = MSG_CHAN_SHM;
+    }
+    r->channel = channel;
+    if (channel == MSG_CHAN_SHM &&
+        (tchan_shm_create(&r->seg, p->cluster, r->transfer_id, (size_t)nb * bb, err, sizeof err) != 0 ||
+         worker_blocks_out(p->w, kvseq_blocks(r->kv), nb, r->seg.ptr) != 0)) {
+        s_fail(a, p, r, MSG_ERR_TRANSFER_FAILED, 1, err);
+        return;
+    }
+    const uint8_t *handle = channel == MSG_CHAN_CUDA_IPC ? p->w->ipc_handle
+                          : channel == MSG_CHAN_NCCL     ? r->handle
+                                                         : (const uint8_t *)r->seg.name;
+    uint32_t handle_len = channel == MSG_CHAN_CUDA_IPC ? KVX_IPC_HANDLE_BYTES
+                        : channel == MSG_CHAN_NCCL     ? KVLINK_HANDLE_BYTES
+                                                       : (uint32_t)strlen(r->seg.name);
+    msg_t an;
+    kvx_announce(&an, r->transfer_id, r->id, kv, (const uint32_t *)kvseq_blocks(r->kv), (uint32_t)nb, channel, handle,
+                 handle_len, p->name, TRANSFER_TIMEOUT_MS);
+
+    msg_t h;
+    msg_init(&h, MSG_HANDOFF, r->id);
+    msg_handoff_t *o = &h.u.handoff;
+    o->tokens = q->tokens;
+    o->n_tokens = q->n_tokens;
+    o->first_token = (uint32_t)r->first_token;
+    o->first_logprob = r->first_lp;
+    o->sampling = q->sampling;
+    o->tokens_left = q->sampling.max_tokens > 0 ? q->sampling.max_tokens - 1 : 0;
+    o->kv_tokens = (uint32_t)r->n_prompt;
+    o->block_size = (uint32_t)kv->block_size;
+    o->transfer_id = r->transfer_id;
+    o->reply_to = q->reply_to;
+    o->prefill_worker = p->name;
+    o->tenant_salt = q->tenant_salt;
+    o->prompt_cache_key = q->prompt_cache_key;
+    o->cache_retention_s = q->cache_retention_s;
+    o->cached_tokens = (uint32_t)r->n_cached;
+    o->queue_ms = q->queue_ms + (uint32_t)(r->started_ms - r->arrived_ms);
+    o->prefill_ms = (uint32_t)(now_ms() - r->started_ms);
+    o->deadline_ms = q->deadline_ms;
+    if (actor_send(a, q->decode_worker, &an) != 0 || actor_send(a, q->decode_worker, &h) != 0) {
+        /* A posted send nobody will receive would pair with the next hand-off's receive. */
+        if (channel == MSG_CHAN_NCCL)
+            kvlinks_abort(p->links, q->decode_worker, "a posted send could not be announced");
+        s_fail(a, p, r, MSG_ERR_UNAVAILABLE, 1, "decode worker unreachable for the KV hand-off");
+        return;
+    }
+    if (r->state != PF_HANDING_OFF)
+        s_publish_blocks(a, p, r);
+    r->deadline_ms = now_ms() + TRANSFER_TIMEOUT_MS;
+    s_set_state(r, PF_HANDING_OFF, r->state == PF_HANDING_OFF ? "retried through shared memory" : "prompt complete");
+}
+
+/* An NCCL hand-off that failed (link broke, send past its deadline, refused) is done once more
+ * through shared memory: our blocks are still here, so nothing is lost. */
+static void s_retry_shm(actor_t *a, prefill_t *p, pf_req_t *r, const char *why)
+{
+    LOG_W("request %llu: NCCL hand-off to %s failed (%s); handing it off through shared memory",
+          (unsigned long long)r->id, r->msg.u.prefill_request.decode_worker, why);
+    p->handoff_retries++;
+    r->nccl_transfer = r->transfer_id;
+    s_send_handoff(a, p, r, MSG_CHAN_SHM);
+}
+
 /* Samples the first token and hands the request over to its decode worker. */
 static void s_handoff(actor_t *a, prefill_t *p, pf_req_t *r, const float *logits)
 {
@@ -293,61 +435,45 @@ static void s_handoff(actor_t *a, prefill_t *p, pf_req_t *r, const float *logits
         return;
     }
     float lp = 0;
-    int32_t first = sampler_sample(smp, logits, q->sampling.logprobs ? &lp : NULL);
+    r->first_token = sampler_sample(smp, logits, q->sampling.logprobs ? &lp : NULL);
+    r->first_lp = lp > 0 ? 0 : lp;
     sampler_destroy(&smp);
-
-    int nb = kvseq_n_blocks(r->kv);
-    size_t bb = worker_block_bytes(p->w);
-    r->transfer_id = ++p->next_transfer;
-    /* Same GPU: the decode worker copies the blocks straight out of our pool (CUDA IPC); else
-     * they travel through a shared-memory segment in host memory. Either way our blocks stay
-     * ours until the kv_ack. */
-    const topo_instance_t *dst = topo_find(p->topo, q->decode_worker), *self = p->self;
-    int ipc = p->w->ipc_ok && dst && dst->node == self->node && dst->gpu >= 0 && dst->gpu == self->gpu;
-    if (!ipc && (tchan_shm_create(&r->seg, p->cluster, r->transfer_id, (size_t)nb * bb, err, sizeof err) != 0 ||
-                 worker_blocks_out(p->w, kvseq_blocks(r->kv), nb, r->seg.ptr) != 0)) {
-        s_fail(a, p, r, MSG_ERR_TRANSFER_FAILED, 1, err);
-        return;
-    }
-    const bk_kv_t *kv = kvpool_view(p->w->pool);
-    msg_t an;
-    if (ipc)
-        kvx_announce(&an, r->transfer_id, r->id, kv, (const uint32_t *)kvseq_blocks(r->kv), (uint32_t)nb,
-                     MSG_CHAN_CUDA_IPC, p->w->ipc_handle, KVX_IPC_HANDLE_BYTES, p->name, TRANSFER_TIMEOUT_MS);
-    else
-        kvx_announce(&an, r->transfer_id, r->id, kv, (const uint32_t *)kvseq_blocks(r->kv), (uint32_t)nb,
-                     MSG_CHAN_SHM, (const uint8_t *)r->seg.name, (uint32_t)strlen(r->seg.name), p->name,
-                     TRANSFER_TIMEOUT_MS);
-
-    msg_t h;
-    msg_init(&h, MSG_HANDOFF, r->id);
-    msg_handoff_t *o = &h.u.handoff;
-    o->tokens = q->tokens;
-    o->n_tokens = q->n_tokens;
-    o->first_token = (uint32_t)first;
-    o->first_logprob = lp > 0 ? 0 : lp;
-    o->sampling = q->sampling;
-    o->tokens_left = q->sampling.max_tokens > 0 ? q->sampling.max_tokens - 1 : 0;
-    o->kv_tokens = (uint32_t)r->n_prompt;
-    o->block_size = (uint32_t)kv->block_size;
-    o->transfer_id = r->transfer_id;
-    o->reply_to = q->reply_to;
-    o->prefill_worker = p->name;
-    o->tenant_salt = q->tenant_salt;
-    o->prompt_cache_key = q->prompt_cache_key;
-    o->cache_retention_s = q->cache_retention_s;
-    o->cached_tokens = (uint32_t)r->n_cached;
-    o->queue_ms = q->queue_ms + (uint32_t)(r->started_ms - r->arrived_ms);
-    o->prefill_ms = (uint32_t)(now_ms() - r->started_ms);
-    o->deadline_ms = q->deadline_ms;
-    if (actor_send(a, q->decode_worker, &an) != 0 || actor_send(a, q->decode_worker, &h) != 0) {
-        s_fail(a, p, r, MSG_ERR_UNAVAILABLE, 1, "decode worker unreachable for the KV hand-off");
-        return;
-    }
-    s_publish_blocks(a, p, r);
-    r->deadline_ms = now_ms() + TRANSFER_TIMEOUT_MS;
-    s_set_state(r, PF_HANDING_OFF, "prompt complete");
+    s_send_handoff(a, p, r, kvlinks_channel(p->links, q->decode_worker, s_route(p, q->decode_worker)));
 }
+
+/* Every KVLINK_POLL_MS: links coming up, and NCCL sends in flight (done, failed, or past their
+ * deadline, which aborts their link): an acknowledged hand-off is freed when its send is done, a
+ * failed or refused one goes again through shared memory. */
+static int s_poll_links(actor_t *a, void *state)
+{
+    prefill_t *p = state;
+    kvlinks_poll(p->links);
+    char err[512];
+    for (pf_req_t *r = p->head, *next; r; r = next) {
+        next = r->next;
+        if (r->state != PF_HANDING_OFF || r->channel != MSG_CHAN_NCCL || r->sent)
+            continue;
+        int s = kvlinks_test(p->links, r->msg.u.prefill_request.decode_worker, &r->xfer, err, sizeof err);
+        if (s == 0)
+            continue;
+        r->sent = 1;
+        if (r->acked) {
+            p->handoffs++;
+            s_remove(p, r);
+        } else if (s < 0 || r->refused) {
+            s_retry_shm(a, p, r, s < 0 ? err : "refused by the decode worker");
+        }
+    }
+    return 0;
+}
+
+static int s_on_kv_link(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
+{
+    prefill_t *p = state;
+    return kvlinks_on_msg(p->links, m);
+}
+
+static int s_link_send(void *ctx, const char *to, const msg_t *m) { return actor_send(ctx, to, m); }
 
 /* One step: expire transfers, build a batch of prompt chunks within the token budget, run it,
  * hand off what finished. Returns 1 if it did work. */
@@ -450,6 +576,9 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
     actor_stat_metric(a, st, "transfer_failures_total", (double)p->handoff_failures, 1);
     actor_stat_metric(a, st, "fetches_total", (double)p->fetches, 1);
     actor_stat_metric(a, st, "fetched_blocks_total", (double)p->fetched_blocks, 1);
+    actor_stat_metric(a, st, "transfers_nccl_total", (double)kvlinks_transfers(p->links), 1);
+    actor_stat_metric(a, st, "transfer_retries_total", (double)p->handoff_retries, 1);
+    actor_stat_metric(a, st, "transfers_nccl_fallback_total", (double)kvlinks_fallbacks(p->links), 1);
 }
 
 static const actor_handler_t s_handlers[] = {
@@ -458,6 +587,7 @@ static const actor_handler_t s_handlers[] = {
     {MSG_KV_ACK, s_on_kv_ack},
     {MSG_KV_ANNOUNCE, s_on_kv_announce},
     {MSG_CACHE_FETCH_REPLY, s_on_fetch_reply},
+    {MSG_KV_LINK, s_on_kv_link},
 };
 
 int main(int argc, char **argv)
@@ -480,10 +610,14 @@ int main(int argc, char **argv)
     p.next_transfer = kvx_first_id();
     p.seqs = calloc((size_t)max_seqs, sizeof *p.seqs);
     p.batch = calloc((size_t)max_seqs, sizeof *p.batch);
+    p.links = kvlinks_new(p.w->be, p.name, worker_block_bytes(p.w), NULL, s_link_send, a);
+    if (tchan_nccl_available(p.w->be))
+        actor_timer_add(a, KVLINK_POLL_MS, s_poll_links);
     tchan_shm_sweep(t->name);
     actor_ops_t ops = {.handlers = s_handlers, .n_handlers = ARRAY_LEN(s_handlers), .before_sleep = s_step,
                        .fill_stats = s_fill_stats, .drained = s_drained};
     int rc = actor_run(a, &ops, &p);
+    kvlinks_destroy(&p.links);   /* first: aborts the sends still in flight before their blocks go */
     while (p.head)
         s_remove(&p, p.head);
     free(p.seqs);

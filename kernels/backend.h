@@ -100,11 +100,13 @@ typedef struct bk_nccl_ops {
      * backend's device and returns at once; NULL with why when NCCL refused at once. */
     bk_comm_t *(*comm_init)(backend_t *be, const uint8_t id[BK_NCCL_ID_BYTES], int n_ranks, int rank, char *err,
                             size_t errlen);
-    /* ncclCommGetAsyncError: 1 ready, 0 still initialising, -1 failed (why). */
+    /* ncclCommGetAsyncError: 1 ready and idle, 0 still working (initialising, enqueueing a
+     * transfer), -1 failed (why): only comm_abort is left then. */
     int (*comm_poll)(bk_comm_t *c, char *err, size_t errlen);
     /* Posts one transfer with `peer`: a send of every sends[i], a receive into every recvs[i]
      * (either list may be empty; both, with peer = own rank, on a one-rank communicator). Returns
-     * its ticket (>= 0), or -1 with why: NCCL refused, or too many transfers in flight. */
+     * its ticket (>= 0), or -1 with why: then either nothing was posted and comm_poll still says
+     * >= 0 (an earlier transfer is still being enqueued, too many in flight), or it failed. */
     int64_t (*xfer)(bk_comm_t *c, int peer, const bk_span_t *sends, int n_sends, const bk_span_t *recvs, int n_recvs,
                     char *err, size_t errlen);
     /* 1 when transfer `ticket` (and every one before it) completed, 0 while in flight, -1 when the

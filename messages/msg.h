@@ -99,6 +99,8 @@ typedef enum msg_type {
     /* monitor / inspection */
     MSG_INSPECT,
     MSG_INSPECT_REPLY,
+    /* tensor channel */
+    MSG_KV_LINK,           /* worker <-> worker: set up (or give up) a link for KV transfers (NCCL) */
     MSG_TYPE_COUNT
 } msg_type_t;
 
@@ -329,11 +331,29 @@ typedef struct msg_kv_announce {
     const uint32_t *block_ids;   /* sender's block ids, in prefix order */
     uint32_t n_block_ids;        /* 1..MSG_MAX_BLOCKS (required) */
     uint64_t total_bytes;        /* bytes on the tensor channel for this chunk, >= 1 */
-    const uint8_t *handle;       /* shm name or CUDA IPC handle; empty for nccl/tcp */
+    const uint8_t *handle;       /* shm name, CUDA IPC handle, or the NCCL link's id; empty for tcp */
     uint32_t handle_len;         /* <= MSG_MAX_HANDLE */
     const char *src;             /* required: sending actor */
     uint64_t deadline_ms;
 } msg_kv_announce_t;
+
+/* A link between two workers for KV transfers (NCCL between GPUs: actors/runtime/kv_link.h). The
+ * offering side creates the channel's bootstrap (an ncclUniqueId) and sends it with status ok; the
+ * receiver joins as `rank` of `n_ranks`. Either side sends status failed (message says why) when it
+ * cannot join or the link broke, and both abort it. A later offer from the same src replaces the
+ * link; transfers name their link by link_id (their kv_announce handle). */
+typedef struct msg_kv_link {
+    uint64_t link_id;            /* the offerer's id for this link */
+    msg_channel_t channel;       /* nccl */
+    msg_ack_status_t status;     /* ok: an offer; failed: refused or broken */
+    const uint8_t *handle;       /* the offer's bootstrap (NCCL unique id, 128 bytes); required with ok */
+    uint32_t handle_len;         /* <= MSG_MAX_HANDLE */
+    uint32_t n_ranks;            /* ranks of the link, 1..MSG_MAX_WORKERS */
+    uint32_t rank;               /* the receiver's rank, < n_ranks */
+    const char *src;             /* required: the sending actor */
+    const char *message;         /* required when failed: why */
+    uint64_t deadline_ms;        /* offer: the offerer gives up waiting for the link after this */
+} msg_kv_link_t;
 
 typedef struct msg_kv_ack {
     uint64_t transfer_id;
@@ -487,6 +507,7 @@ typedef struct msg {
         msg_draft_stats_t draft_stats;
         msg_inspect_t inspect;
         msg_inspect_reply_t inspect_reply;
+        msg_kv_link_t kv_link;
     } u;
     struct msg_arena *arena_;    /* private: owns variable-length fields after decode */
     size_t arena_hint_;          /* private: first arena chunk size for this decode */

@@ -18,7 +18,7 @@ static const char *const s_type_names[MSG_TYPE_COUNT] = {
     "prefill_request", "handoff", "kv_announce", "kv_ack", "cache_lookup", "cache_lookup_reply",
     "cache_put", "cache_evict", "cache_pin", "cache_unpin", "cache_fetch", "cache_fetch_reply",
     "cache_event", "expert_load", "expert_placement", "draft_policy", "draft_stats", "inspect",
-    "inspect_reply",
+    "inspect_reply", "kv_link",
 };
 static const char *const s_role_names[MSG_ROLE_COUNT] = {
     "none", "supervisor", "router", "prefill", "decode", "cache_manager", "expert_balancer",
@@ -208,8 +208,21 @@ static int s_handoff_check(const void *p, const char *path, char *err, size_t er
 static int s_kv_announce_check(const void *p, const char *path, char *err, size_t errlen)
 {
     const msg_kv_announce_t *a = p;
-    if ((a->channel == MSG_CHAN_SHM || a->channel == MSG_CHAN_CUDA_IPC) && a->handle_len == 0)
+    if ((a->channel == MSG_CHAN_SHM || a->channel == MSG_CHAN_CUDA_IPC || a->channel == MSG_CHAN_NCCL) &&
+        a->handle_len == 0)
         return errf(err, errlen, "%s.handle: required for a %s channel", path, msg_channel_name(a->channel));
+    return 0;
+}
+
+static int s_kv_link_check(const void *p, const char *path, char *err, size_t errlen)
+{
+    const msg_kv_link_t *k = p;
+    if (k->status == MSG_ACK_FAILED && !k->message)
+        return errf(err, errlen, "%s.message: required when status is failed", path);
+    if (k->status == MSG_ACK_OK && k->handle_len == 0)
+        return errf(err, errlen, "%s.handle: an offer needs the channel's bootstrap", path);
+    if (k->rank >= k->n_ranks)
+        return errf(err, errlen, "%s.rank: %u is not below n_ranks %u", path, k->rank, k->n_ranks);
     return 0;
 }
 
@@ -483,6 +496,18 @@ static const msg_field_t s_kv_ack_f[] = {
     F_U32A(msg_kv_ack_t, dst_block_ids, n_dst_block_ids, 0, 0, MSG_MAX_BLOCKS),
 };
 
+static const msg_field_t s_kv_link_f[] = {
+    F_U64(msg_kv_link_t, link_id, REQ, 0, U64MAX),
+    F_ENUM(msg_kv_link_t, channel, REQ, 0, s_channel_names),
+    F_ENUM(msg_kv_link_t, status, REQ, 0, s_ack_names),
+    F_BIN(msg_kv_link_t, handle, handle_len, 0, MSG_MAX_HANDLE),
+    F_U32(msg_kv_link_t, n_ranks, REQ, 1, MSG_MAX_WORKERS),
+    F_U32(msg_kv_link_t, rank, 0, 0, MSG_MAX_WORKERS - 1),
+    F_STR(msg_kv_link_t, src, REQ, 1, MSG_MAX_NAME),
+    F_STR(msg_kv_link_t, message, 0, 1, MSG_MAX_TEXT),
+    F_U64(msg_kv_link_t, deadline_ms, 0, 0, U64MAX),
+};
+
 static const msg_field_t s_cache_lookup_f[] = {
     F_U64(msg_cache_lookup_t, tenant_salt, 0, 0, U64MAX),
     F_U64A(msg_cache_lookup_t, hashes, n_hashes, REQ, 1, MSG_MAX_BLOCKS),
@@ -604,6 +629,7 @@ static const msg_schema_t s_schemas[MSG_TYPE_COUNT] = {
     [MSG_DRAFT_STATS] = SCHEMA("draft_stats", msg_draft_stats_t, s_draft_stats_f, NULL, s_draft_stats_check),
     [MSG_INSPECT] = SCHEMA("inspect", msg_inspect_t, s_inspect_f, NULL, s_inspect_check),
     [MSG_INSPECT_REPLY] = SCHEMA("inspect_reply", msg_inspect_reply_t, s_inspect_reply_f, NULL, NULL),
+    [MSG_KV_LINK] = SCHEMA("kv_link", msg_kv_link_t, s_kv_link_f, NULL, s_kv_link_check),
 };
 
 const msg_schema_t *msg_schema_of(msg_type_t t)

@@ -9,8 +9,8 @@
  * not acked by its deadline is unlinked by the sender all the same, so no segment outlives its
  * transfer (and tchan_shm_sweep removes any left by a killed process at start-up).
  *
- * CUDA IPC (same GPU) and NCCL (across GPUs) channels implement the same announce/move/ack
- * protocol in kernels/cuda/. */
+ * CUDA IPC (same GPU: worker.h's worker_blocks_in_ipc) and NCCL (two GPUs of a node:
+ * nccl_chan.h, the links in kv_link.h) implement the same announce/move/ack protocol. */
 #ifndef TROUPE_TENSOR_CHAN_H
 #define TROUPE_TENSOR_CHAN_H
 

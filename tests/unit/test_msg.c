@@ -326,6 +326,21 @@ static void test_round_trip_hand_checks(void **state)
     assert_int_equal(out.u.kv_announce.block_ids[5], 4294967295u);
     msg_free(&out);
 
+    /* kv_link carries the 128-byte ncclUniqueId intact (zeros and all), as bin. */
+    fx_fill(&fx, MSG_KV_LINK);
+    fx.u.kv_link.status = MSG_ACK_OK;
+    fx.u.kv_link.message = NULL;
+    len = encode_ok(&fx, g_buf, BUF_CAP);
+    decode_ok(g_buf, len, &out);
+    assert_int_equal(out.u.kv_link.handle_len, 128);
+    assert_memory_equal(out.u.kv_link.handle, fx_nccl_id, 128);
+    assert_true(out.u.kv_link.link_id == 0x1234567890abcdefull);
+    assert_int_equal(out.u.kv_link.channel, MSG_CHAN_NCCL);
+    assert_int_equal(out.u.kv_link.rank, 1);
+    assert_int_equal(out.u.kv_link.n_ranks, 2);
+    assert_null(out.u.kv_link.message);
+    msg_free(&out);
+
     fx_fill(&fx, MSG_TOKEN);
     len = encode_ok(&fx, g_buf, BUF_CAP);
     decode_ok(g_buf, len, &out);
@@ -719,6 +734,26 @@ static void test_reject_cross_field(void **state)
     m.u.kv_announce.handle_len = 0;
     assert_int_equal(msg_validate(&m, err, sizeof err), -1);
     assert_non_null(strstr(err, "kv_announce.handle: required for a cuda_ipc channel"));
+
+    fx_fill(&m, MSG_KV_ANNOUNCE);
+    m.u.kv_announce.channel = MSG_CHAN_NCCL;
+    m.u.kv_announce.handle_len = 0;
+    assert_int_equal(msg_validate(&m, err, sizeof err), -1);
+    assert_non_null(strstr(err, "kv_announce.handle: required for a nccl channel"));
+
+    fx_fill(&m, MSG_KV_LINK);
+    m.u.kv_link.message = NULL;
+    assert_int_equal(msg_validate(&m, err, sizeof err), -1);
+    assert_non_null(strstr(err, "kv_link.message: required when status is failed"));
+    fx_fill(&m, MSG_KV_LINK);
+    m.u.kv_link.status = MSG_ACK_OK;
+    m.u.kv_link.handle_len = 0;
+    assert_int_equal(msg_validate(&m, err, sizeof err), -1);
+    assert_non_null(strstr(err, "kv_link.handle: an offer needs the channel's bootstrap"));
+    fx_fill(&m, MSG_KV_LINK);
+    m.u.kv_link.rank = 2;
+    assert_int_equal(msg_validate(&m, err, sizeof err), -1);
+    assert_non_null(strstr(err, "kv_link.rank: 2 is not below n_ranks 2"));
 
     fx_fill(&m, MSG_KV_ACK);
     m.u.kv_ack.message = NULL;

@@ -30,6 +30,7 @@ static const msg_cache_holder_t fx_holders[] = {
     {"cache-store", MSG_TIER_DISK, 4},
 };
 static const uint8_t fx_handle[] = {0x2f, 0x74, 0x72, 0x6f, 0x75, 0x70, 0x65, 0x00, 0xff, 0x10};
+static const uint8_t fx_nccl_id[128] = {0x02, 0x00, 0x9c, 0x41, 0x7f, 0x00, 0x00, 0x01, [64] = 0xee, [127] = 0x01};
 static const uint32_t fx_offsets[] = {0, 1, 3, 4, 6};     /* 2 layers x 2 experts */
 static const uint32_t fx_replicas[] = {0, 1, 2, 2, 0, 1};
 static const char *const fx_workers[] = {"moe-0", "moe-1", "moe-2"};
@@ -241,6 +242,15 @@ static void fx_fill(msg_t *m, msg_type_t t)
         m->u.inspect_reply.actors = fx_stats_entries;
         m->u.inspect_reply.n_actors = 2;
         break;
+    case MSG_KV_LINK: {
+        /* A refusal that still echoes the offer's bootstrap: every field set. */
+        msg_kv_link_t *k = &m->u.kv_link;
+        k->link_id = 0x1234567890abcdefull; k->channel = MSG_CHAN_NCCL; k->status = MSG_ACK_FAILED;
+        k->handle = fx_nccl_id; k->handle_len = sizeof fx_nccl_id; k->n_ranks = 2; k->rank = 1;
+        k->src = "decode-1"; k->message = "NCCL link to prefill-0: initialisation not complete after 20000 ms";
+        k->deadline_ms = 1767225620000ull;
+        break;
+    }
     default:
         break;
     }
