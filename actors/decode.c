@@ -593,7 +593,7 @@ int main(int argc, char **argv)
     d.cache_manager = cm ? cm->name : NULL;
     char err[1024];
     int max_seqs = t->limits.max_batch;
-    d.w = worker_load(t, actor_self(a)->gpu, max_seqs > t->limits.prefill_chunk_tokens ? max_seqs : t->limits.prefill_chunk_tokens,
+    d.w = worker_load(t, ROLE_DECODE, actor_self(a)->gpu, max_seqs > t->limits.prefill_chunk_tokens ? max_seqs : t->limits.prefill_chunk_tokens,
                       max_seqs, err, sizeof err);
     if (!d.w) {
         LOG_E("cannot load the model: %s", err);

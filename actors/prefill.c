@@ -601,7 +601,7 @@ int main(int argc, char **argv)
     p.cache_manager = cm ? cm->name : NULL;
     char err[1024];
     int max_seqs = t->limits.max_batch < 64 ? t->limits.max_batch : 64;
-    p.w = worker_load(t, actor_self(a)->gpu, t->limits.prefill_chunk_tokens, max_seqs, err, sizeof err);
+    p.w = worker_load(t, ROLE_PREFILL, actor_self(a)->gpu, t->limits.prefill_chunk_tokens, max_seqs, err, sizeof err);
     if (!p.w) {
         LOG_E("cannot load the model: %s", err);
         actor_destroy(&a);

@@ -170,7 +170,7 @@ fi
 # SERVE_CONC concurrency levels, with the decode bytes/s as a fraction of the copy bandwidth above
 # (the model's bytes from the topology's config.json); the plot (serve-bench.png, with the
 # transformers line when HF=1) is drawn with the table. MULTITURN=1 adds troupe-bench --multi-turn
-# (MT_TURNS turns, a shared MT_SYS-token system prompt, MT_TURN new tokens and SERVE_OUT output
+# (MT_TURNS turns, a shared MT_SYS-token system prompt, MT_TURN new tokens and MT_OUT output
 # tokens per turn, MT_CONC users): cache hit rate and TTFT with and without prefix reuse.
 # Reports the time from supervisor start to READY and to the first token.
 serve_line="not run (SERVE=1 runs it)"
@@ -210,7 +210,7 @@ print(ids)')
       step "serving: multi-turn conversations, with and without prefix reuse"
       timeout "${MT_TIMEOUT:-300}" build/bin/troupe-bench --topology tools/bench/h200-8b.yaml --vocab 120000 \
         --multi-turn --turns "${MT_TURNS:-4}" --system-len "${MT_SYS:-512}" --turn-len "${MT_TURN:-128}" \
-        --output-len "${SERVE_OUT:-128}" --concurrency "${MT_CONC:-1,16}" --json "$OUT/serve-multiturn.json" \
+        --output-len "${MT_OUT:-128}" --concurrency "${MT_CONC:-1,16}" --json "$OUT/serve-multiturn.json" \
         >"$OUT/serve-multiturn.txt" 2>&1 || status=1
       cat "$OUT/serve-multiturn.txt"
     fi
@@ -270,5 +270,10 @@ if [ -s "$OUT/serve-bench.json" ]; then   # output tokens/s per GPU against toke
   hf_json=(); [ -s "$OUT/hf.json" ] && hf_json=(--hf "$OUT/hf.json")
   python3 tools/bench_plot.py "$OUT/serve-bench.json" "${hf_json[@]}" --out "$OUT/serve-bench.png" \
     --title "Llama-3.1-8B shape on ${gpu_name:-?}, input ${SERVE_IN:-1000} / output ${SERVE_OUT:-128}" || status=1
+fi
+# The device tool brings back few files: everything but the plot goes into one archive.
+if [ "${ARCHIVE:-1}" = 1 ] && [ "$OUT" != build/gpu-logs ]; then
+  ( cd "$OUT" && files=$(ls | grep -v -e '\.png$' -e '^gpu-run\.tgz$') && [ -n "$files" ] \
+      && tar czf gpu-run.tgz $files && rm -f $files )
 fi
 exit $status

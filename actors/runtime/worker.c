@@ -19,7 +19,7 @@ static int s_has_weights(const char *dir)
     return access(p, R_OK) == 0;
 }
 
-worker_t *worker_load(const topo_t *t, int gpu, int max_tokens, int max_seqs, char *err, size_t errlen)
+worker_t *worker_load(const topo_t *t, topo_role_t role, int gpu, int max_tokens, int max_seqs, char *err, size_t errlen)
 {
     worker_t *w = calloc(1, sizeof *w);
     if (!w) {
@@ -73,9 +73,12 @@ worker_t *worker_load(const topo_t *t, int gpu, int max_tokens, int max_seqs, ch
     if (!w->model)
         goto fail;
 
-    int gpu_workers = 0;
+    /* Shares of the device's free memory for KV: a decode worker holds the whole KV of every
+     * running sequence (max_batch x max_model_len), a prefill worker only the prompts it is
+     * prefilling and cached prefixes, so decode workers weigh 3 and prefill workers 1. */
+    int shares = 0, mine = role == ROLE_DECODE ? 3 : 1;
     for (int i = 0; i < t->n_instances; i++)
-        gpu_workers += t->instances[i].role == ROLE_PREFILL || t->instances[i].role == ROLE_DECODE;
+        shares += t->instances[i].role == ROLE_DECODE ? 3 : t->instances[i].role == ROLE_PREFILL ? 1 : 0;
     dtype_t kvt = worker_kv_dtype(&w->cfg, wdt);
     size_t block_bytes = (size_t)w->cfg.num_layers * 2 * (size_t)w->block_size *
                          (size_t)w->cfg.num_kv_heads * (size_t)w->cfg.head_dim * dtype_size(kvt);
@@ -83,11 +86,11 @@ worker_t *worker_load(const topo_t *t, int gpu, int max_tokens, int max_seqs, ch
     if (n_blocks <= 0) {
         long per_seq = (w->max_model_len + w->block_size - 1) / w->block_size;
         n_blocks = (long)t->limits.max_batch * per_seq + per_seq;   /* + room for cached prefixes */
-        /* Capped by memory: a quarter of the host's on the CPU; on a GPU, 80% of what is free
-         * after the weights, shared evenly by the model workers of this node (they load at the
-         * same time, so each sees the same free memory). */
+        /* Capped by memory: a quarter of the host's on the CPU; on a GPU, this worker's share of
+         * 80% of what is free after the weights (the model workers load at the same time, so
+         * each sees about the same free memory; topology lists all of them, whichever GPU). */
         size_t avail = w->be->ops->mem_available ? w->be->ops->mem_available(w->be) : 0;
-        long mem = avail ? (long)(avail / 100 * 80) / (gpu_workers > 0 ? gpu_workers : 1)
+        long mem = avail ? (long)((double)(avail / 100 * 80) * mine / (shares > 0 ? shares : 1))
                          : sysconf(_SC_PHYS_PAGES) * sysconf(_SC_PAGESIZE) / 4;
         if (n_blocks * (long)block_bytes > mem)
             n_blocks = mem / (long)block_bytes;

@@ -45,9 +45,10 @@ typedef struct worker {
     } peers[16];
 } worker_t;
 
-/* Loads the model of topology t for one actor on GPU `gpu` (CUDA backend; -1 = device 0):
- * max_tokens / max_seqs size the forward. */
-worker_t *worker_load(const topo_t *t, int gpu, int max_tokens, int max_seqs, char *err, size_t errlen);
+/* Loads the model of topology t for one actor of `role` (prefill or decode: sizes its share of
+ * the device's memory for KV) on GPU `gpu` (CUDA backend; -1 = device 0): max_tokens / max_seqs
+ * size the forward. */
+worker_t *worker_load(const topo_t *t, topo_role_t role, int gpu, int max_tokens, int max_seqs, char *err, size_t errlen);
 void worker_destroy(worker_t **self_p);
 
 /* Engine sampling parameters from a request's wire parameters (EOS ids from the model). */
