@@ -610,21 +610,15 @@ int main(int argc, char **argv)
     d.next_transfer = kvx_first_id();
     d.text_cap = 8192;
     d.text = malloc(d.text_cap);
-    if (!d.seqs || !d.batch || !d.argmax || !d.need_logits || !d.text) {
+    int rc = -1;
+    if (!d.links || !d.seqs || !d.batch || !d.argmax || !d.need_logits || !d.text) {
         LOG_E("out of memory for a batch of %d", max_seqs);
-        free(d.seqs);
-        free(d.batch);
-        free(d.argmax);
-        free(d.need_logits);
-        free(d.text);
-        worker_destroy(&d.w);
-        actor_destroy(&a);
-        return 1;
+    } else {
+        tchan_shm_sweep(t->name);
+        actor_ops_t ops = {.handlers = s_handlers, .n_handlers = ARRAY_LEN(s_handlers), .before_sleep = s_step,
+                           .fill_stats = s_fill_stats, .drained = s_drained};
+        rc = actor_run(a, &ops, &d);
     }
-    tchan_shm_sweep(t->name);
-    actor_ops_t ops = {.handlers = s_handlers, .n_handlers = ARRAY_LEN(s_handlers), .before_sleep = s_step,
-                       .fill_stats = s_fill_stats, .drained = s_drained};
-    int rc = actor_run(a, &ops, &d);
     kvlinks_destroy(&d.links);
     while (d.head)
         s_unlink(&d, d.head);

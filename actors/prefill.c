@@ -613,10 +613,15 @@ int main(int argc, char **argv)
     p.links = kvlinks_new(p.w->be, p.name, worker_block_bytes(p.w), NULL, s_link_send, a);
     if (tchan_nccl_available(p.w->be))
         actor_timer_add(a, KVLINK_POLL_MS, s_poll_links);
-    tchan_shm_sweep(t->name);
-    actor_ops_t ops = {.handlers = s_handlers, .n_handlers = ARRAY_LEN(s_handlers), .before_sleep = s_step,
-                       .fill_stats = s_fill_stats, .drained = s_drained};
-    int rc = actor_run(a, &ops, &p);
+    int rc = -1;
+    if (!p.links || !p.seqs || !p.batch) {
+        LOG_E("out of memory for a batch of %d", max_seqs);
+    } else {
+        tchan_shm_sweep(t->name);
+        actor_ops_t ops = {.handlers = s_handlers, .n_handlers = ARRAY_LEN(s_handlers), .before_sleep = s_step,
+                           .fill_stats = s_fill_stats, .drained = s_drained};
+        rc = actor_run(a, &ops, &p);
+    }
     kvlinks_destroy(&p.links);   /* first: aborts the sends still in flight before their blocks go */
     while (p.head)
         s_remove(&p, p.head);

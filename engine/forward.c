@@ -19,6 +19,7 @@
 /* Profile categories (TROUPE_PROFILE=1): PROF(m, cat, op call) syncs the backend around the call. */
 enum { P_EMBED, P_NORM, P_QKV, P_QK_NORM, P_ROPE, P_KV_STORE, P_ATTENTION, P_O, P_GATE_UP, P_SWIGLU, P_DOWN,
        P_MOE_ROUTE, P_MOE_FFN, P_LM_HEAD, P_ARGMAX, P_DOWNLOAD, P_COUNT };
+_Static_assert(P_COUNT <= MODEL_PROF_SLOTS, "profile categories fit model_t's arrays");
 static const char *const s_prof_names[P_COUNT] = {
     "embed", "rmsnorm", "qkv_proj", "qk_norm", "rope", "kv_store", "attention", "o_proj",
     "gate_up_proj", "swiglu", "down_proj", "moe_route", "moe_experts", "lm_head", "argmax", "download"};
@@ -183,15 +184,15 @@ static void s_mlp(model_t *m, int l, int T)
                                    c->num_experts, m->moe_scratch, m->delta));
 }
 
-/* Brings the step's results to the host: every row's logits, or (argmax_out) the device argmax of
- * every row plus the logits of the rows marked in need_logits, in runs of consecutive rows. */
+/* Brings the step's results to the host: every row's logits, or (argmax_out) the argmax of every
+ * row (computed by the caller into m->argmax) plus the logits of the rows marked in need_logits,
+ * in runs of consecutive rows. */
 static int s_results(model_t *m, const model_batch_t *b, int R, float *logits)
 {
     const backend_ops_t *op = m->be->ops;
     const size_t V = (size_t)m->cfg.vocab_size;
     if (!b->argmax_out)
         return op->download(m->be, logits, m->logits, (size_t)R * V * sizeof(float));
-    op->argmax(m->be, m->logits, R, (int)V, m->argmax);
     for (int r = 0; r < R;) {
         if (!b->need_logits || !b->need_logits[r]) {
             r++;
@@ -234,6 +235,8 @@ int model_forward(model_t *m, const model_batch_t *batch, float *logits, char *e
     PROF(m, P_NORM, op->add_rmsnorm(be, m->res, m->delta, m->final_norm, T, H, eps, m->xn));
     PROF(m, P_LM_HEAD, op->gather_rows(be, m->xn, rows, R, H, m->rows));
     PROF(m, P_LM_HEAD, op->matmul(be, m->rows, R, &m->lm_head, NULL, m->logits));
+    if (batch->argmax_out)
+        PROF(m, P_ARGMAX, op->argmax(be, m->logits, R, c->vocab_size, m->argmax));
     int rc = 0;
     PROF(m, P_DOWNLOAD, rc = s_results(m, batch, R, logits));
     if (rc < 0)

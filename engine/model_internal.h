@@ -5,6 +5,8 @@
 
 #include "engine/model.h"
 
+#define MODEL_PROF_SLOTS 16       /* profile categories (engine/forward.c) */
+
 typedef struct model_layer {
     float *attn_norm;             /* device [H] f32: input_layernorm */
     float *mlp_norm;              /* device [H] f32: post_attention_layernorm */
@@ -57,10 +59,10 @@ struct model {
 
     size_t weight_bytes, active_weight_bytes;
 
-    /* TROUPE_PROFILE=1: wall time per op category (forward.c's PROF_* list). */
+    /* TROUPE_PROFILE=1: wall time per op category (forward.c's P_* list). */
     int prof;
-    int64_t prof_ns[16];
-    int64_t prof_calls[16];
+    int64_t prof_ns[MODEL_PROF_SLOTS];
+    int64_t prof_calls[MODEL_PROF_SLOTS];
 };
 
 #endif

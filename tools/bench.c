@@ -64,6 +64,7 @@
 #include "actors/runtime/worker.h"
 #include "common/util.h"
 #include "engine/config.h"
+#include "tools/lib/args.h"
 #include "tools/lib/client.h"
 #include "topology/topology.h"
 
@@ -428,11 +429,11 @@ int main(int argc, char **argv)
 {
     const char *ep = NULL, *topology = NULL, *gen_model = NULL, *gen_args = "", *json_path = NULL;
     const char *model_dir = NULL, *dtype = NULL;
-    int in_len = 64, out_len = 64, per_level = 0, rounds = 0, warmup = 2, vocab = 500, levels[MAX_LEVELS], n_levels = 0;
+    int in_len = 64, out_len = 64, per_level = 0, rounds = 0, warmup = 2, vocab = 500;
+    int levels[MAX_LEVELS] = {1, 8, 32, 64}, n_levels = 4;
     int multi = 0, turns = 4, sys_len = 256, turn_len = 64;
     int64_t retention = 0;
     uint64_t seed = 1;
-    char conc[256] = "1,8,32,64";
     bytes_model_t bm = {.gpus = 1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -440,45 +441,41 @@ int main(int argc, char **argv)
         if (!strcmp(a, "--multi-turn")) { multi = 1; continue; }
         if (!v) { fprintf(stderr, "troupe-bench: %s needs a value\n", a); return 2; }
         i++;
+        static const char *T = "troupe-bench";
+        const int BIG = 1 << 30;
+        int rc = 0;
         if (!strcmp(a, "--endpoint")) ep = v;
         else if (!strcmp(a, "--topology")) topology = v;
-        else if (!strcmp(a, "--input-len")) in_len = atoi(v);
-        else if (!strcmp(a, "--output-len")) out_len = atoi(v);
-        else if (!strcmp(a, "--concurrency")) snprintf(conc, sizeof conc, "%s", v);
-        else if (!strcmp(a, "--prompts-per-level")) per_level = atoi(v);
-        else if (!strcmp(a, "--rounds")) rounds = atoi(v);
-        else if (!strcmp(a, "--warmup")) warmup = atoi(v);
-        else if (!strcmp(a, "--vocab")) vocab = atoi(v);
+        else if (!strcmp(a, "--input-len")) rc = arg_int(T, a, v, 1, BIG, &in_len);
+        else if (!strcmp(a, "--output-len")) rc = arg_int(T, a, v, 1, BIG, &out_len);
+        else if (!strcmp(a, "--concurrency")) rc = (n_levels = arg_int_list(T, a, v, 1, 1 << 16, levels, MAX_LEVELS)) < 0;
+        else if (!strcmp(a, "--prompts-per-level")) rc = arg_int(T, a, v, 1, BIG, &per_level);
+        else if (!strcmp(a, "--rounds")) rc = arg_int(T, a, v, 1, BIG, &rounds);
+        else if (!strcmp(a, "--warmup")) rc = arg_int(T, a, v, 0, BIG, &warmup);
+        else if (!strcmp(a, "--vocab")) rc = arg_int(T, a, v, 11, BIG, &vocab);
         else if (!strcmp(a, "--generate")) gen_model = v;
         else if (!strcmp(a, "--generate-args")) gen_args = v;
         else if (!strcmp(a, "--json")) json_path = v;
-        else if (!strcmp(a, "--seed")) seed = strtoull(v, NULL, 10);
-        else if (!strcmp(a, "--gpus")) bm.gpus = atoi(v);
-        else if (!strcmp(a, "--copy-bw")) bm.copy_bw = strtod(v, NULL) * 1e9;
+        else if (!strcmp(a, "--seed")) { long long x; rc = arg_ll(T, a, v, 0, INT64_MAX, &x); seed = (uint64_t)x; }
+        else if (!strcmp(a, "--gpus")) rc = arg_int(T, a, v, 1, 1 << 16, &bm.gpus);
+        else if (!strcmp(a, "--copy-bw")) { rc = arg_double(T, a, v, 0, 1e9, &bm.copy_bw); bm.copy_bw *= 1e9; }
         else if (!strcmp(a, "--model")) model_dir = v;
         else if (!strcmp(a, "--dtype")) dtype = v;
-        else if (!strcmp(a, "--weight-bytes")) bm.weight_bytes = strtod(v, NULL);
-        else if (!strcmp(a, "--kv-bytes-per-token")) bm.kv_per_token = strtod(v, NULL);
-        else if (!strcmp(a, "--turns")) turns = atoi(v);
-        else if (!strcmp(a, "--system-len")) sys_len = atoi(v);
-        else if (!strcmp(a, "--turn-len")) turn_len = atoi(v);
+        else if (!strcmp(a, "--weight-bytes")) rc = arg_double(T, a, v, 0, 1e18, &bm.weight_bytes);
+        else if (!strcmp(a, "--kv-bytes-per-token")) rc = arg_double(T, a, v, 0, 1e12, &bm.kv_per_token);
+        else if (!strcmp(a, "--turns")) rc = arg_int(T, a, v, 1, BIG, &turns);
+        else if (!strcmp(a, "--system-len")) rc = arg_int(T, a, v, 0, BIG, &sys_len);
+        else if (!strcmp(a, "--turn-len")) rc = arg_int(T, a, v, 1, BIG, &turn_len);
         else if (!strcmp(a, "--retention")) retention = client_parse_duration_s(v);
         else { fprintf(stderr, "troupe-bench: unknown option '%s'\n", a); s_usage(stderr); return 2; }
-    }
-    if (in_len < 1 || out_len < 1 || vocab < 11 || warmup < 0 || bm.gpus < 1 || bm.copy_bw < 0 ||
-        bm.weight_bytes < 0 || bm.kv_per_token < 0) {
-        fprintf(stderr, "troupe-bench: lengths and --gpus must be >= 1, --vocab >= 11, byte counts >= 0\n");
-        return 2;
-    }
-    if (multi && (turns < 1 || turn_len < 1 || sys_len < 0 || retention < 0 || retention > MSG_MAX_RETENTION_S)) {
-        fprintf(stderr, "troupe-bench: --turns and --turn-len must be >= 1, --system-len >= 0, --retention a duration\n");
-        return 2;
-    }
-    for (char *save = NULL, *t = strtok_r(conc, ",", &save); t && n_levels < MAX_LEVELS; t = strtok_r(NULL, ",", &save))
-        if ((levels[n_levels++] = atoi(t)) < 1) {
-            fprintf(stderr, "troupe-bench: bad concurrency '%s'\n", t);
+        if (rc)
             return 2;
-        }
+    }
+    if (multi && (retention < 0 || retention > MSG_MAX_RETENTION_S)) {
+        fprintf(stderr, "troupe-bench: --retention: expected a duration of at most %u s\n", MSG_MAX_RETENTION_S);
+        return 2;
+    }
+
     char epbuf[256], err[512];
     if (!ep) {
         if (client_endpoints_from_topology(topology, epbuf, NULL, sizeof epbuf, err, sizeof err) != 0) {

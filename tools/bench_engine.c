@@ -19,7 +19,6 @@
  *   - --profile: after the timed steps, a few more steps (and one prefill) with the per-op
  *     profile on (engine/model.h: each op synced and timed), printed as ms per step by op.
  * Exit status 0, 2 on a usage error, 1 on any other error (with a message naming it). */
-#include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,6 +31,7 @@
 #include "engine/kvcache.h"
 #include "engine/model.h"
 #include "kernels/backend.h"
+#include "tools/lib/args.h"
 
 #define KV_BLOCK 16
 #define MAX_LEVELS 16
@@ -56,19 +56,9 @@ static int s_bad(const char *opt, const char *v)
     return 2;
 }
 
-static int s_int(const char *s, long lo, long hi, int *out)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (!*s || *end || errno || v < lo || v > hi)
-        return -1;
-    *out = (int)v;
-    return 0;
-}
-
 static int s_parse(int argc, char **argv, opts_t *o)
 {
+    static const char *T = "troupe-bench-engine";
     *o = (opts_t){.backend = "cpu", .prompt_len = 1000, .steps = 32, .chunk = 2048, .threads = 0,
                   .batch = {1, 16, 64, 256}, .n_levels = 4};
     for (int i = 1; i < argc; i++) {
@@ -90,6 +80,7 @@ static int s_parse(int argc, char **argv, opts_t *o)
         if (!v)
             return s_bad(a, "(missing value)");
         i++;
+        int rc = 0;
         if (!strcmp(a, "--backend"))
             o->backend = v;
         else if (!strcmp(a, "--dtype"))
@@ -100,36 +91,22 @@ static int s_parse(int argc, char **argv, opts_t *o)
             if (strcmp(v, "dummy") && strcmp(v, "auto"))
                 return s_bad(a, v);
             o->dummy = !strcmp(v, "dummy");
-        } else if (!strcmp(a, "--threads")) {
-            if (s_int(v, 0, 1024, &o->threads) < 0)
-                return s_bad(a, v);
-        } else if (!strcmp(a, "--prompt-len")) {
-            if (s_int(v, 1, 1 << 20, &o->prompt_len) < 0)
-                return s_bad(a, v);
-        } else if (!strcmp(a, "--steps")) {
-            if (s_int(v, 1, 100000, &o->steps) < 0)
-                return s_bad(a, v);
-        } else if (!strcmp(a, "--chunk")) {
-            if (s_int(v, 1, 1 << 16, &o->chunk) < 0)
-                return s_bad(a, v);
-        } else if (!strcmp(a, "--copy-bw")) {
-            char *end;
-            o->copy_bw = strtod(v, &end);
-            if (*end || !(o->copy_bw > 0))
-                return s_bad(a, v);
-        } else if (!strcmp(a, "--batch")) {
-            o->n_levels = 0;
-            char buf[256];
-            snprintf(buf, sizeof buf, "%s", v);
-            for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-                if (o->n_levels == MAX_LEVELS || s_int(t, 1, 4096, &o->batch[o->n_levels]) < 0)
-                    return s_bad(a, v);
-                o->n_levels++;
-            }
-            if (!o->n_levels)
-                return s_bad(a, v);
-        } else
+        } else if (!strcmp(a, "--threads"))
+            rc = arg_int(T, a, v, 0, 1024, &o->threads);
+        else if (!strcmp(a, "--prompt-len"))
+            rc = arg_int(T, a, v, 1, 1 << 20, &o->prompt_len);
+        else if (!strcmp(a, "--steps"))
+            rc = arg_int(T, a, v, 1, 100000, &o->steps);
+        else if (!strcmp(a, "--chunk"))
+            rc = arg_int(T, a, v, 1, 1 << 16, &o->chunk);
+        else if (!strcmp(a, "--copy-bw"))
+            rc = arg_double(T, a, v, 1e-6, 1e6, &o->copy_bw);
+        else if (!strcmp(a, "--batch"))
+            rc = (o->n_levels = arg_int_list(T, a, v, 1, 4096, o->batch, MAX_LEVELS)) < 0 ? -1 : 0;
+        else
             return s_bad("option", a);
+        if (rc < 0)
+            return 2;
     }
     if (!o->model_dir)
         return s_bad("MODEL_DIR", "(missing)");
@@ -260,7 +237,7 @@ int main(int argc, char **argv)
         goto done;
     }
     const size_t wbytes = model_weight_bytes(m), abytes = model_active_weight_bytes(m);
-    const size_t kv_tok = (size_t)cfg.num_layers * 2 * (size_t)cfg.num_kv_heads * (size_t)cfg.head_dim * dtype_size(wdt);
+    const size_t kv_tok = config_kv_bytes_per_token(&cfg, dtype_size(wdt));
     const double copy_bps = o.copy_bw * 1e12;
     printf("model %s (%s, %s), backend %s: %.2f GB of weights (%.2f GB active per token), KV %.1f KB per token, "
            "loaded in %.1f s\n", o.model_dir, o.dummy ? "dummy weights" : "checkpoint", dtype_name(wdt),

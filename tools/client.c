@@ -5,13 +5,14 @@
  *
  * Text streams to stdout as it arrives; --json prints every reply as one JSON object per line.
  * Exit codes: 0 done, 1 the cluster answered with an error, 2 bad usage, 3 no reply in time. */
-#include <errno.h>
+#include <float.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/util.h"
+#include "tools/lib/args.h"
 #include "tools/lib/client.h"
 
 #define MAX_IDS 65536
@@ -40,28 +41,16 @@ static void s_usage(FILE *f)
 
 static int s_parse_f(const char *opt, const char *v, float *out)
 {
-    char *end;
-    errno = 0;
-    double d = strtod(v, &end);
-    if (errno || end == v || *end) {
-        fprintf(stderr, "troupe-client: %s: '%s' is not a number\n", opt, v);
+    double d;
+    if (arg_double("troupe-client", opt, v, -FLT_MAX, FLT_MAX, &d) < 0)
         return -1;
-    }
     *out = (float)d;
     return 0;
 }
 
 static int s_parse_u(const char *opt, const char *v, long long lo, long long hi, long long *out)
 {
-    char *end;
-    errno = 0;
-    long long x = strtoll(v, &end, 10);
-    if (errno || end == v || *end || x < lo || x > hi) {
-        fprintf(stderr, "troupe-client: %s: '%s' is not an integer in [%lld, %lld]\n", opt, v, lo, hi);
-        return -1;
-    }
-    *out = x;
-    return 0;
+    return arg_ll("troupe-client", opt, v, lo, hi, out);
 }
 
 static int s_print_reply(const msg_t *r, int json, int *done)

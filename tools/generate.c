@@ -10,6 +10,7 @@
  * Exit status: 0 on success, 2 on a usage error, 1 on any other error (always with a message on
  * stderr naming what was wrong). */
 #include <errno.h>
+#include <float.h>
 #include <jansson.h>
 #include <limits.h>
 #include <stdio.h>
@@ -27,6 +28,7 @@
 #include "engine/sampler.h"
 #include "engine/tokenizer.h"
 #include "kernels/backend.h"
+#include "tools/lib/args.h"
 
 #define KV_BLOCK 16
 
@@ -63,28 +65,13 @@ static int s_usage_error(const char *fmt, const char *arg)
 
 static int s_parse_int(const char *opt, const char *s, long lo, long hi, int *out)
 {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (!*s || *end || errno || v < lo || v > hi) {
-        fprintf(stderr, "troupe-generate: %s '%s': expected an integer in [%ld, %ld]\n", opt, s, lo, hi);
-        return -1;
-    }
-    *out = (int)v;
-    return 0;
+    return arg_int("troupe-generate", opt, s, (int)lo, (int)hi, out);
 }
 
+/* Any finite number: the sampler's checks give the ranges (sampler_params_check). */
 static int s_parse_double(const char *opt, const char *s, double *out)
 {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (!*s || *end || errno || v != v) {
-        fprintf(stderr, "troupe-generate: %s '%s': expected a number\n", opt, s);
-        return -1;
-    }
-    *out = v;
-    return 0;
+    return arg_double("troupe-generate", opt, s, -DBL_MAX, DBL_MAX, out);
 }
 
 static int s_parse_args(int argc, char **argv, gen_opts_t *o)

@@ -87,11 +87,14 @@ fi
 
 # The other GPU tests (tests/gpu/test_*.c besides the backend's: NCCL channel, ...), once each.
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  for t in build/gpu-tests/test_*; do
+  : >"$OUT/gpu-tests-other.log"
+  for t in build/gpu-tests/test_*; do   # no pipe around the loop: status must survive it
     case $t in */test_backend_cuda|*.o) continue ;; esac
     [ -x "$t" ] || continue
-    echo "### $(basename "$t")"; timeout 120 "$t" 2>&1 | tail -25 || status=1
-  done | tee "$OUT/gpu-tests-other.log"
+    echo "### $(basename "$t")" >>"$OUT/gpu-tests-other.log"
+    timeout 120 "$t" >>"$OUT/gpu-tests-other.log" 2>&1 || { status=1; echo "### FAILED" >>"$OUT/gpu-tests-other.log"; }
+  done
+  grep -E '^###|PASSED|FAILED|SKIPPED|_bw ' "$OUT/gpu-tests-other.log"
 fi
 
 # ---- benchmarks -----------------------------------------------------------------------------------

@@ -6,25 +6,17 @@
  * beyond any cache); bandwidth counts read + write (2 x N MB per pass), as STREAM's copy does.
  * Read: every thread sums its slice with wide loads, the access pattern of a weight-streaming
  * GEMV. Best of --reps passes (default 5) after one warm-up pass that also faults the pages in. */
-#include <errno.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/util.h"
+#include "tools/lib/args.h"
 
 static int s_int(const char *opt, const char *v, int lo, int hi, int *out)
 {
-    char *end;
-    errno = 0;
-    long x = strtol(v, &end, 10);
-    if (!*v || *end || errno || x < lo || x > hi) {
-        fprintf(stderr, "troupe-membw: %s '%s': expected an integer in [%d, %d]\n", opt, v, lo, hi);
-        return -1;
-    }
-    *out = (int)x;
-    return 0;
+    return arg_int("troupe-membw", opt, v, lo, hi, out);
 }
 
 /* Sum of the slice as 8 independent u64 lanes, so the loop is load-bound, not add-latency-bound. */
