@@ -152,9 +152,17 @@ static void s_run_fixture(const char *name)
     for (int p = 0; p < e.n; p++)
         if (memcmp(lg2 + (size_t)p * V, first[p], (size_t)V * sizeof(float)) != 0)
             fail_msg("%s: prompt %d's logits in a batch of %d differ from its single-sequence logits", name, p, e.n);
+    /* Decode steps take the backend's argmax (argmax_out) as the decode worker does; one row per
+     * step also asks for its logits (need_logits): only that row may be written, and its argmax
+     * must be the one argmax_out gave. The first token comes from the prefill's full logits. */
+    int32_t dev[8];
+    uint8_t need[8];
     for (int i = 0; i < e.n_greedy[0]; i++) {
         for (int p = 0; p < e.n; p++) {
-            int32_t t = fixture_argmax(lg2 + (size_t)p * V, V);
+            int32_t t = i == 0 ? fixture_argmax(lg2 + (size_t)p * V, V) : dev[p];
+            if (i > 0 && need[p] && fixture_argmax(lg2 + (size_t)p * V, V) != t)
+                fail_msg("%s: step %d, prompt %d: argmax_out %d disagrees with the row's logits (argmax %d)", name,
+                         i, p, t, fixture_argmax(lg2 + (size_t)p * V, V));
             if (t != e.greedy[p][i])
                 fail_msg("%s: batched greedy, prompt %d token %d is %d, expected %d", name, p, i, t, e.greedy[p][i]);
             assert_int_equal(kvseq_append(seqs[p], &t, 1), 0);
@@ -162,8 +170,17 @@ static void s_run_fixture(const char *name)
         }
         if (i + 1 == e.n_greedy[0])
             break;
+        for (int p = 0; p < e.n; p++)
+            need[p] = p == i % e.n;
+        for (size_t k = 0; k < (size_t)e.n * V; k++)
+            lg2[k] = NAN;
+        b.argmax_out = dev;
+        b.need_logits = need;
         if (model_forward(m, &b, lg2, err, sizeof err) < 0)
             fail_msg("%s", err);
+        for (int p = 0; p < e.n; p++)
+            if (!need[p] && (!isnan(lg2[(size_t)p * V]) || !isnan(lg2[(size_t)p * V + V - 1])))
+                fail_msg("%s: step %d wrote the logits of prompt %d, which did not ask for them", name, i, p);
     }
     for (int p = 0; p < e.n; p++) {
         kvseq_destroy(&seqs[p]);

@@ -12,6 +12,7 @@
 #include <cmocka.h>
 
 #include "engine/sampler.h"
+#include "kernels/backend.h"
 
 static sampler_t *s_new(const sampler_params_t *p, int V, const int32_t *prompt, int n)
 {
@@ -63,6 +64,57 @@ static void test_greedy_ties_and_nan(void **state)
     sampler_destroy(&s);
     assert_null(s);
     sampler_destroy(&s);
+}
+
+/* sampler_is_greedy says exactly when sampler_sample is the backend's argmax of the raw logits
+ * (the decode worker then takes the device argmax instead of downloading logits). */
+static void test_is_greedy_matches_argmax_op(void **state)
+{
+    sampler_params_t p;
+    sampler_params_default(&p);
+    sampler_t *s = s_new(&p, 8, NULL, 0);
+    assert_true(sampler_is_greedy(s));
+    sampler_destroy(&s);
+    p.top_k = 3;                                   /* filters do not matter at temperature 0 */
+    p.min_p = 0.5;
+    s = s_new(&p, 8, NULL, 0);
+    assert_true(sampler_is_greedy(s));
+    sampler_destroy(&s);
+    const struct { double t, rep, pres, freq; } not_greedy[] = {
+        {0.7, 1, 0, 0}, {0, 1.1, 0, 0}, {0, 1, 0.5, 0}, {0, 1, 0, -0.5}};
+    for (size_t i = 0; i < sizeof not_greedy / sizeof *not_greedy; i++) {
+        sampler_params_default(&p);
+        p.temperature = not_greedy[i].t;
+        p.repetition_penalty = not_greedy[i].rep;
+        p.presence_penalty = not_greedy[i].pres;
+        p.frequency_penalty = not_greedy[i].freq;
+        s = s_new(&p, 8, NULL, 0);
+        assert_false(sampler_is_greedy(s));
+        sampler_destroy(&s);
+    }
+    /* Greedy: the same token as the CPU backend's argmax op, ties and NaN included. */
+    char err[256];
+    backend_t *be = backend_new("cpu", 1, err, sizeof err);
+    assert_non_null(be);
+    enum { V = 1000 };
+    float *l = malloc(V * sizeof(float));
+    sampler_params_default(&p);
+    s = s_new(&p, V, NULL, 0);
+    uint64_t x = 12345;
+    for (int trial = 0; trial < 200; trial++) {
+        for (int i = 0; i < V; i++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            l[i] = (float)((x >> 40) % 50) - 25.0f;    /* few distinct values: many ties */
+            if ((x >> 20) % 97 == 0)
+                l[i] = NAN;
+        }
+        int32_t op = -1;
+        be->ops->argmax(be, l, 1, V, &op);
+        assert_int_equal(sampler_sample(s, l, NULL), op);
+    }
+    sampler_destroy(&s);
+    free(l);
+    backend_destroy(&be);
 }
 
 static void test_repetition_penalty(void **state)
@@ -458,6 +510,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_ties_and_nan),
+        cmocka_unit_test(test_is_greedy_matches_argmax_op),
         cmocka_unit_test(test_repetition_penalty),
         cmocka_unit_test(test_presence_frequency),
         cmocka_unit_test(test_temperature_distribution),
