@@ -536,6 +536,15 @@ int actor_run(actor_t *a, const actor_ops_t *ops, void *state)
     atomic_store(&a->progress_ms, now_ms());
     atomic_store(&a->ready_flag, 1);
     LOG_I("ready: %s inbox %s", a->self->name, a->self->inbox);
+    /* Connect now to the actors of the serving path (routers, prefill and decode workers, cache
+     * managers): a connection made lazily at the first send is not up yet when that send happens,
+     * so the message would wait in the outbox for a whole step (a first token, a decode step). */
+    for (int i = 0; i < a->topo->n_instances; i++) {
+        const topo_instance_t *in = &a->topo->instances[i];
+        if (in != a->self && (in->role == ROLE_ROUTER || in->role == ROLE_PREFILL || in->role == ROLE_DECODE ||
+                              in->role == ROLE_CACHE_MANAGER))
+            s_peer(a, in->name);
+    }
 
     /* With no supervisor message for this long we are an orphan (the supervisor died or the
      * node lost it): exit rather than serve a cluster nobody manages. */
