@@ -76,6 +76,7 @@ typedef struct decode {
     kvlinks_t *links;            /* NCCL links from prefill workers on other GPUs of the node */
     /* stats */
     uint64_t tokens_out, finished, preemptions, handoffs_in, handoff_refused, writebacks, handoffs_ipc;
+    uint64_t writeback_blocks;   /* blocks copied to the host store */
     uint64_t last_tokens;
     int64_t last_stats_ms;
     double tokens_per_s;
@@ -135,10 +136,13 @@ static void s_error(actor_t *a, const char *to, uint64_t id, msg_error_code_t co
 }
 
 /* Writes a finished sequence's full blocks to the cache-manager's host store (best effort: a
- * refused or lost write-back only costs a future cache miss). */
+ * refused or lost write-back only costs a future cache miss). The prompt's leading blocks that
+ * were cache hits are left out: the request that computed them wrote them back already (a
+ * conversation's next turn then copies only its new blocks, not its whole history). */
 static void s_writeback(actor_t *a, decode_t *d, dc_req_t *r)
 {
-    int full = kvseq_len(r->kv) / d->w->block_size;
+    const int skip = (int)(r->handoff.u.handoff.cached_tokens / (uint32_t)d->w->block_size);
+    int full = kvseq_len(r->kv) / d->w->block_size - skip;
     if (!d->cache_manager || full <= 0)
         return;
     writeback_t *wb = NULL;
@@ -154,8 +158,9 @@ static void s_writeback(actor_t *a, decode_t *d, dc_req_t *r)
     size_t bb = worker_block_bytes(d->w);
     char err[256];
     wb->transfer_id = ++d->next_transfer;
+    const int32_t *blocks = kvseq_blocks(r->kv) + skip;
     if (tchan_shm_create(&wb->seg, d->cluster, wb->transfer_id | (1ULL << 62), (size_t)full * bb, err, sizeof err) != 0 ||
-        worker_blocks_out(d->w, kvseq_blocks(r->kv), full, wb->seg.ptr) != 0) {
+        worker_blocks_out(d->w, blocks, full, wb->seg.ptr) != 0) {
         tchan_shm_close(&wb->seg);
         return;
     }
@@ -165,7 +170,7 @@ static void s_writeback(actor_t *a, decode_t *d, dc_req_t *r)
         return;
     }
     for (int i = 0; i < full; i++)
-        hashes[i] = kvseq_hash(r->kv, i);
+        hashes[i] = kvseq_hash(r->kv, skip + i);
     const bk_kv_t *kv = kvpool_view(d->w->pool);
     /* cache_put.id == kv_announce.transfer_id: the cache-manager pairs them. */
     msg_t put;
@@ -174,14 +179,16 @@ static void s_writeback(actor_t *a, decode_t *d, dc_req_t *r)
     put.u.cache_put.tier = MSG_TIER_HOST;
     put.u.cache_put.hashes = hashes;
     put.u.cache_put.n_hashes = (uint32_t)full;
+    put.u.cache_put.parent_hash = skip ? kvseq_hash(r->kv, skip - 1) : 0;
     msg_t an;
-    kvx_announce(&an, wb->transfer_id, r->id, kv, (const uint32_t *)kvseq_blocks(r->kv), (uint32_t)full, MSG_CHAN_SHM,
+    kvx_announce(&an, wb->transfer_id, r->id, kv, (const uint32_t *)blocks, (uint32_t)full, MSG_CHAN_SHM,
                  (const uint8_t *)wb->seg.name, (uint32_t)strlen(wb->seg.name), d->name, WRITEBACK_TIMEOUT_MS);
     if (actor_send(a, d->cache_manager, &put) != 0 || actor_send(a, d->cache_manager, &an) != 0)
         tchan_shm_close(&wb->seg);
     else
         wb->deadline_ms = now_ms() + WRITEBACK_TIMEOUT_MS;
     d->writebacks++;
+    d->writeback_blocks += (uint64_t)full;
     free(hashes);
 }
 
@@ -570,6 +577,7 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
     actor_stat_metric(a, st, "transfers_total", (double)d->handoffs_in, 1);
     actor_stat_metric(a, st, "transfer_failures_total", (double)d->handoff_refused, 1);
     actor_stat_metric(a, st, "writebacks_total", (double)d->writebacks, 1);
+    actor_stat_metric(a, st, "writeback_blocks_total", (double)d->writeback_blocks, 1);
     actor_stat_metric(a, st, "transfers_cuda_ipc_total", (double)d->handoffs_ipc, 1);
     actor_stat_metric(a, st, "transfers_nccl_total", (double)kvlinks_transfers(d->links), 1);
 }
