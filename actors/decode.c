@@ -13,7 +13,9 @@
  *     its KV later from its tokens (recompute, as vLLM does);
  *   - write finished sequences' full blocks back to the cache-manager's host store (cache_put plus a
  *     kv_announce on the shared-memory channel) so the next turn of a conversation can reuse them
- *     on any prefill worker;
+ *     on any prefill worker. The copy runs in the decode loop, so under load (at least half of
+ *     max_batch running) only requests that asked for retention (prompt_cache_key) are written
+ *     back: the others are a cache's best effort, shed before they slow every running request;
  *   - cancel frees a request's blocks at once.
  *
  * Every request ends with exactly one done or error to its router.
@@ -77,6 +79,7 @@ typedef struct decode {
     /* stats */
     uint64_t tokens_out, finished, preemptions, handoffs_in, handoff_refused, writebacks, handoffs_ipc;
     uint64_t writeback_blocks;   /* blocks copied to the host store */
+    uint64_t writebacks_shed;    /* write-backs left out under load (s_writeback) */
     uint64_t last_tokens;
     int64_t last_stats_ms;
     double tokens_per_s;
@@ -141,7 +144,13 @@ static void s_error(actor_t *a, const char *to, uint64_t id, msg_error_code_t co
  * conversation's next turn then copies only its new blocks, not its whole history). */
 static void s_writeback(actor_t *a, decode_t *d, dc_req_t *r)
 {
-    const int skip = (int)(r->handoff.u.handoff.cached_tokens / (uint32_t)d->w->block_size);
+    const msg_handoff_t *h = &r->handoff.u.handoff;
+    if (d->cache_manager && !(h->prompt_cache_key && *h->prompt_cache_key) &&
+        2 * d->n_state[DC_RUNNING] >= d->w->max_seqs) {
+        d->writebacks_shed++;
+        return;
+    }
+    const int skip = (int)(h->cached_tokens / (uint32_t)d->w->block_size);
     int full = kvseq_len(r->kv) / d->w->block_size - skip;
     if (!d->cache_manager || full <= 0)
         return;
@@ -578,6 +587,7 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
     actor_stat_metric(a, st, "transfer_failures_total", (double)d->handoff_refused, 1);
     actor_stat_metric(a, st, "writebacks_total", (double)d->writebacks, 1);
     actor_stat_metric(a, st, "writeback_blocks_total", (double)d->writeback_blocks, 1);
+    actor_stat_metric(a, st, "writebacks_shed_total", (double)d->writebacks_shed, 1);
     actor_stat_metric(a, st, "transfers_cuda_ipc_total", (double)d->handoffs_ipc, 1);
     actor_stat_metric(a, st, "transfers_nccl_total", (double)kvlinks_transfers(d->links), 1);
 }
