@@ -149,17 +149,23 @@ static void s_attention(model_t *m, int l, int T, const bk_kv_t *kv, const bk_at
     backend_t *be = m->be;
     const model_config_t *c = &m->cfg;
     const model_layer_t *L = &m->layers[l];
-    PROF(m, P_QKV, op->matmul(be, m->xn, T, &L->q, L->q_bias, m->q));
-    PROF(m, P_QKV, op->matmul(be, m->xn, T, &L->k, L->k_bias, m->k));
-    PROF(m, P_QKV, op->matmul(be, m->xn, T, &L->v, L->v_bias, m->v));
-    if (L->q_norm) {
-        PROF(m, P_QK_NORM, op->head_rmsnorm(be, m->q, L->q_norm, T, c->num_heads, c->head_dim, (float)c->rms_norm_eps));
-        PROF(m, P_QK_NORM, op->head_rmsnorm(be, m->k, L->k_norm, T, c->num_kv_heads, c->head_dim, (float)c->rms_norm_eps));
+    /* q, k, v one after another: with one row that is exactly the fused matrix's output. */
+    float *q = m->qkv, *k = q + (size_t)T * L->q.rows, *v = k + (size_t)T * L->k.rows;
+    if (T == 1 && L->qkv.data && !L->q_bias) {
+        PROF(m, P_QKV, op->matmul(be, m->xn, 1, &L->qkv, NULL, q));
+    } else {
+        PROF(m, P_QKV, op->matmul(be, m->xn, T, &L->q, L->q_bias, q));
+        PROF(m, P_QKV, op->matmul(be, m->xn, T, &L->k, L->k_bias, k));
+        PROF(m, P_QKV, op->matmul(be, m->xn, T, &L->v, L->v_bias, v));
     }
-    PROF(m, P_ROPE, op->rope(be, m->q, meta->tok_pos, m->inv_freq, T, c->num_heads, c->head_dim));
-    PROF(m, P_ROPE, op->rope(be, m->k, meta->tok_pos, m->inv_freq, T, c->num_kv_heads, c->head_dim));
-    PROF(m, P_KV_STORE, op->kv_store(be, kv, l, m->k, m->v, meta));
-    PROF(m, P_ATTENTION, op->attention(be, kv, l, m->q, c->num_heads, m->scale, meta, m->att));
+    if (L->q_norm) {
+        PROF(m, P_QK_NORM, op->head_rmsnorm(be, q, L->q_norm, T, c->num_heads, c->head_dim, (float)c->rms_norm_eps));
+        PROF(m, P_QK_NORM, op->head_rmsnorm(be, k, L->k_norm, T, c->num_kv_heads, c->head_dim, (float)c->rms_norm_eps));
+    }
+    PROF(m, P_ROPE, op->rope(be, q, meta->tok_pos, m->inv_freq, T, c->num_heads, c->head_dim));
+    PROF(m, P_ROPE, op->rope(be, k, meta->tok_pos, m->inv_freq, T, c->num_kv_heads, c->head_dim));
+    PROF(m, P_KV_STORE, op->kv_store(be, kv, l, k, v, meta));
+    PROF(m, P_ATTENTION, op->attention(be, kv, l, q, c->num_heads, m->scale, meta, m->att));
     PROF(m, P_O, op->matmul(be, m->att, T, &L->o, L->o_bias, m->delta));
 }
 
@@ -171,10 +177,16 @@ static void s_mlp(model_t *m, int l, int T)
     const model_config_t *c = &m->cfg;
     const model_layer_t *L = &m->layers[l];
     if (!L->is_moe) {
-        PROF(m, P_GATE_UP, op->matmul(be, m->xn, T, &L->gate, NULL, m->g));
-        PROF(m, P_GATE_UP, op->matmul(be, m->xn, T, &L->up, NULL, m->u));
-        PROF(m, P_SWIGLU, op->swiglu(be, m->g, m->u, T * (int)L->gate.rows, m->g));
-        PROF(m, P_DOWN, op->matmul(be, m->g, T, &L->down, NULL, m->delta));
+        /* gate then up: with one row, the fused matrix's output. */
+        float *g = m->gu, *u = g + (size_t)T * L->gate.rows;
+        if (T == 1 && L->gate_up.data) {
+            PROF(m, P_GATE_UP, op->matmul(be, m->xn, 1, &L->gate_up, NULL, g));
+        } else {
+            PROF(m, P_GATE_UP, op->matmul(be, m->xn, T, &L->gate, NULL, g));
+            PROF(m, P_GATE_UP, op->matmul(be, m->xn, T, &L->up, NULL, u));
+        }
+        PROF(m, P_SWIGLU, op->swiglu(be, g, u, T * (int)L->gate.rows, g));
+        PROF(m, P_DOWN, op->matmul(be, g, T, &L->down, NULL, m->delta));
         return;
     }
     const int renorm = c->arch == ARCH_MIXTRAL || c->norm_topk_prob;

@@ -40,6 +40,9 @@ typedef struct model_opts {
     int max_logit_rows;           /* rows of logits per forward (default max_seqs; all_logits needs more) */
     int max_context;              /* longest sequence (default config max_position_embeddings) */
     int kv_block_size;            /* smallest KV block size to be used (default 16); sizes block tables */
+    int fuse_weights;             /* q|k|v and gate|up as one matrix each (one matmul for a one-row
+                                     step): 0 = the backend's choice (backend_ops_t.fuse_weights),
+                                     1 = always, -1 = never */
 } model_opts_t;
 
 /* One sequence's part of a step. */

@@ -11,10 +11,12 @@ typedef struct model_layer {
     float *attn_norm;             /* device [H] f32: input_layernorm */
     float *mlp_norm;              /* device [H] f32: post_attention_layernorm */
     bk_mat_t q, k, v, o;          /* [nH*D][H], [nKV*D][H], [nKV*D][H], [H][nH*D] */
+    bk_mat_t qkv;                 /* q, k, v as one matrix (they are its row ranges), or data NULL */
     float *q_bias, *k_bias, *v_bias, *o_bias;   /* device f32, or NULL without attention_bias */
     float *q_norm, *k_norm;       /* device [D] f32 (Qwen3), or NULL */
     int is_moe;
     bk_mat_t gate, up, down;      /* dense MLP: [I][H], [I][H], [H][I] */
+    bk_mat_t gate_up;             /* dense MLP: gate, up as one matrix (row ranges), or data NULL */
     bk_mat_t router;              /* MoE: [E][H] */
     bk_expert_t *experts;         /* MoE: host [E], each pointing at device weights */
 } model_layer_t;
@@ -47,8 +49,9 @@ struct model {
     float *res;                   /* [T][H] residual stream */
     float *xn;                    /* [T][H] normed input of the current block */
     float *delta;                 /* [T][H] the current block's output, added to res by the next norm */
-    float *q, *k, *v, *att;       /* [T][nH*D], [T][nKV*D], [T][nKV*D], [T][nH*D] */
-    float *g, *u;                 /* [T][max_i] */
+    float *qkv;                   /* q [T][nH*D], then k [T][nKV*D], then v [T][nKV*D] (T of the step) */
+    float *att;                   /* [T][nH*D] */
+    float *gu;                    /* gate [T][I], then up [T][I] (T of the step, I of the layer) */
     float *rlogits;               /* [T][E] router logits */
     int32_t *moe_ids;             /* [T][k] */
     float *moe_w;                 /* [T][k] */

@@ -81,6 +81,49 @@ static int s_mat(model_t *m, ckpt_t *ck, bk_mat_t *out, int64_t rows, int64_t co
     return 0;
 }
 
+/* n 2-D weights [rows[i]][cols] placed one after another in ONE device buffer: *fused is the
+ * whole [sum of rows][cols] matrix, *parts[i] its row ranges. A decode step of one row runs the
+ * fused matrix (one launch instead of n, its output laid out as the parts' outputs one after
+ * another); longer steps run the parts. Without fusion (model_opts_t.fuse_weights, else the
+ * backend's choice) or when the parts' dtypes differ, fused->data stays NULL and each part is
+ * placed on its own. */
+static int s_mats_fused(model_t *m, ckpt_t *ck, bk_mat_t *fused, bk_mat_t *const parts[], const int64_t rows[],
+                        int n, int64_t cols, const char *const names[], char *err, size_t errlen)
+{
+    const int fuse = m->opts.fuse_weights ? m->opts.fuse_weights > 0 : m->be->ops->fuse_weights;
+    const tensor_view_t *t[4];
+    size_t total = 0;
+    int same = 1;
+    for (int i = 0; i < n; i++) {
+        int64_t shape[2] = {rows[i], cols};
+        if (!(t[i] = ckpt_expect(ck, names[i], 2, shape, err, errlen)) || s_dtype_ok(m, t[i], err, errlen) < 0)
+            return -1;
+        same &= t[i]->dtype == t[0]->dtype;
+        total += t[i]->nbytes;
+    }
+    *fused = (bk_mat_t){0};
+    if (!same || !fuse) {
+        for (int i = 0; i < n; i++)
+            if (s_mat(m, ck, parts[i], rows[i], cols, err, errlen, "%s", names[i]) < 0)
+                return -1;
+        return 0;
+    }
+    uint8_t *dev = s_alloc(m, total, names[0], err, errlen);
+    if (!dev)
+        return -1;
+    size_t off = 0;
+    int64_t all_rows = 0;
+    for (int i = 0; i < n; i++) {
+        if (m->be->ops->upload(m->be, dev + off, t[i]->data, t[i]->nbytes) < 0)
+            return errf(err, errlen, "%s: cannot upload %s", m->where, names[i]);
+        *parts[i] = (bk_mat_t){.data = dev + off, .dtype = t[i]->dtype, .rows = rows[i], .cols = cols};
+        off += t[i]->nbytes;
+        all_rows += rows[i];
+    }
+    *fused = (bk_mat_t){.data = dev, .dtype = t[0]->dtype, .rows = all_rows, .cols = cols};
+    return 0;
+}
+
 /* A 1-D tensor [n] (norm weight, bias) converted to f32 on the device. */
 static float *s_vec(model_t *m, ckpt_t *ck, int64_t n, char *err, size_t errlen, const char *fmt, ...)
     __attribute__((format(printf, 6, 7)));
@@ -238,11 +281,16 @@ model_t *model_load(const char *model_dir, const model_config_t *cfg, ckpt_t *ck
     m->max_i = 0;
     for (int l = 0; l < L; l++) {
         model_layer_t *Ly = &m->layers[l];
+        char qn[96], kn[96], vn[96];
+        snprintf(qn, sizeof qn, "model.layers.%d.self_attn.q_proj.weight", l);
+        snprintf(kn, sizeof kn, "model.layers.%d.self_attn.k_proj.weight", l);
+        snprintf(vn, sizeof vn, "model.layers.%d.self_attn.v_proj.weight", l);
+        const char *const qkv_names[3] = {qn, kn, vn};
+        bk_mat_t *const qkv_parts[3] = {&Ly->q, &Ly->k, &Ly->v};
+        const int64_t qkv_rows[3] = {(int64_t)nH * D, (int64_t)nKV * D, (int64_t)nKV * D};
         if (!(Ly->attn_norm = s_vec(m, ck, H, err, errlen, "model.layers.%d.input_layernorm.weight", l)) ||
             !(Ly->mlp_norm = s_vec(m, ck, H, err, errlen, "model.layers.%d.post_attention_layernorm.weight", l)) ||
-            s_mat(m, ck, &Ly->q, (int64_t)nH * D, H, err, errlen, "model.layers.%d.self_attn.q_proj.weight", l) < 0 ||
-            s_mat(m, ck, &Ly->k, (int64_t)nKV * D, H, err, errlen, "model.layers.%d.self_attn.k_proj.weight", l) < 0 ||
-            s_mat(m, ck, &Ly->v, (int64_t)nKV * D, H, err, errlen, "model.layers.%d.self_attn.v_proj.weight", l) < 0 ||
+            s_mats_fused(m, ck, &Ly->qkv, qkv_parts, qkv_rows, 3, H, qkv_names, err, errlen) < 0 ||
             s_mat(m, ck, &Ly->o, H, (int64_t)nH * D, err, errlen, "model.layers.%d.self_attn.o_proj.weight", l) < 0)
             goto fail;
         if (c->attention_bias &&
@@ -268,8 +316,13 @@ model_t *model_load(const char *model_dir, const model_config_t *cfg, ckpt_t *ck
             m->max_i = c->moe_intermediate_size > m->max_i ? c->moe_intermediate_size : m->max_i;
         } else {
             const int I = c->intermediate_size;
-            if (s_mat(m, ck, &Ly->gate, I, H, err, errlen, "model.layers.%d.mlp.gate_proj.weight", l) < 0 ||
-                s_mat(m, ck, &Ly->up, I, H, err, errlen, "model.layers.%d.mlp.up_proj.weight", l) < 0 ||
+            char gn[96], un[96];
+            snprintf(gn, sizeof gn, "model.layers.%d.mlp.gate_proj.weight", l);
+            snprintf(un, sizeof un, "model.layers.%d.mlp.up_proj.weight", l);
+            const char *const gu_names[2] = {gn, un};
+            bk_mat_t *const gu_parts[2] = {&Ly->gate, &Ly->up};
+            const int64_t gu_rows[2] = {I, I};
+            if (s_mats_fused(m, ck, &Ly->gate_up, gu_parts, gu_rows, 2, H, gu_names, err, errlen) < 0 ||
                 s_mat(m, ck, &Ly->down, H, I, err, errlen, "model.layers.%d.mlp.down_proj.weight", l) < 0)
                 goto fail;
             size_t mlp = s_bytes(&Ly->gate) + s_bytes(&Ly->up) + s_bytes(&Ly->down);
@@ -313,12 +366,9 @@ model_t *model_load(const char *model_dir, const model_config_t *cfg, ckpt_t *ck
         !(m->res = s_alloc(m, T * H * f, "activations", err, errlen)) ||
         !(m->xn = s_alloc(m, T * H * f, "activations", err, errlen)) ||
         !(m->delta = s_alloc(m, T * H * f, "activations", err, errlen)) ||
-        !(m->q = s_alloc(m, T * nH * D * f, "activations", err, errlen)) ||
+        !(m->qkv = s_alloc(m, T * (size_t)(nH + 2 * nKV) * D * f, "activations", err, errlen)) ||
         !(m->att = s_alloc(m, T * nH * D * f, "activations", err, errlen)) ||
-        !(m->k = s_alloc(m, T * nKV * D * f, "activations", err, errlen)) ||
-        !(m->v = s_alloc(m, T * nKV * D * f, "activations", err, errlen)) ||
-        !(m->g = s_alloc(m, T * m->max_i * f, "activations", err, errlen)) ||
-        !(m->u = s_alloc(m, T * m->max_i * f, "activations", err, errlen)) ||
+        !(m->gu = s_alloc(m, T * 2 * (size_t)m->max_i * f, "activations", err, errlen)) ||
         !(m->rows = s_alloc(m, R * H * f, "activations", err, errlen)) ||
         !(m->logits = s_alloc(m, R * V * f, "logits", err, errlen)) ||
         !(m->argmax = s_alloc(m, R * sizeof(int32_t), "argmax", err, errlen)))

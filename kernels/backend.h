@@ -119,6 +119,11 @@ typedef struct bk_nccl_ops {
 
 typedef struct backend_ops {
     const char *name;             /* "cpu", "cuda" */
+    /* 1: a matmul launch costs enough that the model places q|k|v and gate|up as one matrix each
+     * (one launch for a one-row step; a GPU). 0: the weights stay as stored (the CPU backend uses
+     * the checkpoint's mapped file in place: a fused copy would cost memory and load time for
+     * nothing). engine/model.h: model_opts_t.fuse_weights overrides it. */
+    int fuse_weights;
     void (*destroy)(backend_t *be);
 
     /* Memory. alloc returns 64-byte aligned device memory or NULL; upload/download copy n bytes
