@@ -279,6 +279,12 @@ static int s_on_fetch(actor_t *a, void *state, const actor_peer_t *from, msg_t *
     ft->transfer_id = c->next_transfer;
     ft->deadline_ms = now_ms() + FETCH_TIMEOUT_MS;
     uint32_t *ids = malloc(found * sizeof *ids);
+    if (!ids) {
+        tchan_shm_close(&ft->seg);
+        r.u.cache_fetch_reply.found = 0;
+        actor_send(a, f->reply_to, &r);
+        return 0;
+    }
     for (uint32_t i = 0; i < found; i++) {
         uint64_t slot = *u64map_get(&c->host, f->hashes[i]) - 1;
         c->slots[slot].lru = ++c->tick;
