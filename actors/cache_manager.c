@@ -7,7 +7,10 @@
  *   - keep the host store: a bounded array of blocks (cache.host_store_blocks) written by decode
  *     workers when a sequence finishes (cache_put tier host + kv_announce on the shared-memory
  *     channel, paired by id) and read by prefill workers (cache_fetch -> kv_announce + reply), so the
- *     next turn of a conversation skips its history on any worker;
+ *     next turn of a conversation skips its history on any worker. A write-back's blocks are
+ *     announced to the routers when its cache_put arrives (before the request's done reaches the
+ *     client); a fetch whose next block is still on its way waits for it up to PARK_MS, and a put
+ *     whose blocks never come is dropped after PENDING_TIMEOUT_MS, its blocks withdrawn;
  *   - retention: cache_pin pins a prefix's blocks until an expiry (prompt_cache_key + 5 min / 1 h);
  *     a pinned block is never evicted before its time whatever the load; unpinned blocks are
  *     evicted least-recently-used; expired pins are dropped by a timer;
@@ -31,6 +34,9 @@
 #define MAX_PENDING      256        /* host puts waiting for their kv_announce */
 #define MAX_FETCHES      64         /* fetch segments waiting for their kv_ack */
 #define FETCH_TIMEOUT_MS 2000
+#define PENDING_TIMEOUT_MS 5000     /* a host put whose blocks never come */
+#define MAX_PARKED       64         /* fetches waiting for a pending put's blocks */
+#define PARK_MS          300        /* how long a fetch waits for them (prefill gives up at 1 s) */
 
 typedef struct slot {
     uint64_t hash;                  /* 0 = free */
@@ -43,6 +49,7 @@ typedef struct pending_put {
     uint64_t *hashes;
     uint32_t n;
     char holder[64];
+    int64_t deadline_ms;            /* its kv_announce must come by then, else it is dropped */
 } pending_put_t;
 
 typedef struct fetch {
@@ -69,9 +76,12 @@ typedef struct cmgr {
     dtype_t dtype;
     pending_put_t pending[MAX_PENDING];
     fetch_t fetches[MAX_FETCHES];
+    msg_t parked[MAX_PARKED];       /* cache_fetch clones whose next block is in a pending put */
+    int64_t parked_until[MAX_PARKED];
+    int n_parked;
     uint64_t tick, next_transfer;
     /* stats */
-    uint64_t stored, evicted, expired, fetched_blocks, fetch_queries, fetch_hits, puts_dropped;
+    uint64_t stored, evicted, expired, fetched_blocks, fetch_queries, fetch_hits, puts_dropped, fetches_parked;
 } cmgr_t;
 
 static int s_worker_bit(cmgr_t *c, const char *name)
@@ -150,7 +160,11 @@ static int s_on_put(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
         memcpy(slot->hashes, p->hashes, p->n_hashes * sizeof *slot->hashes);
         slot->n = p->n_hashes;
         slot->transfer_id = m->id;
+        slot->deadline_ms = now_ms() + PENDING_TIMEOUT_MS;
         snprintf(slot->holder, sizeof slot->holder, "%s", p->holder);
+        /* Told to the routers now, before the blocks land: a conversation's next turn may be routed
+         * before then, and its fetch waits for them here (s_on_fetch) instead of missing them. */
+        s_event(a, c, MSG_CEV_STORED, MSG_TIER_HOST, c->name, p->hashes, p->n_hashes);
         return 0;
     }
     int bit = s_worker_bit(c, p->holder);
@@ -181,6 +195,39 @@ static int s_on_evict(actor_t *a, void *state, const actor_peer_t *from, msg_t *
 }
 
 /* ---- host tier: write-backs in, fetches out ---------------------------------------------- */
+
+/* 1 when a host put still waiting for its blocks names this hash. */
+static int s_pending_has(const cmgr_t *c, uint64_t hash)
+{
+    for (int i = 0; i < MAX_PENDING; i++)
+        for (uint32_t j = 0; c->pending[i].hashes && j < c->pending[i].n; j++)
+            if (c->pending[i].hashes[j] == hash)
+                return 1;
+    return 0;
+}
+
+static void s_answer_parked(actor_t *a, cmgr_t *c, int64_t now);
+
+/* A pending put is over (its blocks stored, refused, or never come): the hashes it announced that
+ * the store does not hold are withdrawn, and fetches waiting on it are answered. */
+static void s_end_pending(actor_t *a, cmgr_t *c, pending_put_t *p)
+{
+    uint64_t gone[512];
+    uint32_t n_gone = 0;
+    for (uint32_t i = 0; i < p->n; i++) {
+        if (u64map_get(&c->host, p->hashes[i]))
+            continue;
+        gone[n_gone++] = p->hashes[i];
+        if (n_gone == 512) {
+            s_event(a, c, MSG_CEV_REMOVED, MSG_TIER_HOST, c->name, gone, n_gone);
+            n_gone = 0;
+        }
+    }
+    s_event(a, c, MSG_CEV_REMOVED, MSG_TIER_HOST, c->name, gone, n_gone);
+    free(p->hashes);
+    memset(p, 0, sizeof *p);
+    s_answer_parked(a, c, now_ms());
+}
 
 static int s_on_announce(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
 {
@@ -248,21 +295,27 @@ static int s_on_announce(actor_t *a, void *state, const actor_peer_t *from, msg_
     }
     tchan_shm_close(&seg);
     kvx_ack(a, k->src, k->transfer_id, why == NULL, why, NULL, 0);
-    free(p->hashes);
-    memset(p, 0, sizeof *p);
+    s_end_pending(a, c, p);
     return 0;
 }
 
 /* A prefill worker asks for blocks of the host store: the leading run it has is copied into a
  * segment and announced; the reply says how many (0: nothing to wait for). */
-static int s_on_fetch(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
+/* The leading hashes of a fetch that the store holds. */
+static uint32_t s_found(const cmgr_t *c, const msg_cache_fetch_t *f)
 {
-    cmgr_t *c = state;
-    const msg_cache_fetch_t *f = &m->u.cache_fetch;
     uint32_t found = 0;
-    c->fetch_queries += f->n_hashes;
     while (found < f->n_hashes && u64map_get(&c->host, f->hashes[found]))
         found++;
+    return found;
+}
+
+/* Sends what the store holds of a fetch's leading blocks (a kv_announce on a shared-memory segment
+ * and the reply), or found = 0. */
+static void s_answer_fetch(actor_t *a, cmgr_t *c, const msg_t *m)
+{
+    const msg_cache_fetch_t *f = &m->u.cache_fetch;
+    const uint32_t found = s_found(c, f);
     fetch_t *ft = NULL;
     for (int i = 0; i < MAX_FETCHES && !ft; i++)
         if (!c->fetches[i].seg.ptr)
@@ -274,7 +327,7 @@ static int s_on_fetch(actor_t *a, void *state, const actor_peer_t *from, msg_t *
         tchan_shm_create(&ft->seg, c->cluster, ++c->next_transfer, (size_t)found * c->block_bytes, err, sizeof err) != 0) {
         r.u.cache_fetch_reply.found = 0;
         actor_send(a, f->reply_to, &r);
-        return 0;
+        return;
     }
     ft->transfer_id = c->next_transfer;
     ft->deadline_ms = now_ms() + FETCH_TIMEOUT_MS;
@@ -283,7 +336,7 @@ static int s_on_fetch(actor_t *a, void *state, const actor_peer_t *from, msg_t *
         tchan_shm_close(&ft->seg);
         r.u.cache_fetch_reply.found = 0;
         actor_send(a, f->reply_to, &r);
-        return 0;
+        return;
     }
     for (uint32_t i = 0; i < found; i++) {
         uint64_t slot = *u64map_get(&c->host, f->hashes[i]) - 1;
@@ -303,7 +356,43 @@ static int s_on_fetch(actor_t *a, void *state, const actor_peer_t *from, msg_t *
     if (actor_send(a, f->reply_to, &an) != 0 || actor_send(a, f->reply_to, &r) != 0)
         tchan_shm_close(&ft->seg);
     free(ids);
+}
+
+/* A fetch whose next block is still on its way (a write-back announced by cache_put whose
+ * kv_announce has not landed) waits for it, up to PARK_MS; any other is answered at once. */
+static int s_on_fetch(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
+{
+    cmgr_t *c = state;
+    const msg_cache_fetch_t *f = &m->u.cache_fetch;
+    c->fetch_queries += f->n_hashes;
+    const uint32_t found = s_found(c, f);
+    char err[128];
+    if (found < f->n_hashes && c->n_parked < MAX_PARKED && s_pending_has(c, f->hashes[found]) &&
+        msg_clone(m, &c->parked[c->n_parked], err, sizeof err) == 0) {
+        c->parked_until[c->n_parked++] = now_ms() + PARK_MS;
+        c->fetches_parked++;
+        return 0;
+    }
+    s_answer_fetch(a, c, m);
     return 0;
+}
+
+/* Answers the parked fetches that need not wait any more: their next block landed, its put
+ * ended without it, or PARK_MS passed. */
+static void s_answer_parked(actor_t *a, cmgr_t *c, int64_t now)
+{
+    for (int i = 0; i < c->n_parked;) {
+        const msg_cache_fetch_t *f = &c->parked[i].u.cache_fetch;
+        const uint32_t found = s_found(c, f);
+        if (now < c->parked_until[i] && found < f->n_hashes && s_pending_has(c, f->hashes[found])) {
+            i++;
+            continue;
+        }
+        s_answer_fetch(a, c, &c->parked[i]);
+        msg_free(&c->parked[i]);
+        c->parked[i] = c->parked[--c->n_parked];
+        c->parked_until[i] = c->parked_until[c->n_parked];
+    }
 }
 
 static int s_on_kv_ack(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
@@ -356,6 +445,13 @@ static int s_expire(actor_t *a, void *state)
     for (int i = 0; i < MAX_FETCHES; i++)
         if (c->fetches[i].seg.ptr && now > c->fetches[i].deadline_ms)
             tchan_shm_close(&c->fetches[i].seg);
+    for (int i = 0; i < MAX_PENDING; i++)
+        if (c->pending[i].hashes && now > c->pending[i].deadline_ms) {
+            LOG_W("write-back %llu from %s: its blocks never came; dropped", (unsigned long long)c->pending[i].transfer_id,
+                  c->pending[i].holder);
+            s_end_pending(a, c, &c->pending[i]);
+        }
+    s_answer_parked(a, c, now);
     return 0;
 }
 
@@ -378,6 +474,7 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
     actor_stat_metric(a, st, "pins_expired_total", (double)c->expired, 1);
     actor_stat_metric(a, st, "fetch_queries_total", (double)c->fetch_queries, 1);
     actor_stat_metric(a, st, "fetch_hits_total", (double)c->fetch_hits, 1);
+    actor_stat_metric(a, st, "fetches_parked_total", (double)c->fetches_parked, 1);
 }
 
 static const actor_handler_t s_handlers[] = {
@@ -415,6 +512,8 @@ int main(int argc, char **argv)
     int rc = actor_run(a, &ops, c);
     for (int i = 0; i < MAX_PENDING; i++)
         free(c->pending[i].hashes);
+    for (int i = 0; i < c->n_parked; i++)
+        msg_free(&c->parked[i]);
     for (int i = 0; i < MAX_FETCHES; i++)
         tchan_shm_close(&c->fetches[i].seg);
     u64map_free(&c->device);

@@ -55,8 +55,9 @@ typedef struct dc_req {
 
 typedef struct writeback {
     uint64_t transfer_id;
-    tchan_seg_t seg;
+    tchan_seg_t seg;             /* in use while mapped */
     int64_t deadline_ms;
+    int skip, n;                 /* the sequence's blocks [skip, skip + n) */
 } writeback_t;
 
 typedef struct decode {
@@ -138,49 +139,42 @@ static void s_error(actor_t *a, const char *to, uint64_t id, msg_error_code_t co
     actor_send(a, to, &e);
 }
 
-/* Writes a finished sequence's full blocks to the cache-manager's host store (best effort: a
- * refused or lost write-back only costs a future cache miss). The prompt's leading blocks that
- * were cache hits are left out: the request that computed them wrote them back already (a
- * conversation's next turn then copies only its new blocks, not its whole history). */
-static void s_writeback(actor_t *a, decode_t *d, dc_req_t *r)
+/* Writing a finished sequence's full blocks to the cache-manager's host store (best effort: a
+ * refused or lost write-back only costs a future cache miss), in two halves around the request's
+ * done. The prompt's leading blocks that were cache hits are left out: the request that computed
+ * them wrote them back already (a conversation's next turn then copies only its new blocks, not
+ * its whole history).
+ *
+ * First half, before done: decide, reserve a slot, and name the blocks to the cache-manager
+ * (cache_put). It tells the routers at once, so a next turn routed the moment done arrives is
+ * pointed at these blocks, and its fetch waits for them there instead of missing them. */
+static writeback_t *s_writeback_put(actor_t *a, decode_t *d, dc_req_t *r)
 {
     const msg_handoff_t *h = &r->handoff.u.handoff;
-    if (d->cache_manager && !(h->prompt_cache_key && *h->prompt_cache_key) &&
-        2 * d->n_state[DC_RUNNING] >= d->w->max_seqs) {
+    if (!d->cache_manager || r->state == DC_PREEMPTED)
+        return NULL;
+    if (!(h->prompt_cache_key && *h->prompt_cache_key) && 2 * d->n_state[DC_RUNNING] >= d->w->max_seqs) {
         d->writebacks_shed++;
-        return;
+        return NULL;
     }
     const int skip = (int)(h->cached_tokens / (uint32_t)d->w->block_size);
     int full = kvseq_len(r->kv) / d->w->block_size - skip;
-    if (!d->cache_manager || full <= 0)
-        return;
-    writeback_t *wb = NULL;
-    for (int i = 0; i < MAX_WRITEBACKS; i++)
-        if (!d->wb[i].seg.ptr) {
-            wb = &d->wb[i];
-            break;
-        }
-    if (!wb)
-        return;   /* too many in flight: skip this one */
+    if (full <= 0)
+        return NULL;
     if (full > MSG_MAX_BLOCKS)
         full = MSG_MAX_BLOCKS;
-    size_t bb = worker_block_bytes(d->w);
-    char err[256];
-    wb->transfer_id = ++d->next_transfer;
-    const int32_t *blocks = kvseq_blocks(r->kv) + skip;
-    if (tchan_shm_create(&wb->seg, d->cluster, wb->transfer_id | (1ULL << 62), (size_t)full * bb, err, sizeof err) != 0 ||
-        worker_blocks_out(d->w, blocks, full, wb->seg.ptr) != 0) {
-        tchan_shm_close(&wb->seg);
-        return;
-    }
-    uint64_t *hashes = malloc((size_t)full * sizeof *hashes);
-    if (!hashes) {
-        tchan_shm_close(&wb->seg);
-        return;
-    }
+    writeback_t *wb = NULL;
+    for (int i = 0; i < MAX_WRITEBACKS && !wb; i++)
+        if (!d->wb[i].seg.ptr)
+            wb = &d->wb[i];
+    uint64_t *hashes = wb ? malloc((size_t)full * sizeof *hashes) : NULL;
+    if (!hashes)
+        return NULL;   /* too many in flight (or no memory): skip this one */
     for (int i = 0; i < full; i++)
         hashes[i] = kvseq_hash(r->kv, skip + i);
-    const bk_kv_t *kv = kvpool_view(d->w->pool);
+    wb->transfer_id = ++d->next_transfer;
+    wb->skip = skip;
+    wb->n = full;
     /* cache_put.id == kv_announce.transfer_id: the cache-manager pairs them. */
     msg_t put;
     msg_init(&put, MSG_CACHE_PUT, wb->transfer_id);
@@ -189,22 +183,42 @@ static void s_writeback(actor_t *a, decode_t *d, dc_req_t *r)
     put.u.cache_put.hashes = hashes;
     put.u.cache_put.n_hashes = (uint32_t)full;
     put.u.cache_put.parent_hash = skip ? kvseq_hash(r->kv, skip - 1) : 0;
-    msg_t an;
-    kvx_announce(&an, wb->transfer_id, r->id, kv, (const uint32_t *)blocks, (uint32_t)full, MSG_CHAN_SHM,
-                 (const uint8_t *)wb->seg.name, (uint32_t)strlen(wb->seg.name), d->name, WRITEBACK_TIMEOUT_MS);
-    if (actor_send(a, d->cache_manager, &put) != 0 || actor_send(a, d->cache_manager, &an) != 0)
-        tchan_shm_close(&wb->seg);
-    else
-        wb->deadline_ms = now_ms() + WRITEBACK_TIMEOUT_MS;
-    d->writebacks++;
-    d->writeback_blocks += (uint64_t)full;
+    int rc = actor_send(a, d->cache_manager, &put);
     free(hashes);
+    return rc == 0 ? wb : NULL;
 }
 
-/* Ends a request: done to the router, write-back, free. */
+/* Second half, after done: copy the blocks into a shared-memory segment and announce them. A
+ * failure here leaves the cache-manager's put without its blocks: it drops it at its deadline. */
+static void s_writeback_copy(actor_t *a, decode_t *d, dc_req_t *r, writeback_t *wb)
+{
+    const size_t bb = worker_block_bytes(d->w);
+    const int32_t *blocks = kvseq_blocks(r->kv) + wb->skip;
+    char err[256];
+    if (tchan_shm_create(&wb->seg, d->cluster, wb->transfer_id | (1ULL << 62), (size_t)wb->n * bb, err, sizeof err) != 0 ||
+        worker_blocks_out(d->w, blocks, wb->n, wb->seg.ptr) != 0) {
+        LOG_W("write-back of request %llu: %s", (unsigned long long)r->id, wb->seg.ptr ? "copy failed" : err);
+        tchan_shm_close(&wb->seg);
+        return;
+    }
+    msg_t an;
+    kvx_announce(&an, wb->transfer_id, r->id, kvpool_view(d->w->pool), (const uint32_t *)blocks, (uint32_t)wb->n,
+                 MSG_CHAN_SHM, (const uint8_t *)wb->seg.name, (uint32_t)strlen(wb->seg.name), d->name,
+                 WRITEBACK_TIMEOUT_MS);
+    if (actor_send(a, d->cache_manager, &an) != 0) {
+        tchan_shm_close(&wb->seg);
+        return;
+    }
+    wb->deadline_ms = now_ms() + WRITEBACK_TIMEOUT_MS;
+    d->writebacks++;
+    d->writeback_blocks += (uint64_t)wb->n;
+}
+
+/* Ends a request: the write-back's blocks named, done to the router, the write-back's copy, free. */
 static void s_finish(actor_t *a, decode_t *d, dc_req_t *r, msg_finish_t fin)
 {
     const msg_handoff_t *h = &r->handoff.u.handoff;
+    writeback_t *wb = s_writeback_put(a, d, r);
     msg_t m;
     msg_init(&m, MSG_DONE, r->id);
     m.u.done.finish = fin;
@@ -216,8 +230,8 @@ static void s_finish(actor_t *a, decode_t *d, dc_req_t *r, msg_finish_t fin)
     m.u.done.timings.decode_ms = (uint32_t)(now_ms() - r->admitted_ms);
     actor_send(a, h->reply_to, &m);
     d->finished++;
-    if (r->state != DC_PREEMPTED)
-        s_writeback(a, d, r);
+    if (wb)
+        s_writeback_copy(a, d, r, wb);
     s_unlink(d, r);
 }
 
