@@ -13,9 +13,11 @@
  *     its KV later from its tokens (recompute, as vLLM does);
  *   - write finished sequences' full blocks back to the cache-manager's host store (cache_put plus a
  *     kv_announce on the shared-memory channel) so the next turn of a conversation can reuse them
- *     on any prefill worker. The copy runs in the decode loop, so under load (at least half of
+ *     on any prefill worker. The copy runs on a thread of its own (kv_copier.h) beside the next
+ *     steps, the finished sequence's blocks held until it is done. Under load (at least half of
  *     max_batch running) only requests that asked for retention (prompt_cache_key) are written
- *     back: the others are a cache's best effort, shed before they slow every running request;
+ *     back: the others are a cache's best effort, shed before their copies compete with the
+ *     running requests for the host store and the memory bus;
  *   - cancel frees a request's blocks at once.
  *
  * Every request ends with exactly one done or error to its router.
@@ -25,6 +27,7 @@
 #include <string.h>
 
 #include "actors/runtime/actor.h"
+#include "actors/runtime/kv_copier.h"
 #include "actors/runtime/kv_link.h"
 #include "actors/runtime/kv_transfer.h"
 #include "actors/runtime/worker.h"
@@ -53,11 +56,14 @@ typedef struct dc_req {
     struct dc_req *next_req;
 } dc_req_t;
 
+/* A slot is in use from cache_put until the copy is announced and acked (or its deadline). */
 typedef struct writeback {
-    uint64_t transfer_id;
-    tchan_seg_t seg;             /* in use while mapped */
+    uint64_t transfer_id, request_id;
+    kvseq_t *kv;                 /* the finished sequence, its blocks held while the copier reads them */
+    tchan_seg_t seg;             /* the announced copy, mapped until acked or past its deadline */
     int64_t deadline_ms;
     int skip, n;                 /* the sequence's blocks [skip, skip + n) */
+    int reserved;                /* between cache_put and the copy's submission */
 } writeback_t;
 
 typedef struct decode {
@@ -75,12 +81,16 @@ typedef struct decode {
     char *text;                  /* [text_cap] emitted text of one token */
     size_t text_cap, text_len;
     writeback_t wb[MAX_WRITEBACKS];
+    kvcopier_t *copier;          /* the write-backs' copies, off the decode loop */
     uint64_t next_transfer;
     kvlinks_t *links;            /* NCCL links from prefill workers on other GPUs of the node */
     /* stats */
     uint64_t tokens_out, finished, preemptions, handoffs_in, handoff_refused, writebacks, handoffs_ipc;
     uint64_t writeback_blocks;   /* blocks copied to the host store */
     uint64_t writebacks_shed;    /* write-backs left out under load (s_writeback) */
+    /* Where the decode loop's time goes (ns): model steps, taking hand-offs in (the KV copy
+     * included), write-back copies, recomputing preempted requests. */
+    uint64_t steps, forward_ns, handoff_ns, writeback_ns, recompute_ns;
     uint64_t last_tokens;
     int64_t last_stats_ms;
     double tokens_per_s;
@@ -165,7 +175,7 @@ static writeback_t *s_writeback_put(actor_t *a, decode_t *d, dc_req_t *r)
         full = MSG_MAX_BLOCKS;
     writeback_t *wb = NULL;
     for (int i = 0; i < MAX_WRITEBACKS && !wb; i++)
-        if (!d->wb[i].seg.ptr)
+        if (!d->wb[i].seg.ptr && !d->wb[i].kv && !d->wb[i].reserved)
             wb = &d->wb[i];
     uint64_t *hashes = wb ? malloc((size_t)full * sizeof *hashes) : NULL;
     if (!hashes)
@@ -185,33 +195,57 @@ static writeback_t *s_writeback_put(actor_t *a, decode_t *d, dc_req_t *r)
     put.u.cache_put.parent_hash = skip ? kvseq_hash(r->kv, skip - 1) : 0;
     int rc = actor_send(a, d->cache_manager, &put);
     free(hashes);
+    wb->reserved = rc == 0;
     return rc == 0 ? wb : NULL;
 }
 
-/* Second half, after done: copy the blocks into a shared-memory segment and announce them. A
- * failure here leaves the cache-manager's put without its blocks: it drops it at its deadline. */
-static void s_writeback_copy(actor_t *a, decode_t *d, dc_req_t *r, writeback_t *wb)
+/* Second half, after done: the sequence (its blocks) moves from the request to the write-back and
+ * the copier thread copies the blocks into a shared-memory segment; s_writeback_announce sends
+ * it when done. A failure leaves the cache-manager's put without its blocks: it drops it at its
+ * deadline. */
+static void s_writeback_copy(decode_t *d, dc_req_t *r, writeback_t *wb)
 {
-    const size_t bb = worker_block_bytes(d->w);
+    wb->reserved = 0;
+    const void **src = malloc((size_t)wb->n * sizeof *src);
     const int32_t *blocks = kvseq_blocks(r->kv) + wb->skip;
-    char err[256];
-    if (tchan_shm_create(&wb->seg, d->cluster, wb->transfer_id | (1ULL << 62), (size_t)wb->n * bb, err, sizeof err) != 0 ||
-        worker_blocks_out(d->w, blocks, wb->n, wb->seg.ptr) != 0) {
-        LOG_W("write-back of request %llu: %s", (unsigned long long)r->id, wb->seg.ptr ? "copy failed" : err);
-        tchan_shm_close(&wb->seg);
+    for (int i = 0; src && i < wb->n; i++)
+        src[i] = kvpool_block_ptr(d->w->pool, blocks[i]);
+    int rc = src ? kvcopier_submit(d->copier, wb->transfer_id | (1ULL << 62), src, wb->n, wb) : -1;
+    free(src);
+    if (rc != 0) {
+        LOG_W("write-back of request %llu: no copier slot", (unsigned long long)r->id);
         return;
     }
-    msg_t an;
-    kvx_announce(&an, wb->transfer_id, r->id, kvpool_view(d->w->pool), (const uint32_t *)blocks, (uint32_t)wb->n,
-                 MSG_CHAN_SHM, (const uint8_t *)wb->seg.name, (uint32_t)strlen(wb->seg.name), d->name,
-                 WRITEBACK_TIMEOUT_MS);
-    if (actor_send(a, d->cache_manager, &an) != 0) {
-        tchan_shm_close(&wb->seg);
-        return;
+    wb->request_id = r->id;
+    wb->kv = r->kv;
+    r->kv = NULL;
+}
+
+/* The copies the copier finished: announced to the cache-manager (it acks when stored), and the
+ * sequences' blocks freed. */
+static void s_writeback_announce(actor_t *a, decode_t *d)
+{
+    kvcopier_done_t done;
+    while (d->copier && kvcopier_poll(d->copier, &done)) {
+        writeback_t *wb = done.cookie;
+        if (!done.ok) {
+            LOG_W("write-back of request %llu: %s", (unsigned long long)wb->request_id, done.err);
+        } else {
+            wb->seg = done.seg;
+            msg_t an;
+            kvx_announce(&an, wb->transfer_id, wb->request_id, kvpool_view(d->w->pool),
+                         (const uint32_t *)kvseq_blocks(wb->kv) + wb->skip, (uint32_t)wb->n, MSG_CHAN_SHM,
+                         (const uint8_t *)wb->seg.name, (uint32_t)strlen(wb->seg.name), d->name, WRITEBACK_TIMEOUT_MS);
+            if (actor_send(a, d->cache_manager, &an) != 0) {
+                tchan_shm_close(&wb->seg);
+            } else {
+                wb->deadline_ms = now_ms() + WRITEBACK_TIMEOUT_MS;
+                d->writebacks++;
+                d->writeback_blocks += (uint64_t)wb->n;
+            }
+        }
+        kvseq_destroy(&wb->kv);
     }
-    wb->deadline_ms = now_ms() + WRITEBACK_TIMEOUT_MS;
-    d->writebacks++;
-    d->writeback_blocks += (uint64_t)wb->n;
 }
 
 /* Ends a request: the write-back's blocks named, done to the router, the write-back's copy, free. */
@@ -230,8 +264,11 @@ static void s_finish(actor_t *a, decode_t *d, dc_req_t *r, msg_finish_t fin)
     m.u.done.timings.decode_ms = (uint32_t)(now_ms() - r->admitted_ms);
     actor_send(a, h->reply_to, &m);
     d->finished++;
-    if (wb)
-        s_writeback_copy(a, d, r, wb);
+    if (wb) {
+        int64_t t0 = now_ns();
+        s_writeback_copy(d, r, wb);
+        d->writeback_ns += (uint64_t)(now_ns() - t0);
+    }
     s_unlink(d, r);
 }
 
@@ -286,9 +323,20 @@ static int s_on_kv_announce(actor_t *a, void *state, const actor_peer_t *from, m
     return 0;
 }
 
+static int s_take_handoff(actor_t *a, decode_t *d, msg_t *m);
+static int s_writeback_reclaim(actor_t *a, decode_t *d);
+
 static int s_on_handoff(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
 {
     decode_t *d = state;
+    int64_t t0 = now_ns();
+    int rc = s_take_handoff(a, d, m);
+    d->handoff_ns += (uint64_t)(now_ns() - t0);
+    return rc;
+}
+
+static int s_take_handoff(actor_t *a, decode_t *d, msg_t *m)
+{
     const msg_handoff_t *h = &m->u.handoff;
     char err[512];
     msg_t *an = NULL;
@@ -330,7 +378,8 @@ static int s_on_handoff(actor_t *a, void *state, const actor_peer_t *from, msg_t
         } else if (worker_sampler_params(d->w, &hh->sampling, &sp, err, sizeof err) != 0 ||
                    !(r->smp = sampler_new(&sp, d->w->cfg.vocab_size, (const int32_t *)hh->tokens, (int)hh->n_tokens, err, sizeof err))) {
             why = err;
-        } else if (kvseq_append(r->kv, (const int32_t *)hh->tokens, (int)hh->n_tokens) != 0) {
+        } else if (kvseq_append(r->kv, (const int32_t *)hh->tokens, (int)hh->n_tokens) != 0 &&
+                   !(s_writeback_reclaim(a, d) && kvseq_append(r->kv, (const int32_t *)hh->tokens, (int)hh->n_tokens) == 0)) {
             /* No room for its blocks now: take the request over all the same, without its KV, as
              * a preempted one; its prompt is recomputed here when blocks free up. Only a prompt
              * that could never fit is refused. */
@@ -430,6 +479,20 @@ static int s_on_kv_ack(actor_t *a, void *state, const actor_peer_t *from, msg_t 
     return 0;
 }
 
+/* Out of blocks: finished sequences still held by write-back copies give theirs back first (the
+ * copies are waited for). 1 if that freed any. */
+static int s_writeback_reclaim(actor_t *a, decode_t *d)
+{
+    int held = 0;
+    for (int i = 0; i < MAX_WRITEBACKS; i++)
+        held |= d->wb[i].kv != NULL;
+    if (!held)
+        return 0;
+    kvcopier_drain(d->copier);
+    s_writeback_announce(a, d);
+    return 1;
+}
+
 /* Frees the newest running request's blocks; it will be recomputed when blocks free up. */
 static int s_preempt_one(decode_t *d)
 {
@@ -453,7 +516,7 @@ static int s_recompute(actor_t *a, decode_t *d, dc_req_t *r)
     const msg_handoff_t *h = &r->handoff.u.handoff;
     int n_total = (int)h->n_tokens + r->n_gen - 1;
     int need = (n_total + 1 + d->w->block_size - 1) / d->w->block_size;
-    if (kvpool_free_count(d->w->pool) < need + 1)
+    if (kvpool_free_count(d->w->pool) < need + 1 && !(s_writeback_reclaim(a, d) && kvpool_free_count(d->w->pool) >= need + 1))
         return 0;
     int32_t *all = malloc((size_t)n_total * sizeof *all);
     if (!all)
@@ -486,15 +549,21 @@ static int s_recompute(actor_t *a, decode_t *d, dc_req_t *r)
 static int s_step(actor_t *a, void *state)
 {
     decode_t *d = state;
+    s_writeback_announce(a, d);
     int64_t now = now_ms();
     for (int i = 0; i < MAX_WRITEBACKS; i++)
         if (d->wb[i].seg.ptr && now > d->wb[i].deadline_ms)
             tchan_shm_close(&d->wb[i].seg);
+    /* Copies in flight: come back soon (a busy loop, no sleep) to announce them. */
+    const int copying = d->copier && kvcopier_pending(d->copier) > 0;
     /* Preempted requests come back first when blocks allow (oldest first). */
-    if (d->n_state[DC_PREEMPTED] && d->n_state[DC_RUNNING] < d->w->max_seqs)
+    if (d->n_state[DC_PREEMPTED] && d->n_state[DC_RUNNING] < d->w->max_seqs) {
+        int64_t t0 = now_ns();
         for (dc_req_t *r = d->head; r; r = r->next_req)
             if (r->state == DC_PREEMPTED && s_recompute(a, d, r))
                 break;
+        d->recompute_ns += (uint64_t)(now_ns() - t0);
+    }
     /* Waiting requests take free batch slots, oldest first (the list is newest first). */
     while (d->n_state[DC_WAITING] && d->n_state[DC_RUNNING] < d->w->max_seqs) {
         dc_req_t *oldest = NULL;
@@ -504,13 +573,15 @@ static int s_step(actor_t *a, void *state)
         s_move(d, oldest, DC_RUNNING, "a batch slot freed");
     }
     if (d->n_state[DC_RUNNING] == 0)
-        return 0;
+        return copying;
     /* Each running request feeds its last token; preempt until everyone has a slot. */
     int n = 0;
     for (dc_req_t *r = d->head; r; r = r->next_req) {
         if (r->state != DC_RUNNING)
             continue;
         while (kvseq_append(r->kv, &r->next, 1) != 0) {
+            if (s_writeback_reclaim(a, d))
+                continue;
             if (s_preempt_one(d) != 0) {
                 /* Alone and still out of blocks: it can never finish here. */
                 char why[128];
@@ -546,7 +617,11 @@ static int s_step(actor_t *a, void *state)
     }
     model_batch_t b = {.n_seqs = n, .seqs = d->seqs, .argmax_out = d->argmax, .need_logits = d->need_logits};
     char err[512];
-    if (model_forward(d->w->model, &b, d->w->logits, err, sizeof err) != 0) {
+    int64_t t0 = now_ns();
+    int frc = model_forward(d->w->model, &b, d->w->logits, err, sizeof err);
+    d->forward_ns += (uint64_t)(now_ns() - t0);
+    d->steps++;
+    if (frc != 0) {
         LOG_E("forward: %s", err);
         for (int i = 0; i < n; i++) {
             s_error(a, d->batch[i]->handoff.u.handoff.reply_to, d->batch[i]->id, MSG_ERR_INTERNAL, 1, err);
@@ -602,8 +677,14 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
     actor_stat_metric(a, st, "writebacks_total", (double)d->writebacks, 1);
     actor_stat_metric(a, st, "writeback_blocks_total", (double)d->writeback_blocks, 1);
     actor_stat_metric(a, st, "writebacks_shed_total", (double)d->writebacks_shed, 1);
+    actor_stat_metric(a, st, "writebacks_copying", d->copier ? kvcopier_pending(d->copier) : 0, 0);
     actor_stat_metric(a, st, "transfers_cuda_ipc_total", (double)d->handoffs_ipc, 1);
     actor_stat_metric(a, st, "transfers_nccl_total", (double)kvlinks_transfers(d->links), 1);
+    actor_stat_metric(a, st, "steps_total", (double)d->steps, 1);
+    actor_stat_metric(a, st, "forward_seconds_total", (double)d->forward_ns / 1e9, 1);
+    actor_stat_metric(a, st, "handoff_seconds_total", (double)d->handoff_ns / 1e9, 1);
+    actor_stat_metric(a, st, "writeback_seconds_total", (double)d->writeback_ns / 1e9, 1);
+    actor_stat_metric(a, st, "recompute_seconds_total", (double)d->recompute_ns / 1e9, 1);
 }
 
 static const actor_handler_t s_handlers[] = {
@@ -642,8 +723,9 @@ int main(int argc, char **argv)
     d.next_transfer = kvx_first_id();
     d.text_cap = 8192;
     d.text = malloc(d.text_cap);
+    d.copier = kvcopier_new(d.w->be, d.cluster, worker_block_bytes(d.w), MAX_WRITEBACKS);
     int rc = -1;
-    if (!d.links || !d.seqs || !d.batch || !d.argmax || !d.need_logits || !d.text) {
+    if (!d.links || !d.seqs || !d.batch || !d.argmax || !d.need_logits || !d.text || !d.copier) {
         LOG_E("out of memory for a batch of %d", max_seqs);
     } else {
         tchan_shm_sweep(t->name);
@@ -652,6 +734,9 @@ int main(int argc, char **argv)
         rc = actor_run(a, &ops, &d);
     }
     kvlinks_destroy(&d.links);
+    kvcopier_destroy(&d.copier);   /* before the sequences it may be reading are freed */
+    for (int i = 0; i < MAX_WRITEBACKS; i++)
+        kvseq_destroy(&d.wb[i].kv);
     while (d.head)
         s_unlink(&d, d.head);
     for (int i = 0; i < d.n_announces; i++)

@@ -83,6 +83,7 @@ typedef struct prefill {
     const topo_t *topo;
     const topo_instance_t *self;
     uint64_t prompts, prompt_tokens, computed_tokens, cached_tokens, handoffs, handoff_failures;
+    uint64_t steps, forward_ns;  /* model forwards and the time they took */
     uint64_t fetches, fetched_blocks;
     uint64_t handoff_retries;    /* NCCL hand-offs done again through shared memory */
     kvlinks_t *links;            /* NCCL links to decode workers on other GPUs of the node */
@@ -524,7 +525,11 @@ static int s_step(actor_t *a, void *state)
         return 0;
     model_batch_t b = {.n_seqs = n, .seqs = p->seqs};
     char err[512];
-    if (model_forward(p->w->model, &b, p->w->logits, err, sizeof err) != 0) {
+    int64_t t0 = now_ns();
+    int frc = model_forward(p->w->model, &b, p->w->logits, err, sizeof err);
+    p->forward_ns += (uint64_t)(now_ns() - t0);
+    p->steps++;
+    if (frc != 0) {
         LOG_E("forward: %s", err);
         for (int i = 0; i < n; i++)
             s_fail(a, p, p->batch[i], MSG_ERR_INTERNAL, 1, err);
@@ -579,6 +584,8 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
     actor_stat_metric(a, st, "transfers_nccl_total", (double)kvlinks_transfers(p->links), 1);
     actor_stat_metric(a, st, "transfer_retries_total", (double)p->handoff_retries, 1);
     actor_stat_metric(a, st, "transfers_nccl_fallback_total", (double)kvlinks_fallbacks(p->links), 1);
+    actor_stat_metric(a, st, "steps_total", (double)p->steps, 1);
+    actor_stat_metric(a, st, "forward_seconds_total", (double)p->forward_ns / 1e9, 1);
 }
 
 static const actor_handler_t s_handlers[] = {

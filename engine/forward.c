@@ -162,9 +162,13 @@ static void s_attention(model_t *m, int l, int T, const bk_kv_t *kv, const bk_at
         PROF(m, P_QK_NORM, op->head_rmsnorm(be, q, L->q_norm, T, c->num_heads, c->head_dim, (float)c->rms_norm_eps));
         PROF(m, P_QK_NORM, op->head_rmsnorm(be, k, L->k_norm, T, c->num_kv_heads, c->head_dim, (float)c->rms_norm_eps));
     }
-    PROF(m, P_ROPE, op->rope(be, q, meta->tok_pos, m->inv_freq, T, c->num_heads, c->head_dim));
-    PROF(m, P_ROPE, op->rope(be, k, meta->tok_pos, m->inv_freq, T, c->num_kv_heads, c->head_dim));
-    PROF(m, P_KV_STORE, op->kv_store(be, kv, l, k, v, meta));
+    if (op->rope_kv_store && !m->opts.plain_ops) {
+        PROF(m, P_ROPE, op->rope_kv_store(be, kv, l, q, k, v, c->num_heads, m->inv_freq, meta));
+    } else {
+        PROF(m, P_ROPE, op->rope(be, q, meta->tok_pos, m->inv_freq, T, c->num_heads, c->head_dim));
+        PROF(m, P_ROPE, op->rope(be, k, meta->tok_pos, m->inv_freq, T, c->num_kv_heads, c->head_dim));
+        PROF(m, P_KV_STORE, op->kv_store(be, kv, l, k, v, meta));
+    }
     PROF(m, P_ATTENTION, op->attention(be, kv, l, q, c->num_heads, m->scale, meta, m->att));
     PROF(m, P_O, op->matmul(be, m->att, T, &L->o, L->o_bias, m->delta));
 }
@@ -179,13 +183,19 @@ static void s_mlp(model_t *m, int l, int T)
     if (!L->is_moe) {
         /* gate then up: with one row, the fused matrix's output. */
         float *g = m->gu, *u = g + (size_t)T * L->gate.rows;
-        if (T == 1 && L->gate_up.data) {
+        int fused = 0;   /* gate|up and SwiGLU in one pass (one row, a backend that can) */
+        if (T == 1 && L->gate_up.data && op->gate_up_swiglu && !m->opts.plain_ops)
+            PROF(m, P_GATE_UP, fused = op->gate_up_swiglu(be, m->xn, 1, &L->gate_up, g) == 0);
+        if (fused) {
+            /* g holds silu(gate) * up */
+        } else if (T == 1 && L->gate_up.data) {
             PROF(m, P_GATE_UP, op->matmul(be, m->xn, 1, &L->gate_up, NULL, g));
         } else {
             PROF(m, P_GATE_UP, op->matmul(be, m->xn, T, &L->gate, NULL, g));
             PROF(m, P_GATE_UP, op->matmul(be, m->xn, T, &L->up, NULL, u));
         }
-        PROF(m, P_SWIGLU, op->swiglu(be, g, u, T * (int)L->gate.rows, g));
+        if (!fused)
+            PROF(m, P_SWIGLU, op->swiglu(be, g, u, T * (int)L->gate.rows, g));
         PROF(m, P_DOWN, op->matmul(be, g, T, &L->down, NULL, m->delta));
         return;
     }

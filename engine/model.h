@@ -43,6 +43,8 @@ typedef struct model_opts {
     int fuse_weights;             /* q|k|v and gate|up as one matrix each (one matmul for a one-row
                                      step): 0 = the backend's choice (backend_ops_t.fuse_weights),
                                      1 = always, -1 = never */
+    int plain_ops;                /* 1: never the backend's fused ops (rope_kv_store, gate_up_swiglu),
+                                     which give the same bits: tests compare the two */
 } model_opts_t;
 
 /* One sequence's part of a step. */

@@ -133,6 +133,11 @@ typedef struct backend_ops {
     int (*upload)(backend_t *be, void *dst, const void *host_src, size_t n);
     int (*download)(backend_t *be, void *host_dst, const void *src, size_t n);
     int (*sync)(backend_t *be);   /* waits for every queued op; -1 on a device error */
+    /* download on a second queue that neither waits for nor holds up the model's ops, and waits
+     * for that copy only: a finished sequence's KV written back while the next step runs. The
+     * caller guarantees src is final (no queued op writes it). Callable from another thread than
+     * the one running the model (each call is independent). NULL: callers use download. */
+    int (*download_side)(backend_t *be, void *host_dst, const void *src, size_t n);
     /* Makes checkpoint bytes (host memory, any alignment, kept alive by the caller while the
      * weight is in use) resident and returns the device pointer; the CPU backend uses them in
      * place when naturally aligned for elem_size and copies them otherwise. */
@@ -166,6 +171,17 @@ typedef struct backend_ops {
     /* out = silu(gate) * up elementwise, silu(g) = g / (1 + exp(-g)) in f32. [n] each. */
     void (*swiglu)(backend_t *be, const float *gate, const float *up, int n, float *out);
 
+    /* Fusions where a launch costs (a GPU's one-row decode step); NULL: the caller runs the plain
+     * ops. Each gives the bits of the ops it replaces.
+     * gate_up_swiglu: out[M][I] = silu(x Wg^T) * (x Wu^T) for w = gate and up stacked ([2I][K],
+     * gate rows first): matmul then swiglu; returns 0, or 1 when it cannot for this shape or M
+     * (nothing queued: the caller runs the plain ops).
+     * rope_kv_store: rope of q [T][n_heads][D] and k [T][n_kv][D] in place (pos = meta->tok_pos),
+     * then kv_store of the rotated k and v. */
+    int (*gate_up_swiglu)(backend_t *be, const float *x, int M, const bk_mat_t *w, float *out);
+    void (*rope_kv_store)(backend_t *be, const bk_kv_t *kv, int layer, float *q, float *k, const float *v, int n_heads,
+                          const float *inv_freq, const bk_attn_meta_t *meta);
+
     /* Stores this step's K and V rows into the paged cache of `layer`, converted to kv->dtype
      * (round to nearest even). k, v [M][n_kv_heads][head_dim] with M = meta->n_tokens. */
     void (*kv_store)(backend_t *be, const bk_kv_t *kv, int layer, const float *k, const float *v, const bk_attn_meta_t *meta);
@@ -184,8 +200,9 @@ typedef struct backend_ops {
     void (*moe_route)(backend_t *be, const float *logits, int M, int E, int k, int renorm, int32_t *ids, float *weights);
 
     /* out[t] = sum over the k experts e of token t, in ascending expert order, of
-     * weights[t][j] * down_e(silu(gate_e(x[t])) * up_e(x[t])) — HF's order of index_add_. Every
-     * expert's matmuls are the `matmul` op, so a token's result does not depend on the batch.
+     * weights[t][j] * down_e(silu(gate_e(x[t])) * up_e(x[t])) — HF's order of index_add_. The
+     * CPU runs every expert's matmuls as the `matmul` op, so a token's result does not depend on
+     * the batch (CUDA: kernels/cuda/cuda_moe.cu says where its paths differ).
      * experts is a HOST array [n_experts] of descriptors of device weights (fixed after load, so a
      * device backend may cache its own copy keyed by the pointer); ids and weights are device.
      * scratch: device memory of moe_scratch_bytes(M, k, H, I, n_experts) bytes. x, out [M][H]. */
@@ -226,13 +243,23 @@ struct backend {
     void *impl;                   /* the implementation's own state */
 };
 
-/* Bytes of scratch moe_ffn needs for M tokens, top-k, hidden H, expert width I, E experts: one
- * expert's gathered rows, gate, up and output (an expert sees each token at most once), plus the
- * per-expert token lists. */
+/* Tokens per pass of a device backend's grouped MoE kernels (kernels/cuda/cuda_moe.cu): bounds
+ * the per-entry part of moe_ffn's scratch for long prefill chunks. */
+#define BK_MOE_DEVICE_CHUNK 256
+
+/* Bytes of scratch moe_ffn needs for M tokens, top-k, hidden H, expert width I, E experts, the
+ * larger of two layouts. Per expert (the CPU, CUDA's host-sorted path): one expert's gathered rows,
+ * gate, up and output (an expert sees each token at most once), plus the per-expert token lists.
+ * All experts at once (CUDA's device path), per chunk of at most BK_MOE_DEVICE_CHUNK tokens, R =
+ * chunk * k entries: offsets, active experts and the sorted (token, slot) lists, then every entry's
+ * SwiGLU activations [R][I] and expert output [R][H]. */
 static inline size_t moe_scratch_bytes(int M, int k, int H, int I, int E)
 {
     size_t m = (size_t)M, rows = m * (size_t)k;
-    return m * ((size_t)H * 2 + (size_t)I * 2) * sizeof(float) + (rows * 2 + (size_t)E + 1) * sizeof(int32_t) + 256;
+    size_t per_expert = m * ((size_t)H * 2 + (size_t)I * 2) * sizeof(float) + (rows * 2 + (size_t)E + 1) * sizeof(int32_t);
+    size_t dm = m < BK_MOE_DEVICE_CHUNK ? m : BK_MOE_DEVICE_CHUNK, r = dm * (size_t)k;
+    size_t all = ((size_t)E * 2 + 2 + r * 2) * sizeof(int32_t) + 64 + r * ((size_t)H + (size_t)I) * sizeof(float);
+    return (per_expert > all ? per_expert : all) + 256;
 }
 
 /* Makes a backend by name: "cpu" (n_threads <= 0: all cores, or OMP_NUM_THREADS) or "cuda" /

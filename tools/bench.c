@@ -74,6 +74,7 @@ typedef struct req_result {
     double ttft_ms, e2e_ms;
     int n_out;
     uint32_t prompt_tokens, cached_tokens;   /* the done message's usage */
+    uint32_t queue_ms, prefill_ms;           /* the done message's timings: router queue, prefill */
     int failed;
 } req_result_t;
 
@@ -168,7 +169,10 @@ static int s_request(level_t *L, client_t *c, int idx, const uint32_t *prompt, i
             if (failed)
                 snprintf(err, sizeof err, "%s: %s", msg_error_code_name(rep.u.error.code), rep.u.error.message);
             else
+            {
                 r->prompt_tokens = rep.u.done.usage.prompt_tokens, r->cached_tokens = rep.u.done.usage.cached_tokens;
+                r->queue_ms = rep.u.done.timings.queue_ms, r->prefill_ms = rep.u.done.timings.prefill_ms;
+            }
             msg_free(&rep);
             r->e2e_ms = (double)(now - t0) / 1e6;
             if (failed)
@@ -249,6 +253,9 @@ typedef struct summary {
     double wall_s, out_tps, total_tps, per_user, ttft50, ttft99, itl50, itl99, e2e50, e2e99;
     long prompt_tokens, cached_tokens;
     double hit_rate;            /* cached_tokens / prompt_tokens */
+    /* Where TTFT goes (p50 of each part): queued at the router, prefill (start to hand-off sent),
+     * and the rest (routing, the KV hand-off, decode admission, the first token's trip back). */
+    double queue50, prefill50, rest50;
 } summary_t;
 
 static summary_t s_run_level(level_t *L)
@@ -270,6 +277,8 @@ static summary_t s_run_level(level_t *L)
     S.wall_s = (double)(now_ns() - t0) / 1e9;
     double *ttft = malloc((size_t)n_req * sizeof *ttft), *e2e = malloc((size_t)n_req * sizeof *e2e);
     double *itl = malloc((size_t)n_req * (size_t)L->out_len * sizeof *itl);
+    double *qms = malloc((size_t)n_req * sizeof *qms), *pms = malloc((size_t)n_req * sizeof *pms);
+    double *rest = malloc((size_t)n_req * sizeof *rest);
     size_t n_ok = 0, n_itl = 0;
     long out_tokens = 0;
     double per_user = 0;
@@ -279,6 +288,8 @@ static summary_t s_run_level(level_t *L)
             S.errors++;
             continue;
         }
+        qms[n_ok] = r->queue_ms, pms[n_ok] = r->prefill_ms;
+        rest[n_ok] = r->ttft_ms - r->queue_ms - r->prefill_ms;
         ttft[n_ok] = r->ttft_ms;
         e2e[n_ok++] = r->e2e_ms;
         out_tokens += r->n_out;
@@ -298,10 +309,11 @@ static summary_t s_run_level(level_t *L)
     S.ttft50 = s_pct(ttft, n_ok, 0.5), S.ttft99 = s_pct(ttft, n_ok, 0.99);
     S.e2e50 = s_pct(e2e, n_ok, 0.5), S.e2e99 = s_pct(e2e, n_ok, 0.99);
     S.itl50 = s_pct(itl, n_itl, 0.5), S.itl99 = s_pct(itl, n_itl, 0.99);
+    S.queue50 = s_pct(qms, n_ok, 0.5), S.prefill50 = s_pct(pms, n_ok, 0.5), S.rest50 = s_pct(rest, n_ok, 0.5);
     if (S.errors)
         fprintf(stderr, "troupe-bench: %d requests failed at concurrency %d; first: %s\n", S.errors,
                 L->concurrency, L->first_error);
-    free(ttft), free(e2e), free(itl), free(th), free(L->res), free(L->itl);
+    free(ttft), free(e2e), free(itl), free(qms), free(pms), free(rest), free(th), free(L->res), free(L->itl);
     pthread_mutex_destroy(&L->lock);
     return S;
 }
@@ -407,13 +419,14 @@ static double s_generate(const char *bin_dir, const char *model, const char *ext
 
 static json_t *s_summary_json(const summary_t *s)
 {
-    return json_pack("{s:i,s:i,s:i,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:I,s:I,s:f}",
+    return json_pack("{s:i,s:i,s:i,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:I,s:I,s:f,s:f,s:f,s:f}",
                      "concurrency", s->concurrency, "requests", s->requests, "errors", s->errors, "wall_s", s->wall_s,
                      "output_tokens_per_s", s->out_tps, "total_tokens_per_s", s->total_tps,
                      "tokens_per_s_per_user", s->per_user, "ttft_ms_p50", s->ttft50, "ttft_ms_p99", s->ttft99,
                      "itl_ms_p50", s->itl50, "itl_ms_p99", s->itl99, "e2e_ms_p50", s->e2e50, "e2e_ms_p99", s->e2e99,
                      "prompt_tokens", (json_int_t)s->prompt_tokens, "cached_tokens", (json_int_t)s->cached_tokens,
-                     "cache_hit_rate", s->hit_rate);
+                     "cache_hit_rate", s->hit_rate, "ttft_queue_ms_p50", s->queue50,
+                     "ttft_prefill_ms_p50", s->prefill50, "ttft_rest_ms_p50", s->rest50);
 }
 
 static void s_usage(FILE *f)
@@ -531,8 +544,10 @@ int main(int argc, char **argv)
                                                     : (4 * levels[l] > 8 ? 4 * levels[l] : 8);
             S[l] = s_run_level(&L);
             errors += S[l].errors;
-            fprintf(stderr, "  concurrency %4d: %9.1f out tok/s, %7.1f tok/s/user, TTFT p50 %8.1f ms, ITL p50 %6.2f ms\n",
-                    S[l].concurrency, S[l].out_tps, S[l].per_user, S[l].ttft50, S[l].itl50);
+            fprintf(stderr, "  concurrency %4d: %9.1f out tok/s, %7.1f tok/s/user, TTFT p50 %8.1f ms (queue %.1f, "
+                            "prefill %.1f, rest %.1f), ITL p50 %6.2f ms\n",
+                    S[l].concurrency, S[l].out_tps, S[l].per_user, S[l].ttft50, S[l].queue50, S[l].prefill50,
+                    S[l].rest50, S[l].itl50);
             continue;
         }
         uint32_t *sys = malloc(((size_t)sys_len + 1) * sizeof *sys);

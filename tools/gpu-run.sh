@@ -180,6 +180,25 @@ serve_line="not run (SERVE=1 runs it)"
 if [ "${SERVE:-0}" = 1 ] && [ -x build/bin/troupe-supervisor ]; then
   step "serving: supervisor + router + prefill + decode on GPU 0"
   rm -f /tmp/serve.ready
+  # Where the workers' loops spent their time (cumulative since start): decode steps, hand-offs
+  # taken in, write-back submissions, recomputes; prefill forwards. Saved as JSON too.
+  loop_times() {
+    build/bin/troupe-top --topology tools/bench/h200-8b.yaml --json >"$OUT/metrics-$1.json" 2>/dev/null
+    python3 - "$OUT/metrics-$1.json" "$1" <<'EOF'
+import json, sys
+try:
+    actors = json.load(open(sys.argv[1])).get("actors", [])
+except Exception as e:
+    print("loop times: no metrics (%s)" % e.__class__.__name__); sys.exit(0)
+for a in actors:
+    m = {x["name"]: x["value"] for x in a.get("metrics", [])}
+    if "forward_seconds_total" not in m:
+        continue
+    keys = [k for k in ("steps_total", "forward_seconds_total", "handoff_seconds_total", "writeback_seconds_total",
+                        "recompute_seconds_total", "writebacks_total", "writebacks_shed_total", "preemptions_total") if k in m]
+    print("loop times after %s, %s: %s" % (sys.argv[2], a.get("name"), ", ".join("%s %.6g" % (k.replace("_total", ""), m[k]) for k in keys)))
+EOF
+  } >>"$OUT/loop-times.txt"
   t0=$(date +%s%N)
   build/bin/troupe-supervisor --topology tools/bench/h200-8b.yaml --ready-file /tmp/serve.ready >"$OUT/serve-cluster.log" 2>&1 &
   sup=$!
@@ -209,6 +228,7 @@ print(ids)')
       ${SERVE_ROUNDS:+--rounds "$SERVE_ROUNDS"} \
       --gpus 1 "${copy_bw[@]}" --json "$OUT/serve-bench.json" >"$OUT/serve-bench.txt" 2>&1 || status=1
     cat "$OUT/serve-bench.txt"
+    loop_times serve
     if [ "${MULTITURN:-0}" = 1 ]; then
       step "serving: multi-turn conversations, with and without prefix reuse"
       timeout "${MT_TIMEOUT:-300}" build/bin/troupe-bench --topology tools/bench/h200-8b.yaml --vocab 120000 \
@@ -216,6 +236,7 @@ print(ids)')
         --output-len "${MT_OUT:-128}" --concurrency "${MT_CONC:-1,16}" --json "$OUT/serve-multiturn.json" \
         >"$OUT/serve-multiturn.txt" 2>&1 || status=1
       cat "$OUT/serve-multiturn.txt"
+      loop_times multiturn
     fi
     build/bin/troupe-top --topology tools/bench/h200-8b.yaml --once >>"$OUT/serve-bench.txt" 2>&1
     ipc=$(build/bin/troupe-top --topology tools/bench/h200-8b.yaml --json | python3 -c 'import json, sys
@@ -267,6 +288,7 @@ printf '%-30s %s\n' "8B engine (ENGINE=1)" "$engine_line"
 printf '%-30s %s\n' "8B serving (SERVE=1)" "$serve_line"
 [ -s "$OUT/serve-bench.txt" ] && grep -B1 -A6 '^ conc' "$OUT/serve-bench.txt"
 [ -s "$OUT/serve-multiturn.txt" ] && grep -A6 '^multi-turn' "$OUT/serve-multiturn.txt"
+[ -s "$OUT/loop-times.txt" ] && cat "$OUT/loop-times.txt"
 printf '%-30s %s\n' "transformers (HF=1)" "$hf_line"
 [ -s "$OUT/hf.txt" ] && grep -E '^(batch|hf )' "$OUT/hf.txt"
 if [ -s "$OUT/serve-bench.json" ]; then   # output tokens/s per GPU against tokens/s per user

@@ -97,6 +97,7 @@ static const backend_ops_t s_cpu_ops = {
     .upload = s_upload,
     .download = s_download,
     .sync = s_sync,
+    .download_side = s_download,   /* a memcpy: no queue to wait for */
     .weight_put = s_weight_put,
     .weight_release = s_weight_release,
     .embed = cpu_embed,

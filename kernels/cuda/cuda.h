@@ -86,6 +86,7 @@ typedef struct cuda_state {
     int device;
     int n_sm;                     /* multiprocessors: sizes the attention split */
     cudaStream_t stream;          /* every op, copy and sync of this backend */
+    cudaStream_t side;            /* download_side only (write-backs beside the model's ops) */
     cublasHandle_t blas;          /* SGEMM for f32 weights (pedantic math: no TF32) */
     cublasLtHandle_t lt;          /* bf16 / f16 GEMMs */
     void *lt_ws;                  /* device: cuBLASLt workspace */
@@ -134,6 +135,9 @@ void cuda_gather_rows(backend_t *be, const float *src, const int32_t *rows, int 
 void cuda_argmax(backend_t *be, const float *x, int M, int N, int32_t *out);
 
 void cuda_kv_store(backend_t *be, const bk_kv_t *kv, int layer, const float *k, const float *v, const bk_attn_meta_t *meta);
+void cuda_rope_kv_store(backend_t *be, const bk_kv_t *kv, int layer, float *q, float *k, const float *v, int n_heads,
+                        const float *inv_freq, const bk_attn_meta_t *meta);
+int cuda_gate_up_swiglu(backend_t *be, const float *x, int M, const bk_mat_t *w, float *out);
 void cuda_attention(backend_t *be, const bk_kv_t *kv, int layer, const float *q, int n_heads, float scale,
                     const bk_attn_meta_t *meta, float *out);
 

@@ -75,6 +75,73 @@ __global__ void k_kv_store(attn_args_t a, const float *k, const float *v)
     }
 }
 
+/* RoPE of q and k and the kv_store of one token per block (backend.h rope_kv_store): the angles once
+ * in shared memory, then every q head and k head rotated in place with k_rope's arithmetic, the
+ * rotated k and v stored with k_kv_store's. One launch instead of three per layer. */
+template <typename KT>
+__global__ void k_rope_kv_store(attn_args_t a, float *q, float *k, const float *v, const float *inv_freq)
+{
+    DEV_PDL_ENTER();
+    __shared__ float c[BK_MAX_HEAD_DIM / 2], s[BK_MAX_HEAD_DIM / 2];
+    const int t = blockIdx.x, D = a.D, half = D / 2;
+    const int seq = a.tok_seq[t], pos = a.tok_pos[t];
+    const float p = (float)pos;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        float ang = __fmul_rn(p, inv_freq[i]);
+        sincosf(ang, &s[i], &c[i]);
+    }
+    __syncthreads();
+    const int32_t blk = a.block_table[a.seq_bt_start[seq] + pos / a.block_size];
+    const int slot = pos % a.block_size, n = a.n_kv * D;
+    KT *blockp = (KT *)(a.base + (size_t)blk * a.block_bytes);
+    KT *kd = blockp + dev_kv_off(a, 0) + (size_t)slot * n;
+    KT *vd = blockp + dev_kv_off(a, 1) + (size_t)slot * n;
+    float *qrow = q + (int64_t)t * a.n_heads * D, *krow = k + (int64_t)t * n;
+    for (int j = threadIdx.x; j < (a.n_heads + a.n_kv) * half; j += blockDim.x) {
+        const int h = j / half, i = j % half;
+        const bool is_k = h >= a.n_heads;
+        float *x = is_k ? krow + (int64_t)(h - a.n_heads) * D : qrow + (int64_t)h * D;
+        const float lo = x[i], hi = x[i + half];
+        const float rlo = __fsub_rn(__fmul_rn(lo, c[i]), __fmul_rn(hi, s[i]));
+        const float rhi = __fadd_rn(__fmul_rn(hi, c[i]), __fmul_rn(lo, s[i]));
+        x[i] = rlo;
+        x[i + half] = rhi;
+        if (is_k) {
+            const int e = (h - a.n_heads) * D + i;
+            dev_store(kd + e, rlo);
+            dev_store(kd + e + half, rhi);
+        }
+    }
+    const float *vs = v + (size_t)t * n;
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        dev_store(vd + i, vs[i]);
+}
+
+void cuda_rope_kv_store(backend_t *be, const bk_kv_t *kv, int layer, float *q, float *k, const float *v, int n_heads,
+                        const float *inv_freq, const bk_attn_meta_t *meta)
+{
+    if (meta->n_tokens <= 0)
+        return;
+    attn_args_t a = {};
+    a.base = (const uint8_t *)kv->base;
+    a.block_bytes = kv->block_bytes;
+    a.block_size = kv->block_size;
+    a.n_kv = kv->n_kv_heads;
+    a.D = kv->head_dim;
+    a.layer = layer;
+    a.n_heads = n_heads;
+    a.tok_seq = meta->tok_seq;
+    a.tok_pos = meta->tok_pos;
+    a.seq_bt_start = meta->seq_bt_start;
+    a.block_table = meta->block_table;
+    const cuda_state_t *st = cuda_st(be);
+    switch (kv->dtype) {
+    case DT_F32: cuda_launch(st, k_rope_kv_store<float>, meta->n_tokens, 256, a, q, k, v, inv_freq); break;
+    case DT_BF16: cuda_launch(st, k_rope_kv_store<__nv_bfloat16>, meta->n_tokens, 256, a, q, k, v, inv_freq); break;
+    default: cuda_launch(st, k_rope_kv_store<__half>, meta->n_tokens, 256, a, q, k, v, inv_freq); break;
+    }
+}
+
 void cuda_kv_store(backend_t *be, const bk_kv_t *kv, int layer, const float *k, const float *v, const bk_attn_meta_t *meta)
 {
     if (meta->n_tokens <= 0)

@@ -81,6 +81,19 @@ static int s_download(backend_t *be, void *dst, const void *src, size_t n)
     return 0;
 }
 
+/* The side stream is created at init; the runtime's current device is per thread, so a copier
+ * thread sets it first. A pageable destination makes the driver stage through its own pinned
+ * buffers: slower than a pinned one, but it runs beside the model's kernels, not between them. */
+static int s_download_side(backend_t *be, void *dst, const void *src, size_t n)
+{
+    cuda_state_t *st = cuda_st(be);
+    CUDA_TRY(cudaSetDevice(st->device));
+    if (n)
+        CUDA_TRY(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, st->side));
+    CUDA_TRY(cudaStreamSynchronize(st->side));
+    return 0;
+}
+
 static int s_sync(backend_t *be)
 {
     CUDA_TRY(cudaStreamSynchronize(cuda_st(be)->stream));
@@ -165,6 +178,8 @@ static void s_destroy(backend_t *be)
             cublasDestroy(st->blas);
         if (st->stream)
             cudaStreamDestroy(st->stream);
+        if (st->side)
+            cudaStreamDestroy(st->side);
         free(st->h_ids);
         free(st);
     }
@@ -228,6 +243,7 @@ static const backend_ops_t s_cuda_ops = {
     .upload = s_upload,
     .download = s_download,
     .sync = s_sync,
+    .download_side = s_download_side,
     .weight_put = s_weight_put,
     .weight_release = s_weight_release,
     .embed = cuda_embed,
@@ -236,6 +252,8 @@ static const backend_ops_t s_cuda_ops = {
     .head_rmsnorm = cuda_head_rmsnorm,
     .rope = cuda_rope,
     .swiglu = cuda_swiglu,
+    .gate_up_swiglu = cuda_gate_up_swiglu,
+    .rope_kv_store = cuda_rope_kv_store,
     .kv_store = cuda_kv_store,
     .attention = cuda_attention,
     .moe_route = cuda_moe_route,
@@ -326,6 +344,7 @@ extern "C" backend_t *backend_cuda_new(int device, char *err, size_t errlen)
     SETUP(cudaGetDeviceProperties(&prop, device), "cannot read the device properties");
     st->n_sm = prop.multiProcessorCount;
     SETUP(cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking), "cannot create a stream");
+    SETUP(cudaStreamCreateWithFlags(&st->side, cudaStreamNonBlocking), "cannot create the side stream");
     SETUP_BLAS(cublasCreate(&st->blas), "cannot create a cuBLAS handle");
     SETUP_BLAS(cublasSetStream(st->blas, st->stream), "cannot bind cuBLAS to the stream");
     SETUP_BLAS(cublasSetMathMode(st->blas, CUBLAS_PEDANTIC_MATH), "cannot turn TF32 off");

@@ -45,17 +45,21 @@
 /* ---- GEMV ------------------------------------------------------------------------------------- */
 
 /* W rows and x rows 16-byte aligned, K a multiple of 16 / sizeof(WT) and of 4. W warps per output
- * row (1, 4 or 8), so a block covers 8 / W rows. */
-template <typename WT, int MR, int W>
+ * row (1, 4 or 8), so a block covers 8 / W rows.
+ * SWIGLU (W == 4 only: two rows per block): w is gate and up stacked ([N = 2I][K]); block b computes
+ * rows b (gate) and I + b (up) and writes y[m][b] = silu(gate) * up with k_swiglu's arithmetic, so
+ * the result is bit-identical to this kernel's two rows followed by the swiglu op. */
+template <typename WT, int MR, int W, bool SWIGLU = false>
 __global__ void __launch_bounds__(GEMV_THREADS)
     k_gemv_vec(const float *x, const WT *__restrict__ w, int64_t N, int64_t K, float *y)
 {
+    static_assert(!SWIGLU || W == 4, "the SwiGLU pairing needs two rows per block");
     constexpr int VE = 16 / (int)sizeof(WT);       /* weights per 16-byte chunk */
     constexpr int RPB = GEMV_THREADS / 32 / W;     /* rows per block */
     constexpr int STEP = W * 32 * GEMV_UNROLL;     /* chunks of a row per pass of its W warps */
     __shared__ float part[GEMV_THREADS / 32][MR];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, seg = warp % W;
-    const int64_t n = (int64_t)blockIdx.x * RPB + warp / W;
+    const int64_t n = SWIGLU ? (int64_t)blockIdx.x + (warp / W) * (N / 2) : (int64_t)blockIdx.x * RPB + warp / W;
     const bool live = n < N;                       /* a dead warp still reaches the barrier */
     const uint4 *wr = (const uint4 *)(w + (live ? n : 0) * K);
     const int64_t chunks = live ? K / VE : 0;
@@ -113,7 +117,19 @@ __global__ void __launch_bounds__(GEMV_THREADS)
                 part[warp][m] = acc[m];
         }
         __syncthreads();
-        if (live && seg == 0 && lane < MR) {       /* lane m adds row m's W parts in warp order */
+        if constexpr (SWIGLU) {
+            if (warp == 0 && lane < MR) {          /* the gate row's parts (warps 0..3), the up row's (4..7) */
+                float g = 0.0f, u = 0.0f;
+#pragma unroll
+                for (int i = 0; i < W; i++)
+                    g += part[i][lane];
+#pragma unroll
+                for (int i = 0; i < W; i++)
+                    u += part[W + i][lane];
+                const float silu = g / __fadd_rn(1.0f, expf(-g));
+                y[lane * (N / 2) + n] = __fmul_rn(silu, u);
+            }
+        } else if (live && seg == 0 && lane < MR) {   /* lane m adds row m's W parts in warp order */
             float sum = 0.0f;
 #pragma unroll
             for (int i = 0; i < W; i++)
@@ -189,6 +205,46 @@ static void s_gemv(const cuda_state_t *st, const float *x, int M, const WT *w, i
         default: s_gemv_launch<WT, 8>(st, vec, xm, w, N, K, ym); break;
         }
     }
+}
+
+template <typename WT>
+static void s_gemv_swiglu(const cuda_state_t *st, const float *x, int M, const WT *w, int64_t N, int64_t K, float *y)
+{
+    const int64_t I = N / 2;
+    for (int m0 = 0; m0 < M; m0 += GEMV_MR) {
+        const int mr = M - m0 < GEMV_MR ? M - m0 : GEMV_MR;
+        const float *xm = x + (int64_t)m0 * K;
+        float *ym = y + (int64_t)m0 * I;
+        const dim3 blocks((unsigned)I), threads(GEMV_THREADS);
+        switch (mr) {
+        case 1: cuda_launch(st, k_gemv_vec<WT, 1, 4, true>, blocks, threads, xm, w, N, K, ym); break;
+        case 2: cuda_launch(st, k_gemv_vec<WT, 2, 4, true>, blocks, threads, xm, w, N, K, ym); break;
+        case 3: cuda_launch(st, k_gemv_vec<WT, 3, 4, true>, blocks, threads, xm, w, N, K, ym); break;
+        case 4: cuda_launch(st, k_gemv_vec<WT, 4, 4, true>, blocks, threads, xm, w, N, K, ym); break;
+        case 5: cuda_launch(st, k_gemv_vec<WT, 5, 4, true>, blocks, threads, xm, w, N, K, ym); break;
+        case 6: cuda_launch(st, k_gemv_vec<WT, 6, 4, true>, blocks, threads, xm, w, N, K, ym); break;
+        case 7: cuda_launch(st, k_gemv_vec<WT, 7, 4, true>, blocks, threads, xm, w, N, K, ym); break;
+        default: cuda_launch(st, k_gemv_vec<WT, 8, 4, true>, blocks, threads, xm, w, N, K, ym); break;
+        }
+    }
+}
+
+/* gate|up and SwiGLU as one GEMV pass (backend.h gate_up_swiglu): only where the plain path would
+ * be the 4-warp vector GEMV, so the bits equal matmul then swiglu; else 1 (nothing queued). */
+int cuda_gate_up_swiglu(backend_t *be, const float *x, int M, const bk_mat_t *w, float *out)
+{
+    cuda_state_t *st = cuda_st(be);
+    const int64_t N = w->rows, K = w->cols;
+    const int VE = 16 / (int)dtype_size(w->dtype);
+    if (M <= 0 || M > st->gemv_max_m || st->gemv_warps != 4 || N % 2 || (uintptr_t)w->data % 16 ||
+        (uintptr_t)x % 16 || K % VE || K % 4)
+        return 1;
+    switch (w->dtype) {
+    case DT_F32: s_gemv_swiglu(st, x, M, (const float *)w->data, N, K, out); break;
+    case DT_BF16: s_gemv_swiglu(st, x, M, (const __nv_bfloat16 *)w->data, N, K, out); break;
+    default: s_gemv_swiglu(st, x, M, (const __half *)w->data, N, K, out); break;
+    }
+    return 0;
 }
 
 /* ---- activations to 16 bits, halves, bias ------------------------------------------------------ */
