@@ -19,6 +19,8 @@
  *                           larger ones round them once (bf16 activations); 0: always rounded once
  *   TROUPE_CUDA_ATTN_SPLIT  1 (default): split-KV decode attention when rows x heads are few
  *   TROUPE_CUDA_ATTN_FLASH  1 (default): the flash attention kernel (head_dim 64/128); 0: row/tile kernels
+ *   TROUPE_CUDA_ATTN_MMA    1 (default): prefill attention over a bf16 cache on the tensor cores
+ *                           (head_dim 64/128, cuda_attention_mma.cu); 0: the flash kernel does it
  *   TROUPE_CUDA_PDL         1 (default): programmatic dependent launch for every kernel
  * kernels/cuda/README.md has what each choice measured on the H200.
  *
@@ -102,6 +104,7 @@ typedef struct cuda_state {
     int gemm_split_max_m;         /* GEMMs of at most this many rows take activations as hi + lo (TROUPE_CUDA_GEMM_SPLIT, default 32) */
     int attn_split;               /* 0: never split the keys of a row across blocks (TROUPE_CUDA_ATTN_SPLIT=0) */
     int attn_flash;               /* 1 (default): the flash kernel for head_dim 64/128 (TROUPE_CUDA_ATTN_FLASH) */
+    int attn_mma;                 /* 1 (default): the tensor-core kernel for bf16 prefill within attn_flash (TROUPE_CUDA_ATTN_MMA) */
     int pdl;                      /* 1 (default): kernels launch with programmatic dependent launch (TROUPE_CUDA_PDL) */
     cuda_plan_t plans[CUDA_MAX_PLANS];
     int next_plan;                /* round-robin victim when the plan cache is full */
@@ -140,6 +143,10 @@ void cuda_rope_kv_store(backend_t *be, const bk_kv_t *kv, int layer, float *q, f
 int cuda_gate_up_swiglu(backend_t *be, const float *x, int M, const bk_mat_t *w, float *out);
 void cuda_attention(backend_t *be, const bk_kv_t *kv, int layer, const float *q, int n_heads, float scale,
                     const bk_attn_meta_t *meta, float *out);
+/* The prefill attention on the tensor cores (cuda_attention_mma.cu): queued and 0, or -1 without
+ * touching anything when it does not take the shape (not a bf16 cache, head_dim not 64/128, ...). */
+int cuda_attention_mma(const cuda_state_t *st, const bk_kv_t *kv, int layer, const float *q, int n_heads, float scale,
+                       const bk_attn_meta_t *meta, float *out);
 
 void cuda_moe_route(backend_t *be, const float *logits, int M, int E, int k, int renorm, int32_t *ids, float *weights);
 void cuda_moe_ffn(backend_t *be, const float *x, int M, int H, const int32_t *ids, const float *weights, int k,

@@ -22,6 +22,10 @@
  *
  * Numerics: scores are f32 dot products times scale, exp is expf; only the summation order
  * differs from the CPU (relative ~1e-6).
+ *
+ * Prefill over a bf16 cache (head_dim 64/128) goes to the tensor-core kernel of
+ * cuda_attention_mma.cu first (TROUPE_CUDA_ATTN_MMA=1, the default; bf16 q and p, ~2e-3); the
+ * kernels here remain its fallback and its reference.
  */
 #include <math.h>
 
@@ -778,6 +782,9 @@ void cuda_attention(backend_t *be, const bk_kv_t *kv, int layer, const float *q,
     const int D = kv->head_dim, G = n_heads / kv->n_kv_heads;
     const int prefill = T >= 8 * meta->n_seqs;
     if (st->attn_flash && s_flash_ok(D, G)) {
+        /* Prefill over a bf16 cache: the tensor-core kernel, unless it is off or refuses the shape. */
+        if (prefill && st->attn_mma && cuda_attention_mma(st, kv, layer, q, n_heads, scale, meta, out) == 0)
+            return;
         const int64_t base = prefill ? 0 : (int64_t)T * kv->n_kv_heads;   /* blocks before splitting */
         if (!prefill && st->attn_split && base < 4 * (int64_t)st->n_sm) {
             const int64_t S = (8 * (int64_t)st->n_sm + base - 1) / base;

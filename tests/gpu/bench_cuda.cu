@@ -13,12 +13,18 @@
  *    step is the matmul-only decode time.
  * 4. The gate_proj GEMM at M = 128 and 512 through the backend, activations split in two bf16
  *    terms (the default) and rounded once: what the split costs a prefill.
+ * 5. Prefill attention of a 1,000-token prompt on Llama-3.1-8B's shape (32 query heads, 8 kv heads,
+ *    head_dim 128, bf16 KV in 16-slot blocks, causal from position 0): the 32 layers' attention
+ *    calls (each layer its own cache, as in a forward pass), median of 7, with the tensor-core
+ *    kernel (TROUPE_CUDA_ATTN_MMA=1, the default) and with the flash kernel (=0); and the two
+ *    outputs' relative difference (bf16 q and p: ~2e-3 expected).
  * Output: one "name value unit" line per figure (tools/gpu-run.sh reads them), then a table.
  */
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -207,6 +213,74 @@ static double s_backend_matmul_us(backend_t *be, int M, int64_t N, int64_t K)
     return s_median(us);
 }
 
+/* One 1,000-token prefill's attention over 32 layers on Llama-3.1-8B's shape: median ms of the 32
+ * calls on each of two backends (n = 2), outputs of the last call in out_host[b]. */
+static void s_attn_prefill_ms(backend_t *const *bes, int n, double *ms, std::vector<float> *out_host)
+{
+    enum { T = 1000, LAYERS = 32, HEADS = 32, KV = 8, D = 128, BS = 16 };
+    const int n_blocks = (T + BS - 1) / BS;
+    for (int b = 0; b < n; b++) {
+        backend_t *be = bes[b];
+        bk_kv_t kv = {};
+        kv.dtype = DT_BF16;
+        kv.n_blocks = n_blocks;
+        kv.block_size = BS;
+        kv.n_layers = LAYERS;
+        kv.n_kv_heads = KV;
+        kv.head_dim = D;
+        kv.block_bytes = (size_t)LAYERS * 2 * BS * KV * D * 2;
+        kv.base = be->ops->alloc(be, kv.block_bytes * n_blocks);
+        const size_t nq = (size_t)T * HEADS * D;
+        float *q = (float *)be->ops->alloc(be, nq * 4), *out = (float *)be->ops->alloc(be, nq * 4);
+        int32_t *meta_d = (int32_t *)be->ops->alloc(be, (size_t)(2 * T + 1 + n_blocks) * 4);
+        if (!kv.base || !q || !out || !meta_d) {
+            fprintf(stderr, "bench_cuda: out of device memory\n");
+            exit(1);
+        }
+        s_fill(kv.base, kv.block_bytes * n_blocks, 100);
+        std::vector<float> hq(nq);
+        for (size_t i = 0; i < nq; i++)
+            hq[i] = (float)((i * 2654435761u) % 2000) / 1000.0f - 0.999f;
+        std::vector<int32_t> hm(2 * T + 1 + n_blocks);
+        for (int t = 0; t < T; t++) {
+            hm[t] = 0;                             /* tok_seq */
+            hm[T + t] = t;                         /* tok_pos */
+        }
+        hm[2 * T] = 0;                             /* seq_bt_start */
+        for (int i = 0; i < n_blocks; i++)
+            hm[2 * T + 1 + i] = i;                 /* block_table */
+        if (be->ops->upload(be, q, hq.data(), nq * 4) != 0 ||
+            be->ops->upload(be, meta_d, hm.data(), hm.size() * 4) != 0)
+            exit(1);
+        bk_attn_meta_t meta = {};
+        meta.n_tokens = T;
+        meta.n_seqs = 1;
+        meta.tok_seq = meta_d;
+        meta.tok_pos = meta_d + T;
+        meta.seq_bt_start = meta_d + 2 * T;
+        meta.block_table = meta_d + 2 * T + 1;
+        std::vector<float> t_ms;
+        for (int rep = 0; rep < 9; rep++) {
+            be->ops->sync(be);
+            const double t0 = s_now();
+            for (int l = 0; l < LAYERS; l++)
+                be->ops->attention(be, &kv, l, q, HEADS, 0.08838834764831845f, &meta, out);
+            if (be->ops->sync(be) != 0)
+                exit(1);
+            if (rep >= 2)
+                t_ms.push_back((float)((s_now() - t0) * 1e3));
+        }
+        ms[b] = s_median(t_ms);
+        out_host[b].resize(nq);
+        if (be->ops->download(be, out_host[b].data(), out, nq * 4) != 0)
+            exit(1);
+        be->ops->free(be, kv.base);
+        be->ops->free(be, q);
+        be->ops->free(be, out);
+        be->ops->free(be, meta_d);
+    }
+}
+
 static backend_t *s_backend(const char *env_name, const char *value)
 {
     char err[256];
@@ -286,5 +360,25 @@ int main(int argc, char **argv)
     }
     for (int v = 0; v < NV; v++)
         backend_destroy(&bes[v]);
+
+    /* Prefill attention, 1,000 tokens x 32 layers: tensor cores vs the flash kernel. */
+    {
+        backend_t *abe[2] = {s_backend("TROUPE_CUDA_ATTN_MMA", "1"), s_backend("TROUPE_CUDA_ATTN_MMA", "0")};
+        double ams[2];
+        std::vector<float> aout[2];
+        s_attn_prefill_ms(abe, 2, ams, aout);
+        const double flop = 32.0 * 32.0 * 4.0 * 128.0 * (1000.0 * 1001.0 / 2.0);   /* layers x heads x 4 D x keys seen */
+        printf("attn_prefill_mma_ms %.3f ms (1,000 tokens x 32 layers, %.0f TFLOP/s)\n", ams[0], flop / (ams[0] * 1e-3) / 1e12);
+        printf("attn_prefill_flash_ms %.3f ms (1,000 tokens x 32 layers, %.0f TFLOP/s)\n", ams[1], flop / (ams[1] * 1e-3) / 1e12);
+        double num = 0, den = 0;
+        for (size_t i = 0; i < aout[1].size(); i++) {
+            const double d = (double)aout[0][i] - aout[1][i];
+            num += d * d;
+            den += (double)aout[1][i] * aout[1][i];
+        }
+        printf("attn_prefill_mma_vs_flash %.2e rel\n", den > 0 ? sqrt(num / den) : sqrt(num));
+        backend_destroy(&abe[0]);
+        backend_destroy(&abe[1]);
+    }
     return 0;
 }

@@ -12,7 +12,9 @@
  *    its error, so a run's log is a table of the backend's accuracy.
  *    More CUDA backends run the other paths: TROUPE_CUDA_GEMV_MAX_M=0, TROUPE_CUDA_GEMM_SPLIT=0,
  *    TROUPE_CUDA_ATTN_SPLIT=0 (cuBLASLt at M = 1 with activations rounded once, attention without
- *    split-KV), and TROUPE_CUDA_GEMV_WARPS=1 and 8 (the GEMV's other work splits; default 4).
+ *    split-KV), TROUPE_CUDA_GEMV_WARPS=1 and 8 (the GEMV's other work splits; default 4), and
+ *    TROUPE_CUDA_ATTN_MMA=0 (every attention case again on the f32 flash / row / tile kernels,
+ *    which the tensor-core prefill kernel replaces for bf16 caches).
  *    tools/gpu-run.sh runs the whole program twice: with the default programmatic dependent
  *    launches and with TROUPE_CUDA_PDL=0.
  * 2. Fixtures (tests/fixtures/models/<name>/expected.json; TROUPE_MODEL_FIXTURES elsewhere): on the
@@ -56,10 +58,19 @@ static const uint32_t GUARD_BITS = 0x7fbadbadu;
                                      bf16 KV cache (measured 1.5e-2): the precision HF runs bf16 at */
 #define GEMV_MAX_M 8              /* the backend's default TROUPE_CUDA_GEMV_MAX_M */
 #define SPLIT_MAX_M 32            /* the backend's default TROUPE_CUDA_GEMM_SPLIT: GEMM rows that get hi + lo */
+/* Prefill attention on the tensor cores (bf16 cache): q is rounded once to bf16 and every p before
+ * P.V, f32 accumulation. Each rounding is a relative 2^-9 at most; a CPU emulation of exactly that
+ * arithmetic on this file's inputs (q in +-3, K/V in +-1, 64-key tiles) gave 1.5e-3 for q alone,
+ * 1.7e-3 for p alone, 1.6e-3..2.4e-3 together over these shapes (3.0e-3 with q in +-10): 5e-3 is
+ * twice that. A wrong fragment layout is an error of order 1, and so is a mask off by one key on
+ * the rows at positions 0..20 that most cases have. */
+#define B_ATTN_MMA 5e-3
+
 
 static backend_t *s_cpu, *s_gpu;           /* reference; CUDA with the defaults */
 static backend_t *s_gpu2;                  /* CUDA: GEMV off, GEMM split off, attention split off */
 static backend_t *s_gpu_w1, *s_gpu_w8;     /* CUDA: GEMV with 1 and 8 warps per row (default 4) */
+static backend_t *s_gpu_nomma;             /* CUDA: prefill attention without the tensor cores (TROUPE_CUDA_ATTN_MMA=0) */
 
 /* ---- random inputs ------------------------------------------------------------------------ */
 
@@ -139,8 +150,9 @@ static void *s_get(backend_t *be, const void *dev, size_t bytes)
     return h;
 }
 
-/* CUDA result vs CPU result: relative error within bound (bound 0: bit-identical). NaN fails. */
-static void s_compare(const float *got, const float *ref, size_t n, double bound, const char *what)
+/* CUDA result vs CPU result: relative error within bound (bound 0: bit-identical). NaN fails.
+ * Returns the relative error. */
+static double s_compare(const float *got, const float *ref, size_t n, double bound, const char *what)
 {
     double num = 0, den = 0;
     for (size_t i = 0; i < n; i++) {
@@ -157,11 +169,12 @@ static void s_compare(const float *got, const float *ref, size_t n, double bound
         print_message("  %-64s %s\n", what, memcmp(got, ref, n * 4) == 0 ? "bit-identical" : "DIFFERS");
         if (memcmp(got, ref, n * 4) != 0)
             fail_msg("%s: not bit-identical (relative error %.3g)", what, e);
-        return;
+        return e;
     }
     print_message("  %-64s rel err %.2e (bound %.0e)\n", what, e, bound);
     if (!(e <= bound))
         fail_msg("%s: relative error %.3g exceeds %.3g", what, e, bound);
+    return e;
 }
 
 static void s_compare_ints(const int32_t *got, const int32_t *ref, size_t n, const char *what)
@@ -193,16 +206,19 @@ static int s_setup(void **state)
     static const char *const off[] = {"TROUPE_CUDA_GEMV_MAX_M", "0", "TROUPE_CUDA_GEMM_SPLIT", "0",
                                       "TROUPE_CUDA_ATTN_SPLIT", "0"};
     static const char *const w1[] = {"TROUPE_CUDA_GEMV_WARPS", "1"}, *const w8[] = {"TROUPE_CUDA_GEMV_WARPS", "8"};
+    static const char *const nomma[] = {"TROUPE_CUDA_ATTN_MMA", "0"};
     s_cpu = backend_cpu_new(0);
     s_gpu = s_gpu_with(NULL, 0);
     s_gpu2 = s_gpu_with(off, 6);
     s_gpu_w1 = s_gpu_with(w1, 2);
     s_gpu_w8 = s_gpu_with(w8, 2);
-    return s_cpu && s_gpu && s_gpu2 && s_gpu_w1 && s_gpu_w8 ? 0 : -1;
+    s_gpu_nomma = s_gpu_with(nomma, 2);
+    return s_cpu && s_gpu && s_gpu2 && s_gpu_w1 && s_gpu_w8 && s_gpu_nomma ? 0 : -1;
 }
 
 static int s_teardown(void **state)
 {
+    backend_destroy(&s_gpu_nomma);
     backend_destroy(&s_gpu_w8);
     backend_destroy(&s_gpu_w1);
     backend_destroy(&s_gpu2);
@@ -223,6 +239,10 @@ static void test_backend_new(void **state)
     assert_null(backend_new("cuda", 0, err, sizeof err));
     unsetenv("TROUPE_CUDA_GEMV_MAX_M");
     assert_non_null(strstr(err, "TROUPE_CUDA_GEMV_MAX_M"));
+    setenv("TROUPE_CUDA_ATTN_MMA", "2", 1);
+    assert_null(backend_new("cuda", 0, err, sizeof err));
+    unsetenv("TROUPE_CUDA_ATTN_MMA");
+    assert_non_null(strstr(err, "TROUPE_CUDA_ATTN_MMA"));
 }
 
 /* weight_put of an unaligned host source larger than two staging buffers, and upload/download. */
@@ -659,7 +679,29 @@ static const kv_case_t s_kv_cases[] = {
     {"prefill 100+31 rows G=8", DT_BF16, 32, 4, 128, 16, 1, 0, 2, {150, 31}, {100, 31}, 0},
     {"prefill 61+7 rows shuffled G=8 block 5", DT_F32, 16, 2, 128, 5, 2, 1, 2, {61, 90}, {61, 7}, 1},
     {"mixed: 2 decode rows + 40 prefill rows", DT_BF16, 8, 2, 64, 16, 1, 0, 3, {500, 40, 77}, {1, 40, 1}, 0},
+    /* the tensor-core prefill kernel (bf16 cache, D 64/128; 64 query vectors = 64 / G rows per block,
+     * 64-key tiles): sequences with cached prefixes in one call (rows from positions 0, 37, 300, ...),
+     * row counts off the 16-row mma tile and the 64-vector block, blocks of 5 and 48 slots that cut
+     * key tiles, 128 slots spanning two, G = 3 (a padding vector per block), rows of 4 sequences
+     * shuffled. Every case also runs with TROUPE_CUDA_ATTN_MMA=0 (the flash kernel, f32 bound). */
+    {"mma D=128 G=4 3 seqs after 0/37/300 cached", DT_BF16, 32, 8, 128, 16, 2, 1, 3, {77, 82, 429}, {77, 45, 129}, 0},
+    {"mma D=128 G=1 2 seqs after 0/133 block 5", DT_BF16, 4, 4, 128, 5, 1, 0, 2, {130, 200}, {130, 67}, 0},
+    {"mma D=64 G=8 2 seqs after 0/151 block 48", DT_BF16, 16, 2, 64, 48, 2, 0, 2, {100, 250}, {100, 99}, 0},
+    {"mma D=128 G=16 after 210 block 128", DT_BF16, 16, 1, 128, 128, 1, 0, 1, {300}, {90}, 0},
+    {"mma D=64 G=3 4 seqs shuffled", DT_BF16, 12, 4, 64, 16, 1, 0, 4, {33, 70, 150, 9}, {33, 20, 50, 9}, 1},
+    {"mma D=128 G=2 1 seq 97 rows block 64", DT_BF16, 8, 4, 128, 64, 1, 0, 1, {97}, {97}, 0},
 };
+
+/* 1 when `gpu` runs case c on the tensor-core prefill kernel: cuda_attention's dispatch (a bf16
+ * cache, head_dim 64 or 128, G <= 16, 8+ rows per sequence on average) on a backend with it on. */
+static int s_attn_mma(const backend_t *gpu, const kv_case_t *c)
+{
+    int T = 0;
+    for (int s = 0; s < c->n_seqs; s++)
+        T += c->rows[s];
+    const int G = c->n_heads / c->n_kv;
+    return gpu != s_gpu_nomma && c->dt == DT_BF16 && (c->D == 64 || c->D == 128) && G <= 16 && T >= 8 * c->n_seqs;
+}
 
 static void test_kv_store(void **state)
 {
@@ -707,9 +749,10 @@ static void s_attention_case(backend_t *gpu, const kv_case_t *c)
     float *q = s_rand_f32(n, 3.0), *res[2];
     const float scale = 1.0f / sqrtf((float)c->D);
     backend_t *be[2] = {s_cpu, gpu};
-    char what[128];
-    snprintf(what, sizeof what, "attention %s %s (%d rows)%s", dtype_name(c->dt), c->name, k.T,
-             gpu == s_gpu2 ? " [split off]" : "");
+    const int mma = s_attn_mma(gpu, c);
+    char what[160];
+    snprintf(what, sizeof what, "attention %s %s (%d rows)%s%s", dtype_name(c->dt), c->name, k.T,
+             gpu == s_gpu2 ? " [split off]" : gpu == s_gpu_nomma ? " [mma off]" : "", mma ? " [mma]" : "");
     for (int b = 0; b < 2; b++) {
         bk_kv_t kv = k.kv;
         kv.base = s_put(be[b], k.pool, k.pool_bytes);
@@ -722,7 +765,11 @@ static void s_attention_case(backend_t *gpu, const kv_case_t *c)
         be[b]->ops->free(be[b], dm);
         be[b]->ops->free(be[b], dq);
     }
-    s_compare(res[1], res[0], n, B_F32, what);
+    const double e = s_compare(res[1], res[0], n, mma ? B_ATTN_MMA : B_F32, what);
+    /* bf16 q and p cost ~1e-3; the f32 kernels stay near 1e-6. An f32-sized error here means the
+     * dispatch sent the case elsewhere, and the bound above was looser than that path deserves. */
+    if (mma && e < B_F32)
+        fail_msg("%s: relative error %.3g is f32-sized: the tensor-core kernel did not run", what, e);
     free(res[0]);
     free(res[1]);
     free(q);
@@ -733,6 +780,9 @@ static void test_attention(void **state)
 {
     for (size_t ci = 0; ci < ARRAY_LEN(s_kv_cases); ci++)
         s_attention_case(s_gpu, &s_kv_cases[ci]);
+    for (size_t ci = 0; ci < ARRAY_LEN(s_kv_cases); ci++)
+        if (s_attn_mma(s_gpu, &s_kv_cases[ci]))
+            s_attention_case(s_gpu_nomma, &s_kv_cases[ci]);   /* the same case on the f32 kernels */
     s_attention_case(s_gpu2, &s_kv_cases[1]);
     s_attention_case(s_gpu2, &s_kv_cases[2]);
 }

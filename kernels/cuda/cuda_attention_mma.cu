@@ -1,0 +1,387 @@
+/* kernels/cuda/cuda_attention_mma.cu — prefill attention on the tensor cores: causal GQA over the
+ * paged cache, bf16 K/V, head_dim 64 or 128 (FlashAttention-2's structure, mma.sync + ldmatrix).
+ *
+ * cuda_attention (cuda_attention.cu) sends prefill-shaped steps here when TROUPE_CUDA_ATTN_MMA=1
+ * (the default) and the flash kernel would otherwise take them; anything this file refuses (an f32
+ * or f16 cache, another head_dim, a misaligned q/out) goes to that flash kernel, which stays the
+ * reference for everything done here.
+ *
+ * One block per (kv head g, tile of NT rows), 4 warps. Its 64 "vectors" are the NT x G queries of
+ * the tile's rows and g's query heads (vector v = row v / G, head g*G + v % G; NT = 64 / G, so
+ * G = 4: 16 rows, G = 1: 64 rows, G = 8: 8 rows; vectors past NT x G are padding): the G query
+ * heads sharing a kv head fill the mma's M dimension, so each K/V tile is loaded once per group.
+ * Warp w owns vectors 16w..16w+15, one m16 tile, for the whole key range:
+ *   Q: the pass's queries, f32 -> bf16 (round to nearest even) into shared memory, then held in
+ *      registers as A fragments (ldmatrix) for the whole pass.
+ *   K/V: 64-key tiles, double-buffered with cp.async (16-byte chunks through the block table; keys
+ *      past the pass's last position are zero-filled: P = 0 must never meet garbage, 0 * NaN).
+ *      Every shared row is padded by 16 bytes, so the 8 row addresses of one ldmatrix phase fall in
+ *      8 different 16-byte bank groups (row strides 272 / 144 bytes): no conflicts, no swizzle.
+ *   S = Q K^T: m16n8k16 bf16 mma, f32 accumulation; K's rows are B's columns (plain ldmatrix).
+ *   softmax: online, in f32 registers, in the log2 domain (s * scale * log2(e), exp2): each thread
+ *      holds 2 rows x 16 keys of the 16 x 64 tile; row maxima and sums over the quad by shuffles.
+ *   O += P V: P re-used from S's accumulator registers as bf16 A fragments (the C layout of two
+ *      n8 blocks is the A layout of one k16 step), V's B fragments by ldmatrix .trans.
+ * Causality: each row attends to keys 0..its position. A warp skips the key tiles above all of its
+ * rows' positions, masks only tiles that reach past one of them (the diagonal), and takes the
+ * others unmasked. Rows of one tile that belong to different sequences (the interface allows any
+ * order) are handled one sequence per pass, like the flash kernel; the other rows' vectors get
+ * position -1 in that pass (every key masked, nothing written). Row tiles are issued last first
+ * (the causal long ones start first; the kv head is blockIdx.x so all heads of a tile go together).
+ *
+ * Shared memory: K and V 2 x 64 x (D + 8) bf16 each, Q 64 x (D + 8) bf16: 85 KB at D = 128
+ * (2 blocks per SM), 45 KB at D = 64.
+ *
+ * Numerics (what differs from the CPU reference, beyond summation order): q is rounded once to
+ * bf16 (the cache's K/V are bf16 already, so Q K^T's products are exact and summed in f32), and
+ * each p = exp(s - m) is rounded to bf16 before P V (f32 accumulation); l sums the rounded p, so
+ * out is an exact weighted mean of V under slightly perturbed weights. Relative error ~2e-3 on
+ * random inputs (a CPU emulation of this rounding: q alone 1.5e-3, p alone 1.7e-3, both 2.2e-3;
+ * tests/gpu/test_backend_cuda.c holds it to 5e-3).
+ *
+ * Known limits: no split-KV (prefill rows give enough blocks); q must be 16-byte aligned and out
+ * 8-byte aligned (cudaMalloc'd activations are). Written without a GPU at hand: compiled, and its
+ * fragment layouts checked against the PTX ISA's tables, first run pending.
+ */
+#include <limits.h>
+#include <math.h>
+
+#include "kernels/cuda/cuda.h"
+#include "kernels/cuda/cuda_dev.cuh"
+
+#define MMA_WARPS 4
+#define MMA_THREADS (MMA_WARPS * 32)
+#define MMA_VECS 64               /* query vectors (rows x heads) per block: 16 per warp, one m16 tile each */
+#define MMA_KEYS 64               /* keys per K/V tile */
+#define MMA_PAD 8                 /* bf16 elements (16 bytes) added to every shared row */
+
+/* Everything the kernel needs, passed by value. */
+typedef struct mma_args {
+    const uint8_t *base;          /* pool */
+    size_t block_bytes;
+    int block_size, n_kv, layer;
+    const int32_t *tok_seq, *tok_pos, *seq_bt_start, *block_table;
+    const float *q;               /* [T][n_heads][D] */
+    float *out;                   /* [T][n_heads][D] */
+    int T, n_heads;
+    int G;                        /* query heads per kv head */
+    int NT;                       /* rows per block: MMA_VECS / G */
+    float scale_log2;             /* scale * log2(e): exp(s * scale - m) is computed as exp2 */
+} mma_args_t;
+
+/* Shared memory of one block, in bf16 elements. */
+template <int D> struct mma_smem {
+    static constexpr int STRIDE = D + MMA_PAD;                      /* one K, V or Q row */
+    static constexpr size_t TILE = (size_t)MMA_KEYS * STRIDE;       /* one K or V tile */
+    static constexpr size_t BYTES = (4 * TILE + (size_t)MMA_VECS * STRIDE) * 2;
+};
+
+static __device__ __forceinline__ void s_cp_async16(void *smem, const void *gmem, int src_bytes)
+{
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes) : "memory");
+}
+static __device__ __forceinline__ void s_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> static __device__ __forceinline__ void s_cp_wait()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+/* Four 8x8 b16 matrices: lanes 8i..8i+7 give the row addresses of matrix i; register i of lane l
+ * receives row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1 of matrix i (lower column in the low
+ * half). .trans: register i receives rows 2 (l % 4), 2 (l % 4) + 1 of column l / 4 instead. */
+static __device__ __forceinline__ void s_ldsm_x4(const void *p, uint32_t r[4])
+{
+    const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+}
+static __device__ __forceinline__ void s_ldsm_x4_trans(const void *p, uint32_t r[4])
+{
+    const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+}
+
+/* c += A B, A 16x16 row-major, B 16x8 column-major, bf16 in, f32 accumulators. With g = lane / 4
+ * and t = lane % 4: a[0] = A[g][2t, 2t+1], a[1] = A[g+8][2t..], a[2] = A[g][2t+8..], a[3] =
+ * A[g+8][2t+8..]; b0 = B[2t, 2t+1][g], b1 = B[2t+8, 2t+9][g]; c[0..1] = C[g][2t, 2t+1], c[2..3] =
+ * C[g+8][2t, 2t+1]. */
+static __device__ __forceinline__ void s_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* Two floats as bf16 (round to nearest even): lo in the low half, hi in the high half. */
+static __device__ __forceinline__ uint32_t s_pack_bf16(float lo, float hi)
+{
+    uint32_t r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+static __device__ __forceinline__ float s_bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
+static __device__ __forceinline__ float s_bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+
+template <int D>
+__global__ void __launch_bounds__(MMA_THREADS, 2) k_attn_mma(mma_args_t a)
+{
+    DEV_PDL_ENTER();
+    typedef mma_smem<D> SM;
+    constexpr int ST = SM::STRIDE;
+    constexpr int CH = D / 8;                      /* 16-byte chunks per key row */
+    constexpr int KD = D / 16;                     /* k16 steps of Q K^T */
+    constexpr int NB = MMA_KEYS / 8;               /* n8 blocks of S (keys) */
+    constexpr int KP = MMA_KEYS / 16;              /* k16 steps of P V */
+    constexpr int DB = D / 8;                      /* n8 blocks of O (dimensions) */
+    extern __shared__ __align__(16) uint8_t mma_sm[];
+    __nv_bfloat16 *Ks = (__nv_bfloat16 *)mma_sm;  /* [2][MMA_KEYS][ST] */
+    __nv_bfloat16 *Vs = Ks + 2 * SM::TILE;        /* [2][MMA_KEYS][ST] */
+    __nv_bfloat16 *Qs = Vs + 2 * SM::TILE;        /* [MMA_VECS][ST] */
+    __shared__ int s_seq[MMA_VECS], s_pos[MMA_VECS];   /* per tile row; seq -1: no row, or done */
+    __shared__ int s_vpos[MMA_VECS];              /* per vector in this pass: its position, -1: none */
+
+    const int G = a.G, NT = a.NT, g = blockIdx.x;
+    const int t0 = (gridDim.y - 1 - blockIdx.y) * NT;   /* last row tiles first */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
+    const size_t slot_stride = (size_t)a.n_kv * D;
+    const size_t k_off = (size_t)a.layer * 2 * a.block_size * slot_stride + (size_t)g * D;
+    const size_t v_off = k_off + (size_t)a.block_size * slot_stride;
+    for (int r = threadIdx.x; r < NT; r += MMA_THREADS) {
+        const int t = t0 + r;
+        s_seq[r] = t < a.T ? a.tok_seq[t] : -1;
+        s_pos[r] = t < a.T ? a.tok_pos[t] : -1;
+    }
+    for (;;) {
+        __syncthreads();
+        /* This pass: the sequence of the first row not done yet, and its rows' largest position. */
+        int cur = -1, max_pos = -1;
+        for (int r = 0; r < NT; r++)
+            if (s_seq[r] >= 0 && cur < 0)
+                cur = s_seq[r];
+        if (cur < 0)
+            break;
+        for (int r = 0; r < NT; r++)
+            if (s_seq[r] == cur)
+                max_pos = max(max_pos, s_pos[r]);
+        const int n_keys = max_pos + 1;
+        const int32_t *bt = a.block_table + a.seq_bt_start[cur];
+
+        auto load_tile = [&](int kt, int buf) {
+            __nv_bfloat16 *kd = Ks + buf * SM::TILE, *vd = Vs + buf * SM::TILE;
+            for (int c = threadIdx.x; c < MMA_KEYS * CH; c += MMA_THREADS) {
+                const int j = c / CH, part = c % CH, key = kt + j;
+                const bool in = key < n_keys;
+                const __nv_bfloat16 *blockp =
+                    (const __nv_bfloat16 *)(a.base + (in ? (size_t)bt[key / a.block_size] * a.block_bytes : 0));
+                const size_t slot = in ? (size_t)(key % a.block_size) * slot_stride : 0;
+                s_cp_async16(kd + j * ST + part * 8, blockp + k_off + slot + part * 8, in ? 16 : 0);
+                s_cp_async16(vd + j * ST + part * 8, blockp + v_off + slot + part * 8, in ? 16 : 0);
+            }
+            s_cp_commit();
+        };
+        load_tile(0, 0);                           /* in flight while the queries are converted */
+
+        for (int v = threadIdx.x; v < MMA_VECS; v += MMA_THREADS) {
+            const int r = v / G;
+            s_vpos[v] = r < NT && s_seq[r] == cur ? s_pos[r] : -1;
+        }
+        for (int i = threadIdx.x; i < MMA_VECS * (D / 4); i += MMA_THREADS) {
+            const int v = i / (D / 4), d = (i % (D / 4)) * 4, r = v / G;
+            float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (r < NT && s_seq[r] == cur)
+                x = *(const float4 *)(a.q + ((size_t)(t0 + r) * a.n_heads + (size_t)g * G + v % G) * D + d);
+            *(uint2 *)(Qs + v * ST + d) = make_uint2(s_pack_bf16(x.x, x.y), s_pack_bf16(x.z, x.w));
+        }
+        __syncthreads();
+
+        /* This warp's rows: lane holds rows gid (p0) and gid + 8 (p1) of the warp's 16. */
+        const int wv = warp * 16;
+        const int p0 = s_vpos[wv + gid], p1 = s_vpos[wv + gid + 8];
+        int wmin = INT_MAX, wmax = -1;
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            wmin = min(wmin, s_vpos[wv + i]);
+            wmax = max(wmax, s_vpos[wv + i]);
+        }
+        uint32_t qf[KD][4];
+#pragma unroll
+        for (int kk = 0; kk < KD; kk++)
+            s_ldsm_x4(Qs + (wv + (lane & 15)) * ST + kk * 16 + (lane >> 4) * 8, qf[kk]);
+
+        float o[DB][4];
+#pragma unroll
+        for (int j = 0; j < DB; j++)
+            o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+        float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;   /* l: this thread's share of the row sum */
+
+        for (int kt = 0, buf = 0; kt < n_keys; kt += MMA_KEYS, buf ^= 1) {
+            if (kt + MMA_KEYS < n_keys)
+                load_tile(kt + MMA_KEYS, buf ^ 1);
+            else
+                s_cp_commit();                     /* an empty group keeps the wait count uniform */
+            s_cp_wait<1>();
+            __syncthreads();                       /* tile kt visible to every warp */
+            if (kt <= wmax) {                      /* warp-uniform: some row of this warp sees a key here */
+                const __nv_bfloat16 *Kt = Ks + buf * SM::TILE, *Vt = Vs + buf * SM::TILE;
+                float s[NB][4];
+#pragma unroll
+                for (int j = 0; j < NB; j++)
+                    s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+                /* S: matrices (keys 0-7, d 0-7), (keys 0-7, d 8-15), (keys 8-15, d 0-7), (keys 8-15,
+                 * d 8-15) of each 16 keys = b0, b1 of n-block 2jp, then of 2jp + 1. */
+#pragma unroll
+                for (int kk = 0; kk < KD; kk++) {
+#pragma unroll
+                    for (int jp = 0; jp < NB / 2; jp++) {
+                        uint32_t b[4];
+                        s_ldsm_x4(Kt + (jp * 16 + (lane & 7) + (lane >> 4) * 8) * ST + kk * 16 + ((lane >> 3) & 1) * 8, b);
+                        s_mma(s[2 * jp], qf[kk], b[0], b[1]);
+                        s_mma(s[2 * jp + 1], qf[kk], b[2], b[3]);
+                    }
+                }
+                /* Mask keys past a row's position (also the zero-filled keys past n_keys, and every key
+                 * for vectors not in this pass) on tiles that reach past some row's position. */
+                if (kt + MMA_KEYS - 1 > wmin) {
+#pragma unroll
+                    for (int j = 0; j < NB; j++) {
+                        const int key = kt + 8 * j + 2 * tig;
+                        if (key > p0) s[j][0] = -INFINITY;
+                        if (key + 1 > p0) s[j][1] = -INFINITY;
+                        if (key > p1) s[j][2] = -INFINITY;
+                        if (key + 1 > p1) s[j][3] = -INFINITY;
+                    }
+                }
+                float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+                for (int j = 0; j < NB; j++) {
+                    mx0 = fmaxf(mx0, fmaxf(s[j][0], s[j][1]));
+                    mx1 = fmaxf(mx1, fmaxf(s[j][2], s[j][3]));
+                }
+                mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+                mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+                mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+                mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+                const float mn0 = fmaxf(m0, mx0 * a.scale_log2), mn1 = fmaxf(m1, mx1 * a.scale_log2);
+                /* A row with no key yet (-inf) subtracts 0: exp2(-inf) = 0, never -inf - -inf. */
+                const float mu0 = mn0 == -INFINITY ? 0.0f : mn0, mu1 = mn1 == -INFINITY ? 0.0f : mn1;
+                const float c0 = exp2f(m0 - mu0), c1 = exp2f(m1 - mu1);
+                m0 = mn0;
+                m1 = mn1;
+                /* P as bf16 A fragments: n-blocks 2kk, 2kk + 1 of S are k16 step kk of P V. */
+                uint32_t pa[KP][4];
+                float ps0 = 0.0f, ps1 = 0.0f;
+#pragma unroll
+                for (int j = 0; j < NB; j++) {
+                    const uint32_t h0 = s_pack_bf16(exp2f(fmaf(s[j][0], a.scale_log2, -mu0)),
+                                                    exp2f(fmaf(s[j][1], a.scale_log2, -mu0)));
+                    const uint32_t h1 = s_pack_bf16(exp2f(fmaf(s[j][2], a.scale_log2, -mu1)),
+                                                    exp2f(fmaf(s[j][3], a.scale_log2, -mu1)));
+                    ps0 += s_bf16_lo(h0) + s_bf16_hi(h0);
+                    ps1 += s_bf16_lo(h1) + s_bf16_hi(h1);
+                    pa[j / 2][(j & 1) * 2] = h0;
+                    pa[j / 2][(j & 1) * 2 + 1] = h1;
+                }
+                l0 = l0 * c0 + ps0;
+                l1 = l1 * c1 + ps1;
+#pragma unroll
+                for (int j = 0; j < DB; j++) {
+                    o[j][0] *= c0;
+                    o[j][1] *= c0;
+                    o[j][2] *= c1;
+                    o[j][3] *= c1;
+                }
+                /* O += P V: .trans matrices (keys 0-7, d 0-7), (keys 8-15, d 0-7), (keys 0-7, d 8-15),
+                 * (keys 8-15, d 8-15) of each 16 dimensions = b0, b1 of n-block 2dp, then of 2dp + 1. */
+#pragma unroll
+                for (int kk = 0; kk < KP; kk++) {
+#pragma unroll
+                    for (int dp = 0; dp < DB / 2; dp++) {
+                        uint32_t b[4];
+                        s_ldsm_x4_trans(Vt + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ST + dp * 16 + (lane >> 4) * 8, b);
+                        s_mma(o[2 * dp], pa[kk], b[0], b[1]);
+                        s_mma(o[2 * dp + 1], pa[kk], b[2], b[3]);
+                    }
+                }
+            }
+            __syncthreads();                       /* every warp is done with buf before it is refilled */
+        }
+        s_cp_wait<0>();
+
+        /* Results: the row sums over the quad, then the normalised output of this pass's vectors. */
+        l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+        l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            const int v = wv + gid + 8 * half;
+            if ((half ? p1 : p0) < 0)
+                continue;
+            const float inv = 1.0f / (half ? l1 : l0);
+            float *op = a.out + ((size_t)(t0 + v / G) * a.n_heads + (size_t)g * G + v % G) * D + 2 * tig;
+#pragma unroll
+            for (int j = 0; j < DB; j++)
+                *(float2 *)(op + 8 * j) = make_float2(o[j][2 * half] * inv, o[j][2 * half + 1] * inv);
+        }
+        __syncthreads();                           /* every thread has read s_seq / s_vpos for this pass */
+        for (int r = threadIdx.x; r < NT; r += MMA_THREADS)
+            if (s_seq[r] == cur)
+                s_seq[r] = -1;
+    }
+}
+
+template <int D>
+static void s_launch(const cuda_state_t *st, const mma_args_t &a)
+{
+    constexpr size_t bytes = mma_smem<D>::BYTES;
+    static bool configured = false;                /* per instantiation: allow > 48 KB of shared memory */
+    if (!configured) {
+        CUDA_CHECK(cudaFuncSetAttribute(k_attn_mma<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+        configured = true;
+    }
+    const dim3 grid((unsigned)a.n_kv, (unsigned)((a.T + a.NT - 1) / a.NT));
+    cuda_launch_smem(st, k_attn_mma<D>, grid, MMA_THREADS, bytes, a);
+}
+
+int cuda_attention_mma(const cuda_state_t *st, const bk_kv_t *kv, int layer, const float *q, int n_heads, float scale,
+                       const bk_attn_meta_t *meta, float *out)
+{
+    const int D = kv->head_dim, n_kv = kv->n_kv_heads, T = meta->n_tokens;
+    if (kv->dtype != DT_BF16 || (D != 64 && D != 128) || n_kv <= 0 || n_heads % n_kv != 0)
+        return -1;
+    const int G = n_heads / n_kv;
+    if (G < 1 || G > MMA_VECS || !(scale > 0.0f) || ((uintptr_t)q & 15) || ((uintptr_t)out & 7))
+        return -1;
+    const int NT = MMA_VECS / G;
+    if ((T + NT - 1) / NT > 65535)                 /* gridDim.y */
+        return -1;
+    if (T <= 0)
+        return 0;
+    mma_args_t a = {};
+    a.base = (const uint8_t *)kv->base;
+    a.block_bytes = kv->block_bytes;
+    a.block_size = kv->block_size;
+    a.n_kv = n_kv;
+    a.layer = layer;
+    a.tok_seq = meta->tok_seq;
+    a.tok_pos = meta->tok_pos;
+    a.seq_bt_start = meta->seq_bt_start;
+    a.block_table = meta->block_table;
+    a.q = q;
+    a.out = out;
+    a.T = T;
+    a.n_heads = n_heads;
+    a.G = G;
+    a.NT = NT;
+    a.scale_log2 = scale * 1.4426950408889634f;
+    if (D == 64)
+        s_launch<64>(st, a);
+    else
+        s_launch<128>(st, a);
+    return 0;
+}
