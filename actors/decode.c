@@ -17,7 +17,8 @@
  *     steps, the finished sequence's blocks held until it is done. Under load (at least half of
  *     max_batch running) only requests that asked for retention (prompt_cache_key) are written
  *     back: the others are a cache's best effort, shed before their copies compete with the
- *     running requests for the host store and the memory bus;
+ *     running requests for the host store and the memory bus, and so are any beyond a short copy
+ *     queue;
  *   - cancel frees a request's blocks at once.
  *
  * Every request ends with exactly one done or error to its router.
@@ -37,6 +38,9 @@
 #define MAX_PENDING_ANNOUNCES 256
 #define WRITEBACK_TIMEOUT_MS  2000
 #define MAX_WRITEBACKS        64
+/* Write-backs queued for the copier beyond which one without a prompt_cache_key is shed: a deep
+ * queue only delays the copies a next turn is waiting for (a fetch parks 300 ms at most). */
+#define WRITEBACK_QUEUE_MAX   4
 
 /* WAITING: its KV is here but the batch is full; PREEMPTED: its blocks were taken back. */
 typedef enum { DC_WAITING, DC_RUNNING, DC_PREEMPTED, DC_STATE_COUNT } dc_state_t;
@@ -163,7 +167,8 @@ static writeback_t *s_writeback_put(actor_t *a, decode_t *d, dc_req_t *r)
     const msg_handoff_t *h = &r->handoff.u.handoff;
     if (!d->cache_manager || r->state == DC_PREEMPTED)
         return NULL;
-    if (!(h->prompt_cache_key && *h->prompt_cache_key) && 2 * d->n_state[DC_RUNNING] >= d->w->max_seqs) {
+    if (!(h->prompt_cache_key && *h->prompt_cache_key) &&
+        (2 * d->n_state[DC_RUNNING] >= d->w->max_seqs || kvcopier_pending(d->copier) >= WRITEBACK_QUEUE_MAX)) {
         d->writebacks_shed++;
         return NULL;
     }

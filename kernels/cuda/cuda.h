@@ -33,6 +33,7 @@
 
 #include <cublasLt.h>
 #include <cublas_v2.h>
+#include <pthread.h>
 #include <cuda_runtime.h>
 
 extern "C" {
@@ -89,6 +90,9 @@ typedef struct cuda_state {
     int n_sm;                     /* multiprocessors: sizes the attention split */
     cudaStream_t stream;          /* every op, copy and sync of this backend */
     cudaStream_t side;            /* download_side only (write-backs beside the model's ops) */
+    pthread_mutex_t side_lock;    /* download_side: one caller at a time (its staging below) */
+    void *side_buf[2];            /* pinned host staging, SIDE_CHUNK bytes each (made at first use) */
+    cudaEvent_t side_ev[2];
     cublasHandle_t blas;          /* SGEMM for f32 weights (pedantic math: no TF32) */
     cublasLtHandle_t lt;          /* bf16 / f16 GEMMs */
     void *lt_ws;                  /* device: cuBLASLt workspace */
