@@ -22,6 +22,10 @@
  *   TROUPE_CUDA_ATTN_MMA    1 (default): prefill attention over a bf16 cache on the tensor cores
  *                           (head_dim 64/128, cuda_attention_mma.cu); 0: the flash kernel does it
  *   TROUPE_CUDA_PDL         1 (default): programmatic dependent launch for every kernel
+ *   TROUPE_CUDA_MOE_DEVICE  1 (default): moe_ffn sorts and runs the experts on the device (no host
+ *                           round trip); 0: the host-sorted per-expert path (cuda_moe.cu)
+ *   TROUPE_CUDA_MOE_DEVICE_MAX_M  tokens up to which the device path runs (default 256: every
+ *                           decode batch; larger prefill chunks take the host path's GEMMs)
  * kernels/cuda/README.md has what each choice measured on the H200.
  *
  * Known limits: one device per process (ops do not call cudaSetDevice: a process with several
@@ -122,6 +126,11 @@ typedef struct cuda_state {
 
     int32_t *h_ids;               /* host: moe_ffn's routing copied back, then its sorted lists */
     size_t h_ids_cap;             /* int32 elements */
+
+    int moe_device;               /* 1 (default): moe_ffn's device path (TROUPE_CUDA_MOE_DEVICE) */
+    int moe_device_max_m;         /* ... for M <= this (TROUPE_CUDA_MOE_DEVICE_MAX_M, default 256) */
+    struct cuda_moe_table *moe_tables;   /* device copies of the experts arrays seen (cuda_moe.cu) */
+    int n_moe_tables, cap_moe_tables;
 } cuda_state_t;
 
 static inline cuda_state_t *cuda_st(backend_t *be) { return (cuda_state_t *)be->impl; }
@@ -155,6 +164,7 @@ int cuda_attention_mma(const cuda_state_t *st, const bk_kv_t *kv, int layer, con
 void cuda_moe_route(backend_t *be, const float *logits, int M, int E, int k, int renorm, int32_t *ids, float *weights);
 void cuda_moe_ffn(backend_t *be, const float *x, int M, int H, const int32_t *ids, const float *weights, int k,
                   const bk_expert_t *experts, int n_experts, void *scratch, float *out);
+void cuda_moe_destroy(cuda_state_t *st);   /* frees the moe tables (at backend destroy) */
 
 /* NCCL between processes on different GPUs (cuda_nccl.cu; only when built with nccl.h). */
 #ifdef TROUPE_NCCL

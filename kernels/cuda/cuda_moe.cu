@@ -1,20 +1,58 @@
 /* kernels/cuda/cuda_moe.cu — mixture-of-experts routing and the routed experts' SwiGLU FFNs.
  *
- * Routing runs one thread per token with the CPU reference's exact algorithm (sequential max and
- * sum, selection by repeated scans comparing probabilities, ties to the lower index), so ids agree
- * with the CPU unless expf's last bit decides a near-tie.
+ * Routing: one warp per token (k <= 32, E <= 1024; otherwise the older one-thread-per-token kernel)
+ * with the CPU reference's arithmetic: the running max (a NaN at r[0] stays, as in the CPU's
+ * scan), the sum of expf(r[e] - max) in ascending e (the lanes' values broadcast one by one into a
+ * sequential f32 sum: the CPU's rounding, not a tree's), p = expf(r[e] - max) / sum, then k
+ * selections of the largest p not yet taken, ties to the lower index, and the optional division
+ * by the sequential sum of the k weights. Ids agree with the CPU unless expf's last bit decides a
+ * near-tie (CUDA's expf is not glibc's).
  *
- * The FFN is grouped per expert like the CPU's: the routing comes back to the host (one stream
- * sync per MoE layer: the host must know each expert's token count to size its matmuls), is
- * counting-sorted by expert there, and the sorted token lists go up into the scratch. Then, for
- * each expert that has tokens, in ascending expert order: gather its rows, gate and up matmuls
- * (cuda_matmul: GEMV for a few rows, cuBLASLt for many), SwiGLU, down, and a scatter that adds
- * weight * row into out. One launch per expert, queued in expert order, so every token's sum is
- * accumulated in ascending expert order with a rounded product then a rounded add: HF's index_add_
- * order, as the CPU. A token appears at most once per expert, so a scatter has no write conflicts.
+ * The FFN has two paths, chosen on the host by M alone (the host never sees the routing there):
  *
- * Known limit: the host round trip and the per-expert launches make a many-expert prefill (128
- * experts) launch-bound; a grouped GEMM over all experts at once is the next step.
+ * Device path (TROUPE_CUDA_MOE_DEVICE=1, the default, and M <= TROUPE_CUDA_MOE_DEVICE_MAX_M,
+ * default 256): no host round trip, no sync, no allocation, so the step can be captured in a CUDA
+ * graph. Per chunk of at most BK_MOE_DEVICE_CHUNK tokens (kernels/backend.h: it bounds the
+ * scratch), four kernels:
+ *   1. k_moe_sort (one block): counts per expert, exclusive scans giving each expert's first
+ *      entry (off[E+1]) and the list of experts that have tokens (active[], n_active), then a
+ *      stable scatter of the (token, slot) pairs by expert (one warp, __match_any_sync ranks).
+ *   2. k_moe_experts<GU>: grid (tile of 8 rows of I, active expert); each warp owns row n of
+ *      gate and of up, streams both once per group of up to MT of the expert's tokens (MT = 1 at
+ *      batch 1, 4 up to 32 tokens, 8 above; more entries take more passes, the rows then coming
+ *      from L2), with 16-byte loads, f32 FMA against the f32 activations, lane sums by a
+ *      butterfly, and writes silu(g) * u (cuda_swiglu's arithmetic) into act[sorted position][I].
+ *      Blocks past n_active leave at once: at batch 1 the grid's second dimension is k (8), not
+ *      E (128).
+ *   3. k_moe_experts<down>: the same over down's rows (two per warp, sharing the activation
+ *      loads), writing each (token, slot)'s expert output to y[token * k + slot][H].
+ *   4. k_moe_combine: per token, the k slots' outputs summed in ascending expert id (ties in slot
+ *      order), each a rounded product then a rounded add from 0: exactly the host path's (and the
+ *      CPU's) index_add_ order given the same expert outputs.
+ *   Numerics: f32 products of the stored weights and the f32 activations, f32 accumulation in
+ *   another order than the CPU's (~1e-6 relative, the GEMV path's grade) for every weight dtype
+ *   and every M: no bf16 activations. A token's bits depend on K, the dtype and the alignment only
+ *   — not on M, the batch's other tokens or their routing — and are the same run to run.
+ *   The expert kernels are CUDA-core FMA: meant for decode (1-16 rows per expert); for prefill
+ *   chunks the host path's tensor-core GEMMs are expected to win (bench_cuda's moe_M*_ lines time
+ *   both paths). The experts' weight pointers live in a device table per experts array, made the
+ *   first time the array is seen (that one call copies it up; later calls compare the host
+ *   array's descriptors with the copy's and reuse it).
+ *
+ * Host path (TROUPE_CUDA_MOE_DEVICE=0, or more tokens than the threshold): the routing comes back to
+ * the host (one stream sync per MoE layer), is counting-sorted by expert there, and the sorted
+ * token lists go up into the scratch. Then, for each expert that has tokens, in ascending expert
+ * order: gather its rows, gate and up matmuls (cuda_matmul: GEMV for a few rows, cuBLASLt for
+ * many), SwiGLU, down, and a scatter that adds weight * row into out. One launch per expert,
+ * queued in expert order, so every token's sum is accumulated in ascending expert order with a
+ * rounded product then a rounded add: HF's index_add_ order, as the CPU. A token appears at most
+ * once per expert, so a scatter has no write conflicts. Its matmuls follow cuda_matmul's numerics
+ * (bf16 activations above TROUPE_CUDA_GEMM_SPLIT rows per expert).
+ *
+ * Known limits: the device path needs every expert in one dtype and shape, E <= 1024 and k <= 32
+ * (else the host path runs); an expert holding most of a large batch's tokens is worked by its
+ * own CTAs alone (a long tail); an out-of-range expert id (our bug: moe_route writes them) traps
+ * the kernel, which makes the next checked call exit the process.
  */
 #include <math.h>
 #include <stdio.h>
@@ -24,6 +62,36 @@
 #include "kernels/cuda/cuda.h"
 #include "kernels/cuda/cuda_dev.cuh"
 
+#define MOE_THREADS 256                 /* route and expert kernels: 8 warps */
+#define MOE_WARPS (MOE_THREADS / 32)
+#define MOE_SORT_THREADS 1024           /* the sort's one block: one expert per thread */
+#define MOE_MAX_E MOE_SORT_THREADS      /* experts the device path (and the warp router) handles */
+#define MOE_MAX_K 32                    /* top-k the warp router and the combine handle */
+#define MOE_SORT_SMEM_ROWS 4096         /* routing entries the sort keeps in shared memory */
+
+/* One expert's weights as the device kernels read them. */
+typedef struct moe_dev_expert {
+    const void *gate;                   /* [I][H] */
+    const void *up;                     /* [I][H] */
+    const void *down;                   /* [H][I] */
+} moe_dev_expert_t;
+
+/* The device copy of one experts array (a layer's). */
+typedef struct cuda_moe_table {
+    const bk_expert_t *key;             /* the caller's host array */
+    bk_expert_t *copy;                  /* host: [cap] its contents when the device table was written */
+    moe_dev_expert_t *host_ptrs;        /* host: [cap] what was copied up (kept: the copy is async) */
+    moe_dev_expert_t *dev;              /* device: [cap] */
+    int n, cap;                         /* experts in use; capacity of the three arrays */
+    int ok;                             /* 1: one dtype (f32/bf16/f16), one shape: the device path can run */
+    dtype_t dt;
+    int64_t H, I;
+    int aligned;                        /* every weight pointer 16-byte aligned */
+} cuda_moe_table_t;
+
+/* ---- routing -------------------------------------------------------------------------------------- */
+
+/* One thread per token: the fallback for k > 32 or E > 1024. */
 __global__ void k_moe_route(const float *logits, int M, int E, int k, int renorm, int32_t *ids, float *weights)
 {
     DEV_PDL_ENTER();
@@ -65,12 +133,535 @@ __global__ void k_moe_route(const float *logits, int M, int E, int k, int renorm
     }
 }
 
+/* One warp per token; lane i holds experts i, i + 32, ... (taken: one bit each, E <= 1024) and, for
+ * j < k, lane j holds the j-th selection. */
+__global__ void __launch_bounds__(MOE_THREADS)
+    k_moe_route_warp(const float *logits, int M, int E, int k, int renorm, int32_t *ids, float *weights)
+{
+    DEV_PDL_ENTER();
+    const unsigned full = 0xffffffffu;
+    const int lane = threadIdx.x & 31, t = blockIdx.x * MOE_WARPS + (threadIdx.x >> 5);
+    if (t >= M)
+        return;                                    /* the whole warp: no shuffle is left waiting */
+    const float *r = logits + (size_t)t * E;
+    float mx = -INFINITY;
+    for (int e = lane; e < E; e += 32) {
+        const float v = r[e];
+        mx = v > mx ? v : mx;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float v = __shfl_xor_sync(full, mx, o);
+        mx = v > mx ? v : mx;
+    }
+    if (isnan(r[0]))                               /* the CPU's scan starts at r[0]: a NaN there stays */
+        mx = r[0];
+    float sum = 0.0f;                              /* sequential, ascending e: the CPU's rounding */
+    for (int base = 0; base < E; base += 32) {
+        const int e = base + lane, n = E - base < 32 ? E - base : 32;
+        const float ex = e < E ? expf(r[e] - mx) : 0.0f;
+        for (int i = 0; i < n; i++)
+            sum += __shfl_sync(full, ex, i);
+    }
+    uint32_t taken = 0;
+    int my_id = -1;
+    float my_w = 0.0f;
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        float bp = 0.0f;
+        for (int i = 0, e = lane; e < E; i++, e += 32) {
+            if (taken >> i & 1u)
+                continue;
+            const float p = expf(r[e] - mx) / sum;
+            if (best < 0 || p > bp) {                /* ascending e: the lane's first maximum */
+                best = e;
+                bp = p;
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {           /* larger p wins; equal (or unordered) p: lower e */
+            const int ob = __shfl_xor_sync(full, best, o);
+            const float op = __shfl_xor_sync(full, bp, o);
+            if (ob >= 0 && (best < 0 || op > bp || (!(bp > op) && ob < best))) {
+                best = ob;
+                bp = op;
+            }
+        }
+        best = __shfl_sync(full, best, 0);           /* lane 0's answer for all (NaN makes the order partial) */
+        bp = __shfl_sync(full, bp, 0);
+        if (best >= 0 && (best & 31) == lane)
+            taken |= 1u << (best >> 5);
+        if (lane == j) {
+            my_id = best;
+            my_w = bp;
+        }
+    }
+    float s = 0.0f;
+    if (renorm)
+        for (int j = 0; j < k; j++)
+            s += __shfl_sync(full, my_w, j);
+    if (lane < k) {
+        ids[(size_t)t * k + lane] = my_id;
+        weights[(size_t)t * k + lane] = renorm ? my_w / s : my_w;
+    }
+}
+
 void cuda_moe_route(backend_t *be, const float *logits, int M, int E, int k, int renorm, int32_t *ids, float *weights)
 {
     if (M <= 0)
         return;
-    cuda_launch(cuda_st(be), k_moe_route, (M + 63) / 64, 64, logits, M, E, k, renorm, ids, weights);
+    const cuda_state_t *st = cuda_st(be);
+    if (k <= MOE_MAX_K && E <= MOE_MAX_E)
+        cuda_launch(st, k_moe_route_warp, (M + MOE_WARPS - 1) / MOE_WARPS, MOE_THREADS, logits, M, E, k, renorm, ids,
+                    weights);
+    else
+        cuda_launch(st, k_moe_route, (M + 63) / 64, 64, logits, M, E, k, renorm, ids, weights);
 }
+
+/* ---- device path: sort ------------------------------------------------------------------------- */
+
+/* Exclusive prefix sum of v over the block (blockDim.x a multiple of 32, <= 1024); *total gets the
+ * sum. Every thread must call it; wsum is [32] shared. */
+__device__ int dev_block_excl_scan(int v, int *wsum, int *total)
+{
+    const unsigned full = 0xffffffffu;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int incl = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int u = __shfl_up_sync(full, incl, o);
+        if (lane >= o)
+            incl += u;
+    }
+    if (lane == 31)
+        wsum[warp] = incl;
+    __syncthreads();
+    if (warp == 0) {
+        int s = lane < nw ? wsum[lane] : 0;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int u = __shfl_up_sync(full, s, o);
+            if (lane >= o)
+                s += u;
+        }
+        if (lane < nw)
+            wsum[lane] = s;                        /* inclusive warp totals */
+    }
+    __syncthreads();
+    const int excl = incl - v + (warp > 0 ? wsum[warp - 1] : 0);
+    *total = wsum[nw - 1];
+    __syncthreads();                               /* wsum is free for the next scan */
+    return excl;
+}
+
+/* The counting sort of one chunk's rows = M * k routing entries by expert: off[E + 1] (expert e's
+ * entries are off[e] .. off[e + 1] - 1), active[n_active] (experts with entries, ascending),
+ * tok[rows] (the entry's token) and slot[rows] (its index t * k + j), stable: an expert's entries
+ * in ascending (token, slot). One block of a multiple of 32 threads, E <= blockDim.x <=
+ * MOE_SORT_THREADS. */
+__global__ void __launch_bounds__(MOE_SORT_THREADS)
+    k_moe_sort(const int32_t *ids, int rows, int k, int E, int32_t *off, int32_t *active, int32_t *n_active,
+               int32_t *tok, int32_t *slot)
+{
+    __shared__ int cnt[MOE_SORT_THREADS];          /* [blockDim.x] counts, then each expert's next free place */
+    __shared__ int wsum[32];
+    __shared__ int32_t sid[MOE_SORT_SMEM_ROWS];    /* the first routing entries, for the scatter */
+    DEV_PDL_ENTER();
+    const int tid = threadIdx.x;
+    cnt[tid] = 0;
+    __syncthreads();
+    for (int r = tid; r < rows; r += blockDim.x) {
+        const int e = ids[r];
+        if (e < 0 || e >= E) {                     /* moe_route writes these: a bad one is our bug */
+            printf("troupe cuda: moe_ffn: routing entry %d is expert %d of %d (%s:%d)\n", r, e, E, __FILE__, __LINE__);
+            __trap();
+        }
+        if (r < MOE_SORT_SMEM_ROWS)
+            sid[r] = e;
+        atomicAdd(&cnt[e], 1);                     /* counts: order-free, so deterministic */
+    }
+    __syncthreads();
+    const int v = tid < E ? cnt[tid] : 0;
+    int total, n_act;
+    const int start = dev_block_excl_scan(v, wsum, &total);
+    const int at = dev_block_excl_scan(v > 0, wsum, &n_act);
+    if (tid < E) {
+        off[tid] = start;
+        if (v > 0)
+            active[at] = tid;
+    }
+    if (tid == 0) {
+        off[E] = total;
+        *n_active = n_act;
+    }
+    cnt[tid] = start;                              /* every thread read its count before the scans' barriers */
+    __syncthreads();
+    if (tid >= 32)
+        return;
+    /* One warp, 32 entries at a time in order: lanes with the same expert get consecutive places
+     * by lane rank, so the scatter is stable. */
+    const unsigned full = 0xffffffffu;
+    for (int base = 0; base < rows; base += 32) {
+        const int r = base + tid;
+        const int e = r >= rows ? -1 : r < MOE_SORT_SMEM_ROWS ? sid[r] : ids[r];
+        const unsigned same = __match_any_sync(full, e);
+        const int rank = __popc(same & ((1u << tid) - 1u));
+        const int pos = e >= 0 ? cnt[e] + rank : 0;
+        __syncwarp();
+        if (e >= 0 && rank == 0)
+            cnt[e] += __popc(same);
+        __syncwarp();
+        if (e >= 0) {
+            tok[pos] = r / k;
+            slot[pos] = r;
+        }
+    }
+}
+
+/* ---- device path: the experts' matmuls ----------------------------------------------------------- */
+
+/* a0[m] = w0 . xr[m], a1[m] = w1 . xr[m] over K, summed over the warp (every lane gets the totals).
+ * VEC: w0, w1 and the xr rows 16-byte aligned, K a multiple of 16 / sizeof(WT); lanes take 16-byte
+ * chunks c = lane, lane + 32, ..., U chunks of each row in flight. Otherwise one element per lane
+ * per step. The summation order depends on K and VEC only. */
+template <typename WT, bool VEC, int MR>
+__device__ __forceinline__ void dev_dot2(const WT *w0, const WT *w1, int64_t K, const float *const *xr, float *a0,
+                                         float *a1)
+{
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int m = 0; m < MR; m++) {
+        a0[m] = 0.0f;
+        a1[m] = 0.0f;
+    }
+    if constexpr (VEC) {
+        constexpr int VE = 16 / (int)sizeof(WT), U = MR <= 4 ? 4 : 2;
+        const int64_t chunks = K / VE;
+        const uint4 *v0 = (const uint4 *)w0, *v1 = (const uint4 *)w1;
+        for (int64_t c0 = lane; c0 < chunks; c0 += 32 * U) {
+            uint4 r0[U], r1[U];
+#pragma unroll
+            for (int u = 0; u < U; u++) {          /* all of the pass's weight loads first */
+                const int64_t c = c0 + 32 * u;
+                if (c < chunks) {
+                    r0[u] = __ldg(v0 + c);
+                    r1[u] = __ldg(v1 + c);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int64_t c = c0 + 32 * u;
+                if (c >= chunks)
+                    break;
+                float f0[VE], f1[VE];
+                dev_unpack16<WT>(r0[u], f0);
+                dev_unpack16<WT>(r1[u], f1);
+#pragma unroll
+                for (int m = 0; m < MR; m++) {
+                    const float4 *xp = (const float4 *)(xr[m] + c * VE);
+#pragma unroll
+                    for (int q = 0; q < VE / 4; q++) {
+                        const float4 xv = xp[q];
+                        a0[m] = fmaf(xv.x, f0[4 * q + 0], a0[m]);
+                        a0[m] = fmaf(xv.y, f0[4 * q + 1], a0[m]);
+                        a0[m] = fmaf(xv.z, f0[4 * q + 2], a0[m]);
+                        a0[m] = fmaf(xv.w, f0[4 * q + 3], a0[m]);
+                        a1[m] = fmaf(xv.x, f1[4 * q + 0], a1[m]);
+                        a1[m] = fmaf(xv.y, f1[4 * q + 1], a1[m]);
+                        a1[m] = fmaf(xv.z, f1[4 * q + 2], a1[m]);
+                        a1[m] = fmaf(xv.w, f1[4 * q + 3], a1[m]);
+                    }
+                }
+            }
+        }
+    } else {
+        for (int64_t i = lane; i < K; i += 32) {
+            const float f0 = dev_to_f32(w0[i]), f1 = dev_to_f32(w1[i]);
+#pragma unroll
+            for (int m = 0; m < MR; m++) {
+                const float xv = xr[m][i];
+                a0[m] = fmaf(xv, f0, a0[m]);
+                a1[m] = fmaf(xv, f1, a1[m]);
+            }
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < MR; m++) {
+        a0[m] = dev_warp_sum(a0[m]);
+        a1[m] = dev_warp_sum(a1[m]);
+    }
+}
+
+/* MR consecutive sorted entries p .. p + MR - 1 of one expert through the warp's two weight rows.
+ * GU: w0, w1 = gate and up row n; inputs x[tok[p]]; out = act [entries][N]: silu(g) * u.
+ * Down: w0, w1 = down rows n and n + 1; inputs act[p]; out = y [M * k][N] at row slot[p]. */
+template <typename WT, bool VEC, bool GU, int MR>
+__device__ __forceinline__ void dev_expert_group(const WT *w0, const WT *w1, int64_t N, int64_t K, int64_t n,
+                                                 const float *in, const int32_t *tok, const int32_t *slot, int p,
+                                                 float *out)
+{
+    const float *xr[MR];
+#pragma unroll
+    for (int m = 0; m < MR; m++)
+        xr[m] = in + (int64_t)(GU ? tok[p + m] : p + m) * K;
+    float a0[MR], a1[MR];
+    dev_dot2<WT, VEC, MR>(w0, w1, K, xr, a0, a1);
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int m = 0; m < MR; m++) {
+        if (lane != m)
+            continue;
+        if constexpr (GU) {
+            const float g = a0[m];                 /* cuda_swiglu's (and the CPU's) arithmetic */
+            out[(int64_t)(p + m) * N + n] = __fmul_rn(g / __fadd_rn(1.0f, expf(-g)), a1[m]);
+        } else {
+            float *o = out + (int64_t)slot[p + m] * N + n;
+            o[0] = a0[m];
+            if (n + 1 < N)
+                o[1] = a1[m];
+        }
+    }
+}
+
+/* mr (1 .. MR) entries through dev_expert_group<mr>: a chain of compile-time sizes. */
+template <typename WT, bool VEC, bool GU, int MR>
+__device__ __forceinline__ void dev_expert_groups(int mr, const WT *w0, const WT *w1, int64_t N, int64_t K, int64_t n,
+                                                  const float *in, const int32_t *tok, const int32_t *slot, int p,
+                                                  float *out)
+{
+    if constexpr (MR > 1) {
+        if (mr < MR) {
+            dev_expert_groups<WT, VEC, GU, MR - 1>(mr, w0, w1, N, K, n, in, tok, slot, p, out);
+            return;
+        }
+    }
+    dev_expert_group<WT, VEC, GU, MR>(w0, w1, N, K, n, in, tok, slot, p, out);
+}
+
+/* Grid (row tiles, min(E, entries)): block y works active[y]'s entries, or leaves when y >=
+ * n_active. GU: warp w owns row n = x * 8 + w of gate and up (N = I, K = H). Down: rows n, n + 1
+ * with n = 2 (x * 8 + w) (N = H, K = I). MT: entries per pass over the rows (1 at batch 1: fewest
+ * registers, most warps per SM; more entries: passes again, the rows then come from L2). No
+ * barrier: a warp past N leaves. */
+template <typename WT, bool VEC, bool GU, int MT>
+__global__ void __launch_bounds__(MOE_THREADS, 2)
+    k_moe_experts(const moe_dev_expert_t *tab, const int32_t *off, const int32_t *active, const int32_t *n_active,
+                  const int32_t *tok, const int32_t *slot, const float *in, int64_t N, int64_t K, float *out)
+{
+    DEV_PDL_ENTER();
+    if ((int)blockIdx.y >= *n_active)
+        return;
+    const int e = active[blockIdx.y], p0 = off[e], c = off[e + 1] - p0;
+    const int64_t wid = (int64_t)blockIdx.x * MOE_WARPS + (threadIdx.x >> 5), n = GU ? wid : 2 * wid;
+    if (n >= N)
+        return;
+    const moe_dev_expert_t ex = tab[e];
+    const WT *w0, *w1;
+    if constexpr (GU) {
+        w0 = (const WT *)ex.gate + n * K;
+        w1 = (const WT *)ex.up + n * K;
+    } else {
+        w0 = (const WT *)ex.down + n * K;
+        w1 = (const WT *)ex.down + (n + 1 < N ? n + 1 : n) * K;
+    }
+    for (int g = 0; g < c; g += MT)
+        dev_expert_groups<WT, VEC, GU, MT>(c - g < MT ? c - g : MT, w0, w1, N, K, n, in, tok, slot, p0 + g, out);
+}
+
+/* out[t] = sum over t's k slots in ascending expert id (ties: slot order) of weight * y[t * k + j],
+ * a rounded product then a rounded add, from 0. One block per token. */
+__global__ void k_moe_combine(const float *y, const int32_t *ids, const float *weights, int k, int H, float *out)
+{
+    __shared__ int order[MOE_MAX_K];
+    DEV_PDL_ENTER();
+    const int64_t t = blockIdx.x;
+    const int32_t *id = ids + t * k;
+    if (threadIdx.x == 0) {                        /* insertion sort: stable */
+        for (int j = 0; j < k; j++) {
+            const int e = id[j];
+            int i = j;
+            while (i > 0 && id[order[i - 1]] > e) {
+                order[i] = order[i - 1];
+                i--;
+            }
+            order[i] = j;
+        }
+    }
+    __syncthreads();
+    const float *yt = y + t * k * H, *w = weights + t * k;
+    for (int h = threadIdx.x; h < H; h += blockDim.x) {
+        float acc = 0.0f;
+        for (int i = 0; i < k; i++) {
+            const int j = order[i];
+            acc = __fadd_rn(acc, __fmul_rn(yt[(int64_t)j * H + h], w[j]));
+        }
+        out[t * H + h] = acc;
+    }
+}
+
+/* ---- device path: tables and launches --------------------------------------------------------- */
+
+static void *s_xrealloc(void *p, size_t bytes, const char *what)
+{
+    void *q = realloc(p, bytes ? bytes : 1);
+    if (!q)
+        cuda_die(what, "out of memory", __FILE__, __LINE__);
+    return q;
+}
+
+static bool s_same_mat(const bk_mat_t *a, const bk_mat_t *b)
+{
+    return a->data == b->data && a->dtype == b->dtype && a->rows == b->rows && a->cols == b->cols;
+}
+
+/* The descriptors' fields (not their bytes: padding may differ). */
+static bool s_same_experts(const bk_expert_t *a, const bk_expert_t *b, int n)
+{
+    for (int e = 0; e < n; e++)
+        if (!s_same_mat(&a[e].gate, &b[e].gate) || !s_same_mat(&a[e].up, &b[e].up) ||
+            !s_same_mat(&a[e].down, &b[e].down))
+            return false;
+    return true;
+}
+
+/* The device table for this experts array: found by the array's address and checked against its
+ * contents (a caller may reuse an address for other weights), written (asynchronously, on the
+ * stream: kernels queued before still see the old contents) when new or changed. Writing it is the
+ * only host-device traffic of the device path, and happens once per experts array: it must happen
+ * before a CUDA graph capture (a warm-up step), as cuBLASLt's plans must. */
+static const cuda_moe_table_t *s_table(cuda_state_t *st, const bk_expert_t *experts, int n)
+{
+    cuda_moe_table_t *t = NULL;
+    for (int i = 0; i < st->n_moe_tables && !t; i++)
+        if (st->moe_tables[i].key == experts)
+            t = &st->moe_tables[i];
+    if (t && t->n == n && s_same_experts(t->copy, experts, n))
+        return t;
+    if (!t) {
+        if (st->n_moe_tables == st->cap_moe_tables) {
+            const int cap = st->cap_moe_tables ? 2 * st->cap_moe_tables : 64;
+            st->moe_tables = (cuda_moe_table_t *)s_xrealloc(st->moe_tables, (size_t)cap * sizeof(cuda_moe_table_t),
+                                                          "realloc(moe tables)");
+            st->cap_moe_tables = cap;
+        }
+        t = &st->moe_tables[st->n_moe_tables++];
+        memset(t, 0, sizeof(*t));
+        t->key = experts;
+    }
+    if (n > t->cap) {
+        if (t->dev) {
+            CUDA_CHECK(cudaStreamSynchronize(st->stream));   /* a queued kernel may still read it */
+            CUDA_CHECK(cudaFree(t->dev));
+            t->dev = NULL;
+        }
+        t->copy = (bk_expert_t *)s_xrealloc(t->copy, (size_t)n * sizeof(bk_expert_t), "realloc(moe table)");
+        t->host_ptrs = (moe_dev_expert_t *)s_xrealloc(t->host_ptrs, (size_t)n * sizeof(moe_dev_expert_t),
+                                                      "realloc(moe table)");
+        CUDA_CHECK(cudaMalloc(&t->dev, (size_t)n * sizeof(moe_dev_expert_t)));
+        t->cap = n;
+    }
+    memcpy(t->copy, experts, (size_t)n * sizeof(*experts));
+    t->n = n;
+    const bk_expert_t *x0 = &experts[0];
+    t->dt = x0->gate.dtype;
+    t->I = x0->gate.rows;
+    t->H = x0->gate.cols;
+    t->ok = t->dt == DT_F32 || t->dt == DT_BF16 || t->dt == DT_F16;
+    t->aligned = 1;
+    for (int e = 0; e < n; e++) {
+        const bk_expert_t *x = &experts[e];
+        const bk_mat_t *m[3] = {&x->gate, &x->up, &x->down};
+        for (int i = 0; i < 3; i++) {
+            const int64_t rows = i < 2 ? t->I : t->H, cols = i < 2 ? t->H : t->I;
+            t->ok &= m[i]->dtype == t->dt && m[i]->rows == rows && m[i]->cols == cols && m[i]->data != NULL;
+            t->aligned &= (uintptr_t)m[i]->data % 16 == 0;
+        }
+        t->host_ptrs[e] = (moe_dev_expert_t){x->gate.data, x->up.data, x->down.data};
+    }
+    t->ok &= t->I > 0 && t->H > 0;
+    /* From pageable memory the copy is staged before it returns; host_ptrs is kept regardless. */
+    CUDA_CHECK(cudaMemcpyAsync(t->dev, t->host_ptrs, (size_t)n * sizeof(moe_dev_expert_t), cudaMemcpyHostToDevice,
+                               st->stream));
+    return t;
+}
+
+void cuda_moe_destroy(cuda_state_t *st)
+{
+    for (int i = 0; i < st->n_moe_tables; i++) {
+        cuda_moe_table_t *t = &st->moe_tables[i];
+        if (t->dev)
+            cudaFree(t->dev);
+        free(t->copy);
+        free(t->host_ptrs);
+    }
+    free(st->moe_tables);
+    st->moe_tables = NULL;
+    st->n_moe_tables = st->cap_moe_tables = 0;
+}
+
+/* The expert kernel for this dtype, direction, load width and M: entries per pass MT = 1 at
+ * batch 1 (an expert then has one entry; ~68 registers, 3 blocks per SM), 4 up to 32 tokens, 8
+ * above (~128 registers, 2 blocks per SM). */
+template <typename WT, bool GU, int MT>
+static void s_experts_mt(const cuda_state_t *st, bool vec, dim3 grid, const moe_dev_expert_t *tab, const int32_t *off,
+                         const int32_t *active, const int32_t *n_active, const int32_t *tok, const int32_t *slot,
+                         const float *in, int64_t N, int64_t K, float *out)
+{
+    if (vec)
+        cuda_launch(st, k_moe_experts<WT, true, GU, MT>, grid, MOE_THREADS, tab, off, active, n_active, tok, slot, in,
+                    N, K, out);
+    else
+        cuda_launch(st, k_moe_experts<WT, false, GU, MT>, grid, MOE_THREADS, tab, off, active, n_active, tok, slot, in,
+                    N, K, out);
+}
+
+template <typename WT, bool GU>
+static void s_experts(const cuda_state_t *st, int M, bool vec, dim3 grid, const moe_dev_expert_t *tab,
+                      const int32_t *off, const int32_t *active, const int32_t *n_active, const int32_t *tok,
+                      const int32_t *slot, const float *in, int64_t N, int64_t K, float *out)
+{
+    if (M == 1)
+        s_experts_mt<WT, GU, 1>(st, vec, grid, tab, off, active, n_active, tok, slot, in, N, K, out);
+    else if (M <= 32)
+        s_experts_mt<WT, GU, 4>(st, vec, grid, tab, off, active, n_active, tok, slot, in, N, K, out);
+    else
+        s_experts_mt<WT, GU, 8>(st, vec, grid, tab, off, active, n_active, tok, slot, in, N, K, out);
+}
+
+template <typename WT>
+static void s_moe_device(const cuda_state_t *st, const cuda_moe_table_t *tb, const float *x, int M, int H,
+                         const int32_t *ids, const float *weights, int k, int E, void *scratch, float *out)
+{
+    constexpr int VE = 16 / (int)sizeof(WT);
+    const int64_t I = tb->I;
+    const bool vec_gu = tb->aligned && H % VE == 0 && (uintptr_t)x % 16 == 0;
+    const bool vec_dn = tb->aligned && I % VE == 0;
+    /* Scratch (moe_scratch_bytes' device layout), for a chunk of at most BK_MOE_DEVICE_CHUNK tokens,
+     * R = chunk * k entries: off [E+1] | active [E] | n_active [1] | tok [R] | slot [R] ints, then
+     * (64-byte aligned) act [R][I] and y [R][H] floats. */
+    const int mc_max = M < BK_MOE_DEVICE_CHUNK ? M : BK_MOE_DEVICE_CHUNK;
+    const size_t R = (size_t)mc_max * k;
+    int32_t *off = (int32_t *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
+    int32_t *active = off + E + 1, *n_active = active + E, *tok = n_active + 1, *slot = tok + R;
+    float *act = (float *)(((uintptr_t)(slot + R) + 63) & ~(uintptr_t)63), *y = act + R * I;
+    const moe_dev_expert_t *tab = tb->dev;
+    const int sort_threads = E <= 32 ? 32 : (E + 31) / 32 * 32;   /* one expert per thread */
+    for (int t0 = 0; t0 < M; t0 += BK_MOE_DEVICE_CHUNK) {   /* chunks reuse the scratch: stream order */
+        const int mc = M - t0 < BK_MOE_DEVICE_CHUNK ? M - t0 : BK_MOE_DEVICE_CHUNK, rows = mc * k;
+        const float *xc = x + (size_t)t0 * H, *wc = weights + (size_t)t0 * k;
+        const int32_t *ic = ids + (size_t)t0 * k;
+        float *oc = out + (size_t)t0 * H;
+        const unsigned gy = (unsigned)(rows < E ? rows : E);
+        const dim3 g_gu((unsigned)((I + MOE_WARPS - 1) / MOE_WARPS), gy);
+        const dim3 g_dn((unsigned)((H + 2 * MOE_WARPS - 1) / (2 * MOE_WARPS)), gy);
+        cuda_launch(st, k_moe_sort, 1, sort_threads, ic, rows, k, E, off, active, n_active, tok, slot);
+        s_experts<WT, true>(st, mc, vec_gu, g_gu, tab, off, active, n_active, tok, slot, xc, I, (int64_t)H, act);
+        s_experts<WT, false>(st, mc, vec_dn, g_dn, tab, off, active, n_active, tok, slot, act, (int64_t)H, I, y);
+        cuda_launch(st, k_moe_combine, mc, H >= 1024 ? 256 : 128, (const float *)y, ic, wc, k, H, oc);
+    }
+}
+
+/* ---- host path ----------------------------------------------------------------------------------- */
 
 /* out[tok[i]] += weights[slot[i]] * y[i] for the c rows of one expert. */
 __global__ void k_moe_scatter(const float *y, const int32_t *tok, const int32_t *slot, const float *weights, int H,
@@ -85,11 +676,9 @@ __global__ void k_moe_scatter(const float *y, const int32_t *tok, const int32_t 
         o[h] = __fadd_rn(o[h], __fmul_rn(yr[h], w));   /* rounded product, then the add: HF's order */
 }
 
-void cuda_moe_ffn(backend_t *be, const float *x, int M, int H, const int32_t *ids, const float *weights, int k,
-                  const bk_expert_t *experts, int n_experts, void *scratch, float *out)
+static void s_moe_host(backend_t *be, const float *x, int M, int H, const int32_t *ids, const float *weights, int k,
+                       const bk_expert_t *experts, int n_experts, void *scratch, float *out)
 {
-    if (M <= 0)
-        return;
     cuda_state_t *st = cuda_st(be);
     cudaStream_t s = st->stream;
     int I = 0;
@@ -129,8 +718,8 @@ void cuda_moe_ffn(backend_t *be, const float *x, int M, int H, const int32_t *id
         start[e] = start[e - 1];
     start[0] = 0;
 
-    /* Device scratch (moe_scratch_bytes): xg [M][H], yd [M][H], g [M][I], u [M][I] floats, then
-     * tok [rows], slot [rows]. */
+    /* Device scratch (moe_scratch_bytes' host layout): xg [M][H], yd [M][H], g [M][I], u [M][I]
+     * floats, then tok [rows], slot [rows]. */
     float *xg = (float *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
     float *yd = xg + (size_t)M * H, *g = yd + (size_t)M * H, *u = g + (size_t)M * I;
     int32_t *d_tok = (int32_t *)(u + (size_t)M * I), *d_slot = d_tok + rows;
@@ -150,4 +739,27 @@ void cuda_moe_ffn(backend_t *be, const float *x, int M, int H, const int32_t *id
         cuda_launch(st, k_moe_scatter, c, H >= 1024 ? 256 : 128, (const float *)yd, (const int32_t *)d_tok + start[e],
                     (const int32_t *)d_slot + start[e], weights, H, out);
     }
+}
+
+/* ---- the op -------------------------------------------------------------------------------------- */
+
+void cuda_moe_ffn(backend_t *be, const float *x, int M, int H, const int32_t *ids, const float *weights, int k,
+                  const bk_expert_t *experts, int n_experts, void *scratch, float *out)
+{
+    if (M <= 0)
+        return;
+    cuda_state_t *st = cuda_st(be);
+    if (st->moe_device && M <= st->moe_device_max_m && n_experts > 0 && n_experts <= MOE_MAX_E && k > 0 &&
+        k <= MOE_MAX_K) {
+        const cuda_moe_table_t *tb = s_table(st, experts, n_experts);
+        if (tb->ok && tb->H == H) {
+            switch (tb->dt) {
+            case DT_F32: s_moe_device<float>(st, tb, x, M, H, ids, weights, k, n_experts, scratch, out); break;
+            case DT_BF16: s_moe_device<__nv_bfloat16>(st, tb, x, M, H, ids, weights, k, n_experts, scratch, out); break;
+            default: s_moe_device<__half>(st, tb, x, M, H, ids, weights, k, n_experts, scratch, out); break;
+            }
+            return;
+        }
+    }
+    s_moe_host(be, x, M, H, ids, weights, k, experts, n_experts, scratch, out);
 }

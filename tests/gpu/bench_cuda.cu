@@ -18,6 +18,11 @@
  *    calls (each layer its own cache, as in a forward pass), median of 7, with the tensor-core
  *    kernel (TROUPE_CUDA_ATTN_MMA=1, the default) and with the flash kernel (=0); and the two
  *    outputs' relative difference (bf16 q and p: ~2e-3 expected).
+ * MoE: the layer of Qwen3-30B-A3B's shape (moe_route + moe_ffn: hidden 2048, 128 experts of width
+ *    768, top 8, bf16) at M = 1, 16, 64, 256 and 1024 on moe_ffn's device path and on its
+ *    host-sorted path (moe_M<M>_device_ms, moe_M<M>_host_ms), with the expert bytes a call reads
+ *    (moe_M<M>_weight_bytes) and the bandwidth that makes: 2 copies of the 128 experts (2.4 GB)
+ *    and 8 routings used in turn, so L2 does not serve them.
  * Output: one "name value unit" line per figure (tools/gpu-run.sh reads them), then a table.
  */
 #include <cublasLt.h>
@@ -281,6 +286,78 @@ static void s_attn_prefill_ms(backend_t *const *bes, int n, double *ms, std::vec
     }
 }
 
+/* The MoE layer of Qwen3-30B-A3B's shape (hidden 2048, 128 experts of width 768, top 8, bf16
+ * weights): moe_route + moe_ffn of M tokens, on each backend of bes (the device path and the host
+ * path), median ms per layer. LAYERS copies of the 128 experts (2.4 GB) are used in turn and
+ * ROUTINGS sets of random router logits, so what one call reads is not in the 60 MB L2 from the
+ * call before. *bytes: the expert weight bytes one call reads (distinct experts routed to x 9.4 MB),
+ * the mean over the routings. */
+static void s_moe_layer_ms(backend_t *const *bes, int n, const bk_expert_t (*ex)[128], int M, double *ms,
+                           double *bytes)
+{
+    enum { H = 2048, I = 768, E = 128, K = 8, LAYERS = 2, ROUTINGS = 8 };
+    backend_t *be0 = bes[0];
+    const size_t rk = (size_t)M * K;
+    float *x = (float *)be0->ops->alloc(be0, (size_t)M * H * 4);
+    float *out = (float *)be0->ops->alloc(be0, (size_t)M * H * 4);
+    float *logits = (float *)be0->ops->alloc(be0, (size_t)ROUTINGS * M * E * 4);
+    float *w = (float *)be0->ops->alloc(be0, ROUTINGS * rk * 4);
+    int32_t *ids = (int32_t *)be0->ops->alloc(be0, ROUTINGS * rk * 4);
+    void *scratch = be0->ops->alloc(be0, moe_scratch_bytes(M, K, H, I, E));
+    if (!x || !out || !logits || !w || !ids || !scratch) {
+        fprintf(stderr, "bench_cuda: out of device memory\n");
+        exit(1);
+    }
+    std::vector<float> hx((size_t)M * H), hl((size_t)ROUTINGS * M * E);
+    for (size_t i = 0; i < hx.size(); i++)
+        hx[i] = (float)((i * 2654435761u) % 2000) / 1000.0f - 0.999f;
+    for (size_t i = 0; i < hl.size(); i++)
+        hl[i] = (float)((i * 2246822519u + 7) % 4001) / 1000.0f - 2.0f;
+    if (be0->ops->upload(be0, x, hx.data(), hx.size() * 4) != 0 ||
+        be0->ops->upload(be0, logits, hl.data(), hl.size() * 4) != 0)
+        exit(1);
+    /* The bytes: each routing's distinct experts. */
+    std::vector<int32_t> hid(ROUTINGS * rk);
+    for (int r = 0; r < ROUTINGS; r++)
+        be0->ops->moe_route(be0, logits + (size_t)r * M * E, M, E, K, 1, ids + r * rk, w + r * rk);
+    if (be0->ops->download(be0, hid.data(), ids, hid.size() * 4) != 0)
+        exit(1);
+    double distinct = 0;
+    for (int r = 0; r < ROUTINGS; r++) {
+        std::vector<char> seen(E, 0);
+        for (size_t i = 0; i < rk; i++)
+            seen[hid[r * rk + i] & (E - 1)] = 1;
+        for (int e = 0; e < E; e++)
+            distinct += seen[e];
+    }
+    *bytes = distinct / ROUTINGS * 3.0 * H * I * 2;
+    for (int b = 0; b < n; b++) {                  /* one process, one device: the buffers serve both */
+        backend_t *be = bes[b];
+        std::vector<float> t_ms;
+        const int calls = 16;
+        for (int rep = 0; rep < 7; rep++) {
+            be->ops->sync(be);
+            const double t0 = s_now();
+            for (int i = 0; i < calls; i++) {
+                const int r = i % ROUTINGS, l = (i / ROUTINGS) % LAYERS;
+                be->ops->moe_route(be, logits + (size_t)r * M * E, M, E, K, 1, ids + r * rk, w + r * rk);
+                be->ops->moe_ffn(be, x, M, H, ids + r * rk, w + r * rk, K, ex[l], E, scratch, out);
+            }
+            if (be->ops->sync(be) != 0)
+                exit(1);
+            if (rep >= 2)
+                t_ms.push_back((float)((s_now() - t0) / calls * 1e3));
+        }
+        ms[b] = s_median(t_ms);
+    }
+    be0->ops->free(be0, x);
+    be0->ops->free(be0, out);
+    be0->ops->free(be0, logits);
+    be0->ops->free(be0, w);
+    be0->ops->free(be0, ids);
+    be0->ops->free(be0, scratch);
+}
+
 static backend_t *s_backend(const char *env_name, const char *value)
 {
     char err[256];
@@ -360,6 +437,40 @@ int main(int argc, char **argv)
     }
     for (int v = 0; v < NV; v++)
         backend_destroy(&bes[v]);
+
+    /* The MoE layer of Qwen3-30B-A3B's shape at decode and prefill-chunk sizes: device path vs
+     * host-sorted path. */
+    {
+        enum { H = 2048, I = 768, E = 128, LAYERS = 2 };
+        backend_t *mbe[2] = {s_backend("TROUPE_CUDA_MOE_DEVICE_MAX_M", "1000000"),
+                             s_backend("TROUPE_CUDA_MOE_DEVICE", "0")};
+        static bk_expert_t ex[LAYERS][E];
+        const size_t per = (size_t)3 * I * H;     /* bf16 elements of one expert: gate, up, down */
+        void *wl[LAYERS];
+        for (int l = 0; l < LAYERS; l++) {
+            CK(cudaMalloc(&wl[l], per * E * 2));
+            s_fill(wl[l], per * E * 2, 200 + l);
+            for (int e = 0; e < E; e++) {
+                const uint16_t *p = (const uint16_t *)wl[l] + per * e;
+                ex[l][e].gate = (bk_mat_t){p, DT_BF16, I, H};
+                ex[l][e].up = (bk_mat_t){p + (size_t)I * H, DT_BF16, I, H};
+                ex[l][e].down = (bk_mat_t){p + (size_t)2 * I * H, DT_BF16, H, I};
+            }
+        }
+        const int Ms[5] = {1, 16, 64, 256, 1024};    /* 1024: a prefill chunk, for the threshold */
+        for (int i = 0; i < (quick ? 1 : 5); i++) {
+            double ms[2], bytes;
+            s_moe_layer_ms(mbe, 2, ex, Ms[i], ms, &bytes);
+            printf("moe_M%d_weight_bytes %.0f bytes (%.1f experts of 9.4 MB)\n", Ms[i], bytes,
+                   bytes / (3.0 * H * I * 2));
+            printf("moe_M%d_device_ms %.4f ms (%.3f TB/s)\n", Ms[i], ms[0], bytes / (ms[0] * 1e-3) / 1e12);
+            printf("moe_M%d_host_ms %.4f ms (%.3f TB/s)\n", Ms[i], ms[1], bytes / (ms[1] * 1e-3) / 1e12);
+        }
+        for (int l = 0; l < LAYERS; l++)
+            CK(cudaFree(wl[l]));
+        backend_destroy(&mbe[0]);
+        backend_destroy(&mbe[1]);
+    }
 
     /* Prefill attention, 1,000 tokens x 32 layers: tensor cores vs the flash kernel. */
     {
