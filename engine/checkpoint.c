@@ -351,6 +351,14 @@ static void s_fill(void *dst, dtype_t dt, size_t numel, uint64_t key, float cent
     }
 }
 
+/* The values of dummy tensor `name`: a pure function of the name, the seed and the shape. */
+static void s_dummy_fill(const ckpt_t *c, const char *name, int ndim, const int64_t *shape, void *data, size_t numel)
+{
+    int norm = ndim == 1 && s_ends_with(name, "norm.weight");
+    float scale = norm ? 0.1f : ndim > 0 && shape[ndim - 1] > 0 ? 1.0f / sqrtf((float)shape[ndim - 1]) : 1.0f;
+    s_fill(data, c->dummy_dtype, numel, s_mix(c->seed ^ s_hash(name)), norm ? 1.0f : 0.0f, scale);
+}
+
 static const tensor_view_t *s_dummy_make(ckpt_t *c, const char *name, int ndim, const int64_t *shape, char *err,
                                          size_t errlen)
 {
@@ -373,9 +381,7 @@ static const tensor_view_t *s_dummy_make(ckpt_t *c, const char *name, int ndim, 
         errf(err, errlen, "dummy: out of memory for tensor '%s' (%zu bytes)", name, nbytes);
         return NULL;
     }
-    int norm = ndim == 1 && s_ends_with(name, "norm.weight");
-    float scale = norm ? 0.1f : ndim > 0 && shape[ndim - 1] > 0 ? 1.0f / sqrtf((float)shape[ndim - 1]) : 1.0f;
-    s_fill(data, c->dummy_dtype, numel, s_mix(c->seed ^ s_hash(name)), norm ? 1.0f : 0.0f, scale);
+    s_dummy_fill(c, name, ndim, shape, data, numel);
     e->view.name = nm;
     e->view.dtype = c->dummy_dtype;
     e->view.ndim = ndim;
@@ -419,7 +425,7 @@ const tensor_view_t *ckpt_expect(ckpt_t *c, const char *name, int ndim, const in
              st_shape_str(shape, ndim, want, sizeof want));
         return NULL;
     }
-    const entry_t *en = c->entries[e];
+    entry_t *en = c->entries[e];
     int same = en->real_ndim == ndim;
     for (int i = 0; same && i < ndim; i++)
         same = en->view.shape[i] == shape[i];
@@ -432,7 +438,27 @@ const tensor_view_t *ckpt_expect(ckpt_t *c, const char *name, int ndim, const in
              st_shape_str(shape, ndim, want, sizeof want));
         return NULL;
     }
+    if (en->file < 0 && !en->view.data) {   /* a dropped dummy tensor: made again, same values */
+        void *data = NULL;
+        if (posix_memalign(&data, 64, en->view.nbytes ? en->view.nbytes : 64) != 0) {
+            errf(err, errlen, "dummy: out of memory for tensor '%s' (%zu bytes)", name, en->view.nbytes);
+            return NULL;
+        }
+        size_t numel = en->view.nbytes / dtype_size(c->dummy_dtype);
+        s_dummy_fill(c, name, ndim, shape, data, numel);
+        en->view.data = en->owned = data;
+    }
     return &en->view;
+}
+
+void ckpt_drop(ckpt_t *c, const tensor_view_t *t)
+{
+    int e = t && t->name ? s_find(c, t->name) : -1;
+    if (e < 0 || c->entries[e]->file >= 0 || &c->entries[e]->view != t)
+        return;
+    free(c->entries[e]->owned);
+    c->entries[e]->owned = NULL;
+    c->entries[e]->view.data = NULL;
 }
 
 int ckpt_has(const ckpt_t *c, const char *name) { return s_find(c, name) >= 0; }

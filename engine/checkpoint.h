@@ -43,6 +43,10 @@ const tensor_view_t *ckpt_expect(ckpt_t *c, const char *name, int ndim, const in
 /* 1 when the tensor is present (e.g. lm_head.weight absent when tied). A dummy checkpoint has only
  * the tensors already made by ckpt_expect. */
 int  ckpt_has(const ckpt_t *c, const char *name);
+/* The caller is done with t's bytes (a backend copied them to the device): a dummy tensor's data
+ * is freed now, not at destroy, so a GPU worker never holds the whole model in host memory; a
+ * later ckpt_expect of the name makes the same values again. Mapped file data is left alone. */
+void ckpt_drop(ckpt_t *c, const tensor_view_t *t);
 void ckpt_destroy(ckpt_t **self_p);
 
 /* Additions beyond the model's needs: listing and description. */

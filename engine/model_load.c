@@ -66,6 +66,9 @@ static int s_mat(model_t *m, ckpt_t *ck, bk_mat_t *out, int64_t rows, int64_t co
     if (!dev)
         return errf(err, errlen, "%s: cannot place tensor %s (%zu bytes) on the %s backend", m->where, name, t->nbytes,
                     m->be->ops->name);
+    const dtype_t dt = t->dtype;
+    if (m->be->ops->weights_copied)
+        ckpt_drop(ck, t);
     if (m->n_weights == m->cap_weights) {
         int cap = m->cap_weights ? 2 * m->cap_weights : 256;
         const void **w = realloc(m->weights, (size_t)cap * sizeof(*w));
@@ -77,7 +80,7 @@ static int s_mat(model_t *m, ckpt_t *ck, bk_mat_t *out, int64_t rows, int64_t co
         m->cap_weights = cap;
     }
     m->weights[m->n_weights++] = dev;
-    *out = (bk_mat_t){.data = dev, .dtype = t->dtype, .rows = rows, .cols = cols};
+    *out = (bk_mat_t){.data = dev, .dtype = dt, .rows = rows, .cols = cols};
     return 0;
 }
 
@@ -121,6 +124,8 @@ static int s_mats_fused(model_t *m, ckpt_t *ck, bk_mat_t *fused, bk_mat_t *const
         all_rows += rows[i];
     }
     *fused = (bk_mat_t){.data = dev, .dtype = t[0]->dtype, .rows = all_rows, .cols = cols};
+    for (int i = 0; i < n && m->be->ops->weights_copied; i++)
+        ckpt_drop(ck, t[i]);
     return 0;
 }
 
@@ -144,6 +149,8 @@ static float *s_vec(model_t *m, ckpt_t *ck, int64_t n, char *err, size_t errlen,
     if (!host)
         return errf(err, errlen, "%s: out of memory", m->where), NULL;
     dtype_to_f32(t->dtype, t->data, host, (size_t)n);
+    if (m->be->ops->weights_copied)
+        ckpt_drop(ck, t);
     int rc = m->be->ops->upload(m->be, dev, host, (size_t)n * sizeof(float));
     free(host);
     if (rc < 0)

@@ -124,6 +124,9 @@ typedef struct backend_ops {
      * the checkpoint's mapped file in place: a fused copy would cost memory and load time for
      * nothing). engine/model.h: model_opts_t.fuse_weights overrides it. */
     int fuse_weights;
+    /* 1: weight_put and upload copy the bytes into device memory (the model lets the checkpoint
+     * drop each tensor's host data once placed: ckpt_drop); 0: weights may be used in place. */
+    int weights_copied;
     void (*destroy)(backend_t *be);
 
     /* Memory. alloc returns 64-byte aligned device memory or NULL; upload/download copy n bytes

@@ -177,13 +177,16 @@ fi
 # tokens per turn, MT_CONC users): cache hit rate and TTFT with and without prefix reuse.
 # Reports the time from supervisor start to READY and to the first token.
 serve_line="not run (SERVE=1 runs it)"
+# SERVE_TOPO: the topology served (default the 8B one; tools/bench/h200-moe.yaml: Qwen3-30B-A3B).
+TOPO=${SERVE_TOPO:-tools/bench/h200-8b.yaml}
+SERVE_MODEL=$(awk '/^model:/ {m = 1} m && $1 == "path:" {print $2; exit}' "$TOPO")
 if [ "${SERVE:-0}" = 1 ] && [ -x build/bin/troupe-supervisor ]; then
   step "serving: supervisor + router + prefill + decode on GPU 0"
   rm -f /tmp/serve.ready
   # Where the workers' loops spent their time (cumulative since start): decode steps, hand-offs
   # taken in, write-back submissions, recomputes; prefill forwards. Saved as JSON too.
   loop_times() {
-    build/bin/troupe-top --topology tools/bench/h200-8b.yaml --json >"$OUT/metrics-$1.json" 2>/dev/null
+    build/bin/troupe-top --topology $TOPO --json >"$OUT/metrics-$1.json" 2>/dev/null
     python3 - "$OUT/metrics-$1.json" "$1" <<'EOF'
 import json, sys
 try:
@@ -200,30 +203,34 @@ for a in actors:
 EOF
   } >>"$OUT/loop-times.txt"
   t0=$(date +%s%N)
-  build/bin/troupe-supervisor --topology tools/bench/h200-8b.yaml --ready-file /tmp/serve.ready >"$OUT/serve-cluster.log" 2>&1 &
+  build/bin/troupe-supervisor --topology $TOPO --ready-file /tmp/serve.ready >"$OUT/serve-cluster.log" 2>&1 &
   sup=$!
   for _ in $(seq 3000); do [ -s /tmp/serve.ready ] && break; kill -0 $sup 2>/dev/null || break; sleep 0.1; done
   if [ -s /tmp/serve.ready ]; then
     ready_ms=$(( ($(date +%s%N) - t0) / 1000000 ))
-    timeout 60 build/bin/troupe-client --topology tools/bench/h200-8b.yaml --json submit --ids 1000,2000,3000 --max-tokens 1 --temperature 0 >/dev/null 2>&1
+    timeout 60 build/bin/troupe-client --topology $TOPO --json submit --ids 1000,2000,3000 --max-tokens 1 --temperature 0 >/dev/null 2>&1
     first_ms=$(( ($(date +%s%N) - t0) / 1000000 ))
     # Exactness on the GPU: greedy through the cluster (prefill -> CUDA IPC hand-off -> decode)
     # equals the one-process engine on the same dummy weights.
-    ex_ids=$(python3 -c 'print(",".join(str((i * 104729 + 77) % 120000) for i in range(40)))')
-    ex_gen=$(timeout 120 build/bin/troupe-generate tests/fixtures/models/llama-3.1-8b-shape --load-format dummy --dtype bf16 \
-      --backend cuda --ids "$ex_ids" --max-tokens 24 --ignore-eos --temperature 0 --json 2>/dev/null \
-      | python3 -c 'import json,sys; print(json.load(sys.stdin)["ids"])')
-    ex_cl=$(timeout 60 build/bin/troupe-client --topology tools/bench/h200-8b.yaml --json submit --ids --max-tokens 24 \
-      --ignore-eos --temperature 0 "$ex_ids" | python3 -c 'import json, sys
+    # (SERVE_EXACT=0 skips it: a second copy of a 61 GB MoE model does not fit beside the cluster.)
+    exact="exactness check skipped (SERVE_EXACT=0)"
+    if [ "${SERVE_EXACT:-1}" = 1 ]; then
+      ex_ids=$(python3 -c 'print(",".join(str((i * 104729 + 77) % 120000) for i in range(40)))')
+      ex_gen=$(timeout 200 build/bin/troupe-generate "$SERVE_MODEL" --load-format dummy --dtype bf16 \
+        --backend cuda --ids "$ex_ids" --max-tokens 24 --ignore-eos --temperature 0 --json 2>/dev/null \
+        | python3 -c 'import json,sys; print(json.load(sys.stdin)["ids"])')
+      ex_cl=$(timeout 60 build/bin/troupe-client --topology $TOPO --json submit --ids --max-tokens 24 \
+        --ignore-eos --temperature 0 "$ex_ids" | python3 -c 'import json, sys
 ids = []
 for l in sys.stdin:
     m = json.loads(l)
     if m["type"] == "token": ids += m["tokens"]
 print(ids)')
-    if [ -n "$ex_gen" ] && [ "$ex_gen" = "$ex_cl" ]; then exact="cluster greedy == generate (24 tokens)"; else exact="MISMATCH cluster $ex_cl vs generate $ex_gen"; status=1; fi
+      if [ -n "$ex_gen" ] && [ "$ex_gen" = "$ex_cl" ]; then exact="cluster greedy == generate (24 tokens)"; else exact="MISMATCH cluster $ex_cl vs generate $ex_gen"; status=1; fi
+    fi
     echo "$exact"
     copy_bw=(); [ -n "$bw" ] && copy_bw=(--copy-bw "$(awk -v t="$bw" 'BEGIN {print t * 1000}')")   # TB/s -> GB/s
-    timeout "${SERVE_TIMEOUT:-240}" build/bin/troupe-bench --topology tools/bench/h200-8b.yaml --vocab 120000 \
+    timeout "${SERVE_TIMEOUT:-240}" build/bin/troupe-bench --topology $TOPO --vocab 120000 \
       --input-len "${SERVE_IN:-1000}" --output-len "${SERVE_OUT:-128}" --concurrency "${SERVE_CONC:-1,16,64}" \
       ${SERVE_ROUNDS:+--rounds "$SERVE_ROUNDS"} \
       --gpus 1 "${copy_bw[@]}" --json "$OUT/serve-bench.json" >"$OUT/serve-bench.txt" 2>&1 || status=1
@@ -231,15 +238,15 @@ print(ids)')
     loop_times serve
     if [ "${MULTITURN:-0}" = 1 ]; then
       step "serving: multi-turn conversations, with and without prefix reuse"
-      timeout "${MT_TIMEOUT:-300}" build/bin/troupe-bench --topology tools/bench/h200-8b.yaml --vocab 120000 \
+      timeout "${MT_TIMEOUT:-300}" build/bin/troupe-bench --topology $TOPO --vocab 120000 \
         --multi-turn --turns "${MT_TURNS:-4}" --system-len "${MT_SYS:-512}" --turn-len "${MT_TURN:-128}" \
         --output-len "${MT_OUT:-128}" --concurrency "${MT_CONC:-1,16}" --json "$OUT/serve-multiturn.json" \
         >"$OUT/serve-multiturn.txt" 2>&1 || status=1
       cat "$OUT/serve-multiturn.txt"
       loop_times multiturn
     fi
-    build/bin/troupe-top --topology tools/bench/h200-8b.yaml --once >>"$OUT/serve-bench.txt" 2>&1
-    ipc=$(build/bin/troupe-top --topology tools/bench/h200-8b.yaml --json | python3 -c 'import json, sys
+    build/bin/troupe-top --topology $TOPO --once >>"$OUT/serve-bench.txt" 2>&1
+    ipc=$(build/bin/troupe-top --topology $TOPO --json | python3 -c 'import json, sys
 print(sum(m["value"] for a in json.load(sys.stdin).get("actors", []) for m in a["metrics"] if m["name"] == "transfers_cuda_ipc_total"))')
     serve_line="ready ${ready_ms} ms, first token ${first_ms} ms after supervisor start; $exact; CUDA IPC hand-offs $ipc"
   else
@@ -294,7 +301,7 @@ printf '%-30s %s\n' "transformers (HF=1)" "$hf_line"
 if [ -s "$OUT/serve-bench.json" ]; then   # output tokens/s per GPU against tokens/s per user
   hf_json=(); [ -s "$OUT/hf.json" ] && hf_json=(--hf "$OUT/hf.json")
   python3 tools/bench_plot.py "$OUT/serve-bench.json" "${hf_json[@]}" --out "$OUT/serve-bench.png" \
-    --title "Llama-3.1-8B shape on ${gpu_name:-?}, input ${SERVE_IN:-1000} / output ${SERVE_OUT:-128}" || status=1
+    --title "$(basename "${SERVE_MODEL:-?}") on ${gpu_name:-?}, input ${SERVE_IN:-1000} / output ${SERVE_OUT:-128}" || status=1
 fi
 # The device tool brings back few files: everything but the plot goes into one archive.
 if [ "${ARCHIVE:-1}" = 1 ] && [ "$OUT" != build/gpu-logs ]; then

@@ -54,6 +54,9 @@ worker_t *worker_load(const topo_t *t, topo_role_t role, int gpu, int max_tokens
     }
     if (!w->be)
         goto fail;
+    /* Free device memory before any model worker of this GPU has placed its weights (they start
+     * together): the KV budget below is taken from it, so it does not depend on who loads first. */
+    const size_t free_at_start = w->be->ops->mem_available ? w->be->ops->mem_available(w->be) : 0;
 
     dtype_t wdt = tm->dtype;
     if (tm->load_format == TOPO_LOAD_DUMMY) {
@@ -76,9 +79,14 @@ worker_t *worker_load(const topo_t *t, topo_role_t role, int gpu, int max_tokens
     /* Shares of the device's free memory for KV: a decode worker holds the whole KV of every
      * running sequence (max_batch x max_model_len), a prefill worker only the prompts it is
      * prefilling and cached prefixes, so decode workers weigh 3 and prefill workers 1. */
-    int shares = 0, mine = role == ROLE_DECODE ? 3 : 1;
-    for (int i = 0; i < t->n_instances; i++)
-        shares += t->instances[i].role == ROLE_DECODE ? 3 : t->instances[i].role == ROLE_PREFILL ? 1 : 0;
+    int shares = 0, mine = role == ROLE_DECODE ? 3 : 1, same_gpu = 0;
+    for (int i = 0; i < t->n_instances; i++) {
+        const topo_instance_t *in = &t->instances[i];
+        if ((in->role != ROLE_DECODE && in->role != ROLE_PREFILL) || (gpu >= 0 && in->gpu >= 0 && in->gpu != gpu))
+            continue;
+        shares += in->role == ROLE_DECODE ? 3 : 1;
+        same_gpu++;
+    }
     dtype_t kvt = worker_kv_dtype(&w->cfg, wdt);
     size_t block_bytes = (size_t)w->cfg.num_layers * 2 * (size_t)w->block_size *
                          (size_t)w->cfg.num_kv_heads * (size_t)w->cfg.head_dim * dtype_size(kvt);
@@ -87,11 +95,13 @@ worker_t *worker_load(const topo_t *t, topo_role_t role, int gpu, int max_tokens
         long per_seq = (w->max_model_len + w->block_size - 1) / w->block_size;
         n_blocks = (long)t->limits.max_batch * per_seq + per_seq;   /* + room for cached prefixes */
         /* Capped by memory: a quarter of the host's on the CPU; on a GPU, this worker's share of
-         * 80% of what is free after the weights (the model workers load at the same time, so
-         * each sees about the same free memory; topology lists all of them, whichever GPU). */
-        size_t avail = w->be->ops->mem_available ? w->be->ops->mem_available(w->be) : 0;
-        long mem = avail ? (long)((double)(avail / 100 * 80) * mine / (shares > 0 ? shares : 1))
-                         : sysconf(_SC_PHYS_PAGES) * sysconf(_SC_PAGESIZE) / 4;
+         * 90% of what the GPU had free at start less every model worker's weights and a working
+         * reserve (the workers of a GPU run the same model; counting them all, not just those
+         * that have loaded so far, keeps a fast loader from taking a slow one's room). */
+        const double reserve = 3e9;   /* activations, logits, cuBLAS workspace, CUDA context */
+        const double left = (double)free_at_start - same_gpu * ((double)model_weight_bytes(w->model) + reserve);
+        long mem = free_at_start ? (long)(left > 0 ? left * 0.9 * mine / (shares > 0 ? shares : 1) : 0)
+                                 : sysconf(_SC_PHYS_PAGES) * sysconf(_SC_PAGESIZE) / 4;
         if (n_blocks * (long)block_bytes > mem)
             n_blocks = mem / (long)block_bytes;
     }

@@ -277,6 +277,7 @@ static int cuda_copy(backend_t *be, void *dst, const void *src, size_t n)
 static const backend_ops_t s_cuda_ops = {
     .name = "cuda",
     .fuse_weights = 1,
+    .weights_copied = 1,
     .destroy = s_destroy,
     .alloc = s_alloc,
     .free = s_free,

@@ -495,6 +495,32 @@ static void s_check_fixture(const char *dir)
     ckpt_destroy(&c);
 }
 
+/* ckpt_drop: a dummy tensor's bytes go and come back identical on the next expect; the other
+ * tensors are untouched; dropping a tensor of a mapped file changes nothing. */
+static void test_drop(void **state)
+{
+    char err[256];
+    ckpt_t *c = ckpt_dummy(DT_BF16, 9);
+    int64_t shape[2] = {33, 70}, other_shape[1] = {16};
+    const tensor_view_t *t = ckpt_expect(c, "model.layers.0.mlp.down_proj.weight", 2, shape, err, sizeof err);
+    const tensor_view_t *o = ckpt_expect(c, "model.norm.weight", 1, other_shape, err, sizeof err);
+    assert_non_null(t);
+    assert_non_null(o);
+    uint8_t *keep = malloc(t->nbytes), *keep_o = malloc(o->nbytes);
+    memcpy(keep, t->data, t->nbytes);
+    memcpy(keep_o, o->data, o->nbytes);
+    ckpt_drop(c, t);
+    assert_null(t->data);
+    assert_memory_equal(o->data, keep_o, o->nbytes);
+    const tensor_view_t *t2 = ckpt_expect(c, "model.layers.0.mlp.down_proj.weight", 2, shape, err, sizeof err);
+    assert_ptr_equal(t2, t);
+    assert_non_null(t2->data);
+    assert_memory_equal(t2->data, keep, t->nbytes);
+    ckpt_drop(c, NULL);   /* harmless */
+    free(keep), free(keep_o);
+    ckpt_destroy(&c);
+}
+
 static void test_hf_fixtures(void **state)
 {
     const char *root = "tests/fixtures/models";
@@ -549,6 +575,7 @@ int main(void)
         cmocka_unit_test(test_lying_index),
         cmocka_unit_test(test_dummy),
         cmocka_unit_test(test_dummy_from_shape_config),
+        cmocka_unit_test(test_drop),
         cmocka_unit_test(test_hf_fixtures),
     };
     return cmocka_run_group_tests(tests, s_setup, s_teardown);
