@@ -21,6 +21,9 @@
  *   TROUPE_CUDA_ATTN_FLASH  1 (default): the flash attention kernel (head_dim 64/128); 0: row/tile kernels
  *   TROUPE_CUDA_ATTN_MMA    1 (default): prefill attention over a bf16 cache on the tensor cores
  *                           (head_dim 64/128, cuda_attention_mma.cu); 0: the flash kernel does it
+ *   TROUPE_CUDA_ATTN_MMA_DECODE  1 (default): decode attention (one new row per sequence) over a bf16
+ *                           cache on the tensor cores (head_dim 64/128, G <= 16,
+ *                           cuda_attention_decode_mma.cu); 0: the flash kernel does it
  *   TROUPE_CUDA_PDL         1 (default): programmatic dependent launch for every kernel
  *   TROUPE_CUDA_MOE_DEVICE  1 (default): moe_ffn sorts and runs the experts on the device (no host
  *                           round trip); 0: the host-sorted per-expert path (cuda_moe.cu)
@@ -113,6 +116,7 @@ typedef struct cuda_state {
     int attn_split;               /* 0: never split the keys of a row across blocks (TROUPE_CUDA_ATTN_SPLIT=0) */
     int attn_flash;               /* 1 (default): the flash kernel for head_dim 64/128 (TROUPE_CUDA_ATTN_FLASH) */
     int attn_mma;                 /* 1 (default): the tensor-core kernel for bf16 prefill within attn_flash (TROUPE_CUDA_ATTN_MMA) */
+    int attn_mma_decode;          /* 1 (default): the tensor-core kernel for bf16 decode within attn_flash (TROUPE_CUDA_ATTN_MMA_DECODE) */
     int pdl;                      /* 1 (default): kernels launch with programmatic dependent launch (TROUPE_CUDA_PDL) */
     cuda_plan_t plans[CUDA_MAX_PLANS];
     int next_plan;                /* round-robin victim when the plan cache is full */
@@ -160,6 +164,11 @@ void cuda_attention(backend_t *be, const bk_kv_t *kv, int layer, const float *q,
  * touching anything when it does not take the shape (not a bf16 cache, head_dim not 64/128, ...). */
 int cuda_attention_mma(const cuda_state_t *st, const bk_kv_t *kv, int layer, const float *q, int n_heads, float scale,
                        const bk_attn_meta_t *meta, float *out);
+/* The decode attention on the tensor cores (cuda_attention_decode_mma.cu), for calls with one row
+ * per sequence: S key ranges per row; S > 1 writes part ([T][n_heads][S][D + 2], for k_attn_merge)
+ * instead of out. Queued and 0, or -1 without touching anything when it does not take the shape. */
+int cuda_attention_decode_mma(const cuda_state_t *st, const bk_kv_t *kv, int layer, const float *q, int n_heads,
+                              float scale, const bk_attn_meta_t *meta, int S, float *part, float *out);
 
 void cuda_moe_route(backend_t *be, const float *logits, int M, int E, int k, int renorm, int32_t *ids, float *weights);
 void cuda_moe_ffn(backend_t *be, const float *x, int M, int H, const int32_t *ids, const float *weights, int k,

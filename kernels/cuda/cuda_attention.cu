@@ -24,13 +24,16 @@
  * differs from the CPU (relative ~1e-6).
  *
  * Prefill over a bf16 cache (head_dim 64/128) goes to the tensor-core kernel of
- * cuda_attention_mma.cu first (TROUPE_CUDA_ATTN_MMA=1, the default; bf16 q and p, ~2e-3); the
- * kernels here remain its fallback and its reference.
+ * cuda_attention_mma.cu first (TROUPE_CUDA_ATTN_MMA=1, the default; bf16 q and p, ~2e-3), and so
+ * does decode with one new row per sequence to cuda_attention_decode_mma.cu's
+ * (TROUPE_CUDA_ATTN_MMA_DECODE=1, the default; it writes the same split-KV partials, merged by
+ * k_attn_merge here); the kernels here remain their fallback and their reference.
  */
 #include <math.h>
 
 #include "kernels/cuda/cuda.h"
 #include "kernels/cuda/cuda_dev.cuh"
+#include "kernels/cuda/cuda_mma.cuh"
 
 #define ATTN_WARPS 4              /* warps per block in both kernels */
 #define ATTN_KU 4                 /* keys per warp per step in the row kernel */
@@ -473,14 +476,6 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) k_attn_tiles(attn_args_t a)
 #define FL_KEYS 32                /* keys per K/V tile: one per lane */
 #define FL_VECS 32                /* vectors (rows x heads) per prefill block: 4 warps x 8 (G=4: 8 rows) */
 
-__device__ __forceinline__ void dev_cp_async16(void *smem, const void *gmem, int src_bytes)
-{
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void dev_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void dev_cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
-
 /* Shared memory of one block: K and V tiles (two of each), the queries, the probabilities. */
 template <typename KT, int D, int VECS>
 struct fl_smem {
@@ -794,10 +789,15 @@ void cuda_attention(backend_t *be, const bk_kv_t *kv, int layer, const float *q,
         if (a.S > 1)
             a.part = (float *)cuda_scratch(be, (void **)&st->part, &st->part_bytes,
                                            (size_t)rh * a.S * (D + 2) * sizeof(float));
-        switch (kv->dtype) {
-        case DT_F32: s_flash<float>(st, a, prefill); break;
-        case DT_BF16: s_flash<__nv_bfloat16>(st, a, prefill); break;
-        default: s_flash<__half>(st, a, prefill); break;
+        /* Decode (one new row per sequence) over a bf16 cache: the tensor-core decode kernel, with the
+         * same key ranges and merge, unless it is off or refuses the shape. */
+        if (T != meta->n_seqs || !st->attn_mma_decode ||
+            cuda_attention_decode_mma(st, kv, layer, q, n_heads, scale, meta, a.S, a.part, out) != 0) {
+            switch (kv->dtype) {
+            case DT_F32: s_flash<float>(st, a, prefill); break;
+            case DT_BF16: s_flash<__nv_bfloat16>(st, a, prefill); break;
+            default: s_flash<__half>(st, a, prefill); break;
+            }
         }
         if (a.S > 1)
             cuda_launch(st, k_attn_merge, (unsigned)rh, D >= 256 ? 256 : 128, (const float *)a.part, a.S, D, out);

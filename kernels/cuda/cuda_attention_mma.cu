@@ -48,6 +48,7 @@
 
 #include "kernels/cuda/cuda.h"
 #include "kernels/cuda/cuda_dev.cuh"
+#include "kernels/cuda/cuda_mma.cuh"
 
 #define MMA_WARPS 4
 #define MMA_THREADS (MMA_WARPS * 32)
@@ -75,57 +76,6 @@ template <int D> struct mma_smem {
     static constexpr size_t TILE = (size_t)MMA_KEYS * STRIDE;       /* one K or V tile */
     static constexpr size_t BYTES = (4 * TILE + (size_t)MMA_VECS * STRIDE) * 2;
 };
-
-static __device__ __forceinline__ void s_cp_async16(void *smem, const void *gmem, int src_bytes)
-{
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes) : "memory");
-}
-static __device__ __forceinline__ void s_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N> static __device__ __forceinline__ void s_cp_wait()
-{
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-/* Four 8x8 b16 matrices: lanes 8i..8i+7 give the row addresses of matrix i; register i of lane l
- * receives row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1 of matrix i (lower column in the low
- * half). .trans: register i receives rows 2 (l % 4), 2 (l % 4) + 1 of column l / 4 instead. */
-static __device__ __forceinline__ void s_ldsm_x4(const void *p, uint32_t r[4])
-{
-    const unsigned s = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(s));
-}
-static __device__ __forceinline__ void s_ldsm_x4_trans(const void *p, uint32_t r[4])
-{
-    const unsigned s = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(s));
-}
-
-/* c += A B, A 16x16 row-major, B 16x8 column-major, bf16 in, f32 accumulators. With g = lane / 4
- * and t = lane % 4: a[0] = A[g][2t, 2t+1], a[1] = A[g+8][2t..], a[2] = A[g][2t+8..], a[3] =
- * A[g+8][2t+8..]; b0 = B[2t, 2t+1][g], b1 = B[2t+8, 2t+9][g]; c[0..1] = C[g][2t, 2t+1], c[2..3] =
- * C[g+8][2t, 2t+1]. */
-static __device__ __forceinline__ void s_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
-{
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                 "{%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-/* Two floats as bf16 (round to nearest even): lo in the low half, hi in the high half. */
-static __device__ __forceinline__ uint32_t s_pack_bf16(float lo, float hi)
-{
-    uint32_t r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-static __device__ __forceinline__ float s_bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
-static __device__ __forceinline__ float s_bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
 
 template <int D>
 __global__ void __launch_bounds__(MMA_THREADS, 2) k_attn_mma(mma_args_t a)
@@ -179,10 +129,10 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) k_attn_mma(mma_args_t a)
                 const __nv_bfloat16 *blockp =
                     (const __nv_bfloat16 *)(a.base + (in ? (size_t)bt[key / a.block_size] * a.block_bytes : 0));
                 const size_t slot = in ? (size_t)(key % a.block_size) * slot_stride : 0;
-                s_cp_async16(kd + j * ST + part * 8, blockp + k_off + slot + part * 8, in ? 16 : 0);
-                s_cp_async16(vd + j * ST + part * 8, blockp + v_off + slot + part * 8, in ? 16 : 0);
+                dev_cp_async16(kd + j * ST + part * 8, blockp + k_off + slot + part * 8, in ? 16 : 0);
+                dev_cp_async16(vd + j * ST + part * 8, blockp + v_off + slot + part * 8, in ? 16 : 0);
             }
-            s_cp_commit();
+            dev_cp_commit();
         };
         load_tile(0, 0);                           /* in flight while the queries are converted */
 
@@ -195,7 +145,7 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) k_attn_mma(mma_args_t a)
             float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             if (r < NT && s_seq[r] == cur)
                 x = *(const float4 *)(a.q + ((size_t)(t0 + r) * a.n_heads + (size_t)g * G + v % G) * D + d);
-            *(uint2 *)(Qs + v * ST + d) = make_uint2(s_pack_bf16(x.x, x.y), s_pack_bf16(x.z, x.w));
+            *(uint2 *)(Qs + v * ST + d) = make_uint2(dev_pack_bf16x2(x.x, x.y), dev_pack_bf16x2(x.z, x.w));
         }
         __syncthreads();
 
@@ -211,7 +161,7 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) k_attn_mma(mma_args_t a)
         uint32_t qf[KD][4];
 #pragma unroll
         for (int kk = 0; kk < KD; kk++)
-            s_ldsm_x4(Qs + (wv + (lane & 15)) * ST + kk * 16 + (lane >> 4) * 8, qf[kk]);
+            dev_ldsm_x4(Qs + (wv + (lane & 15)) * ST + kk * 16 + (lane >> 4) * 8, qf[kk]);
 
         float o[DB][4];
 #pragma unroll
@@ -223,8 +173,8 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) k_attn_mma(mma_args_t a)
             if (kt + MMA_KEYS < n_keys)
                 load_tile(kt + MMA_KEYS, buf ^ 1);
             else
-                s_cp_commit();                     /* an empty group keeps the wait count uniform */
-            s_cp_wait<1>();
+                dev_cp_commit();                   /* an empty group keeps the wait count uniform */
+            dev_cp_wait<1>();
             __syncthreads();                       /* tile kt visible to every warp */
             if (kt <= wmax) {                      /* warp-uniform: some row of this warp sees a key here */
                 const __nv_bfloat16 *Kt = Ks + buf * SM::TILE, *Vt = Vs + buf * SM::TILE;
@@ -239,9 +189,9 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) k_attn_mma(mma_args_t a)
 #pragma unroll
                     for (int jp = 0; jp < NB / 2; jp++) {
                         uint32_t b[4];
-                        s_ldsm_x4(Kt + (jp * 16 + (lane & 7) + (lane >> 4) * 8) * ST + kk * 16 + ((lane >> 3) & 1) * 8, b);
-                        s_mma(s[2 * jp], qf[kk], b[0], b[1]);
-                        s_mma(s[2 * jp + 1], qf[kk], b[2], b[3]);
+                        dev_ldsm_x4(Kt + (jp * 16 + (lane & 7) + (lane >> 4) * 8) * ST + kk * 16 + ((lane >> 3) & 1) * 8, b);
+                        dev_mma_bf16(s[2 * jp], qf[kk], b[0], b[1]);
+                        dev_mma_bf16(s[2 * jp + 1], qf[kk], b[2], b[3]);
                     }
                 }
                 /* Mask keys past a row's position (also the zero-filled keys past n_keys, and every key
@@ -277,12 +227,12 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) k_attn_mma(mma_args_t a)
                 float ps0 = 0.0f, ps1 = 0.0f;
 #pragma unroll
                 for (int j = 0; j < NB; j++) {
-                    const uint32_t h0 = s_pack_bf16(exp2f(fmaf(s[j][0], a.scale_log2, -mu0)),
-                                                    exp2f(fmaf(s[j][1], a.scale_log2, -mu0)));
-                    const uint32_t h1 = s_pack_bf16(exp2f(fmaf(s[j][2], a.scale_log2, -mu1)),
-                                                    exp2f(fmaf(s[j][3], a.scale_log2, -mu1)));
-                    ps0 += s_bf16_lo(h0) + s_bf16_hi(h0);
-                    ps1 += s_bf16_lo(h1) + s_bf16_hi(h1);
+                    const uint32_t h0 = dev_pack_bf16x2(exp2f(fmaf(s[j][0], a.scale_log2, -mu0)),
+                                                        exp2f(fmaf(s[j][1], a.scale_log2, -mu0)));
+                    const uint32_t h1 = dev_pack_bf16x2(exp2f(fmaf(s[j][2], a.scale_log2, -mu1)),
+                                                        exp2f(fmaf(s[j][3], a.scale_log2, -mu1)));
+                    ps0 += dev_bf16x2_lo(h0) + dev_bf16x2_hi(h0);
+                    ps1 += dev_bf16x2_lo(h1) + dev_bf16x2_hi(h1);
                     pa[j / 2][(j & 1) * 2] = h0;
                     pa[j / 2][(j & 1) * 2 + 1] = h1;
                 }
@@ -302,15 +252,15 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) k_attn_mma(mma_args_t a)
 #pragma unroll
                     for (int dp = 0; dp < DB / 2; dp++) {
                         uint32_t b[4];
-                        s_ldsm_x4_trans(Vt + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ST + dp * 16 + (lane >> 4) * 8, b);
-                        s_mma(o[2 * dp], pa[kk], b[0], b[1]);
-                        s_mma(o[2 * dp + 1], pa[kk], b[2], b[3]);
+                        dev_ldsm_x4_trans(Vt + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ST + dp * 16 + (lane >> 4) * 8, b);
+                        dev_mma_bf16(o[2 * dp], pa[kk], b[0], b[1]);
+                        dev_mma_bf16(o[2 * dp + 1], pa[kk], b[2], b[3]);
                     }
                 }
             }
             __syncthreads();                       /* every warp is done with buf before it is refilled */
         }
-        s_cp_wait<0>();
+        dev_cp_wait<0>();
 
         /* Results: the row sums over the quad, then the normalised output of this pass's vectors. */
         l0 += __shfl_xor_sync(0xffffffffu, l0, 1);

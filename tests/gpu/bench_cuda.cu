@@ -18,6 +18,11 @@
  *    calls (each layer its own cache, as in a forward pass), median of 7, with the tensor-core
  *    kernel (TROUPE_CUDA_ATTN_MMA=1, the default) and with the flash kernel (=0); and the two
  *    outputs' relative difference (bf16 q and p: ~2e-3 expected).
+ * 6. Decode attention of one step of B = 1, 64, 256 sequences at 1,000 tokens of context on the same
+ *    shape (32 layers; 256 x 1,000 x 131 KB = 33.5 GB of K/V at B = 256), with the tensor-core
+ *    decode kernel (TROUPE_CUDA_ATTN_MMA_DECODE=1, the default) and the flash kernel (=0):
+ *    attn_decode_b<B>_mma_ms / _flash_ms, the K/V bytes (_kv_bytes), the bandwidth each reaches
+ *    (_mma_TBps / _flash_TBps, with the fraction of the copy bandwidth) and their difference.
  * MoE: the layer of Qwen3-30B-A3B's shape (moe_route + moe_ffn: hidden 2048, 128 experts of width
  *    768, top 8, bf16) at M = 1, 16, 64, 256 and 1024 on moe_ffn's device path and on its
  *    host-sorted path (moe_M<M>_device_ms, moe_M<M>_host_ms), with the expert bytes a call reads
@@ -286,6 +291,80 @@ static void s_attn_prefill_ms(backend_t *const *bes, int n, double *ms, std::vec
     }
 }
 
+/* Decode attention of B sequences with 1,000 tokens of context each on Llama-3.1-8B's shape (32
+ * query heads, 8 kv heads, head_dim 128, bf16 KV in 16-slot blocks): the 32 layers' calls of one
+ * step (one row per sequence at position 999), median ms of 7 on each of two backends (n = 2),
+ * outputs of the last call in out_host[b]. *kv_bytes: the K and V bytes the 32 calls read (B x
+ * 1,000 x 32 layers x 4 KB). Each sequence owns its blocks, interleaved over the pool as an engine's
+ * allocator would leave them; at B = 256 the pool is 33.8 GB (the H200 holds it). */
+static void s_attn_decode_ms(backend_t *const *bes, int n, int B, double *ms, std::vector<float> *out_host,
+                             double *kv_bytes)
+{
+    enum { CTX = 1000, LAYERS = 32, HEADS = 32, KV = 8, D = 128, BS = 16 };
+    const int per_seq = (CTX + BS - 1) / BS, n_blocks = B * per_seq;
+    *kv_bytes = (double)B * CTX * LAYERS * 2.0 * KV * D * 2.0;
+    for (int b = 0; b < n; b++) {
+        backend_t *be = bes[b];
+        bk_kv_t kv = {};
+        kv.dtype = DT_BF16;
+        kv.n_blocks = n_blocks;
+        kv.block_size = BS;
+        kv.n_layers = LAYERS;
+        kv.n_kv_heads = KV;
+        kv.head_dim = D;
+        kv.block_bytes = (size_t)LAYERS * 2 * BS * KV * D * 2;
+        kv.base = be->ops->alloc(be, kv.block_bytes * n_blocks);
+        const size_t nq = (size_t)B * HEADS * D;
+        float *q = (float *)be->ops->alloc(be, nq * 4), *out = (float *)be->ops->alloc(be, nq * 4);
+        int32_t *meta_d = (int32_t *)be->ops->alloc(be, (size_t)(3 * B + n_blocks) * 4);
+        if (!kv.base || !q || !out || !meta_d) {
+            fprintf(stderr, "bench_cuda: out of device memory\n");
+            exit(1);
+        }
+        s_fill(kv.base, kv.block_bytes * n_blocks, 300);
+        std::vector<float> hq(nq);
+        for (size_t i = 0; i < nq; i++)
+            hq[i] = (float)((i * 2654435761u) % 2000) / 1000.0f - 0.999f;
+        std::vector<int32_t> hm(3 * B + n_blocks);
+        for (int s = 0; s < B; s++) {
+            hm[s] = s;                             /* tok_seq */
+            hm[B + s] = CTX - 1;                   /* tok_pos */
+            hm[2 * B + s] = s * per_seq;           /* seq_bt_start */
+            for (int i = 0; i < per_seq; i++)
+                hm[3 * B + s * per_seq + i] = i * B + s;   /* block_table: sequences interleaved */
+        }
+        if (be->ops->upload(be, q, hq.data(), nq * 4) != 0 ||
+            be->ops->upload(be, meta_d, hm.data(), hm.size() * 4) != 0)
+            exit(1);
+        bk_attn_meta_t meta = {};
+        meta.n_tokens = B;
+        meta.n_seqs = B;
+        meta.tok_seq = meta_d;
+        meta.tok_pos = meta_d + B;
+        meta.seq_bt_start = meta_d + 2 * B;
+        meta.block_table = meta_d + 3 * B;
+        std::vector<float> t_ms;
+        for (int rep = 0; rep < 9; rep++) {
+            be->ops->sync(be);
+            const double t0 = s_now();
+            for (int l = 0; l < LAYERS; l++)
+                be->ops->attention(be, &kv, l, q, HEADS, 0.08838834764831845f, &meta, out);
+            if (be->ops->sync(be) != 0)
+                exit(1);
+            if (rep >= 2)
+                t_ms.push_back((float)((s_now() - t0) * 1e3));
+        }
+        ms[b] = s_median(t_ms);
+        out_host[b].resize(nq);
+        if (be->ops->download(be, out_host[b].data(), out, nq * 4) != 0)
+            exit(1);
+        be->ops->free(be, kv.base);
+        be->ops->free(be, q);
+        be->ops->free(be, out);
+        be->ops->free(be, meta_d);
+    }
+}
+
 /* The MoE layer of Qwen3-30B-A3B's shape (hidden 2048, 128 experts of width 768, top 8, bf16
  * weights): moe_route + moe_ffn of M tokens, on each backend of bes (the device path and the host
  * path), median ms per layer. LAYERS copies of the 128 experts (2.4 GB) are used in turn and
@@ -490,6 +569,32 @@ int main(int argc, char **argv)
         printf("attn_prefill_mma_vs_flash %.2e rel\n", den > 0 ? sqrt(num / den) : sqrt(num));
         backend_destroy(&abe[0]);
         backend_destroy(&abe[1]);
+    }
+    /* Decode attention, one step of B sequences at 1,000 tokens x 32 layers: tensor cores vs the
+     * flash kernel, and the fraction of the copy bandwidth the K/V reads reach. */
+    {
+        backend_t *dbe[2] = {s_backend("TROUPE_CUDA_ATTN_MMA_DECODE", "1"), s_backend("TROUPE_CUDA_ATTN_MMA_DECODE", "0")};
+        const int Bs[3] = {1, 64, 256};
+        for (int i = quick ? 2 : 0; i < 3; i++) {
+            double dms[2], bytes;
+            std::vector<float> dout[2];
+            s_attn_decode_ms(dbe, 2, Bs[i], dms, dout, &bytes);
+            const double tb0 = bytes / (dms[0] * 1e-3) / 1e12, tb1 = bytes / (dms[1] * 1e-3) / 1e12;
+            printf("attn_decode_b%d_kv_bytes %.0f bytes (1,000 tokens x 32 layers)\n", Bs[i], bytes);
+            printf("attn_decode_b%d_mma_ms %.3f ms\n", Bs[i], dms[0]);
+            printf("attn_decode_b%d_flash_ms %.3f ms\n", Bs[i], dms[1]);
+            printf("attn_decode_b%d_mma_TBps %.3f TB/s (%.0f%% of the copy bandwidth)\n", Bs[i], tb0, 100.0 * tb0 / bw);
+            printf("attn_decode_b%d_flash_TBps %.3f TB/s (%.0f%% of the copy bandwidth)\n", Bs[i], tb1, 100.0 * tb1 / bw);
+            double num = 0, den = 0;
+            for (size_t j = 0; j < dout[1].size(); j++) {
+                const double d = (double)dout[0][j] - dout[1][j];
+                num += d * d;
+                den += (double)dout[1][j] * dout[1][j];
+            }
+            printf("attn_decode_b%d_mma_vs_flash %.2e rel\n", Bs[i], den > 0 ? sqrt(num / den) : sqrt(num));
+        }
+        backend_destroy(&dbe[0]);
+        backend_destroy(&dbe[1]);
     }
     return 0;
 }

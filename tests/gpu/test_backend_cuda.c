@@ -13,8 +13,9 @@
  *    More CUDA backends run the other paths: TROUPE_CUDA_GEMV_MAX_M=0, TROUPE_CUDA_GEMM_SPLIT=0,
  *    TROUPE_CUDA_ATTN_SPLIT=0 (cuBLASLt at M = 1 with activations rounded once, attention without
  *    split-KV), TROUPE_CUDA_GEMV_WARPS=1 and 8 (the GEMV's other work splits; default 4), and
- *    TROUPE_CUDA_ATTN_MMA=0 (every attention case again on the f32 flash / row / tile kernels,
- *    which the tensor-core prefill kernel replaces for bf16 caches).
+ *    TROUPE_CUDA_ATTN_MMA=0 with TROUPE_CUDA_ATTN_MMA_DECODE=0 (every attention case again on the
+ *    f32 flash / row / tile kernels, which the tensor-core prefill and decode kernels replace for
+ *    bf16 caches).
  *    MoE runs on two more: the device path for every M (TROUPE_CUDA_MOE_DEVICE_MAX_M=1000000)
  *    and the host-sorted path for every M (TROUPE_CUDA_MOE_DEVICE=0).
  *    tools/gpu-run.sh runs the whole program twice: with the default programmatic dependent
@@ -60,12 +61,14 @@ static const uint32_t GUARD_BITS = 0x7fbadbadu;
                                      bf16 KV cache (measured 1.5e-2): the precision HF runs bf16 at */
 #define GEMV_MAX_M 8              /* the backend's default TROUPE_CUDA_GEMV_MAX_M */
 #define SPLIT_MAX_M 32            /* the backend's default TROUPE_CUDA_GEMM_SPLIT: GEMM rows that get hi + lo */
-/* Prefill attention on the tensor cores (bf16 cache): q is rounded once to bf16 and every p before
- * P.V, f32 accumulation. Each rounding is a relative 2^-9 at most; a CPU emulation of exactly that
+/* Prefill and decode attention on the tensor cores (bf16 cache): q is rounded once to bf16 and every
+ * p before P.V, f32 accumulation. Each rounding is a relative 2^-9 at most; a CPU emulation of exactly that
  * arithmetic on this file's inputs (q in +-3, K/V in +-1, 64-key tiles) gave 1.5e-3 for q alone,
  * 1.7e-3 for p alone, 1.6e-3..2.4e-3 together over these shapes (3.0e-3 with q in +-10): 5e-3 is
  * twice that. A wrong fragment layout is an error of order 1, and so is a mask off by one key on
- * the rows at positions 0..20 that most cases have. */
+ * the rows at positions 0..20 that most cases have. The decode kernel rounds the same two things
+ * (64-key tiles in 16-key warp slices, merged in f32): a CPU emulation of it gave 2.9e-4 (G = 1)
+ * to 2.3e-3 (4,000 keys) on its cases. */
 #define B_ATTN_MMA 5e-3
 
 
@@ -74,7 +77,7 @@ static backend_t *s_gpu2;                  /* CUDA: GEMV off, GEMM split off, at
 static backend_t *s_gpu_w1, *s_gpu_w8;     /* CUDA: GEMV with 1 and 8 warps per row (default 4) */
 static backend_t *s_gpu_moe_dev;           /* CUDA: moe_ffn's device path for every M */
 static backend_t *s_gpu_moe_host;          /* CUDA: moe_ffn's host-sorted path for every M */
-static backend_t *s_gpu_nomma;             /* CUDA: prefill attention without the tensor cores (TROUPE_CUDA_ATTN_MMA=0) */
+static backend_t *s_gpu_nomma;             /* CUDA: attention without the tensor cores (TROUPE_CUDA_ATTN_MMA=0, _DECODE=0) */
 
 /* ---- random inputs ------------------------------------------------------------------------ */
 
@@ -212,7 +215,7 @@ static int s_setup(void **state)
     static const char *const w1[] = {"TROUPE_CUDA_GEMV_WARPS", "1"}, *const w8[] = {"TROUPE_CUDA_GEMV_WARPS", "8"};
     static const char *const moe_dev[] = {"TROUPE_CUDA_MOE_DEVICE_MAX_M", "1000000"},
                              *const moe_host[] = {"TROUPE_CUDA_MOE_DEVICE", "0"};
-    static const char *const nomma[] = {"TROUPE_CUDA_ATTN_MMA", "0"};
+    static const char *const nomma[] = {"TROUPE_CUDA_ATTN_MMA", "0", "TROUPE_CUDA_ATTN_MMA_DECODE", "0"};
     s_cpu = backend_cpu_new(0);
     s_gpu = s_gpu_with(NULL, 0);
     s_gpu2 = s_gpu_with(off, 6);
@@ -222,7 +225,7 @@ static int s_setup(void **state)
     s_gpu_moe_host = s_gpu_with(moe_host, 2);
     if (!s_gpu_moe_dev || !s_gpu_moe_host)
         return -1;
-    s_gpu_nomma = s_gpu_with(nomma, 2);
+    s_gpu_nomma = s_gpu_with(nomma, 4);
     return s_cpu && s_gpu && s_gpu2 && s_gpu_w1 && s_gpu_w8 && s_gpu_nomma ? 0 : -1;
 }
 
@@ -259,6 +262,10 @@ static void test_backend_new(void **state)
     assert_null(backend_new("cuda", 0, err, sizeof err));
     unsetenv("TROUPE_CUDA_ATTN_MMA");
     assert_non_null(strstr(err, "TROUPE_CUDA_ATTN_MMA"));
+    setenv("TROUPE_CUDA_ATTN_MMA_DECODE", "-1", 1);
+    assert_null(backend_new("cuda", 0, err, sizeof err));
+    unsetenv("TROUPE_CUDA_ATTN_MMA_DECODE");
+    assert_non_null(strstr(err, "TROUPE_CUDA_ATTN_MMA_DECODE"));
 }
 
 /* weight_put of an unaligned host source larger than two staging buffers, and upload/download. */
@@ -601,8 +608,8 @@ typedef struct kv_case {
     dtype_t dt;
     int n_heads, n_kv, D, bs, n_layers, layer;
     int n_seqs;
-    int len[4];                   /* tokens in the cache per sequence */
-    int rows[4];                  /* rows per sequence: its last rows[s] positions */
+    int len[8];                   /* tokens in the cache per sequence */
+    int rows[8];                  /* rows per sequence: its last rows[s] positions */
     int shuffle;                  /* rows in random order instead of sequence by sequence */
 } kv_case_t;
 
@@ -610,7 +617,7 @@ typedef struct kv_case {
 typedef struct kv_setup {
     bk_kv_t kv;                   /* base filled per backend */
     int T, n_bt;
-    int32_t tok_seq[2048], tok_pos[2048], bt_start[4], bt[1024];
+    int32_t tok_seq[2048], tok_pos[2048], bt_start[8], bt[1024];
     size_t pool_bytes;
     uint8_t *pool;                /* random K/V of the pool's dtype */
 } kv_setup_t;
@@ -706,17 +713,39 @@ static const kv_case_t s_kv_cases[] = {
     {"mma D=128 G=16 after 210 block 128", DT_BF16, 16, 1, 128, 128, 1, 0, 1, {300}, {90}, 0},
     {"mma D=64 G=3 4 seqs shuffled", DT_BF16, 12, 4, 64, 16, 1, 0, 4, {33, 70, 150, 9}, {33, 20, 50, 9}, 1},
     {"mma D=128 G=2 1 seq 97 rows block 64", DT_BF16, 8, 4, 128, 64, 1, 0, 1, {97}, {97}, 0},
+    /* the tensor-core decode kernel (bf16 cache, D 64/128, G <= 16; one row per sequence; 64-key
+     * tiles, 16 keys per warp): contexts of 1 key, around a 16-slot block and a warp's 16 keys, at
+     * and around a 64-key tile, long ones; G = 1, 8, 12 (rows past 8 of the m16 tile partly used)
+     * and 16; blocks of 5 and 64 slots; batch 1 with 4,000 keys in 32 key ranges (split-KV). All of
+     * these split on the default backend (few rows x kv heads); test_attention runs them again
+     * with TROUPE_CUDA_ATTN_SPLIT=0 (one range per row) and on the f32 kernels. The bf16 decode
+     * cases above take this kernel too. */
+    {"mma decode D=128 G=4 7 seqs ctx 1/15/16/17/300/1000/3000", DT_BF16, 32, 8, 128, 16, 2, 1, 7,
+     {1, 15, 16, 17, 300, 1000, 3000}, {1, 1, 1, 1, 1, 1, 1}, 0},
+    {"mma decode D=64 G=8 4 seqs ctx 5/64/65/777", DT_BF16, 32, 4, 64, 16, 1, 0, 4, {5, 64, 65, 777}, {1, 1, 1, 1}, 0},
+    {"mma decode D=128 G=1 3 seqs ctx 1/129/500", DT_BF16, 8, 8, 128, 16, 1, 0, 3, {1, 129, 500}, {1, 1, 1}, 0},
+    {"mma decode D=128 G=16 2 seqs ctx 33/1024", DT_BF16, 16, 1, 128, 16, 2, 1, 2, {33, 1024}, {1, 1}, 0},
+    {"mma decode D=64 G=12 2 seqs ctx 2/200", DT_BF16, 24, 2, 64, 16, 1, 0, 2, {2, 200}, {1, 1}, 0},
+    {"mma decode D=128 G=4 block 5 ctx 7/201/999", DT_BF16, 16, 4, 128, 5, 2, 1, 3, {7, 201, 999}, {1, 1, 1}, 0},
+    {"mma decode D=64 G=4 block 64 ctx 63/64/65/2000", DT_BF16, 16, 4, 64, 64, 1, 0, 4, {63, 64, 65, 2000},
+     {1, 1, 1, 1}, 0},
+    {"mma decode split-KV 1 seq ctx 4000 D=128 G=4", DT_BF16, 32, 8, 128, 16, 1, 0, 1, {4000}, {1}, 0},
 };
 
-/* 1 when `gpu` runs case c on the tensor-core prefill kernel: cuda_attention's dispatch (a bf16
- * cache, head_dim 64 or 128, G <= 16, 8+ rows per sequence on average) on a backend with it on. */
+/* Which tensor-core kernel `gpu` runs case c on, by cuda_attention's dispatch: MMA_PREFILL (a bf16
+ * cache, head_dim 64 or 128, G <= 16, 8+ rows per sequence on average), MMA_DECODE (the same with
+ * exactly one row per sequence), or 0 (the f32 kernels; always on s_gpu_nomma). */
+enum { MMA_PREFILL = 1, MMA_DECODE = 2 };
+
 static int s_attn_mma(const backend_t *gpu, const kv_case_t *c)
 {
     int T = 0;
     for (int s = 0; s < c->n_seqs; s++)
         T += c->rows[s];
     const int G = c->n_heads / c->n_kv;
-    return gpu != s_gpu_nomma && c->dt == DT_BF16 && (c->D == 64 || c->D == 128) && G <= 16 && T >= 8 * c->n_seqs;
+    if (gpu == s_gpu_nomma || c->dt != DT_BF16 || (c->D != 64 && c->D != 128) || G > 16)
+        return 0;
+    return T >= 8 * c->n_seqs ? MMA_PREFILL : T == c->n_seqs ? MMA_DECODE : 0;
 }
 
 static void test_kv_store(void **state)
@@ -801,6 +830,9 @@ static void test_attention(void **state)
             s_attention_case(s_gpu_nomma, &s_kv_cases[ci]);   /* the same case on the f32 kernels */
     s_attention_case(s_gpu2, &s_kv_cases[1]);
     s_attention_case(s_gpu2, &s_kv_cases[2]);
+    for (size_t ci = 3; ci < ARRAY_LEN(s_kv_cases); ci++)   /* the decode kernel with one key range per row */
+        if (s_attn_mma(s_gpu2, &s_kv_cases[ci]) == MMA_DECODE)
+            s_attention_case(s_gpu2, &s_kv_cases[ci]);
 }
 
 /* ---- MoE ---------------------------------------------------------------------------------------- */
