@@ -20,6 +20,7 @@
  *     profile on (engine/model.h: each op synced and timed), printed as ms per step by op.
  * Exit status 0, 2 on a usage error, 1 on any other error (with a message naming it). */
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -117,6 +118,19 @@ static int s_cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
+}
+
+/* Weight bytes a decode step of B rows reads: all of a dense model; an MoE model's dense part plus
+ * the experts some row routes to, 1 - (1 - k/E)^B of them on average for uniform routing (what
+ * random weights give). From the model's total and per-token active bytes: each expert has
+ * e = (total - active) / (E - k) bytes, the dense part is total - E e. */
+static double s_step_weight_bytes(const model_config_t *c, size_t total, size_t active, int B)
+{
+    const int E = c->num_experts, k = c->num_experts_per_tok;
+    if (E <= 0 || k <= 0 || k >= E)
+        return (double)total;
+    const double e = ((double)total - (double)active) / (E - k), dense = (double)total - E * e;
+    return dense + E * e * (1.0 - pow(1.0 - (double)k / E, B));
 }
 
 static double s_median(double *v, int n)
@@ -317,7 +331,7 @@ int main(int argc, char **argv)
         }
         model_profile_enable(m, 0);
         const double med = s_median(step_ms, o.steps), tps = B / (med / 1e3);
-        const double bytes = (double)wbytes + kv_bytes, bps = bytes / (med / 1e3);
+        const double bytes = s_step_weight_bytes(&cfg, wbytes, abytes, B) + kv_bytes, bps = bytes / (med / 1e3);
         printf("%6d %8d %10.3f %10.1f %10.2f %9.3f", B, o.prompt_len + 1, med, tps, bytes / 1e9, bps / 1e12);
         if (copy_bps > 0)
             printf(" %7.0f%%", 100 * bps / copy_bps);

@@ -27,8 +27,8 @@
  *   TROUPE_CUDA_PDL         1 (default): programmatic dependent launch for every kernel
  *   TROUPE_CUDA_MOE_DEVICE  1 (default): moe_ffn sorts and runs the experts on the device (no host
  *                           round trip); 0: the host-sorted per-expert path (cuda_moe.cu)
- *   TROUPE_CUDA_MOE_DEVICE_MAX_M  tokens up to which the device path runs (default 256: every
- *                           decode batch; larger prefill chunks take the host path's GEMMs)
+ *   TROUPE_CUDA_MOE_DEVICE_MAX_M  tokens up to which the device path runs (default 64: on the
+ *                           H200 it wins up to 64 and loses at 256; above, the host path's GEMMs)
  * kernels/cuda/README.md has what each choice measured on the H200.
  *
  * Known limits: one device per process (ops do not call cudaSetDevice: a process with several
@@ -132,7 +132,7 @@ typedef struct cuda_state {
     size_t h_ids_cap;             /* int32 elements */
 
     int moe_device;               /* 1 (default): moe_ffn's device path (TROUPE_CUDA_MOE_DEVICE) */
-    int moe_device_max_m;         /* ... for M <= this (TROUPE_CUDA_MOE_DEVICE_MAX_M, default 256) */
+    int moe_device_max_m;         /* ... for M <= this (TROUPE_CUDA_MOE_DEVICE_MAX_M, default 64) */
     struct cuda_moe_table *moe_tables;   /* device copies of the experts arrays seen (cuda_moe.cu) */
     int n_moe_tables, cap_moe_tables;
 } cuda_state_t;

@@ -367,7 +367,7 @@ extern "C" backend_t *backend_cuda_new(int device, char *err, size_t errlen)
         s_env_int("TROUPE_CUDA_ATTN_MMA_DECODE", 1, 0, 1, &st->attn_mma_decode, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_PDL", 1, 0, 1, &st->pdl, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_MOE_DEVICE", 1, 0, 1, &st->moe_device, err, errlen) < 0 ||
-        s_env_int("TROUPE_CUDA_MOE_DEVICE_MAX_M", 256, 0, 1 << 30, &st->moe_device_max_m, err, errlen) < 0)
+        s_env_int("TROUPE_CUDA_MOE_DEVICE_MAX_M", 64, 0, 1 << 30, &st->moe_device_max_m, err, errlen) < 0)
         goto fail;
     if (st->gemv_warps != 1 && st->gemv_warps != 4 && st->gemv_warps != 8) {
         errf(err, errlen, "backend cuda: TROUPE_CUDA_GEMV_WARPS=%d (expected 1, 4 or 8)", st->gemv_warps);

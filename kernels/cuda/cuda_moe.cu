@@ -11,7 +11,8 @@
  * The FFN has two paths, chosen on the host by M alone (the host never sees the routing there):
  *
  * Device path (TROUPE_CUDA_MOE_DEVICE=1, the default, and M <= TROUPE_CUDA_MOE_DEVICE_MAX_M,
- * default 256): no host round trip, no sync, no allocation, so the step can be captured in a CUDA
+ * default 64: measured faster than the host path up to 64 tokens and slower at 256, README.md):
+ * no host round trip, no sync, no allocation, so the step can be captured in a CUDA
  * graph. Per chunk of at most BK_MOE_DEVICE_CHUNK tokens (kernels/backend.h: it bounds the
  * scratch), four kernels:
  *   1. k_moe_sort (one block): counts per expert, exclusive scans giving each expert's first

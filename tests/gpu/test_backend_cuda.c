@@ -71,7 +71,6 @@ static const uint32_t GUARD_BITS = 0x7fbadbadu;
  * to 2.3e-3 (4,000 keys) on its cases. */
 #define B_ATTN_MMA 5e-3
 
-
 static backend_t *s_cpu, *s_gpu;           /* reference; CUDA with the defaults */
 static backend_t *s_gpu2;                  /* CUDA: GEMV off, GEMM split off, attention split off */
 static backend_t *s_gpu_w1, *s_gpu_w8;     /* CUDA: GEMV with 1 and 8 warps per row (default 4) */
