@@ -126,6 +126,8 @@ typedef struct cuda_state {
     int stage_next;
 
     void **weights;               /* device buffers made by weight_put, freed at destroy if still held */
+    uint8_t *wslab;               /* the current slab small weights are carved from (WEIGHT_SLAB bytes) */
+    size_t wslab_used;
     int n_weights, cap_weights;
 
     int32_t *h_ids;               /* host: moe_ffn's routing copied back, then its sorted lists */

@@ -147,15 +147,40 @@ static int s_track(cuda_state_t *st, void *p)
     return 0;
 }
 
+/* Small weights (an MoE layer's 3 MB experts: 18,432 of them in Qwen3-30B-A3B) are carved from
+ * 256 MB slabs: one cudaMalloc each cost far more than its bytes (an H200 run ran out of memory with
+ * two copies of that model, ~9 GB per process beyond weights and KV). A carved weight is freed with
+ * the backend; weight_release frees only weights that have their own allocation. */
+#define WEIGHT_SLAB ((size_t)256 << 20)
+#define WEIGHT_SMALL ((size_t)16 << 20)
+
 static const void *s_weight_put(backend_t *be, const void *host, size_t bytes, size_t elem_size)
 {
     cuda_state_t *st = cuda_st(be);
-    void *dev = s_alloc(be, bytes);
-    if (!dev)
-        return NULL;
-    if (s_track(st, dev) < 0) {
-        CUDA_CHECK(cudaFree(dev));
-        return NULL;
+    void *dev;
+    if (bytes <= WEIGHT_SMALL) {
+        const size_t need = (bytes + 255) & ~(size_t)255;
+        if (!st->wslab || st->wslab_used + need > WEIGHT_SLAB) {
+            void *slab = s_alloc(be, WEIGHT_SLAB);
+            if (!slab)
+                return NULL;
+            if (s_track(st, slab) < 0) {
+                CUDA_CHECK(cudaFree(slab));
+                return NULL;
+            }
+            st->wslab = (uint8_t *)slab;
+            st->wslab_used = 256;   /* no carved weight is the slab's own address: weight_release skips it */
+        }
+        dev = st->wslab + st->wslab_used;
+        st->wslab_used += need;
+    } else {
+        dev = s_alloc(be, bytes);
+        if (!dev)
+            return NULL;
+        if (s_track(st, dev) < 0) {
+            CUDA_CHECK(cudaFree(dev));
+            return NULL;
+        }
     }
     for (size_t off = 0; off < bytes; off += CUDA_STAGE_BYTES) {
         size_t n = bytes - off < CUDA_STAGE_BYTES ? bytes - off : CUDA_STAGE_BYTES;

@@ -871,7 +871,7 @@ static void test_moe_route(void **state)
  * The device path is f32 arithmetic for every weight dtype (bound B_F32), the same bits run to run
  * and for a token alone as in its batch; the host path's bound follows its matmuls (GEMV up to
  * GEMV_MAX_M rows of an expert, split GEMM up to SPLIT_MAX_M, bf16/f16 activations above). */
-#define MOE_DEVICE_MAX_M 256      /* the backend's default TROUPE_CUDA_MOE_DEVICE_MAX_M */
+#define MOE_DEVICE_MAX_M 64      /* the backend's default TROUPE_CUDA_MOE_DEVICE_MAX_M */
 
 enum { MOE_IDS, MOE_ROUTED, MOE_SKEWED };
 
