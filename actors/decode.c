@@ -475,6 +475,13 @@ static int s_poll_links(actor_t *a, void *state)
 
 static int s_link_send(void *ctx, const char *to, const msg_t *m) { return actor_send(ctx, to, m); }
 
+/* A prefill worker's process came or went: its NCCL link is aborted at once, or may come again. */
+static void s_peer_event(actor_t *a, void *state, const char *peer, int up)
+{
+    decode_t *d = state;
+    kvlinks_peer_event(d->links, peer, up);
+}
+
 static int s_on_kv_ack(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
 {
     decode_t *d = state;
@@ -719,8 +726,12 @@ int main(int argc, char **argv)
         return 1;
     }
     d.links = kvlinks_new(d.w->be, d.name, worker_block_bytes(d.w), NULL, s_link_send, a);
-    if (tchan_nccl_available(d.w->be))
+    if (tchan_nccl_available(d.w->be)) {
         actor_timer_add(a, KVLINK_POLL_MS, s_poll_links);
+        for (int i = 0; i < t->n_instances; i++)
+            if (t->instances[i].role == ROLE_PREFILL)
+                actor_watch(a, t->instances[i].name);
+    }
     d.seqs = calloc((size_t)max_seqs, sizeof *d.seqs);
     d.batch = calloc((size_t)max_seqs, sizeof *d.batch);
     d.argmax = calloc((size_t)max_seqs, sizeof *d.argmax);
@@ -735,7 +746,8 @@ int main(int argc, char **argv)
     } else {
         tchan_shm_sweep(t->name);
         actor_ops_t ops = {.handlers = s_handlers, .n_handlers = ARRAY_LEN(s_handlers), .before_sleep = s_step,
-                           .fill_stats = s_fill_stats, .drained = s_drained};
+                           .fill_stats = s_fill_stats, .drained = s_drained,
+                           .peer_event = s_peer_event};
         rc = actor_run(a, &ops, &d);
     }
     kvlinks_destroy(&d.links);

@@ -468,6 +468,13 @@ static int s_poll_links(actor_t *a, void *state)
     return 0;
 }
 
+/* A decode worker's process came or went: its NCCL link is aborted at once, or offered again. */
+static void s_peer_event(actor_t *a, void *state, const char *peer, int up)
+{
+    prefill_t *p = state;
+    kvlinks_peer_event(p->links, peer, up);
+}
+
 static int s_on_kv_link(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
 {
     prefill_t *p = state;
@@ -618,15 +625,20 @@ int main(int argc, char **argv)
     p.seqs = calloc((size_t)max_seqs, sizeof *p.seqs);
     p.batch = calloc((size_t)max_seqs, sizeof *p.batch);
     p.links = kvlinks_new(p.w->be, p.name, worker_block_bytes(p.w), NULL, s_link_send, a);
-    if (tchan_nccl_available(p.w->be))
+    if (tchan_nccl_available(p.w->be)) {
         actor_timer_add(a, KVLINK_POLL_MS, s_poll_links);
+        for (int i = 0; i < t->n_instances; i++)
+            if (t->instances[i].role == ROLE_DECODE)
+                actor_watch(a, t->instances[i].name);
+    }
     int rc = -1;
     if (!p.links || !p.seqs || !p.batch) {
         LOG_E("out of memory for a batch of %d", max_seqs);
     } else {
         tchan_shm_sweep(t->name);
         actor_ops_t ops = {.handlers = s_handlers, .n_handlers = ARRAY_LEN(s_handlers), .before_sleep = s_step,
-                           .fill_stats = s_fill_stats, .drained = s_drained};
+                           .fill_stats = s_fill_stats, .drained = s_drained,
+                           .peer_event = s_peer_event};
         rc = actor_run(a, &ops, &p);
     }
     kvlinks_destroy(&p.links);   /* first: aborts the sends still in flight before their blocks go */

@@ -233,7 +233,7 @@ print(ids)')
     timeout "${SERVE_TIMEOUT:-240}" build/bin/troupe-bench --topology $TOPO --vocab 120000 \
       --input-len "${SERVE_IN:-1000}" --output-len "${SERVE_OUT:-128}" --concurrency "${SERVE_CONC:-1,16,64}" \
       ${SERVE_ROUNDS:+--rounds "$SERVE_ROUNDS"} \
-      --gpus 1 "${copy_bw[@]}" --json "$OUT/serve-bench.json" >"$OUT/serve-bench.txt" 2>&1 || status=1
+      --gpus "${SERVE_GPUS:-1}" "${copy_bw[@]}" --json "$OUT/serve-bench.json" >"$OUT/serve-bench.txt" 2>&1 || status=1
     cat "$OUT/serve-bench.txt"
     loop_times serve
     if [ "${MULTITURN:-0}" = 1 ]; then
@@ -254,6 +254,59 @@ print(sum(m["value"] for a in json.load(sys.stdin).get("actors", []) for m in a[
     tail -30 "$OUT/serve-cluster.log"
   fi
   kill -TERM $sup 2>/dev/null; wait $sup 2>/dev/null
+fi
+
+# ---- two or more GPUs (issue #6) ------------------------------------------------------------------
+# MULTIGPU=1 on a node with >= 2 GPUs: NCCL's own point-to-point bandwidth GPU 0 -> 1
+# (build/gpu-tests/bench_nccl) beside the KV hand-off over our NCCL channel (test_nccl_chan's
+# kv_handoff_nccl_bw, run with the other GPU tests); the hand-off's share of TTFT for 1,000- and
+# 8,000-token prompts on MULTI_TOPO (default tools/bench/h200x2-8b.yaml: prefill on GPU 0, decode
+# on GPU 1; 5 prompts each at concurrency 1, the decode workers' handoff_seconds_total per
+# hand-off against the TTFT p50); then kill -9 of the decode worker during a hand-off
+# (tests/gpu/scenario_nccl_kill9.sh). The served sweep on several GPUs is SERVE=1 with
+# SERVE_TOPO=tools/bench/h200x{2,4,8}-8b.yaml SERVE_GPUS=N (output tokens/s per GPU in its table).
+multi_line="not run (MULTIGPU=1 runs it)"
+if [ "${MULTIGPU:-0}" = 1 ]; then
+  step "two or more GPUs: NCCL baseline, hand-off share of TTFT, kill -9 during a hand-off"
+  MTOPO=${MULTI_TOPO:-tools/bench/h200x2-8b.yaml}
+  { [ -x build/gpu-tests/bench_nccl ] && timeout 120 build/gpu-tests/bench_nccl; \
+    grep -h "kv_handoff_nccl_bw\|SKIPPED" "$OUT/gpu-tests-other.log" 2>/dev/null; } >"$OUT/multigpu.txt" 2>&1
+  handoff_totals() {   # -> "seconds transfers" summed over the decode workers
+    build/bin/troupe-top --topology "$MTOPO" --json 2>/dev/null | python3 -c 'import json, sys
+s = n = 0
+for a in json.load(sys.stdin).get("actors", []):
+    if a.get("role") == "decode":
+        m = {x["name"]: x["value"] for x in a["metrics"]}
+        s += m.get("handoff_seconds_total", 0); n += m.get("transfers_total", 0)
+print(s, n)'
+  }
+  rm -f /tmp/multi.ready
+  build/bin/troupe-supervisor --topology "$MTOPO" --ready-file /tmp/multi.ready >"$OUT/multi-cluster.log" 2>&1 &
+  msup=$!
+  for _ in $(seq 3000); do [ -s /tmp/multi.ready ] && break; kill -0 $msup 2>/dev/null || break; sleep 0.1; done
+  if [ -s /tmp/multi.ready ]; then
+    for in_len in 1000 8000; do
+      before=$(handoff_totals)
+      timeout 300 build/bin/troupe-bench --topology "$MTOPO" --vocab 120000 --input-len $in_len --output-len 16 \
+        --concurrency 1 --rounds 5 --json "$OUT/handoff-$in_len.json" >"$OUT/handoff-$in_len.txt" 2>&1 || status=1
+      after=$(handoff_totals)
+      python3 - "$OUT/handoff-$in_len.json" "$before" "$after" "$in_len" >>"$OUT/multigpu.txt" <<'PY' || status=1
+import json, sys
+lv = json.load(open(sys.argv[1]))["levels"][0]
+(s0, n0), (s1, n1) = (map(float, x.split()) for x in sys.argv[2:4])
+per = 1e3 * (s1 - s0) / (n1 - n0) if n1 > n0 else float("nan")
+print("prompt %s tokens: TTFT p50 %.1f ms (prefill %.1f, rest %.1f); hand-off taken in %.2f ms on average "
+      "(%d hand-offs) = %.1f%% of TTFT" % (sys.argv[4], lv["ttft_ms_p50"], lv.get("ttft_prefill_ms_p50", 0),
+      lv.get("ttft_rest_ms_p50", 0), per, n1 - n0, 100 * per / lv["ttft_ms_p50"]))
+PY
+    done
+  else
+    echo "cluster $MTOPO did not become ready" >>"$OUT/multigpu.txt"; status=1
+  fi
+  kill -TERM $msup 2>/dev/null; wait $msup 2>/dev/null
+  TOPO="$MTOPO" LOG="$OUT/kill9-cluster.log" timeout 300 tests/gpu/scenario_nccl_kill9.sh >>"$OUT/multigpu.txt" 2>&1 || status=1
+  cat "$OUT/multigpu.txt"
+  multi_line="see multigpu.txt"
 fi
 
 # ---- the transformers baseline -------------------------------------------------------------------
@@ -296,6 +349,8 @@ printf '%-30s %s\n' "8B serving (SERVE=1)" "$serve_line"
 [ -s "$OUT/serve-bench.txt" ] && grep -B1 -A6 '^ conc' "$OUT/serve-bench.txt"
 [ -s "$OUT/serve-multiturn.txt" ] && grep -A6 '^multi-turn' "$OUT/serve-multiturn.txt"
 [ -s "$OUT/loop-times.txt" ] && cat "$OUT/loop-times.txt"
+printf '%-30s %s\n' "multi-GPU (MULTIGPU=1)" "$multi_line"
+[ -s "$OUT/multigpu.txt" ] && grep -E "_bw|prompt .* tokens|PASS|FAIL|SKIPPED" "$OUT/multigpu.txt"
 printf '%-30s %s\n' "transformers (HF=1)" "$hf_line"
 [ -s "$OUT/hf.txt" ] && grep -E '^(batch|hf )' "$OUT/hf.txt"
 if [ -s "$OUT/serve-bench.json" ]; then   # output tokens/s per GPU against tokens/s per user

@@ -288,6 +288,17 @@ void kvlinks_abort(kvlinks_t *ls, const char *peer, const char *why)
     }
 }
 
+void kvlinks_peer_event(kvlinks_t *ls, const char *peer, int up)
+{
+    kvlink_t *k = ls && peer ? s_find(ls, peer) : NULL;
+    if (!k)
+        return;
+    if (!up)
+        kvlinks_abort(ls, peer, "the peer's process is gone");
+    else if (k->chan.state == TCHAN_NCCL_FAILED)
+        k->retry_at = 0;
+}
+
 /* The receiving link an announce names, READY (waited for, briefly, when it is still coming up:
  * the sender posts only on a READY link, so ours is at most one exchange behind). */
 static kvlink_t *s_recv_link(kvlinks_t *ls, const msg_kv_announce_t *a, char *err, size_t errlen)

@@ -92,6 +92,11 @@ void kvlinks_settle(kvlinks_t *ls, const msg_kv_announce_t *a);
 int kvlinks_on_msg(kvlinks_t *ls, const msg_t *m);
 /* Moves links that are coming up on (every KVLINK_POLL_MS); reports failures. */
 void kvlinks_poll(kvlinks_t *ls);
+/* From the actor's peer_event (watch the peers links may go to): up = 0, the peer's process is gone,
+ * so a link to it can never complete: it is aborted now, not at a transfer's deadline; up = 1, the
+ * peer is (back) up, e.g. restarted by the supervisor: a failed link is offered again at the next
+ * hand-off instead of after retry_ms. */
+void kvlinks_peer_event(kvlinks_t *ls, const char *peer, int up);
 
 /* The state of the link with peer (CLOSED when none) and, when FAILED, why. */
 tchan_nccl_state_t kvlinks_state(const kvlinks_t *ls, const char *peer, const char **why);

@@ -18,7 +18,7 @@
  * rank 1 on cuda:1 (a fresh process: CUDA does not survive fork); the unique id reaches it in an
  * encoded kv_link message through a pipe, as it would over ZeroMQ:
  *   test_two_gpu_blocks   rank 0 sends blocks, rank 1 receives them into other ids and checks every
- *                         byte (its exit status says); then timed transfers: "nccl_p2p_bw <x> GB/s".
+ *                         byte (its exit status says); then timed transfers: "kv_handoff_nccl_bw <x> GB/s" (bench_nccl: NCCL's own).
  *   test_two_gpu_dead_peer rank 1 comes up and exits without receiving (as a killed decode worker):
  *                         rank 0's send fails within its deadline, aborted, naming the peer.
  * An alarm ends the whole program after ALARM_S seconds: a hang is a failure with a message, never
@@ -447,7 +447,7 @@ static void test_two_gpu_blocks(void **st)
     int rc = s_wait_rank1(pid, 60000);
     if (rc != 0)
         fail_msg("rank 1 (cuda:1) exited with %d (see its lines above)", rc);
-    printf("nccl_p2p_bw %.1f GB/s\n", bytes / s / 1e9);
+    printf("kv_handoff_nccl_bw %.1f GB/s\n", bytes / s / 1e9);
     fflush(stdout);
     assert_int_equal(l.transfers, TWO_ITERS);
     tchan_nccl_close(&l);
