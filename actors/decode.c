@@ -80,7 +80,8 @@ typedef struct decode {
     int n_state[DC_STATE_COUNT]; /* requests in each state */
     model_seq_t *seqs;           /* [max_seqs] step scratch */
     dc_req_t **batch;
-    int32_t *argmax;             /* [max_seqs] the device's greedy ids of a step */
+    int32_t *argmax;             /* [max_seqs] the device's ids of a step (argmax or sampled) */
+    bk_sample_t *sample;         /* [max_seqs] each row's sampling parameters for the device */
     uint8_t *need_logits;        /* [max_seqs] rows whose logits the host sampler needs */
     char *text;                  /* [text_cap] emitted text of one token */
     size_t text_cap, text_len;
@@ -621,13 +622,18 @@ static int s_step(actor_t *a, void *state)
     if (n == 0)
         return 1;
     d->last_batch = n;
-    /* Greedy requests take their token from the device's argmax; only the others (temperature,
-     * penalties, log-probabilities) need their row of logits brought to the host. */
+    /* Requests take their token from the device (argmax, or the backend's sample op: temperature,
+     * top-k, top-p, min-p, seed); only those with penalties or log-probabilities need their row of
+     * logits brought to the host (and every non-greedy one on a backend without the op). */
+    const int dev_sample = d->w->be->ops->sample != NULL;
     for (int i = 0; i < n; i++) {
         const dc_req_t *r = d->batch[i];
-        d->need_logits[i] = !sampler_is_greedy(r->smp) || r->handoff.u.handoff.sampling.logprobs;
+        d->need_logits[i] = sampler_needs_host(r->smp) || r->handoff.u.handoff.sampling.logprobs ||
+                            (!dev_sample && !sampler_is_greedy(r->smp));
+        sampler_device_params(r->smp, &d->sample[i]);
     }
-    model_batch_t b = {.n_seqs = n, .seqs = d->seqs, .argmax_out = d->argmax, .need_logits = d->need_logits};
+    model_batch_t b = {.n_seqs = n, .seqs = d->seqs, .argmax_out = d->argmax, .need_logits = d->need_logits,
+                       .sample = dev_sample ? d->sample : NULL};
     char err[512];
     int64_t t0 = now_ns();
     int frc = model_forward(d->w->model, &b, d->w->logits, err, sizeof err);
@@ -735,13 +741,14 @@ int main(int argc, char **argv)
     d.seqs = calloc((size_t)max_seqs, sizeof *d.seqs);
     d.batch = calloc((size_t)max_seqs, sizeof *d.batch);
     d.argmax = calloc((size_t)max_seqs, sizeof *d.argmax);
+    d.sample = calloc((size_t)max_seqs, sizeof *d.sample);
     d.need_logits = calloc((size_t)max_seqs, 1);
     d.next_transfer = kvx_first_id();
     d.text_cap = 8192;
     d.text = malloc(d.text_cap);
     d.copier = kvcopier_new(d.w->be, d.cluster, worker_block_bytes(d.w), MAX_WRITEBACKS);
     int rc = -1;
-    if (!d.links || !d.seqs || !d.batch || !d.argmax || !d.need_logits || !d.text || !d.copier) {
+    if (!d.links || !d.seqs || !d.batch || !d.argmax || !d.sample || !d.need_logits || !d.text || !d.copier) {
         LOG_E("out of memory for a batch of %d", max_seqs);
     } else {
         tchan_shm_sweep(t->name);
@@ -763,6 +770,7 @@ int main(int argc, char **argv)
     free(d.seqs);
     free(d.batch);
     free(d.argmax);
+    free(d.sample);
     free(d.need_logits);
     free(d.text);
     worker_destroy(&d.w);

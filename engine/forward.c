@@ -206,8 +206,8 @@ static void s_mlp(model_t *m, int l, int T)
                                    c->num_experts, m->moe_scratch, m->delta));
 }
 
-/* Brings the step's results to the host: every row's logits, or (argmax_out) the argmax of every
- * row (computed by the caller into m->argmax) plus the logits of the rows marked in need_logits,
+/* Brings the step's results to the host: every row's logits, or (argmax_out) the argmax or sampled
+ * id of every row (computed by the caller into m->argmax) plus the logits of the rows marked in need_logits,
  * in runs of consecutive rows. */
 static int s_results(model_t *m, const model_batch_t *b, int R, float *logits)
 {
@@ -236,6 +236,8 @@ int model_forward(model_t *m, const model_batch_t *batch, float *logits, char *e
     const bk_kv_t *kv = NULL;
     if (s_validate(m, batch, &T, &R, &kv, err, errlen) < 0)
         return -1;
+    if (batch->sample && !m->be->ops->sample)
+        return errf(err, errlen, "%s: the %s backend has no sample op", m->where, m->be->ops->name);
     bk_attn_meta_t meta;
     int32_t *ids = NULL, *rows = NULL;
     if (s_layout(m, batch, T, R, &meta, &ids, &rows, err, errlen) < 0)
@@ -257,7 +259,9 @@ int model_forward(model_t *m, const model_batch_t *batch, float *logits, char *e
     PROF(m, P_NORM, op->add_rmsnorm(be, m->res, m->delta, m->final_norm, T, H, eps, m->xn));
     PROF(m, P_LM_HEAD, op->gather_rows(be, m->xn, rows, R, H, m->rows));
     PROF(m, P_LM_HEAD, op->matmul(be, m->rows, R, &m->lm_head, NULL, m->logits));
-    if (batch->argmax_out)
+    if (batch->argmax_out && batch->sample)
+        PROF(m, P_ARGMAX, op->sample(be, m->logits, R, c->vocab_size, batch->sample, m->argmax));
+    else if (batch->argmax_out)
         PROF(m, P_ARGMAX, op->argmax(be, m->logits, R, c->vocab_size, m->argmax));
     int rc = 0;
     PROF(m, P_DOWNLOAD, rc = s_results(m, batch, R, logits));

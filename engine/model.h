@@ -64,6 +64,11 @@ typedef struct model_batch {
      * temperature, penalties or log-probabilities): only those rows are copied into `logits`. */
     int32_t *argmax_out;
     const uint8_t *need_logits;
+    /* Optional, with argmax_out: sampling on the device. sample (host [rows]) gives each row's
+     * parameters and argmax_out gets the backend's `sample` op's ids instead (kernels/backend.h;
+     * a row with temperature 0 gets the argmax id, bit for bit). The backend must have the op
+     * (backend_ops_t.sample != NULL), else the forward fails. */
+    const bk_sample_t *sample;
 } model_batch_t;
 
 /* Loads every weight the config implies from ck onto be (shapes checked, errors name the tensor

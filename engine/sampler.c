@@ -1,9 +1,12 @@
 /* engine/sampler.c — logits processing, seeded sampling, stop conditions. Semantics: sampler.h.
  *
  * Nothing is sorted: top-k is a quickselect, top-p a quickselect on probability mass (both
- * expected O(vocab), in place), min-p a filter, and the draw walks the kept tokens in the order
- * selection left them. Ranks use one total order — larger logit first, then lower index — so
- * every choice is deterministic, and no step allocates (qsort may). */
+ * expected O(vocab), in place), min-p a filter, and the draw walks the kept tokens in ascending
+ * token id (their masses scattered into a zeroed row: O(vocab), no sort). Ranks use one total
+ * order — larger logit first, then lower index — so every choice is deterministic, and no step
+ * allocates. Steps 3-7 (sampler_filter_draw) take a plain row and bk_sample_t, without the
+ * request's penalty state: the CPU backend's `sample` op is that function, the reference the
+ * device kernels are checked against. */
 #include "engine/sampler.h"
 
 #include <math.h>
@@ -11,6 +14,7 @@
 #include <string.h>
 
 #include "common/util.h"
+#include "engine/sampler_rng.h"
 
 struct sampler {
     sampler_params_t p;
@@ -146,22 +150,6 @@ void sampler_destroy(sampler_t **self_p)
 
 int sampler_n_generated(const sampler_t *s) { return s->n_generated; }
 
-/* ---- randomness -------------------------------------------------------------------------- */
-
-static uint64_t s_mix(uint64_t z)                  /* splitmix64's finaliser */
-{
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-/* u in [0, 1) from (seed, step) alone. */
-static double s_uniform(uint64_t seed, uint64_t step)
-{
-    uint64_t z = s_mix(s_mix(seed ^ 0x5851f42d4c957f2dull) + (step + 1) * 0x9e3779b97f4a7c15ull);
-    return (double)(z >> 11) * (1.0 / 9007199254740992.0);
-}
-
 /* ---- ranking ----------------------------------------------------------------------------- */
 
 static inline int s_before(const float *v, int32_t a, int32_t b) { return v[a] > v[b] || (v[a] == v[b] && a < b); }
@@ -262,68 +250,101 @@ int sampler_is_greedy(const sampler_t *s)
            s->p.frequency_penalty == 0;
 }
 
+int32_t sampler_filter_draw(const float *logits, int V, const bk_sample_t *sp, float *work, float *mass, int32_t *idx,
+                            float *lp_processed)
+{
+    if (work != logits)
+        memcpy(work, logits, (size_t)V * sizeof(float));
+    int32_t tok;
+    if (sp->temperature == 0) {
+        tok = 0;                                   /* NaN never wins unless every logit is NaN */
+        for (int i = 1; i < V; i++)
+            if (work[i] > work[tok] || (work[tok] != work[tok] && work[i] == work[i]))
+                tok = i;
+        if (lp_processed)
+            *lp_processed = s_log_softmax_at(work, V, tok);
+        return tok;
+    }
+    const float inv_t = (float)(1.0 / sp->temperature);
+    for (int i = 0; i < V; i++)
+        work[i] *= inv_t;
+    int n = V;
+    for (int i = 0; i < V; i++)
+        idx[i] = i;
+    if (sp->top_k > 0 && sp->top_k < n) {
+        s_select(work, idx, n, sp->top_k);
+        n = sp->top_k;
+    }
+    float mx = -INFINITY;
+    for (int i = 0; i < n; i++)
+        mx = work[idx[i]] > mx ? work[idx[i]] : mx;
+    double total = 0;
+    for (int i = 0; i < n; i++) {
+        int32_t t = idx[i];
+        mass[t] = expf(work[t] - mx);
+        total += mass[t];
+    }
+    if (sp->top_p < 1.0 && n > 1)
+        n = s_select_mass(work, mass, idx, n, sp->top_p * total);
+    if (sp->min_p > 0) {
+        /* The best token is still kept (top-k and top-p keep it) and has mass exp(0) = 1. */
+        const float floor_mass = (float)sp->min_p;
+        int keep = 0;
+        for (int i = 0; i < n; i++)
+            if (mass[idx[i]] >= floor_mass)
+                idx[keep++] = idx[i];
+        n = keep;
+    }
+    /* The walk: the kept tokens in ascending id, a zero mass for every other token (adding +0 to
+     * the running sum changes no bit), so the sum and the walk are one fixed order that a device
+     * can reproduce without knowing how selection left idx. The fallback when rounding never
+     * crosses u (u * total rounding up to total) is the last kept token with a positive mass. */
+    memset(work, 0, (size_t)V * sizeof(float));
+    for (int i = 0; i < n; i++)
+        work[idx[i]] = mass[idx[i]];
+    total = 0;
+    for (int i = 0; i < V; i++)
+        total += work[i];
+    double u = sampler_rng_uniform(sp->seed, sp->step) * total, acc = 0;
+    tok = -1;
+    int32_t last = idx[0];
+    for (int i = 0; i < V; i++) {
+        if (work[i] > 0)
+            last = i;
+        acc += work[i];
+        if (acc > u) {
+            tok = i;
+            break;
+        }
+    }
+    if (tok < 0)
+        tok = last;
+    if (lp_processed)
+        *lp_processed = (float)log(work[tok] / total);
+    return tok;
+}
+
+void sampler_device_params(const sampler_t *s, bk_sample_t *out)
+{
+    *out = (bk_sample_t){.temperature = s->p.temperature, .top_k = s->p.top_k, .top_p = s->p.top_p,
+                         .min_p = s->p.min_p, .seed = s->p.seed, .step = (uint64_t)s->n_generated};
+}
+
+int sampler_needs_host(const sampler_t *s)
+{
+    return s->p.repetition_penalty != 1.0 || s->p.presence_penalty != 0 || s->p.frequency_penalty != 0;
+}
+
 int32_t sampler_sample(sampler_t *s, const float *logits, float *logprob)
 {
     const int V = s->vocab;
     memcpy(s->work, logits, (size_t)V * sizeof(float));
     s_penalise(s);
-
-    int32_t tok;
+    bk_sample_t sp;
+    sampler_device_params(s, &sp);
     float lp_processed = 0;
-    if (s->p.temperature == 0) {
-        tok = 0;                                   /* NaN never wins unless every logit is NaN */
-        for (int i = 1; i < V; i++)
-            if (s->work[i] > s->work[tok] || (s->work[tok] != s->work[tok] && s->work[i] == s->work[i]))
-                tok = i;
-        if (logprob && s->p.logprobs_mode == SAMPLER_LOGPROBS_PROCESSED)
-            lp_processed = s_log_softmax_at(s->work, V, tok);
-    } else {
-        const float inv_t = (float)(1.0 / s->p.temperature);
-        for (int i = 0; i < V; i++)
-            s->work[i] *= inv_t;
-        int n = V;
-        for (int i = 0; i < V; i++)
-            s->idx[i] = i;
-        if (s->p.top_k > 0 && s->p.top_k < n) {
-            s_select(s->work, s->idx, n, s->p.top_k);
-            n = s->p.top_k;
-        }
-        float mx = -INFINITY;
-        for (int i = 0; i < n; i++)
-            mx = s->work[s->idx[i]] > mx ? s->work[s->idx[i]] : mx;
-        double total = 0;
-        for (int i = 0; i < n; i++) {
-            int32_t t = s->idx[i];
-            s->mass[t] = expf(s->work[t] - mx);
-            total += s->mass[t];
-        }
-        if (s->p.top_p < 1.0 && n > 1)
-            n = s_select_mass(s->work, s->mass, s->idx, n, s->p.top_p * total);
-        if (s->p.min_p > 0) {
-            /* The best token is still kept (top-k and top-p keep it) and has mass exp(0) = 1. */
-            const float floor_mass = (float)s->p.min_p;
-            int keep = 0;
-            for (int i = 0; i < n; i++)
-                if (s->mass[s->idx[i]] >= floor_mass)
-                    s->idx[keep++] = s->idx[i];
-            n = keep;
-        }
-        total = 0;
-        for (int i = 0; i < n; i++)
-            total += s->mass[s->idx[i]];
-        /* The kept tokens are walked in the (deterministic) order selection left them in: any
-         * fixed order draws from the same distribution, and no sort is needed. */
-        double u = s_uniform(s->p.seed, (uint64_t)s->n_generated) * total, acc = 0;
-        tok = s->idx[n - 1];                       /* rounding fallback: the last kept token */
-        for (int i = 0; i < n; i++) {
-            acc += s->mass[s->idx[i]];
-            if (acc > u) {
-                tok = s->idx[i];
-                break;
-            }
-        }
-        lp_processed = (float)log(s->mass[tok] / total);
-    }
+    const int want = logprob && s->p.logprobs_mode == SAMPLER_LOGPROBS_PROCESSED;
+    int32_t tok = sampler_filter_draw(s->work, V, &sp, s->work, s->mass, s->idx, want ? &lp_processed : NULL);
     if (logprob)
         *logprob = s->p.logprobs_mode == SAMPLER_LOGPROBS_RAW ? s_log_softmax_at(logits, V, tok) : lp_processed;
     return tok;

@@ -14,10 +14,16 @@
  *   5. top-p: the smallest set of highest-probability tokens whose probability sum >= p
  *      (probabilities renormalised over what top-k kept; always at least one token);
  *   6. min-p: drop tokens whose probability < min_p * the largest probability;
- *   7. draw u in [0, 1) and walk the kept tokens (in a fixed, deterministic order) until their
- *      cumulative mass exceeds u * total.
- * Randomness is counter-based: u = mix(seed, number of tokens generated so far), so a request
- * gets the same tokens for the same seed whatever else is in the batch, and after a restart.
+ *   7. draw u in [0, 1) and walk the kept tokens in ascending token id until their cumulative
+ *      mass (exp(l - max) in f32, summed in double in that order) exceeds u * total (the same
+ *      sum); when rounding never crosses, the last kept token of positive mass.
+ * Randomness is counter-based: u = mix(seed, number of tokens generated so far)
+ * (engine/sampler_rng.h, shared with the device kernel), so a request gets the same tokens for
+ * the same seed whatever else is in the batch, and after a restart.
+ *
+ * Steps 3-7 on a plain row are sampler_filter_draw, which is also the CPU backend's `sample` op
+ * (kernels/backend.h): a request without penalties and without log-probabilities may take its
+ * token from that op on the device (sampler_needs_host, sampler_device_params).
  *
  * Log-probability of the chosen token: SAMPLER_LOGPROBS_RAW (the default, as vLLM's default
  * logprobs_mode "raw_logprobs") is log_softmax of the model's logits before any processing;
@@ -34,6 +40,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include "kernels/backend.h"
 
 #define SAMPLER_MAX_STOP_IDS 16
 #define SAMPLER_MAX_EOS 8
@@ -91,6 +99,18 @@ finish_reason_t sampler_accept(sampler_t *s, int32_t token);
 /* 1 when sampler_sample is a plain argmax of the raw logits (temperature 0, no penalties): the
  * caller may take the token from a device-side argmax (model_batch_t.argmax_out) instead. */
 int sampler_is_greedy(const sampler_t *s);
+/* 1 when the request has penalties (repetition, presence, frequency): its logits must come to the
+ * host (sampler_sample). Otherwise sampler_sample equals steps 3-7 on the raw logits with
+ * sampler_device_params: the backend's `sample` op may choose the token instead. */
+int sampler_needs_host(const sampler_t *s);
+/* The request's steps 3-7 as the backend's sample op takes them: temperature, filters, seed, and
+ * step = tokens generated so far (the RNG counter sampler_sample would use now). */
+void sampler_device_params(const sampler_t *s, bk_sample_t *out);
+/* Steps 3-7 on one row of V logits (no penalties): the token, and (lp_processed, may be NULL) the
+ * log of the probability it was drawn with (greedy: log_softmax of the row). Scratch: work [V]
+ * (may be logits itself, which is then overwritten), mass [V], idx [V]. Never allocates. */
+int32_t sampler_filter_draw(const float *logits, int V, const bk_sample_t *sp, float *work, float *mass, int32_t *idx,
+                            float *lp_processed);
 int sampler_n_generated(const sampler_t *s);
 
 /* Feeds detokenised text (complete UTF-8) of the accepted tokens. Text known not to start a stop

@@ -117,6 +117,17 @@ typedef struct bk_nccl_ops {
     void (*comm_abort)(bk_comm_t **c);
 } bk_nccl_ops_t;
 
+/* One row's sampling parameters for the `sample` op: engine/sampler.h's steps 3-7, with the
+ * sampler's own types (so a row's parameters reach a device unrounded). */
+typedef struct bk_sample {
+    double temperature;           /* 0 = greedy (argmax); else > 0 */
+    int top_k;                    /* <= 0 or >= N = off */
+    double top_p;                 /* (0, 1]; 1 = off */
+    double min_p;                 /* [0, 1]; 0 = off */
+    uint64_t seed;
+    uint64_t step;                /* the request's RNG counter: tokens generated so far */
+} bk_sample_t;
+
 typedef struct backend_ops {
     const char *name;             /* "cpu", "cuda" */
     /* 1: a matmul launch costs enough that the model places q|k|v and gate|up as one matrix each
@@ -218,6 +229,23 @@ typedef struct backend_ops {
     /* out[m] = the index of the largest x[m][:], the lowest index on ties; NaN is never the
      * largest (an all-NaN row gives 0). */
     void (*argmax)(backend_t *be, const float *x, int M, int N, int32_t *out);
+
+    /* out[m] = a token drawn from logits[m][:] with params[m] (a HOST array [M]; out device [M]):
+     * engine/sampler.h's steps 3-7 exactly as the host sampler runs them (sampler_filter_draw,
+     * which the CPU backend calls): temperature 0 is argmax (the argmax op's id, bit for bit);
+     * else l * f32(1/T); top-k (ties to the lower index); top-p over what top-k kept (the smallest
+     * set of highest-ranked tokens whose mass sum >= top_p * their total; at least one); min-p
+     * (mass >= f32(min_p), mass = expf(l - max) in f32); then u = sampler_rng_uniform(seed, step)
+     * and the walk over the kept tokens in ascending id, summed in double, until the cumulative
+     * mass exceeds u * total (fallback: the last kept token of positive mass). The kept set and
+     * the walk are the host sampler's; given bit-identical logits the token is the host
+     * sampler's except where rounding decides a boundary: a device's expf may differ from the
+     * host's in the last place, and the double sums that may be added in another order are the
+     * total that top-p's target is taken of, the top-p prefix sums, and (when the kept set is
+     * not gathered: no top-k or top-k > the device's cap) the total and the walk. Rows whose
+     * logits contain NaN, or whose largest scaled logit is not finite, are only defined for
+     * temperature 0. NULL: the backend has none (callers download the logits). */
+    void (*sample)(backend_t *be, const float *logits, int M, int N, const bk_sample_t *params, int32_t *out);
 
     /* Bytes of device memory still free for allocations (sizing KV pools), or 0 when the backend
      * cannot tell (the CPU backend: callers size by host memory). May be NULL. */

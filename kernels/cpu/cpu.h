@@ -10,6 +10,8 @@
 typedef struct cpu_state {
     const void **copies;          /* weights copied by weight_put (misaligned sources), to free */
     int n_copies, cap_copies;
+    float *sample_scratch;        /* sample: per thread, work [N] | mass [N] | idx [N] (grown to the largest N x threads) */
+    size_t sample_scratch_bytes;
 } cpu_state_t;
 
 void cpu_matmul(backend_t *be, const float *x, int M, const bk_mat_t *w, const float *bias, float *y);
@@ -21,6 +23,7 @@ void cpu_rope(backend_t *be, float *x, const int32_t *pos, const float *inv_freq
 void cpu_swiglu(backend_t *be, const float *gate, const float *up, int n, float *out);
 void cpu_gather_rows(backend_t *be, const float *src, const int32_t *rows, int n, int cols, float *dst);
 void cpu_argmax(backend_t *be, const float *x, int M, int N, int32_t *out);
+void cpu_sample(backend_t *be, const float *logits, int M, int N, const bk_sample_t *params, int32_t *out);
 
 void cpu_kv_store(backend_t *be, const bk_kv_t *kv, int layer, const float *k, const float *v, const bk_attn_meta_t *meta);
 void cpu_attention(backend_t *be, const bk_kv_t *kv, int layer, const float *q, int n_heads, float scale,

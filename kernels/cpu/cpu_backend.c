@@ -77,6 +77,7 @@ static void s_destroy(backend_t *be)
     for (int i = 0; i < st->n_copies; i++)
         free((void *)st->copies[i]);
     free(st->copies);
+    free(st->sample_scratch);
     free(st);
     free(be);
 }
@@ -112,6 +113,7 @@ static const backend_ops_t s_cpu_ops = {
     .moe_ffn = cpu_moe_ffn,
     .gather_rows = cpu_gather_rows,
     .argmax = cpu_argmax,
+    .sample = cpu_sample,
     .copy = cpu_copy,
 };
 

@@ -137,6 +137,9 @@ typedef struct cuda_state {
     int moe_device_max_m;         /* ... for M <= this (TROUPE_CUDA_MOE_DEVICE_MAX_M, default 64) */
     struct cuda_moe_table *moe_tables;   /* device copies of the experts arrays seen (cuda_moe.cu) */
     int n_moe_tables, cap_moe_tables;
+
+    void *sample_params;          /* device: the sample op's bk_sample_t [M] of the latest call */
+    size_t sample_params_bytes;
 } cuda_state_t;
 
 static inline cuda_state_t *cuda_st(backend_t *be) { return (cuda_state_t *)be->impl; }
@@ -155,6 +158,7 @@ void cuda_rope(backend_t *be, float *x, const int32_t *pos, const float *inv_fre
 void cuda_swiglu(backend_t *be, const float *gate, const float *up, int n, float *out);
 void cuda_gather_rows(backend_t *be, const float *src, const int32_t *rows, int n, int cols, float *dst);
 void cuda_argmax(backend_t *be, const float *x, int M, int N, int32_t *out);
+void cuda_sample(backend_t *be, const float *logits, int M, int N, const bk_sample_t *params, int32_t *out);
 
 void cuda_kv_store(backend_t *be, const bk_kv_t *kv, int layer, const float *k, const float *v, const bk_attn_meta_t *meta);
 void cuda_rope_kv_store(backend_t *be, const bk_kv_t *kv, int layer, float *q, float *k, const float *v, int n_heads,

@@ -226,6 +226,8 @@ static void s_destroy(backend_t *be)
             cudaFree(st->conv);
         if (st->gout)
             cudaFree(st->gout);
+        if (st->sample_params)
+            cudaFree(st->sample_params);
         if (st->part)
             cudaFree(st->part);
         if (st->lt_ws)
@@ -326,6 +328,7 @@ static const backend_ops_t s_cuda_ops = {
     .moe_ffn = cuda_moe_ffn,
     .gather_rows = cuda_gather_rows,
     .argmax = cuda_argmax,
+    .sample = cuda_sample,
     .mem_available = cuda_mem_available,
     .ipc_export = cuda_ipc_export,
     .ipc_open = cuda_ipc_open,

@@ -28,6 +28,10 @@
  *    host-sorted path (moe_M<M>_device_ms, moe_M<M>_host_ms), with the expert bytes a call reads
  *    (moe_M<M>_weight_bytes) and the bandwidth that makes: 2 copies of the 128 experts (2.4 GB)
  *    and 8 routings used in turn, so L2 does not serve them.
+ * 7. Sampling at M = 256 rows of a 128,256 vocabulary with top-k 50 / top-p 0.9 / temperature 0.8:
+ *    the sample op on the device (sample_M256_ms, median of 10 after 2 warm-ups) against bringing
+ *    the rows of logits to the host for the host sampler (logits_download_M256_ms, the download
+ *    alone; the host's sampling comes on top).
  * Output: one "name value unit" line per figure (tools/gpu-run.sh reads them), then a table.
  */
 #include <cublasLt.h>
@@ -452,6 +456,49 @@ static backend_t *s_backend(const char *env_name, const char *value)
     return be;
 }
 
+/* 7. The sample op against downloading the logits it replaces. */
+static void s_sample_bench(void)
+{
+    enum { M = 256, N = 128256 };
+    backend_t *be = s_backend(NULL, NULL);
+    std::vector<float> h((size_t)M * N);
+    uint64_t x = 7;
+    for (auto &v : h) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        v = (float)((x >> 40) % 20000) * 1e-3f - 10.0f;
+    }
+    float *d = (float *)be->ops->alloc(be, h.size() * 4);
+    int32_t *ids = (int32_t *)be->ops->alloc(be, M * 4);
+    if (!d || !ids || be->ops->upload(be, d, h.data(), h.size() * 4) != 0) {
+        fprintf(stderr, "bench_cuda: sample: no memory\n");
+        exit(1);
+    }
+    std::vector<bk_sample_t> sp(M);
+    for (int m = 0; m < M; m++)
+        sp[m] = bk_sample_t{0.8, 50, 0.9, 0.0, (uint64_t)m, 0};
+    std::vector<float> t_s, t_d;
+    for (int it = 0; it < 12; it++) {
+        for (int m = 0; m < M; m++)
+            sp[m].step = (uint64_t)it;
+        be->ops->sync(be);
+        double t0 = s_now();
+        be->ops->sample(be, d, M, N, sp.data(), ids);
+        be->ops->sync(be);
+        double t1 = s_now();
+        be->ops->download(be, h.data(), d, h.size() * 4);
+        double t2 = s_now();
+        if (it >= 2) {
+            t_s.push_back((float)((t1 - t0) * 1e3));
+            t_d.push_back((float)((t2 - t1) * 1e3));
+        }
+    }
+    printf("sample_M256_ms %.4f ms (top-k 50, top-p 0.9, vocab 128256)\n", s_median(t_s));
+    printf("logits_download_M256_ms %.4f ms (%zu MB)\n", s_median(t_d), h.size() * 4 >> 20);
+    be->ops->free(be, d);
+    be->ops->free(be, ids);
+    backend_destroy(&be);
+}
+
 int main(int argc, char **argv)
 {
     const int quick = argc > 1 && !strcmp(argv[1], "--quick");
@@ -596,5 +643,6 @@ int main(int argc, char **argv)
         backend_destroy(&dbe[0]);
         backend_destroy(&dbe[1]);
     }
+    s_sample_bench();
     return 0;
 }

@@ -600,6 +600,113 @@ static void test_argmax(void **state)
     free(x);
 }
 
+/* One call of the sample op on both backends; returns the ids of each (host, freed by the caller). */
+static void s_sample_both(const float *x, int M, int N, const bk_sample_t *sp, int32_t **res)
+{
+    backend_t *be[2] = {s_cpu, s_gpu};
+    for (int b = 0; b < 2; b++) {
+        float *dx = s_put(be[b], x, (size_t)M * N * 4);
+        int32_t *dout = s_out(be[b], (size_t)M);
+        be[b]->ops->sample(be[b], dx, M, N, sp, dout);
+        res[b] = s_take(be[b], dout, (size_t)M, "sample");
+        be[b]->ops->free(be[b], dx);
+    }
+}
+
+/* The sample op: CUDA against the CPU reference (the host sampler's own code). Greedy rows give
+ * bit-identical ids; sampled rows the same id in at least 99% of rows (a last-place expf or a
+ * summation order may move a boundary: kernels/cuda/cuda_sample.cu); 20,000 draws over a small
+ * vocabulary follow the softmax (chi-square). */
+static void test_sample(void **state)
+{
+    const int vocabs[4] = {128256, 32000, 1000, 7};
+    int rows = 0, same = 0;
+    for (int vi = 0; vi < 4; vi++) {
+        const int N = vocabs[vi];
+        for (int M = 1; M <= 64; M = M * 4 + 1) {
+            float *x = s_rand_f32((size_t)M * N, 8.0);
+            bk_sample_t *sp = calloc((size_t)M, sizeof *sp);
+            for (int m = 0; m < M; m++) {
+                float *row = x + (size_t)m * N;
+                if (m % 5 == 4)                    /* rows of few distinct values: ties everywhere */
+                    for (int i = 0; i < N; i++)
+                        row[i] = (float)(int)(row[i]);
+                const int kind = (m + vi) % 8;
+                sp[m].temperature = kind == 0 ? 0 : 0.3 + 0.5 * (s_uniform() + 1);
+                sp[m].top_p = 1;
+                if (kind == 2 || kind == 5 || kind == 7)
+                    sp[m].top_k = m % 2 ? 1 + s_randint(64) : 1 + s_randint(3000);
+                if (kind == 3 || kind == 5 || kind == 6 || kind == 7)
+                    sp[m].top_p = 0.05 + 0.45 * (s_uniform() + 1);
+                if (kind == 4 || kind == 6 || kind == 7)
+                    sp[m].min_p = 0.15 * (s_uniform() + 1);
+                sp[m].seed = (uint64_t)(vi * 1000 + M * 64 + m);
+                sp[m].step = (uint64_t)m;
+            }
+            int32_t *res[2];
+            s_sample_both(x, M, N, sp, res);
+            for (int m = 0; m < M; m++) {
+                if (res[1][m] < 0 || res[1][m] >= N)
+                    fail_msg("sample N %d M %d row %d: id %d outside the vocabulary", N, M, m, res[1][m]);
+                if (sp[m].temperature == 0) {
+                    if (res[1][m] != res[0][m])
+                        fail_msg("sample N %d M %d row %d (greedy): CUDA %d, CPU %d", N, M, m, res[1][m], res[0][m]);
+                } else {
+                    rows++;
+                    same += res[1][m] == res[0][m];
+                    if (res[1][m] != res[0][m])
+                        print_message("sample N %d M %d row %d (T %g, top_k %d, top_p %g, min_p %g): CUDA %d, CPU %d\n",
+                                      N, M, m, sp[m].temperature, sp[m].top_k, sp[m].top_p, sp[m].min_p, res[1][m],
+                                      res[0][m]);
+                }
+            }
+            free(res[0]);
+            free(res[1]);
+            free(sp);
+            free(x);
+        }
+    }
+    print_message("sample: %d of %d sampled rows give the CPU's id\n", same, rows);
+    if (same < rows * 0.99)
+        fail_msg("sample: only %d of %d sampled rows give the CPU's id (at least 99%% expected)", same, rows);
+
+    /* 20,000 draws (seeds 0..19999) over 16 tokens at temperature 0.8: chi-square against softmax. */
+    enum { V = 16, DRAWS = 20000 };
+    float *x = malloc((size_t)DRAWS * V * sizeof(float));
+    bk_sample_t *sp = calloc(DRAWS, sizeof *sp);
+    float base[V];
+    for (int i = 0; i < V; i++)
+        base[i] = (float)(s_uniform() * 2);
+    for (int d = 0; d < DRAWS; d++) {
+        memcpy(x + (size_t)d * V, base, sizeof base);
+        sp[d] = (bk_sample_t){.temperature = 0.8, .top_p = 1, .seed = (uint64_t)d, .step = 0};
+    }
+    float *dx = s_put(s_gpu, x, (size_t)DRAWS * V * 4);
+    int32_t *dout = s_out(s_gpu, DRAWS);
+    s_gpu->ops->sample(s_gpu, dx, DRAWS, V, sp, dout);
+    int32_t *ids = s_take(s_gpu, dout, DRAWS, "sample draws");
+    s_gpu->ops->free(s_gpu, dx);
+    double prob[V], z = 0, chi2 = 0;
+    int hist[V] = {0};
+    for (int i = 0; i < V; i++)
+        z += prob[i] = exp((double)base[i] / 0.8);
+    for (int d = 0; d < DRAWS; d++) {
+        if (ids[d] < 0 || ids[d] >= V)
+            fail_msg("sample draw %d: id %d", d, ids[d]);
+        hist[ids[d]]++;
+    }
+    for (int i = 0; i < V; i++) {
+        const double e = prob[i] / z * DRAWS;
+        chi2 += (hist[i] - e) * (hist[i] - e) / e;
+    }
+    print_message("sample: 20,000 draws over 16 tokens, chi-square %.1f (15 degrees of freedom; bound 45)\n", chi2);
+    if (!(chi2 < 45))                              /* p < 1e-4 for 15 degrees of freedom */
+        fail_msg("sample: chi-square %.1f of 20,000 draws against softmax exceeds 45", chi2);
+    free(ids);
+    free(sp);
+    free(x);
+}
+
 /* ---- paged KV: kv_store and attention -------------------------------------------------------- */
 
 typedef struct kv_case {
@@ -1245,6 +1352,7 @@ int main(void)
         cmocka_unit_test(test_swiglu),
         cmocka_unit_test(test_gather_rows),
         cmocka_unit_test(test_argmax),
+        cmocka_unit_test(test_sample),
         cmocka_unit_test(test_kv_store),
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_moe_route),

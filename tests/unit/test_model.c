@@ -28,6 +28,7 @@
 
 #include "engine/checkpoint.h"
 #include "engine/config.h"
+#include "engine/sampler.h"
 #include "engine/kvcache.h"
 #include "engine/model.h"
 #include "tests/unit/expected_fixture.h"
@@ -188,6 +189,52 @@ static void s_run_fixture(const char *name)
     for (int p = 0; p < e.n; p++) {
         kvseq_destroy(&seqs[p]);
         free(first[p]);
+    }
+    /* Sampling on the device (model_batch_t.sample), as the decode worker runs it: every prompt in
+     * one batch with its own parameters (greedy, temperature, top-k, top-p, min-p, combinations),
+     * every row's logits brought back too; the op's id must be the host sampler's on that row at
+     * the same step, for 6 steps. */
+    {
+        const sampler_params_t kinds[7] = {
+            {.temperature = 0, .top_p = 1}, {.temperature = 0.8, .top_p = 1}, {.temperature = 1.3, .top_k = 5, .top_p = 1},
+            {.temperature = 0.7, .top_p = 0.6}, {.temperature = 1.0, .top_p = 1, .min_p = 0.2},
+            {.temperature = 0.9, .top_k = 40, .top_p = 0.8, .min_p = 0.05}, {.temperature = 2.0, .top_k = 3, .top_p = 0.5}};
+        sampler_t *smp[8];
+        bk_sample_t sp[8];
+        int32_t ids[8];
+        uint8_t all[8];
+        for (int p = 0; p < e.n; p++) {
+            sampler_params_t q = kinds[p % 7];
+            q.repetition_penalty = 1.0;
+            q.seed = 1000 + (uint64_t)p;
+            smp[p] = sampler_new(&q, V, NULL, 0, err, sizeof err);
+            if (!smp[p])
+                fail_msg("%s", err);
+            seqs[p] = kvseq_new(pool, 128, 0);
+            assert_int_equal(kvseq_append(seqs[p], e.ids[p], e.n_ids[p]), 0);
+            qs[p] = (model_seq_t){.kv = seqs[p], .n_new = e.n_ids[p]};
+            all[p] = 1;
+        }
+        model_batch_t bsm = {.n_seqs = e.n, .seqs = qs, .argmax_out = ids, .need_logits = all, .sample = sp};
+        for (int step = 0; step < 6; step++) {
+            for (int p = 0; p < e.n; p++)
+                sampler_device_params(smp[p], &sp[p]);
+            if (model_forward(m, &bsm, lg2, err, sizeof err) < 0)
+                fail_msg("%s", err);
+            for (int p = 0; p < e.n; p++) {
+                int32_t want = sampler_sample(smp[p], lg2 + (size_t)p * V, NULL);
+                if (ids[p] != want)
+                    fail_msg("%s: sampled step %d, prompt %d: the sample op gave %d, the host sampler %d", name, step, p,
+                             ids[p], want);
+                sampler_accept(smp[p], want);
+                assert_int_equal(kvseq_append(seqs[p], &want, 1), 0);
+                qs[p].n_new = 1;
+            }
+        }
+        for (int p = 0; p < e.n; p++) {
+            kvseq_destroy(&seqs[p]);
+            sampler_destroy(&smp[p]);
+        }
     }
     assert_int_equal(kvpool_free_count(pool), 256);
     free(lg2);
