@@ -18,6 +18,7 @@
 #include <sys/stat.h>
 
 #include "common/util.h"
+#include "engine/dummy_fill.h"
 #include "engine/safetensors.h"
 
 #define CKPT_MAX_INDEX (256u << 20)  /* an index.json of a 1T-parameter model is a few MB */
@@ -324,12 +325,7 @@ ckpt_t *ckpt_dummy(dtype_t dtype, uint64_t seed)
     return c;
 }
 
-static uint64_t s_mix(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;   /* splitmix64 finaliser */
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
+static uint64_t s_mix(uint64_t z) { return dummy_mix(z); }
 
 static int s_ends_with(const char *s, const char *suffix)
 {
@@ -344,23 +340,31 @@ static void s_fill(void *dst, dtype_t dt, size_t numel, uint64_t key, float cent
     size_t esz = dtype_size(dt);
 #pragma omp parallel for schedule(static) if (numel > (1u << 16))
     for (size_t i = 0; i < numel; i++) {
-        uint64_t u = s_mix(key + (i + 1) * 0x9e3779b97f4a7c15ull);
-        float unit = (float)(u >> 40) * (1.0f / 16777216.0f);     /* 24 bits: [0, 1) exactly */
-        float v = center + scale * (2.0f * unit - 1.0f);
+        float v = dummy_value(key, i, center, scale);
         dtype_from_f32(dt, &v, p + i * esz, 1);
     }
 }
 
-/* The values of dummy tensor `name`: a pure function of the name, the seed and the shape. */
-static void s_dummy_fill(const ckpt_t *c, const char *name, int ndim, const int64_t *shape, void *data, size_t numel)
+/* How dummy tensor `name` is made: a pure function of the name, the seed and the shape. */
+static void s_dummy_recipe(const ckpt_t *c, const char *name, int ndim, const int64_t *shape, ckpt_dummy_recipe_t *r)
 {
     int norm = ndim == 1 && s_ends_with(name, "norm.weight");
-    float scale = norm ? 0.1f : ndim > 0 && shape[ndim - 1] > 0 ? 1.0f / sqrtf((float)shape[ndim - 1]) : 1.0f;
-    s_fill(data, c->dummy_dtype, numel, s_mix(c->seed ^ s_hash(name)), norm ? 1.0f : 0.0f, scale);
+    r->dtype = c->dummy_dtype;
+    r->key = s_mix(c->seed ^ s_hash(name));
+    r->center = norm ? 1.0f : 0.0f;
+    r->scale = norm ? 0.1f : ndim > 0 && shape[ndim - 1] > 0 ? 1.0f / sqrtf((float)shape[ndim - 1]) : 1.0f;
 }
 
-static const tensor_view_t *s_dummy_make(ckpt_t *c, const char *name, int ndim, const int64_t *shape, char *err,
-                                         size_t errlen)
+static void s_dummy_fill(const ckpt_t *c, const char *name, int ndim, const int64_t *shape, void *data, size_t numel)
+{
+    ckpt_dummy_recipe_t r;
+    s_dummy_recipe(c, name, ndim, shape, &r);
+    s_fill(data, r.dtype, numel, r.key, r.center, r.scale);
+}
+
+/* A dummy tensor's entry, with its values (with_data) or without (a caller makes them). */
+static const tensor_view_t *s_dummy_make(ckpt_t *c, const char *name, int ndim, const int64_t *shape, int with_data,
+                                         char *err, size_t errlen)
 {
     size_t numel = 1, nbytes;
     for (int i = 0; i < ndim; i++)
@@ -375,13 +379,14 @@ static const tensor_view_t *s_dummy_make(ckpt_t *c, const char *name, int ndim, 
     entry_t *e = calloc(1, sizeof *e);
     char *nm = strdup(name);
     void *data = NULL;
-    if (!e || !nm || posix_memalign(&data, 64, nbytes ? nbytes : 64) != 0) {
+    if (!e || !nm || (with_data && posix_memalign(&data, 64, nbytes ? nbytes : 64) != 0)) {
         free(e);
         free(nm);
         errf(err, errlen, "dummy: out of memory for tensor '%s' (%zu bytes)", name, nbytes);
         return NULL;
     }
-    s_dummy_fill(c, name, ndim, shape, data, numel);
+    if (with_data)
+        s_dummy_fill(c, name, ndim, shape, data, numel);
     e->view.name = nm;
     e->view.dtype = c->dummy_dtype;
     e->view.ndim = ndim;
@@ -420,7 +425,7 @@ const tensor_view_t *ckpt_expect(ckpt_t *c, const char *name, int ndim, const in
     int e = s_find(c, name);
     if (e < 0) {
         if (c->dummy)
-            return s_dummy_make(c, name, ndim, shape, err, errlen);
+            return s_dummy_make(c, name, ndim, shape, 1, err, errlen);
         errf(err, errlen, "%s: tensor '%s' not found (expected shape %s)", c->where, name,
              st_shape_str(shape, ndim, want, sizeof want));
         return NULL;
@@ -449,6 +454,29 @@ const tensor_view_t *ckpt_expect(ckpt_t *c, const char *name, int ndim, const in
         en->view.data = en->owned = data;
     }
     return &en->view;
+}
+
+const tensor_view_t *ckpt_expect_recipe(ckpt_t *c, const char *name, int ndim, const int64_t *shape,
+                                        ckpt_dummy_recipe_t *recipe, char *err, size_t errlen)
+{
+    if (!c->dummy || ndim < 0 || ndim > 4)
+        return ckpt_expect(c, name, ndim, shape, err, errlen);
+    int e = s_find(c, name);
+    const tensor_view_t *t = NULL;
+    if (e < 0) {
+        /* Only the entry (name, shape), without data: a later ckpt_expect makes the bytes, like a
+         * dropped tensor's. */
+        t = s_dummy_make(c, name, ndim, shape, 0, err, errlen);
+    } else {
+        const entry_t *en = c->entries[e];
+        int same = en->real_ndim == ndim;
+        for (int i = 0; same && i < ndim; i++)
+            same = en->view.shape[i] == shape[i];
+        t = same ? &en->view : ckpt_expect(c, name, ndim, shape, err, errlen);   /* the mismatch's error */
+    }
+    if (t)
+        s_dummy_recipe(c, name, ndim, shape, recipe);
+    return t;
 }
 
 void ckpt_drop(ckpt_t *c, const tensor_view_t *t)

@@ -47,6 +47,20 @@ int  ckpt_has(const ckpt_t *c, const char *name);
  * is freed now, not at destroy, so a GPU worker never holds the whole model in host memory; a
  * later ckpt_expect of the name makes the same values again. Mapped file data is left alone. */
 void ckpt_drop(ckpt_t *c, const tensor_view_t *t);
+
+/* How a dummy tensor's values are made (engine/dummy_fill.h): element i is dummy_value(key, i,
+ * center, scale) rounded to dtype. */
+typedef struct ckpt_dummy_recipe {
+    dtype_t dtype;
+    uint64_t key;
+    float center, scale;
+} ckpt_dummy_recipe_t;
+/* ckpt_expect for a caller that can make a dummy tensor's values itself (a backend that fills
+ * device memory): for a dummy checkpoint *recipe says how, and a tensor not made yet gets no host
+ * data (t->data NULL; the view has its dtype, shape and nbytes); for a checkpoint of files it is
+ * ckpt_expect and *recipe is untouched. */
+const tensor_view_t *ckpt_expect_recipe(ckpt_t *c, const char *name, int ndim, const int64_t *shape,
+                                        ckpt_dummy_recipe_t *recipe, char *err, size_t errlen);
 void ckpt_destroy(ckpt_t **self_p);
 
 /* Additions beyond the model's needs: listing and description. */

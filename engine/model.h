@@ -45,6 +45,8 @@ typedef struct model_opts {
                                      1 = always, -1 = never */
     int plain_ops;                /* 1: never the backend's fused ops (rope_kv_store, gate_up_swiglu),
                                      which give the same bits: tests compare the two */
+    int dummy_on_host;            /* 1: dummy weights made on the host and copied even when the backend
+                                     can make them in place (fill_dummy); same bits, for tests */
 } model_opts_t;
 
 /* One sequence's part of a step. */

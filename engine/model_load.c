@@ -47,6 +47,23 @@ static int s_dtype_ok(model_t *m, const tensor_view_t *t, char *err, size_t errl
     return 0;
 }
 
+/* 1 when the backend makes dummy weights in its own memory (fill_dummy), so the host never
+ * generates them (model_opts_t.dummy_on_host turns it off; tests compare the two). */
+static int s_device_dummy(const model_t *m, const ckpt_t *ck)
+{
+    return m->be->ops->fill_dummy && ckpt_is_dummy(ck) && !m->opts.dummy_on_host;
+}
+
+/* The tensor's view and, when the backend will make its values (s_device_dummy), the recipe;
+ * else the bytes on the host. */
+static const tensor_view_t *s_expect(model_t *m, ckpt_t *ck, const char *name, int ndim, const int64_t *shape,
+                                     ckpt_dummy_recipe_t *r, int *device, char *err, size_t errlen)
+{
+    *device = s_device_dummy(m, ck);
+    return *device ? ckpt_expect_recipe(ck, name, ndim, shape, r, err, errlen)
+                   : ckpt_expect(ck, name, ndim, shape, err, errlen);
+}
+
 /* A 2-D weight [rows][cols] made resident as it is stored. */
 static int s_mat(model_t *m, ckpt_t *ck, bk_mat_t *out, int64_t rows, int64_t cols, char *err, size_t errlen,
                  const char *fmt, ...) __attribute__((format(printf, 8, 9)));
@@ -59,14 +76,18 @@ static int s_mat(model_t *m, ckpt_t *ck, bk_mat_t *out, int64_t rows, int64_t co
     vsnprintf(name, sizeof name, fmt, ap);
     va_end(ap);
     int64_t shape[2] = {rows, cols};
-    const tensor_view_t *t = ckpt_expect(ck, name, 2, shape, err, errlen);
+    ckpt_dummy_recipe_t r;
+    int device;
+    const tensor_view_t *t = s_expect(m, ck, name, 2, shape, &r, &device, err, errlen);
     if (!t || s_dtype_ok(m, t, err, errlen) < 0)
         return -1;
-    const void *dev = m->be->ops->weight_put(m->be, t->data, t->nbytes, dtype_size(t->dtype));
+    const void *dev = m->be->ops->weight_put(m->be, device ? NULL : t->data, t->nbytes, dtype_size(t->dtype));
     if (!dev)
         return errf(err, errlen, "%s: cannot place tensor %s (%zu bytes) on the %s backend", m->where, name, t->nbytes,
                     m->be->ops->name);
     const dtype_t dt = t->dtype;
+    if (device)
+        m->be->ops->fill_dummy(m->be, (void *)dev, r.dtype, t->nbytes / dtype_size(r.dtype), r.key, r.center, r.scale);
     if (m->be->ops->weights_copied)
         ckpt_drop(ck, t);
     if (m->n_weights == m->cap_weights) {
@@ -95,11 +116,14 @@ static int s_mats_fused(model_t *m, ckpt_t *ck, bk_mat_t *fused, bk_mat_t *const
 {
     const int fuse = m->opts.fuse_weights ? m->opts.fuse_weights > 0 : m->be->ops->fuse_weights;
     const tensor_view_t *t[4];
+    ckpt_dummy_recipe_t r[4];
+    int device = 0;
     size_t total = 0;
     int same = 1;
     for (int i = 0; i < n; i++) {
         int64_t shape[2] = {rows[i], cols};
-        if (!(t[i] = ckpt_expect(ck, names[i], 2, shape, err, errlen)) || s_dtype_ok(m, t[i], err, errlen) < 0)
+        if (!(t[i] = s_expect(m, ck, names[i], 2, shape, &r[i], &device, err, errlen)) ||
+            s_dtype_ok(m, t[i], err, errlen) < 0)
             return -1;
         same &= t[i]->dtype == t[0]->dtype;
         total += t[i]->nbytes;
@@ -117,7 +141,10 @@ static int s_mats_fused(model_t *m, ckpt_t *ck, bk_mat_t *fused, bk_mat_t *const
     size_t off = 0;
     int64_t all_rows = 0;
     for (int i = 0; i < n; i++) {
-        if (m->be->ops->upload(m->be, dev + off, t[i]->data, t[i]->nbytes) < 0)
+        if (device)
+            m->be->ops->fill_dummy(m->be, dev + off, r[i].dtype, t[i]->nbytes / dtype_size(r[i].dtype), r[i].key,
+                                   r[i].center, r[i].scale);
+        else if (m->be->ops->upload(m->be, dev + off, t[i]->data, t[i]->nbytes) < 0)
             return errf(err, errlen, "%s: cannot upload %s", m->where, names[i]);
         *parts[i] = (bk_mat_t){.data = dev + off, .dtype = t[i]->dtype, .rows = rows[i], .cols = cols};
         off += t[i]->nbytes;

@@ -154,9 +154,14 @@ typedef struct backend_ops {
     int (*download_side)(backend_t *be, void *host_dst, const void *src, size_t n);
     /* Makes checkpoint bytes (host memory, any alignment, kept alive by the caller while the
      * weight is in use) resident and returns the device pointer; the CPU backend uses them in
-     * place when naturally aligned for elem_size and copies them otherwise. */
+     * place when naturally aligned for elem_size and copies them otherwise. host NULL: only the
+     * allocation, its bytes undefined (for fill_dummy). */
     const void *(*weight_put)(backend_t *be, const void *host, size_t bytes, size_t elem_size);
     void (*weight_release)(backend_t *be, const void *dev);
+    /* Optional (NULL: not offered; weight_put with host NULL then only allocates): fills n elements
+     * of dt at dev with the 'dummy' load format's values (engine/dummy_fill.h), bit for bit what the
+     * checkpoint would make on the host, without the host memory or the copy. Queued. */
+    void (*fill_dummy)(backend_t *be, void *dev, dtype_t dt, size_t n, uint64_t key, float center, float scale);
 
     /* out[t][:] = f32(table[ids[t]][:]); ids must be in [0, table.rows) (the engine checks). */
     void (*embed)(backend_t *be, const bk_mat_t *table, const int32_t *ids, int n, float *out);

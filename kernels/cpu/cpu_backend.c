@@ -41,7 +41,7 @@ static int s_sync(backend_t *be) { return 0; }
 
 static const void *s_weight_put(backend_t *be, const void *host, size_t bytes, size_t elem_size)
 {
-    if (((uintptr_t)host % elem_size) == 0)
+    if (host && ((uintptr_t)host % elem_size) == 0)
         return host;
     cpu_state_t *st = be->impl;
     if (st->n_copies == st->cap_copies) {
@@ -55,7 +55,8 @@ static const void *s_weight_put(backend_t *be, const void *host, size_t bytes, s
     void *p = s_alloc(be, bytes);
     if (!p)
         return NULL;
-    memcpy(p, host, bytes);
+    if (host)
+        memcpy(p, host, bytes);
     st->copies[st->n_copies++] = p;
     return p;
 }

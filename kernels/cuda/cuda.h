@@ -164,6 +164,7 @@ void cuda_kv_store(backend_t *be, const bk_kv_t *kv, int layer, const float *k, 
 void cuda_rope_kv_store(backend_t *be, const bk_kv_t *kv, int layer, float *q, float *k, const float *v, int n_heads,
                         const float *inv_freq, const bk_attn_meta_t *meta);
 int cuda_gate_up_swiglu(backend_t *be, const float *x, int M, const bk_mat_t *w, float *out);
+void cuda_fill_dummy(backend_t *be, void *dev, dtype_t dt, size_t n, uint64_t key, float center, float scale);
 void cuda_attention(backend_t *be, const bk_kv_t *kv, int layer, const float *q, int n_heads, float scale,
                     const bk_attn_meta_t *meta, float *out);
 /* The prefill attention on the tensor cores (cuda_attention_mma.cu): queued and 0, or -1 without

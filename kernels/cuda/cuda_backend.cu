@@ -182,7 +182,7 @@ static const void *s_weight_put(backend_t *be, const void *host, size_t bytes, s
             return NULL;
         }
     }
-    for (size_t off = 0; off < bytes; off += CUDA_STAGE_BYTES) {
+    for (size_t off = 0; host && off < bytes; off += CUDA_STAGE_BYTES) {   /* host NULL: fill_dummy fills it */
         size_t n = bytes - off < CUDA_STAGE_BYTES ? bytes - off : CUDA_STAGE_BYTES;
         int b = st->stage_next;
         st->stage_next ^= 1;
@@ -314,6 +314,7 @@ static const backend_ops_t s_cuda_ops = {
     .download_side = s_download_side,
     .weight_put = s_weight_put,
     .weight_release = s_weight_release,
+    .fill_dummy = cuda_fill_dummy,
     .embed = cuda_embed,
     .matmul = cuda_matmul,
     .add_rmsnorm = cuda_add_rmsnorm,

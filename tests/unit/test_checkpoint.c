@@ -17,6 +17,7 @@
 
 #include "common/dtype.h"
 #include "engine/checkpoint.h"
+#include "engine/dummy_fill.h"
 #include "engine/config.h"
 
 static char s_dir[256];
@@ -521,6 +522,49 @@ static void test_drop(void **state)
     ckpt_destroy(&c);
 }
 
+/* ckpt_expect_recipe: the recipe reproduces ckpt_expect's bytes through engine/dummy_fill.h (what a
+ * backend's fill_dummy computes); the entry gets no host data until an expect asks for it; a shape
+ * that disagrees is refused as by ckpt_expect; a checkpoint of files is plain ckpt_expect. */
+static void test_recipe(void **state)
+{
+    char err[256];
+    const dtype_t dts[3] = {DT_BF16, DT_F16, DT_F32};
+    for (int d = 0; d < 3; d++) {
+        ckpt_t *a = ckpt_dummy(dts[d], 5), *b = ckpt_dummy(dts[d], 5);
+        int64_t shape[2] = {37, 129}, norm[1] = {77};
+        const char *names[2] = {"model.layers.2.self_attn.o_proj.weight", "model.layers.2.input_layernorm.weight"};
+        for (int k = 0; k < 2; k++) {
+            const int64_t *sh = k ? norm : shape;
+            const tensor_view_t *h = ckpt_expect(a, names[k], k ? 1 : 2, sh, err, sizeof err);
+            ckpt_dummy_recipe_t r = {0};
+            const tensor_view_t *v = ckpt_expect_recipe(b, names[k], k ? 1 : 2, sh, &r, err, sizeof err);
+            assert_non_null(h);
+            assert_non_null(v);
+            assert_null(v->data);
+            assert_int_equal(v->nbytes, h->nbytes);
+            assert_true(ckpt_has(b, names[k]));
+            const size_t es = dtype_size(r.dtype), n = h->nbytes / es;
+            uint8_t *mine = malloc(h->nbytes);
+            for (size_t i = 0; i < n; i++) {
+                float f = dummy_value(r.key, i, r.center, r.scale);
+                dtype_from_f32(r.dtype, &f, mine + i * es, 1);
+            }
+            assert_memory_equal(mine, h->data, h->nbytes);
+            free(mine);
+            /* Asked for again with the wrong shape: refused, naming both. */
+            int64_t wrong[2] = {38, 129};
+            if (!k)
+                assert_null(ckpt_expect_recipe(b, names[k], 2, wrong, &r, err, sizeof err));
+            /* A plain expect now makes the bytes, the same. */
+            const tensor_view_t *v2 = ckpt_expect(b, names[k], k ? 1 : 2, sh, err, sizeof err);
+            assert_non_null(v2->data);
+            assert_memory_equal(v2->data, h->data, h->nbytes);
+        }
+        ckpt_destroy(&a);
+        ckpt_destroy(&b);
+    }
+}
+
 static void test_hf_fixtures(void **state)
 {
     const char *root = "tests/fixtures/models";
@@ -576,6 +620,7 @@ int main(void)
         cmocka_unit_test(test_dummy),
         cmocka_unit_test(test_dummy_from_shape_config),
         cmocka_unit_test(test_drop),
+        cmocka_unit_test(test_recipe),
         cmocka_unit_test(test_hf_fixtures),
     };
     return cmocka_run_group_tests(tests, s_setup, s_teardown);
