@@ -535,6 +535,40 @@ static void test_init_timeout_and_retry(void **st)
     kvlinks_destroy(&p);
 }
 
+/* The peer's process goes away (peer_event down): a READY link is aborted at once, saying so, and
+ * hand-offs take shared memory; the peer comes back (restarted): a new link is offered at the next
+ * hand-off, without waiting out retry_ms. Events for unknown peers or a NULL kvlinks do nothing. */
+static void test_peer_events(void **st)
+{
+    s_reset();
+    kvlink_cfg_t cfg = s_cfg;
+    cfg.retry_ms = 60000;   /* far longer than the test: only the event may bring the link back */
+    kvlinks_t *p = kvlinks_new(&s_be_p, "prefill-0", 512, &cfg, s_send, NULL);
+    kvlinks_t *d = kvlinks_new(&s_be_d, "decode-1", 512, &cfg, s_send, NULL);
+    s_link_up(p, d);
+    kvlinks_peer_event(p, "nobody", 0);
+    kvlinks_peer_event(NULL, "decode-1", 0);
+    assert_int_equal(kvlinks_state(p, "decode-1", NULL), TCHAN_NCCL_READY);
+    kvlinks_peer_event(p, "decode-1", 0);
+    const char *why;
+    assert_int_equal(kvlinks_state(p, "decode-1", &why), TCHAN_NCCL_FAILED);
+    assert_non_null(strstr(why, "the peer's process is gone"));
+    assert_non_null(strstr(why, "communicator aborted"));
+    g_n_wire = 0;
+    assert_int_equal(kvlinks_channel(p, "decode-1", MSG_CHAN_NCCL), MSG_CHAN_SHM);
+    assert_int_equal(g_n_wire, 0);   /* no new offer while the peer is down (retry_ms not over) */
+    kvlinks_peer_event(p, "decode-1", 1);
+    assert_int_equal(kvlinks_channel(p, "decode-1", MSG_CHAN_NCCL), MSG_CHAN_SHM);   /* coming up */
+    assert_int_equal(g_n_wire, 1);   /* offered again at once */
+    msg_t offer;
+    s_take_msg(0, "decode-1", &offer);
+    assert_int_equal(offer.u.kv_link.channel, MSG_CHAN_NCCL);
+    msg_free(&offer);
+    g_n_wire = 0;
+    kvlinks_destroy(&p);
+    kvlinks_destroy(&d);
+}
+
 /* A new offer from the same sender (it restarted) replaces the link; announces of the old one are
  * refused with a reason. */
 static void test_new_offer_replaces(void **st)
@@ -664,6 +698,7 @@ int main(void)
         cmocka_unit_test(test_broken_order_aborts),
         cmocka_unit_test(test_deadlines_abort),
         cmocka_unit_test(test_init_timeout_and_retry),
+        cmocka_unit_test(test_peer_events),
         cmocka_unit_test(test_new_offer_replaces),
         cmocka_unit_test(test_no_nccl),
         cmocka_unit_test(test_chan_self),
