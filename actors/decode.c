@@ -626,14 +626,17 @@ static int s_step(actor_t *a, void *state)
      * top-k, top-p, min-p, seed); only those with penalties or log-probabilities need their row of
      * logits brought to the host (and every non-greedy one on a backend without the op). */
     const int dev_sample = d->w->be->ops->sample != NULL;
+    int any_sampled = 0;   /* a row the device samples (not greedy, no host logits needed) */
     for (int i = 0; i < n; i++) {
         const dc_req_t *r = d->batch[i];
         d->need_logits[i] = sampler_needs_host(r->smp) || r->handoff.u.handoff.sampling.logprobs ||
                             (!dev_sample && !sampler_is_greedy(r->smp));
+        any_sampled |= !d->need_logits[i] && !sampler_is_greedy(r->smp);
         sampler_device_params(r->smp, &d->sample[i]);
     }
+    /* An all-greedy step keeps the plain argmax (the sample op's greedy rows give the same ids). */
     model_batch_t b = {.n_seqs = n, .seqs = d->seqs, .argmax_out = d->argmax, .need_logits = d->need_logits,
-                       .sample = dev_sample ? d->sample : NULL};
+                       .sample = any_sampled ? d->sample : NULL};
     char err[512];
     int64_t t0 = now_ns();
     int frc = model_forward(d->w->model, &b, d->w->logits, err, sizeof err);
