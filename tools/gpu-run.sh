@@ -181,8 +181,14 @@ serve_line="not run (SERVE=1 runs it)"
 TOPO=${SERVE_TOPO:-tools/bench/h200-8b.yaml}
 SERVE_MODEL=$(awk '/^model:/ {m = 1} m && $1 == "path:" {print $2; exit}' "$TOPO")
 if [ "${SERVE:-0}" = 1 ] && [ -x build/bin/troupe-supervisor ]; then
-  step "serving: supervisor + router + prefill + decode on GPU 0"
+  step "serving: $TOPO under the supervisor"
   rm -f /tmp/serve.ready
+  if [ "${SERVE_EXACT:-1}" = 1 ]; then   # the one-process reference, before the cluster takes the GPUs
+    ex_ids=$(python3 -c 'print(",".join(str((i * 104729 + 77) % 120000) for i in range(40)))')
+    ex_gen=$(timeout 200 build/bin/troupe-generate "$SERVE_MODEL" --load-format dummy --dtype bf16 \
+      --backend cuda --ids "$ex_ids" --max-tokens 24 --ignore-eos --temperature 0 --json 2>/dev/null \
+      | python3 -c 'import json,sys; print(json.load(sys.stdin)["ids"])')
+  fi
   # Where the workers' loops spent their time (cumulative since start): decode steps, hand-offs
   # taken in, write-back submissions, recomputes; prefill forwards. Saved as JSON too.
   loop_times() {
@@ -210,15 +216,11 @@ EOF
     ready_ms=$(( ($(date +%s%N) - t0) / 1000000 ))
     timeout 60 build/bin/troupe-client --topology $TOPO --json submit --ids 1000,2000,3000 --max-tokens 1 --temperature 0 >/dev/null 2>&1
     first_ms=$(( ($(date +%s%N) - t0) / 1000000 ))
-    # Exactness on the GPU: greedy through the cluster (prefill -> CUDA IPC hand-off -> decode)
-    # equals the one-process engine on the same dummy weights.
-    # (SERVE_EXACT=0 skips it: a second copy of a 61 GB MoE model does not fit beside the cluster.)
+    # Exactness on the GPU: greedy through the cluster (prefill -> KV hand-off -> decode) equals
+    # the one-process engine on the same dummy weights (run before the cluster started, so the two
+    # never share a GPU's memory; SERVE_EXACT=0 skips it).
     exact="exactness check skipped (SERVE_EXACT=0)"
     if [ "${SERVE_EXACT:-1}" = 1 ]; then
-      ex_ids=$(python3 -c 'print(",".join(str((i * 104729 + 77) % 120000) for i in range(40)))')
-      ex_gen=$(timeout 200 build/bin/troupe-generate "$SERVE_MODEL" --load-format dummy --dtype bf16 \
-        --backend cuda --ids "$ex_ids" --max-tokens 24 --ignore-eos --temperature 0 --json 2>/dev/null \
-        | python3 -c 'import json,sys; print(json.load(sys.stdin)["ids"])')
       ex_cl=$(timeout 60 build/bin/troupe-client --topology $TOPO --json submit --ids --max-tokens 24 \
         --ignore-eos --temperature 0 "$ex_ids" | python3 -c 'import json, sys
 ids = []
