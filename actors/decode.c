@@ -94,7 +94,8 @@ typedef struct decode {
     uint64_t writeback_blocks;   /* blocks copied to the host store */
     uint64_t writebacks_shed;    /* write-backs left out under load (s_writeback) */
     /* Where the decode loop's time goes (ns): model steps, taking hand-offs in (the KV copy
-     * included), write-back copies, recomputing preempted requests. */
+     * included), handing write-backs to the copier (the copies run on its thread), recomputing
+     * preempted requests. */
     uint64_t steps, forward_ns, handoff_ns, writeback_ns, recompute_ns;
     uint64_t last_tokens;
     int64_t last_stats_ms;
@@ -632,8 +633,9 @@ static int s_step(actor_t *a, void *state)
         d->need_logits[i] = sampler_needs_host(r->smp) || r->handoff.u.handoff.sampling.logprobs ||
                             (!dev_sample && !sampler_is_greedy(r->smp));
         any_sampled |= !d->need_logits[i] && !sampler_is_greedy(r->smp);
-        sampler_device_params(r->smp, &d->sample[i]);
     }
+    for (int i = 0; any_sampled && i < n; i++)
+        sampler_device_params(d->batch[i]->smp, &d->sample[i]);
     /* An all-greedy step keeps the plain argmax (the sample op's greedy rows give the same ids). */
     model_batch_t b = {.n_seqs = n, .seqs = d->seqs, .argmax_out = d->argmax, .need_logits = d->need_logits,
                        .sample = any_sampled ? d->sample : NULL};

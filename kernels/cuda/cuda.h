@@ -126,8 +126,9 @@ typedef struct cuda_state {
     int stage_next;
 
     void **weights;               /* device buffers made by weight_put, freed at destroy if still held */
-    uint8_t *wslab;               /* the current slab small weights are carved from (WEIGHT_SLAB bytes) */
-    size_t wslab_used;
+    void **slabs;                 /* slabs small weights are carved from (WEIGHT_SLAB bytes each), freed at destroy */
+    int n_slabs, cap_slabs;
+    size_t wslab_used;            /* bytes carved from the last slab */
     int n_weights, cap_weights;
 
     int32_t *h_ids;               /* host: moe_ffn's routing copied back, then its sorted lists */
@@ -159,6 +160,21 @@ void cuda_swiglu(backend_t *be, const float *gate, const float *up, int n, float
 void cuda_gather_rows(backend_t *be, const float *src, const int32_t *rows, int n, int cols, float *dst);
 void cuda_argmax(backend_t *be, const float *x, int M, int N, int32_t *out);
 void cuda_sample(backend_t *be, const float *logits, int M, int N, const bk_sample_t *params, int32_t *out);
+
+/* The fields every KV/attention kernel's argument struct has for addressing the paged pool and the
+ * step's rows (attn_args_t, mma_args_t, dmma_args_t), filled in one place. */
+template <typename A> static inline void cuda_kv_addr(A &a, const bk_kv_t *kv, int layer, const bk_attn_meta_t *meta)
+{
+    a.base = (const uint8_t *)kv->base;
+    a.block_bytes = kv->block_bytes;
+    a.block_size = kv->block_size;
+    a.n_kv = kv->n_kv_heads;
+    a.layer = layer;
+    a.tok_seq = meta->tok_seq;
+    a.tok_pos = meta->tok_pos;
+    a.seq_bt_start = meta->seq_bt_start;
+    a.block_table = meta->block_table;
+}
 
 void cuda_kv_store(backend_t *be, const bk_kv_t *kv, int layer, const float *k, const float *v, const bk_attn_meta_t *meta);
 void cuda_rope_kv_store(backend_t *be, const bk_kv_t *kv, int layer, float *q, float *k, const float *v, int n_heads,

@@ -130,17 +130,9 @@ void cuda_rope_kv_store(backend_t *be, const bk_kv_t *kv, int layer, float *q, f
     if (meta->n_tokens <= 0)
         return;
     attn_args_t a = {};
-    a.base = (const uint8_t *)kv->base;
-    a.block_bytes = kv->block_bytes;
-    a.block_size = kv->block_size;
-    a.n_kv = kv->n_kv_heads;
+    cuda_kv_addr(a, kv, layer, meta);
     a.D = kv->head_dim;
-    a.layer = layer;
     a.n_heads = n_heads;
-    a.tok_seq = meta->tok_seq;
-    a.tok_pos = meta->tok_pos;
-    a.seq_bt_start = meta->seq_bt_start;
-    a.block_table = meta->block_table;
     const cuda_state_t *st = cuda_st(be);
     switch (kv->dtype) {
     case DT_F32: cuda_launch(st, k_rope_kv_store<float>, meta->n_tokens, 256, a, q, k, v, inv_freq); break;
@@ -154,16 +146,8 @@ void cuda_kv_store(backend_t *be, const bk_kv_t *kv, int layer, const float *k, 
     if (meta->n_tokens <= 0)
         return;
     attn_args_t a = {};
-    a.base = (const uint8_t *)kv->base;
-    a.block_bytes = kv->block_bytes;
-    a.block_size = kv->block_size;
-    a.n_kv = kv->n_kv_heads;
+    cuda_kv_addr(a, kv, layer, meta);
     a.D = kv->head_dim;
-    a.layer = layer;
-    a.tok_seq = meta->tok_seq;
-    a.tok_pos = meta->tok_pos;
-    a.seq_bt_start = meta->seq_bt_start;
-    a.block_table = meta->block_table;
     const cuda_state_t *st = cuda_st(be);
     const int threads = kv->n_kv_heads * kv->head_dim >= 512 ? 256 : 128;
     switch (kv->dtype) {
@@ -362,15 +346,10 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) k_attn_tiles(attn_args_t a)
     for (;;) {
         __syncthreads();
         /* This pass: the sequence of the first row not done yet, and its rows' largest position. */
-        int cur = -1, max_pos = -1;
-        for (int r = 0; r < TILE_ROWS; r++)
-            if (s_seq[r] >= 0 && cur < 0)
-                cur = s_seq[r];
+        int max_pos;
+        const int cur = dev_next_pass(s_seq, s_pos, TILE_ROWS, &max_pos);
         if (cur < 0)
             break;
-        for (int r = 0; r < TILE_ROWS; r++)
-            if (s_seq[r] == cur)
-                max_pos = max(max_pos, s_pos[r]);
         for (int i = threadIdx.x; i < TILE_ROWS * D; i += blockDim.x) {
             const int r = i / D, d = i % D;
             Qs[r][d] = s_seq[r] == cur ? a.q[((size_t)(t0 + r) * a.n_heads + h) * D + d] : 0.0f;
@@ -535,15 +514,10 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) k_attn_flash(attn_args_t a, i
     }
     for (;;) {
         __syncthreads();
-        int cur = -1, max_pos = -1;
-        for (int r = 0; r < NT; r++)
-            if (s_seq[r] >= 0 && cur < 0)
-                cur = s_seq[r];
+        int max_pos;
+        const int cur = dev_next_pass(s_seq, s_pos, NT, &max_pos);
         if (cur < 0)
             break;
-        for (int r = 0; r < NT; r++)
-            if (s_seq[r] == cur)
-                max_pos = max(max_pos, s_pos[r]);
         /* This block's key range: [k0, k1) of 0..max_pos, split S ways (decode). */
         const int n_keys = max_pos + 1, span = (n_keys + a.S - 1) / a.S;
         const int k0 = sidx * span, k1 = min(n_keys, k0 + span);
@@ -755,16 +729,8 @@ void cuda_attention(backend_t *be, const bk_kv_t *kv, int layer, const float *q,
         return;
     cuda_state_t *st = cuda_st(be);
     attn_args_t a = {};
-    a.base = (const uint8_t *)kv->base;
-    a.block_bytes = kv->block_bytes;
-    a.block_size = kv->block_size;
-    a.n_kv = kv->n_kv_heads;
+    cuda_kv_addr(a, kv, layer, meta);
     a.D = kv->head_dim;
-    a.layer = layer;
-    a.tok_seq = meta->tok_seq;
-    a.tok_pos = meta->tok_pos;
-    a.seq_bt_start = meta->seq_bt_start;
-    a.block_table = meta->block_table;
     a.q = q;
     a.T = T;
     a.n_heads = n_heads;

@@ -304,25 +304,15 @@ int cuda_attention_decode_mma(const cuda_state_t *st, const bk_kv_t *kv, int lay
                               float scale, const bk_attn_meta_t *meta, int S, float *part, float *out)
 {
     const int D = kv->head_dim, n_kv = kv->n_kv_heads, T = meta->n_tokens;
-    if (kv->dtype != DT_BF16 || (D != 64 && D != 128) || n_kv <= 0 || n_heads % n_kv != 0)
-        return -1;
-    const int G = n_heads / n_kv;
-    if (G < 1 || G > DMMA_ROWS || !(scale > 0.0f) || ((uintptr_t)q & 15) || S < 1 || S > 65535 || (S > 1 && !part))
+    const int G = cuda_mma_attn_group(kv, n_heads, DMMA_ROWS);
+    if (!G || !(scale > 0.0f) || ((uintptr_t)q & 15) || S < 1 || S > 65535 || (S > 1 && !part))
         return -1;
     if ((int64_t)T * n_kv > INT_MAX)               /* gridDim.x */
         return -1;
     if (T <= 0)
         return 0;
     dmma_args_t a = {};
-    a.base = (const uint8_t *)kv->base;
-    a.block_bytes = kv->block_bytes;
-    a.block_size = kv->block_size;
-    a.n_kv = n_kv;
-    a.layer = layer;
-    a.tok_seq = meta->tok_seq;
-    a.tok_pos = meta->tok_pos;
-    a.seq_bt_start = meta->seq_bt_start;
-    a.block_table = meta->block_table;
+    cuda_kv_addr(a, kv, layer, meta);
     a.q = q;
     a.out = out;
     a.part = part;

@@ -109,15 +109,10 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) k_attn_mma(mma_args_t a)
     for (;;) {
         __syncthreads();
         /* This pass: the sequence of the first row not done yet, and its rows' largest position. */
-        int cur = -1, max_pos = -1;
-        for (int r = 0; r < NT; r++)
-            if (s_seq[r] >= 0 && cur < 0)
-                cur = s_seq[r];
+        int max_pos;
+        const int cur = dev_next_pass(s_seq, s_pos, NT, &max_pos);
         if (cur < 0)
             break;
-        for (int r = 0; r < NT; r++)
-            if (s_seq[r] == cur)
-                max_pos = max(max_pos, s_pos[r]);
         const int n_keys = max_pos + 1;
         const int32_t *bt = a.block_table + a.seq_bt_start[cur];
 
@@ -301,11 +296,8 @@ static void s_launch(const cuda_state_t *st, const mma_args_t &a)
 int cuda_attention_mma(const cuda_state_t *st, const bk_kv_t *kv, int layer, const float *q, int n_heads, float scale,
                        const bk_attn_meta_t *meta, float *out)
 {
-    const int D = kv->head_dim, n_kv = kv->n_kv_heads, T = meta->n_tokens;
-    if (kv->dtype != DT_BF16 || (D != 64 && D != 128) || n_kv <= 0 || n_heads % n_kv != 0)
-        return -1;
-    const int G = n_heads / n_kv;
-    if (G < 1 || G > MMA_VECS || !(scale > 0.0f) || ((uintptr_t)q & 15) || ((uintptr_t)out & 7))
+    const int D = kv->head_dim, T = meta->n_tokens, G = cuda_mma_attn_group(kv, n_heads, MMA_VECS);
+    if (!G || !(scale > 0.0f) || ((uintptr_t)q & 15) || ((uintptr_t)out & 7))
         return -1;
     const int NT = MMA_VECS / G;
     if ((T + NT - 1) / NT > 65535)                 /* gridDim.y */
@@ -313,15 +305,7 @@ int cuda_attention_mma(const cuda_state_t *st, const bk_kv_t *kv, int layer, con
     if (T <= 0)
         return 0;
     mma_args_t a = {};
-    a.base = (const uint8_t *)kv->base;
-    a.block_bytes = kv->block_bytes;
-    a.block_size = kv->block_size;
-    a.n_kv = n_kv;
-    a.layer = layer;
-    a.tok_seq = meta->tok_seq;
-    a.tok_pos = meta->tok_pos;
-    a.seq_bt_start = meta->seq_bt_start;
-    a.block_table = meta->block_table;
+    cuda_kv_addr(a, kv, layer, meta);
     a.q = q;
     a.out = out;
     a.T = T;

@@ -133,19 +133,22 @@ static int s_sync(backend_t *be)
     return 0;
 }
 
-static int s_track(cuda_state_t *st, void *p)
+/* Appends p to a growing list of device buffers (weights, slabs). */
+static int s_push(void ***list, int *n, int *cap, void *p)
 {
-    if (st->n_weights == st->cap_weights) {
-        int cap = st->cap_weights ? st->cap_weights * 2 : 256;
-        void **w = (void **)realloc(st->weights, (size_t)cap * sizeof(*w));
+    if (*n == *cap) {
+        int c = *cap ? *cap * 2 : 256;
+        void **w = (void **)realloc(*list, (size_t)c * sizeof(*w));
         if (!w)
             return -1;
-        st->weights = w;
-        st->cap_weights = cap;
+        *list = w;
+        *cap = c;
     }
-    st->weights[st->n_weights++] = p;
+    (*list)[(*n)++] = p;
     return 0;
 }
+
+static int s_track(cuda_state_t *st, void *p) { return s_push(&st->weights, &st->n_weights, &st->cap_weights, p); }
 
 /* Small weights (an MoE layer's 3 MB experts: 18,432 of them in Qwen3-30B-A3B) are carved from
  * 256 MB slabs: one cudaMalloc each cost far more than its bytes (an H200 run ran out of memory with
@@ -160,18 +163,17 @@ static const void *s_weight_put(backend_t *be, const void *host, size_t bytes, s
     void *dev;
     if (bytes <= WEIGHT_SMALL) {
         const size_t need = (bytes + 255) & ~(size_t)255;
-        if (!st->wslab || st->wslab_used + need > WEIGHT_SLAB) {
+        if (!st->n_slabs || st->wslab_used + need > WEIGHT_SLAB) {
             void *slab = s_alloc(be, WEIGHT_SLAB);
             if (!slab)
                 return NULL;
-            if (s_track(st, slab) < 0) {
+            if (s_push(&st->slabs, &st->n_slabs, &st->cap_slabs, slab) < 0) {
                 CUDA_CHECK(cudaFree(slab));
                 return NULL;
             }
-            st->wslab = (uint8_t *)slab;
-            st->wslab_used = 256;   /* no carved weight is the slab's own address: weight_release skips it */
+            st->wslab_used = 0;
         }
-        dev = st->wslab + st->wslab_used;
+        dev = (uint8_t *)st->slabs[st->n_slabs - 1] + st->wslab_used;
         st->wslab_used += need;
     } else {
         dev = s_alloc(be, bytes);
@@ -214,6 +216,9 @@ static void s_destroy(backend_t *be)
         for (int i = 0; i < st->n_weights; i++)
             cudaFree(st->weights[i]);
         free(st->weights);
+        for (int i = 0; i < st->n_slabs; i++)
+            cudaFree(st->slabs[i]);
+        free(st->slabs);
         cuda_plans_destroy(st);
         cuda_moe_destroy(st);
         for (int i = 0; i < 2; i++) {

@@ -43,6 +43,22 @@ __device__ __forceinline__ void dev_store(__nv_bfloat16 *p, float v)
 }
 __device__ __forceinline__ void dev_store(__half *p, float v) { *p = __float2half_rn(v); }   /* round to nearest even */
 
+/* Attention kernels take a tile of rows whose (sequence, position) sit in shared memory (sequence
+ * -1: no row, or one already done) one sequence per pass: the sequence of the first row left and
+ * its rows' largest position (*max_pos), or -1 when none is left. Reads shared memory only. */
+__device__ __forceinline__ int dev_next_pass(const int *s_seq, const int *s_pos, int n, int *max_pos)
+{
+    int cur = -1, mp = -1;
+    for (int r = 0; r < n; r++)
+        if (s_seq[r] >= 0 && cur < 0)
+            cur = s_seq[r];
+    for (int r = 0; cur >= 0 && r < n; r++)
+        if (s_seq[r] == cur)
+            mp = max(mp, s_pos[r]);
+    *max_pos = mp;
+    return cur;
+}
+
 template <typename T> __device__ __forceinline__ T dev_warp_sum(T v)
 {
 #pragma unroll

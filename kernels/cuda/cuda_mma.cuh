@@ -7,6 +7,8 @@
 
 #include <stdint.h>
 
+#include "kernels/backend.h"
+
 /* 16 bytes global -> shared without passing through registers (L2 only, .cg); src_bytes < 16
  * zero-fills the rest (0: all zeros, the source is not read). */
 static __device__ __forceinline__ void dev_cp_async16(void *smem, const void *gmem, int src_bytes)
@@ -60,5 +62,16 @@ static __device__ __forceinline__ uint32_t dev_pack_bf16x2(float lo, float hi)
 }
 static __device__ __forceinline__ float dev_bf16x2_lo(uint32_t w) { return __uint_as_float(w << 16); }
 static __device__ __forceinline__ float dev_bf16x2_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+
+/* Host: the caches and head shapes both tensor-core attention kernels take (a bf16 cache, head_dim
+ * 64 or 128, whole GQA groups of at most max_g query heads): the group size, or 0. */
+static inline int cuda_mma_attn_group(const bk_kv_t *kv, int n_heads, int max_g)
+{
+    const int D = kv->head_dim, n_kv = kv->n_kv_heads;
+    if (kv->dtype != DT_BF16 || (D != 64 && D != 128) || n_kv <= 0 || n_heads % n_kv != 0)
+        return 0;
+    const int G = n_heads / n_kv;
+    return G >= 1 && G <= max_g ? G : 0;
+}
 
 #endif

@@ -99,6 +99,32 @@ static double s_now(void)
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* One step's attention calls over `layers` layers (head_dim 128: scale 1/sqrt(128)), median ms of 7
+ * after 2 warm-ups; the output is kept in host (nq floats) and the step's device buffers are freed. */
+static float s_time_attention_step(backend_t *be, bk_kv_t *kv, int layers, float *q, int heads, float *out,
+                                   const bk_attn_meta_t *meta, int32_t *meta_d, size_t nq, std::vector<float> &host)
+{
+    std::vector<float> t_ms;
+    for (int rep = 0; rep < 9; rep++) {
+        be->ops->sync(be);
+        const double t0 = s_now();
+        for (int l = 0; l < layers; l++)
+            be->ops->attention(be, kv, l, q, heads, 0.08838834764831845f, meta, out);
+        if (be->ops->sync(be) != 0)
+            exit(1);
+        if (rep >= 2)
+            t_ms.push_back((float)((s_now() - t0) * 1e3));
+    }
+    host.resize(nq);
+    if (be->ops->download(be, host.data(), out, nq * 4) != 0)
+        exit(1);
+    be->ops->free(be, kv->base);
+    be->ops->free(be, q);
+    be->ops->free(be, out);
+    be->ops->free(be, meta_d);
+    return s_median(t_ms);
+}
+
 static double s_copy_bandwidth(void)
 {
     const size_t bytes = (size_t)2 << 30;
@@ -273,25 +299,7 @@ static void s_attn_prefill_ms(backend_t *const *bes, int n, double *ms, std::vec
         meta.tok_pos = meta_d + T;
         meta.seq_bt_start = meta_d + 2 * T;
         meta.block_table = meta_d + 2 * T + 1;
-        std::vector<float> t_ms;
-        for (int rep = 0; rep < 9; rep++) {
-            be->ops->sync(be);
-            const double t0 = s_now();
-            for (int l = 0; l < LAYERS; l++)
-                be->ops->attention(be, &kv, l, q, HEADS, 0.08838834764831845f, &meta, out);
-            if (be->ops->sync(be) != 0)
-                exit(1);
-            if (rep >= 2)
-                t_ms.push_back((float)((s_now() - t0) * 1e3));
-        }
-        ms[b] = s_median(t_ms);
-        out_host[b].resize(nq);
-        if (be->ops->download(be, out_host[b].data(), out, nq * 4) != 0)
-            exit(1);
-        be->ops->free(be, kv.base);
-        be->ops->free(be, q);
-        be->ops->free(be, out);
-        be->ops->free(be, meta_d);
+        ms[b] = s_time_attention_step(be, &kv, LAYERS, q, HEADS, out, &meta, meta_d, nq, out_host[b]);
     }
 }
 
@@ -347,25 +355,7 @@ static void s_attn_decode_ms(backend_t *const *bes, int n, int B, double *ms, st
         meta.tok_pos = meta_d + B;
         meta.seq_bt_start = meta_d + 2 * B;
         meta.block_table = meta_d + 3 * B;
-        std::vector<float> t_ms;
-        for (int rep = 0; rep < 9; rep++) {
-            be->ops->sync(be);
-            const double t0 = s_now();
-            for (int l = 0; l < LAYERS; l++)
-                be->ops->attention(be, &kv, l, q, HEADS, 0.08838834764831845f, &meta, out);
-            if (be->ops->sync(be) != 0)
-                exit(1);
-            if (rep >= 2)
-                t_ms.push_back((float)((s_now() - t0) * 1e3));
-        }
-        ms[b] = s_median(t_ms);
-        out_host[b].resize(nq);
-        if (be->ops->download(be, out_host[b].data(), out, nq * 4) != 0)
-            exit(1);
-        be->ops->free(be, kv.base);
-        be->ops->free(be, q);
-        be->ops->free(be, out);
-        be->ops->free(be, meta_d);
+        ms[b] = s_time_attention_step(be, &kv, LAYERS, q, HEADS, out, &meta, meta_d, nq, out_host[b]);
     }
 }
 

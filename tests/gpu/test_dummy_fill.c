@@ -21,6 +21,7 @@
 #include "engine/kvcache.h"
 #include "engine/model.h"
 #include "kernels/backend.h"
+#include "tests/gpu/model_steps.h"
 
 static backend_t *s_gpu;
 
@@ -60,40 +61,13 @@ static void test_fill_matches_host(void **state)
     }
 }
 
+/* The dummy bf16 model of dir, its weights made on the host (on_host) or on the device: a prompt
+ * then 4 one-row steps; logits [5][V]. */
 static float *s_run(const char *dir, const model_config_t *cfg, int on_host, double *load_s)
 {
-    char err[512];
     ckpt_t *ck = ckpt_dummy(DT_BF16, 0);
     model_opts_t o = {.max_tokens = 64, .max_seqs = 4, .max_context = 64, .kv_block_size = 16, .dummy_on_host = on_host};
-    int64_t t0 = now_ns();
-    model_t *m = model_load(dir, cfg, ck, s_gpu, &o, err, sizeof err);
-    if (!m)
-        fail_msg("%s", err);
-    assert_int_equal(s_gpu->ops->sync(s_gpu), 0);
-    *load_s = (double)(now_ns() - t0) / 1e9;
-    kvpool_t *pool = kvpool_new(16, 16, cfg->num_layers, cfg->num_kv_heads, cfg->head_dim, DT_BF16, s_gpu, err, sizeof err);
-    if (!pool)
-        fail_msg("%s", err);
-    const int V = cfg->vocab_size;
-    float *lg = malloc((size_t)5 * V * sizeof(float));
-    kvseq_t *s = kvseq_new(pool, 64, 0);
-    int32_t ids[20];
-    for (int i = 0; i < 20; i++)
-        ids[i] = (i * 7919 + 3) % V;
-    assert_int_equal(kvseq_append(s, ids, 20), 0);
-    model_seq_t q = {.kv = s, .n_new = 20};
-    model_batch_t b = {.n_seqs = 1, .seqs = &q};
-    for (int step = 0; step < 5; step++) {
-        if (model_forward(m, &b, lg + (size_t)step * V, err, sizeof err) < 0)
-            fail_msg("model_forward: %s", err);
-        kvseq_publish(s);
-        int32_t next = (step * 131 + 9) % V;
-        assert_int_equal(kvseq_append(s, &next, 1), 0);
-        q.n_new = 1;
-    }
-    kvseq_destroy(&s);
-    kvpool_destroy(&pool);
-    model_destroy(&m);
+    float *lg = model_steps(s_gpu, dir, cfg, ck, &o, 20, 4, load_s);
     ckpt_destroy(&ck);
     return lg;
 }

@@ -19,6 +19,7 @@
 #include "engine/kvcache.h"
 #include "engine/model.h"
 #include "kernels/backend.h"
+#include "tests/gpu/model_steps.h"
 
 static backend_t *s_gpu;
 
@@ -113,33 +114,7 @@ static float *s_run(const char *dir, const model_config_t *cfg, int plain)
     if (!ck)
         fail_msg("%s", err);
     model_opts_t o = {.max_tokens = 64, .max_seqs = 4, .max_context = 64, .kv_block_size = 4, .plain_ops = plain};
-    model_t *m = model_load(dir, cfg, ck, s_gpu, &o, err, sizeof err);
-    if (!m)
-        fail_msg("%s", err);
-    const dtype_t kvt = cfg->dtype == DT_F32 ? DT_F32 : DT_BF16;
-    kvpool_t *pool = kvpool_new(64, 4, cfg->num_layers, cfg->num_kv_heads, cfg->head_dim, kvt, s_gpu, err, sizeof err);
-    if (!pool)
-        fail_msg("%s", err);
-    const int V = cfg->vocab_size;
-    float *lg = malloc((size_t)9 * V * sizeof(float));
-    kvseq_t *s = kvseq_new(pool, 64, 0);
-    int32_t ids[13];
-    for (int i = 0; i < 13; i++)
-        ids[i] = (i * 37 + 5) % V;
-    assert_int_equal(kvseq_append(s, ids, 13), 0);
-    model_seq_t q = {.kv = s, .n_new = 13};
-    model_batch_t b = {.n_seqs = 1, .seqs = &q};
-    for (int step = 0; step < 9; step++) {
-        if (model_forward(m, &b, lg + (size_t)step * V, err, sizeof err) < 0)
-            fail_msg("model_forward: %s", err);
-        kvseq_publish(s);
-        int32_t next = (step * 101 + 7) % V;   /* fixed ids: both runs feed the same tokens */
-        assert_int_equal(kvseq_append(s, &next, 1), 0);
-        q.n_new = 1;
-    }
-    kvseq_destroy(&s);
-    kvpool_destroy(&pool);
-    model_destroy(&m);
+    float *lg = model_steps(s_gpu, dir, cfg, ck, &o, 13, 8, NULL);
     ckpt_destroy(&ck);
     return lg;
 }
