@@ -751,9 +751,11 @@ int main(int argc, char **argv)
     d.next_transfer = kvx_first_id();
     d.text_cap = 8192;
     d.text = malloc(d.text_cap);
-    d.copier = kvcopier_new(d.w->be, d.cluster, worker_block_bytes(d.w), MAX_WRITEBACKS);
+    /* Write-backs go to the cache-manager's store: no copier thread without one. */
+    d.copier = d.cache_manager ? kvcopier_new(d.w->be, d.cluster, worker_block_bytes(d.w), MAX_WRITEBACKS) : NULL;
     int rc = -1;
-    if (!d.links || !d.seqs || !d.batch || !d.argmax || !d.sample || !d.need_logits || !d.text || !d.copier) {
+    if (!d.links || !d.seqs || !d.batch || !d.argmax || !d.sample || !d.need_logits || !d.text ||
+        (d.cache_manager && !d.copier)) {
         LOG_E("out of memory for a batch of %d", max_seqs);
     } else {
         tchan_shm_sweep(t->name);

@@ -325,7 +325,6 @@ ckpt_t *ckpt_dummy(dtype_t dtype, uint64_t seed)
     return c;
 }
 
-static uint64_t s_mix(uint64_t z) { return dummy_mix(z); }
 
 static int s_ends_with(const char *s, const char *suffix)
 {
@@ -350,7 +349,7 @@ static void s_dummy_recipe(const ckpt_t *c, const char *name, int ndim, const in
 {
     int norm = ndim == 1 && s_ends_with(name, "norm.weight");
     r->dtype = c->dummy_dtype;
-    r->key = s_mix(c->seed ^ s_hash(name));
+    r->key = dummy_mix(c->seed ^ s_hash(name));
     r->center = norm ? 1.0f : 0.0f;
     r->scale = norm ? 0.1f : ndim > 0 && shape[ndim - 1] > 0 ? 1.0f / sqrtf((float)shape[ndim - 1]) : 1.0f;
 }
