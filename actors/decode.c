@@ -703,6 +703,7 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
     actor_stat_metric(a, st, "writebacks_copying", d->copier ? kvcopier_pending(d->copier) : 0, 0);
     actor_stat_metric(a, st, "transfers_cuda_ipc_total", (double)d->handoffs_ipc, 1);
     actor_stat_metric(a, st, "transfers_nccl_total", (double)kvlinks_transfers(d->links), 1);
+    actor_stat_metric(a, st, "nccl_links_ready", kvlinks_ready(d->links), 0);
     actor_stat_metric(a, st, "steps_total", (double)d->steps, 1);
     actor_stat_metric(a, st, "forward_seconds_total", (double)d->forward_ns / 1e9, 1);
     actor_stat_metric(a, st, "handoff_seconds_total", (double)d->handoff_ns / 1e9, 1);

@@ -589,6 +589,7 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
     actor_stat_metric(a, st, "fetches_total", (double)p->fetches, 1);
     actor_stat_metric(a, st, "fetched_blocks_total", (double)p->fetched_blocks, 1);
     actor_stat_metric(a, st, "transfers_nccl_total", (double)kvlinks_transfers(p->links), 1);
+    actor_stat_metric(a, st, "nccl_links_ready", kvlinks_ready(p->links), 0);
     actor_stat_metric(a, st, "transfer_retries_total", (double)p->handoff_retries, 1);
     actor_stat_metric(a, st, "transfers_nccl_fallback_total", (double)kvlinks_fallbacks(p->links), 1);
     actor_stat_metric(a, st, "steps_total", (double)p->steps, 1);

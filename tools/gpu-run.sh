@@ -19,6 +19,20 @@ mkdir -p "$OUT"
 export TROUPE_OFFLINE=1
 status=0
 step() { printf '\n== %s (%s)\n' "$1" "$(date +%T)"; }
+# wait_links TOPO: on a topology with workers on several GPUs, waits (60 s at most) until every
+# prefill worker reports an NCCL link up: a link comes up a second or so after READY, and the
+# hand-offs before it go by shared memory, which a measurement of NCCL must not count.
+wait_links() {
+  local t0=$(date +%s%N)
+  for _ in $(seq 600); do
+    build/bin/troupe-top --topology "$1" --json 2>/dev/null | python3 -c 'import json, sys
+p = [a for a in json.load(sys.stdin).get("actors", []) if a.get("role") == "prefill"]
+ok = p and all(any(m["name"] == "nccl_links_ready" and m["value"] >= 1 for m in a["metrics"]) for a in p)
+sys.exit(0 if ok else 1)' && { echo "NCCL links up $(( ($(date +%s%N) - t0) / 1000000 )) ms after READY"; return 0; }
+    sleep 0.1
+  done
+  echo "NCCL links not up 60 s after READY"; return 1
+}
 
 # ---- toolchain ------------------------------------------------------------------------------------
 if [ -z "${PKG_CONFIG_SYSROOT_DIR:-}" ] && [ -f .gpu-debs/env.sh ]; then . .gpu-debs/env.sh; fi
@@ -214,6 +228,7 @@ EOF
   for _ in $(seq 3000); do [ -s /tmp/serve.ready ] && break; kill -0 $sup 2>/dev/null || break; sleep 0.1; done
   if [ -s /tmp/serve.ready ]; then
     ready_ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+    [ "${SERVE_GPUS:-1}" -gt 1 ] && { wait_links $TOPO || status=1; }
     timeout 60 build/bin/troupe-client --topology $TOPO --json submit --ids 1000,2000,3000 --max-tokens 1 --temperature 0 >/dev/null 2>&1
     first_ms=$(( ($(date +%s%N) - t0) / 1000000 ))
     # Exactness on the GPU: greedy through the cluster (prefill -> KV hand-off -> decode) equals
@@ -271,6 +286,8 @@ multi_line="not run (MULTIGPU=1 runs it)"
 if [ "${MULTIGPU:-0}" = 1 ]; then
   step "two or more GPUs: NCCL baseline, hand-off share of TTFT, kill -9 during a hand-off"
   MTOPO=${MULTI_TOPO:-tools/bench/h200x2-8b.yaml}
+  # The engine fixtures through prefill on GPU 0 -> NCCL -> decode on GPU 1, against one GPU.
+  GPUS=2 timeout 300 tests/scenario/serve_exact.sh >"$OUT/multi-exact.txt" 2>&1 || { status=1; echo "FAIL serve_exact on 2 GPUs" >>"$OUT/multi-exact.txt"; }
   { [ -x build/gpu-tests/bench_nccl ] && timeout 120 build/gpu-tests/bench_nccl; \
     grep -h "kv_handoff_nccl_bw\|SKIPPED" "$OUT/gpu-tests-other.log" 2>/dev/null; } >"$OUT/multigpu.txt" 2>&1
   handoff_totals() {   # -> "seconds transfers" summed over the decode workers
@@ -287,6 +304,7 @@ print(s, n)'
   msup=$!
   for _ in $(seq 3000); do [ -s /tmp/multi.ready ] && break; kill -0 $msup 2>/dev/null || break; sleep 0.1; done
   if [ -s /tmp/multi.ready ]; then
+    wait_links "$MTOPO" >>"$OUT/multigpu.txt" || status=1
     for in_len in 1000 8000; do
       before=$(handoff_totals)
       timeout 300 build/bin/troupe-bench --topology "$MTOPO" --vocab 120000 --input-len $in_len --output-len 16 \
@@ -307,17 +325,19 @@ PY
   fi
   kill -TERM $msup 2>/dev/null; wait $msup 2>/dev/null
   TOPO="$MTOPO" LOG="$OUT/kill9-cluster.log" timeout 300 tests/gpu/scenario_nccl_kill9.sh >>"$OUT/multigpu.txt" 2>&1 || status=1
+  grep -E "prompts equal|over NCCL|PASS|FAIL" "$OUT/multi-exact.txt" >>"$OUT/multigpu.txt"
   cat "$OUT/multigpu.txt"
   multi_line="see multigpu.txt"
 fi
 
 # ---- the transformers baseline -------------------------------------------------------------------
 # HF=1: Hugging Face transformers (eager attention, bf16, random weights of the same shape) on the
-# same GPU in the same run, same input/output lengths, batch = each concurrency level.
+# same GPU in the same run, same input/output lengths, batch = each concurrency level; the model
+# served (SERVE_TOPO's) unless HF_MODEL names another.
 hf_line="not run (HF=1 runs it)"
 if [ "${HF:-0}" = 1 ]; then
   step "transformers baseline"
-  timeout "${HF_TIMEOUT:-240}" python3 tools/bench_hf.py --model tests/fixtures/models/llama-3.1-8b-shape \
+  timeout "${HF_TIMEOUT:-240}" python3 tools/bench_hf.py --model "${HF_MODEL:-$SERVE_MODEL}" \
     --input-len 1000 --output-len "${HF_OUT:-${SERVE_OUT:-128}}" --batch "${HF_CONC:-${SERVE_CONC:-1,16,64}}" --json "$OUT/hf.json" \
     >"$OUT/hf.txt" 2>&1 || status=1
   cat "$OUT/hf.txt"
@@ -352,7 +372,7 @@ printf '%-30s %s\n' "8B serving (SERVE=1)" "$serve_line"
 [ -s "$OUT/serve-multiturn.txt" ] && grep -A6 '^multi-turn' "$OUT/serve-multiturn.txt"
 [ -s "$OUT/loop-times.txt" ] && cat "$OUT/loop-times.txt"
 printf '%-30s %s\n' "multi-GPU (MULTIGPU=1)" "$multi_line"
-[ -s "$OUT/multigpu.txt" ] && grep -E "_bw|prompt .* tokens|PASS|FAIL|SKIPPED" "$OUT/multigpu.txt"
+[ -s "$OUT/multigpu.txt" ] && grep -E "_bw|prompt .* tokens|PASS|FAIL|SKIPPED|prompts equal|over NCCL|links up" "$OUT/multigpu.txt"
 printf '%-30s %s\n' "transformers (HF=1)" "$hf_line"
 [ -s "$OUT/hf.txt" ] && grep -E '^(batch|hf )' "$OUT/hf.txt"
 if [ -s "$OUT/serve-bench.json" ]; then   # output tokens/s per GPU against tokens/s per user

@@ -502,3 +502,11 @@ tchan_nccl_state_t kvlinks_state(const kvlinks_t *ls, const char *peer, const ch
 uint64_t kvlinks_transfers(const kvlinks_t *ls) { return ls ? ls->transfers : 0; }
 
 uint64_t kvlinks_fallbacks(const kvlinks_t *ls) { return ls ? ls->fallbacks : 0; }
+
+int kvlinks_ready(const kvlinks_t *ls)
+{
+    int n = 0;
+    for (int i = 0; ls && i < KVLINK_MAX; i++)
+        n += ls->links[i].peer[0] && ls->links[i].chan.state == TCHAN_NCCL_READY;
+    return n;
+}

@@ -102,6 +102,7 @@ void kvlinks_peer_event(kvlinks_t *ls, const char *peer, int up);
 tchan_nccl_state_t kvlinks_state(const kvlinks_t *ls, const char *peer, const char **why);
 uint64_t kvlinks_transfers(const kvlinks_t *ls);   /* completed over NCCL, every link */
 uint64_t kvlinks_fallbacks(const kvlinks_t *ls);   /* hand-offs routed to NCCL that went by shm */
+int kvlinks_ready(const kvlinks_t *ls);             /* links up (READY) now */
 
 /* The (link id, sequence) of an NCCL announce handle; -1 with why when it is not one. */
 int kvlink_handle_parse(const msg_kv_announce_t *a, uint64_t *link_id, uint64_t *seq, char *err, size_t errlen);

@@ -41,7 +41,10 @@
 
 #define TCHAN_NCCL_ID_BYTES BK_NCCL_ID_BYTES
 #define TCHAN_NCCL_PEER_MAX 64
-#define TCHAN_NCCL_WARM_BYTES 256     /* the READY exchange, each way */
+/* The READY exchange, each way. Large enough for NCCL's bulk protocol on every channel it will use
+ * for hand-offs, so their connections and kernels are set up before the first real one (a 256-byte
+ * exchange left ~75 ms of set-up inside the first hand-off on two H200s). */
+#define TCHAN_NCCL_WARM_BYTES (16u << 20)
 
 typedef enum tchan_nccl_state {
     TCHAN_NCCL_CLOSED = 0,        /* never opened, or closed */

@@ -2,7 +2,8 @@
 # tests/gpu/scenario_nccl_kill9.sh — issue #6 on a node with two or more GPUs: kill -9 of the decode
 # worker in the middle of an NCCL KV hand-off.
 #   1. the cluster of TOPO (default tools/bench/h200x2-8b.yaml: prefill on GPU 0, decode on GPU 1)
-#      serves a warm-up request over the NCCL link;
+#      serves a warm-up request over the NCCL link, once the prefill worker reports it up
+#      (nccl_links_ready);
 #   2. the decode worker is stopped (SIGSTOP), an 8,000-token prompt is submitted, and once the
 #      prefill worker has posted its NCCL send (handoffs_in_flight >= 1) the decode worker is
 #      killed (SIGKILL);
@@ -57,6 +58,14 @@ for _ in $(seq 3000); do [ -s /tmp/kill9.ready ] && break; kill -0 $sup 2>/dev/n
 
 short=$(python3 -c 'print(",".join(str((i * 7919 + 11) % 120000) for i in range(1000)))')
 long=$(python3 -c 'import sys; print(",".join(str((i * 104729 + 7) % 120000) for i in range(int(sys.argv[1]))))' "$LONG")
+# A link comes up a second or so after READY (NCCL's bootstrap and connection set-up); hand-offs
+# before it go by shared memory, so the warm-up waits for it.
+wait_link() {
+  [ "$NCCL_CHECKS" = 0 ] && return 0
+  for _ in $(seq 600); do v=$(top metric prefill nccl_links_ready); [ "${v%.*}" -ge 1 ] 2>/dev/null && return 0; sleep 0.1; done
+  fail "$1: no NCCL link up on the prefill worker within 60 s"
+}
+wait_link "at start"
 [ "$(submit "$short" 4 | last_type)" = "done " ] || fail "warm-up request did not complete"
 nccl0=$(top metric prefill transfers_nccl_total)
 [ "$NCCL_CHECKS" = 0 ] || [ "${nccl0%.*}" -ge 1 ] 2>/dev/null || fail "warm-up hand-off did not go over NCCL (prefill transfers_nccl_total=$nccl0)"
@@ -103,6 +112,9 @@ for _ in $(seq 600); do
 done
 [ -n "$restarted" ] || fail "the decode worker was not restarted and ready within 60 s"
 echo "decode worker restarted as pid $restarted"
+t_re=$(now_ms)
+wait_link "after the restart"
+echo "NCCL link rebuilt $(( $(now_ms) - t_re )) ms after the new decode worker was ready"
 nccl1=$(top metric prefill transfers_nccl_total)
 out=$(submit "$short" 4)
 [ "$(echo "$out" | last_type)" = "done " ] || fail "request after the restart did not complete: $(echo "$out" | tail -2)"

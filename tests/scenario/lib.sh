@@ -40,6 +40,7 @@ free_port() {
 }
 
 # make_topology FILE [extra yaml appended]: a one-machine CPU cluster of every role on free ports.
+# On a GPU node: BACKEND=cuda NODE_GPUS=N PREFILL_GPUS='[0]' DECODE_GPUS='[1]' places the workers.
 make_topology() {
   local file=$1; shift
   local p1 p2 p3
@@ -48,19 +49,22 @@ make_topology() {
 name: t-$TROUPE_TEST_NAME-$$
 model:
   path: ${MODEL_PATH:-$ROOT/tests/fixtures/models/qwen3-f32}
-  backend: cpu
+  backend: ${BACKEND:-cpu}
   load_format: ${LOAD_FORMAT:-auto}
 nodes:
   - name: local
-    address: 127.0.0.1
+    address: 127.0.0.1${NODE_GPUS:+
+    gpus: $NODE_GPUS}
 actors:
   - role: monitor
   - role: cache-manager
   - role: router
   - role: prefill
-    count: ${N_PREFILL:-1}
+    count: ${N_PREFILL:-1}${PREFILL_GPUS:+
+    gpus: $PREFILL_GPUS}
   - role: decode
-    count: ${N_DECODE:-1}
+    count: ${N_DECODE:-1}${DECODE_GPUS:+
+    gpus: $DECODE_GPUS}
   - role: expert-balancer
   - role: draft-scheduler
 endpoints:
