@@ -18,13 +18,22 @@ OUT=${OUT:-build/gpu-logs}
 mkdir -p "$OUT"
 export TROUPE_OFFLINE=1
 status=0
+# Stopped early (timeout, ^C) or not, no cluster of ours outlives this script: a second gpu-run in
+# the same call would find the GPUs' memory taken by the first one's workers.
+s_stop_clusters() {
+  pkill -TERM -f "build/bin/troupe-supervisor" 2>/dev/null && sleep 3
+  pkill -KILL -f "build/bin/troupe-" 2>/dev/null
+  return 0
+}
+trap 's_stop_clusters' EXIT
+trap 'exit 143' TERM INT
 step() { printf '\n== %s (%s)\n' "$1" "$(date +%T)"; }
 # wait_links TOPO: on a topology with workers on several GPUs, waits (60 s at most) until every
 # prefill worker reports an NCCL link up: a link comes up a second or so after READY, and the
 # hand-offs before it go by shared memory, which a measurement of NCCL must not count.
 wait_links() {
   local t0=$(date +%s%N)
-  for _ in $(seq 600); do
+  while [ $(( ($(date +%s%N) - t0) / 1000000 )) -lt 60000 ]; do
     build/bin/troupe-top --topology "$1" --json 2>/dev/null | python3 -c 'import json, sys
 p = [a for a in json.load(sys.stdin).get("actors", []) if a.get("role") == "prefill"]
 ok = p and all(any(m["name"] == "nccl_links_ready" and m["value"] >= 1 for m in a["metrics"]) for a in p)
@@ -287,7 +296,7 @@ if [ "${MULTIGPU:-0}" = 1 ]; then
   step "two or more GPUs: NCCL baseline, hand-off share of TTFT, kill -9 during a hand-off"
   MTOPO=${MULTI_TOPO:-tools/bench/h200x2-8b.yaml}
   # The engine fixtures through prefill on GPU 0 -> NCCL -> decode on GPU 1, against one GPU.
-  GPUS=2 timeout 300 tests/scenario/serve_exact.sh >"$OUT/multi-exact.txt" 2>&1 || { status=1; echo "FAIL serve_exact on 2 GPUs" >>"$OUT/multi-exact.txt"; }
+  GPUS=2 timeout 300 bash tests/scenario/serve_exact.sh >"$OUT/multi-exact.txt" 2>&1 || { status=1; echo "FAIL serve_exact on 2 GPUs" >>"$OUT/multi-exact.txt"; }
   { [ -x build/gpu-tests/bench_nccl ] && timeout 120 build/gpu-tests/bench_nccl; \
     grep -h "kv_handoff_nccl_bw\|SKIPPED" "$OUT/gpu-tests-other.log" 2>/dev/null; } >"$OUT/multigpu.txt" 2>&1
   handoff_totals() {   # -> "seconds transfers" summed over the decode workers

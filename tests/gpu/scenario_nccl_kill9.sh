@@ -62,7 +62,10 @@ long=$(python3 -c 'import sys; print(",".join(str((i * 104729 + 7) % 120000) for
 # before it go by shared memory, so the warm-up waits for it.
 wait_link() {
   [ "$NCCL_CHECKS" = 0 ] && return 0
-  for _ in $(seq 600); do v=$(top metric prefill nccl_links_ready); [ "${v%.*}" -ge 1 ] 2>/dev/null && return 0; sleep 0.1; done
+  local t0; t0=$(now_ms)
+  while [ $(( $(now_ms) - t0 )) -lt 60000 ]; do
+    v=$(top metric prefill nccl_links_ready); [ "${v%.*}" -ge 1 ] 2>/dev/null && return 0; sleep 0.1
+  done
   fail "$1: no NCCL link up on the prefill worker within 60 s"
 }
 wait_link "at start"

@@ -39,7 +39,8 @@ PY
   done < "$WORK/$name.prompts"
   start_cluster "$WORK/$name.yaml"
   if [ "$GPUS" -ge 2 ]; then
-    for _ in $(seq 300); do [ "$(metric prefill nccl_links_ready)" -ge 1 ] && break; sleep 0.1; done
+    t_link=$(date +%s)
+    while [ $(( $(date +%s) - t_link )) -lt 30 ]; do [ "$(metric prefill nccl_links_ready)" -ge 1 ] && break; sleep 0.1; done
     [ "$(metric prefill nccl_links_ready)" -ge 1 ] || fail "$name: no NCCL link up 30 s after READY"
     nccl0=$(metric prefill transfers_nccl_total)
   fi
