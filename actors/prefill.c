@@ -87,6 +87,7 @@ typedef struct prefill {
     uint64_t fetches, fetched_blocks;
     uint64_t handoff_retries;    /* NCCL hand-offs done again through shared memory */
     kvlinks_t *links;            /* NCCL links to decode workers on other GPUs of the node */
+    int links_offered;           /* the first poll offered a link to each of them */
     double tokens_per_s;         /* computed tokens per second over the last stats interval */
     uint64_t last_computed;
     int64_t last_stats_ms;
@@ -448,6 +449,14 @@ static void s_handoff(actor_t *a, prefill_t *p, pf_req_t *r, const float *logits
 static int s_poll_links(actor_t *a, void *state)
 {
     prefill_t *p = state;
+    /* At start, a link to every decode worker on another GPU of the node, before any prompt needs
+     * it. (A restarted one is offered again when its connection comes back: s_peer_event.) */
+    for (int i = 0; !p->links_offered && i < p->topo->n_instances; i++) {
+        const topo_instance_t *d = &p->topo->instances[i];
+        if (d->role == ROLE_DECODE && s_route(p, d->name) == MSG_CHAN_NCCL)
+            kvlinks_want(p->links, d->name);
+    }
+    p->links_offered = 1;
     kvlinks_poll(p->links);
     char err[512];
     for (pf_req_t *r = p->head, *next; r; r = next) {
@@ -470,7 +479,8 @@ static int s_poll_links(actor_t *a, void *state)
 
 /* A decode worker's process came or went: its NCCL link is aborted at once, or offered now (not
  * with the first prompt for it: NCCL's set-up takes ~0.8 s, and the hand-offs meanwhile go through
- * shared memory, GPU -> host -> GPU). */
+ * shared memory, GPU -> host -> GPU). A watched peer is assumed up, so this runs on a reconnection,
+ * not at start: s_poll_links offers the first links. */
 static void s_peer_event(actor_t *a, void *state, const char *peer, int up)
 {
     prefill_t *p = state;
