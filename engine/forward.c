@@ -11,6 +11,7 @@
  * get logits) in one host array and upload it once, run the layers, download the logits.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/util.h"
@@ -230,6 +231,109 @@ static int s_results(model_t *m, const model_batch_t *b, int R, float *logits)
     return op->download(m->be, b->argmax_out, m->argmax, (size_t)R * sizeof(int32_t));
 }
 
+/* The step's ops from the embedding to the logits [R][V]: everything a decode-step graph holds. */
+static void s_body(model_t *m, int T, int R, const bk_kv_t *kv, const bk_attn_meta_t *meta, const int32_t *ids,
+                   const int32_t *rows)
+{
+    const backend_ops_t *op = m->be->ops;
+    backend_t *be = m->be;
+    const model_config_t *c = &m->cfg;
+    const int H = c->hidden_size;
+    const float eps = (float)c->rms_norm_eps;
+
+    PROF(m, P_EMBED, op->embed(be, &m->embed, ids, T, m->res));
+    for (int l = 0; l < c->num_layers; l++) {
+        PROF(m, P_NORM, op->add_rmsnorm(be, m->res, l ? m->delta : NULL, m->layers[l].attn_norm, T, H, eps, m->xn));
+        s_attention(m, l, T, kv, meta);
+        PROF(m, P_NORM, op->add_rmsnorm(be, m->res, m->delta, m->layers[l].mlp_norm, T, H, eps, m->xn));
+        s_mlp(m, l, T);
+    }
+    PROF(m, P_NORM, op->add_rmsnorm(be, m->res, m->delta, m->final_norm, T, H, eps, m->xn));
+    PROF(m, P_LM_HEAD, op->gather_rows(be, m->xn, rows, R, H, m->rows));
+    PROF(m, P_LM_HEAD, op->matmul(be, m->rows, R, &m->lm_head, NULL, m->logits));
+}
+
+void model_graphs_drop(model_t *m)
+{
+    for (int b = 0; m->graphs && b <= m->opts.max_seqs; b++)
+        if (m->graphs[b]) {
+            m->be->ops->graph_free(m->be, m->graphs[b]);
+            m->graphs[b] = NULL;
+        }
+}
+
+void model_graph_stats(const model_t *m, uint64_t *records, uint64_t *replays)
+{
+    if (records)
+        *records = m->graph_records;
+    if (replays)
+        *replays = m->graph_replays;
+}
+
+/* A decode step (B sequences, one new row each, one logits row each) through a graph: the second
+ * step of a size records its ops (the first ran them uncaptured, so every scratch buffer they need
+ * exists: recording must not allocate), later ones replay. The graph holds every device address
+ * and launch shape of the step; what changes between steps of one size (ids, positions, block
+ * tables) is in m->d_meta, uploaded before and read by the ops, at offsets fixed by B. Returns 1
+ * when the body was queued (recorded and replayed, or replayed), 0 when the caller runs it. */
+static int s_graph_step(model_t *m, const model_batch_t *b, int T, int R, const bk_kv_t *kv,
+                        const bk_attn_meta_t *meta, const int32_t *ids, const int32_t *rows)
+{
+    const backend_ops_t *op = m->be->ops;
+    if (m->graph_off || !op->graph_begin || m->prof || b->all_logits || T != b->n_seqs || R != T)
+        return 0;
+    if (!m->graphs) {
+        for (int l = 0; l < m->cfg.num_layers; l++)
+            if (m->layers[l].is_moe)   /* its device path is not graph-safe at every size: none */
+                m->graph_off = 1;
+        if (m->opts.no_graphs)
+            m->graph_off = 1;
+        m->graphs = m->graph_off ? NULL : calloc((size_t)m->opts.max_seqs + 1, sizeof *m->graphs);
+        m->graph_runs = m->graph_off ? NULL : calloc((size_t)m->opts.max_seqs + 1, 1);
+        if (!m->graphs || !m->graph_runs) {
+            m->graph_off = 1;
+            return 0;
+        }
+    }
+    if (m->graph_kv != kv->base) {   /* another pool: every graph addresses the old one */
+        model_graphs_drop(m);
+        m->graph_kv = kv->base;
+    }
+    void *g = m->graphs[T];
+    if (g && op->graph_launch(m->be, g) == 0) {
+        m->graph_replays++;
+        return 1;
+    }
+    if (g) {   /* stale: a scratch buffer it uses was reallocated by a larger step */
+        op->graph_free(m->be, g);
+        m->graphs[T] = NULL;
+    } else if (m->graph_runs[T] < 1) {
+        m->graph_runs[T]++;
+        return 0;
+    }
+    if (op->graph_begin(m->be) != 0) {
+        m->graph_off = 1;
+        return 0;
+    }
+    s_body(m, T, R, kv, meta, ids, rows);
+    char why[256];
+    g = op->graph_end(m->be, why, sizeof why);
+    if (!g) {   /* nothing of the body ran: the caller runs it, and no step is recorded again */
+        fprintf(stderr, "%s: decode steps run without graphs: %s\n", m->where, why);
+        m->graph_off = 1;
+        return 0;
+    }
+    m->graphs[T] = g;
+    m->graph_records++;
+    if (op->graph_launch(m->be, g) != 0) {   /* cannot be stale: nothing ran since the recording */
+        fprintf(stderr, "%s: a graph just recorded is stale; decode steps run without graphs\n", m->where);
+        m->graph_off = 1;
+        return 0;
+    }
+    m->graph_replays++;
+    return 1;
+}
+
 int model_forward(model_t *m, const model_batch_t *batch, float *logits, char *err, size_t errlen)
 {
     int T = 0, R = 0;
@@ -246,19 +350,8 @@ int model_forward(model_t *m, const model_batch_t *batch, float *logits, char *e
     const backend_ops_t *op = m->be->ops;
     backend_t *be = m->be;
     const model_config_t *c = &m->cfg;
-    const int H = c->hidden_size;
-    const float eps = (float)c->rms_norm_eps;
-
-    PROF(m, P_EMBED, op->embed(be, &m->embed, ids, T, m->res));
-    for (int l = 0; l < c->num_layers; l++) {
-        PROF(m, P_NORM, op->add_rmsnorm(be, m->res, l ? m->delta : NULL, m->layers[l].attn_norm, T, H, eps, m->xn));
-        s_attention(m, l, T, kv, &meta);
-        PROF(m, P_NORM, op->add_rmsnorm(be, m->res, m->delta, m->layers[l].mlp_norm, T, H, eps, m->xn));
-        s_mlp(m, l, T);
-    }
-    PROF(m, P_NORM, op->add_rmsnorm(be, m->res, m->delta, m->final_norm, T, H, eps, m->xn));
-    PROF(m, P_LM_HEAD, op->gather_rows(be, m->xn, rows, R, H, m->rows));
-    PROF(m, P_LM_HEAD, op->matmul(be, m->rows, R, &m->lm_head, NULL, m->logits));
+    if (!s_graph_step(m, batch, T, R, kv, &meta, ids, rows))
+        s_body(m, T, R, kv, &meta, ids, rows);
     if (batch->argmax_out && batch->sample)
         PROF(m, P_ARGMAX, op->sample(be, m->logits, R, c->vocab_size, batch->sample, m->argmax));
     else if (batch->argmax_out)

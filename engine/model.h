@@ -47,6 +47,8 @@ typedef struct model_opts {
                                      which give the same bits: tests compare the two */
     int dummy_on_host;            /* 1: dummy weights made on the host and copied even when the backend
                                      can make them in place (fill_dummy); same bits, for tests */
+    int no_graphs;                /* 1: decode steps never replayed from a backend graph (CUDA graphs);
+                                     same bits, for tests and measurements */
 } model_opts_t;
 
 /* One sequence's part of a step. */
@@ -91,6 +93,9 @@ int model_forward(model_t *m, const model_batch_t *batch, float *logits, char *e
 size_t model_profile(model_t *m, char *buf, size_t len, int reset);
 /* Turns the profile on or off at run time (a tool profiles a few chosen steps). */
 void model_profile_enable(model_t *m, int on);
+
+/* Decode steps recorded as a backend graph, and steps replayed from one, since load. */
+void model_graph_stats(const model_t *m, uint64_t *records, uint64_t *replays);
 
 const model_config_t *model_config(const model_t *m);
 backend_t *model_backend(const model_t *m);

@@ -426,6 +426,9 @@ void model_destroy(model_t **self_p)
     if (!self_p || !*self_p)
         return;
     model_t *m = *self_p;
+    model_graphs_drop(m);
+    free(m->graphs);
+    free(m->graph_runs);
     for (int i = 0; i < m->n_weights; i++)
         m->be->ops->weight_release(m->be, m->weights[i]);
     for (int i = 0; i < m->n_allocs; i++)

@@ -271,6 +271,22 @@ typedef struct backend_ops {
     /* NCCL between processes on different GPUs (bk_nccl_ops_t above); NULL when the backend has
      * none (the CPU backend, or libtroupe_cuda built without nccl.h). */
     const bk_nccl_ops_t *nccl;
+
+    /* Graphs (CUDA graphs): a recorded sequence of ops replayed by one launch, which saves a
+     * launch per kernel (a one-row decode step of an 8B model is ~230 of them). All four NULL: the
+     * backend has none (the CPU). graph_begin starts recording the ops queued after it on this
+     * thread instead of running them (-1: not now, e.g. TROUPE_CUDA_GRAPHS=0; nothing changed);
+     * graph_end stops and returns the recorded ops as a graph (NULL with why: none of them ran, the
+     * caller queues them again). graph_launch queues one replay; it returns 1 without queueing
+     * anything when the graph is stale (scratch memory it uses was reallocated since: free it and
+     * record again), else 0. A replay reads and writes the same device addresses with the same
+     * launch shapes as the recording: what varies between replays (ids, positions, block tables)
+     * must live in device memory the ops read. Ops whose work needs the host between kernels (a
+     * download, a host-side sort) must not be recorded. */
+    int (*graph_begin)(backend_t *be);
+    void *(*graph_end)(backend_t *be, char *err, size_t errlen);
+    int (*graph_launch)(backend_t *be, void *graph);
+    void (*graph_free)(backend_t *be, void *graph);
 } backend_ops_t;
 
 struct backend {

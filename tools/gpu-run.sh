@@ -145,10 +145,13 @@ gen() {   # name, then environment assignments
     head -c 600 "$OUT/generate-$name.json"; echo
   fi
 }
-# GEN_VARIANTS limits the runs (each loads 16 GB of dummy weights): default nopdl w8 cublaslt.
-variants=" ${GEN_VARIANTS:-default nopdl w8 cublaslt} "
+# GEN_VARIANTS limits the runs (each loads 16 GB of dummy weights): default nographs graphpdl
+# nopdl w8 cublaslt. The default replays each decode step from a CUDA graph (recorded without PDL).
+variants=" ${GEN_VARIANTS:-default nographs graphpdl nopdl w8 cublaslt} "
 [[ $variants == *" default "* ]] && gen default
-[[ $variants == *" nopdl "* ]] && gen nopdl TROUPE_CUDA_PDL=0
+[[ $variants == *" nographs "* ]] && gen nographs TROUPE_CUDA_GRAPHS=0
+[[ $variants == *" graphpdl "* ]] && gen graphpdl TROUPE_CUDA_GRAPH_PDL=1
+[[ $variants == *" nopdl "* ]] && gen nopdl TROUPE_CUDA_PDL=0 TROUPE_CUDA_GRAPHS=0
 [[ $variants == *" w8 "* ]] && gen w8 TROUPE_CUDA_GEMV_WARPS=8
 [[ $variants == *" cublaslt "* ]] && gen cublaslt TROUPE_CUDA_GEMV_MAX_M=0 TROUPE_CUDA_GEMM_SPLIT=0 TROUPE_CUDA_PDL=0
 report() {   # name -> "decode tok/s | prefill tok/s | bound | fraction"
@@ -166,7 +169,7 @@ print("%.1f tok/s (%.2f ms/token) | HBM bound %.0f tok/s (%.2f GB/token) -> %.0f
       % (d, 1e3 / d if d else 0, bound, wb / 1e9, 100 * d / bound if bound else 0, t["prompt_tokens_per_s"], t["load_ms"] / 1e3))
 EOF
 }
-dec_def=$(report default); dec_nopdl=$(report nopdl); dec_w8=$(report w8); dec_lt=$(report cublaslt)
+dec_def=$(report default); dec_nog=$(report nographs); dec_gpdl=$(report graphpdl); dec_nopdl=$(report nopdl); dec_w8=$(report w8); dec_lt=$(report cublaslt)
 
 # ---- the engine alone: prefill and batched decode steps ------------------------------------------
 # ENGINE=1 (default): troupe-bench-engine on the 8B shape (one weight load): a 1,000-token prefill
@@ -371,7 +374,9 @@ printf '%-30s %s\n' "bf16 GEMM 8192^3 cuBLASLt" "${tf:-?} TFLOP/s"
 printf '%-30s %s\n' "8B step matmuls M=1" "$gemv_line"
 printf '%-30s %s\n' "gate GEMM through backend" "$split_line"
 printf '%-30s %s\n' "8B decode b=1 (defaults)" "$dec_def"
-printf '%-30s %s\n' "8B decode b=1, PDL off" "$dec_nopdl"
+printf '%-30s %s\n' "8B decode b=1, no graphs" "$dec_nog"
+printf '%-30s %s\n' "8B decode b=1, graphs with PDL" "$dec_gpdl"
+printf '%-30s %s\n' "8B decode b=1, PDL+graphs off" "$dec_nopdl"
 printf '%-30s %s\n' "8B decode b=1, GEMV 8 warps" "$dec_w8"
 printf '%-30s %s\n' "8B decode b=1, cuBLASLt" "$dec_lt"
 printf '%-30s %s\n' "8B engine (ENGINE=1)" "$engine_line"

@@ -141,6 +141,11 @@ typedef struct cuda_state {
 
     void *sample_params;          /* device: the sample op's bk_sample_t [M] of the latest call */
     size_t sample_params_bytes;
+
+    int graphs;                   /* 1 (default): graph_begin records (TROUPE_CUDA_GRAPHS=0: it refuses) */
+    int graph_pdl;                /* 1: recorded kernels keep their PDL edges (TROUPE_CUDA_GRAPH_PDL=1; default 0) */
+    int capturing;                /* between graph_begin and graph_end */
+    uint64_t scratch_gen;         /* bumped by every cuda_scratch reallocation (cuda_graph.cu) */
 } cuda_state_t;
 
 static inline cuda_state_t *cuda_st(backend_t *be) { return (cuda_state_t *)be->impl; }
@@ -150,6 +155,11 @@ static inline cuda_state_t *cuda_st(backend_t *be) { return (cuda_state_t *)be->
 void *cuda_scratch(backend_t *be, void **buf, size_t *cap, size_t bytes);
 
 void cuda_matmul(backend_t *be, const float *x, int M, const bk_mat_t *w, const float *bias, float *y);
+
+int cuda_graph_begin(backend_t *be);
+void *cuda_graph_end(backend_t *be, char *err, size_t errlen);
+int cuda_graph_launch(backend_t *be, void *graph);
+void cuda_graph_free(backend_t *be, void *graph);
 void cuda_plans_destroy(cuda_state_t *st);
 
 void cuda_embed(backend_t *be, const bk_mat_t *table, const int32_t *ids, int n, float *out);
@@ -229,7 +239,7 @@ static inline void cuda_launch_smem(const cuda_state_t *st, void (*kernel)(KArgs
     cfg.dynamicSmemBytes = smem;
     cfg.stream = st->stream;
     cfg.attrs = &attr;
-    cfg.numAttrs = st->pdl ? 1 : 0;
+    cfg.numAttrs = st->pdl && (!st->capturing || st->graph_pdl) ? 1 : 0;
     CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, ((KArgs)args)...));
 }
 template <typename... KArgs, typename... Args>

@@ -35,6 +35,10 @@ void *cuda_scratch(backend_t *be, void **buf, size_t *cap, size_t bytes)
     if (bytes <= *cap)
         return *buf;
     cuda_state_t *st = cuda_st(be);
+    if (st->capturing) {   /* the model records only shapes that ran before: a bug, said plainly */
+        fprintf(stderr, "troupe cuda: scratch of %zu bytes needed while recording a graph (it has %zu)\n", bytes, *cap);
+        abort();
+    }
     size_t want = bytes + bytes / 4;
     CUDA_CHECK(cudaStreamSynchronize(st->stream));   /* the old buffer may still be read by a queued op */
     if (*buf)
@@ -43,6 +47,7 @@ void *cuda_scratch(backend_t *be, void **buf, size_t *cap, size_t bytes)
     *cap = 0;
     CUDA_CHECK(cudaMalloc(buf, want));
     *cap = want;
+    st->scratch_gen++;   /* graphs recorded with the old buffer are stale now */
     return *buf;
 }
 
@@ -341,6 +346,10 @@ static const backend_ops_t s_cuda_ops = {
     .ipc_close = cuda_ipc_close,
     .copy = cuda_copy,
     .nccl = CUDA_NCCL_OPS,
+    .graph_begin = cuda_graph_begin,
+    .graph_end = cuda_graph_end,
+    .graph_launch = cuda_graph_launch,
+    .graph_free = cuda_graph_free,
 };
 
 /* An integer from the environment in [lo, hi], or def when unset; a bad value is an error. */
@@ -400,6 +409,8 @@ extern "C" backend_t *backend_cuda_new(int device, char *err, size_t errlen)
         s_env_int("TROUPE_CUDA_ATTN_MMA", 1, 0, 1, &st->attn_mma, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_ATTN_MMA_DECODE", 1, 0, 1, &st->attn_mma_decode, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_PDL", 1, 0, 1, &st->pdl, err, errlen) < 0 ||
+        s_env_int("TROUPE_CUDA_GRAPHS", 1, 0, 1, &st->graphs, err, errlen) < 0 ||
+        s_env_int("TROUPE_CUDA_GRAPH_PDL", 0, 0, 1, &st->graph_pdl, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_MOE_DEVICE", 1, 0, 1, &st->moe_device, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_MOE_DEVICE_MAX_M", 64, 0, 1 << 30, &st->moe_device_max_m, err, errlen) < 0)
         goto fail;
