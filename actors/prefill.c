@@ -4,7 +4,8 @@
  *   - queue prefill_requests from the router (FIFO);
  *   - each step, fill a token budget (limits.prefill_chunk_tokens) with prompt chunks of as many
  *     requests as fit (chunked prefill), reusing every cached prefix block of the local pool first
- *     (kvseq_match_prefix: blocks of earlier requests, or fetched from the cache-manager's store);
+ *     (kvseq_match_prefix: blocks of earlier requests, or fetched from the cache-manager's store
+ *     when that is cheaper than computing them again: actors/runtime/fetch_policy.h);
  *   - when a prompt is complete: sample the first token, move the request's KV blocks towards the
  *     decode worker the router chose (same GPU: it copies them out of our pool, CUDA IPC; another
  *     GPU of the node: an NCCL send once the link to it is up, actors/runtime/kv_link.h; else a
@@ -25,6 +26,7 @@
 #include <string.h>
 
 #include "actors/runtime/actor.h"
+#include "actors/runtime/fetch_policy.h"
 #include "actors/runtime/kv_link.h"
 #include "actors/runtime/kv_transfer.h"
 #include "actors/runtime/worker.h"
@@ -66,6 +68,7 @@ typedef struct pf_req {
     int refused;                 /* NCCL: the decode side refused: retry through shm once the send is over */
     uint64_t nccl_transfer;      /* the NCCL attempt's transfer id after a retry (its late ok still counts) */
     int fetch_from;              /* FETCHING: index of the first hint block asked for */
+    int64_t fetch_sent_ms;       /* FETCHING: when the fetch went out (its cost, for p->fetch_policy) */
     struct pf_req *next;
 } pf_req_t;
 
@@ -85,6 +88,8 @@ typedef struct prefill {
     uint64_t prompts, prompt_tokens, computed_tokens, cached_tokens, handoffs, handoff_failures;
     uint64_t steps, forward_ns;  /* model forwards and the time they took */
     uint64_t fetches, fetched_blocks;
+    uint64_t fetches_skipped;    /* host-store blocks computed again: cheaper than their fetch */
+    fetch_policy_t fetch_policy;
     uint64_t handoff_retries;    /* NCCL hand-offs done again through shared memory */
     kvlinks_t *links;            /* NCCL links to decode workers on other GPUs of the node */
     int links_offered;           /* the first poll offered a link to each of them */
@@ -146,6 +151,12 @@ static void s_fail(actor_t *a, prefill_t *p, pf_req_t *r, msg_error_code_t code,
     s_remove(p, r);
 }
 
+/* Prompt tokens computed per second of forward time (0 before the first forward). */
+static double s_compute_rate(const prefill_t *p)
+{
+    return p->forward_ns ? (double)p->computed_tokens * 1e9 / (double)p->forward_ns : 0;
+}
+
 static int s_on_prefill_request(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
 {
     prefill_t *p = state;
@@ -183,7 +194,10 @@ static int s_on_prefill_request(actor_t *a, void *state, const actor_peer_t *fro
         int i = 0;
         while (i < (int)rq->n_hint_hashes && kvpool_lookup(p->w->pool, rq->hint_hashes[i]) >= 0)
             i++;
-        if (i < (int)rq->n_hint_hashes) {
+        const int missing = (int)rq->n_hint_hashes - i;
+        if (missing > 0 && !fetch_policy_decide(&p->fetch_policy, missing, p->w->block_size, s_compute_rate(p))) {
+            p->fetches_skipped++;
+        } else if (missing > 0) {
             msg_t f;
             msg_init(&f, MSG_CACHE_FETCH, r->id);
             f.u.cache_fetch.hashes = rq->hint_hashes + i;
@@ -193,7 +207,8 @@ static int s_on_prefill_request(actor_t *a, void *state, const actor_peer_t *fro
             if (actor_send(a, p->cache_manager, &f) == 0) {
                 r->fetch_from = i;
                 r->state = PF_FETCHING;
-                r->deadline_ms = now_ms() + FETCH_TIMEOUT_MS;
+                r->fetch_sent_ms = now_ms();
+                r->deadline_ms = r->fetch_sent_ms + FETCH_TIMEOUT_MS;
                 p->fetches++;
             }
         }
@@ -303,6 +318,7 @@ static int s_on_kv_announce(actor_t *a, void *state, const actor_peer_t *from, m
             kvpool_free(p->w->pool, b);
         }
         p->fetched_blocks += (uint64_t)got;
+        fetch_policy_observe(&p->fetch_policy, got, (double)(now_ms() - r->fetch_sent_ms));
         LOG_D("request %llu: %d blocks fetched from the host store", (unsigned long long)r->id, got);
         s_set_state(r, PF_WAITING, "blocks fetched");
     }
@@ -510,8 +526,11 @@ static int s_step(actor_t *a, void *state)
             s_fail(a, p, r, MSG_ERR_TRANSFER_FAILED, 1, "KV hand-off not acknowledged in time");
             continue;   /* r is freed */
         }
-        if (r->state == PF_FETCHING && now > r->deadline_ms)
+        if (r->state == PF_FETCHING && now > r->deadline_ms) {
+            fetch_policy_observe(&p->fetch_policy, (int)r->msg.u.prefill_request.n_hint_hashes - r->fetch_from,
+                                 (double)(now - r->fetch_sent_ms));
             s_set_state(r, PF_WAITING, "fetch timed out");
+        }
     }
     int budget = p->w->max_tokens, n = 0;
     for (pf_req_t *r = p->head, *next; r && budget > 0 && n < p->w->max_seqs; r = next) {
@@ -602,6 +621,8 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
     actor_stat_metric(a, st, "transfer_failures_total", (double)p->handoff_failures, 1);
     actor_stat_metric(a, st, "fetches_total", (double)p->fetches, 1);
     actor_stat_metric(a, st, "fetched_blocks_total", (double)p->fetched_blocks, 1);
+    actor_stat_metric(a, st, "fetches_skipped_total", (double)p->fetches_skipped, 1);
+    actor_stat_metric(a, st, "fetch_ms_per_block", p->fetch_policy.ms_per_block, 0);
     actor_stat_metric(a, st, "transfers_nccl_total", (double)kvlinks_transfers(p->links), 1);
     actor_stat_metric(a, st, "nccl_links_ready", kvlinks_ready(p->links), 0);
     actor_stat_metric(a, st, "transfer_retries_total", (double)p->handoff_retries, 1);
@@ -628,6 +649,14 @@ int main(int argc, char **argv)
     prefill_t p = {.name = actor_self(a)->name, .cluster = t->name, .topo = t, .self = actor_self(a)};
     const topo_instance_t *cm = topo_first(t, ROLE_CACHE_MANAGER);
     p.cache_manager = cm ? cm->name : NULL;
+    const char *fetch = getenv("TROUPE_PREFILL_FETCH");
+    if (fetch && *fetch && strcmp(fetch, "always") != 0 && strcmp(fetch, "cost") != 0) {
+        LOG_E("TROUPE_PREFILL_FETCH='%s': expected 'cost' (the default: fetch cached blocks when that is cheaper "
+              "than computing them) or 'always'", fetch);
+        actor_destroy(&a);
+        return 2;
+    }
+    p.fetch_policy.always = fetch && strcmp(fetch, "always") == 0;
     char err[1024];
     int max_seqs = t->limits.max_batch < 64 ? t->limits.max_batch : 64;
     p.w = worker_load(t, ROLE_PREFILL, actor_self(a)->gpu, t->limits.prefill_chunk_tokens, max_seqs, err, sizeof err);

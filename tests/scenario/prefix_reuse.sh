@@ -2,10 +2,12 @@
 # block: the KV of the last generated token is never computed) and the prefill work per turn is only
 # the new tokens, counted by the prefill workers themselves. Between turns 5 and 6 every prefill
 # worker is killed (-9) and restarted with an empty pool, so turn 6 lands on a worker that never saw
-# the conversation: its history must come from the cache-manager's host store.
+# the conversation: its history must come from the cache-manager's host store. The tiny fixture
+# computes a block faster than a fetch brings it, so the workers are told to fetch regardless
+# (TROUPE_PREFILL_FETCH=always): this test is of the fetch path, not of the choice.
 . "$(dirname "$0")/lib.sh"
 MODEL_PATH=$ROOT/tests/fixtures/models/qwen3-f32 N_PREFILL=2 make_topology "$WORK/t.yaml"
-start_cluster "$WORK/t.yaml"
+TROUPE_PREFILL_FETCH=always start_cluster "$WORK/t.yaml"
 ep=$(grep 'client:' "$WORK/t.yaml" | awk '{print $2}')
 $PY - "$ep" "$BIN" "$WORK/t.yaml" <<'PY'
 import random, subprocess, sys, time
