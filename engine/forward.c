@@ -270,12 +270,28 @@ void model_graph_stats(const model_t *m, uint64_t *records, uint64_t *replays)
         *replays = m->graph_replays;
 }
 
+/* Whether every op of a T-row step may be recorded: the MoE layers' experts only where the backend
+ * runs them on the device alone (small steps; larger ones sort on the host). */
+static int s_graphable(model_t *m, int T)
+{
+    const backend_ops_t *op = m->be->ops;
+    const model_config_t *c = &m->cfg;
+    for (int l = 0; l < c->num_layers; l++) {
+        const model_layer_t *L = &m->layers[l];
+        if (L->is_moe && (!op->moe_graphable || !op->moe_graphable(m->be, T, c->hidden_size, c->num_experts_per_tok,
+                                                                     L->experts, c->num_experts)))
+            return 0;
+    }
+    return 1;
+}
+
 /* A decode step (B sequences, one new row each, one logits row each) through a graph: the second
  * step of a size records its ops (the first ran them uncaptured, so every scratch buffer they need
  * exists: recording must not allocate), later ones replay. The graph holds every device address
  * and launch shape of the step; what changes between steps of one size (ids, positions, block
- * tables) is in m->d_meta, uploaded before and read by the ops, at offsets fixed by B. Returns 1
- * when the body was queued (recorded and replayed, or replayed), 0 when the caller runs it. */
+ * tables) is in m->d_meta, uploaded before and read by the ops, at offsets fixed by B; the weights
+ * (the MoE experts arrays too) are fixed after load. Returns 1 when the body was queued (recorded
+ * and replayed, or replayed), 0 when the caller runs it. */
 static int s_graph_step(model_t *m, const model_batch_t *b, int T, int R, const bk_kv_t *kv,
                         const bk_attn_meta_t *meta, const int32_t *ids, const int32_t *rows)
 {
@@ -283,11 +299,7 @@ static int s_graph_step(model_t *m, const model_batch_t *b, int T, int R, const 
     if (m->graph_off || !op->graph_begin || m->prof || b->all_logits || T != b->n_seqs || R != T)
         return 0;
     if (!m->graphs) {
-        for (int l = 0; l < m->cfg.num_layers; l++)
-            if (m->layers[l].is_moe)   /* its device path is not graph-safe at every size: none */
-                m->graph_off = 1;
-        if (m->opts.no_graphs)
-            m->graph_off = 1;
+        m->graph_off = m->opts.no_graphs;
         m->graphs = m->graph_off ? NULL : calloc((size_t)m->opts.max_seqs + 1, sizeof *m->graphs);
         m->graph_runs = m->graph_off ? NULL : calloc((size_t)m->opts.max_seqs + 1, 1);
         if (!m->graphs || !m->graph_runs) {
@@ -307,8 +319,11 @@ static int s_graph_step(model_t *m, const model_batch_t *b, int T, int R, const 
     if (g) {   /* stale: a scratch buffer it uses was reallocated by a larger step */
         op->graph_free(m->be, g);
         m->graphs[T] = NULL;
-    } else if (m->graph_runs[T] < 1) {
-        m->graph_runs[T]++;
+    } else if (m->graph_runs[T] == 0) {
+        m->graph_runs[T] = 1;
+        return 0;
+    } else if (m->graph_runs[T] == 2 || !s_graphable(m, T)) {
+        m->graph_runs[T] = 2;   /* never at this size */
         return 0;
     }
     if (op->graph_begin(m->be) != 0) {

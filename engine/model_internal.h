@@ -63,12 +63,13 @@ struct model {
     size_t weight_bytes, active_weight_bytes;
 
     /* Decode-step graphs (the backend's graph hooks; forward.c): graphs[B] replays the ops from the
-     * embedding to the logits of a step of B one-row sequences; graph_runs[B] counts the steps of
-     * that size run uncaptured. Both [opts.max_seqs + 1], made at the first such step. */
+     * embedding to the logits of a step of B one-row sequences; graph_runs[B]: 0 none of that size
+     * yet, 1 one ran uncaptured, 2 never recorded (an op of it may not be: MoE's host path). Both
+     * [opts.max_seqs + 1], made at the first such step. */
     void **graphs;
     uint8_t *graph_runs;
     const void *graph_kv;         /* the KV pool the graphs address (another pool: all dropped) */
-    int graph_off;                /* 1: never (opts.no_graphs, MoE layers, a recording failed) */
+    int graph_off;                /* 1: never (opts.no_graphs, the backend refused, a recording failed) */
     uint64_t graph_records, graph_replays;
 
     /* TROUPE_PROFILE=1: wall time per op category (forward.c's P_* list). */

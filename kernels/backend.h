@@ -287,6 +287,10 @@ typedef struct backend_ops {
     void *(*graph_end)(backend_t *be, char *err, size_t errlen);
     int (*graph_launch)(backend_t *be, void *graph);
     void (*graph_free)(backend_t *be, void *graph);
+    /* 1 when moe_ffn of M tokens over these experts queues device work only (no host round trip,
+     * no allocation or upload once it ran uncaptured with them), so a graph may record it; 0 when
+     * it may not. Called outside a recording. NULL: never. */
+    int (*moe_graphable)(backend_t *be, int M, int H, int k, const bk_expert_t *experts, int n_experts);
 } backend_ops_t;
 
 struct backend {

@@ -188,8 +188,13 @@ if [ "${ENGINE:-1}" = 1 ] && [ -x build/bin/troupe-bench-engine ]; then
   }
   eng default
   [ "${ENGINE_SPLIT0:-0}" = 1 ] && eng split0 TROUPE_CUDA_GEMM_SPLIT=0
+  # ENGINE_NOGRAPHS=1: again with decode steps launched op by op (TROUPE_CUDA_GRAPHS=0).
+  [ "${ENGINE_NOGRAPHS:-0}" = 1 ] && eng nographs TROUPE_CUDA_GRAPHS=0
   # ENGINE_MOE=1: the same on Qwen3-30B-A3B's shape (61 GB of dummy bf16 weights, 128 experts).
-  [ "${ENGINE_MOE:-0}" = 1 ] && ENGINE_MODEL=tests/fixtures/models/qwen3-30b-a3b-shape eng moe
+  if [ "${ENGINE_MOE:-0}" = 1 ]; then
+    ENGINE_MODEL=tests/fixtures/models/qwen3-30b-a3b-shape eng moe
+    [ "${ENGINE_NOGRAPHS:-0}" = 1 ] && ENGINE_MODEL=tests/fixtures/models/qwen3-30b-a3b-shape eng moe-nographs TROUPE_CUDA_GRAPHS=0
+  fi
   engine_line="see engine-*.txt"
 fi
 
@@ -380,7 +385,9 @@ printf '%-30s %s\n' "8B decode b=1, PDL+graphs off" "$dec_nopdl"
 printf '%-30s %s\n' "8B decode b=1, GEMV 8 warps" "$dec_w8"
 printf '%-30s %s\n' "8B decode b=1, cuBLASLt" "$dec_lt"
 printf '%-30s %s\n' "8B engine (ENGINE=1)" "$engine_line"
-[ -s "$OUT/engine-default.txt" ] && grep -E '^prefill|^ +[0-9]+ +[0-9]+ ' "$OUT/engine-default.txt"
+for e in default nographs moe moe-nographs; do
+  [ -s "$OUT/engine-$e.txt" ] && { echo "engine $e:"; grep -E '^prefill|^ +[0-9]+ +[0-9]+ ' "$OUT/engine-$e.txt"; }
+done
 printf '%-30s %s\n' "8B serving (SERVE=1)" "$serve_line"
 [ -s "$OUT/serve-bench.txt" ] && grep -B1 -A6 '^ conc' "$OUT/serve-bench.txt"
 [ -s "$OUT/serve-multiturn.txt" ] && grep -A6 '^multi-turn' "$OUT/serve-multiturn.txt"

@@ -156,6 +156,7 @@ void *cuda_scratch(backend_t *be, void **buf, size_t *cap, size_t bytes);
 
 void cuda_matmul(backend_t *be, const float *x, int M, const bk_mat_t *w, const float *bias, float *y);
 
+int cuda_moe_graphable(backend_t *be, int M, int H, int k, const bk_expert_t *experts, int n_experts);
 int cuda_graph_begin(backend_t *be);
 void *cuda_graph_end(backend_t *be, char *err, size_t errlen);
 int cuda_graph_launch(backend_t *be, void *graph);

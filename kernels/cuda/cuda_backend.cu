@@ -350,6 +350,7 @@ static const backend_ops_t s_cuda_ops = {
     .graph_end = cuda_graph_end,
     .graph_launch = cuda_graph_launch,
     .graph_free = cuda_graph_free,
+    .moe_graphable = cuda_moe_graphable,
 };
 
 /* An integer from the environment in [lo, hi], or def when unset; a bad value is an error. */

@@ -744,23 +744,38 @@ static void s_moe_host(backend_t *be, const float *x, int M, int H, const int32_
 
 /* ---- the op -------------------------------------------------------------------------------------- */
 
+/* The device path's table for these experts when it takes M tokens, else NULL (the host path). */
+static const cuda_moe_table_t *s_device_table(cuda_state_t *st, int M, int H, int k, const bk_expert_t *experts,
+                                              int n_experts)
+{
+    if (!st->moe_device || M > st->moe_device_max_m || n_experts <= 0 || n_experts > MOE_MAX_E || k <= 0 ||
+        k > MOE_MAX_K)
+        return NULL;
+    const cuda_moe_table_t *tb = s_table(st, experts, n_experts);
+    return tb->ok && tb->H == H ? tb : NULL;
+}
+
+/* The device path allocates and uploads only in s_table, for experts arrays it has not seen (or
+ * that changed): a graph recorded after an uncaptured step with them replays device work only. */
+int cuda_moe_graphable(backend_t *be, int M, int H, int k, const bk_expert_t *experts, int n_experts)
+{
+    return M > 0 && s_device_table(cuda_st(be), M, H, k, experts, n_experts) != NULL;
+}
+
 void cuda_moe_ffn(backend_t *be, const float *x, int M, int H, const int32_t *ids, const float *weights, int k,
                   const bk_expert_t *experts, int n_experts, void *scratch, float *out)
 {
     if (M <= 0)
         return;
     cuda_state_t *st = cuda_st(be);
-    if (st->moe_device && M <= st->moe_device_max_m && n_experts > 0 && n_experts <= MOE_MAX_E && k > 0 &&
-        k <= MOE_MAX_K) {
-        const cuda_moe_table_t *tb = s_table(st, experts, n_experts);
-        if (tb->ok && tb->H == H) {
-            switch (tb->dt) {
-            case DT_F32: s_moe_device<float>(st, tb, x, M, H, ids, weights, k, n_experts, scratch, out); break;
-            case DT_BF16: s_moe_device<__nv_bfloat16>(st, tb, x, M, H, ids, weights, k, n_experts, scratch, out); break;
-            default: s_moe_device<__half>(st, tb, x, M, H, ids, weights, k, n_experts, scratch, out); break;
-            }
-            return;
-        }
+    const cuda_moe_table_t *tb = s_device_table(st, M, H, k, experts, n_experts);
+    if (!tb) {
+        s_moe_host(be, x, M, H, ids, weights, k, experts, n_experts, scratch, out);
+        return;
     }
-    s_moe_host(be, x, M, H, ids, weights, k, experts, n_experts, scratch, out);
+    switch (tb->dt) {
+    case DT_F32: s_moe_device<float>(st, tb, x, M, H, ids, weights, k, n_experts, scratch, out); break;
+    case DT_BF16: s_moe_device<__nv_bfloat16>(st, tb, x, M, H, ids, weights, k, n_experts, scratch, out); break;
+    default: s_moe_device<__half>(st, tb, x, M, H, ids, weights, k, n_experts, scratch, out); break;
+    }
 }

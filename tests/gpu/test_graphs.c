@@ -2,8 +2,8 @@
  * bits of the same steps run op by op (model_opts_t.no_graphs), over a schedule of batch sizes
  * that records a graph per size, replays it, and makes it stale: steps of 9 and 12 rows take the
  * GEMM path, whose scratch grows, so the graphs recorded before must be dropped and recorded again.
- * Each fixture: 12 prompts in one step, then 21 decode steps over the first k sequences. The MoE
- * fixture checks that its steps are never recorded (and still equal). Runs on the GPU node
+ * Each fixture: 12 prompts in one step, then 21 decode steps over the first k sequences; the MoE
+ * fixture's steps go through the device-only expert path. Runs on the GPU node
  * (tools/gpu-run.sh); CI only compiles it. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -33,20 +33,20 @@ static const char *s_root(void)
 }
 
 /* Every logits row of the run, in order: the 12 prompts' last rows, then each step's k rows. */
-static float *s_run(const char *dir, const model_config_t *cfg, int no_graphs, uint64_t *records, uint64_t *replays,
-                    size_t *n_rows)
+static float *s_run(backend_t *gpu, const char *dir, const model_config_t *cfg, int no_graphs, uint64_t *records,
+                    uint64_t *replays, size_t *n_rows)
 {
     char err[512];
     ckpt_t *ck = ckpt_open(dir, err, sizeof err);
     if (!ck)
         fail_msg("%s", err);
     model_opts_t o = {.max_tokens = 512, .max_seqs = 16, .max_context = 128, .kv_block_size = 4, .no_graphs = no_graphs};
-    model_t *m = model_load(dir, cfg, ck, s_gpu, &o, err, sizeof err);
+    model_t *m = model_load(dir, cfg, ck, gpu, &o, err, sizeof err);
     if (!m)
         fail_msg("%s", err);
     const dtype_t kvt = cfg->dtype == DT_F32 ? DT_F32 : DT_BF16;
     kvpool_t *pool = kvpool_new(N_SEQ * (128 / 4 + 1), 4, cfg->num_layers, cfg->num_kv_heads, cfg->head_dim, kvt,
-                                s_gpu, err, sizeof err);
+                                gpu, err, sizeof err);
     if (!pool)
         fail_msg("%s", err);
     const int V = cfg->vocab_size;
@@ -93,37 +93,59 @@ static float *s_run(const char *dir, const model_config_t *cfg, int no_graphs, u
     return lg;
 }
 
-static void test_models(void **state)
+/* One fixture with and without graphs on gpu; returns the steps replayed from a graph. */
+static uint64_t s_compare(backend_t *gpu, const char *name, uint64_t min_records)
 {
-    const char *names[] = {"qwen3-f32", "llama-gqa-f32", "llama-tied-bf16", "qwen3-moe-f32"};
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+    {
         char dir[1024], err[512];
-        snprintf(dir, sizeof dir, "%s/%s", s_root(), names[i]);
+        snprintf(dir, sizeof dir, "%s/%s", s_root(), name);
         model_config_t cfg;
         if (config_load(dir, &cfg, err, sizeof err) < 0)
             fail_msg("%s", err);
         uint64_t rec0, rep0, rec1, rep1;
         size_t n0, n1;
-        float *eager = s_run(dir, &cfg, 1, &rec0, &rep0, &n0), *graph = s_run(dir, &cfg, 0, &rec1, &rep1, &n1);
+        float *eager = s_run(gpu, dir, &cfg, 1, &rec0, &rep0, &n0), *graph = s_run(gpu, dir, &cfg, 0, &rec1, &rep1, &n1);
         assert_int_equal(n0, n1);
         assert_int_equal(rec0 + rep0, 0);
         const size_t n = n0 * (size_t)cfg.vocab_size;
         for (size_t k = 0; k < n; k++)
             if (memcmp(&eager[k], &graph[k], 4) != 0)
-                fail_msg("%s: logits row %zu, id %zu: graphs %.9g, op by op %.9g", names[i], k / cfg.vocab_size,
+                fail_msg("%s: logits row %zu, id %zu: graphs %.9g, op by op %.9g", name, k / cfg.vocab_size,
                          k % cfg.vocab_size, graph[k], eager[k]);
-        const int moe = cfg.num_experts > 0;
-        if (moe) {
-            assert_int_equal(rec1 + rep1, 0);   /* MoE steps are never recorded */
-        } else {
-            /* sizes 1, 2, 9, 12 recorded, then again once stale; most steps replayed */
-            assert_true(rec1 >= 4);
-            assert_true(rep1 >= 12);
-        }
+        if (rec1 < min_records || rep1 < rec1)
+            fail_msg("%s: %llu steps recorded (want >= %llu), %llu replayed", name, (unsigned long long)rec1,
+                     (unsigned long long)min_records, (unsigned long long)rep1);
         print_message("  %-16s %d decode steps: logits bit-identical with and without graphs (%llu recorded, "
-                      "%llu replayed)\n", names[i], N_STEPS, (unsigned long long)rec1, (unsigned long long)rep1);
+                      "%llu replayed)\n", name, N_STEPS, (unsigned long long)rec1, (unsigned long long)rep1);
         free(eager), free(graph);
+        return rep1;
     }
+}
+
+static void test_models(void **state)
+{
+    /* sizes 1, 2, 9, 12 recorded, then again once stale (MoE too: its steps of up to 64 rows run on
+     * the device alone) */
+    const char *names[] = {"qwen3-f32", "llama-gqa-f32", "llama-tied-bf16", "qwen3-moe-f32"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        s_compare(s_gpu, names[i], 4);
+}
+
+/* With the device expert path limited to 4 rows, the MoE steps of 9 and 12 rows take the host
+ * path (a host round trip): never recorded, still equal; only sizes 1 and 2 are. */
+static void test_moe_host_path_not_recorded(void **state)
+{
+    char err[256];
+    setenv("TROUPE_CUDA_MOE_DEVICE_MAX_M", "4", 1);
+    backend_t *gpu = backend_new("cuda", 0, err, sizeof err);
+    unsetenv("TROUPE_CUDA_MOE_DEVICE_MAX_M");
+    if (!gpu)
+        fail_msg("%s", err);
+    /* the schedule has 11 steps of 1 or 2 rows and 10 of 9 or 12: only the former may replay */
+    const uint64_t rep = s_compare(gpu, "qwen3-moe-f32", 2);
+    if (rep > 11)
+        fail_msg("%llu steps replayed: steps of 9 or 12 rows (the host expert path) were recorded", (unsigned long long)rep);
+    backend_destroy(&gpu);
 }
 
 static int s_setup(void **state)
@@ -145,6 +167,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_models),
+        cmocka_unit_test(test_moe_host_path_not_recorded),
     };
     return cmocka_run_group_tests(tests, s_setup, s_teardown);
 }
