@@ -43,8 +43,10 @@
 #define WRITEBACK_QUEUE_MAX   4
 
 /* WAITING: its KV is here but the batch is full; PREEMPTED: its blocks were taken back. */
-typedef enum { DC_WAITING, DC_RUNNING, DC_PREEMPTED, DC_STATE_COUNT } dc_state_t;
-static const char *const s_state_names[DC_STATE_COUNT] = {"waiting", "running", "preempted"};
+/* PROMPT: a colocated request (the topology has no prefill actors) whose prompt is computed here,
+ * in chunks batched with the decode steps; its first token then makes it RUNNING (or WAITING). */
+typedef enum { DC_WAITING, DC_RUNNING, DC_PREEMPTED, DC_PROMPT, DC_STATE_COUNT } dc_state_t;
+static const char *const s_state_names[DC_STATE_COUNT] = {"waiting", "running", "preempted", "prompt"};
 
 typedef struct dc_req {
     uint64_t id;                 /* the router's request id */
@@ -57,6 +59,7 @@ typedef struct dc_req {
     int32_t *gen;                /* [max_model_len] generated ids, for recompute */
     dc_state_t state;
     int64_t admitted_ms, first_ms;
+    int prompt_done;             /* PROMPT: prompt tokens whose KV exists (-1: prefix not matched yet) */
     struct dc_req *next_req;
 } dc_req_t;
 
@@ -83,6 +86,7 @@ typedef struct decode {
     int32_t *argmax;             /* [max_seqs] the device's ids of a step (argmax or sampled) */
     bk_sample_t *sample;         /* [max_seqs] each row's sampling parameters for the device */
     uint8_t *need_logits;        /* [max_seqs] rows whose logits the host sampler needs */
+    uint8_t *is_prompt;          /* [max_seqs] colocated: rows that are prompt chunks */
     char *text;                  /* [text_cap] emitted text of one token */
     size_t text_cap, text_len;
     writeback_t wb[MAX_WRITEBACKS];
@@ -97,6 +101,9 @@ typedef struct decode {
      * included), handing write-backs to the copier (the copies run on its thread), recomputing
      * preempted requests. */
     uint64_t steps, forward_ns, handoff_ns, writeback_ns, recompute_ns;
+    int colocated;               /* no prefill actors: prompts come here (prefill_request) */
+    int chunk_tokens;            /* colocated: prompt tokens per step, all prompts together */
+    uint64_t prompts, prompt_tokens_computed, prompt_tokens_cached;
     uint64_t last_tokens;
     int64_t last_stats_ms;
     double tokens_per_s;
@@ -135,6 +142,16 @@ static void s_unlink(decode_t *d, dc_req_t *r)
     msg_free(&r->handoff);
     free(r->gen);
     free(r);
+}
+
+/* The oldest request in state st (the list is newest first), or NULL. */
+static dc_req_t *s_oldest(decode_t *d, dc_state_t st)
+{
+    dc_req_t *oldest = NULL;
+    for (dc_req_t *r = d->head; r; r = r->next_req)
+        if (r->state == st)
+            oldest = r;
+    return oldest;
 }
 
 static dc_req_t *s_find(decode_t *d, uint64_t id)
@@ -453,6 +470,126 @@ static int s_take_handoff(actor_t *a, decode_t *d, msg_t *m)
     return 0;
 }
 
+/* Colocated (no prefill actors): the router sends the prompt here. The request is kept as if a
+ * prefill worker had handed it over (the same handoff fields: sampling, reply_to, cache key), in
+ * state PROMPT until s_step has computed its prompt and sampled its first token. */
+static int s_on_prefill_request(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
+{
+    decode_t *d = state;
+    const msg_prefill_request_t *q = &m->u.prefill_request;
+    char err[512];
+    if (!d->colocated)
+        return actor_reply_error(a, from, m->id, MSG_ERR_BAD_REQUEST, 0,
+                                 "prefill_request at decode worker %s: the topology has prefill workers", d->name), 0;
+    if (s_find(d, m->id))
+        return actor_reply_error(a, from, m->id, MSG_ERR_BAD_REQUEST, 0, "request %llu is already here",
+                                 (unsigned long long)m->id), 0;
+    if ((int)q->n_tokens + (int)q->sampling.max_tokens > d->w->max_model_len)
+        return actor_reply_error(a, from, m->id, MSG_ERR_BAD_REQUEST, 0,
+                                 "prompt (%u tokens) + max_tokens (%u) exceeds max_model_len %d", q->n_tokens,
+                                 q->sampling.max_tokens, d->w->max_model_len), 0;
+    for (uint32_t i = 0; i < q->n_tokens; i++)
+        if (q->tokens[i] >= (uint32_t)d->w->cfg.vocab_size)
+            return actor_reply_error(a, from, m->id, MSG_ERR_BAD_REQUEST, 0, "token id %u at %u is outside the vocabulary (%d)",
+                                     q->tokens[i], i, d->w->cfg.vocab_size), 0;
+    msg_t h;
+    msg_init(&h, MSG_HANDOFF, m->id);
+    h.u.handoff = (msg_handoff_t){.tokens = q->tokens, .n_tokens = q->n_tokens, .sampling = q->sampling,
+                                  .tokens_left = q->sampling.max_tokens, .kv_tokens = q->n_tokens,
+                                  .block_size = (uint32_t)d->w->block_size, .reply_to = q->reply_to,
+                                  .prefill_worker = d->name, .tenant_salt = q->tenant_salt,
+                                  .prompt_cache_key = q->prompt_cache_key, .cache_retention_s = q->cache_retention_s,
+                                  .queue_ms = q->queue_ms, .deadline_ms = q->deadline_ms};
+    dc_req_t *r = calloc(1, sizeof *r);
+    sampler_params_t sp;
+    const char *why = NULL;
+    if (!r || msg_clone(&h, &r->handoff, err, sizeof err) != 0 ||
+        !(r->gen = malloc((size_t)d->w->max_model_len * sizeof *r->gen))) {
+        why = r && r->handoff.type == MSG_HANDOFF ? "decode out of memory" : err;
+    } else if (!(r->kv = kvseq_new(d->w->pool, d->w->max_model_len, q->tenant_salt))) {
+        why = "decode out of memory";
+    } else if (worker_sampler_params(d->w, &q->sampling, &sp, err, sizeof err) != 0 ||
+               !(r->smp = sampler_new(&sp, d->w->cfg.vocab_size, (const int32_t *)q->tokens, (int)q->n_tokens, err,
+                                      sizeof err))) {
+        why = err;
+    }
+    if (why) {
+        if (r) {
+            kvseq_destroy(&r->kv);
+            sampler_destroy(&r->smp);
+            msg_free(&r->handoff);
+            free(r->gen);
+            free(r);
+        }
+        return actor_reply_error(a, from, m->id, MSG_ERR_OVERLOADED, 1, "%s", why), 0;
+    }
+    r->id = m->id;
+    r->state = DC_PROMPT;
+    r->prompt_done = -1;
+    r->admitted_ms = now_ms();
+    if (d->w->tok) {
+        tok_stream_init(&r->ts, d->w->tok);
+        r->ts.skip_special = 1;
+    }
+    d->n_state[DC_PROMPT]++;
+    r->next_req = d->head;
+    d->head = r;
+    d->prompts++;
+    return 0;
+}
+
+/* Colocated: adds prompt chunks of PROMPT requests (oldest first) to the step's batch after its
+ * n decode rows, within d->chunk_tokens tokens and the batch's sequence limit; is_prompt[i] marks
+ * them. Returns the new row count. A prompt whose blocks do not fit now waits for a later step. */
+static int s_add_prompts(actor_t *a, decode_t *d, int n, uint8_t *is_prompt)
+{
+    dc_req_t *order[64];
+    int n_order = 0;
+    for (dc_req_t *r = d->head; r && n_order < 64; r = r->next_req)   /* newest first */
+        if (r->state == DC_PROMPT)
+            order[n_order++] = r;
+    int budget = d->chunk_tokens;
+    for (int i = n_order - 1; i >= 0 && budget > 0 && n < d->w->max_seqs; i--) {
+        dc_req_t *r = order[i];
+        const msg_handoff_t *h = &r->handoff.u.handoff;
+        const int32_t *prompt = (const int32_t *)h->tokens;
+        const int n_prompt = (int)h->n_tokens;
+        if (r->prompt_done < 0) {   /* first chunk: adopt every cached prefix block of the pool */
+            int cached = kvseq_match_prefix(r->kv, prompt, n_prompt);
+            r->prompt_done = cached > 0 ? cached : 0;
+            r->handoff.u.handoff.cached_tokens = (uint32_t)r->prompt_done;
+            d->prompt_tokens_cached += (uint64_t)r->prompt_done;
+        }
+        int k = n_prompt - r->prompt_done < budget ? n_prompt - r->prompt_done : budget;
+        if (kvseq_append(r->kv, prompt + r->prompt_done, k) != 0 &&
+            !(s_writeback_reclaim(a, d) && kvseq_append(r->kv, prompt + r->prompt_done, k) == 0))
+            break;   /* no blocks now: the oldest prompt keeps its turn */
+        budget -= k;
+        d->seqs[n] = (model_seq_t){.kv = r->kv, .n_new = k};
+        is_prompt[n] = 1;
+        d->batch[n++] = r;
+    }
+    return n;
+}
+
+/* Colocated: after the step, a prompt chunk's KV is published; the chunk that ends the prompt gives
+ * the request its first token (t, lp), as a prefill worker's hand-off would. */
+static void s_prompt_done(actor_t *a, decode_t *d, dc_req_t *r, int k, int32_t t, float lp)
+{
+    kvseq_publish(r->kv);
+    r->prompt_done += k;
+    d->prompt_tokens_computed += (uint64_t)k;
+    if (r->prompt_done < (int)r->handoff.u.handoff.n_tokens)
+        return;
+    r->handoff.u.handoff.prefill_ms = (uint32_t)(now_ms() - r->admitted_ms);
+    worker_publish_blocks(a, d->name, d->cache_manager, r->kv, d->w->block_size);
+    s_move(d, r, d->n_state[DC_RUNNING] < d->w->max_seqs ? DC_RUNNING : DC_WAITING, "prompt computed");
+    r->admitted_ms = r->first_ms = now_ms();
+    finish_reason_t fin = s_emit(a, d, r, t, lp);
+    if (fin != FINISH_NONE)
+        s_finish(a, d, r, fin == FINISH_LENGTH ? MSG_FINISH_LENGTH : MSG_FINISH_STOP);
+}
+
 static int s_on_cancel(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
 {
     decode_t *d = state;
@@ -579,14 +716,9 @@ static int s_step(actor_t *a, void *state)
         d->recompute_ns += (uint64_t)(now_ns() - t0);
     }
     /* Waiting requests take free batch slots, oldest first (the list is newest first). */
-    while (d->n_state[DC_WAITING] && d->n_state[DC_RUNNING] < d->w->max_seqs) {
-        dc_req_t *oldest = NULL;
-        for (dc_req_t *r = d->head; r; r = r->next_req)
-            if (r->state == DC_WAITING)
-                oldest = r;
-        s_move(d, oldest, DC_RUNNING, "a batch slot freed");
-    }
-    if (d->n_state[DC_RUNNING] == 0)
+    while (d->n_state[DC_WAITING] && d->n_state[DC_RUNNING] < d->w->max_seqs)
+        s_move(d, s_oldest(d, DC_WAITING), DC_RUNNING, "a batch slot freed");
+    if (d->n_state[DC_RUNNING] == 0 && d->n_state[DC_PROMPT] == 0)
         return copying;
     /* Each running request feeds its last token; preempt until everyone has a slot. */
     int n = 0;
@@ -620,9 +752,21 @@ static int s_step(actor_t *a, void *state)
             d->batch[m++] = d->batch[i];
         }
     n = m;
-    if (n == 0)
+    memset(d->is_prompt, 0, (size_t)d->w->max_seqs);
+    const int n_decode = n;
+    if (d->n_state[DC_PROMPT])
+        n = s_add_prompts(a, d, n, d->is_prompt);
+    if (n == 0) {
+        /* Nothing runs and the oldest prompt finds no blocks: it never will here. */
+        dc_req_t *r = d->n_state[DC_RUNNING] == 0 ? s_oldest(d, DC_PROMPT) : NULL;
+        if (r) {
+            s_error(a, r->handoff.u.handoff.reply_to, r->id, MSG_ERR_OVERLOADED, 1,
+                    "the prompt needs more KV blocks than the decode pool has");
+            s_unlink(d, r);
+        }
         return 1;
-    d->last_batch = n;
+    }
+    d->last_batch = n_decode;
     /* Requests take their token from the device (argmax, or the backend's sample op: temperature,
      * top-k, top-p, min-p, seed); only those with penalties or log-probabilities need their row of
      * logits brought to the host (and every non-greedy one on a backend without the op). */
@@ -630,9 +774,11 @@ static int s_step(actor_t *a, void *state)
     int any_sampled = 0;   /* a row the device samples (not greedy, no host logits needed) */
     for (int i = 0; i < n; i++) {
         const dc_req_t *r = d->batch[i];
-        d->need_logits[i] = sampler_needs_host(r->smp) || r->handoff.u.handoff.sampling.logprobs ||
-                            (!dev_sample && !sampler_is_greedy(r->smp));
-        any_sampled |= !d->need_logits[i] && !sampler_is_greedy(r->smp);
+        /* A prompt chunk that does not end its prompt: its row's token is not used. */
+        const int used = !d->is_prompt[i] || r->prompt_done + d->seqs[i].n_new == (int)r->handoff.u.handoff.n_tokens;
+        d->need_logits[i] = used && (sampler_needs_host(r->smp) || r->handoff.u.handoff.sampling.logprobs ||
+                                     (!dev_sample && !sampler_is_greedy(r->smp)));
+        any_sampled |= used && !d->need_logits[i] && !sampler_is_greedy(r->smp);
     }
     for (int i = 0; any_sampled && i < n; i++)
         sampler_device_params(d->batch[i]->smp, &d->sample[i]);
@@ -654,12 +800,16 @@ static int s_step(actor_t *a, void *state)
     }
     for (int i = 0; i < n; i++) {
         dc_req_t *r = d->batch[i];
-        kvseq_publish(r->kv);
         /* The log-probability costs a softmax over the vocabulary: only when it was asked for. */
         float lp = 0;
         int32_t t = d->need_logits[i] ? sampler_sample(r->smp, d->w->logits + (size_t)i * (size_t)d->w->cfg.vocab_size,
                                                        r->handoff.u.handoff.sampling.logprobs ? &lp : NULL)
                                       : d->argmax[i];
+        if (d->is_prompt[i]) {
+            s_prompt_done(a, d, r, d->seqs[i].n_new, t, lp);
+            continue;
+        }
+        kvseq_publish(r->kv);
         finish_reason_t fin = s_emit(a, d, r, t, lp);
         if (fin == FINISH_NONE && kvseq_len(r->kv) + 1 >= d->w->max_model_len)
             fin = FINISH_LENGTH;
@@ -709,11 +859,18 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
     actor_stat_metric(a, st, "handoff_seconds_total", (double)d->handoff_ns / 1e9, 1);
     actor_stat_metric(a, st, "writeback_seconds_total", (double)d->writeback_ns / 1e9, 1);
     actor_stat_metric(a, st, "recompute_seconds_total", (double)d->recompute_ns / 1e9, 1);
+    if (d->colocated) {   /* the prompts it computes itself */
+        actor_stat_metric(a, st, "requests_prompting", d->n_state[DC_PROMPT], 0);
+        actor_stat_metric(a, st, "prompts_total", (double)d->prompts, 1);
+        actor_stat_metric(a, st, "computed_tokens_total", (double)d->prompt_tokens_computed, 1);
+        actor_stat_metric(a, st, "cached_tokens_total", (double)d->prompt_tokens_cached, 1);
+    }
 }
 
 static const actor_handler_t s_handlers[] = {
     {MSG_KV_ANNOUNCE, s_on_kv_announce},
     {MSG_HANDOFF, s_on_handoff},
+    {MSG_PREFILL_REQUEST, s_on_prefill_request},
     {MSG_CANCEL, s_on_cancel},
     {MSG_KV_ACK, s_on_kv_ack},
     {MSG_KV_LINK, s_on_kv_link},
@@ -730,8 +887,12 @@ int main(int argc, char **argv)
     d.cache_manager = cm ? cm->name : NULL;
     char err[1024];
     int max_seqs = t->limits.max_batch;
-    d.w = worker_load(t, ROLE_DECODE, actor_self(a)->gpu, max_seqs > t->limits.prefill_chunk_tokens ? max_seqs : t->limits.prefill_chunk_tokens,
-                      max_seqs, err, sizeof err);
+    /* Colocated: a step holds the decode rows and up to prefill_chunk_tokens prompt tokens. */
+    d.colocated = topo_first(t, ROLE_PREFILL) == NULL;
+    d.chunk_tokens = t->limits.prefill_chunk_tokens;
+    const int max_tokens = d.colocated ? max_seqs + d.chunk_tokens
+                                       : max_seqs > d.chunk_tokens ? max_seqs : d.chunk_tokens;
+    d.w = worker_load(t, ROLE_DECODE, actor_self(a)->gpu, max_tokens, max_seqs, err, sizeof err);
     if (!d.w) {
         LOG_E("cannot load the model: %s", err);
         actor_destroy(&a);
@@ -749,13 +910,14 @@ int main(int argc, char **argv)
     d.argmax = calloc((size_t)max_seqs, sizeof *d.argmax);
     d.sample = calloc((size_t)max_seqs, sizeof *d.sample);
     d.need_logits = calloc((size_t)max_seqs, 1);
+    d.is_prompt = calloc((size_t)max_seqs, 1);
     d.next_transfer = kvx_first_id();
     d.text_cap = 8192;
     d.text = malloc(d.text_cap);
     /* Write-backs go to the cache-manager's store: no copier thread without one. */
     d.copier = d.cache_manager ? kvcopier_new(d.w->be, d.cluster, worker_block_bytes(d.w), MAX_WRITEBACKS) : NULL;
     int rc = -1;
-    if (!d.links || !d.seqs || !d.batch || !d.argmax || !d.sample || !d.need_logits || !d.text ||
+    if (!d.links || !d.seqs || !d.batch || !d.argmax || !d.sample || !d.need_logits || !d.is_prompt || !d.text ||
         (d.cache_manager && !d.copier)) {
         LOG_E("out of memory for a batch of %d", max_seqs);
     } else {
@@ -780,6 +942,7 @@ int main(int argc, char **argv)
     free(d.argmax);
     free(d.sample);
     free(d.need_logits);
+    free(d.is_prompt);
     free(d.text);
     worker_destroy(&d.w);
     actor_destroy(&a);

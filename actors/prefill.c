@@ -336,26 +336,6 @@ static int s_on_fetch_reply(actor_t *a, void *state, const actor_peer_t *from, m
     return 0;
 }
 
-/* Tells the cache-manager which full blocks we hold now (device tier), so the router can send
- * requests with the same prefix here. */
-static void s_publish_blocks(actor_t *a, prefill_t *p, pf_req_t *r)
-{
-    int full = kvseq_len(r->kv) / p->w->block_size;
-    if (full <= 0 || !p->cache_manager)
-        return;
-    uint64_t hashes[512];
-    int n = full < 512 ? full : 512;
-    for (int i = 0; i < n; i++)
-        hashes[i] = kvseq_hash(r->kv, i);
-    msg_t m;
-    msg_init(&m, MSG_CACHE_PUT, 0);
-    m.u.cache_put.holder = p->name;
-    m.u.cache_put.tier = MSG_TIER_DEVICE;
-    m.u.cache_put.hashes = hashes;
-    m.u.cache_put.n_hashes = (uint32_t)n;
-    actor_send(a, p->cache_manager, &m);
-}
-
 /* Moves r's blocks towards its decode worker by `channel` (NCCL falls back to shared memory when
  * the send cannot be posted) and sends kv_announce + handoff; fails the request when it cannot. */
 static void s_send_handoff(actor_t *a, prefill_t *p, pf_req_t *r, msg_channel_t channel)
@@ -421,7 +401,7 @@ static void s_send_handoff(actor_t *a, prefill_t *p, pf_req_t *r, msg_channel_t 
         return;
     }
     if (r->state != PF_HANDING_OFF)
-        s_publish_blocks(a, p, r);
+        worker_publish_blocks(a, p->name, p->cache_manager, r->kv, p->w->block_size);
     r->deadline_ms = now_ms() + TRANSFER_TIMEOUT_MS;
     s_set_state(r, PF_HANDING_OFF, r->state == PF_HANDING_OFF ? "retried through shared memory" : "prompt complete");
 }

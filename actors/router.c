@@ -70,6 +70,7 @@ typedef struct router {
     chat_family_t chat;
     model_config_t cfg;
     int max_model_len, block_size;
+    int colocated;               /* no prefill actors: a decode worker computes its requests' prompts */
     wk_t workers[MAX_WORKERS];
     int n_workers;
     u64map_t index;              /* block hash -> bitmask of holders (worker index bits, HOST_BIT) */
@@ -148,7 +149,7 @@ static void s_fail(actor_t *a, router_t *r, rq_t *q, msg_error_code_t code, int 
     msg_init(&c, MSG_CANCEL, q->id);
     if (q->prefill >= 0 && r->workers[q->prefill].up)
         actor_send(a, r->workers[q->prefill].name, &c);
-    if (q->decode >= 0 && r->workers[q->decode].up)
+    if (q->decode >= 0 && q->decode != q->prefill && r->workers[q->decode].up)
         actor_send(a, r->workers[q->decode].name, &c);
     actor_reply_error(a, &q->client, q->client_id, code, retryable, "%s", why);
     r->failed++;
@@ -223,27 +224,31 @@ static int s_matched(router_t *r, const uint64_t *hashes, int n, int bit)
 }
 
 /* Prefill choice: the most prompt already cached there (own pool; the host store helps every
- * worker equally) minus the prompt tokens already queued there. Decode: the fewest requests. */
+ * worker equally) minus the prompt tokens already queued there. Decode: the fewest requests.
+ * Colocated (no prefill actors): the decode worker is chosen as the prefill one is, and computes
+ * the prompt too. */
 static void s_choose(router_t *r, const uint64_t *hashes, int n_hashes, int *prefill, int *decode, int *hit_blocks)
 {
     long best = 0;
     *prefill = *decode = -1;
     *hit_blocks = s_matched(r, hashes, n_hashes, -1);
+    const topo_role_t prefill_role = r->colocated ? ROLE_DECODE : ROLE_PREFILL;
     for (int i = 0; i < r->n_workers; i++) {
         wk_t *w = &r->workers[i];
         if (!w->up)
             continue;
-        if (w->role == ROLE_PREFILL) {
+        if (w->role == prefill_role) {
             long score = (long)s_matched(r, hashes, n_hashes, i) * r->block_size - (long)w->inflight_tokens;
             if (*prefill < 0 || score > best) {
                 best = score;
                 *prefill = i;
             }
-        } else if (w->role == ROLE_DECODE) {
-            if (*decode < 0 || w->inflight < r->workers[*decode].inflight)
-                *decode = i;
         }
+        if (w->role == ROLE_DECODE && (*decode < 0 || w->inflight < r->workers[*decode].inflight))
+            *decode = i;
     }
+    if (r->colocated)   /* where the prefix is, less the prompt tokens queued there */
+        *decode = *prefill;
 }
 
 static int s_on_submit(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
@@ -414,7 +419,7 @@ static int s_on_cancel(actor_t *a, void *state, const actor_peer_t *from, msg_t 
     msg_init(&c, MSG_CANCEL, q->id);
     if (q->prefill >= 0)
         actor_send(a, r->workers[q->prefill].name, &c);
-    if (q->decode >= 0)
+    if (q->decode >= 0 && q->decode != q->prefill)
         actor_send(a, r->workers[q->decode].name, &c);
     msg_t d;
     msg_init(&d, MSG_DONE, q->client_id);
@@ -579,6 +584,8 @@ static int s_reroute(actor_t *a, router_t *r, rq_t *q, int lost)
         return 0;
     int pi = q->prefill == lost ? s_least_loaded(r, ROLE_PREFILL, lost) : q->prefill;
     int di = q->decode == lost ? s_least_loaded(r, ROLE_DECODE, lost) : q->decode;
+    if (r->colocated)   /* one worker does both */
+        pi = di;
     if (pi < 0 || di < 0)
         return 0;
     if (q->prefill != lost && q->prefill >= 0) {
@@ -747,6 +754,9 @@ int main(int argc, char **argv)
     if (!r->tok)
         LOG_W("no tokenizer (%s): only token-id prompts are accepted", err);
     r->chat = r->tok ? chat_family_detect(tokdir) : CHAT_NONE;
+    r->colocated = topo_first(t, ROLE_PREFILL) == NULL;
+    if (r->colocated)
+        LOG_I("no prefill actors: each request's decode worker computes its prompt too (colocated)");
     for (int i = 0; i < t->n_instances && r->n_workers < MAX_WORKERS - 1; i++) {
         const topo_instance_t *in = &t->instances[i];
         if (in->role != ROLE_PREFILL && in->role != ROLE_DECODE)

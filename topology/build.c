@@ -432,8 +432,8 @@ static void s_roles(topo_diag_t *d, topo_t *t)
         topo_diag_err(d, "actors", "exactly one router instance is required (found %d)", n[ROLE_ROUTER]);
     if (n[ROLE_MONITOR] != 1)
         topo_diag_err(d, "actors", "exactly one monitor instance is required (found %d)", n[ROLE_MONITOR]);
-    if (n[ROLE_PREFILL] < 1)
-        topo_diag_err(d, "actors", "at least one prefill actor is required");
+    /* No prefill actor: the decode workers compute the prompts themselves (colocated: one process,
+     * one copy of the weights per GPU, prompt chunks batched with the decode steps). */
     if (n[ROLE_DECODE] < 1)
         topo_diag_err(d, "actors", "at least one decode actor is required");
     static const topo_role_t singletons[] = { ROLE_CACHE_MANAGER, ROLE_EXPERT_BALANCER,

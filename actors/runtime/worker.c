@@ -266,3 +266,21 @@ uint64_t worker_tenant_salt(const char *tenant)
         return 0;
     return XXH3_64bits_withSeed(tenant, strlen(tenant), 0x74726f757065ULL);
 }
+
+void worker_publish_blocks(actor_t *a, const char *holder, const char *cache_manager, const kvseq_t *kv, int block_size)
+{
+    int full = kvseq_len(kv) / block_size;
+    if (full <= 0 || !cache_manager)
+        return;
+    uint64_t hashes[512];
+    int n = full < 512 ? full : 512;
+    for (int i = 0; i < n; i++)
+        hashes[i] = kvseq_hash(kv, i);
+    msg_t m;
+    msg_init(&m, MSG_CACHE_PUT, 0);
+    m.u.cache_put.holder = holder;
+    m.u.cache_put.tier = MSG_TIER_DEVICE;
+    m.u.cache_put.hashes = hashes;
+    m.u.cache_put.n_hashes = (uint32_t)n;
+    actor_send(a, cache_manager, &m);
+}

@@ -75,4 +75,8 @@ int worker_check_announce(const worker_t *w, const msg_kv_announce_t *a, char *e
 /* The tenant salt mixed into block hashes: 0 for no tenant, else a hash of its name. */
 uint64_t worker_tenant_salt(const char *tenant);
 
+/* Tells the cache-manager (none: nothing) that `holder` now holds kv's full blocks in its pool
+ * (cache_put, device tier), so the router sends requests with the same prefix there. */
+void worker_publish_blocks(actor_t *a, const char *holder, const char *cache_manager, const kvseq_t *kv, int block_size);
+
 #endif

@@ -2,17 +2,19 @@
 # reply and leave every KV pool as it was at idle; then 64 concurrent clients x 50 requests: every
 # request gets exactly one terminal reply (and nothing after it).
 . "$(dirname "$0")/lib.sh"
-MODEL_PATH=$ROOT/tests/fixtures/models/qwen3-f32 N_PREFILL=2 N_DECODE=2 make_topology "$WORK/t.yaml" \
+# N_PREFILL=0 runs it colocated (the decode workers compute the prompts: tests/scenario/colocated.sh).
+N_PREFILL=${N_PREFILL:-2}
+MODEL_PATH=$ROOT/tests/fixtures/models/qwen3-f32 N_PREFILL=$N_PREFILL N_DECODE=2 make_topology "$WORK/t.yaml" \
   "limits:" "  max_batch: 64" "  admission_queue: 512"
 start_cluster "$WORK/t.yaml"
 ep=$(grep 'client:' "$WORK/t.yaml" | awk '{print $2}')
-$PY - "$ep" "$BIN" "$WORK/t.yaml" <<'PY'
+$PY - "$ep" "$BIN" "$WORK/t.yaml" "$((N_PREFILL + 2))" <<'PY'
 import random, sys, threading, time
 from troupe_client import Client
 from servelib import top, metric, wait_idle_pools, wait_workers
 ep, bin_dir, topo = sys.argv[1:4]
 random.seed(21)
-wait_workers(bin_dir, topo, 4)
+wait_workers(bin_dir, topo, int(sys.argv[4]))
 idle = wait_idle_pools(bin_dir, topo)
 
 def one(results, key, cancel_after, n_tokens, drain_s):

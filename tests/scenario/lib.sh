@@ -41,6 +41,7 @@ free_port() {
 
 # make_topology FILE [extra yaml appended]: a one-machine CPU cluster of every role on free ports.
 # On a GPU node: BACKEND=cuda NODE_GPUS=N PREFILL_GPUS='[0]' DECODE_GPUS='[1]' places the workers.
+# N_PREFILL=0: no prefill actor (colocated: the decode workers compute the prompts).
 make_topology() {
   local file=$1; shift
   local p1 p2 p3
@@ -59,8 +60,7 @@ actors:
   - role: monitor
   - role: cache-manager
   - role: router
-  - role: prefill
-    count: ${N_PREFILL:-1}${PREFILL_GPUS:+
+$( [ "${N_PREFILL:-1}" = 0 ] || printf '  - role: prefill\n    count: %s\n' "${N_PREFILL:-1}" )${PREFILL_GPUS:+
     gpus: $PREFILL_GPUS}
   - role: decode
     count: ${N_DECODE:-1}${DECODE_GPUS:+
