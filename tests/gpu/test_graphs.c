@@ -1,9 +1,10 @@
 /* Decode steps replayed from CUDA graphs (engine/forward.c, kernels/cuda/cuda_graph.cu) give the
  * bits of the same steps run op by op (model_opts_t.no_graphs), over a schedule of batch sizes
- * that records a graph per size, replays it, and makes it stale: steps of 9 and 12 rows take the
- * GEMM path, whose scratch grows, so the graphs recorded before must be dropped and recorded again.
- * Each fixture: 12 prompts in one step, then 21 decode steps over the first k sequences; the MoE
- * fixture's steps go through the device-only expert path. Runs on the GPU node
+ * that records a graph per size and replays it (steps of 9 and 12 rows take the GEMM path, 1 and
+ * 2 the GEMV). Each fixture: 12 prompts in one step, then 21 decode steps over the first k
+ * sequences; the MoE fixture's steps go through the device-only expert path. (The 258-row prompt
+ * step grows every scratch buffer first, so no graph goes stale here: test_stale does that at the
+ * backend's level.) Runs on the GPU node
  * (tools/gpu-run.sh); CI only compiles it. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -148,6 +149,67 @@ static void test_moe_host_path_not_recorded(void **state)
     backend_destroy(&gpu);
 }
 
+static uint16_t s_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+}
+
+/* A graph recorded with a scratch buffer goes stale when a larger op reallocates it: a 9-row
+ * matmul on bf16 weights (the split GEMM: gout [18][N]) recorded and replayed, then a 30-row one
+ * run op by op (gout [60][N]) makes graph_launch refuse it (1, nothing queued); recorded again it
+ * replays, and the outputs equal the op-by-op ones. A backend of its own: fresh scratch. */
+static void test_stale(void **state)
+{
+    char err[256];
+    backend_t *be = backend_new("cuda", 0, err, sizeof err);
+    if (!be)
+        fail_msg("%s", err);
+    const backend_ops_t *op = be->ops;
+    const int K = 512, N = 1024, M0 = 9, M1 = 30;
+    uint16_t *hw = malloc((size_t)N * K * 2);
+    float *hx = malloc((size_t)M1 * K * 4), *y_op = malloc((size_t)M0 * N * 4), *y_gr = malloc((size_t)M0 * N * 4);
+    for (size_t i = 0; i < (size_t)N * K; i++)
+        hw[i] = s_bf16((float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f);
+    for (size_t i = 0; i < (size_t)M1 * K; i++)
+        hx[i] = (float)((i * 40503u) % 997) / 997.0f - 0.5f;
+    void *w = op->alloc(be, (size_t)N * K * 2), *x = op->alloc(be, (size_t)M1 * K * 4), *y = op->alloc(be, (size_t)M1 * N * 4);
+    assert_non_null(w), assert_non_null(x), assert_non_null(y);
+    assert_int_equal(op->upload(be, w, hw, (size_t)N * K * 2), 0);
+    assert_int_equal(op->upload(be, x, hx, (size_t)M1 * K * 4), 0);
+    const bk_mat_t W = {.data = w, .dtype = DT_BF16, .rows = N, .cols = K};
+    op->matmul(be, x, M0, &W, NULL, y);   /* op by op first: plans and scratch for 9 rows */
+    assert_int_equal(op->download(be, y_op, y, (size_t)M0 * N * 4), 0);
+    assert_int_equal(op->graph_begin(be), 0);
+    op->matmul(be, x, M0, &W, NULL, y);
+    void *g = op->graph_end(be, err, sizeof err);
+    if (!g)
+        fail_msg("%s", err);
+    assert_int_equal(op->graph_launch(be, g), 0);
+    assert_int_equal(op->download(be, y_gr, y, (size_t)M0 * N * 4), 0);
+    assert_memory_equal(y_op, y_gr, (size_t)M0 * N * 4);
+    op->matmul(be, x, M1, &W, NULL, y);   /* grows the scratch the graph uses */
+    assert_int_equal(op->sync(be), 0);
+    assert_int_equal(op->graph_launch(be, g), 1);   /* stale: refused, nothing queued */
+    op->graph_free(be, g);
+    assert_int_equal(op->graph_begin(be), 0);
+    op->matmul(be, x, M0, &W, NULL, y);
+    g = op->graph_end(be, err, sizeof err);
+    if (!g)
+        fail_msg("%s", err);
+    memset(y_gr, 0, (size_t)M0 * N * 4);
+    assert_int_equal(op->graph_launch(be, g), 0);
+    assert_int_equal(op->download(be, y_gr, y, (size_t)M0 * N * 4), 0);
+    assert_memory_equal(y_op, y_gr, (size_t)M0 * N * 4);
+    op->graph_free(be, g);
+    print_message("  a recorded 9-row matmul: replayed bit-identical; stale after a 30-row one reallocated its "
+                  "scratch (refused); recorded again, bit-identical\n");
+    op->free(be, w), op->free(be, x), op->free(be, y);
+    free(hw), free(hx), free(y_op), free(y_gr);
+    backend_destroy(&be);
+}
+
 static int s_setup(void **state)
 {
     char err[256];
@@ -168,6 +230,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_models),
         cmocka_unit_test(test_moe_host_path_not_recorded),
+        cmocka_unit_test(test_stale),
     };
     return cmocka_run_group_tests(tests, s_setup, s_teardown);
 }
