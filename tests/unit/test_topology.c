@@ -477,6 +477,20 @@ static void test_shape_errors(void **state)
     assert_err("inline.yaml:1: expected a mapping (indented keys), found a list");
 }
 
+/* No prefill actor: a colocated cluster (the decode workers compute the prompts); no decode actor
+ * is still an error. */
+static void test_colocated(void **state)
+{
+    (void)state;
+    topo_t *t = s_ok("model:\n  path: m\nactors:\n  - role: monitor\n  - role: router\n  - role: decode\n    count: 2\n");
+    assert_int_equal(topo_count_role(t, ROLE_PREFILL), 0);
+    assert_int_equal(topo_count_role(t, ROLE_DECODE), 2);
+    assert_null(topo_first(t, ROLE_PREFILL));
+    topo_destroy(&t);
+    s_bad("model:\n  path: m\nactors:\n  - role: monitor\n  - role: router\n  - role: prefill\n");
+    assert_err("inline.yaml:3: actors: at least one decode actor is required");
+}
+
 static void test_semantic_errors(void **state)
 {
     (void)state;
@@ -678,6 +692,7 @@ int main(void)
         cmocka_unit_test(test_bad_role),
         cmocka_unit_test(test_multi_error_reports_all),
         cmocka_unit_test(test_shape_errors),
+        cmocka_unit_test(test_colocated),
         cmocka_unit_test(test_semantic_errors),
         cmocka_unit_test(test_junk_numbers),
         cmocka_unit_test(test_errors_api),
