@@ -184,7 +184,9 @@ static void s_error(actor_t *a, const char *to, uint64_t id, msg_error_code_t co
 static writeback_t *s_writeback_put(actor_t *a, decode_t *d, dc_req_t *r)
 {
     const msg_handoff_t *h = &r->handoff.u.handoff;
-    if (!d->cache_manager || r->state == DC_PREEMPTED)
+    /* Colocated workers keep prefixes in their own pool only (they fetch nothing from the host
+     * store yet): a copy there would never be read. */
+    if (!d->cache_manager || r->state == DC_PREEMPTED || d->colocated)
         return NULL;
     if (!(h->prompt_cache_key && *h->prompt_cache_key) &&
         (2 * d->n_state[DC_RUNNING] >= d->w->max_seqs || kvcopier_pending(d->copier) >= WRITEBACK_QUEUE_MAX)) {
@@ -477,7 +479,7 @@ static int s_on_prefill_request(actor_t *a, void *state, const actor_peer_t *fro
 {
     decode_t *d = state;
     const msg_prefill_request_t *q = &m->u.prefill_request;
-    char err[512];
+    char err[512] = "decode out of memory";
     if (!d->colocated)
         return actor_reply_error(a, from, m->id, MSG_ERR_BAD_REQUEST, 0,
                                  "prefill_request at decode worker %s: the topology has prefill workers", d->name), 0;
@@ -505,7 +507,7 @@ static int s_on_prefill_request(actor_t *a, void *state, const actor_peer_t *fro
     const char *why = NULL;
     if (!r || msg_clone(&h, &r->handoff, err, sizeof err) != 0 ||
         !(r->gen = malloc((size_t)d->w->max_model_len * sizeof *r->gen))) {
-        why = r && r->handoff.type == MSG_HANDOFF ? "decode out of memory" : err;
+        why = err;
     } else if (!(r->kv = kvseq_new(d->w->pool, d->w->max_model_len, q->tenant_salt))) {
         why = "decode out of memory";
     } else if (worker_sampler_params(d->w, &q->sampling, &sp, err, sizeof err) != 0 ||
@@ -543,11 +545,19 @@ static int s_on_prefill_request(actor_t *a, void *state, const actor_peer_t *fro
  * them. Returns the new row count. A prompt whose blocks do not fit now waits for a later step. */
 static int s_add_prompts(actor_t *a, decode_t *d, int n, uint8_t *is_prompt)
 {
-    dc_req_t *order[64];
-    int n_order = 0;
-    for (dc_req_t *r = d->head; r && n_order < 64; r = r->next_req)   /* newest first */
-        if (r->state == DC_PROMPT)
+    /* Preempted requests come back first (s_recompute): new prompts would take their blocks. */
+    if (d->n_state[DC_PREEMPTED])
+        return n;
+    /* The 64 oldest prompts (the list is newest first: skip the newer ones). */
+    enum { MAX_ORDER = 64 };
+    dc_req_t *order[MAX_ORDER];
+    int n_order = 0, skip = d->n_state[DC_PROMPT] - MAX_ORDER;
+    for (dc_req_t *r = d->head; r && n_order < MAX_ORDER; r = r->next_req)
+        if (r->state == DC_PROMPT && skip-- <= 0)
             order[n_order++] = r;
+    /* Every running request keeps a free block for its next tokens: a prompt must not take the
+     * blocks the batch it joins needs (that preempted running requests, or failed a lone one). */
+    const int reserve = n, bs = d->w->block_size;
     int budget = d->chunk_tokens;
     for (int i = n_order - 1; i >= 0 && budget > 0 && n < d->w->max_seqs; i--) {
         dc_req_t *r = order[i];
@@ -561,9 +571,12 @@ static int s_add_prompts(actor_t *a, decode_t *d, int n, uint8_t *is_prompt)
             d->prompt_tokens_cached += (uint64_t)r->prompt_done;
         }
         int k = n_prompt - r->prompt_done < budget ? n_prompt - r->prompt_done : budget;
-        if (kvseq_append(r->kv, prompt + r->prompt_done, k) != 0 &&
-            !(s_writeback_reclaim(a, d) && kvseq_append(r->kv, prompt + r->prompt_done, k) == 0))
-            break;   /* no blocks now: the oldest prompt keeps its turn */
+        const int need = (kvseq_len(r->kv) + k + bs - 1) / bs - kvseq_n_blocks(r->kv);
+        if (kvpool_free_count(d->w->pool) - need < reserve && !(s_writeback_reclaim(a, d) &&
+                                                               kvpool_free_count(d->w->pool) - need >= reserve))
+            break;   /* no room now: the oldest prompt keeps its turn */
+        if (kvseq_append(r->kv, prompt + r->prompt_done, k) != 0)
+            break;
         budget -= k;
         d->seqs[n] = (model_seq_t){.kv = r->kv, .n_new = k};
         is_prompt[n] = 1;
@@ -647,6 +660,19 @@ static int s_writeback_reclaim(actor_t *a, decode_t *d)
 /* Frees the newest running request's blocks; it will be recomputed when blocks free up. */
 static int s_preempt_one(decode_t *d)
 {
+    /* Colocated: a prompt part-way through gives its blocks back first (it starts over later,
+     * reusing whatever of them is still cached), before a running request loses its KV. */
+    dc_req_t *prompt = NULL;
+    for (dc_req_t *r = d->head; r && !prompt; r = r->next_req)   /* the newest first */
+        if (r->state == DC_PROMPT && kvseq_n_blocks(r->kv) > 0)
+            prompt = r;
+    if (prompt) {
+        LOG_I("request %llu: its part-computed prompt gives its KV blocks back (pool full)",
+              (unsigned long long)prompt->id);
+        kvseq_release(prompt->kv);
+        prompt->prompt_done = -1;
+        return 0;
+    }
     dc_req_t *victim = NULL;
     for (dc_req_t *r = d->head; r; r = r->next_req)
         if (r->state == DC_RUNNING && (!victim || r->admitted_ms > victim->admitted_ms))
@@ -757,12 +783,16 @@ static int s_step(actor_t *a, void *state)
     if (d->n_state[DC_PROMPT])
         n = s_add_prompts(a, d, n, d->is_prompt);
     if (n == 0) {
-        /* Nothing runs and the oldest prompt finds no blocks: it never will here. */
-        dc_req_t *r = d->n_state[DC_RUNNING] == 0 ? s_oldest(d, DC_PROMPT) : NULL;
-        if (r) {
-            s_error(a, r->handoff.u.handoff.reply_to, r->id, MSG_ERR_OVERLOADED, 1,
-                    "the prompt needs more KV blocks than the decode pool has");
-            s_unlink(d, r);
+        /* Nothing runs. Part-computed prompts give their blocks back to whoever waits (a preempted
+         * request first); when none holds any and the oldest prompt still finds no room, it never
+         * will here. */
+        if (d->n_state[DC_RUNNING] == 0 && s_preempt_one(d) != 0 && d->n_state[DC_PREEMPTED] == 0) {
+            dc_req_t *r = s_oldest(d, DC_PROMPT);
+            if (r) {
+                s_error(a, r->handoff.u.handoff.reply_to, r->id, MSG_ERR_OVERLOADED, 1,
+                        "the prompt needs more KV blocks than the decode pool has");
+                s_unlink(d, r);
+            }
         }
         return 1;
     }

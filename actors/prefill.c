@@ -92,7 +92,6 @@ typedef struct prefill {
     fetch_policy_t fetch_policy;
     uint64_t handoff_retries;    /* NCCL hand-offs done again through shared memory */
     kvlinks_t *links;            /* NCCL links to decode workers on other GPUs of the node */
-    int links_offered;           /* the first poll offered a link to each of them */
     double tokens_per_s;         /* computed tokens per second over the last stats interval */
     uint64_t last_computed;
     int64_t last_stats_ms;
@@ -445,14 +444,16 @@ static void s_handoff(actor_t *a, prefill_t *p, pf_req_t *r, const float *logits
 static int s_poll_links(actor_t *a, void *state)
 {
     prefill_t *p = state;
-    /* At start, a link to every decode worker on another GPU of the node, before any prompt needs
-     * it. (A restarted one is offered again when its connection comes back: s_peer_event.) */
-    for (int i = 0; !p->links_offered && i < p->topo->n_instances; i++) {
+    /* A link to every decode worker on another GPU of the node, before any prompt needs it: at
+     * start, and again once a failed one's retry time has passed (kvlinks_want does nothing for a
+     * link that is up or coming up), so a decode worker that took longer to load than the link's
+     * set-up deadline still gets one without waiting for a hand-off. A restarted worker is offered
+     * one as soon as its connection comes back (s_peer_event). */
+    for (int i = 0; i < p->topo->n_instances; i++) {
         const topo_instance_t *d = &p->topo->instances[i];
         if (d->role == ROLE_DECODE && s_route(p, d->name) == MSG_CHAN_NCCL)
             kvlinks_want(p->links, d->name);
     }
-    p->links_offered = 1;
     kvlinks_poll(p->links);
     char err[512];
     for (pf_req_t *r = p->head, *next; r; r = next) {

@@ -239,7 +239,13 @@ static void s_choose(router_t *r, const uint64_t *hashes, int n_hashes, int *pre
             continue;
         if (w->role == prefill_role) {
             long score = (long)s_matched(r, hashes, n_hashes, i) * r->block_size - (long)w->inflight_tokens;
-            if (*prefill < 0 || score > best) {
+            /* Colocated, the worker's running requests are its load too (inflight_tokens counts
+             * prompts only until their first token): a block's worth of tokens each; ties go to
+             * the fewest requests. */
+            if (r->colocated)
+                score -= (long)w->inflight * r->block_size;
+            if (*prefill < 0 || score > best ||
+                (score == best && r->colocated && w->inflight < r->workers[*prefill].inflight)) {
                 best = score;
                 *prefill = i;
             }
@@ -319,7 +325,7 @@ static int s_on_submit(actor_t *a, void *state, const actor_peer_t *from, msg_t 
         free(ids);
         free(hashes);
         return actor_reply_error(a, from, m->id, MSG_ERR_UNAVAILABLE, 1, "no %s worker is up",
-                                 pi < 0 ? "prefill" : "decode"), 0;
+                                 pi < 0 && !r->colocated ? "prefill" : "decode"), 0;
     }
 
     rq_t *q = calloc(1, sizeof *q);

@@ -19,7 +19,9 @@ mkdir -p "$OUT"
 export TROUPE_OFFLINE=1
 status=0
 # Stopped early (timeout, ^C) or not, no cluster of ours outlives this script: a second gpu-run in
-# the same call would find the GPUs' memory taken by the first one's workers.
+# the same call would find the GPUs' memory taken by the first one's workers. It stops EVERY
+# troupe process of the machine (the scenario scripts it starts are not signalled by a timeout):
+# meant for the GPU node, where it is the only user.
 s_stop_clusters() {
   pkill -TERM -f "build/bin/troupe-supervisor" 2>/dev/null && sleep 3
   pkill -KILL -f "build/bin/troupe-" 2>/dev/null

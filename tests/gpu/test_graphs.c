@@ -125,8 +125,7 @@ static uint64_t s_compare(backend_t *gpu, const char *name, uint64_t min_records
 
 static void test_models(void **state)
 {
-    /* sizes 1, 2, 9, 12 recorded, then again once stale (MoE too: its steps of up to 64 rows run on
-     * the device alone) */
+    /* sizes 1, 2, 9, 12 recorded (MoE too: its steps of up to 64 rows run on the device alone) */
     const char *names[] = {"qwen3-f32", "llama-gqa-f32", "llama-tied-bf16", "qwen3-moe-f32"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         s_compare(s_gpu, names[i], 4);

@@ -6,15 +6,23 @@
 #      pool back to idle);
 #   3. prefix reuse over two decode workers: the same 40-token prompt twice; the router sends the
 #      second where the first's blocks are, which reuses them (usage.cached_tokens 32);
-#   4. kill -9 of one decode worker with requests in flight (prompts being computed, or decoding):
+#   4. balance: 8 requests one after another, each still running when the next comes, are spread
+#      over both workers (each worker's running requests count as its load);
+#   5. kill -9 of one decode worker with requests in flight (prompts being computed, or decoding):
 #      every request ends (done, re-routed to the other worker before its first token, or a
-#      retryable error), the worker is restarted and serves again.
+#      retryable error), the worker is restarted and serves again;
+#   6. one worker, 100 prompts at once: they start in arrival order (none is passed by 8 or more
+#      newer ones);
+#   7. one worker with a 12-block pool: a long request near the end of its blocks and a 96-token
+#      prompt that arrives then both finish (the prompt waits for blocks rather than taking the
+#      ones the running request needs).
 . "$(dirname "$0")/lib.sh"
 N_PREFILL=0 bash "$ROOT/tests/scenario/serve_exact.sh" | grep -E "prompts equal|PASS" || fail "serve_exact, colocated"
 N_PREFILL=0 bash "$ROOT/tests/scenario/cancel_load.sh" | grep -E "terminal|idle|PASS" || fail "cancel_load, colocated"
 
-MODEL_PATH=$ROOT/tests/fixtures/models/qwen3-f32 N_PREFILL=0 N_DECODE=2 make_topology "$WORK/t.yaml" \
-  "limits:" "  prefill_chunk_tokens: 8" "  max_batch: 16"
+# Two workers of the demo model (slow enough on the CPU for requests to overlap and for a kill to
+# land mid-request).
+N_PREFILL=0 make_demo_topology "$WORK/t.yaml" "limits:" "  prefill_chunk_tokens: 8" "  max_batch: 16"
 start_cluster "$WORK/t.yaml"
 grep -q "decode workers compute\|computes its prompt too (colocated)" "$WORK/supervisor.log" || fail "the router did not say colocated"
 ep=$(grep 'client:' "$WORK/t.yaml" | awk '{print $2}')
@@ -36,14 +44,31 @@ assert sum(metric(d, "cached_tokens_total") for d in ds) == 32
 assert sum(metric(d, "computed_tokens_total") for d in ds) == 40 + 8
 print(f"prefix reuse: the second run of a 40-token prompt computed 8 tokens, reused 32; same tokens {a}")
 
-# kill -9 with requests in flight: 48 requests (3 batches of 16) of 200-token prompts (25 chunks
-# each) and 300 tokens to generate, 0.15 s after they start.
-pid = top(bin_dir, topo)["decode-0"]["pid"]
-jobs = [((i,), dict(ids=[(i * 13 + j * 7) % 500 for j in range(200)], max_tokens=300, timeout_s=60)) for i in range(48)]
+# Balance: each request is still generating when the next one comes.
+before = {n: metric(a, "prompts_total") for n, a in top(bin_dir, topo).items() if a["role"] == "decode"}
 res = {}
-t = threading.Thread(target=lambda: res.update(run_many(ep, jobs, workers=48)))
+ts = []
+for i in range(8):
+    ts.append(threading.Thread(target=lambda i=i: res.update({i: run_one(ep, [(i * 31 + j) % 500 for j in range(20)],
+                                                                          max_tokens=48)})))
+    ts[-1].start()
+    time.sleep(0.15)
+for t in ts: t.join()
+time.sleep(1.2)
+after = {n: metric(a, "prompts_total") for n, a in top(bin_dir, topo).items() if a["role"] == "decode"}
+spread = {n: after[n] - before.get(n, 0) for n in after}
+assert all(r[1]["type"] == "done" for r in res.values()), res
+assert min(spread.values()) >= 2, f"8 overlapping requests spread {spread}"
+print(f"8 overlapping requests spread over the workers: {spread}")
+
+# kill -9 with requests in flight: 24 requests of 64-token prompts (8 chunks each) and 32 tokens to
+# generate, 0.3 s after they start.
+pid = top(bin_dir, topo)["decode-0"]["pid"]
+jobs = [((i,), dict(ids=[(i * 13 + j * 7) % 500 for j in range(64)], max_tokens=32, timeout_s=60)) for i in range(24)]
+res = {}
+t = threading.Thread(target=lambda: res.update(run_many(ep, jobs, workers=24)))
 t.start()
-time.sleep(0.15)
+time.sleep(0.3)
 subprocess.run(["kill", "-9", str(pid)], check=True)
 t.join()
 rerouted = metric(top(bin_dir, topo)["router"], "requests_rerouted")
@@ -52,13 +77,13 @@ for k, r in res.items():
     assert not isinstance(r, Exception), (k, r)
     toks, final, _ = r
     if final["type"] == "done":
-        assert len(toks) == 300, (k, len(toks))
+        assert len(toks) == 32, (k, len(toks))
         key = "done"
     else:
         assert final["type"] == "error" and final.get("retryable"), (k, final)
         key = "retryable error"
     outcomes[key] = outcomes.get(key, 0) + 1
-assert len(res) == 48, res
+assert len(res) == 24, res
 print(f"kill -9 of decode-0 with requests in flight: {outcomes}, {rerouted:.0f} re-routed")
 assert rerouted >= 1 or outcomes.get("retryable error", 0) >= 1, "the kill hit no request in flight"
 deadline = time.time() + 15
@@ -72,5 +97,81 @@ else:
 toks, final, _ = run_one(ep, prompt, max_tokens=6)
 assert final["type"] == "done" and toks == a, (final, toks, a)
 print(f"restarted as pid {d['pid']}: serves again, same tokens")
+PY
+kill -TERM "$SUP_PID"; wait "$SUP_PID" || fail "supervisor exit $?"; SUP_PID=
+
+# One worker: arrival order under a queue of 100 prompts.
+MODEL_PATH=$ROOT/tests/fixtures/models/qwen3-f32 N_PREFILL=0 N_DECODE=1 make_topology "$WORK/one.yaml" \
+  "limits:" "  prefill_chunk_tokens: 8" "  max_batch: 16" "  admission_queue: 256"
+start_cluster "$WORK/one.yaml"
+ep=$(grep 'client:' "$WORK/one.yaml" | awk '{print $2}')
+$PY - "$ep" "$BIN" "$WORK/one.yaml" <<'PY'
+import sys, time
+from troupe_client import Client
+from servelib import wait_workers
+ep, bin_dir, topo = sys.argv[1:4]
+wait_workers(bin_dir, topo, 1)
+# 100 prompts of 64 tokens sent in order on one connection; the rank of each one's first token.
+first, done = {}, 0
+with Client(ep, timeout_s=120) as c:
+    rids = [c.send("submit", tokens=[(i * 7 + j) % 500 for j in range(64)],
+                   sampling={"max_tokens": 2, "temperature": 0, "ignore_eos": True}, stream=True) for i in range(100)]
+    order = {rid: i for i, rid in enumerate(rids)}
+    deadline = time.time() + 120
+    while done < 100 and time.time() < deadline:
+        m = c.recv(1.0)
+        if m is None:
+            continue
+        i = order.get(m.get("id"))
+        if i is None:
+            continue
+        if m["type"] == "token" and i not in first:
+            first[i] = len(first)
+        elif m["type"] in ("done", "error"):
+            assert m["type"] == "done", m
+            done += 1
+assert done == 100 and len(first) == 100, (done, len(first))
+passed = [(i, j) for i in range(100) for j in range(i + 8, 100) if first[j] < first[i]]
+assert not passed, f"prompts passed by 8 or more newer ones (first-token ranks of 0..9: {[first[i] for i in range(10)]})"
+print(f"100 queued prompts: started in arrival order (first-token ranks of 0..4: {[first[i] for i in range(5)]})")
+PY
+kill -TERM "$SUP_PID"; wait "$SUP_PID" || fail "supervisor exit $?"; SUP_PID=
+
+# One worker of the demo model with a 12-block pool (192 tokens): A (10 + 150 tokens, 10 blocks)
+# has streamed 110 tokens (8 blocks) when B (a 96-token prompt, 6 blocks) comes. B must not take
+# the blocks A needs to finish (it would stall part-way with all 4 free ones, and A, alone in the
+# batch, would fail); it finishes after A.
+MODEL_PATH=$ROOT/tests/fixtures/models/qwen3-demo-shape LOAD_FORMAT=dummy N_PREFILL=0 N_DECODE=1 \
+  make_topology "$WORK/small.yaml" "limits:" "  prefill_chunk_tokens: 8" "  max_batch: 16" "  kv_blocks: 12"
+sed -i "s|^  load_format: dummy|  load_format: dummy\n  dtype: bf16|" "$WORK/small.yaml"
+start_cluster "$WORK/small.yaml"
+ep=$(grep 'client:' "$WORK/small.yaml" | awk '{print $2}')
+$PY - "$ep" "$BIN" "$WORK/small.yaml" <<'PY'
+import sys, threading, time
+from troupe_client import Client
+from servelib import run_one, wait_workers
+ep, bin_dir, topo = sys.argv[1:4]
+wait_workers(bin_dir, topo, 1)
+res, progress = {}, threading.Event()
+def a():
+    toks, final = [], None
+    with Client(ep, timeout_s=120) as c:
+        for m in c.generate(tokens=list(range(1, 11)), max_tokens=150, temperature=0, ignore_eos=True):
+            if m["type"] == "token":
+                toks += m["tokens"]
+                if len(toks) >= 110:
+                    progress.set()
+            else:
+                final = m
+    res["a"] = (toks, final)
+ta = threading.Thread(target=a)
+ta.start()
+assert progress.wait(60), "A did not get to 110 tokens"
+res["b"] = run_one(ep, [(j * 3) % 500 for j in range(96)], max_tokens=8)[:2]
+ta.join()
+for k, n in (("a", 150), ("b", 8)):
+    toks, final = res[k]
+    assert final["type"] == "done" and len(toks) == n, (k, final, len(toks))
+print("a 12-block pool: the running request and the prompt that came during it both finished")
 PY
 echo "PASS colocated"

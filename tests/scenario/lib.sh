@@ -60,8 +60,9 @@ actors:
   - role: monitor
   - role: cache-manager
   - role: router
-$( [ "${N_PREFILL:-1}" = 0 ] || printf '  - role: prefill\n    count: %s\n' "${N_PREFILL:-1}" )${PREFILL_GPUS:+
-    gpus: $PREFILL_GPUS}
+$( [ "${N_PREFILL:-1}" = 0 ] || printf '  - role: prefill\n    count: %s\n%s' "${N_PREFILL:-1}" \
+     "${PREFILL_GPUS:+    gpus: $PREFILL_GPUS
+}" )
   - role: decode
     count: ${N_DECODE:-1}${DECODE_GPUS:+
     gpus: $DECODE_GPUS}

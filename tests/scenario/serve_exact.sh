@@ -46,7 +46,7 @@ PY
   fi
   ep=$(grep 'client:' "$WORK/$name.yaml" | awk '{print $2}')
   # On the GPU node (no pyzmq there) the C client submits the prompts one after another
-  # (C_CLIENT=1 does so on the CPU too).
+  # (C_CLIENT=1 does so on the CPU too, and the 32 background requests then run after them).
   : > "$WORK/$name.cluster"
   if [ "$GPUS" -ge 2 ] || [ "${C_CLIENT:-0}" = 1 ]; then
     while read -r ids; do
