@@ -31,6 +31,7 @@
 #include "actors/runtime/kv_copier.h"
 #include "actors/runtime/kv_link.h"
 #include "actors/runtime/kv_transfer.h"
+#include "actors/runtime/prefix_fetch.h"
 #include "actors/runtime/worker.h"
 #include "common/log.h"
 #include "common/util.h"
@@ -60,6 +61,11 @@ typedef struct dc_req {
     dc_state_t state;
     int64_t admitted_ms, first_ms;
     int prompt_done;             /* PROMPT: prompt tokens whose KV exists (-1: prefix not matched yet) */
+    uint64_t *hints;             /* PROMPT: the router's host-store hint hashes (a copy), n_hints */
+    int n_hints;
+    int fetching;                /* PROMPT: waiting for hints[fetch_from..] from the host store */
+    int fetch_from;
+    int64_t fetch_sent_ms;
     struct dc_req *next_req;
 } dc_req_t;
 
@@ -104,6 +110,7 @@ typedef struct decode {
     int colocated;               /* no prefill actors: prompts come here (prefill_request) */
     int chunk_tokens;            /* colocated: prompt tokens per step, all prompts together */
     uint64_t prompts, prompt_tokens_computed, prompt_tokens_cached;
+    prefix_fetch_t fetch;        /* colocated: host-store blocks into our pool */
     uint64_t last_tokens;
     int64_t last_stats_ms;
     double tokens_per_s;
@@ -141,6 +148,7 @@ static void s_unlink(decode_t *d, dc_req_t *r)
     sampler_destroy(&r->smp);
     msg_free(&r->handoff);
     free(r->gen);
+    free(r->hints);
     free(r);
 }
 
@@ -184,9 +192,7 @@ static void s_error(actor_t *a, const char *to, uint64_t id, msg_error_code_t co
 static writeback_t *s_writeback_put(actor_t *a, decode_t *d, dc_req_t *r)
 {
     const msg_handoff_t *h = &r->handoff.u.handoff;
-    /* Colocated workers keep prefixes in their own pool only (they fetch nothing from the host
-     * store yet): a copy there would never be read. */
-    if (!d->cache_manager || r->state == DC_PREEMPTED || d->colocated)
+    if (!d->cache_manager || r->state == DC_PREEMPTED)
         return NULL;
     if (!(h->prompt_cache_key && *h->prompt_cache_key) &&
         (2 * d->n_state[DC_RUNNING] >= d->w->max_seqs || kvcopier_pending(d->copier) >= WRITEBACK_QUEUE_MAX)) {
@@ -340,6 +346,18 @@ static int s_on_kv_announce(actor_t *a, void *state, const actor_peer_t *from, m
 {
     decode_t *d = state;
     char err[256];
+    const msg_kv_announce_t *k = &m->u.kv_announce;
+    if (d->colocated && d->cache_manager && strcmp(k->src, d->cache_manager) == 0) {
+        /* Colocated: host-store blocks a prompt asked for (late ones, for a request that stopped
+         * waiting, are refused). */
+        dc_req_t *r = s_find(d, k->request_id);
+        const int wanted = r && r->state == DC_PROMPT && r->fetching;
+        prefix_fetch_take(a, &d->fetch, d->w, k, wanted, wanted ? r->hints : NULL, wanted ? r->n_hints : 0,
+                          wanted ? r->fetch_from : 0, wanted ? r->fetch_sent_ms : 0);
+        if (wanted)
+            r->fetching = 0;
+        return 0;
+    }
     if (d->n_announces >= MAX_PENDING_ANNOUNCES) {
         msg_free(&d->announces[0]);
         memmove(d->announces, d->announces + 1, (size_t)--d->n_announces * sizeof *d->announces);
@@ -529,6 +547,20 @@ static int s_on_prefill_request(actor_t *a, void *state, const actor_peer_t *fro
     r->state = DC_PROMPT;
     r->prompt_done = -1;
     r->admitted_ms = now_ms();
+    /* Blocks the host store holds and our pool lacks are fetched before the prompt's first chunk
+     * (when that is cheaper than computing them). */
+    if (q->n_hint_hashes && (r->hints = malloc(q->n_hint_hashes * sizeof *r->hints))) {
+        memcpy(r->hints, q->hint_hashes, q->n_hint_hashes * sizeof *r->hints);
+        r->n_hints = (int)q->n_hint_hashes;
+        const double rate = d->forward_ns ? (double)(d->prompt_tokens_computed + d->tokens_out) * 1e9 / (double)d->forward_ns
+                                          : 0;
+        const int first = prefix_fetch_start(a, &d->fetch, d->w, r->id, r->hints, r->n_hints, rate);
+        if (first >= 0) {
+            r->fetching = 1;
+            r->fetch_from = first;
+            r->fetch_sent_ms = now_ms();
+        }
+    }
     if (d->w->tok) {
         tok_stream_init(&r->ts, d->w->tok);
         r->ts.skip_special = 1;
@@ -543,10 +575,11 @@ static int s_on_prefill_request(actor_t *a, void *state, const actor_peer_t *fro
 /* Colocated: adds prompt chunks of PROMPT requests (oldest first) to the step's batch after its
  * n decode rows, within d->chunk_tokens tokens and the batch's sequence limit; is_prompt[i] marks
  * them. Returns the new row count. A prompt whose blocks do not fit now waits for a later step. */
-static int s_add_prompts(actor_t *a, decode_t *d, int n, uint8_t *is_prompt)
+static int s_add_prompts(actor_t *a, decode_t *d, int n, uint8_t *is_prompt, int *no_room)
 {
     /* Preempted requests come back first (s_recompute): new prompts would take their blocks. */
-    if (d->n_state[DC_PREEMPTED])
+    *no_room = d->n_state[DC_PREEMPTED] > 0;
+    if (*no_room)
         return n;
     /* The 64 oldest prompts (the list is newest first: skip the newer ones). */
     enum { MAX_ORDER = 64 };
@@ -559,8 +592,15 @@ static int s_add_prompts(actor_t *a, decode_t *d, int n, uint8_t *is_prompt)
      * blocks the batch it joins needs (that preempted running requests, or failed a lone one). */
     const int reserve = n, bs = d->w->block_size;
     int budget = d->chunk_tokens;
+    const int64_t now = now_ms();
     for (int i = n_order - 1; i >= 0 && budget > 0 && n < d->w->max_seqs; i--) {
         dc_req_t *r = order[i];
+        if (r->fetching && now - r->fetch_sent_ms <= FETCH_TIMEOUT_MS)
+            continue;   /* its cached blocks are on their way */
+        if (r->fetching) {
+            prefix_fetch_timed_out(&d->fetch, r->n_hints - r->fetch_from, r->fetch_sent_ms);
+            r->fetching = 0;
+        }
         const msg_handoff_t *h = &r->handoff.u.handoff;
         const int32_t *prompt = (const int32_t *)h->tokens;
         const int n_prompt = (int)h->n_tokens;
@@ -572,11 +612,12 @@ static int s_add_prompts(actor_t *a, decode_t *d, int n, uint8_t *is_prompt)
         }
         int k = n_prompt - r->prompt_done < budget ? n_prompt - r->prompt_done : budget;
         const int need = (kvseq_len(r->kv) + k + bs - 1) / bs - kvseq_n_blocks(r->kv);
-        if (kvpool_free_count(d->w->pool) - need < reserve && !(s_writeback_reclaim(a, d) &&
-                                                               kvpool_free_count(d->w->pool) - need >= reserve))
+        const int room = kvpool_free_count(d->w->pool) - need >= reserve ||
+                         (s_writeback_reclaim(a, d) && kvpool_free_count(d->w->pool) - need >= reserve);
+        if (!room || kvseq_append(r->kv, prompt + r->prompt_done, k) != 0) {
+            *no_room = 1;
             break;   /* no room now: the oldest prompt keeps its turn */
-        if (kvseq_append(r->kv, prompt + r->prompt_done, k) != 0)
-            break;
+        }
         budget -= k;
         d->seqs[n] = (model_seq_t){.kv = r->kv, .n_new = k};
         is_prompt[n] = 1;
@@ -601,6 +642,16 @@ static void s_prompt_done(actor_t *a, decode_t *d, dc_req_t *r, int k, int32_t t
     finish_reason_t fin = s_emit(a, d, r, t, lp);
     if (fin != FINISH_NONE)
         s_finish(a, d, r, fin == FINISH_LENGTH ? MSG_FINISH_LENGTH : MSG_FINISH_STOP);
+}
+
+/* Colocated: the host store had none of the blocks asked for. */
+static int s_on_fetch_reply(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
+{
+    decode_t *d = state;
+    dc_req_t *r = s_find(d, m->id);
+    if (r && r->state == DC_PROMPT && r->fetching && m->u.cache_fetch_reply.found == 0)
+        r->fetching = 0;
+    return 0;
 }
 
 static int s_on_cancel(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
@@ -780,13 +831,17 @@ static int s_step(actor_t *a, void *state)
     n = m;
     memset(d->is_prompt, 0, (size_t)d->w->max_seqs);
     const int n_decode = n;
+    int no_room = 0;
     if (d->n_state[DC_PROMPT])
-        n = s_add_prompts(a, d, n, d->is_prompt);
+        n = s_add_prompts(a, d, n, d->is_prompt, &no_room);
     if (n == 0) {
         /* Nothing runs. Part-computed prompts give their blocks back to whoever waits (a preempted
          * request first); when none holds any and the oldest prompt still finds no room, it never
-         * will here. */
-        if (d->n_state[DC_RUNNING] == 0 && s_preempt_one(d) != 0 && d->n_state[DC_PREEMPTED] == 0) {
+         * will here. (Prompts waiting for their fetched blocks are not out of room: the loop sleeps
+         * until the answer comes.) */
+        if (!no_room || d->n_state[DC_RUNNING] != 0)
+            return copying;
+        if (s_preempt_one(d) != 0 && d->n_state[DC_PREEMPTED] == 0) {
             dc_req_t *r = s_oldest(d, DC_PROMPT);
             if (r) {
                 s_error(a, r->handoff.u.handoff.reply_to, r->id, MSG_ERR_OVERLOADED, 1,
@@ -894,6 +949,9 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
         actor_stat_metric(a, st, "prompts_total", (double)d->prompts, 1);
         actor_stat_metric(a, st, "computed_tokens_total", (double)d->prompt_tokens_computed, 1);
         actor_stat_metric(a, st, "cached_tokens_total", (double)d->prompt_tokens_cached, 1);
+        actor_stat_metric(a, st, "fetches_total", (double)d->fetch.fetches, 1);
+        actor_stat_metric(a, st, "fetched_blocks_total", (double)d->fetch.fetched_blocks, 1);
+        actor_stat_metric(a, st, "fetches_skipped_total", (double)d->fetch.skipped, 1);
     }
 }
 
@@ -901,6 +959,7 @@ static const actor_handler_t s_handlers[] = {
     {MSG_KV_ANNOUNCE, s_on_kv_announce},
     {MSG_HANDOFF, s_on_handoff},
     {MSG_PREFILL_REQUEST, s_on_prefill_request},
+    {MSG_CACHE_FETCH_REPLY, s_on_fetch_reply},
     {MSG_CANCEL, s_on_cancel},
     {MSG_KV_ACK, s_on_kv_ack},
     {MSG_KV_LINK, s_on_kv_link},
@@ -920,6 +979,12 @@ int main(int argc, char **argv)
     /* Colocated: a step holds the decode rows and up to prefill_chunk_tokens prompt tokens. */
     d.colocated = topo_first(t, ROLE_PREFILL) == NULL;
     d.chunk_tokens = t->limits.prefill_chunk_tokens;
+    d.fetch = (prefix_fetch_t){.self = d.name, .cache_manager = d.cache_manager};
+    if (fetch_policy_from_env(&d.fetch.policy, err, sizeof err) != 0) {
+        LOG_E("%s", err);
+        actor_destroy(&a);
+        return 2;
+    }
     const int max_tokens = d.colocated ? max_seqs + d.chunk_tokens
                                        : max_seqs > d.chunk_tokens ? max_seqs : d.chunk_tokens;
     d.w = worker_load(t, ROLE_DECODE, actor_self(a)->gpu, max_tokens, max_seqs, err, sizeof err);

@@ -26,7 +26,7 @@
 #include <string.h>
 
 #include "actors/runtime/actor.h"
-#include "actors/runtime/fetch_policy.h"
+#include "actors/runtime/prefix_fetch.h"
 #include "actors/runtime/kv_link.h"
 #include "actors/runtime/kv_transfer.h"
 #include "actors/runtime/worker.h"
@@ -37,7 +37,6 @@
  * decode worker is noticed sooner by the router (peer watch); this bounds a live but overloaded
  * one. */
 #define TRANSFER_TIMEOUT_MS 5000
-#define FETCH_TIMEOUT_MS    1000
 /* A refused NCCL hand-off is retried through shared memory once our send is over: the decode side
  * receives (and drops) the bytes of a hand-off it refuses, so this only bounds a refusal that left
  * them on the link (its link is then aborted). */
@@ -87,9 +86,7 @@ typedef struct prefill {
     const topo_instance_t *self;
     uint64_t prompts, prompt_tokens, computed_tokens, cached_tokens, handoffs, handoff_failures;
     uint64_t steps, forward_ns;  /* model forwards and the time they took */
-    uint64_t fetches, fetched_blocks;
-    uint64_t fetches_skipped;    /* host-store blocks computed again: cheaper than their fetch */
-    fetch_policy_t fetch_policy;
+    prefix_fetch_t fetch;        /* host-store blocks into our pool (and its counters) */
     uint64_t handoff_retries;    /* NCCL hand-offs done again through shared memory */
     kvlinks_t *links;            /* NCCL links to decode workers on other GPUs of the node */
     double tokens_per_s;         /* computed tokens per second over the last stats interval */
@@ -189,28 +186,13 @@ static int s_on_prefill_request(actor_t *a, void *state, const actor_peer_t *fro
     }
     /* Blocks the host store holds and our pool lacks are fetched before the prompt runs. */
     const msg_prefill_request_t *rq = &r->msg.u.prefill_request;
-    if (rq->n_hint_hashes && p->cache_manager) {
-        int i = 0;
-        while (i < (int)rq->n_hint_hashes && kvpool_lookup(p->w->pool, rq->hint_hashes[i]) >= 0)
-            i++;
-        const int missing = (int)rq->n_hint_hashes - i;
-        if (missing > 0 && !fetch_policy_decide(&p->fetch_policy, missing, p->w->block_size, s_compute_rate(p))) {
-            p->fetches_skipped++;
-        } else if (missing > 0) {
-            msg_t f;
-            msg_init(&f, MSG_CACHE_FETCH, r->id);
-            f.u.cache_fetch.hashes = rq->hint_hashes + i;
-            f.u.cache_fetch.n_hashes = rq->n_hint_hashes - (uint32_t)i;
-            f.u.cache_fetch.channel = MSG_CHAN_SHM;
-            f.u.cache_fetch.reply_to = p->name;
-            if (actor_send(a, p->cache_manager, &f) == 0) {
-                r->fetch_from = i;
-                r->state = PF_FETCHING;
-                r->fetch_sent_ms = now_ms();
-                r->deadline_ms = r->fetch_sent_ms + FETCH_TIMEOUT_MS;
-                p->fetches++;
-            }
-        }
+    const int first = prefix_fetch_start(a, &p->fetch, p->w, r->id, rq->hint_hashes, (int)rq->n_hint_hashes,
+                                         s_compute_rate(p));
+    if (first >= 0) {
+        r->fetch_from = first;
+        r->state = PF_FETCHING;
+        r->fetch_sent_ms = now_ms();
+        r->deadline_ms = r->fetch_sent_ms + FETCH_TIMEOUT_MS;
     }
     /* Another GPU of the node: bring the NCCL link up while the prompt runs (no-op once it is). */
     if (s_route(p, q->decode_worker) == MSG_CHAN_NCCL)
@@ -298,31 +280,11 @@ static int s_on_kv_announce(actor_t *a, void *state, const actor_peer_t *from, m
     prefill_t *p = state;
     const msg_kv_announce_t *k = &m->u.kv_announce;
     pf_req_t *r = s_find(p, k->request_id);
-    char err[256];
-    tchan_seg_t seg = {0};
-    int ok = r && r->state == PF_FETCHING && worker_check_announce(p->w, k, err, sizeof err) == 0 &&
-             tchan_shm_open(&seg, k->handle, k->handle_len, (size_t)k->total_bytes, err, sizeof err) == 0;
-    int got = 0;
-    if (ok) {
-        const msg_prefill_request_t *q = &r->msg.u.prefill_request;
-        size_t bb = worker_block_bytes(p->w);
-        for (uint32_t j = 0; j < k->n_block_ids && r->fetch_from + (int)j < (int)q->n_hint_hashes; j++) {
-            int32_t b = kvpool_alloc(p->w->pool);
-            if (b < 0)
-                break;
-            if (worker_blocks_in(p->w, &b, 1, (const uint8_t *)seg.ptr + (size_t)j * bb) == 0) {
-                kvpool_set_hash(p->w->pool, b, q->hint_hashes[r->fetch_from + (int)j]);
-                got++;
-            }
-            kvpool_free(p->w->pool, b);
-        }
-        p->fetched_blocks += (uint64_t)got;
-        fetch_policy_observe(&p->fetch_policy, got, (double)(now_ms() - r->fetch_sent_ms));
-        LOG_D("request %llu: %d blocks fetched from the host store", (unsigned long long)r->id, got);
+    const int wanted = r && r->state == PF_FETCHING;
+    const msg_prefill_request_t *q = wanted ? &r->msg.u.prefill_request : NULL;
+    if (prefix_fetch_take(a, &p->fetch, p->w, k, wanted, q ? q->hint_hashes : NULL, q ? (int)q->n_hint_hashes : 0,
+                          wanted ? r->fetch_from : 0, wanted ? r->fetch_sent_ms : 0) >= 0)
         s_set_state(r, PF_WAITING, "blocks fetched");
-    }
-    tchan_shm_close(&seg);
-    kvx_ack(a, k->src, k->transfer_id, ok, "fetch not wanted any more", NULL, 0);
     return 0;
 }
 
@@ -508,8 +470,8 @@ static int s_step(actor_t *a, void *state)
             continue;   /* r is freed */
         }
         if (r->state == PF_FETCHING && now > r->deadline_ms) {
-            fetch_policy_observe(&p->fetch_policy, (int)r->msg.u.prefill_request.n_hint_hashes - r->fetch_from,
-                                 (double)(now - r->fetch_sent_ms));
+            prefix_fetch_timed_out(&p->fetch, (int)r->msg.u.prefill_request.n_hint_hashes - r->fetch_from,
+                                   r->fetch_sent_ms);
             s_set_state(r, PF_WAITING, "fetch timed out");
         }
     }
@@ -600,10 +562,10 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
     actor_stat_metric(a, st, "cached_tokens_total", (double)p->cached_tokens, 1);
     actor_stat_metric(a, st, "transfers_total", (double)p->handoffs, 1);
     actor_stat_metric(a, st, "transfer_failures_total", (double)p->handoff_failures, 1);
-    actor_stat_metric(a, st, "fetches_total", (double)p->fetches, 1);
-    actor_stat_metric(a, st, "fetched_blocks_total", (double)p->fetched_blocks, 1);
-    actor_stat_metric(a, st, "fetches_skipped_total", (double)p->fetches_skipped, 1);
-    actor_stat_metric(a, st, "fetch_ms_per_block", p->fetch_policy.ms_per_block, 0);
+    actor_stat_metric(a, st, "fetches_total", (double)p->fetch.fetches, 1);
+    actor_stat_metric(a, st, "fetched_blocks_total", (double)p->fetch.fetched_blocks, 1);
+    actor_stat_metric(a, st, "fetches_skipped_total", (double)p->fetch.skipped, 1);
+    actor_stat_metric(a, st, "fetch_ms_per_block", p->fetch.policy.ms_per_block, 0);
     actor_stat_metric(a, st, "transfers_nccl_total", (double)kvlinks_transfers(p->links), 1);
     actor_stat_metric(a, st, "nccl_links_ready", kvlinks_ready(p->links), 0);
     actor_stat_metric(a, st, "transfer_retries_total", (double)p->handoff_retries, 1);
@@ -630,15 +592,13 @@ int main(int argc, char **argv)
     prefill_t p = {.name = actor_self(a)->name, .cluster = t->name, .topo = t, .self = actor_self(a)};
     const topo_instance_t *cm = topo_first(t, ROLE_CACHE_MANAGER);
     p.cache_manager = cm ? cm->name : NULL;
-    const char *fetch = getenv("TROUPE_PREFILL_FETCH");
-    if (fetch && *fetch && strcmp(fetch, "always") != 0 && strcmp(fetch, "cost") != 0) {
-        LOG_E("TROUPE_PREFILL_FETCH='%s': expected 'cost' (the default: fetch cached blocks when that is cheaper "
-              "than computing them) or 'always'", fetch);
+    char err[1024];
+    p.fetch = (prefix_fetch_t){.self = p.name, .cache_manager = p.cache_manager};
+    if (fetch_policy_from_env(&p.fetch.policy, err, sizeof err) != 0) {
+        LOG_E("%s", err);
         actor_destroy(&a);
         return 2;
     }
-    p.fetch_policy.always = fetch && strcmp(fetch, "always") == 0;
-    char err[1024];
     int max_seqs = t->limits.max_batch < 64 ? t->limits.max_batch : 64;
     p.w = worker_load(t, ROLE_PREFILL, actor_self(a)->gpu, t->limits.prefill_chunk_tokens, max_seqs, err, sizeof err);
     if (!p.w) {

@@ -1,5 +1,10 @@
 #include "actors/runtime/fetch_policy.h"
 
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+
 int fetch_policy_decide(fetch_policy_t *fp, int n_blocks, int block_tokens, double tokens_per_s)
 {
     if (n_blocks <= 0)
@@ -20,4 +25,14 @@ void fetch_policy_observe(fetch_policy_t *fp, int n_blocks, double ms)
         return;
     const double per = ms / n_blocks;
     fp->ms_per_block = fp->ms_per_block > 0 ? 0.75 * fp->ms_per_block + 0.25 * per : per;
+}
+
+int fetch_policy_from_env(fetch_policy_t *fp, char *err, size_t errlen)
+{
+    const char *v = getenv("TROUPE_PREFILL_FETCH");
+    fp->always = v && strcmp(v, "always") == 0;
+    if (v && *v && strcmp(v, "always") != 0 && strcmp(v, "cost") != 0)
+        return errf(err, errlen, "TROUPE_PREFILL_FETCH='%s': expected 'cost' (the default: fetch cached blocks when "
+                    "that is cheaper than computing them) or 'always'", v);
+    return 0;
 }

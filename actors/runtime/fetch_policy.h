@@ -11,9 +11,12 @@
  * own compute rate (prompt tokens per second of forward time). With no measurement yet it fetches;
  * after FETCH_EXPLORE recomputations in a row it fetches once anyway, so a store that got faster is
  * noticed. Blocks the worker's own pool holds cost nothing either way and are not counted here.
- * TROUPE_PREFILL_FETCH=always in a prefill worker's environment turns the choice off (fetch all). */
+ * TROUPE_PREFILL_FETCH=always in a worker's environment turns the choice off (fetch all): the
+ * prefill workers, and decode workers that compute prompts (colocated). */
 #ifndef TROUPE_ACTORS_RUNTIME_FETCH_POLICY_H
 #define TROUPE_ACTORS_RUNTIME_FETCH_POLICY_H
+
+#include <stddef.h>
 
 #define FETCH_FIXED_MS 1.0        /* a fetch's messages and scheduling, whatever its size */
 #define FETCH_EXPLORE 32          /* fetch once after this many recomputations in a row */
@@ -30,5 +33,9 @@ int fetch_policy_decide(fetch_policy_t *fp, int n_blocks, int block_tokens, doub
 
 /* A fetch of n_blocks took ms (request sent to blocks in the pool). */
 void fetch_policy_observe(fetch_policy_t *fp, int n_blocks, double ms);
+
+/* Sets fp->always from TROUPE_PREFILL_FETCH ("cost", the default, or "always"); -1 with why for
+ * any other value. */
+int fetch_policy_from_env(fetch_policy_t *fp, char *err, size_t errlen);
 
 #endif

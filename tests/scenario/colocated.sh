@@ -15,7 +15,9 @@
 #      newer ones);
 #   7. one worker with a 12-block pool: a long request near the end of its blocks and a 96-token
 #      prompt that arrives then both finish (the prompt waits for blocks rather than taking the
-#      ones the running request needs).
+#      ones the running request needs);
+#   8. the host store: a first turn is written back, the worker restarts empty, and the second
+#      turn's history is fetched from the cache-manager.
 . "$(dirname "$0")/lib.sh"
 N_PREFILL=0 bash "$ROOT/tests/scenario/serve_exact.sh" | grep -E "prompts equal|PASS" || fail "serve_exact, colocated"
 N_PREFILL=0 bash "$ROOT/tests/scenario/cancel_load.sh" | grep -E "terminal|idle|PASS" || fail "cancel_load, colocated"
@@ -173,5 +175,42 @@ for k, n in (("a", 150), ("b", 8)):
     toks, final = res[k]
     assert final["type"] == "done" and len(toks) == n, (k, final, len(toks))
 print("a 12-block pool: the running request and the prompt that came during it both finished")
+PY
+kill -TERM "$SUP_PID"; wait "$SUP_PID" || fail "supervisor exit $?"; SUP_PID=
+
+# The host store: a conversation's first turn is written back; the worker is killed (-9) and
+# restarts with an empty pool; the second turn's history comes back from the cache-manager
+# (fetched regardless of cost: TROUPE_PREFILL_FETCH=always, the tiny fixture computes faster).
+MODEL_PATH=$ROOT/tests/fixtures/models/qwen3-f32 N_PREFILL=0 N_DECODE=1 make_topology "$WORK/host.yaml"
+TROUPE_PREFILL_FETCH=always start_cluster "$WORK/host.yaml"
+ep=$(grep 'client:' "$WORK/host.yaml" | awk '{print $2}')
+$PY - "$ep" "$BIN" "$WORK/host.yaml" <<'PY'
+import subprocess, sys, time
+from servelib import run_one, top, metric, wait_workers
+ep, bin_dir, topo = sys.argv[1:4]
+wait_workers(bin_dir, topo, 1)
+p1 = [(i * 11 + 5) % 500 for i in range(64)]
+a1, f1, _ = run_one(ep, p1, max_tokens=16)
+assert f1["type"] == "done", f1
+time.sleep(1.5)   # the write-back reaches the host store
+pid = top(bin_dir, topo)["decode"]["pid"]
+subprocess.run(["kill", "-9", str(pid)], check=True)
+deadline = time.time() + 15
+while time.time() < deadline:
+    d = top(bin_dir, topo).get("decode")
+    if d and d["pid"] != pid and d.get("state") in ("ready", 1):
+        break
+    time.sleep(0.2)
+else:
+    raise AssertionError("the decode worker was not restarted")
+p2 = p1 + a1 + [(i * 13 + 7) % 500 for i in range(16)]
+a2, f2, _ = run_one(ep, p2, max_tokens=4)
+assert f2["type"] == "done", f2
+assert f2["usage"]["cached_tokens"] >= 64, f2["usage"]
+time.sleep(1.2)
+d = top(bin_dir, topo)["decode"]
+assert metric(d, "fetched_blocks_total") >= 4, d["metrics"]
+print(f"host store: after a restart the second turn reused {f2['usage']['cached_tokens']} tokens, "
+      f"{metric(d, 'fetched_blocks_total'):.0f} blocks fetched")
 PY
 echo "PASS colocated"

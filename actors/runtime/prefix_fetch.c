@@ -1,0 +1,67 @@
+#include "actors/runtime/prefix_fetch.h"
+
+#include "actors/runtime/kv_transfer.h"
+#include "actors/runtime/tensor_chan.h"
+#include "common/log.h"
+#include "common/util.h"
+
+int prefix_fetch_start(actor_t *a, prefix_fetch_t *pf, worker_t *w, uint64_t request_id, const uint64_t *hints,
+                       int n_hints, double tokens_per_s)
+{
+    if (!pf->cache_manager || n_hints <= 0)
+        return -1;
+    int i = 0;
+    while (i < n_hints && kvpool_lookup(w->pool, hints[i]) >= 0)
+        i++;
+    const int missing = n_hints - i;
+    if (missing <= 0)
+        return -1;
+    if (!fetch_policy_decide(&pf->policy, missing, w->block_size, tokens_per_s)) {
+        pf->skipped++;
+        return -1;
+    }
+    msg_t f;
+    msg_init(&f, MSG_CACHE_FETCH, request_id);
+    f.u.cache_fetch.hashes = hints + i;
+    f.u.cache_fetch.n_hashes = (uint32_t)missing;
+    f.u.cache_fetch.channel = MSG_CHAN_SHM;
+    f.u.cache_fetch.reply_to = pf->self;
+    if (actor_send(a, pf->cache_manager, &f) != 0)
+        return -1;
+    pf->fetches++;
+    return i;
+}
+
+int prefix_fetch_take(actor_t *a, prefix_fetch_t *pf, worker_t *w, const msg_kv_announce_t *k, int wanted,
+                      const uint64_t *hints, int n_hints, int from, int64_t sent_ms)
+{
+    char err[256] = "";
+    tchan_seg_t seg = {0};
+    int ok = wanted && worker_check_announce(w, k, err, sizeof err) == 0 &&
+             tchan_shm_open(&seg, k->handle, k->handle_len, (size_t)k->total_bytes, err, sizeof err) == 0;
+    int got = 0;
+    if (ok) {
+        const size_t bb = worker_block_bytes(w);
+        for (uint32_t j = 0; j < k->n_block_ids && from + (int)j < n_hints; j++) {
+            int32_t b = kvpool_alloc(w->pool);
+            if (b < 0)
+                break;
+            if (worker_blocks_in(w, &b, 1, (const uint8_t *)seg.ptr + (size_t)j * bb) == 0) {
+                kvpool_set_hash(w->pool, b, hints[from + (int)j]);
+                got++;
+            }
+            kvpool_free(w->pool, b);
+        }
+        pf->fetched_blocks += (uint64_t)got;
+        fetch_policy_observe(&pf->policy, got, (double)(now_ms() - sent_ms));
+        LOG_D("request %llu: %d blocks fetched from the host store", (unsigned long long)k->request_id, got);
+    }
+    tchan_shm_close(&seg);
+    kvx_ack(a, k->src, k->transfer_id, ok, wanted ? err : "fetch not wanted any more", NULL, 0);
+    return ok ? got : -1;
+}
+
+void prefix_fetch_timed_out(prefix_fetch_t *pf, int n_blocks, int64_t sent_ms)
+{
+    fetch_policy_observe(&pf->policy, n_blocks, (double)(now_ms() - sent_ms));
+}
