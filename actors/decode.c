@@ -515,7 +515,8 @@ static int s_on_prefill_request(actor_t *a, void *state, const actor_peer_t *fro
     msg_t h;
     msg_init(&h, MSG_HANDOFF, m->id);
     h.u.handoff = (msg_handoff_t){.tokens = q->tokens, .n_tokens = q->n_tokens, .sampling = q->sampling,
-                                  .tokens_left = q->sampling.max_tokens, .kv_tokens = q->n_tokens,
+                                  .tokens_left = q->sampling.max_tokens > 0 ? q->sampling.max_tokens - 1 : 0,
+                                  .kv_tokens = q->n_tokens,
                                   .block_size = (uint32_t)d->w->block_size, .reply_to = q->reply_to,
                                   .prefill_worker = d->name, .tenant_salt = q->tenant_salt,
                                   .prompt_cache_key = q->prompt_cache_key, .cache_retention_s = q->cache_retention_s,
