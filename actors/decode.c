@@ -61,6 +61,7 @@ typedef struct dc_req {
     dc_state_t state;
     int64_t admitted_ms, first_ms;
     int prompt_done;             /* PROMPT: prompt tokens whose KV exists (-1: prefix not matched yet) */
+    int prompt_started;          /* PROMPT: its first chunk was scheduled (cached_tokens is set) */
     uint64_t *hints;             /* PROMPT: the router's host-store hint hashes (a copy), n_hints */
     int n_hints;
     int fetching;                /* PROMPT: waiting for hints[fetch_from..] from the host store */
@@ -499,19 +500,23 @@ static int s_on_prefill_request(actor_t *a, void *state, const actor_peer_t *fro
     const msg_prefill_request_t *q = &m->u.prefill_request;
     char err[512] = "decode out of memory";
     if (!d->colocated)
-        return actor_reply_error(a, from, m->id, MSG_ERR_BAD_REQUEST, 0,
+        return actor_send_error(a, q->reply_to, m->id, MSG_ERR_BAD_REQUEST, 0,
                                  "prefill_request at decode worker %s: the topology has prefill workers", d->name), 0;
     if (s_find(d, m->id))
-        return actor_reply_error(a, from, m->id, MSG_ERR_BAD_REQUEST, 0, "request %llu is already here",
+        return actor_send_error(a, q->reply_to, m->id, MSG_ERR_BAD_REQUEST, 0, "request %llu is already here",
                                  (unsigned long long)m->id), 0;
     if ((int)q->n_tokens + (int)q->sampling.max_tokens > d->w->max_model_len)
-        return actor_reply_error(a, from, m->id, MSG_ERR_BAD_REQUEST, 0,
+        return actor_send_error(a, q->reply_to, m->id, MSG_ERR_BAD_REQUEST, 0,
                                  "prompt (%u tokens) + max_tokens (%u) exceeds max_model_len %d", q->n_tokens,
                                  q->sampling.max_tokens, d->w->max_model_len), 0;
     for (uint32_t i = 0; i < q->n_tokens; i++)
         if (q->tokens[i] >= (uint32_t)d->w->cfg.vocab_size)
-            return actor_reply_error(a, from, m->id, MSG_ERR_BAD_REQUEST, 0, "token id %u at %u is outside the vocabulary (%d)",
+            return actor_send_error(a, q->reply_to, m->id, MSG_ERR_BAD_REQUEST, 0, "token id %u at %u is outside the vocabulary (%d)",
                                      q->tokens[i], i, d->w->cfg.vocab_size), 0;
+    if ((int)((q->n_tokens + (uint32_t)d->w->block_size - 1) / (uint32_t)d->w->block_size) + 1 > kvpool_n_blocks(d->w->pool))
+        return actor_send_error(a, q->reply_to, m->id, MSG_ERR_OVERLOADED, 1,
+                                 "the prompt (%u tokens) needs more KV blocks than the decode pool has (%d)", q->n_tokens,
+                                 kvpool_n_blocks(d->w->pool)), 0;
     msg_t h;
     msg_init(&h, MSG_HANDOFF, m->id);
     h.u.handoff = (msg_handoff_t){.tokens = q->tokens, .n_tokens = q->n_tokens, .sampling = q->sampling,
@@ -542,7 +547,7 @@ static int s_on_prefill_request(actor_t *a, void *state, const actor_peer_t *fro
             free(r->gen);
             free(r);
         }
-        return actor_reply_error(a, from, m->id, MSG_ERR_OVERLOADED, 1, "%s", why), 0;
+        return actor_send_error(a, q->reply_to, m->id, MSG_ERR_OVERLOADED, 1, "%s", why), 0;
     }
     r->id = m->id;
     r->state = DC_PROMPT;
@@ -576,11 +581,11 @@ static int s_on_prefill_request(actor_t *a, void *state, const actor_peer_t *fro
 /* Colocated: adds prompt chunks of PROMPT requests (oldest first) to the step's batch after its
  * n decode rows, within d->chunk_tokens tokens and the batch's sequence limit; is_prompt[i] marks
  * them. Returns the new row count. A prompt whose blocks do not fit now waits for a later step. */
-static int s_add_prompts(actor_t *a, decode_t *d, int n, uint8_t *is_prompt, int *no_room)
+static int s_add_prompts(actor_t *a, decode_t *d, int n, uint8_t *is_prompt, dc_req_t **stuck)
 {
+    *stuck = NULL;
     /* Preempted requests come back first (s_recompute): new prompts would take their blocks. */
-    *no_room = d->n_state[DC_PREEMPTED] > 0;
-    if (*no_room)
+    if (d->n_state[DC_PREEMPTED])
         return n;
     /* The 64 oldest prompts (the list is newest first: skip the newer ones). */
     enum { MAX_ORDER = 64 };
@@ -608,15 +613,18 @@ static int s_add_prompts(actor_t *a, decode_t *d, int n, uint8_t *is_prompt, int
         if (r->prompt_done < 0) {   /* first chunk: adopt every cached prefix block of the pool */
             int cached = kvseq_match_prefix(r->kv, prompt, n_prompt);
             r->prompt_done = cached > 0 ? cached : 0;
-            r->handoff.u.handoff.cached_tokens = (uint32_t)r->prompt_done;
-            d->prompt_tokens_cached += (uint64_t)r->prompt_done;
+            if (!r->prompt_started) {   /* not again after giving its blocks back (its own, then) */
+                r->prompt_started = 1;
+                r->handoff.u.handoff.cached_tokens = (uint32_t)r->prompt_done;
+                d->prompt_tokens_cached += (uint64_t)r->prompt_done;
+            }
         }
         int k = n_prompt - r->prompt_done < budget ? n_prompt - r->prompt_done : budget;
         const int need = (kvseq_len(r->kv) + k + bs - 1) / bs - kvseq_n_blocks(r->kv);
         const int room = kvpool_free_count(d->w->pool) - need >= reserve ||
                          (s_writeback_reclaim(a, d) && kvpool_free_count(d->w->pool) - need >= reserve);
         if (!room || kvseq_append(r->kv, prompt + r->prompt_done, k) != 0) {
-            *no_room = 1;
+            *stuck = r;
             break;   /* no room now: the oldest prompt keeps its turn */
         }
         budget -= k;
@@ -679,6 +687,10 @@ static int s_poll_links(actor_t *a, void *state)
 
 static int s_link_send(void *ctx, const char *to, const msg_t *m) { return actor_send(ctx, to, m); }
 
+/* Colocated: wakes the loop now and then, so a fetch that is never answered is given up on time
+ * (s_add_prompts) even when no message comes. */
+static int s_wake(actor_t *a, void *state) { return 0; }
+
 /* A prefill worker's process came or went: its NCCL link is aborted at once, or may come again. */
 static void s_peer_event(actor_t *a, void *state, const char *peer, int up)
 {
@@ -709,14 +721,15 @@ static int s_writeback_reclaim(actor_t *a, decode_t *d)
     return 1;
 }
 
-/* Frees the newest running request's blocks; it will be recomputed when blocks free up. */
-static int s_preempt_one(decode_t *d)
+/* Frees blocks: a part-computed prompt other than keep gives its blocks back (colocated), else the
+ * newest running request is preempted (never the last one). 0 when blocks were freed. */
+static int s_preempt_one(decode_t *d, const dc_req_t *keep)
 {
     /* Colocated: a prompt part-way through gives its blocks back first (it starts over later,
      * reusing whatever of them is still cached), before a running request loses its KV. */
     dc_req_t *prompt = NULL;
     for (dc_req_t *r = d->head; r && !prompt; r = r->next_req)   /* the newest first */
-        if (r->state == DC_PROMPT && kvseq_n_blocks(r->kv) > 0)
+        if (r->state == DC_PROMPT && r != keep && kvseq_n_blocks(r->kv) > 0)
             prompt = r;
     if (prompt) {
         LOG_I("request %llu: its part-computed prompt gives its KV blocks back (pool full)",
@@ -788,10 +801,23 @@ static int s_step(actor_t *a, void *state)
     /* Preempted requests come back first when blocks allow (oldest first). */
     if (d->n_state[DC_PREEMPTED] && d->n_state[DC_RUNNING] < d->w->max_seqs) {
         int64_t t0 = now_ns();
-        for (dc_req_t *r = d->head; r; r = r->next_req)
-            if (r->state == DC_PREEMPTED && s_recompute(a, d, r))
-                break;
+        int resumed = 0;
+        for (dc_req_t *r = d->head; r && !resumed; r = r->next_req)
+            if (r->state == DC_PREEMPTED)
+                resumed = s_recompute(a, d, r);
         d->recompute_ns += (uint64_t)(now_ns() - t0);
+        /* None came back and no other request holds KV: part-computed prompts give their blocks
+         * back; when none holds any, the pool is empty and the oldest preempted request, which
+         * does not fit in it, never will. */
+        if (!resumed && d->n_state[DC_RUNNING] == 0 && d->n_state[DC_WAITING] == 0 && s_preempt_one(d, NULL) != 0) {
+            dc_req_t *r = s_oldest(d, DC_PREEMPTED);
+            char why[160];
+            snprintf(why, sizeof why, "KV pool exhausted: %d tokens need more blocks than the pool has",
+                     (int)r->handoff.u.handoff.n_tokens + r->n_gen);
+            s_error(a, r->handoff.u.handoff.reply_to, r->id, MSG_ERR_OVERLOADED, 1, why);
+            s_unlink(d, r);
+            return 1;
+        }
     }
     /* Waiting requests take free batch slots, oldest first (the list is newest first). */
     while (d->n_state[DC_WAITING] && d->n_state[DC_RUNNING] < d->w->max_seqs)
@@ -806,7 +832,7 @@ static int s_step(actor_t *a, void *state)
         while (kvseq_append(r->kv, &r->next, 1) != 0) {
             if (s_writeback_reclaim(a, d))
                 continue;
-            if (s_preempt_one(d) != 0) {
+            if (s_preempt_one(d, NULL) != 0) {
                 /* Alone and still out of blocks: it can never finish here. */
                 char why[128];
                 snprintf(why, sizeof why, "KV pool exhausted at %d tokens", kvseq_len(r->kv));
@@ -832,23 +858,19 @@ static int s_step(actor_t *a, void *state)
     n = m;
     memset(d->is_prompt, 0, (size_t)d->w->max_seqs);
     const int n_decode = n;
-    int no_room = 0;
+    dc_req_t *stuck = NULL;
     if (d->n_state[DC_PROMPT])
-        n = s_add_prompts(a, d, n, d->is_prompt, &no_room);
+        n = s_add_prompts(a, d, n, d->is_prompt, &stuck);
     if (n == 0) {
-        /* Nothing runs. Part-computed prompts give their blocks back to whoever waits (a preempted
-         * request first); when none holds any and the oldest prompt still finds no room, it never
-         * will here. (Prompts waiting for their fetched blocks are not out of room: the loop sleeps
-         * until the answer comes.) */
-        if (!no_room || d->n_state[DC_RUNNING] != 0)
+        /* Nothing runs. The prompt that found no room gets the blocks other part-computed prompts
+         * hold; when none holds any, it never fits here (prompts waiting for fetched blocks are
+         * not out of room: the loop sleeps until the answer comes). */
+        if (!stuck || d->n_state[DC_RUNNING] != 0)
             return copying;
-        if (s_preempt_one(d) != 0 && d->n_state[DC_PREEMPTED] == 0) {
-            dc_req_t *r = s_oldest(d, DC_PROMPT);
-            if (r) {
-                s_error(a, r->handoff.u.handoff.reply_to, r->id, MSG_ERR_OVERLOADED, 1,
-                        "the prompt needs more KV blocks than the decode pool has");
-                s_unlink(d, r);
-            }
+        if (s_preempt_one(d, stuck) != 0) {
+            s_error(a, stuck->handoff.u.handoff.reply_to, stuck->id, MSG_ERR_OVERLOADED, 1,
+                    "the prompt needs more KV blocks than the decode pool has free");
+            s_unlink(d, stuck);
         }
         return 1;
     }
@@ -981,6 +1003,8 @@ int main(int argc, char **argv)
     d.colocated = topo_first(t, ROLE_PREFILL) == NULL;
     d.chunk_tokens = t->limits.prefill_chunk_tokens;
     d.fetch = (prefix_fetch_t){.self = d.name, .cache_manager = d.cache_manager};
+    if (d.colocated && d.cache_manager)
+        actor_timer_add(a, FETCH_TIMEOUT_MS / 10, s_wake);
     if (fetch_policy_from_env(&d.fetch.policy, err, sizeof err) != 0) {
         LOG_E("%s", err);
         actor_destroy(&a);

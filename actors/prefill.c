@@ -159,19 +159,19 @@ static int s_on_prefill_request(actor_t *a, void *state, const actor_peer_t *fro
     const msg_prefill_request_t *q = &m->u.prefill_request;
     char err[256];
     if (s_find(p, m->id))
-        return actor_reply_error(a, from, m->id, MSG_ERR_BAD_REQUEST, 0, "request %llu is already here",
+        return actor_send_error(a, q->reply_to, m->id, MSG_ERR_BAD_REQUEST, 0, "request %llu is already here",
                                  (unsigned long long)m->id), 0;
     if ((int)q->n_tokens + 1 > p->w->max_model_len)
-        return actor_reply_error(a, from, m->id, MSG_ERR_BAD_REQUEST, 0, "prompt of %u tokens exceeds max_model_len %d",
+        return actor_send_error(a, q->reply_to, m->id, MSG_ERR_BAD_REQUEST, 0, "prompt of %u tokens exceeds max_model_len %d",
                                  q->n_tokens, p->w->max_model_len), 0;
     for (uint32_t i = 0; i < q->n_tokens; i++)
         if (q->tokens[i] >= (uint32_t)p->w->cfg.vocab_size)
-            return actor_reply_error(a, from, m->id, MSG_ERR_BAD_REQUEST, 0, "token id %u at %u is outside the vocabulary (%d)",
+            return actor_send_error(a, q->reply_to, m->id, MSG_ERR_BAD_REQUEST, 0, "token id %u at %u is outside the vocabulary (%d)",
                                      q->tokens[i], i, p->w->cfg.vocab_size), 0;
     pf_req_t *r = calloc(1, sizeof *r);
     if (!r || msg_clone(m, &r->msg, err, sizeof err) != 0) {
         free(r);
-        return actor_reply_error(a, from, m->id, MSG_ERR_OVERLOADED, 1, "prefill out of memory"), 0;
+        return actor_send_error(a, q->reply_to, m->id, MSG_ERR_OVERLOADED, 1, "prefill out of memory"), 0;
     }
     r->id = m->id;
     /* uint32 ids below vocab_size (checked) are valid int32 ids: same bytes. */
@@ -182,7 +182,7 @@ static int s_on_prefill_request(actor_t *a, void *state, const actor_peer_t *fro
     if (!r->kv) {
         msg_free(&r->msg);
         free(r);
-        return actor_reply_error(a, from, m->id, MSG_ERR_OVERLOADED, 1, "prefill out of memory"), 0;
+        return actor_send_error(a, q->reply_to, m->id, MSG_ERR_OVERLOADED, 1, "prefill out of memory"), 0;
     }
     /* Blocks the host store holds and our pool lacks are fetched before the prompt runs. */
     const msg_prefill_request_t *rq = &r->msg.u.prefill_request;

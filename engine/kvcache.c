@@ -304,7 +304,9 @@ void kvseq_destroy(kvseq_t **self_p)
 
 void kvseq_release(kvseq_t *s)
 {
-    for (int i = 0; i < s->n_blocks; i++)
+    /* Last block first: cached blocks are evicted in the order they were freed, so a prefix's
+     * root (block 0) outlives its tail and the prefix stays adoptable as long as possible. */
+    for (int i = s->n_blocks - 1; i >= 0; i--)
         kvpool_free(s->pool, s->blocks[i]);
     s->n_blocks = s->n_tokens = s->n_hashed = s->n_published = 0;
 }

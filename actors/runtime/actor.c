@@ -295,6 +295,21 @@ int actor_reply(actor_t *a, const actor_peer_t *to, const msg_t *m)
     return 0;
 }
 
+int actor_send_error(actor_t *a, const char *to, uint64_t id, msg_error_code_t code, int retryable, const char *fmt, ...)
+{
+    char text[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    msg_t m;
+    msg_init(&m, MSG_ERROR, id);
+    m.u.error.code = code;
+    m.u.error.retryable = retryable != 0;
+    m.u.error.message = text;
+    return actor_send(a, to, &m);
+}
+
 int actor_reply_error(actor_t *a, const actor_peer_t *to, uint64_t id, msg_error_code_t code,
                       int retryable, const char *fmt, ...)
 {

@@ -42,7 +42,10 @@ int prefix_fetch_take(actor_t *a, prefix_fetch_t *pf, worker_t *w, const msg_kv_
     int got = 0;
     if (ok) {
         const size_t bb = worker_block_bytes(w);
-        for (uint32_t j = 0; j < k->n_block_ids && from + (int)j < n_hints; j++) {
+        /* No more than the pool has free: each block goes back to the free list as a cached one,
+         * and a later block taking an earlier one's place would break the prefix at its root. */
+        const int room = kvpool_free_count(w->pool);
+        for (uint32_t j = 0; j < k->n_block_ids && from + (int)j < n_hints && (int)j < room; j++) {
             int32_t b = kvpool_alloc(w->pool);
             if (b < 0)
                 break;

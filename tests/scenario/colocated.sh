@@ -15,7 +15,7 @@
 #      newer ones);
 #   7. one worker with a 12-block pool: a long request near the end of its blocks and a 96-token
 #      prompt that arrives then both finish (the prompt waits for blocks rather than taking the
-#      ones the running request needs);
+#      ones the running request needs); a prompt larger than the pool is refused at once;
 #   8. the host store: a first turn is written back, the worker restarts empty, and the second
 #      turn's history is fetched from the cache-manager.
 . "$(dirname "$0")/lib.sh"
@@ -175,6 +175,14 @@ for k, n in (("a", 150), ("b", 8)):
     toks, final = res[k]
     assert final["type"] == "done" and len(toks) == n, (k, final, len(toks))
 print("a 12-block pool: the running request and the prompt that came during it both finished")
+# A prompt larger than the whole pool is refused at once (it used to loop giving its blocks back).
+t0 = time.time()
+toks, final, _ = run_one(ep, [(j * 5) % 500 for j in range(200)], max_tokens=4, timeout_s=20)
+assert final["type"] == "error" and final.get("retryable") and "KV blocks" in final["message"], final
+assert time.time() - t0 < 5, time.time() - t0
+toks, final, _ = run_one(ep, [1, 2, 3], max_tokens=4)
+assert final["type"] == "done" and len(toks) == 4, final
+print("a 200-token prompt on a 12-block pool: refused at once; a small request is served after it")
 PY
 kill -TERM "$SUP_PID"; wait "$SUP_PID" || fail "supervisor exit $?"; SUP_PID=
 
