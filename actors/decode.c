@@ -111,6 +111,7 @@ typedef struct decode {
     int colocated;               /* no prefill actors: prompts come here (prefill_request) */
     int chunk_tokens;            /* colocated: prompt tokens per step, all prompts together */
     uint64_t prompts, prompt_tokens_computed, prompt_tokens_cached;
+    uint64_t prompt_ns;          /* the prompt chunks' share of the forward time (their compute rate) */
     prefix_fetch_t fetch;        /* colocated: host-store blocks into our pool */
     uint64_t last_tokens;
     int64_t last_stats_ms;
@@ -558,8 +559,7 @@ static int s_on_prefill_request(actor_t *a, void *state, const actor_peer_t *fro
     if (q->n_hint_hashes && (r->hints = malloc(q->n_hint_hashes * sizeof *r->hints))) {
         memcpy(r->hints, q->hint_hashes, q->n_hint_hashes * sizeof *r->hints);
         r->n_hints = (int)q->n_hint_hashes;
-        const double rate = d->forward_ns ? (double)(d->prompt_tokens_computed + d->tokens_out) * 1e9 / (double)d->forward_ns
-                                          : 0;
+        const double rate = d->prompt_ns ? (double)d->prompt_tokens_computed * 1e9 / (double)d->prompt_ns : 0;
         const int first = prefix_fetch_start(a, &d->fetch, d->w, r->id, r->hints, r->n_hints, rate);
         if (first >= 0) {
             r->fetching = 1;
@@ -896,7 +896,14 @@ static int s_step(actor_t *a, void *state)
     char err[512];
     int64_t t0 = now_ns();
     int frc = model_forward(d->w->model, &b, d->w->logits, err, sizeof err);
-    d->forward_ns += (uint64_t)(now_ns() - t0);
+    const uint64_t step_ns = (uint64_t)(now_ns() - t0);
+    d->forward_ns += step_ns;
+    if (n > n_decode) {   /* the prompt chunks' share of the step, by tokens: their compute rate */
+        uint64_t prompt_tokens = 0;
+        for (int i = n_decode; i < n; i++)
+            prompt_tokens += (uint64_t)d->seqs[i].n_new;
+        d->prompt_ns += step_ns * prompt_tokens / (prompt_tokens + (uint64_t)n_decode);
+    }
     d->steps++;
     if (frc != 0) {
         LOG_E("forward: %s", err);
