@@ -93,7 +93,6 @@ typedef struct decode {
     int32_t *argmax;             /* [max_seqs] the device's ids of a step (argmax or sampled) */
     bk_sample_t *sample;         /* [max_seqs] each row's sampling parameters for the device */
     uint8_t *need_logits;        /* [max_seqs] rows whose logits the host sampler needs */
-    uint8_t *is_prompt;          /* [max_seqs] colocated: rows that are prompt chunks */
     char *text;                  /* [text_cap] emitted text of one token */
     size_t text_cap, text_len;
     writeback_t wb[MAX_WRITEBACKS];
@@ -138,6 +137,19 @@ static void s_move(decode_t *d, dc_req_t *r, dc_state_t to, const char *why)
     r->state = to;
 }
 
+/* Frees a request and everything it holds (NULL: nothing). */
+static void s_req_free(dc_req_t *r)
+{
+    if (!r)
+        return;
+    kvseq_destroy(&r->kv);
+    sampler_destroy(&r->smp);
+    msg_free(&r->handoff);
+    free(r->gen);
+    free(r->hints);
+    free(r);
+}
+
 static void s_unlink(decode_t *d, dc_req_t *r)
 {
     for (dc_req_t **pp = &d->head; *pp; pp = &(*pp)->next_req)
@@ -146,12 +158,7 @@ static void s_unlink(decode_t *d, dc_req_t *r)
             break;
         }
     d->n_state[r->state]--;
-    kvseq_destroy(&r->kv);
-    sampler_destroy(&r->smp);
-    msg_free(&r->handoff);
-    free(r->gen);
-    free(r->hints);
-    free(r);
+    s_req_free(r);
 }
 
 /* The oldest request in state st (the list is newest first), or NULL. */
@@ -456,13 +463,7 @@ static int s_take_handoff(actor_t *a, decode_t *d, msg_t *m)
         d->handoff_refused++;
         LOG_W("hand-off of request %llu refused: %s", (unsigned long long)m->id, why);
         kvx_ack(a, src, h->transfer_id, 0, why, NULL, 0);
-        if (r) {
-            kvseq_destroy(&r->kv);
-            sampler_destroy(&r->smp);
-            msg_free(&r->handoff);
-            free(r->gen);
-            free(r);
-        }
+        s_req_free(r);
     } else {
         kvseq_publish(r->kv);
         kvx_ack(a, src, h->transfer_id, 1, NULL, (const uint32_t *)kvseq_blocks(r->kv), (uint32_t)kvseq_n_blocks(r->kv));
@@ -501,21 +502,21 @@ static int s_on_prefill_request(actor_t *a, void *state, const actor_peer_t *fro
     const msg_prefill_request_t *q = &m->u.prefill_request;
     char err[512] = "decode out of memory";
     if (!d->colocated)
-        return actor_send_error(a, q->reply_to, m->id, MSG_ERR_BAD_REQUEST, 0,
+        return actor_reply_error(a, from, m->id, MSG_ERR_BAD_REQUEST, 0,
                                  "prefill_request at decode worker %s: the topology has prefill workers", d->name), 0;
     if (s_find(d, m->id))
-        return actor_send_error(a, q->reply_to, m->id, MSG_ERR_BAD_REQUEST, 0, "request %llu is already here",
+        return actor_reply_error(a, from, m->id, MSG_ERR_BAD_REQUEST, 0, "request %llu is already here",
                                  (unsigned long long)m->id), 0;
     if ((int)q->n_tokens + (int)q->sampling.max_tokens > d->w->max_model_len)
-        return actor_send_error(a, q->reply_to, m->id, MSG_ERR_BAD_REQUEST, 0,
+        return actor_reply_error(a, from, m->id, MSG_ERR_BAD_REQUEST, 0,
                                  "prompt (%u tokens) + max_tokens (%u) exceeds max_model_len %d", q->n_tokens,
                                  q->sampling.max_tokens, d->w->max_model_len), 0;
     for (uint32_t i = 0; i < q->n_tokens; i++)
         if (q->tokens[i] >= (uint32_t)d->w->cfg.vocab_size)
-            return actor_send_error(a, q->reply_to, m->id, MSG_ERR_BAD_REQUEST, 0, "token id %u at %u is outside the vocabulary (%d)",
+            return actor_reply_error(a, from, m->id, MSG_ERR_BAD_REQUEST, 0, "token id %u at %u is outside the vocabulary (%d)",
                                      q->tokens[i], i, d->w->cfg.vocab_size), 0;
     if ((int)((q->n_tokens + (uint32_t)d->w->block_size - 1) / (uint32_t)d->w->block_size) + 1 > kvpool_n_blocks(d->w->pool))
-        return actor_send_error(a, q->reply_to, m->id, MSG_ERR_OVERLOADED, 1,
+        return actor_reply_error(a, from, m->id, MSG_ERR_OVERLOADED, 1,
                                  "the prompt (%u tokens) needs more KV blocks than the decode pool has (%d)", q->n_tokens,
                                  kvpool_n_blocks(d->w->pool)), 0;
     msg_t h;
@@ -541,14 +542,8 @@ static int s_on_prefill_request(actor_t *a, void *state, const actor_peer_t *fro
         why = err;
     }
     if (why) {
-        if (r) {
-            kvseq_destroy(&r->kv);
-            sampler_destroy(&r->smp);
-            msg_free(&r->handoff);
-            free(r->gen);
-            free(r);
-        }
-        return actor_send_error(a, q->reply_to, m->id, MSG_ERR_OVERLOADED, 1, "%s", why), 0;
+        s_req_free(r);
+        return actor_reply_error(a, from, m->id, MSG_ERR_OVERLOADED, 1, "%s", why), 0;
     }
     r->id = m->id;
     r->state = DC_PROMPT;
@@ -579,9 +574,10 @@ static int s_on_prefill_request(actor_t *a, void *state, const actor_peer_t *fro
 }
 
 /* Colocated: adds prompt chunks of PROMPT requests (oldest first) to the step's batch after its
- * n decode rows, within d->chunk_tokens tokens and the batch's sequence limit; is_prompt[i] marks
- * them. Returns the new row count. A prompt whose blocks do not fit now waits for a later step. */
-static int s_add_prompts(actor_t *a, decode_t *d, int n, uint8_t *is_prompt, dc_req_t **stuck)
+ * n decode rows (so rows from n on are prompt chunks), within d->chunk_tokens tokens and the
+ * batch's sequence limit. Returns the new row count; *stuck is the prompt that found no room (it
+ * waits for a later step), if any. */
+static int s_add_prompts(actor_t *a, decode_t *d, int n, dc_req_t **stuck)
 {
     *stuck = NULL;
     /* Preempted requests come back first (s_recompute): new prompts would take their blocks. */
@@ -629,7 +625,6 @@ static int s_add_prompts(actor_t *a, decode_t *d, int n, uint8_t *is_prompt, dc_
         }
         budget -= k;
         d->seqs[n] = (model_seq_t){.kv = r->kv, .n_new = k};
-        is_prompt[n] = 1;
         d->batch[n++] = r;
     }
     return n;
@@ -856,11 +851,10 @@ static int s_step(actor_t *a, void *state)
             d->batch[m++] = d->batch[i];
         }
     n = m;
-    memset(d->is_prompt, 0, (size_t)d->w->max_seqs);
     const int n_decode = n;
     dc_req_t *stuck = NULL;
     if (d->n_state[DC_PROMPT])
-        n = s_add_prompts(a, d, n, d->is_prompt, &stuck);
+        n = s_add_prompts(a, d, n, &stuck);
     if (n == 0) {
         /* Nothing runs. The prompt that found no room gets the blocks other part-computed prompts
          * hold; when none holds any, it never fits here (prompts waiting for fetched blocks are
@@ -883,7 +877,7 @@ static int s_step(actor_t *a, void *state)
     for (int i = 0; i < n; i++) {
         const dc_req_t *r = d->batch[i];
         /* A prompt chunk that does not end its prompt: its row's token is not used. */
-        const int used = !d->is_prompt[i] || r->prompt_done + d->seqs[i].n_new == (int)r->handoff.u.handoff.n_tokens;
+        const int used = i < n_decode || r->prompt_done + d->seqs[i].n_new == (int)r->handoff.u.handoff.n_tokens;
         d->need_logits[i] = used && (sampler_needs_host(r->smp) || r->handoff.u.handoff.sampling.logprobs ||
                                      (!dev_sample && !sampler_is_greedy(r->smp)));
         any_sampled |= used && !d->need_logits[i] && !sampler_is_greedy(r->smp);
@@ -920,7 +914,7 @@ static int s_step(actor_t *a, void *state)
         int32_t t = d->need_logits[i] ? sampler_sample(r->smp, d->w->logits + (size_t)i * (size_t)d->w->cfg.vocab_size,
                                                        r->handoff.u.handoff.sampling.logprobs ? &lp : NULL)
                                       : d->argmax[i];
-        if (d->is_prompt[i]) {
+        if (i >= n_decode) {   /* a prompt chunk */
             s_prompt_done(a, d, r, d->seqs[i].n_new, t, lp);
             continue;
         }
@@ -1009,14 +1003,13 @@ int main(int argc, char **argv)
     /* Colocated: a step holds the decode rows and up to prefill_chunk_tokens prompt tokens. */
     d.colocated = topo_first(t, ROLE_PREFILL) == NULL;
     d.chunk_tokens = t->limits.prefill_chunk_tokens;
-    d.fetch = (prefix_fetch_t){.self = d.name, .cache_manager = d.cache_manager};
-    if (d.colocated && d.cache_manager)
-        actor_timer_add(a, FETCH_TIMEOUT_MS / 10, s_wake);
-    if (fetch_policy_from_env(&d.fetch.policy, err, sizeof err) != 0) {
+    if (prefix_fetch_init(&d.fetch, d.name, d.cache_manager, err, sizeof err) != 0) {
         LOG_E("%s", err);
         actor_destroy(&a);
         return 2;
     }
+    if (d.colocated && d.cache_manager)
+        actor_timer_add(a, FETCH_TIMEOUT_MS / 10, s_wake);
     const int max_tokens = d.colocated ? max_seqs + d.chunk_tokens
                                        : max_seqs > d.chunk_tokens ? max_seqs : d.chunk_tokens;
     d.w = worker_load(t, ROLE_DECODE, actor_self(a)->gpu, max_tokens, max_seqs, err, sizeof err);
@@ -1037,14 +1030,13 @@ int main(int argc, char **argv)
     d.argmax = calloc((size_t)max_seqs, sizeof *d.argmax);
     d.sample = calloc((size_t)max_seqs, sizeof *d.sample);
     d.need_logits = calloc((size_t)max_seqs, 1);
-    d.is_prompt = calloc((size_t)max_seqs, 1);
     d.next_transfer = kvx_first_id();
     d.text_cap = 8192;
     d.text = malloc(d.text_cap);
     /* Write-backs go to the cache-manager's store: no copier thread without one. */
     d.copier = d.cache_manager ? kvcopier_new(d.w->be, d.cluster, worker_block_bytes(d.w), MAX_WRITEBACKS) : NULL;
     int rc = -1;
-    if (!d.links || !d.seqs || !d.batch || !d.argmax || !d.sample || !d.need_logits || !d.is_prompt || !d.text ||
+    if (!d.links || !d.seqs || !d.batch || !d.argmax || !d.sample || !d.need_logits || !d.text ||
         (d.cache_manager && !d.copier)) {
         LOG_E("out of memory for a batch of %d", max_seqs);
     } else {
@@ -1069,7 +1061,6 @@ int main(int argc, char **argv)
     free(d.argmax);
     free(d.sample);
     free(d.need_logits);
-    free(d.is_prompt);
     free(d.text);
     worker_destroy(&d.w);
     actor_destroy(&a);

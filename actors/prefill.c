@@ -89,6 +89,8 @@ typedef struct prefill {
     prefix_fetch_t fetch;        /* host-store blocks into our pool (and its counters) */
     uint64_t handoff_retries;    /* NCCL hand-offs done again through shared memory */
     kvlinks_t *links;            /* NCCL links to decode workers on other GPUs of the node */
+    const char *nccl_peers[KVLINK_MAX];   /* those decode workers (the topology's names) */
+    int n_nccl_peers;
     double tokens_per_s;         /* computed tokens per second over the last stats interval */
     uint64_t last_computed;
     int64_t last_stats_ms;
@@ -159,19 +161,19 @@ static int s_on_prefill_request(actor_t *a, void *state, const actor_peer_t *fro
     const msg_prefill_request_t *q = &m->u.prefill_request;
     char err[256];
     if (s_find(p, m->id))
-        return actor_send_error(a, q->reply_to, m->id, MSG_ERR_BAD_REQUEST, 0, "request %llu is already here",
+        return actor_reply_error(a, from, m->id, MSG_ERR_BAD_REQUEST, 0, "request %llu is already here",
                                  (unsigned long long)m->id), 0;
     if ((int)q->n_tokens + 1 > p->w->max_model_len)
-        return actor_send_error(a, q->reply_to, m->id, MSG_ERR_BAD_REQUEST, 0, "prompt of %u tokens exceeds max_model_len %d",
+        return actor_reply_error(a, from, m->id, MSG_ERR_BAD_REQUEST, 0, "prompt of %u tokens exceeds max_model_len %d",
                                  q->n_tokens, p->w->max_model_len), 0;
     for (uint32_t i = 0; i < q->n_tokens; i++)
         if (q->tokens[i] >= (uint32_t)p->w->cfg.vocab_size)
-            return actor_send_error(a, q->reply_to, m->id, MSG_ERR_BAD_REQUEST, 0, "token id %u at %u is outside the vocabulary (%d)",
+            return actor_reply_error(a, from, m->id, MSG_ERR_BAD_REQUEST, 0, "token id %u at %u is outside the vocabulary (%d)",
                                      q->tokens[i], i, p->w->cfg.vocab_size), 0;
     pf_req_t *r = calloc(1, sizeof *r);
     if (!r || msg_clone(m, &r->msg, err, sizeof err) != 0) {
         free(r);
-        return actor_send_error(a, q->reply_to, m->id, MSG_ERR_OVERLOADED, 1, "prefill out of memory"), 0;
+        return actor_reply_error(a, from, m->id, MSG_ERR_OVERLOADED, 1, "prefill out of memory"), 0;
     }
     r->id = m->id;
     /* uint32 ids below vocab_size (checked) are valid int32 ids: same bytes. */
@@ -182,7 +184,7 @@ static int s_on_prefill_request(actor_t *a, void *state, const actor_peer_t *fro
     if (!r->kv) {
         msg_free(&r->msg);
         free(r);
-        return actor_send_error(a, q->reply_to, m->id, MSG_ERR_OVERLOADED, 1, "prefill out of memory"), 0;
+        return actor_reply_error(a, from, m->id, MSG_ERR_OVERLOADED, 1, "prefill out of memory"), 0;
     }
     /* Blocks the host store holds and our pool lacks are fetched before the prompt runs. */
     const msg_prefill_request_t *rq = &r->msg.u.prefill_request;
@@ -194,9 +196,6 @@ static int s_on_prefill_request(actor_t *a, void *state, const actor_peer_t *fro
         r->fetch_sent_ms = now_ms();
         r->deadline_ms = r->fetch_sent_ms + FETCH_TIMEOUT_MS;
     }
-    /* Another GPU of the node: bring the NCCL link up while the prompt runs (no-op once it is). */
-    if (s_route(p, q->decode_worker) == MSG_CHAN_NCCL)
-        kvlinks_want(p->links, q->decode_worker);
     if (p->tail)
         p->tail->next = r;
     else
@@ -409,13 +408,10 @@ static int s_poll_links(actor_t *a, void *state)
     /* A link to every decode worker on another GPU of the node, before any prompt needs it: at
      * start, and again once a failed one's retry time has passed (kvlinks_want does nothing for a
      * link that is up or coming up), so a decode worker that took longer to load than the link's
-     * set-up deadline still gets one without waiting for a hand-off. A restarted worker is offered
-     * one as soon as its connection comes back (s_peer_event). */
-    for (int i = 0; i < p->topo->n_instances; i++) {
-        const topo_instance_t *d = &p->topo->instances[i];
-        if (d->role == ROLE_DECODE && s_route(p, d->name) == MSG_CHAN_NCCL)
-            kvlinks_want(p->links, d->name);
-    }
+     * set-up deadline still gets one without waiting for a hand-off. A restarted worker's retry
+     * time is cleared when its connection comes back (s_peer_event): offered at the next poll. */
+    for (int i = 0; i < p->n_nccl_peers; i++)
+        kvlinks_want(p->links, p->nccl_peers[i]);
     kvlinks_poll(p->links);
     char err[512];
     for (pf_req_t *r = p->head, *next; r; r = next) {
@@ -436,16 +432,12 @@ static int s_poll_links(actor_t *a, void *state)
     return 0;
 }
 
-/* A decode worker's process came or went: its NCCL link is aborted at once, or offered now (not
- * with the first prompt for it: NCCL's set-up takes ~0.8 s, and the hand-offs meanwhile go through
- * shared memory, GPU -> host -> GPU). A watched peer is assumed up, so this runs on a reconnection,
- * not at start: s_poll_links offers the first links. */
+/* A decode worker's process came or went: its NCCL link is aborted at once, or may be offered again
+ * at once (s_poll_links does). */
 static void s_peer_event(actor_t *a, void *state, const char *peer, int up)
 {
     prefill_t *p = state;
     kvlinks_peer_event(p->links, peer, up);
-    if (up && s_route(p, peer) == MSG_CHAN_NCCL)
-        kvlinks_want(p->links, peer);
 }
 
 static int s_on_kv_link(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
@@ -593,8 +585,7 @@ int main(int argc, char **argv)
     const topo_instance_t *cm = topo_first(t, ROLE_CACHE_MANAGER);
     p.cache_manager = cm ? cm->name : NULL;
     char err[1024];
-    p.fetch = (prefix_fetch_t){.self = p.name, .cache_manager = p.cache_manager};
-    if (fetch_policy_from_env(&p.fetch.policy, err, sizeof err) != 0) {
+    if (prefix_fetch_init(&p.fetch, p.name, p.cache_manager, err, sizeof err) != 0) {
         LOG_E("%s", err);
         actor_destroy(&a);
         return 2;
@@ -613,8 +604,11 @@ int main(int argc, char **argv)
     if (tchan_nccl_available(p.w->be)) {
         actor_timer_add(a, KVLINK_POLL_MS, s_poll_links);
         for (int i = 0; i < t->n_instances; i++)
-            if (t->instances[i].role == ROLE_DECODE)
+            if (t->instances[i].role == ROLE_DECODE) {
                 actor_watch(a, t->instances[i].name);
+                if (s_route(&p, t->instances[i].name) == MSG_CHAN_NCCL && p.n_nccl_peers < KVLINK_MAX)
+                    p.nccl_peers[p.n_nccl_peers++] = t->instances[i].name;
+            }
     }
     int rc = -1;
     if (!p.links || !p.seqs || !p.batch) {

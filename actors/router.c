@@ -464,14 +464,11 @@ static int s_from_assigned(actor_t *a, router_t *r, rq_t *q, const actor_peer_t 
             memcmp(r->workers[w].name, from->id, from->id_len) == 0)
             return 1;
     }
-    /* To its inbox by name: a reply over this connection would never be read there. */
-    char name[TOPO_NAME_MAX];
-    snprintf(name, sizeof name, "%.*s", (int)from->id_len, (const char *)from->id);
     msg_t c;
     msg_init(&c, MSG_CANCEL, q->id);
-    if (topo_find(r->topo, name))
-        actor_send(a, name, &c);
-    LOG_D("request %llu: message from %s, not its worker: told to drop it", (unsigned long long)q->id, name);
+    actor_reply(a, from, &c);
+    LOG_D("request %llu: message from %.*s, not its worker: told to drop it", (unsigned long long)q->id,
+          (int)from->id_len, (const char *)from->id);
     return 0;
 }
 

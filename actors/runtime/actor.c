@@ -282,6 +282,16 @@ int actor_send(actor_t *a, const char *peer_name, const msg_t *m)
 
 int actor_reply(actor_t *a, const actor_peer_t *to, const msg_t *m)
 {
+    /* From another actor of the cluster (it came in on our inbox, named by its instance): that
+     * actor reads only its own inbox, never the connection it sends us on, so the answer goes
+     * there by name. Clients and tools read their connection: they get it on it. */
+    if (to->sock == a->inbox && to->id_len < TOPO_NAME_MAX) {
+        char name[TOPO_NAME_MAX];
+        memcpy(name, to->id, to->id_len);
+        name[to->id_len] = 0;
+        if (topo_find(a->topo, name))
+            return actor_send(a, name, m);
+    }
     size_t len;
     if (s_encode(a, m, &len) != 0)
         return -1;
@@ -293,21 +303,6 @@ int actor_reply(actor_t *a, const actor_peer_t *to, const msg_t *m)
     }
     a->msgs_out++;
     return 0;
-}
-
-int actor_send_error(actor_t *a, const char *to, uint64_t id, msg_error_code_t code, int retryable, const char *fmt, ...)
-{
-    char text[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(text, sizeof text, fmt, ap);
-    va_end(ap);
-    msg_t m;
-    msg_init(&m, MSG_ERROR, id);
-    m.u.error.code = code;
-    m.u.error.retryable = retryable != 0;
-    m.u.error.message = text;
-    return actor_send(a, to, &m);
 }
 
 int actor_reply_error(actor_t *a, const actor_peer_t *to, uint64_t id, msg_error_code_t code,

@@ -85,16 +85,12 @@ int actor_send(actor_t *a, const char *peer_name, const msg_t *m);
  * ops->peer_event: how a router learns within milliseconds that a worker process died. */
 int actor_watch(actor_t *a, const char *peer_name);
 
-/* Answers the sender of a message through the socket it came in on. -1 if it is gone. */
+/* Answers the sender of a message: a client or tool through the socket it came in on, another
+ * actor of the cluster at its inbox (actors read nothing else). -1 if it is gone. */
 int actor_reply(actor_t *a, const actor_peer_t *to, const msg_t *m);
 /* Replies with an error message (code, text, retryable) to a sender, correlated by id. */
 int actor_reply_error(actor_t *a, const actor_peer_t *to, uint64_t id, msg_error_code_t code,
                       int retryable, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
-/* The same error sent to a peer by name (its inbox): a worker's answer about a request goes to the
- * request's router this way; a reply (actor_reply) would travel back over the router's own
- * connection, which the router never reads. */
-int actor_send_error(actor_t *a, const char *to, uint64_t id, msg_error_code_t code, int retryable, const char *fmt, ...)
-    __attribute__((format(printf, 6, 7)));
 
 /* Adds a ROUTER socket the role binds itself (client-facing, inspection). Its messages are
  * decoded and dispatched through the same handler table; the socket is closed by actor_destroy.

@@ -5,6 +5,12 @@
 #include "common/log.h"
 #include "common/util.h"
 
+int prefix_fetch_init(prefix_fetch_t *pf, const char *self, const char *cache_manager, char *err, size_t errlen)
+{
+    *pf = (prefix_fetch_t){.self = self, .cache_manager = cache_manager};
+    return fetch_policy_from_env(&pf->policy, err, errlen);
+}
+
 int prefix_fetch_start(actor_t *a, prefix_fetch_t *pf, worker_t *w, uint64_t request_id, const uint64_t *hints,
                        int n_hints, double tokens_per_s)
 {

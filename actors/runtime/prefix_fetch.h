@@ -28,6 +28,10 @@ typedef struct prefix_fetch {
     uint64_t fetches, fetched_blocks, skipped;
 } prefix_fetch_t;
 
+/* Sets pf up for the worker `self` (cache_manager NULL: never fetches), its policy from the
+ * environment (fetch_policy_from_env). -1 with why on a bad TROUPE_PREFILL_FETCH. */
+int prefix_fetch_init(prefix_fetch_t *pf, const char *self, const char *cache_manager, char *err, size_t errlen);
+
 /* Asks for hints[i..n) where i is the first hint the pool lacks, if any is missing and fetching
  * pays at tokens_per_s (the worker's compute rate; <= 0 unknown). Returns i when a cache_fetch went
  * out for request_id, -1 when nothing is fetched (all held, not worth it, no cache-manager). */

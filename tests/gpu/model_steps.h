@@ -1,9 +1,11 @@
 /* tests/gpu/model_steps.h — for GPU tests that compare two ways of running one model: load it on a
  * backend with given options, run a prompt of fixed ids and then one-row steps feeding fixed ids,
- * and keep every step's logits. Included by test_fused_ops.c and test_dummy_fill.c. */
+ * and keep every step's logits; the fixtures' folder; the CUDA backend a test file shares (cmocka
+ * group setup and teardown). Included by test_fused_ops.c, test_dummy_fill.c and test_graphs.c. */
 #ifndef TROUPE_TESTS_GPU_MODEL_STEPS_H
 #define TROUPE_TESTS_GPU_MODEL_STEPS_H
 
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "common/util.h"
@@ -13,10 +15,37 @@
 #include "engine/model.h"
 #include "kernels/backend.h"
 
+/* The engine fixtures' folder: TROUPE_MODEL_FIXTURES, else tests/fixtures/models. */
+static inline const char *gpu_fixture_root(void)
+{
+    const char *r = getenv("TROUPE_MODEL_FIXTURES");
+    return r && *r ? r : "tests/fixtures/models";
+}
+
+/* The CUDA backend the tests of a file share, made and destroyed around the group. */
+static backend_t *s_gpu __attribute__((unused));
+
+static inline int gpu_setup(void **state)
+{
+    (void)state;
+    char err[256];
+    s_gpu = backend_new("cuda", 0, err, sizeof err);
+    if (!s_gpu)
+        fprintf(stderr, "%s\n", err);
+    return s_gpu ? 0 : -1;
+}
+
+static inline int gpu_teardown(void **state)
+{
+    (void)state;
+    backend_destroy(&s_gpu);
+    return 0;
+}
+
 /* The model of cfg from ck on be with options o: a prompt of n_prompt ids, then `steps` one-row
  * steps; returns the logits [1 + steps][vocab] (malloc'd), *load_s the load time (synced). Ids are
  * fixed functions of their position, so two runs feed the same tokens. Fails the test on error. */
-static float *model_steps(backend_t *be, const char *dir, const model_config_t *cfg, ckpt_t *ck, const model_opts_t *o,
+static inline float *model_steps(backend_t *be, const char *dir, const model_config_t *cfg, ckpt_t *ck, const model_opts_t *o,
                           int n_prompt, int steps, double *load_s)
 {
     char err[512];

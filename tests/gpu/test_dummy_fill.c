@@ -23,7 +23,6 @@
 #include "kernels/backend.h"
 #include "tests/gpu/model_steps.h"
 
-static backend_t *s_gpu;
 
 static void test_fill_matches_host(void **state)
 {
@@ -74,9 +73,8 @@ static float *s_run(const char *dir, const model_config_t *cfg, int on_host, dou
 
 static void test_model_same_bits(void **state)
 {
-    const char *root = getenv("TROUPE_MODEL_FIXTURES");
     char dir[1024], err[512];
-    snprintf(dir, sizeof dir, "%s/qwen3-0.6b-shape", root && *root ? root : "tests/fixtures/models");
+    snprintf(dir, sizeof dir, "%s/qwen3-0.6b-shape", gpu_fixture_root());
     model_config_t cfg;
     if (config_load(dir, &cfg, err, sizeof err) < 0)
         fail_msg("%s", err);
@@ -94,17 +92,7 @@ static void test_model_same_bits(void **state)
 
 static int s_setup(void **state)
 {
-    char err[256];
-    s_gpu = backend_new("cuda", 0, err, sizeof err);
-    if (!s_gpu)
-        fprintf(stderr, "%s\n", err);
-    return s_gpu && s_gpu->ops->fill_dummy ? 0 : -1;
-}
-
-static int s_teardown(void **state)
-{
-    backend_destroy(&s_gpu);
-    return 0;
+    return gpu_setup(state) == 0 && s_gpu->ops->fill_dummy ? 0 : -1;
 }
 
 int main(void)
@@ -113,5 +101,5 @@ int main(void)
         cmocka_unit_test(test_fill_matches_host),
         cmocka_unit_test(test_model_same_bits),
     };
-    return cmocka_run_group_tests(tests, s_setup, s_teardown);
+    return cmocka_run_group_tests(tests, s_setup, gpu_teardown);
 }

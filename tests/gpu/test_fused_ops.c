@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/dtype.h"
 #include "engine/checkpoint.h"
 #include "engine/config.h"
 #include "engine/kvcache.h"
@@ -21,20 +22,11 @@
 #include "kernels/backend.h"
 #include "tests/gpu/model_steps.h"
 
-static backend_t *s_gpu;
-
 static uint64_t s_rng = 0x9e3779b97f4a7c15ULL;
 static float s_rand(void)
 {
     s_rng ^= s_rng << 13, s_rng ^= s_rng >> 7, s_rng ^= s_rng << 17;
     return (float)((double)(s_rng >> 11) / (double)(1ULL << 53) * 2.0 - 1.0);
-}
-
-static uint16_t s_bf16(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
 }
 
 static void *s_up(const void *h, size_t n)
@@ -55,7 +47,7 @@ static void test_gate_up_swiglu(void **state)
         for (size_t i = 0; i < (size_t)N * K; i++) {
             const float v = s_rand() * 0.05f;
             if (dt) {
-                uint16_t b = s_bf16(v);
+                uint16_t b = f32_to_bf16(v);
                 memcpy(hw + i * 2, &b, 2);
             } else {
                 memcpy(hw + i * 4, &v, 4);
@@ -100,12 +92,6 @@ static void test_gate_up_swiglu(void **state)
     }
 }
 
-static const char *s_root(void)
-{
-    const char *r = getenv("TROUPE_MODEL_FIXTURES");
-    return r && *r ? r : "tests/fixtures/models";
-}
-
 /* A prompt then 8 one-row steps; logits [9][V]. */
 static float *s_run(const char *dir, const model_config_t *cfg, int plain)
 {
@@ -124,7 +110,7 @@ static void test_models(void **state)
     const char *names[] = {"qwen3-f32", "llama-gqa-f32", "llama-tied-bf16"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         char dir[1024], err[512];
-        snprintf(dir, sizeof dir, "%s/%s", s_root(), names[i]);
+        snprintf(dir, sizeof dir, "%s/%s", gpu_fixture_root(), names[i]);
         model_config_t cfg;
         if (config_load(dir, &cfg, err, sizeof err) < 0)
             fail_msg("%s", err);
@@ -139,26 +125,11 @@ static void test_models(void **state)
     }
 }
 
-static int s_setup(void **state)
-{
-    char err[256];
-    s_gpu = backend_new("cuda", 0, err, sizeof err);
-    if (!s_gpu)
-        fprintf(stderr, "%s\n", err);
-    return s_gpu ? 0 : -1;
-}
-
-static int s_teardown(void **state)
-{
-    backend_destroy(&s_gpu);
-    return 0;
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gate_up_swiglu),
         cmocka_unit_test(test_models),
     };
-    return cmocka_run_group_tests(tests, s_setup, s_teardown);
+    return cmocka_run_group_tests(tests, gpu_setup, gpu_teardown);
 }

@@ -15,23 +15,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/dtype.h"
 #include "engine/checkpoint.h"
 #include "engine/config.h"
 #include "engine/kvcache.h"
 #include "engine/model.h"
 #include "kernels/backend.h"
+#include "tests/gpu/model_steps.h"
 
 enum { N_SEQ = 12 };
 static const int s_sched[] = {1, 1, 1, 2, 2, 2, 9, 9, 9, 12, 12, 12, 2, 2, 2, 1, 1, 9, 9, 12, 12};
 #define N_STEPS ((int)(sizeof s_sched / sizeof s_sched[0]))
-
-static backend_t *s_gpu;
-
-static const char *s_root(void)
-{
-    const char *r = getenv("TROUPE_MODEL_FIXTURES");
-    return r && *r ? r : "tests/fixtures/models";
-}
 
 /* Every logits row of the run, in order: the 12 prompts' last rows, then each step's k rows. */
 static float *s_run(backend_t *gpu, const char *dir, const model_config_t *cfg, int no_graphs, uint64_t *records,
@@ -99,7 +93,7 @@ static uint64_t s_compare(backend_t *gpu, const char *name, uint64_t min_records
 {
     {
         char dir[1024], err[512];
-        snprintf(dir, sizeof dir, "%s/%s", s_root(), name);
+        snprintf(dir, sizeof dir, "%s/%s", gpu_fixture_root(), name);
         model_config_t cfg;
         if (config_load(dir, &cfg, err, sizeof err) < 0)
             fail_msg("%s", err);
@@ -148,13 +142,6 @@ static void test_moe_host_path_not_recorded(void **state)
     backend_destroy(&gpu);
 }
 
-static uint16_t s_bf16(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
-}
-
 /* A graph recorded with a scratch buffer goes stale when a larger op reallocates it: a 9-row
  * matmul on bf16 weights (the split GEMM: gout [18][N]) recorded and replayed, then a 30-row one
  * run op by op (gout [60][N]) makes graph_launch refuse it (1, nothing queued); recorded again it
@@ -170,7 +157,7 @@ static void test_stale(void **state)
     uint16_t *hw = malloc((size_t)N * K * 2);
     float *hx = malloc((size_t)M1 * K * 4), *y_op = malloc((size_t)M0 * N * 4), *y_gr = malloc((size_t)M0 * N * 4);
     for (size_t i = 0; i < (size_t)N * K; i++)
-        hw[i] = s_bf16((float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f);
+        hw[i] = f32_to_bf16((float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f);
     for (size_t i = 0; i < (size_t)M1 * K; i++)
         hx[i] = (float)((i * 40503u) % 997) / 997.0f - 0.5f;
     void *w = op->alloc(be, (size_t)N * K * 2), *x = op->alloc(be, (size_t)M1 * K * 4), *y = op->alloc(be, (size_t)M1 * N * 4);
@@ -209,21 +196,6 @@ static void test_stale(void **state)
     backend_destroy(&be);
 }
 
-static int s_setup(void **state)
-{
-    char err[256];
-    s_gpu = backend_new("cuda", 0, err, sizeof err);
-    if (!s_gpu)
-        fprintf(stderr, "%s\n", err);
-    return s_gpu ? 0 : -1;
-}
-
-static int s_teardown(void **state)
-{
-    backend_destroy(&s_gpu);
-    return 0;
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -231,5 +203,5 @@ int main(void)
         cmocka_unit_test(test_moe_host_path_not_recorded),
         cmocka_unit_test(test_stale),
     };
-    return cmocka_run_group_tests(tests, s_setup, s_teardown);
+    return cmocka_run_group_tests(tests, gpu_setup, gpu_teardown);
 }

@@ -30,7 +30,7 @@ grep -q "decode workers compute\|computes its prompt too (colocated)" "$WORK/sup
 ep=$(grep 'client:' "$WORK/t.yaml" | awk '{print $2}')
 $PY - "$ep" "$BIN" "$WORK/t.yaml" <<'PY'
 import subprocess, sys, threading, time
-from servelib import run_one, run_many, top, metric, wait_workers
+from servelib import run_one, run_many, top, metric, wait_restarted, wait_workers
 ep, bin_dir, topo = sys.argv[1:4]
 wait_workers(bin_dir, topo, 2)
 prompt = [(i * 37 + 11) % 500 for i in range(40)]
@@ -88,14 +88,7 @@ for k, r in res.items():
 assert len(res) == 24, res
 print(f"kill -9 of decode-0 with requests in flight: {outcomes}, {rerouted:.0f} re-routed")
 assert rerouted >= 1 or outcomes.get("retryable error", 0) >= 1, "the kill hit no request in flight"
-deadline = time.time() + 15
-while time.time() < deadline:
-    d = top(bin_dir, topo).get("decode-0")
-    if d and d["pid"] != pid and d.get("state") in ("ready", 1):
-        break
-    time.sleep(0.2)
-else:
-    raise AssertionError("the decode worker was not restarted")
+d = wait_restarted(bin_dir, topo, "decode-0", pid)
 toks, final, _ = run_one(ep, prompt, max_tokens=6)
 assert final["type"] == "done" and toks == a, (final, toks, a)
 print(f"restarted as pid {d['pid']}: serves again, same tokens")
@@ -194,7 +187,7 @@ TROUPE_PREFILL_FETCH=always start_cluster "$WORK/host.yaml"
 ep=$(grep 'client:' "$WORK/host.yaml" | awk '{print $2}')
 $PY - "$ep" "$BIN" "$WORK/host.yaml" <<'PY'
 import subprocess, sys, time
-from servelib import run_one, top, metric, wait_workers
+from servelib import run_one, top, metric, wait_restarted, wait_workers
 ep, bin_dir, topo = sys.argv[1:4]
 wait_workers(bin_dir, topo, 1)
 p1 = [(i * 11 + 5) % 500 for i in range(64)]
@@ -203,14 +196,7 @@ assert f1["type"] == "done", f1
 time.sleep(1.5)   # the write-back reaches the host store
 pid = top(bin_dir, topo)["decode"]["pid"]
 subprocess.run(["kill", "-9", str(pid)], check=True)
-deadline = time.time() + 15
-while time.time() < deadline:
-    d = top(bin_dir, topo).get("decode")
-    if d and d["pid"] != pid and d.get("state") in ("ready", 1):
-        break
-    time.sleep(0.2)
-else:
-    raise AssertionError("the decode worker was not restarted")
+wait_restarted(bin_dir, topo, "decode", pid)
 p2 = p1 + a1 + [(i * 13 + 7) % 500 for i in range(16)]
 a2, f2, _ = run_one(ep, p2, max_tokens=4)
 assert f2["type"] == "done", f2

@@ -9,7 +9,7 @@ ep=$(grep 'client:' "$WORK/t.yaml" | awk '{print $2}')
 $PY - "$ep" "$BIN" "$WORK/t.yaml" <<'PY'
 import os, random, signal, sys, threading, time
 from troupe_client import Client
-from servelib import top, metric, wait_idle_pools
+from servelib import top, metric, wait_idle_pools, wait_restarted
 ep, bin_dir, topo = sys.argv[1:4]
 random.seed(9)
 
@@ -55,14 +55,7 @@ def storm(n, victim, sig, label):
     return pid
 
 old = storm(32, "decode-0", signal.SIGKILL, "kill -9")
-deadline = time.time() + 10
-while time.time() < deadline:
-    a = top(bin_dir, topo).get("decode-0")
-    if a and a["pid"] != old and a["restarts"] == 1 and a["state"] == "ready":
-        break
-    time.sleep(0.2)
-else:
-    raise AssertionError("decode-0 not restarted")
+wait_restarted(bin_dir, topo, "decode-0", old, restarts=1, timeout_s=10)
 wait_idle_pools(bin_dir, topo)
 print("decode-0 restarted; every KV pool back to idle")
 time.sleep(1.0)

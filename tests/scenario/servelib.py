@@ -85,3 +85,16 @@ def wait_workers(bin_dir, topo, n, timeout_s=10):
             return t
         time.sleep(0.2)
     raise AssertionError(f"fewer than {n} workers reported")
+
+
+def wait_restarted(bin_dir, topo, name, old_pid, restarts=None, timeout_s=15):
+    """Waits until actor `name` runs again as a new process that is ready (and, when given, has
+    that many restarts); returns its top entry."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        a = top(bin_dir, topo).get(name)
+        if a and a["pid"] != old_pid and a.get("state") == "ready" and \
+                (restarts is None or a["restarts"] == restarts):
+            return a
+        time.sleep(0.2)
+    raise AssertionError(f"{name} was not restarted within {timeout_s} s")
