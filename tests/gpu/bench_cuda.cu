@@ -253,6 +253,28 @@ static double s_backend_matmul_us(backend_t *be, int M, int64_t N, int64_t K)
     return s_median(us);
 }
 
+/* A bf16 KV pool of Llama-3.1-8B's attention shape (32 layers, 8 kv heads, head_dim 128, 16-slot
+ * blocks) of n_blocks blocks on be, filled from seed; exits when device memory runs out. */
+static bk_kv_t s_bench_kv(backend_t *be, int n_blocks, int seed)
+{
+    enum { LAYERS = 32, KV = 8, D = 128, BS = 16 };
+    bk_kv_t kv = {};
+    kv.dtype = DT_BF16;
+    kv.n_blocks = n_blocks;
+    kv.block_size = BS;
+    kv.n_layers = LAYERS;
+    kv.n_kv_heads = KV;
+    kv.head_dim = D;
+    kv.block_bytes = (size_t)LAYERS * 2 * BS * KV * D * 2;
+    kv.base = be->ops->alloc(be, kv.block_bytes * n_blocks);
+    if (!kv.base) {
+        fprintf(stderr, "bench_cuda: out of device memory\n");
+        exit(1);
+    }
+    s_fill(kv.base, kv.block_bytes * n_blocks, seed);
+    return kv;
+}
+
 /* One 1,000-token prefill's attention over 32 layers on Llama-3.1-8B's shape: median ms of the 32
  * calls on each of two backends (n = 2), outputs of the last call in out_host[b]. */
 static void s_attn_prefill_ms(backend_t *const *bes, int n, double *ms, std::vector<float> *out_host)
@@ -261,23 +283,14 @@ static void s_attn_prefill_ms(backend_t *const *bes, int n, double *ms, std::vec
     const int n_blocks = (T + BS - 1) / BS;
     for (int b = 0; b < n; b++) {
         backend_t *be = bes[b];
-        bk_kv_t kv = {};
-        kv.dtype = DT_BF16;
-        kv.n_blocks = n_blocks;
-        kv.block_size = BS;
-        kv.n_layers = LAYERS;
-        kv.n_kv_heads = KV;
-        kv.head_dim = D;
-        kv.block_bytes = (size_t)LAYERS * 2 * BS * KV * D * 2;
-        kv.base = be->ops->alloc(be, kv.block_bytes * n_blocks);
+        bk_kv_t kv = s_bench_kv(be, n_blocks, 100);
         const size_t nq = (size_t)T * HEADS * D;
         float *q = (float *)be->ops->alloc(be, nq * 4), *out = (float *)be->ops->alloc(be, nq * 4);
         int32_t *meta_d = (int32_t *)be->ops->alloc(be, (size_t)(2 * T + 1 + n_blocks) * 4);
-        if (!kv.base || !q || !out || !meta_d) {
+        if (!q || !out || !meta_d) {
             fprintf(stderr, "bench_cuda: out of device memory\n");
             exit(1);
         }
-        s_fill(kv.base, kv.block_bytes * n_blocks, 100);
         std::vector<float> hq(nq);
         for (size_t i = 0; i < nq; i++)
             hq[i] = (float)((i * 2654435761u) % 2000) / 1000.0f - 0.999f;
@@ -317,23 +330,14 @@ static void s_attn_decode_ms(backend_t *const *bes, int n, int B, double *ms, st
     *kv_bytes = (double)B * CTX * LAYERS * 2.0 * KV * D * 2.0;
     for (int b = 0; b < n; b++) {
         backend_t *be = bes[b];
-        bk_kv_t kv = {};
-        kv.dtype = DT_BF16;
-        kv.n_blocks = n_blocks;
-        kv.block_size = BS;
-        kv.n_layers = LAYERS;
-        kv.n_kv_heads = KV;
-        kv.head_dim = D;
-        kv.block_bytes = (size_t)LAYERS * 2 * BS * KV * D * 2;
-        kv.base = be->ops->alloc(be, kv.block_bytes * n_blocks);
+        bk_kv_t kv = s_bench_kv(be, n_blocks, 300);
         const size_t nq = (size_t)B * HEADS * D;
         float *q = (float *)be->ops->alloc(be, nq * 4), *out = (float *)be->ops->alloc(be, nq * 4);
         int32_t *meta_d = (int32_t *)be->ops->alloc(be, (size_t)(3 * B + n_blocks) * 4);
-        if (!kv.base || !q || !out || !meta_d) {
+        if (!q || !out || !meta_d) {
             fprintf(stderr, "bench_cuda: out of device memory\n");
             exit(1);
         }
-        s_fill(kv.base, kv.block_bytes * n_blocks, 300);
         std::vector<float> hq(nq);
         for (size_t i = 0; i < nq; i++)
             hq[i] = (float)((i * 2654435761u) % 2000) / 1000.0f - 0.999f;
