@@ -45,7 +45,7 @@ CU_SRCS    := $(wildcard kernels/cuda/*.cu)
 LIB_OBJS := $(LIB_SRCS:%.c=$(B)/obj/%.o)
 ACTOR_BINS := $(patsubst actors/%.c,$(B)/bin/troupe-%,$(subst _,-,$(ACTOR_SRCS)))
 TOOL_BINS  := $(patsubst tools/%.c,$(B)/bin/troupe-%,$(subst _,-,$(TOOL_SRCS)))
-TEST_BINS  := $(TEST_SRCS:tests/unit/%.c=$(B)/tests/%)
+TEST_BINS  := $(TEST_SRCS:tests/unit/%.c=$(B)/tests/%) $(B)/tests/test_kernels_cpu_novec
 FUZZ_BINS  := $(FUZZ_SRCS:tests/fuzz/%.c=$(B)/fuzz/%)
 
 ifneq ($(NVCC),)
@@ -118,6 +118,14 @@ $(B)/bin/troupe-%: $$(firstword $$(wildcard actors/$$(subst -,_,$$*).c tools/$$(
 $(B)/tests/%: tests/unit/%.c $(B)/libtroupe.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(PKG_CFLAGS) $< -o $@ $(B)/libtroupe.a $(CMOCKA) $(LDLIBS)
+
+# The CPU kernels' plain C paths, which an AVX-512 build never runs: test_kernels_cpu again with
+# kernels/cpu compiled into it without AVX-512 (its objects then stand in for the library's).
+CPU_KERNEL_SRCS := $(wildcard kernels/cpu/*.c)
+$(B)/tests/test_kernels_cpu_novec: tests/unit/test_kernels_cpu.c $(CPU_KERNEL_SRCS) $(wildcard kernels/cpu/*.h) \
+                                   $(B)/libtroupe.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -mno-avx512f $(PKG_CFLAGS) $< $(CPU_KERNEL_SRCS) -o $@ $(B)/libtroupe.a $(CMOCKA) $(LDLIBS)
 
 $(B)/obj/%.o: %.cu
 	@mkdir -p $(dir $@)

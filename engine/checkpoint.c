@@ -314,7 +314,7 @@ fail:
 
 ckpt_t *ckpt_dummy(dtype_t dtype, uint64_t seed)
 {
-    if ((unsigned)dtype >= DT_COUNT)
+    if ((unsigned)dtype >= DT_WEIGHT_COUNT)
         return NULL;
     ckpt_t *c = s_new("dummy");
     if (!c)

@@ -175,6 +175,22 @@ kvpool_t *kvpool_new(int n_blocks, int block_size, int n_layers, int n_kv_heads,
     return p;
 }
 
+int kvpool_check(backend_t *be, dtype_t dtype, int head_dim, int n_heads, int n_kv_heads, char *err, size_t errlen)
+{
+    if ((unsigned)dtype >= DT_COUNT)
+        return errf(err, errlen, "unknown KV dtype %d", (int)dtype);
+    if (!be->ops->kv_supported)
+        return 0;
+    if (errlen)
+        err[0] = '\0';
+    if (be->ops->kv_supported(be, dtype, head_dim, n_heads, n_kv_heads, err, errlen) == 0)
+        return 0;
+    if (errlen && !err[0])                         /* the backend said no without saying why */
+        errf(err, errlen, "the %s backend has no attention over a KV cache in %s with head_dim %d, "
+             "%d query heads / %d kv heads", be->ops->name, dtype_name(dtype), head_dim, n_heads, n_kv_heads);
+    return -1;
+}
+
 void kvpool_destroy(kvpool_t **self_p)
 {
     if (!self_p || !*self_p)

@@ -42,6 +42,11 @@ uint64_t kv_block_hash(uint64_t salt, uint64_t prev, const int32_t *tokens, int 
 kvpool_t *kvpool_new(int n_blocks, int block_size, int n_layers, int n_kv_heads, int head_dim, dtype_t dtype,
                      backend_t *be, char *err, size_t errlen);
 void kvpool_destroy(kvpool_t **self_p);
+/* Whether backend be runs attention over a cache of `dtype` for a model with these heads (the
+ * backend's kv_supported op; a backend without it takes every dtype). 0, or -1 with the backend's
+ * reason in err. Model-loading callers check this at start, before the weights are loaded, and
+ * prefix err with the option that chose the dtype (model.kv_dtype, --kv-dtype). */
+int kvpool_check(backend_t *be, dtype_t dtype, int head_dim, int n_heads, int n_kv_heads, char *err, size_t errlen);
 
 /* A free block with reference count 1 (evicting its cached hash, if any), or -1 when none is free. */
 int kvpool_alloc(kvpool_t *p);

@@ -55,7 +55,7 @@ typedef struct bk_expert {
  * elements, V the same with 1 for 0. One block is one contiguous chunk of block_bytes. */
 typedef struct bk_kv {
     void *base;                   /* device: [n_blocks][n_layers][2][block_size][n_kv_heads][head_dim] dtype */
-    dtype_t dtype;                /* f32, bf16 or f16; converted to/from f32 on store/load */
+    dtype_t dtype;                /* f32, bf16, f16 or fp8 (e4m3, scale 1); converted to/from f32 on store/load */
     int n_blocks, block_size, n_layers, n_kv_heads, head_dim;
     size_t block_bytes;           /* n_layers*2*block_size*n_kv_heads*head_dim*dtype_size */
 } bk_kv_t;
@@ -211,6 +211,12 @@ typedef struct backend_ops {
      * rounding); out = sum p v / sum p. q [M][n_heads][head_dim], out the same shape. */
     void (*attention)(backend_t *be, const bk_kv_t *kv, int layer, const float *q, int n_heads, float scale,
                       const bk_attn_meta_t *meta, float *out);
+    /* Whether attention runs over a cache of `dtype` with these heads: 0, or -1 with why (e.g. the
+     * CUDA backend takes an fp8 cache only where its tensor-core kernels do: head_dim 64 or 128, at
+     * most 16 query heads per kv head). NULL: every dtype kvpool_new takes. Checked once, before
+     * the pool is made (engine/kvcache.h, kvpool_check). */
+    int (*kv_supported)(backend_t *be, dtype_t dtype, int head_dim, int n_heads, int n_kv_heads, char *err,
+                        size_t errlen);
 
     /* MoE routing (HF Qwen3-MoE and Mixtral): p = softmax(logits[t]) over E in f32 (max
      * subtracted); the k largest p, ties to the lower expert index, in descending order; if

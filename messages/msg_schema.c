@@ -37,7 +37,7 @@ static const char *const s_ack_names[MSG_ACK_COUNT] = {"ok", "failed"};
 static const char *const s_tier_names[MSG_TIER_COUNT] = {"device", "host", "disk"};
 static const char *const s_cev_names[MSG_CEV_COUNT] = {"stored", "removed", "pinned", "expired"};
 static const char *const s_inspect_names[MSG_INSPECT_COUNT] = {"actors", "actor", "cache", "experts"};
-static const char *const s_dtype_names[DT_COUNT] = {"f32", "bf16", "f16"};
+static const char *const s_dtype_names[DT_COUNT] = {"f32", "bf16", "f16", "fp8"};
 
 /* Enum fields are read as unsigned int: every enum here has that storage. */
 _Static_assert(sizeof(msg_role_t) == sizeof(unsigned) && sizeof(dtype_t) == sizeof(unsigned) &&

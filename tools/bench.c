@@ -23,8 +23,9 @@
  * (weights at --dtype, default the config's torch_dtype), else the --topology's model section
  * (weights at its dtype with load_format dummy, else at the config's). The count is
  * config_weight_bytes, which a unit test holds equal to model_weight_bytes; KV bytes per token are
- * layers x kv_heads x head_dim x 2 at the workers' KV dtype (worker_kv_dtype). It is an estimate
- * from the client's side, not a measurement of the decode worker:
+ * layers x kv_heads x head_dim x 2 at the workers' KV dtype (worker_kv_dtype: the topology's
+ * model.kv_dtype, or its default; fp8 is one byte per element). It is an estimate from the
+ * client's side, not a measurement of the decode worker:
  *   - the decode batch is taken to be the concurrency (steady state), so steps/s = output tokens/s /
  *     concurrency. While some users wait for prefill the real batch is smaller and there are more
  *     steps, so the weight term is a lower bound; the KV term (output tokens/s x context x KV bytes
@@ -348,7 +349,7 @@ static double s_step_weight_bytes(const bytes_model_t *b, int batch)
 static int s_bytes_from_config(bytes_model_t *b, const char *model_dir, const char *dtype, const char *topology,
                                char *err, size_t errlen)
 {
-    dtype_t wdt = DT_COUNT, topo_dt = DT_COUNT;
+    dtype_t wdt = DT_COUNT, topo_dt = DT_COUNT, topo_kv = DT_COUNT;
     char path[1024];
     if (dtype && dtype_parse(dtype, &wdt) != 0)
         return errf(err, errlen, "--dtype '%s': expected f32, bf16 or f16", dtype);
@@ -365,6 +366,7 @@ static int s_bytes_from_config(bytes_model_t *b, const char *model_dir, const ch
         free(e);
         snprintf(path, sizeof path, "%s", t->model.path);
         topo_dt = t->model.dtype;
+        topo_kv = t->model.kv_dtype;
         int dummy = t->model.load_format == TOPO_LOAD_DUMMY;
         topo_destroy(&t);
         if (!path[0])
@@ -378,8 +380,9 @@ static int s_bytes_from_config(bytes_model_t *b, const char *model_dir, const ch
         return -1;
     b->have_cfg = 1;
     b->weights = wdt != DT_COUNT ? wdt : b->cfg.dtype;
-    /* The workers' KV dtype follows the topology's dtype (worker.c), whatever the checkpoint holds. */
-    b->kv = worker_kv_dtype(&b->cfg, topo_dt != DT_COUNT ? topo_dt : b->weights);
+    /* The workers' KV dtype: the topology's model.kv_dtype, else it follows the topology's dtype
+     * (worker.c), whatever the checkpoint holds. */
+    b->kv = worker_kv_dtype(&b->cfg, topo_dt != DT_COUNT ? topo_dt : b->weights, topo_kv);
     snprintf(b->source, sizeof b->source, "%s, %s weights, %s KV", path, dtype_name(b->weights), dtype_name(b->kv));
     return 0;
 }

@@ -2,8 +2,9 @@
  * prefill and its batched decode step, next to the memory-bandwidth bound.
  *
  *   troupe-bench-engine MODEL_DIR [--backend cpu|cuda|cuda:N] [--dtype bf16|f16|f32]
- *       [--load-format auto|dummy] [--threads N] [--prompt-len 1000] [--batch 1,16,64,256]
- *       [--steps 32] [--chunk 2048] [--copy-bw TB/s] [--profile] [--json FILE]
+ *       [--kv-dtype auto|f32|bf16|f16|fp8] [--load-format auto|dummy] [--threads N]
+ *       [--prompt-len 1000] [--batch 1,16,64,256] [--steps 32] [--chunk 2048] [--copy-bw TB/s]
+ *       [--profile] [--json FILE]
  *
  * What it measures, in one process with one weight load:
  *   - prefill: one --prompt-len prompt of random ids, prefilled in chunks of --chunk tokens
@@ -11,8 +12,9 @@
  *   - decode, per batch size B: B sequences of --prompt-len tokens of context, then --steps
  *     greedy steps of the whole batch (2 warm-up steps first), the device argmax bringing back
  *     only token ids (as the decode worker does). Reported: the step time (median), tokens/s,
- *     the bytes one step must read (every weight once, plus each sequence's K and V), and those
- *     bytes per second as a fraction of --copy-bw (the copy bandwidth measured in the same run).
+ *     the bytes one step must read (every weight once, plus each sequence's K and V at the KV
+ *     cache's dtype: --kv-dtype, auto = the weights'), and those bytes per second as a fraction
+ *     of --copy-bw (the copy bandwidth measured in the same run).
  *     The context of every sequence is a copy of the prefilled prompt's KV blocks (distinct
  *     memory per sequence, so the attention reads what it would in serving, not one cached
  *     copy); computing B real prefills would cost B times the prefill for the same step time.
@@ -41,12 +43,15 @@
 
 static const char *s_usage =
     "usage: troupe-bench-engine MODEL_DIR [--backend cpu|cuda|cuda:N] [--dtype bf16|f16|f32]\n"
-    "         [--load-format auto|dummy] [--threads N] [--prompt-len N] [--batch 1,16,64,256]\n"
-    "         [--steps N] [--chunk N] [--copy-bw TB/s] [--profile] [--json FILE]\n";
+    "         [--kv-dtype auto|f32|bf16|f16|fp8] [--load-format auto|dummy] [--threads N]\n"
+    "         [--prompt-len N] [--batch 1,16,64,256] [--steps N] [--chunk N] [--copy-bw TB/s]\n"
+    "         [--profile] [--json FILE]\n"
+    "--kv-dtype auto (default) keeps the KV cache in the weights' dtype; fp8 is E4M3 with scale 1.\n";
 
 typedef struct opts {
     const char *model_dir, *backend, *dtype, *json;
     int dummy, threads, prompt_len, steps, chunk, profile;
+    dtype_t kv_dtype;             /* DT_COUNT: auto (the weights' dtype) */
     int batch[MAX_LEVELS], n_levels;
     double copy_bw;               /* TB/s, 0 = not given */
 } opts_t;
@@ -61,7 +66,7 @@ static int s_parse(int argc, char **argv, opts_t *o)
 {
     static const char *T = "troupe-bench-engine";
     *o = (opts_t){.backend = "cpu", .prompt_len = 1000, .steps = 32, .chunk = 2048, .threads = 0,
-                  .batch = {1, 16, 64, 256}, .n_levels = 4};
+                  .batch = {1, 16, 64, 256}, .n_levels = 4, .kv_dtype = DT_COUNT};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (a[0] != '-') {
@@ -86,6 +91,8 @@ static int s_parse(int argc, char **argv, opts_t *o)
             o->backend = v;
         else if (!strcmp(a, "--dtype"))
             o->dtype = v;
+        else if (!strcmp(a, "--kv-dtype"))
+            rc = arg_kv_dtype(T, a, v, &o->kv_dtype);
         else if (!strcmp(a, "--json"))
             o->json = v;
         else if (!strcmp(a, "--load-format")) {
@@ -225,6 +232,13 @@ int main(int argc, char **argv)
         fprintf(stderr, "troupe-bench-engine: %s\n", err);
         goto done;
     }
+    /* An unsupported KV cache fails before the weights are loaded. */
+    const dtype_t kvt = o.kv_dtype != DT_COUNT ? o.kv_dtype : wdt;
+    if (kvpool_check(be, kvt, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, err, sizeof err) != 0) {
+        fprintf(stderr, "troupe-bench-engine: --kv-dtype %s: %s\n", o.kv_dtype != DT_COUNT ? dtype_name(kvt) : "auto",
+                err);
+        goto done;
+    }
     if (!(ck = o.dummy ? ckpt_dummy(wdt, 0) : ckpt_open(o.model_dir, err, sizeof err))) {
         fprintf(stderr, "troupe-bench-engine: %s\n", o.dummy ? "out of memory" : err);
         goto done;
@@ -242,7 +256,7 @@ int main(int argc, char **argv)
     const double load_s = (now_ns() - t0) / 1e9;
     const int blocks_per_seq = (ctx + KV_BLOCK - 1) / KV_BLOCK;
     if (!(pool = kvpool_new((max_b + 1) * blocks_per_seq, KV_BLOCK, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
-                            wdt, be, err, sizeof err))) {
+                            kvt, be, err, sizeof err))) {
         fprintf(stderr, "troupe-bench-engine: KV pool for %d sequences of %d tokens: %s\n", max_b + 1, ctx, err);
         goto done;
     }
@@ -251,11 +265,11 @@ int main(int argc, char **argv)
         goto done;
     }
     const size_t wbytes = model_weight_bytes(m), abytes = model_active_weight_bytes(m);
-    const size_t kv_tok = config_kv_bytes_per_token(&cfg, dtype_size(wdt));
+    const size_t kv_tok = config_kv_bytes_per_token(&cfg, dtype_size(kvt));
     const double copy_bps = o.copy_bw * 1e12;
-    printf("model %s (%s, %s), backend %s: %.2f GB of weights (%.2f GB active per token), KV %.1f KB per token, "
-           "loaded in %.1f s\n", o.model_dir, o.dummy ? "dummy weights" : "checkpoint", dtype_name(wdt),
-           be->ops->name, wbytes / 1e9, abytes / 1e9, kv_tok / 1e3, load_s);
+    printf("model %s (%s, %s), backend %s: %.2f GB of weights (%.2f GB active per token), KV %.1f KB per token "
+           "(%s), loaded in %.1f s\n", o.model_dir, o.dummy ? "dummy weights" : "checkpoint", dtype_name(wdt),
+           be->ops->name, wbytes / 1e9, abytes / 1e9, kv_tok / 1e3, dtype_name(kvt), load_s);
 
     /* ---- prefill: the template sequence, timed ---------------------------------------------- */
     double pf_ms[PREFILL_RUNS];
@@ -374,6 +388,7 @@ int main(int argc, char **argv)
     json_object_set_new(jroot, "dtype", json_string(dtype_name(wdt)));
     json_object_set_new(jroot, "weight_bytes", json_real((double)wbytes));
     json_object_set_new(jroot, "active_weight_bytes", json_real((double)abytes));
+    json_object_set_new(jroot, "kv_dtype", json_string(dtype_name(kvt)));
     json_object_set_new(jroot, "kv_bytes_per_token", json_real((double)kv_tok));
     json_object_set_new(jroot, "prompt_len", json_integer(o.prompt_len));
     json_object_set_new(jroot, "copy_bw_tbps", json_real(o.copy_bw));

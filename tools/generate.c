@@ -37,11 +37,13 @@ static const char *s_usage =
     "         [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--min-p P]\n"
     "         [--repetition-penalty R] [--presence-penalty X] [--frequency-penalty X] [--seed S]\n"
     "         [--stop STR]... [--stop-id ID]... [--ignore-eos] [--dtype f32|bf16|f16]\n"
-    "         [--load-format auto|dummy] [--tokenizer DIR] [--threads N] [--chunk N]\n"
+    "         [--kv-dtype auto|f32|bf16|f16|fp8] [--load-format auto|dummy] [--tokenizer DIR]\n"
+    "         [--threads N] [--chunk N]\n"
     "         [--backend cpu|cuda|cuda:N]\n"
     "         [--json] [--logprobs] [--logprobs-mode raw|processed] [--no-think] [-v]\n"
     "Sampling options left out take the model's generation_config.json defaults (greedy when it\n"
-    "has none). --dtype sets the dummy weights' dtype and the KV cache's (default: the config's).\n";
+    "has none). --dtype sets the dummy weights' dtype (default: the config's). --kv-dtype sets the\n"
+    "KV cache's: auto (default) keeps it in the weights' dtype; fp8 is E4M3 with scale 1.\n";
 
 typedef struct gen_opts {
     const char *model_dir, *prompt, *chat, *system, *ids, *tokenizer_dir;
@@ -50,6 +52,7 @@ typedef struct gen_opts {
     sampler_params_t sp;
     int have_seed;
     const char *dtype;            /* NULL: config */
+    dtype_t kv_dtype;             /* DT_COUNT: auto (the weights' dtype) */
     const char *backend;          /* backend_new kind: cpu (default), cuda, cuda:N */
     int dummy;                    /* --load-format dummy */
     int threads, chunk, json, logprobs, no_think, verbose;
@@ -80,6 +83,7 @@ static int s_parse_args(int argc, char **argv, gen_opts_t *o)
     sampler_params_default(&o->sp);
     o->max_tokens = -1;
     o->chunk = 512;
+    o->kv_dtype = DT_COUNT;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (a[0] != '-') {
@@ -136,6 +140,11 @@ static int s_parse_args(int argc, char **argv, gen_opts_t *o)
             if (dtype_parse(v, &t) < 0)
                 return s_usage_error("--dtype '%s': expected f32, bf16 or f16", v);
             o->dtype = v;
+        } else if (!strcmp(a, "--kv-dtype")) {
+            if (arg_kv_dtype("troupe-generate", a, v, &o->kv_dtype) < 0) {
+                fprintf(stderr, "\n%s", s_usage);
+                return 2;
+            }
         } else if (!strcmp(a, "--load-format")) {
             if (!strcmp(v, "dummy")) o->dummy = 1;
             else if (!strcmp(v, "auto")) o->dummy = 0;
@@ -362,9 +371,14 @@ int main(int argc, char **argv)
         goto done;
     }
 
-    /* Backend, weights, model. */
+    /* Backend, weights, model. An unsupported KV cache fails before the weights are loaded. */
     if (!(be = backend_new(o.backend ? o.backend : "cpu", o.threads, err, sizeof err))) {
         fprintf(stderr, "troupe-generate: %s\n", err);
+        goto done;
+    }
+    const dtype_t kvt = o.kv_dtype != DT_COUNT ? o.kv_dtype : wdt;   /* auto: as HF keeps K/V, in the model's dtype */
+    if (kvpool_check(be, kvt, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, err, sizeof err) != 0) {
+        fprintf(stderr, "troupe-generate: --kv-dtype %s: %s\n", o.kv_dtype != DT_COUNT ? dtype_name(kvt) : "auto", err);
         goto done;
     }
     if (o.dummy) {
@@ -385,7 +399,6 @@ int main(int argc, char **argv)
         goto done;
     }
     const int n_blocks = (total + KV_BLOCK - 1) / KV_BLOCK;
-    dtype_t kvt = wdt;                             /* as HF keeps K/V: in the model's dtype */
     if (!(pool = kvpool_new(n_blocks, KV_BLOCK, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, kvt, be, err, sizeof err)) ||
         !(seq = kvseq_new(pool, total, 0))) {
         fprintf(stderr, "troupe-generate: %s\n", pool ? "out of memory" : err);

@@ -142,7 +142,7 @@ gen() {   # name, then environment assignments
   local name=$1; shift
   if [ -x build/bin/troupe-generate ]; then
     env "$@" timeout 240 build/bin/troupe-generate tests/fixtures/models/llama-3.1-8b-shape --load-format dummy \
-      --dtype bf16 --backend cuda --ids "$ids" --max-tokens 128 --ignore-eos --temperature 0 --json \
+      --dtype bf16 --backend cuda --ids "$ids" --max-tokens 128 --ignore-eos --temperature 0 --json ${GEN_KV:+--kv-dtype $GEN_KV} \
       >"$OUT/generate-$name.json" 2>/tmp/generate-$name.err || { status=1; cat /tmp/generate-$name.err; }
     head -c 600 "$OUT/generate-$name.json"; echo
   fi
@@ -156,6 +156,8 @@ variants=" ${GEN_VARIANTS:-default nographs graphpdl nopdl w8 cublaslt} "
 [[ $variants == *" nopdl "* ]] && gen nopdl TROUPE_CUDA_PDL=0 TROUPE_CUDA_GRAPHS=0
 [[ $variants == *" w8 "* ]] && gen w8 TROUPE_CUDA_GEMV_WARPS=8
 [[ $variants == *" cublaslt "* ]] && gen cublaslt TROUPE_CUDA_GEMV_MAX_M=0 TROUPE_CUDA_GEMM_SPLIT=0 TROUPE_CUDA_PDL=0
+# fp8: the KV cache in fp8 e4m3 (--kv-dtype fp8); batch 1 reads little KV, so this is about the same.
+[[ $variants == *" fp8 "* ]] && GEN_KV=fp8 gen fp8
 report() {   # name -> "decode tok/s | prefill tok/s | bound | fraction"
   python3 - "$OUT/generate-$1.json" "${bw:-0}" <<'EOF'
 import json, sys
@@ -171,7 +173,7 @@ print("%.1f tok/s (%.2f ms/token) | HBM bound %.0f tok/s (%.2f GB/token) -> %.0f
       % (d, 1e3 / d if d else 0, bound, wb / 1e9, 100 * d / bound if bound else 0, t["prompt_tokens_per_s"], t["load_ms"] / 1e3))
 EOF
 }
-dec_def=$(report default); dec_nog=$(report nographs); dec_gpdl=$(report graphpdl); dec_nopdl=$(report nopdl); dec_w8=$(report w8); dec_lt=$(report cublaslt)
+dec_def=$(report default); dec_nog=$(report nographs); dec_gpdl=$(report graphpdl); dec_nopdl=$(report nopdl); dec_w8=$(report w8); dec_lt=$(report cublaslt); dec_fp8=$(report fp8)
 
 # ---- the engine alone: prefill and batched decode steps ------------------------------------------
 # ENGINE=1 (default): troupe-bench-engine on the 8B shape (one weight load): a 1,000-token prefill
@@ -185,6 +187,7 @@ if [ "${ENGINE:-1}" = 1 ] && [ -x build/bin/troupe-bench-engine ]; then
     env "$@" timeout 300 build/bin/troupe-bench-engine "${ENGINE_MODEL:-tests/fixtures/models/llama-3.1-8b-shape}" \
       --load-format dummy --dtype bf16 --backend cuda --prompt-len "${ENGINE_PROMPT:-1000}" \
       --batch "${ENGINE_BATCH:-1,16,64,256}" --steps "${ENGINE_STEPS:-16}" --copy-bw "${bw:-0}" --profile \
+      ${ENG_KV:+--kv-dtype $ENG_KV} \
       --json "$OUT/engine-$name.json" >"$OUT/engine-$name.txt" 2>&1 || status=1
     cat "$OUT/engine-$name.txt"
   }
@@ -192,6 +195,8 @@ if [ "${ENGINE:-1}" = 1 ] && [ -x build/bin/troupe-bench-engine ]; then
   [ "${ENGINE_SPLIT0:-0}" = 1 ] && eng split0 TROUPE_CUDA_GEMM_SPLIT=0
   # ENGINE_NOGRAPHS=1: again with decode steps launched op by op (TROUPE_CUDA_GRAPHS=0).
   [ "${ENGINE_NOGRAPHS:-0}" = 1 ] && eng nographs TROUPE_CUDA_GRAPHS=0
+  # ENGINE_FP8=1: again with an fp8 e4m3 KV cache (--kv-dtype fp8): half the KV bytes per step.
+  [ "${ENGINE_FP8:-0}" = 1 ] && ENG_KV=fp8 eng fp8
   # ENGINE_MOE=1: the same on Qwen3-30B-A3B's shape (61 GB of dummy bf16 weights, 128 experts).
   if [ "${ENGINE_MOE:-0}" = 1 ]; then
     ENGINE_MODEL=tests/fixtures/models/qwen3-30b-a3b-shape eng moe
@@ -213,13 +218,14 @@ serve_line="not run (SERVE=1 runs it)"
 # SERVE_TOPO: the topology served (default the 8B one; tools/bench/h200-moe.yaml: Qwen3-30B-A3B).
 TOPO=${SERVE_TOPO:-tools/bench/h200-8b.yaml}
 SERVE_MODEL=$(awk '/^model:/ {m = 1} m && $1 == "path:" {print $2; exit}' "$TOPO")
+SERVE_KV=$(awk '/^model:/ {m = 1} m && $1 == "kv_dtype:" {print $2; exit}' "$TOPO")
 if [ "${SERVE:-0}" = 1 ] && [ -x build/bin/troupe-supervisor ]; then
   step "serving: $TOPO under the supervisor"
   rm -f /tmp/serve.ready
   if [ "${SERVE_EXACT:-1}" = 1 ]; then   # the one-process reference, before the cluster takes the GPUs
     ex_ids=$(python3 -c 'print(",".join(str((i * 104729 + 77) % 120000) for i in range(40)))')
     ex_gen=$(timeout 200 build/bin/troupe-generate "$SERVE_MODEL" --load-format dummy --dtype bf16 \
-      --backend cuda --ids "$ex_ids" --max-tokens 24 --ignore-eos --temperature 0 --json 2>/dev/null \
+      --backend cuda --ids "$ex_ids" --max-tokens 24 --ignore-eos --temperature 0 --json ${SERVE_KV:+--kv-dtype $SERVE_KV} 2>/dev/null \
       | python3 -c 'import json,sys; print(json.load(sys.stdin)["ids"])')
   fi
   # Where the workers' loops spent their time (cumulative since start): decode steps, hand-offs
@@ -386,8 +392,9 @@ printf '%-30s %s\n' "8B decode b=1, graphs with PDL" "$dec_gpdl"
 printf '%-30s %s\n' "8B decode b=1, PDL+graphs off" "$dec_nopdl"
 printf '%-30s %s\n' "8B decode b=1, GEMV 8 warps" "$dec_w8"
 printf '%-30s %s\n' "8B decode b=1, cuBLASLt" "$dec_lt"
+printf '%-30s %s\n' "8B decode b=1, fp8 KV" "$dec_fp8"
 printf '%-30s %s\n' "8B engine (ENGINE=1)" "$engine_line"
-for e in default nographs moe moe-nographs; do
+for e in default nographs fp8 moe moe-nographs; do
   [ -s "$OUT/engine-$e.txt" ] && { echo "engine $e:"; grep -E '^prefill|^ +[0-9]+ +[0-9]+ ' "$OUT/engine-$e.txt"; }
 done
 printf '%-30s %s\n' "8B serving (SERVE=1)" "$serve_line"

@@ -20,6 +20,7 @@
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #define INSTANCES_MAX   1024             /* processes per cluster */
@@ -247,6 +248,10 @@ static void s_model(topo_diag_t *d, const raw_model_t *m, topo_model_t *out)
     out->dtype = out->backend == TOPO_BACKEND_CUDA ? DT_BF16 : DT_F32;
     if (m->dtype && dtype_parse(m->dtype, &out->dtype) != 0)
         topo_diag_err(d, "model.dtype", "unknown dtype '%s' (expected one of f32, bf16, f16)", m->dtype);
+    out->kv_dtype = DT_COUNT;
+    if (m->kv_dtype && strcasecmp(m->kv_dtype, "auto") != 0 && dtype_parse_kv(m->kv_dtype, &out->kv_dtype) != 0)
+        topo_diag_err(d, "model.kv_dtype", "unknown KV cache dtype '%s' (expected one of auto, f32, bf16, f16, fp8)",
+                      m->kv_dtype);
     int f = s_enum(d, "model.load_format", m->load_format, s_formats, 2, TOPO_LOAD_AUTO, "load format");
     out->load_format = f < 0 ? TOPO_LOAD_AUTO : (topo_load_format_t)f;
     out->threads = (int)s_int(d, "model.threads", m->threads, 0, 1024, 0);

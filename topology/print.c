@@ -36,8 +36,9 @@ void topo_print(const topo_t *t, FILE *f)
     fprintf(f, "model:\n");
     s_kv(f, "  ", "path", t->model.path);
     s_kv(f, "  ", "tokenizer", t->model.tokenizer);
-    fprintf(f, "  dtype: %s\n  backend: %s\n  load_format: %s\n  threads: %d\n",
-            dtype_name(t->model.dtype), topo_backend_name(t->model.backend),
+    fprintf(f, "  dtype: %s\n  kv_dtype: %s\n  backend: %s\n  load_format: %s\n  threads: %d\n",
+            dtype_name(t->model.dtype), t->model.kv_dtype == DT_COUNT ? "auto" : dtype_name(t->model.kv_dtype),
+            topo_backend_name(t->model.backend),
             topo_load_format_name(t->model.load_format), t->model.threads);
     fprintf(f, "nodes:\n");
     for (int i = 0; i < t->n_nodes; i++) {

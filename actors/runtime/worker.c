@@ -58,7 +58,14 @@ worker_t *worker_load(const topo_t *t, topo_role_t role, int gpu, int max_tokens
      * together): the KV budget below is taken from it, so it does not depend on who loads first. */
     const size_t free_at_start = w->be->ops->mem_available ? w->be->ops->mem_available(w->be) : 0;
 
-    dtype_t wdt = tm->dtype;
+    /* An unsupported KV cache fails here, before the weights are loaded, naming the option. */
+    dtype_t wdt = tm->dtype, kvt = worker_kv_dtype(&w->cfg, wdt, tm->kv_dtype);
+    char kerr[256];
+    if (kvpool_check(w->be, kvt, w->cfg.head_dim, w->cfg.num_heads, w->cfg.num_kv_heads, kerr, sizeof kerr) != 0) {
+        errf(err, errlen, "model.kv_dtype %s%s%s: %s", tm->kv_dtype == DT_COUNT ? "auto (" : "", dtype_name(kvt),
+             tm->kv_dtype == DT_COUNT ? ")" : "", kerr);
+        goto fail;
+    }
     if (tm->load_format == TOPO_LOAD_DUMMY) {
         w->ck = ckpt_dummy(wdt, 0);
     } else if (!s_has_weights(tm->path)) {
@@ -87,7 +94,6 @@ worker_t *worker_load(const topo_t *t, topo_role_t role, int gpu, int max_tokens
         shares += in->role == ROLE_DECODE ? 3 : 1;
         same_gpu++;
     }
-    dtype_t kvt = worker_kv_dtype(&w->cfg, wdt);
     size_t block_bytes = (size_t)w->cfg.num_layers * 2 * (size_t)w->block_size *
                          (size_t)w->cfg.num_kv_heads * (size_t)w->cfg.head_dim * dtype_size(kvt);
     long n_blocks = t->limits.kv_blocks;
@@ -122,17 +128,19 @@ worker_t *worker_load(const topo_t *t, topo_role_t role, int gpu, int max_tokens
         errf(err, errlen, "out of memory");
         goto fail;
     }
-    LOG_I("model %s: %d layers, hidden %d, vocab %d, %s weights; KV pool %ld blocks of %d tokens (%.1f MiB)",
+    LOG_I("model %s: %d layers, hidden %d, vocab %d, %s weights; KV pool %ld blocks of %d tokens, %s (%.1f MiB)",
           tm->path, w->cfg.num_layers, w->cfg.hidden_size, w->cfg.vocab_size, dtype_name(wdt), n_blocks,
-          w->block_size, (double)n_blocks * (double)block_bytes / (1 << 20));
+          w->block_size, dtype_name(kvt), (double)n_blocks * (double)block_bytes / (1 << 20));
     return w;
 fail:
     worker_destroy(&w);
     return NULL;
 }
 
-dtype_t worker_kv_dtype(const model_config_t *cfg, dtype_t weights)
+dtype_t worker_kv_dtype(const model_config_t *cfg, dtype_t weights, dtype_t chosen)
 {
+    if (chosen != DT_COUNT)
+        return chosen;
     return cfg->dtype == DT_F32 && weights == DT_F32 ? DT_F32 : DT_BF16;
 }
 

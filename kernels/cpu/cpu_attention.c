@@ -5,6 +5,10 @@
  * row is read once per group, not once per query head), and keeps an online softmax per head:
  * running max m, running sum l, unnormalised accumulator acc, rescaled by exp(m_old - m_new) when
  * the max grows. Everything lives on the stack: no scratch, no allocation, any context length.
+ *
+ * The cache holds f32, bf16, f16 or fp8 (E4M3, scale 1): K and V are rounded to it on store as
+ * dtype_from_f32 does (nearest even; fp8 clamps to +-448 as CUDA's satfinite conversion does) and
+ * read back exactly (cpu_load16 / cpu_elem), the products accumulated in f32 whatever the dtype.
  */
 #include <assert.h>
 #include <math.h>

@@ -19,10 +19,28 @@
 #define CPU_AVX512 0
 #endif
 
+/* FP8 E4M3 (a KV cache type only) decodes by moving its bits into an f32: sign to bit 31, the 4
+ * exponent and 3 mantissa bits to bits 23..26 and 20..22, so the f32 reads 2^(e-127) (1 + m/8), or
+ * m 2^-129 for e = 0 (an f32 subnormal); times 2^120 that is exactly the E4M3 value, subnormals
+ * included. Hazard: with the FPU's denormals-are-zero mode on (-ffast-math, DAZ) the E4M3
+ * subnormals would read as 0. Codes 0x7f / 0xff are NaN, as in f8e4m3_to_f32. */
+#define CPU_F8_SCALE 0x1p120f
+static inline float cpu_f8_to_f32(uint8_t b)
+{
+    if ((b & 0x7f) == 0x7f)
+        return NAN;
+    uint32_t u = ((uint32_t)(b & 0x80) << 24) | ((uint32_t)(b & 0x7f) << 20);
+    float f;
+    memcpy(&f, &u, 4);
+    return f * CPU_F8_SCALE;
+}
+
 /* One element of any supported dtype at p[i] (p may be unaligned). */
 static inline float cpu_elem(dtype_t t, const void *p, int64_t i)
 {
     const uint8_t *b = p;
+    if (t == DT_F8E4M3)
+        return cpu_f8_to_f32(b[i]);
     if (t == DT_F32) {
         float f;
         memcpy(&f, b + 4 * i, 4);
@@ -36,7 +54,9 @@ static inline float cpu_elem(dtype_t t, const void *p, int64_t i)
 static inline void cpu_store_elem(dtype_t t, void *p, int64_t i, float v)
 {
     uint8_t *b = p;
-    if (t == DT_F32) {
+    if (t == DT_F8E4M3) {
+        b[i] = f32_to_f8e4m3(v);
+    } else if (t == DT_F32) {
         memcpy(b + 4 * i, &v, 4);
     } else {
         uint16_t h = t == DT_BF16 ? f32_to_bf16(v) : f32_to_f16(v);
@@ -52,16 +72,32 @@ static inline __m512 cpu_load16(dtype_t t, const void *p, int64_t i, __mmask16 m
 {
     if (t == DT_F32)
         return _mm512_maskz_loadu_ps(m, (const float *)p + i);
+    if (t == DT_F8E4M3) {                          /* cpu_f8_to_f32, 16 lanes */
+        __m512i u = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, (const uint8_t *)p + i));
+        __m512i mag = _mm512_and_si512(u, _mm512_set1_epi32(0x7f));
+        __m512i bits = _mm512_or_si512(_mm512_slli_epi32(_mm512_and_si512(u, _mm512_set1_epi32(0x80)), 24),
+                                       _mm512_slli_epi32(mag, 20));
+        __m512 v = _mm512_mul_ps(_mm512_castsi512_ps(bits), _mm512_set1_ps(CPU_F8_SCALE));
+        __mmask16 nan = _mm512_cmpeq_epi32_mask(mag, _mm512_set1_epi32(0x7f));
+        return _mm512_mask_mov_ps(v, nan, _mm512_set1_ps(NAN));
+    }
     __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)p + i);
     if (t == DT_BF16)
         return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
     return _mm512_cvtph_ps(h);
 }
 
-/* Stores 16 (masked) f32 values as dtype t at p[i]; bf16 rounds to nearest even like f32_to_bf16. */
+/* Stores 16 (masked) f32 values as dtype t at p[i]; bf16 rounds to nearest even like f32_to_bf16,
+ * fp8 goes through f32_to_f8e4m3 lane by lane (no kernel stores fp8 on a hot path). */
 static inline void cpu_store16(dtype_t t, void *p, int64_t i, __m512 v, __mmask16 m)
 {
-    if (t == DT_F32) {
+    if (t == DT_F8E4M3) {
+        float f[16];
+        _mm512_storeu_ps(f, v);
+        for (int j = 0; j < 16; j++)
+            if ((m >> j) & 1)
+                ((uint8_t *)p)[i + j] = f32_to_f8e4m3(f[j]);
+    } else if (t == DT_F32) {
         _mm512_mask_storeu_ps((float *)p + i, m, v);
     } else if (t == DT_F16) {
         _mm256_mask_storeu_epi16((uint16_t *)p + i, m, _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));

@@ -188,6 +188,7 @@ template <typename A> static inline void cuda_kv_addr(A &a, const bk_kv_t *kv, i
 }
 
 void cuda_kv_store(backend_t *be, const bk_kv_t *kv, int layer, const float *k, const float *v, const bk_attn_meta_t *meta);
+int cuda_kv_supported(backend_t *be, dtype_t dtype, int head_dim, int n_heads, int n_kv_heads, char *err, size_t errlen);
 void cuda_rope_kv_store(backend_t *be, const bk_kv_t *kv, int layer, float *q, float *k, const float *v, int n_heads,
                         const float *inv_freq, const bk_attn_meta_t *meta);
 int cuda_gate_up_swiglu(backend_t *be, const float *x, int M, const bk_mat_t *w, float *out);

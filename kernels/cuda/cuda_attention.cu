@@ -30,6 +30,8 @@
  * k_attn_merge here); the kernels here remain their fallback and their reference.
  */
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 
 #include "kernels/cuda/cuda.h"
 #include "kernels/cuda/cuda_dev.cuh"
@@ -137,6 +139,7 @@ void cuda_rope_kv_store(backend_t *be, const bk_kv_t *kv, int layer, float *q, f
     switch (kv->dtype) {
     case DT_F32: cuda_launch(st, k_rope_kv_store<float>, meta->n_tokens, 256, a, q, k, v, inv_freq); break;
     case DT_BF16: cuda_launch(st, k_rope_kv_store<__nv_bfloat16>, meta->n_tokens, 256, a, q, k, v, inv_freq); break;
+    case DT_F8E4M3: cuda_launch(st, k_rope_kv_store<__nv_fp8_e4m3>, meta->n_tokens, 256, a, q, k, v, inv_freq); break;
     default: cuda_launch(st, k_rope_kv_store<__half>, meta->n_tokens, 256, a, q, k, v, inv_freq); break;
     }
 }
@@ -153,6 +156,7 @@ void cuda_kv_store(backend_t *be, const bk_kv_t *kv, int layer, const float *k, 
     switch (kv->dtype) {
     case DT_F32: cuda_launch(st, k_kv_store<float>, meta->n_tokens, threads, a, k, v); break;
     case DT_BF16: cuda_launch(st, k_kv_store<__nv_bfloat16>, meta->n_tokens, threads, a, k, v); break;
+    case DT_F8E4M3: cuda_launch(st, k_kv_store<__nv_fp8_e4m3>, meta->n_tokens, threads, a, k, v); break;
     default: cuda_launch(st, k_kv_store<__half>, meta->n_tokens, threads, a, k, v); break;
     }
 }
@@ -721,6 +725,61 @@ static void s_tiles(const cuda_state_t *st, const attn_args_t &a)
     }
 }
 
+/* Split count for decode rows of the tensor-core kernel: key ranges until rows x kv heads x S is
+ * about 8 blocks per SM (shared by the bf16 and fp8 paths). */
+static int s_decode_split(const cuda_state_t *st, int T, int n_kv)
+{
+    const int64_t base = (int64_t)T * n_kv;
+    if (!st->attn_split || base >= 4 * (int64_t)st->n_sm)
+        return 1;
+    const int64_t S = (8 * (int64_t)st->n_sm + base - 1) / base;
+    return (int)(S > ATTN_MAX_SPLIT ? ATTN_MAX_SPLIT : S);
+}
+
+/* An fp8 cache has only the tensor-core kernels (the fallbacks read 2- and 4-byte elements): decode
+ * rows (one new row per sequence) go to the decode kernel, every other shape to the prefill kernel,
+ * which is correct for any rows (one sequence per pass). The TROUPE_CUDA_ATTN_* switches do not
+ * apply. cuda_kv_supported refuses the shapes these kernels cannot take before a pool is made, so
+ * a refusal here is a bug: it ends the process like a failed CUDA call. */
+static void s_attention_f8(backend_t *be, cuda_state_t *st, const bk_kv_t *kv, int layer, const float *q,
+                           int n_heads, float scale, const bk_attn_meta_t *meta, float *out)
+{
+    const int T = meta->n_tokens, D = kv->head_dim;
+    int rc;
+    if (T == meta->n_seqs) {
+        const int S = s_decode_split(st, T, kv->n_kv_heads);
+        float *part = NULL;
+        const int64_t rh = (int64_t)T * n_heads;
+        if (S > 1)
+            part = (float *)cuda_scratch(be, (void **)&st->part, &st->part_bytes, (size_t)rh * S * (D + 2) * sizeof(float));
+        rc = cuda_attention_decode_mma(st, kv, layer, q, n_heads, scale, meta, S, part, out);
+        if (rc == 0 && S > 1)
+            cuda_launch(st, k_attn_merge, (unsigned)rh, D >= 256 ? 256 : 128, (const float *)part, S, D, out);
+    } else {
+        rc = cuda_attention_mma(st, kv, layer, q, n_heads, scale, meta, out);
+    }
+    if (rc != 0) {
+        fprintf(stderr, "cuda_attention: fp8 cache with head_dim %d, %d query heads over %d kv heads, %d rows: no kernel "
+                        "takes it (%s:%d)\n", D, n_heads, kv->n_kv_heads, T, __FILE__, __LINE__);
+        exit(1);
+    }
+}
+
+int cuda_kv_supported(backend_t *be, dtype_t dtype, int head_dim, int n_heads, int n_kv_heads, char *err, size_t errlen)
+{
+    if (dtype != DT_F8E4M3)
+        return 0;
+    bk_kv_t kv = {};
+    kv.dtype = dtype;
+    kv.head_dim = head_dim;
+    kv.n_kv_heads = n_kv_heads;
+    if (cuda_mma_attn_group(&kv, n_heads, 16) > 0)
+        return 0;
+    snprintf(err, errlen, "an fp8 KV cache on CUDA needs head_dim 64 or 128 and at most 16 query heads per kv head "
+                          "(this model: head_dim %d, %d query heads over %d kv heads)", head_dim, n_heads, n_kv_heads);
+    return -1;
+}
+
 void cuda_attention(backend_t *be, const bk_kv_t *kv, int layer, const float *q, int n_heads, float scale,
                     const bk_attn_meta_t *meta, float *out)
 {
@@ -742,15 +801,16 @@ void cuda_attention(backend_t *be, const bk_kv_t *kv, int layer, const float *q,
      * per sequence on average) take the tile kernel and the rest the row kernel. */
     const int D = kv->head_dim, G = n_heads / kv->n_kv_heads;
     const int prefill = T >= 8 * meta->n_seqs;
+    if (kv->dtype == DT_F8E4M3) {
+        s_attention_f8(be, st, kv, layer, q, n_heads, scale, meta, out);
+        return;
+    }
     if (st->attn_flash && s_flash_ok(D, G)) {
         /* Prefill over a bf16 cache: the tensor-core kernel, unless it is off or refuses the shape. */
         if (prefill && st->attn_mma && cuda_attention_mma(st, kv, layer, q, n_heads, scale, meta, out) == 0)
             return;
-        const int64_t base = prefill ? 0 : (int64_t)T * kv->n_kv_heads;   /* blocks before splitting */
-        if (!prefill && st->attn_split && base < 4 * (int64_t)st->n_sm) {
-            const int64_t S = (8 * (int64_t)st->n_sm + base - 1) / base;
-            a.S = (int)(S > ATTN_MAX_SPLIT ? ATTN_MAX_SPLIT : S);
-        }
+        if (!prefill)
+            a.S = s_decode_split(st, T, kv->n_kv_heads);
         const int64_t rh = (int64_t)T * n_heads;
         if (a.S > 1)
             a.part = (float *)cuda_scratch(be, (void **)&st->part, &st->part_bytes,
@@ -762,7 +822,8 @@ void cuda_attention(backend_t *be, const bk_kv_t *kv, int layer, const float *q,
             switch (kv->dtype) {
             case DT_F32: s_flash<float>(st, a, prefill); break;
             case DT_BF16: s_flash<__nv_bfloat16>(st, a, prefill); break;
-            default: s_flash<__half>(st, a, prefill); break;
+            case DT_F16: s_flash<__half>(st, a, prefill); break;
+            default: break;                        /* fp8 never gets here (s_attention_f8) */
             }
         }
         if (a.S > 1)
@@ -773,7 +834,8 @@ void cuda_attention(backend_t *be, const bk_kv_t *kv, int layer, const float *q,
         switch (kv->dtype) {
         case DT_F32: s_tiles<float>(st, a); break;
         case DT_BF16: s_tiles<__nv_bfloat16>(st, a); break;
-        default: s_tiles<__half>(st, a); break;
+        case DT_F16: s_tiles<__half>(st, a); break;
+        default: break;
         }
         return;
     }
@@ -789,7 +851,8 @@ void cuda_attention(backend_t *be, const bk_kv_t *kv, int layer, const float *q,
     switch (kv->dtype) {
     case DT_F32: s_rows_dpl<float>(st, a); break;
     case DT_BF16: s_rows_dpl<__nv_bfloat16>(st, a); break;
-    default: s_rows_dpl<__half>(st, a); break;
+    case DT_F16: s_rows_dpl<__half>(st, a); break;
+    default: break;
     }
     if (a.S > 1) {
         cuda_launch(st, k_attn_merge, (unsigned)rh, D >= 256 ? 256 : 128, (const float *)a.part, a.S, D, out);

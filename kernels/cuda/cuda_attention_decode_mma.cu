@@ -43,6 +43,13 @@
  * exp(s - m) rounded to bf16 before P V, f32 scores, softmax state and accumulation; l sums the
  * rounded p. ~2e-3 relative on random inputs; tests/gpu/test_backend_cuda.c holds it to 5e-3.
  *
+ * An fp8 (e4m3) cache (F8): tiles come in at 1 byte per element (4 stages: the same bytes in
+ * flight per block as fewer bf16 ones), then each warp converts its 16 keys of K and V into f16
+ * rows of its own (one exact cvt per pair; only that warp reads them, so warp barriers suffice),
+ * and the mma runs on f16: q and p rounded to f16 (2^-11) instead of bf16. Converting to bf16
+ * instead took three conversions per pair and made the step conversion-bound: no faster than bf16
+ * (H200, batch 256: 10.5 ms against 10.0).
+ *
  * Known limits: q must be 16-byte aligned (cudaMalloc'd activations are). Up to 16 query heads per
  * kv head (one m16 tile). Written without a GPU at hand: compiled, its fragment handling checked in
  * a CPU emulation of ldmatrix/mma (the PTX ISA's layouts), first run pending.
@@ -77,30 +84,35 @@ typedef struct dmma_args {
     float scale_log2;             /* scale * log2(e): exp(s * scale - m) is computed as exp2 */
 } dmma_args_t;
 
-/* Shared memory of one block (bf16 elements), and the f32 merge area laid over the K/V stages. */
-template <int D> struct dmma_smem {
-    static constexpr int STRIDE = D + DMMA_PAD;                     /* one K, V or Q row */
-    static constexpr size_t TILE = (size_t)DMMA_KEYS * STRIDE;      /* one K or V tile */
-    static constexpr size_t KV_BYTES = (size_t)DMMA_STAGES * 2 * TILE * 2;
+/* Shared memory of one block, in bytes: the K/V stages, tiles as the cache stores them (rows
+ * padded by 16 bytes: ldmatrix's 8 row addresses in 8 bank groups), then Q. fp8 tiles are half the
+ * bytes: 59 KB at D = 128, so 3 blocks per SM (bf16: 106 KB, 2). */
+template <int D, bool F8> struct dmma_smem {
+    static constexpr int STRIDE = D + DMMA_PAD;                     /* one 16-bit Q row (and bf16 K/V row), elements */
+    static constexpr int STAGES = DMMA_STAGES;
+    static constexpr int SROW = F8 ? D + 16 : STRIDE * 2;           /* one staged K or V row, bytes */
+    static constexpr size_t TILE = (size_t)DMMA_KEYS * SROW;        /* one staged K or V tile, bytes */
+    static constexpr size_t KV_BYTES = (size_t)STAGES * 2 * TILE;
     static constexpr size_t BYTES = KV_BYTES + (size_t)DMMA_ROWS * STRIDE * 2;
     static constexpr int RSTRIDE = D + 8;                           /* a merge row, floats (+8: fewer bank conflicts) */
     static constexpr size_t MERGE_BYTES = ((size_t)DMMA_WARPS * DMMA_ROWS * RSTRIDE + 2 * DMMA_WARPS * DMMA_ROWS) * 4;
     static_assert(MERGE_BYTES <= KV_BYTES, "the merge area fits over the K/V stages");
 };
 
-template <int D>
-__global__ void __launch_bounds__(DMMA_THREADS, D == 64 ? 3 : 2) k_attn_decode_mma(dmma_args_t a)
+template <int D, bool F8>
+__global__ void __launch_bounds__(DMMA_THREADS, D == 64 || F8 ? 3 : 2) k_attn_decode_mma(dmma_args_t a)
 {
     DEV_PDL_ENTER();
-    typedef dmma_smem<D> SM;
-    constexpr int ST = SM::STRIDE, RST = SM::RSTRIDE;
-    constexpr int CH = D / 8;                      /* 16-byte chunks per key row */
+    typedef dmma_smem<D, F8> SM;
+    constexpr int ST = SM::STRIDE, RST = SM::RSTRIDE, STAGES = SM::STAGES;
+    constexpr int EB = F8 ? 1 : 2;                 /* bytes per cached element */
+    constexpr int CH = D * EB / 16;                /* 16-byte chunks per key row */
     constexpr int KD = D / 16;                     /* k16 steps of Q K^T */
     constexpr int DB = D / 8;                      /* n8 blocks of O (dimensions) */
     extern __shared__ __align__(16) uint8_t dmma_sm[];
-    __nv_bfloat16 *Ks = (__nv_bfloat16 *)dmma_sm;              /* [STAGES][KEYS][ST] */
-    __nv_bfloat16 *Vs = Ks + DMMA_STAGES * SM::TILE;          /* [STAGES][KEYS][ST] */
-    __nv_bfloat16 *Qs = Vs + DMMA_STAGES * SM::TILE;          /* [ROWS][ST] */
+    uint8_t *Ks = dmma_sm;                                    /* [STAGES][KEYS][SROW bytes] */
+    uint8_t *Vs = Ks + STAGES * SM::TILE;                     /* [STAGES][KEYS][SROW bytes] */
+    uint16_t *Qs = (uint16_t *)(dmma_sm + SM::KV_BYTES);     /* [ROWS][ST] */
     float *Ro = (float *)dmma_sm;                             /* after the loop: [WARPS][ROWS][RST] */
     float *Rm = Ro + DMMA_WARPS * DMMA_ROWS * RST;            /* [WARPS][ROWS] */
     float *Rl = Rm + DMMA_WARPS * DMMA_ROWS;                  /* [WARPS][ROWS] */
@@ -112,8 +124,8 @@ __global__ void __launch_bounds__(DMMA_THREADS, D == 64 ? 3 : 2) k_attn_decode_m
     const int k0 = min(n_keys, sidx * span), k1 = min(n_keys, k0 + span);
     const int n_tiles = (k1 - k0 + DMMA_KEYS - 1) / DMMA_KEYS;
     const int32_t *bt = a.block_table + a.seq_bt_start[seq];
-    const size_t slot_stride = (size_t)a.n_kv * D;
-    const size_t k_off = (size_t)a.layer * 2 * a.block_size * slot_stride + (size_t)g * D;
+    const size_t slot_stride = (size_t)a.n_kv * D * EB;      /* bytes */
+    const size_t k_off = (size_t)a.layer * 2 * a.block_size * slot_stride + (size_t)g * D * EB;
     const size_t v_off = k_off + (size_t)a.block_size * slot_stride;
 
     /* Tile i of the range into stage i % STAGES, or an empty group past the last tile (keeps the
@@ -121,23 +133,22 @@ __global__ void __launch_bounds__(DMMA_THREADS, D == 64 ? 3 : 2) k_attn_decode_m
     auto load_tile = [&](int i) {
         if (i < n_tiles) {
             const int kt = k0 + i * DMMA_KEYS;
-            __nv_bfloat16 *kd = Ks + (i % DMMA_STAGES) * SM::TILE, *vd = Vs + (i % DMMA_STAGES) * SM::TILE;
+            uint8_t *kd = Ks + (i % STAGES) * SM::TILE, *vd = Vs + (i % STAGES) * SM::TILE;
             static_assert(DMMA_KEYS * CH % DMMA_THREADS == 0, "whole chunks per thread");
 #pragma unroll
             for (int r = 0; r < DMMA_KEYS * CH / DMMA_THREADS; r++) {   /* a fixed count: the block-table reads go first */
                 const int c = threadIdx.x + r * DMMA_THREADS, j = c / CH, part = c % CH, key = kt + j;
                 const bool in = key < k1;
-                const __nv_bfloat16 *blockp =
-                    (const __nv_bfloat16 *)(a.base + (in ? (size_t)bt[key / a.block_size] * a.block_bytes : 0));
+                const uint8_t *blockp = a.base + (in ? (size_t)bt[key / a.block_size] * a.block_bytes : 0);
                 const size_t slot = in ? (size_t)(key % a.block_size) * slot_stride : 0;
-                dev_cp_async16(kd + j * ST + part * 8, blockp + k_off + slot + part * 8, in ? 16 : 0);
-                dev_cp_async16(vd + j * ST + part * 8, blockp + v_off + slot + part * 8, in ? 16 : 0);
+                dev_cp_async16(kd + j * SM::SROW + part * 16, blockp + k_off + slot + part * 16, in ? 16 : 0);
+                dev_cp_async16(vd + j * SM::SROW + part * 16, blockp + v_off + slot + part * 16, in ? 16 : 0);
             }
         }
         dev_cp_commit();
     };
 #pragma unroll
-    for (int i = 0; i < DMMA_STAGES - 1; i++)
+    for (int i = 0; i < STAGES - 1; i++)
         load_tile(i);                              /* in flight while the queries are converted */
 
     for (int i = threadIdx.x; i < DMMA_ROWS * (D / 4); i += DMMA_THREADS) {
@@ -145,13 +156,24 @@ __global__ void __launch_bounds__(DMMA_THREADS, D == 64 ? 3 : 2) k_attn_decode_m
         float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (v < G)
             x = *(const float4 *)(a.q + ((size_t)t * a.n_heads + (size_t)g * G + v) * D + d);
-        *(uint2 *)(Qs + v * ST + d) = make_uint2(dev_pack_bf16x2(x.x, x.y), dev_pack_bf16x2(x.z, x.w));
+        *(uint2 *)(Qs + v * ST + d) = make_uint2(dev_pack2<F8>(x.x, x.y), dev_pack2<F8>(x.z, x.w));
     }
     __syncthreads();
     uint32_t qf[KD][4];
 #pragma unroll
-    for (int kk = 0; kk < KD; kk++)
-        dev_ldsm_x4(Qs + (lane & 15) * ST + kk * 16 + (lane >> 4) * 8, qf[kk]);
+    for (int kk = 0; kk < KD; kk++) {
+        if constexpr (F8) {
+            /* k16 step kk in the fp8 K fragments' order (below): k 2t, 2t+1 are dimensions 16kk + 4t,
+             * +1 and k 2t+8, 2t+9 are 16kk + 4t + 2, +3 (a permutation of the sum's terms). */
+            const uint16_t *q0 = Qs + gid * ST + kk * 16 + 4 * tig, *q1 = q0 + 8 * ST;
+            qf[kk][0] = *(const uint32_t *)q0;
+            qf[kk][1] = *(const uint32_t *)q1;
+            qf[kk][2] = *(const uint32_t *)(q0 + 2);
+            qf[kk][3] = *(const uint32_t *)(q1 + 2);
+        } else {
+            dev_ldsm_x4(Qs + (lane & 15) * ST + kk * 16 + (lane >> 4) * 8, qf[kk]);
+        }
+    }
 
     /* This lane's rows of the m16 tile: gid (m0, l0, o[][0..1]) and gid + 8 (m1, l1, o[][2..3]). */
     float o[DB][4];
@@ -161,27 +183,43 @@ __global__ void __launch_bounds__(DMMA_THREADS, D == 64 ? 3 : 2) k_attn_decode_m
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;   /* l: this thread's share of the row sum */
 
     for (int i = 0; i < n_tiles; i++) {
-        dev_cp_wait<DMMA_STAGES - 2>();            /* this thread's chunks of tile i have landed */
+        dev_cp_wait<STAGES - 2>();                 /* this thread's chunks of tile i have landed */
         __syncthreads();                           /* ... everyone's; and tile i - 1's stage is free */
-        load_tile(i + DMMA_STAGES - 1);
+        load_tile(i + STAGES - 1);
         const int kw = k0 + i * DMMA_KEYS + 16 * warp;   /* this warp's first key */
         if (kw >= k1)                              /* warp-uniform: the range ends before this warp's keys */
             continue;
-        const __nv_bfloat16 *Kw = Ks + (i % DMMA_STAGES) * SM::TILE + 16 * warp * ST;
-        const __nv_bfloat16 *Vw = Vs + (i % DMMA_STAGES) * SM::TILE + 16 * warp * ST;
+        const uint8_t *kst = Ks + (i % STAGES) * SM::TILE + 16 * warp * SM::SROW;
+        const uint8_t *vst = Vs + (i % STAGES) * SM::TILE + 16 * warp * SM::SROW;
+        const uint16_t *Kw = (const uint16_t *)kst, *Vw = (const uint16_t *)vst;
 
-        /* S (16 vectors x 16 keys): matrices (keys 0-7, d 0-7), (keys 0-7, d 8-15), (keys 8-15,
-         * d 0-7), (keys 8-15, d 8-15) of each k16 step = b0, b1 of n-block 0, then of n-block 1. */
         float s[2][4];
 #pragma unroll
         for (int j = 0; j < 2; j++)
             s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+        if constexpr (F8) {
+            /* S from fp8 K: ldmatrix treats a key's 16 bytes of one k16 step as 8 b16 columns, so lane
+             * (g, t) gets key g's dimensions 4t..4t+3 of it; as f16 pairs (one exact cvt each) they
+             * are b0 (k 2t, 2t+1) and b1 (k 2t+8, 2t+9) in the permuted order qf was built in.
+             * Matrices (keys 0-7, step kk), (keys 8-15, kk), (keys 0-7, kk+1), (keys 8-15, kk+1). */
 #pragma unroll
-        for (int kk = 0; kk < KD; kk++) {
-            uint32_t b[4];
-            dev_ldsm_x4(Kw + ((lane & 7) + (lane >> 4) * 8) * ST + kk * 16 + ((lane >> 3) & 1) * 8, b);
-            dev_mma_bf16(s[0], qf[kk], b[0], b[1]);
-            dev_mma_bf16(s[1], qf[kk], b[2], b[3]);
+            for (int kk = 0; kk < KD; kk += 2) {
+                uint32_t r[4];
+                dev_ldsm_x4(kst + ((lane & 7) + ((lane >> 3) & 1) * 8) * SM::SROW + (kk + (lane >> 4)) * 16, r);
+#pragma unroll
+                for (int m = 0; m < 4; m++)
+                    dev_mma16<F8>(s[m & 1], qf[kk + (m >> 1)], dev_e4m3x2_f16x2(r[m]), dev_e4m3x2_f16x2(r[m] >> 16));
+            }
+        } else {
+            /* S (16 vectors x 16 keys): matrices (keys 0-7, d 0-7), (keys 0-7, d 8-15), (keys 8-15,
+             * d 0-7), (keys 8-15, d 8-15) of each k16 step = b0, b1 of n-block 0, then of n-block 1. */
+#pragma unroll
+            for (int kk = 0; kk < KD; kk++) {
+                uint32_t b[4];
+                dev_ldsm_x4(Kw + ((lane & 7) + (lane >> 4) * 8) * ST + kk * 16 + ((lane >> 3) & 1) * 8, b);
+                dev_mma16<F8>(s[0], qf[kk], b[0], b[1]);
+                dev_mma16<F8>(s[1], qf[kk], b[2], b[3]);
+            }
         }
         if (kw + 16 > k1) {                        /* the range's last keys: mask the zero-filled rest */
 #pragma unroll
@@ -208,31 +246,51 @@ __global__ void __launch_bounds__(DMMA_THREADS, D == 64 ? 3 : 2) k_attn_decode_m
         float ps0 = 0.0f, ps1 = 0.0f;
 #pragma unroll
         for (int j = 0; j < 2; j++) {
-            const uint32_t h0 = dev_pack_bf16x2(exp2f(fmaf(s[j][0], a.scale_log2, -mu0)),
+            const uint32_t h0 = dev_pack2<F8>(exp2f(fmaf(s[j][0], a.scale_log2, -mu0)),
                                                 exp2f(fmaf(s[j][1], a.scale_log2, -mu0)));
-            const uint32_t h1 = dev_pack_bf16x2(exp2f(fmaf(s[j][2], a.scale_log2, -mu1)),
+            const uint32_t h1 = dev_pack2<F8>(exp2f(fmaf(s[j][2], a.scale_log2, -mu1)),
                                                 exp2f(fmaf(s[j][3], a.scale_log2, -mu1)));
-            ps0 += dev_bf16x2_lo(h0) + dev_bf16x2_hi(h0);
-            ps1 += dev_bf16x2_lo(h1) + dev_bf16x2_hi(h1);
+            ps0 += dev_lo2<F8>(h0) + dev_hi2<F8>(h0);
+            ps1 += dev_lo2<F8>(h1) + dev_hi2<F8>(h1);
             pa[2 * j] = h0;
             pa[2 * j + 1] = h1;
         }
         l0 = l0 * c0 + ps0;
         l1 = l1 * c1 + ps1;
-        /* O = O * c + P V: .trans matrices (keys 0-7, d 0-7), (keys 8-15, d 0-7), (keys 0-7, d 8-15),
-         * (keys 8-15, d 8-15) of each 16 dimensions = b0, b1 of n-block 2dp, then of 2dp + 1. */
 #pragma unroll
-        for (int dp = 0; dp < DB / 2; dp++) {
-            uint32_t b[4];
-            dev_ldsm_x4_trans(Vw + ((lane & 7) + ((lane >> 3) & 1) * 8) * ST + dp * 16 + (lane >> 4) * 8, b);
+        for (int j = 0; j < DB; j++) {
+            o[j][0] *= c0;
+            o[j][1] *= c0;
+            o[j][2] *= c1;
+            o[j][3] *= c1;
+        }
+        if constexpr (F8) {
+            /* O += P V from fp8 V: ldmatrix .trans of a 16-byte column group (16 dimensions as 8 b16
+             * columns) gives lane (g, t) the bytes (key 2t: dims 2g, 2g+1; key 2t+1: the same); a
+             * byte permute pairs the keys per dimension, so one register yields the b0 of two n8
+             * blocks, block A = dims G0 + 2c and block B = dims G0 + 2c + 1 of the 16 (c: the mma's
+             * column). o[2h] and o[2h+1] are A and B of group h; the write below un-permutes them.
+             * Matrices (keys 0-7, group 2dq), (keys 8-15, 2dq), (keys 0-7, 2dq+1), (keys 8-15, 2dq+1). */
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                float *oj = o[2 * dp + h];
-                oj[0] *= c0;
-                oj[1] *= c0;
-                oj[2] *= c1;
-                oj[3] *= c1;
-                dev_mma_bf16(oj, pa, b[2 * h], b[2 * h + 1]);
+            for (int dq = 0; dq < D / 32; dq++) {
+                uint32_t r[4];
+                dev_ldsm_x4_trans(vst + ((lane & 7) + ((lane >> 3) & 1) * 8) * SM::SROW + dq * 32 + (lane >> 4) * 16, r);
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const uint32_t lo = __byte_perm(r[2 * h], 0, 0x3120), hi = __byte_perm(r[2 * h + 1], 0, 0x3120);
+                    dev_mma16<F8>(o[4 * dq + 2 * h], pa, dev_e4m3x2_f16x2(lo), dev_e4m3x2_f16x2(hi));
+                    dev_mma16<F8>(o[4 * dq + 2 * h + 1], pa, dev_e4m3x2_f16x2(lo >> 16), dev_e4m3x2_f16x2(hi >> 16));
+                }
+            }
+        } else {
+            /* O = O * c + P V: .trans matrices (keys 0-7, d 0-7), (keys 8-15, d 0-7), (keys 0-7, d 8-15),
+             * (keys 8-15, d 8-15) of each 16 dimensions = b0, b1 of n-block 2dp, then of 2dp + 1. */
+#pragma unroll
+            for (int dp = 0; dp < DB / 2; dp++) {
+                uint32_t b[4];
+                dev_ldsm_x4_trans(Vw + ((lane & 7) + ((lane >> 3) & 1) * 8) * ST + dp * 16 + (lane >> 4) * 8, b);
+                dev_mma16<F8>(o[2 * dp], pa, b[0], b[1]);
+                dev_mma16<F8>(o[2 * dp + 1], pa, b[2], b[3]);
             }
         }
     }
@@ -249,10 +307,18 @@ __global__ void __launch_bounds__(DMMA_THREADS, D == 64 ? 3 : 2) k_attn_decode_m
         const int v = gid + 8 * half;
         if (v >= G)
             continue;
-        float *ro = Ro + (warp * DMMA_ROWS + v) * RST + 2 * tig;
+        if constexpr (F8) {                        /* group h's A and B columns: dims 16h + 4t .. + 3 */
+            float *ro = Ro + (warp * DMMA_ROWS + v) * RST + 4 * tig;
 #pragma unroll
-        for (int j = 0; j < DB; j++)
-            *(float2 *)(ro + 8 * j) = make_float2(o[j][2 * half], o[j][2 * half + 1]);
+            for (int h = 0; h < D / 16; h++)
+                *(float4 *)(ro + 16 * h) = make_float4(o[2 * h][2 * half], o[2 * h + 1][2 * half],
+                                                       o[2 * h][2 * half + 1], o[2 * h + 1][2 * half + 1]);
+        } else {
+            float *ro = Ro + (warp * DMMA_ROWS + v) * RST + 2 * tig;
+#pragma unroll
+            for (int j = 0; j < DB; j++)
+                *(float2 *)(ro + 8 * j) = make_float2(o[j][2 * half], o[j][2 * half + 1]);
+        }
         if (tig == 0) {
             Rm[warp * DMMA_ROWS + v] = half ? m1 : m0;
             Rl[warp * DMMA_ROWS + v] = half ? l1 : l0;
@@ -287,17 +353,17 @@ __global__ void __launch_bounds__(DMMA_THREADS, D == 64 ? 3 : 2) k_attn_decode_m
     }
 }
 
-template <int D>
+template <int D, bool F8>
 static void s_launch(const cuda_state_t *st, const dmma_args_t &a, int T)
 {
-    constexpr size_t bytes = dmma_smem<D>::BYTES;
+    constexpr size_t bytes = dmma_smem<D, F8>::BYTES;
     static bool configured = false;                /* per instantiation: allow > 48 KB of shared memory */
     if (!configured) {
-        CUDA_CHECK(cudaFuncSetAttribute(k_attn_decode_mma<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+        CUDA_CHECK(cudaFuncSetAttribute(k_attn_decode_mma<D, F8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
         configured = true;
     }
     const dim3 grid((unsigned)(T * a.n_kv), (unsigned)a.S);   /* the kv heads of one row side by side */
-    cuda_launch_smem(st, k_attn_decode_mma<D>, grid, DMMA_THREADS, bytes, a);
+    cuda_launch_smem(st, k_attn_decode_mma<D, F8>, grid, DMMA_THREADS, bytes, a);
 }
 
 int cuda_attention_decode_mma(const cuda_state_t *st, const bk_kv_t *kv, int layer, const float *q, int n_heads,
@@ -320,9 +386,10 @@ int cuda_attention_decode_mma(const cuda_state_t *st, const bk_kv_t *kv, int lay
     a.G = G;
     a.S = S;
     a.scale_log2 = scale * 1.4426950408889634f;
+    const bool f8 = kv->dtype == DT_F8E4M3;
     if (D == 64)
-        s_launch<64>(st, a, T);
+        f8 ? s_launch<64, true>(st, a, T) : s_launch<64, false>(st, a, T);
     else
-        s_launch<128>(st, a, T);
+        f8 ? s_launch<128, true>(st, a, T) : s_launch<128, false>(st, a, T);
     return 0;
 }

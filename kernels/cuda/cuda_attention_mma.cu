@@ -39,6 +39,11 @@
  * random inputs (a CPU emulation of this rounding: q alone 1.5e-3, p alone 1.7e-3, both 2.2e-3;
  * tests/gpu/test_backend_cuda.c holds it to 5e-3).
  *
+ * An fp8 (e4m3) cache (F8): the stages hold tiles at 1 byte per element; after a tile lands the
+ * block converts it into one f16 K/V tile (exact) and the mma runs on f16 (q and p rounded to f16,
+ * 2^-11). This kernel also takes every non-decode call over an fp8 cache (the flash kernel reads
+ * only 2- and 4-byte elements), e.g. a few rows per sequence.
+ *
  * Known limits: no split-KV (prefill rows give enough blocks); q must be 16-byte aligned and out
  * 8-byte aligned (cudaMalloc'd activations are). Written without a GPU at hand: compiled, and its
  * fragment layouts checked against the PTX ISA's tables, first run pending.
@@ -70,36 +75,44 @@ typedef struct mma_args {
     float scale_log2;             /* scale * log2(e): exp(s * scale - m) is computed as exp2 */
 } mma_args_t;
 
-/* Shared memory of one block, in bf16 elements. */
-template <int D> struct mma_smem {
-    static constexpr int STRIDE = D + MMA_PAD;                      /* one K, V or Q row */
-    static constexpr size_t TILE = (size_t)MMA_KEYS * STRIDE;       /* one K or V tile */
-    static constexpr size_t BYTES = (4 * TILE + (size_t)MMA_VECS * STRIDE) * 2;
+/* Shared memory of one block, in bytes. The two K/V stages hold tiles as the cache stores them
+ * (rows padded by 16 bytes). With an fp8 cache (F8) the current tile is converted, by the whole
+ * block, into one bf16 K/V tile (Kc/Vc) that the mma code reads in place of the stage: 89 KB at
+ * D = 128, still 2 blocks per SM. */
+template <int D, bool F8> struct mma_smem {
+    static constexpr int STRIDE = D + MMA_PAD;                      /* one bf16 K, V or Q row, elements */
+    static constexpr int SROW = F8 ? D + 16 : STRIDE * 2;           /* one staged K or V row, bytes */
+    static constexpr size_t TILE = (size_t)MMA_KEYS * SROW;         /* one staged K or V tile, bytes */
+    static constexpr size_t CONV_BYTES = F8 ? (size_t)2 * MMA_KEYS * STRIDE * 2 : 0;   /* Kc, Vc */
+    static constexpr size_t BYTES = 4 * TILE + CONV_BYTES + (size_t)MMA_VECS * STRIDE * 2;
 };
 
-template <int D>
+template <int D, bool F8>
 __global__ void __launch_bounds__(MMA_THREADS, 2) k_attn_mma(mma_args_t a)
 {
     DEV_PDL_ENTER();
-    typedef mma_smem<D> SM;
+    typedef mma_smem<D, F8> SM;
     constexpr int ST = SM::STRIDE;
-    constexpr int CH = D / 8;                      /* 16-byte chunks per key row */
+    constexpr int EB = F8 ? 1 : 2;                 /* bytes per cached element */
+    constexpr int CH = D * EB / 16;                /* 16-byte chunks per key row */
     constexpr int KD = D / 16;                     /* k16 steps of Q K^T */
     constexpr int NB = MMA_KEYS / 8;               /* n8 blocks of S (keys) */
     constexpr int KP = MMA_KEYS / 16;              /* k16 steps of P V */
     constexpr int DB = D / 8;                      /* n8 blocks of O (dimensions) */
     extern __shared__ __align__(16) uint8_t mma_sm[];
-    __nv_bfloat16 *Ks = (__nv_bfloat16 *)mma_sm;  /* [2][MMA_KEYS][ST] */
-    __nv_bfloat16 *Vs = Ks + 2 * SM::TILE;        /* [2][MMA_KEYS][ST] */
-    __nv_bfloat16 *Qs = Vs + 2 * SM::TILE;        /* [MMA_VECS][ST] */
+    uint8_t *Ks = mma_sm;                         /* [2][MMA_KEYS][SROW bytes] */
+    uint8_t *Vs = Ks + 2 * SM::TILE;              /* [2][MMA_KEYS][SROW bytes] */
+    uint16_t *Kc = (uint16_t *)(mma_sm + 4 * SM::TILE);   /* F8: [MMA_KEYS][ST] */
+    uint16_t *Vc = Kc + MMA_KEYS * ST;                         /* F8: [MMA_KEYS][ST] */
+    uint16_t *Qs = (uint16_t *)(mma_sm + 4 * SM::TILE + SM::CONV_BYTES);   /* [MMA_VECS][ST] */
     __shared__ int s_seq[MMA_VECS], s_pos[MMA_VECS];   /* per tile row; seq -1: no row, or done */
     __shared__ int s_vpos[MMA_VECS];              /* per vector in this pass: its position, -1: none */
 
     const int G = a.G, NT = a.NT, g = blockIdx.x;
     const int t0 = (gridDim.y - 1 - blockIdx.y) * NT;   /* last row tiles first */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
-    const size_t slot_stride = (size_t)a.n_kv * D;
-    const size_t k_off = (size_t)a.layer * 2 * a.block_size * slot_stride + (size_t)g * D;
+    const size_t slot_stride = (size_t)a.n_kv * D * EB;      /* bytes */
+    const size_t k_off = (size_t)a.layer * 2 * a.block_size * slot_stride + (size_t)g * D * EB;
     const size_t v_off = k_off + (size_t)a.block_size * slot_stride;
     for (int r = threadIdx.x; r < NT; r += MMA_THREADS) {
         const int t = t0 + r;
@@ -117,15 +130,14 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) k_attn_mma(mma_args_t a)
         const int32_t *bt = a.block_table + a.seq_bt_start[cur];
 
         auto load_tile = [&](int kt, int buf) {
-            __nv_bfloat16 *kd = Ks + buf * SM::TILE, *vd = Vs + buf * SM::TILE;
+            uint8_t *kd = Ks + buf * SM::TILE, *vd = Vs + buf * SM::TILE;
             for (int c = threadIdx.x; c < MMA_KEYS * CH; c += MMA_THREADS) {
                 const int j = c / CH, part = c % CH, key = kt + j;
                 const bool in = key < n_keys;
-                const __nv_bfloat16 *blockp =
-                    (const __nv_bfloat16 *)(a.base + (in ? (size_t)bt[key / a.block_size] * a.block_bytes : 0));
+                const uint8_t *blockp = a.base + (in ? (size_t)bt[key / a.block_size] * a.block_bytes : 0);
                 const size_t slot = in ? (size_t)(key % a.block_size) * slot_stride : 0;
-                dev_cp_async16(kd + j * ST + part * 8, blockp + k_off + slot + part * 8, in ? 16 : 0);
-                dev_cp_async16(vd + j * ST + part * 8, blockp + v_off + slot + part * 8, in ? 16 : 0);
+                dev_cp_async16(kd + j * SM::SROW + part * 16, blockp + k_off + slot + part * 16, in ? 16 : 0);
+                dev_cp_async16(vd + j * SM::SROW + part * 16, blockp + v_off + slot + part * 16, in ? 16 : 0);
             }
             dev_cp_commit();
         };
@@ -140,7 +152,7 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) k_attn_mma(mma_args_t a)
             float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             if (r < NT && s_seq[r] == cur)
                 x = *(const float4 *)(a.q + ((size_t)(t0 + r) * a.n_heads + (size_t)g * G + v % G) * D + d);
-            *(uint2 *)(Qs + v * ST + d) = make_uint2(dev_pack_bf16x2(x.x, x.y), dev_pack_bf16x2(x.z, x.w));
+            *(uint2 *)(Qs + v * ST + d) = make_uint2(dev_pack2<F8>(x.x, x.y), dev_pack2<F8>(x.z, x.w));
         }
         __syncthreads();
 
@@ -171,8 +183,16 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) k_attn_mma(mma_args_t a)
                 dev_cp_commit();                   /* an empty group keeps the wait count uniform */
             dev_cp_wait<1>();
             __syncthreads();                       /* tile kt visible to every warp */
+            const uint16_t *Kt = (const uint16_t *)(Ks + buf * SM::TILE);
+            const uint16_t *Vt = (const uint16_t *)(Vs + buf * SM::TILE);
+            if constexpr (F8) {                    /* Kc/Vc are free: the last tile's closing barrier */
+                dev_f8_rows_to_f16<D>(Ks + buf * SM::TILE, SM::SROW, Kc, ST, MMA_KEYS, threadIdx.x, MMA_THREADS);
+                dev_f8_rows_to_f16<D>(Vs + buf * SM::TILE, SM::SROW, Vc, ST, MMA_KEYS, threadIdx.x, MMA_THREADS);
+                __syncthreads();
+                Kt = Kc;
+                Vt = Vc;
+            }
             if (kt <= wmax) {                      /* warp-uniform: some row of this warp sees a key here */
-                const __nv_bfloat16 *Kt = Ks + buf * SM::TILE, *Vt = Vs + buf * SM::TILE;
                 float s[NB][4];
 #pragma unroll
                 for (int j = 0; j < NB; j++)
@@ -185,8 +205,8 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) k_attn_mma(mma_args_t a)
                     for (int jp = 0; jp < NB / 2; jp++) {
                         uint32_t b[4];
                         dev_ldsm_x4(Kt + (jp * 16 + (lane & 7) + (lane >> 4) * 8) * ST + kk * 16 + ((lane >> 3) & 1) * 8, b);
-                        dev_mma_bf16(s[2 * jp], qf[kk], b[0], b[1]);
-                        dev_mma_bf16(s[2 * jp + 1], qf[kk], b[2], b[3]);
+                        dev_mma16<F8>(s[2 * jp], qf[kk], b[0], b[1]);
+                        dev_mma16<F8>(s[2 * jp + 1], qf[kk], b[2], b[3]);
                     }
                 }
                 /* Mask keys past a row's position (also the zero-filled keys past n_keys, and every key
@@ -222,12 +242,12 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) k_attn_mma(mma_args_t a)
                 float ps0 = 0.0f, ps1 = 0.0f;
 #pragma unroll
                 for (int j = 0; j < NB; j++) {
-                    const uint32_t h0 = dev_pack_bf16x2(exp2f(fmaf(s[j][0], a.scale_log2, -mu0)),
+                    const uint32_t h0 = dev_pack2<F8>(exp2f(fmaf(s[j][0], a.scale_log2, -mu0)),
                                                         exp2f(fmaf(s[j][1], a.scale_log2, -mu0)));
-                    const uint32_t h1 = dev_pack_bf16x2(exp2f(fmaf(s[j][2], a.scale_log2, -mu1)),
+                    const uint32_t h1 = dev_pack2<F8>(exp2f(fmaf(s[j][2], a.scale_log2, -mu1)),
                                                         exp2f(fmaf(s[j][3], a.scale_log2, -mu1)));
-                    ps0 += dev_bf16x2_lo(h0) + dev_bf16x2_hi(h0);
-                    ps1 += dev_bf16x2_lo(h1) + dev_bf16x2_hi(h1);
+                    ps0 += dev_lo2<F8>(h0) + dev_hi2<F8>(h0);
+                    ps1 += dev_lo2<F8>(h1) + dev_hi2<F8>(h1);
                     pa[j / 2][(j & 1) * 2] = h0;
                     pa[j / 2][(j & 1) * 2 + 1] = h1;
                 }
@@ -248,8 +268,8 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) k_attn_mma(mma_args_t a)
                     for (int dp = 0; dp < DB / 2; dp++) {
                         uint32_t b[4];
                         dev_ldsm_x4_trans(Vt + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ST + dp * 16 + (lane >> 4) * 8, b);
-                        dev_mma_bf16(o[2 * dp], pa[kk], b[0], b[1]);
-                        dev_mma_bf16(o[2 * dp + 1], pa[kk], b[2], b[3]);
+                        dev_mma16<F8>(o[2 * dp], pa[kk], b[0], b[1]);
+                        dev_mma16<F8>(o[2 * dp + 1], pa[kk], b[2], b[3]);
                     }
                 }
             }
@@ -280,17 +300,17 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) k_attn_mma(mma_args_t a)
     }
 }
 
-template <int D>
+template <int D, bool F8>
 static void s_launch(const cuda_state_t *st, const mma_args_t &a)
 {
-    constexpr size_t bytes = mma_smem<D>::BYTES;
+    constexpr size_t bytes = mma_smem<D, F8>::BYTES;
     static bool configured = false;                /* per instantiation: allow > 48 KB of shared memory */
     if (!configured) {
-        CUDA_CHECK(cudaFuncSetAttribute(k_attn_mma<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+        CUDA_CHECK(cudaFuncSetAttribute(k_attn_mma<D, F8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
         configured = true;
     }
     const dim3 grid((unsigned)a.n_kv, (unsigned)((a.T + a.NT - 1) / a.NT));
-    cuda_launch_smem(st, k_attn_mma<D>, grid, MMA_THREADS, bytes, a);
+    cuda_launch_smem(st, k_attn_mma<D, F8>, grid, MMA_THREADS, bytes, a);
 }
 
 int cuda_attention_mma(const cuda_state_t *st, const bk_kv_t *kv, int layer, const float *q, int n_heads, float scale,
@@ -313,9 +333,10 @@ int cuda_attention_mma(const cuda_state_t *st, const bk_kv_t *kv, int layer, con
     a.G = G;
     a.NT = NT;
     a.scale_log2 = scale * 1.4426950408889634f;
+    const bool f8 = kv->dtype == DT_F8E4M3;
     if (D == 64)
-        s_launch<64>(st, a);
+        f8 ? s_launch<64, true>(st, a) : s_launch<64, false>(st, a);
     else
-        s_launch<128>(st, a);
+        f8 ? s_launch<128, true>(st, a) : s_launch<128, false>(st, a);
     return 0;
 }

@@ -335,6 +335,7 @@ static const backend_ops_t s_cuda_ops = {
     .rope_kv_store = cuda_rope_kv_store,
     .kv_store = cuda_kv_store,
     .attention = cuda_attention,
+    .kv_supported = cuda_kv_supported,
     .moe_route = cuda_moe_route,
     .moe_ffn = cuda_moe_ffn,
     .gather_rows = cuda_gather_rows,

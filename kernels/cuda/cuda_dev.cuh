@@ -5,6 +5,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <stdint.h>
 
 #include <type_traits>
@@ -42,6 +43,11 @@ __device__ __forceinline__ void dev_store(__nv_bfloat16 *p, float v)
     *(uint16_t *)p = dev_bf16_bits(v);
 }
 __device__ __forceinline__ void dev_store(__half *p, float v) { *p = __float2half_rn(v); }   /* round to nearest even */
+/* fp8 e4m3 as common/dtype.h's f32_to_f8e4m3: round to nearest even, clamp to +-448, NaN -> 0x7f. */
+__device__ __forceinline__ void dev_store(__nv_fp8_e4m3 *p, float v)
+{
+    p->__x = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
+}
 
 /* Attention kernels take a tile of rows whose (sequence, position) sit in shared memory (sequence
  * -1: no row, or one already done) one sequence per pass: the sequence of the first row left and

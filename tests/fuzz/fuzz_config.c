@@ -24,7 +24,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (cfg.arch >= ARCH_COUNT || cfg.vocab_size <= 0 || cfg.hidden_size <= 0 || cfg.intermediate_size <= 0 ||
         cfg.num_layers <= 0 || cfg.num_heads <= 0 || cfg.num_kv_heads <= 0 || cfg.head_dim <= 0 ||
         cfg.head_dim % 2 || cfg.num_heads % cfg.num_kv_heads || !(cfg.rms_norm_eps > 0) || !(cfg.rope_theta > 0) ||
-        cfg.n_eos < 0 || cfg.n_eos > CONFIG_MAX_EOS || cfg.dtype >= DT_COUNT)
+        cfg.n_eos < 0 || cfg.n_eos > CONFIG_MAX_EOS || cfg.dtype >= DT_WEIGHT_COUNT)
         abort();
     if (cfg.num_experts > 0 && (cfg.num_experts_per_tok < 1 || cfg.num_experts_per_tok > cfg.num_experts ||
                                 cfg.moe_intermediate_size <= 0 || cfg.decoder_sparse_step < 1))

@@ -36,6 +36,7 @@
  */
 #include <cublasLt.h>
 #include <cuda_runtime.h>
+#include <cuda_fp8.h>
 
 #include <algorithm>
 #include <math.h>
@@ -66,17 +67,28 @@ extern "C" {
         }                                                                                                 \
     } while (0)
 
-/* Random bf16 in (-1, 1) (and, for 4-byte views, random words): a hash of the index. */
+/* A value in (-1, 1) from a hash of index i (splitmix64). */
+__device__ __forceinline__ float dev_hash_unit(size_t i, uint64_t seed)
+{
+    uint64_t z = (i + 1) * 0x9e3779b97f4a7c15ull + seed;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return ((float)(z >> 40) + 0.5f) * (2.0f / 16777216.0f) - 1.0f;
+}
+
+/* Random bf16 in (-1, 1) (and, for 4-byte views, random words). */
 __global__ void k_fill_bf16(uint16_t *p, size_t n, uint64_t seed)
 {
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        uint64_t z = (i + 1) * 0x9e3779b97f4a7c15ull + seed;
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        z ^= z >> 31;
-        float v = ((float)(z >> 40) + 0.5f) * (2.0f / 16777216.0f) - 1.0f;
-        p[i] = (uint16_t)(__float_as_uint(v) >> 16);
-    }
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        p[i] = (uint16_t)(__float_as_uint(dev_hash_unit(i, seed)) >> 16);
+}
+
+/* Random fp8 e4m3 of values in (-1, 1), rounded as the cache's store rounds. */
+__global__ void k_fill_f8(uint8_t *p, size_t n, uint64_t seed)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        p[i] = (uint8_t)__nv_cvt_float_to_fp8(dev_hash_unit(i, seed), __NV_SATFINITE, __NV_E4M3);
 }
 
 static void s_fill(void *p, size_t bytes, uint64_t seed)
@@ -253,37 +265,43 @@ static double s_backend_matmul_us(backend_t *be, int M, int64_t N, int64_t K)
     return s_median(us);
 }
 
-/* A bf16 KV pool of Llama-3.1-8B's attention shape (32 layers, 8 kv heads, head_dim 128, 16-slot
- * blocks) of n_blocks blocks on be, filled from seed; exits when device memory runs out. */
-static bk_kv_t s_bench_kv(backend_t *be, int n_blocks, int seed)
+/* A bf16 or fp8 KV pool of Llama-3.1-8B's attention shape (32 layers, 8 kv heads, head_dim 128,
+ * 16-slot blocks) of n_blocks blocks on be, filled from seed; exits when device memory runs out. */
+static bk_kv_t s_bench_kv(backend_t *be, int n_blocks, int seed, dtype_t dt)
 {
     enum { LAYERS = 32, KV = 8, D = 128, BS = 16 };
     bk_kv_t kv = {};
-    kv.dtype = DT_BF16;
+    kv.dtype = dt;
     kv.n_blocks = n_blocks;
     kv.block_size = BS;
     kv.n_layers = LAYERS;
     kv.n_kv_heads = KV;
     kv.head_dim = D;
-    kv.block_bytes = (size_t)LAYERS * 2 * BS * KV * D * 2;
+    kv.block_bytes = (size_t)LAYERS * 2 * BS * KV * D * dtype_size(dt);
     kv.base = be->ops->alloc(be, kv.block_bytes * n_blocks);
     if (!kv.base) {
         fprintf(stderr, "bench_cuda: out of device memory\n");
         exit(1);
     }
-    s_fill(kv.base, kv.block_bytes * n_blocks, seed);
+    if (dt == DT_F8E4M3) {
+        k_fill_f8<<<4096, 256>>>((uint8_t *)kv.base, kv.block_bytes * n_blocks, seed);
+        CK(cudaGetLastError());
+        CK(cudaDeviceSynchronize());
+    } else {
+        s_fill(kv.base, kv.block_bytes * n_blocks, seed);
+    }
     return kv;
 }
 
 /* One 1,000-token prefill's attention over 32 layers on Llama-3.1-8B's shape: median ms of the 32
  * calls on each of two backends (n = 2), outputs of the last call in out_host[b]. */
-static void s_attn_prefill_ms(backend_t *const *bes, int n, double *ms, std::vector<float> *out_host)
+static void s_attn_prefill_ms(backend_t *const *bes, int n, double *ms, std::vector<float> *out_host, dtype_t dt)
 {
     enum { T = 1000, LAYERS = 32, HEADS = 32, KV = 8, D = 128, BS = 16 };
     const int n_blocks = (T + BS - 1) / BS;
     for (int b = 0; b < n; b++) {
         backend_t *be = bes[b];
-        bk_kv_t kv = s_bench_kv(be, n_blocks, 100);
+        bk_kv_t kv = s_bench_kv(be, n_blocks, 100, dt);
         const size_t nq = (size_t)T * HEADS * D;
         float *q = (float *)be->ops->alloc(be, nq * 4), *out = (float *)be->ops->alloc(be, nq * 4);
         int32_t *meta_d = (int32_t *)be->ops->alloc(be, (size_t)(2 * T + 1 + n_blocks) * 4);
@@ -323,14 +341,14 @@ static void s_attn_prefill_ms(backend_t *const *bes, int n, double *ms, std::vec
  * 1,000 x 32 layers x 4 KB). Each sequence owns its blocks, interleaved over the pool as an engine's
  * allocator would leave them; at B = 256 the pool is 33.8 GB (the H200 holds it). */
 static void s_attn_decode_ms(backend_t *const *bes, int n, int B, double *ms, std::vector<float> *out_host,
-                             double *kv_bytes)
+                             double *kv_bytes, dtype_t dt)
 {
     enum { CTX = 1000, LAYERS = 32, HEADS = 32, KV = 8, D = 128, BS = 16 };
     const int per_seq = (CTX + BS - 1) / BS, n_blocks = B * per_seq;
-    *kv_bytes = (double)B * CTX * LAYERS * 2.0 * KV * D * 2.0;
+    *kv_bytes = (double)B * CTX * LAYERS * 2.0 * KV * D * (double)dtype_size(dt);
     for (int b = 0; b < n; b++) {
         backend_t *be = bes[b];
-        bk_kv_t kv = s_bench_kv(be, n_blocks, 300);
+        bk_kv_t kv = s_bench_kv(be, n_blocks, 300, dt);
         const size_t nq = (size_t)B * HEADS * D;
         float *q = (float *)be->ops->alloc(be, nq * 4), *out = (float *)be->ops->alloc(be, nq * 4);
         int32_t *meta_d = (int32_t *)be->ops->alloc(be, (size_t)(3 * B + n_blocks) * 4);
@@ -597,7 +615,7 @@ int main(int argc, char **argv)
         backend_t *abe[2] = {s_backend("TROUPE_CUDA_ATTN_MMA", "1"), s_backend("TROUPE_CUDA_ATTN_MMA", "0")};
         double ams[2];
         std::vector<float> aout[2];
-        s_attn_prefill_ms(abe, 2, ams, aout);
+        s_attn_prefill_ms(abe, 2, ams, aout, DT_BF16);
         const double flop = 32.0 * 32.0 * 4.0 * 128.0 * (1000.0 * 1001.0 / 2.0);   /* layers x heads x 4 D x keys seen */
         printf("attn_prefill_mma_ms %.3f ms (1,000 tokens x 32 layers, %.0f TFLOP/s)\n", ams[0], flop / (ams[0] * 1e-3) / 1e12);
         printf("attn_prefill_flash_ms %.3f ms (1,000 tokens x 32 layers, %.0f TFLOP/s)\n", ams[1], flop / (ams[1] * 1e-3) / 1e12);
@@ -608,6 +626,11 @@ int main(int argc, char **argv)
             den += (double)aout[1][i] * aout[1][i];
         }
         printf("attn_prefill_mma_vs_flash %.2e rel\n", den > 0 ? sqrt(num / den) : sqrt(num));
+        double fms;                                /* the same over an fp8 cache (other values: timing only) */
+        std::vector<float> fout[1];
+        s_attn_prefill_ms(abe, 1, &fms, fout, DT_F8E4M3);
+        printf("attn_prefill_fp8_ms %.3f ms (1,000 tokens x 32 layers, %.0f TFLOP/s, %.2fx the bf16 cache)\n", fms,
+               flop / (fms * 1e-3) / 1e12, ams[0] / fms);
         backend_destroy(&abe[0]);
         backend_destroy(&abe[1]);
     }
@@ -619,7 +642,7 @@ int main(int argc, char **argv)
         for (int i = quick ? 2 : 0; i < 3; i++) {
             double dms[2], bytes;
             std::vector<float> dout[2];
-            s_attn_decode_ms(dbe, 2, Bs[i], dms, dout, &bytes);
+            s_attn_decode_ms(dbe, 2, Bs[i], dms, dout, &bytes, DT_BF16);
             const double tb0 = bytes / (dms[0] * 1e-3) / 1e12, tb1 = bytes / (dms[1] * 1e-3) / 1e12;
             printf("attn_decode_b%d_kv_bytes %.0f bytes (1,000 tokens x 32 layers)\n", Bs[i], bytes);
             printf("attn_decode_b%d_mma_ms %.3f ms\n", Bs[i], dms[0]);
@@ -633,6 +656,13 @@ int main(int argc, char **argv)
                 den += (double)dout[1][j] * dout[1][j];
             }
             printf("attn_decode_b%d_mma_vs_flash %.2e rel\n", Bs[i], den > 0 ? sqrt(num / den) : sqrt(num));
+            /* The same step over an fp8 cache (half the bytes; its own random values, timing only). */
+            double fms, fbytes;
+            std::vector<float> fout[1];
+            s_attn_decode_ms(dbe, 1, Bs[i], &fms, fout, &fbytes, DT_F8E4M3);
+            const double tbf = fbytes / (fms * 1e-3) / 1e12;
+            printf("attn_decode_b%d_fp8_ms %.3f ms (%.3f TB/s, %.0f%% of the copy bandwidth; %.2fx the bf16 cache)\n",
+                   Bs[i], fms, tbf, 100.0 * tbf / bw, dms[0] / fms);
         }
         backend_destroy(&dbe[0]);
         backend_destroy(&dbe[1]);

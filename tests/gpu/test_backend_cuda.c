@@ -345,7 +345,7 @@ static void test_matmul(void **state)
         {1, 1000, 4096, 0, 0}, {1, 4096, 1024, 1, 0}, {3, 257, 130, 1, 0}, {5, 300, 512, 0, 1}, {8, 512, 1024, 0, 0},
         {9, 384, 512, 1, 0},   {40, 100, 256, 0, 1},  {64, 1024, 768, 0, 0}, {300, 200, 136, 1, 0}, {2, 64, 36, 0, 0},
     };
-    for (int dt = 0; dt < DT_COUNT; dt++)
+    for (int dt = 0; dt < DT_WEIGHT_COUNT; dt++)
         for (size_t i = 0; i < ARRAY_LEN(cases); i++) {
             s_matmul_case(s_gpu, (dtype_t)dt, cases[i][0], cases[i][1], cases[i][2], cases[i][3], cases[i][4]);
             if (cases[i][0] <= GEMV_MAX_M) {       /* the GEMV's other work splits */
@@ -402,7 +402,7 @@ static void test_embed(void **state)
     int32_t ids[37];
     for (int i = 0; i < n; i++)
         ids[i] = s_randint(V);
-    for (int dt = 0; dt < DT_COUNT; dt++)
+    for (int dt = 0; dt < DT_WEIGHT_COUNT; dt++)
         for (int hi = 0; hi < 2; hi++) {
             const int H = Hs[hi];
             void *table = s_rand_dt((dtype_t)dt, (size_t)V * H, 1.0);
@@ -836,11 +836,30 @@ static const kv_case_t s_kv_cases[] = {
     {"mma decode D=64 G=4 block 64 ctx 63/64/65/2000", DT_BF16, 16, 4, 64, 64, 1, 0, 4, {63, 64, 65, 2000},
      {1, 1, 1, 1}, 0},
     {"mma decode split-KV 1 seq ctx 4000 D=128 G=4", DT_BF16, 32, 8, 128, 16, 1, 0, 1, {4000}, {1}, 0},
+    /* An fp8 (e4m3) cache: only the tensor-core kernels take it, decode rows the decode kernel and
+     * every other shape the prefill kernel, each converting fp8 tiles to bf16 in shared memory (4
+     * stages in the decode kernel). K/V in +-1 put many values among e4m3's subnormals (< 2^-6).
+     * The shapes of the bf16 cases above, plus two that bf16 sends to the flash kernel: 3 rows per
+     * sequence (speculative verification) and decode rows mixed with a prompt. */
+    {"fp8 decode D=128 G=4 7 seqs ctx 1/15/16/17/300/1000/3000", DT_F8E4M3, 32, 8, 128, 16, 2, 1, 7,
+     {1, 15, 16, 17, 300, 1000, 3000}, {1, 1, 1, 1, 1, 1, 1}, 0},
+    {"fp8 decode D=64 G=8 4 seqs ctx 5/64/65/777", DT_F8E4M3, 32, 4, 64, 16, 1, 0, 4, {5, 64, 65, 777}, {1, 1, 1, 1}, 0},
+    {"fp8 decode D=128 G=4 block 5 ctx 7/201/999", DT_F8E4M3, 16, 4, 128, 5, 2, 1, 3, {7, 201, 999}, {1, 1, 1}, 0},
+    {"fp8 decode split-KV 1 seq ctx 4000 D=128 G=4", DT_F8E4M3, 32, 8, 128, 16, 1, 0, 1, {4000}, {1}, 0},
+    {"fp8 decode D=128 G=16 2 seqs ctx 33/1024", DT_F8E4M3, 16, 1, 128, 16, 2, 1, 2, {33, 1024}, {1, 1}, 0},
+    {"fp8 prefill D=128 G=4 3 seqs after 0/37/300 cached", DT_F8E4M3, 32, 8, 128, 16, 2, 1, 3, {77, 82, 429},
+     {77, 45, 129}, 0},
+    {"fp8 prefill D=64 G=3 4 seqs shuffled", DT_F8E4M3, 12, 4, 64, 16, 1, 0, 4, {33, 70, 150, 9}, {33, 20, 50, 9}, 1},
+    {"fp8 prefill D=128 G=1 2 seqs after 0/133 block 5", DT_F8E4M3, 4, 4, 128, 5, 1, 0, 2, {130, 200}, {130, 67}, 0},
+    {"fp8 3 rows per seq (verification) D=128 G=4", DT_F8E4M3, 32, 8, 128, 16, 1, 0, 4, {40, 300, 3, 1100},
+     {3, 3, 3, 3}, 1},
+    {"fp8 mixed: 2 decode rows + 40 prefill rows D=64", DT_F8E4M3, 8, 2, 64, 16, 1, 0, 3, {500, 40, 77}, {1, 40, 1}, 0},
 };
 
 /* Which tensor-core kernel `gpu` runs case c on, by cuda_attention's dispatch: MMA_PREFILL (a bf16
  * cache, head_dim 64 or 128, G <= 16, 8+ rows per sequence on average), MMA_DECODE (the same with
- * exactly one row per sequence), or 0 (the f32 kernels; always on s_gpu_nomma). */
+ * exactly one row per sequence), or 0 (the f32 kernels; always on s_gpu_nomma). An fp8 cache always
+ * takes one of the two: MMA_DECODE for one row per sequence, else MMA_PREFILL. */
 enum { MMA_PREFILL = 1, MMA_DECODE = 2 };
 
 static int s_attn_mma(const backend_t *gpu, const kv_case_t *c)
@@ -849,9 +868,33 @@ static int s_attn_mma(const backend_t *gpu, const kv_case_t *c)
     for (int s = 0; s < c->n_seqs; s++)
         T += c->rows[s];
     const int G = c->n_heads / c->n_kv;
+    if (c->dt == DT_F8E4M3)
+        return T == c->n_seqs ? MMA_DECODE : MMA_PREFILL;
     if (gpu == s_gpu_nomma || c->dt != DT_BF16 || (c->D != 64 && c->D != 128) || G > 16)
         return 0;
     return T >= 8 * c->n_seqs ? MMA_PREFILL : T == c->n_seqs ? MMA_DECODE : 0;
+}
+
+/* The shapes an fp8 cache is refused for, before any pool exists: what the two tensor-core kernels
+ * cannot take (head_dim 32 or 256, more than 16 query heads per kv head, heads not in whole groups). */
+static void test_kv_supported(void **state)
+{
+    static const struct { dtype_t dt; int D, n_heads, n_kv, ok; } cases[] = {
+        {DT_F8E4M3, 128, 32, 8, 1}, {DT_F8E4M3, 64, 16, 1, 1}, {DT_F8E4M3, 128, 4, 4, 1},
+        {DT_F8E4M3, 32, 8, 2, 0},   {DT_F8E4M3, 256, 8, 8, 0}, {DT_F8E4M3, 128, 64, 2, 0},
+        {DT_F8E4M3, 128, 12, 8, 0}, {DT_BF16, 32, 8, 2, 1},    {DT_F32, 256, 64, 2, 1},
+    };
+    assert_non_null(s_gpu->ops->kv_supported);
+    for (size_t i = 0; i < ARRAY_LEN(cases); i++) {
+        char err[256] = "";
+        const int rc = s_gpu->ops->kv_supported(s_gpu, cases[i].dt, cases[i].D, cases[i].n_heads, cases[i].n_kv, err,
+                                                sizeof err);
+        if ((rc == 0) != cases[i].ok)
+            fail_msg("kv_supported %s D=%d heads %d/%d: %d (%s)", dtype_name(cases[i].dt), cases[i].D,
+                     cases[i].n_heads, cases[i].n_kv, rc, err);
+        if (rc != 0 && !strstr(err, "head_dim"))
+            fail_msg("kv_supported refused without saying why: '%s'", err);
+    }
 }
 
 static void test_kv_store(void **state)
@@ -932,7 +975,7 @@ static void test_attention(void **state)
     for (size_t ci = 0; ci < ARRAY_LEN(s_kv_cases); ci++)
         s_attention_case(s_gpu, &s_kv_cases[ci]);
     for (size_t ci = 0; ci < ARRAY_LEN(s_kv_cases); ci++)
-        if (s_attn_mma(s_gpu, &s_kv_cases[ci]))
+        if (s_attn_mma(s_gpu, &s_kv_cases[ci]) && s_kv_cases[ci].dt != DT_F8E4M3)
             s_attention_case(s_gpu_nomma, &s_kv_cases[ci]);   /* the same case on the f32 kernels */
     s_attention_case(s_gpu2, &s_kv_cases[1]);
     s_attention_case(s_gpu2, &s_kv_cases[2]);
@@ -1353,6 +1396,7 @@ int main(void)
         cmocka_unit_test(test_gather_rows),
         cmocka_unit_test(test_argmax),
         cmocka_unit_test(test_sample),
+        cmocka_unit_test(test_kv_supported),
         cmocka_unit_test(test_kv_store),
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_moe_route),

@@ -42,6 +42,7 @@ free_port() {
 # make_topology FILE [extra yaml appended]: a one-machine CPU cluster of every role on free ports.
 # On a GPU node: BACKEND=cuda NODE_GPUS=N PREFILL_GPUS='[0]' DECODE_GPUS='[1]' places the workers.
 # N_PREFILL=0: no prefill actor (colocated: the decode workers compute the prompts).
+# KV_DTYPE=fp8 (or f32, bf16, f16): the workers' KV cache dtype (model.kv_dtype; default auto).
 make_topology() {
   local file=$1; shift
   local p1 p2 p3
@@ -51,7 +52,8 @@ name: t-$TROUPE_TEST_NAME-$$
 model:
   path: ${MODEL_PATH:-$ROOT/tests/fixtures/models/qwen3-f32}
   backend: ${BACKEND:-cpu}
-  load_format: ${LOAD_FORMAT:-auto}
+  load_format: ${LOAD_FORMAT:-auto}${KV_DTYPE:+
+  kv_dtype: $KV_DTYPE}
 nodes:
   - name: local
     address: 127.0.0.1${NODE_GPUS:+

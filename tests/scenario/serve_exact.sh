@@ -8,9 +8,15 @@
 # it), against troupe-generate on one GPU (--backend cuda): greedy must be equal. Alone, without
 # the background requests: on a GPU a row's numerics depend on the batch it runs in. The f32
 # fixtures must also equal transformers; the bf16 one need only equal the one-GPU run.
+#
+# KV_DTYPE=fp8 (serve_exact_fp8.sh): the workers' KV cache (model.kv_dtype) and troupe-generate's
+# (--kv-dtype) in that dtype, compared with troupe-generate only (transformers keeps K and V in the
+# model's dtype); the test also checks that the workers said they made pools of that dtype and
+# that the blocks written back to the cache-manager's host store have its element size.
+# FIXTURES=regex limits the fixtures (directory names); N_BG sets the background requests (32).
 . "$(dirname "$0")/lib.sh"
 GPUS=${GPUS:-0}
-gen_backend=cpu; n_bg=32
+gen_backend=cpu; n_bg=${N_BG:-32}
 if [ "$GPUS" -ge 2 ]; then
   export BACKEND=cuda NODE_GPUS=$GPUS PREFILL_GPUS='[0]' DECODE_GPUS='[1]' N_PREFILL=1 N_DECODE=1
   gen_backend=cuda; n_bg=0
@@ -23,6 +29,7 @@ print(int(sum(m["value"] for a in json.load(sys.stdin)["actors"] if a.get("role"
 }
 for model in "$ROOT"/tests/fixtures/models/*/expected.json; do
   dir=$(dirname "$model"); name=$(basename "$dir")
+  echo "$name" | grep -qE "${FIXTURES:-.}" || continue
   note "$name"
   MODEL_PATH=$dir N_PREFILL=${N_PREFILL:-2} N_DECODE=${N_DECODE:-2} make_topology "$WORK/$name.yaml" "limits:" \
     "  prefill_chunk_tokens: 8" "  max_batch: 48"
@@ -34,7 +41,8 @@ for p in json.load(open(sys.argv[1]))["prompts"]:
 PY
   : > "$WORK/$name.generate"
   while read -r ids; do
-    "$BIN/troupe-generate" "$dir" --backend "$gen_backend" --ids "$ids" --max-tokens 32 --temperature 0 --ignore-eos --json \
+    "$BIN/troupe-generate" "$dir" --backend "$gen_backend" ${KV_DTYPE:+--kv-dtype $KV_DTYPE} --ids "$ids" \
+      --max-tokens 32 --temperature 0 --ignore-eos --json \
       | /usr/bin/python3 -c 'import json,sys; print(",".join(map(str, json.load(sys.stdin)["ids"])))' >> "$WORK/$name.generate"
   done < "$WORK/$name.prompts"
   start_cluster "$WORK/$name.yaml"
@@ -57,7 +65,7 @@ PY
   fi
   PYTHONPATH="$ROOT/tools" /usr/bin/python3 - "$ep" "$model" "$WORK/$name.generate" "$n_bg" "$gen_backend" \
     "$WORK/$name.cluster" <<'PY'
-import json, random, sys, threading
+import json, os, random, sys, threading
 ep, expected, gen_file = sys.argv[1], json.load(open(sys.argv[2])), sys.argv[3]
 n_bg, gen_backend, cluster_file = int(sys.argv[4]), sys.argv[5], sys.argv[6]
 generate = [list(map(int, l.split(","))) for l in open(gen_file).read().split()]
@@ -99,13 +107,27 @@ for key, (toks, final) in results.items():
 for i, p in enumerate(expected["prompts"]):
     toks, final = results[("fx", i)]
     assert toks == generate[i], f"prompt {i}: cluster {toks} != generate {generate[i]}"
-    vs_hf = gen_backend == "cpu" or "bf16" not in expected["variant"]
+    vs_hf = (gen_backend == "cpu" or "bf16" not in expected["variant"]) and not os.environ.get("KV_DTYPE")
     assert not vs_hf or toks == p["greedy"], f"prompt {i}: cluster {toks} != transformers {p['greedy']}"
     assert final["usage"]["completion_tokens"] == 32 and final["usage"]["prompt_tokens"] == len(p["ids"])
 print(f"{expected['variant']}: {len(expected['prompts'])} prompts equal to generate ({gen_backend})"
       f"{' and transformers' if vs_hf else ''}; {len(results)} requests done"
       f"{' (troupe-client, one at a time)' if open(cluster_file).read() else ''}")
 PY
+  if [ -n "${KV_DTYPE:-}" ]; then
+    # Every prefill and decode worker made a pool of KV_DTYPE, and the host store took blocks of
+    # layers x 2 x block_size x kv_heads x head_dim elements of its size (written back by decode).
+    n_pools=$(grep -c "KV pool .* tokens, $KV_DTYPE (" "$WORK/supervisor.log" || true)
+    [ "$n_pools" -eq $(( ${N_PREFILL:-2} + ${N_DECODE:-2} )) ] \
+      || fail "$name: $n_pools workers said they made a $KV_DTYPE KV pool"
+    want=$(/usr/bin/python3 -c 'import json, sys
+c = json.load(open(sys.argv[1])); size = {"f32": 4, "bf16": 2, "f16": 2, "fp8": 1}[sys.argv[2]]
+hd = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+print(c["num_hidden_layers"] * 2 * 16 * c["num_key_value_heads"] * hd * size)' "$dir/config.json" "$KV_DTYPE")
+    wait_for grep -q "host store: [0-9]* blocks of $want bytes" "$WORK/supervisor.log" \
+      || fail "$name: no host store of $want-byte ($KV_DTYPE) blocks: $(grep 'host store:' "$WORK/supervisor.log")"
+    echo "$name: $n_pools $KV_DTYPE KV pools; host store blocks of $want bytes"
+  fi
   if [ "$GPUS" -ge 2 ]; then
     nccl1=$(metric prefill transfers_nccl_total)
     echo "$name: $((nccl1 - nccl0)) hand-offs over NCCL (GPU 0 -> GPU 1)"

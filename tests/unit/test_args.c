@@ -55,6 +55,25 @@ static void test_list(void **st)
         assert_int_equal(arg_int_list("t", "--c", bad[i], 1, 256, v, 4), -1);
 }
 
+static void test_kv_dtype(void **st)
+{
+    dtype_t t = DT_F32;
+    assert_int_equal(arg_kv_dtype("t", "--kv-dtype", "fp8", &t), 0);
+    assert_int_equal(t, DT_F8E4M3);
+    assert_int_equal(arg_kv_dtype("t", "--kv-dtype", "float8_e4m3fn", &t), 0);
+    assert_int_equal(t, DT_F8E4M3);
+    assert_int_equal(arg_kv_dtype("t", "--kv-dtype", "bf16", &t), 0);
+    assert_int_equal(t, DT_BF16);
+    assert_int_equal(arg_kv_dtype("t", "--kv-dtype", "auto", &t), 0);
+    assert_int_equal(t, DT_COUNT);
+    const char *bad[] = {"", "fp4", "e5m2", "fp8 ", "int8"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        t = DT_F16;
+        assert_int_equal(arg_kv_dtype("t", "--kv-dtype", bad[i], &t), -1);
+        assert_int_equal(t, DT_F16);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -62,6 +81,7 @@ int main(void)
         cmocka_unit_test(test_int_refused_leaves_value),
         cmocka_unit_test(test_double),
         cmocka_unit_test(test_list),
+        cmocka_unit_test(test_kv_dtype),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -3,8 +3,9 @@
  * Inputs are random and never zero; outputs are poisoned with NaN first and followed by guard
  * words, so an element the op forgot stays NaN (and fails), and a write past the end changes a
  * guard (and fails). Errors are relative, ||got - ref|| / ||ref||, with a bound per case; the
- * reference reads weights and KV exactly as stored (bf16 / f16 values are exact in double), so
- * the bounds only cover f32 accumulation. */
+ * reference reads weights and KV exactly as stored (bf16 / f16 / fp8 values are exact in double),
+ * so the bounds only cover f32 accumulation. Built with AVX-512 the kernels' vector paths are
+ * checked; test_kernels_cpu_novec (the Makefile) is this file again over the plain C paths. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -19,6 +20,7 @@
 #include "common/dtype.h"
 #include "common/util.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/cpu_simd.h"
 
 #define GUARD 16
 static const uint32_t GUARD_BITS = 0x7fbadbadu;   /* a signalling-NaN pattern no op produces */
@@ -41,6 +43,18 @@ static float *s_rand_f32(size_t n, double scale)
     return p;
 }
 
+/* A random non-zero finite fp8 code of magnitude at most scale, every such code equally likely:
+ * uniform over codes, so every binade below scale and the subnormals are drawn, not only the top
+ * two binades that a uniform value would mostly land in. */
+static uint8_t s_rand_fp8(double scale)
+{
+    int top = 1;
+    while (top < 0x7e && f8e4m3_to_f32((uint8_t)(top + 1)) <= scale)
+        top++;
+    uint8_t code = (uint8_t)(1 + (int)((s_uniform() + 1) / 2 * top) % top);
+    return s_uniform() < 0 ? code | 0x80 : code;
+}
+
 /* Random data of dtype t; a double copy of exactly the stored values goes to *exact. */
 static void *s_rand_dt(dtype_t t, size_t n, double scale, double **exact)
 {
@@ -48,6 +62,8 @@ static void *s_rand_dt(dtype_t t, size_t n, double scale, double **exact)
     *exact = malloc(n * sizeof(double));
     for (size_t i = 0; i < n; i++) {
         float v = (float)(s_uniform() * scale);
+        if (t == DT_F8E4M3)
+            v = f8e4m3_to_f32(s_rand_fp8(scale));
         dtype_from_f32(t, &v, (uint8_t *)p + i * dtype_size(t), 1);
         float back;
         dtype_to_f32(t, (uint8_t *)p + i * dtype_size(t), &back, 1);
@@ -154,7 +170,7 @@ static void test_matmul(void **state)
 {
     static const int shapes[][3] = {{1, 7, 5}, {1, 3, 16}, {2, 50, 33}, {3, 49, 64}, {5, 100, 17},
                                     {9, 97, 130}, {17, 64, 48}, {40, 151, 300}, {64, 200, 1024}};
-    for (int dt = 0; dt < DT_COUNT; dt++)
+    for (int dt = 0; dt < DT_WEIGHT_COUNT; dt++)
         for (size_t i = 0; i < ARRAY_LEN(shapes); i++)
             s_matmul_case((dtype_t)dt, shapes[i][0], shapes[i][1], shapes[i][2], (int)(i & 1));
 }
@@ -194,7 +210,7 @@ static void test_matmul_unaligned_weights(void **state)
 
 static void test_embed(void **state)
 {
-    for (int dt = 0; dt < DT_COUNT; dt++) {
+    for (int dt = 0; dt < DT_WEIGHT_COUNT; dt++) {
         const int V = 50, H = 37, n = 9;
         double *tx;
         void *table = s_rand_dt((dtype_t)dt, (size_t)V * H, 1, &tx);
@@ -463,6 +479,91 @@ static void test_attention(void **state)
     s_attention_case(DT_BF16, 8, 2, 24, 16);      /* head_dim not a multiple of 16 */
     s_attention_case(DT_F16, 6, 6, 32, 4);        /* MHA, tiny blocks */
     s_attention_case(DT_F32, 16, 1, 128, 32);     /* MQA, group 16 */
+    s_attention_case(DT_F8E4M3, 8, 2, 64, 16);    /* fp8: a shape the CUDA kernels take too */
+    s_attention_case(DT_F8E4M3, 6, 3, 40, 8);     /* fp8, head_dim not a multiple of 16: masked byte loads */
+    s_attention_case(DT_F8E4M3, 16, 1, 128, 32);  /* fp8, MQA, group 16 */
+}
+
+/* Both ways the kernels read an fp8 cache (cpu_elem, and cpu_load16 with AVX-512) decode every
+ * code as f8e4m3_to_f32 does, bit for bit (NaN codes to NaN), at any offset; a masked load leaves
+ * zeros in the lanes it does not read. */
+static void s_same_f32(float got, float want, int code, const char *how)
+{
+    if (isnan(want) ? !isnan(got) : memcmp(&got, &want, 4) != 0)
+        fail_msg("%s: code 0x%02x reads as %a, f8e4m3_to_f32 says %a", how, code, got, want);
+}
+
+static void test_fp8_loads(void **state)
+{
+    uint8_t codes[256 + 32];
+    for (int i = 0; i < 256 + 32; i++)
+        codes[i] = (uint8_t)(i * 37 + 11);              /* every code, shuffled, then some again */
+    for (int i = 0; i < 256 + 32; i++)
+        s_same_f32(cpu_elem(DT_F8E4M3, codes, i), f8e4m3_to_f32(codes[i]), codes[i], "cpu_elem");
+#if CPU_AVX512
+    for (int off = 0; off < 16; off++)                  /* unaligned starts */
+        for (int i = off; i + 16 <= 256 + 32; i += 16) {
+            float lane[16];
+            _mm512_storeu_ps(lane, cpu_load16(DT_F8E4M3, codes, i, 0xffff));
+            for (int j = 0; j < 16; j++)
+                s_same_f32(lane[j], f8e4m3_to_f32(codes[i + j]), codes[i + j], "cpu_load16");
+        }
+    for (int n = 0; n < 16; n++) {                      /* a tail of n elements */
+        float lane[16];
+        _mm512_storeu_ps(lane, cpu_load16(DT_F8E4M3, codes, 100, cpu_mask(n)));
+        for (int j = 0; j < 16; j++)
+            s_same_f32(lane[j], j < n ? f8e4m3_to_f32(codes[100 + j]) : 0.0f, codes[100 + j], "cpu_load16 masked");
+    }
+#endif
+}
+
+/* kv_store into an fp8 cache rounds as f32_to_f8e4m3 does: nearest even, subnormals kept, +-448
+ * and beyond (infinities too) clamped to +-448, -0 kept, NaN to the NaN code. */
+static void test_kv_store_fp8_rounding(void **state)
+{
+    enum { N_KV = 2, D = 8, BS = 4, ROWS = 2 };
+    static const float k[ROWS][N_KV * D] = {
+        {1.0625f, 1.1875f, 1.9375f, 0x1p-9f, 0x1p-10f, 0x3p-10f, 432.0f, 448.0f,
+         464.0f, 1e9f, -INFINITY, -0.0f, 0.0f, -0x1p-11f, 1.0f, -2.5f},
+        {0.3f, -0.3f, 100.0f, -100.0f, 0x1.1p-6f, 0x7.8p-9f, 447.0f, -449.0f,
+         INFINITY, NAN, 1e-40f, 2.0f, 3.0f, 5.0f, 7.0f, 9.0f},
+    };
+    static const uint8_t want_k[ROWS][N_KV * D] = {
+        {0x38, 0x3a, 0x40, 0x01, 0x00, 0x02, 0x7e, 0x7e, 0x7e, 0x7e, 0xfe, 0x80, 0x00, 0x80, 0x38, 0xc2},
+        {0x2a, 0xaa, 0x6c, 0xec, 0x08, 0x08, 0x7e, 0xfe, 0x7e, 0x7f, 0x00, 0x40, 0x44, 0x4a, 0x4e, 0x51},
+    };
+    float v[ROWS][N_KV * D];
+    for (int r = 0; r < ROWS; r++)
+        for (int i = 0; i < N_KV * D; i++)
+            v[r][i] = -k[r][i];
+    bk_kv_t kv = {.dtype = DT_F8E4M3, .n_blocks = 2, .block_size = BS, .n_layers = 1, .n_kv_heads = N_KV,
+                  .head_dim = D};
+    kv.block_bytes = (size_t)2 * BS * N_KV * D;
+    kv.base = s_be->ops->alloc(s_be, kv.block_bytes * 2);
+    memset(kv.base, 0xa5, kv.block_bytes * 2);
+    int32_t seq[ROWS] = {0, 0}, pos[ROWS] = {5, 6}, bt_start[1] = {0}, bt[2] = {1, 0};   /* block 0, slots 1, 2 */
+    bk_attn_meta_t meta = {.n_tokens = ROWS, .n_seqs = 1, .tok_seq = seq, .tok_pos = pos, .seq_bt_start = bt_start,
+                           .block_table = bt};
+    s_be->ops->kv_store(s_be, &kv, 0, &k[0][0], &v[0][0], &meta);
+    const uint8_t *b0 = kv.base;
+    for (int r = 0; r < ROWS; r++)
+        for (int i = 0; i < N_KV * D; i++) {
+            const int slot = pos[r] % BS;
+            const uint8_t kg = b0[(size_t)slot * N_KV * D + i], vg = b0[(size_t)(BS + slot) * N_KV * D + i];
+            if (kg != want_k[r][i])
+                fail_msg("row %d K[%d] = %a stored as 0x%02x, expected 0x%02x", r, i, k[r][i], kg, want_k[r][i]);
+            if (vg != (want_k[r][i] ^ 0x80))
+                fail_msg("row %d V[%d] = %a stored as 0x%02x, expected 0x%02x", r, i, v[r][i], vg, want_k[r][i] ^ 0x80);
+        }
+    /* Nothing else was written: slots 0 and 3 of block 0, and all of block 1. */
+    for (size_t i = 0; i < kv.block_bytes * 2; i++) {
+        const size_t slot = (i / (N_KV * D)) % BS;
+        if (i < kv.block_bytes && (slot == 1 || slot == 2))
+            continue;
+        if (b0[i] != 0xa5)
+            fail_msg("byte %zu outside the stored rows was written (0x%02x)", i, b0[i]);
+    }
+    s_be->ops->free(s_be, kv.base);
 }
 
 /* ---- MoE --------------------------------------------------------------------------------- */
@@ -597,6 +698,8 @@ int main(void)
         cmocka_unit_test(test_swiglu),
         cmocka_unit_test(test_gather_and_argmax),
         cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_fp8_loads),
+        cmocka_unit_test(test_kv_store_fp8_rounding),
         cmocka_unit_test(test_moe_route),
         cmocka_unit_test(test_moe_ffn),
         cmocka_unit_test(test_backend_new),

@@ -1,5 +1,6 @@
 /* kv_transfer: announces carry the pool's shape and encode/decode intact; CUDA IPC handles are
- * checked against the sender's pool size before any block is read. */
+ * checked against the sender's pool size before any block is read; a receiving worker takes only
+ * blocks of its own pool's shape and dtype (fp8 blocks included: one byte per element). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -8,6 +9,7 @@
 #include <string.h>
 
 #include "actors/runtime/kv_transfer.h"
+#include "actors/runtime/worker.h"
 
 static const bk_kv_t s_kv = {.dtype = DT_BF16, .n_blocks = 10, .block_size = 16, .n_layers = 4,
                              .n_kv_heads = 2, .head_dim = 64, .block_bytes = 4 * 2 * 16 * 2 * 64 * 2};
@@ -74,12 +76,57 @@ static void test_first_ids_differ(void **st)
     assert_true(a < (1ULL << 62) && b < (1ULL << 62));
 }
 
+/* An fp8 pool's announce says fp8 and counts 1-byte elements; a worker with an fp8 pool of that
+ * shape takes it, one with a bf16 pool (or a different byte count) refuses it, naming both. */
+static void test_check_announce_dtype(void **st)
+{
+    char err[256];
+    kvpool_t *fp8 = kvpool_new(8, 16, 4, 2, 64, DT_F8E4M3, NULL, err, sizeof err);
+    kvpool_t *bf16 = kvpool_new(8, 16, 4, 2, 64, DT_BF16, NULL, err, sizeof err);
+    assert_non_null(fp8);
+    assert_non_null(bf16);
+    const bk_kv_t *v = kvpool_view(fp8);
+    assert_int_equal(v->block_bytes, 4 * 2 * 16 * 2 * 64);
+    uint32_t ids[2] = {1, 5};
+    msg_t m;
+    kvx_announce(&m, 3, 4, v, ids, 2, MSG_CHAN_SHM, (const uint8_t *)"/x", 2, "prefill-0", 1000);
+    assert_int_equal(m.u.kv_announce.dtype, DT_F8E4M3);
+    assert_int_equal(m.u.kv_announce.total_bytes, 2 * v->block_bytes);
+
+    worker_t w = {.pool = fp8};
+    assert_int_equal(worker_check_announce(&w, &m.u.kv_announce, err, sizeof err), 0);
+    w.pool = bf16;
+    assert_int_equal(worker_check_announce(&w, &m.u.kv_announce, err, sizeof err), -1);
+    assert_non_null(strstr(err, "64 dims fp8"));
+    assert_non_null(strstr(err, "64 bf16"));
+    w.pool = fp8;
+    m.u.kv_announce.total_bytes = 2 * 2 * v->block_bytes;         /* as if the elements were 2 bytes */
+    assert_int_equal(worker_check_announce(&w, &m.u.kv_announce, err, sizeof err), -1);
+    assert_non_null(strstr(err, "bytes for 2 blocks"));
+    kvpool_destroy(&fp8);
+    kvpool_destroy(&bf16);
+}
+
+/* The workers' KV dtype: the topology's choice, else f32 for an f32 model in f32, else bf16. */
+static void test_worker_kv_dtype(void **st)
+{
+    model_config_t f32 = {.dtype = DT_F32}, bf16 = {.dtype = DT_BF16};
+    assert_int_equal(worker_kv_dtype(&f32, DT_F32, DT_COUNT), DT_F32);
+    assert_int_equal(worker_kv_dtype(&f32, DT_BF16, DT_COUNT), DT_BF16);
+    assert_int_equal(worker_kv_dtype(&bf16, DT_F32, DT_COUNT), DT_BF16);
+    assert_int_equal(worker_kv_dtype(&f32, DT_F32, DT_F8E4M3), DT_F8E4M3);
+    assert_int_equal(worker_kv_dtype(&bf16, DT_BF16, DT_F8E4M3), DT_F8E4M3);
+    assert_int_equal(worker_kv_dtype(&bf16, DT_BF16, DT_F32), DT_F32);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_announce_roundtrip),
         cmocka_unit_test(test_ipc_check_bounds),
         cmocka_unit_test(test_first_ids_differ),
+        cmocka_unit_test(test_check_announce_dtype),
+        cmocka_unit_test(test_worker_kv_dtype),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

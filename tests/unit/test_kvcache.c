@@ -1,10 +1,12 @@
 /* tests/unit/test_kvcache.c — the paged KV pool and sequences: allocation, reference counts,
  * exhaustion, chained prefix hashes (byte layout, chaining, tenant salt), prefix reuse and its
- * LRU eviction, the hash index under churn, the documented block layout, and no leaked blocks. */
+ * LRU eviction, the hash index under churn, the documented block layout (fp8: one byte per
+ * element), kvpool_check's use of the backend's kv_supported, and no leaked blocks. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
@@ -272,6 +274,61 @@ static void test_block_layout(void **state)
     backend_destroy(&be);
 }
 
+static void test_block_layout_fp8(void **state)
+{
+    char err[256];
+    backend_t *be = backend_cpu_new(1);
+    kvpool_t *p = kvpool_new(3, 16, 5, 4, 64, DT_F8E4M3, be, err, sizeof err);
+    assert_non_null(p);
+    const bk_kv_t *v = kvpool_view(p);
+    assert_int_equal(v->dtype, DT_F8E4M3);
+    assert_int_equal(v->block_bytes, (size_t)5 * 2 * 16 * 4 * 64);
+    assert_ptr_equal(kvpool_block_ptr(p, 2), (uint8_t *)v->base + 2 * v->block_bytes);
+    memset(v->base, 0x5a, 3 * v->block_bytes);
+    kvpool_destroy(&p);
+    backend_destroy(&be);
+}
+
+/* A backend that, like the CUDA one, takes fp8 only at head_dim 64 or 128 and groups <= 16;
+ * when `silent` it refuses without saying why. */
+static int s_silent;
+static int s_fake_kv_supported(backend_t *be, dtype_t dtype, int head_dim, int n_heads, int n_kv_heads, char *err,
+                               size_t errlen)
+{
+    if (dtype != DT_F8E4M3 || ((head_dim == 64 || head_dim == 128) && n_heads / n_kv_heads <= 16))
+        return 0;
+    if (!s_silent)
+        snprintf(err, errlen, "fp8 needs head_dim 64 or 128, not %d", head_dim);
+    return -1;
+}
+
+static void test_check(void **state)
+{
+    char err[256];
+    backend_t *cpu = backend_cpu_new(1);
+    /* The CPU backend has no kv_supported: every dtype and shape is taken. */
+    assert_null(cpu->ops->kv_supported);
+    for (int dt = 0; dt < DT_COUNT; dt++)
+        assert_int_equal(kvpool_check(cpu, (dtype_t)dt, 40, 12, 4, err, sizeof err), 0);
+    assert_int_equal(kvpool_check(cpu, DT_COUNT, 64, 8, 8, err, sizeof err), -1);
+
+    backend_ops_t ops = *cpu->ops;
+    ops.kv_supported = s_fake_kv_supported;
+    backend_t fake = {.ops = &ops, .n_threads = 1};
+    assert_int_equal(kvpool_check(&fake, DT_F8E4M3, 128, 32, 8, err, sizeof err), 0);
+    assert_int_equal(kvpool_check(&fake, DT_BF16, 96, 32, 8, err, sizeof err), 0);
+    strcpy(err, "stale");
+    assert_int_equal(kvpool_check(&fake, DT_F8E4M3, 96, 32, 8, err, sizeof err), -1);
+    assert_string_equal(err, "fp8 needs head_dim 64 or 128, not 96");
+    s_silent = 1;
+    strcpy(err, "stale");
+    assert_int_equal(kvpool_check(&fake, DT_F8E4M3, 64, 64, 2, err, sizeof err), -1);
+    assert_string_equal(err, "the cpu backend has no attention over a KV cache in fp8 with head_dim 64, "
+                             "64 query heads / 2 kv heads");
+    s_silent = 0;
+    backend_destroy(&cpu);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -283,6 +340,8 @@ int main(void)
         cmocka_unit_test(test_lru_order),
         cmocka_unit_test(test_index_churn),
         cmocka_unit_test(test_block_layout),
+        cmocka_unit_test(test_block_layout_fp8),
+        cmocka_unit_test(test_check),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

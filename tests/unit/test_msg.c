@@ -325,6 +325,13 @@ static void test_round_trip_hand_checks(void **state)
     assert_int_equal(out.u.kv_announce.dtype, DT_BF16);
     assert_int_equal(out.u.kv_announce.block_ids[5], 4294967295u);
     msg_free(&out);
+    /* Blocks of an fp8 cache (model.kv_dtype: fp8) are announced as such. */
+    fx_fill(&fx, MSG_KV_ANNOUNCE);
+    fx.u.kv_announce.dtype = DT_F8E4M3;
+    len = encode_ok(&fx, g_buf, BUF_CAP);
+    decode_ok(g_buf, len, &out);
+    assert_int_equal(out.u.kv_announce.dtype, DT_F8E4M3);
+    msg_free(&out);
 
     /* kv_link carries the 128-byte ncclUniqueId intact (zeros and all), as bin. */
     fx_fill(&fx, MSG_KV_LINK);
@@ -417,6 +424,9 @@ static void test_print_and_json(void **state)
     assert_non_null(strstr(json, "\"handle\":\"2f74726f75706500ff10\""));
     assert_non_null(strstr(json, "\"channel\":\"cuda_ipc\""));
     assert_non_null(strstr(json, "\"dtype\":\"bf16\""));
+    m.u.kv_announce.dtype = DT_F8E4M3;
+    assert_true(msg_to_json(&m, json, sizeof json) > 0);
+    assert_non_null(strstr(json, "\"dtype\":\"fp8\""));
 
     /* Print shortens a long prompt and stays one line. */
     static char big[100000];

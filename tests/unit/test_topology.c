@@ -136,6 +136,7 @@ static void test_defaults(void **state)
     assert_string_equal(t->model.tokenizer, "m");
     assert_int_equal(t->model.backend, TOPO_BACKEND_CPU);
     assert_int_equal(t->model.dtype, DT_F32);
+    assert_int_equal(t->model.kv_dtype, DT_COUNT);          /* auto */
     assert_int_equal(t->model.load_format, TOPO_LOAD_AUTO);
     assert_int_equal(t->model.threads, 0);
     assert_int_equal(t->n_nodes, 1);
@@ -195,6 +196,57 @@ static void test_defaults(void **state)
     assert_int_equal(t->model.dtype, DT_BF16);
     assert_int_equal(t->model.load_format, TOPO_LOAD_DUMMY);
     topo_destroy(&t);
+}
+
+/* model.kv_dtype: auto (the workers' rule) unless given; fp8 under any of its names; printed so
+ * that the printed topology loads back to the same choice. */
+static void test_kv_dtype(void **state)
+{
+    (void)state;
+    static const struct { const char *yaml; dtype_t want; } cases[] = {
+        {"fp8", DT_F8E4M3}, {"float8_e4m3fn", DT_F8E4M3}, {"FP8_E4M3", DT_F8E4M3}, {"f8e4m3", DT_F8E4M3},
+        {"bf16", DT_BF16}, {"f16", DT_F16}, {"float32", DT_F32}, {"auto", DT_COUNT}, {"AUTO", DT_COUNT},
+    };
+    char yaml[256];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(yaml, sizeof yaml, "model:\n  path: m\n  kv_dtype: %s\n" MIN_ACTORS, cases[i].yaml);
+        topo_t *t = s_ok(yaml);
+        assert_int_equal(t->model.kv_dtype, cases[i].want);
+        assert_int_equal(t->model.dtype, DT_F32);          /* the weights' dtype is a separate choice */
+        char *a = NULL;
+        size_t alen = 0;
+        FILE *f = open_memstream(&a, &alen);
+        topo_print(t, f);
+        fclose(f);
+        assert_non_null(strstr(a, cases[i].want == DT_COUNT ? "  kv_dtype: auto\n" : "  kv_dtype: "));
+        topo_t *t2 = NULL;
+        assert_int_equal(topo_load_string(a, alen, "printed", &t2, &s_errs), 0);
+        assert_int_equal(t2->model.kv_dtype, cases[i].want);
+        free(a);
+        topo_destroy(&t);
+        topo_destroy(&t2);
+    }
+    topo_t *t = s_ok("model:\n  path: m\n  kv_dtype: fp8\n" MIN_ACTORS);
+    char *a = NULL;
+    size_t alen = 0;
+    FILE *f = open_memstream(&a, &alen);
+    topo_print(t, f);
+    fclose(f);
+    assert_non_null(strstr(a, "  kv_dtype: fp8\n"));
+    free(a);
+    topo_destroy(&t);
+
+    /* Bad values name the field and its line; fp8 stays refused as a weight dtype. */
+    s_bad("model:\n  path: m\n  kv_dtype: fp4\n" MIN_ACTORS);
+    assert_int_equal(s_errs.count, 1);
+    assert_string_equal(s_errs.msg[0], "inline.yaml:3: model.kv_dtype: unknown KV cache dtype 'fp4' (expected one of "
+                                       "auto, f32, bf16, f16, fp8)");
+    s_bad("model:\n  path: m\n  kv_dtype: ''\n" MIN_ACTORS);
+    assert_err("inline.yaml:3: model.kv_dtype: unknown KV cache dtype ''");
+    s_bad("model:\n  path: m\n  dtype: fp8\n  kv_dtype: fp8_e5m2\n" MIN_ACTORS);
+    assert_err("inline.yaml:3: model.dtype: unknown dtype 'fp8'");
+    assert_err("inline.yaml:4: model.kv_dtype: unknown KV cache dtype 'fp8_e5m2'");
+    assert_int_equal(s_errs.count, 2);
 }
 
 static void test_default_embedded_equals_example(void **state)
@@ -683,6 +735,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_role_names),
         cmocka_unit_test(test_examples_load),
+        cmocka_unit_test(test_kv_dtype),
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_default_embedded_equals_example),
         cmocka_unit_test(test_expansion_and_naming),

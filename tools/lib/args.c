@@ -7,6 +7,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <strings.h>
 
 int arg_ll(const char *tool, const char *opt, const char *v, long long lo, long long hi, long long *out)
 {
@@ -61,4 +62,19 @@ int arg_int_list(const char *tool, const char *opt, const char *v, int lo, int h
             return n;
         p = end + 1;
     }
+}
+
+int arg_kv_dtype(const char *tool, const char *opt, const char *v, dtype_t *out)
+{
+    if (strcasecmp(v, "auto") == 0) {
+        *out = DT_COUNT;
+        return 0;
+    }
+    dtype_t t;
+    if (dtype_parse_kv(v, &t) != 0) {
+        fprintf(stderr, "%s: %s '%s': expected auto, f32, bf16, f16 or fp8\n", tool, opt, v);
+        return -1;
+    }
+    *out = t;
+    return 0;
 }

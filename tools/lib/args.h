@@ -5,11 +5,16 @@
 #ifndef TROUPE_TOOLS_ARGS_H
 #define TROUPE_TOOLS_ARGS_H
 
+#include "common/dtype.h"
+
 int arg_ll(const char *tool, const char *opt, const char *v, long long lo, long long hi, long long *out);
 int arg_int(const char *tool, const char *opt, const char *v, int lo, int hi, int *out);
 /* A finite number in [lo, hi]. */
 int arg_double(const char *tool, const char *opt, const char *v, double lo, double hi, double *out);
 /* "1,16,64": 1..max integers in [lo, hi] into out; the count, or -1. */
 int arg_int_list(const char *tool, const char *opt, const char *v, int lo, int hi, int *out, int max);
+/* A KV cache dtype (--kv-dtype): auto (DT_COUNT, the tool's default rule) or one dtype_parse_kv
+ * takes (f32, bf16, f16, fp8 and their other names). */
+int arg_kv_dtype(const char *tool, const char *opt, const char *v, dtype_t *out);
 
 #endif
