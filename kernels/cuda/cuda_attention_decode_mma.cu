@@ -134,10 +134,16 @@ __global__ void __launch_bounds__(DMMA_THREADS, D == 64 || F8 ? 3 : 2) k_attn_de
         if (i < n_tiles) {
             const int kt = k0 + i * DMMA_KEYS;
             uint8_t *kd = Ks + (i % STAGES) * SM::TILE, *vd = Vs + (i % STAGES) * SM::TILE;
-            static_assert(DMMA_KEYS * CH % DMMA_THREADS == 0, "whole chunks per thread");
+            /* bf16: the block's threads share the tile's chunks. fp8: each warp loads its own 16
+             * keys (rows 16w..16w+15), which no other warp reads, so the loop below needs only warp
+             * barriers and the warps run ahead of one another. A fixed count per thread: the
+             * block-table reads go first. */
+            constexpr int ROWS = F8 ? 16 : DMMA_KEYS, THREADS = F8 ? 32 : DMMA_THREADS;
+            static_assert(ROWS * CH % THREADS == 0, "whole chunks per thread");
+            const int tid = F8 ? lane : threadIdx.x, row0 = F8 ? 16 * warp : 0;
 #pragma unroll
-            for (int r = 0; r < DMMA_KEYS * CH / DMMA_THREADS; r++) {   /* a fixed count: the block-table reads go first */
-                const int c = threadIdx.x + r * DMMA_THREADS, j = c / CH, part = c % CH, key = kt + j;
+            for (int r = 0; r < ROWS * CH / THREADS; r++) {
+                const int c = tid + r * THREADS, j = row0 + c / CH, part = c % CH, key = kt + j;
                 const bool in = key < k1;
                 const uint8_t *blockp = a.base + (in ? (size_t)bt[key / a.block_size] * a.block_bytes : 0);
                 const size_t slot = in ? (size_t)(key % a.block_size) * slot_stride : 0;
@@ -184,7 +190,10 @@ __global__ void __launch_bounds__(DMMA_THREADS, D == 64 || F8 ? 3 : 2) k_attn_de
 
     for (int i = 0; i < n_tiles; i++) {
         dev_cp_wait<STAGES - 2>();                 /* this thread's chunks of tile i have landed */
-        __syncthreads();                           /* ... everyone's; and tile i - 1's stage is free */
+        if constexpr (F8)
+            __syncwarp();                          /* ... the warp's (its rows alone); its tile i - 1 reads are done */
+        else
+            __syncthreads();                       /* ... everyone's; and tile i - 1's stage is free */
         load_tile(i + STAGES - 1);
         const int kw = k0 + i * DMMA_KEYS + 16 * warp;   /* this warp's first key */
         if (kw >= k1)                              /* warp-uniform: the range ends before this warp's keys */
