@@ -250,4 +250,18 @@ static inline void cuda_launch(const cuda_state_t *st, void (*kernel)(KArgs...),
     cuda_launch_smem(st, kernel, grid, block, 0, args...);
 }
 
+/* cuda_launch_smem for a kernel that may take more than the default 48 KB of dynamic shared
+ * memory: the kernel's limit is raised (cudaFuncSetAttribute) the first time a launch asks for more
+ * than it was set to, once per kernel and size rather than per launch. */
+template <auto Kernel, typename... Args>
+static inline void cuda_launch_large_smem(const cuda_state_t *st, dim3 grid, dim3 block, size_t smem, Args... args)
+{
+    static size_t allowed = 48 << 10;              /* per kernel (each Kernel is its own instantiation) */
+    if (smem > allowed) {
+        CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        allowed = smem;
+    }
+    cuda_launch_smem(st, Kernel, grid, block, smem, args...);
+}
+
 #endif

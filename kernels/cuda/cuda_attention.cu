@@ -655,14 +655,8 @@ template <typename KT, int DPL, int VPW>
 static void s_flash_launch(const cuda_state_t *st, const attn_args_t &a, int NT)
 {
     constexpr size_t bytes = fl_smem<KT, 32 * DPL, 4 * VPW>::BYTES;
-    static bool configured = false;                /* per instantiation: allow > 48 KB of shared memory */
-    if (!configured) {
-        CUDA_CHECK(cudaFuncSetAttribute(k_attn_flash<KT, DPL, VPW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)bytes));
-        configured = true;
-    }
     const dim3 grid((unsigned)((a.T + NT - 1) / NT), (unsigned)a.n_kv, (unsigned)a.S);
-    cuda_launch_smem(st, k_attn_flash<KT, DPL, VPW>, grid, ATTN_WARPS * 32, bytes, a, NT);
+    cuda_launch_large_smem<k_attn_flash<KT, DPL, VPW>>(st, grid, ATTN_WARPS * 32, bytes, a, NT);
 }
 
 /* 1 when the flash kernel takes this shape (else the row / tile kernels do). */
@@ -725,6 +719,17 @@ static void s_tiles(const cuda_state_t *st, const attn_args_t &a)
     }
 }
 
+/* The split-KV partials of rh rows x heads in S ranges ([rh][S][D + 2] floats, the backend's
+ * scratch), and their merge into out. */
+static float *s_part(backend_t *be, cuda_state_t *st, int64_t rh, int S, int D)
+{
+    return (float *)cuda_scratch(be, (void **)&st->part, &st->part_bytes, (size_t)rh * S * (D + 2) * sizeof(float));
+}
+static void s_merge(const cuda_state_t *st, const float *part, int64_t rh, int S, int D, float *out)
+{
+    cuda_launch(st, k_attn_merge, (unsigned)rh, D >= 256 ? 256 : 128, part, S, D, out);
+}
+
 /* Split count for decode rows of the tensor-core kernel: key ranges until rows x kv heads x S is
  * about 8 blocks per SM (shared by the bf16 and fp8 paths). */
 static int s_decode_split(const cuda_state_t *st, int T, int n_kv)
@@ -751,10 +756,10 @@ static void s_attention_f8(backend_t *be, cuda_state_t *st, const bk_kv_t *kv, i
         float *part = NULL;
         const int64_t rh = (int64_t)T * n_heads;
         if (S > 1)
-            part = (float *)cuda_scratch(be, (void **)&st->part, &st->part_bytes, (size_t)rh * S * (D + 2) * sizeof(float));
+            part = s_part(be, st, rh, S, D);
         rc = cuda_attention_decode_mma(st, kv, layer, q, n_heads, scale, meta, S, part, out);
         if (rc == 0 && S > 1)
-            cuda_launch(st, k_attn_merge, (unsigned)rh, D >= 256 ? 256 : 128, (const float *)part, S, D, out);
+            s_merge(st, part, rh, S, D, out);
     } else {
         rc = cuda_attention_mma(st, kv, layer, q, n_heads, scale, meta, out);
     }
@@ -813,8 +818,7 @@ void cuda_attention(backend_t *be, const bk_kv_t *kv, int layer, const float *q,
             a.S = s_decode_split(st, T, kv->n_kv_heads);
         const int64_t rh = (int64_t)T * n_heads;
         if (a.S > 1)
-            a.part = (float *)cuda_scratch(be, (void **)&st->part, &st->part_bytes,
-                                           (size_t)rh * a.S * (D + 2) * sizeof(float));
+            a.part = s_part(be, st, rh, a.S, D);
         /* Decode (one new row per sequence) over a bf16 cache: the tensor-core decode kernel, with the
          * same key ranges and merge, unless it is off or refuses the shape. */
         if (T != meta->n_seqs || !st->attn_mma_decode ||
@@ -827,7 +831,7 @@ void cuda_attention(backend_t *be, const bk_kv_t *kv, int layer, const float *q,
             }
         }
         if (a.S > 1)
-            cuda_launch(st, k_attn_merge, (unsigned)rh, D >= 256 ? 256 : 128, (const float *)a.part, a.S, D, out);
+            s_merge(st, a.part, rh, a.S, D, out);
         return;
     }
     if (prefill && (D == 32 || D == 64 || D == 128)) {
@@ -846,15 +850,13 @@ void cuda_attention(backend_t *be, const bk_kv_t *kv, int layer, const float *q,
         a.S = (int)(S > ATTN_MAX_SPLIT ? ATTN_MAX_SPLIT : S);
     }
     if (a.S > 1)
-        a.part = (float *)cuda_scratch(be, (void **)&st->part, &st->part_bytes,
-                                       (size_t)rh * a.S * (D + 2) * sizeof(float));
+        a.part = s_part(be, st, rh, a.S, D);
     switch (kv->dtype) {
     case DT_F32: s_rows_dpl<float>(st, a); break;
     case DT_BF16: s_rows_dpl<__nv_bfloat16>(st, a); break;
     case DT_F16: s_rows_dpl<__half>(st, a); break;
     default: break;
     }
-    if (a.S > 1) {
-        cuda_launch(st, k_attn_merge, (unsigned)rh, D >= 256 ? 256 : 128, (const float *)a.part, a.S, D, out);
-    }
+    if (a.S > 1)
+        s_merge(st, a.part, rh, a.S, D, out);
 }

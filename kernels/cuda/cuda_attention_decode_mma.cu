@@ -362,14 +362,8 @@ __global__ void __launch_bounds__(DMMA_THREADS, D == 64 || F8 ? 3 : 2) k_attn_de
 template <int D, bool F8>
 static void s_launch(const cuda_state_t *st, const dmma_args_t &a, int T)
 {
-    constexpr size_t bytes = dmma_smem<D, F8>::BYTES;
-    static bool configured = false;                /* per instantiation: allow > 48 KB of shared memory */
-    if (!configured) {
-        CUDA_CHECK(cudaFuncSetAttribute(k_attn_decode_mma<D, F8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-        configured = true;
-    }
     const dim3 grid((unsigned)(T * a.n_kv), (unsigned)a.S);   /* the kv heads of one row side by side */
-    cuda_launch_smem(st, k_attn_decode_mma<D, F8>, grid, DMMA_THREADS, bytes, a);
+    cuda_launch_large_smem<k_attn_decode_mma<D, F8>>(st, grid, DMMA_THREADS, dmma_smem<D, F8>::BYTES, a);
 }
 
 int cuda_attention_decode_mma(const cuda_state_t *st, const bk_kv_t *kv, int layer, const float *q, int n_heads,

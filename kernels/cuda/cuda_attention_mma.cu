@@ -303,14 +303,8 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) k_attn_mma(mma_args_t a)
 template <int D, bool F8>
 static void s_launch(const cuda_state_t *st, const mma_args_t &a)
 {
-    constexpr size_t bytes = mma_smem<D, F8>::BYTES;
-    static bool configured = false;                /* per instantiation: allow > 48 KB of shared memory */
-    if (!configured) {
-        CUDA_CHECK(cudaFuncSetAttribute(k_attn_mma<D, F8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-        configured = true;
-    }
     const dim3 grid((unsigned)a.n_kv, (unsigned)((a.T + a.NT - 1) / a.NT));
-    cuda_launch_smem(st, k_attn_mma<D, F8>, grid, MMA_THREADS, bytes, a);
+    cuda_launch_large_smem<k_attn_mma<D, F8>>(st, grid, MMA_THREADS, mma_smem<D, F8>::BYTES, a);
 }
 
 int cuda_attention_mma(const cuda_state_t *st, const bk_kv_t *kv, int layer, const float *q, int n_heads, float scale,
