@@ -154,6 +154,11 @@ static void s_attention(model_t *m, int l, int T, const bk_kv_t *kv, const bk_at
     float *q = m->qkv, *k = q + (size_t)T * L->q.rows, *v = k + (size_t)T * L->k.rows;
     if (T == 1 && L->qkv.data && !L->q_bias) {
         PROF(m, P_QKV, op->matmul(be, m->xn, 1, &L->qkv, NULL, q));
+    } else if (op->matmul_n) {
+        const bk_mat_t *const w[3] = {&L->q, &L->k, &L->v};
+        const float *const bias[3] = {L->q_bias, L->k_bias, L->v_bias};
+        float *const y[3] = {q, k, v};
+        PROF(m, P_QKV, op->matmul_n(be, m->xn, T, 3, w, bias, y));
     } else {
         PROF(m, P_QKV, op->matmul(be, m->xn, T, &L->q, L->q_bias, q));
         PROF(m, P_QKV, op->matmul(be, m->xn, T, &L->k, L->k_bias, k));
@@ -191,6 +196,10 @@ static void s_mlp(model_t *m, int l, int T)
             /* g holds silu(gate) * up */
         } else if (T == 1 && L->gate_up.data) {
             PROF(m, P_GATE_UP, op->matmul(be, m->xn, 1, &L->gate_up, NULL, g));
+        } else if (op->matmul_n) {
+            const bk_mat_t *const w[2] = {&L->gate, &L->up};
+            float *const y[2] = {g, u};
+            PROF(m, P_GATE_UP, op->matmul_n(be, m->xn, T, 2, w, NULL, y));
         } else {
             PROF(m, P_GATE_UP, op->matmul(be, m->xn, T, &L->gate, NULL, g));
             PROF(m, P_GATE_UP, op->matmul(be, m->xn, T, &L->up, NULL, u));

@@ -172,6 +172,12 @@ typedef struct backend_ops {
      * bias is added after the dot product. x and y must not overlap. */
     void (*matmul)(backend_t *be, const float *x, int M, const bk_mat_t *w, const float *bias, float *y);
 
+    /* n matmuls over one x: y[i] = x W[i]^T (+ bias[i], bias itself may be NULL), results equal to
+     * n matmul calls, with what they share done once (CUDA: x's conversion to 16 bits). NULL in a
+     * backend that gains nothing: the engine then calls matmul n times. */
+    void (*matmul_n)(backend_t *be, const float *x, int M, int n, const bk_mat_t *const w[], const float *const bias[],
+                     float *const y[]);
+
     /* The pre-norm residual step: if x != NULL, res += x (f32); then
      * out = w * (res * 1/sqrt(mean(res^2) + eps)) per row of H. The mean of squares is summed in
      * double, the scale and products in f32 (HF: x.float() * rsqrt(var + eps), then weight *). */

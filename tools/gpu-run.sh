@@ -128,6 +128,13 @@ if [ -x build/gpu-tests/bench_cuda ]; then
   timeout 180 build/gpu-tests/bench_cuda >"$OUT/bench.log" 2>&1 || status=1
   cat "$OUT/bench.log"
 fi
+# GEMM_BENCH=1: build/gpu-tests/bench_gemm, cuBLASLt's first heuristic choice against the best of
+# its candidates (and a bf16 output) on the GEMMs of a served 8B step at M = 256, 2,048, 2,304.
+if [ "${GEMM_BENCH:-0}" = 1 ] && [ -x build/gpu-tests/bench_gemm ]; then
+  step "cuBLASLt candidates on the 8B step's GEMMs"
+  timeout 300 build/gpu-tests/bench_gemm >"$OUT/gemm.log" 2>&1 || status=1
+  cat "$OUT/gemm.log"
+fi
 val() { awk -v k="$1" '$1 == k {print $2; exit}' "$OUT/bench.log" 2>/dev/null; }
 bw=$(val copy_bandwidth); tf=$(val gemm_bf16_8192)
 gemv_line=""

@@ -155,6 +155,8 @@ static inline cuda_state_t *cuda_st(backend_t *be) { return (cuda_state_t *)be->
 void *cuda_scratch(backend_t *be, void **buf, size_t *cap, size_t bytes);
 
 void cuda_matmul(backend_t *be, const float *x, int M, const bk_mat_t *w, const float *bias, float *y);
+void cuda_matmul_n(backend_t *be, const float *x, int M, int n, const bk_mat_t *const w[], const float *const bias[],
+                   float *const y[]);
 
 int cuda_moe_graphable(backend_t *be, int M, int H, int k, const bk_expert_t *experts, int n_experts);
 int cuda_graph_begin(backend_t *be);

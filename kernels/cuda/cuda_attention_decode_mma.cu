@@ -96,14 +96,14 @@ template <int D, bool F8> struct dmma_smem {
     static constexpr int SROW = F8 ? D + 16 : STRIDE * 2;           /* one staged K or V row, bytes */
     static constexpr size_t TILE = (size_t)DMMA_KEYS * SROW;        /* one staged K or V tile, bytes */
     static constexpr size_t KV_BYTES = (size_t)STAGES * 2 * TILE;
-    static constexpr size_t BYTES = KV_BYTES + (size_t)DMMA_ROWS * STRIDE * 2;
+    static constexpr size_t BYTES = KV_BYTES + (F8 ? 0 : (size_t)DMMA_ROWS * STRIDE * 2);   /* fp8: Q from global */
     static constexpr int RSTRIDE = D + 8;                           /* a merge row, floats (+8: fewer bank conflicts) */
     static constexpr size_t MERGE_BYTES = ((size_t)DMMA_WARPS * DMMA_ROWS * RSTRIDE + 2 * DMMA_WARPS * DMMA_ROWS) * 4;
     static_assert(MERGE_BYTES <= KV_BYTES, "the merge area fits over the K/V stages");
 };
 
 template <int D, bool F8>
-__global__ void __launch_bounds__(DMMA_THREADS, D == 64 || F8 ? 3 : 2) k_attn_decode_mma(dmma_args_t a)
+__global__ void __launch_bounds__(DMMA_THREADS, F8 ? 4 : D == 64 ? 3 : 2) k_attn_decode_mma(dmma_args_t a)
 {
     DEV_PDL_ENTER();
     typedef dmma_smem<D, F8> SM;
@@ -115,7 +115,7 @@ __global__ void __launch_bounds__(DMMA_THREADS, D == 64 || F8 ? 3 : 2) k_attn_de
     extern __shared__ __align__(16) uint8_t dmma_sm[];
     uint8_t *Ks = dmma_sm;                                    /* [STAGES][KEYS][SROW bytes] */
     uint8_t *Vs = Ks + STAGES * SM::TILE;                     /* [STAGES][KEYS][SROW bytes] */
-    uint16_t *Qs = (uint16_t *)(dmma_sm + SM::KV_BYTES);     /* [ROWS][ST] */
+    uint16_t *Qs = (uint16_t *)(dmma_sm + SM::KV_BYTES);     /* [ROWS][ST] (bf16 cache only) */
     float *Ro = (float *)dmma_sm;                             /* after the loop: [WARPS][ROWS][RST] */
     float *Rm = Ro + DMMA_WARPS * DMMA_ROWS * RST;            /* [WARPS][ROWS] */
     float *Rl = Rm + DMMA_WARPS * DMMA_ROWS;                  /* [WARPS][ROWS] */
@@ -157,28 +157,36 @@ __global__ void __launch_bounds__(DMMA_THREADS, D == 64 || F8 ? 3 : 2) k_attn_de
     for (int i = 0; i < STAGES - 1; i++)
         load_tile(i);                              /* in flight while the queries are converted */
 
-    for (int i = threadIdx.x; i < DMMA_ROWS * (D / 4); i += DMMA_THREADS) {
-        const int v = i / (D / 4), d = (i % (D / 4)) * 4;
-        float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (v < G)
-            x = *(const float4 *)(a.q + ((size_t)t * a.n_heads + (size_t)g * G + v) * D + d);
-        *(uint2 *)(Qs + v * ST + d) = make_uint2(dev_pack2<F8>(x.x, x.y), dev_pack2<F8>(x.z, x.w));
-    }
-    __syncthreads();
     uint32_t qf[KD][4];
+    if constexpr (F8) {
+        /* Straight from global memory (no shared-memory Q: 4 blocks fit an SM, not 3). k16 step kk
+         * in the fp8 K fragments' order (below): k 2t, 2t+1 are dimensions 16kk + 4t, +1 and k 2t+8,
+         * 2t+9 are 16kk + 4t + 2, +3 (a permutation of the sum's terms). Rows G..15 are zero. */
+        const float *qrow = a.q + ((size_t)t * a.n_heads + (size_t)g * G) * D + 4 * tig;
 #pragma unroll
-    for (int kk = 0; kk < KD; kk++) {
-        if constexpr (F8) {
-            /* k16 step kk in the fp8 K fragments' order (below): k 2t, 2t+1 are dimensions 16kk + 4t,
-             * +1 and k 2t+8, 2t+9 are 16kk + 4t + 2, +3 (a permutation of the sum's terms). */
-            const uint16_t *q0 = Qs + gid * ST + kk * 16 + 4 * tig, *q1 = q0 + 8 * ST;
-            qf[kk][0] = *(const uint32_t *)q0;
-            qf[kk][1] = *(const uint32_t *)q1;
-            qf[kk][2] = *(const uint32_t *)(q0 + 2);
-            qf[kk][3] = *(const uint32_t *)(q1 + 2);
-        } else {
-            dev_ldsm_x4(Qs + (lane & 15) * ST + kk * 16 + (lane >> 4) * 8, qf[kk]);
+        for (int kk = 0; kk < KD; kk++) {
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+                const int v = gid + 8 * half;
+                float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                if (v < G)
+                    x = *(const float4 *)(qrow + (size_t)v * D + kk * 16);
+                qf[kk][half] = dev_pack2<F8>(x.x, x.y);
+                qf[kk][2 + half] = dev_pack2<F8>(x.z, x.w);
+            }
         }
+    } else {
+        for (int i = threadIdx.x; i < DMMA_ROWS * (D / 4); i += DMMA_THREADS) {
+            const int v = i / (D / 4), d = (i % (D / 4)) * 4;
+            float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (v < G)
+                x = *(const float4 *)(a.q + ((size_t)t * a.n_heads + (size_t)g * G + v) * D + d);
+            *(uint2 *)(Qs + v * ST + d) = make_uint2(dev_pack2<F8>(x.x, x.y), dev_pack2<F8>(x.z, x.w));
+        }
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < KD; kk++)
+            dev_ldsm_x4(Qs + (lane & 15) * ST + kk * 16 + (lane >> 4) * 8, qf[kk]);
     }
 
     /* This lane's rows of the m16 tile: gid (m0, l0, o[][0..1]) and gid + 8 (m1, l1, o[][2..3]). */

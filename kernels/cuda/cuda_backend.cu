@@ -327,6 +327,7 @@ static const backend_ops_t s_cuda_ops = {
     .fill_dummy = cuda_fill_dummy,
     .embed = cuda_embed,
     .matmul = cuda_matmul,
+    .matmul_n = cuda_matmul_n,
     .add_rmsnorm = cuda_add_rmsnorm,
     .head_rmsnorm = cuda_head_rmsnorm,
     .rope = cuda_rope,

@@ -31,6 +31,9 @@
  *
  * Plans (descriptors + the heuristic's algorithm) are cached by (dtype, rows, N, K, alignments),
  * so the per-step cost is the conversion launch, cublasLtMatmul and (split) the sum of halves.
+ * cuda_matmul_n (backend.h matmul_n) runs several weights over one x (q, k, v; gate, up) with ONE
+ * conversion: at batch 256 the 7 conversions per layer were 12% of an 8B decode step's kernel time
+ * (ncu, tools/gpu-profile.sh), now 4, each with 16-byte loads.
  * Should the heuristic offer no algorithm, cublasGemmEx with the same types runs instead.
  */
 #include <stdio.h>
@@ -249,11 +252,23 @@ int cuda_gate_up_swiglu(backend_t *be, const float *x, int M, const bk_mat_t *w,
 
 /* ---- activations to 16 bits, halves, bias ------------------------------------------------------ */
 
+/* The conversions run 4 elements per thread (16-byte loads, 8-byte stores) when x and the outputs
+ * allow it (V4), else one: at 1,000 rows they were 17% of a prefill's kernel time one at a time. */
+template <bool V4>
 __global__ void k_to_bf16(const float *x, int64_t n, uint16_t *out)
 {
     DEV_PDL_ENTER();
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        out[i] = dev_bf16_bits(x[i]);
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    if constexpr (V4) {
+        for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n / 4; i += stride) {
+            const float4 v = ((const float4 *)x)[i];
+            ((uint2 *)out)[i] = make_uint2(dev_bf16_bits(v.x) | (uint32_t)dev_bf16_bits(v.y) << 16,
+                                           dev_bf16_bits(v.z) | (uint32_t)dev_bf16_bits(v.w) << 16);
+        }
+    } else {
+        for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+            out[i] = dev_bf16_bits(x[i]);
+    }
 }
 
 __device__ __forceinline__ float dev_f16_sat(float v)
@@ -265,11 +280,26 @@ __device__ __forceinline__ float dev_f16_sat(float v)
     return v;
 }
 
+__device__ __forceinline__ uint32_t dev_f16x2_sat(float a, float b)
+{
+    const __half2 h = __halves2half2(__float2half_rn(dev_f16_sat(a)), __float2half_rn(dev_f16_sat(b)));
+    return *(const uint32_t *)&h;
+}
+
+template <bool V4>
 __global__ void k_to_f16(const float *x, int64_t n, __half *out)
 {
     DEV_PDL_ENTER();
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        out[i] = __float2half_rn(dev_f16_sat(x[i]));
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    if constexpr (V4) {
+        for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n / 4; i += stride) {
+            const float4 v = ((const float4 *)x)[i];
+            ((uint2 *)out)[i] = make_uint2(dev_f16x2_sat(v.x, v.y), dev_f16x2_sat(v.z, v.w));
+        }
+    } else {
+        for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+            out[i] = __float2half_rn(dev_f16_sat(x[i]));
+    }
 }
 
 /* x = hi + lo: hi = bf16(x), lo = bf16(x - hi) (the difference is exact in f32). */
@@ -406,16 +436,59 @@ static cuda_plan_t *s_plan(cuda_state_t *st, dtype_t dt, int M, int64_t N, int64
     return p;
 }
 
-/* ---- the op ------------------------------------------------------------------------------------- */
+/* ---- the ops ------------------------------------------------------------------------------------ */
+
+/* x's 16-bit image for cuBLASLt, in the conversion scratch: M rows rounded once, or (split) the hi
+ * rows then the lo rows (2M). One conversion serves every GEMM over the same x (matmul_n). */
+static void *s_convert(backend_t *be, cuda_state_t *st, const float *x, int M, int64_t K, dtype_t dt, bool split)
+{
+    const int64_t n = (int64_t)M * K;
+    void *xb = cuda_scratch(be, &st->conv, &st->conv_bytes, (size_t)(split ? 2 : 1) * n * 2);
+    const bool v4 = n % 4 == 0 && (uintptr_t)x % 16 == 0 && (uintptr_t)xb % 8 == 0;
+    const unsigned grid = s_grid(v4 ? n / 4 : n);
+    if (dt == DT_BF16 && split)
+        cuda_launch(st, k_to_bf16x2, s_grid(n), 256, x, n, (uint16_t *)xb, (uint16_t *)xb + n);
+    else if (dt == DT_BF16)
+        v4 ? cuda_launch(st, k_to_bf16<true>, grid, 256, x, n, (uint16_t *)xb)
+           : cuda_launch(st, k_to_bf16<false>, grid, 256, x, n, (uint16_t *)xb);
+    else if (split)
+        cuda_launch(st, k_to_f16x2, s_grid(n), 256, x, n, (__half *)xb, (__half *)xb + n);
+    else
+        v4 ? cuda_launch(st, k_to_f16<true>, grid, 256, x, n, (__half *)xb)
+           : cuda_launch(st, k_to_f16<false>, grid, 256, x, n, (__half *)xb);
+    return xb;
+}
+
+/* y = xb W^T (+ bias) on the tensor cores, xb from s_convert (Mg = 2M rows when split). */
+static void s_gemm16(backend_t *be, cuda_state_t *st, const void *xb, int M, bool split, const bk_mat_t *w,
+                     const float *bias, float *y)
+{
+    const int64_t N = w->rows, K = w->cols;
+    const int Mg = split ? 2 * M : M;              /* GEMM rows: hi then lo, or the rounded x */
+    float *yg = split ? (float *)cuda_scratch(be, (void **)&st->gout, &st->gout_bytes, (size_t)Mg * N * 4) : y;
+    const cuda_plan_t *p = s_plan(st, w->dtype, Mg, N, K, s_align(w->data), s_align(yg));
+    const float alpha = 1.0f, beta = 0.0f;
+    if (p->has_algo) {
+        CUBLAS_CHECK(cublasLtMatmul(st->lt, p->desc, &alpha, w->data, p->la, xb, p->lb, &beta, yg, p->lc, yg, p->lc,
+                                    &p->algo, st->lt_ws, st->lt_ws_bytes, st->stream));
+    } else {
+        const cudaDataType_t ab = w->dtype == DT_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+        CUBLAS_CHECK(cublasGemmEx(st->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, Mg, (int)K, &alpha, w->data, ab, (int)K,
+                                  xb, ab, (int)K, &beta, yg, CUDA_R_32F, (int)N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    }
+    const int64_t ny = (int64_t)M * N;
+    if (split)
+        cuda_launch(st, k_sum_halves, s_grid(ny), 256, (const float *)yg, ny, N, bias, y);
+    else if (bias)
+        cuda_launch(st, k_add_bias, s_grid(ny), 256, y, bias, ny, N);
+}
 
 void cuda_matmul(backend_t *be, const float *x, int M, const bk_mat_t *w, const float *bias, float *y)
 {
     if (M <= 0)
         return;
     cuda_state_t *st = cuda_st(be);
-    cudaStream_t s = st->stream;
     const int64_t N = w->rows, K = w->cols;
-    bool bias_done = false;
     if (M <= st->gemv_max_m) {
         switch (w->dtype) {
         case DT_F32: s_gemv(st, x, M, (const float *)w->data, N, K, y); break;
@@ -427,37 +500,34 @@ void cuda_matmul(backend_t *be, const float *x, int M, const bk_mat_t *w, const 
         CUBLAS_CHECK(cublasSgemm(st->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, M, (int)K, &alpha, (const float *)w->data,
                                  (int)K, x, (int)K, &beta, y, (int)N));
     } else {
-        const int split = M <= st->gemm_split_max_m, Mg = split ? 2 * M : M;   /* GEMM rows: hi then lo, or the rounded x */
-        const int64_t n = (int64_t)M * K;
-        void *xb = cuda_scratch(be, &st->conv, &st->conv_bytes, (size_t)Mg * K * 2);
-        float *yg = split ? (float *)cuda_scratch(be, (void **)&st->gout, &st->gout_bytes, (size_t)Mg * N * 4) : y;
-        if (w->dtype == DT_BF16 && split)
-            cuda_launch(st, k_to_bf16x2, s_grid(n), 256, x, n, (uint16_t *)xb, (uint16_t *)xb + n);
-        else if (w->dtype == DT_BF16)
-            cuda_launch(st, k_to_bf16, s_grid(n), 256, x, n, (uint16_t *)xb);
-        else if (split)
-            cuda_launch(st, k_to_f16x2, s_grid(n), 256, x, n, (__half *)xb, (__half *)xb + n);
-        else
-            cuda_launch(st, k_to_f16, s_grid(n), 256, x, n, (__half *)xb);
-        const cuda_plan_t *p = s_plan(st, w->dtype, Mg, N, K, s_align(w->data), s_align(yg));
-        const float alpha = 1.0f, beta = 0.0f;
-        if (p->has_algo) {
-            CUBLAS_CHECK(cublasLtMatmul(st->lt, p->desc, &alpha, w->data, p->la, xb, p->lb, &beta, yg, p->lc, yg, p->lc,
-                                        &p->algo, st->lt_ws, st->lt_ws_bytes, s));
-        } else {
-            const cudaDataType_t ab = w->dtype == DT_BF16 ? CUDA_R_16BF : CUDA_R_16F;
-            CUBLAS_CHECK(cublasGemmEx(st->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, Mg, (int)K, &alpha, w->data, ab,
-                                      (int)K, xb, ab, (int)K, &beta, yg, CUDA_R_32F, (int)N, CUBLAS_COMPUTE_32F,
-                                      CUBLAS_GEMM_DEFAULT));
-        }
-        if (split) {
-            const int64_t ny = (int64_t)M * N;
-            cuda_launch(st, k_sum_halves, s_grid(ny), 256, (const float *)yg, ny, N, bias, y);
-            bias_done = true;
-        }
+        const bool split = M <= st->gemm_split_max_m;
+        s_gemm16(be, st, s_convert(be, st, x, M, K, w->dtype, split), M, split, w, bias, y);
+        return;
     }
-    if (bias && !bias_done) {
+    if (bias) {
         const int64_t n = (int64_t)M * N;
         cuda_launch(st, k_add_bias, s_grid(n), 256, y, bias, n, N);
     }
+}
+
+/* n matmuls over one x (q, k, v; gate, up): on the tensor-core path x is converted once for all of
+ * them; the results are bit-identical to n cuda_matmul calls (same conversion, same plans). */
+void cuda_matmul_n(backend_t *be, const float *x, int M, int n, const bk_mat_t *const w[], const float *const bias[],
+                   float *const y[])
+{
+    if (M <= 0 || n <= 0)
+        return;
+    cuda_state_t *st = cuda_st(be);
+    bool shared = M > st->gemv_max_m && w[0]->dtype != DT_F32;
+    for (int i = 1; i < n && shared; i++)
+        shared = w[i]->dtype == w[0]->dtype && w[i]->cols == w[0]->cols;
+    if (!shared) {
+        for (int i = 0; i < n; i++)
+            cuda_matmul(be, x, M, w[i], bias ? bias[i] : NULL, y[i]);
+        return;
+    }
+    const bool split = M <= st->gemm_split_max_m;
+    const void *xb = s_convert(be, st, x, M, w[0]->cols, w[0]->dtype, split);
+    for (int i = 0; i < n; i++)
+        s_gemm16(be, st, xb, M, split, w[i], bias ? bias[i] : NULL, y[i]);
 }

@@ -56,7 +56,11 @@ __device__ double dev_block_sum(double v)
 }
 
 /* One row per block: res += x (when x), then out = w * (res * 1/sqrt(mean(res^2) + eps)). Each
- * element is read, updated and normalised by the same thread, so out may alias res. */
+ * element is read, updated and normalised by the same thread, so out may alias res. V4: 4
+ * consecutive elements per thread (16-byte accesses; H % 4 == 0 and 16-byte aligned rows), the
+ * same arithmetic per element (the double sum of squares may differ in its last bit, which the
+ * f32 variance hides but for ties). */
+template <bool V4>
 __global__ void k_add_rmsnorm(float *res, const float *x, const float *w, int H, float eps, float *out)
 {
     DEV_PDL_ENTER();
@@ -64,27 +68,53 @@ __global__ void k_add_rmsnorm(float *res, const float *x, const float *w, int H,
     const float *xr = x ? x + (int64_t)blockIdx.x * H : NULL;
     float *o = out + (int64_t)blockIdx.x * H;
     double ss = 0;
-    for (int i = threadIdx.x; i < H; i += blockDim.x) {
-        float v = r[i];
-        if (xr) {
-            v = __fadd_rn(v, xr[i]);
-            r[i] = v;
+    if constexpr (V4) {
+        for (int i = 4 * threadIdx.x; i < H; i += 4 * blockDim.x) {
+            float4 v = *(const float4 *)(r + i);
+            if (xr) {
+                const float4 d = *(const float4 *)(xr + i);
+                v = make_float4(__fadd_rn(v.x, d.x), __fadd_rn(v.y, d.y), __fadd_rn(v.z, d.z), __fadd_rn(v.w, d.w));
+                *(float4 *)(r + i) = v;
+            }
+            ss += (double)v.x * (double)v.x + (double)v.y * (double)v.y + (double)v.z * (double)v.z +
+                  (double)v.w * (double)v.w;
         }
-        ss += (double)v * (double)v;
+    } else {
+        for (int i = threadIdx.x; i < H; i += blockDim.x) {
+            float v = r[i];
+            if (xr) {
+                v = __fadd_rn(v, xr[i]);
+                r[i] = v;
+            }
+            ss += (double)v * (double)v;
+        }
     }
     ss = dev_block_sum(ss);
     const float var = (float)(ss / H);
     const float scale = 1.0f / sqrtf(var + eps);
-    for (int i = threadIdx.x; i < H; i += blockDim.x)
-        o[i] = __fmul_rn(w[i], __fmul_rn(r[i], scale));
+    if constexpr (V4) {
+        for (int i = 4 * threadIdx.x; i < H; i += 4 * blockDim.x) {
+            const float4 v = *(const float4 *)(r + i), wv = *(const float4 *)(w + i);
+            *(float4 *)(o + i) = make_float4(__fmul_rn(wv.x, __fmul_rn(v.x, scale)), __fmul_rn(wv.y, __fmul_rn(v.y, scale)),
+                                             __fmul_rn(wv.z, __fmul_rn(v.z, scale)), __fmul_rn(wv.w, __fmul_rn(v.w, scale)));
+        }
+    } else {
+        for (int i = threadIdx.x; i < H; i += blockDim.x)
+            o[i] = __fmul_rn(w[i], __fmul_rn(r[i], scale));
+    }
 }
 
 void cuda_add_rmsnorm(backend_t *be, float *res, const float *x, const float *w, int M, int H, float eps, float *out)
 {
     if (M <= 0)
         return;
-    const int threads = H >= 4096 ? 1024 : H >= 1024 ? 512 : 128;
-    cuda_launch(cuda_st(be), k_add_rmsnorm, M, threads, res, x, w, H, eps, out);
+    const bool v4 = H % 4 == 0 && ((uintptr_t)res | (uintptr_t)x | (uintptr_t)w | (uintptr_t)out) % 16 == 0;
+    const int per = v4 ? H / 4 : H;                /* elements (or groups of 4) per row */
+    const int threads = per >= 4096 ? 1024 : per >= 1024 ? 512 : per >= 256 ? 256 : 128;
+    if (v4)
+        cuda_launch(cuda_st(be), k_add_rmsnorm<true>, M, threads, res, x, w, H, eps, out);
+    else
+        cuda_launch(cuda_st(be), k_add_rmsnorm<false>, M, threads, res, x, w, H, eps, out);
 }
 
 /* One warp per head vector, in place. */
@@ -149,14 +179,28 @@ void cuda_rope(backend_t *be, float *x, const int32_t *pos, const float *inv_fre
 
 /* ---- SwiGLU ------------------------------------------------------------------------------------- */
 
-/* out may alias gate or up: each element is read before it is written, by one thread. */
+__device__ __forceinline__ float dev_swiglu(float g, float u)
+{
+    const float silu = g / __fadd_rn(1.0f, expf(-g));
+    return __fmul_rn(silu, u);
+}
+
+/* out may alias gate or up: each element is read before it is written, by one thread. V4: 4
+ * elements per thread (n % 4 == 0, 16-byte aligned arrays), the same arithmetic. */
+template <bool V4>
 __global__ void k_swiglu(const float *gate, const float *up, int64_t n, float *out)
 {
     DEV_PDL_ENTER();
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        const float g = gate[i];
-        const float silu = g / __fadd_rn(1.0f, expf(-g));
-        out[i] = __fmul_rn(silu, up[i]);
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    if constexpr (V4) {
+        for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n / 4; i += stride) {
+            const float4 g = ((const float4 *)gate)[i], u = ((const float4 *)up)[i];
+            ((float4 *)out)[i] = make_float4(dev_swiglu(g.x, u.x), dev_swiglu(g.y, u.y), dev_swiglu(g.z, u.z),
+                                             dev_swiglu(g.w, u.w));
+        }
+    } else {
+        for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+            out[i] = dev_swiglu(gate[i], up[i]);
     }
 }
 
@@ -164,9 +208,14 @@ void cuda_swiglu(backend_t *be, const float *gate, const float *up, int n, float
 {
     if (n <= 0)
         return;
-    int blocks = (n + 255) / 256;
+    const bool v4 = n % 4 == 0 && ((uintptr_t)gate | (uintptr_t)up | (uintptr_t)out) % 16 == 0;
+    const int work = v4 ? n / 4 : n;
+    int blocks = (work + 255) / 256;
     blocks = blocks > 8192 ? 8192 : blocks;
-    cuda_launch(cuda_st(be), k_swiglu, blocks, 256, gate, up, (int64_t)n, out);
+    if (v4)
+        cuda_launch(cuda_st(be), k_swiglu<true>, blocks, 256, gate, up, (int64_t)n, out);
+    else
+        cuda_launch(cuda_st(be), k_swiglu<false>, blocks, 256, gate, up, (int64_t)n, out);
 }
 
 /* ---- gather ------------------------------------------------------------------------------------- */

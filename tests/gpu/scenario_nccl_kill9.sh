@@ -68,10 +68,22 @@ wait_link() {
   done
   fail "$1: no NCCL link up on the prefill worker within 60 s"
 }
+# metric_above ACTOR METRIC N: the metric once it exceeds N, polled for up to 5 s (workers publish
+# their stats once a heartbeat, so a count read right after a request is a second stale).
+metric_above() {
+  local t0 v; t0=$(now_ms)
+  while :; do
+    v=$(top metric "$1" "$2")
+    [ "${v%.*}" -gt "$3" ] 2>/dev/null && break
+    [ $(( $(now_ms) - t0 )) -ge 5000 ] && break
+    sleep 0.1
+  done
+  echo "$v"
+}
 wait_link "at start"
 [ "$(submit "$short" 4 | last_type)" = "done " ] || fail "warm-up request did not complete"
-nccl0=$(top metric prefill transfers_nccl_total)
-[ "$NCCL_CHECKS" = 0 ] || [ "${nccl0%.*}" -ge 1 ] 2>/dev/null || fail "warm-up hand-off did not go over NCCL (prefill transfers_nccl_total=$nccl0)"
+nccl0=$(metric_above prefill transfers_nccl_total 0)
+[ "$NCCL_CHECKS" = 0 ] || [ "${nccl0%.*}" -ge 1 ] 2>/dev/null || fail "warm-up hand-off did not go over NCCL (prefill transfers_nccl_total=$nccl0, fallbacks to shared memory $(top metric prefill transfers_nccl_fallback_total))"
 
 dpid=$(top pid decode)
 kill -STOP "$dpid"
@@ -121,7 +133,7 @@ echo "NCCL link rebuilt $(( $(now_ms) - t_re )) ms after the new decode worker w
 nccl1=$(top metric prefill transfers_nccl_total)
 out=$(submit "$short" 4)
 [ "$(echo "$out" | last_type)" = "done " ] || fail "request after the restart did not complete: $(echo "$out" | tail -2)"
-nccl2=$(top metric prefill transfers_nccl_total)
+nccl2=$(metric_above prefill transfers_nccl_total "${nccl1%.*}")
 echo "prefill NCCL hand-offs: $nccl1 before the request after the restart, $nccl2 after"
 [ "$NCCL_CHECKS" = 0 ] || [ "${nccl2%.*}" -gt "${nccl1%.*}" ] 2>/dev/null ||
   fail "the hand-off after the restart did not go over a rebuilt NCCL link"

@@ -344,6 +344,7 @@ static void test_matmul(void **state)
     static const int cases[][5] = {
         {1, 1000, 4096, 0, 0}, {1, 4096, 1024, 1, 0}, {3, 257, 130, 1, 0}, {5, 300, 512, 0, 1}, {8, 512, 1024, 0, 0},
         {9, 384, 512, 1, 0},   {40, 100, 256, 0, 1},  {64, 1024, 768, 0, 0}, {300, 200, 136, 1, 0}, {2, 64, 36, 0, 0},
+        {41, 96, 130, 1, 0},   /* M x K not a multiple of 4: the one-element conversion */
     };
     for (int dt = 0; dt < DT_WEIGHT_COUNT; dt++)
         for (size_t i = 0; i < ARRAY_LEN(cases); i++) {
@@ -359,6 +360,59 @@ static void test_matmul(void **state)
     s_matmul_case(s_gpu2, DT_F32, 2, 1000, 512, 0, 0);
     s_matmul_case(s_gpu2, DT_BF16, 64, 1024, 768, 1, 0);
     s_matmul_case(s_gpu2, DT_F16, 300, 200, 136, 0, 0);
+}
+
+/* matmul_n (q, k, v or gate, up over one x, converted once) gives the bits of separate matmuls, on
+ * every path: GEMV, split, rounded once (vector and one-element conversion), f32, GEMV off. */
+static void test_matmul_n(void **state)
+{
+    static const int Ms[] = {1, 9, 41, 300};
+    static const int64_t N[3] = {512, 128, 136};
+    backend_t *const gpus[2] = {s_gpu, s_gpu2};
+    for (int g = 0; g < 2; g++)
+        for (int dt = 0; dt < DT_WEIGHT_COUNT; dt++)
+            for (size_t mi = 0; mi < ARRAY_LEN(Ms); mi++) {
+                backend_t *gpu = gpus[g];
+                const int M = Ms[mi], K = mi == 2 ? 130 : 256;
+                const size_t es = dtype_size((dtype_t)dt);
+                float *x = s_rand_f32((size_t)M * K, 1.0), *dx = s_put(gpu, x, (size_t)M * K * 4);
+                bk_mat_t W[3];
+                const bk_mat_t *wp[3];
+                const float *bias[3];
+                float *yn[3], *y1[3];
+                void *wh[3];
+                for (int i = 0; i < 3; i++) {
+                    wh[i] = s_rand_dt((dtype_t)dt, (size_t)N[i] * K, 0.5);
+                    W[i] = (bk_mat_t){.data = gpu->ops->weight_put(gpu, wh[i], (size_t)N[i] * K * es, es),
+                                      .dtype = (dtype_t)dt, .rows = N[i], .cols = K};
+                    wp[i] = &W[i];
+                    float *b = s_rand_f32((size_t)N[i], 1.0);
+                    bias[i] = i == 1 ? NULL : s_put(gpu, b, (size_t)N[i] * 4);
+                    free(b);
+                    yn[i] = s_out(gpu, (size_t)M * N[i]);
+                    y1[i] = s_out(gpu, (size_t)M * N[i]);
+                }
+                gpu->ops->matmul_n(gpu, dx, M, 3, wp, bias, yn);
+                for (int i = 0; i < 3; i++)
+                    gpu->ops->matmul(gpu, dx, M, &W[i], bias[i], y1[i]);
+                for (int i = 0; i < 3; i++) {
+                    char what[96];
+                    snprintf(what, sizeof what, "matmul_n %s M=%d K=%d part %d%s", dtype_name((dtype_t)dt), M, K, i,
+                             s_variant(gpu));
+                    float *a = s_take(gpu, yn[i], (size_t)M * N[i], what), *b = s_take(gpu, y1[i], (size_t)M * N[i], what);
+                    if (memcmp(a, b, (size_t)M * N[i] * 4) != 0)
+                        fail_msg("%s: differs from a separate matmul", what);
+                    free(a);
+                    free(b);
+                    gpu->ops->weight_release(gpu, W[i].data);
+                    if (bias[i])
+                        gpu->ops->free(gpu, (void *)bias[i]);
+                    free(wh[i]);
+                }
+                gpu->ops->free(gpu, dx);
+                free(x);
+            }
+    print_message("  matmul_n: bit-identical to separate matmuls (bf16, f16, f32; M = 1, 9, 41, 300)\n");
 }
 
 /* The GEMV path is batch-invariant: a row alone gives the bits it gives inside a batch (each
@@ -1387,6 +1441,7 @@ int main(void)
         cmocka_unit_test(test_backend_new),
         cmocka_unit_test(test_memory),
         cmocka_unit_test(test_matmul),
+        cmocka_unit_test(test_matmul_n),
         cmocka_unit_test(test_matmul_batch_invariance),
         cmocka_unit_test(test_embed),
         cmocka_unit_test(test_add_rmsnorm),

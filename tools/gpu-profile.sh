@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# tools/gpu-profile.sh — where one decode step's GPU time goes, kernel by kernel (GPU node, built tree).
+#
+#   . .gpu-debs/env.sh && BATCH=256 KV=fp8 tools/gpu-profile.sh [OUT_DIR]
+#
+# Runs troupe-bench-engine on Llama-3.1-8B's shape (dummy bf16 weights, 1,000 tokens of context,
+# one batch size, 2 timed steps, graphs on) under Nsight Compute with one metric (each kernel's
+# duration; --graph-profiling node times every kernel of a replayed graph on its own, with the
+# clocks left alone), then sums the kernels of the LAST decode step (those after the last k_embed)
+# by kernel name. The sum is the step's pure kernel time: set beside the step time the engine
+# reports without ncu, the difference is what launches, gaps and dependencies cost. ncu runs each
+# kernel alone, so PDL overlap is not in these durations.
+# Output: OUT_DIR/profile-b<BATCH>.csv (ncu's raw rows), .txt (the engine's report under ncu: its
+# times are ncu's, not real) and a table on stdout. Needs ncu (the GPU
+# node has it under /opt/nvidia or on PATH).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:-${OUT:-build/gpu-logs}}
+BATCH=${BATCH:-256}
+KV=${KV:-auto}
+mkdir -p "$OUT"
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+[ -n "$NCU" ] || { echo "gpu-profile: no ncu on this machine"; exit 1; }
+csv="$OUT/profile-b$BATCH.csv"   # ncu's report (its --log-file; the engine's own output goes to .txt)
+timeout "${PROFILE_TIMEOUT:-400}" "$NCU" --clock-control none --graph-profiling node --metrics gpu__time_duration.sum \
+  --csv --print-units base --log-file "$csv" \
+  build/bin/troupe-bench-engine tests/fixtures/models/llama-3.1-8b-shape --load-format dummy --dtype bf16 \
+  --backend cuda --kv-dtype "$KV" --prompt-len 1000 --batch "$BATCH" --steps 2 >"$OUT/profile-b$BATCH.txt" 2>"$OUT/profile-b$BATCH.err"
+rc=$?
+[ $rc -eq 0 ] || { echo "gpu-profile: ncu exit $rc"; tail -5 "$OUT/profile-b$BATCH.err" "$csv"; exit 1; }
+python3 - "$csv" "$BATCH" <<'PY'
+import csv, sys, collections
+rows = []
+with open(sys.argv[1]) as f:
+    lines = [l for l in f if l.startswith('"')]
+for r in csv.DictReader(lines):
+    if r.get("Metric Name") != "gpu__time_duration.sum":
+        continue
+    rows.append((r["Kernel Name"], float(r["Metric Value"].replace(",", ""))))
+starts = [i for i, (k, _) in enumerate(rows) if k.startswith("k_embed") or "k_embed<" in k]
+if not starts:
+    sys.exit("gpu-profile: no k_embed kernel found: cannot find the last step")
+step = rows[starts[-1]:]
+by = collections.defaultdict(lambda: [0.0, 0])
+for k, ns in step:
+    name = k.split("(")[0]
+    by[name][0] += ns
+    by[name][1] += 1
+total = sum(v[0] for v in by.values())
+print(f"last decode step at batch {sys.argv[2]}: {len(step)} kernels, {total / 1e6:.3f} ms of kernel time")
+print(f"{'kernel':60s} {'ms':>8s} {'calls':>6s} {'share':>6s}")
+for name, (ns, n) in sorted(by.items(), key=lambda kv: -kv[1][0]):
+    print(f"{name[:60]:60s} {ns / 1e6:8.3f} {n:6d} {100 * ns / total:5.1f}%")
+PY
