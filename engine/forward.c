@@ -280,7 +280,8 @@ void model_graph_stats(const model_t *m, uint64_t *records, uint64_t *replays)
 }
 
 /* Whether every op of a T-row step may be recorded: the MoE layers' experts only where the backend
- * runs them on the device alone (small steps; larger ones sort on the host). */
+ * runs them on the device alone (CUDA: every step of bf16/f16 experts; f32 experts only up to
+ * TROUPE_CUDA_MOE_DEVICE_MAX_M tokens, larger steps sort on the host). */
 static int s_graphable(model_t *m, int T)
 {
     const backend_ops_t *op = m->be->ops;

@@ -311,23 +311,33 @@ struct backend {
     void *impl;                   /* the implementation's own state */
 };
 
-/* Tokens per pass of a device backend's grouped MoE kernels (kernels/cuda/cuda_moe.cu): bounds
- * the per-entry part of moe_ffn's scratch for long prefill chunks. */
+/* Tokens per pass of a device backend's MoE kernels (kernels/cuda/cuda_moe.cu): bound the
+ * per-entry part of moe_ffn's scratch for long prefill chunks. The FMA device path works chunks of
+ * BK_MOE_DEVICE_CHUNK, the grouped tensor-core path chunks of BK_MOE_GROUPED_CHUNK (a bigger chunk
+ * fills its GEMM tiles better: 2,048 tokens x top-8 over 128 experts is ~128 rows per expert). */
 #define BK_MOE_DEVICE_CHUNK 256
+#define BK_MOE_GROUPED_CHUNK 2048
 
 /* Bytes of scratch moe_ffn needs for M tokens, top-k, hidden H, expert width I, E experts, the
- * larger of two layouts. Per expert (the CPU, CUDA's host-sorted path): one expert's gathered rows,
- * gate, up and output (an expert sees each token at most once), plus the per-expert token lists.
- * All experts at once (CUDA's device path), per chunk of at most BK_MOE_DEVICE_CHUNK tokens, R =
- * chunk * k entries: offsets, active experts and the sorted (token, slot) lists, then every entry's
- * SwiGLU activations [R][I] and expert output [R][H]. */
+ * largest of three layouts. Per expert (the CPU, CUDA's host-sorted path): one expert's gathered
+ * rows, gate, up and output (an expert sees each token at most once), plus the per-expert token
+ * lists. All experts at once (CUDA's FMA device path), per chunk of at most BK_MOE_DEVICE_CHUNK
+ * tokens, R = chunk * k entries: offsets, active experts and the sorted (token, slot) lists, then
+ * every entry's SwiGLU activations [R][I] and expert output [R][H] in f32. Grouped (CUDA's
+ * tensor-core path), per chunk of at most BK_MOE_GROUPED_CHUNK tokens, R = chunk * k: a tile count,
+ * at most R + E row tiles of 16 bytes, the sorted lists, then (each 64-byte aligned) the chunk's
+ * tokens [chunk][H] and activations [R][I] in 16 bits and the expert outputs [R][H] in f32. */
 static inline size_t moe_scratch_bytes(int M, int k, int H, int I, int E)
 {
     size_t m = (size_t)M, rows = m * (size_t)k;
     size_t per_expert = m * ((size_t)H * 2 + (size_t)I * 2) * sizeof(float) + (rows * 2 + (size_t)E + 1) * sizeof(int32_t);
     size_t dm = m < BK_MOE_DEVICE_CHUNK ? m : BK_MOE_DEVICE_CHUNK, r = dm * (size_t)k;
     size_t all = ((size_t)E * 2 + 2 + r * 2) * sizeof(int32_t) + 64 + r * ((size_t)H + (size_t)I) * sizeof(float);
-    return (per_expert > all ? per_expert : all) + 256;
+    size_t gm = m < BK_MOE_GROUPED_CHUNK ? m : BK_MOE_GROUPED_CHUNK, gr = gm * (size_t)k;
+    size_t grouped = 16 + (gr + (size_t)E) * 16 + gr * 2 * sizeof(int32_t) + 3 * 64 +
+                     (gm * (size_t)H + gr * (size_t)I) * 2 + gr * (size_t)H * sizeof(float);
+    size_t most = per_expert > all ? per_expert : all;
+    return (most > grouped ? most : grouped) + 256;
 }
 
 /* Makes a backend by name: "cpu" (n_threads <= 0: all cores, or OMP_NUM_THREADS) or "cuda" /

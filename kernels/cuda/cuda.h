@@ -17,6 +17,8 @@
  *   TROUPE_CUDA_GEMV_WARPS  warps sharing a GEMV row: 1, 4 (default) or 8
  *   TROUPE_CUDA_GEMM_SPLIT  N: GEMMs of <= N rows (default 32) take activations as bf16/f16 hi + lo,
  *                           larger ones round them once (bf16 activations); 0: always rounded once
+ *   TROUPE_CUDA_GEMM_FUSE  1 (default): matmul_n over consecutive row ranges of one matrix with a
+ *                           small part (q|k|v) runs one GEMM and deals the rows out; 0: one each
  *   TROUPE_CUDA_ATTN_SPLIT  1 (default): split-KV decode attention when rows x heads are few
  *   TROUPE_CUDA_ATTN_FLASH  1 (default): the flash attention kernel (head_dim 64/128); 0: row/tile kernels
  *   TROUPE_CUDA_ATTN_MMA    1 (default): prefill attention over a bf16 cache on the tensor cores
@@ -27,8 +29,15 @@
  *   TROUPE_CUDA_PDL         1 (default): programmatic dependent launch for every kernel
  *   TROUPE_CUDA_MOE_DEVICE  1 (default): moe_ffn sorts and runs the experts on the device (no host
  *                           round trip); 0: the host-sorted per-expert path (cuda_moe.cu)
- *   TROUPE_CUDA_MOE_DEVICE_MAX_M  tokens up to which the device path runs (default 64: on the
- *                           H200 it wins up to 64 and loses at 256; above, the host path's GEMMs)
+ *   TROUPE_CUDA_MOE_DEVICE_MAX_M  tokens up to which the FMA device path runs (default 64: on the
+ *                           H200 it wins up to 64 and loses at 256); above, the grouped path
+ *   TROUPE_CUDA_MOE_GROUPED 1 (default): above that, moe_ffn's grouped tensor-core GEMMs on the device
+ *                           (cuda_moe_gemm.cu); 0: the host-sorted path there, as before
+ *   TROUPE_CUDA_MOE_GROUPED_MIN_M  tokens from which the grouped path runs for the experts it takes,
+ *                           below the FMA threshold too (default 9: on the H200 it beats the FMA path
+ *                           from 16 tokens, 1.3x, and at 64, 1.9x; f32 experts keep the FMA path)
+ *   TROUPE_CUDA_MOE_GROUPED_BM  the grouped GEMMs' row tile: 0 (default: by the average rows per
+ *                           expert), or 32, 64, 128 for every step (measuring)
  * kernels/cuda/README.md has what each choice measured on the H200.
  *
  * Known limits: one device per process (ops do not call cudaSetDevice: a process with several
@@ -108,11 +117,12 @@ typedef struct cuda_state {
     size_t conv_bytes;
     float *part;                  /* device: split-KV attention partials [rows][heads][splits][D + 2] */
     size_t part_bytes;
-    float *gout;                  /* device: the split GEMM's [2M][N] output (hi rows, then lo rows) */
+    float *gout;                  /* device: the split GEMM's [2M][N] output (hi rows, then lo rows), or a fused one's [M][sum N] */
     size_t gout_bytes;
     int gemv_max_m;               /* matmuls with M <= this run the GEMV kernel (TROUPE_CUDA_GEMV_MAX_M, default 8) */
     int gemv_warps;               /* warps sharing one output row in the GEMV (TROUPE_CUDA_GEMV_WARPS: 1, 4 (default), 8) */
     int gemm_split_max_m;         /* GEMMs of at most this many rows take activations as hi + lo (TROUPE_CUDA_GEMM_SPLIT, default 32) */
+    int gemm_fuse;                /* 1 (default): matmul_n runs q|k|v as one GEMM (TROUPE_CUDA_GEMM_FUSE) */
     int attn_split;               /* 0: never split the keys of a row across blocks (TROUPE_CUDA_ATTN_SPLIT=0) */
     int attn_flash;               /* 1 (default): the flash kernel for head_dim 64/128 (TROUPE_CUDA_ATTN_FLASH) */
     int attn_mma;                 /* 1 (default): the tensor-core kernel for bf16 prefill within attn_flash (TROUPE_CUDA_ATTN_MMA) */
@@ -134,8 +144,11 @@ typedef struct cuda_state {
     int32_t *h_ids;               /* host: moe_ffn's routing copied back, then its sorted lists */
     size_t h_ids_cap;             /* int32 elements */
 
-    int moe_device;               /* 1 (default): moe_ffn's device path (TROUPE_CUDA_MOE_DEVICE) */
-    int moe_device_max_m;         /* ... for M <= this (TROUPE_CUDA_MOE_DEVICE_MAX_M, default 64) */
+    int moe_device;               /* 1 (default): moe_ffn's device paths (TROUPE_CUDA_MOE_DEVICE) */
+    int moe_device_max_m;         /* ... the FMA one for M <= this (TROUPE_CUDA_MOE_DEVICE_MAX_M, default 64) */
+    int moe_grouped;              /* 1 (default): the grouped GEMMs above it (TROUPE_CUDA_MOE_GROUPED) */
+    int moe_grouped_min_m;        /* ... and from this many tokens for the weights they take (TROUPE_CUDA_MOE_GROUPED_MIN_M, 9) */
+    int moe_grouped_bm;           /* their row tile: 0 = by rows per expert, else 32/64/128 (TROUPE_CUDA_MOE_GROUPED_BM) */
     struct cuda_moe_table *moe_tables;   /* device copies of the experts arrays seen (cuda_moe.cu) */
     int n_moe_tables, cap_moe_tables;
 
@@ -211,6 +224,45 @@ void cuda_moe_route(backend_t *be, const float *logits, int M, int E, int k, int
 void cuda_moe_ffn(backend_t *be, const float *x, int M, int H, const int32_t *ids, const float *weights, int k,
                   const bk_expert_t *experts, int n_experts, void *scratch, float *out);
 void cuda_moe_destroy(cuda_state_t *st);   /* frees the moe tables (at backend destroy) */
+
+/* One expert's weights as the device MoE kernels read them (cuda_moe.cu keeps a device table of
+ * them per experts array). */
+typedef struct moe_dev_expert {
+    const void *gate;             /* [I][H] */
+    const void *up;               /* [I][H] */
+    const void *down;             /* [H][I] */
+} moe_dev_expert_t;
+
+/* One chunk of moe_ffn's grouped path (cuda_moe_gemm.cu), every pointer device memory: what the
+ * sort made (cuda_moe.cu, k_moe_sort_tiles) and where the GEMMs write. */
+typedef struct moe_grouped_chunk {
+    const moe_dev_expert_t *tab;  /* [E] */
+    dtype_t dt;                   /* the weights': bf16 or f16 */
+    int bm;                       /* rows per tile (32, 64, 128): the sort cut the tiles to it */
+    int H, I, E;
+    const float *x;               /* [mc][H] the chunk's tokens */
+    int mc, rows;                 /* tokens; routing entries, mc * k */
+    const int4 *tiles;            /* [cuda_moe_tiles_max]: expert, first sorted entry, rows (1..bm) */
+    const int32_t *n_tiles;       /* [1] tiles in use */
+    const int32_t *tok, *slot;    /* [rows] each sorted entry's token (in the chunk) and t * k + j */
+    void *xh;                     /* [mc][H] 16-bit: x in the weights' type */
+    void *act;                    /* [rows][I] 16-bit: silu(g) * u, sorted order */
+    float *y;                     /* [rows][H]: each entry's expert output, row t * k + j */
+} moe_grouped_chunk_t;
+
+/* Row tiles of bm that rows entries over E experts can need: sum over experts of ceil(n_e / bm)
+ * <= rows / bm + (experts with entries). Sizes the tile list and the GEMMs' grid. */
+static inline int cuda_moe_tiles_max(int rows, int bm, int E)
+{
+    return (rows + bm - 1) / bm + (E < rows ? E : rows);
+}
+/* Whether the grouped GEMMs take experts of this dtype and shape (bf16/f16, H and I multiples of
+ * 8; the caller checks the weights' 16-byte alignment). */
+bool cuda_moe_gemm_takes(dtype_t dt, int64_t H, int64_t I);
+/* Their row tile for a chunk of `rows` entries over E experts: 32, 64 or 128. */
+int cuda_moe_gemm_bm(const cuda_state_t *st, int rows, int E);
+/* Queues the chunk's x conversion and its two GEMMs (y complete when the next kernel starts). */
+void cuda_moe_gemm(const cuda_state_t *st, const moe_grouped_chunk_t *c);
 
 /* NCCL between processes on different GPUs (cuda_nccl.cu; only when built with nccl.h). */
 #ifdef TROUPE_NCCL

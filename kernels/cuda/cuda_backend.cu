@@ -407,6 +407,7 @@ extern "C" backend_t *backend_cuda_new(int device, char *err, size_t errlen)
     if (s_env_int("TROUPE_CUDA_GEMV_MAX_M", 8, 0, 64, &st->gemv_max_m, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_GEMV_WARPS", 4, 1, 8, &st->gemv_warps, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_GEMM_SPLIT", 32, 0, 1 << 30, &st->gemm_split_max_m, err, errlen) < 0 ||
+        s_env_int("TROUPE_CUDA_GEMM_FUSE", 1, 0, 1, &st->gemm_fuse, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_ATTN_SPLIT", 1, 0, 1, &st->attn_split, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_ATTN_FLASH", 1, 0, 1, &st->attn_flash, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_ATTN_MMA", 1, 0, 1, &st->attn_mma, err, errlen) < 0 ||
@@ -415,10 +416,17 @@ extern "C" backend_t *backend_cuda_new(int device, char *err, size_t errlen)
         s_env_int("TROUPE_CUDA_GRAPHS", 1, 0, 1, &st->graphs, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_GRAPH_PDL", 0, 0, 1, &st->graph_pdl, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_MOE_DEVICE", 1, 0, 1, &st->moe_device, err, errlen) < 0 ||
-        s_env_int("TROUPE_CUDA_MOE_DEVICE_MAX_M", 64, 0, 1 << 30, &st->moe_device_max_m, err, errlen) < 0)
+        s_env_int("TROUPE_CUDA_MOE_DEVICE_MAX_M", 64, 0, 1 << 30, &st->moe_device_max_m, err, errlen) < 0 ||
+        s_env_int("TROUPE_CUDA_MOE_GROUPED", 1, 0, 1, &st->moe_grouped, err, errlen) < 0 ||
+        s_env_int("TROUPE_CUDA_MOE_GROUPED_MIN_M", 9, 1, 1 << 30, &st->moe_grouped_min_m, err, errlen) < 0 ||
+        s_env_int("TROUPE_CUDA_MOE_GROUPED_BM", 0, 0, 128, &st->moe_grouped_bm, err, errlen) < 0)
         goto fail;
     if (st->gemv_warps != 1 && st->gemv_warps != 4 && st->gemv_warps != 8) {
         errf(err, errlen, "backend cuda: TROUPE_CUDA_GEMV_WARPS=%d (expected 1, 4 or 8)", st->gemv_warps);
+        goto fail;
+    }
+    if (st->moe_grouped_bm != 0 && st->moe_grouped_bm != 32 && st->moe_grouped_bm != 64 && st->moe_grouped_bm != 128) {
+        errf(err, errlen, "backend cuda: TROUPE_CUDA_MOE_GROUPED_BM=%d (expected 0, 32, 64 or 128)", st->moe_grouped_bm);
         goto fail;
     }
     {

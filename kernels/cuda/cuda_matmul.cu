@@ -510,8 +510,64 @@ void cuda_matmul(backend_t *be, const float *x, int M, const bk_mat_t *w, const 
     }
 }
 
+/* The fused GEMM's output [M][sum N] dealt out to the parts' outputs y[p] [M][N_p]. V4: every N_p
+ * a multiple of 4 and every pointer 16-byte aligned, so a float4 never straddles two parts. */
+#define SPLIT_MAX_PARTS 4
+typedef struct split_args {
+    float *y[SPLIT_MAX_PARTS];
+    int64_t end[SPLIT_MAX_PARTS];                  /* the part's last column + 1 in the fused row */
+    int parts;
+} split_args_t;
+
+/* Grid (column groups, rows): no division per element (the 64-bit divides of a flat index made
+ * the first version 12 us at 256 x 6,144). */
+template <bool V4>
+__global__ void k_split_cols(const float *all, int64_t Nt, split_args_t a)
+{
+    DEV_PDL_ENTER();
+    constexpr int W = V4 ? 4 : 1;
+    const int64_t row = blockIdx.y;
+    const float *src = all + row * Nt;
+    for (int64_t col = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * W; col < Nt;
+         col += (int64_t)gridDim.x * blockDim.x * W) {
+        int p = 0;
+        while (p < a.parts - 1 && col >= a.end[p])
+            p++;
+        const int64_t c0 = p ? a.end[p - 1] : 0, np = a.end[p] - c0;
+        float *dst = a.y[p] + row * np + (col - c0);
+        if constexpr (V4)
+            *(float4 *)dst = *(const float4 *)(src + col);
+        else
+            *dst = src[col];
+    }
+}
+
+/* Whether n weights are consecutive row ranges of one matrix (one dtype, one K, no bias) with a part
+ * small enough to be worth fusing: at most a quarter of the whole (k and v of a GQA model beside q;
+ * not gate beside up). A small part alone gets few tiles of the GEMM: at batch 256 on the H200, an
+ * 8B layer's k and v took 10.8 us each, q|k|v as one GEMM 23.8 us against q + k + v ~40 us. */
+static bool s_fusable(int n, const bk_mat_t *const w[], const float *const bias[])
+{
+    if (n < 2 || n > SPLIT_MAX_PARTS)
+        return false;
+    const size_t es = dtype_size(w[0]->dtype);
+    int64_t total = 0, least = w[0]->rows;
+    for (int i = 0; i < n; i++) {
+        if ((bias && bias[i]) || w[i]->dtype != w[0]->dtype || w[i]->cols != w[0]->cols)
+            return false;
+        if (i && (const uint8_t *)w[i]->data != (const uint8_t *)w[i - 1]->data + (size_t)w[i - 1]->rows * w[i]->cols * es)
+            return false;
+        total += w[i]->rows;
+        least = w[i]->rows < least ? w[i]->rows : least;
+    }
+    return least * 4 <= total;
+}
+
 /* n matmuls over one x (q, k, v; gate, up): on the tensor-core path x is converted once for all of
- * them; the results are bit-identical to n cuda_matmul calls (same conversion, same plans). */
+ * them, with the results bit-identical to n cuda_matmul calls (same conversion, same plans); when
+ * the weights are one matrix's consecutive rows with a small part (s_fusable: q|k|v) and x is
+ * rounded once, ONE GEMM over the whole matrix, its rows dealt out after — the same products, but
+ * cuBLASLt's kernel for the whole shape may sum in another order (bits within f32 rounding). */
 void cuda_matmul_n(backend_t *be, const float *x, int M, int n, const bk_mat_t *const w[], const float *const bias[],
                    float *const y[])
 {
@@ -528,6 +584,28 @@ void cuda_matmul_n(backend_t *be, const float *x, int M, int n, const bk_mat_t *
     }
     const bool split = M <= st->gemm_split_max_m;
     const void *xb = s_convert(be, st, x, M, w[0]->cols, w[0]->dtype, split);
+    if (!split && st->gemm_fuse && M <= 65535 && s_fusable(n, w, bias)) {   /* M: the split's gridDim.y */
+        split_args_t a = {};
+        int64_t Nt = 0;
+        bool v4 = true;
+        for (int i = 0; i < n; i++) {
+            Nt += w[i]->rows;
+            a.y[i] = y[i];
+            a.end[i] = Nt;
+            v4 = v4 && w[i]->rows % 4 == 0 && (uintptr_t)y[i] % 16 == 0;
+        }
+        a.parts = n;
+        const bk_mat_t whole = {.data = w[0]->data, .dtype = w[0]->dtype, .rows = Nt, .cols = w[0]->cols};
+        float *all = (float *)cuda_scratch(be, (void **)&st->gout, &st->gout_bytes, (size_t)M * Nt * 4);
+        s_gemm16(be, st, xb, M, false, &whole, NULL, all);
+        const int64_t per_row = v4 ? Nt / 4 : Nt;
+        const dim3 grid((unsigned)((per_row + 255) / 256), (unsigned)M);
+        if (v4)
+            cuda_launch(st, k_split_cols<true>, grid, 256, (const float *)all, Nt, a);
+        else
+            cuda_launch(st, k_split_cols<false>, grid, 256, (const float *)all, Nt, a);
+        return;
+    }
     for (int i = 0; i < n; i++)
         s_gemm16(be, st, xb, M, split, w[i], bias ? bias[i] : NULL, y[i]);
 }

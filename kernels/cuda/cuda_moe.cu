@@ -8,9 +8,17 @@
  * by the sequential sum of the k weights. Ids agree with the CPU unless expf's last bit decides a
  * near-tie (CUDA's expf is not glibc's).
  *
- * The FFN has two paths, chosen on the host by M alone (the host never sees the routing there):
+ * The FFN has three paths, chosen on the host by M and the experts' dtype and shape alone (the host
+ * never sees the routing there):
+ *   bf16/f16 weights, H and I multiples of 8, 16-byte       -> the grouped path (decode batches,
+ *     aligned, M >= TROUPE_CUDA_MOE_GROUPED_MIN_M (default 9)    prefill chunks)
+ *   otherwise M <= TROUPE_CUDA_MOE_DEVICE_MAX_M (default 64) -> the FMA device path (small decode
+ *                                                               batches; f32 experts)
+ *   otherwise (f32 weights above the threshold, an odd shape,-> the host path
+ *     TROUPE_CUDA_MOE_DEVICE=0, E > 1024, k > 32, experts of mixed dtype or shape)
+ * The two device paths queue device work only (cuda_moe_graphable says 1 for them).
  *
- * Device path (TROUPE_CUDA_MOE_DEVICE=1, the default, and M <= TROUPE_CUDA_MOE_DEVICE_MAX_M,
+ * FMA device path (TROUPE_CUDA_MOE_DEVICE=1, the default, and M <= TROUPE_CUDA_MOE_DEVICE_MAX_M,
  * default 64: measured faster than the host path up to 64 tokens and slower at 256, README.md):
  * no host round trip, no sync, no allocation, so the step can be captured in a CUDA
  * graph. Per chunk of at most BK_MOE_DEVICE_CHUNK tokens (kernels/backend.h: it bounds the
@@ -34,13 +42,35 @@
  *   another order than the CPU's (~1e-6 relative, the GEMV path's grade) for every weight dtype
  *   and every M: no bf16 activations. A token's bits depend on K, the dtype and the alignment only
  *   — not on M, the batch's other tokens or their routing — and are the same run to run.
- *   The expert kernels are CUDA-core FMA: meant for decode (1-16 rows per expert); for prefill
- *   chunks the host path's tensor-core GEMMs are expected to win (bench_cuda's moe_M*_ lines time
- *   both paths). The experts' weight pointers live in a device table per experts array, made the
+ *   The expert kernels are CUDA-core FMA: meant for decode (1-16 rows per expert); at 256 tokens
+ *   they lose to the host path (README.md), which is where the grouped path takes over.
+ *   The experts' weight pointers live in a device table per experts array, made the
  *   first time the array is seen (that one call copies it up; later calls compare the host
- *   array's descriptors with the copy's and reuse it).
+ *   array's descriptors with the copy's and reuse it); the grouped path uses the same table.
  *
- * Host path (TROUPE_CUDA_MOE_DEVICE=0, or more tokens than the threshold): the routing comes back to
+ * Grouped path (TROUPE_CUDA_MOE_GROUPED=1, the default, above TROUPE_CUDA_MOE_DEVICE_MAX_M tokens;
+ * TROUPE_CUDA_MOE_DEVICE_MAX_M=0 sends every M there): the experts' FFNs as grouped GEMMs on the
+ * tensor cores, still no host round trip, no sync, no allocation. Per chunk of at most
+ * BK_MOE_GROUPED_CHUNK tokens, four steps:
+ *   1. k_moe_sort_tiles (one block of 1024 threads): counts, scans and a scatter by expert with
+ *      shared-memory atomics (every thread works; the order within an expert is not fixed, which
+ *      moves an entry to another tile row but never changes its result), then the tile list: for
+ *      each expert with entries ceil(n_e / BM) row tiles {expert, first entry, rows}, and their
+ *      count, which the GEMMs read (their grids are an upper bound; surplus blocks leave at once).
+ *   2-3. cuda_moe_gemm (cuda_moe_gemm.cu): x converted once to the weights' 16-bit type, then
+ *      gate|up with the SwiGLU epilogue into act[sorted entry][I] (16-bit) and down into
+ *      y[token * k + slot][H] (f32): mma.sync m16n8k16, ldmatrix, a 3-stage cp.async pipeline,
+ *      BM = 32, 64 or 128 rows per tile by the average entries per expert
+ *      (TROUPE_CUDA_MOE_GROUPED_BM forces one).
+ *   4. k_moe_combine, as above: HF's order of the sum.
+ *   Numerics: x and the SwiGLU activations rounded to the weights' 16-bit type (round to nearest
+ *   even; f16 saturated at +-65504), f32 accumulation: the host path's cuBLASLt rounding above
+ *   TROUPE_CUDA_GEMM_SPLIT rows (~3e-3 relative per expert output for bf16, ~4e-4 for f16 on
+ *   random inputs). Batch-invariant and the same bits run to run, like the FMA device path (each
+ *   output element sees the same mma sequence whatever its tile).
+ *
+ * Host path (TROUPE_CUDA_MOE_DEVICE=0, or what neither device path takes: above the threshold
+ * with f32 weights, an odd shape or TROUPE_CUDA_MOE_GROUPED=0): the routing comes back to
  * the host (one stream sync per MoE layer), is counting-sorted by expert there, and the sorted
  * token lists go up into the scratch. Then, for each expert that has tokens, in ascending expert
  * order: gather its rows, gate and up matmuls (cuda_matmul: GEMV for a few rows, cuBLASLt for
@@ -50,10 +80,12 @@
  * once per expert, so a scatter has no write conflicts. Its matmuls follow cuda_matmul's numerics
  * (bf16 activations above TROUPE_CUDA_GEMM_SPLIT rows per expert).
  *
- * Known limits: the device path needs every expert in one dtype and shape, E <= 1024 and k <= 32
- * (else the host path runs); an expert holding most of a large batch's tokens is worked by its
- * own CTAs alone (a long tail); an out-of-range expert id (our bug: moe_route writes them) traps
- * the kernel, which makes the next checked call exit the process.
+ * Known limits: the device paths need every expert in one dtype and shape, E <= 1024 and k <= 32
+ * (else the host path runs); on the FMA device path an expert holding most of a large batch's
+ * tokens is worked by its own CTAs alone (a long tail; the grouped path gives each of its row tiles
+ * its own blocks); f32 weights above the threshold still take the host path; an out-of-range
+ * expert id (our bug: moe_route writes them) traps the kernel, which makes the next checked call
+ * exit the process.
  */
 #include <math.h>
 #include <stdio.h>
@@ -69,13 +101,6 @@
 #define MOE_MAX_E MOE_SORT_THREADS      /* experts the device path (and the warp router) handles */
 #define MOE_MAX_K 32                    /* top-k the warp router and the combine handle */
 #define MOE_SORT_SMEM_ROWS 4096         /* routing entries the sort keeps in shared memory */
-
-/* One expert's weights as the device kernels read them. */
-typedef struct moe_dev_expert {
-    const void *gate;                   /* [I][H] */
-    const void *up;                     /* [I][H] */
-    const void *down;                   /* [H][I] */
-} moe_dev_expert_t;
 
 /* The device copy of one experts array (a layer's). */
 typedef struct cuda_moe_table {
@@ -219,7 +244,7 @@ void cuda_moe_route(backend_t *be, const float *logits, int M, int E, int k, int
         cuda_launch(st, k_moe_route, (M + 63) / 64, 64, logits, M, E, k, renorm, ids, weights);
 }
 
-/* ---- device path: sort ------------------------------------------------------------------------- */
+/* ---- device paths: sorts ------------------------------------------------------------------------ */
 
 /* Exclusive prefix sum of v over the block (blockDim.x a multiple of 32, <= 1024); *total gets the
  * sum. Every thread must call it; wsum is [32] shared. */
@@ -316,6 +341,68 @@ __global__ void __launch_bounds__(MOE_SORT_THREADS)
             tok[pos] = r / k;
             slot[pos] = r;
         }
+    }
+}
+
+/* The grouped path's counting sort of one chunk's rows = M * k routing entries by expert, and its
+ * tile list: the n_e entries of expert e get consecutive places first[e] .. first[e] + n_e - 1
+ * (experts in ascending order) of tok[rows] (the entry's token) and slot[rows] (its index
+ * t * k + j), in no fixed order within the expert (shared-memory atomics: the order changes which
+ * tile row an entry lands in, never its result, cuda_moe_gemm.cu); then tiles[*n_tiles]: for each
+ * expert with entries, ascending, ceil(n_e / bm) tiles {e, first place, rows (1..bm)}. One block of
+ * MOE_SORT_THREADS threads, E <= MOE_SORT_THREADS; every loop over the entries or the tiles is
+ * spread over all threads. */
+__global__ void __launch_bounds__(MOE_SORT_THREADS)
+    k_moe_sort_tiles(const int32_t *ids, int rows, int k, int E, int bm, int32_t *tok, int32_t *slot, int4 *tiles,
+                     int32_t *n_tiles)
+{
+    __shared__ int cnt[MOE_SORT_THREADS];          /* counts, then each expert's next free place */
+    __shared__ int first[MOE_SORT_THREADS];        /* expert e's first place */
+    __shared__ int tfirst[MOE_SORT_THREADS];       /* expert e's first tile */
+    __shared__ int wsum[32];
+    DEV_PDL_ENTER();
+    const int tid = threadIdx.x;
+    cnt[tid] = 0;
+    __syncthreads();
+#pragma unroll 4
+    for (int r = tid; r < rows; r += blockDim.x) {
+        const int e = ids[r];
+        if (e < 0 || e >= E) {                     /* moe_route writes these: a bad one is our bug */
+            printf("troupe cuda: moe_ffn: routing entry %d is expert %d of %d (%s:%d)\n", r, e, E, __FILE__, __LINE__);
+            __trap();
+        }
+        atomicAdd(&cnt[e], 1);
+    }
+    __syncthreads();
+    const int v = tid < E ? cnt[tid] : 0;
+    int total, ntiles;
+    const int start = dev_block_excl_scan(v, wsum, &total);
+    const int tstart = dev_block_excl_scan((v + bm - 1) / bm, wsum, &ntiles);
+    first[tid] = start;
+    tfirst[tid] = tstart;
+    cnt[tid] = start;                              /* every thread read its count before the scans' barriers */
+    if (tid == 0)
+        *n_tiles = ntiles;
+    __syncthreads();
+#pragma unroll 4
+    for (int r = tid; r < rows; r += blockDim.x) {
+        const int p = atomicAdd(&cnt[ids[r]], 1);
+        tok[p] = r / k;
+        slot[p] = r;
+    }
+    /* Tile t belongs to the largest e with tfirst[e] <= t (an expert without entries has the same
+     * tfirst as the next, so the largest such e has tiles, and t is one of them). */
+    for (int t = tid; t < ntiles; t += blockDim.x) {
+        int lo = 0, hi = E - 1;
+        while (lo < hi) {
+            const int mid = (lo + hi + 1) >> 1;
+            if (tfirst[mid] <= t)
+                lo = mid;
+            else
+                hi = mid - 1;
+        }
+        const int r0 = first[lo] + (t - tfirst[lo]) * bm, end = lo + 1 < E ? first[lo + 1] : total;
+        tiles[t] = make_int4(lo, r0, end - r0 < bm ? end - r0 : bm, 0);
     }
 }
 
@@ -742,24 +829,87 @@ static void s_moe_host(backend_t *be, const float *x, int M, int H, const int32_
     }
 }
 
-/* ---- the op -------------------------------------------------------------------------------------- */
+/* ---- grouped path (its GEMMs: cuda_moe_gemm.cu) ------------------------------------------------- */
 
-/* The device path's table for these experts when it takes M tokens, else NULL (the host path). */
-static const cuda_moe_table_t *s_device_table(cuda_state_t *st, int M, int H, int k, const bk_expert_t *experts,
-                                              int n_experts)
+/* Chunks of at most BK_MOE_GROUPED_CHUNK tokens, each: k_moe_sort_tiles, cuda_moe_gemm (x to 16
+ * bits, gate|up + SwiGLU, down), k_moe_combine. Scratch (moe_scratch_bytes' grouped layout), for
+ * R = chunk * k entries: n_tiles [4 ints] | tiles [R + E] int4 | tok [R] | slot [R], then (each
+ * 64-byte aligned) xh [chunk][H] and act [R][I] 16-bit, y [R][H] f32. */
+static void s_moe_grouped(const cuda_state_t *st, const cuda_moe_table_t *tb, const float *x, int M, int H,
+                          const int32_t *ids, const float *weights, int k, int E, void *scratch, float *out)
 {
-    if (!st->moe_device || M > st->moe_device_max_m || n_experts <= 0 || n_experts > MOE_MAX_E || k <= 0 ||
-        k > MOE_MAX_K)
-        return NULL;
-    const cuda_moe_table_t *tb = s_table(st, experts, n_experts);
-    return tb->ok && tb->H == H ? tb : NULL;
+    const int I = (int)tb->I;
+    const int mc_max = M < BK_MOE_GROUPED_CHUNK ? M : BK_MOE_GROUPED_CHUNK;
+    const size_t R = (size_t)mc_max * k;
+    int32_t *n_tiles = (int32_t *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
+    int4 *tiles = (int4 *)(n_tiles + 4);
+    int32_t *tok = (int32_t *)(tiles + R + E), *slot = tok + R;
+    uint16_t *xh = (uint16_t *)(((uintptr_t)(slot + R) + 63) & ~(uintptr_t)63);
+    uint16_t *act = (uint16_t *)(((uintptr_t)(xh + (size_t)mc_max * H) + 63) & ~(uintptr_t)63);
+    float *y = (float *)(((uintptr_t)(act + R * I) + 63) & ~(uintptr_t)63);
+    for (int t0 = 0; t0 < M; t0 += BK_MOE_GROUPED_CHUNK) {   /* chunks reuse the scratch: stream order */
+        const int mc = M - t0 < BK_MOE_GROUPED_CHUNK ? M - t0 : BK_MOE_GROUPED_CHUNK, rows = mc * k;
+        const int32_t *ic = ids + (size_t)t0 * k;
+        moe_grouped_chunk_t c = {};
+        c.tab = tb->dev;
+        c.dt = tb->dt;
+        c.bm = cuda_moe_gemm_bm(st, rows, E);
+        c.H = H;
+        c.I = I;
+        c.E = E;
+        c.x = x + (size_t)t0 * H;
+        c.mc = mc;
+        c.rows = rows;
+        c.tiles = tiles;
+        c.n_tiles = n_tiles;
+        c.tok = tok;
+        c.slot = slot;
+        c.xh = xh;
+        c.act = act;
+        c.y = y;
+        cuda_launch(st, k_moe_sort_tiles, 1, MOE_SORT_THREADS, ic, rows, k, E, c.bm, tok, slot, tiles, n_tiles);
+        cuda_moe_gemm(st, &c);
+        cuda_launch(st, k_moe_combine, mc, H >= 1024 ? 256 : 128, (const float *)y, ic, weights + (size_t)t0 * k, k,
+                    H, out + (size_t)t0 * H);
+    }
 }
 
-/* The device path allocates and uploads only in s_table, for experts arrays it has not seen (or
+/* ---- the op -------------------------------------------------------------------------------------- */
+
+typedef enum { MOE_PATH_HOST, MOE_PATH_DEVICE, MOE_PATH_GROUPED } moe_path_t;
+
+/* The path that takes M tokens over these experts; *tb the device table for the device paths. For
+ * experts the grouped path takes (bf16/f16 weights, H and I multiples of 8, 16-byte aligned): the
+ * grouped path from moe_grouped_min_m tokens, the FMA device path below; for others, the FMA
+ * device path up to moe_device_max_m tokens, the host path above. */
+static moe_path_t s_path(cuda_state_t *st, int M, int H, int k, const bk_expert_t *experts, int n_experts,
+                         const cuda_moe_table_t **tb)
+{
+    *tb = NULL;
+    if (!st->moe_device || n_experts <= 0 || n_experts > MOE_MAX_E || k <= 0 || k > MOE_MAX_K ||
+        (M > st->moe_device_max_m && !st->moe_grouped))
+        return MOE_PATH_HOST;
+    const cuda_moe_table_t *t = s_table(st, experts, n_experts);
+    if (!t->ok || t->H != H)
+        return MOE_PATH_HOST;
+    *tb = t;
+    const bool grouped = st->moe_grouped && t->aligned && cuda_moe_gemm_takes(t->dt, t->H, t->I);
+    if (grouped && M >= st->moe_grouped_min_m)
+        return MOE_PATH_GROUPED;
+    if (M <= st->moe_device_max_m)
+        return MOE_PATH_DEVICE;
+    if (grouped)
+        return MOE_PATH_GROUPED;
+    *tb = NULL;
+    return MOE_PATH_HOST;
+}
+
+/* The device paths allocate and upload only in s_table, for experts arrays they have not seen (or
  * that changed): a graph recorded after an uncaptured step with them replays device work only. */
 int cuda_moe_graphable(backend_t *be, int M, int H, int k, const bk_expert_t *experts, int n_experts)
 {
-    return M > 0 && s_device_table(cuda_st(be), M, H, k, experts, n_experts) != NULL;
+    const cuda_moe_table_t *tb;
+    return M > 0 && s_path(cuda_st(be), M, H, k, experts, n_experts, &tb) != MOE_PATH_HOST;
 }
 
 void cuda_moe_ffn(backend_t *be, const float *x, int M, int H, const int32_t *ids, const float *weights, int k,
@@ -768,10 +918,11 @@ void cuda_moe_ffn(backend_t *be, const float *x, int M, int H, const int32_t *id
     if (M <= 0)
         return;
     cuda_state_t *st = cuda_st(be);
-    const cuda_moe_table_t *tb = s_device_table(st, M, H, k, experts, n_experts);
-    if (!tb) {
-        s_moe_host(be, x, M, H, ids, weights, k, experts, n_experts, scratch, out);
-        return;
+    const cuda_moe_table_t *tb;
+    switch (s_path(st, M, H, k, experts, n_experts, &tb)) {
+    case MOE_PATH_HOST: s_moe_host(be, x, M, H, ids, weights, k, experts, n_experts, scratch, out); return;
+    case MOE_PATH_GROUPED: s_moe_grouped(st, tb, x, M, H, ids, weights, k, n_experts, scratch, out); return;
+    case MOE_PATH_DEVICE: break;
     }
     switch (tb->dt) {
     case DT_F32: s_moe_device<float>(st, tb, x, M, H, ids, weights, k, n_experts, scratch, out); break;

@@ -24,10 +24,14 @@
  *    attn_decode_b<B>_mma_ms / _flash_ms, the K/V bytes (_kv_bytes), the bandwidth each reaches
  *    (_mma_TBps / _flash_TBps, with the fraction of the copy bandwidth) and their difference.
  * MoE: the layer of Qwen3-30B-A3B's shape (moe_route + moe_ffn: hidden 2048, 128 experts of width
- *    768, top 8, bf16) at M = 1, 16, 64, 256 and 1024 on moe_ffn's device path and on its
- *    host-sorted path (moe_M<M>_device_ms, moe_M<M>_host_ms), with the expert bytes a call reads
- *    (moe_M<M>_weight_bytes) and the bandwidth that makes: 2 copies of the 128 experts (2.4 GB)
- *    and 8 routings used in turn, so L2 does not serve them.
+ *    768, top 8, bf16) at M = 1, 16, 64, 256, 1024 and 2048 on moe_ffn's FMA device path, its
+ *    grouped tensor-core path and its host-sorted path (moe_M<M>_device_ms, _grouped_ms,
+ *    _host_ms), with the expert bytes a call reads (moe_M<M>_weight_bytes) and the bandwidth that
+ *    makes: 2 copies of the 128 experts (2.4 GB) and 8 routings used in turn, so L2 does not serve
+ *    them. The grouped path also prints its TFLOP/s (M x 8 entries x 6 H I flops: gate, up, down;
+ *    route, sort, conversion and combine included in the time) and, from M = 256, its time with
+ *    each row tile forced (moe_M<M>_grouped_bm<BM>_ms, TROUPE_CUDA_MOE_GROUPED_BM) to check the
+ *    default's choice.
  * 7. Sampling at M = 256 rows of a 128,256 vocabulary with top-k 50 / top-p 0.9 / temperature 0.8:
  *    the sample op on the device (sample_M256_ms, median of 10 after 2 warm-ups) against bringing
  *    the rows of logits to the host for the host sampler (logits_download_M256_ms, the download
@@ -576,12 +580,23 @@ int main(int argc, char **argv)
     for (int v = 0; v < NV; v++)
         backend_destroy(&bes[v]);
 
-    /* The MoE layer of Qwen3-30B-A3B's shape at decode and prefill-chunk sizes: device path vs
-     * host-sorted path. */
+    /* The MoE layer of Qwen3-30B-A3B's shape at decode and prefill-chunk sizes: FMA device path,
+     * grouped path (its default row tile, then each forced) and host-sorted path. */
     {
-        enum { H = 2048, I = 768, E = 128, LAYERS = 2 };
-        backend_t *mbe[2] = {s_backend("TROUPE_CUDA_MOE_DEVICE_MAX_M", "1000000"),
-                             s_backend("TROUPE_CUDA_MOE_DEVICE", "0")};
+        enum { H = 2048, I = 768, E = 128, LAYERS = 2, NMB = 6 };
+        backend_t *mbe[NMB] = {NULL, s_backend("TROUPE_CUDA_MOE_DEVICE", "0"),
+                               s_backend("TROUPE_CUDA_MOE_DEVICE_MAX_M", "0"), NULL, NULL, NULL};
+        setenv("TROUPE_CUDA_MOE_GROUPED_MIN_M", "1000000", 1);   /* with the next: the FMA path for every M */
+        mbe[0] = s_backend("TROUPE_CUDA_MOE_DEVICE_MAX_M", "1000000");
+        unsetenv("TROUPE_CUDA_MOE_GROUPED_MIN_M");
+        const int bms[3] = {32, 64, 128};
+        setenv("TROUPE_CUDA_MOE_DEVICE_MAX_M", "0", 1);
+        for (int i = 0; i < 3; i++) {
+            char v[8];
+            snprintf(v, sizeof v, "%d", bms[i]);
+            mbe[3 + i] = s_backend("TROUPE_CUDA_MOE_GROUPED_BM", v);
+        }
+        unsetenv("TROUPE_CUDA_MOE_DEVICE_MAX_M");
         static bk_expert_t ex[LAYERS][E];
         const size_t per = (size_t)3 * I * H;     /* bf16 elements of one expert: gate, up, down */
         void *wl[LAYERS];
@@ -595,19 +610,25 @@ int main(int argc, char **argv)
                 ex[l][e].down = (bk_mat_t){p + (size_t)2 * I * H, DT_BF16, H, I};
             }
         }
-        const int Ms[5] = {1, 16, 64, 256, 1024};    /* 1024: a prefill chunk, for the threshold */
-        for (int i = 0; i < (quick ? 1 : 5); i++) {
-            double ms[2], bytes;
-            s_moe_layer_ms(mbe, 2, ex, Ms[i], ms, &bytes);
-            printf("moe_M%d_weight_bytes %.0f bytes (%.1f experts of 9.4 MB)\n", Ms[i], bytes,
-                   bytes / (3.0 * H * I * 2));
-            printf("moe_M%d_device_ms %.4f ms (%.3f TB/s)\n", Ms[i], ms[0], bytes / (ms[0] * 1e-3) / 1e12);
-            printf("moe_M%d_host_ms %.4f ms (%.3f TB/s)\n", Ms[i], ms[1], bytes / (ms[1] * 1e-3) / 1e12);
+        const int Ms[6] = {1, 16, 64, 256, 1024, 2048};    /* 1024, 2048: prefill chunks */
+        for (int i = 0; i < (quick ? 1 : 6); i++) {
+            const int M = Ms[i];
+            double ms[NMB], bytes;
+            s_moe_layer_ms(mbe, M >= 256 ? NMB : 3, ex, M, ms, &bytes);
+            const double flop = (double)M * 8 * 6 * H * I;
+            printf("moe_M%d_weight_bytes %.0f bytes (%.1f experts of 9.4 MB)\n", M, bytes, bytes / (3.0 * H * I * 2));
+            printf("moe_M%d_device_ms %.4f ms (%.3f TB/s)\n", M, ms[0], bytes / (ms[0] * 1e-3) / 1e12);
+            printf("moe_M%d_grouped_ms %.4f ms (%.3f TB/s, %.1f TFLOP/s)\n", M, ms[2], bytes / (ms[2] * 1e-3) / 1e12,
+                   flop / (ms[2] * 1e-3) / 1e12);
+            printf("moe_M%d_host_ms %.4f ms (%.3f TB/s)\n", M, ms[1], bytes / (ms[1] * 1e-3) / 1e12);
+            for (int b = 3; M >= 256 && b < NMB; b++)
+                printf("moe_M%d_grouped_bm%d_ms %.4f ms (%.1f TFLOP/s)\n", M, bms[b - 3], ms[b],
+                       flop / (ms[b] * 1e-3) / 1e12);
         }
         for (int l = 0; l < LAYERS; l++)
             CK(cudaFree(wl[l]));
-        backend_destroy(&mbe[0]);
-        backend_destroy(&mbe[1]);
+        for (int b = 0; b < NMB; b++)
+            backend_destroy(&mbe[b]);
     }
 
     /* Prefill attention, 1,000 tokens x 32 layers: tensor cores vs the flash kernel. */

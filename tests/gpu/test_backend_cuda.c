@@ -16,8 +16,10 @@
  *    TROUPE_CUDA_ATTN_MMA=0 with TROUPE_CUDA_ATTN_MMA_DECODE=0 (every attention case again on the
  *    f32 flash / row / tile kernels, which the tensor-core prefill and decode kernels replace for
  *    bf16 caches).
- *    MoE runs on two more: the device path for every M (TROUPE_CUDA_MOE_DEVICE_MAX_M=1000000)
- *    and the host-sorted path for every M (TROUPE_CUDA_MOE_DEVICE=0).
+ *    MoE runs on five more: the FMA device path for every M (TROUPE_CUDA_MOE_DEVICE_MAX_M=1000000),
+ *    the host-sorted path for every M (TROUPE_CUDA_MOE_DEVICE=0), and the grouped tensor-core
+ *    path for every M it takes (TROUPE_CUDA_MOE_DEVICE_MAX_M=0) with each of its row tiles
+ *    (TROUPE_CUDA_MOE_GROUPED_BM=32, 64, 128).
  *    tools/gpu-run.sh runs the whole program twice: with the default programmatic dependent
  *    launches and with TROUPE_CUDA_PDL=0.
  * 2. Fixtures (tests/fixtures/models/<name>/expected.json; TROUPE_MODEL_FIXTURES elsewhere): on the
@@ -76,6 +78,8 @@ static backend_t *s_gpu2;                  /* CUDA: GEMV off, GEMM split off, at
 static backend_t *s_gpu_w1, *s_gpu_w8;     /* CUDA: GEMV with 1 and 8 warps per row (default 4) */
 static backend_t *s_gpu_moe_dev;           /* CUDA: moe_ffn's device path for every M */
 static backend_t *s_gpu_moe_host;          /* CUDA: moe_ffn's host-sorted path for every M */
+static backend_t *s_gpu_moe_grouped[3];    /* CUDA: moe_ffn's grouped path for every M, row tiles 32, 64, 128 */
+static const int s_grouped_bm[3] = {32, 64, 128};
 static backend_t *s_gpu_nomma;             /* CUDA: attention without the tensor cores (TROUPE_CUDA_ATTN_MMA=0, _DECODE=0) */
 
 /* ---- random inputs ------------------------------------------------------------------------ */
@@ -212,7 +216,7 @@ static int s_setup(void **state)
     static const char *const off[] = {"TROUPE_CUDA_GEMV_MAX_M", "0", "TROUPE_CUDA_GEMM_SPLIT", "0",
                                       "TROUPE_CUDA_ATTN_SPLIT", "0"};
     static const char *const w1[] = {"TROUPE_CUDA_GEMV_WARPS", "1"}, *const w8[] = {"TROUPE_CUDA_GEMV_WARPS", "8"};
-    static const char *const moe_dev[] = {"TROUPE_CUDA_MOE_DEVICE_MAX_M", "1000000"},
+    static const char *const moe_dev[] = {"TROUPE_CUDA_MOE_DEVICE_MAX_M", "1000000", "TROUPE_CUDA_MOE_GROUPED_MIN_M", "1000000"},
                              *const moe_host[] = {"TROUPE_CUDA_MOE_DEVICE", "0"};
     static const char *const nomma[] = {"TROUPE_CUDA_ATTN_MMA", "0", "TROUPE_CUDA_ATTN_MMA_DECODE", "0"};
     s_cpu = backend_cpu_new(0);
@@ -220,16 +224,25 @@ static int s_setup(void **state)
     s_gpu2 = s_gpu_with(off, 6);
     s_gpu_w1 = s_gpu_with(w1, 2);
     s_gpu_w8 = s_gpu_with(w8, 2);
-    s_gpu_moe_dev = s_gpu_with(moe_dev, 2);
+    s_gpu_moe_dev = s_gpu_with(moe_dev, 4);
     s_gpu_moe_host = s_gpu_with(moe_host, 2);
     if (!s_gpu_moe_dev || !s_gpu_moe_host)
         return -1;
+    for (int i = 0; i < 3; i++) {
+        char bm[8];
+        snprintf(bm, sizeof bm, "%d", s_grouped_bm[i]);
+        const char *const grouped[] = {"TROUPE_CUDA_MOE_DEVICE_MAX_M", "0", "TROUPE_CUDA_MOE_GROUPED_BM", bm};
+        if (!(s_gpu_moe_grouped[i] = s_gpu_with(grouped, 4)))
+            return -1;
+    }
     s_gpu_nomma = s_gpu_with(nomma, 4);
     return s_cpu && s_gpu && s_gpu2 && s_gpu_w1 && s_gpu_w8 && s_gpu_nomma ? 0 : -1;
 }
 
 static int s_teardown(void **state)
 {
+    for (int i = 0; i < 3; i++)
+        backend_destroy(&s_gpu_moe_grouped[i]);
     backend_destroy(&s_gpu_moe_host);
     backend_destroy(&s_gpu_moe_dev);
     backend_destroy(&s_gpu_nomma);
@@ -257,6 +270,10 @@ static void test_backend_new(void **state)
     assert_null(backend_new("cuda", 0, err, sizeof err));
     unsetenv("TROUPE_CUDA_MOE_DEVICE");
     assert_non_null(strstr(err, "TROUPE_CUDA_MOE_DEVICE"));
+    setenv("TROUPE_CUDA_MOE_GROUPED_BM", "48", 1);
+    assert_null(backend_new("cuda", 0, err, sizeof err));
+    unsetenv("TROUPE_CUDA_MOE_GROUPED_BM");
+    assert_non_null(strstr(err, "TROUPE_CUDA_MOE_GROUPED_BM"));
     setenv("TROUPE_CUDA_ATTN_MMA", "2", 1);
     assert_null(backend_new("cuda", 0, err, sizeof err));
     unsetenv("TROUPE_CUDA_ATTN_MMA");
@@ -413,6 +430,50 @@ static void test_matmul_n(void **state)
                 free(x);
             }
     print_message("  matmul_n: bit-identical to separate matmuls (bf16, f16, f32; M = 1, 9, 41, 300)\n");
+
+    /* One matrix's consecutive rows with a small part (q|k|v of a GQA layer, no bias): one GEMM
+     * over the whole matrix above the split rows, its rows dealt out (4 and 1 floats at a time);
+     * the same products summed in cuBLASLt's order for that shape: f32 rounding apart. At and below
+     * the split rows it is the per-part path: bit-identical. */
+    static const int Mf[] = {9, 41, 300};
+    static const int64_t Nf[2][3] = {{512, 128, 128}, {258, 66, 66}};
+    for (int dt = DT_BF16; dt <= DT_F16; dt++)
+        for (int shape = 0; shape < 2; shape++)
+            for (size_t mi = 0; mi < ARRAY_LEN(Mf); mi++) {
+                const int M = Mf[mi], K = 256;
+                const int64_t *Np = Nf[shape], rows = Np[0] + Np[1] + Np[2];
+                const size_t es = dtype_size((dtype_t)dt);
+                void *wh = s_rand_dt((dtype_t)dt, (size_t)rows * K, 0.5);
+                const uint8_t *wd = s_gpu->ops->weight_put(s_gpu, wh, (size_t)rows * K * es, es);
+                float *x = s_rand_f32((size_t)M * K, 1.0), *dx = s_put(s_gpu, x, (size_t)M * K * 4);
+                bk_mat_t W[3];
+                const bk_mat_t *wp[3];
+                float *yn[3], *y1[3];
+                size_t off = 0;
+                for (int i = 0; i < 3; i++) {
+                    W[i] = (bk_mat_t){.data = wd + off, .dtype = (dtype_t)dt, .rows = Np[i], .cols = K};
+                    off += (size_t)Np[i] * K * es;
+                    wp[i] = &W[i];
+                    yn[i] = s_out(s_gpu, (size_t)M * Np[i]);
+                    y1[i] = s_out(s_gpu, (size_t)M * Np[i]);
+                }
+                s_gpu->ops->matmul_n(s_gpu, dx, M, 3, wp, NULL, yn);
+                for (int i = 0; i < 3; i++)
+                    s_gpu->ops->matmul(s_gpu, dx, M, &W[i], NULL, y1[i]);
+                for (int i = 0; i < 3; i++) {
+                    char what[96];
+                    snprintf(what, sizeof what, "matmul_n fused %s M=%d N=%lld part %d", dtype_name((dtype_t)dt), M,
+                             (long long)Np[i], i);
+                    float *a = s_take(s_gpu, yn[i], (size_t)M * Np[i], what), *b = s_take(s_gpu, y1[i], (size_t)M * Np[i], what);
+                    s_compare(a, b, (size_t)M * Np[i], M <= SPLIT_MAX_M ? 0 : B_F32, what);
+                    free(a);
+                    free(b);
+                }
+                s_gpu->ops->weight_release(s_gpu, wd);
+                s_gpu->ops->free(s_gpu, dx);
+                free(x);
+                free(wh);
+            }
 }
 
 /* The GEMV path is batch-invariant: a row alone gives the bits it gives inside a batch (each
@@ -1069,13 +1130,24 @@ static void test_moe_route(void **state)
     }
 }
 
-/* The MoE FFN, on the CPU and on three CUDA backends: the defaults (the device path up to
- * MOE_DEVICE_MAX_M tokens, the host-sorted path above), the device path for every M
- * (TROUPE_CUDA_MOE_DEVICE_MAX_M=1000000) and the host path for every M (TROUPE_CUDA_MOE_DEVICE=0).
- * The device path is f32 arithmetic for every weight dtype (bound B_F32), the same bits run to run
- * and for a token alone as in its batch; the host path's bound follows its matmuls (GEMV up to
- * GEMV_MAX_M rows of an expert, split GEMM up to SPLIT_MAX_M, bf16/f16 activations above). */
+/* The MoE FFN, on the CPU and on six CUDA backends: the defaults (the FMA device path up to
+ * MOE_DEVICE_MAX_M tokens, the grouped path above for the shapes it takes, the host-sorted path for
+ * the others), the device path for every M (TROUPE_CUDA_MOE_DEVICE_MAX_M=1000000), the host path
+ * for every M (TROUPE_CUDA_MOE_DEVICE=0) and the grouped path for every M with each row tile
+ * (TROUPE_CUDA_MOE_DEVICE_MAX_M=0, TROUPE_CUDA_MOE_GROUPED_BM=32/64/128; the host path for shapes
+ * it does not take). The device path is f32 arithmetic for every weight dtype (bound B_F32); the
+ * host path's bound follows its matmuls (GEMV up to GEMV_MAX_M rows of an expert, split GEMM up to
+ * SPLIT_MAX_M, bf16/f16 activations above); the grouped path rounds x and the SwiGLU activations
+ * to the weights' 16-bit type with f32 accumulation, the host path's large-GEMM rounding: a CPU
+ * emulation of exactly that on these inputs (x in +-1, weights in +-0.3) gave 2.5e-3..2.8e-3 per
+ * expert output for bf16 and 3.1e-4..3.9e-4 for f16 over H = 64..2048, I = 40..768, so
+ * B_BF16_GEMM (1e-2) and B_F16_GEMM (2e-3) hold it with a margin of 4-5; a wrong fragment, a row
+ * or column off by one, or a tile read past its expert's rows is an error of order 1. The device
+ * and grouped paths give the same bits run to run and for a token alone as in its batch. The
+ * scratch is poisoned with 0xff bytes (NaN as f32, bf16 and f16) before each call: an activation
+ * or expert output a path reads but never wrote turns the output to NaN. */
 #define MOE_DEVICE_MAX_M 64      /* the backend's default TROUPE_CUDA_MOE_DEVICE_MAX_M */
+#define MOE_GROUPED_MIN_M 9      /* the backend's default TROUPE_CUDA_MOE_GROUPED_MIN_M */
 
 enum { MOE_IDS, MOE_ROUTED, MOE_SKEWED };
 
@@ -1116,20 +1188,47 @@ static const moe_case_t s_moe_cases[] = {
     {DT_F32, 64, 64, 96, 8, 2, MOE_SKEWED, 0},
     {DT_BF16, 300, 64, 96, 8, 2, MOE_SKEWED, 1},
     {DT_BF16, 300, 128, 64, 128, 8, MOE_SKEWED, 0},
-    /* widths that are not a multiple of a 16-byte load (the scalar kernels), and f16 weights */
+    /* widths that are not a multiple of a 16-byte load (the scalar kernels; not the grouped path),
+     * and f16 weights */
     {DT_BF16, 7, 60, 36, 8, 2, MOE_ROUTED, 1},
     {DT_F16, 64, 60, 36, 16, 4, MOE_ROUTED, 0},
     {DT_F32, 3, 62, 34, 8, 2, MOE_ROUTED, 0},
     {DT_F16, 7, 128, 64, 128, 8, MOE_ROUTED, 1},
+    /* the grouped path (the defaults take it above 64 tokens): batch 1; 37 tokens over H = 256 (4 K
+     * slices of gate|up, 2 column tiles of down) and I = 192 (3 column tiles of gate|up, 3 K slices
+     * of down); 256 tokens, a decode batch (~16 entries per expert); 1000 tokens with ~62 per
+     * expert, and skewed (one expert takes every token: 8 tiles of 128, 16 of 64, 32 of 32, one
+     * expert none) with I = 96 (a half column tile of gate|up, a half K slice of down); H = 72, I =
+     * 40 (partial K slices and column tiles in both GEMMs); 2100 tokens (two chunks of
+     * BK_MOE_GROUPED_CHUNK) */
+    {DT_BF16, 1, 256, 192, 32, 4, MOE_ROUTED, 1},
+    {DT_BF16, 37, 256, 192, 32, 4, MOE_ROUTED, 0},
+    {DT_F16, 37, 128, 64, 128, 8, MOE_ROUTED, 1},
+    {DT_BF16, 256, 512, 128, 128, 8, MOE_ROUTED, 1},
+    {DT_F16, 256, 256, 96, 64, 8, MOE_ROUTED, 0},
+    {DT_BF16, 1000, 128, 64, 128, 8, MOE_ROUTED, 1},
+    {DT_F16, 1000, 128, 64, 128, 8, MOE_SKEWED, 0},
+    {DT_BF16, 1000, 256, 96, 16, 4, MOE_SKEWED, 1},
+    {DT_F16, 300, 72, 40, 8, 2, MOE_ROUTED, 1},
+    {DT_BF16, 2100, 64, 64, 8, 2, MOE_ROUTED, 0},
 };
 
-/* The bound for a path: the device path computes in f32 for every weight dtype; the host path
- * runs each expert's rows through the matmul op. */
-static double s_moe_bound(int device, dtype_t dt, int most)
+enum { MOE_CPU, MOE_DEVICE, MOE_GROUPED, MOE_HOST };
+
+/* Whether the grouped path takes the case's experts (cuda_moe_gemm_takes: 16-bit weights, H and
+ * I multiples of 8; the backend's weights are 16-byte aligned). */
+static int s_moe_grouped_takes(const moe_case_t *c)
 {
-    if (device || dt == DT_F32 || most <= GEMV_MAX_M)
+    return c->dt != DT_F32 && c->H % 8 == 0 && c->I % 8 == 0;
+}
+
+/* The bound for a path: the device path computes in f32 for every weight dtype; the host path
+ * runs each expert's rows through the matmul op; the grouped path rounds the activations once. */
+static double s_moe_bound(int path, dtype_t dt, int most)
+{
+    if (path == MOE_DEVICE || dt == DT_F32 || (path == MOE_HOST && most <= GEMV_MAX_M))
         return B_F32;
-    if (most <= SPLIT_MAX_M)
+    if (path == MOE_HOST && most <= SPLIT_MAX_M)
         return B_SPLIT;
     return dt == DT_BF16 ? B_BF16_GEMM : B_F16_GEMM;
 }
@@ -1167,17 +1266,27 @@ static void s_moe_ffn_case(const moe_case_t *c)
             logits[(size_t)t * E] = -6.0f;
         }
     }
-    enum { NB = 4 };
-    backend_t *be[NB] = {s_cpu, s_gpu, s_gpu_moe_dev, s_gpu_moe_host};
-    const int device[NB] = {0, M <= MOE_DEVICE_MAX_M, 1, 0};
-    const char *path[NB] = {"", "", " [device path]", " [host path]"};
+    enum { NB = 7 };
+    backend_t *be[NB] = {s_cpu, s_gpu, s_gpu_moe_dev, s_gpu_moe_host,
+                         s_gpu_moe_grouped[0], s_gpu_moe_grouped[1], s_gpu_moe_grouped[2]};
+    const int grouped = s_moe_grouped_takes(c) ? MOE_GROUPED : MOE_HOST;
+    const int dflt = grouped == MOE_GROUPED && M >= MOE_GROUPED_MIN_M ? MOE_GROUPED
+                   : M <= MOE_DEVICE_MAX_M                          ? MOE_DEVICE
+                                                                    : grouped;
+    const int path[NB] = {MOE_CPU, dflt, MOE_DEVICE, MOE_HOST,
+                          grouped, grouped, grouped};
+    const char *label[NB] = {"", "", " [device path]", " [host path]", " [grouped BM=32]", " [grouped BM=64]",
+                             " [grouped BM=128]"};
     static const char *routing[] = {"ids", "routed", "skewed"};
+    const size_t scratch_bytes = moe_scratch_bytes(M, k, H, I, E);
+    uint8_t *poison = malloc(scratch_bytes);
+    memset(poison, 0xff, scratch_bytes);
     float *res[NB];
     int32_t *rid[NB];
     char what[192];
     for (int b = 0; b < NB; b++) {
         snprintf(what, sizeof what, "moe_ffn %s M=%d H=%d I=%d E=%d k=%d %s%s%s", dtype_name(dt), M, H, I, E, k,
-                 routing[c->routing], c->routing != MOE_IDS && c->renorm ? " renorm" : "", path[b]);
+                 routing[c->routing], c->routing != MOE_IDS && c->renorm ? " renorm" : "", label[b]);
         bk_expert_t ex[128];
         for (int e = 0; e < E; e++) {
             ex[e].gate = (bk_mat_t){be[b]->ops->weight_put(be[b], gw[e], (size_t)I * H * es, es), dt, I, H};
@@ -1196,11 +1305,11 @@ static void s_moe_ffn_case(const moe_case_t *c)
             be[b]->ops->moe_route(be[b], dl, M, E, k, c->renorm, di, dwt);
         }
         rid[b] = s_get(be[b], di, rows * 4);
-        void *scratch = be[b]->ops->alloc(be[b], moe_scratch_bytes(M, k, H, I, E));
+        void *scratch = s_put(be[b], poison, scratch_bytes);
         float *dout = s_out(be[b], (size_t)M * H);
         be[b]->ops->moe_ffn(be[b], dx, M, H, di, dwt, k, ex, E, scratch, dout);
         res[b] = s_take(be[b], dout, (size_t)M * H, what);
-        if (be[b] == s_gpu_moe_dev) {
+        if (b >= 2 && (path[b] == MOE_DEVICE || path[b] == MOE_GROUPED)) {
             /* The same bits again, and token 0 alone gives the bits it got in the batch. */
             char again[224];
             dout = s_out(be[b], (size_t)M * H);
@@ -1247,8 +1356,9 @@ static void s_moe_ffn_case(const moe_case_t *c)
         if (c->routing == MOE_SKEWED && (most != M || empty == 0))
             fail_msg("%s: the skewed routing gave the busiest expert %d of %d tokens, %d experts none", what, most, M,
                      empty);
-        s_compare(res[b], res[0], (size_t)M * H, s_moe_bound(device[b], dt, most), what);
+        s_compare(res[b], res[0], (size_t)M * H, s_moe_bound(path[b], dt, most), what);
     }
+    free(poison);
     for (int b = 0; b < NB; b++) {
         free(res[b]);
         free(rid[b]);

@@ -1,0 +1,342 @@
+/* kernels/cuda/cuda_moe_gemm.cu — moe_ffn's grouped path: the routed experts' SwiGLU FFNs as two
+ * grouped GEMMs on the tensor cores, for steps of many tokens (prefill chunks, large decode
+ * batches).
+ *
+ * cuda_moe.cu chooses the path, cuts the step into chunks of at most BK_MOE_GROUPED_CHUNK tokens,
+ * sorts each chunk's (token, slot) entries by expert on the device and cuts every expert's run of
+ * entries into row tiles of BM (k_moe_sort_tiles); after this file's three kernels it sums each
+ * token's k outputs (k_moe_combine). Here, per chunk:
+ *   1. k_moe_x16: the chunk's x [mc][H] f32 -> xh [mc][H] in the weights' 16-bit type, once per
+ *      token (not per entry: GEMM 1 reads a tile's rows through tok[], a gather in its loads).
+ *   2. k_moe_gemm<GU>: per (row tile, 64 columns of I): G = Xs Wg^T and U = Xs Wu^T over K = H,
+ *      epilogue act[entry][n] = silu(g) * u rounded to the 16-bit type (entries in sorted order).
+ *   3. k_moe_gemm<down>: per (row tile, 128 columns of H): y[t * k + j][n] = act Wd^T over K = I,
+ *      f32.
+ * Both GEMMs are "TN" (A [rows][K] and the weights [N][K] both K-contiguous, nn.Linear's layout),
+ * the same kernel with a different B and epilogue:
+ *   block: BM rows (32, 64 or 128, cuda_moe_gemm_bm) x 128 weight rows (down: 128 rows of Wd;
+ *     gate|up: 64 rows of Wg then the same 64 rows of Wu), 4 warps as 2 (rows) x 2 (columns);
+ *     warp: BM/2 rows x 64 weight rows = BM/32 m16 tiles x 8 n8 tiles of f32 accumulators
+ *     (128 registers at BM = 128). For gate|up, warp column wn owns act columns n0 + 32 wn ..
+ *     + 31: its n8 tiles 0-3 are those columns of gate and 4-7 the same columns of up, so one
+ *     thread holds g and u of the same element.
+ *   K loop: 64-element (128-byte) K slices in a 3-stage cp.async pipeline (two slices in flight
+ *     while one is used; one barrier per slice). Shared rows are padded to 72 elements (144
+ *     bytes), so the 8 row addresses of every ldmatrix phase fall in 8 different 16-byte bank
+ *     groups and a quarter warp's 16-byte cp.async stores fill one row: no conflicts, no swizzle.
+ *     Shared memory 3 x (BM + 128) x 144 bytes: 108 KB at BM = 128 (2 blocks per SM), 81 KB at
+ *     64 (2), 68 KB at 32 (3).
+ *   mma.sync m16n8k16 (bf16 or f16 in, f32 accumulation); A fragments by ldmatrix .x4 (one m16 x
+ *     k16 block), B fragments by ldmatrix .x4 of 16 weight rows x k16 (two n8 tiles: no .trans,
+ *     the weights' rows are the B operand's columns).
+ *   masking: a tile's rows past its count, weight rows past N and K slices past K (K a multiple of
+ *     8, so a 16-byte chunk is wholly in or out) are zero-filled by cp.async (the source is not
+ *     read) and never stored.
+ *   grid: (N tiles, an upper bound on the row tiles: ceil(rows / BM) + min(E, rows)), N fastest,
+ *     so the blocks running together share a row tile's A and sweep one expert's weights; blocks
+ *     past the chunk's tile count (*n_tiles, written by the sort) leave at once. No host round
+ *     trip, no sync, no allocation: the launches are graph-capturable.
+ *
+ * Numerics (what differs from the CPU reference): x is rounded once to the weights' 16-bit type
+ * (round to nearest even; f16 saturates at +-65504 as cuda_matmul.cu's conversion does), gate and
+ * up are f32 sums of exact 16 x 16-bit products (mma.sync), SwiGLU in f32 with cuda_swiglu's
+ * arithmetic, its result rounded once more to the 16-bit type, down in f32 the same way: the
+ * rounding points of the host path's cuBLASLt GEMMs above TROUPE_CUDA_GEMM_SPLIT rows (bf16
+ * activations, as vLLM and SGLang run MoE): ~1e-3 relative per GEMM. A row's result depends only
+ * on its own inputs and K (every output element sees the same mma sequence over the same K
+ * slices, whatever the tile, its other rows or BM), so the path is batch-invariant and the same
+ * bits run to run, although the sort places an expert's entries in no fixed order.
+ *
+ * Known limits: bf16/f16 weights only, H and I multiples of 8, 16-byte aligned weights (cuda_moe.cu
+ * sends other shapes to its other paths); one fixed tile shape per BM, chosen by the average rows
+ * per expert (TROUPE_CUDA_MOE_GROUPED_BM forces one); no split-K, no persistent scheduling, and an
+ * expert's tiles are as many blocks as its rows need (a skewed chunk is no long tail, but a row
+ * tile holding few rows still costs a full one). mma.sync rather than Hopper's wgmma/TMA: simpler,
+ * and ~2/3 of the tensor peak at best. Written without a GPU at hand (checked first under a host
+ * emulation of the threads, barriers, cp.async, ldmatrix and mma.sync), then run on the H200:
+ * tests/gpu/test_backend_cuda.c's moe_ffn cases pass on every row tile, and bench_cuda's layer of
+ * Qwen3-30B-A3B's shape takes 0.25 / 0.34 / 0.36 / 0.54 / 0.82 ms at 16 / 64 / 256 / 1,024 /
+ * 2,048 tokens (the FMA path 0.33 / 0.65 / 2.08 ms up to 256; the host path 2.1-8.2 ms): ~3.4
+ * TB/s of expert weights at decode sizes, 188 TFLOP/s (24% of the bf16 peak) at 2,048.
+ * First GPU run pending.
+ */
+#include <stdint.h>
+
+#include "kernels/cuda/cuda.h"
+#include "kernels/cuda/cuda_dev.cuh"
+#include "kernels/cuda/cuda_mma.cuh"
+
+#define MG_WARPS 4
+#define MG_THREADS (MG_WARPS * 32)
+#define MG_BN 128                 /* weight rows per block: 128 of down, or 64 of gate + 64 of up */
+#define MG_BK 64                  /* K per stage: 128 bytes of a 16-bit row */
+#define MG_STAGES 3
+#define MG_LD (MG_BK + 8)         /* shared row stride in elements: 144 bytes */
+#define MG_CH (MG_BK / 8)         /* 16-byte chunks per row per stage */
+
+/* One GEMM of the chunk, passed by value. */
+typedef struct mg_args {
+    const moe_dev_expert_t *tab;  /* device [E] */
+    const int4 *tiles;            /* device [*n_tiles]: expert, first sorted entry, rows (1..BM) */
+    const int32_t *n_tiles;       /* device [1] */
+    const int32_t *tok;           /* device [rows]: each sorted entry's token in the chunk */
+    const int32_t *slot;          /* device [rows]: each sorted entry's t * k + j */
+    const uint16_t *a;            /* gate|up: xh [mc][K]; down: act [rows][K] (sorted order) */
+    int N, K;                     /* gate|up: I, H; down: H, I */
+    uint16_t *act;                /* gate|up: out [rows][N] 16-bit, sorted order */
+    float *y;                     /* down: out [rows][N] f32, row t * k + j */
+} mg_args_t;
+
+template <int BM> struct mg_smem {
+    static constexpr size_t BYTES = (size_t)MG_STAGES * (BM + MG_BN) * MG_LD * 2;
+};
+
+/* f32 -> f16 saturated to the largest finite value (NaN stays NaN): cuda_matmul.cu's conversion. */
+static __device__ __forceinline__ float dev_moe_f16_sat(float v)
+{
+    return v > 65504.0f ? 65504.0f : v < -65504.0f ? -65504.0f : v;
+}
+
+/* Two floats as the 16-bit type, round to nearest even, lo in the low half. bf16: common/dtype.h's
+ * rounding (dev_bf16_bits); f16: saturated first. */
+template <bool F16> static __device__ __forceinline__ uint32_t dev_moe_pack(float lo, float hi)
+{
+    if constexpr (F16)
+        return dev_pack_f16x2(dev_moe_f16_sat(lo), dev_moe_f16_sat(hi));
+    else
+        return (uint32_t)dev_bf16_bits(lo) | (uint32_t)dev_bf16_bits(hi) << 16;
+}
+
+/* out[i] = x[2i], x[2i + 1] as the 16-bit type, for n2 pairs. x needs only 4-byte alignment. */
+template <bool F16> __global__ void k_moe_x16(const float *x, int64_t n2, uint32_t *out)
+{
+    DEV_PDL_ENTER();
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n2; i += (int64_t)gridDim.x * blockDim.x)
+        out[i] = dev_moe_pack<F16>(x[2 * i], x[2 * i + 1]);
+}
+
+/* One grouped GEMM (the file header has the tiling). GU: gate|up with the SwiGLU epilogue, else
+ * down. Block (x, y) computes columns n0 = x * (GU ? 64 : 128) of row tile tiles[y]. */
+template <bool F16, int BM, bool GU>
+__global__ void __launch_bounds__(MG_THREADS, 2) k_moe_gemm(mg_args_t a)
+{
+    constexpr int MT = BM / 32;                    /* m16 tiles per warp: the warp has BM / 2 rows */
+    constexpr int NT = 8;                          /* n8 tiles per warp: 64 weight rows */
+    constexpr int A_IT = BM * MG_CH / MG_THREADS;  /* A chunks per thread per stage (rows tid / 8 + 16 i) */
+    constexpr int B_IT = MG_BN * MG_CH / MG_THREADS;
+    static_assert(BM == 32 || BM == 64 || BM == 128, "BM");
+    static_assert(A_IT * MG_THREADS == BM * MG_CH && B_IT == 8 && MG_THREADS / MG_CH == 16, "one chunk column per thread");
+    extern __shared__ __align__(16) uint16_t mg_sm[];
+    uint16_t *As = mg_sm;                          /* [MG_STAGES][BM][MG_LD] */
+    uint16_t *Bs = mg_sm + MG_STAGES * BM * MG_LD; /* [MG_STAGES][MG_BN][MG_LD] */
+
+    DEV_PDL_ENTER();
+    if ((int)blockIdx.y >= *a.n_tiles)
+        return;                                    /* the whole block: no barrier is left waiting */
+    const int4 tile = a.tiles[blockIdx.y];
+    const int e = tile.x, r0 = tile.y, nrows = tile.z;
+    const int N = a.N, K = a.K;
+    const int n0 = blockIdx.x * (GU ? MG_BN / 2 : MG_BN);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp >> 1, wn = warp & 1;       /* warp rows wm * BM/2 ..; weight rows, see below */
+    const int ch = tid & (MG_CH - 1);              /* the 16-byte chunk (8 elements) of every row this thread loads */
+
+    /* Sources of this thread's rows (fixed for the whole K loop); a row out of range keeps a valid
+     * pointer that cp.async is told not to read. A row i: tile row tid / 8 + 16 i. B row j = tid /
+     * 8 + 16 i: gate|up: j < 64 gate row n0 + j, else up row n0 + j - 64; down: down row n0 + j. */
+    const uint16_t *asrc[A_IT], *bsrc[B_IT];
+    unsigned amask = 0, bmask = 0;
+#pragma unroll
+    for (int i = 0; i < A_IT; i++) {
+        const int row = (tid >> 3) + 16 * i;
+        const bool in = row < nrows;
+        const int64_t src = !in ? 0 : GU ? (int64_t)a.tok[r0 + row] : (int64_t)(r0 + row);
+        asrc[i] = a.a + src * K;
+        amask |= (unsigned)in << i;
+    }
+    const moe_dev_expert_t ex = a.tab[e];
+#pragma unroll
+    for (int i = 0; i < B_IT; i++) {
+        const int j = (tid >> 3) + 16 * i;
+        const int n = n0 + (GU ? (j & 63) : j);
+        const bool in = n < N;
+        const void *w = GU ? (j < 64 ? ex.gate : ex.up) : ex.down;
+        bsrc[i] = (const uint16_t *)w + (in ? (int64_t)n * K : 0);
+        bmask |= (unsigned)in << i;
+    }
+
+    /* K slice kt into stage buf (the caller commits the group). */
+    auto load_stage = [&](int kt, int buf) {
+        const int k = kt * MG_BK + ch * 8;
+        const bool kin = k < K;
+        uint16_t *as = As + buf * BM * MG_LD, *bs = Bs + buf * MG_BN * MG_LD;
+#pragma unroll
+        for (int i = 0; i < A_IT; i++) {
+            const bool in = kin && (amask >> i & 1u);
+            dev_cp_async16(as + ((tid >> 3) + 16 * i) * MG_LD + ch * 8, in ? asrc[i] + k : asrc[i], in ? 16 : 0);
+        }
+#pragma unroll
+        for (int i = 0; i < B_IT; i++) {
+            const bool in = kin && (bmask >> i & 1u);
+            dev_cp_async16(bs + ((tid >> 3) + 16 * i) * MG_LD + ch * 8, in ? bsrc[i] + k : bsrc[i], in ? 16 : 0);
+        }
+    };
+
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+            acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.0f;
+
+    const int KT = (K + MG_BK - 1) / MG_BK;
+#pragma unroll
+    for (int s = 0; s < MG_STAGES - 1; s++) {      /* group s holds slice s (empty past KT) */
+        if (s < KT)
+            load_stage(s, s);
+        dev_cp_commit();
+    }
+    for (int kt = 0; kt < KT; kt++) {
+        /* Groups committed so far: MG_STAGES - 1 + kt; all but the newest MG_STAGES - 2 done means
+         * group kt (slice kt) landed for this thread; the barrier makes every thread's visible and
+         * says every warp finished slice kt - 1, whose stage the next load reuses. */
+        dev_cp_wait<MG_STAGES - 2>();
+        __syncthreads();
+        const int nk = kt + MG_STAGES - 1;
+        if (nk < KT)
+            load_stage(nk, nk % MG_STAGES);
+        dev_cp_commit();                           /* empty past KT: the wait count stays uniform */
+
+        const uint16_t *as = As + (kt % MG_STAGES) * BM * MG_LD + wm * (BM / 2) * MG_LD;
+        const uint16_t *bs = Bs + (kt % MG_STAGES) * MG_BN * MG_LD;
+#pragma unroll
+        for (int kk = 0; kk < MG_BK / 16; kk++) {
+            /* B: 4 x4 loads of 16 weight rows each; matrices (rows 0-7, k 0-7), (rows 0-7, k 8-15),
+             * (rows 8-15, k 0-7), (rows 8-15, k 8-15) = b0, b1 of n8 tile 2 np, then of 2 np + 1.
+             * Weight rows of pair np: gate|up: (np / 2) * 64 + 32 wn + (np % 2) * 16 (np 0-1 gate,
+             * 2-3 up, the same columns); down: 64 wn + 16 np. So n8 tile nt holds weight rows
+             * 32 wn + 8 nt (+ 64 for nt >= 4: up) or 64 wn + 8 nt. */
+            uint32_t b[NT / 2][4];
+#pragma unroll
+            for (int np = 0; np < NT / 2; np++) {
+                const int brow = GU ? (np >> 1) * 64 + wn * 32 + (np & 1) * 16 : wn * 64 + np * 16;
+                dev_ldsm_x4(bs + (brow + (lane & 7) + (lane >> 4) * 8) * MG_LD + kk * 16 + ((lane >> 3) & 1) * 8, b[np]);
+            }
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                /* A: matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15), (rows 8-15,
+                 * k 8-15) of the m16 tile = a[0..3]. */
+                uint32_t af[4];
+                dev_ldsm_x4(as + (mt * 16 + (lane & 15)) * MG_LD + kk * 16 + (lane >> 4) * 8, af);
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+                    dev_mma16<F16>(acc[mt][nt], af, b[nt >> 1][(nt & 1) * 2], b[nt >> 1][(nt & 1) * 2 + 1]);
+            }
+        }
+    }
+    dev_cp_wait<0>();                              /* only empty groups are left; none outlives the block */
+
+    /* Accumulators: acc[mt][nt][2h + c] is tile row wm * BM/2 + 16 mt + g + 8h, n8 column 2t + c
+     * (g = lane / 4, t = lane % 4). N is a multiple of 8, so column 2t < N implies 2t + 1 < N. */
+    const int g = lane >> 2, t2 = (lane & 3) * 2;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int row = wm * (BM / 2) + mt * 16 + g + 8 * h;
+            if (row >= nrows)
+                continue;
+            const int p = r0 + row;                /* the sorted entry */
+            if constexpr (GU) {
+                uint16_t *dst = a.act + (int64_t)p * N;
+#pragma unroll
+                for (int nt = 0; nt < NT / 2; nt++) {
+                    const int n = n0 + wn * 32 + nt * 8 + t2;
+                    if (n >= N)
+                        continue;
+                    float s[2];
+#pragma unroll
+                    for (int c = 0; c < 2; c++) {  /* cuda_swiglu's (and the CPU's) arithmetic */
+                        const float gv = acc[mt][nt][2 * h + c], uv = acc[mt][nt + NT / 2][2 * h + c];
+                        s[c] = __fmul_rn(gv / __fadd_rn(1.0f, expf(-gv)), uv);
+                    }
+                    *(uint32_t *)(dst + n) = dev_moe_pack<F16>(s[0], s[1]);
+                }
+            } else {
+                float *dst = a.y + (int64_t)a.slot[p] * N;
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    const int n = n0 + wn * 64 + nt * 8 + t2;
+                    if (n < N)
+                        *(float2 *)(dst + n) = make_float2(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
+                }
+            }
+        }
+    }
+}
+
+/* ---- host side ----------------------------------------------------------------------------------- */
+
+bool cuda_moe_gemm_takes(dtype_t dt, int64_t H, int64_t I)
+{
+    return (dt == DT_BF16 || dt == DT_F16) && H > 0 && I > 0 && H % 8 == 0 && I % 8 == 0;
+}
+
+/* By the average entries per expert: at ~16 (a 256-token decode step of Qwen3-30B-A3B) the step
+ * streams every expert's weights and a 128-row tile would be 7/8 padding; at ~128 (2,048 tokens)
+ * the tensor work dominates and the bigger tile reads its shared rows twice as often per load.
+ * An expert needs on average half a tile of padding: 64-row tiles are fuller than 128-row ones up
+ * to ~100 entries per expert. (Guesses: bench_cuda's moe_M*_grouped_bm* lines measure each.) */
+int cuda_moe_gemm_bm(const cuda_state_t *st, int rows, int E)
+{
+    if (st->moe_grouped_bm)
+        return st->moe_grouped_bm;
+    const int avg = rows / (E > 0 ? E : 1);
+    return avg <= 24 ? 32 : avg <= 100 ? 64 : 128;
+}
+
+template <bool F16, int BM> static void s_gemms(const cuda_state_t *st, const moe_grouped_chunk_t *c)
+{
+    const unsigned tiles = (unsigned)cuda_moe_tiles_max(c->rows, BM, c->E);
+    mg_args_t a = {};
+    a.tab = c->tab;
+    a.tiles = c->tiles;
+    a.n_tiles = c->n_tiles;
+    a.tok = c->tok;
+    a.slot = c->slot;
+
+    a.a = (const uint16_t *)c->xh;
+    a.N = c->I;
+    a.K = c->H;
+    a.act = (uint16_t *)c->act;
+    const dim3 g_gu((unsigned)((c->I + MG_BN / 2 - 1) / (MG_BN / 2)), tiles);
+    cuda_launch_large_smem<k_moe_gemm<F16, BM, true>>(st, g_gu, MG_THREADS, mg_smem<BM>::BYTES, a);
+
+    a.a = (const uint16_t *)c->act;
+    a.N = c->H;
+    a.K = c->I;
+    a.act = NULL;
+    a.y = c->y;
+    const dim3 g_dn((unsigned)((c->H + MG_BN - 1) / MG_BN), tiles);
+    cuda_launch_large_smem<k_moe_gemm<F16, BM, false>>(st, g_dn, MG_THREADS, mg_smem<BM>::BYTES, a);
+}
+
+template <bool F16> static void s_chunk(const cuda_state_t *st, const moe_grouped_chunk_t *c)
+{
+    const int64_t n2 = (int64_t)c->mc * c->H / 2;
+    const int64_t blocks = (n2 + 255) / 256;
+    cuda_launch(st, k_moe_x16<F16>, (unsigned)(blocks < 4096 ? blocks : 4096), 256, c->x, n2, (uint32_t *)c->xh);
+    switch (c->bm) {
+    case 32: s_gemms<F16, 32>(st, c); break;
+    case 64: s_gemms<F16, 64>(st, c); break;
+    default: s_gemms<F16, 128>(st, c); break;
+    }
+}
+
+void cuda_moe_gemm(const cuda_state_t *st, const moe_grouped_chunk_t *c)
+{
+    if (c->dt == DT_F16)
+        s_chunk<true>(st, c);
+    else
+        s_chunk<false>(st, c);
+}
