@@ -124,7 +124,7 @@ fi
 
 # ---- benchmarks -----------------------------------------------------------------------------------
 step "ceilings and backend matmuls"
-if [ -x build/gpu-tests/bench_cuda ]; then
+if [ "${SKIP_BENCH:-0}" != 1 ] && [ -x build/gpu-tests/bench_cuda ]; then   # SKIP_BENCH=1: not this time
   timeout 180 build/gpu-tests/bench_cuda >"$OUT/bench.log" 2>&1 || status=1
   cat "$OUT/bench.log"
 fi

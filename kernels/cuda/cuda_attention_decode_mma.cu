@@ -40,22 +40,22 @@
  * of 1 with a few thousand tokens of context still fills the GPU.
  *
  * Shared memory: K and V 3 x 64 x (D + 8) bf16 each, Q 16 x (D + 8) bf16: 106 KB at D = 128 (2
- * blocks per SM), 56 KB at D = 64 (3 per SM).
+ * blocks per SM), 56 KB at D = 64 (3 per SM); an fp8 cache 3 x 64 x (D + 16) bytes each and no Q
+ * (its fragments come from global memory): 54 KB at D = 128, 4 blocks per SM.
  *
  * Numerics, as the prefill kernel's (beyond summation order): q rounded once to bf16, each p =
  * exp(s - m) rounded to bf16 before P V, f32 scores, softmax state and accumulation; l sums the
  * rounded p. ~2e-3 relative on random inputs; tests/gpu/test_backend_cuda.c holds it to 5e-3.
  *
- * An fp8 (e4m3) cache (F8): tiles come in at 1 byte per element (4 stages: the same bytes in
- * flight per block as fewer bf16 ones), then each warp converts its 16 keys of K and V into f16
- * rows of its own (one exact cvt per pair; only that warp reads them, so warp barriers suffice),
- * and the mma runs on f16: q and p rounded to f16 (2^-11) instead of bf16. Converting to bf16
- * instead took three conversions per pair and made the step conversion-bound: no faster than bf16
- * (H200, batch 256: 10.5 ms against 10.0).
+ * An fp8 (e4m3) cache (F8): tiles come in at 1 byte per element and stay so in shared memory;
+ * ldmatrix reads them as 16-bit pairs and each fragment is converted in registers (one exact cvt
+ * per pair; the K and V layouts this implies are described at their loops), and the mma runs on
+ * f16: q and p rounded to f16 (2^-11) instead of bf16. Earlier versions converted tiles in shared
+ * memory (to bf16: conversion-bound; to f16: latency-bound), no faster than bf16 (RESULTS.md runs
+ * K and L). Batch 256 at 1,000 keys, H200: 5.55 ms, 1.72x the bf16 cache (run R).
  *
  * Known limits: q must be 16-byte aligned (cudaMalloc'd activations are). Up to 16 query heads per
- * kv head (one m16 tile). Written without a GPU at hand: compiled, its fragment handling checked in
- * a CPU emulation of ldmatrix/mma (the PTX ISA's layouts), first run pending.
+ * kv head (one m16 tile).
  */
 #include <limits.h>
 #include <math.h>
@@ -88,8 +88,8 @@ typedef struct dmma_args {
 } dmma_args_t;
 
 /* Shared memory of one block, in bytes: the K/V stages, tiles as the cache stores them (rows
- * padded by 16 bytes: ldmatrix's 8 row addresses in 8 bank groups), then Q. fp8 tiles are half the
- * bytes: 59 KB at D = 128, so 3 blocks per SM (bf16: 106 KB, 2). */
+ * padded by 16 bytes: ldmatrix's 8 row addresses in 8 bank groups), then Q (bf16 only). fp8 tiles
+ * are half the bytes: 54 KB at D = 128, so 4 blocks per SM (bf16: 106 KB, 2). */
 template <int D, bool F8> struct dmma_smem {
     static constexpr int STRIDE = D + DMMA_PAD;                     /* one 16-bit Q row (and bf16 K/V row), elements */
     static constexpr int STAGES = DMMA_STAGES;
