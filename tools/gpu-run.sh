@@ -320,6 +320,8 @@ if [ "${MULTIGPU:-0}" = 1 ]; then
   MTOPO=${MULTI_TOPO:-tools/bench/h200x2-8b.yaml}
   # The engine fixtures through prefill on GPU 0 -> NCCL -> decode on GPU 1, against one GPU.
   GPUS=2 timeout 300 bash tests/scenario/serve_exact.sh >"$OUT/multi-exact.txt" 2>&1 || { status=1; echo "FAIL serve_exact on 2 GPUs" >>"$OUT/multi-exact.txt"; }
+  # ... and with both workers on GPU 0 (CUDA IPC): a failure on two GPUs alone points at NCCL.
+  GPUS=1 timeout 300 bash tests/scenario/serve_exact.sh >"$OUT/multi-exact1.txt" 2>&1 || { status=1; echo "FAIL serve_exact on 1 GPU" >>"$OUT/multi-exact1.txt"; }
   { [ -x build/gpu-tests/bench_nccl ] && timeout 120 build/gpu-tests/bench_nccl; \
     grep -h "kv_handoff_nccl_bw\|SKIPPED" "$OUT/gpu-tests-other.log" 2>/dev/null; } >"$OUT/multigpu.txt" 2>&1
   handoff_totals() {   # -> "seconds transfers" summed over the decode workers
@@ -358,6 +360,7 @@ PY
   kill -TERM $msup 2>/dev/null; wait $msup 2>/dev/null
   TOPO="$MTOPO" LOG="$OUT/kill9-cluster.log" timeout 300 tests/gpu/scenario_nccl_kill9.sh >>"$OUT/multigpu.txt" 2>&1 || status=1
   grep -E "prompts equal|over NCCL|PASS|FAIL" "$OUT/multi-exact.txt" >>"$OUT/multigpu.txt"
+  grep -E "prompts equal|PASS|FAIL|!=" "$OUT/multi-exact1.txt" | sed 's/^/one GPU: /' >>"$OUT/multigpu.txt"
   cat "$OUT/multigpu.txt"
   multi_line="see multigpu.txt"
 fi

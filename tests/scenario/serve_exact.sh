@@ -5,7 +5,8 @@
 #
 # GPUS=2 (issue #6, on a node with two GPUs): the same fixtures with prefill on GPU 0 and decode on
 # GPU 1, the KV handed over NCCL (the test waits for the link and checks that the hand-offs went by
-# it), against troupe-generate on one GPU (--backend cuda): greedy must be equal. Alone, without
+# it), against troupe-generate on one GPU (--backend cuda): greedy must be equal. GPUS=1: prefill
+# and decode on GPU 0 (CUDA IPC), the same comparison. Alone, without
 # the background requests: on a GPU a row's numerics depend on the batch it runs in. The f32
 # fixtures must also equal transformers; the bf16 one need only equal the one-GPU run.
 #
@@ -19,6 +20,9 @@ GPUS=${GPUS:-0}
 gen_backend=cpu; n_bg=${N_BG:-32}
 if [ "$GPUS" -ge 2 ]; then
   export BACKEND=cuda NODE_GPUS=$GPUS PREFILL_GPUS='[0]' DECODE_GPUS='[1]' N_PREFILL=1 N_DECODE=1
+  gen_backend=cuda; n_bg=0
+elif [ "$GPUS" = 1 ]; then   # the same on one GPU: KV by CUDA IPC, what NCCL is compared with
+  export BACKEND=cuda NODE_GPUS=1 PREFILL_GPUS='[0]' DECODE_GPUS='[0]' N_PREFILL=1 N_DECODE=1
   gen_backend=cuda; n_bg=0
 fi
 # metric ROLE NAME: the sum over the role's actors of one metric, from the monitor.
@@ -58,7 +62,7 @@ PY
   # On the GPU node (no pyzmq there) the C client submits the prompts one after another
   # (C_CLIENT=1 does so on the CPU too, and the 32 background requests then run after them).
   : > "$WORK/$name.cluster"
-  if [ "$GPUS" -ge 2 ] || [ "${C_CLIENT:-0}" = 1 ]; then
+  if [ "$GPUS" -ge 1 ] || [ "${C_CLIENT:-0}" = 1 ]; then
     while read -r ids; do
       timeout 120 "$BIN/troupe-client" --topology "$WORK/$name.yaml" --json submit --ids "$ids" --max-tokens 32 \
         --temperature 0 --ignore-eos | tr -d '\n' >> "$WORK/$name.cluster" || fail "$name: troupe-client failed"
