@@ -544,6 +544,13 @@ double config_weight_bytes(const model_config_t *cfg, size_t elem_bytes, double 
     return elems * es;
 }
 
+dtype_t config_kv_dtype(const model_config_t *cfg, dtype_t dummy, dtype_t chosen)
+{
+    if (chosen != DT_COUNT)
+        return chosen;
+    return dummy != DT_COUNT ? dummy : cfg->dtype;
+}
+
 size_t config_kv_bytes_per_token(const model_config_t *cfg, size_t elem_bytes)
 {
     return (size_t)cfg->num_layers * (size_t)cfg->num_kv_heads * (size_t)cfg->head_dim * 2 * elem_bytes;

@@ -63,6 +63,12 @@ int config_layer_is_moe(const model_config_t *cfg, int layer);
 double config_weight_bytes(const model_config_t *cfg, size_t elem_bytes, double experts);
 /* Bytes of KV one token keeps per sequence: layers x kv_heads x head_dim x 2 (K and V) x elem_bytes. */
 size_t config_kv_bytes_per_token(const model_config_t *cfg, size_t elem_bytes);
+/* The dtype of a KV pool, one rule for the workers and the tools (troupe-generate,
+ * troupe-bench-engine, troupe-bench's byte counts), so a cluster and troupe-generate on the same
+ * model keep the same cache: `chosen` when set (model.kv_dtype, --kv-dtype; DT_COUNT: auto), else
+ * the model's own dtype as transformers keeps K and V: `dummy` for dummy weights of that dtype
+ * (model.dtype, --dtype with load_format dummy; DT_COUNT: real weights), else the config's dtype. */
+dtype_t config_kv_dtype(const model_config_t *cfg, dtype_t dummy, dtype_t chosen);
 /* "llama", "qwen3", "qwen3_moe", "mixtral" (the HF model_type). */
 const char *config_arch_name(model_arch_t arch);
 

@@ -23,7 +23,7 @@
  * (weights at --dtype, default the config's torch_dtype), else the --topology's model section
  * (weights at its dtype with load_format dummy, else at the config's). The count is
  * config_weight_bytes, which a unit test holds equal to model_weight_bytes; KV bytes per token are
- * layers x kv_heads x head_dim x 2 at the workers' KV dtype (worker_kv_dtype: the topology's
+ * layers x kv_heads x head_dim x 2 at the workers' KV dtype (config_kv_dtype: the topology's
  * model.kv_dtype, or its default; fp8 is one byte per element). It is an estimate from the
  * client's side, not a measurement of the decode worker:
  *   - the decode batch is taken to be the concurrency (steady state), so steps/s = output tokens/s /
@@ -380,9 +380,9 @@ static int s_bytes_from_config(bytes_model_t *b, const char *model_dir, const ch
         return -1;
     b->have_cfg = 1;
     b->weights = wdt != DT_COUNT ? wdt : b->cfg.dtype;
-    /* The workers' KV dtype: the topology's model.kv_dtype, else it follows the topology's dtype
-     * (worker.c), whatever the checkpoint holds. */
-    b->kv = worker_kv_dtype(&b->cfg, topo_dt != DT_COUNT ? topo_dt : b->weights, topo_kv);
+    /* The workers' KV dtype (config_kv_dtype): the topology's model.kv_dtype, else the dummy
+     * weights' dtype or the config's. */
+    b->kv = config_kv_dtype(&b->cfg, wdt, topo_kv);
     snprintf(b->source, sizeof b->source, "%s, %s weights, %s KV", path, dtype_name(b->weights), dtype_name(b->kv));
     return 0;
 }

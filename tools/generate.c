@@ -376,7 +376,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "troupe-generate: %s\n", err);
         goto done;
     }
-    const dtype_t kvt = o.kv_dtype != DT_COUNT ? o.kv_dtype : wdt;   /* auto: as HF keeps K/V, in the model's dtype */
+    const dtype_t kvt = config_kv_dtype(&cfg, o.dummy ? wdt : DT_COUNT, o.kv_dtype);   /* the workers' rule */
     if (kvpool_check(be, kvt, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, err, sizeof err) != 0) {
         fprintf(stderr, "troupe-generate: --kv-dtype %s: %s\n", o.kv_dtype != DT_COUNT ? dtype_name(kvt) : "auto", err);
         goto done;

@@ -54,7 +54,7 @@ typedef struct topo_model {
     char path[TOPO_PATH_MAX];            /* HF checkpoint directory; "" only when no prefill/decode exists */
     char tokenizer[TOPO_PATH_MAX];       /* directory with tokenizer.json; default = path */
     dtype_t dtype;                       /* default bf16 on cuda, f32 on cpu */
-    dtype_t kv_dtype;                    /* KV cache; DT_COUNT: auto (worker_kv_dtype: f32 for f32 models, else bf16) */
+    dtype_t kv_dtype;                    /* KV cache; DT_COUNT: auto (config_kv_dtype: the dummy weights' or the config's dtype) */
     topo_backend_t backend;              /* default cpu */
     topo_load_format_t load_format;      /* default auto */
     int threads;                         /* CPU threads per worker, 0 = auto; 0..1024 */

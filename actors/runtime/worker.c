@@ -59,7 +59,9 @@ worker_t *worker_load(const topo_t *t, topo_role_t role, int gpu, int max_tokens
     const size_t free_at_start = w->be->ops->mem_available ? w->be->ops->mem_available(w->be) : 0;
 
     /* An unsupported KV cache fails here, before the weights are loaded, naming the option. */
-    dtype_t wdt = tm->dtype, kvt = worker_kv_dtype(&w->cfg, wdt, tm->kv_dtype);
+    /* model.dtype is the dtype of dummy weights; a checkpoint's weights load as stored. */
+    const bool dummy = tm->load_format == TOPO_LOAD_DUMMY;
+    dtype_t wdt = tm->dtype, kvt = config_kv_dtype(&w->cfg, dummy ? wdt : DT_COUNT, tm->kv_dtype);
     char kerr[256];
     if (kvpool_check(w->be, kvt, w->cfg.head_dim, w->cfg.num_heads, w->cfg.num_kv_heads, kerr, sizeof kerr) != 0) {
         errf(err, errlen, "model.kv_dtype %s%s%s: %s", tm->kv_dtype == DT_COUNT ? "auto (" : "", dtype_name(kvt),
@@ -135,13 +137,6 @@ worker_t *worker_load(const topo_t *t, topo_role_t role, int gpu, int max_tokens
 fail:
     worker_destroy(&w);
     return NULL;
-}
-
-dtype_t worker_kv_dtype(const model_config_t *cfg, dtype_t weights, dtype_t chosen)
-{
-    if (chosen != DT_COUNT)
-        return chosen;
-    return cfg->dtype == DT_F32 && weights == DT_F32 ? DT_F32 : DT_BF16;
 }
 
 void worker_destroy(worker_t **self_p)

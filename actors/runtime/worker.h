@@ -55,10 +55,6 @@ void worker_destroy(worker_t **self_p);
 int worker_sampler_params(const worker_t *w, const msg_sampling_t *s, sampler_params_t *out,
                           char *err, size_t errlen);
 
-/* The dtype of a worker's KV pool: the topology's model.kv_dtype when chosen (DT_COUNT: auto),
- * else, from the model config and the topology's weight dtype, f32 only when both are f32 and
- * bf16 otherwise (troupe-bench sizes its KV traffic with it). */
-dtype_t worker_kv_dtype(const model_config_t *cfg, dtype_t weights, dtype_t chosen);
 /* Bytes of one KV block of this worker's pool. */
 size_t worker_block_bytes(const worker_t *w);
 /* Copies blocks[0..n) of the pool into dst (n * block_bytes, host memory). */

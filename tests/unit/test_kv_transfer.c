@@ -107,16 +107,20 @@ static void test_check_announce_dtype(void **st)
     kvpool_destroy(&bf16);
 }
 
-/* The workers' KV dtype: the topology's choice, else f32 for an f32 model in f32, else bf16. */
-static void test_worker_kv_dtype(void **st)
+/* The KV dtype, workers and tools alike: the choice, else the dummy weights' dtype, else the
+ * config's (a real f32 checkpoint keeps an f32 cache on CUDA too, where model.dtype defaults to
+ * bf16 for dummy weights: serve_exact on GPUs compares the cluster with troupe-generate). */
+static void test_config_kv_dtype(void **st)
 {
-    model_config_t f32 = {.dtype = DT_F32}, bf16 = {.dtype = DT_BF16};
-    assert_int_equal(worker_kv_dtype(&f32, DT_F32, DT_COUNT), DT_F32);
-    assert_int_equal(worker_kv_dtype(&f32, DT_BF16, DT_COUNT), DT_BF16);
-    assert_int_equal(worker_kv_dtype(&bf16, DT_F32, DT_COUNT), DT_BF16);
-    assert_int_equal(worker_kv_dtype(&f32, DT_F32, DT_F8E4M3), DT_F8E4M3);
-    assert_int_equal(worker_kv_dtype(&bf16, DT_BF16, DT_F8E4M3), DT_F8E4M3);
-    assert_int_equal(worker_kv_dtype(&bf16, DT_BF16, DT_F32), DT_F32);
+    model_config_t f32 = {.dtype = DT_F32}, bf16 = {.dtype = DT_BF16}, f16 = {.dtype = DT_F16};
+    assert_int_equal(config_kv_dtype(&f32, DT_COUNT, DT_COUNT), DT_F32);
+    assert_int_equal(config_kv_dtype(&bf16, DT_COUNT, DT_COUNT), DT_BF16);
+    assert_int_equal(config_kv_dtype(&f16, DT_COUNT, DT_COUNT), DT_F16);
+    assert_int_equal(config_kv_dtype(&f32, DT_BF16, DT_COUNT), DT_BF16);   /* dummy bf16 weights of an f32 config */
+    assert_int_equal(config_kv_dtype(&bf16, DT_F32, DT_COUNT), DT_F32);
+    assert_int_equal(config_kv_dtype(&f32, DT_F32, DT_F8E4M3), DT_F8E4M3);
+    assert_int_equal(config_kv_dtype(&bf16, DT_COUNT, DT_F8E4M3), DT_F8E4M3);
+    assert_int_equal(config_kv_dtype(&bf16, DT_BF16, DT_F32), DT_F32);
 }
 
 int main(void)
@@ -126,7 +130,7 @@ int main(void)
         cmocka_unit_test(test_ipc_check_bounds),
         cmocka_unit_test(test_first_ids_differ),
         cmocka_unit_test(test_check_announce_dtype),
-        cmocka_unit_test(test_worker_kv_dtype),
+        cmocka_unit_test(test_config_kv_dtype),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
