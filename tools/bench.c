@@ -3,7 +3,8 @@
  *   troupe-bench [--endpoint EP | --topology FILE] [--input-len N] [--output-len N]
  *                [--concurrency 1,8,32,64] [--prompts-per-level N | --rounds R] [--warmup N] [--vocab N]
  *                [--generate MODEL_DIR [--generate-args "..."]] [--json FILE] [--seed S] [--gpus N]
- *                [--copy-bw GBps] [--model DIR [--dtype bf16]] [--weight-bytes N] [--kv-bytes-per-token N]
+ *                [--copy-bw GBps] [--model DIR [--dtype bf16]] [--kv-dtype auto|f32|bf16|f16|fp8]
+ *                [--weight-bytes N] [--kv-bytes-per-token N]
  *   troupe-bench --multi-turn [--turns T] [--system-len S] [--turn-len N] [--output-len M]
  *                [--concurrency ...] [--prompts-per-level CONVERSATIONS] [--retention DUR] ...
  *
@@ -23,8 +24,8 @@
  * (weights at --dtype, default the config's torch_dtype), else the --topology's model section
  * (weights at its dtype with load_format dummy, else at the config's). The count is
  * config_weight_bytes, which a unit test holds equal to model_weight_bytes; KV bytes per token are
- * layers x kv_heads x head_dim x 2 at the workers' KV dtype (config_kv_dtype: the topology's
- * model.kv_dtype, or its default; fp8 is one byte per element). It is an estimate from the
+ * layers x kv_heads x head_dim x 2 at the workers' KV dtype (config_kv_dtype: --kv-dtype, else the
+ * topology's model.kv_dtype, else its auto rule; fp8 is one byte per element). It is an estimate from the
  * client's side, not a measurement of the decode worker:
  *   - the decode batch is taken to be the concurrency (steady state), so steps/s = output tokens/s /
  *     concurrency. While some users wait for prefill the real batch is smaller and there are more
@@ -345,11 +346,12 @@ static double s_step_weight_bytes(const bytes_model_t *b, int batch)
 }
 
 /* Reads the model's shape: --model DIR (dtype: --dtype or the config's), else the topology's model
- * section. 0 when read, 1 when there is nothing to read, -1 on an error. */
-static int s_bytes_from_config(bytes_model_t *b, const char *model_dir, const char *dtype, const char *topology,
-                               char *err, size_t errlen)
+ * section; kv_dtype (--kv-dtype; DT_COUNT: auto) overrides the topology's. 0 when read, 1 when
+ * there is nothing to read, -1 on an error. */
+static int s_bytes_from_config(bytes_model_t *b, const char *model_dir, const char *dtype, dtype_t kv_dtype,
+                               const char *topology, char *err, size_t errlen)
 {
-    dtype_t wdt = DT_COUNT, topo_dt = DT_COUNT, topo_kv = DT_COUNT;
+    dtype_t wdt = DT_COUNT, topo_dt = DT_COUNT, topo_kv = kv_dtype;
     char path[1024];
     if (dtype && dtype_parse(dtype, &wdt) != 0)
         return errf(err, errlen, "--dtype '%s': expected f32, bf16 or f16", dtype);
@@ -366,7 +368,8 @@ static int s_bytes_from_config(bytes_model_t *b, const char *model_dir, const ch
         free(e);
         snprintf(path, sizeof path, "%s", t->model.path);
         topo_dt = t->model.dtype;
-        topo_kv = t->model.kv_dtype;
+        if (topo_kv == DT_COUNT)
+            topo_kv = t->model.kv_dtype;
         int dummy = t->model.load_format == TOPO_LOAD_DUMMY;
         topo_destroy(&t);
         if (!path[0])
@@ -437,7 +440,8 @@ static void s_usage(FILE *f)
     fprintf(f, "usage: troupe-bench [--endpoint EP | --topology FILE] [--input-len N] [--output-len N]\n"
                "       [--concurrency 1,8,32,64] [--prompts-per-level N | --rounds R] [--warmup N] [--vocab N]\n"
                "       [--generate MODEL_DIR [--generate-args \"...\"]] [--json FILE] [--seed S] [--gpus N]\n"
-               "       [--copy-bw GBps] [--model DIR [--dtype bf16]] [--weight-bytes N] [--kv-bytes-per-token N]\n"
+               "       [--copy-bw GBps] [--model DIR [--dtype bf16]] [--kv-dtype auto|f32|bf16|f16|fp8]\n"
+               "       [--weight-bytes N] [--kv-bytes-per-token N]\n"
                "       [--multi-turn [--turns T] [--system-len S] [--turn-len N] [--retention DUR]]\n");
 }
 
@@ -445,6 +449,7 @@ int main(int argc, char **argv)
 {
     const char *ep = NULL, *topology = NULL, *gen_model = NULL, *gen_args = "", *json_path = NULL;
     const char *model_dir = NULL, *dtype = NULL;
+    dtype_t kv_dtype = DT_COUNT;               /* --kv-dtype: auto */
     int in_len = 64, out_len = 64, per_level = 0, rounds = 0, warmup = 2, vocab = 500;
     int levels[MAX_LEVELS] = {1, 8, 32, 64}, n_levels = 4;
     int multi = 0, turns = 4, sys_len = 256, turn_len = 64;
@@ -477,6 +482,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--copy-bw")) { rc = arg_double(T, a, v, 0, 1e9, &bm.copy_bw); bm.copy_bw *= 1e9; }
         else if (!strcmp(a, "--model")) model_dir = v;
         else if (!strcmp(a, "--dtype")) dtype = v;
+        else if (!strcmp(a, "--kv-dtype")) rc = arg_kv_dtype(T, a, v, &kv_dtype);
         else if (!strcmp(a, "--weight-bytes")) rc = arg_double(T, a, v, 0, 1e18, &bm.weight_bytes);
         else if (!strcmp(a, "--kv-bytes-per-token")) rc = arg_double(T, a, v, 0, 1e12, &bm.kv_per_token);
         else if (!strcmp(a, "--turns")) rc = arg_int(T, a, v, 1, BIG, &turns);
@@ -501,7 +507,7 @@ int main(int argc, char **argv)
         ep = epbuf;
     }
     if (!multi) {
-        int rc = s_bytes_from_config(&bm, model_dir, dtype, topology, err, sizeof err);
+        int rc = s_bytes_from_config(&bm, model_dir, dtype, kv_dtype, topology, err, sizeof err);
         if (rc < 0 && (model_dir || bm.copy_bw > 0)) {
             fprintf(stderr, "troupe-bench: %s\n", err);
             return 2;

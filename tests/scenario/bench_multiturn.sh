@@ -43,4 +43,18 @@ print(f"router: cached_tokens_total {m['cached_tokens_total']:.0f}, prompt_token
 assert m["cached_tokens_total"] == cached, (m["cached_tokens_total"], cached)
 assert m["prompt_tokens_total"] == prompt_tokens + warmup, (m["prompt_tokens_total"], prompt_tokens)
 PY
+# The decode-bytes estimate counts KV at the workers' dtype (the auto rule: qwen3-f32's f32), or at
+# --kv-dtype when given (fp8: one byte an element).
+kv_bytes() {
+  "$BIN/troupe-bench" --topology "$WORK/t.yaml" --vocab 512 --warmup 0 --concurrency 1 --rounds 1 --input-len 8 \
+    --output-len 2 --copy-bw 10 "$@" | sed -n 's/.*KV \([0-9]*\) bytes per token (.*, \([a-z0-9]*\) KV).*/\1 \2/p'
+}
+per_elem=$($PY -c 'import json, sys
+c = json.load(open(sys.argv[1]))
+print(c["num_hidden_layers"] * 2 * c["num_key_value_heads"] * (c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]))' \
+  "$ROOT/tests/fixtures/models/qwen3-f32/config.json")
+auto=$(kv_bytes); fp8=$(kv_bytes --kv-dtype fp8)
+echo "troupe-bench KV bytes per token: auto '$auto', --kv-dtype fp8 '$fp8' ($per_elem elements)"
+[ "$auto" = "$((per_elem * 4)) f32" ] || fail "auto KV bytes: '$auto' (want $((per_elem * 4)) f32)"
+[ "$fp8" = "$per_elem fp8" ] || fail "--kv-dtype fp8 KV bytes: '$fp8' (want $per_elem fp8)"
 echo "PASS bench_multiturn"
