@@ -1012,11 +1012,12 @@ int main(int argc, char **argv)
         actor_timer_add(a, FETCH_TIMEOUT_MS / 10, s_wake);
     const int max_tokens = d.colocated ? max_seqs + d.chunk_tokens
                                        : max_seqs > d.chunk_tokens ? max_seqs : d.chunk_tokens;
-    d.w = worker_load(t, ROLE_DECODE, actor_self(a)->gpu, max_tokens, max_seqs, err, sizeof err);
+    int config_error;
+    d.w = worker_load(t, ROLE_DECODE, actor_self(a)->gpu, max_tokens, max_seqs, &config_error, err, sizeof err);
     if (!d.w) {
         LOG_E("cannot load the model: %s", err);
         actor_destroy(&a);
-        return 1;
+        return config_error ? ACTOR_EXIT_CONFIG : 1;
     }
     d.links = kvlinks_new(d.w->be, d.name, worker_block_bytes(d.w), NULL, s_link_send, a);
     if (tchan_nccl_available(d.w->be)) {

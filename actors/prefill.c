@@ -591,11 +591,13 @@ int main(int argc, char **argv)
         return 2;
     }
     int max_seqs = t->limits.max_batch < 64 ? t->limits.max_batch : 64;
-    p.w = worker_load(t, ROLE_PREFILL, actor_self(a)->gpu, t->limits.prefill_chunk_tokens, max_seqs, err, sizeof err);
+    int config_error;
+    p.w = worker_load(t, ROLE_PREFILL, actor_self(a)->gpu, t->limits.prefill_chunk_tokens, max_seqs, &config_error, err,
+                      sizeof err);
     if (!p.w) {
         LOG_E("cannot load the model: %s", err);
         actor_destroy(&a);
-        return 1;
+        return config_error ? ACTOR_EXIT_CONFIG : 1;
     }
     p.next_transfer = kvx_first_id();
     p.seqs = calloc((size_t)max_seqs, sizeof *p.seqs);

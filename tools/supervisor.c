@@ -12,7 +12,9 @@
  *     whatever is left, print the report; exit 0 when every actor exited 0 in time.
  *
  * Exit codes: 0 clean stop; 1 a stop where some actor had to be killed or failed; 2 bad usage or
- * topology; 3 gave up after too many restarts; 4 the cluster never became ready.
+ * topology (also when an actor exits ACTOR_EXIT_CONFIG: the topology asks it for what it cannot
+ * run, say a model path without weights; not restarted); 3 gave up after too many restarts; 4 the
+ * cluster never became ready.
  *
  * Known limits: a remote (ssh) child is stopped by TERM over the control socket and by killing
  * the local ssh process; if both fail, the remote actor exits by itself once it hears nothing
@@ -329,12 +331,18 @@ static void s_report(supervisor_t *s, FILE *f)
 
 /* ---- failures and restarts --------------------------------------------------------------- */
 
-/* Child `i` exited (status) or must be replaced. Returns 0 to go on, -1 to give up. */
+/* Child `i` exited (status) or must be replaced. Returns 0 to go on, -1 to give up, -2 to give up
+ * because the topology asks the actor for what it cannot run (ACTOR_EXIT_CONFIG). */
 static int s_on_failure(supervisor_t *s, int i, int status)
 {
     child_t *c = &s->children[i];
     char d[96];
     restart_describe_status(status, d, sizeof d);
+    if (WIFEXITED(status) && WEXITSTATUS(status) == ACTOR_EXIT_CONFIG) {
+        LOG_E("%s exited (%s): it cannot run with this topology (its error is above); restarting cannot help — "
+              "stopping the cluster", c->inst->name, d);
+        return -2;
+    }
     if (!restart_wanted(c->inst->restart, status)) {
         LOG_I("%s exited (%s); %s: not restarted", c->inst->name, d, topo_restart_name(c->inst->restart));
         c->finished = 1;
@@ -379,8 +387,9 @@ static int s_reap(supervisor_t *s)
         c->last_status = st;
         if (c->stopping)
             continue;
-        if (s_on_failure(s, (int)(c - s->children), st) != 0)
-            return -1;
+        const int rc = s_on_failure(s, (int)(c - s->children), st);
+        if (rc != 0)
+            return rc;
     }
 }
 
@@ -547,9 +556,10 @@ int main(int argc, char **argv)
         zmq_pollitem_t item = {.socket = s->control, .events = ZMQ_POLLIN};
         zmq_poll(&item, 1, 20);
         s_read_control(s);
-        if (s_reap(s) != 0) {
-            s_stop_all(s, "restart limit reached");
-            exit_code = EXIT_GAVE_UP;
+        const int reaped = s_reap(s);
+        if (reaped != 0) {
+            s_stop_all(s, reaped == -2 ? "an actor cannot run with this topology" : "restart limit reached");
+            exit_code = reaped == -2 ? EXIT_USAGE : EXIT_GAVE_UP;
             break;
         }
         int64_t now = now_ms();

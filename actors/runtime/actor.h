@@ -33,6 +33,10 @@
 #include "topology/topology.h"
 
 #define ACTOR_ID_MAX 256           /* ZeroMQ routing ids are at most 255 bytes */
+/* An actor's exit status when the topology asks for what it cannot run (a model path without
+ * weights, a KV dtype the backend refuses, an unreadable config): restarting cannot help, so the
+ * supervisor stops the cluster at once (its exit 2) instead of restarting it (sysexits' EX_CONFIG). */
+#define ACTOR_EXIT_CONFIG 78
 
 typedef struct actor actor_t;
 

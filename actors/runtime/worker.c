@@ -19,8 +19,10 @@ static int s_has_weights(const char *dir)
     return access(p, R_OK) == 0;
 }
 
-worker_t *worker_load(const topo_t *t, topo_role_t role, int gpu, int max_tokens, int max_seqs, char *err, size_t errlen)
+worker_t *worker_load(const topo_t *t, topo_role_t role, int gpu, int max_tokens, int max_seqs, int *config_error,
+                      char *err, size_t errlen)
 {
+    *config_error = 0;
     worker_t *w = calloc(1, sizeof *w);
     if (!w) {
         errf(err, errlen, "out of memory");
@@ -30,8 +32,10 @@ worker_t *worker_load(const topo_t *t, topo_role_t role, int gpu, int max_tokens
     w->block_size = t->cache.block_size;
     w->max_tokens = max_tokens;
     w->max_seqs = max_seqs;
-    if (config_load(tm->path, &w->cfg, err, errlen) != 0)
+    if (config_load(tm->path, &w->cfg, err, errlen) != 0) {
+        *config_error = 1;
         goto fail;
+    }
     w->max_model_len = t->limits.max_model_len;
     if (w->cfg.max_position_embeddings > 0 && w->cfg.max_position_embeddings < w->max_model_len)
         w->max_model_len = w->cfg.max_position_embeddings;
@@ -66,6 +70,7 @@ worker_t *worker_load(const topo_t *t, topo_role_t role, int gpu, int max_tokens
     if (kvpool_check(w->be, kvt, w->cfg.head_dim, w->cfg.num_heads, w->cfg.num_kv_heads, kerr, sizeof kerr) != 0) {
         errf(err, errlen, "model.kv_dtype %s%s%s: %s", tm->kv_dtype == DT_COUNT ? "auto (" : "", dtype_name(kvt),
              tm->kv_dtype == DT_COUNT ? ")" : "", kerr);
+        *config_error = 1;
         goto fail;
     }
     if (tm->load_format == TOPO_LOAD_DUMMY) {
@@ -73,12 +78,15 @@ worker_t *worker_load(const topo_t *t, topo_role_t role, int gpu, int max_tokens
     } else if (!s_has_weights(tm->path)) {
         errf(err, errlen, "%s: no model.safetensors or model.safetensors.index.json (load_format: dummy runs "
                           "random weights of this shape)", tm->path);
+        *config_error = 1;
         goto fail;
     } else {
         w->ck = ckpt_open(tm->path, err, errlen);
     }
-    if (!w->ck)
+    if (!w->ck) {
+        *config_error = 1;                         /* unreadable or malformed weight files */
         goto fail;
+    }
     model_opts_t mo = {.max_tokens = max_tokens, .max_seqs = max_seqs, .max_logit_rows = max_seqs,
                        .max_context = w->max_model_len, .kv_block_size = w->block_size};
     w->model = model_load(tm->path, &w->cfg, w->ck, w->be, &mo, err, errlen);

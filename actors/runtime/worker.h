@@ -47,8 +47,11 @@ typedef struct worker {
 
 /* Loads the model of topology t for one actor of `role` (prefill or decode: sizes its share of
  * the device's memory for KV) on GPU `gpu` (CUDA backend; -1 = device 0): max_tokens / max_seqs
- * size the forward. */
-worker_t *worker_load(const topo_t *t, topo_role_t role, int gpu, int max_tokens, int max_seqs, char *err, size_t errlen);
+ * size the forward. On failure *config_error says whether the topology itself is at fault (the
+ * model's config, its weights' files or dtype, the KV dtype: exit ACTOR_EXIT_CONFIG) rather than
+ * the moment (memory, the device). */
+worker_t *worker_load(const topo_t *t, topo_role_t role, int gpu, int max_tokens, int max_seqs, int *config_error,
+                      char *err, size_t errlen);
 void worker_destroy(worker_t **self_p);
 
 /* Engine sampling parameters from a request's wire parameters (EOS ids from the model). */
