@@ -70,6 +70,7 @@
 #include "tools/lib/client.h"
 #include "topology/topology.h"
 
+#define MAX_TURN_STATS 16       /* turns whose TTFT the multi-turn summary reports one by one */
 #define MAX_LEVELS 16
 
 typedef struct req_result {
@@ -258,6 +259,10 @@ typedef struct summary {
     /* Where TTFT goes (p50 of each part): queued at the router, prefill (start to hand-off sent),
      * and the rest (routing, the KV hand-off, decode admission, the first token's trip back). */
     double queue50, prefill50, rest50;
+    /* Multi-turn: TTFT of each turn over the conversations (p50 and the largest), turns up to
+     * MAX_TURN_STATS: which turn a large p99 comes from. */
+    int n_turns;
+    double turn_ttft50[MAX_TURN_STATS], turn_ttft_max[MAX_TURN_STATS];
 } summary_t;
 
 static summary_t s_run_level(level_t *L)
@@ -312,6 +317,17 @@ static summary_t s_run_level(level_t *L)
     S.e2e50 = s_pct(e2e, n_ok, 0.5), S.e2e99 = s_pct(e2e, n_ok, 0.99);
     S.itl50 = s_pct(itl, n_itl, 0.5), S.itl99 = s_pct(itl, n_itl, 0.99);
     S.queue50 = s_pct(qms, n_ok, 0.5), S.prefill50 = s_pct(pms, n_ok, 0.5), S.rest50 = s_pct(rest, n_ok, 0.5);
+    S.n_turns = L->turns < MAX_TURN_STATS ? L->turns : MAX_TURN_STATS;
+    for (int t = 0; t < S.n_turns; t++) {          /* request conv * turns + t is turn t of conversation conv */
+        size_t n = 0;
+        for (int conv = 0; conv < L->n_prompts; conv++) {
+            const req_result_t *r = &L->res[conv * L->turns + t];
+            if (!r->failed)
+                ttft[n++] = r->ttft_ms;
+        }
+        S.turn_ttft50[t] = s_pct(ttft, n, 0.5);
+        S.turn_ttft_max[t] = s_pct(ttft, n, 1.0);
+    }
     if (S.errors)
         fprintf(stderr, "troupe-bench: %d requests failed at concurrency %d; first: %s\n", S.errors,
                 L->concurrency, L->first_error);
@@ -425,7 +441,7 @@ static double s_generate(const char *bin_dir, const char *model, const char *ext
 
 static json_t *s_summary_json(const summary_t *s)
 {
-    return json_pack("{s:i,s:i,s:i,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:I,s:I,s:f,s:f,s:f,s:f}",
+    json_t *j = json_pack("{s:i,s:i,s:i,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:I,s:I,s:f,s:f,s:f,s:f}",
                      "concurrency", s->concurrency, "requests", s->requests, "errors", s->errors, "wall_s", s->wall_s,
                      "output_tokens_per_s", s->out_tps, "total_tokens_per_s", s->total_tps,
                      "tokens_per_s_per_user", s->per_user, "ttft_ms_p50", s->ttft50, "ttft_ms_p99", s->ttft99,
@@ -433,6 +449,14 @@ static json_t *s_summary_json(const summary_t *s)
                      "prompt_tokens", (json_int_t)s->prompt_tokens, "cached_tokens", (json_int_t)s->cached_tokens,
                      "cache_hit_rate", s->hit_rate, "ttft_queue_ms_p50", s->queue50,
                      "ttft_prefill_ms_p50", s->prefill50, "ttft_rest_ms_p50", s->rest50);
+    if (j && s->n_turns > 0) {
+        json_t *turns = json_array();
+        for (int t = 0; t < s->n_turns; t++)
+            json_array_append_new(turns, json_pack("{s:i, s:f, s:f}", "turn", t + 1, "ttft_ms_p50", s->turn_ttft50[t],
+                                                   "ttft_ms_max", s->turn_ttft_max[t]));
+        json_object_set_new(j, "ttft_by_turn", turns);
+    }
+    return j;
 }
 
 static void s_usage(FILE *f)
@@ -597,6 +621,14 @@ int main(int argc, char **argv)
             json_array_append_new(arr, json_pack("{s:i, s:i, s:o, s:o}", "concurrency", levels[l], "conversations",
                                                  convs, "reuse", s_summary_json(&S[l]),
                                                  "no_reuse", s_summary_json(&N[l])));
+        }
+        printf("TTFT by turn, p50 / largest ms (with reuse | without):\n");
+        for (int l = 0; l < n_levels; l++) {
+            printf("%5d", levels[l]);
+            for (int t = 0; t < S[l].n_turns; t++)
+                printf("  t%d %.1f/%.1f | %.1f/%.1f", t + 1, S[l].turn_ttft50[t], S[l].turn_ttft_max[t],
+                       N[l].turn_ttft50[t], N[l].turn_ttft_max[t]);
+            printf("\n");
         }
         json_object_update_new(j, json_pack("{s:i, s:i, s:i, s:i}", "turns", turns, "system_len", sys_len,
                                             "turn_len", turn_len, "retention_s", (int)retention));

@@ -36,6 +36,11 @@ for lv in d["levels"]:
     assert r["cached_tokens"] >= floor and r["cache_hit_rate"] > 0, r
     assert abs(r["cache_hit_rate"] - r["cached_tokens"] / r["prompt_tokens"]) < 1e-9, r
     assert n["cached_tokens"] == 0 and n["cache_hit_rate"] == 0, n
+    for mode in ("reuse", "no_reuse"):                               # each turn's TTFT, for a p99's origin
+        bt = lv[mode]["ttft_by_turn"]
+        assert [x["turn"] for x in bt] == list(range(1, T + 1)), bt
+        assert all(0 < x["ttft_ms_p50"] <= x["ttft_ms_max"] for x in bt), bt
+        assert max(x["ttft_ms_max"] for x in bt) == lv[mode]["ttft_ms_p99"] or convs * T > 100, (bt, lv[mode])
 router = next(a for a in top["actors"] if a["role"] == "router")
 m = {x["name"]: x["value"] for x in router["metrics"]}
 warmup = 64                                                          # one prompt of --input-len 64, no hit
