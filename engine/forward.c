@@ -192,6 +192,12 @@ static void s_mlp(model_t *m, int l, int T)
         int fused = 0;   /* gate|up and SwiGLU in one pass (one row, a backend that can) */
         if (T == 1 && L->gate_up.data && op->gate_up_swiglu && !m->opts.plain_ops)
             PROF(m, P_GATE_UP, fused = op->gate_up_swiglu(be, m->xn, 1, &L->gate_up, g) == 0);
+        if (T > 1 && op->mlp_swiglu && !m->opts.plain_ops) {   /* the whole MLP (profiled as gate_up) */
+            int whole = 0;
+            PROF(m, P_GATE_UP, whole = op->mlp_swiglu(be, m->xn, T, &L->gate, &L->up, &L->down, g, u, m->delta) == 0);
+            if (whole)
+                return;
+        }
         if (fused) {
             /* g holds silu(gate) * up */
         } else if (T == 1 && L->gate_up.data) {

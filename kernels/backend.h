@@ -204,6 +204,13 @@ typedef struct backend_ops {
      * rope_kv_store: rope of q [T][n_heads][D] and k [T][n_kv][D] in place (pos = meta->tok_pos),
      * then kv_store of the rotated k and v. */
     int (*gate_up_swiglu)(backend_t *be, const float *x, int M, const bk_mat_t *w, float *out);
+    /* The whole dense SwiGLU MLP: out[M][H] = (silu(x Wg^T) * (x Wu^T)) Wd^T, with g and u ([M][I]
+     * each) as scratch; the result equals matmul_n(gate, up), swiglu and matmul(down) bit for bit
+     * (CUDA: the SwiGLU product goes straight to down's 16-bit input, never stored in f32). Returns
+     * 0, or 1 when it cannot for this shape or M (nothing queued: the caller runs the plain ops).
+     * NULL in a backend that gains nothing. */
+    int (*mlp_swiglu)(backend_t *be, const float *x, int M, const bk_mat_t *gate, const bk_mat_t *up,
+                      const bk_mat_t *down, float *g, float *u, float *out);
     void (*rope_kv_store)(backend_t *be, const bk_kv_t *kv, int layer, float *q, float *k, const float *v, int n_heads,
                           const float *inv_freq, const bk_attn_meta_t *meta);
 

@@ -23,6 +23,13 @@
     } while (0)
 
 __device__ __forceinline__ float dev_to_f32(float v) { return v; }
+
+/* silu(g) * u in the CPU's arithmetic (cuda_swiglu, the GEMV's SwiGLU epilogue, mlp_swiglu). */
+__device__ __forceinline__ float dev_swiglu(float g, float u)
+{
+    const float silu = g / __fadd_rn(1.0f, expf(-g));
+    return __fmul_rn(silu, u);
+}
 __device__ __forceinline__ float dev_to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ float dev_to_f32(__half v) { return __half2float(v); }
 

@@ -609,3 +609,60 @@ void cuda_matmul_n(backend_t *be, const float *x, int M, int n, const bk_mat_t *
     for (int i = 0; i < n; i++)
         s_gemm16(be, st, xb, M, split, w[i], bias ? bias[i] : NULL, y[i]);
 }
+
+/* silu(g) * u rounded once to the weights' 16-bit type: the f32 swiglu followed by k_to_bf16 /
+ * k_to_f16, without the f32 round trip. V4 as those kernels. */
+template <bool BF16, bool V4>
+__global__ void k_swiglu_to16(const float *g, const float *u, int64_t n, uint16_t *out)
+{
+    DEV_PDL_ENTER();
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    auto to16 = [](float v) -> uint32_t {
+        if constexpr (BF16)
+            return dev_bf16_bits(v);
+        const __half h = __float2half_rn(dev_f16_sat(v));
+        return *(const uint16_t *)&h;
+    };
+    if constexpr (V4) {
+        for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n / 4; i += stride) {
+            const float4 a = ((const float4 *)g)[i], b = ((const float4 *)u)[i];
+            ((uint2 *)out)[i] = make_uint2(to16(dev_swiglu(a.x, b.x)) | to16(dev_swiglu(a.y, b.y)) << 16,
+                                           to16(dev_swiglu(a.z, b.z)) | to16(dev_swiglu(a.w, b.w)) << 16);
+        }
+    } else {
+        for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+            out[i] = (uint16_t)to16(dev_swiglu(g[i], u[i]));
+    }
+}
+
+/* The dense MLP of a GEMM-sized step (backend.h mlp_swiglu): x converted once for gate and up (as
+ * matmul_n), silu(g) * u written straight into down's 16-bit input (the conversion scratch), then
+ * down's GEMM: the plain ops' bits, less an f32 write and read of [M][I] and a launch. Only where
+ * the plain path rounds activations once (more than gemm_split_max_m rows, 16-bit weights of one
+ * dtype); else 1. */
+int cuda_mlp_swiglu(backend_t *be, const float *x, int M, const bk_mat_t *gate, const bk_mat_t *up, const bk_mat_t *down,
+                    float *g, float *u, float *out)
+{
+    cuda_state_t *st = cuda_st(be);
+    const dtype_t dt = gate->dtype;
+    const int64_t I = gate->rows, K = gate->cols;
+    if (!st->mlp_fuse || M <= st->gemv_max_m || M <= st->gemm_split_max_m || dt == DT_F32 || up->dtype != dt ||
+        down->dtype != dt || up->rows != I || up->cols != K || down->cols != I)
+        return 1;
+    const void *xb = s_convert(be, st, x, M, K, dt, false);
+    s_gemm16(be, st, xb, M, false, gate, NULL, g);
+    s_gemm16(be, st, xb, M, false, up, NULL, u);
+    const int64_t n = (int64_t)M * I;
+    /* The conversion scratch again: the two GEMMs before it on the stream have read x's image. */
+    uint16_t *h = (uint16_t *)cuda_scratch(be, &st->conv, &st->conv_bytes, (size_t)n * 2);
+    const bool v4 = n % 4 == 0 && ((uintptr_t)g | (uintptr_t)u) % 16 == 0 && (uintptr_t)h % 8 == 0;
+    const unsigned grid = s_grid(v4 ? n / 4 : n);
+    if (dt == DT_BF16)
+        v4 ? cuda_launch(st, k_swiglu_to16<true, true>, grid, 256, (const float *)g, (const float *)u, n, h)
+           : cuda_launch(st, k_swiglu_to16<true, false>, grid, 256, (const float *)g, (const float *)u, n, h);
+    else
+        v4 ? cuda_launch(st, k_swiglu_to16<false, true>, grid, 256, (const float *)g, (const float *)u, n, h)
+           : cuda_launch(st, k_swiglu_to16<false, false>, grid, 256, (const float *)g, (const float *)u, n, h);
+    s_gemm16(be, st, h, M, false, down, NULL, out);
+    return 0;
+}

@@ -179,12 +179,6 @@ void cuda_rope(backend_t *be, float *x, const int32_t *pos, const float *inv_fre
 
 /* ---- SwiGLU ------------------------------------------------------------------------------------- */
 
-__device__ __forceinline__ float dev_swiglu(float g, float u)
-{
-    const float silu = g / __fadd_rn(1.0f, expf(-g));
-    return __fmul_rn(silu, u);
-}
-
 /* out may alias gate or up: each element is read before it is written, by one thread. V4: 4
  * elements per thread (n % 4 == 0, 16-byte aligned arrays), the same arithmetic. */
 template <bool V4>

@@ -80,6 +80,7 @@ static backend_t *s_gpu_moe_dev;           /* CUDA: moe_ffn's device path for ev
 static backend_t *s_gpu_moe_host;          /* CUDA: moe_ffn's host-sorted path for every M */
 static backend_t *s_gpu_moe_grouped[3];    /* CUDA: moe_ffn's grouped path for every M, row tiles 32, 64, 128 */
 static const int s_grouped_bm[3] = {32, 64, 128};
+static backend_t *s_gpu_mlp;               /* CUDA: mlp_swiglu on (TROUPE_CUDA_MLP_FUSE=1) */
 static backend_t *s_gpu_nomma;             /* CUDA: attention without the tensor cores (TROUPE_CUDA_ATTN_MMA=0, _DECODE=0) */
 
 /* ---- random inputs ------------------------------------------------------------------------ */
@@ -236,6 +237,9 @@ static int s_setup(void **state)
             return -1;
     }
     s_gpu_nomma = s_gpu_with(nomma, 4);
+    static const char *const mlp[] = {"TROUPE_CUDA_MLP_FUSE", "1"};
+    if (!(s_gpu_mlp = s_gpu_with(mlp, 2)))
+        return -1;
     return s_cpu && s_gpu && s_gpu2 && s_gpu_w1 && s_gpu_w8 && s_gpu_nomma ? 0 : -1;
 }
 
@@ -243,6 +247,7 @@ static int s_teardown(void **state)
 {
     for (int i = 0; i < 3; i++)
         backend_destroy(&s_gpu_moe_grouped[i]);
+    backend_destroy(&s_gpu_mlp);
     backend_destroy(&s_gpu_moe_host);
     backend_destroy(&s_gpu_moe_dev);
     backend_destroy(&s_gpu_nomma);
@@ -474,6 +479,70 @@ static void test_matmul_n(void **state)
                 free(x);
                 free(wh);
             }
+}
+
+/* mlp_swiglu (the dense MLP with silu(g) * u written straight into down's 16-bit input) gives the
+ * bits of matmul_n + swiglu + matmul on the same backend, for bf16 and f16 weights, with the
+ * vector (I % 4 == 0) and one-element epilogues; at and below the split rows it declines. */
+static void test_mlp_swiglu(void **state)
+{
+    static const int Ms[] = {9, 33, 41, 300};
+    static const int Is[] = {96, 66};
+    backend_t *gpu = s_gpu_mlp;
+    for (int dt = DT_BF16; dt <= DT_F16; dt++)
+        for (size_t ii = 0; ii < ARRAY_LEN(Is); ii++)
+            for (size_t mi = 0; mi < ARRAY_LEN(Ms); mi++) {
+                const int M = Ms[mi], H = 256, I = Is[ii];
+                const size_t es = dtype_size((dtype_t)dt);
+                void *wh[3] = {s_rand_dt((dtype_t)dt, (size_t)I * H, 0.5), s_rand_dt((dtype_t)dt, (size_t)I * H, 0.5),
+                               s_rand_dt((dtype_t)dt, (size_t)H * I, 0.5)};
+                bk_mat_t Wg = {gpu->ops->weight_put(gpu, wh[0], (size_t)I * H * es, es), (dtype_t)dt, I, H};
+                bk_mat_t Wu = {gpu->ops->weight_put(gpu, wh[1], (size_t)I * H * es, es), (dtype_t)dt, I, H};
+                bk_mat_t Wd = {gpu->ops->weight_put(gpu, wh[2], (size_t)H * I * es, es), (dtype_t)dt, H, I};
+                float *x = s_rand_f32((size_t)M * H, 1.0), *dx = s_put(gpu, x, (size_t)M * H * 4);
+                float *g = s_out(gpu, (size_t)M * I), *u = s_out(gpu, (size_t)M * I), *y = s_out(gpu, (size_t)M * H);
+                char what[96];
+                snprintf(what, sizeof what, "mlp_swiglu %s M=%d H=%d I=%d", dtype_name((dtype_t)dt), M, H, I);
+                const int rc = gpu->ops->mlp_swiglu(gpu, dx, M, &Wg, &Wu, &Wd, g, u, y);
+                if (M <= SPLIT_MAX_M) {
+                    if (rc != 1)
+                        fail_msg("%s: took a step of %d rows (the split path's)", what, M);
+                    print_message("  %-64s declined (split rows)\n", what);
+                } else {
+                    if (rc != 0)
+                        fail_msg("%s: declined", what);
+                    float *g2 = s_out(gpu, (size_t)M * I), *u2 = s_out(gpu, (size_t)M * I);
+                    float *y2 = s_out(gpu, (size_t)M * H);
+                    const bk_mat_t *const w[2] = {&Wg, &Wu};
+                    float *const gu[2] = {g2, u2};
+                    gpu->ops->matmul_n(gpu, dx, M, 2, w, NULL, gu);
+                    gpu->ops->swiglu(gpu, g2, u2, M * I, g2);
+                    gpu->ops->matmul(gpu, g2, M, &Wd, NULL, y2);
+                    float *a = s_take(gpu, y, (size_t)M * H, what), *b = s_take(gpu, y2, (size_t)M * H, what);
+                    s_compare(a, b, (size_t)M * H, 0, what);
+                    free(a);
+                    free(b);
+                    free(s_take(gpu, g2, (size_t)M * I, what));
+                    free(s_take(gpu, u2, (size_t)M * I, what));
+                    y = NULL;
+                }
+                if (y)
+                    free(s_take(gpu, y, (size_t)M * H, what));
+                free(s_take(gpu, g, (size_t)M * I, what));
+                free(s_take(gpu, u, (size_t)M * I, what));
+                gpu->ops->free(gpu, dx);
+                gpu->ops->weight_release(gpu, Wg.data);
+                gpu->ops->weight_release(gpu, Wu.data);
+                gpu->ops->weight_release(gpu, Wd.data);
+                for (int k = 0; k < 3; k++)
+                    free(wh[k]);
+                free(x);
+            }
+    /* Off by default: the default backend declines. */
+    float dummy = 0;
+    bk_mat_t W = {NULL, DT_BF16, 96, 256};
+    if (s_gpu->ops->mlp_swiglu(s_gpu, &dummy, 300, &W, &W, &W, &dummy, &dummy, &dummy) != 1)
+        fail_msg("mlp_swiglu ran with TROUPE_CUDA_MLP_FUSE unset");
 }
 
 /* The GEMV path is batch-invariant: a row alone gives the bits it gives inside a batch (each
@@ -1552,6 +1621,7 @@ int main(void)
         cmocka_unit_test(test_memory),
         cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_matmul_n),
+        cmocka_unit_test(test_mlp_swiglu),
         cmocka_unit_test(test_matmul_batch_invariance),
         cmocka_unit_test(test_embed),
         cmocka_unit_test(test_add_rmsnorm),
