@@ -204,6 +204,9 @@ if [ "${ENGINE:-1}" = 1 ] && [ -x build/bin/troupe-bench-engine ]; then
   [ "${ENGINE_NOGRAPHS:-0}" = 1 ] && eng nographs TROUPE_CUDA_GRAPHS=0
   # ENGINE_FP8=1: again with an fp8 e4m3 KV cache (--kv-dtype fp8): half the KV bytes per step.
   [ "${ENGINE_FP8:-0}" = 1 ] && ENG_KV=fp8 eng fp8
+  # ENGINE_MLPFUSE=1: again (fp8 KV) with the dense MLP's SwiGLU written into down's input
+  # (TROUPE_CUDA_MLP_FUSE=1): its prefill and large-batch gain, against ENGINE_FP8's run.
+  [ "${ENGINE_MLPFUSE:-0}" = 1 ] && ENG_KV=fp8 eng fp8-mlpfuse TROUPE_CUDA_MLP_FUSE=1
   # ENGINE_MOE=1: the same on Qwen3-30B-A3B's shape (61 GB of dummy bf16 weights, 128 experts).
   if [ "${ENGINE_MOE:-0}" = 1 ]; then
     ENGINE_MODEL=tests/fixtures/models/qwen3-30b-a3b-shape eng moe
@@ -314,6 +317,15 @@ fi
 # hand-off against the TTFT p50); then kill -9 of the decode worker during a hand-off
 # (tests/gpu/scenario_nccl_kill9.sh). The served sweep on several GPUs is SERVE=1 with
 # SERVE_TOPO=tools/bench/h200x{2,4,8}-8b.yaml SERVE_GPUS=N (output tokens/s per GPU in its table).
+# EXACT1=1 on one GPU: the engine fixtures through prefill and decode workers on GPU 0 (CUDA IPC)
+# against troupe-generate on the GPU (GPUS=1 tests/scenario/serve_exact.sh).
+exact1_line="not run (EXACT1=1 runs it)"
+if [ "${EXACT1:-0}" = 1 ]; then
+  step "engine fixtures through the cluster on one GPU (serve_exact GPUS=1)"
+  if GPUS=1 timeout 300 bash tests/scenario/serve_exact.sh >"$OUT/exact1.txt" 2>&1; then exact1_line="PASS"
+  else exact1_line="FAIL (exact1.txt)"; status=1; fi
+  grep -E "prompts equal|PASS|FAIL|!=" "$OUT/exact1.txt"
+fi
 multi_line="not run (MULTIGPU=1 runs it)"
 if [ "${MULTIGPU:-0}" = 1 ]; then
   step "two or more GPUs: NCCL baseline, hand-off share of TTFT, kill -9 during a hand-off"
@@ -411,6 +423,7 @@ printf '%-30s %s\n' "8B serving (SERVE=1)" "$serve_line"
 [ -s "$OUT/serve-bench.txt" ] && grep -B1 -A6 '^ conc' "$OUT/serve-bench.txt"
 [ -s "$OUT/serve-multiturn.txt" ] && grep -A6 '^multi-turn' "$OUT/serve-multiturn.txt"
 [ -s "$OUT/loop-times.txt" ] && cat "$OUT/loop-times.txt"
+printf '%-30s %s\n' "cluster exact, 1 GPU (EXACT1)" "$exact1_line"
 printf '%-30s %s\n' "multi-GPU (MULTIGPU=1)" "$multi_line"
 [ -s "$OUT/multigpu.txt" ] && grep -E "_bw|prompt .* tokens|PASS|FAIL|SKIPPED|prompts equal|over NCCL|links up" "$OUT/multigpu.txt"
 printf '%-30s %s\n' "transformers (HF=1)" "$hf_line"
