@@ -7,7 +7,7 @@
 # one batch size, 2 timed steps, graphs on) under Nsight Compute with one metric (each kernel's
 # duration; --graph-profiling node times every kernel of a replayed graph on its own, with the
 # clocks left alone), then sums the kernels of the LAST decode step (those after the last k_embed)
-# by kernel name. The sum is the step's pure kernel time: set beside the step time the engine
+# by kernel name, and the last prefill's the same way. The sum is the step's pure kernel time: set beside the step time the engine
 # reports without ncu, the difference is what launches, gaps and dependencies cost. ncu runs each
 # kernel alone, so PDL overlap is not in these durations.
 # Output: OUT_DIR/profile-b<BATCH>.csv (ncu's raw rows), .txt (the engine's report under ncu: its
@@ -40,15 +40,27 @@ for r in csv.DictReader(lines):
 starts = [i for i, (k, _) in enumerate(rows) if k.startswith("k_embed") or "k_embed<" in k]
 if not starts:
     sys.exit("gpu-profile: no k_embed kernel found: cannot find the last step")
-step = rows[starts[-1]:]
-by = collections.defaultdict(lambda: [0.0, 0])
-for k, ns in step:
-    name = k.split("(")[0]
-    by[name][0] += ns
-    by[name][1] += 1
-total = sum(v[0] for v in by.values())
-print(f"last decode step at batch {sys.argv[2]}: {len(step)} kernels, {total / 1e6:.3f} ms of kernel time")
-print(f"{'kernel':60s} {'ms':>8s} {'calls':>6s} {'share':>6s}")
-for name, (ns, n) in sorted(by.items(), key=lambda kv: -kv[1][0]):
-    print(f"{name[:60]:60s} {ns / 1e6:8.3f} {n:6d} {100 * ns / total:5.1f}%")
+segs = [(a, b) for a, b in zip(starts, starts[1:] + [len(rows)])]
+
+def table(title, seg):
+    by = collections.defaultdict(lambda: [0.0, 0])
+    for k, ns in rows[seg[0]:seg[1]]:
+        name = k.split("(")[0]
+        by[name][0] += ns
+        by[name][1] += 1
+    total = sum(v[0] for v in by.values())
+    print(f"{title}: {seg[1] - seg[0]} kernels, {total / 1e6:.3f} ms of kernel time")
+    print(f"{'kernel':60s} {'ms':>8s} {'calls':>6s} {'share':>6s}")
+    for name, (ns, n) in sorted(by.items(), key=lambda kv: -kv[1][0]):
+        print(f"{name[:60]:60s} {ns / 1e6:8.3f} {n:6d} {100 * ns / total:5.1f}%")
+
+# Every forward starts with k_embed: the engine's prefills (warm-up, then the timed ones) come
+# first, then the decode steps, which all have one kernel count. The last step is a decode step;
+# the last segment of another count before it is the last prefill.
+table(f"last decode step at batch {sys.argv[2]}", segs[-1])
+n_last = segs[-1][1] - segs[-1][0]
+pre = [g for g in segs if g[1] - g[0] != n_last]
+if pre:
+    print()
+    table("last prefill (the engine's --prompt-len tokens)", pre[-1])
 PY
