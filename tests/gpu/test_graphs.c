@@ -2,7 +2,8 @@
  * bits of the same steps run op by op (model_opts_t.no_graphs), over a schedule of batch sizes
  * that records a graph per size and replays it (steps of 9 and 12 rows take the GEMM path, 1 and
  * 2 the GEMV). Each fixture: 12 prompts in one step, then 21 decode steps over the first k
- * sequences; the MoE fixture's steps go through the device-only expert path. (The 258-row prompt
+ * sequences; the MoE fixture's steps go through the device-only expert path (its f32 weights: the
+ * FMA path; dummy bf16 weights of its shape: the grouped tensor-core path from 9 rows). (The 258-row prompt
  * step grows every scratch buffer first, so no graph goes stale here: test_stale does that at the
  * backend's level.) Runs on the GPU node
  * (tools/gpu-run.sh); CI only compiles it. */
@@ -27,12 +28,13 @@ enum { N_SEQ = 12 };
 static const int s_sched[] = {1, 1, 1, 2, 2, 2, 9, 9, 9, 12, 12, 12, 2, 2, 2, 1, 1, 9, 9, 12, 12};
 #define N_STEPS ((int)(sizeof s_sched / sizeof s_sched[0]))
 
-/* Every logits row of the run, in order: the 12 prompts' last rows, then each step's k rows. */
-static float *s_run(backend_t *gpu, const char *dir, const model_config_t *cfg, int no_graphs, uint64_t *records,
-                    uint64_t *replays, size_t *n_rows)
+/* Every logits row of the run, in order: the 12 prompts' last rows, then each step's k rows.
+ * dummy: DT_COUNT runs the fixture's weights, else dummy weights of its shape in that dtype. */
+static float *s_run(backend_t *gpu, const char *dir, const model_config_t *cfg, dtype_t dummy, int no_graphs,
+                    uint64_t *records, uint64_t *replays, size_t *n_rows)
 {
     char err[512];
-    ckpt_t *ck = ckpt_open(dir, err, sizeof err);
+    ckpt_t *ck = dummy == DT_COUNT ? ckpt_open(dir, err, sizeof err) : ckpt_dummy(dummy, 0);
     if (!ck)
         fail_msg("%s", err);
     model_opts_t o = {.max_tokens = 512, .max_seqs = 16, .max_context = 128, .kv_block_size = 4, .no_graphs = no_graphs};
@@ -88,8 +90,9 @@ static float *s_run(backend_t *gpu, const char *dir, const model_config_t *cfg, 
     return lg;
 }
 
-/* One fixture with and without graphs on gpu; returns the steps replayed from a graph. */
-static uint64_t s_compare(backend_t *gpu, const char *name, uint64_t min_records)
+/* One fixture (its weights, or dummy ones of its shape in `dummy`) with and without graphs on
+ * gpu; returns the steps replayed from a graph. */
+static uint64_t s_compare_w(backend_t *gpu, const char *name, dtype_t dummy, uint64_t min_records)
 {
     {
         char dir[1024], err[512];
@@ -99,7 +102,8 @@ static uint64_t s_compare(backend_t *gpu, const char *name, uint64_t min_records
             fail_msg("%s", err);
         uint64_t rec0, rep0, rec1, rep1;
         size_t n0, n1;
-        float *eager = s_run(gpu, dir, &cfg, 1, &rec0, &rep0, &n0), *graph = s_run(gpu, dir, &cfg, 0, &rec1, &rep1, &n1);
+        float *eager = s_run(gpu, dir, &cfg, dummy, 1, &rec0, &rep0, &n0),
+              *graph = s_run(gpu, dir, &cfg, dummy, 0, &rec1, &rep1, &n1);
         assert_int_equal(n0, n1);
         assert_int_equal(rec0 + rep0, 0);
         const size_t n = n0 * (size_t)cfg.vocab_size;
@@ -110,11 +114,17 @@ static uint64_t s_compare(backend_t *gpu, const char *name, uint64_t min_records
         if (rec1 < min_records || rep1 < rec1)
             fail_msg("%s: %llu steps recorded (want >= %llu), %llu replayed", name, (unsigned long long)rec1,
                      (unsigned long long)min_records, (unsigned long long)rep1);
-        print_message("  %-16s %d decode steps: logits bit-identical with and without graphs (%llu recorded, "
-                      "%llu replayed)\n", name, N_STEPS, (unsigned long long)rec1, (unsigned long long)rep1);
+        print_message("  %-16s%s %d decode steps: logits bit-identical with and without graphs (%llu recorded, "
+                      "%llu replayed)\n", name, dummy == DT_COUNT ? "" : " (dummy bf16)", N_STEPS,
+                      (unsigned long long)rec1, (unsigned long long)rep1);
         free(eager), free(graph);
         return rep1;
     }
+}
+
+static uint64_t s_compare(backend_t *gpu, const char *name, uint64_t min_records)
+{
+    return s_compare_w(gpu, name, DT_COUNT, min_records);
 }
 
 static void test_models(void **state)
@@ -123,6 +133,13 @@ static void test_models(void **state)
     const char *names[] = {"qwen3-f32", "llama-gqa-f32", "llama-tied-bf16", "qwen3-moe-f32"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         s_compare(s_gpu, names[i], 4);
+}
+
+/* bf16 experts: the steps of 9 and 12 rows take the grouped tensor-core path (cuda_moe_gemm.cu:
+ * its sort and tile list on the device, its grid fixed by M), recorded and replayed like the rest. */
+static void test_moe_grouped_path_recorded(void **state)
+{
+    s_compare_w(s_gpu, "qwen3-moe-f32", DT_BF16, 4);
 }
 
 /* With the device expert path limited to 4 rows, the MoE steps of 9 and 12 rows take the host
@@ -200,6 +217,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_models),
+        cmocka_unit_test(test_moe_grouped_path_recorded),
         cmocka_unit_test(test_moe_host_path_not_recorded),
         cmocka_unit_test(test_stale),
     };
