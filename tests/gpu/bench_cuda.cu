@@ -54,22 +54,8 @@ extern "C" {
 #include "kernels/backend.h"
 }
 
-#define CK(expr)                                                                                          \
-    do {                                                                                                  \
-        cudaError_t e_ = (expr);                                                                          \
-        if (e_ != cudaSuccess) {                                                                          \
-            fprintf(stderr, "bench_cuda: %s failed: %s (%s:%d)\n", #expr, cudaGetErrorString(e_), __FILE__, __LINE__); \
-            exit(1);                                                                                      \
-        }                                                                                                 \
-    } while (0)
-#define CKB(expr)                                                                                         \
-    do {                                                                                                  \
-        cublasStatus_t s_ = (expr);                                                                       \
-        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                                \
-            fprintf(stderr, "bench_cuda: %s failed: %s (%s:%d)\n", #expr, cublasGetStatusString(s_), __FILE__, __LINE__); \
-            exit(1);                                                                                      \
-        }                                                                                                 \
-    } while (0)
+#define BENCH_NAME "bench_cuda"
+#include "tests/gpu/bench_check.h"
 
 /* A value in (-1, 1) from a hash of index i (splitmix64). */
 __device__ __forceinline__ float dev_hash_unit(size_t i, uint64_t seed)

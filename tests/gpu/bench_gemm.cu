@@ -24,22 +24,8 @@
 #include <string.h>
 #include <vector>
 
-#define CK(x)                                                                                      \
-    do {                                                                                           \
-        cudaError_t e_ = (x);                                                                      \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));   \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
-#define CKB(x)                                                                                     \
-    do {                                                                                           \
-        cublasStatus_t s_ = (x);                                                                   \
-        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                         \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cublasGetStatusString(s_)); \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
+#define BENCH_NAME "bench_gemm"
+#include "tests/gpu/bench_check.h"
 
 enum { CANDIDATES = 16 };
 static const size_t WS_BYTES = (size_t)64 << 20;
