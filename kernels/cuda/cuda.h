@@ -14,7 +14,8 @@
  *
  * Settings (environment, read by backend_cuda_new; a bad value is an error naming it):
  *   TROUPE_CUDA_GEMV_MAX_M  rows up to which matmul runs the GEMV kernel (default 8; 0: never)
- *   TROUPE_CUDA_GEMV_WARPS  warps sharing a GEMV row: 1, 4 (default) or 8
+ *   TROUPE_CUDA_GEMV_WARPS  warps sharing a GEMV row: 0 (default: 8 for matrices of fewer than 3
+ *                           waves of 4-warp blocks, else 4; cuda_matmul.cu), 1, 4 or 8 for all
  *   TROUPE_CUDA_GEMM_SPLIT  N: GEMMs of <= N rows (default 32) take activations as bf16/f16 hi + lo,
  *                           larger ones round them once (bf16 activations); 0: always rounded once
  *   TROUPE_CUDA_GEMM_FUSE  1 (default): matmul_n over consecutive row ranges of one matrix with a
@@ -123,7 +124,7 @@ typedef struct cuda_state {
     float *gout;                  /* device: the split GEMM's [2M][N] output (hi rows, then lo rows), or a fused one's [M][sum N] */
     size_t gout_bytes;
     int gemv_max_m;               /* matmuls with M <= this run the GEMV kernel (TROUPE_CUDA_GEMV_MAX_M, default 8) */
-    int gemv_warps;               /* warps sharing one output row in the GEMV (TROUPE_CUDA_GEMV_WARPS: 1, 4 (default), 8) */
+    int gemv_warps;               /* warps sharing one output row in the GEMV (TROUPE_CUDA_GEMV_WARPS: 0 = by N, 1, 4, 8) */
     int gemm_split_max_m;         /* GEMMs of at most this many rows take activations as hi + lo (TROUPE_CUDA_GEMM_SPLIT, default 32) */
     int gemm_fuse;                /* 1 (default): matmul_n runs q|k|v as one GEMM (TROUPE_CUDA_GEMM_FUSE) */
     int mlp_fuse;                 /* 1: mlp_swiglu takes GEMM-sized steps (TROUPE_CUDA_MLP_FUSE, default 0) */

@@ -406,7 +406,7 @@ extern "C" backend_t *backend_cuda_new(int device, char *err, size_t errlen)
     be->impl = st;
     st->device = device;
     if (s_env_int("TROUPE_CUDA_GEMV_MAX_M", 8, 0, 64, &st->gemv_max_m, err, errlen) < 0 ||
-        s_env_int("TROUPE_CUDA_GEMV_WARPS", 4, 1, 8, &st->gemv_warps, err, errlen) < 0 ||
+        s_env_int("TROUPE_CUDA_GEMV_WARPS", 0, 0, 8, &st->gemv_warps, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_GEMM_SPLIT", 32, 0, 1 << 30, &st->gemm_split_max_m, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_GEMM_FUSE", 1, 0, 1, &st->gemm_fuse, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_MLP_FUSE", 0, 0, 1, &st->mlp_fuse, err, errlen) < 0 ||
@@ -423,8 +423,9 @@ extern "C" backend_t *backend_cuda_new(int device, char *err, size_t errlen)
         s_env_int("TROUPE_CUDA_MOE_GROUPED_MIN_M", 9, 1, 1 << 30, &st->moe_grouped_min_m, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_MOE_GROUPED_BM", 0, 0, 128, &st->moe_grouped_bm, err, errlen) < 0)
         goto fail;
-    if (st->gemv_warps != 1 && st->gemv_warps != 4 && st->gemv_warps != 8) {
-        errf(err, errlen, "backend cuda: TROUPE_CUDA_GEMV_WARPS=%d (expected 1, 4 or 8)", st->gemv_warps);
+    if (st->gemv_warps != 0 && st->gemv_warps != 1 && st->gemv_warps != 4 && st->gemv_warps != 8) {
+        errf(err, errlen, "backend cuda: TROUPE_CUDA_GEMV_WARPS=%d (expected 0 = by the matrix, 1, 4 or 8)",
+             st->gemv_warps);
         goto fail;
     }
     if (st->moe_grouped_bm != 0 && st->moe_grouped_bm != 32 && st->moe_grouped_bm != 64 && st->moe_grouped_bm != 128) {

@@ -1,16 +1,16 @@
 /* kernels/cuda/cuda_matmul.cu — y[M][N] = x[M][K] W^T (+ bias) on the GPU, two ways.
  *
  * Few rows (M <= gemv_max_m, default 8: decode steps, small experts): our GEMV kernel. W's row n
- * is streamed once with 16-byte loads (several in flight per lane) by gemv_warps warps (1: a warp
- * per row, 8 rows per block; 4 (default) or 8: the warps of a block split the row's K and add
- * their parts in shared memory, in warp order — more, shorter work units, so the last wave of a
- * 4096- or 14336-row matrix leaves fewer SMs idle; 4 was the fastest over a Llama-8B step on the
- * H200), converting bf16/f16 to f32 in registers and doing f32 FMAs against the f32 activations;
- * lane partial sums are combined by a butterfly of shuffles. The first pass's weight loads are
- * issued before the PDL wait: weights never change, so they stream while the previous kernel ends.
+ * is streamed once with 16-byte loads (several in flight per lane) by 1, 4 or 8 warps (1: a warp
+ * per row, 8 rows per block; 4 or 8: the warps of a block split the row's K and add their parts in
+ * shared memory, in warp order — more, shorter work units, so the last wave of a 4096- or
+ * 14336-row matrix leaves fewer SMs idle; s_gemv_warps picks 4 or 8 by the matrix's rows),
+ * converting bf16/f16 to f32 in registers and doing f32 FMAs against the f32 activations; lane
+ * partial sums are combined by a butterfly of shuffles. The first pass's weight loads are issued
+ * before the PDL wait: weights never change, so they stream while the previous kernel ends.
  * Numerics: exact f32 products of the stored weights and the f32 activations, f32 accumulation —
  * the CPU's arithmetic in another summation order (relative difference ~1e-6). The order depends
- * on K, gemv_warps and W's alignment only, so a row's result is bit-identical for any M on this
+ * on K, N (the warps) and W's alignment only, so a row's result is bit-identical for any M on this
  * path (batch-invariant within it). A batch-1 decode step is bound by reading W: this kernel is
  * what the HBM bound measures.
  *
@@ -173,10 +173,25 @@ __global__ void __launch_bounds__(GEMV_THREADS)
     }
 }
 
+/* Warps sharing one row of an N-row matrix: TROUPE_CUDA_GEMV_WARPS when set, else 4, or 8 when at
+ * 4 the matrix is fewer than 3 waves of blocks (2 rows a block, 8 blocks of 256 threads per SM):
+ * there the last wave leaves SMs idle, and 8 warps a row double the blocks. On the H200 (5 calls of
+ * bench_cuda) 8 warps took a 4,096 x 14,336 down_proj from 32.4 to 30.6 us, a 4,096 x 4,096
+ * matrix from 12.0 to 11.7 and a 1,024-row one from 5.5 to 4.8, while 4 stayed faster for the
+ * 14,336-row gate/up (30.5 against 35.1) and the 128,256-row LM head (231 against 290). The
+ * result's bits depend on the warps, so on N too: still never on M (batch-invariant). */
+static int s_gemv_warps(const cuda_state_t *st, int64_t N)
+{
+    if (st->gemv_warps)
+        return st->gemv_warps;
+    const int64_t blocks4 = (N + 1) / 2, wave = (int64_t)st->n_sm * (2048 / GEMV_THREADS);
+    return blocks4 < 3 * wave ? 8 : 4;
+}
+
 template <typename WT, int MR>
 static void s_gemv_launch(const cuda_state_t *st, bool vec, const float *x, const WT *w, int64_t N, int64_t K, float *y)
 {
-    const int warps = st->gemv_warps, rpb = vec ? GEMV_THREADS / 32 / warps : GEMV_THREADS / 32;
+    const int warps = s_gemv_warps(st, N), rpb = vec ? GEMV_THREADS / 32 / warps : GEMV_THREADS / 32;
     const dim3 blocks((unsigned)((N + rpb - 1) / rpb)), threads(GEMV_THREADS);
     if (!vec)
         cuda_launch(st, k_gemv_scalar<WT, MR>, blocks, threads, x, w, N, K, y);
@@ -233,13 +248,14 @@ static void s_gemv_swiglu(const cuda_state_t *st, const float *x, int M, const W
 }
 
 /* gate|up and SwiGLU as one GEMV pass (backend.h gate_up_swiglu): only where the plain path would
- * be the 4-warp vector GEMV, so the bits equal matmul then swiglu; else 1 (nothing queued). */
+ * be the 4-warp vector GEMV for the gate and up halves (and so for the stacked matrix), so the bits
+ * equal matmul then swiglu; else 1 (nothing queued). */
 int cuda_gate_up_swiglu(backend_t *be, const float *x, int M, const bk_mat_t *w, float *out)
 {
     cuda_state_t *st = cuda_st(be);
     const int64_t N = w->rows, K = w->cols;
     const int VE = 16 / (int)dtype_size(w->dtype);
-    if (M <= 0 || M > st->gemv_max_m || st->gemv_warps != 4 || N % 2 || (uintptr_t)w->data % 16 ||
+    if (M <= 0 || M > st->gemv_max_m || s_gemv_warps(st, N / 2) != 4 || N % 2 || (uintptr_t)w->data % 16 ||
         (uintptr_t)x % 16 || K % VE || K % 4)
         return 1;
     switch (w->dtype) {

@@ -8,7 +8,8 @@
  *    zeros: they run faster), median of 10 after 3 warm-ups.
  * 3. The backend's matmul at M = 1 with bf16 weights of Llama-3.1-8B's shapes (q, k/v, o, gate/up,
  *    down, lm_head): per call time and achieved bandwidth, for the GEMV kernel with 1, 4 and 8
- *    warps per row and for cuBLASLt (TROUPE_CUDA_GEMV_MAX_M=0). Each shape rotates over enough
+ *    warps per row, with the default's choice by the matrix's rows (auto), and for cuBLASLt
+ *    (TROUPE_CUDA_GEMV_MAX_M=0). Each shape rotates over enough
  *    weight copies (>= 256 MB) that the 60 MB L2 cannot serve them. The sum over one Llama-8B
  *    step is the matmul-only decode time.
  * 4. The gate_proj GEMM at M = 128 and 512 through the backend, activations split in two bf16
@@ -513,13 +514,13 @@ int main(int argc, char **argv)
     printf("gemm_bf16_8192 %.1f TFLOP/s\n", tf);
 
     /* The GEMV with 1, 4 and 8 warps per row, and cuBLASLt at M = 1 (activations rounded once). */
-    enum { NV = 4 };
-    const char *vname[NV] = {"GEMV w1", "GEMV w4", "GEMV w8", "cuBLASLt"};
-    const char *vkey[NV] = {"gemv_w1", "gemv_w4", "gemv_w8", "cublaslt"};
+    enum { NV = 5 };
+    const char *vname[NV] = {"GEMV w1", "GEMV w4", "GEMV w8", "GEMV auto", "cuBLASLt"};
+    const char *vkey[NV] = {"gemv_w1", "gemv_w4", "gemv_w8", "gemv_auto", "cublaslt"};
     backend_t *bes[NV] = {s_backend("TROUPE_CUDA_GEMV_WARPS", "1"), s_backend("TROUPE_CUDA_GEMV_WARPS", "4"),
-                          s_backend("TROUPE_CUDA_GEMV_WARPS", "8"), NULL};
+                          s_backend("TROUPE_CUDA_GEMV_WARPS", "8"), s_backend("TROUPE_CUDA_GEMV_WARPS", "0"), NULL};
     setenv("TROUPE_CUDA_GEMM_SPLIT", "0", 1);
-    bes[3] = s_backend("TROUPE_CUDA_GEMV_MAX_M", "0");
+    bes[4] = s_backend("TROUPE_CUDA_GEMV_MAX_M", "0");
     unsetenv("TROUPE_CUDA_GEMM_SPLIT");
     /* Llama-3.1-8B: one layer's matmuls (count per layer), then the LM head once per step. */
     struct { const char *name; int64_t N, K; int per_layer; } shapes[] = {
@@ -557,7 +558,7 @@ int main(int argc, char **argv)
         for (int i = 0; i < 2; i++) {
             const double flop = 2.0 * Ms[i] * 14336.0 * 4096.0;
             const double ts = s_backend_matmul_us(split, Ms[i], 14336, 4096);
-            const double t1 = s_backend_matmul_us(bes[3], Ms[i], 14336, 4096);
+            const double t1 = s_backend_matmul_us(bes[4], Ms[i], 14336, 4096);
             printf("gemm_M%d_split %.1f TFLOP/s (%.1f us)\n", Ms[i], flop / ts / 1e6, ts);
             printf("gemm_M%d_single %.1f TFLOP/s (%.1f us)\n", Ms[i], flop / t1 / 1e6, t1);
         }

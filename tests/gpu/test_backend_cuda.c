@@ -12,7 +12,8 @@
  *    its error, so a run's log is a table of the backend's accuracy.
  *    More CUDA backends run the other paths: TROUPE_CUDA_GEMV_MAX_M=0, TROUPE_CUDA_GEMM_SPLIT=0,
  *    TROUPE_CUDA_ATTN_SPLIT=0 (cuBLASLt at M = 1 with activations rounded once, attention without
- *    split-KV), TROUPE_CUDA_GEMV_WARPS=1 and 8 (the GEMV's other work splits; default 4), and
+ *    split-KV), TROUPE_CUDA_GEMV_WARPS=1, 4 and 8 (each work split of the GEMV for every matrix;
+ *    the default picks 4 or 8 by the matrix's rows), and
  *    TROUPE_CUDA_ATTN_MMA=0 with TROUPE_CUDA_ATTN_MMA_DECODE=0 (every attention case again on the
  *    f32 flash / row / tile kernels, which the tensor-core prefill and decode kernels replace for
  *    bf16 caches).
@@ -75,7 +76,7 @@ static const uint32_t GUARD_BITS = 0x7fbadbadu;
 
 static backend_t *s_cpu, *s_gpu;           /* reference; CUDA with the defaults */
 static backend_t *s_gpu2;                  /* CUDA: GEMV off, GEMM split off, attention split off */
-static backend_t *s_gpu_w1, *s_gpu_w8;     /* CUDA: GEMV with 1 and 8 warps per row (default 4) */
+static backend_t *s_gpu_w1, *s_gpu_w4, *s_gpu_w8;   /* CUDA: GEMV with 1, 4, 8 warps per row (default: by N) */
 static backend_t *s_gpu_moe_dev;           /* CUDA: moe_ffn's device path for every M */
 static backend_t *s_gpu_moe_host;          /* CUDA: moe_ffn's host-sorted path for every M */
 static backend_t *s_gpu_moe_grouped[3];    /* CUDA: moe_ffn's grouped path for every M, row tiles 32, 64, 128 */
@@ -223,7 +224,9 @@ static int s_setup(void **state)
     s_cpu = backend_cpu_new(0);
     s_gpu = s_gpu_with(NULL, 0);
     s_gpu2 = s_gpu_with(off, 6);
+    static const char *const w4[] = {"TROUPE_CUDA_GEMV_WARPS", "4"};
     s_gpu_w1 = s_gpu_with(w1, 2);
+    s_gpu_w4 = s_gpu_with(w4, 2);
     s_gpu_w8 = s_gpu_with(w8, 2);
     s_gpu_moe_dev = s_gpu_with(moe_dev, 4);
     s_gpu_moe_host = s_gpu_with(moe_host, 2);
@@ -240,7 +243,7 @@ static int s_setup(void **state)
     static const char *const mlp[] = {"TROUPE_CUDA_MLP_FUSE", "1"};
     if (!(s_gpu_mlp = s_gpu_with(mlp, 2)))
         return -1;
-    return s_cpu && s_gpu && s_gpu2 && s_gpu_w1 && s_gpu_w8 && s_gpu_nomma ? 0 : -1;
+    return s_cpu && s_gpu && s_gpu2 && s_gpu_w1 && s_gpu_w4 && s_gpu_w8 && s_gpu_nomma ? 0 : -1;
 }
 
 static int s_teardown(void **state)
@@ -252,6 +255,7 @@ static int s_teardown(void **state)
     backend_destroy(&s_gpu_moe_dev);
     backend_destroy(&s_gpu_nomma);
     backend_destroy(&s_gpu_w8);
+    backend_destroy(&s_gpu_w4);
     backend_destroy(&s_gpu_w1);
     backend_destroy(&s_gpu2);
     backend_destroy(&s_gpu);
@@ -317,7 +321,7 @@ static void test_memory(void **state)
 static const char *s_variant(const backend_t *gpu)
 {
     return gpu == s_gpu2 ? " [GEMV off, split off]" : gpu == s_gpu_w1 ? " [GEMV 1 warp/row]"
-         : gpu == s_gpu_w8 ? " [GEMV 8 warps/row]" : "";
+         : gpu == s_gpu_w4 ? " [GEMV 4 warps/row]" : gpu == s_gpu_w8 ? " [GEMV 8 warps/row]" : "";
 }
 
 static double s_mm_bound(const backend_t *gpu, dtype_t dt, int M)
@@ -373,6 +377,7 @@ static void test_matmul(void **state)
             s_matmul_case(s_gpu, (dtype_t)dt, cases[i][0], cases[i][1], cases[i][2], cases[i][3], cases[i][4]);
             if (cases[i][0] <= GEMV_MAX_M) {       /* the GEMV's other work splits */
                 s_matmul_case(s_gpu_w1, (dtype_t)dt, cases[i][0], cases[i][1], cases[i][2], cases[i][3], cases[i][4]);
+                s_matmul_case(s_gpu_w4, (dtype_t)dt, cases[i][0], cases[i][1], cases[i][2], cases[i][3], cases[i][4]);
                 s_matmul_case(s_gpu_w8, (dtype_t)dt, cases[i][0], cases[i][1], cases[i][2], cases[i][3], cases[i][4]);
             }
         }
@@ -549,11 +554,11 @@ static void test_mlp_swiglu(void **state)
  * work split of the GEMV). */
 static void test_matmul_batch_invariance(void **state)
 {
-    backend_t *const gpus[3] = {s_gpu, s_gpu_w1, s_gpu_w8};
+    backend_t *const gpus[4] = {s_gpu, s_gpu_w1, s_gpu_w4, s_gpu_w8};
     const int M = 7, N = 777, K = 2048;
     void *w = s_rand_dt(DT_BF16, (size_t)N * K, 0.5);
     float *x = s_rand_f32((size_t)M * K, 1.0);
-    for (int v = 0; v < 3; v++) {
+    for (int v = 0; v < 4; v++) {
         backend_t *gpu = gpus[v];
         const void *wd = gpu->ops->weight_put(gpu, w, (size_t)N * K * 2, 2);
         bk_mat_t W = {.data = wd, .dtype = DT_BF16, .rows = N, .cols = K};

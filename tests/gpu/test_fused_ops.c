@@ -39,7 +39,9 @@ static void *s_up(const void *h, size_t n)
 
 static void test_gate_up_swiglu(void **state)
 {
-    const int I = 1000, K = 512, N = 2 * I;
+    /* I large enough that the plain GEMV of each half takes 4 warps a row (the fused kernel's
+     * split): fewer rows take 8 (cuda_matmul.cu s_gemv_warps) and the op declines, below. */
+    const int I = 12000, K = 512, N = 2 * I;
     for (int dt = 0; dt < 2; dt++) {
         const dtype_t dtype = dt ? DT_BF16 : DT_F32;
         const size_t es = dt ? 2 : 4;
@@ -82,9 +84,12 @@ static void test_gate_up_swiglu(void **state)
             s_gpu->ops->free(s_gpu, x), s_gpu->ops->free(s_gpu, gu), s_gpu->ops->free(s_gpu, ref);
             s_gpu->ops->free(s_gpu, out);
         }
-        /* Beyond the GEMV path's rows it declines. */
+        /* Beyond the GEMV path's rows it declines, and for halves of few rows (8 warps a row). */
         float *x = s_gpu->ops->alloc(s_gpu, (size_t)64 * K * sizeof(float));
         assert_int_equal(s_gpu->ops->gate_up_swiglu(s_gpu, x, 64, &w, NULL), 1);
+        bk_mat_t small = w;
+        small.rows = 2000;
+        assert_int_equal(s_gpu->ops->gate_up_swiglu(s_gpu, x, 1, &small, NULL), 1);
         s_gpu->ops->free(s_gpu, x);
         s_gpu->ops->free(s_gpu, (void *)w.data);
         free(hw);
