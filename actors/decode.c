@@ -973,9 +973,7 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
         actor_stat_metric(a, st, "prompts_total", (double)d->prompts, 1);
         actor_stat_metric(a, st, "computed_tokens_total", (double)d->prompt_tokens_computed, 1);
         actor_stat_metric(a, st, "cached_tokens_total", (double)d->prompt_tokens_cached, 1);
-        actor_stat_metric(a, st, "fetches_total", (double)d->fetch.fetches, 1);
-        actor_stat_metric(a, st, "fetched_blocks_total", (double)d->fetch.fetched_blocks, 1);
-        actor_stat_metric(a, st, "fetches_skipped_total", (double)d->fetch.skipped, 1);
+        prefix_fetch_stats(a, st, &d->fetch);
     }
 }
 

@@ -554,10 +554,7 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
     actor_stat_metric(a, st, "cached_tokens_total", (double)p->cached_tokens, 1);
     actor_stat_metric(a, st, "transfers_total", (double)p->handoffs, 1);
     actor_stat_metric(a, st, "transfer_failures_total", (double)p->handoff_failures, 1);
-    actor_stat_metric(a, st, "fetches_total", (double)p->fetch.fetches, 1);
-    actor_stat_metric(a, st, "fetched_blocks_total", (double)p->fetch.fetched_blocks, 1);
-    actor_stat_metric(a, st, "fetches_skipped_total", (double)p->fetch.skipped, 1);
-    actor_stat_metric(a, st, "fetch_ms_per_block", p->fetch.policy.ms_per_block, 0);
+    prefix_fetch_stats(a, st, &p->fetch);
     actor_stat_metric(a, st, "transfers_nccl_total", (double)kvlinks_transfers(p->links), 1);
     actor_stat_metric(a, st, "nccl_links_ready", kvlinks_ready(p->links), 0);
     actor_stat_metric(a, st, "transfer_retries_total", (double)p->handoff_retries, 1);

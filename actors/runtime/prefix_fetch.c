@@ -74,3 +74,11 @@ void prefix_fetch_timed_out(prefix_fetch_t *pf, int n_blocks, int64_t sent_ms)
 {
     fetch_policy_observe(&pf->policy, n_blocks, (double)(now_ms() - sent_ms));
 }
+
+void prefix_fetch_stats(actor_t *a, msg_stats_t *st, const prefix_fetch_t *pf)
+{
+    actor_stat_metric(a, st, "fetches_total", (double)pf->fetches, 1);
+    actor_stat_metric(a, st, "fetched_blocks_total", (double)pf->fetched_blocks, 1);
+    actor_stat_metric(a, st, "fetches_skipped_total", (double)pf->skipped, 1);
+    actor_stat_metric(a, st, "fetch_ms_per_block", pf->policy.ms_per_block, 0);
+}

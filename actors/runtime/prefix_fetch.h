@@ -47,4 +47,8 @@ int prefix_fetch_take(actor_t *a, prefix_fetch_t *pf, worker_t *w, const msg_kv_
 /* A fetch asked at sent_ms for n blocks got no answer in time: counts its cost. */
 void prefix_fetch_timed_out(prefix_fetch_t *pf, int n_blocks, int64_t sent_ms);
 
+/* Its counters and the policy's cost estimate into the worker's stats (fetches_total,
+ * fetched_blocks_total, fetches_skipped_total, fetch_ms_per_block). */
+void prefix_fetch_stats(actor_t *a, msg_stats_t *st, const prefix_fetch_t *pf);
+
 #endif

@@ -173,6 +173,8 @@ static inline cuda_state_t *cuda_st(backend_t *be) { return (cuda_state_t *)be->
 void *cuda_scratch(backend_t *be, void **buf, size_t *cap, size_t bytes);
 
 void cuda_matmul(backend_t *be, const float *x, int M, const bk_mat_t *w, const float *bias, float *y);
+/* x [n] as 16-bit GEMM operands into out (f16: saturated; else bf16, round to nearest even). */
+void cuda_to16(const cuda_state_t *st, const float *x, int64_t n, bool f16, uint16_t *out);
 void cuda_matmul_n(backend_t *be, const float *x, int M, int n, const bk_mat_t *const w[], const float *const bias[],
                    float *const y[]);
 

@@ -24,12 +24,6 @@
 
 __device__ __forceinline__ float dev_to_f32(float v) { return v; }
 
-/* silu(g) * u in the CPU's arithmetic (cuda_swiglu, the GEMV's SwiGLU epilogue, mlp_swiglu). */
-__device__ __forceinline__ float dev_swiglu(float g, float u)
-{
-    const float silu = g / __fadd_rn(1.0f, expf(-g));
-    return __fmul_rn(silu, u);
-}
 __device__ __forceinline__ float dev_to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ float dev_to_f32(__half v) { return __half2float(v); }
 
@@ -44,6 +38,29 @@ __device__ __forceinline__ uint16_t dev_bf16_bits(float f)
     return (uint16_t)(u >> 16);
 }
 
+/* v clamped to f16's largest finite value (comparisons are false for NaN: NaN stays NaN), so a
+ * large activation rounds to +-65504 rather than inf when it becomes an f16 GEMM operand. */
+__device__ __forceinline__ float dev_f16_sat(float v)
+{
+    return v > 65504.0f ? 65504.0f : v < -65504.0f ? -65504.0f : v;
+}
+
+/* An activation as a 16-bit GEMM operand, round to nearest even: bf16 bits (dev_bf16_bits) or f16
+ * bits, saturated. */
+template <bool F16> __device__ __forceinline__ uint16_t dev_to16(float v)
+{
+    if constexpr (F16)
+        return __half_as_ushort(__float2half_rn(dev_f16_sat(v)));
+    else
+        return dev_bf16_bits(v);
+}
+
+/* silu(g) * u in the CPU's arithmetic (cuda_swiglu, the GEMV's SwiGLU epilogue, mlp_swiglu). */
+__device__ __forceinline__ float dev_swiglu(float g, float u)
+{
+    const float silu = g / __fadd_rn(1.0f, expf(-g));
+    return __fmul_rn(silu, u);
+}
 __device__ __forceinline__ void dev_store(float *p, float v) { *p = v; }
 __device__ __forceinline__ void dev_store(__nv_bfloat16 *p, float v)
 {

@@ -129,8 +129,7 @@ __global__ void __launch_bounds__(GEMV_THREADS)
 #pragma unroll
                 for (int i = 0; i < W; i++)
                     u += part[W + i][lane];
-                const float silu = g / __fadd_rn(1.0f, expf(-g));
-                y[lane * (N / 2) + n] = __fmul_rn(silu, u);
+                y[lane * (N / 2) + n] = dev_swiglu(g, u);
             }
         } else if (live && seg == 0 && lane < MR) {   /* lane m adds row m's W parts in warp order */
             float sum = 0.0f;
@@ -268,76 +267,45 @@ int cuda_gate_up_swiglu(backend_t *be, const float *x, int M, const bk_mat_t *w,
 
 /* ---- activations to 16 bits, halves, bias ------------------------------------------------------ */
 
-/* The conversions run 4 elements per thread (16-byte loads, 8-byte stores) when x and the outputs
- * allow it (V4), else one: at 1,000 rows they were 17% of a prefill's kernel time one at a time. */
-template <bool V4>
-__global__ void k_to_bf16(const float *x, int64_t n, uint16_t *out)
+/* x as the weights' 16-bit type (dev_to16: bf16, or f16 saturated), 4 elements per thread (16-byte
+ * loads, 8-byte stores) when x and out allow it (V4), else one: at 1,000 rows one at a time they
+ * were 17% of a prefill's kernel time. */
+template <bool F16, bool V4>
+__global__ void k_to16(const float *x, int64_t n, uint16_t *out)
 {
     DEV_PDL_ENTER();
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     if constexpr (V4) {
         for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n / 4; i += stride) {
             const float4 v = ((const float4 *)x)[i];
-            ((uint2 *)out)[i] = make_uint2(dev_bf16_bits(v.x) | (uint32_t)dev_bf16_bits(v.y) << 16,
-                                           dev_bf16_bits(v.z) | (uint32_t)dev_bf16_bits(v.w) << 16);
+            ((uint2 *)out)[i] = make_uint2(dev_to16<F16>(v.x) | (uint32_t)dev_to16<F16>(v.y) << 16,
+                                           dev_to16<F16>(v.z) | (uint32_t)dev_to16<F16>(v.w) << 16);
         }
     } else {
         for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-            out[i] = dev_bf16_bits(x[i]);
+            out[i] = dev_to16<F16>(x[i]);
     }
 }
 
-__device__ __forceinline__ float dev_f16_sat(float v)
+template <bool F16> __device__ __forceinline__ float dev_from16(uint16_t h)
 {
-    if (v > 65504.0f)                              /* comparisons are false for NaN: NaN stays NaN */
-        return 65504.0f;
-    if (v < -65504.0f)
-        return -65504.0f;
-    return v;
+    if constexpr (F16)
+        return __half2float(__ushort_as_half(h));
+    else
+        return __uint_as_float((uint32_t)h << 16);
 }
 
-__device__ __forceinline__ uint32_t dev_f16x2_sat(float a, float b)
-{
-    const __half2 h = __halves2half2(__float2half_rn(dev_f16_sat(a)), __float2half_rn(dev_f16_sat(b)));
-    return *(const uint32_t *)&h;
-}
-
-template <bool V4>
-__global__ void k_to_f16(const float *x, int64_t n, __half *out)
-{
-    DEV_PDL_ENTER();
-    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
-    if constexpr (V4) {
-        for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n / 4; i += stride) {
-            const float4 v = ((const float4 *)x)[i];
-            ((uint2 *)out)[i] = make_uint2(dev_f16x2_sat(v.x, v.y), dev_f16x2_sat(v.z, v.w));
-        }
-    } else {
-        for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-            out[i] = __float2half_rn(dev_f16_sat(x[i]));
-    }
-}
-
-/* x = hi + lo: hi = bf16(x), lo = bf16(x - hi) (the difference is exact in f32). */
-__global__ void k_to_bf16x2(const float *x, int64_t n, uint16_t *hi, uint16_t *lo)
+/* x = hi + lo: hi = x as 16 bits, lo = (x - hi) as 16 bits (the difference is exact in f32; f16
+ * saturates x first). */
+template <bool F16>
+__global__ void k_to16x2(const float *x, int64_t n, uint16_t *hi, uint16_t *lo)
 {
     DEV_PDL_ENTER();
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        const float v = x[i];
-        const uint16_t h = dev_bf16_bits(v);
+        const float v = F16 ? dev_f16_sat(x[i]) : x[i];
+        const uint16_t h = dev_to16<F16>(v);
         hi[i] = h;
-        lo[i] = dev_bf16_bits(__fsub_rn(v, __uint_as_float((uint32_t)h << 16)));
-    }
-}
-
-__global__ void k_to_f16x2(const float *x, int64_t n, __half *hi, __half *lo)
-{
-    DEV_PDL_ENTER();
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        const float v = dev_f16_sat(x[i]);
-        const __half h = __float2half_rn(v);
-        hi[i] = h;
-        lo[i] = __float2half_rn(__fsub_rn(v, __half2float(h)));
+        lo[i] = dev_to16<F16>(__fsub_rn(v, dev_from16<F16>(h)));
     }
 }
 
@@ -454,24 +422,31 @@ static cuda_plan_t *s_plan(cuda_state_t *st, dtype_t dt, int M, int64_t N, int64
 
 /* ---- the ops ------------------------------------------------------------------------------------ */
 
+/* x [n] as 16-bit GEMM operands (f16: saturated; else bf16) into out, 4 elements a thread where x
+ * and out are aligned for it. Also the grouped MoE path's conversion of its tokens. */
+void cuda_to16(const cuda_state_t *st, const float *x, int64_t n, bool f16, uint16_t *out)
+{
+    const bool v4 = n % 4 == 0 && (uintptr_t)x % 16 == 0 && (uintptr_t)out % 8 == 0;
+    const unsigned grid = s_grid(v4 ? n / 4 : n);
+    if (f16)
+        v4 ? cuda_launch(st, k_to16<true, true>, grid, 256, x, n, out) : cuda_launch(st, k_to16<true, false>, grid, 256, x, n, out);
+    else
+        v4 ? cuda_launch(st, k_to16<false, true>, grid, 256, x, n, out)
+           : cuda_launch(st, k_to16<false, false>, grid, 256, x, n, out);
+}
+
 /* x's 16-bit image for cuBLASLt, in the conversion scratch: M rows rounded once, or (split) the hi
  * rows then the lo rows (2M). One conversion serves every GEMM over the same x (matmul_n). */
 static void *s_convert(backend_t *be, cuda_state_t *st, const float *x, int M, int64_t K, dtype_t dt, bool split)
 {
     const int64_t n = (int64_t)M * K;
-    void *xb = cuda_scratch(be, &st->conv, &st->conv_bytes, (size_t)(split ? 2 : 1) * n * 2);
-    const bool v4 = n % 4 == 0 && (uintptr_t)x % 16 == 0 && (uintptr_t)xb % 8 == 0;
-    const unsigned grid = s_grid(v4 ? n / 4 : n);
-    if (dt == DT_BF16 && split)
-        cuda_launch(st, k_to_bf16x2, s_grid(n), 256, x, n, (uint16_t *)xb, (uint16_t *)xb + n);
+    uint16_t *xb = (uint16_t *)cuda_scratch(be, &st->conv, &st->conv_bytes, (size_t)(split ? 2 : 1) * n * 2);
+    if (!split)
+        cuda_to16(st, x, n, dt == DT_F16, xb);
     else if (dt == DT_BF16)
-        v4 ? cuda_launch(st, k_to_bf16<true>, grid, 256, x, n, (uint16_t *)xb)
-           : cuda_launch(st, k_to_bf16<false>, grid, 256, x, n, (uint16_t *)xb);
-    else if (split)
-        cuda_launch(st, k_to_f16x2, s_grid(n), 256, x, n, (__half *)xb, (__half *)xb + n);
+        cuda_launch(st, k_to16x2<false>, s_grid(n), 256, x, n, xb, xb + n);
     else
-        v4 ? cuda_launch(st, k_to_f16<true>, grid, 256, x, n, (__half *)xb)
-           : cuda_launch(st, k_to_f16<false>, grid, 256, x, n, (__half *)xb);
+        cuda_launch(st, k_to16x2<true>, s_grid(n), 256, x, n, xb, xb + n);
     return xb;
 }
 
@@ -626,28 +601,22 @@ void cuda_matmul_n(backend_t *be, const float *x, int M, int n, const bk_mat_t *
         s_gemm16(be, st, xb, M, split, w[i], bias ? bias[i] : NULL, y[i]);
 }
 
-/* silu(g) * u rounded once to the weights' 16-bit type: the f32 swiglu followed by k_to_bf16 /
- * k_to_f16, without the f32 round trip. V4 as those kernels. */
-template <bool BF16, bool V4>
+/* silu(g) * u rounded once to the weights' 16-bit type: the f32 swiglu followed by k_to16, without
+ * the f32 round trip. V4 as k_to16. */
+template <bool F16, bool V4>
 __global__ void k_swiglu_to16(const float *g, const float *u, int64_t n, uint16_t *out)
 {
     DEV_PDL_ENTER();
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
-    auto to16 = [](float v) -> uint32_t {
-        if constexpr (BF16)
-            return dev_bf16_bits(v);
-        const __half h = __float2half_rn(dev_f16_sat(v));
-        return *(const uint16_t *)&h;
-    };
     if constexpr (V4) {
         for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n / 4; i += stride) {
             const float4 a = ((const float4 *)g)[i], b = ((const float4 *)u)[i];
-            ((uint2 *)out)[i] = make_uint2(to16(dev_swiglu(a.x, b.x)) | to16(dev_swiglu(a.y, b.y)) << 16,
-                                           to16(dev_swiglu(a.z, b.z)) | to16(dev_swiglu(a.w, b.w)) << 16);
+            ((uint2 *)out)[i] = make_uint2(dev_to16<F16>(dev_swiglu(a.x, b.x)) | (uint32_t)dev_to16<F16>(dev_swiglu(a.y, b.y)) << 16,
+                                           dev_to16<F16>(dev_swiglu(a.z, b.z)) | (uint32_t)dev_to16<F16>(dev_swiglu(a.w, b.w)) << 16);
         }
     } else {
         for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-            out[i] = (uint16_t)to16(dev_swiglu(g[i], u[i]));
+            out[i] = dev_to16<F16>(dev_swiglu(g[i], u[i]));
     }
 }
 
@@ -674,11 +643,11 @@ int cuda_mlp_swiglu(backend_t *be, const float *x, int M, const bk_mat_t *gate, 
     const bool v4 = n % 4 == 0 && ((uintptr_t)g | (uintptr_t)u) % 16 == 0 && (uintptr_t)h % 8 == 0;
     const unsigned grid = s_grid(v4 ? n / 4 : n);
     if (dt == DT_BF16)
-        v4 ? cuda_launch(st, k_swiglu_to16<true, true>, grid, 256, (const float *)g, (const float *)u, n, h)
-           : cuda_launch(st, k_swiglu_to16<true, false>, grid, 256, (const float *)g, (const float *)u, n, h);
-    else
         v4 ? cuda_launch(st, k_swiglu_to16<false, true>, grid, 256, (const float *)g, (const float *)u, n, h)
            : cuda_launch(st, k_swiglu_to16<false, false>, grid, 256, (const float *)g, (const float *)u, n, h);
+    else
+        v4 ? cuda_launch(st, k_swiglu_to16<true, true>, grid, 256, (const float *)g, (const float *)u, n, h)
+           : cuda_launch(st, k_swiglu_to16<true, false>, grid, 256, (const float *)g, (const float *)u, n, h);
     s_gemm16(be, st, h, M, false, down, NULL, out);
     return 0;
 }

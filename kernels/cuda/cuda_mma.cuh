@@ -45,18 +45,6 @@ static __device__ __forceinline__ void dev_ldsm_x4_trans(const void *p, uint32_t
                  : "r"(s));
 }
 
-/* c += A B, A 16x16 row-major, B 16x8 column-major, bf16 in, f32 accumulators. With g = lane / 4
- * and t = lane % 4: a[0] = A[g][2t, 2t+1], a[1] = A[g+8][2t..], a[2] = A[g][2t+8..], a[3] =
- * A[g+8][2t+8..]; b0 = B[2t, 2t+1][g], b1 = B[2t+8, 2t+9][g]; c[0..1] = C[g][2t, 2t+1], c[2..3] =
- * C[g+8][2t, 2t+1]. */
-static __device__ __forceinline__ void dev_mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
-{
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                 "{%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 /* Two floats as bf16 (round to nearest even): lo in the low half, hi in the high half. */
 static __device__ __forceinline__ uint32_t dev_pack_bf16x2(float lo, float hi)
 {
@@ -66,17 +54,6 @@ static __device__ __forceinline__ uint32_t dev_pack_bf16x2(float lo, float hi)
 }
 static __device__ __forceinline__ float dev_bf16x2_lo(uint32_t w) { return __uint_as_float(w << 16); }
 static __device__ __forceinline__ float dev_bf16x2_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
-
-/* The same mma with f16 operands: the fp8 cache's kernels use it (fp8 e4m3 -> f16 is one exact
- * cvt per pair, where bf16 would need three conversions, and the conversion unit, 16 results per
- * clock per SM, is what bounds an fp8 decode step otherwise). */
-static __device__ __forceinline__ void dev_mma_f16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
-{
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                 "{%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 /* Two floats as f16 (round to nearest even): lo in the low half. */
 static __device__ __forceinline__ uint32_t dev_pack_f16x2(float lo, float hi)
@@ -92,12 +69,23 @@ template <bool F16> static __device__ __forceinline__ uint32_t dev_pack2(float l
 {
     return F16 ? dev_pack_f16x2(lo, hi) : dev_pack_bf16x2(lo, hi);
 }
+/* c += A B, A 16x16 row-major, B 16x8 column-major, T (bf16 or f16) in, f32 accumulators. With g =
+ * lane / 4 and t = lane % 4: a[0] = A[g][2t, 2t+1], a[1] = A[g+8][2t..], a[2] = A[g][2t+8..], a[3] =
+ * A[g+8][2t+8..]; b0 = B[2t, 2t+1][g], b1 = B[2t+8, 2t+9][g]; c[0..1] = C[g][2t, 2t+1], c[2..3] =
+ * C[g+8][2t, 2t+1]. f16 serves the fp8 cache's kernels (fp8 e4m3 -> f16 is one exact cvt per pair,
+ * where bf16 would need three, and the conversion unit, 16 results per clock per SM, would bound an
+ * fp8 decode step). */
+#define DEV_MMA_M16N8K16(T)                                                                               \
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." T "." T ".f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, " \
+                 "{%8, %9}, {%0, %1, %2, %3};\n"                                                         \
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                                          \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
 template <bool F16> static __device__ __forceinline__ void dev_mma16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
 {
     if constexpr (F16)
-        dev_mma_f16(c, a, b0, b1);
+        DEV_MMA_M16N8K16("f16");
     else
-        dev_mma_bf16(c, a, b0, b1);
+        DEV_MMA_M16N8K16("bf16");
 }
 template <bool F16> static __device__ __forceinline__ float dev_lo2(uint32_t w)
 {

@@ -501,7 +501,7 @@ __device__ __forceinline__ void dev_expert_group(const WT *w0, const WT *w1, int
             continue;
         if constexpr (GU) {
             const float g = a0[m];                 /* cuda_swiglu's (and the CPU's) arithmetic */
-            out[(int64_t)(p + m) * N + n] = __fmul_rn(g / __fadd_rn(1.0f, expf(-g)), a1[m]);
+            out[(int64_t)(p + m) * N + n] = dev_swiglu(g, a1[m]);
         } else {
             float *o = out + (int64_t)slot[p + m] * N + n;
             o[0] = a0[m];

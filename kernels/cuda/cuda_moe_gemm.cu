@@ -6,8 +6,9 @@
  * sorts each chunk's (token, slot) entries by expert on the device and cuts every expert's run of
  * entries into row tiles of BM (k_moe_sort_tiles); after this file's three kernels it sums each
  * token's k outputs (k_moe_combine). Here, per chunk:
- *   1. k_moe_x16: the chunk's x [mc][H] f32 -> xh [mc][H] in the weights' 16-bit type, once per
- *      token (not per entry: GEMM 1 reads a tile's rows through tok[], a gather in its loads).
+ *   1. cuda_to16 (cuda_matmul.cu's conversion): the chunk's x [mc][H] f32 -> xh [mc][H] in the
+ *      weights' 16-bit type, once per token (not per entry: GEMM 1 reads a tile's rows through
+ *      tok[], a gather in its loads).
  *   2. k_moe_gemm<GU>: per (row tile, 64 columns of I): G = Xs Wg^T and U = Xs Wu^T over K = H,
  *      epilogue act[entry][n] = silu(g) * u rounded to the 16-bit type (entries in sorted order).
  *   3. k_moe_gemm<down>: per (row tile, 128 columns of H): y[t * k + j][n] = act Wd^T over K = I,
@@ -58,7 +59,6 @@
  * Qwen3-30B-A3B's shape takes 0.25 / 0.34 / 0.36 / 0.54 / 0.82 ms at 16 / 64 / 256 / 1,024 /
  * 2,048 tokens (the FMA path 0.33 / 0.65 / 2.08 ms up to 256; the host path 2.1-8.2 ms): ~3.4
  * TB/s of expert weights at decode sizes, 188 TFLOP/s (24% of the bf16 peak) at 2,048.
- * First GPU run pending.
  */
 #include <stdint.h>
 
@@ -91,28 +91,14 @@ template <int BM> struct mg_smem {
     static constexpr size_t BYTES = (size_t)MG_STAGES * (BM + MG_BN) * MG_LD * 2;
 };
 
-/* f32 -> f16 saturated to the largest finite value (NaN stays NaN): cuda_matmul.cu's conversion. */
-static __device__ __forceinline__ float dev_moe_f16_sat(float v)
-{
-    return v > 65504.0f ? 65504.0f : v < -65504.0f ? -65504.0f : v;
-}
-
 /* Two floats as the 16-bit type, round to nearest even, lo in the low half. bf16: common/dtype.h's
  * rounding (dev_bf16_bits); f16: saturated first. */
 template <bool F16> static __device__ __forceinline__ uint32_t dev_moe_pack(float lo, float hi)
 {
     if constexpr (F16)
-        return dev_pack_f16x2(dev_moe_f16_sat(lo), dev_moe_f16_sat(hi));
+        return dev_pack_f16x2(dev_f16_sat(lo), dev_f16_sat(hi));
     else
         return (uint32_t)dev_bf16_bits(lo) | (uint32_t)dev_bf16_bits(hi) << 16;
-}
-
-/* out[i] = x[2i], x[2i + 1] as the 16-bit type, for n2 pairs. x needs only 4-byte alignment. */
-template <bool F16> __global__ void k_moe_x16(const float *x, int64_t n2, uint32_t *out)
-{
-    DEV_PDL_ENTER();
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n2; i += (int64_t)gridDim.x * blockDim.x)
-        out[i] = dev_moe_pack<F16>(x[2 * i], x[2 * i + 1]);
 }
 
 /* One grouped GEMM (the file header has the tiling). GU: gate|up with the SwiGLU epilogue, else
@@ -258,7 +244,7 @@ __global__ void __launch_bounds__(MG_THREADS, 2) k_moe_gemm(mg_args_t a)
 #pragma unroll
                     for (int c = 0; c < 2; c++) {  /* cuda_swiglu's (and the CPU's) arithmetic */
                         const float gv = acc[mt][nt][2 * h + c], uv = acc[mt][nt + NT / 2][2 * h + c];
-                        s[c] = __fmul_rn(gv / __fadd_rn(1.0f, expf(-gv)), uv);
+                        s[c] = dev_swiglu(gv, uv);
                     }
                     *(uint32_t *)(dst + n) = dev_moe_pack<F16>(s[0], s[1]);
                 }
@@ -323,9 +309,7 @@ template <bool F16, int BM> static void s_gemms(const cuda_state_t *st, const mo
 
 template <bool F16> static void s_chunk(const cuda_state_t *st, const moe_grouped_chunk_t *c)
 {
-    const int64_t n2 = (int64_t)c->mc * c->H / 2;
-    const int64_t blocks = (n2 + 255) / 256;
-    cuda_launch(st, k_moe_x16<F16>, (unsigned)(blocks < 4096 ? blocks : 4096), 256, c->x, n2, (uint32_t *)c->xh);
+    cuda_to16(st, c->x, (int64_t)c->mc * c->H, F16, (uint16_t *)c->xh);   /* matmul's conversion */
     switch (c->bm) {
     case 32: s_gemms<F16, 32>(st, c); break;
     case 64: s_gemms<F16, 64>(st, c); break;

@@ -9,23 +9,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#define CK(expr)                                                                                          \
+/* expr's status of type T, ok when it equals OK; MSG turns a status into text. */
+#define BENCH_CHECK(expr, T, OK, MSG)                                                                     \
     do {                                                                                                  \
-        cudaError_t e_ = (expr);                                                                          \
-        if (e_ != cudaSuccess) {                                                                          \
-            fprintf(stderr, "%s: %s failed: %s (%s:%d)\n", BENCH_NAME, #expr, cudaGetErrorString(e_), __FILE__, \
-                    __LINE__);                                                                            \
+        T s_ = (expr);                                                                                    \
+        if (s_ != (OK)) {                                                                                 \
+            fprintf(stderr, "%s: %s failed: %s (%s:%d)\n", BENCH_NAME, #expr, MSG(s_), __FILE__, __LINE__); \
             exit(1);                                                                                      \
         }                                                                                                 \
     } while (0)
-#define CKB(expr)                                                                                         \
-    do {                                                                                                  \
-        cublasStatus_t s_ = (expr);                                                                       \
-        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                                \
-            fprintf(stderr, "%s: %s failed: %s (%s:%d)\n", BENCH_NAME, #expr, cublasGetStatusString(s_), __FILE__, \
-                    __LINE__);                                                                            \
-            exit(1);                                                                                      \
-        }                                                                                                 \
-    } while (0)
+#define CK(expr) BENCH_CHECK(expr, cudaError_t, cudaSuccess, cudaGetErrorString)
+#define CKB(expr) BENCH_CHECK(expr, cublasStatus_t, CUBLAS_STATUS_SUCCESS, cublasGetStatusString)
 
 #endif
