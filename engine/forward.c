@@ -93,8 +93,12 @@ static int s_layout(model_t *m, const model_batch_t *b, int T, int R, bk_attn_me
         return errf(err, errlen, "%s: cannot upload the step metadata", m->where);
     int32_t *d = m->d_meta;
     *d_ids = d;
+    int n_single = 0;   /* the leading one-row sequences: decode rows before prompt chunks */
+    while (n_single < S && b->seqs[n_single].n_new == 1)
+        n_single++;
     *meta = (bk_attn_meta_t){.n_tokens = T, .n_seqs = S, .tok_seq = d + T, .tok_pos = d + 2 * T,
-                             .seq_bt_start = d + 3 * T + R, .block_table = d + 3 * T + R + S};
+                             .seq_bt_start = d + 3 * T + R, .block_table = d + 3 * T + R + S,
+                             .n_single = n_single};
     *d_rows = d + 3 * T;
     return 0;
 }

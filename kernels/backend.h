@@ -72,6 +72,11 @@ typedef struct bk_attn_meta {
     const int32_t *tok_pos;       /* device [n_tokens] */
     const int32_t *seq_bt_start;  /* device [n_seqs] */
     const int32_t *block_table;   /* device [sum over seqs of their block counts] */
+    /* Host-side hint, 0 when unknown: rows 0..n_single-1 are each the only new row of its sequence
+     * (decode rows put first in a step that also holds prompt chunks). A backend may run those rows
+     * and the rest as two attention calls: a decode kernel suits the first, a prefill kernel the
+     * others; the results are what one call over all rows gives. */
+    int n_single;
 } bk_attn_meta_t;
 
 /* NCCL point-to-point between processes on different GPUs (KV hand-off from a prefill to a decode

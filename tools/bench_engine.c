@@ -3,8 +3,8 @@
  *
  *   troupe-bench-engine MODEL_DIR [--backend cpu|cuda|cuda:N] [--dtype bf16|f16|f32]
  *       [--kv-dtype auto|f32|bf16|f16|fp8] [--load-format auto|dummy] [--threads N]
- *       [--prompt-len 1000] [--batch 1,16,64,256] [--steps 32] [--chunk 2048] [--copy-bw TB/s]
- *       [--profile] [--json FILE]
+ *       [--prompt-len 1000] [--batch 1,16,64,256] [--steps 32] [--chunk 2048] [--mixed N]
+ *       [--copy-bw TB/s] [--profile] [--json FILE]
  *
  * What it measures, in one process with one weight load:
  *   - prefill: one --prompt-len prompt of random ids, prefilled in chunks of --chunk tokens
@@ -18,6 +18,10 @@
  *     The context of every sequence is a copy of the prefilled prompt's KV blocks (distinct
  *     memory per sequence, so the attention reads what it would in serving, not one cached
  *     copy); computing B real prefills would cost B times the prefill for the same step time.
+ *   - --mixed N: at the largest batch B, a colocated step (as a decode worker without prefill
+ *     workers runs it): B decode rows and a fresh N-token prompt in ONE forward, next to the prompt
+ *     alone; each the median of 3. mixed - prompt alone is what the decode rows cost inside a mixed
+ *     step, to hold against the decode step alone (served ITL p99 comes from these steps).
  *   - --profile: after the timed steps, a few more steps (and one prefill) with the per-op
  *     profile on (engine/model.h: each op synced and timed), printed as ms per step by op.
  * Exit status 0, 2 on a usage error, 1 on any other error (with a message naming it). */
@@ -44,13 +48,13 @@
 static const char *s_usage =
     "usage: troupe-bench-engine MODEL_DIR [--backend cpu|cuda|cuda:N] [--dtype bf16|f16|f32]\n"
     "         [--kv-dtype auto|f32|bf16|f16|fp8] [--load-format auto|dummy] [--threads N]\n"
-    "         [--prompt-len N] [--batch 1,16,64,256] [--steps N] [--chunk N] [--copy-bw TB/s]\n"
-    "         [--profile] [--json FILE]\n"
+    "         [--prompt-len N] [--batch 1,16,64,256] [--steps N] [--chunk N] [--mixed N]\n"
+    "         [--copy-bw TB/s] [--profile] [--json FILE]\n"
     "--kv-dtype auto (default) keeps the KV cache in the weights' dtype; fp8 is E4M3 with scale 1.\n";
 
 typedef struct opts {
     const char *model_dir, *backend, *dtype, *json;
-    int dummy, threads, prompt_len, steps, chunk, profile;
+    int dummy, threads, prompt_len, steps, chunk, profile, mixed;
     dtype_t kv_dtype;             /* DT_COUNT: auto (the weights' dtype) */
     int batch[MAX_LEVELS], n_levels;
     double copy_bw;               /* TB/s, 0 = not given */
@@ -107,6 +111,8 @@ static int s_parse(int argc, char **argv, opts_t *o)
             rc = arg_int(T, a, v, 1, 100000, &o->steps);
         else if (!strcmp(a, "--chunk"))
             rc = arg_int(T, a, v, 1, 1 << 16, &o->chunk);
+        else if (!strcmp(a, "--mixed"))
+            rc = arg_int(T, a, v, 0, 1 << 16, &o->mixed);
         else if (!strcmp(a, "--copy-bw"))
             rc = arg_double(T, a, v, 1e-6, 1e6, &o->copy_bw);
         else if (!strcmp(a, "--batch"))
@@ -194,6 +200,66 @@ static int s_prefill(model_t *m, kvseq_t *seq, const int32_t *ids, int n, int ch
     return 0;
 }
 
+/* A fresh n-token prompt of random ids in seqs[slot]. */
+static int s_fresh_prompt(kvpool_t *pool, kvseq_t **seqs, int slot, int n, int ctx, int vocab, uint64_t seed)
+{
+    kvseq_destroy(&seqs[slot]);
+    if (!(seqs[slot] = kvseq_new(pool, ctx, seed)))
+        return -1;
+    for (int i = 0; i < n; i++) {
+        const int32_t id = s_rand_id(vocab);
+        if (kvseq_append(seqs[slot], &id, 1) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* --mixed: seqs[0..B) hold decode contexts (out[] their next ids), seqs[slot] is the prompt's.
+ * The median of 3 (after a warm-up) of: the N-token prompt alone, and B decode rows plus the prompt
+ * in one forward (rows in the decode worker's order: decode rows first). With profile, one more
+ * mixed step under the per-op profile. */
+static int s_mixed(model_t *m, backend_t *be, kvpool_t *pool, kvseq_t **seqs, int slot, model_seq_t *ms, int32_t *out,
+                   int B, int N, int ctx, int vocab, int profile, float *logits, double *alone_ms, double *mixed_ms, char *err,
+                   size_t errlen)
+{
+    double t_alone[PREFILL_RUNS], t_mixed[PREFILL_RUNS];
+    for (int run = -1; run < PREFILL_RUNS + (profile ? 1 : 0); run++) {
+        const int prof = run == PREFILL_RUNS;
+        if (!prof) {
+            if (s_fresh_prompt(pool, seqs, slot, N, ctx, vocab, 500 + (uint64_t)run) < 0)
+                return errf(err, errlen, "the KV pool cannot hold the %d-token prompt", N);
+            ms[0] = (model_seq_t){.kv = seqs[slot], .n_new = N};
+            model_batch_t b = {.n_seqs = 1, .seqs = ms, .argmax_out = out + B};
+            be->ops->sync(be);
+            int64_t t = now_ns();
+            if (model_forward(m, &b, logits, err, errlen) < 0)
+                return -1;
+            if (run >= 0)
+                t_alone[run] = (now_ns() - t) / 1e6;
+        }
+        if (s_fresh_prompt(pool, seqs, slot, N, ctx, vocab, 600 + (uint64_t)run) < 0)
+            return errf(err, errlen, "the KV pool cannot hold the %d-token prompt", N);
+        for (int s = 0; s < B; s++) {
+            if (kvseq_append(seqs[s], &out[s], 1) < 0)
+                return errf(err, errlen, "the KV pool is full");
+            ms[s] = (model_seq_t){.kv = seqs[s], .n_new = 1};
+        }
+        ms[B] = (model_seq_t){.kv = seqs[slot], .n_new = N};
+        model_batch_t b = {.n_seqs = B + 1, .seqs = ms, .argmax_out = out};
+        be->ops->sync(be);
+        model_profile_enable(m, prof);
+        int64_t t = now_ns();
+        if (model_forward(m, &b, logits, err, errlen) < 0)
+            return -1;
+        model_profile_enable(m, 0);
+        if (run >= 0 && !prof)
+            t_mixed[run] = (now_ns() - t) / 1e6;
+    }
+    *alone_ms = s_median(t_alone, PREFILL_RUNS);
+    *mixed_ms = s_median(t_mixed, PREFILL_RUNS);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     opts_t o;
@@ -210,9 +276,10 @@ int main(int argc, char **argv)
     ckpt_t *ck = NULL;
     model_t *m = NULL;
     kvpool_t *pool = NULL;
-    kvseq_t **seqs = calloc((size_t)max_b + 1, sizeof *seqs);
-    model_seq_t *ms = calloc((size_t)max_b, sizeof *ms);
-    int32_t *ids = malloc((size_t)o.prompt_len * sizeof *ids), *out = calloc((size_t)max_b, sizeof *out);
+    /* seqs: [0, max_b) decode, max_b the prefilled template, max_b + 1 --mixed's prompt */
+    kvseq_t **seqs = calloc((size_t)max_b + 2, sizeof *seqs);
+    model_seq_t *ms = calloc((size_t)max_b + 1, sizeof *ms);
+    int32_t *ids = malloc((size_t)o.prompt_len * sizeof *ids), *out = calloc((size_t)max_b + 1, sizeof *out);
     float *logits = NULL;
     json_t *jroot = json_object(), *jlevels = json_array();
     if (!seqs || !ms || !ids || !out) {
@@ -243,10 +310,12 @@ int main(int argc, char **argv)
         fprintf(stderr, "troupe-bench-engine: %s\n", o.dummy ? "out of memory" : err);
         goto done;
     }
-    const int ctx = o.prompt_len + WARMUP_STEPS + o.steps + 8;
+    /* Context: the prompt, the timed, warm-up and profiled steps, and --mixed's steps. */
+    const int ctx = o.prompt_len + WARMUP_STEPS + o.steps + 16 > o.mixed ? o.prompt_len + WARMUP_STEPS + o.steps + 16
+                                                                        : o.mixed;
     const int chunk = o.chunk < o.prompt_len ? o.chunk : o.prompt_len;
-    model_opts_t mo = {.max_tokens = chunk > max_b ? chunk : max_b, .max_seqs = max_b, .max_context = ctx,
-                       .kv_block_size = KV_BLOCK};
+    const int max_tokens = max_b + o.mixed > chunk ? max_b + o.mixed : chunk;
+    model_opts_t mo = {.max_tokens = max_tokens, .max_seqs = max_b + 1, .max_context = ctx, .kv_block_size = KV_BLOCK};
     int64_t t0 = now_ns();
     if (!(m = model_load(o.model_dir, &cfg, ck, be, &mo, err, sizeof err))) {
         fprintf(stderr, "troupe-bench-engine: %s\n", err);
@@ -255,7 +324,7 @@ int main(int argc, char **argv)
     be->ops->sync(be);
     const double load_s = (now_ns() - t0) / 1e9;
     const int blocks_per_seq = (ctx + KV_BLOCK - 1) / KV_BLOCK;
-    if (!(pool = kvpool_new((max_b + 1) * blocks_per_seq, KV_BLOCK, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
+    if (!(pool = kvpool_new((max_b + 2) * blocks_per_seq, KV_BLOCK, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
                             kvt, be, err, sizeof err))) {
         fprintf(stderr, "troupe-bench-engine: KV pool for %d sequences of %d tokens: %s\n", max_b + 1, ctx, err);
         goto done;
@@ -364,6 +433,30 @@ int main(int argc, char **argv)
             snprintf(what, sizeof what, "decode batch %d", B);
             s_print_profile(m, what, 3, jl);
         }
+        if (o.mixed > 0 && lv == o.n_levels - 1) {   /* the colocated step, at the last batch size */
+            double alone = 0, mixed = 0;
+            if (s_mixed(m, be, pool, seqs, max_b + 1, ms, out, B, o.mixed, ctx, cfg.vocab_size, o.profile, logits, &alone, &mixed,
+                        err, sizeof err) < 0) {
+                fprintf(stderr, "troupe-bench-engine: --mixed %d at batch %d: %s\n", o.mixed, B, err);
+                free(step_ms);
+                goto done;
+            }
+            printf("  mixed step, %d decode rows + a %d-token prompt: %.3f ms; the prompt alone %.3f ms, so the decode "
+                   "rows cost %.3f ms in it (alone %.3f ms, x%.2f)\n", B, o.mixed, mixed, alone, mixed - alone, med,
+                   (mixed - alone) / med);
+            json_t *jm = json_object();
+            if (o.profile) {
+                char what[96];
+                snprintf(what, sizeof what, "mixed step (%d decode rows + %d prompt tokens)", B, o.mixed);
+                s_print_profile(m, what, 1, jm);
+            }
+            json_object_set_new(jm, "prompt_tokens", json_integer(o.mixed));
+            json_object_set_new(jm, "mixed_step_ms", json_real(mixed));
+            json_object_set_new(jm, "prompt_alone_ms", json_real(alone));
+            json_object_set_new(jm, "decode_rows_in_mixed_ms", json_real(mixed - alone));
+            json_object_set_new(jroot, "mixed", jm);
+            kvseq_destroy(&seqs[max_b + 1]);
+        }
         json_array_append_new(jlevels, jl);
         for (int s = 0; s < B; s++)
             kvseq_destroy(&seqs[s]);
@@ -400,7 +493,7 @@ int main(int argc, char **argv)
     }
     status = 0;
 done:
-    for (int s = 0; s <= max_b && seqs; s++)
+    for (int s = 0; s <= max_b + 1 && seqs; s++)
         kvseq_destroy(&seqs[s]);
     kvpool_destroy(&pool);
     model_destroy(&m);

@@ -188,6 +188,8 @@ dec_def=$(report default); dec_nog=$(report nographs); dec_gpdl=$(report graphpd
 # ENGINE=1 (default): troupe-bench-engine on the 8B shape (one weight load): a 1,000-token prefill
 # and the decode step at ENGINE_BATCH sizes over 1,000 tokens of context, with the per-op profile,
 # next to the copy bandwidth; ENGINE_SPLIT0=1 repeats it with TROUPE_CUDA_GEMM_SPLIT=0.
+# ENGINE_MIXED=N adds --mixed N: a colocated step (the largest batch's decode rows and an N-token
+# prompt in one forward) against the prompt alone.
 engine_line="not run (ENGINE=0)"
 if [ "${ENGINE:-1}" = 1 ] && [ -x build/bin/troupe-bench-engine ]; then
   step "engine: prefill and batched decode (troupe-bench-engine)"
@@ -196,7 +198,7 @@ if [ "${ENGINE:-1}" = 1 ] && [ -x build/bin/troupe-bench-engine ]; then
     env "$@" timeout 300 build/bin/troupe-bench-engine "${ENGINE_MODEL:-tests/fixtures/models/llama-3.1-8b-shape}" \
       --load-format dummy --dtype bf16 --backend cuda --prompt-len "${ENGINE_PROMPT:-1000}" \
       --batch "${ENGINE_BATCH:-1,16,64,256}" --steps "${ENGINE_STEPS:-16}" --copy-bw "${bw:-0}" --profile \
-      ${ENG_KV:+--kv-dtype $ENG_KV} \
+      ${ENG_KV:+--kv-dtype $ENG_KV} ${ENGINE_MIXED:+--mixed $ENGINE_MIXED} \
       --json "$OUT/engine-$name.json" >"$OUT/engine-$name.txt" 2>&1 || status=1
     cat "$OUT/engine-$name.txt"
   }
@@ -206,9 +208,9 @@ if [ "${ENGINE:-1}" = 1 ] && [ -x build/bin/troupe-bench-engine ]; then
   [ "${ENGINE_NOGRAPHS:-0}" = 1 ] && eng nographs TROUPE_CUDA_GRAPHS=0
   # ENGINE_FP8=1: again with an fp8 e4m3 KV cache (--kv-dtype fp8): half the KV bytes per step.
   [ "${ENGINE_FP8:-0}" = 1 ] && ENG_KV=fp8 eng fp8
-  # ENGINE_MLPFUSE=1: again (fp8 KV) with the dense MLP's SwiGLU written into down's input
-  # (TROUPE_CUDA_MLP_FUSE=1): its prefill and large-batch gain, against ENGINE_FP8's run.
-  [ "${ENGINE_MLPFUSE:-0}" = 1 ] && ENG_KV=fp8 eng fp8-mlpfuse TROUPE_CUDA_MLP_FUSE=1
+  # ENGINE_MLPOFF=1: again (fp8 KV) without the dense MLP's SwiGLU written into down's input
+  # (TROUPE_CUDA_MLP_FUSE=0): what the fusion gains, against ENGINE_FP8's run.
+  [ "${ENGINE_MLPOFF:-0}" = 1 ] && ENG_KV=fp8 eng fp8-mlpoff TROUPE_CUDA_MLP_FUSE=0
   # ENGINE_MOE=1: the same on Qwen3-30B-A3B's shape (61 GB of dummy bf16 weights, 128 experts).
   if [ "${ENGINE_MOE:-0}" = 1 ]; then
     ENGINE_MODEL=tests/fixtures/models/qwen3-30b-a3b-shape eng moe

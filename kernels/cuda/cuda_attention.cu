@@ -791,6 +791,24 @@ void cuda_attention(backend_t *be, const bk_kv_t *kv, int layer, const float *q,
     const int T = meta->n_tokens;
     if (T <= 0)
         return;
+    const int n1 = meta->n_single;
+    if (n1 > 0 && n1 < T) {
+        /* Decode rows beside prompt chunks (a colocated step): one call would send every row to the
+         * prefill kernel, whose 16-row tiles then hold 16 sequences' single rows, each pass over a
+         * whole context with 1/16 of the tile used: at batch 256 that took several times the decode
+         * kernel's time (the served mixed steps' ITL p99). The decode rows go on their own. */
+        const size_t row = (size_t)n_heads * kv->head_dim;
+        bk_attn_meta_t dm = *meta, pm = *meta;
+        dm.n_tokens = dm.n_seqs = n1;
+        pm.n_tokens = T - n1;
+        pm.n_seqs = meta->n_seqs - n1;
+        pm.tok_seq += n1;   /* sequence ids stay absolute: seq_bt_start is shared */
+        pm.tok_pos += n1;
+        pm.n_single = 0;
+        cuda_attention(be, kv, layer, q, n_heads, scale, &dm, out);
+        cuda_attention(be, kv, layer, q + n1 * row, n_heads, scale, &pm, out + n1 * row);
+        return;
+    }
     cuda_state_t *st = cuda_st(be);
     attn_args_t a = {};
     cuda_kv_addr(a, kv, layer, meta);

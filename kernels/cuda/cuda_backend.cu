@@ -409,7 +409,7 @@ extern "C" backend_t *backend_cuda_new(int device, char *err, size_t errlen)
         s_env_int("TROUPE_CUDA_GEMV_WARPS", 0, 0, 8, &st->gemv_warps, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_GEMM_SPLIT", 32, 0, 1 << 30, &st->gemm_split_max_m, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_GEMM_FUSE", 1, 0, 1, &st->gemm_fuse, err, errlen) < 0 ||
-        s_env_int("TROUPE_CUDA_MLP_FUSE", 0, 0, 1, &st->mlp_fuse, err, errlen) < 0 ||
+        s_env_int("TROUPE_CUDA_MLP_FUSE", 1, 0, 1, &st->mlp_fuse, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_ATTN_SPLIT", 1, 0, 1, &st->attn_split, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_ATTN_FLASH", 1, 0, 1, &st->attn_flash, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_ATTN_MMA", 1, 0, 1, &st->attn_mma, err, errlen) < 0 ||

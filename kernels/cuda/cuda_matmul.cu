@@ -45,16 +45,35 @@
 #define GEMV_UNROLL 4             /* 16-byte chunks of W in flight per lane */
 #define GEMV_MR 8                 /* rows of x per launch (more rows: several launches) */
 
+/* Outputs of a matrix whose rows are several weights' rows stacked (q|k|v): row n of the whole
+ * goes to part p, the first with n < end[p], as column n - end[p-1] of y[p] ([M][end[p] - end[p-1]]).
+ * One part (end[0] = N) is a plain y [M][N]. Used by the GEMV's epilogue and the GEMM's split. */
+#define SPLIT_MAX_PARTS 4
+typedef struct split_args {
+    float *y[SPLIT_MAX_PARTS];
+    int64_t end[SPLIT_MAX_PARTS];                  /* the part's last row + 1 in the whole */
+    int parts;
+} split_args_t;
+
+__device__ __forceinline__ float *dev_split_dst(const split_args_t &o, int m, int64_t n)
+{
+    int p = 0;
+    while (p < o.parts - 1 && n >= o.end[p])
+        p++;
+    const int64_t c0 = p ? o.end[p - 1] : 0;
+    return o.y[p] + m * (o.end[p] - c0) + (n - c0);
+}
+
 /* ---- GEMV ------------------------------------------------------------------------------------- */
 
 /* W rows and x rows 16-byte aligned, K a multiple of 16 / sizeof(WT) and of 4. W warps per output
- * row (1, 4 or 8), so a block covers 8 / W rows.
+ * row (1, 4 or 8), so a block covers 8 / W rows. Row n's result goes where o says (one part: y[m][n]).
  * SWIGLU (W == 4 only: two rows per block): w is gate and up stacked ([N = 2I][K]); block b computes
- * rows b (gate) and I + b (up) and writes y[m][b] = silu(gate) * up with k_swiglu's arithmetic, so
- * the result is bit-identical to this kernel's two rows followed by the swiglu op. */
+ * rows b (gate) and I + b (up) and writes o.y[0][m][b] = silu(gate) * up with k_swiglu's arithmetic,
+ * so the result is bit-identical to this kernel's two rows followed by the swiglu op. */
 template <typename WT, int MR, int W, bool SWIGLU = false>
 __global__ void __launch_bounds__(GEMV_THREADS)
-    k_gemv_vec(const float *x, const WT *__restrict__ w, int64_t N, int64_t K, float *y)
+    k_gemv_vec(const float *x, const WT *__restrict__ w, int64_t N, int64_t K, split_args_t o)
 {
     static_assert(!SWIGLU || W == 4, "the SwiGLU pairing needs two rows per block");
     constexpr int VE = 16 / (int)sizeof(WT);       /* weights per 16-byte chunk */
@@ -111,7 +130,7 @@ __global__ void __launch_bounds__(GEMV_THREADS)
         if (live && lane == 0) {
 #pragma unroll
             for (int m = 0; m < MR; m++)
-                y[m * N + n] = acc[m];
+                *dev_split_dst(o, m, n) = acc[m];
         }
     } else {
         if (lane == 0) {
@@ -129,14 +148,14 @@ __global__ void __launch_bounds__(GEMV_THREADS)
 #pragma unroll
                 for (int i = 0; i < W; i++)
                     u += part[W + i][lane];
-                y[lane * (N / 2) + n] = dev_swiglu(g, u);
+                o.y[0][lane * (N / 2) + n] = dev_swiglu(g, u);
             }
         } else if (live && seg == 0 && lane < MR) {   /* lane m adds row m's W parts in warp order */
             float sum = 0.0f;
 #pragma unroll
             for (int i = 0; i < W; i++)
                 sum += part[warp + i][lane];
-            y[lane * N + n] = sum;
+            *dev_split_dst(o, lane, n) = sum;
         }
     }
 }
@@ -144,7 +163,7 @@ __global__ void __launch_bounds__(GEMV_THREADS)
 /* Any alignment and K: a warp per row, one element per lane per step. */
 template <typename WT, int MR>
 __global__ void __launch_bounds__(GEMV_THREADS)
-    k_gemv_scalar(const float *x, const WT *__restrict__ w, int64_t N, int64_t K, float *y)
+    k_gemv_scalar(const float *x, const WT *__restrict__ w, int64_t N, int64_t K, split_args_t o)
 {
     DEV_PDL_ENTER();
     const int lane = threadIdx.x & 31;
@@ -168,7 +187,7 @@ __global__ void __launch_bounds__(GEMV_THREADS)
     if (lane == 0) {
 #pragma unroll
         for (int m = 0; m < MR; m++)
-            y[m * N + n] = acc[m];
+            *dev_split_dst(o, m, n) = acc[m];
     }
 }
 
@@ -188,7 +207,8 @@ static int s_gemv_warps(const cuda_state_t *st, int64_t N)
 }
 
 template <typename WT, int MR>
-static void s_gemv_launch(const cuda_state_t *st, bool vec, const float *x, const WT *w, int64_t N, int64_t K, float *y)
+static void s_gemv_launch(const cuda_state_t *st, bool vec, const float *x, const WT *w, int64_t N, int64_t K,
+                          const split_args_t &y)
 {
     const int warps = s_gemv_warps(st, N), rpb = vec ? GEMV_THREADS / 32 / warps : GEMV_THREADS / 32;
     const dim3 blocks((unsigned)((N + rpb - 1) / rpb)), threads(GEMV_THREADS);
@@ -202,15 +222,19 @@ static void s_gemv_launch(const cuda_state_t *st, bool vec, const float *x, cons
         cuda_launch(st, k_gemv_vec<WT, MR, 8>, blocks, threads, x, w, N, K, y);
 }
 
+/* y = x W^T for M rows (several launches of up to GEMV_MR), into y's parts (N = y.end[parts - 1]). */
 template <typename WT>
-static void s_gemv(const cuda_state_t *st, const float *x, int M, const WT *w, int64_t N, int64_t K, float *y)
+static void s_gemv(const cuda_state_t *st, const float *x, int M, const WT *w, int64_t N, int64_t K,
+                   const split_args_t &y)
 {
     constexpr int VE = 16 / (int)sizeof(WT);
     const bool vec = (uintptr_t)w % 16 == 0 && (uintptr_t)x % 16 == 0 && K % VE == 0 && K % 4 == 0;
     for (int m0 = 0; m0 < M; m0 += GEMV_MR) {      /* rows are independent: chunks of 8 change no bits */
         const int mr = M - m0 < GEMV_MR ? M - m0 : GEMV_MR;
         const float *xm = x + (int64_t)m0 * K;
-        float *ym = y + (int64_t)m0 * N;
+        split_args_t ym = y;
+        for (int p = 0; p < y.parts; p++)
+            ym.y[p] += (int64_t)m0 * (y.end[p] - (p ? y.end[p - 1] : 0));
         switch (mr) {
         case 1: s_gemv_launch<WT, 1>(st, vec, xm, w, N, K, ym); break;
         case 2: s_gemv_launch<WT, 2>(st, vec, xm, w, N, K, ym); break;
@@ -231,7 +255,10 @@ static void s_gemv_swiglu(const cuda_state_t *st, const float *x, int M, const W
     for (int m0 = 0; m0 < M; m0 += GEMV_MR) {
         const int mr = M - m0 < GEMV_MR ? M - m0 : GEMV_MR;
         const float *xm = x + (int64_t)m0 * K;
-        float *ym = y + (int64_t)m0 * I;
+        split_args_t ym = {};
+        ym.y[0] = y + (int64_t)m0 * I;
+        ym.end[0] = I;
+        ym.parts = 1;
         const dim3 blocks((unsigned)I), threads(GEMV_THREADS);
         switch (mr) {
         case 1: cuda_launch(st, k_gemv_vec<WT, 1, 4, true>, blocks, threads, xm, w, N, K, ym); break;
@@ -474,6 +501,16 @@ static void s_gemm16(backend_t *be, cuda_state_t *st, const void *xb, int M, boo
         cuda_launch(st, k_add_bias, s_grid(ny), 256, y, bias, ny, N);
 }
 
+static void s_gemv_any(const cuda_state_t *st, const float *x, int M, const bk_mat_t *w, const split_args_t &y)
+{
+    const int64_t N = w->rows, K = w->cols;
+    switch (w->dtype) {
+    case DT_F32: s_gemv(st, x, M, (const float *)w->data, N, K, y); break;
+    case DT_BF16: s_gemv(st, x, M, (const __nv_bfloat16 *)w->data, N, K, y); break;
+    default: s_gemv(st, x, M, (const __half *)w->data, N, K, y); break;
+    }
+}
+
 void cuda_matmul(backend_t *be, const float *x, int M, const bk_mat_t *w, const float *bias, float *y)
 {
     if (M <= 0)
@@ -481,11 +518,11 @@ void cuda_matmul(backend_t *be, const float *x, int M, const bk_mat_t *w, const 
     cuda_state_t *st = cuda_st(be);
     const int64_t N = w->rows, K = w->cols;
     if (M <= st->gemv_max_m) {
-        switch (w->dtype) {
-        case DT_F32: s_gemv(st, x, M, (const float *)w->data, N, K, y); break;
-        case DT_BF16: s_gemv(st, x, M, (const __nv_bfloat16 *)w->data, N, K, y); break;
-        default: s_gemv(st, x, M, (const __half *)w->data, N, K, y); break;
-        }
+        split_args_t o = {};
+        o.y[0] = y;
+        o.end[0] = N;
+        o.parts = 1;
+        s_gemv_any(st, x, M, w, o);
     } else if (w->dtype == DT_F32) {
         const float alpha = 1.0f, beta = 0.0f;
         CUBLAS_CHECK(cublasSgemm(st->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, M, (int)K, &alpha, (const float *)w->data,
@@ -503,13 +540,6 @@ void cuda_matmul(backend_t *be, const float *x, int M, const bk_mat_t *w, const 
 
 /* The fused GEMM's output [M][sum N] dealt out to the parts' outputs y[p] [M][N_p]. V4: every N_p
  * a multiple of 4 and every pointer 16-byte aligned, so a float4 never straddles two parts. */
-#define SPLIT_MAX_PARTS 4
-typedef struct split_args {
-    float *y[SPLIT_MAX_PARTS];
-    int64_t end[SPLIT_MAX_PARTS];                  /* the part's last column + 1 in the fused row */
-    int parts;
-} split_args_t;
-
 /* Grid (column groups, rows): no division per element (the 64-bit divides of a flat index made
  * the first version 12 us at 256 x 6,144). */
 template <bool V4>
@@ -533,30 +563,59 @@ __global__ void k_split_cols(const float *all, int64_t Nt, split_args_t a)
     }
 }
 
-/* Whether n weights are consecutive row ranges of one matrix (one dtype, one K, no bias) with a part
- * small enough to be worth fusing: at most a quarter of the whole (k and v of a GQA model beside q;
- * not gate beside up). A small part alone gets few tiles of the GEMM: at batch 256 on the H200, an
- * 8B layer's k and v took 10.8 us each, q|k|v as one GEMM 23.8 us against q + k + v ~40 us. */
-static bool s_fusable(int n, const bk_mat_t *const w[], const float *const bias[])
+/* Whether n weights are consecutive row ranges of one matrix (one dtype, one K, no bias): then *whole
+ * is that matrix and *y its outputs dealt out to y[i]. */
+static bool s_stacked(int n, const bk_mat_t *const w[], const float *const bias[], float *const y[], bk_mat_t *whole,
+                      split_args_t *parts)
 {
     if (n < 2 || n > SPLIT_MAX_PARTS)
         return false;
     const size_t es = dtype_size(w[0]->dtype);
-    int64_t total = 0, least = w[0]->rows;
+    int64_t total = 0;
+    *parts = (split_args_t){};
     for (int i = 0; i < n; i++) {
         if ((bias && bias[i]) || w[i]->dtype != w[0]->dtype || w[i]->cols != w[0]->cols)
             return false;
         if (i && (const uint8_t *)w[i]->data != (const uint8_t *)w[i - 1]->data + (size_t)w[i - 1]->rows * w[i]->cols * es)
             return false;
         total += w[i]->rows;
+        parts->y[i] = y[i];
+        parts->end[i] = total;
+    }
+    parts->parts = n;
+    *whole = (bk_mat_t){.data = w[0]->data, .dtype = w[0]->dtype, .rows = total, .cols = w[0]->cols};
+    return true;
+}
+
+/* Stacked weights worth one GEMM: a part at most a quarter of the whole (k and v of a GQA model
+ * beside q; not gate beside up). A small part alone gets few tiles of the GEMM: at batch 256 on the
+ * H200, an 8B layer's k and v took 10.8 us each, q|k|v as one GEMM 23.8 us against q + k + v ~40 us. */
+static bool s_gemm_fusable(int n, const bk_mat_t *const w[])
+{
+    int64_t total = 0, least = w[0]->rows;
+    for (int i = 0; i < n; i++) {
+        total += w[i]->rows;
         least = w[i]->rows < least ? w[i]->rows : least;
     }
     return least * 4 <= total;
 }
 
-/* n matmuls over one x (q, k, v; gate, up): on the tensor-core path x is converted once for all of
+/* Stacked weights as one GEMV: always worth it (a small matrix leaves SMs idle at its ramp and
+ * tail: on the H200 an 8B layer's q, k and v took 11.9 + 4.9 + 4.9 us), when the whole gets the warps
+ * per row every part would (so each row's bits equal a GEMV of its own part). */
+static bool s_gemv_fusable(const cuda_state_t *st, int n, const bk_mat_t *const w[], const bk_mat_t *whole)
+{
+    for (int i = 0; i < n; i++)
+        if (s_gemv_warps(st, w[i]->rows) != s_gemv_warps(st, whole->rows))
+            return false;
+    return true;
+}
+
+/* n matmuls over one x (q, k, v; gate, up). On the GEMV path (few rows), weights that are one
+ * matrix's consecutive rows run as ONE GEMV over the whole, each row's result written to its part
+ * (bit-identical to n calls: s_gemv_fusable). On the tensor-core path x is converted once for all of
  * them, with the results bit-identical to n cuda_matmul calls (same conversion, same plans); when
- * the weights are one matrix's consecutive rows with a small part (s_fusable: q|k|v) and x is
+ * the weights are one matrix's consecutive rows with a small part (s_gemm_fusable: q|k|v) and x is
  * rounded once, ONE GEMM over the whole matrix, its rows dealt out after — the same products, but
  * cuBLASLt's kernel for the whole shape may sum in another order (bits within f32 rounding). */
 void cuda_matmul_n(backend_t *be, const float *x, int M, int n, const bk_mat_t *const w[], const float *const bias[],
@@ -565,6 +624,13 @@ void cuda_matmul_n(backend_t *be, const float *x, int M, int n, const bk_mat_t *
     if (M <= 0 || n <= 0)
         return;
     cuda_state_t *st = cuda_st(be);
+    bk_mat_t whole;
+    split_args_t parts;
+    const bool stacked = s_stacked(n, w, bias, y, &whole, &parts);
+    if (M <= st->gemv_max_m && stacked && s_gemv_fusable(st, n, w, &whole)) {
+        s_gemv_any(st, x, M, &whole, parts);
+        return;
+    }
     bool shared = M > st->gemv_max_m && w[0]->dtype != DT_F32;
     for (int i = 1; i < n && shared; i++)
         shared = w[i]->dtype == w[0]->dtype && w[i]->cols == w[0]->cols;
@@ -575,26 +641,19 @@ void cuda_matmul_n(backend_t *be, const float *x, int M, int n, const bk_mat_t *
     }
     const bool split = M <= st->gemm_split_max_m;
     const void *xb = s_convert(be, st, x, M, w[0]->cols, w[0]->dtype, split);
-    if (!split && st->gemm_fuse && M <= 65535 && s_fusable(n, w, bias)) {   /* M: the split's gridDim.y */
-        split_args_t a = {};
-        int64_t Nt = 0;
+    if (!split && st->gemm_fuse && M <= 65535 && stacked && s_gemm_fusable(n, w)) {   /* M: the split's gridDim.y */
         bool v4 = true;
-        for (int i = 0; i < n; i++) {
-            Nt += w[i]->rows;
-            a.y[i] = y[i];
-            a.end[i] = Nt;
+        for (int i = 0; i < n; i++)
             v4 = v4 && w[i]->rows % 4 == 0 && (uintptr_t)y[i] % 16 == 0;
-        }
-        a.parts = n;
-        const bk_mat_t whole = {.data = w[0]->data, .dtype = w[0]->dtype, .rows = Nt, .cols = w[0]->cols};
+        const int64_t Nt = whole.rows;
         float *all = (float *)cuda_scratch(be, (void **)&st->gout, &st->gout_bytes, (size_t)M * Nt * 4);
         s_gemm16(be, st, xb, M, false, &whole, NULL, all);
         const int64_t per_row = v4 ? Nt / 4 : Nt;
         const dim3 grid((unsigned)((per_row + 255) / 256), (unsigned)M);
         if (v4)
-            cuda_launch(st, k_split_cols<true>, grid, 256, (const float *)all, Nt, a);
+            cuda_launch(st, k_split_cols<true>, grid, 256, (const float *)all, Nt, parts);
         else
-            cuda_launch(st, k_split_cols<false>, grid, 256, (const float *)all, Nt, a);
+            cuda_launch(st, k_split_cols<false>, grid, 256, (const float *)all, Nt, parts);
         return;
     }
     for (int i = 0; i < n; i++)

@@ -441,21 +441,27 @@ static void test_matmul_n(void **state)
             }
     print_message("  matmul_n: bit-identical to separate matmuls (bf16, f16, f32; M = 1, 9, 41, 300)\n");
 
-    /* One matrix's consecutive rows with a small part (q|k|v of a GQA layer, no bias): one GEMM
-     * over the whole matrix above the split rows, its rows dealt out (4 and 1 floats at a time);
-     * the same products summed in cuBLASLt's order for that shape: f32 rounding apart. At and below
-     * the split rows it is the per-part path: bit-identical. */
-    static const int Mf[] = {9, 41, 300};
+    /* One matrix's consecutive rows (q|k|v of a GQA layer, no bias). Up to GEMV_MAX_M rows: one GEMV
+     * over the whole matrix, each row written to its part: bit-identical, with 1, 4 or 8 warps a row
+     * (at 1, a block's 8 rows straddle two parts of the 258/66/66 shape). Above the split rows: one
+     * GEMM over the whole, its rows dealt out (4 and 1 floats at a time); the same products summed
+     * in cuBLASLt's order for that shape: f32 rounding apart. Between: the per-part path,
+     * bit-identical. */
+    static const int Mf[] = {1, 5, 9, 41, 300};
     static const int64_t Nf[2][3] = {{512, 128, 128}, {258, 66, 66}};
-    for (int dt = DT_BF16; dt <= DT_F16; dt++)
+    backend_t *const fgpus[3] = {s_gpu, s_gpu_w1, s_gpu_w4};
+    for (int dt = DT_F32; dt <= DT_F16; dt++)
         for (int shape = 0; shape < 2; shape++)
-            for (size_t mi = 0; mi < ARRAY_LEN(Mf); mi++) {
-                const int M = Mf[mi], K = 256;
+            for (size_t mi = 0; mi < ARRAY_LEN(Mf) * 3; mi++) {
+                backend_t *gpu = fgpus[mi / ARRAY_LEN(Mf)];
+                const int M = Mf[mi % ARRAY_LEN(Mf)], K = 256;
+                if (gpu != s_gpu && M > GEMV_MAX_M)
+                    continue;   /* the warps only matter to the GEMV */
                 const int64_t *Np = Nf[shape], rows = Np[0] + Np[1] + Np[2];
                 const size_t es = dtype_size((dtype_t)dt);
                 void *wh = s_rand_dt((dtype_t)dt, (size_t)rows * K, 0.5);
-                const uint8_t *wd = s_gpu->ops->weight_put(s_gpu, wh, (size_t)rows * K * es, es);
-                float *x = s_rand_f32((size_t)M * K, 1.0), *dx = s_put(s_gpu, x, (size_t)M * K * 4);
+                const uint8_t *wd = gpu->ops->weight_put(s_gpu, wh, (size_t)rows * K * es, es);
+                float *x = s_rand_f32((size_t)M * K, 1.0), *dx = s_put(gpu, x, (size_t)M * K * 4);
                 bk_mat_t W[3];
                 const bk_mat_t *wp[3];
                 float *yn[3], *y1[3];
@@ -464,23 +470,23 @@ static void test_matmul_n(void **state)
                     W[i] = (bk_mat_t){.data = wd + off, .dtype = (dtype_t)dt, .rows = Np[i], .cols = K};
                     off += (size_t)Np[i] * K * es;
                     wp[i] = &W[i];
-                    yn[i] = s_out(s_gpu, (size_t)M * Np[i]);
-                    y1[i] = s_out(s_gpu, (size_t)M * Np[i]);
+                    yn[i] = s_out(gpu, (size_t)M * Np[i]);
+                    y1[i] = s_out(gpu, (size_t)M * Np[i]);
                 }
-                s_gpu->ops->matmul_n(s_gpu, dx, M, 3, wp, NULL, yn);
+                gpu->ops->matmul_n(s_gpu, dx, M, 3, wp, NULL, yn);
                 for (int i = 0; i < 3; i++)
-                    s_gpu->ops->matmul(s_gpu, dx, M, &W[i], NULL, y1[i]);
+                    gpu->ops->matmul(s_gpu, dx, M, &W[i], NULL, y1[i]);
                 for (int i = 0; i < 3; i++) {
                     char what[96];
-                    snprintf(what, sizeof what, "matmul_n fused %s M=%d N=%lld part %d", dtype_name((dtype_t)dt), M,
-                             (long long)Np[i], i);
-                    float *a = s_take(s_gpu, yn[i], (size_t)M * Np[i], what), *b = s_take(s_gpu, y1[i], (size_t)M * Np[i], what);
+                    snprintf(what, sizeof what, "matmul_n fused %s M=%d N=%lld part %d%s", dtype_name((dtype_t)dt), M,
+                             (long long)Np[i], i, s_variant(gpu));
+                    float *a = s_take(gpu, yn[i], (size_t)M * Np[i], what), *b = s_take(gpu, y1[i], (size_t)M * Np[i], what);
                     s_compare(a, b, (size_t)M * Np[i], M <= SPLIT_MAX_M ? 0 : B_F32, what);
                     free(a);
                     free(b);
                 }
-                s_gpu->ops->weight_release(s_gpu, wd);
-                s_gpu->ops->free(s_gpu, dx);
+                gpu->ops->weight_release(gpu, wd);
+                gpu->ops->free(gpu, dx);
                 free(x);
                 free(wh);
             }
@@ -543,11 +549,15 @@ static void test_mlp_swiglu(void **state)
                     free(wh[k]);
                 free(x);
             }
-    /* Off by default: the default backend declines. */
+    /* TROUPE_CUDA_MLP_FUSE=0 turns it off: the backend declines (nothing queued). */
+    static const char *const off[] = {"TROUPE_CUDA_MLP_FUSE", "0"};
+    backend_t *nomlp = s_gpu_with(off, 2);
+    assert_non_null(nomlp);
     float dummy = 0;
     bk_mat_t W = {NULL, DT_BF16, 96, 256};
-    if (s_gpu->ops->mlp_swiglu(s_gpu, &dummy, 300, &W, &W, &W, &dummy, &dummy, &dummy) != 1)
-        fail_msg("mlp_swiglu ran with TROUPE_CUDA_MLP_FUSE unset");
+    if (nomlp->ops->mlp_swiglu(nomlp, &dummy, 300, &W, &W, &W, &dummy, &dummy, &dummy) != 1)
+        fail_msg("mlp_swiglu ran with TROUPE_CUDA_MLP_FUSE=0");
+    backend_destroy(&nomlp);
 }
 
 /* The GEMV path is batch-invariant: a row alone gives the bits it gives inside a batch (each
@@ -908,10 +918,21 @@ typedef struct kv_case {
     int shuffle;                  /* rows in random order instead of sequence by sequence */
 } kv_case_t;
 
+/* Leading sequences of case c with one row each: in sequence order (not shuffled), the rows the
+ * meta's n_single names, which cuda_attention runs apart from the rest. */
+static int s_leading_single(const kv_case_t *c)
+{
+    int n = 0;
+    while (n < c->n_seqs && c->rows[n] == 1)
+        n++;
+    return n;
+}
+
 /* Host-side layout of a kv_case: block tables (random pool blocks), rows, and the pool bytes. */
 typedef struct kv_setup {
     bk_kv_t kv;                   /* base filled per backend */
     int T, n_bt;
+    int n_single;                 /* the meta's hint: leading rows that are their sequence's only one */
     int32_t tok_seq[2048], tok_pos[2048], bt_start[8], bt[1024];
     size_t pool_bytes;
     uint8_t *pool;                /* random K/V of the pool's dtype */
@@ -951,6 +972,8 @@ static void s_kv_setup(const kv_case_t *c, kv_setup_t *k)
             k->tok_seq[j] = a;
             k->tok_pos[j] = b;
         }
+    else
+        k->n_single = s_leading_single(c);
     const size_t es = dtype_size(c->dt);
     k->kv = (bk_kv_t){.dtype = c->dt, .n_blocks = n_blocks, .block_size = c->bs, .n_layers = c->n_layers,
                       .n_kv_heads = c->n_kv, .head_dim = c->D};
@@ -971,7 +994,8 @@ static int32_t *s_kv_meta(backend_t *be, const kv_setup_t *k, int n_seqs, bk_att
     int32_t *d = s_put(be, h, (size_t)(2 * T + n_seqs + k->n_bt) * 4);
     free(h);
     *meta = (bk_attn_meta_t){.n_tokens = T, .n_seqs = n_seqs, .tok_seq = d, .tok_pos = d + T,
-                             .seq_bt_start = d + 2 * T, .block_table = d + 2 * T + n_seqs};
+                             .seq_bt_start = d + 2 * T, .block_table = d + 2 * T + n_seqs,
+                             .n_single = k->n_single};
     return d;
 }
 
@@ -1043,6 +1067,12 @@ static const kv_case_t s_kv_cases[] = {
     {"fp8 3 rows per seq (verification) D=128 G=4", DT_F8E4M3, 32, 8, 128, 16, 1, 0, 4, {40, 300, 3, 1100},
      {3, 3, 3, 3}, 1},
     {"fp8 mixed: 2 decode rows + 40 prefill rows D=64", DT_F8E4M3, 8, 2, 64, 16, 1, 0, 3, {500, 40, 77}, {1, 40, 1}, 0},
+    /* A colocated step: decode rows first (the meta's n_single hint), then prompt chunks, one of
+     * them after a cached prefix: the decode rows and the chunks go to their own kernels. */
+    {"colocated: 5 decode rows + 2 chunks D=128 G=4", DT_BF16, 32, 8, 128, 16, 2, 1, 7, {1, 300, 1000, 17, 64, 200, 90},
+     {1, 1, 1, 1, 1, 200, 30}, 0},
+    {"fp8 colocated: 5 decode rows + 2 chunks D=128 G=4", DT_F8E4M3, 32, 8, 128, 16, 2, 1, 7,
+     {1, 300, 1000, 17, 64, 200, 90}, {1, 1, 1, 1, 1, 200, 30}, 0},
 };
 
 /* Which tensor-core kernel `gpu` runs case c on, by cuda_attention's dispatch: MMA_PREFILL (a bf16
@@ -1051,17 +1081,28 @@ static const kv_case_t s_kv_cases[] = {
  * takes one of the two: MMA_DECODE for one row per sequence, else MMA_PREFILL. */
 enum { MMA_PREFILL = 1, MMA_DECODE = 2 };
 
+static int s_attn_mma_rows(const backend_t *gpu, const kv_case_t *c, int T, int n_seqs)
+{
+    const int G = c->n_heads / c->n_kv;
+    if (c->dt == DT_F8E4M3)
+        return T == n_seqs ? MMA_DECODE : MMA_PREFILL;
+    if (gpu == s_gpu_nomma || c->dt != DT_BF16 || (c->D != 64 && c->D != 128) || G > 16)
+        return 0;
+    return T >= 8 * n_seqs ? MMA_PREFILL : T == n_seqs ? MMA_DECODE : 0;
+}
+
+/* A case whose leading one-row sequences are hinted (n_single) runs as two calls, those rows and
+ * the rest: MMA_PREFILL when the rest takes the prefill kernel, else what either part takes. */
 static int s_attn_mma(const backend_t *gpu, const kv_case_t *c)
 {
     int T = 0;
     for (int s = 0; s < c->n_seqs; s++)
         T += c->rows[s];
-    const int G = c->n_heads / c->n_kv;
-    if (c->dt == DT_F8E4M3)
-        return T == c->n_seqs ? MMA_DECODE : MMA_PREFILL;
-    if (gpu == s_gpu_nomma || c->dt != DT_BF16 || (c->D != 64 && c->D != 128) || G > 16)
-        return 0;
-    return T >= 8 * c->n_seqs ? MMA_PREFILL : T == c->n_seqs ? MMA_DECODE : 0;
+    const int n1 = c->shuffle ? 0 : s_leading_single(c);
+    if (n1 == 0 || n1 == T)
+        return s_attn_mma_rows(gpu, c, T, c->n_seqs);
+    const int rest = s_attn_mma_rows(gpu, c, T - n1, c->n_seqs - n1);
+    return rest ? rest : s_attn_mma_rows(gpu, c, n1, n1);
 }
 
 /* The shapes an fp8 cache is refused for, before any pool exists: what the two tensor-core kernels
