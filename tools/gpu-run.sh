@@ -154,13 +154,14 @@ gen() {   # name, then environment assignments
     head -c 600 "$OUT/generate-$name.json"; echo
   fi
 }
-# GEN_VARIANTS limits the runs (each loads 16 GB of dummy weights): default nographs graphpdl
-# nopdl w4 w8 cublaslt. The default replays each decode step from a CUDA graph (recorded without
-# PDL) and picks the GEMV's warps per row by the matrix (w4 / w8: 4 or 8 for every matrix).
-variants=" ${GEN_VARIANTS:-default nographs graphpdl nopdl w4 w8 cublaslt} "
+# GEN_VARIANTS limits the runs (each loads 16 GB of dummy weights): default nographs graphplain
+# nopdl w4 w8 cublaslt. The default replays each decode step from a CUDA graph (recorded with PDL
+# edges; graphplain: without) and picks the GEMV's warps per row by the matrix (w4 / w8: 4 or 8 for
+# every matrix).
+variants=" ${GEN_VARIANTS:-default nographs graphplain nopdl w4 w8 cublaslt} "
 [[ $variants == *" default "* ]] && gen default
 [[ $variants == *" nographs "* ]] && gen nographs TROUPE_CUDA_GRAPHS=0
-[[ $variants == *" graphpdl "* ]] && gen graphpdl TROUPE_CUDA_GRAPH_PDL=1
+[[ $variants == *" graphplain "* ]] && gen graphplain TROUPE_CUDA_GRAPH_PDL=0
 [[ $variants == *" nopdl "* ]] && gen nopdl TROUPE_CUDA_PDL=0 TROUPE_CUDA_GRAPHS=0
 [[ $variants == *" w4 "* ]] && gen w4 TROUPE_CUDA_GEMV_WARPS=4
 [[ $variants == *" w8 "* ]] && gen w8 TROUPE_CUDA_GEMV_WARPS=8
@@ -182,7 +183,7 @@ print("%.1f tok/s (%.2f ms/token) | HBM bound %.0f tok/s (%.2f GB/token) -> %.0f
       % (d, 1e3 / d if d else 0, bound, wb / 1e9, 100 * d / bound if bound else 0, t["prompt_tokens_per_s"], t["load_ms"] / 1e3))
 EOF
 }
-dec_def=$(report default); dec_nog=$(report nographs); dec_gpdl=$(report graphpdl); dec_nopdl=$(report nopdl); dec_w4=$(report w4); dec_w8=$(report w8); dec_lt=$(report cublaslt); dec_fp8=$(report fp8)
+dec_def=$(report default); dec_nog=$(report nographs); dec_gplain=$(report graphplain); dec_nopdl=$(report nopdl); dec_w4=$(report w4); dec_w8=$(report w8); dec_lt=$(report cublaslt); dec_fp8=$(report fp8)
 
 # ---- the engine alone: prefill and batched decode steps ------------------------------------------
 # ENGINE=1 (default): troupe-bench-engine on the 8B shape (one weight load): a 1,000-token prefill
@@ -414,7 +415,7 @@ printf '%-30s %s\n' "8B step matmuls M=1" "$gemv_line"
 printf '%-30s %s\n' "gate GEMM through backend" "$split_line"
 printf '%-30s %s\n' "8B decode b=1 (defaults)" "$dec_def"
 printf '%-30s %s\n' "8B decode b=1, no graphs" "$dec_nog"
-printf '%-30s %s\n' "8B decode b=1, graphs with PDL" "$dec_gpdl"
+printf '%-30s %s\n' "8B decode b=1, graphs, no PDL" "$dec_gplain"
 printf '%-30s %s\n' "8B decode b=1, PDL+graphs off" "$dec_nopdl"
 printf '%-30s %s\n' "8B decode b=1, GEMV 4 warps" "$dec_w4"
 printf '%-30s %s\n' "8B decode b=1, GEMV 8 warps" "$dec_w8"

@@ -162,7 +162,7 @@ typedef struct cuda_state {
     size_t sample_params_bytes;
 
     int graphs;                   /* 1 (default): graph_begin records (TROUPE_CUDA_GRAPHS=0: it refuses) */
-    int graph_pdl;                /* 1: recorded kernels keep their PDL edges (TROUPE_CUDA_GRAPH_PDL=1; default 0) */
+    int graph_pdl;                /* 1 (default): recorded kernels keep their PDL edges (TROUPE_CUDA_GRAPH_PDL) */
     int capturing;                /* between graph_begin and graph_end */
     uint64_t scratch_gen;         /* bumped by every cuda_scratch reallocation (cuda_graph.cu) */
 } cuda_state_t;

@@ -416,7 +416,7 @@ extern "C" backend_t *backend_cuda_new(int device, char *err, size_t errlen)
         s_env_int("TROUPE_CUDA_ATTN_MMA_DECODE", 1, 0, 1, &st->attn_mma_decode, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_PDL", 1, 0, 1, &st->pdl, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_GRAPHS", 1, 0, 1, &st->graphs, err, errlen) < 0 ||
-        s_env_int("TROUPE_CUDA_GRAPH_PDL", 0, 0, 1, &st->graph_pdl, err, errlen) < 0 ||
+        s_env_int("TROUPE_CUDA_GRAPH_PDL", 1, 0, 1, &st->graph_pdl, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_MOE_DEVICE", 1, 0, 1, &st->moe_device, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_MOE_DEVICE_MAX_M", 64, 0, 1 << 30, &st->moe_device_max_m, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_MOE_GROUPED", 1, 0, 1, &st->moe_grouped, err, errlen) < 0 ||
