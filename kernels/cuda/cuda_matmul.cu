@@ -605,8 +605,9 @@ static bool s_gemm_fusable(int n, const bk_mat_t *const w[])
 }
 
 /* Stacked weights as one GEMV: always worth it (a small matrix leaves SMs idle at its ramp and
- * tail: on the H200 an 8B layer's q, k and v took 11.9 + 4.9 + 4.9 us), when the whole gets the warps
- * per row every part would (so each row's bits equal a GEMV of its own part). */
+ * tail: bench_cuda times an 8B layer's q, k and v alone at 11.9 + 4.9 + 4.9 us), when the whole
+ * gets the warps per row every part would (so each row's bits equal a GEMV of its own part). The
+ * engine already runs one row's q|k|v as one matrix (forward.c); this serves 2 to 8 rows. */
 static bool s_gemv_fusable(const cuda_state_t *st, int n, const bk_mat_t *const w[], const bk_mat_t *whole)
 {
     for (int i = 0; i < n; i++)

@@ -825,6 +825,84 @@ static void test_errors(void **state)
     }
 }
 
+/* The step metadata's n_single (kernels/backend.h): the leading one-row sequences, which a device
+ * backend may run through its decode attention apart from the prompt chunks after them. A spy
+ * backend (the CPU's ops with attention wrapped) records what the model passes. */
+static const backend_ops_t *s_cpu_ops;
+static int s_spy_single = -1, s_spy_rows = -1, s_spy_calls;
+static void s_spy_attention(backend_t *be, const bk_kv_t *kv, int layer, const float *q, int n_heads, float scale,
+                            const bk_attn_meta_t *meta, float *out)
+{
+    if (s_spy_calls++ && (meta->n_single != s_spy_single || meta->n_tokens != s_spy_rows))
+        fail_msg("layer %d: n_single %d of %d rows, another layer had %d of %d", layer, meta->n_single, meta->n_tokens,
+                 s_spy_single, s_spy_rows);
+    s_spy_single = meta->n_single;
+    s_spy_rows = meta->n_tokens;
+    s_cpu_ops->attention(be, kv, layer, q, n_heads, scale, meta, out);
+}
+
+static void test_single_rows_hint(void **state)
+{
+    char err[512];
+    model_config_t cfg;
+    s_parse("{\"architectures\":[\"Qwen3ForCausalLM\"],\"model_type\":\"qwen3\"," COMMON_JSON
+            "\"num_hidden_layers\":2,\"head_dim\":16,\"tie_word_embeddings\":true}", &cfg);
+    s_cpu_ops = s_be->ops;
+    backend_ops_t spy_ops = *s_be->ops;
+    spy_ops.attention = s_spy_attention;
+    backend_t spy = *s_be;                         /* the CPU backend's state, the ops wrapped */
+    spy.ops = &spy_ops;
+    ckpt_t *ck = ckpt_dummy(DT_F32, 3);
+    model_opts_t o = {.max_tokens = 16, .max_seqs = 4, .max_context = 32, .kv_block_size = 4};
+    model_t *m = model_load("tiny", &cfg, ck, &spy, &o, err, sizeof err);
+    assert_non_null(m);
+    kvpool_t *pool = kvpool_new(40, 4, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, DT_F32, &spy, err, sizeof err);
+    assert_non_null(pool);
+    kvseq_t *s[4];
+    const int32_t ids[8] = {5, 9, 14, 2, 77, 31, 8, 60};
+    float *lg = malloc((size_t)cfg.vocab_size * 16 * sizeof(float));
+    for (int i = 0; i < 4; i++) {   /* each sequence's 8-token prompt: one multi-row sequence, 0 */
+        s[i] = kvseq_new(pool, 32, (uint64_t)i);
+        assert_int_equal(kvseq_append(s[i], ids, 8), 0);
+        model_seq_t q = {.kv = s[i], .n_new = 8};
+        model_batch_t b = {.n_seqs = 1, .seqs = &q};
+        s_spy_calls = 0;
+        assert_int_equal(model_forward(m, &b, lg, err, sizeof err), 0);
+        assert_int_equal(s_spy_calls, cfg.num_layers);
+        assert_int_equal(s_spy_single, 0);
+    }
+    /* Then steps of new rows per sequence (0: not in the step), in batch order, and n_single. */
+    static const struct { int n_new[4]; int expect; } cases[] = {
+        {{1, 8, 0, 0}, 1},    /* a decode row, then a prompt chunk: the colocated step's order */
+        {{1, 1, 8, 0}, 2},
+        {{1, 1, 1, 0}, 3},    /* decode rows only: all of them */
+        {{2, 1, 1, 0}, 0},    /* a two-row sequence first */
+        {{1, 3, 1, 1}, 1},    /* one-row sequences after a longer one are not counted */
+        {{1, 1, 1, 1}, 4},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        model_seq_t q[4];
+        int n = 0;
+        for (int i = 0; i < 4; i++)
+            if (cases[c].n_new[i]) {
+                assert_int_equal(kvseq_append(s[i], ids, cases[c].n_new[i]), 0);
+                q[n++] = (model_seq_t){.kv = s[i], .n_new = cases[c].n_new[i]};
+            }
+        model_batch_t b = {.n_seqs = n, .seqs = q};
+        s_spy_calls = 0;
+        assert_int_equal(model_forward(m, &b, lg, err, sizeof err), 0);
+        assert_int_equal(s_spy_calls, cfg.num_layers);
+        if (s_spy_single != cases[c].expect)
+            fail_msg("case %zu: n_single %d, expected %d", c, s_spy_single, cases[c].expect);
+    }
+    for (int i = 0; i < 4; i++)
+        kvseq_destroy(&s[i]);
+    free(lg);
+    kvpool_destroy(&pool);
+    model_destroy(&m);
+    ckpt_destroy(&ck);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -838,6 +916,7 @@ int main(void)
         cmocka_unit_test(test_tiny_against_reference),
         cmocka_unit_test(test_rope_inv_freq),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_single_rows_hint),
     };
     return cmocka_run_group_tests(tests, s_setup, s_teardown);
 }
