@@ -4,7 +4,9 @@
 . "$(dirname "$0")/lib.sh"
 # N_PREFILL=0 runs it colocated (the decode workers compute the prompts: tests/scenario/colocated.sh).
 N_PREFILL=${N_PREFILL:-2}
-MODEL_PATH=$ROOT/tests/fixtures/models/qwen3-f32 N_PREFILL=$N_PREFILL N_DECODE=2 make_topology "$WORK/t.yaml" \
+# Heartbeats every 500 ms (liveness 1.5 s, not the scenarios' 0.6 s): this test is about cancels and
+# load, and colocated on 2 busy cores a worker's step once outlasted 0.6 s and it was restarted.
+MODEL_PATH=$ROOT/tests/fixtures/models/qwen3-f32 N_PREFILL=$N_PREFILL N_DECODE=2 HEARTBEAT_MS=500 make_topology "$WORK/t.yaml" \
   "limits:" "  max_batch: 64" "  admission_queue: 512"
 start_cluster "$WORK/t.yaml"
 ep=$(grep 'client:' "$WORK/t.yaml" | awk '{print $2}')
