@@ -72,6 +72,16 @@ __device__ __forceinline__ float *dev_split_dst(const split_args_t &o, int64_t m
     return y + m * width + (n - c0);
 }
 
+/* y [M][n] as the one part of a split_args_t. */
+static split_args_t s_one_part(float *y, int64_t n)
+{
+    split_args_t o = {};
+    o.y[0] = y;
+    o.end[0] = n;
+    o.parts = 1;
+    return o;
+}
+
 /* ---- GEMV ------------------------------------------------------------------------------------- */
 
 /* W rows and x rows 16-byte aligned, K a multiple of 16 / sizeof(WT) and of 4. W warps per output
@@ -263,10 +273,7 @@ static void s_gemv_swiglu(const cuda_state_t *st, const float *x, int M, const W
     for (int m0 = 0; m0 < M; m0 += GEMV_MR) {
         const int mr = M - m0 < GEMV_MR ? M - m0 : GEMV_MR;
         const float *xm = x + (int64_t)m0 * K;
-        split_args_t ym = {};
-        ym.y[0] = y + (int64_t)m0 * I;
-        ym.end[0] = I;
-        ym.parts = 1;
+        const split_args_t ym = s_one_part(y + (int64_t)m0 * I, I);
         const dim3 blocks((unsigned)I), threads(GEMV_THREADS);
         switch (mr) {
         case 1: cuda_launch(st, k_gemv_vec<WT, 1, 4, true>, blocks, threads, xm, w, N, K, ym); break;
@@ -526,11 +533,7 @@ void cuda_matmul(backend_t *be, const float *x, int M, const bk_mat_t *w, const 
     cuda_state_t *st = cuda_st(be);
     const int64_t N = w->rows, K = w->cols;
     if (M <= st->gemv_max_m) {
-        split_args_t o = {};
-        o.y[0] = y;
-        o.end[0] = N;
-        o.parts = 1;
-        s_gemv_any(st, x, M, w, o);
+        s_gemv_any(st, x, M, w, s_one_part(y, N));
     } else if (w->dtype == DT_F32) {
         const float alpha = 1.0f, beta = 0.0f;
         CUBLAS_CHECK(cublasSgemm(st->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, M, (int)K, &alpha, (const float *)w->data,

@@ -55,12 +55,38 @@ __device__ double dev_block_sum(double v)
     return dev_warp_sum(t);
 }
 
+/* add_rmsnorm's first pass over 4 elements at i: r += x (when x), written back. Returns the
+ * updated elements (their squares are added by the caller: dev_sq4). */
+__device__ __forceinline__ float4 dev_add4(float *r, const float *xr, int i)
+{
+    float4 v = *(const float4 *)(r + i);
+    if (xr) {
+        const float4 d = *(const float4 *)(xr + i);
+        v = make_float4(__fadd_rn(v.x, d.x), __fadd_rn(v.y, d.y), __fadd_rn(v.z, d.z), __fadd_rn(v.w, d.w));
+        *(float4 *)(r + i) = v;
+    }
+    return v;
+}
+
+/* The 4 elements' squares in double, summed left to right (the sum the caller adds to ss). */
+__device__ __forceinline__ double dev_sq4(float4 v)
+{
+    return (double)v.x * (double)v.x + (double)v.y * (double)v.y + (double)v.z * (double)v.z + (double)v.w * (double)v.w;
+}
+
+/* Its second pass: o = w * (v * scale) for the 4 elements at i. */
+__device__ __forceinline__ void dev_norm4(float *o, int i, float4 v, float4 wv, float scale)
+{
+    *(float4 *)(o + i) = make_float4(__fmul_rn(wv.x, __fmul_rn(v.x, scale)), __fmul_rn(wv.y, __fmul_rn(v.y, scale)),
+                                     __fmul_rn(wv.z, __fmul_rn(v.z, scale)), __fmul_rn(wv.w, __fmul_rn(v.w, scale)));
+}
+
 /* One row per block: res += x (when x), then out = w * (res * 1/sqrt(mean(res^2) + eps)). Each
  * element is read, updated and normalised by the same thread, so out may alias res. V4: 4
  * consecutive elements per thread (16-byte accesses; H % 4 == 0 and 16-byte aligned rows), the
  * same arithmetic per element (the double sum of squares may differ in its last bit, which the
- * f32 variance hides but for ties). */
-/* Rows up to NORM_CACHE float4 per thread (H <= 16,384 at 1,024 threads) keep their elements and
+ * f32 variance hides but for ties).
+ * Rows up to NORM_CACHE float4 per thread (H <= 16,384 at 1,024 threads) keep their elements and
  * the norm's weights in registers: the weights are loaded before the PDL wait (they never change)
  * and the elements are not read back after the sum. A single-row step (batch-1 decode) is a chain
  * of two dependent rounds of loads around a block reduction; ncu put it at 4.3 us a call. */
@@ -89,27 +115,12 @@ __global__ void k_add_rmsnorm(float *res, const float *x, const float *w, int H,
             const int i = 4 * (threadIdx.x + c * blockDim.x);
             if (i >= H)
                 break;
-            float4 v = *(const float4 *)(r + i);
-            if (xr) {
-                const float4 d = *(const float4 *)(xr + i);
-                v = make_float4(__fadd_rn(v.x, d.x), __fadd_rn(v.y, d.y), __fadd_rn(v.z, d.z), __fadd_rn(v.w, d.w));
-                *(float4 *)(r + i) = v;
-            }
-            vc[c] = v;
-            ss += (double)v.x * (double)v.x + (double)v.y * (double)v.y + (double)v.z * (double)v.z +
-                  (double)v.w * (double)v.w;
+            vc[c] = dev_add4(r, xr, i);
+            ss += dev_sq4(vc[c]);
         }
     } else if constexpr (V4) {
-        for (int i = 4 * threadIdx.x; i < H; i += 4 * blockDim.x) {
-            float4 v = *(const float4 *)(r + i);
-            if (xr) {
-                const float4 d = *(const float4 *)(xr + i);
-                v = make_float4(__fadd_rn(v.x, d.x), __fadd_rn(v.y, d.y), __fadd_rn(v.z, d.z), __fadd_rn(v.w, d.w));
-                *(float4 *)(r + i) = v;
-            }
-            ss += (double)v.x * (double)v.x + (double)v.y * (double)v.y + (double)v.z * (double)v.z +
-                  (double)v.w * (double)v.w;
-        }
+        for (int i = 4 * threadIdx.x; i < H; i += 4 * blockDim.x)
+            ss += dev_sq4(dev_add4(r, xr, i));
     } else {
         for (int i = threadIdx.x; i < H; i += blockDim.x) {
             float v = r[i];
@@ -129,16 +140,11 @@ __global__ void k_add_rmsnorm(float *res, const float *x, const float *w, int H,
             const int i = 4 * (threadIdx.x + c * blockDim.x);
             if (i >= H)
                 break;
-            const float4 v = vc[c], wv = wc[c];
-            *(float4 *)(o + i) = make_float4(__fmul_rn(wv.x, __fmul_rn(v.x, scale)), __fmul_rn(wv.y, __fmul_rn(v.y, scale)),
-                                             __fmul_rn(wv.z, __fmul_rn(v.z, scale)), __fmul_rn(wv.w, __fmul_rn(v.w, scale)));
+            dev_norm4(o, i, vc[c], wc[c], scale);
         }
     } else if constexpr (V4) {
-        for (int i = 4 * threadIdx.x; i < H; i += 4 * blockDim.x) {
-            const float4 v = *(const float4 *)(r + i), wv = *(const float4 *)(w + i);
-            *(float4 *)(o + i) = make_float4(__fmul_rn(wv.x, __fmul_rn(v.x, scale)), __fmul_rn(wv.y, __fmul_rn(v.y, scale)),
-                                             __fmul_rn(wv.z, __fmul_rn(v.z, scale)), __fmul_rn(wv.w, __fmul_rn(v.w, scale)));
-        }
+        for (int i = 4 * threadIdx.x; i < H; i += 4 * blockDim.x)
+            dev_norm4(o, i, *(const float4 *)(r + i), *(const float4 *)(w + i), scale);
     } else {
         for (int i = threadIdx.x; i < H; i += blockDim.x)
             o[i] = __fmul_rn(w[i], __fmul_rn(r[i], scale));
