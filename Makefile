@@ -1,7 +1,7 @@
 # Troupe — build everything with `make`, run every test with `make test`.
 #
 # Layout is discovered by wildcard so a new file needs no Makefile edit:
-#   common/ messages/ topology/ engine/ kernels/cpu/ transfer/ actors/runtime/ actors/worker/ tools/lib/
+#   common/ messages/ topology/ engine/ kernels/cpu/ transfer/ actors/*/ (runtime, worker, ...) tools/lib/
 #                                                   -> build/libtroupe.a
 #   actors/<name>.c  -> build/bin/troupe-<name>   (one process per actor; '_' becomes '-')
 #   tools/<name>.c   -> build/bin/troupe-<name>   (supervisor, client, top, generate, bench)
@@ -36,7 +36,7 @@ NCCL_LDLIBS := $(if $(NCCL),$(if $(filter /usr/lib/x86_64-linux-gnu,$(NCCL_LIBDI
                -Wl$(comma)-rpath$(comma)$(NCCL_LIBDIR)) -lnccl)
 
 B := build
-LIB_SRCS   := $(wildcard common/*.c messages/*.c topology/*.c engine/*.c kernels/cpu/*.c transfer/*.c actors/runtime/*.c actors/worker/*.c tools/lib/*.c)
+LIB_SRCS   := $(wildcard common/*.c messages/*.c topology/*.c engine/*.c kernels/cpu/*.c transfer/*.c actors/*/*.c tools/lib/*.c)
 ACTOR_SRCS := $(wildcard actors/*.c)
 TOOL_SRCS  := $(wildcard tools/*.c)
 TEST_SRCS  := $(wildcard tests/unit/test_*.c)
