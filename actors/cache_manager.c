@@ -24,8 +24,8 @@
 #include <string.h>
 
 #include "actors/runtime/actor.h"
-#include "actors/runtime/kv_transfer.h"
-#include "actors/runtime/tensor_chan.h"
+#include "transfer/kv_transfer.h"
+#include "transfer/shm_chan.h"
 #include "common/log.h"
 #include "common/u64map.h"
 #include "common/util.h"

@@ -2,7 +2,7 @@
  *
  * Duties:
  *   - take hand-offs: a kv_announce (the blocks: in a shared-memory segment, in the prefill pool on
- *     our GPU, or on an NCCL link from another GPU: actors/runtime/kv_link.h) followed by a handoff
+ *     our GPU, or on an NCCL link from another GPU: transfer/kv_link.h) followed by a handoff
  *     (the request); copy the blocks into our pool, acknowledge (kv_ack) so the prefill side frees
  *     its copy, stream the first token;
  *   - each step (the loop's before_sleep hook), one forward for the whole running batch: every
@@ -28,9 +28,9 @@
 #include <string.h>
 
 #include "actors/runtime/actor.h"
-#include "actors/runtime/kv_copier.h"
-#include "actors/runtime/kv_link.h"
-#include "actors/runtime/kv_transfer.h"
+#include "transfer/kv_copier.h"
+#include "transfer/kv_link.h"
+#include "transfer/kv_transfer.h"
 #include "actors/runtime/prefix_fetch.h"
 #include "actors/runtime/worker.h"
 #include "common/log.h"

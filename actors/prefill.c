@@ -8,7 +8,7 @@
  *     when that is cheaper than computing them again: actors/runtime/fetch_policy.h);
  *   - when a prompt is complete: sample the first token, move the request's KV blocks towards the
  *     decode worker the router chose (same GPU: it copies them out of our pool, CUDA IPC; another
- *     GPU of the node: an NCCL send once the link to it is up, actors/runtime/kv_link.h; else a
+ *     GPU of the node: an NCCL send once the link to it is up, transfer/kv_link.h; else a
  *     shared-memory segment), announce them (kv_announce) and hand the request over (handoff);
  *     free the blocks once the decode side acknowledges, or fail the request with a retryable
  *     error when it does not within TRANSFER_TIMEOUT_MS. An NCCL hand-off that fails (the link
@@ -27,8 +27,8 @@
 
 #include "actors/runtime/actor.h"
 #include "actors/runtime/prefix_fetch.h"
-#include "actors/runtime/kv_link.h"
-#include "actors/runtime/kv_transfer.h"
+#include "transfer/kv_link.h"
+#include "transfer/kv_transfer.h"
 #include "actors/runtime/worker.h"
 #include "common/log.h"
 #include "common/util.h"

@@ -1,7 +1,7 @@
 #include "actors/runtime/prefix_fetch.h"
 
-#include "actors/runtime/kv_transfer.h"
-#include "actors/runtime/tensor_chan.h"
+#include "transfer/kv_transfer.h"
+#include "transfer/shm_chan.h"
 #include "common/log.h"
 #include "common/util.h"
 

@@ -11,8 +11,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "actors/runtime/kv_transfer.h"
-#include "actors/runtime/tensor_chan.h"
+#include "transfer/kv_transfer.h"
+#include "transfer/shm_chan.h"
 #include "engine/checkpoint.h"
 #include "engine/config.h"
 #include "engine/kvcache.h"

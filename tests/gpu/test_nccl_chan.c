@@ -1,4 +1,4 @@
-/* tests/gpu/test_nccl_chan.c — the NCCL tensor channel (actors/runtime/nccl_chan.h) on real GPUs.
+/* tests/gpu/test_nccl_chan.c — the NCCL tensor channel (transfer/nccl_chan.h) on real GPUs.
  * Built by `make gpu-tests` (build/gpu-tests/test_nccl_chan), run on the GPU node; cmocka.
  *
  * One GPU (NCCL cannot put two ranks on one GPU, so everything here is a one-rank link talking to
@@ -39,7 +39,7 @@
 
 #include <cmocka.h>
 
-#include "actors/runtime/nccl_chan.h"
+#include "transfer/nccl_chan.h"
 #include "common/util.h"
 #include "kernels/backend.h"
 #include "messages/msg.h"

@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "actors/runtime/kv_copier.h"
-#include "actors/runtime/tensor_chan.h"
+#include "transfer/kv_copier.h"
+#include "transfer/shm_chan.h"
 
 #define BB 4096   /* bytes per block */
 

@@ -15,9 +15,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "actors/runtime/kv_link.h"
-#include "actors/runtime/kv_transfer.h"
-#include "actors/runtime/nccl_chan.h"
+#include "transfer/kv_link.h"
+#include "transfer/kv_transfer.h"
+#include "transfer/nccl_chan.h"
 #include "common/util.h"
 
 /* ---- the fake fabric ------------------------------------------------------------------------ */

@@ -8,7 +8,7 @@
 #include <cmocka.h>
 #include <string.h>
 
-#include "actors/runtime/kv_transfer.h"
+#include "transfer/kv_transfer.h"
 #include "actors/runtime/worker.h"
 
 static const bk_kv_t s_kv = {.dtype = DT_BF16, .n_blocks = 10, .block_size = 16, .n_layers = 4,

@@ -1,4 +1,4 @@
-/* actors/runtime/tensor_chan.h — the tensor channel: how KV blocks move between processes.
+/* transfer/shm_chan.h — the shared-memory channel: how KV blocks move between processes of one node.
  *
  * Control and data are separate (DESIGN.md): a kv_announce message says what is coming
  * (transfer id, blocks, shapes, dtype, channel kind, a handle), the bytes move here, the receiver
@@ -11,8 +11,8 @@
  *
  * CUDA IPC (same GPU: worker.h's worker_blocks_in_ipc) and NCCL (two GPUs of a node:
  * nccl_chan.h, the links in kv_link.h) implement the same announce/move/ack protocol. */
-#ifndef TROUPE_TENSOR_CHAN_H
-#define TROUPE_TENSOR_CHAN_H
+#ifndef TROUPE_SHM_CHAN_H
+#define TROUPE_SHM_CHAN_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -12,7 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "actors/runtime/tensor_chan.h"
+#include "transfer/shm_chan.h"
 
 static void test_roundtrip(void **st)
 {

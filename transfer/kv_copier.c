@@ -1,9 +1,9 @@
-/* actors/runtime/kv_copier.c — the write-back copier thread (kv_copier.h).
+/* transfer/kv_copier.c — the write-back copier thread (kv_copier.h).
  *
  * A fixed ring of job slots under one mutex: submit fills the tail, the thread takes the oldest
  * queued job, works on it without the lock (segment creation and the copies are the slow part),
  * then marks it done; poll hands done jobs back in order. */
-#include "actors/runtime/kv_copier.h"
+#include "transfer/kv_copier.h"
 
 #include <pthread.h>
 #include <stdio.h>

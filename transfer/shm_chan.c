@@ -1,4 +1,4 @@
-#include "actors/runtime/tensor_chan.h"
+#include "transfer/shm_chan.h"
 
 #include <dirent.h>
 #include <errno.h>

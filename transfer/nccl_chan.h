@@ -1,4 +1,4 @@
-/* actors/runtime/nccl_chan.h — the NCCL tensor channel: whole KV blocks between processes on
+/* transfer/nccl_chan.h — the NCCL tensor channel: whole KV blocks between processes on
  * different GPUs, through the backend's NCCL hooks (kernels/backend.h bk_nccl_ops_t). Plain C: the
  * NCCL calls themselves live in kernels/cuda/cuda_nccl.cu, reached through the backend's ops table,
  * so libtroupe stays free of CUDA and NCCL.
@@ -6,7 +6,7 @@
  * One tchan_nccl_t is one link, a communicator of n_ranks (2 for a hand-off: the sender is rank 0,
  * the receiver rank 1; 1 for a self test). Its life:
  *   1. the offering side makes a unique id (tchan_nccl_unique_id) and sends it to the other over
- *      our own control plane (a kv_link message: actors/runtime/kv_link.h);
+ *      our own control plane (a kv_link message: transfer/kv_link.h);
  *   2. both open the link with it (tchan_nccl_open: non-blocking ncclCommInitRankConfig) and poll
  *      it (tchan_nccl_poll) until READY: initialised, then one small exchange with the peer that
  *      sets up NCCL's point-to-point connections (so the first hand-off does not wait for the peer

@@ -1,4 +1,4 @@
-#include "actors/runtime/nccl_chan.h"
+#include "transfer/nccl_chan.h"
 
 #include <stdarg.h>
 #include <stdio.h>

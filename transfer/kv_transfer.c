@@ -1,4 +1,4 @@
-#include "actors/runtime/kv_transfer.h"
+#include "transfer/kv_transfer.h"
 
 #include <stdio.h>
 #include <string.h>

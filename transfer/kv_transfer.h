@@ -1,4 +1,4 @@
-/* actors/runtime/kv_transfer.h — the announce / move / acknowledge protocol of KV block transfers,
+/* transfer/kv_transfer.h — the announce / move / acknowledge protocol of KV block transfers,
  * shared by every actor that moves blocks (prefill -> decode hand-offs, decode -> cache-manager
  * write-backs, cache-manager -> prefill fetches).
  *
@@ -12,7 +12,7 @@
 #include <stdint.h>
 
 #include "actors/runtime/actor.h"
-#include "actors/runtime/tensor_chan.h"
+#include "transfer/shm_chan.h"
 #include "kernels/backend.h"
 #include "messages/msg.h"
 

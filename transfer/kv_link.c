@@ -1,11 +1,11 @@
-#include "actors/runtime/kv_link.h"
+#include "transfer/kv_link.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "actors/runtime/kv_transfer.h"
+#include "transfer/kv_transfer.h"
 #include "common/log.h"
 #include "common/util.h"
 

@@ -1,4 +1,4 @@
-/* actors/runtime/kv_link.h — a prefill or decode worker's NCCL links (actors/runtime/nccl_chan.h),
+/* transfer/kv_link.h — a prefill or decode worker's NCCL links (transfer/nccl_chan.h),
  * one per peer worker on another GPU of the node, and which channel each KV hand-off takes.
  *
  * Channel of a hand-off (kvlink_route, from the topology): CUDA IPC when both workers share a GPU,
@@ -30,7 +30,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "actors/runtime/nccl_chan.h"
+#include "transfer/nccl_chan.h"
 #include "kernels/backend.h"
 #include "messages/msg.h"
 #include "topology/topology.h"

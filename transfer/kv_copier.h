@@ -1,4 +1,4 @@
-/* actors/runtime/kv_copier.h — copies KV blocks from a worker's pool into new shared-memory
+/* transfer/kv_copier.h — copies KV blocks from a worker's pool into new shared-memory
  * segments on a thread of its own, so a decode worker's write-back of a finished sequence (often a
  * quarter of a gigabyte) runs beside its next steps instead of stalling every running request.
  *
@@ -13,7 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "actors/runtime/tensor_chan.h"
+#include "transfer/shm_chan.h"
 #include "kernels/backend.h"
 
 typedef struct kvcopier kvcopier_t;
