@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# tools/fetch-gpu-debs.sh [extra-package ...] — run from the repository root on a Debian 12 machine
+# with apt. Downloads the libraries an offline GPU machine lacks (it has CUDA, NCCL and a compiler,
+# but no package access) into .gpu-debs/ (ignored by git), and writes .gpu-debs/env.sh beside them.
+# On the GPU machine, with .gpu-debs/ copied along:  . .gpu-debs/env.sh && make ...
+# env.sh unpacks the packages under /tmp/deps (never into /) and points the compiler, linker,
+# loader and pkg-config there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+pkgs="libzmq5 libzmq3-dev libsodium23 libpgm-5.3-0 libnorm1 libbsd0 libmd0
+      libmsgpackc2 libmsgpack-dev libcyaml1 libcyaml-dev libyaml-0-2 libyaml-dev
+      libjansson4 libjansson-dev libonig5 libonig-dev libcmocka0 libcmocka-dev
+      libxxhash0 libxxhash-dev libncurses-dev libncurses6 libncursesw6 libtinfo6
+      libmicrohttpd12 libmicrohttpd-dev $*"
+mkdir -p .gpu-debs
+[ -n "$(find /var/lib/apt/lists -name '*Packages*' 2>/dev/null | head -1)" ] || apt-get update -qq
+(cd .gpu-debs && apt-get download $pkgs 2>&1 | grep -v 'Download is performed unsandboxed' || true)
+cat > .gpu-debs/env.sh <<'ENV'
+# Sourced on the offline GPU machine from the repository root (written by tools/fetch-gpu-debs.sh).
+mkdir -p /tmp/deps
+for f in .gpu-debs/*.deb; do dpkg -x "$f" /tmp/deps; done
+export CPATH=/tmp/deps/usr/include${CPATH:+:$CPATH}
+export LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu${LIBRARY_PATH:+:$LIBRARY_PATH}
+export LD_LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu:/tmp/deps/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export PKG_CONFIG_SYSROOT_DIR=/tmp/deps
+export PKG_CONFIG_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu/pkgconfig:/tmp/deps/usr/share/pkgconfig
+# NVLink multicast (NVLS) stays off: the lent multi-GPU machines do not support it.
+export NCCL_NVLS_ENABLE=0
+ENV
+echo "fetch-gpu-debs: $(ls .gpu-debs/*.deb | wc -l) packages in .gpu-debs ($(du -sh .gpu-debs | cut -f1)); then: . .gpu-debs/env.sh"
