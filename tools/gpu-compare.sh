@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# tools/gpu-compare.sh — the same measurements on a baseline tree and on this one, in one call, so a
+# change is judged against figures from the same machine and minute. From the repository root:
+#   git archive COMMIT | (mkdir -p .baseline && tar -x -C .baseline)   # on a machine with git
+#   . .gpu-debs/env.sh && COMPARE=build tools/gpu-compare.sh   # builds both trees (in parallel)
+#   . .gpu-debs/env.sh && COMPARE=bench tools/gpu-compare.sh   # measures both, prints a table
+# COMPARE=all does both (may exceed a 10-minute window). What is measured is tools/gpu-run.sh with
+# GPU tests skipped: batch-1 decode of the Llama-3.1-8B shape (dummy bf16 weights) beside the HBM
+# bound, and the served colocated fp8 sweep (input 1000, output SERVE_OUT, SERVE_CONC, SERVE_ROUNDS),
+# baseline first, then this tree. Logs: $OUT/base and $OUT/new (or build/gpu-logs/...).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+BASE=${BASE:-.baseline}
+OUT=${OUT:-build/gpu-logs}
+mode=${COMPARE:-all}
+[ -f "$BASE/Makefile" ] || { echo "gpu-compare: no baseline tree in $BASE (see the header)"; exit 2; }
+mkdir -p "$OUT/base" "$OUT/new"
+OUT=$(cd "$OUT" && pwd)
+knobs=(SKIP_TESTS=1 GEN_VARIANTS=default ENGINE=0 SERVE=1
+       SERVE_TOPO=${SERVE_TOPO:-tools/bench/h200-8b-colo-fp8.yaml} SERVE_CONC=${SERVE_CONC:-1,16,64,256}
+       SERVE_ROUNDS=${SERVE_ROUNDS:-2} SERVE_OUT=${SERVE_OUT:-1000} SERVE_TIMEOUT=${SERVE_TIMEOUT:-400})
+if [ "$mode" = build ] || [ "$mode" = all ]; then
+  # Both trees at once, 8 jobs each; gpu-run.sh's own build step is then a no-op.
+  build() { (cd "$1" && make -j8 NVCC="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)" all gpu-tests) >"$2" 2>&1; }
+  t0=$(date +%s)
+  build "$BASE" "$OUT/base/build.log" & b=$!
+  build . "$OUT/new/build.log"; rn=$?
+  wait $b; rb=$?
+  echo "builds: baseline rc $rb, this tree rc $rn, $(( $(date +%s) - t0 )) s"
+  [ $rb -eq 0 ] && [ $rn -eq 0 ] || { tail -20 "$OUT/base/build.log" "$OUT/new/build.log"; }
+fi
+if [ "$mode" = bench ] || [ "$mode" = all ]; then
+  (cd "$BASE" && env "${knobs[@]}" OUT="$OUT/base" tools/gpu-run.sh) >"$OUT/base/run.txt" 2>&1
+  env "${knobs[@]}" OUT="$OUT/new" tools/gpu-run.sh >"$OUT/new/run.txt" 2>&1
+  python3 - "$OUT/base" "$OUT/new" <<'PY'
+import json, sys
+def load(d):
+    r = {}
+    try:
+        g = json.load(open(d + "/generate-default.json"))
+        r["batch-1 decode tok/s"] = g["timings"]["decode_tokens_per_s"]
+    except Exception:
+        pass
+    try:
+        s = json.load(open(d + "/serve-bench.json"))
+        for lv in s.get("levels", s if isinstance(s, list) else []):
+            c = lv.get("concurrency")
+            r["conc %s out tok/s" % c] = lv.get("output_tokens_per_s") or lv.get("output_tok_s")
+    except Exception:
+        pass
+    return r
+b, n = load(sys.argv[1]), load(sys.argv[2])
+print("%-26s %12s %12s %8s" % ("figure", "baseline", "this tree", "ratio"))
+for k in sorted(set(b) | set(n), key=lambda k: (k[0] != "b", len(k), k)):
+    x, y = b.get(k), n.get(k)
+    ratio = "%.3f" % (y / x) if x and y else "-"
+    print("%-26s %12s %12s %8s" % (k, "%.1f" % x if x else "-", "%.1f" % y if y else "-", ratio))
+PY
+fi
