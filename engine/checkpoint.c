@@ -18,8 +18,8 @@
 #include <sys/stat.h>
 
 #include "common/util.h"
-#include "engine/dummy_fill.h"
 #include "engine/safetensors.h"
+#include "kernels/dummy_fill.h"
 
 #define CKPT_MAX_INDEX (256u << 20)  /* an index.json of a 1T-parameter model is a few MB */
 

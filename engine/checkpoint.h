@@ -48,7 +48,7 @@ int  ckpt_has(const ckpt_t *c, const char *name);
  * later ckpt_expect of the name makes the same values again. Mapped file data is left alone. */
 void ckpt_drop(ckpt_t *c, const tensor_view_t *t);
 
-/* How a dummy tensor's values are made (engine/dummy_fill.h): element i is dummy_value(key, i,
+/* How a dummy tensor's values are made (kernels/dummy_fill.h): element i is dummy_value(key, i,
  * center, scale) rounded to dtype. */
 typedef struct ckpt_dummy_recipe {
     dtype_t dtype;

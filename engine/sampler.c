@@ -1,12 +1,8 @@
 /* engine/sampler.c — logits processing, seeded sampling, stop conditions. Semantics: sampler.h.
  *
- * Nothing is sorted: top-k is a quickselect, top-p a quickselect on probability mass (both
- * expected O(vocab), in place), min-p a filter, and the draw walks the kept tokens in ascending
- * token id (their masses scattered into a zeroed row: O(vocab), no sort). Ranks use one total
- * order — larger logit first, then lower index — so every choice is deterministic, and no step
- * allocates. Steps 3-7 (sampler_filter_draw) take a plain row and bk_sample_t, without the
- * request's penalty state: the CPU backend's `sample` op is that function, the reference the
- * device kernels are checked against. */
+ * The request's state (penalties, the RNG counter, stop strings) lives here; steps 3-7 on the
+ * penalised row are the `sample` op's CPU reference, cpu_sample_row (kernels/cpu/cpu_sample.c),
+ * the function the device kernels are checked against. No step allocates. */
 #include "engine/sampler.h"
 
 #include <math.h>
@@ -14,7 +10,7 @@
 #include <string.h>
 
 #include "common/util.h"
-#include "engine/sampler_rng.h"
+#include "kernels/cpu/cpu_sample.h"
 
 struct sampler {
     sampler_params_t p;
@@ -150,70 +146,6 @@ void sampler_destroy(sampler_t **self_p)
 
 int sampler_n_generated(const sampler_t *s) { return s->n_generated; }
 
-/* ---- ranking ----------------------------------------------------------------------------- */
-
-static inline int s_before(const float *v, int32_t a, int32_t b) { return v[a] > v[b] || (v[a] == v[b] && a < b); }
-
-/* Partitions idx[lo, hi) around a pivot; returns its final place m: idx[lo, m) rank before it. */
-static int s_partition(const float *v, int32_t *idx, int lo, int hi)
-{
-    int mid = lo + (hi - lo) / 2;
-    /* median of three as the pivot, moved to hi - 1 */
-    int a = lo, b = mid, c = hi - 1, med;
-    if (s_before(v, idx[a], idx[b]))
-        med = s_before(v, idx[b], idx[c]) ? b : (s_before(v, idx[a], idx[c]) ? c : a);
-    else
-        med = s_before(v, idx[a], idx[c]) ? a : (s_before(v, idx[b], idx[c]) ? c : b);
-    int32_t t = idx[med]; idx[med] = idx[hi - 1]; idx[hi - 1] = t;
-    int32_t pv = idx[hi - 1];
-    int m = lo;
-    for (int i = lo; i < hi - 1; i++)
-        if (s_before(v, idx[i], pv)) {
-            t = idx[i]; idx[i] = idx[m]; idx[m] = t;
-            m++;
-        }
-    t = idx[m]; idx[m] = idx[hi - 1]; idx[hi - 1] = t;
-    return m;
-}
-
-/* Moves the k best of idx[0, n) to idx[0, k) (in no particular order). */
-static void s_select(const float *v, int32_t *idx, int n, int k)
-{
-    int lo = 0, hi = n;
-    while (hi - lo > 1) {
-        int m = s_partition(v, idx, lo, hi);
-        if (m == k || m + 1 == k)
-            return;
-        if (m > k)
-            hi = m;
-        else
-            lo = m + 1;
-    }
-}
-
-/* The smallest c such that the c best of idx[0, n) hold >= target of the mass; moves them to
- * idx[0, c). mass[t] = exp(work[t] - max). */
-static int s_select_mass(const float *v, const float *mass, int32_t *idx, int n, double target)
-{
-    int lo = 0, hi = n;
-    double acc = 0;                                /* mass of idx[0, lo), all ranked before the rest */
-    while (hi - lo > 1) {
-        int m = s_partition(v, idx, lo, hi);
-        double before = 0;
-        for (int i = lo; i < m; i++)
-            before += mass[idx[i]];
-        if (acc + before >= target) {
-            hi = m;                                /* the boundary lies in [lo, m) */
-        } else if (acc + before + mass[idx[m]] >= target) {
-            return m + 1;
-        } else {
-            acc += before + mass[idx[m]];
-            lo = m + 1;
-        }
-    }
-    return lo < n ? lo + 1 : n;
-}
-
 /* ---- sampling ---------------------------------------------------------------------------- */
 
 static void s_penalise(sampler_t *s)
@@ -232,96 +164,10 @@ static void s_penalise(sampler_t *s)
     }
 }
 
-/* log_softmax(v)[t] over the whole vocabulary, the sum in double. */
-static float s_log_softmax_at(const float *v, int n, int32_t t)
-{
-    float mx = -INFINITY;
-    for (int i = 0; i < n; i++)
-        mx = v[i] > mx ? v[i] : mx;
-    double sum = 0;
-    for (int i = 0; i < n; i++)
-        sum += exp((double)v[i] - mx);
-    return (float)((double)v[t] - mx - log(sum));
-}
-
 int sampler_is_greedy(const sampler_t *s)
 {
     return s->p.temperature == 0 && s->p.repetition_penalty == 1.0 && s->p.presence_penalty == 0 &&
            s->p.frequency_penalty == 0;
-}
-
-int32_t sampler_filter_draw(const float *logits, int V, const bk_sample_t *sp, float *work, float *mass, int32_t *idx,
-                            float *lp_processed)
-{
-    if (work != logits)
-        memcpy(work, logits, (size_t)V * sizeof(float));
-    int32_t tok;
-    if (sp->temperature == 0) {
-        tok = 0;                                   /* NaN never wins unless every logit is NaN */
-        for (int i = 1; i < V; i++)
-            if (work[i] > work[tok] || (work[tok] != work[tok] && work[i] == work[i]))
-                tok = i;
-        if (lp_processed)
-            *lp_processed = s_log_softmax_at(work, V, tok);
-        return tok;
-    }
-    const float inv_t = (float)(1.0 / sp->temperature);
-    for (int i = 0; i < V; i++)
-        work[i] *= inv_t;
-    int n = V;
-    for (int i = 0; i < V; i++)
-        idx[i] = i;
-    if (sp->top_k > 0 && sp->top_k < n) {
-        s_select(work, idx, n, sp->top_k);
-        n = sp->top_k;
-    }
-    float mx = -INFINITY;
-    for (int i = 0; i < n; i++)
-        mx = work[idx[i]] > mx ? work[idx[i]] : mx;
-    double total = 0;
-    for (int i = 0; i < n; i++) {
-        int32_t t = idx[i];
-        mass[t] = expf(work[t] - mx);
-        total += mass[t];
-    }
-    if (sp->top_p < 1.0 && n > 1)
-        n = s_select_mass(work, mass, idx, n, sp->top_p * total);
-    if (sp->min_p > 0) {
-        /* The best token is still kept (top-k and top-p keep it) and has mass exp(0) = 1. */
-        const float floor_mass = (float)sp->min_p;
-        int keep = 0;
-        for (int i = 0; i < n; i++)
-            if (mass[idx[i]] >= floor_mass)
-                idx[keep++] = idx[i];
-        n = keep;
-    }
-    /* The walk: the kept tokens in ascending id, a zero mass for every other token (adding +0 to
-     * the running sum changes no bit), so the sum and the walk are one fixed order that a device
-     * can reproduce without knowing how selection left idx. The fallback when rounding never
-     * crosses u (u * total rounding up to total) is the last kept token with a positive mass. */
-    memset(work, 0, (size_t)V * sizeof(float));
-    for (int i = 0; i < n; i++)
-        work[idx[i]] = mass[idx[i]];
-    total = 0;
-    for (int i = 0; i < V; i++)
-        total += work[i];
-    double u = sampler_rng_uniform(sp->seed, sp->step) * total, acc = 0;
-    tok = -1;
-    int32_t last = idx[0];
-    for (int i = 0; i < V; i++) {
-        if (work[i] > 0)
-            last = i;
-        acc += work[i];
-        if (acc > u) {
-            tok = i;
-            break;
-        }
-    }
-    if (tok < 0)
-        tok = last;
-    if (lp_processed)
-        *lp_processed = (float)log(work[tok] / total);
-    return tok;
 }
 
 void sampler_device_params(const sampler_t *s, bk_sample_t *out)
@@ -344,9 +190,9 @@ int32_t sampler_sample(sampler_t *s, const float *logits, float *logprob)
     sampler_device_params(s, &sp);
     float lp_processed = 0;
     const int want = logprob && s->p.logprobs_mode == SAMPLER_LOGPROBS_PROCESSED;
-    int32_t tok = sampler_filter_draw(s->work, V, &sp, s->work, s->mass, s->idx, want ? &lp_processed : NULL);
+    int32_t tok = cpu_sample_row(s->work, V, &sp, s->work, s->mass, s->idx, want ? &lp_processed : NULL);
     if (logprob)
-        *logprob = s->p.logprobs_mode == SAMPLER_LOGPROBS_RAW ? s_log_softmax_at(logits, V, tok) : lp_processed;
+        *logprob = s->p.logprobs_mode == SAMPLER_LOGPROBS_RAW ? cpu_log_softmax_at(logits, V, tok) : lp_processed;
     return tok;
 }
 

@@ -18,12 +18,13 @@
  *      mass (exp(l - max) in f32, summed in double in that order) exceeds u * total (the same
  *      sum); when rounding never crosses, the last kept token of positive mass.
  * Randomness is counter-based: u = mix(seed, number of tokens generated so far)
- * (engine/sampler_rng.h, shared with the device kernel), so a request gets the same tokens for
+ * (kernels/sample_rng.h, shared with the device kernel), so a request gets the same tokens for
  * the same seed whatever else is in the batch, and after a restart.
  *
- * Steps 3-7 on a plain row are sampler_filter_draw, which is also the CPU backend's `sample` op
- * (kernels/backend.h): a request without penalties and without log-probabilities may take its
- * token from that op on the device (sampler_needs_host, sampler_device_params).
+ * Steps 3-7 on a plain row are the backend's `sample` op (kernels/backend.h), whose CPU reference
+ * (kernels/cpu/cpu_sample.h) sampler_sample runs after the penalties: a request without penalties
+ * and without log-probabilities may take its token from that op on the device
+ * (sampler_needs_host, sampler_device_params).
  *
  * Log-probability of the chosen token: SAMPLER_LOGPROBS_RAW (the default, as vLLM's default
  * logprobs_mode "raw_logprobs") is log_softmax of the model's logits before any processing;
@@ -106,11 +107,6 @@ int sampler_needs_host(const sampler_t *s);
 /* The request's steps 3-7 as the backend's sample op takes them: temperature, filters, seed, and
  * step = tokens generated so far (the RNG counter sampler_sample would use now). */
 void sampler_device_params(const sampler_t *s, bk_sample_t *out);
-/* Steps 3-7 on one row of V logits (no penalties): the token, and (lp_processed, may be NULL) the
- * log of the probability it was drawn with (greedy: log_softmax of the row). Scratch: work [V]
- * (may be logits itself, which is then overwritten), mass [V], idx [V]. Never allocates. */
-int32_t sampler_filter_draw(const float *logits, int V, const bk_sample_t *sp, float *work, float *mass, int32_t *idx,
-                            float *lp_processed);
 int sampler_n_generated(const sampler_t *s);
 
 /* Feeds detokenised text (complete UTF-8) of the accepted tokens. Text known not to start a stop

@@ -164,7 +164,7 @@ typedef struct backend_ops {
     const void *(*weight_put)(backend_t *be, const void *host, size_t bytes, size_t elem_size);
     void (*weight_release)(backend_t *be, const void *dev);
     /* Optional (NULL: not offered; weight_put with host NULL then only allocates): fills n elements
-     * of dt at dev with the 'dummy' load format's values (engine/dummy_fill.h), bit for bit what the
+     * of dt at dev with the 'dummy' load format's values (kernels/dummy_fill.h), bit for bit what the
      * checkpoint would make on the host, without the host memory or the copy. Queued. */
     void (*fill_dummy)(backend_t *be, void *dev, dtype_t dt, size_t n, uint64_t key, float center, float scale);
 
@@ -260,11 +260,12 @@ typedef struct backend_ops {
     void (*argmax)(backend_t *be, const float *x, int M, int N, int32_t *out);
 
     /* out[m] = a token drawn from logits[m][:] with params[m] (a HOST array [M]; out device [M]):
-     * engine/sampler.h's steps 3-7 exactly as the host sampler runs them (sampler_filter_draw,
-     * which the CPU backend calls): temperature 0 is argmax (the argmax op's id, bit for bit);
-     * else l * f32(1/T); top-k (ties to the lower index); top-p over what top-k kept (the smallest
-     * set of highest-ranked tokens whose mass sum >= top_p * their total; at least one); min-p
-     * (mass >= f32(min_p), mass = expf(l - max) in f32); then u = sampler_rng_uniform(seed, step)
+     * engine/sampler.h's steps 3-7 exactly as the host sampler runs them (cpu_sample_row in
+     * kernels/cpu/cpu_sample.c, the CPU backend's op and the host sampler's draw): temperature 0
+     * is argmax (the argmax op's id, bit for bit); else l * f32(1/T); top-k (ties to the lower
+     * index); top-p over what top-k kept (the smallest set of highest-ranked tokens whose mass sum
+     * >= top_p * their total; at least one); min-p (mass >= f32(min_p), mass = expf(l - max) in
+     * f32); then u = sample_rng_uniform(seed, step) (kernels/sample_rng.h)
      * and the walk over the kept tokens in ascending id, summed in double, until the cumulative
      * mass exceeds u * total (fallback: the last kept token of positive mass). The kept set and
      * the walk are the host sampler's; given bit-identical logits the token is the host

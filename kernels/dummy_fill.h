@@ -1,13 +1,14 @@
-/* engine/dummy_fill.h — the values of the 'dummy' load format, shared by the host (checkpoint.c)
- * and a device fill (a backend's fill_dummy), so a weight made on the GPU has the same bits as the
- * one the checkpoint would have made on the host.
+/* kernels/dummy_fill.h — the values of the 'dummy' load format, shared by the host
+ * (engine/checkpoint.c) and a device fill (a backend's fill_dummy: kernels/cuda/cuda_dummy.cu),
+ * so a weight made on the GPU has the same bits as the one the checkpoint would have made on the
+ * host. Tests pin its values (test_checkpoint, test_model; tests/gpu/test_dummy_fill).
  *
  * Element i of a tensor is a pure function of (key, i): u = splitmix64's finaliser of
  * key + (i + 1) * golden, unit = the top 24 bits of u / 2^24 (exactly representable), and the value
  * center + scale * (2 unit - 1), each product and sum rounded separately (no fused multiply-add on
  * either side: the device code spells the roundings out). */
-#ifndef TROUPE_DUMMY_FILL_H
-#define TROUPE_DUMMY_FILL_H
+#ifndef TROUPE_KERNELS_DUMMY_FILL_H
+#define TROUPE_KERNELS_DUMMY_FILL_H
 
 #include <stdint.h>
 

@@ -1,12 +1,8 @@
 /* kernels/cpu/cpu_ops.c — the elementwise and per-row ops: embedding, RMSNorm (+ residual),
- * per-head RMSNorm, RoPE, SwiGLU, row gather, argmax, sampling. Semantics: kernels/backend.h. */
+ * per-head RMSNorm, RoPE, SwiGLU, row gather, argmax (sampling: cpu_sample.c). Semantics:
+ * kernels/backend.h. */
 #include <math.h>
-#include <omp.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-
-#include "engine/sampler.h"
 
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/cpu_simd.h"
@@ -140,33 +136,5 @@ void cpu_argmax(backend_t *be, const float *x, int M, int N, int32_t *out)
             }
         }
         out[m] = best;
-    }
-}
-
-/* The host sampler's own steps 3-7 (sampler_filter_draw): this op is the reference the device
- * kernels are compared with. Scratch grows once to the largest N (an out-of-memory there is
- * fatal: the op has no error path, like a device error). */
-void cpu_sample(backend_t *be, const float *logits, int M, int N, const bk_sample_t *params, int32_t *out)
-{
-    cpu_state_t *st = be->impl;
-    const int threads = M < be->n_threads ? M : be->n_threads;
-    if (M <= 0)
-        return;
-    const size_t per = (size_t)N * (2 * sizeof(float) + sizeof(int32_t)), need = per * (size_t)threads;
-    if (need > st->sample_scratch_bytes) {
-        free(st->sample_scratch);
-        st->sample_scratch = malloc(need);
-        st->sample_scratch_bytes = st->sample_scratch ? need : 0;
-        if (!st->sample_scratch) {
-            fprintf(stderr, "cpu sample: out of memory for %d rows of %d\n", threads, N);
-            abort();
-        }
-    }
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
-    for (int m = 0; m < M; m++) {
-        uint8_t *base = (uint8_t *)st->sample_scratch + per * (size_t)omp_get_thread_num();
-        float *work = (float *)base, *mass = work + N;
-        int32_t *idx = (int32_t *)(mass + N);
-        out[m] = sampler_filter_draw(logits + (size_t)m * N, N, &params[m], work, mass, idx, NULL);
     }
 }

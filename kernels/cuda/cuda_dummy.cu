@@ -1,11 +1,11 @@
 /* kernels/cuda/cuda_dummy.cu — the 'dummy' load format's values made in device memory
  * (backend.h fill_dummy): bit for bit what engine/checkpoint.c makes on the host (both call
- * engine/dummy_fill.h), so a GPU worker of a 61 GB model neither generates it on the host nor
+ * kernels/dummy_fill.h), so a GPU worker of a 61 GB model neither generates it on the host nor
  * copies it over PCIe. Rounding to bf16/f16 is round-to-nearest-even, as dtype_from_f32 (the
  * values are finite). */
-#include "engine/dummy_fill.h"
 #include "kernels/cuda/cuda.h"
 #include "kernels/cuda/cuda_dev.cuh"
+#include "kernels/dummy_fill.h"
 
 template <typename T>
 __global__ void k_fill_dummy(T *out, uint64_t n, uint64_t key, float center, float scale)

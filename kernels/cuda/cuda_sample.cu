@@ -1,7 +1,7 @@
 /* kernels/cuda/cuda_sample.cu — the `sample` op: a token per row drawn on the device with the
- * host sampler's steps 3-7 (kernels/backend.h, engine/sampler.h). One block of 1024 threads per
- * row; rows with different parameters share one launch (the parameters go up as one small copy
- * into a persistent buffer).
+ * host sampler's steps 3-7 (kernels/backend.h; the CPU reference: kernels/cpu/cpu_sample.c).
+ * One block of 1024 threads per row; rows with different parameters share one launch (the
+ * parameters go up as one small copy into a persistent buffer).
  *
  * A row:
  *   - temperature 0: the argmax op's reduction (the lowest index on ties, NaN never chosen);
@@ -36,9 +36,7 @@
 #include "kernels/cuda/cuda.h"
 #include "kernels/cuda/cuda_dev.cuh"
 
-extern "C" {
-#include "engine/sampler_rng.h"
-}
+#include "kernels/sample_rng.h"
 
 #define SAMPLE_THREADS 1024
 #define SAMPLE_CAP 1024           /* largest top-k gathered into shared memory */
@@ -240,7 +238,7 @@ __global__ void __launch_bounds__(SAMPLE_THREADS) k_sample(const float *logits, 
         lmax = fmaxf(lmax, __fmul_rn(r[i], inv_t));
     const float mx = dev_bmax(s, lmax);
     const float floor_mass = (float)p.min_p;
-    const double u = sampler_rng_uniform(p.seed, p.step);
+    const double u = sample_rng_uniform(p.seed, p.step);
 
     /* Top-k: in the set when key > kkey, or key == kkey and i <= kcut. */
     const int k = p.top_k > 0 && p.top_k < N ? p.top_k : N;

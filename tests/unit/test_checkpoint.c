@@ -17,8 +17,8 @@
 
 #include "common/dtype.h"
 #include "engine/checkpoint.h"
-#include "engine/dummy_fill.h"
 #include "engine/config.h"
+#include "kernels/dummy_fill.h"
 
 static char s_dir[256];
 
@@ -522,7 +522,7 @@ static void test_drop(void **state)
     ckpt_destroy(&c);
 }
 
-/* ckpt_expect_recipe: the recipe reproduces ckpt_expect's bytes through engine/dummy_fill.h (what a
+/* ckpt_expect_recipe: the recipe reproduces ckpt_expect's bytes through kernels/dummy_fill.h (what a
  * backend's fill_dummy computes); the entry gets no host data until an expect asks for it; a shape
  * that disagrees is refused as by ckpt_expect; a checkpoint of files is plain ckpt_expect. */
 static void test_recipe(void **state)
