@@ -1,0 +1,369 @@
+/* engine/sched.c — the batch scheduler (engine/sched.h says what it decides and why). */
+#include "engine/sched.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "common/log.h"
+
+const char *const sched_state_names[SCHED_STATE_COUNT] = {"waiting", "prompting", "running",
+                                                          "preempted", "prompted", "out"};
+
+typedef struct queue {
+    sched_req_t *head, *tail;
+    int n;
+} queue_t;
+
+struct sched {
+    sched_config_t cfg;
+    kvpool_t *pool;
+    queue_t q[SCHED_STATE_COUNT];   /* SCHED_OUT's stays empty */
+    u64map_t by_id;                 /* id -> sched_req_t * (id 0 lives in zero_id) */
+    sched_req_t *zero_id;
+    uint64_t next_seq;
+    uint64_t preemptions;
+    sched_batch_t batch;            /* the last step's rows */
+    int committed;                  /* the last step's rows were committed (or there were none) */
+};
+
+static void s_push(queue_t *q, sched_req_t *r)
+{
+    r->next = NULL;
+    r->prev = q->tail;
+    if (q->tail)
+        q->tail->next = r;
+    else
+        q->head = r;
+    q->tail = r;
+    q->n++;
+}
+
+static void s_unlink(queue_t *q, sched_req_t *r)
+{
+    if (r->prev)
+        r->prev->next = r->next;
+    else
+        q->head = r->next;
+    if (r->next)
+        r->next->prev = r->prev;
+    else
+        q->tail = r->prev;
+    r->prev = r->next = NULL;
+    q->n--;
+}
+
+/* The one place a request changes state: its queue and the counts follow. A queue stays in
+ * admission order only for requests entering it once; a request re-entering one (RUNNING after a
+ * recompute) goes to the tail, which is what "newest first" preemption then sees as its age. */
+static void s_move(sched_t *s, sched_req_t *r, sched_state_t to, const char *event)
+{
+    LOG_D("request %llu: %s -> %s on %s", (unsigned long long)r->id, sched_state_names[r->state],
+          sched_state_names[to], event);
+    if (r->state != SCHED_OUT)
+        s_unlink(&s->q[r->state], r);
+    r->state = to;
+    if (to != SCHED_OUT)
+        s_push(&s->q[to], r);
+}
+
+sched_t *sched_new(kvpool_t *pool, const sched_config_t *cfg, char *err, size_t errlen)
+{
+    if (!pool || cfg->max_seqs < 1 || cfg->max_running < 0 || cfg->max_running > cfg->max_seqs ||
+        cfg->chunk_tokens < 0 || !cfg->now_ms || !cfg->drop) {
+        snprintf(err, errlen, "scheduler: bad config (max_seqs %d, max_running %d, chunk_tokens %d)", cfg->max_seqs,
+                 cfg->max_running, cfg->chunk_tokens);
+        return NULL;
+    }
+    sched_t *s = calloc(1, sizeof *s);
+    if (!s || !(s->batch.rows = calloc((size_t)cfg->max_seqs, sizeof *s->batch.rows)) ||
+        u64map_init(&s->by_id, 64) != 0) {
+        snprintf(err, errlen, "scheduler: out of memory");
+        sched_destroy(&s);
+        return NULL;
+    }
+    s->cfg = *cfg;
+    s->pool = pool;
+    s->committed = 1;
+    return s;
+}
+
+void sched_destroy(sched_t **self_p)
+{
+    sched_t *s = *self_p;
+    if (!s)
+        return;
+    u64map_free(&s->by_id);
+    free(s->batch.rows);
+    free(s);
+    *self_p = NULL;
+}
+
+sched_req_t *sched_find(const sched_t *s, uint64_t id)
+{
+    if (id == 0)
+        return s->zero_id;
+    const uint64_t *v = u64map_get(&s->by_id, id);
+    return v ? (sched_req_t *)(uintptr_t)*v : NULL;
+}
+
+static int s_add(sched_t *s, sched_req_t *r, uint64_t id, kvseq_t *kv, const int32_t *toks, int n_prompt, int n_toks)
+{
+    if (sched_find(s, id))
+        return -1;
+    if (id == 0)
+        s->zero_id = r;
+    else if (u64map_put(&s->by_id, id, (uint64_t)(uintptr_t)r) != 0)
+        return -1;
+    *r = (sched_req_t){.id = id, .kv = kv, .toks = toks, .n_toks = n_toks, .n_prompt = n_prompt, .n_done = -1,
+                       .arrived_ms = s->cfg.now_ms(), .seq = ++s->next_seq, .state = SCHED_OUT};
+    return 0;
+}
+
+int sched_add_prompt(sched_t *s, sched_req_t *r, uint64_t id, kvseq_t *kv, const int32_t *toks, int n_prompt)
+{
+    if (s_add(s, r, id, kv, toks, n_prompt, n_prompt) != 0)
+        return -1;
+    r->target = n_prompt;
+    s_move(s, r, SCHED_PROMPTING, "prompt");
+    return 0;
+}
+
+/* The state a request with its whole KV takes: a decode slot, or the wait for one. */
+static sched_state_t s_ready_state(const sched_t *s)
+{
+    if (s->cfg.max_running == 0)
+        return SCHED_PROMPTED;
+    return s->q[SCHED_RUNNING].n < s->cfg.max_running ? SCHED_RUNNING : SCHED_WAITING;
+}
+
+int sched_add_running(sched_t *s, sched_req_t *r, uint64_t id, kvseq_t *kv, const int32_t *toks, int n_prompt,
+                      int n_toks, int n_cached, int with_kv)
+{
+    if (s_add(s, r, id, kv, toks, n_prompt, n_toks) != 0)
+        return -1;
+    r->started = 1;
+    r->n_cached = n_cached;
+    r->started_ms = r->arrived_ms;
+    if (!with_kv) {
+        r->target = n_toks - 1;
+        s->preemptions++;
+        s_move(s, r, SCHED_PREEMPTED, "hand-off without room for its KV");
+    } else {
+        s_move(s, r, s_ready_state(s), "hand-off");
+    }
+    return 0;
+}
+
+void sched_remove(sched_t *s, sched_req_t *r)
+{
+    if (r->id == 0)
+        s->zero_id = NULL;
+    else
+        u64map_del(&s->by_id, r->id);
+    /* A row of an uncommitted step must not be acted on once its request is gone. */
+    for (int i = 0; i < s->batch.n; i++)
+        if (s->batch.rows[i].req == r)
+            s->batch.rows[i].req = NULL;
+    s_move(s, r, SCHED_OUT, "removed");
+}
+
+void sched_hold(sched_t *s, sched_req_t *r, int64_t until_ms) { r->hold_until_ms = until_ms; }
+void sched_unhold(sched_t *s, sched_req_t *r) { r->hold_until_ms = 0; }
+
+int sched_count(const sched_t *s, sched_state_t st) { return st < SCHED_OUT ? s->q[st].n : 0; }
+sched_req_t *sched_first(const sched_t *s, sched_state_t st) { return st < SCHED_OUT ? s->q[st].head : NULL; }
+uint64_t sched_preemptions(const sched_t *s) { return s->preemptions; }
+
+static int s_blocks_for(const sched_t *s, int tokens)
+{
+    const int bs = kvpool_block_size(s->pool);
+    return (tokens + bs - 1) / bs;
+}
+
+/* A part-computed prompt (or recompute) other than keep gives its blocks back, the newest first:
+ * it starts over later, reusing whatever of them is still cached. 1 if one did. */
+static int s_release_prompt(sched_t *s, const sched_req_t *keep)
+{
+    static const sched_state_t from[] = {SCHED_PROMPTING, SCHED_PREEMPTED};
+    for (int i = 0; i < 2; i++)
+        for (sched_req_t *r = s->q[from[i]].tail; r; r = r->prev)
+            if (r != keep && kvseq_n_blocks(r->kv) > 0) {
+                LOG_I("request %llu: its part-computed prompt gives its KV blocks back (pool full)",
+                      (unsigned long long)r->id);
+                kvseq_release(r->kv);
+                r->n_done = -1;
+                return 1;
+            }
+    return 0;
+}
+
+/* Frees blocks for a decode row: the owner's reclaim, a part-computed prompt, else the newest
+ * running request is preempted (never the last one). 0 when blocks were freed. */
+static int s_free_blocks(sched_t *s)
+{
+    if (s->cfg.reclaim && s->cfg.reclaim(s->cfg.ctx))
+        return 0;
+    if (s_release_prompt(s, NULL))
+        return 0;
+    if (s->q[SCHED_RUNNING].n <= 1)
+        return -1;
+    sched_req_t *victim = NULL;   /* the newest admitted */
+    for (sched_req_t *r = s->q[SCHED_RUNNING].head; r; r = r->next)
+        if (!victim || r->seq > victim->seq)
+            victim = r;
+    LOG_I("request %llu preempted (KV pool full); its KV will be recomputed", (unsigned long long)victim->id);
+    kvseq_release(victim->kv);
+    victim->target = victim->n_toks - 1;
+    victim->n_done = -1;
+    s->preemptions++;
+    s_move(s, victim, SCHED_PREEMPTED, "KV pool full");
+    return 0;
+}
+
+/* Decode rows: every running request feeds its last token; out of blocks, blocks are freed. The
+ * rows are taken first, so a request preempted after it got its row (the newest) leaves the batch
+ * again, and a dropped one's row is cleared by sched_remove. */
+static void s_decode_rows(sched_t *s)
+{
+    sched_batch_t *b = &s->batch;
+    for (sched_req_t *r = s->q[SCHED_RUNNING].head; r; r = r->next)
+        b->rows[b->n++] = (sched_row_t){.req = r, .n_new = 1, .sample = 1};
+    for (int i = 0; i < b->n; i++) {
+        sched_req_t *r = b->rows[i].req;
+        while (r && r->state == SCHED_RUNNING && kvseq_append(r->kv, &r->toks[r->n_toks - 1], 1) != 0) {
+            if (s_free_blocks(s) != 0) {
+                /* Alone and still out of blocks: it can never finish here. */
+                char why[128];
+                snprintf(why, sizeof why, "KV pool exhausted at %d tokens", kvseq_len(r->kv));
+                sched_remove(s, r);
+                s->cfg.drop(s->cfg.ctx, r, why);
+                break;
+            }
+        }
+    }
+    int m = 0;
+    for (int i = 0; i < b->n; i++)
+        if (b->rows[i].req && b->rows[i].req->state == SCHED_RUNNING)
+            b->rows[m++] = b->rows[i];
+    b->n = b->n_decode = m;
+}
+
+/* The chunk r gets within budget tokens, or 0 when it gets none now (held, or no room: *stuck),
+ * or -1 when it never fits in the pool (dropped). */
+static int s_chunk(sched_t *s, sched_req_t *r, int budget, int64_t now, sched_req_t **stuck)
+{
+    if (s_blocks_for(s, r->target) > kvpool_n_blocks(s->pool)) {
+        char why[160];
+        snprintf(why, sizeof why, "%d tokens need %d KV blocks, more than the pool has (%d)", r->target,
+                 s_blocks_for(s, r->target), kvpool_n_blocks(s->pool));
+        sched_remove(s, r);
+        s->cfg.drop(s->cfg.ctx, r, why);
+        return -1;
+    }
+    if (r->hold_until_ms) {
+        if (now <= r->hold_until_ms)
+            return 0;   /* its cached blocks are on their way */
+        r->hold_until_ms = 0;
+        if (s->cfg.hold_expired)
+            s->cfg.hold_expired(s->cfg.ctx, r);
+    }
+    if (r->n_done < 0) {   /* first chunk: adopt every cached prefix block of the pool */
+        int cached = kvseq_match_prefix(r->kv, r->toks, r->target);
+        r->n_done = cached > 0 ? cached : 0;
+        if (!r->started) {   /* not again after giving its blocks back (its own, then) */
+            r->started = 1;
+            r->n_cached = r->n_done;
+            r->started_ms = now;
+        }
+    }
+    const int k = r->target - r->n_done < budget ? r->target - r->n_done : budget;
+    const int need = s_blocks_for(s, kvseq_len(r->kv) + k) - kvseq_n_blocks(r->kv);
+    const int reserve = s->batch.n_decode;   /* one free block per decode row stays free */
+    int room = kvpool_free_count(s->pool) - need >= reserve;
+    if (!room && s->cfg.reclaim && s->cfg.reclaim(s->cfg.ctx))
+        room = kvpool_free_count(s->pool) - need >= reserve;
+    if (!room || kvseq_append(r->kv, r->toks + r->n_done, k) != 0) {
+        *stuck = r;
+        return 0;
+    }
+    return k;
+}
+
+/* Prompt chunks after the decode rows, oldest first, within chunk_tokens: recomputes first (new
+ * prompts wait while any is left, else they would take its blocks), and only while a decode slot
+ * is free for them. The oldest that finds no room keeps its turn: the newer ones wait behind it. */
+static sched_req_t *s_prompt_rows(sched_t *s)
+{
+    sched_batch_t *b = &s->batch;
+    sched_req_t *stuck = NULL;
+    int budget = s->cfg.chunk_tokens;
+    const int64_t now = s->cfg.now_ms();
+    queue_t *q = &s->q[SCHED_PREEMPTED];
+    if (q->n == 0)
+        q = &s->q[SCHED_PROMPTING];
+    else if (s->q[SCHED_RUNNING].n >= s->cfg.max_running)
+        return NULL;
+    for (sched_req_t *r = q->head, *next; r && budget > 0 && b->n < s->cfg.max_seqs && !stuck; r = next) {
+        next = r->next;
+        const int k = s_chunk(s, r, budget, now, &stuck);
+        if (k <= 0)
+            continue;
+        budget -= k;
+        b->rows[b->n++] = (sched_row_t){.req = r, .n_new = k,
+                                        .sample = r->state == SCHED_PROMPTING && r->n_done + k == r->target};
+    }
+    return stuck;
+}
+
+/* A request that found no room in a step that runs nothing: other part-computed prompts give their
+ * blocks back (1: try again); when none holds any and the pool holds nothing else either, it
+ * never fits and is dropped. */
+static int s_unstick(sched_t *s, sched_req_t *stuck)
+{
+    if (s_release_prompt(s, stuck))
+        return 1;
+    const int own = kvseq_n_blocks(stuck->kv);
+    if (kvpool_free_count(s->pool) + own < kvpool_n_blocks(s->pool))
+        return 0;   /* blocks held elsewhere (hand-offs, copies) come back later */
+    char why[160];
+    snprintf(why, sizeof why, "KV pool exhausted: %d tokens need more blocks than the pool has (%d)", stuck->target,
+             kvpool_n_blocks(s->pool));
+    sched_remove(s, stuck);
+    s->cfg.drop(s->cfg.ctx, stuck, why);
+    return 1;
+}
+
+const sched_batch_t *sched_step(sched_t *s)
+{
+    sched_batch_t *b = &s->batch;
+    if (!s->committed)   /* the caller's mistake: the last step's prompts would never advance */
+        LOG_E("scheduler: a step's rows were never committed");
+    b->n = b->n_decode = 0;
+    /* Waiting requests take free slots, oldest first. */
+    while (s->q[SCHED_WAITING].n && s->q[SCHED_RUNNING].n < s->cfg.max_running)
+        s_move(s, s->q[SCHED_WAITING].head, SCHED_RUNNING, "a batch slot freed");
+    s_decode_rows(s);
+    sched_req_t *stuck;
+    while ((stuck = s_prompt_rows(s)) && b->n == 0 && s_unstick(s, stuck))
+        ;
+    s->committed = b->n == 0;
+    return b;
+}
+
+void sched_commit(sched_t *s)
+{
+    sched_batch_t *b = &s->batch;
+    for (int i = 0; i < b->n; i++) {
+        sched_req_t *r = b->rows[i].req;
+        if (!r)
+            continue;
+        kvseq_publish(r->kv);
+        if (i < b->n_decode)
+            continue;
+        r->n_done += b->rows[i].n_new;
+        if (r->n_done < r->target)
+            continue;
+        s_move(s, r, s_ready_state(s), r->state == SCHED_PREEMPTED ? "recomputed" : "prompt computed");
+    }
+    s->committed = 1;
+}

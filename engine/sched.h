@@ -1,0 +1,134 @@
+/* engine/sched.h — the batch scheduler: which requests compute what in a worker's next forward.
+ *
+ * Pure logic over a KV pool (engine/kvcache.h): no sockets, no model, no backend. Used by the
+ * prefill actor (prompt chunks only) and the decode actor (continuous batching: decode rows, plus
+ * prompt chunks when it computes prompts itself).
+ *
+ * A request's life, one queue per state (each in admission order):
+ *
+ *     PROMPTING --prompt computed--> RUNNING (or WAITING while the batch is full)
+ *         |                          PROMPTED (a prompts-only worker: max_running 0)
+ *     WAITING --a batch slot freed--> RUNNING --KV pool full--> PREEMPTED --recomputed--> RUNNING
+ *
+ * and out (sched_remove) from any state. Every move goes through one function, which keeps the
+ * per-state counts and logs `request N: from -> to on event` (debug level).
+ *
+ * A step (sched_step) is: decode rows first, one token for every RUNNING request, then prompt
+ * chunks, oldest first, up to chunk_tokens tokens in all (Sarathi / vLLM chunked prefill). A
+ * PREEMPTED request is recomputed through the same chunk path as a new prompt, before any new
+ * prompt gets a chunk (new prompts would take the blocks it needs). A prompt's first chunk adopts
+ * every cached prefix block of the pool (kvseq_match_prefix). Blocks are reserved as the chunks
+ * go: a chunk is only taken when the pool keeps one free block per decode row after it, so a
+ * prompt never takes the blocks the batch it joins needs next.
+ *
+ * Out of blocks for a decode row: the owner's reclaim hook first (finished sequences it still
+ * holds), then a part-computed prompt gives its blocks back (it starts over later, reusing those
+ * still cached), then the newest running request is preempted (never the last one). A request
+ * that can never fit (alone and still out of blocks, or a prompt larger than the whole pool) is
+ * dropped through the owner's drop hook.
+ *
+ * Requests are found by id in O(1) (common/u64map); promotion and queue moves are O(1). The
+ * caller owns each sched_req_t (embedded in its own request struct), its kvseq and its tokens.
+ *
+ * Known limits: a prompt held for a fetch (sched_hold) is noticed past its deadline only when the
+ * step's chunk loop reaches it. */
+#ifndef TROUPE_ENGINE_SCHED_H
+#define TROUPE_ENGINE_SCHED_H
+
+#include <stdint.h>
+
+#include "common/u64map.h"
+#include "engine/kvcache.h"
+
+typedef enum {
+    SCHED_WAITING,     /* its KV is complete; waits for a decode slot */
+    SCHED_PROMPTING,   /* its prompt's KV is computed in chunks (held: not before hold_until_ms) */
+    SCHED_RUNNING,     /* one decode row every step */
+    SCHED_PREEMPTED,   /* its blocks were taken back; its KV is recomputed in chunks before it runs */
+    SCHED_PROMPTED,    /* prompt computed on a prompts-only worker; not scheduled (handed off) */
+    SCHED_OUT,         /* not in the scheduler */
+    SCHED_STATE_COUNT
+} sched_state_t;
+
+extern const char *const sched_state_names[SCHED_STATE_COUNT];
+
+typedef struct sched_req {
+    uint64_t id;               /* the router's request id */
+    kvseq_t *kv;               /* its tokens and blocks (the owner's; the scheduler appends) */
+    const int32_t *toks;       /* [n_toks] prompt, then generated tokens (the owner's buffer) */
+    int n_toks;                /* prompt + generated; a RUNNING request's last one is not fed yet */
+    int n_prompt;
+    int target;                /* PROMPTING / PREEMPTED: tokens the chunks compute */
+    int n_done;                /* of target, computed (-1: the prefix cache not consulted yet) */
+    int n_cached;              /* prompt tokens adopted from the prefix cache by its first chunk */
+    int started;               /* its first chunk was scheduled (or it arrived with its KV) */
+    int64_t arrived_ms;        /* sched_add_* time */
+    int64_t started_ms;        /* its first chunk's time */
+    int64_t hold_until_ms;     /* PROMPTING: skipped until then (a fetch in flight); 0 = not held */
+    uint64_t seq;              /* admission order */
+    sched_state_t state;
+    struct sched_req *prev, *next;   /* its state's queue */
+} sched_req_t;
+
+/* One row of a step: n_new tokens of req computed. */
+typedef struct sched_row {
+    sched_req_t *req;
+    int n_new;
+    int sample;                /* its logits give a token: a decode row, or the chunk ending a prompt */
+} sched_row_t;
+
+typedef struct sched_batch {
+    int n;                     /* rows */
+    int n_decode;              /* rows [0, n_decode) are decode rows (one token), then prompt chunks */
+    sched_row_t *rows;         /* [max_seqs] */
+} sched_batch_t;
+
+typedef struct sched_config {
+    int max_seqs;              /* rows per step */
+    int max_running;           /* RUNNING requests at most (0: a prompts-only worker) */
+    int chunk_tokens;          /* prompt tokens per step, every chunk together */
+    int64_t (*now_ms)(void);   /* the clock (tests give a fake one) */
+    void *ctx;                 /* the hooks' first argument */
+    /* Out of blocks: frees blocks held outside the schedule; 1 if it freed any. NULL: none. */
+    int (*reclaim)(void *ctx);
+    /* A held prompt passed its deadline and is scheduled again (the owner counts the lost wait). */
+    void (*hold_expired)(void *ctx, sched_req_t *r);
+    /* r can never run in this pool (why); it has left the scheduler: the owner replies, frees it. */
+    void (*drop)(void *ctx, sched_req_t *r, const char *why);
+} sched_config_t;
+
+typedef struct sched sched_t;
+
+/* NULL with err on a bad config or out of memory. */
+sched_t *sched_new(kvpool_t *pool, const sched_config_t *cfg, char *err, size_t errlen);
+void sched_destroy(sched_t **self_p);
+
+/* A prompt whose KV is computed here: toks[0..n_prompt), kv empty. -1 when the id is taken. */
+int sched_add_prompt(sched_t *s, sched_req_t *r, uint64_t id, kvseq_t *kv, const int32_t *toks, int n_prompt);
+/* A request arriving with its KV (a hand-off): kv holds toks[0..n_toks-1), the last token is fed
+ * by its first decode row. with_kv 0: its KV could not be taken (no room): it starts PREEMPTED,
+ * recomputed when blocks free up. n_cached: of its prompt, tokens that were cache hits. -1 when
+ * the id is taken. */
+int sched_add_running(sched_t *s, sched_req_t *r, uint64_t id, kvseq_t *kv, const int32_t *toks, int n_prompt,
+                      int n_toks, int n_cached, int with_kv);
+/* Out of the scheduler (finished, cancelled, failed); r's kv is left to the owner. */
+void sched_remove(sched_t *s, sched_req_t *r);
+sched_req_t *sched_find(const sched_t *s, uint64_t id);
+
+/* r (PROMPTING) gets no chunk before until_ms, or until sched_unhold (a prefix fetch in flight). */
+void sched_hold(sched_t *s, sched_req_t *r, int64_t until_ms);
+void sched_unhold(sched_t *s, sched_req_t *r);
+
+/* The next step's rows; tokens are appended to the rows' sequences (n == 0: nothing to run). */
+const sched_batch_t *sched_step(sched_t *s);
+/* The step's forward succeeded: its KV is published and its prompts advance (a prompt's last chunk
+ * moves it on). Call before acting on the rows; a failed forward's rows are removed instead. */
+void sched_commit(sched_t *s);
+
+int sched_count(const sched_t *s, sched_state_t st);
+/* Its state's queue, oldest first (r must not be removed while it is the cursor). */
+sched_req_t *sched_first(const sched_t *s, sched_state_t st);
+static inline sched_req_t *sched_next(const sched_req_t *r) { return r->next; }
+uint64_t sched_preemptions(const sched_t *s);
+
+#endif

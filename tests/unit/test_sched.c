@@ -1,0 +1,471 @@
+/* tests/unit/test_sched.c — the batch scheduler (engine/sched.h) on a bookkeeping-only KV pool (no
+ * KV memory) and a fake clock: admission order, the step's token budget, decode rows before prompt
+ * chunks, prefix reuse, preemption and resume through the chunk path, prompts larger than the
+ * pool, fairness between old and new prompts, holds, promotion, prompts-only workers, no leaks.
+ * No model and no processes: a step's "forward" is the commit, and a sampled row's token is made
+ * up by the test. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "engine/sched.h"
+
+enum { MAX_REQ = 16, MAX_TOKS = 512 };
+
+typedef struct req {
+    sched_req_t sr;            /* first: the scheduler's pointer is the request's */
+    kvseq_t *kv;
+    int32_t toks[MAX_TOKS];
+    int dropped;
+    char why[160];
+} req_t;
+
+typedef struct fix {
+    kvpool_t *pool;
+    sched_t *s;
+    req_t req[MAX_REQ];
+    int n_drops, n_reclaims, n_expired;
+    int reclaim_frees;         /* blocks the reclaim hook frees once (from reclaim_kv) */
+    kvseq_t *reclaim_kv;
+} fix_t;
+
+static int64_t s_clock;
+static fix_t *s_fx;
+static int64_t s_now(void) { return s_clock; }
+
+static void s_drop(void *ctx, sched_req_t *sr, const char *why)
+{
+    fix_t *f = ctx;
+    req_t *r = (req_t *)sr;
+    r->dropped = 1;
+    snprintf(r->why, sizeof r->why, "%s", why);
+    f->n_drops++;
+}
+
+static int s_reclaim(void *ctx)
+{
+    fix_t *f = ctx;
+    f->n_reclaims++;
+    if (!f->reclaim_kv)
+        return 0;
+    kvseq_destroy(&f->reclaim_kv);
+    return 1;
+}
+
+static void s_expired(void *ctx, sched_req_t *r)
+{
+    fix_t *f = ctx;
+    f->n_expired++;
+}
+
+static fix_t *s_fix(int n_blocks, int block_size, int max_seqs, int max_running, int chunk_tokens)
+{
+    static fix_t f;
+    char err[256];
+    memset(&f, 0, sizeof f);
+    s_clock = 1000;
+    f.pool = kvpool_new(n_blocks, block_size, 1, 1, 8, DT_F32, NULL, err, sizeof err);
+    assert_non_null(f.pool);
+    sched_config_t cfg = {.max_seqs = max_seqs, .max_running = max_running, .chunk_tokens = chunk_tokens,
+                          .now_ms = s_now, .ctx = &f, .reclaim = s_reclaim, .hold_expired = s_expired, .drop = s_drop};
+    f.s = sched_new(f.pool, &cfg, err, sizeof err);
+    assert_non_null(f.s);
+    s_fx = &f;
+    return &f;
+}
+
+static void s_unfix(fix_t *f)
+{
+    for (int i = 0; i < MAX_REQ; i++) {
+        if (f->req[i].kv && !f->req[i].dropped && f->req[i].sr.state != SCHED_OUT)
+            sched_remove(f->s, &f->req[i].sr);
+        kvseq_destroy(&f->req[i].kv);
+    }
+    kvseq_destroy(&f->reclaim_kv);
+    /* Nothing leaked: every block is back. */
+    assert_int_equal(kvpool_free_count(f->pool), kvpool_n_blocks(f->pool));
+    sched_destroy(&f->s);
+    assert_null(f->s);
+    kvpool_destroy(&f->pool);
+}
+
+/* Request i with a prompt of n tokens (token j of request i: 100 * i + j + 1, so prompts differ
+ * unless `base` says otherwise). */
+static req_t *s_prompt(fix_t *f, int i, int n, int base)
+{
+    req_t *r = &f->req[i];
+    r->kv = kvseq_new(f->pool, MAX_TOKS, 0);
+    assert_non_null(r->kv);
+    for (int j = 0; j < n; j++)
+        r->toks[j] = (int32_t)(100 * base + j + 1);
+    assert_int_equal(sched_add_prompt(f->s, &r->sr, (uint64_t)i + 1, r->kv, r->toks, n), 0);
+    return r;
+}
+
+/* A hand-off: prompt of n tokens whose KV is in the pool, plus its first token (not fed yet). */
+static req_t *s_handoff(fix_t *f, int i, int n)
+{
+    req_t *r = &f->req[i];
+    r->kv = kvseq_new(f->pool, MAX_TOKS, 0);
+    for (int j = 0; j <= n; j++)
+        r->toks[j] = (int32_t)(100 * i + j + 1);
+    assert_int_equal(kvseq_append(r->kv, r->toks, n), 0);
+    kvseq_publish(r->kv);
+    assert_int_equal(sched_add_running(f->s, &r->sr, (uint64_t)i + 1, r->kv, r->toks, n, n + 1, 0, 1), 0);
+    return r;
+}
+
+/* One step: its rows written as "id:n_new[d|s]" (d decode row, s a sampled prompt chunk),
+ * committed, and every sampled row given a next token, as an actor's emit would. */
+static const char *s_step(fix_t *f)
+{
+    static char out[512];
+    const sched_batch_t *b = sched_step(f->s);
+    size_t len = 0;
+    out[0] = 0;
+    for (int i = 0; i < b->n; i++) {
+        const sched_row_t *row = &b->rows[i];
+        assert_int_equal(i < b->n_decode, row->n_new == 1 && row->req->state == SCHED_RUNNING);
+        len += (size_t)snprintf(out + len, sizeof out - len, "%s%llu:%d%s", i ? " " : "",
+                                (unsigned long long)row->req->id, row->n_new,
+                                i < b->n_decode ? "d" : row->sample ? "s" : "");
+    }
+    sched_commit(f->s);
+    for (int i = 0; i < b->n; i++) {
+        sched_req_t *sr = b->rows[i].req;
+        if (b->rows[i].sample) {
+            req_t *r = (req_t *)sr;
+            r->toks[sr->n_toks] = 7000 + sr->n_toks;
+            sr->n_toks++;
+        }
+    }
+    return out;
+}
+
+/* Prompts are scheduled oldest first, each whole when the budget allows; a computed prompt runs
+ * as a decode row from the next step on, and decode rows come before prompt chunks. */
+static void test_admission_order(void **st)
+{
+    fix_t *f = s_fix(64, 4, 8, 8, 8);
+    s_prompt(f, 0, 8, 0);
+    s_prompt(f, 1, 8, 1);
+    s_prompt(f, 2, 8, 2);
+    assert_int_equal(sched_count(f->s, SCHED_PROMPTING), 3);
+    assert_string_equal(s_step(f), "1:8s");
+    assert_int_equal(f->req[0].sr.state, SCHED_RUNNING);
+    assert_string_equal(s_step(f), "1:1d 2:8s");
+    assert_string_equal(s_step(f), "1:1d 2:1d 3:8s");
+    assert_string_equal(s_step(f), "1:1d 2:1d 3:1d");
+    assert_int_equal(sched_count(f->s, SCHED_RUNNING), 3);
+    /* A running request's KV covers every token but its newest. */
+    assert_int_equal(kvseq_len(f->req[0].kv), f->req[0].sr.n_toks - 1);
+    assert_memory_equal(kvseq_tokens(f->req[0].kv), f->req[0].toks, (size_t)kvseq_len(f->req[0].kv) * 4);
+    s_unfix(f);
+}
+
+/* chunk_tokens bounds the prompt tokens of a step, all chunks together; decode rows are outside
+ * it; max_seqs bounds the rows. */
+static void test_budget(void **st)
+{
+    fix_t *f = s_fix(64, 4, 3, 3, 10);
+    s_prompt(f, 0, 25, 0);
+    s_prompt(f, 1, 7, 1);
+    assert_string_equal(s_step(f), "1:10");
+    assert_string_equal(s_step(f), "1:10");
+    assert_string_equal(s_step(f), "1:5s 2:5");
+    assert_string_equal(s_step(f), "1:1d 2:2s");
+    s_prompt(f, 2, 30, 2);
+    s_prompt(f, 3, 30, 3);
+    /* Two decode rows leave one row of three for a prompt chunk: request 4 waits. */
+    assert_string_equal(s_step(f), "1:1d 2:1d 3:10");
+    assert_int_equal(f->req[3].sr.n_done, -1);
+    s_unfix(f);
+}
+
+/* A prompt's first chunk adopts the pool's cached prefix blocks (never the whole prompt), and
+ * n_cached says how many tokens that saved. */
+static void test_prefix_reuse(void **st)
+{
+    fix_t *f = s_fix(64, 4, 8, 8, 64);
+    req_t *a = s_prompt(f, 0, 12, 5);
+    assert_string_equal(s_step(f), "1:12s");
+    sched_remove(f->s, &a->sr);
+    kvseq_destroy(&a->kv);   /* its published blocks stay cached */
+    req_t *b = s_prompt(f, 1, 16, 5);   /* the same 12 tokens, and 4 more */
+    assert_string_equal(s_step(f), "2:4s");
+    assert_int_equal(b->sr.n_cached, 12);
+    req_t *c = s_prompt(f, 2, 12, 5);   /* all of it cached: the last block is computed again */
+    assert_string_equal(s_step(f), "2:1d 3:4s");
+    assert_int_equal(c->sr.n_cached, 8);
+    s_unfix(f);
+}
+
+/* Out of blocks, the newest running request is preempted (its blocks freed); it comes back
+ * through prompt chunks (rows after the decode rows, their logits unused), recomputing every
+ * token but its newest, before any new prompt gets a chunk; then it runs again with its tokens. */
+static void test_preempt_and_resume(void **st)
+{
+    fix_t *f = s_fix(6, 4, 4, 4, 16);
+    req_t *a = s_handoff(f, 0, 7);   /* 2 blocks each, the 8th token next */
+    req_t *b = s_handoff(f, 1, 7);
+    assert_string_equal(s_step(f), "1:1d 2:1d");   /* tokens 8: still 2 blocks */
+    assert_int_equal(kvpool_free_count(f->pool), 2);
+    assert_string_equal(s_step(f), "1:1d 2:1d");   /* tokens 9: a third block each */
+    assert_int_equal(kvpool_free_count(f->pool), 0);
+    for (int i = 0; i < 3; i++)
+        s_step(f);                                  /* tokens 10..12 */
+    assert_int_equal(sched_preemptions(f->s), 0);
+    /* Token 13 needs a fourth block each: request 2 (the newest) gives its 3 back. */
+    assert_string_equal(s_step(f), "1:1d");
+    assert_int_equal(sched_preemptions(f->s), 1);
+    assert_int_equal(b->sr.state, SCHED_PREEMPTED);
+    assert_int_equal(b->sr.target, b->sr.n_toks - 1);
+    /* Its recompute began in the same step: it adopted what of its blocks is still cached (not
+     * the one request 1 took) and found no room for the rest. */
+    assert_true(b->sr.n_done >= 0 && b->sr.n_done < 12 && b->sr.n_done % 4 == 0);
+    assert_int_equal(kvseq_n_blocks(b->kv), b->sr.n_done / 4);
+    assert_true(f->n_reclaims > 0);   /* the owner was asked first */
+    /* Its recompute does not fit yet (the block request 1 took was one of its cached ones), and a
+     * new prompt that would fit waits behind it. */
+    s_prompt(f, 2, 4, 2);
+    assert_string_equal(s_step(f), "1:1d");
+    assert_int_equal(f->req[2].sr.n_done, -1);
+    /* Request 1 leaves: the rest of request 2's 12 tokens are recomputed in one chunk (its logits
+     * unused: its next token is the one it had). */
+    sched_remove(f->s, &a->sr);
+    kvseq_destroy(&a->kv);
+    char want[32];
+    snprintf(want, sizeof want, "2:%d", 12 - b->sr.n_done);
+    assert_string_equal(s_step(f), want);
+    assert_int_equal(b->sr.state, SCHED_RUNNING);
+    assert_int_equal(kvseq_len(b->kv), b->sr.n_toks - 1);
+    assert_memory_equal(kvseq_tokens(b->kv), b->toks, (size_t)kvseq_len(b->kv) * 4);
+    assert_string_equal(s_step(f), "2:1d 3:4s");
+    s_unfix(f);
+}
+
+/* A prompt larger than the whole pool is dropped with a reason (never waits forever); one that
+ * fills the pool exactly is dropped when, alone, its first decode token finds no block. */
+static void test_prompt_larger_than_pool(void **st)
+{
+    fix_t *f = s_fix(4, 4, 4, 4, 64);
+    req_t *big = s_prompt(f, 0, 17, 0);
+    req_t *ok = s_prompt(f, 1, 4, 1);
+    assert_string_equal(s_step(f), "2:4s");
+    assert_true(big->dropped);
+    assert_non_null(strstr(big->why, "more than the pool has"));
+    assert_null(sched_find(f->s, 1));
+    assert_int_equal(sched_count(f->s, SCHED_PROMPTING), 0);
+    sched_remove(f->s, &ok->sr);
+    kvseq_destroy(&ok->kv);
+    req_t *full = s_prompt(f, 2, 16, 2);
+    assert_string_equal(s_step(f), "3:16s");
+    assert_string_equal(s_step(f), "");
+    assert_true(full->dropped);
+    assert_non_null(strstr(full->why, "KV pool exhausted at 16 tokens"));
+    assert_int_equal(f->n_drops, 2);
+    s_unfix(f);
+}
+
+/* An old prompt being chunked keeps the budget while new ones arrive at every step: nothing
+ * newer overtakes it, and the next oldest follows it. */
+static void test_fairness_old_before_new(void **st)
+{
+    fix_t *f = s_fix(128, 4, 8, 8, 8);
+    s_prompt(f, 0, 40, 0);
+    const char *want[] = {"1:8", "1:8", "1:8", "1:8", "1:8s"};
+    for (int i = 0; i < 5; i++) {
+        s_prompt(f, 1 + i, 8, 1 + i);
+        s_clock += 10;
+        assert_string_equal(s_step(f), want[i]);
+    }
+    assert_string_equal(s_step(f), "1:1d 2:8s");
+    assert_string_equal(s_step(f), "1:1d 2:1d 3:8s");
+    s_unfix(f);
+}
+
+/* The oldest prompt that finds no room keeps its turn: a newer one that would fit waits too
+ * (else a stream of small prompts starves a large one); one free block per decode row stays free. */
+static void test_stuck_oldest_keeps_turn(void **st)
+{
+    fix_t *f = s_fix(8, 4, 8, 8, 64);
+    s_handoff(f, 0, 8);   /* 2 blocks now, a third for its 9th token */
+    s_handoff(f, 1, 8);
+    assert_string_equal(s_step(f), "1:1d 2:1d");   /* 2 blocks free */
+    req_t *big = s_prompt(f, 2, 8, 2);   /* needs 2: 0 left for 2 decode rows */
+    req_t *small = s_prompt(f, 3, 4, 3);
+    assert_string_equal(s_step(f), "1:1d 2:1d");
+    assert_int_equal(big->sr.n_done, 0);
+    assert_int_equal(kvseq_n_blocks(big->kv), 0);
+    assert_int_equal(small->sr.n_done, -1);
+    /* A running request leaves: the oldest prompt goes first. */
+    sched_remove(f->s, &f->req[0].sr);
+    kvseq_destroy(&f->req[0].kv);
+    assert_string_equal(s_step(f), "2:1d 3:8s 4:4s");
+    s_unfix(f);
+}
+
+/* A held prompt (a fetch in flight) is skipped, the others go on; past its deadline (the fake
+ * clock) the owner is told and it is scheduled; an unheld one goes at once. */
+static void test_hold(void **st)
+{
+    fix_t *f = s_fix(64, 4, 8, 8, 64);
+    req_t *a = s_prompt(f, 0, 4, 0);
+    req_t *b = s_prompt(f, 1, 4, 1);
+    req_t *c = s_prompt(f, 2, 4, 2);
+    sched_hold(f->s, &a->sr, s_clock + 100);
+    sched_hold(f->s, &c->sr, s_clock + 100);
+    assert_string_equal(s_step(f), "2:4s");
+    sched_unhold(f->s, &c->sr);
+    assert_string_equal(s_step(f), "2:1d 3:4s");
+    assert_int_equal(f->n_expired, 0);
+    s_clock += 101;
+    assert_string_equal(s_step(f), "2:1d 3:1d 1:4s");
+    assert_int_equal(f->n_expired, 1);
+    assert_int_equal(b->sr.state, SCHED_RUNNING);
+    s_unfix(f);
+}
+
+/* Beyond max_running, requests with their KV wait; a freed slot takes the oldest waiting one
+ * (not the newest), and the counts follow every move. */
+static void test_waiting_promotion(void **st)
+{
+    fix_t *f = s_fix(64, 4, 4, 2, 16);
+    s_handoff(f, 0, 4);
+    s_handoff(f, 1, 4);
+    s_handoff(f, 2, 4);
+    s_handoff(f, 3, 4);
+    assert_int_equal(sched_count(f->s, SCHED_RUNNING), 2);
+    assert_int_equal(sched_count(f->s, SCHED_WAITING), 2);
+    assert_string_equal(s_step(f), "1:1d 2:1d");
+    sched_remove(f->s, &f->req[0].sr);
+    assert_int_equal(sched_count(f->s, SCHED_RUNNING), 1);
+    assert_string_equal(s_step(f), "2:1d 3:1d");
+    assert_int_equal(sched_count(f->s, SCHED_WAITING), 1);
+    assert_int_equal(f->req[3].sr.state, SCHED_WAITING);
+    s_unfix(f);
+}
+
+/* Requests are found by id (id 0 too); an id already there is refused; a removed one is gone. */
+static void test_find_by_id(void **st)
+{
+    fix_t *f = s_fix(256, 4, 8, 8, 8);
+    for (int i = 0; i < 12; i++)
+        s_prompt(f, i, 4, i);
+    for (int i = 0; i < 12; i++)
+        assert_ptr_equal(sched_find(f->s, (uint64_t)i + 1), &f->req[i].sr);
+    req_t dup = {0};
+    assert_int_equal(sched_add_prompt(f->s, &dup.sr, 5, f->req[4].kv, dup.toks, 4), -1);
+    assert_ptr_equal(sched_find(f->s, 5), &f->req[4].sr);
+    req_t *z = &f->req[12];
+    z->kv = kvseq_new(f->pool, MAX_TOKS, 0);
+    z->toks[0] = 1;
+    assert_null(sched_find(f->s, 0));
+    assert_int_equal(sched_add_prompt(f->s, &z->sr, 0, z->kv, z->toks, 1), 0);
+    assert_ptr_equal(sched_find(f->s, 0), &z->sr);
+    sched_remove(f->s, &f->req[4].sr);
+    assert_null(sched_find(f->s, 5));
+    assert_int_equal(f->req[4].sr.state, SCHED_OUT);
+    assert_int_equal(sched_count(f->s, SCHED_PROMPTING), 12);
+    sched_remove(f->s, &z->sr);
+    assert_null(sched_find(f->s, 0));
+    s_unfix(f);
+}
+
+/* A decode row out of blocks takes a part-computed prompt's blocks before it preempts a running
+ * request, and the owner's reclaim hook goes before both. */
+static void test_prompt_gives_back_first(void **st)
+{
+    fix_t *f = s_fix(6, 4, 4, 4, 8);
+    s_handoff(f, 0, 8);                       /* 2 blocks, a third for its next token */
+    s_handoff(f, 1, 4);                       /* 1 block, a second for its next token */
+    req_t *p = s_prompt(f, 2, 16, 2);
+    assert_string_equal(s_step(f), "1:1d 2:1d");   /* 5 blocks used: no room for the prompt */
+    sched_remove(f->s, &f->req[1].sr);
+    kvseq_destroy(&f->req[1].kv);
+    assert_string_equal(s_step(f), "1:1d 3:8");    /* 4 free - 2 needed >= 1 row */
+    assert_int_equal(kvseq_n_blocks(p->kv), 2);
+    for (int i = 0; i < 2; i++)
+        s_step(f);                                  /* the prompt waits, request 1 reaches 12 */
+    assert_int_equal(kvpool_free_count(f->pool), 1);
+    /* Token 13 of request 1: the reclaim hook frees a held sequence's block first. */
+    f->reclaim_kv = kvseq_new(f->pool, 8, 0);
+    int32_t t[4] = {1, 2, 3, 4};
+    assert_int_equal(kvseq_append(f->reclaim_kv, t, 4), 0);
+    assert_int_equal(kvpool_free_count(f->pool), 0);
+    assert_string_equal(s_step(f), "1:1d");
+    assert_null(f->reclaim_kv);
+    assert_int_equal(kvseq_n_blocks(p->kv), 2);
+    /* Token 17: nothing to reclaim; the prompt gives its 2 blocks back, nobody is preempted. */
+    for (int i = 0; i < 4; i++)
+        s_step(f);
+    assert_true(p->sr.n_done < 8);   /* it lost what it had computed (but what is still cached) */
+    assert_true(kvseq_n_blocks(p->kv) < 2);
+    assert_int_equal(sched_preemptions(f->s), 0);
+    assert_int_equal(f->req[0].sr.state, SCHED_RUNNING);
+    s_unfix(f);
+}
+
+/* A prompts-only worker (max_running 0, the prefill actor): a computed prompt leaves the queues
+ * (PROMPTED, still found by id, its KV kept) and gets no decode rows. */
+static void test_prompts_only(void **st)
+{
+    fix_t *f = s_fix(64, 4, 8, 0, 8);
+    req_t *a = s_prompt(f, 0, 12, 0);
+    s_prompt(f, 1, 4, 1);
+    assert_string_equal(s_step(f), "1:8");
+    assert_string_equal(s_step(f), "1:4s 2:4s");
+    assert_int_equal(a->sr.state, SCHED_PROMPTED);
+    assert_int_equal(sched_count(f->s, SCHED_PROMPTED), 2);
+    assert_ptr_equal(sched_first(f->s, SCHED_PROMPTED), &a->sr);
+    assert_ptr_equal(sched_next(&a->sr), &f->req[1].sr);
+    assert_string_equal(s_step(f), "");
+    assert_int_equal(kvseq_len(a->kv), 12);
+    assert_ptr_equal(sched_find(f->s, 1), &a->sr);
+    s_unfix(f);
+}
+
+/* Nothing runs and the prompt that found no room is blocked by another part-computed prompt's
+ * blocks: that one gives them back, and the older goes on (no deadlock between two halves). */
+static void test_two_half_prompts_no_deadlock(void **st)
+{
+    fix_t *f = s_fix(4, 4, 4, 4, 8);
+    req_t *a = s_prompt(f, 0, 16, 0);
+    req_t *b = s_prompt(f, 1, 16, 1);
+    assert_string_equal(s_step(f), "1:8");
+    /* Make b part-computed ahead of a: a waits for a fetch meanwhile. */
+    sched_hold(f->s, &a->sr, s_clock + 1000);
+    assert_string_equal(s_step(f), "2:8");
+    sched_unhold(f->s, &a->sr);
+    assert_int_equal(kvpool_free_count(f->pool), 0);
+    assert_string_equal(s_step(f), "1:8s");
+    assert_int_equal(kvseq_n_blocks(b->kv), 0);
+    assert_int_equal(b->sr.n_done, -1);
+    assert_int_equal(f->n_drops, 0);
+    s_unfix(f);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_admission_order),
+        cmocka_unit_test(test_budget),
+        cmocka_unit_test(test_prefix_reuse),
+        cmocka_unit_test(test_preempt_and_resume),
+        cmocka_unit_test(test_prompt_larger_than_pool),
+        cmocka_unit_test(test_fairness_old_before_new),
+        cmocka_unit_test(test_stuck_oldest_keeps_turn),
+        cmocka_unit_test(test_hold),
+        cmocka_unit_test(test_waiting_promotion),
+        cmocka_unit_test(test_find_by_id),
+        cmocka_unit_test(test_prompt_gives_back_first),
+        cmocka_unit_test(test_prompts_only),
+        cmocka_unit_test(test_two_half_prompts_no_deadlock),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
