@@ -137,15 +137,15 @@ static sched_state_t s_ready_state(const sched_t *s)
 }
 
 int sched_add_running(sched_t *s, sched_req_t *r, uint64_t id, kvseq_t *kv, const int32_t *toks, int n_prompt,
-                      int n_toks, int n_cached, int with_kv)
+                      int n_cached, int with_kv)
 {
-    if (s_add(s, r, id, kv, toks, n_prompt, n_toks) != 0)
+    if (s_add(s, r, id, kv, toks, n_prompt, n_prompt) != 0)
         return -1;
     r->started = 1;
     r->n_cached = n_cached;
     r->started_ms = r->arrived_ms;
     if (!with_kv) {
-        r->target = n_toks - 1;
+        r->target = n_prompt;   /* its first token, appended next, is fed by its first decode row */
         s->preemptions++;
         s_move(s, r, SCHED_PREEMPTED, "hand-off without room for its KV");
     } else {
@@ -173,6 +173,14 @@ void sched_unhold(sched_t *s, sched_req_t *r) { r->hold_until_ms = 0; }
 int sched_count(const sched_t *s, sched_state_t st) { return st < SCHED_OUT ? s->q[st].n : 0; }
 sched_req_t *sched_first(const sched_t *s, sched_state_t st) { return st < SCHED_OUT ? s->q[st].head : NULL; }
 uint64_t sched_preemptions(const sched_t *s) { return s->preemptions; }
+
+int sched_size(const sched_t *s)
+{
+    int n = 0;
+    for (int i = 0; i < SCHED_OUT; i++)
+        n += s->q[i].n;
+    return n;
+}
 
 static int s_blocks_for(const sched_t *s, int tokens)
 {

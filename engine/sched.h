@@ -56,7 +56,8 @@ typedef struct sched_req {
     uint64_t id;               /* the router's request id */
     kvseq_t *kv;               /* its tokens and blocks (the owner's; the scheduler appends) */
     const int32_t *toks;       /* [n_toks] prompt, then generated tokens (the owner's buffer) */
-    int n_toks;                /* prompt + generated; a RUNNING request's last one is not fed yet */
+    int n_toks;                /* prompt + generated (the owner appends); a RUNNING request's last
+                                * one is not fed yet */
     int n_prompt;
     int target;                /* PROMPTING / PREEMPTED: tokens the chunks compute */
     int n_done;                /* of target, computed (-1: the prefix cache not consulted yet) */
@@ -105,12 +106,14 @@ void sched_destroy(sched_t **self_p);
 
 /* A prompt whose KV is computed here: toks[0..n_prompt), kv empty. -1 when the id is taken. */
 int sched_add_prompt(sched_t *s, sched_req_t *r, uint64_t id, kvseq_t *kv, const int32_t *toks, int n_prompt);
-/* A request arriving with its KV (a hand-off): kv holds toks[0..n_toks-1), the last token is fed
- * by its first decode row. with_kv 0: its KV could not be taken (no room): it starts PREEMPTED,
- * recomputed when blocks free up. n_cached: of its prompt, tokens that were cache hits. -1 when
- * the id is taken. */
+/* A request arriving with its KV (a hand-off): kv holds toks[0..n_prompt); the caller appends its
+ * first token (toks[n_prompt], n_toks++) before the next step, which feeds it. with_kv 0: its KV
+ * could not be taken (no room): it starts PREEMPTED, recomputed when blocks free up. n_cached: of
+ * its prompt, tokens that were cache hits. -1 when the id is taken. */
 int sched_add_running(sched_t *s, sched_req_t *r, uint64_t id, kvseq_t *kv, const int32_t *toks, int n_prompt,
-                      int n_toks, int n_cached, int with_kv);
+                      int n_cached, int with_kv);
+/* A computed prompt (PROMPTING -> RUNNING / WAITING) has n_toks == kvseq_len: the caller appends
+ * its first token (from the prompt's last chunk) the same way. */
 /* Out of the scheduler (finished, cancelled, failed); r's kv is left to the owner. */
 void sched_remove(sched_t *s, sched_req_t *r);
 sched_req_t *sched_find(const sched_t *s, uint64_t id);
@@ -126,6 +129,7 @@ const sched_batch_t *sched_step(sched_t *s);
 void sched_commit(sched_t *s);
 
 int sched_count(const sched_t *s, sched_state_t st);
+int sched_size(const sched_t *s);   /* requests in the scheduler, every state */
 /* Its state's queue, oldest first (r must not be removed while it is the cursor). */
 sched_req_t *sched_first(const sched_t *s, sched_state_t st);
 static inline sched_req_t *sched_next(const sched_req_t *r) { return r->next; }

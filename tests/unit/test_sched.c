@@ -116,7 +116,8 @@ static req_t *s_handoff(fix_t *f, int i, int n)
         r->toks[j] = (int32_t)(100 * i + j + 1);
     assert_int_equal(kvseq_append(r->kv, r->toks, n), 0);
     kvseq_publish(r->kv);
-    assert_int_equal(sched_add_running(f->s, &r->sr, (uint64_t)i + 1, r->kv, r->toks, n, n + 1, 0, 1), 0);
+    assert_int_equal(sched_add_running(f->s, &r->sr, (uint64_t)i + 1, r->kv, r->toks, n, 0, 1), 0);
+    r->sr.n_toks++;
     return r;
 }
 
@@ -450,6 +451,30 @@ static void test_two_half_prompts_no_deadlock(void **st)
     s_unfix(f);
 }
 
+/* A hand-off that found no room for its KV starts PREEMPTED: its prompt is computed through the
+ * chunk path (no token sampled from it), then its first token is fed by a decode row. */
+static void test_handoff_without_room(void **st)
+{
+    fix_t *f = s_fix(16, 4, 4, 4, 4);
+    req_t *r = &f->req[0];
+    r->kv = kvseq_new(f->pool, MAX_TOKS, 0);
+    for (int j = 0; j < 10; j++)
+        r->toks[j] = j + 1;
+    assert_int_equal(sched_add_running(f->s, &r->sr, 1, r->kv, r->toks, 9, 0, 0), 0);
+    r->sr.n_toks++;   /* its first token, from the prefill worker */
+    assert_int_equal(r->sr.state, SCHED_PREEMPTED);
+    assert_int_equal(sched_preemptions(f->s), 1);
+    assert_int_equal(sched_size(f->s), 1);
+    assert_string_equal(s_step(f), "1:4");
+    assert_string_equal(s_step(f), "1:4");
+    assert_string_equal(s_step(f), "1:1");
+    assert_int_equal(r->sr.state, SCHED_RUNNING);
+    assert_int_equal(r->sr.n_toks, 10);   /* nothing sampled from the recompute */
+    assert_string_equal(s_step(f), "1:1d");
+    assert_memory_equal(kvseq_tokens(r->kv), r->toks, 10 * 4);
+    s_unfix(f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -466,6 +491,7 @@ int main(void)
         cmocka_unit_test(test_prompt_gives_back_first),
         cmocka_unit_test(test_prompts_only),
         cmocka_unit_test(test_two_half_prompts_no_deadlock),
+        cmocka_unit_test(test_handoff_without_room),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
