@@ -6,7 +6,7 @@
 const char *dtype_name(dtype_t t)
 {
     static const char *const names[] = {"f32", "bf16", "f16", "fp8"};
-    return t < DT_COUNT ? names[t] : "?";
+    return t < DT_COUNT ? names[t] : t == DT_I8 ? "i8" : t == DT_U8 ? "u8" : t == DT_I32 ? "i32" : t == DT_I64 ? "i64" : "?";
 }
 
 int dtype_parse(const char *s, dtype_t *out)

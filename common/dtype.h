@@ -9,11 +9,16 @@
 
 /* DT_F8E4M3 (OCP FP8 E4M3, "e4m3fn": 4 exponent bits, 3 mantissa bits, finite to +-448, one NaN
  * pattern per sign) is a KV cache type only: weights and activations are f32, bf16 or f16, the
- * first DT_WEIGHT_COUNT types. */
-typedef enum { DT_F32 = 0, DT_BF16, DT_F16, DT_F8E4M3, DT_COUNT } dtype_t;
+ * first DT_WEIGHT_COUNT types. The storage types past DT_COUNT (DT_I8, DT_U8, DT_I32, DT_I64) are only the
+ * bytes of quantized weights as a checkpoint stores them (engine/quant.h), never a KV, weight or
+ * activation type: every check against DT_COUNT refuses them. */
+typedef enum { DT_F32 = 0, DT_BF16, DT_F16, DT_F8E4M3, DT_COUNT, DT_I8 = 16, DT_U8, DT_I32, DT_I64 } dtype_t;
 #define DT_WEIGHT_COUNT DT_F8E4M3
 
-static inline size_t dtype_size(dtype_t t) { return t == DT_F32 ? 4 : t == DT_F8E4M3 ? 1 : 2; }
+static inline size_t dtype_size(dtype_t t)
+{
+    return t == DT_I64 ? 8 : t == DT_F32 || t == DT_I32 ? 4 : t == DT_F8E4M3 || t == DT_I8 || t == DT_U8 ? 1 : 2;
+}
 const char *dtype_name(dtype_t t);               /* "f32", "bf16", "f16", "fp8" */
 /* Weight types: f32/float32/F32, bf16/bfloat16/BF16, f16/float16/F16; -1 otherwise (fp8 too). */
 int dtype_parse(const char *s, dtype_t *out);

@@ -471,6 +471,11 @@ int config_parse(const char *json, size_t len, const char *name_for_errors, mode
         cfg->n_eos = 1;
     }
     s_gen_defaults(cfg);
+    /* Quantized weights (engine/quant.h): refused here, naming the field, when unsupported. */
+    char qwhere[300];
+    snprintf(qwhere, sizeof qwhere, "%s: quantization_config", file);
+    if (quant_config_parse(json_object_get(root, "quantization_config"), qwhere, &cfg->quant, err, errlen) < 0)
+        goto out;
     rc = 0;
 out:
     json_decref(root);

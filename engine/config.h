@@ -16,6 +16,7 @@
 #include <stddef.h>
 
 #include "common/dtype.h"
+#include "engine/quant.h"
 
 typedef enum { ARCH_LLAMA, ARCH_QWEN3, ARCH_QWEN3_MOE, ARCH_MIXTRAL, ARCH_COUNT } model_arch_t;
 typedef enum { ROPE_DEFAULT, ROPE_LLAMA3, ROPE_LINEAR } rope_kind_t;
@@ -42,6 +43,7 @@ typedef struct model_config {
         int top_k;                /* 0 = off */
         int max_new_tokens;       /* 0 = not set */
     } gen;                        /* generation_config.json defaults, or HF's defaults when absent */
+    quant_config_t quant;         /* quantization_config (engine/quant.h); quant.present 0 = plain weights */
 } model_config_t;
 
 /* Reads config.json (required) and generation_config.json (optional) from model_dir. */

@@ -49,6 +49,9 @@ typedef struct model_opts {
                                      can make them in place (fill_dummy); same bits, for tests */
     int no_graphs;                /* 1: decode steps never replayed from a backend graph (CUDA graphs);
                                      same bits, for tests and measurements */
+    int quantize;                 /* online quantization of a plain checkpoint at load (model.quantization):
+                                     0 none, else BK_Q_* (engine/quant.h: fp8 and int8 W8A8 per channel
+                                     with dynamic per-token activations, int4 group 128, nvfp4) */
 } model_opts_t;
 
 /* One sequence's part of a step. */

@@ -78,6 +78,17 @@ struct model {
     int64_t prof_calls[MODEL_PROF_SLOTS];
 };
 
+/* model_load.c's placement helpers, shared with model_quant.c: a device buffer freed at destroy
+ * (NULL with err naming `what`), and a weight_put pointer released at destroy (-1: released now). */
+void *model_alloc(model_t *m, size_t bytes, const char *what, char *err, size_t errlen);
+int model_keep_weight(model_t *m, const void *dev, char *err, size_t errlen);
+/* Quantized weights (engine/model_quant.c). model_quant_of: 1 when the 2-D weight `name` is loaded
+ * quantized (the checkpoint's quantization_config, or online quantization at load), else 0.
+ * model_qmat: loads it so (codes, f32 scales), or quantizes the plain tensor; errors name the tensor. */
+int model_quant_of(const model_t *m, const ckpt_t *ck, const char *name);
+int model_qmat(model_t *m, ckpt_t *ck, bk_mat_t *out, const char *name, int64_t rows, int64_t cols, char *err,
+               size_t errlen);
+
 /* Frees every decode-step graph (forward.c). */
 void model_graphs_drop(model_t *m);
 

@@ -32,7 +32,23 @@ static void *s_track(model_t *m, void *p)
     return p;
 }
 
-static void *s_alloc(model_t *m, size_t bytes, const char *what, char *err, size_t errlen)
+int model_keep_weight(model_t *m, const void *dev, char *err, size_t errlen)
+{
+    if (m->n_weights == m->cap_weights) {
+        int cap = m->cap_weights ? 2 * m->cap_weights : 256;
+        const void **w = realloc(m->weights, (size_t)cap * sizeof(*w));
+        if (!w) {
+            m->be->ops->weight_release(m->be, dev);
+            return errf(err, errlen, "%s: out of memory", m->where);
+        }
+        m->weights = w;
+        m->cap_weights = cap;
+    }
+    m->weights[m->n_weights++] = dev;
+    return 0;
+}
+
+void *model_alloc(model_t *m, size_t bytes, const char *what, char *err, size_t errlen)
 {
     void *p = s_track(m, m->be->ops->alloc(m->be, bytes ? bytes : 64));
     if (!p)
@@ -64,7 +80,7 @@ static const tensor_view_t *s_expect(model_t *m, ckpt_t *ck, const char *name, i
                    : ckpt_expect(ck, name, ndim, shape, err, errlen);
 }
 
-/* A 2-D weight [rows][cols] made resident as it is stored. */
+/* A 2-D weight [rows][cols] made resident as it is stored (or quantized: engine/model_quant.inc). */
 static int s_mat(model_t *m, ckpt_t *ck, bk_mat_t *out, int64_t rows, int64_t cols, char *err, size_t errlen,
                  const char *fmt, ...) __attribute__((format(printf, 8, 9)));
 static int s_mat(model_t *m, ckpt_t *ck, bk_mat_t *out, int64_t rows, int64_t cols, char *err, size_t errlen,
@@ -75,6 +91,8 @@ static int s_mat(model_t *m, ckpt_t *ck, bk_mat_t *out, int64_t rows, int64_t co
     va_start(ap, fmt);
     vsnprintf(name, sizeof name, fmt, ap);
     va_end(ap);
+    if (model_quant_of(m, ck, name))
+        return model_qmat(m, ck, out, name, rows, cols, err, errlen);
     int64_t shape[2] = {rows, cols};
     ckpt_dummy_recipe_t r;
     int device;
@@ -90,20 +108,12 @@ static int s_mat(model_t *m, ckpt_t *ck, bk_mat_t *out, int64_t rows, int64_t co
         m->be->ops->fill_dummy(m->be, (void *)dev, r.dtype, t->nbytes / dtype_size(r.dtype), r.key, r.center, r.scale);
     if (m->be->ops->weights_copied)
         ckpt_drop(ck, t);
-    if (m->n_weights == m->cap_weights) {
-        int cap = m->cap_weights ? 2 * m->cap_weights : 256;
-        const void **w = realloc(m->weights, (size_t)cap * sizeof(*w));
-        if (!w) {
-            m->be->ops->weight_release(m->be, dev);
-            return errf(err, errlen, "%s: out of memory", m->where);
-        }
-        m->weights = w;
-        m->cap_weights = cap;
-    }
-    m->weights[m->n_weights++] = dev;
+    if (model_keep_weight(m, dev, err, errlen) < 0)
+        return -1;
     *out = (bk_mat_t){.data = dev, .dtype = dt, .rows = rows, .cols = cols};
     return 0;
 }
+
 
 /* n 2-D weights [rows[i]][cols] placed one after another in ONE device buffer: *fused is the
  * whole [sum of rows][cols] matrix, *parts[i] its row ranges. A decode step of one row runs the
@@ -115,6 +125,13 @@ static int s_mats_fused(model_t *m, ckpt_t *ck, bk_mat_t *fused, bk_mat_t *const
                         int n, int64_t cols, const char *const names[], char *err, size_t errlen)
 {
     const int fuse = m->opts.fuse_weights ? m->opts.fuse_weights > 0 : m->be->ops->fuse_weights;
+    if (model_quant_of(m, ck, names[0])) {                 /* quantized: each part on its own (no fused path) */
+        *fused = (bk_mat_t){0};
+        for (int i = 0; i < n; i++)
+            if (s_mat(m, ck, parts[i], rows[i], cols, err, errlen, "%s", names[i]) < 0)
+                return -1;
+        return 0;
+    }
     const tensor_view_t *t[4];
     ckpt_dummy_recipe_t r[4];
     int device = 0;
@@ -135,7 +152,7 @@ static int s_mats_fused(model_t *m, ckpt_t *ck, bk_mat_t *fused, bk_mat_t *const
                 return -1;
         return 0;
     }
-    uint8_t *dev = s_alloc(m, total, names[0], err, errlen);
+    uint8_t *dev = model_alloc(m, total, names[0], err, errlen);
     if (!dev)
         return -1;
     size_t off = 0;
@@ -169,7 +186,7 @@ static float *s_vec(model_t *m, ckpt_t *ck, int64_t n, char *err, size_t errlen,
     const tensor_view_t *t = ckpt_expect(ck, name, 1, &n, err, errlen);
     if (!t || s_dtype_ok(m, t, err, errlen) < 0)
         return NULL;
-    float *dev = s_alloc(m, (size_t)n * sizeof(float), name, err, errlen);
+    float *dev = model_alloc(m, (size_t)n * sizeof(float), name, err, errlen);
     if (!dev)
         return NULL;
     float *host = malloc((size_t)n * sizeof(float));
@@ -185,7 +202,7 @@ static float *s_vec(model_t *m, ckpt_t *ck, int64_t n, char *err, size_t errlen,
     return dev;
 }
 
-static size_t s_bytes(const bk_mat_t *w) { return (size_t)w->rows * (size_t)w->cols * dtype_size(w->dtype); }
+static size_t s_bytes(const bk_mat_t *w) { return bk_mat_bytes(w); }
 
 /* The experts of one MoE layer: per-expert tensors, or transformers 5's fused pair. */
 static int s_experts(model_t *m, ckpt_t *ck, int l, model_layer_t *L, char *err, size_t errlen)
@@ -199,6 +216,9 @@ static int s_experts(model_t *m, ckpt_t *ck, int l, model_layer_t *L, char *err,
     if (!L->experts)
         return errf(err, errlen, "%s: out of memory", m->where);
     if (ckpt_has(ck, fused)) {
+        if (m->cfg.quant.present || m->opts.quantize)
+            return errf(err, errlen, "%s: %s: quantized weights need per-expert tensors (not the fused layout)",
+                        m->where, fused);
         /* [E][2I][H] and [E][H][I]: views of 3-D tensors as [E*2I][H] and [E*H][I] matrices. */
         int64_t gu_shape[3] = {E, 2 * (int64_t)I, H}, d_shape[3] = {E, H, I};
         char down[128];
@@ -224,9 +244,9 @@ static int s_experts(model_t *m, ckpt_t *ck, int l, model_layer_t *L, char *err,
         size_t ges = dtype_size(gu->dtype), des = dtype_size(dn->dtype);
         for (int e = 0; e < E; e++) {
             const uint8_t *base = gud + (size_t)e * 2 * I * H * ges;
-            L->experts[e].gate = (bk_mat_t){base, gu->dtype, I, H};
-            L->experts[e].up = (bk_mat_t){base + (size_t)I * H * ges, gu->dtype, I, H};
-            L->experts[e].down = (bk_mat_t){dnd + (size_t)e * H * I * des, dn->dtype, H, I};
+            L->experts[e].gate = (bk_mat_t){.data = base, .dtype = gu->dtype, .rows = I, .cols = H};
+            L->experts[e].up = (bk_mat_t){.data = base + (size_t)I * H * ges, .dtype = gu->dtype, .rows = I, .cols = H};
+            L->experts[e].down = (bk_mat_t){.data = dnd + (size_t)e * H * I * des, .dtype = dn->dtype, .rows = H, .cols = I};
         }
         return 0;
     }
@@ -285,6 +305,18 @@ model_t *model_load(const char *model_dir, const model_config_t *cfg, ckpt_t *ck
         return errf(err, errlen, "%s: model_load needs a config, a checkpoint and a backend", where), NULL;
     if (s_check_config(cfg, where, err, errlen) < 0)
         return NULL;
+    const int qfmt = cfg->quant.present ? cfg->quant.fmt : opts ? opts->quantize : 0;
+    if (opts && opts->quantize && (opts->quantize < 0 || opts->quantize >= BK_Q_COUNT))
+        return errf(err, errlen, "%s: quantization %d is not a format", where, opts->quantize), NULL;
+    if (opts && opts->quantize && cfg->quant.present)
+        return errf(err, errlen, "%s: the checkpoint is already quantized (quantization_config); drop the online "
+                    "quantization (%s)", where, quant_format_name(opts->quantize)), NULL;
+    if (qfmt && !(be->ops->quant_formats & (1u << qfmt)))
+        return errf(err, errlen, "%s: the %s backend has no kernels for %s weights", where, be->ops->name,
+                    quant_format_name(qfmt)), NULL;
+    if (cfg->quant.present && ckpt_is_dummy(ck))
+        return errf(err, errlen, "%s: load_format dummy cannot make a quantized checkpoint's tensors "
+                    "(quantization_config); quantize dummy weights at load instead (model.quantization)", where), NULL;
     model_t *m = calloc(1, sizeof(*m));
     if (!m)
         return errf(err, errlen, "%s: out of memory", where), NULL;
@@ -380,7 +412,7 @@ model_t *model_load(const char *model_dir, const model_config_t *cfg, ckpt_t *ck
     float inv[BK_MAX_HEAD_DIM / 2];
     if (rope_inv_freq(c, inv, err, errlen) < 0)
         goto fail;
-    if (!(m->inv_freq = s_alloc(m, (size_t)(D / 2) * sizeof(float), "rope", err, errlen)) ||
+    if (!(m->inv_freq = model_alloc(m, (size_t)(D / 2) * sizeof(float), "rope", err, errlen)) ||
         be->ops->upload(be, m->inv_freq, inv, (size_t)(D / 2) * sizeof(float)) < 0)
         goto fail;
     m->scale = (float)(1.0 / sqrt((double)D));
@@ -396,21 +428,21 @@ model_t *model_load(const char *model_dir, const model_config_t *cfg, ckpt_t *ck
     }
     const size_t f = sizeof(float);
     const int kk = K > 0 ? K : 1, EE = E > 0 ? E : 1;
-    if (!(m->d_meta = s_alloc(m, meta_n * sizeof(int32_t), "step metadata", err, errlen)) ||
-        !(m->res = s_alloc(m, T * H * f, "activations", err, errlen)) ||
-        !(m->xn = s_alloc(m, T * H * f, "activations", err, errlen)) ||
-        !(m->delta = s_alloc(m, T * H * f, "activations", err, errlen)) ||
-        !(m->qkv = s_alloc(m, T * (size_t)(nH + 2 * nKV) * D * f, "activations", err, errlen)) ||
-        !(m->att = s_alloc(m, T * nH * D * f, "activations", err, errlen)) ||
-        !(m->gu = s_alloc(m, T * 2 * (size_t)m->max_i * f, "activations", err, errlen)) ||
-        !(m->rows = s_alloc(m, R * H * f, "activations", err, errlen)) ||
-        !(m->logits = s_alloc(m, R * V * f, "logits", err, errlen)) ||
-        !(m->argmax = s_alloc(m, R * sizeof(int32_t), "argmax", err, errlen)))
+    if (!(m->d_meta = model_alloc(m, meta_n * sizeof(int32_t), "step metadata", err, errlen)) ||
+        !(m->res = model_alloc(m, T * H * f, "activations", err, errlen)) ||
+        !(m->xn = model_alloc(m, T * H * f, "activations", err, errlen)) ||
+        !(m->delta = model_alloc(m, T * H * f, "activations", err, errlen)) ||
+        !(m->qkv = model_alloc(m, T * (size_t)(nH + 2 * nKV) * D * f, "activations", err, errlen)) ||
+        !(m->att = model_alloc(m, T * nH * D * f, "activations", err, errlen)) ||
+        !(m->gu = model_alloc(m, T * 2 * (size_t)m->max_i * f, "activations", err, errlen)) ||
+        !(m->rows = model_alloc(m, R * H * f, "activations", err, errlen)) ||
+        !(m->logits = model_alloc(m, R * V * f, "logits", err, errlen)) ||
+        !(m->argmax = model_alloc(m, R * sizeof(int32_t), "argmax", err, errlen)))
         goto fail;
-    if (E > 0 && (!(m->rlogits = s_alloc(m, T * EE * f, "router logits", err, errlen)) ||
-                  !(m->moe_ids = s_alloc(m, T * kk * sizeof(int32_t), "routing", err, errlen)) ||
-                  !(m->moe_w = s_alloc(m, T * kk * f, "routing", err, errlen)) ||
-                  !(m->moe_scratch = s_alloc(m, moe_scratch_bytes((int)T, kk, H, c->moe_intermediate_size, EE),
+    if (E > 0 && (!(m->rlogits = model_alloc(m, T * EE * f, "router logits", err, errlen)) ||
+                  !(m->moe_ids = model_alloc(m, T * kk * sizeof(int32_t), "routing", err, errlen)) ||
+                  !(m->moe_w = model_alloc(m, T * kk * f, "routing", err, errlen)) ||
+                  !(m->moe_scratch = model_alloc(m, moe_scratch_bytes((int)T, kk, H, c->moe_intermediate_size, EE),
                                              "MoE scratch", err, errlen))))
         goto fail;
     LOG_D("%s: %s loaded on %s: %.1f MB of weights per step", where, config_arch_name(c->arch), be->ops->name,

@@ -30,12 +30,14 @@ struct st_file {
     size_t map_len;
 };
 
-/* The reference implementation's dtype names; only the first three are supported here. */
+/* The reference implementation's dtype names. F8_E4M3, I8, U8, I32 and I64 hold quantized weights'
+ * codes, scales, packed nibbles and shapes (engine/quant.h); the model refuses them where it wants a
+ * plain weight. */
 static const struct { const char *name; int supported; dtype_t dt; } s_dtypes[] = {
     {"F32", 1, DT_F32}, {"BF16", 1, DT_BF16}, {"F16", 1, DT_F16},
-    {"BOOL", 0, 0}, {"U8", 0, 0}, {"I8", 0, 0}, {"I16", 0, 0}, {"U16", 0, 0}, {"I32", 0, 0},
-    {"U32", 0, 0}, {"I64", 0, 0}, {"U64", 0, 0}, {"F64", 0, 0}, {"C64", 0, 0}, {"F8_E5M2", 0, 0},
-    {"F8_E4M3", 0, 0}, {"F8_E8M0", 0, 0}, {"F4", 0, 0}, {"F6_E2M3", 0, 0}, {"F6_E3M2", 0, 0},
+    {"BOOL", 0, 0}, {"U8", 1, DT_U8}, {"I8", 1, DT_I8}, {"I16", 0, 0}, {"U16", 0, 0}, {"I32", 1, DT_I32},
+    {"U32", 0, 0}, {"I64", 1, DT_I64}, {"U64", 0, 0}, {"F64", 0, 0}, {"C64", 0, 0}, {"F8_E5M2", 0, 0},
+    {"F8_E4M3", 1, DT_F8E4M3}, {"F8_E8M0", 0, 0}, {"F4", 0, 0}, {"F6_E2M3", 0, 0}, {"F6_E3M2", 0, 0},
 };
 
 char *st_shape_str(const int64_t *shape, int ndim, char *buf, size_t buflen)
@@ -93,7 +95,7 @@ static int s_parse_tensor(const char *fname, const char *name, json_t *info, uin
         if (strcmp(dts, s_dtypes[k].name) == 0)
             break;
     if (k == ARRAY_LEN(s_dtypes) || !s_dtypes[k].supported)
-        return errf(err, errlen, "%s: tensor '%s': unsupported dtype '%.32s' (supported: F32, BF16, F16)",
+        return errf(err, errlen, "%s: tensor '%s': unsupported dtype '%.32s' (supported: F32, BF16, F16, F8_E4M3, I8, U8, I32, I64)",
                     fname, name, dts);
     t->dtype = s_dtypes[k].dt;
 

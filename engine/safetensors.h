@@ -9,8 +9,8 @@
  * product(shape) x dtype size; sorted by offset, the tensors cover the data region exactly — no
  * gap, no overlap, nothing left over at the end.
  *
- * Only F32, BF16 and F16 tensors are accepted; any other dtype is an "unsupported dtype" error that
- * names the tensor. At most ST_MAX_DIMS dimensions. Data pointers may be unaligned. */
+ * F32, BF16 and F16 tensors are accepted, and F8_E4M3, I8, U8, I32 and I64 for quantized weights
+ * (engine/quant.h); any other dtype is an "unsupported dtype" error that names the tensor. At most ST_MAX_DIMS dimensions. Data pointers may be unaligned. */
 #ifndef TROUPE_ENGINE_SAFETENSORS_H
 #define TROUPE_ENGINE_SAFETENSORS_H
 

@@ -38,10 +38,38 @@ typedef struct backend backend_t;
 /* A weight matrix resident on the backend, as nn.Linear stores it: row-major [rows][cols] in
  * dtype; a matmul computes y = x W^T, so rows = output features (N), cols = input features (K). */
 typedef struct bk_mat {
-    const void *data;             /* device pointer, [rows][cols] dtype */
+    const void *data;             /* device pointer, [rows][cols] dtype (a quantized weight: its codes) */
     dtype_t dtype;
     int64_t rows, cols;
+    /* Quantized weights (engine/quant.h), all 0 for a plain one. qfmt BK_Q_*: data holds codes,
+     * [rows][cols] bytes (fp8 e4m3, int8) or [rows][cols/2] bytes of 4-bit codes (int4, fp4 e2m1;
+     * element 2j in the low nibble of byte j, 2j+1 in the high one; int4 stored as value + 8), and
+     * dtype is the byte type (DT_F8E4M3, DT_I8, DT_U8). Element (r, c) is, in f32,
+     * decode(code) * qscale[(r / qgr) * ceil(cols / qgc) + c / qgc]: one f32 scale per block of
+     * qgr rows x qgc columns (per tensor: rows x cols; per channel: 1 x cols; groups: 1 x 128 or
+     * 1 x 16; DeepSeek's blocks: 128 x 128). qgc is a multiple of 16 or >= cols.
+     * qact: how the op treats the activations (BK_QA_*): weight-only (f32 x), or x quantized per
+     * row (token) to fp8 / int8 with a dynamic scale amax / 448 or amax / 127 and used as
+     * dequantized f32 values (what a W8A8 kernel's integer or fp8 products give, up to rounding). */
+    int8_t qfmt, qact;
+    int32_t qgr, qgc;
+    const float *qscale;          /* device [ceil(rows/qgr)][ceil(cols/qgc)] f32 */
 } bk_mat_t;
+
+/* Weight formats of bk_mat_t.qfmt, and the bit of each in backend_ops_t.quant_formats. */
+enum { BK_Q_NONE = 0, BK_Q_FP8, BK_Q_I8, BK_Q_I4, BK_Q_FP4, BK_Q_COUNT };
+enum { BK_QA_NONE = 0, BK_QA_FP8_TOKEN, BK_QA_I8_TOKEN, BK_QA_COUNT };
+
+/* Bytes a weight occupies on the backend: codes plus scales for a quantized one. */
+static inline size_t bk_mat_bytes(const bk_mat_t *w)
+{
+    size_t n = (size_t)w->rows * (size_t)w->cols;
+    if (!w->qfmt)
+        return n * dtype_size(w->dtype);
+    size_t codes = w->qfmt == BK_Q_I4 || w->qfmt == BK_Q_FP4 ? n / 2 : n;
+    size_t gr = (size_t)(w->rows + w->qgr - 1) / (size_t)w->qgr, gc = (size_t)(w->cols + w->qgc - 1) / (size_t)w->qgc;
+    return codes + gr * gc * sizeof(float);
+}
 
 /* One expert's SwiGLU FFN: down(silu(gate(x)) * up(x)). */
 typedef struct bk_expert {
@@ -143,6 +171,10 @@ typedef struct backend_ops {
     /* 1: weight_put and upload copy the bytes into device memory (the model lets the checkpoint
      * drop each tensor's host data once placed: ckpt_drop); 0: weights may be used in place. */
     int weights_copied;
+    /* Bit (1 << BK_Q_x) set for each quantized weight format whose weights every op that takes a
+     * weight (matmul, matmul_n, the fusions, moe_ffn's experts) accepts; the model refuses the
+     * others at load. 0: plain weights only. */
+    unsigned quant_formats;
     void (*destroy)(backend_t *be);
 
     /* Memory. alloc returns 64-byte aligned device memory or NULL; upload/download copy n bytes

@@ -12,9 +12,13 @@ typedef struct cpu_state {
     int n_copies, cap_copies;
     float *sample_scratch;        /* sample: per thread, work [N] | mass [N] | idx [N] (grown to the largest N x threads) */
     size_t sample_scratch_bytes;
+    float *quant_scratch;         /* cpu_qmatmul: x fake-quantized [M][K] | per thread, W unit [16][K] | y unit [M][16] */
+    size_t quant_scratch_n;       /* floats (grown to the largest call) */
 } cpu_state_t;
 
 void cpu_matmul(backend_t *be, const float *x, int M, const bk_mat_t *w, const float *bias, float *y);
+/* cpu_matmul for a quantized w (qfmt != 0): cpu_matmul calls it (kernels/cpu/cpu_quant.c). */
+void cpu_qmatmul(backend_t *be, const float *x, int M, const bk_mat_t *w, const float *bias, float *y);
 
 void cpu_embed(backend_t *be, const bk_mat_t *table, const int32_t *ids, int n, float *out);
 void cpu_add_rmsnorm(backend_t *be, float *res, const float *x, const float *w, int M, int H, float eps, float *out);

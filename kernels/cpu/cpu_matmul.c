@@ -110,6 +110,10 @@ static int s_mr(int left) { return left >= 8 ? 8 : left >= 4 ? 4 : left; }
 
 void cpu_matmul(backend_t *be, const float *x, int M, const bk_mat_t *w, const float *bias, float *y)
 {
+    if (w->qfmt) {                                 /* quantized weights: dequantized per unit of rows */
+        cpu_qmatmul(be, x, M, w, bias, y);
+        return;
+    }
     const int64_t N = w->rows, K = w->cols;
     const size_t es = dtype_size(w->dtype);
     const uint8_t *wb = w->data;

@@ -592,9 +592,9 @@ int main(int argc, char **argv)
             s_fill(wl[l], per * E * 2, 200 + l);
             for (int e = 0; e < E; e++) {
                 const uint16_t *p = (const uint16_t *)wl[l] + per * e;
-                ex[l][e].gate = (bk_mat_t){p, DT_BF16, I, H};
-                ex[l][e].up = (bk_mat_t){p + (size_t)I * H, DT_BF16, I, H};
-                ex[l][e].down = (bk_mat_t){p + (size_t)2 * I * H, DT_BF16, H, I};
+                ex[l][e].gate = (bk_mat_t){.data = p, .dtype = DT_BF16, .rows = I, .cols = H};
+                ex[l][e].up = (bk_mat_t){.data = p + (size_t)I * H, .dtype = DT_BF16, .rows = I, .cols = H};
+                ex[l][e].down = (bk_mat_t){.data = p + (size_t)2 * I * H, .dtype = DT_BF16, .rows = H, .cols = I};
             }
         }
         const int Ms[6] = {1, 16, 64, 256, 1024, 2048};    /* 1024, 2048: prefill chunks */

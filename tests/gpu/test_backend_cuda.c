@@ -1404,9 +1404,9 @@ static void s_moe_ffn_case(const moe_case_t *c)
                  routing[c->routing], c->routing != MOE_IDS && c->renorm ? " renorm" : "", label[b]);
         bk_expert_t ex[128];
         for (int e = 0; e < E; e++) {
-            ex[e].gate = (bk_mat_t){be[b]->ops->weight_put(be[b], gw[e], (size_t)I * H * es, es), dt, I, H};
-            ex[e].up = (bk_mat_t){be[b]->ops->weight_put(be[b], uw[e], (size_t)I * H * es, es), dt, I, H};
-            ex[e].down = (bk_mat_t){be[b]->ops->weight_put(be[b], dw[e], (size_t)H * I * es, es), dt, H, I};
+            ex[e].gate = (bk_mat_t){.data = be[b]->ops->weight_put(be[b], gw[e], (size_t)I * H * es, es), .dtype = dt, .rows = I, .cols = H};
+            ex[e].up = (bk_mat_t){.data = be[b]->ops->weight_put(be[b], uw[e], (size_t)I * H * es, es), .dtype = dt, .rows = I, .cols = H};
+            ex[e].down = (bk_mat_t){.data = be[b]->ops->weight_put(be[b], dw[e], (size_t)H * I * es, es), .dtype = dt, .rows = H, .cols = I};
         }
         float *dx = s_put(be[b], x, (size_t)M * H * 4), *dwt, *dl = NULL;
         int32_t *di;

@@ -622,9 +622,9 @@ static void test_moe_ffn(void **state)
         gw[e] = s_rand_dt(DT_BF16, (size_t)I * H, 0.3, &gx[e]);
         uw[e] = s_rand_dt(DT_BF16, (size_t)I * H, 0.3, &ux[e]);
         dw[e] = s_rand_dt(DT_BF16, (size_t)H * I, 0.3, &dx[e]);
-        ex[e].gate = (bk_mat_t){gw[e], DT_BF16, I, H};
-        ex[e].up = (bk_mat_t){uw[e], DT_BF16, I, H};
-        ex[e].down = (bk_mat_t){dw[e], DT_BF16, H, I};
+        ex[e].gate = (bk_mat_t){.data = gw[e], .dtype = DT_BF16, .rows = I, .cols = H};
+        ex[e].up = (bk_mat_t){.data = uw[e], .dtype = DT_BF16, .rows = I, .cols = H};
+        ex[e].down = (bk_mat_t){.data = dw[e], .dtype = DT_BF16, .rows = H, .cols = I};
     }
     float *x = s_rand_f32((size_t)M * H, 1), w[7 * 2];
     int32_t ids[7 * 2] = {0, 3, 3, 0, 4, 2, 1, 3, 3, 4, 2, 0, 0, 1};   /* expert 3 has tokens 0, 1, 3, 4 */

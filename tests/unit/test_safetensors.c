@@ -275,10 +275,10 @@ static void test_shapes_and_dtypes(void **state)
     s_expect_fail("{\"a\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,4]}}", 4,
                   "9 dimensions", NULL);
     /* Unsupported and unknown dtypes name the tensor. */
-    s_expect_fail("{\"ids\":{\"dtype\":\"I64\",\"shape\":[1],\"data_offsets\":[0,8]}}", 8, "tensor 'ids'",
-                  "unsupported dtype 'I64'", NULL);
-    s_expect_fail("{\"q\":{\"dtype\":\"F8_E4M3\",\"shape\":[4],\"data_offsets\":[0,4]}}", 4, "tensor 'q'",
-                  "unsupported dtype 'F8_E4M3'", NULL);
+    s_expect_fail("{\"ids\":{\"dtype\":\"U64\",\"shape\":[1],\"data_offsets\":[0,8]}}", 8, "tensor 'ids'",
+                  "unsupported dtype 'U64'", NULL);
+    s_expect_fail("{\"q\":{\"dtype\":\"F8_E5M2\",\"shape\":[4],\"data_offsets\":[0,4]}}", 4, "tensor 'q'",
+                  "unsupported dtype 'F8_E5M2'", NULL);
     s_expect_fail("{\"q\":{\"dtype\":\"Q4_K\",\"shape\":[4],\"data_offsets\":[0,4]}}", 4, "unsupported dtype 'Q4_K'",
                   NULL);
     s_expect_fail("{\"q\":{\"dtype\":7,\"shape\":[4],\"data_offsets\":[0,4]}}", 4, "\"dtype\"", NULL);
