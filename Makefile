@@ -7,7 +7,9 @@
 #   tools/<name>.c   -> build/bin/troupe-<name>   (supervisor, client, top, generate, bench)
 #   tests/unit/test_<x>.c -> build/tests/test_<x> (cmocka)
 #   kernels/cuda/*.cu -> build/libtroupe_cuda.a   (only where nvcc exists)
-#   tests/fuzz/fuzz_<x>.c -> build/fuzz/fuzz_<x>  (`make fuzz`, clang libFuzzer + ASan + UBSan)
+#   tests/fuzz/fuzz_<x>.c -> build/fuzz/fuzz_<x>  (`make fuzz`, clang libFuzzer + ASan + UBSan; seeds
+#                                   in tests/fuzz/corpus/<x>/, dictionary tests/fuzz/<x>.dict or fuzz_<x>.dict;
+#                                   `make test` runs each for seconds, `make fuzz-long` for FUZZ_RUNS)
 
 CC      ?= cc
 ARCH    ?= -march=native
@@ -72,7 +74,7 @@ endif
 GPU_TEST_BINS := $(if $(CUDA_LDLIBS),$(patsubst tests/gpu/%.c,$(B)/gpu-tests/%,$(wildcard tests/gpu/test_*.c)) \
                                      $(patsubst tests/gpu/%.cu,$(B)/gpu-tests/%,$(wildcard tests/gpu/*.cu)))
 
-.PHONY: all deps demo test test-asan fuzz clean cuda gpu-tests
+.PHONY: all deps demo test test-asan fuzz fuzz-long clean cuda gpu-tests
 all: $(B)/libtroupe.a $(ACTOR_BINS) $(TOOL_BINS) $(TEST_BINS) $(CUDA_LIB)
 
 # Installs what is missing (apt-get as root; otherwise prints the line), fetches tokenizers.
@@ -86,7 +88,7 @@ demo: deps
 
 # The README's second command (and .ci/run): deps, build, every test, one summary line at the end.
 test: deps
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory all fuzz
 	@tests/run.sh
 
 # The scenario tests with every process built with AddressSanitizer + UBSan (slower; not in CI).
@@ -151,10 +153,27 @@ FUZZ_OBJS   := $(LIB_SRCS:%.c=$(B)/fuzz-obj/%.o)
 fuzz: $(FUZZ_BINS)
 $(B)/fuzz-obj/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -fopenmp $(PKG_CFLAGS) -c $< -o $@
-$(B)/fuzz/%: tests/fuzz/%.c $(FUZZ_OBJS)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fopenmp $(PKG_CFLAGS) -MMD -MP -c $< -o $@
+# An archive, like libtroupe.a: the objects stay between builds (as a pattern rule's prerequisites
+# they were deleted as intermediates and rebuilt every time) and a target links what it uses.
+$(B)/libtroupe-fuzz.a: $(FUZZ_OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+$(B)/fuzz/%: tests/fuzz/%.c $(B)/libtroupe-fuzz.a
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer $(PKG_CFLAGS) $< $(FUZZ_OBJS) -o $@ $(LDLIBS)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer $(PKG_CFLAGS) $< $(B)/libtroupe-fuzz.a -o $@ $(LDLIBS)
+
+# A long campaign: every target (or FUZZ_TARGETS="x y") for FUZZ_RUNS executions from its corpus,
+# new inputs kept in $(B)/fuzz-corpus/<x>/, logs and any crash input in $(B)/fuzz-logs/.
+# `make test` runs each target for a few seconds only (tests/run.sh).
+FUZZ_RUNS    ?= 10000000
+FUZZ_TARGETS ?= $(FUZZ_SRCS:tests/fuzz/fuzz_%.c=%)
+fuzz-long: fuzz
+	@st=0; for x in $(FUZZ_TARGETS); do \
+	    printf '%-20s ' "fuzz_$$x"; \
+	    FUZZ_WORK=$(B)/fuzz-corpus/$$x tests/fuzz/run-target.sh $$x $(B)/fuzz/fuzz_$$x \
+	        $(B)/fuzz-logs/fuzz_$$x.log -runs=$(FUZZ_RUNS) || st=1; \
+	done; exit $$st
 
 clean:
 	rm -rf $(B)
