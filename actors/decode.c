@@ -1,10 +1,11 @@
 /* actors/decode.c — the decode worker: continuous batching over a paged KV pool.
  *
  * Duties:
- *   - take hand-offs: a kv_announce (the blocks: in a shared-memory segment, in the prefill pool on
- *     our GPU, or on an NCCL link from another GPU: transfer/kv_link.h) followed by a handoff
- *     (the request); copy the blocks into our pool, acknowledge (kv_ack) so the prefill side frees
- *     its copy, stream the first token;
+ *   - take hand-offs: one handoff message, the request with its KV's transfer description (the
+ *     blocks: in a shared-memory segment, in the prefill pool on our GPU, on an NCCL link from
+ *     another GPU, or staged for the network on another node: transfer/kv_chan.h); receive the
+ *     blocks into our pool, acknowledge (kv_ack) so the prefill side frees its copy, stream the
+ *     first token;
  *   - each step (the loop's before_sleep hook), one forward for the whole running batch: every
  *     request feeds its last token, gets logits, samples, streams the token (with its text: whole
  *     UTF-8 only, stop strings held back) and stops on EOS / stop ids / stop strings / max tokens;
@@ -28,15 +29,15 @@
 #include <string.h>
 
 #include "actors/runtime/actor.h"
-#include "transfer/kv_copier.h"
-#include "transfer/kv_link.h"
-#include "transfer/kv_transfer.h"
 #include "actors/runtime/prefix_fetch.h"
 #include "actors/runtime/worker.h"
 #include "common/log.h"
 #include "common/util.h"
+#include "transfer/kv_chan.h"
+#include "transfer/kv_copier.h"
+#include "transfer/kv_link.h"
+#include "transfer/kv_transfer.h"
 
-#define MAX_PENDING_ANNOUNCES 256
 #define WRITEBACK_TIMEOUT_MS  2000
 #define MAX_WRITEBACKS        64
 /* Write-backs queued for the copier beyond which one without a prompt_cache_key is shed: a deep
@@ -84,8 +85,6 @@ typedef struct decode {
     worker_t *w;
     const char *name, *cluster;
     const char *cache_manager;   /* NULL when the topology has none */
-    msg_t announces[MAX_PENDING_ANNOUNCES];   /* kv_announce clones waiting for their handoff */
-    int n_announces;
     dc_req_t *head;              /* every request, admission order */
     int n_state[DC_STATE_COUNT]; /* requests in each state */
     model_seq_t *seqs;           /* [max_seqs] step scratch */
@@ -98,7 +97,8 @@ typedef struct decode {
     writeback_t wb[MAX_WRITEBACKS];
     kvcopier_t *copier;          /* the write-backs' copies, off the decode loop */
     uint64_t next_transfer;
-    kvlinks_t *links;            /* NCCL links from prefill workers on other GPUs of the node */
+    kvlinks_t *links;            /* NCCL links from prefill workers on other GPUs */
+    kvchan_t *chan;              /* how hand-offs' blocks come in, every channel (kv_chan.h) */
     /* stats */
     uint64_t tokens_out, finished, preemptions, handoffs_in, handoff_refused, writebacks, handoffs_ipc;
     uint64_t writeback_blocks;   /* blocks copied to the host store */
@@ -367,12 +367,11 @@ static int s_on_kv_announce(actor_t *a, void *state, const actor_peer_t *from, m
             r->fetching = 0;
         return 0;
     }
-    if (d->n_announces >= MAX_PENDING_ANNOUNCES) {
-        msg_free(&d->announces[0]);
-        memmove(d->announces, d->announces + 1, (size_t)--d->n_announces * sizeof *d->announces);
-    }
-    if (msg_clone(m, &d->announces[d->n_announces], err, sizeof err) == 0)
-        d->n_announces++;
+    /* A hand-off's blocks are described inside its handoff message: nothing else is announced to
+     * a decode worker. Refused, so the sender frees what it holds for it. */
+    snprintf(err, sizeof err, "%s takes KV only inside a handoff or from its cache-manager", d->name);
+    LOG_W("kv_announce %llu from %s refused: %s", (unsigned long long)k->transfer_id, k->src, err);
+    kvx_ack(a, k->src, k->transfer_id, 0, err, NULL, 0);
     return 0;
 }
 
@@ -391,31 +390,22 @@ static int s_on_handoff(actor_t *a, void *state, const actor_peer_t *from, msg_t
 static int s_take_handoff(actor_t *a, decode_t *d, msg_t *m)
 {
     const msg_handoff_t *h = &m->u.handoff;
+    const msg_kv_announce_t *an = h->n_kv ? &h->kv[0] : NULL;   /* its src is h->prefill_worker (schema) */
     char err[512];
-    msg_t *an = NULL;
-    int ai = -1;
-    for (int i = 0; i < d->n_announces; i++)
-        /* The same transfer, request and sender: two prefill workers' ids never get mixed up. */
-        if (d->announces[i].u.kv_announce.transfer_id == h->transfer_id &&
-            d->announces[i].u.kv_announce.request_id == m->id &&
-            strcmp(d->announces[i].u.kv_announce.src, h->prefill_worker) == 0) {
-            an = &d->announces[i];
-            ai = i;
-            break;
-        }
     dc_req_t *r = NULL;
-    tchan_seg_t seg = {0};
     int no_room = 0;
     const char *why = NULL;
     if (!an) {
-        why = "handoff without a kv_announce";
+        why = "handoff without its KV's transfer description";
+    } else if (an->request_id != m->id) {
+        why = "the handoff's KV description is for another request";
     } else if (s_find(d, m->id)) {
         why = "request already here";
-    } else if (worker_check_announce(d->w, &an->u.kv_announce, err, sizeof err) != 0) {
+    } else if (kvchan_check(d->chan, an, err, sizeof err) != 0) {
         why = err;
     } else if (h->kv_tokens != h->n_tokens ||
-               an->u.kv_announce.n_block_ids != (h->n_tokens + (uint32_t)d->w->block_size - 1) / (uint32_t)d->w->block_size) {
-        why = "handoff and kv_announce disagree on the number of blocks";
+               an->n_block_ids != (h->n_tokens + (uint32_t)d->w->block_size - 1) / (uint32_t)d->w->block_size) {
+        why = "the handoff's tokens and its KV description disagree on the number of blocks";
     } else if ((int)h->n_tokens + (int)h->sampling.max_tokens > d->w->max_model_len) {
         why = "prompt + max_tokens exceeds this worker's max_model_len";
     } else if (!(r = calloc(1, sizeof *r)) || msg_clone(m, &r->handoff, err, sizeof err) != 0 ||
@@ -436,39 +426,27 @@ static int s_take_handoff(actor_t *a, decode_t *d, msg_t *m)
             /* No room for its blocks now: take the request over all the same, without its KV, as
              * a preempted one; its prompt is recomputed here when blocks free up. Only a prompt
              * that could never fit is refused. */
-            if (an->u.kv_announce.n_block_ids + 1 > (uint32_t)kvpool_n_blocks(d->w->pool))
+            if (an->n_block_ids + 1 > (uint32_t)kvpool_n_blocks(d->w->pool))
                 why = "the prompt needs more KV blocks than the decode pool has";
             else
                 no_room = 1;
-        } else if (an->u.kv_announce.channel == MSG_CHAN_CUDA_IPC) {
-            if (worker_blocks_in_ipc(d->w, &an->u.kv_announce, kvseq_blocks(r->kv), kvseq_n_blocks(r->kv), err,
-                                     sizeof err) != 0)
-                why = err;
-        } else if (an->u.kv_announce.channel == MSG_CHAN_NCCL) {
-            if (kvlinks_recv(d->links, &an->u.kv_announce, kvpool_view(d->w->pool), kvseq_blocks(r->kv),
-                             kvseq_n_blocks(r->kv), err, sizeof err) != 0)
-                why = err;
-        } else if (tchan_shm_open(&seg, an->u.kv_announce.handle, an->u.kv_announce.handle_len,
-                                  (size_t)an->u.kv_announce.total_bytes, err, sizeof err) != 0) {
-            why = err;
-        } else if (worker_blocks_in(d->w, kvseq_blocks(r->kv), kvseq_n_blocks(r->kv), seg.ptr) != 0) {
-            why = "copying the blocks into the pool failed";
+        } else if (kvchan_recv(d->chan, an, kvseq_blocks(r->kv), kvseq_n_blocks(r->kv), err, sizeof err) != 0) {
+            why = err;   /* the channel's own deadline bounds the wait: a dead or stalled sender ends here */
         }
     }
-    tchan_shm_close(&seg);
     if (an)   /* an NCCL hand-off refused or taken without its KV still takes its bytes off the link */
-        kvlinks_settle(d->links, &an->u.kv_announce);
-    const char *src = an ? an->u.kv_announce.src : h->prefill_worker;
+        kvchan_settle(d->chan, an);
     if (why) {
         d->handoff_refused++;
         LOG_W("hand-off of request %llu refused: %s", (unsigned long long)m->id, why);
-        kvx_ack(a, src, h->transfer_id, 0, why, NULL, 0);
+        if (an)
+            kvx_ack(a, an->src, an->transfer_id, 0, why, NULL, 0);
         s_req_free(r);
     } else {
         kvseq_publish(r->kv);
-        kvx_ack(a, src, h->transfer_id, 1, NULL, (const uint32_t *)kvseq_blocks(r->kv), (uint32_t)kvseq_n_blocks(r->kv));
+        kvx_ack(a, an->src, an->transfer_id, 1, NULL, (const uint32_t *)kvseq_blocks(r->kv), (uint32_t)kvseq_n_blocks(r->kv));
         d->handoffs_in++;
-        d->handoffs_ipc += an->u.kv_announce.channel == MSG_CHAN_CUDA_IPC;
+        d->handoffs_ipc += an->channel == MSG_CHAN_CUDA_IPC;
         /* A full batch does not refuse: the request waits here with its KV, its first token
          * streamed, and joins at the next step with a free slot. */
         r->state = no_room ? DC_PREEMPTED : d->n_state[DC_RUNNING] < d->w->max_seqs ? DC_RUNNING : DC_WAITING;
@@ -484,11 +462,6 @@ static int s_take_handoff(actor_t *a, decode_t *d, msg_t *m)
         finish_reason_t fin = s_emit(a, d, r, (int32_t)h->first_token, h->first_logprob);
         if (fin != FINISH_NONE)
             s_finish(a, d, r, fin == FINISH_LENGTH ? MSG_FINISH_LENGTH : MSG_FINISH_STOP);
-    }
-    if (ai >= 0) {
-        msg_free(&d->announces[ai]);
-        memmove(d->announces + ai, d->announces + ai + 1, (size_t)(d->n_announces - ai - 1) * sizeof *d->announces);
-        d->n_announces--;
     }
     return 0;
 }
@@ -961,6 +934,7 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
     actor_stat_metric(a, st, "writebacks_shed_total", (double)d->writebacks_shed, 1);
     actor_stat_metric(a, st, "writebacks_copying", d->copier ? kvcopier_pending(d->copier) : 0, 0);
     actor_stat_metric(a, st, "transfers_cuda_ipc_total", (double)d->handoffs_ipc, 1);
+    actor_stat_metric(a, st, "transfers_tcp_total", (double)kvchan_count(d->chan, MSG_CHAN_TCP), 1);
     actor_stat_metric(a, st, "transfers_nccl_total", (double)kvlinks_transfers(d->links), 1);
     actor_stat_metric(a, st, "nccl_links_ready", kvlinks_ready(d->links), 0);
     actor_stat_metric(a, st, "steps_total", (double)d->steps, 1);
@@ -1018,6 +992,9 @@ int main(int argc, char **argv)
         return config_error ? ACTOR_EXIT_CONFIG : 1;
     }
     d.links = kvlinks_new(d.w->be, d.name, worker_block_bytes(d.w), NULL, s_link_send, a);
+    kvchan_cfg_t cc = {.be = d.w->be, .pool = d.w->pool, .topo = t, .self = actor_self(a), .cluster = t->name,
+                       .zmq_ctx = actor_zmq_ctx(a), .links = d.links};
+    d.chan = kvchan_new(&cc, err, sizeof err);
     if (tchan_nccl_available(d.w->be)) {
         actor_timer_add(a, KVLINK_POLL_MS, s_poll_links);
         for (int i = 0; i < t->n_instances; i++)
@@ -1035,7 +1012,7 @@ int main(int argc, char **argv)
     /* Write-backs go to the cache-manager's store: no copier thread without one. */
     d.copier = d.cache_manager ? kvcopier_new(d.w->be, d.cluster, worker_block_bytes(d.w), MAX_WRITEBACKS) : NULL;
     int rc = -1;
-    if (!d.links || !d.seqs || !d.batch || !d.argmax || !d.sample || !d.need_logits || !d.text ||
+    if (!d.links || !d.chan || !d.seqs || !d.batch || !d.argmax || !d.sample || !d.need_logits || !d.text ||
         (d.cache_manager && !d.copier)) {
         LOG_E("out of memory for a batch of %d", max_seqs);
     } else {
@@ -1045,14 +1022,13 @@ int main(int argc, char **argv)
                            .peer_event = s_peer_event};
         rc = actor_run(a, &ops, &d);
     }
+    kvchan_destroy(&d.chan);
     kvlinks_destroy(&d.links);
     kvcopier_destroy(&d.copier);   /* before the sequences it may be reading are freed */
     for (int i = 0; i < MAX_WRITEBACKS; i++)
         kvseq_destroy(&d.wb[i].kv);
     while (d.head)
         s_unlink(&d, d.head);
-    for (int i = 0; i < d.n_announces; i++)
-        msg_free(&d.announces[i]);
     for (int i = 0; i < MAX_WRITEBACKS; i++)
         tchan_shm_close(&d.wb[i].seg);
     free(d.seqs);

@@ -7,13 +7,14 @@
  *     (kvseq_match_prefix: blocks of earlier requests, or fetched from the cache-manager's store
  *     when that is cheaper than computing them again: actors/runtime/fetch_policy.h);
  *   - when a prompt is complete: sample the first token, move the request's KV blocks towards the
- *     decode worker the router chose (same GPU: it copies them out of our pool, CUDA IPC; another
- *     GPU of the node: an NCCL send once the link to it is up, transfer/kv_link.h; else a
- *     shared-memory segment), announce them (kv_announce) and hand the request over (handoff);
- *     free the blocks once the decode side acknowledges, or fail the request with a retryable
- *     error when it does not within TRANSFER_TIMEOUT_MS. An NCCL hand-off that fails (the link
- *     broke, the send missed its deadline, the decode side refused it) is done again once
- *     through shared memory, so a link failure loses no request;
+ *     decode worker the router chose (transfer/kv_chan.h: same GPU, CUDA IPC; another GPU, an
+ *     NCCL send once the link to it is up; else a shared-memory segment on one node, or bytes
+ *     staged for the network across nodes) and hand the request over in one handoff message
+ *     that carries the transfer's description; free the blocks once the decode side
+ *     acknowledges, or fail the request with a retryable error when it does not within
+ *     TRANSFER_TIMEOUT_MS. An NCCL hand-off that fails (the link broke, the send missed its
+ *     deadline, the decode side refused it) is done again once through the pair's fallback
+ *     (shared memory, or the network across nodes), so a link failure loses no request;
  *   - tell the cache-manager which full blocks this worker now holds (cache_put, device tier);
  *   - cancel frees everything a request holds.
  *
@@ -27,11 +28,12 @@
 
 #include "actors/runtime/actor.h"
 #include "actors/runtime/prefix_fetch.h"
-#include "transfer/kv_link.h"
-#include "transfer/kv_transfer.h"
 #include "actors/runtime/worker.h"
 #include "common/log.h"
 #include "common/util.h"
+#include "transfer/kv_chan.h"
+#include "transfer/kv_link.h"
+#include "transfer/kv_transfer.h"
 
 /* A hand-off not acknowledged by then fails the request (retryable) and frees the blocks. A dead
  * decode worker is noticed sooner by the router (peer watch); this bounds a live but overloaded
@@ -56,12 +58,10 @@ typedef struct pf_req {
     pf_state_t state;
     int64_t arrived_ms, started_ms, deadline_ms;   /* deadline: of the fetch or the transfer */
     uint64_t transfer_id;
-    tchan_seg_t seg;             /* the hand-off segment while HANDING_OFF */
     int32_t first_token;         /* sampled at the end of the prompt (kept for a retried hand-off) */
     float first_lp;
-    msg_channel_t channel;       /* how the current hand-off's blocks travel */
-    tchan_nccl_xfer_t xfer;      /* NCCL: our send */
-    uint8_t handle[KVLINK_HANDLE_BYTES];   /* NCCL: the announce's handle (link id, sequence) */
+    kvchan_out_t out;            /* the current hand-off's transfer: its channel, what it holds (a
+                                  * segment, staged bytes, an NCCL send), its description */
     int sent;                    /* NCCL: the send is over (done, or its link aborted) */
     int acked;                   /* NCCL: the decode side acknowledged before the send was seen done */
     int refused;                 /* NCCL: the decode side refused: retry through shm once the send is over */
@@ -88,7 +88,8 @@ typedef struct prefill {
     uint64_t steps, forward_ns;  /* model forwards and the time they took */
     prefix_fetch_t fetch;        /* host-store blocks into our pool (and its counters) */
     uint64_t handoff_retries;    /* NCCL hand-offs done again through shared memory */
-    kvlinks_t *links;            /* NCCL links to decode workers on other GPUs of the node */
+    kvlinks_t *links;            /* NCCL links to decode workers on other GPUs */
+    kvchan_t *chan;              /* how hand-offs' blocks go out, every channel (kv_chan.h) */
     const char *nccl_peers[KVLINK_MAX];   /* those decode workers (the topology's names) */
     int n_nccl_peers;
     double tokens_per_s;         /* computed tokens per second over the last stats interval */
@@ -115,7 +116,7 @@ static void s_remove(prefill_t *p, pf_req_t *r)
         if (p->tail == r)
             p->tail = prev;
     }
-    tchan_shm_close(&r->seg);
+    kvchan_release(p->chan, &r->out);
     kvseq_destroy(&r->kv);
     msg_free(&r->msg);
     free(r);
@@ -240,26 +241,27 @@ static int s_on_kv_ack(actor_t *a, void *state, const actor_peer_t *from, msg_t 
         }
         if (r->transfer_id != k->transfer_id)
             continue;
-        if (r->channel == MSG_CHAN_NCCL && !r->sent) {
+        if (r->out.channel == MSG_CHAN_NCCL && !r->sent) {
             char err[512];
-            if (kvlinks_test(p->links, r->msg.u.prefill_request.decode_worker, &r->xfer, err, sizeof err) != 0)
+            if (kvchan_test(p->chan, r->msg.u.prefill_request.decode_worker, &r->out, err, sizeof err) != 0)
                 r->sent = 1;   /* done, or its link aborted: NCCL reads our blocks no more */
         }
-        if (k->status == MSG_ACK_OK && r->channel == MSG_CHAN_NCCL && !r->sent) {
+        if (k->status == MSG_ACK_OK && r->out.channel == MSG_CHAN_NCCL && !r->sent) {
             r->acked = 1;   /* NCCL may still read the blocks: freed when our send is seen done */
         } else if (k->status == MSG_ACK_OK) {
             p->handoffs++;
+            kvchan_acked(p->chan, r->out.channel);
             LOG_D("request %llu handed off (%d blocks)", (unsigned long long)r->id, kvseq_n_blocks(r->kv));
             s_remove(p, r);
-        } else if (r->channel == MSG_CHAN_NCCL) {
+        } else if (r->out.channel == MSG_CHAN_NCCL) {
             char why[512];
             snprintf(why, sizeof why, "refused by %s: %s", r->msg.u.prefill_request.decode_worker,
                      k->message ? k->message : "no reason");
             r->refused = 1;
             if (r->sent)
                 s_retry_shm(a, p, r, why);
-            else if (r->xfer.deadline_ms > now_ms() + REFUSED_SEND_GRACE_MS)
-                r->xfer.deadline_ms = now_ms() + REFUSED_SEND_GRACE_MS;
+            else if (r->out.xfer.deadline_ms > now_ms() + REFUSED_SEND_GRACE_MS)
+                r->out.xfer.deadline_ms = now_ms() + REFUSED_SEND_GRACE_MS;
         } else {
             p->handoff_failures++;
             char why[512];
@@ -296,41 +298,26 @@ static int s_on_fetch_reply(actor_t *a, void *state, const actor_peer_t *from, m
     return 0;
 }
 
-/* Moves r's blocks towards its decode worker by `channel` (NCCL falls back to shared memory when
- * the send cannot be posted) and sends kv_announce + handoff; fails the request when it cannot. */
+/* Moves r's blocks towards its decode worker by `channel` (NCCL falls back when the send cannot be
+ * posted) and sends the handoff, which carries the transfer's description; fails the request when
+ * it cannot. */
 static void s_send_handoff(actor_t *a, prefill_t *p, pf_req_t *r, msg_channel_t channel)
 {
     const msg_prefill_request_t *q = &r->msg.u.prefill_request;
     char err[512];
-    int nb = kvseq_n_blocks(r->kv);
-    size_t bb = worker_block_bytes(p->w);
     const bk_kv_t *kv = kvpool_view(p->w->pool);
+    kvchan_release(p->chan, &r->out);   /* a retry: the failed attempt's segment or staged bytes */
     r->transfer_id = ++p->next_transfer;
     r->sent = r->acked = r->refused = 0;
-    /* Same GPU: the decode worker copies the blocks straight out of our pool (CUDA IPC); another GPU
-     * of the node: our NCCL send, posted now, which its receive matches; else they travel through
-     * a shared-memory segment in host memory. Either way our blocks stay ours until the kv_ack. */
-    if (channel == MSG_CHAN_NCCL && kvlinks_send(p->links, q->decode_worker, kv, kvseq_blocks(r->kv), nb, &r->xfer,
-                                                 r->handle, err, sizeof err) != 0) {
-        LOG_W("request %llu: %s; handing it off through shared memory", (unsigned long long)r->id, err);
-        channel = MSG_CHAN_SHM;
-    }
-    r->channel = channel;
-    if (channel == MSG_CHAN_SHM &&
-        (tchan_shm_create(&r->seg, p->cluster, r->transfer_id, (size_t)nb * bb, err, sizeof err) != 0 ||
-         worker_blocks_out(p->w, kvseq_blocks(r->kv), nb, r->seg.ptr) != 0)) {
+    /* Same GPU: the decode worker copies the blocks straight out of our pool (CUDA IPC); another GPU:
+     * our NCCL send, posted now, which its receive matches; else they travel through a shared-memory
+     * segment in host memory (one node) or are staged for the decode worker to pull over the network.
+     * Either way our blocks stay ours until the kv_ack. */
+    if (kvchan_send(p->chan, q->decode_worker, channel, r->transfer_id, r->id, kvseq_blocks(r->kv),
+                    kvseq_n_blocks(r->kv), TRANSFER_TIMEOUT_MS, &r->out, err, sizeof err) != 0) {
         s_fail(a, p, r, MSG_ERR_TRANSFER_FAILED, 1, err);
         return;
     }
-    const uint8_t *handle = channel == MSG_CHAN_CUDA_IPC ? p->w->ipc_handle
-                          : channel == MSG_CHAN_NCCL     ? r->handle
-                                                         : (const uint8_t *)r->seg.name;
-    uint32_t handle_len = channel == MSG_CHAN_CUDA_IPC ? KVX_IPC_HANDLE_BYTES
-                        : channel == MSG_CHAN_NCCL     ? KVLINK_HANDLE_BYTES
-                                                       : (uint32_t)strlen(r->seg.name);
-    msg_t an;
-    kvx_announce(&an, r->transfer_id, r->id, kv, (const uint32_t *)kvseq_blocks(r->kv), (uint32_t)nb, channel, handle,
-                 handle_len, p->name, TRANSFER_TIMEOUT_MS);
 
     msg_t h;
     msg_init(&h, MSG_HANDOFF, r->id);
@@ -343,7 +330,6 @@ static void s_send_handoff(actor_t *a, prefill_t *p, pf_req_t *r, msg_channel_t 
     o->tokens_left = q->sampling.max_tokens > 0 ? q->sampling.max_tokens - 1 : 0;
     o->kv_tokens = (uint32_t)r->n_prompt;
     o->block_size = (uint32_t)kv->block_size;
-    o->transfer_id = r->transfer_id;
     o->reply_to = q->reply_to;
     o->prefill_worker = p->name;
     o->tenant_salt = q->tenant_salt;
@@ -353,9 +339,11 @@ static void s_send_handoff(actor_t *a, prefill_t *p, pf_req_t *r, msg_channel_t 
     o->queue_ms = q->queue_ms + (uint32_t)(r->started_ms - r->arrived_ms);
     o->prefill_ms = (uint32_t)(now_ms() - r->started_ms);
     o->deadline_ms = q->deadline_ms;
-    if (actor_send(a, q->decode_worker, &an) != 0 || actor_send(a, q->decode_worker, &h) != 0) {
+    o->kv = &r->out.desc;
+    o->n_kv = 1;
+    if (actor_send(a, q->decode_worker, &h) != 0) {
         /* A posted send nobody will receive would pair with the next hand-off's receive. */
-        if (channel == MSG_CHAN_NCCL)
+        if (r->out.channel == MSG_CHAN_NCCL)
             kvlinks_abort(p->links, q->decode_worker, "a posted send could not be announced");
         s_fail(a, p, r, MSG_ERR_UNAVAILABLE, 1, "decode worker unreachable for the KV hand-off");
         return;
@@ -363,18 +351,22 @@ static void s_send_handoff(actor_t *a, prefill_t *p, pf_req_t *r, msg_channel_t 
     if (r->state != PF_HANDING_OFF)
         worker_publish_blocks(a, p->name, p->cache_manager, r->kv, p->w->block_size);
     r->deadline_ms = now_ms() + TRANSFER_TIMEOUT_MS;
-    s_set_state(r, PF_HANDING_OFF, r->state == PF_HANDING_OFF ? "retried through shared memory" : "prompt complete");
+    s_set_state(r, PF_HANDING_OFF, r->state == PF_HANDING_OFF ? "retried through the fallback channel"
+                                                              : "prompt complete");
 }
 
 /* An NCCL hand-off that failed (link broke, send past its deadline, refused) is done once more
- * through shared memory: our blocks are still here, so nothing is lost. */
+ * through the pair's fallback (shared memory, or the network across nodes): our blocks are still
+ * here, so nothing is lost. */
 static void s_retry_shm(actor_t *a, prefill_t *p, pf_req_t *r, const char *why)
 {
-    LOG_W("request %llu: NCCL hand-off to %s failed (%s); handing it off through shared memory",
-          (unsigned long long)r->id, r->msg.u.prefill_request.decode_worker, why);
+    const char *dw = r->msg.u.prefill_request.decode_worker;
+    const msg_channel_t fb = kvchan_fallback(p->chan, dw);
+    LOG_W("request %llu: NCCL hand-off to %s failed (%s); handing it off through %s", (unsigned long long)r->id, dw,
+          why, msg_channel_name(fb));
     p->handoff_retries++;
     r->nccl_transfer = r->transfer_id;
-    s_send_handoff(a, p, r, MSG_CHAN_SHM);
+    s_send_handoff(a, p, r, fb);
 }
 
 /* Samples the first token and hands the request over to its decode worker. */
@@ -396,7 +388,7 @@ static void s_handoff(actor_t *a, prefill_t *p, pf_req_t *r, const float *logits
     r->first_token = sampler_sample(smp, logits, q->sampling.logprobs ? &lp : NULL);
     r->first_lp = lp > 0 ? 0 : lp;
     sampler_destroy(&smp);
-    s_send_handoff(a, p, r, kvlinks_channel(p->links, q->decode_worker, s_route(p, q->decode_worker)));
+    s_send_handoff(a, p, r, kvchan_channel(p->chan, q->decode_worker));
 }
 
 /* Every KVLINK_POLL_MS: links coming up, and NCCL sends in flight (done, failed, or past their
@@ -416,9 +408,9 @@ static int s_poll_links(actor_t *a, void *state)
     char err[512];
     for (pf_req_t *r = p->head, *next; r; r = next) {
         next = r->next;
-        if (r->state != PF_HANDING_OFF || r->channel != MSG_CHAN_NCCL || r->sent)
+        if (r->state != PF_HANDING_OFF || r->out.channel != MSG_CHAN_NCCL || r->sent)
             continue;
-        int s = kvlinks_test(p->links, r->msg.u.prefill_request.decode_worker, &r->xfer, err, sizeof err);
+        int s = kvchan_test(p->chan, r->msg.u.prefill_request.decode_worker, &r->out, err, sizeof err);
         if (s == 0)
             continue;
         r->sent = 1;
@@ -556,6 +548,7 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
     actor_stat_metric(a, st, "transfer_failures_total", (double)p->handoff_failures, 1);
     prefix_fetch_stats(a, st, &p->fetch);
     actor_stat_metric(a, st, "transfers_nccl_total", (double)kvlinks_transfers(p->links), 1);
+    actor_stat_metric(a, st, "transfers_tcp_total", (double)kvchan_count(p->chan, MSG_CHAN_TCP), 1);
     actor_stat_metric(a, st, "nccl_links_ready", kvlinks_ready(p->links), 0);
     actor_stat_metric(a, st, "transfer_retries_total", (double)p->handoff_retries, 1);
     actor_stat_metric(a, st, "transfers_nccl_fallback_total", (double)kvlinks_fallbacks(p->links), 1);
@@ -600,6 +593,9 @@ int main(int argc, char **argv)
     p.seqs = calloc((size_t)max_seqs, sizeof *p.seqs);
     p.batch = calloc((size_t)max_seqs, sizeof *p.batch);
     p.links = kvlinks_new(p.w->be, p.name, worker_block_bytes(p.w), NULL, s_link_send, a);
+    kvchan_cfg_t cc = {.be = p.w->be, .pool = p.w->pool, .topo = t, .self = actor_self(a), .cluster = t->name,
+                       .zmq_ctx = actor_zmq_ctx(a), .links = p.links};
+    p.chan = kvchan_new(&cc, err, sizeof err);
     if (tchan_nccl_available(p.w->be)) {
         actor_timer_add(a, KVLINK_POLL_MS, s_poll_links);
         for (int i = 0; i < t->n_instances; i++)
@@ -610,7 +606,7 @@ int main(int argc, char **argv)
             }
     }
     int rc = -1;
-    if (!p.links || !p.seqs || !p.batch) {
+    if (!p.links || !p.chan || !p.seqs || !p.batch) {
         LOG_E("out of memory for a batch of %d", max_seqs);
     } else {
         tchan_shm_sweep(t->name);
@@ -622,6 +618,7 @@ int main(int argc, char **argv)
     kvlinks_destroy(&p.links);   /* first: aborts the sends still in flight before their blocks go */
     while (p.head)
         s_remove(&p, p.head);
+    kvchan_destroy(&p.chan);   /* after the requests: they release what they staged on it */
     free(p.seqs);
     free(p.batch);
     worker_destroy(&p.w);

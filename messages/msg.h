@@ -297,26 +297,8 @@ typedef struct msg_prefill_request {
     uint32_t queue_ms;           /* time spent queued at the router so far */
 } msg_prefill_request_t;
 
-typedef struct msg_handoff {
-    const uint32_t *tokens;      /* prompt token ids */
-    uint32_t n_tokens;           /* 1..MSG_MAX_PROMPT_TOKENS (required) */
-    uint32_t first_token;
-    float first_logprob;         /* <= 0 */
-    msg_sampling_t sampling;
-    uint32_t tokens_left;        /* generation budget after first_token */
-    uint32_t kv_tokens;          /* tokens whose KV travels (<= n_tokens) */
-    uint32_t block_size;         /* tokens per KV block, >= 1 */
-    uint64_t transfer_id;        /* matches the kv_announce */
-    const char *reply_to;        /* required: router that streams to the client */
-    const char *prefill_worker;  /* required: the sender, for the kv_ack */
-    uint64_t tenant_salt;
-    const char *prompt_cache_key;
-    uint32_t cache_retention_s;
-    uint32_t cached_tokens;      /* prompt tokens served from cache, for usage */
-    uint32_t queue_ms, prefill_ms; /* timings so far, for done */
-    uint64_t deadline_ms;
-} msg_handoff_t;
-
+/* What is coming on the tensor channel: the blocks, their shape, the channel and its handle. Its
+ * own message for write-backs and fetches (kv_announce); inside the handoff for a hand-off. */
 typedef struct msg_kv_announce {
     uint64_t transfer_id;
     uint64_t request_id;
@@ -331,11 +313,35 @@ typedef struct msg_kv_announce {
     const uint32_t *block_ids;   /* sender's block ids, in prefix order */
     uint32_t n_block_ids;        /* 1..MSG_MAX_BLOCKS (required) */
     uint64_t total_bytes;        /* bytes on the tensor channel for this chunk, >= 1 */
-    const uint8_t *handle;       /* shm name, CUDA IPC handle, or the NCCL link's id; empty for tcp */
+    const uint8_t *handle;       /* shm name, CUDA IPC handle, NCCL link id + sequence, tcp endpoint */
     uint32_t handle_len;         /* <= MSG_MAX_HANDLE */
     const char *src;             /* required: sending actor */
     uint64_t deadline_ms;
 } msg_kv_announce_t;
+
+typedef struct msg_handoff {
+    const uint32_t *tokens;      /* prompt token ids */
+    uint32_t n_tokens;           /* 1..MSG_MAX_PROMPT_TOKENS (required) */
+    uint32_t first_token;
+    float first_logprob;         /* <= 0 */
+    msg_sampling_t sampling;
+    uint32_t tokens_left;        /* generation budget after first_token */
+    uint32_t kv_tokens;          /* tokens whose KV travels (<= n_tokens) */
+    uint32_t block_size;         /* tokens per KV block, >= 1 */
+    const char *reply_to;        /* required: router that streams to the client */
+    const char *prefill_worker;  /* required: the sender, for the kv_ack */
+    uint64_t tenant_salt;
+    const char *prompt_cache_key;
+    uint32_t cache_retention_s;
+    uint32_t cached_tokens;      /* prompt tokens served from cache, for usage */
+    uint32_t queue_ms, prefill_ms; /* timings so far, for done */
+    uint64_t deadline_ms;
+    /* The KV's transfer description (transfer id, blocks, channel, handle): one when the KV
+     * travels with the hand-off (always from a prefill worker), none for a request whose KV is
+     * computed where it runs. Its src must be prefill_worker. */
+    const msg_kv_announce_t *kv;
+    uint32_t n_kv;               /* 0..1 */
+} msg_handoff_t;
 
 /* A link between two workers for KV transfers (NCCL between GPUs: actors/runtime/kv_link.h). The
  * offering side creates the channel's bootstrap (an ncclUniqueId) and sends it with status ok; the

@@ -202,14 +202,16 @@ static int s_handoff_check(const void *p, const char *path, char *err, size_t er
     if (h->cached_tokens > h->n_tokens)
         return errf(err, errlen, "%s.cached_tokens: %u exceeds the %u prompt tokens", path,
                     h->cached_tokens, h->n_tokens);
+    if (h->n_kv && h->prefill_worker && strcmp(h->kv->src, h->prefill_worker) != 0)
+        return errf(err, errlen, "%s.kv.src: %s, but the hand-off comes from %s", path, h->kv->src,
+                    h->prefill_worker);
     return s_retention_needs_key(path, h->cache_retention_s, h->prompt_cache_key, err, errlen);
 }
 
 static int s_kv_announce_check(const void *p, const char *path, char *err, size_t errlen)
 {
     const msg_kv_announce_t *a = p;
-    if ((a->channel == MSG_CHAN_SHM || a->channel == MSG_CHAN_CUDA_IPC || a->channel == MSG_CHAN_NCCL) &&
-        a->handle_len == 0)
+    if (a->handle_len == 0)   /* every channel names where its bytes are: segment, pool, link or endpoint */
         return errf(err, errlen, "%s.handle: required for a %s channel", path, msg_channel_name(a->channel));
     return 0;
 }
@@ -450,26 +452,6 @@ static const msg_field_t s_prefill_f[] = {
     F_U32(msg_prefill_request_t, queue_ms, 0, 0, U32MAX),
 };
 
-static const msg_field_t s_handoff_f[] = {
-    F_U32A(msg_handoff_t, tokens, n_tokens, REQ, 1, MSG_MAX_PROMPT_TOKENS),
-    F_U32(msg_handoff_t, first_token, REQ, 0, U32MAX),
-    F_F32(msg_handoff_t, first_logprob, 0, -FLT_MAX, 0.0),
-    F_STRUCT(msg_handoff_t, sampling, 0, s_sampling_s),
-    F_U32(msg_handoff_t, tokens_left, 0, 0, MSG_MAX_NEW_TOKENS),
-    F_U32(msg_handoff_t, kv_tokens, 0, 0, MSG_MAX_PROMPT_TOKENS),
-    F_U32(msg_handoff_t, block_size, REQ, 1, 65536),
-    F_U64(msg_handoff_t, transfer_id, REQ, 0, U64MAX),
-    F_STR(msg_handoff_t, reply_to, REQ, 1, MSG_MAX_NAME),
-    F_STR(msg_handoff_t, prefill_worker, REQ, 1, MSG_MAX_NAME),
-    F_U64(msg_handoff_t, tenant_salt, 0, 0, U64MAX),
-    F_STR(msg_handoff_t, prompt_cache_key, 0, 1, MSG_MAX_NAME),
-    F_U32(msg_handoff_t, cache_retention_s, 0, 0, MSG_MAX_RETENTION_S),
-    F_U32(msg_handoff_t, cached_tokens, 0, 0, MSG_MAX_PROMPT_TOKENS),
-    F_U32(msg_handoff_t, queue_ms, 0, 0, U32MAX),
-    F_U32(msg_handoff_t, prefill_ms, 0, 0, U32MAX),
-    F_U64(msg_handoff_t, deadline_ms, 0, 0, U64MAX),
-};
-
 static const msg_field_t s_kv_announce_f[] = {
     F_U64(msg_kv_announce_t, transfer_id, REQ, 0, U64MAX),
     F_U64(msg_kv_announce_t, request_id, 0, 0, U64MAX),
@@ -487,6 +469,29 @@ static const msg_field_t s_kv_announce_f[] = {
     F_STR(msg_kv_announce_t, src, REQ, 1, MSG_MAX_NAME),
     F_U64(msg_kv_announce_t, deadline_ms, 0, 0, U64MAX),
 };
+static const msg_schema_t s_kv_announce_s =
+    SCHEMA("kv_announce", msg_kv_announce_t, s_kv_announce_f, NULL, s_kv_announce_check);
+
+static const msg_field_t s_handoff_f[] = {
+    F_U32A(msg_handoff_t, tokens, n_tokens, REQ, 1, MSG_MAX_PROMPT_TOKENS),
+    F_U32(msg_handoff_t, first_token, REQ, 0, U32MAX),
+    F_F32(msg_handoff_t, first_logprob, 0, -FLT_MAX, 0.0),
+    F_STRUCT(msg_handoff_t, sampling, 0, s_sampling_s),
+    F_U32(msg_handoff_t, tokens_left, 0, 0, MSG_MAX_NEW_TOKENS),
+    F_U32(msg_handoff_t, kv_tokens, 0, 0, MSG_MAX_PROMPT_TOKENS),
+    F_U32(msg_handoff_t, block_size, REQ, 1, 65536),
+    F_STR(msg_handoff_t, reply_to, REQ, 1, MSG_MAX_NAME),
+    F_STR(msg_handoff_t, prefill_worker, REQ, 1, MSG_MAX_NAME),
+    F_U64(msg_handoff_t, tenant_salt, 0, 0, U64MAX),
+    F_STR(msg_handoff_t, prompt_cache_key, 0, 1, MSG_MAX_NAME),
+    F_U32(msg_handoff_t, cache_retention_s, 0, 0, MSG_MAX_RETENTION_S),
+    F_U32(msg_handoff_t, cached_tokens, 0, 0, MSG_MAX_PROMPT_TOKENS),
+    F_U32(msg_handoff_t, queue_ms, 0, 0, U32MAX),
+    F_U32(msg_handoff_t, prefill_ms, 0, 0, U32MAX),
+    F_U64(msg_handoff_t, deadline_ms, 0, 0, U64MAX),
+    F_STRUCTA(msg_handoff_t, kv, n_kv, 0, 0, 1, s_kv_announce_s),
+};
+
 
 static const msg_field_t s_kv_ack_f[] = {
     F_U64(msg_kv_ack_t, transfer_id, REQ, 0, U64MAX),

@@ -102,7 +102,12 @@ void kvlinks_destroy(kvlinks_t **self_p)
 
 msg_channel_t kvlink_route(const topo_instance_t *from, const topo_instance_t *to, int ipc_ok, int nccl_ok)
 {
-    if (!from || !to || from->node != to->node || from->gpu < 0 || to->gpu < 0)
+    if (!from || !to)
+        return MSG_CHAN_SHM;
+    const int gpus = from->gpu >= 0 && to->gpu >= 0;
+    if (from->node != to->node)   /* shared memory cannot cross machines */
+        return gpus && nccl_ok ? MSG_CHAN_NCCL : MSG_CHAN_TCP;
+    if (!gpus)
         return MSG_CHAN_SHM;
     if (from->gpu == to->gpu)
         return ipc_ok ? MSG_CHAN_CUDA_IPC : MSG_CHAN_SHM;

@@ -2,9 +2,10 @@
  * one per peer worker on another GPU of the node, and which channel each KV hand-off takes.
  *
  * Channel of a hand-off (kvlink_route, from the topology): CUDA IPC when both workers share a GPU,
- * NCCL between two GPUs of one node, shared memory otherwise (CPU workers, other nodes). NCCL is
- * used only while the link to that peer is READY; until then, and for retry_ms after a link
- * failed, the hand-off goes through shared memory (kvlinks_channel): nothing waits for a link.
+ * NCCL between two GPUs (of one node or of two), shared memory otherwise on one node, tcp across
+ * nodes. NCCL is used only while the link to that peer is READY; until then, and for retry_ms
+ * after a link failed, the hand-off takes the pair's fallback (kvlinks_channel says MSG_CHAN_SHM;
+ * kv_chan.h's kvchan_channel makes that tcp across nodes): nothing waits for a link.
  *
  * Bootstrap over our own messages (kv_link, messages/msg.h):
  *   sender (prefill)  makes the ncclUniqueId, opens rank 0 and sends kv_link{ok, id, rank 1 of 2}
@@ -59,7 +60,8 @@ kvlinks_t *kvlinks_new(backend_t *be, const char *self, size_t block_bytes, cons
 void kvlinks_destroy(kvlinks_t **self_p);
 
 /* The channel the topology gives a hand-off from `from` to `to`: MSG_CHAN_CUDA_IPC (same GPU,
- * ipc_ok), MSG_CHAN_NCCL (two GPUs of one node, nccl_ok), else MSG_CHAN_SHM. */
+ * ipc_ok), MSG_CHAN_NCCL (two GPUs, of one node or two, nccl_ok), else MSG_CHAN_SHM on one node and
+ * MSG_CHAN_TCP across nodes. */
 msg_channel_t kvlink_route(const topo_instance_t *from, const topo_instance_t *to, int ipc_ok, int nccl_ok);
 
 /* Sender: the channel to use now for a hand-off to `peer` whose route is `route`: NCCL only when

@@ -1,9 +1,10 @@
 #include "actors/runtime/prefix_fetch.h"
 
-#include "transfer/kv_transfer.h"
-#include "transfer/shm_chan.h"
 #include "common/log.h"
 #include "common/util.h"
+#include "transfer/kv_blocks.h"
+#include "transfer/kv_transfer.h"
+#include "transfer/shm_chan.h"
 
 int prefix_fetch_init(prefix_fetch_t *pf, const char *self, const char *cache_manager, char *err, size_t errlen)
 {
@@ -43,7 +44,7 @@ int prefix_fetch_take(actor_t *a, prefix_fetch_t *pf, worker_t *w, const msg_kv_
 {
     char err[256] = "";
     tchan_seg_t seg = {0};
-    int ok = wanted && worker_check_announce(w, k, err, sizeof err) == 0 &&
+    int ok = wanted && kvblocks_check(w->pool, k, err, sizeof err) == 0 &&
              tchan_shm_open(&seg, k->handle, k->handle_len, (size_t)k->total_bytes, err, sizeof err) == 0;
     int got = 0;
     if (ok) {
@@ -55,7 +56,7 @@ int prefix_fetch_take(actor_t *a, prefix_fetch_t *pf, worker_t *w, const msg_kv_
             int32_t b = kvpool_alloc(w->pool);
             if (b < 0)
                 break;
-            if (worker_blocks_in(w, &b, 1, (const uint8_t *)seg.ptr + (size_t)j * bb) == 0) {
+            if (kvblocks_in(w->be, w->pool, &b, 1, (const uint8_t *)seg.ptr + (size_t)j * bb) == 0) {
                 kvpool_set_hash(w->pool, b, hints[from + (int)j]);
                 got++;
             }

@@ -152,9 +152,6 @@ void worker_destroy(worker_t **self_p)
     if (!self_p || !*self_p)
         return;
     worker_t *w = *self_p;
-    for (size_t i = 0; i < sizeof w->peers / sizeof w->peers[0]; i++)
-        if (w->peers[i].base)
-            w->be->ops->ipc_close(w->be, w->peers[i].base);
     kvpool_destroy(&w->pool);
     model_destroy(&w->model);
     ckpt_destroy(&w->ck);
@@ -197,79 +194,6 @@ int worker_sampler_params(const worker_t *w, const msg_sampling_t *s, sampler_pa
 }
 
 size_t worker_block_bytes(const worker_t *w) { return kvpool_view(w->pool)->block_bytes; }
-
-int worker_blocks_out(worker_t *w, const int32_t *blocks, int n, uint8_t *dst)
-{
-    size_t bb = worker_block_bytes(w);
-    for (int i = 0; i < n; i++)
-        if (w->be->ops->download(w->be, dst + (size_t)i * bb, kvpool_block_ptr(w->pool, blocks[i]), bb) != 0)
-            return -1;
-    return 0;
-}
-
-int worker_blocks_in(worker_t *w, const int32_t *blocks, int n, const uint8_t *src)
-{
-    size_t bb = worker_block_bytes(w);
-    for (int i = 0; i < n; i++)
-        if (w->be->ops->upload(w->be, kvpool_block_ptr(w->pool, blocks[i]), src + (size_t)i * bb, bb) != 0)
-            return -1;
-    return 0;
-}
-
-int worker_blocks_in_ipc(worker_t *w, const msg_kv_announce_t *k, const int32_t *blocks, int n, char *err,
-                         size_t errlen)
-{
-    size_t bb = worker_block_bytes(w);
-    if (!w->be->ops->ipc_open || !w->be->ops->copy)
-        return errf(err, errlen, "this backend cannot map another process's memory (CUDA IPC)");
-    if (!kvx_ipc_check(k, bb, err, errlen))
-        return -1;
-    if ((int)k->n_block_ids != n)
-        return errf(err, errlen, "kv_announce names %u blocks, %d expected", k->n_block_ids, n);
-    /* The sender's pool: mapped once, remapped when the sender restarted (a new handle). */
-    size_t np = sizeof w->peers / sizeof w->peers[0], slot = np;
-    for (size_t i = 0; i < np && slot == np; i++)
-        if (strcmp(w->peers[i].src, k->src) == 0)
-            slot = i;
-    if (slot < np && memcmp(w->peers[slot].handle, k->handle, KVX_IPC_HANDLE_BYTES) != 0) {
-        w->be->ops->ipc_close(w->be, w->peers[slot].base);
-        w->peers[slot].base = NULL;
-    }
-    if (slot == np)
-        for (size_t i = 0; i < np && slot == np; i++)
-            if (!w->peers[i].base)
-                slot = i;
-    if (slot == np)
-        return errf(err, errlen, "too many CUDA IPC senders");
-    if (!w->peers[slot].base) {
-        w->peers[slot].base = w->be->ops->ipc_open(w->be, k->handle);
-        if (!w->peers[slot].base)
-            return errf(err, errlen, "cannot map %s's KV pool (CUDA IPC)", k->src);
-        snprintf(w->peers[slot].src, sizeof w->peers[slot].src, "%s", k->src);
-        memcpy(w->peers[slot].handle, k->handle, KVX_IPC_HANDLE_BYTES);
-    }
-    const uint8_t *remote = w->peers[slot].base;
-    for (int i = 0; i < n; i++)
-        if (w->be->ops->copy(w->be, kvpool_block_ptr(w->pool, blocks[i]), remote + (size_t)k->block_ids[i] * bb, bb) != 0)
-            return errf(err, errlen, "device copy of block %d failed", i);
-    /* The sender frees its blocks on our ack: the copies must be done before we send it. */
-    return w->be->ops->sync(w->be) == 0 ? 0 : errf(err, errlen, "device sync after the copies failed");
-}
-
-int worker_check_announce(const worker_t *w, const msg_kv_announce_t *a, char *err, size_t errlen)
-{
-    const bk_kv_t *kv = kvpool_view(w->pool);
-    if ((int)a->n_layers != kv->n_layers || (int)a->block_size != kv->block_size ||
-        (int)a->n_kv_heads != kv->n_kv_heads || (int)a->head_dim != kv->head_dim || a->dtype != kv->dtype)
-        return errf(err, errlen, "kv_announce: blocks of %u layers x %u tokens x %u heads x %u dims %s, "
-                    "this pool holds %d x %d x %d x %d %s", a->n_layers, a->block_size, a->n_kv_heads,
-                    a->head_dim, dtype_name(a->dtype), kv->n_layers, kv->block_size, kv->n_kv_heads,
-                    kv->head_dim, dtype_name(kv->dtype));
-    if (a->total_bytes != (uint64_t)a->n_block_ids * kv->block_bytes)
-        return errf(err, errlen, "kv_announce: %llu bytes for %u blocks of %zu bytes",
-                    (unsigned long long)a->total_bytes, a->n_block_ids, kv->block_bytes);
-    return 0;
-}
 
 uint64_t worker_tenant_salt(const char *tenant)
 {

@@ -38,11 +38,6 @@ typedef struct worker {
     uint8_t *stage;              /* [block_bytes] host staging for block copies */
     int ipc_ok;                  /* the pool can be shared with processes on the same GPU */
     uint8_t ipc_handle[KVX_IPC_HANDLE_BYTES];   /* its CUDA IPC handle + size, when ipc_ok */
-    struct {                     /* pools of senders mapped here (CUDA IPC), by sender */
-        char src[64];
-        uint8_t handle[KVX_IPC_HANDLE_BYTES];
-        void *base;
-    } peers[16];
 } worker_t;
 
 /* Loads the model of topology t for one actor of `role` (prefill or decode: sizes its share of
@@ -60,18 +55,6 @@ int worker_sampler_params(const worker_t *w, const msg_sampling_t *s, sampler_pa
 
 /* Bytes of one KV block of this worker's pool. */
 size_t worker_block_bytes(const worker_t *w);
-/* Copies blocks[0..n) of the pool into dst (n * block_bytes, host memory). */
-int worker_blocks_out(worker_t *w, const int32_t *blocks, int n, uint8_t *dst);
-/* Copies n blocks' bytes from src (host memory) into the pool's blocks[0..n). */
-int worker_blocks_in(worker_t *w, const int32_t *blocks, int n, const uint8_t *src);
-/* Copies the blocks a CUDA IPC kv_announce names out of the sender's pool (mapped once per
- * sender, remapped when it restarts) into this pool's blocks[0..n). -1 with why. */
-int worker_blocks_in_ipc(worker_t *w, const msg_kv_announce_t *k, const int32_t *blocks, int n, char *err,
-                         size_t errlen);
-
-/* 0 when a kv_announce describes blocks of exactly this pool's shape, else -1 and why. */
-int worker_check_announce(const worker_t *w, const msg_kv_announce_t *a, char *err, size_t errlen);
-
 /* The tenant salt mixed into block hashes: 0 for no tenant, else a hash of its name. */
 uint64_t worker_tenant_salt(const char *tenant);
 

@@ -312,7 +312,10 @@ static void test_route(void **st)
     assert_int_equal(kvlink_route(&pf, &same, 0, 1), MSG_CHAN_SHM);      /* no IPC handle: host memory */
     assert_int_equal(kvlink_route(&pf, &other, 1, 1), MSG_CHAN_NCCL);
     assert_int_equal(kvlink_route(&pf, &other, 1, 0), MSG_CHAN_SHM);     /* built without NCCL */
-    assert_int_equal(kvlink_route(&pf, &remote, 1, 1), MSG_CHAN_SHM);    /* another node */
+    assert_int_equal(kvlink_route(&pf, &remote, 1, 1), MSG_CHAN_NCCL);   /* another node's GPU */
+    assert_int_equal(kvlink_route(&pf, &remote, 1, 0), MSG_CHAN_TCP);    /* ... without NCCL: the network */
+    topo_instance_t remote_cpu = {.name = "decode-4", .node = 1, .gpu = -1};
+    assert_int_equal(kvlink_route(&cpu, &remote_cpu, 1, 1), MSG_CHAN_TCP);   /* CPU workers on two nodes */
     assert_int_equal(kvlink_route(&pf, &cpu, 1, 1), MSG_CHAN_SHM);       /* no GPU */
     assert_int_equal(kvlink_route(&cpu, &cpu, 1, 1), MSG_CHAN_SHM);
     assert_int_equal(kvlink_route(&pf, NULL, 1, 1), MSG_CHAN_SHM);       /* unknown peer */

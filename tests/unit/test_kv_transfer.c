@@ -8,8 +8,9 @@
 #include <cmocka.h>
 #include <string.h>
 
+#include "engine/config.h"
+#include "transfer/kv_blocks.h"
 #include "transfer/kv_transfer.h"
-#include "actors/runtime/worker.h"
 
 static const bk_kv_t s_kv = {.dtype = DT_BF16, .n_blocks = 10, .block_size = 16, .n_layers = 4,
                              .n_kv_heads = 2, .head_dim = 64, .block_bytes = 4 * 2 * 16 * 2 * 64 * 2};
@@ -93,15 +94,12 @@ static void test_check_announce_dtype(void **st)
     assert_int_equal(m.u.kv_announce.dtype, DT_F8E4M3);
     assert_int_equal(m.u.kv_announce.total_bytes, 2 * v->block_bytes);
 
-    worker_t w = {.pool = fp8};
-    assert_int_equal(worker_check_announce(&w, &m.u.kv_announce, err, sizeof err), 0);
-    w.pool = bf16;
-    assert_int_equal(worker_check_announce(&w, &m.u.kv_announce, err, sizeof err), -1);
+    assert_int_equal(kvblocks_check(fp8, &m.u.kv_announce, err, sizeof err), 0);
+    assert_int_equal(kvblocks_check(bf16, &m.u.kv_announce, err, sizeof err), -1);
     assert_non_null(strstr(err, "64 dims fp8"));
     assert_non_null(strstr(err, "64 bf16"));
-    w.pool = fp8;
     m.u.kv_announce.total_bytes = 2 * 2 * v->block_bytes;         /* as if the elements were 2 bytes */
-    assert_int_equal(worker_check_announce(&w, &m.u.kv_announce, err, sizeof err), -1);
+    assert_int_equal(kvblocks_check(fp8, &m.u.kv_announce, err, sizeof err), -1);
     assert_non_null(strstr(err, "bytes for 2 blocks"));
     kvpool_destroy(&fp8);
     kvpool_destroy(&bf16);

@@ -785,6 +785,23 @@ static void test_reject_cross_field(void **state)
     assert_int_equal(msg_validate(&m, err, sizeof err), -1);
     assert_non_null(strstr(err, "handoff.kv_tokens: 8 exceeds the 7 prompt tokens"));
 
+    /* The hand-off's transfer description names its sender, and no other. */
+    fx_fill(&m, MSG_HANDOFF);
+    m.u.handoff.prefill_worker = "prefill-1";
+    assert_int_equal(msg_validate(&m, err, sizeof err), -1);
+    assert_non_null(strstr(err, "handoff.kv.src: prefill-0, but the hand-off comes from prefill-1"));
+    msg_kv_announce_t two[2] = {fx_handoff_kv[0], fx_handoff_kv[0]};
+    fx_fill(&m, MSG_HANDOFF);
+    m.u.handoff.kv = two;
+    m.u.handoff.n_kv = 2;
+    assert_int_equal(msg_validate(&m, err, sizeof err), -1);
+    msg_kv_announce_t no_handle = fx_handoff_kv[0];
+    no_handle.handle_len = 0;
+    fx_fill(&m, MSG_HANDOFF);
+    m.u.handoff.kv = &no_handle;
+    assert_int_equal(msg_validate(&m, err, sizeof err), -1);
+    assert_non_null(strstr(err, "handoff.kv[0].handle: required for a tcp channel"));
+
     fx_fill(&m, MSG_SUBMIT);
     m.u.submit.sampling.logprobs = false;
     assert_int_equal(msg_validate(&m, err, sizeof err), -1);

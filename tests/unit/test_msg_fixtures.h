@@ -31,6 +31,13 @@ static const msg_cache_holder_t fx_holders[] = {
 };
 static const uint8_t fx_handle[] = {0x2f, 0x74, 0x72, 0x6f, 0x75, 0x70, 0x65, 0x00, 0xff, 0x10};
 static const uint8_t fx_nccl_id[128] = {0x02, 0x00, 0x9c, 0x41, 0x7f, 0x00, 0x00, 0x01, [64] = 0xee, [127] = 0x01};
+static const uint8_t fx_tcp_handle[] = "tcp://127.0.0.2:41234";
+/* The transfer description inside the handoff fixture (a network hand-off). */
+static const msg_kv_announce_t fx_handoff_kv[1] = {{
+    .transfer_id = 555, .request_id = 1234, .seq = 1, .last = true, .channel = MSG_CHAN_TCP, .n_layers = 2, .block_size = 16,
+    .n_kv_heads = 2, .head_dim = 8, .dtype = DT_BF16, .block_ids = fx_stop_ids, .n_block_ids = 1,
+    .total_bytes = 2ull * 2 * 16 * 2 * 8 * 2, .handle = fx_tcp_handle, .handle_len = sizeof fx_tcp_handle - 1,
+    .src = "prefill-0", .deadline_ms = 1767225601000ull}};
 static const uint32_t fx_offsets[] = {0, 1, 3, 4, 6};     /* 2 layers x 2 experts */
 static const uint32_t fx_replicas[] = {0, 1, 2, 2, 0, 1};
 static const char *const fx_workers[] = {"moe-0", "moe-1", "moe-2"};
@@ -138,10 +145,11 @@ static void fx_fill(msg_t *m, msg_type_t t)
         msg_handoff_t *h = &m->u.handoff;
         h->tokens = fx_tokens; h->n_tokens = 7; h->first_token = 791; h->first_logprob = -0.125f;
         fx_sampling(&h->sampling);
-        h->tokens_left = 999; h->kv_tokens = 7; h->block_size = 16; h->transfer_id = 555;
+        h->tokens_left = 999; h->kv_tokens = 7; h->block_size = 16;
         h->reply_to = "router"; h->prefill_worker = "prefill-0"; h->tenant_salt = 99;
         h->prompt_cache_key = "key"; h->cache_retention_s = 60; h->cached_tokens = 4;
         h->queue_ms = 2; h->prefill_ms = 18; h->deadline_ms = 1767225600123ull;
+        h->kv = fx_handoff_kv; h->n_kv = 1;
         break;
     }
     case MSG_KV_ANNOUNCE: {
