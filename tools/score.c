@@ -1,0 +1,241 @@
+/* tools/score.c — troupe-score: the quality measure. Mean negative log-likelihood per token of a
+ * text under teacher forcing, so a quantized format can be compared with bf16 (and with
+ * transformers) on the same text.
+ *
+ *   troupe-score MODEL_DIR --text FILE [--window N] [--sep-id ID] [--max-windows N]
+ *                [--backend cpu|cuda] [--threads N] [--quantize fp8|int8|int4|nvfp4]
+ *
+ * The text is split into chapters at blank lines; each chapter is tokenized on its own (no special
+ * tokens) and the chapters are joined by --sep-id (default 0, the end-of-text token of the KJV
+ * models). The token stream is cut into non-overlapping windows of --window tokens (default 256;
+ * a last partial window is left out); each window is one forward from an empty cache with logits
+ * for every position, and position i's log-softmax scores token i + 1. So each window scores
+ * window - 1 tokens with a context of 1 .. window - 1. Log-softmax is computed in double.
+ * --quantize quantizes a plain checkpoint at load (model_opts_t.quantize).
+ *
+ * Prints: model, format, windows, tokens scored, context length, mean NLL and perplexity. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+#include "engine/checkpoint.h"
+#include "engine/config.h"
+#include "engine/kvcache.h"
+#include "engine/model.h"
+#include "engine/quant.h"
+#include "engine/tokenizer.h"
+#include "kernels/backend.h"
+#include "tools/lib/args.h"
+
+#define TOOL "troupe-score"
+
+static int s_usage(void)
+{
+    fprintf(stderr, "usage: " TOOL " MODEL_DIR --text FILE [--window N] [--sep-id ID] [--max-windows N] "
+                    "[--backend cpu|cuda] [--threads N] [--quantize fp8|int8|int4|nvfp4]\n");
+    return 2;
+}
+
+static char *s_read(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
+        free(b);
+        b = NULL;
+    }
+    fclose(f);
+    if (b) {
+        b[n] = 0;
+        *len = (size_t)n;
+    }
+    return b;
+}
+
+/* Chapters (split at blank lines, trailing newlines dropped) tokenized and joined by sep. */
+static int s_tokens(const tokenizer_t *tok, char *text, size_t len, int32_t sep, int32_t **out, size_t *n_out)
+{
+    size_t cap = len + 16, n = 0;
+    int32_t *all = malloc(cap * sizeof *all);
+    if (!all)
+        return -1;
+    size_t at = 0;
+    int chapters = 0;
+    while (at < len) {
+        char *end = strstr(text + at, "\n\n");
+        size_t stop = end ? (size_t)(end - text) : len;
+        size_t e = stop;
+        while (e > at && (text[e - 1] == '\n' || text[e - 1] == '\r'))
+            e--;
+        while (at < e && text[at] == '\n')
+            at++;
+        if (e > at) {
+            int32_t *ids;
+            size_t k;
+            if (tok_encode(tok, text + at, e - at, 0, &ids, &k) < 0) {
+                free(all);
+                return -1;
+            }
+            if (n + k + 1 > cap) {
+                cap = 2 * (n + k + 1);
+                int32_t *a = realloc(all, cap * sizeof *a);
+                if (!a) {
+                    free(ids);
+                    free(all);
+                    return -1;
+                }
+                all = a;
+            }
+            if (chapters++)
+                all[n++] = sep;
+            memcpy(all + n, ids, k * sizeof *ids);
+            n += k;
+            free(ids);
+        }
+        at = stop;
+        while (at < len && text[at] == '\n')
+            at++;
+    }
+    *out = all;
+    *n_out = n;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    const char *dir = NULL, *text_path = NULL, *backend = "cpu", *quantize = NULL;
+    int window = 256, sep = 0, max_windows = 0, threads = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--text") && v)
+            text_path = v, i++;
+        else if (!strcmp(a, "--window") && v) {
+            if (arg_int(TOOL, a, v, 2, 1 << 16, &window) < 0)
+                return 2;
+            i++;
+        } else if (!strcmp(a, "--sep-id") && v) {
+            if (arg_int(TOOL, a, v, 0, 1 << 30, &sep) < 0)
+                return 2;
+            i++;
+        } else if (!strcmp(a, "--max-windows") && v) {
+            if (arg_int(TOOL, a, v, 0, 1 << 30, &max_windows) < 0)
+                return 2;
+            i++;
+        } else if (!strcmp(a, "--threads") && v) {
+            if (arg_int(TOOL, a, v, 0, 4096, &threads) < 0)
+                return 2;
+            i++;
+        } else if (!strcmp(a, "--backend") && v)
+            backend = v, i++;
+        else if (!strcmp(a, "--quantize") && v)
+            quantize = v, i++;
+        else if (a[0] == '-')
+            return s_usage();
+        else if (!dir)
+            dir = a;
+        else
+            return s_usage();
+    }
+    if (!dir || !text_path)
+        return s_usage();
+    int qfmt = 0;
+    if (quantize && (qfmt = quant_format_parse(quantize)) < 0) {
+        fprintf(stderr, TOOL ": --quantize '%s': expected fp8, int8, int4 or nvfp4\n", quantize);
+        return 2;
+    }
+
+    char err[1024];
+    model_config_t cfg;
+    if (config_load(dir, &cfg, err, sizeof err) < 0) {
+        fprintf(stderr, TOOL ": %s\n", err);
+        return 1;
+    }
+    if (sep >= cfg.vocab_size) {
+        fprintf(stderr, TOOL ": --sep-id %d is outside the vocabulary (%d)\n", sep, cfg.vocab_size);
+        return 2;
+    }
+    tokenizer_t *tok = tok_load(dir, err, sizeof err);
+    if (!tok) {
+        fprintf(stderr, TOOL ": %s\n", err);
+        return 1;
+    }
+    size_t len = 0;
+    char *text = s_read(text_path, &len);
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    if (!text || s_tokens(tok, text, len, sep, &ids, &n_ids) < 0) {
+        fprintf(stderr, TOOL ": %s: cannot read or tokenize\n", text_path);
+        return 1;
+    }
+    free(text);
+    tok_destroy(&tok);
+    int n_windows = (int)(n_ids / (size_t)window);
+    if (max_windows > 0 && n_windows > max_windows)
+        n_windows = max_windows;
+    if (n_windows < 1) {
+        fprintf(stderr, TOOL ": %s: %zu tokens, fewer than one window of %d\n", text_path, n_ids, window);
+        return 1;
+    }
+
+    backend_t *be = backend_new(backend, threads, err, sizeof err);
+    ckpt_t *ck = be ? ckpt_open(dir, err, sizeof err) : NULL;
+    const model_opts_t mo = {.max_tokens = window, .max_seqs = 1, .max_logit_rows = window,
+                             .max_context = window, .kv_block_size = 16, .quantize = qfmt};
+    model_t *m = ck ? model_load(dir, &cfg, ck, be, &mo, err, sizeof err) : NULL;
+    const dtype_t kvt = config_kv_dtype(&cfg, DT_COUNT, DT_COUNT);
+    kvpool_t *pool = m ? kvpool_new((window + 15) / 16, 16, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, kvt, be,
+                                    err, sizeof err) : NULL;
+    float *logits = malloc((size_t)window * (size_t)cfg.vocab_size * sizeof(float));
+    if (!pool || !logits) {
+        fprintf(stderr, TOOL ": %s\n", pool ? "out of memory" : err);
+        return 1;
+    }
+    double nll = 0.0;
+    long scored = 0;
+    const int V = cfg.vocab_size;
+    for (int w = 0; w < n_windows; w++) {
+        const int32_t *t = ids + (size_t)w * (size_t)window;
+        kvseq_t *seq = kvseq_new(pool, window, 0);
+        model_seq_t q = {.kv = seq, .n_new = window};
+        model_batch_t b = {.n_seqs = 1, .seqs = &q, .all_logits = 1};
+        if (!seq || kvseq_append(seq, t, window) < 0 || model_forward(m, &b, logits, err, sizeof err) < 0) {
+            fprintf(stderr, TOOL ": window %d: %s\n", w, seq ? err : "out of memory");
+            return 1;
+        }
+        for (int i = 0; i + 1 < window; i++) {
+            const float *row = logits + (size_t)i * V;
+            double mx = -INFINITY, s = 0.0;
+            for (int v = 0; v < V; v++)
+                mx = row[v] > mx ? row[v] : mx;
+            for (int v = 0; v < V; v++)
+                s += exp((double)row[v] - mx);
+            const double lp = (double)row[t[i + 1]] - mx - log(s);
+            if (!isfinite(lp)) {
+                fprintf(stderr, TOOL ": window %d position %d: non-finite log-probability\n", w, i);
+                return 1;
+            }
+            nll -= lp;
+            scored++;
+        }
+        kvseq_destroy(&seq);
+    }
+    const double mean = nll / (double)scored;
+    printf("model %s\nformat %s\nbackend %s\ntext %s\ntokens %zu\nwindows %d\ncontext %d\nscored %ld\n"
+           "mean_nll %.4f\nperplexity %.3f\n",
+           dir, cfg.quant.present ? quant_format_name(cfg.quant.fmt) : qfmt ? quant_format_name(qfmt) : "plain",
+           be->ops->name, text_path, n_ids, n_windows, window, scored, mean, exp(mean));
+    free(logits);
+    free(ids);
+    kvpool_destroy(&pool);
+    model_destroy(&m);
+    ckpt_destroy(&ck);
+    backend_destroy(&be);
+    return 0;
+}
