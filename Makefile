@@ -112,6 +112,9 @@ $(B)/libtroupe.a: $(LIB_OBJS)
 	@rm -f $@
 	ar rcs $@ $^
 
+# The gateway alone links the HTTP library (libmicrohttpd).
+$(B)/bin/troupe-gateway: LDLIBS += $(shell pkg-config --libs libmicrohttpd 2>/dev/null || echo -lmicrohttpd)
+
 # Actor and tool names use '-' where the source uses '_': actors/cache_manager.c -> troupe-cache-manager.
 .SECONDEXPANSION:
 $(B)/bin/troupe-%: $$(firstword $$(wildcard actors/$$(subst -,_,$$*).c tools/$$(subst -,_,$$*).c)) $(B)/libtroupe.a $(CUDA_DEP)

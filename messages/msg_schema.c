@@ -22,7 +22,7 @@ static const char *const s_type_names[MSG_TYPE_COUNT] = {
 };
 static const char *const s_role_names[MSG_ROLE_COUNT] = {
     "none", "supervisor", "router", "prefill", "decode", "cache_manager", "expert_balancer",
-    "draft_scheduler", "monitor", "client",
+    "draft_scheduler", "monitor", "client", "gateway",
 };
 static const char *const s_state_names[MSG_STATE_COUNT] = {"starting", "ready", "draining", "stopping"};
 static const char *const s_metric_kind_names[MSG_METRIC_KIND_COUNT] = {"gauge", "counter"};

@@ -27,6 +27,7 @@ static const char *const s_role_names[ROLE_COUNT] = {
     [ROLE_EXPERT_BALANCER] = "expert-balancer",
     [ROLE_DRAFT_SCHEDULER] = "draft-scheduler",
     [ROLE_MONITOR] = "monitor",
+    [ROLE_GATEWAY] = "gateway",
 };
 
 const char *topo_role_name(topo_role_t r)
@@ -105,6 +106,7 @@ void topo_destroy(topo_t **self_p)
     free(t->nodes);
     free(t->actors);
     free(t->instances);
+    free(t->gateway.keys);
     free(t);
     *self_p = NULL;
 }

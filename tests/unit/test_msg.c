@@ -584,7 +584,7 @@ static void test_reject_values(void **state)
     wb_t w;
 
     wb_init(&w); wb_head(&w, 2, 1, MSG_READY, 1); wb_kv_u(&w, "role", 99); wb_kv_s(&w, "name", "x");
-    REJECT(wb_data(&w), w.sb.size, "ready.role: enum value 99 out of range [1, 9]");
+    REJECT(wb_data(&w), w.sb.size, "ready.role: enum value 99 out of range [1, 10]");
     wb_free(&w);
 
     wb_init(&w); wb_head(&w, 2, 1, MSG_READY, 1); wb_kv_u(&w, "role", 0); wb_kv_s(&w, "name", "x");

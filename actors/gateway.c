@@ -1,0 +1,1117 @@
+/* actors/gateway.c — the gateway: the OpenAI HTTP API in front of the router.
+ *
+ * Duties:
+ *   - serve HTTP/1.1 on endpoints.http (libmicrohttpd: keep-alive, chunked streaming):
+ *     POST /v1/chat/completions and /v1/completions, GET /v1/models[/<id>], /health, /metrics;
+ *   - check the API key (Authorization: Bearer) against gateway.api_keys: no or wrong key -> 401
+ *     when keys are configured; the key's tenant goes into the submit (the per-tenant cache salt);
+ *     its requests / tokens per minute -> 429 with Retry-After;
+ *   - turn each call into a router submit (the client protocol over a DEALER at endpoints.client,
+ *     many requests in flight at once), relay the tokens as Server-Sent Events or collect them
+ *     into one reply, with usage (prompt_tokens_details.cached_tokens) and OpenAI finish reasons;
+ *   - map the router's errors onto HTTP: overloaded / unavailable / a lost worker -> 503 with
+ *     Retry-After, bad request -> 400 (a prompt longer than the context: context_length_exceeded);
+ *   - cancel the request at the router when its client goes away mid-stream;
+ *   - bound everything a client controls: body size (413), time to send the body (408), idle
+ *     connections (closed), unread stream output (the request is cancelled).
+ *
+ * Threads: libmicrohttpd runs its own epoll thread (the "HTTP thread": every MHD callback); the
+ * actor loop (the "actor thread") owns the router socket and the table of requests in flight.
+ * They meet in one place, gw_call_t: the HTTP thread hands a parsed call to the actor thread over
+ * an inproc PUSH/PULL pair (op + pointer), the actor thread writes the bytes to send into the
+ * call's buffer under its lock and resumes the suspended connection. A call has two references,
+ * one per thread; the last to let go frees it.
+ *
+ * Known limits: n = 1 only; no alternatives in logprobs (top_logprobs 0); a client that goes away
+ * while a non-streamed reply is being computed is noticed only when the reply is written (a
+ * suspended connection is not watched), so that request runs to its end. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "actors/gateway/gw_keys.h"
+#include "actors/gateway/gw_reply.h"
+#include "actors/gateway/gw_request.h"
+#include "actors/runtime/actor.h"
+#include "common/log.h"
+#include "common/u64map.h"
+#include "common/util.h"
+
+#define GW_MAX_PENDING   (8u << 20)   /* unsent stream bytes before a non-reading client is cut off */
+#define GW_RETRY_AFTER_S 1            /* Retry-After for a full or unavailable cluster */
+#define GW_MAX_METRICS_FETCHES 4      /* concurrent /metrics proxy fetches */
+
+typedef enum { OP_SUBMIT = 1, OP_ABORT = 2 } gw_op_t;
+
+typedef enum { EP_NONE, EP_CHAT, EP_COMPLETION, EP_MODELS, EP_MODEL, EP_HEALTH, EP_METRICS } gw_ep_t;
+
+typedef struct gateway gateway_t;
+
+/* One HTTP request. Fields are owned by one thread unless marked "mu". */
+typedef struct gw_call {
+    atomic_int refs;             /* 1 for the HTTP side until its request completes, 1 for the actor side */
+    pthread_mutex_t mu;
+    gateway_t *g;
+    struct MHD_Connection *conn;
+    /* HTTP thread */
+    gw_ep_t ep;
+    int64_t t0_ms;               /* first byte of the request seen (monotonic) */
+    char *body;                  /* [body_cap] the upload so far */
+    size_t body_len, body_cap;
+    int too_big;                 /* the body passed gateway.max_body_bytes: answered 413 at its end */
+    int submitted;               /* handed to the actor thread */
+    gw_key_t *key;               /* the caller's key (NULL: open API) */
+    /* set before submit, read-only after */
+    gw_request_t req;
+    uint64_t id;                 /* the router request id */
+    char oid[40];                /* "chatcmpl-..." */
+    int64_t created;
+    /* mu */
+    int ready;                   /* status and kind of response are decided: the HTTP side may respond */
+    int finished;                /* the last byte is in out (or the call failed) */
+    int failed;                  /* end the stream with an error (cut off, cluster lost) */
+    int streaming;               /* respond with SSE from out */
+    int status;                  /* HTTP status of a non-streamed response */
+    int retry_after_s;           /* > 0: send Retry-After */
+    char *out;                   /* [out_cap] bytes to send, out[out_off..out_len) unsent */
+    size_t out_len, out_off, out_cap;
+    int suspended;               /* the HTTP side suspended the connection waiting for ready/out */
+    int gone;                    /* the HTTP side is done with the call */
+    /* actor thread */
+    int in_table;                /* in g->calls (a request at the router) */
+    int started;                 /* first token seen */
+    char *text;                  /* [text_cap] collected text (non-streamed) */
+    size_t text_len, text_cap;
+    gw_logprob_t *lp;            /* [n_lp] collected logprobs (non-streamed) */
+    uint32_t n_lp, cap_lp;
+} gw_call_t;
+
+struct gateway {
+    const topo_t *topo;
+    actor_t *a;
+    struct MHD_Daemon *httpd;
+    void *router;                /* DEALER at endpoints.client (actor thread) */
+    void *push, *pull;           /* inproc: HTTP thread -> actor thread */
+    const char *router_name;
+    char model[256];             /* the model id served: the model directory's name */
+    int64_t started_s;           /* unix time, for /v1/models */
+    gw_parse_opts_t opts;
+    gw_keys_t keys;              /* guarded by keys_mu (the HTTP thread admits, the actor thread debits) */
+    pthread_mutex_t keys_mu;
+    u64map_t calls;              /* router id -> gw_call_t * (actor thread) */
+    uint64_t next_id;
+    uint8_t *buf;                /* [MSG_MAX_FRAME] encode scratch (actor thread) */
+    atomic_int draining;
+    atomic_int metrics_fetches;
+    /* stats (atomics: both threads count) */
+    atomic_ullong n_http, n_2xx, n_4xx, n_5xx, n_401, n_429, n_503, n_cancelled, n_cutoff;
+    atomic_ullong prompt_tokens, cached_tokens, completion_tokens;
+};
+
+/* ---- calls: references, output --------------------------------------------------------------- */
+
+static gw_call_t *s_call_new(gateway_t *g, struct MHD_Connection *conn)
+{
+    gw_call_t *c = calloc(1, sizeof *c);
+    if (!c)
+        return NULL;
+    atomic_init(&c->refs, 1);
+    pthread_mutex_init(&c->mu, NULL);
+    c->g = g;
+    c->conn = conn;
+    c->t0_ms = now_ms();
+    return c;
+}
+
+static void s_call_unref(gw_call_t *c)
+{
+    if (!c || atomic_fetch_sub(&c->refs, 1) != 1)
+        return;
+    gw_request_free(&c->req);
+    for (uint32_t i = 0; i < c->n_lp; i++)
+        free((char *)c->lp[i].token);
+    free(c->lp);
+    free(c->text);
+    free(c->body);
+    free(c->out);
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+}
+
+/* Appends to a growable buffer; -1 when out of memory or past limit. */
+static int s_append(char **b, size_t *len, size_t *cap, const char *s, size_t n, size_t limit)
+{
+    if (*len + n + 1 > limit)
+        return -1;
+    if (*len + n + 1 > *cap) {
+        size_t nc = *cap ? *cap : 4096;
+        while (nc < *len + n + 1)
+            nc *= 2;
+        char *nb = realloc(*b, nc);
+        if (!nb)
+            return -1;
+        *b = nb;
+        *cap = nc;
+    }
+    memcpy(*b + *len, s, n);
+    *len += n;
+    (*b)[*len] = '\0';
+    return 0;
+}
+
+/* Actor thread: adds bytes to send (mu held by the caller). Drops what was sent already first. */
+static int s_out_locked(gw_call_t *c, const char *s, size_t n)
+{
+    if (c->out_off && c->out_off == c->out_len)
+        c->out_off = c->out_len = 0;
+    return s_append(&c->out, &c->out_len, &c->out_cap, s, n, GW_MAX_PENDING + c->out_off);
+}
+
+/* Actor thread: the HTTP side may go on; resumes its connection if it was waiting. Call after
+ * changing the call under mu, without mu held (resume takes the library's own locks). */
+static void s_wake(gw_call_t *c, int was_suspended)
+{
+    if (was_suspended)
+        MHD_resume_connection(c->conn);
+}
+
+/* Under mu: 1 if the connection is suspended (and now counts as resumed). */
+static int s_take_suspended(gw_call_t *c)
+{
+    int s = c->suspended && !c->gone;
+    c->suspended = 0;
+    return s;
+}
+
+static const char *s_finish_name(msg_finish_t f)
+{
+    return f == MSG_FINISH_LENGTH ? "length" : "stop";
+}
+
+/* Actor thread: the call's one non-streamed answer (or the error before a stream began). */
+static void s_answer(gw_call_t *c, int status, int retry_after_s, char *json)
+{
+    pthread_mutex_lock(&c->mu);
+    c->status = status;
+    c->retry_after_s = retry_after_s;
+    c->out_off = c->out_len = 0;
+    if (!json || s_out_locked(c, json, strlen(json)) != 0) {
+        c->status = 500;
+        const char *oom = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,\"code\":null}}";
+        c->out_len = 0;
+        s_out_locked(c, oom, strlen(oom));
+    }
+    c->ready = c->finished = 1;
+    c->streaming = 0;
+    int s = s_take_suspended(c);
+    pthread_mutex_unlock(&c->mu);
+    free(json);
+    s_wake(c, s);
+}
+
+/* Actor thread: an error (status, code, message) as the call's answer, or as the stream's last
+ * event when the stream has begun. */
+static void s_fail_call(gw_call_t *c, int status, const char *code, int retry_after_s, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static void s_fail_call(gw_call_t *c, int status, const char *code, int retry_after_s, const char *fmt, ...)
+{
+    gw_error_t e;
+    va_list ap;
+    va_start(ap, fmt);
+    char msg[sizeof e.message];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    gw_error_set(&e, status, code, NULL, "%s", msg);
+    if (status == 503 || status == 504)
+        e.type = "server_error";
+    char *json = gw_error_json(&e);
+    pthread_mutex_lock(&c->mu);
+    int streaming = c->streaming;
+    pthread_mutex_unlock(&c->mu);
+    if (!streaming) {
+        s_answer(c, status, retry_after_s, json);
+        return;
+    }
+    pthread_mutex_lock(&c->mu);
+    if (json) {
+        s_out_locked(c, "data: ", 6);
+        s_out_locked(c, json, strlen(json));
+        s_out_locked(c, "\n\n", 2);
+    }
+    c->finished = 1;
+    c->failed = 1;
+    int s = s_take_suspended(c);
+    pthread_mutex_unlock(&c->mu);
+    free(json);
+    s_wake(c, s);
+}
+
+/* ---- the actor thread: router replies ----------------------------------------------------------- */
+
+static void s_forget(gateway_t *g, gw_call_t *c)
+{
+    if (!c->in_table)
+        return;
+    u64map_del(&g->calls, c->id);
+    c->in_table = 0;
+    s_call_unref(c);   /* the actor side's reference */
+}
+
+static gw_reply_ctx_t s_ctx(const gw_call_t *c)
+{
+    return (gw_reply_ctx_t){.kind = c->req.kind, .id = c->oid, .created = c->created, .model = c->g->model};
+}
+
+/* Actor thread, mu held: one SSE event. */
+static void s_event_locked(gw_call_t *c, char *json)
+{
+    if (!json || s_out_locked(c, "data: ", 6) || s_out_locked(c, json, strlen(json)) ||
+        s_out_locked(c, "\n\n", 2))
+        c->failed = 1;   /* out of memory, or the client is not reading: cut off below */
+    free(json);
+}
+
+static void s_on_token(gateway_t *g, gw_call_t *c, const msg_token_t *t)
+{
+    const char *text = t->text ? t->text : "";
+    if (!c->req.stream) {
+        if (s_append(&c->text, &c->text_len, &c->text_cap, text, strlen(text), MSG_MAX_FRAME) != 0)
+            goto cut;
+        if (c->req.logprobs && t->n_logprobs) {
+            if (c->n_lp == c->cap_lp) {
+                uint32_t nc = c->cap_lp ? c->cap_lp * 2 : 64;
+                gw_logprob_t *n = realloc(c->lp, nc * sizeof *n);
+                if (!n)
+                    goto cut;
+                c->lp = n;
+                c->cap_lp = nc;
+            }
+            c->lp[c->n_lp++] = (gw_logprob_t){.token = strdup(text), .logprob = t->logprobs[0]};
+        }
+        c->started = 1;
+        return;
+    }
+    gw_reply_ctx_t x = s_ctx(c);
+    gw_logprob_t lp = {.token = text, .logprob = t->n_logprobs ? t->logprobs[0] : 0};
+    int has_lp = c->req.logprobs && t->n_logprobs;
+    pthread_mutex_lock(&c->mu);
+    if (!c->started) {
+        c->streaming = 1;
+        c->ready = 1;
+        c->status = 200;
+        if (c->req.kind == GW_CHAT)
+            s_event_locked(c, gw_chunk_json(&x, "", NULL, 1, c->req.include_usage, NULL, 0));
+        c->started = 1;
+    }
+    if (*text || has_lp)
+        s_event_locked(c, gw_chunk_json(&x, text, NULL, 0, c->req.include_usage, has_lp ? &lp : NULL, has_lp));
+    int cut = c->failed;
+    int s = s_take_suspended(c);
+    pthread_mutex_unlock(&c->mu);
+    s_wake(c, s);
+    if (!cut)
+        return;
+cut:
+    /* The client does not read (or memory ran out): stop the work, end its stream. */
+    atomic_fetch_add(&g->n_cutoff, 1);
+    msg_t m;
+    msg_init(&m, MSG_CANCEL, c->id);
+    size_t len;
+    char err[256];
+    if (msg_encode(&m, g->buf, MSG_MAX_FRAME, &len, err, sizeof err) == 0)
+        zmq_send(g->router, g->buf, len, ZMQ_DONTWAIT);
+    s_fail_call(c, 500, "output_overflow", 0, "the reply could not be delivered: the client is not reading it");
+    s_forget(g, c);
+}
+
+static void s_debit(gateway_t *g, gw_call_t *c, const msg_usage_t *u)
+{
+    atomic_fetch_add(&g->prompt_tokens, u->prompt_tokens);
+    atomic_fetch_add(&g->cached_tokens, u->cached_tokens);
+    atomic_fetch_add(&g->completion_tokens, u->completion_tokens);
+    if (!c->key)
+        return;
+    pthread_mutex_lock(&g->keys_mu);
+    gw_bucket_debit(&c->key->tokens, (double)u->prompt_tokens + u->completion_tokens, now_ms());
+    pthread_mutex_unlock(&g->keys_mu);
+}
+
+static void s_on_done(gateway_t *g, gw_call_t *c, const msg_done_t *d)
+{
+    s_debit(g, c, &d->usage);
+    gw_usage_t u = {d->usage.prompt_tokens, d->usage.cached_tokens, d->usage.completion_tokens};
+    gw_reply_ctx_t x = s_ctx(c);
+    if (d->finish == MSG_FINISH_CANCELLED) {
+        /* Our own cancel (the client went away) came back: nobody is listening. */
+        atomic_fetch_add(&g->n_cancelled, 1);
+        s_fail_call(c, 499, "cancelled", 0, "the request was cancelled");
+        return;
+    }
+    const char *fin = s_finish_name(d->finish);
+    if (!c->req.stream) {
+        s_answer(c, 200, 0, gw_completion_json(&x, c->text ? c->text : "", fin, &u, c->req.logprobs ? c->lp : NULL,
+                                               c->n_lp));
+        return;
+    }
+    pthread_mutex_lock(&c->mu);
+    if (!c->started) {   /* done before any token (the router sends at least one; be safe) */
+        c->streaming = c->ready = 1;
+        c->status = 200;
+        if (c->req.kind == GW_CHAT)
+            s_event_locked(c, gw_chunk_json(&x, "", NULL, 1, c->req.include_usage, NULL, 0));
+    }
+    s_event_locked(c, gw_chunk_json(&x, "", fin, 0, c->req.include_usage, NULL, 0));
+    if (c->req.include_usage)
+        s_event_locked(c, gw_usage_chunk_json(&x, &u));
+    if (s_out_locked(c, "data: [DONE]\n\n", 14) != 0)
+        c->failed = 1;
+    c->finished = 1;
+    int s = s_take_suspended(c);
+    pthread_mutex_unlock(&c->mu);
+    s_wake(c, s);
+}
+
+/* The router's error codes as HTTP. */
+static void s_on_error(gw_call_t *c, const msg_error_t *e)
+{
+    int status = 500, retry = 0;
+    const char *code = msg_error_code_name(e->code);
+    switch (e->code) {
+    case MSG_ERR_BAD_REQUEST:
+        status = 400;
+        code = NULL;
+        if (e->field && strcmp(e->field, "sampling.max_tokens") == 0 && strstr(e->message, "max_model_len"))
+            code = "context_length_exceeded";
+        break;
+    case MSG_ERR_OVERLOADED:
+    case MSG_ERR_UNAVAILABLE:
+        status = 503;
+        retry = GW_RETRY_AFTER_S;
+        break;
+    case MSG_ERR_TIMEOUT:
+        status = 504;
+        break;
+    default:
+        status = e->retryable ? 503 : 500;
+        retry = e->retryable ? GW_RETRY_AFTER_S : 0;
+        break;
+    }
+    if (status == 400 && code == NULL) {
+        /* Name the OpenAI field when the router named its own. */
+        gw_error_t ge;
+        const char *param = e->field && strstr(e->field, "prompt") ? (c->req.kind == GW_CHAT ? "messages" : "prompt")
+                          : e->field && strstr(e->field, "messages") ? "messages" : NULL;
+        gw_error_set(&ge, 400, NULL, param, "%s", e->message);
+        s_answer(c, 400, 0, gw_error_json(&ge));
+        return;
+    }
+    if (code && strcmp(code, "context_length_exceeded") == 0) {
+        gw_error_t ge;
+        gw_error_set(&ge, 400, code, c->req.kind == GW_CHAT ? "messages" : "prompt", "%s", e->message);
+        s_answer(c, 400, 0, gw_error_json(&ge));
+        return;
+    }
+    s_fail_call(c, status, code, retry, "%s", e->message);
+}
+
+static int s_on_router(actor_t *a, void *state, void *sock)
+{
+    gateway_t *g = state;
+    for (;;) {
+        zmq_msg_t part;
+        zmq_msg_init(&part);
+        if (zmq_msg_recv(&part, sock, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&part);
+            return 0;
+        }
+        msg_t m;
+        char err[256];
+        int rc = msg_decode(zmq_msg_data(&part), zmq_msg_size(&part), &m, err, sizeof err);
+        zmq_msg_close(&part);
+        if (rc != 0) {
+            LOG_W("undecodable reply from the router: %s", err);
+            continue;
+        }
+        uint64_t *v = u64map_get(&g->calls, m.id);
+        gw_call_t *c = v ? (gw_call_t *)(uintptr_t)*v : NULL;
+        if (c) {
+            switch (m.type) {
+            case MSG_TOKEN:
+                s_on_token(g, c, &m.u.token);
+                break;
+            case MSG_DONE:
+                s_on_done(g, c, &m.u.done);
+                s_forget(g, c);
+                break;
+            case MSG_ERROR:
+                s_on_error(c, &m.u.error);
+                s_forget(g, c);
+                break;
+            default:
+                LOG_W("unexpected '%s' from the router", msg_type_name(m.type));
+                break;
+            }
+        }
+        msg_free(&m);
+    }
+}
+
+/* ---- the actor thread: calls from the HTTP thread ------------------------------------------------ */
+
+static void s_submit(gateway_t *g, gw_call_t *c)
+{
+    msg_t m;
+    msg_init(&m, MSG_SUBMIT, c->id);
+    m.u.submit = c->req.submit;
+    if (c->key)
+        m.u.submit.tenant = c->key->cfg->tenant;
+    m.u.submit.timeout_ms = (uint32_t)g->topo->gateway.request_timeout_s * 1000u;
+    size_t len;
+    char err[512];
+    if (msg_encode(&m, g->buf, MSG_MAX_FRAME, &len, err, sizeof err) != 0) {
+        /* The parser's checks should have caught it: say what the protocol refused. */
+        gw_error_t e;
+        gw_error_set(&e, 400, NULL, NULL, "%s", err);
+        s_answer(c, 400, 0, gw_error_json(&e));
+        s_call_unref(c);
+        return;
+    }
+    if (u64map_put(&g->calls, c->id, (uint64_t)(uintptr_t)c) != 0) {
+        s_fail_call(c, 503, "overloaded", GW_RETRY_AFTER_S, "the gateway is out of memory");
+        s_call_unref(c);
+        return;
+    }
+    if (zmq_send(g->router, g->buf, len, ZMQ_DONTWAIT) < 0) {
+        u64map_del(&g->calls, c->id);
+        s_fail_call(c, 503, "unavailable", GW_RETRY_AFTER_S, "the router is not reachable (%s)", zmq_strerror(errno));
+        s_call_unref(c);
+        return;
+    }
+    c->in_table = 1;
+}
+
+/* The client went away before its request ended: cancel it at the router. The router answers
+ * with done (cancelled), which releases the call. */
+static void s_abort(gateway_t *g, gw_call_t *c)
+{
+    if (c->in_table) {
+        msg_t m;
+        msg_init(&m, MSG_CANCEL, c->id);
+        size_t len;
+        char err[256];
+        if (msg_encode(&m, g->buf, MSG_MAX_FRAME, &len, err, sizeof err) == 0 &&
+            zmq_send(g->router, g->buf, len, ZMQ_DONTWAIT) >= 0)
+            LOG_D("request %llu: client gone, cancelled", (unsigned long long)c->id);
+        else
+            s_forget(g, c);
+    }
+    s_call_unref(c);   /* the reference the abort carried (the HTTP side's) */
+}
+
+static int s_on_pull(actor_t *a, void *state, void *sock)
+{
+    gateway_t *g = state;
+    uint8_t buf[1 + sizeof(void *)];
+    while (zmq_recv(sock, buf, sizeof buf, ZMQ_DONTWAIT) == (int)sizeof buf) {
+        gw_call_t *c;
+        memcpy(&c, buf + 1, sizeof c);
+        if (buf[0] == OP_SUBMIT)
+            s_submit(g, c);
+        else
+            s_abort(g, c);
+    }
+    return 0;
+}
+
+/* HTTP thread: hands a call to the actor thread. */
+static int s_push(gateway_t *g, gw_op_t op, gw_call_t *c)
+{
+    uint8_t buf[1 + sizeof(void *)];
+    buf[0] = (uint8_t)op;
+    memcpy(buf + 1, &c, sizeof c);
+    return zmq_send(g->push, buf, sizeof buf, ZMQ_DONTWAIT) == (int)sizeof buf ? 0 : -1;
+}
+
+/* The router's inbox went away (it died; the supervisor restarts it): every request it held is
+ * lost, so each is failed now, retryable, instead of hanging. */
+static void s_peer_event(actor_t *a, void *state, const char *peer, int up)
+{
+    gateway_t *g = state;
+    if (up || strcmp(peer, g->router_name) != 0)
+        return;
+    int n = 0;
+    for (size_t i = 0; i < g->calls.cap; i++) {
+        if (!g->calls.keys[i])
+            continue;
+        gw_call_t *c = (gw_call_t *)(uintptr_t)g->calls.vals[i];
+        s_fail_call(c, 503, "unavailable", GW_RETRY_AFTER_S, "the router was lost; retry the request");
+        c->in_table = 0;
+        s_call_unref(c);
+        n++;
+    }
+    u64map_free(&g->calls);
+    u64map_init(&g->calls, 256);
+    LOG_W("router %s lost: %d requests failed with 503", peer, n);
+}
+
+/* ---- the HTTP thread ----------------------------------------------------------------------------- */
+
+static enum MHD_Result s_respond(gateway_t *g, struct MHD_Connection *conn, int status, char *json, int retry_after_s)
+{
+    atomic_fetch_add(&g->n_http, 1);
+    atomic_fetch_add(status < 300 ? &g->n_2xx : status < 500 ? &g->n_4xx : &g->n_5xx, 1);
+    if (status == 401)
+        atomic_fetch_add(&g->n_401, 1);
+    if (status == 429)
+        atomic_fetch_add(&g->n_429, 1);
+    if (status == 503)
+        atomic_fetch_add(&g->n_503, 1);
+    if (!json)
+        return MHD_NO;
+    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(json), json, MHD_RESPMEM_MUST_FREE);
+    if (!r) {
+        free(json);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+    if (retry_after_s > 0) {
+        char ra[16];
+        snprintf(ra, sizeof ra, "%d", retry_after_s);
+        MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, ra);
+    }
+    if (status == 401)
+        MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    enum MHD_Result rc = MHD_queue_response(conn, (unsigned)status, r);
+    MHD_destroy_response(r);
+    return rc;
+}
+
+static enum MHD_Result s_error(gateway_t *g, struct MHD_Connection *conn, const gw_error_t *e, int retry_after_s)
+{
+    return s_respond(g, conn, e->status, gw_error_json(e), retry_after_s);
+}
+
+static enum MHD_Result s_simple_error(gateway_t *g, struct MHD_Connection *conn, int status, const char *type,
+                                      const char *code, const char *msg, int retry_after_s)
+{
+    gw_error_t e;
+    gw_error_set(&e, status, code, NULL, "%s", msg);
+    if (type)
+        e.type = type;
+    return s_error(g, conn, &e, retry_after_s);
+}
+
+/* The stream's bytes, from the call's buffer; suspends the connection when there are none yet. */
+static ssize_t s_read_stream(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    gw_call_t *c = cls;
+    pthread_mutex_lock(&c->mu);
+    size_t avail = c->out_len - c->out_off;
+    ssize_t n;
+    if (avail) {
+        n = (ssize_t)(avail < max ? avail : max);
+        memcpy(buf, c->out + c->out_off, (size_t)n);
+        c->out_off += (size_t)n;
+    } else if (c->finished) {
+        n = c->failed ? MHD_CONTENT_READER_END_WITH_ERROR : MHD_CONTENT_READER_END_OF_STREAM;
+    } else {
+        c->suspended = 1;
+        MHD_suspend_connection(c->conn);
+        n = 0;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return n;
+}
+
+/* Once the call is ready: the answer, or the stream. */
+static enum MHD_Result s_respond_call(gateway_t *g, gw_call_t *c)
+{
+    pthread_mutex_lock(&c->mu);
+    if (!c->ready) {
+        c->suspended = 1;
+        MHD_suspend_connection(c->conn);
+        pthread_mutex_unlock(&c->mu);
+        return MHD_YES;
+    }
+    if (!c->streaming) {
+        char *json = malloc(c->out_len - c->out_off + 1);
+        if (json) {
+            memcpy(json, c->out + c->out_off, c->out_len - c->out_off);
+            json[c->out_len - c->out_off] = '\0';
+        }
+        int status = c->status, retry = c->retry_after_s;
+        pthread_mutex_unlock(&c->mu);
+        return s_respond(g, c->conn, status, json, retry);
+    }
+    pthread_mutex_unlock(&c->mu);
+    atomic_fetch_add(&g->n_http, 1);
+    atomic_fetch_add(&g->n_2xx, 1);
+    struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, s_read_stream, c, NULL);
+    if (!r)
+        return MHD_NO;
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    enum MHD_Result rc = MHD_queue_response(c->conn, MHD_HTTP_OK, r);
+    MHD_destroy_response(r);
+    return rc;
+}
+
+static gw_ep_t s_route(const char *method, const char *url, int *bad_method)
+{
+    *bad_method = 0;
+    static const struct {
+        const char *url, *method;
+        gw_ep_t ep;
+    } table[] = {
+        {"/v1/chat/completions", "POST", EP_CHAT}, {"/v1/completions", "POST", EP_COMPLETION},
+        {"/v1/models", "GET", EP_MODELS},          {"/health", "GET", EP_HEALTH},
+        {"/metrics", "GET", EP_METRICS},
+    };
+    size_t ul = strcspn(url, "?");
+    for (size_t i = 0; i < sizeof table / sizeof *table; i++) {
+        if (strlen(table[i].url) != ul || strncmp(url, table[i].url, ul) != 0)
+            continue;
+        if (strcmp(method, table[i].method) == 0)
+            return table[i].ep;
+        *bad_method = 1;
+        return EP_NONE;
+    }
+    if (strncmp(url, "/v1/models/", 11) == 0) {
+        if (strcmp(method, "GET") == 0)
+            return EP_MODEL;
+        *bad_method = 1;
+    }
+    return EP_NONE;
+}
+
+/* Authorization for the API: 0, or -1 with the response queued (401 / 429). */
+static int s_admit(gateway_t *g, gw_call_t *c, enum MHD_Result *rc)
+{
+    if (gw_keys_open(&g->keys))
+        return 0;
+    size_t len = 0;
+    const char *tok = gw_bearer(MHD_lookup_connection_value(c->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION),
+                                &len);
+    if (!tok) {
+        *rc = s_simple_error(g, c->conn, 401, NULL, "invalid_api_key",
+                             "You didn't provide an API key: send it as 'Authorization: Bearer <key>'", 0);
+        return -1;
+    }
+    pthread_mutex_lock(&g->keys_mu);
+    gw_key_t *k = gw_keys_find(&g->keys, tok, len);
+    int retry = 0, limited = 0;
+    const char *what = NULL;
+    if (k) {
+        int64_t now = now_ms();
+        if (gw_bucket_check(&k->tokens, now, &retry) != 0)
+            what = "tokens";
+        else if (gw_bucket_take(&k->requests, 1, now, &retry) != 0)
+            what = "requests";
+        limited = what != NULL;
+        k->n_requests += !limited;
+        k->n_limited += limited;
+    }
+    pthread_mutex_unlock(&g->keys_mu);
+    if (!k) {
+        *rc = s_simple_error(g, c->conn, 401, NULL, "invalid_api_key", "Incorrect API key provided", 0);
+        return -1;
+    }
+    if (limited) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "Rate limit reached for %s per minute of tenant '%s': retry in %d s", what,
+                 k->cfg->tenant, retry);
+        *rc = s_simple_error(g, c->conn, 429, what, "rate_limit_exceeded", msg, retry);
+        return -1;
+    }
+    c->key = k;
+    return 0;
+}
+
+/* ---- /metrics: the monitor's Prometheus page, fetched by a short-lived thread ------------------- */
+
+/* Blocking HTTP GET of the monitor's page (loopback or the cluster's network), bounded by 2 s. */
+static void *s_metrics_thread(void *arg)
+{
+    gw_call_t *c = arg;
+    gateway_t *g = c->g;
+    const char *ep = g->topo->endpoints.metrics + strlen("tcp://");
+    char host[256];
+    const char *colon = strrchr(ep, ':');
+    snprintf(host, sizeof host, "%.*s", (int)(colon - ep), ep);
+    if (host[0] == '[') {
+        memmove(host, host + 1, strlen(host));
+        host[strlen(host) - 1] = '\0';
+    }
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *ai = NULL;
+    char *page = NULL;
+    size_t len = 0, cap = 0;
+    int fd = -1, ok = 0;
+    if (getaddrinfo(host, colon + 1, &hints, &ai) == 0 && ai) {
+        fd = socket(ai->ai_family, SOCK_STREAM, 0);
+        struct timeval tv = {.tv_sec = 2};
+        if (fd >= 0) {
+            setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+            setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+        }
+        const char *req = "GET /metrics HTTP/1.0\r\nHost: monitor\r\nConnection: close\r\n\r\n";
+        if (fd >= 0 && connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 && write(fd, req, strlen(req)) == (ssize_t)strlen(req)) {
+            char b[16384];
+            ssize_t n;
+            int64_t until = now_ms() + 2000;
+            while (now_ms() < until && (n = read(fd, b, sizeof b)) > 0)
+                if (s_append(&page, &len, &cap, b, (size_t)n, 4u << 20) != 0)
+                    break;
+            ok = page != NULL;
+        }
+    }
+    if (ai)
+        freeaddrinfo(ai);
+    if (fd >= 0)
+        close(fd);
+    char *body = ok ? strstr(page, "\r\n\r\n") : NULL;
+    pthread_mutex_lock(&c->mu);
+    c->out_off = c->out_len = 0;
+    if (body) {
+        s_out_locked(c, body + 4, strlen(body + 4));
+        c->status = 200;
+    } else {
+        const char *e = "{\"error\":{\"message\":\"the monitor's metrics endpoint did not answer\",\"type\":\"server_error\",\"param\":null,\"code\":\"unavailable\"}}";
+        s_out_locked(c, e, strlen(e));
+        c->status = 503;
+        c->retry_after_s = GW_RETRY_AFTER_S;
+    }
+    c->ready = c->finished = 1;
+    c->streaming = 0;
+    int s = s_take_suspended(c);
+    pthread_mutex_unlock(&c->mu);
+    free(page);
+    s_wake(c, s);
+    atomic_fetch_sub(&g->metrics_fetches, 1);
+    s_call_unref(c);
+    return NULL;
+}
+
+static enum MHD_Result s_get(gateway_t *g, gw_call_t *c, const char *url)
+{
+    switch (c->ep) {
+    case EP_MODELS:
+        return s_respond(g, c->conn, 200, gw_models_json(g->model, g->started_s), 0);
+    case EP_MODEL:
+        if (strcmp(url + 11, g->model) == 0)
+            return s_respond(g, c->conn, 200, gw_model_json(g->model, g->started_s), 0);
+        return s_simple_error(g, c->conn, 404, NULL, "model_not_found", "The model does not exist", 0);
+    case EP_HEALTH:
+        if (atomic_load(&g->draining))
+            return s_simple_error(g, c->conn, 503, "server_error", "draining", "the gateway is shutting down",
+                                  GW_RETRY_AFTER_S);
+        return s_respond(g, c->conn, 200, strdup("{\"status\":\"ok\"}"), 0);
+    case EP_METRICS: {
+        if (!g->topo->endpoints.metrics[0])
+            return s_simple_error(g, c->conn, 404, NULL, "unknown_url",
+                                  "this cluster serves no Prometheus metrics (set endpoints.metrics)", 0);
+        if (atomic_fetch_add(&g->metrics_fetches, 1) >= GW_MAX_METRICS_FETCHES) {
+            atomic_fetch_sub(&g->metrics_fetches, 1);
+            return s_simple_error(g, c->conn, 503, "server_error", "busy", "too many /metrics requests at once",
+                                  GW_RETRY_AFTER_S);
+        }
+        atomic_fetch_add(&c->refs, 1);
+        c->submitted = 1;
+        pthread_t th;
+        if (pthread_create(&th, NULL, s_metrics_thread, c) != 0) {
+            atomic_fetch_sub(&g->metrics_fetches, 1);
+            s_call_unref(c);
+            return s_simple_error(g, c->conn, 503, "server_error", "busy", "cannot fetch the metrics now", 1);
+        }
+        pthread_detach(th);
+        return s_respond_call(g, c);
+    }
+    default:
+        return MHD_NO;
+    }
+}
+
+/* The upload is complete: parse, then hand the request to the actor thread. */
+static enum MHD_Result s_start(gateway_t *g, gw_call_t *c)
+{
+    if (c->too_big) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "the request body is larger than %d bytes", g->topo->gateway.max_body_bytes);
+        return s_simple_error(g, c->conn, 413, NULL, "request_too_large", msg, 0);
+    }
+    gw_error_t e;
+    if (gw_request_parse(c->ep == EP_CHAT ? GW_CHAT : GW_COMPLETION, c->body ? c->body : "", c->body_len, &g->opts,
+                         &c->req, &e) != 0)
+        return s_error(g, c->conn, &e, 0);
+    free(c->body);
+    c->body = NULL;
+    c->body_len = c->body_cap = 0;
+    c->id = __atomic_add_fetch(&g->next_id, 1, __ATOMIC_RELAXED) | (1ULL << 62);   /* never 0 (the map's empty key) */
+    snprintf(c->oid, sizeof c->oid, "%s%016llx", c->ep == EP_CHAT ? "chatcmpl-" : "cmpl-", (unsigned long long)c->id);
+    c->created = (int64_t)time(NULL);
+    atomic_fetch_add(&c->refs, 1);   /* the actor side's */
+    if (s_push(g, OP_SUBMIT, c) != 0) {
+        atomic_fetch_sub(&c->refs, 1);
+        return s_simple_error(g, c->conn, 503, "server_error", "overloaded", "the gateway is overloaded",
+                              GW_RETRY_AFTER_S);
+    }
+    c->submitted = 1;
+    return s_respond_call(g, c);
+}
+
+static enum MHD_Result s_access(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
+                                const char *version, const char *upload, size_t *upload_size, void **con_cls)
+{
+    gateway_t *g = cls;
+    gw_call_t *c = *con_cls;
+    if (!c) {   /* headers only, first call */
+        c = s_call_new(g, conn);
+        if (!c)
+            return MHD_NO;
+        *con_cls = c;
+        int bad_method;
+        c->ep = s_route(method, url, &bad_method);
+        if (c->ep == EP_NONE)
+            return bad_method ? s_simple_error(g, conn, 405, NULL, "method_not_allowed", "method not allowed here", 0)
+                              : s_simple_error(g, conn, 404, NULL, "unknown_url", "unknown URL", 0);
+        if (c->ep != EP_CHAT && c->ep != EP_COMPLETION)
+            return MHD_YES;   /* GETs answer on the next call */
+        if (atomic_load(&g->draining))
+            return s_simple_error(g, conn, 503, "server_error", "draining", "the gateway is shutting down",
+                                  GW_RETRY_AFTER_S);
+        enum MHD_Result rc;
+        if (s_admit(g, c, &rc) != 0)
+            return rc;
+        const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+        if (cl && strtoull(cl, NULL, 10) > (unsigned long long)g->topo->gateway.max_body_bytes) {
+            c->too_big = 1;
+            return s_start(g, c);
+        }
+        return MHD_YES;
+    }
+    if (c->submitted)   /* resumed: the answer or the stream is ready */
+        return s_respond_call(g, c);
+    if (*upload_size) {
+        if (now_ms() - c->t0_ms > (int64_t)g->topo->gateway.body_timeout_s * 1000) {
+            LOG_D("request body not complete within %d s: connection closed", g->topo->gateway.body_timeout_s);
+            return MHD_NO;   /* a slow sender: close (no reply can be queued mid-upload) */
+        }
+        if (!c->too_big && s_append(&c->body, &c->body_len, &c->body_cap, upload, *upload_size,
+                                    (size_t)g->topo->gateway.max_body_bytes + 1) != 0) {
+            c->too_big = 1;   /* keep reading (discarding) so the 413 can be sent at the end */
+            free(c->body);
+            c->body = NULL;
+            c->body_len = c->body_cap = 0;
+        }
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    if (c->ep == EP_CHAT || c->ep == EP_COMPLETION)
+        return s_start(g, c);
+    return s_get(g, c, url);
+}
+
+/* The HTTP side is done with a request: normally, or because the client went away. */
+static void s_completed(void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_RequestTerminationCode toe)
+{
+    gateway_t *g = cls;
+    gw_call_t *c = *con_cls;
+    if (!c)
+        return;
+    *con_cls = NULL;
+    pthread_mutex_lock(&c->mu);
+    c->gone = 1;
+    int unfinished = c->submitted && !c->finished;
+    pthread_mutex_unlock(&c->mu);
+    if (unfinished && c->ep != EP_METRICS && s_push(g, OP_ABORT, c) == 0)
+        return;   /* the abort carries our reference */
+    s_call_unref(c);
+}
+
+static void s_mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    char line[512];
+    vsnprintf(line, sizeof line, fmt, ap);
+    line[strcspn(line, "\n")] = '\0';
+    /* Mostly clients that went away mid-reply: worth a line, not a warning. */
+    LOG_I("http: %s", line);
+}
+
+/* ---- the actor ------------------------------------------------------------------------------------ */
+
+static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
+{
+    gateway_t *g = state;
+    actor_stat_queue(a, st, "requests", g->calls.n, 0);
+    actor_stat_metric(a, st, "http_requests_total", (double)atomic_load(&g->n_http), 1);
+    actor_stat_metric(a, st, "http_2xx_total", (double)atomic_load(&g->n_2xx), 1);
+    actor_stat_metric(a, st, "http_4xx_total", (double)atomic_load(&g->n_4xx), 1);
+    actor_stat_metric(a, st, "http_5xx_total", (double)atomic_load(&g->n_5xx), 1);
+    actor_stat_metric(a, st, "http_401_total", (double)atomic_load(&g->n_401), 1);
+    actor_stat_metric(a, st, "http_429_total", (double)atomic_load(&g->n_429), 1);
+    actor_stat_metric(a, st, "http_503_total", (double)atomic_load(&g->n_503), 1);
+    actor_stat_metric(a, st, "requests_cancelled_by_client", (double)atomic_load(&g->n_cancelled), 1);
+    actor_stat_metric(a, st, "requests_cut_off", (double)atomic_load(&g->n_cutoff), 1);
+    actor_stat_metric(a, st, "prompt_tokens_total", (double)atomic_load(&g->prompt_tokens), 1);
+    actor_stat_metric(a, st, "cached_tokens_total", (double)atomic_load(&g->cached_tokens), 1);
+    actor_stat_metric(a, st, "generation_tokens_total", (double)atomic_load(&g->completion_tokens), 1);
+}
+
+static int s_drained(actor_t *a, void *state)
+{
+    gateway_t *g = state;
+    atomic_store(&g->draining, 1);   /* new requests get 503 from now on */
+    return g->calls.n == 0;
+}
+
+static const actor_handler_t s_handlers[] = {{MSG_NONE, NULL}};
+
+/* The listening address of endpoints.http ("tcp://host:port"). */
+static int s_listen_addr(const char *ep, struct sockaddr_storage *ss, int *family)
+{
+    if (strncmp(ep, "tcp://", 6) != 0)
+        return -1;
+    const char *h = ep + 6, *colon = strrchr(h, ':');
+    if (!colon)
+        return -1;
+    char host[256];
+    snprintf(host, sizeof host, "%.*s", (int)(colon - h), h);
+    if (host[0] == '[') {
+        memmove(host, host + 1, strlen(host));
+        host[strlen(host) - 1] = '\0';
+    }
+    if (strcmp(host, "*") == 0)
+        snprintf(host, sizeof host, "0.0.0.0");
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *ai = NULL;
+    if (getaddrinfo(host, colon + 1, &hints, &ai) != 0 || !ai)
+        return -1;
+    memcpy(ss, ai->ai_addr, ai->ai_addrlen);
+    *family = ai->ai_family;
+    freeaddrinfo(ai);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    actor_t *a = actor_new(argc, argv, ROLE_GATEWAY);
+    if (!a)
+        return 2;
+    const topo_t *t = actor_topo(a);
+    gateway_t *g = calloc(1, sizeof *g);
+    int rc = -1;
+    if (!g)
+        goto out;
+    g->topo = t;
+    g->a = a;
+    g->started_s = (int64_t)time(NULL);
+    pthread_mutex_init(&g->keys_mu, NULL);
+    u64map_init(&g->calls, 256);
+    g->buf = malloc(MSG_MAX_FRAME);
+    const char *slash = strrchr(t->model.path, '/');
+    snprintf(g->model, sizeof g->model, "%.255s", slash && slash[1] ? slash + 1 : t->model.path[0] ? t->model.path : "troupe");
+    const topo_instance_t *cm = topo_first(t, ROLE_CACHE_MANAGER);
+    g->opts = (gw_parse_opts_t){.model = g->model, .can_retain = cm && t->cache.host_store_blocks > 0,
+                                .max_retention_s = MSG_MAX_RETENTION_S,
+                                .default_retention_s = (uint32_t)t->cache.default_retention_s};
+    if (!g->buf || gw_keys_init(&g->keys, &t->gateway, now_ms()) != 0) {
+        LOG_E("out of memory");
+        goto out;
+    }
+    FILE *r = fopen("/dev/urandom", "rb");
+    if (!r || fread(&g->next_id, sizeof g->next_id, 1, r) != 1)
+        g->next_id = (uint64_t)now_ns();
+    if (r)
+        fclose(r);
+    g->next_id &= 0x3fffffffffffffffULL;
+
+    /* The router, as any client reaches it; and its inbox watched, to learn when it dies. */
+    const topo_instance_t *ri = topo_first(t, ROLE_ROUTER);
+    g->router_name = ri->name;
+    g->router = zmq_socket(actor_zmq_ctx(a), ZMQ_DEALER);
+    actor_sock_defaults(g->router, &t->limits);
+    int one = 1, hwm = 100000;
+    zmq_setsockopt(g->router, ZMQ_IMMEDIATE, &one, sizeof one);
+    zmq_setsockopt(g->router, ZMQ_SNDHWM, &hwm, sizeof hwm);
+    zmq_setsockopt(g->router, ZMQ_RCVHWM, &hwm, sizeof hwm);
+    if (zmq_connect(g->router, t->endpoints.client) != 0) {
+        LOG_E("cannot connect to the router at %s: %s", t->endpoints.client, zmq_strerror(errno));
+        goto out;
+    }
+    actor_add_reader(a, g->router, s_on_router);
+    actor_watch(a, ri->name);
+
+    char inproc[128];
+    snprintf(inproc, sizeof inproc, "inproc://gateway-calls-%d", (int)getpid());
+    g->pull = zmq_socket(actor_zmq_ctx(a), ZMQ_PULL);
+    g->push = zmq_socket(actor_zmq_ctx(a), ZMQ_PUSH);
+    int linger = 0;
+    zmq_setsockopt(g->push, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(g->pull, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(g->push, ZMQ_SNDHWM, &hwm, sizeof hwm);
+    zmq_setsockopt(g->pull, ZMQ_RCVHWM, &hwm, sizeof hwm);
+    if (zmq_bind(g->pull, inproc) != 0 || zmq_connect(g->push, inproc) != 0) {
+        LOG_E("inproc %s: %s", inproc, zmq_strerror(errno));
+        goto out;
+    }
+    actor_add_reader(a, g->pull, s_on_pull);
+
+    struct sockaddr_storage ss;
+    int family = AF_INET;
+    if (s_listen_addr(t->endpoints.http, &ss, &family) != 0) {
+        LOG_E("endpoints.http '%s': cannot resolve its host", t->endpoints.http);
+        goto out;
+    }
+    unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG |
+                     (family == AF_INET6 ? MHD_USE_IPv6 : 0);
+    g->httpd = MHD_start_daemon(flags, 0, NULL, NULL, s_access, g,
+                                MHD_OPTION_EXTERNAL_LOGGER, s_mhd_log, g,
+                                MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
+                                MHD_OPTION_NOTIFY_COMPLETED, s_completed, g,
+                                MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)t->gateway.idle_timeout_s,
+                                MHD_OPTION_CONNECTION_LIMIT, (unsigned)t->gateway.max_connections,
+                                MHD_OPTION_END);
+    if (!g->httpd) {
+        LOG_E("cannot serve HTTP at %s: %s", t->endpoints.http, strerror(errno));
+        goto out;
+    }
+    LOG_I("OpenAI API at http://%s/v1 (model '%s', %s)", t->endpoints.http + 6, g->model,
+          gw_keys_open(&g->keys) ? "no API keys: open" : "API keys required");
+    actor_ops_t ops = {.handlers = s_handlers, .n_handlers = 0, .fill_stats = s_fill_stats,
+                       .drained = s_drained, .peer_event = s_peer_event};
+    rc = actor_run(a, &ops, g);
+out:
+    if (g) {
+        atomic_store(&g->draining, 1);
+        if (g->httpd) {
+            /* Calls still in flight end now (the grace period ran out): their connections resume,
+             * then the library closes every connection. */
+            for (size_t i = 0; i < g->calls.cap; i++)
+                if (g->calls.keys[i])
+                    s_fail_call((gw_call_t *)(uintptr_t)g->calls.vals[i], 503, "draining", GW_RETRY_AFTER_S,
+                                "the gateway is shutting down");
+            usleep(100 * 1000);
+            MHD_stop_daemon(g->httpd);
+        }
+        if (g->push)
+            zmq_close(g->push);
+        if (g->pull)
+            zmq_close(g->pull);
+        if (g->router)
+            zmq_close(g->router);
+        gw_keys_free(&g->keys);
+        u64map_free(&g->calls);
+        free(g->buf);
+        free(g);
+    }
+    actor_destroy(&a);
+    return rc == 0 ? 0 : 1;
+}

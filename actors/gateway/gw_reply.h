@@ -1,0 +1,45 @@
+/* actors/gateway/gw_reply.h — OpenAI response bodies: completions, stream chunks, usage, errors.
+ *
+ * Each builder returns a malloc'd NUL-terminated JSON text (compact, one line, so it can be a
+ * Server-Sent Events `data:` line as it is), or NULL when out of memory. Shapes follow OpenAI's
+ * API: "chat.completion" / "chat.completion.chunk" / "text_completion", `usage` with
+ * prompt_tokens_details.cached_tokens, errors as {"error": {"message", "type", "param", "code"}}. */
+#ifndef TROUPE_GW_REPLY_H
+#define TROUPE_GW_REPLY_H
+
+#include <stdint.h>
+
+#include "actors/gateway/gw_request.h"
+
+/* Who the reply is for: the object fields every body repeats. */
+typedef struct gw_reply_ctx {
+    gw_kind_t kind;
+    const char *id;              /* "chatcmpl-..." / "cmpl-..." */
+    int64_t created;             /* unix seconds */
+    const char *model;
+} gw_reply_ctx_t;
+
+/* Sampled tokens' text and logprob, for `logprobs` (no alternatives: top_logprobs is empty). */
+typedef struct gw_logprob {
+    const char *token;
+    float logprob;
+} gw_logprob_t;
+
+typedef struct gw_usage {
+    uint32_t prompt_tokens, cached_tokens, completion_tokens;
+} gw_usage_t;
+
+char *gw_error_json(const gw_error_t *e);
+char *gw_models_json(const char *model, int64_t created);
+char *gw_model_json(const char *model, int64_t created);
+/* The whole non-streamed reply. finish: "stop" / "length". lp may be NULL (no logprobs asked). */
+char *gw_completion_json(const gw_reply_ctx_t *c, const char *text, const char *finish, const gw_usage_t *u,
+                         const gw_logprob_t *lp, uint32_t n_lp);
+/* One stream chunk: text (may be ""), finish NULL until the last, first: chat's role delta.
+ * with_usage: the chunk carries "usage": null (stream_options.include_usage asked for it). */
+char *gw_chunk_json(const gw_reply_ctx_t *c, const char *text, const char *finish, int first, int with_usage,
+                    const gw_logprob_t *lp, uint32_t n_lp);
+/* The stream's last chunk when include_usage: no choices, the usage. */
+char *gw_usage_chunk_json(const gw_reply_ctx_t *c, const gw_usage_t *u);
+
+#endif

@@ -1,0 +1,62 @@
+/* tests/fuzz/fuzz_http_request.c — the gateway's request parser on arbitrary bytes: an OpenAI
+ * request body (chat or completions, by the first byte) and an Authorization header value. Either
+ * an error in OpenAI's shape (an HTTP status, a message, a type) or a request whose submit passes
+ * the router protocol's own validation (msg_validate): whatever the parser accepts, the wire
+ * accepts. The error and a reply built from the request must be valid JSON.
+ * Seeds: tests/fuzz/corpus/http_request/ (one body each; first byte 'c' chat, else completions). */
+#include <jansson.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "actors/gateway/gw_keys.h"
+#include "actors/gateway/gw_reply.h"
+#include "actors/gateway/gw_request.h"
+
+static void s_valid_json(char *s)
+{
+    if (!s)
+        abort();
+    json_t *j = json_loads(s, 0, NULL);
+    if (!j)
+        abort();
+    json_decref(j);
+    free(s);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size == 0)
+        return 0;
+    gw_kind_t kind = data[0] == 'c' ? GW_CHAT : GW_COMPLETION;
+    static const gw_parse_opts_t opts = {.model = "m", .can_retain = 1, .max_retention_s = 604800,
+                                         .default_retention_s = 300};
+    gw_request_t r;
+    gw_error_t e;
+    if (gw_request_parse(kind, (const char *)data + 1, size - 1, &opts, &r, &e) != 0) {
+        if (e.status < 400 || e.status > 599 || !e.message[0] || !e.type || r.root)
+            abort();
+        s_valid_json(gw_error_json(&e));
+    } else {
+        msg_t m;
+        msg_init(&m, MSG_SUBMIT, 1);
+        m.u.submit = r.submit;
+        char err[512];
+        if (msg_validate(&m, err, sizeof err) != 0)
+            abort();
+        gw_reply_ctx_t c = {.kind = kind, .id = "x", .created = 1, .model = "m"};
+        gw_usage_t u = {1, 0, 1};
+        s_valid_json(gw_completion_json(&c, r.submit.prompt ? r.submit.prompt : "", "stop", &u, NULL, 0));
+        gw_request_free(&r);
+    }
+    /* The same bytes as an Authorization header value. */
+    char *h = malloc(size);
+    memcpy(h, data + 1, size - 1);
+    h[size - 1] = '\0';
+    size_t n = 0;
+    const char *t = gw_bearer(h, &n);
+    if (t && (n == 0 || t < h || t + n > h + strlen(h)))
+        abort();
+    free(h);
+    return 0;
+}

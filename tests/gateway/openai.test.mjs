@@ -1,0 +1,155 @@
+// The gateway with the official `openai` npm client (node --test). Started by
+// tests/scenario/gateway_openai.sh, which brings a cluster up and passes where it is:
+//   GW_URL (http://host:port), GW_TOPOLOGY and GW_BIN (for troupe-top), GW_MODEL.
+// Every client has maxRetries 0 so a 429 or 503 is seen as such, not retried away.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import OpenAI from 'openai';
+
+const url = process.env.GW_URL + '/v1';
+const model = process.env.GW_MODEL;
+const client = (apiKey) => new OpenAI({ baseURL: url, apiKey, maxRetries: 0, timeout: 60000 });
+const alpha = client('sk-test-alpha-0001');
+
+// A router metric, as the monitor reports it.
+function routerMetric(name) {
+  const out = execFileSync(`${process.env.GW_BIN}/troupe-top`, ['--topology', process.env.GW_TOPOLOGY, '--json']);
+  const router = JSON.parse(out).actors.find((a) => a.role === 'router');
+  return router.metrics.find((m) => m.name === name)?.value ?? 0;
+}
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+test('models list', async () => {
+  const list = await alpha.models.list();
+  assert.deepEqual(list.data.map((m) => m.id), [model]);
+});
+
+test('chat, not streamed', async () => {
+  const r = await alpha.chat.completions.create({
+    model, messages: [{ role: 'user', content: 'Hello there' }], max_completion_tokens: 4, temperature: 0,
+  });
+  assert.equal(r.object, 'chat.completion');
+  assert.equal(typeof r.choices[0].message.content, 'string');
+  assert.equal(r.choices[0].finish_reason, 'length');
+  assert.equal(r.usage.completion_tokens, 4);
+  assert.equal(r.usage.total_tokens, r.usage.prompt_tokens + 4);
+  assert.equal(typeof r.usage.prompt_tokens_details.cached_tokens, 'number');
+});
+
+test('chat, streamed with usage', async () => {
+  const stream = await alpha.chat.completions.create({
+    model, messages: [{ role: 'user', content: 'Tell me' }], max_tokens: 6, stream: true,
+    stream_options: { include_usage: true },
+  });
+  let text = '', finish = null, usage = null, n = 0;
+  for await (const chunk of stream) {
+    n++;
+    if (chunk.choices.length) {
+      text += chunk.choices[0].delta.content ?? '';
+      finish = chunk.choices[0].finish_reason ?? finish;
+    }
+    if (chunk.usage) usage = chunk.usage;
+  }
+  assert.ok(n >= 3, `only ${n} chunks`);
+  assert.equal(finish, 'length');
+  assert.equal(usage.completion_tokens, 6);
+  assert.ok(text.length > 0);
+});
+
+test('completions, streamed and not, with logprobs', async () => {
+  const r = await alpha.completions.create({ model, prompt: 'In the beginning', max_tokens: 3, logprobs: 0 });
+  assert.equal(r.object, 'text_completion');
+  assert.equal(r.choices[0].logprobs.token_logprobs.length, 3);
+  assert.equal(r.usage.completion_tokens, 3);
+  const stream = await alpha.completions.create({ model, prompt: [1, 2, 3], max_tokens: 4, stream: true });
+  let pieces = 0, finish = null;
+  for await (const c of stream) {
+    pieces++;
+    finish = c.choices[0]?.finish_reason ?? finish;
+  }
+  assert.ok(pieces >= 2);
+  assert.equal(finish, 'length');
+});
+
+test('cached_tokens on a second turn with a prompt_cache_key', async () => {
+  const system = Array.from({ length: 80 }, (_, i) => `verse${i}`).join(' ');
+  const ask = () => alpha.chat.completions.create({
+    model, messages: [{ role: 'system', content: system }, { role: 'user', content: 'and then?' }],
+    max_tokens: 2, prompt_cache_key: 'node-conv', prompt_cache_retention: '24h',
+  });
+  const first = await ask();
+  await sleep(500);
+  const second = await ask();
+  const cached = second.usage.prompt_tokens_details.cached_tokens;
+  assert.ok(cached >= 16 && cached < second.usage.prompt_tokens,
+    `cached ${cached} of ${second.usage.prompt_tokens} (first turn: ${first.usage.prompt_tokens_details.cached_tokens})`);
+});
+
+test('401 for a wrong key', async () => {
+  await assert.rejects(
+    client('sk-not-a-key-000').chat.completions.create({ model, messages: [{ role: 'user', content: 'x' }] }),
+    (e) => e instanceof OpenAI.AuthenticationError && e.status === 401 && e.code === 'invalid_api_key');
+});
+
+test('400s: n, ranges, retention, context length, unknown model', async () => {
+  const msgs = [{ role: 'user', content: 'x' }];
+  const bad = async (body, param, code) => {
+    await assert.rejects(alpha.chat.completions.create({ model, messages: msgs, ...body }), (e) => {
+      assert.equal(e.status, 400, JSON.stringify(e.error));
+      assert.ok(e instanceof OpenAI.BadRequestError);
+      assert.equal(e.param, param);
+      if (code) assert.equal(e.code, code);
+      return true;
+    });
+  };
+  await bad({ n: 2 }, 'n');
+  await bad({ temperature: 9 }, 'temperature');
+  await bad({ prompt_cache_key: 'k', prompt_cache_options: { ttl: '10d' } }, 'prompt_cache_options.ttl');
+  await bad({ max_tokens: 100000 }, 'messages', 'context_length_exceeded');
+  await assert.rejects(alpha.chat.completions.create({ model: 'gpt-4o', messages: msgs }),
+    (e) => e instanceof OpenAI.NotFoundError && e.code === 'model_not_found');
+});
+
+test('429 with Retry-After past the key\'s requests_per_minute', async () => {
+  const limited = client('sk-test-limited-03');
+  const one = () => limited.completions.create({ model, prompt: [1, 2], max_tokens: 1 });
+  await one();
+  await one();
+  await assert.rejects(one(), (e) => {
+    assert.ok(e instanceof OpenAI.RateLimitError, String(e));
+    assert.ok(Number(e.headers.get('retry-after')) >= 1);
+    return true;
+  });
+});
+
+test('503 with Retry-After when the router is full', async () => {
+  const tries = Array.from({ length: 6 }, () => alpha.completions.create({
+    model, prompt: [4, 5, 6], max_tokens: 200, stream: true,
+  }).then(async (s) => { for await (const _ of s); return 'ok'; }, (e) => e));
+  const results = await Promise.all(tries);
+  const full = results.filter((r) => r instanceof OpenAI.APIError && r.status === 503);
+  assert.ok(full.length >= 1, `no 503 among ${results.map(String)}`);
+  assert.ok(Number(full[0].headers.get('retry-after')) >= 1);
+  assert.ok(results.includes('ok'));
+});
+
+test('a client that disconnects mid-stream cancels its request', async () => {
+  const before = routerMetric('requests_cancelled');
+  const ac = new AbortController();
+  const stream = await alpha.completions.create(
+    { model, prompt: [7, 7, 7], max_tokens: 2000, stream: true }, { signal: ac.signal });
+  let got = 0;
+  await assert.rejects((async () => {
+    for await (const _ of stream) {
+      if (++got === 3) ac.abort();
+    }
+  })());
+  assert.equal(got, 3);
+  let now = before;
+  for (let i = 0; i < 60 && now <= before; i++) {
+    await sleep(500);
+    now = routerMetric('requests_cancelled');
+  }
+  assert.ok(now > before, `router requests_cancelled ${before} -> ${now}`);
+});
