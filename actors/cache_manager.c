@@ -14,15 +14,28 @@
  *   - retention: cache_pin pins a prefix's blocks until an expiry (prompt_cache_key + 5 min / 1 h);
  *     a pinned block is never evicted before its time whatever the load; unpinned blocks are
  *     evicted least-recently-used; expired pins are dropped by a timer;
+ *   - the disk tier below the host store (cache.disk_dir, actors/cache/): a block the host store
+ *     evicts spills to disk (least recently used first, pinned ones last) and comes back into the
+ *     host store when a fetch asks for it: the fetch waits (DISK_PARK_MS) while its blocks are
+ *     read, all of them at once, from the moment the prefill worker asks (when the request
+ *     arrives, before it is scheduled). Pinned blocks are also written through as they arrive, so a
+ *     pinned conversation survives a restart of this actor or of the whole cluster: the disk's
+ *     index is read back at start and announced to each router when it connects. All file I/O
+ *     runs on the disk tier's thread (disk_io.h); its completions wake this loop;
  *   - publish cache_event (stored / removed) to every router, so routing sees where prefixes live,
- *     and to the monitor, which counts them.
+ *     and to the monitor, which counts them. Tier "host" in these events means "this actor can serve
+ *     it", from memory or from disk: the routers' hints need no more.
  *
- * Known limits: the host store lives in this process's memory (no disk tier yet); device-tier
- * entries are what workers announced and may be stale after a worker evicts (harmless: a stale
- * hint only costs a recompute). */
+ * Known limits: device-tier entries are what workers announced and may be stale after a worker
+ * evicts (harmless: a stale hint only costs a recompute); unpinned blocks still in memory at a
+ * restart are lost (only pinned and spilled ones are on disk); a fetch asking for more blocks than
+ * the host store holds gets the leading ones that fit. */
 #include <stdlib.h>
 #include <string.h>
 
+#include "actors/cache/disk_io.h"
+#include "actors/cache/disk_store.h"
+#include "actors/cache/fingerprint.h"
 #include "actors/runtime/actor.h"
 #include "transfer/kv_transfer.h"
 #include "transfer/shm_chan.h"
@@ -37,11 +50,15 @@
 #define PENDING_TIMEOUT_MS 5000     /* a host put whose blocks never come */
 #define MAX_PARKED       64         /* fetches waiting for a pending put's blocks */
 #define PARK_MS          300        /* how long a fetch waits for them (prefill gives up at 1 s) */
+#define DISK_PARK_MS     700        /* how long a fetch waits for its blocks' disk reads */
+#define DISK_JOBS        256        /* disk reads and writes in flight, each with a block buffer */
+#define DIRTY_PER_TICK   256        /* pin changes written to record headers per timer tick */
 
 typedef struct slot {
     uint64_t hash;                  /* 0 = free */
     uint64_t lru;                   /* last use tick */
     int64_t pin_until_ms;           /* pinned until then (monotonic); 0 = not pinned */
+    uint8_t from_disk;              /* read back from disk and not served yet: its next hit counts as disk's */
 } slot_t;
 
 typedef struct pending_put {
@@ -62,6 +79,7 @@ typedef struct cmgr {
     const topo_t *topo;
     const char *name, *cluster;
     const char *routers[16];        /* who gets cache events (with the monitor) */
+    int is_router[16];              /* 1: a router (gets the whole index when it connects) */
     int n_routers;
     const char *workers[MAX_WORKERS];
     int n_workers;
@@ -80,8 +98,23 @@ typedef struct cmgr {
     int64_t parked_until[MAX_PARKED];
     int n_parked;
     uint64_t tick, next_transfer;
+    /* disk tier: NULL without cache.disk_dir */
+    dstore_t *disk;
+    dio_t *dio;
+    int disk_failed;                /* its file header could not be written: nothing more goes to disk */
+    u64map_t tenants;               /* hash -> tenant hash of its pin, for the disk record */
+    uint64_t gone[512];             /* hashes that left every tier of this store, for one removed event */
+    uint32_t n_gone;
     /* stats */
     uint64_t stored, evicted, expired, fetched_blocks, fetch_queries, fetch_hits, puts_dropped, fetches_parked;
+    uint64_t hits_host, hits_disk;  /* blocks served by fetches, by the tier they were in */
+    uint64_t spills, persists;      /* disk writes: host evictions, pinned blocks written through */
+    uint64_t spills_shed, spills_shed_full; /* writes not made: no job free / disk full or all pinned */
+    uint64_t disk_write_errors, disk_reads, disk_read_failed, disk_reads_not_started;
+    uint64_t disk_corrupt, disk_foreign; /* reads refused (since start; the store counts those at open) */
+    double read_ms_sum, read_ms_max;  /* reads finished since the last stats */
+    uint64_t reads_window;
+    double read_ms_last;            /* mean read latency over the last stats window that had reads */
 } cmgr_t;
 
 static int s_worker_bit(cmgr_t *c, const char *name)
@@ -114,28 +147,162 @@ static int s_pinned(cmgr_t *c, uint64_t hash, int64_t now)
     return p && (int64_t)*p > now;
 }
 
-/* A slot for a new block: a free one, else the least recently used unpinned one (evicted; its
- * hash is added to evicted[*n_evicted] for one batched removed event). -1 when every slot is
- * pinned. */
-static int s_take_slot(cmgr_t *c, int64_t now, uint64_t *evicted, uint32_t *n_evicted)
+/* A block that left every tier of this store: one removed event for a batch of them. */
+static void s_flush_gone(actor_t *a, cmgr_t *c)
 {
-    int best = -1;
+    s_event(a, c, MSG_CEV_REMOVED, MSG_TIER_HOST, c->name, c->gone, c->n_gone);
+    c->n_gone = 0;
+}
+
+static void s_gone(actor_t *a, cmgr_t *c, uint64_t hash)
+{
+    if (c->n_gone == ARRAY_LEN(c->gone))
+        s_flush_gone(a, c);
+    c->gone[c->n_gone++] = hash;
+}
+
+/* ---- disk tier: writes ------------------------------------------------------------------- */
+
+/* The wall-clock expiry of hash's pin (0: none), for the disk record. */
+static int64_t s_pin_wall(cmgr_t *c, uint64_t hash, int64_t now)
+{
+    uint64_t *p = u64map_get(&c->pins, hash);
+    return p && (int64_t)*p > now ? wall_ms() + ((int64_t)*p - now) : 0;
+}
+
+static uint64_t s_tenant_of(cmgr_t *c, uint64_t hash)
+{
+    uint64_t *t = u64map_get(&c->tenants, hash);
+    return t ? *t : 0;
+}
+
+/* Queues hash's block (data) for the disk. 1 when it is there or on its way; 0 when shed (no job
+ * free, the disk full of pinned or busy blocks). A slot taken from another block that is in
+ * neither tier any more is withdrawn from the routers. */
+static int s_disk_write(actor_t *a, cmgr_t *c, uint64_t hash, const uint8_t *data, int64_t now, int persist)
+{
+    if (!c->disk || c->disk_failed || !c->disk->formatted)
+        return 0;
+    if (dstore_find(c->disk, hash) >= 0)
+        return 1;
+    dio_job_t *j = dio_get(c->dio);
+    if (!j) {
+        c->spills_shed++;
+        return 0;
+    }
+    uint64_t victim = 0;
+    int64_t slot = dstore_alloc(c->disk, hash, wall_ms(), &victim);
+    if (slot < 0) {
+        dio_put(c->dio, j);
+        c->spills_shed_full++;
+        return 0;
+    }
+    if (victim && !u64map_get(&c->host, victim))
+        s_gone(a, c, victim);
+    dstore_pin(c->disk, slot, s_pin_wall(c, hash, now), s_tenant_of(c, hash));
+    c->disk->slots[slot].dirty = 0;   /* the write carries the pin */
+    j->kind = DIO_WRITE;
+    j->slot = slot;
+    j->hash = hash;
+    dstore_rec(c->disk, slot, &j->rec);
+    memcpy(j->buf, data, c->block_bytes);
+    dio_submit(c->dio, j);
+    if (persist)
+        c->persists++;
+    else
+        c->spills++;
+    return 1;
+}
+
+/* A slot for a new block: a free one, else the least recently used unpinned one, else (with a
+ * disk tier) the least recently used pinned one. The block leaving goes to disk when there is one;
+ * a block that leaves every tier has its hash added to evicted[*n_evicted] for one batched removed
+ * event. A pinned block leaves memory only once it is on disk or on its way. -1 when none can go. */
+static int s_take_slot(actor_t *a, cmgr_t *c, int64_t now, uint64_t *evicted, uint32_t *n_evicted)
+{
+    int best = -1, best_pinned = -1;
     for (int i = 0; i < c->n_slots; i++) {
         if (!c->slots[i].hash)
             return i;
-        if (s_pinned(c, c->slots[i].hash, now))
+        if (s_pinned(c, c->slots[i].hash, now)) {
+            if (best_pinned < 0 || c->slots[i].lru < c->slots[best_pinned].lru)
+                best_pinned = i;
             continue;
+        }
         if (best < 0 || c->slots[i].lru < c->slots[best].lru)
             best = i;
+    }
+    int spilled = 0;
+    if (best >= 0) {
+        spilled = s_disk_write(a, c, c->slots[best].hash, c->store + (size_t)best * c->block_bytes, now, 0);
+    } else if (best_pinned >= 0 && c->disk) {
+        spilled = s_disk_write(a, c, c->slots[best_pinned].hash, c->store + (size_t)best_pinned * c->block_bytes, now, 0);
+        best = spilled ? best_pinned : -1;
     }
     if (best >= 0) {
         uint64_t h = c->slots[best].hash;
         u64map_del(&c->host, h);
         c->slots[best].hash = 0;
         c->evicted++;
-        evicted[(*n_evicted)++] = h;
+        if (!spilled)
+            evicted[(*n_evicted)++] = h;
     }
     return best;
+}
+
+/* Stores one block in the host store (a free or evicted slot); the slot, or -1 when every slot is
+ * pinned and cannot go to disk. */
+static int s_host_put(actor_t *a, cmgr_t *c, uint64_t hash, const uint8_t *data, int64_t now, uint64_t *evicted,
+                      uint32_t *n_evicted)
+{
+    if (*n_evicted == 512) {
+        s_event(a, c, MSG_CEV_REMOVED, MSG_TIER_HOST, c->name, evicted, *n_evicted);
+        *n_evicted = 0;
+    }
+    int slot = s_take_slot(a, c, now, evicted, n_evicted);
+    if (slot < 0)
+        return -1;
+    memcpy(c->store + (size_t)slot * c->block_bytes, data, c->block_bytes);
+    c->slots[slot] = (slot_t){.hash = hash, .lru = ++c->tick};
+    u64map_put(&c->host, hash, (uint64_t)slot + 1);
+    c->stored++;
+    return slot;
+}
+
+/* Allocates the host store for blocks of one shape (the first write-back, or the disk file's shape
+ * at start) and formats the disk tier for it when it is new. NULL, or why it failed. */
+static const char *s_shape(cmgr_t *c, size_t bb, uint32_t n_layers, uint32_t block_size, uint32_t n_kv_heads,
+                           uint32_t head_dim, dtype_t dtype)
+{
+    c->store = malloc((size_t)c->n_slots * bb);
+    if (!c->store)
+        return "out of memory for the host store";
+    c->block_bytes = bb;
+    c->shape[0] = n_layers, c->shape[1] = block_size, c->shape[2] = n_kv_heads, c->shape[3] = head_dim;
+    c->dtype = dtype;
+    LOG_I("host store: %d blocks of %zu bytes (%.1f MiB)", c->n_slots, bb, (double)c->n_slots * bb / (1 << 20));
+    if (!c->disk)
+        return NULL;
+    char err[256];
+    int fresh = !c->disk->formatted;
+    if (fresh && dstore_format(c->disk, dtype, n_layers, block_size, n_kv_heads, head_dim, bb, err, sizeof err) != 0) {
+        LOG_E("%s: the disk tier is off", err);
+        c->disk_failed = 1;
+        return NULL;
+    }
+    if (dio_set_block_bytes(c->dio, bb) != 0) {
+        LOG_E("disk tier: out of memory for its buffers: the disk tier is off");
+        c->disk_failed = 1;
+        return NULL;
+    }
+    if (fresh) {
+        dio_job_t *j = dio_get(c->dio);
+        j->kind = DIO_FILE_HDR;   /* runs before any block write: jobs run in order */
+        dio_submit(c->dio, j);
+        LOG_I("disk tier %s: %llu slots of %llu bytes", c->disk->path, (unsigned long long)c->disk->fh.n_slots,
+              (unsigned long long)c->disk->fh.slot_bytes);
+    }
+    return NULL;
 }
 
 /* ---- device tier: what workers hold ------------------------------------------------------ */
@@ -208,6 +375,13 @@ static int s_pending_has(const cmgr_t *c, uint64_t hash)
 
 static void s_answer_parked(actor_t *a, cmgr_t *c, int64_t now);
 
+/* 1 when this store can serve hash: in memory or on disk (being written counts: it is readable
+ * once written). */
+static int s_held(const cmgr_t *c, uint64_t hash)
+{
+    return u64map_get(&c->host, hash) || (c->disk && dstore_find(c->disk, hash) >= 0);
+}
+
 /* A pending put is over (its blocks stored, refused, or never come): the hashes it announced that
  * the store does not hold are withdrawn, and fetches waiting on it are answered. */
 static void s_end_pending(actor_t *a, cmgr_t *c, pending_put_t *p)
@@ -215,7 +389,7 @@ static void s_end_pending(actor_t *a, cmgr_t *c, pending_put_t *p)
     uint64_t gone[512];
     uint32_t n_gone = 0;
     for (uint32_t i = 0; i < p->n; i++) {
-        if (u64map_get(&c->host, p->hashes[i]))
+        if (s_held(c, p->hashes[i]))
             continue;
         gone[n_gone++] = p->hashes[i];
         if (n_gone == 512) {
@@ -248,14 +422,7 @@ static int s_on_announce(actor_t *a, void *state, const actor_peer_t *from, msg_
     if (k->n_block_ids != p->n || bb == 0 || (uint64_t)bb * k->n_block_ids != k->total_bytes) {
         why = "kv_announce and cache_put disagree";
     } else if (!c->store) {
-        c->store = malloc((size_t)c->n_slots * bb);
-        c->block_bytes = bb;
-        c->shape[0] = k->n_layers, c->shape[1] = k->block_size, c->shape[2] = k->n_kv_heads, c->shape[3] = k->head_dim;
-        c->dtype = k->dtype;
-        if (!c->store)
-            why = "out of memory for the host store";
-        else
-            LOG_I("host store: %d blocks of %zu bytes (%.1f MiB)", c->n_slots, bb, (double)c->n_slots * bb / (1 << 20));
+        why = s_shape(c, bb, k->n_layers, k->block_size, k->n_kv_heads, k->head_dim, k->dtype);
     } else if (bb != c->block_bytes || k->n_layers != c->shape[0] || k->block_size != c->shape[1] ||
                k->n_kv_heads != c->shape[2] || k->head_dim != c->shape[3] || k->dtype != c->dtype) {
         why = "block shape differs from the store's";
@@ -273,17 +440,12 @@ static int s_on_announce(actor_t *a, void *state, const actor_peer_t *from, msg_
                 c->slots[*s - 1].lru = ++c->tick;
                 continue;
             }
-            if (n_evicted == 512) {
-                s_event(a, c, MSG_CEV_REMOVED, MSG_TIER_HOST, c->name, evicted, n_evicted);
-                n_evicted = 0;
-            }
-            int slot = s_take_slot(c, now, evicted, &n_evicted);
-            if (slot < 0)
+            const uint8_t *data = (uint8_t *)seg.ptr + (size_t)i * bb;
+            if (s_host_put(a, c, p->hashes[i], data, now, evicted, &n_evicted) < 0)
                 break;   /* every slot pinned: the rest of this sequence is not stored */
-            memcpy(c->store + (size_t)slot * bb, (uint8_t *)seg.ptr + (size_t)i * bb, bb);
-            c->slots[slot] = (slot_t){.hash = p->hashes[i], .lru = ++c->tick};
-            u64map_put(&c->host, p->hashes[i], (uint64_t)slot + 1);
-            c->stored++;
+            /* A pinned block goes to disk at once: it must outlive a restart. */
+            if (s_pinned(c, p->hashes[i], now))
+                s_disk_write(a, c, p->hashes[i], data, now, 1);
             added[n_added++] = p->hashes[i];
             if (n_added == 512) {
                 s_event(a, c, MSG_CEV_STORED, MSG_TIER_HOST, c->name, added, n_added);
@@ -292,6 +454,7 @@ static int s_on_announce(actor_t *a, void *state, const actor_peer_t *from, msg_
         }
         s_event(a, c, MSG_CEV_REMOVED, MSG_TIER_HOST, c->name, evicted, n_evicted);
         s_event(a, c, MSG_CEV_STORED, MSG_TIER_HOST, c->name, added, n_added);
+        s_flush_gone(a, c);
     }
     tchan_shm_close(&seg);
     kvx_ack(a, k->src, k->transfer_id, why == NULL, why, NULL, 0);
@@ -341,6 +504,10 @@ static void s_answer_fetch(actor_t *a, cmgr_t *c, const msg_t *m)
     for (uint32_t i = 0; i < found; i++) {
         uint64_t slot = *u64map_get(&c->host, f->hashes[i]) - 1;
         c->slots[slot].lru = ++c->tick;
+        if (c->slots[slot].from_disk)
+            c->hits_disk++, c->slots[slot].from_disk = 0;
+        else
+            c->hits_host++;
         memcpy((uint8_t *)ft->seg.ptr + (size_t)i * c->block_bytes, c->store + slot * c->block_bytes, c->block_bytes);
         ids[i] = (uint32_t)slot;
     }
@@ -358,8 +525,51 @@ static void s_answer_fetch(actor_t *a, cmgr_t *c, const msg_t *m)
     free(ids);
 }
 
+/* Starts the disk reads of a fetch's blocks that are on disk only, from its first block missing in
+ * memory along the run this store holds (at most the host store's size: what does not fit could
+ * not be served). Blocks being read for another fetch, or still being written, are left: a
+ * written block is read when its write ends (s_answer_parked calls here again). */
+static void s_read_ahead(cmgr_t *c, const msg_cache_fetch_t *f)
+{
+    if (!c->disk || !c->store)
+        return;
+    int budget = c->n_slots;
+    for (uint32_t i = s_found(c, f); i < f->n_hashes && budget > 0; i++, budget--) {
+        const uint64_t h = f->hashes[i];
+        if (u64map_get(&c->host, h))
+            continue;
+        const int64_t ds = dstore_find(c->disk, h);
+        if (ds < 0) {
+            if (s_pending_has(c, h))
+                continue;   /* a write-back brings it */
+            return;
+        }
+        dslot_t *d = &c->disk->slots[ds];
+        if (d->state != DSLOT_VALID || d->readers)
+            continue;
+        dio_job_t *j = dio_get(c->dio);
+        if (!j) {
+            c->disk_reads_not_started++;
+            return;
+        }
+        j->kind = DIO_READ;
+        j->slot = ds;
+        j->hash = h;
+        d->readers++;
+        dstore_touch(c->disk, ds);
+        dio_submit(c->dio, j);
+    }
+}
+
+/* 1 while a parked fetch should wait for its next block: a write-back's or a disk read's. */
+static int s_coming(const cmgr_t *c, uint64_t hash)
+{
+    return s_pending_has(c, hash) || (c->disk && dstore_find(c->disk, hash) >= 0);
+}
+
 /* A fetch whose next block is still on its way (a write-back announced by cache_put whose
- * kv_announce has not landed) waits for it, up to PARK_MS; any other is answered at once. */
+ * kv_announce has not landed, or a block on disk) waits for it, up to PARK_MS (DISK_PARK_MS for
+ * disk reads); any other is answered at once. */
 static int s_on_fetch(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
 {
     cmgr_t *c = state;
@@ -367,9 +577,12 @@ static int s_on_fetch(actor_t *a, void *state, const actor_peer_t *from, msg_t *
     c->fetch_queries += f->n_hashes;
     const uint32_t found = s_found(c, f);
     char err[128];
-    if (found < f->n_hashes && c->n_parked < MAX_PARKED && s_pending_has(c, f->hashes[found]) &&
+    if (found < f->n_hashes && c->n_parked < MAX_PARKED && s_coming(c, f->hashes[found]) &&
         msg_clone(m, &c->parked[c->n_parked], err, sizeof err) == 0) {
-        c->parked_until[c->n_parked++] = now_ms() + PARK_MS;
+        const int disk = !s_pending_has(c, f->hashes[found]);
+        c->parked_until[c->n_parked] = now_ms() + (disk ? DISK_PARK_MS : PARK_MS);
+        s_read_ahead(c, &c->parked[c->n_parked].u.cache_fetch);
+        c->n_parked++;
         c->fetches_parked++;
         return 0;
     }
@@ -378,13 +591,14 @@ static int s_on_fetch(actor_t *a, void *state, const actor_peer_t *from, msg_t *
 }
 
 /* Answers the parked fetches that need not wait any more: their next block landed, its put
- * ended without it, or PARK_MS passed. */
+ * ended without it, its disk read failed, or their time passed. The others get their reads. */
 static void s_answer_parked(actor_t *a, cmgr_t *c, int64_t now)
 {
     for (int i = 0; i < c->n_parked;) {
         const msg_cache_fetch_t *f = &c->parked[i].u.cache_fetch;
         const uint32_t found = s_found(c, f);
-        if (now < c->parked_until[i] && found < f->n_hashes && s_pending_has(c, f->hashes[found])) {
+        if (now < c->parked_until[i] && found < f->n_hashes && s_coming(c, f->hashes[found])) {
+            s_read_ahead(c, f);
             i++;
             continue;
         }
@@ -393,6 +607,152 @@ static void s_answer_parked(actor_t *a, cmgr_t *c, int64_t now)
         c->parked[i] = c->parked[--c->n_parked];
         c->parked_until[i] = c->parked_until[c->n_parked];
     }
+}
+
+/* ---- disk tier: completions -------------------------------------------------------------- */
+
+static void s_read_done(actor_t *a, cmgr_t *c, dio_job_t *j, int64_t now)
+{
+    dslot_t *d = &c->disk->slots[j->slot];
+    if (d->readers)
+        d->readers--;
+    c->read_ms_sum += j->ms;
+    c->reads_window++;
+    if (j->ms > c->read_ms_max)
+        c->read_ms_max = j->ms;
+    if (j->read == DSTORE_READ_OK) {
+        c->disk_reads++;
+        if (!u64map_get(&c->host, j->hash)) {
+            uint64_t evicted[512];
+            uint32_t n_evicted = 0;
+            int slot = s_host_put(a, c, j->hash, j->buf, now, evicted, &n_evicted);
+            if (slot >= 0)
+                c->slots[slot].from_disk = 1;
+            s_event(a, c, MSG_CEV_REMOVED, MSG_TIER_HOST, c->name, evicted, n_evicted);
+        }
+        return;
+    }
+    /* Never served: dropped from the index and counted. */
+    c->disk_read_failed++;
+    if (j->read == DSTORE_READ_FOREIGN)
+        c->disk_foreign++;
+    else if (j->read == DSTORE_READ_CORRUPT)
+        c->disk_corrupt++;
+    LOG_W("disk tier: block %016llx in slot %lld refused: %s", (unsigned long long)j->hash, (long long)j->slot, j->why);
+    if (d->state == DSLOT_VALID && d->hash == j->hash && !d->readers)
+        dstore_drop(c->disk, j->slot);
+    if (!s_held(c, j->hash))
+        s_gone(a, c, j->hash);
+}
+
+static void s_write_done(actor_t *a, cmgr_t *c, dio_job_t *j)
+{
+    dslot_t *d = &c->disk->slots[j->slot];
+    if (d->state != DSLOT_WRITING || d->hash != j->hash)
+        return;
+    if (j->err == 0) {
+        d->written_ms = j->rec.written_ms;
+        dstore_written(c->disk, j->slot, 1, j->rec.payload_crc);
+        return;
+    }
+    if (dstore_errno_full(-j->err))
+        c->spills_shed_full++;
+    else
+        c->disk_write_errors++;
+    LOG_D("disk tier: write of block %016llx failed: %s", (unsigned long long)j->hash, strerror(-j->err));
+    dstore_written(c->disk, j->slot, 0, 0);
+    if (!s_held(c, j->hash))
+        s_gone(a, c, j->hash);
+}
+
+/* The disk thread finished jobs: their results into the index and the host store, then the
+ * fetches that waited for them. */
+static int s_on_disk(actor_t *a, void *state, void *sock)
+{
+    cmgr_t *c = state;
+    const int64_t now = now_ms();
+    for (dio_job_t *j; (j = dio_next_done(c->dio)) != NULL; dio_put(c->dio, j)) {
+        switch (j->kind) {
+        case DIO_FILE_HDR:
+            if (j->err) {
+                LOG_E("disk tier %s: cannot write its header (%s): the disk tier is off", c->disk->path,
+                      strerror(-j->err));
+                c->disk_failed = 1;
+            }
+            break;
+        case DIO_WRITE:
+            s_write_done(a, c, j);
+            break;
+        case DIO_WRITE_REC:
+            if (j->err)
+                c->disk_write_errors++;
+            break;
+        case DIO_READ:
+            s_read_done(a, c, j, now);
+            break;
+        }
+    }
+    s_flush_gone(a, c);
+    s_answer_parked(a, c, now);
+    return 0;
+}
+
+/* Pin changes of blocks on disk go into their record headers, a bounded number per tick. */
+static void s_flush_pins(cmgr_t *c)
+{
+    for (int k = 0; c->disk && c->disk->formatted && !c->disk_failed && k < DIRTY_PER_TICK; k++) {
+        dio_job_t *j = dio_get(c->dio);
+        if (!j)
+            return;
+        int64_t slot = dstore_take_dirty(c->disk);
+        if (slot < 0) {
+            dio_put(c->dio, j);
+            return;
+        }
+        j->kind = DIO_WRITE_REC;
+        j->slot = slot;
+        j->hash = c->disk->slots[slot].hash;
+        dstore_rec(c->disk, slot, &j->rec);
+        dio_submit(c->dio, j);
+    }
+}
+
+/* A router connected (at start, or after it or this actor restarted): it gets the whole index of
+ * this store, memory and disk, so its hints are right from the first request. */
+static void s_peer_event(actor_t *a, void *state, const char *peer, int up)
+{
+    cmgr_t *c = state;
+    if (!up)
+        return;
+    uint64_t batch[512];
+    uint32_t n = 0;
+    msg_t e;
+    msg_init(&e, MSG_CACHE_EVENT, 0);
+    e.u.cache_event.kind = MSG_CEV_STORED;
+    e.u.cache_event.tier = MSG_TIER_HOST;
+    e.u.cache_event.holder = c->name;
+    e.u.cache_event.hashes = batch;
+    uint64_t total = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        const u64map_t *m = pass == 0 ? &c->host : c->disk ? &c->disk->index : NULL;
+        for (size_t i = 0; m && i < m->cap; i++) {
+            if (!m->keys[i] || (pass == 1 && u64map_get(&c->host, m->keys[i])))
+                continue;
+            batch[n++] = m->keys[i];
+            if (n == ARRAY_LEN(batch)) {
+                e.u.cache_event.n_hashes = n;
+                actor_send(a, peer, &e);
+                total += n, n = 0;
+            }
+        }
+    }
+    if (n) {
+        e.u.cache_event.n_hashes = n;
+        actor_send(a, peer, &e);
+        total += n;
+    }
+    if (total)
+        LOG_I("told %s of %llu blocks held", peer, (unsigned long long)total);
 }
 
 static int s_on_kv_ack(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
@@ -406,16 +766,39 @@ static int s_on_kv_ack(actor_t *a, void *state, const actor_peer_t *from, msg_t 
 
 /* ---- retention --------------------------------------------------------------------------- */
 
+static uint64_t s_tenant_hash(const char *tenant)
+{
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (const char *p = tenant; p && *p; p++)
+        h = (h ^ (uint8_t)*p) * 0x100000001b3ULL;
+    return tenant && *tenant ? h : 0;
+}
+
 static int s_on_pin(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
 {
     cmgr_t *c = state;
     const msg_cache_pin_t *p = &m->u.cache_pin;
-    int64_t until = now_ms() + (int64_t)p->expires_in_ms;
+    const int64_t now = now_ms();
+    int64_t until = now + (int64_t)p->expires_in_ms;
+    const uint64_t tenant = s_tenant_hash(p->tenant);
     for (uint32_t i = 0; i < p->n_hashes; i++) {
-        uint64_t *v = u64map_get(&c->pins, p->hashes[i]);
+        const uint64_t h = p->hashes[i];
+        uint64_t *v = u64map_get(&c->pins, h);
         if (!v || (int64_t)*v < until)
-            u64map_put(&c->pins, p->hashes[i], (uint64_t)until);
+            u64map_put(&c->pins, h, (uint64_t)until);
+        if (tenant)
+            u64map_put(&c->tenants, h, tenant);
+        if (!c->disk)
+            continue;
+        /* On disk: the new expiry goes into its record; only in memory: written through now. */
+        int64_t ds = dstore_find(c->disk, h);
+        uint64_t *hs = u64map_get(&c->host, h);
+        if (ds >= 0)
+            dstore_pin(c->disk, ds, s_pin_wall(c, h, now), tenant);
+        else if (hs)
+            s_disk_write(a, c, h, c->store + (size_t)(*hs - 1) * c->block_bytes, now, 1);
     }
+    s_flush_gone(a, c);
     LOG_D("pinned %u blocks under '%s' for %llu ms", p->n_hashes, p->prompt_cache_key,
           (unsigned long long)p->expires_in_ms);
     return 0;
@@ -424,8 +807,14 @@ static int s_on_pin(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
 static int s_on_unpin(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
 {
     cmgr_t *c = state;
-    for (uint32_t i = 0; i < m->u.cache_unpin.n_hashes; i++)
-        u64map_del(&c->pins, m->u.cache_unpin.hashes[i]);
+    for (uint32_t i = 0; i < m->u.cache_unpin.n_hashes; i++) {
+        const uint64_t h = m->u.cache_unpin.hashes[i];
+        u64map_del(&c->pins, h);
+        u64map_del(&c->tenants, h);
+        int64_t ds = c->disk ? dstore_find(c->disk, h) : -1;
+        if (ds >= 0)
+            dstore_pin(c->disk, ds, 0, 0);
+    }
     return 0;
 }
 
@@ -439,6 +828,7 @@ static int s_expire(actor_t *a, void *state)
             continue;
         uint64_t h = c->pins.keys[i];
         u64map_del(&c->pins, h);
+        u64map_del(&c->tenants, h);
         c->expired++;
         i--;   /* backward-shift deletion may have moved another entry into slot i */
     }
@@ -452,6 +842,7 @@ static int s_expire(actor_t *a, void *state)
             s_end_pending(a, c, &c->pending[i]);
         }
     s_answer_parked(a, c, now);
+    s_flush_pins(c);
     return 0;
 }
 
@@ -475,6 +866,38 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
     actor_stat_metric(a, st, "fetch_queries_total", (double)c->fetch_queries, 1);
     actor_stat_metric(a, st, "fetch_hits_total", (double)c->fetch_hits, 1);
     actor_stat_metric(a, st, "fetches_parked_total", (double)c->fetches_parked, 1);
+    /* Per tier: blocks and bytes held, blocks served (hits). */
+    actor_stat_metric(a, st, "device_bytes_indexed", (double)c->device.n * (double)c->block_bytes, 0);
+    actor_stat_metric(a, st, "host_bytes_used", (double)used * (double)c->block_bytes, 0);
+    actor_stat_metric(a, st, "fetch_hits_host_total", (double)c->hits_host, 1);
+    if (!c->disk)
+        return;
+    uint64_t d_used = 0, d_pinned = 0, d_bytes = 0;
+    dstore_usage(c->disk, wall_ms(), &d_used, &d_pinned, &d_bytes);
+    if (c->reads_window) {
+        c->read_ms_last = c->read_ms_sum / (double)c->reads_window;
+        c->read_ms_sum = 0, c->reads_window = 0;
+    }
+    actor_stat_metric(a, st, "fetch_hits_disk_total", (double)c->hits_disk, 1);
+    actor_stat_metric(a, st, "disk_blocks_used", (double)d_used, 0);
+    actor_stat_metric(a, st, "disk_blocks_capacity", (double)(c->disk->formatted ? c->disk->fh.n_slots : 0), 0);
+    actor_stat_metric(a, st, "disk_blocks_pinned", (double)d_pinned, 0);
+    actor_stat_metric(a, st, "disk_bytes_used", (double)d_bytes, 0);
+    actor_stat_metric(a, st, "disk_blocks_loaded", (double)c->disk->loaded, 0);
+    actor_stat_metric(a, st, "disk_spills_total", (double)c->spills, 1);
+    actor_stat_metric(a, st, "disk_persists_total", (double)c->persists, 1);
+    actor_stat_metric(a, st, "disk_spills_shed_total", (double)(c->spills_shed + c->spills_shed_full), 1);
+    actor_stat_metric(a, st, "disk_spills_shed_full_total", (double)c->spills_shed_full, 1);
+    actor_stat_metric(a, st, "disk_write_errors_total", (double)c->disk_write_errors, 1);
+    actor_stat_metric(a, st, "disk_reads_total", (double)c->disk_reads, 1);
+    actor_stat_metric(a, st, "disk_read_ms", c->read_ms_last, 0);
+    actor_stat_metric(a, st, "disk_read_ms_max", c->read_ms_max, 0);
+    actor_stat_metric(a, st, "disk_reads_not_started_total", (double)c->disk_reads_not_started, 1);
+    /* Refused blocks: at start (the index read back) and on reads since. */
+    actor_stat_metric(a, st, "disk_dropped_corrupt_total", (double)(c->disk->dropped_corrupt + c->disk_corrupt), 1);
+    actor_stat_metric(a, st, "disk_dropped_foreign_total", (double)(c->disk->dropped_foreign + c->disk_foreign), 1);
+    actor_stat_metric(a, st, "disk_evicted_total", (double)c->disk->evicted, 1);
+    actor_stat_metric(a, st, "disk_io_in_flight", (double)dio_in_flight(c->dio), 0);
 }
 
 static const actor_handler_t s_handlers[] = {
@@ -498,18 +921,55 @@ int main(int argc, char **argv)
     u64map_init(&c->device, 1024);
     u64map_init(&c->host, 1024);
     u64map_init(&c->pins, 256);
+    u64map_init(&c->tenants, 256);
     for (int i = 0; i < t->n_instances; i++) {
         const topo_instance_t *in = &t->instances[i];
-        if ((in->role == ROLE_ROUTER || in->role == ROLE_MONITOR) && c->n_routers < 16)
+        if ((in->role == ROLE_ROUTER || in->role == ROLE_MONITOR) && c->n_routers < 16) {
+            c->is_router[c->n_routers] = in->role == ROLE_ROUTER;
             c->routers[c->n_routers++] = in->name;
+        }
         if ((in->role == ROLE_PREFILL || in->role == ROLE_DECODE) && c->n_workers < MAX_WORKERS)
             c->workers[c->n_workers++] = in->name;
     }
     tchan_shm_sweep(t->name);
     c->next_transfer = kvx_first_id();
+    if (t->cache.disk_dir[0] && c->n_slots > 0) {
+        /* Load: the disk's index is read back before READY (a restart's blocks are served at once). */
+        char err[512];
+        int64_t t0 = now_ms();
+        c->disk = dstore_open(t->cache.disk_dir, (uint64_t)t->cache.disk_bytes, kv_fingerprint(t), err, sizeof err);
+        if (!c->disk) {
+            LOG_E("%s", err);
+            return ACTOR_EXIT_CONFIG;
+        }
+        c->dio = dio_new(c->disk, actor_zmq_ctx(a), DISK_JOBS, c->disk->formatted ? c->disk->fh.block_bytes : 0, err,
+                         sizeof err);
+        if (!c->dio) {
+            LOG_E("%s", err);
+            return 1;
+        }
+        actor_add_reader(a, dio_socket(c->dio), s_on_disk);
+        if (c->disk->formatted) {
+            const df_file_hdr_t *fh = &c->disk->fh;
+            const char *why = s_shape(c, fh->block_bytes, fh->n_layers, fh->block_size, fh->n_kv_heads, fh->head_dim,
+                                      fh->dtype);
+            if (why) {
+                LOG_E("%s", why);
+                return 1;
+            }
+        }
+        LOG_I("disk tier %s: %llu blocks read back in %lld ms", c->disk->path, (unsigned long long)c->disk->loaded,
+              (long long)(now_ms() - t0));
+        for (int i = 0; i < c->n_routers; i++)
+            if (c->is_router[i])
+                actor_watch(a, c->routers[i]);
+    }
     actor_timer_add(a, 100, s_expire);
-    actor_ops_t ops = {.handlers = s_handlers, .n_handlers = ARRAY_LEN(s_handlers), .fill_stats = s_fill_stats};
+    actor_ops_t ops = {.handlers = s_handlers, .n_handlers = ARRAY_LEN(s_handlers), .fill_stats = s_fill_stats,
+                       .peer_event = s_peer_event};
     int rc = actor_run(a, &ops, c);
+    dio_destroy(&c->dio);   /* the queued writes go out first */
+    dstore_destroy(&c->disk);
     for (int i = 0; i < MAX_PENDING; i++)
         free(c->pending[i].hashes);
     for (int i = 0; i < c->n_parked; i++)
@@ -519,6 +979,7 @@ int main(int argc, char **argv)
     u64map_free(&c->device);
     u64map_free(&c->host);
     u64map_free(&c->pins);
+    u64map_free(&c->tenants);
     free(c->slots);
     free(c->store);
     free(c);

@@ -86,6 +86,10 @@ void topo_print(const topo_t *t, FILE *f)
             l->admission_queue, l->max_batch, l->prefill_chunk_tokens, l->kv_blocks, l->max_model_len);
     fprintf(f, "cache:\n  block_size: %d\n  host_store_blocks: %d\n  default_retention_s: %d\n",
             t->cache.block_size, t->cache.host_store_blocks, t->cache.default_retention_s);
+    if (t->cache.disk_dir[0]) {
+        s_kv(f, "  ", "disk_dir", t->cache.disk_dir);
+        fprintf(f, "  disk_bytes: %lld\n", (long long)t->cache.disk_bytes);
+    }
     const topo_supervision_t *s = &t->supervision;
     fprintf(f, "supervision:\n  strategy: %s\n  max_restarts: %d\n  period_s: %d\n  ready_timeout_s: %d\n"
             "  grace_s: %d\n  heartbeat_ms: %d\n  liveness: %d\n", topo_strategy_name(s->strategy),

@@ -1,0 +1,40 @@
+# The disk tier under a multi-turn workload whose working set (12 conversations of up to 8 blocks,
+# round-robin) is more than 10x the host store (8 blocks) and larger than the workers' pools (48):
+# the same workload without and with cache.disk_dir. With the disk tier later turns hit blocks
+# read back from disk (fetch_hits_disk_total > 0, cached tokens > 0 on later turns) and nothing is
+# refused as corrupt. Hit rates and TTFTs of both runs are printed (reported, not asserted: timing).
+. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/disk_lib.sh"
+W="limits: |  kv_blocks: 48|  max_batch: 4|cache:|  host_store_blocks: 8"
+IFS='|' read -r -a base <<<"$W"
+
+MODEL_PATH=$ROOT/tests/fixtures/models/qwen3-f32 make_topology "$WORK/mem.yaml" "${base[@]}"
+TROUPE_PREFILL_FETCH=always start_cluster "$WORK/mem.yaml"
+disk_workload "$WORK/mem.yaml" "$WORK/mem.json"
+stop_cluster
+
+MODEL_PATH=$ROOT/tests/fixtures/models/qwen3-f32 make_topology "$WORK/disk.yaml" "${base[@]}" \
+  "  disk_dir: $WORK/kvdisk" "  disk_bytes: 4194304"
+TROUPE_PREFILL_FETCH=always start_cluster "$WORK/disk.yaml"
+disk_workload "$WORK/disk.yaml" "$WORK/disk.json"
+sleep 1.2   # a stats interval
+$PY - "$BIN" "$WORK/disk.yaml" "$WORK/mem.json" "$WORK/disk.json" <<'PY'
+import json, sys
+from disk_lib import summary, cm_metrics
+bin_dir, topo = sys.argv[1:3]
+mem, disk = json.load(open(sys.argv[3])), json.load(open(sys.argv[4]))
+sm, sd = summary(mem), summary(disk)
+for name, s in (("host store only", sm), ("with the disk tier", sd)):
+    print(f"{name:20s}: turns 2-3 hit rate {s['hit_rate']:.3f} ({s['cached']}/{s['prompt']} tokens), "
+          f"TTFT mean {s['ttft_mean_ms']:.1f} ms, p50 {s['ttft_p50_ms']} ms over {s['requests']} requests")
+m = cm_metrics(bin_dir, topo, ["fetch_hits_disk_total", "fetch_hits_host_total", "disk_spills_total",
+                               "disk_reads_total", "disk_read_ms_max", "disk_blocks_used", "disk_bytes_used",
+                               "disk_dropped_corrupt_total", "disk_dropped_foreign_total", "disk_spills_shed_total"])
+print("cache-manager: " + ", ".join(f"{k} {v:g}" for k, v in m.items()))
+assert m["disk_spills_total"] > 0 and m["disk_reads_total"] > 0, m
+assert m["fetch_hits_disk_total"] > 0, m
+assert m["disk_dropped_corrupt_total"] == 0 and m["disk_dropped_foreign_total"] == 0, m
+assert sd["cached"] > 0, sd
+assert all(r["cached"] <= r["prompt"] for r in disk), disk
+PY
+echo "PASS disk_multiturn"
