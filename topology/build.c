@@ -447,6 +447,9 @@ static void s_roles(topo_diag_t *d, topo_t *t)
         if (n[singletons[k]] > 1)
             topo_diag_err(d, "actors", "at most one %s instance (found %d): it owns cluster-wide state",
                           topo_role_name(singletons[k]), n[singletons[k]]);
+    if (n[ROLE_GATEWAY] > 1)
+        topo_diag_err(d, "actors", "at most one gateway instance (found %d): it binds endpoints.http",
+                      n[ROLE_GATEWAY]);
     if ((n[ROLE_PREFILL] || n[ROLE_DECODE]) && !t->model.path[0])
         topo_diag_err(d, "model.path", "missing: prefill and decode actors load the model from it "
                       "(load_format: dummy still reads its config.json)");
@@ -485,8 +488,10 @@ static void s_limits(topo_diag_t *d, const raw_topo_t *raw, topo_t *t)
                       t->limits.max_model_len, t->cache.block_size);
     t->cache.host_store_blocks = (int)s_int(d, "cache.host_store_blocks", c->host_store_blocks, 0,
                                             1 << 26, 4096);
+    /* At most what a cache pin carries (messages/msg.h MSG_MAX_RETENTION_S, 7 days): a longer
+     * default would make every pin message invalid, and the router's pins would be lost. */
     t->cache.default_retention_s = (int)s_int(d, "cache.default_retention_s", c->default_retention_s,
-                                              0, 30 * 86400, 300);
+                                              0, 7 * 86400, 300);
     s_str(d, "cache.disk_dir", c->disk_dir, NULL, t->cache.disk_dir, sizeof t->cache.disk_dir, 0);
     t->cache.disk_bytes = s_int(d, "cache.disk_bytes", c->disk_bytes, 0, (int64_t)1 << 50, 0);
     if (t->cache.disk_bytes && t->cache.disk_bytes < (1 << 20))
@@ -516,6 +521,54 @@ static void s_limits(topo_diag_t *d, const raw_topo_t *raw, topo_t *t)
     if (!t->security.curve_server_public[0] != !t->security.curve_server_secret[0])
         topo_diag_err(d, "security", "curve_server_public and curve_server_secret go together: give both");
     t->security.allow_wildcard = s_bool(d, "security.allow_wildcard", sec->allow_wildcard, 0);
+}
+
+/* The gateway's keys and bounds (topology.h topo_gateway_t). */
+static void s_gateway(topo_diag_t *d, const raw_topo_t *raw, topo_t *t)
+{
+    static const raw_gateway_t none;
+    const raw_gateway_t *g = raw->gateway ? raw->gateway : &none;
+    topo_gateway_t *out = &t->gateway;
+    out->max_body_bytes = (int)s_int(d, "gateway.max_body_bytes", g->max_body_bytes, 1024, 64 << 20, 8 << 20);
+    out->idle_timeout_s = (int)s_int(d, "gateway.idle_timeout_s", g->idle_timeout_s, 1, 3600, 30);
+    out->body_timeout_s = (int)s_int(d, "gateway.body_timeout_s", g->body_timeout_s, 1, 3600, 10);
+    out->max_connections = (int)s_int(d, "gateway.max_connections", g->max_connections, 1, 65536, 1024);
+    out->request_timeout_s = (int)s_int(d, "gateway.request_timeout_s", g->request_timeout_s, 0, 86400, 0);
+    if (!g->api_keys_count)
+        return;
+    out->keys = calloc(g->api_keys_count, sizeof *out->keys);
+    if (!out->keys) {
+        topo_diag_err(d, "gateway.api_keys", "out of memory");
+        return;
+    }
+    out->n_keys = (int)g->api_keys_count;
+    for (int i = 0; i < out->n_keys; i++) {
+        const raw_api_key_t *r = &g->api_keys[i];
+        topo_api_key_t *k = &out->keys[i];
+        char p[64], def[32];
+        snprintf(p, sizeof p, "gateway.api_keys[%d].key", i);
+        s_str(d, p, r->key, NULL, k->key, sizeof k->key, 0);
+        size_t kl = strlen(k->key);
+        if (!r->key)
+            topo_diag_err(d, p, "missing");
+        else if (kl && kl < 8)
+            topo_diag_err(d, p, "too short (%zu bytes, at least 8)", kl);
+        for (size_t j = 0; j < kl; j++)
+            if (k->key[j] <= ' ' || k->key[j] > '~') {
+                topo_diag_err(d, p, "only printable ASCII without spaces");
+                break;
+            }
+        for (int j = 0; j < i && kl; j++)
+            if (strcmp(out->keys[j].key, k->key) == 0)
+                topo_diag_err(d, p, "the same key as gateway.api_keys[%d]", j);
+        snprintf(p, sizeof p, "gateway.api_keys[%d].tenant", i);
+        snprintf(def, sizeof def, "key-%d", i);
+        s_name(d, p, r->tenant, def, k->tenant, sizeof k->tenant);
+        snprintf(p, sizeof p, "gateway.api_keys[%d].requests_per_minute", i);
+        k->requests_per_minute = (int)s_int(d, p, r->requests_per_minute, 0, 100000000, 0);
+        snprintf(p, sizeof p, "gateway.api_keys[%d].tokens_per_minute", i);
+        k->tokens_per_minute = (int)s_int(d, p, r->tokens_per_minute, 0, 2000000000, 0);
+    }
 }
 
 /* Instances in file order; names unique; reserved socket names refused. */
@@ -631,6 +684,21 @@ static void s_endpoints(topo_diag_t *d, const raw_topo_t *raw, topo_t *t)
                           out->metrics);
     }
 
+    /* The gateway's HTTP endpoint: bound (and checked for clashes) only when a gateway exists. */
+    int gateway = topo_first(t, ROLE_GATEWAY) != NULL;
+    s_str(d, "endpoints.http", e->http, gateway ? "tcp://127.0.0.1:8000" : "", out->http, sizeof out->http, 1);
+    if (out->http[0]) {
+        s_ep_t hep = { 0 };
+        if (s_ep_parse(out->http, &hep, why, sizeof why) != 0)
+            topo_diag_err(d, "endpoints.http", "%s", why);
+        else if (!hep.tcp)
+            topo_diag_err(d, "endpoints.http", "'%s': the gateway serves HTTP: give a tcp:// endpoint", out->http);
+        else if (s_wildcard_host(hep.host) && !t->security.allow_wildcard)
+            /* HTTP has no CURVE: the API keys guard it, and the file must opt in to all interfaces. */
+            topo_diag_err(d, "endpoints.http", "%s binds all interfaces: that needs security.allow_wildcard: true",
+                          out->http);
+    }
+
     char def_run[TOPO_PATH_MAX];
     snprintf(def_run, sizeof def_run, "/tmp/troupe-%s-%u", t->name, (unsigned)getuid());
     s_str(d, "endpoints.run_dir", e->run_dir, def_run, out->run_dir, sizeof out->run_dir, 0);
@@ -740,7 +808,7 @@ static void s_endpoints(topo_diag_t *d, const raw_topo_t *raw, topo_t *t)
     }
 
     /* Everything that binds, for clash, wildcard and path-length checks. */
-    int nb = 5 + t->n_instances;
+    int nb = 6 + t->n_instances;
     s_bound_t *b = calloc((size_t)nb, sizeof *b);
     char (*labels)[TOPO_NAME_MAX + 16] = calloc((size_t)nb, sizeof *labels);
     char (*paths)[TOPO_FIELD_PATH_MAX] = calloc((size_t)nb, sizeof *paths);
@@ -756,6 +824,8 @@ static void s_endpoints(topo_diag_t *d, const raw_topo_t *raw, topo_t *t)
     b[n++] = (s_bound_t){ "endpoints.inspect", "endpoints.inspect", out->inspect };
     if (out->metrics[0])
         b[n++] = (s_bound_t){ "endpoints.metrics", "endpoints.metrics", out->metrics };
+    if (out->http[0] && gateway)
+        b[n++] = (s_bound_t){ "endpoints.http", "endpoints.http", out->http };
     if (out->control_bind[0])
         b[n++] = (s_bound_t){ "the control endpoint", e->control ? "endpoints.control" : "endpoints",
                               out->control_bind };
@@ -830,6 +900,7 @@ int topo_build(topo_diag_t *d, const raw_topo_t *raw, topo_t *t)
     s_actors(d, raw, t);
     s_roles(d, t);
     s_limits(d, raw, t);
+    s_gateway(d, raw, t);
     s_expand(d, t);
     if (t->instances && t->n_nodes > 0)
         s_endpoints(d, raw, t);

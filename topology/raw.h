@@ -30,7 +30,7 @@ typedef struct raw_actor {
 } raw_actor_t;
 
 typedef struct raw_endpoints {
-    char *client, *inspect, *metrics, *run_dir, *bind_interface, *base_port, *control;
+    char *client, *inspect, *metrics, *run_dir, *bind_interface, *base_port, *control, *http;
 } raw_endpoints_t;
 
 typedef struct raw_limits {
@@ -50,6 +50,16 @@ typedef struct raw_security {
     char *curve_server_public, *curve_server_secret, *allow_wildcard;
 } raw_security_t;
 
+typedef struct raw_api_key {
+    char *key, *tenant, *requests_per_minute, *tokens_per_minute;
+} raw_api_key_t;
+
+typedef struct raw_gateway {
+    raw_api_key_t *api_keys;    /* [api_keys_count] */
+    unsigned api_keys_count;
+    char *max_body_bytes, *idle_timeout_s, *body_timeout_s, *max_connections, *request_timeout_s;
+} raw_gateway_t;
+
 typedef struct raw_topo {
     char *name;
     raw_model_t *model;
@@ -62,6 +72,7 @@ typedef struct raw_topo {
     raw_cache_t *cache;
     raw_supervision_t *supervision;
     raw_security_t *security;
+    raw_gateway_t *gateway;
 } raw_topo_t;
 
 /* The top-level schema (a mapping of raw_topo_t) and the config libcyaml loads with. */
@@ -69,6 +80,7 @@ extern const cyaml_schema_value_t raw_schema;
 /* Hard bounds on list lengths, enforced by both passes. */
 #define RAW_NODES_MAX  256
 #define RAW_ACTORS_MAX 1024
+#define RAW_API_KEYS_MAX 4096
 
 struct topo_diag;
 struct topo;

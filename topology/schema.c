@@ -66,6 +66,7 @@ static const cyaml_schema_field_t s_endpoints_fields[] = {
     STR("bind_interface", raw_endpoints_t, bind_interface),
     STR("base_port", raw_endpoints_t, base_port),
     STR("control", raw_endpoints_t, control),
+    STR("http", raw_endpoints_t, http),
     CYAML_FIELD_END
 };
 
@@ -108,6 +109,29 @@ static const cyaml_schema_field_t s_security_fields[] = {
     CYAML_FIELD_END
 };
 
+static const cyaml_schema_field_t s_api_key_fields[] = {
+    STR("key", raw_api_key_t, key),
+    STR("tenant", raw_api_key_t, tenant),
+    STR("requests_per_minute", raw_api_key_t, requests_per_minute),
+    STR("tokens_per_minute", raw_api_key_t, tokens_per_minute),
+    CYAML_FIELD_END
+};
+
+static const cyaml_schema_value_t s_api_key_entry = {
+    CYAML_VALUE_MAPPING(CYAML_FLAG_DEFAULT, raw_api_key_t, s_api_key_fields),
+};
+
+static const cyaml_schema_field_t s_gateway_fields[] = {
+    CYAML_FIELD_SEQUENCE("api_keys", OPT | CYAML_FLAG_POINTER, raw_gateway_t, api_keys, &s_api_key_entry, 0,
+                         RAW_API_KEYS_MAX),
+    STR("max_body_bytes", raw_gateway_t, max_body_bytes),
+    STR("idle_timeout_s", raw_gateway_t, idle_timeout_s),
+    STR("body_timeout_s", raw_gateway_t, body_timeout_s),
+    STR("max_connections", raw_gateway_t, max_connections),
+    STR("request_timeout_s", raw_gateway_t, request_timeout_s),
+    CYAML_FIELD_END
+};
+
 static const cyaml_schema_field_t s_top_fields[] = {
     STR("name", raw_topo_t, name),
     SECTION("model", model, s_model_fields),
@@ -119,6 +143,7 @@ static const cyaml_schema_field_t s_top_fields[] = {
     SECTION("cache", cache, s_cache_fields),
     SECTION("supervision", supervision, s_supervision_fields),
     SECTION("security", security, s_security_fields),
+    SECTION("gateway", gateway, s_gateway_fields),
     CYAML_FIELD_END
 };
 

@@ -31,7 +31,7 @@
 
 typedef enum {
     ROLE_ROUTER, ROLE_PREFILL, ROLE_DECODE, ROLE_CACHE_MANAGER, ROLE_EXPERT_BALANCER,
-    ROLE_DRAFT_SCHEDULER, ROLE_MONITOR, ROLE_COUNT
+    ROLE_DRAFT_SCHEDULER, ROLE_MONITOR, ROLE_GATEWAY, ROLE_COUNT
 } topo_role_t;
 
 typedef enum { TOPO_BACKEND_CPU, TOPO_BACKEND_CUDA } topo_backend_t;
@@ -100,6 +100,7 @@ typedef struct topo_endpoints {
     char client[TOPO_ENDPOINT_MAX];      /* the router binds it; clients connect. default tcp://127.0.0.1:5555 */
     char inspect[TOPO_ENDPOINT_MAX];     /* the monitor's inspection endpoint for `top`; default tcp://127.0.0.1:5556 */
     char metrics[TOPO_ENDPOINT_MAX];     /* the monitor's Prometheus endpoint (HTTP GET /metrics), tcp:// only; "" (default) = off */
+    char http[TOPO_ENDPOINT_MAX];        /* the gateway's OpenAI HTTP API, tcp:// only; default tcp://127.0.0.1:8000 (used only with a gateway) */
     char run_dir[TOPO_PATH_MAX];         /* ipc sockets live here; default /tmp/troupe-<name>-<uid>; the supervisor creates it 0700 */
     char bind_interface[TOPO_ENDPOINT_MAX]; /* "" = bind internal tcp endpoints on each node's address; else this host/interface */
     int base_port;                       /* first port of derived internal tcp endpoints (multi-node); default 5600 */
@@ -147,6 +148,26 @@ typedef struct topo_security {
     int allow_wildcard;                  /* 0/1; a wildcard bind also needs this set */
 } topo_security_t;
 
+/* The gateway's API keys (docs/gateway.md): each names a tenant (the per-tenant cache salt) and
+ * its own rate limits. No keys: the API is open and requests carry no tenant. */
+#define TOPO_KEY_MAX 128                 /* an API key, with the NUL */
+typedef struct topo_api_key {
+    char key[TOPO_KEY_MAX];              /* the bearer token, 8..127 printable bytes */
+    char tenant[TOPO_NAME_MAX];          /* default: the key's entry name "key-<i>" */
+    int requests_per_minute;             /* 0 = unlimited (default) */
+    int tokens_per_minute;               /* prompt + completion tokens; 0 = unlimited (default) */
+} topo_api_key_t;
+
+typedef struct topo_gateway {
+    topo_api_key_t *keys;                /* [n_keys] */
+    int n_keys;
+    int max_body_bytes;                  /* request bodies beyond this get 413; default 8 MiB; 1 KiB..64 MiB */
+    int idle_timeout_s;                  /* a connection silent this long is closed; default 30; 1..3600 */
+    int body_timeout_s;                  /* a request body must arrive within this; default 10; 1..3600 */
+    int max_connections;                 /* open HTTP connections; default 1024; 1..65536 */
+    int request_timeout_s;               /* each request's budget at the router (timeout_ms); 0 = none (default) */
+} topo_gateway_t;
+
 typedef struct topo {
     char name[TOPO_NAME_MAX];            /* cluster name; [A-Za-z0-9._-] */
     char source[TOPO_PATH_MAX];          /* file it was loaded from ("<default>" for the embedded one) */
@@ -163,6 +184,7 @@ typedef struct topo {
     topo_cache_t cache;
     topo_supervision_t supervision;
     topo_security_t security;
+    topo_gateway_t gateway;
 } topo_t;
 
 /* Every problem of one load. Zero-initialize (or topo_errors_clear) before use. */
