@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# The README's main job: launch the embedded default topology (one machine, CPU), wait until
-# every actor is READY, submit a prompt through the client, show `top`, then stop cleanly.
-#   TOPOLOGY=file.yaml PROMPT="..." tools/demo.sh
+# The README's main job: launch the embedded default topology (one machine, CPU, the real
+# model in models/kjv-tiny), wait until every actor is READY, submit a prompt through the client
+# greedily (temperature 0: the same text every time), show `top`, then stop cleanly.
+#   TOPOLOGY=file.yaml PROMPT="..." MAX_TOKENS=N TROUPE_BIN=dir tools/demo.sh
+# tests/scenario/demo_text.sh runs it and checks the text against troupe-generate.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-BIN=build/bin
+BIN=${TROUPE_BIN:-build/bin}
 TOPO_ARGS=()
 [ -n "${TOPOLOGY:-}" ] && TOPO_ARGS=(--topology "$TOPOLOGY")
-PROMPT=${PROMPT:-"The capital of France is"}
+PROMPT=${PROMPT:-"And God said"}
+MAX_TOKENS=${MAX_TOKENS:-32}
 log=$(mktemp /tmp/troupe-demo.XXXXXX.log)
 ready=$(mktemp -u /tmp/troupe-demo.XXXXXX.ready)
 
@@ -33,8 +36,8 @@ done
 [ -s "$ready" ] || { echo "== troupe: not ready after 60 s"; tail -30 "$log"; exit 1; }
 echo "== troupe: every actor READY in $(cat "$ready") ms"
 
-echo "== troupe-client submit \"$PROMPT\""
-"$BIN/troupe-client" "${TOPO_ARGS[@]}" --timeout-ms 60000 submit --max-tokens 32 "$PROMPT"
+echo "== troupe-client submit --max-tokens $MAX_TOKENS --temperature 0 \"$PROMPT\""
+"$BIN/troupe-client" "${TOPO_ARGS[@]}" --timeout-ms 60000 submit --max-tokens "$MAX_TOKENS" --temperature 0 "$PROMPT"
 client_rc=$?
 sleep 1.1   # one stats interval, so top shows the request
 echo "== troupe-top --once"

@@ -85,9 +85,11 @@ static void test_examples_load(void **state)
     assert_int_equal(topo_load_file("topology/examples/cpu-default.yaml", &t, &s_errs), 0);
     assert_string_equal(t->name, "cpu-default");
     assert_int_equal(t->model.backend, TOPO_BACKEND_CPU);
-    assert_int_equal(t->model.dtype, DT_BF16);
-    assert_int_equal(t->model.load_format, TOPO_LOAD_DUMMY);
-    assert_string_equal(t->model.tokenizer, "third_party/tokenizers/qwen3");
+    /* The real model in the repository, its tokenizer beside it, weights as stored. */
+    assert_string_equal(t->model.path, "models/kjv-tiny");
+    assert_string_equal(t->model.tokenizer, "models/kjv-tiny");
+    assert_int_equal(t->model.load_format, TOPO_LOAD_AUTO);
+    assert_int_equal(t->limits.max_model_len, 1024);
     assert_int_equal(t->n_instances, 7);
     for (int r = 0; r < ROLE_COUNT; r++)   /* every role once; the gateway is optional */
         assert_int_equal(topo_count_role(t, (topo_role_t)r), r == ROLE_GATEWAY ? 0 : 1);
@@ -95,6 +97,16 @@ static void test_examples_load(void **state)
     topo_destroy(&t);
     assert_null(t);
     topo_destroy(&t);                    /* idempotent */
+
+    /* The same cluster on the Qwen3-shaped random-weight model. */
+    assert_int_equal(topo_load_file("topology/examples/qwen3-shape-random.yaml", &t, &s_errs), 0);
+    assert_string_equal(t->name, "qwen3-shape-random");
+    assert_int_equal(t->model.dtype, DT_BF16);
+    assert_int_equal(t->model.load_format, TOPO_LOAD_DUMMY);
+    assert_string_equal(t->model.path, "tests/fixtures/models/qwen3-demo-shape");
+    assert_string_equal(t->model.tokenizer, "third_party/tokenizers/qwen3");
+    assert_int_equal(t->n_instances, 7);
+    topo_destroy(&t);
 
     assert_int_equal(topo_load_file("topology/examples/h200-1gpu.yaml", &t, &s_errs), 0);
     assert_int_equal(t->model.backend, TOPO_BACKEND_CUDA);
@@ -417,6 +429,7 @@ static void test_print_round_trip(void **state)
 {
     (void)state;
     static const char *const files[] = { "topology/examples/cpu-default.yaml",
+                                         "topology/examples/qwen3-shape-random.yaml",
                                          "topology/examples/h200-1gpu.yaml",
                                          "topology/examples/moe-8gpu.yaml" };
     for (size_t k = 0; k < sizeof files / sizeof files[0]; k++) {
