@@ -47,6 +47,11 @@ CU_SRCS    := $(wildcard kernels/cuda/*.cu)
 
 LIB_OBJS := $(LIB_SRCS:%.c=$(B)/obj/%.o)
 ACTOR_BINS := $(patsubst actors/%.c,$(B)/bin/troupe-%,$(subst _,-,$(ACTOR_SRCS)))
+# The gateway needs libmicrohttpd (tools/install-deps.sh); a machine without it (an offline GPU
+# node) builds everything else.
+ifeq ($(shell pkg-config --exists libmicrohttpd 2>/dev/null && echo 1),)
+ACTOR_BINS := $(filter-out $(B)/bin/troupe-gateway,$(ACTOR_BINS))
+endif
 TOOL_BINS  := $(patsubst tools/%.c,$(B)/bin/troupe-%,$(subst _,-,$(TOOL_SRCS)))
 TEST_BINS  := $(TEST_SRCS:tests/unit/%.c=$(B)/tests/%) $(B)/tests/test_kernels_cpu_novec
 FUZZ_BINS  := $(FUZZ_SRCS:tests/fuzz/%.c=$(B)/fuzz/%)

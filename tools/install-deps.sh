@@ -22,6 +22,8 @@ declare -A probe=(
   [python3-zmq]="py:zmq"
   [python3-msgpack]="py:msgpack"
   [npm]="cmd:npm"
+  [libmicrohttpd-dev]="pkg-config:libmicrohttpd"
+  [curl]="cmd:curl"
   [unicode-data]="file:/usr/share/unicode/NormalizationTest.txt.bz2"
 )
 

@@ -140,11 +140,13 @@ test('a client that disconnects mid-stream cancels its request', async () => {
   const stream = await alpha.completions.create(
     { model, prompt: [7, 7, 7], max_tokens: 2000, stream: true }, { signal: ac.signal });
   let got = 0;
-  await assert.rejects((async () => {
+  try {
     for await (const _ of stream) {
-      if (++got === 3) ac.abort();
+      if (++got === 3) ac.abort();   // the SDK ends the iteration (or throws an abort error)
     }
-  })());
+  } catch (e) {
+    assert.ok(e instanceof OpenAI.APIUserAbortError || e.name === 'AbortError', String(e));
+  }
   assert.equal(got, 3);
   let now = before;
   for (let i = 0; i < 60 && now <= before; i++) {

@@ -5,6 +5,7 @@
 # that disconnects mid-stream cancelling its request at the router.
 # The model: the Qwen3 demo shape (real tokenizer and chat template, dummy weights).
 . "$(dirname "$0")/lib.sh"
+[ -x "$BIN/troupe-gateway" ] || fail "troupe-gateway is not built (libmicrohttpd-dev missing? make deps)"
 [ -f "$ROOT/third_party/tokenizers/qwen3/tokenizer.json" ] || { echo "SKIP: no Qwen3 tokenizer (make deps fetches it)"; exit 0; }
 command -v curl >/dev/null || fail "curl is needed"
 . "$ROOT/tests/gateway/lib.sh"

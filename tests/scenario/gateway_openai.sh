@@ -4,6 +4,7 @@
 # and npm are part of the project's dependencies (tools/install-deps.sh); an npm registry that
 # cannot be reached fails the test, loudly, rather than skipping it.
 . "$(dirname "$0")/lib.sh"
+[ -x "$BIN/troupe-gateway" ] || fail "troupe-gateway is not built (libmicrohttpd-dev missing? make deps)"
 [ -f "$ROOT/third_party/tokenizers/qwen3/tokenizer.json" ] || { echo "SKIP: no Qwen3 tokenizer (make deps fetches it)"; exit 0; }
 command -v node >/dev/null && command -v npm >/dev/null || fail "node and npm are needed (tools/install-deps.sh installs them)"
 NODE_DIR=$(cd "$BIN/.." && pwd)/node
