@@ -18,11 +18,13 @@
  *   - tell the cache-manager which full blocks this worker now holds (cache_put, device tier);
  *   - cancel frees everything a request holds.
  *
- * A request's life: WAITING -> (FETCHING ->) RUNNING -> HANDING_OFF -> gone.
- * An NCCL hand-off leaves HANDING_OFF only when the decode side acknowledged it AND our send is seen
+ * A request's life is engine/sched.h's for a prompts-only worker: PROMPTING (held while a fetch
+ * is in flight) -> PROMPTED (handing off) -> gone; the scheduler decides each step's chunks.
+ * An NCCL hand-off leaves PROMPTED only when the decode side acknowledged it AND our send is seen
  * complete (until then NCCL may still read the blocks), or through the shared-memory retry.
  *
  * Known limits: one backend stream; the whole prompt must fit in the KV pool at once. */
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -31,6 +33,7 @@
 #include "actors/runtime/worker.h"
 #include "common/log.h"
 #include "common/util.h"
+#include "engine/sched.h"
 #include "transfer/kv_chan.h"
 #include "transfer/kv_link.h"
 #include "transfer/kv_transfer.h"
@@ -44,19 +47,13 @@
  * them on the link (its link is then aborted). */
 #define REFUSED_SEND_GRACE_MS 250
 
-typedef enum { PF_WAITING, PF_FETCHING, PF_RUNNING, PF_HANDING_OFF, PF_STATE_COUNT } pf_state_t;
-static const char *const s_state_names[PF_STATE_COUNT] = {"waiting", "fetching", "running", "handing_off"};
-
 typedef struct pf_req {
-    uint64_t id;                 /* the router's request id */
+    sched_req_t sr;              /* first: the scheduler's handle (id, state, prompt = msg's token ids,
+                                  * cached and computed tokens, arrival and start times) */
     msg_t msg;                   /* clone of the prefill_request: owns the prompt */
-    const int32_t *prompt;       /* msg's token ids (uint32 on the wire, < vocab checked) */
-    int n_prompt;
     kvseq_t *kv;                 /* its tokens and blocks in our pool */
-    int n_cached;                /* prompt tokens reused from cache */
-    int n_done;                  /* prompt tokens whose KV exists */
-    pf_state_t state;
-    int64_t arrived_ms, started_ms, deadline_ms;   /* deadline: of the fetch or the transfer */
+    int64_t deadline_ms;         /* PROMPTED: of the transfer */
+    int handed;                  /* a hand-off went out (the next one is a retry) */
     uint64_t transfer_id;
     int32_t first_token;         /* sampled at the end of the prompt (kept for a retried hand-off) */
     float first_lp;
@@ -66,19 +63,19 @@ typedef struct pf_req {
     int acked;                   /* NCCL: the decode side acknowledged before the send was seen done */
     int refused;                 /* NCCL: the decode side refused: retry through shm once the send is over */
     uint64_t nccl_transfer;      /* the NCCL attempt's transfer id after a retry (its late ok still counts) */
-    int fetch_from;              /* FETCHING: index of the first hint block asked for */
-    int64_t fetch_sent_ms;       /* FETCHING: when the fetch went out (its cost, for p->fetch_policy) */
-    struct pf_req *next;
+    int fetching;                /* its prompt is held for host-store blocks (sched_hold) */
+    int fetch_from;              /* fetching: index of the first hint block asked for */
+    int64_t fetch_sent_ms;       /* fetching: when the fetch went out (its cost, for p->fetch_policy) */
 } pf_req_t;
+_Static_assert(offsetof(pf_req_t, sr) == 0, "the scheduler's handle is the request");
 
 typedef struct prefill {
     worker_t *w;
     const char *name;            /* our instance name */
     const char *cluster;
-    pf_req_t *head, *tail;       /* every request, arrival order */
-    int n_reqs;
+    actor_t *a;
+    sched_t *sched;              /* every request: the prompts' chunks, then the hand-offs */
     model_seq_t *seqs;           /* [max_seqs] scratch for a step */
-    pf_req_t **batch;            /* [max_seqs] */
     uint64_t next_transfer;
     /* counters for stats */
     const char *cache_manager;   /* NULL when the topology has none */
@@ -97,39 +94,19 @@ typedef struct prefill {
     int64_t last_stats_ms;
 } prefill_t;
 
-static void s_set_state(pf_req_t *r, pf_state_t to, const char *why)
-{
-    LOG_D("request %llu: %s -> %s on %s", (unsigned long long)r->id, s_state_names[r->state],
-          s_state_names[to], why);
-    r->state = to;
-}
-
 static void s_remove(prefill_t *p, pf_req_t *r)
 {
-    pf_req_t **pp = &p->head, *prev = NULL;
-    while (*pp && *pp != r) {
-        prev = *pp;
-        pp = &(*pp)->next;
-    }
-    if (*pp) {
-        *pp = r->next;
-        if (p->tail == r)
-            p->tail = prev;
-    }
+    sched_remove(p->sched, &r->sr);
     kvchan_release(p->chan, &r->out);
     kvseq_destroy(&r->kv);
     msg_free(&r->msg);
     free(r);
-    p->n_reqs--;
 }
 
-static pf_req_t *s_find(prefill_t *p, uint64_t id)
-{
-    for (pf_req_t *r = p->head; r; r = r->next)
-        if (r->id == id)
-            return r;
-    return NULL;
-}
+static pf_req_t *s_find(prefill_t *p, uint64_t id) { return (pf_req_t *)sched_find(p->sched, id); }
+/* The requests in state st, oldest first (the scheduler's queue). */
+static pf_req_t *s_first(prefill_t *p, sched_state_t st) { return (pf_req_t *)sched_first(p->sched, st); }
+static pf_req_t *s_next(pf_req_t *r) { return (pf_req_t *)sched_next(&r->sr); }
 
 /* The channel the topology gives a hand-off to decode worker `dw` (kv_link.h). */
 static msg_channel_t s_route(const prefill_t *p, const char *dw)
@@ -141,12 +118,12 @@ static msg_channel_t s_route(const prefill_t *p, const char *dw)
 static void s_fail(actor_t *a, prefill_t *p, pf_req_t *r, msg_error_code_t code, int retryable, const char *why)
 {
     msg_t e;
-    msg_init(&e, MSG_ERROR, r->id);
+    msg_init(&e, MSG_ERROR, r->sr.id);
     e.u.error.code = code;
     e.u.error.retryable = retryable;
     e.u.error.message = why;
     actor_send(a, r->msg.u.prefill_request.reply_to, &e);
-    LOG_W("request %llu failed: %s", (unsigned long long)r->id, why);
+    LOG_W("request %llu failed: %s", (unsigned long long)r->sr.id, why);
     s_remove(p, r);
 }
 
@@ -176,35 +153,27 @@ static int s_on_prefill_request(actor_t *a, void *state, const actor_peer_t *fro
         free(r);
         return actor_reply_error(a, from, m->id, MSG_ERR_OVERLOADED, 1, "prefill out of memory"), 0;
     }
-    r->id = m->id;
-    /* uint32 ids below vocab_size (checked) are valid int32 ids: same bytes. */
-    r->prompt = (const int32_t *)r->msg.u.prefill_request.tokens;
-    r->n_prompt = (int)q->n_tokens;
     r->kv = kvseq_new(p->w->pool, p->w->max_model_len, q->tenant_salt);
-    r->arrived_ms = now_ms();
-    if (!r->kv) {
+    /* uint32 ids below vocab_size (checked) are valid int32 ids: same bytes. */
+    if (!r->kv || sched_add_prompt(p->sched, &r->sr, m->id, r->kv, (const int32_t *)r->msg.u.prefill_request.tokens,
+                                   (int)q->n_tokens) != 0) {
+        kvseq_destroy(&r->kv);
         msg_free(&r->msg);
         free(r);
         return actor_reply_error(a, from, m->id, MSG_ERR_OVERLOADED, 1, "prefill out of memory"), 0;
     }
     /* Blocks the host store holds and our pool lacks are fetched before the prompt runs. */
     const msg_prefill_request_t *rq = &r->msg.u.prefill_request;
-    const int first = prefix_fetch_start(a, &p->fetch, p->w, r->id, rq->hint_hashes, (int)rq->n_hint_hashes,
+    const int first = prefix_fetch_start(a, &p->fetch, p->w, m->id, rq->hint_hashes, (int)rq->n_hint_hashes,
                                          s_compute_rate(p));
     if (first >= 0) {
+        r->fetching = 1;
         r->fetch_from = first;
-        r->state = PF_FETCHING;
         r->fetch_sent_ms = now_ms();
-        r->deadline_ms = r->fetch_sent_ms + FETCH_TIMEOUT_MS;
+        sched_hold(p->sched, &r->sr, r->fetch_sent_ms + FETCH_TIMEOUT_MS);
     }
-    if (p->tail)
-        p->tail->next = r;
-    else
-        p->head = r;
-    p->tail = r;
-    p->n_reqs++;
     p->prompts++;
-    p->prompt_tokens += (uint64_t)r->n_prompt;
+    p->prompt_tokens += q->n_tokens;
     return 0;
 }
 
@@ -213,7 +182,7 @@ static int s_on_cancel(actor_t *a, void *state, const actor_peer_t *from, msg_t 
     prefill_t *p = state;
     pf_req_t *r = s_find(p, m->id);
     if (r) {
-        LOG_D("request %llu cancelled in state %s", (unsigned long long)r->id, s_state_names[r->state]);
+        LOG_D("request %llu cancelled in state %s", (unsigned long long)r->sr.id, sched_state_names[r->sr.state]);
         s_remove(p, r);
     }
     return 0;
@@ -227,9 +196,7 @@ static int s_on_kv_ack(actor_t *a, void *state, const actor_peer_t *from, msg_t 
 {
     prefill_t *p = state;
     const msg_kv_ack_t *k = &m->u.kv_ack;
-    for (pf_req_t *r = p->head; r; r = r->next) {
-        if (r->state != PF_HANDING_OFF)
-            continue;
+    for (pf_req_t *r = s_first(p, SCHED_PROMPTED); r; r = s_next(r)) {
         if (r->nccl_transfer && r->nccl_transfer == k->transfer_id) {
             /* The NCCL attempt's late answer, its shared-memory retry already out: ok means the
              * decode side has the request (it refuses the retry as a duplicate); a refusal is old news. */
@@ -251,7 +218,7 @@ static int s_on_kv_ack(actor_t *a, void *state, const actor_peer_t *from, msg_t 
         } else if (k->status == MSG_ACK_OK) {
             p->handoffs++;
             kvchan_acked(p->chan, r->out.channel);
-            LOG_D("request %llu handed off (%d blocks)", (unsigned long long)r->id, kvseq_n_blocks(r->kv));
+            LOG_D("request %llu handed off (%d blocks)", (unsigned long long)r->sr.id, kvseq_n_blocks(r->kv));
             s_remove(p, r);
         } else if (r->out.channel == MSG_CHAN_NCCL) {
             char why[512];
@@ -274,6 +241,14 @@ static int s_on_kv_ack(actor_t *a, void *state, const actor_peer_t *from, msg_t 
     return 0;   /* a late ack for a transfer we already gave up on */
 }
 
+/* A prompt's fetch is answered (or given up): it is scheduled again. */
+static void s_fetch_over(prefill_t *p, pf_req_t *r, const char *why)
+{
+    LOG_D("request %llu: fetch over on %s", (unsigned long long)r->sr.id, why);
+    r->fetching = 0;
+    sched_unhold(p->sched, &r->sr);
+}
+
 /* Blocks fetched from the host store: into free pool blocks, registered by hash and released at
  * once, so the request's kvseq_match_prefix adopts them like any cached prefix. */
 static int s_on_kv_announce(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
@@ -281,11 +256,11 @@ static int s_on_kv_announce(actor_t *a, void *state, const actor_peer_t *from, m
     prefill_t *p = state;
     const msg_kv_announce_t *k = &m->u.kv_announce;
     pf_req_t *r = s_find(p, k->request_id);
-    const int wanted = r && r->state == PF_FETCHING;
+    const int wanted = r && r->fetching;
     const msg_prefill_request_t *q = wanted ? &r->msg.u.prefill_request : NULL;
     if (prefix_fetch_take(a, &p->fetch, p->w, k, wanted, q ? q->hint_hashes : NULL, q ? (int)q->n_hint_hashes : 0,
                           wanted ? r->fetch_from : 0, wanted ? r->fetch_sent_ms : 0) >= 0)
-        s_set_state(r, PF_WAITING, "blocks fetched");
+        s_fetch_over(p, r, "blocks fetched");
     return 0;
 }
 
@@ -293,8 +268,8 @@ static int s_on_fetch_reply(actor_t *a, void *state, const actor_peer_t *from, m
 {
     prefill_t *p = state;
     pf_req_t *r = s_find(p, m->id);
-    if (r && r->state == PF_FETCHING && m->u.cache_fetch_reply.found == 0)
-        s_set_state(r, PF_WAITING, "nothing to fetch");
+    if (r && r->fetching && m->u.cache_fetch_reply.found == 0)
+        s_fetch_over(p, r, "nothing to fetch");
     return 0;
 }
 
@@ -313,14 +288,14 @@ static void s_send_handoff(actor_t *a, prefill_t *p, pf_req_t *r, msg_channel_t 
      * our NCCL send, posted now, which its receive matches; else they travel through a shared-memory
      * segment in host memory (one node) or are staged for the decode worker to pull over the network.
      * Either way our blocks stay ours until the kv_ack. */
-    if (kvchan_send(p->chan, q->decode_worker, channel, r->transfer_id, r->id, kvseq_blocks(r->kv),
+    if (kvchan_send(p->chan, q->decode_worker, channel, r->transfer_id, r->sr.id, kvseq_blocks(r->kv),
                     kvseq_n_blocks(r->kv), TRANSFER_TIMEOUT_MS, &r->out, err, sizeof err) != 0) {
         s_fail(a, p, r, MSG_ERR_TRANSFER_FAILED, 1, err);
         return;
     }
 
     msg_t h;
-    msg_init(&h, MSG_HANDOFF, r->id);
+    msg_init(&h, MSG_HANDOFF, r->sr.id);
     msg_handoff_t *o = &h.u.handoff;
     o->tokens = q->tokens;
     o->n_tokens = q->n_tokens;
@@ -328,16 +303,16 @@ static void s_send_handoff(actor_t *a, prefill_t *p, pf_req_t *r, msg_channel_t 
     o->first_logprob = r->first_lp;
     o->sampling = q->sampling;
     o->tokens_left = q->sampling.max_tokens > 0 ? q->sampling.max_tokens - 1 : 0;
-    o->kv_tokens = (uint32_t)r->n_prompt;
+    o->kv_tokens = (uint32_t)r->sr.n_prompt;
     o->block_size = (uint32_t)kv->block_size;
     o->reply_to = q->reply_to;
     o->prefill_worker = p->name;
     o->tenant_salt = q->tenant_salt;
     o->prompt_cache_key = q->prompt_cache_key;
     o->cache_retention_s = q->cache_retention_s;
-    o->cached_tokens = (uint32_t)r->n_cached;
-    o->queue_ms = q->queue_ms + (uint32_t)(r->started_ms - r->arrived_ms);
-    o->prefill_ms = (uint32_t)(now_ms() - r->started_ms);
+    o->cached_tokens = (uint32_t)r->sr.n_cached;
+    o->queue_ms = q->queue_ms + (uint32_t)(r->sr.started_ms - r->sr.arrived_ms);
+    o->prefill_ms = (uint32_t)(now_ms() - r->sr.started_ms);
     o->deadline_ms = q->deadline_ms;
     o->kv = &r->out.desc;
     o->n_kv = 1;
@@ -348,11 +323,11 @@ static void s_send_handoff(actor_t *a, prefill_t *p, pf_req_t *r, msg_channel_t 
         s_fail(a, p, r, MSG_ERR_UNAVAILABLE, 1, "decode worker unreachable for the KV hand-off");
         return;
     }
-    if (r->state != PF_HANDING_OFF)
+    if (!r->handed)
         worker_publish_blocks(a, p->name, p->cache_manager, r->kv, p->w->block_size);
     r->deadline_ms = now_ms() + TRANSFER_TIMEOUT_MS;
-    s_set_state(r, PF_HANDING_OFF, r->state == PF_HANDING_OFF ? "retried through the fallback channel"
-                                                              : "prompt complete");
+    LOG_D("request %llu: hand-off %s", (unsigned long long)r->sr.id, r->handed ? "retried through the fallback channel" : "sent");
+    r->handed = 1;
 }
 
 /* An NCCL hand-off that failed (link broke, send past its deadline, refused) is done once more
@@ -362,7 +337,7 @@ static void s_retry_shm(actor_t *a, prefill_t *p, pf_req_t *r, const char *why)
 {
     const char *dw = r->msg.u.prefill_request.decode_worker;
     const msg_channel_t fb = kvchan_fallback(p->chan, dw);
-    LOG_W("request %llu: NCCL hand-off to %s failed (%s); handing it off through %s", (unsigned long long)r->id, dw,
+    LOG_W("request %llu: NCCL hand-off to %s failed (%s); handing it off through %s", (unsigned long long)r->sr.id, dw,
           why, msg_channel_name(fb));
     p->handoff_retries++;
     r->nccl_transfer = r->transfer_id;
@@ -379,7 +354,7 @@ static void s_handoff(actor_t *a, prefill_t *p, pf_req_t *r, const float *logits
         s_fail(a, p, r, MSG_ERR_BAD_REQUEST, 0, err);
         return;
     }
-    sampler_t *smp = sampler_new(&sp, p->w->cfg.vocab_size, r->prompt, r->n_prompt, err, sizeof err);
+    sampler_t *smp = sampler_new(&sp, p->w->cfg.vocab_size, r->sr.toks, r->sr.n_prompt, err, sizeof err);
     if (!smp) {
         s_fail(a, p, r, MSG_ERR_BAD_REQUEST, 0, err);
         return;
@@ -406,9 +381,9 @@ static int s_poll_links(actor_t *a, void *state)
         kvlinks_want(p->links, p->nccl_peers[i]);
     kvlinks_poll(p->links);
     char err[512];
-    for (pf_req_t *r = p->head, *next; r; r = next) {
-        next = r->next;
-        if (r->state != PF_HANDING_OFF || r->out.channel != MSG_CHAN_NCCL || r->sent)
+    for (pf_req_t *r = s_first(p, SCHED_PROMPTED), *next; r; r = next) {
+        next = s_next(r);
+        if (r->out.channel != MSG_CHAN_NCCL || r->sent)
             continue;
         int s = kvchan_test(p->chan, r->msg.u.prefill_request.decode_worker, &r->out, err, sizeof err);
         if (s == 0)
@@ -440,74 +415,52 @@ static int s_on_kv_link(actor_t *a, void *state, const actor_peer_t *from, msg_t
 
 static int s_link_send(void *ctx, const char *to, const msg_t *m) { return actor_send(ctx, to, m); }
 
-/* One step: expire transfers, build a batch of prompt chunks within the token budget, run it,
- * hand off what finished. Returns 1 if it did work. */
+/* Hand-offs the decode side did not acknowledge in time fail (retryable), their blocks freed. */
+static void s_expire_handoffs(actor_t *a, prefill_t *p)
+{
+    const int64_t now = now_ms();
+    for (pf_req_t *r = s_first(p, SCHED_PROMPTED), *next; r; r = next) {
+        next = s_next(r);
+        if (now > r->deadline_ms) {
+            p->handoff_failures++;
+            s_fail(a, p, r, MSG_ERR_TRANSFER_FAILED, 1, "KV hand-off not acknowledged in time");
+        }
+    }
+}
+
+/* One step: expire transfers, run the scheduler's prompt chunks, hand off the prompts they
+ * completed. Returns 1 if it did work. */
 static int s_step(actor_t *a, void *state)
 {
     prefill_t *p = state;
-    int64_t now = now_ms();
-    for (pf_req_t *r = p->head, *next; r; r = next) {
-        next = r->next;
-        if (r->state == PF_HANDING_OFF && now > r->deadline_ms) {
-            p->handoff_failures++;
-            s_fail(a, p, r, MSG_ERR_TRANSFER_FAILED, 1, "KV hand-off not acknowledged in time");
-            continue;   /* r is freed */
-        }
-        if (r->state == PF_FETCHING && now > r->deadline_ms) {
-            prefix_fetch_timed_out(&p->fetch, (int)r->msg.u.prefill_request.n_hint_hashes - r->fetch_from,
-                                   r->fetch_sent_ms);
-            s_set_state(r, PF_WAITING, "fetch timed out");
-        }
-    }
-    int budget = p->w->max_tokens, n = 0;
-    for (pf_req_t *r = p->head, *next; r && budget > 0 && n < p->w->max_seqs; r = next) {
-        next = r->next;
-        if (r->state == PF_WAITING) {
-            r->n_cached = kvseq_match_prefix(r->kv, r->prompt, r->n_prompt);
-            if (r->n_cached < 0)
-                r->n_cached = 0;
-            r->n_done = r->n_cached;
-            p->cached_tokens += (uint64_t)r->n_cached;
-            r->started_ms = now;
-            s_set_state(r, PF_RUNNING, "scheduled");
-        }
-        if (r->state != PF_RUNNING)
-            continue;
-        int k = r->n_prompt - r->n_done;
-        if (k > budget)
-            k = budget;
-        if (kvseq_append(r->kv, r->prompt + r->n_done, k) != 0) {
-            /* Not enough free blocks now. If it could never fit, fail it; else wait. */
-            int need = (r->n_prompt + p->w->block_size - 1) / p->w->block_size;
-            if (need > kvpool_n_blocks(p->w->pool))
-                s_fail(a, p, r, MSG_ERR_BAD_REQUEST, 0, "prompt needs more KV blocks than the prefill pool has");
-            break;
-        }
-        p->seqs[n] = (model_seq_t){.kv = r->kv, .n_new = k};
-        p->batch[n++] = r;
-        r->n_done += k;
-        budget -= k;
-    }
-    if (n == 0)
+    s_expire_handoffs(a, p);
+    const sched_batch_t *b = sched_step(p->sched);
+    if (b->n == 0)
         return 0;
-    model_batch_t b = {.n_seqs = n, .seqs = p->seqs};
+    for (int i = 0; i < b->n; i++)
+        p->seqs[i] = (model_seq_t){.kv = ((pf_req_t *)b->rows[i].req)->kv, .n_new = b->rows[i].n_new};
+    model_batch_t mb = {.n_seqs = b->n, .seqs = p->seqs};
     char err[512];
     int64_t t0 = now_ns();
-    int frc = model_forward(p->w->model, &b, p->w->logits, err, sizeof err);
+    int frc = model_forward(p->w->model, &mb, p->w->logits, err, sizeof err);
     p->forward_ns += (uint64_t)(now_ns() - t0);
     p->steps++;
     if (frc != 0) {
         LOG_E("forward: %s", err);
-        for (int i = 0; i < n; i++)
-            s_fail(a, p, p->batch[i], MSG_ERR_INTERNAL, 1, err);
+        for (int i = 0; i < b->n; i++)
+            if (b->rows[i].req)   /* cleared when an earlier row's failure removed it */
+                s_fail(a, p, (pf_req_t *)b->rows[i].req, MSG_ERR_INTERNAL, 1, err);
+        sched_commit(p->sched);   /* its rows are gone: nothing to commit */
         return 1;
     }
-    for (int i = 0; i < n; i++) {
-        pf_req_t *r = p->batch[i];
-        p->computed_tokens += (uint64_t)p->seqs[i].n_new;
-        kvseq_publish(r->kv);
-        if (r->n_done == r->n_prompt)
+    sched_commit(p->sched);
+    for (int i = 0; i < b->n; i++) {
+        pf_req_t *r = (pf_req_t *)b->rows[i].req;
+        p->computed_tokens += (uint64_t)b->rows[i].n_new;
+        if (b->rows[i].sample) {   /* the prompt's last chunk */
+            p->cached_tokens += (uint64_t)r->sr.n_cached;
             s_handoff(a, p, r, p->w->logits + (size_t)i * (size_t)p->w->cfg.vocab_size);
+        }
     }
     return 1;
 }
@@ -515,18 +468,35 @@ static int s_step(actor_t *a, void *state)
 static int s_drained(actor_t *a, void *state)
 {
     prefill_t *p = state;
-    return p->n_reqs == 0;
+    return sched_size(p->sched) == 0;
+}
+
+/* Scheduler hooks: a fetch given up on at its deadline; a prompt that can never fit the pool. */
+static void s_hold_expired(void *ctx, sched_req_t *sr)
+{
+    prefill_t *p = ctx;
+    pf_req_t *r = (pf_req_t *)sr;
+    prefix_fetch_timed_out(&p->fetch, (int)r->msg.u.prefill_request.n_hint_hashes - r->fetch_from, r->fetch_sent_ms);
+    r->fetching = 0;
+}
+
+static void s_drop(void *ctx, sched_req_t *sr, const char *why)
+{
+    prefill_t *p = ctx;
+    char msg[256];
+    snprintf(msg, sizeof msg, "the prefill pool cannot hold the prompt: %s", why);
+    s_fail(p->a, p, (pf_req_t *)sr, MSG_ERR_BAD_REQUEST, 0, msg);
 }
 
 static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
 {
     prefill_t *p = state;
-    int waiting = 0, running = 0, handing = 0;
-    for (pf_req_t *r = p->head; r; r = r->next) {
-        waiting += r->state == PF_WAITING || r->state == PF_FETCHING;
-        running += r->state == PF_RUNNING;
-        handing += r->state == PF_HANDING_OFF;
+    int waiting = 0, running = 0;
+    for (pf_req_t *r = s_first(p, SCHED_PROMPTING); r; r = s_next(r)) {
+        waiting += !r->sr.started;
+        running += r->sr.started;
     }
+    const int handing = sched_count(p->sched, SCHED_PROMPTED);
     int64_t now = now_ms();
     if (p->last_stats_ms && now > p->last_stats_ms)
         p->tokens_per_s = (double)(p->computed_tokens - p->last_computed) * 1000.0 / (double)(now - p->last_stats_ms);
@@ -571,7 +541,7 @@ int main(int argc, char **argv)
     if (!a)
         return 2;
     const topo_t *t = actor_topo(a);
-    prefill_t p = {.name = actor_self(a)->name, .cluster = t->name, .topo = t, .self = actor_self(a)};
+    prefill_t p = {.a = a, .name = actor_self(a)->name, .cluster = t->name, .topo = t, .self = actor_self(a)};
     const topo_instance_t *cm = topo_first(t, ROLE_CACHE_MANAGER);
     p.cache_manager = cm ? cm->name : NULL;
     char err[1024];
@@ -591,7 +561,10 @@ int main(int argc, char **argv)
     }
     p.next_transfer = kvx_first_id();
     p.seqs = calloc((size_t)max_seqs, sizeof *p.seqs);
-    p.batch = calloc((size_t)max_seqs, sizeof *p.batch);
+    /* Prompt chunks only, oldest first, within the forward's token budget. */
+    sched_config_t sc = {.max_seqs = max_seqs, .max_running = 0, .chunk_tokens = p.w->max_tokens, .now_ms = now_ms,
+                         .ctx = &p, .hold_expired = s_hold_expired, .drop = s_drop};
+    p.sched = sched_new(p.w->pool, &sc, err, sizeof err);
     p.links = kvlinks_new(p.w->be, p.name, worker_block_bytes(p.w), NULL, s_link_send, a);
     kvchan_cfg_t cc = {.be = p.w->be, .pool = p.w->pool, .topo = t, .self = actor_self(a), .cluster = t->name,
                        .zmq_ctx = actor_zmq_ctx(a), .links = p.links};
@@ -606,7 +579,7 @@ int main(int argc, char **argv)
             }
     }
     int rc = -1;
-    if (!p.links || !p.chan || !p.seqs || !p.batch) {
+    if (!p.links || !p.chan || !p.seqs || !p.sched) {
         LOG_E("out of memory for a batch of %d", max_seqs);
     } else {
         tchan_shm_sweep(t->name);
@@ -616,11 +589,12 @@ int main(int argc, char **argv)
         rc = actor_run(a, &ops, &p);
     }
     kvlinks_destroy(&p.links);   /* first: aborts the sends still in flight before their blocks go */
-    while (p.head)
-        s_remove(&p, p.head);
+    for (sched_state_t st = 0; p.sched && st < SCHED_OUT; st++)
+        while (sched_first(p.sched, st))
+            s_remove(&p, s_first(&p, st));
+    sched_destroy(&p.sched);
     kvchan_destroy(&p.chan);   /* after the requests: they release what they staged on it */
     free(p.seqs);
-    free(p.batch);
     worker_destroy(&p.w);
     actor_destroy(&a);
     return rc == 0 ? 0 : 1;

@@ -124,8 +124,9 @@ void sched_unhold(sched_t *s, sched_req_t *r);
 
 /* The next step's rows; tokens are appended to the rows' sequences (n == 0: nothing to run). */
 const sched_batch_t *sched_step(sched_t *s);
-/* The step's forward succeeded: its KV is published and its prompts advance (a prompt's last chunk
- * moves it on). Call before acting on the rows; a failed forward's rows are removed instead. */
+/* Ends the step. Its forward succeeded: its KV is published and its prompts advance (a prompt's
+ * last chunk moves it on); call before acting on the rows. A failed forward: remove its rows'
+ * requests first (sched_remove clears their rows), then commit what is left (nothing). */
 void sched_commit(sched_t *s);
 
 int sched_count(const sched_t *s, sched_state_t st);
