@@ -15,6 +15,10 @@
  * With endpoints.metrics set it also serves Prometheus text on HTTP GET /metrics (a ZMQ_STREAM
  * socket: plain TCP), one sample per actor metric labelled with the actor and its role.
  *
+ * The HTTP side never blocks: every send is ZMQ_DONTWAIT into a bounded pipe (HTTP_HWM); a
+ * client that does not read its response loses its connection, never the monitor's loop. Only
+ * the exact request line `GET /metrics` (optionally with a query) is served.
+ *
  * Known limits: cache and expert views (INSPECT cache /
  * experts) answer with the actors whose stats carry those metrics. */
 #include <stdlib.h>
@@ -27,6 +31,7 @@
 
 #define MAX_TRACKED 1024
 #define PAGE_MAX    (1 << 20)
+#define HTTP_HWM    64          /* queued frames per HTTP connection before its sends fail */
 
 typedef struct tracked {
     char name[MSG_MAX_NAME];     /* actor instance name, from its stats */
@@ -42,7 +47,8 @@ typedef struct monitor {
     char *page;                  /* [PAGE_MAX] scratch for one /metrics response */
     tracked_t actors[MAX_TRACKED];
     int n;
-    uint64_t frames, bad_frames; /* stats frames received / undecodable */
+    uint64_t frames, bad_frames; /* stats frames received / undecodable (or under another actor's name) */
+    uint64_t http_dropped;       /* HTTP connections closed because they did not read */
     uint64_t cache_events[MSG_CEV_COUNT];   /* cache_event blocks by kind, from the cache-manager */
     int64_t started_ms;
 } monitor_t;
@@ -77,6 +83,15 @@ static int s_on_stats(actor_t *a, void *state, void *sock)
         if (msg_decode(data, len, &m, err, sizeof err) != 0 || m.type != MSG_STATS) {
             if (m.type == MSG_NONE)
                 LOG_D("bad stats frame: %s", err);
+            mon->bad_frames++;
+            msg_free(&m);
+            zmq_msg_close(&part);
+            continue;
+        }
+        /* With CURVE the name in the stats must be the one its key was issued to. */
+        const char *uid = zmq_msg_gets(&part, "User-Id");
+        if (actor_topo(a)->security.curve_server_public[0] && (!uid || strcmp(uid, m.u.stats.name) != 0)) {
+            LOG_D("stats for '%s' from the key of '%s': dropped", m.u.stats.name, uid ? uid : "(none)");
             mon->bad_frames++;
             msg_free(&m);
             zmq_msg_close(&part);
@@ -154,6 +169,9 @@ static int s_on_inspect(actor_t *a, void *state, const actor_peer_t *from, msg_t
 static int s_on_cache_event(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
 {
     monitor_t *mon = state;
+    if (from->sock == mon->inspect)   /* the inspection endpoint answers queries, nothing else */
+        return actor_reply_error(a, from, m->id, MSG_ERR_BAD_REQUEST, 0, "the inspection endpoint only "
+                                 "answers 'inspect'"), 0;
     if (m->u.cache_event.kind < MSG_CEV_COUNT)
         mon->cache_events[m->u.cache_event.kind] += m->u.cache_event.n_hashes;
     return 0;
@@ -161,13 +179,41 @@ static int s_on_cache_event(actor_t *a, void *state, const actor_peer_t *from, m
 
 /* ---- Prometheus ---------------------------------------------------------------------------- */
 
-/* Appends one sample; names are the wire metric names (already [a-z0-9_]). */
+/* A label value as the exposition format wants it: backslash, quote and newline escaped. */
+static void s_escape(char *dst, size_t cap, const char *src)
+{
+    size_t o = 0;
+    for (; *src && o + 3 < cap; src++) {
+        if (*src == '\\' || *src == '"' || *src == '\n') {
+            dst[o++] = '\\';
+            dst[o++] = *src == '\n' ? 'n' : *src;
+        } else {
+            dst[o++] = *src;
+        }
+    }
+    dst[o] = 0;
+}
+
+/* 1 if name may be a metric name: [a-zA-Z_][a-zA-Z0-9_]* (others' stats are not trusted). */
+static int s_metric_name_ok(const char *name)
+{
+    if (!*name || (*name >= '0' && *name <= '9'))
+        return 0;
+    for (const char *p = name; *p; p++)
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '_'))
+            return 0;
+    return 1;
+}
+
+/* Appends one sample. */
 static size_t s_sample(char *b, size_t cap, size_t n, const char *name, const char *suffix, const msg_stats_t *st,
                        const char *extra_label, double v)
 {
-    if (n >= cap)
+    if (n >= cap || !s_metric_name_ok(name))
         return n;
-    int k = snprintf(b + n, cap - n, "troupe_%s%s{actor=\"%s\",role=\"%s\"%s} %.17g\n", name, suffix, st->name,
+    char actor[2 * MSG_MAX_NAME + 1];
+    s_escape(actor, sizeof actor, st->name);
+    int k = snprintf(b + n, cap - n, "troupe_%s%s{actor=\"%s\",role=\"%s\"%s} %.17g\n", name, suffix, actor,
                      msg_role_name(st->role), extra_label ? extra_label : "", v);
     return k < 0 ? n : n + (size_t)k;
 }
@@ -191,8 +237,9 @@ static size_t s_render_metrics(monitor_t *mon, char *b, size_t cap)
         n = s_sample(b, cap, n, "messages_out_total", "", st, NULL, (double)st->msgs_out);
         n = s_sample(b, cap, n, "messages_malformed_total", "", st, NULL, (double)st->malformed);
         for (uint32_t k = 0; k < st->n_queues; k++) {
-            char label[MSG_MAX_NAME + 16];
-            snprintf(label, sizeof label, ",queue=\"%s\"", st->queues[k].name);
+            char label[2 * MSG_MAX_NAME + 16], q[2 * MSG_MAX_NAME + 1];
+            s_escape(q, sizeof q, st->queues[k].name);
+            snprintf(label, sizeof label, ",queue=\"%s\"", q);
             n = s_sample(b, cap, n, "queue_depth", "", st, label, (double)st->queues[k].depth);
         }
         for (uint32_t k = 0; k < st->n_metrics; k++) {
@@ -205,6 +252,14 @@ static size_t s_render_metrics(monitor_t *mon, char *b, size_t cap)
         msg_free(&m);
     }
     return n < cap ? n : cap;
+}
+
+/* One [id][bytes] message to a STREAM peer without blocking; -1 if it could not be queued. */
+static int s_http_send(void *sock, const uint8_t *id, size_t idn, const void *data, size_t len)
+{
+    if (zmq_send(sock, id, idn, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
+        return -1;
+    return zmq_send(sock, data, len, ZMQ_DONTWAIT) < 0 ? -1 : 0;
 }
 
 /* HTTP over a ZMQ_STREAM socket: frames come as [peer id][bytes]; an empty payload announces a
@@ -224,7 +279,8 @@ static int s_on_http(actor_t *a, void *state, void *sock)
         req[n < (int)sizeof req - 1 ? n : (int)sizeof req - 1] = 0;
         const char *status = "200 OK", *ctype = "text/plain; version=0.0.4";
         size_t body;
-        if (strncmp((char *)req, "GET /metrics", 12) == 0) {
+        /* Exactly the path /metrics (a query string allowed), not /metricsXYZ. */
+        if (strncmp((char *)req, "GET /metrics", 12) == 0 && strchr(" ?", req[12]) && req[12]) {
             body = s_render_metrics(mon, mon->page, PAGE_MAX);
         } else {
             status = "404 Not Found";
@@ -234,13 +290,13 @@ static int s_on_http(actor_t *a, void *state, void *sock)
         char head[256];
         int hn = snprintf(head, sizeof head, "HTTP/1.0 %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
                           "Connection: close\r\n\r\n", status, ctype, body);
-        /* A STREAM message is exactly [id][bytes]: the head and the body go as two. */
-        zmq_send(sock, id, (size_t)idn, ZMQ_SNDMORE);
-        zmq_send(sock, head, (size_t)hn, 0);
-        zmq_send(sock, id, (size_t)idn, ZMQ_SNDMORE);
-        zmq_send(sock, mon->page, body, 0);
-        zmq_send(sock, id, (size_t)idn, ZMQ_SNDMORE);   /* then close the connection */
-        zmq_send(sock, NULL, 0, 0);
+        /* A STREAM message is exactly [id][bytes]: the head and the body go as two, then an empty
+         * one closes the connection. Never blocking: a connection whose pipe is full (it does not
+         * read) is closed instead; the close itself may fail only if the peer is gone already. */
+        if (s_http_send(sock, id, (size_t)idn, head, (size_t)hn) != 0 ||
+            s_http_send(sock, id, (size_t)idn, mon->page, body) != 0)
+            mon->http_dropped++;
+        s_http_send(sock, id, (size_t)idn, NULL, 0);
     }
     return 0;
 }
@@ -253,6 +309,7 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
     actor_stat_metric(a, st, "actors_tracked", mon->n, 0);
     actor_stat_metric(a, st, "stats_frames", (double)mon->frames, 1);
     actor_stat_metric(a, st, "stats_frames_bad", (double)mon->bad_frames, 1);
+    actor_stat_metric(a, st, "http_dropped", (double)mon->http_dropped, 1);
 }
 
 static const actor_handler_t s_handlers[] = {
@@ -272,7 +329,7 @@ int main(int argc, char **argv)
     actor_sock_defaults(mon->sub, &t->limits);
     zmq_setsockopt(mon->sub, ZMQ_SUBSCRIBE, "", 0);
     int rc = -1;
-    if (zmq_bind(mon->sub, t->endpoints.stats_bind) != 0) {
+    if (actor_curve_server(a, mon->sub) != 0 || zmq_bind(mon->sub, t->endpoints.stats_bind) != 0) {
         LOG_E("bind stats %s: %s", t->endpoints.stats_bind, zmq_strerror(zmq_errno()));
         zmq_close(mon->sub);
         goto out;
@@ -286,8 +343,10 @@ int main(int argc, char **argv)
     if (t->endpoints.metrics[0]) {
         mon->page = malloc(PAGE_MAX);
         mon->http = zmq_socket(actor_zmq_ctx(a), ZMQ_STREAM);
-        int linger = 0;
+        int linger = 0, hwm = HTTP_HWM, timeo = 0;
         zmq_setsockopt(mon->http, ZMQ_LINGER, &linger, sizeof linger);
+        zmq_setsockopt(mon->http, ZMQ_SNDHWM, &hwm, sizeof hwm);
+        zmq_setsockopt(mon->http, ZMQ_SNDTIMEO, &timeo, sizeof timeo);
         if (!mon->page || zmq_bind(mon->http, t->endpoints.metrics) != 0) {
             LOG_E("cannot serve /metrics at %s: %s", t->endpoints.metrics, zmq_strerror(zmq_errno()));
             zmq_close(mon->http);

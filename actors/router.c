@@ -21,6 +21,7 @@
  * post-processor adds one. */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 #include "actors/runtime/actor.h"
 #include "actors/runtime/worker.h"
@@ -76,7 +77,8 @@ typedef struct router {
     u64map_t index;              /* block hash -> bitmask of holders (worker index bits, HOST_BIT) */
     rq_t *head;
     int n_reqs;
-    uint64_t next_id;
+    uint64_t next_id;            /* starts at a random point of a 62-bit space: a restarted router (or a
+                                    second one) never reuses ids that workers may still be running */
     /* stats */
     uint64_t submitted, rejected, completed, failed, cancelled, rerouted, prompt_tokens, cached_tokens, gen_tokens;
     uint64_t cache_queries, cache_hits;      /* blocks looked up / found anywhere */
@@ -85,6 +87,16 @@ typedef struct router {
 } router_t;
 
 /* ---- bookkeeping ------------------------------------------------------------------------- */
+
+/* A random starting id in [0, 2^62): two incarnations collide only if their 2^62-wide ranges'
+ * starts fall within the number of requests one of them served. */
+static uint64_t s_random_id_base(void)
+{
+    uint64_t v = 0;
+    if (getrandom(&v, sizeof v, 0) != (ssize_t)sizeof v)
+        v = (uint64_t)now_ns() * 0x9e3779b97f4a7c15ULL;
+    return v >> 2;
+}
 
 static rq_t *s_find(router_t *r, uint64_t id)
 {
@@ -187,6 +199,12 @@ static int s_tokenize(router_t *r, const msg_submit_t *s, int32_t **ids, size_t 
     }
     if (s->prompt) {
         *field = "prompt";
+        /* Bounded before tokenizing (one thread serves every client): no token is longer than
+         * tok_max_token_bytes, so a longer text cannot fit in max_model_len tokens. */
+        size_t bytes = strlen(s->prompt), cap = (size_t)r->max_model_len * tok_max_token_bytes(r->tok);
+        if (bytes > cap)
+            return errf(err, errlen, "prompt of %zu bytes cannot fit in max_model_len (%d tokens of at most %zu "
+                        "bytes: %zu bytes)", bytes, r->max_model_len, tok_max_token_bytes(r->tok), cap);
         if (tok_encode(r->tok, s->prompt, strlen(s->prompt), 1, ids, n) != 0)
             return errf(err, errlen, "prompt is not valid UTF-8");
         return 0;
@@ -408,13 +426,9 @@ static int s_on_submit(actor_t *a, void *state, const actor_peer_t *from, msg_t 
 static int s_on_cancel(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
 {
     router_t *r = state;
+    /* Only the connection that submitted a request may cancel it: ids are chosen by clients, so
+     * another client's request may carry the same one. */
     rq_t *q = s_find_client(r, from, m->id);
-    if (!q) {
-        /* A cancel from another connection names the request by the client id alone. */
-        for (rq_t *x = r->head; x && !q; x = x->next)
-            if (x->client_id == m->id)
-                q = x;
-    }
     if (!q) {
         /* Already finished (its one terminal reply is out) or never known: a cancel is idempotent,
          * and answering it would look like a second terminal reply for that id. */
@@ -748,8 +762,10 @@ int main(int argc, char **argv)
     char err[1024];
     int rc = -1;
     u64map_init(&r->index, 1024);
+    r->next_id = s_random_id_base();
     if (config_load(t->model.path, &r->cfg, err, sizeof err) != 0) {
         LOG_E("%s", err);
+        rc = ACTOR_EXIT_CONFIG;
         goto out;
     }
     r->max_model_len = t->limits.max_model_len;
@@ -757,6 +773,11 @@ int main(int argc, char **argv)
         r->max_model_len = r->cfg.max_position_embeddings;
     const char *tokdir = t->model.tokenizer[0] ? t->model.tokenizer : t->model.path;
     r->tok = tok_load(tokdir, err, sizeof err);
+    if (!r->tok && topo_tokenizer_expected(t)) {
+        LOG_E("model.tokenizer: %s", err);   /* a broken tokenizer is the topology's fault: no restart */
+        rc = ACTOR_EXIT_CONFIG;
+        goto out;
+    }
     if (!r->tok)
         LOG_W("no tokenizer (%s): only token-id prompts are accepted", err);
     r->chat = r->tok ? chat_family_detect(tokdir) : CHAT_NONE;
@@ -788,5 +809,5 @@ out:
     u64map_free(&r->index);
     free(r);
     actor_destroy(&a);
-    return rc == 0 ? 0 : 1;
+    return rc == 0 || rc == ACTOR_EXIT_CONFIG ? rc : 1;
 }

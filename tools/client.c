@@ -1,6 +1,7 @@
 /* tools/client.c — troupe-client: submit a request to a cluster and stream the answer.
  *
- *   troupe-client [--endpoint EP | --topology FILE] [--json] [--timeout-ms N] submit [opts] TEXT
+ *   troupe-client [--endpoint EP | --topology FILE] [--server-key FILE --key PREFIX] [--json]
+ *                 [--timeout-ms N] submit [opts] TEXT
  *   troupe-client [...] cancel ID
  *
  * Text streams to stdout as it arrives; --json prints every reply as one JSON object per line.
@@ -20,7 +21,10 @@
 static void s_usage(FILE *f)
 {
     fprintf(f,
-        "usage: troupe-client [--endpoint EP | --topology FILE] [--json] [--timeout-ms N] COMMAND\n"
+        "usage: troupe-client [--endpoint EP | --topology FILE] [--server-key FILE --key PREFIX] [--json]\n"
+        "                     [--timeout-ms N] COMMAND\n"
+        "  --server-key FILE   the cluster's CURVE public key (default with --topology: security.curve_server_public)\n"
+        "  --key PREFIX        our CURVE keypair, PREFIX.pub and PREFIX.key (make one with troupe-keygen)\n"
         "commands:\n"
         "  submit [options] TEXT   generate from TEXT, streaming the answer\n"
         "    --chat                TEXT is a user chat message (the model's chat template applies)\n"
@@ -90,6 +94,8 @@ static int s_print_reply(const msg_t *r, int json, int *done)
 int main(int argc, char **argv)
 {
     const char *endpoint = NULL, *topology = NULL;
+    client_opts_t copts = {.server_key = getenv("TROUPE_CURVE_SERVER_KEY"), .key = getenv("TROUPE_CURVE_KEY")};
+    char server_key[1024];
     int json = 0;
     long long timeout_ms = 120000;
     int i = 1;
@@ -97,6 +103,8 @@ int main(int argc, char **argv)
     for (; i < argc && argv[i][0] == '-'; i++) {
         if (!strcmp(argv[i], "--endpoint") && i + 1 < argc) endpoint = argv[++i];
         else if (!strcmp(argv[i], "--topology") && i + 1 < argc) topology = argv[++i];
+        else if (!strcmp(argv[i], "--server-key") && i + 1 < argc) copts.server_key = argv[++i];
+        else if (!strcmp(argv[i], "--key") && i + 1 < argc) copts.key = argv[++i];
         else if (!strcmp(argv[i], "--json")) json = 1;
         else if (!strcmp(argv[i], "--timeout-ms") && i + 1 < argc) {
             if (s_parse_u("--timeout-ms", argv[++i], 1, 86400000, &timeout_ms) != 0)
@@ -114,6 +122,15 @@ int main(int argc, char **argv)
         }
         endpoint = ep;
     }
+    /* The topology's frame limit (checked before sending) and server key, unless given. */
+    const char *given_server_key = copts.server_key;
+    if ((topology || !endpoint || endpoint == ep) &&
+        client_opts_from_topology(topology, &copts, server_key, sizeof server_key, err, sizeof err) != 0) {
+        fprintf(stderr, "troupe-client: %s\n", err);
+        return 2;
+    }
+    if (given_server_key)
+        copts.server_key = given_server_key;
 
     msg_t m;
     long long cancel_after = -1;
@@ -187,7 +204,7 @@ int main(int argc, char **argv)
         return 2;
     }
 
-    client_t *c = client_connect(endpoint, err, sizeof err);
+    client_t *c = client_connect_opts(endpoint, &copts, err, sizeof err);
     if (!c) { fprintf(stderr, "troupe-client: %s\n", err); return 2; }
     uint64_t id;
     if (client_send(c, &m, &id, err, sizeof err) != 0) {

@@ -35,6 +35,7 @@
 #include <zmq.h>
 
 #include "actors/runtime/actor.h"
+#include "actors/runtime/auth.h"
 #include "common/log.h"
 #include "common/util.h"
 #include "messages/msg.h"
@@ -70,6 +71,8 @@ typedef struct supervisor {
     void *ctx;
     void *control;                 /* ROUTER at endpoints.control_bind */
     void *stats_pub;               /* PUB to the monitor: our own stats */
+    auth_t *auth;                  /* ZAP handler when the topology has CURVE keys, else NULL */
+    auth_keypair_t kp;             /* our keypair (CURVE) */
     child_t *children;             /* [n], start order */
     int n;
     restart_window_t window;
@@ -82,6 +85,59 @@ typedef struct supervisor {
 
 static volatile sig_atomic_t s_stop_signal = 0;
 static void s_on_signal(int sig) { s_stop_signal = sig; }
+
+/* ---- keys ------------------------------------------------------------------------------- */
+
+/* CURVE keypairs for every instance and for us: made fresh at each launch in the default
+ * <run_dir>/keys (0700 directory, 0600 files); in a security.curve_keys_dir the topology names,
+ * existing pairs are kept (other nodes read the same files) and only missing ones are made. Then
+ * our ZAP handler admits exactly those keys to the control socket. */
+static int s_keys(supervisor_t *s)
+{
+    const topo_t *t = s->topo;
+    char pub[TOPO_PATH_MAX + 128], key[TOPO_PATH_MAX + 128], err[512], z85[AUTH_Z85_LEN + 1];
+    if (!auth_curve_available()) {
+        LOG_E("security: the topology has CURVE keys but this libzmq has no CURVE");
+        return -1;
+    }
+    const int fresh = !t->security.curve_keys_dir[0];
+    if (actor_key_paths(t, "supervisor", pub, key, sizeof pub) != 0) {
+        LOG_E("security.curve_keys_dir: path too long");
+        return -1;
+    }
+    char *slash = strrchr(pub, '/');
+    *slash = 0;
+    if (mkdir(pub, 0700) != 0 && errno != EEXIST) {
+        LOG_E("security: cannot create the key directory %s: %s", pub, strerror(errno));
+        return -1;
+    }
+    *slash = '/';
+    if (!(s->auth = auth_new(s->ctx, err, sizeof err))) {
+        LOG_E("security: %s", err);
+        return -1;
+    }
+    for (int i = 0; i <= t->n_instances; i++) {
+        const char *name = i < t->n_instances ? t->instances[i].name : "supervisor";
+        actor_key_paths(t, name, pub, key, sizeof pub);
+        if ((fresh || access(key, R_OK) != 0 || access(pub, R_OK) != 0) &&
+            auth_keypair_generate(pub, key, NULL, err, sizeof err) != 0) {
+            LOG_E("security: %s", err);
+            return -1;
+        }
+        if (auth_key_read(pub, z85, err, sizeof err) != 0 || auth_allow(s->auth, "cluster", z85, name) != 0) {
+            LOG_E("security: %s", err);
+            return -1;
+        }
+    }
+    actor_key_paths(t, "supervisor", pub, key, sizeof pub);
+    if (auth_key_read(pub, s->kp.pub, err, sizeof err) != 0 || auth_key_read(key, s->kp.sec, err, sizeof err) != 0 ||
+        auth_start(s->auth, err, sizeof err) != 0) {
+        LOG_E("security: %s", err);
+        return -1;
+    }
+    LOG_I("CURVE: keypairs for %d actors in %.*s", t->n_instances, (int)(strrchr(pub, '/') - pub), pub);
+    return 0;
+}
 
 /* ---- launching --------------------------------------------------------------------------- */
 
@@ -164,9 +220,24 @@ static void s_read_control(supervisor_t *s)
         zmq_getsockopt(s->control, ZMQ_RCVMORE, &more, &more_len);
         if (!more)
             continue;
-        int n = zmq_recv(s->control, s->buf, sizeof s->buf, ZMQ_DONTWAIT);
-        if (n < 0)
+        zmq_msg_t part;
+        zmq_msg_init(&part);
+        int n = zmq_msg_recv(&part, s->control, ZMQ_DONTWAIT);
+        if (n < 0) {
+            zmq_msg_close(&part);
             return;
+        }
+        if (n <= (int)sizeof s->buf)
+            memcpy(s->buf, zmq_msg_data(&part), (size_t)n);
+        /* With CURVE the sender is who its key says, whatever routing id it claims. */
+        const char *uid = s->auth ? zmq_msg_gets(&part, "User-Id") : NULL;
+        int forged = s->auth && (!uid || strlen(uid) != (size_t)idn || memcmp(uid, id, (size_t)idn) != 0);
+        zmq_msg_close(&part);
+        if (forged) {
+            LOG_W("control: a message claiming to be '%.*s' came with the key of '%s': ignored",
+                  idn < (int)sizeof id ? idn : (int)sizeof id, (const char *)id, uid ? uid : "(none)");
+            continue;
+        }
         child_t *c = s_child_by_name(s, id, (size_t)(idn < (int)sizeof id ? idn : (int)sizeof id));
         msg_t m;
         char err[256];
@@ -510,10 +581,14 @@ int main(int argc, char **argv)
 
     s->sendbuf = malloc(MSG_MAX_FRAME);
     s->ctx = zmq_ctx_new();
+    if (s->topo->security.curve_server_public[0] && s_keys(s) != 0)
+        return EXIT_USAGE;
     s->control = zmq_socket(s->ctx, ZMQ_ROUTER);
     actor_sock_defaults(s->control, &s->topo->limits);
     int one = 1;
     zmq_setsockopt(s->control, ZMQ_ROUTER_HANDOVER, &one, sizeof one);
+    if (s->auth)
+        auth_server(s->control, &s->kp, "cluster");
     if (zmq_bind(s->control, s->topo->endpoints.control_bind) != 0) {
         LOG_E("bind control %s: %s (is cluster '%s' already running?)", s->topo->endpoints.control_bind,
               zmq_strerror(errno), s->topo->name);
@@ -521,6 +596,13 @@ int main(int argc, char **argv)
     }
     s->stats_pub = zmq_socket(s->ctx, ZMQ_PUB);
     actor_sock_defaults(s->stats_pub, &s->topo->limits);
+    const topo_instance_t *mon = topo_first(s->topo, ROLE_MONITOR);
+    char mon_pub[AUTH_Z85_LEN + 1], kerr[512];
+    if (s->auth && mon && (actor_public_key(s->topo, mon->name, mon_pub, kerr, sizeof kerr) != 0 ||
+                           auth_client(s->stats_pub, &s->kp, mon_pub) != 0)) {
+        LOG_E("security: %s", kerr);
+        return EXIT_USAGE;
+    }
     zmq_connect(s->stats_pub, s->topo->endpoints.stats);
 
     struct sigaction sa = {.sa_handler = s_on_signal};
@@ -603,6 +685,7 @@ out:
     s_report(s, stderr);
     zmq_close(s->control);
     zmq_close(s->stats_pub);
+    auth_destroy(&s->auth);
     zmq_ctx_term(s->ctx);
     restart_window_free(&s->window);
     free(s->children);

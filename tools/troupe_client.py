@@ -70,11 +70,21 @@ def _decorate(m):
 
 
 class Client:
-    def __init__(self, endpoint, timeout_s=120.0):
+    def __init__(self, endpoint, timeout_s=120.0, server_key=None, key=None, max_frame=16 << 20):
+        """server_key: the cluster's CURVE public key file; key: our keypair's prefix (key.pub and
+        key.key, as troupe-keygen writes them); max_frame: the cluster's limits.max_message_bytes."""
         self.ctx = zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 100)
         self.sock.setsockopt(zmq.MAXMSGSIZE, 16 << 20)
+        self.max_frame = max_frame
+        if server_key:
+            if not key:
+                raise ValueError("a CURVE server key needs our own keypair too (key=PREFIX)")
+            read = lambda path: open(path).read().split()[0].encode()
+            self.sock.curve_serverkey = read(server_key)
+            self.sock.curve_publickey = read(key + ".pub")
+            self.sock.curve_secretkey = read(key + ".key")
         self.sock.connect(endpoint)
         self.timeout_s = timeout_s
         self.next_id = random.getrandbits(62)
@@ -94,7 +104,11 @@ class Client:
             id = self.next_id
         m = {"v": VERSION, "t": TYPE_NUM[type_name], "id": id}
         m.update({k: v for k, v in fields.items() if v is not None})
-        self.sock.send(msgpack.packb(m, use_bin_type=True))
+        frame = msgpack.packb(m, use_bin_type=True)
+        if len(frame) > self.max_frame:
+            raise ValueError("a %s of %d bytes exceeds the cluster's limits.max_message_bytes (%d)"
+                             % (type_name, len(frame), self.max_frame))
+        self.sock.send(frame)
         return id
 
     def recv(self, timeout_s=None):
@@ -157,6 +171,10 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description="Troupe Python client")
     ap.add_argument("--endpoint", default=os.environ.get("TROUPE_ENDPOINT", "tcp://127.0.0.1:5555"))
     ap.add_argument("--timeout", type=float, default=120.0)
+    ap.add_argument("--server-key", default=os.environ.get("TROUPE_CURVE_SERVER_KEY"),
+                    help="the cluster's CURVE public key file")
+    ap.add_argument("--key", default=os.environ.get("TROUPE_CURVE_KEY"),
+                    help="our CURVE keypair's prefix (PREFIX.pub, PREFIX.key; see troupe-keygen)")
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("submit")
     s.add_argument("text")
@@ -169,7 +187,7 @@ def main(argv=None):
     s.add_argument("--json", action="store_true")
     sub.add_parser("inspect")
     a = ap.parse_args(argv)
-    with Client(a.endpoint, a.timeout) as c:
+    with Client(a.endpoint, a.timeout, server_key=a.server_key, key=a.key) as c:
         if a.cmd == "inspect":
             print(json.dumps(c.inspect(), default=str))
             return 0

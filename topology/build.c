@@ -521,6 +521,16 @@ static void s_limits(topo_diag_t *d, const raw_topo_t *raw, topo_t *t)
     if (!t->security.curve_server_public[0] != !t->security.curve_server_secret[0])
         topo_diag_err(d, "security", "curve_server_public and curve_server_secret go together: give both");
     t->security.allow_wildcard = s_bool(d, "security.allow_wildcard", sec->allow_wildcard, 0);
+    s_str(d, "security.curve_clients", sec->curve_clients, NULL, t->security.curve_clients,
+          sizeof t->security.curve_clients, 0);
+    s_str(d, "security.curve_keys_dir", sec->curve_keys_dir, NULL, t->security.curve_keys_dir,
+          sizeof t->security.curve_keys_dir, 0);
+    if (t->security.curve_server_public[0] && !t->security.curve_clients[0])
+        topo_diag_err(d, "security.curve_clients", "required with CURVE keys: the file of client public keys "
+                      "allowed to connect (one Z85 key a line)");
+    if (!t->security.curve_server_public[0] && (t->security.curve_clients[0] || t->security.curve_keys_dir[0]))
+        topo_diag_err(d, "security", "curve_clients and curve_keys_dir need curve_server_public and "
+                      "curve_server_secret");
 }
 
 /* The gateway's keys and bounds (topology.h topo_gateway_t). */

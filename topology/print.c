@@ -98,6 +98,9 @@ void topo_print(const topo_t *t, FILE *f)
     if (t->security.curve_server_public[0]) {
         s_kv(f, "  ", "curve_server_public", t->security.curve_server_public);
         s_kv(f, "  ", "curve_server_secret", t->security.curve_server_secret);
+        s_kv(f, "  ", "curve_clients", t->security.curve_clients);
+        if (t->security.curve_keys_dir[0])
+            s_kv(f, "  ", "curve_keys_dir", t->security.curve_keys_dir);
     }
     fprintf(f, "  allow_wildcard: %s\n", t->security.allow_wildcard ? "true" : "false");
 

@@ -48,6 +48,7 @@ typedef struct raw_supervision {
 
 typedef struct raw_security {
     char *curve_server_public, *curve_server_secret, *allow_wildcard;
+    char *curve_clients, *curve_keys_dir;
 } raw_security_t;
 
 typedef struct raw_api_key {

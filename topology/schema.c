@@ -106,6 +106,8 @@ static const cyaml_schema_field_t s_security_fields[] = {
     STR("curve_server_public", raw_security_t, curve_server_public),
     STR("curve_server_secret", raw_security_t, curve_server_secret),
     STR("allow_wildcard", raw_security_t, allow_wildcard),
+    STR("curve_clients", raw_security_t, curve_clients),
+    STR("curve_keys_dir", raw_security_t, curve_keys_dir),
     CYAML_FIELD_END
 };
 

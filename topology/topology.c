@@ -11,6 +11,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/log.h"
 #include "common/util.h"
@@ -238,6 +239,15 @@ const topo_instance_t *topo_first(const topo_t *t, topo_role_t role)
         if (t->instances[i].role == role)
             return &t->instances[i];
     return NULL;
+}
+
+int topo_tokenizer_expected(const topo_t *t)
+{
+    char p[TOPO_PATH_MAX + 32];
+    if (t->model.tokenizer[0] && strcmp(t->model.tokenizer, t->model.path) != 0)
+        return 1;   /* named apart from the model: it must load */
+    snprintf(p, sizeof p, "%s/tokenizer.json", t->model.path);
+    return access(p, F_OK) == 0;
 }
 
 int topo_count_role(const topo_t *t, topo_role_t role)

@@ -146,6 +146,10 @@ typedef struct topo_security {
     char curve_server_public[TOPO_PATH_MAX]; /* "" = none; required when any endpoint binds a wildcard */
     char curve_server_secret[TOPO_PATH_MAX];
     int allow_wildcard;                  /* 0/1; a wildcard bind also needs this set */
+    /* With the server keys set, CURVE is in force on every ZeroMQ socket of the cluster (tcp and
+     * ipc; not the plain-HTTP /metrics). See docs/security.md. */
+    char curve_clients[TOPO_PATH_MAX];   /* allow-list of client public keys (one Z85 key a line); required with the keys */
+    char curve_keys_dir[TOPO_PATH_MAX];  /* actors' own keypairs <instance>.pub/.key (and supervisor.*); default <run_dir>/keys, made fresh at each launch */
 } topo_security_t;
 
 /* The gateway's API keys (docs/gateway.md): each names a tenant (the per-tenant cache salt) and
@@ -214,6 +218,9 @@ void topo_destroy(topo_t **self_p);
 const topo_instance_t *topo_find(const topo_t *t, const char *instance_name);
 /* The first instance of a role (index 0 of the first entry with that role), or NULL. */
 const topo_instance_t *topo_first(const topo_t *t, topo_role_t role);
+/* 1 when the model should have a tokenizer: model.tokenizer is set or model.path holds a
+ * tokenizer.json. One that then fails to load is a configuration error, not "token ids only". */
+int topo_tokenizer_expected(const topo_t *t);
 /* How many instances have that role. */
 int topo_count_role(const topo_t *t, topo_role_t role);
 

@@ -15,6 +15,7 @@
 #include <stdatomic.h>
 #include <zmq.h>
 
+#include "actors/runtime/auth.h"
 #include "common/log.h"
 #include "common/util.h"
 
@@ -87,6 +88,10 @@ struct actor {
     uint64_t msgs_in, msgs_out, malformed, steps;
     int draining;
     msg_state_t state;
+    auth_t *auth;                   /* ZAP handler when CURVE is in force (the topology has keys), else NULL */
+    auth_keypair_t kp;              /* our own keypair (CURVE): inbox server key, client key everywhere */
+    auth_keypair_t server_kp;       /* the client-facing endpoints' keypair (security.curve_server_*) */
+    uint64_t refused, oversized;    /* inbox messages refused (sender's role or name), frames over the cap */
     msg_queue_depth_t queues[MSG_MAX_QUEUES];   /* storage for the stats being built */
     msg_metric_t metrics[MSG_MAX_METRICS];
     int n_queues, n_metrics;
@@ -109,15 +114,104 @@ void actor_sock_defaults(void *sock, const topo_limits_t *limits)
     zmq_setsockopt(sock, ZMQ_RCVHWM, &rcvhwm, sizeof rcvhwm);
 }
 
-static void *s_router(actor_t *a, const char *endpoint)
+/* ---- keys -------------------------------------------------------------------------------- */
+
+int actor_key_paths(const topo_t *t, const char *name, char *pub, char *sec, size_t cap)
+{
+    char dir[TOPO_PATH_MAX + 8];
+    if (t->security.curve_keys_dir[0])
+        snprintf(dir, sizeof dir, "%s", t->security.curve_keys_dir);
+    else
+        snprintf(dir, sizeof dir, "%s/keys", t->endpoints.run_dir);
+    int a = snprintf(pub, cap, "%s/%s.pub", dir, name), b = snprintf(sec, cap, "%s/%s.key", dir, name);
+    return a < 0 || b < 0 || (size_t)a >= cap || (size_t)b >= cap ? -1 : 0;
+}
+
+int actor_public_key(const topo_t *t, const char *name, char *z85, char *err, size_t errlen)
+{
+    char pub[TOPO_PATH_MAX + 128], sec[TOPO_PATH_MAX + 128];
+    if (actor_key_paths(t, name, pub, sec, sizeof pub) != 0)
+        return errf(err, errlen, "security.curve_keys_dir: path too long");
+    return auth_key_read(pub, z85, err, errlen);
+}
+
+/* CURVE set-up: our keypair, the ZAP handler with every actor's public key in domain "cluster"
+ * (user id = instance name, "supervisor" for the supervisor) and, for the actors that serve
+ * clients (router, monitor), the client-facing keypair and the allow-list in domain "clients". */
+static int s_curve_setup(actor_t *a)
+{
+    const topo_t *t = a->topo;
+    const topo_security_t *sec = &t->security;
+    char err[512], pub[TOPO_PATH_MAX + 128], key[TOPO_PATH_MAX + 128], z85[AUTH_Z85_LEN + 1];
+    if (!auth_curve_available()) {
+        LOG_E("security: the topology has CURVE keys but this libzmq has no CURVE");
+        return -1;
+    }
+    if (actor_key_paths(t, a->self->name, pub, key, sizeof pub) != 0 ||
+        auth_key_read(pub, a->kp.pub, err, sizeof err) != 0 || auth_key_read(key, a->kp.sec, err, sizeof err) != 0) {
+        LOG_E("security: our keypair: %s (the supervisor generates it at launch)", err);
+        return -1;
+    }
+    a->auth = auth_new(a->ctx, err, sizeof err);
+    if (!a->auth) {
+        LOG_E("security: %s", err);
+        return -1;
+    }
+    for (int i = 0; i <= t->n_instances; i++) {
+        const char *name = i < t->n_instances ? t->instances[i].name : "supervisor";
+        if (actor_public_key(t, name, z85, err, sizeof err) != 0 || auth_allow(a->auth, "cluster", z85, name) != 0) {
+            LOG_E("security: %s", err);
+            return -1;
+        }
+    }
+    if (a->role == ROLE_ROUTER || a->role == ROLE_MONITOR) {
+        if (auth_key_read(sec->curve_server_public, a->server_kp.pub, err, sizeof err) != 0 ||
+            auth_key_read(sec->curve_server_secret, a->server_kp.sec, err, sizeof err) != 0) {
+            LOG_E("security.curve_server_public / curve_server_secret: %s", err);
+            return -1;
+        }
+        int n = auth_allow_file(a->auth, "clients", sec->curve_clients, err, sizeof err);
+        if (n < 0) {
+            LOG_E("security.curve_clients: %s", err);
+            return -1;
+        }
+        LOG_I("CURVE: %d client keys allowed (%s)", n, sec->curve_clients);
+    }
+    if (auth_start(a->auth, err, sizeof err) != 0) {
+        LOG_E("security: %s", err);
+        return -1;
+    }
+    return 0;
+}
+
+int actor_curve_server(actor_t *a, void *sock)
+{
+    return a->auth ? auth_server(sock, &a->kp, "cluster") : 0;
+}
+
+/* ---- sockets ----------------------------------------------------------------------------- */
+
+/* A ROUTER bound at endpoint: our inbox (clients = 0: actors of the cluster connect) or a
+ * client-facing socket (clients = 1). Frames up to twice limits.max_message_bytes are read so
+ * that one over the limit can be answered with an error naming it (s_drain_router); past that
+ * libzmq drops the connection. */
+static void *s_router(actor_t *a, const char *endpoint, int clients)
 {
     void *s = zmq_socket(a->ctx, ZMQ_ROUTER);
     if (!s)
         return NULL;
     int one = 1;
     actor_sock_defaults(s, &a->topo->limits);
+    int64_t maxmsg = a->topo->limits.max_message_bytes * 2;
+    zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
     zmq_setsockopt(s, ZMQ_ROUTER_MANDATORY, &one, sizeof one);   /* never drop silently */
     zmq_setsockopt(s, ZMQ_ROUTER_HANDOVER, &one, sizeof one);    /* restarted peers reclaim ids */
+    if (a->auth && (auth_server(s, clients ? &a->server_kp : &a->kp, clients ? "clients" : "cluster") != 0 ||
+                    auth_watch(a->auth, s, clients ? "client endpoint" : "inbox") != 0)) {
+        LOG_E("CURVE options on %s: %s", endpoint, zmq_strerror(errno));
+        zmq_close(s);
+        return NULL;
+    }
     if (zmq_bind(s, endpoint) != 0) {
         LOG_E("bind %s: %s", endpoint, zmq_strerror(errno));
         zmq_close(s);
@@ -126,9 +220,20 @@ static void *s_router(actor_t *a, const char *endpoint)
     return s;
 }
 
+static int s_curve_client(actor_t *a, void *s, const char *server)
+{
+    char z85[AUTH_Z85_LEN + 1], err[512];
+    if (actor_public_key(a->topo, server, z85, err, sizeof err) != 0 || auth_client(s, &a->kp, z85) != 0) {
+        LOG_E("CURVE client of %s: %s", server, err);
+        return -1;
+    }
+    return 0;
+}
+
 /* immediate: queue nothing for a peer that is not connected (peers: the outbox holds it);
  * the control channel wants the opposite, READY must wait for the supervisor's socket. */
-static void *s_dealer(actor_t *a, const char *endpoint, const char *identity, int immediate)
+/* server: the name whose public key the other end serves with (CURVE). */
+static void *s_dealer(actor_t *a, const char *endpoint, const char *identity, int immediate, const char *server)
 {
     void *s = zmq_socket(a->ctx, ZMQ_DEALER);
     if (!s)
@@ -136,6 +241,10 @@ static void *s_dealer(actor_t *a, const char *endpoint, const char *identity, in
     actor_sock_defaults(s, &a->topo->limits);
     zmq_setsockopt(s, ZMQ_IMMEDIATE, &immediate, sizeof immediate);
     zmq_setsockopt(s, ZMQ_ROUTING_ID, identity, strlen(identity));
+    if (a->auth && s_curve_client(a, s, server) != 0) {
+        zmq_close(s);
+        return NULL;
+    }
     if (zmq_connect(s, endpoint) != 0) {
         LOG_E("connect %s: %s", endpoint, zmq_strerror(errno));
         zmq_close(s);
@@ -148,7 +257,7 @@ void *actor_bind_router(actor_t *a, const char *endpoint)
 {
     if (a->n_extra >= MAX_EXTRA)
         return NULL;
-    void *s = s_router(a, endpoint);
+    void *s = s_router(a, endpoint, 1);
     if (s)
         a->extra[a->n_extra++] = s;
     return s;
@@ -177,7 +286,7 @@ static peer_t *s_peer(actor_t *a, const char *name)
     peer_t *p = &a->peers[a->n_peers];
     memset(p, 0, sizeof *p);
     snprintf(p->name, sizeof p->name, "%s", name);
-    p->sock = s_dealer(a, inst->inbox, a->self->name, 1);
+    p->sock = s_dealer(a, inst->inbox, a->self->name, 1, name);
     p->up = 1;   /* assumed until a watched connection reports otherwise */
     p->q = calloc(OUTBOX_CAP, sizeof *p->q);
     if (!p->sock || !p->q) {
@@ -393,7 +502,6 @@ msg_role_t actor_msg_role(topo_role_t r)
         [ROLE_EXPERT_BALANCER] = MSG_ROLE_EXPERT_BALANCER,
         [ROLE_DRAFT_SCHEDULER] = MSG_ROLE_DRAFT_SCHEDULER,
         [ROLE_MONITOR] = MSG_ROLE_MONITOR,
-        [ROLE_GATEWAY] = MSG_ROLE_GATEWAY,
     };
     return r < ROLE_COUNT ? map[r] : MSG_ROLE_NONE;
 }
@@ -439,6 +547,10 @@ static void s_publish_stats(actor_t *a, const actor_ops_t *ops, void *state)
         if (a->peers[i].q_len > outbox)
             outbox = a->peers[i].q_len;
     actor_stat_queue(a, st, "outbox", (uint64_t)outbox, OUTBOX_CAP);
+    actor_stat_metric(a, st, "messages_refused", (double)a->refused, 1);
+    actor_stat_metric(a, st, "frames_oversized", (double)a->oversized, 1);
+    if (a->auth)
+        actor_stat_metric(a, st, "auth_refused", (double)auth_refused(a->auth), 1);
     if (ops->fill_stats)
         ops->fill_stats(a, state, st);
     size_t len;
@@ -457,6 +569,61 @@ static int s_dispatch(actor_t *a, const actor_ops_t *ops, void *state, const act
     actor_reply_error(a, from, m->id, MSG_ERR_BAD_REQUEST, 0, "%s does not handle '%s' messages",
                       topo_role_name(a->role), msg_type_name(m->type));
     return 0;
+}
+
+/* Who may send each message type to an inbox, a bit per topology role: every sender must be an
+ * actor of this cluster (by its authenticated key when CURVE is in force, else by the routing id
+ * it connects with), and these types only from these roles. Supervision and client messages
+ * never arrive on an inbox (they have their own sockets). Types not listed: any actor. */
+#define R_(x) (1u << ROLE_##x)
+static const struct {
+    msg_type_t type;
+    unsigned roles;
+} s_senders[] = {
+    {MSG_READY, 0}, {MSG_TERM, 0}, {MSG_HEARTBEAT, 0}, {MSG_STATS, 0}, {MSG_SUBMIT, 0},
+    {MSG_TOKEN, R_(PREFILL) | R_(DECODE)},
+    {MSG_DONE, R_(PREFILL) | R_(DECODE)},
+    {MSG_CANCEL, R_(ROUTER)},
+    {MSG_PREFILL_REQUEST, R_(ROUTER)},
+    {MSG_HANDOFF, R_(PREFILL) | R_(DECODE)},
+    {MSG_CACHE_EVENT, R_(CACHE_MANAGER)},
+    {MSG_EXPERT_PLACEMENT, R_(EXPERT_BALANCER)},
+    {MSG_DRAFT_POLICY, R_(DRAFT_SCHEDULER)},
+    {MSG_INSPECT_REPLY, R_(MONITOR)},
+};
+
+int actor_may_send(topo_role_t sender, msg_type_t type)
+{
+    for (size_t i = 0; i < ARRAY_LEN(s_senders); i++)
+        if (s_senders[i].type == type)
+            return (s_senders[i].roles >> sender) & 1u;
+    return sender < ROLE_COUNT;
+}
+
+/* 0 if an inbox message (its payload frame `part`) may be dispatched; else it is refused: logged
+ * (the first few and then every 100th) and counted, with no reply (the sender is not one we
+ * answer). */
+static int s_check_sender(actor_t *a, const actor_peer_t *from, zmq_msg_t *part)
+{
+    char name[TOPO_NAME_MAX], why[160];
+    snprintf(name, sizeof name, "%.*s", (int)from->id_len, (const char *)from->id);
+    const char *uid = a->auth ? zmq_msg_gets(part, "User-Id") : NULL;
+    const topo_instance_t *in = topo_find(a->topo, name);
+    msg_type_t t = MSG_NONE;
+    uint64_t id = 0;
+    if (a->auth && (!uid || strcmp(uid, name) != 0)) {
+        snprintf(why, sizeof why, "connects as '%s' with the key of '%s'", name, uid ? uid : "(none)");
+    } else if (!in) {
+        snprintf(why, sizeof why, "'%s' is not another actor of this cluster", name);
+    } else if (msg_peek(zmq_msg_data(part), zmq_msg_size(part), &t, &id) == 0 && !actor_may_send(in->role, t)) {
+        snprintf(why, sizeof why, "a %s may not send '%s' messages", topo_role_name(in->role), msg_type_name(t));
+    } else {
+        return 0;
+    }
+    a->refused++;
+    if (a->refused <= 10 || a->refused % 100 == 0)
+        LOG_W("refused a message on the inbox: %s (%llu refused)", why, (unsigned long long)a->refused);
+    return -1;
 }
 
 /* Reads everything waiting on one ROUTER socket (identity frame + payload frame), bounded per
@@ -484,6 +651,24 @@ static int s_drain_router(actor_t *a, const actor_ops_t *ops, void *state, void 
         }
         int extra_frames = zmq_msg_more(&part);
         a->msgs_in++;
+        if (!extra_frames && zmq_msg_size(&part) > (size_t)a->topo->limits.max_message_bytes) {
+            /* Read (up to twice the limit, s_router) only to say so: never decoded. */
+            msg_type_t t;
+            uint64_t id = 0;
+            if (msg_peek(zmq_msg_data(&part), zmq_msg_size(&part), &t, &id) != 0)
+                id = 0;
+            a->oversized++;
+            a->malformed++;
+            actor_reply_error(a, &from, id, MSG_ERR_BAD_REQUEST, 0,
+                              "a frame of %zu bytes exceeds limits.max_message_bytes (%lld)", zmq_msg_size(&part),
+                              (long long)a->topo->limits.max_message_bytes);
+            zmq_msg_close(&part);
+            continue;
+        }
+        if (!extra_frames && sock == a->inbox && s_check_sender(a, &from, &part) != 0) {
+            zmq_msg_close(&part);
+            continue;
+        }
         if (extra_frames) {
             /* One message = one frame. Swallow the rest of a multipart message and refuse it. */
             zmq_msg_t rest;
@@ -739,20 +924,25 @@ actor_t *actor_new(int argc, char **argv, topo_role_t role)
     a->ctx = zmq_ctx_new();
     if (!a->sendbuf || !a->ctx)
         goto fail;
-    a->inbox = s_router(a, a->self->inbox_bind);
+    if (a->topo->security.curve_server_public[0] && s_curve_setup(a) != 0)
+        goto fail;
+    a->inbox = s_router(a, a->self->inbox_bind, 0);
     if (!a->inbox) {
         LOG_E("cannot bind the inbox %s (is another cluster with the same name running?)",
               a->self->inbox_bind);
         goto fail;
     }
     if (getenv("TROUPE_SUPERVISED")) {
-        a->control = s_dealer(a, a->topo->endpoints.control, a->self->name, 0);
+        a->control = s_dealer(a, a->topo->endpoints.control, a->self->name, 0, "supervisor");
         if (!a->control || pthread_create(&a->hb_thread, NULL, s_hb_main, a) != 0)
             goto fail;
         a->hb_started = 1;
     }
     a->stats_pub = zmq_socket(a->ctx, ZMQ_PUB);
     actor_sock_defaults(a->stats_pub, &a->topo->limits);
+    const topo_instance_t *mon = topo_first(a->topo, ROLE_MONITOR);
+    if (a->auth && mon && s_curve_client(a, a->stats_pub, mon->name) != 0)
+        goto fail;
     if (zmq_connect(a->stats_pub, a->topo->endpoints.stats) != 0) {
         LOG_E("connect stats %s: %s", a->topo->endpoints.stats, zmq_strerror(errno));
         goto fail;
@@ -794,6 +984,7 @@ void actor_destroy(actor_t **self_p)
         zmq_close(a->control);
     if (a->stats_pub)
         zmq_close(a->stats_pub);
+    auth_destroy(&a->auth);   /* before the context: its socket is one of the context's */
     if (a->ctx)
         zmq_ctx_term(a->ctx);   /* bounded: every socket has a short linger */
     topo_destroy(&a->topo);

@@ -22,7 +22,18 @@
  * Every socket gets a bounded linger, a maximum message size and high-water marks from the
  * topology's limits, so shutdown never hangs and no peer can make us allocate without bound.
  *
- * Known limits: CURVE is configured by the topology but not yet applied to sockets here. */
+ * Security (docs/security.md): with CURVE keys in the topology every socket above is CURVE
+ * (servers: the inbox with our own keypair, client-facing sockets with security.curve_server_*;
+ * everything else connects as a client with our keypair), and a ZAP handler thread admits only
+ * the cluster's actors (by the keys the supervisor generated) to inboxes, control and stats, and
+ * the allow-listed client keys to client-facing sockets. Every inbox message is checked against
+ * who may send it (actor_may_send): by the authenticated key's name with CURVE, by the routing id
+ * without; refusals are counted (messages_refused, auth_refused). A frame over
+ * limits.max_message_bytes is answered with an error naming the limit.
+ *
+ * Known limits: with CURVE, an actor that holds a valid key can still connect under another
+ * actor's routing id and, by ROUTER_HANDOVER, take that actor's replies on a ROUTER until it
+ * reconnects; its messages are refused. */
 #ifndef TROUPE_ACTOR_H
 #define TROUPE_ACTOR_H
 
@@ -117,6 +128,17 @@ void actor_sock_defaults(void *sock, const topo_limits_t *limits);
 /* Role-specific entries for fill_stats (names must be string literals or outlive the call). */
 void actor_stat_queue(actor_t *a, msg_stats_t *st, const char *name, uint64_t depth, uint64_t cap);
 void actor_stat_metric(actor_t *a, msg_stats_t *st, const char *name, double value, int counter);
+/* 1 if an actor of role sender may send messages of this type to another actor's inbox. */
+int actor_may_send(topo_role_t sender, msg_type_t type);
+/* The key files of an instance (or "supervisor") under security.curve_keys_dir (default
+ * <run_dir>/keys): <name>.pub and <name>.key. -1 if a path does not fit in cap. */
+int actor_key_paths(const topo_t *t, const char *name, char *pub, char *sec, size_t cap);
+/* An instance's (or the supervisor's) public key, Z85, read from its .pub file. */
+int actor_public_key(const topo_t *t, const char *name, char *z85, char *err, size_t errlen);
+/* Makes a socket a role binds itself (the monitor's stats SUB) a CURVE server for the cluster's
+ * actors, when CURVE is in force; 0 otherwise. Call before bind. */
+int actor_curve_server(actor_t *a, void *sock);
+
 /* The wire role for a topology role. */
 msg_role_t actor_msg_role(topo_role_t r);
 

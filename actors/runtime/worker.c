@@ -90,8 +90,10 @@ worker_t *worker_load(const topo_t *t, topo_role_t role, int gpu, int max_tokens
     model_opts_t mo = {.max_tokens = max_tokens, .max_seqs = max_seqs, .max_logit_rows = max_seqs,
                        .max_context = w->max_model_len, .kv_block_size = w->block_size};
     w->model = model_load(tm->path, &w->cfg, w->ck, w->be, &mo, err, errlen);
-    if (!w->model)
+    if (!w->model) {
+        *config_error = 1;   /* weights that disagree with config.json, or a model that does not fit */
         goto fail;
+    }
 
     /* Shares of the device's free memory for KV: a decode worker holds the whole KV of every
      * running sequence (max_batch x max_model_len), a prefill worker only the prompts it is
@@ -123,13 +125,20 @@ worker_t *worker_load(const topo_t *t, topo_role_t role, int gpu, int max_tokens
     }
     w->pool = kvpool_new((int)n_blocks, w->block_size, w->cfg.num_layers, w->cfg.num_kv_heads,
                          w->cfg.head_dim, kvt, w->be, err, errlen);
-    if (!w->pool)
+    if (!w->pool) {
+        *config_error = 1;   /* limits.kv_blocks (or the memory left) too small for one sequence */
         goto fail;
+    }
 
     w->ipc_ok = kvx_ipc_handle(w->be, kvpool_view(w->pool), w->ipc_handle) == 0;
     const char *tokdir = tm->tokenizer[0] ? tm->tokenizer : tm->path;
     char terr[512];
     w->tok = tok_load(tokdir, terr, sizeof terr);
+    if (!w->tok && topo_tokenizer_expected(t)) {
+        errf(err, errlen, "model.tokenizer: %s", terr);
+        *config_error = 1;
+        goto fail;
+    }
     if (!w->tok)
         LOG_W("no tokenizer (%s): token-id prompts only, no text in the stream", terr);
     w->logits = malloc((size_t)max_seqs * (size_t)w->cfg.vocab_size * sizeof(float));

@@ -578,12 +578,17 @@ static void test_semantic_errors(void **state)
           "  curve_server_secret: s\n");
     assert_err("endpoints.client: tcp://[::]:5555 binds all interfaces: that needs security.allow_wildcard: true");
     topo_t *t = s_ok(MINIMAL "endpoints:\n  client: tcp://*:5555\nsecurity:\n  allow_wildcard: yes\n"
-                     "  curve_server_public: keys/server.pub\n  curve_server_secret: keys/server.key\n");
+                     "  curve_server_public: keys/server.pub\n  curve_server_secret: keys/server.key\n"
+                     "  curve_clients: keys/clients\n");
     assert_int_equal(t->security.allow_wildcard, 1);
     assert_string_equal(t->security.curve_server_secret, "keys/server.key");
     topo_destroy(&t);
     s_bad(MINIMAL "security:\n  curve_server_public: p\n");
     assert_err("security: curve_server_public and curve_server_secret go together");
+    s_bad(MINIMAL "security:\n  curve_server_public: p\n  curve_server_secret: s\n");
+    assert_err("security.curve_clients: required with CURVE keys");
+    s_bad(MINIMAL "security:\n  curve_keys_dir: k\n");
+    assert_err("security: curve_clients and curve_keys_dir need curve_server_public");
 
     s_bad_file("tests/fixtures/topology/remote.yaml");
     assert_err("remote.yaml:6: nodes[0].address: '127.0.0.1' is loopback, but actors on other machines");

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <zmq.h>
 
+#include "actors/runtime/auth.h"
 #include "common/util.h"
 #include "topology/topology.h"
 
@@ -14,13 +15,39 @@ struct client {
     void *sock;          /* DEALER */
     uint8_t *buf;        /* [MSG_MAX_FRAME] encode scratch */
     uint64_t next_id;
+    int64_t max_frame;   /* the cluster's frame limit: larger requests are refused before sending */
 };
 
 client_t *client_connect(const char *endpoint, char *err, size_t errlen)
 {
+    client_opts_t o = {.server_key = getenv("TROUPE_CURVE_SERVER_KEY"), .key = getenv("TROUPE_CURVE_KEY")};
+    return client_connect_opts(endpoint, &o, err, errlen);
+}
+
+/* CURVE client options from the key files named in o. */
+static int s_curve(void *sock, const client_opts_t *o, char *err, size_t errlen)
+{
+    if (!o->key || !*o->key)
+        return errf(err, errlen, "the server key is set but not our own keypair (a key prefix: PREFIX.pub and "
+                    "PREFIX.key)");
+    char pub[1024], sec[1024], server[AUTH_Z85_LEN + 1];
+    auth_keypair_t kp;
+    snprintf(pub, sizeof pub, "%s.pub", o->key);
+    snprintf(sec, sizeof sec, "%s.key", o->key);
+    if (auth_key_read(o->server_key, server, err, errlen) != 0 || auth_key_read(pub, kp.pub, err, errlen) != 0 ||
+        auth_key_read(sec, kp.sec, err, errlen) != 0)
+        return -1;
+    if (auth_client(sock, &kp, server) != 0)
+        return errf(err, errlen, "CURVE: %s (is libzmq built with CURVE?)", zmq_strerror(errno));
+    return 0;
+}
+
+client_t *client_connect_opts(const char *endpoint, const client_opts_t *opts, char *err, size_t errlen)
+{
     client_t *c = calloc(1, sizeof *c);
     if (!c)
         return NULL;
+    c->max_frame = opts && opts->max_frame > 0 && opts->max_frame < MSG_MAX_FRAME ? opts->max_frame : MSG_MAX_FRAME;
     c->ctx = zmq_ctx_new();
     c->sock = zmq_socket(c->ctx, ZMQ_DEALER);
     c->buf = malloc(MSG_MAX_FRAME);
@@ -29,6 +56,10 @@ client_t *client_connect(const char *endpoint, char *err, size_t errlen)
     zmq_setsockopt(c->sock, ZMQ_LINGER, &linger, sizeof linger);
     zmq_setsockopt(c->sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
     zmq_setsockopt(c->sock, ZMQ_HANDSHAKE_IVL, &hs, sizeof hs);
+    if (opts && opts->server_key && *opts->server_key && s_curve(c->sock, opts, err, errlen) != 0) {
+        client_destroy(&c);
+        return NULL;
+    }
     if (!c->buf || zmq_connect(c->sock, endpoint) != 0) {
         errf(err, errlen, "connect %s: %s", endpoint, zmq_strerror(errno));
         client_destroy(&c);
@@ -65,6 +96,9 @@ int client_send(client_t *c, msg_t *m, uint64_t *id_out, char *err, size_t errle
     size_t len;
     if (msg_encode(m, c->buf, MSG_MAX_FRAME, &len, err, errlen) != 0)
         return -1;
+    if ((int64_t)len > c->max_frame)   /* the cluster would refuse it: say so without sending */
+        return errf(err, errlen, "a %s of %zu bytes exceeds the cluster's limits.max_message_bytes (%lld)",
+                    msg_type_name(m->type), len, (long long)c->max_frame);
     /* A DEALER blocks when no peer is connected; bound it. */
     int to = 5000;
     zmq_setsockopt(c->sock, ZMQ_SNDTIMEO, &to, sizeof to);
@@ -148,18 +182,38 @@ int64_t client_parse_duration_s(const char *s)
     return v * mul;
 }
 
-int client_endpoints_from_topology(const char *path, char *client_ep, char *inspect_ep, size_t cap,
-                                   char *err, size_t errlen)
+/* The topology file (NULL = the embedded default), or NULL with its first problem in err. */
+static topo_t *s_topology(const char *path, char *err, size_t errlen)
 {
     topo_t *t = NULL;
     topo_errors_t *e = calloc(1, sizeof *e);
-    int rc = path ? topo_load_file(path, &t, e) : topo_load_default(&t, e);
-    if (rc != 0) {
+    if (!e)
+        return errf(err, errlen, "out of memory"), NULL;
+    if ((path ? topo_load_file(path, &t, e) : topo_load_default(&t, e)) != 0)
         errf(err, errlen, "%s", e->count ? e->msg[0] : "invalid topology");
-        free(e);
-        return -1;
-    }
     free(e);
+    return t;
+}
+
+int client_opts_from_topology(const char *path, client_opts_t *o, char *server_key, size_t cap, char *err,
+                              size_t errlen)
+{
+    topo_t *t = s_topology(path, err, errlen);
+    if (!t)
+        return -1;
+    o->max_frame = t->limits.max_message_bytes;
+    snprintf(server_key, cap, "%s", t->security.curve_server_public);
+    o->server_key = server_key[0] ? server_key : o->server_key;
+    topo_destroy(&t);
+    return 0;
+}
+
+int client_endpoints_from_topology(const char *path, char *client_ep, char *inspect_ep, size_t cap,
+                                   char *err, size_t errlen)
+{
+    topo_t *t = s_topology(path, err, errlen);
+    if (!t)
+        return -1;
     if (client_ep)
         snprintf(client_ep, cap, "%s", t->endpoints.client);
     if (inspect_ep)

@@ -1,6 +1,10 @@
 /* tools/lib/client.h — the C client library: talk to a Troupe cluster over ZeroMQ.
  *
  * One DEALER socket to the router's client endpoint (or the monitor's inspection endpoint).
+ * A cluster with CURVE keys (docs/security.md) needs the server's public key and a keypair of
+ * ours whose public key is in its allow-list: client_opts_t, or for client_connect the
+ * environment (TROUPE_CURVE_SERVER_KEY = the server's .pub file, TROUPE_CURVE_KEY = our key
+ * files' prefix: PREFIX.pub and PREFIX.key).
  * Requests are msg_t values (messages/msg.h); replies come back as decoded msg_t. Every call is
  * bounded by a timeout: nothing here can hang on a dead cluster.
  *
@@ -18,7 +22,15 @@
 
 typedef struct client client_t;
 
+typedef struct client_opts {
+    const char *server_key;     /* file with the server's public key (Z85); NULL = no CURVE */
+    const char *key;            /* our keypair's prefix: key.pub and key.key; needed with server_key */
+    int64_t max_frame;          /* the cluster's limits.max_message_bytes: larger requests are refused
+                                   here, before sending; 0 = MSG_MAX_FRAME */
+} client_opts_t;
+
 client_t *client_connect(const char *endpoint, char *err, size_t errlen);
+client_t *client_connect_opts(const char *endpoint, const client_opts_t *opts, char *err, size_t errlen);
 void client_destroy(client_t **self_p);
 
 /* Sends m. If m->id is 0 a fresh id is assigned (random 63-bit); it is returned in *id_out. */
@@ -33,6 +45,11 @@ int client_call(client_t *c, msg_t *req, msg_t *reply, int timeout_ms, char *err
 
 /* "5m" -> 300, "1h" -> 3600, "90" / "90s" -> 90, "2d" -> 172800. -1 on junk or overflow. */
 int64_t client_parse_duration_s(const char *s);
+
+/* From a topology file (NULL = embedded default): max_frame and, when it has CURVE keys, the
+ * server key file (server_key gets "" otherwise). */
+int client_opts_from_topology(const char *topology_path, client_opts_t *o, char *server_key, size_t cap,
+                              char *err, size_t errlen);
 
 /* The client endpoint or inspection endpoint of a topology file (NULL = embedded default). */
 int client_endpoints_from_topology(const char *topology_path, char *client_ep, char *inspect_ep,
