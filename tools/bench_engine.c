@@ -27,17 +27,14 @@
  * Exit status 0, 2 on a usage error, 1 on any other error (with a message naming it). */
 #include <jansson.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/log.h"
 #include "common/util.h"
-#include "engine/checkpoint.h"
-#include "engine/config.h"
-#include "engine/kvcache.h"
-#include "engine/model.h"
-#include "kernels/backend.h"
+#include "engine/engine_open.h"
 #include "tools/lib/args.h"
 
 #define KV_BLOCK 16
@@ -53,8 +50,9 @@ static const char *s_usage =
     "--kv-dtype auto (default) keeps the KV cache in the weights' dtype; fp8 is E4M3 with scale 1.\n";
 
 typedef struct opts {
-    const char *model_dir, *backend, *dtype, *json;
+    const char *model_dir, *backend, *json;
     int dummy, threads, prompt_len, steps, chunk, profile, mixed;
+    dtype_t dtype;                /* the dummy weights'; DT_COUNT: the config's */
     dtype_t kv_dtype;             /* DT_COUNT: auto (the weights' dtype) */
     int batch[MAX_LEVELS], n_levels;
     double copy_bw;               /* TB/s, 0 = not given */
@@ -70,7 +68,7 @@ static int s_parse(int argc, char **argv, opts_t *o)
 {
     static const char *T = "troupe-bench-engine";
     *o = (opts_t){.backend = "cpu", .prompt_len = 1000, .steps = 32, .chunk = 2048, .threads = 0,
-                  .batch = {1, 16, 64, 256}, .n_levels = 4, .kv_dtype = DT_COUNT};
+                  .batch = {1, 16, 64, 256}, .n_levels = 4, .dtype = DT_COUNT, .kv_dtype = DT_COUNT};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (a[0] != '-') {
@@ -93,8 +91,10 @@ static int s_parse(int argc, char **argv, opts_t *o)
         int rc = 0;
         if (!strcmp(a, "--backend"))
             o->backend = v;
-        else if (!strcmp(a, "--dtype"))
-            o->dtype = v;
+        else if (!strcmp(a, "--dtype")) {
+            if (dtype_parse(v, &o->dtype) < 0)
+                return s_bad(a, v);
+        }
         else if (!strcmp(a, "--kv-dtype"))
             rc = arg_kv_dtype(T, a, v, &o->kv_dtype);
         else if (!strcmp(a, "--json"))
@@ -260,6 +260,256 @@ static int s_mixed(model_t *m, backend_t *be, kvpool_t *pool, kvseq_t **seqs, in
     return 0;
 }
 
+/* ---- the run ----------------------------------------------------------------------------- */
+
+typedef struct bench {
+    const opts_t *o;
+    engine_t *e;
+    int max_b;                    /* the largest batch */
+    int ctx;                      /* tokens per sequence: the prompt, every step, --mixed's prompt */
+    int chunk;                    /* prefill chunk */
+    kvseq_t **seqs;               /* [max_b + 2]: [0, max_b) decode, max_b the prefilled template, max_b + 1 --mixed's prompt */
+    model_seq_t *ms;              /* [max_b + 1] */
+    int32_t *ids;                 /* [prompt_len] the template's prompt */
+    int32_t *out;                 /* [max_b + 1] each row's next id (the device argmax) */
+    double *step_ms;              /* [steps] */
+    size_t wbytes, abytes, kv_tok;    /* weight bytes (all, per token), KV bytes per token */
+    json_t *root, *levels;
+    char err[1024];
+} bench_t;
+
+/* Prints the error; -1. */
+static int s_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int s_fail(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("troupe-bench-engine: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    return -1;
+}
+
+/* The model as the workers open it, sized for every batch level, --mixed and the template. */
+static int s_open(bench_t *b)
+{
+    const opts_t *o = b->o;
+    engine_spec_t s;
+    engine_spec_default(&s);
+    s.backend = o->backend;
+    s.threads = o->threads;
+    s.dummy = o->dummy;
+    s.dtype = o->dtype;
+    s.kv_dtype = o->kv_dtype;
+    s.kv_dtype_option = "--kv-dtype";
+    s.dummy_option = "--load-format dummy";
+    const int max_tokens = b->max_b + o->mixed > b->chunk ? b->max_b + o->mixed : b->chunk;
+    s.model = (model_opts_t){.max_tokens = max_tokens, .max_seqs = b->max_b + 1, .max_context = b->ctx,
+                             .kv_block_size = KV_BLOCK};
+    s.kv_blocks = (long)(b->max_b + 2) * ((b->ctx + KV_BLOCK - 1) / KV_BLOCK);
+    int64_t t0 = now_ns();
+    if (!(b->e = engine_open(o->model_dir, &s, NULL, b->err, sizeof b->err)))
+        return s_fail("%s", b->err);
+    b->e->be->ops->sync(b->e->be);
+    const double load_s = (now_ns() - t0) / 1e9;
+    b->wbytes = model_weight_bytes(b->e->model);
+    b->abytes = model_active_weight_bytes(b->e->model);
+    b->kv_tok = config_kv_bytes_per_token(&b->e->cfg, dtype_size(b->e->kv_dtype));
+    printf("model %s (%s, %s), backend %s: %.2f GB of weights (%.2f GB active per token), KV %.1f KB per token "
+           "(%s), loaded in %.1f s\n", o->model_dir, o->dummy ? "dummy weights" : "checkpoint",
+           dtype_name(b->e->weights_dtype), b->e->be->ops->name, b->wbytes / 1e9, b->abytes / 1e9, b->kv_tok / 1e3,
+           dtype_name(b->e->kv_dtype), load_s);
+    return 0;
+}
+
+/* The template sequence: a random prompt prefilled (a warm-up, then the median of 3). */
+static int s_bench_prefill(bench_t *b)
+{
+    const opts_t *o = b->o;
+    engine_t *e = b->e;
+    double pf_ms[PREFILL_RUNS];
+    for (int run = -1; run < PREFILL_RUNS; run++) {
+        for (int i = 0; i < o->prompt_len; i++)
+            b->ids[i] = s_rand_id(e->cfg.vocab_size);
+        kvseq_destroy(&b->seqs[b->max_b]);
+        if (!(b->seqs[b->max_b] = kvseq_new(e->pool, b->ctx, (uint64_t)run + 7)))
+            return s_fail("out of memory");
+        e->be->ops->sync(e->be);
+        int64_t t = now_ns();
+        if (s_prefill(e->model, b->seqs[b->max_b], b->ids, o->prompt_len, b->chunk, e->logits, b->err, sizeof b->err) < 0)
+            return s_fail("prefill: %s", b->err);
+        if (run >= 0)
+            pf_ms[run] = (now_ns() - t) / 1e6;
+    }
+    const double prefill_ms = s_median(pf_ms, PREFILL_RUNS);
+    printf("prefill of %d tokens (chunks of %d): %.2f ms (median of %d), %.0f tokens/s\n", o->prompt_len, b->chunk,
+           prefill_ms, PREFILL_RUNS, o->prompt_len / (prefill_ms / 1e3));
+    json_object_set_new(b->root, "prefill_ms", json_real(prefill_ms));
+    json_object_set_new(b->root, "prefill_tokens_per_s", json_real(o->prompt_len / (prefill_ms / 1e3)));
+    return 0;
+}
+
+/* seqs[0, B): copies of the template's KV blocks (distinct memory per sequence), each with a
+ * random next id. */
+static int s_contexts(bench_t *b, int B)
+{
+    engine_t *e = b->e;
+    const kvseq_t *tmpl = b->seqs[b->max_b];
+    for (int s = 0; s < B; s++) {
+        if (!(b->seqs[s] = kvseq_new(e->pool, b->ctx, 1000 + (uint64_t)s)) ||
+            kvseq_append(b->seqs[s], kvseq_tokens(tmpl), b->o->prompt_len) < 0)
+            return s_fail("the KV pool cannot hold %d sequences", B);
+        for (int k = 0; k < kvseq_n_blocks(tmpl); k++)
+            e->be->ops->copy(e->be, kvpool_block_ptr(e->pool, kvseq_blocks(b->seqs[s])[k]),
+                             kvpool_block_ptr(e->pool, kvseq_blocks(tmpl)[k]), kvpool_view(e->pool)->block_bytes);
+        b->out[s] = s_rand_id(e->cfg.vocab_size);
+    }
+    e->be->ops->sync(e->be);
+    return 0;
+}
+
+/* --steps greedy steps of B rows (after the warm-ups; with --profile 3 more under the profile):
+ * *med the median step, *kv_bytes the KV the first timed step read. */
+static int s_steps(bench_t *b, int B, double *med, double *kv_bytes)
+{
+    const opts_t *o = b->o;
+    engine_t *e = b->e;
+    *kv_bytes = 0;
+    for (int step = -WARMUP_STEPS; step < o->steps + (o->profile ? 3 : 0); step++) {
+        if (step == o->steps)
+            model_profile_enable(e->model, 1);
+        for (int s = 0; s < B; s++) {
+            if (kvseq_append(b->seqs[s], &b->out[s], 1) < 0)
+                return s_fail("the KV pool is full");
+            b->ms[s] = (model_seq_t){.kv = b->seqs[s], .n_new = 1};
+            if (step == 0)
+                *kv_bytes += (double)kvseq_len(b->seqs[s]) * (double)b->kv_tok;
+        }
+        model_batch_t mb = {.n_seqs = B, .seqs = b->ms, .argmax_out = b->out};
+        int64_t t = now_ns();
+        if (model_forward(e->model, &mb, e->logits, b->err, sizeof b->err) < 0)
+            return s_fail("decode step at batch %d: %s", B, b->err);
+        if (step >= 0 && step < o->steps)
+            b->step_ms[step] = (now_ns() - t) / 1e6;
+    }
+    model_profile_enable(e->model, 0);
+    *med = s_median(b->step_ms, o->steps);
+    return 0;
+}
+
+/* --mixed at batch B (decode step alone: med ms): the colocated step against the prompt alone. */
+static int s_bench_mixed(bench_t *b, int B, double med)
+{
+    const opts_t *o = b->o;
+    engine_t *e = b->e;
+    double alone = 0, mixed = 0;
+    if (s_mixed(e->model, e->be, e->pool, b->seqs, b->max_b + 1, b->ms, b->out, B, o->mixed, b->ctx, e->cfg.vocab_size,
+                o->profile, e->logits, &alone, &mixed, b->err, sizeof b->err) < 0)
+        return s_fail("--mixed %d at batch %d: %s", o->mixed, B, b->err);
+    printf("  mixed step, %d decode rows + a %d-token prompt: %.3f ms; the prompt alone %.3f ms, so the decode "
+           "rows cost %.3f ms in it (alone %.3f ms, x%.2f)\n", B, o->mixed, mixed, alone, mixed - alone, med,
+           (mixed - alone) / med);
+    json_t *jm = json_object();
+    if (o->profile) {
+        char what[96];
+        snprintf(what, sizeof what, "mixed step (%d decode rows + %d prompt tokens)", B, o->mixed);
+        s_print_profile(e->model, what, 1, jm);
+    }
+    json_object_set_new(jm, "prompt_tokens", json_integer(o->mixed));
+    json_object_set_new(jm, "mixed_step_ms", json_real(mixed));
+    json_object_set_new(jm, "prompt_alone_ms", json_real(alone));
+    json_object_set_new(jm, "decode_rows_in_mixed_ms", json_real(mixed - alone));
+    json_object_set_new(b->root, "mixed", jm);
+    kvseq_destroy(&b->seqs[b->max_b + 1]);
+    return 0;
+}
+
+/* One batch level: its row of the table and of the JSON (--mixed at the last level). */
+static int s_bench_level(bench_t *b, int lv)
+{
+    const opts_t *o = b->o;
+    const int B = o->batch[lv];
+    double med = 0, kv_bytes = 0;
+    if (s_contexts(b, B) < 0 || s_steps(b, B, &med, &kv_bytes) < 0)
+        return -1;
+    const double tps = B / (med / 1e3), copy_bps = o->copy_bw * 1e12;
+    const double bytes = s_step_weight_bytes(&b->e->cfg, b->wbytes, b->abytes, B) + kv_bytes, bps = bytes / (med / 1e3);
+    printf("%6d %8d %10.3f %10.1f %10.2f %9.3f", B, o->prompt_len + 1, med, tps, bytes / 1e9, bps / 1e12);
+    if (copy_bps > 0)
+        printf(" %7.0f%%", 100 * bps / copy_bps);
+    printf("\n");
+    json_t *jl = json_object();
+    json_object_set_new(jl, "batch", json_integer(B));
+    json_object_set_new(jl, "context", json_integer(o->prompt_len + 1));
+    json_object_set_new(jl, "step_ms", json_real(med));
+    json_object_set_new(jl, "tokens_per_s", json_real(tps));
+    json_object_set_new(jl, "bytes_per_step", json_real(bytes));
+    json_object_set_new(jl, "bytes_per_s", json_real(bps));
+    if (copy_bps > 0)
+        json_object_set_new(jl, "fraction_of_copy_bw", json_real(bps / copy_bps));
+    json_array_append_new(b->levels, jl);
+    if (o->profile) {
+        char what[64];
+        snprintf(what, sizeof what, "decode batch %d", B);
+        s_print_profile(b->e->model, what, 3, jl);
+    }
+    if (o->mixed > 0 && lv == o->n_levels - 1 && s_bench_mixed(b, B, med) < 0)
+        return -1;
+    for (int s = 0; s < B; s++)
+        kvseq_destroy(&b->seqs[s]);
+    return 0;
+}
+
+/* --profile: one more prefill of the template's prompt under the per-op profile. */
+static int s_profile_prefill(bench_t *b)
+{
+    engine_t *e = b->e;
+    kvseq_destroy(&b->seqs[b->max_b]);
+    if (!(b->seqs[b->max_b] = kvseq_new(e->pool, b->ctx, 99)))
+        return s_fail("out of memory");
+    model_profile_enable(e->model, 1);
+    if (s_prefill(e->model, b->seqs[b->max_b], b->ids, b->o->prompt_len, b->chunk, e->logits, b->err, sizeof b->err) < 0)
+        return s_fail("prefill: %s", b->err);
+    model_profile_enable(e->model, 0);
+    s_print_profile(e->model, "prefill", 1, b->root);
+    return 0;
+}
+
+static int s_write_json(bench_t *b)
+{
+    const opts_t *o = b->o;
+    json_t *j = b->root;
+    json_object_set_new(j, "model", json_string(o->model_dir));
+    json_object_set_new(j, "backend", json_string(b->e->be->ops->name));
+    json_object_set_new(j, "dtype", json_string(dtype_name(b->e->weights_dtype)));
+    json_object_set_new(j, "weight_bytes", json_real((double)b->wbytes));
+    json_object_set_new(j, "active_weight_bytes", json_real((double)b->abytes));
+    json_object_set_new(j, "kv_dtype", json_string(dtype_name(b->e->kv_dtype)));
+    json_object_set_new(j, "kv_bytes_per_token", json_real((double)b->kv_tok));
+    json_object_set_new(j, "prompt_len", json_integer(o->prompt_len));
+    json_object_set_new(j, "copy_bw_tbps", json_real(o->copy_bw));
+    json_object_set_new(j, "decode", json_incref(b->levels));
+    if (o->json && json_dump_file(j, o->json, JSON_INDENT(1)) < 0)
+        return s_fail("cannot write %s", o->json);
+    return 0;
+}
+
+static int s_run(bench_t *b)
+{
+    const opts_t *o = b->o;
+    if (s_open(b) < 0 || s_bench_prefill(b) < 0)
+        return -1;
+    printf("%6s %8s %10s %10s %10s %9s %8s\n", "batch", "context", "step ms", "tok/s", "GB/step", "TB/s",
+           o->copy_bw > 0 ? "of copy" : "");
+    for (int lv = 0; lv < o->n_levels; lv++)
+        if (s_bench_level(b, lv) < 0)
+            return -1;
+    if (o->profile && s_profile_prefill(b) < 0)
+        return -1;
+    return s_write_json(b);
+}
+
 int main(int argc, char **argv)
 {
     opts_t o;
@@ -267,245 +517,33 @@ int main(int argc, char **argv)
     if (rc)
         return rc;
     log_init("bench-engine", -1);
-    char err[1024];
-    int status = 1, max_b = 0;
+    bench_t b = {.o = &o};
     for (int i = 0; i < o.n_levels; i++)
-        max_b = o.batch[i] > max_b ? o.batch[i] : max_b;
-    model_config_t cfg;
-    backend_t *be = NULL;
-    ckpt_t *ck = NULL;
-    model_t *m = NULL;
-    kvpool_t *pool = NULL;
-    /* seqs: [0, max_b) decode, max_b the prefilled template, max_b + 1 --mixed's prompt */
-    kvseq_t **seqs = calloc((size_t)max_b + 2, sizeof *seqs);
-    model_seq_t *ms = calloc((size_t)max_b + 1, sizeof *ms);
-    int32_t *ids = malloc((size_t)o.prompt_len * sizeof *ids), *out = calloc((size_t)max_b + 1, sizeof *out);
-    float *logits = NULL;
-    json_t *jroot = json_object(), *jlevels = json_array();
-    if (!seqs || !ms || !ids || !out) {
-        fprintf(stderr, "troupe-bench-engine: out of memory\n");
-        goto done;
-    }
-    if (config_load(o.model_dir, &cfg, err, sizeof err) < 0) {
-        fprintf(stderr, "troupe-bench-engine: %s\n", err);
-        goto done;
-    }
-    dtype_t wdt = cfg.dtype;
-    if (o.dtype && dtype_parse(o.dtype, &wdt) < 0) {
-        status = s_bad("--dtype", o.dtype);
-        goto done;
-    }
-    if (!(be = backend_new(o.backend, o.threads, err, sizeof err))) {
-        fprintf(stderr, "troupe-bench-engine: %s\n", err);
-        goto done;
-    }
-    /* An unsupported KV cache fails before the weights are loaded. */
-    const dtype_t kvt = config_kv_dtype(&cfg, o.dummy ? wdt : DT_COUNT, o.kv_dtype);   /* the workers' rule */
-    if (kvpool_check(be, kvt, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, err, sizeof err) != 0) {
-        fprintf(stderr, "troupe-bench-engine: --kv-dtype %s: %s\n", o.kv_dtype != DT_COUNT ? dtype_name(kvt) : "auto",
-                err);
-        goto done;
-    }
-    if (!(ck = o.dummy ? ckpt_dummy(wdt, 0) : ckpt_open(o.model_dir, err, sizeof err))) {
-        fprintf(stderr, "troupe-bench-engine: %s\n", o.dummy ? "out of memory" : err);
-        goto done;
-    }
-    /* Context: the prompt, the timed, warm-up and profiled steps, and --mixed's steps. */
-    const int ctx = o.prompt_len + WARMUP_STEPS + o.steps + 16 > o.mixed ? o.prompt_len + WARMUP_STEPS + o.steps + 16
-                                                                        : o.mixed;
-    const int chunk = o.chunk < o.prompt_len ? o.chunk : o.prompt_len;
-    const int max_tokens = max_b + o.mixed > chunk ? max_b + o.mixed : chunk;
-    model_opts_t mo = {.max_tokens = max_tokens, .max_seqs = max_b + 1, .max_context = ctx, .kv_block_size = KV_BLOCK};
-    int64_t t0 = now_ns();
-    if (!(m = model_load(o.model_dir, &cfg, ck, be, &mo, err, sizeof err))) {
-        fprintf(stderr, "troupe-bench-engine: %s\n", err);
-        goto done;
-    }
-    be->ops->sync(be);
-    const double load_s = (now_ns() - t0) / 1e9;
-    const int blocks_per_seq = (ctx + KV_BLOCK - 1) / KV_BLOCK;
-    if (!(pool = kvpool_new((max_b + 2) * blocks_per_seq, KV_BLOCK, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
-                            kvt, be, err, sizeof err))) {
-        fprintf(stderr, "troupe-bench-engine: KV pool for %d sequences of %d tokens: %s\n", max_b + 1, ctx, err);
-        goto done;
-    }
-    if (!(logits = malloc((size_t)max_b * (size_t)cfg.vocab_size * sizeof(float)))) {
-        fprintf(stderr, "troupe-bench-engine: out of memory\n");
-        goto done;
-    }
-    const size_t wbytes = model_weight_bytes(m), abytes = model_active_weight_bytes(m);
-    const size_t kv_tok = config_kv_bytes_per_token(&cfg, dtype_size(kvt));
-    const double copy_bps = o.copy_bw * 1e12;
-    printf("model %s (%s, %s), backend %s: %.2f GB of weights (%.2f GB active per token), KV %.1f KB per token "
-           "(%s), loaded in %.1f s\n", o.model_dir, o.dummy ? "dummy weights" : "checkpoint", dtype_name(wdt),
-           be->ops->name, wbytes / 1e9, abytes / 1e9, kv_tok / 1e3, dtype_name(kvt), load_s);
-
-    /* ---- prefill: the template sequence, timed ---------------------------------------------- */
-    double pf_ms[PREFILL_RUNS];
-    for (int run = -1; run < PREFILL_RUNS; run++) {
-        for (int i = 0; i < o.prompt_len; i++)
-            ids[i] = s_rand_id(cfg.vocab_size);
-        kvseq_destroy(&seqs[max_b]);
-        if (!(seqs[max_b] = kvseq_new(pool, ctx, (uint64_t)run + 7))) {
-            fprintf(stderr, "troupe-bench-engine: out of memory\n");
-            goto done;
-        }
-        be->ops->sync(be);
-        int64_t t = now_ns();
-        if (s_prefill(m, seqs[max_b], ids, o.prompt_len, chunk, logits, err, sizeof err) < 0) {
-            fprintf(stderr, "troupe-bench-engine: prefill: %s\n", err);
-            goto done;
-        }
-        if (run >= 0)
-            pf_ms[run] = (now_ns() - t) / 1e6;
-    }
-    const double prefill_ms = s_median(pf_ms, PREFILL_RUNS);
-    printf("prefill of %d tokens (chunks of %d): %.2f ms (median of %d), %.0f tokens/s\n", o.prompt_len, chunk,
-           prefill_ms, PREFILL_RUNS, o.prompt_len / (prefill_ms / 1e3));
-    json_object_set_new(jroot, "prefill_ms", json_real(prefill_ms));
-    json_object_set_new(jroot, "prefill_tokens_per_s", json_real(o.prompt_len / (prefill_ms / 1e3)));
-    const kvseq_t *tmpl = seqs[max_b];
-    const int tmpl_blocks = kvseq_n_blocks(tmpl);
-
-    /* ---- decode, per batch size ------------------------------------------------------------- */
-    printf("%6s %8s %10s %10s %10s %9s %8s\n", "batch", "context", "step ms", "tok/s", "GB/step", "TB/s",
-           o.copy_bw > 0 ? "of copy" : "");
-    double *step_ms = malloc((size_t)o.steps * sizeof *step_ms);
-    if (!step_ms)
-        goto done;
-    for (int lv = 0; lv < o.n_levels; lv++) {
-        const int B = o.batch[lv];
-        for (int s = 0; s < B; s++) {
-            if (!(seqs[s] = kvseq_new(pool, ctx, 1000 + (uint64_t)s)) ||
-                kvseq_append(seqs[s], kvseq_tokens(tmpl), o.prompt_len) < 0) {
-                fprintf(stderr, "troupe-bench-engine: the KV pool cannot hold %d sequences\n", B);
-                free(step_ms);
-                goto done;
-            }
-            for (int b = 0; b < tmpl_blocks; b++)
-                be->ops->copy(be, kvpool_block_ptr(pool, kvseq_blocks(seqs[s])[b]),
-                              kvpool_block_ptr(pool, kvseq_blocks(tmpl)[b]), kvpool_view(pool)->block_bytes);
-            out[s] = s_rand_id(cfg.vocab_size);
-        }
-        be->ops->sync(be);
-        double kv_bytes = 0;
-        for (int step = -WARMUP_STEPS; step < o.steps + (o.profile ? 3 : 0); step++) {
-            if (step == o.steps)
-                model_profile_enable(m, 1);
-            for (int s = 0; s < B; s++) {
-                if (kvseq_append(seqs[s], &out[s], 1) < 0) {
-                    fprintf(stderr, "troupe-bench-engine: the KV pool is full\n");
-                    free(step_ms);
-                    goto done;
-                }
-                ms[s] = (model_seq_t){.kv = seqs[s], .n_new = 1};
-                if (step == 0)
-                    kv_bytes += (double)kvseq_len(seqs[s]) * (double)kv_tok;
-            }
-            model_batch_t b = {.n_seqs = B, .seqs = ms, .argmax_out = out};
-            int64_t t = now_ns();
-            if (model_forward(m, &b, logits, err, sizeof err) < 0) {
-                fprintf(stderr, "troupe-bench-engine: decode step at batch %d: %s\n", B, err);
-                free(step_ms);
-                goto done;
-            }
-            if (step >= 0 && step < o.steps)
-                step_ms[step] = (now_ns() - t) / 1e6;
-        }
-        model_profile_enable(m, 0);
-        const double med = s_median(step_ms, o.steps), tps = B / (med / 1e3);
-        const double bytes = s_step_weight_bytes(&cfg, wbytes, abytes, B) + kv_bytes, bps = bytes / (med / 1e3);
-        printf("%6d %8d %10.3f %10.1f %10.2f %9.3f", B, o.prompt_len + 1, med, tps, bytes / 1e9, bps / 1e12);
-        if (copy_bps > 0)
-            printf(" %7.0f%%", 100 * bps / copy_bps);
-        printf("\n");
-        json_t *jl = json_object();
-        json_object_set_new(jl, "batch", json_integer(B));
-        json_object_set_new(jl, "context", json_integer(o.prompt_len + 1));
-        json_object_set_new(jl, "step_ms", json_real(med));
-        json_object_set_new(jl, "tokens_per_s", json_real(tps));
-        json_object_set_new(jl, "bytes_per_step", json_real(bytes));
-        json_object_set_new(jl, "bytes_per_s", json_real(bps));
-        if (copy_bps > 0)
-            json_object_set_new(jl, "fraction_of_copy_bw", json_real(bps / copy_bps));
-        if (o.profile) {
-            char what[64];
-            snprintf(what, sizeof what, "decode batch %d", B);
-            s_print_profile(m, what, 3, jl);
-        }
-        if (o.mixed > 0 && lv == o.n_levels - 1) {   /* the colocated step, at the last batch size */
-            double alone = 0, mixed = 0;
-            if (s_mixed(m, be, pool, seqs, max_b + 1, ms, out, B, o.mixed, ctx, cfg.vocab_size, o.profile, logits, &alone, &mixed,
-                        err, sizeof err) < 0) {
-                fprintf(stderr, "troupe-bench-engine: --mixed %d at batch %d: %s\n", o.mixed, B, err);
-                free(step_ms);
-                goto done;
-            }
-            printf("  mixed step, %d decode rows + a %d-token prompt: %.3f ms; the prompt alone %.3f ms, so the decode "
-                   "rows cost %.3f ms in it (alone %.3f ms, x%.2f)\n", B, o.mixed, mixed, alone, mixed - alone, med,
-                   (mixed - alone) / med);
-            json_t *jm = json_object();
-            if (o.profile) {
-                char what[96];
-                snprintf(what, sizeof what, "mixed step (%d decode rows + %d prompt tokens)", B, o.mixed);
-                s_print_profile(m, what, 1, jm);
-            }
-            json_object_set_new(jm, "prompt_tokens", json_integer(o.mixed));
-            json_object_set_new(jm, "mixed_step_ms", json_real(mixed));
-            json_object_set_new(jm, "prompt_alone_ms", json_real(alone));
-            json_object_set_new(jm, "decode_rows_in_mixed_ms", json_real(mixed - alone));
-            json_object_set_new(jroot, "mixed", jm);
-            kvseq_destroy(&seqs[max_b + 1]);
-        }
-        json_array_append_new(jlevels, jl);
-        for (int s = 0; s < B; s++)
-            kvseq_destroy(&seqs[s]);
-    }
-    free(step_ms);
-    if (o.profile) {
-        kvseq_destroy(&seqs[max_b]);
-        if (!(seqs[max_b] = kvseq_new(pool, ctx, 99))) {
-            fprintf(stderr, "troupe-bench-engine: out of memory\n");
-            goto done;
-        }
-        model_profile_enable(m, 1);
-        if (s_prefill(m, seqs[max_b], ids, o.prompt_len, chunk, logits, err, sizeof err) < 0) {
-            fprintf(stderr, "troupe-bench-engine: prefill: %s\n", err);
-            goto done;
-        }
-        model_profile_enable(m, 0);
-        s_print_profile(m, "prefill", 1, jroot);
-    }
-    json_object_set_new(jroot, "model", json_string(o.model_dir));
-    json_object_set_new(jroot, "backend", json_string(be->ops->name));
-    json_object_set_new(jroot, "dtype", json_string(dtype_name(wdt)));
-    json_object_set_new(jroot, "weight_bytes", json_real((double)wbytes));
-    json_object_set_new(jroot, "active_weight_bytes", json_real((double)abytes));
-    json_object_set_new(jroot, "kv_dtype", json_string(dtype_name(kvt)));
-    json_object_set_new(jroot, "kv_bytes_per_token", json_real((double)kv_tok));
-    json_object_set_new(jroot, "prompt_len", json_integer(o.prompt_len));
-    json_object_set_new(jroot, "copy_bw_tbps", json_real(o.copy_bw));
-    json_object_set_new(jroot, "decode", jlevels);
-    jlevels = NULL;
-    if (o.json && json_dump_file(jroot, o.json, JSON_INDENT(1)) < 0) {
-        fprintf(stderr, "troupe-bench-engine: cannot write %s\n", o.json);
-        goto done;
-    }
-    status = 0;
-done:
-    for (int s = 0; s <= max_b + 1 && seqs; s++)
-        kvseq_destroy(&seqs[s]);
-    kvpool_destroy(&pool);
-    model_destroy(&m);
-    ckpt_destroy(&ck);
-    if (be)
-        be->ops->destroy(be);
-    json_decref(jlevels);
-    json_decref(jroot);
-    free(seqs);
-    free(ms);
-    free(ids);
-    free(out);
-    free(logits);
-    return status;
+        b.max_b = o.batch[i] > b.max_b ? o.batch[i] : b.max_b;
+    /* Context: the prompt, the timed, warm-up and profiled steps, and --mixed's prompt. */
+    const int steps_ctx = o.prompt_len + WARMUP_STEPS + o.steps + 16;
+    b.ctx = steps_ctx > o.mixed ? steps_ctx : o.mixed;
+    b.chunk = o.chunk < o.prompt_len ? o.chunk : o.prompt_len;
+    b.seqs = calloc((size_t)b.max_b + 2, sizeof *b.seqs);
+    b.ms = calloc((size_t)b.max_b + 1, sizeof *b.ms);
+    b.ids = malloc((size_t)o.prompt_len * sizeof *b.ids);
+    b.out = calloc((size_t)b.max_b + 1, sizeof *b.out);
+    b.step_ms = malloc((size_t)o.steps * sizeof *b.step_ms);
+    b.root = json_object();
+    b.levels = json_array();
+    if (!b.seqs || !b.ms || !b.ids || !b.out || !b.step_ms || !b.root || !b.levels)
+        rc = s_fail("out of memory");
+    else
+        rc = s_run(&b);
+    for (int s = 0; b.seqs && s <= b.max_b + 1; s++)
+        kvseq_destroy(&b.seqs[s]);
+    engine_destroy(&b.e);
+    json_decref(b.levels);
+    json_decref(b.root);
+    free(b.seqs);
+    free(b.ms);
+    free(b.ids);
+    free(b.out);
+    free(b.step_ms);
+    return rc < 0 ? 1 : 0;
 }

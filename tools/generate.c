@@ -2,10 +2,12 @@
  *
  *   troupe-generate MODEL_DIR [--prompt TEXT | --chat TEXT [--system TEXT] | --ids 1,2,3] [options]
  *
- * Loads the config and weights (or dummy weights of the config's shape), tokenizes, prefills the
- * prompt in chunks through model_forward, then decodes token by token with the sampler, streaming
- * complete UTF-8 text to stdout as it comes (or, with --json, printing one JSON object at the end
- * with ids, text, counts, finish reason, timings and optional log-probabilities).
+ * The single-process reference the cluster is checked against: opens the model as the workers do
+ * (engine/engine_open.h: the config, the weights or dummy weights of the config's shape, the KV
+ * dtype rule), tokenizes, prefills the prompt in chunks through model_forward, then decodes token
+ * by token with the sampler, streaming complete UTF-8 text to stdout as it comes (or, with --json,
+ * printing one JSON object at the end with ids, text, counts, finish reason, timings and optional
+ * log-probabilities).
  *
  * Exit status: 0 on success, 2 on a usage error, 1 on any other error (always with a message on
  * stderr naming what was wrong). */
@@ -21,13 +23,9 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "engine/chat_template.h"
-#include "engine/checkpoint.h"
-#include "engine/config.h"
-#include "engine/kvcache.h"
-#include "engine/model.h"
+#include "engine/engine_open.h"
 #include "engine/sampler.h"
 #include "engine/tokenizer.h"
-#include "kernels/backend.h"
 #include "tools/lib/args.h"
 
 #define KV_BLOCK 16
@@ -239,7 +237,327 @@ static void s_emit(void *ctx, const char *t, size_t n)
     o->text[o->n] = 0;
 }
 
+/* ---- the run ----------------------------------------------------------------------------- */
+
+/* One request through the engine. Functions return 0 to go on, else the exit status. */
+typedef struct gen {
+    engine_t *e;                  /* config, then (s_load) weights and pool */
+    tokenizer_t *tok;             /* NULL: ids in, ids out */
+    const char *tok_dir;
+    int32_t *prompt;              /* [n_prompt] */
+    size_t n_prompt;
+    char *rendered;               /* --chat: the prompt through the chat template */
+    sampler_params_t sp;
+    sampler_t *smp;
+    int max_tokens;
+    kvseq_t *seq;
+    int32_t *out_ids;             /* [max_tokens] */
+    float *lps;                   /* [max_tokens] log-probabilities */
+    char *tbuf;                   /* [tcap] detokenised text of one token */
+    size_t tcap;
+    out_ctx_t out;
+    finish_reason_t fin;
+    int n_out, n_decode_steps;
+    int64_t t_start, t_loaded, t_prefilled, t_end;
+} gen_t;
+
+static int s_fail(int status, const char *what, const char *err)
+{
+    fprintf(stderr, "troupe-generate: %s%s%s\n", what ? what : "", what ? ": " : "", err);
+    return status;
+}
+
+/* --tokenizer DIR, else MODEL_DIR when it has one; needed for text in and out. */
+static int s_tokenizer(const gen_opts_t *o, gen_t *g)
+{
+    char err[1024];
+    g->tok_dir = o->tokenizer_dir ? o->tokenizer_dir : s_exists(o->model_dir, "tokenizer.json") ? o->model_dir : NULL;
+    if (g->tok_dir && !(g->tok = tok_load(g->tok_dir, err, sizeof err)))
+        return s_fail(1, NULL, err);
+    if (!g->tok && (o->prompt || o->chat)) {
+        fprintf(stderr, "troupe-generate: %s has no tokenizer.json: give token ids with --ids, or a tokenizer with "
+                        "--tokenizer DIR\n", o->model_dir);
+        return 2;
+    }
+    if (!g->tok && o->sp.n_stops)
+        return s_fail(2, NULL, "--stop strings need a tokenizer (--tokenizer DIR)");
+    return 0;
+}
+
+/* The prompt's ids: --ids, or the text (--chat: through the family's chat template) encoded. */
+static int s_prompt(const gen_opts_t *o, gen_t *g)
+{
+    char err[1024];
+    if (o->ids) {
+        if (s_parse_ids(o->ids, &g->prompt, &g->n_prompt) < 0)
+            return 2;
+    } else {
+        const char *text = o->prompt;
+        int add_special = 1;
+        if (o->chat) {
+            chat_msg_t msgs[2];
+            size_t nm = 0;
+            if (o->system)
+                msgs[nm++] = (chat_msg_t){"system", o->system};
+            msgs[nm++] = (chat_msg_t){"user", o->chat};
+            if (chat_render(chat_family_detect(g->tok_dir), msgs, nm, 1, !o->no_think, &g->rendered, err, sizeof err) < 0) {
+                fprintf(stderr, "troupe-generate: --chat with the tokenizer in %s: %s\n", g->tok_dir, err);
+                return 1;
+            }
+            text = g->rendered;
+            add_special = 0;                       /* the template carries BOS itself, as apply_chat_template */
+        }
+        if (tok_encode(g->tok, text, strlen(text), add_special, &g->prompt, &g->n_prompt) < 0)
+            return s_fail(1, NULL, "the prompt is not valid UTF-8");
+    }
+    if (g->n_prompt == 0)
+        return s_fail(2, NULL, "the prompt is empty");
+    const int vocab = g->e->cfg.vocab_size;
+    for (size_t i = 0; i < g->n_prompt; i++)
+        if (g->prompt[i] < 0 || g->prompt[i] >= vocab) {
+            fprintf(stderr, "troupe-generate: prompt token %d (at %zu) is outside the vocabulary [0, %d)\n",
+                    g->prompt[i], i, vocab);
+            return 2;
+        }
+    return 0;
+}
+
+/* Sampling: the command line over generation_config.json's defaults; max tokens within the context. */
+static int s_sampling(const gen_opts_t *o, gen_t *g)
+{
+    const model_config_t *cfg = &g->e->cfg;
+    sampler_params_t *sp = &g->sp;
+    *sp = o->sp;
+    if (!o->have_temperature)
+        sp->temperature = cfg->gen.do_sample ? cfg->gen.temperature : 0.0;
+    if (!o->have_top_k && cfg->gen.do_sample)
+        sp->top_k = cfg->gen.top_k;
+    if (!o->have_top_p && cfg->gen.do_sample)
+        sp->top_p = cfg->gen.top_p;
+    if (!o->have_min_p && cfg->gen.do_sample)
+        sp->min_p = cfg->gen.min_p;
+    if (!o->have_rep)
+        sp->repetition_penalty = cfg->gen.repetition_penalty > 0 ? cfg->gen.repetition_penalty : 1.0;
+    if (!o->have_seed)
+        sp->seed = (uint64_t)now_ns();
+    int max_tokens = o->max_tokens > 0 ? o->max_tokens : cfg->gen.max_new_tokens > 0 ? cfg->gen.max_new_tokens : 256;
+    const int ctx = cfg->max_position_embeddings > 0 ? cfg->max_position_embeddings : 1 << 20;
+    if ((long)g->n_prompt >= ctx) {
+        fprintf(stderr, "troupe-generate: the prompt has %zu tokens; the model's context is %d\n", g->n_prompt, ctx);
+        return 2;
+    }
+    if ((long)g->n_prompt + max_tokens > ctx) {
+        LOG_W("max tokens %d cut to %ld to stay within the context of %d", max_tokens, ctx - (long)g->n_prompt, ctx);
+        max_tokens = ctx - (int)g->n_prompt;
+    }
+    g->max_tokens = sp->max_tokens = max_tokens;
+    sp->n_eos = cfg->n_eos < SAMPLER_MAX_EOS ? cfg->n_eos : SAMPLER_MAX_EOS;
+    memcpy(sp->eos_ids, cfg->eos_token_ids, (size_t)sp->n_eos * sizeof(int32_t));
+    if (sp->n_eos == 0 && g->tok && tok_eos_id(g->tok) >= 0)
+        sp->eos_ids[sp->n_eos++] = tok_eos_id(g->tok);
+    char err[1024];
+    if (!(g->smp = sampler_new(sp, cfg->vocab_size, g->prompt, (int)g->n_prompt, err, sizeof err)))
+        return s_fail(2, NULL, err);
+    return 0;
+}
+
+/* Backend, KV dtype, weights and a pool for this one sequence (engine_load), and the buffers. */
+static int s_load(const gen_opts_t *o, gen_t *g)
+{
+    char err[1024];
+    const int total = (int)g->n_prompt + g->max_tokens;
+    engine_spec_t s;
+    engine_spec_default(&s);
+    s.backend = o->backend;
+    s.threads = o->threads;
+    s.dummy = o->dummy;
+    if (o->dtype)
+        dtype_parse(o->dtype, &s.dtype);
+    s.kv_dtype = o->kv_dtype;
+    s.kv_dtype_option = "--kv-dtype";
+    s.dummy_option = "--load-format dummy";
+    s.model = (model_opts_t){.max_tokens = o->chunk < (int)g->n_prompt ? o->chunk : (int)g->n_prompt, .max_seqs = 1,
+                             .max_context = total, .kv_block_size = KV_BLOCK};
+    s.kv_blocks = (total + KV_BLOCK - 1) / KV_BLOCK;
+    if (engine_load(g->e, &s, err, sizeof err) != ENGINE_OK)
+        return s_fail(1, NULL, err);
+    g->seq = kvseq_new(g->e->pool, total, 0);
+    g->out_ids = malloc((size_t)g->max_tokens * sizeof(int32_t));
+    g->lps = malloc((size_t)g->max_tokens * sizeof(float));
+    g->tcap = g->tok ? 3 * tok_max_token_bytes(g->tok) + 16 : 64;
+    g->tbuf = malloc(g->tcap);
+    g->out = (out_ctx_t){.json = o->json, .cap = o->json ? (size_t)g->max_tokens * 8 + 64 : 0};
+    g->out.text = o->json ? calloc(1, g->out.cap) : NULL;
+    if (!g->seq || !g->out_ids || !g->lps || !g->tbuf || (o->json && !g->out.text))
+        return s_fail(1, NULL, "out of memory");
+    return 0;
+}
+
+/* The prompt in chunks of --chunk tokens, each one model_forward. */
+static int s_prefill(const gen_opts_t *o, gen_t *g)
+{
+    char err[1024];
+    for (size_t at = 0; at < g->n_prompt; at += (size_t)o->chunk) {
+        int k = (int)(g->n_prompt - at < (size_t)o->chunk ? g->n_prompt - at : (size_t)o->chunk);
+        model_seq_t q = {.kv = g->seq, .n_new = k};
+        model_batch_t b = {.n_seqs = 1, .seqs = &q};
+        if (kvseq_append(g->seq, g->prompt + at, k) < 0 || model_forward(g->e->model, &b, g->e->logits, err, sizeof err) < 0)
+            return s_fail(1, "prefill", err);
+    }
+    return 0;
+}
+
+/* Streams token t's text (or, without a tokenizer and not --json, its id); 1 when a stop string
+ * completed. */
+static int s_stream(gen_t *g, tok_stream_t *ts, int32_t t)
+{
+    if (g->tok) {
+        size_t nt = 0;
+        return tok_stream_feed(ts, t, g->tbuf, g->tcap, &nt) == 0 && nt && sampler_text(g->smp, g->tbuf, nt, s_emit, &g->out);
+    }
+    if (!g->out.json) {
+        int nt = snprintf(g->tbuf, g->tcap, "%s%d", g->n_out > 1 ? " " : "", t);
+        s_emit(&g->out, g->tbuf, (size_t)nt);
+    }
+    return 0;
+}
+
+/* Sample, stream, stop or run the next step. Greedy without log-probabilities: decode steps bring
+ * back the device's argmax, not logits. */
+static int s_decode(const gen_opts_t *o, gen_t *g)
+{
+    char err[1024];
+    tok_stream_t ts;
+    if (g->tok) {
+        tok_stream_init(&ts, g->tok);
+        ts.skip_special = 1;                       /* as vLLM's skip_special_tokens default */
+    }
+    const int device_greedy = sampler_is_greedy(g->smp) && !o->logprobs;
+    int32_t dev_tok = 0;
+    g->fin = FINISH_NONE;
+    while (g->fin == FINISH_NONE) {
+        float lp = 0;
+        int32_t t = g->n_out > 0 && device_greedy ? dev_tok : sampler_sample(g->smp, g->e->logits, o->logprobs ? &lp : NULL);
+        g->out_ids[g->n_out] = t;
+        g->lps[g->n_out++] = lp;
+        g->fin = sampler_accept(g->smp, t);
+        if (g->fin != FINISH_STOP && s_stream(g, &ts, t))   /* EOS or a stop id is not printed */
+            g->fin = FINISH_STOP;
+        if (g->fin != FINISH_NONE)
+            break;
+        model_seq_t q = {.kv = g->seq, .n_new = 1};
+        model_batch_t b = {.n_seqs = 1, .seqs = &q, .argmax_out = device_greedy ? &dev_tok : NULL};
+        if (kvseq_append(g->seq, &t, 1) < 0 || model_forward(g->e->model, &b, g->e->logits, err, sizeof err) < 0) {
+            fprintf(stderr, "troupe-generate: decode step %d: %s\n", g->n_out, err);
+            return 1;
+        }
+        g->n_decode_steps++;
+    }
+    if (g->tok) {
+        size_t nt = 0;
+        if (tok_stream_flush(&ts, g->tbuf, g->tcap, &nt) == 0 && nt)
+            sampler_text(g->smp, g->tbuf, nt, s_emit, &g->out);
+        sampler_text_flush(g->smp, s_emit, &g->out);
+    }
+    return 0;
+}
+
+/* ---- the report -------------------------------------------------------------------------- */
+
 static double s_ms(int64_t t0, int64_t t1) { return (double)(t1 - t0) / 1e6; }
+
+static const char *s_lp_mode(const gen_t *g) { return g->sp.logprobs_mode == SAMPLER_LOGPROBS_RAW ? "raw" : "processed"; }
+
+/* --json: one object with the ids, text, counts, finish reason, timings and the model's facts. */
+static void s_report_json(const gen_opts_t *o, const gen_t *g)
+{
+    const double prefill_ms = s_ms(g->t_loaded, g->t_prefilled), decode_ms = s_ms(g->t_prefilled, g->t_end);
+    json_t *j = json_object(), *ids = json_array(), *tm = json_object(), *md = json_object();
+    for (int i = 0; i < g->n_out; i++)
+        json_array_append_new(ids, json_integer(g->out_ids[i]));
+    json_object_set_new(j, "ids", ids);
+    json_object_set_new(j, "text", g->tok ? json_stringn(g->out.text ? g->out.text : "", g->out.n) : json_null());
+    json_object_set_new(j, "prompt_tokens", json_integer((json_int_t)g->n_prompt));
+    json_object_set_new(j, "completion_tokens", json_integer(g->n_out));
+    json_object_set_new(j, "finish_reason", json_string(finish_reason_name(g->fin)));
+    json_object_set_new(tm, "load_ms", json_real(s_ms(g->t_start, g->t_loaded)));
+    json_object_set_new(tm, "prefill_ms", json_real(prefill_ms));
+    json_object_set_new(tm, "prompt_tokens_per_s", json_real(g->n_prompt / (prefill_ms / 1e3)));
+    json_object_set_new(tm, "decode_ms", json_real(decode_ms));
+    json_object_set_new(tm, "decode_steps", json_integer(g->n_decode_steps));
+    json_object_set_new(tm, "decode_tokens_per_s", json_real(g->n_decode_steps ? g->n_decode_steps / (decode_ms / 1e3) : 0));
+    json_object_set_new(j, "timings", tm);
+    json_object_set_new(md, "arch", json_string(config_arch_name(g->e->cfg.arch)));
+    json_object_set_new(md, "weights_dtype", json_string(dtype_name(g->e->weights_dtype)));
+    json_object_set_new(md, "kv_dtype", json_string(dtype_name(g->e->kv_dtype)));
+    json_object_set_new(md, "weight_bytes_per_token", json_integer((json_int_t)model_active_weight_bytes(g->e->model)));
+    json_object_set_new(md, "threads", json_integer(g->e->be->n_threads));
+    json_object_set_new(md, "backend", json_string(g->e->be->ops->name));
+    json_object_set_new(j, "model", md);
+    if (o->logprobs) {
+        json_t *l = json_array();
+        for (int i = 0; i < g->n_out; i++)
+            json_array_append_new(l, json_real(g->lps[i]));
+        json_object_set_new(j, "logprobs", l);
+        json_object_set_new(j, "logprobs_mode", json_string(s_lp_mode(g)));
+    }
+    char *s = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(9));
+    if (s)
+        puts(s);
+    free(s);
+    json_decref(j);
+}
+
+/* Text mode: the streamed text ends with a newline; log-probabilities and timings go to stderr. */
+static void s_report_text(const gen_opts_t *o, const gen_t *g)
+{
+    const double prefill_ms = s_ms(g->t_loaded, g->t_prefilled), decode_ms = s_ms(g->t_prefilled, g->t_end);
+    fputc('\n', stdout);
+    if (o->logprobs) {
+        fprintf(stderr, "logprobs (%s):", s_lp_mode(g));
+        for (int i = 0; i < g->n_out; i++)
+            fprintf(stderr, " %d:%.4f", g->out_ids[i], g->lps[i]);
+        fputc('\n', stderr);
+    }
+    LOG_I("%zu prompt + %d generated tokens (%s); load %.0f ms, prefill %.0f ms (%.1f tok/s), decode %.1f tok/s",
+          g->n_prompt, g->n_out, finish_reason_name(g->fin), s_ms(g->t_start, g->t_loaded), prefill_ms,
+          g->n_prompt / (prefill_ms / 1e3), g->n_decode_steps ? g->n_decode_steps / (decode_ms / 1e3) : 0);
+}
+
+static void s_gen_free(gen_t *g)
+{
+    free(g->out.text);
+    free(g->tbuf);
+    free(g->lps);
+    free(g->out_ids);
+    free(g->rendered);
+    free(g->prompt);
+    sampler_destroy(&g->smp);
+    kvseq_destroy(&g->seq);
+    tok_destroy(&g->tok);
+    engine_destroy(&g->e);                         /* after the sequence, which holds pool blocks */
+}
+
+/* The whole request: config, tokenizer, prompt and sampling (checked before any weight is read),
+ * then the weights, the prefill, the decode loop and the report. */
+static int s_run(const gen_opts_t *o, gen_t *g)
+{
+    char err[1024];
+    int rc;
+    if (!(g->e = engine_new(o->model_dir, err, sizeof err)))
+        return s_fail(1, NULL, err);
+    if ((rc = s_tokenizer(o, g)) || (rc = s_prompt(o, g)) || (rc = s_sampling(o, g)) || (rc = s_load(o, g)))
+        return rc;
+    g->t_loaded = now_ns();
+    if ((rc = s_prefill(o, g)))
+        return rc;
+    g->t_prefilled = now_ns();
+    if ((rc = s_decode(o, g)))
+        return rc;
+    g->t_end = now_ns();
+    (o->json ? s_report_json : s_report_text)(o, g);
+    return 0;
+}
 
 int main(int argc, char **argv)
 {
@@ -250,299 +568,8 @@ int main(int argc, char **argv)
     log_init("generate", -1);
     if (o.verbose)
         log_set_verbose(1);
-
-    char err[1024];
-    int status = 1;
-    model_config_t cfg;
-    backend_t *be = NULL;
-    ckpt_t *ck = NULL;
-    model_t *m = NULL;
-    tokenizer_t *tok = NULL;
-    kvpool_t *pool = NULL;
-    kvseq_t *seq = NULL;
-    sampler_t *smp = NULL;
-    int32_t *prompt = NULL, *out_ids = NULL;
-    float *logits = NULL, *lps = NULL;
-    char *rendered = NULL, *tbuf = NULL;
-    out_ctx_t out = {.json = o.json};
-    size_t n_prompt = 0;
-
-    const int64_t t_start = now_ns();
-    if (config_load(o.model_dir, &cfg, err, sizeof err) < 0) {
-        fprintf(stderr, "troupe-generate: %s\n", err);
-        goto done;
-    }
-    dtype_t wdt = cfg.dtype;
-    if (o.dtype)
-        dtype_parse(o.dtype, &wdt);
-
-    /* Tokenizer: --tokenizer DIR, else MODEL_DIR when it has one; needed for text in and out. */
-    const char *tok_dir = o.tokenizer_dir ? o.tokenizer_dir : (s_exists(o.model_dir, "tokenizer.json") ? o.model_dir : NULL);
-    if (tok_dir && !(tok = tok_load(tok_dir, err, sizeof err))) {
-        fprintf(stderr, "troupe-generate: %s\n", err);
-        goto done;
-    }
-    if (!tok && (o.prompt || o.chat)) {
-        fprintf(stderr, "troupe-generate: %s has no tokenizer.json: give token ids with --ids, or a tokenizer with "
-                        "--tokenizer DIR\n", o.model_dir);
-        status = 2;
-        goto done;
-    }
-    if (!tok && o.sp.n_stops) {
-        fprintf(stderr, "troupe-generate: --stop strings need a tokenizer (--tokenizer DIR)\n");
-        status = 2;
-        goto done;
-    }
-
-    /* Prompt ids. */
-    if (o.ids) {
-        if (s_parse_ids(o.ids, &prompt, &n_prompt) < 0) {
-            status = 2;
-            goto done;
-        }
-    } else {
-        const char *text = o.prompt;
-        int add_special = 1;
-        if (o.chat) {
-            chat_family_t fam = chat_family_detect(tok_dir);
-            chat_msg_t msgs[2];
-            size_t nm = 0;
-            if (o.system)
-                msgs[nm++] = (chat_msg_t){"system", o.system};
-            msgs[nm++] = (chat_msg_t){"user", o.chat};
-            if (chat_render(fam, msgs, nm, 1, !o.no_think, &rendered, err, sizeof err) < 0) {
-                fprintf(stderr, "troupe-generate: --chat with the tokenizer in %s: %s\n", tok_dir, err);
-                goto done;
-            }
-            text = rendered;
-            add_special = 0;                       /* the template carries BOS itself, as apply_chat_template */
-        }
-        if (tok_encode(tok, text, strlen(text), add_special, &prompt, &n_prompt) < 0) {
-            fprintf(stderr, "troupe-generate: the prompt is not valid UTF-8\n");
-            goto done;
-        }
-    }
-    if (n_prompt == 0) {
-        fprintf(stderr, "troupe-generate: the prompt is empty\n");
-        status = 2;
-        goto done;
-    }
-    for (size_t i = 0; i < n_prompt; i++)
-        if (prompt[i] < 0 || prompt[i] >= cfg.vocab_size) {
-            fprintf(stderr, "troupe-generate: prompt token %d (at %zu) is outside the vocabulary [0, %d)\n", prompt[i], i,
-                    cfg.vocab_size);
-            status = 2;
-            goto done;
-        }
-
-    /* Sampling: the command line over generation_config.json's defaults. */
-    sampler_params_t sp = o.sp;
-    if (!o.have_temperature)
-        sp.temperature = cfg.gen.do_sample ? cfg.gen.temperature : 0.0;
-    if (!o.have_top_k && cfg.gen.do_sample)
-        sp.top_k = cfg.gen.top_k;
-    if (!o.have_top_p && cfg.gen.do_sample)
-        sp.top_p = cfg.gen.top_p;
-    if (!o.have_min_p && cfg.gen.do_sample)
-        sp.min_p = cfg.gen.min_p;
-    if (!o.have_rep)
-        sp.repetition_penalty = cfg.gen.repetition_penalty > 0 ? cfg.gen.repetition_penalty : 1.0;
-    if (!o.have_seed)
-        sp.seed = (uint64_t)now_ns();
-    int max_tokens = o.max_tokens > 0 ? o.max_tokens : cfg.gen.max_new_tokens > 0 ? cfg.gen.max_new_tokens : 256;
-    const int ctx = cfg.max_position_embeddings > 0 ? cfg.max_position_embeddings : 1 << 20;
-    if ((long)n_prompt >= ctx) {
-        fprintf(stderr, "troupe-generate: the prompt has %zu tokens; the model's context is %d\n", n_prompt, ctx);
-        status = 2;
-        goto done;
-    }
-    if ((long)n_prompt + max_tokens > ctx) {
-        LOG_W("max tokens %d cut to %ld to stay within the context of %d", max_tokens, ctx - (long)n_prompt, ctx);
-        max_tokens = ctx - (int)n_prompt;
-    }
-    sp.max_tokens = max_tokens;
-    sp.n_eos = cfg.n_eos < SAMPLER_MAX_EOS ? cfg.n_eos : SAMPLER_MAX_EOS;
-    memcpy(sp.eos_ids, cfg.eos_token_ids, (size_t)sp.n_eos * sizeof(int32_t));
-    if (sp.n_eos == 0 && tok && tok_eos_id(tok) >= 0)
-        sp.eos_ids[sp.n_eos++] = tok_eos_id(tok);
-    if (!(smp = sampler_new(&sp, cfg.vocab_size, prompt, (int)n_prompt, err, sizeof err))) {
-        fprintf(stderr, "troupe-generate: %s\n", err);
-        status = 2;
-        goto done;
-    }
-
-    /* Backend, weights, model. An unsupported KV cache fails before the weights are loaded. */
-    if (!(be = backend_new(o.backend ? o.backend : "cpu", o.threads, err, sizeof err))) {
-        fprintf(stderr, "troupe-generate: %s\n", err);
-        goto done;
-    }
-    const dtype_t kvt = config_kv_dtype(&cfg, o.dummy ? wdt : DT_COUNT, o.kv_dtype);   /* the workers' rule */
-    if (kvpool_check(be, kvt, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, err, sizeof err) != 0) {
-        fprintf(stderr, "troupe-generate: --kv-dtype %s: %s\n", o.kv_dtype != DT_COUNT ? dtype_name(kvt) : "auto", err);
-        goto done;
-    }
-    if (o.dummy) {
-        ck = ckpt_dummy(wdt, 0);
-    } else if (!s_exists(o.model_dir, "model.safetensors") && !s_exists(o.model_dir, "model.safetensors.index.json")) {
-        fprintf(stderr, "troupe-generate: %s has no model.safetensors or model.safetensors.index.json; "
-                        "--load-format dummy runs random weights of this shape\n", o.model_dir);
-        goto done;
-    } else if (!(ck = ckpt_open(o.model_dir, err, sizeof err))) {
-        fprintf(stderr, "troupe-generate: %s\n", err);
-        goto done;
-    }
-    const int total = (int)n_prompt + max_tokens;
-    model_opts_t mo = {.max_tokens = o.chunk < (int)n_prompt ? o.chunk : (int)n_prompt, .max_seqs = 1,
-                       .max_context = total, .kv_block_size = KV_BLOCK};
-    if (!(m = model_load(o.model_dir, &cfg, ck, be, &mo, err, sizeof err))) {
-        fprintf(stderr, "troupe-generate: %s\n", err);
-        goto done;
-    }
-    const int n_blocks = (total + KV_BLOCK - 1) / KV_BLOCK;
-    if (!(pool = kvpool_new(n_blocks, KV_BLOCK, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, kvt, be, err, sizeof err)) ||
-        !(seq = kvseq_new(pool, total, 0))) {
-        fprintf(stderr, "troupe-generate: %s\n", pool ? "out of memory" : err);
-        goto done;
-    }
-    logits = malloc((size_t)cfg.vocab_size * sizeof(float));
-    out_ids = malloc((size_t)max_tokens * sizeof(int32_t));
-    lps = malloc((size_t)max_tokens * sizeof(float));
-    size_t tcap = tok ? 3 * tok_max_token_bytes(tok) + 16 : 64;
-    tbuf = malloc(tcap);
-    out.cap = o.json ? (size_t)max_tokens * 8 + 64 : 0;
-    out.text = o.json ? calloc(1, out.cap) : NULL;
-    if (!logits || !out_ids || !lps || !tbuf || (o.json && !out.text)) {
-        fprintf(stderr, "troupe-generate: out of memory\n");
-        goto done;
-    }
-    const int64_t t_loaded = now_ns();
-
-    /* Prefill in chunks, each one model_forward. */
-    for (size_t at = 0; at < n_prompt; at += (size_t)o.chunk) {
-        int k = (int)(n_prompt - at < (size_t)o.chunk ? n_prompt - at : (size_t)o.chunk);
-        model_seq_t q = {.kv = seq, .n_new = k};
-        model_batch_t b = {.n_seqs = 1, .seqs = &q};
-        if (kvseq_append(seq, prompt + at, k) < 0 || model_forward(m, &b, logits, err, sizeof err) < 0) {
-            fprintf(stderr, "troupe-generate: prefill: %s\n", err);
-            goto done;
-        }
-    }
-    const int64_t t_prefilled = now_ns();
-
-    /* Decode: sample, stream, stop or run the next step. */
-    tok_stream_t ts;
-    if (tok) {
-        tok_stream_init(&ts, tok);
-        ts.skip_special = 1;                       /* as vLLM's skip_special_tokens default */
-    }
-    finish_reason_t fin = FINISH_NONE;
-    int n_out = 0, n_decode_steps = 0;
-    /* Greedy without log-probabilities: decode steps bring back the device's argmax, not logits. */
-    const int device_greedy = sampler_is_greedy(smp) && !o.logprobs;
-    int32_t dev_tok = 0;
-    while (fin == FINISH_NONE) {
-        float lp = 0;
-        int32_t t = n_out > 0 && device_greedy ? dev_tok : sampler_sample(smp, logits, o.logprobs ? &lp : NULL);
-        out_ids[n_out] = t;
-        lps[n_out++] = lp;
-        fin = sampler_accept(smp, t);
-        int stop_token = fin == FINISH_STOP;       /* EOS or a stop id: not printed */
-        if (!stop_token) {
-            if (tok) {
-                size_t nt = 0;
-                if (tok_stream_feed(&ts, t, tbuf, tcap, &nt) == 0 && nt &&
-                    sampler_text(smp, tbuf, nt, s_emit, &out))
-                    fin = FINISH_STOP;
-            } else if (!o.json) {                  /* no tokenizer: stream the ids */
-                int nt = snprintf(tbuf, tcap, "%s%d", n_out > 1 ? " " : "", t);
-                s_emit(&out, tbuf, (size_t)nt);
-            }
-        }
-        if (fin != FINISH_NONE)
-            break;
-        model_seq_t q = {.kv = seq, .n_new = 1};
-        model_batch_t b = {.n_seqs = 1, .seqs = &q, .argmax_out = device_greedy ? &dev_tok : NULL};
-        if (kvseq_append(seq, &t, 1) < 0 || model_forward(m, &b, logits, err, sizeof err) < 0) {
-            fprintf(stderr, "troupe-generate: decode step %d: %s\n", n_out, err);
-            goto done;
-        }
-        n_decode_steps++;
-    }
-    if (tok) {
-        size_t nt = 0;
-        if (tok_stream_flush(&ts, tbuf, tcap, &nt) == 0 && nt)
-            sampler_text(smp, tbuf, nt, s_emit, &out);
-        sampler_text_flush(smp, s_emit, &out);
-    }
-    const int64_t t_end = now_ns();
-
-    const double load_ms = s_ms(t_start, t_loaded), prefill_ms = s_ms(t_loaded, t_prefilled), decode_ms = s_ms(t_prefilled, t_end);
-    const double decode_tps = n_decode_steps ? n_decode_steps / (decode_ms / 1e3) : 0;
-    const double prompt_tps = n_prompt / (prefill_ms / 1e3);
-    if (o.json) {
-        json_t *j = json_object(), *ids = json_array(), *tm = json_object();
-        for (int i = 0; i < n_out; i++)
-            json_array_append_new(ids, json_integer(out_ids[i]));
-        json_object_set_new(j, "ids", ids);
-        json_object_set_new(j, "text", tok ? json_stringn(out.text ? out.text : "", out.n) : json_null());
-        json_object_set_new(j, "prompt_tokens", json_integer((json_int_t)n_prompt));
-        json_object_set_new(j, "completion_tokens", json_integer(n_out));
-        json_object_set_new(j, "finish_reason", json_string(finish_reason_name(fin)));
-        json_object_set_new(tm, "load_ms", json_real(load_ms));
-        json_object_set_new(tm, "prefill_ms", json_real(prefill_ms));
-        json_object_set_new(tm, "prompt_tokens_per_s", json_real(prompt_tps));
-        json_object_set_new(tm, "decode_ms", json_real(decode_ms));
-        json_object_set_new(tm, "decode_steps", json_integer(n_decode_steps));
-        json_object_set_new(tm, "decode_tokens_per_s", json_real(decode_tps));
-        json_object_set_new(j, "timings", tm);
-        json_t *md = json_object();
-        json_object_set_new(md, "arch", json_string(config_arch_name(cfg.arch)));
-        const tensor_view_t *emb = ckpt_get(ck, "model.embed_tokens.weight");
-        json_object_set_new(md, "weights_dtype", json_string(dtype_name(emb ? emb->dtype : wdt)));
-        json_object_set_new(md, "kv_dtype", json_string(dtype_name(kvt)));
-        json_object_set_new(md, "weight_bytes_per_token", json_integer((json_int_t)model_active_weight_bytes(m)));
-        json_object_set_new(md, "threads", json_integer(be->n_threads));
-        json_object_set_new(md, "backend", json_string(be->ops->name));
-        json_object_set_new(j, "model", md);
-        if (o.logprobs) {
-            json_t *l = json_array();
-            for (int i = 0; i < n_out; i++)
-                json_array_append_new(l, json_real(lps[i]));
-            json_object_set_new(j, "logprobs", l);
-            json_object_set_new(j, "logprobs_mode",
-                                json_string(sp.logprobs_mode == SAMPLER_LOGPROBS_RAW ? "raw" : "processed"));
-        }
-        char *s = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(9));
-        if (s)
-            puts(s);
-        free(s);
-        json_decref(j);
-    } else {
-        fputc('\n', stdout);
-        if (o.logprobs) {
-            fprintf(stderr, "logprobs (%s):", sp.logprobs_mode == SAMPLER_LOGPROBS_RAW ? "raw" : "processed");
-            for (int i = 0; i < n_out; i++)
-                fprintf(stderr, " %d:%.4f", out_ids[i], lps[i]);
-            fputc('\n', stderr);
-        }
-        LOG_I("%zu prompt + %d generated tokens (%s); load %.0f ms, prefill %.0f ms (%.1f tok/s), decode %.1f tok/s",
-              n_prompt, n_out, finish_reason_name(fin), load_ms, prefill_ms, prompt_tps, decode_tps);
-    }
-    status = 0;
-done:
-    free(out.text);
-    free(tbuf);
-    free(lps);
-    free(out_ids);
-    free(logits);
-    free(rendered);
-    free(prompt);
-    sampler_destroy(&smp);
-    kvseq_destroy(&seq);
-    kvpool_destroy(&pool);
-    model_destroy(&m);
-    ckpt_destroy(&ck);
-    tok_destroy(&tok);
-    backend_destroy(&be);
-    return status;
+    gen_t g = {.t_start = now_ns()};
+    rc = s_run(&o, &g);
+    s_gen_free(&g);
+    return rc;
 }

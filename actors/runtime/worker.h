@@ -1,10 +1,12 @@
-/* actors/runtime/worker.h — what a prefill or decode actor holds of the engine: a model replica on
- * a backend, its paged KV pool and the tokenizer, loaded from the topology's model section; plus the
- * bridges between wire messages and the engine (sampling parameters, KV block transfers).
+/* actors/runtime/worker.h — what a prefill or decode actor holds of the engine: the model opened
+ * from the topology's model section (engine/engine_open.h: a replica on a backend and its paged KV
+ * pool) and the tokenizer; plus the bridges between wire messages and the engine (sampling
+ * parameters, KV blocks).
  *
  * Sizing: the KV pool has limits.kv_blocks blocks, or (0) enough for max_batch sequences of
- * max_model_len tokens plus a prefix-cache margin, capped at a quarter of host memory on the CPU
- * or at 80% of the GPU memory left after the weights, split among the node's model workers. */
+ * max_model_len tokens plus a prefix-cache margin, as far as this worker's share of the memory
+ * goes (engine_open.h's rule: a quarter of host memory on the CPU; on a GPU, 90% of what was free
+ * less every model worker's weights, split among the GPU's model workers, decode ones weighing 3). */
 #ifndef TROUPE_WORKER_H
 #define TROUPE_WORKER_H
 
@@ -13,28 +15,24 @@
 
 #include "transfer/kv_transfer.h"
 #include "transfer/shm_chan.h"
-#include "engine/checkpoint.h"
-#include "engine/config.h"
-#include "engine/kvcache.h"
-#include "engine/model.h"
+#include "engine/engine_open.h"
 #include "engine/sampler.h"
 #include "engine/tokenizer.h"
-#include "kernels/backend.h"
 #include "messages/msg.h"
 #include "topology/topology.h"
 
 typedef struct worker {
-    model_config_t cfg;          /* from config.json */
-    backend_t *be;
-    ckpt_t *ck;                  /* must outlive the model */
-    model_t *model;
-    kvpool_t *pool;              /* this worker's KV blocks */
+    engine_t *eng;               /* the open model: owns what the next five name */
+    model_config_t cfg;          /* eng->cfg (config.json) */
+    backend_t *be;               /* eng->be */
+    model_t *model;              /* eng->model */
+    kvpool_t *pool;              /* eng->pool: this worker's KV blocks */
     tokenizer_t *tok;            /* NULL when the model directory has none (token-id prompts only) */
     int block_size;              /* tokens per KV block (topology cache.block_size) */
     int max_tokens;              /* tokens per forward (prefill chunk or decode batch) */
     int max_seqs;                /* sequences per forward */
     int max_model_len;           /* prompt + generation, tokens */
-    float *logits;               /* [max_seqs][vocab] host */
+    float *logits;               /* eng->logits: [max_seqs][vocab] host */
     uint8_t *stage;              /* [block_bytes] host staging for block copies */
     int ipc_ok;                  /* the pool can be shared with processes on the same GPU */
     uint8_t ipc_handle[KVX_IPC_HANDLE_BYTES];   /* its CUDA IPC handle + size, when ipc_ok */
@@ -43,8 +41,9 @@ typedef struct worker {
 /* Loads the model of topology t for one actor of `role` (prefill or decode: sizes its share of
  * the device's memory for KV) on GPU `gpu` (CUDA backend; -1 = device 0): max_tokens / max_seqs
  * size the forward. On failure *config_error says whether the topology itself is at fault (the
- * model's config, its weights' files or dtype, the KV dtype: exit ACTOR_EXIT_CONFIG) rather than
- * the moment (memory, the device). */
+ * model's config, its weights' files, dtype or shapes, a model the device cannot hold, the KV
+ * dtype or pool: ENGINE_ERR_CONFIG, exit ACTOR_EXIT_CONFIG) rather than the moment (host memory,
+ * the device). */
 worker_t *worker_load(const topo_t *t, topo_role_t role, int gpu, int max_tokens, int max_seqs, int *config_error,
                       char *err, size_t errlen);
 void worker_destroy(worker_t **self_p);

@@ -1,0 +1,87 @@
+/* engine/engine_open.h — opening a model for inference, in one place:
+ *
+ *     config.json -> backend -> the KV cache's dtype (config_kv_dtype), checked against the backend
+ *     -> checkpoint (the files, or the 'dummy' load format) -> weights on the backend (model_load)
+ *     -> the KV pool, and a host buffer for the logits.
+ *
+ * The prefill and decode workers (actors/runtime/worker.c), troupe-generate and troupe-bench-engine
+ * all open their model here, so a cluster and the single-process tools on the same model and
+ * options run the same weights with the same KV cache.
+ *
+ * Two steps, because callers size a run from the model's shape: engine_new reads the config (cheap,
+ * no device), engine_load does the rest; engine_open is both. An unsupported KV cache fails before
+ * any weight is read. Every error names the file or the option at fault, and engine_load says
+ * whose fault it is: ENGINE_ERR_CONFIG when the model's files or the options are (retrying cannot
+ * help: a worker exits ACTOR_EXIT_CONFIG), ENGINE_ERR_RUNTIME when it is the moment (no device, out
+ * of host memory).
+ *
+ * Pool sizing: spec.kv_blocks blocks; with kv_fit, at most what memory allows: a quarter of the
+ * host's memory on a backend that cannot tell its free memory (the CPU), else kv_share of 90% of
+ * the device memory free before the weights were placed, less kv_sharers copies of the weights and
+ * a 3 GB working reserve each (the model processes of one device start together: counting them
+ * all, not just those that have loaded so far, keeps a fast loader from taking a slow one's room).
+ */
+#ifndef TROUPE_ENGINE_ENGINE_OPEN_H
+#define TROUPE_ENGINE_ENGINE_OPEN_H
+
+#include <stddef.h>
+
+#include "common/dtype.h"
+#include "engine/checkpoint.h"
+#include "engine/config.h"
+#include "engine/kvcache.h"
+#include "engine/model.h"
+#include "kernels/backend.h"
+
+typedef enum {
+    ENGINE_OK = 0,
+    ENGINE_ERR_CONFIG,            /* the model's files or the options: retrying cannot help */
+    ENGINE_ERR_RUNTIME,           /* the device, host memory: another attempt may succeed */
+} engine_status_t;
+
+/* How to open a model. Zeroed fields take the defaults; engine_spec_default sets the dtypes'. */
+typedef struct engine_spec {
+    const char *backend;          /* backend_new kind: "cpu" (NULL: "cpu"), "cuda", "cuda:N" */
+    int threads;                  /* host threads; <= 0: the backend's default */
+    int dummy;                    /* the 'dummy' load format: random weights of the config's shape */
+    dtype_t dtype;                /* the dummy weights' dtype; DT_COUNT: the config's */
+    dtype_t kv_dtype;             /* the KV cache's; DT_COUNT: auto (config_kv_dtype) */
+    model_opts_t model;           /* sizes the forward; model.kv_block_size is also the pool's (0: 16) */
+    long kv_blocks;               /* blocks in the pool (>= 1), or with kv_fit the most wanted */
+    int kv_fit;                   /* 1: fewer blocks when memory is short (the header's rule) */
+    int kv_sharers;               /* kv_fit: model processes placing these weights on this device (0: 1) */
+    double kv_share;              /* kv_fit: this process's fraction of the device's KV memory (0: 1) */
+    const char *kv_dtype_option;  /* names the KV option in errors (NULL: "kv_dtype"): "model.kv_dtype" */
+    const char *dummy_option;     /* names the dummy load format in hints (NULL: "load_format: dummy") */
+} engine_spec_t;
+
+/* An open model. Every field is set by engine_load and read-only afterwards. */
+typedef struct engine {
+    char *model_dir;
+    model_config_t cfg;           /* config.json and generation_config.json */
+    dtype_t weights_dtype;        /* the dummy weights', or the checkpoint's embedding's as stored */
+    dtype_t kv_dtype;             /* the pool's */
+    backend_t *be;
+    ckpt_t *ck;                   /* outlives the model (the CPU backend reads the mapped files) */
+    model_t *model;
+    kvpool_t *pool;               /* [n_blocks][layers][2][block_size][kv_heads][head_dim] kv_dtype */
+    float *logits;                /* host [logit_rows][vocab_size]: where forwards put their logits */
+    int logit_rows;
+    size_t mem_at_start;          /* device memory free before the weights (0: the backend cannot tell) */
+} engine_t;
+
+/* DT_COUNT dtypes (the config's, auto), everything else zero. */
+void engine_spec_default(engine_spec_t *spec);
+
+/* Reads model_dir's config (config.json, generation_config.json): NULL with the error naming the
+ * file and key (always the model's fault, or out of memory). */
+engine_t *engine_new(const char *model_dir, char *err, size_t errlen);
+/* Opens the backend, checks the KV dtype, opens the checkpoint, loads the weights, makes the pool
+ * and the logits buffer. On an error, what was opened stays for engine_destroy to free. */
+engine_status_t engine_load(engine_t *e, const engine_spec_t *spec, char *err, size_t errlen);
+/* engine_new then engine_load; NULL with *status (may be NULL) and err on an error. */
+engine_t *engine_open(const char *model_dir, const engine_spec_t *spec, engine_status_t *status, char *err,
+                      size_t errlen);
+void engine_destroy(engine_t **self_p);
+
+#endif
