@@ -8,6 +8,28 @@
 
 #include "tools/lib/client.h"
 
+void gw_utf8_clean(char *s)
+{
+    unsigned char *p = (unsigned char *)s;
+    while (*p) {
+        int n = *p < 0x80 ? 1 : (*p >> 5) == 6 ? 2 : (*p >> 4) == 14 ? 3 : (*p >> 3) == 30 ? 4 : 0;
+        int ok = n > 0;
+        for (int k = 1; ok && k < n; k++)
+            ok = (p[k] & 0xc0) == 0x80;
+        if (ok && n > 1) {   /* overlong forms, surrogates and code points past U+10FFFF */
+            unsigned cp = n == 2 ? (p[0] & 0x1fu) << 6 | (p[1] & 0x3fu)
+                        : n == 3 ? (p[0] & 0x0fu) << 12 | (p[1] & 0x3fu) << 6 | (p[2] & 0x3fu)
+                                 : (p[0] & 0x07u) << 18 | (p[1] & 0x3fu) << 12 | (p[2] & 0x3fu) << 6 | (p[3] & 0x3fu);
+            ok = cp >= (n == 2 ? 0x80u : n == 3 ? 0x800u : 0x10000u) && cp <= 0x10ffff && !(cp >= 0xd800 && cp <= 0xdfff);
+        }
+        if (!ok) {
+            *p++ = '?';
+            continue;
+        }
+        p += n;
+    }
+}
+
 int gw_error_set(gw_error_t *err, int status, const char *code, const char *param, const char *fmt, ...)
 {
     err->status = status;
@@ -18,6 +40,10 @@ int gw_error_set(gw_error_t *err, int status, const char *code, const char *para
     va_start(ap, fmt);
     vsnprintf(err->message, sizeof err->message, fmt, ap);
     va_end(ap);
+    /* Messages quote the input (a JSON parser's error names the bad bytes) and may be cut short
+     * mid-character: always valid UTF-8, so the error itself can be sent. */
+    gw_utf8_clean(err->message);
+    gw_utf8_clean(err->param);
     return -1;
 }
 
@@ -307,6 +333,11 @@ static int s_logprobs(gw_request_t *r, json_t *root, gw_error_t *err)
         r->logprobs = has == 1;
     }
     r->submit.sampling.logprobs = r->logprobs;
+    /* vLLM's extension, for benchmarks of a fixed output length. */
+    bool ignore_eos = false;
+    if (s_bool(root, "ignore_eos", &ignore_eos, err) != 0)
+        return -1;
+    r->submit.sampling.ignore_eos = ignore_eos;
     return 0;
 }
 

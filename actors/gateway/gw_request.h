@@ -59,6 +59,9 @@ int gw_request_parse(gw_kind_t kind, const char *body, size_t len, const gw_pars
                      gw_request_t *out, gw_error_t *err);
 void gw_request_free(gw_request_t *r);
 
+/* Replaces every byte that does not start a valid UTF-8 sequence with '?', in place. */
+void gw_utf8_clean(char *s);
+
 /* Fills err (type invalid_request_error unless status >= 500) and returns -1. */
 int gw_error_set(gw_error_t *err, int status, const char *code, const char *param, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));

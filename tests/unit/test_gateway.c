@@ -137,6 +137,21 @@ static void test_errors(void **st)
     s_bad(GW_COMPLETION, "{\"model\":\"m\",\"prompt\":\"a\\u0000b\"}", 400, "");
 }
 
+/* An error quoting invalid bytes is still valid JSON (the parser's message names them). */
+static void test_error_utf8(void **st)
+{
+    gw_request_t r;
+    gw_error_t e;
+    const char body[] = "{\"model\":\"m\",\"prompt\":\"\xcd\x9b\xa3\x8a\"}";
+    assert_int_equal(gw_request_parse(GW_COMPLETION, body, sizeof body - 1, &s_opts, &r, &e), -1);
+    char *j = gw_error_json(&e);
+    assert_non_null(j);
+    free(j);
+    char s[] = "ok \xc3\xa9 \xc3 \xed\xa0\x80 \xf4\x90\x80\x80 \xe2\x82\xac";
+    gw_utf8_clean(s);
+    assert_string_equal(s, "ok \xc3\xa9 ? ??? ???? \xe2\x82\xac");
+}
+
 static void test_cache_contract(void **st)
 {
     gw_request_t r;
@@ -369,7 +384,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chat_ok),   cmocka_unit_test(test_completion_ok), cmocka_unit_test(test_errors),
         cmocka_unit_test(test_cache_contract), cmocka_unit_test(test_replies), cmocka_unit_test(test_keys),
-        cmocka_unit_test(test_limit),     cmocka_unit_test(test_topology),
+        cmocka_unit_test(test_limit),     cmocka_unit_test(test_topology), cmocka_unit_test(test_error_utf8),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
