@@ -717,13 +717,11 @@ static void s_flush_pins(cmgr_t *c)
     }
 }
 
-/* A router connected (at start, or after it or this actor restarted): it gets the whole index of
- * this store, memory and disk, so its hints are right from the first request. */
-static void s_peer_event(actor_t *a, void *state, const char *peer, int up)
+/* Tells a router the whole index of this store, memory and disk, so its hints are right from its
+ * first request: at start (queued in the router's outbox until it connects: up to 1024 events of
+ * 512 blocks) and when a router comes back after a restart of its own. */
+static void s_announce_all(actor_t *a, cmgr_t *c, const char *peer)
 {
-    cmgr_t *c = state;
-    if (!up)
-        return;
     uint64_t batch[512];
     uint32_t n = 0;
     msg_t e;
@@ -753,6 +751,14 @@ static void s_peer_event(actor_t *a, void *state, const char *peer, int up)
     }
     if (total)
         LOG_I("told %s of %llu blocks held", peer, (unsigned long long)total);
+}
+
+/* A watched router reconnected (its first connection at start is not reported: the start-up
+ * announcement is already queued for it). */
+static void s_peer_event(actor_t *a, void *state, const char *peer, int up)
+{
+    if (up)
+        s_announce_all(a, state, peer);
 }
 
 static int s_on_kv_ack(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
@@ -961,8 +967,10 @@ int main(int argc, char **argv)
         LOG_I("disk tier %s: %llu blocks read back in %lld ms", c->disk->path, (unsigned long long)c->disk->loaded,
               (long long)(now_ms() - t0));
         for (int i = 0; i < c->n_routers; i++)
-            if (c->is_router[i])
+            if (c->is_router[i]) {
                 actor_watch(a, c->routers[i]);
+                s_announce_all(a, c, c->routers[i]);
+            }
     }
     actor_timer_add(a, 100, s_expire);
     actor_ops_t ops = {.handlers = s_handlers, .n_handlers = ARRAY_LEN(s_handlers), .fill_stats = s_fill_stats,

@@ -8,7 +8,7 @@ from servelib import metric, run_one, top
 def conversations(ep, n_conv, turns, sys_len, turn_len, out_len, seed, key=None, retention=None):
     """Runs n_conv conversations round-robin (turn 1 of each, then turn 2 of each, ...): between two
     turns of one conversation every other one runs a turn, so the working set is all of them.
-    Returns one dict per request: conv, turn, prompt, cached, ttft_ms."""
+    Returns one dict per request: conv, turn, prompt, cached, ttft_ms, tokens (the answer)."""
     rng = random.Random(seed)
     hist = [[rng.randrange(3, 500) for _ in range(sys_len)] for _ in range(n_conv)]
     out = []
@@ -21,7 +21,7 @@ def conversations(ep, n_conv, turns, sys_len, turn_len, out_len, seed, key=None,
             toks, d, _ = run_one(ep, hist[c], max_tokens=out_len, **kw)
             assert d["type"] == "done", d
             out.append(dict(conv=c, turn=t, prompt=d["usage"]["prompt_tokens"], cached=d["usage"]["cached_tokens"],
-                            ttft_ms=d["timings"]["ttft_ms"]))
+                            ttft_ms=d["timings"]["ttft_ms"], tokens=toks))
             hist[c] += toks
     return out
 
@@ -42,3 +42,23 @@ def cache_manager(bin_dir, topo):
 def cm_metrics(bin_dir, topo, names):
     cm = cache_manager(bin_dir, topo)
     return {n: metric(cm, n) for n in names}
+
+
+def disk_records(path):
+    """The disk tier's file (actors/cache/disk_format.h): slot bytes and the offsets of the slots
+    that hold a record (magic "TKVB")."""
+    with open(path, "rb") as f:
+        data = f.read()
+    assert data[:8] == b"TRKVDSK1", "not a disk-tier file"
+    slot_bytes = int.from_bytes(data[48:56], "little")
+    n_slots = int.from_bytes(data[56:64], "little")
+    offs = [4096 + i * slot_bytes for i in range(n_slots)]
+    return slot_bytes, [o for o in offs if data[o:o + 4] == b"TKVB"]
+
+
+def flip(path, off):
+    with open(path, "r+b") as f:
+        f.seek(off)
+        b = f.read(1)
+        f.seek(off)
+        f.write(bytes([b[0] ^ 0x20]))
