@@ -6,7 +6,7 @@
 # answers exactly, with the flipped blocks refused and counted (disk_dropped_corrupt_total) and
 # the intact ones still served (fetch_hits_disk_total).
 . "$(dirname "$0")/lib.sh"
-. "$(dirname "$0")/disk_lib.sh"
+. "$(dirname "$0")/disk_lib.bash"
 MODEL_PATH=$ROOT/tests/fixtures/models/qwen3-f32 make_topology "$WORK/t.yaml" \
   "limits:" "  kv_blocks: 48" "  max_batch: 4" "cache:" "  host_store_blocks: 8" \
   "  disk_dir: $WORK/kvdisk" "  disk_bytes: 4194304"

@@ -4,7 +4,7 @@
 # read back from disk (fetch_hits_disk_total > 0, cached tokens > 0 on later turns) and nothing is
 # refused as corrupt. Hit rates and TTFTs of both runs are printed (reported, not asserted: timing).
 . "$(dirname "$0")/lib.sh"
-. "$(dirname "$0")/disk_lib.sh"
+. "$(dirname "$0")/disk_lib.bash"
 W="limits: |  kv_blocks: 48|  max_batch: 4|cache:|  host_store_blocks: 8"
 IFS='|' read -r -a base <<<"$W"
 

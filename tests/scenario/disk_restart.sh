@@ -3,7 +3,7 @@
 # the cache-manager read back at start (disk_blocks_loaded); an unpinned one, whose blocks were
 # only in memory, finds nothing.
 . "$(dirname "$0")/lib.sh"
-. "$(dirname "$0")/disk_lib.sh"
+. "$(dirname "$0")/disk_lib.bash"
 MODEL_PATH=$ROOT/tests/fixtures/models/qwen3-f32 make_topology "$WORK/t.yaml" \
   "limits:" "  kv_blocks: 48" "  max_batch: 4" "cache:" "  host_store_blocks: 64" \
   "  disk_dir: $WORK/kvdisk" "  disk_bytes: 4194304"

@@ -1,4 +1,5 @@
-# tests/scenario/disk_lib.sh — shell helpers of the disk-tier scenarios (after lib.sh).
+# tests/scenario/disk_lib.bash — shell helpers of the disk-tier scenarios, sourced after lib.sh (not a
+# test itself: tests/run.sh runs every *.sh here).
 
 # stop_cluster: a graceful stop of the running cluster (SIGTERM to the supervisor), waited for.
 stop_cluster() {
