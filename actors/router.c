@@ -24,7 +24,6 @@
 #include <sys/random.h>
 
 #include "actors/runtime/actor.h"
-#include "actors/runtime/worker.h"
 #include "common/log.h"
 #include "common/u64map.h"
 #include "common/util.h"
@@ -324,7 +323,7 @@ static int s_on_submit(actor_t *a, void *state, const actor_peer_t *from, msg_t 
     }
 
     /* Prefix hashes of the full blocks, salted by tenant. */
-    uint64_t salt = worker_tenant_salt(s->tenant);
+    uint64_t salt = kv_tenant_salt(s->tenant);
     int n_hashes = (int)n / r->block_size;
     uint64_t *hashes = calloc((size_t)n_hashes + 1, sizeof *hashes);
     if (!hashes) {

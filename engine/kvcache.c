@@ -55,6 +55,13 @@ uint64_t kv_block_hash(uint64_t salt, uint64_t prev, const int32_t *tokens, int 
     return XXH3_64bits(buf, 16 + 4 * (size_t)block_size);
 }
 
+uint64_t kv_tenant_salt(const char *tenant)
+{
+    if (!tenant || !*tenant)
+        return 0;
+    return XXH3_64bits_withSeed(tenant, strlen(tenant), 0x74726f757065ULL);
+}
+
 /* ---- hash index -------------------------------------------------------------------------- */
 
 static uint32_t s_slot(const kvpool_t *p, uint64_t key) { return (uint32_t)(key ^ (key >> 29)) & p->cap_mask; }

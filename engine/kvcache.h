@@ -35,6 +35,8 @@ typedef struct kvseq kvseq_t;
 
 /* The hash of one full block given the previous block's hash (0 for the first block). */
 uint64_t kv_block_hash(uint64_t salt, uint64_t prev, const int32_t *tokens, int block_size);
+/* A tenant's salt: 0 for no tenant (NULL or ""), else a hash of its name. */
+uint64_t kv_tenant_salt(const char *tenant);
 
 /* A pool of n_blocks blocks. be == NULL makes a bookkeeping-only pool (no KV memory: the
  * cache-manager's view, tests); otherwise the KV memory is allocated on be. block_size in

@@ -63,7 +63,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "actors/runtime/worker.h"
 #include "common/util.h"
 #include "engine/config.h"
 #include "tools/lib/args.h"

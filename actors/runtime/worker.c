@@ -4,7 +4,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #include "common/log.h"
 #include "common/util.h"
@@ -156,13 +155,6 @@ int worker_sampler_params(const worker_t *w, const msg_sampling_t *s, sampler_pa
 }
 
 size_t worker_block_bytes(const worker_t *w) { return kvpool_view(w->pool)->block_bytes; }
-
-uint64_t worker_tenant_salt(const char *tenant)
-{
-    if (!tenant || !*tenant)
-        return 0;
-    return XXH3_64bits_withSeed(tenant, strlen(tenant), 0x74726f757065ULL);
-}
 
 void worker_publish_blocks(actor_t *a, const char *holder, const char *cache_manager, const kvseq_t *kv, int block_size)
 {

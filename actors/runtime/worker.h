@@ -54,8 +54,6 @@ int worker_sampler_params(const worker_t *w, const msg_sampling_t *s, sampler_pa
 
 /* Bytes of one KV block of this worker's pool. */
 size_t worker_block_bytes(const worker_t *w);
-/* The tenant salt mixed into block hashes: 0 for no tenant, else a hash of its name. */
-uint64_t worker_tenant_salt(const char *tenant);
 
 /* Tells the cache-manager (none: nothing) that `holder` now holds kv's full blocks in its pool
  * (cache_put, device tier), so the router sends requests with the same prefix there. */

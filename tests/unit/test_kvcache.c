@@ -329,9 +329,20 @@ static void test_check(void **state)
     backend_destroy(&cpu);
 }
 
+/* A tenant's salt: 0 without a tenant, else a fixed hash of the name (the router salts requests
+ * with it and block hashes carry it, so its value must not change). */
+static void test_tenant_salt(void **state)
+{
+    assert_true(kv_tenant_salt(NULL) == 0);
+    assert_true(kv_tenant_salt("") == 0);
+    assert_true(kv_tenant_salt("acme") == 0xe2ead72044bdd4b4ULL);
+    assert_true(kv_tenant_salt("acme2") != kv_tenant_salt("acme"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_tenant_salt),
         cmocka_unit_test(test_alloc_free_refcounts),
         cmocka_unit_test(test_bad_sizes),
         cmocka_unit_test(test_append_grows_and_exhausts),
