@@ -79,7 +79,7 @@ endif
 GPU_TEST_BINS := $(if $(CUDA_LDLIBS),$(patsubst tests/gpu/%.c,$(B)/gpu-tests/%,$(wildcard tests/gpu/test_*.c)) \
                                      $(patsubst tests/gpu/%.cu,$(B)/gpu-tests/%,$(wildcard tests/gpu/*.cu)))
 
-.PHONY: all deps demo test test-asan fuzz fuzz-long clean cuda gpu-tests
+.PHONY: all deps demo test test-asan fuzz fuzz-long clean cuda gpu-tests check-layers
 all: $(B)/libtroupe.a $(ACTOR_BINS) $(TOOL_BINS) $(TEST_BINS) $(CUDA_LIB)
 
 # Installs what is missing (apt-get as root; otherwise prints the line), fetches tokenizers.
@@ -92,9 +92,14 @@ demo: deps
 	@tools/demo.sh
 
 # The README's second command (and .ci/run): deps, build, every test, one summary line at the end.
-test: deps
+test: deps check-layers
 	@$(MAKE) --no-print-directory all fuzz
 	@tests/run.sh
+
+# Kernels stand alone: nothing under kernels/ includes a layer above them (engine/ and up).
+check-layers:
+	@! grep -rnE '#include "(engine|transfer|actors|tools|messages|topology)/' kernels/ || \
+	    { echo "check-layers: kernels/ include the layers above them (above)"; exit 1; }
 
 # The scenario tests with every process built with AddressSanitizer + UBSan (slower; not in CI).
 # A sanitizer report in any actor's log fails its scenario (tests/scenario/lib.sh).
