@@ -313,8 +313,9 @@ static void s_on_token(gateway_t *g, gw_call_t *c, const msg_token_t *t)
             s_event_locked(c, gw_chunk_json(&x, "", NULL, 1, c->req.include_usage, NULL, 0));
         c->started = 1;
     }
-    if (*text || has_lp)
-        s_event_locked(c, gw_chunk_json(&x, text, NULL, 0, c->req.include_usage, has_lp ? &lp : NULL, has_lp));
+    /* One event per token message, even when its text is empty (a model without a tokenizer, text
+     * held back at a possible stop string or an incomplete character): clients see every step. */
+    s_event_locked(c, gw_chunk_json(&x, text, NULL, 0, c->req.include_usage, has_lp ? &lp : NULL, has_lp));
     int cut = c->failed;
     int s = s_take_suspended(c);
     pthread_mutex_unlock(&c->mu);

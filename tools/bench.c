@@ -5,6 +5,7 @@
  *                [--generate MODEL_DIR [--generate-args "..."]] [--json FILE] [--seed S] [--gpus N]
  *                [--copy-bw GBps] [--model DIR [--dtype bf16]] [--kv-dtype auto|f32|bf16|f16|fp8]
  *                [--weight-bytes N] [--kv-bytes-per-token N]
+ *   troupe-bench --http URL [--http-model NAME] ...   (the same load through the OpenAI gateway)
  *   troupe-bench --multi-turn [--turns T] [--system-len S] [--turn-len N] [--output-len M]
  *                [--concurrency ...] [--prompts-per-level CONVERSATIONS] [--retention DUR] ...
  *
@@ -16,6 +17,13 @@
  * With --generate it first times the one-process troupe-generate on the same lengths (median of 3)
  * and prints the ratio of the cluster's tokens/s per user at concurrency 1 to it. Written in C so
  * that the load generator is never the bottleneck at high concurrency. Exit 1 if any request failed.
+ *
+ * --http URL (http://host:port of a gateway, endpoints.http) sends the same requests as streamed
+ * POST /v1/completions (token-id prompt, temperature 0, ignore_eos, include_usage), one keep-alive
+ * connection per client thread, so the two columns of a run on one cluster differ only by the
+ * gateway. TTFT is the first token's event, ITL the gaps between token events (the gateway sends one
+ * per token message, text or not); the output count is the usage's.
+ * The model name is the --topology's model directory name, or --http-model.
  *
  * Decode bandwidth (a column when the model's bytes are known, its fraction of --copy-bw, the
  * device-to-device copy bandwidth of one GPU measured by the caller in the same run, read + write
@@ -63,6 +71,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "actors/gateway/gw_sse_client.h"
 #include "common/util.h"
 #include "engine/config.h"
 #include "tools/lib/args.h"
@@ -83,6 +92,7 @@ typedef struct req_result {
 /* One run at one concurrency level: random single prompts, or multi-turn conversations. */
 typedef struct level {
     const char *ep;
+    const char *http, *http_model; /* --http: the gateway's URL and the model name; NULL: ZeroMQ */
     int in_len, out_len, concurrency, vocab;
     int n_prompts;              /* requests, or conversations when turns > 0 */
     uint64_t seed;
@@ -188,6 +198,59 @@ fail:
     return -1;
 }
 
+/* The HTTP variant of s_request (--http): one streamed completion through the gateway. */
+typedef struct http_req {
+    level_t *L;
+    req_result_t *r;
+    float *itl;
+    int64_t t0, last;
+    int events;                 /* token events so far */
+} http_req_t;
+
+static int s_http_event(void *arg, json_t *ev)
+{
+    http_req_t *h = arg;
+    if (!ev)
+        return 0;
+    int64_t now = now_ns();
+    json_t *ch = json_array_get(json_object_get(ev, "choices"), 0);
+    if (ch && json_is_null(json_object_get(ch, "finish_reason"))) {   /* a token's event (its text may be empty) */
+        if (h->events == 0)
+            h->r->ttft_ms = (double)(now - h->t0) / 1e6;
+        else if (h->events - 1 < h->L->out_len)
+            h->itl[h->events - 1] = (float)((double)(now - h->last) / 1e6);
+        h->events++;
+        h->last = now;
+    }
+    json_t *u = json_object_get(ev, "usage");
+    if (json_is_object(u)) {
+        h->r->n_out = (int)json_integer_value(json_object_get(u, "completion_tokens"));
+        h->r->prompt_tokens = (uint32_t)json_integer_value(json_object_get(u, "prompt_tokens"));
+        h->r->cached_tokens = (uint32_t)json_integer_value(
+            json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens"));
+    }
+    return 0;
+}
+
+static void s_request_http(level_t *L, gw_sse_client_t *c, int idx, const uint32_t *prompt, int n)
+{
+    json_t *ids = json_array();
+    for (int i = 0; i < n; i++)
+        json_array_append_new(ids, json_integer(prompt[i]));
+    json_t *b = json_pack("{s:s,s:o,s:i,s:i,s:b,s:b,s:{s:b}}", "model", L->http_model, "prompt", ids, "max_tokens",
+                          L->out_len, "temperature", 0, "ignore_eos", 1, "stream", 1, "stream_options",
+                          "include_usage", 1);
+    char *body = json_dumps(b, JSON_COMPACT);
+    json_decref(b);
+    http_req_t h = {.L = L, .r = &L->res[idx], .itl = L->itl + (size_t)idx * (size_t)L->out_len, .t0 = now_ns()};
+    char err[512];
+    int rc = body ? gw_sse_post(c, "/v1/completions", body, s_http_event, &h, err, sizeof err) : -1;
+    free(body);
+    h.r->e2e_ms = (double)(now_ns() - h.t0) / 1e6;
+    if (rc != 0 || h.events == 0)
+        s_fail(L, h.r, rc != 0 ? err : "no token came back");
+}
+
 /* Conversation `conv`: the system prompt, then per turn new user tokens, the whole history
  * submitted, the answer appended. hist holds sys_len + turns x (turn_len + out_len) ids. */
 static void s_conversation(level_t *L, client_t *c, int conv, uint32_t *hist)
@@ -217,6 +280,21 @@ static void *s_worker(void *arg)
 {
     level_t *L = arg;
     char err[256];
+    if (L->http) {
+        gw_sse_client_t *hc = gw_sse_connect(L->http, err, sizeof err);
+        uint32_t *ids = malloc((size_t)L->in_len * sizeof *ids);
+        for (int i; hc && ids && (i = atomic_fetch_add(&L->next, 1)) < L->n_prompts;) {
+            uint64_t st = L->seed * 1000003u + (uint64_t)i;
+            for (int k = 0; k < L->in_len; k++)
+                ids[k] = s_token(&st, L->vocab);
+            s_request_http(L, hc, i, ids, L->in_len);
+        }
+        for (int i; !hc && (i = atomic_fetch_add(&L->next, 1)) < L->n_prompts;)
+            s_fail(L, &L->res[i], err);
+        free(ids);
+        gw_sse_destroy(&hc);
+        return NULL;
+    }
     client_t *c = client_connect(L->ep, err, sizeof err);
     size_t cap = L->turns > 0 ? (size_t)L->sys_len + (size_t)L->turns * (size_t)(L->turn_len + L->out_len)
                               : (size_t)L->in_len;
@@ -465,7 +543,8 @@ static void s_usage(FILE *f)
                "       [--generate MODEL_DIR [--generate-args \"...\"]] [--json FILE] [--seed S] [--gpus N]\n"
                "       [--copy-bw GBps] [--model DIR [--dtype bf16]] [--kv-dtype auto|f32|bf16|f16|fp8]\n"
                "       [--weight-bytes N] [--kv-bytes-per-token N]\n"
-               "       [--multi-turn [--turns T] [--system-len S] [--turn-len N] [--retention DUR]]\n");
+               "       [--multi-turn [--turns T] [--system-len S] [--turn-len N] [--retention DUR]]\n"
+               "       [--http URL [--http-model NAME]]   (through the OpenAI gateway instead of ZeroMQ)\n");
 }
 
 int main(int argc, char **argv)
@@ -478,6 +557,7 @@ int main(int argc, char **argv)
     int multi = 0, turns = 4, sys_len = 256, turn_len = 64;
     int64_t retention = 0;
     uint64_t seed = 1;
+    const char *http = NULL, *http_model = NULL;
     bytes_model_t bm = {.gpus = 1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -512,6 +592,8 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--system-len")) rc = arg_int(T, a, v, 0, BIG, &sys_len);
         else if (!strcmp(a, "--turn-len")) rc = arg_int(T, a, v, 1, BIG, &turn_len);
         else if (!strcmp(a, "--retention")) retention = client_parse_duration_s(v);
+        else if (!strcmp(a, "--http")) http = v;
+        else if (!strcmp(a, "--http-model")) http_model = v;
         else { fprintf(stderr, "troupe-bench: unknown option '%s'\n", a); s_usage(stderr); return 2; }
         if (rc)
             return 2;
@@ -521,6 +603,24 @@ int main(int argc, char **argv)
         return 2;
     }
 
+    char model_name[256] = "";
+    if (http && multi) {
+        fprintf(stderr, "troupe-bench: --http runs single prompts only (not --multi-turn)\n");
+        return 2;
+    }
+    if (http && !http_model) {
+        topo_t *ht = NULL;
+        if (topology && topo_load_file(topology, &ht, NULL) == 0) {
+            const char *sl = strrchr(ht->model.path, '/');
+            snprintf(model_name, sizeof model_name, "%.255s", sl ? sl + 1 : ht->model.path);
+            topo_destroy(&ht);
+        }
+        if (!model_name[0]) {
+            fprintf(stderr, "troupe-bench: --http needs the model's name: --topology FILE or --http-model NAME\n");
+            return 2;
+        }
+        http_model = model_name;
+    }
     char epbuf[256], err[512];
     if (!ep) {
         if (client_endpoints_from_topology(topology, epbuf, NULL, sizeof epbuf, err, sizeof err) != 0) {
@@ -556,7 +656,7 @@ int main(int argc, char **argv)
     }
     double gen_tps = gen_model && !multi ? s_generate(bin_dir, gen_model, gen_args, in_len, out_len, vocab) : 0;
     if (warmup) {
-        level_t W = {.ep = ep, .in_len = in_len, .out_len = out_len < 8 ? out_len : 8, .n_prompts = warmup,
+        level_t W = {.ep = ep, .http = http, .http_model = http_model, .in_len = in_len, .out_len = out_len < 8 ? out_len : 8, .n_prompts = warmup,
                      .concurrency = 1, .vocab = vocab, .seed = seed + 999};
         summary_t ws = s_run_level(&W);
         if (ws.errors) {
@@ -569,7 +669,7 @@ int main(int argc, char **argv)
     summary_t S[MAX_LEVELS], N[MAX_LEVELS];   /* N: multi-turn without reuse */
     int errors = 0;
     for (int l = 0; l < n_levels; l++) {
-        level_t L = {.ep = ep, .in_len = in_len, .out_len = out_len, .concurrency = levels[l], .vocab = vocab,
+        level_t L = {.ep = ep, .http = http, .http_model = http_model, .in_len = in_len, .out_len = out_len, .concurrency = levels[l], .vocab = vocab,
                      .seed = seed + (uint64_t)levels[l]};
         if (!multi) {
             L.n_prompts = per_level > 0 ? per_level : rounds > 0 ? rounds * levels[l]
