@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <xxhash.h>
 
 #include "actors/runtime/actor.h"
 #include "common/log.h"
@@ -50,7 +51,7 @@ typedef struct rq {
     msg_t pr;                    /* the prefill_request as sent, owning its prompt: re-sent elsewhere
                                     when a worker is lost before the first token (MSG_NONE: not kept) */
     int rerouted;                /* re-sent once already */
-    struct rq *next;
+    struct rq *prev, *next;      /* every request (router_t.head), for the sweeps */
 } rq_t;
 
 typedef struct wk {
@@ -76,6 +77,8 @@ typedef struct router {
     u64map_t index;              /* block hash -> bitmask of holders (worker index bits, HOST_BIT) */
     rq_t *head;
     int n_reqs;
+    u64map_t by_id;              /* our id -> rq_t * */
+    u64map_t by_client;          /* s_client_key(connection, client id) -> rq_t * */
     uint64_t next_id;            /* starts at a random point of a 62-bit space: a restarted router (or a
                                     second one) never reuses ids that workers may still be running */
     /* stats */
@@ -99,19 +102,27 @@ static uint64_t s_random_id_base(void)
 
 static rq_t *s_find(router_t *r, uint64_t id)
 {
-    for (rq_t *q = r->head; q; q = q->next)
-        if (q->id == id)
-            return q;
-    return NULL;
+    const uint64_t *v = u64map_get(&r->by_id, id);
+    return v ? (rq_t *)(uintptr_t)*v : NULL;
+}
+
+/* A client's request is named by its connection and its own id. The key is a hash of both: a
+ * collision (2^-64 a pair) is caught by the comparison below, and then only costs that request
+ * its duplicate check and its cancel by this connection. */
+static uint64_t s_client_key(const actor_peer_t *from, uint64_t client_id)
+{
+    const uint64_t k = XXH3_64bits_withSeed(from->id, from->id_len, client_id);
+    return k ? k : 1;
 }
 
 static rq_t *s_find_client(router_t *r, const actor_peer_t *from, uint64_t client_id)
 {
-    for (rq_t *q = r->head; q; q = q->next)
-        if (q->client_id == client_id && q->client.id_len == from->id_len &&
-            memcmp(q->client.id, from->id, from->id_len) == 0)
-            return q;
-    return NULL;
+    const uint64_t *v = u64map_get(&r->by_client, s_client_key(from, client_id));
+    rq_t *q = v ? (rq_t *)(uintptr_t)*v : NULL;
+    return q && q->client_id == client_id && q->client.id_len == from->id_len &&
+                   memcmp(q->client.id, from->id, from->id_len) == 0
+               ? q
+               : NULL;
 }
 
 static int s_worker(router_t *r, const char *name)
@@ -134,20 +145,58 @@ static void s_transition(rq_t *q, rq_state_t to, const char *on)
     q->state = to;
 }
 
-/* Removes a request after its terminal reply went out. */
-static void s_remove(router_t *r, rq_t *q)
+/* A request's load on its workers, which the routing scores read: taken when it is assigned; its
+ * prefill part given back once, when it leaves prefill (first token, done, re-route, removal);
+ * its decode part when it ends or moves. */
+static void s_load_take(router_t *r, rq_t *q, int pi, int di)
 {
-    for (rq_t **pp = &r->head; *pp; pp = &(*pp)->next)
-        if (*pp == q) {
-            *pp = q->next;
-            break;
-        }
-    if (q->prefill >= 0 && q->state == RQ_PREFILL) {
+    q->prefill = pi;
+    q->decode = di;
+    r->workers[pi].inflight++;
+    r->workers[pi].inflight_tokens += q->prompt_tokens;
+    r->workers[di].inflight++;
+}
+
+/* Its prefill worker's share of q's load, given back while q is in prefill (not on `lost`: -1
+ * none, a lost worker whose counts are reset). The one place it is. */
+static void s_prefill_load_off(router_t *r, rq_t *q, int lost)
+{
+    if (q->state == RQ_PREFILL && q->prefill >= 0 && q->prefill != lost) {
         r->workers[q->prefill].inflight--;
         r->workers[q->prefill].inflight_tokens -= q->prompt_tokens;
     }
-    if (q->decode >= 0)
+}
+
+/* Gives back q's load on its workers, but on `lost`. */
+static void s_load_release(router_t *r, rq_t *q, int lost)
+{
+    s_prefill_load_off(r, q, lost);
+    if (q->decode >= 0 && q->decode != lost)
         r->workers[q->decode].inflight--;
+}
+
+/* Its first token (or its end) came: its prefill worker's load is over. */
+static void s_leave_prefill(router_t *r, rq_t *q, const char *on)
+{
+    if (q->state != RQ_PREFILL)
+        return;
+    s_prefill_load_off(r, q, -1);
+    s_transition(q, RQ_DECODE, on);
+}
+
+/* Removes a request after its terminal reply went out. */
+static void s_remove(router_t *r, rq_t *q)
+{
+    if (q->prev)
+        q->prev->next = q->next;
+    else
+        r->head = q->next;
+    if (q->next)
+        q->next->prev = q->prev;
+    u64map_del(&r->by_id, q->id);
+    if (s_find_client(r, &q->client, q->client_id) == q)
+        u64map_del(&r->by_client, s_client_key(&q->client, q->client_id));
+    s_load_release(r, q, -1);
     r->n_reqs--;
     msg_free(&q->pr);
     free(q);
@@ -355,8 +404,6 @@ static int s_on_submit(actor_t *a, void *state, const actor_peer_t *from, msg_t 
     q->id = ++r->next_id;
     q->client_id = m->id;
     q->client = *from;
-    q->prefill = pi;
-    q->decode = di;
     q->prompt_tokens = (uint32_t)n;
     q->arrived_ms = now_ms();
     q->deadline_ms = s->timeout_ms ? q->arrived_ms + s->timeout_ms : 0;
@@ -411,11 +458,17 @@ static int s_on_submit(actor_t *a, void *state, const actor_peer_t *from, msg_t 
                                  r->workers[pi].name), 0;
     }
     q->next = r->head;
+    if (r->head)
+        r->head->prev = q;
     r->head = q;
     r->n_reqs++;
-    r->workers[pi].inflight++;
-    r->workers[pi].inflight_tokens += n;
-    r->workers[di].inflight++;
+    /* Out of memory for the index: found by its connection's ids no more (no duplicate check or
+     * cancel); found by ours, it still streams, or the lookup of its replies would drop them. */
+    if (u64map_put(&r->by_id, q->id, (uint64_t)(uintptr_t)q) != 0)
+        LOG_E("request %llu: out of memory for the request index", (unsigned long long)q->id);
+    if (!s_find_client(r, from, m->id))
+        u64map_put(&r->by_client, s_client_key(from, m->id), (uint64_t)(uintptr_t)q);
+    s_load_take(r, q, pi, di);
     r->prompt_tokens += n;
     LOG_D("request %llu (client %llu): %zu prompt tokens, %d cached blocks known -> %s / %s",
           (unsigned long long)q->id, (unsigned long long)m->id, n, hit, r->workers[pi].name, r->workers[di].name);
@@ -504,9 +557,7 @@ static int s_on_token(actor_t *a, void *state, const actor_peer_t *from, msg_t *
         return 0;   /* from a client, for a request that is over, or not from its worker: drop */
     int64_t now = now_ms();
     if (q->state == RQ_PREFILL) {
-        s_transition(q, RQ_DECODE, "first token");
-        r->workers[q->prefill].inflight--;
-        r->workers[q->prefill].inflight_tokens -= q->prompt_tokens;
+        s_leave_prefill(r, q, "first token");
         q->first_ms = now;
         s_sample(r->ttft, &r->n_ttft, (float)(now - q->arrived_ms));
     } else {
@@ -537,11 +588,7 @@ static int s_on_done(actor_t *a, void *state, const actor_peer_t *from, msg_t *m
     m->id = q->client_id;
     actor_reply(a, &q->client, m);
     r->completed++;
-    if (q->state == RQ_PREFILL) {   /* finished on its first token */
-        r->workers[q->prefill].inflight--;
-        r->workers[q->prefill].inflight_tokens -= q->prompt_tokens;
-        q->state = RQ_DECODE;
-    }
+    s_leave_prefill(r, q, "done");   /* finished on its first token */
     s_remove(r, q);
     return 0;
 }
@@ -617,17 +664,8 @@ static int s_reroute(actor_t *a, router_t *r, rq_t *q, int lost)
     q->pr.u.prefill_request.decode_worker = r->workers[di].name;
     if (actor_send(a, r->workers[pi].name, &q->pr) != 0)
         return 0;
-    if (q->prefill != lost) {
-        r->workers[q->prefill].inflight--;
-        r->workers[q->prefill].inflight_tokens -= q->prompt_tokens;
-    }
-    if (q->decode != lost)
-        r->workers[q->decode].inflight--;
-    q->prefill = pi;
-    q->decode = di;
-    r->workers[pi].inflight++;
-    r->workers[pi].inflight_tokens += q->prompt_tokens;
-    r->workers[di].inflight++;
+    s_load_release(r, q, lost);
+    s_load_take(r, q, pi, di);
     q->rerouted = 1;
     r->rerouted++;
     LOG_I("request %llu re-routed to %s / %s after losing %s", (unsigned long long)q->id, r->workers[pi].name,
@@ -761,6 +799,8 @@ int main(int argc, char **argv)
     char err[1024];
     int rc = -1;
     u64map_init(&r->index, 1024);
+    u64map_init(&r->by_id, 256);
+    u64map_init(&r->by_client, 256);
     r->next_id = s_random_id_base();
     if (config_load(t->model.path, &r->cfg, err, sizeof err) != 0) {
         LOG_E("%s", err);
@@ -806,6 +846,8 @@ out:
         s_remove(r, r->head);
     tok_destroy(&r->tok);
     u64map_free(&r->index);
+    u64map_free(&r->by_id);
+    u64map_free(&r->by_client);
     free(r);
     actor_destroy(&a);
     return rc == 0 || rc == ACTOR_EXIT_CONFIG ? rc : 1;
