@@ -58,6 +58,37 @@ static int s_has(const msg_stats_t *st, const char *name)
     return 0;
 }
 
+/* The cache-manager's tiers, one line each: blocks and bytes held, pinned, blocks served by
+ * fetches; then the disk tier's traffic and refusals (when it has one). */
+static size_t s_tiers(const msg_stats_t *st, char *buf, size_t cap)
+{
+    static const struct { const char *tier, *blocks, *bytes, *pinned, *hits; } rows[] = {
+        {"device", "device_blocks_indexed", "device_bytes_indexed", NULL, NULL},
+        {"host", "host_blocks_used", "host_bytes_used", "host_blocks_pinned", "fetch_hits_host_total"},
+        {"disk", "disk_blocks_used", "disk_bytes_used", "disk_blocks_pinned", "fetch_hits_disk_total"},
+    };
+    size_t n = 0;
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        if (!s_has(st, rows[i].blocks))
+            continue;
+        n += (size_t)snprintf(buf + n, cap - n, "%-18s %-6s", st->name, rows[i].tier);
+        n += s_col(buf + n, cap - n, st, rows[i].blocks, 9, 0);
+        n += (size_t)snprintf(buf + n, cap - n, " %9.1f", s_metric(st, rows[i].bytes, 0) / (1 << 20));
+        n += rows[i].pinned ? s_col(buf + n, cap - n, st, rows[i].pinned, 7, 0) : (size_t)snprintf(buf + n, cap - n, " %7s", "-");
+        n += rows[i].hits ? s_col(buf + n, cap - n, st, rows[i].hits, 9, 0) : (size_t)snprintf(buf + n, cap - n, " %9s", "-");
+        n += (size_t)snprintf(buf + n, cap - n, "\n");
+    }
+    if (s_has(st, "disk_spills_total"))
+        n += (size_t)snprintf(buf + n, cap - n,
+                              "%-18s disk: %.0f spills, %.0f shed, %.0f reads (%.2f ms mean, %.2f ms max), "
+                              "%.0f refused corrupt, %.0f of another model/dtype\n",
+                              st->name, s_metric(st, "disk_spills_total", 0) + s_metric(st, "disk_persists_total", 0),
+                              s_metric(st, "disk_spills_shed_total", 0), s_metric(st, "disk_reads_total", 0),
+                              s_metric(st, "disk_read_ms", 0), s_metric(st, "disk_read_ms_max", 0),
+                              s_metric(st, "disk_dropped_corrupt_total", 0), s_metric(st, "disk_dropped_foreign_total", 0));
+    return n;
+}
+
 /* Renders one snapshot as lines of text into buf (shared by --once and the live view): every
  * actor's life (first table), then the serving view of the actors that serve (second table), then
  * with all_metrics every metric by name. */
@@ -120,6 +151,15 @@ static void s_render(const msg_t *r, char *buf, size_t cap, int all_metrics)
         n += s_col(buf + n, cap - n, st, "itl_p50_ms", 7, 1);
         n += s_col(buf + n, cap - n, st, "itl_p99_ms", 7, 1);
         n += (size_t)snprintf(buf + n, cap - n, "\n");
+    }
+    int tiers = 0;
+    for (uint32_t i = 0; i < ir->n_actors && n < cap - 1024; i++) {
+        if (!s_has(&rows[i], "host_blocks_used"))
+            continue;
+        if (!tiers++)
+            n += (size_t)snprintf(buf + n, cap - n, "\n%-18s %-6s %9s %9s %7s %9s\n", "KV CACHE", "TIER", "BLOCKS",
+                                  "MIB", "PINNED", "HITS");
+        n += s_tiers(&rows[i], buf + n, cap - n);
     }
     if (all_metrics) {
         n += (size_t)snprintf(buf + n, cap - n, "\nMETRICS\n");

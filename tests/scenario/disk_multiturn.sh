@@ -37,4 +37,7 @@ assert m["disk_dropped_corrupt_total"] == 0 and m["disk_dropped_foreign_total"] 
 assert sd["cached"] > 0, sd
 assert all(r["cached"] <= r["prompt"] for r in disk), disk
 PY
+"$BIN/troupe-top" --topology "$WORK/disk.yaml" --once | sed -n '/^KV CACHE/,$p' | tee "$WORK/top.txt"
+grep -qE "^cache-manager +disk +[0-9]+" "$WORK/top.txt" || fail "troupe-top shows no disk tier line"
+grep -q "refused corrupt" "$WORK/top.txt" || fail "troupe-top shows no disk traffic line"
 echo "PASS disk_multiturn"
