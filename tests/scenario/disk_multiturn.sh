@@ -40,4 +40,15 @@ PY
 "$BIN/troupe-top" --topology "$WORK/disk.yaml" --once | sed -n '/^KV CACHE/,$p' | tee "$WORK/top.txt"
 grep -qE "^cache-manager +disk +[0-9]+" "$WORK/top.txt" || fail "troupe-top shows no disk tier line"
 grep -q "refused corrupt" "$WORK/top.txt" || fail "troupe-top shows no disk traffic line"
+# The same counters on Prometheus /metrics (the monitor exports every metric an actor publishes).
+mp=$(grep 'metrics:' "$WORK/disk.yaml" | sed 's|.*:||')
+$PY - "$mp" <<'PY'
+import sys, urllib.request
+body = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=5).read().decode()
+for name in ("troupe_disk_blocks_used", "troupe_disk_bytes_used", "troupe_fetch_hits_disk_total", "troupe_fetch_hits_host_total",
+             "troupe_disk_spills_total", "troupe_disk_reads_total", "troupe_disk_read_ms", "troupe_disk_dropped_corrupt_total",
+             "troupe_disk_dropped_foreign_total", "troupe_disk_spills_shed_total", "troupe_host_bytes_used"):
+    assert any(l.startswith(name + "{") for l in body.splitlines()), f"{name} missing from /metrics"
+print("/metrics carries the disk tier's samples")
+PY
 echo "PASS disk_multiturn"
