@@ -180,16 +180,19 @@ static int s_recv_tcp(kvchan_t *c, const msg_kv_announce_t *d, const int32_t *bl
     const bk_kv_t *kv = kvpool_view(c->cfg.pool);
     if (!c->tcp_in && !(c->tcp_in = tcpchan_client_new(c->cfg.zmq_ctx, (int64_t)kv->n_blocks * (int64_t)kv->block_bytes)))
         return errf(err, errlen, "out of memory");
+    int64_t deadline = now_ms() + KVCHAN_TCP_RECV_MS;
+    if (d->deadline_ms) {   /* the sender's wall-clock deadline, on our monotonic clock */
+        int64_t left = (int64_t)d->deadline_ms - wall_ms();
+        if (left <= 0)      /* the sender has given up on it (and dropped the bytes): do not wait */
+            return errf(err, errlen, "tcp transfer %llx from %s: its deadline passed %lld ms ago",
+                        (unsigned long long)d->transfer_id, d->src, (long long)-left);
+        if (now_ms() + left < deadline)
+            deadline = now_ms() + left;
+    }
     size_t bytes = (size_t)d->total_bytes;
     uint8_t *buf = malloc(bytes);
     if (!buf)
         return errf(err, errlen, "no host memory for %zu bytes from the network", bytes);
-    int64_t deadline = now_ms() + KVCHAN_TCP_RECV_MS;
-    if (d->deadline_ms) {   /* the sender's wall-clock deadline, on our monotonic clock */
-        int64_t left = (int64_t)d->deadline_ms - wall_ms();
-        if (now_ms() + left < deadline)
-            deadline = now_ms() + (left > 0 ? left : 0);
-    }
     int rc = tcpchan_fetch(c->tcp_in, ep, d->transfer_id, buf, bytes, deadline, err, errlen);
     if (rc == 0 && kvblocks_in(c->cfg.be, c->cfg.pool, blocks, n, buf) != 0)
         rc = errf(err, errlen, "copying the blocks into the pool failed");

@@ -39,8 +39,11 @@
 #include "transfer/shm_chan.h"
 #include "transfer/tcp_chan.h"
 
-/* Longest a receiver waits for a hand-off's bytes over tcp, whatever the description's deadline. */
-#define KVCHAN_TCP_RECV_MS 3000
+/* Longest a receiver waits for a hand-off's bytes over tcp, whatever the description's deadline.
+ * The wait runs inside the decode loop (known limit): it stays below the supervisor's default
+ * wedge detection (3 missed heartbeats of 500 ms), so a stalled sender never gets its receiver
+ * killed as wedged. */
+#define KVCHAN_TCP_RECV_MS 1000
 
 typedef struct kvchan_cfg {
     backend_t *be;

@@ -15,7 +15,7 @@ cleanup() {
   # On failure, what the cluster said about itself goes into the test's log.
   if [ "$rc" -ne 0 ] && [ -f "$WORK/supervisor.log" ]; then
     echo "--- supervisor log (warnings and errors):"
-    grep -E " (WARN|ERROR) " "$WORK/supervisor.log" | grep -v "no tokenizer" | tail -20
+    grep -E " (WARN|ERROR) " "$WORK/supervisor.log" | grep -v "no tokenizer" | tail -20 || true   # none left: still clean up
   fi
   if [ -n "$SUP_PID" ] && kill -0 "$SUP_PID" 2>/dev/null; then
     kill -TERM "$SUP_PID" 2>/dev/null || true
