@@ -250,6 +250,12 @@ static int s_experts(model_t *m, ckpt_t *ck, int l, model_layer_t *L, char *err,
         }
         return 0;
     }
+    char probe[128];
+    snprintf(probe, sizeof probe, mixtral ? "model.layers.%d.block_sparse_moe.experts.0.w1.weight"
+                                          : "model.layers.%d.mlp.experts.0.gate_proj.weight", l);
+    if (!m->be->ops->quant_moe && model_quant_of(m, ck, probe))
+        return errf(err, errlen, "%s: the %s backend has no kernels for quantized MoE experts (%s)", m->where,
+                    m->be->ops->name, probe);
     for (int e = 0; e < E; e++) {
         bk_expert_t *x = &L->experts[e];
         int rc = mixtral

@@ -83,12 +83,50 @@ static int s_place(model_t *m, bk_mat_t *out, const char *name, const void *code
     return 0;
 }
 
+/* The format's default blocks and activations for online quantization. */
+static void s_online_scheme(int fmt, int *gr, int *gc, int *act)
+{
+    *gr = 1;
+    *gc = fmt == BK_Q_I4 ? 128 : fmt == BK_Q_FP4 ? 16 : 0;
+    *act = fmt == BK_Q_FP8 ? BK_QA_FP8_TOKEN : fmt == BK_Q_I8 ? BK_QA_I8_TOKEN : BK_QA_NONE;
+}
+
+/* Dummy weights made on the device (the backend's fill_dummy) in a quantized format: the codes are
+ * the dummy generator's bytes taken as codes (an fp8 code may be NaN) and the scales positive
+ * dummy values, so a speed measurement reads exactly the bytes a real checkpoint of the format
+ * would, without the host making and quantizing them. The values mean nothing: speed only. */
+static int s_device_dummy(model_t *m, ckpt_t *ck, bk_mat_t *out, const char *name, int64_t rows, int64_t cols,
+                          char *err, size_t errlen)
+{
+    const int fmt = m->opts.quantize;
+    int64_t shape[2] = {rows, cols};
+    ckpt_dummy_recipe_t r;
+    if (!ckpt_expect_recipe(ck, name, 2, shape, &r, err, errlen))
+        return -1;
+    int want_gr, want_gc, act, gr, gc;
+    s_online_scheme(fmt, &want_gr, &want_gc, &act);
+    const size_t ns = quant_grid(rows, cols, want_gr, want_gc, &gr, &gc);
+    const size_t cb = quant_code_bytes(fmt, rows, cols);
+    uint8_t *codes = model_alloc(m, cb + 2, name, err, errlen);
+    float *sc = codes ? model_alloc(m, ns * sizeof(float), name, err, errlen) : NULL;
+    if (!sc)
+        return -1;
+    m->be->ops->fill_dummy(m->be, codes, DT_BF16, (cb + 1) / 2, r.key, 0.0f, 1.0f);
+    m->be->ops->fill_dummy(m->be, sc, DT_F32, ns, r.key ^ 0x5ca1eull, 0.01f, 0.005f);
+    const dtype_t cdt = fmt == BK_Q_FP8 ? DT_F8E4M3 : fmt == BK_Q_I8 ? DT_I8 : DT_U8;
+    *out = (bk_mat_t){.data = codes, .dtype = cdt, .rows = rows, .cols = cols, .qfmt = (int8_t)fmt,
+                      .qact = (int8_t)act, .qgr = gr, .qgc = gc, .qscale = sc};
+    return 0;
+}
+
 /* Online: the plain tensor quantized with the format's default blocks. */
 static int s_online(model_t *m, ckpt_t *ck, bk_mat_t *out, const char *name, int64_t rows, int64_t cols, char *err,
                     size_t errlen)
 {
     const int fmt = m->opts.quantize;
     int64_t shape[2] = {rows, cols};
+    if (m->be->ops->fill_dummy && ckpt_is_dummy(ck) && !m->opts.dummy_on_host)
+        return s_device_dummy(m, ck, out, name, rows, cols, err, errlen);
     const tensor_view_t *t = ckpt_expect(ck, name, 2, shape, err, errlen);
     if (!t)
         return -1;
@@ -98,9 +136,8 @@ static int s_online(model_t *m, ckpt_t *ck, bk_mat_t *out, const char *name, int
     if ((fmt == BK_Q_I4 || fmt == BK_Q_FP4) && cols % 16)
         return errf(err, errlen, "%s: tensor %s: %lld columns (4-bit formats need a multiple of 16)", m->where, name,
                     (long long)cols);
-    const int want_gr = 1, want_gc = fmt == BK_Q_I4 ? 128 : fmt == BK_Q_FP4 ? 16 : 0;
-    const int act = fmt == BK_Q_FP8 ? BK_QA_FP8_TOKEN : fmt == BK_Q_I8 ? BK_QA_I8_TOKEN : BK_QA_NONE;
-    int gr, gc;
+    int want_gr, want_gc, act, gr, gc;
+    s_online_scheme(fmt, &want_gr, &want_gc, &act);
     const size_t ns = quant_grid(rows, cols, want_gr, want_gc, &gr, &gc), n = (size_t)rows * (size_t)cols;
     const size_t cb = quant_code_bytes(fmt, rows, cols);
     float *f = malloc(n * sizeof(float)), *sc = malloc(ns * sizeof(float));

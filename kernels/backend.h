@@ -175,6 +175,8 @@ typedef struct backend_ops {
      * weight (matmul, matmul_n, the fusions, moe_ffn's experts) accepts; the model refuses the
      * others at load. 0: plain weights only. */
     unsigned quant_formats;
+    /* 1: moe_ffn takes quantized experts too (else the model refuses quantized MoE experts). */
+    int quant_moe;
     void (*destroy)(backend_t *be);
 
     /* Memory. alloc returns 64-byte aligned device memory or NULL; upload/download copy n bytes

@@ -13,9 +13,15 @@
  * window - 1 tokens with a context of 1 .. window - 1. Log-softmax is computed in double.
  * --quantize quantizes a plain checkpoint at load (model_opts_t.quantize).
  *
+ * --decode N (speed, not quality; no --text): a 128-token prompt of ids, then N greedy batch-1
+ * decode steps (argmax on the backend), timed; prints tok/s and the weight bytes one step reads.
+ * --dummy uses the 'dummy' load format (bf16 random weights of the config's shape; quantized with
+ * --quantize): figures from dummy weights measure speed only.
+ *
  * Prints: model, format, windows, tokens scored, context length, mean NLL and perplexity. */
 #include <math.h>
 #include <stdio.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -34,7 +40,8 @@
 static int s_usage(void)
 {
     fprintf(stderr, "usage: " TOOL " MODEL_DIR --text FILE [--window N] [--sep-id ID] [--max-windows N] "
-                    "[--backend cpu|cuda] [--threads N] [--quantize fp8|int8|int4|nvfp4]\n");
+                    "[--backend cpu|cuda] [--threads N] [--quantize fp8|int8|int4|nvfp4]\n"
+                    "       " TOOL " MODEL_DIR --decode N [--dummy] [--backend ...] [--quantize ...]\n");
     return 2;
 }
 
@@ -108,10 +115,76 @@ static int s_tokens(const tokenizer_t *tok, char *text, size_t len, int32_t sep,
     return 0;
 }
 
+static double s_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* --decode: batch-1 greedy decode speed. */
+static int s_decode(const char *dir, const model_config_t *cfg, const char *backend, int threads, int qfmt, int dummy,
+                    int steps)
+{
+    enum { PROMPT = 128 };
+    char err[1024];
+    const double t0 = s_now();
+    backend_t *be = backend_new(backend, threads, err, sizeof err);
+    ckpt_t *ck = be ? (dummy ? ckpt_dummy(DT_BF16, 0) : ckpt_open(dir, err, sizeof err)) : NULL;
+    const model_opts_t mo = {.max_tokens = PROMPT, .max_seqs = 1, .max_logit_rows = 1,
+                             .max_context = PROMPT + steps + 16, .kv_block_size = 16, .quantize = qfmt};
+    model_t *m = ck ? model_load(dir, cfg, ck, be, &mo, err, sizeof err) : NULL;
+    const dtype_t kvt = config_kv_dtype(cfg, dummy ? DT_BF16 : DT_COUNT, DT_COUNT);
+    const int blocks = (PROMPT + steps + 16 + 15) / 16;
+    kvpool_t *pool = m ? kvpool_new(blocks, 16, cfg->num_layers, cfg->num_kv_heads, cfg->head_dim, kvt, be, err,
+                                    sizeof err) : NULL;
+    kvseq_t *seq = pool ? kvseq_new(pool, PROMPT + steps + 1, 0) : NULL;
+    float *logits = malloc((size_t)cfg->vocab_size * sizeof(float));   /* unused with argmax_out, by contract */
+    if (!seq || !logits) {
+        fprintf(stderr, TOOL ": %s\n", pool ? "out of memory" : err);
+        return 1;
+    }
+    const double t_load = s_now() - t0;
+    int32_t prompt[PROMPT], tok = 0;
+    for (int i = 0; i < PROMPT; i++)
+        prompt[i] = (int32_t)((i * 131 + 7) % cfg->vocab_size);
+    model_seq_t q = {.kv = seq, .n_new = PROMPT};
+    model_batch_t b = {.n_seqs = 1, .seqs = &q, .argmax_out = &tok};
+    if (kvseq_append(seq, prompt, PROMPT) < 0 || model_forward(m, &b, logits, err, sizeof err) < 0) {
+        fprintf(stderr, TOOL ": prefill: %s\n", err);
+        return 1;
+    }
+    double t1 = 0;
+    for (int s = 0; s <= steps; s++) {
+        if (s == 1)
+            t1 = s_now();                          /* step 0 warms up (graphs, scratch) */
+        q.n_new = 1;
+        int32_t t = tok;
+        if (kvseq_append(seq, &t, 1) < 0 || model_forward(m, &b, logits, err, sizeof err) < 0) {
+            fprintf(stderr, TOOL ": decode step %d: %s\n", s, err);
+            return 1;
+        }
+    }
+    const double dt = s_now() - t1;
+    const double bytes = (double)model_weight_bytes(m);
+    printf("model %s\nweights %s%s\nbackend %s\nload_s %.1f\ndecode_steps %d\ntok_per_s %.1f\n"
+           "weight_bytes_per_step %.3e\nweight_GB_per_s %.1f\n",
+           dir, dummy ? "dummy " : "",
+           cfg->quant.present ? quant_format_name(cfg->quant.fmt) : qfmt ? quant_format_name(qfmt) : "plain",
+           be->ops->name, t_load, steps, steps / dt, bytes, bytes * steps / dt / 1e9);
+    free(logits);
+    kvseq_destroy(&seq);
+    kvpool_destroy(&pool);
+    model_destroy(&m);
+    ckpt_destroy(&ck);
+    backend_destroy(&be);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *dir = NULL, *text_path = NULL, *backend = "cpu", *quantize = NULL;
-    int window = 256, sep = 0, max_windows = 0, threads = 0;
+    int window = 256, sep = 0, max_windows = 0, threads = 0, decode = 0, dummy = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--text") && v)
@@ -132,7 +205,13 @@ int main(int argc, char **argv)
             if (arg_int(TOOL, a, v, 0, 4096, &threads) < 0)
                 return 2;
             i++;
-        } else if (!strcmp(a, "--backend") && v)
+        } else if (!strcmp(a, "--decode") && v) {
+            if (arg_int(TOOL, a, v, 1, 1 << 20, &decode) < 0)
+                return 2;
+            i++;
+        } else if (!strcmp(a, "--dummy"))
+            dummy = 1;
+        else if (!strcmp(a, "--backend") && v)
             backend = v, i++;
         else if (!strcmp(a, "--quantize") && v)
             quantize = v, i++;
@@ -143,7 +222,7 @@ int main(int argc, char **argv)
         else
             return s_usage();
     }
-    if (!dir || !text_path)
+    if (!dir || (!text_path && !decode) || (text_path && decode))
         return s_usage();
     int qfmt = 0;
     if (quantize && (qfmt = quant_format_parse(quantize)) < 0) {
@@ -157,6 +236,8 @@ int main(int argc, char **argv)
         fprintf(stderr, TOOL ": %s\n", err);
         return 1;
     }
+    if (decode)
+        return s_decode(dir, &cfg, backend, threads, qfmt, dummy, decode);
     if (sep >= cfg.vocab_size) {
         fprintf(stderr, TOOL ": --sep-id %d is outside the vocabulary (%d)\n", sep, cfg.vocab_size);
         return 2;

@@ -165,6 +165,10 @@ typedef struct cuda_state {
     int graph_pdl;                /* 1 (default): recorded kernels keep their PDL edges (TROUPE_CUDA_GRAPH_PDL) */
     int capturing;                /* between graph_begin and graph_end */
     uint64_t scratch_gen;         /* bumped by every cuda_scratch reallocation (cuda_graph.cu) */
+    void *quant_x;                /* device: cuda_qmatmul's fake-quantized activations [M][K] f32 */
+    size_t quant_x_bytes;
+    void *quant_w;                /* device: cuda_qmatmul's dequantized weight [N][K] bf16 (GEMM-sized steps) */
+    size_t quant_w_bytes;
 } cuda_state_t;
 
 static inline cuda_state_t *cuda_st(backend_t *be) { return (cuda_state_t *)be->impl; }
@@ -174,6 +178,8 @@ static inline cuda_state_t *cuda_st(backend_t *be) { return (cuda_state_t *)be->
 void *cuda_scratch(backend_t *be, void **buf, size_t *cap, size_t bytes);
 
 void cuda_matmul(backend_t *be, const float *x, int M, const bk_mat_t *w, const float *bias, float *y);
+/* cuda_matmul for a quantized w (kernels/cuda/cuda_quant.cu); cuda_matmul calls it. */
+void cuda_qmatmul(backend_t *be, const float *x, int M, const bk_mat_t *w, const float *bias, float *y);
 /* x [n] as 16-bit GEMM operands into out (f16: saturated; else bf16, round to nearest even). */
 void cuda_to16(const cuda_state_t *st, const float *x, int64_t n, bool f16, uint16_t *out);
 void cuda_matmul_n(backend_t *be, const float *x, int M, int n, const bk_mat_t *const w[], const float *const bias[],

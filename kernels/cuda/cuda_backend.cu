@@ -236,6 +236,10 @@ static void s_destroy(backend_t *be)
             cudaFree(st->conv);
         if (st->gout)
             cudaFree(st->gout);
+        if (st->quant_x)
+            cudaFree(st->quant_x);
+        if (st->quant_w)
+            cudaFree(st->quant_w);
         if (st->sample_params)
             cudaFree(st->sample_params);
         if (st->part)
@@ -315,6 +319,7 @@ static const backend_ops_t s_cuda_ops = {
     .name = "cuda",
     .fuse_weights = 1,
     .weights_copied = 1,
+    .quant_formats = (1u << BK_Q_FP8) | (1u << BK_Q_I8) | (1u << BK_Q_I4) | (1u << BK_Q_FP4),
     .destroy = s_destroy,
     .alloc = s_alloc,
     .free = s_free,

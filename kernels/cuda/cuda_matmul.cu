@@ -296,6 +296,8 @@ int cuda_gate_up_swiglu(backend_t *be, const float *x, int M, const bk_mat_t *w,
     cuda_state_t *st = cuda_st(be);
     const int64_t N = w->rows, K = w->cols;
     const int VE = 16 / (int)dtype_size(w->dtype);
+    if (w->qfmt)
+        return 1;
     if (M <= 0 || M > st->gemv_max_m || s_gemv_warps(st, N / 2) != 4 || N % 2 || (uintptr_t)w->data % 16 ||
         (uintptr_t)x % 16 || K % VE || K % 4)
         return 1;
@@ -530,6 +532,10 @@ void cuda_matmul(backend_t *be, const float *x, int M, const bk_mat_t *w, const 
 {
     if (M <= 0)
         return;
+    if (w->qfmt) {                                 /* quantized weights: cuda_quant.cu */
+        cuda_qmatmul(be, x, M, w, bias, y);
+        return;
+    }
     cuda_state_t *st = cuda_st(be);
     const int64_t N = w->rows, K = w->cols;
     if (M <= st->gemv_max_m) {
@@ -631,6 +637,12 @@ void cuda_matmul_n(backend_t *be, const float *x, int M, int n, const bk_mat_t *
 {
     if (M <= 0 || n <= 0)
         return;
+    for (int i = 0; i < n; i++)
+        if (w[i]->qfmt) {                          /* quantized: one matmul each (cuda_quant.cu) */
+            for (int j = 0; j < n; j++)
+                cuda_matmul(be, x, M, w[j], bias ? bias[j] : NULL, y[j]);
+            return;
+        }
     cuda_state_t *st = cuda_st(be);
     bk_mat_t whole;
     split_args_t parts;
@@ -698,6 +710,8 @@ int cuda_mlp_swiglu(backend_t *be, const float *x, int M, const bk_mat_t *gate, 
     cuda_state_t *st = cuda_st(be);
     const dtype_t dt = gate->dtype;
     const int64_t I = gate->rows, K = gate->cols;
+    if (gate->qfmt || up->qfmt || down->qfmt)
+        return 1;
     if (!st->mlp_fuse || M <= st->gemv_max_m || M <= st->gemm_split_max_m || dt == DT_F32 || up->dtype != dt ||
         down->dtype != dt || up->rows != I || up->cols != K || down->cols != I)
         return 1;

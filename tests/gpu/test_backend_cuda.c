@@ -49,6 +49,7 @@
 #include "engine/config.h"
 #include "engine/kvcache.h"
 #include "engine/model.h"
+#include "engine/quant.h"
 #include "kernels/backend.h"
 #include "tests/unit/expected_fixture.h"
 
@@ -389,6 +390,56 @@ static void test_matmul(void **state)
     s_matmul_case(s_gpu2, DT_F16, 300, 200, 136, 0, 0);
 }
 
+/* Quantized weights (kernels/cuda/cuda_quant.cu) against the CPU reference (cpu_quant.c): codes and
+ * scales from engine/quant.c's encoder, every format and scale grid, per-token activations. The
+ * GEMV (M <= 8) sums the same dequantized f32 weight in another order; GEMM-sized steps round the
+ * dequantized weight to bf16 and follow the bf16 GEMM's activation rules. */
+static void s_qmatmul_case(int fmt, int gr, int gc, int act, int M, int N, int K, int with_bias)
+{
+    float *wf = s_rand_f32((size_t)N * K, 0.5), *x = s_rand_f32((size_t)M * K, 1.0), *bias = s_rand_f32((size_t)N, 1.0);
+    int er, ec;
+    const size_t ns = quant_grid(N, K, gr, gc, &er, &ec), cb = quant_code_bytes(fmt, N, K);
+    uint8_t *codes = malloc(cb);
+    float *sc = malloc(ns * 4);
+    assert_int_equal(quant_encode(fmt, wf, N, K, er, ec, codes, sc, NULL, NULL), 0);
+    float *res[2];
+    backend_t *be[2] = {s_cpu, s_gpu};
+    char what[160];
+    snprintf(what, sizeof what, "qmatmul %s grid %dx%d act %d M=%d N=%d K=%d%s", quant_format_name(fmt), er, ec, act, M,
+             N, K, with_bias ? " bias" : "");
+    for (int b = 0; b < 2; b++) {
+        const void *wd = be[b]->ops->weight_put(be[b], codes, cb, 1);
+        float *ds = s_put(be[b], sc, ns * 4), *dx = s_put(be[b], x, (size_t)M * K * 4), *db = s_put(be[b], bias, (size_t)N * 4);
+        bk_mat_t W = {.data = wd, .dtype = DT_U8, .rows = N, .cols = K, .qfmt = (int8_t)fmt, .qact = (int8_t)act,
+                      .qgr = er, .qgc = ec, .qscale = ds};
+        float *dy = s_out(be[b], (size_t)M * N);
+        be[b]->ops->matmul(be[b], dx, M, &W, with_bias ? db : NULL, dy);
+        res[b] = s_take(be[b], dy, (size_t)M * N, what);
+        be[b]->ops->free(be[b], dx);
+        be[b]->ops->free(be[b], db);
+        be[b]->ops->free(be[b], ds);
+        be[b]->ops->weight_release(be[b], wd);
+    }
+    s_compare(res[1], res[0], (size_t)M * N, M <= GEMV_MAX_M ? B_F32 : B_BF16_GEMM, what);
+    free(res[0]), free(res[1]), free(codes), free(sc), free(wf), free(x), free(bias);
+}
+
+static void test_quant_matmul(void **state)
+{
+    static const int fmts[][4] = {
+        {BK_Q_FP8, 0, 0, BK_QA_NONE}, {BK_Q_FP8, 1, 0, BK_QA_NONE}, {BK_Q_FP8, 128, 128, BK_QA_NONE},
+        {BK_Q_FP8, 1, 0, BK_QA_FP8_TOKEN}, {BK_Q_I8, 1, 0, BK_QA_I8_TOKEN}, {BK_Q_I8, 1, 0, BK_QA_NONE},
+        {BK_Q_I4, 1, 128, BK_QA_NONE}, {BK_Q_FP4, 1, 16, BK_QA_NONE},
+    };
+    /* M, N, K, bias: the GEMV (vector; K = 264 the scalar loop), the dequantize-then-GEMM path. */
+    static const int cases[][4] = {{1, 300, 512, 0}, {3, 257, 1024, 1}, {8, 129, 512, 0}, {2, 100, 264, 1},
+                                   {9, 200, 512, 1}, {64, 384, 256, 0}, {300, 96, 512, 1}};
+    for (size_t f = 0; f < ARRAY_LEN(fmts); f++)
+        for (size_t i = 0; i < ARRAY_LEN(cases); i++)
+            s_qmatmul_case(fmts[f][0], fmts[f][1], fmts[f][2], fmts[f][3], cases[i][0], cases[i][1], cases[i][2],
+                           cases[i][3]);
+}
+
 /* matmul_n (q, k, v or gate, up over one x, converted once) gives the bits of separate matmuls, on
  * every path: GEMV, split, rounded once (vector and one-element conversion), f32, GEMV off. */
 static void test_matmul_n(void **state)
@@ -507,9 +558,9 @@ static void test_mlp_swiglu(void **state)
                 const size_t es = dtype_size((dtype_t)dt);
                 void *wh[3] = {s_rand_dt((dtype_t)dt, (size_t)I * H, 0.5), s_rand_dt((dtype_t)dt, (size_t)I * H, 0.5),
                                s_rand_dt((dtype_t)dt, (size_t)H * I, 0.5)};
-                bk_mat_t Wg = {gpu->ops->weight_put(gpu, wh[0], (size_t)I * H * es, es), (dtype_t)dt, I, H};
-                bk_mat_t Wu = {gpu->ops->weight_put(gpu, wh[1], (size_t)I * H * es, es), (dtype_t)dt, I, H};
-                bk_mat_t Wd = {gpu->ops->weight_put(gpu, wh[2], (size_t)H * I * es, es), (dtype_t)dt, H, I};
+                bk_mat_t Wg = {.data = gpu->ops->weight_put(gpu, wh[0], (size_t)I * H * es, es), .dtype = (dtype_t)dt, .rows = I, .cols = H};
+                bk_mat_t Wu = {.data = gpu->ops->weight_put(gpu, wh[1], (size_t)I * H * es, es), .dtype = (dtype_t)dt, .rows = I, .cols = H};
+                bk_mat_t Wd = {.data = gpu->ops->weight_put(gpu, wh[2], (size_t)H * I * es, es), .dtype = (dtype_t)dt, .rows = H, .cols = I};
                 float *x = s_rand_f32((size_t)M * H, 1.0), *dx = s_put(gpu, x, (size_t)M * H * 4);
                 float *g = s_out(gpu, (size_t)M * I), *u = s_out(gpu, (size_t)M * I), *y = s_out(gpu, (size_t)M * H);
                 char what[96];
@@ -554,7 +605,7 @@ static void test_mlp_swiglu(void **state)
     backend_t *nomlp = s_gpu_with(off, 2);
     assert_non_null(nomlp);
     float dummy = 0;
-    bk_mat_t W = {NULL, DT_BF16, 96, 256};
+    bk_mat_t W = {.data = NULL, .dtype = DT_BF16, .rows = 96, .cols = 256};
     if (nomlp->ops->mlp_swiglu(nomlp, &dummy, 300, &W, &W, &W, &dummy, &dummy, &dummy) != 1)
         fail_msg("mlp_swiglu ran with TROUPE_CUDA_MLP_FUSE=0");
     backend_destroy(&nomlp);
@@ -1666,6 +1717,7 @@ int main(void)
         cmocka_unit_test(test_backend_new),
         cmocka_unit_test(test_memory),
         cmocka_unit_test(test_matmul),
+        cmocka_unit_test(test_quant_matmul),
         cmocka_unit_test(test_matmul_n),
         cmocka_unit_test(test_mlp_swiglu),
         cmocka_unit_test(test_matmul_batch_invariance),
