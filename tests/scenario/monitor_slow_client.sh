@@ -26,11 +26,11 @@ for i in range(8):
     s.connect((host, port)); s.setblocking(False)
     for _ in range(400):
         try: s.send(b"GET /metrics HTTP/1.0\r\n\r\n")
-        except BlockingIOError: break
+        except (BlockingIOError, ConnectionError): break
     hogs.append(s)
 time.sleep(1.0)
 # One that reads a little and closes.
-s = socket.create_connection((host, port)); s.sendall(b"GET /metrics HTTP/1.0\r\n\r\n"); s.recv(10); s.close()
+s = socket.create_connection((host, port), timeout=10); s.sendall(b"GET /metrics HTTP/1.0\r\n\r\n"); s.recv(10); s.close()
 t0 = time.time()
 page = get("/metrics")
 print("--- /metrics beside %d non-reading clients: %d bytes in %.2f s" % (len(hogs), len(page), time.time() - t0))
