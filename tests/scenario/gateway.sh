@@ -200,4 +200,13 @@ for _ in $(seq 60); do
 done
 [ "$ok" = 1 ] || fail "the router never saw the request cancelled (requests_cancelled $before -> $now)"
 echo "router requests_cancelled: $before -> $now"
+note "a gateway killed with -9 is restarted by the supervisor and serves again"
+gpid=$(actor_pid "$WORK/t.yaml" gateway)
+[ -n "$gpid" ] || fail "no gateway pid from the monitor"
+kill -KILL "$gpid"
+health() { [ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 "$U/health")" = 200 ] && \
+           [ "$(actor_pid "$WORK/t.yaml" gateway)" != "$gpid" ]; }
+wait_for health || fail "the gateway did not come back after kill -9"
+expect "$(code $B -H "$K" -d "$chat" "$U/v1/chat/completions")" 200 $B "chat after the restart"
+echo "gateway $gpid killed; pid $(actor_pid "$WORK/t.yaml" gateway) serves"
 echo "PASS gateway"
