@@ -29,7 +29,9 @@
  * Known limits: device-tier entries are what workers announced and may be stale after a worker
  * evicts (harmless: a stale hint only costs a recompute); unpinned blocks still in memory at a
  * restart are lost (only pinned and spilled ones are on disk); a fetch asking for more blocks than
- * the host store holds gets the leading ones that fit. */
+ * the host store holds gets the leading ones that fit; disk blocks are served through the host
+ * store, so when memory holds only pinned blocks that the (full) disk cannot take, blocks on disk
+ * cannot come back (disk_promotions_failed_total). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -112,6 +114,7 @@ typedef struct cmgr {
     uint64_t spills_shed, spills_shed_full; /* writes not made: no job free / disk full or all pinned */
     uint64_t disk_write_errors, disk_reads, disk_read_failed, disk_reads_not_started;
     uint64_t disk_corrupt, disk_foreign; /* reads refused (since start; the store counts those at open) */
+    uint64_t promotions_failed;     /* blocks read back that memory (all pinned, disk full) could not take */
     double read_ms_sum, read_ms_max;  /* reads finished since the last stats */
     uint64_t reads_window;
     double read_ms_last;            /* mean read latency over the last stats window that had reads */
@@ -626,8 +629,19 @@ static void s_read_done(actor_t *a, cmgr_t *c, dio_job_t *j, int64_t now)
             uint64_t evicted[512];
             uint32_t n_evicted = 0;
             int slot = s_host_put(a, c, j->hash, j->buf, now, evicted, &n_evicted);
-            if (slot >= 0)
+            if (slot >= 0) {
                 c->slots[slot].from_disk = 1;
+            } else {
+                /* Memory is all pinned blocks that cannot go to disk: the fetches waiting for this
+                 * one stop waiting (else they would read it again and again). */
+                c->promotions_failed++;
+                for (int i = 0; i < c->n_parked; i++) {
+                    const msg_cache_fetch_t *f = &c->parked[i].u.cache_fetch;
+                    const uint32_t found = s_found(c, f);
+                    if (found < f->n_hashes && f->hashes[found] == j->hash)
+                        c->parked_until[i] = 0;
+                }
+            }
             s_event(a, c, MSG_CEV_REMOVED, MSG_TIER_HOST, c->name, evicted, n_evicted);
         }
         return;
@@ -899,6 +913,7 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
     actor_stat_metric(a, st, "disk_read_ms", c->read_ms_last, 0);
     actor_stat_metric(a, st, "disk_read_ms_max", c->read_ms_max, 0);
     actor_stat_metric(a, st, "disk_reads_not_started_total", (double)c->disk_reads_not_started, 1);
+    actor_stat_metric(a, st, "disk_promotions_failed_total", (double)c->promotions_failed, 1);
     /* Refused blocks: at start (the index read back) and on reads since. */
     actor_stat_metric(a, st, "disk_dropped_corrupt_total", (double)(c->disk->dropped_corrupt + c->disk_corrupt), 1);
     actor_stat_metric(a, st, "disk_dropped_foreign_total", (double)(c->disk->dropped_foreign + c->disk_foreign), 1);
