@@ -127,7 +127,7 @@ typedef struct topo_limits {
 typedef struct topo_cache {
     int block_size;                      /* tokens per KV block; one of 8, 16, 32, 64, 128; default 16 */
     int host_store_blocks;               /* cache-manager's host store; default 4096; 0..2^26 */
-    int default_retention_s;             /* retention when a client names a cache key without a time; default 300; 0..30 days */
+    int default_retention_s;             /* retention when a client names a cache key without a time; default 300; 0..7 days (the longest pin) */
     char disk_dir[TOPO_PATH_MAX];        /* cache-manager's disk tier (actors/cache/); "" = none (default) */
     int64_t disk_bytes;                  /* its size limit; default 0 = 10 GiB when disk_dir is set; 0 or 2^20..2^50 */
 } topo_cache_t;
