@@ -161,7 +161,7 @@ static void s_down(kvlinks_t *ls, kvlink_t *k, const char *why, int tell)
     }
     k->retry_at = now_ms() + ls->cfg.retry_ms;
     k->down_reported = 1;
-    LOG_W("%s; hand-offs %s %s go through shared memory (%s)", k->chan.why, k->offerer ? "to" : "from", k->peer,
+    LOG_W("%s; hand-offs %s %s take the fallback channel (%s)", k->chan.why, k->offerer ? "to" : "from", k->peer,
           k->offerer ? "a new link is offered after a while" : "until the sender offers a new link");
     if (tell && opened && k->chan.link_id)
         s_tell_failed(ls, k->peer, k->chan.link_id, k->chan.why);
@@ -175,7 +175,7 @@ void kvlinks_want(kvlinks_t *ls, const char *peer)
     if (k && (s_up(k) || (k->chan.state == TCHAN_NCCL_FAILED && now_ms() < k->retry_at)))
         return;
     if (!(k = s_slot(ls, peer))) {
-        LOG_W("no room for an NCCL link to %s (%d links): its hand-offs go through shared memory", peer, KVLINK_MAX);
+        LOG_W("no room for an NCCL link to %s (%d links): its hand-offs take the fallback channel", peer, KVLINK_MAX);
         return;
     }
     tchan_nccl_close(&k->chan);

@@ -18,13 +18,13 @@
  *   prefill, or a retry) replaces the old link.
  *
  * Transfers: the sender posts the send of a hand-off's blocks (kvlinks_send) and puts the link id
- * and the transfer's sequence number on the link into the kv_announce's handle; the receiver takes
+ * and the transfer's sequence number on the link into the transfer description's handle; the receiver takes
  * them when it handles the hand-off (kvlinks_recv, waiting with a deadline), or, when it refuses
  * the hand-off or takes it without its KV, still receives the bytes into a scratch block
  * (kvlinks_settle) so both sides' order stays the same. An announce whose sequence number is not
  * the next one on the link means the order broke: the link is aborted, never trusted again.
  *
- * Every function takes a NULL kvlinks_t (no links: shared memory for everything). */
+ * Every function takes a NULL kvlinks_t (no links: the fallback for everything). */
 #ifndef TROUPE_KV_LINK_H
 #define TROUPE_KV_LINK_H
 
@@ -44,7 +44,7 @@ typedef struct kvlink_cfg {
     int64_t init_timeout_ms;      /* offer -> READY (default 20000) */
     int64_t send_timeout_ms;      /* a send, posted before its announce (default 4000) */
     int64_t recv_timeout_ms;      /* a receive, posted when the hand-off is taken (default 2000) */
-    int64_t retry_ms;             /* after a failure, shared memory only for this long (default 30000) */
+    int64_t retry_ms;             /* after a failure, the fallback only for this long (default 30000) */
 } kvlink_cfg_t;
 
 /* How kv_link messages leave (actor_send in the actors; a capture in the tests). 0 when sent. */
@@ -65,8 +65,9 @@ void kvlinks_destroy(kvlinks_t **self_p);
 msg_channel_t kvlink_route(const topo_instance_t *from, const topo_instance_t *to, int ipc_ok, int nccl_ok);
 
 /* Sender: the channel to use now for a hand-off to `peer` whose route is `route`: NCCL only when
- * the link is READY; otherwise shared memory (counted as a fallback), and the link is offered when
- * there is none or its retry delay is over. Any other route is returned as it is. */
+ * the link is READY; otherwise MSG_CHAN_SHM, i.e. the fallback (counted; kvchan_channel makes it
+ * tcp across nodes), and the link is offered when there is none or its retry delay is over. Any
+ * other route is returned as it is. */
 msg_channel_t kvlinks_channel(kvlinks_t *ls, const char *peer, msg_channel_t route);
 /* Sender: offers a link to peer now unless one is up, coming up, or failed within retry_ms. */
 void kvlinks_want(kvlinks_t *ls, const char *peer);

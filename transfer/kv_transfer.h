@@ -2,10 +2,12 @@
  * shared by every actor that moves blocks (prefill -> decode hand-offs, decode -> cache-manager
  * write-backs, cache-manager -> prefill fetches).
  *
- * The sender writes whole blocks ([layers][2][block_size][kv_heads][head_dim], kernels/backend.h)
- * into a tensor-channel segment, sends a kv_announce (shape, block ids, bytes, the segment's
- * handle, a deadline), and keeps the segment until a kv_ack names the transfer or the deadline
- * passes. The receiver checks the announced shape against its own pool before reading a byte. */
+ * The sender moves whole blocks ([layers][2][block_size][kv_heads][head_dim], kernels/backend.h)
+ * onto a channel, describes them (shape, block ids, bytes, the channel's handle, a deadline: a
+ * msg_kv_announce_t, sent alone as a kv_announce for write-backs and fetches, inside the handoff
+ * for a hand-off: kv_chan.h), and keeps what the transfer holds until a kv_ack names the transfer
+ * or the deadline passes. The receiver checks the described shape against its own pool before
+ * reading a byte. */
 #ifndef TROUPE_KV_TRANSFER_H
 #define TROUPE_KV_TRANSFER_H
 

@@ -11,7 +11,7 @@
  *      it (tchan_nccl_poll) until READY: initialised, then one small exchange with the peer that
  *      sets up NCCL's point-to-point connections (so the first hand-off does not wait for the peer
  *      to connect) and proves both sides are there;
- *   3. transfers: the sender posts a send of the announced blocks before its kv_announce, the
+ *   3. transfers: the sender posts a send of the blocks before the handoff that describes them, the
  *      receiver posts the matching receive when it takes the hand-off; each side polls its
  *      transfer (tchan_nccl_test, or tchan_nccl_wait which sleeps between polls).
  * Every wait has a deadline. A deadline that passes, or an error NCCL reports (ncclCommGetAsyncError),
@@ -19,7 +19,8 @@
  * with an error naming the peer and what did not complete, e.g.
  *     NCCL link to decode-1 (link 5c1f00000003): send of 12 blocks (24.0 MiB) not complete after
  *     4000 ms; communicator aborted
- * The caller then moves its blocks another way (shared memory) and may open a new link later.
+ * The caller then moves its blocks another way (the pair's fallback: shared memory on one node, tcp
+ * across nodes) and may open a new link later.
  *
  * Blocks: a KV block is one contiguous chunk (every layer's K and V: bk_kv_t's block layout), so
  * one block travels as one ncclSend/ncclRecv of block_bytes; a transfer's blocks go in groups of

@@ -1,16 +1,17 @@
 /* transfer/shm_chan.h — the shared-memory channel: how KV blocks move between processes of one node.
  *
- * Control and data are separate (DESIGN.md): a kv_announce message says what is coming
- * (transfer id, blocks, shapes, dtype, channel kind, a handle), the bytes move here, the receiver
- * answers with kv_ack. This file is the shared-memory channel (CPU backend, same node): the
+ * Control and data are separate (DESIGN.md): a transfer description (a kv_announce, or inside a
+ * handoff) says what is coming (transfer id, blocks, shapes, dtype, channel kind, a handle), the
+ * bytes move here, the receiver answers with kv_ack. This file is the shared-memory channel (CPU
+ * backend, same node; it cannot cross machines): the
  * sender creates one POSIX shm segment per transfer, named from the cluster and transfer id,
  * writes the blocks into it and passes the name as the announce's handle; the receiver maps it
  * read-only, copies into its own pool and acks; the sender then unlinks it. A transfer that is
  * not acked by its deadline is unlinked by the sender all the same, so no segment outlives its
  * transfer (and tchan_shm_sweep removes any left by a killed process at start-up).
  *
- * CUDA IPC (same GPU: worker.h's worker_blocks_in_ipc) and NCCL (two GPUs of a node:
- * nccl_chan.h, the links in kv_link.h) implement the same announce/move/ack protocol. */
+ * CUDA IPC (same GPU: kv_blocks.h), NCCL (two GPUs: nccl_chan.h, the links in kv_link.h) and tcp
+ * (two nodes: tcp_chan.h) implement the same protocol; kv_chan.h puts them behind one interface. */
 #ifndef TROUPE_SHM_CHAN_H
 #define TROUPE_SHM_CHAN_H
 
