@@ -39,7 +39,7 @@ typedef enum {
     ENGINE_ERR_RUNTIME,           /* the device, host memory: another attempt may succeed */
 } engine_status_t;
 
-/* How to open a model. Zeroed fields take the defaults; engine_spec_default sets the dtypes'. */
+/* How to open a model: start from engine_spec_default (DT_COUNT dtypes); zero fields are defaults. */
 typedef struct engine_spec {
     const char *backend;          /* backend_new kind: "cpu" (NULL: "cpu"), "cuda", "cuda:N" */
     int threads;                  /* host threads; <= 0: the backend's default */
@@ -55,7 +55,7 @@ typedef struct engine_spec {
     const char *dummy_option;     /* names the dummy load format in hints (NULL: "load_format: dummy") */
 } engine_spec_t;
 
-/* An open model. Every field is set by engine_load and read-only afterwards. */
+/* An open model: model_dir and cfg set by engine_new, the rest by engine_load; read-only after. */
 typedef struct engine {
     char *model_dir;
     model_config_t cfg;           /* config.json and generation_config.json */
