@@ -28,6 +28,7 @@
 #include "actors/runtime/actor.h"
 #include "actors/runtime/prefix_fetch.h"
 #include "actors/runtime/worker.h"
+#include "actors/worker/token_text.h"
 #include "actors/worker/writeback.h"
 #include "common/log.h"
 #include "common/util.h"
@@ -64,8 +65,7 @@ typedef struct decode {
     int32_t *argmax;             /* [max_seqs] the device's ids of a step (argmax or sampled) */
     bk_sample_t *sample;         /* [max_seqs] each row's sampling parameters for the device */
     uint8_t *need_logits;        /* [max_seqs] rows whose logits the host sampler needs */
-    char *text;                  /* [text_cap] emitted text of one token */
-    size_t text_cap, text_len;
+    token_text_t text;           /* the text of the token being streamed */
     kvlinks_t *links;            /* NCCL links from prefill workers on other GPUs */
     kvchan_t *chan;              /* how hand-offs' blocks come in, every channel (kv_chan.h) */
     /* stats */
@@ -82,16 +82,6 @@ typedef struct decode {
     double tokens_per_s;
     int last_batch;
 } decode_t;
-
-static void s_emit_text(void *ctx, const char *t, size_t n)
-{
-    decode_t *d = ctx;
-    if (d->text_len + n + 1 > d->text_cap)
-        n = d->text_cap - d->text_len - 1;
-    memcpy(d->text + d->text_len, t, n);
-    d->text_len += n;
-    d->text[d->text_len] = 0;
-}
 
 /* A request's token buffer: the prompt (ids below vocab_size: valid int32, same bytes), then room
  * for every generated id. */
@@ -164,26 +154,11 @@ static void s_finish(actor_t *a, decode_t *d, dc_req_t *r, msg_finish_t fin)
     s_req_free(d, r);
 }
 
-/* Streams token t (the request's n_gen-th) with its text; returns the finish reason. */
-static finish_reason_t s_emit(actor_t *a, decode_t *d, dc_req_t *r, int32_t t, float lp)
+/* Streams token t (the request's n_gen-th) with its text, and ends the request when it finished
+ * (at_length: no room for another token). */
+static void s_token(actor_t *a, decode_t *d, dc_req_t *r, int32_t t, float lp, int at_length)
 {
-    finish_reason_t fin = sampler_accept(r->smp, t);
-    d->text_len = 0;
-    d->text[0] = 0;
-    if (fin != FINISH_STOP && d->w->tok) {
-        char piece[1024];
-        size_t n = 0;
-        if (tok_stream_feed(&r->ts, t, piece, sizeof piece, &n) == 0 && n &&
-            sampler_text(r->smp, piece, n, s_emit_text, d))
-            fin = FINISH_STOP;
-    }
-    if (fin != FINISH_NONE && d->w->tok) {
-        char piece[1024];
-        size_t n = 0;
-        if (fin != FINISH_STOP && tok_stream_flush(&r->ts, piece, sizeof piece, &n) == 0 && n)
-            sampler_text(r->smp, piece, n, s_emit_text, d);
-        sampler_text_flush(r->smp, s_emit_text, d);
-    }
+    finish_reason_t fin = token_text_accept(&d->text, r->smp, d->w->tok ? &r->ts : NULL, t);
     r->toks[r->sr.n_toks++] = t;
     r->n_gen++;
     msg_t m;
@@ -192,20 +167,13 @@ static finish_reason_t s_emit(actor_t *a, decode_t *d, dc_req_t *r, int32_t t, f
     m.u.token.seq = (uint32_t)(r->n_gen - 1);
     m.u.token.tokens = &tok;
     m.u.token.n_tokens = 1;
-    m.u.token.text = d->text_len ? d->text : NULL;
+    m.u.token.text = d->text.len ? d->text.buf : NULL;
     if (r->handoff.u.handoff.sampling.logprobs) {
         m.u.token.logprobs = &lp;
         m.u.token.n_logprobs = 1;
     }
     actor_send(a, r->handoff.u.handoff.reply_to, &m);
     d->tokens_out++;
-    return fin;
-}
-
-/* Streams token t and ends the request when it finished (at_length: no room for another). */
-static void s_token(actor_t *a, decode_t *d, dc_req_t *r, int32_t t, float lp, int at_length)
-{
-    finish_reason_t fin = s_emit(a, d, r, t, lp);
     if (fin == FINISH_NONE && at_length)
         fin = FINISH_LENGTH;
     if (fin != FINISH_NONE)
@@ -687,14 +655,13 @@ int main(int argc, char **argv)
     d.argmax = calloc((size_t)max_seqs, sizeof *d.argmax);
     d.sample = calloc((size_t)max_seqs, sizeof *d.sample);
     d.need_logits = calloc((size_t)max_seqs, 1);
-    d.text_cap = 8192;
-    d.text = malloc(d.text_cap);
+    const int text_rc = token_text_init(&d.text, 8192);
     d.wb = writeback_new(d.w, d.name, d.cluster, d.cache_manager);
     sched_config_t sc = {.max_seqs = max_seqs, .max_running = max_seqs, .chunk_tokens = chunk_tokens, .now_ms = now_ms,
                          .ctx = &d, .reclaim = s_reclaim, .hold_expired = s_hold_expired, .drop = s_drop};
     d.sched = sched_new(d.w->pool, &sc, err, sizeof err);
     int rc = -1;
-    if (!d.links || !d.chan || !d.seqs || !d.argmax || !d.sample || !d.need_logits || !d.text || !d.wb ||
+    if (!d.links || !d.chan || !d.seqs || !d.argmax || !d.sample || !d.need_logits || text_rc != 0 || !d.wb ||
         !d.sched) {
         LOG_E("out of memory for a batch of %d", max_seqs);
     } else {
@@ -715,7 +682,7 @@ int main(int argc, char **argv)
     free(d.argmax);
     free(d.sample);
     free(d.need_logits);
-    free(d.text);
+    token_text_free(&d.text);
     worker_destroy(&d.w);
     actor_destroy(&a);
     return rc == 0 ? 0 : 1;

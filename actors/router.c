@@ -462,13 +462,13 @@ static int s_on_submit(actor_t *a, void *state, const actor_peer_t *from, msg_t 
         r->head->prev = q;
     r->head = q;
     r->n_reqs++;
-    /* Out of memory for the index: found by its connection's ids no more (no duplicate check or
-     * cancel); found by ours, it still streams, or the lookup of its replies would drop them. */
-    if (u64map_put(&r->by_id, q->id, (uint64_t)(uintptr_t)q) != 0)
-        LOG_E("request %llu: out of memory for the request index", (unsigned long long)q->id);
-    if (!s_find_client(r, from, m->id))
-        u64map_put(&r->by_client, s_client_key(from, m->id), (uint64_t)(uintptr_t)q);
     s_load_take(r, q, pi, di);
+    /* Not found by our id, its workers' replies would be dropped: out of memory, it fails now. */
+    if (u64map_put(&r->by_id, q->id, (uint64_t)(uintptr_t)q) != 0 ||
+        u64map_put(&r->by_client, s_client_key(from, m->id), (uint64_t)(uintptr_t)q) != 0) {
+        s_fail(a, r, q, MSG_ERR_OVERLOADED, 1, "router out of memory");
+        return 0;
+    }
     r->prompt_tokens += n;
     LOG_D("request %llu (client %llu): %zu prompt tokens, %d cached blocks known -> %s / %s",
           (unsigned long long)q->id, (unsigned long long)m->id, n, hit, r->workers[pi].name, r->workers[di].name);
