@@ -167,11 +167,28 @@ static int s_decode(const char *dir, const model_config_t *cfg, const char *back
     }
     const double dt = s_now() - t1;
     const double bytes = (double)model_weight_bytes(m);
+    /* The copy bound: a device-to-device copy of 1 GiB (bytes read + written), best of 5. */
+    double copy_bw = 0;
+    const size_t cb = (size_t)1 << 30;
+    void *ca = be->ops->copy ? be->ops->alloc(be, cb) : NULL, *cb2 = ca ? be->ops->alloc(be, cb) : NULL;
+    for (int r = 0; cb2 && r < 6; r++) {
+        be->ops->sync(be);
+        const double c0 = s_now();
+        be->ops->copy(be, cb2, ca, cb);
+        be->ops->sync(be);
+        const double bw = 2.0 * (double)cb / (s_now() - c0) / 1e9;
+        copy_bw = r && bw > copy_bw ? bw : copy_bw;   /* the first is a warm-up */
+    }
+    if (cb2)
+        be->ops->free(be, cb2);
+    if (ca)
+        be->ops->free(be, ca);
     printf("model %s\nweights %s%s\nbackend %s\nload_s %.1f\ndecode_steps %d\ntok_per_s %.1f\n"
-           "weight_bytes_per_step %.3e\nweight_GB_per_s %.1f\n",
+           "weight_bytes_per_step %.3e\nweight_GB_per_s %.1f\ncopy_GB_per_s %.0f\nbound_tok_per_s %.0f\n",
            dir, dummy ? "dummy " : "",
            cfg->quant.present ? quant_format_name(cfg->quant.fmt) : qfmt ? quant_format_name(qfmt) : "plain",
-           be->ops->name, t_load, steps, steps / dt, bytes, bytes * steps / dt / 1e9);
+           be->ops->name, t_load, steps, steps / dt, bytes, bytes * steps / dt / 1e9, copy_bw,
+           copy_bw > 0 ? copy_bw * 1e9 / bytes : 0.0);
     free(logits);
     kvseq_destroy(&seq);
     kvpool_destroy(&pool);

@@ -1736,5 +1736,7 @@ int main(void)
         cmocka_unit_test(test_moe_ffn),
         cmocka_unit_test(test_fixtures),
     };
+    if (getenv("TROUPE_TEST_FILTER"))             /* e.g. '*quant*': a subset of the table (cmocka's wildcards) */
+        cmocka_set_test_filter(getenv("TROUPE_TEST_FILTER"));
     return cmocka_run_group_tests(tests, s_setup, s_teardown);
 }
