@@ -88,6 +88,34 @@ static void s_on_signal(int sig) { s_stop_signal = sig; }
 
 /* ---- keys ------------------------------------------------------------------------------- */
 
+/* Our own keypair, before the control socket binds: the one in a named security.curve_keys_dir
+ * when there is one, else a new one (in memory: files are written only once the bind has shown
+ * that no other supervisor of this cluster runs, whose actors use the files). */
+static int s_own_key(supervisor_t *s)
+{
+    char pub[TOPO_PATH_MAX + 128], key[TOPO_PATH_MAX + 128], err[512];
+    if (!auth_curve_available()) {
+        LOG_E("security: the topology has CURVE keys but this libzmq has no CURVE");
+        return -1;
+    }
+    actor_key_paths(s->topo, "supervisor", pub, key, sizeof pub);
+    if (s->topo->security.curve_keys_dir[0] && access(key, R_OK) == 0 && access(pub, R_OK) == 0) {
+        if (auth_key_read(pub, s->kp.pub, err, sizeof err) != 0 || auth_key_read(key, s->kp.sec, err, sizeof err) != 0) {
+            LOG_E("security: %s", err);
+            return -1;
+        }
+    } else if (zmq_curve_keypair(s->kp.pub, s->kp.sec) != 0) {
+        LOG_E("security: zmq_curve_keypair: %s", zmq_strerror(errno));
+        return -1;
+    }
+    char zerr[256];
+    if (!(s->auth = auth_new(s->ctx, zerr, sizeof zerr))) {   /* before any handshake can happen */
+        LOG_E("security: %s", zerr);
+        return -1;
+    }
+    return 0;
+}
+
 /* CURVE keypairs for every instance and for us: made fresh at each launch in the default
  * <run_dir>/keys (0700 directory, 0600 files); in a security.curve_keys_dir the topology names,
  * existing pairs are kept (other nodes read the same files) and only missing ones are made. Then
@@ -96,10 +124,6 @@ static int s_keys(supervisor_t *s)
 {
     const topo_t *t = s->topo;
     char pub[TOPO_PATH_MAX + 128], key[TOPO_PATH_MAX + 128], err[512], z85[AUTH_Z85_LEN + 1];
-    if (!auth_curve_available()) {
-        LOG_E("security: the topology has CURVE keys but this libzmq has no CURVE");
-        return -1;
-    }
     const int fresh = !t->security.curve_keys_dir[0];
     if (actor_key_paths(t, "supervisor", pub, key, sizeof pub) != 0) {
         LOG_E("security.curve_keys_dir: path too long");
@@ -112,15 +136,13 @@ static int s_keys(supervisor_t *s)
         return -1;
     }
     *slash = '/';
-    if (!(s->auth = auth_new(s->ctx, err, sizeof err))) {
-        LOG_E("security: %s", err);
-        return -1;
-    }
     for (int i = 0; i <= t->n_instances; i++) {
         const char *name = i < t->n_instances ? t->instances[i].name : "supervisor";
+        const int ours = i == t->n_instances;
         actor_key_paths(t, name, pub, key, sizeof pub);
         if ((fresh || access(key, R_OK) != 0 || access(pub, R_OK) != 0) &&
-            auth_keypair_generate(pub, key, NULL, err, sizeof err) != 0) {
+            (ours ? auth_keypair_write(pub, key, &s->kp, err, sizeof err)
+                  : auth_keypair_generate(pub, key, NULL, err, sizeof err)) != 0) {
             LOG_E("security: %s", err);
             return -1;
         }
@@ -129,9 +151,7 @@ static int s_keys(supervisor_t *s)
             return -1;
         }
     }
-    actor_key_paths(t, "supervisor", pub, key, sizeof pub);
-    if (auth_key_read(pub, s->kp.pub, err, sizeof err) != 0 || auth_key_read(key, s->kp.sec, err, sizeof err) != 0 ||
-        auth_start(s->auth, err, sizeof err) != 0) {
+    if (auth_start(s->auth, err, sizeof err) != 0) {
         LOG_E("security: %s", err);
         return -1;
     }
@@ -581,7 +601,7 @@ int main(int argc, char **argv)
 
     s->sendbuf = malloc(MSG_MAX_FRAME);
     s->ctx = zmq_ctx_new();
-    if (s->topo->security.curve_server_public[0] && s_keys(s) != 0)
+    if (s->topo->security.curve_server_public[0] && s_own_key(s) != 0)
         return EXIT_USAGE;
     s->control = zmq_socket(s->ctx, ZMQ_ROUTER);
     actor_sock_defaults(s->control, &s->topo->limits);
@@ -594,6 +614,8 @@ int main(int argc, char **argv)
               zmq_strerror(errno), s->topo->name);
         return EXIT_USAGE;
     }
+    if (s->auth && s_keys(s) != 0)
+        return EXIT_USAGE;
     s->stats_pub = zmq_socket(s->ctx, ZMQ_PUB);
     actor_sock_defaults(s->stats_pub, &s->topo->limits);
     const topo_instance_t *mon = topo_first(s->topo, ROLE_MONITOR);

@@ -94,13 +94,19 @@ static int s_write_key(const char *path, const char *z85, char *err, size_t errl
     return ok ? 0 : errf(err, errlen, "%s: write failed", path);
 }
 
+int auth_keypair_write(const char *pub_path, const char *sec_path, const auth_keypair_t *kp, char *err,
+                       size_t errlen)
+{
+    return s_write_key(sec_path, kp->sec, err, errlen) != 0 || s_write_key(pub_path, kp->pub, err, errlen) != 0 ? -1 : 0;
+}
+
 int auth_keypair_generate(const char *pub_path, const char *sec_path, auth_keypair_t *out, char *err,
                           size_t errlen)
 {
     auth_keypair_t kp;
     if (zmq_curve_keypair(kp.pub, kp.sec) != 0)
         return errf(err, errlen, "zmq_curve_keypair: %s", zmq_strerror(errno));
-    if (s_write_key(sec_path, kp.sec, err, errlen) != 0 || s_write_key(pub_path, kp.pub, err, errlen) != 0)
+    if (auth_keypair_write(pub_path, sec_path, &kp, err, errlen) != 0)
         return -1;
     if (out)
         *out = kp;

@@ -32,6 +32,9 @@ int auth_curve_available(void);
 
 /* Reads the one key of a key file into z85 (AUTH_Z85_LEN + 1 bytes). -1 with the file and reason. */
 int auth_key_read(const char *path, char *z85, char *err, size_t errlen);
+/* kp written to pub_path and sec_path (both 0600, replaced if present). */
+int auth_keypair_write(const char *pub_path, const char *sec_path, const auth_keypair_t *kp, char *err,
+                       size_t errlen);
 /* A new keypair written to pub_path and sec_path (both 0600, replaced if present). */
 int auth_keypair_generate(const char *pub_path, const char *sec_path, auth_keypair_t *out, char *err,
                           size_t errlen);
