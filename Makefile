@@ -65,7 +65,7 @@ endif
 # take backend_cuda_new from the archive (libtroupe's weak reference alone would not); libtroupe.a
 # again after it resolves what the CUDA objects use. CUDA_LIBDIR holds libcudart/libcublas(Lt).
 CUDA_LINK   ?= 1
-CUDA_USERS  := troupe-prefill troupe-decode troupe-generate troupe-bench-engine
+CUDA_USERS  := troupe-prefill troupe-decode troupe-generate troupe-bench-engine troupe-score
 CUDA_LIBDIR ?= $(firstword $(wildcard $(CUDA_HOME)/lib64 $(CUDA_HOME)/targets/x86_64-linux/lib) /usr/lib/x86_64-linux-gnu)
 ifneq ($(CUDA_LIB),)
 ifneq ($(CUDA_LINK),0)
