@@ -867,6 +867,11 @@ static void s_endpoints(topo_diag_t *d, const raw_topo_t *raw, topo_t *t)
             if (ok[i] && parsed[i].tcp && s_wildcard_host(parsed[i].host) &&
                 (i < 2 || strcmp(b[i].path, "endpoints.control") == 0))
                 s_wildcard(d, t, b[i].path, b[i].ep);
+            /* /metrics is plain HTTP, never CURVE: all interfaces only by the explicit opt-in. */
+            if (ok[i] && parsed[i].tcp && s_wildcard_host(parsed[i].host) &&
+                strcmp(b[i].path, "endpoints.metrics") == 0 && !t->security.allow_wildcard)
+                topo_diag_err(d, b[i].path, "%s binds all interfaces with plain HTTP (CURVE does not cover "
+                              "/metrics): that needs security.allow_wildcard: true", b[i].ep);
         }
         for (int i = 0; i < n; i++) {
             for (int j = 0; j < i; j++) {

@@ -589,6 +589,8 @@ static void test_semantic_errors(void **state)
     assert_err("security.curve_clients: required with CURVE keys");
     s_bad(MINIMAL "security:\n  curve_keys_dir: k\n");
     assert_err("security: curve_clients and curve_keys_dir need curve_server_public");
+    s_bad(MINIMAL "endpoints:\n  metrics: tcp://0.0.0.0:9100\n");
+    assert_err("endpoints.metrics: tcp://0.0.0.0:9100 binds all interfaces with plain HTTP");
 
     s_bad_file("tests/fixtures/topology/remote.yaml");
     assert_err("remote.yaml:6: nodes[0].address: '127.0.0.1' is loopback, but actors on other machines");
