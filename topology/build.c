@@ -14,6 +14,7 @@
 #include "topology/raw.h"
 
 #include "common/util.h"
+#include "messages/msg.h"       /* MSG_MAX_RETENTION_S: the one retention maximum */
 
 #include <ctype.h>
 #include <inttypes.h>
@@ -491,7 +492,7 @@ static void s_limits(topo_diag_t *d, const raw_topo_t *raw, topo_t *t)
     /* At most what a cache pin carries (messages/msg.h MSG_MAX_RETENTION_S, 7 days): a longer
      * default would make every pin message invalid, and the router's pins would be lost. */
     t->cache.default_retention_s = (int)s_int(d, "cache.default_retention_s", c->default_retention_s,
-                                              0, 7 * 86400, 300);
+                                              0, MSG_MAX_RETENTION_S, 300);
     s_str(d, "cache.disk_dir", c->disk_dir, NULL, t->cache.disk_dir, sizeof t->cache.disk_dir, 0);
     t->cache.disk_bytes = s_int(d, "cache.disk_bytes", c->disk_bytes, 0, (int64_t)1 << 50, 0);
     if (t->cache.disk_bytes && t->cache.disk_bytes < (1 << 20))
