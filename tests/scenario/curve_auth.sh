@@ -30,6 +30,16 @@ note "right key: exit $rc"
 [ "$rc" -eq 0 ] || { cat "$WORK/right.out"; fail "the allow-listed client was not served (exit $rc)"; }
 grep -q "done:" "$WORK/right.out" || fail "no done for the allow-listed client"
 grep -q "refused a connection" "$WORK/supervisor.log" || fail "the refusals were not logged"
+# The Python client takes keys too.
+PYTHONPATH="$ROOT/tools" /usr/bin/python3 - "$ep" "$WORK/keys" <<'PY' || fail "the Python client with the allow-listed key"
+import sys
+from troupe_client import Client
+ep, keys = sys.argv[1], sys.argv[2]
+with Client(ep, 30, server_key=keys + "/server.pub", key=keys + "/alice") as c:
+    last = list(c.generate(tokens=[1, 2, 3, 4], max_tokens=4))[-1]
+print("--- Python client, right key:", last["type"])
+assert last["type"] == "done", last
+PY
 
 # A plaintext peer at decode.s inbox, claiming to be the router, sends a cancel.
 PYTHONPATH="$ROOT/tools" /usr/bin/python3 - "$WORK/run/decode.sock" <<'PY'
