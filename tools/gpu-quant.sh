@@ -6,7 +6,7 @@
 # 3. times batch-1 greedy decode of Llama-3.1-8B's shape with dummy weights (speed only: the values
 #    are random) in bf16 and each quantized format, next to the device copy bound;
 # 4. with MODEL_DIR and TEXT: troupe-score's NLL on CUDA per format (40 windows of 256 tokens).
-# Logs go to $OUT (the device tool's folder) or build/gpu-logs.
+# FULL=1 runs the whole kernel table last. Logs go to $OUT (the device tool's folder) or build/gpu-logs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-build/gpu-logs}
@@ -47,5 +47,10 @@ if [ $# -ge 2 ]; then
       | grep -E "^format|mean_nll|error|troupe" | tr '\n' ' ' || status=1
     echo
   done
+fi
+if [ "${FULL:-0}" = 1 ]; then                     # FULL=1: the whole kernel table too (regressions elsewhere)
+  echo "== whole kernel table $(date +%T)"
+  timeout 200 build/gpu-tests/test_backend_cuda >"$OUT/test-all.log" 2>&1 || status=1
+  grep -E "FAILED|PASSED|ERROR" "$OUT/test-all.log" | tail -12
 fi
 exit $status

@@ -2,9 +2,10 @@
  * int8, int4 and nvfp4 weights, every scale grid, optional per-token activation fake-quantization.
  *
  * Small M (decode, M <= gemv_max_m): a weight-only GEMV that reads the packed codes once and
- * dequantizes in registers: one warp per output row, each lane takes 16 codes at a time (16 bytes
- * of fp8/int8, 8 bytes of nibbles), decodes them through a table in shared memory, multiplies by the
- * block's scale and accumulates against up to 4 rows of x in f32.
+ * dequantizes in registers: one warp per output row, each lane loads 16 bytes of codes at a time
+ * (16 fp8/int8 values, 32 nibbles), QG_U loads in flight, decodes them (fp8 by the hardware's
+ * convert, int by arithmetic, fp4 through a table in shared memory), multiplies by the block's
+ * scale and accumulates against up to 4 rows of x in f32.
  * Larger M (prefill): the weight is dequantized to bf16 into scratch and the bf16 GEMM runs
  * (cuda_matmul's cuBLASLt path): the weight is read once per call either way, and the tensor cores
  * do the rest. With qact, x is first fake-quantized per row into scratch (the CPU's arithmetic).
@@ -23,6 +24,7 @@
 
 #define QG_WARPS 8
 #define QG_MB 4
+#define QG_U 4        /* 16-byte code loads in flight per lane */
 
 /* The 256 (or 16) code values of fmt, as cpu_quant_code gives them. */
 __device__ __forceinline__ void dev_qtable(int fmt, float *tab)
@@ -54,19 +56,51 @@ __device__ __forceinline__ float dev_qcode(const float *tab, bool nib, const uin
     return tab[(c & 1) ? b >> 4 : b & 15];
 }
 
-template <bool VEC>
-__global__ void k_qgemv(const uint8_t *codes, const float *scale, int fmt, int64_t N, int64_t K, int gr, int gc,
+/* 16 bytes of codes -> the CH = 16 (bytes) or 32 (nibbles) values they hold, times their scales
+ * (s0 for the first 16 values, s1 for the next 16). fp8 through the hardware's e4m3 -> f16 convert
+ * (exact), int8 / int4 by arithmetic, fp4 through the block's table. */
+template <int FMT>
+__device__ __forceinline__ void dev_qdecode16(uint4 q, float s0, float s1, const float *tab, float *w)
+{
+    const uint32_t qs[4] = {q.x, q.y, q.z, q.w};
+    if constexpr (FMT == BK_Q_FP8) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(qs[i / 2] >> (16 * (i % 2))), __NV_E4M3);
+            const float2 f = __half22float2(*(const __half2 *)&h);
+            w[2 * i] = f.x * s0;
+            w[2 * i + 1] = f.y * s0;
+        }
+    } else if constexpr (FMT == BK_Q_I8) {
+#pragma unroll
+        for (int i = 0; i < 16; i++)
+            w[i] = (float)(int8_t)(qs[i / 4] >> (8 * (i % 4))) * s0;
+    } else {
+#pragma unroll
+        for (int i = 0; i < 32; i++) {
+            const uint32_t nib = (qs[i / 8] >> (4 * (i % 8))) & 15u;
+            const float v = FMT == BK_Q_I4 ? (float)((int)nib - 8) : tab[nib];
+            w[i] = v * (i < 16 ? s0 : s1);
+        }
+    }
+}
+
+/* VEC: 16-byte code loads, K a multiple of the chunk (16 values of bytes, 32 of nibbles) and the
+ * scale groups a multiple of 16 values (or the row). Each lane keeps QG_U chunks in flight. */
+template <bool VEC, int FMT>
+__global__ void k_qgemv(const uint8_t *codes, const float *scale, int64_t N, int64_t K, int gr, int gc,
                         const float *x, int M, const float *bias, float *y)
 {
     __shared__ float tab[256];
-    dev_qtable(fmt, tab);
+    dev_qtable(FMT, tab);
     __syncthreads();
     DEV_PDL_ENTER();
+    constexpr bool nib = FMT == BK_Q_I4 || FMT == BK_Q_FP4;
+    constexpr int CH = nib ? 32 : 16;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t n = (int64_t)blockIdx.x * QG_WARPS + warp;
     if (n >= N)
         return;
-    const bool nib = fmt == BK_Q_I4 || fmt == BK_Q_FP4;
     const uint8_t *row = codes + (nib ? n * K / 2 : n * K);
     const int64_t ngc = (K + gc - 1) / gc;
     const float *srow = scale + (n / gr) * ngc;
@@ -74,30 +108,34 @@ __global__ void k_qgemv(const uint8_t *codes, const float *scale, int fmt, int64
         const int mb = M - m0 < QG_MB ? M - m0 : QG_MB;
         float acc[QG_MB] = {0.0f, 0.0f, 0.0f, 0.0f};
         if constexpr (VEC) {
-            for (int64_t c = (int64_t)lane * 16; c < K; c += 32 * 16) {
-                float w[16];
-                const float s = srow[c / gc];
-                if (!nib) {
-                    const uint4 q = *(const uint4 *)(row + c);
-                    const uint32_t qs[4] = {q.x, q.y, q.z, q.w};
+            for (int64_t c0 = (int64_t)lane * CH; c0 < K; c0 += (int64_t)32 * CH * QG_U) {
+                uint4 q[QG_U];
+                float s0[QG_U], s1[QG_U];
 #pragma unroll
-                    for (int i = 0; i < 16; i++)
-                        w[i] = tab[(qs[i / 4] >> (8 * (i % 4))) & 255] * s;
-                } else {
-                    const uint2 q = *(const uint2 *)(row + c / 2);
-                    const uint32_t qs[2] = {q.x, q.y};
-#pragma unroll
-                    for (int i = 0; i < 16; i++)
-                        w[i] = tab[(qs[i / 8] >> (4 * (i % 8))) & 15] * s;
+                for (int u = 0; u < QG_U; u++) {   /* every load first: QG_U in flight per lane */
+                    const int64_t c = c0 + (int64_t)u * 32 * CH;
+                    if (c < K) {
+                        q[u] = __ldg((const uint4 *)(row + (nib ? c / 2 : c)));
+                        s0[u] = srow[c / gc];
+                        s1[u] = nib ? srow[(c + 16) / gc] : s0[u];
+                    }
                 }
 #pragma unroll
-                for (int j = 0; j < QG_MB; j++) {
-                    if (j < mb) {
-                        const float4 *xv = (const float4 *)(x + (int64_t)(m0 + j) * K + c);
+                for (int u = 0; u < QG_U; u++) {
+                    const int64_t c = c0 + (int64_t)u * 32 * CH;
+                    if (c >= K)
+                        break;
+                    float w[CH];
+                    dev_qdecode16<FMT>(q[u], s0[u], s1[u], tab, w);
 #pragma unroll
-                        for (int i = 0; i < 4; i++) {
-                            const float4 v = xv[i];
-                            acc[j] += w[4 * i] * v.x + w[4 * i + 1] * v.y + w[4 * i + 2] * v.z + w[4 * i + 3] * v.w;
+                    for (int j = 0; j < QG_MB; j++) {
+                        if (j < mb) {
+                            const float4 *xv = (const float4 *)(x + (int64_t)(m0 + j) * K + c);
+#pragma unroll
+                            for (int i = 0; i < CH / 4; i++) {
+                                const float4 v = xv[i];
+                                acc[j] += w[4 * i] * v.x + w[4 * i + 1] * v.y + w[4 * i + 2] * v.z + w[4 * i + 3] * v.w;
+                            }
                         }
                     }
                 }
@@ -120,6 +158,22 @@ __global__ void k_qgemv(const uint8_t *codes, const float *scale, int fmt, int64
                 y[(int64_t)(m0 + j) * N + n] = v + (bias ? bias[n] : 0.0f);
         }
     }
+}
+
+template <int FMT>
+static void s_qgemv(const cuda_state_t *st, const bk_mat_t *w, const float *x, int M, const float *bias, float *y)
+{
+    const int64_t N = w->rows, K = w->cols;
+    constexpr int CH = FMT == BK_Q_I4 || FMT == BK_Q_FP4 ? 32 : 16;
+    const bool vec = K % CH == 0 && (w->qgc % 16 == 0 || w->qgc >= K) && ((uintptr_t)w->data % 16) == 0 &&
+                     ((uintptr_t)x % 16) == 0;
+    const dim3 grid((unsigned)((N + QG_WARPS - 1) / QG_WARPS)), block(32 * QG_WARPS);
+    if (vec)
+        cuda_launch(st, k_qgemv<true, FMT>, grid, block, (const uint8_t *)w->data, w->qscale, N, K, (int)w->qgr,
+                    (int)w->qgc, x, M, bias, y);
+    else
+        cuda_launch(st, k_qgemv<false, FMT>, grid, block, (const uint8_t *)w->data, w->qscale, N, K, (int)w->qgr,
+                    (int)w->qgc, x, M, bias, y);
 }
 
 /* The dequantized weight as bf16 [N][K] (round to nearest even). */
@@ -203,15 +257,12 @@ void cuda_qmatmul(backend_t *be, const float *x, int M, const bk_mat_t *w, const
         x = xq;
     }
     if (M <= st->gemv_max_m) {
-        const bool vec = K % 16 == 0 && (w->qgc % 16 == 0 || w->qgc >= K) && ((uintptr_t)w->data % 16) == 0 &&
-                         ((uintptr_t)x % 16) == 0;
-        const dim3 grid((unsigned)((N + QG_WARPS - 1) / QG_WARPS));
-        if (vec)
-            cuda_launch(st, k_qgemv<true>, grid, dim3(32 * QG_WARPS), (const uint8_t *)w->data, w->qscale,
-                        (int)w->qfmt, N, K, (int)w->qgr, (int)w->qgc, x, M, bias, y);
-        else
-            cuda_launch(st, k_qgemv<false>, grid, dim3(32 * QG_WARPS), (const uint8_t *)w->data, w->qscale,
-                        (int)w->qfmt, N, K, (int)w->qgr, (int)w->qgc, x, M, bias, y);
+        switch (w->qfmt) {
+        case BK_Q_FP8: s_qgemv<BK_Q_FP8>(st, w, x, M, bias, y); break;
+        case BK_Q_I8: s_qgemv<BK_Q_I8>(st, w, x, M, bias, y); break;
+        case BK_Q_I4: s_qgemv<BK_Q_I4>(st, w, x, M, bias, y); break;
+        default: s_qgemv<BK_Q_FP4>(st, w, x, M, bias, y); break;
+        }
         return;
     }
     uint16_t *wb = (uint16_t *)cuda_scratch(be, &st->quant_w, &st->quant_w_bytes, (size_t)N * (size_t)K * 2);
