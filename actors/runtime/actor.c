@@ -163,10 +163,16 @@ static int s_curve_setup(actor_t *a)
             LOG_E("security: %s", err);
             return -1;
         }
+        /* A gateway is a client of the router, known by its own key. */
+        if (i < t->n_instances && t->instances[i].role == ROLE_GATEWAY)
+            auth_allow(a->auth, "clients", z85, name);
+    }
+    if (auth_key_read(sec->curve_server_public, a->server_kp.pub, err, sizeof err) != 0) {
+        LOG_E("security.curve_server_public: %s", err);
+        return -1;
     }
     if (a->role == ROLE_ROUTER || a->role == ROLE_MONITOR) {
-        if (auth_key_read(sec->curve_server_public, a->server_kp.pub, err, sizeof err) != 0 ||
-            auth_key_read(sec->curve_server_secret, a->server_kp.sec, err, sizeof err) != 0) {
+        if (auth_key_read(sec->curve_server_secret, a->server_kp.sec, err, sizeof err) != 0) {
             LOG_E("security.curve_server_public / curve_server_secret: %s", err);
             return -1;
         }
@@ -187,6 +193,11 @@ static int s_curve_setup(actor_t *a)
 int actor_curve_server(actor_t *a, void *sock)
 {
     return a->auth ? auth_server(sock, &a->kp, "cluster") : 0;
+}
+
+int actor_curve_client_endpoint(actor_t *a, void *sock)
+{
+    return a->auth ? auth_client(sock, &a->kp, a->server_kp.pub) : 0;
 }
 
 /* ---- sockets ----------------------------------------------------------------------------- */

@@ -138,6 +138,10 @@ int actor_public_key(const topo_t *t, const char *name, char *z85, char *err, si
 /* Makes a socket a role binds itself (the monitor's stats SUB) a CURVE server for the cluster's
  * actors, when CURVE is in force; 0 otherwise. Call before bind. */
 int actor_curve_server(actor_t *a, void *sock);
+/* Makes a socket a role connects to the cluster's client endpoint (the gateway's DEALER to the
+ * router) a CURVE client with our keypair, when CURVE is in force (the router admits gateway
+ * instances by their keys); 0 otherwise. Call before connect. */
+int actor_curve_client_endpoint(actor_t *a, void *sock);
 
 /* The wire role for a topology role. */
 msg_role_t actor_msg_role(topo_role_t r);
