@@ -299,7 +299,12 @@ static const char *s_shape(cmgr_t *c, size_t bb, uint32_t n_layers, uint32_t blo
         return NULL;
     }
     if (fresh) {
-        dio_job_t *j = dio_get(c->dio);
+        dio_job_t *j = dio_get(c->dio);   /* nothing is in flight before the format */
+        if (!j) {
+            LOG_E("disk tier: no I/O job free for its header: the disk tier is off");
+            c->disk_failed = 1;
+            return NULL;
+        }
         j->kind = DIO_FILE_HDR;   /* runs before any block write: jobs run in order */
         dio_submit(c->dio, j);
         LOG_I("disk tier %s: %llu slots of %llu bytes", c->disk->path, (unsigned long long)c->disk->fh.n_slots,
