@@ -23,12 +23,13 @@
  * one per thread; the last to let go frees it.
  *
  * Known limits: n = 1 only; no alternatives in logprobs (top_logprobs 0); a client that goes away
- * while a non-streamed reply is being computed is noticed only when the reply is written (a
- * suspended connection is not watched), so that request runs to its end. */
+ * while its reply is being computed (before its stream began, or a non-streamed one) is noticed
+ * within a second (s_liveness), mid-stream at the next token. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <microhttpd.h>
 #include <netdb.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -70,6 +71,7 @@ typedef struct gw_call {
     size_t body_len, body_cap;
     int too_big;                 /* the body passed gateway.max_body_bytes: answered 413 at its end */
     int submitted;               /* handed to the actor thread */
+    int fd;                      /* the connection's socket (for s_liveness; -1: unknown) */
     gw_key_t *key;               /* the caller's key (NULL: open API) */
     /* set before submit, read-only after */
     gw_request_t req;
@@ -89,6 +91,7 @@ typedef struct gw_call {
     int gone;                    /* the HTTP side is done with the call */
     /* actor thread */
     int in_table;                /* in g->calls (a request at the router) */
+    int cancel_sent;             /* a cancel went to the router (the client is gone) */
     int started;                 /* first token seen */
     char *text;                  /* [text_cap] collected text (non-streamed) */
     size_t text_len, text_cap;
@@ -130,6 +133,7 @@ static gw_call_t *s_call_new(gateway_t *g, struct MHD_Connection *conn)
     c->g = g;
     c->conn = conn;
     c->t0_ms = now_ms();
+    c->fd = -1;
     return c;
 }
 
@@ -272,6 +276,17 @@ static gw_reply_ctx_t s_ctx(const gw_call_t *c)
     return (gw_reply_ctx_t){.kind = c->req.kind, .id = c->oid, .created = c->created, .model = c->g->model};
 }
 
+/* Asks the router to cancel the call's request: 0 when sent. */
+static int s_cancel(gateway_t *g, gw_call_t *c)
+{
+    msg_t m;
+    msg_init(&m, MSG_CANCEL, c->id);
+    size_t len;
+    char err[256];
+    return msg_encode(&m, g->buf, MSG_MAX_FRAME, &len, err, sizeof err) == 0 &&
+                   zmq_send(g->router, g->buf, len, ZMQ_DONTWAIT) >= 0 ? 0 : -1;
+}
+
 /* Actor thread, mu held: one SSE event. */
 static void s_event_locked(gw_call_t *c, char *json)
 {
@@ -325,12 +340,7 @@ static void s_on_token(gateway_t *g, gw_call_t *c, const msg_token_t *t)
 cut:
     /* The client does not read (or memory ran out): stop the work, end its stream. */
     atomic_fetch_add(&g->n_cutoff, 1);
-    msg_t m;
-    msg_init(&m, MSG_CANCEL, c->id);
-    size_t len;
-    char err[256];
-    if (msg_encode(&m, g->buf, MSG_MAX_FRAME, &len, err, sizeof err) == 0)
-        zmq_send(g->router, g->buf, len, ZMQ_DONTWAIT);
+    s_cancel(g, c);
     s_fail_call(c, 500, "output_overflow", 0, "the reply could not be delivered: the client is not reading it");
     s_forget(g, c);
 }
@@ -506,12 +516,7 @@ static void s_submit(gateway_t *g, gw_call_t *c)
 static void s_abort(gateway_t *g, gw_call_t *c)
 {
     if (c->in_table) {
-        msg_t m;
-        msg_init(&m, MSG_CANCEL, c->id);
-        size_t len;
-        char err[256];
-        if (msg_encode(&m, g->buf, MSG_MAX_FRAME, &len, err, sizeof err) == 0 &&
-            zmq_send(g->router, g->buf, len, ZMQ_DONTWAIT) >= 0)
+        if (c->cancel_sent || s_cancel(g, c) == 0)
             LOG_D("request %llu: client gone, cancelled", (unsigned long long)c->id);
         else
             s_forget(g, c);
@@ -563,6 +568,38 @@ static void s_peer_event(actor_t *a, void *state, const char *peer, int up)
     u64map_free(&g->calls);
     u64map_init(&g->calls, 256);
     LOG_W("router %s lost: %d requests failed with 503", peer, n);
+}
+
+/* Once a second: the library does not watch a suspended connection, so a client that went away
+ * while waiting for its answer (a non-streamed reply, or a stream before its first token) would
+ * go unnoticed until the answer is written. Its socket is looked at here instead (a peek, while
+ * the connection is suspended and so cannot be closed under us); a closed one cancels the request
+ * at the router, whose done (cancelled) then ends the call. */
+static int s_liveness(actor_t *a, void *state)
+{
+    gateway_t *g = state;
+    for (size_t i = 0; i < g->calls.cap; i++) {
+        if (!g->calls.keys[i])
+            continue;
+        gw_call_t *c = (gw_call_t *)(uintptr_t)g->calls.vals[i];
+        if (c->cancel_sent)
+            continue;
+        int closed = 0;
+        pthread_mutex_lock(&c->mu);
+        if (c->suspended && !c->gone && c->fd >= 0) {
+            struct pollfd p = {.fd = c->fd, .events = POLLIN | POLLRDHUP};
+            char b;
+            if (poll(&p, 1, 0) == 1 && ((p.revents & (POLLRDHUP | POLLHUP | POLLERR)) ||
+                                        recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) == 0))
+                closed = 1;
+        }
+        pthread_mutex_unlock(&c->mu);
+        if (closed && s_cancel(g, c) == 0) {
+            c->cancel_sent = 1;
+            LOG_D("request %llu: client gone while waiting, cancelled", (unsigned long long)c->id);
+        }
+    }
+    return 0;
 }
 
 /* ---- the HTTP thread ----------------------------------------------------------------------------- */
@@ -859,6 +896,8 @@ static enum MHD_Result s_start(gateway_t *g, gw_call_t *c)
     c->id = __atomic_add_fetch(&g->next_id, 1, __ATOMIC_RELAXED) | (1ULL << 62);   /* never 0 (the map's empty key) */
     snprintf(c->oid, sizeof c->oid, "%s%016llx", c->ep == EP_CHAT ? "chatcmpl-" : "cmpl-", (unsigned long long)c->id);
     c->created = (int64_t)time(NULL);
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    c->fd = ci ? ci->connect_fd : -1;
     atomic_fetch_add(&c->refs, 1);   /* the actor side's */
     if (s_push(g, OP_SUBMIT, c) != 0) {
         atomic_fetch_sub(&c->refs, 1);
@@ -1064,6 +1103,7 @@ int main(int argc, char **argv)
         goto out;
     }
     actor_add_reader(a, g->pull, s_on_pull);
+    actor_timer_add(a, 1000, s_liveness);
 
     struct sockaddr_storage ss;
     int family = AF_INET;

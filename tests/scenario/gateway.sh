@@ -1,8 +1,9 @@
 # The OpenAI HTTP gateway with curl: models / health / metrics, chat and completions (streamed and
 # not), usage with cached_tokens on a second turn under a prompt_cache_key, every error in OpenAI's
 # shape (401, 404, 400 for bad JSON / types / ranges / n / retention / a too-long prompt, 413, 429
-# with Retry-After, 503 with Retry-After from a full router), a stalled client cut off, and a client
-# that disconnects mid-stream cancelling its request at the router.
+# with Retry-After, 503 with Retry-After from a full router), a stalled client cut off, a client
+# that disconnects (mid-stream, or while waiting for a whole reply) cancelling its request at the
+# router, and the gateway restarted after kill -9.
 # The model: the Qwen3 demo shape (real tokenizer and chat template, dummy weights).
 . "$(dirname "$0")/lib.sh"
 [ -x "$BIN/troupe-gateway" ] || fail "troupe-gateway is not built (libmicrohttpd-dev missing? make deps)"
@@ -199,6 +200,17 @@ for _ in $(seq 60); do
   if [ "$now" -gt "$before" ]; then ok=1; break; fi
 done
 [ "$ok" = 1 ] || fail "the router never saw the request cancelled (requests_cancelled $before -> $now)"
+echo "router requests_cancelled: $before -> $now"
+note "... and one that disconnects while waiting for a non-streamed reply (seen within a second)"
+before=$now
+curl -s --max-time 1 -H "$K" -d '{"model":"'$MODEL'","prompt":[9,8,7],"max_tokens":2000}' "$U/v1/completions" > /dev/null || true
+ok=0
+for _ in $(seq 60); do
+  sleep 0.5
+  now=$(gw_router_metric "$WORK/t.yaml" requests_cancelled)
+  if [ "$now" -gt "$before" ]; then ok=1; break; fi
+done
+[ "$ok" = 1 ] || fail "a non-streamed request outlived its client (requests_cancelled $before -> $now)"
 echo "router requests_cancelled: $before -> $now"
 note "a gateway killed with -9 is restarted by the supervisor and serves again"
 gpid=$(actor_pid "$WORK/t.yaml" gateway)
