@@ -39,7 +39,9 @@ static void s_usage(FILE *f)
         "    --timeout DUR         the request's deadline at the cluster\n"
         "    --no-stream           only the final reply\n"
         "    --cancel-after-ms N   send a cancel N ms after submitting\n"
-        "  cancel ID               cancel request ID (its stream ends with done, finish cancelled)\n"
+        "  cancel ID               send a cancel for request ID; the router honours a cancel only from the\n"
+        "                          connection that submitted the request, so this separate connection's\n"
+        "                          cancel is ignored: use submit --cancel-after-ms\n"
         "default endpoint: the client endpoint of the embedded default topology\n");
 }
 
