@@ -355,6 +355,16 @@ static void test_topology(void **st)
     assert_string_equal(t->gateway.keys[1].tenant, "key-1");
     assert_int_equal(t->gateway.keys[1].tokens_per_minute, 0);
     topo_destroy(&t);
+    /* The shipped example. */
+    t = NULL;
+    topo_errors_clear(&e);
+    if (topo_load_file("topology/examples/cpu-gateway.yaml", &t, &e) != 0)
+        fail_msg("%s", e.msg[0]);
+    assert_int_equal(topo_count_role(t, ROLE_GATEWAY), 1);
+    assert_string_equal(t->endpoints.http, "tcp://127.0.0.1:8000");
+    assert_int_equal(t->gateway.n_keys, 2);
+    assert_string_equal(t->gateway.keys[1].tenant, "team-b");
+    topo_destroy(&t);
     struct {
         const char *yaml, *want;
     } bad[] = {
