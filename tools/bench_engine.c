@@ -200,68 +200,6 @@ static int s_prefill(model_t *m, kvseq_t *seq, const int32_t *ids, int n, int ch
     return 0;
 }
 
-/* A fresh n-token prompt of random ids in seqs[slot]. */
-static int s_fresh_prompt(kvpool_t *pool, kvseq_t **seqs, int slot, int n, int ctx, int vocab, uint64_t seed)
-{
-    kvseq_destroy(&seqs[slot]);
-    if (!(seqs[slot] = kvseq_new(pool, ctx, seed)))
-        return -1;
-    for (int i = 0; i < n; i++) {
-        const int32_t id = s_rand_id(vocab);
-        if (kvseq_append(seqs[slot], &id, 1) < 0)
-            return -1;
-    }
-    return 0;
-}
-
-/* --mixed: seqs[0..B) hold decode contexts (out[] their next ids), seqs[slot] is the prompt's.
- * The median of 3 (after a warm-up) of: the N-token prompt alone, and B decode rows plus the prompt
- * in one forward (rows in the decode worker's order: decode rows first). With profile, one more
- * mixed step under the per-op profile. */
-static int s_mixed(model_t *m, backend_t *be, kvpool_t *pool, kvseq_t **seqs, int slot, model_seq_t *ms, int32_t *out,
-                   int B, int N, int ctx, int vocab, int profile, float *logits, double *alone_ms, double *mixed_ms, char *err,
-                   size_t errlen)
-{
-    double t_alone[PREFILL_RUNS], t_mixed[PREFILL_RUNS];
-    for (int run = -1; run < PREFILL_RUNS + (profile ? 1 : 0); run++) {
-        const int prof = run == PREFILL_RUNS;
-        if (!prof) {
-            if (s_fresh_prompt(pool, seqs, slot, N, ctx, vocab, 500 + (uint64_t)run) < 0)
-                return errf(err, errlen, "the KV pool cannot hold the %d-token prompt", N);
-            ms[0] = (model_seq_t){.kv = seqs[slot], .n_new = N};
-            model_batch_t b = {.n_seqs = 1, .seqs = ms, .argmax_out = out + B};
-            be->ops->sync(be);
-            int64_t t = now_ns();
-            if (model_forward(m, &b, logits, err, errlen) < 0)
-                return -1;
-            if (run >= 0)
-                t_alone[run] = (now_ns() - t) / 1e6;
-        }
-        if (s_fresh_prompt(pool, seqs, slot, N, ctx, vocab, 600 + (uint64_t)run) < 0)
-            return errf(err, errlen, "the KV pool cannot hold the %d-token prompt", N);
-        for (int s = 0; s < B; s++) {
-            if (kvseq_append(seqs[s], &out[s], 1) < 0)
-                return errf(err, errlen, "the KV pool is full");
-            ms[s] = (model_seq_t){.kv = seqs[s], .n_new = 1};
-        }
-        ms[B] = (model_seq_t){.kv = seqs[slot], .n_new = N};
-        model_batch_t b = {.n_seqs = B + 1, .seqs = ms, .argmax_out = out};
-        be->ops->sync(be);
-        model_profile_enable(m, prof);
-        int64_t t = now_ns();
-        if (model_forward(m, &b, logits, err, errlen) < 0)
-            return -1;
-        model_profile_enable(m, 0);
-        if (run >= 0 && !prof)
-            t_mixed[run] = (now_ns() - t) / 1e6;
-    }
-    *alone_ms = s_median(t_alone, PREFILL_RUNS);
-    *mixed_ms = s_median(t_mixed, PREFILL_RUNS);
-    return 0;
-}
-
-/* ---- the run ----------------------------------------------------------------------------- */
-
 typedef struct bench {
     const opts_t *o;
     engine_t *e;
@@ -277,6 +215,73 @@ typedef struct bench {
     json_t *root, *levels;
     char err[1024];
 } bench_t;
+
+/* A fresh n-token prompt of random ids in --mixed's sequence. */
+static int s_fresh_prompt(bench_t *b, int n, uint64_t seed)
+{
+    kvseq_t **seq = &b->seqs[b->max_b + 1];
+    kvseq_destroy(seq);
+    if (!(*seq = kvseq_new(b->e->pool, b->ctx, seed)))
+        return -1;
+    for (int i = 0; i < n; i++) {
+        const int32_t id = s_rand_id(b->e->cfg.vocab_size);
+        if (kvseq_append(*seq, &id, 1) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* --mixed: seqs[0..B) hold decode contexts (out[] their next ids), seqs[max_b + 1] the prompt's.
+ * The median of 3 (after a warm-up) of: the N-token prompt alone, and B decode rows plus the prompt
+ * in one forward (rows in the decode worker's order: decode rows first). With --profile, one more
+ * mixed step under the per-op profile. */
+static int s_mixed(bench_t *b, int B, double *alone_ms, double *mixed_ms)
+{
+    model_t *m = b->e->model;
+    backend_t *be = b->e->be;
+    const int N = b->o->mixed, profile = b->o->profile;
+    kvseq_t **seqs = b->seqs, **prompt = &b->seqs[b->max_b + 1];
+    model_seq_t *ms = b->ms;
+    double t_alone[PREFILL_RUNS], t_mixed[PREFILL_RUNS];
+    for (int run = -1; run < PREFILL_RUNS + (profile ? 1 : 0); run++) {
+        const int prof = run == PREFILL_RUNS;
+        if (!prof) {
+            if (s_fresh_prompt(b, N, 500 + (uint64_t)run) < 0)
+                return errf(b->err, sizeof b->err, "the KV pool cannot hold the %d-token prompt", N);
+            ms[0] = (model_seq_t){.kv = *prompt, .n_new = N};
+            model_batch_t mb = {.n_seqs = 1, .seqs = ms, .argmax_out = b->out + B};
+            be->ops->sync(be);
+            int64_t t = now_ns();
+            if (model_forward(m, &mb, b->e->logits, b->err, sizeof b->err) < 0)
+                return -1;
+            if (run >= 0)
+                t_alone[run] = (now_ns() - t) / 1e6;
+        }
+        if (s_fresh_prompt(b, N, 600 + (uint64_t)run) < 0)
+            return errf(b->err, sizeof b->err, "the KV pool cannot hold the %d-token prompt", N);
+        for (int s = 0; s < B; s++) {
+            if (kvseq_append(seqs[s], &b->out[s], 1) < 0)
+                return errf(b->err, sizeof b->err, "the KV pool is full");
+            ms[s] = (model_seq_t){.kv = seqs[s], .n_new = 1};
+        }
+        ms[B] = (model_seq_t){.kv = *prompt, .n_new = N};
+        model_batch_t mb = {.n_seqs = B + 1, .seqs = ms, .argmax_out = b->out};
+        be->ops->sync(be);
+        model_profile_enable(m, prof);
+        int64_t t = now_ns();
+        if (model_forward(m, &mb, b->e->logits, b->err, sizeof b->err) < 0)
+            return -1;
+        model_profile_enable(m, 0);
+        if (run >= 0 && !prof)
+            t_mixed[run] = (now_ns() - t) / 1e6;
+    }
+    *alone_ms = s_median(t_alone, PREFILL_RUNS);
+    *mixed_ms = s_median(t_mixed, PREFILL_RUNS);
+    return 0;
+}
+
+/* ---- the run ----------------------------------------------------------------------------- */
+
 
 /* Prints the error; -1. */
 static int s_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -404,8 +409,7 @@ static int s_bench_mixed(bench_t *b, int B, double med)
     const opts_t *o = b->o;
     engine_t *e = b->e;
     double alone = 0, mixed = 0;
-    if (s_mixed(e->model, e->be, e->pool, b->seqs, b->max_b + 1, b->ms, b->out, B, o->mixed, b->ctx, e->cfg.vocab_size,
-                o->profile, e->logits, &alone, &mixed, b->err, sizeof b->err) < 0)
+    if (s_mixed(b, B, &alone, &mixed) < 0)
         return s_fail("--mixed %d at batch %d: %s", o->mixed, B, b->err);
     printf("  mixed step, %d decode rows + a %d-token prompt: %.3f ms; the prompt alone %.3f ms, so the decode "
            "rows cost %.3f ms in it (alone %.3f ms, x%.2f)\n", B, o->mixed, mixed, alone, mixed - alone, med,
