@@ -26,8 +26,8 @@
 #include <string.h>
 
 #include "actors/runtime/actor.h"
-#include "actors/runtime/prefix_fetch.h"
 #include "actors/runtime/worker.h"
+#include "actors/worker/prefix_fetch.h"
 #include "actors/worker/token_text.h"
 #include "actors/worker/writeback.h"
 #include "common/log.h"

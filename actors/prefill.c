@@ -5,7 +5,7 @@
  *   - each step, fill a token budget (limits.prefill_chunk_tokens) with prompt chunks of as many
  *     requests as fit (chunked prefill), reusing every cached prefix block of the local pool first
  *     (kvseq_match_prefix: blocks of earlier requests, or fetched from the cache-manager's store
- *     when that is cheaper than computing them again: actors/runtime/fetch_policy.h);
+ *     when that is cheaper than computing them again: actors/worker/fetch_policy.h);
  *   - when a prompt is complete: sample the first token, move the request's KV blocks towards the
  *     decode worker the router chose (transfer/kv_chan.h: same GPU, CUDA IPC; another GPU, an
  *     NCCL send once the link to it is up; else a shared-memory segment on one node, or bytes
@@ -29,8 +29,8 @@
 #include <string.h>
 
 #include "actors/runtime/actor.h"
-#include "actors/runtime/prefix_fetch.h"
 #include "actors/runtime/worker.h"
+#include "actors/worker/prefix_fetch.h"
 #include "common/log.h"
 #include "common/util.h"
 #include "engine/sched.h"

@@ -8,6 +8,7 @@
 #include "transfer/kv_transfer.h"
 #include "common/log.h"
 #include "common/util.h"
+#include "transfer/le64.h"
 
 typedef struct kvlink {
     char peer[TCHAN_NCCL_PEER_MAX];   /* "" = free slot */
@@ -225,20 +226,6 @@ msg_channel_t kvlinks_channel(kvlinks_t *ls, const char *peer, msg_channel_t rou
     return MSG_CHAN_SHM;
 }
 
-static void s_put_u64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint64_t s_get_u64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++)
-        v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
-
 int kvlink_handle_parse(const msg_kv_announce_t *a, uint64_t *link_id, uint64_t *seq, char *err, size_t errlen)
 {
     if (a->channel != MSG_CHAN_NCCL)
@@ -246,8 +233,8 @@ int kvlink_handle_parse(const msg_kv_announce_t *a, uint64_t *link_id, uint64_t 
     if (a->handle_len != KVLINK_HANDLE_BYTES)
         return errf(err, errlen, "kv_announce from %s: an NCCL handle of %u bytes (link id and sequence: %d)", a->src,
                     a->handle_len, KVLINK_HANDLE_BYTES);
-    *link_id = s_get_u64(a->handle);
-    *seq = s_get_u64(a->handle + 8);
+    *link_id = le64_get(a->handle);
+    *seq = le64_get(a->handle + 8);
     return 0;
 }
 
@@ -263,8 +250,8 @@ int kvlinks_send(kvlinks_t *ls, const char *peer, const bk_kv_t *kv, const int32
             s_down(ls, k, err, 1);   /* else nothing was posted: this one goes by shm, the link stays */
         return -1;
     }
-    s_put_u64(handle, k->chan.link_id);
-    s_put_u64(handle + 8, k->seq++);
+    le64_put(handle, k->chan.link_id);
+    le64_put(handle + 8, k->seq++);
     return 0;
 }
 

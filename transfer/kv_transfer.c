@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "common/util.h"
+#include "transfer/le64.h"
 
 uint64_t kvx_first_id(void)
 {
@@ -58,9 +59,7 @@ int kvx_ipc_handle(backend_t *be, const bk_kv_t *pool, uint8_t out[KVX_IPC_HANDL
 {
     if (!be->ops->ipc_export || !pool->base || be->ops->ipc_export(be, pool->base, out) != 0)
         return -1;
-    uint64_t bytes = (uint64_t)pool->n_blocks * pool->block_bytes;
-    for (int i = 0; i < 8; i++)
-        out[BK_IPC_HANDLE_BYTES + i] = (uint8_t)(bytes >> (8 * i));
+    le64_put(out + BK_IPC_HANDLE_BYTES, (uint64_t)pool->n_blocks * pool->block_bytes);
     return 0;
 }
 
@@ -70,9 +69,7 @@ uint64_t kvx_ipc_check(const msg_kv_announce_t *k, size_t block_bytes, char *err
         errf(err, errlen, "kv_announce: CUDA IPC handle of %u bytes, expected %d", k->handle_len, KVX_IPC_HANDLE_BYTES);
         return 0;
     }
-    uint64_t bytes = 0;
-    for (int i = 0; i < 8; i++)
-        bytes |= (uint64_t)k->handle[BK_IPC_HANDLE_BYTES + i] << (8 * i);
+    uint64_t bytes = le64_get(k->handle + BK_IPC_HANDLE_BYTES);
     for (uint32_t i = 0; i < k->n_block_ids; i++)
         if ((uint64_t)k->block_ids[i] >= bytes / block_bytes) {
             errf(err, errlen, "kv_announce: block %u lies outside the sender's pool of %llu bytes", k->block_ids[i],

@@ -9,6 +9,7 @@
 #include <zmq.h>
 
 #include "common/util.h"
+#include "transfer/le64.h"
 
 #define STAGED_MAX   256            /* transfers a sender holds at once (hand-offs in flight) */
 #define CLIENT_PEERS 32             /* senders a receiver keeps a socket to */
@@ -30,26 +31,12 @@ struct tcpchan_server {
     uint64_t served;
 };
 
-static void s_put_u64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint64_t s_get_u64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++)
-        v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
-
 static void s_header(uint8_t h[TCPCHAN_HEADER_BYTES], uint64_t id, uint32_t status, uint64_t n)
 {
-    s_put_u64(h, id);
+    le64_put(h, id);
     for (int i = 0; i < 4; i++)
         h[8 + i] = (uint8_t)(status >> (8 * i));
-    s_put_u64(h + 12, n);
+    le64_put(h + 12, n);
 }
 
 /* Drops the rest of a multipart message. */
@@ -81,7 +68,7 @@ static void s_serve_one(tcpchan_server_t *s)
     s_drain(s->sock);
     if (rl > (int)sizeof rid || ql != 8)
         return;   /* not a request of ours: nothing to answer */
-    uint64_t id = s_get_u64(req);
+    uint64_t id = le64_get(req);
     pthread_mutex_lock(&s->lock);
     const staged_t *t = NULL;
     for (int i = 0; i < STAGED_MAX && !t; i++)
@@ -302,7 +289,7 @@ int tcpchan_fetch(tcpchan_client_t *c, const char *ep, uint64_t id, void *dst, s
     if (!p)
         return -1;
     uint8_t req[8];
-    s_put_u64(req, id);
+    le64_put(req, id);
     const int64_t t0 = now_ms();
     if (zmq_send(p->sock, req, sizeof req, ZMQ_DONTWAIT) != (int)sizeof req) {
         errf(err, errlen, "tcp transfer %llx: the request to %s could not be queued: %s", (unsigned long long)id, ep,
@@ -326,12 +313,12 @@ int tcpchan_fetch(tcpchan_client_t *c, const char *ep, uint64_t id, void *dst, s
         int more = 0;
         size_t len = sizeof more;
         zmq_getsockopt(p->sock, ZMQ_RCVMORE, &more, &len);
-        if (hl != TCPCHAN_HEADER_BYTES || s_get_u64(h) != id) {
+        if (hl != TCPCHAN_HEADER_BYTES || le64_get(h) != id) {
             s_drain(p->sock);   /* a late reply to a request we gave up on: not ours */
             continue;
         }
         uint32_t status = (uint32_t)h[8] | (uint32_t)h[9] << 8 | (uint32_t)h[10] << 16 | (uint32_t)h[11] << 24;
-        uint64_t bytes = s_get_u64(h + 12);
+        uint64_t bytes = le64_get(h + 12);
         if (status != 0 || !more) {
             s_drain(p->sock);
             errf(err, errlen, "tcp transfer %llx: %s no longer holds it (past its deadline?)", (unsigned long long)id, ep);

@@ -1,4 +1,4 @@
-#include "actors/runtime/fetch_policy.h"
+#include "actors/worker/fetch_policy.h"
 
 #include <stdlib.h>
 #include <string.h>

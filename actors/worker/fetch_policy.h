@@ -1,4 +1,4 @@
-/* actors/runtime/fetch_policy.h — should a prefill worker fetch a prompt's cached blocks from the
+/* actors/worker/fetch_policy.h — should a prefill worker fetch a prompt's cached blocks from the
  * cache-manager's host store, or compute them again?
  *
  * A fetch is a round trip: the request goes to the cache-manager, which may first wait for the

@@ -1,4 +1,4 @@
-#include "actors/runtime/prefix_fetch.h"
+#include "actors/worker/prefix_fetch.h"
 
 #include "common/log.h"
 #include "common/util.h"

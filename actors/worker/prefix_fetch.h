@@ -1,4 +1,4 @@
-/* actors/runtime/prefix_fetch.h — bringing a prompt's cached prefix blocks from the cache-manager's
+/* actors/worker/prefix_fetch.h — bringing a prompt's cached prefix blocks from the cache-manager's
  * host store into a worker's own KV pool, before the prompt runs. Used by the prefill worker and
  * by a colocated decode worker (one that computes prompts itself).
  *
@@ -14,8 +14,8 @@
 #include <stdint.h>
 
 #include "actors/runtime/actor.h"
-#include "actors/runtime/fetch_policy.h"
 #include "actors/runtime/worker.h"
+#include "actors/worker/fetch_policy.h"
 #include "messages/msg.h"
 
 #define FETCH_TIMEOUT_MS 1000     /* a fetch not answered by then: the prompt runs without it */

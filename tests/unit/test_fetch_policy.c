@@ -5,7 +5,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "actors/runtime/fetch_policy.h"
+#include "actors/worker/fetch_policy.h"
 
 static void test_fetches_until_measured(void **state)
 {
