@@ -26,9 +26,12 @@
  *     and to the monitor, which counts them. Tier "host" in these events means "this actor can serve
  *     it", from memory or from disk: the routers' hints need no more.
  *
+ * A graceful stop (TERM) writes the host store's blocks that are not on disk yet, newest first,
+ * within the grace period.
+ *
  * Known limits: device-tier entries are what workers announced and may be stale after a worker
- * evicts (harmless: a stale hint only costs a recompute); unpinned blocks still in memory at a
- * restart are lost (only pinned and spilled ones are on disk); a fetch asking for more blocks than
+ * evicts (harmless: a stale hint only costs a recompute); after a kill -9, unpinned blocks that
+ * were only in memory are lost (pinned and spilled ones are on disk); a fetch asking for more blocks than
  * the host store holds gets the leading ones that fit; disk blocks are served through the host
  * store, so when memory holds only pinned blocks that the (full) disk cannot take, blocks on disk
  * cannot come back (disk_promotions_failed_total). */
@@ -115,6 +118,9 @@ typedef struct cmgr {
     uint64_t disk_write_errors, disk_reads, disk_read_failed, disk_reads_not_started;
     uint64_t disk_corrupt, disk_foreign; /* reads refused (since start; the store counts those at open) */
     uint64_t promotions_failed;     /* blocks read back that memory (all pinned, disk full) could not take */
+    uint64_t drain_spills;          /* blocks written at shutdown */
+    int *drain_order;               /* host slots by last use, newest first (built when draining starts) */
+    int drain_next;                 /* next index into drain_order */
     double read_ms_sum, read_ms_max;  /* reads finished since the last stats */
     uint64_t reads_window;
     double read_ms_last;            /* mean read latency over the last stats window that had reads */
@@ -772,6 +778,49 @@ static void s_announce_all(actor_t *a, cmgr_t *c, const char *peer)
         LOG_I("told %s of %llu blocks held", peer, (unsigned long long)total);
 }
 
+static const cmgr_t *s_sort_c;   /* qsort has no context argument; used only inside s_drained */
+
+static int s_by_lru_desc(const void *x, const void *y)
+{
+    const uint64_t a = s_sort_c->slots[*(const int *)x].lru, b = s_sort_c->slots[*(const int *)y].lru;
+    return a < b ? 1 : a > b ? -1 : 0;
+}
+
+/* Draining (TERM): the host store's blocks that are not on disk go there, most recently used
+ * first, so a graceful stop loses nothing the disk can hold; the grace period bounds it (what is
+ * not queued by then is lost, as a kill loses it). Queued writes finish in dio_destroy. */
+static int s_drained(actor_t *a, void *state)
+{
+    cmgr_t *c = state;
+    if (!c->disk || c->disk_failed || !c->disk->formatted || !c->store)
+        return 1;
+    if (!c->drain_order) {
+        c->drain_order = malloc((size_t)c->n_slots * sizeof *c->drain_order);
+        if (!c->drain_order)
+            return 1;
+        for (int i = 0; i < c->n_slots; i++)
+            c->drain_order[i] = i;
+        s_sort_c = c;
+        qsort(c->drain_order, (size_t)c->n_slots, sizeof *c->drain_order, s_by_lru_desc);
+    }
+    const int64_t now = now_ms();
+    while (c->drain_next < c->n_slots) {
+        if (dio_in_flight(c->dio) >= DISK_JOBS)
+            return 0;   /* its completions free jobs: the next call goes on */
+        const int i = c->drain_order[c->drain_next++];
+        const uint64_t h = c->slots[i].hash;
+        if (h && dstore_find(c->disk, h) < 0 &&
+            s_disk_write(a, c, h, c->store + (size_t)i * c->block_bytes, now, 1))
+            c->drain_spills++;
+    }
+    s_flush_pins(c);
+    s_flush_gone(a, c);
+    if (c->drain_spills)
+        LOG_I("disk tier: %llu blocks of memory written at shutdown", (unsigned long long)c->drain_spills);
+    c->drain_spills = 0;
+    return 1;
+}
+
 /* A watched router reconnected (its first connection at start is not reported: the start-up
  * announcement is already queued for it). */
 static void s_peer_event(actor_t *a, void *state, const char *peer, int up)
@@ -994,7 +1043,7 @@ int main(int argc, char **argv)
     }
     actor_timer_add(a, 100, s_expire);
     actor_ops_t ops = {.handlers = s_handlers, .n_handlers = ARRAY_LEN(s_handlers), .fill_stats = s_fill_stats,
-                       .peer_event = s_peer_event};
+                       .peer_event = s_peer_event, .drained = s_drained};
     int rc = actor_run(a, &ops, c);
     dio_destroy(&c->dio);   /* the queued writes go out first */
     dstore_destroy(&c->disk);
@@ -1008,6 +1057,7 @@ int main(int argc, char **argv)
     u64map_free(&c->host);
     u64map_free(&c->pins);
     u64map_free(&c->tenants);
+    free(c->drain_order);
     free(c->slots);
     free(c->store);
     free(c);
