@@ -513,6 +513,7 @@ msg_role_t actor_msg_role(topo_role_t r)
         [ROLE_EXPERT_BALANCER] = MSG_ROLE_EXPERT_BALANCER,
         [ROLE_DRAFT_SCHEDULER] = MSG_ROLE_DRAFT_SCHEDULER,
         [ROLE_MONITOR] = MSG_ROLE_MONITOR,
+        [ROLE_GATEWAY] = MSG_ROLE_GATEWAY,
     };
     return r < ROLE_COUNT ? map[r] : MSG_ROLE_NONE;
 }
