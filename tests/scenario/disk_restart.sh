@@ -67,7 +67,9 @@ PY
 read -r c1 _ < <(turn "$WORK/pinned2.json" conv-b); read -r u1 _ < <(turn "$WORK/plain2.json" "")
 [ "$c1" = 0 ] && [ "$u1" = 0 ] || fail "first turns found something cached ($c1, $u1)"
 wait_for persisted $((before + 5)) || fail "the second pinned conversation's blocks never reached the disk"
-kill -KILL "$SUP_PID"
+# Frozen first, all of them, then killed: an actor that saw its supervisor die first would drain
+# (and write its memory to disk) before its own SIGKILL came.
+pkill -STOP -f -- "--topology $WORK/" || true
 pkill -KILL -f -- "--topology $WORK/" || true
 wait "$SUP_PID" 2>/dev/null || true
 SUP_PID=
