@@ -202,7 +202,8 @@ static const char *s_finish_name(msg_finish_t f)
     return f == MSG_FINISH_LENGTH ? "length" : "stop";
 }
 
-/* Actor thread: the call's one non-streamed answer (or the error before a stream began). */
+/* The call's one non-streamed answer (or the error before a stream began). Actor thread, or the
+ * /metrics fetch thread. */
 static void s_answer(gw_call_t *c, int status, int retry_after_s, char *json)
 {
     pthread_mutex_lock(&c->mu);
@@ -604,7 +605,8 @@ static int s_liveness(actor_t *a, void *state)
 
 /* ---- the HTTP thread ----------------------------------------------------------------------------- */
 
-static enum MHD_Result s_respond(gateway_t *g, struct MHD_Connection *conn, int status, char *json, int retry_after_s)
+static enum MHD_Result s_respond_as(gateway_t *g, struct MHD_Connection *conn, int status, char *json,
+                                     int retry_after_s, const char *type)
 {
     atomic_fetch_add(&g->n_http, 1);
     atomic_fetch_add(status < 300 ? &g->n_2xx : status < 500 ? &g->n_4xx : &g->n_5xx, 1);
@@ -621,7 +623,7 @@ static enum MHD_Result s_respond(gateway_t *g, struct MHD_Connection *conn, int 
         free(json);
         return MHD_NO;
     }
-    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
     if (retry_after_s > 0) {
         char ra[16];
         snprintf(ra, sizeof ra, "%d", retry_after_s);
@@ -632,6 +634,11 @@ static enum MHD_Result s_respond(gateway_t *g, struct MHD_Connection *conn, int 
     enum MHD_Result rc = MHD_queue_response(conn, (unsigned)status, r);
     MHD_destroy_response(r);
     return rc;
+}
+
+static enum MHD_Result s_respond(gateway_t *g, struct MHD_Connection *conn, int status, char *json, int retry_after_s)
+{
+    return s_respond_as(g, conn, status, json, retry_after_s, "application/json");
 }
 
 static enum MHD_Result s_error(gateway_t *g, struct MHD_Connection *conn, const gw_error_t *e, int retry_after_s)
@@ -689,7 +696,9 @@ static enum MHD_Result s_respond_call(gateway_t *g, gw_call_t *c)
         }
         int status = c->status, retry = c->retry_after_s;
         pthread_mutex_unlock(&c->mu);
-        return s_respond(g, c->conn, status, json, retry);
+        /* Prometheus' text format for the monitor's page; JSON for everything else. */
+        return s_respond_as(g, c->conn, status, json, retry,
+                            c->ep == EP_METRICS && status == 200 ? "text/plain; version=0.0.4" : "application/json");
     }
     pthread_mutex_unlock(&c->mu);
     atomic_fetch_add(&g->n_http, 1);
@@ -817,23 +826,14 @@ static void *s_metrics_thread(void *arg)
     if (fd >= 0)
         close(fd);
     char *body = ok ? strstr(page, "\r\n\r\n") : NULL;
-    pthread_mutex_lock(&c->mu);
-    c->out_off = c->out_len = 0;
     if (body) {
-        s_out_locked(c, body + 4, strlen(body + 4));
-        c->status = 200;
+        s_answer(c, 200, 0, strdup(body + 4));
     } else {
-        const char *e = "{\"error\":{\"message\":\"the monitor's metrics endpoint did not answer\",\"type\":\"server_error\",\"param\":null,\"code\":\"unavailable\"}}";
-        s_out_locked(c, e, strlen(e));
-        c->status = 503;
-        c->retry_after_s = GW_RETRY_AFTER_S;
+        gw_error_t e;
+        gw_error_set(&e, 503, "unavailable", NULL, "the monitor's metrics endpoint did not answer");
+        s_answer(c, 503, GW_RETRY_AFTER_S, gw_error_json(&e));
     }
-    c->ready = c->finished = 1;
-    c->streaming = 0;
-    int s = s_take_suspended(c);
-    pthread_mutex_unlock(&c->mu);
     free(page);
-    s_wake(c, s);
     atomic_fetch_sub(&g->metrics_fetches, 1);
     s_call_unref(c);
     return NULL;
