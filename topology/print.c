@@ -74,6 +74,8 @@ void topo_print(const topo_t *t, FILE *f)
     s_kv(f, "  ", "inspect", e->inspect);
     if (e->metrics[0])
         s_kv(f, "  ", "metrics", e->metrics);
+    if (e->http[0])
+        s_kv(f, "  ", "http", e->http);
     s_kv(f, "  ", "run_dir", e->run_dir);
     if (e->bind_interface[0])
         s_kv(f, "  ", "bind_interface", e->bind_interface);
@@ -89,6 +91,16 @@ void topo_print(const topo_t *t, FILE *f)
     if (t->cache.disk_dir[0]) {
         s_kv(f, "  ", "disk_dir", t->cache.disk_dir);
         fprintf(f, "  disk_bytes: %lld\n", (long long)t->cache.disk_bytes);
+    }
+    if (topo_first(t, ROLE_GATEWAY)) {
+        /* The keys themselves are secrets: their tenants and limits only. */
+        const topo_gateway_t *g = &t->gateway;
+        fprintf(f, "gateway:\n  max_body_bytes: %d\n  idle_timeout_s: %d\n  body_timeout_s: %d\n"
+                "  max_connections: %d\n  request_timeout_s: %d\n", g->max_body_bytes, g->idle_timeout_s,
+                g->body_timeout_s, g->max_connections, g->request_timeout_s);
+        for (int i = 0; i < g->n_keys; i++)
+            fprintf(f, "  # api_keys[%d]: tenant %s, %d requests and %d tokens a minute (0: unlimited)\n", i,
+                    g->keys[i].tenant, g->keys[i].requests_per_minute, g->keys[i].tokens_per_minute);
     }
     const topo_supervision_t *s = &t->supervision;
     fprintf(f, "supervision:\n  strategy: %s\n  max_restarts: %d\n  period_s: %d\n  ready_timeout_s: %d\n"
