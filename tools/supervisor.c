@@ -73,6 +73,7 @@ typedef struct supervisor {
     void *stats_pub;               /* PUB to the monitor: our own stats */
     auth_t *auth;                  /* ZAP handler when the topology has CURVE keys, else NULL */
     auth_keypair_t kp;             /* our keypair (CURVE) */
+    uint64_t forged;               /* control messages refused: the key was not the sender's */
     child_t *children;             /* [n], start order */
     int n;
     restart_window_t window;
@@ -254,6 +255,7 @@ static void s_read_control(supervisor_t *s)
         int forged = s->auth && (!uid || strlen(uid) != (size_t)idn || memcmp(uid, id, (size_t)idn) != 0);
         zmq_msg_close(&part);
         if (forged) {
+            s->forged++;
             LOG_W("control: a message claiming to be '%.*s' came with the key of '%s': ignored",
                   idn < (int)sizeof id ? idn : (int)sizeof id, (const char *)id, uid ? uid : "(none)");
             continue;
@@ -311,6 +313,8 @@ static void s_publish_stats(supervisor_t *s)
         {.name = "actors_running", .value = running},
         {.name = "actors_ready", .value = ready},
         {.name = "restarts_total", .value = (double)s->total_restarts, .kind = MSG_METRIC_COUNTER},
+        {.name = "auth_refused", .value = (double)auth_refused(s->auth), .kind = MSG_METRIC_COUNTER},
+        {.name = "messages_refused", .value = (double)s->forged, .kind = MSG_METRIC_COUNTER},
     };
     msg_t m;
     msg_init(&m, MSG_STATS, 0);
