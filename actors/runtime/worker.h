@@ -13,13 +13,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "transfer/kv_transfer.h"
-#include "transfer/shm_chan.h"
+#include "actors/runtime/actor.h"
 #include "engine/engine_open.h"
 #include "engine/sampler.h"
 #include "engine/tokenizer.h"
 #include "messages/msg.h"
 #include "topology/topology.h"
+#include "transfer/kv_transfer.h"      /* KVX_IPC_HANDLE_BYTES */
 
 typedef struct worker {
     engine_t *eng;               /* the open model: owns what the next five name */
