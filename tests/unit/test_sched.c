@@ -294,12 +294,12 @@ static void test_fairness_old_before_new(void **st)
  * (else a stream of small prompts starves a large one); one free block per decode row stays free. */
 static void test_stuck_oldest_keeps_turn(void **st)
 {
-    fix_t *f = s_fix(8, 4, 8, 8, 64);
+    fix_t *f = s_fix(9, 4, 8, 8, 64);
     s_handoff(f, 0, 8);   /* 2 blocks now, a third for its 9th token */
     s_handoff(f, 1, 8);
-    assert_string_equal(s_step(f), "1:1d 2:1d");   /* 2 blocks free */
-    req_t *big = s_prompt(f, 2, 8, 2);   /* needs 2: 0 left for 2 decode rows */
-    req_t *small = s_prompt(f, 3, 4, 3);
+    assert_string_equal(s_step(f), "1:1d 2:1d");   /* 3 blocks free */
+    req_t *big = s_prompt(f, 2, 8, 2);   /* needs 2: 1 left for 2 decode rows */
+    req_t *small = s_prompt(f, 3, 4, 3);   /* needs 1: would fit, 2 left */
     assert_string_equal(s_step(f), "1:1d 2:1d");
     assert_int_equal(big->sr.n_done, 0);
     assert_int_equal(kvseq_n_blocks(big->kv), 0);
