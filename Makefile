@@ -38,6 +38,8 @@ NCCL_LDLIBS := $(if $(NCCL),$(if $(filter /usr/lib/x86_64-linux-gnu,$(NCCL_LIBDI
                -Wl$(comma)-rpath$(comma)$(NCCL_LIBDIR)) -lnccl)
 
 B := build
+# make demo and make test build with one job per core (JOBS=1 builds serially).
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 LIB_SRCS   := $(wildcard common/*.c messages/*.c topology/*.c engine/*.c kernels/cpu/*.c transfer/*.c actors/*/*.c tools/lib/*.c)
 ACTOR_SRCS := $(wildcard actors/*.c)
 TOOL_SRCS  := $(wildcard tools/*.c)
@@ -88,12 +90,12 @@ deps:
 
 # The README's first command: deps, build, then the main job on the embedded default topology.
 demo: deps
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory -j$(JOBS) all
 	@tools/demo.sh
 
 # The README's second command (and .ci/run): deps, build, every test, one summary line at the end.
 test: deps check-layers
-	@$(MAKE) --no-print-directory all fuzz
+	@$(MAKE) --no-print-directory -j$(JOBS) all fuzz
 	@tests/run.sh
 
 # Kernels stand alone: nothing under kernels/ includes a layer above them (engine/ and up).
