@@ -4,7 +4,8 @@
 #   git archive COMMIT | (mkdir -p .baseline && tar -x -C .baseline)   # on a machine with git
 #   . .gpu-debs/env.sh && COMPARE=build tools/gpu-compare.sh   # builds both trees (in parallel)
 #   . .gpu-debs/env.sh && COMPARE=bench tools/gpu-compare.sh   # measures both, prints a table
-# COMPARE=all does both (may exceed a 10-minute window). What is measured is tools/gpu-run.sh with
+# COMPARE=all does both (may exceed a 10-minute window). The build step also runs this tree's
+# unit and GPU tests. What is measured is tools/gpu-run.sh with
 # GPU tests skipped: batch-1 decode of the Llama-3.1-8B shape (dummy bf16 weights) beside the HBM
 # bound, and the served colocated fp8 sweep (input 1000, output SERVE_OUT, SERVE_CONC, SERVE_ROUNDS),
 # baseline first, then this tree. Logs: $OUT/base and $OUT/new (or build/gpu-logs/...).
@@ -20,14 +21,16 @@ knobs=(SKIP_TESTS=1 GEN_VARIANTS=default ENGINE=0 SERVE=1
        SERVE_TOPO=${SERVE_TOPO:-tools/bench/h200-8b-colo-fp8.yaml} SERVE_CONC=${SERVE_CONC:-1,16,64,256}
        SERVE_ROUNDS=${SERVE_ROUNDS:-2} SERVE_OUT=${SERVE_OUT:-1000} SERVE_TIMEOUT=${SERVE_TIMEOUT:-400})
 if [ "$mode" = build ] || [ "$mode" = all ]; then
-  # Both trees at once, 8 jobs each; gpu-run.sh's own build step is then a no-op.
-  build() { (cd "$1" && make -j8 NVCC="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)" all gpu-tests) >"$2" 2>&1; }
+  # Both trees at once through their own gpu-run.sh (which knows where the GPU machine keeps the
+  # CUDA libraries): the baseline only builds; this tree builds and runs its unit and GPU tests.
   t0=$(date +%s)
-  build "$BASE" "$OUT/base/build.log" & b=$!
-  build . "$OUT/new/build.log"; rn=$?
+  (cd "$BASE" && env SKIP_TESTS=1 SKIP_BENCH=1 GEN_VARIANTS=none ENGINE=0 OUT="$OUT/base" tools/gpu-run.sh) \
+    >"$OUT/base/build-run.txt" 2>&1 & b=$!
+  env SKIP_BENCH=1 GEN_VARIANTS=none ENGINE=0 OUT="$OUT/new" tools/gpu-run.sh >"$OUT/new/build-run.txt" 2>&1; rn=$?
   wait $b; rb=$?
-  echo "builds: baseline rc $rb, this tree rc $rn, $(( $(date +%s) - t0 )) s"
-  [ $rb -eq 0 ] && [ $rn -eq 0 ] || { tail -20 "$OUT/base/build.log" "$OUT/new/build.log"; }
+  echo "baseline build: rc $rb; this tree's build and tests: rc $rn; $(( $(date +%s) - t0 )) s"
+  tail -15 "$OUT/new/build-run.txt"
+  grep -E "FAILED|error" "$OUT/base/build-run.txt" | head -5
 fi
 if [ "$mode" = bench ] || [ "$mode" = all ]; then
   (cd "$BASE" && env "${knobs[@]}" OUT="$OUT/base" tools/gpu-run.sh) >"$OUT/base/run.txt" 2>&1
