@@ -26,7 +26,7 @@ if [ "$mode" = build ] || [ "$mode" = all ]; then
   t0=$(date +%s)
   (cd "$BASE" && env SKIP_TESTS=1 SKIP_BENCH=1 GEN_VARIANTS=none ENGINE=0 OUT="$OUT/base" tools/gpu-run.sh) \
     >"$OUT/base/build-run.txt" 2>&1 & b=$!
-  env SKIP_BENCH=1 GEN_VARIANTS=none ENGINE=0 OUT="$OUT/new" tools/gpu-run.sh >"$OUT/new/build-run.txt" 2>&1; rn=$?
+  env SKIP_UNIT=${SKIP_UNIT:-0} SKIP_BENCH=1 GEN_VARIANTS=none ENGINE=0 OUT="$OUT/new" tools/gpu-run.sh >"$OUT/new/build-run.txt" 2>&1; rn=$?
   wait $b; rb=$?
   echo "baseline build: rc $rb; this tree's build and tests: rc $rn; $(( $(date +%s) - t0 )) s"
   tail -15 "$OUT/new/build-run.txt"
