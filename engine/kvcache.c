@@ -392,6 +392,29 @@ void kvseq_publish(kvseq_t *s)
         kvpool_set_hash(s->pool, s->blocks[s->n_published], s->hashes[s->n_published]);
 }
 
+int kvseq_truncate(kvseq_t *s, int n)
+{
+    const int bs = s->pool->block_size;
+    if (n < 0 || n > s->n_tokens)
+        return -1;
+    if (n == s->n_tokens)
+        return 0;
+    const int full = n / bs, keep = (n + bs - 1) / bs;
+    /* A kept partial block (n % bs != 0) is rewritten from slot n % bs on: it must not be one the
+     * index (or another sequence through kvseq_match_prefix) already knows by its hash. */
+    if (n % bs && s->n_published > full)
+        return -1;
+    for (int i = s->n_blocks - 1; i >= keep; i--)
+        kvpool_free(s->pool, s->blocks[i]);
+    s->n_blocks = keep;
+    s->n_tokens = n;
+    if (s->n_hashed > full)
+        s->n_hashed = full;
+    if (s->n_published > full)
+        s->n_published = full;
+    return 0;
+}
+
 int kvseq_len(const kvseq_t *s) { return s->n_tokens; }
 const int32_t *kvseq_tokens(const kvseq_t *s) { return s->tokens; }
 int kvseq_n_blocks(const kvseq_t *s) { return s->n_blocks; }

@@ -91,6 +91,15 @@ int kvseq_append(kvseq_t *s, const int32_t *tokens, int n);
 /* Declares the KV of every token appended so far computed: registers the hash of every full block
  * not yet registered, so other sequences can find them. Call after the forward that wrote them. */
 void kvseq_publish(kvseq_t *s);
+/* Rolls the sequence back to its first n tokens (0 <= n <= len; rejected speculative drafts):
+ * blocks wholly past n are let go (last first: a shared or cached one keeps its other users and
+ * its hash; one that was never published goes to the free list's head with no hash), hashes of
+ * blocks past n / block_size are forgotten, so a partly kept block is never published with the
+ * rejected tokens (its slots past n are rewritten by the next appends). Call it before
+ * kvseq_publish: -1 (nothing changed) when n < len and the block holding token n was already
+ * published or adopted full (its content must not change under its hash), or when n is out of
+ * range. */
+int kvseq_truncate(kvseq_t *s, int n);
 /* Frees every block and forgets the tokens (the sequence can be reused). */
 void kvseq_release(kvseq_t *s);
 
