@@ -196,6 +196,13 @@ int32_t sampler_sample(sampler_t *s, const float *logits, float *logprob)
     return tok;
 }
 
+int32_t sampler_verify_draft(sampler_t *s, const float *logits, int32_t draft, float *logprob, int *accepted)
+{
+    int32_t tok = sampler_sample(s, logits, logprob);
+    *accepted = draft >= 0 && tok == draft;
+    return tok;
+}
+
 finish_reason_t sampler_accept(sampler_t *s, int32_t token)
 {
     if (token >= 0 && token < s->vocab) {

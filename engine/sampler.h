@@ -94,6 +94,14 @@ void sampler_destroy(sampler_t **self_p);
 /* Chooses the next token from logits [vocab_size] (left unchanged); *logprob (may be NULL) gets
  * its log-probability in the configured mode. Does not record the token: call sampler_accept. */
 int32_t sampler_sample(sampler_t *s, const float *logits, float *logprob);
+/* Verifies a point-mass draft (an n-gram proposer's; draft < 0: none) against the target's logits
+ * at its position: the token to emit is sampler_sample's, and *accepted says whether it equals
+ * the draft. This is speculative rejection sampling for q = a point mass at the draft (accept
+ * with p(draft), else a token of p without the draft, renormalised) realised as a coupling: the
+ * acceptance probability and the law of the emitted token are the rule's, and the tokens are the
+ * very ones a run without speculation draws for the same seed (greedy: the argmax). As with
+ * sampler_sample, call sampler_accept with the token before verifying the next position. */
+int32_t sampler_verify_draft(sampler_t *s, const float *logits, int32_t draft, float *logprob, int *accepted);
 /* Records a generated token (penalty counts, the RNG counter) and says whether it finishes the
  * request: FINISH_STOP for an EOS id (unless ignore_eos) or a stop id, FINISH_LENGTH at max_tokens. */
 finish_reason_t sampler_accept(sampler_t *s, int32_t token);
