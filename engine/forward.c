@@ -224,6 +224,8 @@ static void s_mlp(model_t *m, int l, int T)
     PROF(m, P_MOE_ROUTE, op->moe_route(be, m->rlogits, T, c->num_experts, c->num_experts_per_tok, renorm, m->moe_ids, m->moe_w));
     PROF(m, P_MOE_FFN, op->moe_ffn(be, m->xn, T, c->hidden_size, m->moe_ids, m->moe_w, c->num_experts_per_tok, L->experts,
                                    c->num_experts, m->moe_scratch, m->delta));
+    if (op->moe_count)            /* the expert-balancer's load: device work, read once per window */
+        op->moe_count(be, m->moe_ids, T * c->num_experts_per_tok, m->moe_counts + (size_t)l * c->num_experts);
 }
 
 /* Brings the step's results to the host: every row's logits, or (argmax_out) the argmax or sampled

@@ -97,6 +97,12 @@ size_t model_profile(model_t *m, char *buf, size_t len, int reset);
 /* Turns the profile on or off at run time (a tool profiles a few chosen steps). */
 void model_profile_enable(model_t *m, int on);
 
+/* Per-expert load: adds the tokens routed to each (layer, expert) since the last call into
+ * load [num_layers][num_experts] (dense layers stay 0) and restarts the count. Reads the device
+ * counters back (a sync): call it once per stats window, never per step. 0, or -1 with err (a
+ * dense model, a backend that does not count, a device error). */
+int model_expert_load(model_t *m, uint64_t *load, char *err, size_t errlen);
+
 /* Decode steps recorded as a backend graph, and steps replayed from one, since load. */
 void model_graph_stats(const model_t *m, uint64_t *records, uint64_t *replays);
 

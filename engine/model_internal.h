@@ -56,6 +56,7 @@ struct model {
     int32_t *moe_ids;             /* [T][k] */
     float *moe_w;                 /* [T][k] */
     void *moe_scratch;            /* moe_scratch_bytes(T, k, H, moe_I, E) */
+    uint32_t *moe_counts;         /* [layers][E] tokens routed to each expert since the last model_expert_load (device) */
     float *rows;                  /* [R][H] final-normed rows that get logits */
     float *logits;                /* [R][V] */
     int32_t *argmax;              /* [R] (reserved for device-side greedy) */
@@ -81,6 +82,8 @@ struct model {
 /* model_load.c's placement helpers, shared with model_quant.c: a device buffer freed at destroy
  * (NULL with err naming `what`), and a weight_put pointer released at destroy (-1: released now). */
 void *model_alloc(model_t *m, size_t bytes, const char *what, char *err, size_t errlen);
+/* Allocates and zeroes moe_counts (engine/model_expert_load.c); 0, or -1 with err. */
+int model_expert_load_init(model_t *m, char *err, size_t errlen);
 int model_keep_weight(model_t *m, const void *dev, char *err, size_t errlen);
 /* Quantized weights (engine/model_quant.c). model_quant_of: 1 when the 2-D weight `name` is loaded
  * quantized (the checkpoint's quantization_config, or online quantization at load), else 0.

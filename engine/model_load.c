@@ -449,7 +449,8 @@ model_t *model_load(const char *model_dir, const model_config_t *cfg, ckpt_t *ck
                   !(m->moe_ids = model_alloc(m, T * kk * sizeof(int32_t), "routing", err, errlen)) ||
                   !(m->moe_w = model_alloc(m, T * kk * f, "routing", err, errlen)) ||
                   !(m->moe_scratch = model_alloc(m, moe_scratch_bytes((int)T, kk, H, c->moe_intermediate_size, EE),
-                                             "MoE scratch", err, errlen))))
+                                             "MoE scratch", err, errlen)) ||
+                  model_expert_load_init(m, err, errlen) != 0))
         goto fail;
     LOG_D("%s: %s loaded on %s: %.1f MB of weights per step", where, config_arch_name(c->arch), be->ops->name,
           (double)m->weight_bytes / 1e6);

@@ -286,6 +286,12 @@ typedef struct backend_ops {
     void (*moe_ffn)(backend_t *be, const float *x, int M, int H, const int32_t *ids, const float *weights, int k,
                     const bk_expert_t *experts, int n_experts, void *scratch, float *out);
 
+    /* counts[ids[i]] += 1 for i < n (ids device [n], each in 0..E-1; counts device uint32 [E]): the
+     * per-expert token counts the expert-balancer reads (engine/model.h, model_expert_load). Device
+     * work only (CUDA: one atomic add per id), so it may sit in a captured graph; the caller reads
+     * the counts back once per window, never per step. NULL: the backend does not count. */
+    void (*moe_count)(backend_t *be, const int32_t *ids, int n, uint32_t *counts);
+
     /* dst[i][:] = src[rows[i]][:], cols floats per row. */
     void (*gather_rows)(backend_t *be, const float *src, const int32_t *rows, int n, int cols, float *dst);
 

@@ -36,5 +36,6 @@ void cpu_attention(backend_t *be, const bk_kv_t *kv, int layer, const float *q, 
 void cpu_moe_route(backend_t *be, const float *logits, int M, int E, int k, int renorm, int32_t *ids, float *weights);
 void cpu_moe_ffn(backend_t *be, const float *x, int M, int H, const int32_t *ids, const float *weights, int k,
                  const bk_expert_t *experts, int n_experts, void *scratch, float *out);
+void cpu_moe_count(backend_t *be, const int32_t *ids, int n, uint32_t *counts);
 
 #endif

@@ -115,6 +115,7 @@ static const backend_ops_t s_cpu_ops = {
     .attention = cpu_attention,
     .moe_route = cpu_moe_route,
     .moe_ffn = cpu_moe_ffn,
+    .moe_count = cpu_moe_count,
     .gather_rows = cpu_gather_rows,
     .argmax = cpu_argmax,
     .sample = cpu_sample,

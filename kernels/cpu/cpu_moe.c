@@ -51,6 +51,13 @@ void cpu_moe_route(backend_t *be, const float *logits, int M, int E, int k, int 
     }
 }
 
+void cpu_moe_count(backend_t *be, const int32_t *ids, int n, uint32_t *counts)
+{
+    (void)be;
+    for (int i = 0; i < n; i++)
+        counts[ids[i]]++;
+}
+
 void cpu_moe_ffn(backend_t *be, const float *x, int M, int H, const int32_t *ids, const float *weights, int k,
                  const bk_expert_t *experts, int n_experts, void *scratch, float *out)
 {

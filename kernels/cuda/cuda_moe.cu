@@ -244,6 +244,22 @@ void cuda_moe_route(backend_t *be, const float *logits, int M, int E, int k, int
         cuda_launch(st, k_moe_route, (M + 63) / 64, 64, logits, M, E, k, renorm, ids, weights);
 }
 
+/* The expert-balancer's load counts: one atomic add per (token, slot). Unsigned wrap-around is
+ * harmless: the reader takes differences of one window at a time and clears them. */
+__global__ void k_moe_count(const int32_t *ids, int n, uint32_t *counts)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        atomicAdd(&counts[ids[i]], 1u);
+}
+
+void cuda_moe_count(backend_t *be, const int32_t *ids, int n, uint32_t *counts)
+{
+    if (n <= 0)
+        return;
+    cuda_launch(cuda_st(be), k_moe_count, (n + 255) / 256, 256, ids, n, counts);
+}
+
 /* ---- device paths: sorts ------------------------------------------------------------------------ */
 
 /* Exclusive prefix sum of v over the block (blockDim.x a multiple of 32, <= 1024); *total gets the
