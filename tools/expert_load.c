@@ -1,0 +1,215 @@
+/* tools/expert_load.c — troupe-expert-load: the per-(layer, expert) load a text puts on a MoE
+ * model, and what the expert placement (engine/eplb.h) makes of it.
+ *
+ *   troupe-expert-load MODEL_DIR --text FILE [--window N] [--max-windows N] [--ranks R]
+ *                      [--redundant S] [--backend cpu|cuda] [--threads N]
+ *
+ * The text is tokenized whole (no special tokens) and cut into windows of --window tokens
+ * (default 256), each one prefill forward from an empty cache; the MoE kernels count every
+ * routed (token, expert) pair (model_expert_load). Prints each layer's token counts per expert,
+ * then, for a group of --ranks ranks (default 4): the busiest rank's load over the average with
+ * the experts in order (n_experts / ranks per rank, no balancer) and after one placement with
+ * --redundant redundant slots (default 4). Each replica of an expert is taken to carry an equal
+ * share of its tokens. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/checkpoint.h"
+#include "engine/config.h"
+#include "engine/eplb.h"
+#include "engine/kvcache.h"
+#include "engine/model.h"
+#include "engine/tokenizer.h"
+#include "kernels/backend.h"
+
+#define TOOL "troupe-expert-load"
+#define MAX_EXPERTS_TOOL 1024   /* experts per layer this tool takes (messages/msg.h MSG_MAX_EXPERTS) */
+
+static int s_usage(void)
+{
+    fprintf(stderr, "usage: " TOOL " MODEL_DIR --text FILE [--window N] [--max-windows N] [--ranks R] "
+                    "[--redundant S] [--backend cpu|cuda] [--threads N]\n");
+    return 2;
+}
+
+static int s_int(const char *opt, const char *v, int lo, int *out)
+{
+    char *end;
+    long x = v ? strtol(v, &end, 10) : 0;
+    if (!v || *end || end == v || x < lo || x > 1 << 20) {
+        fprintf(stderr, TOOL ": %s '%s': expected an integer >= %d\n", opt, v ? v : "", lo);
+        return -1;
+    }
+    *out = (int)x;
+    return 0;
+}
+
+static char *s_read(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
+        free(b);
+        b = NULL;
+    }
+    fclose(f);
+    if (b) {
+        b[n] = 0;
+        *len = (size_t)n;
+    }
+    return b;
+}
+
+/* Prints one layer's ratio without and with the placement; returns 0, or -1 when eplb refuses. */
+static int s_layer(int l, const uint64_t *counts, int E, int R, int redundant, double *before, double *after)
+{
+    double load[MAX_EXPERTS_TOOL];
+    int32_t ident[MAX_EXPERTS_TOOL], slot[2 * MAX_EXPERTS_TOOL];
+    char err[256];
+    for (int e = 0; e < E; e++)
+        load[e] = (double)counts[e];
+    eplb_identity(E, ident);
+    *before = eplb_imbalance(load, E, R, E, ident, NULL);
+    if (eplb_place(load, E, R, 1, E + redundant, slot, err, sizeof err) != 0) {
+        fprintf(stderr, TOOL ": layer %d: %s\n", l, err);
+        return -1;
+    }
+    *after = eplb_imbalance(load, E, R, E + redundant, slot, NULL);
+    printf("layer %d placement", l);
+    for (int s = 0; s < E + redundant; s++)
+        printf("%s%d", s % ((E + redundant) / R) ? "," : " | ", slot[s]);
+    printf("\n");
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    const char *dir = NULL, *text_path = NULL, *backend = "cpu";
+    int window = 256, max_windows = 0, R = 4, redundant = 4, threads = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int rc = 0;
+        if (!strcmp(a, "--text"))
+            text_path = v;
+        else if (!strcmp(a, "--backend"))
+            backend = v;
+        else if (!strcmp(a, "--window"))
+            rc = s_int(a, v, 2, &window);
+        else if (!strcmp(a, "--max-windows"))
+            rc = s_int(a, v, 0, &max_windows);
+        else if (!strcmp(a, "--ranks"))
+            rc = s_int(a, v, 1, &R);
+        else if (!strcmp(a, "--redundant"))
+            rc = s_int(a, v, 0, &redundant);
+        else if (!strcmp(a, "--threads"))
+            rc = s_int(a, v, 0, &threads);
+        else if (a[0] != '-' && !dir) {
+            dir = a;
+            continue;
+        } else
+            return s_usage();
+        if (rc != 0 || !v)
+            return rc != 0 ? 2 : s_usage();
+        i++;
+    }
+    if (!dir || !text_path || !backend)
+        return s_usage();
+    char err[1024];
+    model_config_t cfg;
+    if (config_load(dir, &cfg, err, sizeof err) < 0) {
+        fprintf(stderr, TOOL ": %s\n", err);
+        return 1;
+    }
+    const int E = cfg.num_experts, L = cfg.num_layers;
+    if (E < 1 || E > MAX_EXPERTS_TOOL) {
+        fprintf(stderr, TOOL ": %s: %d experts per layer: not a MoE model this tool takes\n", dir, E);
+        return 1;
+    }
+    if (E % R != 0 || (E + redundant) % R != 0) {
+        fprintf(stderr, TOOL ": --ranks %d must divide the %d experts and the %d slots evenly\n", R, E, E + redundant);
+        return 2;
+    }
+    tokenizer_t *tok = tok_load(dir, err, sizeof err);
+    size_t len = 0, n_ids = 0;
+    char *text = tok ? s_read(text_path, &len) : NULL;
+    int32_t *ids = NULL;
+    if (!tok || !text || tok_encode(tok, text, len, 0, &ids, &n_ids) < 0) {
+        fprintf(stderr, TOOL ": %s\n", !tok ? err : !text ? "cannot read the text" : "cannot tokenize the text");
+        return 1;
+    }
+    free(text);
+    tok_destroy(&tok);
+    int n_windows = (int)(n_ids / (size_t)window);
+    if (max_windows > 0 && n_windows > max_windows)
+        n_windows = max_windows;
+    if (n_windows < 1) {
+        fprintf(stderr, TOOL ": %s: %zu tokens, fewer than one window of %d\n", text_path, n_ids, window);
+        return 1;
+    }
+    backend_t *be = backend_new(backend, threads, err, sizeof err);
+    ckpt_t *ck = be ? ckpt_open(dir, err, sizeof err) : NULL;
+    const model_opts_t mo = {.max_tokens = window, .max_seqs = 1, .max_logit_rows = 1, .max_context = window,
+                             .kv_block_size = 16};
+    model_t *m = ck ? model_load(dir, &cfg, ck, be, &mo, err, sizeof err) : NULL;
+    const dtype_t kvt = config_kv_dtype(&cfg, DT_COUNT, DT_COUNT);
+    kvpool_t *pool = m ? kvpool_new((window + 15) / 16, 16, L, cfg.num_kv_heads, cfg.head_dim, kvt, be, err,
+                                    sizeof err) : NULL;
+    float *logits = malloc((size_t)cfg.vocab_size * sizeof(float));
+    uint64_t *load = calloc((size_t)L * (size_t)E, sizeof(uint64_t));
+    if (!pool || !logits || !load) {
+        fprintf(stderr, TOOL ": %s\n", pool ? "out of memory" : err);
+        return 1;
+    }
+    for (int w = 0; w < n_windows; w++) {
+        kvseq_t *seq = kvseq_new(pool, window, 0);
+        model_seq_t q = {.kv = seq, .n_new = window};
+        model_batch_t b = {.n_seqs = 1, .seqs = &q};
+        if (!seq || kvseq_append(seq, ids + (size_t)w * window, window) < 0 ||
+            model_forward(m, &b, logits, err, sizeof err) < 0) {
+            fprintf(stderr, TOOL ": window %d: %s\n", w, seq ? err : "out of memory");
+            return 1;
+        }
+        kvseq_destroy(&seq);
+    }
+    if (model_expert_load(m, load, err, sizeof err) != 0) {
+        fprintf(stderr, TOOL ": %s\n", err);
+        return 1;
+    }
+    printf("model %s\nbackend %s\ntext %s\ntokens %d\nexperts %d top-%d\nranks %d\nredundant %d\n", dir,
+           be->ops->name, text_path, n_windows * window, E, cfg.num_experts_per_tok, R, redundant);
+    int rc = 0;
+    for (int l = 0; l < L; l++) {
+        const uint64_t *c = load + (size_t)l * E;
+        uint64_t sum = 0, mx = 0;
+        for (int e = 0; e < E; e++) {
+            sum += c[e];
+            mx = c[e] > mx ? c[e] : mx;
+        }
+        if (sum == 0)
+            continue;   /* a dense layer */
+        printf("layer %d tokens", l);
+        for (int e = 0; e < E; e++)
+            printf(" %llu", (unsigned long long)c[e]);
+        printf("\nlayer %d expert_busiest_over_avg %.2f\n", l, (double)mx / ((double)sum / E));
+        double before, after;
+        if (s_layer(l, c, E, R, redundant, &before, &after) != 0) {
+            rc = 1;
+            continue;
+        }
+        printf("layer %d rank_busiest_over_avg without %.3f after %.3f\n", l, before, after);
+    }
+    free(load);
+    free(logits);
+    free(ids);
+    kvpool_destroy(&pool);
+    model_destroy(&m);
+    ckpt_destroy(&ck);
+    backend_destroy(&be);
+    return rc;
+}
