@@ -1,0 +1,73 @@
+# Speculative decoding is lossless: with the n-gram proposer on in the decode workers
+# (TROUPE_SPECULATION=ngram:4), greedy tokens through the whole cluster (supervisor, router,
+# prefill, KV hand-off, decode) equal troupe-generate's without speculation, token for token, for
+# every engine fixture and, when present, the KJV model; prompts with repeats make the proposer
+# draft, and the decode workers' stats must show verify steps with drafts. One prompt stops on
+# max_tokens inside an accepted run (max_tokens not a multiple of the step's tokens).
+# FIXTURES=regex limits the fixtures.
+. "$(dirname "$0")/lib.sh"
+export TROUPE_SPECULATION=ngram:4
+metric() {
+  "$BIN/troupe-top" --topology "$1" --json | /usr/bin/python3 -c 'import json, sys
+print(sum(m["value"] for a in json.load(sys.stdin)["actors"] if a.get("role") == "decode"
+          for m in a["metrics"] if m["name"] == sys.argv[1]))' "$2"
+}
+models=$(ls -d "$ROOT"/tests/fixtures/models/*/ | while read -r d; do [ -f "$d/expected.json" ] && echo "${d%/}"; done)
+kjv="$ROOT/../shared/models/kjv-dense"
+if [ -d "$kjv" ]; then models="$models $kjv"; else echo "SKIP (kjv part): $kjv absent"; fi
+for dir in $models; do
+  name=$(basename "$dir")
+  echo "$name" | grep -qE "${FIXTURES:-.}" || continue
+  note "$name"
+  MODEL_PATH=$dir N_PREFILL=1 N_DECODE=1 make_topology "$WORK/$name.yaml" "limits:" "  prefill_chunk_tokens: 8"
+  # prompt ids (below every fixture's vocabulary) and max_tokens: a repeating pattern, a phrase
+  # that comes back, and a prompt from expected.json when there is one.
+  {
+    echo "5,6,7,8,5,6,7,8,5,6,7 24"
+    echo "11,12,13,40,41,11,12,13,40,41,11,12 23"
+    echo "3,9,3,9,3,9,3 7"
+    if [ -f "$dir/expected.json" ]; then
+      /usr/bin/python3 -c 'import json,sys; print(",".join(map(str, json.load(open(sys.argv[1]))["prompts"][0]["ids"])), 32)' "$dir/expected.json"
+    fi
+  } > "$WORK/$name.prompts"
+  : > "$WORK/$name.generate"
+  while read -r ids n; do
+    TROUPE_SPECULATION= "$BIN/troupe-generate" "$dir" --backend cpu --ids "$ids" --chunk 8 --max-tokens "$n" \
+      --temperature 0 --ignore-eos --json \
+      | /usr/bin/python3 -c 'import json,sys; print(",".join(map(str, json.load(sys.stdin)["ids"])))' >> "$WORK/$name.generate"
+  done < "$WORK/$name.prompts"
+  start_cluster "$WORK/$name.yaml"
+  : > "$WORK/$name.cluster"
+  while read -r ids n; do
+    timeout 120 "$BIN/troupe-client" --topology "$WORK/$name.yaml" --json submit --ids "$ids" --max-tokens "$n" \
+      --temperature 0 --ignore-eos | /usr/bin/python3 -c 'import json, sys
+line, dec, pos, toks, fin = sys.stdin.read(), json.JSONDecoder(), 0, [], None
+while pos < len(line):
+    while pos < len(line) and line[pos].isspace(): pos += 1
+    if pos >= len(line): break
+    m, pos = dec.raw_decode(line, pos)
+    if m["type"] == "token": toks += m["tokens"]
+    else: fin = m
+print(",".join(map(str, toks)), fin and fin.get("type"))' >> "$WORK/$name.cluster" || fail "$name: troupe-client failed"
+  done < "$WORK/$name.prompts"
+  i=0
+  while read -r want; do
+    i=$((i + 1))
+    got=$(sed -n "${i}p" "$WORK/$name.cluster")
+    [ "${got% *}" = "$want" ] || fail "$name prompt $i: with speculation '${got% *}', without '$want'"
+    [ "${got##* }" = done ] || fail "$name prompt $i: ended with '${got##* }', not done"
+  done < "$WORK/$name.generate"
+  # The monitor's view trails the workers' stats by a report interval: wait for it.
+  for _ in $(seq 100); do
+    steps=$(metric "$WORK/$name.yaml" spec_verify_steps_total)
+    /usr/bin/python3 -c 'import sys; sys.exit(0 if float(sys.argv[1]) > 0 else 1)' "$steps" && break
+    sleep 0.1
+  done
+  acc=$(metric "$WORK/$name.yaml" spec_accepted_tokens_total)
+  drafts=$(metric "$WORK/$name.yaml" spec_draft_tokens_total)
+  echo "$name: $i prompts equal; verify steps $steps, drafts $drafts, accepted $acc"
+  /usr/bin/python3 -c 'import sys; sys.exit(0 if float(sys.argv[1]) > 0 else 1)' "$steps" \
+    || fail "$name: no verify step with drafts"
+  kill -TERM "$SUP_PID"; wait "$SUP_PID" || fail "supervisor exit $?"; SUP_PID=
+done
+echo PASS
