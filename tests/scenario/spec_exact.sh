@@ -3,10 +3,13 @@
 # prefill, KV hand-off, decode) equal troupe-generate's without speculation, token for token, for
 # every engine fixture and, when present, the KJV model; prompts with repeats make the proposer
 # draft, and the decode workers' stats must show verify steps with drafts. One prompt stops on
-# max_tokens inside an accepted run (max_tokens not a multiple of the step's tokens).
+# max_tokens inside an accepted run (max_tokens not a multiple of the step's tokens), one on a stop
+# id (a token of its own output); sampled requests (temperature, top-k, a repetition penalty, a
+# seed) must give the same tokens too: the acceptance keeps the tokens sampling without
+# speculation draws.
 # FIXTURES=regex limits the fixtures.
 . "$(dirname "$0")/lib.sh"
-export TROUPE_SPECULATION=ngram:4
+export TROUPE_SPECULATION=${SPEC:-ngram:4}   # SPEC=off: the same comparison without speculation
 metric() {
   "$BIN/troupe-top" --topology "$1" --json | /usr/bin/python3 -c 'import json, sys
 print(sum(m["value"] for a in json.load(sys.stdin)["actors"] if a.get("role") == "decode"
@@ -23,24 +26,36 @@ for dir in $models; do
   # prompt ids (below every fixture's vocabulary) and max_tokens: a repeating pattern, a phrase
   # that comes back, and a prompt from expected.json when there is one.
   {
-    echo "5,6,7,8,5,6,7,8,5,6,7 24"
-    echo "11,12,13,40,41,11,12,13,40,41,11,12 23"
-    echo "3,9,3,9,3,9,3 7"
+    echo "5,6,7,8,5,6,7,8,5,6,7 --max-tokens 24"
+    echo "11,12,13,40,41,11,12,13,40,41,11,12 --max-tokens 23"
+    echo "3,9,3,9,3,9,3 --max-tokens 7"
+    echo "5,6,7,8,5,6,7,8,5,6,7 --max-tokens 24 --temperature 0.8 --top-k 40 --seed 7"
+    echo "11,12,13,40,41,11,12,13,40,41,11,12 --max-tokens 20 --temperature 0.7 --repetition-penalty 1.1 --seed 3"
     if [ -f "$dir/expected.json" ]; then
-      /usr/bin/python3 -c 'import json,sys; print(",".join(map(str, json.load(open(sys.argv[1]))["prompts"][0]["ids"])), 32)' "$dir/expected.json"
+      /usr/bin/python3 -c 'import json,sys; print(",".join(map(str, json.load(open(sys.argv[1]))["prompts"][0]["ids"])), "--max-tokens 32")' "$dir/expected.json"
     fi
   } > "$WORK/$name.prompts"
+  gen() {   # gen IDS ARGS...: troupe-generate's ids, without speculation
+    local ids=$1; shift
+    TROUPE_SPECULATION= "$BIN/troupe-generate" "$dir" --backend cpu --ids "$ids" --chunk 8 --temperature 0 \
+      --ignore-eos --json "$@" | /usr/bin/python3 -c 'import json,sys; print(",".join(map(str, json.load(sys.stdin)["ids"])))'
+  }
+  # A stop id from inside the first prompt's output: its 7th token.
+  stop_id=$(gen 5,6,7,8,5,6,7,8,5,6,7 --max-tokens 24 | cut -d, -f7)
+  echo "5,6,7,8,5,6,7,8,5,6,7 --max-tokens 24 --stop-id $stop_id" >> "$WORK/$name.prompts"
   : > "$WORK/$name.generate"
-  while read -r ids n; do
-    TROUPE_SPECULATION= "$BIN/troupe-generate" "$dir" --backend cpu --ids "$ids" --chunk 8 --max-tokens "$n" \
-      --temperature 0 --ignore-eos --json \
-      | /usr/bin/python3 -c 'import json,sys; print(",".join(map(str, json.load(sys.stdin)["ids"])))' >> "$WORK/$name.generate"
+  while read -r ids args; do
+    # shellcheck disable=SC2086
+    gen "$ids" $args >> "$WORK/$name.generate"
   done < "$WORK/$name.prompts"
-  start_cluster "$WORK/$name.yaml"
-  : > "$WORK/$name.cluster"
-  while read -r ids n; do
-    timeout 120 "$BIN/troupe-client" --topology "$WORK/$name.yaml" --json submit --ids "$ids" --max-tokens "$n" \
-      --temperature 0 --ignore-eos | /usr/bin/python3 -c 'import json, sys
+  # cluster SPEC OUT: every prompt through a cluster whose decode workers speculate as SPEC says.
+  cluster() {
+    TROUPE_SPECULATION=$1 start_cluster "$WORK/$name.yaml"
+    : > "$2"
+    while read -r ids args; do
+      # shellcheck disable=SC2086
+      timeout 120 "$BIN/troupe-client" --topology "$WORK/$name.yaml" --json submit --ids "$ids" --temperature 0 \
+        --ignore-eos $args | /usr/bin/python3 -c 'import json, sys
 line, dec, pos, toks, fin = sys.stdin.read(), json.JSONDecoder(), 0, [], None
 while pos < len(line):
     while pos < len(line) and line[pos].isspace(): pos += 1
@@ -48,13 +63,21 @@ while pos < len(line):
     m, pos = dec.raw_decode(line, pos)
     if m["type"] == "token": toks += m["tokens"]
     else: fin = m
-print(",".join(map(str, toks)), fin and fin.get("type"))' >> "$WORK/$name.cluster" || fail "$name: troupe-client failed"
-  done < "$WORK/$name.prompts"
+print(",".join(map(str, toks)), fin and fin.get("type"))' >> "$2" || fail "$name: troupe-client failed"
+    done < "$WORK/$name.prompts"
+  }
+  cluster off "$WORK/$name.plain"
+  kill -TERM "$SUP_PID"; wait "$SUP_PID" || fail "supervisor exit $?"; SUP_PID=
+  cluster "$TROUPE_SPECULATION" "$WORK/$name.cluster"
+  # Sampled prompts (4, 5): equal to the cluster without speculation (its seeded sampling is the
+  # reference there); the others also equal troupe-generate's greedy.
+  cmp -s "$WORK/$name.plain" "$WORK/$name.cluster" || { diff "$WORK/$name.plain" "$WORK/$name.cluster";
+    fail "$name: output with speculation differs from output without"; }
   i=0
   while read -r want; do
     i=$((i + 1))
     got=$(sed -n "${i}p" "$WORK/$name.cluster")
-    [ "${got% *}" = "$want" ] || fail "$name prompt $i: with speculation '${got% *}', without '$want'"
+    [ "$i" = 4 ] || [ "$i" = 5 ] || [ "${got% *}" = "$want" ] || fail "$name prompt $i: with speculation '${got% *}', without '$want'"
     [ "${got##* }" = done ] || fail "$name prompt $i: ended with '${got##* }', not done"
   done < "$WORK/$name.generate"
   # The monitor's view trails the workers' stats by a report interval: wait for it.
