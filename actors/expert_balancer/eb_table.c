@@ -1,0 +1,137 @@
+/* actors/expert_balancer/eb_table.c — the expert-balancer's load totals and placements
+ * (eb_table.h). The ranks are the workers in the order of their first window; each gets one
+ * redundant slot (DeepSeek's serving shape), and the slots are rounded up so that every rank holds
+ * the same number. Known limit: totals are never aged, so old load weighs as much as new. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "actors/expert_balancer/eb_table.h"
+#include "common/log.h"
+#include "common/util.h"
+#include "engine/eplb.h"
+
+struct eb_table {
+    int n_experts;                          /* fixed by the first window; 0 before */
+    int n_layers;                           /* 1 + the highest layer seen */
+    uint64_t *load;                         /* [EB_MAX_LAYERS][n_experts] tokens since start */
+    char *workers[EB_MAX_RANKS];            /* the ranks, in order of their first window */
+    int n_workers;
+    uint64_t windows;                       /* layer-0 windows since the last placement */
+    uint64_t epoch;                         /* placements computed */
+    int32_t *slots;                         /* [EB_MAX_LAYERS][n_slots] the latest placement */
+    int n_slots;
+    double before[EB_MAX_LAYERS];           /* busiest/average rank, experts in order */
+    double after[EB_MAX_LAYERS];            /* the same with the placement */
+};
+
+eb_table_t *eb_table_new(void)
+{
+    return calloc(1, sizeof(eb_table_t));
+}
+
+void eb_table_destroy(eb_table_t **self_p)
+{
+    if (!self_p || !*self_p)
+        return;
+    eb_table_t *t = *self_p;
+    for (int i = 0; i < t->n_workers; i++)
+        free(t->workers[i]);
+    free(t->load);
+    free(t->slots);
+    free(t);
+    *self_p = NULL;
+}
+
+static int s_worker(eb_table_t *t, const char *name)
+{
+    for (int i = 0; i < t->n_workers; i++)
+        if (!strcmp(t->workers[i], name))
+            return i;
+    if (t->n_workers == EB_MAX_RANKS || !(t->workers[t->n_workers] = strdup(name)))
+        return -1;
+    return t->n_workers++;
+}
+
+/* One placement per layer over the workers seen: 0, or -1 (eplb refused; the old one stays). */
+static int s_rebalance(eb_table_t *t)
+{
+    const int E = t->n_experts, R = t->n_workers, per = (E + R - 1) / R;
+    const int n_slots = per * R + R;
+    int32_t *slots = malloc((size_t)EB_MAX_LAYERS * (size_t)n_slots * sizeof(int32_t));
+    int32_t *ident = malloc((size_t)E * sizeof(int32_t));
+    double *load = malloc((size_t)E * sizeof(double));
+    double before[EB_MAX_LAYERS], after[EB_MAX_LAYERS];
+    char err[256];
+    int rc = -1;
+    if (!slots || !ident || !load) {
+        LOG_W("expert placement: out of memory; keeping epoch %llu", (unsigned long long)t->epoch);
+        goto done;
+    }
+    eplb_identity(E, ident);
+    for (int l = 0; l < t->n_layers; l++) {
+        for (int e = 0; e < E; e++)
+            load[e] = (double)t->load[(size_t)l * E + e];
+        int32_t *ls = slots + (size_t)l * n_slots;
+        if (eplb_place(load, E, R, 1, n_slots, ls, err, sizeof err) != 0) {
+            LOG_W("expert placement, layer %d: %s; keeping epoch %llu", l, err, (unsigned long long)t->epoch);
+            goto done;
+        }
+        after[l] = eplb_imbalance(load, E, R, n_slots, ls, NULL);
+        before[l] = E % R == 0 ? eplb_imbalance(load, E, R, E, ident, NULL) : 0;
+    }
+    free(t->slots);
+    t->slots = slots;
+    slots = NULL;
+    t->n_slots = n_slots;
+    memcpy(t->before, before, sizeof(double) * (size_t)t->n_layers);
+    memcpy(t->after, after, sizeof(double) * (size_t)t->n_layers);
+    t->epoch++;
+    LOG_I("expert placement epoch %llu: %d layers, %d experts, %d ranks, %d slots; layer 0 busiest/average %.3f in "
+          "order, %.3f placed", (unsigned long long)t->epoch, t->n_layers, E, R, n_slots, before[0], after[0]);
+    rc = 0;
+done:
+    free(slots);
+    free(ident);
+    free(load);
+    return rc;
+}
+
+int eb_table_add(eb_table_t *t, const char *worker, uint32_t layer, const uint64_t *counts, uint32_t n, char *err,
+                 size_t errlen)
+{
+    if (layer >= EB_MAX_LAYERS)
+        return errf(err, errlen, "expert_load from %s: layer %u, at most %d layers", worker, layer, EB_MAX_LAYERS);
+    if (n < 1 || (t->n_experts && (int)n != t->n_experts))
+        return errf(err, errlen, "expert_load from %s: %u experts, expected %d", worker, n, t->n_experts);
+    if (!t->n_experts) {
+        if (!(t->load = calloc((size_t)EB_MAX_LAYERS * n, sizeof(uint64_t))))
+            return errf(err, errlen, "expert_load: out of memory");
+        t->n_experts = (int)n;
+    }
+    if (s_worker(t, worker) < 0)
+        return errf(err, errlen, "expert_load from %s: more than %d workers", worker, EB_MAX_RANKS);
+    uint64_t *row = t->load + (size_t)layer * n;
+    for (uint32_t e = 0; e < n; e++)
+        row[e] += counts[e];
+    if ((int)layer + 1 > t->n_layers)
+        t->n_layers = (int)layer + 1;
+    if (layer != 0 || ++t->windows < (uint64_t)EB_REBALANCE_WINDOWS * (uint64_t)t->n_workers)
+        return 0;
+    t->windows = 0;
+    return s_rebalance(t) == 0 ? 1 : 0;
+}
+
+uint64_t eb_table_epoch(const eb_table_t *t) { return t->epoch; }
+int eb_table_ranks(const eb_table_t *t) { return t->n_workers; }
+int eb_table_layers(const eb_table_t *t) { return t->n_layers; }
+double eb_table_before(const eb_table_t *t, int l) { return t->epoch && l >= 0 && l < t->n_layers ? t->before[l] : 0; }
+double eb_table_after(const eb_table_t *t, int l) { return t->epoch && l >= 0 && l < t->n_layers ? t->after[l] : 0; }
+
+const int32_t *eb_table_slots(const eb_table_t *t, int l, int *n_slots)
+{
+    if (!t->slots || l < 0 || l >= t->n_layers)
+        return NULL;
+    *n_slots = t->n_slots;
+    return t->slots + (size_t)l * t->n_slots;
+}
