@@ -108,7 +108,7 @@ check-layers:
 ASAN_BINS := $(patsubst $(B)/%,build/asan/%,$(ACTOR_BINS) $(TOOL_BINS))
 test-asan: deps
 	@CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer" $(MAKE) --no-print-directory \
-	    B=build/asan CUDA_LINK=0 NVCC= build/libtroupe.a $(ASAN_BINS)
+	    B=build/asan CUDA_LINK=0 NVCC= build/asan/libtroupe.a $(ASAN_BINS)
 	@$(MAKE) --no-print-directory all
 	@ASAN_OPTIONS=detect_leaks=0:halt_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	    TROUPE_BIN=$(CURDIR)/build/asan/bin tests/run.sh
