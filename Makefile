@@ -107,9 +107,9 @@ check-layers:
 # A sanitizer report in any actor's log fails its scenario (tests/scenario/lib.sh).
 ASAN_BINS := $(patsubst $(B)/%,build/asan/%,$(ACTOR_BINS) $(TOOL_BINS))
 test-asan: deps
-	@CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer" $(MAKE) --no-print-directory \
+	@CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer" $(MAKE) --no-print-directory -j$(JOBS) \
 	    B=build/asan CUDA_LINK=0 NVCC= build/asan/libtroupe.a $(ASAN_BINS)
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory -j$(JOBS) all
 	@ASAN_OPTIONS=detect_leaks=0:halt_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	    TROUPE_BIN=$(CURDIR)/build/asan/bin tests/run.sh
 
