@@ -1082,6 +1082,11 @@ int main(int argc, char **argv)
     zmq_setsockopt(g->router, ZMQ_IMMEDIATE, &one, sizeof one);
     zmq_setsockopt(g->router, ZMQ_SNDHWM, &hwm, sizeof hwm);
     zmq_setsockopt(g->router, ZMQ_RCVHWM, &hwm, sizeof hwm);
+    /* Under CURVE the router admits a gateway by its own key (docs/security.md). */
+    if (actor_curve_client_endpoint(a, g->router) != 0) {
+        LOG_E("CURVE client of the router at %s: %s", t->endpoints.client, zmq_strerror(errno));
+        goto out;
+    }
     if (zmq_connect(g->router, t->endpoints.client) != 0) {
         LOG_E("cannot connect to the router at %s: %s", t->endpoints.client, zmq_strerror(errno));
         goto out;
