@@ -10,7 +10,7 @@ command -v curl >/dev/null || fail "curl is needed"
 mkdir -p "$WORK/keys"
 for k in server alice; do "$BIN/troupe-keygen" "$WORK/keys/$k" >/dev/null; done
 cp "$WORK/keys/alice.pub" "$WORK/keys/clients"
-gateway_topology "$WORK/t.yaml"
+gateway_topology "$WORK/t.yaml" "  admission_queue: 16"
 cat >> "$WORK/t.yaml" <<YAML
 security:
   curve_server_public: $WORK/keys/server.pub
