@@ -27,6 +27,7 @@
 
 #include "actors/runtime/actor.h"
 #include "actors/runtime/worker.h"
+#include "actors/worker/expert_report.h"
 #include "actors/worker/prefix_fetch.h"
 #include "actors/worker/token_text.h"
 #include "actors/worker/writeback.h"
@@ -77,6 +78,7 @@ typedef struct decode {
     /* Where the decode loop's time goes (ns): model steps, taking hand-offs in (the KV copy
      * included), the recomputes' share of the steps. */
     uint64_t steps, forward_ns, handoff_ns, recompute_ns;
+    expert_report_t *experts;     /* expert_load windows to the expert-balancer; NULL: none */
     int colocated;               /* no prefill actors: prompts come here (prefill_request) */
     uint64_t prompts, prompt_tokens_computed, prompt_tokens_cached;
     uint64_t prompt_ns;          /* the prompt chunks' share of the forward time (their compute rate) */
@@ -692,6 +694,7 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
     actor_stat_metric(a, st, "transfers_nccl_total", (double)kvlinks_transfers(d->links), 1);
     actor_stat_metric(a, st, "nccl_links_ready", kvlinks_ready(d->links), 0);
     actor_stat_metric(a, st, "steps_total", (double)d->steps, 1);
+    expert_report_tick(&d->experts, a, d->w->model, d->steps);   /* an expert_load window per 1,000 steps */
     actor_stat_metric(a, st, "forward_seconds_total", (double)d->forward_ns / 1e9, 1);
     actor_stat_metric(a, st, "handoff_seconds_total", (double)d->handoff_ns / 1e9, 1);
     actor_stat_metric(a, st, "recompute_seconds_total", (double)d->recompute_ns / 1e9, 1);
@@ -827,6 +830,7 @@ int main(int argc, char **argv)
     free(d.n_drafts);
     free(d.kv_base);
     token_text_free(&d.text);
+    expert_report_destroy(&d.experts);
     worker_destroy(&d.w);
     actor_destroy(&a);
     return rc == 0 ? 0 : 1;

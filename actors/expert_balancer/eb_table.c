@@ -17,7 +17,8 @@ struct eb_table {
     uint64_t *load;                         /* [EB_MAX_LAYERS][n_experts] tokens since start */
     char *workers[EB_MAX_RANKS];            /* the ranks, in order of their first window */
     int n_workers;
-    uint64_t windows;                       /* layer-0 windows since the last placement */
+    int clock_layer;                        /* the layer of the first window: its windows count the interval */
+    uint64_t windows;                       /* clock_layer windows since the last placement */
     uint64_t epoch;                         /* placements computed */
     int32_t *slots;                         /* [EB_MAX_LAYERS][n_slots] the latest placement */
     int n_slots;
@@ -108,6 +109,7 @@ int eb_table_add(eb_table_t *t, const char *worker, uint32_t layer, const uint64
         if (!(t->load = calloc((size_t)EB_MAX_LAYERS * n, sizeof(uint64_t))))
             return errf(err, errlen, "expert_load: out of memory");
         t->n_experts = (int)n;
+        t->clock_layer = (int)layer;   /* the first MoE layer (a model's first layers may be dense) */
     }
     if (s_worker(t, worker) < 0)
         return errf(err, errlen, "expert_load from %s: more than %d workers", worker, EB_MAX_RANKS);
@@ -116,7 +118,7 @@ int eb_table_add(eb_table_t *t, const char *worker, uint32_t layer, const uint64
         row[e] += counts[e];
     if ((int)layer + 1 > t->n_layers)
         t->n_layers = (int)layer + 1;
-    if (layer != 0 || ++t->windows < (uint64_t)EB_REBALANCE_WINDOWS * (uint64_t)t->n_workers)
+    if ((int)layer != t->clock_layer || ++t->windows < (uint64_t)EB_REBALANCE_WINDOWS * (uint64_t)t->n_workers)
         return 0;
     t->windows = 0;
     return s_rebalance(t) == 0 ? 1 : 0;

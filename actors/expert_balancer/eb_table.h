@@ -1,6 +1,6 @@
 /* actors/expert_balancer/eb_table.h — the expert-balancer's state as pure logic: the per-(layer,
  * expert) load totals from the workers' `expert_load` windows, and the placement computed from
- * them every EB_REBALANCE_WINDOWS windows (engine/eplb.h), with its epoch and each layer's
+ * them every EB_REBALANCE_WINDOWS windows per worker of the first layer reported (engine/eplb.h), with its epoch and each layer's
  * busiest/average rank load before (experts in order) and after (the placement). */
 #ifndef TROUPE_ACTORS_EXPERT_BALANCER_EB_TABLE_H
 #define TROUPE_ACTORS_EXPERT_BALANCER_EB_TABLE_H
@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define EB_REBALANCE_WINDOWS 10   /* load windows of layer 0 per worker between placements (10,000 / 1,000 steps) */
+#define EB_REBALANCE_WINDOWS 10   /* load windows per worker between placements (10,000 / 1,000 steps) */
 #define EB_MAX_RANKS 64           /* workers the balancer places experts over */
 #define EB_MAX_LAYERS 256         /* MoE layers (messages/msg.h MSG_MAX_LAYERS) */
 
