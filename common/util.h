@@ -15,6 +15,10 @@ int64_t wall_ms(void);
  *     return errf(err, errlen, "%s: header length %llu exceeds 100 MB", path, n);   */
 int errf(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
+/* A whole file, NUL-terminated (malloc'd; the caller frees); *len its size. NULL when it cannot be
+ * opened or read (errno says why). For tools: actors read their inputs at start through their loaders. */
+char *util_read_file(const char *path, size_t *len);
+
 #define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 
 #endif

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/util.h"
 #include "engine/checkpoint.h"
 #include "engine/config.h"
 #include "engine/eplb.h"
@@ -43,27 +44,6 @@ static int s_int(const char *opt, const char *v, int lo, int *out)
     }
     *out = (int)x;
     return 0;
-}
-
-static char *s_read(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = n >= 0 ? malloc((size_t)n + 1) : NULL;
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
-        free(b);
-        b = NULL;
-    }
-    fclose(f);
-    if (b) {
-        b[n] = 0;
-        *len = (size_t)n;
-    }
-    return b;
 }
 
 /* Prints one layer's ratio without and with the placement; returns 0, or -1 when eplb refuses. */
@@ -137,7 +117,7 @@ int main(int argc, char **argv)
     }
     tokenizer_t *tok = tok_load(dir, err, sizeof err);
     size_t len = 0, n_ids = 0;
-    char *text = tok ? s_read(text_path, &len) : NULL;
+    char *text = tok ? util_read_file(text_path, &len) : NULL;
     int32_t *ids = NULL;
     if (!tok || !text || tok_encode(tok, text, len, 0, &ids, &n_ids) < 0) {
         fprintf(stderr, TOOL ": %s\n", !tok ? err : !text ? "cannot read the text" : "cannot tokenize the text");

@@ -45,27 +45,6 @@ static int s_usage(void)
     return 2;
 }
 
-static char *s_read(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = n >= 0 ? malloc((size_t)n + 1) : NULL;
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
-        free(b);
-        b = NULL;
-    }
-    fclose(f);
-    if (b) {
-        b[n] = 0;
-        *len = (size_t)n;
-    }
-    return b;
-}
-
 /* Chapters (split at blank lines, trailing newlines dropped) tokenized and joined by sep. */
 static int s_tokens(const tokenizer_t *tok, char *text, size_t len, int32_t sep, int32_t **out, size_t *n_out)
 {
@@ -265,7 +244,7 @@ int main(int argc, char **argv)
         return 1;
     }
     size_t len = 0;
-    char *text = s_read(text_path, &len);
+    char *text = util_read_file(text_path, &len);
     int32_t *ids = NULL;
     size_t n_ids = 0;
     if (!text || s_tokens(tok, text, len, sep, &ids, &n_ids) < 0) {
