@@ -16,8 +16,8 @@
 #include <string.h>
 
 #include "common/util.h"
-#include "engine/checkpoint.h"
 #include "engine/config.h"
+#include "engine/engine_open.h"
 #include "engine/eplb.h"
 #include "engine/kvcache.h"
 #include "engine/model.h"
@@ -101,11 +101,12 @@ int main(int argc, char **argv)
     if (!dir || !text_path || !backend)
         return s_usage();
     char err[1024];
-    model_config_t cfg;
-    if (config_load(dir, &cfg, err, sizeof err) < 0) {
+    engine_t *eng = engine_new(dir, err, sizeof err);   /* the config now, the weights below */
+    if (!eng) {
         fprintf(stderr, TOOL ": %s\n", err);
         return 1;
     }
+    const model_config_t cfg = eng->cfg;
     const int E = cfg.num_experts, L = cfg.num_layers;
     if (E < 1 || E > MAX_EXPERTS_TOOL) {
         fprintf(stderr, TOOL ": %s: %d experts per layer: not a MoE model this tool takes\n", dir, E);
@@ -132,15 +133,19 @@ int main(int argc, char **argv)
         fprintf(stderr, TOOL ": %s: %zu tokens, fewer than one window of %d\n", text_path, n_ids, window);
         return 1;
     }
-    backend_t *be = backend_new(backend, threads, err, sizeof err);
-    ckpt_t *ck = be ? ckpt_open(dir, err, sizeof err) : NULL;
-    const model_opts_t mo = {.max_tokens = window, .max_seqs = 1, .max_logit_rows = 1, .max_context = window,
-                             .kv_block_size = 16};
-    model_t *m = ck ? model_load(dir, &cfg, ck, be, &mo, err, sizeof err) : NULL;
-    const dtype_t kvt = config_kv_dtype(&cfg, DT_COUNT, DT_COUNT);
-    kvpool_t *pool = m ? kvpool_new((window + 15) / 16, 16, L, cfg.num_kv_heads, cfg.head_dim, kvt, be, err,
-                                    sizeof err) : NULL;
-    float *logits = malloc((size_t)cfg.vocab_size * sizeof(float));
+    /* The model as the workers open it (engine_open): one sequence of one window. */
+    engine_spec_t sp;
+    engine_spec_default(&sp);
+    sp.backend = backend;
+    sp.threads = threads;
+    sp.model = (model_opts_t){.max_tokens = window, .max_seqs = 1, .max_logit_rows = 1, .max_context = window,
+                              .kv_block_size = 16};
+    sp.kv_blocks = (window + 15) / 16;
+    const int loaded = engine_load(eng, &sp, err, sizeof err) == ENGINE_OK;
+    backend_t *be = eng->be;
+    model_t *m = eng->model;
+    kvpool_t *pool = loaded ? eng->pool : NULL;
+    float *logits = eng->logits;
     uint64_t *load = calloc((size_t)L * (size_t)E, sizeof(uint64_t));
     if (!pool || !logits || !load) {
         fprintf(stderr, TOOL ": %s\n", pool ? "out of memory" : err);
@@ -185,11 +190,7 @@ int main(int argc, char **argv)
         printf("layer %d rank_busiest_over_avg without %.3f after %.3f\n", l, before, after);
     }
     free(load);
-    free(logits);
     free(ids);
-    kvpool_destroy(&pool);
-    model_destroy(&m);
-    ckpt_destroy(&ck);
-    backend_destroy(&be);
+    engine_destroy(&eng);
     return rc;
 }

@@ -26,8 +26,8 @@
 #include <string.h>
 
 #include "common/util.h"
-#include "engine/checkpoint.h"
 #include "engine/config.h"
+#include "engine/engine_open.h"
 #include "engine/kvcache.h"
 #include "engine/model.h"
 #include "engine/quant.h"
@@ -102,27 +102,41 @@ static double s_now(void)
 }
 
 /* --decode: batch-1 greedy decode speed. */
-static int s_decode(const char *dir, const model_config_t *cfg, const char *backend, int threads, int qfmt, int dummy,
-                    int steps)
+/* The model as the workers and troupe-generate open it (engine_open): one sequence, `context`
+ * tokens of KV, `logit_rows` rows of host logits; dummy: random bf16 weights of the config's shape. */
+static engine_status_t s_load(engine_t *e, const char *backend, int threads, int dummy, int qfmt, int max_tokens,
+                              int logit_rows, int context, char *err, size_t errlen)
+{
+    engine_spec_t sp;
+    engine_spec_default(&sp);
+    sp.backend = backend;
+    sp.threads = threads;
+    sp.dummy = dummy;
+    if (dummy)
+        sp.dtype = DT_BF16;
+    sp.model = (model_opts_t){.max_tokens = max_tokens, .max_seqs = 1, .max_logit_rows = logit_rows,
+                              .max_context = context, .kv_block_size = 16, .quantize = qfmt};
+    sp.kv_blocks = (context + 15) / 16;
+    sp.dummy_option = "--dummy";
+    return engine_load(e, &sp, err, errlen);
+}
+
+static int s_decode(engine_t *e, const char *backend, int threads, int qfmt, int dummy, int steps)
 {
     enum { PROMPT = 128 };
     char err[1024];
     const double t0 = s_now();
-    backend_t *be = backend_new(backend, threads, err, sizeof err);
-    ckpt_t *ck = be ? (dummy ? ckpt_dummy(DT_BF16, 0) : ckpt_open(dir, err, sizeof err)) : NULL;
-    const model_opts_t mo = {.max_tokens = PROMPT, .max_seqs = 1, .max_logit_rows = 1,
-                             .max_context = PROMPT + steps + 16, .kv_block_size = 16, .quantize = qfmt};
-    model_t *m = ck ? model_load(dir, cfg, ck, be, &mo, err, sizeof err) : NULL;
-    const dtype_t kvt = config_kv_dtype(cfg, dummy ? DT_BF16 : DT_COUNT, DT_COUNT);
-    const int blocks = (PROMPT + steps + 16 + 15) / 16;
-    kvpool_t *pool = m ? kvpool_new(blocks, 16, cfg->num_layers, cfg->num_kv_heads, cfg->head_dim, kvt, be, err,
-                                    sizeof err) : NULL;
-    kvseq_t *seq = pool ? kvseq_new(pool, PROMPT + steps + 1, 0) : NULL;
-    float *logits = malloc((size_t)cfg->vocab_size * sizeof(float));   /* unused with argmax_out, by contract */
-    if (!seq || !logits) {
-        fprintf(stderr, TOOL ": %s\n", pool ? "out of memory" : err);
+    const char *dir = e->model_dir;
+    const model_config_t *cfg = &e->cfg;
+    kvseq_t *seq = NULL;
+    if (s_load(e, backend, threads, dummy, qfmt, PROMPT, 1, PROMPT + steps + 16, err, sizeof err) != ENGINE_OK ||
+        !(seq = kvseq_new(e->pool, PROMPT + steps + 1, 0))) {
+        fprintf(stderr, TOOL ": %s\n", e->pool ? "out of memory" : err);
         return 1;
     }
+    backend_t *be = e->be;
+    model_t *m = e->model;
+    float *logits = e->logits;   /* unused with argmax_out, by contract */
     const double t_load = s_now() - t0;
     int32_t prompt[PROMPT], tok = 0;
     for (int i = 0; i < PROMPT; i++)
@@ -168,12 +182,7 @@ static int s_decode(const char *dir, const model_config_t *cfg, const char *back
            cfg->quant.present ? quant_format_name(cfg->quant.fmt) : qfmt ? quant_format_name(qfmt) : "plain",
            be->ops->name, t_load, steps, steps / dt, bytes, bytes * steps / dt / 1e9, copy_bw,
            copy_bw > 0 ? copy_bw * 1e9 / bytes : 0.0);
-    free(logits);
     kvseq_destroy(&seq);
-    kvpool_destroy(&pool);
-    model_destroy(&m);
-    ckpt_destroy(&ck);
-    backend_destroy(&be);
     return 0;
 }
 
@@ -227,13 +236,17 @@ int main(int argc, char **argv)
     }
 
     char err[1024];
-    model_config_t cfg;
-    if (config_load(dir, &cfg, err, sizeof err) < 0) {
+    engine_t *e = engine_new(dir, err, sizeof err);
+    if (!e) {
         fprintf(stderr, TOOL ": %s\n", err);
         return 1;
     }
-    if (decode)
-        return s_decode(dir, &cfg, backend, threads, qfmt, dummy, decode);
+    const model_config_t cfg = e->cfg;
+    if (decode) {
+        const int rc = s_decode(e, backend, threads, qfmt, dummy, decode);
+        engine_destroy(&e);
+        return rc;
+    }
     if (sep >= cfg.vocab_size) {
         fprintf(stderr, TOOL ": --sep-id %d is outside the vocabulary (%d)\n", sep, cfg.vocab_size);
         return 2;
@@ -261,19 +274,14 @@ int main(int argc, char **argv)
         return 1;
     }
 
-    backend_t *be = backend_new(backend, threads, err, sizeof err);
-    ckpt_t *ck = be ? ckpt_open(dir, err, sizeof err) : NULL;
-    const model_opts_t mo = {.max_tokens = window, .max_seqs = 1, .max_logit_rows = window,
-                             .max_context = window, .kv_block_size = 16, .quantize = qfmt};
-    model_t *m = ck ? model_load(dir, &cfg, ck, be, &mo, err, sizeof err) : NULL;
-    const dtype_t kvt = config_kv_dtype(&cfg, DT_COUNT, DT_COUNT);
-    kvpool_t *pool = m ? kvpool_new((window + 15) / 16, 16, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, kvt, be,
-                                    err, sizeof err) : NULL;
-    float *logits = malloc((size_t)window * (size_t)cfg.vocab_size * sizeof(float));
-    if (!pool || !logits) {
-        fprintf(stderr, TOOL ": %s\n", pool ? "out of memory" : err);
+    if (s_load(e, backend, threads, 0, qfmt, window, window, window, err, sizeof err) != ENGINE_OK) {
+        fprintf(stderr, TOOL ": %s\n", err);
         return 1;
     }
+    backend_t *be = e->be;
+    model_t *m = e->model;
+    kvpool_t *pool = e->pool;
+    float *logits = e->logits;
     double nll = 0.0;
     long scored = 0;
     const int V = cfg.vocab_size;
@@ -308,11 +316,7 @@ int main(int argc, char **argv)
            "mean_nll %.4f\nperplexity %.3f\n",
            dir, cfg.quant.present ? quant_format_name(cfg.quant.fmt) : qfmt ? quant_format_name(qfmt) : "plain",
            be->ops->name, text_path, n_ids, n_windows, window, scored, mean, exp(mean));
-    free(logits);
     free(ids);
-    kvpool_destroy(&pool);
-    model_destroy(&m);
-    ckpt_destroy(&ck);
-    backend_destroy(&be);
+    engine_destroy(&e);
     return 0;
 }
