@@ -233,6 +233,8 @@ static void s_tcp(char *dst, size_t cap, const char *host, int port)
 
 static const char *const s_backends[] = { "cpu", "cuda" };
 static const char *const s_formats[] = { "auto", "dummy" };
+/* model.quantization: the index is kernels/backend.h's BK_Q_* (engine/quant.h's names). */
+static const char *const s_quants[] = { "none", "fp8", "int8", "int4", "nvfp4" };
 static const char *const s_launches[] = { "local", "ssh", "srun" };
 static const char *const s_restarts[] = { "permanent", "transient", "temporary" };
 static const char *const s_strategies[] = { "one_for_one", "rest_for_one" };
@@ -256,6 +258,8 @@ static void s_model(topo_diag_t *d, const raw_model_t *m, topo_model_t *out)
     int f = s_enum(d, "model.load_format", m->load_format, s_formats, 2, TOPO_LOAD_AUTO, "load format");
     out->load_format = f < 0 ? TOPO_LOAD_AUTO : (topo_load_format_t)f;
     out->threads = (int)s_int(d, "model.threads", m->threads, 0, 1024, 0);
+    int q = s_enum(d, "model.quantization", m->quantization, s_quants, 5, 0, "online quantization");
+    out->quantization = q < 0 ? 0 : q;
 }
 
 /* Checks an ssh template's placeholders: only {address} and {node} exist. */

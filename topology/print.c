@@ -36,10 +36,11 @@ void topo_print(const topo_t *t, FILE *f)
     fprintf(f, "model:\n");
     s_kv(f, "  ", "path", t->model.path);
     s_kv(f, "  ", "tokenizer", t->model.tokenizer);
-    fprintf(f, "  dtype: %s\n  kv_dtype: %s\n  backend: %s\n  load_format: %s\n  threads: %d\n",
+    static const char *const quants[] = {"none", "fp8", "int8", "int4", "nvfp4"};
+    fprintf(f, "  dtype: %s\n  kv_dtype: %s\n  backend: %s\n  load_format: %s\n  threads: %d\n  quantization: %s\n",
             dtype_name(t->model.dtype), t->model.kv_dtype == DT_COUNT ? "auto" : dtype_name(t->model.kv_dtype),
-            topo_backend_name(t->model.backend),
-            topo_load_format_name(t->model.load_format), t->model.threads);
+            topo_backend_name(t->model.backend), topo_load_format_name(t->model.load_format), t->model.threads,
+            t->model.quantization >= 0 && t->model.quantization < 5 ? quants[t->model.quantization] : "?");
     fprintf(f, "nodes:\n");
     for (int i = 0; i < t->n_nodes; i++) {
         const topo_node_t *n = &t->nodes[i];

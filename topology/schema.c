@@ -20,6 +20,7 @@ static const cyaml_schema_field_t s_model_fields[] = {
     STR("backend", raw_model_t, backend),
     STR("load_format", raw_model_t, load_format),
     STR("threads", raw_model_t, threads),
+    STR("quantization", raw_model_t, quantization),
     CYAML_FIELD_END
 };
 

@@ -58,6 +58,7 @@ typedef struct topo_model {
     topo_backend_t backend;              /* default cpu */
     topo_load_format_t load_format;      /* default auto */
     int threads;                         /* CPU threads per worker, 0 = auto; 0..1024 */
+    int quantization;                    /* online quantization at load: BK_Q_* (kernels/backend.h), 0 none */
 } topo_model_t;
 
 typedef struct topo_node {

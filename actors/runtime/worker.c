@@ -69,7 +69,8 @@ worker_t *worker_load(const topo_t *t, topo_role_t role, int gpu, int max_tokens
     s.kv_dtype_option = "model.kv_dtype";
     s.dummy_option = "load_format: dummy";
     s.model = (model_opts_t){.max_tokens = max_tokens, .max_seqs = max_seqs, .max_logit_rows = max_seqs,
-                             .max_context = w->max_model_len, .kv_block_size = w->block_size};
+                             .max_context = w->max_model_len, .kv_block_size = w->block_size,
+                             .quantize = tm->quantization};   /* model.quantization: online, at load */
     /* The pool: limits.kv_blocks, or (0) max_batch sequences of max_model_len and one more for
      * cached prefixes, as far as this worker's share of the memory goes. */
     const long per_seq = (w->max_model_len + w->block_size - 1) / w->block_size;

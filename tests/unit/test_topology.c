@@ -261,6 +261,43 @@ static void test_kv_dtype(void **state)
     assert_int_equal(s_errs.count, 2);
 }
 
+/* model.quantization: online quantization at load (the index is BK_Q_*), printed so that the
+ * printed topology loads back to the same choice; a bad value names the field. */
+static void test_quantization(void **state)
+{
+    (void)state;
+    static const struct { const char *yaml; int want; } cases[] = {
+        {"none", 0}, {"fp8", 1}, {"int8", 2}, {"int4", 3}, {"nvfp4", 4},
+    };
+    char yaml[256];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(yaml, sizeof yaml, "model:\n  path: m\n  quantization: %s\n" MIN_ACTORS, cases[i].yaml);
+        topo_t *t = s_ok(yaml);
+        assert_int_equal(t->model.quantization, cases[i].want);
+        char *a = NULL;
+        size_t alen = 0;
+        FILE *f = open_memstream(&a, &alen);
+        topo_print(t, f);
+        fclose(f);
+        char want[64];
+        snprintf(want, sizeof want, "  quantization: %s\n", cases[i].yaml);
+        assert_non_null(strstr(a, want));
+        topo_t *t2 = NULL;
+        assert_int_equal(topo_load_string(a, alen, "printed", &t2, &s_errs), 0);
+        assert_int_equal(t2->model.quantization, cases[i].want);
+        free(a);
+        topo_destroy(&t);
+        topo_destroy(&t2);
+    }
+    topo_t *t = s_ok("model:\n  path: m\n" MIN_ACTORS);
+    assert_int_equal(t->model.quantization, 0);
+    topo_destroy(&t);
+    s_bad("model:\n  path: m\n  quantization: fp4\n" MIN_ACTORS);
+    assert_int_equal(s_errs.count, 1);
+    assert_string_equal(s_errs.msg[0], "inline.yaml:3: model.quantization: unknown online quantization 'fp4' "
+                                       "(expected one of none, fp8, int8, int4, nvfp4)");
+}
+
 static void test_default_embedded_equals_example(void **state)
 {
     (void)state;
@@ -756,6 +793,7 @@ int main(void)
         cmocka_unit_test(test_role_names),
         cmocka_unit_test(test_examples_load),
         cmocka_unit_test(test_kv_dtype),
+        cmocka_unit_test(test_quantization),
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_default_embedded_equals_example),
         cmocka_unit_test(test_expansion_and_naming),
