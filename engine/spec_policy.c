@@ -1,0 +1,352 @@
+/* engine/spec_policy.c — acceptance and cost tables, and the verify-length policy computed from
+ * them (engine/spec_policy.h has the model). */
+#include "engine/spec_policy.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+static const int s_grid[SPEC_COST_BATCHES] = {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512,
+                                              768, 1024};
+
+static int s_conf_bin(float c)
+{
+    int j = (int)(c * SPEC_CONF_BINS);
+    return j < 0 ? 0 : j >= SPEC_CONF_BINS ? SPEC_CONF_BINS - 1 : j;
+}
+
+void spec_accept_record(spec_accept_t *a, int n, int n_accepted, const float *prefix_conf)
+{
+    if (n > SPEC_MAX_K)
+        n = SPEC_MAX_K;
+    for (int i = 0; i < n; i++) {
+        a->proposed[i]++;
+        a->accepted[i] += i < n_accepted;
+        if (prefix_conf) {
+            const int j = s_conf_bin(prefix_conf[i]);
+            a->conf_seen[j]++;
+            a->conf_accepted[j] += i < n_accepted;
+        }
+    }
+}
+
+void spec_accept_add(spec_accept_t *into, const spec_accept_t *from)
+{
+    for (int i = 0; i < SPEC_MAX_K; i++) {
+        into->proposed[i] += from->proposed[i];
+        into->accepted[i] += from->accepted[i];
+    }
+    for (int j = 0; j < SPEC_CONF_BINS; j++) {
+        into->conf_seen[j] += from->conf_seen[j];
+        into->conf_accepted[j] += from->conf_accepted[j];
+    }
+}
+
+void spec_accept_decay(spec_accept_t *a)
+{
+    /* accepted halves with proposed, rounding the same way, so accepted <= proposed stays true */
+    for (int i = 0; i < SPEC_MAX_K; i++) {
+        a->proposed[i] /= 2;
+        a->accepted[i] /= 2;
+    }
+    for (int j = 0; j < SPEC_CONF_BINS; j++) {
+        a->conf_seen[j] /= 2;
+        a->conf_accepted[j] /= 2;
+    }
+}
+
+int spec_cost_bucket(int b)
+{
+    for (int i = 0; i < SPEC_COST_BATCHES; i++)
+        if (b <= s_grid[i])
+            return i;
+    return SPEC_COST_BATCHES - 1;
+}
+
+int spec_cost_batch(int bucket)
+{
+    return s_grid[bucket < 0 ? 0 : bucket >= SPEC_COST_BATCHES ? SPEC_COST_BATCHES - 1 : bucket];
+}
+
+void spec_cost_add_cell(spec_cost_t *c, int bucket, int k, uint64_t steps, double seconds)
+{
+    if (bucket < 0 || bucket >= SPEC_COST_BATCHES || k < 0 || k > SPEC_MAX_K || !(seconds >= 0))
+        return;
+    c->steps[bucket][k] += steps;
+    c->seconds[bucket][k] += seconds;
+}
+
+void spec_cost_record(spec_cost_t *c, int batch, int tokens, double seconds)
+{
+    if (batch < 1 || tokens < batch)
+        return;
+    const int k = (tokens - batch + batch / 2) / batch;   /* drafts per row, rounded */
+    spec_cost_add_cell(c, spec_cost_bucket(batch), k > SPEC_MAX_K ? SPEC_MAX_K : k, 1, seconds);
+}
+
+void spec_cost_add(spec_cost_t *into, const spec_cost_t *from)
+{
+    for (int b = 0; b < SPEC_COST_BATCHES; b++)
+        for (int k = 0; k <= SPEC_MAX_K; k++) {
+            into->steps[b][k] += from->steps[b][k];
+            into->seconds[b][k] += from->seconds[b][k];
+        }
+}
+
+void spec_cost_decay(spec_cost_t *c)
+{
+    for (int b = 0; b < SPEC_COST_BATCHES; b++)
+        for (int k = 0; k <= SPEC_MAX_K; k++) {
+            const uint64_t n = c->steps[b][k];
+            c->seconds[b][k] = n > 1 ? c->seconds[b][k] * (double)(n / 2) / (double)n : c->seconds[b][k];
+            c->steps[b][k] = n > 1 ? n / 2 : n;
+        }
+}
+
+static int s_measured(const spec_cost_t *c, int b, int k) { return c->steps[b][k] >= SPEC_POLICY_MIN_STEPS; }
+static double s_mean(const spec_cost_t *c, int b, int k) { return c->seconds[b][k] / (double)c->steps[b][k]; }
+
+/* Solves the n x n system m x = v (n <= 3) by Gaussian elimination with partial pivoting; -1 when
+ * it is (nearly) singular. */
+static int s_solve(int n, double m[3][3], double v[3], double x[3])
+{
+    double scale[3] = {0};   /* each column's size before elimination: what "nearly 0" is relative to */
+    for (int r = 0; r < n; r++)
+        for (int j = 0; j < n; j++)
+            scale[j] = fabs(m[r][j]) > scale[j] ? fabs(m[r][j]) : scale[j];
+    for (int col = 0; col < n; col++) {
+        int piv = col;
+        for (int r = col + 1; r < n; r++)
+            if (fabs(m[r][col]) > fabs(m[piv][col]))
+                piv = r;
+        if (!(fabs(m[piv][col]) > 1e-9 * scale[col]))
+            return -1;
+        for (int j = 0; j < n; j++) {
+            const double t = m[col][j];
+            m[col][j] = m[piv][j];
+            m[piv][j] = t;
+        }
+        const double t = v[col];
+        v[col] = v[piv];
+        v[piv] = t;
+        for (int r = col + 1; r < n; r++) {
+            const double f = m[r][col] / m[col][col];
+            for (int j = col; j < n; j++)
+                m[r][j] -= f * m[col][j];
+            v[r] -= f * v[col];
+        }
+    }
+    for (int r = n - 1; r >= 0; r--) {
+        double s = v[r];
+        for (int j = r + 1; j < n; j++)
+            s -= m[r][j] * x[j];
+        x[r] = s / m[r][r];
+    }
+    return 0;
+}
+
+/* Least squares over the measured cells, one equation per cell: seconds = c0 + c1 T (+ c2 B),
+ * T = B (1 + k) the step's positions, B the bucket's batch. The two-term fit when the cells do not
+ * tell tokens from rows apart (all at k = 0, say). Also the smallest measured mean. */
+static int s_fit(const spec_cost_t *c, double coef[3], double *min_mean)
+{
+    for (int n = 3; n >= 2; n--) {
+        double m[3][3] = {{0}}, v[3] = {0};
+        int cells = 0;
+        *min_mean = INFINITY;
+        for (int b = 0; b < SPEC_COST_BATCHES; b++)
+            for (int k = 0; k <= SPEC_MAX_K; k++) {
+                if (!s_measured(c, b, k))
+                    continue;
+                const double B = s_grid[b], x[3] = {1.0, B * (1 + k), B}, y = s_mean(c, b, k);
+                for (int i = 0; i < n; i++) {
+                    for (int j = 0; j < n; j++)
+                        m[i][j] += x[i] * x[j];
+                    v[i] += x[i] * y;
+                }
+                cells++;
+                if (y < *min_mean)
+                    *min_mean = y;
+            }
+        if (cells < 2)
+            return -1;
+        coef[2] = 0;
+        if (cells > n && s_solve(n, m, v, coef) == 0)
+            return 0;
+        if (n == 2 && s_solve(n, m, v, coef) == 0)
+            return 0;
+    }
+    return -1;
+}
+
+static double s_fit_at(const double coef[3], int b, int k)
+{
+    const double B = s_grid[b];
+    return coef[0] + coef[1] * B * (1 + k) + coef[2] * B;
+}
+
+double spec_cost_estimate(const spec_cost_t *c, int bucket, int k)
+{
+    if (bucket < 0 || bucket >= SPEC_COST_BATCHES || k < 0 || k > SPEC_MAX_K)
+        return -1;
+    if (s_measured(c, bucket, k))
+        return s_mean(c, bucket, k);
+    double coef[3], floor_s;
+    if (s_fit(c, coef, &floor_s) != 0)
+        return -1;
+    double est = s_fit_at(coef, bucket, k);
+    /* The bucket's own level: the ratio of measured to fitted at its nearest measured cell. */
+    for (int d = 1; d <= SPEC_MAX_K; d++) {
+        const int kk[2] = {k - d, k + d};
+        int found = 0;
+        for (int i = 0; i < 2 && !found; i++)
+            if (kk[i] >= 0 && kk[i] <= SPEC_MAX_K && s_measured(c, bucket, kk[i])) {
+                const double f = s_fit_at(coef, bucket, kk[i]);
+                if (f > 0)
+                    est *= s_mean(c, bucket, kk[i]) / f;
+                found = 1;
+            }
+        if (found)
+            break;
+    }
+    /* A fit may go below zero for small steps: never cheaper than a quarter of the cheapest step seen. */
+    return est > floor_s / 4 ? est : floor_s / 4;
+}
+
+int spec_policy_survival(const spec_accept_t *a, int max_k, float *s)
+{
+    if (max_k > SPEC_MAX_K)
+        max_k = SPEC_MAX_K;
+    int last = -1;
+    for (int i = 0; i < max_k; i++) {
+        if (a->proposed[i] < SPEC_POLICY_MIN_SAMPLES)
+            break;
+        float v = (float)((double)a->accepted[i] / (double)a->proposed[i]);
+        s[i] = i > 0 && v > s[i - 1] ? s[i - 1] : v;   /* a longer prefix never survives more often */
+        last = i;
+    }
+    if (last < 0)
+        return -1;
+    /* Past the measured positions: the last measured conditional acceptance repeats. */
+    const float ratio = last == 0 ? s[0] : s[last - 1] > 0 ? s[last] / s[last - 1] : 0.0f;
+    for (int i = last + 1; i < max_k; i++)
+        s[i] = s[i - 1] * ratio;
+    return 0;
+}
+
+double spec_policy_rate(const spec_cost_t *c, int bucket, int batch, int k, const float *s)
+{
+    const double sec = spec_cost_estimate(c, bucket, k);
+    if (sec <= 0)
+        return -1;
+    double per_row = 1.0;
+    for (int i = 0; i < k; i++)
+        per_row += s[i];
+    return (double)batch * per_row / sec;
+}
+
+/* The calibration: each bin's acceptance with one pseudo-draft at the bin's centre (an unmeasured
+ * bin trusts the confidence), made non-decreasing by pooling adjacent violators (weighted by
+ * drafts), so a higher confidence never calibrates lower and a well-measured bin is not overruled
+ * by its unmeasured neighbours. */
+static void s_calibrate(const spec_accept_t *a, float *cal)
+{
+    double v[SPEC_CONF_BINS], w[SPEC_CONF_BINS];
+    int len[SPEC_CONF_BINS], n = 0;
+    for (int j = 0; j < SPEC_CONF_BINS; j++) {
+        const double centre = (j + 0.5) / SPEC_CONF_BINS, seen = (double)a->conf_seen[j];
+        v[n] = ((double)a->conf_accepted[j] + centre) / (seen + 1.0);
+        w[n] = seen + 1.0;
+        len[n++] = 1;
+        while (n > 1 && v[n - 2] > v[n - 1]) {
+            v[n - 2] = (v[n - 2] * w[n - 2] + v[n - 1] * w[n - 1]) / (w[n - 2] + w[n - 1]);
+            w[n - 2] += w[n - 1];
+            len[n - 2] += len[n - 1];
+            n--;
+        }
+    }
+    for (int b = 0, j = 0; b < n; b++)
+        for (int i = 0; i < len[b]; i++)
+            cal[j++] = (float)v[b];
+}
+
+int spec_policy_compute(const spec_accept_t *a, const spec_cost_t *c, int max_k, int max_batch, spec_policy_t *out,
+                        char *why, int why_len)
+{
+    if (max_k < 1 || max_k > SPEC_MAX_K)
+        return snprintf(why, (size_t)why_len, "max_k %d outside [1, %d]", max_k, SPEC_MAX_K), -1;
+    spec_policy_t p = {.epoch = out->epoch, .max_k = max_k, .n_survival = max_k};
+    if (spec_policy_survival(a, max_k, p.survival) != 0)
+        return snprintf(why, (size_t)why_len, "fewer than %d drafts verified at position 0", SPEC_POLICY_MIN_SAMPLES),
+               -1;
+    const int last = spec_cost_bucket(max_batch < 1 ? 1 : max_batch);
+    for (int b = 0; b <= last; b++) {
+        const int B = s_grid[b];
+        double r0 = spec_policy_rate(c, b, B, 0, p.survival);
+        if (r0 <= 0)
+            return snprintf(why, (size_t)why_len, "no step cost for batch %d (fewer than two measured cells)", B), -1;
+        int best = 0;
+        double rbest = r0;
+        for (int k = 1; k <= max_k; k++) {
+            const double r = spec_policy_rate(c, b, B, k, p.survival);
+            if (r > rbest && r >= r0 * (1.0 + SPEC_POLICY_MIN_GAIN)) {
+                rbest = r;
+                best = k;
+            }
+        }
+        /* The break-even survival at the optimum: seconds one more draft per row adds, per token,
+         * times the tokens per second at best. */
+        const int k0 = best < max_k ? best : best - 1;
+        const double dc = (spec_cost_estimate(c, b, k0 + 1) - spec_cost_estimate(c, b, k0)) / (double)B;
+        double theta = rbest * dc;
+        theta = theta < 0 ? 0 : theta > 1 ? 1 : theta;
+        p.buckets[p.n_buckets++] = (spec_policy_bucket_t){.max_batch = B, .max_draft = best,
+                                                          .min_confidence = (float)theta};
+    }
+    for (int j = 0; j < SPEC_CONF_BINS; j++)
+        if (a->conf_seen[j] >= SPEC_POLICY_MIN_SAMPLES)
+            p.n_calibration = SPEC_CONF_BINS;
+    if (p.n_calibration)
+        s_calibrate(a, p.calibration);
+    *out = p;
+    return 0;
+}
+
+const spec_policy_bucket_t *spec_policy_bucket(const spec_policy_t *p, int batch)
+{
+    for (int i = 0; i < p->n_buckets; i++)
+        if (batch <= p->buckets[i].max_batch)
+            return &p->buckets[i];
+    return p->n_buckets ? &p->buckets[p->n_buckets - 1] : NULL;
+}
+
+float spec_policy_calibrate(const spec_policy_t *p, float conf)
+{
+    return p->n_calibration == SPEC_CONF_BINS ? p->calibration[s_conf_bin(conf)] : conf;
+}
+
+int spec_policy_ask(const spec_policy_t *p, int batch, int has_dist)
+{
+    const spec_policy_bucket_t *b = spec_policy_bucket(p, batch);
+    if (!b)
+        return 0;
+    return has_dist ? p->max_k : b->max_draft;
+}
+
+int spec_policy_keep(const spec_policy_t *p, int batch, const float *probs, int n)
+{
+    const spec_policy_bucket_t *b = spec_policy_bucket(p, batch);
+    if (!b || n <= 0)
+        return 0;
+    if (!probs)
+        return n < b->max_draft ? n : b->max_draft;
+    double conf = 1.0;
+    int keep = 0;
+    while (keep < n && keep < p->max_k) {
+        conf *= probs[keep];
+        if (spec_policy_calibrate(p, (float)conf) < b->min_confidence)
+            break;
+        keep++;
+    }
+    return keep;
+}

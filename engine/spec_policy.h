@@ -1,0 +1,120 @@
+/* engine/spec_policy.h — how many drafts to verify: the draft-scheduler's policy, as pure
+ * arithmetic (no sockets, no clock), shared by the actor that computes it (actors/draft_scheduler.c)
+ * and the decode workers that apply it (actors/worker/spec_policy_client.c).
+ *
+ * The model. A verify step of a batch of B decode rows, row r carrying k_r drafts, costs
+ * cost(B, k) seconds (measured by the workers, by batch bucket and drafts per row) and emits, in
+ * expectation, sum_r (1 + sum_{i < k_r} S_r(i)) tokens, where S_r(i) is the probability that the
+ * first i + 1 drafts of row r all survive verification (prefix survival). The policy maximises
+ * expected tokens per second of the whole batch:
+ *   - for a proposer without a distribution (n-gram), every row shares the measured curve
+ *     S(i) = accepted[i] / proposed[i] (acceptance by draft position); the best uniform k for each
+ *     batch bucket is found by trying k = 0..max_k, and k = 0 (no speculation) wins whenever
+ *     drafting does not pay (a large batch, low acceptance);
+ *   - for a proposer with a distribution (a draft model), a row's own confidence is the cumulative
+ *     product of its drafts' probabilities (as DeepSeek's DSpark does), mapped through a measured
+ *     calibration (how often a prefix of that confidence really survived). A draft is worth its
+ *     place while its survival is at least the bucket's break-even survival, theta = R* x dc: the
+ *     batch's tokens per second at the optimum times the seconds one more token adds to the step
+ *     (below theta the token it may add is worth less than the time it costs).
+ * Each batch bucket thus gets (max_draft, min_confidence): the decode worker decides per row and
+ * per step from them, locally, without a round trip.
+ *
+ * Not thread-safe; nothing allocates. */
+#ifndef TROUPE_ENGINE_SPEC_POLICY_H
+#define TROUPE_ENGINE_SPEC_POLICY_H
+
+#include <stdint.h>
+
+#include "engine/spec.h"
+
+#define SPEC_CONF_BINS      10    /* confidence calibration bins over [0, 1] */
+#define SPEC_COST_BATCHES   20    /* batch buckets of the cost table (spec_cost_batch) */
+#define SPEC_POLICY_MIN_SAMPLES 32 /* drafts a position (or a confidence bin) needs to be measured */
+#define SPEC_POLICY_MIN_STEPS   4  /* steps a cost cell needs to be measured */
+#define SPEC_POLICY_MIN_GAIN    0.02 /* a k > 0 must beat k = 0 by this fraction of tokens/s */
+
+/* Acceptance by draft position, and the calibration of draft confidence. Counts, not rates, so
+ * that windows from several workers add up. */
+typedef struct spec_accept {
+    uint64_t proposed[SPEC_MAX_K];   /* row-steps that verified at least i + 1 drafts */
+    uint64_t accepted[SPEC_MAX_K];   /* ... whose first i + 1 drafts were all accepted */
+    uint64_t conf_seen[SPEC_CONF_BINS];     /* drafts whose prefix confidence fell in bin j */
+    uint64_t conf_accepted[SPEC_CONF_BINS]; /* ... and were accepted (their prefix survived) */
+} spec_accept_t;
+
+/* One verified row: n drafts, the first n_accepted accepted; prefix_conf (NULL: no distribution)
+ * the cumulative product of the drafts' probabilities, [n]. */
+void spec_accept_record(spec_accept_t *a, int n, int n_accepted, const float *prefix_conf);
+void spec_accept_add(spec_accept_t *into, const spec_accept_t *from);
+/* Halves every count (old windows weigh less; counts stay far from overflow). */
+void spec_accept_decay(spec_accept_t *a);
+
+/* The step-cost table: decode-only steps by batch bucket and drafts per row (rounded mean). */
+typedef struct spec_cost {
+    uint64_t steps[SPEC_COST_BATCHES][SPEC_MAX_K + 1];
+    double seconds[SPEC_COST_BATCHES][SPEC_MAX_K + 1];   /* summed over those steps */
+} spec_cost_t;
+
+/* The bucket of batch size b (>= 1): the first grid value >= b (1, 2, 3, 4, 6, 8, 12, 16, 24, 32,
+ * 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024; larger batches share the last). */
+int spec_cost_bucket(int b);
+int spec_cost_batch(int bucket);              /* the grid value of a bucket */
+/* A decode-only step of `batch` rows and `tokens` positions (batch + drafts) took seconds. */
+void spec_cost_record(spec_cost_t *c, int batch, int tokens, double seconds);
+/* The same for `steps` steps of one cell (bucket, drafts per row) that took seconds in all. */
+void spec_cost_add_cell(spec_cost_t *c, int bucket, int k, uint64_t steps, double seconds);
+void spec_cost_add(spec_cost_t *into, const spec_cost_t *from);
+void spec_cost_decay(spec_cost_t *c);
+/* Estimated seconds of one step at batch bucket `bucket` with k drafts per row: the cell's mean
+ * when measured (SPEC_POLICY_MIN_STEPS steps); else a least-squares fit over every measured cell,
+ * cost = c0 + c1 * tokens (+ c2 * batch when the cells tell the two apart), scaled to the
+ * bucket's nearest measured cell. -1 when the table cannot say (fewer than two measured cells). */
+double spec_cost_estimate(const spec_cost_t *c, int bucket, int k);
+
+/* The policy, what draft_policy carries (messages/msg.h). */
+typedef struct spec_policy_bucket {
+    int max_batch;                /* batch sizes up to this (ascending; the last covers all above) */
+    int max_draft;                /* drafts per row without a distribution; 0: no speculation */
+    float min_confidence;         /* break-even prefix survival for rows with a distribution */
+} spec_policy_bucket_t;
+
+typedef struct spec_policy {
+    uint64_t epoch;
+    int max_k;                    /* drafts a row with a distribution may verify at most */
+    int n_buckets;
+    spec_policy_bucket_t buckets[SPEC_COST_BATCHES];
+    int n_survival;               /* the prefix survival by position it was computed from */
+    float survival[SPEC_MAX_K];
+    int n_calibration;            /* 0: confidence taken as is */
+    float calibration[SPEC_CONF_BINS];   /* measured survival of a prefix by confidence bin */
+} spec_policy_t;
+
+/* The measured survival curve S(0..max_k) into s: positions with SPEC_POLICY_MIN_SAMPLES drafts
+ * as measured (made non-increasing), the rest extrapolated geometrically from the last measured
+ * ones. -1 when not even position 0 is measured. */
+int spec_policy_survival(const spec_accept_t *a, int max_k, float *s);
+
+/* Expected tokens per second of a step of `batch` rows at bucket b, each row with k drafts and
+ * survival curve s (the model above); -1 when the cost is unknown. */
+double spec_policy_rate(const spec_cost_t *c, int bucket, int batch, int k, const float *s);
+
+/* The policy for proposers that verify at most max_k (1..SPEC_MAX_K) drafts per row, from the
+ * acceptance counts and the cost table: buckets for every batch size up to max_batch. -1 (out
+ * untouched, why says what is missing) when acceptance or cost is not measured well enough yet. */
+int spec_policy_compute(const spec_accept_t *a, const spec_cost_t *c, int max_k, int max_batch, spec_policy_t *out,
+                        char *why, int why_len);
+
+/* The bucket that applies to a step of `batch` decode rows. */
+const spec_policy_bucket_t *spec_policy_bucket(const spec_policy_t *p, int batch);
+/* A prefix confidence through the calibration. */
+float spec_policy_calibrate(const spec_policy_t *p, float conf);
+/* Drafts a row of a `batch`-row step asks its proposer for: max_k with a distribution (then
+ * trimmed by spec_policy_keep), else the bucket's max_draft. */
+int spec_policy_ask(const spec_policy_t *p, int batch, int has_dist);
+/* Of n proposed drafts with probabilities probs (NULL: a point mass, as the n-gram's), how many to
+ * verify: with a distribution the leading drafts whose calibrated prefix confidence is at least
+ * the bucket's min_confidence; without one min(n, max_draft). */
+int spec_policy_keep(const spec_policy_t *p, int batch, const float *probs, int n);
+
+#endif

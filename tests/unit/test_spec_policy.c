@@ -1,0 +1,269 @@
+/* tests/unit/test_spec_policy.c — the verify-length policy on synthetic tables: long drafts at
+ * high acceptance and low load, none at high load and low acceptance, the chosen length
+ * non-decreasing in acceptance, never below k = 0 in expected tokens per second by the model
+ * (random tables), the cost fit from a partly measured table, the survival curve (measured,
+ * monotone, extrapolated), the confidence calibration, and the per-row decisions a worker takes
+ * from a policy (ask, keep). */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "engine/spec_policy.h"
+
+/* A cost table measured everywhere: seconds = (c0 + c1 * positions + c2 * rows) / 1000. */
+static void s_fill_cost(spec_cost_t *c, double c0, double c1, double c2)
+{
+    memset(c, 0, sizeof *c);
+    for (int b = 0; b < SPEC_COST_BATCHES; b++)
+        for (int k = 0; k <= SPEC_MAX_K; k++) {
+            const double B = spec_cost_batch(b);
+            spec_cost_add_cell(c, b, k, 10, 10 * (c0 + c1 * B * (1 + k) + c2 * B) / 1000.0);
+        }
+}
+
+/* Acceptance where each draft is accepted with probability p given the ones before it. */
+static void s_fill_accept(spec_accept_t *a, double p, int n_pos)
+{
+    memset(a, 0, sizeof *a);
+    double s = 1.0;
+    for (int i = 0; i < n_pos; i++) {
+        s *= p;
+        a->proposed[i] = 100000;
+        a->accepted[i] = (uint64_t)(100000 * s + 0.5);
+    }
+}
+
+static spec_policy_t s_compute(const spec_accept_t *a, const spec_cost_t *c, int max_k)
+{
+    spec_policy_t p = {.epoch = 1};
+    char why[128];
+    assert_int_equal(spec_policy_compute(a, c, max_k, 256, &p, why, sizeof why), 0);
+    return p;
+}
+
+static void test_long_k_at_low_load(void **state)
+{
+    (void)state;
+    spec_accept_t a;
+    spec_cost_t c;
+    s_fill_accept(&a, 0.9, 7);
+    s_fill_cost(&c, 10, 0.1, 0);   /* a forward is mostly its fixed cost at batch 1 */
+    const spec_policy_t p = s_compute(&a, &c, 7);
+    assert_int_equal(spec_policy_bucket(&p, 1)->max_draft, 7);
+    assert_int_equal(spec_policy_ask(&p, 1, 0), 7);
+    assert_int_equal(p.n_buckets, spec_cost_bucket(256) + 1);
+    assert_int_equal(p.buckets[p.n_buckets - 1].max_batch, 256);
+}
+
+static void test_off_at_high_load(void **state)
+{
+    (void)state;
+    spec_accept_t a;
+    spec_cost_t c;
+    s_fill_accept(&a, 0.6, 7);
+    s_fill_cost(&c, 10, 0.1, 0);
+    const spec_policy_t p = s_compute(&a, &c, 7);
+    assert_true(spec_policy_bucket(&p, 1)->max_draft > 0);
+    /* 256 rows: k = 0 gives 256 / 35.6 ms; one draft each, 1.6 x 256 / 61.2 ms, is slower. */
+    assert_int_equal(spec_policy_bucket(&p, 256)->max_draft, 0);
+    assert_int_equal(spec_policy_ask(&p, 200, 0), 0);
+    assert_int_equal(spec_policy_keep(&p, 256, NULL, 5), 0);
+    /* Between the two the verify length falls with the batch. */
+    for (int i = 1; i < p.n_buckets; i++)
+        assert_true(p.buckets[i].max_draft <= p.buckets[i - 1].max_draft);
+    /* Acceptance that low also turns it off at batch 1. */
+    s_fill_accept(&a, 0.02, 7);
+    const spec_policy_t q = s_compute(&a, &c, 7);
+    assert_int_equal(spec_policy_bucket(&q, 1)->max_draft, 0);
+}
+
+static void test_monotone_in_acceptance(void **state)
+{
+    (void)state;
+    spec_cost_t c;
+    s_fill_cost(&c, 10, 0.1, 0.02);
+    int prev[SPEC_COST_BATCHES] = {0};
+    int changed = 0;
+    for (int step = 1; step <= 19; step++) {
+        spec_accept_t a;
+        s_fill_accept(&a, step * 0.05, 8);
+        const spec_policy_t p = s_compute(&a, &c, 8);
+        for (int b = 0; b < p.n_buckets; b++) {
+            assert_true(p.buckets[b].max_draft >= prev[b]);
+            changed |= p.buckets[b].max_draft != prev[b];
+            prev[b] = p.buckets[b].max_draft;
+            assert_true(p.buckets[b].min_confidence >= 0 && p.buckets[b].min_confidence <= 1);
+        }
+    }
+    assert_true(changed);
+    assert_int_equal(prev[0], 8);   /* acceptance 0.95 at batch 1: every draft */
+}
+
+static double s_rand(unsigned *seed) { return (double)rand_r(seed) / RAND_MAX; }
+
+static void test_never_worse_than_no_speculation(void **state)
+{
+    (void)state;
+    unsigned seed = 16;
+    for (int trial = 0; trial < 300; trial++) {
+        spec_cost_t c;
+        s_fill_cost(&c, 1 + 30 * s_rand(&seed), 0.001 + 0.3 * s_rand(&seed), 0.1 * s_rand(&seed));
+        /* noise on every cell, so the table is not exactly the model's shape */
+        for (int b = 0; b < SPEC_COST_BATCHES; b++)
+            for (int k = 0; k <= SPEC_MAX_K; k++)
+                c.seconds[b][k] *= 0.8 + 0.4 * s_rand(&seed);
+        spec_accept_t a = {0};
+        uint64_t n = 5000;
+        for (int i = 0; i < 8; i++) {
+            a.proposed[i] = 5000;
+            n = (uint64_t)((double)n * s_rand(&seed));
+            a.accepted[i] = n;
+        }
+        const int max_k = 1 + (int)(s_rand(&seed) * 7.99);
+        const spec_policy_t p = s_compute(&a, &c, max_k);
+        float s[SPEC_MAX_K];
+        assert_int_equal(spec_policy_survival(&a, max_k, s), 0);
+        for (int b = 0; b < p.n_buckets; b++) {
+            const int B = p.buckets[b].max_batch, k = p.buckets[b].max_draft;
+            assert_true(k >= 0 && k <= max_k);
+            const double r0 = spec_policy_rate(&c, b, B, 0, s), rk = spec_policy_rate(&c, b, B, k, s);
+            assert_true(rk >= r0);
+            /* and no other uniform k beats the chosen one by more than the required gain */
+            for (int j = 0; j <= max_k; j++)
+                assert_true(spec_policy_rate(&c, b, B, j, s) <= rk * (1 + SPEC_POLICY_MIN_GAIN) + 1e-9);
+        }
+    }
+}
+
+static void test_refuses_without_data(void **state)
+{
+    (void)state;
+    spec_accept_t a = {0};
+    spec_cost_t c;
+    s_fill_cost(&c, 10, 0.1, 0);
+    spec_policy_t p = {.epoch = 9, .n_buckets = 0};
+    char why[128];
+    assert_int_equal(spec_policy_compute(&a, &c, 4, 64, &p, why, sizeof why), -1);
+    assert_non_null(strstr(why, "position 0"));
+    assert_int_equal(p.epoch, 9);   /* untouched */
+    s_fill_accept(&a, 0.5, 4);
+    memset(&c, 0, sizeof c);
+    spec_cost_add_cell(&c, 0, 0, 100, 1.0);   /* one measured cell: no fit */
+    assert_int_equal(spec_policy_compute(&a, &c, 4, 64, &p, why, sizeof why), -1);
+    assert_non_null(strstr(why, "step cost"));
+    assert_int_equal(spec_policy_compute(&a, &c, 0, 64, &p, why, sizeof why), -1);
+    assert_int_equal(spec_policy_compute(&a, &c, SPEC_MAX_K + 1, 64, &p, why, sizeof why), -1);
+}
+
+static void test_cost_fit_from_partial_table(void **state)
+{
+    (void)state;
+    spec_cost_t c = {0};
+    /* true cost 5 ms + 0.2 ms per position; measured: k = 0 at several batches, k = 3 at batch 1 */
+    const int bs[] = {1, 4, 16, 64};
+    for (size_t i = 0; i < sizeof bs / sizeof bs[0]; i++)
+        for (int n = 0; n < 20; n++)
+            spec_cost_record(&c, bs[i], bs[i], (5 + 0.2 * bs[i]) / 1000.0);
+    for (int n = 0; n < 20; n++)
+        spec_cost_record(&c, 1, 4, (5 + 0.2 * 4) / 1000.0);
+    assert_int_equal(spec_cost_bucket(16), 7);
+    assert_int_equal(spec_cost_bucket(17), 8);
+    assert_int_equal(spec_cost_bucket(100000), SPEC_COST_BATCHES - 1);
+    assert_int_equal(c.steps[spec_cost_bucket(1)][3], 20);
+    const double est = spec_cost_estimate(&c, spec_cost_bucket(16), 2), truth = (5 + 0.2 * 48) / 1000.0;
+    assert_true(fabs(est - truth) / truth < 0.05);
+    /* a measured cell is its own mean */
+    assert_true(fabs(spec_cost_estimate(&c, spec_cost_bucket(4), 0) - (5 + 0.8) / 1000.0) < 1e-12);
+    /* the merged mixed-k step rounds to its drafts per row: 4 rows, 4 + 7 positions -> k = 2 */
+    spec_cost_record(&c, 4, 11, 0.01);
+    assert_int_equal(c.steps[spec_cost_bucket(4)][2], 1);
+    spec_cost_decay(&c);
+    assert_int_equal(c.steps[spec_cost_bucket(1)][0], 10);
+    assert_true(fabs(c.seconds[spec_cost_bucket(1)][0] - 10 * 5.2 / 1000.0) < 1e-12);
+}
+
+static void test_survival_curve(void **state)
+{
+    (void)state;
+    spec_accept_t a = {0};
+    /* measured at 0..2, 3 never proposed */
+    spec_accept_record(&a, 0, 0, NULL);
+    for (int n = 0; n < 100; n++)
+        spec_accept_record(&a, 3, n < 80 ? (n < 40 ? 3 : 1) : 0, NULL);
+    assert_int_equal(a.proposed[0], 100);
+    assert_int_equal(a.accepted[0], 80);
+    assert_int_equal(a.accepted[1], 40);
+    assert_int_equal(a.accepted[2], 40);
+    float s[6];
+    assert_int_equal(spec_policy_survival(&a, 6, s), 0);
+    assert_true(fabs(s[0] - 0.8f) < 1e-6 && fabs(s[1] - 0.4f) < 1e-6 && fabs(s[2] - 0.4f) < 1e-6);
+    /* extrapolated with the last conditional acceptance (0.4 / 0.4 = 1) */
+    assert_true(fabs(s[3] - 0.4f) < 1e-6 && fabs(s[5] - 0.4f) < 1e-6);
+    spec_accept_t b = a;
+    b.accepted[2] = 50;   /* a window merged out of order: the curve is still made non-increasing */
+    assert_int_equal(spec_policy_survival(&b, 6, s), 0);
+    assert_true(fabs(s[2] - 0.4f) < 1e-6);
+    b.accepted[2] = 20;
+    assert_int_equal(spec_policy_survival(&b, 6, s), 0);
+    assert_true(fabs(s[3] - 0.1f) < 1e-6);   /* 0.2 x (0.2 / 0.4) */
+    spec_accept_add(&b, &a);
+    assert_int_equal(b.proposed[0], 200);
+    spec_accept_decay(&b);
+    assert_int_equal(b.proposed[0], 100);
+    assert_true(b.accepted[0] <= b.proposed[0]);
+}
+
+static void test_confidence_calibration_and_keep(void **state)
+{
+    (void)state;
+    spec_accept_t a;
+    spec_cost_t c;
+    s_fill_accept(&a, 0.7, 6);
+    s_fill_cost(&c, 10, 3, 0);   /* 3 ms a position: at batch 1 two drafts are best, break-even ~0.35 */
+    /* a draft that says 0.95 and is right half the time */
+    const float conf[1] = {0.95f};
+    for (int n = 0; n < 200; n++)
+        spec_accept_record(&a, 1, n & 1, conf);
+    spec_policy_t p = s_compute(&a, &c, 6);
+    assert_int_equal(p.n_calibration, SPEC_CONF_BINS);
+    assert_true(fabs(spec_policy_calibrate(&p, 0.97f) - 0.5f) < 0.01);
+    assert_true(spec_policy_calibrate(&p, 0.2f) <= 0.5f);   /* monotone: never above a higher bin */
+    /* keep: at batch 1 a confident row keeps more drafts than an unsure one, never more than max_k */
+    memset(p.calibration, 0, sizeof p.calibration);
+    p.n_calibration = 0;
+    const float sure[8] = {0.99f, 0.99f, 0.99f, 0.99f, 0.99f, 0.99f, 0.99f, 0.99f};
+    const float unsure[8] = {0.9f, 0.3f, 0.99f, 0.99f, 0.99f, 0.99f, 0.99f, 0.99f};
+    const spec_policy_bucket_t *b1 = spec_policy_bucket(&p, 1);
+    assert_true(b1->min_confidence > 0.27f && b1->min_confidence < 0.9f);
+    assert_int_equal(spec_policy_ask(&p, 1, 1), 6);
+    assert_int_equal(spec_policy_keep(&p, 1, sure, 8), 6);
+    assert_int_equal(spec_policy_keep(&p, 1, unsure, 8), 1);
+    assert_int_equal(spec_policy_keep(&p, 1, sure, 2), 2);
+    /* a bucket whose break-even is 1 keeps nothing uncertain */
+    p.buckets[0].min_confidence = 1.0f;
+    assert_int_equal(spec_policy_keep(&p, 1, sure, 8), 0);
+    /* a point mass: the bucket's length */
+    assert_int_equal(spec_policy_keep(&p, 1, NULL, 8), b1->max_draft);
+    assert_int_equal(spec_policy_keep(&p, 1, NULL, 1), 1);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_long_k_at_low_load),
+        cmocka_unit_test(test_off_at_high_load),
+        cmocka_unit_test(test_monotone_in_acceptance),
+        cmocka_unit_test(test_never_worse_than_no_speculation),
+        cmocka_unit_test(test_refuses_without_data),
+        cmocka_unit_test(test_cost_fit_from_partial_table),
+        cmocka_unit_test(test_survival_curve),
+        cmocka_unit_test(test_confidence_calibration_and_keep),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
