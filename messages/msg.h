@@ -58,6 +58,8 @@
 #define MSG_MAX_REPLICAS       (1u << 20)   /* replica entries in one expert placement */
 #define MSG_MAX_DRAFT_BUCKETS  64
 #define MSG_MAX_DRAFT_POS      64           /* draft positions tracked */
+#define MSG_MAX_CONF_BINS      32           /* draft confidence bins */
+#define MSG_MAX_COST_CELLS     1024         /* step-cost cells in one spec_report */
 #define MSG_MAX_RETENTION_S    604800u      /* cache retention: 7 days */
 #define MSG_MAX_TEMPERATURE    100.0f
 
@@ -94,8 +96,8 @@ typedef enum msg_type {
     MSG_EXPERT_LOAD,
     MSG_EXPERT_PLACEMENT,
     /* draft-scheduler */
-    MSG_DRAFT_POLICY,
-    MSG_DRAFT_STATS,
+    MSG_DRAFT_POLICY,      /* draft-scheduler -> decode: how many drafts to verify per row */
+    MSG_SPEC_REPORT,       /* decode -> draft-scheduler: acceptance and step costs of a window */
     /* monitor / inspection */
     MSG_INSPECT,
     MSG_INSPECT_REPLY,
@@ -200,8 +202,10 @@ typedef struct msg_cache_holder {
 
 typedef struct msg_draft_bucket {
     uint32_t max_batch;          /* applies to batch sizes up to this (ascending across buckets) */
-    uint32_t max_draft;          /* draft tokens to verify per request, <= MSG_MAX_DRAFT_POS */
-    float min_confidence;        /* [0, 1]: stop drafting below this draft probability */
+    uint32_t max_draft;          /* drafts per row for proposers without a distribution (n-gram),
+                                  * <= MSG_MAX_DRAFT_POS; 0: no speculation at these batch sizes */
+    float min_confidence;        /* [0, 1]: rows with a draft distribution verify their leading drafts
+                                  * while the calibrated prefix confidence is at least this */
 } msg_draft_bucket_t;
 
 /* ---- per-type payloads ---- */
@@ -455,18 +459,51 @@ typedef struct msg_expert_placement {
     uint32_t n_workers;          /* <= MSG_MAX_WORKERS (required) */
 } msg_expert_placement_t;
 
+/* The draft-scheduler's policy (engine/spec_policy.h). A worker applies it for valid_ms after it
+ * arrives and then falls back to its own default, so a policy from a scheduler that went away
+ * does not stay in force. */
 typedef struct msg_draft_policy {
     uint64_t epoch;
+    uint32_t valid_ms;           /* >= 1: how long the policy holds */
+    uint32_t max_k;              /* 1..MSG_MAX_DRAFT_POS: drafts per row with a distribution at most */
     const msg_draft_bucket_t *buckets;
     uint32_t n_buckets;          /* 1..MSG_MAX_DRAFT_BUCKETS, max_batch strictly ascending (required) */
+    const float *survival;       /* [0, 1], non-increasing: prefix survival by draft position it used */
+    uint32_t n_survival;         /* <= MSG_MAX_DRAFT_POS */
+    const float *calibration;    /* [0, 1] by equal confidence bins over [0, 1]: measured survival of a
+                                  * prefix of that confidence; none: confidence taken as is */
+    uint32_t n_calibration;      /* <= MSG_MAX_CONF_BINS */
 } msg_draft_policy_t;
 
-typedef struct msg_draft_stats {
+/* A decode worker's speculation over one window. Acceptance by draft position: proposed_at[i]
+ * row-steps verified at least i + 1 drafts and accepted_at[i] of them kept their first i + 1
+ * (both non-increasing in i). conf_seen[j] / conf_accepted[j]: drafts whose prefix confidence
+ * (cumulative product of draft probabilities) fell in bin j of n_conf_seen equal bins over [0, 1],
+ * and those accepted. Step costs of decode-only steps: cell c is cost_steps[c] steps of about
+ * cost_batch[c] rows with cost_drafts[c] drafts per row (rounded mean) taking cost_us[c]
+ * microseconds in all. */
+typedef struct msg_spec_report {
     const char *worker;          /* required */
-    uint64_t proposed, accepted; /* accepted <= proposed */
-    const uint64_t *accepted_at; /* accepted_at[i]: drafts accepted at position i */
-    uint32_t n_accepted_at;      /* <= MSG_MAX_DRAFT_POS */
-} msg_draft_stats_t;
+    uint64_t steps;              /* decode-only steps in the window */
+    uint64_t verify_steps;       /* row-steps that verified drafts */
+    uint64_t drafts, accepted;   /* accepted <= drafts */
+    const uint64_t *proposed_at;
+    uint32_t n_proposed_at;      /* <= MSG_MAX_DRAFT_POS */
+    const uint64_t *accepted_at;
+    uint32_t n_accepted_at;      /* == n_proposed_at */
+    const uint64_t *conf_seen;
+    uint32_t n_conf_seen;        /* <= MSG_MAX_CONF_BINS */
+    const uint64_t *conf_accepted;
+    uint32_t n_conf_accepted;    /* == n_conf_seen */
+    const uint32_t *cost_batch;  /* each >= 1 */
+    uint32_t n_cost_batch;       /* <= MSG_MAX_COST_CELLS */
+    const uint32_t *cost_drafts; /* each <= MSG_MAX_DRAFT_POS */
+    uint32_t n_cost_drafts;      /* == n_cost_batch */
+    const uint64_t *cost_steps;  /* each >= 1 */
+    uint32_t n_cost_steps;       /* == n_cost_batch */
+    const uint64_t *cost_us;
+    uint32_t n_cost_us;          /* == n_cost_batch */
+} msg_spec_report_t;
 
 typedef struct msg_inspect {
     msg_inspect_what_t what;
@@ -510,7 +547,7 @@ typedef struct msg {
         msg_expert_load_t expert_load;
         msg_expert_placement_t expert_placement;
         msg_draft_policy_t draft_policy;
-        msg_draft_stats_t draft_stats;
+        msg_spec_report_t spec_report;
         msg_inspect_t inspect;
         msg_inspect_reply_t inspect_reply;
         msg_kv_link_t kv_link;

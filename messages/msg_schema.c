@@ -17,7 +17,7 @@ static const char *const s_type_names[MSG_TYPE_COUNT] = {
     "none", "ready", "term", "heartbeat", "stats", "submit", "token", "done", "error", "cancel",
     "prefill_request", "handoff", "kv_announce", "kv_ack", "cache_lookup", "cache_lookup_reply",
     "cache_put", "cache_evict", "cache_pin", "cache_unpin", "cache_fetch", "cache_fetch_reply",
-    "cache_event", "expert_load", "expert_placement", "draft_policy", "draft_stats", "inspect",
+    "cache_event", "expert_load", "expert_placement", "draft_policy", "spec_report", "inspect",
     "inspect_reply", "kv_link",
 };
 static const char *const s_role_names[MSG_ROLE_COUNT] = {
@@ -263,28 +263,60 @@ static int s_placement_check(const void *p, const char *path, char *err, size_t 
 static int s_draft_policy_check(const void *p, const char *path, char *err, size_t errlen)
 {
     const msg_draft_policy_t *d = p;
-    for (uint32_t i = 1; i < d->n_buckets; i++)
-        if (d->buckets[i].max_batch <= d->buckets[i - 1].max_batch)
+    for (uint32_t i = 0; i < d->n_buckets; i++) {
+        if (i > 0 && d->buckets[i].max_batch <= d->buckets[i - 1].max_batch)
             return errf(err, errlen, "%s.buckets[%u].max_batch: %u not above the previous bucket's %u", path,
                         i, d->buckets[i].max_batch, d->buckets[i - 1].max_batch);
+        if (d->buckets[i].max_draft > d->max_k)
+            return errf(err, errlen, "%s.buckets[%u].max_draft: %u exceeds max_k %u", path, i,
+                        d->buckets[i].max_draft, d->max_k);
+    }
+    for (uint32_t i = 1; i < d->n_survival; i++)
+        if (d->survival[i] > d->survival[i - 1])
+            return errf(err, errlen, "%s.survival[%u]: %g exceeds position %u's %g (a longer prefix cannot "
+                        "survive more often)", path, i, (double)d->survival[i], i - 1, (double)d->survival[i - 1]);
     return 0;
 }
 
-static int s_draft_stats_check(const void *p, const char *path, char *err, size_t errlen)
+/* A[i] <= B[i] (a subset's counts) for arrays of equal length, and both non-increasing when asked. */
+static int s_counts_check(const char *path, const char *an, const uint64_t *a, uint32_t na, const char *bn,
+                          const uint64_t *b, uint32_t nb, int decreasing, char *err, size_t errlen)
 {
-    const msg_draft_stats_t *d = p;
-    if (d->accepted > d->proposed)
-        return errf(err, errlen, "%s.accepted: %llu exceeds proposed %llu", path,
-                    (unsigned long long)d->accepted, (unsigned long long)d->proposed);
-    /* A draft at position i is only accepted if every earlier position was. */
-    for (uint32_t i = 0; i < d->n_accepted_at; i++) {
-        if (d->accepted_at[i] > d->accepted)
-            return errf(err, errlen, "%s.accepted_at[%u]: %llu exceeds accepted %llu", path, i,
-                        (unsigned long long)d->accepted_at[i], (unsigned long long)d->accepted);
-        if (i > 0 && d->accepted_at[i] > d->accepted_at[i - 1])
-            return errf(err, errlen, "%s.accepted_at[%u]: %llu exceeds position %u's %llu", path, i,
-                        (unsigned long long)d->accepted_at[i], i - 1,
-                        (unsigned long long)d->accepted_at[i - 1]);
+    if (na != nb)
+        return errf(err, errlen, "%s.%s: %u entries, %s has %u", path, an, na, bn, nb);
+    for (uint32_t i = 0; i < na; i++) {
+        if (a[i] > b[i])
+            return errf(err, errlen, "%s.%s[%u]: %llu exceeds %s[%u] = %llu", path, an, i, (unsigned long long)a[i],
+                        bn, i, (unsigned long long)b[i]);
+        if (decreasing && i > 0 && (a[i] > a[i - 1] || b[i] > b[i - 1]))
+            return errf(err, errlen, "%s.%s[%u]: position %u counts more than position %u (a draft is verified "
+                        "only after every earlier one was accepted)", path, a[i] > a[i - 1] ? an : bn, i, i, i - 1);
+    }
+    return 0;
+}
+
+static int s_spec_report_check(const void *p, const char *path, char *err, size_t errlen)
+{
+    const msg_spec_report_t *d = p;
+    if (d->accepted > d->drafts)
+        return errf(err, errlen, "%s.accepted: %llu exceeds drafts %llu", path,
+                    (unsigned long long)d->accepted, (unsigned long long)d->drafts);
+    if (s_counts_check(path, "accepted_at", d->accepted_at, d->n_accepted_at, "proposed_at", d->proposed_at,
+                       d->n_proposed_at, 1, err, errlen) != 0 ||
+        s_counts_check(path, "conf_accepted", d->conf_accepted, d->n_conf_accepted, "conf_seen", d->conf_seen,
+                       d->n_conf_seen, 0, err, errlen) != 0)
+        return -1;
+    const uint32_t n = d->n_cost_batch;
+    if (d->n_cost_drafts != n || d->n_cost_steps != n || d->n_cost_us != n)
+        return errf(err, errlen, "%s.cost_*: cost_batch has %u entries, cost_drafts %u, cost_steps %u, cost_us %u "
+                    "(one per cell in each)", path, n, d->n_cost_drafts, d->n_cost_steps, d->n_cost_us);
+    for (uint32_t i = 0; i < n; i++) {
+        if (d->cost_batch[i] < 1)
+            return errf(err, errlen, "%s.cost_batch[%u]: 0, a step has at least one row", path, i);
+        if (d->cost_drafts[i] > MSG_MAX_DRAFT_POS)
+            return errf(err, errlen, "%s.cost_drafts[%u]: %u above %u", path, i, d->cost_drafts[i], MSG_MAX_DRAFT_POS);
+        if (d->cost_steps[i] < 1)
+            return errf(err, errlen, "%s.cost_steps[%u]: 0, a cell has at least one step", path, i);
     }
     return 0;
 }
@@ -585,14 +617,27 @@ static const msg_field_t s_expert_placement_f[] = {
 
 static const msg_field_t s_draft_policy_f[] = {
     F_U64(msg_draft_policy_t, epoch, 0, 0, U64MAX),
+    F_U32(msg_draft_policy_t, valid_ms, REQ, 1, U32MAX),
+    F_U32(msg_draft_policy_t, max_k, REQ, 1, MSG_MAX_DRAFT_POS),
     F_STRUCTA(msg_draft_policy_t, buckets, n_buckets, REQ, 1, MSG_MAX_DRAFT_BUCKETS, s_bucket_s),
+    F_F32A(msg_draft_policy_t, survival, n_survival, 0, 0, MSG_MAX_DRAFT_POS, 0.0, 1.0),
+    F_F32A(msg_draft_policy_t, calibration, n_calibration, 0, 0, MSG_MAX_CONF_BINS, 0.0, 1.0),
 };
 
-static const msg_field_t s_draft_stats_f[] = {
-    F_STR(msg_draft_stats_t, worker, REQ, 1, MSG_MAX_NAME),
-    F_U64(msg_draft_stats_t, proposed, 0, 0, U64MAX),
-    F_U64(msg_draft_stats_t, accepted, 0, 0, U64MAX),
-    F_U64A(msg_draft_stats_t, accepted_at, n_accepted_at, 0, 0, MSG_MAX_DRAFT_POS),
+static const msg_field_t s_spec_report_f[] = {
+    F_STR(msg_spec_report_t, worker, REQ, 1, MSG_MAX_NAME),
+    F_U64(msg_spec_report_t, steps, 0, 0, U64MAX),
+    F_U64(msg_spec_report_t, verify_steps, 0, 0, U64MAX),
+    F_U64(msg_spec_report_t, drafts, 0, 0, U64MAX),
+    F_U64(msg_spec_report_t, accepted, 0, 0, U64MAX),
+    F_U64A(msg_spec_report_t, proposed_at, n_proposed_at, 0, 0, MSG_MAX_DRAFT_POS),
+    F_U64A(msg_spec_report_t, accepted_at, n_accepted_at, 0, 0, MSG_MAX_DRAFT_POS),
+    F_U64A(msg_spec_report_t, conf_seen, n_conf_seen, 0, 0, MSG_MAX_CONF_BINS),
+    F_U64A(msg_spec_report_t, conf_accepted, n_conf_accepted, 0, 0, MSG_MAX_CONF_BINS),
+    F_U32A(msg_spec_report_t, cost_batch, n_cost_batch, 0, 0, MSG_MAX_COST_CELLS),
+    F_U32A(msg_spec_report_t, cost_drafts, n_cost_drafts, 0, 0, MSG_MAX_COST_CELLS),
+    F_U64A(msg_spec_report_t, cost_steps, n_cost_steps, 0, 0, MSG_MAX_COST_CELLS),
+    F_U64A(msg_spec_report_t, cost_us, n_cost_us, 0, 0, MSG_MAX_COST_CELLS),
 };
 
 static const msg_field_t s_inspect_f[] = {
@@ -631,7 +676,7 @@ static const msg_schema_t s_schemas[MSG_TYPE_COUNT] = {
     [MSG_EXPERT_LOAD] = SCHEMA("expert_load", msg_expert_load_t, s_expert_load_f, NULL, NULL),
     [MSG_EXPERT_PLACEMENT] = SCHEMA("expert_placement", msg_expert_placement_t, s_expert_placement_f, NULL, s_placement_check),
     [MSG_DRAFT_POLICY] = SCHEMA("draft_policy", msg_draft_policy_t, s_draft_policy_f, NULL, s_draft_policy_check),
-    [MSG_DRAFT_STATS] = SCHEMA("draft_stats", msg_draft_stats_t, s_draft_stats_f, NULL, s_draft_stats_check),
+    [MSG_SPEC_REPORT] = SCHEMA("spec_report", msg_spec_report_t, s_spec_report_f, NULL, s_spec_report_check),
     [MSG_INSPECT] = SCHEMA("inspect", msg_inspect_t, s_inspect_f, NULL, s_inspect_check),
     [MSG_INSPECT_REPLY] = SCHEMA("inspect_reply", msg_inspect_reply_t, s_inspect_reply_f, NULL, NULL),
     [MSG_KV_LINK] = SCHEMA("kv_link", msg_kv_link_t, s_kv_link_f, NULL, s_kv_link_check),

@@ -27,7 +27,7 @@ VERSION = 1
 TYPES = ["none", "ready", "term", "heartbeat", "stats", "submit", "token", "done", "error", "cancel",
          "prefill_request", "handoff", "kv_announce", "kv_ack", "cache_lookup", "cache_lookup_reply",
          "cache_put", "cache_evict", "cache_pin", "cache_unpin", "cache_fetch", "cache_fetch_reply",
-         "cache_event", "expert_load", "expert_placement", "draft_policy", "draft_stats", "inspect",
+         "cache_event", "expert_load", "expert_placement", "draft_policy", "spec_report", "inspect",
          "inspect_reply", "kv_link"]
 TYPE_NUM = {name: i for i, name in enumerate(TYPES)}
 ERROR_CODES = ["bad_request", "malformed", "overloaded", "unavailable", "timeout", "cancelled",

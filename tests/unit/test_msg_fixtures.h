@@ -42,7 +42,16 @@ static const uint32_t fx_offsets[] = {0, 1, 3, 4, 6};     /* 2 layers x 2 expert
 static const uint32_t fx_replicas[] = {0, 1, 2, 2, 0, 1};
 static const char *const fx_workers[] = {"moe-0", "moe-1", "moe-2"};
 static const msg_draft_bucket_t fx_buckets[] = {{4, 6, 0.25f}, {32, 3, 0.5f}, {256, 0, 1.0f}};
+static const float fx_survival[] = {0.75f, 0.5f, 0.25f, 0.125f};
+static const float fx_calibration[] = {0.05f, 0.1f, 0.2f, 0.3f, 0.4f, 0.5f, 0.55f, 0.6f, 0.7f, 0.9f};
+static const uint64_t fx_proposed_at[] = {120, 100, 80, 40};
 static const uint64_t fx_accepted_at[] = {90, 60, 30, 5};
+static const uint64_t fx_conf_seen[] = {10, 0, 200, 7};
+static const uint64_t fx_conf_accepted[] = {1, 0, 150, 7};
+static const uint32_t fx_cost_batch[] = {1, 16, 256};
+static const uint32_t fx_cost_drafts[] = {7, 2, 0};
+static const uint64_t fx_cost_steps[] = {40, 3, 1000};
+static const uint64_t fx_cost_us[] = {12345, 99, 40000000};
 static const uint64_t fx_counts[] = {5, 0, 12345678901ull, 7};
 
 static void fx_sampling(msg_sampling_t *s)
@@ -230,15 +239,25 @@ static void fx_fill(msg_t *m, msg_type_t t)
         p->workers = fx_workers; p->n_workers = 3;
         break;
     }
-    case MSG_DRAFT_POLICY:
-        m->u.draft_policy.epoch = 4;
-        m->u.draft_policy.buckets = fx_buckets;
-        m->u.draft_policy.n_buckets = 3;
+    case MSG_DRAFT_POLICY: {
+        msg_draft_policy_t *d = &m->u.draft_policy;
+        d->epoch = 4; d->valid_ms = 10000; d->max_k = 7;
+        d->buckets = fx_buckets; d->n_buckets = 3;
+        d->survival = fx_survival; d->n_survival = 4;
+        d->calibration = fx_calibration; d->n_calibration = 10;
         break;
-    case MSG_DRAFT_STATS: {
-        msg_draft_stats_t *d = &m->u.draft_stats;
-        d->worker = "decode-0"; d->proposed = 400; d->accepted = 185;
+    }
+    case MSG_SPEC_REPORT: {
+        msg_spec_report_t *d = &m->u.spec_report;
+        d->worker = "decode-0"; d->steps = 1043; d->verify_steps = 120; d->drafts = 400; d->accepted = 185;
+        d->proposed_at = fx_proposed_at; d->n_proposed_at = 4;
         d->accepted_at = fx_accepted_at; d->n_accepted_at = 4;
+        d->conf_seen = fx_conf_seen; d->n_conf_seen = 4;
+        d->conf_accepted = fx_conf_accepted; d->n_conf_accepted = 4;
+        d->cost_batch = fx_cost_batch; d->n_cost_batch = 3;
+        d->cost_drafts = fx_cost_drafts; d->n_cost_drafts = 3;
+        d->cost_steps = fx_cost_steps; d->n_cost_steps = 3;
+        d->cost_us = fx_cost_us; d->n_cost_us = 3;
         break;
     }
     case MSG_INSPECT:
