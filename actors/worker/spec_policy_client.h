@@ -1,0 +1,61 @@
+/* actors/worker/spec_policy_client.h — a decode worker's side of the draft-scheduler: it measures
+ * (acceptance by draft position, draft confidence against acceptance, the cost of each decode-only
+ * step by batch and drafts per row), sends a `spec_report` every SPEC_REPORT_STEPS decode-only
+ * steps (or SPEC_REPORT_MS, whichever comes first) to the topology's draft-scheduler, and applies
+ * the `draft_policy` it pushes: per step and per row, how many drafts to ask the proposer for
+ * and how many of them to verify, from the step's batch size and the row's own confidence
+ * (engine/spec_policy.h), decided here without a round trip.
+ *
+ * When no policy is in force (none arrived yet, the last one is older than its valid_ms because
+ * the scheduler died or hangs, or TROUPE_SPEC_POLICY=fixed) a row asks for the worker's default k
+ * and verifies every draft it got: speculation goes on as configured.
+ *
+ * TROUPE_SPEC_POLICY: "scheduled" (default: apply the pushed policy) or "fixed" (keep k fixed at
+ * the configured value; reports are still sent, so the scheduler learns the costs of that k).
+ *
+ * One owner (the decode loop); nothing allocates after spec_client_new. */
+#ifndef TROUPE_ACTORS_WORKER_SPEC_POLICY_CLIENT_H
+#define TROUPE_ACTORS_WORKER_SPEC_POLICY_CLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "actors/runtime/actor.h"
+#include "engine/spec_policy.h"
+
+#define SPEC_REPORT_STEPS 256   /* decode-only steps per report window */
+#define SPEC_REPORT_MS    2000  /* ... or this long, when steps are rare */
+
+typedef struct spec_client spec_client_t;
+
+/* The client of worker actor a with default_k drafts per row (1..SPEC_MAX_K); has_dist: its
+ * proposer gives each draft's probability (a draft model), so confidence decides per row. Reads
+ * TROUPE_SPEC_POLICY. NULL with err (naming the variable) on a bad value, or out of memory. A
+ * topology without a draft-scheduler gets a client that never reports and never has a policy. */
+spec_client_t *spec_client_new(actor_t *a, int default_k, int has_dist, char *err, size_t errlen);
+void spec_client_destroy(spec_client_t **self_p);
+
+/* A draft_policy arrived: it is in force for its valid_ms from now (unless fixed). -1 with why
+ * when it cannot be applied (more buckets than the worker holds); the previous one stays. */
+int spec_client_on_policy(spec_client_t *c, const msg_draft_policy_t *p, char *err, size_t errlen);
+
+/* Drafts a row of a step with `batch` decode rows asks its proposer for (0: none). */
+int spec_client_ask(spec_client_t *c, int batch);
+/* Of the n drafts a row got, with their probabilities probs (NULL: a point mass), how many it
+ * verifies (<= n). */
+int spec_client_keep(spec_client_t *c, int batch, const float *probs, int n);
+/* A row verified n drafts and accepted the first n_accepted (probs as given to keep). */
+void spec_client_verified(spec_client_t *c, int n, int n_accepted, const float *probs);
+/* A decode-only step of `rows` rows and `tokens` positions took `seconds` (with or without
+ * drafts); sends the window's report when it is full. */
+void spec_client_step(spec_client_t *c, int rows, int tokens, double seconds);
+
+/* 1 while a pushed policy is in force. */
+int spec_client_active(const spec_client_t *c);
+
+/* spec_policy_active, spec_policy_epoch, spec_chosen_verify_len (mean drafts per row the policy,
+ * or the default, let rows verify since the last stats), spec_reports_total,
+ * spec_policies_total. */
+void spec_client_stats(spec_client_t *c, actor_t *a, msg_stats_t *st);
+
+#endif
