@@ -48,7 +48,7 @@ typedef struct {
     spec_policy_t policy;         /* the latest policy (valid when source != DS_SRC_NONE) */
     ds_source_t source;
     int dirty;                    /* reports since the last computation */
-    uint64_t reports, refused, pushes, push_failures;
+    uint64_t reports, refused, pushes, push_failures, push_errors;
     char why[160];                /* why there is no computed policy yet */
     const char *pin_file;         /* TROUPE_DRAFT_POLICY_FILE or NULL */
     uint32_t valid_ms;
@@ -99,6 +99,17 @@ static int s_on_report(actor_t *a, void *state, const actor_peer_t *from, msg_t 
     s->totals.emitted += r->verify_steps + r->accepted;
     s->reports++;
     s->dirty = 1;
+    return 0;
+}
+
+/* A worker answered a push with an error (one that does not take draft_policy): counted and
+ * logged, never answered, so that two actors cannot trade errors. */
+static int s_on_error(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
+{
+    ds_state_t *s = state;
+    if (++s->push_errors <= 5 || s->push_errors % 1000 == 0)
+        LOG_W("a worker refused draft_policy: %s (%llu refusals)", m->u.error.message,
+              (unsigned long long)s->push_errors);
     return 0;
 }
 
@@ -232,6 +243,7 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
     actor_stat_metric(a, st, "reports_refused_total", (double)s->refused, 1);
     actor_stat_metric(a, st, "policy_pushes_total", (double)s->pushes, 1);
     actor_stat_metric(a, st, "policy_push_failures_total", (double)s->push_failures, 1);
+    actor_stat_metric(a, st, "policy_refusals_total", (double)s->push_errors, 1);
     actor_stat_metric(a, st, "policy_epoch", (double)s->policy.epoch, 0);
     actor_stat_metric(a, st, "policy_source", s->source, 0);   /* 0 none, 1 computed, 2 pinned by file */
     actor_stat_metric(a, st, "spec_draft_tokens_total", (double)s->totals.drafts, 1);
@@ -292,8 +304,8 @@ int main(int argc, char **argv)
         if (t->instances[i].role == ROLE_DECODE)
             snprintf(s->workers[s->n_workers++], TOPO_NAME_MAX, "%s", t->instances[i].name);
     actor_timer_add(a, DS_PUSH_MS, s_push);
-    static const actor_handler_t handlers[] = {{MSG_SPEC_REPORT, s_on_report}};
-    actor_ops_t ops = {.handlers = handlers, .n_handlers = 1, .fill_stats = s_fill_stats};
+    static const actor_handler_t handlers[] = {{MSG_SPEC_REPORT, s_on_report}, {MSG_ERROR, s_on_error}};
+    actor_ops_t ops = {.handlers = handlers, .n_handlers = 2, .fill_stats = s_fill_stats};
     int rc = actor_run(a, &ops, s);
     free(s);
     actor_destroy(&a);
