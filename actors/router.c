@@ -44,6 +44,8 @@ typedef struct rq {
     uint64_t id;                 /* ours, unique in the cluster's life of this router */
     uint64_t client_id;          /* the client's id, restored on every reply */
     actor_peer_t client;         /* where replies go */
+    uint8_t owner[ACTOR_ID_MAX]; /* the credential it was submitted under (s_owner): only a cancel */
+    size_t owner_len;            /* under the same one reaches it */
     rq_state_t state;
     int prefill, decode;         /* worker indices (into router_t.workers) */
     uint32_t prompt_tokens, cached_tokens, completion;
@@ -78,11 +80,13 @@ typedef struct router {
     rq_t *head;
     int n_reqs;
     u64map_t by_id;              /* our id -> rq_t * */
-    u64map_t by_client;          /* s_client_key(connection, client id) -> rq_t * */
+    u64map_t by_client;          /* s_client_key(owner, client id) -> rq_t * */
     uint64_t next_id;            /* starts at a random point of a 62-bit space: a restarted router (or a
                                     second one) never reuses ids that workers may still be running */
     /* stats */
     uint64_t submitted, rejected, completed, failed, cancelled, rerouted, prompt_tokens, cached_tokens, gen_tokens;
+    uint64_t cancels_refused;    /* cancels naming another credential's request */
+    uint64_t stale_cancelled;    /* workers told to drop a request we do not know (an old incarnation's) */
     uint64_t cache_queries, cache_hits;      /* blocks looked up / found anywhere */
     float ttft[LAT_SAMPLES], itl[LAT_SAMPLES];
     int n_ttft, n_itl;
@@ -106,23 +110,46 @@ static rq_t *s_find(router_t *r, uint64_t id)
     return v ? (rq_t *)(uintptr_t)*v : NULL;
 }
 
-/* A client's request is named by its connection and its own id. The key is a hash of both: a
- * collision (2^-64 a pair) is caught by the comparison below, and then only costs that request
- * its duplicate check and its cancel by this connection. */
-static uint64_t s_client_key(const actor_peer_t *from, uint64_t client_id)
+/* Who a client's request belongs to: the key it came in under when CURVE is in force (the ZAP
+ * handler's name for it: "client:<public key>", or a gateway's instance name), else its connection
+ * (routing id). A client may cancel only its own requests: the ids are its own choice, so another
+ * client's request may carry the same one. With CURVE a client's second connection (a reconnect)
+ * can cancel what its first one submitted; without CURVE, only the submitting connection can. */
+static void s_owner(const actor_peer_t *from, const uint8_t **p, size_t *n)
 {
-    const uint64_t k = XXH3_64bits_withSeed(from->id, from->id_len, client_id);
+    if (from->user[0]) {
+        *p = (const uint8_t *)from->user;
+        *n = strlen(from->user);
+    } else {
+        *p = from->id;
+        *n = from->id_len;
+    }
+}
+
+/* A client's request is named by its owner and its own id. The key is a hash of both: a collision
+ * (2^-64 a pair) is caught by the comparison below, and then only costs that request its duplicate
+ * check and its cancel. */
+static uint64_t s_client_key(const uint8_t *owner, size_t owner_len, uint64_t client_id)
+{
+    const uint64_t k = XXH3_64bits_withSeed(owner, owner_len, client_id);
     return k ? k : 1;
+}
+
+static rq_t *s_find_owned(router_t *r, const uint8_t *owner, size_t owner_len, uint64_t client_id)
+{
+    const uint64_t *v = u64map_get(&r->by_client, s_client_key(owner, owner_len, client_id));
+    rq_t *q = v ? (rq_t *)(uintptr_t)*v : NULL;
+    return q && q->client_id == client_id && q->owner_len == owner_len && memcmp(q->owner, owner, owner_len) == 0
+               ? q
+               : NULL;
 }
 
 static rq_t *s_find_client(router_t *r, const actor_peer_t *from, uint64_t client_id)
 {
-    const uint64_t *v = u64map_get(&r->by_client, s_client_key(from, client_id));
-    rq_t *q = v ? (rq_t *)(uintptr_t)*v : NULL;
-    return q && q->client_id == client_id && q->client.id_len == from->id_len &&
-                   memcmp(q->client.id, from->id, from->id_len) == 0
-               ? q
-               : NULL;
+    const uint8_t *o;
+    size_t n;
+    s_owner(from, &o, &n);
+    return s_find_owned(r, o, n, client_id);
 }
 
 static int s_worker(router_t *r, const char *name)
@@ -194,8 +221,8 @@ static void s_remove(router_t *r, rq_t *q)
     if (q->next)
         q->next->prev = q->prev;
     u64map_del(&r->by_id, q->id);
-    if (s_find_client(r, &q->client, q->client_id) == q)
-        u64map_del(&r->by_client, s_client_key(&q->client, q->client_id));
+    if (s_find_owned(r, q->owner, q->owner_len, q->client_id) == q)
+        u64map_del(&r->by_client, s_client_key(q->owner, q->owner_len, q->client_id));
     s_load_release(r, q, -1);
     r->n_reqs--;
     msg_free(&q->pr);
@@ -404,6 +431,9 @@ static int s_on_submit(actor_t *a, void *state, const actor_peer_t *from, msg_t 
     q->id = ++r->next_id;
     q->client_id = m->id;
     q->client = *from;
+    const uint8_t *owner;
+    s_owner(from, &owner, &q->owner_len);
+    memcpy(q->owner, owner, q->owner_len);
     q->prompt_tokens = (uint32_t)n;
     q->arrived_ms = now_ms();
     q->deadline_ms = s->timeout_ms ? q->arrived_ms + s->timeout_ms : 0;
@@ -465,7 +495,7 @@ static int s_on_submit(actor_t *a, void *state, const actor_peer_t *from, msg_t 
     s_load_take(r, q, pi, di);
     /* Not found by our id, its workers' replies would be dropped: out of memory, it fails now. */
     if (u64map_put(&r->by_id, q->id, (uint64_t)(uintptr_t)q) != 0 ||
-        u64map_put(&r->by_client, s_client_key(from, m->id), (uint64_t)(uintptr_t)q) != 0) {
+        u64map_put(&r->by_client, s_client_key(q->owner, q->owner_len, m->id), (uint64_t)(uintptr_t)q) != 0) {
         s_fail(a, r, q, MSG_ERR_OVERLOADED, 1, "router out of memory");
         return 0;
     }
@@ -478,10 +508,19 @@ static int s_on_submit(actor_t *a, void *state, const actor_peer_t *from, msg_t 
 static int s_on_cancel(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
 {
     router_t *r = state;
-    /* Only the connection that submitted a request may cancel it: ids are chosen by clients, so
-     * another client's request may carry the same one. */
+    /* Only the credential that submitted a request may cancel it (s_owner): ids are chosen by
+     * clients, so another client's request may carry the same one. */
     rq_t *q = s_find_client(r, from, m->id);
     if (!q) {
+        for (rq_t *o = r->head; o; o = o->next)
+            if (o->client_id == m->id) {
+                /* In flight, but someone else's: refused, and said so (nothing of that request
+                 * changes; its owner hears nothing of it). */
+                r->cancels_refused++;
+                return actor_reply_error(a, from, m->id, MSG_ERR_BAD_REQUEST, 0,
+                                         "cancel refused: request %llu was not submitted under this client's %s",
+                                         (unsigned long long)m->id, from->user[0] ? "key" : "connection"), 0;
+            }
         /* Already finished (its one terminal reply is out) or never known: a cancel is idempotent,
          * and answering it would look like a second terminal reply for that id. */
         LOG_D("cancel of request %llu, not in flight: ignored", (unsigned long long)m->id);
@@ -546,6 +585,16 @@ static rq_t *s_worker_msg(actor_t *a, router_t *r, const actor_peer_t *from, con
     if (s_from_client(a, r, from, m))
         return NULL;
     rq_t *q = s_find(r, m->id);
+    if (!q && m->type == MSG_TOKEN) {
+        /* Not ours (any more): ended here already (its cancel is on its way), or a request of an
+         * earlier incarnation of this router that its worker did not see die. Either way the
+         * worker is told to drop it, so nobody's KV is spent on a stream nobody reads. */
+        msg_t c;
+        msg_init(&c, MSG_CANCEL, m->id);
+        actor_reply(a, from, &c);
+        r->stale_cancelled++;
+        return NULL;
+    }
     return q && s_from_assigned(a, r, q, from) ? q : NULL;
 }
 
@@ -759,6 +808,8 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
     actor_stat_metric(a, st, "requests_failed", (double)r->failed, 1);
     actor_stat_metric(a, st, "requests_cancelled", (double)r->cancelled, 1);
     actor_stat_metric(a, st, "requests_rerouted", (double)r->rerouted, 1);
+    actor_stat_metric(a, st, "cancels_refused", (double)r->cancels_refused, 1);
+    actor_stat_metric(a, st, "stale_requests_cancelled", (double)r->stale_cancelled, 1);
     actor_stat_metric(a, st, "prompt_tokens_total", (double)r->prompt_tokens, 1);
     actor_stat_metric(a, st, "cached_tokens_total", (double)r->cached_tokens, 1);
     actor_stat_metric(a, st, "generation_tokens_total", (double)r->gen_tokens, 1);

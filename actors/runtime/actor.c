@@ -677,6 +677,9 @@ static int s_drain_router(actor_t *a, const actor_ops_t *ops, void *state, void 
             zmq_msg_close(&part);
             continue;
         }
+        const char *uid = a->auth ? zmq_msg_gets(&part, "User-Id") : NULL;
+        if (uid)
+            snprintf(from.user, sizeof from.user, "%s", uid);
         if (!extra_frames && sock == a->inbox && s_check_sender(a, &from, &part) != 0) {
             zmq_msg_close(&part);
             continue;

@@ -51,11 +51,15 @@
 
 typedef struct actor actor_t;
 
+#define ACTOR_USER_MAX 64          /* the ZAP handler's user ids (auth.c's USER_MAX) */
+
 /* Who sent a message and how to answer: the socket it came in on plus the routing id. */
 typedef struct actor_peer {
     void *sock;                    /* a ROUTER socket of ours (inbox or an extra socket) */
     uint8_t id[ACTOR_ID_MAX];
     size_t id_len;
+    char user[ACTOR_USER_MAX];     /* with CURVE: the name the ZAP handler gave the peer's key (an
+                                      instance name, or "client:<its Z85 public key>"); else "" */
 } actor_peer_t;
 
 /* A handler returns 0 to go on, or -1 to stop the actor with an error (fatal). The message is

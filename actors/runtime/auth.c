@@ -185,7 +185,7 @@ int auth_allow_file(auth_t *au, const char *domain, const char *path, char *err,
     int line = 0, n = 0, rc;
     char z85[AUTH_Z85_LEN + 1], user[USER_MAX];
     while ((rc = s_next_key(f, path, &line, z85, err, errlen)) == 1) {
-        snprintf(user, sizeof user, "client:%.8s", z85);
+        snprintf(user, sizeof user, "client:%s", z85);   /* the whole key: a cancel is scoped by it */
         if (auth_allow(au, domain, z85, user) != 0) {
             rc = errf(err, errlen, "%s:%d: cannot add the key", path, line);
             break;

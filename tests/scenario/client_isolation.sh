@@ -1,5 +1,6 @@
 # One client cannot hurt another inside the protocol, and the router's ids survive its restart:
-#  - a cancel from another connection naming a request's client id leaves that request running;
+#  - a cancel from another connection naming a request's client id leaves that request running, and
+#    that connection is told its cancel was refused;
 #  - a frame over limits.max_message_bytes is answered with an error naming the limit (not a
 #    silent disconnect), and the C client library refuses such a request before sending it;
 #  - a text prompt too long to fit max_model_len is refused before it is tokenized;
@@ -28,6 +29,10 @@ while True:
 print("--- request after another connection's cancel:", m["type"], m.get("finish_name"), m.get("usage"))
 assert m["type"] == "done" and m["finish_name"] != "cancelled" and m["usage"]["completion_tokens"] == 12, \
     "another connection's cancel ended the request: %s" % m
+e = b.recv(10)
+print("--- the other connection's cancel:", e and e.get("message"))
+assert e is not None and e["type"] == "error" and "cancel refused" in e["message"], \
+    "the other connection's cancel was not refused with an error: %s" % e
 assert b.recv(0.3) is None, "the other connection got a reply for a request it did not submit"
 
 # A frame over the cap, sent raw (the client library would refuse it).
