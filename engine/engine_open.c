@@ -89,7 +89,8 @@ static long s_pool_blocks(const engine_t *e, const engine_spec_t *s, size_t bloc
 
 engine_status_t engine_load(engine_t *e, const engine_spec_t *s, char *err, size_t errlen)
 {
-    if (!(e->be = backend_new(s->backend ? s->backend : "cpu", s->threads, err, errlen)))
+    e->be_borrowed = s->be != NULL;
+    if (!(e->be = s->be ? s->be : backend_new(s->backend ? s->backend : "cpu", s->threads, err, errlen)))
         return ENGINE_ERR_RUNTIME;
     /* Free device memory before any weight of this process is placed: the KV budget is taken from
      * it, so it does not depend on which of a device's model processes loads first. */
@@ -144,7 +145,8 @@ void engine_destroy(engine_t **self_p)
     kvpool_destroy(&e->pool);
     model_destroy(&e->model);
     ckpt_destroy(&e->ck);
-    backend_destroy(&e->be);
+    if (!e->be_borrowed)
+        backend_destroy(&e->be);
     free(e->logits);
     free(e->model_dir);
     free(e);

@@ -42,6 +42,9 @@ typedef enum {
 /* How to open a model: start from engine_spec_default (DT_COUNT dtypes); zero fields are defaults. */
 typedef struct engine_spec {
     const char *backend;          /* backend_new kind: "cpu" (NULL: "cpu"), "cuda", "cuda:N" */
+    backend_t *be;                /* an open backend to run on instead (a draft model on its target's):
+                                     not opened, and not destroyed with the engine; backend and
+                                     threads are then unused */
     int threads;                  /* host threads; <= 0: the backend's default */
     int dummy;                    /* the 'dummy' load format: random weights of the config's shape */
     dtype_t dtype;                /* the dummy weights' dtype; DT_COUNT: the config's */
@@ -62,6 +65,7 @@ typedef struct engine {
     dtype_t weights_dtype;        /* the dummy weights', or the checkpoint's embedding's as stored */
     dtype_t kv_dtype;             /* the pool's */
     backend_t *be;
+    int be_borrowed;              /* spec.be: the backend is the caller's */
     ckpt_t *ck;                   /* outlives the model (the CPU backend reads the mapped files) */
     model_t *model;
     kvpool_t *pool;               /* [n_blocks][layers][2][block_size][kv_heads][head_dim] kv_dtype */

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "common/util.h"
+#include "engine/spec.h"
 #include "kernels/cpu/cpu_sample.h"
 
 struct sampler {
@@ -200,6 +201,25 @@ int32_t sampler_verify_draft(sampler_t *s, const float *logits, int32_t draft, f
 {
     int32_t tok = sampler_sample(s, logits, logprob);
     *accepted = draft >= 0 && tok == draft;
+    return tok;
+}
+
+int32_t sampler_verify_dist(sampler_t *s, const float *logits, int32_t draft, const float *q, float *logprob,
+                            int *accepted)
+{
+    if (draft < 0 || !q)
+        return sampler_verify_draft(s, logits, draft, logprob, accepted);
+    const int V = s->vocab;
+    memcpy(s->work, logits, (size_t)V * sizeof(float));
+    s_penalise(s);
+    bk_sample_t sp;
+    sampler_device_params(s, &sp);
+    const double total = cpu_sample_mass(s->work, V, &sp, s->work, s->mass, s->idx);
+    const int32_t tok = spec_accept_mass(s->work, total, q, V, draft, spec_rng_uniform(sp.seed, SPEC_RNG_ACCEPT, sp.step),
+                                         spec_rng_uniform(sp.seed, SPEC_RNG_RESAMPLE, sp.step), accepted);
+    if (logprob)
+        *logprob = s->p.logprobs_mode == SAMPLER_LOGPROBS_RAW ? cpu_log_softmax_at(logits, V, tok)
+                                                              : (float)log(s->work[tok] / total);
     return tok;
 }
 

@@ -102,6 +102,16 @@ int32_t sampler_sample(sampler_t *s, const float *logits, float *logprob);
  * very ones a run without speculation draws for the same seed (greedy: the argmax). As with
  * sampler_sample, call sampler_accept with the token before verifying the next position. */
 int32_t sampler_verify_draft(sampler_t *s, const float *logits, int32_t draft, float *logprob, int *accepted);
+/* Verifies a draft drawn from a distribution q [vocab] (a draft model's, spec_dist; NULL or
+ * draft < 0: sampler_verify_draft) against the target's logits at its position: speculative
+ * rejection sampling on the request's processed distribution p (penalties, temperature, top-k,
+ * top-p, min-p): accept with min(1, p(draft) / q(draft)), else emit a token of
+ * norm(max(0, p - q)) (spec_accept_mass), with randomness from the seed and the tokens generated
+ * so far on speculation's own streams (spec_rng_uniform). The emitted tokens follow p exactly,
+ * but are not the ones a run without speculation draws for the same seed. *logprob as
+ * sampler_sample's (processed: log p of the token). Call sampler_accept with the token after. */
+int32_t sampler_verify_dist(sampler_t *s, const float *logits, int32_t draft, const float *q, float *logprob,
+                            int *accepted);
 /* Records a generated token (penalty counts, the RNG counter) and says whether it finishes the
  * request: FINISH_STOP for an EOS id (unless ignore_eos) or a stop id, FINISH_LENGTH at max_tokens. */
 finish_reason_t sampler_accept(sampler_t *s, int32_t token);

@@ -8,9 +8,10 @@
  *   - greedy: accept draft i while the target's argmax at position i equals it; the first
  *     disagreement (or position k) emits the target's argmax;
  *   - sampled, draft distribution q (a draft model): accept draft x with probability
- *     min(1, p(x) / q(x)); on rejection emit a token of norm(max(0, p - q)) (spec_accept_dist);
+ *     min(1, p(x) / q(x)); on rejection emit a token of norm(max(0, p - q)) (spec_accept_dist,
+ *     spec_accept_mass; sampler_verify_dist applies it to a request's processed distribution);
  *   - sampled, a point-mass draft (n-gram: q(x) = 1): the rule above accepts with p(x) and
- *     resamples from p with x removed and renormalised. sampler_sample_draft realises it as the
+ *     resamples from p with x removed and renormalised. sampler_verify_draft realises it as the
  *     coupling "draw y from p exactly as without speculation; accept iff y == x", which has the
  *     same acceptance probability and the same output law, and besides emits the very tokens a
  *     run without speculation emits for the same seed.
@@ -30,15 +31,38 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels/backend.h"       /* bk_sample_t */
+
 #define SPEC_MAX_K 16              /* most drafts per verify step */
+#define SPEC_DEFAULT_K 4           /* drafts per row when the knob names none */
 
-typedef enum { SPEC_OFF = 0, SPEC_NGRAM } spec_method_t;
+typedef enum { SPEC_OFF = 0, SPEC_NGRAM, SPEC_DRAFT } spec_method_t;
 
-const char *spec_method_name(spec_method_t m);              /* "off", "ngram" */
-/* "off" / "ngram" -> the method; -1 for an unknown name. */
+const char *spec_method_name(spec_method_t m);              /* "off", "ngram", "draft" */
+/* "off" / "ngram" / "draft" -> the method; -1 for an unknown name. */
 int spec_method_parse(const char *name, spec_method_t *out);
+/* The speculation knob (TROUPE_SPECULATION, troupe-generate --speculation): NULL, "" or "off";
+ * "ngram" or "draft" (SPEC_DEFAULT_K drafts); "ngram:K" or "draft:K" (K in [1, SPEC_MAX_K]).
+ * 0, or -1 with err naming `what` (the variable or option) and the value. */
+int spec_knob_parse(const char *what, const char *value, spec_method_t *method, int *k, char *err, size_t errlen);
 
 typedef struct spec_proposer spec_proposer_t;
+
+/* One sequence of a batched proposal (spec_propose_batch): what the caller asks, what comes back. */
+typedef struct spec_ask {
+    uint64_t id;
+    const int32_t *tokens;         /* the sequence so far, prompt and generated: [n] */
+    int n;
+    int k;                         /* drafts wanted, <= SPEC_MAX_K */
+    /* NULL: greedy drafts. Else the request's sampling (temperature > 0, top-k, top-p, min-p,
+     * seed; step = the tokens it generated so far, sampler_device_params): a proposer with a
+     * distribution draws its drafts from it, and the verify applies spec_accept_mass with the
+     * proposer's q rows (spec_dist). Point-mass proposers ignore it. */
+    const bk_sample_t *sample;
+    int32_t *drafts;               /* out: [k] */
+    float *probs;                  /* out (may be NULL): [k] q(drafts[i]); 1.0 for a point mass */
+    int n_drafts;                  /* out: drafts written, in [0, k] */
+} spec_ask_t;
 
 typedef struct spec_proposer_ops {
     const char *name;
@@ -48,6 +72,14 @@ typedef struct spec_proposer_ops {
      * for a point mass. */
     int (*propose)(spec_proposer_t *p, uint64_t id, const int32_t *tokens, int n, int k, int32_t *drafts,
                    float *probs);
+    /* Proposals for n sequences at once (NULL: propose, one sequence after another, greedy). A
+     * model-backed proposer runs one draft forward per draft position for all of them. 0, or -1
+     * when the proposer failed (every n_drafts 0: decode the plain way). */
+    int (*propose_batch)(spec_proposer_t *p, spec_ask_t *asks, int n);
+    /* The distribution draft i of id's last proposal was drawn from: q [vocab] (sums to 1), valid
+     * until the next proposal for id or its forget; NULL for a point mass (greedy or n-gram
+     * drafts). NULL entry: always a point mass. */
+    const float *(*dist)(spec_proposer_t *p, uint64_t id, int i);
     /* The target kept n_accepted of the last proposal's drafts (NULL: nothing to track). */
     void (*accepted)(spec_proposer_t *p, uint64_t id, int n_accepted);
     /* Sequence id ended (NULL: nothing to track). */
@@ -62,6 +94,8 @@ struct spec_proposer {
 
 /* Calls through the vtable (optional entries may be NULL). */
 int spec_propose(spec_proposer_t *p, uint64_t id, const int32_t *tokens, int n, int k, int32_t *drafts, float *probs);
+int spec_propose_batch(spec_proposer_t *p, spec_ask_t *asks, int n);
+const float *spec_dist(spec_proposer_t *p, uint64_t id, int i);
 void spec_accepted(spec_proposer_t *p, uint64_t id, int n_accepted);
 void spec_forget(spec_proposer_t *p, uint64_t id);
 void spec_proposer_destroy(spec_proposer_t **self_p);
@@ -75,6 +109,67 @@ spec_proposer_t *spec_ngram_new(int min_n, int max_n);
 
 /* The n-gram search itself (what the proposer's propose does), for callers without a proposer. */
 int spec_ngram_propose(const int32_t *tokens, int n, int min_n, int max_n, int k, int32_t *drafts);
+
+/* The draft-model proposer: a second, smaller checkpoint with the target's tokenizer, on the
+ * target's backend (same device), with a paged KV pool of its own (engine/spec_draft.c).
+ *   - a sequence's draft KV is made the first time it is asked about (its tokens so far, in
+ *     chunks of max_tokens), and afterwards only the tokens it lacks are computed: those the
+ *     target emitted since, found by comparing the draft KV's tokens with the sequence's (so a
+ *     missed `accepted`, or tokens the caller replaced, only cost recomputation);
+ *   - `propose` (batched: every sequence's catch-up in one forward, then one forward per draft
+ *     position for all sequences still drafting) writes k drafts: greedy, or drawn from the
+ *     draft's distribution under the request's sampling (spec_ask_t.sample), whose rows `dist`
+ *     then returns;
+ *   - `accepted` rolls the draft KV back to what the target kept (kvseq_truncate); `forget`
+ *     frees the sequence and its blocks. When the pool runs out, the sequence needing blocks
+ *     loses its draft KV (it gets no drafts this time and is recomputed when next asked).
+ * The draft's vocabulary size must equal the target's, and when both directories hold a
+ * tokenizer.json the two must map every id to the same token: otherwise spec_draft_new fails
+ * naming both directories. Destroy the proposer before the target's engine (it runs on its
+ * backend). Memory: the pool, and for each sequence proposing sampled drafts k rows of vocab
+ * floats (its q rows). */
+struct engine;
+typedef struct spec_draft_opts {
+    const char *model_dir;         /* the draft checkpoint (config.json, model.safetensors) */
+    struct engine *target;         /* the open target: its backend, vocabulary, model_dir */
+    const char *target_tokenizer;  /* the target's tokenizer directory (NULL: target's model_dir) */
+    int max_seqs;                  /* sequences per draft forward (>= 1) */
+    int max_tokens;                /* tokens per draft forward (>= max_seqs): catch-up chunks */
+    int max_model_len;             /* longest sequence (prompt and generated) */
+    int block_size;                /* the draft pool's tokens per block (0: 16) */
+    long kv_blocks;                /* the draft pool's blocks (0: max_seqs sequences of max_model_len) */
+    int dummy;                     /* random weights of the draft config's shape (tests, cost only) */
+} spec_draft_opts_t;
+
+/* NULL with err (naming the draft directory, and the target's for a tokenizer mismatch) and
+ * *config_error (may be NULL: 1 when the files or options are at fault, 0 for the moment). */
+spec_proposer_t *spec_draft_new(const spec_draft_opts_t *o, int *config_error, char *err, size_t errlen);
+
+/* What a draft proposer did, for stats and tests (all 0 for another proposer). */
+typedef struct spec_draft_stats {
+    uint64_t forwards;             /* draft forwards run */
+    uint64_t tokens;               /* tokens they computed (catch-up and drafts) */
+    uint64_t ns;                   /* time in propose */
+    int seqs;                      /* sequences tracked now */
+    int blocks_used, blocks_total; /* the draft pool */
+} spec_draft_stats_t;
+void spec_draft_stats(const spec_proposer_t *p, spec_draft_stats_t *out);
+/* Tokens of id's draft KV (-1: not tracked); for tests. */
+int spec_draft_kv_len(const spec_proposer_t *p, uint64_t id);
+
+/* Sampled speculation's randomness: counter-based like the sampler's (kernels/sample_rng.h), on
+ * streams of its own so the draft's draw, the acceptance test and the residual draw at a step are
+ * independent of each other and of the target's draw at that step. */
+#define SPEC_RNG_DRAFT 0x64726166745f7531ull
+#define SPEC_RNG_ACCEPT 0x6163636570745f32ull
+#define SPEC_RNG_RESAMPLE 0x726573616d706c33ull
+double spec_rng_uniform(uint64_t seed, uint64_t stream, uint64_t step);
+
+/* spec_accept_dist on the sampler's representation: the target as kept masses p_mass [V] with
+ * their total (p = p_mass / p_total, cpu_sample_mass), the draft as probabilities q [V] (f32,
+ * summing to 1, q[x] > 0). Same rule, same walk. */
+int32_t spec_accept_mass(const float *p_mass, double p_total, const float *q, int V, int32_t x, double u_accept,
+                         double u_resample, int *accepted);
 
 /* The rejection rule on explicit distributions over V tokens: target p, draft q (both sum to 1),
  * draft token x (q[x] > 0). u_accept and u_resample in [0, 1). Returns x when u_accept <

@@ -9,6 +9,12 @@
  * printing one JSON object at the end with ids, text, counts, finish reason, timings and optional
  * log-probabilities).
  *
+ * Speculative decoding (engine/spec.h) with --speculation ngram[:K] or draft[:K] (--draft DIR: a
+ * smaller checkpoint with the same tokenizer; --draft alone means draft:4): each decode step
+ * verifies the proposer's drafts in one forward over the last token and K drafts, emitting 1 to
+ * K + 1 tokens, the same tokens as without speculation when greedy (sampled: the same law). --json
+ * then reports the acceptance rate and tokens per verify step.
+ *
  * Exit status: 0 on success, 2 on a usage error, 1 on any other error (always with a message on
  * stderr naming what was wrong). */
 #include <errno.h>
@@ -25,6 +31,7 @@
 #include "engine/chat_template.h"
 #include "engine/engine_open.h"
 #include "engine/sampler.h"
+#include "engine/spec.h"
 #include "engine/tokenizer.h"
 #include "tools/lib/args.h"
 
@@ -36,7 +43,7 @@ static const char *s_usage =
     "         [--repetition-penalty R] [--presence-penalty X] [--frequency-penalty X] [--seed S]\n"
     "         [--stop STR]... [--stop-id ID]... [--ignore-eos] [--dtype f32|bf16|f16]\n"
     "         [--kv-dtype auto|f32|bf16|f16|fp8] [--load-format auto|dummy] [--tokenizer DIR]\n"
-    "         [--threads N] [--chunk N]\n"
+    "         [--threads N] [--chunk N] [--speculation off|ngram[:K]|draft[:K]] [--draft DIR]\n"
     "         [--backend cpu|cuda|cuda:N]\n"
     "         [--json] [--logprobs] [--logprobs-mode raw|processed] [--no-think] [-v]\n"
     "Sampling options left out take the model's generation_config.json defaults (greedy when it\n"
@@ -54,6 +61,10 @@ typedef struct gen_opts {
     const char *backend;          /* backend_new kind: cpu (default), cuda, cuda:N */
     int dummy;                    /* --load-format dummy */
     int threads, chunk, json, logprobs, no_think, verbose;
+    const char *speculation;      /* --speculation: the knob's text (spec_knob_parse) */
+    const char *draft_dir;        /* --draft: the draft model */
+    spec_method_t spec;           /* parsed */
+    int spec_k;
 } gen_opts_t;
 
 static int s_usage_error(const char *fmt, const char *arg)
@@ -110,6 +121,8 @@ static int s_parse_args(int argc, char **argv, gen_opts_t *o)
         else if (!strcmp(a, "--ids")) o->ids = v;
         else if (!strcmp(a, "--tokenizer")) o->tokenizer_dir = v;
         else if (!strcmp(a, "--backend")) o->backend = v;
+        else if (!strcmp(a, "--speculation")) o->speculation = v;
+        else if (!strcmp(a, "--draft")) o->draft_dir = v;
         else if (!strcmp(a, "--max-tokens")) rc = s_parse_int(a, v, 1, INT_MAX / 2, &o->max_tokens);
         else if (!strcmp(a, "--temperature")) { rc = s_parse_double(a, v, &o->sp.temperature); o->have_temperature = 1; }
         else if (!strcmp(a, "--top-k")) { rc = s_parse_int(a, v, -1, INT_MAX, &o->sp.top_k); o->have_top_k = 1; }
@@ -164,6 +177,14 @@ static int s_parse_args(int argc, char **argv, gen_opts_t *o)
         return s_usage_error("%s", "give exactly one of --prompt, --chat, --ids");
     if (o->system && !o->chat)
         return s_usage_error("%s", "--system goes with --chat");
+    char err[256];
+    if (spec_knob_parse("--speculation", o->speculation ? o->speculation : o->draft_dir ? "draft" : NULL, &o->spec,
+                        &o->spec_k, err, sizeof err) != 0)
+        return s_usage_error("%s", err);
+    if (o->spec == SPEC_DRAFT && !o->draft_dir)
+        return s_usage_error("%s", "--speculation draft needs --draft DIR (the draft model)");
+    if (o->draft_dir && o->spec != SPEC_DRAFT)
+        return s_usage_error("--draft goes with --speculation draft[:K] (not '%s')", o->speculation);
     return 0;
 }
 
@@ -259,6 +280,11 @@ typedef struct gen {
     finish_reason_t fin;
     int n_out, n_decode_steps;
     int64_t t_start, t_loaded, t_prefilled, t_end;
+    /* speculation */
+    spec_proposer_t *prop;        /* --speculation draft: the draft model; NULL for n-gram */
+    int32_t *all;                 /* [n_prompt + max_tokens] prompt, then the output: what proposers read */
+    spec_stats_t spec;
+    int64_t draft_load_ns;
 } gen_t;
 
 static int s_fail(int status, const char *what, const char *err)
@@ -376,12 +402,27 @@ static int s_load(const gen_opts_t *o, gen_t *g)
     s.kv_dtype = o->kv_dtype;
     s.kv_dtype_option = "--kv-dtype";
     s.dummy_option = "--load-format dummy";
-    s.model = (model_opts_t){.max_tokens = o->chunk < (int)g->n_prompt ? o->chunk : (int)g->n_prompt, .max_seqs = 1,
-                             .max_context = total, .kv_block_size = KV_BLOCK};
+    int step_tokens = o->chunk < (int)g->n_prompt ? o->chunk : (int)g->n_prompt;
+    if (o->spec != SPEC_OFF && step_tokens < 1 + o->spec_k)
+        step_tokens = 1 + o->spec_k;                  /* a verify step: the last token and K drafts */
+    s.model = (model_opts_t){.max_tokens = step_tokens, .max_seqs = 1, .max_context = total, .kv_block_size = KV_BLOCK,
+                             .max_logit_rows = o->spec != SPEC_OFF ? 1 + o->spec_k : 0};
     s.kv_blocks = (total + KV_BLOCK - 1) / KV_BLOCK;
     if (engine_load(g->e, &s, err, sizeof err) != ENGINE_OK)
         return s_fail(1, NULL, err);
     g->seq = kvseq_new(g->e->pool, total, 0);
+    if (o->spec == SPEC_DRAFT) {
+        const int64_t t0 = now_ns();
+        spec_draft_opts_t d = {.model_dir = o->draft_dir, .target = g->e, .target_tokenizer = g->tok_dir, .max_seqs = 1,
+                               .max_tokens = o->chunk, .max_model_len = total, .block_size = KV_BLOCK, .dummy = o->dummy};
+        if (!(g->prop = spec_draft_new(&d, NULL, err, sizeof err)))
+            return s_fail(1, NULL, err);
+        g->draft_load_ns = now_ns() - t0;
+    }
+    if (o->spec != SPEC_OFF && (g->all = malloc((size_t)total * sizeof *g->all)))
+        memcpy(g->all, g->prompt, g->n_prompt * sizeof *g->all);
+    if (o->spec != SPEC_OFF && !g->all)
+        return s_fail(1, NULL, "out of memory");
     g->out_ids = malloc((size_t)g->max_tokens * sizeof(int32_t));
     g->lps = malloc((size_t)g->max_tokens * sizeof(float));
     g->tcap = g->tok ? 3 * tok_max_token_bytes(g->tok) + 16 : 64;
@@ -422,8 +463,47 @@ static int s_stream(gen_t *g, tok_stream_t *ts, int32_t t)
     return 0;
 }
 
+/* Records token t (log-probability lp): the output, the sampler's counters, the stream. 1 when
+ * the request finished with it. */
+static int s_take(gen_t *g, tok_stream_t *ts, int32_t t, float lp)
+{
+    if (g->all)
+        g->all[g->n_prompt + (size_t)g->n_out] = t;
+    g->out_ids[g->n_out] = t;
+    g->lps[g->n_out++] = lp;
+    g->fin = sampler_accept(g->smp, t);
+    if (g->fin != FINISH_STOP && s_stream(g, ts, t))   /* EOS or a stop id is not printed */
+        g->fin = FINISH_STOP;
+    return g->fin != FINISH_NONE;
+}
+
+/* Up to K drafts after the output so far; 0: decode the plain way. q rows (spec_dist) when the
+ * draft model sampled them. */
+static int s_drafts(const gen_opts_t *o, gen_t *g, int32_t *drafts, const float **q)
+{
+    int k = o->spec_k < g->max_tokens - g->n_out ? o->spec_k : g->max_tokens - g->n_out;   /* the KV's room */
+    const int n = (int)g->n_prompt + g->n_out;
+    for (int i = 0; i < k; i++)
+        q[i] = NULL;
+    if (k <= 0)
+        return 0;
+    if (!g->prop)
+        return spec_ngram_propose(g->all, n, 1, 3, k, drafts);
+    bk_sample_t sp;
+    sampler_device_params(g->smp, &sp);
+    spec_ask_t a = {.id = 1, .tokens = g->all, .n = n, .k = k, .sample = sp.temperature > 0 ? &sp : NULL,
+                    .drafts = drafts};
+    spec_propose_batch(g->prop, &a, 1);
+    for (int i = 0; i < a.n_drafts; i++)
+        q[i] = spec_dist(g->prop, 1, i);
+    return a.n_drafts;
+}
+
 /* Sample, stream, stop or run the next step. Greedy without log-probabilities: decode steps bring
- * back the device's argmax, not logits. */
+ * back the device's argmax, not logits. With speculation, a step that has drafts verifies them:
+ * one forward over the last token and the drafts, every position's logits, the target's token at
+ * each position in order (sampler_verify_draft, or sampler_verify_dist for a draft distribution)
+ * until one disagrees or the request ends; the KV of the rejected drafts is rolled back. */
 static int s_decode(const gen_opts_t *o, gen_t *g)
 {
     char err[1024];
@@ -433,25 +513,52 @@ static int s_decode(const gen_opts_t *o, gen_t *g)
         ts.skip_special = 1;                       /* as vLLM's skip_special_tokens default */
     }
     const int device_greedy = sampler_is_greedy(g->smp) && !o->logprobs;
-    int32_t dev_tok = 0;
+    const size_t V = (size_t)g->e->cfg.vocab_size;
+    int32_t dev_tok = 0, drafts[SPEC_MAX_K];
+    const float *q[SPEC_MAX_K];
     g->fin = FINISH_NONE;
-    while (g->fin == FINISH_NONE) {
-        float lp = 0;
-        int32_t t = g->n_out > 0 && device_greedy ? dev_tok : sampler_sample(g->smp, g->e->logits, o->logprobs ? &lp : NULL);
-        g->out_ids[g->n_out] = t;
-        g->lps[g->n_out++] = lp;
-        g->fin = sampler_accept(g->smp, t);
-        if (g->fin != FINISH_STOP && s_stream(g, &ts, t))   /* EOS or a stop id is not printed */
-            g->fin = FINISH_STOP;
-        if (g->fin != FINISH_NONE)
-            break;
-        model_seq_t q = {.kv = g->seq, .n_new = 1};
-        model_batch_t b = {.n_seqs = 1, .seqs = &q, .argmax_out = device_greedy ? &dev_tok : NULL};
-        if (kvseq_append(g->seq, &t, 1) < 0 || model_forward(g->e->model, &b, g->e->logits, err, sizeof err) < 0) {
+    float lp = 0;
+    int32_t t = sampler_sample(g->smp, g->e->logits, o->logprobs ? &lp : NULL);
+    while (!s_take(g, &ts, t, lp)) {
+        const int r = o->spec != SPEC_OFF ? s_drafts(o, g, drafts, q) : 0;
+        const int base = kvseq_len(g->seq);
+        model_seq_t qs = {.kv = g->seq, .n_new = 1 + r};
+        model_batch_t b = {.n_seqs = 1, .seqs = &qs, .argmax_out = device_greedy && !r ? &dev_tok : NULL,
+                           .all_logits = r > 0};
+        if (kvseq_append(g->seq, &t, 1) < 0 || (r && kvseq_append(g->seq, drafts, r) < 0) ||
+            model_forward(g->e->model, &b, g->e->logits, err, sizeof err) < 0) {
             fprintf(stderr, "troupe-generate: decode step %d: %s\n", g->n_out, err);
             return 1;
         }
         g->n_decode_steps++;
+        if (!r) {
+            lp = 0;
+            t = device_greedy ? dev_tok : sampler_sample(g->smp, g->e->logits, o->logprobs ? &lp : NULL);
+            continue;
+        }
+        /* Verify: position j's logits check draft j; the last position (j == r) has no draft. */
+        int j = 0, acc = 0;
+        for (;; j++) {
+            lp = 0;
+            t = sampler_verify_dist(g->smp, g->e->logits + (size_t)j * V, j < r ? drafts[j] : -1, j < r ? q[j] : NULL,
+                                    o->logprobs ? &lp : NULL, &acc);
+            if (!acc || j == r)
+                break;
+            if (s_take(g, &ts, t, lp))
+                break;                             /* finished on an accepted draft */
+        }
+        g->spec.verify_steps++;
+        g->spec.drafts += (uint64_t)r;
+        g->spec.accepted += (uint64_t)j;
+        g->spec.emitted += (uint64_t)(j + (g->fin == FINISH_NONE));
+        if (g->prop)
+            spec_accepted(g->prop, 1, j);
+        /* The KV keeps the step's input and the accepted drafts; t (the target's own token, not
+         * yet taken) is the next step's input. */
+        if (kvseq_truncate(g->seq, base + 1 + j) != 0)
+            return s_fail(1, "speculation", "cannot roll the KV back");
+        if (g->fin != FINISH_NONE)
+            break;
     }
     if (g->tok) {
         size_t nt = 0;
@@ -485,8 +592,26 @@ static void s_report_json(const gen_opts_t *o, const gen_t *g)
     json_object_set_new(tm, "prompt_tokens_per_s", json_real(g->n_prompt / (prefill_ms / 1e3)));
     json_object_set_new(tm, "decode_ms", json_real(decode_ms));
     json_object_set_new(tm, "decode_steps", json_integer(g->n_decode_steps));
-    json_object_set_new(tm, "decode_tokens_per_s", json_real(g->n_decode_steps ? g->n_decode_steps / (decode_ms / 1e3) : 0));
+    json_object_set_new(tm, "decode_tokens_per_s", json_real(g->n_out > 1 ? (g->n_out - 1) / (decode_ms / 1e3) : 0));
     json_object_set_new(j, "timings", tm);
+    if (o->spec != SPEC_OFF) {
+        json_t *sp = json_object();
+        json_object_set_new(sp, "method", json_string(spec_method_name(o->spec)));
+        json_object_set_new(sp, "k", json_integer(o->spec_k));
+        json_object_set_new(sp, "verify_steps", json_integer((json_int_t)g->spec.verify_steps));
+        json_object_set_new(sp, "drafts", json_integer((json_int_t)g->spec.drafts));
+        json_object_set_new(sp, "accepted", json_integer((json_int_t)g->spec.accepted));
+        json_object_set_new(sp, "acceptance_rate", json_real(spec_stats_acceptance(&g->spec)));
+        json_object_set_new(sp, "mean_accepted_length", json_real(spec_stats_mean_len(&g->spec)));
+        if (g->prop) {
+            spec_draft_stats_t ds;
+            spec_draft_stats(g->prop, &ds);
+            json_object_set_new(sp, "draft_load_ms", json_real((double)g->draft_load_ns / 1e6));
+            json_object_set_new(sp, "draft_forwards", json_integer((json_int_t)ds.forwards));
+            json_object_set_new(sp, "draft_ms", json_real((double)ds.ns / 1e6));
+        }
+        json_object_set_new(j, "speculation", sp);
+    }
     json_object_set_new(md, "arch", json_string(config_arch_name(g->e->cfg.arch)));
     json_object_set_new(md, "weights_dtype", json_string(dtype_name(g->e->weights_dtype)));
     json_object_set_new(md, "kv_dtype", json_string(dtype_name(g->e->kv_dtype)));
@@ -521,7 +646,11 @@ static void s_report_text(const gen_opts_t *o, const gen_t *g)
     }
     LOG_I("%zu prompt + %d generated tokens (%s); load %.0f ms, prefill %.0f ms (%.1f tok/s), decode %.1f tok/s",
           g->n_prompt, g->n_out, finish_reason_name(g->fin), s_ms(g->t_start, g->t_loaded), prefill_ms,
-          g->n_prompt / (prefill_ms / 1e3), g->n_decode_steps ? g->n_decode_steps / (decode_ms / 1e3) : 0);
+          g->n_prompt / (prefill_ms / 1e3), g->n_out > 1 ? (g->n_out - 1) / (decode_ms / 1e3) : 0);
+    if (o->spec != SPEC_OFF)
+        LOG_I("speculation %s:%d: %llu verify steps, acceptance %.1f%%, %.2f tokens per verify step",
+              spec_method_name(o->spec), o->spec_k, (unsigned long long)g->spec.verify_steps,
+              100 * spec_stats_acceptance(&g->spec), spec_stats_mean_len(&g->spec));
 }
 
 static void s_gen_free(gen_t *g)
@@ -534,6 +663,8 @@ static void s_gen_free(gen_t *g)
     free(g->prompt);
     sampler_destroy(&g->smp);
     kvseq_destroy(&g->seq);
+    spec_proposer_destroy(&g->prop);              /* before the target, whose backend it runs on */
+    free(g->all);
     tok_destroy(&g->tok);
     engine_destroy(&g->e);                         /* after the sequence, which holds pool blocks */
 }

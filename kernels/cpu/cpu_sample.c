@@ -96,20 +96,25 @@ float cpu_log_softmax_at(const float *v, int n, int32_t t)
     return (float)((double)v[t] - mx - log(sum));
 }
 
-int32_t cpu_sample_row(const float *logits, int V, const bk_sample_t *sp, float *work, float *mass, int32_t *idx,
-                       float *lp_processed)
+static int32_t s_argmax(const float *work, int V)
+{
+    int32_t tok = 0;                               /* NaN never wins unless every logit is NaN */
+    for (int i = 1; i < V; i++)
+        if (work[i] > work[tok] || (work[tok] != work[tok] && work[i] == work[i]))
+            tok = i;
+    return tok;
+}
+
+double cpu_sample_mass(const float *logits, int V, const bk_sample_t *sp, float *work, float *mass, int32_t *idx)
 {
     if (work != logits)
         memcpy(work, logits, (size_t)V * sizeof(float));
-    int32_t tok;
     if (sp->temperature == 0) {
-        tok = 0;                                   /* NaN never wins unless every logit is NaN */
-        for (int i = 1; i < V; i++)
-            if (work[i] > work[tok] || (work[tok] != work[tok] && work[i] == work[i]))
-                tok = i;
-        if (lp_processed)
-            *lp_processed = cpu_log_softmax_at(work, V, tok);
-        return tok;
+        const int32_t tok = s_argmax(work, V);
+        memset(work, 0, (size_t)V * sizeof(float));
+        work[tok] = 1;
+        idx[0] = tok;
+        return 1;
     }
     const float inv_t = (float)(1.0 / sp->temperature);
     for (int i = 0; i < V; i++)
@@ -141,16 +146,33 @@ int32_t cpu_sample_row(const float *logits, int V, const bk_sample_t *sp, float 
                 idx[keep++] = idx[i];
         n = keep;
     }
-    /* The walk: the kept tokens in ascending id, a zero mass for every other token (adding +0 to
-     * the running sum changes no bit), so the sum and the walk are one fixed order that a device
-     * can reproduce without knowing how selection left idx. The fallback when rounding never
-     * crosses u (u * total rounding up to total) is the last kept token with a positive mass. */
+    /* The kept tokens in ascending id, a zero mass for every other token (adding +0 to the running
+     * sum changes no bit), so the sum and the draw's walk are one fixed order that a device can
+     * reproduce without knowing how selection left idx. */
     memset(work, 0, (size_t)V * sizeof(float));
     for (int i = 0; i < n; i++)
         work[idx[i]] = mass[idx[i]];
     total = 0;
     for (int i = 0; i < V; i++)
         total += work[i];
+    return total;
+}
+
+int32_t cpu_sample_row(const float *logits, int V, const bk_sample_t *sp, float *work, float *mass, int32_t *idx,
+                       float *lp_processed)
+{
+    if (work != logits)
+        memcpy(work, logits, (size_t)V * sizeof(float));
+    int32_t tok;
+    if (sp->temperature == 0) {
+        tok = s_argmax(work, V);
+        if (lp_processed)
+            *lp_processed = cpu_log_softmax_at(work, V, tok);
+        return tok;
+    }
+    /* The walk over the kept masses; the fallback when rounding never crosses u (u * total
+     * rounding up to total) is the last kept token with a positive mass. */
+    const double total = cpu_sample_mass(work, V, sp, work, mass, idx);
     double u = sample_rng_uniform(sp->seed, sp->step) * total, acc = 0;
     tok = -1;
     int32_t last = idx[0];
