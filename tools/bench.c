@@ -6,6 +6,7 @@
  *                [--copy-bw GBps] [--model DIR [--dtype bf16]] [--kv-dtype auto|f32|bf16|f16|fp8]
  *                [--weight-bytes N] [--kv-bytes-per-token N]
  *   troupe-bench --http URL [--http-model NAME] ...   (the same load through the OpenAI gateway)
+ *   troupe-bench ... [--prompt-text FILE]   (prompts cut from a text file instead of random ids)
  *   troupe-bench --multi-turn [--turns T] [--system-len S] [--turn-len N] [--output-len M]
  *                [--concurrency ...] [--prompts-per-level CONVERSATIONS] [--retention DUR] ...
  *
@@ -45,6 +46,17 @@
  *     --weight-bytes replaces the whole count;
  *   - activations, logits and the embedding rows are not counted; with --gpus N the fraction is of
  *     N x --copy-bw, the weights counted once per step (one model split over the GPUs).
+ *
+ * --prompt-text FILE: each request's prompt is a passage of the text file (from a line start picked
+ * by the seed, about 4 bytes per --input-len token, cut at a space), sent as text for the router to
+ * tokenize, so that a real model continues real text (speculation's acceptance means something).
+ *
+ * Speculation: with --topology (whose monitor answers inspect), the decode workers' speculation
+ * counters are read before and after every level, and the level reports the acceptance rate
+ * (accepted / drafts), the mean tokens per verify step (1 + accepted / verify steps) and the
+ * mean verify length the workers chose (spec_chosen_verify_len, averaged over the workers); the
+ * output tokens/s column is already the effective rate (every token the clients received). Levels
+ * in which no worker speculated show "-".
  *
  * Multi-turn (--multi-turn): every simulated user (one per concurrency slot) holds conversations
  * of --turns turns. All conversations of a level begin with the same --system-len token ids; each
@@ -101,6 +113,8 @@ typedef struct level {
     const uint32_t *system;     /* [sys_len] the head of every conversation */
     int sys_len;
     int reuse;                  /* 1: per-conversation prompt_cache_key; 0: a fresh tenant per request */
+    const char *text;           /* --prompt-text: the file's bytes (NUL-terminated), or NULL */
+    size_t text_len;
     uint32_t retention_s;       /* with reuse; 0 = the topology's default */
     char tag[64];               /* unique to this run and level: tenant and cache-key names */
     _Atomic int next;
@@ -138,8 +152,12 @@ static int s_request(level_t *L, client_t *c, int idx, const uint32_t *prompt, i
 {
     msg_t m;
     msg_init(&m, MSG_SUBMIT, 0);
-    m.u.submit.tokens = prompt;
-    m.u.submit.n_tokens = (uint32_t)n;
+    if (L->text) {   /* s_worker put the passage's text in prompt's place */
+        m.u.submit.prompt = (const char *)prompt;
+    } else {
+        m.u.submit.tokens = prompt;
+        m.u.submit.n_tokens = (uint32_t)n;
+    }
     m.u.submit.stream = true;
     m.u.submit.sampling.temperature = 0;
     m.u.submit.sampling.ignore_eos = true;
@@ -276,6 +294,29 @@ static void s_conversation(level_t *L, client_t *c, int conv, uint32_t *hist)
     }
 }
 
+/* A passage of --prompt-text into out (cap bytes with its NUL): from the line start at or after a
+ * point the seed picks, up to cap - 1 bytes, cut back to the last space; never empty. */
+static void s_passage(const level_t *L, uint64_t *st, char *out, size_t cap)
+{
+    size_t at = (size_t)(s_rng(st) % (uint64_t)L->text_len);
+    while (at < L->text_len && L->text[at] != '\n')
+        at++;
+    while (at < L->text_len && (L->text[at] == '\n' || L->text[at] == ' '))
+        at++;
+    if (at >= L->text_len)
+        at = 0;
+    size_t n = L->text_len - at < cap - 1 ? L->text_len - at : cap - 1;
+    while (n > cap / 2 && at + n < L->text_len && L->text[at + n] != ' ')
+        n--;
+    while (n > 1 && (unsigned char)L->text[at + n - 1] >= 0x80)
+        n--;   /* never end inside a UTF-8 sequence */
+    memcpy(out, L->text + at, n);
+    out[n] = 0;
+    for (size_t i = 0; i < n; i++)   /* control bytes other than newline out, NULs cannot be sent */
+        if ((unsigned char)out[i] < 0x20 && out[i] != '\n')
+            out[i] = ' ';
+}
+
 static void *s_worker(void *arg)
 {
     level_t *L = arg;
@@ -298,6 +339,8 @@ static void *s_worker(void *arg)
     client_t *c = client_connect(L->ep, err, sizeof err);
     size_t cap = L->turns > 0 ? (size_t)L->sys_len + (size_t)L->turns * (size_t)(L->turn_len + L->out_len)
                               : (size_t)L->in_len;
+    if (L->text && cap < (size_t)L->in_len + 1)
+        cap = (size_t)L->in_len + 1;   /* 4 bytes a token: the passage fits in the ids' room */
     uint32_t *buf = malloc(cap * sizeof *buf);
     for (int i; c && buf && (i = atomic_fetch_add(&L->next, 1)) < L->n_prompts;) {
         if (L->turns > 0) {
@@ -305,6 +348,11 @@ static void *s_worker(void *arg)
             continue;
         }
         uint64_t st = L->seed * 1000003u + (uint64_t)i;
+        if (L->text) {
+            s_passage(L, &st, (char *)buf, (size_t)L->in_len * 4);
+            s_request(L, c, i, buf, 0, NULL, NULL, NULL);
+            continue;
+        }
         for (int k = 0; k < L->in_len; k++)
             buf[k] = s_token(&st, L->vocab);
         s_request(L, c, i, buf, L->in_len, NULL, NULL, NULL);
@@ -340,6 +388,10 @@ typedef struct summary {
      * MAX_TURN_STATS: which turn a large p99 comes from. */
     int n_turns;
     double turn_ttft50[MAX_TURN_STATS], turn_ttft_max[MAX_TURN_STATS];
+    /* Speculation over the level (the decode workers' counters): acceptance, tokens per verify step,
+     * the workers' mean chosen verify length; spec 0 when no worker verified a draft. */
+    int spec;
+    double spec_acceptance, spec_tokens_per_step, spec_chosen_len, spec_drafts;
 } summary_t;
 
 static summary_t s_run_level(level_t *L)
@@ -411,6 +463,57 @@ static summary_t s_run_level(level_t *L)
     free(ttft), free(e2e), free(itl), free(qms), free(pms), free(rest), free(th), free(L->res), free(L->itl);
     pthread_mutex_destroy(&L->lock);
     return S;
+}
+
+/* ---- speculation: the decode workers' counters, through the monitor ------------------------------ */
+
+typedef struct spec_read {
+    int ok;                     /* the monitor answered */
+    int workers;                /* decode workers with speculation counters */
+    double verify_steps, drafts, accepted;   /* summed over them */
+    double chosen;              /* spec_chosen_verify_len summed over them (a mean of means at the end) */
+} spec_read_t;
+
+static double s_stat(const msg_stats_t *st, const char *name, int *has)
+{
+    for (uint32_t i = 0; i < st->n_metrics; i++)
+        if (strcmp(st->metrics[i].name, name) == 0) {
+            *has = 1;
+            return st->metrics[i].value;
+        }
+    return 0;
+}
+
+/* The counters now. Stats are published once a second: the caller waits that long after a level so
+ * that its last steps are counted. */
+static spec_read_t s_spec_read(const char *inspect_ep)
+{
+    spec_read_t r = {0};
+    char err[256];
+    client_t *c = inspect_ep ? client_connect(inspect_ep, err, sizeof err) : NULL;
+    if (!c)
+        return r;
+    msg_t q, rep;
+    msg_init(&q, MSG_INSPECT, 0);
+    q.u.inspect.what = MSG_INSPECT_ACTORS;
+    if (client_call(c, &q, &rep, 3000, err, sizeof err) == 0) {
+        r.ok = rep.type == MSG_INSPECT_REPLY;
+        for (uint32_t i = 0; r.ok && i < rep.u.inspect_reply.n_actors; i++) {
+            const msg_stats_t *st = &rep.u.inspect_reply.actors[i];
+            int has = 0;
+            if (st->role != MSG_ROLE_DECODE)
+                continue;
+            r.verify_steps += s_stat(st, "spec_verify_steps_total", &has);
+            r.drafts += s_stat(st, "spec_draft_tokens_total", &has);
+            r.accepted += s_stat(st, "spec_accepted_tokens_total", &has);
+            int chosen = 0;
+            r.chosen += s_stat(st, "spec_chosen_verify_len", &chosen);
+            r.workers += has;
+        }
+        msg_free(&rep);
+    }
+    client_destroy(&c);
+    return r;
 }
 
 /* ---- decode bandwidth: bytes one decode step reads ---------------------------------------------- */
@@ -533,7 +636,26 @@ static json_t *s_summary_json(const summary_t *s)
                                                    "ttft_ms_max", s->turn_ttft_max[t]));
         json_object_set_new(j, "ttft_by_turn", turns);
     }
+    if (j && s->spec)
+        json_object_update_new(j, json_pack("{s:f,s:f,s:f,s:f}", "spec_acceptance_rate", s->spec_acceptance,
+                                            "spec_tokens_per_verify_step", s->spec_tokens_per_step,
+                                            "spec_chosen_verify_len", s->spec_chosen_len,
+                                            "spec_draft_tokens", s->spec_drafts));
     return j;
+}
+
+/* The level's speculation from the counters before (a) and after (b) it. */
+static void s_spec_level(summary_t *S, const spec_read_t *a, const spec_read_t *b)
+{
+    const double steps = b->verify_steps - a->verify_steps, drafts = b->drafts - a->drafts,
+                 acc = b->accepted - a->accepted;
+    S->spec = a->ok && b->ok && steps > 0 && drafts > 0;
+    if (!S->spec)
+        return;
+    S->spec_acceptance = acc / drafts;
+    S->spec_tokens_per_step = 1.0 + acc / steps;
+    S->spec_chosen_len = b->workers ? b->chosen / b->workers : 0;
+    S->spec_drafts = drafts;
 }
 
 static void s_usage(FILE *f)
@@ -544,7 +666,8 @@ static void s_usage(FILE *f)
                "       [--copy-bw GBps] [--model DIR [--dtype bf16]] [--kv-dtype auto|f32|bf16|f16|fp8]\n"
                "       [--weight-bytes N] [--kv-bytes-per-token N]\n"
                "       [--multi-turn [--turns T] [--system-len S] [--turn-len N] [--retention DUR]]\n"
-               "       [--http URL [--http-model NAME]]   (through the OpenAI gateway instead of ZeroMQ)\n");
+               "       [--http URL [--http-model NAME]]   (through the OpenAI gateway instead of ZeroMQ)\n"
+               "       [--prompt-text FILE]   (prompts are passages of a text file)\n");
 }
 
 int main(int argc, char **argv)
@@ -557,7 +680,7 @@ int main(int argc, char **argv)
     int multi = 0, turns = 4, sys_len = 256, turn_len = 64;
     int64_t retention = 0;
     uint64_t seed = 1;
-    const char *http = NULL, *http_model = NULL;
+    const char *http = NULL, *http_model = NULL, *prompt_text = NULL;
     bytes_model_t bm = {.gpus = 1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -594,6 +717,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--retention")) retention = client_parse_duration_s(v);
         else if (!strcmp(a, "--http")) http = v;
         else if (!strcmp(a, "--http-model")) http_model = v;
+        else if (!strcmp(a, "--prompt-text")) prompt_text = v;
         else { fprintf(stderr, "troupe-bench: unknown option '%s'\n", a); s_usage(stderr); return 2; }
         if (rc)
             return 2;
@@ -621,13 +745,30 @@ int main(int argc, char **argv)
         }
         http_model = model_name;
     }
-    char epbuf[256], err[512];
+    char epbuf[256], inspect_buf[256], err[512];
     if (!ep) {
         if (client_endpoints_from_topology(topology, epbuf, NULL, sizeof epbuf, err, sizeof err) != 0) {
             fprintf(stderr, "troupe-bench: %s\n", err);
             return 2;
         }
         ep = epbuf;
+    }
+    /* the monitor, for the speculation counters: only with a topology that names it */
+    const char *inspect_ep = topology && client_endpoints_from_topology(topology, NULL, inspect_buf, sizeof inspect_buf,
+                                                                        err, sizeof err) == 0 ? inspect_buf : NULL;
+    char *text = NULL;
+    size_t text_len = 0;
+    if (prompt_text) {
+        if (http || multi) {
+            fprintf(stderr, "troupe-bench: --prompt-text runs single prompts over ZeroMQ only\n");
+            return 2;
+        }
+        text = util_read_file(prompt_text, &text_len);
+        if (!text || text_len < 2) {
+            fprintf(stderr, "troupe-bench: --prompt-text %s: %s\n", prompt_text, text ? "empty" : strerror(errno));
+            free(text);
+            return 2;
+        }
     }
     if (!multi) {
         int rc = s_bytes_from_config(&bm, model_dir, dtype, kv_dtype, topology, err, sizeof err);
@@ -657,7 +798,7 @@ int main(int argc, char **argv)
     double gen_tps = gen_model && !multi ? s_generate(bin_dir, gen_model, gen_args, in_len, out_len, vocab) : 0;
     if (warmup) {
         level_t W = {.ep = ep, .http = http, .http_model = http_model, .in_len = in_len, .out_len = out_len < 8 ? out_len : 8, .n_prompts = warmup,
-                     .concurrency = 1, .vocab = vocab, .seed = seed + 999};
+                     .concurrency = 1, .vocab = vocab, .seed = seed + 999, .text = text, .text_len = text_len};
         summary_t ws = s_run_level(&W);
         if (ws.errors) {
             fprintf(stderr, "troupe-bench: warm-up failed (is the cluster at %s running?)\n", ep);
@@ -670,16 +811,26 @@ int main(int argc, char **argv)
     int errors = 0;
     for (int l = 0; l < n_levels; l++) {
         level_t L = {.ep = ep, .http = http, .http_model = http_model, .in_len = in_len, .out_len = out_len, .concurrency = levels[l], .vocab = vocab,
-                     .seed = seed + (uint64_t)levels[l]};
+                     .seed = seed + (uint64_t)levels[l], .text = text, .text_len = text_len};
         if (!multi) {
             L.n_prompts = per_level > 0 ? per_level : rounds > 0 ? rounds * levels[l]
                                                     : (4 * levels[l] > 8 ? 4 * levels[l] : 8);
+            const spec_read_t before = s_spec_read(inspect_ep);
             S[l] = s_run_level(&L);
             errors += S[l].errors;
+            if (inspect_ep) {
+                usleep(1200 * 1000);   /* the workers' next stats carry the level's last steps */
+                const spec_read_t after = s_spec_read(inspect_ep);
+                s_spec_level(&S[l], &before, &after);
+            }
             fprintf(stderr, "  concurrency %4d: %9.1f out tok/s, %7.1f tok/s/user, TTFT p50 %8.1f ms (queue %.1f, "
                             "prefill %.1f, rest %.1f), ITL p50 %6.2f ms\n",
                     S[l].concurrency, S[l].out_tps, S[l].per_user, S[l].ttft50, S[l].queue50, S[l].prefill50,
                     S[l].rest50, S[l].itl50);
+            if (S[l].spec)
+                fprintf(stderr, "  concurrency %4d: speculation: acceptance %.1f%%, %.2f tokens per verify step, "
+                                "chosen verify length %.2f\n", S[l].concurrency, 100 * S[l].spec_acceptance,
+                        S[l].spec_tokens_per_step, S[l].spec_chosen_len);
             continue;
         }
         uint32_t *sys = malloc(((size_t)sys_len + 1) * sizeof *sys);
@@ -753,6 +904,11 @@ int main(int argc, char **argv)
             printf(" %8s", "dec GB/s");
         if (bm.copy_bw > 0)
             printf(" %7s", "of copy");
+        int any_spec = 0;
+        for (int l = 0; l < n_levels; l++)
+            any_spec |= S[l].spec;
+        if (any_spec)
+            printf(" %7s %8s %7s", "accept%", "tok/step", "verify");
         printf(" %4s\n", "err");
         for (int l = 0; l < n_levels; l++) {
             printf("%5d %5d %10.1f %11.1f %10.1f %9.1f %9.1f %8.2f %8.2f %9.1f %9.1f", S[l].concurrency,
@@ -764,6 +920,11 @@ int main(int argc, char **argv)
                 printf(" %8.1f", bytes_s[l] / 1e9);
             if (bm.copy_bw > 0)
                 printf(" %6.1f%%", 100 * bytes_s[l] / bw);
+            if (any_spec && S[l].spec)
+                printf(" %6.1f%% %8.2f %7.2f", 100 * S[l].spec_acceptance, S[l].spec_tokens_per_step,
+                       S[l].spec_chosen_len);
+            else if (any_spec)
+                printf(" %7s %8s %7s", "-", "-", "-");
             printf(" %4d\n", S[l].errors);
             json_t *lj = s_summary_json(&S[l]);
             json_object_set_new(lj, "output_tokens_per_s_per_gpu", json_real(S[l].out_tps / bm.gpus));
@@ -802,5 +963,6 @@ int main(int argc, char **argv)
     if (json_path && json_dump_file(j, json_path, JSON_INDENT(1)) != 0)
         fprintf(stderr, "troupe-bench: cannot write %s\n", json_path);
     json_decref(j);
+    free(text);
     return errors ? 1 : 0;
 }
