@@ -152,6 +152,33 @@ static void s_render(const msg_t *r, char *buf, size_t cap, int all_metrics)
         n += s_col(buf + n, cap - n, st, "itl_p99_ms", 7, 1);
         n += (size_t)snprintf(buf + n, cap - n, "\n");
     }
+    /* Speculation: the decode workers' acceptance and chosen verify length, the draft-scheduler's
+     * view of the cluster and the length its policy gives a batch of 1 and of 64. */
+    int specs = 0;
+    for (uint32_t i = 0; i < ir->n_actors && n < cap - 512; i++) {
+        const msg_stats_t *st = &rows[i];
+        if (!s_has(st, "spec_draft_tokens_total"))
+            continue;
+        if (!specs++)
+            n += (size_t)snprintf(buf + n, cap - n, "\n%-18s %8s %8s %7s %7s %6s %7s %7s\n", "SPECULATION", "DRAFTS",
+                                  "ACCEPT%", "TOK/VER", "VERIFY", "POLICY", "K@B1", "K@B64");
+        n += (size_t)snprintf(buf + n, cap - n, "%-18s", st->name);
+        n += s_col(buf + n, cap - n, st, "spec_draft_tokens_total", 8, 0);
+        n += (size_t)snprintf(buf + n, cap - n, " %7.1f%%", 100 * s_metric(st, "spec_acceptance_rate", 0));
+        n += s_col(buf + n, cap - n, st, "spec_mean_accepted_length", 7, 2);
+        n += s_col(buf + n, cap - n, st, "spec_chosen_verify_len", 7, 2);
+        /* the scheduler's source (none, computed, pinned by file); a worker's pushed policy or default */
+        static const char *const sources[] = {"none", "auto", "pinned"};
+        const char *pol = "-";
+        if (s_has(st, "policy_source"))
+            pol = sources[(int)s_metric(st, "policy_source", 0) % 3];
+        else if (s_has(st, "spec_policy_active"))
+            pol = s_metric(st, "spec_policy_active", 0) ? "pushed" : "default";
+        n += (size_t)snprintf(buf + n, cap - n, " %6s", pol);
+        n += s_col(buf + n, cap - n, st, "verify_len_batch1", 7, 0);
+        n += s_col(buf + n, cap - n, st, "verify_len_batch64", 7, 0);
+        n += (size_t)snprintf(buf + n, cap - n, "\n");
+    }
     int tiers = 0;
     for (uint32_t i = 0; i < ir->n_actors && n < cap - 1024; i++) {
         if (!s_has(&rows[i], "host_blocks_used"))
