@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# Speculation's sweep: output tokens/s of the whole cluster with a fixed verify length k against the
+# draft-scheduler's policy, at several concurrencies, in the style of DSpark's table.
+#
+#   tools/bench-spec.sh [OUT_DIR]
+#
+# For each entry of KS (default "0 1 2 3 4 5 6 7 sched") it starts a cluster of its own (one
+# prefill and one decode worker, the monitor, router, cache-manager and draft-scheduler) on the
+# target model, runs troupe-bench over CONC (default 1,16,64,96) with prompts cut from a text file,
+# and stops it:
+#   k = 0      TROUPE_SPECULATION=off
+#   k = 1..7   TROUPE_SPECULATION=METHOD:k with TROUPE_SPEC_POLICY=fixed (the policy is ignored)
+#   sched      TROUPE_SPECULATION=METHOD:SCHED_K (the default until a policy is in force) with the
+#              draft-scheduler's policy applied; a warm-up run first lets it measure acceptance and
+#              step costs.
+# Then a table: one row per concurrency, output tokens/s for each k and scheduled, the best fixed k,
+# and scheduled against k = 0 and against the best fixed k; acceptance and tokens per verify step of
+# the scheduled run. Every run's troupe-bench JSON is kept in OUT_DIR (default a temporary folder).
+#
+# Environment:
+#   TROUPE_MODELS  the folder holding kjv-dense, kjv-draft and kjv-text (default ../shared/models)
+#   TARGET         the target model directory (default $TROUPE_MODELS/kjv-dense)
+#   DRAFT          the draft model directory for METHOD=draft (default $TROUPE_MODELS/kjv-draft)
+#   TEXT           the prompt text (default $TROUPE_MODELS/kjv-text/valid.txt)
+#   METHOD         ngram (default) or draft (model.draft in the topology)
+#   KS, CONC       the entries and concurrencies above
+#   IN_LEN OUT_LEN prompt tokens (about) and output tokens per request (default 64, 128)
+#   ROUNDS         requests per level = ROUNDS x concurrency (default 3)
+#   BACKEND GPUS   cpu (default) or cuda; GPUS the node's GPU count (cuda: both workers on GPU 0)
+#   MAX_BATCH      limits.max_batch (default 128)
+#   B              the build folder (default build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+B=${B:-build}
+MODELS=${TROUPE_MODELS:-../shared/models}
+TARGET=${TARGET:-$MODELS/kjv-dense}
+DRAFT=${DRAFT:-$MODELS/kjv-draft}
+TEXT=${TEXT:-$MODELS/kjv-text/valid.txt}
+METHOD=${METHOD:-ngram}
+KS=${KS:-0 1 2 3 4 5 6 7 sched}
+CONC=${CONC:-1,16,64,96}
+IN_LEN=${IN_LEN:-64}
+OUT_LEN=${OUT_LEN:-128}
+ROUNDS=${ROUNDS:-3}
+SCHED_K=${SCHED_K:-4}
+BACKEND=${BACKEND:-cpu}
+MAX_BATCH=${MAX_BATCH:-128}
+OUT=${1:-$(mktemp -d /tmp/bench-spec.XXXXXX)}
+mkdir -p "$OUT"
+for b in troupe-supervisor troupe-bench; do
+  [ -x "$B/bin/$b" ] || { echo "bench-spec: $B/bin/$b is missing; build first (make B=$B)" >&2; exit 1; }
+done
+for f in "$TARGET/config.json" "$TEXT"; do
+  [ -f "$f" ] || { echo "bench-spec: $f not found (set TROUPE_MODELS, TARGET or TEXT)" >&2; exit 1; }
+done
+[ "$METHOD" = ngram ] || [ "$METHOD" = draft ] || { echo "bench-spec: METHOD must be ngram or draft" >&2; exit 1; }
+[ "$METHOD" = ngram ] || [ -f "$DRAFT/config.json" ] || { echo "bench-spec: $DRAFT/config.json not found" >&2; exit 1; }
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
+
+SUP=
+stop() {
+  if [ -n "$SUP" ] && kill -0 "$SUP" 2>/dev/null; then
+    kill -TERM "$SUP"
+    for _ in $(seq 100); do kill -0 "$SUP" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$SUP" 2>/dev/null || true
+  fi
+  SUP=
+}
+trap stop EXIT
+
+# topology NAME: a one-machine cluster on free ports
+topology() {
+  local f=$OUT/$1.yaml gpu_lines=""
+  [ "$BACKEND" = cuda ] && gpu_lines=$'\n    gpus: '"${GPUS:-1}"
+  local draft_line=""
+  [ "$METHOD" = draft ] && draft_line=$'\n  draft: '"$(cd "$DRAFT" && pwd)"
+  cat > "$f" <<YAML
+name: bench-spec-$1-$$
+model:
+  path: $(cd "$TARGET" && pwd)
+  backend: $BACKEND$draft_line
+nodes:
+  - name: local
+    address: 127.0.0.1$gpu_lines
+actors:
+  - role: monitor
+  - role: cache-manager
+  - role: draft-scheduler
+  - role: prefill
+  - role: decode
+  - role: router
+endpoints:
+  client: tcp://127.0.0.1:$(port)
+  inspect: tcp://127.0.0.1:$(port)
+  metrics: tcp://127.0.0.1:$(port)
+  run_dir: $OUT/run-$1
+limits:
+  max_batch: $MAX_BATCH
+  max_model_len: 1024
+supervision:
+  ready_timeout_s: 120
+YAML
+  echo "$f"
+}
+
+run() {   # run ENTRY: one cluster, one troupe-bench sweep
+  local e=$1 spec policy=fixed
+  case $e in
+    0) spec=off ;;
+    sched) spec=$METHOD:$SCHED_K; policy=scheduled ;;
+    *) spec=$METHOD:$e ;;
+  esac
+  local topo
+  topo=$(topology "$e")
+  rm -f "$OUT/ready-$e"
+  TROUPE_SPECULATION=$spec TROUPE_SPEC_POLICY=$policy "$B/bin/troupe-supervisor" --topology "$topo" \
+    --ready-file "$OUT/ready-$e" >"$OUT/supervisor-$e.log" 2>&1 &
+  SUP=$!
+  for _ in $(seq 1200); do [ -s "$OUT/ready-$e" ] && break; sleep 0.1; done
+  [ -s "$OUT/ready-$e" ] || { tail -20 "$OUT/supervisor-$e.log" >&2; echo "bench-spec: cluster $e not ready" >&2; exit 1; }
+  local common=(--topology "$topo" --prompt-text "$TEXT" --input-len "$IN_LEN" --output-len "$OUT_LEN" --seed 7)
+  if [ "$e" = sched ]; then   # the scheduler measures before the measured run
+    "$B/bin/troupe-bench" "${common[@]}" --concurrency "$CONC" --rounds 1 --warmup 0 --seed 99 \
+      >"$OUT/warmup-$e.txt" 2>&1 || true
+  fi
+  echo "--- $e: TROUPE_SPECULATION=$spec TROUPE_SPEC_POLICY=$policy" >&2
+  "$B/bin/troupe-bench" "${common[@]}" --concurrency "$CONC" --rounds "$ROUNDS" --json "$OUT/$e.json" \
+    >"$OUT/bench-$e.txt" 2>&1 || { cat "$OUT/bench-$e.txt" >&2; echo "bench-spec: troupe-bench failed for $e" >&2; exit 1; }
+  stop
+}
+
+for e in $KS; do run "$e"; done
+
+python3 - "$OUT" $KS <<'PY'
+import json, os, sys
+out, entries = sys.argv[1], sys.argv[2:]
+runs = {e: json.load(open(os.path.join(out, f"{e}.json"))) for e in entries}
+conc = [l["concurrency"] for l in runs[entries[0]]["levels"]]
+def level(e, c):
+    return next(l for l in runs[e]["levels"] if l["concurrency"] == c)
+fixed = [e for e in entries if e != "sched"]
+head = "conc " + "".join(f"{('k=' + e) if e != 'sched' else 'sched':>9}" for e in entries)
+extra = "  best-k" + ("  sched/k0 sched/best  accept  tok/step  verify" if "sched" in entries else "")
+print(head + extra)
+for c in conc:
+    tps = {e: level(e, c)["output_tokens_per_s"] for e in entries}
+    row = f"{c:4d} " + "".join(f"{tps[e]:9.1f}" for e in entries)
+    best = max(fixed, key=lambda e: tps[e]) if fixed else None
+    row += f"  {('k=' + best) if best else '-':>6}"
+    if "sched" in entries:
+        s = level("sched", c)
+        k0 = tps.get("0")
+        row += f"  {tps['sched'] / k0:8.3f}" if k0 else f"  {'-':>8}"
+        row += f" {tps['sched'] / tps[best]:10.3f}" if best else f" {'-':>10}"
+        if "spec_acceptance_rate" in s:
+            row += f"  {100 * s['spec_acceptance_rate']:5.1f}% {s['spec_tokens_per_verify_step']:9.2f} {s['spec_chosen_verify_len']:7.2f}"
+        else:
+            row += "       -         -       -"
+    print(row)
+print(f"(output tokens/s of the cluster; troupe-bench JSON and logs in {out})")
+PY
