@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "common/util.h"
+#include "engine/ep.h"
 #include "engine/model_internal.h"
 
 /* Profile categories (TROUPE_PROFILE=1): PROF(m, cat, op call) syncs the backend around the call. */
@@ -222,8 +223,11 @@ static void s_mlp(model_t *m, int l, int T)
     const int renorm = c->arch == ARCH_MIXTRAL || c->norm_topk_prob;
     PROF(m, P_MOE_ROUTE, op->matmul(be, m->xn, T, &L->router, NULL, m->rlogits));
     PROF(m, P_MOE_ROUTE, op->moe_route(be, m->rlogits, T, c->num_experts, c->num_experts_per_tok, renorm, m->moe_ids, m->moe_w));
-    PROF(m, P_MOE_FFN, op->moe_ffn(be, m->xn, T, c->hidden_size, m->moe_ids, m->moe_w, c->num_experts_per_tok, L->experts,
-                                   c->num_experts, m->moe_scratch, m->delta));
+    if (m->ep)                    /* expert-parallel: dispatch to the group's ranks, combine back (engine/ep.h) */
+        PROF(m, P_MOE_FFN, ep_moe_layer(m->ep, l, T, m->xn, m->moe_ids, m->moe_w, m->delta));
+    else
+        PROF(m, P_MOE_FFN, op->moe_ffn(be, m->xn, T, c->hidden_size, m->moe_ids, m->moe_w, c->num_experts_per_tok,
+                                       L->experts, c->num_experts, m->moe_scratch, m->delta));
     if (op->moe_count)            /* the expert-balancer's load: device work, read once per window */
         op->moe_count(be, m->moe_ids, T * c->num_experts_per_tok, m->moe_counts + (size_t)l * c->num_experts);
 }
@@ -298,6 +302,8 @@ static int s_graphable(model_t *m, int T)
 {
     const backend_ops_t *op = m->be->ops;
     const model_config_t *c = &m->cfg;
+    if (m->ep)   /* the group's exchange waits on the host */
+        return 0;
     for (int l = 0; l < c->num_layers; l++) {
         const model_layer_t *L = &m->layers[l];
         if (L->is_moe && (!op->moe_graphable || !op->moe_graphable(m->be, T, c->hidden_size, c->num_experts_per_tok,
@@ -393,6 +399,8 @@ int model_forward(model_t *m, const model_batch_t *batch, float *logits, char *e
         PROF(m, P_ARGMAX, op->sample(be, m->logits, R, c->vocab_size, batch->sample, m->argmax));
     else if (batch->argmax_out)
         PROF(m, P_ARGMAX, op->argmax(be, m->logits, R, c->vocab_size, m->argmax));
+    if (m->ep && ep_error(m->ep, err, errlen) < 0)
+        return -1;
     int rc = 0;
     PROF(m, P_DOWNLOAD, rc = s_results(m, batch, R, logits));
     if (rc < 0)

@@ -52,6 +52,10 @@ typedef struct model_opts {
     int quantize;                 /* online quantization of a plain checkpoint at load (model.quantization):
                                      0 none, else BK_Q_* (engine/quant.h: fp8 and int8 W8A8 per channel
                                      with dynamic per-token activations, int4 group 128, nvfp4) */
+    /* Expert parallelism (engine/ep.h): when set, a routed expert of a per-expert checkpoint is
+     * loaded only when expert_keep(expert_ctx, layer, expert) says 1 (the fused layout loads all). */
+    int (*expert_keep)(void *ctx, int layer, int expert);
+    void *expert_ctx;
 } model_opts_t;
 
 /* One sequence's part of a step. */

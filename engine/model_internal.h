@@ -56,6 +56,7 @@ struct model {
     int32_t *moe_ids;             /* [T][k] */
     float *moe_w;                 /* [T][k] */
     void *moe_scratch;            /* moe_scratch_bytes(T, k, H, moe_I, E) */
+    struct ep *ep;                /* expert parallelism: the MoE layers run through the group (engine/ep.h); NULL: local */
     uint32_t *moe_counts;         /* [layers][E] tokens routed to each expert since the last model_expert_load (device) */
     float *rows;                  /* [R][H] final-normed rows that get logits */
     float *logits;                /* [R][V] */
@@ -82,6 +83,12 @@ struct model {
 /* model_load.c's placement helpers, shared with model_quant.c: a device buffer freed at destroy
  * (NULL with err naming `what`), and a weight_put pointer released at destroy (-1: released now). */
 void *model_alloc(model_t *m, size_t bytes, const char *what, char *err, size_t errlen);
+/* One routed expert's weights from ck (engine/model_load.c), e.g. an expert a new placement moves
+ * here; they stay the model's until model_release_mat. 0, or -1 with err. */
+int model_load_expert(model_t *m, ckpt_t *ck, int l, int e, bk_expert_t *x, char *err, size_t errlen);
+/* Releases one weight matrix the model placed (its data and scales) before model_destroy. */
+void model_release_mat(model_t *m, const bk_mat_t *w);
+
 /* Allocates and zeroes moe_counts (engine/model_expert_load.c); 0, or -1 with err. */
 int model_expert_load_init(model_t *m, char *err, size_t errlen);
 int model_keep_weight(model_t *m, const void *dev, char *err, size_t errlen);

@@ -257,18 +257,47 @@ static int s_experts(model_t *m, ckpt_t *ck, int l, model_layer_t *L, char *err,
         return errf(err, errlen, "%s: the %s backend has no kernels for quantized MoE experts (%s)", m->where,
                     m->be->ops->name, probe);
     for (int e = 0; e < E; e++) {
-        bk_expert_t *x = &L->experts[e];
-        int rc = mixtral
-            ? (s_mat(m, ck, &x->gate, I, H, err, errlen, "model.layers.%d.block_sparse_moe.experts.%d.w1.weight", l, e) ||
-               s_mat(m, ck, &x->up, I, H, err, errlen, "model.layers.%d.block_sparse_moe.experts.%d.w3.weight", l, e) ||
-               s_mat(m, ck, &x->down, H, I, err, errlen, "model.layers.%d.block_sparse_moe.experts.%d.w2.weight", l, e))
-            : (s_mat(m, ck, &x->gate, I, H, err, errlen, "model.layers.%d.mlp.experts.%d.gate_proj.weight", l, e) ||
-               s_mat(m, ck, &x->up, I, H, err, errlen, "model.layers.%d.mlp.experts.%d.up_proj.weight", l, e) ||
-               s_mat(m, ck, &x->down, H, I, err, errlen, "model.layers.%d.mlp.experts.%d.down_proj.weight", l, e));
-        if (rc)
+        if (m->opts.expert_keep && !m->opts.expert_keep(m->opts.expert_ctx, l, e))
+            continue;   /* another rank of an expert-parallel group holds it */
+        if (model_load_expert(m, ck, l, e, &L->experts[e], err, errlen) < 0)
             return -1;
     }
     return 0;
+}
+
+int model_load_expert(model_t *m, ckpt_t *ck, int l, int e, bk_expert_t *x, char *err, size_t errlen)
+{
+    const model_config_t *c = &m->cfg;
+    const int H = c->hidden_size, I = c->moe_intermediate_size;
+    const int rc = c->arch == ARCH_MIXTRAL
+        ? (s_mat(m, ck, &x->gate, I, H, err, errlen, "model.layers.%d.block_sparse_moe.experts.%d.w1.weight", l, e) ||
+           s_mat(m, ck, &x->up, I, H, err, errlen, "model.layers.%d.block_sparse_moe.experts.%d.w3.weight", l, e) ||
+           s_mat(m, ck, &x->down, H, I, err, errlen, "model.layers.%d.block_sparse_moe.experts.%d.w2.weight", l, e))
+        : (s_mat(m, ck, &x->gate, I, H, err, errlen, "model.layers.%d.mlp.experts.%d.gate_proj.weight", l, e) ||
+           s_mat(m, ck, &x->up, I, H, err, errlen, "model.layers.%d.mlp.experts.%d.up_proj.weight", l, e) ||
+           s_mat(m, ck, &x->down, H, I, err, errlen, "model.layers.%d.mlp.experts.%d.down_proj.weight", l, e));
+    return rc ? -1 : 0;
+}
+
+void model_release_mat(model_t *m, const bk_mat_t *w)
+{
+    const void *const ptrs[2] = {w->data, w->qscale};
+    for (int p = 0; p < 2; p++) {
+        if (!ptrs[p])
+            continue;
+        for (int i = 0; i < m->n_weights; i++)
+            if (m->weights[i] == ptrs[p]) {
+                m->be->ops->weight_release(m->be, m->weights[i]);
+                m->weights[i] = m->weights[--m->n_weights];
+                break;
+            }
+        for (int i = 0; i < m->n_allocs; i++)
+            if (m->allocs[i] == ptrs[p]) {
+                m->be->ops->free(m->be, m->allocs[i]);
+                m->allocs[i] = m->allocs[--m->n_allocs];
+                break;
+            }
+    }
 }
 
 /* The MoE router: transformers 5 in memory calls the Mixtral block "mlp"; files say block_sparse_moe. */
@@ -382,7 +411,10 @@ model_t *model_load(const char *model_dir, const model_config_t *cfg, ckpt_t *ck
         if (Ly->is_moe) {
             if (s_router(m, ck, l, Ly, err, errlen) < 0 || s_experts(m, ck, l, Ly, err, errlen) < 0)
                 goto fail;
-            size_t one = s_bytes(&Ly->experts[0].gate) + s_bytes(&Ly->experts[0].up) + s_bytes(&Ly->experts[0].down);
+            const bk_expert_t *x0 = &Ly->experts[0];   /* the first loaded (a rank may hold a few) */
+            for (int e = 1; !x0->gate.data && e < E; e++)
+                x0 = &Ly->experts[e];
+            size_t one = s_bytes(&x0->gate) + s_bytes(&x0->up) + s_bytes(&x0->down);
             layer_bytes += s_bytes(&Ly->router) + one * (size_t)E;
             active_bytes += s_bytes(&Ly->router) + one * (size_t)K;
             m->max_i = c->moe_intermediate_size > m->max_i ? c->moe_intermediate_size : m->max_i;

@@ -1,0 +1,136 @@
+/* engine/ep.h — expert parallelism: the routed experts of every MoE layer spread over the ranks of
+ * a group of processes, a token's hidden state sent to the ranks that hold its experts and the
+ * weighted results sent back (dispatch / combine), and placements (which rank's slot holds which
+ * expert, with replicas for hot experts) applied while the group keeps serving.
+ *
+ * The group's lockstep (docs/experts.md says why): rank 0 leads. It runs the schedule, the
+ * attention and the dense parts of its batch, and at each MoE layer one round over the group:
+ *   1. every rank sends every other rank a fixed header (ep_hdr_t): the leader's says the command
+ *      (an MoE layer, a new placement, stop), the layer, the placement epoch to compute with and
+ *      how many entries (token, expert) it sends that rank; a follower's says which placement it
+ *      has loaded (ready_epoch);
+ *   2. dispatch: each entry's hidden state [H], its routing weight and the rank's slot index;
+ *   3. every rank runs its slots' experts over the entries it received (the backend's moe_ffn with
+ *      one expert per entry, so each result is weight * expert(x), rounded as moe_ffn rounds it);
+ *   4. combine: the results go back, and the sender adds each token's results in ascending expert
+ *      order, as moe_ffn does, so the output is the single-process output (bit for bit on the CPU).
+ * Followers (ep_follow) hold only their slots' experts and answer rounds until the leader stops
+ * the group or goes away. The round is written for any rank sending entries (every rank leading
+ * its own batch would use the same exchange); only the leader does today.
+ *
+ * Placements: a table per MoE layer of n_slots = n_ranks * slots_per_rank expert ids (rank r
+ * holds slots r*spr .. r*spr+spr-1; engine/eplb.h computes them). A token's choice of expert e
+ * goes to one of e's replicas, the replicas taking turns within a step, so a hot expert's tokens
+ * split evenly. A new placement (ep_propose) goes to every rank in one round at a step boundary;
+ * each rank then loads the experts it lacks beside the ones it runs, one layer per round, and
+ * reports it ready; when every rank is, the leader switches the whole group at the start of a
+ * step (the epoch in the header). Experts a rank no longer holds are released after the switch.
+ *
+ * The transport is an ep_comm_t: unix-socket pairs between the processes of one host (ep_sock.c),
+ * or NCCL between GPUs (ep_nccl.c). A peer that dies (EOF), a broken header or a deadline ends the
+ * group: the call fails with the error naming the rank, and the group stays failed. */
+#ifndef TROUPE_ENGINE_EP_H
+#define TROUPE_ENGINE_EP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/checkpoint.h"
+#include "engine/model.h"
+
+#define EP_MAX_RANKS 64
+#define EP_FIRST_DEADLINE_MS 300000   /* the first round waits for every rank to load its weights */
+#define EP_ROUND_DEADLINE_MS 30000    /* any later exchange */
+
+/* ---- transport ---------------------------------------------------------------------------- */
+
+typedef struct ep_comm ep_comm_t;
+
+typedef struct ep_comm_ops {
+    const char *name;
+    /* 1: the buffers given to exchange are device memory of the model's backend (NCCL), 0: host. */
+    int device;
+    /* One all-to-all: send[r] (send_n[r] bytes) to rank r, recv[r] (recv_n[r] bytes, known to both
+     * sides beforehand) from rank r, own rank included (a copy). Waits at most deadline_ms for the
+     * whole exchange. 0, or -1 with err naming the rank. */
+    int (*exchange)(ep_comm_t *c, const void *const *send, const size_t *send_n, void *const *recv,
+                    const size_t *recv_n, int deadline_ms, char *err, size_t errlen);
+    void (*destroy)(ep_comm_t *c);
+} ep_comm_ops_t;
+
+struct ep_comm {
+    const ep_comm_ops_t *ops;
+    int rank, n_ranks;
+};
+
+/* Unix stream sockets: fds[r] is this rank's end of the pair it shares with rank r (fds[rank] is
+ * unused, -1). The comm owns the fds. */
+ep_comm_t *ep_sock_new(int rank, int n_ranks, const int *fds, char *err, size_t errlen);
+/* The leader's side of a local group: makes the socket pairs of all n_ranks (pairs[a*n+b] is a's
+ * end towards b), returns them for the caller to hand to its children. */
+int ep_sock_pairs(int n_ranks, int *pairs, char *err, size_t errlen);
+
+/* NCCL between GPUs of the model's backend (be->ops->nccl): rank `rank` of n_ranks with the unique
+ * id the leader made (bk_nccl_ops_t.unique_id) and gave the others. NULL with err where the backend
+ * has no NCCL (the CPU). */
+ep_comm_t *ep_nccl_new(backend_t *be, const uint8_t *id, int rank, int n_ranks, char *err, size_t errlen);
+
+/* ---- placements --------------------------------------------------------------------------- */
+
+/* Experts in order, no replicas: expert e on slot e (rank e / (E / n_ranks)). Needs E % n_ranks
+ * == 0. slot_expert [E]. */
+int ep_identity(int n_experts, int n_ranks, int32_t *slot_expert, char *err, size_t errlen);
+
+/* Whether rank `rank` holds expert e of layer l in the initial placement (experts in order): a
+ * model_opts_t.expert_keep callback, ctx an ep_keep_t. */
+typedef struct ep_keep {
+    int rank, n_ranks, n_experts;
+} ep_keep_t;
+int ep_keep_initial(void *ctx, int layer, int expert);
+
+/* ---- the group ---------------------------------------------------------------------------- */
+
+typedef struct ep ep_t;
+
+/* A rank of a group over model m (loaded with ep_keep_initial for this rank: it holds the experts
+ * of the in-order placement) and comm (owned from here on). ck is the model's checkpoint, kept open
+ * for loading the experts later placements move here. The leader (rank 0) then installs itself in
+ * the model (every MoE layer of model_forward runs through the group); the others call ep_follow. */
+ep_t *ep_new(model_t *m, ckpt_t *ck, ep_comm_t *comm, char *err, size_t errlen);
+/* The leader: sends stop to the followers (when the group is still well); frees. */
+void ep_destroy(ep_t **self_p);
+
+/* A follower's life: answers rounds until the leader says stop (0) or the group fails (-1, err). */
+int ep_follow(ep_t *ep, char *err, size_t errlen);
+
+/* The leader: a new placement, n_slots per layer for every layer (MoE or not: dense layers' rows
+ * are ignored), slot_expert [num_layers][n_slots]. It goes to the group at the next step's first
+ * MoE layer; the switch comes some steps later. Refused (-1, err) when a layer leaves an expert
+ * without a replica, n_slots does not divide over the ranks, or a rank would hold one expert
+ * twice. A newer proposal replaces one not yet sent. */
+int ep_propose(ep_t *ep, uint64_t epoch, int n_slots, const int32_t *slot_expert, char *err, size_t errlen);
+
+/* What the group runs now and what it is moving to. */
+typedef struct ep_status {
+    int rank, n_ranks;
+    uint64_t epoch;               /* the placement computed with (0: experts in order) */
+    uint64_t pending_epoch;       /* a placement sent and loading (0: none) */
+    int loading_layers;           /* this rank's layers still to load for it */
+    uint64_t rounds;              /* exchange rounds */
+    uint64_t entries_sent;        /* (token, expert) entries dispatched by this rank */
+    uint64_t experts_loaded;      /* expert weights loaded for placements */
+    uint64_t switches;            /* placements switched to */
+    int failed;
+} ep_status_t;
+void ep_status(const ep_t *ep, ep_status_t *out);
+/* Slots of layer l now: *n_slots, slot_expert (NULL for a dense layer). */
+const int32_t *ep_placement(const ep_t *ep, int layer, int *n_slots);
+
+/* forward.c's MoE layer through the group: delta [T][H] = the routed experts of layer l over xn
+ * [T][H], with ids / w [T][k] already routed (all device memory of the model's backend). Once the
+ * group failed it does nothing: model_forward asks ep_error after the body. */
+void ep_moe_layer(ep_t *ep, int layer, int T, const float *xn, const int32_t *ids, const float *w, float *delta);
+/* 0 while the group is well, else -1 with the error that ended it. */
+int ep_error(const ep_t *ep, char *err, size_t errlen);
+
+#endif
