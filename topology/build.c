@@ -246,6 +246,7 @@ static void s_model(topo_diag_t *d, const raw_model_t *m, topo_model_t *out)
         m = &none;
     s_str(d, "model.path", m->path, NULL, out->path, sizeof out->path, 0);
     s_str(d, "model.tokenizer", m->tokenizer, out->path, out->tokenizer, sizeof out->tokenizer, 0);
+    s_str(d, "model.draft", m->draft, NULL, out->draft, sizeof out->draft, 0);
     int b = s_enum(d, "model.backend", m->backend, s_backends, 2, TOPO_BACKEND_CPU, "backend");
     out->backend = b < 0 ? TOPO_BACKEND_CPU : (topo_backend_t)b;
     out->dtype = out->backend == TOPO_BACKEND_CUDA ? DT_BF16 : DT_F32;

@@ -36,6 +36,8 @@ void topo_print(const topo_t *t, FILE *f)
     fprintf(f, "model:\n");
     s_kv(f, "  ", "path", t->model.path);
     s_kv(f, "  ", "tokenizer", t->model.tokenizer);
+    if (t->model.draft[0])
+        s_kv(f, "  ", "draft", t->model.draft);
     static const char *const quants[] = {"none", "fp8", "int8", "int4", "nvfp4"};
     fprintf(f, "  dtype: %s\n  kv_dtype: %s\n  backend: %s\n  load_format: %s\n  threads: %d\n  quantization: %s\n",
             dtype_name(t->model.dtype), t->model.kv_dtype == DT_COUNT ? "auto" : dtype_name(t->model.kv_dtype),

@@ -21,6 +21,7 @@ static const cyaml_schema_field_t s_model_fields[] = {
     STR("load_format", raw_model_t, load_format),
     STR("threads", raw_model_t, threads),
     STR("quantization", raw_model_t, quantization),
+    STR("draft", raw_model_t, draft),
     CYAML_FIELD_END
 };
 

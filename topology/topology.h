@@ -59,6 +59,7 @@ typedef struct topo_model {
     topo_load_format_t load_format;      /* default auto */
     int threads;                         /* CPU threads per worker, 0 = auto; 0..1024 */
     int quantization;                    /* online quantization at load: BK_Q_* (kernels/backend.h), 0 none */
+    char draft[TOPO_PATH_MAX];           /* a draft model for speculative decoding (docs/speculation.md); "" = none */
 } topo_model_t;
 
 typedef struct topo_node {

@@ -204,6 +204,13 @@ static void test_defaults(void **state)
     assert_int_equal(t->model.dtype, DT_BF16);
     assert_string_equal(t->model.tokenizer, "tok");
     topo_destroy(&t);
+    /* model.draft: none unless given (a path, like model.path). */
+    t = s_ok("model:\n  path: m\n" MIN_ACTORS);
+    assert_string_equal(t->model.draft, "");
+    topo_destroy(&t);
+    t = s_ok("model:\n  path: m\n  draft: d/small\n" MIN_ACTORS);
+    assert_string_equal(t->model.draft, "d/small");
+    topo_destroy(&t);
     t = s_ok("model:\n  path: m\n  dtype: bf16\n  load_format: dummy\n" MIN_ACTORS);
     assert_int_equal(t->model.dtype, DT_BF16);
     assert_int_equal(t->model.load_format, TOPO_LOAD_DUMMY);
