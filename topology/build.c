@@ -398,12 +398,12 @@ static void s_actors(topo_diag_t *d, const raw_topo_t *raw, topo_t *t)
             topo_diag_err(d, p, "tp: %d does not divide count: %d (each tensor-parallel group is "
                           "tp instances)", a->tp, a->count);
         snprintf(p, sizeof p, "actors[%d].ep", i);
-        a->ep = (int)s_int(d, p, r->ep, 1, COUNT_MAX, 1);
-        if (a->ep > 1 && a->role < ROLE_COUNT && !worker)
-            topo_diag_err(d, p, "only prefill and decode actors run expert-parallel");
-        else if (a->ep > 1 && a->count % a->ep != 0)
-            topo_diag_err(d, p, "ep: %d does not divide count: %d (each expert-parallel group is "
-                          "ep instances)", a->ep, a->count);
+        a->ep = (int)s_int(d, p, r->ep, 1, 64, 1);
+        if (a->ep > 1 && a->role < ROLE_COUNT && a->role != ROLE_DECODE)
+            topo_diag_err(d, p, "only decode actors run expert-parallel groups");
+        else if (a->ep > 1 && t->model.backend == TOPO_BACKEND_CUDA)
+            topo_diag_err(d, p, "expert-parallel groups run on the cpu backend only for now (a group's ranks "
+                          "on their own GPUs over NCCL are not wired into the workers yet: docs/experts.md)");
 
         a->n_gpus = (int)r->gpus_count;
         snprintf(p, sizeof p, "actors[%d].gpus", i);
@@ -537,6 +537,20 @@ static void s_limits(topo_diag_t *d, const raw_topo_t *raw, topo_t *t)
     if (!t->security.curve_server_public[0] && (t->security.curve_clients[0] || t->security.curve_keys_dir[0]))
         topo_diag_err(d, "security", "curve_clients and curve_keys_dir need curve_server_public and "
                       "curve_server_secret");
+}
+
+/* The expert-balancer's clock and slots (topology.h topo_experts_t). */
+static void s_experts(topo_diag_t *d, const raw_topo_t *raw, topo_t *t)
+{
+    static const raw_experts_t none;
+    const raw_experts_t *x = raw->experts ? raw->experts : &none;
+    t->experts.window_steps = (int)s_int(d, "experts.window_steps", x->window_steps, 1, 1000000000, 1000);
+    t->experts.interval_steps = (int)s_int(d, "experts.interval_steps", x->interval_steps, 1, 1000000000,
+                                           10 * (int64_t)t->experts.window_steps);
+    if (t->experts.interval_steps % t->experts.window_steps != 0)
+        topo_diag_err(d, "experts.interval_steps", "%d is not a multiple of experts.window_steps (%d): placements "
+                      "are computed at the end of a window", t->experts.interval_steps, t->experts.window_steps);
+    t->experts.redundant_slots = (int)s_int(d, "experts.redundant_slots", x->redundant_slots, 0, 64, 1);
 }
 
 /* The gateway's keys and bounds (topology.h topo_gateway_t). */
@@ -922,6 +936,7 @@ int topo_build(topo_diag_t *d, const raw_topo_t *raw, topo_t *t)
     s_roles(d, t);
     s_limits(d, raw, t);
     s_gateway(d, raw, t);
+    s_experts(d, raw, t);
     s_expand(d, t);
     if (t->instances && t->n_nodes > 0)
         s_endpoints(d, raw, t);

@@ -61,6 +61,10 @@ typedef struct raw_gateway {
     char *max_body_bytes, *idle_timeout_s, *body_timeout_s, *max_connections, *request_timeout_s;
 } raw_gateway_t;
 
+typedef struct raw_experts {
+    char *window_steps, *interval_steps, *redundant_slots;
+} raw_experts_t;
+
 typedef struct raw_topo {
     char *name;
     raw_model_t *model;
@@ -74,6 +78,7 @@ typedef struct raw_topo {
     raw_supervision_t *supervision;
     raw_security_t *security;
     raw_gateway_t *gateway;
+    raw_experts_t *experts;
 } raw_topo_t;
 
 /* The top-level schema (a mapping of raw_topo_t) and the config libcyaml loads with. */

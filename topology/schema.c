@@ -84,6 +84,13 @@ static const cyaml_schema_field_t s_limits_fields[] = {
     CYAML_FIELD_END
 };
 
+static const cyaml_schema_field_t s_experts_fields[] = {
+    STR("window_steps", raw_experts_t, window_steps),
+    STR("interval_steps", raw_experts_t, interval_steps),
+    STR("redundant_slots", raw_experts_t, redundant_slots),
+    CYAML_FIELD_END
+};
+
 static const cyaml_schema_field_t s_cache_fields[] = {
     STR("block_size", raw_cache_t, block_size),
     STR("host_store_blocks", raw_cache_t, host_store_blocks),
@@ -148,6 +155,7 @@ static const cyaml_schema_field_t s_top_fields[] = {
     SECTION("supervision", supervision, s_supervision_fields),
     SECTION("security", security, s_security_fields),
     SECTION("gateway", gateway, s_gateway_fields),
+    SECTION("experts", experts, s_experts_fields),
     CYAML_FIELD_END
 };
 

@@ -80,7 +80,9 @@ typedef struct topo_actor {
     int gpus[TOPO_GPUS_MAX];             /* GPU indices on its node */
     int n_gpus;                          /* 0 (none), 1 (shared by every instance) or count (one each) */
     int tp;                              /* tensor-parallel degree; divides count */
-    int ep;                              /* expert-parallel degree; divides count */
+    int ep;                              /* processes in each instance's expert-parallel group (decode: the
+                                            instance leads and starts ep - 1 troupe-expert-rank processes;
+                                            docs/experts.md); 1 = none */
     topo_restart_t restart;              /* default permanent */
 } topo_actor_t;
 
@@ -174,6 +176,12 @@ typedef struct topo_gateway {
     int request_timeout_s;               /* each request's budget at the router (timeout_ms); 0 = none (default) */
 } topo_gateway_t;
 
+typedef struct topo_experts {
+    int window_steps;                    /* decode steps per expert_load window; default 1000; 1..10^9 */
+    int interval_steps;                  /* steps between placements, a multiple of window_steps; default 10000 */
+    int redundant_slots;                 /* replica slots per rank beyond the experts' share; default 1; 0..64 */
+} topo_experts_t;
+
 typedef struct topo {
     char name[TOPO_NAME_MAX];            /* cluster name; [A-Za-z0-9._-] */
     char source[TOPO_PATH_MAX];          /* file it was loaded from ("<default>" for the embedded one) */
@@ -191,6 +199,7 @@ typedef struct topo {
     topo_supervision_t supervision;
     topo_security_t security;
     topo_gateway_t gateway;
+    topo_experts_t experts;
 } topo_t;
 
 /* Every problem of one load. Zero-initialize (or topo_errors_clear) before use. */

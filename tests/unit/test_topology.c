@@ -131,7 +131,7 @@ static void test_examples_load(void **state)
         assert_non_null(in);
         assert_int_equal(in->gpu, 2 + i);
         assert_int_equal(in->index, i);
-        assert_int_equal(t->actors[in->actor].ep, 6);
+        assert_int_equal(t->actors[in->actor].ep, 1);
     }
     assert_null(topo_find(t, "decode"));
     assert_int_equal(t->supervision.strategy, TOPO_STRATEGY_REST_FOR_ONE);
@@ -663,10 +663,15 @@ static void test_semantic_errors(void **state)
 
     /* Parallel degrees, names, reserved names, dtype, clashes among ipc sockets. */
     s_bad("model:\n  path: m\nactors:\n  - role: monitor\n    tp: 2\n  - role: router\n"
-          "  - role: prefill\n    count: 3\n    tp: 2\n  - role: decode\n    count: 4\n    ep: 3\n");
+          "  - role: prefill\n    count: 3\n    tp: 2\n    ep: 2\n  - role: decode\n    count: 4\n    ep: 3\n");
     assert_err("actors[0].tp: only prefill and decode actors run tensor-parallel");
     assert_err("actors[2].tp: tp: 2 does not divide count: 3");
-    assert_err("actors[3].ep: ep: 3 does not divide count: 4");
+    assert_err("actors[2].ep: only decode actors run expert-parallel groups");
+    s_bad("model:\n  path: m\nactors:\n  - role: monitor\n  - role: router\n  - role: prefill\n  - role: decode\n"
+          "    ep: 65\nexperts:\n  window_steps: 100\n  interval_steps: 250\n  redundant_slots: -1\n");
+    assert_err("actors[3].ep:");
+    assert_err("experts.interval_steps: 250 is not a multiple of experts.window_steps (100)");
+    assert_err("experts.redundant_slots:");
     s_bad("model:\n  path: m\nactors:\n  - role: monitor\n    name: control\n  - role: router\n"
           "    name: ../etc\n  - role: prefill\n  - role: decode\n    name: prefill\n");
     assert_err("actors[0].name: instance name 'control' is reserved");
