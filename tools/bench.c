@@ -471,7 +471,8 @@ typedef struct spec_read {
     int ok;                     /* the monitor answered */
     int workers;                /* decode workers with speculation counters */
     double verify_steps, drafts, accepted;   /* summed over them */
-    double chosen;              /* spec_chosen_verify_len summed over them (a mean of means at the end) */
+    double chosen;              /* spec_chosen_verify_len summed over the workers that have it */
+    int chosen_workers;
 } spec_read_t;
 
 static double s_stat(const msg_stats_t *st, const char *name, int *has)
@@ -508,6 +509,7 @@ static spec_read_t s_spec_read(const char *inspect_ep)
             r.accepted += s_stat(st, "spec_accepted_tokens_total", &has);
             int chosen = 0;
             r.chosen += s_stat(st, "spec_chosen_verify_len", &chosen);
+            r.chosen_workers += chosen;
             r.workers += has;
         }
         msg_free(&rep);
@@ -654,7 +656,7 @@ static void s_spec_level(summary_t *S, const spec_read_t *a, const spec_read_t *
         return;
     S->spec_acceptance = acc / drafts;
     S->spec_tokens_per_step = 1.0 + acc / steps;
-    S->spec_chosen_len = b->workers ? b->chosen / b->workers : 0;
+    S->spec_chosen_len = b->chosen_workers ? b->chosen / b->chosen_workers : -1;   /* -1: not reported */
     S->spec_drafts = drafts;
 }
 
@@ -920,9 +922,11 @@ int main(int argc, char **argv)
                 printf(" %8.1f", bytes_s[l] / 1e9);
             if (bm.copy_bw > 0)
                 printf(" %6.1f%%", 100 * bytes_s[l] / bw);
-            if (any_spec && S[l].spec)
+            if (any_spec && S[l].spec && S[l].spec_chosen_len >= 0)
                 printf(" %6.1f%% %8.2f %7.2f", 100 * S[l].spec_acceptance, S[l].spec_tokens_per_step,
                        S[l].spec_chosen_len);
+            else if (any_spec && S[l].spec)
+                printf(" %6.1f%% %8.2f %7s", 100 * S[l].spec_acceptance, S[l].spec_tokens_per_step, "-");
             else if (any_spec)
                 printf(" %7s %8s %7s", "-", "-", "-");
             printf(" %4d\n", S[l].errors);
