@@ -71,8 +71,8 @@ trap stop EXIT
 
 # topology NAME: a one-machine cluster on free ports
 topology() {
-  local f=$OUT/$1.yaml gpu_lines=""
-  [ "$BACKEND" = cuda ] && gpu_lines=$'\n    gpus: '"${GPUS:-1}"
+  local f=$OUT/$1.yaml gpu_lines="" worker_gpu=""
+  if [ "$BACKEND" = cuda ]; then gpu_lines=$'\n    gpus: '"${GPUS:-1}"; worker_gpu=$'\n    gpus: [0]'; fi
   local draft_line=""
   [ "$METHOD" = draft ] && draft_line=$'\n  draft: '"$(cd "$DRAFT" && pwd)"
   cat > "$f" <<YAML
@@ -87,8 +87,8 @@ actors:
   - role: monitor
   - role: cache-manager
   - role: draft-scheduler
-  - role: prefill
-  - role: decode
+  - role: prefill$worker_gpu
+  - role: decode$worker_gpu
   - role: router
 endpoints:
   client: tcp://127.0.0.1:$(port)
