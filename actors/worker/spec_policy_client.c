@@ -50,7 +50,7 @@ spec_client_t *spec_client_new(actor_t *a, int default_k, int has_dist, char *er
     c->default_k = default_k < 0 ? 0 : default_k > SPEC_MAX_K ? SPEC_MAX_K : default_k;
     c->has_dist = has_dist;
     c->scheduled = scheduled;
-    const topo_instance_t *ds = topo_first(actor_topo(a), ROLE_DRAFT_SCHEDULER);
+    const topo_instance_t *ds = a ? topo_first(actor_topo(a), ROLE_DRAFT_SCHEDULER) : NULL;
     if (ds)
         snprintf(c->scheduler, sizeof c->scheduler, "%s", ds->name);
     c->win_start_ms = now_ms();

@@ -31,7 +31,8 @@ typedef struct spec_client spec_client_t;
 /* The client of worker actor a with default_k drafts per row (1..SPEC_MAX_K); has_dist: its
  * proposer gives each draft's probability (a draft model), so confidence decides per row. Reads
  * TROUPE_SPEC_POLICY. NULL with err (naming the variable) on a bad value, or out of memory. A
- * topology without a draft-scheduler gets a client that never reports and never has a policy. */
+ * topology without a draft-scheduler (or a NULL actor, for tests) gets a client that never
+ * reports; it applies a policy handed to spec_client_on_policy all the same. */
 spec_client_t *spec_client_new(actor_t *a, int default_k, int has_dist, char *err, size_t errlen);
 void spec_client_destroy(spec_client_t **self_p);
 
