@@ -52,6 +52,9 @@ static const arch_defaults_t s_arch[ARCH_COUNT] = {
     /* Mixtral always renormalises its top-k routing weights, i.e. norm_topk_prob is 1. */
     [ARCH_MIXTRAL] = {"MixtralForCausalLM", "mixtral", 32000, 4096, 14336, 32, 32, 8, 0, 131072, 1e-5, 1e6, 1, 2,
                       8, 2, 0, 1, 0},
+    /* DeepseekV3Config: kv heads = heads; head_dim is the KV shape, set from the MLA fields. */
+    [ARCH_DEEPSEEK_V3] = {"DeepseekV3ForCausalLM", "deepseek_v3", 129280, 7168, 18432, 61, 128, 0, 0, 4096, 1e-6,
+                          10000.0, 0, 1, 256, 8, 2048, 1, 0},
 };
 
 const char *config_arch_name(model_arch_t arch) { return arch < ARCH_COUNT ? s_arch[arch].model_type : "?"; }
@@ -145,9 +148,38 @@ static int s_token_list(ctx_t *c, json_t *obj, const char *key, int vocab, int *
 
 /* ---- rope ---- */
 
+/* YaRN (DeepSeek-V3): factor required; original_max_position_embeddings, beta_fast (32), beta_slow
+ * (1), mscale, mscale_all_dim, attention_factor, truncate (true) optional, as transformers reads
+ * them. rope_original_max_pos 0 = absent (transformers then uses max_position_embeddings). */
+static int s_yarn(ctx_t *c, ctx_t *rc, json_t *r, const char *scope, model_config_t *cfg)
+{
+    cfg->rope_kind = ROPE_YARN;
+    if (!s_present(r, "factor"))
+        return errf(c->err, c->errlen, "%s: \"%sfactor\" is required for rope_type yarn", c->file, scope);
+    int found = 0;
+    if (s_num(rc, r, "factor", 1.0, NULL, &cfg->rope_factor) != 0 ||
+        s_int(rc, r, "original_max_position_embeddings", 0, 1, CFG_MAX_POS, &cfg->rope_original_max_pos) != 0 ||
+        s_num(rc, r, "beta_fast", 32.0, NULL, &cfg->yarn_beta_fast) != 0 ||
+        s_num(rc, r, "beta_slow", 1.0, NULL, &cfg->yarn_beta_slow) != 0 ||
+        s_num(rc, r, "mscale", 0.0, NULL, &cfg->yarn_mscale) != 0 ||
+        s_num(rc, r, "mscale_all_dim", 0.0, NULL, &cfg->yarn_mscale_all_dim) != 0 ||
+        s_num(rc, r, "attention_factor", 0.0, &found, &cfg->yarn_attention_factor) != 0 ||
+        s_bool(rc, r, "truncate", 1, &cfg->yarn_truncate) != 0)
+        return -1;
+    if (!(cfg->rope_factor > 0))
+        return errf(c->err, c->errlen, "%s: \"%sfactor\" must be > 0", c->file, scope);
+    if (!(cfg->yarn_beta_fast > 0) || !(cfg->yarn_beta_slow > 0))
+        return errf(c->err, c->errlen, "%s: \"%sbeta_fast\" and \"%sbeta_slow\" must be > 0", c->file, scope, scope);
+    if (found && !(cfg->yarn_attention_factor > 0))
+        return errf(c->err, c->errlen, "%s: \"%sattention_factor\" must be > 0", c->file, scope);
+    if (!found)
+        cfg->yarn_attention_factor = 0;   /* derived from factor and mscale (engine/mla.c) */
+    return 0;
+}
+
 /* Reads transformers 4's rope_scaling or transformers 5's rope_parameters. As transformers 5 does,
  * rope_scaling wins when both are given; rope_theta inside the object beats a top-level one. */
-static int s_rope(ctx_t *c, model_config_t *cfg, double def_theta)
+static int s_rope(ctx_t *c, model_config_t *cfg, double def_theta, model_arch_t arch)
 {
     json_t *root = c->root;
     if (s_num(c, root, "rope_theta", def_theta, NULL, &cfg->rope_theta) != 0)
@@ -200,9 +232,12 @@ static int s_rope(ctx_t *c, model_config_t *cfg, double def_theta)
                 return -1;
             if (cfg->rope_factor < 1.0)
                 return errf(c->err, c->errlen, "%s: \"%sfactor\" must be >= 1", c->file, scope);
+        } else if (strcmp(type, "yarn") == 0 && arch == ARCH_DEEPSEEK_V3) {
+            if (s_yarn(c, &rc, r, scope, cfg) != 0)
+                return -1;
         } else {
-            return errf(c->err, c->errlen, "%s: \"%s%s\" '%.40s' is not supported (default, linear, llama3)", c->file,
-                        scope, tkey, type);
+            return errf(c->err, c->errlen, "%s: \"%s%s\" '%.40s' is not supported (default, linear, llama3%s)", c->file,
+                        scope, tkey, type, arch == ARCH_DEEPSEEK_V3 ? ", yarn" : "");
         }
         if (cfg->rope_kind == ROPE_LLAMA3) {
             static const char *const need[] = {"low_freq_factor", "high_freq_factor", "original_max_position_embeddings"};
@@ -243,7 +278,7 @@ static int s_arch_of(ctx_t *c, model_arch_t *out)
         if (by_class < 0)
             return errf(c->err, c->errlen,
                         "%s: \"architectures\" '%.60s' is not supported (LlamaForCausalLM, Qwen3ForCausalLM, "
-                        "Qwen3MoeForCausalLM, MixtralForCausalLM)", c->file, name);
+                        "Qwen3MoeForCausalLM, MixtralForCausalLM, DeepseekV3ForCausalLM)", c->file, name);
     }
     if (mt && !json_is_null(mt)) {
         if (!json_is_string(mt))
@@ -252,7 +287,7 @@ static int s_arch_of(ctx_t *c, model_arch_t *out)
             if (strcmp(json_string_value(mt), s_arch[a].model_type) == 0)
                 by_type = a;
         if (by_type < 0 && by_class < 0)
-            return errf(c->err, c->errlen, "%s: \"model_type\" '%.60s' is not supported (llama, qwen3, qwen3_moe, mixtral)",
+            return errf(c->err, c->errlen, "%s: \"model_type\" '%.60s' is not supported (llama, qwen3, qwen3_moe, mixtral, deepseek_v3)",
                         c->file, json_string_value(mt));
         if (by_type >= 0 && by_class >= 0 && by_type != by_class)
             return errf(c->err, c->errlen, "%s: \"model_type\" '%s' contradicts \"architectures\" '%s'", c->file,
@@ -295,6 +330,81 @@ static int s_unsupported(ctx_t *c, model_arch_t arch)
     }
     if (arch == ARCH_MIXTRAL && s_present(c->root, "sliding_window"))
         return errf(c->err, c->errlen, "%s: \"sliding_window\" is set; sliding-window attention is not supported", c->file);
+    return 0;
+}
+
+/* DeepSeek-V3's MLA and DeepSeekMoE fields (DeepseekV3Config defaults); called after the common
+ * fields. Sets num_kv_heads / head_dim to the KV shape (engine/config.h). */
+static int s_deepseek(ctx_t *c, model_config_t *cfg)
+{
+    json_t *root = c->root;
+    struct config_mla *a = &cfg->mla;
+    a->on = 1;
+    json_t *ql = json_object_get(root, "q_lora_rank");
+    if (s_int(c, root, "q_lora_rank", ql && json_is_null(ql) ? 0 : 1536, 1, CFG_MAX_HIDDEN, &a->q_lora_rank) ||
+        s_int(c, root, "kv_lora_rank", 512, 2, CFG_MAX_HEAD_DIM, &a->kv_lora_rank) ||
+        s_int(c, root, "qk_nope_head_dim", 128, 1, CFG_MAX_HEAD_DIM, &a->qk_nope_head_dim) ||
+        s_int(c, root, "qk_rope_head_dim", 64, 2, CFG_MAX_HEAD_DIM, &a->qk_rope_head_dim) ||
+        s_int(c, root, "v_head_dim", 128, 1, CFG_MAX_HEAD_DIM, &a->v_head_dim) ||
+        s_bool(c, root, "rope_interleave", 1, &a->rope_interleave) ||
+        s_int(c, root, "first_k_dense_replace", 3, 0, CFG_MAX_LAYERS, &a->first_k_dense_replace) ||
+        s_int(c, root, "n_shared_experts", 1, 0, CFG_MAX_EXPERTS, &a->n_shared_experts) ||
+        s_int(c, root, "n_group", 8, 1, CFG_MAX_EXPERTS, &a->n_group) ||
+        s_int(c, root, "topk_group", 4, 1, CFG_MAX_EXPERTS, &a->topk_group) ||
+        s_num(c, root, "routed_scaling_factor", 2.5, NULL, &a->routed_scaling_factor) ||
+        s_int(c, root, "num_nextn_predict_layers", 0, 0, 16, &a->num_nextn_predict_layers) ||
+        s_int(c, root, "n_routed_experts", 256, 1, CFG_MAX_EXPERTS, &cfg->num_experts) ||
+        s_int(c, root, "num_experts_per_tok", 8, 1, CFG_MAX_EXPERTS, &cfg->num_experts_per_tok) ||
+        s_int(c, root, "moe_intermediate_size", 2048, 1, CFG_MAX_INTERMEDIATE, &cfg->moe_intermediate_size) ||
+        s_bool(c, root, "norm_topk_prob", 1, &cfg->norm_topk_prob))
+        return -1;
+    if (a->qk_rope_head_dim % 2)
+        return errf(c->err, c->errlen, "%s: \"qk_rope_head_dim\" (%d) must be even for rotary embeddings", c->file,
+                    a->qk_rope_head_dim);
+    if ((a->kv_lora_rank + a->qk_rope_head_dim) % 2 || (a->kv_lora_rank + a->qk_rope_head_dim) / 2 > CFG_MAX_HEAD_DIM)
+        return errf(c->err, c->errlen, "%s: \"kv_lora_rank\" + \"qk_rope_head_dim\" (%d) must be even and at most %d",
+                    c->file, a->kv_lora_rank + a->qk_rope_head_dim, 2 * CFG_MAX_HEAD_DIM);
+    if (!(a->routed_scaling_factor > 0))
+        return errf(c->err, c->errlen, "%s: \"routed_scaling_factor\" must be > 0", c->file);
+    if (cfg->num_experts_per_tok > cfg->num_experts)
+        return errf(c->err, c->errlen, "%s: \"num_experts_per_tok\" (%d) exceeds \"n_routed_experts\" (%d)", c->file,
+                    cfg->num_experts_per_tok, cfg->num_experts);
+    if (cfg->num_experts % a->n_group || cfg->num_experts / a->n_group < 2)
+        return errf(c->err, c->errlen, "%s: \"n_group\" (%d) must divide \"n_routed_experts\" (%d) into groups of at "
+                    "least 2", c->file, a->n_group, cfg->num_experts);
+    if (a->topk_group > a->n_group)
+        return errf(c->err, c->errlen, "%s: \"topk_group\" (%d) exceeds \"n_group\" (%d)", c->file, a->topk_group,
+                    a->n_group);
+    if (cfg->num_experts_per_tok > a->topk_group * (cfg->num_experts / a->n_group))
+        return errf(c->err, c->errlen, "%s: \"num_experts_per_tok\" (%d) exceeds the experts of \"topk_group\" groups (%d)",
+                    c->file, cfg->num_experts_per_tok, a->topk_group * (cfg->num_experts / a->n_group));
+    if (cfg->attention_bias)
+        return errf(c->err, c->errlen, "%s: \"attention_bias\" true is not supported for DeepSeek-V3", c->file);
+    /* Fields of DeepSeek's own config that transformers does not read: only the values it implies. */
+    json_t *v;
+    if ((v = json_object_get(root, "scoring_func")) && !json_is_null(v) &&
+        (!json_is_string(v) || strcmp(json_string_value(v), "sigmoid") != 0))
+        return errf(c->err, c->errlen, "%s: \"scoring_func\" must be \"sigmoid\" (DeepSeek-V3 routing)", c->file);
+    if ((v = json_object_get(root, "topk_method")) && !json_is_null(v) &&
+        (!json_is_string(v) || strcmp(json_string_value(v), "noaux_tc") != 0))
+        return errf(c->err, c->errlen, "%s: \"topk_method\" must be \"noaux_tc\" (DeepSeek-V3 routing)", c->file);
+    int freq;
+    if (s_int(c, root, "moe_layer_freq", 1, 1, CFG_MAX_LAYERS, &freq))
+        return -1;
+    if (freq != 1)
+        return errf(c->err, c->errlen, "%s: \"moe_layer_freq\" %d is not supported (1: every layer from "
+                    "first_k_dense_replace on is MoE)", c->file, freq);
+    const double qk = a->qk_nope_head_dim + a->qk_rope_head_dim;
+    a->softmax_scale = pow(qk, -0.5);
+    if (cfg->rope_kind != ROPE_DEFAULT && cfg->yarn_mscale_all_dim != 0 && cfg->rope_factor > 1) {
+        const double ms = 0.1 * cfg->yarn_mscale_all_dim * log(cfg->rope_factor) + 1.0;
+        a->softmax_scale *= ms * ms;
+    }
+    if (cfg->rope_kind == ROPE_LLAMA3)
+        return errf(c->err, c->errlen, "%s: rope_type llama3 is not supported for DeepSeek-V3 (default, linear, yarn)",
+                    c->file);
+    cfg->num_kv_heads = 1;
+    cfg->head_dim = (a->kv_lora_rank + a->qk_rope_head_dim) / 2;
     return 0;
 }
 
@@ -383,7 +493,7 @@ int config_parse(const char *json, size_t len, const char *name_for_errors, mode
         errf(err, errlen, "%s: \"rms_norm_eps\" must be in (0, 1)", file);
         goto out;
     }
-    if (s_rope(C, cfg, d->rope_theta))
+    if (s_rope(C, cfg, d->rope_theta, arch))
         goto out;
     if (s_bool(C, root, "tie_word_embeddings", 0, &cfg->tie_word_embeddings) ||
         s_bool(C, root, "attention_bias", 0, &cfg->attention_bias))
@@ -447,6 +557,8 @@ int config_parse(const char *json, size_t len, const char *name_for_errors, mode
         if (cfg->num_experts == 0)
             cfg->num_experts_per_tok = 0;     /* every layer dense */
     }
+    if (arch == ARCH_DEEPSEEK_V3 && s_deepseek(C, cfg) != 0)
+        goto out;
 
     if (s_present(root, "torch_dtype") || s_present(root, "dtype")) {
         const char *key = s_present(root, "dtype") ? "dtype" : "torch_dtype";
@@ -531,6 +643,8 @@ int config_layer_is_moe(const model_config_t *cfg, int layer)
 {
     if (cfg->num_experts <= 0 || layer < 0 || layer >= cfg->num_layers)
         return 0;
+    if (cfg->mla.on)
+        return layer >= cfg->mla.first_k_dense_replace;
     for (int i = 0; i < cfg->n_mlp_only_layers; i++)
         if (cfg->mlp_only_layers[i] == layer)
             return 0;
@@ -540,11 +654,19 @@ int config_layer_is_moe(const model_config_t *cfg, int layer)
 double config_weight_bytes(const model_config_t *cfg, size_t elem_bytes, double experts)
 {
     const double H = cfg->hidden_size, D = cfg->head_dim, es = (double)elem_bytes;
-    const double attn = (2.0 * cfg->num_heads * D + 2.0 * cfg->num_kv_heads * D) * H;   /* q, o; k, v */
+    double attn = (2.0 * cfg->num_heads * D + 2.0 * cfg->num_kv_heads * D) * H;   /* q, o; k, v */
+    double shared = 0;
+    if (cfg->mla.on) {                                  /* MLA: as engine/mla_load.c counts them */
+        const double nH = cfg->num_heads, qk = cfg->mla.qk_nope_head_dim + cfg->mla.qk_rope_head_dim,
+                     r = cfg->mla.kv_lora_rank, qr = cfg->mla.q_lora_rank;
+        attn = (qr > 0 ? qr * H + nH * qk * qr : nH * qk * H) + (r + cfg->mla.qk_rope_head_dim) * H +
+               nH * (cfg->mla.qk_nope_head_dim + cfg->mla.v_head_dim) * r + H * nH * cfg->mla.v_head_dim;
+        shared = 3.0 * cfg->moe_intermediate_size * cfg->mla.n_shared_experts * H;
+    }
     double elems = (double)cfg->vocab_size * H;                                         /* LM head */
     for (int l = 0; l < cfg->num_layers; l++)
         elems += attn + (config_layer_is_moe(cfg, l)
-                             ? (double)cfg->num_experts * H + experts * 3.0 * cfg->moe_intermediate_size * H
+                             ? (double)cfg->num_experts * H + experts * 3.0 * cfg->moe_intermediate_size * H + shared
                              : 3.0 * cfg->intermediate_size * H);
     return elems * es;
 }

@@ -7,9 +7,17 @@
  *   rope_scaling.rope_type | rope_scaling.type;  eos_token_id int | list.
  * Every value is range-checked; an error names the file and the key.
  *
- * Supported: LlamaForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM, with
- * SiLU MLPs and rope types default / llama3 / linear. Anything else (an unknown architecture, yarn
- * rope, sliding-window attention, MLP biases) is refused with an error rather than run wrongly. */
+ * Supported: LlamaForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM,
+ * DeepseekV3ForCausalLM, with SiLU MLPs and rope types default / llama3 / linear (yarn for
+ * DeepSeek-V3 only). Anything else (an unknown architecture, sliding-window attention, MLP biases)
+ * is refused with an error rather than run wrongly.
+ *
+ * DeepSeek-V3 (Multi-head Latent Attention): the KV cache holds per token and layer one vector of
+ * kv_lora_rank + qk_rope_head_dim values (the normed latent, then the RoPE'd key), shared by every
+ * head. So that every pool, hand-off and store sized from (num_kv_heads, head_dim) holds exactly
+ * that, config_parse sets num_kv_heads = 1 and head_dim = (kv_lora_rank + qk_rope_head_dim) / 2:
+ * the KV shape, not the attention's head size (which is in cfg.mla). engine/mla.c says how the
+ * vector sits in a block. */
 #ifndef TROUPE_ENGINE_CONFIG_H
 #define TROUPE_ENGINE_CONFIG_H
 
@@ -18,8 +26,8 @@
 #include "common/dtype.h"
 #include "engine/quant.h"
 
-typedef enum { ARCH_LLAMA, ARCH_QWEN3, ARCH_QWEN3_MOE, ARCH_MIXTRAL, ARCH_COUNT } model_arch_t;
-typedef enum { ROPE_DEFAULT, ROPE_LLAMA3, ROPE_LINEAR } rope_kind_t;
+typedef enum { ARCH_LLAMA, ARCH_QWEN3, ARCH_QWEN3_MOE, ARCH_MIXTRAL, ARCH_DEEPSEEK_V3, ARCH_COUNT } model_arch_t;
+typedef enum { ROPE_DEFAULT, ROPE_LLAMA3, ROPE_LINEAR, ROPE_YARN } rope_kind_t;
 
 #define CONFIG_MAX_MLP_ONLY_LAYERS 64
 #define CONFIG_MAX_EOS 8
@@ -44,6 +52,22 @@ typedef struct model_config {
         int max_new_tokens;       /* 0 = not set */
     } gen;                        /* generation_config.json defaults, or HF's defaults when absent */
     quant_config_t quant;         /* quantization_config (engine/quant.h); quant.present 0 = plain weights */
+    /* DeepSeek-V3 (arch ARCH_DEEPSEEK_V3; all 0 otherwise). */
+    struct config_mla {
+        int on;                   /* 1: MLA attention (num_kv_heads / head_dim are the KV shape, above) */
+        int q_lora_rank;          /* 0: q_proj (q_lora_rank null), else q_a_proj / q_a_layernorm / q_b_proj */
+        int kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
+        int rope_interleave;      /* 1: the RoPE part's pairs are (2i, 2i+1) (DeepSeek's weights) */
+        double softmax_scale;     /* qk_head_dim^-0.5, times mscale(factor, mscale_all_dim)^2 under yarn */
+        int first_k_dense_replace;/* layers [0, first_k) are dense MLPs of intermediate_size */
+        int n_shared_experts;     /* shared experts' MLP is moe_intermediate_size x n_shared_experts wide */
+        int n_group, topk_group;  /* group-limited routing */
+        double routed_scaling_factor;
+        int num_nextn_predict_layers;  /* MTP layers stored after the decoder (model.layers.{num_layers}.*) */
+    } mla;
+    /* yarn rope (ROPE_YARN): rope_factor is the factor; these as transformers reads them. */
+    double yarn_beta_fast, yarn_beta_slow, yarn_mscale, yarn_mscale_all_dim, yarn_attention_factor;
+    int yarn_truncate;
 } model_config_t;
 
 /* Reads config.json (required) and generation_config.json (optional) from model_dir. */

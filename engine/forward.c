@@ -18,27 +18,9 @@
 #include "engine/ep.h"
 #include "engine/model_internal.h"
 
-/* Profile categories (TROUPE_PROFILE=1): PROF(m, cat, op call) syncs the backend around the call. */
-enum { P_EMBED, P_NORM, P_QKV, P_QK_NORM, P_ROPE, P_KV_STORE, P_ATTENTION, P_O, P_GATE_UP, P_SWIGLU, P_DOWN,
-       P_MOE_ROUTE, P_MOE_FFN, P_LM_HEAD, P_ARGMAX, P_DOWNLOAD, P_COUNT };
-_Static_assert(P_COUNT <= MODEL_PROF_SLOTS, "profile categories fit model_t's arrays");
 static const char *const s_prof_names[P_COUNT] = {
     "embed", "rmsnorm", "qkv_proj", "qk_norm", "rope", "kv_store", "attention", "o_proj",
     "gate_up_proj", "swiglu", "down_proj", "moe_route", "moe_experts", "lm_head", "argmax", "download"};
-
-#define PROF(m, cat, call)                                                                                \
-    do {                                                                                                  \
-        if (!(m)->prof) {                                                                                 \
-            call;                                                                                         \
-            break;                                                                                        \
-        }                                                                                                 \
-        (m)->be->ops->sync((m)->be);                                                                      \
-        int64_t t0_ = now_ns();                                                                           \
-        call;                                                                                             \
-        (m)->be->ops->sync((m)->be);                                                                      \
-        (m)->prof_ns[cat] += now_ns() - t0_;                                                              \
-        (m)->prof_calls[cat]++;                                                                           \
-    } while (0)
 
 void model_profile_enable(model_t *m, int on) { m->prof = on != 0; }
 
@@ -168,6 +150,10 @@ static void s_attention(model_t *m, int l, int T, const bk_kv_t *kv, const bk_at
         PROF(m, P_QKV, op->matmul(be, m->xn, T, &L->q, L->q_bias, q));
         PROF(m, P_QKV, op->matmul(be, m->xn, T, &L->k, L->k_bias, k));
         PROF(m, P_QKV, op->matmul(be, m->xn, T, &L->v, L->v_bias, v));
+    if (c->mla.on) {              /* DeepSeek-V3: latent attention over the compressed cache */
+        mla_attention(m, L, l, T, kv, meta);
+        return;
+    }
     }
     if (L->q_norm) {
         PROF(m, P_QK_NORM, op->head_rmsnorm(be, q, L->q_norm, T, c->num_heads, c->head_dim, (float)c->rms_norm_eps));
@@ -184,14 +170,11 @@ static void s_attention(model_t *m, int l, int T, const bk_kv_t *kv, const bk_at
     PROF(m, P_O, op->matmul(be, m->att, T, &L->o, L->o_bias, m->delta));
 }
 
-/* xn -> delta: the feed-forward block of layer l (dense SwiGLU, or the routed experts). */
-static void s_mlp(model_t *m, int l, int T)
+void model_mlp_dense(model_t *m, const model_layer_t *L, int T)
 {
     const backend_ops_t *op = m->be->ops;
     backend_t *be = m->be;
-    const model_config_t *c = &m->cfg;
-    const model_layer_t *L = &m->layers[l];
-    if (!L->is_moe) {
+    {
         /* gate then up: with one row, the fused matrix's output. */
         float *g = m->gu, *u = g + (size_t)T * L->gate.rows;
         int fused = 0;   /* gate|up and SwiGLU in one pass (one row, a backend that can) */
@@ -231,6 +214,22 @@ static void s_mlp(model_t *m, int l, int T)
     if (op->moe_count)            /* the expert-balancer's load: device work, read once per window */
         op->moe_count(be, m->moe_ids, T * c->num_experts_per_tok, m->moe_counts + (size_t)l * c->num_experts);
 }
+    }
+}
+
+/* xn -> delta: the feed-forward block of layer l (dense SwiGLU, or the routed experts). */
+static void s_mlp(model_t *m, int l, int T)
+{
+    const backend_ops_t *op = m->be->ops;
+    backend_t *be = m->be;
+    const model_config_t *c = &m->cfg;
+    const model_layer_t *L = &m->layers[l];
+    if (!L->is_moe) {
+        model_mlp_dense(m, L, T);
+        return;
+    }
+    if (c->mla.on) {              /* DeepSeek-V3: sigmoid group-limited routing, shared experts */
+        mla_moe(m, L, l, T);
 
 /* Brings the step's results to the host: every row's logits, or (argmax_out) the argmax or sampled
  * id of every row (computed by the caller into m->argmax) plus the logits of the rows marked in need_logits,

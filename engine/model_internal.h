@@ -19,7 +19,23 @@ typedef struct model_layer {
     bk_mat_t gate_up;             /* dense MLP: gate, up as one matrix (row ranges), or data NULL */
     bk_mat_t router;              /* MoE: [E][H] */
     bk_expert_t *experts;         /* MoE: host [E], each pointing at device weights */
+    /* DeepSeek-V3 (engine/mla_load.c). MLA: q_a [qr][H] and q_b [nH*qk][qr], or q [nH*qk][H] when
+     * q_lora_rank is null; kv_a [kvr+dr][H]; kv_b [nH*(dn+dv)][kvr] re-laid per head for the
+     * absorbed form as w_uk_t [nH*kvr][dn] (head h's K rows, transposed) and w_uv [nH*dv][kvr];
+     * o [H][nH*dv]. MoE: e_bias [E] (e_score_correction_bias); shared experts in gate/up/down. */
+    bk_mat_t q_a, q_b, kv_a, w_uk_t, w_uv;
+    float *q_a_norm, *kv_a_norm;  /* device f32 [qr], [kvr] */
+    float *e_bias;                /* device f32 [E] */
+    int has_shared;
 } model_layer_t;
+
+/* DeepSeek-V3's multi-token-prediction layer (engine/mla_load.c, engine/mtp.c): the MTP block is
+ * layer num_layers of the checkpoint; its KV lives in a pool of its own (one layer). */
+typedef struct model_mtp {
+    model_layer_t layer;
+    bk_mat_t embed, eh_proj, head;   /* [V][H], [H][2H], [V][H] */
+    float *enorm, *hnorm, *norm;     /* device f32 [H] */
+} model_mtp_t;
 
 struct model {
     model_config_t cfg;
@@ -64,6 +80,13 @@ struct model {
 
     size_t weight_bytes, active_weight_bytes;
 
+    /* DeepSeek-V3 (engine/mla.c): MLA and routed-MoE activations, sized for T rows; the RoPE
+     * part's cos/sin multiplier (YaRN's attention factor); the MTP layer, or NULL. */
+    float *mla_buf;
+    float rope_mul;
+    model_mtp_t *mtp;
+    float *hid_in;                /* [T][H] MTP: the target's hidden states of this step's rows */
+
     /* Decode-step graphs (the backend's graph hooks; forward.c): graphs[B] replays the ops from the
      * embedding to the logits of a step of B one-row sequences; graph_runs[B]: 0 none of that size
      * yet, 1 one ran uncaptured, 2 never recorded (an op of it may not be: MoE's host path). Both
@@ -101,5 +124,56 @@ int model_qmat(model_t *m, ckpt_t *ck, bk_mat_t *out, const char *name, int64_t 
 
 /* Frees every decode-step graph (forward.c). */
 void model_graphs_drop(model_t *m);
+
+/* Profile categories (TROUPE_PROFILE=1): PROF(m, cat, op call) syncs the backend around the call. */
+enum { P_EMBED, P_NORM, P_QKV, P_QK_NORM, P_ROPE, P_KV_STORE, P_ATTENTION, P_O, P_GATE_UP, P_SWIGLU, P_DOWN,
+       P_MOE_ROUTE, P_MOE_FFN, P_LM_HEAD, P_ARGMAX, P_DOWNLOAD, P_COUNT };
+_Static_assert(P_COUNT <= MODEL_PROF_SLOTS, "profile categories fit model_t's arrays");
+
+#define PROF(m, cat, call)                                                                                \
+    do {                                                                                                  \
+        if (!(m)->prof) {                                                                                 \
+            call;                                                                                         \
+            break;                                                                                        \
+        }                                                                                                 \
+        (m)->be->ops->sync((m)->be);                                                                      \
+        int64_t t0_ = now_ns();                                                                           \
+        call;                                                                                             \
+        (m)->be->ops->sync((m)->be);                                                                      \
+        (m)->prof_ns[cat] += now_ns() - t0_;                                                              \
+        (m)->prof_calls[cat]++;                                                                           \
+    } while (0)
+
+/* DeepSeek-V3 (engine/mla_load.c, engine/mla.c). mla_load_attention: layer l's MLA weights
+ * (`prefix` "model.layers.<l>"), adding their bytes to *bytes; mla_load_moe_extra: the MoE layer's
+ * e_score_correction_bias and shared experts; mla_load_rope: inv_freq and rope_mul for the RoPE
+ * part; mla_load_buffers: mla_buf (and the MTP layer when the checkpoint has one). All 0 or -1 with err. */
+int mla_load_attention(model_t *m, ckpt_t *ck, const char *prefix, model_layer_t *L, size_t *bytes, char *err,
+                       size_t errlen);
+int mla_load_moe_extra(model_t *m, ckpt_t *ck, const char *prefix, model_layer_t *L, size_t *bytes, char *err,
+                       size_t errlen);
+int mla_load_rope(model_t *m, char *err, size_t errlen);
+int mla_load_buffers(model_t *m, ckpt_t *ck, char *err, size_t errlen);
+size_t mla_buf_floats(const model_config_t *c);   /* mla_buf floats per row */
+void mla_free(model_t *m);                        /* host memory of the MTP layer (model_destroy) */
+/* model_load.c's loaders, for engine/mla_load.c: one 2-D weight (quantized when the model
+ * quantizes it), one 1-D tensor as f32, a layer's router and routed experts (layer index l in
+ * the names), and a SwiGLU MLP <prefix>.{gate,up,down}_proj of width I into L's gate/up/down. */
+int model_mat(model_t *m, ckpt_t *ck, bk_mat_t *out, int64_t rows, int64_t cols, const char *name, char *err,
+              size_t errlen);
+float *model_vec(model_t *m, ckpt_t *ck, int64_t n, const char *name, char *err, size_t errlen);
+int model_load_moe(model_t *m, ckpt_t *ck, int l, model_layer_t *L, char *err, size_t errlen);
+int model_load_dense_mlp(model_t *m, ckpt_t *ck, const char *prefix, int I, model_layer_t *L, char *err,
+                         size_t errlen);
+/* YaRN / default / linear inverse frequencies [qk_rope_head_dim / 2] and the cos/sin multiplier. */
+int mla_inv_freq(const model_config_t *cfg, float *inv_freq, float *mul, char *err, size_t errlen);
+/* xn -> delta: MLA attention of layer L (its KV in layer kv_layer of kv). */
+void mla_attention(model_t *m, const model_layer_t *L, int kv_layer, int T, const bk_kv_t *kv,
+                   const bk_attn_meta_t *meta);
+/* xn -> delta: DeepSeek-V3's MoE block of layer L: sigmoid, group-limited routing, the routed
+ * experts, plus the shared experts (counted under expert-load layer l, or not when l < 0). */
+void mla_moe(model_t *m, const model_layer_t *L, int l, int T);
+/* xn -> delta: L's dense SwiGLU MLP (gate, up, down) over T rows (engine/forward.c). */
+void model_mlp_dense(model_t *m, const model_layer_t *L, int T);
 
 #endif

@@ -322,7 +322,7 @@ static int s_check_config(const model_config_t *c, const char *where, char *err,
     if (c->num_heads % c->num_kv_heads)
         return errf(err, errlen, "%s: num_attention_heads %d is not a multiple of num_key_value_heads %d", where,
                     c->num_heads, c->num_kv_heads);
-    if (c->num_heads / c->num_kv_heads > BK_MAX_GQA_GROUP)
+    if (!c->mla.on && c->num_heads / c->num_kv_heads > BK_MAX_GQA_GROUP)
         return errf(err, errlen, "%s: %d query heads per kv head (at most %d)", where, c->num_heads / c->num_kv_heads,
                     BK_MAX_GQA_GROUP);
     if (c->num_experts > 0 && (c->num_experts_per_tok < 1 || c->num_experts_per_tok > c->num_experts ||
@@ -390,10 +390,21 @@ model_t *model_load(const char *model_dir, const model_config_t *cfg, ckpt_t *ck
         bk_mat_t *const qkv_parts[3] = {&Ly->q, &Ly->k, &Ly->v};
         const int64_t qkv_rows[3] = {(int64_t)nH * D, (int64_t)nKV * D, (int64_t)nKV * D};
         if (!(Ly->attn_norm = s_vec(m, ck, H, err, errlen, "model.layers.%d.input_layernorm.weight", l)) ||
-            !(Ly->mlp_norm = s_vec(m, ck, H, err, errlen, "model.layers.%d.post_attention_layernorm.weight", l)) ||
-            s_mats_fused(m, ck, &Ly->qkv, qkv_parts, qkv_rows, 3, H, qkv_names, err, errlen) < 0 ||
-            s_mat(m, ck, &Ly->o, H, (int64_t)nH * D, err, errlen, "model.layers.%d.self_attn.o_proj.weight", l) < 0)
+            !(Ly->mlp_norm = s_vec(m, ck, H, err, errlen, "model.layers.%d.post_attention_layernorm.weight", l)))
             goto fail;
+        if (c->mla.on) {          /* DeepSeek-V3's MLA (engine/mla_load.c) */
+            char prefix[48];
+            snprintf(prefix, sizeof prefix, "model.layers.%d", l);
+            size_t attn = 0;
+            if (mla_load_attention(m, ck, prefix, Ly, &attn, err, errlen) < 0 ||
+                (config_layer_is_moe(c, l) && mla_load_moe_extra(m, ck, prefix, Ly, &attn, err, errlen) < 0))
+                goto fail;
+            layer_bytes += attn;
+            active_bytes += attn;
+        } else if (s_mats_fused(m, ck, &Ly->qkv, qkv_parts, qkv_rows, 3, H, qkv_names, err, errlen) < 0 ||
+                   s_mat(m, ck, &Ly->o, H, (int64_t)nH * D, err, errlen, "model.layers.%d.self_attn.o_proj.weight", l) < 0) {
+            goto fail;
+        }
         if (c->attention_bias &&
             (!(Ly->q_bias = s_vec(m, ck, (int64_t)nH * D, err, errlen, "model.layers.%d.self_attn.q_proj.bias", l)) ||
              !(Ly->k_bias = s_vec(m, ck, (int64_t)nKV * D, err, errlen, "model.layers.%d.self_attn.k_proj.bias", l)) ||
@@ -448,12 +459,17 @@ model_t *model_load(const char *model_dir, const model_config_t *cfg, ckpt_t *ck
     m->active_weight_bytes = active_bytes + s_bytes(&m->lm_head);
 
     float inv[BK_MAX_HEAD_DIM / 2];
-    if (rope_inv_freq(c, inv, err, errlen) < 0)
-        goto fail;
-    if (!(m->inv_freq = model_alloc(m, (size_t)(D / 2) * sizeof(float), "rope", err, errlen)) ||
-        be->ops->upload(be, m->inv_freq, inv, (size_t)(D / 2) * sizeof(float)) < 0)
-        goto fail;
-    m->scale = (float)(1.0 / sqrt((double)D));
+    if (c->mla.on) {
+        if (mla_load_rope(m, err, errlen) < 0)
+            goto fail;
+    } else {
+        if (rope_inv_freq(c, inv, err, errlen) < 0)
+            goto fail;
+        if (!(m->inv_freq = model_alloc(m, (size_t)(D / 2) * sizeof(float), "rope", err, errlen)) ||
+            be->ops->upload(be, m->inv_freq, inv, (size_t)(D / 2) * sizeof(float)) < 0)
+            goto fail;
+        m->scale = (float)(1.0 / sqrt((double)D));
+    }
 
     /* Step buffers. */
     const size_t T = (size_t)o.max_tokens, R = (size_t)o.max_logit_rows, S = (size_t)o.max_seqs;
@@ -484,6 +500,8 @@ model_t *model_load(const char *model_dir, const model_config_t *cfg, ckpt_t *ck
                                              "MoE scratch", err, errlen)) ||
                   model_expert_load_init(m, err, errlen) != 0))
         goto fail;
+    if (c->mla.on && mla_load_buffers(m, ck, err, errlen) < 0)
+        goto fail;
     LOG_D("%s: %s loaded on %s: %.1f MB of weights per step", where, config_arch_name(c->arch), be->ops->name,
           (double)m->weight_bytes / 1e6);
     return m;
@@ -507,6 +525,7 @@ void model_destroy(model_t **self_p)
     if (m->layers)
         for (int l = 0; l < m->cfg.num_layers; l++)
             free(m->layers[l].experts);
+    mla_free(m);
     free(m->layers);
     free(m->weights);
     free(m->allocs);
@@ -519,3 +538,37 @@ const model_config_t *model_config(const model_t *m) { return &m->cfg; }
 backend_t *model_backend(const model_t *m) { return m->be; }
 size_t model_weight_bytes(const model_t *m) { return m->weight_bytes; }
 size_t model_active_weight_bytes(const model_t *m) { return m->active_weight_bytes; }
+
+/* Loaders shared with engine/mla_load.c (model_internal.h). */
+int model_mat(model_t *m, ckpt_t *ck, bk_mat_t *out, int64_t rows, int64_t cols, const char *name, char *err,
+              size_t errlen)
+{
+    return s_mat(m, ck, out, rows, cols, err, errlen, "%s", name);
+}
+
+float *model_vec(model_t *m, ckpt_t *ck, int64_t n, const char *name, char *err, size_t errlen)
+{
+    return s_vec(m, ck, n, err, errlen, "%s", name);
+}
+
+int model_load_moe(model_t *m, ckpt_t *ck, int l, model_layer_t *L, char *err, size_t errlen)
+{
+    return s_router(m, ck, l, L, err, errlen) < 0 || s_experts(m, ck, l, L, err, errlen) < 0 ? -1 : 0;
+}
+
+int model_load_dense_mlp(model_t *m, ckpt_t *ck, const char *prefix, int I, model_layer_t *L, char *err,
+                         size_t errlen)
+{
+    char gn[160], un[160];
+    snprintf(gn, sizeof gn, "%s.gate_proj.weight", prefix);
+    snprintf(un, sizeof un, "%s.up_proj.weight", prefix);
+    const char *const names[2] = {gn, un};
+    bk_mat_t *const parts[2] = {&L->gate, &L->up};
+    const int64_t rows[2] = {I, I};
+    if (s_mats_fused(m, ck, &L->gate_up, parts, rows, 2, m->cfg.hidden_size, names, err, errlen) < 0)
+        return -1;
+    if (s_mat(m, ck, &L->down, m->cfg.hidden_size, I, err, errlen, "%s.down_proj.weight", prefix) < 0)
+        return -1;
+    m->max_i = I > m->max_i ? I : m->max_i;
+    return 0;
+}

@@ -362,6 +362,51 @@ struct backend {
     const backend_ops_t *ops;
     int n_threads;                /* CPU threads the backend's host work may use */
     void *impl;                   /* the implementation's own state */
+
+    /* DeepSeek-V3 (engine/mla.c). NULL in a backend without them: such models are refused at load.
+     *
+     * Multi-head Latent Attention over the compressed cache. The pool is made with n_kv_heads 1 and
+     * head_dim W/2, W = kv_lora + rope_dim, so one block holds per layer block_size x W values, and
+     * MLA addresses a layer's part of a block as [block_size][W]: token slot j's vector at element
+     * j*W of base + b*block_bytes + layer*block_size*W*dtype_size, its first kv_lora values the
+     * normed latent, the last rope_dim the RoPE'd key (shared by every head).
+     *
+     * RoPE of MLA (mla_rope_q, mla_kv_store), per row t with p = f32(pos[t]), i < d/2 (d = rope_dim):
+     * a = f32(p * inv_freq[i]), c = f32(cos a * mul), s = f32(sin a * mul); with interleave the input
+     * pairs are (x[2i], x[2i+1]) (transformers' apply_rotary_pos_emb_interleave: the vector is first
+     * de-interleaved), else (x[i], x[i+d/2]); the output is always in rotate_half layout:
+     * out[i] = lo c - hi s, out[i+d/2] = hi c + lo s.
+     * mla_rope_q: out [M][n_heads][d] = RoPE of q[t][h][rope_off .. rope_off+d) (head stride
+     * head_stride floats, row stride n_heads*head_stride).
+     * mla_kv_store: per row t of ckv [M][kv_lora + d]: latent = RMSNorm(ckv[t][0..kv_lora)) * norm_w
+     * (add_rmsnorm's arithmetic), key = RoPE(ckv[t][kv_lora..)), both stored at the row's slot in
+     * kv->dtype (nearest even).
+     * mla_attention: absorbed attention. q_lat [M][n_heads][kv_lora], q_pe [M][n_heads][d]; row t,
+     * head h attends to positions 0..tok_pos[t] of its sequence: score = (q_lat . latent + q_pe .
+     * key) * scale in f32 (the two dot products summed, then scaled), online softmax as `attention`,
+     * out [M][n_heads][kv_lora] = sum p latent / sum p.
+     * head_matmul: y[m*y_stride + h*y_head + n] = sum_k w[h*N + n][k] * x[m*x_stride + h*x_head + k]
+     * for n < N = w->rows / n_heads, k < K = w->cols, f32 sums in k order (a per-head matmul: q
+     * into the latent space through kv_b's K half, the latent output through its V half).
+     * add: y[i] += x[i], n floats.
+     * moe_route_sigmoid: DeepSeek-V3's router (transformers' DeepseekV3TopkRouter): s = sigmoid(
+     * logits) in f32; choice = s + bias (bias [E], device f32); each of n_group groups of E/n_group
+     * experts scores the sum of its two largest choice values; the topk_group best groups are kept
+     * (ties to the lower group), the other experts' choice set to 0.0; the k largest choice values
+     * (ties to the lower expert) give ids [M][k]; weights = s of those experts, divided by (their
+     * sum + 1e-20) when renorm, times scale. */
+    void (*mla_rope_q)(backend_t *be, const float *q, int M, int n_heads, int head_stride, int rope_off, int rope_dim,
+                       const int32_t *pos, const float *inv_freq, float mul, int interleave, float *out);
+    void (*mla_kv_store)(backend_t *be, const bk_kv_t *kv, int layer, const float *ckv, const float *norm_w, float eps,
+                         int kv_lora, int rope_dim, const float *inv_freq, float mul, int interleave,
+                         const bk_attn_meta_t *meta);
+    void (*mla_attention)(backend_t *be, const bk_kv_t *kv, int layer, const float *q_lat, const float *q_pe,
+                          int n_heads, int kv_lora, int rope_dim, float scale, const bk_attn_meta_t *meta, float *out);
+    void (*head_matmul)(backend_t *be, const float *x, int M, int n_heads, int x_stride, int x_head,
+                        const bk_mat_t *w, float *y, int y_stride, int y_head);
+    void (*add)(backend_t *be, float *y, const float *x, int n);
+    void (*moe_route_sigmoid)(backend_t *be, const float *logits, const float *bias, int M, int E, int k, int n_group,
+                              int topk_group, int renorm, float scale, int32_t *ids, float *weights);
 };
 
 /* Tokens per pass of a device backend's MoE kernels (kernels/cuda/cuda_moe.cu): bound the

@@ -38,4 +38,18 @@ void cpu_moe_ffn(backend_t *be, const float *x, int M, int H, const int32_t *ids
                  const bk_expert_t *experts, int n_experts, void *scratch, float *out);
 void cpu_moe_count(backend_t *be, const int32_t *ids, int n, uint32_t *counts);
 
+/* DeepSeek-V3 (kernels/cpu/cpu_mla.c). */
+void cpu_mla_rope_q(backend_t *be, const float *q, int M, int n_heads, int head_stride, int rope_off, int rope_dim,
+                    const int32_t *pos, const float *inv_freq, float mul, int interleave, float *out);
+void cpu_mla_kv_store(backend_t *be, const bk_kv_t *kv, int layer, const float *ckv, const float *norm_w, float eps,
+                      int kv_lora, int rope_dim, const float *inv_freq, float mul, int interleave,
+                      const bk_attn_meta_t *meta);
+void cpu_mla_attention(backend_t *be, const bk_kv_t *kv, int layer, const float *q_lat, const float *q_pe, int n_heads,
+                       int kv_lora, int rope_dim, float scale, const bk_attn_meta_t *meta, float *out);
+void cpu_head_matmul(backend_t *be, const float *x, int M, int n_heads, int x_stride, int x_head, const bk_mat_t *w,
+                     float *y, int y_stride, int y_head);
+void cpu_add(backend_t *be, float *y, const float *x, int n);
+void cpu_moe_route_sigmoid(backend_t *be, const float *logits, const float *bias, int M, int E, int k, int n_group,
+                           int topk_group, int renorm, float scale, int32_t *ids, float *weights);
+
 #endif

@@ -120,6 +120,12 @@ static const backend_ops_t s_cpu_ops = {
     .argmax = cpu_argmax,
     .sample = cpu_sample,
     .copy = cpu_copy,
+    .mla_rope_q = cpu_mla_rope_q,
+    .mla_kv_store = cpu_mla_kv_store,
+    .mla_attention = cpu_mla_attention,
+    .head_matmul = cpu_head_matmul,
+    .add = cpu_add,
+    .moe_route_sigmoid = cpu_moe_route_sigmoid,
 };
 
 backend_t *backend_cpu_new(int n_threads)
