@@ -60,7 +60,9 @@ typedef struct spec_ask {
      * proposer's q rows (spec_dist). Point-mass proposers ignore it. */
     const bk_sample_t *sample;
     int32_t *drafts;               /* out: [k] */
-    float *probs;                  /* out (may be NULL): [k] q(drafts[i]); 1.0 for a point mass */
+    float *probs;                  /* out (may be NULL): [k] the proposer's confidence in drafts[i]: q(drafts[i])
+                                      for sampled drafts, the draft model's softmax probability for
+                                      greedy ones (a row of logits to the host each), 1.0 for n-gram */
     int n_drafts;                  /* out: drafts written, in [0, k] */
 } spec_ask_t;
 
@@ -119,7 +121,8 @@ int spec_ngram_propose(const int32_t *tokens, int n, int min_n, int max_n, int k
  *   - `propose` (batched: every sequence's catch-up in one forward, then one forward per draft
  *     position for all sequences still drafting) writes k drafts: greedy, or drawn from the
  *     draft's distribution under the request's sampling (spec_ask_t.sample), whose rows `dist`
- *     then returns;
+ *     then returns; probs, when asked for, gets the draft's confidence in each (greedy: its
+ *     softmax probability), the prefix confidence a verify-length policy reads;
  *   - `accepted` rolls the draft KV back to what the target kept (kvseq_truncate); `forget`
  *     frees the sequence and its blocks. When the pool runs out, the sequence needing blocks
  *     loses its draft KV (it gets no drafts this time and is recomputed when next asked).

@@ -9,6 +9,7 @@
  * the next catch-up computes it with the target's token. */
 #include "engine/spec.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -90,9 +91,9 @@ static void s_seq_free(draft_t *d, d_seq_t *s)
 /* Draft j of ask a from its row of logits (sampled) or the device's argmax (greedy). */
 static int32_t s_pick(draft_t *d, spec_ask_t *a, d_seq_t *s, int j, const float *logits, int32_t argmax)
 {
-    if (!a->sample) {
+    if (!a->sample) {              /* greedy: the draft's confidence, its softmax at the argmax */
         if (a->probs)
-            a->probs[j] = 1.0f;
+            a->probs[j] = expf(cpu_log_softmax_at(logits, d->V, argmax));
         return argmax;
     }
     bk_sample_t sp = *a->sample;
@@ -192,7 +193,7 @@ static int s_group(draft_t *d, spec_ask_t *asks, int n)
             }
             budget -= take;
             d->rows[r] = (model_seq_t){.kv = kv, .n_new = take};
-            d->need[r] = take == d->pend[i] && asks[i].sample;
+            d->need[r] = take == d->pend[i] && (asks[i].sample || asks[i].probs);
             any_sampled |= d->need[r];
             d->which[r++] = i;
         }
@@ -222,7 +223,7 @@ static int s_group(draft_t *d, spec_ask_t *asks, int n)
             if (kvseq_append(d->seq[i]->kv, &asks[i].drafts[j - 1], 1) != 0)
                 continue;                              /* no block for it: the drafts so far stand */
             d->rows[r] = (model_seq_t){.kv = d->seq[i]->kv, .n_new = 1};
-            d->need[r] = asks[i].sample != NULL;
+            d->need[r] = asks[i].sample || asks[i].probs;
             any_sampled |= d->need[r];
             d->which[r++] = i;
         }

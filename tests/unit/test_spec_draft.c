@@ -92,9 +92,24 @@ static void test_self_draft_is_the_target(void **state)
     s_greedy(t, s_prompt, NP, 8, want);
     assert_int_equal(spec_propose(p, 7, s_prompt, NP, 6, d, q), 6);
     assert_memory_equal(d, want, 6 * sizeof *d);
+    /* Greedy: the draft's softmax probability of each draft, a confidence in (0, 1]. */
     for (int i = 0; i < 6; i++)
-        assert_true(q[i] == 1.0f);
-    assert_null(spec_dist(p, 7, 0));               /* greedy drafts: a point mass */
+        assert_true(q[i] > 0 && q[i] <= 1.0f);
+    assert_null(spec_dist(p, 7, 0));               /* greedy drafts: a point mass for the verify */
+    /* The same as the probability the target (the same model) gives its own greedy token. */
+    int32_t one;
+    assert_int_equal(spec_propose(p, 8, s_prompt, NP, 1, &one, q), 1);
+    kvseq_t *kv = kvseq_new(t->pool, MAX_LEN, 0);
+    assert_int_equal(kvseq_append(kv, s_prompt, NP), 0);
+    model_seq_t ms = {.kv = kv, .n_new = NP};
+    model_batch_t mb = {.n_seqs = 1, .seqs = &ms};
+    char err[256];
+    assert_int_equal(model_forward(t->model, &mb, t->logits, err, sizeof err), 0);
+    double z = 0, mx = t->logits[one];
+    for (int v = 0; v < t->cfg.vocab_size; v++)
+        z += exp(t->logits[v] - mx);
+    assert_true(fabs(q[0] - 1 / z) < 1e-5);
+    kvseq_destroy(&kv);
     spec_proposer_destroy(&p);
     engine_destroy(&t);
 }
