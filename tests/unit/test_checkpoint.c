@@ -426,6 +426,36 @@ static int s_expect1(ckpt_t *c, const char *name, int64_t d0, int *used)
     return 0;
 }
 
+/* DeepSeek-V3's MLA tensors of layer l (engine/mla_load.c), and its MoE layers' extras. */
+static void s_expect_mla(ckpt_t *c, const model_config_t *cfg, int l, int *used)
+{
+    char n[256];
+    const int64_t H = cfg->hidden_size, nH = cfg->num_heads, qr = cfg->mla.q_lora_rank, r = cfg->mla.kv_lora_rank,
+                  dr = cfg->mla.qk_rope_head_dim, qk = cfg->mla.qk_nope_head_dim + dr, dv = cfg->mla.v_head_dim;
+#define NAME(...) (snprintf(n, sizeof n, __VA_ARGS__), n)
+    if (qr > 0) {
+        s_expect2(c, NAME("model.layers.%d.self_attn.q_a_proj.weight", l), qr, H, used);
+        s_expect1(c, NAME("model.layers.%d.self_attn.q_a_layernorm.weight", l), qr, used);
+        s_expect2(c, NAME("model.layers.%d.self_attn.q_b_proj.weight", l), nH * qk, qr, used);
+    } else {
+        s_expect2(c, NAME("model.layers.%d.self_attn.q_proj.weight", l), nH * qk, H, used);
+    }
+    s_expect2(c, NAME("model.layers.%d.self_attn.kv_a_proj_with_mqa.weight", l), r + dr, H, used);
+    s_expect1(c, NAME("model.layers.%d.self_attn.kv_a_layernorm.weight", l), r, used);
+    s_expect2(c, NAME("model.layers.%d.self_attn.kv_b_proj.weight", l), nH * (qk - dr + dv), r, used);
+    s_expect2(c, NAME("model.layers.%d.self_attn.o_proj.weight", l), H, nH * dv, used);
+    if (config_layer_is_moe(cfg, l)) {
+        const int64_t I = (int64_t)cfg->moe_intermediate_size * cfg->mla.n_shared_experts;
+        s_expect1(c, NAME("model.layers.%d.mlp.gate.e_score_correction_bias", l), cfg->num_experts, used);
+        if (I > 0) {
+            s_expect2(c, NAME("model.layers.%d.mlp.shared_experts.gate_proj.weight", l), I, H, used);
+            s_expect2(c, NAME("model.layers.%d.mlp.shared_experts.up_proj.weight", l), I, H, used);
+            s_expect2(c, NAME("model.layers.%d.mlp.shared_experts.down_proj.weight", l), H, I, used);
+        }
+    }
+#undef NAME
+}
+
 static void s_check_fixture(const char *dir)
 {
     model_config_t cfg;
@@ -446,10 +476,14 @@ static void s_check_fixture(const char *dir)
 #define NAME(...) (snprintf(n, sizeof n, __VA_ARGS__), n)
         s_expect1(c, NAME("model.layers.%d.input_layernorm.weight", l), H, &used);
         s_expect1(c, NAME("model.layers.%d.post_attention_layernorm.weight", l), H, &used);
-        s_expect2(c, NAME("model.layers.%d.self_attn.q_proj.weight", l), q, H, &used);
-        s_expect2(c, NAME("model.layers.%d.self_attn.k_proj.weight", l), kv, H, &used);
-        s_expect2(c, NAME("model.layers.%d.self_attn.v_proj.weight", l), kv, H, &used);
-        s_expect2(c, NAME("model.layers.%d.self_attn.o_proj.weight", l), H, q, &used);
+        if (cfg.mla.on) {
+            s_expect_mla(c, &cfg, l, &used);
+        } else {
+            s_expect2(c, NAME("model.layers.%d.self_attn.q_proj.weight", l), q, H, &used);
+            s_expect2(c, NAME("model.layers.%d.self_attn.k_proj.weight", l), kv, H, &used);
+            s_expect2(c, NAME("model.layers.%d.self_attn.v_proj.weight", l), kv, H, &used);
+            s_expect2(c, NAME("model.layers.%d.self_attn.o_proj.weight", l), H, q, &used);
+        }
         if (cfg.attention_bias) {
             s_expect1(c, NAME("model.layers.%d.self_attn.q_proj.bias", l), q, &used);
             s_expect1(c, NAME("model.layers.%d.self_attn.k_proj.bias", l), kv, &used);

@@ -1,6 +1,7 @@
 /* tests/unit/test_config.c — config.json in both transformers spellings gives identical structs;
  * absent keys take transformers' class defaults; bad values are errors naming the file and key. */
 #include <setjmp.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -263,6 +264,60 @@ static void test_defaults_per_arch(void **state)
     assert_string_equal(config_arch_name(ARCH_QWEN3_MOE), "qwen3_moe");
 }
 
+/* DeepSeek-V3: the MLA and DeepSeekMoE fields, the KV shape (one vector of kv_lora + rope per
+ * token and layer), DeepseekV3Config's defaults, YaRN's softmax correction, and refusals naming
+ * the field. */
+static void test_deepseek_v3(void **state)
+{
+    model_config_t a = s_parse_ok(
+        "{\"architectures\":[\"DeepseekV3ForCausalLM\"],\"hidden_size\":256,\"num_attention_heads\":4,"
+        "\"num_key_value_heads\":4,\"num_hidden_layers\":4,\"q_lora_rank\":128,\"kv_lora_rank\":64,"
+        "\"qk_nope_head_dim\":32,\"qk_rope_head_dim\":16,\"v_head_dim\":32,\"first_k_dense_replace\":1,"
+        "\"n_routed_experts\":16,\"n_shared_experts\":1,\"num_experts_per_tok\":4,\"n_group\":4,"
+        "\"topk_group\":2,\"routed_scaling_factor\":2.5,\"num_nextn_predict_layers\":1,\"head_dim\":16}");
+    assert_int_equal(a.arch, ARCH_DEEPSEEK_V3);
+    assert_int_equal(a.mla.on, 1);
+    assert_int_equal(a.num_kv_heads, 1);
+    assert_int_equal(a.head_dim, 40);                       /* (64 + 16) / 2: the KV shape */
+    assert_int_equal(config_kv_bytes_per_token(&a, 2), 4 * 80 * 2);
+    assert_int_equal(a.mla.q_lora_rank, 128);
+    assert_int_equal(a.num_experts, 16);
+    assert_int_equal(a.mla.n_group, 4);
+    assert_int_equal(a.mla.rope_interleave, 1);             /* the default */
+    assert_int_equal(a.norm_topk_prob, 1);
+    assert_true(fabs(a.mla.softmax_scale - 1.0 / sqrt(48.0)) < 1e-12);
+    assert_int_equal(config_layer_is_moe(&a, 0), 0);
+    assert_int_equal(config_layer_is_moe(&a, 1), 1);
+    assert_int_equal(config_layer_is_moe(&a, 3), 1);
+    /* Defaults of DeepseekV3Config; q_lora_rank null = q_proj. */
+    model_config_t d = s_parse_ok("{\"model_type\":\"deepseek_v3\",\"q_lora_rank\":null}");
+    assert_int_equal(d.mla.q_lora_rank, 0);
+    assert_int_equal(d.mla.kv_lora_rank, 512);
+    assert_int_equal(d.head_dim, 288);
+    assert_int_equal(d.num_experts, 256);
+    assert_int_equal(d.num_experts_per_tok, 8);
+    assert_int_equal(d.mla.first_k_dense_replace, 3);
+    assert_int_equal(d.mla.topk_group, 4);
+    /* YaRN as DeepSeek-V3 ships it: softmax scale times mscale(40, 1)^2. */
+    model_config_t y = s_parse_ok(
+        "{\"model_type\":\"deepseek_v3\",\"max_position_embeddings\":163840,\"rope_scaling\":{\"type\":\"yarn\","
+        "\"factor\":40,\"original_max_position_embeddings\":4096,\"beta_fast\":32,\"beta_slow\":1,\"mscale\":1.0,"
+        "\"mscale_all_dim\":1.0}}");
+    assert_int_equal(y.rope_kind, ROPE_YARN);
+    const double ms = 0.1 * log(40.0) + 1.0;
+    assert_true(fabs(y.mla.softmax_scale - ms * ms / sqrt(192.0)) < 1e-12);
+    assert_int_equal(y.rope_original_max_pos, 4096);
+    s_parse_fail("{\"model_type\":\"deepseek_v3\",\"scoring_func\":\"softmax\"}", "scoring_func", NULL);
+    s_parse_fail("{\"model_type\":\"deepseek_v3\",\"topk_method\":\"greedy\"}", "topk_method", NULL);
+    s_parse_fail("{\"model_type\":\"deepseek_v3\",\"moe_layer_freq\":2}", "moe_layer_freq", NULL);
+    s_parse_fail("{\"model_type\":\"deepseek_v3\",\"n_group\":3}", "n_group", NULL);
+    s_parse_fail("{\"model_type\":\"deepseek_v3\",\"topk_group\":9}", "topk_group", NULL);
+    s_parse_fail("{\"model_type\":\"deepseek_v3\",\"qk_rope_head_dim\":63}", "qk_rope_head_dim", NULL);
+    s_parse_fail("{\"model_type\":\"deepseek_v3\",\"attention_bias\":true}", "attention_bias", NULL);
+    s_parse_fail("{\"model_type\":\"deepseek_v3\",\"rope_scaling\":{\"type\":\"yarn\"}}", "rope_scaling.factor", NULL);
+    s_parse_fail("{\"model_type\":\"llama\",\"rope_scaling\":{\"type\":\"yarn\",\"factor\":2}}", "yarn", NULL);
+}
+
 static void test_generation_config(void **state)
 {
     const char *dir = s_put("gen", "config.json", "{\"model_type\":\"qwen3\",\"eos_token_id\":151645}");
@@ -424,6 +479,7 @@ int main(void)
         cmocka_unit_test(test_qwen3_moe_both_spellings),
         cmocka_unit_test(test_rope_variants),
         cmocka_unit_test(test_defaults_per_arch),
+        cmocka_unit_test(test_deepseek_v3),
         cmocka_unit_test(test_generation_config),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_shape_fixtures),
