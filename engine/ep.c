@@ -50,7 +50,9 @@ struct ep {
     int32_t *prop;                /* leader: a proposal not yet sent [L][prop_slots] */
     int prop_slots;
     uint64_t prop_epoch;
-    int failed, rounds_done;
+    int failed, rounds_done, fail_told;
+    void (*on_fail)(void *ctx, const char *error);
+    void *fail_ctx;
     char err[512];
     ep_status_t st;
     /* host buffers, grown on demand */
@@ -732,10 +734,21 @@ static void s_boundary(ep_t *ep)
     s_switch(ep);
 }
 
+void ep_on_fail(ep_t *ep, void (*cb)(void *ctx, const char *error), void *ctx)
+{
+    ep->on_fail = cb;
+    ep->fail_ctx = ctx;
+}
+
 void ep_moe_layer(ep_t *ep, int layer, int T, const float *xn, const int32_t *ids, const float *w, float *delta)
 {
-    if (ep->failed)
+    if (ep->failed) {   /* the step that met the failure has ended: its requests were answered */
+        if (ep->on_fail && !ep->fail_told && layer == ep->first_moe) {
+            ep->fail_told = 1;
+            ep->on_fail(ep->fail_ctx, ep->err);
+        }
         return;
+    }
     if (layer == ep->first_moe)
         s_boundary(ep);
     if (ep->failed)

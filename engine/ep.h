@@ -132,5 +132,9 @@ const int32_t *ep_placement(const ep_t *ep, int layer, int *n_slots);
 void ep_moe_layer(ep_t *ep, int layer, int T, const float *xn, const int32_t *ids, const float *w, float *delta);
 /* 0 while the group is well, else -1 with the error that ended it. */
 int ep_error(const ep_t *ep, char *err, size_t errlen);
+/* The leader: cb(ctx, error) runs once, at the first MoE layer after the group failed (so the
+ * failing step's requests were answered first). A worker exits there: its supervisor restarts it
+ * with a fresh group. */
+void ep_on_fail(ep_t *ep, void (*cb)(void *ctx, const char *error), void *ctx);
 
 #endif

@@ -1,4 +1,5 @@
 #include "actors/runtime/worker.h"
+#include "actors/worker/expert_group.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +17,16 @@ static int s_threads(const topo_t *t)
     int workers = topo_count_role(t, ROLE_PREFILL) + topo_count_role(t, ROLE_DECODE);
     long threads = sysconf(_SC_NPROCESSORS_ONLN) / (workers > 0 ? workers : 1);
     return threads < 1 ? 1 : (int)threads;
+}
+
+/* Processes in a decode worker's expert-parallel group: the first decode entry's ep that is > 1
+ * (topology.h topo_actor_t.ep), else 1. */
+static int s_ep(const topo_t *t, topo_role_t role)
+{
+    for (int i = 0; role == ROLE_DECODE && i < t->n_actors; i++)
+        if (t->actors[i].role == ROLE_DECODE && t->actors[i].ep > 1)
+            return t->actors[i].ep;
+    return 1;
 }
 
 /* This worker's part of its GPU's memory for KV (engine_open.h's rule): a decode worker holds the
@@ -77,11 +88,20 @@ worker_t *worker_load(const topo_t *t, topo_role_t role, int gpu, int max_tokens
     s.kv_blocks = t->limits.kv_blocks > 0 ? t->limits.kv_blocks : (long)t->limits.max_batch * per_seq + per_seq;
     s.kv_fit = t->limits.kv_blocks <= 0;
     s_kv_share(t, role, gpu, &s);
+    const int ep = s_ep(t, role);
+    if (ep > 1 && !(w->experts = expert_group_spawn(ep, w->eng->cfg.num_experts, tm->path, &s, NULL, err, errlen))) {
+        *config_error = 1;   /* the model's experts do not divide, or the rank binary is missing */
+        goto fail;
+    }
+    if (w->experts)
+        expert_group_exit_on_fail(w->experts);
     const engine_status_t st = engine_load(w->eng, &s, err, errlen);
     if (st != ENGINE_OK) {
         *config_error = st == ENGINE_ERR_CONFIG;
         goto fail;
     }
+    if (w->experts && expert_group_attach(w->experts, w->eng, err, errlen) != 0)
+        goto fail;   /* a rank that could not load: the moment (its own log says why) */
     w->cfg = w->eng->cfg;
     w->be = w->eng->be;
     w->model = w->eng->model;
@@ -119,6 +139,7 @@ void worker_destroy(worker_t **self_p)
         return;
     worker_t *w = *self_p;
     tok_destroy(&w->tok);
+    expert_group_destroy(&w->experts);            /* stops the ranks before the model goes */
     engine_destroy(&w->eng);                      /* the pool, the model, the backend: after their users */
     free(w->stage);
     free(w);

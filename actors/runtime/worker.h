@@ -36,6 +36,7 @@ typedef struct worker {
     uint8_t *stage;              /* [block_bytes] host staging for block copies */
     int ipc_ok;                  /* the pool can be shared with processes on the same GPU */
     uint8_t ipc_handle[KVX_IPC_HANDLE_BYTES];   /* its CUDA IPC handle + size, when ipc_ok */
+    struct expert_group *experts; /* the expert-parallel group this worker leads (topology ep > 1), or NULL */
 } worker_t;
 
 /* Loads the model of topology t for one actor of `role` (prefill or decode: sizes its share of

@@ -25,7 +25,10 @@ struct expert_group {
     pid_t pids[EP_MAX_RANKS];
     int fds[EP_MAX_RANKS];        /* rank 0's ends */
     ep_t *ep;
+    int exit_on_fail;
 };
+
+void expert_group_exit_on_fail(expert_group_t *g) { g->exit_on_fail = 1; }
 
 static void s_reap(expert_group_t *g, int kill_first)
 {
@@ -137,6 +140,16 @@ fail:
     return NULL;
 }
 
+/* A worker whose group failed exits: its supervisor restarts it with a fresh group, and the
+ * router ends or re-routes what it was serving. */
+static void s_on_fail(void *ctx, const char *error)
+{
+    (void)ctx;
+    LOG_E("expert-parallel group failed, exiting for a fresh one: %s", error);
+    fflush(NULL);
+    _exit(1);
+}
+
 int expert_group_attach(expert_group_t *g, engine_t *eng, char *err, size_t errlen)
 {
     ep_comm_t *c = ep_sock_new(0, g->n, g->fds, err, errlen);
@@ -146,6 +159,8 @@ int expert_group_attach(expert_group_t *g, engine_t *eng, char *err, size_t errl
         g->fds[p] = -1;   /* the comm owns them */
     if (!(g->ep = ep_new(eng->model, eng->ck, c, err, errlen)))
         return -1;
+    if (g->exit_on_fail)
+        ep_on_fail(g->ep, s_on_fail, g);
     return 0;
 }
 

@@ -27,6 +27,9 @@ expert_group_t *expert_group_spawn(int n, int n_experts, const char *model_dir, 
 /* The leader's side over the loaded engine: 0, or -1 with err (the group is stopped then). */
 int expert_group_attach(expert_group_t *g, engine_t *eng, char *err, size_t errlen);
 ep_t *expert_group_ep(expert_group_t *g);
+/* Before attach: the process exits (_exit(1)) at the first MoE layer after the group failed
+ * (engine/ep.h ep_on_fail), once the failing step's requests were answered. Workers ask for it. */
+void expert_group_exit_on_fail(expert_group_t *g);
 /* Process id of rank r (1..n-1), for tests. */
 pid_t expert_group_pid(const expert_group_t *g, int r);
 void expert_group_destroy(expert_group_t **self_p);

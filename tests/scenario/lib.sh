@@ -67,7 +67,8 @@ $( [ "${N_PREFILL:-1}" = 0 ] || printf '  - role: prefill\n    count: %s\n%s' "$
 }" )
   - role: decode
     count: ${N_DECODE:-1}${DECODE_GPUS:+
-    gpus: $DECODE_GPUS}
+    gpus: $DECODE_GPUS}${DECODE_EP:+
+    ep: $DECODE_EP}
   - role: expert-balancer
   - role: draft-scheduler
 endpoints:
