@@ -39,14 +39,22 @@ size_t model_profile(model_t *m, char *buf, size_t len, int reset)
     return n < len ? n : len;
 }
 
+/* Rows of logits of sequence s of the batch: its n_logits, else the batch's rule (the last new
+ * token, or every one with all_logits). */
+static int s_logit_rows(const model_batch_t *b, int s)
+{
+    const model_seq_t *q = &b->seqs[s];
+    return q->n_logits > 0 ? q->n_logits : b->all_logits ? q->n_new : 1;
+}
+
 /* Builds the step's metadata into m->h_meta and its bk_attn_meta_t view (device pointers). */
 static int s_layout(model_t *m, const model_batch_t *b, int T, int R, bk_attn_meta_t *meta, int32_t **d_ids,
                     int32_t **d_rows, char *err, size_t errlen)
 {
     const int S = b->n_seqs;
     int32_t *ids = m->h_meta, *tseq = ids + T, *tpos = tseq + T, *rows = tpos + T, *bt_start = rows + R,
-            *bt = bt_start + S;
-    int row = 0, n_bt = 0, r = 0;
+            *row0 = bt_start + S, *bt = row0 + S + 1;
+    int row = 0, n_bt = 0, r = 0, max_rows = 0;
     for (int s = 0; s < S; s++) {
         const kvseq_t *kv = b->seqs[s].kv;
         const int len = kvseq_len(kv), n_new = b->seqs[s].n_new, nb = kvseq_n_blocks(kv);
@@ -57,6 +65,9 @@ static int s_layout(model_t *m, const model_batch_t *b, int T, int R, bk_attn_me
         bt_start[s] = n_bt;
         memcpy(bt + n_bt, kvseq_blocks(kv), (size_t)nb * sizeof(int32_t));
         n_bt += nb;
+        row0[s] = row;
+        max_rows = n_new > max_rows ? n_new : max_rows;
+        const int first_logit = len - s_logit_rows(b, s);   /* positions from here get logits */
         for (int i = len - n_new; i < len; i++, row++) {
             if (tok[i] < 0 || tok[i] >= m->cfg.vocab_size)
                 return errf(err, errlen, "%s: sequence %d token %d at position %d is outside the vocabulary [0, %d)",
@@ -64,14 +75,13 @@ static int s_layout(model_t *m, const model_batch_t *b, int T, int R, bk_attn_me
             ids[row] = tok[i];
             tseq[row] = s;
             tpos[row] = i;
-            if (b->all_logits)
+            if (i >= first_logit)
                 rows[r++] = row;
         }
-        if (!b->all_logits)
-            rows[r++] = row - 1;
     }
+    row0[S] = row;
     /* One upload of the used part of each section (the sections are contiguous in both copies). */
-    size_t used = (size_t)(3 * T + R + S + n_bt);
+    size_t used = (size_t)(3 * T + R + 2 * S + 1 + n_bt);
     if (m->be->ops->upload(m->be, m->d_meta, m->h_meta, used * sizeof(int32_t)) < 0)
         return errf(err, errlen, "%s: cannot upload the step metadata", m->where);
     int32_t *d = m->d_meta;
@@ -80,8 +90,8 @@ static int s_layout(model_t *m, const model_batch_t *b, int T, int R, bk_attn_me
     while (n_single < S && b->seqs[n_single].n_new == 1)
         n_single++;
     *meta = (bk_attn_meta_t){.n_tokens = T, .n_seqs = S, .tok_seq = d + T, .tok_pos = d + 2 * T,
-                             .seq_bt_start = d + 3 * T + R, .block_table = d + 3 * T + R + S,
-                             .n_single = n_single};
+                             .seq_bt_start = d + 3 * T + R, .block_table = d + 3 * T + R + 2 * S + 1,
+                             .n_single = n_single, .seq_row0 = d + 3 * T + R + S, .max_rows = max_rows};
     *d_rows = d + 3 * T;
     return 0;
 }
@@ -95,13 +105,16 @@ static int s_validate(const model_t *m, const model_batch_t *b, int *T_out, int 
     if (b->n_seqs > m->opts.max_seqs)
         return errf(err, errlen, "%s: batch of %d sequences exceeds max_seqs %d", m->where, b->n_seqs, m->opts.max_seqs);
     const kvpool_t *pool = NULL;
-    long T = 0;
+    long T = 0, R = 0;
     for (int s = 0; s < b->n_seqs; s++) {
         const model_seq_t *q = &b->seqs[s];
         if (!q->kv)
             return errf(err, errlen, "%s: sequence %d has no KV sequence", m->where, s);
         if (q->n_new < 1 || q->n_new > kvseq_len(q->kv))
             return errf(err, errlen, "%s: sequence %d: %d new tokens of %d recorded", m->where, s, q->n_new, kvseq_len(q->kv));
+        if (q->n_logits < 0 || q->n_logits > q->n_new)
+            return errf(err, errlen, "%s: sequence %d: %d rows of logits of %d new tokens", m->where, s, q->n_logits,
+                        q->n_new);
         if (kvseq_len(q->kv) > m->opts.max_context)
             return errf(err, errlen, "%s: sequence %d has %d tokens, beyond max_context %d", m->where, s,
                         kvseq_len(q->kv), m->opts.max_context);
@@ -112,12 +125,12 @@ static int s_validate(const model_t *m, const model_batch_t *b, int *T_out, int 
             return errf(err, errlen, "%s: sequence %d uses another KV pool than sequence 0", m->where, s);
         pool = kvseq_pool(q->kv);
         T += q->n_new;
+        R += s_logit_rows(b, s);
     }
     if (T > m->opts.max_tokens)
         return errf(err, errlen, "%s: batch of %ld new tokens exceeds max_tokens %d", m->where, T, m->opts.max_tokens);
-    const int R = b->all_logits ? (int)T : b->n_seqs;
     if (R > m->opts.max_logit_rows)
-        return errf(err, errlen, "%s: %d rows of logits exceed max_logit_rows %d", m->where, R, m->opts.max_logit_rows);
+        return errf(err, errlen, "%s: %ld rows of logits exceed max_logit_rows %d", m->where, R, m->opts.max_logit_rows);
     const bk_kv_t *kv = kvpool_view(pool);
     if (!kv->base)
         return errf(err, errlen, "%s: the KV pool has no memory (a bookkeeping-only pool)", m->where);
@@ -125,7 +138,7 @@ static int s_validate(const model_t *m, const model_batch_t *b, int *T_out, int 
         return errf(err, errlen, "%s: KV pool shaped for %d layers x %d kv heads x %d, the model has %d x %d x %d",
                     m->where, kv->n_layers, kv->n_kv_heads, kv->head_dim, c->num_layers, c->num_kv_heads, c->head_dim);
     *T_out = (int)T;
-    *R_out = R;
+    *R_out = (int)R;
     *kv_out = kv;
     return 0;
 }
@@ -137,6 +150,10 @@ static void s_attention(model_t *m, int l, int T, const bk_kv_t *kv, const bk_at
     backend_t *be = m->be;
     const model_config_t *c = &m->cfg;
     const model_layer_t *L = &m->layers[l];
+    if (c->mla.on) {              /* DeepSeek-V3: latent attention over the compressed cache */
+        mla_attention(m, L, l, T, kv, meta);
+        return;
+    }
     /* q, k, v one after another: with one row that is exactly the fused matrix's output. */
     float *q = m->qkv, *k = q + (size_t)T * L->q.rows, *v = k + (size_t)T * L->k.rows;
     if (T == 1 && L->qkv.data && !L->q_bias) {
@@ -150,10 +167,6 @@ static void s_attention(model_t *m, int l, int T, const bk_kv_t *kv, const bk_at
         PROF(m, P_QKV, op->matmul(be, m->xn, T, &L->q, L->q_bias, q));
         PROF(m, P_QKV, op->matmul(be, m->xn, T, &L->k, L->k_bias, k));
         PROF(m, P_QKV, op->matmul(be, m->xn, T, &L->v, L->v_bias, v));
-    if (c->mla.on) {              /* DeepSeek-V3: latent attention over the compressed cache */
-        mla_attention(m, L, l, T, kv, meta);
-        return;
-    }
     }
     if (L->q_norm) {
         PROF(m, P_QK_NORM, op->head_rmsnorm(be, q, L->q_norm, T, c->num_heads, c->head_dim, (float)c->rms_norm_eps));
@@ -201,19 +214,6 @@ void model_mlp_dense(model_t *m, const model_layer_t *L, int T)
         if (!fused)
             PROF(m, P_SWIGLU, op->swiglu(be, g, u, T * (int)L->gate.rows, g));
         PROF(m, P_DOWN, op->matmul(be, g, T, &L->down, NULL, m->delta));
-        return;
-    }
-    const int renorm = c->arch == ARCH_MIXTRAL || c->norm_topk_prob;
-    PROF(m, P_MOE_ROUTE, op->matmul(be, m->xn, T, &L->router, NULL, m->rlogits));
-    PROF(m, P_MOE_ROUTE, op->moe_route(be, m->rlogits, T, c->num_experts, c->num_experts_per_tok, renorm, m->moe_ids, m->moe_w));
-    if (m->ep)                    /* expert-parallel: dispatch to the group's ranks, combine back (engine/ep.h) */
-        PROF(m, P_MOE_FFN, ep_moe_layer(m->ep, l, T, m->xn, m->moe_ids, m->moe_w, m->delta));
-    else
-        PROF(m, P_MOE_FFN, op->moe_ffn(be, m->xn, T, c->hidden_size, m->moe_ids, m->moe_w, c->num_experts_per_tok,
-                                       L->experts, c->num_experts, m->moe_scratch, m->delta));
-    if (op->moe_count)            /* the expert-balancer's load: device work, read once per window */
-        op->moe_count(be, m->moe_ids, T * c->num_experts_per_tok, m->moe_counts + (size_t)l * c->num_experts);
-}
     }
 }
 
@@ -230,6 +230,19 @@ static void s_mlp(model_t *m, int l, int T)
     }
     if (c->mla.on) {              /* DeepSeek-V3: sigmoid group-limited routing, shared experts */
         mla_moe(m, L, l, T);
+        return;
+    }
+    const int renorm = c->arch == ARCH_MIXTRAL || c->norm_topk_prob;
+    PROF(m, P_MOE_ROUTE, op->matmul(be, m->xn, T, &L->router, NULL, m->rlogits));
+    PROF(m, P_MOE_ROUTE, op->moe_route(be, m->rlogits, T, c->num_experts, c->num_experts_per_tok, renorm, m->moe_ids, m->moe_w));
+    if (m->ep)                    /* expert-parallel: dispatch to the group's ranks, combine back (engine/ep.h) */
+        PROF(m, P_MOE_FFN, ep_moe_layer(m->ep, l, T, m->xn, m->moe_ids, m->moe_w, m->delta));
+    else
+        PROF(m, P_MOE_FFN, op->moe_ffn(be, m->xn, T, c->hidden_size, m->moe_ids, m->moe_w, c->num_experts_per_tok,
+                                       L->experts, c->num_experts, m->moe_scratch, m->delta));
+    if (op->moe_count)            /* the expert-balancer's load: device work, read once per window */
+        op->moe_count(be, m->moe_ids, T * c->num_experts_per_tok, m->moe_counts + (size_t)l * c->num_experts);
+}
 
 /* Brings the step's results to the host: every row's logits, or (argmax_out) the argmax or sampled
  * id of every row (computed by the caller into m->argmax) plus the logits of the rows marked in need_logits,
@@ -277,12 +290,16 @@ static void s_body(model_t *m, int T, int R, const bk_kv_t *kv, const bk_attn_me
     PROF(m, P_LM_HEAD, op->matmul(be, m->rows, R, &m->lm_head, NULL, m->logits));
 }
 
+/* Graph slots: one per (batch size B, new tokens per sequence n, logits of every row or only the
+ * last one's): ((n - 1) * 2 + every) * (max_seqs + 1) + B. */
+static size_t s_graph_slots(const model_t *m) { return (size_t)(m->opts.max_seqs + 1) * MODEL_GRAPH_MAX_N * 2; }
+
 void model_graphs_drop(model_t *m)
 {
-    for (int b = 0; m->graphs && b <= m->opts.max_seqs; b++)
-        if (m->graphs[b]) {
-            m->be->ops->graph_free(m->be, m->graphs[b]);
-            m->graphs[b] = NULL;
+    for (size_t i = 0; m->graphs && i < s_graph_slots(m); i++)
+        if (m->graphs[i]) {
+            m->be->ops->graph_free(m->be, m->graphs[i]);
+            m->graphs[i] = NULL;
         }
 }
 
@@ -312,23 +329,29 @@ static int s_graphable(model_t *m, int T)
     return 1;
 }
 
-/* A decode step (B sequences, one new row each, one logits row each) through a graph: the second
- * step of a size records its ops (the first ran them uncaptured, so every scratch buffer they need
- * exists: recording must not allocate), later ones replay. The graph holds every device address
- * and launch shape of the step; what changes between steps of one size (ids, positions, block
- * tables) is in m->d_meta, uploaded before and read by the ops, at offsets fixed by B; the weights
- * (the MoE experts arrays too) are fixed after load. Returns 1 when the body was queued (recorded
- * and replayed, or replayed), 0 when the caller runs it. */
+/* A decode step (B sequences, one new row each, one logits row each) or a verify step (B
+ * sequences of n new rows each, n <= MODEL_GRAPH_MAX_N: a token and its n - 1 drafts; logits of
+ * every row or of the last) through a graph: the second step of a (B, n, rows of logits) bucket
+ * records its ops (the first ran them uncaptured, so every scratch buffer they need exists:
+ * recording must not allocate), later ones replay. The graph holds every device address and
+ * launch shape of the step; what changes between steps of one bucket (ids, positions, block
+ * tables) is in m->d_meta, uploaded before and read by the ops, at offsets fixed by the bucket;
+ * the weights (the MoE experts arrays too) are fixed after load. Returns 1 when the body was
+ * queued (recorded and replayed, or replayed), 0 when the caller runs it. */
 static int s_graph_step(model_t *m, const model_batch_t *b, int T, int R, const bk_kv_t *kv,
                         const bk_attn_meta_t *meta, const int32_t *ids, const int32_t *rows)
 {
     const backend_ops_t *op = m->be->ops;
-    if (m->graph_off || !op->graph_begin || m->prof || b->all_logits || T != b->n_seqs || R != T)
+    const int B = b->n_seqs, n = T / B;
+    if (m->graph_off || !op->graph_begin || m->prof || T % B != 0 || n > MODEL_GRAPH_MAX_N || (R != B && R != T))
         return 0;
+    for (int s = 0; s < B; s++)
+        if (b->seqs[s].n_new != n)
+            return 0;
     if (!m->graphs) {
         m->graph_off = m->opts.no_graphs;
-        m->graphs = m->graph_off ? NULL : calloc((size_t)m->opts.max_seqs + 1, sizeof *m->graphs);
-        m->graph_runs = m->graph_off ? NULL : calloc((size_t)m->opts.max_seqs + 1, 1);
+        m->graphs = m->graph_off ? NULL : calloc(s_graph_slots(m), sizeof *m->graphs);
+        m->graph_runs = m->graph_off ? NULL : calloc(s_graph_slots(m), 1);
         if (!m->graphs || !m->graph_runs) {
             m->graph_off = 1;
             return 0;
@@ -338,19 +361,20 @@ static int s_graph_step(model_t *m, const model_batch_t *b, int T, int R, const 
         model_graphs_drop(m);
         m->graph_kv = kv->base;
     }
-    void *g = m->graphs[T];
+    const size_t slot = (size_t)((n - 1) * 2 + (R == T && n > 1)) * (size_t)(m->opts.max_seqs + 1) + (size_t)B;
+    void *g = m->graphs[slot];
     if (g && op->graph_launch(m->be, g) == 0) {
         m->graph_replays++;
         return 1;
     }
     if (g) {   /* stale: a scratch buffer it uses was reallocated by a larger step */
         op->graph_free(m->be, g);
-        m->graphs[T] = NULL;
-    } else if (m->graph_runs[T] == 0) {
-        m->graph_runs[T] = 1;
+        m->graphs[slot] = NULL;
+    } else if (m->graph_runs[slot] == 0) {
+        m->graph_runs[slot] = 1;
         return 0;
-    } else if (m->graph_runs[T] == 2 || !s_graphable(m, T)) {
-        m->graph_runs[T] = 2;   /* never at this size */
+    } else if (m->graph_runs[slot] == 2 || !s_graphable(m, T)) {
+        m->graph_runs[slot] = 2;   /* never in this bucket */
         return 0;
     }
     if (op->graph_begin(m->be) != 0) {
@@ -365,7 +389,7 @@ static int s_graph_step(model_t *m, const model_batch_t *b, int T, int R, const 
         m->graph_off = 1;
         return 0;
     }
-    m->graphs[T] = g;
+    m->graphs[slot] = g;
     m->graph_records++;
     if (op->graph_launch(m->be, g) != 0) {   /* cannot be stale: nothing ran since the recording */
         fprintf(stderr, "%s: a graph just recorded is stale; decode steps run without graphs\n", m->where);

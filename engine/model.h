@@ -62,12 +62,15 @@ typedef struct model_opts {
 typedef struct model_seq {
     kvseq_t *kv;                  /* tokens and block table; every sequence of a batch shares one pool */
     int n_new;                    /* >= 1: the last n_new tokens of kv are computed now */
+    int n_logits;                 /* 0: the batch's rule (all_logits); 1..n_new: the logits of the last
+                                     n_logits new tokens (a verify step: the token and its drafts) */
 } model_seq_t;
 
 typedef struct model_batch {
     int n_seqs;
     const model_seq_t *seqs;      /* [n_seqs] */
-    int all_logits;               /* 0: one row per sequence (its last new token); 1: every new token */
+    int all_logits;               /* 0: one row per sequence (its last new token); 1: every new token
+                                     (a sequence's n_logits, when set, overrides either) */
     /* Optional, for decode steps: greedy sampling on the device. When argmax_out (host [rows]) is
      * set, each row's argmax (the lowest index on ties, NaN never chosen) is computed on the
      * backend and only those ids come back, not the rows x vocab logits; need_logits (host [rows],
@@ -88,8 +91,12 @@ model_t *model_load(const char *model_dir, const model_config_t *cfg, ckpt_t *ck
                     const model_opts_t *opts, char *err, size_t errlen);
 void model_destroy(model_t **self_p);
 
-/* One step. logits: host memory of [rows][vocab_size] floats, rows = n_seqs (or the total of n_new
- * with all_logits), in batch order. -1 with err on a bad batch (token id outside the vocabulary,
+/* One step. logits: host memory of [rows][vocab_size] floats, rows = the sum over the sequences of
+ * their rows of logits (1 each, n_new with all_logits, or n_logits), in batch order; with
+ * argmax_out, argmax_out, need_logits and sample are per row of logits too, and only the rows
+ * marked in need_logits are written. Decode steps and verify steps (every sequence with the same
+ * n_new, at most 16, and logits of every row or of the last) are replayed from backend graphs.
+ * -1 with err on a bad batch (token id outside the vocabulary,
  * too many tokens, a pool of another shape, ...), nothing computed. */
 int model_forward(model_t *m, const model_batch_t *batch, float *logits, char *err, size_t errlen);
 

@@ -6,6 +6,7 @@
 #include "engine/model.h"
 
 #define MODEL_PROF_SLOTS 16       /* profile categories (engine/forward.c) */
+#define MODEL_GRAPH_MAX_N 16      /* new rows per sequence a step graph may have (a token and 15 drafts) */
 
 typedef struct model_layer {
     float *attn_norm;             /* device [H] f32: input_layernorm */
@@ -58,7 +59,8 @@ struct model {
 
     /* Per-step metadata: host staging and its device copy (sizes from opts). */
     int max_bt;                   /* block-table entries per step */
-    int32_t *h_meta;              /* host: ids [T] | tok_seq [T] | tok_pos [T] | out_rows [R] | bt_start [S] | bt [max_bt] */
+    int32_t *h_meta;              /* host: ids [T] | tok_seq [T] | tok_pos [T] | out_rows [R] | bt_start [S] |
+                                     seq_row0 [S + 1] | bt [max_bt] */
     int32_t *d_meta;              /* device, same layout */
 
     /* Activations (device, f32), T = opts.max_tokens rows. */
@@ -87,10 +89,12 @@ struct model {
     model_mtp_t *mtp;
     float *hid_in;                /* [T][H] MTP: the target's hidden states of this step's rows */
 
-    /* Decode-step graphs (the backend's graph hooks; forward.c): graphs[B] replays the ops from the
-     * embedding to the logits of a step of B one-row sequences; graph_runs[B]: 0 none of that size
-     * yet, 1 one ran uncaptured, 2 never recorded (an op of it may not be: MoE's host path). Both
-     * [opts.max_seqs + 1], made at the first such step. */
+    /* Decode- and verify-step graphs (the backend's graph hooks; forward.c): graphs[slot] replays
+     * the ops from the embedding to the logits of a step of B sequences of n new rows each (n up
+     * to MODEL_GRAPH_MAX_N), with logits of every row or of each sequence's last; graph_runs[slot]:
+     * 0 none of that bucket yet, 1 one ran uncaptured, 2 never recorded (an op of it may not be:
+     * MoE's host path). Both [(opts.max_seqs + 1) x MODEL_GRAPH_MAX_N x 2], made at the first
+     * such step. */
     void **graphs;
     uint8_t *graph_runs;
     const void *graph_kv;         /* the KV pool the graphs address (another pool: all dropped) */

@@ -474,7 +474,7 @@ model_t *model_load(const char *model_dir, const model_config_t *cfg, ckpt_t *ck
     /* Step buffers. */
     const size_t T = (size_t)o.max_tokens, R = (size_t)o.max_logit_rows, S = (size_t)o.max_seqs;
     m->max_bt = (int)(S * (size_t)((o.max_context + o.kv_block_size - 1) / o.kv_block_size));
-    size_t meta_n = 3 * T + R + S + (size_t)m->max_bt;
+    size_t meta_n = 3 * T + R + 2 * S + 1 + (size_t)m->max_bt;   /* forward.c's layout (model_internal.h) */
     m->h_meta = malloc(meta_n * sizeof(int32_t));
     if (!m->h_meta) {
         errf(err, errlen, "%s: out of memory for step metadata", where);

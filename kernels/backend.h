@@ -105,6 +105,12 @@ typedef struct bk_attn_meta {
      * and the rest as two attention calls: a decode kernel suits the first, a prefill kernel the
      * others; the results are what one call over all rows gives. */
     int n_single;
+    /* Optional (NULL / 0 when unknown): the rows of sequence s are rows seq_row0[s] ..
+     * seq_row0[s + 1] - 1 (device [n_seqs + 1]), and no sequence has more than max_rows (host). A
+     * backend may then take a sequence's rows together, reading its keys once for all of them (a
+     * speculative verify step: each sequence's last token and its drafts, k + 1 rows). */
+    const int32_t *seq_row0;
+    int max_rows;
 } bk_attn_meta_t;
 
 /* NCCL point-to-point between processes on different GPUs (KV hand-off from a prefill to a decode

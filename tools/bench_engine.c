@@ -5,6 +5,7 @@
  *       [--kv-dtype auto|f32|bf16|f16|fp8] [--load-format auto|dummy] [--threads N]
  *       [--prompt-len 1000] [--batch 1,16,64,256] [--steps 32] [--chunk 2048] [--mixed N]
  *       [--copy-bw TB/s] [--profile] [--json FILE]
+ *       [--verify-table [--max-k 7] [--accept 0.6,0.8]]
  *
  * What it measures, in one process with one weight load:
  *   - prefill: one --prompt-len prompt of random ids, prefilled in chunks of --chunk tokens
@@ -24,6 +25,18 @@
  *     step, to hold against the decode step alone (served ITL p99 comes from these steps).
  *   - --profile: after the timed steps, a few more steps (and one prefill) with the per-op
  *     profile on (engine/model.h: each op synced and timed), printed as ms per step by op.
+ *   - --verify-table (instead of the decode table): the cost of a speculative verify step, for
+ *     k = 0..--max-k drafts per sequence and each batch size B: B sequences of --prompt-len tokens
+ *     of context each take k + 1 new rows (a token and its k drafts) in one forward with the
+ *     logits of every row, their argmax on the device (a greedy verify step as the decode worker
+ *     runs it: only ids come back), the median of --steps steps; every step is rolled back to
+ *     the context it started from (kvseq_truncate), so all steps of a cell see the same context.
+ *     k = 0 is the one-token decode step. Printed: the step times, each against the one-token
+ *     step, and the speedup they imply at each acceptance rate a of --accept (the chance that a
+ *     draft is accepted, each independently): a step of k drafts emits (1 - a^(k+1)) / (1 - a)
+ *     tokens on average, so its tokens per second against plain decoding are that times
+ *     t(0) / t(k); the best k per batch size. Only costs are measured: with --load-format dummy
+ *     the weights are random (the output says so) and acceptance must come from a real pair.
  * Exit status 0, 2 on a usage error, 1 on any other error (with a message naming it). */
 #include <jansson.h>
 #include <math.h>
@@ -41,13 +54,18 @@
 #define MAX_LEVELS 16
 #define WARMUP_STEPS 2
 #define PREFILL_RUNS 3
+#define VERIFY_MAX_K 15
+#define MAX_ACCEPT 8
 
 static const char *s_usage =
     "usage: troupe-bench-engine MODEL_DIR [--backend cpu|cuda|cuda:N] [--dtype bf16|f16|f32]\n"
     "         [--kv-dtype auto|f32|bf16|f16|fp8] [--load-format auto|dummy] [--threads N]\n"
     "         [--prompt-len N] [--batch 1,16,64,256] [--steps N] [--chunk N] [--mixed N]\n"
     "         [--copy-bw TB/s] [--profile] [--json FILE]\n"
-    "--kv-dtype auto (default) keeps the KV cache in the weights' dtype; fp8 is E4M3 with scale 1.\n";
+    "         [--verify-table [--max-k 7] [--accept 0.6,0.8]]\n"
+    "--kv-dtype auto (default) keeps the KV cache in the weights' dtype; fp8 is E4M3 with scale 1.\n"
+    "--verify-table: the step cost of k + 1 rows per sequence (k = 0..max-k) at each --batch, and the\n"
+    "speedup each implies at acceptance rates --accept (default batches there 1,2,4,...,256).\n";
 
 typedef struct opts {
     const char *model_dir, *backend, *json;
@@ -56,6 +74,9 @@ typedef struct opts {
     dtype_t kv_dtype;             /* DT_COUNT: auto (the weights' dtype) */
     int batch[MAX_LEVELS], n_levels;
     double copy_bw;               /* TB/s, 0 = not given */
+    int verify, max_k;            /* --verify-table, drafts 0..max_k */
+    double accept[MAX_ACCEPT];
+    int n_accept;
 } opts_t;
 
 static int s_bad(const char *opt, const char *v)
@@ -64,11 +85,28 @@ static int s_bad(const char *opt, const char *v)
     return 2;
 }
 
+/* --accept: a comma-separated list of rates in [0, 1). */
+static int s_accept_list(const char *v, double *out, int *n)
+{
+    *n = 0;
+    for (const char *p = v; *p;) {
+        char *end;
+        const double a = strtod(p, &end);
+        if (end == p || !(a >= 0 && a < 1) || *n == MAX_ACCEPT || (*end && *end != ','))
+            return -1;
+        out[(*n)++] = a;
+        p = *end ? end + 1 : end;
+    }
+    return *n > 0 ? 0 : -1;
+}
+
 static int s_parse(int argc, char **argv, opts_t *o)
 {
     static const char *T = "troupe-bench-engine";
     *o = (opts_t){.backend = "cpu", .prompt_len = 1000, .steps = 32, .chunk = 2048, .threads = 0,
-                  .batch = {1, 16, 64, 256}, .n_levels = 4, .dtype = DT_COUNT, .kv_dtype = DT_COUNT};
+                  .batch = {1, 16, 64, 256}, .n_levels = 4, .dtype = DT_COUNT, .kv_dtype = DT_COUNT,
+                  .max_k = 7, .accept = {0.6, 0.8}, .n_accept = 2};
+    int batch_given = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (a[0] != '-') {
@@ -83,6 +121,10 @@ static int s_parse(int argc, char **argv, opts_t *o)
         }
         if (!strcmp(a, "--profile")) {
             o->profile = 1;
+            continue;
+        }
+        if (!strcmp(a, "--verify-table")) {
+            o->verify = 1;
             continue;
         }
         if (!v)
@@ -115,15 +157,27 @@ static int s_parse(int argc, char **argv, opts_t *o)
             rc = arg_int(T, a, v, 0, 1 << 16, &o->mixed);
         else if (!strcmp(a, "--copy-bw"))
             rc = arg_double(T, a, v, 1e-6, 1e6, &o->copy_bw);
-        else if (!strcmp(a, "--batch"))
+        else if (!strcmp(a, "--batch")) {
             rc = (o->n_levels = arg_int_list(T, a, v, 1, 4096, o->batch, MAX_LEVELS)) < 0 ? -1 : 0;
-        else
+            batch_given = 1;
+        } else if (!strcmp(a, "--max-k"))
+            rc = arg_int(T, a, v, 0, VERIFY_MAX_K, &o->max_k);
+        else if (!strcmp(a, "--accept")) {
+            rc = s_accept_list(v, o->accept, &o->n_accept);
+            if (rc < 0)
+                return s_bad(a, v);
+        } else
             return s_bad("option", a);
         if (rc < 0)
             return 2;
     }
     if (!o->model_dir)
         return s_bad("MODEL_DIR", "(missing)");
+    if (o->verify && !batch_given) {   /* the verify table's default: powers of two to 256 */
+        o->n_levels = 9;
+        for (int i = 0; i < 9; i++)
+            o->batch[i] = 1 << i;
+    }
     return 0;
 }
 
@@ -309,9 +363,11 @@ static int s_open(bench_t *b)
     s.kv_dtype = o->kv_dtype;
     s.kv_dtype_option = "--kv-dtype";
     s.dummy_option = "--load-format dummy";
-    const int max_tokens = b->max_b + o->mixed > b->chunk ? b->max_b + o->mixed : b->chunk;
+    int max_tokens = b->max_b + o->mixed > b->chunk ? b->max_b + o->mixed : b->chunk;
+    const int verify_rows = o->verify ? b->max_b * (o->max_k + 1) : 0;   /* every row's logits */
+    max_tokens = verify_rows > max_tokens ? verify_rows : max_tokens;
     s.model = (model_opts_t){.max_tokens = max_tokens, .max_seqs = b->max_b + 1, .max_context = b->ctx,
-                             .kv_block_size = KV_BLOCK};
+                             .kv_block_size = KV_BLOCK, .max_logit_rows = verify_rows > b->max_b + 1 ? verify_rows : 0};
     s.kv_blocks = (long)(b->max_b + 2) * ((b->ctx + KV_BLOCK - 1) / KV_BLOCK);
     int64_t t0 = now_ns();
     if (!(b->e = engine_open(o->model_dir, &s, NULL, b->err, sizeof b->err)))
@@ -480,6 +536,136 @@ static int s_profile_prefill(bench_t *b)
     return 0;
 }
 
+/* ---- --verify-table ----------------------------------------------------------------------- */
+
+/* --steps verify steps of B sequences with k drafts each (after the warm-ups), each rolled back to
+ * the context it started from: *med the median step. */
+static int s_verify_steps(bench_t *b, int B, int k, double *med)
+{
+    const opts_t *o = b->o;
+    engine_t *e = b->e;
+    for (int step = -WARMUP_STEPS; step < o->steps; step++) {
+        for (int s = 0; s < B; s++) {
+            int32_t ids[VERIFY_MAX_K + 1];
+            ids[0] = b->out[s];
+            for (int j = 1; j <= k; j++)
+                ids[j] = s_rand_id(e->cfg.vocab_size);
+            if (kvseq_append(b->seqs[s], ids, k + 1) < 0)
+                return s_fail("the KV pool is full");
+            b->ms[s] = (model_seq_t){.kv = b->seqs[s], .n_new = k + 1};
+        }
+        model_batch_t mb = {.n_seqs = B, .seqs = b->ms, .all_logits = 1, .argmax_out = b->out};
+        int64_t t = now_ns();
+        if (model_forward(e->model, &mb, e->logits, b->err, sizeof b->err) < 0)
+            return s_fail("verify step at batch %d, k %d: %s", B, k, b->err);
+        if (step >= 0)
+            b->step_ms[step] = (now_ns() - t) / 1e6;
+        for (int s = 0; s < B; s++) {
+            if (kvseq_truncate(b->seqs[s], o->prompt_len) != 0)
+                return s_fail("cannot roll sequence %d back to %d tokens", s, o->prompt_len);
+            b->out[s] = b->out[(size_t)s * (k + 1) + k];   /* the last row's id: the next step's token */
+        }
+    }
+    *med = s_median(b->step_ms, o->steps);
+    return 0;
+}
+
+/* The table's header: batch, then a column per k (k = 0 labelled first), then tail. */
+static void s_k_header(int K, const char *first, const char *tail)
+{
+    printf("%6s %9s", "batch", first);
+    for (int k = 1; k < K; k++) {
+        char col[16];
+        snprintf(col, sizeof col, "k=%d", k);
+        printf(" %9s", col);
+    }
+    printf("%s\n", tail);
+}
+
+/* Expected tokens a step of k drafts emits when each draft is accepted with probability a. */
+static double s_expected_tokens(double a, int k) { return (1.0 - pow(a, k + 1)) / (1.0 - a); }
+
+/* The table: one row per batch size, step ms for k = 0..max_k, then each against k = 0, then the
+ * speedup at each acceptance rate. */
+static int s_verify_table(bench_t *b)
+{
+    const opts_t *o = b->o;
+    const int K = o->max_k + 1;
+    double *ms = calloc((size_t)o->n_levels * K, sizeof *ms);
+    int32_t *out = realloc(b->out, (size_t)b->max_b * K * sizeof *b->out + sizeof *b->out);
+    if (!ms || !out) {
+        free(ms);
+        return s_fail("out of memory");
+    }
+    b->out = out;
+    printf("verify step cost%s: B sequences x (k + 1) new rows, every row's logits and its argmax on the device, "
+           "%d tokens of context, KV %s; median of %d steps (ms)\n",
+           o->dummy ? " (dummy weights: step costs only, acceptance is not measured)" : "", o->prompt_len,
+           dtype_name(b->e->kv_dtype), o->steps);
+    s_k_header(K, "1-token", "");
+    json_t *jt = json_array();
+    for (int lv = 0; lv < o->n_levels; lv++) {
+        const int B = o->batch[lv];
+        if (s_contexts(b, B) < 0)
+            return free(ms), json_decref(jt), -1;
+        printf("%6d", B);
+        for (int k = 0; k < K; k++) {
+            if (s_verify_steps(b, B, k, &ms[lv * K + k]) < 0)
+                return free(ms), json_decref(jt), -1;
+            printf(" %9.3f", ms[lv * K + k]);
+            fflush(stdout);
+            json_t *jc = json_object();
+            json_object_set_new(jc, "batch", json_integer(B));
+            json_object_set_new(jc, "k", json_integer(k));
+            json_object_set_new(jc, "rows_per_seq", json_integer(k + 1));
+            json_object_set_new(jc, "step_ms", json_real(ms[lv * K + k]));
+            json_object_set_new(jc, "cost_vs_one_token", json_real(ms[lv * K + k] / ms[lv * K]));
+            json_array_append_new(jt, jc);
+        }
+        printf("\n");
+        for (int s = 0; s < B; s++)
+            kvseq_destroy(&b->seqs[s]);
+    }
+    printf("step cost against the one-token step (t(k) / t(0))\n");
+    s_k_header(K, "k=0", "");
+    for (int lv = 0; lv < o->n_levels; lv++) {
+        printf("%6d", o->batch[lv]);
+        for (int k = 0; k < K; k++)
+            printf(" %9.2f", ms[lv * K + k] / ms[lv * K]);
+        printf("\n");
+    }
+    json_t *js = json_array();
+    for (int ai = 0; ai < o->n_accept; ai++) {
+        const double a = o->accept[ai];
+        printf("implied speedup at acceptance a = %.3f (tokens/s against plain decoding: (1 - a^(k+1)) / (1 - a) "
+               "x t(0) / t(k))\n", a);
+        s_k_header(K, "k=0", "   best");
+        for (int lv = 0; lv < o->n_levels; lv++) {
+            int best = 0;
+            double best_x = 0;
+            printf("%6d", o->batch[lv]);
+            for (int k = 0; k < K; k++) {
+                const double x = s_expected_tokens(a, k) * ms[lv * K] / ms[lv * K + k];
+                if (x > best_x)
+                    best_x = x, best = k;
+                printf(" %9.2f", x);
+            }
+            printf("   k=%d x%.2f\n", best, best_x);
+            json_t *jb = json_object();
+            json_object_set_new(jb, "accept", json_real(a));
+            json_object_set_new(jb, "batch", json_integer(o->batch[lv]));
+            json_object_set_new(jb, "best_k", json_integer(best));
+            json_object_set_new(jb, "speedup", json_real(best_x));
+            json_array_append_new(js, jb);
+        }
+    }
+    json_object_set_new(b->root, "verify_table", jt);
+    json_object_set_new(b->root, "verify_best", js);
+    json_object_set_new(b->root, "weights", json_string(o->dummy ? "dummy" : "checkpoint"));
+    free(ms);
+    return 0;
+}
+
 static int s_write_json(bench_t *b)
 {
     const opts_t *o = b->o;
@@ -504,6 +690,8 @@ static int s_run(bench_t *b)
     const opts_t *o = b->o;
     if (s_open(b) < 0 || s_bench_prefill(b) < 0)
         return -1;
+    if (o->verify)
+        return s_verify_table(b) < 0 ? -1 : s_write_json(b);
     printf("%6s %8s %10s %10s %10s %9s %8s\n", "batch", "context", "step ms", "tok/s", "GB/step", "TB/s",
            o->copy_bw > 0 ? "of copy" : "");
     for (int lv = 0; lv < o->n_levels; lv++)

@@ -220,6 +220,25 @@ if [ "${ENGINE:-1}" = 1 ] && [ -x build/bin/troupe-bench-engine ]; then
   engine_line="see engine-*.txt"
 fi
 
+# ---- speculative verify steps --------------------------------------------------------------------
+# VERIFY_TABLE=1: build/gpu-tests/test_verify (attention of k + 1 rows per sequence against the CPU
+# backend, k = 0..7, bf16 and fp8 caches; verify steps from CUDA graphs bit for bit), the attention
+# and graph cases of the other GPU tests (the decode kernel it extends), then troupe-bench-engine
+# --verify-table on the 8B shape (dummy weights: step costs only) at VERIFY_ACCEPT's acceptance
+# rates (default 0.5,0.6,0.7,0.8) and VERIFY_KV's cache dtype (default bf16).
+verify_line="not run (VERIFY_TABLE=0)"
+if [ "${VERIFY_TABLE:-0}" = 1 ] && [ -x build/gpu-tests/test_verify ] && [ -x build/bin/troupe-bench-engine ]; then
+  step "speculative verify steps (test_verify, troupe-bench-engine --verify-table)"
+  { timeout 150 build/gpu-tests/test_verify && TROUPE_TEST_FILTER='*attention*' timeout 120 build/gpu-tests/test_backend_cuda \
+      && timeout 60 build/gpu-tests/test_graphs; } >"$OUT/verify-tests.log" 2>&1 && vt=passed || { vt=FAILED; status=1; }
+  grep -E 'PASSED|FAILED|time:|rel err .*[0-9]e-0[0-2]' "$OUT/verify-tests.log" | head -40
+  timeout 240 build/bin/troupe-bench-engine tests/fixtures/models/llama-3.1-8b-shape --load-format dummy --dtype bf16 \
+    --backend cuda --kv-dtype "${VERIFY_KV:-bf16}" --verify-table --prompt-len 1000 --steps 5 \
+    --accept "${VERIFY_ACCEPT:-0.5,0.6,0.7,0.8}" --json "$OUT/verify-table.json" >"$OUT/verify-table.txt" 2>&1 || { status=1; vt="$vt, table FAILED"; }
+  cat "$OUT/verify-table.txt"
+  verify_line="tests $vt; table in verify-table.txt"
+fi
+
 # ---- serving on the GPU ---------------------------------------------------------------------------
 # SERVE=1: the one-GPU topology (prefill and decode processes on GPU 0, Llama-3.1-8B shape, dummy
 # bf16 weights) under the supervisor, then troupe-bench: input 1000 / output SERVE_OUT tokens at
@@ -425,6 +444,7 @@ printf '%-30s %s\n' "8B engine (ENGINE=1)" "$engine_line"
 for e in default nographs fp8 moe moe-nographs; do
   [ -s "$OUT/engine-$e.txt" ] && { echo "engine $e:"; grep -E '^prefill|^ +[0-9]+ +[0-9]+ ' "$OUT/engine-$e.txt"; }
 done
+printf '%-30s %s\n' "8B verify steps (VERIFY_TABLE)" "$verify_line"
 printf '%-30s %s\n' "8B serving (SERVE=1)" "$serve_line"
 [ -s "$OUT/serve-bench.txt" ] && grep -B1 -A6 '^ conc' "$OUT/serve-bench.txt"
 [ -s "$OUT/serve-multiturn.txt" ] && grep -A6 '^multi-turn' "$OUT/serve-multiturn.txt"

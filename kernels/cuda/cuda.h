@@ -133,6 +133,8 @@ typedef struct cuda_state {
     int attn_flash;               /* 1 (default): the flash kernel for head_dim 64/128 (TROUPE_CUDA_ATTN_FLASH) */
     int attn_mma;                 /* 1 (default): the tensor-core kernel for bf16 prefill within attn_flash (TROUPE_CUDA_ATTN_MMA) */
     int attn_mma_decode;          /* 1 (default): the tensor-core kernel for bf16 decode within attn_flash (TROUPE_CUDA_ATTN_MMA_DECODE) */
+    int attn_verify;              /* verify steps' rows (TROUPE_CUDA_ATTN_VERIFY): 0 as any rows; 1 by sequence in the decode
+                                     kernel up to one m16 tile per block, else the prefill kernel; 2 (default) up to two */
     int pdl;                      /* 1 (default): kernels launch with programmatic dependent launch (TROUPE_CUDA_PDL) */
     cuda_plan_t plans[CUDA_MAX_PLANS];
     int next_plan;                /* round-robin victim when the plan cache is full */
@@ -231,10 +233,18 @@ void cuda_attention(backend_t *be, const bk_kv_t *kv, int layer, const float *q,
 int cuda_attention_mma(const cuda_state_t *st, const bk_kv_t *kv, int layer, const float *q, int n_heads, float scale,
                        const bk_attn_meta_t *meta, float *out);
 /* The decode attention on the tensor cores (cuda_attention_decode_mma.cu), for calls with one row
- * per sequence: S key ranges per row; S > 1 writes part ([T][n_heads][S][D + 2], for k_attn_merge)
+ * per sequence (or, grouped by sequence, the calls cuda_attention_decode_mma_groups takes): S key
+ * ranges per row; S > 1 writes part ([T][n_heads][S][D + 2], for k_attn_merge)
  * instead of out. Queued and 0, or -1 without touching anything when it does not take the shape. */
 int cuda_attention_decode_mma(const cuda_state_t *st, const bk_kv_t *kv, int layer, const float *q, int n_heads,
                               float scale, const bk_attn_meta_t *meta, int S, float *part, float *out);
+/* Calls with several rows per sequence (speculative verification) that the decode kernel takes by
+ * sequence, each sequence's rows in blocks of up to max_mt x 16 query vectors (rows x query heads
+ * per kv head) that read its keys once: the meta names each sequence's rows (seq_row0) and
+ * max_rows is at most CUDA_VERIFY_MAX_ROWS (with max_mt 1: at most 16 vectors). Returns the
+ * blocks per kv head, or 0 when the call is not such a call. */
+#define CUDA_VERIFY_MAX_ROWS 16
+int cuda_attention_decode_mma_groups(const bk_kv_t *kv, int n_heads, const bk_attn_meta_t *meta, int max_mt);
 
 void cuda_moe_route(backend_t *be, const float *logits, int M, int E, int k, int renorm, int32_t *ids, float *weights);
 void cuda_moe_ffn(backend_t *be, const float *x, int M, int H, const int32_t *ids, const float *weights, int k,

@@ -765,9 +765,10 @@ static void s_attention_f8(backend_t *be, cuda_state_t *st, const bk_kv_t *kv, i
                            int n_heads, float scale, const bk_attn_meta_t *meta, float *out)
 {
     const int T = meta->n_tokens, D = kv->head_dim;
+    const int verify = T != meta->n_seqs ? cuda_attention_decode_mma_groups(kv, n_heads, meta, st->attn_verify) : 0;
     int rc;
-    if (T == meta->n_seqs) {
-        const int S = s_decode_split(st, T, kv->n_kv_heads);
+    if (T == meta->n_seqs || verify) {
+        const int S = s_decode_split(st, T, kv->n_kv_heads);   /* by rows: a verify block's work grows with its rows */
         float *part = NULL;
         const int64_t rh = (int64_t)T * n_heads;
         if (S > 1)
@@ -806,8 +807,13 @@ void cuda_attention(backend_t *be, const bk_kv_t *kv, int layer, const float *q,
     const int T = meta->n_tokens;
     if (T <= 0)
         return;
+    cuda_state_t *st = cuda_st(be);
+    /* Several rows per sequence that the tensor-core decode kernel takes by sequence (a speculative
+     * verify step, its sequences' one-row decode rows included): > 0, the blocks per kv head. */
+    const int verify = T != meta->n_seqs && (kv->dtype == DT_F8E4M3 || (st->attn_flash && st->attn_mma_decode))
+                           ? cuda_attention_decode_mma_groups(kv, n_heads, meta, st->attn_verify) : 0;
     const int n1 = meta->n_single;
-    if (n1 > 0 && n1 < T) {
+    if (n1 > 0 && n1 < T && !verify) {
         /* Decode rows beside prompt chunks (a colocated step): one call would send every row to the
          * prefill kernel, whose 16-row tiles then hold 16 sequences' single rows, each pass over a
          * whole context with 1/16 of the tile used: at batch 256 that took several times the decode
@@ -820,11 +826,12 @@ void cuda_attention(backend_t *be, const bk_kv_t *kv, int layer, const float *q,
         pm.tok_seq += n1;   /* sequence ids stay absolute: seq_bt_start is shared */
         pm.tok_pos += n1;
         pm.n_single = 0;
+        dm.seq_row0 = pm.seq_row0 = NULL;   /* row numbers and sequence ids would need the offsets */
+        dm.max_rows = 0;                     /* pm keeps its max_rows: the kernel choice below */
         cuda_attention(be, kv, layer, q, n_heads, scale, &dm, out);
         cuda_attention(be, kv, layer, q + n1 * row, n_heads, scale, &pm, out + n1 * row);
         return;
     }
-    cuda_state_t *st = cuda_st(be);
     attn_args_t a = {};
     cuda_kv_addr(a, kv, layer, meta);
     a.D = kv->head_dim;
@@ -838,7 +845,10 @@ void cuda_attention(backend_t *be, const bk_kv_t *kv, int layer, const float *q,
     /* The flash kernel for head_dim 64 / 128 (every row shape); else prefill-shaped steps (8+ rows
      * per sequence on average) take the tile kernel and the rest the row kernel. */
     const int D = kv->head_dim, G = n_heads / kv->n_kv_heads;
-    const int prefill = T >= 8 * meta->n_seqs;
+    /* Prefill-shaped: 8+ rows per sequence on average, or a verify step (a few rows per sequence,
+     * max_rows > 1) the decode kernel does not take by sequence (its tensor-core prefill kernel
+     * reads a sequence's keys once per 64 query vectors; the flash kernel once per row). */
+    const int prefill = !verify && (T >= 8 * meta->n_seqs || (st->attn_verify && meta->max_rows > 1));
     if (kv->dtype == DT_F8E4M3) {
         s_attention_f8(be, st, kv, layer, q, n_heads, scale, meta, out);
         return;
@@ -848,13 +858,14 @@ void cuda_attention(backend_t *be, const bk_kv_t *kv, int layer, const float *q,
         if (prefill && st->attn_mma && cuda_attention_mma(st, kv, layer, q, n_heads, scale, meta, out) == 0)
             return;
         if (!prefill)
-            a.S = s_decode_split(st, T, kv->n_kv_heads);
+            a.S = s_decode_split(st, T, kv->n_kv_heads);   /* by rows (a verify block's work grows with its rows) */
         const int64_t rh = (int64_t)T * n_heads;
         if (a.S > 1)
             a.part = s_part(be, st, rh, a.S, D);
-        /* Decode (one new row per sequence) over a bf16 cache: the tensor-core decode kernel, with the
-         * same key ranges and merge, unless it is off or refuses the shape. */
-        if (T != meta->n_seqs || !st->attn_mma_decode ||
+        /* Decode (one new row per sequence, or a verify step's rows by sequence) over a bf16 cache: the
+         * tensor-core decode kernel, with the same key ranges and merge, unless it is off or refuses
+         * the shape. */
+        if ((T != meta->n_seqs && !verify) || !st->attn_mma_decode ||
             cuda_attention_decode_mma(st, kv, layer, q, n_heads, scale, meta, a.S, a.part, out) != 0) {
             switch (kv->dtype) {
             case DT_F32: s_flash<float>(st, a, prefill); break;

@@ -78,36 +78,51 @@ typedef struct dmma_args {
     size_t block_bytes;
     int block_size, n_kv, layer;
     const int32_t *tok_seq, *tok_pos, *seq_bt_start, *block_table;
+    const int32_t *seq_row0;      /* NULL: one row per block; else sequence s owns rows [seq_row0[s], seq_row0[s + 1]) */
     const float *q;               /* [T][n_heads][D] */
     float *out;                   /* [T][n_heads][D] (S = 1) */
     float *part;                  /* S > 1: [T][n_heads][S][D + 2] = (m, l, acc[D]), k_attn_merge's layout */
     int n_heads;
     int G;                        /* query heads per kv head, 1..16 */
     int S;                        /* key ranges per row */
+    int RB;                       /* with seq_row0: rows per block (MT * 16 / G) */
+    int NGS;                      /* with seq_row0: blocks per sequence and kv head (groups of RB rows) */
     float scale_log2;             /* scale * log2(e): exp(s * scale - m) is computed as exp2 */
 } dmma_args_t;
 
 /* Shared memory of one block, in bytes: the K/V stages, tiles as the cache stores them (rows
- * padded by 16 bytes: ldmatrix's 8 row addresses in 8 bank groups), then Q (bf16 only). fp8 tiles
- * are half the bytes: 54 KB at D = 128, so 4 blocks per SM (bf16: 106 KB, 2). */
-template <int D, bool F8> struct dmma_smem {
+ * padded by 16 bytes: ldmatrix's 8 row addresses in 8 bank groups), then Q: one m16 tile (MT = 1)
+ * as bf16 rows (a bf16 cache only; an fp8 one reads its fragments from global memory), two (MT = 2)
+ * as each lane's own A fragments. fp8 tiles are half the bytes: 54 KB at D = 128, so 4 blocks per
+ * SM (bf16: 106 KB, 2). The merge of the warps' states is laid over the stages (MT = 2 with an fp8
+ * cache: it is the larger). */
+template <int D, bool F8, int MT> struct dmma_smem {
     static constexpr int STRIDE = D + DMMA_PAD;                     /* one 16-bit Q row (and bf16 K/V row), elements */
     static constexpr int STAGES = DMMA_STAGES;
     static constexpr int SROW = F8 ? D + 16 : STRIDE * 2;           /* one staged K or V row, bytes */
     static constexpr size_t TILE = (size_t)DMMA_KEYS * SROW;        /* one staged K or V tile, bytes */
     static constexpr size_t KV_BYTES = (size_t)STAGES * 2 * TILE;
-    static constexpr size_t BYTES = KV_BYTES + (F8 ? 0 : (size_t)DMMA_ROWS * STRIDE * 2);   /* fp8: Q from global */
+    static constexpr int VROWS = MT * DMMA_ROWS;                    /* query vectors of a block */
     static constexpr int RSTRIDE = D + 8;                           /* a merge row, floats (+8: fewer bank conflicts) */
-    static constexpr size_t MERGE_BYTES = ((size_t)DMMA_WARPS * DMMA_ROWS * RSTRIDE + 2 * DMMA_WARPS * DMMA_ROWS) * 4;
-    static_assert(MERGE_BYTES <= KV_BYTES, "the merge area fits over the K/V stages");
+    static constexpr size_t MERGE_BYTES = ((size_t)DMMA_WARPS * VROWS * RSTRIDE + 2 * DMMA_WARPS * VROWS) * 4;
+    static constexpr size_t BASE = KV_BYTES > MERGE_BYTES ? KV_BYTES : MERGE_BYTES;
+    static constexpr size_t Q_BYTES = MT > 1 ? (size_t)MT * (D / 16) * 32 * 16     /* uint4 per lane per (tile, k16 step) */
+                                             : F8 ? 0 : (size_t)DMMA_ROWS * STRIDE * 2;
+    static constexpr size_t BYTES = BASE + Q_BYTES;
 };
 
-template <int D, bool F8>
-__global__ void __launch_bounds__(DMMA_THREADS, F8 ? 4 : D == 64 ? 3 : 2) k_attn_decode_mma(dmma_args_t a)
+/* One block per (row group, kv head g, key range s), 4 warps. A row group is one row (decode,
+ * seq_row0 NULL) or up to RB consecutive rows of one sequence (speculative verification: a
+ * sequence's last token and its drafts, k + 1 rows at consecutive positions). The group's rows x
+ * g's G query heads are the block's query vectors, vector v = r * G + h (row r, head gG + h), in
+ * MT m16 tiles; every K/V tile is loaded once for all of them, and each vector's scores are masked
+ * causally past its own row's position. The key range is that of the group's last position. */
+template <int D, bool F8, int MT>
+__global__ void __launch_bounds__(DMMA_THREADS, MT > 1 ? 2 : F8 ? 4 : D == 64 ? 3 : 2) k_attn_decode_mma(dmma_args_t a)
 {
     DEV_PDL_ENTER();
-    typedef dmma_smem<D, F8> SM;
-    constexpr int ST = SM::STRIDE, RST = SM::RSTRIDE, STAGES = SM::STAGES;
+    typedef dmma_smem<D, F8, MT> SM;
+    constexpr int ST = SM::STRIDE, RST = SM::RSTRIDE, STAGES = SM::STAGES, VROWS = SM::VROWS;
     constexpr int EB = F8 ? 1 : 2;                 /* bytes per cached element */
     constexpr int CH = D * EB / 16;                /* 16-byte chunks per key row */
     constexpr int KD = D / 16;                     /* k16 steps of Q K^T */
@@ -115,21 +130,41 @@ __global__ void __launch_bounds__(DMMA_THREADS, F8 ? 4 : D == 64 ? 3 : 2) k_attn
     extern __shared__ __align__(16) uint8_t dmma_sm[];
     uint8_t *Ks = dmma_sm;                                    /* [STAGES][KEYS][SROW bytes] */
     uint8_t *Vs = Ks + STAGES * SM::TILE;                     /* [STAGES][KEYS][SROW bytes] */
-    uint16_t *Qs = (uint16_t *)(dmma_sm + SM::KV_BYTES);     /* [ROWS][ST] (bf16 cache only) */
-    float *Ro = (float *)dmma_sm;                             /* after the loop: [WARPS][ROWS][RST] */
-    float *Rm = Ro + DMMA_WARPS * DMMA_ROWS * RST;            /* [WARPS][ROWS] */
-    float *Rl = Rm + DMMA_WARPS * DMMA_ROWS;                  /* [WARPS][ROWS] */
+    uint16_t *Qs = (uint16_t *)(dmma_sm + SM::BASE);         /* MT = 1, bf16 cache: [ROWS][ST] */
+    uint4 *Qf = (uint4 *)(dmma_sm + SM::BASE);               /* MT = 2: [MT][KD][32 lanes] A fragments */
+    float *Ro = (float *)dmma_sm;                             /* after the loop: [WARPS][VROWS][RST] */
+    float *Rm = Ro + DMMA_WARPS * VROWS * RST;                /* [WARPS][VROWS] */
+    float *Rl = Rm + DMMA_WARPS * VROWS;                      /* [WARPS][VROWS] */
 
-    const int G = a.G, g = blockIdx.x % a.n_kv, t = blockIdx.x / a.n_kv, sidx = blockIdx.y;
+    const int G = a.G, g = blockIdx.x % a.n_kv, grp = blockIdx.x / a.n_kv, sidx = blockIdx.y;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
-    const int seq = a.tok_seq[t], n_keys = a.tok_pos[t] + 1;
+    int t0 = grp, n_rows = 1;                      /* this block's rows: t0 .. t0 + n_rows - 1 */
+    if (a.seq_row0) {
+        const int s = grp / a.NGS;
+        t0 = a.seq_row0[s] + (grp % a.NGS) * a.RB;
+        n_rows = min(a.RB, a.seq_row0[s + 1] - t0);
+        if (n_rows <= 0)                           /* block-uniform: a sequence with fewer rows than the largest */
+            return;
+    }
+    const int nvec = n_rows * G;
+    const bool two = MT > 1 && nvec > DMMA_ROWS;   /* block-uniform: the second m16 tile has vectors */
+    int pmin = INT_MAX, pmax = -1;
+    for (int r = 0; r < n_rows; r++) {
+        const int p = a.tok_pos[t0 + r];
+        pmin = min(pmin, p);
+        pmax = max(pmax, p);
+    }
+    const int seq = a.tok_seq[t0], n_keys = pmax + 1;
     const int span = (n_keys + a.S - 1) / a.S;
     const int k0 = min(n_keys, sidx * span), k1 = min(n_keys, k0 + span);
+    const int kmask = min(k1, pmin + 1);           /* keys from here are masked for some vector */
     const int n_tiles = (k1 - k0 + DMMA_KEYS - 1) / DMMA_KEYS;
     const int32_t *bt = a.block_table + a.seq_bt_start[seq];
     const size_t slot_stride = (size_t)a.n_kv * D * EB;      /* bytes */
     const size_t k_off = (size_t)a.layer * 2 * a.block_size * slot_stride + (size_t)g * D * EB;
     const size_t v_off = k_off + (size_t)a.block_size * slot_stride;
+    /* Query vector v's row of q (valid for v < nvec). */
+    auto qvec = [&](int v) { return a.q + ((size_t)(t0 + v / G) * a.n_heads + (size_t)g * G + v % G) * D; };
 
     /* Tile i of the range into stage i % STAGES, or an empty group past the last tile (keeps the
      * wait count uniform). */
@@ -157,20 +192,47 @@ __global__ void __launch_bounds__(DMMA_THREADS, F8 ? 4 : D == 64 ? 3 : 2) k_attn
     for (int i = 0; i < STAGES - 1; i++)
         load_tile(i);                              /* in flight while the queries are converted */
 
-    uint32_t qf[KD][4];
-    if constexpr (F8) {
-        /* Straight from global memory (no shared-memory Q: 4 blocks fit an SM, not 3). k16 step kk
-         * in the fp8 K fragments' order (below): k 2t, 2t+1 are dimensions 16kk + 4t, +1 and k 2t+8,
-         * 2t+9 are 16kk + 4t + 2, +3 (a permutation of the sum's terms). Rows G..15 are zero. */
-        const float *qrow = a.q + ((size_t)t * a.n_heads + (size_t)g * G) * D + 4 * tig;
+    /* The A fragments of Q, vectors past nvec zero. MT = 1 keeps them in registers (qf); MT = 2
+     * writes each lane's into shared memory (Qf; read back per k16 step: the registers hold two
+     * tiles' O instead). An fp8 cache's come straight from global memory in its K fragments'
+     * permuted order (below), k 2t, 2t+1 = dimensions 16kk + 4t, +1 and k 2t+8, 2t+9 = 16kk + 4t
+     * + 2, +3 (a permutation of the sum's terms); a bf16 cache's MT = 1 tile through shared memory
+     * and ldmatrix, its MT = 2 tiles from global memory in the mma's order (k 2t, 2t+1 and 2t+8,
+     * 2t+9 = those dimensions of 16kk). */
+    uint32_t qf[MT > 1 ? 1 : KD][4];
+    if constexpr (MT > 1) {
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int kk = 0; kk < KD; kk++) {
+                uint32_t f[4];
+#pragma unroll
+                for (int half = 0; half < 2; half++) {
+                    const int v = mt * DMMA_ROWS + gid + 8 * half;
+                    float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                    if (v < nvec) {
+                        const float *qv = qvec(v) + kk * 16;
+                        if constexpr (F8) {
+                            x = *(const float4 *)(qv + 4 * tig);
+                        } else {
+                            const float2 lo = *(const float2 *)(qv + 2 * tig), hi = *(const float2 *)(qv + 2 * tig + 8);
+                            x = make_float4(lo.x, lo.y, hi.x, hi.y);
+                        }
+                    }
+                    f[half] = dev_pack2<F8>(x.x, x.y);
+                    f[2 + half] = dev_pack2<F8>(x.z, x.w);
+                }
+                Qf[(mt * KD + kk) * 32 + lane] = make_uint4(f[0], f[1], f[2], f[3]);
+            }
+        __syncwarp();                              /* a lane reads back only its own fragments */
+    } else if constexpr (F8) {
 #pragma unroll
         for (int kk = 0; kk < KD; kk++) {
 #pragma unroll
             for (int half = 0; half < 2; half++) {
                 const int v = gid + 8 * half;
                 float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                if (v < G)
-                    x = *(const float4 *)(qrow + (size_t)v * D + kk * 16);
+                if (v < nvec)
+                    x = *(const float4 *)(qvec(v) + kk * 16 + 4 * tig);
                 qf[kk][half] = dev_pack2<F8>(x.x, x.y);
                 qf[kk][2 + half] = dev_pack2<F8>(x.z, x.w);
             }
@@ -179,8 +241,8 @@ __global__ void __launch_bounds__(DMMA_THREADS, F8 ? 4 : D == 64 ? 3 : 2) k_attn
         for (int i = threadIdx.x; i < DMMA_ROWS * (D / 4); i += DMMA_THREADS) {
             const int v = i / (D / 4), d = (i % (D / 4)) * 4;
             float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (v < G)
-                x = *(const float4 *)(a.q + ((size_t)t * a.n_heads + (size_t)g * G + v) * D + d);
+            if (v < nvec)
+                x = *(const float4 *)(qvec(v) + d);
             *(uint2 *)(Qs + v * ST + d) = make_uint2(dev_pack2<F8>(x.x, x.y), dev_pack2<F8>(x.z, x.w));
         }
         __syncthreads();
@@ -188,13 +250,32 @@ __global__ void __launch_bounds__(DMMA_THREADS, F8 ? 4 : D == 64 ? 3 : 2) k_attn
         for (int kk = 0; kk < KD; kk++)
             dev_ldsm_x4(Qs + (lane & 15) * ST + kk * 16 + (lane >> 4) * 8, qf[kk]);
     }
-
-    /* This lane's rows of the m16 tile: gid (m0, l0, o[][0..1]) and gid + 8 (m1, l1, o[][2..3]). */
-    float o[DB][4];
+    /* The A fragment of tile mt, k16 step kk. */
+    auto qfrag = [&](int mt, int kk, uint32_t f[4]) {
+        if constexpr (MT > 1) {
+            const uint4 w = Qf[(mt * KD + kk) * 32 + lane];
+            f[0] = w.x, f[1] = w.y, f[2] = w.z, f[3] = w.w;
+        } else {
 #pragma unroll
-    for (int j = 0; j < DB; j++)
-        o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
-    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;   /* l: this thread's share of the row sum */
+            for (int e = 0; e < 4; e++)
+                f[e] = qf[kk][e];
+        }
+    };
+
+    /* This lane's vectors of tile mt: gid (m[mt][0], l[mt][0], o[mt][][0..1]) and gid + 8 (m[mt][1],
+     * l[mt][1], o[mt][][2..3]). */
+    float o[MT][DB][4], m[MT][2], l[MT][2];       /* l: this thread's share of the row sum */
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int j = 0; j < DB; j++)
+            o[mt][j][0] = o[mt][j][1] = o[mt][j][2] = o[mt][j][3] = 0.0f;
+        m[mt][0] = m[mt][1] = -INFINITY;
+        l[mt][0] = l[mt][1] = 0.0f;
+    }
+    /* The end of vector v's keys in this range: its row's position + 1, at most k1 (re-read where
+     * a tile is masked, rather than held in registers the fp8 kernel has none to spare of). */
+    auto key_end = [&](int v) { return v < nvec ? min(k1, a.tok_pos[t0 + v / G] + 1) : k1; };
 
     for (int i = 0; i < n_tiles; i++) {
         dev_cp_wait<STAGES - 2>();                 /* this thread's chunks of tile i have landed */
@@ -207,10 +288,12 @@ __global__ void __launch_bounds__(DMMA_THREADS, F8 ? 4 : D == 64 ? 3 : 2) k_attn
         const uint8_t *vst = Vs + (i % STAGES) * SM::TILE + 16 * warp * SM::SROW;
         const uint16_t *Kw = (const uint16_t *)kst, *Vw = (const uint16_t *)vst;
 
-        float s[2][4];
+        float s[MT][2][4];
 #pragma unroll
-        for (int j = 0; j < 2; j++)
-            s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+                s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.0f;
         if constexpr (F8) {
             /* S from fp8 K: ldmatrix treats a key's 16 bytes of one k16 step as 8 b16 columns, so lane
              * (g, t) gets key g's dimensions 4t..4t+3 of it; as f16 pairs (one exact cvt each) they
@@ -221,8 +304,16 @@ __global__ void __launch_bounds__(DMMA_THREADS, F8 ? 4 : D == 64 ? 3 : 2) k_attn
                 uint32_t r[4];
                 dev_ldsm_x4(kst + ((lane & 7) + ((lane >> 3) & 1) * 8) * SM::SROW + (kk + (lane >> 4)) * 16, r);
 #pragma unroll
-                for (int m = 0; m < 4; m++)
-                    dev_mma16<F8>(s[m & 1], qf[kk + (m >> 1)], dev_e4m3x2_f16x2(r[m]), dev_e4m3x2_f16x2(r[m] >> 16));
+                for (int mt = 0; mt < MT; mt++) {
+                    if (mt > 0 && !two)
+                        break;
+                    uint32_t f0[4], f1[4];
+                    qfrag(mt, kk, f0);
+                    qfrag(mt, kk + 1, f1);
+#pragma unroll
+                    for (int n = 0; n < 4; n++)
+                        dev_mma16<F8>(s[mt][n & 1], n >> 1 ? f1 : f0, dev_e4m3x2_f16x2(r[n]), dev_e4m3x2_f16x2(r[n] >> 16));
+                }
             }
         } else {
             /* S (16 vectors x 16 keys): matrices (keys 0-7, d 0-7), (keys 0-7, d 8-15), (keys 8-15,
@@ -231,52 +322,68 @@ __global__ void __launch_bounds__(DMMA_THREADS, F8 ? 4 : D == 64 ? 3 : 2) k_attn
             for (int kk = 0; kk < KD; kk++) {
                 uint32_t b[4];
                 dev_ldsm_x4(Kw + ((lane & 7) + (lane >> 4) * 8) * ST + kk * 16 + ((lane >> 3) & 1) * 8, b);
-                dev_mma16<F8>(s[0], qf[kk], b[0], b[1]);
-                dev_mma16<F8>(s[1], qf[kk], b[2], b[3]);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    if (mt > 0 && !two)
+                        break;
+                    uint32_t f[4];
+                    qfrag(mt, kk, f);
+                    dev_mma16<F8>(s[mt][0], f, b[0], b[1]);
+                    dev_mma16<F8>(s[mt][1], f, b[2], b[3]);
+                }
             }
         }
-        if (kw + 16 > k1) {                        /* the range's last keys: mask the zero-filled rest */
+        uint32_t pa[MT][4];                        /* P as the A fragment of one k16 step, per tile */
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            if (mt > 0 && !two)
+                break;
+            if (kw + 16 > kmask) {                 /* the range's last keys, or past some vector's row: mask */
+                const int e0 = key_end(mt * DMMA_ROWS + gid), e1 = key_end(mt * DMMA_ROWS + gid + 8);
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    const int key = kw + 8 * j + 2 * tig;
+                    if (key >= e0) s[mt][j][0] = -INFINITY;
+                    if (key + 1 >= e0) s[mt][j][1] = -INFINITY;
+                    if (key >= e1) s[mt][j][2] = -INFINITY;
+                    if (key + 1 >= e1) s[mt][j][3] = -INFINITY;
+                }
+            }
+            float mx0 = fmaxf(fmaxf(s[mt][0][0], s[mt][0][1]), fmaxf(s[mt][1][0], s[mt][1][1]));
+            float mx1 = fmaxf(fmaxf(s[mt][0][2], s[mt][0][3]), fmaxf(s[mt][1][2], s[mt][1][3]));
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+            const float mn0 = fmaxf(m[mt][0], mx0 * a.scale_log2), mn1 = fmaxf(m[mt][1], mx1 * a.scale_log2);
+            /* A vector whose keys all lie past its row (a draft's row in the range's first tile of
+             * another) has mn = -inf here: the guard keeps -inf - -inf out, and its p are 0. */
+            const float mu0 = mn0 == -INFINITY ? 0.0f : mn0, mu1 = mn1 == -INFINITY ? 0.0f : mn1;
+            const float c0 = exp2f(m[mt][0] - mu0), c1 = exp2f(m[mt][1] - mu1);
+            m[mt][0] = mn0;
+            m[mt][1] = mn1;
+            /* P as the 16-bit A fragment of one k16 step: n-block 0 is its columns 0-7, n-block 1 8-15. */
+            float ps0 = 0.0f, ps1 = 0.0f;
 #pragma unroll
             for (int j = 0; j < 2; j++) {
-                const int key = kw + 8 * j + 2 * tig;
-                if (key >= k1) s[j][0] = s[j][2] = -INFINITY;
-                if (key + 1 >= k1) s[j][1] = s[j][3] = -INFINITY;
+                const uint32_t h0 = dev_pack2<F8>(exp2f(fmaf(s[mt][j][0], a.scale_log2, -mu0)),
+                                                  exp2f(fmaf(s[mt][j][1], a.scale_log2, -mu0)));
+                const uint32_t h1 = dev_pack2<F8>(exp2f(fmaf(s[mt][j][2], a.scale_log2, -mu1)),
+                                                  exp2f(fmaf(s[mt][j][3], a.scale_log2, -mu1)));
+                ps0 += dev_lo2<F8>(h0) + dev_hi2<F8>(h0);
+                ps1 += dev_lo2<F8>(h1) + dev_hi2<F8>(h1);
+                pa[mt][2 * j] = h0;
+                pa[mt][2 * j + 1] = h1;
             }
-        }
-        float mx0 = fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]));
-        float mx1 = fmaxf(fmaxf(s[0][2], s[0][3]), fmaxf(s[1][2], s[1][3]));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        const float mn0 = fmaxf(m0, mx0 * a.scale_log2), mn1 = fmaxf(m1, mx1 * a.scale_log2);
-        /* Key kw is in range, so mn is finite here; the guard keeps -inf - -inf out regardless. */
-        const float mu0 = mn0 == -INFINITY ? 0.0f : mn0, mu1 = mn1 == -INFINITY ? 0.0f : mn1;
-        const float c0 = exp2f(m0 - mu0), c1 = exp2f(m1 - mu1);
-        m0 = mn0;
-        m1 = mn1;
-        /* P as the bf16 A fragment of one k16 step: n-block 0 is its columns 0-7, n-block 1 8-15. */
-        uint32_t pa[4];
-        float ps0 = 0.0f, ps1 = 0.0f;
+            l[mt][0] = l[mt][0] * c0 + ps0;
+            l[mt][1] = l[mt][1] * c1 + ps1;
 #pragma unroll
-        for (int j = 0; j < 2; j++) {
-            const uint32_t h0 = dev_pack2<F8>(exp2f(fmaf(s[j][0], a.scale_log2, -mu0)),
-                                                exp2f(fmaf(s[j][1], a.scale_log2, -mu0)));
-            const uint32_t h1 = dev_pack2<F8>(exp2f(fmaf(s[j][2], a.scale_log2, -mu1)),
-                                                exp2f(fmaf(s[j][3], a.scale_log2, -mu1)));
-            ps0 += dev_lo2<F8>(h0) + dev_hi2<F8>(h0);
-            ps1 += dev_lo2<F8>(h1) + dev_hi2<F8>(h1);
-            pa[2 * j] = h0;
-            pa[2 * j + 1] = h1;
-        }
-        l0 = l0 * c0 + ps0;
-        l1 = l1 * c1 + ps1;
-#pragma unroll
-        for (int j = 0; j < DB; j++) {
-            o[j][0] *= c0;
-            o[j][1] *= c0;
-            o[j][2] *= c1;
-            o[j][3] *= c1;
+            for (int j = 0; j < DB; j++) {
+                o[mt][j][0] *= c0;
+                o[mt][j][1] *= c0;
+                o[mt][j][2] *= c1;
+                o[mt][j][3] *= c1;
+            }
         }
         if constexpr (F8) {
             /* O += P V from fp8 V: ldmatrix .trans of a 16-byte column group (16 dimensions as 8 b16
@@ -292,8 +399,15 @@ __global__ void __launch_bounds__(DMMA_THREADS, F8 ? 4 : D == 64 ? 3 : 2) k_attn
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
                     const uint32_t lo = __byte_perm(r[2 * h], 0, 0x3120), hi = __byte_perm(r[2 * h + 1], 0, 0x3120);
-                    dev_mma16<F8>(o[4 * dq + 2 * h], pa, dev_e4m3x2_f16x2(lo), dev_e4m3x2_f16x2(hi));
-                    dev_mma16<F8>(o[4 * dq + 2 * h + 1], pa, dev_e4m3x2_f16x2(lo >> 16), dev_e4m3x2_f16x2(hi >> 16));
+                    const uint32_t a0 = dev_e4m3x2_f16x2(lo), a1 = dev_e4m3x2_f16x2(hi);
+                    const uint32_t b0 = dev_e4m3x2_f16x2(lo >> 16), b1 = dev_e4m3x2_f16x2(hi >> 16);
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) {
+                        if (mt > 0 && !two)
+                            break;
+                        dev_mma16<F8>(o[mt][4 * dq + 2 * h], pa[mt], a0, a1);
+                        dev_mma16<F8>(o[mt][4 * dq + 2 * h + 1], pa[mt], b0, b1);
+                    }
                 }
             }
         } else {
@@ -303,60 +417,68 @@ __global__ void __launch_bounds__(DMMA_THREADS, F8 ? 4 : D == 64 ? 3 : 2) k_attn
             for (int dp = 0; dp < DB / 2; dp++) {
                 uint32_t b[4];
                 dev_ldsm_x4_trans(Vw + ((lane & 7) + ((lane >> 3) & 1) * 8) * ST + dp * 16 + (lane >> 4) * 8, b);
-                dev_mma16<F8>(o[2 * dp], pa, b[0], b[1]);
-                dev_mma16<F8>(o[2 * dp + 1], pa, b[2], b[3]);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    if (mt > 0 && !two)
+                        break;
+                    dev_mma16<F8>(o[mt][2 * dp], pa[mt], b[0], b[1]);
+                    dev_mma16<F8>(o[mt][2 * dp + 1], pa[mt], b[2], b[3]);
+                }
             }
         }
     }
     dev_cp_wait<0>();                              /* only empty groups are left; nothing lands later */
     __syncthreads();                               /* every warp is done with the stages: the merge area overlays them */
 
-    /* The warps' states: row sums over the quad, then rows < G into shared memory. */
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    /* The warps' states: row sums over the quad, then vectors < nvec into shared memory. */
 #pragma unroll
-    for (int half = 0; half < 2; half++) {
-        const int v = gid + 8 * half;
-        if (v >= G)
-            continue;
-        if constexpr (F8) {                        /* group h's A and B columns: dims 16h + 4t .. + 3 */
-            float *ro = Ro + (warp * DMMA_ROWS + v) * RST + 4 * tig;
+    for (int mt = 0; mt < MT; mt++) {
 #pragma unroll
-            for (int h = 0; h < D / 16; h++)
-                *(float4 *)(ro + 16 * h) = make_float4(o[2 * h][2 * half], o[2 * h + 1][2 * half],
-                                                       o[2 * h][2 * half + 1], o[2 * h + 1][2 * half + 1]);
-        } else {
-            float *ro = Ro + (warp * DMMA_ROWS + v) * RST + 2 * tig;
+        for (int half = 0; half < 2; half++) {
+            float x = l[mt][half];
+            x += __shfl_xor_sync(0xffffffffu, x, 1);
+            x += __shfl_xor_sync(0xffffffffu, x, 2);
+            const int v = mt * DMMA_ROWS + gid + 8 * half;
+            if (v >= nvec)
+                continue;
+            if constexpr (F8) {                    /* group h's A and B columns: dims 16h + 4t .. + 3 */
+                float *ro = Ro + (warp * VROWS + v) * RST + 4 * tig;
 #pragma unroll
-            for (int j = 0; j < DB; j++)
-                *(float2 *)(ro + 8 * j) = make_float2(o[j][2 * half], o[j][2 * half + 1]);
-        }
-        if (tig == 0) {
-            Rm[warp * DMMA_ROWS + v] = half ? m1 : m0;
-            Rl[warp * DMMA_ROWS + v] = half ? l1 : l0;
+                for (int h = 0; h < D / 16; h++)
+                    *(float4 *)(ro + 16 * h) = make_float4(o[mt][2 * h][2 * half], o[mt][2 * h + 1][2 * half],
+                                                           o[mt][2 * h][2 * half + 1], o[mt][2 * h + 1][2 * half + 1]);
+            } else {
+                float *ro = Ro + (warp * VROWS + v) * RST + 2 * tig;
+#pragma unroll
+                for (int j = 0; j < DB; j++)
+                    *(float2 *)(ro + 8 * j) = make_float2(o[mt][j][2 * half], o[mt][j][2 * half + 1]);
+            }
+            if (tig == 0) {
+                Rm[warp * VROWS + v] = m[mt][half];
+                Rl[warp * VROWS + v] = x;
+            }
         }
     }
     __syncthreads();
-    /* Merge (a warp that saw no key has m = -inf, l = 0, O = 0 and weight 0). */
-    for (int i = threadIdx.x; i < G * D; i += DMMA_THREADS) {
+    /* Merge (a warp that saw no key of a vector has m = -inf, l = 0, O = 0 and weight 0). */
+    for (int i = threadIdx.x; i < nvec * D; i += DMMA_THREADS) {
         const int v = i / D, d = i % D;
         float mt = -INFINITY;
 #pragma unroll
         for (int w = 0; w < DMMA_WARPS; w++)
-            mt = fmaxf(mt, Rm[w * DMMA_ROWS + v]);
+            mt = fmaxf(mt, Rm[w * VROWS + v]);
         float lt = 0.0f, x = 0.0f;
 #pragma unroll
         for (int w = 0; w < DMMA_WARPS; w++) {
-            const float mw = Rm[w * DMMA_ROWS + v], wt = mw == -INFINITY ? 0.0f : exp2f(mw - mt);
-            lt += Rl[w * DMMA_ROWS + v] * wt;
-            x += Ro[(w * DMMA_ROWS + v) * RST + d] * wt;
+            const float mw = Rm[w * VROWS + v], wt = mw == -INFINITY ? 0.0f : exp2f(mw - mt);
+            lt += Rl[w * VROWS + v] * wt;
+            x += Ro[(w * VROWS + v) * RST + d] * wt;
         }
-        const size_t row = (size_t)t * a.n_heads + (size_t)g * G + v;
+        const size_t row = (size_t)(t0 + v / G) * a.n_heads + (size_t)g * G + v % G;
         if (a.S == 1) {
             a.out[row * D + d] = x * (1.0f / lt);
         } else {
+            /* A range wholly past a vector's row is empty for it: (-inf, 0, zeros), weight 0 in the merge. */
             float *pp = a.part + (row * a.S + sidx) * (size_t)(D + 2);
             if (d == 0) {
                 pp[0] = mt * DMMA_LN2;             /* k_attn_merge weighs ranges by expf(m - max m) */
@@ -367,11 +489,33 @@ __global__ void __launch_bounds__(DMMA_THREADS, F8 ? 4 : D == 64 ? 3 : 2) k_attn
     }
 }
 
-template <int D, bool F8>
-static void s_launch(const cuda_state_t *st, const dmma_args_t &a, int T)
+template <int D, bool F8, int MT>
+static void s_launch(const cuda_state_t *st, const dmma_args_t &a, int n_groups)
 {
-    const dim3 grid((unsigned)(T * a.n_kv), (unsigned)a.S);   /* the kv heads of one row side by side */
-    cuda_launch_large_smem<k_attn_decode_mma<D, F8>>(st, grid, DMMA_THREADS, dmma_smem<D, F8>::BYTES, a);
+    const dim3 grid((unsigned)(n_groups * a.n_kv), (unsigned)a.S);   /* the kv heads of one group side by side */
+    cuda_launch_large_smem<k_attn_decode_mma<D, F8, MT>>(st, grid, DMMA_THREADS, dmma_smem<D, F8, MT>::BYTES, a);
+}
+
+/* The grouping of a call's rows (cuda.h): 0 when the call is not one the kernel takes by sequence;
+ * else MT (query tiles per block), RB (rows per block) and NGS (blocks per sequence). */
+static int s_groups(const bk_kv_t *kv, int n_heads, const bk_attn_meta_t *meta, int max_mt, int *mt, int *rb, int *ngs)
+{
+    const int G = cuda_mma_attn_group(kv, n_heads, DMMA_ROWS), R = meta->max_rows;
+    if (!G || !meta->seq_row0 || R < 1 || R > CUDA_VERIFY_MAX_ROWS || (max_mt < 2 && R * G > DMMA_ROWS))
+        return 0;
+    const int MT = R * G <= DMMA_ROWS ? 1 : 2, RB = MT * DMMA_ROWS / G, NGS = (R + RB - 1) / RB;
+    if ((int64_t)meta->n_seqs * NGS * kv->n_kv_heads > INT_MAX)
+        return 0;
+    *mt = MT;
+    *rb = RB;
+    *ngs = NGS;
+    return meta->n_seqs * NGS;
+}
+
+int cuda_attention_decode_mma_groups(const bk_kv_t *kv, int n_heads, const bk_attn_meta_t *meta, int max_mt)
+{
+    int mt, rb, ngs;
+    return max_mt >= 1 ? s_groups(kv, n_heads, meta, max_mt, &mt, &rb, &ngs) : 0;
 }
 
 int cuda_attention_decode_mma(const cuda_state_t *st, const bk_kv_t *kv, int layer, const float *q, int n_heads,
@@ -394,10 +538,19 @@ int cuda_attention_decode_mma(const cuda_state_t *st, const bk_kv_t *kv, int lay
     a.G = G;
     a.S = S;
     a.scale_log2 = scale * 1.4426950408889634f;
+    int MT = 1, n_groups = T;
+    if (T != meta->n_seqs) {                       /* several rows per sequence: by sequence, or refused */
+        if (!(n_groups = s_groups(kv, n_heads, meta, st->attn_verify, &MT, &a.RB, &a.NGS)))
+            return -1;
+        a.seq_row0 = meta->seq_row0;
+    }
     const bool f8 = kv->dtype == DT_F8E4M3;
-    if (D == 64)
-        f8 ? s_launch<64, true>(st, a, T) : s_launch<64, false>(st, a, T);
-    else
-        f8 ? s_launch<128, true>(st, a, T) : s_launch<128, false>(st, a, T);
+    if (D == 64) {
+        if (MT == 1) f8 ? s_launch<64, true, 1>(st, a, n_groups) : s_launch<64, false, 1>(st, a, n_groups);
+        else f8 ? s_launch<64, true, 2>(st, a, n_groups) : s_launch<64, false, 2>(st, a, n_groups);
+    } else {
+        if (MT == 1) f8 ? s_launch<128, true, 1>(st, a, n_groups) : s_launch<128, false, 1>(st, a, n_groups);
+        else f8 ? s_launch<128, true, 2>(st, a, n_groups) : s_launch<128, false, 2>(st, a, n_groups);
+    }
     return 0;
 }
