@@ -29,12 +29,12 @@
 #include "actors/runtime/worker.h"
 #include "actors/worker/expert_report.h"
 #include "actors/worker/prefix_fetch.h"
+#include "actors/worker/spec_step.h"
 #include "actors/worker/token_text.h"
 #include "actors/worker/writeback.h"
 #include "common/log.h"
 #include "common/util.h"
 #include "engine/sched.h"
-#include "engine/spec.h"
 #include "transfer/kv_chan.h"
 #include "transfer/kv_link.h"
 #include "transfer/kv_transfer.h"
@@ -87,13 +87,7 @@ typedef struct decode {
     int64_t last_stats_ms;
     double tokens_per_s;
     int last_batch;
-    /* Speculation (TROUPE_SPECULATION=ngram[:k]; engine/spec.h): decode rows carry k drafts of the
-     * n-gram proposer in a step without prompt chunks, verified in the same forward. */
-    int spec_k;                  /* drafts per row; 0 = off */
-    int32_t *drafts;             /* [max_seqs][SPEC_MAX_K] each decode row's drafts this step */
-    int *n_drafts;               /* [max_seqs] drafts appended to the row's KV this step */
-    int *kv_base;                /* [max_seqs] the row's KV length before its drafts */
-    spec_stats_t spec;
+    spec_step_t *spec;           /* speculation (actors/worker/spec_step.h); NULL: off */
 } decode_t;
 
 /* A request's token buffer: the prompt (ids below vocab_size: valid int32, same bytes), then room
@@ -113,6 +107,7 @@ static void s_req_free(decode_t *d, dc_req_t *r)
         return;
     if (sched_find(d->sched, r->sr.id) == &r->sr)
         sched_remove(d->sched, &r->sr);
+    spec_step_forget(d->spec, r->sr.id);
     kvseq_destroy(&r->kv);
     sampler_destroy(&r->smp);
     msg_free(&r->handoff);
@@ -501,7 +496,7 @@ static int s_forward(actor_t *a, decode_t *d, const sched_batch_t *b, int spec)
     for (int i = 0; i < b->n; i++) {
         const dc_req_t *r = (const dc_req_t *)b->rows[i].req;
         const int used = b->rows[i].sample;   /* a chunk not ending its prompt: its token is not used */
-        d->seqs[i] = (model_seq_t){.kv = r->kv, .n_new = b->rows[i].n_new + (spec ? d->n_drafts[i] : 0)};
+        d->seqs[i] = (model_seq_t){.kv = r->kv, .n_new = b->rows[i].n_new + spec_step_drafts(d->spec, i)};
         if (i >= b->n_decode)
             *(r->sr.state == SCHED_PROMPTING ? &prompt_tokens : &recompute_tokens) += (uint64_t)b->rows[i].n_new;
         d->need_logits[i] = used && (sampler_needs_host(r->smp) || r->handoff.u.handoff.sampling.logprobs ||
@@ -559,79 +554,26 @@ static void s_sample_emit(actor_t *a, decode_t *d, const sched_batch_t *b)
     }
 }
 
-/* Speculation's schedule: in a step of decode rows only, each row gets up to spec_k drafts of the
- * n-gram proposer, appended to its KV (the forward computes them with its last token). The drafts
- * of a step never exceed max_seqs - rows, so its rows of logits fit the max_seqs the model was
- * sized for; nor a row's room to max_model_len. 1 when some row got drafts. */
-static int s_speculate(decode_t *d, const sched_batch_t *b)
+/* Speculation's hooks (spec_step.h): a row's sampler; a verified token streamed, r's KV rolled
+ * back to kv_keep if the token ends it. */
+static sampler_t *s_spec_sampler(void *ctx, sched_req_t *sr, int *logprobs)
 {
-    if (d->spec_k <= 0 || b->n != b->n_decode)
-        return 0;
-    int budget = d->w->max_seqs - b->n, any = 0;
-    for (int i = 0; i < b->n; i++) {
-        dc_req_t *r = (dc_req_t *)b->rows[i].req;
-        d->n_drafts[i] = 0;
-        if (!r)
-            continue;
-        d->kv_base[i] = kvseq_len(r->kv);
-        int k = d->spec_k < budget ? d->spec_k : budget;
-        if (k > d->w->max_model_len - d->kv_base[i] - 1)
-            k = d->w->max_model_len - d->kv_base[i] - 1;
-        int32_t *dr = d->drafts + (size_t)i * SPEC_MAX_K;
-        const int n = k > 0 ? spec_ngram_propose(r->toks, r->sr.n_toks, 1, 3, k, dr) : 0;
-        if (n > 0 && kvseq_append(r->kv, dr, n) == 0) {
-            d->n_drafts[i] = n;
-            budget -= n;
-            any = 1;
-        }
-    }
-    return any;
+    dc_req_t *r = (dc_req_t *)sr;
+    *logprobs = r->handoff.u.handoff.sampling.logprobs;
+    return r->smp;
 }
 
-/* Verify and emit: each row's positions in order, the target's token for each (the host sampler,
- * lossless: sampler_verify_draft), streamed through s_token as long as the drafts are accepted and
- * the request goes on (a stop id, a stop string, max_tokens or max_model_len ends it at the first
- * finishing token); then the row's KV is rolled back to the accepted drafts (kvseq_truncate), before
- * the step's commit publishes it. The last token streamed is the next step's input, as without
- * speculation. */
-static void s_verify_emit(actor_t *a, decode_t *d, const sched_batch_t *b)
+static int s_spec_emit(void *ctx, sched_req_t *sr, int32_t t, float lp, int at_length, int kv_keep)
 {
-    const size_t V = (size_t)d->w->cfg.vocab_size;
-    size_t row = 0;
-    for (int i = 0; i < b->n; i++) {
-        dc_req_t *r = (dc_req_t *)b->rows[i].req;
-        const int n = d->n_drafts[i], base = d->kv_base[i];
-        const size_t first = row;
-        row += (size_t)(1 + n);
-        if (!r)
-            continue;
-        const uint64_t id = r->sr.id;
-        const int32_t *dr = d->drafts + (size_t)i * SPEC_MAX_K;
-        int j = 0, alive = 1;
-        for (;; j++) {
-            int acc;
-            float lp = 0;
-            const int32_t t = sampler_verify_draft(r->smp, d->w->logits + (first + (size_t)j) * V, j < n ? dr[j] : -1,
-                                                   r->handoff.u.handoff.sampling.logprobs ? &lp : NULL, &acc);
-            r->kv_keep = base + j;
-            s_token(a, d, r, t, lp, base + j + 1 >= d->w->max_model_len);
-            alive = sched_find(d->sched, id) != NULL;
-            if (!acc || !alive)
-                break;
-            r->kv_keep = 0;
-        }
-        if (n > 0) {
-            d->spec.verify_steps++;
-            d->spec.drafts += (uint64_t)n;
-            d->spec.accepted += (uint64_t)j;
-            d->spec.emitted += (uint64_t)(j + 1);
-        }
-        if (!alive)
-            continue;
-        r->kv_keep = 0;
-        if (kvseq_truncate(r->kv, base + j) != 0)
-            LOG_E("request %llu: cannot roll its KV back to %d tokens", (unsigned long long)id, base + j);
-    }
+    decode_t *d = ctx;
+    dc_req_t *r = (dc_req_t *)sr;
+    const uint64_t id = sr->id;
+    r->kv_keep = kv_keep;
+    s_token(d->a, d, r, t, lp, at_length);
+    if (!s_find(d, id))
+        return 0;
+    r->kv_keep = 0;
+    return 1;
 }
 
 /* One step: schedule -> forward -> sample -> emit. Returns 1 if it did work. */
@@ -642,13 +584,13 @@ static int s_step(actor_t *a, void *state)
     const sched_batch_t *b = sched_step(d->sched);
     if (b->n == 0)
         return copying;
-    const int spec = s_speculate(d, b);
+    const int spec = spec_step_propose(d->spec, b);
     const int frc = s_forward(a, d, b, spec);
     if (spec) {
         /* A verify step commits after its emit: the rejected drafts leave the KV before it is
          * published (it has decode rows only: the commit just publishes). */
         if (frc == 0)
-            s_verify_emit(a, d, b);
+            spec_step_verify(d->spec, b, d->w->logits, d->w->cfg.vocab_size);
         sched_commit(d->sched);
         return 1;
     }
@@ -698,13 +640,7 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
     actor_stat_metric(a, st, "forward_seconds_total", (double)d->forward_ns / 1e9, 1);
     actor_stat_metric(a, st, "handoff_seconds_total", (double)d->handoff_ns / 1e9, 1);
     actor_stat_metric(a, st, "recompute_seconds_total", (double)d->recompute_ns / 1e9, 1);
-    if (d->spec_k > 0) {   /* speculation: acceptance of the drafts, tokens per verify step */
-        actor_stat_metric(a, st, "spec_verify_steps_total", (double)d->spec.verify_steps, 1);
-        actor_stat_metric(a, st, "spec_draft_tokens_total", (double)d->spec.drafts, 1);
-        actor_stat_metric(a, st, "spec_accepted_tokens_total", (double)d->spec.accepted, 1);
-        actor_stat_metric(a, st, "spec_acceptance_rate", spec_stats_acceptance(&d->spec), 0);
-        actor_stat_metric(a, st, "spec_mean_accepted_length", spec_stats_mean_len(&d->spec), 0);
-    }
+    spec_step_stats(d->spec, a, st);   /* speculation: acceptance of the drafts, tokens per verify step */
     if (d->colocated) {   /* the prompts it computes itself */
         actor_stat_metric(a, st, "requests_prompting", sched_count(d->sched, SCHED_PROMPTING), 0);
         actor_stat_metric(a, st, "prompts_total", (double)d->prompts, 1);
@@ -723,28 +659,6 @@ static const actor_handler_t s_handlers[] = {
     {MSG_KV_ACK, s_on_kv_ack},
     {MSG_KV_LINK, s_on_kv_link},
 };
-
-/* TROUPE_SPECULATION: unset, "" or "off": no speculation; "ngram" (4 drafts) or "ngram:K" (K in
- * [1, SPEC_MAX_K]): the n-gram proposer's K drafts per decode row. */
-static int s_spec_from_env(int *k, char *err, size_t errlen)
-{
-    const char *v = getenv("TROUPE_SPECULATION");
-    *k = 0;
-    if (!v || !*v || strcmp(v, "off") == 0)
-        return 0;
-    char *end = NULL;
-    if (strcmp(v, "ngram") == 0)
-        *k = 4;
-    else if (strncmp(v, "ngram:", 6) == 0)
-        *k = (int)strtol(v + 6, &end, 10);
-    if (*k < 1 || *k > SPEC_MAX_K || (end && *end)) {
-        *k = 0;
-        return errf(err, errlen, "TROUPE_SPECULATION '%s': expected off, ngram or ngram:K with K in [1, %d]", v,
-                    SPEC_MAX_K);
-    }
-    LOG_I("speculation: ngram, %d drafts per row", *k);
-    return 0;
-}
 
 int main(int argc, char **argv)
 {
@@ -770,7 +684,8 @@ int main(int argc, char **argv)
     /* A step holds the decode rows and up to prefill_chunk_tokens tokens of prompt chunks (colocated
      * prompts, and every worker's recomputes of preempted requests). */
     const int max_tokens = max_seqs + chunk_tokens;
-    if (s_spec_from_env(&d.spec_k, err, sizeof err) != 0) {
+    spec_step_config_t spec_cfg;
+    if (spec_step_config_from_env(&spec_cfg, err, sizeof err) != 0) {
         LOG_E("%s", err);
         actor_destroy(&a);
         return ACTOR_EXIT_CONFIG;
@@ -796,16 +711,15 @@ int main(int argc, char **argv)
     d.argmax = calloc((size_t)max_seqs, sizeof *d.argmax);
     d.sample = calloc((size_t)max_seqs, sizeof *d.sample);
     d.need_logits = calloc((size_t)max_seqs, 1);
-    d.drafts = calloc((size_t)max_seqs * SPEC_MAX_K, sizeof *d.drafts);
-    d.n_drafts = calloc((size_t)max_seqs, sizeof *d.n_drafts);
-    d.kv_base = calloc((size_t)max_seqs, sizeof *d.kv_base);
+    const spec_hooks_t spec_hooks = {.ctx = &d, .sampler = s_spec_sampler, .emit = s_spec_emit};
+    d.spec = spec_step_new(&spec_cfg, max_seqs, d.w->max_model_len, &spec_hooks, err, sizeof err);
     const int text_rc = token_text_init(&d.text, 8192);
     d.wb = writeback_new(d.w, d.name, d.cluster, d.cache_manager);
     sched_config_t sc = {.max_seqs = max_seqs, .max_running = max_seqs, .chunk_tokens = chunk_tokens, .now_ms = now_ms,
                          .ctx = &d, .reclaim = s_reclaim, .hold_expired = s_hold_expired, .drop = s_drop};
     d.sched = sched_new(d.w->pool, &sc, err, sizeof err);
     int rc = -1;
-    if (!d.links || !d.chan || !d.seqs || !d.argmax || !d.sample || !d.need_logits || !d.drafts || !d.n_drafts || !d.kv_base || text_rc != 0 || !d.wb ||
+    if (!d.links || !d.chan || !d.seqs || !d.argmax || !d.sample || !d.need_logits || (!d.spec && spec_cfg.method != SPEC_OFF) || text_rc != 0 || !d.wb ||
         !d.sched) {
         LOG_E("out of memory for a batch of %d", max_seqs);
     } else {
@@ -826,9 +740,7 @@ int main(int argc, char **argv)
     free(d.argmax);
     free(d.sample);
     free(d.need_logits);
-    free(d.drafts);
-    free(d.n_drafts);
-    free(d.kv_base);
+    spec_step_destroy(&d.spec);
     token_text_free(&d.text);
     expert_report_destroy(&d.experts);
     worker_destroy(&d.w);

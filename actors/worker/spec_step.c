@@ -1,0 +1,170 @@
+/* actors/worker/spec_step.c — drafts before a decode step's forward, verification after it
+ * (spec_step.h says when each runs and why). */
+#include "actors/worker/spec_step.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/util.h"
+
+#define SPEC_NGRAM_K     4       /* "ngram" alone */
+#define SPEC_NGRAM_MIN_N 1       /* the n-gram proposer's suffix lengths in a decode worker */
+#define SPEC_NGRAM_MAX_N 3
+
+struct spec_step {
+    int k;                       /* drafts per row at most */
+    int max_seqs, max_model_len;
+    spec_proposer_t *proposer;
+    spec_hooks_t hooks;
+    int32_t *drafts;             /* [max_seqs][SPEC_MAX_K] each decode row's drafts this step */
+    int *n_drafts;               /* [max_seqs] drafts appended to the row's KV this step */
+    int *kv_base;                /* [max_seqs] the row's KV length before its drafts */
+    spec_stats_t stats;
+};
+
+int spec_step_config_from_env(spec_step_config_t *c, char *err, size_t errlen)
+{
+    const char *v = getenv("TROUPE_SPECULATION");
+    *c = (spec_step_config_t){.method = SPEC_OFF};
+    if (!v || !*v || strcmp(v, "off") == 0)
+        return 0;
+    char *end = NULL;
+    int k = 0;
+    if (strcmp(v, "ngram") == 0)
+        k = SPEC_NGRAM_K;
+    else if (strncmp(v, "ngram:", 6) == 0)
+        k = (int)strtol(v + 6, &end, 10);
+    if (k < 1 || k > SPEC_MAX_K || (end && *end))
+        return errf(err, errlen, "TROUPE_SPECULATION '%s': expected off, ngram or ngram:K with K in [1, %d]", v,
+                    SPEC_MAX_K);
+    *c = (spec_step_config_t){.method = SPEC_NGRAM, .k = k};
+    return 0;
+}
+
+spec_step_t *spec_step_new(const spec_step_config_t *c, int max_seqs, int max_model_len, const spec_hooks_t *hooks,
+                           char *err, size_t errlen)
+{
+    if (errlen)
+        *err = 0;
+    if (c->method == SPEC_OFF)
+        return NULL;
+    spec_step_t *s = calloc(1, sizeof *s);
+    if (s) {
+        *s = (spec_step_t){.k = c->k, .max_seqs = max_seqs, .max_model_len = max_model_len, .hooks = *hooks};
+        s->proposer = spec_ngram_new(SPEC_NGRAM_MIN_N, SPEC_NGRAM_MAX_N);
+        s->drafts = calloc((size_t)max_seqs * SPEC_MAX_K, sizeof *s->drafts);
+        s->n_drafts = calloc((size_t)max_seqs, sizeof *s->n_drafts);
+        s->kv_base = calloc((size_t)max_seqs, sizeof *s->kv_base);
+    }
+    if (!s || !s->proposer || !s->drafts || !s->n_drafts || !s->kv_base) {
+        spec_step_destroy(&s);
+        errf(err, errlen, "out of memory for speculation over %d rows", max_seqs);
+        return NULL;
+    }
+    LOG_I("speculation: %s, %d drafts per row", spec_method_name(c->method), c->k);
+    return s;
+}
+
+void spec_step_destroy(spec_step_t **self_p)
+{
+    if (!self_p || !*self_p)
+        return;
+    spec_step_t *s = *self_p;
+    spec_proposer_destroy(&s->proposer);
+    free(s->drafts);
+    free(s->n_drafts);
+    free(s->kv_base);
+    free(s);
+    *self_p = NULL;
+}
+
+int spec_step_propose(spec_step_t *s, const sched_batch_t *b)
+{
+    if (!s || b->n != b->n_decode)
+        return 0;
+    int budget = s->max_seqs - b->n, any = 0;
+    for (int i = 0; i < b->n; i++) {
+        sched_req_t *r = b->rows[i].req;
+        s->n_drafts[i] = 0;
+        if (!r)
+            continue;
+        s->kv_base[i] = kvseq_len(r->kv);
+        int k = s->k < budget ? s->k : budget;
+        if (k > s->max_model_len - s->kv_base[i] - 1)
+            k = s->max_model_len - s->kv_base[i] - 1;
+        int32_t *dr = s->drafts + (size_t)i * SPEC_MAX_K;
+        const int n = k > 0 ? spec_propose(s->proposer, r->id, r->toks, r->n_toks, k, dr, NULL) : 0;
+        if (n > 0 && kvseq_append(r->kv, dr, n) == 0) {
+            s->n_drafts[i] = n;
+            budget -= n;
+            any = 1;
+        }
+    }
+    return any;
+}
+
+int spec_step_drafts(const spec_step_t *s, int i) { return s ? s->n_drafts[i] : 0; }
+
+/* Row i's positions in order (its last token, then its drafts), the target's token for each,
+ * streamed as long as the drafts are accepted and the request goes on (a stop id, a stop string,
+ * max_tokens or max_model_len ends it at the first finishing token); the last token streamed is
+ * the next step's input, as without speculation. */
+void spec_step_verify(spec_step_t *s, const sched_batch_t *b, const float *logits, int vocab)
+{
+    if (!s)
+        return;
+    const size_t V = (size_t)vocab;
+    size_t row = 0;
+    for (int i = 0; i < b->n; i++) {
+        sched_req_t *r = b->rows[i].req;
+        const int n = s->n_drafts[i], base = s->kv_base[i];
+        const size_t first = row;
+        row += (size_t)(1 + n);
+        if (!r)
+            continue;
+        const uint64_t id = r->id;
+        kvseq_t *kv = r->kv;
+        const int32_t *dr = s->drafts + (size_t)i * SPEC_MAX_K;
+        int logprobs = 0;
+        sampler_t *smp = s->hooks.sampler(s->hooks.ctx, r, &logprobs);
+        int j = 0, alive = 1;
+        for (;; j++) {
+            int acc;
+            float lp = 0;
+            const int32_t t = sampler_verify_draft(smp, logits + (first + (size_t)j) * V, j < n ? dr[j] : -1,
+                                                   logprobs ? &lp : NULL, &acc);
+            alive = s->hooks.emit(s->hooks.ctx, r, t, lp, base + j + 1 >= s->max_model_len, base + j);
+            if (!acc || !alive)
+                break;
+        }
+        if (n > 0) {
+            s->stats.verify_steps++;
+            s->stats.drafts += (uint64_t)n;
+            s->stats.accepted += (uint64_t)j;
+            s->stats.emitted += (uint64_t)(j + 1);
+        }
+        if (!alive)
+            continue;
+        spec_accepted(s->proposer, id, j);
+        if (kvseq_truncate(kv, base + j) != 0)
+            LOG_E("request %llu: cannot roll its KV back to %d tokens", (unsigned long long)id, base + j);
+    }
+}
+
+void spec_step_forget(spec_step_t *s, uint64_t id)
+{
+    if (s)
+        spec_forget(s->proposer, id);
+}
+
+void spec_step_stats(const spec_step_t *s, actor_t *a, msg_stats_t *st)
+{
+    if (!s)
+        return;
+    actor_stat_metric(a, st, "spec_verify_steps_total", (double)s->stats.verify_steps, 1);
+    actor_stat_metric(a, st, "spec_draft_tokens_total", (double)s->stats.drafts, 1);
+    actor_stat_metric(a, st, "spec_accepted_tokens_total", (double)s->stats.accepted, 1);
+    actor_stat_metric(a, st, "spec_acceptance_rate", spec_stats_acceptance(&s->stats), 0);
+    actor_stat_metric(a, st, "spec_mean_accepted_length", spec_stats_mean_len(&s->stats), 0);
+}

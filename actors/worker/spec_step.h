@@ -1,0 +1,73 @@
+/* actors/worker/spec_step.h — a decode worker's speculation (TROUPE_SPECULATION; docs/speculation.md):
+ * the drafts of a step's decode rows before the forward, their verification after it. A module of
+ * its own so that the decode step reads the same with or without speculation, and so that what
+ * decides the drafts (a proposer behind engine/spec.h, a policy for how many per row) changes here
+ * and nowhere else.
+ *
+ * In a step of decode rows only (no prompt chunk):
+ *   1. spec_step_propose (after the schedule, before the forward): each row gets up to k drafts,
+ *      appended to its KV; the forward computes spec_step_drafts(s, i) more positions of row i and
+ *      brings every position's logits to the host (model_batch_t.all_logits);
+ *   2. spec_step_verify (after the forward, before the step's commit): for each row, position by
+ *      position, the target's token (sampler_verify_draft: lossless), streamed through the owner's
+ *      emit hook while the drafts are accepted and the request goes on; then the row's KV is
+ *      rolled back to what was accepted (kvseq_truncate), so the commit publishes only that.
+ * The drafts of a step never exceed max_seqs - rows (its rows of logits fit the buffers the model
+ * was sized for), nor a row's room to max_model_len.
+ *
+ * A NULL spec_step_t is speculation off: every function takes it and does nothing. */
+#ifndef TROUPE_ACTORS_WORKER_SPEC_STEP_H
+#define TROUPE_ACTORS_WORKER_SPEC_STEP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "actors/runtime/actor.h"
+#include "engine/sampler.h"
+#include "engine/sched.h"
+#include "engine/spec.h"
+
+/* What the environment asks for: method SPEC_OFF, or SPEC_NGRAM with k drafts per row. */
+typedef struct spec_step_config {
+    spec_method_t method;
+    int k;                       /* drafts per row, [1, SPEC_MAX_K] */
+} spec_step_config_t;
+
+/* What the step needs of its owner's requests (ctx: the hooks' first argument). */
+typedef struct spec_hooks {
+    void *ctx;
+    /* r's sampler; *logprobs: r wants each token's log-probability. */
+    sampler_t *(*sampler)(void *ctx, sched_req_t *r, int *logprobs);
+    /* Streams token t of r (at_length: no room for another); kv_keep is the KV length right for
+     * the tokens streamed so far, to which r's KV is rolled back if t ends it. 1 while r goes on,
+     * 0 when it ended (r is freed). */
+    int (*emit)(void *ctx, sched_req_t *r, int32_t t, float lp, int at_length, int kv_keep);
+} spec_hooks_t;
+
+typedef struct spec_step spec_step_t;
+
+/* TROUPE_SPECULATION: unset, "" or "off": off; "ngram" (4 drafts) or "ngram:K" (K in
+ * [1, SPEC_MAX_K]). -1 with why (naming the variable) on anything else. */
+int spec_step_config_from_env(spec_step_config_t *c, char *err, size_t errlen);
+
+/* The speculation of a worker with max_seqs rows and max_model_len tokens per sequence. NULL when
+ * c->method is SPEC_OFF (err empty), or with err when out of memory. */
+spec_step_t *spec_step_new(const spec_step_config_t *c, int max_seqs, int max_model_len, const spec_hooks_t *hooks,
+                           char *err, size_t errlen);
+void spec_step_destroy(spec_step_t **self_p);
+
+/* Drafts for b's rows, appended to their KV: 1 when some row got drafts (the step verifies), 0
+ * when none did or b has prompt chunks (the step decodes the plain way). */
+int spec_step_propose(spec_step_t *s, const sched_batch_t *b);
+/* Drafts row i carries this step (0 unless spec_step_propose returned 1). */
+int spec_step_drafts(const spec_step_t *s, int i);
+/* Verifies and emits b's rows from logits ([rows of every position][vocab], rows in b's order). */
+void spec_step_verify(spec_step_t *s, const sched_batch_t *b, const float *logits, int vocab);
+/* Request id ended: a proposer with per-sequence state drops it. */
+void spec_step_forget(spec_step_t *s, uint64_t id);
+
+/* spec_verify_steps_total, spec_draft_tokens_total, spec_accepted_tokens_total,
+ * spec_acceptance_rate, spec_mean_accepted_length (nothing when off). */
+void spec_step_stats(const spec_step_t *s, actor_t *a, msg_stats_t *st);
+
+#endif
