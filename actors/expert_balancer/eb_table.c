@@ -24,11 +24,30 @@ struct eb_table {
     int n_slots;
     double before[EB_MAX_LAYERS];           /* busiest/average rank, experts in order */
     double after[EB_MAX_LAYERS];            /* the same with the placement */
+    int group_ranks;                        /* > 0: one worker's expert-parallel group of this many ranks */
+    int redundant;                          /* group: replica slots per rank beyond the experts' share */
+    int interval;                           /* windows between placements */
 };
 
 eb_table_t *eb_table_new(void)
 {
-    return calloc(1, sizeof(eb_table_t));
+    eb_table_t *t = calloc(1, sizeof(eb_table_t));
+    if (t)
+        t->interval = EB_REBALANCE_WINDOWS;
+    return t;
+}
+
+eb_table_t *eb_table_new_group(int ranks, int redundant, int interval_windows)
+{
+    if (ranks < 1 || ranks > EB_MAX_RANKS || redundant < 0 || interval_windows < 1)
+        return NULL;
+    eb_table_t *t = calloc(1, sizeof(eb_table_t));
+    if (!t)
+        return NULL;
+    t->group_ranks = ranks;
+    t->redundant = redundant;
+    t->interval = interval_windows;
+    return t;
 }
 
 void eb_table_destroy(eb_table_t **self_p)
@@ -57,8 +76,10 @@ static int s_worker(eb_table_t *t, const char *name)
 /* One placement per layer over the workers seen: 0, or -1 (eplb refused; the old one stays). */
 static int s_rebalance(eb_table_t *t)
 {
-    const int E = t->n_experts, R = t->n_workers, per = (E + R - 1) / R;
-    const int n_slots = per * R + R;
+    const int E = t->n_experts, R = t->group_ranks ? t->group_ranks : t->n_workers, per = (E + R - 1) / R;
+    int n_slots = per * R + (t->group_ranks ? t->redundant : 1) * R;
+    if (n_slots > E * R)   /* at most one replica of an expert per rank */
+        n_slots = E * R;
     int32_t *slots = malloc((size_t)EB_MAX_LAYERS * (size_t)n_slots * sizeof(int32_t));
     int32_t *ident = malloc((size_t)E * sizeof(int32_t));
     double *load = malloc((size_t)E * sizeof(double));
@@ -71,9 +92,13 @@ static int s_rebalance(eb_table_t *t)
     }
     eplb_identity(E, ident);
     for (int l = 0; l < t->n_layers; l++) {
+        double sum = 0;
         for (int e = 0; e < E; e++)
-            load[e] = (double)t->load[(size_t)l * E + e];
+            sum += load[e] = (double)t->load[(size_t)l * E + e];
         int32_t *ls = slots + (size_t)l * n_slots;
+        if (sum == 0)   /* a dense layer (or no tokens yet): every expert once, the rest in turn */
+            for (int e = 0; e < E; e++)
+                load[e] = 1;
         if (eplb_place(load, E, R, 1, n_slots, ls, err, sizeof err) != 0) {
             LOG_W("expert placement, layer %d: %s; keeping epoch %llu", l, err, (unsigned long long)t->epoch);
             goto done;
@@ -111,6 +136,8 @@ int eb_table_add(eb_table_t *t, const char *worker, uint32_t layer, const uint64
         t->n_experts = (int)n;
         t->clock_layer = (int)layer;   /* the first MoE layer (a model's first layers may be dense) */
     }
+    if (t->group_ranks && t->n_workers == 1 && strcmp(t->workers[0], worker) != 0)
+        return errf(err, errlen, "expert_load from %s: this table is %s's group", worker, t->workers[0]);
     if (s_worker(t, worker) < 0)
         return errf(err, errlen, "expert_load from %s: more than %d workers", worker, EB_MAX_RANKS);
     uint64_t *row = t->load + (size_t)layer * n;
@@ -118,14 +145,15 @@ int eb_table_add(eb_table_t *t, const char *worker, uint32_t layer, const uint64
         row[e] += counts[e];
     if ((int)layer + 1 > t->n_layers)
         t->n_layers = (int)layer + 1;
-    if ((int)layer != t->clock_layer || ++t->windows < (uint64_t)EB_REBALANCE_WINDOWS * (uint64_t)t->n_workers)
+    if ((int)layer != t->clock_layer || ++t->windows < (uint64_t)t->interval * (uint64_t)t->n_workers)
         return 0;
     t->windows = 0;
     return s_rebalance(t) == 0 ? 1 : 0;
 }
 
 uint64_t eb_table_epoch(const eb_table_t *t) { return t->epoch; }
-int eb_table_ranks(const eb_table_t *t) { return t->n_workers; }
+int eb_table_ranks(const eb_table_t *t) { return t->group_ranks ? t->group_ranks : t->n_workers; }
+int eb_table_experts(const eb_table_t *t) { return t->n_experts; }
 int eb_table_layers(const eb_table_t *t) { return t->n_layers; }
 double eb_table_before(const eb_table_t *t, int l) { return t->epoch && l >= 0 && l < t->n_layers ? t->before[l] : 0; }
 double eb_table_after(const eb_table_t *t, int l) { return t->epoch && l >= 0 && l < t->n_layers ? t->after[l] : 0; }

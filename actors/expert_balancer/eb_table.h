@@ -15,6 +15,10 @@
 typedef struct eb_table eb_table_t;
 
 eb_table_t *eb_table_new(void);
+/* One decode worker's expert-parallel group of `ranks` ranks (only that worker's windows count):
+ * each placement gives every rank `redundant` slots beyond its share of the experts (fewer when a
+ * rank would hold an expert twice), every interval_windows windows. NULL on bad arguments. */
+eb_table_t *eb_table_new_group(int ranks, int redundant, int interval_windows);
 void eb_table_destroy(eb_table_t **self_p);
 
 /* Adds one window of worker's layer: counts [n] tokens per expert. 1 when this window completed an
@@ -25,7 +29,8 @@ int eb_table_add(eb_table_t *t, const char *worker, uint32_t layer, const uint64
                  size_t errlen);
 
 uint64_t eb_table_epoch(const eb_table_t *t);          /* placements computed; 0: none yet */
-int eb_table_ranks(const eb_table_t *t);               /* workers seen */
+int eb_table_ranks(const eb_table_t *t);               /* workers seen, or the group's ranks */
+int eb_table_experts(const eb_table_t *t);             /* experts per layer (0 before the first window) */
 int eb_table_layers(const eb_table_t *t);              /* 1 + the highest layer seen */
 /* The latest placement's ratios for layer l (0 when there is none, or before when the experts do
  * not divide evenly over the ranks). */

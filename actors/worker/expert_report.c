@@ -14,6 +14,7 @@ struct expert_report {
     int n_layers, n_experts;
     uint64_t *load;                              /* [n_layers][n_experts] the window being read */
     uint64_t next;                               /* the step count at which the next window ends */
+    uint64_t window;                             /* steps per window (topology experts.window_steps) */
     char balancers[EXPERT_REPORT_MAX_BALANCERS][TOPO_NAME_MAX];
     int n_balancers;
 };
@@ -33,7 +34,8 @@ expert_report_t *expert_report_new(const topo_t *t, model_t *m)
     r->m = m;
     r->n_layers = c->num_layers;
     r->n_experts = c->num_experts;
-    r->next = EXPERT_REPORT_WINDOW_STEPS;
+    r->window = t->experts.window_steps > 0 ? (uint64_t)t->experts.window_steps : EXPERT_REPORT_WINDOW_STEPS;
+    r->next = r->window;
     if (!r->n_balancers || !(r->load = calloc((size_t)r->n_layers * (size_t)r->n_experts, sizeof(uint64_t)))) {
         free(r);
         return NULL;
@@ -52,12 +54,14 @@ void expert_report_destroy(expert_report_t **self_p)
 
 void expert_report_tick(expert_report_t **r_p, actor_t *a, model_t *m, uint64_t steps)
 {
-    if (steps < EXPERT_REPORT_WINDOW_STEPS || (!*r_p && !(*r_p = expert_report_new(actor_topo(a), m))))
+    const int win = actor_topo(a)->experts.window_steps;
+    if (steps < (uint64_t)(win > 0 ? win : EXPERT_REPORT_WINDOW_STEPS) ||
+        (!*r_p && !(*r_p = expert_report_new(actor_topo(a), m))))
         return;
     expert_report_t *r = *r_p;
     if (steps < r->next)
         return;
-    r->next = steps + EXPERT_REPORT_WINDOW_STEPS;
+    r->next = steps + r->window;
     char err[256];
     const size_t n = (size_t)r->n_layers * (size_t)r->n_experts;
     for (size_t i = 0; i < n; i++)

@@ -1,6 +1,6 @@
 /* actors/worker/expert_report.h — a worker's per-window `expert_load` reports to the
  * expert-balancer: the MoE kernels count routed tokens per (layer, expert) on the device
- * (engine/model.h, model_expert_load); every EXPERT_REPORT_WINDOW_STEPS steps the counts are read
+ * (engine/model.h, model_expert_load); every experts.window_steps steps (topology) the counts are read
  * back once and sent, one message per MoE layer, to every expert-balancer of the topology. */
 #ifndef TROUPE_ACTORS_WORKER_EXPERT_REPORT_H
 #define TROUPE_ACTORS_WORKER_EXPERT_REPORT_H
@@ -11,7 +11,7 @@
 #include "engine/model.h"
 #include "topology/topology.h"
 
-#define EXPERT_REPORT_WINDOW_STEPS 1000   /* steps per load window (DeepSeek looks every 1,000) */
+#define EXPERT_REPORT_WINDOW_STEPS 1000   /* the default window (topology experts.window_steps) */
 
 typedef struct expert_report expert_report_t;
 
