@@ -27,6 +27,8 @@
 
 #include "actors/runtime/actor.h"
 #include "actors/runtime/worker.h"
+#include "actors/worker/expert_apply.h"
+#include "actors/worker/expert_group.h"
 #include "actors/worker/expert_report.h"
 #include "actors/worker/prefix_fetch.h"
 #include "actors/worker/spec_step.h"
@@ -637,6 +639,7 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
     actor_stat_metric(a, st, "nccl_links_ready", kvlinks_ready(d->links), 0);
     actor_stat_metric(a, st, "steps_total", (double)d->steps, 1);
     expert_report_tick(&d->experts, a, d->w->model, d->steps);   /* an expert_load window per 1,000 steps */
+    expert_apply_stats(a, st, expert_group_ep(d->w->experts));     /* the expert-parallel group, if any */
     actor_stat_metric(a, st, "forward_seconds_total", (double)d->forward_ns / 1e9, 1);
     actor_stat_metric(a, st, "handoff_seconds_total", (double)d->handoff_ns / 1e9, 1);
     actor_stat_metric(a, st, "recompute_seconds_total", (double)d->recompute_ns / 1e9, 1);
@@ -650,6 +653,18 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
     }
 }
 
+/* The expert-balancer's placement for the group this worker leads (docs/experts.md): the group
+ * switches to it at a step boundary; one it cannot take is answered with bad_request. */
+static int s_on_placement(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
+{
+    decode_t *d = state;
+    char err[512];
+    if (expert_apply(expert_group_ep(d->w->experts), d->w->model, &m->u.expert_placement, err, sizeof err) == 0)
+        return 0;
+    LOG_W("expert placement refused: %s", err);
+    return actor_reply_error(a, from, m->id, MSG_ERR_BAD_REQUEST, 0, "%s", err) < 0 ? -1 : 0;
+}
+
 static const actor_handler_t s_handlers[] = {
     {MSG_KV_ANNOUNCE, s_on_kv_announce},
     {MSG_HANDOFF, s_on_handoff},
@@ -658,6 +673,7 @@ static const actor_handler_t s_handlers[] = {
     {MSG_CANCEL, s_on_cancel},
     {MSG_KV_ACK, s_on_kv_ack},
     {MSG_KV_LINK, s_on_kv_link},
+    {MSG_EXPERT_PLACEMENT, s_on_placement},
 };
 
 int main(int argc, char **argv)

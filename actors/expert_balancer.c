@@ -127,12 +127,12 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
     actor_stat_metric(a, st, "loads_refused", (double)s->refused, 1);
     actor_stat_metric(a, st, "placements_pushed", (double)s->pushed, 1);
     actor_stat_metric(a, st, "placements_not_sent", (double)s->push_failed, 1);
+    static char names[EB_SHOWN_LAYERS][2][48];   /* the stats keep the name pointers until sent */
     for (int l = 0; eb_table_epoch(t) && l < eb_table_layers(t) && l < EB_SHOWN_LAYERS; l++) {
-        char name[64];
-        snprintf(name, sizeof name, "layer%d_busiest_over_avg_in_order", l);
-        actor_stat_metric(a, st, name, eb_table_before(t, l), 0);
-        snprintf(name, sizeof name, "layer%d_busiest_over_avg_placed", l);
-        actor_stat_metric(a, st, name, eb_table_after(t, l), 0);
+        snprintf(names[l][0], sizeof names[l][0], "layer%d_busiest_over_avg_in_order", l);
+        actor_stat_metric(a, st, names[l][0], eb_table_before(t, l), 0);
+        snprintf(names[l][1], sizeof names[l][1], "layer%d_busiest_over_avg_placed", l);
+        actor_stat_metric(a, st, names[l][1], eb_table_after(t, l), 0);
     }
 }
 

@@ -80,6 +80,64 @@ PY
   done
 done
 
+note "placements while serving (qwen3-moe-f32, group of 4, a window of 4 steps, a placement every 2 windows)"
+dir=$ROOT/tests/fixtures/models/qwen3-moe-f32
+MODEL_PATH=$dir N_PREFILL=1 N_DECODE=1 DECODE_EP=4 make_topology "$WORK/place.yaml" "limits:" \
+  "  prefill_chunk_tokens: 8" "  max_batch: 16" "experts:" "  window_steps: 4" "  interval_steps: 8" \
+  "  redundant_slots: 1"
+start_cluster "$WORK/place.yaml"
+ep=$(grep 'client:' "$WORK/place.yaml" | awk '{print $2}')
+PYTHONPATH="$ROOT/tools:$ROOT/tests/scenario" /usr/bin/python3 - "$ep" "$BIN" "$WORK/place.yaml" \
+  "$WORK/qwen3-moe-f32.generate" "$PROMPTS" <<'PY'
+import sys, threading, time
+from troupe_client import Client
+from servelib import top, metric
+ep, bin_dir, topo, gen, prompts = sys.argv[1], sys.argv[2], sys.argv[3], open(sys.argv[4]).read().split(), sys.argv[5].split()
+want = [list(map(int, g.split(","))) for g in gen]
+def ep_metric(name):
+    d = top(bin_dir, topo)
+    return d["decode"] and metric(d["decode"], name), d
+def round_once():
+    got, errors = {}, []
+    def run(i):
+        with Client(ep, timeout_s=120) as c:
+            toks = []
+            for m in c.generate(tokens=list(map(int, prompts[i].split(","))), max_tokens=24, temperature=0,
+                                ignore_eos=True):
+                if m["type"] == "token":
+                    toks += m["tokens"]
+                elif m["type"] == "error":
+                    errors.append((i, m))
+            got[i] = toks
+    ts = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    for t in ts: t.start()
+    for t in ts: t.join()
+    assert not errors, errors
+    for i in range(len(prompts)):
+        assert got[i] == want[i], f"prompt {i}: cluster {got[i]}, troupe-generate {want[i]}"
+rounds, t0 = 0, time.time()
+switched = 0
+while time.time() - t0 < 90:
+    round_once()
+    rounds += 1
+    switched, d = ep_metric("ep_switches_total")
+    if switched >= 2:
+        break
+assert switched >= 2, f"{switched} placements switched to after {rounds} rounds"
+round_once()   # and after the last switch
+for _ in range(50):   # the balancer's next stats carry the placement's ratios
+    d = top(bin_dir, topo)
+    eb = d["expert-balancer"]
+    if any(m["name"] == "layer0_busiest_over_avg_placed" for m in eb.get("metrics", [])):
+        break
+    time.sleep(0.1)
+print(f"{rounds + 1} rounds of {len(prompts)} prompts exact; the group switched placements {int(switched)} times "
+      f"(epoch {int(metric(d['decode'], 'ep_epoch'))}, {int(metric(d['decode'], 'ep_experts_loaded_total'))} experts "
+      f"loaded); the balancer pushed {int(metric(eb, 'placements_pushed'))}, layer 0 busiest/average "
+      f"{metric(eb, 'layer0_busiest_over_avg_in_order'):.3f} in order -> {metric(eb, 'layer0_busiest_over_avg_placed'):.3f}")
+PY
+stop_cluster
+
 note "kill -9 of an expert rank while 8 requests stream (qwen3-moe-f32, group of 2)"
 dir=$ROOT/tests/fixtures/models/qwen3-moe-f32
 MODEL_PATH=$dir N_PREFILL=1 N_DECODE=1 DECODE_EP=2 make_topology "$WORK/kill.yaml" "limits:" "  max_batch: 16"
