@@ -161,8 +161,8 @@ static int s_read_pin(ds_state_t *s, spec_policy_t *p)
             c++;
     }
     if (bad || !q.n_buckets) {
-        if (strcmp(last_bad, text) != 0) {
-            snprintf(last_bad, sizeof last_bad, "%s", text);
+        if (strncmp(last_bad, text, sizeof last_bad - 1) != 0) {
+            snprintf(last_bad, sizeof last_bad, "%.255s", text);
             LOG_W("TROUPE_DRAFT_POLICY_FILE %s: cannot read a bucket at '%.40s' (expected auto, none or "
                   "MAX_BATCH:K[:MIN_CONFIDENCE] ... ascending, K <= %d); computing the policy instead",
                   s->pin_file, bad ? bad : text, SPEC_MAX_K);

@@ -30,17 +30,21 @@ struct spec_client {
     double chosen_mean;          /* over the rows since the stats before */
 };
 
-spec_client_t *spec_client_new(actor_t *a, int default_k, int has_dist, char *err, size_t errlen)
+int spec_client_scheduled_from_env(char *err, size_t errlen)
 {
     const char *v = getenv("TROUPE_SPEC_POLICY");
-    int scheduled = 1;
-    if (v && *v && strcmp(v, "scheduled") != 0) {
-        if (strcmp(v, "fixed") != 0) {
-            errf(err, errlen, "TROUPE_SPEC_POLICY '%s': expected scheduled or fixed", v);
-            return NULL;
-        }
-        scheduled = 0;
-    }
+    if (!v || !*v || strcmp(v, "scheduled") == 0)
+        return 1;
+    if (strcmp(v, "fixed") == 0)
+        return 0;
+    return errf(err, errlen, "TROUPE_SPEC_POLICY '%s': expected scheduled or fixed", v);
+}
+
+spec_client_t *spec_client_new(actor_t *a, int default_k, int has_dist, char *err, size_t errlen)
+{
+    const int scheduled = spec_client_scheduled_from_env(err, errlen);
+    if (scheduled < 0)
+        return NULL;
     spec_client_t *c = calloc(1, sizeof *c);
     if (!c) {
         errf(err, errlen, "out of memory for the speculation policy client");

@@ -33,6 +33,8 @@ typedef struct spec_client spec_client_t;
  * TROUPE_SPEC_POLICY. NULL with err (naming the variable) on a bad value, or out of memory. A
  * topology without a draft-scheduler (or a NULL actor, for tests) gets a client that never
  * reports; it applies a policy handed to spec_client_on_policy all the same. */
+/* TROUPE_SPEC_POLICY: 1 scheduled (unset, "" or "scheduled"), 0 fixed, -1 with why naming it. */
+int spec_client_scheduled_from_env(char *err, size_t errlen);
 spec_client_t *spec_client_new(actor_t *a, int default_k, int has_dist, char *err, size_t errlen);
 void spec_client_destroy(spec_client_t **self_p);
 

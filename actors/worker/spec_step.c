@@ -21,6 +21,9 @@ struct spec_step {
     int *n_drafts;               /* [max_seqs] drafts appended to the row's KV this step */
     int *kv_base;                /* [max_seqs] the row's KV length before its drafts */
     spec_stats_t stats;
+    spec_client_t *policy;       /* the draft-scheduler's policy and reports (spec_step_policy_init); NULL: none */
+    int has_dist;                /* the proposer gives draft probabilities */
+    float *probs;                /* [max_seqs][SPEC_MAX_K] each row's draft probabilities this step */
 };
 
 int spec_step_config_from_env(spec_step_config_t *c, char *err, size_t errlen)
@@ -39,7 +42,7 @@ int spec_step_config_from_env(spec_step_config_t *c, char *err, size_t errlen)
         return errf(err, errlen, "TROUPE_SPECULATION '%s': expected off, ngram or ngram:K with K in [1, %d]", v,
                     SPEC_MAX_K);
     *c = (spec_step_config_t){.method = SPEC_NGRAM, .k = k};
-    return 0;
+    return spec_client_scheduled_from_env(err, errlen) < 0 ? -1 : 0;   /* TROUPE_SPEC_POLICY too */
 }
 
 spec_step_t *spec_step_new(const spec_step_config_t *c, int max_seqs, int max_model_len, const spec_hooks_t *hooks,
@@ -56,8 +59,9 @@ spec_step_t *spec_step_new(const spec_step_config_t *c, int max_seqs, int max_mo
         s->drafts = calloc((size_t)max_seqs * SPEC_MAX_K, sizeof *s->drafts);
         s->n_drafts = calloc((size_t)max_seqs, sizeof *s->n_drafts);
         s->kv_base = calloc((size_t)max_seqs, sizeof *s->kv_base);
+        s->probs = calloc((size_t)max_seqs * SPEC_MAX_K, sizeof *s->probs);
     }
-    if (!s || !s->proposer || !s->drafts || !s->n_drafts || !s->kv_base) {
+    if (!s || !s->proposer || !s->drafts || !s->n_drafts || !s->kv_base || !s->probs) {
         spec_step_destroy(&s);
         errf(err, errlen, "out of memory for speculation over %d rows", max_seqs);
         return NULL;
@@ -75,6 +79,8 @@ void spec_step_destroy(spec_step_t **self_p)
     free(s->drafts);
     free(s->n_drafts);
     free(s->kv_base);
+    free(s->probs);
+    spec_client_destroy(&s->policy);
     free(s);
     *self_p = NULL;
 }
@@ -90,11 +96,16 @@ int spec_step_propose(spec_step_t *s, const sched_batch_t *b)
         if (!r)
             continue;
         s->kv_base[i] = kvseq_len(r->kv);
-        int k = s->k < budget ? s->k : budget;
+        /* the verify length: the draft-scheduler's policy for this batch size, or the default */
+        int k = s->policy ? spec_client_ask(s->policy, b->n) : s->k;
+        k = k < budget ? k : budget;
         if (k > s->max_model_len - s->kv_base[i] - 1)
             k = s->max_model_len - s->kv_base[i] - 1;
         int32_t *dr = s->drafts + (size_t)i * SPEC_MAX_K;
-        const int n = k > 0 ? spec_propose(s->proposer, r->id, r->toks, r->n_toks, k, dr, NULL) : 0;
+        float *pr = s->probs + (size_t)i * SPEC_MAX_K;
+        int n = k > 0 ? spec_propose(s->proposer, r->id, r->toks, r->n_toks, k, dr, pr) : 0;
+        if (n > 0 && s->policy)   /* a row with a distribution keeps the drafts it is confident of */
+            n = spec_client_keep(s->policy, b->n, s->has_dist ? pr : NULL, n);
         if (n > 0 && kvseq_append(r->kv, dr, n) == 0) {
             s->n_drafts[i] = n;
             budget -= n;
@@ -138,6 +149,8 @@ void spec_step_verify(spec_step_t *s, const sched_batch_t *b, const float *logit
             if (!acc || !alive)
                 break;
         }
+        if (n > 0 && s->policy)
+            spec_client_verified(s->policy, n, j, s->has_dist ? s->probs + (size_t)i * SPEC_MAX_K : NULL);
         if (n > 0) {
             s->stats.verify_steps++;
             s->stats.drafts += (uint64_t)n;
@@ -150,6 +163,32 @@ void spec_step_verify(spec_step_t *s, const sched_batch_t *b, const float *logit
         if (kvseq_truncate(kv, base + j) != 0)
             LOG_E("request %llu: cannot roll its KV back to %d tokens", (unsigned long long)id, base + j);
     }
+}
+
+int spec_step_policy_init(spec_step_t *s, actor_t *a, int has_dist, char *err, size_t errlen)
+{
+    if (!s)
+        return 0;
+    s->has_dist = has_dist;
+    s->policy = spec_client_new(a, s->k, has_dist, err, errlen);
+    return s->policy ? 0 : -1;
+}
+
+int spec_step_on_policy(spec_step_t *s, const msg_draft_policy_t *p, char *err, size_t errlen)
+{
+    if (!s || !s->policy)
+        return errf(err, errlen, "speculation is off in this worker (TROUPE_SPECULATION)");
+    return spec_client_on_policy(s->policy, p, err, errlen);
+}
+
+void spec_step_timed(spec_step_t *s, const sched_batch_t *b, double seconds)
+{
+    if (!s || !s->policy || b->n != b->n_decode || b->n < 1)
+        return;
+    int tokens = b->n;
+    for (int i = 0; i < b->n; i++)
+        tokens += s->n_drafts[i];
+    spec_client_step(s->policy, b->n, tokens, seconds);
 }
 
 void spec_step_forget(spec_step_t *s, uint64_t id)
@@ -167,4 +206,6 @@ void spec_step_stats(const spec_step_t *s, actor_t *a, msg_stats_t *st)
     actor_stat_metric(a, st, "spec_accepted_tokens_total", (double)s->stats.accepted, 1);
     actor_stat_metric(a, st, "spec_acceptance_rate", spec_stats_acceptance(&s->stats), 0);
     actor_stat_metric(a, st, "spec_mean_accepted_length", spec_stats_mean_len(&s->stats), 0);
+    if (s->policy)
+        spec_client_stats(s->policy, a, st);
 }

@@ -23,6 +23,7 @@
 #include <stdint.h>
 
 #include "actors/runtime/actor.h"
+#include "actors/worker/spec_policy_client.h"
 #include "engine/sampler.h"
 #include "engine/sched.h"
 #include "engine/spec.h"
@@ -63,6 +64,15 @@ int spec_step_propose(spec_step_t *s, const sched_batch_t *b);
 int spec_step_drafts(const spec_step_t *s, int i);
 /* Verifies and emits b's rows from logits ([rows of every position][vocab], rows in b's order). */
 void spec_step_verify(spec_step_t *s, const sched_batch_t *b, const float *logits, int vocab);
+/* The draft-scheduler's side (spec_policy_client.h): reports to it and its policy applied per row
+ * (the verify length from the step's batch size and, has_dist, the row's draft confidence). -1
+ * with err when out of memory (TROUPE_SPEC_POLICY is checked by spec_step_config_from_env).
+ * Without it every row asks for k. */
+int spec_step_policy_init(spec_step_t *s, actor_t *a, int has_dist, char *err, size_t errlen);
+/* A draft_policy from the draft-scheduler; -1 with err when it cannot be applied. */
+int spec_step_on_policy(spec_step_t *s, const msg_draft_policy_t *p, char *err, size_t errlen);
+/* b's forward took seconds: a decode-only step's cost, for the reports. */
+void spec_step_timed(spec_step_t *s, const sched_batch_t *b, double seconds);
 /* Request id ended: a proposer with per-sequence state drops it. */
 void spec_step_forget(spec_step_t *s, uint64_t id);
 
