@@ -31,6 +31,7 @@
 #include "actors/runtime/actor.h"
 #include "actors/runtime/worker.h"
 #include "actors/worker/prefix_fetch.h"
+#include "actors/worker/router_watch.h"
 #include "common/log.h"
 #include "common/util.h"
 #include "engine/sched.h"
@@ -92,6 +93,7 @@ typedef struct prefill {
     double tokens_per_s;         /* computed tokens per second over the last stats interval */
     uint64_t last_computed;
     int64_t last_stats_ms;
+    router_watch_t routers;      /* the routers our requests belong to: a lost one's are dropped */
 } prefill_t;
 
 static void s_remove(prefill_t *p, pf_req_t *r)
@@ -148,6 +150,11 @@ static int s_on_prefill_request(actor_t *a, void *state, const actor_peer_t *fro
         if (q->tokens[i] >= (uint32_t)p->w->cfg.vocab_size)
             return actor_reply_error(a, from, m->id, MSG_ERR_BAD_REQUEST, 0, "token id %u at %u is outside the vocabulary (%d)",
                                      q->tokens[i], i, p->w->cfg.vocab_size), 0;
+    if (!router_watch_alive(&p->routers, q->reply_to)) {
+        /* Sent just before its router died: nobody would read the answer. */
+        router_watch_dropped(&p->routers, q->reply_to, 1);
+        return 0;
+    }
     pf_req_t *r = calloc(1, sizeof *r);
     if (!r || msg_clone(m, &r->msg, err, sizeof err) != 0) {
         free(r);
@@ -399,11 +406,31 @@ static int s_poll_links(actor_t *a, void *state)
     return 0;
 }
 
+/* Drops every request of a router that went away, as its cancel would: nobody reads the answers
+ * (a new incarnation knows none of its ids), and their KV goes back to the pool. */
+static void s_drop_router(prefill_t *p, const char *router)
+{
+    int n = 0;
+    for (sched_state_t st = 0; st < SCHED_OUT; st++)
+        for (pf_req_t *r = s_first(p, st), *next; r; r = next) {
+            next = s_next(r);
+            if (strcmp(r->msg.u.prefill_request.reply_to, router) == 0) {
+                s_remove(p, r);
+                n++;
+            }
+        }
+    router_watch_dropped(&p->routers, router, n);
+}
+
 /* A decode worker's process came or went: its NCCL link is aborted at once, or may be offered again
- * at once (s_poll_links does). */
+ * at once (s_poll_links does). A router that went away: its requests are dropped. */
 static void s_peer_event(actor_t *a, void *state, const char *peer, int up)
 {
     prefill_t *p = state;
+    if (router_watch_event(&p->routers, peer, up)) {
+        s_drop_router(p, peer);
+        return;
+    }
     kvlinks_peer_event(p->links, peer, up);
 }
 
@@ -524,6 +551,7 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
     actor_stat_metric(a, st, "transfers_nccl_fallback_total", (double)kvlinks_fallbacks(p->links), 1);
     actor_stat_metric(a, st, "steps_total", (double)p->steps, 1);
     actor_stat_metric(a, st, "forward_seconds_total", (double)p->forward_ns / 1e9, 1);
+    router_watch_stats(a, st, &p->routers);
 }
 
 static const actor_handler_t s_handlers[] = {
@@ -579,7 +607,9 @@ int main(int argc, char **argv)
             }
     }
     int rc = -1;
-    if (!p.links || !p.chan || !p.seqs || !p.sched) {
+    if (router_watch_init(&p.routers, a, t) != 0) {
+        LOG_E("cannot watch the routers' connections");
+    } else if (!p.links || !p.chan || !p.seqs || !p.sched) {
         LOG_E("out of memory for a batch of %d", max_seqs);
     } else {
         tchan_shm_sweep(t->name);
