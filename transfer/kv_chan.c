@@ -68,9 +68,11 @@ static const char *s_host(const kvchan_t *c, const topo_instance_t *in)
     return t->endpoints.bind_interface[0] ? t->endpoints.bind_interface : t->nodes[in->node].address;
 }
 
-static int s_send_tcp(kvchan_t *c, const int32_t *blocks, int n, kvchan_out_t *o, char *err, size_t errlen)
+static int s_send_tcp(kvchan_t *c, const char *peer, const int32_t *blocks, int n, kvchan_out_t *o, char *err,
+                      size_t errlen)
 {
-    if (!c->tcp_out && !(c->tcp_out = tcpchan_server_new(c->cfg.zmq_ctx, s_host(c, c->cfg.self), err, errlen)))
+    if (!c->tcp_out && !(c->tcp_out = tcpchan_server_new_curve(c->cfg.zmq_ctx, s_host(c, c->cfg.self),
+                                                               c->cfg.curve_secret, err, errlen)))
         return -1;
     size_t bytes = (size_t)n * kvpool_view(c->cfg.pool)->block_bytes;
     uint8_t *buf = malloc(bytes);
@@ -80,7 +82,8 @@ static int s_send_tcp(kvchan_t *c, const int32_t *blocks, int n, kvchan_out_t *o
         free(buf);
         return errf(err, errlen, "copying %d blocks out of the pool failed", n);
     }
-    if (tcpchan_put(c->tcp_out, o->desc.transfer_id, &buf, bytes) != 0)
+    /* With CURVE only `peer` may pull it: the ZAP handler names each connecting key's instance. */
+    if (tcpchan_put_for(c->tcp_out, o->desc.transfer_id, &buf, bytes, c->cfg.curve_secret ? peer : NULL) != 0)
         return errf(err, errlen, "tcp channel: transfer %llx cannot be staged (too many in flight)",
                     (unsigned long long)o->desc.transfer_id);
     o->staged = 1;
@@ -116,7 +119,7 @@ int kvchan_send(kvchan_t *c, const char *peer, msg_channel_t channel, uint64_t t
         handle_len = KVLINK_HANDLE_BYTES;
         break;
     case MSG_CHAN_TCP:
-        if (s_send_tcp(c, blocks, n, o, err, errlen) != 0)
+        if (s_send_tcp(c, peer, blocks, n, o, err, errlen) != 0)
             return -1;
         handle_len = (uint32_t)strlen((const char *)o->handle);
         break;
@@ -177,9 +180,21 @@ static int s_recv_tcp(kvchan_t *c, const msg_kv_announce_t *d, const int32_t *bl
         return errf(err, errlen, "tcp hand-off from %s, which the topology does not name", d->src);
     if (tcpchan_endpoint_check(ep, s_host(c, src), err, errlen) != 0)
         return -1;
+    /* With CURVE the sender's key comes from the topology's key files for the instance the
+     * description names, never from the description: only that instance can answer. */
+    char server_key[48];
+    if (c->cfg.curve_secret && (!c->cfg.peer_key ||
+                                c->cfg.peer_key(c->cfg.peer_key_ctx, d->src, server_key, err, errlen) != 0))
+        return -1;
     const bk_kv_t *kv = kvpool_view(c->cfg.pool);
-    if (!c->tcp_in && !(c->tcp_in = tcpchan_client_new(c->cfg.zmq_ctx, (int64_t)kv->n_blocks * (int64_t)kv->block_bytes)))
-        return errf(err, errlen, "out of memory");
+    if (!c->tcp_in) {
+        if (!(c->tcp_in = tcpchan_client_new(c->cfg.zmq_ctx, (int64_t)kv->n_blocks * (int64_t)kv->block_bytes)))
+            return errf(err, errlen, "out of memory");
+        if (c->cfg.curve_secret && tcpchan_client_curve(c->tcp_in, c->cfg.curve_public, c->cfg.curve_secret) != 0) {
+            tcpchan_client_destroy(&c->tcp_in);
+            return errf(err, errlen, "tcp channel: our CURVE keypair is not two 40-character Z85 keys");
+        }
+    }
     int64_t deadline = now_ms() + KVCHAN_TCP_RECV_MS;
     if (d->deadline_ms) {   /* the sender's wall-clock deadline, on our monotonic clock */
         int64_t left = (int64_t)d->deadline_ms - wall_ms();
@@ -193,7 +208,8 @@ static int s_recv_tcp(kvchan_t *c, const msg_kv_announce_t *d, const int32_t *bl
     uint8_t *buf = malloc(bytes);
     if (!buf)
         return errf(err, errlen, "no host memory for %zu bytes from the network", bytes);
-    int rc = tcpchan_fetch(c->tcp_in, ep, d->transfer_id, buf, bytes, deadline, err, errlen);
+    int rc = tcpchan_fetch_from(c->tcp_in, ep, c->cfg.curve_secret ? server_key : NULL, d->transfer_id, buf, bytes,
+                                deadline, err, errlen);
     if (rc == 0 && kvblocks_in(c->cfg.be, c->cfg.pool, blocks, n, buf) != 0)
         rc = errf(err, errlen, "copying the blocks into the pool failed");
     free(buf);

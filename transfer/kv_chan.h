@@ -6,7 +6,8 @@
  *             the link to that peer (kv_link.h), matched by the receiver's receive;
  *   shm       one node otherwise (CPU workers): a POSIX shared-memory segment (shm_chan.h);
  *   tcp       two nodes otherwise: the sender stages the bytes and the receiver pulls them over
- *             ZeroMQ (tcp_chan.h).
+ *             ZeroMQ (tcp_chan.h); CURVE when the cluster has keys: only the decode worker named
+ *             in the hand-off may pull it, from the sender the description names.
  * NCCL is used only while its link is READY; until then (and after a failure) a hand-off takes the
  * fallback of the pair: shm on one node, tcp across nodes (kvchan_channel, kvchan_fallback).
  *
@@ -53,6 +54,11 @@ typedef struct kvchan_cfg {
     const char *cluster;         /* names shared-memory segments */
     void *zmq_ctx;               /* the actor's: the tcp channel's sockets */
     kvlinks_t *links;            /* NCCL links (borrowed; NULL: none) */
+    /* CURVE on the tcp channel (tcp_chan.h) when the cluster has keys: our keypair (Z85) and how to
+     * read another instance's public key (from the topology's key files). NULL: plaintext. */
+    const char *curve_public, *curve_secret;
+    int (*peer_key)(void *ctx, const char *instance, char *z85, char *err, size_t errlen);
+    void *peer_key_ctx;
 } kvchan_cfg_t;
 
 typedef struct kvchan kvchan_t;
