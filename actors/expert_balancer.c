@@ -25,6 +25,7 @@
 #include "common/log.h"
 
 #define EB_SHOWN_LAYERS 8         /* layers whose ratios the stats carry */
+#define EB_SHOWN_EXPERTS 64       /* the shown layer's experts (load share) and slots (expert held) */
 #define EB_MAX_GROUPS 64
 
 typedef struct {
@@ -133,6 +134,33 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
         actor_stat_metric(a, st, names[l][0], eb_table_before(t, l), 0);
         snprintf(names[l][1], sizeof names[l][1], "layer%d_busiest_over_avg_placed", l);
         actor_stat_metric(a, st, names[l][1], eb_table_after(t, l), 0);
+    }
+    /* The first MoE layer of the shown table: each expert's share of its tokens and which expert
+     * each slot of the latest placement holds (troupe-top's EXPERTS view). */
+    static char enames[EB_SHOWN_EXPERTS][32], snames[EB_SHOWN_EXPERTS][32];
+    int shown = -1;
+    for (int l = 0; l < eb_table_layers(t) && shown < 0; l++) {
+        const uint64_t *ld = eb_table_load(t, l);
+        for (int e = 0; ld && e < eb_table_experts(t) && shown < 0; e++)
+            if (ld[e])
+                shown = l;
+    }
+    if (shown < 0)
+        return;
+    const uint64_t *ld = eb_table_load(t, shown);
+    double sum = 0;
+    for (int e = 0; e < eb_table_experts(t); e++)
+        sum += (double)ld[e];
+    actor_stat_metric(a, st, "shown_layer", shown, 0);
+    for (int e = 0; e < eb_table_experts(t) && e < EB_SHOWN_EXPERTS; e++) {
+        snprintf(enames[e], sizeof enames[e], "expert%d_load_share", e);
+        actor_stat_metric(a, st, enames[e], sum > 0 ? (double)ld[e] / sum : 0, 0);
+    }
+    int ns = 0;
+    const int32_t *slots = eb_table_slots(t, shown, &ns);
+    for (int k = 0; slots && k < ns && k < EB_SHOWN_EXPERTS; k++) {
+        snprintf(snames[k], sizeof snames[k], "slot%d_expert", k);
+        actor_stat_metric(a, st, snames[k], slots[k], 0);
     }
 }
 

@@ -92,6 +92,79 @@ static size_t s_tiers(const msg_stats_t *st, char *buf, size_t cap)
 /* Renders one snapshot as lines of text into buf (shared by --once and the live view): every
  * actor's life (first table), then the serving view of the actors that serve (second table), then
  * with all_metrics every metric by name. */
+/* Experts: each decode worker's expert-parallel group (ranks, the placement in use and the one
+ * loading, switches, experts moved) and the expert-balancer's view: its epoch, pushes, per-layer
+ * busiest/average rank load in order -> placed, the shown layer's load share per expert and the
+ * experts each rank holds in the latest placement. */
+static size_t s_experts(const msg_stats_t *rows, uint32_t n_rows, char *buf, size_t cap)
+{
+    size_t n = 0;
+    int groups = 0;
+    for (uint32_t i = 0; i < n_rows && n + 512 < cap; i++) {
+        const msg_stats_t *st = &rows[i];
+        if (!s_has(st, "ep_ranks"))
+            continue;
+        if (!groups++)
+            n += (size_t)snprintf(buf + n, cap - n, "\n%-18s %5s %6s %8s %8s %9s %7s %10s\n", "EXPERT GROUP", "RANKS",
+                                  "EPOCH", "PENDING", "LOADING", "SWITCHES", "MOVED", "ENTRIES");
+        n += (size_t)snprintf(buf + n, cap - n, "%-18s", st->name);
+        n += s_col(buf + n, cap - n, st, "ep_ranks", 5, 0);
+        n += s_col(buf + n, cap - n, st, "ep_epoch", 6, 0);
+        n += s_col(buf + n, cap - n, st, "ep_pending_epoch", 8, 0);
+        n += s_col(buf + n, cap - n, st, "ep_loading_layers", 8, 0);
+        n += s_col(buf + n, cap - n, st, "ep_switches_total", 9, 0);
+        n += s_col(buf + n, cap - n, st, "ep_experts_loaded_total", 7, 0);
+        n += s_col(buf + n, cap - n, st, "ep_entries_total", 10, 0);
+        n += (size_t)snprintf(buf + n, cap - n, "\n");
+    }
+    for (uint32_t i = 0; i < n_rows && n + 2048 < cap; i++) {
+        const msg_stats_t *st = &rows[i];
+        if (!s_has(st, "placement_epoch") || !s_has(st, "loads_refused"))
+            continue;
+        n += (size_t)snprintf(buf + n, cap - n, "\n%-18s epoch %.0f, %.0f ranks, %.0f groups, %.0f placements pushed\n",
+                              "EXPERT BALANCER", s_metric(st, "placement_epoch", 0), s_metric(st, "ranks", 0),
+                              s_metric(st, "groups", 0), s_metric(st, "placements_pushed", 0));
+        for (int l = 0; l < 8; l++) {
+            char a[48], b[48];
+            snprintf(a, sizeof a, "layer%d_busiest_over_avg_in_order", l);
+            snprintf(b, sizeof b, "layer%d_busiest_over_avg_placed", l);
+            if (s_has(st, b))
+                n += (size_t)snprintf(buf + n, cap - n, "  layer %d busiest/average rank: %.3f in order -> %.3f placed\n",
+                                      l, s_metric(st, a, 0), s_metric(st, b, 0));
+        }
+        if (!s_has(st, "shown_layer"))
+            continue;
+        n += (size_t)snprintf(buf + n, cap - n, "  layer %.0f load per expert (%%):", s_metric(st, "shown_layer", 0));
+        for (int e = 0; e < 64 && n + 64 < cap; e++) {
+            char nm[32];
+            snprintf(nm, sizeof nm, "expert%d_load_share", e);
+            if (!s_has(st, nm))
+                break;
+            n += (size_t)snprintf(buf + n, cap - n, "%s%d:%.1f", e % 8 ? " " : "\n   ", e, 100 * s_metric(st, nm, 0));
+        }
+        int slots = 0;
+        for (; slots < 64; slots++) {
+            char nm[32];
+            snprintf(nm, sizeof nm, "slot%d_expert", slots);
+            if (!s_has(st, nm))
+                break;
+        }
+        const int ranks = (int)s_metric(st, "ranks", 0);
+        if (slots && ranks > 0 && slots % ranks == 0) {
+            n += (size_t)snprintf(buf + n, cap - n, "\n  placement (experts per rank):");
+            for (int s = 0; s < slots && n + 64 < cap; s++) {
+                char nm[32];
+                snprintf(nm, sizeof nm, "slot%d_expert", s);
+                if (s % (slots / ranks) == 0)
+                    n += (size_t)snprintf(buf + n, cap - n, "\n   rank %d:", s / (slots / ranks));
+                n += (size_t)snprintf(buf + n, cap - n, " %.0f", s_metric(st, nm, 0));
+            }
+        }
+        n += (size_t)snprintf(buf + n, cap - n, "\n");
+    }
+    return n;
+}
+
 static void s_render(const msg_t *r, char *buf, size_t cap, int all_metrics)
 {
     const msg_inspect_reply_t *ir = &r->u.inspect_reply;
@@ -179,6 +252,7 @@ static void s_render(const msg_t *r, char *buf, size_t cap, int all_metrics)
         n += s_col(buf + n, cap - n, st, "verify_len_batch64", 7, 0);
         n += (size_t)snprintf(buf + n, cap - n, "\n");
     }
+    n += s_experts(rows, ir->n_actors, buf + n, cap - n);
     int tiers = 0;
     for (uint32_t i = 0; i < ir->n_actors && n < cap - 1024; i++) {
         if (!s_has(&rows[i], "host_blocks_used"))

@@ -154,6 +154,11 @@ int eb_table_add(eb_table_t *t, const char *worker, uint32_t layer, const uint64
 uint64_t eb_table_epoch(const eb_table_t *t) { return t->epoch; }
 int eb_table_ranks(const eb_table_t *t) { return t->group_ranks ? t->group_ranks : t->n_workers; }
 int eb_table_experts(const eb_table_t *t) { return t->n_experts; }
+
+const uint64_t *eb_table_load(const eb_table_t *t, int l)
+{
+    return t->load && l >= 0 && l < t->n_layers ? t->load + (size_t)l * t->n_experts : NULL;
+}
 int eb_table_layers(const eb_table_t *t) { return t->n_layers; }
 double eb_table_before(const eb_table_t *t, int l) { return t->epoch && l >= 0 && l < t->n_layers ? t->before[l] : 0; }
 double eb_table_after(const eb_table_t *t, int l) { return t->epoch && l >= 0 && l < t->n_layers ? t->after[l] : 0; }

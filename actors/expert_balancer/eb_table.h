@@ -31,6 +31,8 @@ int eb_table_add(eb_table_t *t, const char *worker, uint32_t layer, const uint64
 uint64_t eb_table_epoch(const eb_table_t *t);          /* placements computed; 0: none yet */
 int eb_table_ranks(const eb_table_t *t);               /* workers seen, or the group's ranks */
 int eb_table_experts(const eb_table_t *t);             /* experts per layer (0 before the first window) */
+/* Tokens routed to each expert of layer l since the start ([eb_table_experts]), NULL out of range. */
+const uint64_t *eb_table_load(const eb_table_t *t, int l);
 int eb_table_layers(const eb_table_t *t);              /* 1 + the highest layer seen */
 /* The latest placement's ratios for layer l (0 when there is none, or before when the experts do
  * not divide evenly over the ranks). */

@@ -136,6 +136,11 @@ print(f"{rounds + 1} rounds of {len(prompts)} prompts exact; the group switched 
       f"loaded); the balancer pushed {int(metric(eb, 'placements_pushed'))}, layer 0 busiest/average "
       f"{metric(eb, 'layer0_busiest_over_avg_in_order'):.3f} in order -> {metric(eb, 'layer0_busiest_over_avg_placed'):.3f}")
 PY
+"$BIN/troupe-top" --topology "$WORK/place.yaml" --once > "$WORK/top.txt"
+for want in "EXPERT GROUP" "EXPERT BALANCER" "load per expert" "placement (experts per rank)" "rank 3:"; do
+  grep -q "$want" "$WORK/top.txt" || { cat "$WORK/top.txt"; fail "troupe-top has no '$want'"; }
+done
+sed -n '/^EXPERT GROUP/,$p' "$WORK/top.txt" | head -20
 stop_cluster
 
 note "kill -9 of an expert rank while 8 requests stream (qwen3-moe-f32, group of 2)"
