@@ -5,16 +5,17 @@
  *     blocks: in a shared-memory segment, in the prefill pool on our GPU, on an NCCL link from
  *     another GPU, or staged for the network on another node: transfer/kv_chan.h); receive the
  *     blocks into our pool, acknowledge (kv_ack) so the prefill side frees its copy, stream the
- *     first token;
+ *     first token (actors/worker/handoff_in.h);
  *   - colocated (the topology has no prefill actors): take prompts (prefill_request) and compute
  *     them here, in chunks batched with the decode rows, fetching cached prefix blocks from the
- *     host store first when that is cheaper than computing them;
+ *     host store first when that is cheaper than computing them (actors/worker/prompt_intake.h);
  *   - each step (the loop's before_sleep hook): schedule -> forward -> sample -> emit. The
  *     scheduler (engine/sched.h) picks the rows: one decode row for every running request, then
  *     prompt chunks within limits.prefill_chunk_tokens; out of blocks it preempts the newest
  *     request, whose KV it later recomputes through the same chunk path (as vLLM does). One
  *     forward for the whole batch; every sampled row streams its token (with its text: whole
  *     UTF-8 only, stop strings held back) and stops on EOS / stop ids / stop strings / max tokens;
+ *     with speculation the rows carry drafts, verified after the forward (actors/worker/spec_step.h);
  *   - write finished sequences' full blocks back to the cache-manager's host store
  *     (actors/worker/writeback.h), so the next turn of a conversation can reuse them;
  *   - cancel frees a request's blocks at once.
@@ -27,10 +28,12 @@
 
 #include "actors/runtime/actor.h"
 #include "actors/runtime/worker.h"
+#include "actors/worker/dc_req.h"
 #include "actors/worker/expert_apply.h"
 #include "actors/worker/expert_group.h"
 #include "actors/worker/expert_report.h"
-#include "actors/worker/prefix_fetch.h"
+#include "actors/worker/handoff_in.h"
+#include "actors/worker/prompt_intake.h"
 #include "actors/worker/spec_step.h"
 #include "actors/worker/token_text.h"
 #include "actors/worker/writeback.h"
@@ -40,26 +43,6 @@
 #include "transfer/kv_chan.h"
 #include "transfer/kv_link.h"
 #include "transfer/kv_transfer.h"
-
-typedef struct dc_req {
-    sched_req_t sr;              /* first: the scheduler's handle (id, state, tokens, progress) */
-    msg_t handoff;               /* clone: owns prompt, sampling, reply_to (colocated: made here) */
-    kvseq_t *kv;                 /* the tokens whose KV is (to be) computed */
-    int32_t *toks;               /* [max_model_len] prompt, then generated ids (sr.toks) */
-    sampler_t *smp;
-    tok_stream_t ts;             /* streaming detokenizer */
-    int n_gen;                   /* generated tokens */
-    int64_t admitted_ms;         /* arrival; then its first token (decode time starts) */
-    uint64_t *hints;             /* colocated: the router's host-store hint hashes (a copy), n_hints */
-    int n_hints;
-    int fetching;                /* colocated: its prompt is held for hints[fetch_from..] (sched_hold) */
-    int fetch_from;
-    int64_t fetch_sent_ms;
-    int kv_keep;                 /* > 0 while a verify step's tokens are streamed: the KV length that
-                                    is right for the tokens streamed so far (rejected drafts past it);
-                                    0 otherwise */
-} dc_req_t;
-_Static_assert(offsetof(dc_req_t, sr) == 0, "the scheduler's handle is the request");
 
 typedef struct decode {
     actor_t *a;                  /* for the scheduler's hooks */
@@ -75,32 +58,19 @@ typedef struct decode {
     token_text_t text;           /* the text of the token being streamed */
     kvlinks_t *links;            /* NCCL links from prefill workers on other GPUs */
     kvchan_t *chan;              /* how hand-offs' blocks come in, every channel (kv_chan.h) */
+    handoff_in_t handoffs;       /* prefill workers' hand-offs in (handoff_in.h) */
+    prompt_intake_t prompts;     /* colocated: the prompts computed here (prompt_intake.h) */
     /* stats */
-    uint64_t tokens_out, finished, handoffs_in, handoff_refused, handoffs_ipc;
-    /* Where the decode loop's time goes (ns): model steps, taking hand-offs in (the KV copy
-     * included), the recomputes' share of the steps. */
-    uint64_t steps, forward_ns, handoff_ns, recompute_ns;
+    uint64_t tokens_out, finished;
+    /* Where the decode loop's time goes (ns): model steps, the recomputes' share of them. */
+    uint64_t steps, forward_ns, recompute_ns;
     expert_report_t *experts;     /* expert_load windows to the expert-balancer; NULL: none */
-    int colocated;               /* no prefill actors: prompts come here (prefill_request) */
-    uint64_t prompts, prompt_tokens_computed, prompt_tokens_cached;
-    uint64_t prompt_ns;          /* the prompt chunks' share of the forward time (their compute rate) */
-    prefix_fetch_t fetch;        /* colocated: host-store blocks into our pool */
     uint64_t last_tokens;
     int64_t last_stats_ms;
     double tokens_per_s;
     int last_batch;
     spec_step_t *spec;           /* speculation (actors/worker/spec_step.h); NULL: off */
 } decode_t;
-
-/* A request's token buffer: the prompt (ids below vocab_size: valid int32, same bytes), then room
- * for every generated id. */
-static int32_t *s_tokens(const decode_t *d, const uint32_t *prompt, uint32_t n)
-{
-    int32_t *t = malloc((size_t)d->w->max_model_len * sizeof *t);
-    if (t)
-        memcpy(t, prompt, n * sizeof *t);
-    return t;
-}
 
 /* Frees a request and everything it holds, out of the scheduler first (NULL: nothing). */
 static void s_req_free(decode_t *d, dc_req_t *r)
@@ -110,23 +80,10 @@ static void s_req_free(decode_t *d, dc_req_t *r)
     if (sched_find(d->sched, r->sr.id) == &r->sr)
         sched_remove(d->sched, &r->sr);
     spec_step_forget(d->spec, r->sr.id);
-    kvseq_destroy(&r->kv);
-    sampler_destroy(&r->smp);
-    msg_free(&r->handoff);
-    free(r->toks);
-    free(r->hints);
-    free(r);
+    dc_req_destroy(&r);
 }
 
 static dc_req_t *s_find(decode_t *d, uint64_t id) { return (dc_req_t *)sched_find(d->sched, id); }
-
-static void s_stream_init(decode_t *d, dc_req_t *r)
-{
-    if (d->w->tok) {
-        tok_stream_init(&r->ts, d->w->tok);
-        r->ts.skip_special = 1;
-    }
-}
 
 static void s_error(actor_t *a, const char *to, uint64_t id, msg_error_code_t code, int retryable, const char *why)
 {
@@ -210,212 +167,42 @@ static void s_admit(actor_t *a, decode_t *d, dc_req_t *r, int with_kv, int32_t f
         return;
     }
     r->admitted_ms = now_ms();
-    s_stream_init(d, r);
     s_token(a, d, r, first, lp, 0);
 }
 
-/* Colocated: a prompt's fetch is answered (or given up): it is scheduled again. */
-static void s_fetch_over(decode_t *d, dc_req_t *r)
-{
-    r->fetching = 0;
-    sched_unhold(d->sched, &r->sr);
-}
-
+/* Blocks announced outside a hand-off: the cache-manager's answer to a colocated prompt's fetch,
+ * or refused. */
 static int s_on_kv_announce(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
 {
     decode_t *d = state;
-    char err[256];
-    const msg_kv_announce_t *k = &m->u.kv_announce;
-    if (d->colocated && d->cache_manager && strcmp(k->src, d->cache_manager) == 0) {
-        /* Colocated: host-store blocks a prompt asked for (late ones, for a request that stopped
-         * waiting, are refused). */
-        dc_req_t *r = s_find(d, k->request_id);
-        const int wanted = r && r->fetching;
-        prefix_fetch_take(a, &d->fetch, d->w, k, wanted, wanted ? r->hints : NULL, wanted ? r->n_hints : 0,
-                          wanted ? r->fetch_from : 0, wanted ? r->fetch_sent_ms : 0);
-        if (wanted)
-            s_fetch_over(d, r);
-        return 0;
-    }
-    /* A hand-off's blocks are described inside its handoff message: nothing else is announced to
-     * a decode worker. Refused, so the sender frees what it holds for it. */
-    snprintf(err, sizeof err, "%s takes KV only inside a handoff or from its cache-manager", d->name);
-    LOG_W("kv_announce %llu from %s refused: %s", (unsigned long long)k->transfer_id, k->src, err);
-    kvx_ack(a, k->src, k->transfer_id, 0, err, NULL, 0);
+    if (!prompt_intake_on_announce(&d->prompts, a, &m->u.kv_announce))
+        handoff_in_refuse_announce(&d->handoffs, a, &m->u.kv_announce);
     return 0;
 }
-
-static int s_take_handoff(actor_t *a, decode_t *d, msg_t *m);
 
 static int s_on_handoff(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
 {
     decode_t *d = state;
-    int64_t t0 = now_ns();
-    int rc = s_take_handoff(a, d, m);
-    d->handoff_ns += (uint64_t)(now_ns() - t0);
-    return rc;
-}
-
-static int s_take_handoff(actor_t *a, decode_t *d, msg_t *m)
-{
-    const msg_handoff_t *h = &m->u.handoff;
-    const msg_kv_announce_t *an = h->n_kv ? &h->kv[0] : NULL;   /* its src is h->prefill_worker (schema) */
-    char err[512];
-    dc_req_t *r = NULL;
-    int no_room = 0;
-    const char *why = NULL;
-    if (!an) {
-        why = "handoff without its KV's transfer description";
-    } else if (an->request_id != m->id) {
-        why = "the handoff's KV description is for another request";
-    } else if (s_find(d, m->id)) {
-        why = "request already here";
-    } else if (kvchan_check(d->chan, an, err, sizeof err) != 0) {
-        why = err;
-    } else if (h->kv_tokens != h->n_tokens ||
-               an->n_block_ids != (h->n_tokens + (uint32_t)d->w->block_size - 1) / (uint32_t)d->w->block_size) {
-        why = "the handoff's tokens and its KV description disagree on the number of blocks";
-    } else if ((int)h->n_tokens + (int)h->sampling.max_tokens > d->w->max_model_len) {
-        why = "prompt + max_tokens exceeds this worker's max_model_len";
-    } else if (!(r = calloc(1, sizeof *r)) || msg_clone(m, &r->handoff, err, sizeof err) != 0 ||
-               !(r->toks = s_tokens(d, h->tokens, h->n_tokens))) {
-        why = "decode out of memory";
-    } else {
-        const msg_handoff_t *hh = &r->handoff.u.handoff;
-        r->sr.id = m->id;
-        r->kv = kvseq_new(d->w->pool, d->w->max_model_len, hh->tenant_salt);
-        sampler_params_t sp;
-        if (!r->kv) {
-            why = "decode out of memory";
-        } else if (worker_sampler_params(d->w, &hh->sampling, &sp, err, sizeof err) != 0 ||
-                   !(r->smp = sampler_new(&sp, d->w->cfg.vocab_size, (const int32_t *)hh->tokens, (int)hh->n_tokens, err, sizeof err))) {
-            why = err;
-        } else if (kvseq_append(r->kv, (const int32_t *)hh->tokens, (int)hh->n_tokens) != 0 &&
-                   !(writeback_reclaim(d->wb, a) && kvseq_append(r->kv, (const int32_t *)hh->tokens, (int)hh->n_tokens) == 0)) {
-            /* No room for its blocks now: take the request over all the same, without its KV, as
-             * a preempted one; its prompt is recomputed here when blocks free up. Only a prompt
-             * that could never fit is refused. */
-            if (an->n_block_ids + 1 > (uint32_t)kvpool_n_blocks(d->w->pool))
-                why = "the prompt needs more KV blocks than the decode pool has";
-            else
-                no_room = 1;
-        } else if (kvchan_recv(d->chan, an, kvseq_blocks(r->kv), kvseq_n_blocks(r->kv), err, sizeof err) != 0) {
-            why = err;   /* the channel's own deadline bounds the wait: a dead or stalled sender ends here */
-        }
-    }
-    if (an)   /* an NCCL hand-off refused or taken without its KV still takes its bytes off the link */
-        kvchan_settle(d->chan, an);
-    if (why) {
-        d->handoff_refused++;
-        LOG_W("hand-off of request %llu refused: %s", (unsigned long long)m->id, why);
-        if (an)
-            kvx_ack(a, an->src, an->transfer_id, 0, why, NULL, 0);
-        s_req_free(d, r);
-    } else {
-        kvseq_publish(r->kv);
-        kvx_ack(a, an->src, an->transfer_id, 1, NULL, (const uint32_t *)kvseq_blocks(r->kv), (uint32_t)kvseq_n_blocks(r->kv));
-        d->handoffs_in++;
-        d->handoffs_ipc += an->channel == MSG_CHAN_CUDA_IPC;
-        s_admit(a, d, r, !no_room, (int32_t)h->first_token, h->first_logprob);
-    }
+    int with_kv = 0;
+    dc_req_t *r = handoff_in_take(&d->handoffs, a, m, s_find(d, m->id) != NULL, &with_kv);
+    if (r)
+        s_admit(a, d, r, with_kv, (int32_t)m->u.handoff.first_token, m->u.handoff.first_logprob);
     return 0;
 }
 
-/* Colocated (no prefill actors): the router sends the prompt here. The request is kept as if a
- * prefill worker had handed it over (the same handoff fields: sampling, reply_to, cache key), in
- * the scheduler's state PROMPTING until its prompt is computed and its first token sampled. */
+/* Colocated (no prefill actors): the router sends the prompt here; it is PROMPTING until its
+ * prompt is computed and its first token sampled. */
 static int s_on_prefill_request(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
 {
     decode_t *d = state;
-    const msg_prefill_request_t *q = &m->u.prefill_request;
-    char err[512] = "decode out of memory";
-    if (!d->colocated)
-        return actor_reply_error(a, from, m->id, MSG_ERR_BAD_REQUEST, 0,
-                                 "prefill_request at decode worker %s: the topology has prefill workers", d->name), 0;
-    if (s_find(d, m->id))
-        return actor_reply_error(a, from, m->id, MSG_ERR_BAD_REQUEST, 0, "request %llu is already here",
-                                 (unsigned long long)m->id), 0;
-    if ((int)q->n_tokens + (int)q->sampling.max_tokens > d->w->max_model_len)
-        return actor_reply_error(a, from, m->id, MSG_ERR_BAD_REQUEST, 0,
-                                 "prompt (%u tokens) + max_tokens (%u) exceeds max_model_len %d", q->n_tokens,
-                                 q->sampling.max_tokens, d->w->max_model_len), 0;
-    for (uint32_t i = 0; i < q->n_tokens; i++)
-        if (q->tokens[i] >= (uint32_t)d->w->cfg.vocab_size)
-            return actor_reply_error(a, from, m->id, MSG_ERR_BAD_REQUEST, 0, "token id %u at %u is outside the vocabulary (%d)",
-                                     q->tokens[i], i, d->w->cfg.vocab_size), 0;
-    if ((int)((q->n_tokens + (uint32_t)d->w->block_size - 1) / (uint32_t)d->w->block_size) + 1 > kvpool_n_blocks(d->w->pool))
-        return actor_reply_error(a, from, m->id, MSG_ERR_OVERLOADED, 1,
-                                 "the prompt (%u tokens) needs more KV blocks than the decode pool has (%d)", q->n_tokens,
-                                 kvpool_n_blocks(d->w->pool)), 0;
-    msg_t h;
-    msg_init(&h, MSG_HANDOFF, m->id);
-    h.u.handoff = (msg_handoff_t){.tokens = q->tokens, .n_tokens = q->n_tokens, .sampling = q->sampling,
-                                  .tokens_left = q->sampling.max_tokens > 0 ? q->sampling.max_tokens - 1 : 0,
-                                  .kv_tokens = q->n_tokens,
-                                  .block_size = (uint32_t)d->w->block_size, .reply_to = q->reply_to,
-                                  .prefill_worker = d->name, .tenant_salt = q->tenant_salt,
-                                  .prompt_cache_key = q->prompt_cache_key, .cache_retention_s = q->cache_retention_s,
-                                  .queue_ms = q->queue_ms, .deadline_ms = q->deadline_ms};
-    dc_req_t *r = calloc(1, sizeof *r);
-    sampler_params_t sp;
-    const char *why = NULL;
-    if (!r || msg_clone(&h, &r->handoff, err, sizeof err) != 0 || !(r->toks = s_tokens(d, q->tokens, q->n_tokens))) {
-        why = err;
-    } else if (!(r->kv = kvseq_new(d->w->pool, d->w->max_model_len, q->tenant_salt))) {
-        why = "decode out of memory";
-    } else if (worker_sampler_params(d->w, &q->sampling, &sp, err, sizeof err) != 0 ||
-               !(r->smp = sampler_new(&sp, d->w->cfg.vocab_size, (const int32_t *)q->tokens, (int)q->n_tokens, err,
-                                      sizeof err))) {
-        why = err;
-    }
-    if (why) {
-        s_req_free(d, r);
-        return actor_reply_error(a, from, m->id, MSG_ERR_OVERLOADED, 1, "%s", why), 0;
-    }
-    if (sched_add_prompt(d->sched, &r->sr, m->id, r->kv, r->toks, (int)q->n_tokens) != 0) {
-        s_req_free(d, r);
-        return actor_reply_error(a, from, m->id, MSG_ERR_OVERLOADED, 1, "decode out of memory"), 0;
-    }
-    r->admitted_ms = now_ms();
-    s_stream_init(d, r);
-    /* Blocks the host store holds and our pool lacks are fetched before the prompt's first chunk
-     * (when that is cheaper than computing them). */
-    if (q->n_hint_hashes && (r->hints = malloc(q->n_hint_hashes * sizeof *r->hints))) {
-        memcpy(r->hints, q->hint_hashes, q->n_hint_hashes * sizeof *r->hints);
-        r->n_hints = (int)q->n_hint_hashes;
-        const double rate = d->prompt_ns ? (double)d->prompt_tokens_computed * 1e9 / (double)d->prompt_ns : 0;
-        const int first = prefix_fetch_start(a, &d->fetch, d->w, m->id, r->hints, r->n_hints, rate);
-        if (first >= 0) {
-            r->fetching = 1;
-            r->fetch_from = first;
-            r->fetch_sent_ms = now_ms();
-            sched_hold(d->sched, &r->sr, r->fetch_sent_ms + FETCH_TIMEOUT_MS);
-        }
-    }
-    d->prompts++;
+    prompt_intake_take(&d->prompts, a, from, m);
     return 0;
 }
 
-/* Colocated: the chunk that ends a prompt gives the request its first token (t, lp), as a prefill
- * worker's hand-off would. */
-static void s_prompt_done(actor_t *a, decode_t *d, dc_req_t *r, int32_t t, float lp)
-{
-    msg_handoff_t *h = &r->handoff.u.handoff;
-    h->cached_tokens = (uint32_t)r->sr.n_cached;
-    h->prefill_ms = (uint32_t)(now_ms() - r->admitted_ms);
-    d->prompt_tokens_cached += (uint64_t)r->sr.n_cached;
-    worker_publish_blocks(a, d->name, d->cache_manager, r->kv, d->w->block_size);
-    r->admitted_ms = now_ms();
-    s_token(a, d, r, t, lp, 0);
-}
-
-/* Colocated: the host store had none of the blocks asked for. */
 static int s_on_fetch_reply(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
 {
     decode_t *d = state;
-    dc_req_t *r = s_find(d, m->id);
-    if (r && r->fetching && m->u.cache_fetch_reply.found == 0)
-        s_fetch_over(d, r);
+    prompt_intake_on_fetch_reply(&d->prompts, m);
     return 0;
 }
 
@@ -472,9 +259,7 @@ static int s_reclaim(void *ctx)
 static void s_hold_expired(void *ctx, sched_req_t *sr)
 {
     decode_t *d = ctx;
-    dc_req_t *r = (dc_req_t *)sr;
-    prefix_fetch_timed_out(&d->fetch, r->n_hints - r->fetch_from, r->fetch_sent_ms);
-    r->fetching = 0;
+    prompt_intake_hold_expired(&d->prompts, (dc_req_t *)sr);
 }
 
 static void s_drop(void *ctx, sched_req_t *sr, const char *why)
@@ -519,9 +304,8 @@ static int s_forward(actor_t *a, decode_t *d, const sched_batch_t *b, int spec)
     /* The chunks' share of the step, by tokens: the prompts' compute rate, the recomputes' cost. */
     const uint64_t all = prompt_tokens + recompute_tokens + (uint64_t)b->n_decode;
     d->forward_ns += ns;
-    d->prompt_ns += ns * prompt_tokens / all;
+    prompt_intake_computed(&d->prompts, prompt_tokens, ns * prompt_tokens / all);
     d->recompute_ns += ns * recompute_tokens / all;
-    d->prompt_tokens_computed += prompt_tokens;
     d->steps++;
     d->last_batch = b->n_decode;
     if (frc == 0)
@@ -549,10 +333,9 @@ static void s_sample_emit(actor_t *a, decode_t *d, const sched_batch_t *b)
                               ? sampler_sample(r->smp, d->w->logits + (size_t)i * (size_t)d->w->cfg.vocab_size,
                                                r->handoff.u.handoff.sampling.logprobs ? &lp : NULL)
                               : d->argmax[i];
-        if (i >= b->n_decode)
-            s_prompt_done(a, d, r, t, lp);
-        else
-            s_token(a, d, r, t, lp, kvseq_len(r->kv) + 1 >= d->w->max_model_len);
+        if (i >= b->n_decode)   /* a colocated prompt's last chunk: its first token, as a hand-off's */
+            prompt_intake_done(&d->prompts, a, r);
+        s_token(a, d, r, t, lp, i < b->n_decode && kvseq_len(r->kv) + 1 >= d->w->max_model_len);
     }
 }
 
@@ -587,9 +370,7 @@ static int s_step(actor_t *a, void *state)
     if (b->n == 0)
         return copying;
     const int spec = spec_step_propose(d->spec, b);
-    const int64_t t0 = now_ns();
     const int frc = s_forward(a, d, b, spec);
-    spec_step_timed(d->spec, b, (double)(now_ns() - t0) / 1e9);   /* the step-cost table */
     if (spec) {
         /* A verify step commits after its emit: the rejected drafts leave the KV before it is
          * published (it has decode rows only: the commit just publishes). */
@@ -632,27 +413,17 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
     actor_stat_metric(a, st, "generation_tokens_total", (double)d->tokens_out, 1);
     actor_stat_metric(a, st, "requests_finished_total", (double)d->finished, 1);
     actor_stat_metric(a, st, "preemptions_total", (double)sched_preemptions(d->sched), 1);
-    actor_stat_metric(a, st, "transfers_total", (double)d->handoffs_in, 1);
-    actor_stat_metric(a, st, "transfer_failures_total", (double)d->handoff_refused, 1);
+    handoff_in_stats(&d->handoffs, a, st);
     writeback_stats(d->wb, a, st);
-    actor_stat_metric(a, st, "transfers_cuda_ipc_total", (double)d->handoffs_ipc, 1);
-    actor_stat_metric(a, st, "transfers_tcp_total", (double)kvchan_count(d->chan, MSG_CHAN_TCP), 1);
     actor_stat_metric(a, st, "transfers_nccl_total", (double)kvlinks_transfers(d->links), 1);
     actor_stat_metric(a, st, "nccl_links_ready", kvlinks_ready(d->links), 0);
     actor_stat_metric(a, st, "steps_total", (double)d->steps, 1);
     expert_report_tick(&d->experts, a, d->w->model, d->steps);   /* an expert_load window per 1,000 steps */
     expert_apply_stats(a, st, expert_group_ep(d->w->experts));     /* the expert-parallel group, if any */
     actor_stat_metric(a, st, "forward_seconds_total", (double)d->forward_ns / 1e9, 1);
-    actor_stat_metric(a, st, "handoff_seconds_total", (double)d->handoff_ns / 1e9, 1);
     actor_stat_metric(a, st, "recompute_seconds_total", (double)d->recompute_ns / 1e9, 1);
     spec_step_stats(d->spec, a, st);   /* speculation: acceptance of the drafts, tokens per verify step */
-    if (d->colocated) {   /* the prompts it computes itself */
-        actor_stat_metric(a, st, "requests_prompting", sched_count(d->sched, SCHED_PROMPTING), 0);
-        actor_stat_metric(a, st, "prompts_total", (double)d->prompts, 1);
-        actor_stat_metric(a, st, "computed_tokens_total", (double)d->prompt_tokens_computed, 1);
-        actor_stat_metric(a, st, "cached_tokens_total", (double)d->prompt_tokens_cached, 1);
-        prefix_fetch_stats(a, st, &d->fetch);
-    }
+    prompt_intake_stats(&d->prompts, a, st);   /* colocated: the prompts it computes itself */
 }
 
 /* The expert-balancer's placement for the group this worker leads (docs/experts.md): the group
@@ -667,17 +438,6 @@ static int s_on_placement(actor_t *a, void *state, const actor_peer_t *from, msg
     return actor_reply_error(a, from, m->id, MSG_ERR_BAD_REQUEST, 0, "%s", err) < 0 ? -1 : 0;
 }
 
-/* The draft-scheduler's policy, applied from the next step (spec_step.h); one this worker cannot
- * apply is answered with bad_request (the scheduler counts it and never answers back). */
-static int s_on_draft_policy(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
-{
-    decode_t *d = state;
-    char err[256];
-    if (spec_step_on_policy(d->spec, &m->u.draft_policy, err, sizeof err) == 0)
-        return 0;
-    return actor_reply_error(a, from, m->id, MSG_ERR_BAD_REQUEST, 0, "%s", err) < 0 ? -1 : 0;
-}
-
 static const actor_handler_t s_handlers[] = {
     {MSG_KV_ANNOUNCE, s_on_kv_announce},
     {MSG_HANDOFF, s_on_handoff},
@@ -687,7 +447,6 @@ static const actor_handler_t s_handlers[] = {
     {MSG_KV_ACK, s_on_kv_ack},
     {MSG_KV_LINK, s_on_kv_link},
     {MSG_EXPERT_PLACEMENT, s_on_placement},
-    {MSG_DRAFT_POLICY, s_on_draft_policy},
 };
 
 int main(int argc, char **argv)
@@ -701,15 +460,10 @@ int main(int argc, char **argv)
     d.cache_manager = cm ? cm->name : NULL;
     char err[1024];
     int max_seqs = t->limits.max_batch;
-    /* Colocated: a step holds the decode rows and up to prefill_chunk_tokens prompt tokens. */
-    d.colocated = topo_first(t, ROLE_PREFILL) == NULL;
+    /* Colocated (no prefill actors): prompts come here (prefill_request). */
+    const int colocated = topo_first(t, ROLE_PREFILL) == NULL;
     const int chunk_tokens = t->limits.prefill_chunk_tokens;
-    if (prefix_fetch_init(&d.fetch, d.name, d.cache_manager, err, sizeof err) != 0) {
-        LOG_E("%s", err);
-        actor_destroy(&a);
-        return 2;
-    }
-    if (d.colocated && d.cache_manager)
+    if (colocated && d.cache_manager)
         actor_timer_add(a, FETCH_TIMEOUT_MS / 10, s_wake);
     /* A step holds the decode rows and up to prefill_chunk_tokens tokens of prompt chunks (colocated
      * prompts, and every worker's recomputes of preempted requests). */
@@ -743,15 +497,17 @@ int main(int argc, char **argv)
     d.need_logits = calloc((size_t)max_seqs, 1);
     const spec_hooks_t spec_hooks = {.ctx = &d, .sampler = s_spec_sampler, .emit = s_spec_emit};
     d.spec = spec_step_new(&spec_cfg, max_seqs, d.w->max_model_len, &spec_hooks, err, sizeof err);
-    if (spec_step_policy_init(d.spec, a, spec_cfg.method == SPEC_DRAFT, err, sizeof err) != 0)
-        spec_step_destroy(&d.spec);   /* out of memory: refused below */
     const int text_rc = token_text_init(&d.text, 8192);
     d.wb = writeback_new(d.w, d.name, d.cluster, d.cache_manager);
     sched_config_t sc = {.max_seqs = max_seqs, .max_running = max_seqs, .chunk_tokens = chunk_tokens, .now_ms = now_ms,
                          .ctx = &d, .reclaim = s_reclaim, .hold_expired = s_hold_expired, .drop = s_drop};
     d.sched = sched_new(d.w->pool, &sc, err, sizeof err);
-    int rc = -1;
-    if (!d.links || !d.chan || !d.seqs || !d.argmax || !d.sample || !d.need_logits || (!d.spec && spec_cfg.method != SPEC_OFF) || text_rc != 0 || !d.wb ||
+    d.handoffs = (handoff_in_t){.self = d.name, .w = d.w, .chan = d.chan, .wb = d.wb};
+    int rc = -1, exit_code = 1;
+    if (prompt_intake_init(&d.prompts, d.w, d.sched, d.name, d.cache_manager, colocated, err, sizeof err) != 0) {
+        LOG_E("%s", err);   /* a bad TROUPE_PREFILL_FETCH */
+        exit_code = 2;
+    } else if (!d.links || !d.chan || !d.seqs || !d.argmax || !d.sample || !d.need_logits || (!d.spec && spec_cfg.method != SPEC_OFF) || text_rc != 0 || !d.wb ||
         !d.sched) {
         LOG_E("out of memory for a batch of %d", max_seqs);
     } else {
@@ -777,5 +533,5 @@ int main(int argc, char **argv)
     expert_report_destroy(&d.experts);
     worker_destroy(&d.w);
     actor_destroy(&a);
-    return rc == 0 ? 0 : 1;
+    return rc == 0 ? 0 : exit_code;
 }
