@@ -370,7 +370,9 @@ static int s_step(actor_t *a, void *state)
     if (b->n == 0)
         return copying;
     const int spec = spec_step_propose(d->spec, b);
+    const int64_t t0 = now_ns();
     const int frc = s_forward(a, d, b, spec);
+    spec_step_timed(d->spec, b, (double)(now_ns() - t0) / 1e9);   /* the step-cost table */
     if (spec) {
         /* A verify step commits after its emit: the rejected drafts leave the KV before it is
          * published (it has decode rows only: the commit just publishes). */
@@ -426,6 +428,17 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
     prompt_intake_stats(&d->prompts, a, st);   /* colocated: the prompts it computes itself */
 }
 
+/* The draft-scheduler's policy, applied from the next step (spec_step.h); one this worker cannot
+ * apply is answered with bad_request (the scheduler counts it and never answers back). */
+static int s_on_draft_policy(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
+{
+    decode_t *d = state;
+    char err[256];
+    if (spec_step_on_policy(d->spec, &m->u.draft_policy, err, sizeof err) == 0)
+        return 0;
+    return actor_reply_error(a, from, m->id, MSG_ERR_BAD_REQUEST, 0, "%s", err) < 0 ? -1 : 0;
+}
+
 /* The expert-balancer's placement for the group this worker leads (docs/experts.md): the group
  * switches to it at a step boundary; one it cannot take is answered with bad_request. */
 static int s_on_placement(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
@@ -447,6 +460,7 @@ static const actor_handler_t s_handlers[] = {
     {MSG_KV_ACK, s_on_kv_ack},
     {MSG_KV_LINK, s_on_kv_link},
     {MSG_EXPERT_PLACEMENT, s_on_placement},
+    {MSG_DRAFT_POLICY, s_on_draft_policy},
 };
 
 int main(int argc, char **argv)
@@ -497,6 +511,8 @@ int main(int argc, char **argv)
     d.need_logits = calloc((size_t)max_seqs, 1);
     const spec_hooks_t spec_hooks = {.ctx = &d, .sampler = s_spec_sampler, .emit = s_spec_emit};
     d.spec = spec_step_new(&spec_cfg, max_seqs, d.w->max_model_len, &spec_hooks, err, sizeof err);
+    if (spec_step_policy_init(d.spec, a, spec_cfg.method == SPEC_DRAFT, err, sizeof err) != 0)
+        spec_step_destroy(&d.spec);   /* out of memory: refused below */
     const int text_rc = token_text_init(&d.text, 8192);
     d.wb = writeback_new(d.w, d.name, d.cluster, d.cache_manager);
     sched_config_t sc = {.max_seqs = max_seqs, .max_running = max_seqs, .chunk_tokens = chunk_tokens, .now_ms = now_ms,
