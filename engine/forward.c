@@ -425,8 +425,17 @@ int model_forward(model_t *m, const model_batch_t *batch, float *logits, char *e
     if (m->ep && ep_error(m->ep, err, errlen) < 0)
         return -1;
     int rc = 0;
-    PROF(m, P_DOWNLOAD, rc = s_results(m, batch, R, logits));
+    if (batch->hidden_out)        /* before the logits: the download waits for the whole step */
+        PROF(m, P_DOWNLOAD, rc = op->download(be, batch->hidden_out, m->res, (size_t)T * c->hidden_size * sizeof(float)));
+    if (rc == 0)
+        PROF(m, P_DOWNLOAD, rc = s_results(m, batch, R, logits));
     if (rc < 0)
         return errf(err, errlen, "%s: the %s backend failed during the forward pass", m->where, op->name);
     return 0;
+}
+
+int model_step_layout(model_t *m, const model_batch_t *b, int T, int R, bk_attn_meta_t *meta, int32_t **d_ids,
+                      int32_t **d_rows, char *err, size_t errlen)
+{
+    return s_layout(m, b, T, R, meta, d_ids, d_rows, err, errlen);
 }

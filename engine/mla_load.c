@@ -185,6 +185,34 @@ size_t mla_buf_floats(const model_config_t *c)
     return 2 * qr + nH * qk + (r + dr) + nH * r + nH * dr + nH * r + nH * dv + H + 2 * H;
 }
 
+/* eh_proj [H][2H] applied to cat(enorm(embed), hnorm(h)) (DeepSeek's order) as two [H][H] halves:
+ * y = E enorm(embed) + Hh hnorm(h), so the two normed vectors never need to be concatenated. */
+static int s_split_eh(model_t *m, ckpt_t *ck, const char *name, model_mtp_t *t, char *err, size_t errlen)
+{
+    const int64_t H = m->cfg.hidden_size, shape[2] = {H, 2 * H};
+    const tensor_view_t *v = ckpt_expect(ck, name, 2, shape, err, errlen);
+    if (!v)
+        return -1;
+    if (v->dtype != DT_F32 && v->dtype != DT_BF16 && v->dtype != DT_F16)
+        return errf(err, errlen, "%s: tensor %s has dtype %d (expected f32, bf16 or f16)", m->where, name, (int)v->dtype);
+    const size_t es = dtype_size(v->dtype), half = (size_t)H * H * es;
+    uint8_t *host = malloc(2 * half);
+    if (!host)
+        return errf(err, errlen, "%s: out of memory", m->where);
+    for (int64_t r = 0; r < H; r++)
+        for (int p = 0; p < 2; p++)
+            memcpy(host + (size_t)p * half + (size_t)r * H * es,
+                   (const uint8_t *)v->data + ((size_t)r * 2 * H + (size_t)p * H) * es, (size_t)H * es);
+    uint8_t *dev = model_alloc(m, 2 * half, name, err, errlen);
+    const int rc = dev && m->be->ops->upload(m->be, dev, host, 2 * half) == 0 ? 0 : -1;
+    free(host);
+    if (rc < 0)
+        return dev ? errf(err, errlen, "%s: cannot upload %s", m->where, name) : -1;
+    t->eh_e = (bk_mat_t){.data = dev, .dtype = v->dtype, .rows = H, .cols = H};
+    t->eh_h = (bk_mat_t){.data = dev + half, .dtype = v->dtype, .rows = H, .cols = H};
+    return 0;
+}
+
 static int s_load_mtp(model_t *m, ckpt_t *ck, char *err, size_t errlen)
 {
     const model_config_t *c = &m->cfg;
@@ -201,7 +229,7 @@ static int s_load_mtp(model_t *m, ckpt_t *ck, char *err, size_t errlen)
     size_t bytes = 0;
 #define NAME(suffix) (snprintf(n, sizeof n, "%s." suffix, prefix), n)
     if (model_mat(m, ck, &t->embed, V, H, NAME("embed_tokens.weight"), err, errlen) < 0 ||
-        model_mat(m, ck, &t->eh_proj, H, 2 * (int64_t)H, NAME("eh_proj.weight"), err, errlen) < 0 ||
+        s_split_eh(m, ck, NAME("eh_proj.weight"), t, err, errlen) < 0 ||
         model_mat(m, ck, &t->head, V, H, NAME("shared_head.head.weight"), err, errlen) < 0 ||
         !(t->enorm = model_vec(m, ck, H, NAME("enorm.weight"), err, errlen)) ||
         !(t->hnorm = model_vec(m, ck, H, NAME("hnorm.weight"), err, errlen)) ||

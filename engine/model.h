@@ -83,6 +83,10 @@ typedef struct model_batch {
      * a row with temperature 0 gets the argmax id, bit for bit). The backend must have the op
      * (backend_ops_t.sample != NULL), else the forward fails. */
     const bk_sample_t *sample;
+    /* Optional: host [T][hidden_size], T = the batch's new tokens: every new row's final hidden state
+     * (the residual stream after the last layer, before the final norm), in batch order. DeepSeek-V3's
+     * MTP layer drafts from it (engine/mtp.h). */
+    float *hidden_out;
 } model_batch_t;
 
 /* Loads every weight the config implies from ck onto be (shapes checked, errors name the tensor

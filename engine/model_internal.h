@@ -34,7 +34,8 @@ typedef struct model_layer {
  * layer num_layers of the checkpoint; its KV lives in a pool of its own (one layer). */
 typedef struct model_mtp {
     model_layer_t layer;
-    bk_mat_t embed, eh_proj, head;   /* [V][H], [H][2H], [V][H] */
+    bk_mat_t embed, head;            /* [V][H] each */
+    bk_mat_t eh_e, eh_h;             /* eh_proj [H][2H]'s column halves [H][H]: on enorm(embed), on hnorm(h) */
     float *enorm, *hnorm, *norm;     /* device f32 [H] */
 } model_mtp_t;
 
@@ -179,5 +180,9 @@ void mla_attention(model_t *m, const model_layer_t *L, int kv_layer, int T, cons
 void mla_moe(model_t *m, const model_layer_t *L, int l, int T);
 /* xn -> delta: L's dense SwiGLU MLP (gate, up, down) over T rows (engine/forward.c). */
 void model_mlp_dense(model_t *m, const model_layer_t *L, int T);
+/* forward.c's step metadata for another stack of layers on the same batch rules (engine/mtp.c):
+ * the batch's ids, positions, block tables and logits rows uploaded, meta pointing at them. */
+int model_step_layout(model_t *m, const model_batch_t *b, int T, int R, bk_attn_meta_t *meta, int32_t **d_ids,
+                      int32_t **d_rows, char *err, size_t errlen);
 
 #endif

@@ -1,0 +1,51 @@
+/* engine/mtp.h — DeepSeek-V3's multi-token-prediction (MTP) layer, and the proposer built on it.
+ *
+ * The MTP layer (model.layers.<num_layers>.* of a checkpoint with num_nextn_predict_layers) is one
+ * more decoder block with its own embedding and head. At MTP position p it reads the target's
+ * final hidden state h_p (before the final norm: model_batch_t.hidden_out) and the embedding of
+ * token p+1, and predicts token p+2:
+ *     x      = eh_proj(cat(enorm(embed(t[p+1])), hnorm(h_p)))
+ *     x      = decoder_block(x)          (MLA over the MTP layer's own KV, DeepSeekMoE)
+ *     logits = shared_head.head(shared_head.norm(x))
+ * For more drafts the MTP layer reuses itself: its own output x at position p stands in for the
+ * target's h_{p+1} at position p+1, with the drafted token's embedding.
+ *
+ * The MTP layer keeps its KV in a pool of its own, one layer of the target's KV shape; an MTP
+ * sequence's token j is the target sequence's token j+1 (the token MTP position j embeds). */
+#ifndef TROUPE_ENGINE_MTP_H
+#define TROUPE_ENGINE_MTP_H
+
+#include "engine/model.h"
+#include "engine/spec.h"
+
+/* 1 when the model was loaded with an MTP layer. */
+int model_has_mtp(const model_t *m);
+/* A KV pool for the MTP layer (engine/kvcache.h's kvpool_new with one layer of the model's shape). */
+kvpool_t *model_mtp_pool_new(const model_t *m, int n_blocks, int block_size, dtype_t dtype, char *err, size_t errlen);
+
+/* One MTP step over a batch of MTP sequences (in one MTP pool), on model_forward's batch rules
+ * (n_new rows each; logits of each sequence's last row, or all rows with all_logits; argmax_out
+ * as in model_forward). hidden: host [T][H], row i the hidden state of new row i (the target's
+ * h_p, or the MTP's own output for a chained draft). hidden_out (host [T][H], may be NULL): the
+ * MTP block's output of every new row, the input of a chained draft. 0, or -1 with err. */
+int model_mtp_forward(model_t *m, const model_batch_t *b, const float *hidden, float *logits, float *hidden_out,
+                      char *err, size_t errlen);
+
+/* The MTP proposer (spec_proposer_t): greedy drafts by the MTP layer of `target`, for up to
+ * max_seqs sequences of up to max_context tokens, its KV in its own pool on the target's backend.
+ * The target's hidden states come in through spec_mtp_feed after each target forward; propose
+ * then catches the MTP layer up on every position whose next token is known and drafts k tokens
+ * (the first from the target's hidden state, the rest chained on the MTP's own), rolling its KV
+ * back to the target-backed positions afterwards. probs gets each draft's MTP softmax probability.
+ * NULL with err (no MTP layer, out of memory). */
+spec_proposer_t *spec_mtp_new(model_t *target, int max_seqs, int max_context, char *err, size_t errlen);
+/* Hands the proposer the target's hidden states (model_batch_t.hidden_out rows) of sequence id at
+ * target positions pos0 .. pos0+n-1, whose tokens are final (a prompt, or a verify step's rows up
+ * to its last accepted draft: never a rejected draft's row); tokens[0..n_tokens) are the tokens
+ * known now. Rows of positions the MTP layer already has are ignored; a gap (pos0 past them) is an
+ * error. Positions whose next token is known run through the MTP layer now, the others (at most
+ * SPEC_MAX_K + 2) wait for it. 0, or -1 with err. */
+int spec_mtp_feed(spec_proposer_t *p, uint64_t id, const int32_t *tokens, int n_tokens, int pos0, int n,
+                  const float *hidden, char *err, size_t errlen);
+
+#endif

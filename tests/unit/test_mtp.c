@@ -1,0 +1,310 @@
+/* tests/unit/test_mtp.c — DeepSeek-V3 on kjv-deepseek (TROUPE_MODELS, else ../shared/models; skipped
+ * when absent): the compressed MLA cache under prefix reuse, and the MTP layer as a proposer.
+ *
+ * 1. Prefix reuse: a prompt whose first blocks are adopted from another sequence's published
+ *    cache (kvseq_match_prefix) gives bit-identical logits to computing it all.
+ * 2. MTP agreement: greedy decoding of the target, with the MTP proposer fed the target's hidden
+ *    states each step; the MTP's guess of the token after next is compared with the token the
+ *    target then emits (the README of the models folder: 73% for transformers).
+ * 3. MTP speculation, k = 1..3: verify steps (the last token and k drafts, logits of every row),
+ *    greedy acceptance, KV roll-back, the accepted rows' hidden states fed back: the output equals
+ *    plain greedy decoding token for token; acceptance, tokens per verify step and tokens/s printed. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "common/util.h"
+#include "engine/checkpoint.h"
+#include "engine/config.h"
+#include "engine/model.h"
+#include "engine/mtp.h"
+#include "engine/tokenizer.h"
+
+#define N_NEW 32
+#define MAX_CTX 256
+
+static const char *const s_prompts[] = {
+    "And God said",
+    "In the beginning",
+    "The LORD is my shepherd",
+};
+#define N_PROMPTS ((int)(sizeof s_prompts / sizeof s_prompts[0]))
+
+typedef struct {
+    char dir[4096];
+    model_config_t cfg;
+    ckpt_t *ck;
+    backend_t *be;
+    model_t *m;
+    kvpool_t *pool;
+    tokenizer_t *tok;
+} s_env_t;
+
+static s_env_t s_env;
+
+static int s_setup(void **state)
+{
+    (void)state;
+    const char *root = getenv("TROUPE_MODELS");
+    snprintf(s_env.dir, sizeof s_env.dir, "%s/kjv-deepseek", root && *root ? root : "../shared/models");
+    if (access(s_env.dir, R_OK) != 0)
+        return 0;
+    char err[1024];
+    if (config_load(s_env.dir, &s_env.cfg, err, sizeof err) != 0 || !(s_env.ck = ckpt_open(s_env.dir, err, sizeof err)))
+        fail_msg("%s", err);
+    s_env.be = backend_cpu_new(0);
+    model_opts_t o = {.max_tokens = 128, .max_seqs = 4, .max_logit_rows = 16, .max_context = MAX_CTX};
+    if (!(s_env.m = model_load(s_env.dir, &s_env.cfg, s_env.ck, s_env.be, &o, err, sizeof err)))
+        fail_msg("%s", err);
+    if (!(s_env.pool = kvpool_new(128, 16, s_env.cfg.num_layers, s_env.cfg.num_kv_heads, s_env.cfg.head_dim, DT_BF16,
+                                  s_env.be, err, sizeof err)) ||
+        !(s_env.tok = tok_load(s_env.dir, err, sizeof err)))
+        fail_msg("%s", err);
+    return 0;
+}
+
+static int s_teardown(void **state)
+{
+    (void)state;
+    tok_destroy(&s_env.tok);
+    kvpool_destroy(&s_env.pool);
+    model_destroy(&s_env.m);
+    ckpt_destroy(&s_env.ck);
+    backend_destroy(&s_env.be);
+    return 0;
+}
+
+static void s_need_model(void)
+{
+    if (!s_env.m) {
+        print_message("SKIP: %s is absent (set TROUPE_MODELS to the shared models folder)\n", s_env.dir);
+        skip();
+    }
+}
+
+static int s_encode(const char *text, int32_t *ids)
+{
+    int32_t *v = NULL;
+    size_t n = 0;
+    if (tok_encode(s_env.tok, text, strlen(text), 0, &v, &n) != 0)
+        fail_msg("cannot encode '%s'", text);
+    memcpy(ids, v, n * sizeof(int32_t));
+    free(v);
+    return (int)n;
+}
+
+static int32_t s_argmax(const float *x, int n)
+{
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        b = x[i] > x[b] ? i : b;
+    return b;
+}
+
+/* One forward of s's last n_new tokens; logits of every new row when all, hidden of every new row. */
+static void s_step(kvseq_t *s, int n_new, int all, float *logits, float *hidden)
+{
+    char err[512];
+    model_seq_t q = {.kv = s, .n_new = n_new};
+    model_batch_t b = {.n_seqs = 1, .seqs = &q, .all_logits = all, .hidden_out = hidden};
+    if (model_forward(s_env.m, &b, logits, err, sizeof err) < 0)
+        fail_msg("%s", err);
+}
+
+static void test_prefix_reuse(void **state)
+{
+    (void)state;
+    s_need_model();
+    const int V = s_env.cfg.vocab_size;
+    int32_t ids[MAX_CTX];
+    int n = s_encode("And it came to pass, when the king heard these words, that he rent his clothes, and put "
+                     "sackcloth upon his flesh, and fasted, and lay in sackcloth, and went softly.", ids);
+    assert_true(n > 40);
+    float *a = malloc((size_t)V * sizeof(float)), *b = malloc((size_t)V * sizeof(float));
+    kvseq_t *s1 = kvseq_new(s_env.pool, MAX_CTX, 0), *s2 = kvseq_new(s_env.pool, MAX_CTX, 0);
+    assert_int_equal(kvseq_append(s1, ids, n), 0);
+    s_step(s1, n, 0, a, NULL);
+    kvseq_publish(s1);
+    const int reused = kvseq_match_prefix(s2, ids, n);
+    assert_true(reused >= 32);
+    assert_int_equal(kvseq_append(s2, ids + reused, n - reused), 0);
+    s_step(s2, n - reused, 0, b, NULL);
+    if (memcmp(a, b, (size_t)V * sizeof(float)) != 0)
+        fail_msg("logits after adopting %d cached tokens differ from computing all %d", reused, n);
+    print_message("prefix reuse: %d of %d tokens adopted from the compressed cache, logits bit-identical\n", reused, n);
+    kvseq_destroy(&s1);
+    kvseq_destroy(&s2);
+    free(a);
+    free(b);
+}
+
+/* Plain greedy decoding; with mtp, the proposer is fed each step and its 1-draft guess compared. */
+static double s_greedy(const int32_t *prompt, int np, int32_t *out, spec_proposer_t *mtp, int *agree, int *guesses)
+{
+    const int V = s_env.cfg.vocab_size, H = s_env.cfg.hidden_size;
+    float *lg = malloc((size_t)V * sizeof(float)), *hid = malloc((size_t)MAX_CTX * H * sizeof(float));
+    int32_t all[MAX_CTX];
+    memcpy(all, prompt, (size_t)np * sizeof(int32_t));
+    kvseq_t *s = kvseq_new(s_env.pool, MAX_CTX, 0);
+    int n = np, pending = -1;
+    char err[512];
+    const int64_t t0 = now_ns();
+    assert_int_equal(kvseq_append(s, all, n), 0);
+    s_step(s, n, 0, lg, mtp ? hid : NULL);
+    int fed_from = 0, fed_n = n;
+    for (int i = 0; i < N_NEW; i++) {
+        all[n] = s_argmax(lg, V);
+        out[i] = all[n];
+        if (pending >= 0) {
+            (*guesses)++;
+            *agree += pending == all[n];
+        }
+        n++;
+        if (mtp) {
+            if (spec_mtp_feed(mtp, 7, all, n, fed_from, fed_n, hid, err, sizeof err) < 0)
+                fail_msg("%s", err);
+            int32_t d;
+            pending = spec_propose(mtp, 7, all, n, 1, &d, NULL) == 1 ? d : -1;
+        }
+        assert_int_equal(kvseq_append(s, &all[n - 1], 1), 0);
+        s_step(s, 1, 0, lg, mtp ? hid : NULL);
+        fed_from = n - 1;
+        fed_n = 1;
+    }
+    const double secs = (now_ns() - t0) / 1e9;
+    if (mtp)
+        spec_forget(mtp, 7);
+    kvseq_destroy(&s);
+    free(lg);
+    free(hid);
+    return secs;
+}
+
+static void test_mtp_agreement(void **state)
+{
+    (void)state;
+    s_need_model();
+    char err[512];
+    assert_true(model_has_mtp(s_env.m));
+    spec_proposer_t *mtp = spec_mtp_new(s_env.m, 2, MAX_CTX, err, sizeof err);
+    if (!mtp)
+        fail_msg("%s", err);
+    int agree = 0, guesses = 0;
+    for (int p = 0; p < N_PROMPTS; p++) {
+        int32_t ids[64], out[N_NEW], ref[N_NEW];
+        const int np = s_encode(s_prompts[p], ids);
+        s_greedy(ids, np, ref, NULL, NULL, NULL);
+        s_greedy(ids, np, out, mtp, &agree, &guesses);
+        assert_memory_equal(out, ref, sizeof out);      /* feeding the proposer changes nothing */
+    }
+    const double rate = (double)agree / guesses;
+    print_message("kjv-deepseek MTP: the guess of the token after next equals the target's greedy token %d of %d "
+                  "times (%.1f%%)\n", agree, guesses, 100 * rate);
+    assert_true(rate > 0.5);
+    spec_proposer_destroy(&mtp);
+}
+
+/* Greedy speculative decoding with k MTP drafts per verify step; the output must equal ref. */
+static void s_speculate(const int32_t *prompt, int np, int k, spec_proposer_t *mtp, const int32_t *ref,
+                        spec_stats_t *st, double *secs)
+{
+    const int V = s_env.cfg.vocab_size, H = s_env.cfg.hidden_size;
+    float *lg = malloc((size_t)(SPEC_MAX_K + 1) * V * sizeof(float)),
+          *hid = malloc((size_t)MAX_CTX * H * sizeof(float));
+    int32_t all[MAX_CTX + SPEC_MAX_K + 1];
+    char err[512];
+    memcpy(all, prompt, (size_t)np * sizeof(int32_t));
+    kvseq_t *s = kvseq_new(s_env.pool, MAX_CTX + SPEC_MAX_K + 1, 0);
+    int n = np, out = 0;
+    const int64_t t0 = now_ns();
+    assert_int_equal(kvseq_append(s, all, n), 0);
+    s_step(s, n, 0, lg, hid);
+    if (spec_mtp_feed(mtp, 9, all, n, 0, n, hid, err, sizeof err) < 0)
+        fail_msg("%s", err);
+    all[n++] = s_argmax(lg, V);
+    out++;
+    while (out < N_NEW) {
+        int32_t d[SPEC_MAX_K];
+        int r = spec_propose(mtp, 9, all, n, k < N_NEW - out ? k : N_NEW - out, d, NULL);
+        /* Verify: the last token and the r drafts, logits of every row. */
+        memcpy(all + n, d, (size_t)r * sizeof(int32_t));
+        assert_int_equal(kvseq_append(s, all + n - 1, 1 + r), 0);
+        s_step(s, 1 + r, 1, lg, hid);
+        int a = 0;
+        while (a < r && s_argmax(lg + (size_t)a * V, V) == d[a])
+            a++;
+        const int32_t bonus = s_argmax(lg + (size_t)a * V, V);
+        assert_int_equal(kvseq_truncate(s, n + a), 0);  /* rejected drafts' KV rolled back */
+        all[n + a] = bonus;
+        const int pos0 = n - 1;
+        n += a + 1;
+        out += a + 1;
+        if (spec_mtp_feed(mtp, 9, all, n, pos0, a + 1, hid, err, sizeof err) < 0)
+            fail_msg("%s", err);
+        if (r > 0) {
+            st->verify_steps++;
+            st->drafts += (uint64_t)r;
+            st->accepted += (uint64_t)a;
+            st->emitted += (uint64_t)a + 1;
+        }
+    }
+    *secs += (now_ns() - t0) / 1e9;
+    for (int i = 0; i < N_NEW; i++)
+        if (all[np + i] != ref[i])
+            fail_msg("k=%d: token %d is %d, plain greedy gives %d", k, i, all[np + i], ref[i]);
+    spec_forget(mtp, 9);
+    kvseq_destroy(&s);
+    free(lg);
+    free(hid);
+}
+
+static void test_mtp_speculation(void **state)
+{
+    (void)state;
+    s_need_model();
+    char err[512];
+    spec_proposer_t *mtp = spec_mtp_new(s_env.m, 2, MAX_CTX + SPEC_MAX_K, err, sizeof err);
+    if (!mtp)
+        fail_msg("%s", err);
+    int32_t ids[N_PROMPTS][64], ref[N_PROMPTS][N_NEW];
+    int np[N_PROMPTS];
+    double plain = 0;
+    for (int p = 0; p < N_PROMPTS; p++) {
+        np[p] = s_encode(s_prompts[p], ids[p]);
+        plain += s_greedy(ids[p], np[p], ref[p], NULL, NULL, NULL);
+    }
+    print_message("kjv-deepseek plain greedy (CPU, %d prompts x %d tokens): %.1f tokens/s\n", N_PROMPTS, N_NEW,
+                  N_PROMPTS * N_NEW / plain);
+    for (int k = 1; k <= 3; k += 2) {
+        spec_stats_t st = {0};
+        double secs = 0;
+        for (int p = 0; p < N_PROMPTS; p++)
+            s_speculate(ids[p], np[p], k, mtp, ref[p], &st, &secs);
+        print_message("kjv-deepseek MTP speculation k=%d: acceptance %.1f%%, %.2f tokens per verify step, %.1f "
+                      "tokens/s, greedy output equal\n", k, 100 * spec_stats_acceptance(&st), spec_stats_mean_len(&st),
+                      N_PROMPTS * N_NEW / secs);
+        if (k == 1)
+            assert_true(spec_stats_acceptance(&st) > 0.5);
+    }
+    spec_proposer_destroy(&mtp);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_prefix_reuse),
+        cmocka_unit_test(test_mtp_agreement),
+        cmocka_unit_test(test_mtp_speculation),
+    };
+    const char *only = getenv("TEST_FILTER");   /* e.g. TEST_FILTER=test_mtp_agreement */
+    if (only && *only)
+        cmocka_set_test_filter(only);
+    return cmocka_run_group_tests(tests, s_setup, s_teardown);
+}
