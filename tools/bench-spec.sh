@@ -28,6 +28,7 @@
 #   ROUNDS         requests per level = ROUNDS x concurrency (default 3)
 #   BACKEND GPUS   cpu (default) or cuda; GPUS the node's GPU count (cuda: both workers on GPU 0)
 #   MAX_BATCH      limits.max_batch (default 128)
+#   HEARTBEAT_MS LIVENESS  supervision (default 1000 ms x 10 missed before a worker counts as wedged)
 #   B              the build folder (default build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -100,6 +101,8 @@ limits:
   max_model_len: 1024
 supervision:
   ready_timeout_s: 120
+  heartbeat_ms: ${HEARTBEAT_MS:-1000}
+  liveness: ${LIVENESS:-10}   # a busy shared machine must not get its workers killed as wedged
 YAML
   echo "$f"
 }
