@@ -42,6 +42,8 @@ static engine_status_t s_kv_dtype(engine_t *e, const engine_spec_t *s, dtype_t w
 {
     e->kv_dtype = config_kv_dtype(&e->cfg, s->dummy ? wdt : DT_COUNT, s->kv_dtype);
     char why[512];
+    if (e->cfg.mla.on)            /* MLA's own ops read every dtype (kernels/backend.h) */
+        return ENGINE_OK;
     if (kvpool_check(e->be, e->kv_dtype, e->cfg.head_dim, e->cfg.num_heads, e->cfg.num_kv_heads, why, sizeof why) == 0)
         return ENGINE_OK;
     const char *opt = s->kv_dtype_option ? s->kv_dtype_option : "kv_dtype";

@@ -316,6 +316,17 @@ static void test_deepseek_v3(void **state)
     s_parse_fail("{\"model_type\":\"deepseek_v3\",\"attention_bias\":true}", "attention_bias", NULL);
     s_parse_fail("{\"model_type\":\"deepseek_v3\",\"rope_scaling\":{\"type\":\"yarn\"}}", "rope_scaling.factor", NULL);
     s_parse_fail("{\"model_type\":\"llama\",\"rope_scaling\":{\"type\":\"yarn\",\"factor\":2}}", "yarn", NULL);
+    /* The DeepSeek-V2-Lite-sized shape (dummy weights): ~15.7B parameters, 2.7B read per token. */
+    model_config_t v;
+    s_load_ok("tests/fixtures/models/deepseek-v2-lite-shape", &v);
+    assert_int_equal(v.mla.q_lora_rank, 0);
+    assert_int_equal(v.head_dim, 288);
+    const double all = config_weight_bytes(&v, 1, v.num_experts) + (double)v.vocab_size * v.hidden_size;
+    const double active = config_weight_bytes(&v, 1, v.num_experts_per_tok) + (double)v.vocab_size * v.hidden_size;
+    print_message("deepseek-v2-lite-shape: %.2fB parameters, %.2fB per token; KV %zu bytes per token in bf16\n",
+                  all / 1e9, active / 1e9, config_kv_bytes_per_token(&v, 2));
+    assert_true(all > 15.0e9 && all < 16.5e9);
+    assert_int_equal(config_kv_bytes_per_token(&v, 2), 27 * 576 * 2);
 }
 
 static void test_generation_config(void **state)
