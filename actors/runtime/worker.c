@@ -47,6 +47,35 @@ static void s_kv_share(const topo_t *t, topo_role_t role, int gpu, engine_spec_t
     s->kv_share = (role == ROLE_DECODE ? 3.0 : 1.0) / (shares > 0 ? shares : 1);
 }
 
+static worker_t *s_current;
+
+worker_t *worker_current(void) { return s_current; }
+
+/* A decode worker's draft model, when TROUPE_SPECULATION asks for one (spec_knob_parse). */
+static int s_draft(worker_t *w, const topo_t *t, topo_role_t role, const char *tokdir, int *config_error, char *err,
+                   size_t errlen)
+{
+    spec_method_t m;
+    int k;
+    if (role != ROLE_DECODE || spec_knob_parse("TROUPE_SPECULATION", getenv("TROUPE_SPECULATION"), &m, &k, err,
+                                               errlen) != 0 || m != SPEC_DRAFT)
+        return 0;   /* a bad knob is the decode step's to report */
+    if (!t->model.draft[0]) {
+        *config_error = 1;
+        return errf(err, errlen, "TROUPE_SPECULATION=%s needs a draft model: model.draft in the topology",
+                    getenv("TROUPE_SPECULATION"));
+    }
+    spec_draft_opts_t o = {.model_dir = t->model.draft, .target = w->eng, .target_tokenizer = tokdir,
+                           .max_seqs = w->max_seqs, .max_tokens = w->max_tokens, .max_model_len = w->max_model_len,
+                           .block_size = w->block_size, .dummy = t->model.load_format == TOPO_LOAD_DUMMY};
+    if (!(w->draft = spec_draft_new(&o, config_error, err, errlen)))
+        return -1;
+    spec_draft_stats_t st;
+    spec_draft_stats(w->draft, &st);
+    LOG_I("draft model %s: %d KV blocks of %d tokens", t->model.draft, st.blocks_total, w->block_size);
+    return 0;
+}
+
 worker_t *worker_load(const topo_t *t, topo_role_t role, int gpu, int max_tokens, int max_seqs, int *config_error,
                       char *err, size_t errlen)
 {
@@ -119,6 +148,8 @@ worker_t *worker_load(const topo_t *t, topo_role_t role, int gpu, int max_tokens
     }
     if (!w->tok)
         LOG_W("no tokenizer (%s): token-id prompts only, no text in the stream", terr);
+    if (s_draft(w, t, role, tokdir, config_error, err, errlen) != 0)
+        goto fail;
     const bk_kv_t *kv = kvpool_view(w->pool);
     if (!(w->stage = malloc(kv->block_bytes))) {
         errf(err, errlen, "out of memory");
@@ -127,6 +158,7 @@ worker_t *worker_load(const topo_t *t, topo_role_t role, int gpu, int max_tokens
     LOG_I("model %s: %d layers, hidden %d, vocab %d, %s weights; KV pool %d blocks of %d tokens, %s (%.1f MiB)",
           tm->path, w->cfg.num_layers, w->cfg.hidden_size, w->cfg.vocab_size, dtype_name(w->eng->weights_dtype),
           kv->n_blocks, kv->block_size, dtype_name(kv->dtype), (double)kv->n_blocks * (double)kv->block_bytes / (1 << 20));
+    s_current = w;
     return w;
 fail:
     worker_destroy(&w);
@@ -138,6 +170,9 @@ void worker_destroy(worker_t **self_p)
     if (!self_p || !*self_p)
         return;
     worker_t *w = *self_p;
+    if (s_current == w)
+        s_current = NULL;
+    spec_proposer_destroy(&w->draft);             /* on the target's backend: before the engine */
     tok_destroy(&w->tok);
     expert_group_destroy(&w->experts);            /* stops the ranks before the model goes */
     engine_destroy(&w->eng);                      /* the pool, the model, the backend: after their users */

@@ -16,6 +16,7 @@
 #include "actors/runtime/actor.h"
 #include "engine/engine_open.h"
 #include "engine/sampler.h"
+#include "engine/spec.h"
 #include "engine/tokenizer.h"
 #include "messages/msg.h"
 #include "topology/topology.h"
@@ -34,6 +35,8 @@ typedef struct worker {
     int max_model_len;           /* prompt + generation, tokens */
     float *logits;               /* eng->logits: [max_seqs][vocab] host */
     uint8_t *stage;              /* [block_bytes] host staging for block copies */
+    spec_proposer_t *draft;      /* decode, TROUPE_SPECULATION=draft[:K]: the draft model (model.draft) on
+                                    this worker's backend, its own KV pool; NULL otherwise */
     int ipc_ok;                  /* the pool can be shared with processes on the same GPU */
     uint8_t ipc_handle[KVX_IPC_HANDLE_BYTES];   /* its CUDA IPC handle + size, when ipc_ok */
     struct expert_group *experts; /* the expert-parallel group this worker leads (topology ep > 1), or NULL */
@@ -41,13 +44,18 @@ typedef struct worker {
 
 /* Loads the model of topology t for one actor of `role` (prefill or decode: sizes its share of
  * the device's memory for KV) on GPU `gpu` (CUDA backend; -1 = device 0): max_tokens / max_seqs
- * size the forward. On failure *config_error says whether the topology itself is at fault (the
+ * size the forward. A decode worker with TROUPE_SPECULATION=draft[:K] also opens model.draft
+ * (engine/spec.h's draft proposer: max_seqs sequences of max_model_len), refusing a draft with
+ * another tokenizer (a configuration error naming both models) and the knob without model.draft. On failure *config_error says whether the topology itself is at fault (the
  * model's config, its weights' files, dtype or shapes, a model the device cannot hold, the KV
  * dtype or pool: ENGINE_ERR_CONFIG, exit ACTOR_EXIT_CONFIG) rather than the moment (host memory,
  * the device). */
 worker_t *worker_load(const topo_t *t, topo_role_t role, int gpu, int max_tokens, int max_seqs, int *config_error,
                       char *err, size_t errlen);
 void worker_destroy(worker_t **self_p);
+/* The worker this process loaded last (an actor process holds one model): NULL before worker_load
+ * and after worker_destroy. The decode step's speculation takes its draft model from here. */
+worker_t *worker_current(void);
 
 /* Engine sampling parameters from a request's wire parameters (EOS ids from the model). */
 int worker_sampler_params(const worker_t *w, const msg_sampling_t *s, sampler_params_t *out,

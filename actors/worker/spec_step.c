@@ -5,10 +5,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "actors/runtime/worker.h"
 #include "common/log.h"
 #include "common/util.h"
 
-#define SPEC_NGRAM_K     4       /* "ngram" alone */
 #define SPEC_NGRAM_MIN_N 1       /* the n-gram proposer's suffix lengths in a decode worker */
 #define SPEC_NGRAM_MAX_N 3
 
@@ -16,6 +16,10 @@ struct spec_step {
     int k;                       /* drafts per row at most */
     int max_seqs, max_model_len;
     spec_proposer_t *proposer;
+    int borrowed;                /* the proposer is the worker's draft model (worker_t.draft) */
+    spec_ask_t *asks;            /* [max_seqs] a step's proposals, one per drafting row */
+    int *ask_row;                /* [max_seqs] the row of each */
+    bk_sample_t *sample;         /* [max_seqs] sampled rows' parameters for a draft with a distribution */
     spec_hooks_t hooks;
     int32_t *drafts;             /* [max_seqs][SPEC_MAX_K] each decode row's drafts this step */
     int *n_drafts;               /* [max_seqs] drafts appended to the row's KV this step */
@@ -28,21 +32,8 @@ struct spec_step {
 
 int spec_step_config_from_env(spec_step_config_t *c, char *err, size_t errlen)
 {
-    const char *v = getenv("TROUPE_SPECULATION");
     *c = (spec_step_config_t){.method = SPEC_OFF};
-    if (!v || !*v || strcmp(v, "off") == 0)
-        return 0;
-    char *end = NULL;
-    int k = 0;
-    if (strcmp(v, "ngram") == 0)
-        k = SPEC_NGRAM_K;
-    else if (strncmp(v, "ngram:", 6) == 0)
-        k = (int)strtol(v + 6, &end, 10);
-    if (k < 1 || k > SPEC_MAX_K || (end && *end))
-        return errf(err, errlen, "TROUPE_SPECULATION '%s': expected off, ngram or ngram:K with K in [1, %d]", v,
-                    SPEC_MAX_K);
-    *c = (spec_step_config_t){.method = SPEC_NGRAM, .k = k};
-    return spec_client_scheduled_from_env(err, errlen) < 0 ? -1 : 0;   /* TROUPE_SPEC_POLICY too */
+    return spec_knob_parse("TROUPE_SPECULATION", getenv("TROUPE_SPECULATION"), &c->method, &c->k, err, errlen);
 }
 
 spec_step_t *spec_step_new(const spec_step_config_t *c, int max_seqs, int max_model_len, const spec_hooks_t *hooks,
@@ -55,13 +46,27 @@ spec_step_t *spec_step_new(const spec_step_config_t *c, int max_seqs, int max_mo
     spec_step_t *s = calloc(1, sizeof *s);
     if (s) {
         *s = (spec_step_t){.k = c->k, .max_seqs = max_seqs, .max_model_len = max_model_len, .hooks = *hooks};
-        s->proposer = spec_ngram_new(SPEC_NGRAM_MIN_N, SPEC_NGRAM_MAX_N);
+        if (c->method == SPEC_DRAFT) {   /* opened by worker_load (model.draft), freed with the worker */
+            const worker_t *w = worker_current();
+            s->proposer = w ? w->draft : NULL;
+            s->borrowed = 1;
+        } else {
+            s->proposer = spec_ngram_new(SPEC_NGRAM_MIN_N, SPEC_NGRAM_MAX_N);
+        }
+        s->asks = calloc((size_t)max_seqs, sizeof *s->asks);
+        s->ask_row = calloc((size_t)max_seqs, sizeof *s->ask_row);
+        s->sample = calloc((size_t)max_seqs, sizeof *s->sample);
         s->drafts = calloc((size_t)max_seqs * SPEC_MAX_K, sizeof *s->drafts);
         s->n_drafts = calloc((size_t)max_seqs, sizeof *s->n_drafts);
         s->kv_base = calloc((size_t)max_seqs, sizeof *s->kv_base);
         s->probs = calloc((size_t)max_seqs * SPEC_MAX_K, sizeof *s->probs);
     }
-    if (!s || !s->proposer || !s->drafts || !s->n_drafts || !s->kv_base || !s->probs) {
+    if (s && !s->proposer && c->method == SPEC_DRAFT) {
+        spec_step_destroy(&s);
+        errf(err, errlen, "TROUPE_SPECULATION=draft: this worker opened no draft model (model.draft)");
+        return NULL;
+    }
+    if (!s || !s->proposer || !s->asks || !s->ask_row || !s->sample || !s->drafts || !s->n_drafts || !s->kv_base || !s->probs) {
         spec_step_destroy(&s);
         errf(err, errlen, "out of memory for speculation over %d rows", max_seqs);
         return NULL;
@@ -75,7 +80,11 @@ void spec_step_destroy(spec_step_t **self_p)
     if (!self_p || !*self_p)
         return;
     spec_step_t *s = *self_p;
-    spec_proposer_destroy(&s->proposer);
+    if (!s->borrowed)
+        spec_proposer_destroy(&s->proposer);
+    free(s->asks);
+    free(s->ask_row);
+    free(s->sample);
     free(s->drafts);
     free(s->n_drafts);
     free(s->kv_base);
@@ -85,11 +94,14 @@ void spec_step_destroy(spec_step_t **self_p)
     *self_p = NULL;
 }
 
+/* Every drafting row's proposal in one call (the draft model batches its forwards across rows);
+ * each row's k is reserved from the step's budget before the proposals come back. A sampled row
+ * (temperature > 0) gives a draft model its sampling, so it draws from its distribution. */
 int spec_step_propose(spec_step_t *s, const sched_batch_t *b)
 {
     if (!s || b->n != b->n_decode)
         return 0;
-    int budget = s->max_seqs - b->n, any = 0;
+    int budget = s->max_seqs - b->n, any = 0, n_ask = 0;
     for (int i = 0; i < b->n; i++) {
         sched_req_t *r = b->rows[i].req;
         s->n_drafts[i] = 0;
@@ -101,14 +113,29 @@ int spec_step_propose(spec_step_t *s, const sched_batch_t *b)
         k = k < budget ? k : budget;
         if (k > s->max_model_len - s->kv_base[i] - 1)
             k = s->max_model_len - s->kv_base[i] - 1;
-        int32_t *dr = s->drafts + (size_t)i * SPEC_MAX_K;
-        float *pr = s->probs + (size_t)i * SPEC_MAX_K;
-        int n = k > 0 ? spec_propose(s->proposer, r->id, r->toks, r->n_toks, k, dr, pr) : 0;
+        if (k <= 0)
+            continue;
+        int logprobs = 0;
+        const sampler_t *smp = s->hooks.sampler(s->hooks.ctx, r, &logprobs);
+        sampler_device_params(smp, &s->sample[i]);
+        s->asks[n_ask] = (spec_ask_t){.id = r->id, .tokens = r->toks, .n = r->n_toks, .k = k,
+                                      .sample = s->sample[i].temperature > 0 ? &s->sample[i] : NULL,
+                                      .drafts = s->drafts + (size_t)i * SPEC_MAX_K,
+                                      .probs = s->probs + (size_t)i * SPEC_MAX_K};
+        s->ask_row[n_ask++] = i;
+        budget -= k;
+    }
+    if (n_ask == 0)
+        return 0;
+    spec_propose_batch(s->proposer, s->asks, n_ask);
+    for (int a = 0; a < n_ask; a++) {
+        const int i = s->ask_row[a];
+        sched_req_t *r = b->rows[i].req;
+        int n = s->asks[a].n_drafts;
         if (n > 0 && s->policy)   /* a row with a distribution keeps the drafts it is confident of */
-            n = spec_client_keep(s->policy, b->n, s->has_dist ? pr : NULL, n);
-        if (n > 0 && kvseq_append(r->kv, dr, n) == 0) {
+            n = spec_client_keep(s->policy, b->n, s->has_dist ? s->asks[a].probs : NULL, n);
+        if (n > 0 && kvseq_append(r->kv, s->asks[a].drafts, n) == 0) {
             s->n_drafts[i] = n;
-            budget -= n;
             any = 1;
         }
     }
@@ -143,8 +170,11 @@ void spec_step_verify(spec_step_t *s, const sched_batch_t *b, const float *logit
         for (;; j++) {
             int acc;
             float lp = 0;
-            const int32_t t = sampler_verify_draft(smp, logits + (first + (size_t)j) * V, j < n ? dr[j] : -1,
-                                                   logprobs ? &lp : NULL, &acc);
+            /* a draft drawn from a distribution (spec_dist) takes the rejection rule, a point mass
+             * the coupling (sampler.h) */
+            const int32_t t = sampler_verify_dist(smp, logits + (first + (size_t)j) * V, j < n ? dr[j] : -1,
+                                                  j < n ? spec_dist(s->proposer, id, j) : NULL, logprobs ? &lp : NULL,
+                                                  &acc);
             alive = s->hooks.emit(s->hooks.ctx, r, t, lp, base + j + 1 >= s->max_model_len, base + j);
             if (!acc || !alive)
                 break;

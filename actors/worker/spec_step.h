@@ -28,7 +28,7 @@
 #include "engine/sched.h"
 #include "engine/spec.h"
 
-/* What the environment asks for: method SPEC_OFF, or SPEC_NGRAM with k drafts per row. */
+/* What the environment asks for: method SPEC_OFF, or SPEC_NGRAM / SPEC_DRAFT with k drafts per row. */
 typedef struct spec_step_config {
     spec_method_t method;
     int k;                       /* drafts per row, [1, SPEC_MAX_K] */
@@ -47,12 +47,14 @@ typedef struct spec_hooks {
 
 typedef struct spec_step spec_step_t;
 
-/* TROUPE_SPECULATION: unset, "" or "off": off; "ngram" (4 drafts) or "ngram:K" (K in
- * [1, SPEC_MAX_K]). -1 with why (naming the variable) on anything else. */
+/* TROUPE_SPECULATION (spec_knob_parse): unset, "" or "off": off; "ngram" or "draft" (4 drafts),
+ * "ngram:K" or "draft:K" (K in [1, SPEC_MAX_K]). -1 with why (naming the variable) on anything
+ * else. draft is the topology's model.draft, which worker_load opens (worker_t.draft). */
 int spec_step_config_from_env(spec_step_config_t *c, char *err, size_t errlen);
 
 /* The speculation of a worker with max_seqs rows and max_model_len tokens per sequence. NULL when
- * c->method is SPEC_OFF (err empty), or with err when out of memory. */
+ * c->method is SPEC_OFF (err empty), or with err when out of memory or, for SPEC_DRAFT, when the
+ * process's worker (worker_current) opened no draft model. */
 spec_step_t *spec_step_new(const spec_step_config_t *c, int max_seqs, int max_model_len, const spec_hooks_t *hooks,
                            char *err, size_t errlen);
 void spec_step_destroy(spec_step_t **self_p);
