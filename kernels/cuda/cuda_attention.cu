@@ -746,13 +746,17 @@ static void s_merge(const cuda_state_t *st, const float *part, int64_t rh, int S
 }
 
 /* Split count for decode rows of the tensor-core kernel: key ranges until rows x kv heads x S is
- * about 8 blocks per SM (shared by the bf16 and fp8 paths). */
+ * about TROUPE_CUDA_ATTN_SPLIT_BLOCKS blocks per SM (default 1; shared by the bf16 and fp8 paths).
+ * The partials' writes and the merge cost more than a partly filled GPU: 8B heads over 1,000 keys
+ * on an H200, a target of 8 blocks per SM took 44 / 67 / 106 us at batch 16 / 32 / 64, 1 took
+ * 27 / 41 / 81 (batch 1: 10.1 against 9.4; batch 1 over 4,000 keys is the exception, 12.9 against
+ * 16.8). */
 static int s_decode_split(const cuda_state_t *st, int T, int n_kv)
 {
     const int64_t base = (int64_t)T * n_kv;
     if (!st->attn_split || base >= 4 * (int64_t)st->n_sm)
         return 1;
-    const int64_t S = (8 * (int64_t)st->n_sm + base - 1) / base;
+    const int64_t S = ((int64_t)st->attn_split_blocks * st->n_sm + base - 1) / base;
     return (int)(S > ATTN_MAX_SPLIT ? ATTN_MAX_SPLIT : S);
 }
 

@@ -10,8 +10,9 @@
  *    drafts and others have one row or fewer drafts. Bound: relative L2 error 5e-3 over the call
  *    and 3e-2 per row (bf16 q and p, like the decode kernel's own test); an error of f32 size on
  *    a bf16 cache means the rows went to the f32 flash kernel instead, and fails.
- * 2. A timing line (not a check): the 8B shape's verify attention at batch 64, 1,000 keys, k = 3
- *    and 7, by sequence against the same rows without the hint (the f32 flash kernel for bf16).
+ * 2. Timing lines (not checks): verify attention over 1,000 keys per sequence, 8B heads (and G = 8)
+ *    at batch 64 x 1..8 rows, on the default path, TROUPE_CUDA_ATTN_VERIFY=1 and =0, and without
+ *    the hint; one-row decode with and without split-KV at batch 16..256.
  * 3. The model: a verify step (every sequence with k + 1 new rows, logits of every row) replayed
  *    from a CUDA graph gives the bits of the same step op by op, for k = 1..7 at batch 1, 3 and
  *    8, bucket by bucket (recorded the second time a bucket comes); the device argmax of each row
@@ -40,6 +41,8 @@
 static backend_t *s_cpu;
 static backend_t *s_gpu1;         /* TROUPE_CUDA_ATTN_VERIFY=1: one m16 tile per block, else the prefill kernel */
 static backend_t *s_gpu0;         /* TROUPE_CUDA_ATTN_VERIFY=0: verify rows as any rows (the kernels before) */
+static backend_t *s_gpu_nosplit;  /* TROUPE_CUDA_ATTN_SPLIT=0 (timings only) */
+static backend_t *s_gpu_split[3]; /* TROUPE_CUDA_ATTN_SPLIT_BLOCKS=8, 4, 2 (timings only) */
 
 static uint64_t s_rng = 0x2545F4914F6CDD1Dull;
 static double s_uniform(void)   /* [-1, 1) */
@@ -285,37 +288,89 @@ static double s_vtime(backend_t *gpu, const vcase_t *c, const vsetup_t *v, int h
     return us;
 }
 
+/* One timing line: case (dt, heads, B, rows per sequence) over 1,000 keys per sequence, on the
+ * default backend, TROUPE_CUDA_ATTN_VERIFY=1 and =0, without the hint, and (one row) without
+ * split-KV. */
+static void s_time_case(dtype_t dt, int n_heads, int n_kv, int B, int rows)
+{
+    const vcase_t c = {dt, n_heads, n_kv, 128, 16, B, rows - 1, 0, 1};
+    vsetup_t v;
+    s_vsetup(&c, &v);
+    for (int t = 0; t < v.T; t++)   /* every sequence's rows: the last of 1,000 positions */
+        v.meta[v.T + t] = 1000 - rows + t % rows;
+    free(v.pool);
+    const int nb = (1000 + c.bs - 1) / c.bs;
+    v.n_bt = c.B * nb;
+    v.meta = realloc(v.meta, (size_t)(2 * v.T + 2 * v.S + 1 + v.n_bt) * sizeof(int32_t));
+    int32_t *bt_start = v.meta + 2 * v.T, *bt = bt_start + 2 * v.S + 1;
+    for (int s = 0; s < c.B; s++) {
+        bt_start[s] = s * nb;
+        for (int i = 0; i < nb; i++)
+            bt[s * nb + i] = s * nb + i;
+    }
+    v.kv.n_blocks = v.n_bt;
+    v.pool_bytes = v.kv.block_bytes * (size_t)v.n_bt;
+    v.pool = calloc(1, v.pool_bytes);
+    const double t2 = s_vtime(s_gpu, &c, &v, 1, 20), t1 = s_vtime(s_gpu1, &c, &v, 1, 20),
+                 t0 = s_vtime(s_gpu0, &c, &v, 1, 20), th = s_vtime(s_gpu, &c, &v, 0, 20);
+    char extra[64] = "";
+    if (rows == 1)
+        snprintf(extra, sizeof extra, ", %.1f us without split-KV", s_vtime(s_gpu_nosplit, &c, &v, 1, 20));
+    print_message("  time: %s heads %d/%d, batch %d x %d rows, 1,000 keys: %.1f us (default), %.1f us "
+                  "(TROUPE_CUDA_ATTN_VERIFY=1), %.1f us (=0), %.1f us without the hint%s\n", dtype_name(dt), n_heads, n_kv,
+                  B, rows, t2, t1, t0, th, extra);
+    free(v.meta), free(v.pool);
+}
+
+/* The decode kernel's split-KV target (TROUPE_CUDA_ATTN_SPLIT_BLOCKS) on one-row decode: batch B,
+ * ctx keys per sequence, 8B heads, bf16. */
+static void s_split_sweep(int B, int ctx)
+{
+    const vcase_t c = {DT_BF16, 32, 8, 128, 16, B, 0, 0, 1};
+    vsetup_t v;
+    s_vsetup(&c, &v);
+    for (int t = 0; t < v.T; t++)
+        v.meta[v.T + t] = ctx - 1;
+    free(v.pool);
+    const int nb = (ctx + c.bs - 1) / c.bs;
+    v.n_bt = c.B * nb;
+    v.meta = realloc(v.meta, (size_t)(2 * v.T + 2 * v.S + 1 + v.n_bt) * sizeof(int32_t));
+    int32_t *bt_start = v.meta + 2 * v.T, *bt = bt_start + 2 * v.S + 1;
+    for (int s = 0; s < c.B; s++) {
+        bt_start[s] = s * nb;
+        for (int i = 0; i < nb; i++)
+            bt[s * nb + i] = s * nb + i;
+    }
+    v.kv.n_blocks = v.n_bt;
+    v.pool_bytes = v.kv.block_bytes * (size_t)v.n_bt;
+    v.pool = calloc(1, v.pool_bytes);
+    double t[5];
+    backend_t *be[5] = {s_gpu, s_gpu_split[0], s_gpu_split[1], s_gpu_split[2], s_gpu_nosplit};
+    for (int i = 0; i < 5; i++)
+        t[i] = s_vtime(be[i], &c, &v, 1, 20);
+    print_message("  split: batch %d, %d keys: %.1f us (1 block per SM, default), %.1f (8), %.1f (4), %.1f (2), "
+                  "%.1f (no split)\n", B, ctx, t[0], t[1], t[2], t[3], t[4]);
+    free(v.meta), free(v.pool);
+}
+
 static void test_verify_attention_time(void **state)
 {
+    for (int B = 1; B <= 64; B *= 2) {
+        s_split_sweep(B, 1000);
+        s_split_sweep(B, 4000);
+    }
     (void)state;
     for (int di = 0; di < 2; di++)
-        for (int k = 0; k <= 7; k += (k < 3 ? 1 : 2)) {
-            const vcase_t c = {di ? DT_F8E4M3 : DT_BF16, 32, 8, 128, 16, 64, k, 0, 1};
-            vsetup_t v;
-            s_vsetup(&c, &v);
-            /* every sequence 1,000 keys: rewrite the positions as the last k + 1 of 1,000 */
-            for (int t = 0; t < v.T; t++)
-                v.meta[v.T + t] = 1000 - (k + 1) + t % (k + 1);
-            free(v.pool);
-            const int nb = (1000 + c.bs - 1) / c.bs;
-            v.n_bt = c.B * nb;
-            v.meta = realloc(v.meta, (size_t)(2 * v.T + 2 * v.S + 1 + v.n_bt) * sizeof(int32_t));
-            int32_t *bt_start = v.meta + 2 * v.T, *bt = bt_start + 2 * v.S + 1;
-            for (int s = 0; s < c.B; s++) {
-                bt_start[s] = s * nb;
-                for (int i = 0; i < nb; i++)
-                    bt[s * nb + i] = s * nb + i;
-            }
-            v.kv.n_blocks = v.n_bt;
-            v.pool_bytes = v.kv.block_bytes * (size_t)v.n_bt;
-            v.pool = calloc(1, v.pool_bytes);
-            const double t1 = s_vtime(s_gpu, &c, &v, 1, 20), t2 = s_vtime(s_gpu1, &c, &v, 1, 20),
-                         t0 = s_vtime(s_gpu0, &c, &v, 1, 20), th = s_vtime(s_gpu, &c, &v, 0, 20);
-            print_message("  time: %s 8B heads, batch 64 x %d rows, 1,000 keys: %.1f us (default), %.1f us "
-                          "(TROUPE_CUDA_ATTN_VERIFY=1), %.1f us (=0), %.1f us without the hint\n", dtype_name(c.dt), k + 1,
-                          t1, t2, t0, th);
-            free(v.meta), free(v.pool);
-        }
+        for (int rows = 1; rows <= 8; rows++)
+            s_time_case(di ? DT_F8E4M3 : DT_BF16, 32, 8, 64, rows);
+    for (int rows = 1; rows <= 8; rows *= 2)
+        s_time_case(DT_BF16, 32, 4, 64, rows);
+    s_time_case(DT_BF16, 32, 4, 64, 6);
+    for (int B = 16; B <= 256; B *= 2)
+        if (B != 64)
+            s_time_case(DT_BF16, 32, 8, B, 1);
+    s_time_case(DT_BF16, 32, 8, 256, 4);
+    s_time_case(DT_BF16, 32, 8, 1, 4);
 }
 
 /* ---- 3: the model: graphs, argmax, n_logits ------------------------------------------------- */
@@ -457,13 +512,13 @@ static void test_verify_graphs(void **state)
     free(eager), free(graph);
 }
 
-/* A CUDA backend made with TROUPE_CUDA_ATTN_VERIFY=value. */
-static backend_t *s_gpu_verify(const char *value)
+/* A CUDA backend made with name=value in the environment. */
+static backend_t *s_gpu_env(const char *name, const char *value)
 {
     char err[256];
-    setenv("TROUPE_CUDA_ATTN_VERIFY", value, 1);
+    setenv(name, value, 1);
     backend_t *be = backend_new("cuda", 0, err, sizeof err);
-    unsetenv("TROUPE_CUDA_ATTN_VERIFY");
+    unsetenv(name);
     if (!be)
         fprintf(stderr, "%s\n", err);
     return be;
@@ -477,9 +532,13 @@ static int s_setup(void **state)
         fprintf(stderr, "%s\n", err);
         return -1;
     }
-    s_gpu1 = s_gpu_verify("1");
-    s_gpu0 = s_gpu_verify("0");
-    return s_gpu1 && s_gpu0 ? gpu_setup(state) : -1;
+    s_gpu1 = s_gpu_env("TROUPE_CUDA_ATTN_VERIFY", "1");
+    s_gpu0 = s_gpu_env("TROUPE_CUDA_ATTN_VERIFY", "0");
+    s_gpu_nosplit = s_gpu_env("TROUPE_CUDA_ATTN_SPLIT", "0");
+    s_gpu_split[0] = s_gpu_env("TROUPE_CUDA_ATTN_SPLIT_BLOCKS", "8");
+    s_gpu_split[1] = s_gpu_env("TROUPE_CUDA_ATTN_SPLIT_BLOCKS", "4");
+    s_gpu_split[2] = s_gpu_env("TROUPE_CUDA_ATTN_SPLIT_BLOCKS", "2");
+    return s_gpu1 && s_gpu0 && s_gpu_nosplit && s_gpu_split[0] && s_gpu_split[1] && s_gpu_split[2] ? gpu_setup(state) : -1;
 }
 
 static int s_teardown(void **state)
@@ -487,6 +546,9 @@ static int s_teardown(void **state)
     backend_destroy(&s_cpu);
     backend_destroy(&s_gpu1);
     backend_destroy(&s_gpu0);
+    backend_destroy(&s_gpu_nosplit);
+    for (int i = 0; i < 3; i++)
+        backend_destroy(&s_gpu_split[i]);
     return gpu_teardown(state);
 }
 
