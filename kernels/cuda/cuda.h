@@ -347,4 +347,18 @@ static inline void cuda_launch_large_smem(const cuda_state_t *st, dim3 grid, dim
     cuda_launch_smem(st, Kernel, grid, block, smem, args...);
 }
 
+/* DeepSeek-V3 (kernels/cuda/cuda_mla.cu). */
+void cuda_mla_rope_q(backend_t *be, const float *q, int M, int n_heads, int head_stride, int rope_off, int rope_dim,
+                     const int32_t *pos, const float *inv_freq, float mul, int interleave, float *out);
+void cuda_mla_kv_store(backend_t *be, const bk_kv_t *kv, int layer, const float *ckv, const float *norm_w, float eps,
+                       int kv_lora, int rope_dim, const float *inv_freq, float mul, int interleave,
+                       const bk_attn_meta_t *meta);
+void cuda_mla_attention(backend_t *be, const bk_kv_t *kv, int layer, const float *q_lat, const float *q_pe,
+                        int n_heads, int kv_lora, int rope_dim, float scale, const bk_attn_meta_t *meta, float *out);
+void cuda_head_matmul(backend_t *be, const float *x, int M, int n_heads, int x_stride, int x_head, const bk_mat_t *w,
+                      float *y, int y_stride, int y_head);
+void cuda_add(backend_t *be, float *y, const float *x, int n);
+void cuda_moe_route_sigmoid(backend_t *be, const float *logits, const float *bias, int M, int E, int k, int n_group,
+                            int topk_group, int renorm, float scale, int32_t *ids, float *weights);
+
 #endif

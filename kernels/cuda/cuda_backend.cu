@@ -360,6 +360,12 @@ static const backend_ops_t s_cuda_ops = {
     .graph_launch = cuda_graph_launch,
     .graph_free = cuda_graph_free,
     .moe_graphable = cuda_moe_graphable,
+    .mla_rope_q = cuda_mla_rope_q,
+    .mla_kv_store = cuda_mla_kv_store,
+    .mla_attention = cuda_mla_attention,
+    .head_matmul = cuda_head_matmul,
+    .add = cuda_add,
+    .moe_route_sigmoid = cuda_moe_route_sigmoid,
 };
 
 /* An integer from the environment in [lo, hi], or def when unset; a bad value is an error. */
