@@ -28,12 +28,14 @@
 
 #include "actors/runtime/actor.h"
 #include "actors/runtime/worker.h"
+#include "actors/worker/chan_keys.h"
 #include "actors/worker/dc_req.h"
 #include "actors/worker/expert_apply.h"
 #include "actors/worker/expert_group.h"
 #include "actors/worker/expert_report.h"
 #include "actors/worker/handoff_in.h"
 #include "actors/worker/prompt_intake.h"
+#include "actors/worker/router_watch.h"
 #include "actors/worker/spec_step.h"
 #include "actors/worker/token_text.h"
 #include "actors/worker/writeback.h"
@@ -70,6 +72,8 @@ typedef struct decode {
     double tokens_per_s;
     int last_batch;
     spec_step_t *spec;           /* speculation (actors/worker/spec_step.h); NULL: off */
+    router_watch_t routers;      /* the routers our requests belong to: a lost one's are dropped */
+    chan_keys_t chan_keys;       /* CURVE keys of the tcp hand-off channel (none without CURVE) */
 } decode_t;
 
 /* Frees a request and everything it holds, out of the scheduler first (NULL: nothing). */
@@ -185,8 +189,13 @@ static int s_on_handoff(actor_t *a, void *state, const actor_peer_t *from, msg_t
     decode_t *d = state;
     int with_kv = 0;
     dc_req_t *r = handoff_in_take(&d->handoffs, a, m, s_find(d, m->id) != NULL, &with_kv);
-    if (r)
+    if (r && !router_watch_alive(&d->routers, m->u.handoff.reply_to)) {
+        /* Its router died while it was handed over: taken (the sender frees its copy), then dropped. */
+        s_req_free(d, r);
+        router_watch_dropped(&d->routers, m->u.handoff.reply_to, 1);
+    } else if (r) {
         s_admit(a, d, r, with_kv, (int32_t)m->u.handoff.first_token, m->u.handoff.first_logprob);
+    }
     return 0;
 }
 
@@ -195,6 +204,10 @@ static int s_on_handoff(actor_t *a, void *state, const actor_peer_t *from, msg_t
 static int s_on_prefill_request(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
 {
     decode_t *d = state;
+    if (!router_watch_alive(&d->routers, m->u.prefill_request.reply_to)) {
+        router_watch_dropped(&d->routers, m->u.prefill_request.reply_to, 1);   /* sent just before it died */
+        return 0;
+    }
     prompt_intake_take(&d->prompts, a, from, m);
     return 0;
 }
@@ -234,10 +247,24 @@ static int s_link_send(void *ctx, const char *to, const msg_t *m) { return actor
  * (the scheduler's hold) even when no message comes. */
 static int s_wake(actor_t *a, void *state) { return 0; }
 
-/* A prefill worker's process came or went: its NCCL link is aborted at once, or may come again. */
+/* A prefill worker's process came or went: its NCCL link is aborted at once, or may come again. A
+ * router that went away: its requests are dropped, their KV freed (router_watch.h). */
 static void s_peer_event(actor_t *a, void *state, const char *peer, int up)
 {
     decode_t *d = state;
+    if (router_watch_event(&d->routers, peer, up)) {
+        int n = 0;
+        for (sched_state_t st = 0; st < SCHED_OUT; st++)
+            for (dc_req_t *r = (dc_req_t *)sched_first(d->sched, st), *next; r; r = next) {
+                next = (dc_req_t *)sched_next(&r->sr);
+                if (strcmp(r->handoff.u.handoff.reply_to, peer) == 0) {
+                    s_req_free(d, r);
+                    n++;
+                }
+            }
+        router_watch_dropped(&d->routers, peer, n);
+        return;
+    }
     kvlinks_peer_event(d->links, peer, up);
 }
 
@@ -416,6 +443,7 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
     actor_stat_metric(a, st, "requests_finished_total", (double)d->finished, 1);
     actor_stat_metric(a, st, "preemptions_total", (double)sched_preemptions(d->sched), 1);
     handoff_in_stats(&d->handoffs, a, st);
+    router_watch_stats(a, st, &d->routers);
     writeback_stats(d->wb, a, st);
     actor_stat_metric(a, st, "transfers_nccl_total", (double)kvlinks_transfers(d->links), 1);
     actor_stat_metric(a, st, "nccl_links_ready", kvlinks_ready(d->links), 0);
@@ -498,6 +526,12 @@ int main(int argc, char **argv)
     d.links = kvlinks_new(d.w->be, d.name, worker_block_bytes(d.w), NULL, s_link_send, a);
     kvchan_cfg_t cc = {.be = d.w->be, .pool = d.w->pool, .topo = t, .self = actor_self(a), .cluster = t->name,
                        .zmq_ctx = actor_zmq_ctx(a), .links = d.links};
+    if (chan_keys_fill(a, &d.chan_keys, &cc, err, sizeof err) != 0 || router_watch_init(&d.routers, a, t) != 0) {
+        LOG_E("security: the KV channel's keys, or the routers' watch: %s", err);
+        worker_destroy(&d.w);
+        actor_destroy(&a);
+        return 1;
+    }
     d.chan = kvchan_new(&cc, err, sizeof err);
     if (tchan_nccl_available(d.w->be)) {
         actor_timer_add(a, KVLINK_POLL_MS, s_poll_links);

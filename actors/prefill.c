@@ -30,6 +30,7 @@
 
 #include "actors/runtime/actor.h"
 #include "actors/runtime/worker.h"
+#include "actors/worker/chan_keys.h"
 #include "actors/worker/prefix_fetch.h"
 #include "actors/worker/router_watch.h"
 #include "common/log.h"
@@ -94,6 +95,7 @@ typedef struct prefill {
     uint64_t last_computed;
     int64_t last_stats_ms;
     router_watch_t routers;      /* the routers our requests belong to: a lost one's are dropped */
+    chan_keys_t chan_keys;       /* CURVE keys of the tcp hand-off channel (none without CURVE) */
 } prefill_t;
 
 static void s_remove(prefill_t *p, pf_req_t *r)
@@ -596,6 +598,12 @@ int main(int argc, char **argv)
     p.links = kvlinks_new(p.w->be, p.name, worker_block_bytes(p.w), NULL, s_link_send, a);
     kvchan_cfg_t cc = {.be = p.w->be, .pool = p.w->pool, .topo = t, .self = actor_self(a), .cluster = t->name,
                        .zmq_ctx = actor_zmq_ctx(a), .links = p.links};
+    if (chan_keys_fill(a, &p.chan_keys, &cc, err, sizeof err) != 0) {
+        LOG_E("security: the KV channel's keys: %s", err);
+        worker_destroy(&p.w);
+        actor_destroy(&a);
+        return 1;
+    }
     p.chan = kvchan_new(&cc, err, sizeof err);
     if (tchan_nccl_available(p.w->be)) {
         actor_timer_add(a, KVLINK_POLL_MS, s_poll_links);

@@ -1,0 +1,107 @@
+# The KV hand-off between machines under CURVE (docs/security.md, "The KV hand-off between
+# machines"): a two-node cluster on 127.0.0.1 and 127.0.0.2 (both launch: local) with keys, the
+# prefill worker on one node and the decode worker on the other, so every hand-off's bytes go over
+# the tcp channel, which is then a CURVE server at the sender that serves a transfer only to its
+# decode worker's key. Greedy output equals troupe-generate, every hand-off went over tcp, and no
+# fetch was refused.
+. "$(dirname "$0")/lib.sh"
+model=$ROOT/tests/fixtures/models/qwen3-f32
+[ -f "$model/expected.json" ] || { echo "SKIP: no fixture model at $model"; exit 0; }
+/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.2", 0))' 2>/dev/null \
+  || { echo "SKIP: 127.0.0.2 is not a local address here"; exit 0; }
+base=$(/usr/bin/python3 -c '
+import random, socket
+for _ in range(200):
+    b = random.randrange(20000, 60000)
+    try:
+        for p in range(b, b + 16):
+            for a in ("127.0.0.1", "127.0.0.2"):
+                s = socket.socket(); s.bind((a, p)); s.close()
+        print(b); break
+    except OSError:
+        pass')
+mkdir -p "$WORK/keys"
+for k in server alice; do "$BIN/troupe-keygen" "$WORK/keys/$k" >/dev/null; done
+cp "$WORK/keys/alice.pub" "$WORK/keys/clients"
+p1=$(free_port); p2=$(free_port)
+cat > "$WORK/t.yaml" <<YAML
+name: t-two-node-curve-$$
+model:
+  path: $model
+  backend: cpu
+nodes:
+  - name: a
+    address: 127.0.0.1
+    launch: local
+  - name: b
+    address: 127.0.0.2
+    launch: local
+actors:
+  - role: monitor
+  - role: cache-manager
+  - role: router
+  - role: prefill
+    node: b
+  - role: decode
+    node: a
+endpoints:
+  client: tcp://127.0.0.1:$p1
+  inspect: tcp://127.0.0.1:$p2
+  base_port: $base
+  run_dir: $WORK/run
+limits:
+  prefill_chunk_tokens: 8
+security:
+  curve_server_public: $WORK/keys/server.pub
+  curve_server_secret: $WORK/keys/server.key
+  curve_clients: $WORK/keys/clients
+supervision:
+  ready_timeout_s: 30
+  heartbeat_ms: 1000
+  liveness: 10
+YAML
+start_cluster "$WORK/t.yaml"
+/usr/bin/python3 -c 'import json, sys
+for p in json.load(open(sys.argv[1]))["prompts"]: print(",".join(map(str, p["ids"])))' "$model/expected.json" > "$WORK/prompts"
+: > "$WORK/generate"
+while read -r ids; do
+  "$BIN/troupe-generate" "$model" --ids "$ids" --chunk 8 --max-tokens 16 --temperature 0 --ignore-eos --json \
+    | /usr/bin/python3 -c 'import json,sys; print(",".join(map(str, json.load(sys.stdin)["ids"])))' >> "$WORK/generate"
+done < "$WORK/prompts"
+export TROUPE_CURVE_SERVER_KEY=$WORK/keys/server.pub TROUPE_CURVE_KEY=$WORK/keys/alice
+$PY - "$BIN" "$WORK/t.yaml" "tcp://127.0.0.1:$p1" "$WORK/prompts" "$WORK/generate" "$WORK/keys" <<'PY'
+import sys, time
+from troupe_client import Client
+from servelib import top
+bin_dir, topo, ep, keys = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[6]
+prompts = [list(map(int, l.split(","))) for l in open(sys.argv[4]).read().split()]
+generate = [list(map(int, l.split(","))) for l in open(sys.argv[5]).read().split()]
+with Client(ep, 60, server_key=keys + "/server.pub", key=keys + "/alice") as c:
+    for i, p in enumerate(prompts):
+        toks, last = [], None
+        for m in c.generate(tokens=p, max_tokens=16, temperature=0, ignore_eos=True):
+            if m["type"] == "token":
+                toks += m["tokens"]
+            last = m
+        assert last["type"] == "done", (i, last)
+        assert toks == generate[i], f"prompt {i}: cluster {toks} != generate {generate[i]}"
+def metrics():
+    out = {}
+    for a in top(bin_dir, topo).values():
+        for m in a["metrics"]:
+            out[(a["role"], m["name"])] = out.get((a["role"], m["name"]), 0) + m["value"]
+    return out
+deadline = time.time() + 10
+while True:
+    m = metrics()
+    if m.get(("decode", "transfers_tcp_total"), 0) >= len(prompts) or time.time() > deadline:
+        break
+    time.sleep(0.2)
+tcp_in, tcp_out = m.get(("decode", "transfers_tcp_total"), 0), m.get(("prefill", "transfers_tcp_total"), 0)
+print(f"CURVE, two nodes: {len(prompts)} prompts equal to generate; hand-offs over tcp: decode {tcp_in:.0f}, "
+      f"prefill {tcp_out:.0f}")
+assert tcp_in == len(prompts) and tcp_out == len(prompts), m
+PY
+grep -q "CURVE handshake\|refused it to us\|refused our CURVE key" "$WORK/supervisor.log" \
+  && fail "a hand-off fetch was refused: $(grep -m1 'CURVE handshake\|refused it to us\|refused our CURVE key' "$WORK/supervisor.log")"
+echo "PASS two_node_curve"
