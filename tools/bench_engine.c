@@ -19,6 +19,10 @@
  *     The context of every sequence is a copy of the prefilled prompt's KV blocks (distinct
  *     memory per sequence, so the attention reads what it would in serving, not one cached
  *     copy); computing B real prefills would cost B times the prefill for the same step time.
+ *     Each row decodes from its own random token, so rows diverge from the first step. An MoE
+ *     model's bytes count the experts one more (untimed) step really routes to (the MoE load
+ *     counters: distinct experts per layer), not the uniform-routing guess, which the JSON keeps
+ *     as bytes_per_step_uniform_routing. Dummy weights route as random weights do: no skew.
  *   - --mixed N: at the largest batch B, a colocated step (as a decode worker without prefill
  *     workers runs it): B decode rows and a fresh N-token prompt in ONE forward, next to the prompt
  *     alone; each the median of 3. mixed - prompt alone is what the decode rows cost inside a mixed
@@ -198,6 +202,25 @@ static double s_step_weight_bytes(const model_config_t *c, size_t total, size_t 
         return (double)total;
     const double e = ((double)total - (double)active) / (E - k), dense = (double)total - E * e;
     return dense + E * e * (1.0 - pow(1.0 - (double)k / E, B));
+}
+
+/* The same with the experts a step actually routed to: used [L] distinct experts per layer (the
+ * dense layers' entries ignored), from one step's MoE counters. */
+static double s_step_weight_bytes_routed(const model_config_t *c, size_t total, size_t active, const int *used)
+{
+    const int E = c->num_experts, k = c->num_experts_per_tok;
+    if (E <= 0 || k <= 0 || k >= E)
+        return (double)total;
+    const double e = ((double)total - (double)active) / (E - k), dense = (double)total - E * e;
+    int moe_layers = 0;
+    double routed = 0;
+    for (int l = 0; l < c->num_layers; l++)
+        if (config_layer_is_moe(c, l)) {
+            moe_layers++;
+            routed += used[l];
+        }
+    /* e is one expert index over every MoE layer: a layer's expert is e / moe_layers */
+    return moe_layers ? dense + e * routed / moe_layers : (double)total;
 }
 
 static double s_median(double *v, int n)
@@ -493,13 +516,55 @@ static int s_bench_level(bench_t *b, int lv)
     double med = 0, kv_bytes = 0;
     if (s_contexts(b, B) < 0 || s_steps(b, B, &med, &kv_bytes) < 0)
         return -1;
+    /* MoE: the experts one more (untimed) step routes to, from the MoE counters, instead of the
+     * uniform-routing guess: the bytes it really reads. */
+    const model_config_t *cfg = &b->e->cfg;
+    double routed_bytes = -1, used_mean = 0;
+    int moe_layers = 0;
+    if (cfg->num_experts > 0 && b->e->be->ops->moe_count) {
+        const size_t n = (size_t)cfg->num_layers * (size_t)cfg->num_experts;
+        uint64_t *cnt = calloc(n, sizeof(uint64_t));
+        int *used = calloc((size_t)cfg->num_layers, sizeof(int));
+        char err[256];
+        if (cnt && used && model_expert_load(b->e->model, cnt, err, sizeof err) == 0) {
+            memset(cnt, 0, n * sizeof(uint64_t));
+            int appended = 0;
+            for (; appended < B && kvseq_append(b->seqs[appended], &b->out[appended], 1) == 0; appended++)
+                b->ms[appended] = (model_seq_t){.kv = b->seqs[appended], .n_new = 1};
+            model_batch_t mb = {.n_seqs = B, .seqs = b->ms, .argmax_out = b->out};
+            if (appended == B && model_forward(b->e->model, &mb, b->e->logits, b->err, sizeof b->err) == 0 &&
+                model_expert_load(b->e->model, cnt, err, sizeof err) == 0) {
+                for (int l = 0; l < cfg->num_layers; l++) {
+                    for (int x = 0; x < cfg->num_experts; x++)
+                        used[l] += cnt[(size_t)l * cfg->num_experts + x] > 0;
+                    if (config_layer_is_moe(cfg, l)) {
+                        moe_layers++;
+                        used_mean += used[l];
+                    }
+                }
+                routed_bytes = s_step_weight_bytes_routed(cfg, b->wbytes, b->abytes, used);
+                used_mean = moe_layers ? used_mean / moe_layers : 0;
+            }
+        }
+        free(cnt);
+        free(used);
+    }
     const double tps = B / (med / 1e3), copy_bps = o->copy_bw * 1e12;
-    const double bytes = s_step_weight_bytes(&b->e->cfg, b->wbytes, b->abytes, B) + kv_bytes, bps = bytes / (med / 1e3);
+    const double uniform = s_step_weight_bytes(cfg, b->wbytes, b->abytes, B);
+    const double bytes = (routed_bytes >= 0 ? routed_bytes : uniform) + kv_bytes, bps = bytes / (med / 1e3);
     printf("%6d %8d %10.3f %10.1f %10.2f %9.3f", B, o->prompt_len + 1, med, tps, bytes / 1e9, bps / 1e12);
     if (copy_bps > 0)
         printf(" %7.0f%%", 100 * bps / copy_bps);
     printf("\n");
+    if (routed_bytes >= 0)
+        printf("         MoE: %.1f of %d experts per layer routed to in a step (uniform routing: %.1f); GB/step "
+               "counts those\n", used_mean, cfg->num_experts,
+               cfg->num_experts * (1.0 - pow(1.0 - (double)cfg->num_experts_per_tok / cfg->num_experts, B)));
     json_t *jl = json_object();
+    if (routed_bytes >= 0) {
+        json_object_set_new(jl, "experts_routed_per_layer", json_real(used_mean));
+        json_object_set_new(jl, "bytes_per_step_uniform_routing", json_real(uniform + kv_bytes));
+    }
     json_object_set_new(jl, "batch", json_integer(B));
     json_object_set_new(jl, "context", json_integer(o->prompt_len + 1));
     json_object_set_new(jl, "step_ms", json_real(med));

@@ -19,6 +19,17 @@ assert abs(m["decode_rows_in_mixed_ms"] - (m["mixed_step_ms"] - m["prompt_alone_
 assert "attention" in m["profile_ms_per_step"], m
 assert j["prefill_ms"] > 0
 EOF
+# An MoE model: each level counts the experts a step really routes to (MoE counters), not uniform routing.
+timeout 120 "$BIN/troupe-bench-engine" "$ROOT/tests/fixtures/models/qwen3-moe-f32" --prompt-len 16 --batch 1,4 --steps 2 \
+  --json "$WORK/moe.json" >"$WORK/moe.txt" 2>&1 || { cat "$WORK/moe.txt"; fail "troupe-bench-engine (MoE) exited $?"; }
+grep -q "experts per layer routed to in a step" "$WORK/moe.txt" || { cat "$WORK/moe.txt"; fail "no routed-experts line"; }
+python3 - "$WORK/moe.json" <<'EOF' || fail "the MoE levels do not carry the routed experts"
+import json, sys
+d = json.load(open(sys.argv[1]))["decode"]
+assert d[0]["experts_routed_per_layer"] == 2, d[0]          # batch 1, top-2: exactly 2
+assert 2 <= d[1]["experts_routed_per_layer"] <= 8, d[1]
+assert all(l["bytes_per_step"] <= l["bytes_per_step_uniform_routing"] + 1e9 for l in d), d
+EOF
 # Usage errors: exit 2 and the option named.
 for args in "--mixed -1" "--mixed lots" "--batch 0" "--steps"; do
   rc=0
