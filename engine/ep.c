@@ -66,6 +66,7 @@ struct ep {
     float *h_w, *h_x, *h_out;
     size_t h_cap;                 /* tokens the h_ buffers hold */
     int *ctr;                     /* [E] replica turns within a layer */
+    uint64_t *rank_entries;       /* [L][n] entries dispatched per (layer, rank) since the reset */
     /* device buffers of the compute, grown on demand */
     float *d_x, *d_w, *d_out;
     int32_t *d_ids;
@@ -524,7 +525,8 @@ ep_t *ep_new(model_t *m, ckpt_t *ck, ep_comm_t *comm, char *err, size_t errlen)
         errf(err, errlen, "expert parallelism: %s has no MoE layers", m->where);
         goto fail;
     }
-    if (!(tab = malloc((size_t)ep->L * (size_t)ep->E * sizeof(int32_t))) || !(ep->ctr = calloc((size_t)ep->E, sizeof(int))))
+    if (!(tab = malloc((size_t)ep->L * (size_t)ep->E * sizeof(int32_t))) || !(ep->ctr = calloc((size_t)ep->E, sizeof(int))) ||
+        !(ep->rank_entries = calloc((size_t)ep->L * (size_t)ep->n, sizeof(uint64_t))))
         goto oom;
     for (int l = 0; l < ep->L; l++)
         if (ep_identity(ep->E, ep->n, tab + (size_t)l * ep->E, err, errlen) < 0)
@@ -580,6 +582,7 @@ static void s_free(ep_t *ep)
     free(ep->h_x);
     free(ep->h_out);
     free(ep->ctr);
+    free(ep->rank_entries);
     if (ep->comm)
         ep->comm->ops->destroy(ep->comm);
     if (ep->m->ep == ep)
@@ -619,6 +622,17 @@ void ep_status(const ep_t *ep, ep_status_t *out)
         left += ep->m->layers[l].is_moe;
     out->loading_layers = left;
     out->failed = ep->failed;
+}
+
+void ep_rank_entries(const ep_t *ep, int layer, uint64_t *out)
+{
+    for (int r = 0; r < ep->n; r++)
+        out[r] = layer >= 0 && layer < ep->L ? ep->rank_entries[(size_t)layer * ep->n + r] : 0;
+}
+
+void ep_rank_entries_reset(ep_t *ep)
+{
+    memset(ep->rank_entries, 0, (size_t)ep->L * (size_t)ep->n * sizeof(uint64_t));
 }
 
 const int32_t *ep_placement(const ep_t *ep, int layer, int *n_slots)
@@ -854,6 +868,8 @@ void ep_moe_layer(ep_t *ep, int layer, int T, const float *xn, const int32_t *id
     if (op->upload(be, delta, ep->h_out, (size_t)T * H * sizeof(float)) < 0)
         s_fail(ep, "combine", "cannot write the layer's output");
     ep->st.entries_sent += n_ent;
+    for (int r = 0; r < ep->n; r++)
+        ep->rank_entries[(size_t)layer * ep->n + r] += cnt[r];
     s_load_step(ep);
 }
 

@@ -123,6 +123,10 @@ typedef struct ep_status {
     int failed;
 } ep_status_t;
 void ep_status(const ep_t *ep, ep_status_t *out);
+/* The leader: (token, expert) entries dispatched to each rank by layer l since the last reset,
+ * out [n_ranks] (what each rank's experts computed: the group's measured load per rank). */
+void ep_rank_entries(const ep_t *ep, int layer, uint64_t *out);
+void ep_rank_entries_reset(ep_t *ep);
 /* Slots of layer l now: *n_slots, slot_expert (NULL for a dense layer). */
 const int32_t *ep_placement(const ep_t *ep, int layer, int *n_slots);
 

@@ -10,11 +10,19 @@
  * then, for a group of --ranks ranks (default 4): the busiest rank's load over the average with
  * the experts in order (n_experts / ranks per rank, no balancer) and after one placement with
  * --redundant redundant slots (default 4). Each replica of an expert is taken to carry an equal
- * share of its tokens. */
+ * share of its tokens.
+ *
+ * --group runs the text through a real expert-parallel group of --ranks processes (engine/ep.h,
+ * troupe-expert-rank beside this binary) and measures what each rank computed: the first half of
+ * the windows with the experts in order, then one placement computed from that half's load,
+ * applied to the group while it runs, and the second half with it. Per layer it prints the
+ * busiest/average rank load measured on the second half with the placement, against the same half
+ * with the experts in order and the equal-split figure. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "actors/worker/expert_group.h"
 #include "common/util.h"
 #include "engine/config.h"
 #include "engine/engine_open.h"
@@ -30,7 +38,7 @@
 static int s_usage(void)
 {
     fprintf(stderr, "usage: " TOOL " MODEL_DIR --text FILE [--window N] [--max-windows N] [--ranks R] "
-                    "[--redundant S] [--backend cpu|cuda] [--threads N]\n");
+                    "[--redundant S] [--backend cpu|cuda] [--threads N] [--group]\n");
     return 2;
 }
 
@@ -68,13 +76,124 @@ static int s_layer(int l, const uint64_t *counts, int E, int R, int redundant, d
     return 0;
 }
 
+/* One window's prefill forward from an empty cache. */
+static int s_window(model_t *m, kvpool_t *pool, float *logits, const int32_t *ids, int window, char *err,
+                    size_t errlen)
+{
+    kvseq_t *seq = kvseq_new(pool, window, 0);
+    model_seq_t q = {.kv = seq, .n_new = window};
+    model_batch_t b = {.n_seqs = 1, .seqs = &q};
+    int rc = !seq || kvseq_append(seq, ids, window) < 0 ? errf(err, errlen, "out of memory")
+                                                         : model_forward(m, &b, logits, err, errlen);
+    kvseq_destroy(&seq);
+    return rc;
+}
+
+static double s_ratio(const uint64_t *x, int n)
+{
+    double sum = 0, mx = 0;
+    for (int i = 0; i < n; i++) {
+        sum += (double)x[i];
+        mx = (double)x[i] > mx ? (double)x[i] : mx;
+    }
+    return sum > 0 ? mx / (sum / n) : 1.0;
+}
+
+/* --group: the first half in order, a placement from its load, the second half with it. */
+static int s_group(model_t *m, engine_t *eng, ep_t *ep, kvpool_t *pool, const int32_t *ids, int window, int n_windows,
+                   int E, int L, int R, int redundant, const char *dir)
+{
+    char err[1024];
+    const int half = n_windows / 2;
+    uint64_t *la = calloc((size_t)L * E, sizeof(uint64_t)), *lb = calloc((size_t)L * E, sizeof(uint64_t));
+    int32_t *tab = calloc((size_t)L * (E + redundant), sizeof(int32_t)), ident[MAX_EXPERTS_TOOL];
+    double *load = calloc((size_t)E, sizeof(double));
+    uint64_t re[EP_MAX_RANKS];
+    int rc = 1;
+    if (half < 1 || !la || !lb || !tab || !load) {
+        fprintf(stderr, TOOL ": --group: %s\n", half < 1 ? "needs at least two windows" : "out of memory");
+        goto done;
+    }
+    for (int w = 0; w < half; w++)
+        if (s_window(m, pool, eng->logits, ids + (size_t)w * window, window, err, sizeof err) != 0)
+            goto fail;
+    if (model_expert_load(m, la, err, sizeof err) != 0)
+        goto fail;
+    for (int l = 0; l < L; l++) {
+        double sum = 0;
+        for (int e = 0; e < E; e++)
+            sum += load[e] = (double)la[(size_t)l * E + e];
+        int32_t *ls = tab + (size_t)l * (E + redundant);
+        if (sum == 0) {   /* a dense layer: the group ignores its row */
+            for (int s = 0; s < E + redundant; s++)
+                ls[s] = s % E;
+        } else if (eplb_place(load, E, R, 1, E + redundant, ls, err, sizeof err) != 0) {
+            goto fail;
+        }
+    }
+    if (ep_propose(ep, 1, E + redundant, tab, err, sizeof err) != 0)
+        goto fail;
+    ep_status_t st;
+    int spins = 0;
+    do {   /* the group loads a layer per round and switches at a step boundary */
+        if (s_window(m, pool, eng->logits, ids, window, err, sizeof err) != 0)
+            goto fail;
+        ep_status(ep, &st);
+    } while (st.epoch != 1 && ++spins < 4 * L + 4);
+    if (st.epoch != 1) {
+        fprintf(stderr, TOOL ": --group: the group did not switch to the placement\n");
+        goto done;
+    }
+    ep_rank_entries_reset(ep);
+    if (model_expert_load(m, lb, err, sizeof err) != 0)   /* clears the switch windows' counts */
+        goto fail;
+    memset(lb, 0, (size_t)L * E * sizeof(uint64_t));
+    for (int w = half; w < 2 * half; w++)
+        if (s_window(m, pool, eng->logits, ids + (size_t)w * window, window, err, sizeof err) != 0)
+            goto fail;
+    if (model_expert_load(m, lb, err, sizeof err) != 0)
+        goto fail;
+    printf("model %s\ngroup %d ranks, %d slots (%d redundant), %d experts top-%d\nplacement from %d tokens, "
+           "measured on the next %d\n", dir, R, E + redundant, redundant, E, eng->cfg.num_experts_per_tok,
+           half * window, half * window);
+    eplb_identity(E, ident);
+    for (int l = 0; l < L; l++) {
+        double sum = 0;
+        for (int e = 0; e < E; e++)
+            sum += load[e] = (double)lb[(size_t)l * E + e];
+        if (sum == 0)
+            continue;
+        ep_rank_entries(ep, l, re);
+        printf("layer %d rank_busiest_over_avg in_order %.3f placed_equal_split %.3f placed_measured %.3f entries",
+               l, eplb_imbalance(load, E, R, E, ident, NULL),
+               eplb_imbalance(load, E, R, E + redundant, tab + (size_t)l * (E + redundant), NULL), s_ratio(re, R));
+        for (int r = 0; r < R; r++)
+            printf(" %llu", (unsigned long long)re[r]);
+        printf("\n");
+    }
+    rc = 0;
+    goto done;
+fail:
+    fprintf(stderr, TOOL ": --group: %s\n", err);
+done:
+    free(la);
+    free(lb);
+    free(tab);
+    free(load);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     const char *dir = NULL, *text_path = NULL, *backend = "cpu";
-    int window = 256, max_windows = 0, R = 4, redundant = 4, threads = 0;
+    int window = 256, max_windows = 0, R = 4, redundant = 4, threads = 0, group = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int rc = 0;
+        if (!strcmp(a, "--group")) {
+            group = 1;
+            continue;
+        }
         if (!strcmp(a, "--text"))
             text_path = v;
         else if (!strcmp(a, "--backend"))
@@ -141,7 +260,13 @@ int main(int argc, char **argv)
     sp.model = (model_opts_t){.max_tokens = window, .max_seqs = 1, .max_logit_rows = 1, .max_context = window,
                               .kv_block_size = 16};
     sp.kv_blocks = (window + 15) / 16;
-    const int loaded = engine_load(eng, &sp, err, sizeof err) == ENGINE_OK;
+    expert_group_t *eg = NULL;
+    if (group && (R < 2 || !(eg = expert_group_spawn(R, E, dir, &sp, NULL, err, sizeof err)))) {
+        fprintf(stderr, TOOL ": --group: %s\n", R < 2 ? "needs --ranks 2 or more" : err);
+        return 1;
+    }
+    const int loaded = engine_load(eng, &sp, err, sizeof err) == ENGINE_OK &&
+                       (!eg || expert_group_attach(eg, eng, err, sizeof err) == 0);
     backend_t *be = eng->be;
     model_t *m = eng->model;
     kvpool_t *pool = loaded ? eng->pool : NULL;
@@ -150,6 +275,14 @@ int main(int argc, char **argv)
     if (!pool || !logits || !load) {
         fprintf(stderr, TOOL ": %s\n", pool ? "out of memory" : err);
         return 1;
+    }
+    if (eg) {
+        const int rc = s_group(m, eng, expert_group_ep(eg), pool, ids, window, n_windows, E, L, R, redundant, dir);
+        expert_group_destroy(&eg);
+        free(load);
+        free(ids);
+        engine_destroy(&eng);
+        return rc;
     }
     for (int w = 0; w < n_windows; w++) {
         kvseq_t *seq = kvseq_new(pool, window, 0);
