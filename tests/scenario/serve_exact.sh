@@ -114,7 +114,12 @@ for i, p in enumerate(expected["prompts"]):
     toks, final = results[("fx", i)]
     assert toks == generate[i], f"prompt {i}: cluster {toks} != generate {generate[i]} (transformers {p['greedy']})"
     vs_hf = (gen_backend == "cpu" or "bf16" not in expected["variant"]) and not os.environ.get("KV_DTYPE")
-    assert not vs_hf or toks == p["greedy"], f"prompt {i}: cluster {toks} != transformers {p['greedy']}"
+    # A bf16 model keeps its KV in bf16, which transformers' float64 reference does not round: from
+    # the first step whose margin is under 0.05 (deepseek-v3-noqlora-bf16 has one of 0.012) the
+    # two may part; up to it they must agree.
+    n_hf = len(p["greedy"]) if "bf16" not in expected["variant"] else \
+        next((j for j, mg in enumerate(p["margins"]) if mg < 0.05), len(p["greedy"]))
+    assert not vs_hf or toks[:n_hf] == p["greedy"][:n_hf], f"prompt {i}: cluster {toks} != transformers {p['greedy']}"
     assert final["usage"]["completion_tokens"] == 32 and final["usage"]["prompt_tokens"] == len(p["ids"])
 print(f"{expected['variant']}: {len(expected['prompts'])} prompts equal to generate ({gen_backend})"
       f"{' and transformers' if vs_hf else ''}; {len(results)} requests done"
