@@ -6,7 +6,8 @@
 #     that never agrees would make the comparison empty); a sampled run ends with all its tokens;
 #   - the whole cluster (supervisor, router, prefill, KV hand-off, decode) with model.draft and
 #     TROUPE_SPECULATION=draft:4: the same tokens as the cluster without speculation and as
-#     troupe-generate, and the decode worker's stats show verify steps with accepted drafts;
+#     troupe-generate, a sampled request ends with all its tokens, and the decode worker's stats
+#     show verify steps with accepted drafts;
 #   - a topology whose model.draft has another vocabulary stops the decode worker with a
 #     configuration error naming both models.
 # Skips when the shared models folder (TROUPE_MODELS, default ../shared/models) is absent.
@@ -95,6 +96,18 @@ for _ in $(seq 100); do
   $py -c 'import sys; sys.exit(0 if float(sys.argv[1]) > 0 else 1)' "$acc" && break
   sleep 0.1
 done
+# A sampled request: the draft samples from its distribution, the verify takes the rejection rule;
+# it must end done with all its tokens.
+timeout 120 "$BIN/troupe-client" --topology "$topo" --json submit --temperature 0.8 --top-k 40 --seed 5 --ignore-eos \
+  --max-tokens 40 "${prompts[1]}" | $py -c 'import json, sys
+line, dec, pos, n, fin = sys.stdin.read(), json.JSONDecoder(), 0, 0, None
+while pos < len(line):
+    while pos < len(line) and line[pos].isspace(): pos += 1
+    if pos >= len(line): break
+    m, pos = dec.raw_decode(line, pos)
+    if m["type"] == "token": n += len(m["tokens"])
+    else: fin = m.get("type")
+sys.exit(0 if (n, fin) == (40, "done") else "sampled with the draft: %d tokens, %s" % (n, fin))' || fail "cluster: a sampled request with the draft did not end with 40 tokens"
 steps=$(metric "$topo" spec_verify_steps_total) drafts=$(metric "$topo" spec_draft_tokens_total)
 echo "cluster: ${#prompts[@]} prompts equal; verify steps $steps, drafts $drafts, accepted $acc"
 $py -c 'import sys; sys.exit(0 if float(sys.argv[1]) > 0 else 1)' "$acc" || fail "cluster: no draft accepted"
