@@ -217,6 +217,18 @@ void model_mlp_dense(model_t *m, const model_layer_t *L, int T)
     }
 }
 
+/* TROUPE_MOE_COUNT=0 leaves the MoE load counters out of every step (the expert-balancer then gets
+ * no load): to measure what counting costs. Read once. */
+static int s_moe_count_on(void)
+{
+    static int on = -1;
+    if (on < 0) {
+        const char *v = getenv("TROUPE_MOE_COUNT");
+        on = !(v && strcmp(v, "0") == 0);
+    }
+    return on;
+}
+
 /* xn -> delta: the feed-forward block of layer l (dense SwiGLU, or the routed experts). */
 static void s_mlp(model_t *m, int l, int T)
 {
@@ -240,7 +252,7 @@ static void s_mlp(model_t *m, int l, int T)
     else
         PROF(m, P_MOE_FFN, op->moe_ffn(be, m->xn, T, c->hidden_size, m->moe_ids, m->moe_w, c->num_experts_per_tok,
                                        L->experts, c->num_experts, m->moe_scratch, m->delta));
-    if (op->moe_count)            /* the expert-balancer's load: device work, read once per window */
+    if (op->moe_count && s_moe_count_on())   /* the expert-balancer's load: device work, read once per window */
         op->moe_count(be, m->moe_ids, T * c->num_experts_per_tok, m->moe_counts + (size_t)l * c->num_experts);
 }
 

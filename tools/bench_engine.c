@@ -542,8 +542,9 @@ static int s_bench_level(bench_t *b, int lv)
                         used_mean += used[l];
                     }
                 }
-                routed_bytes = s_step_weight_bytes_routed(cfg, b->wbytes, b->abytes, used);
                 used_mean = moe_layers ? used_mean / moe_layers : 0;
+                if (used_mean > 0)   /* else the counters are off (TROUPE_MOE_COUNT=0): the guess stays */
+                    routed_bytes = s_step_weight_bytes_routed(cfg, b->wbytes, b->abytes, used);
             }
         }
         free(cnt);
