@@ -46,6 +46,7 @@ typedef struct rq {
     actor_peer_t client;         /* where replies go */
     uint8_t owner[ACTOR_ID_MAX]; /* the credential it was submitted under (s_owner): only a cancel */
     size_t owner_len;            /* under the same one reaches it */
+    uint64_t client_key;         /* s_fair_key: its client's entry in router_t.per_client */
     rq_state_t state;
     int prefill, decode;         /* worker indices (into router_t.workers) */
     uint32_t prompt_tokens, cached_tokens, completion;
@@ -81,11 +82,13 @@ typedef struct router {
     int n_reqs;
     u64map_t by_id;              /* our id -> rq_t * */
     u64map_t by_client;          /* s_client_key(owner, client id) -> rq_t * */
+    u64map_t per_client;         /* s_fair_key(owner, tenant) -> requests in flight (limits.max_inflight_per_client) */
     uint64_t next_id;            /* starts at a random point of a 62-bit space: a restarted router (or a
                                     second one) never reuses ids that workers may still be running */
     /* stats */
     uint64_t submitted, rejected, completed, failed, cancelled, rerouted, prompt_tokens, cached_tokens, gen_tokens;
     uint64_t cancels_refused;    /* cancels naming another credential's request */
+    uint64_t client_capped;      /* submits refused at limits.max_inflight_per_client */
     uint64_t stale_cancelled;    /* workers told to drop a request we do not know (an old incarnation's) */
     uint64_t cache_queries, cache_hits;      /* blocks looked up / found anywhere */
     float ttft[LAT_SAMPLES], itl[LAT_SAMPLES];
@@ -142,6 +145,14 @@ static rq_t *s_find_owned(router_t *r, const uint8_t *owner, size_t owner_len, u
     return q && q->client_id == client_id && q->owner_len == owner_len && memcmp(q->owner, owner, owner_len) == 0
                ? q
                : NULL;
+}
+
+/* A client for the in-flight cap: its credential and its tenant (behind one gateway, every API
+ * key's tenant is a client of its own). Never 0. */
+static uint64_t s_fair_key(const uint8_t *owner, size_t owner_len, const char *tenant)
+{
+    const uint64_t k = XXH3_64bits_withSeed(owner, owner_len, XXH3_64bits(tenant ? tenant : "", tenant ? strlen(tenant) : 0));
+    return k ? k : 1;
 }
 
 static rq_t *s_find_client(router_t *r, const actor_peer_t *from, uint64_t client_id)
@@ -223,6 +234,9 @@ static void s_remove(router_t *r, rq_t *q)
     u64map_del(&r->by_id, q->id);
     if (s_find_owned(r, q->owner, q->owner_len, q->client_id) == q)
         u64map_del(&r->by_client, s_client_key(q->owner, q->owner_len, q->client_id));
+    uint64_t *in_flight = q->client_key ? u64map_get(&r->per_client, q->client_key) : NULL;
+    if (in_flight && --*in_flight == 0)
+        u64map_del(&r->per_client, q->client_key);
     s_load_release(r, q, -1);
     r->n_reqs--;
     msg_free(&q->pr);
@@ -366,6 +380,20 @@ static int s_on_submit(actor_t *a, void *state, const actor_peer_t *from, msg_t 
         return actor_reply_error(a, from, m->id, MSG_ERR_OVERLOADED, 1, "%d requests in flight (admission_queue)",
                                  r->n_reqs), 0;
     }
+    const uint8_t *owner;
+    size_t owner_len;
+    s_owner(from, &owner, &owner_len);
+    const uint64_t client_key = s_fair_key(owner, owner_len, s->tenant);
+    const uint64_t *in_flight_p = u64map_get(&r->per_client, client_key);
+    const uint64_t in_flight = in_flight_p ? *in_flight_p : 0;
+    const int cap = r->topo->limits.max_inflight_per_client;
+    if (cap > 0 && in_flight >= (uint64_t)cap) {
+        /* One client cannot take the whole admission queue (and the workers' batches) from others. */
+        r->rejected++;
+        r->client_capped++;
+        return actor_reply_error(a, from, m->id, MSG_ERR_OVERLOADED, 1,
+                                 "this client has %d requests in flight (limits.max_inflight_per_client)", cap), 0;
+    }
     if (s_find_client(r, from, m->id)) {
         r->rejected++;
         return actor_reply_error(a, from, m->id, MSG_ERR_BAD_REQUEST, 0, "request id %llu is already in flight",
@@ -431,9 +459,8 @@ static int s_on_submit(actor_t *a, void *state, const actor_peer_t *from, msg_t 
     q->id = ++r->next_id;
     q->client_id = m->id;
     q->client = *from;
-    const uint8_t *owner;
-    s_owner(from, &owner, &q->owner_len);
-    memcpy(q->owner, owner, q->owner_len);
+    q->owner_len = owner_len;
+    memcpy(q->owner, owner, owner_len);
     q->prompt_tokens = (uint32_t)n;
     q->arrived_ms = now_ms();
     q->deadline_ms = s->timeout_ms ? q->arrived_ms + s->timeout_ms : 0;
@@ -495,10 +522,12 @@ static int s_on_submit(actor_t *a, void *state, const actor_peer_t *from, msg_t 
     s_load_take(r, q, pi, di);
     /* Not found by our id, its workers' replies would be dropped: out of memory, it fails now. */
     if (u64map_put(&r->by_id, q->id, (uint64_t)(uintptr_t)q) != 0 ||
-        u64map_put(&r->by_client, s_client_key(q->owner, q->owner_len, m->id), (uint64_t)(uintptr_t)q) != 0) {
+        u64map_put(&r->by_client, s_client_key(q->owner, q->owner_len, m->id), (uint64_t)(uintptr_t)q) != 0 ||
+        u64map_put(&r->per_client, client_key, in_flight + 1) != 0) {
         s_fail(a, r, q, MSG_ERR_OVERLOADED, 1, "router out of memory");
         return 0;
     }
+    q->client_key = client_key;   /* counted: s_remove gives it back */
     r->prompt_tokens += n;
     LOG_D("request %llu (client %llu): %zu prompt tokens, %d cached blocks known -> %s / %s",
           (unsigned long long)q->id, (unsigned long long)m->id, n, hit, r->workers[pi].name, r->workers[di].name);
@@ -809,6 +838,7 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
     actor_stat_metric(a, st, "requests_cancelled", (double)r->cancelled, 1);
     actor_stat_metric(a, st, "requests_rerouted", (double)r->rerouted, 1);
     actor_stat_metric(a, st, "cancels_refused", (double)r->cancels_refused, 1);
+    actor_stat_metric(a, st, "requests_client_capped", (double)r->client_capped, 1);
     actor_stat_metric(a, st, "stale_requests_cancelled", (double)r->stale_cancelled, 1);
     actor_stat_metric(a, st, "prompt_tokens_total", (double)r->prompt_tokens, 1);
     actor_stat_metric(a, st, "cached_tokens_total", (double)r->cached_tokens, 1);
@@ -852,6 +882,7 @@ int main(int argc, char **argv)
     u64map_init(&r->index, 1024);
     u64map_init(&r->by_id, 256);
     u64map_init(&r->by_client, 256);
+    u64map_init(&r->per_client, 256);
     r->next_id = s_random_id_base();
     if (config_load(t->model.path, &r->cfg, err, sizeof err) != 0) {
         LOG_E("%s", err);
@@ -899,6 +930,7 @@ out:
     u64map_free(&r->index);
     u64map_free(&r->by_id);
     u64map_free(&r->by_client);
+    u64map_free(&r->per_client);
     free(r);
     actor_destroy(&a);
     return rc == 0 || rc == ACTOR_EXIT_CONFIG ? rc : 1;

@@ -482,6 +482,8 @@ static void s_limits(topo_diag_t *d, const raw_topo_t *raw, topo_t *t)
                                                 l->prefill_chunk_tokens, 1, 1 << 20, 512);
     t->limits.kv_blocks = (int)s_int(d, "limits.kv_blocks", l->kv_blocks, 0, 1 << 26, 0);
     t->limits.max_model_len = (int)s_int(d, "limits.max_model_len", l->max_model_len, 1, 1 << 21, 4096);
+    t->limits.max_inflight_per_client = (int)s_int(d, "limits.max_inflight_per_client", l->max_inflight_per_client,
+                                                   0, 1000000, 0);
 
     t->cache.block_size = (int)s_int(d, "cache.block_size", c->block_size, 1, 1 << 20, 16);
     int bs = t->cache.block_size;

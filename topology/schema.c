@@ -81,6 +81,7 @@ static const cyaml_schema_field_t s_limits_fields[] = {
     STR("prefill_chunk_tokens", raw_limits_t, prefill_chunk_tokens),
     STR("kv_blocks", raw_limits_t, kv_blocks),
     STR("max_model_len", raw_limits_t, max_model_len),
+    STR("max_inflight_per_client", raw_limits_t, max_inflight_per_client),
     CYAML_FIELD_END
 };
 

@@ -126,6 +126,8 @@ typedef struct topo_limits {
     int prefill_chunk_tokens;            /* prefill token budget per step; default 512; 1..2^20 */
     int kv_blocks;                       /* KV blocks per worker; 0 = derive from memory; 0..2^26 */
     int max_model_len;                   /* default 4096; block_size..2^21 */
+    int max_inflight_per_client;         /* router: requests one client (credential, tenant) may have in
+                                            flight before 'overloaded'; 0 (default) = no cap but admission_queue */
 } topo_limits_t;
 
 typedef struct topo_cache {
