@@ -295,9 +295,10 @@ int spec_policy_compute(const spec_accept_t *a, const spec_cost_t *c, int max_k,
             }
         }
         /* The break-even survival at the optimum: seconds one more draft per row adds, per token,
-         * times the tokens per second at best. */
-        const int k0 = best < max_k ? best : best - 1;
-        const double dc = (spec_cost_estimate(c, b, k0 + 1) - spec_cost_estimate(c, b, k0)) / (double)B;
+         * times the tokens per second at best. The step's slope around the optimum (a central
+         * difference where both sides exist: one noisy cell moves it less). */
+        const int lo = best > 0 ? best - 1 : 0, hi = best < max_k ? best + 1 : max_k;
+        const double dc = (spec_cost_estimate(c, b, hi) - spec_cost_estimate(c, b, lo)) / (double)(hi - lo) / (double)B;
         double theta = rbest * dc;
         theta = theta < 0 ? 0 : theta > 1 ? 1 : theta;
         p.buckets[p.n_buckets++] = (spec_policy_bucket_t){.max_batch = B, .max_draft = best,
