@@ -60,6 +60,7 @@ static const uint32_t GUARD_BITS = 0x7fbadbadu;
 #define B_F32 1e-5                /* f32 arithmetic in another order */
 #define B_SPLIT 2e-5              /* bf16/f16 GEMM, activations as hi + lo (the default) */
 #define B_BF16_GEMM 1e-2          /* bf16 activations rounded once (more than SPLIT_MAX_M rows, or split off) */
+#define B_FP8_GEMM 1e-3           /* fp8 W8A8 on the FP8 tensor cores: the same products, another summation */
 #define B_F16_GEMM 2e-3
 #define BF16_ACT_LOGITS 3e-2      /* a bf16 fixture's logits with bf16 activations in every GEMM and a
                                      bf16 KV cache (measured 1.5e-2): the precision HF runs bf16 at */
@@ -420,7 +421,9 @@ static void s_qmatmul_case(int fmt, int gr, int gc, int act, int M, int N, int K
         be[b]->ops->free(be[b], ds);
         be[b]->ops->weight_release(be[b], wd);
     }
-    s_compare(res[1], res[0], (size_t)M * N, M <= GEMV_MAX_M ? B_F32 : B_BF16_GEMM, what);
+    /* the FP8 GEMM (fp8 W8A8, one scale per row of W): the CPU's products, summed by the tensor cores */
+    const int fp8_gemm = fmt == BK_Q_FP8 && act == BK_QA_FP8_TOKEN && ec >= K && K % 16 == 0 && N % 16 == 0;
+    s_compare(res[1], res[0], (size_t)M * N, M <= GEMV_MAX_M ? B_F32 : fp8_gemm ? B_FP8_GEMM : B_BF16_GEMM, what);
     free(res[0]), free(res[1]), free(codes), free(sc), free(wf), free(x), free(bias);
 }
 
@@ -431,9 +434,13 @@ static void test_quant_matmul(void **state)
         {BK_Q_FP8, 1, 0, BK_QA_FP8_TOKEN}, {BK_Q_I8, 1, 0, BK_QA_I8_TOKEN}, {BK_Q_I8, 1, 0, BK_QA_NONE},
         {BK_Q_I4, 1, 128, BK_QA_NONE}, {BK_Q_FP4, 1, 16, BK_QA_NONE},
     };
-    /* M, N, K, bias: the GEMV (vector; K = 264 the scalar loop), the dequantize-then-GEMM path. */
-    static const int cases[][4] = {{1, 300, 512, 0}, {3, 257, 1024, 1}, {8, 129, 512, 0}, {2, 100, 264, 1},
-                                   {9, 200, 512, 1}, {64, 384, 256, 0}, {300, 96, 512, 1}};
+    /* M, N, K, bias: the GEMV for M = 1..8 (vector kernel; K = 264 and 1,040 — not a multiple of
+     * 128, int4's last group partial — the any-shape kernel), the GEMM paths (fp8 W8A8: the FP8
+     * GEMM; the rest: dequantize then bf16). */
+    static const int cases[][4] = {{1, 300, 512, 0}, {2, 1000, 2048, 1}, {3, 257, 1024, 1}, {4, 64, 4096, 0},
+                                   {5, 130, 1024, 1}, {6, 33, 512, 0}, {7, 17, 2048, 1}, {8, 129, 512, 0},
+                                   {2, 100, 264, 1}, {5, 64, 1040, 0}, {9, 200, 512, 1}, {64, 384, 256, 0},
+                                   {300, 96, 512, 1}};
     for (size_t f = 0; f < ARRAY_LEN(fmts); f++)
         for (size_t i = 0; i < ARRAY_LEN(cases); i++)
             s_qmatmul_case(fmts[f][0], fmts[f][1], fmts[f][2], fmts[f][3], cases[i][0], cases[i][1], cases[i][2],
