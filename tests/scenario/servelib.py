@@ -44,6 +44,66 @@ def run_many(ep, jobs, workers=32):
     return results
 
 
+def run_many_live(ep, jobs, workers=32, stall_s=30, limit_s=900):
+    """run_many for a cluster that may be slow (sanitizers, a loaded machine) but must not lose a
+    request: a job is only given up on when none of the jobs has had a reply for stall_s (a lost
+    request ends up alone and silent once the others are over), or after limit_s in all. kwargs
+    may carry start_s: the job is sent that long after the first. Returns {key: result or
+    TimeoutError}; results as run_one's."""
+    results, lock, it = {}, threading.Lock(), iter(jobs)
+    t0 = time.monotonic()
+    last = [t0]
+    stop = threading.Event()
+
+    def one(c, ids, max_tokens=8, start_s=0, timeout_s=None, **kw):
+        while not stop.is_set() and time.monotonic() < t0 + start_s:
+            time.sleep(0.01)
+        sampling = {"max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+        rid = c.send("submit", tokens=ids, sampling=sampling, stream=True, **kw)
+        toks, replies = [], []
+        while not stop.is_set():
+            m = c.recv(0.2)
+            if m is None or m.get("id") != rid:
+                continue
+            with lock:
+                last[0] = time.monotonic()
+            replies.append(m)
+            if m["type"] == "token":
+                toks += m["tokens"]
+            elif m["type"] in ("done", "error"):
+                return toks, m, replies
+        raise TimeoutError(f"no terminal reply for request {rid}: no reply to any of {len(jobs)} requests for "
+                           f"{stall_s} s (or {limit_s} s in all)")
+
+    def worker():
+        with Client(ep, timeout_s=limit_s) as c:
+            while True:
+                with lock:
+                    job = next(it, None)
+                if job is None:
+                    return
+                key, kw = job
+                try:
+                    r = one(c, **kw)
+                except Exception as e:  # noqa: BLE001 — the test inspects it
+                    r = e
+                with lock:
+                    results[key] = r
+
+    ts = [threading.Thread(target=worker, daemon=True) for _ in range(workers)]
+    for t in ts:
+        t.start()
+    while any(t.is_alive() for t in ts):
+        now = time.monotonic()
+        with lock:
+            stalled = now - last[0] > stall_s
+        if stalled or now - t0 > limit_s:
+            stop.set()
+        for t in ts:
+            t.join(0.1)
+    return results
+
+
 def top(bin_dir, topo):
     out = subprocess.run([f"{bin_dir}/troupe-top", "--topology", topo, "--json"], check=True,
                          capture_output=True, text=True).stdout
@@ -87,9 +147,14 @@ def wait_workers(bin_dir, topo, n, timeout_s=10):
     raise AssertionError(f"fewer than {n} workers reported")
 
 
-def wait_restarted(bin_dir, topo, name, old_pid, restarts=None, timeout_s=15):
+def wait_restarted(bin_dir, topo, name, old_pid, restarts=None, timeout_s=None):
     """Waits until actor `name` runs again as a new process that is ready (and, when given, has
-    that many restarts); returns its top entry."""
+    that many restarts); returns its top entry. By default as long as the supervisor itself gives a
+    start (the topology's supervision.ready_timeout_s) and 5 s more: a model loads slowly under
+    sanitizers or on a loaded machine."""
+    if timeout_s is None:
+        timeout_s = 5 + next((int(l.split(":")[1]) for l in open(topo) if l.strip().startswith("ready_timeout_s:")),
+                             30)
     deadline = time.time() + timeout_s
     while time.time() < deadline:
         a = top(bin_dir, topo).get(name)
