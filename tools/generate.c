@@ -10,7 +10,8 @@
  * log-probabilities).
  *
  * Speculative decoding (engine/spec.h) with --speculation ngram[:K] or draft[:K] (--draft DIR: a
- * smaller checkpoint with the same tokenizer; --draft alone means draft:4): each decode step
+ * smaller checkpoint with the same tokenizer; --draft alone means draft:4) or mtp[:K] (a DeepSeek-V3
+ * checkpoint's own MTP layer, engine/mtp.h: greedy drafts from the target's hidden states): each decode step
  * verifies the proposer's drafts in one forward over the last token and K drafts, emitting 1 to
  * K + 1 tokens, the same tokens as without speculation when greedy (sampled: the same law). --json
  * then reports the acceptance rate and tokens per verify step.
@@ -31,6 +32,7 @@
 #include "engine/chat_template.h"
 #include "engine/engine_open.h"
 #include "engine/sampler.h"
+#include "engine/mtp.h"
 #include "engine/spec.h"
 #include "engine/tokenizer.h"
 #include "tools/lib/args.h"
@@ -43,7 +45,7 @@ static const char *s_usage =
     "         [--repetition-penalty R] [--presence-penalty X] [--frequency-penalty X] [--seed S]\n"
     "         [--stop STR]... [--stop-id ID]... [--ignore-eos] [--dtype f32|bf16|f16]\n"
     "         [--kv-dtype auto|f32|bf16|f16|fp8] [--load-format auto|dummy] [--tokenizer DIR]\n"
-    "         [--threads N] [--chunk N] [--speculation off|ngram[:K]|draft[:K]] [--draft DIR]\n"
+    "         [--threads N] [--chunk N] [--speculation off|ngram[:K]|draft[:K]|mtp[:K]] [--draft DIR]\n"
     "         [--backend cpu|cuda|cuda:N]\n"
     "         [--json] [--logprobs] [--logprobs-mode raw|processed] [--no-think] [-v]\n"
     "Sampling options left out take the model's generation_config.json defaults (greedy when it\n"
@@ -64,6 +66,7 @@ typedef struct gen_opts {
     const char *speculation;      /* --speculation: the knob's text (spec_knob_parse) */
     const char *draft_dir;        /* --draft: the draft model */
     spec_method_t spec;           /* parsed */
+    int mtp;                      /* --speculation mtp[:K]: the model's MTP layer proposes (spec ngram's machinery) */
     int spec_k;
 } gen_opts_t;
 
@@ -177,9 +180,14 @@ static int s_parse_args(int argc, char **argv, gen_opts_t *o)
         return s_usage_error("%s", "give exactly one of --prompt, --chat, --ids");
     if (o->system && !o->chat)
         return s_usage_error("%s", "--system goes with --chat");
-    char err[256];
-    if (spec_knob_parse("--speculation", o->speculation ? o->speculation : o->draft_dir ? "draft" : NULL, &o->spec,
-                        &o->spec_k, err, sizeof err) != 0)
+    char err[256], knob[32];
+    const char *sv = o->speculation ? o->speculation : o->draft_dir ? "draft" : NULL;
+    if (sv && strncmp(sv, "mtp", 3) == 0 && (sv[3] == 0 || sv[3] == ':') && strlen(sv) < sizeof knob - 2) {
+        o->mtp = 1;               /* DeepSeek-V3's MTP layer drafts (engine/mtp.h); k parsed as ngram's */
+        snprintf(knob, sizeof knob, "ngram%s", sv + 3);
+        sv = knob;
+    }
+    if (spec_knob_parse("--speculation", sv, &o->spec, &o->spec_k, err, sizeof err) != 0)
         return s_usage_error("%s", err);
     if (o->spec == SPEC_DRAFT && !o->draft_dir)
         return s_usage_error("%s", "--speculation draft needs --draft DIR (the draft model)");
@@ -281,7 +289,9 @@ typedef struct gen {
     int n_out, n_decode_steps;
     int64_t t_start, t_loaded, t_prefilled, t_end;
     /* speculation */
-    spec_proposer_t *prop;        /* --speculation draft: the draft model; NULL for n-gram */
+    spec_proposer_t *prop;        /* --speculation draft: the draft model; mtp: the MTP layer; NULL for n-gram */
+    float *hid;                   /* --speculation mtp: [step rows][hidden] the target's hidden states */
+    int hid_pos, hid_n;           /* the last forward's rows not yet fed to the MTP proposer */
     int32_t *all;                 /* [n_prompt + max_tokens] prompt, then the output: what proposers read */
     spec_stats_t spec;
     int64_t draft_load_ns;
@@ -419,6 +429,12 @@ static int s_load(const gen_opts_t *o, gen_t *g)
             return s_fail(1, NULL, err);
         g->draft_load_ns = now_ns() - t0;
     }
+    if (o->mtp) {
+        if (!(g->prop = spec_mtp_new(g->e->model, 1, total, err, sizeof err)))
+            return s_fail(1, NULL, err);
+        if (!(g->hid = malloc((size_t)step_tokens * g->e->cfg.hidden_size * sizeof(float))))
+            return s_fail(1, NULL, "out of memory");
+    }
     if (o->spec != SPEC_OFF && (g->all = malloc((size_t)total * sizeof *g->all)))
         memcpy(g->all, g->prompt, g->n_prompt * sizeof *g->all);
     if (o->spec != SPEC_OFF && !g->all)
@@ -441,9 +457,11 @@ static int s_prefill(const gen_opts_t *o, gen_t *g)
     for (size_t at = 0; at < g->n_prompt; at += (size_t)o->chunk) {
         int k = (int)(g->n_prompt - at < (size_t)o->chunk ? g->n_prompt - at : (size_t)o->chunk);
         model_seq_t q = {.kv = g->seq, .n_new = k};
-        model_batch_t b = {.n_seqs = 1, .seqs = &q};
+        model_batch_t b = {.n_seqs = 1, .seqs = &q, .hidden_out = g->hid};
         if (kvseq_append(g->seq, g->prompt + at, k) < 0 || model_forward(g->e->model, &b, g->e->logits, err, sizeof err) < 0)
             return s_fail(1, "prefill", err);
+        if (g->hid && spec_mtp_feed(g->prop, 1, g->prompt, (int)g->n_prompt, (int)at, k, g->hid, err, sizeof err) < 0)
+            return s_fail(1, "mtp", err);
     }
     return 0;
 }
@@ -520,11 +538,17 @@ static int s_decode(const gen_opts_t *o, gen_t *g)
     float lp = 0;
     int32_t t = sampler_sample(g->smp, g->e->logits, o->logprobs ? &lp : NULL);
     while (!s_take(g, &ts, t, lp)) {
+        if (g->hid && g->hid_n > 0 &&               /* the last step's rows whose tokens are final */
+            spec_mtp_feed(g->prop, 1, g->all, (int)g->n_prompt + g->n_out, g->hid_pos, g->hid_n, g->hid, err,
+                          sizeof err) < 0)
+            return s_fail(1, "mtp", err);
         const int r = o->spec != SPEC_OFF ? s_drafts(o, g, drafts, q) : 0;
         const int base = kvseq_len(g->seq);
         model_seq_t qs = {.kv = g->seq, .n_new = 1 + r};
         model_batch_t b = {.n_seqs = 1, .seqs = &qs, .argmax_out = device_greedy && !r ? &dev_tok : NULL,
-                           .all_logits = r > 0};
+                           .all_logits = r > 0, .hidden_out = g->hid};
+        g->hid_pos = base;
+        g->hid_n = 1;
         if (kvseq_append(g->seq, &t, 1) < 0 || (r && kvseq_append(g->seq, drafts, r) < 0) ||
             model_forward(g->e->model, &b, g->e->logits, err, sizeof err) < 0) {
             fprintf(stderr, "troupe-generate: decode step %d: %s\n", g->n_out, err);
@@ -551,6 +575,7 @@ static int s_decode(const gen_opts_t *o, gen_t *g)
         g->spec.drafts += (uint64_t)r;
         g->spec.accepted += (uint64_t)j;
         g->spec.emitted += (uint64_t)(j + (g->fin == FINISH_NONE));
+        g->hid_n = 1 + j;                         /* the input row and the accepted drafts' rows */
         if (g->prop)
             spec_accepted(g->prop, 1, j);
         /* The KV keeps the step's input and the accepted drafts; t (the target's own token, not
@@ -596,14 +621,14 @@ static void s_report_json(const gen_opts_t *o, const gen_t *g)
     json_object_set_new(j, "timings", tm);
     if (o->spec != SPEC_OFF) {
         json_t *sp = json_object();
-        json_object_set_new(sp, "method", json_string(spec_method_name(o->spec)));
+        json_object_set_new(sp, "method", json_string(o->mtp ? "mtp" : spec_method_name(o->spec)));
         json_object_set_new(sp, "k", json_integer(o->spec_k));
         json_object_set_new(sp, "verify_steps", json_integer((json_int_t)g->spec.verify_steps));
         json_object_set_new(sp, "drafts", json_integer((json_int_t)g->spec.drafts));
         json_object_set_new(sp, "accepted", json_integer((json_int_t)g->spec.accepted));
         json_object_set_new(sp, "acceptance_rate", json_real(spec_stats_acceptance(&g->spec)));
         json_object_set_new(sp, "mean_accepted_length", json_real(spec_stats_mean_len(&g->spec)));
-        if (g->prop) {
+        if (g->prop && !o->mtp) {
             spec_draft_stats_t ds;
             spec_draft_stats(g->prop, &ds);
             json_object_set_new(sp, "draft_load_ms", json_real((double)g->draft_load_ns / 1e6));
@@ -649,7 +674,7 @@ static void s_report_text(const gen_opts_t *o, const gen_t *g)
           g->n_prompt / (prefill_ms / 1e3), g->n_out > 1 ? (g->n_out - 1) / (decode_ms / 1e3) : 0);
     if (o->spec != SPEC_OFF)
         LOG_I("speculation %s:%d: %llu verify steps, acceptance %.1f%%, %.2f tokens per verify step",
-              spec_method_name(o->spec), o->spec_k, (unsigned long long)g->spec.verify_steps,
+              (o->mtp ? "mtp" : spec_method_name(o->spec)), o->spec_k, (unsigned long long)g->spec.verify_steps,
               100 * spec_stats_acceptance(&g->spec), spec_stats_mean_len(&g->spec));
 }
 
@@ -665,6 +690,7 @@ static void s_gen_free(gen_t *g)
     kvseq_destroy(&g->seq);
     spec_proposer_destroy(&g->prop);              /* before the target, whose backend it runs on */
     free(g->all);
+    free(g->hid);
     tok_destroy(&g->tok);
     engine_destroy(&g->e);                         /* after the sequence, which holds pool blocks */
 }
