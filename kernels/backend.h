@@ -362,12 +362,6 @@ typedef struct backend_ops {
      * no allocation or upload once it ran uncaptured with them), so a graph may record it; 0 when
      * it may not. Called outside a recording. NULL: never. */
     int (*moe_graphable)(backend_t *be, int M, int H, int k, const bk_expert_t *experts, int n_experts);
-} backend_ops_t;
-
-struct backend {
-    const backend_ops_t *ops;
-    int n_threads;                /* CPU threads the backend's host work may use */
-    void *impl;                   /* the implementation's own state */
 
     /* DeepSeek-V3 (engine/mla.c). NULL in a backend without them: such models are refused at load.
      *
@@ -413,6 +407,12 @@ struct backend {
     void (*add)(backend_t *be, float *y, const float *x, int n);
     void (*moe_route_sigmoid)(backend_t *be, const float *logits, const float *bias, int M, int E, int k, int n_group,
                               int topk_group, int renorm, float scale, int32_t *ids, float *weights);
+} backend_ops_t;
+
+struct backend {
+    const backend_ops_t *ops;
+    int n_threads;                /* CPU threads the backend's host work may use */
+    void *impl;                   /* the implementation's own state */
 };
 
 /* Tokens per pass of a device backend's MoE kernels (kernels/cuda/cuda_moe.cu): bound the
