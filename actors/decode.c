@@ -322,8 +322,8 @@ static int s_forward(actor_t *a, decode_t *d, const sched_batch_t *b, int spec)
     /* An all-greedy step keeps the plain argmax (the sample op's greedy rows give the same ids). */
     model_batch_t mb = {.n_seqs = b->n, .seqs = d->seqs, .argmax_out = d->argmax, .need_logits = d->need_logits,
                         .sample = any_sampled ? d->sample : NULL};
-    if (spec)   /* a verify step: every position's logits to the host sampler (sampler_verify_draft) */
-        mb = (model_batch_t){.n_seqs = b->n, .seqs = d->seqs, .all_logits = 1};
+    if (spec)   /* a verify step: every position's token, logits only where the acceptance reads them */
+        spec_step_batch(d->spec, b, dev_sample, &mb);
     char err[512];
     const int64_t t0 = now_ns();
     const int frc = model_forward(d->w->model, &mb, d->w->logits, err, sizeof err);
@@ -544,7 +544,7 @@ int main(int argc, char **argv)
     d.sample = calloc((size_t)max_seqs, sizeof *d.sample);
     d.need_logits = calloc((size_t)max_seqs, 1);
     const spec_hooks_t spec_hooks = {.ctx = &d, .sampler = s_spec_sampler, .emit = s_spec_emit};
-    d.spec = spec_step_new(&spec_cfg, max_seqs, d.w->max_model_len, &spec_hooks, err, sizeof err);
+    d.spec = spec_step_new(&spec_cfg, max_seqs, d.w->max_logit_rows, d.w->max_model_len, &spec_hooks, err, sizeof err);
     if (spec_step_policy_init(d.spec, a, spec_cfg.method == SPEC_DRAFT, err, sizeof err) != 0)
         spec_step_destroy(&d.spec);   /* out of memory: refused below */
     const int text_rc = token_text_init(&d.text, 8192);

@@ -108,7 +108,16 @@ worker_t *worker_load(const topo_t *t, topo_role_t role, int gpu, int max_tokens
     s.kv_dtype = tm->kv_dtype;
     s.kv_dtype_option = "model.kv_dtype";
     s.dummy_option = "load_format: dummy";
-    s.model = (model_opts_t){.max_tokens = max_tokens, .max_seqs = max_seqs, .max_logit_rows = max_seqs,
+    /* A speculating decode worker's verify steps compute every draft's row of logits. */
+    spec_method_t spec_m;
+    int spec_k;
+    w->max_logit_rows = max_seqs;
+    if (role == ROLE_DECODE && spec_knob_parse("TROUPE_SPECULATION", getenv("TROUPE_SPECULATION"), &spec_m, &spec_k,
+                                               err, errlen) == 0 && spec_m != SPEC_OFF) {
+        const long rows = (long)max_seqs * (1 + spec_k);
+        w->max_logit_rows = rows < max_tokens ? (int)rows : max_tokens;
+    }
+    s.model = (model_opts_t){.max_tokens = max_tokens, .max_seqs = max_seqs, .max_logit_rows = w->max_logit_rows,
                              .max_context = w->max_model_len, .kv_block_size = w->block_size,
                              .quantize = tm->quantization};   /* model.quantization: online, at load */
     /* The pool: limits.kv_blocks, or (0) max_batch sequences of max_model_len and one more for

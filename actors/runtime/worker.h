@@ -33,7 +33,10 @@ typedef struct worker {
     int max_tokens;              /* tokens per forward (prefill chunk or decode batch) */
     int max_seqs;                /* sequences per forward */
     int max_model_len;           /* prompt + generation, tokens */
-    float *logits;               /* eng->logits: [max_seqs][vocab] host */
+    int max_logit_rows;          /* rows of logits per forward: max_seqs, or for a decode worker that
+                                    speculates (TROUPE_SPECULATION) max_seqs x (1 + k) within max_tokens,
+                                    so a verify step's rows (a row and its drafts) fit */
+    float *logits;               /* eng->logits: [max_logit_rows][vocab] host */
     uint8_t *stage;              /* [block_bytes] host staging for block copies */
     spec_proposer_t *draft;      /* decode, TROUPE_SPECULATION=draft[:K]: the draft model (model.draft) on
                                     this worker's backend, its own KV pool; NULL otherwise */

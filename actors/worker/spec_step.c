@@ -14,7 +14,7 @@
 
 struct spec_step {
     int k;                       /* drafts per row at most */
-    int max_seqs, max_model_len;
+    int max_seqs, max_rows, max_model_len;
     spec_proposer_t *proposer;
     int borrowed;                /* the proposer is the worker's draft model (worker_t.draft) */
     spec_ask_t *asks;            /* [max_seqs] a step's proposals, one per drafting row */
@@ -28,6 +28,10 @@ struct spec_step {
     spec_client_t *policy;       /* the draft-scheduler's policy and reports (spec_step_policy_init); NULL: none */
     int has_dist;                /* the proposer gives draft probabilities */
     float *probs;                /* [max_seqs][SPEC_MAX_K] each row's draft probabilities this step */
+    /* A verify step's rows of logits (a row's last token, then its drafts), for model_forward: */
+    int32_t *ids;                /* [max_rows] the device's token of each (argmax, or the sample op's) */
+    uint8_t *need;               /* [max_rows] 1: its logits come to the host (sampler_verify_dist) */
+    bk_sample_t *row_sample;     /* [max_rows] its parameters for the sample op (RNG step advanced) */
 };
 
 int spec_step_config_from_env(spec_step_config_t *c, char *err, size_t errlen)
@@ -36,8 +40,8 @@ int spec_step_config_from_env(spec_step_config_t *c, char *err, size_t errlen)
     return spec_knob_parse("TROUPE_SPECULATION", getenv("TROUPE_SPECULATION"), &c->method, &c->k, err, errlen);
 }
 
-spec_step_t *spec_step_new(const spec_step_config_t *c, int max_seqs, int max_model_len, const spec_hooks_t *hooks,
-                           char *err, size_t errlen)
+spec_step_t *spec_step_new(const spec_step_config_t *c, int max_seqs, int max_rows, int max_model_len,
+                           const spec_hooks_t *hooks, char *err, size_t errlen)
 {
     if (errlen)
         *err = 0;
@@ -45,7 +49,8 @@ spec_step_t *spec_step_new(const spec_step_config_t *c, int max_seqs, int max_mo
         return NULL;
     spec_step_t *s = calloc(1, sizeof *s);
     if (s) {
-        *s = (spec_step_t){.k = c->k, .max_seqs = max_seqs, .max_model_len = max_model_len, .hooks = *hooks};
+        *s = (spec_step_t){.k = c->k, .max_seqs = max_seqs, .max_rows = max_rows, .max_model_len = max_model_len,
+                           .hooks = *hooks};
         if (c->method == SPEC_DRAFT) {   /* opened by worker_load (model.draft), freed with the worker */
             const worker_t *w = worker_current();
             s->proposer = w ? w->draft : NULL;
@@ -60,13 +65,17 @@ spec_step_t *spec_step_new(const spec_step_config_t *c, int max_seqs, int max_mo
         s->n_drafts = calloc((size_t)max_seqs, sizeof *s->n_drafts);
         s->kv_base = calloc((size_t)max_seqs, sizeof *s->kv_base);
         s->probs = calloc((size_t)max_seqs * SPEC_MAX_K, sizeof *s->probs);
+        s->ids = calloc((size_t)max_rows, sizeof *s->ids);
+        s->need = calloc((size_t)max_rows, 1);
+        s->row_sample = calloc((size_t)max_rows, sizeof *s->row_sample);
     }
     if (s && !s->proposer && c->method == SPEC_DRAFT) {
         spec_step_destroy(&s);
         errf(err, errlen, "TROUPE_SPECULATION=draft: this worker opened no draft model (model.draft)");
         return NULL;
     }
-    if (!s || !s->proposer || !s->asks || !s->ask_row || !s->sample || !s->drafts || !s->n_drafts || !s->kv_base || !s->probs) {
+    if (!s || !s->proposer || !s->asks || !s->ask_row || !s->sample || !s->drafts || !s->n_drafts || !s->kv_base ||
+        !s->probs || !s->ids || !s->need || !s->row_sample) {
         spec_step_destroy(&s);
         errf(err, errlen, "out of memory for speculation over %d rows", max_seqs);
         return NULL;
@@ -89,6 +98,9 @@ void spec_step_destroy(spec_step_t **self_p)
     free(s->n_drafts);
     free(s->kv_base);
     free(s->probs);
+    free(s->ids);
+    free(s->need);
+    free(s->row_sample);
     spec_client_destroy(&s->policy);
     free(s);
     *self_p = NULL;
@@ -101,7 +113,7 @@ int spec_step_propose(spec_step_t *s, const sched_batch_t *b)
 {
     if (!s || b->n != b->n_decode)
         return 0;
-    int budget = s->max_seqs - b->n, any = 0, n_ask = 0;
+    int budget = s->max_rows - b->n, any = 0, n_ask = 0;
     for (int i = 0; i < b->n; i++) {
         sched_req_t *r = b->rows[i].req;
         s->n_drafts[i] = 0;
@@ -144,6 +156,36 @@ int spec_step_propose(spec_step_t *s, const sched_batch_t *b)
 
 int spec_step_drafts(const spec_step_t *s, int i) { return s ? s->n_drafts[i] : 0; }
 
+/* A verify step's rows of logits: every position of every row (all_logits), each row's token from
+ * the device, and a row's logits on the host only where its acceptance reads them: penalties or
+ * log-probabilities (sampler_needs_host), a sampled row without the backend's sample op, or a
+ * sampled row's draft drawn from a distribution (the rejection rule reads p). A greedy row is an
+ * argmax whatever its draft (its p is a point mass: sampler_verify_dist accepts exactly the
+ * argmax and emits it), and a sampled row's token at a point-mass draft is sampler_sample's, the
+ * sample op's at the RNG step of its position (the tokens generated before it). */
+void spec_step_batch(spec_step_t *s, const sched_batch_t *b, int dev_sample, model_batch_t *mb)
+{
+    int row = 0, any_sampled = 0;
+    for (int i = 0; i < b->n; i++) {
+        sched_req_t *r = b->rows[i].req;
+        const int n = s->n_drafts[i];
+        int logprobs = 0;
+        const sampler_t *smp = r ? s->hooks.sampler(s->hooks.ctx, r, &logprobs) : NULL;
+        const int greedy = !smp || sampler_is_greedy(smp), host = smp && (logprobs || sampler_needs_host(smp));
+        for (int j = 0; j <= n; j++, row++) {
+            s->need[row] = (uint8_t)(host || (!greedy && (!dev_sample || (j < n && spec_dist(s->proposer, r->id, j)))));
+            s->row_sample[row] = (bk_sample_t){0};   /* temperature 0: the argmax */
+            if (!greedy && !s->need[row]) {
+                sampler_device_params(smp, &s->row_sample[row]);
+                s->row_sample[row].step += (uint64_t)j;
+                any_sampled = 1;
+            }
+        }
+    }
+    *mb = (model_batch_t){.n_seqs = b->n, .seqs = mb->seqs, .all_logits = 1, .argmax_out = s->ids,
+                          .need_logits = s->need, .sample = any_sampled ? s->row_sample : NULL};
+}
+
 /* Row i's positions in order (its last token, then its drafts), the target's token for each,
  * streamed as long as the drafts are accepted and the request goes on (a stop id, a stop string,
  * max_tokens or max_model_len ends it at the first finishing token); the last token streamed is
@@ -170,11 +212,15 @@ void spec_step_verify(spec_step_t *s, const sched_batch_t *b, const float *logit
         for (;; j++) {
             int acc;
             float lp = 0;
-            /* a draft drawn from a distribution (spec_dist) takes the rejection rule, a point mass
-             * the coupling (sampler.h) */
-            const int32_t t = sampler_verify_dist(smp, logits + (first + (size_t)j) * V, j < n ? dr[j] : -1,
-                                                  j < n ? spec_dist(s->proposer, id, j) : NULL, logprobs ? &lp : NULL,
-                                                  &acc);
+            /* the device's token (spec_step_batch), else a draft drawn from a distribution
+             * (spec_dist) takes the rejection rule, a point mass the coupling (sampler.h) */
+            const size_t at = first + (size_t)j;
+            int32_t t = s->ids[at];
+            if (s->need[at])
+                t = sampler_verify_dist(smp, logits + at * V, j < n ? dr[j] : -1,
+                                        j < n ? spec_dist(s->proposer, id, j) : NULL, logprobs ? &lp : NULL, &acc);
+            else
+                acc = j < n && t == dr[j];
             alive = s->hooks.emit(s->hooks.ctx, r, t, lp, base + j + 1 >= s->max_model_len, base + j);
             if (!acc || !alive)
                 break;

@@ -6,14 +6,15 @@
  *
  * In a step of decode rows only (no prompt chunk):
  *   1. spec_step_propose (after the schedule, before the forward): each row gets up to k drafts,
- *      appended to its KV; the forward computes spec_step_drafts(s, i) more positions of row i and
- *      brings every position's logits to the host (model_batch_t.all_logits);
+ *      appended to its KV; the forward computes spec_step_drafts(s, i) more positions of row i
+ *      and, as spec_step_batch asks, brings each position's token from the device (argmax, or the
+ *      backend's sample op) and its logits to the host only where the acceptance reads them;
  *   2. spec_step_verify (after the forward, before the step's commit): for each row, position by
  *      position, the target's token (sampler_verify_draft: lossless), streamed through the owner's
  *      emit hook while the drafts are accepted and the request goes on; then the row's KV is
  *      rolled back to what was accepted (kvseq_truncate), so the commit publishes only that.
- * The drafts of a step never exceed max_seqs - rows (its rows of logits fit the buffers the model
- * was sized for), nor a row's room to max_model_len.
+ * The drafts of a step never exceed max_rows - rows (its rows of logits fit the buffers the model
+ * was sized for: worker_t.max_logit_rows), nor a row's room to max_model_len.
  *
  * A NULL spec_step_t is speculation off: every function takes it and does nothing. */
 #ifndef TROUPE_ACTORS_WORKER_SPEC_STEP_H
@@ -25,6 +26,7 @@
 #include "actors/runtime/actor.h"
 #include "actors/worker/spec_policy_client.h"
 #include "engine/sampler.h"
+#include "engine/model.h"
 #include "engine/sched.h"
 #include "engine/spec.h"
 
@@ -52,11 +54,12 @@ typedef struct spec_step spec_step_t;
  * else. draft is the topology's model.draft, which worker_load opens (worker_t.draft). */
 int spec_step_config_from_env(spec_step_config_t *c, char *err, size_t errlen);
 
-/* The speculation of a worker with max_seqs rows and max_model_len tokens per sequence. NULL when
+/* The speculation of a worker with max_seqs rows, max_rows rows of logits per forward (>= max_seqs;
+ * rows and their drafts together) and max_model_len tokens per sequence. NULL when
  * c->method is SPEC_OFF (err empty), or with err when out of memory or, for SPEC_DRAFT, when the
  * process's worker (worker_current) opened no draft model. */
-spec_step_t *spec_step_new(const spec_step_config_t *c, int max_seqs, int max_model_len, const spec_hooks_t *hooks,
-                           char *err, size_t errlen);
+spec_step_t *spec_step_new(const spec_step_config_t *c, int max_seqs, int max_rows, int max_model_len,
+                           const spec_hooks_t *hooks, char *err, size_t errlen);
 void spec_step_destroy(spec_step_t **self_p);
 
 /* Drafts for b's rows, appended to their KV: 1 when some row got drafts (the step verifies), 0
@@ -64,7 +67,15 @@ void spec_step_destroy(spec_step_t **self_p);
 int spec_step_propose(spec_step_t *s, const sched_batch_t *b);
 /* Drafts row i carries this step (0 unless spec_step_propose returned 1). */
 int spec_step_drafts(const spec_step_t *s, int i);
-/* Verifies and emits b's rows from logits ([rows of every position][vocab], rows in b's order). */
+/* A verify step's model batch (spec_step_propose returned 1): mb keeps its seqs and gets every
+ * position's row of logits (all_logits), the device's token of each (argmax_out, and sample for
+ * sampled rows when dev_sample: the backend has the sample op) and need_logits only for the
+ * positions whose acceptance reads the logits (penalties, log-probabilities, a sampled row's draft
+ * drawn from a distribution, sampling without the op). The tokens stay the ones of a run that
+ * downloads every row's logits. */
+void spec_step_batch(spec_step_t *s, const sched_batch_t *b, int dev_sample, model_batch_t *mb);
+/* Verifies and emits b's rows from spec_step_batch's tokens and, where it asked for them, logits
+ * ([rows of every position][vocab], rows in b's order). */
 void spec_step_verify(spec_step_t *s, const sched_batch_t *b, const float *logits, int vocab);
 /* The draft-scheduler's side (spec_policy_client.h): reports to it and its policy applied per row
  * (the verify length from the step's batch size and, has_dist, the row's draft confidence). -1
