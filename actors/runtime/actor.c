@@ -94,6 +94,9 @@ struct actor {
     uint64_t refused, oversized;    /* inbox messages refused (sender's role or name), frames over the cap */
     msg_queue_depth_t queues[MSG_MAX_QUEUES];   /* storage for the stats being built */
     msg_metric_t metrics[MSG_MAX_METRICS];
+    /* Copies of the metrics' names: callers build names like "layer_3_ratio" in reused stack
+     * buffers, so the stats message must not keep their pointers. */
+    char metric_names[MSG_MAX_METRICS][96];
     int n_queues, n_metrics;
 };
 
@@ -530,8 +533,10 @@ void actor_stat_metric(actor_t *a, msg_stats_t *st, const char *name, double val
 {
     if (a->n_metrics >= MSG_MAX_METRICS)
         return;
+    char *copy = a->metric_names[a->n_metrics];
+    snprintf(copy, sizeof a->metric_names[0], "%s", name);
     a->metrics[a->n_metrics++] = (msg_metric_t){
-        .name = name, .value = value, .kind = counter ? MSG_METRIC_COUNTER : MSG_METRIC_GAUGE};
+        .name = copy, .value = value, .kind = counter ? MSG_METRIC_COUNTER : MSG_METRIC_GAUGE};
     st->n_metrics = (uint32_t)a->n_metrics;
 }
 

@@ -129,7 +129,8 @@ int actor_timer_add(actor_t *a, int interval_ms, actor_timer_fn fn);
  * (e.g. a client library socket). */
 void actor_sock_defaults(void *sock, const topo_limits_t *limits);
 
-/* Role-specific entries for fill_stats (names must be string literals or outlive the call). */
+/* Role-specific entries for fill_stats. A queue's name must be a string literal or outlive the
+ * call; a metric's name is copied (up to 95 bytes), so it may live in a reused buffer. */
 void actor_stat_queue(actor_t *a, msg_stats_t *st, const char *name, uint64_t depth, uint64_t cap);
 void actor_stat_metric(actor_t *a, msg_stats_t *st, const char *name, double value, int counter);
 /* 1 if an actor of role sender may send messages of this type to another actor's inbox. */
