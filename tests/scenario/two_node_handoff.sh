@@ -186,7 +186,13 @@ fault STOP
 serve_again
 note "3. the sender dies mid-transfer"
 fault KILL
-wait_for grep -q "prefill-0 ready in .*restarted\|prefill ready in .*restarted" "$WORK/supervisor.log" \
+# A restart loads the model again: slow under sanitizers or on a loaded machine, so wait as long as
+# the supervisor itself gives it (ready_timeout_s: 30) and a little more.
+for _ in $(seq 350); do
+  grep -q "prefill-0 ready in .*restarted\|prefill ready in .*restarted" "$WORK/supervisor.log" && break
+  sleep 0.1
+done
+grep -q "prefill-0 ready in .*restarted\|prefill ready in .*restarted" "$WORK/supervisor.log" \
   || fail "prefill not restarted after kill -9"
 serve_again
 kill -TERM "$SUP_PID"; wait "$SUP_PID" || fail "supervisor exit $?"; SUP_PID=
