@@ -31,12 +31,14 @@ def stream(results, key, n_tokens):
 
 def storm(n, victim, sig, label):
     results = {}
-    ts = [threading.Thread(target=stream, args=(results, i, 60)) for i in range(n)]
+    ts = [threading.Thread(target=stream, args=(results, i, 60), daemon=True) for i in range(n)]
     for t in ts: t.start()
     streaming.clear()
-    # Every stream producing tokens: given up on only when no new one started for 30 s.
+    # Every stream producing tokens: given up on only when no new one started for 90 s (the
+    # prompts come out of the prefill worker a few a step, and a step of the demo model takes
+    # seconds on a loaded machine).
     seen, since = 0, time.time()
-    while len(streaming) < n and time.time() - since < 30:
+    while len(streaming) < n and time.time() - since < 90:
         if len(streaming) > seen:
             seen, since = len(streaming), time.time()
         time.sleep(0.05)
