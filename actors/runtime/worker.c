@@ -47,10 +47,6 @@ static void s_kv_share(const topo_t *t, topo_role_t role, int gpu, engine_spec_t
     s->kv_share = (role == ROLE_DECODE ? 3.0 : 1.0) / (shares > 0 ? shares : 1);
 }
 
-static worker_t *s_current;
-
-worker_t *worker_current(void) { return s_current; }
-
 /* A decode worker's draft model, when TROUPE_SPECULATION asks for one (spec_knob_parse). */
 static int s_draft(worker_t *w, const topo_t *t, topo_role_t role, const char *tokdir, int *config_error, char *err,
                    size_t errlen)
@@ -167,7 +163,6 @@ worker_t *worker_load(const topo_t *t, topo_role_t role, int gpu, int max_tokens
     LOG_I("model %s: %d layers, hidden %d, vocab %d, %s weights; KV pool %d blocks of %d tokens, %s (%.1f MiB)",
           tm->path, w->cfg.num_layers, w->cfg.hidden_size, w->cfg.vocab_size, dtype_name(w->eng->weights_dtype),
           kv->n_blocks, kv->block_size, dtype_name(kv->dtype), (double)kv->n_blocks * (double)kv->block_bytes / (1 << 20));
-    s_current = w;
     return w;
 fail:
     worker_destroy(&w);
@@ -179,8 +174,6 @@ void worker_destroy(worker_t **self_p)
     if (!self_p || !*self_p)
         return;
     worker_t *w = *self_p;
-    if (s_current == w)
-        s_current = NULL;
     spec_proposer_destroy(&w->draft);             /* on the target's backend: before the engine */
     tok_destroy(&w->tok);
     expert_group_destroy(&w->experts);            /* stops the ranks before the model goes */

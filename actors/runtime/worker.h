@@ -56,9 +56,6 @@ typedef struct worker {
 worker_t *worker_load(const topo_t *t, topo_role_t role, int gpu, int max_tokens, int max_seqs, int *config_error,
                       char *err, size_t errlen);
 void worker_destroy(worker_t **self_p);
-/* The worker this process loaded last (an actor process holds one model): NULL before worker_load
- * and after worker_destroy. The decode step's speculation takes its draft model from here. */
-worker_t *worker_current(void);
 
 /* Engine sampling parameters from a request's wire parameters (EOS ids from the model). */
 int worker_sampler_params(const worker_t *w, const msg_sampling_t *s, sampler_params_t *out,

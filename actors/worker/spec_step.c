@@ -40,7 +40,7 @@ int spec_step_config_from_env(spec_step_config_t *c, char *err, size_t errlen)
     return spec_knob_parse("TROUPE_SPECULATION", getenv("TROUPE_SPECULATION"), &c->method, &c->k, err, errlen);
 }
 
-spec_step_t *spec_step_new(const spec_step_config_t *c, int max_seqs, int max_rows, int max_model_len,
+spec_step_t *spec_step_new(const spec_step_config_t *c, spec_proposer_t *draft, int max_seqs, int max_rows, int max_model_len,
                            const spec_hooks_t *hooks, char *err, size_t errlen)
 {
     if (errlen)
@@ -52,8 +52,7 @@ spec_step_t *spec_step_new(const spec_step_config_t *c, int max_seqs, int max_ro
         *s = (spec_step_t){.k = c->k, .max_seqs = max_seqs, .max_rows = max_rows, .max_model_len = max_model_len,
                            .hooks = *hooks};
         if (c->method == SPEC_DRAFT) {   /* opened by worker_load (model.draft), freed with the worker */
-            const worker_t *w = worker_current();
-            s->proposer = w ? w->draft : NULL;
+            s->proposer = draft;
             s->borrowed = 1;
         } else {
             s->proposer = spec_ngram_new(SPEC_NGRAM_MIN_N, SPEC_NGRAM_MAX_N);

@@ -56,9 +56,9 @@ int spec_step_config_from_env(spec_step_config_t *c, char *err, size_t errlen);
 
 /* The speculation of a worker with max_seqs rows, max_rows rows of logits per forward (>= max_seqs;
  * rows and their drafts together) and max_model_len tokens per sequence. NULL when
- * c->method is SPEC_OFF (err empty), or with err when out of memory or, for SPEC_DRAFT, when the
- * process's worker (worker_current) opened no draft model. */
-spec_step_t *spec_step_new(const spec_step_config_t *c, int max_seqs, int max_rows, int max_model_len,
+ * c->method is SPEC_OFF (err empty), or with err when out of memory or, for SPEC_DRAFT, when draft
+ * is NULL. draft is the worker's draft-model proposer (worker_t.draft), borrowed: the worker frees it. */
+spec_step_t *spec_step_new(const spec_step_config_t *c, spec_proposer_t *draft, int max_seqs, int max_rows, int max_model_len,
                            const spec_hooks_t *hooks, char *err, size_t errlen);
 void spec_step_destroy(spec_step_t **self_p);
 
