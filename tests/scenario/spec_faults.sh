@@ -5,7 +5,10 @@
 # (no block leaked by drafts rolled back or requests ended inside a verify step).
 . "$(dirname "$0")/lib.sh"
 export TROUPE_SPECULATION=ngram:4
-make_demo_topology "$WORK/t.yaml" "limits:" "  max_batch: 32" "  max_model_len: 512"
+# Prompt chunks of 64 tokens keep each prefill step short: 16 prompts in one 512-token step can
+# outlast the demo topology's heartbeat window on a loaded 2-core machine (the supervisor then
+# replaces the prefill worker as wedged before the test reaches its kill).
+make_demo_topology "$WORK/t.yaml" "limits:" "  max_batch: 32" "  max_model_len: 512" "  prefill_chunk_tokens: 64"
 start_cluster "$WORK/t.yaml"
 ep=$(grep 'client:' "$WORK/t.yaml" | awk '{print $2}')
 $PY - "$ep" "$BIN" "$WORK/t.yaml" <<'PY'

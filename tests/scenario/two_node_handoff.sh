@@ -97,11 +97,12 @@ def metrics():
         for m in a["metrics"]:
             out[(a["role"], m["name"])] = out.get((a["role"], m["name"]), 0) + m["value"]
     return out
-# Workers publish their stats once a heartbeat: wait for the counts to catch up.
+# Workers publish their stats once a heartbeat: wait for both sides' counts to catch up.
 deadline = time.time() + 10
 while True:
     m = metrics()
-    if m.get(("decode", "transfers_tcp_total"), 0) >= len(prompts) or time.time() > deadline:
+    if (m.get(("decode", "transfers_tcp_total"), 0) >= len(prompts)
+            and m.get(("prefill", "transfers_tcp_total"), 0) >= len(prompts)) or time.time() > deadline:
         break
     time.sleep(0.2)
 tcp_in, tcp_out = m.get(("decode", "transfers_tcp_total"), 0), m.get(("prefill", "transfers_tcp_total"), 0)
