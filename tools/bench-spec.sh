@@ -15,7 +15,7 @@
 #              step costs.
 # Then a table: one row per concurrency, output tokens/s for each k and scheduled, the best fixed k,
 # and scheduled against k = 0 and against the best fixed k; acceptance and tokens per verify step of
-# the scheduled run. Every run's troupe-bench JSON is kept in OUT_DIR (default a temporary folder).
+# the scheduled run. Every run's troupe-bench JSON is kept in OUT_DIR (default build/bench-spec/<date-time>).
 #
 # Environment:
 #   TROUPE_MODELS  the folder holding kjv-dense, kjv-draft and kjv-text (default ../shared/models)
@@ -47,8 +47,8 @@ ROUNDS=${ROUNDS:-3}
 SCHED_K=${SCHED_K:-4}
 BACKEND=${BACKEND:-cpu}
 MAX_BATCH=${MAX_BATCH:-128}
-OUT=${1:-$(mktemp -d /tmp/bench-spec.XXXXXX)}
-mkdir -p "$OUT"
+OUT=${1:-build/bench-spec/$(date +%Y%m%d-%H%M%S)}   # topologies, logs and the table
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)          # absolute: run_dir and ready files use it
 for b in troupe-supervisor troupe-bench; do
   [ -x "$B/bin/$b" ] || { echo "bench-spec: $B/bin/$b is missing; build first (make B=$B)" >&2; exit 1; }
 done

@@ -44,7 +44,7 @@ for p in "${!probe[@]}"; do
   have "${probe[$p]}" || missing+=("$p")
 done
 
-# On the offline GPU node (TROUPE_OFFLINE=1) only the build libraries matter.
+# On a machine without package access (TROUPE_OFFLINE=1: a GPU node) only the build libraries matter.
 if [ "${TROUPE_OFFLINE:-0}" = 1 ]; then
   missing=($(printf '%s\n' "${missing[@]}" | grep -E '^lib' | grep -v clang-rt || true))
 fi

@@ -51,8 +51,8 @@
  * ldmatrix reads them as 16-bit pairs and each fragment is converted in registers (one exact cvt
  * per pair; the K and V layouts this implies are described at their loops), and the mma runs on
  * f16: q and p rounded to f16 (2^-11) instead of bf16. Earlier versions converted tiles in shared
- * memory (to bf16: conversion-bound; to f16: latency-bound), no faster than bf16 (RESULTS.md runs
- * K and L). Batch 256 at 1,000 keys, H200: 5.55 ms, 1.72x the bf16 cache (run R).
+ * memory (to bf16: conversion-bound; to f16: latency-bound), no faster than bf16 (RESULTS.md,
+ * 2026-11-29). Batch 256 at 1,000 keys, H200, 2026-11-29: 5.55 ms, 1.72x the bf16 cache.
  *
  * Known limits: q must be 16-byte aligned (cudaMalloc'd activations are). Up to 16 query heads per
  * kv head (one m16 tile).
