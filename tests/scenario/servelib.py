@@ -18,23 +18,29 @@ def run_one(ep, ids, max_tokens=8, timeout_s=120, **kw):
         return toks, replies[-1], replies
 
 
+def _drain(it, lock, results, run):
+    """One worker thread of a job pool: takes (key, kwargs) jobs from it until none are left and
+    stores run(**kwargs), or the exception it raised, under key."""
+    while True:
+        with lock:
+            job = next(it, None)
+        if job is None:
+            return
+        key, kw = job
+        try:
+            r = run(**kw)
+        except Exception as e:  # noqa: BLE001 — the test inspects it
+            r = e
+        with lock:
+            results[key] = r
+
+
 def run_many(ep, jobs, workers=32):
     """jobs: list of (key, kwargs for run_one). Returns {key: result or Exception}."""
     results, lock, it = {}, threading.Lock(), iter(jobs)
 
     def worker():
-        while True:
-            with lock:
-                job = next(it, None)
-            if job is None:
-                return
-            key, kw = job
-            try:
-                r = run_one(ep, **kw)
-            except Exception as e:  # noqa: BLE001 — the test inspects it
-                r = e
-            with lock:
-                results[key] = r
+        _drain(it, lock, results, lambda **kw: run_one(ep, **kw))
 
     ts = [threading.Thread(target=worker) for _ in range(workers)]
     for t in ts:
@@ -77,18 +83,7 @@ def run_many_live(ep, jobs, workers=32, stall_s=30, limit_s=900):
 
     def worker():
         with Client(ep, timeout_s=limit_s) as c:
-            while True:
-                with lock:
-                    job = next(it, None)
-                if job is None:
-                    return
-                key, kw = job
-                try:
-                    r = one(c, **kw)
-                except Exception as e:  # noqa: BLE001 — the test inspects it
-                    r = e
-                with lock:
-                    results[key] = r
+            _drain(it, lock, results, lambda **kw: one(c, **kw))
 
     ts = [threading.Thread(target=worker, daemon=True) for _ in range(workers)]
     for t in ts:
