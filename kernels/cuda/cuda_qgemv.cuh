@@ -305,7 +305,7 @@ __device__ __forceinline__ float qv_code(int fmt, const uint8_t *row, int64_t c)
     return (nib & 8) ? -mag[nib & 7] : mag[nib & 7];
 }
 
-__global__ void __launch_bounds__(QV_THREADS) k_qgemv_any(qv_args_t a, int fmt)
+static __global__ void __launch_bounds__(QV_THREADS) k_qgemv_any(qv_args_t a, int fmt)
 {
     DEV_PDL_ENTER();
     const int lane = threadIdx.x & 31;

@@ -3,8 +3,8 @@
  * bf16, one group), and kjv-deepseek from TROUPE_MODELS when present. Each model runs a prompt of
  * 40 ids and 24 one-row decode steps on both backends (prefill: MLA over many rows; decode: the
  * absorbed attention of one row over the compressed cache, the sigmoid group routing on the
- * device); every step's logits must agree within a relative error of 2e-2 and have the same
- * argmax. The ops' own results are compared too: mla_attention and moe_route_sigmoid on random
+ * device); every step's logits must have the same argmax and agree within the bounds at
+ * s_compare. The ops' own results are compared too: mla_attention and moe_route_sigmoid on random
  * inputs, ids equal and values close. */
 #include <math.h>
 #include <setjmp.h>
@@ -36,6 +36,23 @@ static int s_argmax(const float *x, int n)
     return b;
 }
 
+static int s_cmp_double(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* One model on both backends. f32 weights: every step within F32_BOUND. bf16 weights (bf16
+ * activations in the GEMMs and a bf16 compressed cache): the median step within BF16_MEDIAN, what
+ * test_backend_cuda.c allows a bf16 fixture's logits (BF16_ACT_LOGITS), and the worst within
+ * BF16_WORST. Measured on one H200 (2026-12-02): deepseek-v3-f32 worst 2.0e-6;
+ * deepseek-v3-noqlora-bf16 median 1.4e-2, worst 6.6e-2 (the first decode step: the random fixture's
+ * logits are small there, so the same absolute rounding is a larger share of them). A wrong
+ * kernel is an error of order 1 and moves the argmax, which must agree at every step. */
+#define F32_BOUND 1e-4
+#define BF16_MEDIAN 3e-2
+#define BF16_WORST 1e-1
+
 static void s_compare(const char *dir)
 {
     char err[512];
@@ -51,20 +68,33 @@ static void s_compare(const char *dir)
         fail_msg("%s", err);
     backend_t *cpu = backend_cpu_new(0);
     const model_opts_t o = {.max_tokens = 64, .max_seqs = 1, .max_context = 128, .kv_block_size = 16};
-    const int steps = 24, V = cfg.vocab_size;
-    float *a = model_steps(cpu, dir, &cfg, ck, &o, 40, steps, NULL);
-    float *b = model_steps(s_gpu, dir, &cfg, ck, &o, 40, steps, NULL);
-    double worst = 0;
-    for (int s = 0; s <= steps; s++) {
-        const double e = s_relerr(b + (size_t)s * V, a + (size_t)s * V, (size_t)V);
-        worst = e > worst ? e : worst;
-        if (s_argmax(b + (size_t)s * V, V) != s_argmax(a + (size_t)s * V, V))
-            fail_msg("%s step %d: CUDA argmax %d, CPU %d", dir, s, s_argmax(b + (size_t)s * V, V),
-                     s_argmax(a + (size_t)s * V, V));
+    enum { STEPS = 24 };
+    const int V = cfg.vocab_size;
+    float *a = model_steps(cpu, dir, &cfg, ck, &o, 40, STEPS, NULL);
+    float *b = model_steps(s_gpu, dir, &cfg, ck, &o, 40, STEPS, NULL);
+    double e[STEPS + 1], worst = 0;
+    int argmax_bad = -1;
+    for (int s = 0; s <= STEPS; s++) {
+        e[s] = s_relerr(b + (size_t)s * V, a + (size_t)s * V, (size_t)V);
+        worst = e[s] > worst ? e[s] : worst;
+        print_message("  %s step %2d (%s): rel err %.2e\n", dir, s, s == 0 ? "prefill" : "decode", e[s]);
+        if (argmax_bad < 0 && s_argmax(b + (size_t)s * V, V) != s_argmax(a + (size_t)s * V, V))
+            argmax_bad = s;
     }
-    print_message("%s: CUDA vs CPU worst logits relative error %.2e over a 40-token prefill and %d decode steps\n",
-                  dir, worst, steps);
-    assert_true(worst < 2e-2);
+    qsort(e, STEPS + 1, sizeof e[0], s_cmp_double);
+    const double median = e[STEPS / 2];
+    print_message("%s: CUDA vs CPU logits relative error median %.2e, worst %.2e over a 40-token prefill and %d "
+                  "decode steps\n", dir, median, worst, STEPS);
+    if (argmax_bad >= 0)
+        fail_msg("%s step %d: CUDA argmax %d, CPU %d", dir, argmax_bad, s_argmax(b + (size_t)argmax_bad * V, V),
+                 s_argmax(a + (size_t)argmax_bad * V, V));
+    if (cfg.dtype == DT_F32) {
+        if (!(worst <= F32_BOUND))
+            fail_msg("%s (f32): worst relative error %.3g exceeds %.0e", dir, worst, F32_BOUND);
+    } else if (!(median <= BF16_MEDIAN && worst <= BF16_WORST)) {
+        fail_msg("%s (bf16): relative error median %.3g, worst %.3g exceed %.0e, %.0e", dir, median, worst,
+                 BF16_MEDIAN, BF16_WORST);
+    }
     free(a);
     free(b);
     backend_destroy(&cpu);
