@@ -388,7 +388,10 @@ static int s_spec_emit(void *ctx, sched_req_t *sr, int32_t t, float lp, int at_l
     return 1;
 }
 
-/* One step: schedule -> forward -> sample -> emit. Returns 1 if it did work. */
+/* One step: schedule -> propose -> forward -> sample -> emit. Returns 1 if it did work. The
+ * step-cost table (spec_step_timed) gets the whole step, the drafting and the emitting of its
+ * tokens too: a verify length pays for both, and a policy that saw only the forward would choose
+ * long drafts where the draft model costs as much as the target (a small target on a GPU). */
 static int s_step(actor_t *a, void *state)
 {
     decode_t *d = state;
@@ -396,21 +399,21 @@ static int s_step(actor_t *a, void *state)
     const sched_batch_t *b = sched_step(d->sched);
     if (b->n == 0)
         return copying;
-    const int spec = spec_step_propose(d->spec, b);
     const int64_t t0 = now_ns();
+    const int spec = spec_step_propose(d->spec, b);
     const int frc = s_forward(a, d, b, spec);
-    spec_step_timed(d->spec, b, (double)(now_ns() - t0) / 1e9);   /* the step-cost table */
     if (spec) {
         /* A verify step commits after its emit: the rejected drafts leave the KV before it is
          * published (it has decode rows only: the commit just publishes). */
         if (frc == 0)
             spec_step_verify(d->spec, b, d->w->logits, d->w->cfg.vocab_size);
         sched_commit(d->sched);
-        return 1;
+    } else {
+        sched_commit(d->sched);   /* after a failure its rows are gone: nothing to commit */
+        if (frc == 0)
+            s_sample_emit(a, d, b);
     }
-    sched_commit(d->sched);   /* after a failure its rows are gone: nothing to commit */
-    if (frc == 0)
-        s_sample_emit(a, d, b);
+    spec_step_timed(d->spec, b, (double)(now_ns() - t0) / 1e9);   /* reads b's row count and drafts only */
     return 1;
 }
 

@@ -106,11 +106,13 @@ void spec_cost_decay(spec_cost_t *c)
 static int s_measured(const spec_cost_t *c, int b, int k) { return c->steps[b][k] >= SPEC_POLICY_MIN_STEPS; }
 static double s_mean(const spec_cost_t *c, int b, int k) { return c->seconds[b][k] / (double)c->steps[b][k]; }
 
-/* Solves the n x n system m x = v (n <= 3) by Gaussian elimination with partial pivoting; -1 when
- * it is (nearly) singular. */
-static int s_solve(int n, double m[3][3], double v[3], double x[3])
+#define FIT_TERMS 4
+
+/* Solves the n x n system m x = v (n <= FIT_TERMS) by Gaussian elimination with partial pivoting;
+ * -1 when it is (nearly) singular. */
+static int s_solve(int n, double m[FIT_TERMS][FIT_TERMS], double v[FIT_TERMS], double x[FIT_TERMS])
 {
-    double scale[3] = {0};   /* each column's size before elimination: what "nearly 0" is relative to */
+    double scale[FIT_TERMS] = {0};   /* each column's size before elimination: what "nearly 0" is relative to */
     for (int r = 0; r < n; r++)
         for (int j = 0; j < n; j++)
             scale[j] = fabs(m[r][j]) > scale[j] ? fabs(m[r][j]) : scale[j];
@@ -145,20 +147,21 @@ static int s_solve(int n, double m[3][3], double v[3], double x[3])
     return 0;
 }
 
-/* Least squares over the measured cells, one equation per cell: seconds = c0 + c1 T (+ c2 B),
- * T = B (1 + k) the step's positions, B the bucket's batch. The two-term fit when the cells do not
- * tell tokens from rows apart (all at k = 0, say). Also the smallest measured mean. */
-static int s_fit(const spec_cost_t *c, double coef[3], double *min_mean)
+/* Least squares over the measured cells, one equation per cell: seconds = c0 + c1 T + c2 B + c3 k,
+ * T = B (1 + k) the step's positions, B the bucket's batch, k the drafts per row (c3: what a draft
+ * position costs whatever the batch: a draft-model forward, launches). Fewer terms when the cells
+ * do not tell them apart (all at k = 0, say). Also the smallest measured mean. */
+static int s_fit(const spec_cost_t *c, double coef[FIT_TERMS], double *min_mean)
 {
-    for (int n = 3; n >= 2; n--) {
-        double m[3][3] = {{0}}, v[3] = {0};
+    for (int n = FIT_TERMS; n >= 2; n--) {
+        double m[FIT_TERMS][FIT_TERMS] = {{0}}, v[FIT_TERMS] = {0};
         int cells = 0;
         *min_mean = INFINITY;
         for (int b = 0; b < SPEC_COST_BATCHES; b++)
             for (int k = 0; k <= SPEC_MAX_K; k++) {
                 if (!s_measured(c, b, k))
                     continue;
-                const double B = s_grid[b], x[3] = {1.0, B * (1 + k), B}, y = s_mean(c, b, k);
+                const double B = s_grid[b], x[FIT_TERMS] = {1.0, B * (1 + k), B, k}, y = s_mean(c, b, k);
                 for (int i = 0; i < n; i++) {
                     for (int j = 0; j < n; j++)
                         m[i][j] += x[i] * x[j];
@@ -170,7 +173,8 @@ static int s_fit(const spec_cost_t *c, double coef[3], double *min_mean)
             }
         if (cells < 2)
             return -1;
-        coef[2] = 0;
+        for (int i = n; i < FIT_TERMS; i++)
+            coef[i] = 0;
         if (cells > n && s_solve(n, m, v, coef) == 0)
             return 0;
         if (n == 2 && s_solve(n, m, v, coef) == 0)
@@ -179,10 +183,10 @@ static int s_fit(const spec_cost_t *c, double coef[3], double *min_mean)
     return -1;
 }
 
-static double s_fit_at(const double coef[3], int b, int k)
+static double s_fit_at(const double coef[FIT_TERMS], int b, int k)
 {
     const double B = s_grid[b];
-    return coef[0] + coef[1] * B * (1 + k) + coef[2] * B;
+    return coef[0] + coef[1] * B * (1 + k) + coef[2] * B + coef[3] * k;
 }
 
 double spec_cost_estimate(const spec_cost_t *c, int bucket, int k)
@@ -191,7 +195,7 @@ double spec_cost_estimate(const spec_cost_t *c, int bucket, int k)
         return -1;
     if (s_measured(c, bucket, k))
         return s_mean(c, bucket, k);
-    double coef[3], floor_s;
+    double coef[FIT_TERMS], floor_s;
     if (s_fit(c, coef, &floor_s) != 0)
         return -1;
     double est = s_fit_at(coef, bucket, k);
@@ -331,7 +335,9 @@ int spec_policy_ask(const spec_policy_t *p, int batch, int has_dist)
     const spec_policy_bucket_t *b = spec_policy_bucket(p, batch);
     if (!b)
         return 0;
-    return has_dist ? p->max_k : b->max_draft;
+    /* With a distribution a row drafts up to max_k and keeps what it is confident of; a bucket
+     * where no draft pays (max_draft 0) drafts nothing: drafting alone costs a forward each. */
+    return has_dist && b->max_draft > 0 ? p->max_k : b->max_draft;
 }
 
 int spec_policy_keep(const spec_policy_t *p, int batch, const float *probs, int n)

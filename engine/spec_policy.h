@@ -68,8 +68,9 @@ void spec_cost_add(spec_cost_t *into, const spec_cost_t *from);
 void spec_cost_decay(spec_cost_t *c);
 /* Estimated seconds of one step at batch bucket `bucket` with k drafts per row: the cell's mean
  * when measured (SPEC_POLICY_MIN_STEPS steps); else a least-squares fit over every measured cell,
- * cost = c0 + c1 * tokens (+ c2 * batch when the cells tell the two apart), scaled to the
- * bucket's nearest measured cell. -1 when the table cannot say (fewer than two measured cells). */
+ * cost = c0 + c1 * tokens (+ c2 * batch + c3 * drafts per row, when the cells tell the terms
+ * apart: a step is the whole of it, drafting and emitting included), scaled to the bucket's
+ * nearest measured cell. -1 when the table cannot say (fewer than two measured cells). */
 double spec_cost_estimate(const spec_cost_t *c, int bucket, int k);
 
 /* The policy, what draft_policy carries (messages/msg.h). */
@@ -110,7 +111,7 @@ const spec_policy_bucket_t *spec_policy_bucket(const spec_policy_t *p, int batch
 /* A prefix confidence through the calibration. */
 float spec_policy_calibrate(const spec_policy_t *p, float conf);
 /* Drafts a row of a `batch`-row step asks its proposer for: max_k with a distribution (then
- * trimmed by spec_policy_keep), else the bucket's max_draft. */
+ * trimmed by spec_policy_keep) unless the bucket's max_draft is 0, else the bucket's max_draft. */
 int spec_policy_ask(const spec_policy_t *p, int batch, int has_dist);
 /* Of n proposed drafts with probabilities probs (NULL: a point mass, as the n-gram's), how many to
  * verify: with a distribution the leading drafts whose calibrated prefix confidence is at least

@@ -28,6 +28,7 @@ struct spec_client {
     /* the chosen verify length, for stats */
     uint64_t chosen_sum, chosen_rows;
     double chosen_mean;          /* over the rows since the stats before */
+    uint64_t explore_steps;      /* decode-only steps asked about (spec_client_explore) */
 };
 
 int spec_client_scheduled_from_env(char *err, size_t errlen)
@@ -116,6 +117,14 @@ int spec_client_ask(spec_client_t *c, int batch)
         c->chosen_rows++;
     }
     return k;
+}
+
+int spec_client_explore(spec_client_t *c)
+{
+    if (!c->scheduled || !c->scheduler[0])
+        return -1;
+    const uint64_t at = c->explore_steps++ % SPEC_EXPLORE_EVERY;
+    return at == 0 ? 0 : at == SPEC_EXPLORE_EVERY / 2 ? 1 : -1;
 }
 
 int spec_client_keep(spec_client_t *c, int batch, const float *probs, int n)

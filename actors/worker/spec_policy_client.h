@@ -25,6 +25,7 @@
 
 #define SPEC_REPORT_STEPS 256   /* decode-only steps per report window */
 #define SPEC_REPORT_MS    2000  /* ... or this long, when steps are rare */
+#define SPEC_EXPLORE_EVERY 16   /* of these decode-only steps one runs without drafts, one with one */
 
 typedef struct spec_client spec_client_t;
 
@@ -44,6 +45,14 @@ int spec_client_on_policy(spec_client_t *c, const msg_draft_policy_t *p, char *e
 
 /* Drafts a row of a step with `batch` decode rows asks its proposer for (0: none). */
 int spec_client_ask(spec_client_t *c, int batch);
+/* Called once per decode-only step: -1 (ask as usual), or the drafts every row of this step asks
+ * for and verifies, whatever the policy: 0 in one step of SPEC_EXPLORE_EVERY and 1 in another,
+ * while a draft-scheduler is there to learn from them (not with TROUPE_SPEC_POLICY=fixed). The
+ * cost table then always holds the plain step and the one-draft step next to the policy's
+ * choice: a fit from one verify length alone cannot tell a step's fixed cost (launches, a draft
+ * forward per position) from its cost per token, and a policy that has settled on k would
+ * otherwise never measure whether k = 0 had become better. */
+int spec_client_explore(spec_client_t *c);
 /* Of the n drafts a row got, with their probabilities probs (NULL: a point mass), how many it
  * verifies (<= n). */
 int spec_client_keep(spec_client_t *c, int batch, const float *probs, int n);

@@ -113,6 +113,7 @@ int spec_step_propose(spec_step_t *s, const sched_batch_t *b)
     if (!s || b->n != b->n_decode)
         return 0;
     int budget = s->max_rows - b->n, any = 0, n_ask = 0;
+    const int explore = s->policy ? spec_client_explore(s->policy) : -1;
     for (int i = 0; i < b->n; i++) {
         sched_req_t *r = b->rows[i].req;
         s->n_drafts[i] = 0;
@@ -120,7 +121,7 @@ int spec_step_propose(spec_step_t *s, const sched_batch_t *b)
             continue;
         s->kv_base[i] = kvseq_len(r->kv);
         /* the verify length: the draft-scheduler's policy for this batch size, or the default */
-        int k = s->policy ? spec_client_ask(s->policy, b->n) : s->k;
+        int k = explore >= 0 ? explore : s->policy ? spec_client_ask(s->policy, b->n) : s->k;
         k = k < budget ? k : budget;
         if (k > s->max_model_len - s->kv_base[i] - 1)
             k = s->max_model_len - s->kv_base[i] - 1;
@@ -143,7 +144,7 @@ int spec_step_propose(spec_step_t *s, const sched_batch_t *b)
         const int i = s->ask_row[a];
         sched_req_t *r = b->rows[i].req;
         int n = s->asks[a].n_drafts;
-        if (n > 0 && s->policy)   /* a row with a distribution keeps the drafts it is confident of */
+        if (n > 0 && s->policy && explore < 0)   /* a row with a distribution keeps the drafts it is confident of */
             n = spec_client_keep(s->policy, b->n, s->has_dist ? s->asks[a].probs : NULL, n);
         if (n > 0 && kvseq_append(r->kv, s->asks[a].drafts, n) == 0) {
             s->n_drafts[i] = n;

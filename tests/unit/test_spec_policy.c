@@ -188,6 +188,44 @@ static void test_cost_fit_from_partial_table(void **state)
     assert_true(fabs(c.seconds[spec_cost_bucket(1)][0] - 10 * 5.2 / 1000.0) < 1e-12);
 }
 
+/* The table a worker's exploration gives (k = 0 and k = 1 beside the verify length in use, 4) at
+ * three batch sizes, where each draft position costs a forward of its own whatever the batch: a
+ * small target with a draft model on a GPU, every forward launch-bound (one H200, 2026-12-02: the
+ * KJV pair at 25% acceptance lost 2x-20x with k = 7). Nothing pays there, with or without a
+ * distribution. With a cheap draft position and high acceptance the same shape of table gives
+ * long drafts, and the fit's estimate of an unmeasured k follows the per-draft cost. */
+static void s_fill_explored(spec_cost_t *c, double step_ms, double per_draft_ms)
+{
+    memset(c, 0, sizeof *c);
+    const int batches[3] = {1, 16, 64}, ks[3] = {0, 1, 4};
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 3; j++)
+            spec_cost_add_cell(c, spec_cost_bucket(batches[i]), ks[j], 10,
+                               10 * (step_ms + per_draft_ms * ks[j]) / 1000.0);
+}
+
+static void test_costly_draft_positions(void **state)
+{
+    (void)state;
+    spec_accept_t a;
+    spec_cost_t c;
+    s_fill_accept(&a, 0.27, 7);
+    s_fill_explored(&c, 0.2, 0.2);
+    spec_policy_t p = s_compute(&a, &c, 7);
+    for (int i = 0; i < p.n_buckets; i++)
+        assert_int_equal(p.buckets[i].max_draft, 0);
+    assert_int_equal(spec_policy_ask(&p, 1, 1), 0);    /* a draft model drafts nothing either */
+    assert_int_equal(spec_policy_ask(&p, 64, 0), 0);
+    /* A 10 ms target step, 0.3 ms a draft position, 80% acceptance: drafts pay at every batch. */
+    s_fill_accept(&a, 0.8, 7);
+    s_fill_explored(&c, 10, 0.3);
+    p = s_compute(&a, &c, 7);
+    assert_true(spec_policy_bucket(&p, 1)->max_draft >= 4);
+    assert_int_equal(spec_policy_ask(&p, 1, 1), 7);
+    const double e7 = spec_cost_estimate(&c, spec_cost_bucket(16), 7);
+    assert_true(fabs(e7 - (10 + 0.3 * 7) / 1000.0) < 1e-4);
+}
+
 static void test_survival_curve(void **state)
 {
     (void)state;
@@ -262,6 +300,7 @@ int main(void)
         cmocka_unit_test(test_never_worse_than_no_speculation),
         cmocka_unit_test(test_refuses_without_data),
         cmocka_unit_test(test_cost_fit_from_partial_table),
+        cmocka_unit_test(test_costly_draft_positions),
         cmocka_unit_test(test_survival_curve),
         cmocka_unit_test(test_confidence_calibration_and_keep),
     };
