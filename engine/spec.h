@@ -64,6 +64,10 @@ typedef struct spec_ask {
                                       for sampled drafts, the draft model's softmax probability for
                                       greedy ones (a row of logits to the host each), 1.0 for n-gram */
     int n_drafts;                  /* out: drafts written, in [0, k] */
+    /* > 0 (with probs): a proposer with a distribution may stop drafting once the product of its
+     * drafts' probs so far is below it (the policy would not verify the rest: spec_policy_keep),
+     * so a row drafts about what it keeps. 0: draft k. */
+    float stop_below;
 } spec_ask_t;
 
 typedef struct spec_proposer_ops {

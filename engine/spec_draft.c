@@ -220,6 +220,13 @@ static int s_group(draft_t *d, spec_ask_t *asks, int n)
         for (int i = 0; i < n; i++) {
             if (!d->seq[i] || d->kk[i] <= j || asks[i].n_drafts != j)
                 continue;
+            if (asks[i].stop_below > 0 && asks[i].probs) {   /* confident enough to go on? */
+                double conf = 1.0;
+                for (int q = 0; q < j; q++)
+                    conf *= asks[i].probs[q];
+                if (conf < asks[i].stop_below)
+                    continue;
+            }
             if (kvseq_append(d->seq[i]->kv, &asks[i].drafts[j - 1], 1) != 0)
                 continue;                              /* no block for it: the drafts so far stand */
             d->rows[r] = (model_seq_t){.kv = d->seq[i]->kv, .n_new = 1};

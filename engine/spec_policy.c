@@ -340,6 +340,20 @@ int spec_policy_ask(const spec_policy_t *p, int batch, int has_dist)
     return has_dist && b->max_draft > 0 ? p->max_k : b->max_draft;
 }
 
+float spec_policy_stop_below(const spec_policy_t *p, int batch)
+{
+    const spec_policy_bucket_t *b = spec_policy_bucket(p, batch);
+    if (!b || b->min_confidence <= 0)
+        return 0;
+    if (p->n_calibration != SPEC_CONF_BINS)
+        return b->min_confidence;
+    /* the calibration is non-decreasing: the lowest bin that calibrates to the threshold */
+    for (int j = 0; j < SPEC_CONF_BINS; j++)
+        if (p->calibration[j] >= b->min_confidence)
+            return j == 0 ? 0 : (float)j / SPEC_CONF_BINS;
+    return 1.0f;
+}
+
 int spec_policy_keep(const spec_policy_t *p, int batch, const float *probs, int n)
 {
     const spec_policy_bucket_t *b = spec_policy_bucket(p, batch);

@@ -113,6 +113,10 @@ float spec_policy_calibrate(const spec_policy_t *p, float conf);
 /* Drafts a row of a `batch`-row step asks its proposer for: max_k with a distribution (then
  * trimmed by spec_policy_keep) unless the bucket's max_draft is 0, else the bucket's max_draft. */
 int spec_policy_ask(const spec_policy_t *p, int batch, int has_dist);
+/* The raw prefix confidence below which spec_policy_keep would stop at a `batch`-row step (its
+ * bucket's min_confidence through the inverse of the calibration; 0: it never stops): what a
+ * proposer with a distribution is told to stop drafting at (spec_ask_t.stop_below). */
+float spec_policy_stop_below(const spec_policy_t *p, int batch);
 /* Of n proposed drafts with probabilities probs (NULL: a point mass, as the n-gram's), how many to
  * verify: with a distribution the leading drafts whose calibrated prefix confidence is at least
  * the bucket's min_confidence; without one min(n, max_draft). */

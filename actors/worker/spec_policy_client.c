@@ -119,6 +119,11 @@ int spec_client_ask(spec_client_t *c, int batch)
     return k;
 }
 
+float spec_client_stop_below(const spec_client_t *c, int batch)
+{
+    return c->has_dist && spec_client_active(c) ? spec_policy_stop_below(&c->policy, batch) : 0;
+}
+
 int spec_client_explore(spec_client_t *c)
 {
     if (!c->scheduled || !c->scheduler[0])

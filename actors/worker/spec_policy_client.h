@@ -45,6 +45,8 @@ int spec_client_on_policy(spec_client_t *c, const msg_draft_policy_t *p, char *e
 
 /* Drafts a row of a step with `batch` decode rows asks its proposer for (0: none). */
 int spec_client_ask(spec_client_t *c, int batch);
+/* The prefix confidence below which a row of a `batch`-row step may stop drafting (0: never). */
+float spec_client_stop_below(const spec_client_t *c, int batch);
 /* Called once per decode-only step: -1 (ask as usual), or the drafts every row of this step asks
  * for and verifies, whatever the policy: 0 in one step of SPEC_EXPLORE_EVERY and 1 in another,
  * while a draft-scheduler is there to learn from them (not with TROUPE_SPEC_POLICY=fixed). The

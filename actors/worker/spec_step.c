@@ -133,7 +133,8 @@ int spec_step_propose(spec_step_t *s, const sched_batch_t *b)
         s->asks[n_ask] = (spec_ask_t){.id = r->id, .tokens = r->toks, .n = r->n_toks, .k = k,
                                       .sample = s->sample[i].temperature > 0 ? &s->sample[i] : NULL,
                                       .drafts = s->drafts + (size_t)i * SPEC_MAX_K,
-                                      .probs = s->probs + (size_t)i * SPEC_MAX_K};
+                                      .probs = s->probs + (size_t)i * SPEC_MAX_K,
+                                      .stop_below = explore < 0 && s->policy ? spec_client_stop_below(s->policy, b->n) : 0};
         s->ask_row[n_ask++] = i;
         budget -= k;
     }

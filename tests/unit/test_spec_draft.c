@@ -224,6 +224,23 @@ static void test_batch_equals_single(void **state)
         assert_int_equal(asks[s].n_drafts, asks[s].k);
         assert_memory_equal(single[s], batched[s], (size_t)asks[s].k * sizeof(int32_t));
     }
+    /* stop_below: a row stops drafting once its drafts' probability product is below it (the
+     * policy would not verify the rest). The same sequence proposed twice gives the same greedy
+     * drafts and probabilities: a threshold just above the first two drafts' product stops it
+     * after those two, one that low drafts all k. */
+    float probs[SPEC_MAX_K];
+    spec_accepted(b, 100, 0);
+    spec_ask_t full = {.id = 100, .tokens = toks[0], .n = asks[0].n, .k = 6, .drafts = batched[0], .probs = probs,
+                       .stop_below = 1e-30f};
+    assert_int_equal(spec_propose_batch(b, &full, 1), 0);
+    assert_int_equal(full.n_drafts, 6);
+    const double two = (double)probs[0] * probs[1];
+    assert_true(probs[1] < 0.9999f);
+    spec_accepted(b, 100, 0);
+    spec_ask_t cut = full;
+    cut.stop_below = (float)(two * 1.0001);
+    assert_int_equal(spec_propose_batch(b, &cut, 1), 0);
+    assert_int_equal(cut.n_drafts, 2);
     spec_proposer_destroy(&a);
     spec_proposer_destroy(&b);
     engine_destroy(&t);

@@ -289,6 +289,22 @@ static void test_confidence_calibration_and_keep(void **state)
     /* a point mass: the bucket's length */
     assert_int_equal(spec_policy_keep(&p, 1, NULL, 8), b1->max_draft);
     assert_int_equal(spec_policy_keep(&p, 1, NULL, 1), 1);
+    /* stop_below: uncalibrated, the threshold itself; calibrated, the lowest raw confidence that
+     * calibrates to it, so a proposer stopping there drafts exactly what keep then verifies */
+    p.buckets[0].min_confidence = 0.4f;
+    assert_true(spec_policy_stop_below(&p, 1) == 0.4f);
+    p.n_calibration = SPEC_CONF_BINS;
+    for (int j = 0; j < SPEC_CONF_BINS; j++)
+        p.calibration[j] = (float)j / SPEC_CONF_BINS * 0.5f;   /* overconfident by 2x */
+    const float stop = spec_policy_stop_below(&p, 1);
+    assert_true(stop >= 0.8f - 1e-6f && stop <= 0.8f + 1.0f / SPEC_CONF_BINS);
+    const float probs[3] = {0.99f, 0.9f, 0.85f};   /* prefixes 0.99, 0.891, 0.757 */
+    int stopped_at = 0;
+    for (double pc = 1.0; stopped_at < 3 && pc * probs[stopped_at] >= stop; stopped_at++)
+        pc *= probs[stopped_at];
+    assert_int_equal(spec_policy_keep(&p, 1, probs, 3), stopped_at);
+    p.buckets[0].min_confidence = 0;
+    assert_true(spec_policy_stop_below(&p, 1) == 0);   /* never stops */
 }
 
 int main(void)
