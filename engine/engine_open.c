@@ -79,7 +79,8 @@ static long s_pool_blocks(const engine_t *e, const engine_spec_t *s, size_t bloc
     const double share = s->kv_share > 0 ? s->kv_share : 1.0;
     long mem;
     if (e->mem_at_start) {
-        const double left = (double)e->mem_at_start - sharers * ((double)model_weight_bytes(e->model) + DEVICE_RESERVE);
+        const double left = (double)e->mem_at_start - sharers * ((double)model_weight_bytes(e->model) + DEVICE_RESERVE) -
+                            (s->kv_reserve_bytes > 0 ? s->kv_reserve_bytes : 0);
         mem = left > 0 ? (long)(left * 0.9 * share) : 0;
     } else {
         mem = sysconf(_SC_PHYS_PAGES) * sysconf(_SC_PAGESIZE) / 4;

@@ -18,7 +18,7 @@
  * Pool sizing: spec.kv_blocks blocks; with kv_fit, at most what memory allows: a quarter of the
  * host's memory on a backend that cannot tell its free memory (the CPU), else kv_share of 90% of
  * the device memory free before the weights were placed, less kv_sharers copies of the weights and
- * a 3 GB working reserve each (the model processes of one device start together: counting them
+ * a 3 GB working reserve each, less kv_reserve_bytes (the draft models of the device's workers) (the model processes of one device start together: counting them
  * all, not just those that have loaded so far, keeps a fast loader from taking a slow one's room).
  */
 #ifndef TROUPE_ENGINE_ENGINE_OPEN_H
@@ -54,6 +54,8 @@ typedef struct engine_spec {
     int kv_fit;                   /* 1: fewer blocks when memory is short (the header's rule) */
     int kv_sharers;               /* kv_fit: model processes placing these weights on this device (0: 1) */
     double kv_share;              /* kv_fit: this process's fraction of the device's KV memory (0: 1) */
+    double kv_reserve_bytes;      /* kv_fit: device bytes the device's model processes place besides
+                                     their weights and pools (draft models), taken off first */
     const char *kv_dtype_option;  /* names the KV option in errors (NULL: "kv_dtype"): "model.kv_dtype" */
     const char *dummy_option;     /* names the dummy load format in hints (NULL: "load_format: dummy") */
 } engine_spec_t;

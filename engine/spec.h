@@ -152,6 +152,13 @@ typedef struct spec_draft_opts {
  * *config_error (may be NULL: 1 when the files or options are at fault, 0 for the moment). */
 spec_proposer_t *spec_draft_new(const spec_draft_opts_t *o, int *config_error, char *err, size_t errlen);
 
+/* The device bytes spec_draft_new will place for o (its weights, as config_weight_bytes counts
+ * them, and its KV pool, by spec_draft_new's own sizing rule) into *bytes, from the draft's
+ * config.json alone; dtype: the dummy weights' (DT_COUNT: the config's). A target that sizes its
+ * KV pool from the free memory takes this off first (engine_spec_t.kv_reserve_bytes). -1 with
+ * err naming the draft's config when it cannot be read. */
+int spec_draft_device_bytes(const spec_draft_opts_t *o, dtype_t dtype, double *bytes, char *err, size_t errlen);
+
 /* What a draft proposer did, for stats and tests (all 0 for another proposer). */
 typedef struct spec_draft_stats {
     uint64_t forwards;             /* draft forwards run */

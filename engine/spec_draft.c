@@ -384,6 +384,32 @@ static int s_same_tokenizer(const char *target_dir, const char *draft_dir, char 
     return rc;
 }
 
+static int s_block_size(const spec_draft_opts_t *o) { return o->block_size > 0 ? o->block_size : DEFAULT_BLOCK; }
+
+/* The draft pool: o->kv_blocks, or max_seqs sequences of max_model_len and their drafts. */
+static long s_pool_blocks(const spec_draft_opts_t *o)
+{
+    const int bs = s_block_size(o);
+    const long per_seq = (o->max_model_len + SPEC_MAX_K + bs - 1) / bs;
+    return o->kv_blocks > 0 ? o->kv_blocks : (long)o->max_seqs * per_seq;
+}
+
+int spec_draft_device_bytes(const spec_draft_opts_t *o, dtype_t dtype, double *bytes, char *err, size_t errlen)
+{
+    model_config_t cfg;
+    char e2[512];
+    if (!o->model_dir || config_load(o->model_dir, &cfg, e2, sizeof e2) != 0)
+        return errf(err, errlen, "draft model %s: %s", o->model_dir ? o->model_dir : "(none)",
+                    o->model_dir ? e2 : "no directory");
+    const dtype_t wdt = dtype != DT_COUNT ? dtype : cfg.dtype;
+    const size_t es = dtype_size(wdt), kv_es = dtype_size(config_kv_dtype(&cfg, dtype, DT_COUNT));
+    double w = config_weight_bytes(&cfg, es, cfg.num_experts);
+    if (!cfg.tie_word_embeddings)
+        w += (double)cfg.vocab_size * cfg.hidden_size * (double)es;   /* the embedding beside the LM head */
+    *bytes = w + (double)s_pool_blocks(o) * s_block_size(o) * (double)config_kv_bytes_per_token(&cfg, kv_es);
+    return 0;
+}
+
 spec_proposer_t *spec_draft_new(const spec_draft_opts_t *o, int *config_error, char *err, size_t errlen)
 {
     int cfg_err = 1;
@@ -414,8 +440,7 @@ spec_proposer_t *spec_draft_new(const spec_draft_opts_t *o, int *config_error, c
     }
     if (s_same_tokenizer(o->target_tokenizer ? o->target_tokenizer : t->model_dir, o->model_dir, err, errlen) != 0)
         goto fail;
-    const int bs = o->block_size > 0 ? o->block_size : DEFAULT_BLOCK;
-    const long per_seq = (o->max_model_len + SPEC_MAX_K + bs - 1) / bs;
+    const int bs = s_block_size(o);
     engine_spec_t s;
     engine_spec_default(&s);
     s.be = t->be;
@@ -423,7 +448,7 @@ spec_proposer_t *spec_draft_new(const spec_draft_opts_t *o, int *config_error, c
     s.kv_dtype_option = "the draft model's KV dtype";
     s.model = (model_opts_t){.max_tokens = o->max_tokens, .max_seqs = o->max_seqs, .max_logit_rows = o->max_seqs,
                              .max_context = o->max_model_len + SPEC_MAX_K, .kv_block_size = bs};
-    s.kv_blocks = o->kv_blocks > 0 ? o->kv_blocks : (long)o->max_seqs * per_seq;
+    s.kv_blocks = s_pool_blocks(o);
     const engine_status_t st = engine_load(d->e, &s, e2, sizeof e2);
     if (st != ENGINE_OK) {
         cfg_err = st == ENGINE_ERR_CONFIG;

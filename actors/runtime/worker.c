@@ -47,6 +47,30 @@ static void s_kv_share(const topo_t *t, topo_role_t role, int gpu, engine_spec_t
     s->kv_share = (role == ROLE_DECODE ? 3.0 : 1.0) / (shares > 0 ? shares : 1);
 }
 
+/* The device bytes the draft models of gpu's decode workers will place (TROUPE_SPECULATION=draft:
+ * each decode worker loads model.draft beside its target), for every model worker of that GPU to
+ * take off before it sizes its KV pool: without it the target's pool takes the room the draft
+ * then needs. 0 without draft speculation or when the draft's config cannot be read (s_draft
+ * reports that). */
+static double s_draft_reserve(const topo_t *t, int gpu, const spec_draft_opts_t *o)
+{
+    spec_method_t m;
+    int k;
+    char err[256];
+    if (!t->model.draft[0] || spec_knob_parse("TROUPE_SPECULATION", getenv("TROUPE_SPECULATION"), &m, &k, err,
+                                              sizeof err) != 0 || m != SPEC_DRAFT)
+        return 0;
+    double bytes = 0;
+    if (spec_draft_device_bytes(o, t->model.load_format == TOPO_LOAD_DUMMY ? t->model.dtype : DT_COUNT, &bytes, err,
+                                sizeof err) != 0)
+        return 0;
+    int decoders = 0;
+    for (int i = 0; i < t->n_instances; i++)
+        decoders += t->instances[i].role == ROLE_DECODE &&
+                    (gpu < 0 || t->instances[i].gpu < 0 || t->instances[i].gpu == gpu);
+    return bytes * decoders;
+}
+
 /* A decode worker's draft model, when TROUPE_SPECULATION asks for one (spec_knob_parse). */
 static int s_draft(worker_t *w, const topo_t *t, topo_role_t role, const char *tokdir, int *config_error, char *err,
                    size_t errlen)
@@ -122,6 +146,11 @@ worker_t *worker_load(const topo_t *t, topo_role_t role, int gpu, int max_tokens
     s.kv_blocks = t->limits.kv_blocks > 0 ? t->limits.kv_blocks : (long)t->limits.max_batch * per_seq + per_seq;
     s.kv_fit = t->limits.kv_blocks <= 0;
     s_kv_share(t, role, gpu, &s);
+    if (tm->backend == TOPO_BACKEND_CUDA) {
+        const spec_draft_opts_t dop = {.model_dir = t->model.draft, .max_seqs = max_seqs, .max_tokens = max_tokens,
+                                       .max_model_len = w->max_model_len, .block_size = w->block_size};
+        s.kv_reserve_bytes = s_draft_reserve(t, gpu, &dop);
+    }
     const int ep = s_ep(t, role);
     if (ep > 1 && !(w->experts = expert_group_spawn(ep, w->eng->cfg.num_experts, tm->path, &s, NULL, err, errlen))) {
         *config_error = 1;   /* the model's experts do not divide, or the rank binary is missing */

@@ -246,6 +246,46 @@ static void test_batch_equals_single(void **state)
     engine_destroy(&t);
 }
 
+/* spec_draft_device_bytes, from the config alone, against what spec_draft_new then places: the
+ * draft's weights (model_weight_bytes of the same checkpoint) and its pool (blocks x block bytes),
+ * for a sized pool and the default one (max_seqs sequences of max_model_len). */
+static void test_device_bytes(void **state)
+{
+    (void)state;
+    engine_t *t = s_target();
+    char err[512];
+    engine_spec_t es;
+    engine_spec_default(&es);
+    es.threads = 1;
+    es.model = (model_opts_t){.max_tokens = 16, .max_seqs = 4, .max_context = MAX_LEN, .kv_block_size = 16};
+    es.kv_blocks = 4;
+    engine_t *d = engine_open(DRAFT, &es, NULL, err, sizeof err);
+    if (!d)
+        fail_msg("%s", err);
+    const double weights = (double)model_weight_bytes(d->model),
+                 block = 16.0 * (double)config_kv_bytes_per_token(&d->cfg, dtype_size(d->kv_dtype));
+    for (long kvb = 0; kvb <= 10; kvb += 10) {
+        spec_proposer_t *p = s_draft(t, DRAFT, kvb);
+        spec_draft_stats_t st;
+        spec_draft_stats(p, &st);
+        const spec_draft_opts_t o = {.model_dir = DRAFT, .max_seqs = 4, .max_tokens = 16, .max_model_len = MAX_LEN,
+                                     .block_size = 16, .kv_blocks = kvb};
+        double bytes = 0;
+        assert_int_equal(spec_draft_device_bytes(&o, DT_COUNT, &bytes, err, sizeof err), 0);
+        const double placed = weights + st.blocks_total * block;
+        print_message("kv_blocks %ld: estimated %.0f bytes, placed %.0f (%d blocks)\n", kvb, bytes, placed,
+                      st.blocks_total);
+        assert_true(fabs(bytes - placed) <= 0.02 * placed);
+        spec_proposer_destroy(&p);
+    }
+    const spec_draft_opts_t bad = {.model_dir = FIXTURES "/no-such-model", .max_seqs = 4, .max_model_len = MAX_LEN};
+    double bytes = 0;
+    assert_int_equal(spec_draft_device_bytes(&bad, DT_COUNT, &bytes, err, sizeof err), -1);
+    assert_non_null(strstr(err, "no-such-model"));
+    engine_destroy(&d);
+    engine_destroy(&t);
+}
+
 static void test_pool_runs_out(void **state)
 {
     (void)state;
@@ -498,7 +538,8 @@ int main(void)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_self_draft_is_the_target),      cmocka_unit_test(test_kv_bookkeeping),
-        cmocka_unit_test(test_batch_equals_single),           cmocka_unit_test(test_pool_runs_out),
+        cmocka_unit_test(test_batch_equals_single),           cmocka_unit_test(test_device_bytes),
+        cmocka_unit_test(test_pool_runs_out),
         cmocka_unit_test(test_sampled_self_draft_is_accepted), cmocka_unit_test(test_refuses_another_vocabulary),
         cmocka_unit_test(test_refuses_another_tokenizer),     cmocka_unit_test(test_verify_dist_follows_target),
     };
