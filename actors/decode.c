@@ -547,6 +547,8 @@ int main(int argc, char **argv)
     d.sample = calloc((size_t)max_seqs, sizeof *d.sample);
     d.need_logits = calloc((size_t)max_seqs, 1);
     const spec_hooks_t spec_hooks = {.ctx = &d, .sampler = s_spec_sampler, .emit = s_spec_emit};
+    if (spec_cfg.pad_max_rows < 0)   /* padding buys graph replays: worth it where there are graphs */
+        spec_cfg.pad_max_rows = d.w->be->ops->graph_begin ? SPEC_PAD_ROWS_GRAPHS : 0;
     d.spec = spec_step_new(&spec_cfg, d.w->draft, max_seqs, d.w->max_logit_rows, d.w->max_model_len, &spec_hooks,
                            err, sizeof err);
     if (spec_step_policy_init(d.spec, a, spec_cfg.method == SPEC_DRAFT, err, sizeof err) != 0)

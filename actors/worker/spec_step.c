@@ -23,6 +23,9 @@ struct spec_step {
     spec_hooks_t hooks;
     int32_t *drafts;             /* [max_seqs][SPEC_MAX_K] each decode row's drafts this step */
     int *n_drafts;               /* [max_seqs] drafts appended to the row's KV this step */
+    int *n_pad;                  /* [max_seqs] filler positions after them (spec_step_propose) */
+    int pad_max_rows;            /* pad steps of up to this many rows (TROUPE_SPEC_PAD_ROWS; 0: never) */
+    uint64_t padded_steps, pad_positions;   /* verify steps padded, filler positions they computed */
     int *kv_base;                /* [max_seqs] the row's KV length before its drafts */
     spec_stats_t stats;
     spec_client_t *policy;       /* the draft-scheduler's policy and reports (spec_step_policy_init); NULL: none */
@@ -36,7 +39,15 @@ struct spec_step {
 
 int spec_step_config_from_env(spec_step_config_t *c, char *err, size_t errlen)
 {
-    *c = (spec_step_config_t){.method = SPEC_OFF};
+    *c = (spec_step_config_t){.method = SPEC_OFF, .pad_max_rows = -1};
+    const char *pv = getenv("TROUPE_SPEC_PAD_ROWS");
+    if (pv && *pv) {
+        char *end;
+        const long v = strtol(pv, &end, 10);
+        if (*end || v < 0 || v > 1 << 20)
+            return errf(err, errlen, "TROUPE_SPEC_PAD_ROWS '%s': expected a row count >= 0", pv);
+        c->pad_max_rows = (int)v;
+    }
     return spec_knob_parse("TROUPE_SPECULATION", getenv("TROUPE_SPECULATION"), &c->method, &c->k, err, errlen);
 }
 
@@ -62,6 +73,8 @@ spec_step_t *spec_step_new(const spec_step_config_t *c, spec_proposer_t *draft, 
         s->sample = calloc((size_t)max_seqs, sizeof *s->sample);
         s->drafts = calloc((size_t)max_seqs * SPEC_MAX_K, sizeof *s->drafts);
         s->n_drafts = calloc((size_t)max_seqs, sizeof *s->n_drafts);
+        s->n_pad = calloc((size_t)max_seqs, sizeof *s->n_pad);
+        s->pad_max_rows = c->pad_max_rows > 0 ? c->pad_max_rows : 0;
         s->kv_base = calloc((size_t)max_seqs, sizeof *s->kv_base);
         s->probs = calloc((size_t)max_seqs * SPEC_MAX_K, sizeof *s->probs);
         s->ids = calloc((size_t)max_rows, sizeof *s->ids);
@@ -73,7 +86,7 @@ spec_step_t *spec_step_new(const spec_step_config_t *c, spec_proposer_t *draft, 
         errf(err, errlen, "TROUPE_SPECULATION=draft: this worker opened no draft model (model.draft)");
         return NULL;
     }
-    if (!s || !s->proposer || !s->asks || !s->ask_row || !s->sample || !s->drafts || !s->n_drafts || !s->kv_base ||
+    if (!s || !s->proposer || !s->asks || !s->ask_row || !s->sample || !s->drafts || !s->n_drafts || !s->n_pad || !s->kv_base ||
         !s->probs || !s->ids || !s->need || !s->row_sample) {
         spec_step_destroy(&s);
         errf(err, errlen, "out of memory for speculation over %d rows", max_seqs);
@@ -95,6 +108,7 @@ void spec_step_destroy(spec_step_t **self_p)
     free(s->sample);
     free(s->drafts);
     free(s->n_drafts);
+    free(s->n_pad);
     free(s->kv_base);
     free(s->probs);
     free(s->ids);
@@ -104,6 +118,8 @@ void spec_step_destroy(spec_step_t **self_p)
     free(s);
     *self_p = NULL;
 }
+
+static void s_pad(spec_step_t *s, const sched_batch_t *b);
 
 /* Every drafting row's proposal in one call (the draft model batches its forwards across rows);
  * each row's k is reserved from the step's budget before the proposals come back. A sampled row
@@ -116,7 +132,7 @@ int spec_step_propose(spec_step_t *s, const sched_batch_t *b)
     const int explore = s->policy ? spec_client_explore(s->policy) : -1;
     for (int i = 0; i < b->n; i++) {
         sched_req_t *r = b->rows[i].req;
-        s->n_drafts[i] = 0;
+        s->n_drafts[i] = s->n_pad[i] = 0;
         if (!r)
             continue;
         s->kv_base[i] = kvseq_len(r->kv);
@@ -152,10 +168,62 @@ int spec_step_propose(spec_step_t *s, const sched_batch_t *b)
             any = 1;
         }
     }
+    if (any)
+        s_pad(s, b);
     return any;
 }
 
-int spec_step_drafts(const spec_step_t *s, int i) { return s ? s->n_drafts[i] : 0; }
+/* A CUDA graph replays a verify step only when every row has the same positions, and rows' draft
+ * counts differ (the proposer found fewer, confidence kept fewer): a small step's rows are padded
+ * to its largest count with filler positions (the row's last draft repeated, or its last token).
+ * Causal attention keeps them out of every real position's logits, the verify reads only real
+ * positions, and the KV roll-back to the accepted length removes them. Small steps only: there
+ * the step's cost is its launches and weight reads, and the filler positions cost little beside
+ * the launches a replay saves; a large step's positions are real work. Nothing is padded when a
+ * row lacks the room (blocks, max_model_len, rows of logits). */
+static void s_pad(spec_step_t *s, const sched_batch_t *b)
+{
+    if (b->n > s->pad_max_rows)
+        return;
+    int nmax = 0;
+    for (int i = 0; i < b->n; i++) {
+        if (!b->rows[i].req)
+            return;
+        nmax = s->n_drafts[i] > nmax ? s->n_drafts[i] : nmax;
+    }
+    if (b->n * (1 + nmax) > s->max_rows)
+        return;
+    int i = 0;
+    for (; i < b->n; i++) {
+        sched_req_t *r = b->rows[i].req;
+        const int n = s->n_drafts[i], pad = nmax - n;
+        if (pad == 0)
+            continue;
+        if (s->kv_base[i] + 1 + nmax > s->max_model_len)
+            break;
+        const int32_t fill = n > 0 ? s->drafts[(size_t)i * SPEC_MAX_K + n - 1] : r->toks[r->n_toks - 1];
+        int32_t f[SPEC_MAX_K];
+        for (int j = 0; j < pad; j++)
+            f[j] = fill;
+        if (kvseq_append(r->kv, f, pad) != 0)
+            break;
+        s->n_pad[i] = pad;
+    }
+    if (i == b->n) {
+        s->padded_steps++;
+        for (int q = 0; q < b->n; q++)
+            s->pad_positions += (uint64_t)s->n_pad[q];
+        return;
+    }
+    for (int q = 0; q < i; q++)   /* a row had no room: no padding this step */
+        if (s->n_pad[q]) {
+            if (kvseq_truncate(b->rows[q].req->kv, s->kv_base[q] + s->n_drafts[q]) != 0)
+                LOG_E("request %llu: cannot take its filler positions back", (unsigned long long)b->rows[q].req->id);
+            s->n_pad[q] = 0;
+        }
+}
+
+int spec_step_drafts(const spec_step_t *s, int i) { return s ? s->n_drafts[i] + s->n_pad[i] : 0; }
 
 /* A verify step's rows of logits: every position of every row (all_logits), each row's token from
  * the device, and a row's logits on the host only where its acceptance reads them: penalties or
@@ -173,10 +241,11 @@ void spec_step_batch(spec_step_t *s, const sched_batch_t *b, int dev_sample, mod
         int logprobs = 0;
         const sampler_t *smp = r ? s->hooks.sampler(s->hooks.ctx, r, &logprobs) : NULL;
         const int greedy = !smp || sampler_is_greedy(smp), host = smp && (logprobs || sampler_needs_host(smp));
-        for (int j = 0; j <= n; j++, row++) {
-            s->need[row] = (uint8_t)(host || (!greedy && (!dev_sample || (j < n && spec_dist(s->proposer, r->id, j)))));
+        for (int j = 0; j <= n + s->n_pad[i]; j++, row++) {
+            const int real = j <= n;   /* filler positions after: nothing reads them */
+            s->need[row] = (uint8_t)(real && (host || (!greedy && (!dev_sample || (j < n && spec_dist(s->proposer, r->id, j))))));
             s->row_sample[row] = (bk_sample_t){0};   /* temperature 0: the argmax */
-            if (!greedy && !s->need[row]) {
+            if (real && !greedy && !s->need[row]) {
                 sampler_device_params(smp, &s->row_sample[row]);
                 s->row_sample[row].step += (uint64_t)j;
                 any_sampled = 1;
@@ -201,7 +270,7 @@ void spec_step_verify(spec_step_t *s, const sched_batch_t *b, const float *logit
         sched_req_t *r = b->rows[i].req;
         const int n = s->n_drafts[i], base = s->kv_base[i];
         const size_t first = row;
-        row += (size_t)(1 + n);
+        row += (size_t)(1 + n + s->n_pad[i]);
         if (!r)
             continue;
         const uint64_t id = r->id;
@@ -283,6 +352,8 @@ void spec_step_stats(const spec_step_t *s, actor_t *a, msg_stats_t *st)
     actor_stat_metric(a, st, "spec_accepted_tokens_total", (double)s->stats.accepted, 1);
     actor_stat_metric(a, st, "spec_acceptance_rate", spec_stats_acceptance(&s->stats), 0);
     actor_stat_metric(a, st, "spec_mean_accepted_length", spec_stats_mean_len(&s->stats), 0);
+    actor_stat_metric(a, st, "spec_padded_steps_total", (double)s->padded_steps, 1);
+    actor_stat_metric(a, st, "spec_pad_positions_total", (double)s->pad_positions, 1);
     if (s->policy)
         spec_client_stats(s->policy, a, st);
 }

@@ -34,7 +34,13 @@
 typedef struct spec_step_config {
     spec_method_t method;
     int k;                       /* drafts per row, [1, SPEC_MAX_K] */
+    /* Verify steps of at most this many rows are padded to one count of positions per row, so a
+     * CUDA graph replays them (spec_step.c s_pad); 0: never. TROUPE_SPEC_PAD_ROWS; -1 when unset:
+     * the owner chooses (the decode worker: 16 on a backend with graphs, else 0). */
+    int pad_max_rows;
 } spec_step_config_t;
+
+#define SPEC_PAD_ROWS_GRAPHS 16   /* pad_max_rows on a backend with graphs (the decode worker's choice) */
 
 /* What the step needs of its owner's requests (ctx: the hooks' first argument). */
 typedef struct spec_hooks {
