@@ -487,8 +487,9 @@ static uint32_t s_found(const cmgr_t *c, const msg_cache_fetch_t *f)
     return found;
 }
 
-/* Sends what the store holds of a fetch's leading blocks (a kv_announce on a shared-memory segment
- * and the reply), or found = 0. */
+/* Sends what the store holds of a fetch's leading blocks (the reply, then a kv_announce on a
+ * shared-memory segment), or found = 0. The reply goes first and says which blocks were read back
+ * from disk for this fetch: the worker has it when the blocks land, for the request's usage. */
 static void s_answer_fetch(actor_t *a, cmgr_t *c, const msg_t *m)
 {
     const msg_cache_fetch_t *f = &m->u.cache_fetch;
@@ -508,20 +509,28 @@ static void s_answer_fetch(actor_t *a, cmgr_t *c, const msg_t *m)
     }
     ft->transfer_id = c->next_transfer;
     ft->deadline_ms = now_ms() + FETCH_TIMEOUT_MS;
+    const uint32_t words = (found + 63) / 64;
     uint32_t *ids = malloc(found * sizeof *ids);
-    if (!ids) {
+    uint64_t *mask = calloc(words, sizeof *mask);
+    if (!ids || !mask) {
+        free(ids);
+        free(mask);
         tchan_shm_close(&ft->seg);
         r.u.cache_fetch_reply.found = 0;
         actor_send(a, f->reply_to, &r);
         return;
     }
+    uint32_t from_disk = 0;
     for (uint32_t i = 0; i < found; i++) {
         uint64_t slot = *u64map_get(&c->host, f->hashes[i]) - 1;
         c->slots[slot].lru = ++c->tick;
-        if (c->slots[slot].from_disk)
+        if (c->slots[slot].from_disk) {
             c->hits_disk++, c->slots[slot].from_disk = 0;
-        else
+            mask[i / 64] |= 1ull << (i % 64);
+            from_disk++;
+        } else {
             c->hits_host++;
+        }
         memcpy((uint8_t *)ft->seg.ptr + (size_t)i * c->block_bytes, c->store + slot * c->block_bytes, c->block_bytes);
         ids[i] = (uint32_t)slot;
     }
@@ -534,9 +543,13 @@ static void s_answer_fetch(actor_t *a, cmgr_t *c, const msg_t *m)
                  (const uint8_t *)ft->seg.name, (uint32_t)strlen(ft->seg.name), c->name, FETCH_TIMEOUT_MS);
     r.u.cache_fetch_reply.found = found;
     r.u.cache_fetch_reply.transfer_id = ft->transfer_id;
-    if (actor_send(a, f->reply_to, &an) != 0 || actor_send(a, f->reply_to, &r) != 0)
+    r.u.cache_fetch_reply.found_disk = from_disk;
+    r.u.cache_fetch_reply.disk_mask = mask;
+    r.u.cache_fetch_reply.n_disk_mask = from_disk ? words : 0;
+    if (actor_send(a, f->reply_to, &r) != 0 || actor_send(a, f->reply_to, &an) != 0)
         tchan_shm_close(&ft->seg);
     free(ids);
+    free(mask);
 }
 
 /* Starts the disk reads of a fetch's blocks that are on disk only, from its first block missing in

@@ -121,6 +121,9 @@ static void s_finish(actor_t *a, decode_t *d, dc_req_t *r, msg_finish_t fin)
     m.u.done.finish = fin;
     m.u.done.usage.prompt_tokens = h->n_tokens;
     m.u.done.usage.cached_tokens = h->cached_tokens;
+    m.u.done.usage.cached_host_tokens = h->cached_host_tokens;
+    m.u.done.usage.cached_disk_tokens = h->cached_disk_tokens;
+    m.u.done.usage.cached_device_tokens = h->cached_tokens - h->cached_host_tokens - h->cached_disk_tokens;
     m.u.done.usage.completion_tokens = (uint32_t)r->n_gen;
     m.u.done.timings.queue_ms = h->queue_ms;
     m.u.done.timings.prefill_ms = h->prefill_ms;

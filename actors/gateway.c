@@ -361,7 +361,8 @@ static void s_debit(gateway_t *g, gw_call_t *c, const msg_usage_t *u)
 static void s_on_done(gateway_t *g, gw_call_t *c, const msg_done_t *d)
 {
     s_debit(g, c, &d->usage);
-    gw_usage_t u = {d->usage.prompt_tokens, d->usage.cached_tokens, d->usage.completion_tokens};
+    gw_usage_t u = {d->usage.prompt_tokens, d->usage.cached_tokens, d->usage.completion_tokens,
+                    d->usage.cached_device_tokens, d->usage.cached_host_tokens, d->usage.cached_disk_tokens};
     gw_reply_ctx_t x = s_ctx(c);
     if (d->finish == MSG_FINISH_CANCELLED) {
         /* Our own cancel (the client went away) came back: nobody is listening. */

@@ -66,7 +66,8 @@ typedef struct pf_req {
     int refused;                 /* NCCL: the decode side refused: retry through shm once the send is over */
     uint64_t nccl_transfer;      /* the NCCL attempt's transfer id after a retry (its late ok still counts) */
     int fetching;                /* its prompt is held for host-store blocks (sched_hold) */
-    int fetch_from;              /* fetching: index of the first hint block asked for */
+    fetch_src_t fetched;         /* its fetch: the first hint block asked for, the blocks taken and
+                                  * which came from disk (for the hand-off's cached tokens by source) */
     int64_t fetch_sent_ms;       /* fetching: when the fetch went out (its cost, for p->fetch_policy) */
 } pf_req_t;
 _Static_assert(offsetof(pf_req_t, sr) == 0, "the scheduler's handle is the request");
@@ -103,6 +104,7 @@ static void s_remove(prefill_t *p, pf_req_t *r)
     sched_remove(p->sched, &r->sr);
     kvchan_release(p->chan, &r->out);
     kvseq_destroy(&r->kv);
+    fetch_src_clear(&r->fetched);
     msg_free(&r->msg);
     free(r);
 }
@@ -177,7 +179,7 @@ static int s_on_prefill_request(actor_t *a, void *state, const actor_peer_t *fro
                                          s_compute_rate(p));
     if (first >= 0) {
         r->fetching = 1;
-        r->fetch_from = first;
+        r->fetched.from = first;
         r->fetch_sent_ms = now_ms();
         sched_hold(p->sched, &r->sr, r->fetch_sent_ms + FETCH_TIMEOUT_MS);
     }
@@ -267,18 +269,25 @@ static int s_on_kv_announce(actor_t *a, void *state, const actor_peer_t *from, m
     pf_req_t *r = s_find(p, k->request_id);
     const int wanted = r && r->fetching;
     const msg_prefill_request_t *q = wanted ? &r->msg.u.prefill_request : NULL;
-    if (prefix_fetch_take(a, &p->fetch, p->w, k, wanted, q ? q->hint_hashes : NULL, q ? (int)q->n_hint_hashes : 0,
-                          wanted ? r->fetch_from : 0, wanted ? r->fetch_sent_ms : 0) >= 0)
+    const int got = prefix_fetch_take(a, &p->fetch, p->w, k, wanted, q ? q->hint_hashes : NULL,
+                                      q ? (int)q->n_hint_hashes : 0, wanted ? r->fetched.from : 0,
+                                      wanted ? r->fetch_sent_ms : 0);
+    if (got >= 0) {
+        r->fetched.got = got;
         s_fetch_over(p, r, "blocks fetched");
+    }
     return 0;
 }
 
+/* found 0: nothing comes; else the blocks follow, and the reply says which came from disk. */
 static int s_on_fetch_reply(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
 {
     prefill_t *p = state;
     pf_req_t *r = s_find(p, m->id);
     if (r && r->fetching && m->u.cache_fetch_reply.found == 0)
         s_fetch_over(p, r, "nothing to fetch");
+    else if (r && r->fetching)
+        prefix_fetch_on_reply(&r->fetched, &m->u.cache_fetch_reply);
     return 0;
 }
 
@@ -320,6 +329,7 @@ static void s_send_handoff(actor_t *a, prefill_t *p, pf_req_t *r, msg_channel_t 
     o->prompt_cache_key = q->prompt_cache_key;
     o->cache_retention_s = q->cache_retention_s;
     o->cached_tokens = (uint32_t)r->sr.n_cached;
+    prefix_fetch_split(&r->fetched, r->sr.n_cached, kv->block_size, &o->cached_host_tokens, &o->cached_disk_tokens);
     o->queue_ms = q->queue_ms + (uint32_t)(r->sr.started_ms - r->sr.arrived_ms);
     o->prefill_ms = (uint32_t)(now_ms() - r->sr.started_ms);
     o->deadline_ms = q->deadline_ms;
@@ -505,7 +515,7 @@ static void s_hold_expired(void *ctx, sched_req_t *sr)
 {
     prefill_t *p = ctx;
     pf_req_t *r = (pf_req_t *)sr;
-    prefix_fetch_timed_out(&p->fetch, (int)r->msg.u.prefill_request.n_hint_hashes - r->fetch_from, r->fetch_sent_ms);
+    prefix_fetch_timed_out(&p->fetch, (int)r->msg.u.prefill_request.n_hint_hashes - r->fetched.from, r->fetch_sent_ms);
     r->fetching = 0;
 }
 

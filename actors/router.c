@@ -87,6 +87,7 @@ typedef struct router {
                                     second one) never reuses ids that workers may still be running */
     /* stats */
     uint64_t submitted, rejected, completed, failed, cancelled, rerouted, prompt_tokens, cached_tokens, gen_tokens;
+    uint64_t cached_by_tier[MSG_TIER_COUNT]; /* of cached_tokens, by source (msg_usage_t's split) */
     uint64_t cancels_refused;    /* cancels naming another credential's request */
     uint64_t client_capped;      /* submits refused at limits.max_inflight_per_client */
     uint64_t stale_cancelled;    /* workers told to drop a request we do not know (an old incarnation's) */
@@ -663,6 +664,9 @@ static int s_on_done(actor_t *a, void *state, const actor_peer_t *from, msg_t *m
     d->timings.ttft_ms = q->first_ms ? (uint32_t)(q->first_ms - q->arrived_ms) : 0;
     d->timings.e2e_ms = (uint32_t)(now - q->arrived_ms);
     r->cached_tokens += d->usage.cached_tokens;
+    r->cached_by_tier[MSG_TIER_DEVICE] += d->usage.cached_device_tokens;
+    r->cached_by_tier[MSG_TIER_HOST] += d->usage.cached_host_tokens;
+    r->cached_by_tier[MSG_TIER_DISK] += d->usage.cached_disk_tokens;
     m->id = q->client_id;
     actor_reply(a, &q->client, m);
     r->completed++;
@@ -842,9 +846,15 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
     actor_stat_metric(a, st, "stale_requests_cancelled", (double)r->stale_cancelled, 1);
     actor_stat_metric(a, st, "prompt_tokens_total", (double)r->prompt_tokens, 1);
     actor_stat_metric(a, st, "cached_tokens_total", (double)r->cached_tokens, 1);
+    actor_stat_metric(a, st, "cached_device_tokens_total", (double)r->cached_by_tier[MSG_TIER_DEVICE], 1);
+    actor_stat_metric(a, st, "cached_host_tokens_total", (double)r->cached_by_tier[MSG_TIER_HOST], 1);
+    actor_stat_metric(a, st, "cached_disk_tokens_total", (double)r->cached_by_tier[MSG_TIER_DISK], 1);
     actor_stat_metric(a, st, "generation_tokens_total", (double)r->gen_tokens, 1);
     actor_stat_metric(a, st, "prefix_cache_queries", (double)r->cache_queries, 1);
     actor_stat_metric(a, st, "prefix_cache_hits", (double)r->cache_hits, 1);
+    /* Blocks it knows a holder of: after a restart, the cache-manager's announcement has arrived once
+     * this reaches the store's size (a request routed before gets no hint). */
+    actor_stat_metric(a, st, "prefix_index_blocks", (double)r->index.n, 0);
     actor_stat_metric(a, st, "ttft_p50_ms", s_pct(r->ttft, r->n_ttft, 0.5), 0);
     actor_stat_metric(a, st, "ttft_p99_ms", s_pct(r->ttft, r->n_ttft, 0.99), 0);
     actor_stat_metric(a, st, "itl_p50_ms", s_pct(r->itl, r->n_itl, 0.5), 0);

@@ -183,10 +183,15 @@ typedef struct msg_sampling {
     uint32_t top_logprobs;       /* reserved for alternatives; <= MSG_MAX_LOGPROBS, needs logprobs */
 } msg_sampling_t;
 
+/* cached_tokens is every prompt token whose KV was not computed for this request; the three
+ * cached_*_tokens say where they came from: blocks already in the worker's own KV pool (device),
+ * fetched from the cache-manager's memory (host) or read back from its disk tier (disk). They sum
+ * to cached_tokens, or are all 0 from a sender that does not split it (a build before the split). */
 typedef struct msg_usage {
     uint32_t prompt_tokens;
     uint32_t cached_tokens;      /* <= prompt_tokens */
     uint32_t completion_tokens;
+    uint32_t cached_device_tokens, cached_host_tokens, cached_disk_tokens;
 } msg_usage_t;
 
 typedef struct msg_timings {
@@ -338,6 +343,9 @@ typedef struct msg_handoff {
     const char *prompt_cache_key;
     uint32_t cache_retention_s;
     uint32_t cached_tokens;      /* prompt tokens served from cache, for usage */
+    uint32_t cached_host_tokens; /* of those, fetched from the cache-manager's memory */
+    uint32_t cached_disk_tokens; /* and read back from its disk (host + disk <= cached_tokens: the
+                                  * rest were in the prefill worker's own pool) */
     uint32_t queue_ms, prefill_ms; /* timings so far, for done */
     uint64_t deadline_ms;
     /* The KV's transfer description (transfer id, blocks, channel, handle): one when the KV
@@ -424,9 +432,16 @@ typedef struct msg_cache_fetch {
     uint32_t handle_len;         /* <= MSG_MAX_HANDLE */
 } msg_cache_fetch_t;
 
+/* Sent before the kv_announce it describes, so the worker knows each block's tier when the blocks
+ * land. */
 typedef struct msg_cache_fetch_reply {
     uint32_t found;              /* leading blocks found (a kv_announce follows if > 0) */
     uint64_t transfer_id;
+    uint32_t found_disk;         /* <= found: of those, read back from disk for this fetch (the rest
+                                  * were in the store's memory) */
+    const uint64_t *disk_mask;   /* bit j % 64 of word j / 64: found block j came from disk; exactly
+                                  * found_disk bits, none at or past found */
+    uint32_t n_disk_mask;        /* 0 when found_disk is 0, else (found + 63) / 64 */
 } msg_cache_fetch_reply_t;
 
 typedef struct msg_cache_event {

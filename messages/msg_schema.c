@@ -166,6 +166,12 @@ static int s_usage_check(const void *p, const char *path, char *err, size_t errl
     if (u->cached_tokens > u->prompt_tokens)
         return errf(err, errlen, "%s.cached_tokens: %u exceeds prompt_tokens %u", path, u->cached_tokens,
                     u->prompt_tokens);
+    /* All 0: a sender that does not split cached_tokens by source. */
+    const uint64_t split = (uint64_t)u->cached_device_tokens + u->cached_host_tokens + u->cached_disk_tokens;
+    if (split != 0 && split != u->cached_tokens)
+        return errf(err, errlen, "%s.cached_device_tokens: device %u + host %u + disk %u = %llu, not cached_tokens %u",
+                    path, u->cached_device_tokens, u->cached_host_tokens, u->cached_disk_tokens,
+                    (unsigned long long)split, u->cached_tokens);
     return 0;
 }
 
@@ -202,10 +208,34 @@ static int s_handoff_check(const void *p, const char *path, char *err, size_t er
     if (h->cached_tokens > h->n_tokens)
         return errf(err, errlen, "%s.cached_tokens: %u exceeds the %u prompt tokens", path,
                     h->cached_tokens, h->n_tokens);
+    if ((uint64_t)h->cached_host_tokens + h->cached_disk_tokens > h->cached_tokens)
+        return errf(err, errlen, "%s.cached_host_tokens: host %u + disk %u exceed cached_tokens %u", path,
+                    h->cached_host_tokens, h->cached_disk_tokens, h->cached_tokens);
     if (h->n_kv && h->prefill_worker && strcmp(h->kv->src, h->prefill_worker) != 0)
         return errf(err, errlen, "%s.kv.src: %s, but the hand-off comes from %s", path, h->kv->src,
                     h->prefill_worker);
     return s_retention_needs_key(path, h->cache_retention_s, h->prompt_cache_key, err, errlen);
+}
+
+static int s_fetch_reply_check(const void *p, const char *path, char *err, size_t errlen)
+{
+    const msg_cache_fetch_reply_t *r = p;
+    if (r->found_disk > r->found)
+        return errf(err, errlen, "%s.found_disk: %u exceeds found %u", path, r->found_disk, r->found);
+    const uint32_t words = r->found_disk ? (r->found + 63) / 64 : 0;
+    if (r->n_disk_mask != words)
+        return errf(err, errlen, "%s.disk_mask: %u words, expected %u for %u blocks found, %u from disk", path,
+                    r->n_disk_mask, words, r->found, r->found_disk);
+    uint32_t bits = 0;
+    for (uint32_t i = 0; i < r->n_disk_mask; i++) {
+        uint64_t w = r->disk_mask[i];
+        if (i == r->n_disk_mask - 1 && r->found % 64 && w >> (r->found % 64))
+            return errf(err, errlen, "%s.disk_mask[%u]: bits set past the %u blocks found", path, i, r->found);
+        bits += (uint32_t)__builtin_popcountll(w);
+    }
+    if (bits != r->found_disk)
+        return errf(err, errlen, "%s.disk_mask: %u bits set, found_disk says %u", path, bits, r->found_disk);
+    return 0;
 }
 
 static int s_kv_announce_check(const void *p, const char *path, char *err, size_t errlen)
@@ -374,6 +404,9 @@ static const msg_field_t s_usage_f[] = {
     F_U32(msg_usage_t, prompt_tokens, 0, 0, U32MAX),
     F_U32(msg_usage_t, cached_tokens, 0, 0, U32MAX),
     F_U32(msg_usage_t, completion_tokens, 0, 0, U32MAX),
+    F_U32(msg_usage_t, cached_device_tokens, 0, 0, U32MAX),
+    F_U32(msg_usage_t, cached_host_tokens, 0, 0, U32MAX),
+    F_U32(msg_usage_t, cached_disk_tokens, 0, 0, U32MAX),
 };
 static const msg_schema_t s_usage_s = SCHEMA("usage", msg_usage_t, s_usage_f, NULL, s_usage_check);
 
@@ -518,6 +551,8 @@ static const msg_field_t s_handoff_f[] = {
     F_STR(msg_handoff_t, prompt_cache_key, 0, 1, MSG_MAX_NAME),
     F_U32(msg_handoff_t, cache_retention_s, 0, 0, MSG_MAX_RETENTION_S),
     F_U32(msg_handoff_t, cached_tokens, 0, 0, MSG_MAX_PROMPT_TOKENS),
+    F_U32(msg_handoff_t, cached_host_tokens, 0, 0, MSG_MAX_PROMPT_TOKENS),
+    F_U32(msg_handoff_t, cached_disk_tokens, 0, 0, MSG_MAX_PROMPT_TOKENS),
     F_U32(msg_handoff_t, queue_ms, 0, 0, U32MAX),
     F_U32(msg_handoff_t, prefill_ms, 0, 0, U32MAX),
     F_U64(msg_handoff_t, deadline_ms, 0, 0, U64MAX),
@@ -590,6 +625,8 @@ static const msg_field_t s_cache_fetch_f[] = {
 static const msg_field_t s_cache_fetch_reply_f[] = {
     F_U32(msg_cache_fetch_reply_t, found, 0, 0, MSG_MAX_BLOCKS),
     F_U64(msg_cache_fetch_reply_t, transfer_id, 0, 0, U64MAX),
+    F_U32(msg_cache_fetch_reply_t, found_disk, 0, 0, MSG_MAX_BLOCKS),
+    F_U64A(msg_cache_fetch_reply_t, disk_mask, n_disk_mask, 0, 0, MSG_MAX_BLOCKS / 64),
 };
 
 static const msg_field_t s_cache_event_f[] = {
@@ -671,7 +708,7 @@ static const msg_schema_t s_schemas[MSG_TYPE_COUNT] = {
     [MSG_CACHE_PIN] = SCHEMA("cache_pin", msg_cache_pin_t, s_cache_pin_f, NULL, NULL),
     [MSG_CACHE_UNPIN] = SCHEMA("cache_unpin", msg_cache_unpin_t, s_cache_unpin_f, NULL, NULL),
     [MSG_CACHE_FETCH] = SCHEMA("cache_fetch", msg_cache_fetch_t, s_cache_fetch_f, NULL, NULL),
-    [MSG_CACHE_FETCH_REPLY] = SCHEMA("cache_fetch_reply", msg_cache_fetch_reply_t, s_cache_fetch_reply_f, NULL, NULL),
+    [MSG_CACHE_FETCH_REPLY] = SCHEMA("cache_fetch_reply", msg_cache_fetch_reply_t, s_cache_fetch_reply_f, NULL, s_fetch_reply_check),
     [MSG_CACHE_EVENT] = SCHEMA("cache_event", msg_cache_event_t, s_cache_event_f, NULL, NULL),
     [MSG_EXPERT_LOAD] = SCHEMA("expert_load", msg_expert_load_t, s_expert_load_f, NULL, NULL),
     [MSG_EXPERT_PLACEMENT] = SCHEMA("expert_placement", msg_expert_placement_t, s_expert_placement_f, NULL, s_placement_check),

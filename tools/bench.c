@@ -71,6 +71,8 @@
  * The cache hit rate is the cluster's own count: the sum of usage.cached_tokens (the prompt tokens
  * the prefill worker took from a cache, its pool or the cache-manager's store) over the sum of
  * usage.prompt_tokens of every done message; the router's cached_tokens_total adds up the same.
+ * Where the cached tokens came from is the usage's split, summed the same way: the worker's own KV
+ * pool (device), the cache-manager's memory (host), its disk tier (disk).
  * The pins outlive the run by their retention and hold their blocks in the cache-manager's host
  * store meanwhile (a later run's tenants differ, so it never hits them). */
 #include <errno.h>
@@ -97,6 +99,7 @@ typedef struct req_result {
     double ttft_ms, e2e_ms;
     int n_out;
     uint32_t prompt_tokens, cached_tokens;   /* the done message's usage */
+    uint32_t cached_from[3];                 /* its cached tokens by source: device, host, disk */
     uint32_t queue_ms, prefill_ms;           /* the done message's timings: router queue, prefill */
     int failed;
 } req_result_t;
@@ -200,7 +203,10 @@ static int s_request(level_t *L, client_t *c, int idx, const uint32_t *prompt, i
                 snprintf(err, sizeof err, "%s: %s", msg_error_code_name(rep.u.error.code), rep.u.error.message);
             else
             {
-                r->prompt_tokens = rep.u.done.usage.prompt_tokens, r->cached_tokens = rep.u.done.usage.cached_tokens;
+                const msg_usage_t *u = &rep.u.done.usage;
+                r->prompt_tokens = u->prompt_tokens, r->cached_tokens = u->cached_tokens;
+                r->cached_from[0] = u->cached_device_tokens, r->cached_from[1] = u->cached_host_tokens;
+                r->cached_from[2] = u->cached_disk_tokens;
                 r->queue_ms = rep.u.done.timings.queue_ms, r->prefill_ms = rep.u.done.timings.prefill_ms;
             }
             msg_free(&rep);
@@ -244,8 +250,11 @@ static int s_http_event(void *arg, json_t *ev)
     if (json_is_object(u)) {
         h->r->n_out = (int)json_integer_value(json_object_get(u, "completion_tokens"));
         h->r->prompt_tokens = (uint32_t)json_integer_value(json_object_get(u, "prompt_tokens"));
-        h->r->cached_tokens = (uint32_t)json_integer_value(
-            json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens"));
+        json_t *details = json_object_get(u, "prompt_tokens_details");
+        h->r->cached_tokens = (uint32_t)json_integer_value(json_object_get(details, "cached_tokens"));
+        static const char *const from[3] = {"cached_device_tokens", "cached_host_tokens", "cached_disk_tokens"};
+        for (int k = 0; k < 3; k++)   /* absent (a gateway that does not split): 0 */
+            h->r->cached_from[k] = (uint32_t)json_integer_value(json_object_get(details, from[k]));
     }
     return 0;
 }
@@ -380,6 +389,7 @@ typedef struct summary {
     int concurrency, requests, errors;
     double wall_s, out_tps, total_tps, per_user, ttft50, ttft99, itl50, itl99, e2e50, e2e99;
     long prompt_tokens, cached_tokens;
+    long cached_from[3];        /* of cached_tokens: from the device, the host store, the disk tier */
     double hit_rate;            /* cached_tokens / prompt_tokens */
     /* Where TTFT goes (p50 of each part): queued at the router, prefill (start to hand-off sent),
      * and the rest (routing, the KV hand-off, decode admission, the first token's trip back). */
@@ -431,6 +441,8 @@ static summary_t s_run_level(level_t *L)
         out_tokens += r->n_out;
         S.prompt_tokens += r->prompt_tokens;
         S.cached_tokens += r->cached_tokens;
+        for (int k = 0; k < 3; k++)
+            S.cached_from[k] += r->cached_from[k];
         if (r->n_out > 1 && r->e2e_ms > r->ttft_ms)
             per_user += (r->n_out - 1) / ((r->e2e_ms - r->ttft_ms) / 1000.0);
         for (int k = 0; k < L->out_len; k++)
@@ -631,6 +643,10 @@ static json_t *s_summary_json(const summary_t *s)
                      "prompt_tokens", (json_int_t)s->prompt_tokens, "cached_tokens", (json_int_t)s->cached_tokens,
                      "cache_hit_rate", s->hit_rate, "ttft_queue_ms_p50", s->queue50,
                      "ttft_prefill_ms_p50", s->prefill50, "ttft_rest_ms_p50", s->rest50);
+    if (j)
+        json_object_update_new(j, json_pack("{s:I,s:I,s:I}", "cached_device_tokens", (json_int_t)s->cached_from[0],
+                                            "cached_host_tokens", (json_int_t)s->cached_from[1],
+                                            "cached_disk_tokens", (json_int_t)s->cached_from[2]));
     if (j && s->n_turns > 0) {
         json_t *turns = json_array();
         for (int t = 0; t < s->n_turns; t++)
@@ -849,8 +865,9 @@ int main(int argc, char **argv)
             summary_t *s = reuse ? &S[l] : &N[l];
             *s = s_run_level(&L);
             errors += s->errors;
-            fprintf(stderr, "  concurrency %4d, %s reuse: cache hit rate %5.1f%%, TTFT p50 %8.1f ms, p99 %8.1f ms\n",
-                    levels[l], reuse ? "with" : "without", 100 * s->hit_rate, s->ttft50, s->ttft99);
+            fprintf(stderr, "  concurrency %4d, %s reuse: cache hit rate %5.1f%% (cached tokens from device %ld, host "
+                    "%ld, disk %ld), TTFT p50 %8.1f ms, p99 %8.1f ms\n", levels[l], reuse ? "with" : "without",
+                    100 * s->hit_rate, s->cached_from[0], s->cached_from[1], s->cached_from[2], s->ttft50, s->ttft99);
         }
         free(sys);
     }

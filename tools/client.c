@@ -73,14 +73,19 @@ static int s_print_reply(const msg_t *r, int json, int *done)
             fflush(stdout);
         }
         return 0;
-    case MSG_DONE:
+    case MSG_DONE: {
         *done = 1;
+        const msg_usage_t *u = &r->u.done.usage;
+        char from[96] = "";   /* where the cached tokens came from, when the cluster said */
+        if (u->cached_tokens && u->cached_device_tokens + u->cached_host_tokens + u->cached_disk_tokens)
+            snprintf(from, sizeof from, ": device %u, host %u, disk %u", u->cached_device_tokens, u->cached_host_tokens,
+                     u->cached_disk_tokens);
         if (!json)
-            fprintf(stderr, "\n[done: %s; prompt %u (cached %u), completion %u tokens; ttft %u ms, e2e %u ms]\n",
-                    msg_finish_name(r->u.done.finish), r->u.done.usage.prompt_tokens,
-                    r->u.done.usage.cached_tokens, r->u.done.usage.completion_tokens,
+            fprintf(stderr, "\n[done: %s; prompt %u (cached %u%s), completion %u tokens; ttft %u ms, e2e %u ms]\n",
+                    msg_finish_name(r->u.done.finish), u->prompt_tokens, u->cached_tokens, from, u->completion_tokens,
                     r->u.done.timings.ttft_ms, r->u.done.timings.e2e_ms);
         return 0;
+    }
     case MSG_ERROR:
         *done = 1;
         if (!json)

@@ -59,6 +59,14 @@ def parse_duration(s):
     return n * (mul or 1)
 
 
+def cached_by_source(usage):
+    """Where a done message's cached prompt tokens came from: {"device": n, "host": n, "disk": n}
+    (the worker's own KV pool, the cache-manager's memory, its disk tier), adding up to
+    usage["cached_tokens"]; None when the cluster did not split it (a build before the split)."""
+    split = {k: usage.get(f"cached_{k}_tokens", 0) for k in ("device", "host", "disk")}
+    return split if sum(split.values()) == usage.get("cached_tokens", 0) else None
+
+
 def _decorate(m):
     """Adds readable names next to enum numbers."""
     m["type"] = TYPES[m["t"]] if 0 <= m.get("t", -1) < len(TYPES) else "?"
@@ -204,7 +212,10 @@ def main(argv=None):
             elif m["type"] == "token":
                 print(m.get("text", ""), end="", flush=True)
             elif m["type"] == "done":
-                print(f"\n[done: {m['finish_name']}, usage {m.get('usage')}]", file=sys.stderr)
+                u = m.get("usage", {})
+                src = cached_by_source(u)
+                where = f" (cached from {', '.join(f'{k} {v}' for k, v in src.items())})" if src and u["cached_tokens"] else ""
+                print(f"\n[done: {m['finish_name']}, usage {u}{where}]", file=sys.stderr)
             elif m["type"] == "error":
                 print(f"error {m['code_name']}: {m.get('message')}", file=sys.stderr)
                 rc = 1

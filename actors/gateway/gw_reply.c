@@ -42,11 +42,19 @@ char *gw_models_json(const char *model, int64_t created)
 
 char *gw_model_json(const char *model, int64_t created) { return s_dump(s_model(model, created)); }
 
+/* OpenAI's usage; prompt_tokens_details.cached_tokens stays OpenAI's total, and Troupe adds where
+ * those tokens came from (docs/gateway.md). */
 static json_t *s_usage(const gw_usage_t *u)
 {
-    return json_pack("{s:i,s:i,s:i,s:{s:i}}", "prompt_tokens", (int)u->prompt_tokens, "completion_tokens",
+    json_t *details = json_pack("{s:i}", "cached_tokens", (int)u->cached_tokens);
+    const uint64_t split = (uint64_t)u->cached_device_tokens + u->cached_host_tokens + u->cached_disk_tokens;
+    if (details && split == u->cached_tokens)
+        json_object_update_new(details, json_pack("{s:i,s:i,s:i}", "cached_device_tokens", (int)u->cached_device_tokens,
+                                                  "cached_host_tokens", (int)u->cached_host_tokens,
+                                                  "cached_disk_tokens", (int)u->cached_disk_tokens));
+    return json_pack("{s:i,s:i,s:i,s:o}", "prompt_tokens", (int)u->prompt_tokens, "completion_tokens",
                      (int)u->completion_tokens, "total_tokens", (int)(u->prompt_tokens + u->completion_tokens),
-                     "prompt_tokens_details", "cached_tokens", (int)u->cached_tokens);
+                     "prompt_tokens_details", details);
 }
 
 /* Chat: {"content": [{token, logprob, bytes, top_logprobs: []}]}; completions: parallel arrays. */

@@ -25,8 +25,12 @@ typedef struct gw_logprob {
     float logprob;
 } gw_logprob_t;
 
+/* cached_tokens by source (msg_usage_t): prompt_tokens_details carries them next to cached_tokens
+ * when they add up to it (all 0 with cached_tokens > 0: the cluster did not say, and they are left
+ * out). */
 typedef struct gw_usage {
     uint32_t prompt_tokens, cached_tokens, completion_tokens;
+    uint32_t cached_device_tokens, cached_host_tokens, cached_disk_tokens;
 } gw_usage_t;
 
 char *gw_error_json(const gw_error_t *e);

@@ -44,6 +44,7 @@ void dc_req_destroy(dc_req_t **self_p)
     msg_free(&r->handoff);
     free(r->toks);
     free(r->fetch.hints);
+    fetch_src_clear(&r->fetch.src);
     free(r);
     *self_p = NULL;
 }

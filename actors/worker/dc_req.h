@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "actors/runtime/worker.h"
+#include "actors/worker/prefix_fetch.h"
 #include "engine/sched.h"
 
 typedef struct dc_req {
@@ -24,8 +25,8 @@ typedef struct dc_req {
     struct {                     /* colocated: the prompt's cached prefix in the host store */
         uint64_t *hints;         /* [n_hints] the router's hint hashes (a copy) */
         int n_hints;
-        int active;              /* the prompt is held for hints[from..] (sched_hold) */
-        int from;
+        int active;              /* the prompt is held for hints[src.from..] (sched_hold) */
+        fetch_src_t src;         /* the first hint asked for, the blocks taken, which came from disk */
         int64_t sent_ms;
     } fetch;
     int kv_keep;                 /* > 0 while a verify step's tokens are streamed: the KV length that

@@ -1,5 +1,8 @@
 #include "actors/worker/prefix_fetch.h"
 
+#include <stdlib.h>
+#include <string.h>
+
 #include "common/log.h"
 #include "common/util.h"
 #include "transfer/kv_blocks.h"
@@ -56,11 +59,16 @@ int prefix_fetch_take(actor_t *a, prefix_fetch_t *pf, worker_t *w, const msg_kv_
             int32_t b = kvpool_alloc(w->pool);
             if (b < 0)
                 break;
-            if (kvblocks_in(w->be, w->pool, &b, 1, (const uint8_t *)seg.ptr + (size_t)j * bb) == 0) {
+            /* A block that cannot be copied ends the run: the ones after it could not be adopted
+             * (the prefix breaks there), and the request's usage counts the run taken. */
+            const int in = kvblocks_in(w->be, w->pool, &b, 1, (const uint8_t *)seg.ptr + (size_t)j * bb);
+            if (in == 0) {
                 kvpool_set_hash(w->pool, b, hints[from + (int)j]);
                 got++;
             }
             kvpool_free(w->pool, b);
+            if (in != 0)
+                break;
         }
         pf->fetched_blocks += (uint64_t)got;
         fetch_policy_observe(&pf->policy, got, (double)(now_ms() - sent_ms));
@@ -69,6 +77,36 @@ int prefix_fetch_take(actor_t *a, prefix_fetch_t *pf, worker_t *w, const msg_kv_
     tchan_shm_close(&seg);
     kvx_ack(a, k->src, k->transfer_id, ok, wanted ? err : "fetch not wanted any more", NULL, 0);
     return ok ? got : -1;
+}
+
+void prefix_fetch_on_reply(fetch_src_t *fs, const msg_cache_fetch_reply_t *r)
+{
+    free(fs->disk_mask);
+    fs->disk_mask = NULL;
+    fs->n_disk_mask = 0;
+    if (r->found_disk == 0 || r->n_disk_mask == 0 || !(fs->disk_mask = malloc(r->n_disk_mask * sizeof *fs->disk_mask)))
+        return;
+    memcpy(fs->disk_mask, r->disk_mask, r->n_disk_mask * sizeof *fs->disk_mask);
+    fs->n_disk_mask = (int)r->n_disk_mask;
+}
+
+void prefix_fetch_split(const fetch_src_t *fs, int cached_tokens, int block_size, uint32_t *host, uint32_t *disk)
+{
+    *host = *disk = 0;
+    const int n_cached = block_size > 0 ? cached_tokens / block_size : 0;
+    for (int i = fs->from; i < fs->from + fs->got && i < n_cached; i++) {
+        const int j = i - fs->from;
+        if (j / 64 < fs->n_disk_mask && (fs->disk_mask[j / 64] >> (j % 64) & 1))
+            *disk += (uint32_t)block_size;
+        else
+            *host += (uint32_t)block_size;
+    }
+}
+
+void fetch_src_clear(fetch_src_t *fs)
+{
+    free(fs->disk_mask);
+    *fs = (fetch_src_t){0};
 }
 
 void prefix_fetch_timed_out(prefix_fetch_t *pf, int n_blocks, int64_t sent_ms)

@@ -54,7 +54,7 @@ static void s_fetch(prompt_intake_t *pi, actor_t *a, dc_req_t *r, const msg_pref
     const int first = prefix_fetch_start(a, &pi->fetch, pi->w, r->sr.id, r->fetch.hints, r->fetch.n_hints, rate);
     if (first >= 0) {
         r->fetch.active = 1;
-        r->fetch.from = first;
+        r->fetch.src.from = first;
         r->fetch.sent_ms = now_ms();
         sched_hold(pi->sched, &r->sr, r->fetch.sent_ms + FETCH_TIMEOUT_MS);
     }
@@ -97,6 +97,7 @@ void prompt_intake_done(prompt_intake_t *pi, actor_t *a, dc_req_t *r)
 {
     msg_handoff_t *h = &r->handoff.u.handoff;
     h->cached_tokens = (uint32_t)r->sr.n_cached;
+    prefix_fetch_split(&r->fetch.src, r->sr.n_cached, pi->w->block_size, &h->cached_host_tokens, &h->cached_disk_tokens);
     h->prefill_ms = (uint32_t)(now_ms() - r->admitted_ms);
     pi->cached += (uint64_t)r->sr.n_cached;
     worker_publish_blocks(a, pi->self, pi->cache_manager, r->kv, pi->w->block_size);
@@ -123,10 +124,13 @@ int prompt_intake_on_announce(prompt_intake_t *pi, actor_t *a, const msg_kv_anno
     /* Late blocks, for a request that stopped waiting (or is gone), are refused. */
     dc_req_t *r = (dc_req_t *)sched_find(pi->sched, k->request_id);
     const int wanted = r && r->fetch.active;
-    prefix_fetch_take(a, &pi->fetch, pi->w, k, wanted, wanted ? r->fetch.hints : NULL, wanted ? r->fetch.n_hints : 0,
-                      wanted ? r->fetch.from : 0, wanted ? r->fetch.sent_ms : 0);
-    if (wanted)
+    const int got = prefix_fetch_take(a, &pi->fetch, pi->w, k, wanted, wanted ? r->fetch.hints : NULL,
+                                      wanted ? r->fetch.n_hints : 0, wanted ? r->fetch.src.from : 0,
+                                      wanted ? r->fetch.sent_ms : 0);
+    if (wanted) {
+        r->fetch.src.got = got > 0 ? got : 0;
         s_fetch_over(pi, r);
+    }
     return 1;
 }
 
@@ -135,11 +139,13 @@ void prompt_intake_on_fetch_reply(prompt_intake_t *pi, const msg_t *m)
     dc_req_t *r = (dc_req_t *)sched_find(pi->sched, m->id);
     if (r && r->fetch.active && m->u.cache_fetch_reply.found == 0)
         s_fetch_over(pi, r);
+    else if (r && r->fetch.active)   /* its blocks follow: which came from disk */
+        prefix_fetch_on_reply(&r->fetch.src, &m->u.cache_fetch_reply);
 }
 
 void prompt_intake_hold_expired(prompt_intake_t *pi, dc_req_t *r)
 {
-    prefix_fetch_timed_out(&pi->fetch, r->fetch.n_hints - r->fetch.from, r->fetch.sent_ms);
+    prefix_fetch_timed_out(&pi->fetch, r->fetch.n_hints - r->fetch.src.from, r->fetch.sent_ms);
     r->fetch.active = 0;
 }
 

@@ -36,15 +36,17 @@ int prompt_intake_init(prompt_intake_t *pi, worker_t *w, sched_t *sched, const c
 /* prefill_request m from `from`: the request joins the scheduler (PROMPTING), its prefix fetch
  * asked for; or `from` gets the error (bad request, or retryable when the worker cannot take it). */
 void prompt_intake_take(prompt_intake_t *pi, actor_t *a, const actor_peer_t *from, const msg_t *m);
-/* The chunk that ends r's prompt was computed: r gets a hand-off's cached_tokens and prefill_ms,
+/* The chunk that ends r's prompt was computed: r gets a hand-off's cached tokens (and how many of
+ * them its fetch brought from the host store's memory and disk) and prefill_ms,
  * its blocks are published to the cache-manager; the caller streams its first token next. */
 void prompt_intake_done(prompt_intake_t *pi, actor_t *a, dc_req_t *r);
 /* A forward computed `tokens` prompt tokens in ns (their share of it). */
 void prompt_intake_computed(prompt_intake_t *pi, uint64_t tokens, uint64_t ns);
 
 /* The cache-manager's answers to a fetch: its blocks (kv_announce: 1 when it was one, taken or
- * refused as late; 0 when k is not the cache-manager's), none of them (cache_fetch_reply), or no
- * answer in time (the scheduler's hold_expired hook). Each lets the prompt be scheduled again. */
+ * refused as late; 0 when k is not the cache-manager's), none of them (cache_fetch_reply with found
+ * 0), or no answer in time (the scheduler's hold_expired hook). Each lets the prompt be scheduled
+ * again. A cache_fetch_reply with blocks comes before them and says which were read from disk. */
 int prompt_intake_on_announce(prompt_intake_t *pi, actor_t *a, const msg_kv_announce_t *k);
 void prompt_intake_on_fetch_reply(prompt_intake_t *pi, const msg_t *m);
 void prompt_intake_hold_expired(prompt_intake_t *pi, dc_req_t *r);

@@ -5,7 +5,8 @@
 #   2. cancels and load: cancel_load.sh with N_PREFILL=0 (one terminal reply per request, every
 #      pool back to idle);
 #   3. prefix reuse over two decode workers: the same 40-token prompt twice; the router sends the
-#      second where the first's blocks are, which reuses them (usage.cached_tokens 32);
+#      second where the first's blocks are, which reuses them (usage.cached_tokens 32, all from
+#      the worker's own pool: cached_device_tokens);
 #   4. balance: 8 requests one after another, each still running when the next comes, are spread
 #      over both workers (each worker's running requests count as its load);
 #   5. kill -9 of one decode worker with requests in flight (prompts being computed, or decoding):
@@ -17,7 +18,7 @@
 #      prompt that arrives then both finish (the prompt waits for blocks rather than taking the
 #      ones the running request needs); a prompt larger than the pool is refused at once;
 #   8. the host store: a first turn is written back, the worker restarts empty, and the second
-#      turn's history is fetched from the cache-manager.
+#      turn's history is fetched from the cache-manager (its cached tokens all cached_host_tokens).
 . "$(dirname "$0")/lib.sh"
 N_PREFILL=0 bash "$ROOT/tests/scenario/serve_exact.sh" | grep -E "prompts equal|PASS" || fail "serve_exact, colocated"
 N_PREFILL=0 bash "$ROOT/tests/scenario/cancel_load.sh" | grep -E "terminal|idle|PASS" || fail "cancel_load, colocated"
@@ -39,6 +40,7 @@ b, fb, _ = run_one(ep, prompt, max_tokens=6)
 assert fa["type"] == "done" and fb["type"] == "done", (fa, fb)
 assert a == b, (a, b)
 assert fa["usage"]["cached_tokens"] == 0 and fb["usage"]["cached_tokens"] == 32, (fa["usage"], fb["usage"])
+assert (fb["usage"]["cached_device_tokens"], fb["usage"]["cached_host_tokens"], fb["usage"]["cached_disk_tokens"]) == (32, 0, 0), fb["usage"]
 time.sleep(1.2)   # a stats interval
 ds = [a for a in top(bin_dir, topo).values() if a["role"] == "decode"]
 assert sum(metric(d, "prompts_total") for d in ds) == 2, [d["metrics"] for d in ds]
@@ -198,6 +200,8 @@ p2 = p1 + a1 + [(i * 13 + 7) % 500 for i in range(16)]
 a2, f2, _ = run_one(ep, p2, max_tokens=4)
 assert f2["type"] == "done", f2
 assert f2["usage"]["cached_tokens"] >= 64, f2["usage"]
+u = f2["usage"]   # the pool was empty, and there is no disk tier: all from the host store's memory
+assert (u["cached_device_tokens"], u["cached_host_tokens"], u["cached_disk_tokens"]) == (0, u["cached_tokens"], 0), u
 time.sleep(1.2)
 d = top(bin_dir, topo)["decode"]
 assert metric(d, "fetched_blocks_total") >= 4, d["metrics"]

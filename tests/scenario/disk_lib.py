@@ -20,10 +20,19 @@ def conversations(ep, n_conv, turns, sys_len, turn_len, out_len, seed, key=None,
                 kw = dict(prompt_cache_key=f"{key}-{c}", cache_retention=retention)
             toks, d, _ = run_one(ep, hist[c], max_tokens=out_len, **kw)
             assert d["type"] == "done", d
+            device, host, disk = cached_split(d["usage"])
             out.append(dict(conv=c, turn=t, prompt=d["usage"]["prompt_tokens"], cached=d["usage"]["cached_tokens"],
-                            ttft_ms=d["timings"]["ttft_ms"], tokens=toks))
+                            device=device, host=host, disk=disk, ttft_ms=d["timings"]["ttft_ms"], tokens=toks))
             hist[c] += toks
     return out
+
+
+def cached_split(usage):
+    """(device, host, disk): where a done message's cached prompt tokens came from. The three must
+    add up to cached_tokens (the cluster always splits it)."""
+    split = tuple(usage.get(f"cached_{k}_tokens", 0) for k in ("device", "host", "disk"))
+    assert sum(split) == usage["cached_tokens"], f"cached tokens by source {split} do not add up to {usage}"
+    return split
 
 
 def summary(reqs, first_turn=1):
@@ -32,7 +41,8 @@ def summary(reqs, first_turn=1):
     cached, prompt = sum(r["cached"] for r in rs), sum(r["prompt"] for r in rs)
     ttft = sorted(r["ttft_ms"] for r in rs)
     return dict(hit_rate=cached / prompt, cached=cached, prompt=prompt, ttft_mean_ms=sum(ttft) / len(ttft),
-                ttft_p50_ms=ttft[len(ttft) // 2], requests=len(rs))
+                ttft_p50_ms=ttft[len(ttft) // 2], requests=len(rs),
+                **{k: sum(r[k] for r in rs) for k in ("device", "host", "disk")})
 
 
 def cache_manager(bin_dir, topo):

@@ -2,7 +2,10 @@
 # round-robin) is more than 10x the host store (8 blocks) and larger than the workers' pools (48):
 # the same workload without and with cache.disk_dir. With the disk tier later turns hit blocks
 # read back from disk (fetch_hits_disk_total > 0, cached tokens > 0 on later turns) and nothing is
-# refused as corrupt. Hit rates and TTFTs of both runs are printed (reported, not asserted: timing).
+# refused as corrupt. Every request's cached tokens are split by source (device, host, disk) adding
+# up to cached_tokens; without the disk tier none come from disk, with it some do, and no more than
+# the cache-manager served from each tier. Hit rates and TTFTs of both runs are printed (reported,
+# not asserted: timing).
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/disk_lib.bash"
 W="limits: |  kv_blocks: 48|  max_batch: 4|cache:|  host_store_blocks: 8"
@@ -25,8 +28,9 @@ bin_dir, topo = sys.argv[1:3]
 mem, disk = json.load(open(sys.argv[3])), json.load(open(sys.argv[4]))
 sm, sd = summary(mem), summary(disk)
 for name, s in (("host store only", sm), ("with the disk tier", sd)):
-    print(f"{name:20s}: turns 2-3 hit rate {s['hit_rate']:.3f} ({s['cached']}/{s['prompt']} tokens), "
-          f"TTFT mean {s['ttft_mean_ms']:.1f} ms, p50 {s['ttft_p50_ms']} ms over {s['requests']} requests")
+    print(f"{name:20s}: turns 2-3 hit rate {s['hit_rate']:.3f} ({s['cached']}/{s['prompt']} tokens: device "
+          f"{s['device']}, host {s['host']}, disk {s['disk']}), TTFT mean {s['ttft_mean_ms']:.1f} ms, p50 "
+          f"{s['ttft_p50_ms']} ms over {s['requests']} requests")
 m = cm_metrics(bin_dir, topo, ["fetch_hits_disk_total", "fetch_hits_host_total", "disk_spills_total",
                                "disk_reads_total", "disk_read_ms_max", "disk_blocks_used", "disk_bytes_used",
                                "disk_dropped_corrupt_total", "disk_dropped_foreign_total", "disk_spills_shed_total"])
@@ -35,6 +39,13 @@ assert m["disk_spills_total"] > 0 and m["disk_reads_total"] > 0, m
 assert m["fetch_hits_disk_total"] > 0, m
 assert m["disk_dropped_corrupt_total"] == 0 and m["disk_dropped_foreign_total"] == 0, m
 assert sd["cached"] > 0, sd
+# By source: the disk's tokens only with a disk tier, and never more than the blocks it served (each
+# block read back counts as the disk's at its first fetch; a worker may leave a fetched block unused).
+assert sum(r["disk"] for r in mem) == 0, "tokens from disk without a disk tier"
+total = {k: sum(r[k] for r in disk) for k in ("device", "host", "disk")}
+assert total["disk"] > 0, total
+assert total["disk"] <= 16 * m["fetch_hits_disk_total"], (total, m)
+assert total["host"] <= 16 * m["fetch_hits_host_total"], (total, m)
 assert all(r["cached"] <= r["prompt"] for r in disk), disk
 PY
 "$BIN/troupe-top" --topology "$WORK/disk.yaml" --once | sed -n '/^KV CACHE/,$p' | tee "$WORK/top.txt"

@@ -206,6 +206,33 @@ static json_t *s_load(char *s)
     return j;
 }
 
+/* usage.prompt_tokens_details: cached_tokens is OpenAI's total; where those tokens came from is
+ * added when the cluster said (the split adds up to it), and left out when it did not. */
+static void test_usage_split(void **st)
+{
+    gw_reply_ctx_t c = {.kind = GW_COMPLETION, .id = "cmpl-1", .created = 5, .model = "m"};
+    gw_usage_t u = {.prompt_tokens = 100, .cached_tokens = 80, .completion_tokens = 3, .cached_device_tokens = 16,
+                    .cached_host_tokens = 32, .cached_disk_tokens = 32};
+    json_t *j = s_load(gw_completion_json(&c, "x", "stop", &u, NULL, 0));
+    json_t *d = json_object_get(json_object_get(j, "usage"), "prompt_tokens_details");
+    assert_int_equal(json_integer_value(json_object_get(d, "cached_tokens")), 80);
+    assert_int_equal(json_integer_value(json_object_get(d, "cached_device_tokens")), 16);
+    assert_int_equal(json_integer_value(json_object_get(d, "cached_host_tokens")), 32);
+    assert_int_equal(json_integer_value(json_object_get(d, "cached_disk_tokens")), 32);
+    json_decref(j);
+    j = s_load(gw_usage_chunk_json(&c, &u));
+    d = json_object_get(json_object_get(j, "usage"), "prompt_tokens_details");
+    assert_int_equal(json_integer_value(json_object_get(d, "cached_disk_tokens")), 32);
+    json_decref(j);
+    u.cached_device_tokens = u.cached_host_tokens = u.cached_disk_tokens = 0;   /* not split */
+    j = s_load(gw_completion_json(&c, "x", "stop", &u, NULL, 0));
+    d = json_object_get(json_object_get(j, "usage"), "prompt_tokens_details");
+    assert_int_equal(json_integer_value(json_object_get(d, "cached_tokens")), 80);
+    assert_null(json_object_get(d, "cached_device_tokens"));
+    assert_null(json_object_get(d, "cached_disk_tokens"));
+    json_decref(j);
+}
+
 static void test_replies(void **st)
 {
     gw_reply_ctx_t c = {.kind = GW_CHAT, .id = "chatcmpl-1", .created = 5, .model = "m"};
@@ -394,6 +421,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chat_ok),   cmocka_unit_test(test_completion_ok), cmocka_unit_test(test_errors),
         cmocka_unit_test(test_cache_contract), cmocka_unit_test(test_replies), cmocka_unit_test(test_keys),
+        cmocka_unit_test(test_usage_split),
         cmocka_unit_test(test_limit),     cmocka_unit_test(test_topology), cmocka_unit_test(test_error_utf8),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

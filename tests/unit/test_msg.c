@@ -829,6 +829,50 @@ static void test_reject_cross_field(void **state)
     m.u.done.usage.cached_tokens = 101;
     assert_int_equal(msg_validate(&m, err, sizeof err), -1);
     assert_non_null(strstr(err, "done.usage.cached_tokens: 101 exceeds prompt_tokens 100"));
+    /* cached_tokens by source: they add up to it, or are all 0 (a sender that does not split). */
+    fx_fill(&m, MSG_DONE);
+    m.u.done.usage.cached_disk_tokens = 17;
+    assert_int_equal(msg_validate(&m, err, sizeof err), -1);
+    assert_non_null(strstr(err, "done.usage.cached_device_tokens: device 32 + host 16 + disk 17 = 65, not cached_tokens 64"));
+    fx_fill(&m, MSG_DONE);
+    m.u.done.usage.cached_device_tokens = m.u.done.usage.cached_host_tokens = m.u.done.usage.cached_disk_tokens = 0;
+    assert_int_equal(msg_validate(&m, err, sizeof err), 0);
+    fx_fill(&m, MSG_DONE);
+    m.u.done.usage.cached_device_tokens = 0xffffffffu;   /* the sum must not wrap around to 64 */
+    m.u.done.usage.cached_host_tokens = 65;
+    m.u.done.usage.cached_disk_tokens = 0;
+    assert_int_equal(msg_validate(&m, err, sizeof err), -1);
+
+    fx_fill(&m, MSG_HANDOFF);
+    m.u.handoff.cached_disk_tokens = 4;
+    assert_int_equal(msg_validate(&m, err, sizeof err), -1);
+    assert_non_null(strstr(err, "handoff.cached_host_tokens: host 1 + disk 4 exceed cached_tokens 4"));
+
+    /* A fetch reply's disk blocks: a count and a mask that agree, within the blocks found. */
+    fx_fill(&m, MSG_CACHE_FETCH_REPLY);
+    m.u.cache_fetch_reply.found_disk = 4;
+    assert_int_equal(msg_validate(&m, err, sizeof err), -1);
+    assert_non_null(strstr(err, "cache_fetch_reply.found_disk: 4 exceeds found 3"));
+    fx_fill(&m, MSG_CACHE_FETCH_REPLY);
+    m.u.cache_fetch_reply.found_disk = 1;
+    assert_int_equal(msg_validate(&m, err, sizeof err), -1);
+    assert_non_null(strstr(err, "cache_fetch_reply.disk_mask: 2 bits set, found_disk says 1"));
+    const uint64_t past[] = {0x9};   /* block 3 of 3 found */
+    fx_fill(&m, MSG_CACHE_FETCH_REPLY);
+    m.u.cache_fetch_reply.disk_mask = past;
+    assert_int_equal(msg_validate(&m, err, sizeof err), -1);
+    assert_non_null(strstr(err, "cache_fetch_reply.disk_mask[0]: bits set past the 3 blocks found"));
+    fx_fill(&m, MSG_CACHE_FETCH_REPLY);
+    m.u.cache_fetch_reply.n_disk_mask = 0;
+    assert_int_equal(msg_validate(&m, err, sizeof err), -1);
+    assert_non_null(strstr(err, "cache_fetch_reply.disk_mask: 0 words, expected 1 for 3 blocks found, 2 from disk"));
+    const uint64_t full[] = {~0ull, 0x1};   /* 65 blocks, all from disk */
+    fx_fill(&m, MSG_CACHE_FETCH_REPLY);
+    m.u.cache_fetch_reply.found = 65;
+    m.u.cache_fetch_reply.found_disk = 65;
+    m.u.cache_fetch_reply.disk_mask = full;
+    m.u.cache_fetch_reply.n_disk_mask = 2;
+    assert_int_equal(msg_validate(&m, err, sizeof err), 0);
 
     fx_fill(&m, MSG_HANDOFF);
     m.u.handoff.kv_tokens = 8;

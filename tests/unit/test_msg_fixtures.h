@@ -53,6 +53,7 @@ static const uint32_t fx_cost_drafts[] = {7, 2, 0};
 static const uint64_t fx_cost_steps[] = {40, 3, 1000};
 static const uint64_t fx_cost_us[] = {12345, 99, 40000000};
 static const uint64_t fx_counts[] = {5, 0, 12345678901ull, 7};
+static const uint64_t fx_disk_mask[] = {0x5};   /* blocks 0 and 2 of 3 found */
 
 static void fx_sampling(msg_sampling_t *s)
 {
@@ -126,7 +127,8 @@ static void fx_fill(msg_t *m, msg_type_t t)
     case MSG_DONE: {
         msg_done_t *d = &m->u.done;
         d->finish = MSG_FINISH_LENGTH;
-        d->usage = (msg_usage_t){.prompt_tokens = 100, .cached_tokens = 64, .completion_tokens = 1000};
+        d->usage = (msg_usage_t){.prompt_tokens = 100, .cached_tokens = 64, .completion_tokens = 1000,
+                                 .cached_device_tokens = 32, .cached_host_tokens = 16, .cached_disk_tokens = 16};
         d->timings = (msg_timings_t){.queue_ms = 1, .prefill_ms = 20, .ttft_ms = 25, .decode_ms = 9000, .e2e_ms = 9026};
         break;
     }
@@ -157,6 +159,7 @@ static void fx_fill(msg_t *m, msg_type_t t)
         h->tokens_left = 999; h->kv_tokens = 7; h->block_size = 16;
         h->reply_to = "router"; h->prefill_worker = "prefill-0"; h->tenant_salt = 99;
         h->prompt_cache_key = "key"; h->cache_retention_s = 60; h->cached_tokens = 4;
+        h->cached_host_tokens = 1; h->cached_disk_tokens = 2;
         h->queue_ms = 2; h->prefill_ms = 18; h->deadline_ms = 1767225600123ull;
         h->kv = fx_handoff_kv; h->n_kv = 1;
         break;
@@ -219,6 +222,9 @@ static void fx_fill(msg_t *m, msg_type_t t)
     case MSG_CACHE_FETCH_REPLY:
         m->u.cache_fetch_reply.found = 3;
         m->u.cache_fetch_reply.transfer_id = 987654321;
+        m->u.cache_fetch_reply.found_disk = 2;
+        m->u.cache_fetch_reply.disk_mask = fx_disk_mask;
+        m->u.cache_fetch_reply.n_disk_mask = 1;
         break;
     case MSG_CACHE_EVENT: {
         msg_cache_event_t *e = &m->u.cache_event;
