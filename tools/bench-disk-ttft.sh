@@ -33,8 +33,8 @@
 #   DTYPE KV_DTYPE model.dtype (default bf16 on cuda, f32 on cpu) and model.kv_dtype (default bf16)
 #   IN_LEN         prompt tokens (default 8000 on cuda, 512 on cpu)
 #   ROUNDS         restarts, each with one from-disk and one recompute TTFT (default 3 on cuda, 1 on cpu)
-#   DISK_DIR       cache.disk_dir (default OUT_DIR/kvdisk: this machine's disk under the tree; its
-#                  file is removed after the run unless KEEP_DISK=1 or DISK_DIR was given)
+#   DISK_DIR       cache.disk_dir (default OUT_DIR/kvdisk): the disk measured. It must not hold a
+#                  blocks.kvd yet; the run's is removed after it unless KEEP_DISK=1
 #   DISK_BYTES     cache.disk_bytes (default 4x the prefix's slots, at least 64 MiB)
 #   HOST_BLOCKS    cache.host_store_blocks (default 2x the prefix's blocks + 64: a disk fetch is
 #                  served through the host store, which must hold the whole prefix)
@@ -65,9 +65,12 @@ N_PREFILL=${N_PREFILL:-1}
 FETCH=${FETCH:-always}
 OUT=${1:-build/bench-disk-ttft/$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
-OWN_DISK=${DISK_DIR:+no}
 DISK_DIR=${DISK_DIR:-$OUT/kvdisk}
 mkdir -p "$DISK_DIR" && DISK_DIR=$(cd "$DISK_DIR" && pwd)
+# A tier file already there is another tier's (or a previous run's): its blocks would make the
+# first turn a hit, and troupe-bench-disk would overwrite it.
+[ ! -e "$DISK_DIR/blocks.kvd" ] ||
+  { echo "bench-disk-ttft: $DISK_DIR/blocks.kvd exists: remove it or set DISK_DIR to another directory" >&2; exit 1; }
 BIN=${BIN:-$B/bin}
 for b in troupe-supervisor troupe-client troupe-top troupe-bench-disk; do
   [ -x "$BIN/$b" ] || { echo "bench-disk-ttft: $BIN/$b is missing; build first (make B=$B)" >&2; exit 1; }
@@ -125,8 +128,16 @@ die() { echo "bench-disk-ttft: $*" >&2; exit 1; }
   echo "cpus $(nproc), memory $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo)"
   [ "$BACKEND" != cuda ] || echo "gpu $(nvidia-smi --query-gpu=name --format=csv,noheader -i 0 2>/dev/null || echo unknown)"
   echo "disk $(df -PT "$DISK_DIR" | awk 'NR == 2 {print $2 " on " $1 ", mounted at " $7}')"
+  echo "shm $(df -Pk /dev/shm | awk 'NR == 2 {printf "%.1f GiB free", $4 / 1048576}')"
 } >"$OUT/machine.txt"
 cat "$OUT/machine.txt" >&2
+# Blocks cross shared memory (/dev/shm) both ways: a decode worker's write-back of a finished
+# prompt and a fetch's answer are one segment each, the prefix's size. A tmpfs too small for them
+# kills the process that touches the missing pages (SIGBUS), so say it before.
+shm_need=$(( 2 * PREFIX_BLOCKS * BLOCK_BYTES / 1024 + 65536 ))
+shm_free=$(df -Pk /dev/shm | awk 'NR == 2 {print $4}')
+[ "${shm_free:-0}" -ge "$shm_need" ] ||
+  die "/dev/shm has ${shm_free:-0} KiB free; two segments of the prefix ($PREFIX_BLOCKS blocks of $BLOCK_BYTES bytes) need $shm_need KiB"
 
 # 1. The disk's read bandwidth where the tier lives, in blocks of this model's size.
 BENCH_BLOCKS=${BENCH_BLOCKS:-$(( PREFIX_BLOCKS > 16 ? PREFIX_BLOCKS : 16 ))}
@@ -323,7 +334,7 @@ for r in $(seq "$ROUNDS"); do
   stop   # a graceful stop: what the host store holds and the disk does not is written first
 done
 # The tier's file (gigabytes on the 8B shape) is of no use after the run, unless asked for.
-[ -n "$OWN_DISK" ] || [ -n "${KEEP_DISK:-}" ] || rm -f "$DISK_DIR/blocks.kvd"
+[ -n "${KEEP_DISK:-}" ] || rm -f "$DISK_DIR/blocks.kvd"
 
 # 3. The table.
 python3 - "$OUT" "$IN_LEN" "$BS" "$BLOCK_BYTES" "$MODEL" "$BACKEND" "$KV_DTYPE" <<'PY'
@@ -383,7 +394,7 @@ rows = [
 ]
 w = max(len(r[0]) for r in rows)
 print(f"bench-disk-ttft: {model} ({backend}, KV {kv}); {machine.get('date')}, commit {machine.get('commit')}")
-print("  " + "; ".join(f"{k} {v}" for k, v in machine.items() if k in ("gpu", "cpus", "disk")))
+print("  " + "; ".join(f"{k} {v}" for k, v in machine.items() if k in ("gpu", "cpus", "disk", "shm")))
 for k, v in rows:
     print(f"  {k:<{w}}  {v}")
 summary = dict(machine=machine, model=model, backend=backend, kv_dtype=kv, in_len=in_len, block_bytes=block_bytes,
