@@ -415,6 +415,21 @@ if [ "${HF:-0}" = 1 ]; then
   hf_line="see hf.txt"
 fi
 
+# ---- a prefix from the KV cache's disk tier ---------------------------------------------------------
+# DISK_TTFT=1: TTFT of an 8,000-token prefix of the 8B shape fetched from the disk tier against
+# computing it, with the disk's read bandwidth in the same run (tools/bench-disk-ttft.sh,
+# docs/kv-cache.md). The tier's file goes on the tree's disk (DISK_TTFT_DIR), not in $OUT.
+disk_ttft_line="not run (DISK_TTFT=1 runs it)"
+if [ "${DISK_TTFT:-0}" = 1 ] && [ -x build/bin/troupe-bench-disk ]; then
+  step "a prefix from the disk tier"
+  disk_dir=${DISK_TTFT_DIR:-build/bench-disk-ttft-kv}
+  rm -f "$disk_dir/blocks.kvd"   # a previous run's file: the script refuses to start on one
+  BACKEND=cuda DISK_DIR="$disk_dir" timeout "${DISK_TTFT_TIMEOUT:-420}" tools/bench-disk-ttft.sh "$OUT/disk-ttft" \
+    >"$OUT/disk-ttft.txt" 2>"$OUT/disk-ttft.log" && disk_ttft_line="see disk-ttft.txt" ||
+    { status=1; disk_ttft_line="FAILED (disk-ttft.txt, disk-ttft.log)"; tail -20 "$OUT/disk-ttft.log"; }
+  cat "$OUT/disk-ttft.txt"
+fi
+
 # ---- the table ------------------------------------------------------------------------------------
 gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 fix=$(grep -cE 'greedy [0-9]+/[0-9]+ equal|all [0-9]+ tokens equal' "$OUT/gpu-tests.log" 2>/dev/null)
@@ -453,6 +468,8 @@ printf '%-30s %s\n' "cluster exact, 1 GPU (EXACT1)" "$exact1_line"
 printf '%-30s %s\n' "multi-GPU (MULTIGPU=1)" "$multi_line"
 [ -s "$OUT/multigpu.txt" ] && grep -E "_bw|prompt .* tokens|PASS|FAIL|SKIPPED|prompts equal|over NCCL|links up" "$OUT/multigpu.txt"
 printf '%-30s %s\n' "transformers (HF=1)" "$hf_line"
+printf '%-30s %s\n' "disk-tier prefix (DISK_TTFT=1)" "$disk_ttft_line"
+[ -s "$OUT/disk-ttft.txt" ] && grep -E "bandwidth|^  prefix|page cache|TTFT|medians|cached_tokens|blocks read|FAILED|NOTE" "$OUT/disk-ttft.txt"
 [ -s "$OUT/hf.txt" ] && grep -E '^(batch|hf )' "$OUT/hf.txt"
 if [ -s "$OUT/serve-bench.json" ]; then   # output tokens/s per GPU against tokens/s per user
   hf_json=(); [ -s "$OUT/hf.json" ] && hf_json=(--hf "$OUT/hf.json")
