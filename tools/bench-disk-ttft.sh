@@ -223,7 +223,8 @@ PY
 )" >&2
 }
 
-# cm [NAME...]: the cache-manager's metrics (troupe-top), as NAME=VALUE lines, or JSON with none.
+# cm [NAME...]: the values of the cache-manager's metrics NAME... (troupe-top) on one line, -1 for
+# one it lacks; all of them as JSON with no NAME.
 cm() {
   "$BIN/troupe-top" --topology "$TOPO" --json | python3 -c '
 import json, sys
