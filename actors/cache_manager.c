@@ -21,7 +21,8 @@
  *     arrives, before it is scheduled). Pinned blocks are also written through as they arrive, so a
  *     pinned conversation survives a restart of this actor or of the whole cluster: the disk's
  *     index is read back at start and announced to each router when it connects. All file I/O
- *     runs on the disk tier's thread (disk_io.h); its completions wake this loop;
+ *     runs on the disk tier's threads (disk_io.h: a fetch's reads in parallel, writes in order);
+ *     their completions wake this loop;
  *   - publish cache_event (stored / removed) to every router, so routing sees where prefixes live,
  *     and to the monitor, which counts them. Tier "host" in these events means "this actor can serve
  *     it", from memory or from disk: the routers' hints need no more.
@@ -57,6 +58,7 @@
 #define PARK_MS          300        /* how long a fetch waits for them (prefill gives up at 1 s) */
 #define DISK_PARK_MS     700        /* how long a fetch waits for its blocks' disk reads */
 #define DISK_JOBS        256        /* disk reads and writes in flight, each with a block buffer */
+#define DISK_THREADS     4          /* I/O threads: a fetch's reads run this many at a time */
 #define DIRTY_PER_TICK   256        /* pin changes written to record headers per timer tick */
 
 typedef struct slot {
@@ -1030,8 +1032,8 @@ int main(int argc, char **argv)
             LOG_E("%s", err);
             return ACTOR_EXIT_CONFIG;
         }
-        c->dio = dio_new(c->disk, actor_zmq_ctx(a), DISK_JOBS, c->disk->formatted ? c->disk->fh.block_bytes : 0, err,
-                         sizeof err);
+        c->dio = dio_new(c->disk, actor_zmq_ctx(a), DISK_JOBS, DISK_THREADS,
+                         c->disk->formatted ? c->disk->fh.block_bytes : 0, err, sizeof err);
         if (!c->dio) {
             LOG_E("%s", err);
             return 1;

@@ -1,8 +1,11 @@
 /* tools/bench_disk.c — troupe-bench-disk: the disk tier's store (actors/cache/) on this machine's
- * disk: write N blocks of a model's KV block size through the I/O thread, drop them from the page
+ * disk: write N blocks of a model's KV block size through the I/O threads, drop them from the page
  * cache, read them back (checksums verified) and print the bandwidths and per-block read times.
  *
- *   troupe-bench-disk --dir DIR [--block-bytes B] [--blocks N] [--jobs J]
+ *   troupe-bench-disk --dir DIR [--block-bytes B] [--blocks N] [--jobs J] [--threads T]
+ *
+ * --threads (default 4, the cache-manager's) is how many I/O threads read at once: writes run one
+ * at a time whatever it is, so --threads 1 against 4 shows what parallel reads give on this disk.
  *
  * --block-bytes defaults to 2097152: one 16-token block of a Llama-3.1-8B-shaped model in bf16
  * (32 layers x 2 x 8 KV heads x 128 x 16 x 2 bytes). The file (DIR/blocks.kvd) is removed after. */
@@ -38,19 +41,22 @@ static dio_job_t *s_wait(dio_t *d)
 int main(int argc, char **argv)
 {
     const char *dir = NULL;
-    long long bb = 2097152, n = 256, jobs = 16;
+    long long bb = 2097152, n = 256, jobs = 16, threads = 4;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--dir") && i + 1 < argc) dir = argv[++i];
         else if (!strcmp(argv[i], "--block-bytes") && i + 1 < argc) bb = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--blocks") && i + 1 < argc) n = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--jobs") && i + 1 < argc) jobs = atoll(argv[++i]);
+        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoll(argv[++i]);
         else {
-            fprintf(stderr, "usage: troupe-bench-disk --dir DIR [--block-bytes B] [--blocks N] [--jobs J]\n");
+            fprintf(stderr, "usage: troupe-bench-disk --dir DIR [--block-bytes B] [--blocks N] [--jobs J] [--threads T]\n");
             return 2;
         }
     }
-    if (!dir || bb < 1 || bb > (1LL << 30) || n < 1 || n > 1000000 || jobs < 1 || jobs > 1024) {
-        fprintf(stderr, "troupe-bench-disk: --dir is required; --block-bytes 1..2^30, --blocks 1..10^6, --jobs 1..1024\n");
+    if (!dir || bb < 1 || bb > (1LL << 30) || n < 1 || n > 1000000 || jobs < 1 || jobs > 1024 || threads < 1 ||
+        threads > DIO_MAX_THREADS) {
+        fprintf(stderr, "troupe-bench-disk: --dir is required; --block-bytes 1..2^30, --blocks 1..10^6, --jobs 1..1024, "
+                        "--threads 1..%d\n", DIO_MAX_THREADS);
         return 2;
     }
     char err[512];
@@ -61,7 +67,7 @@ int main(int argc, char **argv)
         return 1;
     }
     void *ctx = zmq_ctx_new();
-    dio_t *d = dio_new(s, ctx, (int)jobs, (size_t)bb, err, sizeof err);
+    dio_t *d = dio_new(s, ctx, (int)jobs, (int)threads, (size_t)bb, err, sizeof err);
     if (!d) {
         fprintf(stderr, "troupe-bench-disk: %s\n", err);
         return 1;
@@ -109,6 +115,8 @@ int main(int argc, char **argv)
         printf("%s %lld blocks of %lld bytes: %.2f s, %.0f MiB/s; per block p50 %.2f ms, p99 %.2f ms%s\n",
                pass == 0 ? "write" : "read ", n, bb, secs, (double)n * (double)bb / secs / (1 << 20), ms[n / 2],
                ms[(size_t)((double)(n - 1) * 0.99)], bad ? " (SOME FAILED)" : "");
+        if (pass == 1)
+            printf("reads: %lld I/O threads, at most %d reads at once\n", threads, dio_reads_parallel_max(d));
         if (bad)
             return 1;
     }

@@ -1,12 +1,18 @@
-/* actors/cache/disk_io.h — the disk tier's I/O thread: the cache-manager's message loop hands it
+/* actors/cache/disk_io.h — the disk tier's I/O threads: the cache-manager's message loop hands them
  * jobs (write a block, rewrite a record header, read a block back, write the file header) and is
  * told when each is done, so no pread or pwrite ever runs in the loop.
  *
  * Jobs and their block buffers come from a bounded pool made at dio_new: when every job is in
  * flight a spill is shed and a read is not started (the caller counts both); nothing grows with
- * the load. Jobs run in submission order (the file header before any block). A finished job goes
- * onto a done list and one byte onto an inproc ZeroMQ PAIR socket that the loop polls
- * (dio_socket with actor_add_reader), so a completion wakes the loop at once.
+ * the load. A small, fixed set of threads (dio_new's n_threads) takes jobs from one queue in
+ * submission order: a read starts while other reads run, so the reads of a long prefix's fetch
+ * (queued together) run n_threads at a time instead of one after another; a write or header job
+ * starts only when everything before it is over and runs alone, and nothing after it starts before
+ * it ends. So jobs that could touch the same slot (a record header rewritten, a block written then
+ * read) keep their order, the file header comes before any block, and only reads overlap. A
+ * finished job goes onto a done list (in the order jobs finish: reads may pass each other) and one
+ * byte onto an inproc ZeroMQ PAIR socket that the loop polls (dio_socket with actor_add_reader),
+ * so a completion wakes the loop at once.
  *
  * Ownership: between dio_submit and dio_next_done a job belongs to the thread; before and after,
  * to the loop, which returns it with dio_put. */
@@ -36,10 +42,13 @@ typedef struct dio_job {
 
 typedef struct dio dio_t;
 
-/* Starts the thread over store s with n_jobs jobs, each with a buffer of block_bytes (0: the store
- * is not formatted yet; dio_set_block_bytes later). ctx: the actor's ZeroMQ context. NULL on error. */
-dio_t *dio_new(dstore_t *s, void *ctx, int n_jobs, size_t block_bytes, char *err, size_t errlen);
-/* Runs every queued job, stops the thread, syncs the file. */
+#define DIO_MAX_THREADS 64
+
+/* Starts n_threads I/O threads (1..DIO_MAX_THREADS; 1: every job in order, one at a time) over
+ * store s with n_jobs jobs, each with a buffer of block_bytes (0: the store is not formatted yet;
+ * dio_set_block_bytes later). ctx: the actor's ZeroMQ context. NULL on error. */
+dio_t *dio_new(dstore_t *s, void *ctx, int n_jobs, int n_threads, size_t block_bytes, char *err, size_t errlen);
+/* Runs every queued job, stops the threads, syncs the file. */
 void dio_destroy(dio_t **self_p);
 /* Gives the jobs their buffers once the block size is known; -1 out of memory. */
 int dio_set_block_bytes(dio_t *d, size_t block_bytes);
@@ -54,5 +63,10 @@ dio_job_t *dio_next_done(dio_t *d);
 void *dio_socket(dio_t *d);
 /* Jobs queued or running. */
 int dio_in_flight(const dio_t *d);
+/* The most reads that ran at once so far. */
+int dio_reads_parallel_max(dio_t *d);
+/* Tests: hook(arg, job) runs on the I/O thread before each read (to hold reads and see them
+ * overlap). Set before submitting. */
+void dio_set_read_hook(dio_t *d, void (*hook)(void *arg, const dio_job_t *j), void *arg);
 
 #endif

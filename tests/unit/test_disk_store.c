@@ -1,6 +1,6 @@
 /* The disk tier's store (actors/cache/): its format, checksums, fingerprints, eviction, the index
  * read back after a restart, and what it refuses: torn writes, flipped bits, another model's or
- * dtype's blocks, a full disk. The I/O thread at the end. */
+ * dtype's blocks, a full disk. The I/O threads at the end: jobs in order, reads in parallel. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -8,6 +8,7 @@
 #include <cmocka.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -375,13 +376,115 @@ static dio_job_t *s_wait_done(dio_t *d)
     return NULL;
 }
 
+/* Holds each read until `want` reads are held at once (or 10 s passed, so a build that ran reads
+ * one at a time fails the test instead of hanging it). */
+typedef struct barrier {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int arrived, want;
+} barrier_t;
+
+static void s_hold_read(void *arg, const dio_job_t *j)
+{
+    barrier_t *b = arg;
+    pthread_mutex_lock(&b->mu);
+    b->arrived++;
+    pthread_cond_broadcast(&b->cv);
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 10;
+    while (b->arrived < b->want && pthread_cond_timedwait(&b->cv, &b->mu, &until) == 0)
+        ;
+    pthread_mutex_unlock(&b->mu);
+}
+
+static dio_job_t *s_submit(dio_t *d, dstore_t *s, dio_kind_t kind, uint64_t h)
+{
+    dio_job_t *j = dio_get(d);
+    assert_non_null(j);
+    j->kind = kind;
+    j->hash = h;
+    if (kind == DIO_WRITE) {
+        uint64_t victim;
+        j->slot = dstore_alloc(s, h, NOW, &victim);
+        dstore_rec(s, j->slot, &j->rec);
+        s_block(j->buf, h);
+    } else {
+        j->slot = dstore_find(s, h);
+    }
+    dio_submit(d, j);
+    return j;
+}
+
+/* Four threads: a run of reads overlaps (a long prefix's fetch is not read one block after
+ * another), while a write queued after them waits until they are over, and a read queued after the
+ * write sees its block. */
+static void test_io_threads_overlap_reads(void **st)
+{
+    void *ctx = zmq_ctx_new();
+    char err[256];
+    dstore_t *s = s_open(FP, MIB);
+    assert_int_equal(dstore_format(s, DT_BF16, 2, 16, 2, 8, BB, err, sizeof err), 0);
+    assert_null(dio_new(s, ctx, 16, 0, BB, err, sizeof err));
+    assert_non_null(strstr(err, "I/O threads"));
+    dio_t *d = dio_new(s, ctx, 16, 4, BB, err, sizeof err);
+    assert_non_null(d);
+    dio_job_t *j = dio_get(d);
+    j->kind = DIO_FILE_HDR;
+    dio_submit(d, j);
+    for (uint64_t h = 1; h <= 8; h++)
+        s_submit(d, s, DIO_WRITE, h);
+    for (int k = 0; k < 9; k++) {
+        j = s_wait_done(d);
+        assert_int_equal(j->err, 0);
+        if (j->kind == DIO_WRITE)
+            dstore_written(s, j->slot, 1, j->rec.payload_crc);
+        dio_put(d, j);
+    }
+    assert_int_equal(dio_reads_parallel_max(d), 0);
+
+    barrier_t b = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .want = 4};
+    dio_set_read_hook(d, s_hold_read, &b);
+    for (uint64_t h = 1; h <= 8; h++)
+        s_submit(d, s, DIO_READ, h);
+    dio_job_t *w = s_submit(d, s, DIO_WRITE, 9);
+    dio_job_t *r9 = s_submit(d, s, DIO_READ, 9);
+    int reads_before_write = 0, saw_write = 0;
+    for (int k = 0; k < 10; k++) {
+        j = s_wait_done(d);
+        if (j == w) {
+            assert_int_equal(j->err, 0);
+            assert_int_equal(reads_before_write, 8);   /* every earlier read was over */
+            saw_write = 1;
+            dstore_written(s, j->slot, 1, j->rec.payload_crc);
+        } else {
+            assert_int_equal(j->read, DSTORE_READ_OK);
+            uint8_t want[BB];
+            s_block(want, j->hash);
+            assert_memory_equal(j->buf, want, BB);
+            if (j == r9)
+                assert_true(saw_write);   /* it started after the write ended */
+            else
+                reads_before_write++;
+        }
+        dio_put(d, j);
+    }
+    assert_int_equal(dio_reads_parallel_max(d), 4);
+    dio_destroy(&d);
+    dstore_destroy(&s);
+    s = s_open(FP, MIB);
+    assert_int_equal(s->loaded, 9);
+    dstore_destroy(&s);
+    zmq_ctx_term(ctx);
+}
+
 static void test_io_thread(void **st)
 {
     void *ctx = zmq_ctx_new();
     char err[256];
     dstore_t *s = s_open(FP, MIB);
     assert_int_equal(dstore_format(s, DT_BF16, 2, 16, 2, 8, BB, err, sizeof err), 0);
-    dio_t *d = dio_new(s, ctx, 4, BB, err, sizeof err);
+    dio_t *d = dio_new(s, ctx, 4, 1, BB, err, sizeof err);
     assert_non_null(d);
     dio_job_t *j = dio_get(d);
     j->kind = DIO_FILE_HDR;
@@ -444,6 +547,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_full_disk_is_an_error_not_a_crash, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_second_opener_is_refused, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_io_thread, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_io_threads_overlap_reads, s_setup, s_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
