@@ -135,9 +135,25 @@ static void s_finish(actor_t *a, decode_t *d, dc_req_t *r, msg_finish_t fin)
     s_req_free(d, r);
 }
 
-/* Streams token t (the request's n_gen-th) with its text, and ends the request when it finished
- * (at_length: no room for another token). */
-static void s_token(actor_t *a, decode_t *d, dc_req_t *r, int32_t t, float lp, int at_length)
+_Static_assert(MSG_MAX_LOGPROBS <= SAMPLER_MAX_TOP, "a request's top_logprobs fit a sampler_top_t");
+
+/* r's most likely tokens at the position whose logits are row, into *top, when its sampling asks
+ * for them (top_logprobs); NULL when it does not, or the row stayed on the device. Between the
+ * sampling of the position and s_token (which records the token: the penalties must not move). */
+static const sampler_top_t *s_top(dc_req_t *r, const float *row, sampler_top_t *top)
+{
+    const uint32_t n = r->handoff.u.handoff.sampling.top_logprobs;
+    if (n == 0 || !row)
+        return NULL;
+    sampler_top_logprobs(r->smp, row, (int)n, top);
+    return top;
+}
+
+/* Streams token t (the request's n_gen-th) with its text, its logprob lp and its position's
+ * alternatives top (NULL: none), and ends the request when it finished (at_length: no room for
+ * another token). */
+static void s_token(actor_t *a, decode_t *d, dc_req_t *r, int32_t t, float lp, const sampler_top_t *top,
+                    int at_length)
 {
     finish_reason_t fin = token_text_accept(&d->text, r->smp, d->w->tok ? &r->ts : NULL, t);
     r->toks[r->sr.n_toks++] = t;
@@ -152,6 +168,11 @@ static void s_token(actor_t *a, decode_t *d, dc_req_t *r, int32_t t, float lp, i
     if (r->handoff.u.handoff.sampling.logprobs) {
         m.u.token.logprobs = &lp;
         m.u.token.n_logprobs = 1;
+        if (top && top->n > 0) {
+            m.u.token.top_tokens = (const uint32_t *)top->ids;   /* ids >= 0: the same bits */
+            m.u.token.top_logprobs = top->logprobs;
+            m.u.token.n_top_tokens = m.u.token.n_top_logprobs = (uint32_t)top->n;
+        }
     }
     actor_send(a, r->handoff.u.handoff.reply_to, &m);
     d->tokens_out++;
@@ -174,7 +195,10 @@ static void s_admit(actor_t *a, decode_t *d, dc_req_t *r, int with_kv, int32_t f
         return;
     }
     r->admitted_ms = now_ms();
-    s_token(a, d, r, first, lp, 0);
+    sampler_top_t top = {.n = (int)h->n_first_top_tokens};   /* <= top_logprobs: validated */
+    memcpy(top.ids, h->first_top_tokens, (size_t)top.n * sizeof top.ids[0]);
+    memcpy(top.logprobs, h->first_top_logprobs, (size_t)top.n * sizeof top.logprobs[0]);
+    s_token(a, d, r, first, lp, top.n ? &top : NULL, 0);
 }
 
 /* Blocks announced outside a hand-off: the cache-manager's answer to a colocated prompt's fetch,
@@ -359,13 +383,14 @@ static void s_sample_emit(actor_t *a, decode_t *d, const sched_batch_t *b)
             continue;
         /* The log-probability costs a softmax over the vocabulary: only when it was asked for. */
         float lp = 0;
-        const int32_t t = d->need_logits[i]
-                              ? sampler_sample(r->smp, d->w->logits + (size_t)i * (size_t)d->w->cfg.vocab_size,
-                                               r->handoff.u.handoff.sampling.logprobs ? &lp : NULL)
+        const float *row = d->need_logits[i] ? d->w->logits + (size_t)i * (size_t)d->w->cfg.vocab_size : NULL;
+        const int32_t t = row ? sampler_sample(r->smp, row, r->handoff.u.handoff.sampling.logprobs ? &lp : NULL)
                               : d->argmax[i];
+        sampler_top_t top;
+        const sampler_top_t *alt = s_top(r, row, &top);
         if (i >= b->n_decode)   /* a colocated prompt's last chunk: its first token, as a hand-off's */
             prompt_intake_done(&d->prompts, a, r);
-        s_token(a, d, r, t, lp, i < b->n_decode && kvseq_len(r->kv) + 1 >= d->w->max_model_len);
+        s_token(a, d, r, t, lp, alt, i < b->n_decode && kvseq_len(r->kv) + 1 >= d->w->max_model_len);
     }
 }
 
@@ -378,13 +403,14 @@ static sampler_t *s_spec_sampler(void *ctx, sched_req_t *sr, int *logprobs)
     return r->smp;
 }
 
-static int s_spec_emit(void *ctx, sched_req_t *sr, int32_t t, float lp, int at_length, int kv_keep)
+static int s_spec_emit(void *ctx, sched_req_t *sr, int32_t t, float lp, const float *row, int at_length, int kv_keep)
 {
     decode_t *d = ctx;
     dc_req_t *r = (dc_req_t *)sr;
     const uint64_t id = sr->id;
     r->kv_keep = kv_keep;
-    s_token(d->a, d, r, t, lp, at_length);
+    sampler_top_t top;
+    s_token(d->a, d, r, t, lp, s_top(r, row, &top), at_length);
     if (!s_find(d, id))
         return 0;
     r->kv_keep = 0;

@@ -22,7 +22,7 @@
  * call's buffer under its lock and resumes the suspended connection. A call has two references,
  * one per thread; the last to let go frees it.
  *
- * Known limits: n = 1 only; no alternatives in logprobs (top_logprobs 0); a client that goes away
+ * Known limits: n = 1 only; a client that goes away
  * while its reply is being computed (before its stream began, or a non-streamed one) is noticed
  * within a second (s_liveness), mid-stream at the next token. */
 #include <arpa/inet.h>
@@ -47,6 +47,7 @@
 #include "common/log.h"
 #include "common/u64map.h"
 #include "common/util.h"
+#include "engine/tokenizer.h"
 
 #define GW_MAX_PENDING   (8u << 20)   /* unsent stream bytes before a non-reading client is cut off */
 #define GW_RETRY_AFTER_S 1            /* Retry-After for a full or unavailable cluster */
@@ -95,8 +96,10 @@ typedef struct gw_call {
     int started;                 /* first token seen */
     char *text;                  /* [text_cap] collected text (non-streamed) */
     size_t text_len, text_cap;
-    gw_logprob_t *lp;            /* [n_lp] collected logprobs (non-streamed) */
+    gw_logprob_t *lp;            /* [n_lp] logprobs collected (non-streamed), or this message's (streamed) */
     uint32_t n_lp, cap_lp;
+    gw_logprob_t *alt;           /* [n_alt] their alternatives, lp[i].n_top each, in lp's order */
+    uint32_t n_alt, cap_alt;
 } gw_call_t;
 
 struct gateway {
@@ -106,6 +109,7 @@ struct gateway {
     void *router;                /* DEALER at endpoints.client (actor thread) */
     void *push, *pull;           /* inproc: HTTP thread -> actor thread */
     const char *router_name;
+    tokenizer_t *tok;            /* the model's, for the text of logprobs' tokens (NULL: "token_id:<id>") */
     char model[256];             /* the model id served: the model directory's name */
     int64_t started_s;           /* unix time, for /v1/models */
     gw_parse_opts_t opts;
@@ -142,9 +146,8 @@ static void s_call_unref(gw_call_t *c)
     if (!c || atomic_fetch_sub(&c->refs, 1) != 1)
         return;
     gw_request_free(&c->req);
-    for (uint32_t i = 0; i < c->n_lp; i++)
-        free((char *)c->lp[i].token);
     free(c->lp);
+    free(c->alt);
     free(c->text);
     free(c->body);
     free(c->out);
@@ -297,29 +300,76 @@ static void s_event_locked(gw_call_t *c, char *json)
     free(json);
 }
 
+/* Room for need entries in *v (of *cap); -1 when out of memory. */
+static int s_reserve(gw_logprob_t **v, uint32_t *cap, uint64_t need)
+{
+    if (need <= *cap)
+        return 0;
+    uint64_t nc = *cap ? *cap : 64;
+    while (nc < need)
+        nc *= 2;
+    if (nc > UINT32_MAX)
+        return -1;
+    gw_logprob_t *n = realloc(*v, (size_t)nc * sizeof *n);
+    if (!n)
+        return -1;
+    *v = n;
+    *cap = (uint32_t)nc;
+    return 0;
+}
+
+/* A token as a logprobs entry: its bytes from the model's tokenizer (which outlives every call). */
+static gw_logprob_t s_lp_entry(const gateway_t *g, uint32_t id, float logprob)
+{
+    size_t n = 0;
+    const uint8_t *b = g->tok && id <= INT32_MAX ? tok_token_bytes(g->tok, (int32_t)id, &n) : NULL;
+    return (gw_logprob_t){.logprob = logprob, .bytes = b, .n_bytes = (uint32_t)n, .id = id};
+}
+
+/* Appends t's tokens to the call's logprobs and their alternatives to its alt; -1 when out of
+ * memory. The entries' top pointers are set by s_link_top, once the arrays stop moving. */
+static int s_collect_lp(gateway_t *g, gw_call_t *c, const msg_token_t *t)
+{
+    const uint32_t k = t->n_top_tokens / t->n_tokens;   /* the codec checked: whole rows */
+    if (s_reserve(&c->lp, &c->cap_lp, (uint64_t)c->n_lp + t->n_tokens) != 0 ||
+        s_reserve(&c->alt, &c->cap_alt, (uint64_t)c->n_alt + t->n_top_tokens) != 0)
+        return -1;
+    for (uint32_t i = 0; i < t->n_tokens; i++) {
+        gw_logprob_t e = s_lp_entry(g, t->tokens[i], t->logprobs[i]);
+        e.n_top = k;
+        c->lp[c->n_lp++] = e;
+    }
+    for (uint32_t j = 0; j < t->n_top_tokens; j++)
+        c->alt[c->n_alt++] = s_lp_entry(g, t->top_tokens[j], t->top_logprobs[j]);
+    return 0;
+}
+
+static void s_link_top(gw_call_t *c)
+{
+    uint32_t at = 0;
+    for (uint32_t i = 0; i < c->n_lp; i++) {
+        c->lp[i].top = c->lp[i].n_top ? c->alt + at : NULL;
+        at += c->lp[i].n_top;
+    }
+}
+
 static void s_on_token(gateway_t *g, gw_call_t *c, const msg_token_t *t)
 {
     const char *text = t->text ? t->text : "";
+    const int has_lp = c->req.logprobs && t->n_logprobs;
     if (!c->req.stream) {
         if (s_append(&c->text, &c->text_len, &c->text_cap, text, strlen(text), MSG_MAX_FRAME) != 0)
             goto cut;
-        if (c->req.logprobs && t->n_logprobs) {
-            if (c->n_lp == c->cap_lp) {
-                uint32_t nc = c->cap_lp ? c->cap_lp * 2 : 64;
-                gw_logprob_t *n = realloc(c->lp, nc * sizeof *n);
-                if (!n)
-                    goto cut;
-                c->lp = n;
-                c->cap_lp = nc;
-            }
-            c->lp[c->n_lp++] = (gw_logprob_t){.token = strdup(text), .logprob = t->logprobs[0]};
-        }
+        if (has_lp && s_collect_lp(g, c, t) != 0)
+            goto cut;
         c->started = 1;
         return;
     }
     gw_reply_ctx_t x = s_ctx(c);
-    gw_logprob_t lp = {.token = text, .logprob = t->n_logprobs ? t->logprobs[0] : 0};
-    int has_lp = c->req.logprobs && t->n_logprobs;
+    c->n_lp = c->n_alt = 0;   /* a stream's chunk lists its own message's tokens */
+    if (has_lp && s_collect_lp(g, c, t) != 0)
+        goto cut;
+    s_link_top(c);
     pthread_mutex_lock(&c->mu);
     if (!c->started) {
         c->streaming = 1;
@@ -331,7 +381,7 @@ static void s_on_token(gateway_t *g, gw_call_t *c, const msg_token_t *t)
     }
     /* One event per token message, even when its text is empty (a model without a tokenizer, text
      * held back at a possible stop string or an incomplete character): clients see every step. */
-    s_event_locked(c, gw_chunk_json(&x, text, NULL, 0, c->req.include_usage, has_lp ? &lp : NULL, has_lp));
+    s_event_locked(c, gw_chunk_json(&x, text, NULL, 0, c->req.include_usage, has_lp ? c->lp : NULL, c->n_lp));
     int cut = c->failed;
     int s = s_take_suspended(c);
     pthread_mutex_unlock(&c->mu);
@@ -372,6 +422,7 @@ static void s_on_done(gateway_t *g, gw_call_t *c, const msg_done_t *d)
     }
     const char *fin = s_finish_name(d->finish);
     if (!c->req.stream) {
+        s_link_top(c);
         s_answer(c, 200, 0, gw_completion_json(&x, c->text ? c->text : "", fin, &u, c->req.logprobs ? c->lp : NULL,
                                                c->n_lp));
         return;
@@ -1059,6 +1110,12 @@ int main(int argc, char **argv)
     g->buf = malloc(MSG_MAX_FRAME);
     const char *slash = strrchr(t->model.path, '/');
     snprintf(g->model, sizeof g->model, "%.255s", slash && slash[1] ? slash + 1 : t->model.path[0] ? t->model.path : "troupe");
+    /* The tokenizer the workers use, for the text and bytes of logprobs' tokens (without one, a
+     * token shows as "token_id:<id>", as the workers then send no text either). */
+    const char *tokdir = t->model.tokenizer[0] ? t->model.tokenizer : t->model.path;
+    char terr[512];
+    if (!(g->tok = tok_load(tokdir, terr, sizeof terr)))
+        LOG_W("no tokenizer (%s): logprobs name tokens by id", terr);
     const topo_instance_t *cm = topo_first(t, ROLE_CACHE_MANAGER);
     g->opts = (gw_parse_opts_t){.model = g->model, .can_retain = cm && t->cache.host_store_blocks > 0,
                                 .max_retention_s = MSG_MAX_RETENTION_S,
@@ -1155,6 +1212,7 @@ out:
         if (g->router)
             zmq_close(g->router);
         gw_keys_free(&g->keys);
+        tok_destroy(&g->tok);
         u64map_free(&g->calls);
         free(g->buf);
         free(g);

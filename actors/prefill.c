@@ -59,6 +59,7 @@ typedef struct pf_req {
     uint64_t transfer_id;
     int32_t first_token;         /* sampled at the end of the prompt (kept for a retried hand-off) */
     float first_lp;
+    sampler_top_t first_top;     /* its position's most likely tokens (sampling.top_logprobs) */
     kvchan_out_t out;            /* the current hand-off's transfer: its channel, what it holds (a
                                   * segment, staged bytes, an NCCL send), its description */
     int sent;                    /* NCCL: the send is over (done, or its link aborted) */
@@ -319,6 +320,9 @@ static void s_send_handoff(actor_t *a, prefill_t *p, pf_req_t *r, msg_channel_t 
     o->n_tokens = q->n_tokens;
     o->first_token = (uint32_t)r->first_token;
     o->first_logprob = r->first_lp;
+    o->first_top_tokens = (const uint32_t *)r->first_top.ids;   /* ids >= 0: the same bits */
+    o->first_top_logprobs = r->first_top.logprobs;
+    o->n_first_top_tokens = o->n_first_top_logprobs = (uint32_t)r->first_top.n;
     o->sampling = q->sampling;
     o->tokens_left = q->sampling.max_tokens > 0 ? q->sampling.max_tokens - 1 : 0;
     o->kv_tokens = (uint32_t)r->sr.n_prompt;
@@ -381,6 +385,9 @@ static void s_handoff(actor_t *a, prefill_t *p, pf_req_t *r, const float *logits
     float lp = 0;
     r->first_token = sampler_sample(smp, logits, q->sampling.logprobs ? &lp : NULL);
     r->first_lp = lp > 0 ? 0 : lp;
+    r->first_top.n = 0;
+    if (q->sampling.top_logprobs > 0)   /* before the sampler forgets this position's state */
+        sampler_top_logprobs(smp, logits, (int)q->sampling.top_logprobs, &r->first_top);
     sampler_destroy(&smp);
     s_send_handoff(a, p, r, kvchan_channel(p->chan, q->decode_worker));
 }

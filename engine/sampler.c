@@ -197,6 +197,75 @@ int32_t sampler_sample(sampler_t *s, const float *logits, float *logprob)
     return tok;
 }
 
+/* Puts token t of value v into out's ranking of at most n (larger first; the tokens come in
+ * ascending id, so an equal value ranks after those already in: the lower id first on ties). */
+static void s_top_insert(sampler_top_t *out, int n, int32_t t, float v)
+{
+    if (out->n == n && !(v > out->logprobs[n - 1]))
+        return;
+    int p = out->n < n ? out->n++ : n - 1;
+    for (; p > 0 && v > out->logprobs[p - 1]; p--) {
+        out->ids[p] = out->ids[p - 1];
+        out->logprobs[p] = out->logprobs[p - 1];
+    }
+    out->ids[p] = t;
+    out->logprobs[p] = v;
+}
+
+/* The n best of row [V] by value, raw values: only finite ones (a NaN or an infinity has no
+ * log-probability a message can carry), and with skip_zero only positive ones. */
+static void s_top_rank(const float *row, int V, int n, int skip_zero, sampler_top_t *out)
+{
+    out->n = 0;
+    for (int i = 0; i < V; i++)
+        if (isfinite(row[i]) && (!skip_zero || row[i] > 0))
+            s_top_insert(out, n, i, row[i]);
+}
+
+/* out's values (entries of row) as log_softmax(row), each as cpu_log_softmax_at computes it;
+ * a NaN is left out of the sum (where cpu_log_softmax_at gives NaN for every token). */
+static void s_top_log_softmax(const float *row, int V, sampler_top_t *out)
+{
+    float mx = -INFINITY;
+    for (int i = 0; i < V; i++)
+        mx = row[i] > mx ? row[i] : mx;
+    double sum = 0;
+    for (int i = 0; i < V; i++)
+        if (row[i] == row[i])
+            sum += exp((double)row[i] - mx);
+    for (int k = 0; k < out->n; k++)
+        out->logprobs[k] = (float)((double)row[out->ids[k]] - mx - log(sum));
+}
+
+int sampler_top_logprobs(sampler_t *s, const float *logits, int n, sampler_top_t *out)
+{
+    const int V = s->vocab;
+    n = n < 0 ? 0 : n > SAMPLER_MAX_TOP ? SAMPLER_MAX_TOP : n;
+    n = n < V ? n : V;
+    out->n = 0;
+    if (n == 0)
+        return 0;
+    if (s->p.logprobs_mode == SAMPLER_LOGPROBS_RAW) {
+        s_top_rank(logits, V, n, 0, out);
+        s_top_log_softmax(logits, V, out);
+        return out->n;
+    }
+    memcpy(s->work, logits, (size_t)V * sizeof(float));
+    s_penalise(s);
+    if (s->p.temperature == 0) {   /* greedy: sampler_sample's processed logprob is this softmax */
+        s_top_rank(s->work, V, n, 0, out);
+        s_top_log_softmax(s->work, V, out);
+        return out->n;
+    }
+    bk_sample_t sp;
+    sampler_device_params(s, &sp);
+    const double total = cpu_sample_mass(s->work, V, &sp, s->work, s->mass, s->idx);
+    s_top_rank(s->work, V, n, 1, out);   /* the masses: a dropped token has 0 and is never drawn */
+    for (int k = 0; k < out->n; k++)
+        out->logprobs[k] = (float)log(s->work[out->ids[k]] / total);
+    return out->n;
+}
+
 int32_t sampler_verify_draft(sampler_t *s, const float *logits, int32_t draft, float *logprob, int *accepted)
 {
     int32_t tok = sampler_sample(s, logits, logprob);

@@ -26,7 +26,8 @@
  * and without log-probabilities may take its token from that op on the device
  * (sampler_needs_host, sampler_device_params).
  *
- * Log-probability of the chosen token: SAMPLER_LOGPROBS_RAW (the default, as vLLM's default
+ * Log-probability of the chosen token (and of the most likely alternatives, sampler_top_logprobs,
+ * for OpenAI's top_logprobs): SAMPLER_LOGPROBS_RAW (the default, as vLLM's default
  * logprobs_mode "raw_logprobs") is log_softmax of the model's logits before any processing;
  * SAMPLER_LOGPROBS_PROCESSED is the log of the probability the token was actually drawn with
  * (after penalties, temperature and filtering; for greedy, log_softmax of the penalised logits).
@@ -48,6 +49,7 @@
 #define SAMPLER_MAX_EOS 8
 #define SAMPLER_MAX_STOPS 8
 #define SAMPLER_MAX_STOP_LEN 256   /* bytes per stop string */
+#define SAMPLER_MAX_TOP 20         /* alternatives per position (OpenAI's top_logprobs bound) */
 
 typedef enum { SAMPLER_LOGPROBS_RAW = 0, SAMPLER_LOGPROBS_PROCESSED } sampler_logprobs_t;
 
@@ -81,6 +83,13 @@ typedef struct sampler_params {
 
 typedef struct sampler sampler_t;
 
+/* The most likely tokens at one position, most likely first, with their log-probabilities. */
+typedef struct sampler_top {
+    int n;                        /* entries filled, <= SAMPLER_MAX_TOP */
+    int32_t ids[SAMPLER_MAX_TOP];
+    float logprobs[SAMPLER_MAX_TOP]; /* non-increasing, <= 0 */
+} sampler_top_t;
+
 /* Greedy, no penalties, no limits, seed 0, no stops. */
 void sampler_params_default(sampler_params_t *p);
 /* Range checks; the error names the field and the value. */
@@ -94,6 +103,18 @@ void sampler_destroy(sampler_t **self_p);
 /* Chooses the next token from logits [vocab_size] (left unchanged); *logprob (may be NULL) gets
  * its log-probability in the configured mode. Does not record the token: call sampler_accept. */
 int32_t sampler_sample(sampler_t *s, const float *logits, float *logprob);
+/* The n most likely tokens of logits [vocab_size] (n clipped to [0, SAMPLER_MAX_TOP] and to the
+ * vocabulary) into *out, ranked as greedy ranks them (larger first, the lower id on ties, so a
+ * greedy token is out->ids[0]); a NaN or infinite logit never ranks. Their log-probabilities are
+ * on the scale of sampler_sample's *logprob, so the chosen token's value equals its entry here when
+ * it is among them: RAW, log_softmax of the raw logits (computed as cpu_log_softmax_at does, bit
+ * for bit; a NaN logit, for which that gives NaN everywhere, is left out of the sum);
+ * PROCESSED, of the distribution the token is drawn from (penalties, temperature, filters): only
+ * tokens it can draw are listed, so out->n may be smaller than n (greedy: log_softmax of the
+ * penalised logits). Call it for the position sampler_sample just chose from, before
+ * sampler_accept (the penalties must be the same). Uses the sampler's scratch (no allocation);
+ * costs one pass over the vocabulary, two with RAW. Returns out->n. */
+int sampler_top_logprobs(sampler_t *s, const float *logits, int n, sampler_top_t *out);
 /* Verifies a point-mass draft (an n-gram proposer's; draft < 0: none) against the target's logits
  * at its position: the token to emit is sampler_sample's, and *accepted says whether it equals
  * the draft. This is speculative rejection sampling for q = a point mass at the draft (accept

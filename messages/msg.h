@@ -180,7 +180,7 @@ typedef struct msg_sampling {
     uint32_t n_stop_token_ids;   /* <= MSG_MAX_STOP_TOKENS */
     bool ignore_eos;
     bool logprobs;               /* return the sampled token's logprob */
-    uint32_t top_logprobs;       /* reserved for alternatives; <= MSG_MAX_LOGPROBS, needs logprobs */
+    uint32_t top_logprobs;       /* alternatives per token (token.top_tokens); <= MSG_MAX_LOGPROBS, needs logprobs */
 } msg_sampling_t;
 
 /* cached_tokens is every prompt token whose KV was not computed for this request; the three
@@ -270,6 +270,12 @@ typedef struct msg_token {
     const char *text;            /* optional: decoded text of these tokens, whole UTF-8 only */
     const float *logprobs;
     uint32_t n_logprobs;         /* 0 or n_tokens */
+    /* The most likely tokens at each position (sampling.top_logprobs asked for them), most likely
+     * first: [n_tokens][k] with k = n_top_tokens / n_tokens, row i for tokens[i]'s position. */
+    const uint32_t *top_tokens;
+    uint32_t n_top_tokens;       /* 0, or n_tokens * k for k in 1..MSG_MAX_LOGPROBS; needs logprobs */
+    const float *top_logprobs;   /* [n_tokens][k] theirs: <= 0, non-increasing along a row */
+    uint32_t n_top_logprobs;     /* == n_top_tokens */
 } msg_token_t;
 
 typedef struct msg_done {
@@ -333,6 +339,10 @@ typedef struct msg_handoff {
     uint32_t n_tokens;           /* 1..MSG_MAX_PROMPT_TOKENS (required) */
     uint32_t first_token;
     float first_logprob;         /* <= 0 */
+    const uint32_t *first_top_tokens;  /* first_token's position's most likely tokens, most likely first */
+    uint32_t n_first_top_tokens;       /* <= sampling.top_logprobs */
+    const float *first_top_logprobs;   /* theirs: <= 0, non-increasing */
+    uint32_t n_first_top_logprobs;     /* == n_first_top_tokens */
     msg_sampling_t sampling;
     uint32_t tokens_left;        /* generation budget after first_token */
     uint32_t kv_tokens;          /* tokens whose KV travels (<= n_tokens) */

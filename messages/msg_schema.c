@@ -185,12 +185,34 @@ static int s_submit_check(const void *p, const char *path, char *err, size_t err
     return s_retention_needs_key(path, s->cache_retention_s, s->prompt_cache_key, err, errlen);
 }
 
+/* Alternatives: n_ids ids and n_lps logprobs in rows of k, each row most likely first. */
+static int s_top_check(const char *path, const char *ids, uint32_t n_ids, const char *lps, const float *lp,
+                       uint32_t n_lps, uint32_t k, char *err, size_t errlen)
+{
+    if (n_ids != n_lps)
+        return errf(err, errlen, "%s.%s: %u entries for %u %s", path, lps, n_lps, n_ids, ids);
+    for (uint32_t i = 1; i < n_lps; i++)
+        if (i % k && lp[i] > lp[i - 1])
+            return errf(err, errlen, "%s.%s[%u]: %g above the %g before it (most likely first)", path, lps, i,
+                        (double)lp[i], (double)lp[i - 1]);
+    return 0;
+}
+
 static int s_token_check(const void *p, const char *path, char *err, size_t errlen)
 {
     const msg_token_t *t = p;
     if (t->n_logprobs != 0 && t->n_logprobs != t->n_tokens)
         return errf(err, errlen, "%s.logprobs: %u entries for %u tokens", path, t->n_logprobs, t->n_tokens);
-    return 0;
+    if (t->n_top_tokens == 0 && t->n_top_logprobs == 0)
+        return 0;
+    if (t->n_logprobs == 0)
+        return errf(err, errlen, "%s.top_tokens: alternatives without the tokens' logprobs", path);
+    const uint32_t k = t->n_top_tokens / t->n_tokens;
+    if (t->n_top_tokens % t->n_tokens || k > MSG_MAX_LOGPROBS)
+        return errf(err, errlen, "%s.top_tokens: %u entries are not 1..%u per token for %u tokens", path,
+                    t->n_top_tokens, MSG_MAX_LOGPROBS, t->n_tokens);
+    return s_top_check(path, "top_tokens", t->n_top_tokens, "top_logprobs", t->top_logprobs, t->n_top_logprobs,
+                       k ? k : 1, err, errlen);
 }
 
 static int s_prefill_check(const void *p, const char *path, char *err, size_t errlen)
@@ -202,6 +224,12 @@ static int s_prefill_check(const void *p, const char *path, char *err, size_t er
 static int s_handoff_check(const void *p, const char *path, char *err, size_t errlen)
 {
     const msg_handoff_t *h = p;
+    if (h->n_first_top_tokens > h->sampling.top_logprobs)
+        return errf(err, errlen, "%s.first_top_tokens: %u alternatives, sampling.top_logprobs asks for %u", path,
+                    h->n_first_top_tokens, h->sampling.top_logprobs);
+    if (s_top_check(path, "first_top_tokens", h->n_first_top_tokens, "first_top_logprobs", h->first_top_logprobs,
+                    h->n_first_top_logprobs, MSG_MAX_LOGPROBS, err, errlen) != 0)
+        return -1;
     if (h->kv_tokens > h->n_tokens)
         return errf(err, errlen, "%s.kv_tokens: %u exceeds the %u prompt tokens", path, h->kv_tokens,
                     h->n_tokens);
@@ -488,6 +516,8 @@ static const msg_field_t s_token_f[] = {
     F_U32A(msg_token_t, tokens, n_tokens, REQ, 1, MSG_MAX_TOKEN_CHUNK),
     F_STR(msg_token_t, text, 0, 0, MSG_MAX_PIECE),
     F_F32A(msg_token_t, logprobs, n_logprobs, 0, 0, MSG_MAX_TOKEN_CHUNK, -FLT_MAX, 0.0),
+    F_U32A(msg_token_t, top_tokens, n_top_tokens, 0, 0, MSG_MAX_TOKEN_CHUNK * MSG_MAX_LOGPROBS),
+    F_F32A(msg_token_t, top_logprobs, n_top_logprobs, 0, 0, MSG_MAX_TOKEN_CHUNK * MSG_MAX_LOGPROBS, -FLT_MAX, 0.0),
 };
 
 static const msg_field_t s_done_f[] = {
@@ -541,6 +571,8 @@ static const msg_field_t s_handoff_f[] = {
     F_U32A(msg_handoff_t, tokens, n_tokens, REQ, 1, MSG_MAX_PROMPT_TOKENS),
     F_U32(msg_handoff_t, first_token, REQ, 0, U32MAX),
     F_F32(msg_handoff_t, first_logprob, 0, -FLT_MAX, 0.0),
+    F_U32A(msg_handoff_t, first_top_tokens, n_first_top_tokens, 0, 0, MSG_MAX_LOGPROBS),
+    F_F32A(msg_handoff_t, first_top_logprobs, n_first_top_logprobs, 0, 0, MSG_MAX_LOGPROBS, -FLT_MAX, 0.0),
     F_STRUCT(msg_handoff_t, sampling, 0, s_sampling_s),
     F_U32(msg_handoff_t, tokens_left, 0, 0, MSG_MAX_NEW_TOKENS),
     F_U32(msg_handoff_t, kv_tokens, 0, 0, MSG_MAX_PROMPT_TOKENS),

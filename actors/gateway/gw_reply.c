@@ -1,6 +1,8 @@
 #include "actors/gateway/gw_reply.h"
 
 #include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* Dumps and releases o. */
@@ -57,7 +59,80 @@ static json_t *s_usage(const gw_usage_t *u)
                      "prompt_tokens_details", details);
 }
 
-/* Chat: {"content": [{token, logprob, bytes, top_logprobs: []}]}; completions: parallel arrays. */
+/* The UTF-8 sequence at p[0..n): its length, and *ok whether it is a whole valid character; when
+ * not, the length of its maximal subpart (the lead byte and the continuation bytes that could still
+ * follow it), which becomes one U+FFFD, as Rust's from_utf8_lossy and Python's "replace" do. */
+static size_t s_utf8_step(const uint8_t *p, size_t n, int *ok)
+{
+    const uint8_t b = p[0];
+    size_t need = 0;
+    uint8_t lo = 0x80, hi = 0xbf;                  /* the second byte's range */
+    if (b < 0x80) {
+        *ok = 1;
+        return 1;
+    } else if (b >= 0xc2 && b <= 0xdf) {
+        need = 1;
+    } else if (b >= 0xe0 && b <= 0xef) {
+        need = 2;
+        lo = b == 0xe0 ? 0xa0 : 0x80;              /* no overlong forms */
+        hi = b == 0xed ? 0x9f : 0xbf;              /* no surrogates */
+    } else if (b >= 0xf0 && b <= 0xf4) {
+        need = 3;
+        lo = b == 0xf0 ? 0x90 : 0x80;
+        hi = b == 0xf4 ? 0x8f : 0xbf;              /* nothing past U+10FFFF */
+    }
+    size_t k = 1;
+    for (; k <= need && k < n; k++)
+        if (p[k] < (k == 1 ? lo : 0x80) || p[k] > (k == 1 ? hi : 0xbf))
+            break;
+    *ok = need > 0 && k == need + 1;
+    return k;
+}
+
+/* An entry's text (gw_logprob_t's rule); NULL when out of memory. */
+static json_t *s_tok_text(const gw_logprob_t *e)
+{
+    if (e->token)
+        return s_str(e->token);
+    if (!e->bytes) {
+        char b[32];
+        snprintf(b, sizeof b, "token_id:%u", e->id);
+        return json_string(b);
+    }
+    char *t = malloc((size_t)e->n_bytes * 3 + 1), *o = t;   /* U+FFFD is 3 bytes for at least 1 */
+    if (!t)
+        return NULL;
+    for (size_t i = 0, k; i < e->n_bytes; i += k) {
+        int ok;
+        k = s_utf8_step(e->bytes + i, e->n_bytes - i, &ok);
+        memcpy(o, ok ? (const char *)e->bytes + i : "\xef\xbf\xbd", ok ? k : 3);
+        o += ok ? k : 3;
+    }
+    json_t *v = json_stringn(t, (size_t)(o - t));
+    free(t);
+    return v;
+}
+
+/* OpenAI's `bytes`: the token's bytes as integers, null when unknown. */
+static json_t *s_tok_bytes(const gw_logprob_t *e)
+{
+    const uint8_t *p = e->token ? (const uint8_t *)e->token : e->bytes;
+    const size_t n = e->token ? strlen(e->token) : e->n_bytes;
+    if (!p)
+        return json_null();
+    json_t *a = json_array();
+    for (size_t i = 0; a && i < n; i++)
+        json_array_append_new(a, json_integer(p[i]));
+    return a;
+}
+
+static json_t *s_tok_entry(const gw_logprob_t *e)
+{
+    return json_pack("{s:o,s:f,s:o}", "token", s_tok_text(e), "logprob", (double)e->logprob, "bytes", s_tok_bytes(e));
+}
+
+/* Chat: {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}; completions:
+ * parallel arrays, top_logprobs a {text: logprob} map per position (null without alternatives). */
 static json_t *s_logprobs(gw_kind_t kind, const gw_logprob_t *lp, uint32_t n)
 {
     if (!lp)
@@ -65,24 +140,42 @@ static json_t *s_logprobs(gw_kind_t kind, const gw_logprob_t *lp, uint32_t n)
     if (kind == GW_CHAT) {
         json_t *content = json_array();
         for (uint32_t i = 0; i < n; i++) {
-            json_t *bytes = json_array();
-            for (const unsigned char *p = (const unsigned char *)lp[i].token; p && *p; p++)
-                json_array_append_new(bytes, json_integer(*p));
-            json_array_append_new(content, json_pack("{s:o,s:f,s:o,s:[]}", "token", s_str(lp[i].token), "logprob",
-                                                     (double)lp[i].logprob, "bytes", bytes, "top_logprobs"));
+            json_t *e = s_tok_entry(&lp[i]), *top = json_array();
+            for (uint32_t k = 0; k < lp[i].n_top; k++)
+                json_array_append_new(top, s_tok_entry(&lp[i].top[k]));
+            if (e)
+                json_object_set_new(e, "top_logprobs", top);
+            else
+                json_decref(top);
+            json_array_append_new(content, e);
         }
         return json_pack("{s:o}", "content", content);
     }
-    json_t *tokens = json_array(), *values = json_array(), *offsets = json_array();
+    json_t *tokens = json_array(), *values = json_array(), *offsets = json_array(), *tops = json_array();
     size_t at = 0;
+    int any_top = 0;
     for (uint32_t i = 0; i < n; i++) {
-        json_array_append_new(tokens, s_str(lp[i].token));
-        json_array_append_new(values, json_real(lp[i].logprob));
+        json_t *text = s_tok_text(&lp[i]);
         json_array_append_new(offsets, json_integer((json_int_t)at));
-        at += lp[i].token ? strlen(lp[i].token) : 0;
+        at += text ? json_string_length(text) : 0;
+        json_array_append_new(tokens, text);
+        json_array_append_new(values, json_real(lp[i].logprob));
+        json_t *map = json_object();
+        for (uint32_t k = 0; k < lp[i].n_top; k++) {
+            json_t *t = s_tok_text(&lp[i].top[k]);
+            if (t && map && !json_object_getn(map, json_string_value(t), json_string_length(t)))
+                json_object_setn_new(map, json_string_value(t), json_string_length(t), json_real(lp[i].top[k].logprob));
+            json_decref(t);
+        }
+        any_top |= lp[i].n_top > 0;
+        json_array_append_new(tops, map);
     }
-    return json_pack("{s:o,s:o,s:n,s:o}", "tokens", tokens, "token_logprobs", values, "top_logprobs", "text_offset",
-                     offsets);
+    if (!any_top) {
+        json_decref(tops);
+        tops = json_null();
+    }
+    return json_pack("{s:o,s:o,s:o,s:o}", "tokens", tokens, "token_logprobs", values, "top_logprobs", tops,
+                     "text_offset", offsets);
 }
 
 static json_t *s_head(const gw_reply_ctx_t *c, const char *object)

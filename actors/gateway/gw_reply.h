@@ -19,10 +19,19 @@ typedef struct gw_reply_ctx {
     const char *model;
 } gw_reply_ctx_t;
 
-/* Sampled tokens' text and logprob, for `logprobs` (no alternatives: top_logprobs is empty). */
+/* One token of a `logprobs` listing: the sampled one, with its position's most likely tokens in
+ * top (each an entry whose own top is empty), or one of those. Its text is token when set, else
+ * its bytes as UTF-8 (bytes that are no whole character, as a token holding part of one has, show
+ * as U+FFFD, as a lossy decode writes them; `bytes` keeps the truth), else "token_id:<id>" (a model
+ * without a tokenizer). */
 typedef struct gw_logprob {
-    const char *token;
+    const char *token;           /* its text; NULL: from bytes */
     float logprob;
+    const uint8_t *bytes;        /* [n_bytes] what the token decodes to; NULL: token's own, or unknown */
+    uint32_t n_bytes;
+    uint32_t id;
+    const struct gw_logprob *top;/* [n_top] the most likely tokens at its position, most likely first */
+    uint32_t n_top;
 } gw_logprob_t;
 
 /* cached_tokens by source (msg_usage_t): prompt_tokens_details carries them next to cached_tokens
@@ -36,7 +45,9 @@ typedef struct gw_usage {
 char *gw_error_json(const gw_error_t *e);
 char *gw_models_json(const char *model, int64_t created);
 char *gw_model_json(const char *model, int64_t created);
-/* The whole non-streamed reply. finish: "stop" / "length". lp may be NULL (no logprobs asked). */
+/* The whole non-streamed reply. finish: "stop" / "length". lp may be NULL (no logprobs asked);
+ * chat lists each entry's top as its top_logprobs, completions as a {text: logprob} map per
+ * position (tokens of the same text keep the likelier), or null when no entry has any. */
 char *gw_completion_json(const gw_reply_ctx_t *c, const char *text, const char *finish, const gw_usage_t *u,
                          const gw_logprob_t *lp, uint32_t n_lp);
 /* One stream chunk: text (may be ""), finish NULL until the last, first: chat's role delta.

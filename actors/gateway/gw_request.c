@@ -308,31 +308,28 @@ static int s_unsupported(gw_request_t *r, json_t *root, gw_error_t *err)
     return 0;
 }
 
-/* logprobs: chat {"logprobs": true, "top_logprobs": 0}; completions {"logprobs": 0}. The router
- * returns the sampled token's logprob, not alternatives. */
+/* logprobs: chat {"logprobs": true, "top_logprobs": 0..20}; completions {"logprobs": 0..5} (the
+ * legacy API's bound). The sampled token's logprob, and that many of the most likely tokens at each
+ * position (the sampler's top-N, carried by the token messages). */
 static int s_logprobs(gw_request_t *r, json_t *root, gw_error_t *err)
 {
     long long top = 0;
     if (r->kind == GW_CHAT) {
         if (s_bool(root, "logprobs", &r->logprobs, err) != 0)
             return -1;
-        if (s_integer(root, "top_logprobs", 0, 20, &top, err) < 0)
+        if (s_integer(root, "top_logprobs", 0, MSG_MAX_LOGPROBS, &top, err) < 0)
             return -1;
         if (top > 0 && !r->logprobs)
             return BAD("top_logprobs", "'top_logprobs' needs 'logprobs': true");
-        if (top > 0)
-            return BAD("top_logprobs", "'top_logprobs' > 0 is not supported: only the sampled token's logprob "
-                       "is returned");
     } else {
         int has = s_integer(root, "logprobs", 0, 5, &top, err);
         if (has < 0)
             return -1;
-        if (has && top > 0)
-            return BAD("logprobs", "'logprobs' > 0 (alternatives) is not supported: use 0 for the sampled "
-                       "token's logprob");
         r->logprobs = has == 1;
     }
+    r->top_logprobs = (uint32_t)top;
     r->submit.sampling.logprobs = r->logprobs;
+    r->submit.sampling.top_logprobs = r->top_logprobs;
     /* vLLM's extension, for benchmarks of a fixed output length. */
     bool ignore_eos = false;
     if (s_bool(root, "ignore_eos", &ignore_eos, err) != 0)

@@ -5,8 +5,8 @@
  * error (gw_error_t: HTTP status, type, code, param, message) naming the field: malformed JSON,
  * a wrong type, a value out of range, an unknown model, a feature the cluster does not have.
  * Unknown fields are ignored, as OpenAI's own API does, except those whose meaning we cannot
- * honour (tools, response_format other than text, logit_bias, n > 1, echo, suffix, best_of > 1,
- * top_logprobs > 0): those are refused rather than silently dropped.
+ * honour (tools, response_format other than text, logit_bias, n > 1, echo, suffix, best_of > 1):
+ * those are refused rather than silently dropped.
  *
  * The cache contract: prompt_cache_key (<= 255 bytes) names the prefix; prompt_cache_retention
  * "in_memory" (the cluster's default pin, cache.default_retention_s) or "24h", or
@@ -50,7 +50,8 @@ typedef struct gw_request {
     const char *stop[MSG_MAX_STOP];
     bool stream;
     bool include_usage;          /* stream_options.include_usage */
-    bool logprobs;               /* chat: logprobs true; completions: logprobs 0 */
+    bool logprobs;               /* chat: logprobs true; completions: logprobs given (0..5) */
+    uint32_t top_logprobs;       /* alternatives per token: chat top_logprobs 0..20, completions logprobs */
 } gw_request_t;
 
 /* Parses body[0..len) for kind. 0 with *out filled (gw_request_free it), or -1 with *err set

@@ -291,7 +291,8 @@ void spec_step_verify(spec_step_t *s, const sched_batch_t *b, const float *logit
                                         j < n ? spec_dist(s->proposer, id, j) : NULL, logprobs ? &lp : NULL, &acc);
             else
                 acc = j < n && t == dr[j];
-            alive = s->hooks.emit(s->hooks.ctx, r, t, lp, base + j + 1 >= s->max_model_len, base + j);
+            alive = s->hooks.emit(s->hooks.ctx, r, t, lp, s->need[at] ? logits + at * V : NULL,
+                                  base + j + 1 >= s->max_model_len, base + j);
             if (!acc || !alive)
                 break;
         }

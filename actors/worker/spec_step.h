@@ -47,10 +47,11 @@ typedef struct spec_hooks {
     void *ctx;
     /* r's sampler; *logprobs: r wants each token's log-probability. */
     sampler_t *(*sampler)(void *ctx, sched_req_t *r, int *logprobs);
-    /* Streams token t of r (at_length: no room for another); kv_keep is the KV length right for
-     * the tokens streamed so far, to which r's KV is rolled back if t ends it. 1 while r goes on,
-     * 0 when it ended (r is freed). */
-    int (*emit)(void *ctx, sched_req_t *r, int32_t t, float lp, int at_length, int kv_keep);
+    /* Streams token t of r (at_length: no room for another); row is the row of logits t was
+     * chosen from when it came to the host (NULL: it stayed on the device), for its position's
+     * alternatives; kv_keep is the KV length right for the tokens streamed so far, to which r's
+     * KV is rolled back if t ends it. 1 while r goes on, 0 when it ended (r is freed). */
+    int (*emit)(void *ctx, sched_req_t *r, int32_t t, float lp, const float *row, int at_length, int kv_keep);
 } spec_hooks_t;
 
 typedef struct spec_step spec_step_t;

@@ -2,7 +2,8 @@
  * request body (chat or completions, by the first byte) and an Authorization header value. Either
  * an error in OpenAI's shape (an HTTP status, a message, a type) or a request whose submit passes
  * the router protocol's own validation (msg_validate): whatever the parser accepts, the wire
- * accepts. The error and a reply built from the request must be valid JSON.
+ * accepts. The error and a reply built from the request must be valid JSON, and so must a
+ * logprobs listing whose token is those bytes.
  * Seeds: tests/fuzz/corpus/http_request/ (one body each; first byte 'c' chat, else completions). */
 #include <jansson.h>
 #include <stdint.h>
@@ -13,16 +14,18 @@
 #include "actors/gateway/gw_reply.h"
 #include "actors/gateway/gw_request.h"
 
-static void s_valid_json(char *s)
+static void s_valid_json_as(char *s, size_t flags)
 {
     if (!s)
         abort();
-    json_t *j = json_loads(s, 0, NULL);
+    json_t *j = json_loads(s, flags, NULL);
     if (!j)
         abort();
     json_decref(j);
     free(s);
 }
+
+static void s_valid_json(char *s) { s_valid_json_as(s, 0); }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -49,6 +52,24 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         s_valid_json(gw_completion_json(&c, r.submit.prompt ? r.submit.prompt : "", "stop", &u, NULL, 0));
         gw_request_free(&r);
     }
+    /* The same bytes as a token's in a logprobs listing (any bytes: part of a character, invalid
+     * UTF-8, NUL), chosen and as an alternative: its text is always valid JSON (a NUL byte is the
+     * character U+0000, "\u0000" in a JSON string: legal, though jansson asks to be told, and
+     * refuses it in an object key, where the completions' map puts a token's text: that check
+     * gets the bytes with NUL as 0x01). */
+    uint8_t *tb = malloc(size);
+    memcpy(tb, data + 1, size - 1);
+    gw_logprob_t alt[] = {{.logprob = -1.0f, .bytes = tb, .n_bytes = (uint32_t)(size - 1), .id = 1},
+                          {.logprob = -2.0f, .id = 2}};
+    const gw_logprob_t lp = {.logprob = -1.0f, .bytes = tb, .n_bytes = (uint32_t)(size - 1), .top = alt, .n_top = 2};
+    gw_reply_ctx_t lc = {.kind = GW_CHAT, .id = "x", .created = 1, .model = "m"};
+    gw_usage_t lu = {1, 0, 1};
+    s_valid_json_as(gw_completion_json(&lc, "", "stop", &lu, &lp, 1), JSON_ALLOW_NUL);
+    for (size_t i = 0; i + 1 < size; i++)
+        tb[i] = tb[i] ? tb[i] : 1;
+    lc.kind = GW_COMPLETION;
+    s_valid_json_as(gw_chunk_json(&lc, "", NULL, 0, 0, &lp, 1), JSON_ALLOW_NUL);
+    free(tb);
     /* The same bytes as an Authorization header value. */
     char *h = malloc(size);
     memcpy(h, data + 1, size - 1);

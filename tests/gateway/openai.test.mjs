@@ -72,6 +72,59 @@ test('completions, streamed and not, with logprobs', async () => {
   assert.equal(finish, 'length');
 });
 
+// Alternatives are sorted and <= 0; with greedy decoding the chosen token is the most likely one,
+// so it is their first entry with an equal logprob (the sampler computes both the same way).
+const sortedLogprobs = (lps) => lps.every((v, i) => v <= 0 && (i === 0 || v <= lps[i - 1]));
+
+test('top_logprobs: chat and completions, streamed and not', async () => {
+  const r = await alpha.chat.completions.create({
+    model, messages: [{ role: 'user', content: 'Name a colour' }], max_tokens: 6, temperature: 0,
+    logprobs: true, top_logprobs: 5,
+  });
+  const content = r.choices[0].logprobs.content;
+  assert.equal(content.length, r.usage.completion_tokens);
+  for (const e of content) {
+    assert.equal(e.top_logprobs.length, 5);
+    assert.ok(sortedLogprobs(e.top_logprobs.map((t) => t.logprob)), JSON.stringify(e.top_logprobs));
+    assert.ok(e.top_logprobs.some((t) => t.token === e.token), `${e.token} not among its alternatives`);
+    assert.equal(e.top_logprobs[0].token, e.token);
+    assert.equal(e.top_logprobs[0].logprob, e.logprob);
+    assert.deepEqual(e.top_logprobs[0].bytes, e.bytes);
+  }
+  // Sampled and streamed: each chunk's token with its 3 alternatives.
+  const stream = await alpha.chat.completions.create({
+    model, messages: [{ role: 'user', content: 'Go on' }], max_tokens: 4, temperature: 1, seed: 11,
+    stream: true, logprobs: true, top_logprobs: 3,
+  });
+  let seen = 0;
+  for await (const chunk of stream) {
+    for (const e of chunk.choices[0]?.logprobs?.content ?? []) {
+      seen++;
+      const lps = e.top_logprobs.map((t) => t.logprob);
+      assert.equal(lps.length, 3);
+      assert.ok(sortedLogprobs(lps) && e.logprob <= lps[0], JSON.stringify(e));
+    }
+  }
+  assert.equal(seen, 4);
+  // Completions: logprobs N is a {text: logprob} map per position, the chosen one in it.
+  const c = await alpha.completions.create({ model, prompt: 'In the beginning', max_tokens: 3, temperature: 0, logprobs: 2 });
+  const l = c.choices[0].logprobs;
+  assert.equal(l.top_logprobs.length, 3);
+  l.top_logprobs.forEach((m, i) => {
+    assert.ok(Object.keys(m).length >= 1 && Object.keys(m).length <= 2, JSON.stringify(m));
+    assert.equal(m[l.tokens[i]], l.token_logprobs[i]);
+  });
+  // Out of range: OpenAI's 400 naming the parameter.
+  const bad = async (create, param) => await assert.rejects(create(), (e) => {
+    assert.ok(e instanceof OpenAI.BadRequestError, String(e));
+    assert.equal(e.param, param);
+    return true;
+  });
+  await bad(() => alpha.chat.completions.create({
+    model, messages: [{ role: 'user', content: 'x' }], logprobs: true, top_logprobs: 21 }), 'top_logprobs');
+  await bad(() => alpha.completions.create({ model, prompt: 'x', logprobs: 6 }), 'logprobs');
+});
+
 test('cached_tokens on a second turn with a prompt_cache_key', async () => {
   const system = Array.from({ length: 80 }, (_, i) => `verse${i}`).join(' ');
   const ask = () => alpha.chat.completions.create({

@@ -1,5 +1,6 @@
 # The OpenAI HTTP gateway with curl: models / health / metrics, chat and completions (streamed and
-# not), usage with cached_tokens on a second turn under a prompt_cache_key, every error in OpenAI's
+# not), top_logprobs (sorted, <= 0, greedy's choice their top-1), usage with cached_tokens on a
+# second turn under a prompt_cache_key, every error in OpenAI's
 # shape (401, 404, 400 for bad JSON / types / ranges / n / retention / a too-long prompt, 413, 429
 # with Retry-After, 503 with Retry-After from a full router), a stalled client cut off, a client
 # that disconnects (mid-stream, or while waiting for a whole reply) cancelling its request at the
@@ -78,6 +79,46 @@ lp = c["logprobs"]
 assert len(lp["token_logprobs"]) == 3 and all(v <= 0 for v in lp["token_logprobs"]), lp
 PY
 
+note "top_logprobs: alternatives sorted and <= 0; greedy's choice is their top-1, its logprob equal"
+tl='{"model":"'$MODEL'","messages":[{"role":"user","content":"Name a colour"}],"max_tokens":6,"temperature":0,"logprobs":true,"top_logprobs":5}'
+expect "$(code $B -H "$K" -d "$tl" "$U/v1/chat/completions")" 200 $B "chat top_logprobs"
+$PY - $B <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+content = j["choices"][0]["logprobs"]["content"]
+assert len(content) == j["usage"]["completion_tokens"] == 6, (len(content), j["usage"])
+for e in content:
+    top = e["top_logprobs"]
+    assert len(top) == 5, e
+    lps = [t["logprob"] for t in top]
+    assert all(v <= 0 for v in lps) and lps == sorted(lps, reverse=True), lps
+    assert set(top[0]) == {"token", "logprob", "bytes"}, top[0]
+    assert (top[0]["token"], top[0]["bytes"], top[0]["logprob"]) == (e["token"], e["bytes"], e["logprob"]), e
+    assert bytes(e["bytes"]).decode("utf-8", "replace") == e["token"], e
+print("chat top_logprobs:", [(e["token"], round(e["logprob"], 3), [t["token"] for t in e["top_logprobs"][:3]]) for e in content[:3]])
+PY
+expect "$(code $B -H "$K" -d '{"model":"'$MODEL'","prompt":"In the beginning","max_tokens":4,"temperature":0,"logprobs":3}' "$U/v1/completions")" 200 $B "completion logprobs 3"
+$PY - $B <<'PY'
+import json, sys
+lp = json.load(open(sys.argv[1]))["choices"][0]["logprobs"]
+assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == 4, lp
+for tok, v, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"]):
+    assert 1 <= len(top) <= 3 and all(x <= 0 for x in top.values()), top
+    assert top.get(tok) == v and v == max(top.values()), (tok, v, top)   # greedy: the likeliest
+PY
+note "... streamed and sampled: every token's chunk carries its 4 alternatives"
+curl -sN --max-time 60 -H "$K" -d '{"model":"'$MODEL'","messages":[{"role":"user","content":"Go"}],"max_tokens":5,"temperature":1,"seed":3,"stream":true,"logprobs":true,"top_logprobs":4}' "$U/v1/chat/completions" > $B
+$PY - $B <<'PY'
+import json, sys
+ev = [json.loads(l[6:]) for l in open(sys.argv[1]).read().split("\n\n") if l.startswith("data: {")]
+entries = [e for c in ev for ch in c["choices"] if ch.get("logprobs") for e in ch["logprobs"]["content"]]
+assert len(entries) == 5, ev
+for e in entries:
+    lps = [t["logprob"] for t in e["top_logprobs"]]
+    assert len(lps) == 4 and all(v <= 0 for v in lps) and lps == sorted(lps, reverse=True), e
+    assert e["logprob"] <= lps[0], e   # the sampled token is never likelier than the likeliest
+PY
+
 note "streamed chat with include_usage"
 curl -sN --max-time 60 -H "$K" -d '{"model":"'$MODEL'","messages":[{"role":"user","content":"Count"}],"max_tokens":5,"stream":true,"stream_options":{"include_usage":true}}' \
   "$U/v1/chat/completions" -D $B.h > $B
@@ -126,7 +167,9 @@ bad 400 temperature "{$m,\"temperature\":7}"
 bad 400 top_p "{$m,\"top_p\":0}"
 bad 400 max_tokens "{$m,\"max_tokens\":-1}"
 bad 400 n "{$m,\"n\":3}"
-bad 400 top_logprobs "{$m,\"logprobs\":true,\"top_logprobs\":2}"
+bad 400 top_logprobs "{$m,\"logprobs\":true,\"top_logprobs\":21}"
+bad 400 top_logprobs "{$m,\"top_logprobs\":2}"   # needs logprobs: true
+bad 400 logprobs '{"model":"'$MODEL'","prompt":"x","logprobs":6}' /v1/completions
 bad 400 prompt_cache_key "{$m,\"prompt_cache_retention\":\"24h\"}"
 bad 400 prompt_cache_options.ttl "{$m,\"prompt_cache_key\":\"k\",\"prompt_cache_options\":{\"ttl\":\"30d\"}}"
 bad 400 prompt_cache_retention "{$m,\"prompt_cache_key\":\"k\",\"prompt_cache_retention\":\"1y\"}"

@@ -122,14 +122,18 @@ static void test_errors(void **st)
     BAD_FIELD("\"stream\":\"yes\"", "stream");
     BAD_FIELD("\"stream_options\":{\"include_usage\":true}", "stream_options");
     BAD_FIELD("\"stream\":true,\"stream_options\":{\"include_usage\":1}", "stream_options.include_usage");
-    BAD_FIELD("\"logprobs\":true,\"top_logprobs\":3", "top_logprobs");
+    BAD_FIELD("\"logprobs\":true,\"top_logprobs\":21", "top_logprobs");   /* OpenAI's bound: 0..20 */
+    BAD_FIELD("\"logprobs\":true,\"top_logprobs\":-1", "top_logprobs");
+    BAD_FIELD("\"logprobs\":true,\"top_logprobs\":2.5", "top_logprobs");
+    BAD_FIELD("\"top_logprobs\":3", "top_logprobs");                        /* without logprobs: true */
     BAD_FIELD("\"tools\":[{\"type\":\"function\"}]", "tools");
     BAD_FIELD("\"response_format\":{\"type\":\"json_object\"}", "response_format");
     BAD_FIELD("\"seed\":\"x\"", "seed");
     s_bad(GW_COMPLETION, "{\"model\":\"m\",\"prompt\":[\"a\",\"b\"]}", 400, "prompt");
     s_bad(GW_COMPLETION, "{\"model\":\"m\",\"prompt\":[1,-2]}", 400, "prompt");
     s_bad(GW_COMPLETION, "{\"model\":\"m\",\"prompt\":\"\"}", 400, "prompt");
-    s_bad(GW_COMPLETION, "{\"model\":\"m\",\"prompt\":\"x\",\"logprobs\":2}", 400, "logprobs");
+    s_bad(GW_COMPLETION, "{\"model\":\"m\",\"prompt\":\"x\",\"logprobs\":6}", 400, "logprobs");   /* 0..5 */
+    s_bad(GW_COMPLETION, "{\"model\":\"m\",\"prompt\":\"x\",\"logprobs\":true}", 400, "logprobs");
     s_bad(GW_COMPLETION, "{\"model\":\"m\",\"prompt\":\"x\",\"echo\":true}", 400, "echo");
     /* A duplicated key is ambiguous: refused. */
     s_bad(GW_COMPLETION, "{\"model\":\"m\",\"prompt\":\"x\",\"prompt\":\"y\"}", 400, "");
@@ -237,7 +241,7 @@ static void test_replies(void **st)
 {
     gw_reply_ctx_t c = {.kind = GW_CHAT, .id = "chatcmpl-1", .created = 5, .model = "m"};
     gw_usage_t u = {.prompt_tokens = 40, .cached_tokens = 32, .completion_tokens = 3};
-    gw_logprob_t lp[] = {{"he", -0.5f}, {"llo", -1.0f}};
+    gw_logprob_t lp[] = {{.token = "he", .logprob = -0.5f}, {.token = "llo", .logprob = -1.0f}};
     json_t *j = s_load(gw_completion_json(&c, "hello", "length", &u, lp, 2));
     assert_string_equal(json_string_value(json_object_get(j, "object")), "chat.completion");
     json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
@@ -286,6 +290,85 @@ static void test_replies(void **st)
     json_decref(j);
     j = s_load(gw_models_json("m", 9));
     assert_string_equal(json_string_value(json_object_get(json_array_get(json_object_get(j, "data"), 0), "id")), "m");
+    json_decref(j);
+}
+
+/* top_logprobs: chat's 0..20 with logprobs, completions' logprobs 0..5, into the submit's sampling. */
+static void test_top_logprobs_parse(void **st)
+{
+    gw_request_t r;
+    gw_error_t e;
+    const char *chat = "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,"
+                       "\"top_logprobs\":20}";
+    assert_int_equal(s_parse(GW_CHAT, chat, &r, &e), 0);
+    assert_true(r.logprobs && r.submit.sampling.logprobs);
+    assert_int_equal(r.top_logprobs, 20);
+    assert_int_equal(r.submit.sampling.top_logprobs, 20);
+    msg_t m;
+    msg_init(&m, MSG_SUBMIT, 1);
+    m.u.submit = r.submit;
+    char err[256];
+    assert_int_equal(msg_validate(&m, err, sizeof err), 0);
+    gw_request_free(&r);
+    assert_int_equal(s_parse(GW_COMPLETION, "{\"model\":\"m\",\"prompt\":\"x\",\"logprobs\":5}", &r, &e), 0);
+    assert_true(r.submit.sampling.logprobs);
+    assert_int_equal(r.submit.sampling.top_logprobs, 5);
+    gw_request_free(&r);
+    assert_int_equal(s_parse(GW_COMPLETION, "{\"model\":\"m\",\"prompt\":\"x\"}", &r, &e), 0);
+    assert_false(r.submit.sampling.logprobs);
+    assert_int_equal(r.submit.sampling.top_logprobs, 0);
+    gw_request_free(&r);
+}
+
+/* Alternatives in OpenAI's shapes: chat's top_logprobs entries {token, logprob, bytes}; a token's
+ * text from its bytes (part of a character shows U+FFFD, bytes keep the truth), or its id without
+ * a tokenizer; completions' {text: logprob} map per position, the likelier of two same texts. */
+static void test_top_logprobs_replies(void **st)
+{
+    static const uint8_t he[] = {'h', 'e'}, half[] = {0xe4, 0xbd}, sp[] = {' ', 'h'};
+    const gw_logprob_t top0[] = {{.logprob = -0.25f, .bytes = he, .n_bytes = 2, .id = 9},
+                                 {.logprob = -2.0f, .bytes = half, .n_bytes = 2, .id = 10},
+                                 {.logprob = -3.0f, .id = 77}};
+    const gw_logprob_t top1[] = {{.logprob = -0.5f, .bytes = sp, .n_bytes = 2, .id = 3},
+                                 {.logprob = -0.75f, .bytes = sp, .n_bytes = 2, .id = 4}};
+    const gw_logprob_t lp[] = {{.logprob = -0.25f, .bytes = he, .n_bytes = 2, .id = 9, .top = top0, .n_top = 3},
+                               {.logprob = -0.75f, .bytes = sp, .n_bytes = 2, .id = 4, .top = top1, .n_top = 2}};
+    gw_reply_ctx_t c = {.kind = GW_CHAT, .id = "chatcmpl-1", .created = 5, .model = "m"};
+    gw_usage_t u = {.prompt_tokens = 4, .completion_tokens = 2};
+    json_t *j = s_load(gw_completion_json(&c, "he h", "length", &u, lp, 2));
+    json_t *content = json_object_get(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs"),
+                                      "content");
+    json_t *e0 = json_array_get(content, 0), *t0 = json_object_get(e0, "top_logprobs");
+    assert_string_equal(json_string_value(json_object_get(e0, "token")), "he");
+    assert_int_equal(json_array_size(t0), 3);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(t0, 0), "token")), "he");
+    assert_true(json_real_value(json_object_get(json_array_get(t0, 0), "logprob")) == -0.25);
+    /* Two bytes of a three-byte character: one U+FFFD, as Python's decode("utf-8", "replace") */
+    assert_string_equal(json_string_value(json_object_get(json_array_get(t0, 1), "token")), "\xef\xbf\xbd");
+    json_t *b1 = json_object_get(json_array_get(t0, 1), "bytes");
+    assert_int_equal(json_array_size(b1), 2);
+    assert_int_equal(json_integer_value(json_array_get(b1, 0)), 0xe4);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(t0, 2), "token")), "token_id:77");
+    assert_true(json_is_null(json_object_get(json_array_get(t0, 2), "bytes")));
+    json_decref(j);
+
+    c.kind = GW_COMPLETION;
+    j = s_load(gw_completion_json(&c, "he h", "length", &u, lp, 2));
+    json_t *l = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs");
+    json_t *tops = json_object_get(l, "top_logprobs");
+    assert_int_equal(json_array_size(tops), 2);
+    assert_int_equal(json_object_size(json_array_get(tops, 0)), 3);
+    assert_true(json_real_value(json_object_get(json_array_get(tops, 0), "he")) == -0.25);
+    assert_int_equal(json_object_size(json_array_get(tops, 1)), 1);   /* two tokens " h": the likelier */
+    assert_true(json_real_value(json_object_get(json_array_get(tops, 1), " h")) == -0.5);
+    assert_string_equal(json_string_value(json_array_get(json_object_get(l, "tokens"), 1)), " h");
+    assert_int_equal(json_integer_value(json_array_get(json_object_get(l, "text_offset"), 1)), 2);
+    json_decref(j);
+    /* Streamed: the chunk's own tokens, the same shapes. */
+    c.kind = GW_CHAT;
+    j = s_load(gw_chunk_json(&c, "he", NULL, 0, 0, lp, 1));
+    content = json_object_get(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs"), "content");
+    assert_int_equal(json_array_size(json_object_get(json_array_get(content, 0), "top_logprobs")), 3);
     json_decref(j);
 }
 
@@ -423,6 +506,7 @@ int main(void)
         cmocka_unit_test(test_cache_contract), cmocka_unit_test(test_replies), cmocka_unit_test(test_keys),
         cmocka_unit_test(test_usage_split),
         cmocka_unit_test(test_limit),     cmocka_unit_test(test_topology), cmocka_unit_test(test_error_utf8),
+        cmocka_unit_test(test_top_logprobs_parse), cmocka_unit_test(test_top_logprobs_replies),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -915,6 +915,90 @@ static void test_reject_cross_field(void **state)
     assert_non_null(strstr(err, "unknown message type 0"));
 }
 
+/* Alternatives (top_logprobs): rows of k per token, most likely first, the tokens' own logprobs
+ * present, at most MSG_MAX_LOGPROBS per position; a hand-off's first token's at most what its
+ * sampling asked for. */
+static void test_reject_top_logprobs(void **state)
+{
+    (void)state;
+    msg_t m, out;
+    char err[256];
+    static const uint32_t ids[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14};
+    static const float sorted2[] = {-1, -2, -0.5f, -3, -1, -1, -2, -4, -1, -9, -2, -2, -0.25f, -0.5f};
+    fx_fill(&m, MSG_TOKEN);
+    m.u.token.top_logprobs = sorted2;              /* a row may start above the row before ended */
+    assert_int_equal(msg_validate(&m, err, sizeof err), 0);
+    size_t len = encode_ok(&m, g_buf, BUF_CAP);
+    decode_ok(g_buf, len, &out);
+    assert_int_equal(out.u.token.n_top_tokens, 14);
+    assert_true(out.u.token.top_logprobs[12] == -0.25f && out.u.token.top_tokens[13] == 7 + 1);
+    msg_free(&out);
+    fx_fill(&m, MSG_TOKEN);
+    m.u.token.n_top_logprobs = 12;
+    assert_int_equal(msg_validate(&m, err, sizeof err), -1);
+    assert_non_null(strstr(err, "token.top_logprobs: 12 entries for 14 top_tokens"));
+    fx_fill(&m, MSG_TOKEN);
+    m.u.token.n_top_tokens = m.u.token.n_top_logprobs = 13;
+    assert_int_equal(msg_validate(&m, err, sizeof err), -1);
+    assert_non_null(strstr(err, "token.top_tokens: 13 entries are not 1..20 per token for 7 tokens"));
+    fx_fill(&m, MSG_TOKEN);
+    m.u.token.n_logprobs = 0;
+    assert_int_equal(msg_validate(&m, err, sizeof err), -1);
+    assert_non_null(strstr(err, "token.top_tokens: alternatives without the tokens' logprobs"));
+    static const float unsorted[] = {-1, -2, -3, -2.5f, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1};
+    fx_fill(&m, MSG_TOKEN);
+    m.u.token.top_logprobs = unsorted;
+    assert_int_equal(msg_validate(&m, err, sizeof err), -1);
+    assert_non_null(strstr(err, "token.top_logprobs[3]: -2.5 above the -3 before it"));
+    static const float positive[] = {0.5f, -2, -3, -3, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1};
+    fx_fill(&m, MSG_TOKEN);
+    m.u.token.top_logprobs = positive;
+    assert_int_equal(msg_validate(&m, err, sizeof err), -1);
+    assert_non_null(strstr(err, "token.top_logprobs"));
+    /* 21 per token: past OpenAI's (and the field's) bound, whatever the counts agree on. */
+    static uint32_t many_ids[7 * 21];
+    static float many_lp[7 * 21];
+    for (unsigned i = 0; i < 7 * 21; i++)
+        many_lp[i] = -(float)(i % 21);
+    fx_fill(&m, MSG_TOKEN);
+    m.u.token.top_tokens = many_ids; m.u.token.n_top_tokens = 7 * 21;
+    m.u.token.top_logprobs = many_lp; m.u.token.n_top_logprobs = 7 * 21;
+    assert_int_equal(msg_validate(&m, err, sizeof err), -1);
+    assert_non_null(strstr(err, "token.top_tokens: 147 entries are not 1..20 per token for 7 tokens"));
+    (void)ids;
+
+    fx_fill(&m, MSG_HANDOFF);
+    m.u.handoff.sampling.top_logprobs = 2;
+    assert_int_equal(msg_validate(&m, err, sizeof err), -1);
+    assert_non_null(strstr(err, "handoff.first_top_tokens: 3 alternatives, sampling.top_logprobs asks for 2"));
+    fx_fill(&m, MSG_HANDOFF);
+    m.u.handoff.n_first_top_logprobs = 2;
+    assert_int_equal(msg_validate(&m, err, sizeof err), -1);
+    assert_non_null(strstr(err, "handoff.first_top_logprobs: 2 entries for 3 first_top_tokens"));
+    static const float up[] = {-3, -2, -1};
+    fx_fill(&m, MSG_HANDOFF);
+    m.u.handoff.first_top_logprobs = up;
+    assert_int_equal(msg_validate(&m, err, sizeof err), -1);
+    assert_non_null(strstr(err, "handoff.first_top_logprobs[1]: -2 above the -3 before it"));
+
+    /* On the wire: an array past the field's limit is refused before anything is allocated. */
+    wb_t w;
+    wb_init(&w); wb_head(&w, 2, 1, MSG_TOKEN, 1); wb_str(&w, "tokens");
+    msgpack_pack_array(&w.pk, 1); msgpack_pack_uint64(&w.pk, 1);
+    wb_str(&w, "top_tokens");
+    msgpack_pack_array(&w.pk, MSG_MAX_TOKEN_CHUNK * MSG_MAX_LOGPROBS + 1);
+    for (unsigned i = 0; i <= MSG_MAX_TOKEN_CHUNK * MSG_MAX_LOGPROBS; i++)
+        msgpack_pack_uint64(&w.pk, 1);
+    REJECT(wb_data(&w), w.sb.size, "token.top_tokens: 81921 elements exceed the limit of 81920");
+    wb_free(&w);
+    wb_init(&w); wb_head(&w, 3, 1, MSG_TOKEN, 1); wb_str(&w, "tokens");
+    msgpack_pack_array(&w.pk, 1); msgpack_pack_uint64(&w.pk, 1);
+    wb_str(&w, "logprobs"); msgpack_pack_array(&w.pk, 1); msgpack_pack_float(&w.pk, -1.0f);
+    wb_str(&w, "top_logprobs"); msgpack_pack_array(&w.pk, 1); msgpack_pack_float(&w.pk, 0.25f);
+    REJECT(wb_data(&w), w.sb.size, "token.top_logprobs[0]");
+    wb_free(&w);
+}
+
 static void test_reject_limits(void **state)
 {
     (void)state;
@@ -1269,6 +1353,7 @@ int main(void)
         cmocka_unit_test(test_reject_keys),
         cmocka_unit_test(test_reject_values),
         cmocka_unit_test(test_reject_cross_field),
+        cmocka_unit_test(test_reject_top_logprobs),
         cmocka_unit_test(test_reject_limits),
         cmocka_unit_test(test_reject_lying_counts),
         cmocka_unit_test(test_reject_framing),

@@ -12,6 +12,12 @@
 static const uint32_t fx_tokens[] = {128000, 9906, 11, 1917, 0, 4294967295u, 7};
 static const uint64_t fx_hashes[] = {0x0123456789abcdefull, 1, 0xffffffffffffffffull, 42};
 static const float fx_logprobs[] = {-0.25f, -1.5f, -0.0f, -3.0e-8f, -11.0f, -0.5f, -2.0f};
+/* Two alternatives for each of fx_tokens' 7 positions, most likely first along each row. */
+static const uint32_t fx_top_tokens[] = {128000, 3, 9906, 9907, 11, 12, 1917, 0, 0, 1, 4294967295u, 5, 7, 8};
+static const float fx_top_logprobs[] = {-0.25f, -2.0f, -0.5f, -1.5f, -0.0f, -9.5f, -3.0e-8f, -20.0f,
+                                        -0.75f, -0.75f, -0.5f, -1.0f, -1.0e-3f, -7.0f};
+static const uint32_t fx_first_top[] = {791, 13, 220};
+static const float fx_first_top_lp[] = {-0.125f, -2.25f, -4.0f};
 static const char *const fx_stop[] = {"\n\nUser:", "</s>", "\xc3\xa9t\xc3\xa9 \xe2\x9c\x93"};
 static const uint32_t fx_stop_ids[] = {128001, 128009};
 static const msg_queue_depth_t fx_queues[] = {{"inbox", 3, 1024}, {"waiting", 17, 0}};
@@ -122,6 +128,8 @@ static void fx_fill(msg_t *m, msg_type_t t)
         msg_token_t *k = &m->u.token;
         k->seq = 12; k->tokens = fx_tokens; k->n_tokens = 7; k->text = " hello, w\xc3\xb6rld";
         k->logprobs = fx_logprobs; k->n_logprobs = 7;
+        k->top_tokens = fx_top_tokens; k->n_top_tokens = 14;
+        k->top_logprobs = fx_top_logprobs; k->n_top_logprobs = 14;
         break;
     }
     case MSG_DONE: {
@@ -155,6 +163,8 @@ static void fx_fill(msg_t *m, msg_type_t t)
     case MSG_HANDOFF: {
         msg_handoff_t *h = &m->u.handoff;
         h->tokens = fx_tokens; h->n_tokens = 7; h->first_token = 791; h->first_logprob = -0.125f;
+        h->first_top_tokens = fx_first_top; h->n_first_top_tokens = 3;
+        h->first_top_logprobs = fx_first_top_lp; h->n_first_top_logprobs = 3;
         fx_sampling(&h->sampling);
         h->tokens_left = 999; h->kv_tokens = 7; h->block_size = 16;
         h->reply_to = "router"; h->prefill_worker = "prefill-0"; h->tenant_salt = 99;

@@ -13,6 +13,7 @@
 
 #include "engine/sampler.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/cpu_sample.h"
 
 static sampler_t *s_new(const sampler_params_t *p, int V, const int32_t *prompt, int n)
 {
@@ -386,6 +387,140 @@ static void test_raw_logprob(void **state)
     sampler_destroy(&s);
 }
 
+/* ---- top logprobs ------------------------------------------------------------------------ */
+
+static const float *s_rank_row;
+static int s_rank_cmp(const void *a, const void *b)   /* larger first, the lower id on ties */
+{
+    const int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    if (s_rank_row[x] != s_rank_row[y])
+        return s_rank_row[x] > s_rank_row[y] ? -1 : 1;
+    return x < y ? -1 : 1;
+}
+
+/* RAW: the n best by a full sort (ties by id, never -inf or NaN), each value bit for bit the chosen
+ * token's logprob, sorted and <= 0; a greedy choice is the top-1 with the same logprob; n
+ * clipped to SAMPLER_MAX_TOP and the vocabulary. */
+static void test_top_logprobs_raw(void **state)
+{
+    enum { V = 997 };
+    static float l[V];
+    static int32_t order[V];
+    uint64_t x = 88172645463325252ull;
+    int n_ok = 0;
+    for (int i = 0; i < V; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        l[i] = (float)((double)(x % 20000) / 1000.0 - 10.0);   /* [-10, 10), with repeats: ties */
+    }
+    l[6] = 25.0f;                                 /* a clear first */
+    l[700] = 24.0f, l[300] = 24.0f;               /* a tie for second: 300 ranks before 700 */
+    l[9] = -INFINITY;
+    for (int i = 0; i < V; i++)
+        if (isfinite(l[i]))
+            order[n_ok++] = i;
+    s_rank_row = l;
+    qsort(order, (size_t)n_ok, sizeof order[0], s_rank_cmp);
+    sampler_params_t p;
+    sampler_params_default(&p);
+    sampler_t *s = s_new(&p, V, NULL, 0);
+    float chosen_lp;
+    const int32_t chosen = sampler_sample(s, l, &chosen_lp);
+    sampler_top_t top;
+    assert_int_equal(sampler_top_logprobs(s, l, 20, &top), 20);
+    assert_int_equal(top.ids[0], chosen);
+    assert_true(top.logprobs[0] == chosen_lp);   /* exactly: one computation */
+    assert_int_equal(top.ids[1], 300);
+    assert_int_equal(top.ids[2], 700);
+    for (int k = 0; k < top.n; k++) {
+        assert_int_equal(top.ids[k], order[k]);
+        assert_true(top.logprobs[k] == cpu_log_softmax_at(l, V, top.ids[k]));
+        assert_true(top.logprobs[k] <= 0);
+        if (k)
+            assert_true(top.logprobs[k] <= top.logprobs[k - 1]);
+    }
+    assert_int_equal(sampler_top_logprobs(s, l, 1000, &top), SAMPLER_MAX_TOP);
+    /* A NaN logit is never listed, and the others keep finite values (it is out of the sum). */
+    const float keep = l[6];
+    l[6] = NAN;
+    assert_int_equal(sampler_top_logprobs(s, l, 3, &top), 3);
+    assert_int_equal(top.ids[0], 300);
+    for (int k = 0; k < top.n; k++)
+        assert_true(isfinite(top.logprobs[k]) && top.logprobs[k] <= 0);
+    l[6] = keep;
+    assert_int_equal(sampler_top_logprobs(s, l, 0, &top), 0);
+    assert_int_equal(sampler_top_logprobs(s, l, -3, &top), 0);
+    sampler_destroy(&s);
+    /* A vocabulary smaller than n; RAW is before any processing (penalties, temperature). */
+    float small[3] = {0.25f, -1.0f, 2.0f};
+    p.temperature = 0.7;
+    p.repetition_penalty = 4.0;
+    int32_t prompt[1] = {2};
+    s = s_new(&p, 3, prompt, 1);
+    assert_int_equal(sampler_top_logprobs(s, small, 5, &top), 3);
+    assert_int_equal(top.ids[0], 2);
+    assert_int_equal(top.ids[1], 0);
+    assert_int_equal(top.ids[2], 1);
+    double z = exp(0.25) + exp(-1.0) + exp(2.0), sum = 0;
+    for (int k = 0; k < 3; k++) {
+        assert_float_equal(top.logprobs[k], small[top.ids[k]] - log(z), 1e-6);
+        sum += exp(top.logprobs[k]);
+    }
+    assert_float_equal(sum, 1.0, 1e-6);
+    sampler_destroy(&s);
+}
+
+/* PROCESSED: the distribution the token is drawn from. Top-k 3 lists 3 tokens whatever n is,
+ * their probabilities sum to 1, and the drawn token's processed logprob is its entry; greedy with a
+ * penalty: log_softmax of the penalised row, its choice first with an equal logprob. */
+static void test_top_logprobs_processed(void **state)
+{
+    float l[8] = {1.0f, 3.0f, 0.5f, 2.5f, -1.0f, 2.0f, 0.0f, 1.5f};
+    sampler_params_t p;
+    sampler_params_default(&p);
+    p.logprobs_mode = SAMPLER_LOGPROBS_PROCESSED;
+    p.temperature = 0.8;
+    p.top_k = 3;
+    for (uint64_t seed = 1; seed <= 20; seed++) {
+        p.seed = seed;
+        sampler_t *s = s_new(&p, 8, NULL, 0);
+        float lp;
+        const int32_t t = sampler_sample(s, l, &lp);
+        sampler_top_t top;
+        assert_int_equal(sampler_top_logprobs(s, l, 5, &top), 3);
+        assert_int_equal(top.ids[0], 1);
+        assert_int_equal(top.ids[1], 3);
+        assert_int_equal(top.ids[2], 5);
+        double sum = 0;
+        int found = 0;
+        for (int k = 0; k < top.n; k++) {
+            sum += exp(top.logprobs[k]);
+            if (top.ids[k] == t) {
+                assert_true(top.logprobs[k] == lp);
+                found = 1;
+            }
+        }
+        assert_true(found);                       /* top-k 3 <= n: every drawable token is listed */
+        assert_float_equal(sum, 1.0, 1e-5);
+        sampler_destroy(&s);
+    }
+    sampler_params_default(&p);
+    p.logprobs_mode = SAMPLER_LOGPROBS_PROCESSED;
+    p.repetition_penalty = 3.0;
+    int32_t prompt[1] = {1};                       /* 3.0 becomes 1.0: token 3 (2.5) wins */
+    sampler_t *s = s_new(&p, 8, prompt, 1);
+    float lp;
+    const int32_t t = sampler_sample(s, l, &lp);
+    assert_int_equal(t, 3);
+    sampler_top_t top;
+    assert_int_equal(sampler_top_logprobs(s, l, 4, &top), 4);
+    assert_int_equal(top.ids[0], 3);
+    assert_true(top.logprobs[0] == lp);
+    assert_int_equal(top.ids[1], 5);
+    assert_int_equal(top.ids[2], 7);
+    assert_int_equal(top.ids[3], 0);             /* 1.0 and penalised 1.0: the lower id first */
+    sampler_destroy(&s);
+}
+
 static void test_params_check(void **state)
 {
     char err[256];
@@ -520,6 +655,8 @@ int main(void)
         cmocka_unit_test(test_seed_reproducible),
         cmocka_unit_test(test_finish_reasons),
         cmocka_unit_test(test_raw_logprob),
+        cmocka_unit_test(test_top_logprobs_raw),
+        cmocka_unit_test(test_top_logprobs_processed),
         cmocka_unit_test(test_params_check),
         cmocka_unit_test(test_stop_across_tokens),
         cmocka_unit_test(test_stop_false_start_and_flush),
