@@ -1,6 +1,6 @@
 # The OpenAI HTTP gateway with curl: models / health / metrics, chat and completions (streamed and
 # not), top_logprobs (sorted, <= 0, greedy's choice their top-1), usage with cached_tokens on a
-# second turn under a prompt_cache_key, every error in OpenAI's
+# second turn under a prompt_cache_key (and its split by source adding up to it), every error in OpenAI's
 # shape (401, 404, 400 for bad JSON / types / ranges / n / retention / a too-long prompt, 413, 429
 # with Retry-After, 503 with Retry-After from a full router), a stalled client cut off, a client
 # that disconnects (mid-stream, or while waiting for a whole reply) cancelling its request at the
@@ -148,6 +148,11 @@ prompt=$(jq_py $B 'j["usage"]["prompt_tokens"]')
 echo "second turn: $cached of $prompt prompt tokens from cache"
 [ "$cached" -ge 16 ] || fail "second turn: cached_tokens $cached"
 [ "$cached" -lt "$prompt" ] || fail "cached_tokens $cached >= prompt_tokens $prompt"
+# Where they came from, next to OpenAI's total: the three add up to it (no disk tier here).
+split=$(jq_py $B '" ".join(str(j["usage"]["prompt_tokens_details"][f"cached_{k}_tokens"]) for k in ("device", "host", "disk"))')
+read -r sdev shost sdisk <<<"$split"
+echo "second turn's cached tokens: device $sdev, host $shost, disk $sdisk"
+[ $((sdev + shost + sdisk)) = "$cached" ] && [ "$sdisk" = 0 ] || fail "cached tokens by source ($split) vs cached_tokens $cached"
 # The same prompt under another tenant shares nothing (the per-tenant salt).
 expect "$(code $B -H "Authorization: Bearer sk-test-beta-0002" -d "$turn" "$U/v1/chat/completions")" 200 $B "other tenant"
 expect "$(jq_py $B 'j["usage"]["prompt_tokens_details"]["cached_tokens"]')" 0 $B "another tenant's cached_tokens"
