@@ -484,6 +484,7 @@ static void s_limits(topo_diag_t *d, const raw_topo_t *raw, topo_t *t)
     t->limits.max_model_len = (int)s_int(d, "limits.max_model_len", l->max_model_len, 1, 1 << 21, 4096);
     t->limits.max_inflight_per_client = (int)s_int(d, "limits.max_inflight_per_client", l->max_inflight_per_client,
                                                    0, 1000000, 0);
+    t->limits.outbox = (int)s_int(d, "limits.outbox", l->outbox, 16, 1000000, 1024);
 
     t->cache.block_size = (int)s_int(d, "cache.block_size", c->block_size, 1, 1 << 20, 16);
     int bs = t->cache.block_size;

@@ -87,9 +87,9 @@ void topo_print(const topo_t *t, FILE *f)
     const topo_limits_t *l = &t->limits;
     fprintf(f, "limits:\n  max_message_bytes: %lld\n  send_hwm: %d\n  recv_hwm: %d\n"
             "  admission_queue: %d\n  max_batch: %d\n  prefill_chunk_tokens: %d\n  kv_blocks: %d\n"
-            "  max_model_len: %d\n  max_inflight_per_client: %d\n", (long long)l->max_message_bytes, l->send_hwm,
+            "  max_model_len: %d\n  max_inflight_per_client: %d\n  outbox: %d\n", (long long)l->max_message_bytes, l->send_hwm,
             l->recv_hwm, l->admission_queue, l->max_batch, l->prefill_chunk_tokens, l->kv_blocks, l->max_model_len,
-            l->max_inflight_per_client);
+            l->max_inflight_per_client, l->outbox);
     fprintf(f, "cache:\n  block_size: %d\n  host_store_blocks: %d\n  default_retention_s: %d\n",
             t->cache.block_size, t->cache.host_store_blocks, t->cache.default_retention_s);
     if (t->cache.disk_dir[0]) {

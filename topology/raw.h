@@ -35,7 +35,7 @@ typedef struct raw_endpoints {
 
 typedef struct raw_limits {
     char *max_message_bytes, *send_hwm, *recv_hwm, *admission_queue, *max_batch,
-         *prefill_chunk_tokens, *kv_blocks, *max_model_len, *max_inflight_per_client;
+         *prefill_chunk_tokens, *kv_blocks, *max_model_len, *max_inflight_per_client, *outbox;
 } raw_limits_t;
 
 typedef struct raw_cache {

@@ -82,6 +82,7 @@ static const cyaml_schema_field_t s_limits_fields[] = {
     STR("kv_blocks", raw_limits_t, kv_blocks),
     STR("max_model_len", raw_limits_t, max_model_len),
     STR("max_inflight_per_client", raw_limits_t, max_inflight_per_client),
+    STR("outbox", raw_limits_t, outbox),
     CYAML_FIELD_END
 };
 

@@ -128,6 +128,9 @@ typedef struct topo_limits {
     int max_model_len;                   /* default 4096; block_size..2^21 */
     int max_inflight_per_client;         /* router: requests one client (credential, tenant) may have in
                                             flight before 'overloaded'; 0 (default) = no cap but admission_queue */
+    int outbox;                          /* messages an actor queues for one peer past its send_hwm (and the
+                                            router for one client connection) before sends are refused or,
+                                            for a stream's tokens, its producer waits; default 1024; 16..10^6 */
 } topo_limits_t;
 
 typedef struct topo_cache {

@@ -23,7 +23,6 @@
 #define MAX_POLLED    4             /* role sockets with their own reader (SUB, ...) */
 #define MAX_TIMERS    16
 #define MAX_PEERS     256
-#define OUTBOX_CAP    1024          /* queued messages per peer beyond its HWM before sends fail */
 #define SEND_BUF      (MSG_MAX_FRAME)
 #define LINGER_MS     200           /* bounded: shutdown never waits longer on unsent data */
 #define STATS_MS      1000
@@ -38,15 +37,41 @@ typedef struct outbox_item {
     size_t len;
 } outbox_item_t;
 
-/* One destination actor: a lazily-connected DEALER and the bounded queue for when it is full. */
+/* Encoded messages waiting for a socket, oldest first: a ring that grows on demand. Its limit
+ * (limits.outbox) is the senders' to apply: actor_send refuses past it, actor_send_keep does not. */
+typedef struct fifo {
+    outbox_item_t *q;               /* ring of cap */
+    int head, len, cap;
+} fifo_t;
+
+/* At most one log line a second for a burst of like events (sends refused): each line counts the
+ * events since the one before, and the stats tick writes out the rest of a burst. */
+typedef struct ratelog {
+    uint64_t n, logged;             /* events; how many of them lines have counted */
+    int64_t last_ms;                /* the last line */
+} ratelog_t;
+
+/* One destination actor: a lazily-connected DEALER and the queue for when it is full. */
 typedef struct peer {
     char name[TOPO_NAME_MAX];
     void *sock;
     void *mon;                      /* PAIR receiving the DEALER's socket-monitor events, or NULL */
     int up;                         /* last connection event seen (watched peers) */
-    outbox_item_t *q;               /* ring of OUTBOX_CAP */
-    int q_head, q_len;
+    fifo_t q;                       /* past the DEALER's send_hwm; limits.outbox for actor_send */
+    ratelog_t refused;              /* sends refused with the outbox full */
+    msg_type_t refused_type;        /* the latest of them, for the log line */
+    uint64_t refused_id;
+    ratelog_t over;                 /* actor_send_keep sends queued past limits.outbox */
 } peer_t;
+
+/* Replies for one client connection that its pipe could not take (it reads slowly): sent in order
+ * before anything newer for it (actor_reply_stream). */
+typedef struct backlog {
+    void *sock;                     /* a client-facing ROUTER (actor_bind_router) */
+    uint8_t id[ACTOR_ID_MAX];       /* the connection's routing id */
+    size_t id_len;
+    fifo_t q;                       /* limits.outbox, past it only `keep` replies */
+} backlog_t;
 
 typedef struct timer {
     int interval_ms;
@@ -71,12 +96,19 @@ struct actor {
     _Atomic uint64_t a_steps, a_msgs_in, a_msgs_out;   /* counters the heartbeats carry */
     void *stats_pub;                /* PUB to the monitor */
     void *extra[MAX_EXTRA];         /* role-bound ROUTERs */
+    int extra_backlog[MAX_EXTRA];   /* 1: its replies wait in backlogs when a connection is full */
     int n_extra;
     void *polled[MAX_POLLED];       /* role sockets read by their own function */
     actor_reader_fn polled_fn[MAX_POLLED];
     int n_polled;
     peer_t peers[MAX_PEERS];        /* destinations, by name */
     int n_peers;
+    int outbox_cap;                 /* limits.outbox */
+    backlog_t *backlogs;            /* [n_backlogs] client connections with replies waiting; only those
+                                       with streams in flight get one (admission_queue bounds them) */
+    int n_backlogs, cap_backlogs;
+    ratelog_t replies_refused;      /* client replies refused with the connection's backlog full */
+    uint64_t sends_refused, replies_dropped;   /* outbox full; a backlog's client gone before it read it */
     timer_t_ timers[MAX_TIMERS];
     int n_timers;
     uint8_t *sendbuf;               /* [SEND_BUF] encode scratch: no malloc per message */
@@ -103,6 +135,57 @@ struct actor {
 static volatile sig_atomic_t s_term_signal = 0;
 
 static void s_on_signal(int sig) { s_term_signal = sig; }
+
+/* ---- queues ------------------------------------------------------------------------------ */
+
+/* Appends a copy of data; -1 out of memory. */
+static int s_fifo_push(fifo_t *f, const uint8_t *data, size_t len)
+{
+    if (f->len == f->cap) {
+        int cap = f->cap ? f->cap * 2 : 64;
+        outbox_item_t *q = malloc((size_t)cap * sizeof *q);
+        if (!q)
+            return -1;
+        for (int i = 0; i < f->len; i++)
+            q[i] = f->q[(f->head + i) % f->cap];
+        free(f->q);
+        *f = (fifo_t){.q = q, .head = 0, .len = f->len, .cap = cap};
+    }
+    uint8_t *copy = malloc(len ? len : 1);
+    if (!copy)
+        return -1;
+    memcpy(copy, data, len);
+    f->q[(f->head + f->len) % f->cap] = (outbox_item_t){copy, len};
+    f->len++;
+    return 0;
+}
+
+static void s_fifo_pop(fifo_t *f)
+{
+    free(f->q[f->head].data);
+    f->head = (f->head + 1) % f->cap;
+    f->len--;
+}
+
+static void s_fifo_free(fifo_t *f)
+{
+    while (f->len > 0)
+        s_fifo_pop(f);
+    free(f->q);
+    *f = (fifo_t){0};
+}
+
+/* 1 when a burst's line is due: events not counted yet and none written this second. */
+static int s_ratelog_due(const ratelog_t *r, int64_t now) { return r->n > r->logged && now - r->last_ms >= 1000; }
+
+/* The events since the last line (marked as counted). */
+static uint64_t s_ratelog_take(ratelog_t *r, int64_t now)
+{
+    uint64_t k = r->n - r->logged;
+    r->logged = r->n;
+    r->last_ms = now;
+    return k;
+}
 
 /* ---- sockets ----------------------------------------------------------------------------- */
 
@@ -302,13 +385,8 @@ static peer_t *s_peer(actor_t *a, const char *name)
     snprintf(p->name, sizeof p->name, "%s", name);
     p->sock = s_dealer(a, inst->inbox, a->self->name, 1, name);
     p->up = 1;   /* assumed until a watched connection reports otherwise */
-    p->q = calloc(OUTBOX_CAP, sizeof *p->q);
-    if (!p->sock || !p->q) {
-        if (p->sock)
-            zmq_close(p->sock);
-        free(p->q);
+    if (!p->sock)
         return NULL;
-    }
     a->n_peers++;
     return p;
 }
@@ -316,16 +394,13 @@ static peer_t *s_peer(actor_t *a, const char *name)
 /* Sends queued messages while the peer accepts them. Returns how many are still queued. */
 static int s_flush_peer(peer_t *p)
 {
-    while (p->q_len > 0) {
-        outbox_item_t *it = &p->q[p->q_head];
+    while (p->q.len > 0) {
+        const outbox_item_t *it = &p->q.q[p->q.head];
         if (zmq_send(p->sock, it->data, it->len, ZMQ_DONTWAIT) < 0)
             break;
-        free(it->data);
-        it->data = NULL;
-        p->q_head = (p->q_head + 1) % OUTBOX_CAP;
-        p->q_len--;
+        s_fifo_pop(&p->q);
     }
-    return p->q_len;
+    return p->q.len;
 }
 
 int actor_watch(actor_t *a, const char *peer_name)
@@ -372,7 +447,26 @@ static void s_read_peer_events(actor_t *a, const actor_ops_t *ops, void *state, 
     }
 }
 
-int actor_send(actor_t *a, const char *peer_name, const msg_t *m)
+/* The rate-limited lines of a peer's outbox: sends refused, keep sends past the limit. */
+static void s_log_outbox(actor_t *a, peer_t *p, int64_t now)
+{
+    if (s_ratelog_due(&p->refused, now)) {
+        const uint64_t k = s_ratelog_take(&p->refused, now);
+        LOG_W("outbox to %s full (%d queued, limits.outbox %d): %llu sends refused since the last line "
+              "(latest: %s id=%llu)", p->name, p->q.len, a->outbox_cap, (unsigned long long)k,
+              msg_type_name(p->refused_type), (unsigned long long)p->refused_id);
+    }
+    if (s_ratelog_due(&p->over, now)) {
+        const uint64_t k = s_ratelog_take(&p->over, now);
+        /* Not a fault: a step bigger than the limit, or a burst of hand-offs' first tokens. */
+        LOG_I("outbox to %s past limits.outbox (%d): %d queued, %llu messages kept past the limit since the "
+              "last line (a stream's tokens and terminal replies are never refused)", p->name, a->outbox_cap,
+              p->q.len, (unsigned long long)k);
+    }
+}
+
+/* actor_send and actor_send_keep: keep queues past limits.outbox instead of refusing. */
+static int s_send(actor_t *a, const char *peer_name, const msg_t *m, int keep)
 {
     peer_t *p = s_peer(a, peer_name);
     if (!p) {
@@ -387,24 +481,184 @@ int actor_send(actor_t *a, const char *peer_name, const msg_t *m)
         a->msgs_out++;
         return 0;
     }
-    if (p->q_len >= OUTBOX_CAP) {
-        LOG_W("outbox to %s full (%d): %s id=%llu refused", p->name, p->q_len,
-              msg_type_name(m->type), (unsigned long long)m->id);
+    if (p->q.len >= a->outbox_cap) {
+        if (!keep) {
+            p->refused.n++;
+            p->refused_type = m->type;
+            p->refused_id = m->id;
+            a->sends_refused++;
+            s_log_outbox(a, p, now_ms());
+            return -1;
+        }
+        p->over.n++;
+        s_log_outbox(a, p, now_ms());
+    }
+    if (s_fifo_push(&p->q, a->sendbuf, len) != 0) {
+        LOG_E("out of memory queueing %s id=%llu for %s", msg_type_name(m->type), (unsigned long long)m->id, p->name);
         return -1;
     }
-    outbox_item_t *it = &p->q[(p->q_head + p->q_len) % OUTBOX_CAP];
-    it->data = malloc(len);
-    if (!it->data)
-        return -1;
-    memcpy(it->data, a->sendbuf, len);
-    it->len = len;
-    p->q_len++;
     a->msgs_out++;
+    return 0;
+}
+
+int actor_send(actor_t *a, const char *peer_name, const msg_t *m) { return s_send(a, peer_name, m, 0); }
+
+int actor_send_keep(actor_t *a, const char *peer_name, const msg_t *m) { return s_send(a, peer_name, m, 1); }
+
+int actor_outbox_room(actor_t *a, const char *peer_name)
+{
+    peer_t *p = s_peer(a, peer_name);
+    return p ? a->outbox_cap - s_flush_peer(p) : a->outbox_cap;
+}
+
+int actor_outbox_cap(const actor_t *a) { return a->outbox_cap; }
+
+/* ---- client backlogs --------------------------------------------------------------------- */
+
+static backlog_t *s_backlog_find(actor_t *a, const actor_peer_t *to)
+{
+    for (int i = 0; i < a->n_backlogs; i++) {
+        backlog_t *b = &a->backlogs[i];
+        if (b->sock == to->sock && b->id_len == to->id_len && memcmp(b->id, to->id, to->id_len) == 0)
+            return b;
+    }
+    return NULL;
+}
+
+static backlog_t *s_backlog_new(actor_t *a, const actor_peer_t *to)
+{
+    if (a->n_backlogs == a->cap_backlogs) {
+        int cap = a->cap_backlogs ? a->cap_backlogs * 2 : 16;
+        backlog_t *nb = realloc(a->backlogs, (size_t)cap * sizeof *nb);
+        if (!nb)
+            return NULL;
+        a->backlogs = nb;
+        a->cap_backlogs = cap;
+    }
+    backlog_t *b = &a->backlogs[a->n_backlogs++];
+    *b = (backlog_t){.sock = to->sock, .id_len = to->id_len};
+    memcpy(b->id, to->id, to->id_len);
+    return b;
+}
+
+/* Sends a backlog's replies while its connection takes them; a connection that is gone (its client
+ * closed it) loses them: nobody is left to read them. 1 when the backlog is empty now. */
+static int s_backlog_flush(actor_t *a, backlog_t *b)
+{
+    while (b->q.len > 0) {
+        const outbox_item_t *it = &b->q.q[b->q.head];
+        if (zmq_send(b->sock, b->id, b->id_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) {
+            if (errno == EAGAIN)
+                return 0;
+            LOG_D("client connection gone with %d replies waiting for it", b->q.len);
+            a->replies_dropped += (uint64_t)b->q.len;
+            break;
+        }
+        zmq_send(b->sock, it->data, it->len, ZMQ_DONTWAIT);   /* the identity frame went: so does this one */
+        s_fifo_pop(&b->q);
+    }
+    s_fifo_free(&b->q);
+    return 1;
+}
+
+/* Flushes every backlog, forgetting the empty ones. Returns the replies still waiting. */
+static int s_flush_backlogs(actor_t *a)
+{
+    int waiting = 0;
+    for (int i = 0; i < a->n_backlogs;) {
+        if (s_backlog_flush(a, &a->backlogs[i])) {
+            a->backlogs[i] = a->backlogs[--a->n_backlogs];
+            continue;
+        }
+        waiting += a->backlogs[i].q.len;
+        i++;
+    }
+    return waiting;
+}
+
+static void s_log_backlogs(actor_t *a, int64_t now)
+{
+    if (s_ratelog_due(&a->replies_refused, now)) {
+        const uint64_t k = s_ratelog_take(&a->replies_refused, now);
+        LOG_W("%llu replies to clients that do not read refused since the last line (a connection's backlog "
+              "holds limits.outbox %d; their requests fail)", (unsigned long long)k, a->outbox_cap);
+    }
+}
+
+int actor_reply_stream(actor_t *a, const actor_peer_t *to, const msg_t *m, int keep)
+{
+    if (to->sock == a->inbox && to->id_len < TOPO_NAME_MAX) {
+        char name[TOPO_NAME_MAX];
+        memcpy(name, to->id, to->id_len);
+        name[to->id_len] = 0;
+        if (topo_find(a->topo, name))
+            return s_send(a, name, m, keep) == 0 ? 0 : ACTOR_REFUSED;
+    }
+    size_t len;
+    if (s_encode(a, m, &len) != 0)
+        return -1;
+    backlog_t *b = s_backlog_find(a, to);
+    if (b && s_backlog_flush(a, b)) {
+        *b = a->backlogs[--a->n_backlogs];   /* drained (or its client is gone): send as if none */
+        b = NULL;
+    }
+    if (!b) {
+        if (zmq_send(to->sock, to->id, to->id_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0) {
+            zmq_send(to->sock, a->sendbuf, len, ZMQ_DONTWAIT);
+            a->msgs_out++;
+            return 0;
+        }
+        if (errno != EAGAIN) {
+            LOG_D("reply %s id=%llu: %s", msg_type_name(m->type), (unsigned long long)m->id, zmq_strerror(errno));
+            return -1;   /* no such connection (any more) */
+        }
+        b = s_backlog_new(a, to);
+        if (!b)
+            return -1;
+    } else if (!keep && b->q.len >= a->outbox_cap) {
+        a->replies_refused.n++;
+        s_log_backlogs(a, now_ms());
+        return ACTOR_REFUSED;
+    }
+    if (s_fifo_push(&b->q, a->sendbuf, len) != 0) {
+        LOG_E("out of memory queueing a reply %s id=%llu", msg_type_name(m->type), (unsigned long long)m->id);
+        return -1;
+    }
+    a->msgs_out++;
+    return 0;
+}
+
+int actor_flush(actor_t *a)
+{
+    int pending = a->n_backlogs ? s_flush_backlogs(a) : 0;
+    for (int i = 0; i < a->n_peers; i++)
+        pending += s_flush_peer(&a->peers[i]);
+    return pending;
+}
+
+int actor_reply_backlog(actor_t *a, void *sock)
+{
+    for (int i = 0; i < a->n_extra; i++)
+        if (a->extra[i] == sock) {
+            a->extra_backlog[i] = 1;
+            return 0;
+        }
+    return -1;
+}
+
+static int s_backlogged_sock(const actor_t *a, const void *sock)
+{
+    for (int i = 0; i < a->n_extra; i++)
+        if (a->extra[i] == sock)
+            return a->extra_backlog[i];
     return 0;
 }
 
 int actor_reply(actor_t *a, const actor_peer_t *to, const msg_t *m)
 {
+    /* A connection with replies waiting: this one waits behind them (never overtakes a stream). */
+    if (to->sock != a->inbox && (s_backlogged_sock(a, to->sock) || (a->n_backlogs > 0 && s_backlog_find(a, to))))
+        return actor_reply_stream(a, to, m, 0) == 0 ? 0 : -1;
     /* From another actor of the cluster (it came in on our inbox, named by its instance): that
      * actor reads only its own inbox, never the connection it sends us on, so the answer goes
      * there by name. Clients and tools read their connection: they get it on it. */
@@ -441,6 +695,10 @@ int actor_reply_error(actor_t *a, const actor_peer_t *to, uint64_t id, msg_error
     m.u.error.code = code;
     m.u.error.retryable = retryable != 0;
     m.u.error.message = text;
+    /* To another actor an error is a terminal reply it waits for (a worker's refusal of a request):
+     * kept past a full outbox. A client's goes as any reply (behind its backlog, if it has one). */
+    if (to->sock == a->inbox)
+        return actor_reply_stream(a, to, &m, 1) == 0 ? 0 : -1;
     return actor_reply(a, to, &m);
 }
 
@@ -559,12 +817,22 @@ static void s_publish_stats(actor_t *a, const actor_ops_t *ops, void *state)
     a->n_metrics = 0;
     st->queues = a->queues;
     st->metrics = a->metrics;
-    int outbox = 0;
+    int outbox = 0, backlog = 0;
     for (int i = 0; i < a->n_peers; i++)
-        if (a->peers[i].q_len > outbox)
-            outbox = a->peers[i].q_len;
-    actor_stat_queue(a, st, "outbox", (uint64_t)outbox, OUTBOX_CAP);
+        if (a->peers[i].q.len > outbox)
+            outbox = a->peers[i].q.len;
+    for (int i = 0; i < a->n_backlogs; i++)
+        if (a->backlogs[i].q.len > backlog)
+            backlog = a->backlogs[i].q.len;
+    actor_stat_queue(a, st, "outbox", (uint64_t)outbox, (uint64_t)a->outbox_cap);
+    if (a->n_extra > 0)
+        actor_stat_queue(a, st, "client_backlog", (uint64_t)backlog, (uint64_t)a->outbox_cap);
     actor_stat_metric(a, st, "messages_refused", (double)a->refused, 1);
+    actor_stat_metric(a, st, "sends_refused", (double)a->sends_refused, 1);
+    if (a->n_extra > 0) {
+        actor_stat_metric(a, st, "replies_refused", (double)a->replies_refused.n, 1);
+        actor_stat_metric(a, st, "replies_dropped_client_gone", (double)a->replies_dropped, 1);
+    }
     actor_stat_metric(a, st, "frames_oversized", (double)a->oversized, 1);
     if (a->auth)
         actor_stat_metric(a, st, "auth_refused", (double)auth_refused(a->auth), 1);
@@ -767,7 +1035,7 @@ int actor_run(actor_t *a, const actor_ops_t *ops, void *state)
      * node lost it): exit rather than serve a cluster nobody manages. */
     const int64_t orphan_ms = (int64_t)a->topo->supervision.heartbeat_ms *
                                   a->topo->supervision.liveness * 4 + 5000;
-    zmq_pollitem_t items[3 + MAX_EXTRA + MAX_POLLED + MAX_PEERS];
+    zmq_pollitem_t items[3 + MAX_EXTRA + MAX_POLLED + 2 * MAX_PEERS];
     for (;;) {
         if (s_term_signal)
             s_start_drain(a, s_term_signal == SIGTERM ? "SIGTERM" : "SIGINT");
@@ -790,9 +1058,7 @@ int actor_run(actor_t *a, const actor_ops_t *ops, void *state)
             if (busy)
                 a->steps++;
         }
-        int pending = 0;
-        for (int i = 0; i < a->n_peers; i++)
-            pending += s_flush_peer(&a->peers[i]);
+        const int pending = actor_flush(a);
 
         int64_t now = now_ms();
         int64_t wake = a->next_stats_ms;
@@ -814,6 +1080,11 @@ int actor_run(actor_t *a, const actor_ops_t *ops, void *state)
         for (int i = 0; i < a->n_peers; i++)
             if (a->peers[i].mon)
                 items[n++] = (zmq_pollitem_t){.socket = a->peers[i].mon, .events = ZMQ_POLLIN};
+        /* A peer with messages queued wakes the loop as soon as it takes one (a decode worker holding
+         * its step for a router's outbox resumes at once, not at the next 5 ms retry). */
+        for (int i = 0; i < a->n_peers; i++)
+            if (a->peers[i].q.len > 0)
+                items[n++] = (zmq_pollitem_t){.socket = a->peers[i].sock, .events = ZMQ_POLLOUT};
         if (zmq_poll(items, n, timeout) < 0 && errno != EINTR) {
             LOG_E("poll: %s", zmq_strerror(errno));
             return -1;
@@ -844,6 +1115,9 @@ int actor_run(actor_t *a, const actor_ops_t *ops, void *state)
         if (now >= a->next_stats_ms) {
             a->next_stats_ms = now + STATS_MS;
             s_publish_stats(a, ops, state);
+            for (int i = 0; i < a->n_peers; i++)   /* the ends of bursts the last lines did not count */
+                s_log_outbox(a, &a->peers[i], now);
+            s_log_backlogs(a, now);
         }
         atomic_store(&a->progress_ms, now);
         atomic_store(&a->a_steps, a->steps);
@@ -924,6 +1198,7 @@ actor_t *actor_new(int argc, char **argv, topo_role_t role)
         return NULL;
     }
     free(errs);
+    a->outbox_cap = a->topo->limits.outbox;
     a->self = name ? topo_find(a->topo, name) : topo_first(a->topo, role);
     if (!a->self || a->self->role != role) {
         LOG_E("%s: no %s instance named '%s' in %s", argv[0], topo_role_name(role),
@@ -982,15 +1257,16 @@ void actor_destroy(actor_t **self_p)
     actor_t *a = *self_p;
     for (int i = 0; i < a->n_peers; i++) {
         peer_t *p = &a->peers[i];
-        for (int k = 0; k < p->q_len; k++)
-            free(p->q[(p->q_head + k) % OUTBOX_CAP].data);
-        free(p->q);
+        s_fifo_free(&p->q);
         if (p->mon) {
             zmq_socket_monitor(p->sock, NULL, 0);
             zmq_close(p->mon);
         }
         zmq_close(p->sock);
     }
+    for (int i = 0; i < a->n_backlogs; i++)
+        s_fifo_free(&a->backlogs[i].q);
+    free(a->backlogs);
     for (int i = 0; i < a->n_extra; i++)
         zmq_close(a->extra[i]);
     for (int i = 0; i < a->n_polled; i++)

@@ -13,11 +13,23 @@
  *            instance name. ROUTER_MANDATORY + ROUTER_HANDOVER (a restarted peer reclaims its id).
  *   peers    one DEALER per destination actor, connected lazily to its inbox, ZMQ_IMMEDIATE so
  *            nothing queues for a peer that is not there; sends never block: at the high-water
- *            mark a bounded per-peer outbox holds the message, past that the send fails and the
- *            caller answers `overloaded`.
+ *            mark a per-peer outbox holds the message, up to limits.outbox messages; past that
+ *            actor_send fails (the caller answers `overloaded` or retries) while actor_send_keep
+ *            still queues (a stream's tokens and terminal replies: never lost, their producer
+ *            holds back instead, reading actor_outbox_room; see "Backpressure" below).
  *   control  DEALER to the supervisor: READY, heartbeats (with progress counters), TERM.
  *   stats    PUB connected to the monitor's SUB: periodic STATS (monitoring only; drops at HWM).
  *   extra    sockets a role adds (the router's client ROUTER, the monitor's inspection ROUTER).
+ *
+ * Backpressure (docs/architecture.md): nothing on a request's stream is refused or dropped on the
+ * way. A decode worker runs its next step only while each router's outbox has room for the step's
+ * tokens (actor_outbox_room), so a router slower than its workers slows them down; the messages a
+ * worker sends outside its steps (a hand-off's first token, errors) are few per request and
+ * queued past the limit (actor_send_keep). A router's reply that a client's connection cannot take
+ * now (the client reads slowly) waits in that connection's backlog (actor_reply_stream); a
+ * connection whose backlog reaches limits.outbox is not reading: its requests' next tokens are
+ * refused and those requests fail with an error that is queued for it, so one slow client costs
+ * only its own requests. Refusals are logged at most once a second, with counts.
  *
  * Every socket gets a bounded linger, a maximum message size and high-water marks from the
  * topology's limits, so shutdown never hangs and no peer can make us allocate without bound.
@@ -100,6 +112,14 @@ int actor_run(actor_t *a, const actor_ops_t *ops, void *state);
 /* Sends m to another actor's inbox. Never blocks. 0 when sent or queued; -1 when the peer is
  * unknown or its outbox is full (the caller turns that into `overloaded` or a retry). */
 int actor_send(actor_t *a, const char *peer_name, const msg_t *m);
+/* As actor_send, but a full outbox still queues m (it is refused only for an unknown peer or out of
+ * memory): for the messages a request cannot do without (its tokens, done and error to its router,
+ * cancels). The caller bounds them: per step by actor_outbox_room, or a few per request. */
+int actor_send_keep(actor_t *a, const char *peer_name, const msg_t *m);
+/* How many more messages the outbox to peer_name takes before actor_send refuses (limits.outbox less
+ * what is queued after sending what the peer takes now; negative past the limit, by keep sends). */
+int actor_outbox_room(actor_t *a, const char *peer_name);
+int actor_outbox_cap(const actor_t *a);   /* limits.outbox */
 /* Connects to a peer now (not on first send) and reports its connection's ups and downs through
  * ops->peer_event: how a router learns within milliseconds that a worker process died. */
 int actor_watch(actor_t *a, const char *peer_name);
@@ -107,7 +127,23 @@ int actor_watch(actor_t *a, const char *peer_name);
 /* Answers the sender of a message: a client or tool through the socket it came in on, another
  * actor of the cluster at its inbox (actors read nothing else). -1 if it is gone. */
 int actor_reply(actor_t *a, const actor_peer_t *to, const msg_t *m);
-/* Replies with an error message (code, text, retryable) to a sender, correlated by id. */
+/* actor_reply_stream's answer when the connection's backlog (or the peer's outbox) is full. */
+#define ACTOR_REFUSED (-2)
+/* Answers a client like actor_reply, for a request's stream: a reply its connection cannot take now
+ * (the client reads slowly) waits in that connection's backlog and goes out, in order, as the client
+ * reads (the loop flushes it; actor_reply to that connection waits behind it too). 0 when sent or
+ * queued; ACTOR_REFUSED when the backlog holds limits.outbox replies already and !keep (the client
+ * is not reading: the caller fails the request); -1 when the connection is gone. keep: queued past
+ * the limit (terminal replies, one per request). To another actor: actor_send(_keep) by name. */
+int actor_reply_stream(actor_t *a, const actor_peer_t *to, const msg_t *m, int keep);
+/* Every actor_reply on sock (a socket from actor_bind_router) goes through actor_reply_stream
+ * (!keep): a reply a connection cannot take now waits instead of failing. -1: not such a socket. */
+int actor_reply_backlog(actor_t *a, void *sock);
+/* Sends what the peers' outboxes and the client backlogs can send now (the loop does this every
+ * time round). Returns how many messages still wait. */
+int actor_flush(actor_t *a);
+/* Replies with an error message (code, text, retryable) to a sender, correlated by id. To another
+ * actor it is kept past a full outbox (actor_send_keep): a terminal reply. */
 int actor_reply_error(actor_t *a, const actor_peer_t *to, uint64_t id, msg_error_code_t code,
                       int retryable, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 

@@ -177,6 +177,7 @@ static void test_defaults(void **state)
     assert_int_equal(t->limits.max_message_bytes, 16777216);
     assert_int_equal(t->limits.send_hwm, 1000);
     assert_int_equal(t->limits.recv_hwm, 1000);
+    assert_int_equal(t->limits.outbox, 1024);
     assert_int_equal(t->limits.admission_queue, 256);
     assert_int_equal(t->limits.max_batch, 64);
     assert_int_equal(t->limits.prefill_chunk_tokens, 512);
