@@ -129,7 +129,7 @@ static void s_fail(actor_t *a, prefill_t *p, pf_req_t *r, msg_error_code_t code,
     e.u.error.code = code;
     e.u.error.retryable = retryable;
     e.u.error.message = why;
-    actor_send(a, r->msg.u.prefill_request.reply_to, &e);
+    actor_send_keep(a, r->msg.u.prefill_request.reply_to, &e);   /* terminal: never refused */
     LOG_W("request %llu failed: %s", (unsigned long long)r->sr.id, why);
     s_remove(p, r);
 }
@@ -339,7 +339,9 @@ static void s_send_handoff(actor_t *a, prefill_t *p, pf_req_t *r, msg_channel_t 
     o->deadline_ms = q->deadline_ms;
     o->kv = &r->out.desc;
     o->n_kv = 1;
-    if (actor_send(a, q->decode_worker, &h) != 0) {
+    /* Kept past a full outbox (never refused for it): one per request, bounded by our pool's blocks,
+     * which stay ours until the kv_ack; refused, a request would fail only for a burst. */
+    if (actor_send_keep(a, q->decode_worker, &h) != 0) {
         /* A posted send nobody will receive would pair with the next hand-off's receive. */
         if (r->out.channel == MSG_CHAN_NCCL)
             kvlinks_abort(p->links, q->decode_worker, "a posted send could not be announced");

@@ -8,7 +8,10 @@
  *     against the cache-manager's index, mirrored here from its cache events) and a decode worker
  *     by load; send the prefill_request; pin the prefix when the client asked for retention;
  *   - relay token / done / error messages from the workers to the client, rewriting the router's
- *     internal id to the client's own;
+ *     internal id to the client's own; none is dropped on the way: a reply a client's connection
+ *     cannot take now waits in its backlog (actor_reply_stream), and a client that does not read
+ *     (its backlog at limits.outbox) has its requests failed with an error saying so, queued
+ *     behind what it has not read: one slow client costs only its own requests;
  *   - enforce deadlines and cancellation; when a worker's process goes away (runtime peer watch,
  *     milliseconds), re-send its requests that have not streamed yet to live workers and fail the
  *     others with a retryable error;
@@ -250,10 +253,15 @@ static void s_fail(actor_t *a, router_t *r, rq_t *q, msg_error_code_t code, int 
     msg_t c;
     msg_init(&c, MSG_CANCEL, q->id);
     if (q->prefill >= 0 && r->workers[q->prefill].up)
-        actor_send(a, r->workers[q->prefill].name, &c);
+        actor_send_keep(a, r->workers[q->prefill].name, &c);   /* the worker must let go: never refused */
     if (q->decode >= 0 && q->decode != q->prefill && r->workers[q->decode].up)
-        actor_send(a, r->workers[q->decode].name, &c);
-    actor_reply_error(a, &q->client, q->client_id, code, retryable, "%s", why);
+        actor_send_keep(a, r->workers[q->decode].name, &c);
+    msg_t e;
+    msg_init(&e, MSG_ERROR, q->client_id);
+    e.u.error.code = code;
+    e.u.error.retryable = retryable != 0;
+    e.u.error.message = why;
+    actor_reply_stream(a, &q->client, &e, 1);   /* terminal: queued behind its stream, whatever the backlog */
     r->failed++;
     s_remove(r, q);
 }
@@ -559,9 +567,9 @@ static int s_on_cancel(actor_t *a, void *state, const actor_peer_t *from, msg_t 
     msg_t c;
     msg_init(&c, MSG_CANCEL, q->id);
     if (q->prefill >= 0)
-        actor_send(a, r->workers[q->prefill].name, &c);
+        actor_send_keep(a, r->workers[q->prefill].name, &c);
     if (q->decode >= 0 && q->decode != q->prefill)
-        actor_send(a, r->workers[q->decode].name, &c);
+        actor_send_keep(a, r->workers[q->decode].name, &c);
     msg_t d;
     msg_init(&d, MSG_DONE, q->client_id);
     d.u.done.finish = MSG_FINISH_CANCELLED;
@@ -569,7 +577,7 @@ static int s_on_cancel(actor_t *a, void *state, const actor_peer_t *from, msg_t 
     d.u.done.usage.cached_tokens = q->cached_tokens;
     d.u.done.usage.completion_tokens = q->completion;
     d.u.done.timings.e2e_ms = (uint32_t)(now_ms() - q->arrived_ms);
-    actor_reply(a, &q->client, &d);
+    actor_reply_stream(a, &q->client, &d, 1);
     r->cancelled++;
     s_remove(r, q);
     return 0;
@@ -646,9 +654,16 @@ static int s_on_token(actor_t *a, void *state, const actor_peer_t *from, msg_t *
     q->completion += m->u.token.n_tokens;
     r->gen_tokens += m->u.token.n_tokens;
     m->id = q->client_id;
-    if (actor_reply(a, &q->client, m) != 0) {
-        /* The client is gone or not reading: stop the work. */
-        s_fail(a, r, q, MSG_ERR_CANCELLED, 0, "client unreachable");
+    const int rc = actor_reply_stream(a, &q->client, m, 0);
+    if (rc == ACTOR_REFUSED) {
+        /* The client does not read: its connection's backlog is full. Its request stops here, with
+         * an error it reads after the tokens it has not read yet (not a silent gap in its stream). */
+        char why[160];
+        snprintf(why, sizeof why, "the client does not read its replies: %d wait for its connection "
+                 "(limits.outbox); request cancelled", actor_outbox_cap(a));
+        s_fail(a, r, q, MSG_ERR_CANCELLED, 0, why);
+    } else if (rc != 0) {
+        s_fail(a, r, q, MSG_ERR_CANCELLED, 0, "client unreachable");   /* gone: stop the work */
     }
     return 0;
 }
@@ -668,7 +683,7 @@ static int s_on_done(actor_t *a, void *state, const actor_peer_t *from, msg_t *m
     r->cached_by_tier[MSG_TIER_HOST] += d->usage.cached_host_tokens;
     r->cached_by_tier[MSG_TIER_DISK] += d->usage.cached_disk_tokens;
     m->id = q->client_id;
-    actor_reply(a, &q->client, m);
+    actor_reply_stream(a, &q->client, m, 1);   /* terminal: never refused */
     r->completed++;
     s_leave_prefill(r, q, "done");   /* finished on its first token */
     s_remove(r, q);
@@ -929,6 +944,7 @@ int main(int argc, char **argv)
         LOG_E("cannot bind the client endpoint %s", t->endpoints.client);
         goto out;
     }
+    actor_reply_backlog(a, r->clients);   /* every reply waits for a slow client, never lost */
     actor_timer_add(a, 50, s_deadlines);
     actor_ops_t ops = {.handlers = s_handlers, .n_handlers = ARRAY_LEN(s_handlers), .fill_stats = s_fill_stats,
                        .drained = s_drained, .peer_event = s_peer_event};

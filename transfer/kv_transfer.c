@@ -52,7 +52,7 @@ int kvx_ack(actor_t *a, const char *to, uint64_t transfer_id, int ok, const char
     k.u.kv_ack.message = ok ? NULL : (why ? why : "refused");
     k.u.kv_ack.dst_block_ids = ok ? dst_block_ids : NULL;
     k.u.kv_ack.n_dst_block_ids = ok ? n : 0;
-    return actor_send(a, to, &k);
+    return actor_send_keep(a, to, &k);   /* one per hand-off: the sender's blocks wait for it */
 }
 
 int kvx_ipc_handle(backend_t *be, const bk_kv_t *pool, uint8_t out[KVX_IPC_HANDLE_BYTES])
