@@ -22,7 +22,11 @@
  * call's buffer under its lock and resumes the suspended connection. A call has two references,
  * one per thread; the last to let go frees it.
  *
- * Known limits: n = 1 only; a client that goes away
+ * n > 1: one call, n requests at the router (ids id .. id + n - 1, seeds seed + i), each a choice
+ * of its own: collected into one reply, or streamed as chunks carrying their choice's index, ended
+ * once every choice is done; an error in any ends the call and cancels the others.
+ *
+ * Known limits: a client that goes away
  * while its reply is being computed (before its stream began, or a non-streamed one) is noticed
  * within a second (s_liveness), mid-stream at the next token. */
 #include <arpa/inet.h>
@@ -59,6 +63,20 @@ typedef enum { EP_NONE, EP_CHAT, EP_COMPLETION, EP_MODELS, EP_MODEL, EP_HEALTH, 
 
 typedef struct gateway gateway_t;
 
+/* One choice of a call: its own request at the router (id = the call's id + its index). Actor thread. */
+typedef struct gw_choice {
+    int live;                    /* its request is at the router: no done or error came yet */
+    int started;                 /* its first token seen (a chat stream sent its role chunk) */
+    const char *finish;          /* "stop" / "length" once its done came */
+    msg_usage_t usage;           /* from its done */
+    char *text;                  /* [text_cap] collected text (non-streamed) */
+    size_t text_len, text_cap;
+    gw_logprob_t *lp;            /* [n_lp] logprobs collected (non-streamed), or this message's (streamed) */
+    uint32_t n_lp, cap_lp;
+    gw_logprob_t *alt;           /* [n_alt] their alternatives, lp[i].n_top each, in lp's order */
+    uint32_t n_alt, cap_alt;
+} gw_choice_t;
+
 /* One HTTP request. Fields are owned by one thread unless marked "mu". */
 typedef struct gw_call {
     atomic_int refs;             /* 1 for the HTTP side until its request completes, 1 for the actor side */
@@ -91,15 +109,11 @@ typedef struct gw_call {
     int suspended;               /* the HTTP side suspended the connection waiting for ready/out */
     int gone;                    /* the HTTP side is done with the call */
     /* actor thread */
-    int in_table;                /* in g->calls (a request at the router) */
-    int cancel_sent;             /* a cancel went to the router (the client is gone) */
-    int started;                 /* first token seen */
-    char *text;                  /* [text_cap] collected text (non-streamed) */
-    size_t text_len, text_cap;
-    gw_logprob_t *lp;            /* [n_lp] logprobs collected (non-streamed), or this message's (streamed) */
-    uint32_t n_lp, cap_lp;
-    gw_logprob_t *alt;           /* [n_alt] their alternatives, lp[i].n_top each, in lp's order */
-    uint32_t n_alt, cap_alt;
+    int in_table;                /* its ids are in g->calls (requests at the router) */
+    int cancel_sent;             /* cancels went to the router (the client is gone) */
+    int started;                 /* a first token seen (the stream began) */
+    gw_choice_t *choices;        /* [req.n] */
+    uint32_t n_done;             /* choices whose done came */
 } gw_call_t;
 
 struct gateway {
@@ -145,10 +159,13 @@ static void s_call_unref(gw_call_t *c)
 {
     if (!c || atomic_fetch_sub(&c->refs, 1) != 1)
         return;
+    for (uint32_t i = 0; c->choices && i < c->req.n; i++) {
+        free(c->choices[i].lp);
+        free(c->choices[i].alt);
+        free(c->choices[i].text);
+    }
+    free(c->choices);
     gw_request_free(&c->req);
-    free(c->lp);
-    free(c->alt);
-    free(c->text);
     free(c->body);
     free(c->out);
     pthread_mutex_destroy(&c->mu);
@@ -266,29 +283,49 @@ static void s_fail_call(gw_call_t *c, int status, const char *code, int retry_af
 
 /* ---- the actor thread: router replies ----------------------------------------------------------- */
 
+/* The call leaves the table (every choice's id; replies that come later for them are dropped). */
 static void s_forget(gateway_t *g, gw_call_t *c)
 {
     if (!c->in_table)
         return;
-    u64map_del(&g->calls, c->id);
+    for (uint32_t i = 0; i < c->req.n; i++)
+        u64map_del(&g->calls, c->id + i);
     c->in_table = 0;
     s_call_unref(c);   /* the actor side's reference */
 }
 
-static gw_reply_ctx_t s_ctx(const gw_call_t *c)
+static gw_reply_ctx_t s_ctx(const gw_call_t *c, uint32_t index)
 {
-    return (gw_reply_ctx_t){.kind = c->req.kind, .id = c->oid, .created = c->created, .model = c->g->model};
+    return (gw_reply_ctx_t){.kind = c->req.kind, .id = c->oid, .created = c->created, .model = c->g->model,
+                            .index = index};
 }
 
-/* Asks the router to cancel the call's request: 0 when sent. */
+/* Asks the router to cancel every choice still at it: 0 when all were sent. */
 static int s_cancel(gateway_t *g, gw_call_t *c)
 {
-    msg_t m;
-    msg_init(&m, MSG_CANCEL, c->id);
-    size_t len;
-    char err[256];
-    return msg_encode(&m, g->buf, MSG_MAX_FRAME, &len, err, sizeof err) == 0 &&
-                   zmq_send(g->router, g->buf, len, ZMQ_DONTWAIT) >= 0 ? 0 : -1;
+    int rc = 0;
+    for (uint32_t i = 0; i < c->req.n; i++) {
+        if (c->choices && !c->choices[i].live)
+            continue;
+        msg_t m;
+        msg_init(&m, MSG_CANCEL, c->id + i);
+        size_t len;
+        char err[256];
+        if (msg_encode(&m, g->buf, MSG_MAX_FRAME, &len, err, sizeof err) != 0 ||
+            zmq_send(g->router, g->buf, len, ZMQ_DONTWAIT) < 0)
+            rc = -1;
+    }
+    return rc;
+}
+
+/* The call ends before all its choices did (an error, a cut-off, a cancel): the others' requests
+ * are cancelled at the router (their replies find no call), and the call leaves the table. */
+static void s_end_early(gateway_t *g, gw_call_t *c)
+{
+    if (!c->cancel_sent)
+        s_cancel(g, c);
+    c->cancel_sent = 1;
+    s_forget(g, c);
 }
 
 /* Actor thread, mu held: one SSE event. */
@@ -326,9 +363,9 @@ static gw_logprob_t s_lp_entry(const gateway_t *g, uint32_t id, float logprob)
     return (gw_logprob_t){.logprob = logprob, .bytes = b, .n_bytes = (uint32_t)n, .id = id};
 }
 
-/* Appends t's tokens to the call's logprobs and their alternatives to its alt; -1 when out of
+/* Appends t's tokens to the choice's logprobs and their alternatives to its alt; -1 when out of
  * memory. The entries' top pointers are set by s_link_top, once the arrays stop moving. */
-static int s_collect_lp(gateway_t *g, gw_call_t *c, const msg_token_t *t)
+static int s_collect_lp(gateway_t *g, gw_choice_t *c, const msg_token_t *t)
 {
     const uint32_t k = t->n_top_tokens / t->n_tokens;   /* the codec checked: whole rows */
     if (s_reserve(&c->lp, &c->cap_lp, (uint64_t)c->n_lp + t->n_tokens) != 0 ||
@@ -344,7 +381,7 @@ static int s_collect_lp(gateway_t *g, gw_call_t *c, const msg_token_t *t)
     return 0;
 }
 
-static void s_link_top(gw_call_t *c)
+static void s_link_top(gw_choice_t *c)
 {
     uint32_t at = 0;
     for (uint32_t i = 0; i < c->n_lp; i++) {
@@ -353,35 +390,52 @@ static void s_link_top(gw_call_t *c)
     }
 }
 
-static void s_on_token(gateway_t *g, gw_call_t *c, const msg_token_t *t)
+/* Actor thread, mu held: a chat stream's first chunk of choice i (its role), once. */
+static void s_role_locked(gw_call_t *c, uint32_t i)
 {
+    gw_choice_t *ch = &c->choices[i];
+    if (ch->started)
+        return;
+    ch->started = 1;
+    gw_reply_ctx_t x = s_ctx(c, i);
+    if (c->req.kind == GW_CHAT)
+        s_event_locked(c, gw_chunk_json(&x, "", NULL, 1, c->req.include_usage, NULL, 0));
+}
+
+/* Actor thread, mu held: the stream's answer is decided (200, SSE) at its first event. */
+static void s_stream_begin_locked(gw_call_t *c)
+{
+    c->streaming = 1;
+    c->ready = 1;
+    c->status = 200;
+    c->started = 1;
+}
+
+static void s_on_token(gateway_t *g, gw_call_t *c, uint32_t i, const msg_token_t *t)
+{
+    gw_choice_t *ch = &c->choices[i];
     const char *text = t->text ? t->text : "";
     const int has_lp = c->req.logprobs && t->n_logprobs;
     if (!c->req.stream) {
-        if (s_append(&c->text, &c->text_len, &c->text_cap, text, strlen(text), MSG_MAX_FRAME) != 0)
+        if (s_append(&ch->text, &ch->text_len, &ch->text_cap, text, strlen(text), MSG_MAX_FRAME) != 0)
             goto cut;
-        if (has_lp && s_collect_lp(g, c, t) != 0)
+        if (has_lp && s_collect_lp(g, ch, t) != 0)
             goto cut;
-        c->started = 1;
+        c->started = ch->started = 1;
         return;
     }
-    gw_reply_ctx_t x = s_ctx(c);
-    c->n_lp = c->n_alt = 0;   /* a stream's chunk lists its own message's tokens */
-    if (has_lp && s_collect_lp(g, c, t) != 0)
+    gw_reply_ctx_t x = s_ctx(c, i);
+    ch->n_lp = ch->n_alt = 0;   /* a stream's chunk lists its own message's tokens */
+    if (has_lp && s_collect_lp(g, ch, t) != 0)
         goto cut;
-    s_link_top(c);
+    s_link_top(ch);
     pthread_mutex_lock(&c->mu);
-    if (!c->started) {
-        c->streaming = 1;
-        c->ready = 1;
-        c->status = 200;
-        if (c->req.kind == GW_CHAT)
-            s_event_locked(c, gw_chunk_json(&x, "", NULL, 1, c->req.include_usage, NULL, 0));
-        c->started = 1;
-    }
+    if (!c->started)
+        s_stream_begin_locked(c);
+    s_role_locked(c, i);
     /* One event per token message, even when its text is empty (a model without a tokenizer, text
      * held back at a possible stop string or an incomplete character): clients see every step. */
-    s_event_locked(c, gw_chunk_json(&x, text, NULL, 0, c->req.include_usage, has_lp ? c->lp : NULL, c->n_lp));
+    s_event_locked(c, gw_chunk_json(&x, text, NULL, 0, c->req.include_usage, has_lp ? ch->lp : NULL, ch->n_lp));
     int cut = c->failed;
     int s = s_take_suspended(c);
     pthread_mutex_unlock(&c->mu);
@@ -391,9 +445,8 @@ static void s_on_token(gateway_t *g, gw_call_t *c, const msg_token_t *t)
 cut:
     /* The client does not read (or memory ran out): stop the work, end its stream. */
     atomic_fetch_add(&g->n_cutoff, 1);
-    s_cancel(g, c);
     s_fail_call(c, 500, "output_overflow", 0, "the reply could not be delivered: the client is not reading it");
-    s_forget(g, c);
+    s_end_early(g, c);
 }
 
 static void s_debit(gateway_t *g, gw_call_t *c, const msg_usage_t *u)
@@ -408,41 +461,72 @@ static void s_debit(gateway_t *g, gw_call_t *c, const msg_usage_t *u)
     pthread_mutex_unlock(&g->keys_mu);
 }
 
-static void s_on_done(gateway_t *g, gw_call_t *c, const msg_done_t *d)
+/* The call's usage over its choices, as OpenAI counts n: the prompt once, the completions summed.
+ * cached_tokens (with its split by source) is the choice that took the fewest from cache: what
+ * every copy of the prompt reused (the choices' prompts run as requests of their own, so a later
+ * one may find the earlier's blocks). */
+static gw_usage_t s_usage(const gw_call_t *c)
+{
+    const msg_usage_t *least = &c->choices[0].usage;
+    uint32_t completion = 0;
+    for (uint32_t i = 0; i < c->req.n; i++) {
+        completion += c->choices[i].usage.completion_tokens;
+        if (c->choices[i].usage.cached_tokens < least->cached_tokens)
+            least = &c->choices[i].usage;
+    }
+    return (gw_usage_t){least->prompt_tokens, least->cached_tokens, completion, least->cached_device_tokens,
+                        least->cached_host_tokens, least->cached_disk_tokens};
+}
+
+/* Choice i's done: its finish (a stream's last chunk for it); once every choice is done, the
+ * answer (non-streamed) or the usage and [DONE]. 1 when the call is over. */
+static int s_on_done(gateway_t *g, gw_call_t *c, uint32_t i, const msg_done_t *d)
 {
     s_debit(g, c, &d->usage);
-    gw_usage_t u = {d->usage.prompt_tokens, d->usage.cached_tokens, d->usage.completion_tokens,
-                    d->usage.cached_device_tokens, d->usage.cached_host_tokens, d->usage.cached_disk_tokens};
-    gw_reply_ctx_t x = s_ctx(c);
     if (d->finish == MSG_FINISH_CANCELLED) {
-        /* Our own cancel (the client went away) came back: nobody is listening. */
+        /* Our own cancel (the client went away) came back, or the router gave up on it: nobody is
+         * listening, or the call cannot be whole. */
         atomic_fetch_add(&g->n_cancelled, 1);
         s_fail_call(c, 499, "cancelled", 0, "the request was cancelled");
-        return;
+        return -1;
     }
-    const char *fin = s_finish_name(d->finish);
+    gw_choice_t *ch = &c->choices[i];
+    ch->live = 0;
+    ch->finish = s_finish_name(d->finish);
+    ch->usage = d->usage;
+    c->n_done++;
+    const int all = c->n_done == c->req.n;
+    gw_usage_t u = all ? s_usage(c) : (gw_usage_t){0};
+    gw_reply_ctx_t x = s_ctx(c, i);
     if (!c->req.stream) {
-        s_link_top(c);
-        s_answer(c, 200, 0, gw_completion_json(&x, c->text ? c->text : "", fin, &u, c->req.logprobs ? c->lp : NULL,
-                                               c->n_lp));
-        return;
+        if (!all)
+            return 0;
+        gw_choice_out_t out[GW_MAX_N];
+        for (uint32_t k = 0; k < c->req.n; k++) {
+            s_link_top(&c->choices[k]);
+            out[k] = (gw_choice_out_t){.text = c->choices[k].text ? c->choices[k].text : "",
+                                       .finish = c->choices[k].finish, .lp = c->req.logprobs ? c->choices[k].lp : NULL,
+                                       .n_lp = c->choices[k].n_lp};
+        }
+        s_answer(c, 200, 0, gw_completion_n_json(&x, out, c->req.n, &u));
+        return 1;
     }
     pthread_mutex_lock(&c->mu);
-    if (!c->started) {   /* done before any token (the router sends at least one; be safe) */
-        c->streaming = c->ready = 1;
-        c->status = 200;
-        if (c->req.kind == GW_CHAT)
-            s_event_locked(c, gw_chunk_json(&x, "", NULL, 1, c->req.include_usage, NULL, 0));
+    if (!c->started)   /* done before any token (the router sends at least one; be safe) */
+        s_stream_begin_locked(c);
+    s_role_locked(c, i);
+    s_event_locked(c, gw_chunk_json(&x, "", ch->finish, 0, c->req.include_usage, NULL, 0));
+    if (all) {
+        if (c->req.include_usage)
+            s_event_locked(c, gw_usage_chunk_json(&x, &u));
+        if (s_out_locked(c, "data: [DONE]\n\n", 14) != 0)
+            c->failed = 1;
+        c->finished = 1;
     }
-    s_event_locked(c, gw_chunk_json(&x, "", fin, 0, c->req.include_usage, NULL, 0));
-    if (c->req.include_usage)
-        s_event_locked(c, gw_usage_chunk_json(&x, &u));
-    if (s_out_locked(c, "data: [DONE]\n\n", 14) != 0)
-        c->failed = 1;
-    c->finished = 1;
     int s = s_take_suspended(c);
     pthread_mutex_unlock(&c->mu);
     s_wake(c, s);
+    return all;
 }
 
 /* The router's error codes as HTTP. */
@@ -508,18 +592,24 @@ static int s_on_router(actor_t *a, void *state, void *sock)
         }
         uint64_t *v = u64map_get(&g->calls, m.id);
         gw_call_t *c = v ? (gw_call_t *)(uintptr_t)*v : NULL;
+        const uint32_t i = c ? (uint32_t)(m.id - c->id) : 0;   /* the choice: ids are id + index */
         if (c) {
             switch (m.type) {
             case MSG_TOKEN:
-                s_on_token(g, c, &m.u.token);
+                s_on_token(g, c, i, &m.u.token);
                 break;
-            case MSG_DONE:
-                s_on_done(g, c, &m.u.done);
-                s_forget(g, c);
+            case MSG_DONE: {
+                const int over = s_on_done(g, c, i, &m.u.done);
+                if (over > 0)
+                    s_forget(g, c);
+                else if (over < 0)
+                    s_end_early(g, c);
                 break;
+            }
             case MSG_ERROR:
+                c->choices[i].live = 0;
                 s_on_error(c, &m.u.error);
-                s_forget(g, c);
+                s_end_early(g, c);
                 break;
             default:
                 LOG_W("unexpected '%s' from the router", msg_type_name(m.type));
@@ -532,36 +622,50 @@ static int s_on_router(actor_t *a, void *state, void *sock)
 
 /* ---- the actor thread: calls from the HTTP thread ------------------------------------------------ */
 
+/* Submits the call's n choices, ids id .. id + n - 1; any that cannot go fails the call (and
+ * cancels those that went). */
 static void s_submit(gateway_t *g, gw_call_t *c)
 {
-    msg_t m;
-    msg_init(&m, MSG_SUBMIT, c->id);
-    m.u.submit = c->req.submit;
-    if (c->key)
-        m.u.submit.tenant = c->key->cfg->tenant;
-    m.u.submit.timeout_ms = (uint32_t)g->topo->gateway.request_timeout_s * 1000u;
-    size_t len;
-    char err[512];
-    if (msg_encode(&m, g->buf, MSG_MAX_FRAME, &len, err, sizeof err) != 0) {
-        /* The parser's checks should have caught it: say what the protocol refused. */
-        gw_error_t e;
-        gw_error_set(&e, 400, NULL, NULL, "%s", err);
-        s_answer(c, 400, 0, gw_error_json(&e));
-        s_call_unref(c);
-        return;
-    }
-    if (u64map_put(&g->calls, c->id, (uint64_t)(uintptr_t)c) != 0) {
+    c->choices = calloc(c->req.n, sizeof *c->choices);
+    if (!c->choices) {
         s_fail_call(c, 503, "overloaded", GW_RETRY_AFTER_S, "the gateway is out of memory");
         s_call_unref(c);
         return;
     }
-    if (zmq_send(g->router, g->buf, len, ZMQ_DONTWAIT) < 0) {
-        u64map_del(&g->calls, c->id);
-        s_fail_call(c, 503, "unavailable", GW_RETRY_AFTER_S, "the router is not reachable (%s)", zmq_strerror(errno));
-        s_call_unref(c);
-        return;
+    for (uint32_t i = 0; i < c->req.n; i++) {
+        msg_t m;
+        msg_init(&m, MSG_SUBMIT, c->id + i);
+        m.u.submit = c->req.submit;
+        m.u.submit.sampling.seed = gw_choice_seed(c->req.submit.sampling.seed, i);
+        if (c->key)
+            m.u.submit.tenant = c->key->cfg->tenant;
+        m.u.submit.timeout_ms = (uint32_t)g->topo->gateway.request_timeout_s * 1000u;
+        size_t len;
+        char err[512];
+        if (msg_encode(&m, g->buf, MSG_MAX_FRAME, &len, err, sizeof err) != 0) {
+            /* The parser's checks should have caught it: say what the protocol refused. */
+            gw_error_t e;
+            gw_error_set(&e, 400, NULL, NULL, "%s", err);
+            s_answer(c, 400, 0, gw_error_json(&e));
+            goto fail;
+        }
+        if (u64map_put(&g->calls, c->id + i, (uint64_t)(uintptr_t)c) != 0) {
+            s_fail_call(c, 503, "overloaded", GW_RETRY_AFTER_S, "the gateway is out of memory");
+            goto fail;
+        }
+        c->in_table = 1;   /* s_forget takes every id out, present or not */
+        if (zmq_send(g->router, g->buf, len, ZMQ_DONTWAIT) < 0) {
+            s_fail_call(c, 503, "unavailable", GW_RETRY_AFTER_S, "the router is not reachable (%s)", zmq_strerror(errno));
+            goto fail;
+        }
+        c->choices[i].live = 1;
     }
-    c->in_table = 1;
+    return;
+fail:
+    if (c->in_table)
+        s_end_early(g, c);   /* the actor side's reference goes with the table */
+    else
+        s_call_unref(c);
 }
 
 /* The client went away before its request ended: cancel it at the router. The router answers
@@ -573,6 +677,7 @@ static void s_abort(gateway_t *g, gw_call_t *c)
             LOG_D("request %llu: client gone, cancelled", (unsigned long long)c->id);
         else
             s_forget(g, c);
+        c->cancel_sent = 1;
     }
     s_call_unref(c);   /* the reference the abort carried (the HTTP side's) */
 }
@@ -613,6 +718,8 @@ static void s_peer_event(actor_t *a, void *state, const char *peer, int up)
         if (!g->calls.keys[i])
             continue;
         gw_call_t *c = (gw_call_t *)(uintptr_t)g->calls.vals[i];
+        if (g->calls.keys[i] != c->id)
+            continue;   /* another choice of a call: the call is its first choice's entry */
         s_fail_call(c, 503, "unavailable", GW_RETRY_AFTER_S, "the router was lost; retry the request");
         c->in_table = 0;
         s_call_unref(c);
@@ -635,7 +742,7 @@ static int s_liveness(actor_t *a, void *state)
         if (!g->calls.keys[i])
             continue;
         gw_call_t *c = (gw_call_t *)(uintptr_t)g->calls.vals[i];
-        if (c->cancel_sent)
+        if (c->cancel_sent || g->calls.keys[i] != c->id)   /* once per call: its first choice's entry */
             continue;
         int closed = 0;
         pthread_mutex_lock(&c->mu);
@@ -945,7 +1052,8 @@ static enum MHD_Result s_start(gateway_t *g, gw_call_t *c)
     free(c->body);
     c->body = NULL;
     c->body_len = c->body_cap = 0;
-    c->id = __atomic_add_fetch(&g->next_id, 1, __ATOMIC_RELAXED) | (1ULL << 62);   /* never 0 (the map's empty key) */
+    /* n ids, one per choice: id .. id + n - 1 (never 0, the map's empty key) */
+    c->id = (__atomic_fetch_add(&g->next_id, c->req.n, __ATOMIC_RELAXED) & 0x3fffffffffffffffULL) | (1ULL << 62);
     snprintf(c->oid, sizeof c->oid, "%s%016llx", c->ep == EP_CHAT ? "chatcmpl-" : "cmpl-", (unsigned long long)c->id);
     c->created = (int64_t)time(NULL);
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
@@ -1199,7 +1307,7 @@ out:
             /* Calls still in flight end now (the grace period ran out): their connections resume,
              * then the library closes every connection. */
             for (size_t i = 0; i < g->calls.cap; i++)
-                if (g->calls.keys[i])
+                if (g->calls.keys[i] && g->calls.keys[i] == ((gw_call_t *)(uintptr_t)g->calls.vals[i])->id)
                     s_fail_call((gw_call_t *)(uintptr_t)g->calls.vals[i], 503, "draining", GW_RETRY_AFTER_S,
                                 "the gateway is shutting down");
             usleep(100 * 1000);

@@ -184,23 +184,36 @@ static json_t *s_head(const gw_reply_ctx_t *c, const char *object)
                      "model", c->model, "system_fingerprint");
 }
 
+char *gw_completion_n_json(const gw_reply_ctx_t *c, const gw_choice_out_t *ch, uint32_t n, const gw_usage_t *u)
+{
+    json_t *o = s_head(c, c->kind == GW_CHAT ? "chat.completion" : "text_completion"), *choices = json_array();
+    for (uint32_t i = 0; o && choices && i < n; i++) {
+        json_t *choice = c->kind == GW_CHAT
+            ? json_pack("{s:i,s:{s:s,s:o,s:n},s:o,s:s}", "index", (int)i, "message", "role", "assistant", "content",
+                        s_str(ch[i].text), "refusal", "logprobs", s_logprobs(c->kind, ch[i].lp, ch[i].n_lp),
+                        "finish_reason", ch[i].finish)
+            : json_pack("{s:i,s:o,s:o,s:s}", "index", (int)i, "text", s_str(ch[i].text), "logprobs",
+                        s_logprobs(c->kind, ch[i].lp, ch[i].n_lp), "finish_reason", ch[i].finish);
+        if (!choice || json_array_append_new(choices, choice) != 0) {
+            json_decref(choices);
+            choices = NULL;
+        }
+    }
+    if (!o || !choices) {
+        json_decref(o);
+        json_decref(choices);
+        return NULL;
+    }
+    json_object_set_new(o, "choices", choices);
+    json_object_set_new(o, "usage", s_usage(u));
+    return s_dump(o);
+}
+
 char *gw_completion_json(const gw_reply_ctx_t *c, const char *text, const char *finish, const gw_usage_t *u,
                          const gw_logprob_t *lp, uint32_t n_lp)
 {
-    json_t *o = s_head(c, c->kind == GW_CHAT ? "chat.completion" : "text_completion");
-    json_t *choice = c->kind == GW_CHAT
-        ? json_pack("{s:i,s:{s:s,s:o,s:n},s:o,s:s}", "index", 0, "message", "role", "assistant", "content",
-                    s_str(text), "refusal", "logprobs", s_logprobs(c->kind, lp, n_lp), "finish_reason", finish)
-        : json_pack("{s:i,s:o,s:o,s:s}", "index", 0, "text", s_str(text), "logprobs",
-                    s_logprobs(c->kind, lp, n_lp), "finish_reason", finish);
-    if (!o || !choice) {
-        json_decref(o);
-        json_decref(choice);
-        return NULL;
-    }
-    json_object_set_new(o, "choices", json_pack("[o]", choice));
-    json_object_set_new(o, "usage", s_usage(u));
-    return s_dump(o);
+    const gw_choice_out_t one = {.text = text, .finish = finish, .lp = lp, .n_lp = n_lp};
+    return gw_completion_n_json(c, &one, 1, u);
 }
 
 char *gw_chunk_json(const gw_reply_ctx_t *c, const char *text, const char *finish, int first, int with_usage,
@@ -214,10 +227,10 @@ char *gw_chunk_json(const gw_reply_ctx_t *c, const char *text, const char *finis
             json_object_set_new(delta, "role", json_string("assistant"));
         if (!finish || (text && *text))
             json_object_set_new(delta, "content", s_str(text));
-        choice = json_pack("{s:i,s:o,s:o,s:o}", "index", 0, "delta", delta, "logprobs",
+        choice = json_pack("{s:i,s:o,s:o,s:o}", "index", (int)c->index, "delta", delta, "logprobs",
                            s_logprobs(c->kind, lp, n_lp), "finish_reason", finish ? json_string(finish) : json_null());
     } else {
-        choice = json_pack("{s:i,s:o,s:o,s:o}", "index", 0, "text", s_str(text), "logprobs",
+        choice = json_pack("{s:i,s:o,s:o,s:o}", "index", (int)c->index, "text", s_str(text), "logprobs",
                            s_logprobs(c->kind, lp, n_lp), "finish_reason", finish ? json_string(finish) : json_null());
     }
     if (!o || !choice) {

@@ -17,6 +17,7 @@ typedef struct gw_reply_ctx {
     const char *id;              /* "chatcmpl-..." / "cmpl-..." */
     int64_t created;             /* unix seconds */
     const char *model;
+    uint32_t index;              /* a stream chunk's choice (n > 1: each chunk carries one choice) */
 } gw_reply_ctx_t;
 
 /* One token of a `logprobs` listing: the sampled one, with its position's most likely tokens in
@@ -50,7 +51,17 @@ char *gw_model_json(const char *model, int64_t created);
  * position (tokens of the same text keep the likelier), or null when no entry has any. */
 char *gw_completion_json(const gw_reply_ctx_t *c, const char *text, const char *finish, const gw_usage_t *u,
                          const gw_logprob_t *lp, uint32_t n_lp);
-/* One stream chunk: text (may be ""), finish NULL until the last, first: chat's role delta.
+/* One choice of a non-streamed reply with n of them. */
+typedef struct gw_choice_out {
+    const char *text;
+    const char *finish;          /* "stop" / "length" */
+    const gw_logprob_t *lp;      /* NULL: no logprobs asked */
+    uint32_t n_lp;
+} gw_choice_out_t;
+
+/* The whole non-streamed reply of n choices (index 0..n-1, in order), with their usage summed. */
+char *gw_completion_n_json(const gw_reply_ctx_t *c, const gw_choice_out_t *ch, uint32_t n, const gw_usage_t *u);
+/* One stream chunk (for choice c->index): text (may be ""), finish NULL until the last, first: chat's role delta.
  * with_usage: the chunk carries "usage": null (stream_options.include_usage asked for it). */
 char *gw_chunk_json(const gw_reply_ctx_t *c, const char *text, const char *finish, int first, int with_usage,
                     const gw_logprob_t *lp, uint32_t n_lp);

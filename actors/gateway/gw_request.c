@@ -290,10 +290,9 @@ static int s_unsupported(gw_request_t *r, json_t *root, gw_error_t *err)
     if (tc && !json_is_null(tc) && !(json_is_string(tc) && strcmp(json_string_value(tc), "none") == 0))
         return BAD("tool_choice", "'tool_choice' is not supported (tools are not)");
     long long v = 1;
-    if (s_integer(root, "n", 1, 1000000, &v, err) < 0)
+    if (s_integer(root, "n", 1, GW_MAX_N, &v, err) < 0)
         return -1;
-    if (v != 1)
-        return BAD("n", "'n' must be 1: one choice per request");
+    r->n = (uint32_t)v;
     v = 1;
     if (s_integer(root, "best_of", 1, 1000000, &v, err) < 0)
         return -1;
@@ -304,8 +303,12 @@ static int s_unsupported(gw_request_t *r, json_t *root, gw_error_t *err)
         return -1;
     if (echo)
         return BAD("echo", "'echo' is not supported");
-    (void)r;
     return 0;
+}
+
+int64_t gw_choice_seed(int64_t seed, uint32_t i)
+{
+    return seed < 0 ? seed : (int64_t)(((uint64_t)seed + i) & INT64_MAX);
 }
 
 /* logprobs: chat {"logprobs": true, "top_logprobs": 0..20}; completions {"logprobs": 0..5} (the
@@ -433,6 +436,7 @@ int gw_request_parse(gw_kind_t kind, const char *body, size_t len, const gw_pars
     memset(out, 0, sizeof *out);
     memset(err, 0, sizeof *err);
     out->kind = kind;
+    out->n = 1;
     msg_t init;
     msg_init(&init, MSG_SUBMIT, 0);
     out->submit = init.u.submit;

@@ -5,8 +5,8 @@
  * error (gw_error_t: HTTP status, type, code, param, message) naming the field: malformed JSON,
  * a wrong type, a value out of range, an unknown model, a feature the cluster does not have.
  * Unknown fields are ignored, as OpenAI's own API does, except those whose meaning we cannot
- * honour (tools, response_format other than text, logit_bias, n > 1, echo, suffix, best_of > 1):
- * those are refused rather than silently dropped.
+ * honour (tools, response_format other than text, logit_bias, n above GW_MAX_N, echo, suffix,
+ * best_of > 1): those are refused rather than silently dropped.
  *
  * The cache contract: prompt_cache_key (<= 255 bytes) names the prefix; prompt_cache_retention
  * "in_memory" (the cluster's default pin, cache.default_retention_s) or "24h", or
@@ -23,6 +23,10 @@
 #include "messages/msg.h"
 
 typedef enum { GW_CHAT, GW_COMPLETION } gw_kind_t;
+
+/* Choices one request may ask for (`n`): each is a request of its own at the router, so this bounds
+ * the fan-out (admission slots, KV) one HTTP request can take. */
+#define GW_MAX_N 16
 
 typedef struct gw_error {
     int status;                  /* HTTP status: 400, 401, 404, 413, 429, 503, ... */
@@ -52,6 +56,7 @@ typedef struct gw_request {
     bool include_usage;          /* stream_options.include_usage */
     bool logprobs;               /* chat: logprobs true; completions: logprobs given (0..5) */
     uint32_t top_logprobs;       /* alternatives per token: chat top_logprobs 0..20, completions logprobs */
+    uint32_t n;                  /* choices, 1..GW_MAX_N: the gateway submits n requests (gw_choice_seed) */
 } gw_request_t;
 
 /* Parses body[0..len) for kind. 0 with *out filled (gw_request_free it), or -1 with *err set
@@ -59,6 +64,11 @@ typedef struct gw_request {
 int gw_request_parse(gw_kind_t kind, const char *body, size_t len, const gw_parse_opts_t *opts,
                      gw_request_t *out, gw_error_t *err);
 void gw_request_free(gw_request_t *r);
+
+/* The sampling seed of choice i of n: a fixed seed gives seed + i (wrapping within int64's
+ * non-negative range), so the choices differ and a repeated request gets them again; a random
+ * one (-1) stays random, drawn per request by the router. */
+int64_t gw_choice_seed(int64_t seed, uint32_t i);
 
 /* Replaces every byte that does not start a valid UTF-8 sequence with '?', in place. */
 void gw_utf8_clean(char *s);

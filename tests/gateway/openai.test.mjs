@@ -125,6 +125,30 @@ test('top_logprobs: chat and completions, streamed and not', async () => {
   await bad(() => alpha.completions.create({ model, prompt: 'x', logprobs: 6 }), 'logprobs');
 });
 
+test('n = 2 with temperature and a seed: two choices, streamed and not', async () => {
+  const ask = { model, messages: [{ role: 'user', content: 'Pick one' }], max_tokens: 4, temperature: 1, seed: 21, n: 2 };
+  const r = await alpha.chat.completions.create(ask);
+  assert.deepEqual(r.choices.map((c) => c.index), [0, 1]);
+  assert.ok(r.choices.every((c) => c.finish_reason === 'length' && typeof c.message.content === 'string'));
+  assert.notEqual(r.choices[0].message.content, r.choices[1].message.content);   // seeds 21 and 22
+  assert.equal(r.usage.completion_tokens, 8);
+  const again = await alpha.chat.completions.create(ask);                            // seeded: the same choices
+  assert.deepEqual(again.choices.map((c) => c.message.content), r.choices.map((c) => c.message.content));
+  const stream = await alpha.chat.completions.create({ ...ask, stream: true, stream_options: { include_usage: true } });
+  const text = ['', ''], finish = [null, null];
+  let usage = null;
+  for await (const chunk of stream) {
+    for (const c of chunk.choices) {
+      text[c.index] += c.delta.content ?? '';
+      finish[c.index] = c.finish_reason ?? finish[c.index];
+    }
+    if (chunk.usage) usage = chunk.usage;
+  }
+  assert.deepEqual(finish, ['length', 'length']);
+  assert.deepEqual(text, r.choices.map((c) => c.message.content));
+  assert.equal(usage.completion_tokens, 8);
+});
+
 test('cached_tokens on a second turn with a prompt_cache_key', async () => {
   const system = Array.from({ length: 80 }, (_, i) => `verse${i}`).join(' ');
   const ask = () => alpha.chat.completions.create({
@@ -156,7 +180,7 @@ test('400s: n, ranges, retention, context length, unknown model', async () => {
       return true;
     });
   };
-  await bad({ n: 2 }, 'n');
+  await bad({ n: 17 }, 'n');
   await bad({ temperature: 9 }, 'temperature');
   await bad({ prompt_cache_key: 'k', prompt_cache_options: { ttl: '10d' } }, 'prompt_cache_options.ttl');
   await bad({ max_tokens: 100000 }, 'messages', 'context_length_exceeded');

@@ -119,6 +119,41 @@ for e in entries:
     assert e["logprob"] <= lps[0], e   # the sampled token is never likelier than the likeliest
 PY
 
+note "n = 2 with a seed: two choices, index 0 and 1, choice i as one request with seed + i; usage sums"
+n2='{"model":"'$MODEL'","prompt":[11,12,13,14],"max_tokens":5,"temperature":1,"seed":7,"n":2}'
+expect "$(code $B -H "$K" -d "$n2" "$U/v1/completions")" 200 $B "n=2"
+cp $B $WORK/n2.json
+expect "$(code $B -H "$K" -d '{"model":"'$MODEL'","prompt":[11,12,13,14],"max_tokens":5,"temperature":1,"seed":8}' "$U/v1/completions")" 200 $B "seed 8 alone"
+$PY - $WORK/n2.json $B <<'PY'
+import json, sys
+j, one = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+cs = j["choices"]
+assert [c["index"] for c in cs] == [0, 1], cs
+assert all(c["finish_reason"] == "length" for c in cs), cs
+assert j["usage"]["completion_tokens"] == 10 and j["usage"]["prompt_tokens"] == 4, j["usage"]
+assert cs[0]["text"] != cs[1]["text"], cs                 # seeds 7 and 8
+assert cs[1]["text"] == one["choices"][0]["text"], (cs[1], one)
+print("n=2:", [c["text"] for c in cs])
+PY
+curl -sN --max-time 60 -H "$K" -d '{"model":"'$MODEL'","messages":[{"role":"user","content":"Two"}],"max_tokens":4,"temperature":1,"seed":5,"n":2,"stream":true,"stream_options":{"include_usage":true}}' "$U/v1/chat/completions" > $B
+$PY - $B <<'PY'
+import json, sys
+lines = [l for l in open(sys.argv[1]).read().split("\n\n") if l.strip()]
+assert lines[-1] == "data: [DONE]", lines[-3:]
+ev = [json.loads(l[6:]) for l in lines[:-1]]
+assert all(len(e["choices"]) <= 1 for e in ev), ev
+by = {0: [], 1: []}
+for e in ev:
+    for c in e["choices"]:
+        by[c["index"]].append(c)
+for i, cs in by.items():
+    assert cs[0]["delta"].get("role") == "assistant", (i, cs[0])
+    fins = [c["finish_reason"] for c in cs]
+    assert fins[-1] == "length" and all(f is None for f in fins[:-1]), (i, fins)
+    assert sum(1 for c in cs if "role" not in c["delta"] and c["finish_reason"] is None) == 4, (i, cs)
+assert ev[-1]["choices"] == [] and ev[-1]["usage"]["completion_tokens"] == 8, ev[-1]
+PY
+
 note "streamed chat with include_usage"
 curl -sN --max-time 60 -H "$K" -d '{"model":"'$MODEL'","messages":[{"role":"user","content":"Count"}],"max_tokens":5,"stream":true,"stream_options":{"include_usage":true}}' \
   "$U/v1/chat/completions" -D $B.h > $B
@@ -171,7 +206,7 @@ bad 400 temperature "{$m,\"temperature\":\"warm\"}"
 bad 400 temperature "{$m,\"temperature\":7}"
 bad 400 top_p "{$m,\"top_p\":0}"
 bad 400 max_tokens "{$m,\"max_tokens\":-1}"
-bad 400 n "{$m,\"n\":3}"
+bad 400 n "{$m,\"n\":17}"   # 1..16
 bad 400 top_logprobs "{$m,\"logprobs\":true,\"top_logprobs\":21}"
 bad 400 top_logprobs "{$m,\"top_logprobs\":2}"   # needs logprobs: true
 bad 400 logprobs '{"model":"'$MODEL'","prompt":"x","logprobs":6}' /v1/completions
@@ -255,6 +290,12 @@ note "... and one that disconnects while waiting for a non-streamed reply (seen 
 before=$now
 curl -s --max-time 1 -H "$K" -d '{"model":"'$MODEL'","prompt":[9,8,7],"max_tokens":2000}' "$U/v1/completions" > /dev/null || true
 now=$(gw_wait_cancelled "$WORK/t.yaml" "$before")
+echo "router requests_cancelled: $before -> $now"
+note "... and one with n = 2: both its requests are cancelled"
+before=$now
+curl -sN --max-time 2 -H "$K" -d '{"model":"'$MODEL'","prompt":[9,8,6],"max_tokens":2000,"n":2,"stream":true}' "$U/v1/completions" > $WORK/cut2 || true
+grep -q '"index":1' $WORK/cut2 || fail "no stream of choice 1 before the disconnect"
+now=$(gw_wait_cancelled "$WORK/t.yaml" "$((before + 1))")
 echo "router requests_cancelled: $before -> $now"
 note "a gateway killed with -9 is restarted by the supervisor and serves again"
 gpid=$(actor_pid "$WORK/t.yaml" gateway)

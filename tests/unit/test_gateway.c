@@ -115,7 +115,9 @@ static void test_errors(void **st)
     BAD_FIELD("\"max_tokens\":0", "max_tokens");
     BAD_FIELD("\"max_tokens\":1.5", "max_tokens");
     BAD_FIELD("\"max_tokens\":5,\"max_completion_tokens\":6", "max_completion_tokens");
-    BAD_FIELD("\"n\":2", "n");
+    BAD_FIELD("\"n\":17", "n");   /* 1..GW_MAX_N */
+    BAD_FIELD("\"n\":0", "n");
+    BAD_FIELD("\"n\":\"two\"", "n");
     BAD_FIELD("\"presence_penalty\":-3", "presence_penalty");
     BAD_FIELD("\"stop\":[1]", "stop");
     BAD_FIELD("\"stop\":\"\"", "stop");
@@ -372,6 +374,42 @@ static void test_top_logprobs_replies(void **st)
     json_decref(j);
 }
 
+/* n: 1..GW_MAX_N choices; a fixed seed becomes seed + i per choice, a random one stays random. */
+static void test_n_choices(void **st)
+{
+    gw_request_t r;
+    gw_error_t e;
+    assert_int_equal(s_parse(GW_COMPLETION, "{\"model\":\"m\",\"prompt\":\"x\"}", &r, &e), 0);
+    assert_int_equal(r.n, 1);
+    gw_request_free(&r);
+    assert_int_equal(s_parse(GW_COMPLETION, "{\"model\":\"m\",\"prompt\":\"x\",\"n\":16,\"seed\":5}", &r, &e), 0);
+    assert_int_equal(r.n, 16);
+    gw_request_free(&r);
+    assert_int_equal(gw_choice_seed(5, 0), 5);
+    assert_int_equal(gw_choice_seed(5, 3), 8);
+    assert_int_equal(gw_choice_seed(INT64_MAX, 1), 0);   /* stays a fixed (non-negative) seed */
+    assert_int_equal(gw_choice_seed(-1, 4), -1);
+
+    /* n choices in one reply, each its index; a chunk carries its choice's index. */
+    gw_reply_ctx_t c = {.kind = GW_CHAT, .id = "chatcmpl-1", .created = 5, .model = "m"};
+    gw_usage_t u = {.prompt_tokens = 10, .cached_tokens = 4, .completion_tokens = 7};
+    const gw_choice_out_t ch[] = {{.text = "a", .finish = "stop"}, {.text = "bc", .finish = "length"}};
+    json_t *j = s_load(gw_completion_n_json(&c, ch, 2, &u));
+    json_t *cs = json_object_get(j, "choices");
+    assert_int_equal(json_array_size(cs), 2);
+    assert_int_equal(json_integer_value(json_object_get(json_array_get(cs, 1), "index")), 1);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(json_array_get(cs, 1), "message"), "content")), "bc");
+    assert_string_equal(json_string_value(json_object_get(json_array_get(cs, 1), "finish_reason")), "length");
+    assert_true(json_is_null(json_object_get(json_array_get(cs, 0), "logprobs")));
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens")), 7);
+    json_decref(j);
+    c.kind = GW_COMPLETION;
+    c.index = 3;
+    j = s_load(gw_chunk_json(&c, "z", NULL, 0, 0, NULL, 0));
+    assert_int_equal(json_integer_value(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "index")), 3);
+    json_decref(j);
+}
+
 static void test_keys(void **st)
 {
     topo_api_key_t k[2] = {{.key = "sk-alpha-123", .tenant = "alpha", .requests_per_minute = 2},
@@ -507,6 +545,7 @@ int main(void)
         cmocka_unit_test(test_usage_split),
         cmocka_unit_test(test_limit),     cmocka_unit_test(test_topology), cmocka_unit_test(test_error_utf8),
         cmocka_unit_test(test_top_logprobs_parse), cmocka_unit_test(test_top_logprobs_replies),
+        cmocka_unit_test(test_n_choices),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
