@@ -32,10 +32,12 @@
  *
  * Known limits: device-tier entries are what workers announced and may be stale after a worker
  * evicts (harmless: a stale hint only costs a recompute); after a kill -9, unpinned blocks that
- * were only in memory are lost (pinned and spilled ones are on disk); a fetch asking for more blocks than
- * the host store holds gets the leading ones that fit; disk blocks are served through the host
- * store, so when memory holds only pinned blocks that the (full) disk cannot take, blocks on disk
- * cannot come back (disk_promotions_failed_total). */
+ * were only in memory are lost (pinned and spilled ones are on disk); a fetch asking for more
+ * blocks than the host store holds gets the leading ones that fit (in the slots other waiting
+ * fetches do not keep for themselves), each read from disk once; disk blocks are served through
+ * the host store, so when memory holds only pinned blocks that the (full) disk cannot take, blocks
+ * on disk cannot come back (disk_promotions_failed_total). */
+#include <assert.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -66,6 +68,7 @@ typedef struct slot {
     uint64_t lru;                   /* last use tick */
     int64_t pin_until_ms;           /* pinned until then (monotonic); 0 = not pinned */
     uint8_t from_disk;              /* read back from disk and not served yet: its next hit counts as disk's */
+    uint32_t guards;                /* parked fetches keeping it for their answer: it is not evicted while > 0 */
 } slot_t;
 
 typedef struct pending_put {
@@ -75,6 +78,17 @@ typedef struct pending_put {
     char holder[64];
     int64_t deadline_ms;            /* its kv_announce must come by then, else it is dropped */
 } pending_put_t;
+
+/* A fetch waiting for blocks on their way (a write-back's, or disk reads). It is served at most
+ * its leading `window` blocks: the host store's size at first, lowered to the first block memory
+ * cannot take. The blocks of its window that reach memory are guarded until it is answered, so
+ * neither its own later reads nor anything else evicts a block it will serve. */
+typedef struct parked {
+    msg_t m;                        /* the cache_fetch, cloned */
+    int64_t until;                  /* answered by then with what it has */
+    uint32_t window;                /* <= the fetch's n_hashes and the host store's size */
+    uint8_t *held;                  /* [window when parked] 1: hashes[i]'s block is in memory, guarded for it */
+} parked_t;
 
 typedef struct fetch {
     uint64_t transfer_id;
@@ -101,9 +115,10 @@ typedef struct cmgr {
     dtype_t dtype;
     pending_put_t pending[MAX_PENDING];
     fetch_t fetches[MAX_FETCHES];
-    msg_t parked[MAX_PARKED];       /* cache_fetch clones whose next block is in a pending put */
-    int64_t parked_until[MAX_PARKED];
+    parked_t parked[MAX_PARKED];    /* fetches whose next block is in a pending put or on disk */
     int n_parked;
+    int n_guarded;                  /* host slots with guards > 0 */
+    int reads_in_flight;            /* disk reads submitted, not done: each takes a host slot when it lands */
     uint64_t tick, next_transfer;
     /* disk tier: NULL without cache.disk_dir */
     dstore_t *disk;
@@ -226,7 +241,7 @@ static int s_disk_write(actor_t *a, cmgr_t *c, uint64_t hash, const uint8_t *dat
 }
 
 /* A slot for a new block: a free one, else the least recently used unpinned one, else (with a
- * disk tier) the least recently used pinned one. The block leaving goes to disk when there is one;
+ * disk tier) the least recently used pinned one; never one a parked fetch guards. The block leaving goes to disk when there is one;
  * a block that leaves every tier has its hash added to evicted[*n_evicted] for one batched removed
  * event. A pinned block leaves memory only once it is on disk or on its way. -1 when none can go. */
 static int s_take_slot(actor_t *a, cmgr_t *c, int64_t now, uint64_t *evicted, uint32_t *n_evicted)
@@ -235,6 +250,8 @@ static int s_take_slot(actor_t *a, cmgr_t *c, int64_t now, uint64_t *evicted, ui
     for (int i = 0; i < c->n_slots; i++) {
         if (!c->slots[i].hash)
             return i;
+        if (c->slots[i].guards)
+            continue;   /* a parked fetch will serve it */
         if (s_pinned(c, c->slots[i].hash, now)) {
             if (best_pinned < 0 || c->slots[i].lru < c->slots[best_pinned].lru)
                 best_pinned = i;
@@ -261,8 +278,10 @@ static int s_take_slot(actor_t *a, cmgr_t *c, int64_t now, uint64_t *evicted, ui
     return best;
 }
 
-/* Stores one block in the host store (a free or evicted slot); the slot, or -1 when every slot is
- * pinned and cannot go to disk. */
+static void s_guard_new(cmgr_t *c, uint64_t hash, int slot);
+
+/* Stores one block in the host store (a free or evicted slot), guarded for the parked fetches whose
+ * window names it; the slot, or -1 when every slot is guarded, or pinned and cannot go to disk. */
 static int s_host_put(actor_t *a, cmgr_t *c, uint64_t hash, const uint8_t *data, int64_t now, uint64_t *evicted,
                       uint32_t *n_evicted)
 {
@@ -277,6 +296,7 @@ static int s_host_put(actor_t *a, cmgr_t *c, uint64_t hash, const uint8_t *data,
     c->slots[slot] = (slot_t){.hash = hash, .lru = ++c->tick};
     u64map_put(&c->host, hash, (uint64_t)slot + 1);
     c->stored++;
+    s_guard_new(c, hash, slot);
     return slot;
 }
 
@@ -554,27 +574,103 @@ static void s_answer_fetch(actor_t *a, cmgr_t *c, const msg_t *m)
     free(mask);
 }
 
-/* Starts the disk reads of a fetch's blocks that are on disk only, from its first block missing in
- * memory along the run this store holds (at most the host store's size: what does not fit could
- * not be served). Blocks being read for another fetch, or still being written, are left: a
- * written block is read when its write ends (s_answer_parked calls here again). */
-static void s_read_ahead(cmgr_t *c, const msg_cache_fetch_t *f)
+/* ---- parked fetches: their windows and guards ------------------------------------------ */
+
+static void s_guard(cmgr_t *c, parked_t *p, uint32_t k, int slot)
+{
+    p->held[k] = 1;
+    if (c->slots[slot].guards++ == 0)
+        c->n_guarded++;
+}
+
+/* hash's block just reached memory (host slot `slot`): guarded for every parked fetch whose window
+ * names it, before anything else can evict it. */
+static void s_guard_new(cmgr_t *c, uint64_t hash, int slot)
+{
+    for (int i = 0; i < c->n_parked; i++) {
+        parked_t *p = &c->parked[i];
+        const uint64_t *hs = p->m.u.cache_fetch.hashes;
+        for (uint32_t k = 0; k < p->window; k++)
+            if (hs[k] == hash && !p->held[k])
+                s_guard(c, p, k, slot);
+    }
+}
+
+/* Lowers p's window to w (when smaller), its blocks past w no longer guarded for it. */
+static void s_shrink(cmgr_t *c, parked_t *p, uint32_t w)
+{
+    const uint64_t *hs = p->m.u.cache_fetch.hashes;
+    for (uint32_t k = w; k < p->window; k++) {
+        if (!p->held[k])
+            continue;
+        p->held[k] = 0;
+        const uint64_t *s = u64map_get(&c->host, hs[k]);
+        assert(s);   /* a guarded block never leaves memory */
+        if (--c->slots[*s - 1].guards == 0)
+            c->n_guarded--;
+    }
+    if (w < p->window)
+        p->window = w;
+}
+
+/* Index of hash in p's window, or -1. */
+static int64_t s_window_index(const parked_t *p, uint64_t hash)
+{
+    for (uint32_t k = 0; k < p->window; k++)
+        if (p->m.u.cache_fetch.hashes[k] == hash)
+            return k;
+    return -1;
+}
+
+/* A block read back from disk that memory cannot take (every slot guarded, or pinned with no room
+ * on disk): a fetch that guards a block after it in its window gives that one up, so leading blocks
+ * win over later ones. 1 when a guard was released (the put may succeed now). */
+static int s_make_room(cmgr_t *c, uint64_t hash)
+{
+    for (int i = 0; i < c->n_parked; i++) {
+        parked_t *p = &c->parked[i];
+        const int64_t k = s_window_index(p, hash);
+        for (int64_t h = (int64_t)p->window - 1; k >= 0 && h > k; h--)
+            if (p->held[h]) {
+                s_shrink(c, p, (uint32_t)h);
+                return 1;
+            }
+    }
+    return 0;
+}
+
+/* Starts the disk reads of a parked fetch's blocks that are on disk only, from its first block
+ * missing in memory to the end of its window. Each block missing needs a slot that no fetch guards
+ * and no read in flight will take: where those run out, the window ends there (what does not fit
+ * could not be served, and reading it would evict a block this or another fetch will serve), and
+ * the fetch is answered with what it has instead of waiting. A block being read already (for this
+ * fetch or another) has its slot counted in reads_in_flight and is guarded when it lands; one still
+ * being written is read when its write ends (s_answer_parked calls here again). */
+static void s_read_ahead(cmgr_t *c, parked_t *p)
 {
     if (!c->disk || !c->store)
         return;
-    int budget = c->n_slots;
-    for (uint32_t i = s_found(c, f); i < f->n_hashes && budget > 0; i++, budget--) {
+    const msg_cache_fetch_t *f = &p->m.u.cache_fetch;
+    const int room = c->n_slots - c->n_guarded - c->reads_in_flight;
+    int missing = 0;
+    for (uint32_t i = s_found(c, f); i < p->window; i++) {
         const uint64_t h = f->hashes[i];
         if (u64map_get(&c->host, h))
             continue;
         const int64_t ds = dstore_find(c->disk, h);
-        if (ds < 0) {
+        dslot_t *d = ds >= 0 ? &c->disk->slots[ds] : NULL;
+        if (d && d->readers)
+            continue;
+        if (++missing > room) {
+            s_shrink(c, p, i);
+            return;
+        }
+        if (!d) {
             if (s_pending_has(c, h))
                 continue;   /* a write-back brings it */
             return;
         }
-        dslot_t *d = &c->disk->slots[ds];
-        if (d->state != DSLOT_VALID || d->readers)
+        if (d->state != DSLOT_VALID)
             continue;
         dio_job_t *j = dio_get(c->dio);
         if (!j) {
@@ -585,6 +681,7 @@ static void s_read_ahead(cmgr_t *c, const msg_cache_fetch_t *f)
         j->slot = ds;
         j->hash = h;
         d->readers++;
+        c->reads_in_flight++;
         dstore_touch(c->disk, ds);
         dio_submit(c->dio, j);
     }
@@ -598,43 +695,59 @@ static int s_coming(const cmgr_t *c, uint64_t hash)
 
 /* A fetch whose next block is still on its way (a write-back announced by cache_put whose
  * kv_announce has not landed, or a block on disk) waits for it, up to PARK_MS (DISK_PARK_MS for
- * disk reads); any other is answered at once. */
+ * disk reads), within a window of the host store's size; any other is answered at once. */
 static int s_on_fetch(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
 {
     cmgr_t *c = state;
     const msg_cache_fetch_t *f = &m->u.cache_fetch;
     c->fetch_queries += f->n_hashes;
     const uint32_t found = s_found(c, f);
+    const uint32_t window = f->n_hashes < (uint32_t)c->n_slots ? f->n_hashes : (uint32_t)c->n_slots;
     char err[128];
-    if (found < f->n_hashes && c->n_parked < MAX_PARKED && s_coming(c, f->hashes[found]) &&
-        msg_clone(m, &c->parked[c->n_parked], err, sizeof err) == 0) {
-        const int disk = !s_pending_has(c, f->hashes[found]);
-        c->parked_until[c->n_parked] = now_ms() + (disk ? DISK_PARK_MS : PARK_MS);
-        s_read_ahead(c, &c->parked[c->n_parked].u.cache_fetch);
-        c->n_parked++;
-        c->fetches_parked++;
-        return 0;
+    if (found < window && c->n_parked < MAX_PARKED && s_coming(c, f->hashes[found])) {
+        parked_t *p = &c->parked[c->n_parked];
+        *p = (parked_t){.window = window, .held = calloc(window, 1)};
+        if (p->held && msg_clone(m, &p->m, err, sizeof err) == 0) {
+            const int disk = !s_pending_has(c, f->hashes[found]);
+            p->until = now_ms() + (disk ? DISK_PARK_MS : PARK_MS);
+            c->n_parked++;
+            c->fetches_parked++;
+            const uint64_t *hs = p->m.u.cache_fetch.hashes;
+            for (uint32_t k = 0; k < window; k++) {
+                const uint64_t *s = u64map_get(&c->host, hs[k]);
+                if (s)
+                    s_guard(c, p, k, (int)(*s - 1));
+            }
+            s_read_ahead(c, p);
+            s_answer_parked(a, c, now_ms());   /* its window may have shrunk to what it has */
+            return 0;
+        }
+        free(p->held);
     }
     s_answer_fetch(a, c, m);
     return 0;
 }
 
-/* Answers the parked fetches that need not wait any more: their next block landed, its put
- * ended without it, its disk read failed, or their time passed. The others get their reads. */
+/* Answers the parked fetches that need not wait any more: they hold their whole window, their
+ * next block's put ended without it, its disk read failed, or their time passed. The others get
+ * their reads. An answered fetch's guards are released. */
 static void s_answer_parked(actor_t *a, cmgr_t *c, int64_t now)
 {
     for (int i = 0; i < c->n_parked;) {
-        const msg_cache_fetch_t *f = &c->parked[i].u.cache_fetch;
-        const uint32_t found = s_found(c, f);
-        if (now < c->parked_until[i] && found < f->n_hashes && s_coming(c, f->hashes[found])) {
-            s_read_ahead(c, f);
-            i++;
-            continue;
+        parked_t *p = &c->parked[i];
+        const msg_cache_fetch_t *f = &p->m.u.cache_fetch;
+        if (now < p->until && s_found(c, f) < p->window && s_coming(c, f->hashes[s_found(c, f)])) {
+            s_read_ahead(c, p);
+            if (s_found(c, f) < p->window) {   /* else its window shrank to what it has: answered now */
+                i++;
+                continue;
+            }
         }
-        s_answer_fetch(a, c, &c->parked[i]);
-        msg_free(&c->parked[i]);
+        s_answer_fetch(a, c, &p->m);
+        s_shrink(c, p, 0);
+        free(p->held);
+        msg_free(&p->m);
         c->parked[i] = c->parked[--c->n_parked];
-        c->parked_until[i] = c->parked_until[c->n_parked];
     }
 }
 
@@ -645,6 +758,7 @@ static void s_read_done(actor_t *a, cmgr_t *c, dio_job_t *j, int64_t now)
     dslot_t *d = &c->disk->slots[j->slot];
     if (d->readers)
         d->readers--;
+    c->reads_in_flight--;
     c->read_ms_sum += j->ms;
     c->reads_window++;
     if (j->ms > c->read_ms_max)
@@ -655,17 +769,19 @@ static void s_read_done(actor_t *a, cmgr_t *c, dio_job_t *j, int64_t now)
             uint64_t evicted[512];
             uint32_t n_evicted = 0;
             int slot = s_host_put(a, c, j->hash, j->buf, now, evicted, &n_evicted);
+            while (slot < 0 && s_make_room(c, j->hash))
+                slot = s_host_put(a, c, j->hash, j->buf, now, evicted, &n_evicted);
             if (slot >= 0) {
                 c->slots[slot].from_disk = 1;
             } else {
-                /* Memory is all pinned blocks that cannot go to disk: the fetches waiting for this
-                 * one stop waiting (else they would read it again and again). */
+                /* Memory is all guarded blocks, or pinned ones that cannot go to disk: the fetches
+                 * waiting for this one end their window before it (else they would read it again
+                 * and again) and are answered with what they have. */
                 c->promotions_failed++;
                 for (int i = 0; i < c->n_parked; i++) {
-                    const msg_cache_fetch_t *f = &c->parked[i].u.cache_fetch;
-                    const uint32_t found = s_found(c, f);
-                    if (found < f->n_hashes && f->hashes[found] == j->hash)
-                        c->parked_until[i] = 0;
+                    const int64_t k = s_window_index(&c->parked[i], j->hash);
+                    if (k >= 0)
+                        s_shrink(c, &c->parked[i], (uint32_t)k);
                 }
             }
             s_event(a, c, MSG_CEV_REMOVED, MSG_TIER_HOST, c->name, evicted, n_evicted);
@@ -1064,8 +1180,10 @@ int main(int argc, char **argv)
     dstore_destroy(&c->disk);
     for (int i = 0; i < MAX_PENDING; i++)
         free(c->pending[i].hashes);
-    for (int i = 0; i < c->n_parked; i++)
-        msg_free(&c->parked[i]);
+    for (int i = 0; i < c->n_parked; i++) {
+        free(c->parked[i].held);
+        msg_free(&c->parked[i].m);
+    }
     for (int i = 0; i < MAX_FETCHES; i++)
         tchan_shm_close(&c->fetches[i].seg);
     u64map_free(&c->device);
