@@ -15,8 +15,9 @@ MODEL_PATH=$ROOT/tests/fixtures/models/qwen3-f32 make_topology "$WORK/t.yaml" \
   "  disk_dir: $WORK/kvdisk" "  disk_bytes: 4194304"
 TROUPE_PREFILL_FETCH=always start_cluster "$WORK/t.yaml"
 ep=$(grep 'client:' "$WORK/t.yaml" | awk '{print $2}')
-# first turns: three pinned conversations of 256 prompt tokens (16 blocks) each, written through to
-# disk as their blocks reach the host store (which keeps only the last 8 of each).
+# first turns: three pinned conversations of 256 prompt tokens (16 blocks) each, on disk once their
+# blocks reach the host store (which keeps only the last 8 of each): written through when their pin
+# came first, spilled as they leave memory and pinned there when it comes after them.
 $PY - "$ep" "$WORK" <<'PY'
 import json, random, sys
 from servelib import run_one
@@ -32,8 +33,8 @@ persisted() {
   $PY - "$BIN" "$WORK/t.yaml" <<'PY'
 import sys
 from disk_lib import cm_metrics
-m = cm_metrics(*sys.argv[1:3], ["disk_persists_total", "disk_io_in_flight"])
-sys.exit(0 if m["disk_persists_total"] >= 48 and m["disk_io_in_flight"] == 0 else 1)
+m = cm_metrics(*sys.argv[1:3], ["disk_blocks_pinned", "disk_io_in_flight"])
+sys.exit(0 if m["disk_blocks_pinned"] >= 48 and m["disk_io_in_flight"] == 0 else 1)
 PY
 }
 wait_for persisted 10 || fail "the pinned conversations' 48 blocks never reached the disk"
