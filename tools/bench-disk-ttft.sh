@@ -398,7 +398,8 @@ rows = [
     ("cached_tokens of A from disk", ", ".join(str(r["from_disk_cached"]) for r in rounds) + f" of {in_len}"
      + (f" (from disk: {', '.join(str(x) for x in split)})" if None not in split else "")),
     ("disk blocks read / served for A", ", ".join(f"{r['disk_blocks_read']} / {r['disk_blocks_served']}" for r in rounds)
-     + "; ms a block: " + ", ".join(f"{r['disk_read_ms_per_block'] or 0:.2f}" for r in rounds) + " (one read at a time)"),
+     + "; ms a block: " + ", ".join(f"{r['disk_read_ms_per_block'] or 0:.2f}" for r in rounds)
+     + " (the mean time of one read; 4 run at once)"),
     ("TTFT from the worker's pool (A again)", f"{dev['timings']['ttft_ms']} ms, cached {dev['usage']['cached_tokens']}"),
 ]
 w = max(len(r[0]) for r in rows)
