@@ -1,13 +1,12 @@
 /* tests/gpu/bench_qgemv.cu — the quantized weight-only GEMV (kernels/cuda/cuda_qgemv.cuh) checked
  * against a CPU reference and timed on Llama-3.1-8B's decode shapes; needs only the CUDA runtime.
  *
- *   build/gpu-tests/bench_qgemv [--check-only | --time-only] [--warps W] [--rows R] [--lk 32] [--pdl]
+ *   build/gpu-tests/bench_qgemv [--check-only] [--warps W] [--rows R] [--lk 32] [--pdl]
  *
  * --warps forces the warps sharing a row set's K (2, 4, 8), --rows the rows of W per lane (1, 2, 4;
  * at M > 2 at least 2) in the timings (default: qv_plan's), --lk 32 the whole-warp lane layout at
  * M = 1 (default: QV_LK lanes along K per row group), --pdl times the launches with programmatic
- * dependent launch, as the backend launches them (cuda.h cuda_launch; default: plain launches);
- * --time-only skips the checks (for sweeps of --rows / --warps).
+ * dependent launch, as the backend launches them (cuda.h cuda_launch; default: plain launches).
  * Check: random codes (every code but fp8's NaNs) and positive scales for each format and scale
  * grid (fp8 per tensor, per channel and 128 x 128 blocks; int4 groups of 128 and 64; int8 per
  * channel; nvfp4 groups of 16), M = 1..8, odd N, K on the vector kernel and K it cannot take (the
@@ -325,7 +324,7 @@ static void s_times(plan_t plan, int n_sm)
 int main(int argc, char **argv)
 {
     plan_t plan = {0, 0, QV_LK};
-    int check_only = 0, time_only = 0;
+    int check_only = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--warps") == 0 && i + 1 < argc)
             plan.warps = atoi(argv[++i]);
@@ -337,10 +336,8 @@ int main(int argc, char **argv)
             s_pdl = true;
         else if (strcmp(argv[i], "--check-only") == 0)
             check_only = 1;
-        else if (strcmp(argv[i], "--time-only") == 0)
-            time_only = 1;
         else {
-            fprintf(stderr, "usage: bench_qgemv [--check-only | --time-only] [--warps 2|4|8] [--rows 1|2|4] [--lk 8|32] [--pdl]\n");
+            fprintf(stderr, "usage: bench_qgemv [--check-only] [--warps 2|4|8] [--rows 1|2|4] [--lk 8|32] [--pdl]\n");
             return 2;
         }
     }
@@ -352,9 +349,9 @@ int main(int argc, char **argv)
     s_lk = plan.lk;
     int n_sm = 0;
     CK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, 0));
-    const int failed = time_only ? 0 : s_checks(n_sm);
+    const int failed = s_checks(n_sm);
     if (!check_only)
         s_times(plan, n_sm);
-    printf("bench_qgemv: %s\n", time_only ? "checks skipped (--time-only)" : failed ? "FAILED" : "all checks PASSED");
+    printf("bench_qgemv: %s\n", failed ? "FAILED" : "all checks PASSED");
     return failed ? 1 : 0;
 }
