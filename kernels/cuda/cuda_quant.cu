@@ -2,9 +2,8 @@
  * int8, int4 and nvfp4 weights, every scale grid, optional per-token activation quantization.
  *
  * Small M (decode, M <= gemv_max_m): the weight-only GEMV of cuda_qgemv.cuh, which streams the
- * packed codes once with 16-byte loads (eight in flight per lane), decodes each code once in
- * registers for all rows of x and shares each load of x across 1, 2 or 4 rows of W, by the shape
- * (any shape the vector kernel cannot take runs its one-code-per-lane kernel).
+ * packed codes once with 16-byte loads, decodes them in registers and shares each load of x across
+ * four rows (any shape the vector kernel cannot take runs its one-code-per-lane kernel).
  * Larger M (prefill):
  *   - fp8 weights with fp8 per-token activations (W8A8, one scale per row of W: per channel or per
  *     tensor): an FP8 GEMM on the tensor cores (cuBLASLt, e4m3 x e4m3, f32 accumulation): x is
@@ -31,9 +30,8 @@
 #include "kernels/cuda/cuda_dev.cuh"
 #include "kernels/cuda/cuda_qgemv.cuh"
 
-/* The GEMV: the vector kernel where the shape allows (cuda_qgemv.cuh; its plan of rows per lane and
- * warps per row set by the shape, the same for every M), else the any-shape one; up to 8 rows of x
- * per launch. */
+/* The GEMV: the vector kernel where the shape allows (cuda_qgemv.cuh), else the any-shape one;
+ * up to 8 rows of x per launch. */
 static void s_qgemv(const cuda_state_t *st, const bk_mat_t *w, const float *x, int M, const float *bias, float *y)
 {
     static int lk_env = -1;                        /* TROUPE_CUDA_QGEMV_LK=32: the whole-warp layout at M = 1 */
@@ -46,15 +44,14 @@ static void s_qgemv(const cuda_state_t *st, const bk_mat_t *w, const float *x, i
     bool rs;
     int gshift;
     const bool vec = qv_vector_ok(fmt, N, K, gr, gc, w->data, x, &rs, &gshift);
+    const int warps = qv_warps(N, K, fmt, st->n_sm, lk);
     for (int m0 = 0; m0 < M; m0 += 8) {
         const int mr = M - m0 < 8 ? M - m0 : 8;
-        int rows, warps;
-        qv_plan(fmt, mr, N, K, lk, st->n_sm, 0, 0, &rows, &warps);
         const qv_args_t a = {(const uint8_t *)w->data, w->qscale, N, K, (K + gc - 1) / gc, gr, gc, gshift,
                              x + (int64_t)m0 * K, mr, bias, y + (int64_t)m0 * N};
-        const qv_kernel_t k = vec ? qv_kernel(fmt, mr, rows, warps, rs, lk) : NULL;
+        const qv_kernel_t k = vec ? qv_kernel(fmt, mr, warps, rs, lk) : NULL;
         if (k)
-            cuda_launch(st, k, dim3(qv_blocks(N, rows, warps, lk)), dim3(QV_THREADS), a);
+            cuda_launch(st, k, dim3(qv_blocks(N, warps, lk)), dim3(QV_THREADS), a);
         else
             cuda_launch(st, k_qgemv_any, dim3((unsigned)((N + 7) / 8)), dim3(QV_THREADS), a, fmt);
     }

@@ -1,25 +1,20 @@
 /* tests/gpu/bench_qgemv.cu — the quantized weight-only GEMV (kernels/cuda/cuda_qgemv.cuh) checked
  * against a CPU reference and timed on Llama-3.1-8B's decode shapes; needs only the CUDA runtime.
  *
- *   build/gpu-tests/bench_qgemv [--check-only] [--warps W] [--rows R] [--lk 32] [--pdl]
+ *   build/gpu-tests/bench_qgemv [--check-only] [--warps W] [--lk 32]
  *
- * --warps forces the warps sharing a row set's K (2, 4, 8), --rows the rows of W per lane (1, 2, 4;
- * at M > 2 at least 2) in the timings (default: qv_plan's), --lk 32 the whole-warp lane layout at
- * M = 1 (default: QV_LK lanes along K per row group), --pdl times the launches with programmatic
- * dependent launch, as the backend launches them (cuda.h cuda_launch; default: plain launches).
+ * --warps forces the warps sharing a row group's K (2, 4, 8; default: qv_warps), --lk 32 the
+ * whole-warp lane layout at M = 1 (default: QV_LK lanes along K per row group).
  * Check: random codes (every code but fp8's NaNs) and positive scales for each format and scale
- * grid (fp8 per tensor, per channel and 128 x 128 blocks; int4 groups of 128 and 64; int8 per
- * channel; nvfp4 groups of 16), M = 1..8, odd N, K on the vector kernel and K it cannot take (the
+ * grid (fp8 per tensor, per channel and 128 x 128 blocks; int8 per channel; int4 groups of 128 and
+ * 64; nvfp4 groups of 16), M = 1..8, odd N, K on the vector kernel and K it cannot take (the
  * one-code-per-lane kernel), bias or none: y against sum_k x * decode(code) * scale in double, a
- * relative L2 error within 1e-5 (f32 sums) and every element written. On the vector kernel's
- * shapes every built plan runs too (rows per lane 1, 2, 4 x warps 2, 4, 8, and at M = 1 the
- * whole-warp layout): lanes without a chunk (K small for the warps), rows past N, chunk tails. One
- * line per format: PASS or FAIL with the worst case.
+ * relative L2 error within 1e-5 (f32 sums) and every element written. One line per format: PASS or
+ * FAIL with the worst case.
  * Time: each 8B layer matrix (q 4096, k / v 1024, o 4096 rows x 4096; gate / up 14336 x 4096;
  * down 4096 x 14336) at M = 1 and M = 8, over rotating weight copies (>= 512 MB, so the L2 never
  * holds W), median of 5 repeats of 20 calls after a warm-up; per format the 32 layers' sum (a decode
- * step's quantized matmuls; the bf16 LM head not included) and the bytes it streams per second, and
- * per format M = 8's time over M = 1's.
+ * step's quantized matmuls; the bf16 LM head not included) and the bytes it streams per second.
  * Exit status 1 when a check failed. */
 #include <cuda_runtime.h>
 
@@ -86,54 +81,29 @@ static void s_effective(const fmt_case_t &f, int64_t N, int64_t K, int *gr, int 
 }
 
 static int s_lk = QV_LK;                           /* --lk 32: the whole-warp layout (M = 1 only) */
-static bool s_pdl;                                 /* --pdl: launches as cuda_launch makes them */
 
-/* A plan to run: 0 = qv_plan's; else rows per lane, warps, lanes along K. */
-typedef struct plan { int rows, warps, lk; } plan_t;
-
-template <typename... KArgs, typename... Args>
-static void s_kernel(void (*kernel)(KArgs...), unsigned blocks, Args... args)
-{
-    cudaLaunchAttribute attr;
-    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr.val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(blocks);
-    cfg.blockDim = dim3(QV_THREADS);
-    cfg.attrs = &attr;
-    cfg.numAttrs = s_pdl ? 1 : 0;
-    CK(cudaLaunchKernelEx(&cfg, kernel, ((KArgs)args)...));
-}
-
-/* y = x W^T by the vector kernel with plan p (rows / warps 0: qv_plan's, or the --rows / --warps
- * given) where it takes the shape, else the any-shape kernel; *what says which ran. */
-static void s_launch(int fmt, const dev_w_t &w, const float *x, int M, const float *bias, float *y, plan_t p, int n_sm,
-                     char *what, size_t what_len)
+static void s_launch(int fmt, const dev_w_t &w, const float *x, int M, const float *bias, float *y, int warps, int n_sm,
+                     bool *vec_out)
 {
     qv_args_t a = {w.codes, w.scale, w.N, w.K, w.ngc, w.gr, w.gc, 0, x, M, bias, y};
     bool rs;
-    int gshift, R, W;
+    int gshift;
     qv_kernel_t k = NULL;
-    const int lk = M == 1 ? p.lk : QV_LK;
-    qv_plan(fmt, M, w.N, w.K, lk, n_sm, p.warps, p.rows, &R, &W);
-    if (qv_vector_ok(fmt, w.N, w.K, w.gr, w.gc, w.codes, x, &rs, &gshift) && (k = qv_kernel(fmt, M, R, W, rs, lk))) {
+    const int lk = M == 1 ? s_lk : QV_LK;
+    const int W = warps ? warps : qv_warps(w.N, w.K, fmt, n_sm, lk);
+    if (qv_vector_ok(fmt, w.N, w.K, w.gr, w.gc, w.codes, x, &rs, &gshift) && (k = qv_kernel(fmt, M, W, rs, lk))) {
         a.gshift = gshift;
-        s_kernel(k, qv_blocks(w.N, R, W, lk), a);
+        k<<<qv_blocks(w.N, W, lk), QV_THREADS>>>(a);
     } else {
-        s_kernel(k_qgemv_any, (unsigned)((w.N + 7) / 8), a, fmt);
+        k_qgemv_any<<<(unsigned)((w.N + 7) / 8), QV_THREADS>>>(a, fmt);
     }
-    if (what && k)
-        snprintf(what, what_len, "vector kernel R=%d W=%d LK=%d", R, W, lk);
-    else if (what)
-        snprintf(what, what_len, "any-shape kernel");
+    if (vec_out)
+        *vec_out = k != NULL;
     CK(cudaGetLastError());
 }
 
-/* One (format, M, N, K, bias) case: the default plan and, with all_plans, every built one; the
- * worst relative error (1e30 for an unwritten element) and where it was into *worst / worst_what;
- * the plans run by the vector and the any-shape kernel counted. */
-static void s_check(const fmt_case_t &f, int M, int64_t N, int64_t K, bool with_bias, int n_sm, bool all_plans,
-                    double *worst, char *worst_what, size_t what_len, int *n_vec, int *n_any)
+/* One check; returns the relative error (or 1e30 for an unwritten element). */
+static double s_check(const fmt_case_t &f, int M, int64_t N, int64_t K, bool with_bias, int warps, int n_sm, bool *vec)
 {
     const bool nib = f.fmt == BK_Q_I4 || f.fmt == BK_Q_FP4;
     const int64_t rowb = nib ? K / 2 : K;
@@ -155,18 +125,6 @@ static void s_check(const fmt_case_t &f, int M, int64_t N, int64_t K, bool with_
         v = s_unif(1.0f);
     for (auto &v : bias)
         v = s_unif(1.0f);
-    /* the reference: each weight decoded once (by the definitions above) and scaled, in double */
-    std::vector<double> wd((size_t)(N * K)), ref((size_t)M * N);
-    for (int64_t n = 0; n < N; n++)
-        for (int64_t k = 0; k < K; k++)
-            wd[(size_t)(n * K + k)] = s_code(f.fmt, codes.data() + n * rowb, k) * sc[(size_t)((n / w.gr) * w.ngc + k / w.gc)];
-    for (int m = 0; m < M; m++)
-        for (int64_t n = 0; n < N; n++) {
-            double r = with_bias ? bias[n] : 0.0;
-            for (int64_t k = 0; k < K; k++)
-                r += (double)x[(size_t)m * K + k] * wd[(size_t)(n * K + k)];
-            ref[(size_t)m * N + n] = r;
-        }
     float *dx, *db, *dy;
     CK(cudaMalloc(&w.codes, codes.size() + 16));
     CK(cudaMalloc(&w.scale, sc.size() * 4));
@@ -177,49 +135,35 @@ static void s_check(const fmt_case_t &f, int M, int64_t N, int64_t K, bool with_
     CK(cudaMemcpy(w.scale, sc.data(), sc.size() * 4, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dx, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(db, bias.data(), bias.size() * 4, cudaMemcpyHostToDevice));
-    std::vector<plan_t> plans = {{0, 0, s_lk}};
-    if (all_plans) {
-        for (int r : {1, 2, 4})
-            for (int wp : {2, 4, 8}) {
-                plans.push_back({r, wp, QV_LK});
-                if (M == 1)
-                    plans.push_back({r, wp, 32});
-            }
-    }
-    for (const plan_t &p : plans) {
-        char what[64];
-        CK(cudaMemset(dy, 0xff, y.size() * 4));    /* NaN: an unwritten element shows */
-        s_launch(f.fmt, w, dx, M, with_bias ? db : NULL, dy, p, n_sm, what, sizeof what);
-        CK(cudaMemcpy(y.data(), dy, y.size() * 4, cudaMemcpyDeviceToHost));
-        double num = 0, den = 0;
-        for (size_t i = 0; i < y.size(); i++) {
-            const double got = y[i];
+    CK(cudaMemset(dy, 0xff, y.size() * 4));        /* NaN: an unwritten element shows */
+    s_launch(f.fmt, w, dx, M, with_bias ? db : NULL, dy, warps, n_sm, vec);
+    CK(cudaMemcpy(y.data(), dy, y.size() * 4, cudaMemcpyDeviceToHost));
+    double num = 0, den = 0;
+    for (int m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n++) {
+            double ref = with_bias ? bias[n] : 0.0;
+            const uint8_t *row = codes.data() + n * rowb;
+            for (int64_t k = 0; k < K; k++)
+                ref += (double)x[(size_t)m * K + k] * s_code(f.fmt, row, k) * sc[(size_t)((n / w.gr) * w.ngc + k / w.gc)];
+            const double got = y[(size_t)m * N + n];
             if (!isfinite(got))
                 num = 1e300;
-            num += (got - ref[i]) * (got - ref[i]);
-            den += ref[i] * ref[i];
+            num += (got - ref) * (got - ref);
+            den += ref * ref;
         }
-        const double e = num >= 1e300 ? 1e30 : sqrt(num / (den > 0 ? den : 1));
-        (strncmp(what, "vector", 6) == 0 ? *n_vec : *n_any) += 1;
-        if (!(e <= *worst)) {
-            *worst = e;
-            snprintf(worst_what, what_len, "M=%d N=%lld K=%lld%s (%s)", M, (long long)N, (long long)K,
-                     with_bias ? " bias" : "", what);
-        }
-    }
     cudaFree(w.codes), cudaFree(w.scale), cudaFree(dx), cudaFree(db), cudaFree(dy);
+    return num >= 1e300 ? 1e30 : sqrt(num / (den > 0 ? den : 1));
 }
 
-static int s_checks(int n_sm)
+static int s_checks(int warps, int n_sm)
 {
     /* N, K: the vector kernel's shapes (K a multiple of 128; 1,056 = 8 x 132: int4 g64 and fp8's
-     * 128-blocks end on a partial group, and the chunks end past the first pass for some lanes
-     * only), and shapes only the any-shape kernel takes. */
+     * 128-blocks end on a partial group), and shapes only the any-shape kernel takes. */
     static const int64_t shapes[][2] = {{257, 1024}, {37, 4096}, {130, 1056}, {100, 1000}, {64, 1040}, {33, 136}};
     int failed = 0;
     for (const fmt_case_t &f : s_fmts) {
         double worst = 0;
-        char worst_what[128] = "";
+        char worst_what[96] = "";
         int n_vec = 0, n_any = 0;
         for (const auto &sh : shapes) {
             const bool nib = f.fmt == BK_Q_I4 || f.fmt == BK_Q_FP4;
@@ -228,14 +172,20 @@ static int s_checks(int n_sm)
             if (f.fmt == BK_Q_FP4 && sh[1] % 16)
                 continue;                          /* nvfp4's blocks of 16 */
             for (int M = 1; M <= 8; M++) {
+                bool vec = false;
                 const bool bias = (M + sh[0]) % 2;
-                s_check(f, M, sh[0], sh[1], bias, n_sm, sh[1] % 16 == 0, &worst, worst_what, sizeof worst_what,
-                        &n_vec, &n_any);
+                const double e = s_check(f, M, sh[0], sh[1], bias, warps, n_sm, &vec);
+                (vec ? n_vec : n_any)++;
+                if (!(e <= worst)) {
+                    worst = e;
+                    snprintf(worst_what, sizeof worst_what, "M=%d N=%lld K=%lld%s (%s kernel)", M, (long long)sh[0],
+                             (long long)sh[1], bias ? " bias" : "", vec ? "vector" : "any-shape");
+                }
             }
         }
         const bool ok = worst <= 1e-5;
         failed += !ok;
-        printf("check %-18s %s  worst rel err %.2e at %s; %d vector, %d any-shape runs\n", f.name, ok ? "PASS" : "FAIL",
+        printf("check %-18s %s  worst rel err %.2e at %s; %d vector, %d any-shape cases\n", f.name, ok ? "PASS" : "FAIL",
                worst, worst_what, n_vec, n_any);
     }
     return failed;
@@ -243,7 +193,7 @@ static int s_checks(int n_sm)
 
 /* ---- timing ------------------------------------------------------------------------------------ */
 
-static double s_time_shape(const fmt_case_t &f, int M, int64_t N, int64_t K, plan_t plan, int n_sm)
+static double s_time_shape(const fmt_case_t &f, int M, int64_t N, int64_t K, int warps, int n_sm)
 {
     const bool nib = f.fmt == BK_Q_I4 || f.fmt == BK_Q_FP4;
     const size_t wbytes = (size_t)(N * (nib ? K / 2 : K));
@@ -273,7 +223,7 @@ static double s_time_shape(const fmt_case_t &f, int M, int64_t N, int64_t K, pla
             dev_w_t wc = w;
             wc.codes = codes + wbytes * c;
             wc.scale = scale + nsc * c;
-            s_launch(f.fmt, wc, x, M, NULL, y, plan, n_sm, NULL, 0);
+            s_launch(f.fmt, wc, x, M, NULL, y, warps, n_sm, NULL);
         }
         CK(cudaEventRecord(e1));
         CK(cudaEventSynchronize(e1));
@@ -288,70 +238,53 @@ static double s_time_shape(const fmt_case_t &f, int M, int64_t N, int64_t K, pla
     return reps[2];
 }
 
-static void s_times(plan_t plan, int n_sm)
+static void s_times(int warps, int n_sm)
 {
     /* rows, cols, matrices of the shape per layer: q and o, k and v, gate and up, down */
     static const int64_t shapes[][3] = {{4096, 4096, 2}, {1024, 4096, 2}, {14336, 4096, 2}, {4096, 14336, 1}};
     static const int fmts[] = {1, 3, 4, 6};        /* fp8 per channel, int8, int4 g128, nvfp4 */
-    double step_m[2][4] = {};                      /* 32 layers' time at M = 1, 8 */
     for (int M : {1, 8}) {
-        for (int j = 0; j < 4; j++) {
-            const fmt_case_t &f = s_fmts[fmts[j]];
+        for (int fi : fmts) {
+            const fmt_case_t &f = s_fmts[fi];
             double step = 0, bytes = 0;
-            char line[320];
+            char line[256];
             int used = snprintf(line, sizeof line, "time M=%d %-16s", M, f.name);
             for (const auto &sh : shapes) {
-                const double us = s_time_shape(f, M, sh[0], sh[1], plan, n_sm);
+                const double us = s_time_shape(f, M, sh[0], sh[1], warps, n_sm);
                 const bool nib = f.fmt == BK_Q_I4 || f.fmt == BK_Q_FP4;
                 const int gr = f.gr ? f.gr : (int)sh[0], gc = f.gc ? f.gc : (int)sh[1];
                 const double b = (double)sh[0] * sh[1] * (nib ? 0.5 : 1.0) +
                                  4.0 * (double)((sh[0] + gr - 1) / gr) * (double)((sh[1] + gc - 1) / gc);   /* codes + f32 scales */
-                int R, W;
-                qv_plan(f.fmt, M, sh[0], sh[1], M == 1 ? plan.lk : QV_LK, n_sm, plan.warps, plan.rows, &R, &W);
                 step += us * sh[2] * 32;
                 bytes += b * sh[2] * 32;
-                used += snprintf(line + used, sizeof line - used, " %lldx%lld %.1fus (%.0f GB/s R%dW%d)", (long long)sh[0],
-                                 (long long)sh[1], us, b / us / 1e3, R, W);
+                used += snprintf(line + used, sizeof line - used, " %lldx%lld %.1fus (%.0f GB/s)", (long long)sh[0],
+                                 (long long)sh[1], us, b / us / 1e3);
             }
-            step_m[M == 8][j] = step;
-            printf("%s | 32 layers %.3f ms, %.0f GB/s%s\n", line, step / 1e3, bytes / step / 1e3, s_pdl ? " (PDL)" : "");
+            printf("%s | 32 layers %.3f ms, %.0f GB/s\n", line, step / 1e3, bytes / step / 1e3);
         }
     }
-    for (int j = 0; j < 4; j++)
-        printf("time M=8 / M=1 %-16s %.2fx (32 layers)\n", s_fmts[fmts[j]].name, step_m[1][j] / step_m[0][j]);
 }
 
 int main(int argc, char **argv)
 {
-    plan_t plan = {0, 0, QV_LK};
-    int check_only = 0;
+    int warps = 0, check_only = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--warps") == 0 && i + 1 < argc)
-            plan.warps = atoi(argv[++i]);
-        else if (strcmp(argv[i], "--rows") == 0 && i + 1 < argc)
-            plan.rows = atoi(argv[++i]);
+            warps = atoi(argv[++i]);
         else if (strcmp(argv[i], "--lk") == 0 && i + 1 < argc)
-            plan.lk = atoi(argv[++i]) == 32 ? 32 : QV_LK;
-        else if (strcmp(argv[i], "--pdl") == 0)
-            s_pdl = true;
+            s_lk = atoi(argv[++i]) == 32 ? 32 : QV_LK;
         else if (strcmp(argv[i], "--check-only") == 0)
             check_only = 1;
         else {
-            fprintf(stderr, "usage: bench_qgemv [--check-only] [--warps 2|4|8] [--rows 1|2|4] [--lk 8|32] [--pdl]\n");
+            fprintf(stderr, "usage: bench_qgemv [--check-only] [--warps 2|4|8] [--lk 8|32]\n");
             return 2;
         }
     }
-    if ((plan.warps && plan.warps != 2 && plan.warps != 4 && plan.warps != 8) ||
-        (plan.rows && plan.rows != 1 && plan.rows != 2 && plan.rows != 4)) {
-        fprintf(stderr, "bench_qgemv: --warps takes 2, 4 or 8, --rows 1, 2 or 4\n");
-        return 2;
-    }
-    s_lk = plan.lk;
     int n_sm = 0;
     CK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, 0));
-    const int failed = s_checks(n_sm);
+    const int failed = s_checks(warps, n_sm);
     if (!check_only)
-        s_times(plan, n_sm);
+        s_times(warps, n_sm);
     printf("bench_qgemv: %s\n", failed ? "FAILED" : "all checks PASSED");
     return failed ? 1 : 0;
 }
