@@ -128,8 +128,8 @@ int spec_client_explore(spec_client_t *c)
 {
     if (!c->scheduled || !c->scheduler[0])
         return -1;
-    const uint64_t at = c->explore_steps++ % SPEC_EXPLORE_EVERY;
-    return at == 0 ? 0 : at == SPEC_EXPLORE_EVERY / 2 ? 1 : -1;
+    const uint64_t at = c->explore_steps++ % (4 * SPEC_EXPLORE_EVERY);
+    return at % SPEC_EXPLORE_EVERY == 0 ? 0 : at == 2 * SPEC_EXPLORE_EVERY + SPEC_EXPLORE_EVERY / 2 ? 1 : -1;
 }
 
 int spec_client_keep(spec_client_t *c, int batch, const float *probs, int n)

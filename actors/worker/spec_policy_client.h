@@ -25,7 +25,7 @@
 
 #define SPEC_REPORT_STEPS 256   /* decode-only steps per report window */
 #define SPEC_REPORT_MS    2000  /* ... or this long, when steps are rare */
-#define SPEC_EXPLORE_EVERY 16   /* of these decode-only steps one runs without drafts, one with one */
+#define SPEC_EXPLORE_EVERY 16   /* one decode-only step in this many runs without drafts; one in 4x as many with one */
 
 typedef struct spec_client spec_client_t;
 
@@ -48,7 +48,11 @@ int spec_client_ask(spec_client_t *c, int batch);
 /* The prefix confidence below which a row of a `batch`-row step may stop drafting (0: never). */
 float spec_client_stop_below(const spec_client_t *c, int batch);
 /* Called once per decode-only step: -1 (ask as usual), or the drafts every row of this step asks
- * for and verifies, whatever the policy: 0 in one step of SPEC_EXPLORE_EVERY and 1 in another,
+ * for and verifies, whatever the policy: 0 in one step of SPEC_EXPLORE_EVERY and 1 in one of
+ * 4 x SPEC_EXPLORE_EVERY (a one-draft step costs a draft forward and its catch-up: on a small
+ * target on a GPU, where a step is a fifth of a millisecond, a scheduled run that had settled on
+ * no drafts but explored one in 16 got two thirds of the plain run's throughput, one H200,
+ * 2026-12-02),
  * while a draft-scheduler is there to learn from them (not with TROUPE_SPEC_POLICY=fixed). The
  * cost table then always holds the plain step and the one-draft step next to the policy's
  * choice: a fit from one verify length alone cannot tell a step's fixed cost (launches, a draft
