@@ -208,8 +208,10 @@ static void s_admit(actor_t *a, decode_t *d, dc_req_t *r, int with_kv, int32_t f
     }
     r->admitted_ms = now_ms();
     sampler_top_t top = {.n = (int)h->n_first_top_tokens};   /* <= top_logprobs: validated */
-    memcpy(top.ids, h->first_top_tokens, (size_t)top.n * sizeof top.ids[0]);
-    memcpy(top.logprobs, h->first_top_logprobs, (size_t)top.n * sizeof top.logprobs[0]);
+    if (top.n) {   /* the arrays are NULL without alternatives, and memcpy must not be given NULL */
+        memcpy(top.ids, h->first_top_tokens, (size_t)top.n * sizeof top.ids[0]);
+        memcpy(top.logprobs, h->first_top_logprobs, (size_t)top.n * sizeof top.logprobs[0]);
+    }
     s_token(a, d, r, first, lp, top.n ? &top : NULL, 0);
 }
 
