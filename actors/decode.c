@@ -24,7 +24,7 @@
  * between them, are the scheduler's.
  *
  * Backpressure: nothing for a router is ever refused (actor_send_keep); instead a step runs only
- * while every live router's outbox has room for all the step may send it (s_outbox_room). A router
+ * while every live router's outbox has room for all the step may send it (router_watch_room). A router
  * that relays more slowly than this worker produces (one core against a fast GPU's batch) thus
  * slows the steps down rather than losing tokens. Known limit: one slow router holds the steps of
  * every router's requests (they share the batch). */
@@ -78,11 +78,7 @@ typedef struct decode {
     double tokens_per_s;
     int last_batch;
     spec_step_t *spec;           /* speculation (actors/worker/spec_step.h); NULL: off */
-    router_watch_t routers;      /* the routers our requests belong to: a lost one's are dropped */
-    uint64_t steps_held;         /* steps not run for a router's full outbox (s_outbox_room) */
-    uint64_t held_logged;        /* of them, counted in log lines already */
-    int64_t held_log_ms;         /* the last such line (at most one a second) */
-    int64_t held_since_ns;       /* the first step held since the last one ran (0: none held) */
+    router_watch_t routers;      /* the routers our requests belong to: a lost one's are dropped, a slow one's hold the steps */
     chan_keys_t chan_keys;       /* CURVE keys of the tcp hand-off channel (none without CURVE) */
 } decode_t;
 
@@ -184,7 +180,7 @@ static void s_token(actor_t *a, decode_t *d, dc_req_t *r, int32_t t, float lp, c
             m.u.token.n_top_tokens = m.u.token.n_top_logprobs = (uint32_t)top->n;
         }
     }
-    /* Never refused: the steps make room for their tokens first (s_outbox_room); a hand-off's first
+    /* Never refused: the steps make room for their tokens first (router_watch_room); a hand-off's first
      * token, sent outside a step, is one per request. */
     actor_send_keep(a, r->handoff.u.handoff.reply_to, &m);
     d->tokens_out++;
@@ -431,43 +427,16 @@ static int s_spec_emit(void *ctx, sched_req_t *sr, int32_t t, float lp, const fl
     return 1;
 }
 
-/* Backpressure: 1 when every live router's outbox has room for what the next step may send it
- * (its rows' tokens, each row's drafts with speculation, at most the rows of logits a forward has;
- * and a done per row), else 0 and the step waits: the loop wakes as soon as the router takes
- * messages again (the runtime polls the full peer for room). The need is capped at the outbox's
- * limit, so a drained outbox always lets a step run; what goes past the limit is kept, never lost.
- * The requests of a router that is down are dropped (router_watch): it holds nothing. */
-static int s_outbox_room(actor_t *a, decode_t *d)
+/* Backpressure (router_watch_room): what the next step may send a router: its rows' tokens (each
+ * row's drafts with speculation, at most the rows of logits a forward has) and a done per row. */
+static long s_step_messages(const decode_t *d)
 {
     const int n = sched_size(d->sched);
-    if (n == 0)
-        return 1;   /* nothing to step */
     const int rows = n < d->w->max_seqs ? n : d->w->max_seqs;
     long tokens = d->spec ? (long)rows * (1 + SPEC_MAX_K) : rows;
     if (tokens > d->w->max_logit_rows && d->w->max_logit_rows >= rows)
         tokens = d->w->max_logit_rows;
-    long need = tokens + rows;
-    if (need > actor_outbox_cap(a))
-        need = actor_outbox_cap(a);
-    for (int i = 0; i < d->routers.n; i++) {
-        if (!d->routers.up[i])
-            continue;
-        const int room = actor_outbox_room(a, d->routers.names[i]);
-        if (room >= need)
-            continue;
-        d->steps_held++;
-        const int64_t now = now_ms();
-        if (now - d->held_log_ms >= 1000) {
-            LOG_I("steps held: the outbox to %s has room for %d messages, the next step may send %ld "
-                  "(limits.outbox %d); waiting for it to drain (%llu steps held since the last line)",
-                  d->routers.names[i], room, need, actor_outbox_cap(a),
-                  (unsigned long long)(d->steps_held - d->held_logged));
-            d->held_logged = d->steps_held;
-            d->held_log_ms = now;
-        }
-        return 0;
-    }
-    return 1;
+    return tokens + rows;
 }
 
 /* One step: schedule -> propose -> forward -> sample -> emit. Returns 1 if it did work. The
@@ -478,21 +447,17 @@ static int s_step(actor_t *a, void *state)
 {
     decode_t *d = state;
     const int copying = writeback_poll(d->wb, a);   /* copies in flight: come back soon to announce them */
-    if (!s_outbox_room(a, d)) {
-        if (!d->held_since_ns)
-            d->held_since_ns = now_ns();
+    int64_t held = 0;
+    if (sched_size(d->sched) > 0 && !router_watch_room(&d->routers, a, s_step_messages(d), &held))
         return copying;   /* a router is behind: no step until its outbox drains */
-    }
     const sched_batch_t *b = sched_step(d->sched);
     if (b->n == 0)
         return copying;
     const int64_t t0 = now_ns();
-    /* A step held for a router's outbox waited for the tokens of the steps before it to go out:
-     * where the routers, not the device, set the pace, that wait is what more tokens per step
+    /* A step held for a router's outbox (held) waited for the tokens of the steps before it to go
+     * out: where the routers, not the device, set the pace, that wait is what more tokens per step
      * cost, and the step-cost table must see it (a policy blind to it drafts long where nothing
      * is gained: one H200, 2026-12-02, n-gram at concurrency 64-96 of the KJV model, 0.62-0.67x). */
-    const int64_t held = d->held_since_ns ? t0 - d->held_since_ns : 0;
-    d->held_since_ns = 0;
     const int spec = spec_step_propose(d->spec, b);
     const int frc = s_forward(a, d, b, spec);
     if (spec) {
@@ -544,7 +509,6 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
     actor_stat_metric(a, st, "transfers_nccl_total", (double)kvlinks_transfers(d->links), 1);
     actor_stat_metric(a, st, "nccl_links_ready", kvlinks_ready(d->links), 0);
     actor_stat_metric(a, st, "steps_total", (double)d->steps, 1);
-    actor_stat_metric(a, st, "steps_held_outbox_total", (double)d->steps_held, 1);
     expert_report_tick(&d->experts, a, d->w->model, d->steps);   /* an expert_load window per 1,000 steps */
     expert_apply_stats(a, st, expert_group_ep(d->w->experts));     /* the expert-parallel group, if any */
     actor_stat_metric(a, st, "forward_seconds_total", (double)d->forward_ns / 1e9, 1);

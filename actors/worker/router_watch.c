@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "common/util.h"
 
 int router_watch_init(router_watch_t *rw, actor_t *a, const topo_t *t)
 {
@@ -50,8 +51,38 @@ void router_watch_dropped(router_watch_t *rw, const char *router, int n)
     LOG_W("router %s lost: %d of its requests dropped (their KV freed)", router, n);
 }
 
+int router_watch_room(router_watch_t *rw, actor_t *a, long need, int64_t *held_ns)
+{
+    if (need > actor_outbox_cap(a))
+        need = actor_outbox_cap(a);
+    for (int i = 0; i < rw->n; i++) {
+        if (!rw->up[i])
+            continue;
+        const int room = actor_outbox_room(a, rw->names[i]);
+        if (room >= need)
+            continue;
+        rw->steps_held++;
+        if (!rw->held_since_ns)
+            rw->held_since_ns = now_ns();
+        const int64_t now = now_ms();
+        if (now - rw->held_log_ms >= 1000) {
+            LOG_I("steps held: the outbox to %s has room for %d messages, the next step may send %ld "
+                  "(limits.outbox %d); waiting for it to drain (%llu steps held since the last line)",
+                  rw->names[i], room, need, actor_outbox_cap(a),
+                  (unsigned long long)(rw->steps_held - rw->held_logged));
+            rw->held_logged = rw->steps_held;
+            rw->held_log_ms = now;
+        }
+        return 0;
+    }
+    *held_ns = rw->held_since_ns ? now_ns() - rw->held_since_ns : 0;
+    rw->held_since_ns = 0;
+    return 1;
+}
+
 void router_watch_stats(actor_t *a, msg_stats_t *st, const router_watch_t *rw)
 {
     actor_stat_metric(a, st, "routers_lost_total", (double)rw->lost, 1);
     actor_stat_metric(a, st, "requests_dropped_router_lost", (double)rw->dropped, 1);
+    actor_stat_metric(a, st, "steps_held_outbox_total", (double)rw->steps_held, 1);
 }

@@ -10,7 +10,13 @@
  * A hand-off for a request of a router that is down is refused too (router_watch_alive): it may
  * have left the prefill worker just before the death was seen. A router restarted so fast that the
  * drop of its connection was never seen answers the old incarnation's tokens with a cancel (the
- * router's rule for a request id it does not know), so those requests end at their next token. */
+ * router's rule for a request id it does not know), so those requests end at their next token.
+ *
+ * Backpressure (router_watch_room): a decode worker steps only while every live router's outbox
+ * has room for what the step may send it. Nothing for a router is ever refused (actor_send_keep);
+ * a router that relays more slowly than the worker produces (one core against a fast GPU's batch)
+ * slows the steps down instead of losing tokens. The requests of a router that is down are
+ * dropped: it holds nothing back. */
 #ifndef TROUPE_ACTORS_WORKER_ROUTER_WATCH_H
 #define TROUPE_ACTORS_WORKER_ROUTER_WATCH_H
 
@@ -27,6 +33,10 @@ typedef struct router_watch {
     int n;
     uint64_t lost;                         /* router deaths seen */
     uint64_t dropped;                      /* requests dropped because their router was gone */
+    uint64_t steps_held;                   /* router_watch_room answered 0 */
+    uint64_t held_logged;                  /* of them, counted in log lines already */
+    int64_t held_log_ms;                   /* the last such line (at most one a second) */
+    int64_t held_since_ns;                 /* the first 0 since the last 1 (0: none) */
 } router_watch_t;
 
 /* Watches every router instance of t (actor_watch). -1 when a watch cannot be set up. */
@@ -42,7 +52,13 @@ int router_watch_alive(const router_watch_t *rw, const char *name);
 /* Counts n requests dropped for a lost router (and logs it once per death). */
 void router_watch_dropped(router_watch_t *rw, const char *router, int n);
 
-/* routers_lost_total and requests_dropped_router_lost in a worker's stats. */
+/* 1 when every live router's outbox (actor_outbox_room) has room for `need` messages (capped at
+ * the outbox's limit, so a drained outbox always lets a step run), with *held_ns the time since
+ * the first 0 before it (0 if none); else 0, counted and logged at most once a second, and the
+ * caller waits: the loop wakes as soon as the router takes messages again. */
+int router_watch_room(router_watch_t *rw, actor_t *a, long need, int64_t *held_ns);
+
+/* routers_lost_total, requests_dropped_router_lost and steps_held_outbox_total in a worker's stats. */
 void router_watch_stats(actor_t *a, msg_stats_t *st, const router_watch_t *rw);
 
 #endif
