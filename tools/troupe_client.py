@@ -11,6 +11,14 @@ Speaks the same wire format as the C client (messages/msg.h): one ZeroMQ frame =
 
     python3 tools/troupe_client.py --endpoint tcp://127.0.0.1:5555 submit "Hello" --max-tokens 32
     python3 tools/troupe_client.py --endpoint tcp://127.0.0.1:5556 inspect
+
+Liveness, as in the C library (tools/lib/client.h): ZMTP heartbeats (heartbeat_ivl_s, default 1 s;
+heartbeat_timeout_s, default 3 s) and a socket monitor on the connection. When the connection is
+lost (the router died, or answered no heartbeat for the timeout), every request in flight on this
+Client ends, exactly once, with a synthesized error: code unavailable, retryable, "the connection
+to the router ... was lost ...: the request's outcome is unknown". Later replies for those
+requests are dropped. ZeroMQ reconnects, so the same Client serves new requests once a router is
+back.
 """
 import argparse
 import json
@@ -77,15 +85,39 @@ def _decorate(m):
     return m
 
 
+TERMINAL = ("done", "error", "inspect_reply")
+MAX_LOST_IDS = 65536   # ids remembered as lost (their late replies dropped), then forgotten
+
+
 class Client:
-    def __init__(self, endpoint, timeout_s=120.0, server_key=None, key=None, max_frame=16 << 20):
+    def __init__(self, endpoint, timeout_s=120.0, server_key=None, key=None, max_frame=16 << 20,
+                 heartbeat_ivl_s=1.0, heartbeat_timeout_s=3.0):
         """server_key: the cluster's CURVE public key file; key: our keypair's prefix (key.pub and
-        key.key, as troupe-keygen writes them); max_frame: the cluster's limits.max_message_bytes."""
+        key.key, as troupe-keygen writes them); max_frame: the cluster's limits.max_message_bytes;
+        heartbeat_ivl_s: a ZMTP PING this often (0 or None: none, so only a closed connection is
+        noticed); heartbeat_timeout_s: no traffic that long after a PING and the connection is lost."""
         self.ctx = zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 100)
         self.sock.setsockopt(zmq.MAXMSGSIZE, 16 << 20)
         self.max_frame = max_frame
+        if heartbeat_ivl_s:
+            to_ms = int(heartbeat_timeout_s * 1000)
+            self.sock.setsockopt(zmq.HEARTBEAT_IVL, int(heartbeat_ivl_s * 1000))
+            self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, to_ms)
+            # The router's side drops our connection likewise when it stops hearing from us.
+            self.sock.setsockopt(zmq.HEARTBEAT_TTL, min(to_ms, 6553500))
+            why = f"closed, or no heartbeat answered for {to_ms} ms"
+        else:
+            why = "closed"
+        self.lost_message = (f"the connection to the router at {endpoint} was lost ({why}): "
+                             "the request's outcome is unknown; retry it")
+        self.mon = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self.inflight = set()     # ids sent and not ended yet (no done / error / inspect_reply)
+        self.lost = set()         # ids ended by the synthesized error: their late replies are dropped
+        self.pending = []         # lost ids whose error recv has yet to return
+        self.dropped = False      # a disconnection seen: fail the in-flight ids once sock is drained
+        self.requests_lost = self.connections_lost = 0
         if server_key:
             if not key:
                 raise ValueError("a CURVE server key needs our own keypair too (key=PREFIX)")
@@ -104,6 +136,10 @@ class Client:
         self.close()
 
     def close(self):
+        if self.mon is not None:
+            self.sock.disable_monitor()
+            self.mon.close(linger=0)
+            self.mon = None
         self.sock.close()
 
     def send(self, type_name, id=None, **fields):
@@ -116,14 +152,67 @@ class Client:
         if len(frame) > self.max_frame:
             raise ValueError("a %s of %d bytes exceeds the cluster's limits.max_message_bytes (%d)"
                              % (type_name, len(frame), self.max_frame))
+        if type_name != "cancel":   # a cancel is not a request of its own
+            self.inflight.add(id)
         self.sock.send(frame)
         return id
 
+    def _lose_inflight(self):
+        """The connection is gone: every request in flight gets its error (its router is dead, or
+        a new connection has another routing id and gets none of its replies)."""
+        self.dropped = False
+        self.connections_lost += 1
+        if len(self.lost) + len(self.inflight) > MAX_LOST_IDS:
+            self.lost.clear()
+        self.pending.extend(sorted(self.inflight))
+        self.lost.update(self.inflight)
+        self.inflight.clear()
+
+    def _read_monitor(self):
+        while self.mon.poll(0):
+            frames = self.mon.recv_multipart()
+            if int.from_bytes(frames[0][:2], "little") == zmq.EVENT_DISCONNECTED:
+                self.dropped = True
+
     def recv(self, timeout_s=None):
+        """The next message (decorated), the synthesized error of a request lost with the
+        connection, or None when nothing came within the timeout."""
         t = self.timeout_s if timeout_s is None else timeout_s
-        if not self.sock.poll(int(t * 1000)):
-            return None
-        return _decorate(msgpack.unpackb(self.sock.recv(), raw=False, strict_map_key=False))
+        deadline = time.monotonic() + t
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        poller.register(self.mon, zmq.POLLIN)
+        while True:
+            # What the router sent before the drop is read first (a done that made it is the
+            # request's real outcome); then the requests still in flight are failed.
+            if self.dropped and not self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                self._lose_inflight()
+            if self.pending:
+                self.requests_lost += 1
+                return {"v": VERSION, "t": TYPE_NUM["error"], "type": "error", "id": self.pending.pop(0),
+                        "code": ERROR_CODES.index("unavailable"), "code_name": "unavailable",
+                        "retryable": True, "message": self.lost_message}
+            left = deadline - time.monotonic()
+            ready = dict(poller.poll(max(0, int(left * 1000))))
+            if self.mon in ready:
+                self._read_monitor()
+            if self.sock not in ready:
+                if self.dropped:
+                    continue
+                if left <= 0 or not ready:
+                    return None
+                continue
+            try:
+                frame = self.sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                continue
+            m = _decorate(msgpack.unpackb(frame, raw=False, strict_map_key=False))
+            rid = m.get("id")
+            if rid in self.lost:   # it already ended here: a late reply
+                continue
+            if m["type"] in TERMINAL:
+                self.inflight.discard(rid)
+            return m
 
     def generate(self, prompt=None, messages=None, tokens=None, max_tokens=256, temperature=None,
                  top_k=None, top_p=None, min_p=None, seed=None, stop=None, ignore_eos=None,

@@ -8,6 +8,15 @@
  * Requests are msg_t values (messages/msg.h); replies come back as decoded msg_t. Every call is
  * bounded by a timeout: nothing here can hang on a dead cluster.
  *
+ * Liveness: the socket sends ZMTP heartbeats (libzmq answers them at the router, in its I/O
+ * thread) and watches its own connection (a socket monitor). When the connection is lost (the
+ * router died, or did not answer heartbeats for heartbeat_timeout_ms: stopped, wedged, cut off),
+ * every request still in flight on this client ends, exactly once, with an `error` from
+ * client_recv: code unavailable, retryable, "the connection to the router at EP was lost: the
+ * request's outcome is unknown". Replies that come later for such a request are dropped. ZeroMQ
+ * reconnects by itself, so new requests go to the restarted router. A request is in flight from
+ * client_send (any type but cancel) until its done, error or inspect_reply is received.
+ *
  *     client_t *c = client_connect("tcp://127.0.0.1:5555", err, sizeof err);
  *     msg_t m; msg_init(&m, MSG_SUBMIT, 0); m.u.submit.prompt = "Hello"; m.u.submit.stream = true;
  *     uint64_t id; client_send(c, &m, &id, err, sizeof err);
@@ -27,7 +36,14 @@ typedef struct client_opts {
     const char *key;            /* our keypair's prefix: key.pub and key.key; needed with server_key */
     int64_t max_frame;          /* the cluster's limits.max_message_bytes: larger requests are refused
                                    here, before sending; 0 = MSG_MAX_FRAME */
+    int heartbeat_ivl_ms;       /* a ZMTP PING this often; 0 = CLIENT_HEARTBEAT_IVL_MS, < 0 = no heartbeats
+                                   (a dead peer is then noticed only when its connection closes) */
+    int heartbeat_timeout_ms;   /* no traffic for this long after a PING: the connection is lost;
+                                   0 = CLIENT_HEARTBEAT_TIMEOUT_MS */
 } client_opts_t;
+
+#define CLIENT_HEARTBEAT_IVL_MS     1000
+#define CLIENT_HEARTBEAT_TIMEOUT_MS 3000
 
 client_t *client_connect(const char *endpoint, char *err, size_t errlen);
 client_t *client_connect_opts(const char *endpoint, const client_opts_t *opts, char *err, size_t errlen);
@@ -36,12 +52,18 @@ void client_destroy(client_t **self_p);
 /* Sends m. If m->id is 0 a fresh id is assigned (random 63-bit); it is returned in *id_out. */
 int client_send(client_t *c, msg_t *m, uint64_t *id_out, char *err, size_t errlen);
 /* Waits up to timeout_ms for the next message. 0 with *out decoded (msg_free it); 1 on timeout;
- * -1 on a receive or decode error (err says which). */
+ * -1 on a receive or decode error (err says which). After a lost connection, *out is the
+ * synthesized error of one request that was in flight (one per call, each request once). */
 int client_recv(client_t *c, msg_t *out, int timeout_ms, char *err, size_t errlen);
 /* Sends a cancel for request id. */
 int client_cancel(client_t *c, uint64_t id, char *err, size_t errlen);
 /* One request, one reply with the same id (other messages are skipped): for inspect. */
 int client_call(client_t *c, msg_t *req, msg_t *reply, int timeout_ms, char *err, size_t errlen);
+
+/* How many requests ended with the synthesized lost-connection error, and how many connection
+ * losses were seen, since client_connect. */
+uint64_t client_requests_lost(const client_t *c);
+uint64_t client_connections_lost(const client_t *c);
 
 /* "5m" -> 300, "1h" -> 3600, "90" / "90s" -> 90, "2d" -> 172800. -1 on junk or overflow. */
 int64_t client_parse_duration_s(const char *s);

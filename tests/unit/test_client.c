@@ -1,0 +1,281 @@
+/* The client library's liveness (tools/lib/client.c) against a fake router (a ROUTER socket):
+ * when the connection is lost, what the router sent before is still read, every request left in
+ * flight gets exactly one synthesized `unavailable` error, late replies for those are dropped, and
+ * the same client then works against a router bound again at the endpoint. Two ways to lose it:
+ * the router's socket closes (a kill -9 closes it the same way), and a router process that stops
+ * answering (SIGSTOP: only the heartbeats notice). Waits are generous bounds, never the thing
+ * that ends a wait: each check asserts the reply came, not how fast. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "tools/lib/client.h"
+
+#define WAIT_MS 30000   /* a bound that only a broken client reaches */
+
+static void *s_router(void *ctx, const char *ep, char *bound, size_t cap)
+{
+    void *r = zmq_socket(ctx, ZMQ_ROUTER);
+    int linger = 0;
+    zmq_setsockopt(r, ZMQ_LINGER, &linger, sizeof linger);
+    assert_int_equal(zmq_bind(r, ep), 0);
+    if (bound) {
+        size_t n = cap;
+        zmq_getsockopt(r, ZMQ_LAST_ENDPOINT, bound, &n);
+    }
+    return r;
+}
+
+/* Receives one request at the fake router: its routing id into rid (rid_len) and its msg. */
+static void s_take(void *r, uint8_t *rid, size_t *rid_len, msg_t *m)
+{
+    zmq_pollitem_t it = {.socket = r, .events = ZMQ_POLLIN};
+    assert_int_equal(zmq_poll(&it, 1, WAIT_MS), 1);
+    int n = zmq_recv(r, rid, 256, 0);
+    assert_true(n > 0);
+    *rid_len = (size_t)n;
+    static uint8_t buf[1 << 16];
+    n = zmq_recv(r, buf, sizeof buf, 0);
+    assert_true(n > 0);
+    char err[256];
+    assert_int_equal(msg_decode(buf, (size_t)n, m, err, sizeof err), 0);
+}
+
+static void s_reply(void *r, const uint8_t *rid, size_t rid_len, const msg_t *m)
+{
+    static uint8_t buf[1 << 16];
+    size_t len;
+    char err[256];
+    assert_int_equal(msg_encode(m, buf, sizeof buf, &len, err, sizeof err), 0);
+    assert_true(zmq_send(r, rid, rid_len, ZMQ_SNDMORE) >= 0);
+    assert_true(zmq_send(r, buf, len, 0) >= 0);
+}
+
+static uint64_t s_submit(client_t *c)
+{
+    msg_t m;
+    msg_init(&m, MSG_SUBMIT, 0);
+    static const uint32_t toks[] = {1, 2, 3};
+    m.u.submit.tokens = toks;
+    m.u.submit.n_tokens = 3;
+    m.u.submit.stream = true;
+    uint64_t id;
+    char err[256];
+    assert_int_equal(client_send(c, &m, &id, err, sizeof err), 0);
+    return id;
+}
+
+/* The next message at the client: it must come before the bound. */
+static void s_next(client_t *c, msg_t *out)
+{
+    char err[256];
+    int rc = client_recv(c, out, WAIT_MS, err, sizeof err);
+    if (rc != 0)
+        fail_msg("client_recv: %d (%s): no reply within %d ms", rc, rc == 1 ? "timed out" : err, WAIT_MS);
+}
+
+static int s_is_lost(const msg_t *m)
+{
+    return m->type == MSG_ERROR && m->u.error.code == MSG_ERR_UNAVAILABLE && m->u.error.retryable &&
+           strstr(m->u.error.message, "connection to the router") && strstr(m->u.error.message, "outcome is unknown");
+}
+
+/* The fake router answers a new request with a done (after a stray token for stray_id, if not 0). */
+static void s_serve_one(client_t *c, void *r, uint64_t stray_id)
+{
+    uint64_t id = s_submit(c);
+    uint8_t rid[256];
+    size_t rid_len;
+    msg_t req, rep;
+    s_take(r, rid, &rid_len, &req);
+    assert_true(req.id == id);
+    msg_free(&req);
+    if (stray_id) {   /* a reply for a request that already ended with the lost error: dropped */
+        msg_init(&rep, MSG_TOKEN, stray_id);
+        static const uint32_t t[] = {9};
+        rep.u.token.tokens = t;
+        rep.u.token.n_tokens = 1;
+        rep.u.token.text = "x";
+        s_reply(r, rid, rid_len, &rep);
+    }
+    msg_init(&rep, MSG_DONE, id);
+    s_reply(r, rid, rid_len, &rep);
+    msg_t got;
+    s_next(c, &got);
+    assert_int_equal(got.type, MSG_DONE);
+    assert_true(got.id == id);
+    msg_free(&got);
+}
+
+static void test_closed_connection(void **st)
+{
+    void *ctx = zmq_ctx_new();
+    char ep[256];
+    void *r = s_router(ctx, "tcp://127.0.0.1:*", ep, sizeof ep);
+    char err[256];
+    client_t *c = client_connect_opts(ep, &(client_opts_t){0}, err, sizeof err);
+    assert_non_null(c);
+    uint64_t ids[3];
+    uint8_t rid[256];
+    size_t rid_len;
+    for (int i = 0; i < 3; i++) {
+        ids[i] = s_submit(c);
+        msg_t req;
+        s_take(r, rid, &rid_len, &req);
+        assert_true(req.id == ids[i]);
+        msg_free(&req);
+    }
+    /* Request 0 ends for real, request 1 streams a token; then the router goes away. */
+    msg_t rep;
+    msg_init(&rep, MSG_DONE, ids[0]);
+    s_reply(r, rid, rid_len, &rep);
+    msg_init(&rep, MSG_TOKEN, ids[1]);
+    static const uint32_t t[] = {7};
+    rep.u.token.tokens = t;
+    rep.u.token.n_tokens = 1;
+    rep.u.token.text = "a";
+    s_reply(r, rid, rid_len, &rep);
+    msg_t got;
+    s_next(c, &got);   /* read before the close: the lost error must not overtake a real done */
+    assert_int_equal(got.type, MSG_DONE);
+    assert_true(got.id == ids[0]);
+    msg_free(&got);
+    zmq_close(r);
+
+    s_next(c, &got);
+    assert_int_equal(got.type, MSG_TOKEN);
+    assert_true(got.id == ids[1]);
+    msg_free(&got);
+    int seen[3] = {0};
+    for (int k = 0; k < 2; k++) {
+        s_next(c, &got);
+        assert_true(s_is_lost(&got));
+        for (int i = 0; i < 3; i++)
+            seen[i] += got.id == ids[i];
+        msg_free(&got);
+    }
+    assert_int_equal(seen[0], 0);   /* it had ended: no error for it */
+    assert_int_equal(seen[1], 1);
+    assert_int_equal(seen[2], 1);
+    assert_int_equal(client_recv(c, &got, 300, err, sizeof err), 1);   /* nothing more: once each */
+    assert_int_equal((int)client_requests_lost(c), 2);
+    assert_int_equal((int)client_connections_lost(c), 1);
+
+    /* A router bound again at the endpoint: ZeroMQ reconnects, a new request completes, and a late
+     * reply for a lost request is dropped. */
+    r = s_router(ctx, ep, NULL, 0);
+    s_serve_one(c, r, ids[2]);
+    assert_int_equal((int)client_requests_lost(c), 2);
+    client_destroy(&c);
+    assert_null(c);
+    zmq_close(r);
+    zmq_ctx_term(ctx);
+}
+
+/* A router process that stops answering (SIGSTOP) keeps its connection open: the heartbeats find
+ * it. The child answers requests with one token each until it is stopped. */
+static void s_child_router(int ready_fd)
+{
+    void *ctx = zmq_ctx_new();
+    char ep[256] = "";
+    void *r = s_router(ctx, "tcp://127.0.0.1:*", ep, sizeof ep);
+    (void)!write(ready_fd, ep, sizeof ep);   /* the endpoint bound, to the parent */
+    for (;;) {
+        uint8_t rid[256];
+        size_t rid_len;
+        msg_t req, rep;
+        s_take(r, rid, &rid_len, &req);
+        msg_init(&rep, MSG_TOKEN, req.id);
+        static const uint32_t t[] = {5};
+        rep.u.token.tokens = t;
+        rep.u.token.n_tokens = 1;
+        rep.u.token.text = "b";
+        s_reply(r, rid, rid_len, &rep);
+        msg_free(&req);
+    }
+}
+
+static void test_stopped_router(void **st)
+{
+    int p[2];
+    assert_int_equal(pipe(p), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        close(p[0]);
+        s_child_router(p[1]);
+        _exit(0);
+    }
+    close(p[1]);
+    char ep[256];
+    assert_int_equal(read(p[0], ep, sizeof ep), (int)sizeof ep);
+    close(p[0]);
+    char err[256];
+    client_opts_t o = {.heartbeat_ivl_ms = 200, .heartbeat_timeout_ms = 1000};
+    client_t *c = client_connect_opts(ep, &o, err, sizeof err);
+    assert_non_null(c);
+    uint64_t ids[2] = {s_submit(c), s_submit(c)};
+    msg_t got;
+    for (int i = 0; i < 2; i++) {   /* both streaming */
+        s_next(c, &got);
+        assert_int_equal(got.type, MSG_TOKEN);
+        msg_free(&got);
+    }
+    kill(pid, SIGSTOP);
+    int seen = 0;
+    for (int k = 0; k < 2; k++) {
+        s_next(c, &got);
+        assert_true(s_is_lost(&got));
+        seen += (got.id == ids[0]) + 2 * (got.id == ids[1]);
+        msg_free(&got);
+    }
+    assert_int_equal(seen, 3);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    client_destroy(&c);
+}
+
+/* Heartbeats off: a closed connection is still noticed (by the socket monitor). */
+static void test_heartbeats_off(void **st)
+{
+    void *ctx = zmq_ctx_new();
+    char ep[256];
+    void *r = s_router(ctx, "tcp://127.0.0.1:*", ep, sizeof ep);
+    char err[256];
+    client_t *c = client_connect_opts(ep, &(client_opts_t){.heartbeat_ivl_ms = -1}, err, sizeof err);
+    assert_non_null(c);
+    uint64_t id = s_submit(c);
+    uint8_t rid[256];
+    size_t rid_len;
+    msg_t req, got;
+    s_take(r, rid, &rid_len, &req);
+    msg_free(&req);
+    zmq_close(r);
+    s_next(c, &got);
+    assert_true(s_is_lost(&got));
+    assert_true(got.id == id);
+    assert_null(strstr(got.u.error.message, "heartbeat"));
+    msg_free(&got);
+    client_destroy(&c);
+    zmq_ctx_term(ctx);
+}
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_closed_connection),
+        cmocka_unit_test(test_stopped_router),
+        cmocka_unit_test(test_heartbeats_off),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
