@@ -124,6 +124,7 @@ typedef struct level {
     req_result_t *res;          /* [n_requests] (conversation-major) */
     float *itl;                 /* [n_requests][out_len] ms, -1 unused */
     char first_error[512];
+    _Atomic int n_lost;         /* requests that ended with the client library's lost-connection error */
     pthread_mutex_t lock;
 } level_t;
 
@@ -367,6 +368,8 @@ static void *s_worker(void *arg)
         s_request(L, c, i, buf, L->in_len, NULL, NULL, NULL);
     }
     free(buf);
+    if (c)
+        atomic_fetch_add(&L->n_lost, (int)client_requests_lost(c));
     client_destroy(&c);
     return NULL;
 }
@@ -387,6 +390,7 @@ static double s_pct(double *v, size_t n, double p)
 
 typedef struct summary {
     int concurrency, requests, errors;
+    int lost;                   /* of the errors: requests lost with the router connection (it died) */
     double wall_s, out_tps, total_tps, per_user, ttft50, ttft99, itl50, itl99, e2e50, e2e99;
     long prompt_tokens, cached_tokens;
     long cached_from[3];        /* of cached_tokens: from the device, the host store, the disk tier */
@@ -413,6 +417,7 @@ static summary_t s_run_level(level_t *L)
     for (size_t i = 0; i < (size_t)n_req * (size_t)L->out_len; i++)
         L->itl[i] = -1;
     atomic_store(&L->next, 0);
+    atomic_store(&L->n_lost, 0);
     pthread_mutex_init(&L->lock, NULL);
     pthread_t *th = calloc((size_t)L->concurrency, sizeof *th);
     int64_t t0 = now_ns();
@@ -469,9 +474,10 @@ static summary_t s_run_level(level_t *L)
         S.turn_ttft50[t] = s_pct(ttft, n, 0.5);
         S.turn_ttft_max[t] = s_pct(ttft, n, 1.0);
     }
+    S.lost = atomic_load(&L->n_lost);
     if (S.errors)
-        fprintf(stderr, "troupe-bench: %d requests failed at concurrency %d; first: %s\n", S.errors,
-                L->concurrency, L->first_error);
+        fprintf(stderr, "troupe-bench: %d requests failed at concurrency %d (%d lost with the router "
+                "connection); first: %s\n", S.errors, L->concurrency, S.lost, L->first_error);
     free(ttft), free(e2e), free(itl), free(qms), free(pms), free(rest), free(th), free(L->res), free(L->itl);
     pthread_mutex_destroy(&L->lock);
     return S;
@@ -643,6 +649,8 @@ static json_t *s_summary_json(const summary_t *s)
                      "prompt_tokens", (json_int_t)s->prompt_tokens, "cached_tokens", (json_int_t)s->cached_tokens,
                      "cache_hit_rate", s->hit_rate, "ttft_queue_ms_p50", s->queue50,
                      "ttft_prefill_ms_p50", s->prefill50, "ttft_rest_ms_p50", s->rest50);
+    if (j)
+        json_object_set_new(j, "errors_router_lost", json_integer(s->lost));
     if (j)
         json_object_update_new(j, json_pack("{s:I,s:I,s:I}", "cached_device_tokens", (json_int_t)s->cached_from[0],
                                             "cached_host_tokens", (json_int_t)s->cached_from[1],

@@ -1,11 +1,13 @@
 /* tools/client.c — troupe-client: submit a request to a cluster and stream the answer.
  *
  *   troupe-client [--endpoint EP | --topology FILE] [--server-key FILE --key PREFIX] [--json]
- *                 [--timeout-ms N] submit [opts] TEXT
+ *                 [--timeout-ms N] [--heartbeat-ms N] [--heartbeat-timeout-ms N] submit [opts] TEXT
  *   troupe-client [...] cancel ID
  *
  * Text streams to stdout as it arrives; --json prints every reply as one JSON object per line.
- * Exit codes: 0 done, 1 the cluster answered with an error, 2 bad usage, 3 no reply in time. */
+ * Exit codes: 0 done, 1 the cluster answered with an error (or the connection to the router was
+ * lost mid-request: the library's retryable `unavailable` error, tools/lib/client.h), 2 bad usage,
+ * 3 no reply in time. */
 #include <float.h>
 #include <getopt.h>
 #include <stdio.h>
@@ -22,7 +24,12 @@ static void s_usage(FILE *f)
 {
     fprintf(f,
         "usage: troupe-client [--endpoint EP | --topology FILE] [--server-key FILE --key PREFIX] [--json]\n"
-        "                     [--timeout-ms N] COMMAND\n"
+        "                     [--timeout-ms N] [--heartbeat-ms N] [--heartbeat-timeout-ms N] COMMAND\n"
+        "  --timeout-ms N      wait this long for the terminal reply (default 120000)\n"
+        "  --heartbeat-ms N    a heartbeat to the router this often (default %d; 0: none, so only a closed\n"
+        "                      connection is noticed)\n"
+        "  --heartbeat-timeout-ms N  no answer this long: the connection is lost and the request ends with a\n"
+        "                      retryable unavailable error (default %d)\n"
         "  --server-key FILE   the cluster's CURVE public key (default with --topology: security.curve_server_public)\n"
         "  --key PREFIX        our CURVE keypair, PREFIX.pub and PREFIX.key (make one with troupe-keygen)\n"
         "commands:\n"
@@ -42,7 +49,8 @@ static void s_usage(FILE *f)
         "  cancel ID               send a cancel for request ID; the router honours a cancel only from the\n"
         "                          connection that submitted the request, so this separate connection's\n"
         "                          cancel is ignored: use submit --cancel-after-ms\n"
-        "default endpoint: the client endpoint of the embedded default topology\n");
+        "default endpoint: the client endpoint of the embedded default topology\n",
+        CLIENT_HEARTBEAT_IVL_MS, CLIENT_HEARTBEAT_TIMEOUT_MS);
 }
 
 static int s_parse_f(const char *opt, const char *v, float *out)
@@ -116,6 +124,16 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--timeout-ms") && i + 1 < argc) {
             if (s_parse_u("--timeout-ms", argv[++i], 1, 86400000, &timeout_ms) != 0)
                 return 2;
+        } else if (!strcmp(argv[i], "--heartbeat-ms") && i + 1 < argc) {
+            long long v;
+            if (s_parse_u("--heartbeat-ms", argv[++i], 0, 3600000, &v) != 0)
+                return 2;
+            copts.heartbeat_ivl_ms = v ? (int)v : -1;
+        } else if (!strcmp(argv[i], "--heartbeat-timeout-ms") && i + 1 < argc) {
+            long long v;
+            if (s_parse_u("--heartbeat-timeout-ms", argv[++i], 1, 3600000, &v) != 0)
+                return 2;
+            copts.heartbeat_timeout_ms = (int)v;
         } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { s_usage(stdout); return 0; }
         else { fprintf(stderr, "troupe-client: unknown option '%s'\n", argv[i]); s_usage(stderr); return 2; }
     }
