@@ -31,8 +31,9 @@ static void s_check_rec(const uint8_t *p, size_t n)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static char dir[64];
-    if (!dir[0])
-        snprintf(dir, sizeof dir, "/tmp/fuzz-disk-index-%d", (int)getpid());
+    if (!dir[0])   /* tmpfs where there is one: the file is written and read back once per input */
+        snprintf(dir, sizeof dir, "%s/fuzz-disk-index-%d", access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp",
+                 (int)getpid());
     df_file_hdr_t fh;
     char why[128];
     int hdr_ok = df_file_hdr_decode(data, size, &fh, why, sizeof why) == DF_OK;
