@@ -8,15 +8,22 @@
  * double, then across the block. Results agree to f32 rounding, not bit for bit
  * (tests/gpu/test_mla_cuda.c compares them).
  *
- * Attention is the absorbed form FlashMLA runs: one block per (row, head); its warps score the
- * keys of a tile (one key per warp at a time, lanes over the kv_lora + rope values), the block
- * keeps the online softmax, and every thread accumulates its share of the kv_lora latent output.
- * A straightforward kernel, not FlashMLA's tensor-core one. */
+ * Attention is the absorbed form FlashMLA runs, on the CUDA cores in f32 (not FlashMLA's
+ * tensor-core kernel): k_mla_split (layout at its definition) for DeepSeek's shapes (kv_lora <= 512,
+ * kv_lora + rope <= 576), decode and prefill rows alike: a block takes one row, up to 16 heads and
+ * a range of its keys, each cached entry read once for all those heads; key ranges (split-KV,
+ * flash-decoding) fill the GPU when rows are few, k_mla_combine merges them. Other shapes take
+ * k_mla_attention, one block per (row, head). The split kernel's softmax runs per 32-key tile and
+ * per range (the CPU's per cache block): the same up to rounding.
+ *
+ * The router selects with one warp per row (lane scans and warp argmaxes), the CPU's ids and
+ * weights exactly. */
 #include <float.h>
 #include <math.h>
 
 #include "kernels/cuda/cuda.h"
 #include "kernels/cuda/cuda_dev.cuh"
+#include "kernels/cuda/cuda_mma.cuh"
 
 __device__ __forceinline__ float s_ld(const float *p) { return *p; }
 __device__ __forceinline__ float s_ld(const __nv_bfloat16 *p) { return __bfloat162float(*p); }
@@ -144,8 +151,9 @@ void cuda_mla_kv_store(backend_t *be, const bk_kv_t *kv, int layer, const float 
 #define MLA_THREADS 256       /* 8 warps */
 #define MLA_MAX_W 1024        /* kv_lora + rope held in shared memory */
 
-/* One (row, head) per block: q in shared memory, the keys of a tile scored by the warps, the
- * online softmax over tiles, each thread accumulating latent dims threadIdx.x, +blockDim.x, ... */
+/* The fallback for shapes k_mla_split does not take. One (row, head) per block: q in shared
+ * memory, the keys of a tile scored by the warps, the online softmax over tiles, each thread
+ * accumulating latent dims threadIdx.x, +blockDim.x, ... */
 template <typename KT>
 __global__ void __launch_bounds__(MLA_THREADS) k_mla_attention(mla_addr_t a, const float *q_lat, const float *q_pe,
                                                               int n_heads, int kv_lora, int d, float scale, float *out)
@@ -221,6 +229,348 @@ __global__ void __launch_bounds__(MLA_THREADS) k_mla_attention(mla_addr_t a, con
     }
 }
 
+/* ---- split-KV attention (decode and prefill rows alike) -------------------------------------------
+ *
+ * Layout. Grid (rows x head groups, S key ranges); block (t * n_hg + g, s) takes row t, the heads
+ * g * 16 .. g * 16 + 15 (8 warps of HPW = 2 heads; fewer than 16 heads: 8 heads of one warp each) and
+ * the s-th range of span keys of the row's 0..tok_pos[t] (span = ceil(n_keys / S) rounded up to
+ * 16, at least 16, so trailing ranges of a short row are empty). MLA is multi-query over the
+ * compressed cache: every head of a row reads the same (latent | rope key) entries, so the block
+ * stages each 32-key tile once in shared memory (cp.async, 16-byte chunks, double-buffered: the
+ * next tile loads while this one is used) and all its heads read it there: an entry comes from
+ * L2/HBM once per block, not once per head as in k_mla_attention.
+ *   Shared: 2 x [32 keys][kv_lora + d] in the cache's own type (bf16 576-wide: 72 KiB).
+ *   Registers, lane l of a warp, for each of its HPW heads: q's 4-byte words l, l + 32, ... of the
+ *   (q_lat | q_pe) vector (P = 4 / sizeof(KT) elements a word: 18 floats for 576 f32 or bf16), and
+ *   the latent accumulator in the same word layout (16 floats for kv_lora 512). A warp reads an
+ *   entry as 32 consecutive words (128 bytes: no bank conflicts).
+ *   Scores: a lane's partial dot products for 8 keys are reduced across the warp by s_sum8 (lane
+ *   l ends with key (l >> 2) & 7's score), the softmax per head is the warp's own (f32, online
+ *   over tiles, the CPU's arithmetic per tile), p reaches every lane by a shuffle.
+ *   Output: S == 1 writes out (acc / l); else part [rows][n_heads][S][kv_lora + 2] = (max, sum,
+ *   unnormalised acc) per range, an empty range only (-inf, 0), and k_mla_combine merges the
+ *   ranges of each (row, head) in range order (deterministic for a given S).
+ * S depends on the call's rows (host-known), never on positions (device-only), so a step's scratch
+ * size and launch are fixed for its shape: graphs record and replay them (cuda_scratch grows only
+ * outside capture; the model records shapes that ran before). */
+#define MLA_TK 32             /* keys per tile (one cp.async stage) */
+#define MLA_WARPS 8
+#define MLA_FAST_LORA 512     /* the split kernel's register arrays: DeepSeek-V2/V3's kv_lora ... */
+#define MLA_FAST_W 576        /* ... plus qk_rope_head_dim 64 */
+#define MLA_MAX_SPLIT 64
+#define MLA_MIN_SPAN 16       /* keys: a range's partials (16 heads x 2 KiB) should not dwarf what it reads */
+
+struct mla_split_args_t {
+    mla_addr_t a;
+    const float *q_lat, *q_pe;    /* [T][n_heads][kv_lora], [T][n_heads][d] */
+    int n_heads, kv_lora, d;
+    int n_hg, S;                  /* head groups per row, key ranges per row */
+    float scale;
+    float *out;                   /* [T][n_heads][kv_lora] (S == 1) */
+    float *part;                  /* [T][n_heads][S][kv_lora + 2] (S > 1) */
+};
+
+/* The P = 4 / sizeof(KT) elements of one 4-byte word of KT as floats (exact conversions). */
+template <typename KT> __device__ __forceinline__ void s_unpack4(uint32_t w, float *f)
+{
+    if constexpr (sizeof(KT) == 4) {
+        f[0] = __uint_as_float(w);
+    } else if constexpr (std::is_same<KT, __nv_bfloat16>::value) {
+        f[0] = __uint_as_float(w << 16);               /* the lower element is the low half */
+        f[1] = __uint_as_float(w & 0xffff0000u);
+    } else if constexpr (std::is_same<KT, __half>::value) {
+        __half2 h;
+        memcpy(&h, &w, 4);
+        const float2 v = __half22float2(h);
+        f[0] = v.x;
+        f[1] = v.y;
+    } else {                                           /* fp8 e4m3: exact in f16 */
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w >> (16 * i)), __NV_E4M3);
+            const float2 v = __half22float2(__half2(r));
+            f[2 * i] = v.x;
+            f[2 * i + 1] = v.y;
+        }
+    }
+}
+
+/* Eight per-lane partial sums v[k] (keys 0..7) reduced over the warp in 9 shuffles (a butterfly
+ * per key would take 40): each xor step halves the keys a lane keeps, so lane l returns key
+ * (l >> 2) & 7's total (the four lanes l & ~3 .. l | 3 hold the same value). */
+__device__ __forceinline__ float s_sum8(const float v[8], int lane)
+{
+    float u[4], w[2];
+    const bool b4 = (lane >> 4) & 1, b3 = (lane >> 3) & 1, b2 = (lane >> 2) & 1;
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        u[i] = (b4 ? v[i + 4] : v[i]) + __shfl_xor_sync(0xffffffffu, b4 ? v[i] : v[i + 4], 16);
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+        w[i] = (b3 ? u[i + 2] : u[i]) + __shfl_xor_sync(0xffffffffu, b3 ? u[i] : u[i + 2], 8);
+    float x = (b2 ? w[1] : w[0]) + __shfl_xor_sync(0xffffffffu, b2 ? w[0] : w[1], 4);
+    x += __shfl_xor_sync(0xffffffffu, x, 2);
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x;
+}
+
+template <typename KT, int HPW>
+__global__ void __launch_bounds__(MLA_WARPS * 32, HPW == 1 ? 2 : 1) k_mla_split(mla_split_args_t x)
+{
+    DEV_PDL_ENTER();
+    constexpr int P = 4 / (int)sizeof(KT);                           /* elements per word */
+    constexpr int NI = (MLA_FAST_W + 32 * P - 1) / (32 * P);         /* words per lane: the entry */
+    constexpr int NIL = (MLA_FAST_LORA + 32 * P - 1) / (32 * P);     /* ... its latent */
+    constexpr int NG = MLA_TK / 8;                                   /* 8-key groups per tile */
+    extern __shared__ __align__(16) uint8_t mla_smem[];
+    const mla_addr_t &a = x.a;
+    const int t = blockIdx.x / x.n_hg, hg = blockIdx.x % x.n_hg, sidx = blockIdx.y;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    const int W = x.kv_lora + x.d, EB = W * (int)sizeof(KT), CPK = EB / 16;   /* EB % 16 == 0 (host) */
+    const int seq = a.tok_seq[t], n_keys = a.tok_pos[t] + 1;
+    const int span = max(MLA_MIN_SPAN, ((n_keys + x.S - 1) / x.S + 15) / 16 * 16);
+    const int k0 = sidx * span, k1 = min(n_keys, k0 + span);
+    const int h0 = (hg * MLA_WARPS + warp) * HPW;
+
+    if (k0 >= k1) {                                /* block-uniform: an empty range weighs nothing */
+        for (int hh = 0; hh < HPW; hh++)
+            if (lane == 0 && h0 + hh < x.n_heads) {
+                float *pp = x.part + (((size_t)t * x.n_heads + h0 + hh) * x.S + sidx) * (size_t)(x.kv_lora + 2);
+                pp[0] = -INFINITY;
+                pp[1] = 0.0f;
+            }
+        return;
+    }
+    const int32_t *bt = a.block_table + a.seq_bt_start[seq];
+    /* Keys kt .. kt + nk - 1 into buffer buf; slots past nk keep stale data, which is never used. */
+    auto issue = [&](int kt, int buf) {
+        const int nk = min(MLA_TK, k1 - kt);
+        uint8_t *dst = mla_smem + (size_t)buf * MLA_TK * EB;
+        for (int c = threadIdx.x; c < nk * CPK; c += blockDim.x) {
+            const int j = c / CPK, part = c - j * CPK, pos = kt + j;
+            const KT *e = s_slot<KT>(a, bt[pos / a.block_size], pos % a.block_size);
+            dev_cp_async16(dst + (size_t)j * EB + part * 16, (const uint8_t *)e + part * 16, 16);
+        }
+    };
+    issue(k0, 0);
+    dev_cp_commit();
+
+    float q[HPW][NI][P], acc[HPW][NIL][P], mx[HPW], l[HPW];
+#pragma unroll
+    for (int hh = 0; hh < HPW; hh++) {
+        const int h = h0 + hh;
+        const size_t th = (size_t)t * x.n_heads + h;
+#pragma unroll
+        for (int i = 0; i < NI; i++)
+#pragma unroll
+            for (int p = 0; p < P; p++) {
+                const int e = (lane + 32 * i) * P + p;
+                float v = 0.0f;
+                if (h < x.n_heads && e < W)
+                    v = e < x.kv_lora ? x.q_lat[th * x.kv_lora + e] : x.q_pe[th * x.d + (e - x.kv_lora)];
+                q[hh][i][p] = v;
+            }
+#pragma unroll
+        for (int i = 0; i < NIL; i++)
+#pragma unroll
+            for (int p = 0; p < P; p++)
+                acc[hh][i][p] = 0.0f;
+        mx[hh] = -INFINITY;
+        l[hh] = 0.0f;
+    }
+
+    const int n_tiles = (k1 - k0 + MLA_TK - 1) / MLA_TK, jl = (lane >> 2) & 7;
+    for (int it = 0; it < n_tiles; it++) {
+        const int kt = k0 + it * MLA_TK, nk = min(MLA_TK, k1 - kt);
+        if (it + 1 < n_tiles)
+            issue(kt + MLA_TK, (it + 1) & 1);      /* that buffer was released by the last sync below */
+        dev_cp_commit();
+        dev_cp_wait<1>();                          /* this tile's group has landed (this thread's) */
+        __syncthreads();                           /* ... and every thread's */
+        const uint8_t *kb = mla_smem + (size_t)(it & 1) * MLA_TK * EB;
+
+        /* Scores: lane jl's of each 8-key group g, for each head. */
+        float sc[HPW][NG];
+#pragma unroll
+        for (int g = 0; g < NG; g++) {
+            float pt[HPW][8];
+#pragma unroll
+            for (int hh = 0; hh < HPW; hh++)
+#pragma unroll
+                for (int kk = 0; kk < 8; kk++)
+                    pt[hh][kk] = 0.0f;
+            if (8 * g < nk) {                      /* warp-uniform */
+#pragma unroll
+                for (int kk = 0; kk < 8; kk++) {
+                    const uint32_t *row = (const uint32_t *)(kb + (size_t)(8 * g + kk) * EB);
+#pragma unroll
+                    for (int i = 0; i < NI; i++) {
+                        const int wi = lane + 32 * i;
+                        if (wi * P < W) {
+                            float f[P];
+                            s_unpack4<KT>(row[wi], f);
+#pragma unroll
+                            for (int hh = 0; hh < HPW; hh++)
+#pragma unroll
+                                for (int p = 0; p < P; p++)
+                                    pt[hh][kk] = fmaf(q[hh][i][p], f[p], pt[hh][kk]);
+                        }
+                    }
+                }
+            }
+#pragma unroll
+            for (int hh = 0; hh < HPW; hh++)
+                sc[hh][g] = s_sum8(pt[hh], lane);
+        }
+
+        /* Online softmax per head (keys past nk: -inf by selection, so stale data never enters). */
+        float pr[HPW][NG];
+#pragma unroll
+        for (int hh = 0; hh < HPW; hh++) {
+            float bmax = -INFINITY;
+#pragma unroll
+            for (int g = 0; g < NG; g++) {
+                sc[hh][g] = jl + 8 * g < nk ? sc[hh][g] * x.scale : -INFINITY;
+                bmax = fmaxf(bmax, sc[hh][g]);
+            }
+            bmax = dev_warp_max(bmax);
+            const float m_new = fmaxf(mx[hh], bmax);
+            const float corr = mx[hh] == -INFINITY ? 0.0f : expf(mx[hh] - m_new);
+            float bsum = 0.0f;
+#pragma unroll
+            for (int g = 0; g < NG; g++) {
+                pr[hh][g] = expf(sc[hh][g] - m_new);
+                bsum += pr[hh][g];
+            }
+            bsum = dev_warp_sum((lane & 3) == 0 ? bsum : 0.0f);   /* each key is held by 4 lanes */
+            l[hh] = l[hh] * corr + bsum;
+            mx[hh] = m_new;
+#pragma unroll
+            for (int i = 0; i < NIL; i++)
+#pragma unroll
+                for (int p = 0; p < P; p++)
+                    acc[hh][i][p] *= corr;
+        }
+
+        /* acc += p_j latent_j in key order. */
+#pragma unroll
+        for (int g = 0; g < NG; g++) {
+            if (8 * g >= nk)
+                break;
+#pragma unroll
+            for (int kk = 0; kk < 8; kk++) {
+                const int j = 8 * g + kk;
+                if (j >= nk)
+                    break;                         /* warp-uniform: the shuffles below see every lane */
+                float pj[HPW];
+#pragma unroll
+                for (int hh = 0; hh < HPW; hh++)
+                    pj[hh] = __shfl_sync(0xffffffffu, pr[hh][g], 4 * kk);
+                const uint32_t *row = (const uint32_t *)(kb + (size_t)j * EB);
+#pragma unroll
+                for (int i = 0; i < NIL; i++) {
+                    const int wi = lane + 32 * i;
+                    if (wi * P < x.kv_lora) {
+                        float f[P];
+                        s_unpack4<KT>(row[wi], f);
+#pragma unroll
+                        for (int hh = 0; hh < HPW; hh++)
+#pragma unroll
+                            for (int p = 0; p < P; p++)
+                                acc[hh][i][p] = fmaf(pj[hh], f[p], acc[hh][i][p]);
+                    }
+                }
+            }
+        }
+        __syncthreads();                           /* the tile is read: the next issue may overwrite it */
+    }
+
+#pragma unroll
+    for (int hh = 0; hh < HPW; hh++) {
+        const int h = h0 + hh;
+        if (h >= x.n_heads)
+            continue;
+        const size_t th = (size_t)t * x.n_heads + h;
+        float *dst;
+        float mul = 1.0f;
+        if (x.S == 1) {
+            dst = x.out + th * x.kv_lora;
+            mul = 1.0f / l[hh];
+        } else {
+            float *pp = x.part + (th * x.S + sidx) * (size_t)(x.kv_lora + 2);
+            if (lane == 0) {
+                pp[0] = mx[hh];
+                pp[1] = l[hh];
+            }
+            dst = pp + 2;
+        }
+#pragma unroll
+        for (int i = 0; i < NIL; i++)
+#pragma unroll
+            for (int p = 0; p < P; p++) {
+                const int e = (lane + 32 * i) * P + p;
+                if (e < x.kv_lora)
+                    dst[e] = acc[hh][i][p] * mul;
+            }
+    }
+}
+
+/* One (row, head) per block: its S ranges merged in range order. Ranges that weigh nothing (empty,
+ * or far below the maximum) are skipped, so an empty range's unwritten accumulator is never read. */
+__global__ void k_mla_combine(const float *part, int S, int kv_lora, float *out)
+{
+    DEV_PDL_ENTER();
+    __shared__ float ws[MLA_MAX_SPLIT];
+    __shared__ float s_inv;
+    const size_t r = blockIdx.x, stride = (size_t)kv_lora + 2;
+    const float *p = part + r * S * stride;
+    if (threadIdx.x < 32) {
+        const int s0 = threadIdx.x, s1 = threadIdx.x + 32;
+        const float m0 = s0 < S ? p[s0 * stride] : -INFINITY, m1 = s1 < S ? p[s1 * stride] : -INFINITY;
+        const float mt = dev_warp_max(fmaxf(m0, m1));
+        if (s0 < S)
+            ws[s0] = m0 == -INFINITY ? 0.0f : expf(m0 - mt);
+        if (s1 < S)
+            ws[s1] = m1 == -INFINITY ? 0.0f : expf(m1 - mt);
+        __syncwarp();
+        if (threadIdx.x == 0) {
+            float lt = 0.0f;
+            for (int s = 0; s < S; s++)
+                if (ws[s] != 0.0f)
+                    lt += p[s * stride + 1] * ws[s];
+            s_inv = 1.0f / lt;
+        }
+    }
+    __syncthreads();
+    for (int d = threadIdx.x; d < kv_lora; d += blockDim.x) {
+        float v = 0.0f;
+        for (int s = 0; s < S; s++)
+            if (ws[s] != 0.0f)
+                v += p[s * stride + 2 + d] * ws[s];
+        out[r * kv_lora + d] = v * s_inv;
+    }
+}
+
+/* Whether the split kernel takes the shape: its register arrays (kv_lora <= 512, entry <= 576),
+ * 16-byte chunks of whole entries (every entry 16-byte aligned), no word across latent | rope. */
+static bool s_split_ok(const bk_kv_t *kv, int kv_lora, int rope_dim)
+{
+    const size_t W = (size_t)kv_lora + rope_dim;
+    return kv_lora <= MLA_FAST_LORA && W <= MLA_FAST_W && kv_lora % 4 == 0 && (W * dtype_size(kv->dtype)) % 16 == 0 &&
+           kv->block_bytes % 16 == 0 && (uintptr_t)kv->base % 16 == 0;
+}
+
+template <typename KT>
+static void s_split_launch(const cuda_state_t *st, const mla_split_args_t &x, int T, int hpw)
+{
+    const dim3 grid((unsigned)T * (unsigned)x.n_hg, (unsigned)x.S);
+    const size_t smem = 2 * (size_t)MLA_TK * (size_t)(x.kv_lora + x.d) * sizeof(KT);
+    if (hpw == 2)
+        cuda_launch_large_smem<k_mla_split<KT, 2>>(st, grid, MLA_WARPS * 32, smem, x);
+    else
+        cuda_launch_large_smem<k_mla_split<KT, 1>>(st, grid, MLA_WARPS * 32, smem, x);
+}
+
 void cuda_mla_attention(backend_t *be, const bk_kv_t *kv, int layer, const float *q_lat, const float *q_pe,
                         int n_heads, int kv_lora, int rope_dim, float scale, const bk_attn_meta_t *meta, float *out)
 {
@@ -229,8 +579,33 @@ void cuda_mla_attention(backend_t *be, const bk_kv_t *kv, int layer, const float
     if (kv_lora + rope_dim > MLA_MAX_W)
         cuda_die("cuda_mla_attention", "kv_lora_rank + qk_rope_head_dim exceeds 1024", __FILE__, __LINE__);
     const mla_addr_t a = s_addr(kv, layer, meta);
-    const cuda_state_t *st = cuda_st(be);
-    const unsigned grid = (unsigned)meta->n_tokens * (unsigned)n_heads;
+    cuda_state_t *st = cuda_st(be);
+    const int T = meta->n_tokens;
+    if (s_split_ok(kv, kv_lora, rope_dim)) {
+        /* 16 heads a block where there are 16 (each tile read once for all of them), else 8 of one
+         * head; key ranges until the grid is about two blocks per SM (TROUPE_CUDA_ATTN_SPLIT=0: one). */
+        const int hpw = n_heads >= 16 ? 2 : 1, hg = MLA_WARPS * hpw;
+        mla_split_args_t x = {a, q_lat, q_pe, n_heads, kv_lora, rope_dim, (n_heads + hg - 1) / hg, 1, scale, out, NULL};
+        const int64_t base = (int64_t)T * x.n_hg;
+        if (st->attn_split && base < 2 * (int64_t)st->n_sm) {
+            const int64_t S = (2 * (int64_t)st->n_sm + base - 1) / base;
+            x.S = (int)(S > MLA_MAX_SPLIT ? MLA_MAX_SPLIT : S);
+        }
+        const int64_t rh = (int64_t)T * n_heads;
+        if (x.S > 1)
+            x.part = (float *)cuda_scratch(be, (void **)&st->part, &st->part_bytes,
+                                           (size_t)rh * x.S * (kv_lora + 2) * sizeof(float));
+        switch (kv->dtype) {
+        case DT_F32: s_split_launch<float>(st, x, T, hpw); break;
+        case DT_BF16: s_split_launch<__nv_bfloat16>(st, x, T, hpw); break;
+        case DT_F8E4M3: s_split_launch<__nv_fp8_e4m3>(st, x, T, hpw); break;
+        default: s_split_launch<__half>(st, x, T, hpw); break;
+        }
+        if (x.S > 1)
+            cuda_launch(st, k_mla_combine, (unsigned)rh, 128, (const float *)x.part, x.S, kv_lora, out);
+        return;
+    }
+    const unsigned grid = (unsigned)T * (unsigned)n_heads;
     switch (kv->dtype) {
     case DT_F32: cuda_launch(st, k_mla_attention<float>, grid, MLA_THREADS, a, q_lat, q_pe, n_heads, kv_lora, rope_dim, scale, out); break;
     case DT_BF16: cuda_launch(st, k_mla_attention<__nv_bfloat16>, grid, MLA_THREADS, a, q_lat, q_pe, n_heads, kv_lora, rope_dim, scale, out); break;
@@ -290,23 +665,54 @@ void cuda_add(backend_t *be, float *y, const float *x, int n)
                     (int64_t)n);
 }
 
-#define ROUTE_MAX_E 1024
+#define ROUTE_MAX_E 1024      /* a lane's experts e = lane + 32 i fit one 32-bit mask */
+#define ROUTE_WARPS 4         /* rows per block (fewer when a row's shared arrays are large) */
 
-/* One row per block; thread 0 selects (E and k are small), the others compute the scores. */
-__global__ void k_moe_route_sigmoid(const float *logits, const float *bias, int E, int k, int n_group, int topk_group,
-                                    int renorm, float scale, int32_t *ids, float *weights)
+/* Floats of shared memory one row takes: s [E], choice [E], gs [G]; then ints keep [G], sel [k]. */
+static __host__ __device__ inline size_t s_route_words(int E, int n_group, int k)
+{
+    return 2 * (size_t)E + 2 * (size_t)n_group + (size_t)k;
+}
+
+/* Merges each lane's candidate (value, index; index -1: none) over the warp: the larger value,
+ * ties to the lower index, as the CPU's serial scan in index order with a strict > picks. Every
+ * lane ends with the same winner (the order is total on distinct indices). */
+__device__ __forceinline__ void s_warp_argmax(float &bv, int &bi)
+{
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
+        if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) {
+            bv = ov;
+            bi = oi;
+        }
+    }
+}
+
+/* One warp per row. Each selection pass (topk_group over the groups, then k over the experts) is a
+ * lane-local scan in index order and a warp argmax, so ids and weights are the CPU's exactly (the
+ * scores and the weights' sum are the same f32 operations in the same order). It replaces thread 0
+ * selecting alone (k passes over E, an O(j) 'taken' search per expert): a serial chain of
+ * shared- and global-memory reads per row, the other threads idle. */
+__global__ void k_moe_route_sigmoid(const float *logits, const float *bias, int M, int E, int k, int n_group,
+                                    int topk_group, int renorm, float scale, int32_t *ids, float *weights)
 {
     DEV_PDL_ENTER();
-    __shared__ float s[ROUTE_MAX_E], choice[ROUTE_MAX_E], gs[ROUTE_MAX_E];
-    __shared__ int keep[ROUTE_MAX_E];
-    const int t = blockIdx.x, per = E / n_group;
-    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    extern __shared__ float route_smem[];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    const int t = blockIdx.x * (blockDim.x / 32) + warp, per = E / n_group;
+    if (t >= M)
+        return;                                    /* the row's warp alone: no block-wide sync below */
+    float *s = route_smem + (size_t)warp * s_route_words(E, n_group, k), *choice = s + E, *gs = choice + E;
+    int *keep = (int *)(gs + n_group), *sel = keep + n_group;
+    for (int e = lane; e < E; e += 32) {
         const float x = logits[(int64_t)t * E + e];
         s[e] = 1.0f / __fadd_rn(1.0f, expf(-x));
         choice[e] = __fadd_rn(s[e], bias[e]);
     }
-    __syncthreads();
-    for (int g = threadIdx.x; g < n_group; g += blockDim.x) {
+    __syncwarp();
+    for (int g = lane; g < n_group; g += 32) {
         float a = -INFINITY, b = -INFINITY;
         for (int j = 0; j < per; j++) {
             const float v = choice[g * per + j];
@@ -320,36 +726,47 @@ __global__ void k_moe_route_sigmoid(const float *logits, const float *bias, int 
         gs[g] = a + b;
         keep[g] = 0;
     }
-    __syncthreads();
-    if (threadIdx.x != 0)
-        return;
+    __syncwarp();
     for (int j = 0; j < topk_group; j++) {
-        int best = -1;
-        for (int g = 0; g < n_group; g++)
-            if (!keep[g] && (best < 0 || gs[g] > gs[best]))
-                best = g;
-        keep[best] = 1;
+        float bv = 0.0f;
+        int bi = -1;
+        for (int g = lane; g < n_group; g += 32)
+            if (!keep[g] && (bi < 0 || gs[g] > bv)) {
+                bv = gs[g];
+                bi = g;
+            }
+        s_warp_argmax(bv, bi);
+        if (lane == 0)
+            keep[bi] = 1;
+        __syncwarp();
     }
-    for (int e = 0; e < E; e++)
+    for (int e = lane; e < E; e += 32)
         if (!keep[e / per])
             choice[e] = 0.0f;
-    int32_t *id = ids + (int64_t)t * k;
-    float *w = weights + (int64_t)t * k, sum = 0;
+    __syncwarp();
+    uint32_t taken = 0;                            /* bit i: expert lane + 32 i is chosen */
+    float sum = 0.0f;
     for (int j = 0; j < k; j++) {
-        int best = -1;
-        for (int e = 0; e < E; e++) {
-            bool taken = false;
-            for (int i = 0; i < j; i++)
-                taken |= id[i] == e;
-            if (!taken && (best < 0 || choice[e] > choice[best]))
-                best = e;
-        }
-        id[j] = best;
-        w[j] = s[best];
-        sum += w[j];
+        float bv = 0.0f;
+        int bi = -1;
+        for (int e = lane, i = 0; e < E; e += 32, i++)
+            if (!((taken >> i) & 1u) && (bi < 0 || choice[e] > bv)) {
+                bv = choice[e];
+                bi = e;
+            }
+        s_warp_argmax(bv, bi);
+        if ((bi & 31) == lane)
+            taken |= 1u << (bi >> 5);
+        sum += s[bi];                              /* every lane: the CPU's order, j = 0, 1, ... */
+        if (lane == 0)
+            sel[j] = bi;
     }
-    for (int j = 0; j < k; j++)
-        w[j] = __fmul_rn(renorm ? w[j] / (sum + 1e-20f) : w[j], scale);
+    __syncwarp();
+    for (int j = lane; j < k; j += 32) {
+        const float w = s[sel[j]];
+        ids[(int64_t)t * k + j] = sel[j];
+        weights[(int64_t)t * k + j] = __fmul_rn(renorm ? w / (sum + 1e-20f) : w, scale);
+    }
 }
 
 void cuda_moe_route_sigmoid(backend_t *be, const float *logits, const float *bias, int M, int E, int k, int n_group,
@@ -359,6 +776,12 @@ void cuda_moe_route_sigmoid(backend_t *be, const float *logits, const float *bia
         return;
     if (E > ROUTE_MAX_E)
         cuda_die("cuda_moe_route_sigmoid", "more than 1024 routed experts", __FILE__, __LINE__);
-    cuda_launch(cuda_st(be), k_moe_route_sigmoid, M, 128, logits, bias, E, k, n_group, topk_group, renorm, scale, ids,
-                weights);
+    if (k > E || topk_group > n_group)
+        cuda_die("cuda_moe_route_sigmoid", "more experts (groups) to pick than there are", __FILE__, __LINE__);
+    const size_t row = s_route_words(E, n_group, k) * 4;
+    int wpb = (int)((48 << 10) / row);             /* within the default dynamic shared memory */
+    wpb = wpb < 1 ? 1 : wpb > ROUTE_WARPS ? ROUTE_WARPS : wpb;
+    cuda_launch_smem(cuda_st(be), k_moe_route_sigmoid, (unsigned)((M + wpb - 1) / wpb), 32 * wpb,
+                                                (size_t)wpb * row, logits, bias, M, E, k, n_group, topk_group,
+                                                renorm, scale, ids, weights);
 }

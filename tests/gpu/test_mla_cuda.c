@@ -114,37 +114,189 @@ static void test_fixtures(void **state)
     s_compare(dir);
 }
 
-/* moe_route_sigmoid on random logits and biases: the same ids, weights within 1e-6. */
-static void test_route(void **state)
+/* One mla_attention call's output [T][n_heads][kv_lora] on be: the same cache bytes, block
+ * tables and queries uploaded to it. */
+typedef struct attn_case {
+    dtype_t dt;
+    int bs, n_heads, T, n_seqs;
+    const int32_t *seq, *pos;     /* [T] */
+} attn_case_t;
+
+enum { A_LORA = 512, A_ROPE = 64, A_W = A_LORA + A_ROPE, A_LAYERS = 2, A_LAYER = 1 };
+
+static float *s_attn_run(backend_t *be, const attn_case_t *c, const void *cache, size_t cache_bytes, int n_blocks,
+                         const int32_t *bt_start, const int32_t *bt, int n_bt, const float *ql, const float *qp)
+{
+    const backend_ops_t *op = be->ops;
+    const size_t nq = (size_t)c->T * c->n_heads, out_bytes = nq * A_LORA * sizeof(float);
+    bk_kv_t kv = {.dtype = c->dt, .n_blocks = n_blocks, .block_size = c->bs, .n_layers = A_LAYERS, .n_kv_heads = 1,
+                  .head_dim = A_W / 2, .block_bytes = (size_t)A_LAYERS * c->bs * A_W * dtype_size(c->dt)};
+    kv.base = op->alloc(be, cache_bytes);
+    int32_t *d_seq = op->alloc(be, (size_t)c->T * 4), *d_pos = op->alloc(be, (size_t)c->T * 4),
+            *d_bts = op->alloc(be, (size_t)c->n_seqs * 4), *d_bt = op->alloc(be, (size_t)n_bt * 4);
+    float *d_ql = op->alloc(be, nq * A_LORA * 4), *d_qp = op->alloc(be, nq * A_ROPE * 4), *d_out = op->alloc(be, out_bytes);
+    float *out = malloc(out_bytes);
+    assert_non_null(out);
+    for (size_t i = 0; i < nq * A_LORA; i++)
+        out[i] = NAN;                              /* an output the op does not write fails the check */
+    assert_int_equal(op->upload(be, kv.base, cache, cache_bytes), 0);
+    assert_int_equal(op->upload(be, d_seq, c->seq, (size_t)c->T * 4), 0);
+    assert_int_equal(op->upload(be, d_pos, c->pos, (size_t)c->T * 4), 0);
+    assert_int_equal(op->upload(be, d_bts, bt_start, (size_t)c->n_seqs * 4), 0);
+    assert_int_equal(op->upload(be, d_bt, bt, (size_t)n_bt * 4), 0);
+    assert_int_equal(op->upload(be, d_ql, ql, nq * A_LORA * 4), 0);
+    assert_int_equal(op->upload(be, d_qp, qp, nq * A_ROPE * 4), 0);
+    assert_int_equal(op->upload(be, d_out, out, out_bytes), 0);
+    const bk_attn_meta_t meta = {.n_tokens = c->T, .n_seqs = c->n_seqs, .tok_seq = d_seq, .tok_pos = d_pos,
+                                 .seq_bt_start = d_bts, .block_table = d_bt};
+    op->mla_attention(be, &kv, A_LAYER, d_ql, d_qp, c->n_heads, A_LORA, A_ROPE, 1.0f / sqrtf(192.0f), &meta, d_out);
+    assert_int_equal(op->download(be, out, d_out, out_bytes), 0);
+    op->free(be, kv.base);
+    op->free(be, d_seq);
+    op->free(be, d_pos);
+    op->free(be, d_bts);
+    op->free(be, d_bt);
+    op->free(be, d_ql);
+    op->free(be, d_qp);
+    op->free(be, d_out);
+    return out;
+}
+
+static float s_rand(uint64_t *r)
+{
+    *r = *r * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((int)(*r >> 40) % 2000 - 1000) / 1000.0f;
+}
+
+/* mla_attention at DeepSeek's shape (kv_lora 512, rope 64) over 1,000+ keys: decode rows of
+ * sequences of very different lengths (1 key: the other key ranges are empty; ranges ending
+ * mid-tile), a prefill-shaped call of 40 rows, 16 heads (one group a block) and 20 (a partial
+ * second group), block sizes 16 and 64, f32 / bf16 / fp8 caches. The cache holds the same bits on
+ * both backends, so only the summation order differs: relative error within 1e-5. */
+static void test_attention(void **state)
 {
     (void)state;
-    backend_t *cpu = backend_cpu_new(1);
-    const int M = 37, E = 64, k = 6, G = 8, TG = 3;
-    float lg[37 * 64], bias[64], w_a[37 * 6], w_b[37 * 6];
-    int32_t id_a[37 * 6], id_b[37 * 6];
-    uint64_t r = 12345;
-    for (int i = 0; i < M * E; i++) {
+    backend_t *cpu = backend_cpu_new(0);
+    static const int32_t dec_seq[] = {0, 1, 2, 3}, dec_pos[] = {1036, 0, 517, 1200};
+    int32_t pre_seq[40], pre_pos[40];
+    for (int i = 0; i < 40; i++) {
+        pre_seq[i] = 0;
+        pre_pos[i] = 1000 + i;
+    }
+    const dtype_t dts[] = {DT_F32, DT_BF16, DT_F8E4M3};
+    const int bss[] = {16, 64}, heads[] = {16, 20};
+    for (int di = 0; di < 3; di++)
+        for (int bi = 0; bi < 2; bi++)
+            for (int hi = 0; hi < 2; hi++)
+                for (int shape = 0; shape < 2; shape++) {
+                    const attn_case_t c = shape == 0 ? (attn_case_t){dts[di], bss[bi], heads[hi], 4, 4, dec_seq, dec_pos}
+                                                     : (attn_case_t){dts[di], bss[bi], heads[hi], 40, 1, pre_seq, pre_pos};
+                    /* Each sequence's blocks, numbered backwards so that tables are not the identity. */
+                    int32_t bt_start[4], bt[512];
+                    int n_bt = 0;
+                    for (int s = 0; s < c.n_seqs; s++) {
+                        int max_pos = 0;
+                        for (int t = 0; t < c.T; t++)
+                            max_pos = c.seq[t] == s && c.pos[t] > max_pos ? c.pos[t] : max_pos;
+                        bt_start[s] = n_bt;
+                        n_bt += max_pos / c.bs + 1;
+                    }
+                    assert_true(n_bt <= 512);
+                    for (int i = 0; i < n_bt; i++)
+                        bt[i] = n_bt - 1 - i;
+                    const size_t block_bytes = (size_t)A_LAYERS * c.bs * A_W * dtype_size(c.dt);
+                    const size_t n_el = (size_t)n_bt * A_LAYERS * c.bs * A_W, nq = (size_t)c.T * c.n_heads;
+                    float *f = malloc(n_el * 4), *ql = malloc(nq * A_LORA * 4), *qp = malloc(nq * A_ROPE * 4);
+                    void *cache = malloc((size_t)n_bt * block_bytes);
+                    assert_true(f && ql && qp && cache);
+                    uint64_t r = 777 + (uint64_t)(di * 8 + bi * 4 + hi * 2 + shape);
+                    for (size_t i = 0; i < n_el; i++)
+                        f[i] = s_rand(&r);
+                    for (size_t i = 0; i < nq * A_LORA; i++)
+                        ql[i] = 4.0f * s_rand(&r);        /* scores of a few units: the max matters */
+                    for (size_t i = 0; i < nq * A_ROPE; i++)
+                        qp[i] = 4.0f * s_rand(&r);
+                    dtype_from_f32(c.dt, f, cache, n_el);
+                    float *a = s_attn_run(cpu, &c, cache, (size_t)n_bt * block_bytes, n_bt, bt_start, bt, n_bt, ql, qp);
+                    float *b = s_attn_run(s_gpu, &c, cache, (size_t)n_bt * block_bytes, n_bt, bt_start, bt, n_bt, ql, qp);
+                    double worst = 0;
+                    for (size_t i = 0; i < nq; i++) {
+                        const double e = s_relerr(b + i * A_LORA, a + i * A_LORA, A_LORA);
+                        worst = e > worst || e != e ? e : worst;
+                    }
+                    print_message("  mla_attention %s bs %d heads %d %s: worst (row, head) rel err %.2e\n",
+                                  dtype_name(c.dt), c.bs, c.n_heads, shape == 0 ? "decode x4" : "prefill x40", worst);
+                    if (!(worst <= 1e-5))
+                        fail_msg("mla_attention %s bs %d heads %d %s: rel err %.3g exceeds 1e-5", dtype_name(c.dt), c.bs,
+                                 c.n_heads, shape == 0 ? "decode" : "prefill", worst);
+                    free(a);
+                    free(b);
+                    free(f);
+                    free(ql);
+                    free(qp);
+                    free(cache);
+                }
+    backend_destroy(&cpu);
+}
+
+/* moe_route_sigmoid on random logits and biases: the same ids, weights within 1e-6. levels > 0
+ * draws the logits from that many values only, so that equal choice values (and the 0.0 of the
+ * dropped groups, below the negative biases' experts) test the ties to the lower expert. */
+static void s_route_case(backend_t *cpu, int M, int E, int k, int G, int TG, int renorm, int levels)
+{
+    const size_t nl = (size_t)M * E, nk = (size_t)M * k;
+    float *lg = malloc(nl * 4), *bias = malloc((size_t)E * 4), *w_a = malloc(nk * 4), *w_b = malloc(nk * 4);
+    int32_t *id_a = malloc(nk * 4), *id_b = malloc(nk * 4);
+    assert_true(lg && bias && w_a && w_b && id_a && id_b);
+    uint64_t r = 12345 + (uint64_t)E;
+    for (size_t i = 0; i < nl; i++) {
         r = r * 6364136223846793005ull + 1442695040888963407ull;
-        lg[i] = (float)((int)(r >> 40) % 2000 - 1000) / 250.0f;
+        const int v = (int)(r >> 40) % 2000;
+        lg[i] = levels > 0 ? (float)(v % levels - levels / 2) / 2.0f : (float)(v - 1000) / 250.0f;
     }
     for (int e = 0; e < E; e++)
         bias[e] = (float)((e * 37) % 17 - 8) / 40.0f;
-    cpu->ops->moe_route_sigmoid(cpu, lg, bias, M, E, k, G, TG, 1, 2.5f, id_a, w_a);
-    float *d_lg = s_gpu->ops->alloc(s_gpu, sizeof lg), *d_bias = s_gpu->ops->alloc(s_gpu, sizeof bias),
-          *d_w = s_gpu->ops->alloc(s_gpu, sizeof w_b);
-    int32_t *d_id = s_gpu->ops->alloc(s_gpu, sizeof id_b);
-    s_gpu->ops->upload(s_gpu, d_lg, lg, sizeof lg);
-    s_gpu->ops->upload(s_gpu, d_bias, bias, sizeof bias);
-    s_gpu->ops->moe_route_sigmoid(s_gpu, d_lg, d_bias, M, E, k, G, TG, 1, 2.5f, d_id, d_w);
-    s_gpu->ops->download(s_gpu, id_b, d_id, sizeof id_b);
-    s_gpu->ops->download(s_gpu, w_b, d_w, sizeof w_b);
-    assert_memory_equal(id_a, id_b, sizeof id_a);
-    for (int i = 0; i < M * k; i++)
+    cpu->ops->moe_route_sigmoid(cpu, lg, bias, M, E, k, G, TG, renorm, 2.5f, id_a, w_a);
+    float *d_lg = s_gpu->ops->alloc(s_gpu, nl * 4), *d_bias = s_gpu->ops->alloc(s_gpu, (size_t)E * 4),
+          *d_w = s_gpu->ops->alloc(s_gpu, nk * 4);
+    int32_t *d_id = s_gpu->ops->alloc(s_gpu, nk * 4);
+    s_gpu->ops->upload(s_gpu, d_lg, lg, nl * 4);
+    s_gpu->ops->upload(s_gpu, d_bias, bias, (size_t)E * 4);
+    s_gpu->ops->moe_route_sigmoid(s_gpu, d_lg, d_bias, M, E, k, G, TG, renorm, 2.5f, d_id, d_w);
+    s_gpu->ops->download(s_gpu, id_b, d_id, nk * 4);
+    s_gpu->ops->download(s_gpu, w_b, d_w, nk * 4);
+    for (size_t i = 0; i < nk; i++)
+        if (id_a[i] != id_b[i])
+            fail_msg("route M %d E %d k %d groups %d/%d levels %d: row %zu pick %zu: CUDA expert %d, CPU %d", M, E, k,
+                     TG, G, levels, i / k, i % k, id_b[i], id_a[i]);
+    for (size_t i = 0; i < nk; i++)
         assert_true(fabsf(w_a[i] - w_b[i]) <= 1e-6f * fabsf(w_a[i]) + 1e-7f);
     s_gpu->ops->free(s_gpu, d_lg);
     s_gpu->ops->free(s_gpu, d_bias);
     s_gpu->ops->free(s_gpu, d_w);
     s_gpu->ops->free(s_gpu, d_id);
+    free(lg);
+    free(bias);
+    free(w_a);
+    free(w_b);
+    free(id_a);
+    free(id_b);
+}
+
+/* Shapes: 64 experts in 8 groups; DeepSeek-V3's 256 / top-8 / 4 of 8 groups; V2-Lite's 64 / top-6
+ * in one group; 1,024 experts (32 a lane) in 64 groups; rows not a multiple of the rows a block. */
+static void test_route(void **state)
+{
+    (void)state;
+    backend_t *cpu = backend_cpu_new(1);
+    s_route_case(cpu, 37, 64, 6, 8, 3, 1, 0);
+    s_route_case(cpu, 37, 64, 6, 8, 3, 1, 5);
+    s_route_case(cpu, 65, 256, 8, 8, 4, 1, 0);
+    s_route_case(cpu, 65, 256, 8, 8, 4, 0, 7);
+    s_route_case(cpu, 3, 64, 6, 1, 1, 0, 0);
+    s_route_case(cpu, 3, 64, 6, 1, 1, 1, 3);
+    s_route_case(cpu, 9, 1024, 40, 64, 40, 1, 0);
+    s_route_case(cpu, 9, 1024, 40, 64, 40, 1, 4);
     backend_destroy(&cpu);
 }
 
@@ -152,6 +304,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_route),
+        cmocka_unit_test(test_attention),
         cmocka_unit_test(test_fixtures),
     };
     return cmocka_run_group_tests(tests, gpu_setup, gpu_teardown);
