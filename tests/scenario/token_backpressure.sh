@@ -53,7 +53,9 @@ def by_role(role):
 N, T = 48, 400
 res, threads = {}, []
 for _ in range(N):
-    c = Client(ep, timeout_s=120)
+    # The router is stopped for up to 4 s on purpose: a heartbeat timeout longer than that, or
+    # these clients would rightly give their requests up as lost (tools/lib/client.h).
+    c = Client(ep, timeout_s=120, heartbeat_timeout_s=30)
     rid = submit(c, T)
     t = threading.Thread(target=stream, args=(c, rid, res), daemon=True)
     t.start()
