@@ -112,7 +112,10 @@ class Client:
             why = "closed"
         self.lost_message = (f"the connection to the router at {endpoint} was lost ({why}): "
                              "the request's outcome is unknown; retry it")
-        self.mon = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        # Only a connection that completed its handshake counts: a refused one (a wrong or missing
+        # CURVE key) delivered nothing, and its requests stay queued for a later connection.
+        self.mon = self.sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
+        self.connected = False    # a connection completed its handshake and has not dropped since
         self.inflight = set()     # ids sent and not ended yet (no done / error / inspect_reply)
         self.lost = set()         # ids ended by the synthesized error: their late replies are dropped
         self.pending = []         # lost ids whose error recv has yet to return
@@ -171,8 +174,11 @@ class Client:
     def _read_monitor(self):
         while self.mon.poll(0):
             frames = self.mon.recv_multipart()
-            if int.from_bytes(frames[0][:2], "little") == zmq.EVENT_DISCONNECTED:
-                self.dropped = True
+            event = int.from_bytes(frames[0][:2], "little")
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self.connected = True
+            elif event == zmq.EVENT_DISCONNECTED and self.connected:
+                self.connected, self.dropped = False, True
 
     def recv(self, timeout_s=None):
         """The next message (decorated), the synthesized error of a request lost with the

@@ -24,7 +24,8 @@ struct client {
     u64map_t lost;       /* ids ended by a synthesized error: a late reply for one is dropped */
     uint64_t *pending;   /* [n_pending] lost ids whose synthesized error client_recv has yet to return */
     size_t n_pending, cap_pending;
-    int dropped;         /* a disconnection seen: fail the in-flight requests once sock is drained */
+    int connected;       /* a connection completed its handshake and has not dropped since */
+    int dropped;         /* that connection dropped: fail the in-flight requests once sock is drained */
     uint64_t n_requests_lost, n_connections_lost;
     char lost_msg[320];  /* the synthesized error's message */
 };
@@ -94,8 +95,10 @@ client_t *client_connect_opts(const char *endpoint, const client_opts_t *opts, c
                  "outcome is unknown; retry it", endpoint);
     }
     /* Our own connection's losses (a closed connection, a heartbeat timeout): one context per
-     * client, so the inproc name is ours alone. */
-    if (zmq_socket_monitor(c->sock, "inproc://client-monitor", ZMQ_EVENT_DISCONNECTED) != 0 ||
+     * client, so the inproc name is ours alone. Only a connection that completed its handshake
+     * counts: a refused handshake (a wrong or missing CURVE key) delivered nothing, and its
+     * requests stay queued for a connection that may yet succeed, as before. */
+    if (zmq_socket_monitor(c->sock, "inproc://client-monitor", ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED) != 0 ||
         !(c->mon = zmq_socket(c->ctx, ZMQ_PAIR)) || zmq_setsockopt(c->mon, ZMQ_LINGER, &(int){0}, sizeof(int)) != 0 ||
         zmq_connect(c->mon, "inproc://client-monitor") != 0) {
         errf(err, errlen, "client: socket monitor: %s", zmq_strerror(errno));
@@ -215,8 +218,10 @@ static void s_read_monitor(client_t *c)
             zmq_recv(c->mon, ep, sizeof ep, ZMQ_DONTWAIT);
         uint16_t e;
         memcpy(&e, ev, sizeof e);
-        if (e == ZMQ_EVENT_DISCONNECTED)
-            c->dropped = 1;
+        if (e == ZMQ_EVENT_HANDSHAKE_SUCCEEDED)
+            c->connected = 1;
+        else if (e == ZMQ_EVENT_DISCONNECTED && c->connected)
+            c->connected = 0, c->dropped = 1;
     }
 }
 
