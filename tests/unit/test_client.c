@@ -4,7 +4,7 @@
  * the same client then works against a router bound again at the endpoint. Two ways to lose it:
  * the router's socket closes (a kill -9 closes it the same way), and a router process that stops
  * answering (SIGSTOP: only the heartbeats notice). Waits are generous bounds, never the thing
- * that ends a wait: each check asserts the reply came, not how fast. */
+ * that ends a wait: each check asserts the reply came, not how fast. Also under CURVE. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -18,6 +18,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "actors/runtime/auth.h"
 #include "tools/lib/client.h"
 
 #define WAIT_MS 30000   /* a bound that only a broken client reaches */
@@ -269,6 +270,59 @@ static void test_heartbeats_off(void **st)
     zmq_ctx_term(ctx);
 }
 
+/* Under CURVE (a CURVE server without a ZAP handler admits any client key): the loss is seen and
+ * the same client is served again by a router bound again with the same key. */
+static void *s_curve_router(void *ctx, const char *ep, const auth_keypair_t *kp, char *bound, size_t cap)
+{
+    void *r = zmq_socket(ctx, ZMQ_ROUTER);
+    int one = 1, linger = 0;
+    zmq_setsockopt(r, ZMQ_LINGER, &linger, sizeof linger);
+    assert_int_equal(zmq_setsockopt(r, ZMQ_CURVE_SERVER, &one, sizeof one), 0);
+    assert_int_equal(zmq_setsockopt(r, ZMQ_CURVE_SECRETKEY, kp->sec, AUTH_Z85_LEN), 0);
+    assert_int_equal(zmq_bind(r, ep), 0);
+    if (bound) {
+        size_t n = cap;
+        zmq_getsockopt(r, ZMQ_LAST_ENDPOINT, bound, &n);
+    }
+    return r;
+}
+
+static void test_curve(void **st)
+{
+    char dir[] = "/tmp/test_client.XXXXXX", sp[128], ss[128], cp[160], cs[160], prefix[128], err[256];
+    assert_non_null(mkdtemp(dir));
+    snprintf(sp, sizeof sp, "%s/server.pub", dir), snprintf(ss, sizeof ss, "%s/server.key", dir);
+    snprintf(prefix, sizeof prefix, "%s/me", dir);
+    snprintf(cp, sizeof cp, "%s.pub", prefix), snprintf(cs, sizeof cs, "%s.key", prefix);
+    auth_keypair_t server, me;
+    assert_int_equal(auth_keypair_generate(sp, ss, &server, err, sizeof err), 0);
+    assert_int_equal(auth_keypair_generate(cp, cs, &me, err, sizeof err), 0);
+    void *ctx = zmq_ctx_new();
+    char ep[256];
+    void *r = s_curve_router(ctx, "tcp://127.0.0.1:*", &server, ep, sizeof ep);
+    client_opts_t o = {.server_key = sp, .key = prefix};
+    client_t *c = client_connect_opts(ep, &o, err, sizeof err);
+    assert_non_null(c);
+    s_serve_one(c, r, 0);   /* served over CURVE */
+    uint64_t id = s_submit(c);
+    uint8_t rid[256];
+    size_t rid_len;
+    msg_t req, got;
+    s_take(r, rid, &rid_len, &req);
+    msg_free(&req);
+    zmq_close(r);
+    s_next(c, &got);
+    assert_true(s_is_lost(&got));
+    assert_true(got.id == id);
+    msg_free(&got);
+    r = s_curve_router(ctx, ep, &server, NULL, 0);
+    s_serve_one(c, r, id);
+    client_destroy(&c);
+    zmq_close(r);
+    zmq_ctx_term(ctx);
+    unlink(sp), unlink(ss), unlink(cp), unlink(cs), rmdir(dir);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -276,6 +330,7 @@ int main(void)
         cmocka_unit_test(test_closed_connection),
         cmocka_unit_test(test_stopped_router),
         cmocka_unit_test(test_heartbeats_off),
+        cmocka_unit_test(test_curve),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
