@@ -12,6 +12,9 @@
  *   - map the router's errors onto HTTP: overloaded / unavailable / a lost worker -> 503 with
  *     Retry-After, bad request -> 400 (a prompt longer than the context: context_length_exceeded);
  *   - cancel the request at the router when its client goes away mid-stream;
+ *   - fail every call in flight (503, or an SSE error event) when the router is lost: its inbox
+ *     connection or our own client connection drops (ZMTP heartbeats on the latter find a router
+ *     that stopped answering);
  *   - bound everything a client controls: body size (413), time to send the body (408), idle
  *     connections (closed), unread stream output (the request is cancelled).
  *
@@ -56,6 +59,8 @@
 #define GW_MAX_PENDING   (8u << 20)   /* unsent stream bytes before a non-reading client is cut off */
 #define GW_RETRY_AFTER_S 1            /* Retry-After for a full or unavailable cluster */
 #define GW_MAX_METRICS_FETCHES 4      /* concurrent /metrics proxy fetches */
+#define GW_HEARTBEAT_IVL_MS 1000      /* ZMTP heartbeats on the router connection (as the C client's) */
+#define GW_HEARTBEAT_TIMEOUT_MS 3000
 
 typedef enum { OP_SUBMIT = 1, OP_ABORT = 2 } gw_op_t;
 
@@ -121,6 +126,8 @@ struct gateway {
     actor_t *a;
     struct MHD_Daemon *httpd;
     void *router;                /* DEALER at endpoints.client (actor thread) */
+    void *router_mon;            /* PAIR: router's socket-monitor events (its handshakes and drops) */
+    int router_connected;        /* router's connection completed its handshake, not dropped since */
     void *push, *pull;           /* inproc: HTTP thread -> actor thread */
     const char *router_name;
     tokenizer_t *tok;            /* the model's, for the text of logprobs' tokens (NULL: "token_id:<id>") */
@@ -706,13 +713,10 @@ static int s_push(gateway_t *g, gw_op_t op, gw_call_t *c)
     return zmq_send(g->push, buf, sizeof buf, ZMQ_DONTWAIT) == (int)sizeof buf ? 0 : -1;
 }
 
-/* The router's inbox went away (it died; the supervisor restarts it): every request it held is
- * lost, so each is failed now, retryable, instead of hanging. */
-static void s_peer_event(actor_t *a, void *state, const char *peer, int up)
+/* The router is lost (it died, the supervisor killed it as wedged, or it answered no heartbeat):
+ * every request it held is lost with it, so each is failed now, retryable, instead of hanging. */
+static void s_router_lost(gateway_t *g, const char *why)
 {
-    gateway_t *g = state;
-    if (up || strcmp(peer, g->router_name) != 0)
-        return;
     int n = 0;
     for (size_t i = 0; i < g->calls.cap; i++) {
         if (!g->calls.keys[i])
@@ -727,7 +731,44 @@ static void s_peer_event(actor_t *a, void *state, const char *peer, int up)
     }
     u64map_free(&g->calls);
     u64map_init(&g->calls, 256);
-    LOG_W("router %s lost: %d requests failed with 503", peer, n);
+    if (n)
+        LOG_W("the router (%s) was lost (%s): %d requests failed with 503", g->router_name, why, n);
+}
+
+/* The router's inbox went away (it died; the supervisor restarts it). */
+static void s_peer_event(actor_t *a, void *state, const char *peer, int up)
+{
+    gateway_t *g = state;
+    if (up || strcmp(peer, g->router_name) != 0)
+        return;
+    s_router_lost(g, "its inbox closed");
+}
+
+/* Our own connection to the router's client endpoint: a drop after a completed handshake (its
+ * process closed it, or no heartbeat was answered for GW_HEARTBEAT_TIMEOUT_MS: a router stopped
+ * or cut off, whose inbox connection may still look up). Frame 1 = u16 event + u32 value,
+ * frame 2 = the endpoint. */
+static int s_on_router_mon(actor_t *a, void *state, void *sock)
+{
+    gateway_t *g = state;
+    uint8_t ev[6];
+    char ep[256];
+    while (zmq_recv(sock, ev, sizeof ev, ZMQ_DONTWAIT) >= 0) {
+        int more = 0;
+        size_t sz = sizeof more;
+        zmq_getsockopt(sock, ZMQ_RCVMORE, &more, &sz);
+        if (more)
+            zmq_recv(sock, ep, sizeof ep, ZMQ_DONTWAIT);
+        uint16_t e;
+        memcpy(&e, ev, sizeof e);
+        if (e == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
+            g->router_connected = 1;
+        } else if (e == ZMQ_EVENT_DISCONNECTED && g->router_connected) {
+            g->router_connected = 0;
+            s_router_lost(g, "its client connection dropped");
+        }
+    }
+    return 0;
 }
 
 /* Once a second: the library does not watch a suspended connection, so a client that went away
@@ -1248,6 +1289,21 @@ int main(int argc, char **argv)
     zmq_setsockopt(g->router, ZMQ_IMMEDIATE, &one, sizeof one);
     zmq_setsockopt(g->router, ZMQ_SNDHWM, &hwm, sizeof hwm);
     zmq_setsockopt(g->router, ZMQ_RCVHWM, &hwm, sizeof hwm);
+    /* Heartbeats find a router that stopped answering with its connections up (stopped, cut off);
+     * libzmq answers them at the router. The monitor reports the drop. */
+    int ivl = GW_HEARTBEAT_IVL_MS, hb_to = GW_HEARTBEAT_TIMEOUT_MS;
+    char mon_ep[96];
+    snprintf(mon_ep, sizeof mon_ep, "inproc://gateway-router-mon-%d", (int)getpid());
+    if (zmq_setsockopt(g->router, ZMQ_HEARTBEAT_IVL, &ivl, sizeof ivl) != 0 ||
+        zmq_setsockopt(g->router, ZMQ_HEARTBEAT_TIMEOUT, &hb_to, sizeof hb_to) != 0 ||
+        zmq_setsockopt(g->router, ZMQ_HEARTBEAT_TTL, &hb_to, sizeof hb_to) != 0 ||
+        zmq_socket_monitor(g->router, mon_ep, ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED) != 0 ||
+        !(g->router_mon = zmq_socket(actor_zmq_ctx(a), ZMQ_PAIR)) || zmq_connect(g->router_mon, mon_ep) != 0) {
+        LOG_E("the router connection's heartbeats or monitor: %s", zmq_strerror(errno));
+        goto out;
+    }
+    zmq_setsockopt(g->router_mon, ZMQ_LINGER, &(int){0}, sizeof(int));
+    actor_add_reader(a, g->router_mon, s_on_router_mon);
     /* Under CURVE the router admits a gateway by its own key (docs/security.md). */
     if (actor_curve_client_endpoint(a, g->router) != 0) {
         LOG_E("CURVE client of the router at %s: %s", t->endpoints.client, zmq_strerror(errno));
@@ -1317,6 +1373,10 @@ out:
             zmq_close(g->push);
         if (g->pull)
             zmq_close(g->pull);
+        if (g->router_mon) {
+            zmq_socket_monitor(g->router, NULL, 0);
+            zmq_close(g->router_mon);
+        }
         if (g->router)
             zmq_close(g->router);
         gw_keys_free(&g->keys);

@@ -3,13 +3,17 @@
 # gets a 503 in OpenAI's error shape (type server_error, a message saying to retry) with
 # Retry-After, the stream gets an SSE error event and is closed; curl's own 60 s limit is not what
 # ends either (its exit status says). After the supervisor restarts the router, the gateway serves
-# a new request.
+# a new request. Then a router that stops (SIGSTOP) with a stream in flight: the supervisor's
+# liveness is set past curl's 60 s limit here (3 x 30 s), so the gateway's own heartbeats on its
+# router connection are what end the stream (its log names the reason); after SIGCONT the
+# gateway serves again.
 . "$(dirname "$0")/lib.sh"
 [ -x "$BIN/troupe-gateway" ] || fail "troupe-gateway is not built (libmicrohttpd-dev missing? make deps)"
 [ -f "$ROOT/third_party/tokenizers/qwen3/tokenizer.json" ] || { echo "SKIP: no Qwen3 tokenizer (make deps fetches it)"; exit 0; }
 command -v curl >/dev/null || fail "curl is needed"
 . "$ROOT/tests/gateway/lib.sh"
 gateway_topology "$WORK/t.yaml" "  admission_queue: 64"
+sed -i 's|^  heartbeat_ms: .*|  heartbeat_ms: 30000|' "$WORK/t.yaml"
 start_cluster "$WORK/t.yaml"
 U=$(gw_url "$WORK/t.yaml")
 K="Authorization: Bearer sk-test-alpha-0001"
@@ -55,4 +59,28 @@ for _ in $(seq 50); do
   sleep 0.2
 done
 [ "$ok" = 1 ] || fail "the gateway does not serve after the router's restart: $c $(cat "$WORK/after")"
+
+note "a stopped router: the gateway's heartbeats"
+curl -sN --max-time 60 -H "$K" -d '{"model":"'$MODEL'","prompt":[4,4,4],'"$long"',"stream":true}' \
+  "$U/v1/completions" >"$WORK/stream2" &
+stream=$!
+for _ in $(seq 600); do grep -q '^data: {' "$WORK/stream2" 2>/dev/null && break; sleep 0.1; done
+grep -q '^data: {' "$WORK/stream2" || fail "the second stream never began"
+router=$(pgrep -f -- "troupe-router --topology $WORK/t.yaml" | head -1)
+kill -STOP "$router"
+rc_stream=0; wait "$stream" || rc_stream=$?
+kill -CONT "$router"
+note "stream: curl exit $rc_stream, last event: $(grep '^data:' "$WORK/stream2" | tail -1 | head -c 300)"
+[ "$rc_stream" -ne 28 ] || fail "the stream waited for curl's own timeout"
+grep '^data:' "$WORK/stream2" | tail -1 | grep -q 'the router was lost' || fail "the stream did not end with the error event"
+grep -q "gateway .* was lost (its client connection dropped)" "$WORK/supervisor.log" \
+  || { grep "lost" "$WORK/supervisor.log"; fail "not the gateway's heartbeats that ended it"; }
+ok=0
+for _ in $(seq 100); do
+  c=$(curl -s -o "$WORK/after" -w '%{http_code}' --max-time 60 -H "$K" \
+    -d '{"model":"'$MODEL'","prompt":[1,2,3],"max_tokens":3}' "$U/v1/completions")
+  [ "$c" = 200 ] && { ok=1; break; }
+  sleep 0.3
+done
+[ "$ok" = 1 ] || fail "the gateway does not serve after the router resumed: $c $(cat "$WORK/after")"
 echo "PASS gateway_router_lost"
