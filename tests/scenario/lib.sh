@@ -40,12 +40,14 @@ free_port() {
 }
 
 # make_topology FILE [extra yaml appended]: a one-machine CPU cluster of every role on free ports.
-# On a GPU node: BACKEND=cuda NODE_GPUS=N PREFILL_GPUS='[0]' DECODE_GPUS='[1]' places the workers.
+# On a GPU node: BACKEND=cuda NODE_GPUS=N PREFILL_GPUS='[0]' DECODE_GPUS='[1]' places the workers
+# (with BACKEND=cuda both default to GPU 0).
 # N_PREFILL=0: no prefill actor (colocated: the decode workers compute the prompts).
 # KV_DTYPE=fp8 (or f32, bf16, f16): the workers' KV cache dtype (model.kv_dtype; default auto).
 make_topology() {
   local file=$1; shift
-  local p1 p2 p3
+  local p1 p2 p3 PREFILL_GPUS=${PREFILL_GPUS:-} DECODE_GPUS=${DECODE_GPUS:-}
+  if [ "${BACKEND:-cpu}" = cuda ]; then PREFILL_GPUS=${PREFILL_GPUS:-[0]}; DECODE_GPUS=${DECODE_GPUS:-[0]}; fi
   p1=$(free_port); p2=$(free_port); p3=$(free_port)
   cat > "$file" <<YAML
 name: t-$TROUPE_TEST_NAME-$$
