@@ -79,6 +79,7 @@ typedef struct decode {
     int last_batch;
     spec_step_t *spec;           /* speculation (actors/worker/spec_step.h); NULL: off */
     router_watch_t routers;      /* the routers our requests belong to: a lost one's are dropped, a slow one's hold the steps */
+    int64_t cycle_t0;            /* the last step's start (now_ns), while the worker has rows to step; 0: idle */
     chan_keys_t chan_keys;       /* CURVE keys of the tcp hand-off channel (none without CURVE) */
 } decode_t;
 
@@ -439,25 +440,30 @@ static long s_step_messages(const decode_t *d)
     return tokens + rows;
 }
 
-/* One step: schedule -> propose -> forward -> sample -> emit. Returns 1 if it did work. The
- * step-cost table (spec_step_timed) gets the whole step, the drafting and the emitting of its
- * tokens too: a verify length pays for both, and a policy that saw only the forward would choose
- * long drafts where the draft model costs as much as the target (a small target on a GPU). */
+/* One step: schedule -> propose -> forward -> sample -> emit. Returns 1 if it did work.
+ *
+ * The step-cost table of speculation gets each decode-only step's cycle: from its start to the
+ * next step's start, while the worker has rows to step (an idle gap ends a cycle unreported). A
+ * verify length pays for the drafting and the emitting of its tokens, for the messages the loop
+ * handles between steps, and for the time the next step is held for a router's outbox: what
+ * throughput is made of. A policy that saw only the forward chose long drafts where the draft
+ * model costs as much as the target (a small target on a GPU), and one that saw only the step
+ * drafted 7 per row at concurrency 64-96 of the KJV model with n-gram and got 0.60-0.69x of no
+ * speculation (one H200, 2026-12-02). */
 static int s_step(actor_t *a, void *state)
 {
     decode_t *d = state;
     const int copying = writeback_poll(d->wb, a);   /* copies in flight: come back soon to announce them */
-    int64_t held = 0;
-    if (sched_size(d->sched) > 0 && !router_watch_room(&d->routers, a, s_step_messages(d), &held))
-        return copying;   /* a router is behind: no step until its outbox drains */
+    if (sched_size(d->sched) > 0 && !router_watch_room(&d->routers, a, s_step_messages(d)))
+        return copying;   /* a router is behind: no step until its outbox drains (the cycle goes on) */
     const sched_batch_t *b = sched_step(d->sched);
-    if (b->n == 0)
+    if (b->n == 0) {
+        d->cycle_t0 = 0;
         return copying;
+    }
     const int64_t t0 = now_ns();
-    /* A step held for a router's outbox (held) waited for the tokens of the steps before it to go
-     * out: where the routers, not the device, set the pace, that wait is what more tokens per step
-     * cost, and the step-cost table must see it (a policy blind to it drafts long where nothing
-     * is gained: one H200, 2026-12-02, n-gram at concurrency 64-96 of the KJV model, 0.62-0.67x). */
+    if (d->cycle_t0)
+        spec_step_cycle(d->spec, (double)(t0 - d->cycle_t0) / 1e9);   /* the step before this one, whole */
     const int spec = spec_step_propose(d->spec, b);
     const int frc = s_forward(a, d, b, spec);
     if (spec) {
@@ -471,7 +477,8 @@ static int s_step(actor_t *a, void *state)
         if (frc == 0)
             s_sample_emit(a, d, b);
     }
-    spec_step_timed(d->spec, b, (double)(now_ns() - t0 + held) / 1e9);   /* reads b's row count and drafts only */
+    spec_step_done(d->spec, b);   /* its rows and drafts, for its cycle's report */
+    d->cycle_t0 = t0;
     return 1;
 }
 

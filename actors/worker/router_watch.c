@@ -51,7 +51,7 @@ void router_watch_dropped(router_watch_t *rw, const char *router, int n)
     LOG_W("router %s lost: %d of its requests dropped (their KV freed)", router, n);
 }
 
-int router_watch_room(router_watch_t *rw, actor_t *a, long need, int64_t *held_ns)
+int router_watch_room(router_watch_t *rw, actor_t *a, long need)
 {
     if (need > actor_outbox_cap(a))
         need = actor_outbox_cap(a);
@@ -62,8 +62,6 @@ int router_watch_room(router_watch_t *rw, actor_t *a, long need, int64_t *held_n
         if (room >= need)
             continue;
         rw->steps_held++;
-        if (!rw->held_since_ns)
-            rw->held_since_ns = now_ns();
         const int64_t now = now_ms();
         if (now - rw->held_log_ms >= 1000) {
             LOG_I("steps held: the outbox to %s has room for %d messages, the next step may send %ld "
@@ -75,8 +73,6 @@ int router_watch_room(router_watch_t *rw, actor_t *a, long need, int64_t *held_n
         }
         return 0;
     }
-    *held_ns = rw->held_since_ns ? now_ns() - rw->held_since_ns : 0;
-    rw->held_since_ns = 0;
     return 1;
 }
 

@@ -36,7 +36,6 @@ typedef struct router_watch {
     uint64_t steps_held;                   /* router_watch_room answered 0 */
     uint64_t held_logged;                  /* of them, counted in log lines already */
     int64_t held_log_ms;                   /* the last such line (at most one a second) */
-    int64_t held_since_ns;                 /* the first 0 since the last 1 (0: none) */
 } router_watch_t;
 
 /* Watches every router instance of t (actor_watch). -1 when a watch cannot be set up. */
@@ -53,10 +52,10 @@ int router_watch_alive(const router_watch_t *rw, const char *name);
 void router_watch_dropped(router_watch_t *rw, const char *router, int n);
 
 /* 1 when every live router's outbox (actor_outbox_room) has room for `need` messages (capped at
- * the outbox's limit, so a drained outbox always lets a step run), with *held_ns the time since
- * the first 0 before it (0 if none); else 0, counted and logged at most once a second, and the
- * caller waits: the loop wakes as soon as the router takes messages again. */
-int router_watch_room(router_watch_t *rw, actor_t *a, long need, int64_t *held_ns);
+ * the outbox's limit, so a drained outbox always lets a step run); else 0, counted and logged at
+ * most once a second, and the caller waits: the loop wakes as soon as the router takes messages
+ * again. */
+int router_watch_room(router_watch_t *rw, actor_t *a, long need);
 
 /* routers_lost_total, requests_dropped_router_lost and steps_held_outbox_total in a worker's stats. */
 void router_watch_stats(actor_t *a, msg_stats_t *st, const router_watch_t *rw);

@@ -26,6 +26,7 @@ struct spec_step {
     int *n_pad;                  /* [max_seqs] filler positions after them (spec_step_propose) */
     int pad_max_rows;            /* pad steps of up to this many rows (TROUPE_SPEC_PAD_ROWS; 0: never) */
     uint64_t padded_steps, pad_positions;   /* verify steps padded, filler positions they computed */
+    int last_rows, last_tokens;  /* the last step (spec_step_done): decode rows (0: it had prompt rows), positions */
     int *kv_base;                /* [max_seqs] the row's KV length before its drafts */
     spec_stats_t stats;
     spec_client_t *policy;       /* the draft-scheduler's policy and reports (spec_step_policy_init); NULL: none */
@@ -328,14 +329,22 @@ int spec_step_on_policy(spec_step_t *s, const msg_draft_policy_t *p, char *err, 
     return spec_client_on_policy(s->policy, p, err, errlen);
 }
 
-void spec_step_timed(spec_step_t *s, const sched_batch_t *b, double seconds)
+void spec_step_done(spec_step_t *s, const sched_batch_t *b)
 {
-    if (!s || !s->policy || b->n != b->n_decode || b->n < 1)
+    if (!s)
         return;
-    int tokens = b->n;
+    s->last_rows = b->n == b->n_decode ? b->n : 0;   /* a step with prompt rows is no verify cost */
+    s->last_tokens = b->n;
     for (int i = 0; i < b->n; i++)
-        tokens += s->n_drafts[i];
-    spec_client_step(s->policy, b->n, tokens, seconds);
+        s->last_tokens += s->n_drafts[i];
+}
+
+void spec_step_cycle(spec_step_t *s, double seconds)
+{
+    if (!s || !s->policy || s->last_rows < 1)
+        return;
+    spec_client_step(s->policy, s->last_rows, s->last_tokens, seconds);
+    s->last_rows = 0;
 }
 
 void spec_step_forget(spec_step_t *s, uint64_t id)

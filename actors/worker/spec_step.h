@@ -91,9 +91,12 @@ void spec_step_verify(spec_step_t *s, const sched_batch_t *b, const float *logit
 int spec_step_policy_init(spec_step_t *s, actor_t *a, int has_dist, char *err, size_t errlen);
 /* A draft_policy from the draft-scheduler; -1 with err when it cannot be applied. */
 int spec_step_on_policy(spec_step_t *s, const msg_draft_policy_t *p, char *err, size_t errlen);
-/* b's step took seconds, from its proposals to its last token emitted: a decode-only step's cost,
- * for the reports. Reads b's row counts and this step's drafts only (valid after sched_commit). */
-void spec_step_timed(spec_step_t *s, const sched_batch_t *b, double seconds);
+/* The step-cost table's measure is a step's cycle (decode.c s_step): spec_step_done records b's
+ * rows and drafts when its step is over (b's counts and this step's drafts only: valid after
+ * sched_commit); spec_step_cycle then reports that step's cost, the seconds from its start to the
+ * next step's start, when it had decode rows only. */
+void spec_step_done(spec_step_t *s, const sched_batch_t *b);
+void spec_step_cycle(spec_step_t *s, double seconds);
 /* Request id ended: a proposer with per-sequence state drops it. */
 void spec_step_forget(spec_step_t *s, uint64_t id);
 
