@@ -7,11 +7,15 @@
 # loader and pkg-config there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# gnutls and the libraries its pkg-config file requires: libmicrohttpd.pc names gnutls, and
+# without every .pc of that chain `pkg-config --exists libmicrohttpd` fails and the gateway is not built.
 pkgs="libzmq5 libzmq3-dev libsodium23 libpgm-5.3-0 libnorm1 libbsd0 libmd0
       libmsgpackc2 libmsgpack-dev libcyaml1 libcyaml-dev libyaml-0-2 libyaml-dev
       libjansson4 libjansson-dev libonig5 libonig-dev libcmocka0 libcmocka-dev
       libxxhash0 libxxhash-dev libncurses-dev libncurses6 libncursesw6 libtinfo6
-      libmicrohttpd12 libmicrohttpd-dev $*"
+      libmicrohttpd12 libmicrohttpd-dev
+      libgnutls30 libgnutls28-dev nettle-dev libnettle8 libhogweed6 libtasn1-6 libtasn1-6-dev
+      libidn2-0 libidn2-dev libp11-kit0 libp11-kit-dev libunistring2 libgmp10 libffi8 $*"
 mkdir -p .gpu-debs
 [ -n "$(find /var/lib/apt/lists -name '*Packages*' 2>/dev/null | head -1)" ] || apt-get update -qq
 (cd .gpu-debs && apt-get download $pkgs 2>&1 | grep -v 'Download is performed unsandboxed' || true)
