@@ -18,9 +18,10 @@
  *     evicts spills to disk (least recently used first, pinned ones last) and comes back into the
  *     host store when a fetch asks for it: the fetch waits (DISK_PARK_MS) while its blocks are
  *     read, all of them at once, from the moment the prefill worker asks (when the request
- *     arrives, before it is scheduled). Pinned blocks are also written through as they arrive, so a
- *     pinned conversation survives a restart of this actor or of the whole cluster: the disk's
- *     index is read back at start and announced to each router when it connects. All file I/O
+ *     arrives, before it is scheduled). Pinned blocks are also written through as they arrive
+ *     (those past the free I/O jobs are owed and written as jobs come back), so a pinned
+ *     conversation survives a restart of this actor or of the whole cluster: the disk's index is
+ *     read back at start and announced to each router when it connects. All file I/O
  *     runs on the disk tier's threads (disk_io.h: a fetch's reads in parallel, writes in order);
  *     their completions wake this loop;
  *   - publish cache_event (stored / removed) to every router, so routing sees where prefixes live,
@@ -62,6 +63,7 @@
 #define DISK_JOBS        256        /* disk reads and writes in flight, each with a block buffer */
 #define DISK_THREADS     4          /* I/O threads: a fetch's reads run this many at a time */
 #define DIRTY_PER_TICK   256        /* pin changes written to record headers per timer tick */
+#define PERSIST_RESERVE  DISK_THREADS /* I/O jobs write-throughs leave free: a fetch's reads start at once */
 
 typedef struct slot {
     uint64_t hash;                  /* 0 = free */
@@ -69,6 +71,7 @@ typedef struct slot {
     int64_t pin_until_ms;           /* pinned until then (monotonic); 0 = not pinned */
     uint8_t from_disk;              /* read back from disk and not served yet: its next hit counts as disk's */
     uint32_t guards;                /* parked fetches keeping it for their answer: it is not evicted while > 0 */
+    uint8_t owed;                   /* pinned, not on disk: its write-through waits for a free I/O job */
 } slot_t;
 
 typedef struct pending_put {
@@ -119,6 +122,8 @@ typedef struct cmgr {
     int n_parked;
     int n_guarded;                  /* host slots with guards > 0 */
     int reads_in_flight;            /* disk reads submitted, not done: each takes a host slot when it lands */
+    int n_owed;                     /* host slots with owed set */
+    int owed_next;                  /* where the next scan for owed slots starts (they go out in turn) */
     uint64_t tick, next_transfer;
     /* disk tier: NULL without cache.disk_dir */
     dstore_t *disk;
@@ -131,7 +136,8 @@ typedef struct cmgr {
     uint64_t stored, evicted, expired, fetched_blocks, fetch_queries, fetch_hits, puts_dropped, fetches_parked;
     uint64_t hits_host, hits_disk;  /* blocks served by fetches, by the tier they were in */
     uint64_t spills, persists;      /* disk writes: host evictions, pinned blocks written through */
-    uint64_t spills_shed, spills_shed_full; /* writes not made: no job free / disk full or all pinned */
+    uint64_t persists_deferred;     /* write-throughs that had to wait for an I/O job (owed) */
+    uint64_t spills_shed, spills_shed_full; /* writes not made: no job free for a spill / disk full or all pinned */
     uint64_t disk_write_errors, disk_reads, disk_read_failed, disk_reads_not_started;
     uint64_t disk_corrupt, disk_foreign; /* reads refused (since start; the store counts those at open) */
     uint64_t promotions_failed;     /* blocks read back that memory (all pinned, disk full) could not take */
@@ -202,9 +208,11 @@ static uint64_t s_tenant_of(cmgr_t *c, uint64_t hash)
     return t ? *t : 0;
 }
 
-/* Queues hash's block (data) for the disk. 1 when it is there or on its way; 0 when shed (no job
- * free, the disk full of pinned or busy blocks). A slot taken from another block that is in
- * neither tier any more is withdrawn from the routers. */
+/* Queues hash's block (data) for the disk. 1 when it is there or on its way; 0 when shed (the
+ * disk full of pinned or busy blocks, or off); -1 when every I/O job is in flight: a spill (persist
+ * 0) is then shed and counted, a write-through (persist 1) is not counted: its caller owes it
+ * (s_persist). A slot taken from another block that is in neither tier any more is withdrawn from
+ * the routers. */
 static int s_disk_write(actor_t *a, cmgr_t *c, uint64_t hash, const uint8_t *data, int64_t now, int persist)
 {
     if (!c->disk || c->disk_failed || !c->disk->formatted)
@@ -213,8 +221,9 @@ static int s_disk_write(actor_t *a, cmgr_t *c, uint64_t hash, const uint8_t *dat
         return 1;
     dio_job_t *j = dio_get(c->dio);
     if (!j) {
-        c->spills_shed++;
-        return 0;
+        if (!persist)
+            c->spills_shed++;
+        return -1;
     }
     uint64_t victim = 0;
     int64_t slot = dstore_alloc(c->disk, hash, wall_ms(), &victim);
@@ -240,6 +249,48 @@ static int s_disk_write(actor_t *a, cmgr_t *c, uint64_t hash, const uint8_t *dat
     return 1;
 }
 
+/* Pinned blocks go to disk as they reach memory (or are pinned), so they outlive a kill. A write
+ * needs an I/O job and its buffer (DISK_JOBS of them): a write-back of a long pinned prompt (500
+ * blocks for 8,000 tokens) has more blocks than jobs, and a write-through that finds too few free
+ * is owed instead of dropped: s_persist_owed writes it as jobs come back. Write-throughs leave
+ * PERSIST_RESERVE jobs free, so a fetch arriving meanwhile starts its reads at once. */
+static int s_persist_room(const cmgr_t *c)
+{
+    return DISK_JOBS - dio_in_flight(c->dio) > PERSIST_RESERVE;
+}
+
+/* Host slot i's block through to disk if it is pinned and not there yet; owed when no job is free. */
+static void s_persist(actor_t *a, cmgr_t *c, int i, int64_t now)
+{
+    slot_t *s = &c->slots[i];
+    if (!c->disk || c->disk_failed || !c->disk->formatted || !s->hash || !s_pinned(c, s->hash, now) ||
+        dstore_find(c->disk, s->hash) >= 0)
+        return;
+    if (s_persist_room(c) && s_disk_write(a, c, s->hash, c->store + (size_t)i * c->block_bytes, now, 1) >= 0)
+        return;   /* written, on its way, or shed (the disk full of pinned blocks: counted there) */
+    if (!s->owed) {
+        s->owed = 1;
+        c->n_owed++;
+        c->persists_deferred++;
+    }
+}
+
+/* The owed write-throughs, while jobs are free: a scan of the host store from where the last one
+ * stopped, so each owed block goes out in turn. Runs after completions (each frees a job) and on
+ * the timer. An owed block whose pin expired meanwhile is no longer owed (it spills if evicted). */
+static void s_persist_owed(actor_t *a, cmgr_t *c, int64_t now)
+{
+    for (int k = 0; c->n_owed > 0 && k < c->n_slots && s_persist_room(c); k++) {
+        const int i = c->owed_next;
+        c->owed_next = (i + 1) % c->n_slots;
+        if (!c->slots[i].owed)
+            continue;
+        c->slots[i].owed = 0, c->n_owed--;
+        s_persist(a, c, i, now);
+    }
+    s_flush_gone(a, c);
+}
+
 /* A slot for a new block: a free one, else the least recently used unpinned one, else (with a
  * disk tier) the least recently used pinned one; never one a parked fetch guards. The block leaving goes to disk when there is one;
  * a block that leaves every tier has its hash added to evicted[*n_evicted] for one batched removed
@@ -262,15 +313,18 @@ static int s_take_slot(actor_t *a, cmgr_t *c, int64_t now, uint64_t *evicted, ui
     }
     int spilled = 0;
     if (best >= 0) {
-        spilled = s_disk_write(a, c, c->slots[best].hash, c->store + (size_t)best * c->block_bytes, now, 0);
+        spilled = s_disk_write(a, c, c->slots[best].hash, c->store + (size_t)best * c->block_bytes, now, 0) > 0;
     } else if (best_pinned >= 0 && c->disk) {
-        spilled = s_disk_write(a, c, c->slots[best_pinned].hash, c->store + (size_t)best_pinned * c->block_bytes, now, 0);
+        spilled = s_disk_write(a, c, c->slots[best_pinned].hash, c->store + (size_t)best_pinned * c->block_bytes, now,
+                               0) > 0;
         best = spilled ? best_pinned : -1;
     }
     if (best >= 0) {
         uint64_t h = c->slots[best].hash;
         u64map_del(&c->host, h);
         c->slots[best].hash = 0;
+        if (c->slots[best].owed)   /* it spilled (its write is the one owed), or its pin expired */
+            c->slots[best].owed = 0, c->n_owed--;
         c->evicted++;
         if (!spilled)
             evicted[(*n_evicted)++] = h;
@@ -477,11 +531,12 @@ static int s_on_announce(actor_t *a, void *state, const actor_peer_t *from, msg_
                 continue;
             }
             const uint8_t *data = (uint8_t *)seg.ptr + (size_t)i * bb;
-            if (s_host_put(a, c, p->hashes[i], data, now, evicted, &n_evicted) < 0)
+            const int slot = s_host_put(a, c, p->hashes[i], data, now, evicted, &n_evicted);
+            if (slot < 0)
                 break;   /* every slot pinned: the rest of this sequence is not stored */
-            /* A pinned block goes to disk at once: it must outlive a restart. */
-            if (s_pinned(c, p->hashes[i], now))
-                s_disk_write(a, c, p->hashes[i], data, now, 1);
+            /* A pinned block goes to disk at once (or as soon as an I/O job is free): it must
+             * outlive a restart. */
+            s_persist(a, c, slot, now);
             added[n_added++] = p->hashes[i];
             if (n_added == 512) {
                 s_event(a, c, MSG_CEV_STORED, MSG_TIER_HOST, c->name, added, n_added);
@@ -849,7 +904,8 @@ static int s_on_disk(actor_t *a, void *state, void *sock)
         }
     }
     s_flush_gone(a, c);
-    s_answer_parked(a, c, now);
+    s_answer_parked(a, c, now);   /* before the owed writes: a waiting fetch's reads get jobs first */
+    s_persist_owed(a, c, now);
     return 0;
 }
 
@@ -941,7 +997,7 @@ static int s_drained(actor_t *a, void *state)
         const int i = c->drain_order[c->drain_next++];
         const uint64_t h = c->slots[i].hash;
         if (h && dstore_find(c->disk, h) < 0 &&
-            s_disk_write(a, c, h, c->store + (size_t)i * c->block_bytes, now, 1))
+            s_disk_write(a, c, h, c->store + (size_t)i * c->block_bytes, now, 1) > 0)
             c->drain_spills++;
     }
     s_flush_pins(c);
@@ -1001,7 +1057,7 @@ static int s_on_pin(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
         if (ds >= 0)
             dstore_pin(c->disk, ds, s_pin_wall(c, h, now), tenant);
         else if (hs)
-            s_disk_write(a, c, h, c->store + (size_t)(*hs - 1) * c->block_bytes, now, 1);
+            s_persist(a, c, (int)(*hs - 1), now);
     }
     s_flush_gone(a, c);
     LOG_D("pinned %u blocks under '%s' for %llu ms", p->n_hashes, p->prompt_cache_key,
@@ -1047,6 +1103,7 @@ static int s_expire(actor_t *a, void *state)
             s_end_pending(a, c, &c->pending[i]);
         }
     s_answer_parked(a, c, now);
+    s_persist_owed(a, c, now);
     s_flush_pins(c);
     return 0;
 }
@@ -1091,6 +1148,8 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
     actor_stat_metric(a, st, "disk_blocks_loaded", (double)c->disk->loaded, 0);
     actor_stat_metric(a, st, "disk_spills_total", (double)c->spills, 1);
     actor_stat_metric(a, st, "disk_persists_total", (double)c->persists, 1);
+    actor_stat_metric(a, st, "disk_persists_owed", (double)c->n_owed, 0);
+    actor_stat_metric(a, st, "disk_persists_deferred_total", (double)c->persists_deferred, 1);
     actor_stat_metric(a, st, "disk_spills_shed_total", (double)(c->spills_shed + c->spills_shed_full), 1);
     actor_stat_metric(a, st, "disk_spills_shed_full_total", (double)c->spills_shed_full, 1);
     actor_stat_metric(a, st, "disk_write_errors_total", (double)c->disk_write_errors, 1);
