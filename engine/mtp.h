@@ -32,7 +32,8 @@ int model_mtp_forward(model_t *m, const model_batch_t *b, const float *hidden, f
                       char *err, size_t errlen);
 
 /* The MTP proposer (spec_proposer_t): greedy drafts by the MTP layer of `target`, for up to
- * max_seqs sequences of up to max_context tokens, its KV in its own pool on the target's backend.
+ * max_seqs sequences of up to max_context tokens, its KV in its own pool on the target's backend
+ * (f32, one layer of the target's KV shape: spec_mtp_device_bytes).
  * The target's hidden states come in through spec_mtp_feed after each target forward; propose
  * then catches the MTP layer up on every position whose next token is known and drafts k tokens
  * (the first from the target's hidden state, the rest chained on the MTP's own), rolling its KV
@@ -42,10 +43,38 @@ spec_proposer_t *spec_mtp_new(model_t *target, int max_seqs, int max_context, ch
 /* Hands the proposer the target's hidden states (model_batch_t.hidden_out rows) of sequence id at
  * target positions pos0 .. pos0+n-1, whose tokens are final (a prompt, or a verify step's rows up
  * to its last accepted draft: never a rejected draft's row); tokens[0..n_tokens) are the tokens
- * known now. Rows of positions the MTP layer already has are ignored; a gap (pos0 past them) is an
- * error. Positions whose next token is known run through the MTP layer now, the others (at most
- * SPEC_MAX_K + 2) wait for it. 0, or -1 with err. */
+ * known now. Rows of positions the MTP layer already has are ignored. Positions whose next token
+ * is known run through the MTP layer now, the others (at most SPEC_MAX_K + 2) wait for it.
+ *
+ * The MTP sequence begins at the first position fed: a sequence never fed before (or fed with a
+ * gap, pos0 past what it has: its MTP KV is dropped) starts at pos0, and its MTP layer then
+ * attends over positions pos0 on only. A decode worker that did not compute a prompt (the prefill
+ * worker did, and handed over the target's KV but no hidden states) thus drafts from the positions
+ * it computed itself. Its MTP positions count from 0 at pos0: RoPE scores depend on the distance
+ * between positions only, so the shift changes nothing but rounding. 0, or -1 with err. */
 int spec_mtp_feed(spec_proposer_t *p, uint64_t id, const int32_t *tokens, int n_tokens, int pos0, int n,
                   const float *hidden, char *err, size_t errlen);
+
+/* A host buffer [*rows][*hidden_size] for model_batch_t.hidden_out of the target's forwards, rows =
+ * the target model's max_tokens (a step's new rows at most), owned by the proposer; NULL when p is
+ * not an MTP proposer. */
+float *spec_mtp_hidden_buffer(spec_proposer_t *p, int *rows, int *hidden_size);
+
+/* The device bytes spec_mtp_new(target with config c, max_seqs, max_context) places: its KV pool
+ * (the MTP layer's weights are the target's, loaded with it). For a target that sizes its KV pool
+ * from the free memory (engine_spec_t.kv_reserve_bytes), as spec_draft_device_bytes is. */
+double spec_mtp_device_bytes(const model_config_t *c, int max_seqs, int max_context);
+
+/* What an MTP proposer did, for stats and tests (all 0 for another proposer). */
+typedef struct spec_mtp_stats {
+    uint64_t forwards;             /* MTP forwards run (catch-up chunks and chained drafts) */
+    uint64_t rows;                 /* positions they computed */
+    uint64_t starts;               /* sequences begun (a first feed, or a gap) */
+    uint64_t started_late;         /* of them, begun at a position > 0 (no hidden states before it) */
+    int seqs;                      /* sequences tracked now */
+} spec_mtp_stats_t;
+void spec_mtp_stats(const spec_proposer_t *p, spec_mtp_stats_t *out);
+/* Target position the MTP sequence of id begins at (-1: not tracked); for tests. */
+int spec_mtp_base(const spec_proposer_t *p, uint64_t id);
 
 #endif

@@ -11,13 +11,13 @@
 
 const char *spec_method_name(spec_method_t m)
 {
-    static const char *const names[] = {"off", "ngram", "draft"};
-    return (unsigned)m < 3 ? names[m] : "?";
+    static const char *const names[] = {"off", "ngram", "draft", "mtp"};
+    return (unsigned)m < 4 ? names[m] : "?";
 }
 
 int spec_method_parse(const char *name, spec_method_t *out)
 {
-    for (int m = SPEC_OFF; m <= SPEC_DRAFT; m++)
+    for (int m = SPEC_OFF; m <= SPEC_MTP; m++)
         if (name && strcmp(name, spec_method_name((spec_method_t)m)) == 0) {
             *out = (spec_method_t)m;
             return 0;
@@ -46,7 +46,7 @@ int spec_knob_parse(const char *what, const char *value, spec_method_t *method, 
     if (colon)
         kk = strtol(colon + 1, &end, 10);
     if (m == SPEC_OFF || kk < 1 || kk > SPEC_MAX_K || (end && (*end || end == colon + 1)))
-        return errf(err, errlen, "%s '%s': expected off, ngram, ngram:K, draft or draft:K with K in [1, %d]", what,
+        return errf(err, errlen, "%s '%s': expected off, ngram, ngram:K, draft, draft:K, mtp or mtp:K with K in [1, %d]", what,
                     value, SPEC_MAX_K);
     *method = m;
     *k = (int)kk;

@@ -36,13 +36,14 @@
 #define SPEC_MAX_K 16              /* most drafts per verify step */
 #define SPEC_DEFAULT_K 4           /* drafts per row when the knob names none */
 
-typedef enum { SPEC_OFF = 0, SPEC_NGRAM, SPEC_DRAFT } spec_method_t;
+typedef enum { SPEC_OFF = 0, SPEC_NGRAM, SPEC_DRAFT, SPEC_MTP } spec_method_t;
 
-const char *spec_method_name(spec_method_t m);              /* "off", "ngram", "draft" */
-/* "off" / "ngram" / "draft" -> the method; -1 for an unknown name. */
+const char *spec_method_name(spec_method_t m);              /* "off", "ngram", "draft", "mtp" */
+/* "off" / "ngram" / "draft" / "mtp" -> the method; -1 for an unknown name. */
 int spec_method_parse(const char *name, spec_method_t *out);
 /* The speculation knob (TROUPE_SPECULATION, troupe-generate --speculation): NULL, "" or "off";
- * "ngram" or "draft" (SPEC_DEFAULT_K drafts); "ngram:K" or "draft:K" (K in [1, SPEC_MAX_K]).
+ * "ngram", "draft" or "mtp" (SPEC_DEFAULT_K drafts); "ngram:K", "draft:K" or "mtp:K" (K in
+ * [1, SPEC_MAX_K]).
  * 0, or -1 with err naming `what` (the variable or option) and the value. */
 int spec_knob_parse(const char *what, const char *value, spec_method_t *method, int *k, char *err, size_t errlen);
 

@@ -8,6 +8,7 @@
 
 #include "common/log.h"
 #include "common/util.h"
+#include "engine/mtp.h"
 
 /* Threads: the topology's, or the cores shared evenly by the model workers of this node. */
 static int s_threads(const topo_t *t)
@@ -47,22 +48,24 @@ static void s_kv_share(const topo_t *t, topo_role_t role, int gpu, engine_spec_t
     s->kv_share = (role == ROLE_DECODE ? 3.0 : 1.0) / (shares > 0 ? shares : 1);
 }
 
-/* The device bytes the draft models of gpu's decode workers will place (TROUPE_SPECULATION=draft:
- * each decode worker loads model.draft beside its target), for every model worker of that GPU to
- * take off before it sizes its KV pool: without it the target's pool takes the room the draft
- * then needs. 0 without draft speculation or when the draft's config cannot be read (s_draft
- * reports that). */
-static double s_draft_reserve(const topo_t *t, int gpu, const spec_draft_opts_t *o)
+/* The device bytes the proposers of gpu's decode workers will place (TROUPE_SPECULATION=draft:
+ * each decode worker loads model.draft beside its target; mtp: each makes the MTP layer's KV
+ * pool), for every model worker of that GPU to take off before it sizes its KV pool: without it
+ * the target's pool takes the room the proposer then needs. 0 without such speculation or when the
+ * draft's config cannot be read (s_draft reports that). */
+static double s_draft_reserve(const topo_t *t, int gpu, const spec_draft_opts_t *o, const model_config_t *cfg)
 {
     spec_method_t m;
     int k;
     char err[256];
-    if (!t->model.draft[0] || spec_knob_parse("TROUPE_SPECULATION", getenv("TROUPE_SPECULATION"), &m, &k, err,
-                                              sizeof err) != 0 || m != SPEC_DRAFT)
+    if (spec_knob_parse("TROUPE_SPECULATION", getenv("TROUPE_SPECULATION"), &m, &k, err, sizeof err) != 0 ||
+        (m != SPEC_MTP && (m != SPEC_DRAFT || !t->model.draft[0])))
         return 0;
     double bytes = 0;
-    if (spec_draft_device_bytes(o, t->model.load_format == TOPO_LOAD_DUMMY ? t->model.dtype : DT_COUNT, &bytes, err,
-                                sizeof err) != 0)
+    if (m == SPEC_MTP)
+        bytes = cfg->mla.num_nextn_predict_layers > 0 ? spec_mtp_device_bytes(cfg, o->max_seqs, o->max_model_len) : 0;
+    else if (spec_draft_device_bytes(o, t->model.load_format == TOPO_LOAD_DUMMY ? t->model.dtype : DT_COUNT, &bytes,
+                                     err, sizeof err) != 0)
         return 0;
     int decoders = 0;
     for (int i = 0; i < t->n_instances; i++)
@@ -71,15 +74,29 @@ static double s_draft_reserve(const topo_t *t, int gpu, const spec_draft_opts_t 
     return bytes * decoders;
 }
 
-/* A decode worker's draft model, when TROUPE_SPECULATION asks for one (spec_knob_parse). */
+/* A decode worker's draft model, or its model's MTP layer as the proposer, when TROUPE_SPECULATION
+ * asks for one (spec_knob_parse). */
 static int s_draft(worker_t *w, const topo_t *t, topo_role_t role, const char *tokdir, int *config_error, char *err,
                    size_t errlen)
 {
     spec_method_t m;
     int k;
     if (role != ROLE_DECODE || spec_knob_parse("TROUPE_SPECULATION", getenv("TROUPE_SPECULATION"), &m, &k, err,
-                                               errlen) != 0 || m != SPEC_DRAFT)
+                                               errlen) != 0 || (m != SPEC_DRAFT && m != SPEC_MTP))
         return 0;   /* a bad knob is the decode step's to report */
+    if (m == SPEC_MTP) {   /* the MTP layer was loaded with the model (engine/mtp.h) */
+        if (!model_has_mtp(w->model)) {
+            *config_error = 1;
+            return errf(err, errlen, "TROUPE_SPECULATION=%s: model %s has no MTP layer (num_nextn_predict_layers "
+                        "and model.layers.%d.* in its checkpoint)", getenv("TROUPE_SPECULATION"), t->model.path,
+                        w->cfg.num_layers);
+        }
+        if (!(w->draft = spec_mtp_new(w->model, w->max_seqs, w->max_model_len, err, errlen)))
+            return -1;
+        LOG_I("MTP proposer: %d sequences of %d tokens, %.1f MiB of MTP KV", w->max_seqs, w->max_model_len,
+              spec_mtp_device_bytes(&w->cfg, w->max_seqs, w->max_model_len) / (1 << 20));
+        return 0;
+    }
     if (!t->model.draft[0]) {
         *config_error = 1;
         return errf(err, errlen, "TROUPE_SPECULATION=%s needs a draft model: model.draft in the topology",
@@ -149,7 +166,7 @@ worker_t *worker_load(const topo_t *t, topo_role_t role, int gpu, int max_tokens
     if (tm->backend == TOPO_BACKEND_CUDA) {
         const spec_draft_opts_t dop = {.model_dir = t->model.draft, .max_seqs = max_seqs, .max_tokens = max_tokens,
                                        .max_model_len = w->max_model_len, .block_size = w->block_size};
-        s.kv_reserve_bytes = s_draft_reserve(t, gpu, &dop);
+        s.kv_reserve_bytes = s_draft_reserve(t, gpu, &dop, &w->eng->cfg);
     }
     const int ep = s_ep(t, role);
     if (ep > 1 && !(w->experts = expert_group_spawn(ep, w->eng->cfg.num_experts, tm->path, &s, NULL, err, errlen))) {

@@ -39,7 +39,8 @@ typedef struct worker {
     float *logits;               /* eng->logits: [max_logit_rows][vocab] host */
     uint8_t *stage;              /* [block_bytes] host staging for block copies */
     spec_proposer_t *draft;      /* decode, TROUPE_SPECULATION=draft[:K]: the draft model (model.draft) on
-                                    this worker's backend, its own KV pool; NULL otherwise */
+                                    this worker's backend, its own KV pool; mtp[:K]: the model's MTP
+                                    layer (engine/mtp.h), its own KV pool; NULL otherwise */
     int ipc_ok;                  /* the pool can be shared with processes on the same GPU */
     uint8_t ipc_handle[KVX_IPC_HANDLE_BYTES];   /* its CUDA IPC handle + size, when ipc_ok */
     struct expert_group *experts; /* the expert-parallel group this worker leads (topology ep > 1), or NULL */
@@ -49,7 +50,8 @@ typedef struct worker {
  * the device's memory for KV) on GPU `gpu` (CUDA backend; -1 = device 0): max_tokens / max_seqs
  * size the forward. A decode worker with TROUPE_SPECULATION=draft[:K] also opens model.draft
  * (engine/spec.h's draft proposer: max_seqs sequences of max_model_len), refusing a draft with
- * another tokenizer (a configuration error naming both models) and the knob without model.draft. On failure *config_error says whether the topology itself is at fault (the
+ * another tokenizer (a configuration error naming both models) and the knob without model.draft;
+ * with mtp[:K] it makes the MTP proposer (a model without an MTP layer: a configuration error). On failure *config_error says whether the topology itself is at fault (the
  * model's config, its weights' files, dtype or shapes, a model the device cannot hold, the KV
  * dtype or pool: ENGINE_ERR_CONFIG, exit ACTOR_EXIT_CONFIG) rather than the moment (host memory,
  * the device). */

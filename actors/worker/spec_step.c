@@ -8,6 +8,7 @@
 #include "actors/runtime/worker.h"
 #include "common/log.h"
 #include "common/util.h"
+#include "engine/mtp.h"
 
 #define SPEC_NGRAM_MIN_N 1       /* the n-gram proposer's suffix lengths in a decode worker */
 #define SPEC_NGRAM_MAX_N 3
@@ -16,7 +17,13 @@ struct spec_step {
     int k;                       /* drafts per row at most */
     int max_seqs, max_rows, max_model_len;
     spec_proposer_t *proposer;
-    int borrowed;                /* the proposer is the worker's draft model (worker_t.draft) */
+    int borrowed;                /* the proposer is the worker's (worker_t.draft: the draft model, or the MTP layer) */
+    /* MTP (spec_mtp_feed): every decode-only step is a verify step, drafts or not, so that the
+     * target's hidden state of every kept position reaches the MTP layer (docs/speculation.md). */
+    int mtp;
+    float *hid;                  /* the MTP proposer's buffer for the forward's hidden_out: [hid_rows][H] */
+    int hid_rows, H;
+    int hid_ok;                  /* this verify step's forward fills hid */
     spec_ask_t *asks;            /* [max_seqs] a step's proposals, one per drafting row */
     int *ask_row;                /* [max_seqs] the row of each */
     bk_sample_t *sample;         /* [max_seqs] sampled rows' parameters for a draft with a distribution */
@@ -63,9 +70,11 @@ spec_step_t *spec_step_new(const spec_step_config_t *c, spec_proposer_t *draft, 
     if (s) {
         *s = (spec_step_t){.k = c->k, .max_seqs = max_seqs, .max_rows = max_rows, .max_model_len = max_model_len,
                            .hooks = *hooks};
-        if (c->method == SPEC_DRAFT) {   /* opened by worker_load (model.draft), freed with the worker */
+        if (c->method == SPEC_DRAFT || c->method == SPEC_MTP) {   /* opened by worker_load, freed with the worker */
             s->proposer = draft;
             s->borrowed = 1;
+            s->mtp = c->method == SPEC_MTP;
+            s->hid = s->mtp ? spec_mtp_hidden_buffer(draft, &s->hid_rows, &s->H) : NULL;
         } else {
             s->proposer = spec_ngram_new(SPEC_NGRAM_MIN_N, SPEC_NGRAM_MAX_N);
         }
@@ -85,6 +94,12 @@ spec_step_t *spec_step_new(const spec_step_config_t *c, spec_proposer_t *draft, 
     if (s && !s->proposer && c->method == SPEC_DRAFT) {
         spec_step_destroy(&s);
         errf(err, errlen, "TROUPE_SPECULATION=draft: this worker opened no draft model (model.draft)");
+        return NULL;
+    }
+    if (s && s->mtp && (!s->proposer || !s->hid || s->hid_rows < max_rows)) {
+        spec_step_destroy(&s);
+        errf(err, errlen, "TROUPE_SPECULATION=mtp: this worker opened no MTP proposer for %d rows (the model's MTP layer)",
+             max_rows);
         return NULL;
     }
     if (!s || !s->proposer || !s->asks || !s->ask_row || !s->sample || !s->drafts || !s->n_drafts || !s->n_pad || !s->kv_base ||
@@ -127,13 +142,16 @@ static void s_pad(spec_step_t *s, const sched_batch_t *b);
  * (temperature > 0) gives a draft model its sampling, so it draws from its distribution. */
 int spec_step_propose(spec_step_t *s, const sched_batch_t *b)
 {
-    if (!s || b->n != b->n_decode)
+    if (!s)
+        return 0;
+    for (int i = 0; i < b->n; i++)   /* spec_step_drafts: 0 in a step that does not verify */
+        s->n_drafts[i] = s->n_pad[i] = 0;
+    if (b->n != b->n_decode)
         return 0;
     int budget = s->max_rows - b->n, any = 0, n_ask = 0;
     const int explore = s->policy ? spec_client_explore(s->policy) : -1;
     for (int i = 0; i < b->n; i++) {
         sched_req_t *r = b->rows[i].req;
-        s->n_drafts[i] = s->n_pad[i] = 0;
         if (!r)
             continue;
         s->kv_base[i] = kvseq_len(r->kv);
@@ -156,7 +174,7 @@ int spec_step_propose(spec_step_t *s, const sched_batch_t *b)
         budget -= k;
     }
     if (n_ask == 0)
-        return 0;
+        return s->mtp;
     spec_propose_batch(s->proposer, s->asks, n_ask);
     for (int a = 0; a < n_ask; a++) {
         const int i = s->ask_row[a];
@@ -171,7 +189,7 @@ int spec_step_propose(spec_step_t *s, const sched_batch_t *b)
     }
     if (any)
         s_pad(s, b);
-    return any;
+    return any || s->mtp;
 }
 
 /* A CUDA graph replays a verify step only when every row has the same positions, and rows' draft
@@ -253,8 +271,24 @@ void spec_step_batch(spec_step_t *s, const sched_batch_t *b, int dev_sample, mod
             }
         }
     }
+    /* MTP: every position's hidden state; rows <= max_rows <= hid_rows (spec_step_new) */
+    s->hid_ok = s->mtp && row <= s->hid_rows;
     *mb = (model_batch_t){.n_seqs = b->n, .seqs = mb->seqs, .all_logits = 1, .argmax_out = s->ids,
-                          .need_logits = s->need, .sample = any_sampled ? s->row_sample : NULL};
+                          .need_logits = s->need, .sample = any_sampled ? s->row_sample : NULL,
+                          .hidden_out = s->hid_ok ? s->hid : NULL};
+}
+
+/* Row rows [first, first + n) of the step's hidden states, positions pos0 .. pos0 + n - 1 of r
+ * (all kept), to the MTP layer. A feed that fails drops r's MTP sequence: it begins again at the
+ * next position fed (fewer drafts accepted for a while, the output unchanged). */
+static void s_mtp_feed(spec_step_t *s, const sched_req_t *r, int pos0, int n, size_t first)
+{
+    char err[256];
+    if (spec_mtp_feed(s->proposer, r->id, r->toks, r->n_toks, pos0, n, s->hid + first * (size_t)s->H, err,
+                      sizeof err) != 0) {
+        LOG_W("request %llu: %s; its MTP sequence begins again", (unsigned long long)r->id, err);
+        spec_forget(s->proposer, r->id);
+    }
 }
 
 /* Row i's positions in order (its last token, then its drafts), the target's token for each,
@@ -308,6 +342,8 @@ void spec_step_verify(spec_step_t *s, const sched_batch_t *b, const float *logit
         if (!alive)
             continue;
         spec_accepted(s->proposer, id, j);
+        if (s->hid_ok)   /* the kept positions: the last token's and the j accepted drafts' */
+            s_mtp_feed(s, r, base - 1, j + 1, first);
         if (kvseq_truncate(kv, base + j) != 0)
             LOG_E("request %llu: cannot roll its KV back to %d tokens", (unsigned long long)id, base + j);
     }
@@ -317,8 +353,8 @@ int spec_step_policy_init(spec_step_t *s, actor_t *a, int has_dist, char *err, s
 {
     if (!s)
         return 0;
-    s->has_dist = has_dist;
-    s->policy = spec_client_new(a, s->k, has_dist, err, errlen);
+    s->has_dist = has_dist || s->mtp;   /* the MTP layer's softmax probability is a confidence too */
+    s->policy = spec_client_new(a, s->k, s->has_dist, err, errlen);
     return s->policy ? 0 : -1;
 }
 
@@ -364,6 +400,14 @@ void spec_step_stats(const spec_step_t *s, actor_t *a, msg_stats_t *st)
     actor_stat_metric(a, st, "spec_mean_accepted_length", spec_stats_mean_len(&s->stats), 0);
     actor_stat_metric(a, st, "spec_padded_steps_total", (double)s->padded_steps, 1);
     actor_stat_metric(a, st, "spec_pad_positions_total", (double)s->pad_positions, 1);
+    if (s->mtp) {
+        spec_mtp_stats_t ms;
+        spec_mtp_stats(s->proposer, &ms);
+        actor_stat_metric(a, st, "spec_mtp_forwards_total", (double)ms.forwards, 1);
+        actor_stat_metric(a, st, "spec_mtp_positions_total", (double)ms.rows, 1);
+        actor_stat_metric(a, st, "spec_mtp_sequences_begun_total", (double)ms.starts, 1);
+        actor_stat_metric(a, st, "spec_mtp_begun_late_total", (double)ms.started_late, 1);
+    }
     if (s->policy)
         spec_client_stats(s->policy, a, st);
 }

@@ -30,7 +30,7 @@
 #include "engine/sched.h"
 #include "engine/spec.h"
 
-/* What the environment asks for: method SPEC_OFF, or SPEC_NGRAM / SPEC_DRAFT with k drafts per row. */
+/* What the environment asks for: method SPEC_OFF, or SPEC_NGRAM / SPEC_DRAFT / SPEC_MTP with k drafts per row. */
 typedef struct spec_step_config {
     spec_method_t method;
     int k;                       /* drafts per row, [1, SPEC_MAX_K] */
@@ -56,21 +56,33 @@ typedef struct spec_hooks {
 
 typedef struct spec_step spec_step_t;
 
-/* TROUPE_SPECULATION (spec_knob_parse): unset, "" or "off": off; "ngram" or "draft" (4 drafts),
- * "ngram:K" or "draft:K" (K in [1, SPEC_MAX_K]). -1 with why (naming the variable) on anything
- * else. draft is the topology's model.draft, which worker_load opens (worker_t.draft). */
+/* TROUPE_SPECULATION (spec_knob_parse): unset, "" or "off": off; "ngram", "draft" or "mtp" (4
+ * drafts), "ngram:K", "draft:K" or "mtp:K" (K in [1, SPEC_MAX_K]). -1 with why (naming the
+ * variable) on anything else. draft is the topology's model.draft, mtp the model's own MTP layer,
+ * both proposers made by worker_load (worker_t.draft). */
 int spec_step_config_from_env(spec_step_config_t *c, char *err, size_t errlen);
 
 /* The speculation of a worker with max_seqs rows, max_rows rows of logits per forward (>= max_seqs;
  * rows and their drafts together) and max_model_len tokens per sequence. NULL when
- * c->method is SPEC_OFF (err empty), or with err when out of memory or, for SPEC_DRAFT, when draft
- * is NULL. draft is the worker's draft-model proposer (worker_t.draft), borrowed: the worker frees it. */
+ * c->method is SPEC_OFF (err empty), or with err when out of memory or, for SPEC_DRAFT and
+ * SPEC_MTP, when draft is NULL (or not an MTP proposer for SPEC_MTP). draft is the worker's
+ * proposer (worker_t.draft: the draft model, or the MTP layer), borrowed: the worker frees it.
+ *
+ * MTP: the MTP layer drafts from the target's final hidden states, which only a verify step's
+ * forward brings back here (spec_step_batch asks for model_batch_t.hidden_out); so with SPEC_MTP
+ * every decode-only step is a verify step, rows without drafts included, and after verification
+ * each row's kept positions (its last token and its accepted drafts) are fed to the MTP layer
+ * (spec_mtp_feed). A row's MTP sequence begins at the first position fed: the prompt was
+ * computed by a prefill worker, or in a step with prompt chunks, neither of which gives hidden
+ * states here, and a step with prompt chunks leaves a gap at which the sequence begins again
+ * (docs/speculation.md: what this costs). */
 spec_step_t *spec_step_new(const spec_step_config_t *c, spec_proposer_t *draft, int max_seqs, int max_rows, int max_model_len,
                            const spec_hooks_t *hooks, char *err, size_t errlen);
 void spec_step_destroy(spec_step_t **self_p);
 
 /* Drafts for b's rows, appended to their KV: 1 when some row got drafts (the step verifies), 0
- * when none did or b has prompt chunks (the step decodes the plain way). */
+ * when none did or b has prompt chunks (the step decodes the plain way). With SPEC_MTP, 1 for
+ * every step without prompt chunks (its hidden states feed the MTP layer). */
 int spec_step_propose(spec_step_t *s, const sched_batch_t *b);
 /* Drafts row i carries this step (0 unless spec_step_propose returned 1). */
 int spec_step_drafts(const spec_step_t *s, int i);

@@ -8,7 +8,11 @@
  *    target then emits (the README of the models folder: 73% for transformers).
  * 3. MTP speculation, k = 1..3: verify steps (the last token and k drafts, logits of every row),
  *    greedy acceptance, KV roll-back, the accepted rows' hidden states fed back: the output equals
- *    plain greedy decoding token for token; acceptance, tokens per verify step and tokens/s printed. */
+ *    plain greedy decoding token for token; acceptance, tokens per verify step and tokens/s printed.
+ * 4. A late start, as in a decode worker that did not compute the prompt (a prefill worker did):
+ *    the MTP sequence begins at the first position fed (the first generated token's), drafts from
+ *    the next step on, and the output still equals plain greedy decoding; a gap in the feeds (a
+ *    step whose hidden states never came) begins the sequence again at the next position fed. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -211,9 +215,12 @@ static void test_mtp_agreement(void **state)
     spec_proposer_destroy(&mtp);
 }
 
-/* Greedy speculative decoding with k MTP drafts per verify step; the output must equal ref. */
-static void s_speculate(const int32_t *prompt, int np, int k, spec_proposer_t *mtp, const int32_t *ref,
-                        spec_stats_t *st, double *secs)
+/* Greedy speculative decoding with k MTP drafts per verify step; the output must equal ref. late:
+ * the prompt's hidden states are not fed (the MTP sequence begins at the first decode step); gap_at
+ * > 0: the hidden states of the verify step that emits output token gap_at onwards are not fed
+ * (a gap), *begun_at gets the position the sequence then begins again at (-1: no gap made). */
+static void s_speculate_at(const int32_t *prompt, int np, int k, spec_proposer_t *mtp, const int32_t *ref,
+                           spec_stats_t *st, double *secs, int late, int gap_at, int *begun_at)
 {
     const int V = s_env.cfg.vocab_size, H = s_env.cfg.hidden_size;
     float *lg = malloc((size_t)(SPEC_MAX_K + 1) * V * sizeof(float)),
@@ -226,10 +233,13 @@ static void s_speculate(const int32_t *prompt, int np, int k, spec_proposer_t *m
     const int64_t t0 = now_ns();
     assert_int_equal(kvseq_append(s, all, n), 0);
     s_step(s, n, 0, lg, hid);
-    if (spec_mtp_feed(mtp, 9, all, n, 0, n, hid, err, sizeof err) < 0)
+    if (!late && spec_mtp_feed(mtp, 9, all, n, 0, n, hid, err, sizeof err) < 0)
         fail_msg("%s", err);
     all[n++] = s_argmax(lg, V);
     out++;
+    int gapped = 0;
+    if (begun_at)
+        *begun_at = -1;
     while (out < N_NEW) {
         int32_t d[SPEC_MAX_K];
         int r = spec_propose(mtp, 9, all, n, k < N_NEW - out ? k : N_NEW - out, d, NULL);
@@ -246,8 +256,24 @@ static void s_speculate(const int32_t *prompt, int np, int k, spec_proposer_t *m
         const int pos0 = n - 1;
         n += a + 1;
         out += a + 1;
-        if (spec_mtp_feed(mtp, 9, all, n, pos0, a + 1, hid, err, sizeof err) < 0)
-            fail_msg("%s", err);
+        if (late && pos0 == np) {        /* the first step after the prompt: nothing fed yet, no drafts */
+            assert_int_equal(r, 0);
+            assert_int_equal(spec_mtp_base(mtp, 9), -1);
+        }
+        if (gap_at > 0 && !gapped && out > gap_at) {
+            gapped = 1;                  /* this step's hidden states never reach the proposer */
+        } else {
+            if (spec_mtp_feed(mtp, 9, all, n, pos0, a + 1, hid, err, sizeof err) < 0)
+                fail_msg("%s", err);
+            if (late && !gapped)         /* it begins at the first position fed */
+                assert_int_equal(spec_mtp_base(mtp, 9), np);
+            if (gapped == 1) {
+                gapped = 2;
+                *begun_at = spec_mtp_base(mtp, 9);
+                assert_int_equal(*begun_at, pos0);
+            }
+        }
+
         if (r > 0) {
             st->verify_steps++;
             st->drafts += (uint64_t)r;
@@ -263,6 +289,12 @@ static void s_speculate(const int32_t *prompt, int np, int k, spec_proposer_t *m
     kvseq_destroy(&s);
     free(lg);
     free(hid);
+}
+
+static void s_speculate(const int32_t *prompt, int np, int k, spec_proposer_t *mtp, const int32_t *ref,
+                        spec_stats_t *st, double *secs)
+{
+    s_speculate_at(prompt, np, k, mtp, ref, st, secs, 0, 0, NULL);
 }
 
 static void test_mtp_speculation(void **state)
@@ -296,12 +328,50 @@ static void test_mtp_speculation(void **state)
     spec_proposer_destroy(&mtp);
 }
 
+static void test_mtp_late_start(void **state)
+{
+    (void)state;
+    s_need_model();
+    char err[512];
+    spec_proposer_t *mtp = spec_mtp_new(s_env.m, 2, MAX_CTX + SPEC_MAX_K, err, sizeof err);
+    if (!mtp)
+        fail_msg("%s", err);
+    int32_t ids[64], ref[N_NEW];
+    spec_stats_t full = {0}, late = {0}, gap = {0};
+    double secs = 0;
+    for (int p = 0; p < N_PROMPTS; p++) {
+        const int np = s_encode(s_prompts[p], ids);
+        s_greedy(ids, np, ref, NULL, NULL, NULL);
+        s_speculate_at(ids, np, 2, mtp, ref, &full, &secs, 0, 0, NULL);
+        s_speculate_at(ids, np, 2, mtp, ref, &late, &secs, 1, 0, NULL);
+        int begun = -1;
+        s_speculate_at(ids, np, 2, mtp, ref, &gap, &secs, 1, N_NEW / 2, &begun);
+        assert_true(begun > np);
+    }
+    spec_mtp_stats_t ms;
+    spec_mtp_stats(mtp, &ms);
+    print_message("kjv-deepseek MTP k=2, output equal to plain greedy each time: prompt fed %.1f%% accepted "
+                  "(%.2f tokens per verify step); begun at the first generated token %.1f%% (%.2f); with a gap "
+                  "half-way %.1f%% (%.2f); %llu sequences begun, %llu past position 0\n",
+                  100 * spec_stats_acceptance(&full), spec_stats_mean_len(&full), 100 * spec_stats_acceptance(&late),
+                  spec_stats_mean_len(&late), 100 * spec_stats_acceptance(&gap), spec_stats_mean_len(&gap),
+                  (unsigned long long)ms.starts, (unsigned long long)ms.started_late);
+    assert_true(late.accepted > 0 && gap.accepted > 0);
+    assert_int_equal(ms.starts, 4 * N_PROMPTS);         /* full, late, and the gap's two beginnings */
+    assert_int_equal(ms.started_late, 3 * N_PROMPTS);
+    /* Rows of tokens not known yet are refused, not read past the tokens. */
+    float h[1] = {0};
+    assert_int_equal(spec_mtp_feed(mtp, 11, ids, 3, 3, 1, h, err, sizeof err), -1);
+    spec_proposer_destroy(&mtp);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_prefix_reuse),
         cmocka_unit_test(test_mtp_agreement),
         cmocka_unit_test(test_mtp_speculation),
+        cmocka_unit_test(test_mtp_late_start),
     };
     const char *only = getenv("TEST_FILTER");   /* e.g. TEST_FILTER=test_mtp_agreement */
     if (only && *only)

@@ -106,6 +106,15 @@ static void test_method_names(void **state)
     assert_int_equal(spec_method_parse("eagle", &m), -1);
     assert_int_equal(spec_method_parse(NULL, &m), -1);
     assert_string_equal(spec_method_name(SPEC_NGRAM), "ngram");
+    assert_int_equal(spec_method_parse("mtp", &m), 0);
+    assert_int_equal(m, SPEC_MTP);
+    assert_string_equal(spec_method_name(SPEC_MTP), "mtp");
+    int k = 0;
+    char err[256];
+    assert_int_equal(spec_knob_parse("TROUPE_SPECULATION", "mtp:3", &m, &k, err, sizeof err), 0);
+    assert_true(m == SPEC_MTP && k == 3);
+    assert_int_equal(spec_knob_parse("TROUPE_SPECULATION", "mtp:0", &m, &k, err, sizeof err), -1);
+    assert_non_null(strstr(err, "mtp:K"));
 }
 
 /* ---- the rejection rule ------------------------------------------------------------------- */
