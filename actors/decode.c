@@ -14,7 +14,8 @@
  *     prompt chunks within limits.prefill_chunk_tokens; out of blocks it preempts the newest
  *     request, whose KV it later recomputes through the same chunk path (as vLLM does). One
  *     forward for the whole batch; every sampled row streams its token (with its text: whole
- *     UTF-8 only, stop strings held back) and stops on EOS / stop ids / stop strings / max tokens;
+ *     UTF-8 only, stop strings held back) and stops on EOS / stop ids / stop strings / max tokens
+ *     (actors/worker/stream_out.h);
  *     with speculation the rows carry drafts, verified after the forward (actors/worker/spec_step.h);
  *   - write finished sequences' full blocks back to the cache-manager's host store
  *     (actors/worker/writeback.h), so the next turn of a conversation can reuse them;
@@ -43,7 +44,7 @@
 #include "actors/worker/prompt_intake.h"
 #include "actors/worker/router_watch.h"
 #include "actors/worker/spec_step.h"
-#include "actors/worker/token_text.h"
+#include "actors/worker/stream_out.h"
 #include "actors/worker/writeback.h"
 #include "common/log.h"
 #include "common/util.h"
@@ -63,19 +64,15 @@ typedef struct decode {
     int32_t *argmax;             /* [max_seqs] the device's ids of a step (argmax or sampled) */
     bk_sample_t *sample;         /* [max_seqs] each row's sampling parameters for the device */
     uint8_t *need_logits;        /* [max_seqs] rows whose logits the host sampler needs */
-    token_text_t text;           /* the text of the token being streamed */
+    stream_out_t out;            /* tokens, done and errors to the routers (stream_out.h) */
     kvlinks_t *links;            /* NCCL links from prefill workers on other GPUs */
     kvchan_t *chan;              /* how hand-offs' blocks come in, every channel (kv_chan.h) */
     handoff_in_t handoffs;       /* prefill workers' hand-offs in (handoff_in.h) */
     prompt_intake_t prompts;     /* colocated: the prompts computed here (prompt_intake.h) */
     /* stats */
-    uint64_t tokens_out, finished;
     /* Where the decode loop's time goes (ns): model steps, the recomputes' share of them. */
     uint64_t steps, forward_ns, recompute_ns;
     expert_report_t *experts;     /* expert_load windows to the expert-balancer; NULL: none */
-    uint64_t last_tokens;
-    int64_t last_stats_ms;
-    double tokens_per_s;
     int last_batch;
     spec_step_t *spec;           /* speculation (actors/worker/spec_step.h); NULL: off */
     router_watch_t routers;      /* the routers our requests belong to: a lost one's are dropped, a slow one's hold the steps */
@@ -96,120 +93,21 @@ static void s_req_free(decode_t *d, dc_req_t *r)
 
 static dc_req_t *s_find(decode_t *d, uint64_t id) { return (dc_req_t *)sched_find(d->sched, id); }
 
-static void s_error(actor_t *a, const char *to, uint64_t id, msg_error_code_t code, int retryable, const char *why)
-{
-    msg_t e;
-    msg_init(&e, MSG_ERROR, id);
-    e.u.error.code = code;
-    e.u.error.retryable = retryable;
-    e.u.error.message = why;
-    actor_send_keep(a, to, &e);   /* a terminal reply: never refused (the router waits for it) */
-}
-
-/* Ends a request: the write-back's blocks named, done to the router, the write-back's copy, free. */
-static void s_finish(actor_t *a, decode_t *d, dc_req_t *r, msg_finish_t fin)
-{
-    const msg_handoff_t *h = &r->handoff.u.handoff;
-    /* Finished inside a verify step: its KV loses the drafts past what was streamed (never written
-     * back), and what is left is computed: published now, its step's commit comes after. */
-    if (r->kv_keep > 0 && r->kv) {
-        if (kvseq_truncate(r->kv, r->kv_keep) != 0)
-            LOG_E("request %llu: cannot roll its KV back to %d tokens", (unsigned long long)r->sr.id, r->kv_keep);
-        kvseq_publish(r->kv);
-    }
-    /* A request without its KV (preempted) has nothing to write back. */
-    wb_slot_t *wb = r->sr.state == SCHED_PREEMPTED
-                        ? NULL
-                        : writeback_put(d->wb, a, r->kv, r->sr.id, (int)h->cached_tokens,
-                                        h->prompt_cache_key && *h->prompt_cache_key,
-                                        2 * sched_count(d->sched, SCHED_RUNNING) >= d->w->max_seqs);
-    msg_t m;
-    msg_init(&m, MSG_DONE, r->sr.id);
-    m.u.done.finish = fin;
-    m.u.done.usage.prompt_tokens = h->n_tokens;
-    m.u.done.usage.cached_tokens = h->cached_tokens;
-    m.u.done.usage.cached_host_tokens = h->cached_host_tokens;
-    m.u.done.usage.cached_disk_tokens = h->cached_disk_tokens;
-    m.u.done.usage.cached_device_tokens = h->cached_tokens - h->cached_host_tokens - h->cached_disk_tokens;
-    m.u.done.usage.completion_tokens = (uint32_t)r->n_gen;
-    m.u.done.timings.queue_ms = h->queue_ms;
-    m.u.done.timings.prefill_ms = h->prefill_ms;
-    m.u.done.timings.decode_ms = (uint32_t)(now_ms() - r->admitted_ms);
-    actor_send_keep(a, h->reply_to, &m);
-    d->finished++;
-    if (wb)
-        writeback_copy(d->wb, wb, &r->kv);
-    s_req_free(d, r);
-}
-
-_Static_assert(MSG_MAX_LOGPROBS <= SAMPLER_MAX_TOP, "a request's top_logprobs fit a sampler_top_t");
-
-/* r's most likely tokens at the position whose logits are row, into *top, when its sampling asks
- * for them (top_logprobs); NULL when it does not, or the row stayed on the device. Between the
- * sampling of the position and s_token (which records the token: the penalties must not move). */
-static const sampler_top_t *s_top(dc_req_t *r, const float *row, sampler_top_t *top)
-{
-    const uint32_t n = r->handoff.u.handoff.sampling.top_logprobs;
-    if (n == 0 || !row)
-        return NULL;
-    sampler_top_logprobs(r->smp, row, (int)n, top);
-    return top;
-}
-
-/* Streams token t (the request's n_gen-th) with its text, its logprob lp and its position's
- * alternatives top (NULL: none), and ends the request when it finished (at_length: no room for
- * another token). */
-static void s_token(actor_t *a, decode_t *d, dc_req_t *r, int32_t t, float lp, const sampler_top_t *top,
-                    int at_length)
-{
-    finish_reason_t fin = token_text_accept(&d->text, r->smp, d->w->tok ? &r->ts : NULL, t);
-    r->toks[r->sr.n_toks++] = t;
-    r->n_gen++;
-    msg_t m;
-    msg_init(&m, MSG_TOKEN, r->sr.id);
-    uint32_t tok = (uint32_t)t;
-    m.u.token.seq = (uint32_t)(r->n_gen - 1);
-    m.u.token.tokens = &tok;
-    m.u.token.n_tokens = 1;
-    m.u.token.text = d->text.len ? d->text.buf : NULL;
-    if (r->handoff.u.handoff.sampling.logprobs) {
-        m.u.token.logprobs = &lp;
-        m.u.token.n_logprobs = 1;
-        if (top && top->n > 0) {
-            m.u.token.top_tokens = (const uint32_t *)top->ids;   /* ids >= 0: the same bits */
-            m.u.token.top_logprobs = top->logprobs;
-            m.u.token.n_top_tokens = m.u.token.n_top_logprobs = (uint32_t)top->n;
-        }
-    }
-    /* Never refused: the steps make room for their tokens first (router_watch_room); a hand-off's first
-     * token, sent outside a step, is one per request. */
-    actor_send_keep(a, r->handoff.u.handoff.reply_to, &m);
-    d->tokens_out++;
-    if (fin == FINISH_NONE && at_length)
-        fin = FINISH_LENGTH;
-    if (fin != FINISH_NONE)
-        s_finish(a, d, r, fin == FINISH_LENGTH ? MSG_FINISH_LENGTH : MSG_FINISH_STOP);
-}
-
 /* A handed-over request joins the scheduler with its prompt's KV (with_kv), or without it (no
  * room: it is recomputed here when blocks free up), and streams its first token. A full batch does
  * not refuse: the request waits here with its KV and joins at the next step with a free slot. */
-static void s_admit(actor_t *a, decode_t *d, dc_req_t *r, int with_kv, int32_t first, float lp)
+static void s_admit(decode_t *d, dc_req_t *r, int with_kv, int32_t first, float lp)
 {
     const msg_handoff_t *h = &r->handoff.u.handoff;
     if (sched_add_running(d->sched, &r->sr, r->sr.id, r->kv, r->toks, (int)h->n_tokens, (int)h->cached_tokens,
                           with_kv) != 0) {
-        s_error(a, h->reply_to, r->sr.id, MSG_ERR_OVERLOADED, 1, "decode out of memory");
+        stream_out_error(&d->out, r, MSG_ERR_OVERLOADED, 1, "decode out of memory");
         s_req_free(d, r);
         return;
     }
     r->admitted_ms = now_ms();
-    sampler_top_t top = {.n = (int)h->n_first_top_tokens};   /* <= top_logprobs: validated */
-    if (top.n) {   /* the arrays are NULL without alternatives, and memcpy must not be given NULL */
-        memcpy(top.ids, h->first_top_tokens, (size_t)top.n * sizeof top.ids[0]);
-        memcpy(top.logprobs, h->first_top_logprobs, (size_t)top.n * sizeof top.logprobs[0]);
-    }
-    s_token(a, d, r, first, lp, top.n ? &top : NULL, 0);
+    if (stream_out_first(&d->out, r, first, lp))
+        s_req_free(d, r);
 }
 
 /* Blocks announced outside a hand-off: the cache-manager's answer to a colocated prompt's fetch,
@@ -232,7 +130,7 @@ static int s_on_handoff(actor_t *a, void *state, const actor_peer_t *from, msg_t
         s_req_free(d, r);
         router_watch_dropped(&d->routers, m->u.handoff.reply_to, 1);
     } else if (r) {
-        s_admit(a, d, r, with_kv, (int32_t)m->u.handoff.first_token, m->u.handoff.first_logprob);
+        s_admit(d, r, with_kv, (int32_t)m->u.handoff.first_token, m->u.handoff.first_logprob);
     }
     return 0;
 }
@@ -331,7 +229,7 @@ static void s_drop(void *ctx, sched_req_t *sr, const char *why)
 {
     decode_t *d = ctx;
     dc_req_t *r = (dc_req_t *)sr;
-    s_error(d->a, r->handoff.u.handoff.reply_to, sr->id, MSG_ERR_OVERLOADED, 1, why);
+    stream_out_error(&d->out, r, MSG_ERR_OVERLOADED, 1, why);
     s_req_free(d, r);
 }
 
@@ -378,7 +276,7 @@ static int s_forward(actor_t *a, decode_t *d, const sched_batch_t *b, int spec)
     LOG_E("forward: %s", err);
     for (int i = 0; i < b->n; i++) {
         dc_req_t *r = (dc_req_t *)b->rows[i].req;
-        s_error(a, r->handoff.u.handoff.reply_to, r->sr.id, MSG_ERR_INTERNAL, 1, err);
+        stream_out_error(&d->out, r, MSG_ERR_INTERNAL, 1, err);
         s_req_free(d, r);
     }
     return -1;
@@ -398,10 +296,11 @@ static void s_sample_emit(actor_t *a, decode_t *d, const sched_batch_t *b)
         const int32_t t = row ? sampler_sample(r->smp, row, r->handoff.u.handoff.sampling.logprobs ? &lp : NULL)
                               : d->argmax[i];
         sampler_top_t top;
-        const sampler_top_t *alt = s_top(r, row, &top);
+        const sampler_top_t *alt = stream_out_top(r, row, &top);
         if (i >= b->n_decode)   /* a colocated prompt's last chunk: its first token, as a hand-off's */
             prompt_intake_done(&d->prompts, a, r);
-        s_token(a, d, r, t, lp, alt, i < b->n_decode && kvseq_len(r->kv) + 1 >= d->w->max_model_len);
+        if (stream_out_token(&d->out, r, t, lp, alt, i < b->n_decode && kvseq_len(r->kv) + 1 >= d->w->max_model_len))
+            s_req_free(d, r);
     }
 }
 
@@ -418,26 +317,14 @@ static int s_spec_emit(void *ctx, sched_req_t *sr, int32_t t, float lp, const fl
 {
     decode_t *d = ctx;
     dc_req_t *r = (dc_req_t *)sr;
-    const uint64_t id = sr->id;
     r->kv_keep = kv_keep;
     sampler_top_t top;
-    s_token(d->a, d, r, t, lp, s_top(r, row, &top), at_length);
-    if (!s_find(d, id))
+    if (stream_out_token(&d->out, r, t, lp, stream_out_top(r, row, &top), at_length)) {
+        s_req_free(d, r);
         return 0;
+    }
     r->kv_keep = 0;
     return 1;
-}
-
-/* Backpressure (router_watch_room): what the next step may send a router: its rows' tokens (each
- * row's drafts with speculation, at most the rows of logits a forward has) and a done per row. */
-static long s_step_messages(const decode_t *d)
-{
-    const int n = sched_size(d->sched);
-    const int rows = n < d->w->max_seqs ? n : d->w->max_seqs;
-    long tokens = d->spec ? (long)rows * (1 + SPEC_MAX_K) : rows;
-    if (tokens > d->w->max_logit_rows && d->w->max_logit_rows >= rows)
-        tokens = d->w->max_logit_rows;
-    return tokens + rows;
 }
 
 /* One step: schedule -> propose -> forward -> sample -> emit. Returns 1 if it did work.
@@ -454,7 +341,7 @@ static int s_step(actor_t *a, void *state)
 {
     decode_t *d = state;
     const int copying = writeback_poll(d->wb, a);   /* copies in flight: come back soon to announce them */
-    if (sched_size(d->sched) > 0 && !router_watch_room(&d->routers, a, s_step_messages(d)))
+    if (sched_size(d->sched) > 0 && !router_watch_room(&d->routers, a, stream_out_step_messages(&d->out, d->spec != NULL)))
         return copying;   /* a router is behind: no step until its outbox drains (the cycle goes on) */
     const sched_batch_t *b = sched_step(d->sched);
     if (b->n == 0) {
@@ -491,11 +378,6 @@ static int s_drained(actor_t *a, void *state)
 static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
 {
     decode_t *d = state;
-    int64_t now = now_ms();
-    if (d->last_stats_ms && now > d->last_stats_ms)
-        d->tokens_per_s = (double)(d->tokens_out - d->last_tokens) * 1000.0 / (double)(now - d->last_stats_ms);
-    d->last_stats_ms = now;
-    d->last_tokens = d->tokens_out;
     const int running = sched_count(d->sched, SCHED_RUNNING), waiting = sched_count(d->sched, SCHED_WAITING);
     const int preempted = sched_count(d->sched, SCHED_PREEMPTED);
     actor_stat_queue(a, st, "running", (uint64_t)running, (uint64_t)d->w->max_seqs);
@@ -504,11 +386,11 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
     actor_stat_metric(a, st, "requests_running", running, 0);
     actor_stat_metric(a, st, "requests_waiting", waiting + preempted, 0);
     actor_stat_metric(a, st, "batch_size", running ? d->last_batch : 0, 0);
-    actor_stat_metric(a, st, "tokens_per_s", d->tokens_per_s, 0);
+    actor_stat_metric(a, st, "tokens_per_s", stream_out_rate(&d->out), 0);
     actor_stat_metric(a, st, "kv_blocks_free", kvpool_free_count(d->w->pool), 0);
     actor_stat_metric(a, st, "kv_blocks_used", kvpool_n_blocks(d->w->pool) - kvpool_free_count(d->w->pool), 0);
-    actor_stat_metric(a, st, "generation_tokens_total", (double)d->tokens_out, 1);
-    actor_stat_metric(a, st, "requests_finished_total", (double)d->finished, 1);
+    actor_stat_metric(a, st, "generation_tokens_total", (double)d->out.tokens_out, 1);
+    actor_stat_metric(a, st, "requests_finished_total", (double)d->out.finished, 1);
     actor_stat_metric(a, st, "preemptions_total", (double)sched_preemptions(d->sched), 1);
     handoff_in_stats(&d->handoffs, a, st);
     router_watch_stats(a, st, &d->routers);
@@ -618,17 +500,17 @@ int main(int argc, char **argv)
                            err, sizeof err);
     if (spec_step_policy_init(d.spec, a, spec_cfg.method == SPEC_DRAFT, err, sizeof err) != 0)
         spec_step_destroy(&d.spec);   /* out of memory: refused below */
-    const int text_rc = token_text_init(&d.text, 8192);
     d.wb = writeback_new(d.w, d.name, d.cluster, d.cache_manager);
     sched_config_t sc = {.max_seqs = max_seqs, .max_running = max_seqs, .chunk_tokens = chunk_tokens, .now_ms = now_ms,
                          .ctx = &d, .reclaim = s_reclaim, .hold_expired = s_hold_expired, .drop = s_drop};
     d.sched = sched_new(d.w->pool, &sc, err, sizeof err);
+    const int out_rc = stream_out_init(&d.out, a, d.w, d.sched, d.wb);
     d.handoffs = (handoff_in_t){.self = d.name, .w = d.w, .chan = d.chan, .wb = d.wb};
     int rc = -1, exit_code = 1;
     if (prompt_intake_init(&d.prompts, d.w, d.sched, d.name, d.cache_manager, colocated, err, sizeof err) != 0) {
         LOG_E("%s", err);   /* a bad TROUPE_PREFILL_FETCH */
         exit_code = 2;
-    } else if (!d.links || !d.chan || !d.seqs || !d.argmax || !d.sample || !d.need_logits || (!d.spec && spec_cfg.method != SPEC_OFF) || text_rc != 0 || !d.wb ||
+    } else if (!d.links || !d.chan || !d.seqs || !d.argmax || !d.sample || !d.need_logits || (!d.spec && spec_cfg.method != SPEC_OFF) || out_rc != 0 || !d.wb ||
         !d.sched) {
         LOG_E("out of memory for a batch of %d", max_seqs);
     } else {
@@ -650,7 +532,7 @@ int main(int argc, char **argv)
     free(d.sample);
     free(d.need_logits);
     spec_step_destroy(&d.spec);
-    token_text_free(&d.text);
+    stream_out_free(&d.out);
     expert_report_destroy(&d.experts);
     worker_destroy(&d.w);
     actor_destroy(&a);
