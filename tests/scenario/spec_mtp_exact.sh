@@ -67,7 +67,7 @@ for layout in disaggregated colocated; do
         now="$(metric "$topo" spec_verify_steps_total) $(metric "$topo" spec_draft_tokens_total) $(metric "$topo" spec_accepted_tokens_total)"
         [ "$now" = "$last" ] && break
         last=$now
-        sleep 0.3
+        sleep 1.2
       done
       read -r steps drafts acc <<< "$now"
       begun=$(metric "$topo" spec_mtp_sequences_begun_total) late=$(metric "$topo" spec_mtp_begun_late_total)
