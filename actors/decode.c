@@ -54,30 +54,31 @@
 #include "transfer/kv_transfer.h"
 
 typedef struct decode {
-    actor_t *a;                  /* for the scheduler's hooks */
-    worker_t *w;
-    const char *name, *cluster;
+    actor_t *a;                  /* for the scheduler's and speculation's hooks */
+    worker_t *w;                 /* the model, its KV pool, the tokenizer (worker.h) */
+    const char *name, *cluster;  /* our instance's name; the topology's */
     const char *cache_manager;   /* NULL when the topology has none */
     sched_t *sched;              /* every request, by state */
-    writeback_t *wb;             /* finished sequences to the host store */
-    model_seq_t *seqs;           /* [max_seqs] step scratch */
+    /* The step's scratch, a row each. */
+    model_seq_t *seqs;           /* [max_seqs] the forward's sequences */
     int32_t *argmax;             /* [max_seqs] the device's ids of a step (argmax or sampled) */
     bk_sample_t *sample;         /* [max_seqs] each row's sampling parameters for the device */
     uint8_t *need_logits;        /* [max_seqs] rows whose logits the host sampler needs */
-    stream_out_t out;            /* tokens, done and errors to the routers (stream_out.h) */
-    kvlinks_t *links;            /* NCCL links from prefill workers on other GPUs */
-    kvchan_t *chan;              /* how hand-offs' blocks come in, every channel (kv_chan.h) */
+    int64_t cycle_t0;            /* the last step's start (now_ns), while the worker has rows to step; 0: idle */
+    /* Requests in and out, and what they travel on. */
     handoff_in_t handoffs;       /* prefill workers' hand-offs in (handoff_in.h) */
     prompt_intake_t prompts;     /* colocated: the prompts computed here (prompt_intake.h) */
-    /* stats */
-    /* Where the decode loop's time goes (ns): model steps, the recomputes' share of them. */
-    uint64_t steps, forward_ns, recompute_ns;
-    expert_report_t *experts;     /* expert_load windows to the expert-balancer; NULL: none */
-    int last_batch;
+    stream_out_t out;            /* tokens, done and errors to the routers (stream_out.h) */
+    writeback_t *wb;             /* finished sequences to the host store */
     spec_step_t *spec;           /* speculation (actors/worker/spec_step.h); NULL: off */
     router_watch_t routers;      /* the routers our requests belong to: a lost one's are dropped, a slow one's hold the steps */
-    int64_t cycle_t0;            /* the last step's start (now_ns), while the worker has rows to step; 0: idle */
+    kvlinks_t *links;            /* NCCL links from prefill workers on other GPUs */
+    kvchan_t *chan;              /* how hand-offs' blocks come in, every channel (kv_chan.h) */
     chan_keys_t chan_keys;       /* CURVE keys of the tcp hand-off channel (none without CURVE) */
+    expert_report_t *experts;    /* expert_load windows to the expert-balancer; NULL: none */
+    /* Where the decode loop's time goes (ns): model steps, the recomputes' share of them. */
+    uint64_t steps, forward_ns, recompute_ns;
+    int last_batch;              /* the last step's decode rows */
 } decode_t;
 
 /* Frees a request and everything it holds, out of the scheduler first (NULL: nothing). */
@@ -441,6 +442,79 @@ static const actor_handler_t s_handlers[] = {
     {MSG_DRAFT_POLICY, s_on_draft_policy},
 };
 
+/* The hand-offs' ways in: NCCL links from prefill workers on other GPUs (polled, their processes
+ * watched), every other channel (kv_chan.h) with the tcp channel's CURVE keys; and the routers'
+ * watch. -1 (why in err) when the keys or the watch cannot be had; a channel that could not be
+ * made is NULL (out of memory, refused with the step's). */
+static int s_open_channels(decode_t *d, actor_t *a, const topo_t *t, char *err, size_t errlen)
+{
+    d->links = kvlinks_new(d->w->be, d->name, worker_block_bytes(d->w), NULL, s_link_send, a);
+    kvchan_cfg_t cc = {.be = d->w->be, .pool = d->w->pool, .topo = t, .self = actor_self(a), .cluster = t->name,
+                       .zmq_ctx = actor_zmq_ctx(a), .links = d->links};
+    if (chan_keys_fill(a, &d->chan_keys, &cc, err, errlen) != 0 || router_watch_init(&d->routers, a, t) != 0)
+        return -1;
+    d->chan = kvchan_new(&cc, err, errlen);
+    if (tchan_nccl_available(d->w->be)) {
+        actor_timer_add(a, KVLINK_POLL_MS, s_poll_links);
+        for (int i = 0; i < t->n_instances; i++)
+            if (t->instances[i].role == ROLE_PREFILL)
+                actor_watch(a, t->instances[i].name);
+    }
+    return 0;
+}
+
+/* What a step needs, for the worker's max_seqs rows: its scratch, speculation (spec_cfg), the
+ * write-back, the scheduler (the decode rows and up to chunk_tokens tokens of prompt chunks), the
+ * output and the hand-offs' intake. -1 when one is missing: out of memory, or speculation that
+ * could not start; s_close frees what was made. */
+static int s_open_step(decode_t *d, spec_step_config_t *spec_cfg, int chunk_tokens)
+{
+    const int max_seqs = d->w->max_seqs;
+    char err[1024];   /* out of memory is all these can say */
+    d->seqs = calloc((size_t)max_seqs, sizeof *d->seqs);
+    d->argmax = calloc((size_t)max_seqs, sizeof *d->argmax);
+    d->sample = calloc((size_t)max_seqs, sizeof *d->sample);
+    d->need_logits = calloc((size_t)max_seqs, 1);
+    const spec_hooks_t spec_hooks = {.ctx = d, .sampler = s_spec_sampler, .emit = s_spec_emit};
+    if (spec_cfg->pad_max_rows < 0)   /* padding buys graph replays: worth it where there are graphs */
+        spec_cfg->pad_max_rows = d->w->be->ops->graph_begin ? SPEC_PAD_ROWS_GRAPHS : 0;
+    d->spec = spec_step_new(spec_cfg, d->w->draft, max_seqs, d->w->max_logit_rows, d->w->max_model_len, &spec_hooks,
+                            err, sizeof err);
+    if (spec_step_policy_init(d->spec, d->a, spec_cfg->method == SPEC_DRAFT, err, sizeof err) != 0)
+        spec_step_destroy(&d->spec);   /* out of memory: refused below */
+    d->wb = writeback_new(d->w, d->name, d->cluster, d->cache_manager);
+    sched_config_t sc = {.max_seqs = max_seqs, .max_running = max_seqs, .chunk_tokens = chunk_tokens, .now_ms = now_ms,
+                         .ctx = d, .reclaim = s_reclaim, .hold_expired = s_hold_expired, .drop = s_drop};
+    d->sched = sched_new(d->w->pool, &sc, err, sizeof err);
+    const int out_rc = stream_out_init(&d->out, d->a, d->w, d->sched, d->wb);
+    d->handoffs = (handoff_in_t){.self = d->name, .w = d->w, .chan = d->chan, .wb = d->wb};
+    return !d->seqs || !d->argmax || !d->sample || !d->need_logits || (!d->spec && spec_cfg->method != SPEC_OFF) ||
+                   out_rc != 0 || !d->wb || !d->sched
+               ? -1
+               : 0;
+}
+
+/* Frees everything of s_open_channels and s_open_step, and the worker: the channels first, the
+ * requests out of the scheduler before it goes. */
+static void s_close(decode_t *d)
+{
+    kvchan_destroy(&d->chan);
+    kvlinks_destroy(&d->links);
+    writeback_destroy(&d->wb);
+    for (sched_state_t st = 0; d->sched && st < SCHED_OUT; st++)
+        while (sched_first(d->sched, st))
+            s_req_free(d, (dc_req_t *)sched_first(d->sched, st));
+    sched_destroy(&d->sched);
+    free(d->seqs);
+    free(d->argmax);
+    free(d->sample);
+    free(d->need_logits);
+    spec_step_destroy(&d->spec);
+    stream_out_free(&d->out);
+    expert_report_destroy(&d->experts);
+    worker_destroy(&d->w);
+}
+
 int main(int argc, char **argv)
 {
     actor_t *a = actor_new(argc, argv, ROLE_DECODE);
@@ -451,67 +525,39 @@ int main(int argc, char **argv)
     const topo_instance_t *cm = topo_first(t, ROLE_CACHE_MANAGER);
     d.cache_manager = cm ? cm->name : NULL;
     char err[1024];
-    int max_seqs = t->limits.max_batch;
     /* Colocated (no prefill actors): prompts come here (prefill_request). */
     const int colocated = topo_first(t, ROLE_PREFILL) == NULL;
-    const int chunk_tokens = t->limits.prefill_chunk_tokens;
     if (colocated && d.cache_manager)
         actor_timer_add(a, FETCH_TIMEOUT_MS / 10, s_wake);
-    /* A step holds the decode rows and up to prefill_chunk_tokens tokens of prompt chunks (colocated
-     * prompts, and every worker's recomputes of preempted requests). */
-    const int max_tokens = max_seqs + chunk_tokens;
     spec_step_config_t spec_cfg;
     if (spec_step_config_from_env(&spec_cfg, err, sizeof err) != 0) {
         LOG_E("%s", err);
         actor_destroy(&a);
         return ACTOR_EXIT_CONFIG;
     }
+    /* A step holds the decode rows and up to prefill_chunk_tokens tokens of prompt chunks (colocated
+     * prompts, and every worker's recomputes of preempted requests). */
+    const int max_seqs = t->limits.max_batch, chunk_tokens = t->limits.prefill_chunk_tokens;
     int config_error;
-    d.w = worker_load(t, ROLE_DECODE, actor_self(a)->gpu, max_tokens, max_seqs, &config_error, err, sizeof err);
+    d.w = worker_load(t, ROLE_DECODE, actor_self(a)->gpu, max_seqs + chunk_tokens, max_seqs, &config_error, err,
+                      sizeof err);
     if (!d.w) {
         LOG_E("cannot load the model: %s", err);
         actor_destroy(&a);
         return config_error ? ACTOR_EXIT_CONFIG : 1;
     }
-    d.links = kvlinks_new(d.w->be, d.name, worker_block_bytes(d.w), NULL, s_link_send, a);
-    kvchan_cfg_t cc = {.be = d.w->be, .pool = d.w->pool, .topo = t, .self = actor_self(a), .cluster = t->name,
-                       .zmq_ctx = actor_zmq_ctx(a), .links = d.links};
-    if (chan_keys_fill(a, &d.chan_keys, &cc, err, sizeof err) != 0 || router_watch_init(&d.routers, a, t) != 0) {
+    if (s_open_channels(&d, a, t, err, sizeof err) != 0) {
         LOG_E("security: the KV channel's keys, or the routers' watch: %s", err);
         worker_destroy(&d.w);
         actor_destroy(&a);
         return 1;
     }
-    d.chan = kvchan_new(&cc, err, sizeof err);
-    if (tchan_nccl_available(d.w->be)) {
-        actor_timer_add(a, KVLINK_POLL_MS, s_poll_links);
-        for (int i = 0; i < t->n_instances; i++)
-            if (t->instances[i].role == ROLE_PREFILL)
-                actor_watch(a, t->instances[i].name);
-    }
-    d.seqs = calloc((size_t)max_seqs, sizeof *d.seqs);
-    d.argmax = calloc((size_t)max_seqs, sizeof *d.argmax);
-    d.sample = calloc((size_t)max_seqs, sizeof *d.sample);
-    d.need_logits = calloc((size_t)max_seqs, 1);
-    const spec_hooks_t spec_hooks = {.ctx = &d, .sampler = s_spec_sampler, .emit = s_spec_emit};
-    if (spec_cfg.pad_max_rows < 0)   /* padding buys graph replays: worth it where there are graphs */
-        spec_cfg.pad_max_rows = d.w->be->ops->graph_begin ? SPEC_PAD_ROWS_GRAPHS : 0;
-    d.spec = spec_step_new(&spec_cfg, d.w->draft, max_seqs, d.w->max_logit_rows, d.w->max_model_len, &spec_hooks,
-                           err, sizeof err);
-    if (spec_step_policy_init(d.spec, a, spec_cfg.method == SPEC_DRAFT, err, sizeof err) != 0)
-        spec_step_destroy(&d.spec);   /* out of memory: refused below */
-    d.wb = writeback_new(d.w, d.name, d.cluster, d.cache_manager);
-    sched_config_t sc = {.max_seqs = max_seqs, .max_running = max_seqs, .chunk_tokens = chunk_tokens, .now_ms = now_ms,
-                         .ctx = &d, .reclaim = s_reclaim, .hold_expired = s_hold_expired, .drop = s_drop};
-    d.sched = sched_new(d.w->pool, &sc, err, sizeof err);
-    const int out_rc = stream_out_init(&d.out, a, d.w, d.sched, d.wb);
-    d.handoffs = (handoff_in_t){.self = d.name, .w = d.w, .chan = d.chan, .wb = d.wb};
+    const int step_rc = s_open_step(&d, &spec_cfg, chunk_tokens);
     int rc = -1, exit_code = 1;
     if (prompt_intake_init(&d.prompts, d.w, d.sched, d.name, d.cache_manager, colocated, err, sizeof err) != 0) {
         LOG_E("%s", err);   /* a bad TROUPE_PREFILL_FETCH */
         exit_code = 2;
-    } else if (!d.links || !d.chan || !d.seqs || !d.argmax || !d.sample || !d.need_logits || (!d.spec && spec_cfg.method != SPEC_OFF) || out_rc != 0 || !d.wb ||
-        !d.sched) {
+    } else if (!d.links || !d.chan || step_rc != 0) {
         LOG_E("out of memory for a batch of %d", max_seqs);
     } else {
         tchan_shm_sweep(t->name);
@@ -520,21 +566,7 @@ int main(int argc, char **argv)
                            .peer_event = s_peer_event};
         rc = actor_run(a, &ops, &d);
     }
-    kvchan_destroy(&d.chan);
-    kvlinks_destroy(&d.links);
-    writeback_destroy(&d.wb);
-    for (sched_state_t st = 0; d.sched && st < SCHED_OUT; st++)
-        while (sched_first(d.sched, st))
-            s_req_free(&d, (dc_req_t *)sched_first(d.sched, st));
-    sched_destroy(&d.sched);
-    free(d.seqs);
-    free(d.argmax);
-    free(d.sample);
-    free(d.need_logits);
-    spec_step_destroy(&d.spec);
-    stream_out_free(&d.out);
-    expert_report_destroy(&d.experts);
-    worker_destroy(&d.w);
+    s_close(&d);
     actor_destroy(&a);
     return rc == 0 ? 0 : exit_code;
 }
