@@ -37,7 +37,9 @@ int model_mtp_forward(model_t *m, const model_batch_t *b, const float *hidden, f
  * The target's hidden states come in through spec_mtp_feed after each target forward; propose
  * then catches the MTP layer up on every position whose next token is known and drafts k tokens
  * (the first from the target's hidden state, the rest chained on the MTP's own), rolling its KV
- * back to the target-backed positions afterwards. probs gets each draft's MTP softmax probability.
+ * back to the target-backed positions afterwards; propose_batch runs one MTP forward per draft
+ * position for all asking sequences, and stops a sequence's drafts once the product of their
+ * probabilities is below its stop_below. probs gets each draft's MTP softmax probability.
  * NULL with err (no MTP layer, out of memory). */
 spec_proposer_t *spec_mtp_new(model_t *target, int max_seqs, int max_context, char *err, size_t errlen);
 /* Hands the proposer the target's hidden states (model_batch_t.hidden_out rows) of sequence id at
@@ -54,6 +56,19 @@ spec_proposer_t *spec_mtp_new(model_t *target, int max_seqs, int max_context, ch
  * between positions only, so the shift changes nothing but rounding. 0, or -1 with err. */
 int spec_mtp_feed(spec_proposer_t *p, uint64_t id, const int32_t *tokens, int n_tokens, int pos0, int n,
                   const float *hidden, char *err, size_t errlen);
+
+/* spec_mtp_feed for several sequences (one feed each) at once: the rows that can run go through
+ * the MTP layer together, in as few forwards as the model's buffers allow. A feed that fails (bad
+ * rows, too many sequences) drops its sequence, which begins again at its next feed; the others go
+ * on. 0, or -1 with err naming the first failure. */
+typedef struct spec_mtp_feed {
+    uint64_t id;
+    const int32_t *tokens;         /* [n_tokens] the tokens known now */
+    int n_tokens;
+    int pos0, n;                   /* the target positions of the hidden rows */
+    const float *hidden;           /* [n][hidden_size] */
+} spec_mtp_feed_t;
+int spec_mtp_feed_batch(spec_proposer_t *p, const spec_mtp_feed_t *feeds, int n, char *err, size_t errlen);
 
 /* A host buffer [*rows][*hidden_size] for model_batch_t.hidden_out of the target's forwards, rows =
  * the target model's max_tokens (a step's new rows at most), owned by the proposer; NULL when p is

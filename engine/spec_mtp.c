@@ -21,6 +21,8 @@ static const spec_proposer_ops_t s_ops;   /* below: tells an MTP proposer from a
 
 #define PEND_MAX (SPEC_MAX_K + 2)   /* fed rows waiting for their next token */
 #define MTP_BLOCK 16                /* the MTP pool's tokens per block */
+#define RUN_TOKENS 1024             /* rows per MTP forward at most */
+#define RUN_SEQS 64                 /* sequences per MTP forward at most */
 
 /* The MTP pool's blocks: every sequence's longest MTP sequence (max_context, a proposal's chained
  * drafts past it) and a partial block. */
@@ -50,17 +52,34 @@ typedef struct {
     float *last_hid;               /* [H] the MTP output at position len - 1 */
     int32_t last_draft;            /* its argmax: the guess for target token len + 1 */
     float last_prob;               /* that guess's softmax probability */
+    float *save_hid;               /* [H] a proposal's copy of last_hid (and the two below), restored after */
+    int32_t save_draft;
+    float save_prob;
+    int save_len;
+    int in_run;                    /* has a job in the batch being gathered (s_gather) */
 } s_seq_t;
+
+/* n new MTP positions of s: MTP tokens toks[0..n) (target tokens have+1 ..), hidden rows hid [n][H]. */
+typedef struct {
+    s_seq_t *s;
+    const int32_t *toks;
+    const float *hid;
+    int n;
+} s_job_t;
 
 typedef struct {
     model_t *m;
     kvpool_t *pool;
-    int max_seqs, max_context, chunk, H, V;
+    int max_seqs, max_context, H, V;
+    int run_tokens, run_seqs;      /* rows and sequences per MTP forward (the model's max_tokens, max_seqs) */
     s_seq_t *seqs;
-    float *logits;                 /* [V] */
-    float *hid_out;                /* [chunk][H] */
-    float *target_hid;             /* [max_tokens][H] spec_mtp_hidden_buffer */
-    int target_rows;
+    s_job_t *jobs;                 /* [max_seqs] a batch being gathered */
+    int n_jobs;
+    float *stage;                  /* [run_tokens][H] a forward's hidden rows */
+    float *logits;                 /* [run_seqs][V] each sequence's last row */
+    float *hid_out;                /* [run_tokens][H] */
+    float *target_hid;             /* [target_rows][H] spec_mtp_hidden_buffer */
+    int target_rows;               /* the model's max_tokens: a target step's rows at most */
     spec_mtp_stats_t st;
 } s_mtp_t;
 
@@ -86,34 +105,97 @@ static s_seq_t *s_find(s_mtp_t *t, uint64_t id, int make)
     return free_slot;
 }
 
-/* Runs the MTP layer over n new positions of s: MTP tokens toks[0..n) (target tokens len+1 ..),
- * hidden rows hid [n][H], in chunks; keeps the last row's output, argmax and probability. */
-static int s_run(s_mtp_t *t, s_seq_t *s, const int32_t *toks, const float *hid, int n, char *err, size_t errlen)
+static void s_drop(s_seq_t *s)
 {
-    for (int done = 0; done < n;) {
-        const int c = n - done < t->chunk ? n - done : t->chunk;
-        if (kvseq_append(s->kv, toks + done, c) < 0)
-            return errf(err, errlen, "mtp: sequence %llu: no room in the MTP KV (%d positions)",
-                        (unsigned long long)s->id, kvseq_len(s->kv) + c);
-        model_seq_t q = {.kv = s->kv, .n_new = c};
-        model_batch_t b = {.n_seqs = 1, .seqs = &q};
-        if (model_mtp_forward(t->m, &b, hid + (size_t)done * t->H, t->logits, t->hid_out, err, errlen) < 0) {
-            kvseq_truncate(s->kv, kvseq_len(s->kv) - c);
-            return -1;
-        }
-        t->st.forwards++;
-        t->st.rows += (uint64_t)c;
-        done += c;
-        memcpy(s->last_hid, t->hid_out + (size_t)(c - 1) * t->H, (size_t)t->H * sizeof(float));
+    kvseq_release(s->kv);
+    s->used = 0;
+    s->n_pend = 0;
+    s->base = 0;
+}
+
+/* One MTP forward over jobs[0..n) (each a different sequence, rows within run_tokens in all): each
+ * sequence keeps its last row's output, argmax and probability. On failure the rows appended are
+ * taken back (the sequences keep what they had: a later feed finds the gap). */
+static int s_forward(s_mtp_t *t, s_job_t *jobs, int n, char *err, size_t errlen)
+{
+    model_seq_t q[n];
+    int T = 0, i = 0;
+    for (; i < n; i++) {
+        s_job_t *j = &jobs[i];
+        if (kvseq_append(j->s->kv, j->toks, j->n) < 0)
+            break;
+        q[i] = (model_seq_t){.kv = j->s->kv, .n_new = j->n};
+        memcpy(t->stage + (size_t)T * t->H, j->hid, (size_t)j->n * t->H * sizeof(float));
+        T += j->n;
+    }
+    int rc = i < n ? errf(err, errlen, "mtp: sequence %llu: no room in the MTP KV (%d positions)",
+                          (unsigned long long)jobs[i].s->id, kvseq_len(jobs[i].s->kv) + jobs[i].n) : 0;
+    model_batch_t b = {.n_seqs = n, .seqs = q};
+    if (rc == 0)
+        rc = model_mtp_forward(t->m, &b, t->stage, t->logits, t->hid_out, err, errlen);
+    if (rc < 0) {
+        for (int u = 0; u < i; u++)
+            kvseq_truncate(jobs[u].s->kv, kvseq_len(jobs[u].s->kv) - jobs[u].n);
+        return -1;
+    }
+    t->st.forwards++;
+    t->st.rows += (uint64_t)T;
+    T = 0;
+    for (i = 0; i < n; i++) {
+        s_seq_t *s = jobs[i].s;
+        T += jobs[i].n;
+        memcpy(s->last_hid, t->hid_out + (size_t)(T - 1) * t->H, (size_t)t->H * sizeof(float));
+        const float *lg = t->logits + (size_t)i * t->V;
         int best = 0;
         for (int v = 1; v < t->V; v++)
-            best = t->logits[v] > t->logits[best] ? v : best;
+            best = lg[v] > lg[best] ? v : best;
         double sum = 0;
         for (int v = 0; v < t->V; v++)
-            sum += exp((double)t->logits[v] - t->logits[best]);
+            sum += exp((double)lg[v] - lg[best]);
         s->last_draft = best;
         s->last_prob = (float)(1.0 / sum);
     }
+    return 0;
+}
+
+/* Runs the gathered jobs in as few forwards as run_tokens and run_seqs allow (a long job in parts,
+ * each part after the one before it), and empties the batch. */
+static int s_flush(s_mtp_t *t, char *err, size_t errlen)
+{
+    s_job_t part[t->n_jobs > 0 ? t->n_jobs : 1];
+    int rc = 0;
+    while (rc == 0) {
+        int n = 0, T = 0;
+        for (int i = 0; i < t->n_jobs && n < t->run_seqs && T < t->run_tokens; i++) {
+            s_job_t *j = &t->jobs[i];
+            if (j->n == 0)
+                continue;
+            const int c = j->n < t->run_tokens - T ? j->n : t->run_tokens - T;
+            part[n++] = (s_job_t){.s = j->s, .toks = j->toks, .hid = j->hid, .n = c};
+            j->toks += c;
+            j->hid += (size_t)c * t->H;
+            j->n -= c;
+            T += c;
+        }
+        if (n == 0)
+            break;
+        rc = s_forward(t, part, n, err, errlen);
+    }
+    for (int i = 0; i < t->n_jobs; i++)
+        t->jobs[i].s->in_run = 0;
+    t->n_jobs = 0;
+    return rc;
+}
+
+/* Adds a job to the batch (a sequence already in it: the batch runs first, so its rows stay in order). */
+static int s_gather(s_mtp_t *t, s_seq_t *s, const int32_t *toks, const float *hid, int n, char *err, size_t errlen)
+{
+    if (n <= 0)
+        return 0;
+    if ((s->in_run || t->n_jobs == t->max_seqs) && s_flush(t, err, errlen) < 0)
+        return -1;
+    t->jobs[t->n_jobs++] = (s_job_t){.s = s, .toks = toks, .hid = hid, .n = n};
+    s->in_run = 1;
     return 0;
 }
 
@@ -125,46 +207,48 @@ static int s_advance(s_mtp_t *t, s_seq_t *s, const int32_t *tokens, int n, char 
     ready = ready < s->n_pend ? ready : s->n_pend;
     if (ready <= 0)
         return 0;
-    if (s_run(t, s, tokens + have + 1, s->pend, ready, err, errlen) < 0)
+    if (s_gather(t, s, tokens + have + 1, s->pend, ready, err, errlen) < 0 || s_flush(t, err, errlen) < 0)
         return -1;
     s->n_pend -= ready;
     memmove(s->pend, s->pend + (size_t)ready * t->H, (size_t)s->n_pend * t->H * sizeof(float));
     return 0;
 }
 
-int spec_mtp_feed(spec_proposer_t *p, uint64_t id, const int32_t *tokens, int n_tokens, int pos0, int n,
-                  const float *hidden, char *err, size_t errlen)
+/* One feed's bookkeeping (engine/mtp.h): where the sequence begins, which rows it has, which wait;
+ * the rows that can run now are gathered into the batch. */
+static int s_feed_one(s_mtp_t *t, const spec_mtp_feed_t *f, char *err, size_t errlen)
 {
-    s_mtp_t *t = p->impl;
-    if (pos0 < 0 || n < 0 || pos0 + n > n_tokens)
+    if (f->pos0 < 0 || f->n < 0 || f->pos0 + f->n > f->n_tokens)
         return errf(err, errlen, "mtp: sequence %llu: hidden states of positions %d..%d, %d tokens known",
-                    (unsigned long long)id, pos0, pos0 + n - 1, n_tokens);
-    s_seq_t *s = s_find(t, id, 1);
+                    (unsigned long long)f->id, f->pos0, f->pos0 + f->n - 1, f->n_tokens);
+    s_seq_t *s = s_find(t, f->id, 1);
     if (!s)
         return errf(err, errlen, "mtp: more than %d sequences", t->max_seqs);
     const int fresh = kvseq_len(s->kv) == 0 && s->n_pend == 0;
-    if (s_advance(t, s, tokens, n_tokens, err, errlen) < 0)
+    if (s_advance(t, s, f->tokens, f->n_tokens, err, errlen) < 0)
         return -1;
     int next = s_have(s) + s->n_pend;                   /* the first position not had yet */
-    if (fresh || pos0 > next) {                         /* begins here (engine/mtp.h) */
-        if (n == 0)
+    if (fresh || f->pos0 > next) {                      /* begins here (engine/mtp.h) */
+        if (f->n == 0)
             return 0;
+        if (s->in_run && s_flush(t, err, errlen) < 0)
+            return -1;
         kvseq_release(s->kv);
         s->n_pend = 0;
-        s->base = next = pos0;
+        s->base = next = f->pos0;
         t->st.starts++;
-        t->st.started_late += pos0 > 0;
+        t->st.started_late += f->pos0 > 0;
     }
-    if (pos0 + n <= next)
+    if (f->pos0 + f->n <= next)
         return 0;
-    const float *h = hidden + (size_t)(next - pos0) * t->H;
-    int rows = pos0 + n - next;
+    const float *h = f->hidden + (size_t)(next - f->pos0) * t->H;
+    int rows = f->pos0 + f->n - next;
     if (s->n_pend == 0) {                               /* straight from the caller's rows */
         const int have = s_have(s);
-        int ready = n_tokens - 1 - have;
+        int ready = f->n_tokens - 1 - have;
         ready = ready < rows ? ready : rows;
         if (ready > 0) {
-            if (s_run(t, s, tokens + have + 1, h, ready, err, errlen) < 0)
+            if (s_gather(t, s, f->tokens + have + 1, h, ready, err, errlen) < 0)
                 return -1;
             h += (size_t)ready * t->H;
             rows -= ready;
@@ -172,60 +256,122 @@ int spec_mtp_feed(spec_proposer_t *p, uint64_t id, const int32_t *tokens, int n_
     }
     if (s->n_pend + rows > PEND_MAX)
         return errf(err, errlen, "mtp: sequence %llu: %d hidden states wait for their tokens (at most %d)",
-                    (unsigned long long)id, s->n_pend + rows, PEND_MAX);
+                    (unsigned long long)f->id, s->n_pend + rows, PEND_MAX);
     memcpy(s->pend + (size_t)s->n_pend * t->H, h, (size_t)rows * t->H * sizeof(float));
     s->n_pend += rows;
     return 0;
 }
 
+int spec_mtp_feed_batch(spec_proposer_t *p, const spec_mtp_feed_t *feeds, int n, char *err, size_t errlen)
+{
+    s_mtp_t *t = p->impl;
+    int failed = 0;
+    char e1[256];
+    for (int i = 0; i < n; i++)
+        if (s_feed_one(t, &feeds[i], e1, sizeof e1) < 0) {
+            s_seq_t *s = s_find(t, feeds[i].id, 0);
+            if (s && !s->in_run)    /* begins again at its next feed */
+                s_drop(s);
+            if (failed++ == 0)
+                errf(err, errlen, "%s", e1);
+        }
+    if (s_flush(t, e1, sizeof e1) < 0) {
+        failed++;
+        errf(err, errlen, "%s", e1);
+    }
+    return failed ? -1 : 0;
+}
+
+int spec_mtp_feed(spec_proposer_t *p, uint64_t id, const int32_t *tokens, int n_tokens, int pos0, int n,
+                  const float *hidden, char *err, size_t errlen)
+{
+    const spec_mtp_feed_t f = {.id = id, .tokens = tokens, .n_tokens = n_tokens, .pos0 = pos0, .n = n, .hidden = hidden};
+    return spec_mtp_feed_batch(p, &f, 1, err, errlen);
+}
+
+/* Every asking sequence's drafts: the first is the guess the MTP layer made at its newest
+ * target-backed position; each further draft position is one forward for all sequences still
+ * drafting (the MTP's own output as the hidden state, the draft before as the token). Then every
+ * sequence's MTP KV goes back to its target-backed positions. */
+static int s_propose_batch(spec_proposer_t *p, spec_ask_t *asks, int n)
+{
+    s_mtp_t *t = p->impl;
+    char err[256];
+    int rc = 0, kmax = 0;
+    s_seq_t *seq[n > 0 ? n : 1];
+    float cum[n > 0 ? n : 1];
+    for (int i = 0; i < n; i++) {
+        spec_ask_t *a = &asks[i];
+        s_seq_t *s = seq[i] = s_find(t, a->id, 0);
+        a->n_drafts = 0;
+        if (!s || a->k < 1 || s_advance(t, s, a->tokens, a->n, err, sizeof err) < 0) {
+            seq[i] = NULL;
+            continue;
+        }
+        const int len = kvseq_len(s->kv);
+        if (len == 0 || s->base + len != a->n - 1 || len + a->k > t->max_context) {
+            seq[i] = NULL;                              /* the target's h_{n-2} was not fed */
+            continue;
+        }
+        s->save_len = len;
+        memcpy(s->save_hid, s->last_hid, (size_t)t->H * sizeof(float));
+        s->save_draft = s->last_draft;
+        s->save_prob = s->last_prob;
+        a->drafts[0] = s->last_draft;
+        if (a->probs)
+            a->probs[0] = s->last_prob;
+        a->n_drafts = 1;
+        cum[i] = s->last_prob;
+        kmax = a->k > kmax ? a->k : kmax;
+    }
+    for (int r = 1; r < kmax && rc == 0; r++) {
+        for (int i = 0; i < n && rc == 0; i++) {
+            const spec_ask_t *a = &asks[i];
+            if (seq[i] && a->n_drafts == r && r < a->k && !(a->stop_below > 0 && cum[i] < a->stop_below))
+                rc = s_gather(t, seq[i], &a->drafts[r - 1], seq[i]->last_hid, 1, err, sizeof err);
+        }
+        if (t->n_jobs == 0 || rc < 0 || (rc = s_flush(t, err, sizeof err)) < 0)
+            break;
+        for (int i = 0; i < n; i++) {
+            spec_ask_t *a = &asks[i];
+            if (!seq[i] || a->n_drafts != r || kvseq_len(seq[i]->kv) != seq[i]->save_len + r)
+                continue;                               /* not drafting at r */
+            a->drafts[r] = seq[i]->last_draft;
+            if (a->probs)
+                a->probs[r] = seq[i]->last_prob;
+            cum[i] *= seq[i]->last_prob;
+            a->n_drafts = r + 1;
+        }
+    }
+    t->n_jobs = 0;
+    for (int i = 0; i < n; i++) {
+        s_seq_t *s = seq[i];
+        if (!s)
+            continue;
+        s->in_run = 0;
+        kvseq_truncate(s->kv, s->save_len);             /* never published: always allowed */
+        memcpy(s->last_hid, s->save_hid, (size_t)t->H * sizeof(float));
+        s->last_draft = s->save_draft;
+        s->last_prob = s->save_prob;
+    }
+    return rc;
+}
+
 static int s_propose(spec_proposer_t *p, uint64_t id, const int32_t *tokens, int n, int k, int32_t *drafts,
                      float *probs)
 {
-    s_mtp_t *t = p->impl;
-    s_seq_t *s = s_find(t, id, 0);
-    char err[256];
-    k = k < SPEC_MAX_K ? k : SPEC_MAX_K;
-    if (!s || k < 1 || s_advance(t, s, tokens, n, err, sizeof err) < 0)
-        return 0;
-    const int len = kvseq_len(s->kv);
-    if (len == 0 || s->base + len != n - 1 || len + k > t->max_context)
-        return 0;                                       /* the target's h_{n-2} was not fed */
-    /* The guess from position n-2, then chained positions n-1 .. on the MTP's own output. */
-    float hid[2 * 8192], *save_hid = hid, *cur = hid + t->H;
-    if (t->H > 8192)
-        return 0;
-    memcpy(save_hid, s->last_hid, (size_t)t->H * sizeof(float));
-    const int32_t save_draft = s->last_draft;
-    const float save_prob = s->last_prob;
-    int r = 0;
-    drafts[r] = s->last_draft;
-    if (probs)
-        probs[r] = s->last_prob;
-    for (r = 1; r < k; r++) {
-        memcpy(cur, s->last_hid, (size_t)t->H * sizeof(float));
-        if (s_run(t, s, &drafts[r - 1], cur, 1, err, sizeof err) < 0)
-            break;
-        drafts[r] = s->last_draft;
-        if (probs)
-            probs[r] = s->last_prob;
-    }
-    kvseq_truncate(s->kv, len);                         /* never published: always allowed */
-    memcpy(s->last_hid, save_hid, (size_t)t->H * sizeof(float));
-    s->last_draft = save_draft;
-    s->last_prob = save_prob;
-    return r;
+    spec_ask_t a = {.id = id, .tokens = tokens, .n = n, .k = k < SPEC_MAX_K ? k : SPEC_MAX_K, .drafts = drafts,
+                    .probs = probs};
+    s_propose_batch(p, &a, 1);
+    return a.n_drafts;
 }
 
 static void s_forget(spec_proposer_t *p, uint64_t id)
 {
     s_mtp_t *t = p->impl;
     s_seq_t *s = s_find(t, id, 0);
-    if (s) {
-        kvseq_release(s->kv);
-        s->used = 0;
-        s->n_pend = 0;
-        s->base = 0;
-    }
+    if (s)
+        s_drop(s);
 }
 
 float *spec_mtp_hidden_buffer(spec_proposer_t *p, int *rows, int *hidden_size)
@@ -263,10 +409,13 @@ static void s_destroy(spec_proposer_t *p)
         kvseq_destroy(&t->seqs[i].kv);
         free(t->seqs[i].pend);
         free(t->seqs[i].last_hid);
+        free(t->seqs[i].save_hid);
     }
     if (t) {
         free(t->seqs);
+        free(t->jobs);
         kvpool_destroy(&t->pool);
+        free(t->stage);
         free(t->logits);
         free(t->hid_out);
         free(t->target_hid);
@@ -276,7 +425,7 @@ static void s_destroy(spec_proposer_t *p)
 }
 
 static const spec_proposer_ops_t s_ops = {
-    .name = "mtp", .propose = s_propose, .forget = s_forget, .destroy = s_destroy,
+    .name = "mtp", .propose = s_propose, .propose_batch = s_propose_batch, .forget = s_forget, .destroy = s_destroy,
 };
 
 spec_proposer_t *spec_mtp_new(model_t *target, int max_seqs, int max_context, char *err, size_t errlen)
@@ -296,15 +445,23 @@ spec_proposer_t *spec_mtp_new(model_t *target, int max_seqs, int max_context, ch
     t->m = target;
     t->max_seqs = max_seqs > 0 ? max_seqs : 1;
     t->max_context = max_context > 0 ? max_context : c->max_position_embeddings;
-    t->target_rows = target->opts.max_tokens;
-    t->chunk = t->target_rows < 64 ? t->target_rows : 64;   /* rows per MTP forward (<= the model's max_tokens) */
     t->H = c->hidden_size;
     t->V = c->vocab_size;
+    /* The MTP forwards' own batches, within the model's buffers; at most RUN_TOKENS rows and
+     * RUN_SEQS sequences each, so that their host buffers stay small on a large model (a batch
+     * over more runs as several forwards). */
+    const model_opts_t *o = &target->opts;
+    t->target_rows = o->max_tokens;
+    t->run_tokens = o->max_tokens < RUN_TOKENS ? o->max_tokens : RUN_TOKENS;
+    t->run_seqs = o->max_seqs < o->max_logit_rows ? o->max_seqs : o->max_logit_rows;
+    t->run_seqs = t->run_seqs < RUN_SEQS ? t->run_seqs : RUN_SEQS;
     t->seqs = calloc((size_t)t->max_seqs, sizeof *t->seqs);
-    t->logits = malloc((size_t)t->V * sizeof(float));
-    t->hid_out = malloc((size_t)t->chunk * t->H * sizeof(float));
+    t->jobs = calloc((size_t)t->max_seqs, sizeof *t->jobs);
+    t->stage = malloc((size_t)t->run_tokens * t->H * sizeof(float));
+    t->logits = malloc((size_t)t->run_seqs * t->V * sizeof(float));
+    t->hid_out = malloc((size_t)t->run_tokens * t->H * sizeof(float));
     t->target_hid = malloc((size_t)t->target_rows * t->H * sizeof(float));
-    if (!t->seqs || !t->logits || !t->hid_out || !t->target_hid)
+    if (!t->seqs || !t->jobs || !t->stage || !t->logits || !t->hid_out || !t->target_hid)
         goto oom;
     if (!(t->pool = model_mtp_pool_new(target, (int)s_pool_blocks(t->max_seqs, t->max_context), MTP_BLOCK, DT_F32,
                                        err, errlen)))
@@ -314,7 +471,8 @@ spec_proposer_t *spec_mtp_new(model_t *target, int max_seqs, int max_context, ch
         s->kv = kvseq_new(t->pool, t->max_context + SPEC_MAX_K, 0);
         s->pend = malloc((size_t)PEND_MAX * t->H * sizeof(float));
         s->last_hid = malloc((size_t)t->H * sizeof(float));
-        if (!s->kv || !s->pend || !s->last_hid)
+        s->save_hid = malloc((size_t)t->H * sizeof(float));
+        if (!s->kv || !s->pend || !s->last_hid || !s->save_hid)
             goto oom;
     }
     return p;

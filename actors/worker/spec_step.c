@@ -24,6 +24,7 @@ struct spec_step {
     float *hid;                  /* the MTP proposer's buffer for the forward's hidden_out: [hid_rows][H] */
     int hid_rows, H;
     int hid_ok;                  /* this verify step's forward fills hid */
+    spec_mtp_feed_t *feeds;      /* [max_seqs] a verify step's kept rows, fed together */
     spec_ask_t *asks;            /* [max_seqs] a step's proposals, one per drafting row */
     int *ask_row;                /* [max_seqs] the row of each */
     bk_sample_t *sample;         /* [max_seqs] sampled rows' parameters for a draft with a distribution */
@@ -90,6 +91,7 @@ spec_step_t *spec_step_new(const spec_step_config_t *c, spec_proposer_t *draft, 
         s->ids = calloc((size_t)max_rows, sizeof *s->ids);
         s->need = calloc((size_t)max_rows, 1);
         s->row_sample = calloc((size_t)max_rows, sizeof *s->row_sample);
+        s->feeds = calloc((size_t)max_seqs, sizeof *s->feeds);
     }
     if (s && !s->proposer && c->method == SPEC_DRAFT) {
         spec_step_destroy(&s);
@@ -103,7 +105,7 @@ spec_step_t *spec_step_new(const spec_step_config_t *c, spec_proposer_t *draft, 
         return NULL;
     }
     if (!s || !s->proposer || !s->asks || !s->ask_row || !s->sample || !s->drafts || !s->n_drafts || !s->n_pad || !s->kv_base ||
-        !s->probs || !s->ids || !s->need || !s->row_sample) {
+        !s->probs || !s->ids || !s->need || !s->row_sample || !s->feeds) {
         spec_step_destroy(&s);
         errf(err, errlen, "out of memory for speculation over %d rows", max_seqs);
         return NULL;
@@ -130,6 +132,7 @@ void spec_step_destroy(spec_step_t **self_p)
     free(s->ids);
     free(s->need);
     free(s->row_sample);
+    free(s->feeds);
     spec_client_destroy(&s->policy);
     free(s);
     *self_p = NULL;
@@ -278,19 +281,6 @@ void spec_step_batch(spec_step_t *s, const sched_batch_t *b, int dev_sample, mod
                           .hidden_out = s->hid_ok ? s->hid : NULL};
 }
 
-/* Row rows [first, first + n) of the step's hidden states, positions pos0 .. pos0 + n - 1 of r
- * (all kept), to the MTP layer. A feed that fails drops r's MTP sequence: it begins again at the
- * next position fed (fewer drafts accepted for a while, the output unchanged). */
-static void s_mtp_feed(spec_step_t *s, const sched_req_t *r, int pos0, int n, size_t first)
-{
-    char err[256];
-    if (spec_mtp_feed(s->proposer, r->id, r->toks, r->n_toks, pos0, n, s->hid + first * (size_t)s->H, err,
-                      sizeof err) != 0) {
-        LOG_W("request %llu: %s; its MTP sequence begins again", (unsigned long long)r->id, err);
-        spec_forget(s->proposer, r->id);
-    }
-}
-
 /* Row i's positions in order (its last token, then its drafts), the target's token for each,
  * streamed as long as the drafts are accepted and the request goes on (a stop id, a stop string,
  * max_tokens or max_model_len ends it at the first finishing token); the last token streamed is
@@ -301,6 +291,7 @@ void spec_step_verify(spec_step_t *s, const sched_batch_t *b, const float *logit
         return;
     const size_t V = (size_t)vocab;
     size_t row = 0;
+    int n_feeds = 0;
     for (int i = 0; i < b->n; i++) {
         sched_req_t *r = b->rows[i].req;
         const int n = s->n_drafts[i], base = s->kv_base[i];
@@ -343,10 +334,17 @@ void spec_step_verify(spec_step_t *s, const sched_batch_t *b, const float *logit
             continue;
         spec_accepted(s->proposer, id, j);
         if (s->hid_ok)   /* the kept positions: the last token's and the j accepted drafts' */
-            s_mtp_feed(s, r, base - 1, j + 1, first);
+            s->feeds[n_feeds++] = (spec_mtp_feed_t){.id = id, .tokens = r->toks, .n_tokens = r->n_toks,
+                                                    .pos0 = base - 1, .n = j + 1,
+                                                    .hidden = s->hid + first * (size_t)s->H};
         if (kvseq_truncate(kv, base + j) != 0)
             LOG_E("request %llu: cannot roll its KV back to %d tokens", (unsigned long long)id, base + j);
     }
+    /* Every row's kept positions through the MTP layer together. A feed that fails drops its
+     * sequence, which begins again at its next feed (fewer drafts accepted a while, the same output). */
+    char err[256];
+    if (n_feeds > 0 && spec_mtp_feed_batch(s->proposer, s->feeds, n_feeds, err, sizeof err) != 0)
+        LOG_W("MTP: %s; that sequence begins again", err);
 }
 
 int spec_step_policy_init(spec_step_t *s, actor_t *a, int has_dist, char *err, size_t errlen)

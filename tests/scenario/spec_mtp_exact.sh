@@ -75,6 +75,19 @@ for layout in disaggregated colocated; do
       echo "$layout mtp:3: ${#prompts[@]} prompts equal to troupe-generate; verify steps $steps, drafts $drafts," \
         "accepted $acc ($($py -c 'import sys; d=float(sys.argv[2]); print("%.1f%%" % (100 * float(sys.argv[1]) / d if d else 0))' "$acc" "$drafts"))"
       $py -c 'import sys; sys.exit(0 if float(sys.argv[1]) > 0 else 1)' "$acc" || fail "$layout: no MTP draft accepted"
+      # concurrent: the rows of a step propose together (one MTP forward per draft position) and
+      # feed together (colocated: the prompt chunks of one request interrupt the others' MTP
+      # sequences, which begin again); each request still gets its own greedy tokens
+      pids=()
+      for i in "${!prompts[@]}"; do
+        submit "$topo" "${maxes[$i]}" "${prompts[$i]}" --temperature 0 > "$WORK/conc$i" &
+        pids+=($!)
+      done
+      wait "${pids[@]}" || fail "a concurrent troupe-client failed"
+      for i in "${!prompts[@]}"; do
+        [ "$(cat "$WORK/conc$i")" = "$(sed -n "$((i + 1))p" "$want")" ] || fail "$layout, concurrent prompt $i: '$(cat "$WORK/conc$i")'"
+      done
+      echo "$layout mtp:3: ${#prompts[@]} concurrent requests equal too"
       if [ "$layout" = disaggregated ]; then
         # sampled: the coupling verifies point-mass drafts; it must end done with all its tokens
         got=$(submit "$topo" 30 "${prompts[1]}" --temperature 0.8 --top-k 40 --seed 5)

@@ -12,7 +12,10 @@
  * 4. A late start, as in a decode worker that did not compute the prompt (a prefill worker did):
  *    the MTP sequence begins at the first position fed (the first generated token's), drafts from
  *    the next step on, and the output still equals plain greedy decoding; a gap in the feeds (a
- *    step whose hidden states never came) begins the sequence again at the next position fed. */
+ *    step whose hidden states never came) begins the sequence again at the next position fed.
+ * 5. Batched: two sequences speculating in step, their proposals in one spec_propose_batch and
+ *    their feeds in one spec_mtp_feed_batch, give the drafts that one-sequence calls on a second
+ *    proposer give; a stop_below ends a sequence's drafts where their confidence falls below it. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -365,6 +368,117 @@ static void test_mtp_late_start(void **state)
     spec_proposer_destroy(&mtp);
 }
 
+static void test_mtp_batched(void **state)
+{
+    (void)state;
+    s_need_model();
+    enum { NS = 2, K = 3 };
+    const int V = s_env.cfg.vocab_size, H = s_env.cfg.hidden_size;
+    char err[512];
+    spec_proposer_t *pb = spec_mtp_new(s_env.m, 4, MAX_CTX + SPEC_MAX_K, err, sizeof err),
+                    *p1 = spec_mtp_new(s_env.m, 4, MAX_CTX + SPEC_MAX_K, err, sizeof err);
+    if (!pb || !p1)
+        fail_msg("%s", err);
+    int32_t all[NS][MAX_CTX + SPEC_MAX_K + 1], ref[NS][N_NEW];
+    int n[NS], np[NS], out[NS];
+    kvseq_t *kv[NS];
+    float *hid[NS], *lg = malloc((size_t)(K + 1) * V * sizeof(float));
+    for (int q = 0; q < NS; q++) {
+        np[q] = n[q] = s_encode(s_prompts[q], all[q]);
+        s_greedy(all[q], np[q], ref[q], NULL, NULL, NULL);
+        kv[q] = kvseq_new(s_env.pool, MAX_CTX + SPEC_MAX_K + 1, 0);
+        hid[q] = malloc((size_t)MAX_CTX * H * sizeof(float));
+        assert_int_equal(kvseq_append(kv[q], all[q], n[q]), 0);
+        s_step(kv[q], n[q], 0, lg, hid[q]);
+        all[q][n[q]++] = s_argmax(lg, V);
+        out[q] = 1;
+    }
+    spec_mtp_feed_t feeds[NS];
+    for (int q = 0; q < NS; q++) {
+        feeds[q] = (spec_mtp_feed_t){.id = 40 + q, .tokens = all[q], .n_tokens = n[q], .pos0 = 0, .n = np[q],
+                                     .hidden = hid[q]};
+        if (spec_mtp_feed(p1, 40 + q, all[q], n[q], 0, np[q], hid[q], err, sizeof err) < 0)
+            fail_msg("%s", err);
+    }
+    if (spec_mtp_feed_batch(pb, feeds, NS, err, sizeof err) < 0)
+        fail_msg("%s", err);
+    int steps = 0, stopped = 0;
+    while (out[0] < N_NEW || out[1] < N_NEW) {
+        int32_t d[NS][SPEC_MAX_K], d1[SPEC_MAX_K];
+        float pr[NS][SPEC_MAX_K], pr1[SPEC_MAX_K];
+        spec_ask_t asks[NS];
+        int na = 0, row_of[NS];
+        for (int q = 0; q < NS; q++)
+            if (out[q] < N_NEW) {
+                row_of[na] = q;
+                asks[na++] = (spec_ask_t){.id = 40 + q, .tokens = all[q], .n = n[q],
+                                          .k = K < N_NEW - out[q] ? K : N_NEW - out[q], .drafts = d[q], .probs = pr[q]};
+            }
+        /* A high stop_below first: no side effects, the drafts end where the confidence falls. */
+        spec_ask_t cut[NS];
+        int32_t dc[NS][SPEC_MAX_K];
+        float pc[NS][SPEC_MAX_K];
+        for (int a = 0; a < na; a++) {
+            cut[a] = asks[a];
+            cut[a].drafts = dc[a];
+            cut[a].probs = pc[a];
+            cut[a].stop_below = 0.9f;
+        }
+        assert_int_equal(spec_propose_batch(pb, cut, na), 0);
+        assert_int_equal(spec_propose_batch(pb, asks, na), 0);
+        for (int a = 0; a < na; a++) {
+            const int q = row_of[a];
+            const int r1 = spec_propose(p1, 40 + q, all[q], n[q], asks[a].k, d1, pr1);
+            assert_int_equal(asks[a].n_drafts, r1);
+            assert_memory_equal(d[q], d1, (size_t)r1 * sizeof(int32_t));
+            double cum = 1;
+            for (int i = 0; i < cut[a].n_drafts; i++) {
+                assert_int_equal(dc[a][i], d[q][i]);
+                assert_true(i == 0 || cum >= 0.9);       /* drafted only while the product so far was high */
+                cum *= pc[a][i];
+            }
+            stopped += cut[a].n_drafts < asks[a].n_drafts;
+        }
+        /* Verify each row, then feed the kept rows: together to pb, one by one to p1. */
+        for (int a = 0; a < na; a++) {
+            const int q = row_of[a], r = asks[a].n_drafts;
+            memcpy(all[q] + n[q], d[q], (size_t)r * sizeof(int32_t));
+            assert_int_equal(kvseq_append(kv[q], all[q] + n[q] - 1, 1 + r), 0);
+            s_step(kv[q], 1 + r, 1, lg, hid[q]);
+            int acc = 0;
+            while (acc < r && s_argmax(lg + (size_t)acc * V, V) == d[q][acc])
+                acc++;
+            all[q][n[q] + acc] = s_argmax(lg + (size_t)acc * V, V);
+            assert_int_equal(kvseq_truncate(kv[q], n[q] + acc), 0);
+            feeds[a] = (spec_mtp_feed_t){.id = 40 + q, .tokens = all[q], .n_tokens = n[q] + acc + 1, .pos0 = n[q] - 1,
+                                         .n = acc + 1, .hidden = hid[q]};
+            if (spec_mtp_feed(p1, 40 + q, all[q], n[q] + acc + 1, n[q] - 1, acc + 1, hid[q], err, sizeof err) < 0)
+                fail_msg("%s", err);
+            n[q] += acc + 1;
+            out[q] += acc + 1;
+        }
+        if (spec_mtp_feed_batch(pb, feeds, na, err, sizeof err) < 0)
+            fail_msg("%s", err);
+        steps++;
+    }
+    for (int q = 0; q < NS; q++) {
+        assert_memory_equal(all[q] + np[q], ref[q], sizeof ref[q]);
+        kvseq_destroy(&kv[q]);
+        free(hid[q]);
+    }
+    spec_mtp_stats_t sb, s1;
+    spec_mtp_stats(pb, &sb);
+    spec_mtp_stats(p1, &s1);
+    print_message("kjv-deepseek MTP batched, 2 sequences, k=%d: %d steps, drafts equal to one-sequence proposals; "
+                  "MTP forwards %llu batched against %llu one by one; stop_below 0.9 cut %d proposals short\n", K,
+                  steps, (unsigned long long)sb.forwards, (unsigned long long)s1.forwards, stopped);
+    assert_true(sb.forwards < s1.forwards);
+    assert_true(stopped > 0);
+    free(lg);
+    spec_proposer_destroy(&pb);
+    spec_proposer_destroy(&p1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -372,6 +486,7 @@ int main(void)
         cmocka_unit_test(test_mtp_agreement),
         cmocka_unit_test(test_mtp_speculation),
         cmocka_unit_test(test_mtp_late_start),
+        cmocka_unit_test(test_mtp_batched),
     };
     const char *only = getenv("TEST_FILTER");   /* e.g. TEST_FILTER=test_mtp_agreement */
     if (only && *only)
