@@ -52,8 +52,8 @@ for layout in disaggregated colocated; do
   HEARTBEAT_MS=500 MODEL_PATH=$model N_PREFILL=$n_prefill N_DECODE=1 make_topology "$topo" "limits:" "  prefill_chunk_tokens: 8"
   for spec in off mtp:3; do
     # fixed: the draft-scheduler's policy would turn speculation off on this CPU (it does not pay
-    # here) and leave the comparison with few drafts
-    TROUPE_SPECULATION=$spec TROUPE_SPEC_POLICY=fixed start_cluster "$topo"
+    # here) and leave the comparison with few drafts (SPEC_POLICY=scheduled runs it with the policy)
+    TROUPE_SPECULATION=$spec TROUPE_SPEC_POLICY=${SPEC_POLICY:-fixed} start_cluster "$topo"
     out=$WORK/$layout-$spec
     : > "$out"
     for i in "${!prompts[@]}"; do
