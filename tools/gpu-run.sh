@@ -138,7 +138,7 @@ fi
 val() { awk -v k="$1" '$1 == k {print $2; exit}' "$OUT/bench.log" 2>/dev/null; }
 bw=$(val copy_bandwidth); tf=$(val gemm_bf16_8192)
 gemv_line=""
-for v in gemv_w1 gemv_w4 gemv_w8 gemv_auto cublaslt; do
+for v in gemv_cc_w4 gemv_cc gemv_mma4 gemv_mma8 cublaslt; do
   gemv_line+="$v $(val ${v}_step_ms) ms $(val ${v}_bandwidth) TB/s; "
 done
 split_line="M=512: split $(val gemm_M512_split), single $(val gemm_M512_single) TFLOP/s"
@@ -155,16 +155,19 @@ gen() {   # name, then environment assignments
   fi
 }
 # GEN_VARIANTS limits the runs (each loads 16 GB of dummy weights): default nographs graphplain
-# nopdl w4 w8 cublaslt. The default replays each decode step from a CUDA graph (recorded with PDL
-# edges; graphplain: without) and picks the GEMV's warps per row by the matrix (w4 / w8: 4 or 8 for
-# every matrix).
+# nopdl w4 w8 cublaslt (and on request: cc, mma4, fp8). The default replays each decode step from a
+# CUDA graph (recorded with PDL edges; graphplain: without) and runs the bf16 GEMV on tensor cores
+# with 8 warps per block (mma4: 4; cc: on CUDA cores, TROUPE_CUDA_GEMV_MMA=0, whose warps per row
+# w4 / w8 set: 4 or 8 for every matrix, else by the matrix).
 variants=" ${GEN_VARIANTS:-default nographs graphplain nopdl w4 w8 cublaslt} "
 [[ $variants == *" default "* ]] && gen default
 [[ $variants == *" nographs "* ]] && gen nographs TROUPE_CUDA_GRAPHS=0
 [[ $variants == *" graphplain "* ]] && gen graphplain TROUPE_CUDA_GRAPH_PDL=0
 [[ $variants == *" nopdl "* ]] && gen nopdl TROUPE_CUDA_PDL=0 TROUPE_CUDA_GRAPHS=0
-[[ $variants == *" w4 "* ]] && gen w4 TROUPE_CUDA_GEMV_WARPS=4
-[[ $variants == *" w8 "* ]] && gen w8 TROUPE_CUDA_GEMV_WARPS=8
+[[ $variants == *" w4 "* ]] && gen w4 TROUPE_CUDA_GEMV_MMA=0 TROUPE_CUDA_GEMV_WARPS=4
+[[ $variants == *" w8 "* ]] && gen w8 TROUPE_CUDA_GEMV_MMA=0 TROUPE_CUDA_GEMV_WARPS=8
+[[ $variants == *" cc "* ]] && gen cc TROUPE_CUDA_GEMV_MMA=0
+[[ $variants == *" mma4 "* ]] && gen mma4 TROUPE_CUDA_GEMV_MMA=4
 [[ $variants == *" cublaslt "* ]] && gen cublaslt TROUPE_CUDA_GEMV_MAX_M=0 TROUPE_CUDA_GEMM_SPLIT=0 TROUPE_CUDA_PDL=0
 # fp8: the KV cache in fp8 e4m3 (--kv-dtype fp8); batch 1 reads little KV, so this is about the same.
 [[ $variants == *" fp8 "* ]] && GEN_KV=fp8 gen fp8
@@ -183,7 +186,7 @@ print("%.1f tok/s (%.2f ms/token) | HBM bound %.0f tok/s (%.2f GB/token) -> %.0f
       % (d, 1e3 / d if d else 0, bound, wb / 1e9, 100 * d / bound if bound else 0, t["prompt_tokens_per_s"], t["load_ms"] / 1e3))
 EOF
 }
-dec_def=$(report default); dec_nog=$(report nographs); dec_gplain=$(report graphplain); dec_nopdl=$(report nopdl); dec_w4=$(report w4); dec_w8=$(report w8); dec_lt=$(report cublaslt); dec_fp8=$(report fp8)
+dec_def=$(report default); dec_nog=$(report nographs); dec_gplain=$(report graphplain); dec_nopdl=$(report nopdl); dec_w4=$(report w4); dec_w8=$(report w8); dec_cc=$(report cc); dec_mma4=$(report mma4); dec_lt=$(report cublaslt); dec_fp8=$(report fp8)
 
 # ---- the engine alone: prefill and batched decode steps ------------------------------------------
 # ENGINE=1 (default): troupe-bench-engine on the 8B shape (one weight load): a 1,000-token prefill
@@ -453,6 +456,8 @@ printf '%-30s %s\n' "8B decode b=1, graphs, no PDL" "$dec_gplain"
 printf '%-30s %s\n' "8B decode b=1, PDL+graphs off" "$dec_nopdl"
 printf '%-30s %s\n' "8B decode b=1, GEMV 4 warps" "$dec_w4"
 printf '%-30s %s\n' "8B decode b=1, GEMV 8 warps" "$dec_w8"
+printf '%-30s %s\n' "8B decode b=1, GEMV CUDA cores" "$dec_cc"
+printf '%-30s %s\n' "8B decode b=1, tensor GEMV 4w" "$dec_mma4"
 printf '%-30s %s\n' "8B decode b=1, cuBLASLt" "$dec_lt"
 printf '%-30s %s\n' "8B decode b=1, fp8 KV" "$dec_fp8"
 printf '%-30s %s\n' "8B engine (ENGINE=1)" "$engine_line"

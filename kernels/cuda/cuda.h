@@ -126,6 +126,8 @@ typedef struct cuda_state {
     size_t gout_bytes;
     int gemv_max_m;               /* matmuls with M <= this run the GEMV kernel (TROUPE_CUDA_GEMV_MAX_M, default 8) */
     int gemv_warps;               /* warps sharing one output row in the GEMV (TROUPE_CUDA_GEMV_WARPS: 0 = by N, 1, 4, 8) */
+    int gemv_mma;                 /* bf16 weights' GEMV on tensor cores with this many warps per block, 4 or 8 (TROUPE_CUDA_GEMV_MMA, default 8); 0: the CUDA-core GEMV */
+    int gemv_mma_min_m;           /* ... for matmuls of at least this many rows (TROUPE_CUDA_GEMV_MMA_MIN_M, default 2) */
     int gemm_split_max_m;         /* GEMMs of at most this many rows take activations as hi + lo (TROUPE_CUDA_GEMM_SPLIT, default 32) */
     int gemm_fuse;                /* 1 (default): matmul_n runs q|k|v as one GEMM (TROUPE_CUDA_GEMM_FUSE) */
     int mlp_fuse;                 /* 1: mlp_swiglu takes GEMM-sized steps (TROUPE_CUDA_MLP_FUSE, default 1) */

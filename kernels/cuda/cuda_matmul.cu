@@ -1,6 +1,8 @@
 /* kernels/cuda/cuda_matmul.cu — y[M][N] = x[M][K] W^T (+ bias) on the GPU, two ways.
  *
- * Few rows (M <= gemv_max_m, default 8: decode steps, small experts): our GEMV kernel. W's row n
+ * Few rows (M <= gemv_max_m, default 8: decode steps, small experts): bf16 weights from 2 rows
+ * take the tensor-core GEMV (cuda_gemv_mma.cuh: W read once whatever M is, activations as bf16
+ * hi + lo, ~1e-5 of f32); one row, and f32 / f16 weights, take our CUDA-core GEMV kernel. W's row n
  * is streamed once with 16-byte loads (several in flight per lane) by 1, 4 or 8 warps (1: a warp
  * per row, 8 rows per block; 4 or 8: the warps of a block split the row's K and add their parts in
  * shared memory, in warp order — more, shorter work units, so the last wave of a 4096- or
@@ -40,47 +42,12 @@
 
 #include "kernels/cuda/cuda.h"
 #include "kernels/cuda/cuda_dev.cuh"
+#include "kernels/cuda/cuda_split.cuh"
+#include "kernels/cuda/cuda_gemv_mma.cuh"
 
 #define GEMV_THREADS 256          /* 8 warps per block */
 #define GEMV_UNROLL 4             /* 16-byte chunks of W in flight per lane */
 #define GEMV_MR 8                 /* rows of x per launch (more rows: several launches) */
-
-/* Outputs of a matrix whose rows are several weights' rows stacked (q|k|v): row n of the whole
- * goes to part p, the first with n < end[p], as column n - end[p-1] of y[p] ([M][end[p] - end[p-1]]).
- * One part (end[0] = N) is a plain y [M][N]. Used by the GEMV's epilogue and the GEMM's split. */
-#define SPLIT_MAX_PARTS 4
-typedef struct split_args {
-    float *y[SPLIT_MAX_PARTS];
-    int64_t end[SPLIT_MAX_PARTS];                  /* the part's last row + 1 in the whole */
-    int parts;
-} split_args_t;
-
-/* Where row m, column n of the whole goes. Only constant indices into o: an array of a kernel's
- * parameters indexed by a variable is copied to local memory by every thread (measured: the 8B
- * step's GEMVs at batch 1 went from 4.26 to 7.82 ms with a `while (n >= o.end[p]) p++`). */
-__device__ __forceinline__ float *dev_split_dst(const split_args_t &o, int64_t m, int64_t n)
-{
-    float *y = o.y[0];
-    int64_t c0 = 0, width = o.end[0];
-#pragma unroll
-    for (int p = 1; p < SPLIT_MAX_PARTS; p++)
-        if (p < o.parts && n >= o.end[p - 1]) {
-            y = o.y[p];
-            c0 = o.end[p - 1];
-            width = o.end[p] - c0;
-        }
-    return y + m * width + (n - c0);
-}
-
-/* y [M][n] as the one part of a split_args_t. */
-static split_args_t s_one_part(float *y, int64_t n)
-{
-    split_args_t o = {};
-    o.y[0] = y;
-    o.end[0] = n;
-    o.parts = 1;
-    return o;
-}
 
 /* ---- GEMV ------------------------------------------------------------------------------------- */
 
@@ -288,6 +255,17 @@ static void s_gemv_swiglu(const cuda_state_t *st, const float *x, int M, const W
     }
 }
 
+/* Whether M rows of x over bf16 weights w take the tensor-core GEMV (cuda_gemv_mma.cuh): from
+ * gemv_mma_min_m rows (default 2). One row stays on the CUDA-core kernel, which streams W faster
+ * (8B step on the H200: 4.25 against 5.29 ms) while the tensor cores' time hardly grows with the
+ * rows (2 to 8 rows: 5.60 to 6.43 ms against 6.21 to 18.9). A row's bits therefore differ between
+ * a one-row step and a step of several (both within ~1e-5 of f32), as they already did between
+ * the GEMV and the GEMM paths. */
+static bool s_gemv_mma(const cuda_state_t *st, const bk_mat_t *w, const float *x, int M)
+{
+    return st->gemv_mma && M >= st->gemv_mma_min_m && w->dtype == DT_BF16 && cuda_gemv_mma_ok(w->data, x, w->cols);
+}
+
 /* gate|up and SwiGLU as one GEMV pass (backend.h gate_up_swiglu): only where the plain path would
  * be the 4-warp vector GEMV for the gate and up halves (and so for the stacked matrix), so the bits
  * equal matmul then swiglu; else 1 (nothing queued). */
@@ -298,6 +276,10 @@ int cuda_gate_up_swiglu(backend_t *be, const float *x, int M, const bk_mat_t *w,
     const int VE = 16 / (int)dtype_size(w->dtype);
     if (w->qfmt)
         return 1;
+    if (M > 0 && M <= st->gemv_max_m && N % 2 == 0 && s_gemv_mma(st, w, x, M)) {
+        cuda_gemv_mma<true>(st, st->gemv_mma, x, M, (const __nv_bfloat16 *)w->data, N, K, s_one_part(out, N / 2));
+        return 0;
+    }
     if (M <= 0 || M > st->gemv_max_m || s_gemv_warps(st, N / 2) != 4 || N % 2 || (uintptr_t)w->data % 16 ||
         (uintptr_t)x % 16 || K % VE || K % 4)
         return 1;
@@ -523,7 +505,12 @@ static void s_gemv_any(const cuda_state_t *st, const float *x, int M, const bk_m
     const int64_t N = w->rows, K = w->cols;
     switch (w->dtype) {
     case DT_F32: s_gemv(st, x, M, (const float *)w->data, N, K, y); break;
-    case DT_BF16: s_gemv(st, x, M, (const __nv_bfloat16 *)w->data, N, K, y); break;
+    case DT_BF16:
+        if (s_gemv_mma(st, w, x, M))
+            cuda_gemv_mma<false>(st, st->gemv_mma, x, M, (const __nv_bfloat16 *)w->data, N, K, y);
+        else
+            s_gemv(st, x, M, (const __nv_bfloat16 *)w->data, N, K, y);
+        break;
     default: s_gemv(st, x, M, (const __half *)w->data, N, K, y); break;
     }
 }
@@ -617,8 +604,11 @@ static bool s_gemm_fusable(int n, const bk_mat_t *const w[])
  * tail: bench_cuda times an 8B layer's q, k and v alone at 11.9 + 4.9 + 4.9 us), when the whole
  * gets the warps per row every part would (so each row's bits equal a GEMV of its own part). The
  * engine already runs one row's q|k|v as one matrix (forward.c); this serves 2 to 8 rows. */
-static bool s_gemv_fusable(const cuda_state_t *st, int n, const bk_mat_t *const w[], const bk_mat_t *whole)
+static bool s_gemv_fusable(const cuda_state_t *st, int n, const bk_mat_t *const w[], const bk_mat_t *whole,
+                           const float *x, int M)
 {
+    if (s_gemv_mma(st, whole, x, M))
+        return true;   /* its warps never depend on N, and every part is as aligned as the whole */
     for (int i = 0; i < n; i++)
         if (s_gemv_warps(st, w[i]->rows) != s_gemv_warps(st, whole->rows))
             return false;
@@ -647,7 +637,7 @@ void cuda_matmul_n(backend_t *be, const float *x, int M, int n, const bk_mat_t *
     bk_mat_t whole;
     split_args_t parts;
     const bool stacked = s_stacked(n, w, bias, y, &whole, &parts);
-    if (M <= st->gemv_max_m && stacked && s_gemv_fusable(st, n, w, &whole)) {
+    if (M <= st->gemv_max_m && stacked && s_gemv_fusable(st, n, w, &whole, x, M)) {
         s_gemv_any(st, x, M, &whole, parts);
         return;
     }

@@ -7,9 +7,10 @@
  * 2. bf16 GEMM ceiling: cuBLASLt 8192^3, bf16 in and out, f32 accumulation, TN, random data (never
  *    zeros: they run faster), median of 10 after 3 warm-ups.
  * 3. The backend's matmul at M = 1 with bf16 weights of Llama-3.1-8B's shapes (q, k/v, o, gate/up,
- *    down, lm_head): per call time and achieved bandwidth, for the GEMV kernel with 1, 4 and 8
- *    warps per row, with the default's choice by the matrix's rows (auto), and for cuBLASLt
- *    (TROUPE_CUDA_GEMV_MAX_M=0). Each shape rotates over enough
+ *    down, lm_head): per call time and achieved bandwidth, for the CUDA-core GEMV with 4 warps per
+ *    row and with the default's choice by the matrix's rows, the tensor-core GEMV with 4 and 8 warps
+ *    per block, and cuBLASLt (TROUPE_CUDA_GEMV_MAX_M=0); then the step's matmuls at M = 1..8 on
+ *    the CUDA-core and the tensor-core GEMV (gemv_rows_M). Each shape rotates over enough
  *    weight copies (>= 256 MB) that the 60 MB L2 cannot serve them. The sum over one Llama-8B
  *    step is the matmul-only decode time.
  * 4. The gate_proj GEMM at M = 128 and 512 through the backend, activations split in two bf16
@@ -444,19 +445,29 @@ static void s_moe_layer_ms(backend_t *const *bes, int n, const bk_expert_t (*ex)
     be0->ops->free(be0, scratch);
 }
 
-static backend_t *s_backend(const char *env_name, const char *value)
+/* A CUDA backend made with up to two `name=value` settings in the environment (NULL: none). */
+static backend_t *s_backend2(const char *env_name, const char *value, const char *env2, const char *value2)
 {
     char err[256];
     if (env_name)
         setenv(env_name, value, 1);
+    if (env2)
+        setenv(env2, value2, 1);
     backend_t *be = backend_new("cuda", 0, err, sizeof err);
     if (env_name)
         unsetenv(env_name);
+    if (env2)
+        unsetenv(env2);
     if (!be) {
         fprintf(stderr, "bench_cuda: %s\n", err);
         exit(1);
     }
     return be;
+}
+
+static backend_t *s_backend(const char *env_name, const char *value)
+{
+    return s_backend2(env_name, value, NULL, NULL);
 }
 
 /* 7. The sample op against downloading the logits it replaces. */
@@ -513,15 +524,17 @@ int main(int argc, char **argv)
     const double tf = s_gemm_tflops(8192);
     printf("gemm_bf16_8192 %.1f TFLOP/s\n", tf);
 
-    /* The GEMV with 1, 4 and 8 warps per row, and cuBLASLt at M = 1 (activations rounded once). */
-    enum { NV = 5 };
-    const char *vname[NV] = {"GEMV w1", "GEMV w4", "GEMV w8", "GEMV auto", "cuBLASLt"};
-    const char *vkey[NV] = {"gemv_w1", "gemv_w4", "gemv_w8", "gemv_auto", "cublaslt"};
-    backend_t *bes[NV] = {s_backend("TROUPE_CUDA_GEMV_WARPS", "1"), s_backend("TROUPE_CUDA_GEMV_WARPS", "4"),
-                          s_backend("TROUPE_CUDA_GEMV_WARPS", "8"), s_backend("TROUPE_CUDA_GEMV_WARPS", "0"), NULL};
-    setenv("TROUPE_CUDA_GEMM_SPLIT", "0", 1);
-    bes[4] = s_backend("TROUPE_CUDA_GEMV_MAX_M", "0");
-    unsetenv("TROUPE_CUDA_GEMM_SPLIT");
+    /* The bf16 GEMV on CUDA cores with 4 warps per row and by the matrix (TROUPE_CUDA_GEMV_MMA=0:
+     * what one-row steps take by default), on tensor cores with 4 and 8 warps per block (8: the
+     * default from 2 rows; here for every M), and cuBLASLt at M = 1 (activations rounded once). */
+    enum { NV = 5, V_CC = 1, V_MMA = 3 };
+    const char *vname[NV] = {"GEMV cc w4", "GEMV cc", "tensor w4", "tensor w8", "cuBLASLt"};
+    const char *vkey[NV] = {"gemv_cc_w4", "gemv_cc", "gemv_mma4", "gemv_mma8", "cublaslt"};
+    backend_t *bes[NV] = {s_backend2("TROUPE_CUDA_GEMV_MMA", "0", "TROUPE_CUDA_GEMV_WARPS", "4"),
+                          s_backend("TROUPE_CUDA_GEMV_MMA", "0"),
+                          s_backend2("TROUPE_CUDA_GEMV_MMA", "4", "TROUPE_CUDA_GEMV_MMA_MIN_M", "1"),
+                          s_backend("TROUPE_CUDA_GEMV_MMA_MIN_M", "1"), NULL};
+    bes[4] = s_backend2("TROUPE_CUDA_GEMV_MAX_M", "0", "TROUPE_CUDA_GEMM_SPLIT", "0");
     /* Llama-3.1-8B: one layer's matmuls (count per layer), then the LM head once per step. */
     struct { const char *name; int64_t N, K; int per_layer; } shapes[] = {
         {"q_proj/o_proj", 4096, 4096, 2}, {"k_proj/v_proj", 1024, 4096, 2}, {"gate/up_proj", 14336, 4096, 2},
@@ -550,6 +563,19 @@ int main(int argc, char **argv)
         for (int v = 0; v < NV; v++) {
             printf("%s_step_ms %.3f ms\n", vkey[v], step[v] / 1e3);
             printf("%s_bandwidth %.3f TB/s\n", vkey[v], bytes_step / (step[v] * 1e-6) / 1e12);
+        }
+        /* The 8B step's matmuls at M = 1..8 rows (a speculative verify step of k + 1 rows at batch
+         * 1): CUDA cores against tensor cores, the time per step and what M rows add to one. */
+        printf("%-6s %12s %12s %8s\n", "rows", "cc ms", "tensor ms", "ratio");
+        for (int M = 1; M <= 8; M++) {
+            double t[2] = {0, 0};
+            for (int i = 0; i < 5; i++)
+                for (int v = 0; v < 2; v++) {
+                    const double times = shapes[i].per_layer ? 32.0 * shapes[i].per_layer : 1.0;
+                    t[v] += times * s_backend_matmul_us(bes[v ? V_MMA : V_CC], M, shapes[i].N, shapes[i].K);
+                }
+            printf("%-6d %12.3f %12.3f %8.2f\n", M, t[0] / 1e3, t[1] / 1e3, t[0] / t[1]);
+            printf("gemv_rows_%d cc %.3f ms tensor %.3f ms\n", M, t[0] / 1e3, t[1] / 1e3);
         }
         /* Prefill-sized GEMMs through the backend: activations split (forced for every M) and
          * rounded once (what the default does above TROUPE_CUDA_GEMM_SPLIT rows). */

@@ -66,6 +66,8 @@ static const uint32_t GUARD_BITS = 0x7fbadbadu;
                                      bf16 KV cache (measured 1.5e-2): the precision HF runs bf16 at */
 #define GEMV_MAX_M 8              /* the backend's default TROUPE_CUDA_GEMV_MAX_M */
 #define SPLIT_MAX_M 32            /* the backend's default TROUPE_CUDA_GEMM_SPLIT: GEMM rows that get hi + lo */
+#define MOE_GROUPED_MIN_M 9       /* the backend's default TROUPE_CUDA_MOE_GROUPED_MIN_M: tokens from which a 16-bit
+                                     MoE layer takes the grouped tensor-core path (activations rounded once) */
 /* Prefill and decode attention on the tensor cores (bf16 cache): q is rounded once to bf16 and every
  * p before P.V, f32 accumulation. Each rounding is a relative 2^-9 at most; a CPU emulation of exactly that
  * arithmetic on this file's inputs (q in +-3, K/V in +-1, 64-key tiles) gave 1.5e-3 for q alone,
@@ -79,6 +81,7 @@ static const uint32_t GUARD_BITS = 0x7fbadbadu;
 static backend_t *s_cpu, *s_gpu;           /* reference; CUDA with the defaults */
 static backend_t *s_gpu2;                  /* CUDA: GEMV off, GEMM split off, attention split off */
 static backend_t *s_gpu_w1, *s_gpu_w4, *s_gpu_w8;   /* CUDA: GEMV with 1, 4, 8 warps per row (default: by N) */
+static backend_t *s_gpu_gemv_cc, *s_gpu_mma4;  /* CUDA: bf16 GEMV on CUDA cores; on tensor cores with 4 warps */
 static backend_t *s_gpu_moe_dev;           /* CUDA: moe_ffn's device path for every M */
 static backend_t *s_gpu_moe_host;          /* CUDA: moe_ffn's host-sorted path for every M */
 static backend_t *s_gpu_moe_grouped[3];    /* CUDA: moe_ffn's grouped path for every M, row tiles 32, 64, 128 */
@@ -230,6 +233,9 @@ static int s_setup(void **state)
     s_gpu_w1 = s_gpu_with(w1, 2);
     s_gpu_w4 = s_gpu_with(w4, 2);
     s_gpu_w8 = s_gpu_with(w8, 2);
+    static const char *const nomma_gemv[] = {"TROUPE_CUDA_GEMV_MMA", "0"}, *const mma4[] = {"TROUPE_CUDA_GEMV_MMA", "4"};
+    s_gpu_gemv_cc = s_gpu_with(nomma_gemv, 2);
+    s_gpu_mma4 = s_gpu_with(mma4, 2);
     s_gpu_moe_dev = s_gpu_with(moe_dev, 4);
     s_gpu_moe_host = s_gpu_with(moe_host, 2);
     if (!s_gpu_moe_dev || !s_gpu_moe_host)
@@ -245,7 +251,7 @@ static int s_setup(void **state)
     static const char *const mlp[] = {"TROUPE_CUDA_MLP_FUSE", "1"};
     if (!(s_gpu_mlp = s_gpu_with(mlp, 2)))
         return -1;
-    return s_cpu && s_gpu && s_gpu2 && s_gpu_w1 && s_gpu_w4 && s_gpu_w8 && s_gpu_nomma ? 0 : -1;
+    return s_cpu && s_gpu && s_gpu2 && s_gpu_w1 && s_gpu_w4 && s_gpu_w8 && s_gpu_nomma && s_gpu_gemv_cc && s_gpu_mma4 ? 0 : -1;
 }
 
 static int s_teardown(void **state)
@@ -257,6 +263,8 @@ static int s_teardown(void **state)
     backend_destroy(&s_gpu_moe_dev);
     backend_destroy(&s_gpu_nomma);
     backend_destroy(&s_gpu_w8);
+    backend_destroy(&s_gpu_gemv_cc);
+    backend_destroy(&s_gpu_mma4);
     backend_destroy(&s_gpu_w4);
     backend_destroy(&s_gpu_w1);
     backend_destroy(&s_gpu2);
@@ -323,11 +331,14 @@ static void test_memory(void **state)
 static const char *s_variant(const backend_t *gpu)
 {
     return gpu == s_gpu2 ? " [GEMV off, split off]" : gpu == s_gpu_w1 ? " [GEMV 1 warp/row]"
-         : gpu == s_gpu_w4 ? " [GEMV 4 warps/row]" : gpu == s_gpu_w8 ? " [GEMV 8 warps/row]" : "";
+         : gpu == s_gpu_w4 ? " [GEMV 4 warps/row]" : gpu == s_gpu_w8 ? " [GEMV 8 warps/row]"
+         : gpu == s_gpu_gemv_cc ? " [GEMV on CUDA cores]" : gpu == s_gpu_mma4 ? " [tensor-core GEMV, 4 warps]" : "";
 }
 
 static double s_mm_bound(const backend_t *gpu, dtype_t dt, int M)
 {
+    if (dt == DT_BF16 && gpu != s_gpu2 && gpu != s_gpu_gemv_cc && M >= 2 && M <= GEMV_MAX_M)
+        return B_SPLIT;                            /* the tensor-core GEMV (2 rows and more): x as bf16 hi + lo */
     if (dt == DT_F32 || (gpu != s_gpu2 && M <= GEMV_MAX_M))
         return B_F32;
     if (gpu != s_gpu2 && M <= SPLIT_MAX_M)
@@ -373,11 +384,15 @@ static void test_matmul(void **state)
         {1, 1000, 4096, 0, 0}, {1, 4096, 1024, 1, 0}, {3, 257, 130, 1, 0}, {5, 300, 512, 0, 1}, {8, 512, 1024, 0, 0},
         {9, 384, 512, 1, 0},   {40, 100, 256, 0, 1},  {64, 1024, 768, 0, 0}, {300, 200, 136, 1, 0}, {2, 64, 36, 0, 0},
         {41, 96, 130, 1, 0},   /* M x K not a multiple of 4: the one-element conversion */
+        {6, 777, 2000, 1, 0},  {4, 100, 48, 0, 0},   /* tensor-core GEMV: a partial last tile and K step */
+        {7, 4096, 14336, 0, 0},
     };
     for (int dt = 0; dt < DT_WEIGHT_COUNT; dt++)
         for (size_t i = 0; i < ARRAY_LEN(cases); i++) {
             s_matmul_case(s_gpu, (dtype_t)dt, cases[i][0], cases[i][1], cases[i][2], cases[i][3], cases[i][4]);
             if (cases[i][0] <= GEMV_MAX_M) {       /* the GEMV's other work splits */
+                s_matmul_case(s_gpu_gemv_cc, (dtype_t)dt, cases[i][0], cases[i][1], cases[i][2], cases[i][3], cases[i][4]);
+                s_matmul_case(s_gpu_mma4, (dtype_t)dt, cases[i][0], cases[i][1], cases[i][2], cases[i][3], cases[i][4]);
                 s_matmul_case(s_gpu_w1, (dtype_t)dt, cases[i][0], cases[i][1], cases[i][2], cases[i][3], cases[i][4]);
                 s_matmul_case(s_gpu_w4, (dtype_t)dt, cases[i][0], cases[i][1], cases[i][2], cases[i][3], cases[i][4]);
                 s_matmul_case(s_gpu_w8, (dtype_t)dt, cases[i][0], cases[i][1], cases[i][2], cases[i][3], cases[i][4]);
@@ -618,30 +633,34 @@ static void test_mlp_swiglu(void **state)
     backend_destroy(&nomlp);
 }
 
-/* The GEMV path is batch-invariant: a row alone gives the bits it gives inside a batch (each
- * work split of the GEMV). */
+/* The GEMV paths are batch-invariant: a row gives the same bits in a batch of 2 as in a batch of 7
+ * (each work split of the GEMV; from 2 rows bf16 takes the tensor cores), and on the CUDA-core
+ * kernel alone as well (which one-row steps take). */
 static void test_matmul_batch_invariance(void **state)
 {
-    backend_t *const gpus[4] = {s_gpu, s_gpu_w1, s_gpu_w4, s_gpu_w8};
+    backend_t *const gpus[6] = {s_gpu, s_gpu_w1, s_gpu_w4, s_gpu_w8, s_gpu_gemv_cc, s_gpu_mma4};
     const int M = 7, N = 777, K = 2048;
     void *w = s_rand_dt(DT_BF16, (size_t)N * K, 0.5);
     float *x = s_rand_f32((size_t)M * K, 1.0);
-    for (int v = 0; v < 4; v++) {
+    for (int v = 0; v < 6; v++) {
         backend_t *gpu = gpus[v];
         const void *wd = gpu->ops->weight_put(gpu, w, (size_t)N * K * 2, 2);
         bk_mat_t W = {.data = wd, .dtype = DT_BF16, .rows = N, .cols = K};
         float *dx = s_put(gpu, x, (size_t)M * K * 4), *dy = s_out(gpu, (size_t)M * N);
         gpu->ops->matmul(gpu, dx, M, &W, NULL, dy);
         float *all = s_take(gpu, dy, (size_t)M * N, "matmul batch");
-        for (int m = 0; m < M; m++) {
-            float *d1 = s_out(gpu, (size_t)N);
-            gpu->ops->matmul(gpu, dx + (size_t)m * K, 1, &W, NULL, d1);
-            float *one = s_take(gpu, d1, (size_t)N, "matmul row");
-            if (memcmp(one, all + (size_t)m * N, (size_t)N * 4) != 0)
-                fail_msg("GEMV%s: row %d alone differs from the same row in a batch of %d", s_variant(gpu), m, M);
-            free(one);
+        const int alone = gpu == s_gpu_gemv_cc;    /* a row alone: the same kernel as the batch */
+        for (int m = 0; m + 1 < M; m++) {
+            float *d2 = s_out(gpu, (size_t)(alone ? 1 : 2) * N);
+            gpu->ops->matmul(gpu, dx + (size_t)m * K, alone ? 1 : 2, &W, NULL, d2);
+            float *two = s_take(gpu, d2, (size_t)(alone ? 1 : 2) * N, "matmul rows");
+            if (memcmp(two, all + (size_t)m * N, (size_t)(alone ? 1 : 2) * N * 4) != 0)
+                fail_msg("GEMV%s: rows %d.. in a batch of %d differ from the same rows in a batch of %d", s_variant(gpu),
+                         m, alone ? 1 : 2, M);
+            free(two);
         }
-        print_message("  GEMV%s: rows alone vs in a batch of %d: bit-identical\n", s_variant(gpu), M);
+        print_message("  GEMV%s: rows in batches of %d vs a batch of %d: bit-identical\n", s_variant(gpu),
+                      alone ? 1 : 2, M);
         gpu->ops->free(gpu, dx);
         gpu->ops->weight_release(gpu, wd);
         free(all);
@@ -1605,8 +1624,10 @@ static void s_run_fixture(const char *name, dtype_t kvt, backend_t *gpu)
 
     for (int p = 0; p < e.n; p++) {
         /* A 16-bit model's prompt of more than SPLIT_MAX_M tokens runs its GEMMs on bf16
-         * activations (as does every GEMM on s_gpu2): HF-bf16-grade logits, not f32-grade. */
-        const int act16 = act16_all || (cfg.dtype != DT_F32 && e.n_ids[p] > SPLIT_MAX_M);
+         * activations (as does every GEMM on s_gpu2), and a 16-bit MoE model's prompt of
+         * MOE_GROUPED_MIN_M tokens or more its experts: HF-bf16-grade logits, not f32-grade. */
+        const int act16 = act16_all || (cfg.dtype != DT_F32 && e.n_ids[p] > SPLIT_MAX_M) ||
+                          (cfg.dtype != DT_F32 && cfg.num_experts > 0 && e.n_ids[p] >= MOE_GROUPED_MIN_M);
         const int f32 = kvt == DT_F32 && !act16;
         const double bound = f32 ? 1e-4 : act16 ? BF16_ACT_LOGITS : 1e-2;
         kvseq_t *s = kvseq_new(pool, 128, 0);
