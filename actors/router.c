@@ -13,15 +13,35 @@
  *     (its backlog at limits.outbox) has its requests failed with an error saying so, queued
  *     behind what it has not read: one slow client costs only its own requests;
  *   - enforce deadlines and cancellation; when a worker's process goes away (runtime peer watch,
- *     milliseconds), re-send its requests that have not streamed yet to live workers and fail the
- *     others with a retryable error;
+ *     milliseconds), re-send its requests that have not streamed yet to live workers, and migrate
+ *     the ones already streaming (s_migrate): a new prefill_request, under a new id of ours, whose
+ *     prompt is the original prompt and the tokens already relayed, with max_tokens reduced by
+ *     them, to a live prefill / decode pair chosen as for a new request (where its prefix is
+ *     cached); the client's stream goes on at the next seq. At most MAX_MIGRATIONS a request;
+ *     past them, or with no live worker to take it, it fails with a retryable error;
  *   - give every request exactly one terminal reply (done or error), never more.
  *
- * A request's life: PREFILL -> DECODE -> (removed). Every transition is logged in verbose mode.
+ * A request's life: PREFILL -> DECODE -> (removed), and DECODE -> PREFILL on a migration. Every
+ * transition is logged in verbose mode.
  *
- * Known limits: a request that lost its worker after streaming began fails with a retryable error
- * (it is re-routed only before its first token); text prompts get no BOS unless the tokenizer's
- * post-processor adds one. */
+ * Migration and the text: the worker's text of a token is not the token's own bytes: its
+ * detokenizer holds back an unfinished UTF-8 character and its stop-string matcher holds back what
+ * may still become a stop string (actors/worker/token_text.h). The router decodes the relayed
+ * tokens itself (rq_t.ts) and remembers the last point where the text relayed had caught up with
+ * them (rq_t.clean_tokens): a greedy request is migrated from there, so the new worker starts in
+ * the state the old one was in; the tokens it computes again, and their text, are checked against
+ * what was relayed and dropped (a mismatch fails the request, retryable: nothing wrong was sent).
+ * Greedy output without presence/frequency penalties is thus the uninterrupted run's, token for
+ * token and byte for byte (tests/scenario/decode_migrate.sh).
+ *
+ * Known limits: a sampled request (temperature > 0), or one with presence or frequency penalties
+ * (they count output tokens only, and the relayed ones become prompt), is migrated from its last
+ * relayed token: it continues with a valid sample of its own (its seed mixed with the tokens
+ * already made, so the random stream is not replayed) that differs from the run it would have had;
+ * text held back at that point (part of a character, the start of a possible stop string) is lost,
+ * and a stop string that began before the migration is not matched. The generated tokens' KV died
+ * with the worker: they are computed again (the prompt's blocks usually come from a cache). Text
+ * prompts get no BOS unless the tokenizer's post-processor adds one. */
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
@@ -39,6 +59,7 @@
 #define MAX_WORKERS   64          /* prefill + decode instances the index can name */
 #define HOST_BIT      63          /* index bit: the block is in the cache-manager's host store */
 #define LAT_SAMPLES   2048
+#define MAX_MIGRATIONS 2          /* a streaming request moved to other workers at most this often */
 
 typedef enum { RQ_PREFILL, RQ_DECODE, RQ_STATE_COUNT } rq_state_t;
 static const char *const s_state_names[RQ_STATE_COUNT] = {"prefill", "decode"};
@@ -55,8 +76,23 @@ typedef struct rq {
     uint32_t prompt_tokens, cached_tokens, completion;
     int64_t arrived_ms, first_ms, last_ms, deadline_ms;   /* monotonic; deadline 0 = none */
     msg_t pr;                    /* the prefill_request as sent, owning its prompt: re-sent elsewhere
-                                    when a worker is lost before the first token (MSG_NONE: not kept) */
+                                    when a worker is lost before the first token, the base of a
+                                    migration's (MSG_NONE: not kept) */
     int rerouted;                /* re-sent once already */
+    uint32_t load_tokens;        /* prompt tokens of the attempt now in prefill (its prefill load) */
+    /* What the client has been sent, for a migration (s_migrate). */
+    int32_t *gen;                /* [gen_cap] the token ids relayed, completion of them */
+    uint32_t gen_cap;            /* grows by doubling, never past max_tokens */
+    int gen_lost;                /* out of memory once: gen is gone, the request cannot migrate */
+    uint32_t max_tokens;         /* the client's sampling.max_tokens */
+    tok_stream_t ts;             /* the relayed tokens through the worker's detokenizer (r->tok) */
+    uint64_t text_bytes;         /* text relayed */
+    uint64_t decoded_bytes;      /* what the relayed tokens decode to (ts's output) */
+    uint32_t clean_tokens;       /* tokens relayed at the last point the text relayed had caught up */
+    uint64_t clean_text;         /* with their decoded bytes (nothing held back), and the text then */
+    uint32_t base;               /* client seq of the current attempt's seq 0 */
+    uint64_t skip_text;          /* bytes of the attempt's first text that were relayed already */
+    int migrations;              /* times moved while streaming */
     struct rq *prev, *next;      /* every request (router_t.head), for the sweeps */
 } rq_t;
 
@@ -90,6 +126,11 @@ typedef struct router {
                                     second one) never reuses ids that workers may still be running */
     /* stats */
     uint64_t submitted, rejected, completed, failed, cancelled, rerouted, prompt_tokens, cached_tokens, gen_tokens;
+    uint64_t migrated;           /* migrations done (a request moved twice counts twice) */
+    uint64_t migrate_failed;     /* streaming requests that lost their worker and could not move */
+    uint64_t migrate_diverged;   /* migrated requests whose recomputed tokens differed from the relayed */
+    char *text_scratch;          /* [text_scratch_cap] one token's decoded bytes (s_track) */
+    size_t text_scratch_cap;
     uint64_t cached_by_tier[MSG_TIER_COUNT]; /* of cached_tokens, by source (msg_usage_t's split) */
     uint64_t cancels_refused;    /* cancels naming another credential's request */
     uint64_t client_capped;      /* submits refused at limits.max_inflight_per_client */
@@ -195,7 +236,7 @@ static void s_load_take(router_t *r, rq_t *q, int pi, int di)
     q->prefill = pi;
     q->decode = di;
     r->workers[pi].inflight++;
-    r->workers[pi].inflight_tokens += q->prompt_tokens;
+    r->workers[pi].inflight_tokens += q->load_tokens;
     r->workers[di].inflight++;
 }
 
@@ -205,7 +246,7 @@ static void s_prefill_load_off(router_t *r, rq_t *q, int lost)
 {
     if (q->state == RQ_PREFILL && q->prefill >= 0 && q->prefill != lost) {
         r->workers[q->prefill].inflight--;
-        r->workers[q->prefill].inflight_tokens -= q->prompt_tokens;
+        r->workers[q->prefill].inflight_tokens -= q->load_tokens;
     }
 }
 
@@ -244,6 +285,7 @@ static void s_remove(router_t *r, rq_t *q)
     s_load_release(r, q, -1);
     r->n_reqs--;
     msg_free(&q->pr);
+    free(q->gen);
     free(q);
 }
 
@@ -470,7 +512,12 @@ static int s_on_submit(actor_t *a, void *state, const actor_peer_t *from, msg_t 
     q->client = *from;
     q->owner_len = owner_len;
     memcpy(q->owner, owner, owner_len);
-    q->prompt_tokens = (uint32_t)n;
+    q->prompt_tokens = q->load_tokens = (uint32_t)n;
+    q->max_tokens = s->sampling.max_tokens;
+    if (r->tok) {
+        tok_stream_init(&q->ts, r->tok);
+        q->ts.skip_special = 1;   /* as the workers' (actors/worker/dc_req.c) */
+    }
     q->arrived_ms = now_ms();
     q->deadline_ms = s->timeout_ms ? q->arrived_ms + s->timeout_ms : 0;
     q->state = RQ_PREFILL;
@@ -636,6 +683,111 @@ static rq_t *s_worker_msg(actor_t *a, router_t *r, const actor_peer_t *from, con
     return q && s_from_assigned(a, r, q, from) ? q : NULL;
 }
 
+/* ---- migration --------------------------------------------------------------------------- */
+
+/* Records what the client is about to be sent, for a migration: the ids, and whether the text
+ * relayed has caught up with the bytes they decode to (nothing held back by the worker: a point
+ * a greedy request can be resumed from). Out of memory the ids are given up (the request can no
+ * longer migrate), never the request. The ids never outnumber max_tokens (the worker stops there). */
+static void s_track(router_t *r, rq_t *q, const msg_token_t *t)
+{
+    const uint64_t need = (uint64_t)q->completion + t->n_tokens;
+    if (!q->gen_lost && need > q->gen_cap) {
+        uint64_t cap = q->gen_cap ? q->gen_cap : 64;
+        while (cap < need)
+            cap *= 2;
+        if (cap > q->max_tokens)
+            cap = q->max_tokens;
+        int32_t *g = cap >= need ? realloc(q->gen, (size_t)cap * sizeof *g) : NULL;
+        if (!g) {
+            LOG_W("request %llu: its tokens cannot be kept (%s): it cannot migrate", (unsigned long long)q->id,
+                  cap >= need ? "out of memory" : "more than max_tokens");
+            free(q->gen);
+            q->gen = NULL;
+            q->gen_cap = 0;
+            q->gen_lost = 1;
+        } else {
+            q->gen = g;
+            q->gen_cap = (uint32_t)cap;
+        }
+    }
+    for (uint32_t i = 0; i < t->n_tokens; i++) {
+        if (!q->gen_lost)
+            q->gen[q->completion + i] = (int32_t)t->tokens[i];
+        size_t n = 0;
+        if (r->tok && tok_stream_feed(&q->ts, (int32_t)t->tokens[i], r->text_scratch, r->text_scratch_cap, &n) == 0)
+            q->decoded_bytes += n;
+    }
+    q->text_bytes += t->text ? strlen(t->text) : 0;
+    if (q->ts.npend == 0 && q->decoded_bytes == q->text_bytes) {
+        q->clean_tokens = (uint32_t)need;
+        q->clean_text = q->text_bytes;
+    }
+}
+
+/* A migrated request whose new attempt did not reproduce what the client was sent: it fails,
+ * retryable (what the client has is right, only its continuation is not to be had here). */
+static void s_diverged(actor_t *a, router_t *r, rq_t *q, const char *what)
+{
+    char why[200];
+    snprintf(why, sizeof why, "request moved after losing its worker: its recomputed stream %s; retry the request",
+             what);
+    LOG_W("request %llu: %s", (unsigned long long)q->id, why);
+    r->migrate_diverged++;
+    s_fail(a, r, q, MSG_ERR_WORKER_LOST, 1, why);
+}
+
+/* A migrated request's new attempt streams again, from its cut (base), the tokens the client was
+ * sent after it, with their text: they must be the same (their ids, and as many text bytes as were
+ * relayed after the cut), and are dropped; t is left with what the client has not seen, at its
+ * next seq. 0: relay t; 1: nothing of it is new; -1: the request failed (removed). */
+static int s_resume(actor_t *a, router_t *r, rq_t *q, msg_token_t *t)
+{
+    const uint64_t at = (uint64_t)q->base + t->seq;   /* the client's index of tokens[0] */
+    if (at > q->completion) {
+        s_diverged(a, r, q, "skipped tokens");
+        return -1;
+    }
+    const uint32_t drop = at + t->n_tokens <= q->completion ? t->n_tokens : (uint32_t)(q->completion - at);
+    for (uint32_t i = 0; i < drop; i++)
+        if (q->gen_lost || q->gen[at + i] != (int32_t)t->tokens[i]) {
+            s_diverged(a, r, q, "differs from the tokens already sent");
+            return -1;
+        }
+    const size_t tl = t->text ? strlen(t->text) : 0;
+    if (drop == t->n_tokens) {
+        if (tl > q->skip_text) {
+            s_diverged(a, r, q, "has more text than was sent");
+            return -1;
+        }
+        q->skip_text -= tl;
+        return 1;
+    }
+    if (q->skip_text > tl) {   /* the repeated tokens' text must end by the first new token's */
+        s_diverged(a, r, q, "has less text than was sent");
+        return -1;
+    }
+    t->text = tl > q->skip_text ? t->text + q->skip_text : NULL;   /* a cut the old worker made: whole UTF-8 */
+    q->skip_text = 0;
+    if (drop) {
+        const uint32_t k = t->n_top_tokens / t->n_tokens;   /* alternatives per position */
+        t->tokens += drop;
+        if (t->n_logprobs) {
+            t->logprobs += drop;
+            t->n_logprobs -= drop;
+        }
+        if (t->n_top_tokens) {
+            t->top_tokens += (size_t)drop * k;
+            t->top_logprobs += (size_t)drop * k;
+            t->n_top_tokens -= drop * k;
+            t->n_top_logprobs -= drop * k;
+        }
+        t->n_tokens -= drop;
+    }
+    t->seq = q->completion;
+    return 0;
+}
+
 static int s_on_token(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
 {
     router_t *r = state;
@@ -644,15 +796,24 @@ static int s_on_token(actor_t *a, void *state, const actor_peer_t *from, msg_t *
         return 0;   /* from a client, for a request that is over, or not from its worker: drop */
     int64_t now = now_ms();
     if (q->state == RQ_PREFILL) {
-        s_leave_prefill(r, q, "first token");
-        q->first_ms = now;
-        s_sample(r->ttft, &r->n_ttft, (float)(now - q->arrived_ms));
-    } else {
-        s_sample(r->itl, &r->n_itl, (float)(now - q->last_ms));
+        s_leave_prefill(r, q, q->migrations ? "first token after migration" : "first token");
+        if (!q->first_ms) {
+            q->first_ms = now;
+            s_sample(r->ttft, &r->n_ttft, (float)(now - q->arrived_ms));
+        }
     }
+    msg_token_t *t = &m->u.token;
+    if (q->migrations) {
+        const int rc = s_resume(a, r, q, t);
+        if (rc != 0)
+            return 0;   /* a repeat, dropped; or the request failed */
+    }
+    if (q->last_ms)   /* 0 before the first token; after a migration the gap counts */
+        s_sample(r->itl, &r->n_itl, (float)(now - q->last_ms));
     q->last_ms = now;
-    q->completion += m->u.token.n_tokens;
-    r->gen_tokens += m->u.token.n_tokens;
+    s_track(r, q, t);
+    q->completion += t->n_tokens;
+    r->gen_tokens += t->n_tokens;
     m->id = q->client_id;
     const int rc = actor_reply_stream(a, &q->client, m, 0);
     if (rc == ACTOR_REFUSED) {
@@ -676,6 +837,27 @@ static int s_on_done(actor_t *a, void *state, const actor_peer_t *from, msg_t *m
         return 0;   /* from a client, for a request that is over, or not from its worker: drop */
     int64_t now = now_ms();
     msg_done_t *d = &m->u.done;
+    if (q->migrations) {
+        /* The last attempt's usage counts the tokens relayed before its cut as prompt: the client's
+         * is its own prompt and every token it was sent; cached, the last attempt's hits (at most
+         * the prompt). An attempt that ended before the tokens already sent did not reproduce them. */
+        if ((uint64_t)q->base + d->usage.completion_tokens < q->completion || q->skip_text) {
+            s_diverged(a, r, q, "ended before the tokens already sent");
+            return 0;
+        }
+        msg_usage_t *u = &d->usage;
+        u->prompt_tokens = q->prompt_tokens;
+        u->completion_tokens = q->completion;
+        if (u->cached_tokens > u->prompt_tokens) {
+            uint32_t left = u->cached_tokens = u->prompt_tokens;
+            uint32_t *tier[] = {&u->cached_device_tokens, &u->cached_host_tokens, &u->cached_disk_tokens};
+            for (int i = 0; i < 3; i++) {   /* the split still sums to cached_tokens (or is all 0) */
+                if (*tier[i] > left)
+                    *tier[i] = left;
+                left -= *tier[i];
+            }
+        }
+    }
     d->timings.ttft_ms = q->first_ms ? (uint32_t)(q->first_ms - q->arrived_ms) : 0;
     d->timings.e2e_ms = (uint32_t)(now - q->arrived_ms);
     r->cached_tokens += d->usage.cached_tokens;
@@ -770,6 +952,147 @@ static int s_reroute(actor_t *a, router_t *r, rq_t *q, int lost)
     return 1;
 }
 
+/* A request whose tokens already say it is over (max_tokens of them, or a stop or EOS id last):
+ * its worker died between its last token and its done. */
+static int s_ended_already(router_t *r, const rq_t *q, msg_finish_t *fin)
+{
+    *fin = MSG_FINISH_LENGTH;
+    if (q->completion >= q->max_tokens)
+        return 1;
+    if (q->completion == 0 || q->gen_lost)
+        return 0;
+    *fin = MSG_FINISH_STOP;
+    const int32_t last = q->gen[q->completion - 1];
+    const msg_sampling_t *s = &q->pr.u.prefill_request.sampling;
+    for (uint32_t i = 0; i < s->n_stop_token_ids; i++)
+        if ((int32_t)s->stop_token_ids[i] == last)
+            return 1;
+    if (s->ignore_eos)
+        return 0;
+    for (int i = 0; i < r->cfg.n_eos; i++)   /* the workers' EOS ids (worker_sampler_params) */
+        if (r->cfg.eos_token_ids[i] == last)
+            return 1;
+    return r->cfg.n_eos == 0 && r->tok && tok_eos_id(r->tok) == last;
+}
+
+/* The done its lost worker did not send. */
+static void s_end_here(actor_t *a, router_t *r, rq_t *q, msg_finish_t fin)
+{
+    msg_t d;
+    msg_init(&d, MSG_DONE, q->client_id);
+    d.u.done.finish = fin;
+    d.u.done.usage.prompt_tokens = q->prompt_tokens;
+    d.u.done.usage.completion_tokens = q->completion;
+    d.u.done.timings.ttft_ms = q->first_ms ? (uint32_t)(q->first_ms - q->arrived_ms) : 0;
+    d.u.done.timings.e2e_ms = (uint32_t)(now_ms() - q->arrived_ms);
+    actor_reply_stream(a, &q->client, &d, 1);
+    r->completed++;
+    LOG_I("request %llu: its worker was lost after its last token; done (%s) sent here", (unsigned long long)q->id,
+          fin == MSG_FINISH_STOP ? "stop" : "length");
+    s_remove(r, q);
+}
+
+/* A request that lost a worker after its stream began continues elsewhere: a new prefill_request
+ * (a new id of ours: anything still on its way for the old one is dropped as stale) whose prompt is
+ * the original prompt and the tokens relayed up to the cut, max_tokens reduced by them, to a live
+ * prefill / decode pair chosen as for a new request (the prompt's blocks are usually cached where
+ * it was prefilled, or in the host store). The cut is where the text relayed had caught up with the
+ * tokens (s_track), for a request whose next tokens do not depend on where its output began
+ * (greedy, no presence / frequency penalty): the new attempt then starts in the state the old one
+ * was in and its repeats are checked and dropped (s_resume); otherwise the cut is the last token
+ * relayed and the seed is mixed with the tokens already made. Returns 1 if the request moved (or
+ * was over: its done is sent here, and it is gone). */
+static int s_migrate(actor_t *a, router_t *r, rq_t *q, int lost)
+{
+    if (q->migrations >= MAX_MIGRATIONS || q->gen_lost || q->pr.type != MSG_PREFILL_REQUEST)
+        return 0;
+    msg_finish_t fin;
+    if (s_ended_already(r, q, &fin)) {
+        s_end_here(a, r, q, fin);
+        return 1;
+    }
+    const msg_prefill_request_t *op = &q->pr.u.prefill_request;
+    const int exact = op->sampling.temperature == 0 && op->sampling.presence_penalty == 0 &&
+                      op->sampling.frequency_penalty == 0;
+    const uint32_t cut = exact ? q->clean_tokens : q->completion;
+    const uint32_t n = op->n_tokens + cut;
+    const int n_hashes = (int)n / r->block_size;
+    int32_t *ids = malloc((size_t)n * sizeof *ids);
+    uint64_t *hashes = calloc((size_t)n_hashes + 1, sizeof *hashes);
+    if (!ids || !hashes) {
+        free(ids);
+        free(hashes);
+        return 0;
+    }
+    memcpy(ids, op->tokens, (size_t)op->n_tokens * sizeof *ids);   /* ids < vocab_size: the same bits */
+    memcpy(ids + op->n_tokens, q->gen, (size_t)cut * sizeof *ids);
+    for (int i = 0; i < n_hashes; i++)
+        hashes[i] = kv_block_hash(op->tenant_salt, i ? hashes[i - 1] : 0, ids + (size_t)i * r->block_size,
+                                  r->block_size);
+    int pi, di, hit, rc = -1;
+    s_choose(r, hashes, n_hashes, &pi, &di, &hit);
+    const uint64_t id = r->next_id + 1;
+    if (pi >= 0 && di >= 0 && u64map_put(&r->by_id, id, (uint64_t)(uintptr_t)q) == 0) {
+        msg_t pr;
+        msg_init(&pr, MSG_PREFILL_REQUEST, id);
+        msg_prefill_request_t *p = &pr.u.prefill_request;
+        *p = *op;   /* its strings and stop lists stay q->pr's */
+        p->tokens = (const uint32_t *)ids;
+        p->n_tokens = n;
+        p->sampling.max_tokens = q->max_tokens - cut;
+        if (!exact)   /* the counter-based draws restart at 0: not the ones already used */
+            p->sampling.seed = (int64_t)(XXH3_64bits_withSeed(&q->completion, sizeof q->completion,
+                                                              (uint64_t)op->sampling.seed) >> 1);
+        p->decode_worker = r->workers[di].name;
+        p->n_hint_hashes = p->n_hint_holders = 0;
+        p->hint_hashes = NULL;
+        p->hint_holders = NULL;
+        const int host = r->cache_manager ? s_matched(r, hashes, n_hashes, HOST_BIT) : 0;
+        msg_cache_holder_t holder = {.holder = r->cache_manager, .tier = MSG_TIER_HOST, .matched_blocks = (uint32_t)host};
+        if (host > 0) {
+            p->hint_hashes = hashes;
+            p->n_hint_hashes = (uint32_t)host;
+            p->hint_holders = &holder;
+            p->n_hint_holders = 1;
+        }
+        rc = actor_send(a, r->workers[pi].name, &pr);
+        if (rc != 0)
+            u64map_del(&r->by_id, id);
+    }
+    free(ids);
+    free(hashes);
+    if (rc != 0)
+        return 0;
+    r->next_id = id;
+    r->cache_queries += (uint64_t)n_hashes;
+    r->cache_hits += (uint64_t)hit;
+    /* The old attempt, where it may still sit at a live worker (lost before its first token again). */
+    msg_t c;
+    msg_init(&c, MSG_CANCEL, q->id);
+    if (q->state == RQ_PREFILL && q->prefill >= 0 && q->prefill != lost && r->workers[q->prefill].up)
+        actor_send_keep(a, r->workers[q->prefill].name, &c);
+    if (q->state == RQ_PREFILL && q->decode >= 0 && q->decode != lost && q->decode != q->prefill &&
+        r->workers[q->decode].up)
+        actor_send_keep(a, r->workers[q->decode].name, &c);
+    LOG_I("request %llu (client %llu) migrated as %llu to %s / %s after losing %s: %u tokens sent, resumed "
+          "after %u, %llu text bytes to skip (migration %d of at most %d)", (unsigned long long)q->id,
+          (unsigned long long)q->client_id, (unsigned long long)id, r->workers[pi].name, r->workers[di].name,
+          r->workers[lost].name, q->completion, cut,
+          (unsigned long long)(exact ? q->text_bytes - q->clean_text : 0), q->migrations + 1, MAX_MIGRATIONS);
+    u64map_del(&r->by_id, q->id);
+    q->id = id;
+    s_load_release(r, q, lost);
+    if (q->state != RQ_PREFILL)
+        s_transition(q, RQ_PREFILL, "migration");
+    q->load_tokens = n;
+    s_load_take(r, q, pi, di);
+    q->base = cut;
+    q->skip_text = exact ? q->text_bytes - q->clean_text : 0;
+    q->migrations++;
+    r->migrated++;
+    return 1;
+}
+
 static void s_peer_event(actor_t *a, void *state, const char *peer, int up)
 {
     router_t *r = state;
@@ -779,18 +1102,29 @@ static void s_peer_event(actor_t *a, void *state, const char *peer, int up)
     r->workers[w].up = up;
     if (up)
         return;
-    /* Its process is gone: a request that has not streamed yet goes to other workers; every
-     * other request it held fails now, retryable. Its cached blocks are forgotten. */
-    int n = 0, moved = 0;
+    /* Its process is gone: a request that has not streamed yet goes to other workers, one that
+     * has migrates (s_migrate); one that can do neither fails now, retryable. Its cached blocks
+     * are forgotten. */
+    int n = 0, moved = 0, migrated = 0;
     for (rq_t *q = r->head, *next; q; q = next) {
         next = q->next;
         if (q->decode == w || (q->prefill == w && q->state == RQ_PREFILL)) {
-            if (s_reroute(a, r, q, w)) {
+            if (q->completion == 0 && s_reroute(a, r, q, w)) {
                 moved++;
                 continue;
             }
+            const int streamed = q->completion > 0, past_limit = q->migrations >= MAX_MIGRATIONS;
+            if (streamed && s_migrate(a, r, q, w)) {
+                migrated++;
+                continue;
+            }
+            r->migrate_failed += streamed;
             char why[160];
-            snprintf(why, sizeof why, "worker %s was lost; retry the request", peer);
+            if (past_limit)
+                snprintf(why, sizeof why, "worker %s was lost, after the request had moved %d times (the limit); "
+                         "retry the request", peer, MAX_MIGRATIONS);
+            else
+                snprintf(why, sizeof why, "worker %s was lost; retry the request", peer);
             if (q->decode == w)
                 q->decode = -1;   /* no cancel to the dead one */
             if (q->prefill == w)
@@ -804,7 +1138,8 @@ static void s_peer_event(actor_t *a, void *state, const char *peer, int up)
     for (size_t i = 0; i < r->index.cap; i++)
         if (r->index.keys[i])
             r->index.vals[i] &= ~(1ULL << w);
-    LOG_W("worker %s lost: %d requests re-routed, %d failed with a retryable error", peer, moved, n);
+    LOG_W("worker %s lost: %d requests re-routed, %d migrated, %d failed with a retryable error", peer, moved,
+          migrated, n);
 }
 
 /* ---- timers and stats -------------------------------------------------------------------- */
@@ -856,6 +1191,9 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
     actor_stat_metric(a, st, "requests_failed", (double)r->failed, 1);
     actor_stat_metric(a, st, "requests_cancelled", (double)r->cancelled, 1);
     actor_stat_metric(a, st, "requests_rerouted", (double)r->rerouted, 1);
+    actor_stat_metric(a, st, "requests_migrated", (double)r->migrated, 1);
+    actor_stat_metric(a, st, "migrations_failed", (double)r->migrate_failed, 1);
+    actor_stat_metric(a, st, "migrations_diverged", (double)r->migrate_diverged, 1);
     actor_stat_metric(a, st, "cancels_refused", (double)r->cancels_refused, 1);
     actor_stat_metric(a, st, "requests_client_capped", (double)r->client_capped, 1);
     actor_stat_metric(a, st, "stale_requests_cancelled", (double)r->stale_cancelled, 1);
@@ -927,6 +1265,14 @@ int main(int argc, char **argv)
     if (!r->tok)
         LOG_W("no tokenizer (%s): only token-id prompts are accepted", err);
     r->chat = r->tok ? chat_family_detect(tokdir) : CHAT_NONE;
+    if (r->tok) {   /* one token's decoded bytes (s_track): what tok_stream_feed says always suffices */
+        r->text_scratch_cap = 3 * tok_max_token_bytes(r->tok) + 3;
+        r->text_scratch = malloc(r->text_scratch_cap);
+        if (!r->text_scratch) {
+            LOG_E("router out of memory");
+            goto out;
+        }
+    }
     r->colocated = topo_first(t, ROLE_PREFILL) == NULL;
     if (r->colocated)
         LOG_I("no prefill actors: each request's decode worker computes its prompt too (colocated)");
@@ -953,6 +1299,7 @@ out:
     while (r->head)
         s_remove(r, r->head);
     tok_destroy(&r->tok);
+    free(r->text_scratch);
     u64map_free(&r->index);
     u64map_free(&r->by_id);
     u64map_free(&r->by_client);
