@@ -241,7 +241,7 @@ static void s_drop(void *ctx, sched_req_t *sr, const char *why)
  * one on a backend without the op). -1 when it failed: its rows' requests are failed. */
 static int s_forward(actor_t *a, decode_t *d, const sched_batch_t *b, int spec)
 {
-    const int dev_sample = d->w->be->ops->sample != NULL;
+    const int dev_sample = d->w->eng->be->ops->sample != NULL;
     int any_sampled = 0;   /* a row the device samples (not greedy, no host logits needed) */
     uint64_t prompt_tokens = 0, recompute_tokens = 0;
     for (int i = 0; i < b->n; i++) {
@@ -263,7 +263,7 @@ static int s_forward(actor_t *a, decode_t *d, const sched_batch_t *b, int spec)
         spec_step_batch(d->spec, b, dev_sample, &mb);
     char err[512];
     const int64_t t0 = now_ns();
-    const int frc = model_forward(d->w->model, &mb, d->w->logits, err, sizeof err);
+    const int frc = model_forward(d->w->eng->model, &mb, d->w->eng->logits, err, sizeof err);
     const uint64_t ns = (uint64_t)(now_ns() - t0);
     /* The chunks' share of the step, by tokens: the prompts' compute rate, the recomputes' cost. */
     const uint64_t all = prompt_tokens + recompute_tokens + (uint64_t)b->n_decode;
@@ -293,7 +293,7 @@ static void s_sample_emit(actor_t *a, decode_t *d, const sched_batch_t *b)
             continue;
         /* The log-probability costs a softmax over the vocabulary: only when it was asked for. */
         float lp = 0;
-        const float *row = d->need_logits[i] ? d->w->logits + (size_t)i * (size_t)d->w->cfg.vocab_size : NULL;
+        const float *row = d->need_logits[i] ? d->w->eng->logits + (size_t)i * (size_t)d->w->eng->cfg.vocab_size : NULL;
         const int32_t t = row ? sampler_sample(r->smp, row, r->handoff.u.handoff.sampling.logprobs ? &lp : NULL)
                               : d->argmax[i];
         sampler_top_t top;
@@ -358,7 +358,7 @@ static int s_step(actor_t *a, void *state)
         /* A verify step commits after its emit: the rejected drafts leave the KV before it is
          * published (it has decode rows only: the commit just publishes). */
         if (frc == 0)
-            spec_step_verify(d->spec, b, d->w->logits, d->w->cfg.vocab_size);
+            spec_step_verify(d->spec, b, d->w->eng->logits, d->w->eng->cfg.vocab_size);
         sched_commit(d->sched);
     } else {
         sched_commit(d->sched);   /* after a failure its rows are gone: nothing to commit */
@@ -388,8 +388,9 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
     actor_stat_metric(a, st, "requests_waiting", waiting + preempted, 0);
     actor_stat_metric(a, st, "batch_size", running ? d->last_batch : 0, 0);
     actor_stat_metric(a, st, "tokens_per_s", stream_out_rate(&d->out), 0);
-    actor_stat_metric(a, st, "kv_blocks_free", kvpool_free_count(d->w->pool), 0);
-    actor_stat_metric(a, st, "kv_blocks_used", kvpool_n_blocks(d->w->pool) - kvpool_free_count(d->w->pool), 0);
+    const kvpool_t *pool = d->w->eng->pool;
+    actor_stat_metric(a, st, "kv_blocks_free", kvpool_free_count(pool), 0);
+    actor_stat_metric(a, st, "kv_blocks_used", kvpool_n_blocks(pool) - kvpool_free_count(pool), 0);
     actor_stat_metric(a, st, "generation_tokens_total", (double)d->out.tokens_out, 1);
     actor_stat_metric(a, st, "requests_finished_total", (double)d->out.finished, 1);
     actor_stat_metric(a, st, "preemptions_total", (double)sched_preemptions(d->sched), 1);
@@ -399,7 +400,7 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
     actor_stat_metric(a, st, "transfers_nccl_total", (double)kvlinks_transfers(d->links), 1);
     actor_stat_metric(a, st, "nccl_links_ready", kvlinks_ready(d->links), 0);
     actor_stat_metric(a, st, "steps_total", (double)d->steps, 1);
-    expert_report_tick(&d->experts, a, d->w->model, d->steps);   /* an expert_load window per 1,000 steps */
+    expert_report_tick(&d->experts, a, d->w->eng->model, d->steps);   /* an expert_load window per 1,000 steps */
     expert_apply_stats(a, st, expert_group_ep(d->w->experts));     /* the expert-parallel group, if any */
     actor_stat_metric(a, st, "forward_seconds_total", (double)d->forward_ns / 1e9, 1);
     actor_stat_metric(a, st, "recompute_seconds_total", (double)d->recompute_ns / 1e9, 1);
@@ -424,7 +425,7 @@ static int s_on_placement(actor_t *a, void *state, const actor_peer_t *from, msg
 {
     decode_t *d = state;
     char err[512];
-    if (expert_apply(expert_group_ep(d->w->experts), d->w->model, &m->u.expert_placement, err, sizeof err) == 0)
+    if (expert_apply(expert_group_ep(d->w->experts), d->w->eng->model, &m->u.expert_placement, err, sizeof err) == 0)
         return 0;
     LOG_W("expert placement refused: %s", err);
     return actor_reply_error(a, from, m->id, MSG_ERR_BAD_REQUEST, 0, "%s", err) < 0 ? -1 : 0;
@@ -448,13 +449,13 @@ static const actor_handler_t s_handlers[] = {
  * made is NULL (out of memory, refused with the step's). */
 static int s_open_channels(decode_t *d, actor_t *a, const topo_t *t, char *err, size_t errlen)
 {
-    d->links = kvlinks_new(d->w->be, d->name, worker_block_bytes(d->w), NULL, s_link_send, a);
-    kvchan_cfg_t cc = {.be = d->w->be, .pool = d->w->pool, .topo = t, .self = actor_self(a), .cluster = t->name,
-                       .zmq_ctx = actor_zmq_ctx(a), .links = d->links};
+    d->links = kvlinks_new(d->w->eng->be, d->name, worker_block_bytes(d->w), NULL, s_link_send, a);
+    kvchan_cfg_t cc = {.be = d->w->eng->be, .pool = d->w->eng->pool, .topo = t, .self = actor_self(a),
+                       .cluster = t->name, .zmq_ctx = actor_zmq_ctx(a), .links = d->links};
     if (chan_keys_fill(a, &d->chan_keys, &cc, err, errlen) != 0 || router_watch_init(&d->routers, a, t) != 0)
         return -1;
     d->chan = kvchan_new(&cc, err, errlen);
-    if (tchan_nccl_available(d->w->be)) {
+    if (tchan_nccl_available(d->w->eng->be)) {
         actor_timer_add(a, KVLINK_POLL_MS, s_poll_links);
         for (int i = 0; i < t->n_instances; i++)
             if (t->instances[i].role == ROLE_PREFILL)
@@ -477,7 +478,7 @@ static int s_open_step(decode_t *d, spec_step_config_t *spec_cfg, int chunk_toke
     d->need_logits = calloc((size_t)max_seqs, 1);
     const spec_hooks_t spec_hooks = {.ctx = d, .sampler = s_spec_sampler, .emit = s_spec_emit};
     if (spec_cfg->pad_max_rows < 0)   /* padding buys graph replays: worth it where there are graphs */
-        spec_cfg->pad_max_rows = d->w->be->ops->graph_begin ? SPEC_PAD_ROWS_GRAPHS : 0;
+        spec_cfg->pad_max_rows = d->w->eng->be->ops->graph_begin ? SPEC_PAD_ROWS_GRAPHS : 0;
     d->spec = spec_step_new(spec_cfg, d->w->draft, max_seqs, d->w->max_logit_rows, d->w->max_model_len, &spec_hooks,
                             err, sizeof err);
     if (spec_step_policy_init(d->spec, d->a, spec_cfg->method == SPEC_DRAFT, err, sizeof err) != 0)
@@ -485,7 +486,7 @@ static int s_open_step(decode_t *d, spec_step_config_t *spec_cfg, int chunk_toke
     d->wb = writeback_new(d->w, d->name, d->cluster, d->cache_manager);
     sched_config_t sc = {.max_seqs = max_seqs, .max_running = max_seqs, .chunk_tokens = chunk_tokens, .now_ms = now_ms,
                          .ctx = d, .reclaim = s_reclaim, .hold_expired = s_hold_expired, .drop = s_drop};
-    d->sched = sched_new(d->w->pool, &sc, err, sizeof err);
+    d->sched = sched_new(d->w->eng->pool, &sc, err, sizeof err);
     const int out_rc = stream_out_init(&d->out, d->a, d->w, d->sched, d->wb);
     d->handoffs = (handoff_in_t){.self = d->name, .w = d->w, .chan = d->chan, .wb = d->wb};
     return !d->seqs || !d->argmax || !d->sample || !d->need_logits || (!d->spec && spec_cfg->method != SPEC_OFF) ||

@@ -118,7 +118,7 @@ static pf_req_t *s_next(pf_req_t *r) { return (pf_req_t *)sched_next(&r->sr); }
 /* The channel the topology gives a hand-off to decode worker `dw` (kv_link.h). */
 static msg_channel_t s_route(const prefill_t *p, const char *dw)
 {
-    return kvlink_route(p->self, topo_find(p->topo, dw), p->w->ipc_ok, tchan_nccl_available(p->w->be));
+    return kvlink_route(p->self, topo_find(p->topo, dw), p->w->ipc_ok, tchan_nccl_available(p->w->eng->be));
 }
 
 /* Fails a request back to the router (which gives the client its one terminal reply). */
@@ -152,9 +152,9 @@ static int s_on_prefill_request(actor_t *a, void *state, const actor_peer_t *fro
         return actor_reply_error(a, from, m->id, MSG_ERR_BAD_REQUEST, 0, "prompt of %u tokens exceeds max_model_len %d",
                                  q->n_tokens, p->w->max_model_len), 0;
     for (uint32_t i = 0; i < q->n_tokens; i++)
-        if (q->tokens[i] >= (uint32_t)p->w->cfg.vocab_size)
+        if (q->tokens[i] >= (uint32_t)p->w->eng->cfg.vocab_size)
             return actor_reply_error(a, from, m->id, MSG_ERR_BAD_REQUEST, 0, "token id %u at %u is outside the vocabulary (%d)",
-                                     q->tokens[i], i, p->w->cfg.vocab_size), 0;
+                                     q->tokens[i], i, p->w->eng->cfg.vocab_size), 0;
     if (!router_watch_alive(&p->routers, q->reply_to)) {
         /* Sent just before its router died: nobody would read the answer. */
         router_watch_dropped(&p->routers, q->reply_to, 1);
@@ -165,7 +165,7 @@ static int s_on_prefill_request(actor_t *a, void *state, const actor_peer_t *fro
         free(r);
         return actor_reply_error(a, from, m->id, MSG_ERR_OVERLOADED, 1, "prefill out of memory"), 0;
     }
-    r->kv = kvseq_new(p->w->pool, p->w->max_model_len, q->tenant_salt);
+    r->kv = kvseq_new(p->w->eng->pool, p->w->max_model_len, q->tenant_salt);
     /* uint32 ids below vocab_size (checked) are valid int32 ids: same bytes. */
     if (!r->kv || sched_add_prompt(p->sched, &r->sr, m->id, r->kv, (const int32_t *)r->msg.u.prefill_request.tokens,
                                    (int)q->n_tokens) != 0) {
@@ -299,7 +299,7 @@ static void s_send_handoff(actor_t *a, prefill_t *p, pf_req_t *r, msg_channel_t 
 {
     const msg_prefill_request_t *q = &r->msg.u.prefill_request;
     char err[512];
-    const bk_kv_t *kv = kvpool_view(p->w->pool);
+    const bk_kv_t *kv = kvpool_view(p->w->eng->pool);
     kvchan_release(p->chan, &r->out);   /* a retry: the failed attempt's segment or staged bytes */
     r->transfer_id = ++p->next_transfer;
     r->sent = r->acked = r->refused = 0;
@@ -379,7 +379,7 @@ static void s_handoff(actor_t *a, prefill_t *p, pf_req_t *r, const float *logits
         s_fail(a, p, r, MSG_ERR_BAD_REQUEST, 0, err);
         return;
     }
-    sampler_t *smp = sampler_new(&sp, p->w->cfg.vocab_size, r->sr.toks, r->sr.n_prompt, err, sizeof err);
+    sampler_t *smp = sampler_new(&sp, p->w->eng->cfg.vocab_size, r->sr.toks, r->sr.n_prompt, err, sizeof err);
     if (!smp) {
         s_fail(a, p, r, MSG_ERR_BAD_REQUEST, 0, err);
         return;
@@ -490,7 +490,7 @@ static int s_step(actor_t *a, void *state)
     model_batch_t mb = {.n_seqs = b->n, .seqs = p->seqs};
     char err[512];
     int64_t t0 = now_ns();
-    int frc = model_forward(p->w->model, &mb, p->w->logits, err, sizeof err);
+    int frc = model_forward(p->w->eng->model, &mb, p->w->eng->logits, err, sizeof err);
     p->forward_ns += (uint64_t)(now_ns() - t0);
     p->steps++;
     if (frc != 0) {
@@ -507,7 +507,7 @@ static int s_step(actor_t *a, void *state)
         p->computed_tokens += (uint64_t)b->rows[i].n_new;
         if (b->rows[i].sample) {   /* the prompt's last chunk */
             p->cached_tokens += (uint64_t)r->sr.n_cached;
-            s_handoff(a, p, r, p->w->logits + (size_t)i * (size_t)p->w->cfg.vocab_size);
+            s_handoff(a, p, r, p->w->eng->logits + (size_t)i * (size_t)p->w->eng->cfg.vocab_size);
         }
     }
     return 1;
@@ -556,8 +556,9 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
     actor_stat_metric(a, st, "requests_running", running, 0);
     actor_stat_metric(a, st, "handoffs_in_flight", handing, 0);
     actor_stat_metric(a, st, "tokens_per_s", p->tokens_per_s, 0);
-    actor_stat_metric(a, st, "kv_blocks_free", kvpool_free_count(p->w->pool), 0);
-    actor_stat_metric(a, st, "kv_blocks_used", kvpool_n_blocks(p->w->pool) - kvpool_free_count(p->w->pool), 0);
+    const kvpool_t *pool = p->w->eng->pool;
+    actor_stat_metric(a, st, "kv_blocks_free", kvpool_free_count(pool), 0);
+    actor_stat_metric(a, st, "kv_blocks_used", kvpool_n_blocks(pool) - kvpool_free_count(pool), 0);
     actor_stat_metric(a, st, "prompts_total", (double)p->prompts, 1);
     actor_stat_metric(a, st, "prompt_tokens_total", (double)p->prompt_tokens, 1);
     actor_stat_metric(a, st, "computed_tokens_total", (double)p->computed_tokens, 1);
@@ -613,10 +614,10 @@ int main(int argc, char **argv)
     /* Prompt chunks only, oldest first, within the forward's token budget. */
     sched_config_t sc = {.max_seqs = max_seqs, .max_running = 0, .chunk_tokens = p.w->max_tokens, .now_ms = now_ms,
                          .ctx = &p, .hold_expired = s_hold_expired, .drop = s_drop};
-    p.sched = sched_new(p.w->pool, &sc, err, sizeof err);
-    p.links = kvlinks_new(p.w->be, p.name, worker_block_bytes(p.w), NULL, s_link_send, a);
-    kvchan_cfg_t cc = {.be = p.w->be, .pool = p.w->pool, .topo = t, .self = actor_self(a), .cluster = t->name,
-                       .zmq_ctx = actor_zmq_ctx(a), .links = p.links};
+    p.sched = sched_new(p.w->eng->pool, &sc, err, sizeof err);
+    p.links = kvlinks_new(p.w->eng->be, p.name, worker_block_bytes(p.w), NULL, s_link_send, a);
+    kvchan_cfg_t cc = {.be = p.w->eng->be, .pool = p.w->eng->pool, .topo = t, .self = actor_self(a),
+                       .cluster = t->name, .zmq_ctx = actor_zmq_ctx(a), .links = p.links};
     if (chan_keys_fill(a, &p.chan_keys, &cc, err, sizeof err) != 0) {
         LOG_E("security: the KV channel's keys: %s", err);
         worker_destroy(&p.w);
@@ -624,7 +625,7 @@ int main(int argc, char **argv)
         return 1;
     }
     p.chan = kvchan_new(&cc, err, sizeof err);
-    if (tchan_nccl_available(p.w->be)) {
+    if (tchan_nccl_available(p.w->eng->be)) {
         actor_timer_add(a, KVLINK_POLL_MS, s_poll_links);
         for (int i = 0; i < t->n_instances; i++)
             if (t->instances[i].role == ROLE_DECODE) {

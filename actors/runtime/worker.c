@@ -85,16 +85,16 @@ static int s_draft(worker_t *w, const topo_t *t, topo_role_t role, const char *t
                                                errlen) != 0 || (m != SPEC_DRAFT && m != SPEC_MTP))
         return 0;   /* a bad knob is the decode step's to report */
     if (m == SPEC_MTP) {   /* the MTP layer was loaded with the model (engine/mtp.h) */
-        if (!model_has_mtp(w->model)) {
+        if (!model_has_mtp(w->eng->model)) {
             *config_error = 1;
             return errf(err, errlen, "TROUPE_SPECULATION=%s: model %s has no MTP layer (num_nextn_predict_layers "
                         "and model.layers.%d.* in its checkpoint)", getenv("TROUPE_SPECULATION"), t->model.path,
-                        w->cfg.num_layers);
+                        w->eng->cfg.num_layers);
         }
-        if (!(w->draft = spec_mtp_new(w->model, w->max_seqs, w->max_model_len, err, errlen)))
+        if (!(w->draft = spec_mtp_new(w->eng->model, w->max_seqs, w->max_model_len, err, errlen)))
             return -1;
         LOG_I("MTP proposer: %d sequences of %d tokens, %.1f MiB of MTP KV", w->max_seqs, w->max_model_len,
-              spec_mtp_device_bytes(&w->cfg, w->max_seqs, w->max_model_len) / (1 << 20));
+              spec_mtp_device_bytes(&w->eng->cfg, w->max_seqs, w->max_model_len) / (1 << 20));
         return 0;
     }
     if (!t->model.draft[0]) {
@@ -182,13 +182,8 @@ worker_t *worker_load(const topo_t *t, topo_role_t role, int gpu, int max_tokens
     }
     if (w->experts && expert_group_attach(w->experts, w->eng, err, errlen) != 0)
         goto fail;   /* a rank that could not load: the moment (its own log says why) */
-    w->cfg = w->eng->cfg;
-    w->be = w->eng->be;
-    w->model = w->eng->model;
-    w->pool = w->eng->pool;
-    w->logits = w->eng->logits;
 
-    w->ipc_ok = kvx_ipc_handle(w->be, kvpool_view(w->pool), w->ipc_handle) == 0;
+    w->ipc_ok = kvx_ipc_handle(w->eng->be, kvpool_view(w->eng->pool), w->ipc_handle) == 0;
     const char *tokdir = tm->tokenizer[0] ? tm->tokenizer : tm->path;
     char terr[512];
     w->tok = tok_load(tokdir, terr, sizeof terr);
@@ -201,14 +196,15 @@ worker_t *worker_load(const topo_t *t, topo_role_t role, int gpu, int max_tokens
         LOG_W("no tokenizer (%s): token-id prompts only, no text in the stream", terr);
     if (s_draft(w, t, role, tokdir, config_error, err, errlen) != 0)
         goto fail;
-    const bk_kv_t *kv = kvpool_view(w->pool);
+    const bk_kv_t *kv = kvpool_view(w->eng->pool);
     if (!(w->stage = malloc(kv->block_bytes))) {
         errf(err, errlen, "out of memory");
         goto fail;
     }
     LOG_I("model %s: %d layers, hidden %d, vocab %d, %s weights; KV pool %d blocks of %d tokens, %s (%.1f MiB)",
-          tm->path, w->cfg.num_layers, w->cfg.hidden_size, w->cfg.vocab_size, dtype_name(w->eng->weights_dtype),
-          kv->n_blocks, kv->block_size, dtype_name(kv->dtype), (double)kv->n_blocks * (double)kv->block_bytes / (1 << 20));
+          tm->path, w->eng->cfg.num_layers, w->eng->cfg.hidden_size, w->eng->cfg.vocab_size,
+          dtype_name(w->eng->weights_dtype), kv->n_blocks, kv->block_size, dtype_name(kv->dtype),
+          (double)kv->n_blocks * (double)kv->block_bytes / (1 << 20));
     return w;
 fail:
     worker_destroy(&w);
@@ -243,8 +239,8 @@ int worker_sampler_params(const worker_t *w, const msg_sampling_t *s, sampler_pa
     p->seed = (uint64_t)s->seed;
     p->max_tokens = (int)s->max_tokens;
     p->ignore_eos = s->ignore_eos;
-    p->n_eos = w->cfg.n_eos < SAMPLER_MAX_EOS ? w->cfg.n_eos : SAMPLER_MAX_EOS;
-    memcpy(p->eos_ids, w->cfg.eos_token_ids, (size_t)p->n_eos * sizeof(int32_t));
+    p->n_eos = w->eng->cfg.n_eos < SAMPLER_MAX_EOS ? w->eng->cfg.n_eos : SAMPLER_MAX_EOS;
+    memcpy(p->eos_ids, w->eng->cfg.eos_token_ids, (size_t)p->n_eos * sizeof(int32_t));
     if (p->n_eos == 0 && w->tok && tok_eos_id(w->tok) >= 0)
         p->eos_ids[p->n_eos++] = tok_eos_id(w->tok);
     if (s->n_stop_token_ids > SAMPLER_MAX_STOP_IDS)
@@ -256,10 +252,10 @@ int worker_sampler_params(const worker_t *w, const msg_sampling_t *s, sampler_pa
     for (uint32_t i = 0; i < s->n_stop; i++)
         p->stops[p->n_stops++] = s->stop[i];
     p->logprobs_mode = SAMPLER_LOGPROBS_RAW;
-    return sampler_params_check(p, w->cfg.vocab_size, err, errlen);
+    return sampler_params_check(p, w->eng->cfg.vocab_size, err, errlen);
 }
 
-size_t worker_block_bytes(const worker_t *w) { return kvpool_view(w->pool)->block_bytes; }
+size_t worker_block_bytes(const worker_t *w) { return kvpool_view(w->eng->pool)->block_bytes; }
 
 void worker_publish_blocks(actor_t *a, const char *holder, const char *cache_manager, const kvseq_t *kv, int block_size)
 {

@@ -23,11 +23,8 @@
 #include "transfer/kv_transfer.h"      /* KVX_IPC_HANDLE_BYTES */
 
 typedef struct worker {
-    engine_t *eng;               /* the open model: owns what the next five name */
-    model_config_t cfg;          /* eng->cfg (config.json) */
-    backend_t *be;               /* eng->be */
-    model_t *model;              /* eng->model */
-    kvpool_t *pool;              /* eng->pool: this worker's KV blocks */
+    engine_t *eng;               /* the open model: its config, backend, weights, KV pool (this worker's
+                                    blocks) and the host buffer of logits ([max_logit_rows][vocab]) */
     tokenizer_t *tok;            /* NULL when the model directory has none (token-id prompts only) */
     int block_size;              /* tokens per KV block (topology cache.block_size) */
     int max_tokens;              /* tokens per forward (prefill chunk or decode batch) */
@@ -36,7 +33,6 @@ typedef struct worker {
     int max_logit_rows;          /* rows of logits per forward: max_seqs, or for a decode worker that
                                     speculates (TROUPE_SPECULATION) max_seqs x (1 + k) within max_tokens,
                                     so a verify step's rows (a row and its drafts) fit */
-    float *logits;               /* eng->logits: [max_logit_rows][vocab] host */
     uint8_t *stage;              /* [block_bytes] host staging for block copies */
     spec_proposer_t *draft;      /* decode, TROUPE_SPECULATION=draft[:K]: the draft model (model.draft) on
                                     this worker's backend, its own KV pool; mtp[:K]: the model's MTP

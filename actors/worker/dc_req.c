@@ -13,7 +13,7 @@ dc_req_t *dc_req_new(const worker_t *w, const msg_t *h, char *err, size_t errlen
     char cerr[256];
     if (!r || msg_clone(h, &r->handoff, cerr, sizeof cerr) != 0 ||
         !(r->toks = malloc((size_t)w->max_model_len * sizeof *r->toks)) ||
-        !(r->kv = kvseq_new(w->pool, w->max_model_len, hh->tenant_salt))) {
+        !(r->kv = kvseq_new(w->eng->pool, w->max_model_len, hh->tenant_salt))) {
         errf(err, errlen, "decode out of memory");
         dc_req_destroy(&r);
         return NULL;
@@ -23,7 +23,7 @@ dc_req_t *dc_req_new(const worker_t *w, const msg_t *h, char *err, size_t errlen
     memcpy(r->toks, hh->tokens, hh->n_tokens * sizeof *r->toks);
     sampler_params_t sp;
     if (worker_sampler_params(w, &hh->sampling, &sp, err, errlen) != 0 ||
-        !(r->smp = sampler_new(&sp, w->cfg.vocab_size, r->toks, (int)hh->n_tokens, err, errlen))) {
+        !(r->smp = sampler_new(&sp, w->eng->cfg.vocab_size, r->toks, (int)hh->n_tokens, err, errlen))) {
         dc_req_destroy(&r);
         return NULL;
     }

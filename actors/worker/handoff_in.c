@@ -37,7 +37,7 @@ static const char *s_receive(handoff_in_t *hi, actor_t *a, dc_req_t *r, const ms
     const int32_t *toks = (const int32_t *)h->tokens;
     if (kvseq_append(r->kv, toks, (int)h->n_tokens) != 0 &&
         !(writeback_reclaim(hi->wb, a) && kvseq_append(r->kv, toks, (int)h->n_tokens) == 0)) {
-        if (an->n_block_ids + 1 > (uint32_t)kvpool_n_blocks(hi->w->pool))
+        if (an->n_block_ids + 1 > (uint32_t)kvpool_n_blocks(hi->w->eng->pool))
             return "the prompt needs more KV blocks than the decode pool has";
         *no_room = 1;
         return NULL;

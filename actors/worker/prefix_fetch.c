@@ -21,7 +21,7 @@ int prefix_fetch_start(actor_t *a, prefix_fetch_t *pf, worker_t *w, uint64_t req
     if (!pf->cache_manager || n_hints <= 0)
         return -1;
     int i = 0;
-    while (i < n_hints && kvpool_lookup(w->pool, hints[i]) >= 0)
+    while (i < n_hints && kvpool_lookup(w->eng->pool, hints[i]) >= 0)
         i++;
     const int missing = n_hints - i;
     if (missing <= 0)
@@ -47,26 +47,26 @@ int prefix_fetch_take(actor_t *a, prefix_fetch_t *pf, worker_t *w, const msg_kv_
 {
     char err[256] = "";
     tchan_seg_t seg = {0};
-    int ok = wanted && kvblocks_check(w->pool, k, err, sizeof err) == 0 &&
+    int ok = wanted && kvblocks_check(w->eng->pool, k, err, sizeof err) == 0 &&
              tchan_shm_open(&seg, k->handle, k->handle_len, (size_t)k->total_bytes, err, sizeof err) == 0;
     int got = 0;
     if (ok) {
         const size_t bb = worker_block_bytes(w);
         /* No more than the pool has free: each block goes back to the free list as a cached one,
          * and a later block taking an earlier one's place would break the prefix at its root. */
-        const int room = kvpool_free_count(w->pool);
+        const int room = kvpool_free_count(w->eng->pool);
         for (uint32_t j = 0; j < k->n_block_ids && from + (int)j < n_hints && (int)j < room; j++) {
-            int32_t b = kvpool_alloc(w->pool);
+            int32_t b = kvpool_alloc(w->eng->pool);
             if (b < 0)
                 break;
             /* A block that cannot be copied ends the run: the ones after it could not be adopted
              * (the prefix breaks there), and the request's usage counts the run taken. */
-            const int in = kvblocks_in(w->be, w->pool, &b, 1, (const uint8_t *)seg.ptr + (size_t)j * bb);
+            const int in = kvblocks_in(w->eng->be, w->eng->pool, &b, 1, (const uint8_t *)seg.ptr + (size_t)j * bb);
             if (in == 0) {
-                kvpool_set_hash(w->pool, b, hints[from + (int)j]);
+                kvpool_set_hash(w->eng->pool, b, hints[from + (int)j]);
                 got++;
             }
-            kvpool_free(w->pool, b);
+            kvpool_free(w->eng->pool, b);
             if (in != 0)
                 break;
         }

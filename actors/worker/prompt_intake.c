@@ -31,14 +31,15 @@ static int s_check(const prompt_intake_t *pi, const msg_t *m, msg_error_code_t *
         return errf(err, errlen, "prompt (%u tokens) + max_tokens (%u) exceeds max_model_len %d", q->n_tokens,
                     q->sampling.max_tokens, w->max_model_len);
     for (uint32_t i = 0; i < q->n_tokens; i++)
-        if (q->tokens[i] >= (uint32_t)w->cfg.vocab_size)
+        if (q->tokens[i] >= (uint32_t)w->eng->cfg.vocab_size)
             return errf(err, errlen, "token id %u at %u is outside the vocabulary (%d)", q->tokens[i], i,
-                        w->cfg.vocab_size);
+                        w->eng->cfg.vocab_size);
     *code = MSG_ERR_OVERLOADED;
     *retryable = 1;
-    if ((int)((q->n_tokens + (uint32_t)w->block_size - 1) / (uint32_t)w->block_size) + 1 > kvpool_n_blocks(w->pool))
+    const int pool_blocks = kvpool_n_blocks(w->eng->pool);
+    if ((int)((q->n_tokens + (uint32_t)w->block_size - 1) / (uint32_t)w->block_size) + 1 > pool_blocks)
         return errf(err, errlen, "the prompt (%u tokens) needs more KV blocks than the decode pool has (%d)", q->n_tokens,
-                    kvpool_n_blocks(w->pool));
+                    pool_blocks);
     return 0;
 }
 

@@ -48,7 +48,7 @@ writeback_t *writeback_new(worker_t *w, const char *self, const char *cluster, c
     wb->cache_manager = cache_manager;
     wb->next_transfer = kvx_first_id();
     /* No copier thread without a store to write to. */
-    if (cache_manager && !(wb->copier = kvcopier_new(w->be, cluster, worker_block_bytes(w), MAX_WRITEBACKS))) {
+    if (cache_manager && !(wb->copier = kvcopier_new(w->eng->be, cluster, worker_block_bytes(w), MAX_WRITEBACKS))) {
         free(wb);
         return NULL;
     }
@@ -120,7 +120,7 @@ void writeback_copy(writeback_t *wb, wb_slot_t *s, kvseq_t **kv_p)
     const void **src = malloc((size_t)s->n * sizeof *src);
     const int32_t *blocks = kvseq_blocks(*kv_p) + s->skip;
     for (int i = 0; src && i < s->n; i++)
-        src[i] = kvpool_block_ptr(wb->w->pool, blocks[i]);
+        src[i] = kvpool_block_ptr(wb->w->eng->pool, blocks[i]);
     int rc = src ? kvcopier_submit(wb->copier, s->transfer_id | (1ULL << 62), src, s->n, s) : -1;
     free(src);
     if (rc != 0)
@@ -144,7 +144,7 @@ static void s_announce(writeback_t *wb, actor_t *a)
         } else {
             s->seg = done.seg;
             msg_t an;
-            kvx_announce(&an, s->transfer_id, s->request_id, kvpool_view(wb->w->pool),
+            kvx_announce(&an, s->transfer_id, s->request_id, kvpool_view(wb->w->eng->pool),
                          (const uint32_t *)kvseq_blocks(s->kv) + s->skip, (uint32_t)s->n, MSG_CHAN_SHM,
                          (const uint8_t *)s->seg.name, (uint32_t)strlen(s->seg.name), wb->self, WRITEBACK_TIMEOUT_MS);
             if (actor_send(a, wb->cache_manager, &an) != 0) {
