@@ -13,8 +13,10 @@
  * EB_SHOWN_LAYERS layers' busiest/average rank load with the experts in order and placed, of the
  * first group when there is one, else of the all-workers view.
  *
- * Known limits: totals are never aged (old load weighs as much as new); a push that cannot be
- * sent is counted and dropped (the next interval sends a newer one). */
+ * The totals are aged with a half-life of experts.load_half_life_windows windows (eb_table.c).
+ *
+ * Known limits: a push that cannot be sent is counted and dropped (the next interval sends a
+ * newer one). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -140,21 +142,21 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
     static char enames[EB_SHOWN_EXPERTS][32], snames[EB_SHOWN_EXPERTS][32];
     int shown = -1;
     for (int l = 0; l < eb_table_layers(t) && shown < 0; l++) {
-        const uint64_t *ld = eb_table_load(t, l);
+        const double *ld = eb_table_load(t, l);
         for (int e = 0; ld && e < eb_table_experts(t) && shown < 0; e++)
-            if (ld[e])
+            if (ld[e] > 0)
                 shown = l;
     }
     if (shown < 0)
         return;
-    const uint64_t *ld = eb_table_load(t, shown);
+    const double *ld = eb_table_load(t, shown);
     double sum = 0;
     for (int e = 0; e < eb_table_experts(t); e++)
-        sum += (double)ld[e];
+        sum += ld[e];
     actor_stat_metric(a, st, "shown_layer", shown, 0);
     for (int e = 0; e < eb_table_experts(t) && e < EB_SHOWN_EXPERTS; e++) {
         snprintf(enames[e], sizeof enames[e], "expert%d_load_share", e);
-        actor_stat_metric(a, st, enames[e], sum > 0 ? (double)ld[e] / sum : 0, 0);
+        actor_stat_metric(a, st, enames[e], sum > 0 ? ld[e] / sum : 0, 0);
     }
     int ns = 0;
     const int32_t *slots = eb_table_slots(t, shown, &ns);
@@ -179,7 +181,8 @@ static int s_groups(const topo_t *t, eb_state_t *s)
         eb_group_t *g = &s->groups[s->n_groups];
         snprintf(g->leader, sizeof g->leader, "%s", t->instances[i].name);
         g->ranks = ep;
-        if (!(g->table = eb_table_new_group(ep, t->experts.redundant_slots, interval)))
+        if (!(g->table = eb_table_new_group(ep, t->experts.redundant_slots, interval)) ||
+            eb_table_set_half_life(g->table, t->experts.load_half_life_windows) != 0)
             return -1;
         s->n_groups++;
     }
@@ -192,7 +195,9 @@ int main(int argc, char **argv)
     if (!a)
         return 2;
     eb_state_t *s = calloc(1, sizeof *s);
-    if (!s || !(s->table = eb_table_new()) || s_groups(actor_topo(a), s) != 0) {
+    if (!s || !(s->table = eb_table_new()) ||
+        eb_table_set_half_life(s->table, actor_topo(a)->experts.load_half_life_windows) != 0 ||
+        s_groups(actor_topo(a), s) != 0) {
         LOG_E("expert-balancer: out of memory");
         actor_destroy(&a);
         return 1;

@@ -554,6 +554,9 @@ static void s_experts(topo_diag_t *d, const raw_topo_t *raw, topo_t *t)
         topo_diag_err(d, "experts.interval_steps", "%d is not a multiple of experts.window_steps (%d): placements "
                       "are computed at the end of a window", t->experts.interval_steps, t->experts.window_steps);
     t->experts.redundant_slots = (int)s_int(d, "experts.redundant_slots", x->redundant_slots, 0, 64, 1);
+    /* 0 keeps every window at full weight forever (placements then follow history, not traffic). */
+    t->experts.load_half_life_windows =
+        (int)s_int(d, "experts.load_half_life_windows", x->load_half_life_windows, 0, 1000000, 10);
 }
 
 /* The gateway's keys and bounds (topology.h topo_gateway_t). */

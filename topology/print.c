@@ -96,8 +96,9 @@ void topo_print(const topo_t *t, FILE *f)
         s_kv(f, "  ", "disk_dir", t->cache.disk_dir);
         fprintf(f, "  disk_bytes: %lld\n", (long long)t->cache.disk_bytes);
     }
-    fprintf(f, "experts:\n  window_steps: %d\n  interval_steps: %d\n  redundant_slots: %d\n",
-            t->experts.window_steps, t->experts.interval_steps, t->experts.redundant_slots);
+    fprintf(f, "experts:\n  window_steps: %d\n  interval_steps: %d\n  redundant_slots: %d\n"
+            "  load_half_life_windows: %d\n", t->experts.window_steps, t->experts.interval_steps, t->experts.redundant_slots,
+            t->experts.load_half_life_windows);
     if (topo_first(t, ROLE_GATEWAY)) {
         /* The keys themselves are secrets: their tenants and limits only. */
         const topo_gateway_t *g = &t->gateway;

@@ -62,7 +62,7 @@ typedef struct raw_gateway {
 } raw_gateway_t;
 
 typedef struct raw_experts {
-    char *window_steps, *interval_steps, *redundant_slots;
+    char *window_steps, *interval_steps, *redundant_slots, *load_half_life_windows;
 } raw_experts_t;
 
 typedef struct raw_topo {

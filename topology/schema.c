@@ -90,6 +90,7 @@ static const cyaml_schema_field_t s_experts_fields[] = {
     STR("window_steps", raw_experts_t, window_steps),
     STR("interval_steps", raw_experts_t, interval_steps),
     STR("redundant_slots", raw_experts_t, redundant_slots),
+    STR("load_half_life_windows", raw_experts_t, load_half_life_windows),
     CYAML_FIELD_END
 };
 

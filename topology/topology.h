@@ -185,6 +185,8 @@ typedef struct topo_experts {
     int window_steps;                    /* decode steps per expert_load window; default 1000; 1..10^9 */
     int interval_steps;                  /* steps between placements, a multiple of window_steps; default 10000 */
     int redundant_slots;                 /* replica slots per rank beyond the experts' share; default 1; 0..64 */
+    int load_half_life_windows;          /* windows for a window's weight in the balancer's totals to halve;
+                                            default 10; 0 = never aged; 0..10^6 */
 } topo_experts_t;
 
 typedef struct topo {

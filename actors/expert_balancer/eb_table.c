@@ -1,7 +1,11 @@
 /* actors/expert_balancer/eb_table.c — the expert-balancer's load totals and placements
  * (eb_table.h). The ranks are the workers in the order of their first window; each gets one
  * redundant slot (DeepSeek's serving shape), and the slots are rounded up so that every rank holds
- * the same number. Known limit: totals are never aged, so old load weighs as much as new. */
+ * the same number. The totals are aged: every window of the clock layer (one per worker and window
+ * period) multiplies all of them by 2^(-1 / (half_life * workers)), so a window half_life periods
+ * old weighs half as much as the newest and a placement follows a shift in traffic within a few
+ * half-lives instead of never (half_life 0: never aged, every window weighs the same). */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,7 +18,8 @@
 struct eb_table {
     int n_experts;                          /* fixed by the first window; 0 before */
     int n_layers;                           /* 1 + the highest layer seen */
-    uint64_t *load;                         /* [EB_MAX_LAYERS][n_experts] tokens since start */
+    double *load;                           /* [EB_MAX_LAYERS][n_experts] tokens since start, aged */
+    int half_life;                          /* windows per worker for a window's weight to halve; 0: never aged */
     char *workers[EB_MAX_RANKS];            /* the ranks, in order of their first window */
     int n_workers;
     int clock_layer;                        /* the layer of the first window: its windows count the interval */
@@ -32,8 +37,10 @@ struct eb_table {
 eb_table_t *eb_table_new(void)
 {
     eb_table_t *t = calloc(1, sizeof(eb_table_t));
-    if (t)
+    if (t) {
         t->interval = EB_REBALANCE_WINDOWS;
+        t->half_life = EB_HALF_LIFE_WINDOWS;
+    }
     return t;
 }
 
@@ -47,7 +54,16 @@ eb_table_t *eb_table_new_group(int ranks, int redundant, int interval_windows)
     t->group_ranks = ranks;
     t->redundant = redundant;
     t->interval = interval_windows;
+    t->half_life = EB_HALF_LIFE_WINDOWS;
     return t;
+}
+
+int eb_table_set_half_life(eb_table_t *t, int windows)
+{
+    if (windows < 0 || windows > EB_MAX_HALF_LIFE)
+        return -1;
+    t->half_life = windows;
+    return 0;
 }
 
 void eb_table_destroy(eb_table_t **self_p)
@@ -94,7 +110,7 @@ static int s_rebalance(eb_table_t *t)
     for (int l = 0; l < t->n_layers; l++) {
         double sum = 0;
         for (int e = 0; e < E; e++)
-            sum += load[e] = (double)t->load[(size_t)l * E + e];
+            sum += load[e] = t->load[(size_t)l * E + e];
         int32_t *ls = slots + (size_t)l * n_slots;
         if (sum == 0)   /* a dense layer (or no tokens yet): every expert once, the rest in turn */
             for (int e = 0; e < E; e++)
@@ -131,7 +147,7 @@ int eb_table_add(eb_table_t *t, const char *worker, uint32_t layer, const uint64
     if (n < 1 || (t->n_experts && (int)n != t->n_experts))
         return errf(err, errlen, "expert_load from %s: %u experts, expected %d", worker, n, t->n_experts);
     if (!t->n_experts) {
-        if (!(t->load = calloc((size_t)EB_MAX_LAYERS * n, sizeof(uint64_t))))
+        if (!(t->load = calloc((size_t)EB_MAX_LAYERS * n, sizeof(double))))
             return errf(err, errlen, "expert_load: out of memory");
         t->n_experts = (int)n;
         t->clock_layer = (int)layer;   /* the first MoE layer (a model's first layers may be dense) */
@@ -140,9 +156,16 @@ int eb_table_add(eb_table_t *t, const char *worker, uint32_t layer, const uint64
         return errf(err, errlen, "expert_load from %s: this table is %s's group", worker, t->workers[0]);
     if (s_worker(t, worker) < 0)
         return errf(err, errlen, "expert_load from %s: more than %d workers", worker, EB_MAX_RANKS);
-    uint64_t *row = t->load + (size_t)layer * n;
+    /* Aging, once per clock-layer window and before it is added: the other layers' windows of the
+     * same period follow it, so each period's windows are all added at the same weight. */
+    if ((int)layer == t->clock_layer && t->half_life > 0) {
+        const double f = exp2(-1.0 / ((double)t->half_life * t->n_workers));
+        for (size_t i = 0; i < (size_t)t->n_layers * n; i++)
+            t->load[i] *= f;
+    }
+    double *row = t->load + (size_t)layer * n;
     for (uint32_t e = 0; e < n; e++)
-        row[e] += counts[e];
+        row[e] += (double)counts[e];
     if ((int)layer + 1 > t->n_layers)
         t->n_layers = (int)layer + 1;
     if ((int)layer != t->clock_layer || ++t->windows < (uint64_t)t->interval * (uint64_t)t->n_workers)
@@ -155,7 +178,7 @@ uint64_t eb_table_epoch(const eb_table_t *t) { return t->epoch; }
 int eb_table_ranks(const eb_table_t *t) { return t->group_ranks ? t->group_ranks : t->n_workers; }
 int eb_table_experts(const eb_table_t *t) { return t->n_experts; }
 
-const uint64_t *eb_table_load(const eb_table_t *t, int l)
+const double *eb_table_load(const eb_table_t *t, int l)
 {
     return t->load && l >= 0 && l < t->n_layers ? t->load + (size_t)l * t->n_experts : NULL;
 }

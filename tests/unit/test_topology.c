@@ -151,6 +151,8 @@ static void test_defaults(void **state)
     assert_int_equal(t->model.kv_dtype, DT_COUNT);          /* auto */
     assert_int_equal(t->model.load_format, TOPO_LOAD_AUTO);
     assert_int_equal(t->model.threads, 0);
+    assert_int_equal(t->experts.window_steps, 1000);
+    assert_int_equal(t->experts.load_half_life_windows, 10);
     assert_int_equal(t->n_nodes, 1);
     assert_string_equal(t->nodes[0].name, "local");
     assert_string_equal(t->nodes[0].address, "127.0.0.1");
@@ -669,10 +671,14 @@ static void test_semantic_errors(void **state)
     assert_err("actors[2].tp: tp: 2 does not divide count: 3");
     assert_err("actors[2].ep: only decode actors run expert-parallel groups");
     s_bad("model:\n  path: m\nactors:\n  - role: monitor\n  - role: router\n  - role: prefill\n  - role: decode\n"
-          "    ep: 65\nexperts:\n  window_steps: 100\n  interval_steps: 250\n  redundant_slots: -1\n");
+          "    ep: 65\nexperts:\n  window_steps: 100\n  interval_steps: 250\n  redundant_slots: -1\n"
+          "  load_half_life_windows: -3\n");
     assert_err("actors[3].ep:");
     assert_err("experts.interval_steps: 250 is not a multiple of experts.window_steps (100)");
     assert_err("experts.redundant_slots:");
+    assert_err("experts.load_half_life_windows: -3 is out of range (0..1000000)");
+    s_bad("model:\n  path: m\n" MIN_ACTORS "experts:\n  load_half_life_windows: soon\n");
+    assert_err("experts.load_half_life_windows: 'soon' is not a whole number");
     s_bad("model:\n  path: m\nactors:\n  - role: monitor\n    name: control\n  - role: router\n"
           "    name: ../etc\n  - role: prefill\n  - role: decode\n    name: prefill\n");
     assert_err("actors[0].name: instance name 'control' is reserved");
