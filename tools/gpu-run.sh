@@ -138,7 +138,7 @@ fi
 val() { awk -v k="$1" '$1 == k {print $2; exit}' "$OUT/bench.log" 2>/dev/null; }
 bw=$(val copy_bandwidth); tf=$(val gemm_bf16_8192)
 gemv_line=""
-for v in gemv_cc_w4 gemv_cc gemv_mma4 gemv_mma8 cublaslt; do
+for v in gemv_cc_w4 gemv_cc gemv_mma4 gemv_mma8 gemv_mma_k128 cublaslt; do
   gemv_line+="$v $(val ${v}_step_ms) ms $(val ${v}_bandwidth) TB/s; "
 done
 split_line="M=512: split $(val gemm_M512_split), single $(val gemm_M512_single) TFLOP/s"

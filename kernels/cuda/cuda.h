@@ -128,6 +128,7 @@ typedef struct cuda_state {
     int gemv_warps;               /* warps sharing one output row in the GEMV (TROUPE_CUDA_GEMV_WARPS: 0 = by N, 1, 4, 8) */
     int gemv_mma;                 /* bf16 weights' GEMV on tensor cores with this many warps per block, 4 or 8 (TROUPE_CUDA_GEMV_MMA, default 8); 0: the CUDA-core GEMV */
     int gemv_mma_min_m;           /* ... for matmuls of at least this many rows (TROUPE_CUDA_GEMV_MMA_MIN_M, default 2) */
+    int gemv_mma_kstep;           /* ... with steps of this many k per warp, 64 or 128 (TROUPE_CUDA_GEMV_MMA_KSTEP, default 64) */
     int gemm_split_max_m;         /* GEMMs of at most this many rows take activations as hi + lo (TROUPE_CUDA_GEMM_SPLIT, default 32) */
     int gemm_fuse;                /* 1 (default): matmul_n runs q|k|v as one GEMM (TROUPE_CUDA_GEMM_FUSE) */
     int mlp_fuse;                 /* 1: mlp_swiglu takes GEMM-sized steps (TROUPE_CUDA_MLP_FUSE, default 1) */

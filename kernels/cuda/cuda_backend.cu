@@ -421,6 +421,7 @@ extern "C" backend_t *backend_cuda_new(int device, char *err, size_t errlen)
         s_env_int("TROUPE_CUDA_GEMV_WARPS", 0, 0, 8, &st->gemv_warps, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_GEMV_MMA", 8, 0, 8, &st->gemv_mma, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_GEMV_MMA_MIN_M", 2, 1, 64, &st->gemv_mma_min_m, err, errlen) < 0 ||
+        s_env_int("TROUPE_CUDA_GEMV_MMA_KSTEP", 64, 64, 128, &st->gemv_mma_kstep, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_GEMM_SPLIT", 32, 0, 1 << 30, &st->gemm_split_max_m, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_GEMM_FUSE", 1, 0, 1, &st->gemm_fuse, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_MLP_FUSE", 1, 0, 1, &st->mlp_fuse, err, errlen) < 0 ||
@@ -442,6 +443,10 @@ extern "C" backend_t *backend_cuda_new(int device, char *err, size_t errlen)
     if (st->gemv_warps != 0 && st->gemv_warps != 1 && st->gemv_warps != 4 && st->gemv_warps != 8) {
         errf(err, errlen, "backend cuda: TROUPE_CUDA_GEMV_WARPS=%d (expected 0 = by the matrix, 1, 4 or 8)",
              st->gemv_warps);
+        goto fail;
+    }
+    if (st->gemv_mma_kstep != 64 && st->gemv_mma_kstep != 128) {
+        errf(err, errlen, "backend cuda: TROUPE_CUDA_GEMV_MMA_KSTEP=%d (expected 64 or 128)", st->gemv_mma_kstep);
         goto fail;
     }
     if (st->gemv_mma != 0 && st->gemv_mma != 4 && st->gemv_mma != 8) {

@@ -277,7 +277,7 @@ int cuda_gate_up_swiglu(backend_t *be, const float *x, int M, const bk_mat_t *w,
     if (w->qfmt)
         return 1;
     if (M > 0 && M <= st->gemv_max_m && N % 2 == 0 && s_gemv_mma(st, w, x, M)) {
-        cuda_gemv_mma<true>(st, st->gemv_mma, x, M, (const __nv_bfloat16 *)w->data, N, K, s_one_part(out, N / 2));
+        cuda_gemv_mma<true>(st, st->gemv_mma, st->gemv_mma_kstep, x, M, (const __nv_bfloat16 *)w->data, N, K, s_one_part(out, N / 2));
         return 0;
     }
     if (M <= 0 || M > st->gemv_max_m || s_gemv_warps(st, N / 2) != 4 || N % 2 || (uintptr_t)w->data % 16 ||
@@ -507,7 +507,7 @@ static void s_gemv_any(const cuda_state_t *st, const float *x, int M, const bk_m
     case DT_F32: s_gemv(st, x, M, (const float *)w->data, N, K, y); break;
     case DT_BF16:
         if (s_gemv_mma(st, w, x, M))
-            cuda_gemv_mma<false>(st, st->gemv_mma, x, M, (const __nv_bfloat16 *)w->data, N, K, y);
+            cuda_gemv_mma<false>(st, st->gemv_mma, st->gemv_mma_kstep, x, M, (const __nv_bfloat16 *)w->data, N, K, y);
         else
             s_gemv(st, x, M, (const __nv_bfloat16 *)w->data, N, K, y);
         break;

@@ -527,14 +527,15 @@ int main(int argc, char **argv)
     /* The bf16 GEMV on CUDA cores with 4 warps per row and by the matrix (TROUPE_CUDA_GEMV_MMA=0:
      * what one-row steps take by default), on tensor cores with 4 and 8 warps per block (8: the
      * default from 2 rows; here for every M), and cuBLASLt at M = 1 (activations rounded once). */
-    enum { NV = 5, V_CC = 1, V_MMA = 3 };
-    const char *vname[NV] = {"GEMV cc w4", "GEMV cc", "tensor w4", "tensor w8", "cuBLASLt"};
-    const char *vkey[NV] = {"gemv_cc_w4", "gemv_cc", "gemv_mma4", "gemv_mma8", "cublaslt"};
+    enum { NV = 6, V_CC = 1, V_MMA = 3, V_K128 = 4 };
+    const char *vname[NV] = {"GEMV cc w4", "GEMV cc", "tensor w4", "tensor w8", "tensor k128", "cuBLASLt"};
+    const char *vkey[NV] = {"gemv_cc_w4", "gemv_cc", "gemv_mma4", "gemv_mma8", "gemv_mma_k128", "cublaslt"};
     backend_t *bes[NV] = {s_backend2("TROUPE_CUDA_GEMV_MMA", "0", "TROUPE_CUDA_GEMV_WARPS", "4"),
                           s_backend("TROUPE_CUDA_GEMV_MMA", "0"),
                           s_backend2("TROUPE_CUDA_GEMV_MMA", "4", "TROUPE_CUDA_GEMV_MMA_MIN_M", "1"),
-                          s_backend("TROUPE_CUDA_GEMV_MMA_MIN_M", "1"), NULL};
-    bes[4] = s_backend2("TROUPE_CUDA_GEMV_MAX_M", "0", "TROUPE_CUDA_GEMM_SPLIT", "0");
+                          s_backend("TROUPE_CUDA_GEMV_MMA_MIN_M", "1"),
+                          s_backend2("TROUPE_CUDA_GEMV_MMA_MIN_M", "1", "TROUPE_CUDA_GEMV_MMA_KSTEP", "128"), NULL};
+    bes[5] = s_backend2("TROUPE_CUDA_GEMV_MAX_M", "0", "TROUPE_CUDA_GEMM_SPLIT", "0");
     /* Llama-3.1-8B: one layer's matmuls (count per layer), then the LM head once per step. */
     struct { const char *name; int64_t N, K; int per_layer; } shapes[] = {
         {"q_proj/o_proj", 4096, 4096, 2}, {"k_proj/v_proj", 1024, 4096, 2}, {"gate/up_proj", 14336, 4096, 2},
@@ -566,16 +567,17 @@ int main(int argc, char **argv)
         }
         /* The 8B step's matmuls at M = 1..8 rows (a speculative verify step of k + 1 rows at batch
          * 1): CUDA cores against tensor cores, the time per step and what M rows add to one. */
-        printf("%-6s %12s %12s %8s\n", "rows", "cc ms", "tensor ms", "ratio");
+        printf("%-6s %12s %12s %12s %8s\n", "rows", "cc ms", "tensor ms", "k128 ms", "cc/tensor");
         for (int M = 1; M <= 8; M++) {
-            double t[2] = {0, 0};
+            double t[3] = {0, 0, 0};
+            const int vs[3] = {V_CC, V_MMA, V_K128};
             for (int i = 0; i < 5; i++)
-                for (int v = 0; v < 2; v++) {
+                for (int v = 0; v < 3; v++) {
                     const double times = shapes[i].per_layer ? 32.0 * shapes[i].per_layer : 1.0;
-                    t[v] += times * s_backend_matmul_us(bes[v ? V_MMA : V_CC], M, shapes[i].N, shapes[i].K);
+                    t[v] += times * s_backend_matmul_us(bes[vs[v]], M, shapes[i].N, shapes[i].K);
                 }
-            printf("%-6d %12.3f %12.3f %8.2f\n", M, t[0] / 1e3, t[1] / 1e3, t[0] / t[1]);
-            printf("gemv_rows_%d cc %.3f ms tensor %.3f ms\n", M, t[0] / 1e3, t[1] / 1e3);
+            printf("%-6d %12.3f %12.3f %12.3f %8.2f\n", M, t[0] / 1e3, t[1] / 1e3, t[2] / 1e3, t[0] / t[1]);
+            printf("gemv_rows_%d cc %.3f ms tensor %.3f ms k128 %.3f ms\n", M, t[0] / 1e3, t[1] / 1e3, t[2] / 1e3);
         }
         /* Prefill-sized GEMMs through the backend: activations split (forced for every M) and
          * rounded once (what the default does above TROUPE_CUDA_GEMM_SPLIT rows). */
@@ -584,7 +586,7 @@ int main(int argc, char **argv)
         for (int i = 0; i < 2; i++) {
             const double flop = 2.0 * Ms[i] * 14336.0 * 4096.0;
             const double ts = s_backend_matmul_us(split, Ms[i], 14336, 4096);
-            const double t1 = s_backend_matmul_us(bes[4], Ms[i], 14336, 4096);
+            const double t1 = s_backend_matmul_us(bes[NV - 1], Ms[i], 14336, 4096);   /* cuBLASLt, rounded once */
             printf("gemm_M%d_split %.1f TFLOP/s (%.1f us)\n", Ms[i], flop / ts / 1e6, ts);
             printf("gemm_M%d_single %.1f TFLOP/s (%.1f us)\n", Ms[i], flop / t1 / 1e6, t1);
         }

@@ -81,7 +81,8 @@ static const uint32_t GUARD_BITS = 0x7fbadbadu;
 static backend_t *s_cpu, *s_gpu;           /* reference; CUDA with the defaults */
 static backend_t *s_gpu2;                  /* CUDA: GEMV off, GEMM split off, attention split off */
 static backend_t *s_gpu_w1, *s_gpu_w4, *s_gpu_w8;   /* CUDA: GEMV with 1, 4, 8 warps per row (default: by N) */
-static backend_t *s_gpu_gemv_cc, *s_gpu_mma4;  /* CUDA: bf16 GEMV on CUDA cores; on tensor cores with 4 warps */
+static backend_t *s_gpu_gemv_cc, *s_gpu_mma4, *s_gpu_mma_k128;  /* CUDA: bf16 GEMV on CUDA cores; on tensor cores
+                                                                   with 4 warps; with steps of 128 k, from 1 row */
 static backend_t *s_gpu_moe_dev;           /* CUDA: moe_ffn's device path for every M */
 static backend_t *s_gpu_moe_host;          /* CUDA: moe_ffn's host-sorted path for every M */
 static backend_t *s_gpu_moe_grouped[3];    /* CUDA: moe_ffn's grouped path for every M, row tiles 32, 64, 128 */
@@ -236,6 +237,8 @@ static int s_setup(void **state)
     static const char *const nomma_gemv[] = {"TROUPE_CUDA_GEMV_MMA", "0"}, *const mma4[] = {"TROUPE_CUDA_GEMV_MMA", "4"};
     s_gpu_gemv_cc = s_gpu_with(nomma_gemv, 2);
     s_gpu_mma4 = s_gpu_with(mma4, 2);
+    static const char *const k128[] = {"TROUPE_CUDA_GEMV_MMA_KSTEP", "128", "TROUPE_CUDA_GEMV_MMA_MIN_M", "1"};
+    s_gpu_mma_k128 = s_gpu_with(k128, 4);
     s_gpu_moe_dev = s_gpu_with(moe_dev, 4);
     s_gpu_moe_host = s_gpu_with(moe_host, 2);
     if (!s_gpu_moe_dev || !s_gpu_moe_host)
@@ -251,7 +254,7 @@ static int s_setup(void **state)
     static const char *const mlp[] = {"TROUPE_CUDA_MLP_FUSE", "1"};
     if (!(s_gpu_mlp = s_gpu_with(mlp, 2)))
         return -1;
-    return s_cpu && s_gpu && s_gpu2 && s_gpu_w1 && s_gpu_w4 && s_gpu_w8 && s_gpu_nomma && s_gpu_gemv_cc && s_gpu_mma4 ? 0 : -1;
+    return s_cpu && s_gpu && s_gpu2 && s_gpu_w1 && s_gpu_w4 && s_gpu_w8 && s_gpu_nomma && s_gpu_gemv_cc && s_gpu_mma4 && s_gpu_mma_k128 ? 0 : -1;
 }
 
 static int s_teardown(void **state)
@@ -265,6 +268,7 @@ static int s_teardown(void **state)
     backend_destroy(&s_gpu_w8);
     backend_destroy(&s_gpu_gemv_cc);
     backend_destroy(&s_gpu_mma4);
+    backend_destroy(&s_gpu_mma_k128);
     backend_destroy(&s_gpu_w4);
     backend_destroy(&s_gpu_w1);
     backend_destroy(&s_gpu2);
@@ -332,12 +336,13 @@ static const char *s_variant(const backend_t *gpu)
 {
     return gpu == s_gpu2 ? " [GEMV off, split off]" : gpu == s_gpu_w1 ? " [GEMV 1 warp/row]"
          : gpu == s_gpu_w4 ? " [GEMV 4 warps/row]" : gpu == s_gpu_w8 ? " [GEMV 8 warps/row]"
-         : gpu == s_gpu_gemv_cc ? " [GEMV on CUDA cores]" : gpu == s_gpu_mma4 ? " [tensor-core GEMV, 4 warps]" : "";
+         : gpu == s_gpu_gemv_cc ? " [GEMV on CUDA cores]" : gpu == s_gpu_mma4 ? " [tensor-core GEMV, 4 warps]"
+         : gpu == s_gpu_mma_k128 ? " [tensor-core GEMV, 128-k steps, every M]" : "";
 }
 
 static double s_mm_bound(const backend_t *gpu, dtype_t dt, int M)
 {
-    if (dt == DT_BF16 && gpu != s_gpu2 && gpu != s_gpu_gemv_cc && M >= 2 && M <= GEMV_MAX_M)
+    if (dt == DT_BF16 && gpu != s_gpu2 && gpu != s_gpu_gemv_cc && (M >= 2 || gpu == s_gpu_mma_k128) && M <= GEMV_MAX_M)
         return B_SPLIT;                            /* the tensor-core GEMV (2 rows and more): x as bf16 hi + lo */
     if (dt == DT_F32 || (gpu != s_gpu2 && M <= GEMV_MAX_M))
         return B_F32;
@@ -393,6 +398,7 @@ static void test_matmul(void **state)
             if (cases[i][0] <= GEMV_MAX_M) {       /* the GEMV's other work splits */
                 s_matmul_case(s_gpu_gemv_cc, (dtype_t)dt, cases[i][0], cases[i][1], cases[i][2], cases[i][3], cases[i][4]);
                 s_matmul_case(s_gpu_mma4, (dtype_t)dt, cases[i][0], cases[i][1], cases[i][2], cases[i][3], cases[i][4]);
+                s_matmul_case(s_gpu_mma_k128, (dtype_t)dt, cases[i][0], cases[i][1], cases[i][2], cases[i][3], cases[i][4]);
                 s_matmul_case(s_gpu_w1, (dtype_t)dt, cases[i][0], cases[i][1], cases[i][2], cases[i][3], cases[i][4]);
                 s_matmul_case(s_gpu_w4, (dtype_t)dt, cases[i][0], cases[i][1], cases[i][2], cases[i][3], cases[i][4]);
                 s_matmul_case(s_gpu_w8, (dtype_t)dt, cases[i][0], cases[i][1], cases[i][2], cases[i][3], cases[i][4]);
@@ -634,22 +640,22 @@ static void test_mlp_swiglu(void **state)
 }
 
 /* The GEMV paths are batch-invariant: a row gives the same bits in a batch of 2 as in a batch of 7
- * (each work split of the GEMV; from 2 rows bf16 takes the tensor cores), and on the CUDA-core
- * kernel alone as well (which one-row steps take). */
+ * (each work split of the GEMV; from 2 rows bf16 takes the tensor cores), and alone as well where
+ * one kernel takes every M (the CUDA cores; the tensor cores with TROUPE_CUDA_GEMV_MMA_MIN_M=1). */
 static void test_matmul_batch_invariance(void **state)
 {
-    backend_t *const gpus[6] = {s_gpu, s_gpu_w1, s_gpu_w4, s_gpu_w8, s_gpu_gemv_cc, s_gpu_mma4};
+    backend_t *const gpus[7] = {s_gpu, s_gpu_w1, s_gpu_w4, s_gpu_w8, s_gpu_gemv_cc, s_gpu_mma4, s_gpu_mma_k128};
     const int M = 7, N = 777, K = 2048;
     void *w = s_rand_dt(DT_BF16, (size_t)N * K, 0.5);
     float *x = s_rand_f32((size_t)M * K, 1.0);
-    for (int v = 0; v < 6; v++) {
+    for (int v = 0; v < 7; v++) {
         backend_t *gpu = gpus[v];
         const void *wd = gpu->ops->weight_put(gpu, w, (size_t)N * K * 2, 2);
         bk_mat_t W = {.data = wd, .dtype = DT_BF16, .rows = N, .cols = K};
         float *dx = s_put(gpu, x, (size_t)M * K * 4), *dy = s_out(gpu, (size_t)M * N);
         gpu->ops->matmul(gpu, dx, M, &W, NULL, dy);
         float *all = s_take(gpu, dy, (size_t)M * N, "matmul batch");
-        const int alone = gpu == s_gpu_gemv_cc;    /* a row alone: the same kernel as the batch */
+        const int alone = gpu == s_gpu_gemv_cc || gpu == s_gpu_mma_k128;    /* a row alone: the same kernel as the batch */
         for (int m = 0; m + 1 < M; m++) {
             float *d2 = s_out(gpu, (size_t)(alone ? 1 : 2) * N);
             gpu->ops->matmul(gpu, dx + (size_t)m * K, alone ? 1 : 2, &W, NULL, d2);
