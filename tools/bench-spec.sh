@@ -22,7 +22,8 @@
 #   TARGET         the target model directory (default $TROUPE_MODELS/kjv-dense)
 #   DRAFT          the draft model directory for METHOD=draft (default $TROUPE_MODELS/kjv-draft)
 #   TEXT           the prompt text (default $TROUPE_MODELS/kjv-text/valid.txt)
-#   METHOD         ngram (default) or draft (model.draft in the topology)
+#   METHOD         ngram (default), draft (model.draft in the topology) or mtp (the target's own MTP
+#                  layer: TARGET=$TROUPE_MODELS/kjv-deepseek)
 #   KS, CONC       the entries and concurrencies above
 #   IN_LEN OUT_LEN prompt tokens (about) and output tokens per request (default 64, 128)
 #   ROUNDS         requests per level = ROUNDS x concurrency (default 3)
@@ -55,8 +56,9 @@ done
 for f in "$TARGET/config.json" "$TEXT"; do
   [ -f "$f" ] || { echo "bench-spec: $f not found (set TROUPE_MODELS, TARGET or TEXT)" >&2; exit 1; }
 done
-[ "$METHOD" = ngram ] || [ "$METHOD" = draft ] || { echo "bench-spec: METHOD must be ngram or draft" >&2; exit 1; }
-[ "$METHOD" = ngram ] || [ -f "$DRAFT/config.json" ] || { echo "bench-spec: $DRAFT/config.json not found" >&2; exit 1; }
+[ "$METHOD" = ngram ] || [ "$METHOD" = draft ] || [ "$METHOD" = mtp ] ||
+  { echo "bench-spec: METHOD must be ngram, draft or mtp" >&2; exit 1; }
+[ "$METHOD" != draft ] || [ -f "$DRAFT/config.json" ] || { echo "bench-spec: $DRAFT/config.json not found" >&2; exit 1; }
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
 
 SUP=
