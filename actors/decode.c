@@ -342,7 +342,8 @@ static int s_step(actor_t *a, void *state)
 {
     decode_t *d = state;
     const int copying = writeback_poll(d->wb, a);   /* copies in flight: come back soon to announce them */
-    if (sched_size(d->sched) > 0 && !router_watch_room(&d->routers, a, stream_out_step_messages(&d->out, d->spec != NULL)))
+    if (sched_size(d->sched) > 0 &&
+        !router_watch_room(&d->routers, a, stream_out_step_messages(&d->out, d->spec != NULL)))
         return copying;   /* a router is behind: no step until its outbox drains (the cycle goes on) */
     const sched_batch_t *b = sched_step(d->sched);
     if (b->n == 0) {

@@ -24,7 +24,7 @@ void stream_out_error(stream_out_t *so, const dc_req_t *r, msg_error_code_t code
     e.u.error.code = code;
     e.u.error.retryable = retryable;
     e.u.error.message = why;
-    actor_send_keep(so->a, r->handoff.u.handoff.reply_to, &e);   /* a terminal reply: never refused (the router waits for it) */
+    actor_send_keep(so->a, r->handoff.u.handoff.reply_to, &e);   /* terminal: the router waits for it */
 }
 
 /* Ends r: the write-back's blocks named, done to the router, the write-back's copy. */

@@ -45,7 +45,7 @@ typedef struct stream_out {
 int stream_out_init(stream_out_t *so, actor_t *a, const worker_t *w, const sched_t *sched, writeback_t *wb);
 void stream_out_free(stream_out_t *so);
 
-/* Ends r with an error to its router (its only reply from now on: the caller frees r). */
+/* Ends r with an error to its router: its terminal reply (the caller then frees r). */
 void stream_out_error(stream_out_t *so, const dc_req_t *r, msg_error_code_t code, int retryable, const char *why);
 
 /* r's most likely tokens at the position whose logits are row, into *top, when its sampling asks
