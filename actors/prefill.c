@@ -16,7 +16,9 @@
  *     deadline, the decode side refused it) is done again once through the pair's fallback
  *     (shared memory, or the network across nodes), so a link failure loses no request;
  *   - tell the cache-manager which full blocks this worker now holds (cache_put, device tier);
- *   - cancel frees everything a request holds.
+ *   - cancel frees everything a request holds;
+ *   - MoE models: every experts.window_steps forwards, the window's tokens per (layer, expert) to
+ *     the expert-balancer as expert_load (actors/worker/expert_report.h), as decode workers do.
  *
  * A request's life is engine/sched.h's for a prompts-only worker: PROMPTING (held while a fetch
  * is in flight) -> PROMPTED (handing off) -> gone; the scheduler decides each step's chunks.
@@ -31,6 +33,7 @@
 #include "actors/runtime/actor.h"
 #include "actors/runtime/worker.h"
 #include "actors/worker/chan_keys.h"
+#include "actors/worker/expert_report.h"
 #include "actors/worker/prefix_fetch.h"
 #include "actors/worker/router_watch.h"
 #include "common/log.h"
@@ -87,6 +90,7 @@ typedef struct prefill {
     const topo_instance_t *self;
     uint64_t prompts, prompt_tokens, computed_tokens, cached_tokens, handoffs, handoff_failures;
     uint64_t steps, forward_ns;  /* model forwards and the time they took */
+    expert_report_t *experts;    /* expert_load windows to the expert-balancer, as decode sends; NULL: none */
     prefix_fetch_t fetch;        /* host-store blocks into our pool (and its counters) */
     uint64_t handoff_retries;    /* NCCL hand-offs done again through shared memory */
     kvlinks_t *links;            /* NCCL links to decode workers on other GPUs */
@@ -493,6 +497,9 @@ static int s_step(actor_t *a, void *state)
     int frc = model_forward(p->w->eng->model, &mb, p->w->eng->logits, err, sizeof err);
     p->forward_ns += (uint64_t)(now_ns() - t0);
     p->steps++;
+    /* A window per experts.window_steps forwards, as decode workers send: a prefill step carries a
+     * chunk of prompt tokens, so a window holds many more tokens than a decode one. */
+    expert_report_tick(&p->experts, a, p->w->eng->model, p->steps);
     if (frc != 0) {
         LOG_E("forward: %s", err);
         for (int i = 0; i < b->n; i++)
@@ -652,6 +659,7 @@ int main(int argc, char **argv)
             s_remove(&p, s_first(&p, st));
     sched_destroy(&p.sched);
     kvchan_destroy(&p.chan);   /* after the requests: they release what they staged on it */
+    expert_report_destroy(&p.experts);
     free(p.seqs);
     worker_destroy(&p.w);
     actor_destroy(&a);
