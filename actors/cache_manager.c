@@ -16,9 +16,14 @@
  *     evicted least-recently-used; expired pins are dropped by a timer;
  *   - the disk tier below the host store (cache.disk_dir, actors/cache/): a block the host store
  *     evicts spills to disk (least recently used first, pinned ones last) and comes back into the
- *     host store when a fetch asks for it: the fetch waits (DISK_PARK_MS) while its blocks are
- *     read, all of them at once, from the moment the prefill worker asks (when the request
- *     arrives, before it is scheduled). Pinned blocks are also written through as they arrive
+ *     host store when a fetch asks for it, if reading them beats computing them: the fetch
+ *     carries the worker's budget per block (its compute time of one), this actor times its own
+ *     reads, and the fetch waits for them a margin over their expected time
+ *     (actors/worker/fetch_policy.h), reading all of them at once from the moment the prefill
+ *     worker asks (when the request arrives, before it is scheduled); when the wait ends it is
+ *     answered with the leading blocks that arrived, and reads still running land in memory for
+ *     the next fetch. Blocks a disk too slow for the budget would bring are not read: the fetch
+ *     gets what memory holds before them. Pinned blocks are also written through as they arrive
  *     (those past the free I/O jobs are owed and written as jobs come back), so a pinned
  *     conversation survives a restart of this actor or of the whole cluster: the disk's index is
  *     read back at start and announced to each router when it connects. All file I/O
@@ -46,6 +51,7 @@
 #include "actors/cache/disk_store.h"
 #include "actors/cache/fingerprint.h"
 #include "actors/runtime/actor.h"
+#include "actors/worker/fetch_policy.h"
 #include "transfer/kv_transfer.h"
 #include "transfer/shm_chan.h"
 #include "common/log.h"
@@ -58,8 +64,7 @@
 #define FETCH_TIMEOUT_MS 2000
 #define PENDING_TIMEOUT_MS 5000     /* a host put whose blocks never come */
 #define MAX_PARKED       64         /* fetches waiting for a pending put's blocks */
-#define PARK_MS          300        /* how long a fetch waits for them (prefill gives up at 1 s) */
-#define DISK_PARK_MS     700        /* how long a fetch waits for its blocks' disk reads */
+#define PARK_MS          300        /* how long a fetch waits for them (prefill holds >= 1 s) */
 #define DISK_JOBS        256        /* disk reads and writes in flight, each with a block buffer */
 #define DISK_THREADS     4          /* I/O threads: a fetch's reads run this many at a time */
 #define DIRTY_PER_TICK   256        /* pin changes written to record headers per timer tick */
@@ -89,6 +94,10 @@ typedef struct pending_put {
 typedef struct parked {
     msg_t m;                        /* the cache_fetch, cloned */
     int64_t until;                  /* answered by then with what it has */
+    int64_t since;                  /* parked then; its disk wait runs from it */
+    int64_t park_until;             /* its wait for a write-back (PARK_MS), whatever the disk's */
+    uint32_t n_disk;                /* blocks of its window only the disk held when it parked: 0, none
+                                     * (or not worth reading), else their wait follows the read time */
     uint32_t window;                /* <= the fetch's n_hashes and the host store's size */
     uint8_t *held;                  /* [window when parked] 1: hashes[i]'s block is in memory, guarded for it */
 } parked_t;
@@ -147,6 +156,9 @@ typedef struct cmgr {
     double read_ms_sum, read_ms_max;  /* reads finished since the last stats */
     uint64_t reads_window;
     double read_ms_last;            /* mean read latency over the last stats window that had reads */
+    double read_ms_avg;             /* moving average of every read's time (0: none yet): the disk's
+                                     * cost of a block for fetches, s_disk_block_ms */
+    uint64_t disk_declined;         /* disk-only blocks fetches did not read: computing them is faster */
 } cmgr_t;
 
 static int s_worker_bit(cmgr_t *c, const char *name)
@@ -748,23 +760,66 @@ static int s_coming(const cmgr_t *c, uint64_t hash)
     return s_pending_has(c, hash) || (c->disk && dstore_find(c->disk, hash) >= 0);
 }
 
+/* 1: hash's block is only on disk (not in memory, no write-back bringing it). */
+static int s_disk_only(const cmgr_t *c, uint64_t hash)
+{
+    return c->disk && !u64map_get(&c->host, hash) && !s_pending_has(c, hash) && dstore_find(c->disk, hash) >= 0;
+}
+
+/* The disk's time per block of a fetch: a fetch's reads run DISK_THREADS at a time, so a long run
+ * of them moves at that many blocks per read time (the block's bytes over the tier's measured read
+ * bandwidth). 0 before the first read. */
+static double s_disk_block_ms(const cmgr_t *c)
+{
+    return c->read_ms_avg / DISK_THREADS;
+}
+
+/* When p's wait ends: its disk reads' wait (fetch_disk_wait_ms, from the read time measured now,
+ * so the first reads of a disk too slow for the budget end it) or its write-back's, the later. */
+static int64_t s_park_until(const cmgr_t *c, const parked_t *p)
+{
+    if (!p->n_disk)
+        return p->park_until;
+    const double w = fetch_disk_wait_ms((int)p->n_disk, s_disk_block_ms(c), p->m.u.cache_fetch.block_budget_ms);
+    const int64_t disk = p->since + (int64_t)w;
+    return disk > p->park_until ? disk : p->park_until;
+}
+
 /* A fetch whose next block is still on its way (a write-back announced by cache_put whose
- * kv_announce has not landed, or a block on disk) waits for it, up to PARK_MS (DISK_PARK_MS for
- * disk reads), within a window of the host store's size; any other is answered at once. */
+ * kv_announce has not landed, or a block on disk) waits for it, within a window of the host
+ * store's size: up to PARK_MS for a write-back, for disk reads as long as fetch_disk_wait_ms says
+ * from the fetch's budget and the disk's read time (blocks not worth reading end the window
+ * before the first of them); any other is answered at once. */
 static int s_on_fetch(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
 {
     cmgr_t *c = state;
     const msg_cache_fetch_t *f = &m->u.cache_fetch;
     c->fetch_queries += f->n_hashes;
     const uint32_t found = s_found(c, f);
-    const uint32_t window = f->n_hashes < (uint32_t)c->n_slots ? f->n_hashes : (uint32_t)c->n_slots;
+    uint32_t window = f->n_hashes < (uint32_t)c->n_slots ? f->n_hashes : (uint32_t)c->n_slots;
+    /* The blocks only the disk holds: read if that beats computing them, else the window ends at
+     * the first (what follows it could not be adopted: the prefix breaks there). */
+    uint32_t n_disk = 0, first_disk = window;
+    for (uint32_t i = found; c->disk && i < window; i++)
+        if (s_disk_only(c, f->hashes[i])) {
+            if (!n_disk++)
+                first_disk = i;
+        }
+    const double disk_wait = fetch_disk_wait_ms((int)n_disk, s_disk_block_ms(c), f->block_budget_ms);
+    if (n_disk && disk_wait <= 0) {
+        c->disk_declined += n_disk;
+        window = first_disk;
+        n_disk = 0;
+    }
     char err[128];
     if (found < window && c->n_parked < MAX_PARKED && s_coming(c, f->hashes[found])) {
         parked_t *p = &c->parked[c->n_parked];
         *p = (parked_t){.window = window, .held = calloc(window, 1)};
         if (p->held && msg_clone(m, &p->m, err, sizeof err) == 0) {
-            const int disk = !s_pending_has(c, f->hashes[found]);
-            p->until = now_ms() + (disk ? DISK_PARK_MS : PARK_MS);
+            p->since = now_ms();
+            p->park_until = p->since + (s_pending_has(c, f->hashes[found]) ? PARK_MS : 0);
+            p->n_disk = n_disk;
+            p->until = s_park_until(c, p);
             c->n_parked++;
             c->fetches_parked++;
             const uint64_t *hs = p->m.u.cache_fetch.hashes;
@@ -791,6 +846,7 @@ static void s_answer_parked(actor_t *a, cmgr_t *c, int64_t now)
     for (int i = 0; i < c->n_parked;) {
         parked_t *p = &c->parked[i];
         const msg_cache_fetch_t *f = &p->m.u.cache_fetch;
+        p->until = s_park_until(c, p);   /* the disk's read time may be known, or better, now */
         if (now < p->until && s_found(c, f) < p->window && s_coming(c, f->hashes[s_found(c, f)])) {
             s_read_ahead(c, p);
             if (s_found(c, f) < p->window) {   /* else its window shrank to what it has: answered now */
@@ -816,6 +872,8 @@ static void s_read_done(actor_t *a, cmgr_t *c, dio_job_t *j, int64_t now)
     c->reads_in_flight--;
     c->read_ms_sum += j->ms;
     c->reads_window++;
+    /* Slow to move (a fetch's hundreds of reads set it; one outlier does not), from the first read. */
+    c->read_ms_avg = c->read_ms_avg > 0 ? 0.95 * c->read_ms_avg + 0.05 * j->ms : j->ms;
     if (j->ms > c->read_ms_max)
         c->read_ms_max = j->ms;
     if (j->read == DSTORE_READ_OK) {
@@ -1156,6 +1214,10 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
     actor_stat_metric(a, st, "disk_reads_total", (double)c->disk_reads, 1);
     actor_stat_metric(a, st, "disk_read_ms", c->read_ms_last, 0);
     actor_stat_metric(a, st, "disk_read_ms_max", c->read_ms_max, 0);
+    /* The bandwidth fetches are costed at: DISK_THREADS reads of a block per average read time. */
+    actor_stat_metric(a, st, "disk_read_mib_s",
+                      c->read_ms_avg > 0 ? 1000.0 * (double)c->block_bytes / (1 << 20) / s_disk_block_ms(c) : 0, 0);
+    actor_stat_metric(a, st, "fetch_disk_declined_total", (double)c->disk_declined, 1);
     actor_stat_metric(a, st, "disk_reads_not_started_total", (double)c->disk_reads_not_started, 1);
     actor_stat_metric(a, st, "disk_promotions_failed_total", (double)c->promotions_failed, 1);
     /* Refused blocks: at start (the index read back) and on reads since. */

@@ -186,7 +186,7 @@ static int s_on_prefill_request(actor_t *a, void *state, const actor_peer_t *fro
         r->fetching = 1;
         r->fetched.from = first;
         r->fetch_sent_ms = now_ms();
-        sched_hold(p->sched, &r->sr, r->fetch_sent_ms + FETCH_TIMEOUT_MS);
+        sched_hold(p->sched, &r->sr, r->fetch_sent_ms + p->fetch.hold_ms);
     }
     p->prompts++;
     p->prompt_tokens += q->n_tokens;

@@ -440,6 +440,10 @@ typedef struct msg_cache_fetch {
     const char *reply_to;        /* required */
     const uint8_t *handle;       /* receiver's channel handle, if the channel needs one */
     uint32_t handle_len;         /* <= MSG_MAX_HANDLE */
+    float block_budget_ms;       /* 0..1e6: a block only the store's disk holds is read for this
+                                  * fetch when reading one takes less (the worker's compute time of
+                                  * a block less its fetch time of one, actors/worker/fetch_policy.h);
+                                  * 0: unknown, read and waited for at most 1 s */
 } msg_cache_fetch_t;
 
 /* Sent before the kv_announce it describes, so the worker knows each block's tier when the blocks

@@ -652,6 +652,7 @@ static const msg_field_t s_cache_fetch_f[] = {
     F_ENUM(msg_cache_fetch_t, channel, REQ, 0, s_channel_names),
     F_STR(msg_cache_fetch_t, reply_to, REQ, 1, MSG_MAX_NAME),
     F_BIN(msg_cache_fetch_t, handle, handle_len, 0, MSG_MAX_HANDLE),
+    F_F32(msg_cache_fetch_t, block_budget_ms, 0, 0, 1e6),
 };
 
 static const msg_field_t s_cache_fetch_reply_f[] = {

@@ -23,7 +23,9 @@
 #    restart found less than its whole prefix cached (every full block but the one that holds the
 #    last prompt token, which may be computed; its leading HOST_BLOCKS blocks when the host store is
 #    smaller), the disk tier read fewer blocks than that, or more than it served (blocks read again,
-#    or too late for the fetch), or a recompute found anything cached.
+#    or too late for the fetch), or a recompute found anything cached. With FETCH=cost the first
+#    two are the cost model's choice, not failures: the table says what it chose (blocks read,
+#    blocks declined because computing them is faster).
 #
 # Environment:
 #   BACKEND        cpu (default) or cuda (prefill and decode workers on GPU 0)
@@ -45,7 +47,8 @@
 #   GPUS           the node's GPU count on cuda (default 1; both workers on GPU 0)
 #   N_PREFILL      1 (default) or 0: colocated, the decode worker computes and fetches prompts
 #   FETCH          TROUPE_PREFILL_FETCH of the workers (default always: the fetch path, not the
-#                  cost model's choice, is measured)
+#                  cost model's choice, is measured; cost: the default of a cluster, which reads
+#                  the disk only when that beats computing, actors/worker/fetch_policy.h)
 #   B BIN          the build folder (default build) and its binaries (default B/bin)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -346,12 +349,12 @@ for r in $(seq "$ROUNDS"); do
     echo "bench-disk-ttft: the warm-up's blocks did not reach the host store" >&2
   read -r resident drop_how < <(drop_cache)
   echo "--- page cache: $drop_how; $resident bytes of the disk tier's file still resident" >&2
-  read -r reads0 hits0 < <(cm disk_reads_total fetch_hits_disk_total)
+  read -r reads0 hits0 declined0 < <(cm disk_reads_total fetch_hits_disk_total fetch_disk_declined_total)
   ask "from-disk-$r" A "${KEY[@]}"
   sleep 1.5   # the cache-manager's stats are sent once a second
   cm >"$OUT/cm-after-disk-$r.json"
-  read -r reads1 hits1 < <(cm disk_reads_total fetch_hits_disk_total)
-  echo "$r $resident $((reads1 - reads0)) $((hits1 - hits0)) $drop_how" >>"$OUT/rounds.txt"
+  read -r reads1 hits1 declined1 < <(cm disk_reads_total fetch_hits_disk_total fetch_disk_declined_total)
+  echo "$r $resident $((reads1 - reads0)) $((hits1 - hits0)) $((declined1 - declined0)) $drop_how" >>"$OUT/rounds.txt"
   # 2d. The control: a never-seen prompt of the same length, computed.
   ask "recompute-$r" "C-$r"
   # Last, A once more: from the prefill worker's own pool now.
@@ -362,9 +365,9 @@ done
 [ -n "${KEEP_DISK:-}" ] || rm -f "$DISK_DIR/blocks.kvd"
 
 # 3. The table.
-python3 - "$OUT" "$IN_LEN" "$BS" "$BLOCK_BYTES" "$MODEL" "$BACKEND" "$KV_DTYPE" "$HOST_BLOCKS" <<'PY'
+python3 - "$OUT" "$IN_LEN" "$BS" "$BLOCK_BYTES" "$MODEL" "$BACKEND" "$KV_DTYPE" "$HOST_BLOCKS" "$FETCH" <<'PY'
 import json, os, re, statistics, sys
-out, in_len, bs, block_bytes, model, backend, kv, host_blocks = sys.argv[1:9]
+out, in_len, bs, block_bytes, model, backend, kv, host_blocks, fetch = sys.argv[1:10]
 in_len, bs, block_bytes, host_blocks = int(in_len), int(bs), int(block_bytes), int(host_blocks)
 load = lambda name: json.load(open(os.path.join(out, name)))
 machine = dict(l.rstrip("\n").split(" ", 1) for l in open(os.path.join(out, "machine.txt")) if " " in l)
@@ -374,11 +377,13 @@ read_mibs = int(m.group(1)) if m else None
 wm = re.search(r"write\s+\d+ blocks of \d+ bytes: [\d.]+ s, (\d+) MiB/s", bench)
 rounds = []
 for line in open(os.path.join(out, "rounds.txt")):
-    r, resident, reads, hits, how = line.rstrip("\n").split(" ", 4)
+    r, resident, reads, hits, declined, how = line.rstrip("\n").split(" ", 5)
     d, c = load(f"from-disk-{r}.json"), load(f"recompute-{r}.json")
+    cm_after = load(f"cm-after-disk-{r}.json")
     rounds.append(dict(round=int(r), page_cache_resident_bytes=int(resident), page_cache_drop=how,
-                       disk_blocks_read=int(reads), disk_blocks_served=int(hits),
-                       disk_read_ms_per_block=load(f"cm-after-disk-{r}.json").get("disk_read_ms"),
+                       disk_blocks_read=int(reads), disk_blocks_served=int(hits), disk_blocks_declined=int(declined),
+                       disk_read_ms_per_block=cm_after.get("disk_read_ms"),
+                       cm_disk_read_mib_s=cm_after.get("disk_read_mib_s"),
                        from_disk_ttft_ms=d["timings"]["ttft_ms"], from_disk_cached=d["usage"]["cached_tokens"],
                        from_disk_cached_disk=d["usage"].get("cached_disk_tokens"),
                        recompute_ttft_ms=c["timings"]["ttft_ms"], recompute_cached=c["usage"]["cached_tokens"]))
@@ -391,7 +396,9 @@ full = (in_len - 1) // bs * bs
 want = min(full, host_blocks * bs)
 prefix_bytes = full // bs * block_bytes
 fails = []
-for r in rounds:
+# With the cost model a disk slower than the GPU is not read (or read until the first reads show
+# it): what it chose is reported, not checked.
+for r in (rounds if fetch == "always" else []):
     if r["from_disk_cached"] < want:
         fails.append(f"round {r['round']}: A after the restart found {r['from_disk_cached']} of {in_len} tokens cached, not >= {want}")
     if r["disk_blocks_read"] < want // bs:
@@ -399,6 +406,7 @@ for r in rounds:
     if r["disk_blocks_read"] > r["disk_blocks_served"]:
         fails.append(f"round {r['round']}: the disk tier read {r['disk_blocks_read']} blocks for A and served "
                      f"{r['disk_blocks_served']}: blocks read again, or too late for the fetch")
+for r in rounds:
     if r["recompute_cached"]:
         fails.append(f"round {r['round']}: the control found {r['recompute_cached']} tokens cached: not a recompute")
 if first["usage"]["cached_tokens"]:
@@ -422,6 +430,10 @@ rows = [
     ("disk blocks read / served for A", ", ".join(f"{r['disk_blocks_read']} / {r['disk_blocks_served']}" for r in rounds)
      + "; ms a block: " + ", ".join(f"{r['disk_read_ms_per_block'] or 0:.2f}" for r in rounds)
      + " (the mean time of one read; 4 run at once)"),
+    ("the cache-manager's read rate", ", ".join(f"{r['cm_disk_read_mib_s'] or 0:.0f}" for r in rounds)
+     + " MiB/s (what fetches are costed at)"),
+    (f"fetch policy ({fetch})", "disk blocks declined for A (computing them is faster): "
+     + ", ".join(str(r["disk_blocks_declined"]) for r in rounds)),
     ("TTFT from the worker's pool (A again)", f"{dev['timings']['ttft_ms']} ms, cached {dev['usage']['cached_tokens']}"),
 ]
 w = max(len(r[0]) for r in rows)
@@ -429,7 +441,7 @@ print(f"bench-disk-ttft: {model} ({backend}, KV {kv}); {machine.get('date')}, co
 print("  " + "; ".join(f"{k} {v}" for k, v in machine.items() if k in ("gpu", "cpus", "disk", "shm")))
 for k, v in rows:
     print(f"  {k:<{w}}  {v}")
-summary = dict(machine=machine, model=model, backend=backend, kv_dtype=kv, in_len=in_len, block_bytes=block_bytes,
+summary = dict(machine=machine, model=model, backend=backend, kv_dtype=kv, in_len=in_len, block_bytes=block_bytes, fetch=fetch,
                prefix_bytes=prefix_bytes, disk_read_mib_s=read_mibs, recompute_ttft_ms=recompute,
                from_disk_ttft_ms=from_disk, recompute_cached=[first["usage"]["cached_tokens"]] + [r["recompute_cached"] for r in rounds],
                device_ttft_ms=dev["timings"]["ttft_ms"], device_cached=dev["usage"]["cached_tokens"],
@@ -439,8 +451,8 @@ if resident > prefix_bytes // 100:
     print(f"  NOTE: {resident / 2**20:.1f} MiB of the file stayed in the page cache: the reads may have been cached")
 for f in fails:
     print(f"  FAILED: {f}")
-if fails and read_mibs and prefix_bytes / 2**20 / read_mibs > 0.7:
-    print("  NOTE: a fetch waits at most 700 ms for its disk reads (docs/kv-cache.md); at this bandwidth the "
+if fails and read_mibs and prefix_bytes / 2**20 / read_mibs > 10:
+    print("  NOTE: a fetch waits at most 10 s for its disk reads (docs/kv-cache.md); at this bandwidth the "
           "prefix takes longer, so its tail is computed")
 print(f"  (replies, logs and summary.json in {out})")
 sys.exit(1 if fails else 0)

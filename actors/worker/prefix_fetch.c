@@ -30,14 +30,17 @@ int prefix_fetch_start(actor_t *a, prefix_fetch_t *pf, worker_t *w, uint64_t req
         pf->skipped++;
         return -1;
     }
+    const double budget = fetch_policy_budget_ms(&pf->policy, w->block_size, tokens_per_s);
     msg_t f;
     msg_init(&f, MSG_CACHE_FETCH, request_id);
     f.u.cache_fetch.hashes = hints + i;
     f.u.cache_fetch.n_hashes = (uint32_t)missing;
     f.u.cache_fetch.channel = MSG_CHAN_SHM;
     f.u.cache_fetch.reply_to = pf->self;
+    f.u.cache_fetch.block_budget_ms = (float)budget;
     if (actor_send(a, pf->cache_manager, &f) != 0)
         return -1;
+    pf->hold_ms = (int64_t)fetch_policy_hold_ms(&pf->policy, missing, (double)worker_block_bytes(w) / (1 << 20), budget);
     pf->fetches++;
     return i;
 }

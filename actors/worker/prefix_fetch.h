@@ -23,13 +23,18 @@
 #include "actors/worker/fetch_policy.h"
 #include "messages/msg.h"
 
-#define FETCH_TIMEOUT_MS 1000     /* a fetch not answered by then: the prompt runs without it */
+/* The shortest hold of a prompt for its fetch; a long one is held longer (prefix_fetch_t.hold_ms):
+ * a fetch not answered by then is given up, and the prompt runs without it. */
+#define FETCH_TIMEOUT_MS FETCH_HOLD_MIN_MS
 
 /* One worker's fetching: where to ask, how it decides, what it counted. */
 typedef struct prefix_fetch {
     const char *self;             /* the worker's instance name (the reply goes there) */
     const char *cache_manager;    /* NULL: no host store, never fetches */
     fetch_policy_t policy;
+    int64_t hold_ms;              /* how long to hold the prompt of the fetch prefix_fetch_start sent
+                                   * last (fetch_policy_hold_ms: the cache-manager's longest wait for
+                                   * its disk reads, plus the copies) */
     uint64_t fetches, fetched_blocks, skipped;
 } prefix_fetch_t;
 
@@ -46,8 +51,10 @@ typedef struct fetch_src {
 int prefix_fetch_init(prefix_fetch_t *pf, const char *self, const char *cache_manager, char *err, size_t errlen);
 
 /* Asks for hints[i..n) where i is the first hint the pool lacks, if any is missing and fetching
- * pays at tokens_per_s (the worker's compute rate; <= 0 unknown). Returns i when a cache_fetch went
- * out for request_id, -1 when nothing is fetched (all held, not worth it, no cache-manager). */
+ * pays at tokens_per_s (the worker's compute rate; <= 0 unknown). The fetch carries the budget of a
+ * block read from disk at that rate (fetch_policy_budget_ms). Returns i when a cache_fetch went out
+ * for request_id, pf->hold_ms then set to how long its prompt should wait for the answer; -1 when
+ * nothing is fetched (all held, not worth it, no cache-manager). */
 int prefix_fetch_start(actor_t *a, prefix_fetch_t *pf, worker_t *w, uint64_t request_id, const uint64_t *hints,
                        int n_hints, double tokens_per_s);
 

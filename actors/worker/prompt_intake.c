@@ -57,7 +57,7 @@ static void s_fetch(prompt_intake_t *pi, actor_t *a, dc_req_t *r, const msg_pref
         r->fetch.active = 1;
         r->fetch.src.from = first;
         r->fetch.sent_ms = now_ms();
-        sched_hold(pi->sched, &r->sr, r->fetch.sent_ms + FETCH_TIMEOUT_MS);
+        sched_hold(pi->sched, &r->sr, r->fetch.sent_ms + pi->fetch.hold_ms);
     }
 }
 

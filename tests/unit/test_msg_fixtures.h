@@ -226,7 +226,7 @@ static void fx_fill(msg_t *m, msg_type_t t)
     case MSG_CACHE_FETCH: {
         msg_cache_fetch_t *f = &m->u.cache_fetch;
         f->hashes = fx_hashes; f->n_hashes = 4; f->channel = MSG_CHAN_TCP; f->reply_to = "prefill-2";
-        f->handle = fx_handle; f->handle_len = 4;
+        f->handle = fx_handle; f->handle_len = 4; f->block_budget_ms = 0.59f;
         break;
     }
     case MSG_CACHE_FETCH_REPLY:
