@@ -59,8 +59,9 @@ int spec_mtp_feed(spec_proposer_t *p, uint64_t id, const int32_t *tokens, int n_
 
 /* spec_mtp_feed for several sequences (one feed each) at once: the rows that can run go through
  * the MTP layer together, in as few forwards as the model's buffers allow. A feed that fails (bad
- * rows, too many sequences) drops its sequence, which begins again at its next feed; the others go
- * on. 0, or -1 with err naming the first failure. */
+ * rows) drops its sequence, which begins again at its next feed; the others go on. A new sequence
+ * when all max_seqs are taken takes the place of the one fed longest ago (not in this call).
+ * 0, or -1 with err naming the first failure. */
 typedef struct spec_mtp_feed {
     uint64_t id;
     const int32_t *tokens;         /* [n_tokens] the tokens known now */
@@ -86,6 +87,8 @@ typedef struct spec_mtp_stats {
     uint64_t rows;                 /* positions they computed */
     uint64_t starts;               /* sequences begun (a first feed, or a gap) */
     uint64_t started_late;         /* of them, begun at a position > 0 (no hidden states before it) */
+    uint64_t evicted;              /* sequences dropped to make room for another (every slot taken: the one
+                                      fed longest ago goes, and begins again at its next feed) */
     int seqs;                      /* sequences tracked now */
 } spec_mtp_stats_t;
 void spec_mtp_stats(const spec_proposer_t *p, spec_mtp_stats_t *out);

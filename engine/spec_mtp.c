@@ -57,6 +57,7 @@ typedef struct {
     float save_prob;
     int save_len;
     int in_run;                    /* has a job in the batch being gathered (s_gather) */
+    uint64_t fed;                  /* the feed call (s_mtp_t.clock) that last fed it */
 } s_seq_t;
 
 /* n new MTP positions of s: MTP tokens toks[0..n) (target tokens have+1 ..), hidden rows hid [n][H]. */
@@ -80,6 +81,7 @@ typedef struct {
     float *hid_out;                /* [run_tokens][H] */
     float *target_hid;             /* [target_rows][H] spec_mtp_hidden_buffer */
     int target_rows;               /* the model's max_tokens: a target step's rows at most */
+    uint64_t clock;                /* feed calls so far */
     spec_mtp_stats_t st;
 } s_mtp_t;
 
@@ -95,8 +97,19 @@ static s_seq_t *s_find(s_mtp_t *t, uint64_t id, int make)
         if (!t->seqs[i].used && !free_slot)
             free_slot = &t->seqs[i];
     }
-    if (!make || !free_slot)
+    if (!make)
         return NULL;
+    /* All taken (requests preempted or waiting keep theirs while max_seqs others run): the one fed
+     * longest ago, not in this call, makes room; it begins again at its next feed. */
+    s_seq_t *lru = NULL;
+    for (int i = 0; !free_slot && i < t->max_seqs; i++) {
+        s_seq_t *c = &t->seqs[i];
+        if (!c->in_run && c->fed < t->clock && (!lru || c->fed < lru->fed))
+            lru = c;
+    }
+    if (!free_slot && !(free_slot = lru))
+        return NULL;
+    t->st.evicted += free_slot->used;
     free_slot->used = 1;
     free_slot->id = id;
     free_slot->n_pend = 0;
@@ -223,7 +236,8 @@ static int s_feed_one(s_mtp_t *t, const spec_mtp_feed_t *f, char *err, size_t er
                     (unsigned long long)f->id, f->pos0, f->pos0 + f->n - 1, f->n_tokens);
     s_seq_t *s = s_find(t, f->id, 1);
     if (!s)
-        return errf(err, errlen, "mtp: more than %d sequences", t->max_seqs);
+        return errf(err, errlen, "mtp: more than %d sequences fed at once", t->max_seqs);
+    s->fed = t->clock;
     const int fresh = kvseq_len(s->kv) == 0 && s->n_pend == 0;
     if (s_advance(t, s, f->tokens, f->n_tokens, err, errlen) < 0)
         return -1;
@@ -267,6 +281,7 @@ int spec_mtp_feed_batch(spec_proposer_t *p, const spec_mtp_feed_t *feeds, int n,
     s_mtp_t *t = p->impl;
     int failed = 0;
     char e1[256];
+    t->clock++;
     for (int i = 0; i < n; i++)
         if (s_feed_one(t, &feeds[i], e1, sizeof e1) < 0) {
             s_seq_t *s = s_find(t, feeds[i].id, 0);

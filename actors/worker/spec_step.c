@@ -405,6 +405,7 @@ void spec_step_stats(const spec_step_t *s, actor_t *a, msg_stats_t *st)
         actor_stat_metric(a, st, "spec_mtp_positions_total", (double)ms.rows, 1);
         actor_stat_metric(a, st, "spec_mtp_sequences_begun_total", (double)ms.starts, 1);
         actor_stat_metric(a, st, "spec_mtp_begun_late_total", (double)ms.started_late, 1);
+        actor_stat_metric(a, st, "spec_mtp_evicted_total", (double)ms.evicted, 1);
     }
     if (s->policy)
         spec_client_stats(s->policy, a, st);

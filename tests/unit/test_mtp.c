@@ -363,8 +363,20 @@ static void test_mtp_late_start(void **state)
     assert_int_equal(ms.starts, 4 * N_PROMPTS);         /* full, late, and the gap's two beginnings */
     assert_int_equal(ms.started_late, 3 * N_PROMPTS);
     /* Rows of tokens not known yet are refused, not read past the tokens. */
-    float h[1] = {0};
+    float *h = calloc((size_t)s_env.cfg.hidden_size, sizeof(float));
     assert_int_equal(spec_mtp_feed(mtp, 11, ids, 3, 3, 1, h, err, sizeof err), -1);
+    /* Every slot taken (2): a third sequence takes the place of the one fed longest ago. Each feed
+     * is one row whose next token is not known yet, so it only waits (no MTP forward). */
+    assert_int_equal(spec_mtp_feed(mtp, 21, ids, 3, 2, 1, h, err, sizeof err), 0);
+    assert_int_equal(spec_mtp_feed(mtp, 22, ids, 3, 2, 1, h, err, sizeof err), 0);
+    assert_int_equal(spec_mtp_feed(mtp, 21, ids, 3, 2, 1, h, err, sizeof err), 0);   /* 22 is now the oldest */
+    assert_int_equal(spec_mtp_feed(mtp, 23, ids, 3, 2, 1, h, err, sizeof err), 0);
+    spec_mtp_stats(mtp, &ms);
+    assert_int_equal(ms.evicted, 1);
+    assert_int_equal(spec_mtp_base(mtp, 22), -1);
+    assert_int_equal(spec_mtp_base(mtp, 21), 2);
+    assert_int_equal(spec_mtp_base(mtp, 23), 2);
+    free(h);
     spec_proposer_destroy(&mtp);
 }
 
