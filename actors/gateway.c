@@ -18,12 +18,13 @@
  *   - bound everything a client controls: body size (413), time to send the body (408), idle
  *     connections (closed), unread stream output (the request is cancelled).
  *
- * Threads: libmicrohttpd runs its own epoll thread (the "HTTP thread": every MHD callback); the
- * actor loop (the "actor thread") owns the router socket and the table of requests in flight.
- * They meet in one place, gw_call_t: the HTTP thread hands a parsed call to the actor thread over
- * an inproc PUSH/PULL pair (op + pointer), the actor thread writes the bytes to send into the
- * call's buffer under its lock and resumes the suspended connection. A call has two references,
- * one per thread; the last to let go frees it.
+ * Threads: libmicrohttpd runs its own epoll threads (the "HTTP threads", s_http_threads of them,
+ * each with its share of the connections: every MHD callback of a connection runs on its thread);
+ * the actor loop (the "actor thread") owns the router socket and the table of requests in flight.
+ * They meet in one place, gw_call_t: an HTTP thread hands a parsed call to the actor thread over
+ * an inproc PUSH/PULL pair (op + pointer; the PUSH end under push_mu), the actor thread writes the
+ * bytes to send into the call's buffer under its lock and resumes the suspended connection. A call
+ * has two references, one per side; the last to let go frees it.
  *
  * n > 1: one call, n requests at the router (ids id .. id + n - 1, seeds seed + i), each a choice
  * of its own: collected into one reply, or streamed as chunks carrying their choice's index, ended
@@ -61,6 +62,7 @@
 #define GW_MAX_METRICS_FETCHES 4      /* concurrent /metrics proxy fetches */
 #define GW_HEARTBEAT_IVL_MS 1000      /* ZMTP heartbeats on the router connection (as the C client's) */
 #define GW_HEARTBEAT_TIMEOUT_MS 3000
+#define GW_ROUTER_BATCH  256          /* router replies read per turn of the loop (submits go between) */
 
 typedef enum { OP_SUBMIT = 1, OP_ABORT = 2 } gw_op_t;
 
@@ -128,7 +130,8 @@ struct gateway {
     void *router;                /* DEALER at endpoints.client (actor thread) */
     void *router_mon;            /* PAIR: router's socket-monitor events (its handshakes and drops) */
     int router_connected;        /* router's connection completed its handshake, not dropped since */
-    void *push, *pull;           /* inproc: HTTP thread -> actor thread */
+    void *push, *pull;           /* inproc: HTTP threads -> actor thread */
+    pthread_mutex_t push_mu;     /* push is one socket for every HTTP thread (libzmq's are not thread-safe) */
     const char *router_name;
     tokenizer_t *tok;            /* the model's, for the text of logprobs' tokens (NULL: "token_id:<id>") */
     char model[256];             /* the model id served: the model directory's name */
@@ -582,7 +585,7 @@ static void s_on_error(gw_call_t *c, const msg_error_t *e)
 static int s_on_router(actor_t *a, void *state, void *sock)
 {
     gateway_t *g = state;
-    for (;;) {
+    for (int k = 0; k < GW_ROUTER_BATCH; k++) {
         zmq_msg_t part;
         zmq_msg_init(&part);
         if (zmq_msg_recv(&part, sock, ZMQ_DONTWAIT) < 0) {
@@ -625,6 +628,7 @@ static int s_on_router(actor_t *a, void *state, void *sock)
         }
         msg_free(&m);
     }
+    return 0;   /* more may be queued: the loop's poll sees them at once */
 }
 
 /* ---- the actor thread: calls from the HTTP thread ------------------------------------------------ */
@@ -710,7 +714,10 @@ static int s_push(gateway_t *g, gw_op_t op, gw_call_t *c)
     uint8_t buf[1 + sizeof(void *)];
     buf[0] = (uint8_t)op;
     memcpy(buf + 1, &c, sizeof c);
-    return zmq_send(g->push, buf, sizeof buf, ZMQ_DONTWAIT) == (int)sizeof buf ? 0 : -1;
+    pthread_mutex_lock(&g->push_mu);
+    const int rc = zmq_send(g->push, buf, sizeof buf, ZMQ_DONTWAIT) == (int)sizeof buf ? 0 : -1;
+    pthread_mutex_unlock(&g->push_mu);
+    return rc;
 }
 
 /* The router is lost (it died, the supervisor killed it as wedged, or it answered no heartbeat):
@@ -1216,6 +1223,27 @@ static int s_drained(actor_t *a, void *state)
 
 static const actor_handler_t s_handlers[] = {{MSG_NONE, NULL}};
 
+/* How many HTTP threads (libmicrohttpd event loops, each with its share of the connections): one
+ * per 4 online CPUs, 1 to 4; TROUPE_GATEWAY_HTTP_THREADS=N (1..16) overrides. Each streamed token
+ * message is one send() on its connection's thread, with the wake-up of the client it reaches,
+ * and each request's parse and admission runs there too: at ~80k tokens a second over 64 streams
+ * one thread was busy enough that a request's first token, and a new request's admission, queued
+ * behind the other streams' tokens (docs/gateway.md, Performance). */
+static unsigned s_http_threads(void)
+{
+    const char *env = getenv("TROUPE_GATEWAY_HTTP_THREADS");
+    if (env && *env) {
+        char *end;
+        long n = strtol(env, &end, 10);
+        if (*end == '\0' && n >= 1 && n <= 16)
+            return (unsigned)n;
+        LOG_W("TROUPE_GATEWAY_HTTP_THREADS='%s' is not a number 1..16: ignored", env);
+    }
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    long n = cpus / 4;
+    return n < 1 ? 1u : n > 4 ? 4u : (unsigned)n;
+}
+
 /* The listening address of endpoints.http ("tcp://host:port"). */
 static int s_listen_addr(const char *ep, struct sockaddr_storage *ss, int *family)
 {
@@ -1255,6 +1283,7 @@ int main(int argc, char **argv)
     g->a = a;
     g->started_s = (int64_t)time(NULL);
     pthread_mutex_init(&g->keys_mu, NULL);
+    pthread_mutex_init(&g->push_mu, NULL);
     u64map_init(&g->calls, 256);
     g->buf = malloc(MSG_MAX_FRAME);
     const char *slash = strrchr(t->model.path, '/');
@@ -1313,7 +1342,6 @@ int main(int argc, char **argv)
         LOG_E("cannot connect to the router at %s: %s", t->endpoints.client, zmq_strerror(errno));
         goto out;
     }
-    actor_add_reader(a, g->router, s_on_router);
     actor_watch(a, ri->name);
 
     char inproc[128];
@@ -1329,7 +1357,11 @@ int main(int argc, char **argv)
         LOG_E("inproc %s: %s", inproc, zmq_strerror(errno));
         goto out;
     }
+    /* Calls from the HTTP threads before the router's replies (the loop reads its readers in this
+     * order): a new request goes to the router before the next batch of other streams' tokens is
+     * relayed, not after every token queued (s_on_router reads GW_ROUTER_BATCH at a time). */
     actor_add_reader(a, g->pull, s_on_pull);
+    actor_add_reader(a, g->router, s_on_router);
     actor_timer_add(a, 1000, s_liveness);
 
     struct sockaddr_storage ss;
@@ -1340,7 +1372,11 @@ int main(int argc, char **argv)
     }
     unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG |
                      (family == AF_INET6 ? MHD_USE_IPv6 : 0);
+    unsigned n_http = s_http_threads();
+    if (t->gateway.max_connections > 0 && n_http > (unsigned)t->gateway.max_connections)
+        n_http = (unsigned)t->gateway.max_connections;   /* the library splits the limit over its threads */
     g->httpd = MHD_start_daemon(flags, 0, NULL, NULL, s_access, g,
+                                MHD_OPTION_THREAD_POOL_SIZE, n_http > 1 ? n_http : 0u,
                                 MHD_OPTION_EXTERNAL_LOGGER, s_mhd_log, g,
                                 MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
                                 MHD_OPTION_NOTIFY_COMPLETED, s_completed, g,
@@ -1351,8 +1387,8 @@ int main(int argc, char **argv)
         LOG_E("cannot serve HTTP at %s: %s", t->endpoints.http, strerror(errno));
         goto out;
     }
-    LOG_I("OpenAI API at http://%s/v1 (model '%s', %s)", t->endpoints.http + 6, g->model,
-          gw_keys_open(&g->keys) ? "no API keys: open" : "API keys required");
+    LOG_I("OpenAI API at http://%s/v1 (model '%s', %s, %u HTTP thread%s)", t->endpoints.http + 6, g->model,
+          gw_keys_open(&g->keys) ? "no API keys: open" : "API keys required", n_http, n_http > 1 ? "s" : "");
     actor_ops_t ops = {.handlers = s_handlers, .n_handlers = 0, .fill_stats = s_fill_stats,
                        .drained = s_drained, .peer_event = s_peer_event};
     rc = actor_run(a, &ops, g);

@@ -216,8 +216,8 @@ char *gw_completion_json(const gw_reply_ctx_t *c, const char *text, const char *
     return gw_completion_n_json(c, &one, 1, u);
 }
 
-char *gw_chunk_json(const gw_reply_ctx_t *c, const char *text, const char *finish, int first, int with_usage,
-                    const gw_logprob_t *lp, uint32_t n_lp)
+char *gw_chunk_json_tree(const gw_reply_ctx_t *c, const char *text, const char *finish, int first, int with_usage,
+                         const gw_logprob_t *lp, uint32_t n_lp)
 {
     json_t *o = s_head(c, c->kind == GW_CHAT ? "chat.completion.chunk" : "text_completion");
     json_t *choice;
@@ -242,6 +242,135 @@ char *gw_chunk_json(const gw_reply_ctx_t *c, const char *text, const char *finis
     if (with_usage)
         json_object_set_new(o, "usage", json_null());
     return s_dump(o);
+}
+
+/* ---- stream chunks without logprobs, written directly ------------------------------------------- */
+
+/* A growing text for s_direct (never past its cap: *ok turns 0 instead). */
+typedef struct {
+    char *p;
+    size_t n, cap;
+    int ok;
+} s_out_t;
+
+static void s_put(s_out_t *o, const char *s, size_t n)
+{
+    if (!o->ok || o->n + n >= o->cap) {
+        o->ok = 0;
+        return;
+    }
+    memcpy(o->p + o->n, s, n);
+    o->n += n;
+}
+
+static void s_puts(s_out_t *o, const char *s) { s_put(o, s, strlen(s)); }
+
+/* s as a JSON string the way json_dumps(JSON_ENSURE_ASCII) writes it (\" \\ \b \f \n \r \t,
+ * other controls and every non-ASCII character as \uXXXX, upper-case hex, UTF-16 pairs past the
+ * BMP); -1 (nothing written) when s is not valid UTF-8, which jansson would refuse. */
+static int s_put_str(s_out_t *o, const char *s)
+{
+    const uint8_t *p = (const uint8_t *)s;
+    const size_t n = strlen(s), at = o->n;
+    s_put(o, "\"", 1);
+    for (size_t i = 0, k; i < n; i += k) {
+        int ok;
+        k = s_utf8_step(p + i, n - i, &ok);
+        if (!ok) {
+            o->n = at;
+            return -1;
+        }
+        const uint8_t b = p[i];
+        if (k == 1 && b >= 0x20 && b != '"' && b != '\\') {
+            size_t run = 1;   /* a run of plain ASCII in one copy */
+            while (i + run < n && p[i + run] >= 0x20 && p[i + run] < 0x80 && p[i + run] != '"' && p[i + run] != '\\')
+                run++;
+            s_put(o, s + i, run);
+            k = run;
+            continue;
+        }
+        char seq[16];
+        const char *esc = b == '"' ? "\\\"" : b == '\\' ? "\\\\" : b == '\b' ? "\\b" : b == '\f' ? "\\f"
+                        : b == '\n' ? "\\n" : b == '\r' ? "\\r" : b == '\t' ? "\\t" : NULL;
+        if (!esc) {
+            uint32_t cp = k == 1 ? b
+                        : k == 2 ? (uint32_t)(b & 0x1f) << 6 | (p[i + 1] & 0x3f)
+                        : k == 3 ? (uint32_t)(b & 0x0f) << 12 | (uint32_t)(p[i + 1] & 0x3f) << 6 | (p[i + 2] & 0x3f)
+                                 : (uint32_t)(b & 0x07) << 18 | (uint32_t)(p[i + 1] & 0x3f) << 12 |
+                                       (uint32_t)(p[i + 2] & 0x3f) << 6 | (p[i + 3] & 0x3f);
+            if (cp < 0x10000) {
+                snprintf(seq, sizeof seq, "\\u%04X", (unsigned)cp);
+            } else {
+                cp -= 0x10000;
+                snprintf(seq, sizeof seq, "\\u%04X\\u%04X", (unsigned)(0xD800 | (cp >> 10)), (unsigned)(0xDC00 | (cp & 0x3ff)));
+            }
+            esc = seq;
+        }
+        s_puts(o, esc);
+    }
+    s_put(o, "\"", 1);
+    return 0;
+}
+
+/* gw_chunk_json without logprobs, byte for byte what the jansson tree dumps (keys in insertion
+ * order, compact), written straight into one buffer: a stream relays one such chunk per token
+ * message, tens of thousands a second at high concurrency, on the actor thread that every
+ * stream's tokens pass through; the tree cost a dozen allocations and a dump each. NULL when the
+ * id or model are no valid UTF-8 (the tree builder then decides) or out of memory. */
+static char *s_chunk_direct(const gw_reply_ctx_t *c, const char *text, const char *finish, int first, int with_usage)
+{
+    const size_t tl = text ? strlen(text) : 0;
+    s_out_t o = {.cap = 12 * tl + strlen(c->id) * 12 + strlen(c->model) * 12 + 256, .ok = 1};
+    if (!(o.p = malloc(o.cap)))
+        return NULL;
+    char num[64];
+    s_puts(&o, "{\"id\":");
+    if (s_put_str(&o, c->id) != 0)
+        goto bad;
+    const int chat = c->kind == GW_CHAT;
+    snprintf(num, sizeof num, ",\"object\":\"%s\",\"created\":%lld,\"model\":",
+             chat ? "chat.completion.chunk" : "text_completion", (long long)c->created);
+    s_puts(&o, num);
+    if (s_put_str(&o, c->model) != 0)
+        goto bad;
+    snprintf(num, sizeof num, ",\"system_fingerprint\":null,\"choices\":[{\"index\":%d,", (int)c->index);
+    s_puts(&o, num);
+    const int with_text = chat ? !finish || (text && *text) : 1;
+    if (chat) {
+        s_puts(&o, "\"delta\":{");
+        if (first)
+            s_puts(&o, with_text ? "\"role\":\"assistant\"," : "\"role\":\"assistant\"");
+        if (with_text)
+            s_puts(&o, "\"content\":");
+    } else {
+        s_puts(&o, "\"text\":");
+    }
+    if (with_text && s_put_str(&o, text ? text : "") != 0)
+        s_puts(&o, "\"\\uFFFD\"");   /* as s_str: text that is no valid UTF-8 becomes one U+FFFD */
+    if (chat)
+        s_puts(&o, "}");
+    s_puts(&o, ",\"logprobs\":null,\"finish_reason\":");
+    if (finish) {
+        if (s_put_str(&o, finish) != 0)
+            goto bad;
+    } else {
+        s_puts(&o, "null");
+    }
+    s_puts(&o, with_usage ? "}],\"usage\":null}" : "}]}");
+    if (!o.ok)
+        goto bad;
+    o.p[o.n] = '\0';
+    return o.p;
+bad:
+    free(o.p);
+    return NULL;
+}
+
+char *gw_chunk_json(const gw_reply_ctx_t *c, const char *text, const char *finish, int first, int with_usage,
+                    const gw_logprob_t *lp, uint32_t n_lp)
+{
+    char *s = lp ? NULL : s_chunk_direct(c, text, finish, first, with_usage);
+    return s ? s : gw_chunk_json_tree(c, text, finish, first, with_usage, lp, n_lp);
 }
 
 char *gw_usage_chunk_json(const gw_reply_ctx_t *c, const gw_usage_t *u)

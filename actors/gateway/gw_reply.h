@@ -65,6 +65,10 @@ char *gw_completion_n_json(const gw_reply_ctx_t *c, const gw_choice_out_t *ch, u
  * with_usage: the chunk carries "usage": null (stream_options.include_usage asked for it). */
 char *gw_chunk_json(const gw_reply_ctx_t *c, const char *text, const char *finish, int first, int with_usage,
                     const gw_logprob_t *lp, uint32_t n_lp);
+/* The same chunk built as a jansson tree and dumped: what gw_chunk_json does for a chunk with
+ * logprobs, and the reference its direct writer (a chunk without them) is held to by the unit test. */
+char *gw_chunk_json_tree(const gw_reply_ctx_t *c, const char *text, const char *finish, int first, int with_usage,
+                         const gw_logprob_t *lp, uint32_t n_lp);
 /* The stream's last chunk when include_usage: no choices, the usage. */
 char *gw_usage_chunk_json(const gw_reply_ctx_t *c, const gw_usage_t *u);
 

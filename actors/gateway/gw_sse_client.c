@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "common/util.h"
@@ -150,6 +151,27 @@ static int s_events(gw_sse_client_t *c, const char *p, size_t n, gw_sse_event_fn
     return rc;
 }
 
+/* Writes iov[0] then iov[1] whole (a short write goes on where it stopped); -1 on an error. */
+static int s_writev_all(int fd, struct iovec iov[2])
+{
+    int at = 0;
+    while (at < 2) {
+        ssize_t n = writev(fd, iov + at, 2 - at);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return -1;
+        size_t left = (size_t)n;
+        while (at < 2 && left >= iov[at].iov_len)
+            left -= iov[at++].iov_len;
+        if (at < 2) {
+            iov[at].iov_base = (char *)iov[at].iov_base + left;
+            iov[at].iov_len -= left;
+        }
+    }
+    return 0;
+}
+
 int gw_sse_post(gw_sse_client_t *c, const char *path, const char *body, gw_sse_event_fn fn, void *arg, char *err,
                 size_t errlen)
 {
@@ -160,7 +182,10 @@ int gw_sse_post(gw_sse_client_t *c, const char *path, const char *body, gw_sse_e
     for (int attempt = 0;; attempt++) {
         if (c->fd < 0 && s_open(c, err, errlen) != 0)
             return -1;
-        if (write(c->fd, head, (size_t)hl) == hl && write(c->fd, body, bl) == (ssize_t)bl && s_line(c, line, sizeof line) == 0)
+        /* Head and body in one write: two (under TCP_NODELAY two segments) had the server wake for
+         * the head alone, then again for the body. */
+        struct iovec iov[2] = {{.iov_base = head, .iov_len = (size_t)hl}, {.iov_base = (void *)body, .iov_len = bl}};
+        if (s_writev_all(c->fd, iov) == 0 && s_line(c, line, sizeof line) == 0)
             break;
         close(c->fd);   /* a kept-alive connection the server had closed: once more on a fresh one */
         c->fd = -1;

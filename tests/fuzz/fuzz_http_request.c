@@ -69,6 +69,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         tb[i] = tb[i] ? tb[i] : 1;
     lc.kind = GW_COMPLETION;
     s_valid_json_as(gw_chunk_json(&lc, "", NULL, 0, 0, &lp, 1), JSON_ALLOW_NUL);
+    /* The same bytes (NUL-free now) as a streamed token's text: the chunk written directly is
+     * byte for byte the one jansson builds, for both kinds, first or not. */
+    char *text = malloc(size);
+    memcpy(text, tb, size - 1);
+    text[size - 1] = '\0';
+    for (int k = 0; k < 4; k++) {
+        lc.kind = k & 1 ? GW_CHAT : GW_COMPLETION;
+        char *direct = gw_chunk_json(&lc, text, NULL, k >> 1, k >> 1, NULL, 0);
+        char *tree = gw_chunk_json_tree(&lc, text, NULL, k >> 1, k >> 1, NULL, 0);
+        if (!direct || !tree || strcmp(direct, tree) != 0)
+            abort();
+        free(direct);
+        free(tree);
+    }
+    free(text);
     free(tb);
     /* The same bytes as an Authorization header value. */
     char *h = malloc(size);

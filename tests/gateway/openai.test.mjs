@@ -224,7 +224,9 @@ test('a client that disconnects mid-stream cancels its request', async () => {
   } catch (e) {
     assert.ok(e instanceof OpenAI.APIUserAbortError || e.name === 'AbortError', String(e));
   }
-  assert.equal(got, 3);
+  // Events that were in the SDK's buffer when it aborted may still be yielded: 3 or a few more,
+  // never the whole reply.
+  assert.ok(got >= 3 && got < 50, `${got} events after an abort at the third`);
   let now = before;
   for (let i = 0; i < 60 && now <= before; i++) {
     await sleep(500);

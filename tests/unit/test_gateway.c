@@ -410,6 +410,33 @@ static void test_n_choices(void **st)
     json_decref(j);
 }
 
+/* Stream chunks without logprobs are written directly, not through a jansson tree: byte for byte
+ * what the tree dumps, for every kind, flag and awkward text (escapes, controls, DEL, non-ASCII,
+ * past the BMP, invalid UTF-8 -> one U+FFFD). */
+static void test_chunk_direct(void **st)
+{
+    static const char *const texts[] = {"", "hello", " world\n", "\"q\" \\ /", "\t\b\f\r\x01\x1f\x7f",
+                                        "caf\xc3\xa9", "\xe2\x80\xa8 line sep", "\xf0\x9f\x98\x80 emoji",
+                                        "bad \xff byte", "cut \xe2\x82", "surrogate \xed\xa0\x80", NULL};
+    static const char *const finishes[] = {NULL, "stop", "length"};
+    for (int kind = 0; kind < 2; kind++)
+        for (size_t t = 0; t < sizeof texts / sizeof *texts; t++)
+            for (int f = 0; f < 3; f++)
+                for (int flags = 0; flags < 4; flags++) {
+                    gw_reply_ctx_t c = {.kind = kind ? GW_CHAT : GW_COMPLETION, .id = "chatcmpl-4000000000000abc",
+                                        .created = 1764633600, .model = t == 3 ? "m\"odel\xc3\xa9" : "kjv-dense",
+                                        .index = (uint32_t)t};
+                    char *fast = gw_chunk_json(&c, texts[t], finishes[f], flags & 1, flags >> 1, NULL, 0);
+                    char *tree = gw_chunk_json_tree(&c, texts[t], finishes[f], flags & 1, flags >> 1, NULL, 0);
+                    assert_non_null(fast);
+                    assert_non_null(tree);
+                    if (strcmp(fast, tree) != 0)
+                        fail_msg("kind %d text %zu finish %d flags %d:\n direct %s\n tree   %s", kind, t, f, flags, fast, tree);
+                    free(fast);
+                    free(tree);
+                }
+}
+
 static void test_keys(void **st)
 {
     topo_api_key_t k[2] = {{.key = "sk-alpha-123", .tenant = "alpha", .requests_per_minute = 2},
@@ -545,7 +572,7 @@ int main(void)
         cmocka_unit_test(test_usage_split),
         cmocka_unit_test(test_limit),     cmocka_unit_test(test_topology), cmocka_unit_test(test_error_utf8),
         cmocka_unit_test(test_top_logprobs_parse), cmocka_unit_test(test_top_logprobs_replies),
-        cmocka_unit_test(test_n_choices),
+        cmocka_unit_test(test_n_choices), cmocka_unit_test(test_chunk_direct),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
