@@ -597,7 +597,11 @@ static void s_answer_fetch(actor_t *a, cmgr_t *c, const msg_t *m)
         return;
     }
     ft->transfer_id = c->next_transfer;
-    ft->deadline_ms = now_ms() + FETCH_TIMEOUT_MS;
+    /* The segment is filled and then copied into the worker's pool before its ack: a long prefix
+     * (gigabytes) is given the time of both copies beyond FETCH_TIMEOUT_MS (fetch_policy.h's
+     * allowance, which the worker's hold counts too). */
+    const int64_t copy_ms = (int64_t)(2.0 * FETCH_COPY_MS_PER_MIB * (double)found * (double)c->block_bytes / (1 << 20));
+    ft->deadline_ms = now_ms() + FETCH_TIMEOUT_MS + copy_ms;
     const uint32_t words = (found + 63) / 64;
     uint32_t *ids = malloc(found * sizeof *ids);
     uint64_t *mask = calloc(words, sizeof *mask);
@@ -629,7 +633,7 @@ static void s_answer_fetch(actor_t *a, cmgr_t *c, const msg_t *m)
                      .n_kv_heads = (int)c->shape[2], .head_dim = (int)c->shape[3], .block_bytes = c->block_bytes};
     msg_t an;
     kvx_announce(&an, ft->transfer_id, m->id, &shape, ids, found, MSG_CHAN_SHM,
-                 (const uint8_t *)ft->seg.name, (uint32_t)strlen(ft->seg.name), c->name, FETCH_TIMEOUT_MS);
+                 (const uint8_t *)ft->seg.name, (uint32_t)strlen(ft->seg.name), c->name, FETCH_TIMEOUT_MS + copy_ms);
     r.u.cache_fetch_reply.found = found;
     r.u.cache_fetch_reply.transfer_id = ft->transfer_id;
     r.u.cache_fetch_reply.found_disk = from_disk;
