@@ -106,6 +106,10 @@ engine_status_t engine_load(engine_t *e, const engine_spec_t *s, char *err, size
     model_opts_t mo = s->model;
     if (mo.kv_block_size <= 0)
         mo.kv_block_size = DEFAULT_KV_BLOCK;
+    /* Random routers do not route as a trained model does; TROUPE_DUMMY_ROUTER_SKEW gives every
+     * process of a cluster a named skew (engine/router_skew.h) unless the caller named one. */
+    if (s->dummy && !mo.router_skew)
+        mo.router_skew = getenv("TROUPE_DUMMY_ROUTER_SKEW");
     /* Weights that disagree with config.json, or a model the device cannot hold: the model's fault. */
     if (!(e->model = model_load(e->model_dir, &e->cfg, e->ck, e->be, &mo, err, errlen)))
         return ENGINE_ERR_CONFIG;
@@ -122,6 +126,8 @@ engine_status_t engine_load(engine_t *e, const engine_spec_t *s, char *err, size
              dtype_name(e->kv_dtype), block_bytes, why);
         return ENGINE_ERR_CONFIG;
     }
+    if (model_router_skew_calibrate(e->model, e->pool, err, errlen) < 0)
+        return ENGINE_ERR_CONFIG;
     e->logit_rows = mo.max_logit_rows > 0 ? mo.max_logit_rows : mo.max_seqs > 0 ? mo.max_seqs : 64;
     if (!(e->logits = malloc((size_t)e->logit_rows * (size_t)e->cfg.vocab_size * sizeof(float))))
         return errf(err, errlen, "out of memory for %d rows of logits", e->logit_rows), ENGINE_ERR_RUNTIME;

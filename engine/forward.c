@@ -245,7 +245,7 @@ static void s_mlp(model_t *m, int l, int T)
         return;
     }
     const int renorm = c->arch == ARCH_MIXTRAL || c->norm_topk_prob;
-    PROF(m, P_MOE_ROUTE, op->matmul(be, m->xn, T, &L->router, NULL, m->rlogits));
+    PROF(m, P_MOE_ROUTE, op->matmul(be, m->xn, T, &L->router, L->router_bias, m->rlogits));
     PROF(m, P_MOE_ROUTE, op->moe_route(be, m->rlogits, T, c->num_experts, c->num_experts_per_tok, renorm, m->moe_ids, m->moe_w));
     if (m->ep)                    /* expert-parallel: dispatch to the group's ranks, combine back (engine/ep.h) */
         PROF(m, P_MOE_FFN, ep_moe_layer(m->ep, l, T, m->xn, m->moe_ids, m->moe_w, m->delta));

@@ -56,6 +56,9 @@ typedef struct model_opts {
      * loaded only when expert_keep(expert_ctx, layer, expert) says 1 (the fused layout loads all). */
     int (*expert_keep)(void *ctx, int layer, int expert);
     void *expert_ctx;
+    /* Dummy weights only: a bias on every MoE router so that routing follows a named load
+     * distribution ("zipf:1.2", "table:FILE"; NULL or "uniform": none): engine/router_skew.h. */
+    const char *router_skew;
 } model_opts_t;
 
 /* One sequence's part of a step. */
@@ -117,6 +120,18 @@ void model_profile_enable(model_t *m, int on);
  * counters back (a sync): call it once per stats window, never per step. 0, or -1 with err (a
  * dense model, a backend that does not count, a device error). */
 int model_expert_load(model_t *m, uint64_t *load, char *err, size_t errlen);
+
+/* The routing the MoE layers were loaded with: "uniform-random" (no router bias) or the router skew
+ * spec (model_opts_t.router_skew); and the busiest/average expert load the bias aims at in a layer
+ * (0: a dense layer or no skew). */
+const char *model_router_skew(const model_t *m);
+double model_router_skew_target(const model_t *m, int layer);
+/* Refines a router skew's bias on the model itself (engine/router_skew.c says why): prefills of
+ * random tokens in pool, counted by the MoE counters, which it leaves cleared. engine_load calls
+ * it; model_load alone gives the load-time fit. 0 (also without a skew), or -1 with err. */
+int model_router_skew_calibrate(model_t *m, kvpool_t *pool, char *err, size_t errlen);
+/* Tokens that refinement prefilled (0: none). */
+long model_router_skew_fit_tokens(const model_t *m);
 
 /* Decode steps recorded as a backend graph, and steps replayed from one, since load. */
 void model_graph_stats(const model_t *m, uint64_t *records, uint64_t *replays);

@@ -19,6 +19,11 @@ typedef struct model_layer {
     bk_mat_t gate, up, down;      /* dense MLP: [I][H], [I][H], [H][I] */
     bk_mat_t gate_up;             /* dense MLP: gate, up as one matrix (row ranges), or data NULL */
     bk_mat_t router;              /* MoE: [E][H] */
+    float *router_bias;           /* MoE, dummy weights with a router skew: device [E] f32 added to the
+                                     router logits (engine/router_skew.h); else NULL */
+    double skew_target;           /* the busiest/average expert load that bias aims at (0: none) */
+    double skew_sigma;            /* the spread of this layer's router logits the bias is scaled by */
+    double skew_measured;         /* busiest/average measured in the last round of the fit on the model */
     bk_expert_t *experts;         /* MoE: host [E], each pointing at device weights */
     /* DeepSeek-V3 (engine/mla_load.c). MLA: q_a [qr][H] and q_b [nH*qk][qr], or q [nH*qk][H] when
      * q_lora_rank is null; kv_a [kvr+dr][H]; kv_b [nH*(dn+dv)][kvr] re-laid per head for the
@@ -82,6 +87,10 @@ struct model {
     int32_t *argmax;              /* [R] (reserved for device-side greedy) */
 
     size_t weight_bytes, active_weight_bytes;
+    char router_skew[160];        /* model_router_skew: "uniform-random" or the skew's spec */
+    double *skew_share;           /* router skew: host [layers][E] target share per expert, or NULL */
+    float *skew_bias;             /* router skew: host [layers][E] the bias as last uploaded */
+    long skew_tokens;             /* tokens the fit on the model prefilled (model_router_skew_calibrate) */
 
     /* DeepSeek-V3 (engine/mla.c): MLA and routed-MoE activations, sized for T rows; the RoPE
      * part's cos/sin multiplier (YaRN's attention factor); the MTP layer, or NULL. */
@@ -116,6 +125,10 @@ void *model_alloc(model_t *m, size_t bytes, const char *what, char *err, size_t 
 int model_load_expert(model_t *m, ckpt_t *ck, int l, int e, bk_expert_t *x, char *err, size_t errlen);
 /* Releases one weight matrix the model placed (its data and scales) before model_destroy. */
 void model_release_mat(model_t *m, const bk_mat_t *w);
+
+/* The router bias of opts.router_skew on every MoE layer (engine/router_skew.c), after the
+ * weights are placed; 0, or -1 with err (a real checkpoint, a bad spec or table). */
+int model_router_skew_apply(model_t *m, ckpt_t *ck, char *err, size_t errlen);
 
 /* Allocates and zeroes moe_counts (engine/model_expert_load.c); 0, or -1 with err. */
 int model_expert_load_init(model_t *m, char *err, size_t errlen);

@@ -455,6 +455,8 @@ model_t *model_load(const char *model_dir, const model_config_t *cfg, ckpt_t *ck
     } else if (s_mat(m, ck, &m->lm_head, V, H, err, errlen, "lm_head.weight") < 0) {
         goto fail;
     }
+    if (model_router_skew_apply(m, ck, err, errlen) < 0)
+        goto fail;
     m->weight_bytes = layer_bytes + s_bytes(&m->lm_head);
     m->active_weight_bytes = active_bytes + s_bytes(&m->lm_head);
 
@@ -530,6 +532,8 @@ void model_destroy(model_t **self_p)
     free(m->weights);
     free(m->allocs);
     free(m->h_meta);
+    free(m->skew_share);
+    free(m->skew_bias);
     free(m);
     *self_p = NULL;
 }

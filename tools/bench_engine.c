@@ -4,7 +4,7 @@
  *   troupe-bench-engine MODEL_DIR [--backend cpu|cuda|cuda:N] [--dtype bf16|f16|f32]
  *       [--kv-dtype auto|f32|bf16|f16|fp8] [--load-format auto|dummy] [--threads N]
  *       [--prompt-len 1000] [--batch 1,16,64,256] [--steps 32] [--chunk 2048] [--mixed N]
- *       [--copy-bw TB/s] [--profile] [--json FILE]
+ *       [--copy-bw TB/s] [--profile] [--json FILE] [--router-skew uniform|zipf:S|table:FILE]
  *       [--verify-table [--max-k 7] [--accept 0.6,0.8]]
  *
  * What it measures, in one process with one weight load:
@@ -22,7 +22,10 @@
  *     Each row decodes from its own random token, so rows diverge from the first step. An MoE
  *     model's bytes count the experts one more (untimed) step really routes to (the MoE load
  *     counters: distinct experts per layer), not the uniform-routing guess, which the JSON keeps
- *     as bytes_per_step_uniform_routing. Dummy weights route as random weights do: no skew.
+ *     as bytes_per_step_uniform_routing. Dummy weights route as random weights do, close to
+ *     uniformly, unless --router-skew (or TROUPE_DUMMY_ROUTER_SKEW) biases their routers toward a
+ *     named load distribution (engine/router_skew.h); the routing used is printed, and with a skew
+ *     each level also prints the busiest/average expert load of that step against the target.
  *   - --mixed N: at the largest batch B, a colocated step (as a decode worker without prefill
  *     workers runs it): B decode rows and a fresh N-token prompt in ONE forward, next to the prompt
  *     alone; each the median of 3. mixed - prompt alone is what the decode rows cost inside a mixed
@@ -65,14 +68,17 @@ static const char *s_usage =
     "usage: troupe-bench-engine MODEL_DIR [--backend cpu|cuda|cuda:N] [--dtype bf16|f16|f32]\n"
     "         [--kv-dtype auto|f32|bf16|f16|fp8] [--load-format auto|dummy] [--threads N]\n"
     "         [--prompt-len N] [--batch 1,16,64,256] [--steps N] [--chunk N] [--mixed N]\n"
-    "         [--copy-bw TB/s] [--profile] [--json FILE]\n"
+    "         [--copy-bw TB/s] [--profile] [--json FILE] [--router-skew uniform|zipf:S|table:FILE]\n"
     "         [--verify-table [--max-k 7] [--accept 0.6,0.8]]\n"
     "--kv-dtype auto (default) keeps the KV cache in the weights' dtype; fp8 is E4M3 with scale 1.\n"
+    "--router-skew (dummy weights; default TROUPE_DUMMY_ROUTER_SKEW, else uniform): MoE routers biased so\n"
+    "that expert choice follows a Zipf law of exponent S or a troupe-expert-load table (docs/experts.md).\n"
     "--verify-table: the step cost of k + 1 rows per sequence (k = 0..max-k) at each --batch, and the\n"
     "speedup each implies at acceptance rates --accept (default batches there 1,2,4,...,256).\n";
 
 typedef struct opts {
     const char *model_dir, *backend, *json;
+    const char *router_skew;      /* --router-skew, NULL: TROUPE_DUMMY_ROUTER_SKEW or none */
     int dummy, threads, prompt_len, steps, chunk, profile, mixed;
     dtype_t dtype;                /* the dummy weights'; DT_COUNT: the config's */
     dtype_t kv_dtype;             /* DT_COUNT: auto (the weights' dtype) */
@@ -145,6 +151,8 @@ static int s_parse(int argc, char **argv, opts_t *o)
             rc = arg_kv_dtype(T, a, v, &o->kv_dtype);
         else if (!strcmp(a, "--json"))
             o->json = v;
+        else if (!strcmp(a, "--router-skew"))
+            o->router_skew = v;
         else if (!strcmp(a, "--load-format")) {
             if (strcmp(v, "dummy") && strcmp(v, "auto"))
                 return s_bad(a, v);
@@ -390,7 +398,10 @@ static int s_open(bench_t *b)
     const int verify_rows = o->verify ? b->max_b * (o->max_k + 1) : 0;   /* every row's logits */
     max_tokens = verify_rows > max_tokens ? verify_rows : max_tokens;
     s.model = (model_opts_t){.max_tokens = max_tokens, .max_seqs = b->max_b + 1, .max_context = b->ctx,
-                             .kv_block_size = KV_BLOCK, .max_logit_rows = verify_rows > b->max_b + 1 ? verify_rows : 0};
+                             .kv_block_size = KV_BLOCK, .max_logit_rows = verify_rows > b->max_b + 1 ? verify_rows : 0,
+                             .router_skew = o->router_skew};
+    if (o->router_skew && !o->dummy)
+        return s_fail("--router-skew %s needs --load-format dummy (a checkpoint routes as trained)", o->router_skew);
     s.kv_blocks = (long)(b->max_b + 2) * ((b->ctx + KV_BLOCK - 1) / KV_BLOCK);
     int64_t t0 = now_ns();
     if (!(b->e = engine_open(o->model_dir, &s, NULL, b->err, sizeof b->err)))
@@ -404,6 +415,22 @@ static int s_open(bench_t *b)
            "(%s), loaded in %.1f s\n", o->model_dir, o->dummy ? "dummy weights" : "checkpoint",
            dtype_name(b->e->weights_dtype), b->e->be->ops->name, b->wbytes / 1e9, b->abytes / 1e9, b->kv_tok / 1e3,
            dtype_name(b->e->kv_dtype), load_s);
+    if (b->e->cfg.num_experts > 0) {
+        const char *skew = model_router_skew(b->e->model);
+        const int uniform = !strcmp(skew, "uniform-random");
+        double target = 0;
+        for (int l = 0; l < b->e->cfg.num_layers; l++) {
+            const double t = model_router_skew_target(b->e->model, l);
+            target = t > target ? t : target;
+        }
+        if (uniform)
+            printf("routing: %s\n",
+                   o->dummy ? "uniform-random (dummy weights' routers, no skew)" : "the checkpoint's routers");
+        else
+            printf("routing: skew %s (router bias on dummy weights; target busiest/average expert load up to %.2f)\n",
+                   skew, target);
+        json_object_set_new(b->root, "routing", json_string(uniform && !o->dummy ? "checkpoint" : skew));
+    }
     return 0;
 }
 
@@ -519,7 +546,7 @@ static int s_bench_level(bench_t *b, int lv)
     /* MoE: the experts one more (untimed) step routes to, from the MoE counters, instead of the
      * uniform-routing guess: the bytes it really reads. */
     const model_config_t *cfg = &b->e->cfg;
-    double routed_bytes = -1, used_mean = 0;
+    double routed_bytes = -1, used_mean = 0, busiest_mean = 0;
     int moe_layers = 0;
     if (cfg->num_experts > 0 && b->e->be->ops->moe_count) {
         const size_t n = (size_t)cfg->num_layers * (size_t)cfg->num_experts;
@@ -535,13 +562,20 @@ static int s_bench_level(bench_t *b, int lv)
             if (appended == B && model_forward(b->e->model, &mb, b->e->logits, b->err, sizeof b->err) == 0 &&
                 model_expert_load(b->e->model, cnt, err, sizeof err) == 0) {
                 for (int l = 0; l < cfg->num_layers; l++) {
-                    for (int x = 0; x < cfg->num_experts; x++)
-                        used[l] += cnt[(size_t)l * cfg->num_experts + x] > 0;
+                    uint64_t mx = 0, sum = 0;
+                    for (int x = 0; x < cfg->num_experts; x++) {
+                        const uint64_t c = cnt[(size_t)l * cfg->num_experts + x];
+                        used[l] += c > 0;
+                        mx = c > mx ? c : mx;
+                        sum += c;
+                    }
                     if (config_layer_is_moe(cfg, l)) {
                         moe_layers++;
                         used_mean += used[l];
+                        busiest_mean += sum ? (double)mx * cfg->num_experts / (double)sum : 0;
                     }
                 }
+                busiest_mean = moe_layers ? busiest_mean / moe_layers : 0;
                 used_mean = moe_layers ? used_mean / moe_layers : 0;
                 if (used_mean > 0)   /* else the counters are off (TROUPE_MOE_COUNT=0): the guess stays */
                     routed_bytes = s_step_weight_bytes_routed(cfg, b->wbytes, b->abytes, used);
@@ -561,9 +595,14 @@ static int s_bench_level(bench_t *b, int lv)
         printf("         MoE: %.1f of %d experts per layer routed to in a step (uniform routing: %.1f); GB/step "
                "counts those\n", used_mean, cfg->num_experts,
                cfg->num_experts * (1.0 - pow(1.0 - (double)cfg->num_experts_per_tok / cfg->num_experts, B)));
+    if (routed_bytes >= 0)
+        printf("         MoE: busiest/average expert load in that step %.2f (mean over layers; %d routed (token, "
+               "expert) pairs)\n",
+               busiest_mean, B * cfg->num_experts_per_tok);
     json_t *jl = json_object();
     if (routed_bytes >= 0) {
         json_object_set_new(jl, "experts_routed_per_layer", json_real(used_mean));
+        json_object_set_new(jl, "expert_busiest_over_avg", json_real(busiest_mean));
         json_object_set_new(jl, "bytes_per_step_uniform_routing", json_real(uniform + kv_bytes));
     }
     json_object_set_new(jl, "batch", json_integer(B));
