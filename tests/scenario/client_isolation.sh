@@ -19,15 +19,20 @@ from troupe_client import Client, TYPE_NUM
 ep = sys.argv[1]
 a, b = Client(ep, 60), Client(ep, 60)
 a.send("submit", id=4242, tokens=list(range(1, 9)), stream=True,
-       sampling={"max_tokens": 12, "ignore_eos": True})
-b.send("cancel", id=4242)
+       sampling={"max_tokens": 48, "ignore_eos": True})
+# b's cancel only once the request is in flight (its first token came back): the two connections'
+# frames reach the router in no set order, and a cancel of an id not yet known is ignored.
+sent = False
 while True:
     m = a.recv(60)
     assert m is not None, "no reply for the request"
+    if not sent:
+        b.send("cancel", id=4242)
+        sent = True
     if m["type"] in ("done", "error"):
         break
 print("--- request after another connection's cancel:", m["type"], m.get("finish_name"), m.get("usage"))
-assert m["type"] == "done" and m["finish_name"] != "cancelled" and m["usage"]["completion_tokens"] == 12, \
+assert m["type"] == "done" and m["finish_name"] != "cancelled" and m["usage"]["completion_tokens"] == 48, \
     "another connection's cancel ended the request: %s" % m
 e = b.recv(10)
 print("--- the other connection's cancel:", e and e.get("message"))
