@@ -35,8 +35,17 @@ cleanup() {
 trap cleanup EXIT
 
 # A free tcp port on loopback (bind to 0, read it back).
+# A port free now and not handed out before in this test: the kernel may give a just-closed
+# ephemeral port again, and two endpoints of one topology on the same port make it invalid
+# (the ports handed out are remembered in $WORK/.ports: free_port runs in $(...) subshells).
 free_port() {
-  /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+  local p i
+  for i in 1 2 3 4 5 6 7 8 9 10; do
+    p=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()')
+    grep -qx "$p" "$WORK/.ports" 2>/dev/null || break
+  done
+  echo "$p" >>"$WORK/.ports"
+  echo "$p"
 }
 
 # make_topology FILE [extra yaml appended]: a one-machine CPU cluster of every role on free ports.
