@@ -381,6 +381,20 @@ static int s_matched(router_t *r, const uint64_t *hashes, int n, int bit)
     return k;
 }
 
+/* A prefill_request's hint: the leading blocks of the prompt the cache-manager's host store holds,
+ * so the prefill worker fetches what its own pool lacks instead of recomputing it (none: no hint).
+ * holder is the caller's and must live until p is sent. */
+static void s_host_hint(router_t *r, msg_prefill_request_t *p, const uint64_t *hashes, int n_hashes,
+                        msg_cache_holder_t *holder)
+{
+    const int host = r->cache_manager ? s_matched(r, hashes, n_hashes, HOST_BIT) : 0;
+    *holder = (msg_cache_holder_t){.holder = r->cache_manager, .tier = MSG_TIER_HOST, .matched_blocks = (uint32_t)host};
+    p->hint_hashes = host > 0 ? hashes : NULL;
+    p->n_hint_hashes = host > 0 ? (uint32_t)host : 0;
+    p->hint_holders = host > 0 ? holder : NULL;
+    p->n_hint_holders = host > 0 ? 1 : 0;
+}
+
 /* Prefill choice: the most prompt already cached there (own pool; the host store helps every
  * worker equally) minus the prompt tokens already queued there. Decode: the fewest requests.
  * Colocated (no prefill actors): the decode worker is chosen as the prefill one is, and computes
@@ -538,16 +552,8 @@ static int s_on_submit(actor_t *a, void *state, const actor_peer_t *from, msg_t 
     p->prompt_cache_key = s->prompt_cache_key;
     p->cache_retention_s = s->cache_retention_s;
     p->deadline_ms = s->timeout_ms ? (uint64_t)(wall_ms() + s->timeout_ms) : 0;
-    /* Hint: the leading blocks the cache-manager's host store holds; the prefill worker fetches
-     * what its own pool lacks instead of recomputing it. */
-    int host = r->cache_manager ? s_matched(r, hashes, n_hashes, HOST_BIT) : 0;
-    msg_cache_holder_t holder = {.holder = r->cache_manager, .tier = MSG_TIER_HOST, .matched_blocks = (uint32_t)host};
-    if (host > 0) {
-        p->hint_hashes = hashes;
-        p->n_hint_hashes = (uint32_t)host;
-        p->hint_holders = &holder;
-        p->n_hint_holders = 1;
-    }
+    msg_cache_holder_t holder;
+    s_host_hint(r, p, hashes, n_hashes, &holder);
     int rc = actor_send(a, r->workers[pi].name, &pr);
     if (rc == 0 && msg_clone(&pr, &q->pr, err, sizeof err) != 0)
         msg_init(&q->pr, MSG_NONE, 0);   /* no copy: this request just cannot be re-routed */
@@ -1044,17 +1050,8 @@ static int s_migrate(actor_t *a, router_t *r, rq_t *q, int lost)
             p->sampling.seed = (int64_t)(XXH3_64bits_withSeed(&q->completion, sizeof q->completion,
                                                               (uint64_t)op->sampling.seed) >> 1);
         p->decode_worker = r->workers[di].name;
-        p->n_hint_hashes = p->n_hint_holders = 0;
-        p->hint_hashes = NULL;
-        p->hint_holders = NULL;
-        const int host = r->cache_manager ? s_matched(r, hashes, n_hashes, HOST_BIT) : 0;
-        msg_cache_holder_t holder = {.holder = r->cache_manager, .tier = MSG_TIER_HOST, .matched_blocks = (uint32_t)host};
-        if (host > 0) {
-            p->hint_hashes = hashes;
-            p->n_hint_hashes = (uint32_t)host;
-            p->hint_holders = &holder;
-            p->n_hint_holders = 1;
-        }
+        msg_cache_holder_t holder;
+        s_host_hint(r, p, hashes, n_hashes, &holder);
         rc = actor_send(a, r->workers[pi].name, &pr);
         if (rc != 0)
             u64map_del(&r->by_id, id);
