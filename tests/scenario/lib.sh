@@ -48,6 +48,20 @@ free_port() {
   echo "$p"
 }
 
+# stream_summary: a troupe-client --json reply stream on stdin (one JSON message after another) ->
+# "comma-joined token ids, the final message's type" on one line.
+stream_summary() {
+  /usr/bin/python3 -c 'import json, sys
+line, dec, pos, toks, fin = sys.stdin.read(), json.JSONDecoder(), 0, [], None
+while pos < len(line):
+    while pos < len(line) and line[pos].isspace(): pos += 1
+    if pos >= len(line): break
+    m, pos = dec.raw_decode(line, pos)
+    if m["type"] == "token": toks += m["tokens"]
+    else: fin = m
+print(",".join(map(str, toks)), fin and fin.get("type"))'
+}
+
 # make_topology FILE [extra yaml appended]: a one-machine CPU cluster of every role on free ports.
 # On a GPU node: BACKEND=cuda NODE_GPUS=N PREFILL_GPUS='[0]' DECODE_GPUS='[1]' places the workers
 # (with BACKEND=cuda both default to GPU 0).

@@ -71,15 +71,7 @@ cluster() {   # cluster SPEC OUT
   : > "$2"
   for i in "${!prompts[@]}"; do
     timeout 120 "$BIN/troupe-client" --topology "$topo" --json submit --temperature 0 --ignore-eos \
-      --max-tokens "${maxes[$i]}" "${prompts[$i]}" | $py -c 'import json, sys
-line, dec, pos, toks, fin = sys.stdin.read(), json.JSONDecoder(), 0, [], None
-while pos < len(line):
-    while pos < len(line) and line[pos].isspace(): pos += 1
-    if pos >= len(line): break
-    m, pos = dec.raw_decode(line, pos)
-    if m["type"] == "token": toks += m["tokens"]
-    else: fin = m
-print(",".join(map(str, toks)), fin and fin.get("type"))' >> "$2" || fail "troupe-client failed"
+      --max-tokens "${maxes[$i]}" "${prompts[$i]}" | stream_summary >> "$2" || fail "troupe-client failed"
   done
 }
 cluster off "$WORK/plain"

@@ -58,15 +58,7 @@ for dir in $models; do
     while read -r ids args; do
       # shellcheck disable=SC2086
       timeout 120 "$BIN/troupe-client" --topology "$WORK/$name.yaml" --json submit --ids "$ids" --temperature 0 \
-        --ignore-eos $args | /usr/bin/python3 -c 'import json, sys
-line, dec, pos, toks, fin = sys.stdin.read(), json.JSONDecoder(), 0, [], None
-while pos < len(line):
-    while pos < len(line) and line[pos].isspace(): pos += 1
-    if pos >= len(line): break
-    m, pos = dec.raw_decode(line, pos)
-    if m["type"] == "token": toks += m["tokens"]
-    else: fin = m
-print(",".join(map(str, toks)), fin and fin.get("type"))' >> "$2" || fail "$name: troupe-client failed"
+        --ignore-eos $args | stream_summary >> "$2" || fail "$name: troupe-client failed"
     done < "$WORK/$name.prompts"
   }
   cluster off "$WORK/$name.plain"

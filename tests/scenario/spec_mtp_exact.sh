@@ -29,15 +29,7 @@ print(sum(m["value"] for a in json.load(sys.stdin)["actors"] if a.get("role") ==
 submit() {   # submit TOPOLOGY MAX PROMPT [client args]: "ids final-type"
   local topo=$1 max=$2 p=$3; shift 3
   timeout 120 "$BIN/troupe-client" --topology "$topo" --json submit --ignore-eos --max-tokens "$max" "$@" "$p" \
-    | $py -c 'import json, sys
-line, dec, pos, toks, fin = sys.stdin.read(), json.JSONDecoder(), 0, [], None
-while pos < len(line):
-    while pos < len(line) and line[pos].isspace(): pos += 1
-    if pos >= len(line): break
-    m, pos = dec.raw_decode(line, pos)
-    if m["type"] == "token": toks += m["tokens"]
-    else: fin = m
-print(",".join(map(str, toks)), fin and fin.get("type"))'
+    | stream_summary
 }
 stop_cluster() { kill -TERM "$SUP_PID"; wait "$SUP_PID" || fail "supervisor exit $?"; SUP_PID=; }
 
