@@ -5,7 +5,7 @@
  *       [--kv-dtype auto|f32|bf16|f16|fp8] [--load-format auto|dummy] [--threads N]
  *       [--prompt-len 1000] [--batch 1,16,64,256] [--steps 32] [--chunk 2048] [--mixed N]
  *       [--copy-bw TB/s] [--profile] [--json FILE] [--router-skew uniform|zipf:S|table:FILE]
- *       [--verify-table [--max-k 7] [--accept 0.6,0.8]]
+ *       [--prompts distinct|shared] [--seed N] [--verify-table [--max-k 7] [--accept 0.6,0.8]]
  *
  * What it measures, in one process with one weight load:
  *   - prefill: one --prompt-len prompt of random ids, prefilled in chunks of --chunk tokens
@@ -13,19 +13,25 @@
  *   - decode, per batch size B: B sequences of --prompt-len tokens of context, then --steps
  *     greedy steps of the whole batch (2 warm-up steps first), the device argmax bringing back
  *     only token ids (as the decode worker does). Reported: the step time (median), tokens/s,
- *     the bytes one step must read (every weight once, plus each sequence's K and V at the KV
- *     cache's dtype: --kv-dtype, auto = the weights'), and those bytes per second as a fraction
- *     of --copy-bw (the copy bandwidth measured in the same run).
- *     The context of every sequence is a copy of the prefilled prompt's KV blocks (distinct
- *     memory per sequence, so the attention reads what it would in serving, not one cached
- *     copy); computing B real prefills would cost B times the prefill for the same step time.
- *     Each row decodes from its own random token, so rows diverge from the first step. An MoE
- *     model's bytes count the experts one more (untimed) step really routes to (the MoE load
- *     counters: distinct experts per layer), not the uniform-routing guess, which the JSON keeps
- *     as bytes_per_step_uniform_routing. Dummy weights route as random weights do, close to
- *     uniformly, unless --router-skew (or TROUPE_DUMMY_ROUTER_SKEW) biases their routers toward a
- *     named load distribution (engine/router_skew.h); the routing used is printed, and with a skew
- *     each level also prints the busiest/average expert load of that step against the target.
+ *     the bytes a step reads (below), the time those bytes take at --copy-bw (the copy bandwidth
+ *     measured in the same run: the bound) and the bound over the step time.
+ *     Contexts (--prompts): distinct (the default) gives every row its own prompt of random ids
+ *     (row r's from a generator seeded by --seed and r, so a run repeats), all prefilled once
+ *     before the first level (several rows per forward, up to --chunk tokens) and reused by every
+ *     level, each cut back to its prompt after a level; shared gives every row a copy of one
+ *     prompt's KV blocks (distinct memory, one content: cheap to set up, but an MoE model's rows
+ *     then route alike, since a token's hidden state depends on its context). Each row decodes
+ *     from its own random token.
+ *     The bytes of a step: the dense weights once, each sequence's K and V at the KV cache's
+ *     dtype (--kv-dtype, auto = the weights'), and of an MoE model's experts only those the step
+ *     routed to: after every timed step (outside its time) the MoE load counters are read, and
+ *     each MoE layer's distinct experts with at least one token count once. The mean over the
+ *     timed steps is reported (with the range); the uniform-routing guess (1 - (1 - k/E)^B of
+ *     the experts) stays in the JSON as bytes_per_step_uniform_routing, and is what is counted
+ *     when the counters are off (TROUPE_MOE_COUNT=0; said). Dummy weights route as their random
+ *     routers do unless --router-skew (or TROUPE_DUMMY_ROUTER_SKEW) biases them toward a named load
+ *     distribution (engine/router_skew.h); the routing and the prompt mode used are printed, and
+ *     each level prints the experts read per layer and the busiest/average expert load.
  *   - --mixed N: at the largest batch B, a colocated step (as a decode worker without prefill
  *     workers runs it): B decode rows and a fresh N-token prompt in ONE forward, next to the prompt
  *     alone; each the median of 3. mixed - prompt alone is what the decode rows cost inside a mixed
@@ -69,10 +75,12 @@ static const char *s_usage =
     "         [--kv-dtype auto|f32|bf16|f16|fp8] [--load-format auto|dummy] [--threads N]\n"
     "         [--prompt-len N] [--batch 1,16,64,256] [--steps N] [--chunk N] [--mixed N]\n"
     "         [--copy-bw TB/s] [--profile] [--json FILE] [--router-skew uniform|zipf:S|table:FILE]\n"
-    "         [--verify-table [--max-k 7] [--accept 0.6,0.8]]\n"
+    "         [--prompts distinct|shared] [--seed N] [--verify-table [--max-k 7] [--accept 0.6,0.8]]\n"
     "--kv-dtype auto (default) keeps the KV cache in the weights' dtype; fp8 is E4M3 with scale 1.\n"
     "--router-skew (dummy weights; default TROUPE_DUMMY_ROUTER_SKEW, else uniform): MoE routers biased so\n"
     "that expert choice follows a Zipf law of exponent S or a troupe-expert-load table (docs/experts.md).\n"
+    "--prompts distinct (default): every row its own random prompt (from --seed, default 1), prefilled once;\n"
+    "shared: every row a copy of one prompt's KV (an MoE model's rows then route alike).\n"
     "--verify-table: the step cost of k + 1 rows per sequence (k = 0..max-k) at each --batch, and the\n"
     "speedup each implies at acceptance rates --accept (default batches there 1,2,4,...,256).\n";
 
@@ -80,6 +88,8 @@ typedef struct opts {
     const char *model_dir, *backend, *json;
     const char *router_skew;      /* --router-skew, NULL: TROUPE_DUMMY_ROUTER_SKEW or none */
     int dummy, threads, prompt_len, steps, chunk, profile, mixed;
+    int shared;                   /* --prompts shared: every row a copy of one prompt */
+    long long seed;               /* --seed: the rows' prompts */
     dtype_t dtype;                /* the dummy weights'; DT_COUNT: the config's */
     dtype_t kv_dtype;             /* DT_COUNT: auto (the weights' dtype) */
     int batch[MAX_LEVELS], n_levels;
@@ -115,7 +125,7 @@ static int s_parse(int argc, char **argv, opts_t *o)
     static const char *T = "troupe-bench-engine";
     *o = (opts_t){.backend = "cpu", .prompt_len = 1000, .steps = 32, .chunk = 2048, .threads = 0,
                   .batch = {1, 16, 64, 256}, .n_levels = 4, .dtype = DT_COUNT, .kv_dtype = DT_COUNT,
-                  .max_k = 7, .accept = {0.6, 0.8}, .n_accept = 2};
+                  .max_k = 7, .accept = {0.6, 0.8}, .n_accept = 2, .seed = 1};
     int batch_given = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -153,6 +163,12 @@ static int s_parse(int argc, char **argv, opts_t *o)
             o->json = v;
         else if (!strcmp(a, "--router-skew"))
             o->router_skew = v;
+        else if (!strcmp(a, "--prompts")) {
+            if (strcmp(v, "distinct") && strcmp(v, "shared"))
+                return s_bad(a, v);
+            o->shared = !strcmp(v, "shared");
+        } else if (!strcmp(a, "--seed"))
+            rc = arg_ll(T, a, v, 0, 1LL << 62, &o->seed);
         else if (!strcmp(a, "--load-format")) {
             if (strcmp(v, "dummy") && strcmp(v, "auto"))
                 return s_bad(a, v);
@@ -213,7 +229,8 @@ static double s_step_weight_bytes(const model_config_t *c, size_t total, size_t 
 }
 
 /* The same with the experts a step actually routed to: used [L] distinct experts per layer (the
- * dense layers' entries ignored), from one step's MoE counters. */
+ * dense layers' entries ignored), from one step's MoE counters. Every MoE layer's experts are
+ * taken to be of one size. */
 static double s_step_weight_bytes_routed(const model_config_t *c, size_t total, size_t active, const int *used)
 {
     const int E = c->num_experts, k = c->num_experts_per_tok;
@@ -235,6 +252,15 @@ static double s_median(double *v, int n)
 {
     qsort(v, (size_t)n, sizeof *v, s_cmp_double);
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* Row r's prompt generator (--prompts distinct): splitmix64 from --seed and r. */
+static uint64_t s_splitmix(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
 }
 
 static uint64_t s_rng = 0x9E3779B97F4A7C15ull;
@@ -291,11 +317,18 @@ typedef struct bench {
     int max_b;                    /* the largest batch */
     int ctx;                      /* tokens per sequence: the prompt, every step, --mixed's prompt */
     int chunk;                    /* prefill chunk */
+    int rows_per_prefill;         /* --prompts distinct: rows prefilled in one forward */
     kvseq_t **seqs;               /* [max_b + 2]: [0, max_b) decode, max_b the prefilled template, max_b + 1 --mixed's prompt */
     model_seq_t *ms;              /* [max_b + 1] */
     int32_t *ids;                 /* [prompt_len] the template's prompt */
     int32_t *out;                 /* [max_b + 1] each row's next id (the device argmax) */
     double *step_ms;              /* [steps] */
+    double *step_bytes;           /* [steps] bytes each timed step read: weights (routed experts) + KV */
+    double *step_kv;              /* [steps] of which KV */
+    double *step_used;            /* [steps] distinct experts per MoE layer, mean over layers (0: not counted) */
+    double *step_busiest;         /* [steps] busiest/average expert load, mean over MoE layers */
+    uint64_t *cnt;                /* [layers][experts] one step's MoE counts; NULL: not an MoE model, or no counters */
+    int *used;                    /* [layers] distinct experts of one step */
     size_t wbytes, abytes, kv_tok;    /* weight bytes (all, per token), KV bytes per token */
     json_t *root, *levels;
     char err[1024];
@@ -395,6 +428,8 @@ static int s_open(bench_t *b)
     s.kv_dtype_option = "--kv-dtype";
     s.dummy_option = "--load-format dummy";
     int max_tokens = b->max_b + o->mixed > b->chunk ? b->max_b + o->mixed : b->chunk;
+    const int rows_tokens = o->shared ? 0 : b->rows_per_prefill * b->chunk;   /* distinct rows' prefills */
+    max_tokens = rows_tokens > max_tokens ? rows_tokens : max_tokens;
     const int verify_rows = o->verify ? b->max_b * (o->max_k + 1) : 0;   /* every row's logits */
     max_tokens = verify_rows > max_tokens ? verify_rows : max_tokens;
     s.model = (model_opts_t){.max_tokens = max_tokens, .max_seqs = b->max_b + 1, .max_context = b->ctx,
@@ -430,7 +465,16 @@ static int s_open(bench_t *b)
             printf("routing: skew %s (router bias on dummy weights; target busiest/average expert load up to %.2f)\n",
                    skew, target);
         json_object_set_new(b->root, "routing", json_string(uniform && !o->dummy ? "checkpoint" : skew));
+        const size_t n = (size_t)b->e->cfg.num_layers * (size_t)b->e->cfg.num_experts;
+        if (b->e->be->ops->moe_count && (!(b->cnt = calloc(n, sizeof *b->cnt)) ||
+                                         !(b->used = calloc((size_t)b->e->cfg.num_layers, sizeof *b->used))))
+            return s_fail("out of memory");
     }
+    if (o->shared)
+        printf("prompts: shared: every row's context a copy of one %d-token prompt's KV\n", o->prompt_len);
+    json_object_set_new(b->root, "prompts", json_string(o->shared ? "shared" : "distinct"));
+    if (!o->shared)
+        json_object_set_new(b->root, "prompt_seed", json_integer(o->seed));
     return 0;
 }
 
@@ -461,51 +505,148 @@ static int s_bench_prefill(bench_t *b)
     return 0;
 }
 
-/* seqs[0, B): copies of the template's KV blocks (distinct memory per sequence), each with a
- * random next id. */
+/* seqs[0, B) for a level, each with a random next id: --prompts distinct, the rows' own prompts
+ * (prefilled once by s_prefill_rows) cut back to their prompt; shared, copies of the template's KV
+ * blocks (distinct memory per sequence, one content). */
 static int s_contexts(bench_t *b, int B)
 {
     engine_t *e = b->e;
     const kvseq_t *tmpl = b->seqs[b->max_b];
     for (int s = 0; s < B; s++) {
-        if (!(b->seqs[s] = kvseq_new(e->pool, b->ctx, 1000 + (uint64_t)s)) ||
-            kvseq_append(b->seqs[s], kvseq_tokens(tmpl), b->o->prompt_len) < 0)
-            return s_fail("the KV pool cannot hold %d sequences", B);
-        for (int k = 0; k < kvseq_n_blocks(tmpl); k++)
-            e->be->ops->copy(e->be, kvpool_block_ptr(e->pool, kvseq_blocks(b->seqs[s])[k]),
-                             kvpool_block_ptr(e->pool, kvseq_blocks(tmpl)[k]), kvpool_view(e->pool)->block_bytes);
+        if (!b->o->shared) {
+            if (kvseq_truncate(b->seqs[s], b->o->prompt_len) != 0)
+                return s_fail("cannot cut row %d back to its %d-token prompt", s, b->o->prompt_len);
+        } else {
+            if (!(b->seqs[s] = kvseq_new(e->pool, b->ctx, 1000 + (uint64_t)s)) ||
+                kvseq_append(b->seqs[s], kvseq_tokens(tmpl), b->o->prompt_len) < 0)
+                return s_fail("the KV pool cannot hold %d sequences", B);
+            for (int k = 0; k < kvseq_n_blocks(tmpl); k++)
+                e->be->ops->copy(e->be, kvpool_block_ptr(e->pool, kvseq_blocks(b->seqs[s])[k]),
+                                 kvpool_block_ptr(e->pool, kvseq_blocks(tmpl)[k]), kvpool_view(e->pool)->block_bytes);
+        }
         b->out[s] = s_rand_id(e->cfg.vocab_size);
     }
     e->be->ops->sync(e->be);
     return 0;
 }
 
-/* --steps greedy steps of B rows (after the warm-ups; with --profile 3 more under the profile):
- * *med the median step, *kv_bytes the KV the first timed step read. */
-static int s_steps(bench_t *b, int B, double *med, double *kv_bytes)
+/* After a level: shared contexts are freed; distinct rows stay for the next level. */
+static void s_release_rows(bench_t *b, int B)
+{
+    for (int s = 0; b->o->shared && s < B; s++)
+        kvseq_destroy(&b->seqs[s]);
+}
+
+/* --prompts distinct: rows [0, max_b) each get a prompt of random ids of their own (row r's from
+ * --seed and r), prefilled rows_per_prefill rows per forward (a row alone in --chunk pieces when
+ * its prompt is longer than a chunk). */
+static int s_prefill_rows(bench_t *b)
 {
     const opts_t *o = b->o;
     engine_t *e = b->e;
-    *kv_bytes = 0;
+    const int n = o->prompt_len, per = b->rows_per_prefill;
+    const int64_t t0 = now_ns();
+    for (int r0 = 0; r0 < b->max_b; r0 += per) {
+        const int nr = b->max_b - r0 < per ? b->max_b - r0 : per;
+        for (int r = r0; r < r0 + nr; r++) {
+            uint64_t x = (uint64_t)o->seed * 0x100000001b3ull + (uint64_t)r;
+            for (int i = 0; i < n; i++)
+                b->ids[i] = (int32_t)(s_splitmix(&x) % (uint64_t)e->cfg.vocab_size);
+            if (!(b->seqs[r] = kvseq_new(e->pool, b->ctx, 1000 + (uint64_t)r)))
+                return s_fail("the KV pool cannot hold %d sequences", b->max_b);
+            if (nr == 1) {
+                if (s_prefill(e->model, b->seqs[r], b->ids, n, b->chunk, e->logits, b->err, sizeof b->err) < 0)
+                    return s_fail("prefill of row %d: %s", r, b->err);
+                continue;
+            }
+            if (kvseq_append(b->seqs[r], b->ids, n) < 0)
+                return s_fail("the KV pool is full");
+            b->ms[r - r0] = (model_seq_t){.kv = b->seqs[r], .n_new = n};
+        }
+        model_batch_t mb = {.n_seqs = nr, .seqs = b->ms, .argmax_out = b->out};
+        if (nr > 1 && model_forward(e->model, &mb, e->logits, b->err, sizeof b->err) < 0)
+            return s_fail("prefill of rows %d..%d: %s", r0, r0 + nr - 1, b->err);
+    }
+    e->be->ops->sync(e->be);
+    printf("prompts: distinct: every row its own %d random token ids (seed %lld); %d rows prefilled, %d per forward, "
+           "in %.1f s\n", n, o->seed, b->max_b, per, (now_ns() - t0) / 1e9);
+    return 0;
+}
+
+/* Reads and clears the MoE counters into b->cnt (a step's own counts when read before and after it). */
+static int s_read_counts(bench_t *b)
+{
+    const model_config_t *c = &b->e->cfg;
+    memset(b->cnt, 0, (size_t)c->num_layers * (size_t)c->num_experts * sizeof(uint64_t));
+    char err[256];
+    if (model_expert_load(b->e->model, b->cnt, err, sizeof err) < 0)
+        return s_fail("reading the MoE counters: %s", err);
+    return 0;
+}
+
+/* Timed step i of B rows, its counts in b->cnt: step_used / step_busiest from them, and
+ * step_bytes the weights it read (the experts it routed to; the uniform guess when the counters
+ * are off) plus kv. */
+static void s_step_account(bench_t *b, int i, int B, double kv)
+{
+    const model_config_t *c = &b->e->cfg;
+    double used = 0, busiest = 0;
+    int moe_layers = 0;
+    for (int l = 0; b->cnt && l < c->num_layers; l++) {
+        uint64_t mx = 0, sum = 0;
+        b->used[l] = 0;
+        for (int x = 0; x < c->num_experts; x++) {
+            const uint64_t n = b->cnt[(size_t)l * c->num_experts + x];
+            b->used[l] += n > 0;
+            mx = n > mx ? n : mx;
+            sum += n;
+        }
+        if (config_layer_is_moe(c, l)) {
+            moe_layers++;
+            used += b->used[l];
+            busiest += sum ? (double)mx * c->num_experts / (double)sum : 0;
+        }
+    }
+    b->step_used[i] = moe_layers ? used / moe_layers : 0;
+    b->step_busiest[i] = moe_layers ? busiest / moe_layers : 0;
+    const double w = b->step_used[i] > 0 ? s_step_weight_bytes_routed(c, b->wbytes, b->abytes, b->used)
+                                         : s_step_weight_bytes(c, b->wbytes, b->abytes, B);
+    b->step_bytes[i] = w + kv;
+    b->step_kv[i] = kv;
+}
+
+/* --steps greedy steps of B rows (after the warm-ups; with --profile 3 more under the profile):
+ * step_ms, and with s_step_account what each timed step read (the counters are read between
+ * steps, outside the timed forward). */
+static int s_steps(bench_t *b, int B)
+{
+    const opts_t *o = b->o;
+    engine_t *e = b->e;
     for (int step = -WARMUP_STEPS; step < o->steps + (o->profile ? 3 : 0); step++) {
+        const int timed = step >= 0 && step < o->steps;
         if (step == o->steps)
             model_profile_enable(e->model, 1);
+        double kv = 0;
         for (int s = 0; s < B; s++) {
             if (kvseq_append(b->seqs[s], &b->out[s], 1) < 0)
                 return s_fail("the KV pool is full");
             b->ms[s] = (model_seq_t){.kv = b->seqs[s], .n_new = 1};
-            if (step == 0)
-                *kv_bytes += (double)kvseq_len(b->seqs[s]) * (double)b->kv_tok;
+            kv += (double)kvseq_len(b->seqs[s]) * (double)b->kv_tok;
         }
+        if (step == 0 && b->cnt && s_read_counts(b) < 0)   /* the warm-ups' counts are nobody's */
+            return -1;
         model_batch_t mb = {.n_seqs = B, .seqs = b->ms, .argmax_out = b->out};
         int64_t t = now_ns();
         if (model_forward(e->model, &mb, e->logits, b->err, sizeof b->err) < 0)
             return s_fail("decode step at batch %d: %s", B, b->err);
-        if (step >= 0 && step < o->steps)
-            b->step_ms[step] = (now_ns() - t) / 1e6;
+        if (!timed)
+            continue;
+        b->step_ms[step] = (now_ns() - t) / 1e6;
+        if (b->cnt && s_read_counts(b) < 0)
+            return -1;
+        s_step_account(b, step, B, kv);
     }
     model_profile_enable(e->model, 0);
-    *med = s_median(b->step_ms, o->steps);
     return 0;
 }
 
@@ -535,75 +676,65 @@ static int s_bench_mixed(bench_t *b, int B, double med)
     return 0;
 }
 
+static void s_range(const double *v, int n, double *mean, double *lo, double *hi)
+{
+    *mean = 0, *lo = v[0], *hi = v[0];
+    for (int i = 0; i < n; i++) {
+        *mean += v[i] / n;
+        *lo = v[i] < *lo ? v[i] : *lo;
+        *hi = v[i] > *hi ? v[i] : *hi;
+    }
+}
+
 /* One batch level: its row of the table and of the JSON (--mixed at the last level). */
 static int s_bench_level(bench_t *b, int lv)
 {
     const opts_t *o = b->o;
-    const int B = o->batch[lv];
-    double med = 0, kv_bytes = 0;
-    if (s_contexts(b, B) < 0 || s_steps(b, B, &med, &kv_bytes) < 0)
-        return -1;
-    /* MoE: the experts one more (untimed) step routes to, from the MoE counters, instead of the
-     * uniform-routing guess: the bytes it really reads. */
     const model_config_t *cfg = &b->e->cfg;
-    double routed_bytes = -1, used_mean = 0, busiest_mean = 0;
-    int moe_layers = 0;
-    if (cfg->num_experts > 0 && b->e->be->ops->moe_count) {
-        const size_t n = (size_t)cfg->num_layers * (size_t)cfg->num_experts;
-        uint64_t *cnt = calloc(n, sizeof(uint64_t));
-        int *used = calloc((size_t)cfg->num_layers, sizeof(int));
-        char err[256];
-        if (cnt && used && model_expert_load(b->e->model, cnt, err, sizeof err) == 0) {
-            memset(cnt, 0, n * sizeof(uint64_t));
-            int appended = 0;
-            for (; appended < B && kvseq_append(b->seqs[appended], &b->out[appended], 1) == 0; appended++)
-                b->ms[appended] = (model_seq_t){.kv = b->seqs[appended], .n_new = 1};
-            model_batch_t mb = {.n_seqs = B, .seqs = b->ms, .argmax_out = b->out};
-            if (appended == B && model_forward(b->e->model, &mb, b->e->logits, b->err, sizeof b->err) == 0 &&
-                model_expert_load(b->e->model, cnt, err, sizeof err) == 0) {
-                for (int l = 0; l < cfg->num_layers; l++) {
-                    uint64_t mx = 0, sum = 0;
-                    for (int x = 0; x < cfg->num_experts; x++) {
-                        const uint64_t c = cnt[(size_t)l * cfg->num_experts + x];
-                        used[l] += c > 0;
-                        mx = c > mx ? c : mx;
-                        sum += c;
-                    }
-                    if (config_layer_is_moe(cfg, l)) {
-                        moe_layers++;
-                        used_mean += used[l];
-                        busiest_mean += sum ? (double)mx * cfg->num_experts / (double)sum : 0;
-                    }
-                }
-                busiest_mean = moe_layers ? busiest_mean / moe_layers : 0;
-                used_mean = moe_layers ? used_mean / moe_layers : 0;
-                if (used_mean > 0)   /* else the counters are off (TROUPE_MOE_COUNT=0): the guess stays */
-                    routed_bytes = s_step_weight_bytes_routed(cfg, b->wbytes, b->abytes, used);
-            }
-        }
-        free(cnt);
-        free(used);
-    }
-    const double tps = B / (med / 1e3), copy_bps = o->copy_bw * 1e12;
-    const double uniform = s_step_weight_bytes(cfg, b->wbytes, b->abytes, B);
-    const double bytes = (routed_bytes >= 0 ? routed_bytes : uniform) + kv_bytes, bps = bytes / (med / 1e3);
+    const int B = o->batch[lv], n = o->steps;
+    if (s_contexts(b, B) < 0 || s_steps(b, B) < 0)
+        return -1;
+    double bytes, bytes_lo, bytes_hi, used, used_lo, used_hi, busiest, busiest_lo, busiest_hi;
+    s_range(b->step_bytes, n, &bytes, &bytes_lo, &bytes_hi);
+    s_range(b->step_used, n, &used, &used_lo, &used_hi);
+    s_range(b->step_busiest, n, &busiest, &busiest_lo, &busiest_hi);
+    const double med = s_median(b->step_ms, n);   /* sorts step_ms, which nothing reads after */
+    const double tps = B / (med / 1e3), copy_bps = o->copy_bw * 1e12, bps = bytes / (med / 1e3);
+    const double bound_ms = copy_bps > 0 ? bytes / copy_bps * 1e3 : 0;
+    const int moe = cfg->num_experts > 0, routed = moe && used_lo > 0;
     printf("%6d %8d %10.3f %10.1f %10.2f %9.3f", B, o->prompt_len + 1, med, tps, bytes / 1e9, bps / 1e12);
     if (copy_bps > 0)
-        printf(" %7.0f%%", 100 * bps / copy_bps);
+        printf(" %9.3f %7.0f%%", bound_ms, 100 * bound_ms / med);
     printf("\n");
-    if (routed_bytes >= 0)
-        printf("         MoE: %.1f of %d experts per layer routed to in a step (uniform routing: %.1f); GB/step "
-               "counts those\n", used_mean, cfg->num_experts,
-               cfg->num_experts * (1.0 - pow(1.0 - (double)cfg->num_experts_per_tok / cfg->num_experts, B)));
-    if (routed_bytes >= 0)
-        printf("         MoE: busiest/average expert load in that step %.2f (mean over layers; %d routed (token, "
-               "expert) pairs)\n",
-               busiest_mean, B * cfg->num_experts_per_tok);
+    const double uniform_used =
+        moe ? cfg->num_experts * (1.0 - pow(1.0 - (double)cfg->num_experts_per_tok / cfg->num_experts, B)) : 0;
+    if (routed) {
+        printf("         MoE: %.1f of %d experts per layer read per step (%.1f-%.1f over the %d steps; independent "
+               "uniform routing: %.1f); GB/step counts those (%.2f-%.2f)\n",
+               used, cfg->num_experts, used_lo, used_hi, n, uniform_used, bytes_lo / 1e9, bytes_hi / 1e9);
+        printf("         MoE: busiest/average expert load %.2f (mean over layers and steps, %.2f-%.2f; %d routed "
+               "(token, expert) pairs per layer per step)\n",
+               busiest, busiest_lo, busiest_hi, B * cfg->num_experts_per_tok);
+    } else if (moe) {
+        printf("         MoE: the load counters are off (TROUPE_MOE_COUNT=0, or the backend does not count): GB/step "
+               "assumes independent uniform routing (%.1f experts per layer)\n", uniform_used);
+    }
     json_t *jl = json_object();
-    if (routed_bytes >= 0) {
-        json_object_set_new(jl, "experts_routed_per_layer", json_real(used_mean));
-        json_object_set_new(jl, "expert_busiest_over_avg", json_real(busiest_mean));
-        json_object_set_new(jl, "bytes_per_step_uniform_routing", json_real(uniform + kv_bytes));
+    if (moe) {
+        json_object_set_new(jl, "bytes_counted", json_string(routed ? "routed" : "uniform-routing-guess"));
+        double kv_mean = 0;
+        for (int i = 0; i < n; i++)
+            kv_mean += b->step_kv[i] / n;
+        json_object_set_new(jl, "bytes_per_step_uniform_routing",
+                            json_real(s_step_weight_bytes(cfg, b->wbytes, b->abytes, B) + kv_mean));
+    }
+    if (routed) {
+        json_object_set_new(jl, "experts_routed_per_layer", json_real(used));
+        json_object_set_new(jl, "experts_routed_per_layer_min", json_real(used_lo));
+        json_object_set_new(jl, "experts_routed_per_layer_max", json_real(used_hi));
+        json_object_set_new(jl, "expert_busiest_over_avg", json_real(busiest));
+        json_object_set_new(jl, "bytes_per_step_min", json_real(bytes_lo));
+        json_object_set_new(jl, "bytes_per_step_max", json_real(bytes_hi));
     }
     json_object_set_new(jl, "batch", json_integer(B));
     json_object_set_new(jl, "context", json_integer(o->prompt_len + 1));
@@ -611,8 +742,10 @@ static int s_bench_level(bench_t *b, int lv)
     json_object_set_new(jl, "tokens_per_s", json_real(tps));
     json_object_set_new(jl, "bytes_per_step", json_real(bytes));
     json_object_set_new(jl, "bytes_per_s", json_real(bps));
-    if (copy_bps > 0)
+    if (copy_bps > 0) {
+        json_object_set_new(jl, "bound_ms", json_real(bound_ms));
         json_object_set_new(jl, "fraction_of_copy_bw", json_real(bps / copy_bps));
+    }
     json_array_append_new(b->levels, jl);
     if (o->profile) {
         char what[64];
@@ -621,8 +754,7 @@ static int s_bench_level(bench_t *b, int lv)
     }
     if (o->mixed > 0 && lv == o->n_levels - 1 && s_bench_mixed(b, B, med) < 0)
         return -1;
-    for (int s = 0; s < B; s++)
-        kvseq_destroy(&b->seqs[s]);
+    s_release_rows(b, B);
     return 0;
 }
 
@@ -728,8 +860,7 @@ static int s_verify_table(bench_t *b)
             json_array_append_new(jt, jc);
         }
         printf("\n");
-        for (int s = 0; s < B; s++)
-            kvseq_destroy(&b->seqs[s]);
+        s_release_rows(b, B);
     }
     printf("step cost against the one-token step (t(k) / t(0))\n");
     s_k_header(K, "k=0", "");
@@ -793,12 +924,14 @@ static int s_write_json(bench_t *b)
 static int s_run(bench_t *b)
 {
     const opts_t *o = b->o;
-    if (s_open(b) < 0 || s_bench_prefill(b) < 0)
+    if (s_open(b) < 0 || s_bench_prefill(b) < 0 || (!o->shared && s_prefill_rows(b) < 0))
         return -1;
     if (o->verify)
         return s_verify_table(b) < 0 ? -1 : s_write_json(b);
-    printf("%6s %8s %10s %10s %10s %9s %8s\n", "batch", "context", "step ms", "tok/s", "GB/step", "TB/s",
-           o->copy_bw > 0 ? "of copy" : "");
+    printf("%6s %8s %10s %10s %10s %9s", "batch", "context", "step ms", "tok/s", "GB/step", "TB/s");
+    if (o->copy_bw > 0)
+        printf(" %9s %8s   (bound: GB/step at the copy bandwidth, %.3f TB/s)", "bound ms", "of bound", o->copy_bw);
+    printf("\n");
     for (int lv = 0; lv < o->n_levels; lv++)
         if (s_bench_level(b, lv) < 0)
             return -1;
@@ -821,14 +954,21 @@ int main(int argc, char **argv)
     const int steps_ctx = o.prompt_len + WARMUP_STEPS + o.steps + 16;
     b.ctx = steps_ctx > o.mixed ? steps_ctx : o.mixed;
     b.chunk = o.chunk < o.prompt_len ? o.chunk : o.prompt_len;
+    b.rows_per_prefill = o.prompt_len <= o.chunk ? o.chunk / o.prompt_len : 1;
+    b.rows_per_prefill = b.rows_per_prefill < b.max_b ? b.rows_per_prefill : b.max_b;
     b.seqs = calloc((size_t)b.max_b + 2, sizeof *b.seqs);
     b.ms = calloc((size_t)b.max_b + 1, sizeof *b.ms);
     b.ids = malloc((size_t)o.prompt_len * sizeof *b.ids);
     b.out = calloc((size_t)b.max_b + 1, sizeof *b.out);
     b.step_ms = malloc((size_t)o.steps * sizeof *b.step_ms);
+    b.step_bytes = calloc((size_t)o.steps, sizeof *b.step_bytes);
+    b.step_kv = calloc((size_t)o.steps, sizeof *b.step_kv);
+    b.step_used = calloc((size_t)o.steps, sizeof *b.step_used);
+    b.step_busiest = calloc((size_t)o.steps, sizeof *b.step_busiest);
     b.root = json_object();
     b.levels = json_array();
-    if (!b.seqs || !b.ms || !b.ids || !b.out || !b.step_ms || !b.root || !b.levels)
+    if (!b.seqs || !b.ms || !b.ids || !b.out || !b.step_ms || !b.step_bytes || !b.step_kv || !b.step_used ||
+        !b.step_busiest || !b.root || !b.levels)
         rc = s_fail("out of memory");
     else
         rc = s_run(&b);
@@ -842,5 +982,11 @@ int main(int argc, char **argv)
     free(b.ids);
     free(b.out);
     free(b.step_ms);
+    free(b.step_bytes);
+    free(b.step_kv);
+    free(b.step_used);
+    free(b.step_busiest);
+    free(b.cnt);
+    free(b.used);
     return rc < 0 ? 1 : 0;
 }
