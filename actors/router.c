@@ -24,15 +24,12 @@
  * A request's life: PREFILL -> DECODE -> (removed), and DECODE -> PREFILL on a migration. Every
  * transition is logged in verbose mode.
  *
- * Migration and the text: the worker's text of a token is not the token's own bytes: its
- * detokenizer holds back an unfinished UTF-8 character and its stop-string matcher holds back what
- * may still become a stop string (actors/worker/token_text.h). The router decodes the relayed
- * tokens itself (rq_t.ts) and remembers the last point where the text relayed had caught up with
- * them (rq_t.clean_tokens): a greedy request is migrated from there, so the new worker starts in
- * the state the old one was in; the tokens it computes again, and their text, are checked against
- * what was relayed and dropped (a mismatch fails the request, retryable: nothing wrong was sent).
- * Greedy output without presence/frequency penalties is thus the uninterrupted run's, token for
- * token and byte for byte (tests/scenario/decode_migrate.sh).
+ * Migration and the text (actors/router/relayed.h): what each client has been sent is kept, with
+ * the last point where the text relayed had caught up with the tokens; a greedy request is migrated
+ * from there, and the tokens the new worker computes again are checked against what was relayed and
+ * dropped (a mismatch fails the request, retryable: nothing wrong was sent). Greedy output without
+ * presence/frequency penalties is thus the uninterrupted run's, token for token and byte for byte
+ * (tests/scenario/decode_migrate.sh).
  *
  * Known limits: a sampled request (temperature > 0), or one with presence or frequency penalties
  * (they count output tokens only, and the relayed ones become prompt), is migrated from its last
@@ -47,6 +44,8 @@
 #include <sys/random.h>
 #include <xxhash.h>
 
+#include "actors/router/prompt.h"
+#include "actors/router/relayed.h"
 #include "actors/runtime/actor.h"
 #include "common/log.h"
 #include "common/u64map.h"
@@ -73,25 +72,15 @@ typedef struct rq {
     uint64_t client_key;         /* s_fair_key: its client's entry in router_t.per_client */
     rq_state_t state;
     int prefill, decode;         /* worker indices (into router_t.workers) */
-    uint32_t prompt_tokens, cached_tokens, completion;
+    uint32_t prompt_tokens, cached_tokens;
     int64_t arrived_ms, first_ms, last_ms, deadline_ms;   /* monotonic; deadline 0 = none */
     msg_t pr;                    /* the prefill_request as sent, owning its prompt: re-sent elsewhere
                                     when a worker is lost before the first token, the base of a
                                     migration's (MSG_NONE: not kept) */
     int rerouted;                /* re-sent once already */
     uint32_t load_tokens;        /* prompt tokens of the attempt now in prefill (its prefill load) */
-    /* What the client has been sent, for a migration (s_migrate). */
-    int32_t *gen;                /* [gen_cap] the token ids relayed, completion of them */
-    uint32_t gen_cap;            /* grows by doubling, never past max_tokens */
-    int gen_lost;                /* out of memory once: gen is gone, the request cannot migrate */
     uint32_t max_tokens;         /* the client's sampling.max_tokens */
-    tok_stream_t ts;             /* the relayed tokens through the worker's detokenizer (r->tok) */
-    uint64_t text_bytes;         /* text relayed */
-    uint64_t decoded_bytes;      /* what the relayed tokens decode to (ts's output) */
-    uint32_t clean_tokens;       /* tokens relayed at the last point the text relayed had caught up */
-    uint64_t clean_text;         /* with their decoded bytes (nothing held back), and the text then */
-    uint32_t base;               /* client seq of the current attempt's seq 0 */
-    uint64_t skip_text;          /* bytes of the attempt's first text that were relayed already */
+    relayed_t sent;              /* what the client has been sent (sent.n: its completion), for a migration */
     int migrations;              /* times moved while streaming */
     struct rq *prev, *next;      /* every request (router_t.head), for the sweeps */
 } rq_t;
@@ -111,6 +100,7 @@ typedef struct router {
     void *clients;               /* ROUTER at endpoints.client */
     tokenizer_t *tok;            /* NULL: token-id prompts only */
     chat_family_t chat;
+    prompt_model_t prompt;       /* tok, chat, vocabulary and max_model_len, for prompt_ids */
     model_config_t cfg;
     int max_model_len, block_size;
     int colocated;               /* no prefill actors: a decode worker computes its requests' prompts */
@@ -129,7 +119,7 @@ typedef struct router {
     uint64_t migrated;           /* migrations done (a request moved twice counts twice) */
     uint64_t migrate_failed;     /* streaming requests that lost their worker and could not move */
     uint64_t migrate_diverged;   /* migrated requests whose recomputed tokens differed from the relayed */
-    char *text_scratch;          /* [text_scratch_cap] one token's decoded bytes (s_track) */
+    char *text_scratch;          /* [text_scratch_cap] one token's decoded bytes (relayed_track) */
     size_t text_scratch_cap;
     uint64_t cached_by_tier[MSG_TIER_COUNT]; /* of cached_tokens, by source (msg_usage_t's split) */
     uint64_t cancels_refused;    /* cancels naming another credential's request */
@@ -285,7 +275,7 @@ static void s_remove(router_t *r, rq_t *q)
     s_load_release(r, q, -1);
     r->n_reqs--;
     msg_free(&q->pr);
-    free(q->gen);
+    relayed_free(&q->sent);
     free(q);
 }
 
@@ -309,65 +299,6 @@ static void s_fail(actor_t *a, router_t *r, rq_t *q, msg_error_code_t code, int 
 }
 
 /* ---- admission --------------------------------------------------------------------------- */
-
-/* Turns the submit into prompt token ids (malloc'd). -1 with the reason and field. */
-static int s_tokenize(router_t *r, const msg_submit_t *s, int32_t **ids, size_t *n, char *err, size_t errlen,
-                      const char **field)
-{
-    *ids = NULL;
-    *n = 0;
-    if (s->n_tokens) {
-        *field = "tokens";
-        *ids = malloc(s->n_tokens * sizeof **ids);
-        if (!*ids)
-            return errf(err, errlen, "out of memory");
-        for (uint32_t i = 0; i < s->n_tokens; i++) {
-            if (s->tokens[i] >= (uint32_t)r->cfg.vocab_size) {
-                free(*ids);
-                *ids = NULL;
-                return errf(err, errlen, "token id %u at position %u is outside the vocabulary (%d)",
-                            s->tokens[i], i, r->cfg.vocab_size);
-            }
-            (*ids)[i] = (int32_t)s->tokens[i];
-        }
-        *n = s->n_tokens;
-        return 0;
-    }
-    if (!r->tok) {
-        *field = s->prompt ? "prompt" : "messages";
-        return errf(err, errlen, "this model has no tokenizer: send token ids");
-    }
-    if (s->prompt) {
-        *field = "prompt";
-        /* Bounded before tokenizing (one thread serves every client): no token is longer than
-         * tok_max_token_bytes, so a longer text cannot fit in max_model_len tokens. */
-        size_t bytes = strlen(s->prompt), cap = (size_t)r->max_model_len * tok_max_token_bytes(r->tok);
-        if (bytes > cap)
-            return errf(err, errlen, "prompt of %zu bytes cannot fit in max_model_len (%d tokens of at most %zu "
-                        "bytes: %zu bytes)", bytes, r->max_model_len, tok_max_token_bytes(r->tok), cap);
-        if (tok_encode(r->tok, s->prompt, strlen(s->prompt), 1, ids, n) != 0)
-            return errf(err, errlen, "prompt is not valid UTF-8");
-        return 0;
-    }
-    *field = "messages";
-    if (r->chat == CHAT_NONE)
-        return errf(err, errlen, "this model has no supported chat template: send a prompt or token ids");
-    static const char *const roles[] = {"system", "user", "assistant", "tool"};
-    chat_msg_t *cm = malloc(s->n_messages * sizeof *cm);
-    if (!cm)
-        return errf(err, errlen, "out of memory");
-    for (uint32_t i = 0; i < s->n_messages; i++)
-        cm[i] = (chat_msg_t){.role = roles[s->messages[i].role], .content = s->messages[i].content};
-    char *text = NULL;
-    int rc = chat_render(r->chat, cm, s->n_messages, 1, 1, &text, err, errlen);
-    free(cm);
-    if (rc != 0)
-        return -1;
-    /* The rendered template carries its own special tokens (BOS included): no post-processor. */
-    rc = tok_encode(r->tok, text, strlen(text), 0, ids, n);
-    free(text);
-    return rc == 0 ? 0 : errf(err, errlen, "chat messages are not valid UTF-8");
-}
 
 /* Leading blocks of the prompt found in the index for holder bit `bit` (or anywhere with -1). */
 static int s_matched(router_t *r, const uint64_t *hashes, int n, int bit)
@@ -466,7 +397,7 @@ static int s_on_submit(actor_t *a, void *state, const actor_peer_t *from, msg_t 
     }
     int32_t *ids = NULL;
     size_t n = 0;
-    if (s_tokenize(r, s, &ids, &n, err, sizeof err, &field) != 0) {
+    if (prompt_ids(&r->prompt, s, &ids, &n, err, sizeof err, &field) != 0) {
         r->rejected++;
         msg_t e;
         msg_init(&e, MSG_ERROR, m->id);
@@ -528,10 +459,7 @@ static int s_on_submit(actor_t *a, void *state, const actor_peer_t *from, msg_t 
     memcpy(q->owner, owner, owner_len);
     q->prompt_tokens = q->load_tokens = (uint32_t)n;
     q->max_tokens = s->sampling.max_tokens;
-    if (r->tok) {
-        tok_stream_init(&q->ts, r->tok);
-        q->ts.skip_special = 1;   /* as the workers' (actors/worker/dc_req.c) */
-    }
+    relayed_init(&q->sent, r->tok, q->max_tokens);
     q->arrived_ms = now_ms();
     q->deadline_ms = s->timeout_ms ? q->arrived_ms + s->timeout_ms : 0;
     q->state = RQ_PREFILL;
@@ -628,7 +556,7 @@ static int s_on_cancel(actor_t *a, void *state, const actor_peer_t *from, msg_t 
     d.u.done.finish = MSG_FINISH_CANCELLED;
     d.u.done.usage.prompt_tokens = q->prompt_tokens;
     d.u.done.usage.cached_tokens = q->cached_tokens;
-    d.u.done.usage.completion_tokens = q->completion;
+    d.u.done.usage.completion_tokens = q->sent.n;
     d.u.done.timings.e2e_ms = (uint32_t)(now_ms() - q->arrived_ms);
     actor_reply_stream(a, &q->client, &d, 1);
     r->cancelled++;
@@ -691,46 +619,6 @@ static rq_t *s_worker_msg(actor_t *a, router_t *r, const actor_peer_t *from, con
 
 /* ---- migration --------------------------------------------------------------------------- */
 
-/* Records what the client is about to be sent, for a migration: the ids, and whether the text
- * relayed has caught up with the bytes they decode to (nothing held back by the worker: a point
- * a greedy request can be resumed from). Out of memory the ids are given up (the request can no
- * longer migrate), never the request. The ids never outnumber max_tokens (the worker stops there). */
-static void s_track(router_t *r, rq_t *q, const msg_token_t *t)
-{
-    const uint64_t need = (uint64_t)q->completion + t->n_tokens;
-    if (!q->gen_lost && need > q->gen_cap) {
-        uint64_t cap = q->gen_cap ? q->gen_cap : 64;
-        while (cap < need)
-            cap *= 2;
-        if (cap > q->max_tokens)
-            cap = q->max_tokens;
-        int32_t *g = cap >= need ? realloc(q->gen, (size_t)cap * sizeof *g) : NULL;
-        if (!g) {
-            LOG_W("request %llu: its tokens cannot be kept (%s): it cannot migrate", (unsigned long long)q->id,
-                  cap >= need ? "out of memory" : "more than max_tokens");
-            free(q->gen);
-            q->gen = NULL;
-            q->gen_cap = 0;
-            q->gen_lost = 1;
-        } else {
-            q->gen = g;
-            q->gen_cap = (uint32_t)cap;
-        }
-    }
-    for (uint32_t i = 0; i < t->n_tokens; i++) {
-        if (!q->gen_lost)
-            q->gen[q->completion + i] = (int32_t)t->tokens[i];
-        size_t n = 0;
-        if (r->tok && tok_stream_feed(&q->ts, (int32_t)t->tokens[i], r->text_scratch, r->text_scratch_cap, &n) == 0)
-            q->decoded_bytes += n;
-    }
-    q->text_bytes += t->text ? strlen(t->text) : 0;
-    if (q->ts.npend == 0 && q->decoded_bytes == q->text_bytes) {
-        q->clean_tokens = (uint32_t)need;
-        q->clean_text = q->text_bytes;
-    }
-}
-
 /* A migrated request whose new attempt did not reproduce what the client was sent: it fails,
  * retryable (what the client has is right, only its continuation is not to be had here). */
 static void s_diverged(actor_t *a, router_t *r, rq_t *q, const char *what)
@@ -741,57 +629,6 @@ static void s_diverged(actor_t *a, router_t *r, rq_t *q, const char *what)
     LOG_W("request %llu: %s", (unsigned long long)q->id, why);
     r->migrate_diverged++;
     s_fail(a, r, q, MSG_ERR_WORKER_LOST, 1, why);
-}
-
-/* A migrated request's new attempt streams again, from its cut (base), the tokens the client was
- * sent after it, with their text: they must be the same (their ids, and as many text bytes as were
- * relayed after the cut), and are dropped; t is left with what the client has not seen, at its
- * next seq. 0: relay t; 1: nothing of it is new; -1: the request failed (removed). */
-static int s_resume(actor_t *a, router_t *r, rq_t *q, msg_token_t *t)
-{
-    const uint64_t at = (uint64_t)q->base + t->seq;   /* the client's index of tokens[0] */
-    if (at > q->completion) {
-        s_diverged(a, r, q, "skipped tokens");
-        return -1;
-    }
-    const uint32_t drop = at + t->n_tokens <= q->completion ? t->n_tokens : (uint32_t)(q->completion - at);
-    for (uint32_t i = 0; i < drop; i++)
-        if (q->gen_lost || q->gen[at + i] != (int32_t)t->tokens[i]) {
-            s_diverged(a, r, q, "differs from the tokens already sent");
-            return -1;
-        }
-    const size_t tl = t->text ? strlen(t->text) : 0;
-    if (drop == t->n_tokens) {
-        if (tl > q->skip_text) {
-            s_diverged(a, r, q, "has more text than was sent");
-            return -1;
-        }
-        q->skip_text -= tl;
-        return 1;
-    }
-    if (q->skip_text > tl) {   /* the repeated tokens' text must end by the first new token's */
-        s_diverged(a, r, q, "has less text than was sent");
-        return -1;
-    }
-    t->text = tl > q->skip_text ? t->text + q->skip_text : NULL;   /* a cut the old worker made: whole UTF-8 */
-    q->skip_text = 0;
-    if (drop) {
-        const uint32_t k = t->n_top_tokens / t->n_tokens;   /* alternatives per position */
-        t->tokens += drop;
-        if (t->n_logprobs) {
-            t->logprobs += drop;
-            t->n_logprobs -= drop;
-        }
-        if (t->n_top_tokens) {
-            t->top_tokens += (size_t)drop * k;
-            t->top_logprobs += (size_t)drop * k;
-            t->n_top_tokens -= drop * k;
-            t->n_top_logprobs -= drop * k;
-        }
-        t->n_tokens -= drop;
-    }
-    t->seq = q->completion;
-    return 0;
 }
 
 static int s_on_token(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
@@ -810,15 +647,19 @@ static int s_on_token(actor_t *a, void *state, const actor_peer_t *from, msg_t *
     }
     msg_token_t *t = &m->u.token;
     if (q->migrations) {
-        const int rc = s_resume(a, r, q, t);
+        const char *why = NULL;
+        const int rc = relayed_resume(&q->sent, t, &why);
+        if (rc < 0)
+            s_diverged(a, r, q, why);
         if (rc != 0)
             return 0;   /* a repeat, dropped; or the request failed */
     }
     if (q->last_ms)   /* 0 before the first token; after a migration the gap counts */
         s_sample(r->itl, &r->n_itl, (float)(now - q->last_ms));
     q->last_ms = now;
-    s_track(r, q, t);
-    q->completion += t->n_tokens;
+    const char *lost = NULL;
+    if (relayed_track(&q->sent, t, r->text_scratch, r->text_scratch_cap, &lost) != 0)
+        LOG_W("request %llu: its tokens cannot be kept (%s): it cannot migrate", (unsigned long long)q->id, lost);
     r->gen_tokens += t->n_tokens;
     m->id = q->client_id;
     const int rc = actor_reply_stream(a, &q->client, m, 0);
@@ -847,13 +688,13 @@ static int s_on_done(actor_t *a, void *state, const actor_peer_t *from, msg_t *m
         /* The last attempt's usage counts the tokens relayed before its cut as prompt: the client's
          * is its own prompt and every token it was sent; cached, the last attempt's hits (at most
          * the prompt). An attempt that ended before the tokens already sent did not reproduce them. */
-        if ((uint64_t)q->base + d->usage.completion_tokens < q->completion || q->skip_text) {
+        if (!relayed_done_complete(&q->sent, d->usage.completion_tokens)) {
             s_diverged(a, r, q, "ended before the tokens already sent");
             return 0;
         }
         msg_usage_t *u = &d->usage;
         u->prompt_tokens = q->prompt_tokens;
-        u->completion_tokens = q->completion;
+        u->completion_tokens = q->sent.n;
         if (u->cached_tokens > u->prompt_tokens) {
             uint32_t left = u->cached_tokens = u->prompt_tokens;
             uint32_t *tier[] = {&u->cached_device_tokens, &u->cached_host_tokens, &u->cached_disk_tokens};
@@ -963,12 +804,12 @@ static int s_reroute(actor_t *a, router_t *r, rq_t *q, int lost)
 static int s_ended_already(router_t *r, const rq_t *q, msg_finish_t *fin)
 {
     *fin = MSG_FINISH_LENGTH;
-    if (q->completion >= q->max_tokens)
+    if (q->sent.n >= q->max_tokens)
         return 1;
-    if (q->completion == 0 || q->gen_lost)
+    if (q->sent.n == 0 || q->sent.lost)
         return 0;
     *fin = MSG_FINISH_STOP;
-    const int32_t last = q->gen[q->completion - 1];
+    const int32_t last = q->sent.ids[q->sent.n - 1];
     const msg_sampling_t *s = &q->pr.u.prefill_request.sampling;
     for (uint32_t i = 0; i < s->n_stop_token_ids; i++)
         if ((int32_t)s->stop_token_ids[i] == last)
@@ -988,7 +829,7 @@ static void s_end_here(actor_t *a, router_t *r, rq_t *q, msg_finish_t fin)
     msg_init(&d, MSG_DONE, q->client_id);
     d.u.done.finish = fin;
     d.u.done.usage.prompt_tokens = q->prompt_tokens;
-    d.u.done.usage.completion_tokens = q->completion;
+    d.u.done.usage.completion_tokens = q->sent.n;
     d.u.done.timings.ttft_ms = q->first_ms ? (uint32_t)(q->first_ms - q->arrived_ms) : 0;
     d.u.done.timings.e2e_ms = (uint32_t)(now_ms() - q->arrived_ms);
     actor_reply_stream(a, &q->client, &d, 1);
@@ -1003,14 +844,14 @@ static void s_end_here(actor_t *a, router_t *r, rq_t *q, msg_finish_t fin)
  * the original prompt and the tokens relayed up to the cut, max_tokens reduced by them, to a live
  * prefill / decode pair chosen as for a new request (the prompt's blocks are usually cached where
  * it was prefilled, or in the host store). The cut is where the text relayed had caught up with the
- * tokens (s_track), for a request whose next tokens do not depend on where its output began
+ * tokens (relayed_track), for a request whose next tokens do not depend on where its output began
  * (greedy, no presence / frequency penalty): the new attempt then starts in the state the old one
- * was in and its repeats are checked and dropped (s_resume); otherwise the cut is the last token
+ * was in and its repeats are checked and dropped (relayed_resume); otherwise the cut is the last token
  * relayed and the seed is mixed with the tokens already made. Returns 1 if the request moved (or
  * was over: its done is sent here, and it is gone). */
 static int s_migrate(actor_t *a, router_t *r, rq_t *q, int lost)
 {
-    if (q->migrations >= MAX_MIGRATIONS || q->gen_lost || q->pr.type != MSG_PREFILL_REQUEST)
+    if (q->migrations >= MAX_MIGRATIONS || q->sent.lost || q->pr.type != MSG_PREFILL_REQUEST)
         return 0;
     msg_finish_t fin;
     if (s_ended_already(r, q, &fin)) {
@@ -1020,7 +861,7 @@ static int s_migrate(actor_t *a, router_t *r, rq_t *q, int lost)
     const msg_prefill_request_t *op = &q->pr.u.prefill_request;
     const int exact = op->sampling.temperature == 0 && op->sampling.presence_penalty == 0 &&
                       op->sampling.frequency_penalty == 0;
-    const uint32_t cut = exact ? q->clean_tokens : q->completion;
+    const uint32_t cut = relayed_cut(&q->sent, exact);
     const uint32_t n = op->n_tokens + cut;
     const int n_hashes = (int)n / r->block_size;
     int32_t *ids = malloc((size_t)n * sizeof *ids);
@@ -1031,7 +872,7 @@ static int s_migrate(actor_t *a, router_t *r, rq_t *q, int lost)
         return 0;
     }
     memcpy(ids, op->tokens, (size_t)op->n_tokens * sizeof *ids);   /* ids < vocab_size: the same bits */
-    memcpy(ids + op->n_tokens, q->gen, (size_t)cut * sizeof *ids);
+    memcpy(ids + op->n_tokens, q->sent.ids, (size_t)cut * sizeof *ids);
     for (int i = 0; i < n_hashes; i++)
         hashes[i] = kv_block_hash(op->tenant_salt, i ? hashes[i - 1] : 0, ids + (size_t)i * r->block_size,
                                   r->block_size);
@@ -1047,7 +888,7 @@ static int s_migrate(actor_t *a, router_t *r, rq_t *q, int lost)
         p->n_tokens = n;
         p->sampling.max_tokens = q->max_tokens - cut;
         if (!exact)   /* the counter-based draws restart at 0: not the ones already used */
-            p->sampling.seed = (int64_t)(XXH3_64bits_withSeed(&q->completion, sizeof q->completion,
+            p->sampling.seed = (int64_t)(XXH3_64bits_withSeed(&q->sent.n, sizeof q->sent.n,
                                                               (uint64_t)op->sampling.seed) >> 1);
         p->decode_worker = r->workers[di].name;
         msg_cache_holder_t holder;
@@ -1074,8 +915,8 @@ static int s_migrate(actor_t *a, router_t *r, rq_t *q, int lost)
     LOG_I("request %llu (client %llu) migrated as %llu to %s / %s after losing %s: %u tokens sent, resumed "
           "after %u, %llu text bytes to skip (migration %d of at most %d)", (unsigned long long)q->id,
           (unsigned long long)q->client_id, (unsigned long long)id, r->workers[pi].name, r->workers[di].name,
-          r->workers[lost].name, q->completion, cut,
-          (unsigned long long)(exact ? q->text_bytes - q->clean_text : 0), q->migrations + 1, MAX_MIGRATIONS);
+          r->workers[lost].name, q->sent.n, cut,
+          (unsigned long long)relayed_text_to_skip(&q->sent, exact), q->migrations + 1, MAX_MIGRATIONS);
     u64map_del(&r->by_id, q->id);
     q->id = id;
     s_load_release(r, q, lost);
@@ -1083,8 +924,7 @@ static int s_migrate(actor_t *a, router_t *r, rq_t *q, int lost)
         s_transition(q, RQ_PREFILL, "migration");
     q->load_tokens = n;
     s_load_take(r, q, pi, di);
-    q->base = cut;
-    q->skip_text = exact ? q->text_bytes - q->clean_text : 0;
+    relayed_restart(&q->sent, cut, exact);
     q->migrations++;
     r->migrated++;
     return 1;
@@ -1106,11 +946,11 @@ static void s_peer_event(actor_t *a, void *state, const char *peer, int up)
     for (rq_t *q = r->head, *next; q; q = next) {
         next = q->next;
         if (q->decode == w || (q->prefill == w && q->state == RQ_PREFILL)) {
-            if (q->completion == 0 && s_reroute(a, r, q, w)) {
+            if (q->sent.n == 0 && s_reroute(a, r, q, w)) {
                 moved++;
                 continue;
             }
-            const int streamed = q->completion > 0, past_limit = q->migrations >= MAX_MIGRATIONS;
+            const int streamed = q->sent.n > 0, past_limit = q->migrations >= MAX_MIGRATIONS;
             if (streamed && s_migrate(a, r, q, w)) {
                 migrated++;
                 continue;
@@ -1262,7 +1102,9 @@ int main(int argc, char **argv)
     if (!r->tok)
         LOG_W("no tokenizer (%s): only token-id prompts are accepted", err);
     r->chat = r->tok ? chat_family_detect(tokdir) : CHAT_NONE;
-    if (r->tok) {   /* one token's decoded bytes (s_track): what tok_stream_feed says always suffices */
+    r->prompt = (prompt_model_t){.tok = r->tok, .chat = r->chat, .vocab_size = r->cfg.vocab_size,
+                                 .max_model_len = r->max_model_len};
+    if (r->tok) {   /* one token's decoded bytes (relayed_track): what tok_stream_feed says always suffices */
         r->text_scratch_cap = 3 * tok_max_token_bytes(r->tok) + 3;
         r->text_scratch = malloc(r->text_scratch_cap);
         if (!r->text_scratch) {
