@@ -49,9 +49,6 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "engine/sched.h"
-#include "transfer/kv_chan.h"
-#include "transfer/kv_link.h"
-#include "transfer/kv_transfer.h"
 
 typedef struct decode {
     actor_t *a;                  /* for the scheduler's and speculation's hooks */
@@ -66,15 +63,13 @@ typedef struct decode {
     uint8_t *need_logits;        /* [max_seqs] rows whose logits the host sampler needs */
     int64_t cycle_t0;            /* the last step's start (now_ns), while the worker has rows to step; 0: idle */
     /* Requests in and out, and what they travel on. */
-    handoff_in_t handoffs;       /* prefill workers' hand-offs in (handoff_in.h) */
+    handoff_in_t handoffs;       /* prefill workers' hand-offs in, and the channels they come on (handoff_in.h) */
     prompt_intake_t prompts;     /* colocated: the prompts computed here (prompt_intake.h) */
     stream_out_t out;            /* tokens, done and errors to the routers (stream_out.h) */
     writeback_t *wb;             /* finished sequences to the host store */
     spec_step_t *spec;           /* speculation (actors/worker/spec_step.h); NULL: off */
-    router_watch_t routers;      /* the routers our requests belong to: a lost one's are dropped, a slow one's hold the steps */
-    kvlinks_t *links;            /* NCCL links from prefill workers on other GPUs */
-    kvchan_t *chan;              /* how hand-offs' blocks come in, every channel (kv_chan.h) */
-    chan_keys_t chan_keys;       /* CURVE keys of the tcp hand-off channel (none without CURVE) */
+    router_watch_t routers;      /* the routers our requests belong to: a lost one's are dropped, a slow
+                                    one's hold the steps */
     expert_report_t *experts;    /* expert_load windows to the expert-balancer; NULL: none */
     /* Where the decode loop's time goes (ns): model steps, the recomputes' share of them. */
     uint64_t steps, forward_ns, recompute_ns;
@@ -168,17 +163,15 @@ static int s_on_cancel(actor_t *a, void *state, const actor_peer_t *from, msg_t 
 static int s_on_kv_link(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
 {
     decode_t *d = state;
-    return kvlinks_on_msg(d->links, m);
+    return handoff_in_on_link(&d->handoffs, m);
 }
 
 static int s_poll_links(actor_t *a, void *state)
 {
     decode_t *d = state;
-    kvlinks_poll(d->links);
+    handoff_in_poll(&d->handoffs);
     return 0;
 }
-
-static int s_link_send(void *ctx, const char *to, const msg_t *m) { return actor_send(ctx, to, m); }
 
 /* Colocated: wakes the loop now and then, so a fetch that is never answered is given up on time
  * (the scheduler's hold) even when no message comes. */
@@ -202,7 +195,7 @@ static void s_peer_event(actor_t *a, void *state, const char *peer, int up)
         router_watch_dropped(&d->routers, peer, n);
         return;
     }
-    kvlinks_peer_event(d->links, peer, up);
+    handoff_in_peer_event(&d->handoffs, peer, up);
 }
 
 static int s_on_kv_ack(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
@@ -398,8 +391,6 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
     handoff_in_stats(&d->handoffs, a, st);
     router_watch_stats(a, st, &d->routers);
     writeback_stats(d->wb, a, st);
-    actor_stat_metric(a, st, "transfers_nccl_total", (double)kvlinks_transfers(d->links), 1);
-    actor_stat_metric(a, st, "nccl_links_ready", kvlinks_ready(d->links), 0);
     actor_stat_metric(a, st, "steps_total", (double)d->steps, 1);
     expert_report_tick(&d->experts, a, d->w->eng->model, d->steps);   /* an expert_load window per 1,000 steps */
     expert_apply_stats(a, st, expert_group_ep(d->w->experts));     /* the expert-parallel group, if any */
@@ -444,64 +435,42 @@ static const actor_handler_t s_handlers[] = {
     {MSG_DRAFT_POLICY, s_on_draft_policy},
 };
 
-/* The hand-offs' ways in: NCCL links from prefill workers on other GPUs (polled, their processes
- * watched), every other channel (kv_chan.h) with the tcp channel's CURVE keys; and the routers'
- * watch. -1 (why in err) when the keys or the watch cannot be had; a channel that could not be
- * made is NULL (out of memory, refused with the step's). */
-static int s_open_channels(decode_t *d, actor_t *a, const topo_t *t, char *err, size_t errlen)
-{
-    d->links = kvlinks_new(d->w->eng->be, d->name, worker_block_bytes(d->w), NULL, s_link_send, a);
-    kvchan_cfg_t cc = {.be = d->w->eng->be, .pool = d->w->eng->pool, .topo = t, .self = actor_self(a),
-                       .cluster = t->name, .zmq_ctx = actor_zmq_ctx(a), .links = d->links};
-    if (chan_keys_fill(a, &d->chan_keys, &cc, err, errlen) != 0 || router_watch_init(&d->routers, a, t) != 0)
-        return -1;
-    d->chan = kvchan_new(&cc, err, errlen);
-    if (tchan_nccl_available(d->w->eng->be)) {
-        actor_timer_add(a, KVLINK_POLL_MS, s_poll_links);
-        for (int i = 0; i < t->n_instances; i++)
-            if (t->instances[i].role == ROLE_PREFILL)
-                actor_watch(a, t->instances[i].name);
-    }
-    return 0;
-}
-
 /* What a step needs, for the worker's max_seqs rows: its scratch, speculation (spec_cfg), the
- * write-back, the scheduler (the decode rows and up to chunk_tokens tokens of prompt chunks), the
- * output and the hand-offs' intake. -1 when one is missing: out of memory, or speculation that
- * could not start; s_close frees what was made. */
-static int s_open_step(decode_t *d, spec_step_config_t *spec_cfg, int chunk_tokens)
+ * write-back, the scheduler (the decode rows and up to chunk_tokens tokens of prompt chunks) and
+ * the output. -1 with why (out of memory, or speculation that could not start); s_close frees
+ * what was made. */
+static int s_open_step(decode_t *d, spec_step_config_t *spec_cfg, int chunk_tokens, char *err, size_t errlen)
 {
     const int max_seqs = d->w->max_seqs;
-    char err[1024];   /* out of memory is all these can say */
-    d->seqs = calloc((size_t)max_seqs, sizeof *d->seqs);
-    d->argmax = calloc((size_t)max_seqs, sizeof *d->argmax);
-    d->sample = calloc((size_t)max_seqs, sizeof *d->sample);
-    d->need_logits = calloc((size_t)max_seqs, 1);
     const spec_hooks_t spec_hooks = {.ctx = d, .sampler = s_spec_sampler, .emit = s_spec_emit};
     if (spec_cfg->pad_max_rows < 0)   /* padding buys graph replays: worth it where there are graphs */
         spec_cfg->pad_max_rows = d->w->eng->be->ops->graph_begin ? SPEC_PAD_ROWS_GRAPHS : 0;
     d->spec = spec_step_new(spec_cfg, d->w->draft, max_seqs, d->w->max_logit_rows, d->w->max_model_len, &spec_hooks,
-                            err, sizeof err);
-    if (spec_step_policy_init(d->spec, d->a, spec_cfg->method == SPEC_DRAFT, err, sizeof err) != 0)
-        spec_step_destroy(&d->spec);   /* out of memory: refused below */
-    d->wb = writeback_new(d->w, d->name, d->cluster, d->cache_manager);
+                            err, errlen);
+    if (spec_step_policy_init(d->spec, d->a, spec_cfg->method == SPEC_DRAFT, err, errlen) != 0)
+        spec_step_destroy(&d->spec);
+    if (!d->spec && spec_cfg->method != SPEC_OFF)
+        return -1;
+    d->seqs = calloc((size_t)max_seqs, sizeof *d->seqs);
+    d->argmax = calloc((size_t)max_seqs, sizeof *d->argmax);
+    d->sample = calloc((size_t)max_seqs, sizeof *d->sample);
+    d->need_logits = calloc((size_t)max_seqs, 1);
+    d->handoffs.wb = d->wb = writeback_new(d->w, d->name, d->cluster, d->cache_manager);
     sched_config_t sc = {.max_seqs = max_seqs, .max_running = max_seqs, .chunk_tokens = chunk_tokens, .now_ms = now_ms,
                          .ctx = d, .reclaim = s_reclaim, .hold_expired = s_hold_expired, .drop = s_drop};
-    d->sched = sched_new(d->w->eng->pool, &sc, err, sizeof err);
-    const int out_rc = stream_out_init(&d->out, d->a, d->w, d->sched, d->wb);
-    d->handoffs = (handoff_in_t){.self = d->name, .w = d->w, .chan = d->chan, .wb = d->wb};
-    return !d->seqs || !d->argmax || !d->sample || !d->need_logits || (!d->spec && spec_cfg->method != SPEC_OFF) ||
-                   out_rc != 0 || !d->wb || !d->sched
-               ? -1
-               : 0;
+    if (!(d->sched = sched_new(d->w->eng->pool, &sc, err, errlen)))
+        return -1;
+    if (!d->seqs || !d->argmax || !d->sample || !d->need_logits || !d->wb ||
+        stream_out_init(&d->out, d->a, d->w, d->sched, d->wb) != 0)
+        return errf(err, errlen, "out of memory for a batch of %d", max_seqs);
+    return 0;
 }
 
-/* Frees everything of s_open_channels and s_open_step, and the worker: the channels first, the
+/* Frees everything of main's opens and s_open_step, and the worker: the channels first, the
  * requests out of the scheduler before it goes. */
 static void s_close(decode_t *d)
 {
-    kvchan_destroy(&d->chan);
-    kvlinks_destroy(&d->links);
+    handoff_in_close(&d->handoffs);
     writeback_destroy(&d->wb);
     for (sched_state_t st = 0; d->sched && st < SCHED_OUT; st++)
         while (sched_first(d->sched, st))
@@ -526,46 +495,37 @@ int main(int argc, char **argv)
     decode_t d = {.a = a, .name = actor_self(a)->name, .cluster = t->name};
     const topo_instance_t *cm = topo_first(t, ROLE_CACHE_MANAGER);
     d.cache_manager = cm ? cm->name : NULL;
-    char err[1024];
     /* Colocated (no prefill actors): prompts come here (prefill_request). */
     const int colocated = topo_first(t, ROLE_PREFILL) == NULL;
     if (colocated && d.cache_manager)
         actor_timer_add(a, FETCH_TIMEOUT_MS / 10, s_wake);
-    spec_step_config_t spec_cfg;
-    if (spec_step_config_from_env(&spec_cfg, err, sizeof err) != 0) {
-        LOG_E("%s", err);
-        actor_destroy(&a);
-        return ACTOR_EXIT_CONFIG;
-    }
     /* A step holds the decode rows and up to prefill_chunk_tokens tokens of prompt chunks (colocated
      * prompts, and every worker's recomputes of preempted requests). */
     const int max_seqs = t->limits.max_batch, chunk_tokens = t->limits.prefill_chunk_tokens;
-    int config_error;
-    d.w = worker_load(t, ROLE_DECODE, actor_self(a)->gpu, max_seqs + chunk_tokens, max_seqs, &config_error, err,
-                      sizeof err);
-    if (!d.w) {
+    char err[1024];
+    int rc = -1, exit_code = 1, config_error = 0;
+    spec_step_config_t spec_cfg;
+    if (spec_step_config_from_env(&spec_cfg, err, sizeof err) != 0) {
+        LOG_E("%s", err);
+        exit_code = ACTOR_EXIT_CONFIG;
+    } else if (!(d.w = worker_load(t, ROLE_DECODE, actor_self(a)->gpu, max_seqs + chunk_tokens, max_seqs,
+                                   &config_error, err, sizeof err))) {
         LOG_E("cannot load the model: %s", err);
-        actor_destroy(&a);
-        return config_error ? ACTOR_EXIT_CONFIG : 1;
-    }
-    if (s_open_channels(&d, a, t, err, sizeof err) != 0) {
-        LOG_E("security: the KV channel's keys, or the routers' watch: %s", err);
-        worker_destroy(&d.w);
-        actor_destroy(&a);
-        return 1;
-    }
-    const int step_rc = s_open_step(&d, &spec_cfg, chunk_tokens);
-    int rc = -1, exit_code = 1;
-    if (prompt_intake_init(&d.prompts, d.w, d.sched, d.name, d.cache_manager, colocated, err, sizeof err) != 0) {
+        exit_code = config_error ? ACTOR_EXIT_CONFIG : 1;
+    } else if (handoff_in_open(&d.handoffs, a, d.w, t, err, sizeof err) != 0) {
+        LOG_E("the hand-off channels: %s", err);
+    } else if (router_watch_init(&d.routers, a, t) != 0) {
+        LOG_E("cannot watch the routers");
+    } else if (s_open_step(&d, &spec_cfg, chunk_tokens, err, sizeof err) != 0) {
+        LOG_E("%s", err);
+    } else if (prompt_intake_init(&d.prompts, d.w, d.sched, d.name, d.cache_manager, colocated, err, sizeof err) != 0) {
         LOG_E("%s", err);   /* a bad TROUPE_PREFILL_FETCH */
         exit_code = 2;
-    } else if (!d.links || !d.chan || step_rc != 0) {
-        LOG_E("out of memory for a batch of %d", max_seqs);
     } else {
-        tchan_shm_sweep(t->name);
+        if (d.handoffs.nccl)
+            actor_timer_add(a, KVLINK_POLL_MS, s_poll_links);
         actor_ops_t ops = {.handlers = s_handlers, .n_handlers = ARRAY_LEN(s_handlers), .before_sleep = s_step,
-                           .fill_stats = s_fill_stats, .drained = s_drained,
-                           .peer_event = s_peer_event};
+                           .fill_stats = s_fill_stats, .drained = s_drained, .peer_event = s_peer_event};
         rc = actor_run(a, &ops, &d);
     }
     s_close(&d);

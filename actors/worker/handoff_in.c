@@ -6,6 +6,39 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "transfer/kv_transfer.h"
+#include "transfer/nccl_chan.h"
+#include "transfer/shm_chan.h"
+
+/* How the links' kv_link messages leave: ctx is the actor. */
+static int s_link_send(void *ctx, const char *to, const msg_t *m) { return actor_send(ctx, to, m); }
+
+int handoff_in_open(handoff_in_t *hi, actor_t *a, const worker_t *w, const topo_t *t, char *err, size_t errlen)
+{
+    hi->self = actor_self(a)->name;
+    hi->w = w;
+    if (!(hi->links = kvlinks_new(w->eng->be, hi->self, worker_block_bytes(w), NULL, s_link_send, a)))
+        return errf(err, errlen, "out of memory for the NCCL links");
+    kvchan_cfg_t cc = {.be = w->eng->be, .pool = w->eng->pool, .topo = t, .self = actor_self(a),
+                       .cluster = t->name, .zmq_ctx = actor_zmq_ctx(a), .links = hi->links};
+    if (chan_keys_fill(a, &hi->keys, &cc, err, errlen) != 0 || !(hi->chan = kvchan_new(&cc, err, errlen)))
+        return -1;
+    hi->nccl = tchan_nccl_available(w->eng->be);
+    for (int i = 0; hi->nccl && i < t->n_instances; i++)   /* one not watched: its link ends at a deadline */
+        if (t->instances[i].role == ROLE_PREFILL)
+            actor_watch(a, t->instances[i].name);
+    tchan_shm_sweep(t->name);
+    return 0;
+}
+
+void handoff_in_close(handoff_in_t *hi)
+{
+    kvchan_destroy(&hi->chan);
+    kvlinks_destroy(&hi->links);
+}
+
+int handoff_in_on_link(handoff_in_t *hi, const msg_t *m) { return kvlinks_on_msg(hi->links, m); }
+void handoff_in_poll(handoff_in_t *hi) { kvlinks_poll(hi->links); }
+void handoff_in_peer_event(handoff_in_t *hi, const char *peer, int up) { kvlinks_peer_event(hi->links, peer, up); }
 
 /* Why m cannot be taken as it is (NULL: it can). */
 static const char *s_check(const handoff_in_t *hi, const msg_t *m, int here, char *err, size_t errlen)
@@ -91,5 +124,7 @@ void handoff_in_stats(const handoff_in_t *hi, actor_t *a, msg_stats_t *st)
     actor_stat_metric(a, st, "transfer_failures_total", (double)hi->refused, 1);
     actor_stat_metric(a, st, "transfers_cuda_ipc_total", (double)hi->ipc, 1);
     actor_stat_metric(a, st, "transfers_tcp_total", (double)kvchan_count(hi->chan, MSG_CHAN_TCP), 1);
+    actor_stat_metric(a, st, "transfers_nccl_total", (double)kvlinks_transfers(hi->links), 1);
+    actor_stat_metric(a, st, "nccl_links_ready", kvlinks_ready(hi->links), 0);
     actor_stat_metric(a, st, "handoff_seconds_total", (double)hi->ns / 1e9, 1);
 }
