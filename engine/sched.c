@@ -52,9 +52,10 @@ static void s_unlink(queue_t *q, sched_req_t *r)
     q->n--;
 }
 
-/* The one place a request changes state: its queue and the counts follow. A queue stays in
- * admission order only for requests entering it once; a request re-entering one (RUNNING after a
- * recompute) goes to the tail, which is what "newest first" preemption then sees as its age. */
+/* The one place a request changes state: its queue, the counts and the preemptions follow. A
+ * queue stays in admission order only for requests entering it once; a request re-entering one
+ * (RUNNING after a recompute) goes to the tail, which is what "newest first" preemption then sees
+ * as its age. */
 static void s_move(sched_t *s, sched_req_t *r, sched_state_t to, const char *event)
 {
     LOG_D("request %llu: %s -> %s on %s", (unsigned long long)r->id, sched_state_names[r->state],
@@ -62,6 +63,7 @@ static void s_move(sched_t *s, sched_req_t *r, sched_state_t to, const char *eve
     if (r->state != SCHED_OUT)
         s_unlink(&s->q[r->state], r);
     r->state = to;
+    s->preemptions += to == SCHED_PREEMPTED;
     if (to != SCHED_OUT)
         s_push(&s->q[to], r);
 }
@@ -146,7 +148,6 @@ int sched_add_running(sched_t *s, sched_req_t *r, uint64_t id, kvseq_t *kv, cons
     r->started_ms = r->arrived_ms;
     if (!with_kv) {
         r->target = n_prompt;   /* its first token, appended next, is fed by its first decode row */
-        s->preemptions++;
         s_move(s, r, SCHED_PREEMPTED, "hand-off without room for its KV");
     } else {
         s_move(s, r, s_ready_state(s), "hand-off");
@@ -223,7 +224,6 @@ static int s_free_blocks(sched_t *s)
     kvseq_release(victim->kv);
     victim->target = victim->n_toks - 1;
     victim->n_done = -1;
-    s->preemptions++;
     s_move(s, victim, SCHED_PREEMPTED, "KV pool full");
     return 0;
 }

@@ -11,7 +11,8 @@
  *     WAITING --a batch slot freed--> RUNNING --KV pool full--> PREEMPTED --recomputed--> RUNNING
  *
  * and out (sched_remove) from any state. Every move goes through one function, which keeps the
- * per-state counts and logs `request N: from -> to on event` (debug level).
+ * per-state counts and the preemptions (sched_preemptions: every move into PREEMPTED) and logs
+ * `request N: from -> to on event` (debug level).
  *
  * A step (sched_step) is: decode rows first, one token for every RUNNING request, then prompt
  * chunks, oldest first, up to chunk_tokens tokens in all (Sarathi / vLLM chunked prefill). A
