@@ -17,7 +17,10 @@
  * "auto" (or no file): computed from the reports; "none": push nothing (workers use their
  * default); otherwise buckets "MAX_BATCH:K[:MIN_CONFIDENCE] ..." in ascending MAX_BATCH. A file
  * that does not parse is logged and treated as "auto". TROUPE_DRAFT_POLICY_VALID_MS overrides
- * valid_ms (default DS_VALID_PUSHES x DS_PUSH_MS).
+ * valid_ms (default DS_VALID_PUSHES x DS_PUSH_MS). TROUPE_SPEC_POLICY_LOG (optional) names a file
+ * that gets one line per computation: every acceptance count and cost cell it read, the tokens/s
+ * it expected of each k at each batch bucket, and what it chose (spec_policy_log_line), for
+ * replaying offline (tools/spec-policy-replay).
  *
  * Known limits: one policy for every worker (they are assumed to run the same model on the same
  * kind of device); the cost table learns only the (batch, drafts per row) the workers run, the
@@ -29,13 +32,15 @@
 
 #include "actors/runtime/actor.h"
 #include "common/log.h"
+#include "common/util.h"
 #include "engine/spec_policy.h"
 
 #define DS_PUSH_MS          1000   /* policy pushes (and recomputes) */
 #define DS_VALID_PUSHES     5      /* a pushed policy holds this many push intervals */
 #define DS_MAX_K            7      /* drafts per row the policy considers */
 #define DS_DECAY_DRAFTS     200000 /* position-0 drafts past which the acceptance counts halve */
-#define DS_DECAY_STEPS      20000  /* steps in a cost cell past which the cell halves */
+#define DS_DECAY_STEPS      4000   /* steps in a cost cell past which the table halves: the cells
+                                    * compared stay recent (a few seconds of steps on a GPU) */
 #define DS_MAX_WORKERS      64
 
 typedef enum { DS_SRC_NONE = 0, DS_SRC_COMPUTED, DS_SRC_FILE } ds_source_t;
@@ -51,6 +56,8 @@ typedef struct {
     uint64_t reports, refused, pushes, push_failures, push_errors;
     char why[160];                /* why there is no computed policy yet */
     const char *pin_file;         /* TROUPE_DRAFT_POLICY_FILE or NULL */
+    FILE *log;                    /* TROUPE_SPEC_POLICY_LOG: a line per computation (spec_policy_log_line); NULL: none */
+    int64_t start_ms;             /* the log's time origin */
     uint32_t valid_ms;
     int max_batch;                /* the topology's limits.max_batch */
     char workers[DS_MAX_WORKERS][TOPO_NAME_MAX];   /* the decode workers it pushes to */
@@ -81,9 +88,13 @@ static int s_on_report(actor_t *a, void *state, const actor_peer_t *from, msg_t 
         w.conf_accepted[bin] += r->conf_accepted[j];
     }
     spec_accept_add(&s->acc, &w);
-    for (uint32_t i = 0; i < r->n_cost_batch; i++)
-        spec_cost_add_cell(&s->cost, spec_cost_bucket((int)r->cost_batch[i]), (int)r->cost_drafts[i], r->cost_steps[i],
-                           (double)r->cost_us[i] / 1e6);
+    for (uint32_t i = 0; i < r->n_cost_batch; i++) {
+        const int b = spec_cost_bucket((int)r->cost_batch[i]);
+        spec_cost_add_cell(&s->cost, b, (int)r->cost_drafts[i], r->cost_steps[i], (double)r->cost_us[i] / 1e6);
+        if (i < r->n_cost_rows)
+            spec_cost_add_tokens(&s->cost, b, (int)r->cost_drafts[i], r->cost_steps[i], r->cost_rows[i],
+                                 r->cost_tokens[i]);
+    }
     if (s->acc.proposed[0] > DS_DECAY_DRAFTS)
         spec_accept_decay(&s->acc);
     for (int b = 0; b < SPEC_COST_BATCHES; b++)
@@ -196,7 +207,18 @@ static void s_update(ds_state_t *s)
     if (!s->dirty && s->source == DS_SRC_COMPUTED)
         return;
     p.epoch = s->policy.epoch + 1;
-    if (spec_policy_compute(&s->acc, &s->cost, DS_MAX_K, s->max_batch, &p, s->why, (int)sizeof s->why) == 0) {
+    const int ok = spec_policy_compute(&s->acc, &s->cost, DS_MAX_K, s->max_batch, &p, s->why, (int)sizeof s->why) == 0;
+    if (s->log) {
+        static char line[65536];   /* any table: 340 cells of about 50 characters, the rates */
+        const int n = spec_policy_log_line(line, (int)sizeof line - 1, (double)(now_ms() - s->start_ms) / 1e3, &s->acc,
+                                           &s->cost, DS_MAX_K, s->max_batch, ok, ok ? &p : &s->policy, s->why);
+        if (n > 0) {
+            line[n] = '\n';
+            fwrite(line, 1, (size_t)n + 1, s->log);
+            fflush(s->log);
+        }
+    }
+    if (ok) {
         if (s->source != DS_SRC_COMPUTED)
             LOG_I("policy computed from %llu reports (epoch %llu)", (unsigned long long)s->reports,
                   (unsigned long long)p.epoch);
@@ -286,6 +308,14 @@ int main(int argc, char **argv)
     s->a = a;
     s->max_batch = t->limits.max_batch;
     s->pin_file = getenv("TROUPE_DRAFT_POLICY_FILE");
+    s->start_ms = now_ms();
+    const char *log_path = getenv("TROUPE_SPEC_POLICY_LOG");
+    if (log_path && *log_path && !(s->log = fopen(log_path, "a"))) {
+        LOG_E("TROUPE_SPEC_POLICY_LOG %s: %s", log_path, strerror(errno));
+        free(s);
+        actor_destroy(&a);
+        return ACTOR_EXIT_CONFIG;
+    }
     s->valid_ms = DS_VALID_PUSHES * DS_PUSH_MS;
     const char *v = getenv("TROUPE_DRAFT_POLICY_VALID_MS");
     if (v && *v) {
@@ -293,6 +323,8 @@ int main(int argc, char **argv)
         const long ms = strtol(v, &end, 10);
         if (*end || ms < 1 || ms > 86400000) {
             LOG_E("TROUPE_DRAFT_POLICY_VALID_MS '%s': expected milliseconds in [1, 86400000]", v);
+            if (s->log)
+                fclose(s->log);
             free(s);
             actor_destroy(&a);
             return ACTOR_EXIT_CONFIG;
@@ -307,6 +339,8 @@ int main(int argc, char **argv)
     static const actor_handler_t handlers[] = {{MSG_SPEC_REPORT, s_on_report}, {MSG_ERROR, s_on_error}};
     actor_ops_t ops = {.handlers = handlers, .n_handlers = 2, .fill_stats = s_fill_stats};
     int rc = actor_run(a, &ops, s);
+    if (s->log)
+        fclose(s->log);
     free(s);
     actor_destroy(&a);
     return rc == 0 ? 0 : 1;

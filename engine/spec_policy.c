@@ -3,7 +3,9 @@
 #include "engine/spec_policy.h"
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static const int s_grid[SPEC_COST_BATCHES] = {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512,
@@ -76,12 +78,32 @@ void spec_cost_add_cell(spec_cost_t *c, int bucket, int k, uint64_t steps, doubl
     c->seconds[bucket][k] += seconds;
 }
 
+void spec_cost_add_tokens(spec_cost_t *c, int bucket, int k, uint64_t steps, uint64_t rows, uint64_t emitted)
+{
+    if (bucket < 0 || bucket >= SPEC_COST_BATCHES || k < 0 || k > SPEC_MAX_K || rows == 0)
+        return;
+    c->counted[bucket][k] += steps;
+    c->rows[bucket][k] += rows;
+    c->emitted[bucket][k] += emitted;
+}
+
+void spec_cost_record_step(spec_cost_t *c, int batch, int k, long emitted, double seconds)
+{
+    if (batch < 1 || k < 0)
+        return;
+    const int b = spec_cost_bucket(batch);
+    k = k > SPEC_MAX_K ? SPEC_MAX_K : k;
+    spec_cost_add_cell(c, b, k, 1, seconds);
+    if (emitted >= 0)
+        spec_cost_add_tokens(c, b, k, 1, (uint64_t)batch, (uint64_t)emitted);
+}
+
 void spec_cost_record(spec_cost_t *c, int batch, int tokens, double seconds)
 {
     if (batch < 1 || tokens < batch)
         return;
     const int k = (tokens - batch + batch / 2) / batch;   /* drafts per row, rounded */
-    spec_cost_add_cell(c, spec_cost_bucket(batch), k > SPEC_MAX_K ? SPEC_MAX_K : k, 1, seconds);
+    spec_cost_record_step(c, batch, k, -1, seconds);
 }
 
 void spec_cost_add(spec_cost_t *into, const spec_cost_t *from)
@@ -90,6 +112,9 @@ void spec_cost_add(spec_cost_t *into, const spec_cost_t *from)
         for (int k = 0; k <= SPEC_MAX_K; k++) {
             into->steps[b][k] += from->steps[b][k];
             into->seconds[b][k] += from->seconds[b][k];
+            into->counted[b][k] += from->counted[b][k];
+            into->rows[b][k] += from->rows[b][k];
+            into->emitted[b][k] += from->emitted[b][k];
         }
 }
 
@@ -100,10 +125,30 @@ void spec_cost_decay(spec_cost_t *c)
             const uint64_t n = c->steps[b][k];
             c->seconds[b][k] = n > 1 ? c->seconds[b][k] * (double)(n / 2) / (double)n : c->seconds[b][k];
             c->steps[b][k] = n > 1 ? n / 2 : n;
+            /* tokens per row kept as they were: rows and emitted scale with the counted steps */
+            const uint64_t m = c->counted[b][k];
+            if (m > 1) {
+                c->rows[b][k] = (uint64_t)((double)c->rows[b][k] * (double)(m / 2) / (double)m + 0.5);
+                c->emitted[b][k] = (uint64_t)((double)c->emitted[b][k] * (double)(m / 2) / (double)m + 0.5);
+                c->counted[b][k] = m / 2;
+            }
         }
 }
 
+double spec_cost_tokens_per_row(const spec_cost_t *c, int bucket, int k)
+{
+    if (bucket < 0 || bucket >= SPEC_COST_BATCHES || k < 0 || k > SPEC_MAX_K ||
+        c->counted[bucket][k] < SPEC_POLICY_MIN_STEPS || c->rows[bucket][k] == 0)
+        return -1;
+    return (double)c->emitted[bucket][k] / (double)c->rows[bucket][k];
+}
+
 static int s_measured(const spec_cost_t *c, int b, int k) { return c->steps[b][k] >= SPEC_POLICY_MIN_STEPS; }
+/* time and tokens both measured: the cell's rate is what its steps gave */
+static int s_counted(const spec_cost_t *c, int b, int k)
+{
+    return s_measured(c, b, k) && c->counted[b][k] >= SPEC_POLICY_MIN_STEPS && c->rows[b][k] > 0;
+}
 static double s_mean(const spec_cost_t *c, int b, int k) { return c->seconds[b][k] / (double)c->steps[b][k]; }
 
 #define FIT_TERMS 4
@@ -238,14 +283,40 @@ int spec_policy_survival(const spec_accept_t *a, int max_k, float *s)
     return 0;
 }
 
+static double s_model_drafts(int k, const float *s)
+{
+    double d = 0;
+    for (int i = 0; i < k; i++)
+        d += s[i];
+    return d;
+}
+
 double spec_policy_rate(const spec_cost_t *c, int bucket, int batch, int k, const float *s)
 {
     const double sec = spec_cost_estimate(c, bucket, k);
     if (sec <= 0)
         return -1;
-    double per_row = 1.0;
-    for (int i = 0; i < k; i++)
-        per_row += s[i];
+    double per_row = spec_cost_tokens_per_row(c, bucket, k);
+    if (per_row < 0) {
+        /* The model, its accepted drafts scaled to what the nearest counted k > 0 cell got of it. */
+        double eff = 1.0;
+        for (int d = 1; d <= SPEC_MAX_K; d++) {
+            const int kk[2] = {k - d, k + d};
+            int found = 0;
+            for (int i = 0; i < 2 && !found; i++) {
+                const double tpr = kk[i] >= 1 ? spec_cost_tokens_per_row(c, bucket, kk[i]) : -1;
+                const double model = kk[i] >= 1 ? s_model_drafts(kk[i], s) : 0;
+                if (tpr >= 0 && model > 0) {
+                    eff = (tpr - 1.0) / model;
+                    found = 1;
+                }
+            }
+            if (found)
+                break;
+        }
+        eff = eff < 0 ? 0 : eff > 1 ? 1 : eff;
+        per_row = 1.0 + eff * s_model_drafts(k, s);
+    }
     return (double)batch * per_row / sec;
 }
 
@@ -296,6 +367,22 @@ int spec_policy_compute(const spec_accept_t *a, const spec_cost_t *c, int max_k,
             if (r > rbest && r >= r0 * (1.0 + SPEC_POLICY_MIN_GAIN)) {
                 rbest = r;
                 best = k;
+            }
+        }
+        /* Like for like: where this bucket's plain step and some of its drafting steps were
+         * measured (times and emitted tokens), speculation stays on only if one of those drafting
+         * cells really beat the plain one by the margin. An unmeasured length is the model's
+         * interpolation between them, and cannot overrule what the cells themselves gave. */
+        if (best > 0 && s_counted(c, b, 0)) {
+            int any = 0, pays = 0;
+            for (int k = 1; k <= SPEC_MAX_K; k++)
+                if (s_counted(c, b, k)) {
+                    any = 1;
+                    pays |= spec_policy_rate(c, b, B, k, p.survival) >= r0 * (1.0 + SPEC_POLICY_MIN_GAIN);
+                }
+            if (any && !pays) {
+                best = 0;
+                rbest = r0;
             }
         }
         /* The break-even survival at the optimum: seconds one more draft per row adds, per token,
@@ -370,4 +457,142 @@ int spec_policy_keep(const spec_policy_t *p, int batch, const float *probs, int 
         keep++;
     }
     return keep;
+}
+
+/* Appends to buf at *at; 0, or -1 once it does not fit (then *at stays past the end). */
+static int s_put(char *buf, int len, int *at, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static int s_put(char *buf, int len, int *at, const char *fmt, ...)
+{
+    if (*at >= len)
+        return -1;
+    va_list ap;
+    va_start(ap, fmt);
+    const int n = vsnprintf(buf + *at, (size_t)(len - *at), fmt, ap);
+    va_end(ap);
+    *at += n < 0 ? len : n;
+    return *at < len ? 0 : -1;
+}
+
+int spec_policy_log_line(char *buf, int len, double t, const spec_accept_t *a, const spec_cost_t *c, int max_k,
+                         int max_batch, int ok, const spec_policy_t *p, const char *why)
+{
+    int at = 0, rc = 0;
+    rc |= s_put(buf, len, &at, "t=%.3f epoch=%llu max_k=%d max_batch=%d ok=%d acc=", t,
+                (unsigned long long)p->epoch, max_k, max_batch, ok);
+    int n_pos = 0;
+    for (int i = 0; i < SPEC_MAX_K; i++)
+        if (a->proposed[i])
+            n_pos = i + 1;
+    for (int i = 0; i < n_pos; i++)
+        rc |= s_put(buf, len, &at, "%s%llu/%llu", i ? "," : "", (unsigned long long)a->proposed[i],
+                    (unsigned long long)a->accepted[i]);
+    rc |= s_put(buf, len, &at, " conf=");
+    for (int j = 0; j < SPEC_CONF_BINS; j++)
+        rc |= s_put(buf, len, &at, "%s%llu/%llu", j ? "," : "", (unsigned long long)a->conf_seen[j],
+                    (unsigned long long)a->conf_accepted[j]);
+    rc |= s_put(buf, len, &at, " cells=");
+    int first = 1;
+    for (int b = 0; b < SPEC_COST_BATCHES; b++)
+        for (int k = 0; k <= SPEC_MAX_K; k++)
+            if (c->steps[b][k] || c->counted[b][k]) {
+                rc |= s_put(buf, len, &at, "%s%d:%d:%llu:%.9g:%llu:%llu:%llu", first ? "" : ",", b, k,
+                            (unsigned long long)c->steps[b][k], c->seconds[b][k], (unsigned long long)c->counted[b][k],
+                            (unsigned long long)c->rows[b][k], (unsigned long long)c->emitted[b][k]);
+                first = 0;
+            }
+    rc |= s_put(buf, len, &at, " rates=");
+    float surv[SPEC_MAX_K] = {0};
+    const int have_s = spec_policy_survival(a, max_k, surv) == 0;
+    const int last = spec_cost_bucket(max_batch < 1 ? 1 : max_batch);
+    for (int b = 0; have_s && b <= last; b++) {
+        rc |= s_put(buf, len, &at, "%s%d:", b ? "," : "", b);
+        for (int k = 0; k <= max_k; k++)
+            rc |= s_put(buf, len, &at, "%s%.0f", k ? "/" : "", spec_policy_rate(c, b, spec_cost_batch(b), k, surv));
+    }
+    rc |= s_put(buf, len, &at, " choice=");
+    for (int i = 0; i < p->n_buckets; i++)
+        rc |= s_put(buf, len, &at, "%s%d:%d:%.4f", i ? "," : "", p->buckets[i].max_batch, p->buckets[i].max_draft,
+                    p->buckets[i].min_confidence);
+    rc |= s_put(buf, len, &at, " why=");
+    for (const char *w = ok || !why ? "-" : why; *w; w++)   /* one token: spaces as '_' */
+        rc |= s_put(buf, len, &at, "%c", *w == ' ' || *w == '\n' ? '_' : *w);
+    return rc ? -1 : at;
+}
+
+/* The value of key `key=` in line (its first occurrence after a space or at the start), or NULL. */
+static const char *s_field(const char *line, const char *key)
+{
+    const size_t n = strlen(key);
+    for (const char *q = line; (q = strstr(q, key)) != NULL; q++)
+        if ((q == line || q[-1] == ' ') && q[n] == '=')
+            return q + n + 1;
+    return NULL;
+}
+
+static int s_end(const char *q) { return *q == 0 || *q == ' ' || *q == '\n' || *q == '\r'; }
+
+int spec_policy_log_parse(const char *line, spec_accept_t *a, spec_cost_t *c, int *max_k, int *max_batch,
+                          spec_policy_t *choice, char *why, int why_len)
+{
+    memset(a, 0, sizeof *a);
+    memset(c, 0, sizeof *c);
+    const char *q = s_field(line, "max_k");
+    char *end;
+    if (!q || (*max_k = (int)strtol(q, &end, 10)) < 1 || *max_k > SPEC_MAX_K || !s_end(end))
+        return snprintf(why, (size_t)why_len, "max_k: missing or outside [1, %d]", SPEC_MAX_K), -1;
+    q = s_field(line, "max_batch");
+    if (!q || (*max_batch = (int)strtol(q, &end, 10)) < 1 || !s_end(end))
+        return snprintf(why, (size_t)why_len, "max_batch: missing or below 1"), -1;
+    q = s_field(line, "acc");
+    for (int i = 0; q && !s_end(q); i++) {
+        unsigned long long pr, ac;
+        int used;
+        if (i >= SPEC_MAX_K || sscanf(q, "%llu/%llu%n", &pr, &ac, &used) != 2 || ac > pr)
+            return snprintf(why, (size_t)why_len, "acc: entry %d does not read as PROPOSED/ACCEPTED", i), -1;
+        a->proposed[i] = pr;
+        a->accepted[i] = ac;
+        q += used;
+        q += *q == ',';
+    }
+    q = s_field(line, "conf");
+    for (int j = 0; q && !s_end(q); j++) {
+        unsigned long long se, ac;
+        int used;
+        if (j >= SPEC_CONF_BINS || sscanf(q, "%llu/%llu%n", &se, &ac, &used) != 2 || ac > se)
+            return snprintf(why, (size_t)why_len, "conf: bin %d does not read as SEEN/ACCEPTED", j), -1;
+        a->conf_seen[j] = se;
+        a->conf_accepted[j] = ac;
+        q += used;
+        q += *q == ',';
+    }
+    q = s_field(line, "cells");
+    for (int i = 0; q && !s_end(q); i++) {
+        int b, k, used;
+        unsigned long long st, co, ro, em;
+        double sec;
+        if (sscanf(q, "%d:%d:%llu:%lf:%llu:%llu:%llu%n", &b, &k, &st, &sec, &co, &ro, &em, &used) != 7 || b < 0 ||
+            b >= SPEC_COST_BATCHES || k < 0 || k > SPEC_MAX_K || !(sec >= 0))
+            return snprintf(why, (size_t)why_len, "cells: entry %d does not read as BUCKET:K:STEPS:SECONDS:COUNTED:ROWS:EMITTED",
+                            i), -1;
+        spec_cost_add_cell(c, b, k, st, sec);
+        spec_cost_add_tokens(c, b, k, co, ro, em);
+        q += used;
+        q += *q == ',';
+    }
+    if (!choice)
+        return 0;
+    memset(choice, 0, sizeof *choice);
+    choice->max_k = *max_k;
+    q = s_field(line, "choice");
+    for (int i = 0; q && !s_end(q); i++) {
+        int mb, k, used;
+        float conf;
+        if (i >= SPEC_COST_BATCHES || sscanf(q, "%d:%d:%f%n", &mb, &k, &conf, &used) != 3)
+            return snprintf(why, (size_t)why_len, "choice: entry %d does not read as MAX_BATCH:K:MIN_CONFIDENCE", i), -1;
+        choice->buckets[choice->n_buckets++] = (spec_policy_bucket_t){.max_batch = mb, .max_draft = k,
+                                                                      .min_confidence = conf};
+        q += used;
+        q += *q == ',';
+    }
+    return 0;
 }

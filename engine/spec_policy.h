@@ -32,7 +32,9 @@
 #define SPEC_COST_BATCHES   20    /* batch buckets of the cost table (spec_cost_batch) */
 #define SPEC_POLICY_MIN_SAMPLES 32 /* drafts a position (or a confidence bin) needs to be measured */
 #define SPEC_POLICY_MIN_STEPS   4  /* steps a cost cell needs to be measured */
-#define SPEC_POLICY_MIN_GAIN    0.02 /* a k > 0 must beat k = 0 by this fraction of tokens/s */
+#define SPEC_POLICY_MIN_GAIN    0.05 /* a k > 0 must beat k = 0 by this fraction of tokens/s (the
+                                      * noise of whole-step times on a busy host: a GPU run's cycles
+                                      * vary by a few percent from window to window) */
 
 /* Acceptance by draft position, and the calibration of draft confidence. Counts, not rates, so
  * that windows from several workers add up. */
@@ -50,10 +52,18 @@ void spec_accept_add(spec_accept_t *into, const spec_accept_t *from);
 /* Halves every count (old windows weigh less; counts stay far from overflow). */
 void spec_accept_decay(spec_accept_t *a);
 
-/* The step-cost table: decode-only steps by batch bucket and drafts per row (rounded mean). */
+/* The step-cost table: decode-only steps by batch bucket and drafts per row: the length every row
+ * of the step asked for (a proposer without a distribution: what the policy decides), or the
+ * rounded mean of the drafts verified (with a distribution, at least 1 when any row asked), and
+ * what those steps emitted. The emitted tokens make the comparison like for like: a cell's rate
+ * is what its steps really gave, rows the proposer found nothing for, the step's draft budget
+ * and the rows that stopped included, where the model's S(i) counts only rows that had drafts. */
 typedef struct spec_cost {
     uint64_t steps[SPEC_COST_BATCHES][SPEC_MAX_K + 1];
     double seconds[SPEC_COST_BATCHES][SPEC_MAX_K + 1];   /* summed over those steps */
+    uint64_t counted[SPEC_COST_BATCHES][SPEC_MAX_K + 1]; /* of the steps, those whose tokens were counted */
+    uint64_t rows[SPEC_COST_BATCHES][SPEC_MAX_K + 1];    /* decode rows of the counted steps */
+    uint64_t emitted[SPEC_COST_BATCHES][SPEC_MAX_K + 1]; /* tokens the counted steps emitted */
 } spec_cost_t;
 
 /* The bucket of batch size b (>= 1): the first grid value >= b (1, 2, 3, 4, 6, 8, 12, 16, 24, 32,
@@ -62,8 +72,15 @@ int spec_cost_bucket(int b);
 int spec_cost_batch(int bucket);              /* the grid value of a bucket */
 /* A decode-only step of `batch` rows and `tokens` positions (batch + drafts) took seconds. */
 void spec_cost_record(spec_cost_t *c, int batch, int tokens, double seconds);
+/* A decode-only step of `batch` rows in cell k (drafts per row, as above) that emitted `emitted`
+ * tokens (< 0: not counted) and took seconds. */
+void spec_cost_record_step(spec_cost_t *c, int batch, int k, long emitted, double seconds);
 /* The same for `steps` steps of one cell (bucket, drafts per row) that took seconds in all. */
 void spec_cost_add_cell(spec_cost_t *c, int bucket, int k, uint64_t steps, double seconds);
+/* `steps` counted steps of one cell had `rows` decode rows and emitted `emitted` tokens in all. */
+void spec_cost_add_tokens(spec_cost_t *c, int bucket, int k, uint64_t steps, uint64_t rows, uint64_t emitted);
+/* Measured tokens per row of a cell (SPEC_POLICY_MIN_STEPS counted steps); -1 when not measured. */
+double spec_cost_tokens_per_row(const spec_cost_t *c, int bucket, int k);
 void spec_cost_add(spec_cost_t *into, const spec_cost_t *from);
 void spec_cost_decay(spec_cost_t *c);
 /* Estimated seconds of one step at batch bucket `bucket` with k drafts per row: the cell's mean
@@ -97,7 +114,12 @@ typedef struct spec_policy {
 int spec_policy_survival(const spec_accept_t *a, int max_k, float *s);
 
 /* Expected tokens per second of a step of `batch` rows at bucket b, each row with k drafts and
- * survival curve s (the model above); -1 when the cost is unknown. */
+ * survival curve s: batch x tokens per row / spec_cost_estimate. Tokens per row are the cell's
+ * measured ones where its steps were counted (spec_cost_tokens_per_row: what asking k gave, like
+ * for like with the measured k = 0 of the same bucket); else the model's 1 + sum_{i<k} S(i),
+ * its drafts scaled by what the bucket's nearest counted k > 0 cell really got of the model's
+ * (at most 1: rows with no match, a step's draft budget, rows that end). -1 when the cost is
+ * unknown. */
 double spec_policy_rate(const spec_cost_t *c, int bucket, int batch, int k, const float *s);
 
 /* The policy for proposers that verify at most max_k (1..SPEC_MAX_K) drafts per row, from the
@@ -105,6 +127,21 @@ double spec_policy_rate(const spec_cost_t *c, int bucket, int batch, int k, cons
  * untouched, why says what is missing) when acceptance or cost is not measured well enough yet. */
 int spec_policy_compute(const spec_accept_t *a, const spec_cost_t *c, int max_k, int max_batch, spec_policy_t *out,
                         char *why, int why_len);
+
+/* One line (no newline) into buf saying everything a computation read and decided, for
+ * TROUPE_SPEC_POLICY_LOG: "t=SECONDS epoch=E max_k=K max_batch=B ok=0|1 acc=P/A,... conf=S/A,...
+ * cells=BUCKET:K:STEPS:SECONDS:COUNTED:ROWS:EMITTED,... rates=BUCKET:R0/R1/.../Rmax_k,...
+ * choice=MAX_BATCH:K:MIN_CONFIDENCE,... why=..." (rates in tokens/s as spec_policy_rate gives
+ * them for the policy's survival, the chosen k and break-even; -1 where unknown). p: the policy
+ * computed (ok=1), or the one in force when the computation failed with why (ok=0). Returns the
+ * length written, or -1 when buf is too small (4096 bytes hold any table of a run). */
+int spec_policy_log_line(char *buf, int len, double t, const spec_accept_t *a, const spec_cost_t *c, int max_k,
+                         int max_batch, int ok, const spec_policy_t *p, const char *why);
+/* The inputs of such a line back (acc, conf and cells; max_k, max_batch, the logged choice's
+ * buckets into choice, which may be NULL): 0, or -1 with why naming the field that does not
+ * parse. Recomputing from them gives the decision again offline (tools/spec-policy-replay). */
+int spec_policy_log_parse(const char *line, spec_accept_t *a, spec_cost_t *c, int *max_k, int *max_batch,
+                          spec_policy_t *choice, char *why, int why_len);
 
 /* The bucket that applies to a step of `batch` decode rows. */
 const spec_policy_bucket_t *spec_policy_bucket(const spec_policy_t *p, int batch);

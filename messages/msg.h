@@ -509,8 +509,10 @@ typedef struct msg_draft_policy {
  * (both non-increasing in i). conf_seen[j] / conf_accepted[j]: drafts whose prefix confidence
  * (cumulative product of draft probabilities) fell in bin j of n_conf_seen equal bins over [0, 1],
  * and those accepted. Step costs of decode-only steps: cell c is cost_steps[c] steps of about
- * cost_batch[c] rows with cost_drafts[c] drafts per row (rounded mean) taking cost_us[c]
- * microseconds in all. */
+ * cost_batch[c] rows with cost_drafts[c] drafts per row (engine/spec_policy.h spec_cost_t: the
+ * length every row asked for, or the rounded mean verified with a distribution) taking cost_us[c]
+ * microseconds in all, and (optional: none, or one per cell) cost_rows[c] decode rows that
+ * emitted cost_tokens[c] tokens over those steps. */
 typedef struct msg_spec_report {
     const char *worker;          /* required */
     uint64_t steps;              /* decode-only steps in the window */
@@ -532,6 +534,10 @@ typedef struct msg_spec_report {
     uint32_t n_cost_steps;       /* == n_cost_batch */
     const uint64_t *cost_us;
     uint32_t n_cost_us;          /* == n_cost_batch */
+    const uint64_t *cost_rows;   /* each >= cost_steps[c] */
+    uint32_t n_cost_rows;        /* 0 or n_cost_batch */
+    const uint64_t *cost_tokens;
+    uint32_t n_cost_tokens;      /* == n_cost_rows */
 } msg_spec_report_t;
 
 typedef struct msg_inspect {

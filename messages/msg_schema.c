@@ -376,6 +376,13 @@ static int s_spec_report_check(const void *p, const char *path, char *err, size_
         if (d->cost_steps[i] < 1)
             return errf(err, errlen, "%s.cost_steps[%u]: 0, a cell has at least one step", path, i);
     }
+    if ((d->n_cost_rows != 0 && d->n_cost_rows != n) || d->n_cost_tokens != d->n_cost_rows)
+        return errf(err, errlen, "%s.cost_rows: %u entries, cost_tokens %u, cost_batch %u (none, or one per cell in each)",
+                    path, d->n_cost_rows, d->n_cost_tokens, n);
+    for (uint32_t i = 0; i < d->n_cost_rows; i++)
+        if (d->cost_rows[i] < d->cost_steps[i])
+            return errf(err, errlen, "%s.cost_rows[%u]: %llu rows in %llu steps, a step has at least one row", path, i,
+                        (unsigned long long)d->cost_rows[i], (unsigned long long)d->cost_steps[i]);
     return 0;
 }
 
@@ -708,6 +715,8 @@ static const msg_field_t s_spec_report_f[] = {
     F_U32A(msg_spec_report_t, cost_drafts, n_cost_drafts, 0, 0, MSG_MAX_COST_CELLS),
     F_U64A(msg_spec_report_t, cost_steps, n_cost_steps, 0, 0, MSG_MAX_COST_CELLS),
     F_U64A(msg_spec_report_t, cost_us, n_cost_us, 0, 0, MSG_MAX_COST_CELLS),
+    F_U64A(msg_spec_report_t, cost_rows, n_cost_rows, 0, 0, MSG_MAX_COST_CELLS),
+    F_U64A(msg_spec_report_t, cost_tokens, n_cost_tokens, 0, 0, MSG_MAX_COST_CELLS),
 };
 
 static const msg_field_t s_inspect_f[] = {

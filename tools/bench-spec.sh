@@ -15,7 +15,11 @@
 #              step costs.
 # Then a table: one row per concurrency, output tokens/s for each k and scheduled, the best fixed k,
 # and scheduled against k = 0 and against the best fixed k; acceptance and tokens per verify step of
-# the scheduled run. Every run's troupe-bench JSON is kept in OUT_DIR (default build/bench-spec/<date-time>).
+# the scheduled run. Every run's troupe-bench JSON is kept in OUT_DIR (default build/bench-spec/<date-time>),
+# and the scheduled run's draft-scheduler writes every policy computation to OUT_DIR/policy-sched.log
+# (TROUPE_SPEC_POLICY_LOG: acceptance, cost cells with their emitted tokens, the tokens/s expected of
+# each k per batch bucket, the choice); its last computation is printed after the table, through
+# troupe-spec-policy-replay (which recomputes it with this build's policy).
 #
 # Environment:
 #   TROUPE_MODELS  the folder holding kjv-dense, kjv-draft and kjv-text (default ../shared/models)
@@ -119,7 +123,9 @@ run() {   # run ENTRY: one cluster, one troupe-bench sweep
   local topo
   topo=$(topology "$e")
   rm -f "$OUT/ready-$e"
-  TROUPE_SPECULATION=$spec TROUPE_SPEC_POLICY=$policy "$B/bin/troupe-supervisor" --topology "$topo" \
+  local log=
+  [ "$e" = sched ] && log=$OUT/policy-$e.log && rm -f "$log"
+  TROUPE_SPEC_POLICY_LOG=$log TROUPE_SPECULATION=$spec TROUPE_SPEC_POLICY=$policy "$B/bin/troupe-supervisor" --topology "$topo" \
     --ready-file "$OUT/ready-$e" >"$OUT/supervisor-$e.log" 2>&1 &
   SUP=$!
   for _ in $(seq 1200); do [ -s "$OUT/ready-$e" ] && break; sleep 0.1; done
@@ -165,3 +171,7 @@ for c in conc:
     print(row)
 print(f"(output tokens/s of the cluster; troupe-bench JSON and logs in {out})")
 PY
+if [ -s "$OUT/policy-sched.log" ] && [ -x "$B/bin/troupe-spec-policy-replay" ]; then
+  echo "the draft-scheduler's last policy computation ($OUT/policy-sched.log):"
+  "$B/bin/troupe-spec-policy-replay" "$OUT/policy-sched.log" || true
+fi

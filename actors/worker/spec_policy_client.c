@@ -170,6 +170,8 @@ static void s_report(spec_client_t *c)
     uint64_t proposed[SPEC_MAX_K], accepted[SPEC_MAX_K], steps[SPEC_COST_BATCHES * (SPEC_MAX_K + 1)],
         us[SPEC_COST_BATCHES * (SPEC_MAX_K + 1)];
     uint32_t batch[SPEC_COST_BATCHES * (SPEC_MAX_K + 1)], drafts[SPEC_COST_BATCHES * (SPEC_MAX_K + 1)];
+    uint64_t rows[SPEC_COST_BATCHES * (SPEC_MAX_K + 1)], emitted[SPEC_COST_BATCHES * (SPEC_MAX_K + 1)];
+    int all_counted = 1;   /* cost_rows / cost_tokens go only when every cell's steps were counted */
     uint32_t n_pos = 0, n_cells = 0;
     for (int i = 0; i < SPEC_MAX_K; i++) {
         proposed[i] = c->acc.proposed[i];
@@ -183,6 +185,9 @@ static void s_report(spec_client_t *c)
                 batch[n_cells] = (uint32_t)spec_cost_batch(b);
                 drafts[n_cells] = (uint32_t)k;
                 steps[n_cells] = c->cost.steps[b][k];
+                rows[n_cells] = c->cost.rows[b][k];
+                emitted[n_cells] = c->cost.emitted[b][k];
+                all_counted &= c->cost.counted[b][k] == c->cost.steps[b][k];
                 us[n_cells++] = (uint64_t)(c->cost.seconds[b][k] * 1e6 + 0.5);
             }
     int any_conf = 0;
@@ -197,7 +202,9 @@ static void s_report(spec_client_t *c)
         .conf_seen = c->acc.conf_seen, .n_conf_seen = any_conf ? SPEC_CONF_BINS : 0,
         .conf_accepted = c->acc.conf_accepted, .n_conf_accepted = any_conf ? SPEC_CONF_BINS : 0,
         .cost_batch = batch, .n_cost_batch = n_cells, .cost_drafts = drafts, .n_cost_drafts = n_cells,
-        .cost_steps = steps, .n_cost_steps = n_cells, .cost_us = us, .n_cost_us = n_cells};
+        .cost_steps = steps, .n_cost_steps = n_cells, .cost_us = us, .n_cost_us = n_cells,
+        .cost_rows = rows, .n_cost_rows = all_counted ? n_cells : 0,
+        .cost_tokens = emitted, .n_cost_tokens = all_counted ? n_cells : 0};
     if (actor_send(c->a, c->scheduler, &m) == 0)
         c->reports++;
     else
@@ -209,9 +216,9 @@ static void s_report(spec_client_t *c)
     c->win_start_ms = now_ms();
 }
 
-void spec_client_step(spec_client_t *c, int rows, int tokens, double seconds)
+void spec_client_step(spec_client_t *c, int rows, int k, long emitted, double seconds)
 {
-    spec_cost_record(&c->cost, rows, tokens, seconds);
+    spec_cost_record_step(&c->cost, rows, k, emitted, seconds);
     c->win_steps++;
     if (!c->scheduler[0])
         return;

@@ -64,9 +64,10 @@ int spec_client_explore(spec_client_t *c);
 int spec_client_keep(spec_client_t *c, int batch, const float *probs, int n);
 /* A row verified n drafts and accepted the first n_accepted (probs as given to keep). */
 void spec_client_verified(spec_client_t *c, int n, int n_accepted, const float *probs);
-/* A decode-only step of `rows` rows and `tokens` positions took `seconds` (with or without
- * drafts); sends the window's report when it is full. */
-void spec_client_step(spec_client_t *c, int rows, int tokens, double seconds);
+/* A decode-only step of `rows` rows in cost cell k (drafts per row: spec_cost_t) emitted
+ * `emitted` tokens (< 0: not counted) and took `seconds`; sends the window's report when it is
+ * full. */
+void spec_client_step(spec_client_t *c, int rows, int k, long emitted, double seconds);
 
 /* 1 while a pushed policy is in force. */
 int spec_client_active(const spec_client_t *c);

@@ -35,6 +35,10 @@ struct spec_step {
     int pad_max_rows;            /* pad steps of up to this many rows (TROUPE_SPEC_PAD_ROWS; 0: never) */
     uint64_t padded_steps, pad_positions;   /* verify steps padded, filler positions they computed */
     int last_rows, last_tokens;  /* the last step (spec_step_done): decode rows (0: it had prompt rows), positions */
+    int last_k;                  /* its cost cell: drafts per row (spec_cost_t: asked, or verified with a distribution) */
+    long last_emitted;           /* tokens it emitted */
+    int step_asked;              /* this step: drafts each row asked for (0: none asked) */
+    long step_emitted;           /* this step's tokens streamed by spec_step_verify; -1: it did not verify */
     int *kv_base;                /* [max_seqs] the row's KV length before its drafts */
     spec_stats_t stats;
     spec_client_t *policy;       /* the draft-scheduler's policy and reports (spec_step_policy_init); NULL: none */
@@ -149,6 +153,8 @@ int spec_step_propose(spec_step_t *s, const sched_batch_t *b)
         return 0;
     for (int i = 0; i < b->n; i++)   /* spec_step_drafts: 0 in a step that does not verify */
         s->n_drafts[i] = s->n_pad[i] = 0;
+    s->step_asked = 0;
+    s->step_emitted = -1;
     if (b->n != b->n_decode)
         return 0;
     int budget = s->max_rows - b->n, any = 0, n_ask = 0;
@@ -160,6 +166,7 @@ int spec_step_propose(spec_step_t *s, const sched_batch_t *b)
         s->kv_base[i] = kvseq_len(r->kv);
         /* the verify length: the draft-scheduler's policy for this batch size, or the default */
         int k = explore >= 0 ? explore : s->policy ? spec_client_ask(s->policy, b->n) : s->k;
+        s->step_asked = k > s->step_asked ? k : s->step_asked;
         k = k < budget ? k : budget;
         if (k > s->max_model_len - s->kv_base[i] - 1)
             k = s->max_model_len - s->kv_base[i] - 1;
@@ -176,8 +183,13 @@ int spec_step_propose(spec_step_t *s, const sched_batch_t *b)
         s->ask_row[n_ask++] = i;
         budget -= k;
     }
+    /* No row asked (the policy says no drafts at this batch, or an exploration step without):
+     * a plain step, for MTP too. Its feed would cost the hidden states' download and an MTP
+     * forward for drafts nobody asks for; its sequences begin again at their next feed (a row
+     * then drafts from the step after, the output is the same), and the k = 0 cell of the cost
+     * table is the plain step the policy compares against. */
     if (n_ask == 0)
-        return s->mtp;
+        return 0;
     spec_propose_batch(s->proposer, s->asks, n_ask);
     for (int a = 0; a < n_ask; a++) {
         const int i = s->ask_row[a];
@@ -305,6 +317,7 @@ void spec_step_verify(spec_step_t *s, const sched_batch_t *b, const float *logit
         int logprobs = 0;
         sampler_t *smp = s->hooks.sampler(s->hooks.ctx, r, &logprobs);
         int j = 0, alive = 1;
+        s->step_emitted += s->step_emitted < 0;   /* -1: the first row of this verify step */
         for (;; j++) {
             int acc;
             float lp = 0;
@@ -319,6 +332,7 @@ void spec_step_verify(spec_step_t *s, const sched_batch_t *b, const float *logit
                 acc = j < n && t == dr[j];
             alive = s->hooks.emit(s->hooks.ctx, r, t, lp, s->need[at] ? logits + at * V : NULL,
                                   base + j + 1 >= s->max_model_len, base + j);
+            s->step_emitted++;
             if (!acc || !alive)
                 break;
         }
@@ -371,13 +385,22 @@ void spec_step_done(spec_step_t *s, const sched_batch_t *b)
     s->last_tokens = b->n;
     for (int i = 0; i < b->n; i++)
         s->last_tokens += s->n_drafts[i];
+    /* Its cell: without a distribution every row asked the same length, which is what the policy
+     * decides, so the cell is that ask (the rows the proposer found nothing for, or the draft
+     * budget cut, are in its emitted tokens); with one the policy decides a confidence, and the
+     * cell is the drafts verified per row (rounded, at least 1 when drafts were asked: a step
+     * that asked and kept none still paid for drafting, and is not the plain step of k = 0). */
+    const int rows = b->n > 0 ? b->n : 1, mean = (s->last_tokens - b->n + rows / 2) / rows;
+    s->last_k = !s->has_dist ? s->step_asked : s->step_asked == 0 ? 0 : mean > 1 ? mean : 1;
+    /* a step that did not verify emitted a token per row */
+    s->last_emitted = s->step_emitted >= 0 ? s->step_emitted : b->n;
 }
 
 void spec_step_cycle(spec_step_t *s, double seconds)
 {
     if (!s || !s->policy || s->last_rows < 1)
         return;
-    spec_client_step(s->policy, s->last_rows, s->last_tokens, seconds);
+    spec_client_step(s->policy, s->last_rows, s->last_k, s->last_emitted, seconds);
     s->last_rows = 0;
 }
 

@@ -789,6 +789,21 @@ static void test_reject_cross_field(void **state)
     m.u.spec_report.cost_steps = no_steps;
     assert_int_equal(msg_validate(&m, err, sizeof err), -1);
     assert_non_null(strstr(err, "spec_report.cost_steps[2]: 0"));
+    fx_fill(&m, MSG_SPEC_REPORT);
+    m.u.spec_report.n_cost_rows = m.u.spec_report.n_cost_tokens = 0;   /* optional: none is fine */
+    assert_int_equal(msg_validate(&m, err, sizeof err), 0);
+    m.u.spec_report.n_cost_rows = m.u.spec_report.n_cost_tokens = 2;
+    assert_int_equal(msg_validate(&m, err, sizeof err), -1);
+    assert_non_null(strstr(err, "spec_report.cost_rows: 2 entries, cost_tokens 2, cost_batch 3"));
+    fx_fill(&m, MSG_SPEC_REPORT);
+    m.u.spec_report.n_cost_tokens = 2;
+    assert_int_equal(msg_validate(&m, err, sizeof err), -1);
+    assert_non_null(strstr(err, "spec_report.cost_rows: 3 entries, cost_tokens 2"));
+    fx_fill(&m, MSG_SPEC_REPORT);
+    static const uint64_t few_rows[] = {40, 2, 256000};
+    m.u.spec_report.cost_rows = few_rows;
+    assert_int_equal(msg_validate(&m, err, sizeof err), -1);
+    assert_non_null(strstr(err, "spec_report.cost_rows[1]: 2 rows in 3 steps"));
 
     fx_fill(&m, MSG_KV_ANNOUNCE);
     m.u.kv_announce.handle_len = 0;

@@ -58,6 +58,8 @@ static const uint32_t fx_cost_batch[] = {1, 16, 256};
 static const uint32_t fx_cost_drafts[] = {7, 2, 0};
 static const uint64_t fx_cost_steps[] = {40, 3, 1000};
 static const uint64_t fx_cost_us[] = {12345, 99, 40000000};
+static const uint64_t fx_cost_rows[] = {40, 48, 256000};
+static const uint64_t fx_cost_tokens[] = {130, 60, 256000};
 static const uint64_t fx_counts[] = {5, 0, 12345678901ull, 7};
 static const uint64_t fx_disk_mask[] = {0x5};   /* blocks 0 and 2 of 3 found */
 
@@ -274,6 +276,8 @@ static void fx_fill(msg_t *m, msg_type_t t)
         d->cost_drafts = fx_cost_drafts; d->n_cost_drafts = 3;
         d->cost_steps = fx_cost_steps; d->n_cost_steps = 3;
         d->cost_us = fx_cost_us; d->n_cost_us = 3;
+        d->cost_rows = fx_cost_rows; d->n_cost_rows = 3;
+        d->cost_tokens = fx_cost_tokens; d->n_cost_tokens = 3;
         break;
     }
     case MSG_INSPECT:

@@ -307,6 +307,149 @@ static void test_confidence_calibration_and_keep(void **state)
     assert_true(spec_policy_stop_below(&p, 1) == 0);   /* never stops */
 }
 
+/* A cell measured with its steps' rows and emitted tokens. */
+static void s_cell(spec_cost_t *c, int batch, int k, double ms, double tokens_per_row)
+{
+    const int b = spec_cost_bucket(batch);
+    spec_cost_add_cell(c, b, k, 40, 40 * ms / 1000.0);
+    spec_cost_add_tokens(c, b, k, 40, 40 * (uint64_t)batch, (uint64_t)(40 * batch * tokens_per_row + 0.5));
+}
+
+/* The table of the KJV pair with n-gram drafts on one H200 (2026-12-02): at concurrency 64-96 a
+ * step verifying 7 drafts per row took 3.2 ms for 2.85 tokens per row, and a plain step 0.77 ms.
+ * The survival of the rows that had drafts is high (a match, when found, is often right), so the
+ * model's 1 + sum S(i) promises far more than the 2.85 tokens the steps really emitted (rows
+ * without a match, the step's draft budget): the rate model alone chose k = 7 there. The
+ * measured tokens of the same bucket's cells must turn it off, and keep it on at batch 1, where
+ * the measured cells say it pays. */
+static void test_measured_k0_faster_turns_off(void **state)
+{
+    (void)state;
+    spec_accept_t a;
+    spec_cost_t c;
+    memset(&c, 0, sizeof c);
+    s_fill_accept(&a, 0.95, 7);
+    s_cell(&c, 96, 0, 0.77, 1.0);
+    s_cell(&c, 96, 1, 1.00, 1.30);
+    s_cell(&c, 96, 7, 3.20, 2.85);
+    s_cell(&c, 1, 0, 0.19, 1.0);
+    s_cell(&c, 1, 1, 0.22, 1.40);
+    s_cell(&c, 1, 7, 0.30, 2.60);
+    spec_policy_t p = s_compute(&a, &c, 7);
+    assert_int_equal(spec_policy_bucket(&p, 96)->max_draft, 0);
+    assert_int_equal(spec_policy_bucket(&p, 80)->max_draft, 0);
+    assert_int_equal(spec_policy_ask(&p, 96, 1), 0);   /* with a distribution too */
+    assert_true(spec_policy_bucket(&p, 1)->max_draft > 0);
+    /* The model alone (the same cells, their tokens not counted) would draft at 96. */
+    spec_cost_t m = c;
+    memset(m.counted, 0, sizeof m.counted);
+    const spec_policy_t q = s_compute(&a, &m, 7);
+    assert_true(spec_policy_bucket(&q, 96)->max_draft > 0);
+    /* Speculation a little faster than k = 0, inside the noise margin: off as well. */
+    memset(&c, 0, sizeof c);
+    s_cell(&c, 96, 0, 1.00, 1.0);
+    s_cell(&c, 96, 1, 1.40, 1.40 * 1.03);
+    s_cell(&c, 96, 3, 2.00, 2.00 * 1.03);
+    p = s_compute(&a, &c, 7);
+    assert_int_equal(spec_policy_bucket(&p, 96)->max_draft, 0);
+    /* Clearly faster (20%): on, at a measured length. */
+    memset(&c, 0, sizeof c);
+    s_cell(&c, 96, 0, 1.00, 1.0);
+    s_cell(&c, 96, 1, 1.40, 1.40 * 1.03);
+    s_cell(&c, 96, 3, 2.00, 2.00 * 1.2);
+    p = s_compute(&a, &c, 7);
+    assert_true(spec_policy_bucket(&p, 96)->max_draft > 0);
+}
+
+/* An unmeasured k is the model's, its drafts scaled by what the nearest counted cell of the
+ * bucket got of the model's prediction, never more than the model. */
+static void test_unmeasured_k_scaled(void **state)
+{
+    (void)state;
+    spec_accept_t a;
+    spec_cost_t c;
+    memset(&c, 0, sizeof c);
+    s_fill_accept(&a, 0.8, 7);
+    float s[SPEC_MAX_K] = {0};
+    assert_int_equal(spec_policy_survival(&a, 7, s), 0);
+    s_cell(&c, 16, 0, 1.0, 1.0);
+    s_cell(&c, 16, 2, 1.2, 1.0 + 0.5 * (s[0] + s[1]));   /* half the model's accepted drafts */
+    const int b = spec_cost_bucket(16);
+    const double r3 = spec_policy_rate(&c, b, 16, 3, s), sec3 = spec_cost_estimate(&c, b, 3);
+    assert_true(sec3 > 0);
+    assert_true(fabs(r3 - 16 * (1 + 0.5 * (s[0] + s[1] + s[2])) / sec3) / r3 < 1e-3);
+    /* a measured cell's rate is its own tokens over its own time */
+    assert_true(fabs(spec_policy_rate(&c, b, 16, 0, s) - 16 / 1e-3) < 1e-6);
+    /* decay keeps tokens per row */
+    const double tpr = spec_cost_tokens_per_row(&c, b, 2);
+    spec_cost_decay(&c);
+    assert_true(fabs(spec_cost_tokens_per_row(&c, b, 2) - tpr) < 2.0 / (double)c.rows[b][2]);   /* rounding */
+    assert_int_equal(c.counted[b][2], 20);
+    /* record_step: the cell named, a token count or none */
+    spec_cost_t r = {0};
+    spec_cost_record_step(&r, 50, 3, 120, 0.002);
+    spec_cost_record_step(&r, 50, 3, -1, 0.002);
+    assert_int_equal(r.steps[spec_cost_bucket(50)][3], 2);
+    assert_int_equal(r.counted[spec_cost_bucket(50)][3], 1);
+    assert_int_equal(r.emitted[spec_cost_bucket(50)][3], 120);
+}
+
+/* TROUPE_SPEC_POLICY_LOG's line holds everything the computation read: parsed back, the same
+ * policy comes out, and the logged choice reads back as it was. */
+static void test_log_line_replays(void **state)
+{
+    (void)state;
+    spec_accept_t a, a2;
+    spec_cost_t c, c2;
+    memset(&c, 0, sizeof c);
+    s_fill_accept(&a, 0.7, 5);
+    const float conf[1] = {0.85f};
+    for (int n = 0; n < 100; n++)
+        spec_accept_record(&a, 1, n % 3 != 0, conf);
+    s_cell(&c, 1, 0, 0.19, 1.0);
+    s_cell(&c, 1, 1, 0.22, 1.40);
+    s_cell(&c, 1, 4, 0.31, 2.30);
+    s_cell(&c, 96, 0, 0.77, 1.0);
+    s_cell(&c, 96, 4, 2.10, 2.20);
+    spec_cost_add_cell(&c, spec_cost_bucket(16), 2, 3, 0.0031);   /* under MIN_STEPS, no tokens */
+    spec_policy_t p = {.epoch = 12};
+    char why[128];
+    assert_int_equal(spec_policy_compute(&a, &c, 7, 128, &p, why, sizeof why), 0);
+    char line[16384];
+    const int n = spec_policy_log_line(line, (int)sizeof line, 3.5, &a, &c, 7, 128, 1, &p, NULL);
+    assert_true(n > 0 && n == (int)strlen(line));
+    assert_non_null(strstr(line, "t=3.500 epoch=12 max_k=7 max_batch=128 ok=1 acc="));
+    assert_non_null(strstr(line, " rates=0:"));
+    assert_null(strchr(line, '\n'));
+    int max_k = 0, max_batch = 0;
+    spec_policy_t logged;
+    assert_int_equal(spec_policy_log_parse(line, &a2, &c2, &max_k, &max_batch, &logged, why, sizeof why), 0);
+    assert_int_equal(max_k, 7);
+    assert_int_equal(max_batch, 128);
+    assert_memory_equal(&a, &a2, sizeof a);
+    assert_memory_equal(c.steps, c2.steps, sizeof c.steps);
+    assert_memory_equal(c.emitted, c2.emitted, sizeof c.emitted);
+    for (int b = 0; b < SPEC_COST_BATCHES; b++)
+        for (int k = 0; k <= SPEC_MAX_K; k++)
+            assert_true(fabs(c.seconds[b][k] - c2.seconds[b][k]) <= 1e-8 * c.seconds[b][k]);
+    spec_policy_t q = {.epoch = 12};
+    assert_int_equal(spec_policy_compute(&a2, &c2, max_k, max_batch, &q, why, sizeof why), 0);
+    assert_int_equal(q.n_buckets, p.n_buckets);
+    assert_int_equal(logged.n_buckets, p.n_buckets);
+    for (int i = 0; i < p.n_buckets; i++) {
+        assert_int_equal(q.buckets[i].max_draft, p.buckets[i].max_draft);
+        assert_int_equal(logged.buckets[i].max_draft, p.buckets[i].max_draft);
+        assert_true(fabs(logged.buckets[i].min_confidence - p.buckets[i].min_confidence) < 1e-4);
+    }
+    /* too small a buffer says so; a field that does not parse is named */
+    assert_int_equal(spec_policy_log_line(line, 64, 3.5, &a, &c, 7, 128, 1, &p, NULL), -1);
+    assert_int_equal(spec_policy_log_parse("t=1 max_k=7 max_batch=8 cells=0:0:x", &a2, &c2, &max_k, &max_batch, NULL,
+                                           why, sizeof why), -1);
+    assert_non_null(strstr(why, "cells: entry 0"));
+    assert_int_equal(spec_policy_log_parse("t=1 max_batch=8", &a2, &c2, &max_k, &max_batch, NULL, why, sizeof why), -1);
+    assert_non_null(strstr(why, "max_k"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -319,6 +462,9 @@ int main(void)
         cmocka_unit_test(test_costly_draft_positions),
         cmocka_unit_test(test_survival_curve),
         cmocka_unit_test(test_confidence_calibration_and_keep),
+        cmocka_unit_test(test_measured_k0_faster_turns_off),
+        cmocka_unit_test(test_unmeasured_k_scaled),
+        cmocka_unit_test(test_log_line_replays),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -72,7 +72,7 @@ static void test_confidence_rows(void **state)
     assert_int_equal(spec_client_keep(c, 16, unsure, 7), 1);
     assert_int_equal(spec_client_keep(c, 200, sure, 7), 0);   /* break-even 1: nothing is sure enough */
     spec_client_verified(c, 3, 1, sure);
-    spec_client_step(c, 1, 4, 0.01);
+    spec_client_step(c, 1, 3, 2, 0.01);
     spec_client_destroy(&c);
 }
 
