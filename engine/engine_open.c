@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "common/util.h"
+#include "engine/mtp.h"
 
 #define DEFAULT_KV_BLOCK 16
 #define DEVICE_RESERVE 3e9        /* bytes per model process: activations, logits, cuBLAS workspace, context */
@@ -79,7 +80,9 @@ static long s_pool_blocks(const engine_t *e, const engine_spec_t *s, size_t bloc
     const double share = s->kv_share > 0 ? s->kv_share : 1.0;
     long mem;
     if (e->mem_at_start) {
-        const double left = (double)e->mem_at_start - sharers * ((double)model_weight_bytes(e->model) + DEVICE_RESERVE) -
+        /* every worker of a checkpoint with an MTP layer places it too (prefill workers as well) */
+        const double weights = (double)model_weight_bytes(e->model) + (double)model_mtp_weight_bytes(e->model);
+        const double left = (double)e->mem_at_start - sharers * (weights + DEVICE_RESERVE) -
                             (s->kv_reserve_bytes > 0 ? s->kv_reserve_bytes : 0);
         mem = left > 0 ? (long)(left * 0.9 * share) : 0;
     } else {

@@ -249,6 +249,14 @@ static int s_load_mtp(model_t *m, ckpt_t *ck, char *err, size_t errlen)
         if (model_load_dense_mlp(m, ck, n, c->intermediate_size, &t->layer, err, errlen) < 0)
             return -1;
     }
+    /* Its device bytes, for the KV pool's sizing (model_mtp_weight_bytes): every stored tensor of
+     * the layer, as stored (the weights load in their checkpoint dtype). */
+    const size_t plen = strlen(prefix);
+    for (int i = 0; i < ckpt_count(ck); i++) {
+        const tensor_view_t *v = ckpt_at(ck, i);
+        if (v && v->name && !strncmp(v->name, prefix, plen) && v->name[plen] == '.')
+            t->weight_bytes += v->nbytes;
+    }
     return 0;
 }
 

@@ -42,6 +42,7 @@ typedef struct model_mtp {
     bk_mat_t embed, head;            /* [V][H] each */
     bk_mat_t eh_e, eh_h;             /* eh_proj [H][2H]'s column halves [H][H]: on enorm(embed), on hnorm(h) */
     float *enorm, *hnorm, *norm;     /* device f32 [H] */
+    size_t weight_bytes;             /* the checkpoint's bytes of layer num_layers, all of it placed */
 } model_mtp_t;
 
 struct model {

@@ -13,6 +13,8 @@
 
 int model_has_mtp(const model_t *m) { return m->mtp != NULL; }
 
+size_t model_mtp_weight_bytes(const model_t *m) { return m->mtp ? m->mtp->weight_bytes : 0; }
+
 kvpool_t *model_mtp_pool_new(const model_t *m, int n_blocks, int block_size, dtype_t dtype, char *err, size_t errlen)
 {
     if (!m->mtp)

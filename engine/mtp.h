@@ -20,6 +20,9 @@
 
 /* 1 when the model was loaded with an MTP layer. */
 int model_has_mtp(const model_t *m);
+/* The device bytes of its weights (0 without one): not in model_weight_bytes, which counts what a
+ * step of the target reads; the KV pool's sizing takes both off the device's memory. */
+size_t model_mtp_weight_bytes(const model_t *m);
 /* A KV pool for the MTP layer (engine/kvcache.h's kvpool_new with one layer of the model's shape). */
 kvpool_t *model_mtp_pool_new(const model_t *m, int n_blocks, int block_size, dtype_t dtype, char *err, size_t errlen);
 

@@ -200,6 +200,15 @@ static void test_mtp_agreement(void **state)
     s_need_model();
     char err[512];
     assert_true(model_has_mtp(s_env.m));
+    /* The MTP layer's device bytes (the KV pool's sizing takes them off): its stored tensors, at
+     * least its two [V][H] matrices (embedding and head) and eh_proj [H][2H] in bf16. */
+    const size_t V = (size_t)s_env.cfg.vocab_size, H = (size_t)s_env.cfg.hidden_size;
+    const size_t mtp_bytes = model_mtp_weight_bytes(s_env.m);
+    assert_true(mtp_bytes >= 2 * (2 * V * H + 2 * H * H));
+    assert_true(mtp_bytes < model_weight_bytes(s_env.m));   /* one layer and its head, not the model */
+    const tensor_view_t *head = ckpt_get(s_env.ck, "model.layers.4.shared_head.head.weight");
+    assert_non_null(head);
+    assert_true(mtp_bytes > head->nbytes);
     spec_proposer_t *mtp = spec_mtp_new(s_env.m, 2, MAX_CTX, err, sizeof err);
     if (!mtp)
         fail_msg("%s", err);
