@@ -233,17 +233,21 @@ static const char *s_moe_dir(void)
 
 #define SEQS 128
 #define SEQ_LEN 32
+#define BATCH_SEQS 64             /* prompts per forward, here and in the load-time refinement (its
+                                     most): the same tokens as one prompt per forward, in 1/64 of
+                                     the forwards (each a fixed cost of the CPU backend's threads) */
 
-/* Per-layer shares of routed (token, expert) pairs over SEQS prompts of random ids; the model's
- * target ratio per layer in target (0 without a skew). */
+/* Per-layer shares of routed (token, expert) pairs over SEQS prompts of random ids, BATCH_SEQS per
+ * forward; the model's target ratio per layer in target (0 without a skew). */
 static void s_measure(const char *skew, double share[2][32], double target[2], char *routing, size_t routing_len)
 {
     engine_spec_t s;
     engine_spec_default(&s);
     s.threads = 2;
     s.dummy = 1;
-    s.model = (model_opts_t){.max_tokens = SEQ_LEN, .max_seqs = 1, .max_context = SEQ_LEN, .router_skew = skew};
-    s.kv_blocks = SEQ_LEN / 16;
+    s.model = (model_opts_t){.max_tokens = BATCH_SEQS * SEQ_LEN, .max_seqs = BATCH_SEQS, .max_context = SEQ_LEN,
+                             .router_skew = skew};
+    s.kv_blocks = BATCH_SEQS * SEQ_LEN / 16;
     char err[1024];
     engine_t *e = engine_open(s_moe_dir(), &s, NULL, err, sizeof err);
     if (!e)
@@ -253,20 +257,25 @@ static void s_measure(const char *skew, double share[2][32], double target[2], c
     assert_int_equal(model_expert_load(e->model, load, err, sizeof err), 0);   /* restart the count */
     memset(load, 0, sizeof load);
     uint64_t x = 99;
-    for (int q = 0; q < SEQS; q++) {
-        int32_t ids[SEQ_LEN];
-        for (int i = 0; i < SEQ_LEN; i++) {
-            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-            ids[i] = (int32_t)(x % VOCAB);
+    for (int q0 = 0; q0 < SEQS; q0 += BATCH_SEQS) {
+        kvseq_t *seq[BATCH_SEQS];
+        model_seq_t ms[BATCH_SEQS];
+        for (int j = 0; j < BATCH_SEQS; j++) {
+            int32_t ids[SEQ_LEN];
+            for (int i = 0; i < SEQ_LEN; i++) {
+                x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+                ids[i] = (int32_t)(x % VOCAB);
+            }
+            seq[j] = kvseq_new(e->pool, SEQ_LEN, (uint64_t)(q0 + j));
+            assert_non_null(seq[j]);
+            assert_int_equal(kvseq_append(seq[j], ids, SEQ_LEN), 0);
+            ms[j] = (model_seq_t){.kv = seq[j], .n_new = SEQ_LEN};
         }
-        kvseq_t *seq = kvseq_new(e->pool, SEQ_LEN, (uint64_t)q);
-        assert_non_null(seq);
-        assert_int_equal(kvseq_append(seq, ids, SEQ_LEN), 0);
-        model_seq_t ms = {.kv = seq, .n_new = SEQ_LEN};
-        model_batch_t b = {.n_seqs = 1, .seqs = &ms};
+        model_batch_t b = {.n_seqs = BATCH_SEQS, .seqs = ms};
         if (model_forward(e->model, &b, e->logits, err, sizeof err) < 0)
             fail_msg("forward: %s", err);
-        kvseq_destroy(&seq);
+        for (int j = 0; j < BATCH_SEQS; j++)
+            kvseq_destroy(&seq[j]);
     }
     assert_int_equal(model_expert_load(e->model, load, err, sizeof err), 0);
     for (int l = 0; l < 2; l++) {
