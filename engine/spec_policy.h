@@ -10,7 +10,10 @@
  *   - for a proposer without a distribution (n-gram), every row shares the measured curve
  *     S(i) = accepted[i] / proposed[i] (acceptance by draft position); the best uniform k for each
  *     batch bucket is found by trying k = 0..max_k, and k = 0 (no speculation) wins whenever
- *     drafting does not pay (a large batch, low acceptance);
+ *     drafting does not pay (a large batch, low acceptance). S(i) counts only rows that had
+ *     drafts, so where a cell of the cost table also counted the tokens its steps emitted, the
+ *     cell's own tokens per row replace the model's (spec_policy_rate), and a bucket whose
+ *     measured drafting cells all fail to beat its measured plain step stays at k = 0;
  *   - for a proposer with a distribution (a draft model), a row's own confidence is the cumulative
  *     product of its drafts' probabilities (as DeepSeek's DSpark does), mapped through a measured
  *     calibration (how often a prefix of that confidence really survived). A draft is worth its

@@ -18,8 +18,9 @@ struct spec_step {
     int max_seqs, max_rows, max_model_len;
     spec_proposer_t *proposer;
     int borrowed;                /* the proposer is the worker's (worker_t.draft: the draft model, or the MTP layer) */
-    /* MTP (spec_mtp_feed): every decode-only step is a verify step, drafts or not, so that the
-     * target's hidden state of every kept position reaches the MTP layer (docs/speculation.md). */
+    /* MTP (spec_mtp_feed): every decode-only step where rows asked for drafts is a verify step,
+     * drafts got or not, so that the target's hidden state of every kept position reaches the MTP
+     * layer (docs/speculation.md); a step where none asked is a plain one. */
     int mtp;
     float *hid;                  /* the MTP proposer's buffer for the forward's hidden_out: [hid_rows][H] */
     int hid_rows, H;

@@ -70,11 +70,14 @@ int spec_step_config_from_env(spec_step_config_t *c, char *err, size_t errlen);
  *
  * MTP: the MTP layer drafts from the target's final hidden states, which only a verify step's
  * forward brings back here (spec_step_batch asks for model_batch_t.hidden_out); so with SPEC_MTP
- * every decode-only step is a verify step, rows without drafts included, and after verification
+ * every decode-only step where rows asked for drafts is a verify step, rows that got none
+ * included, and after verification
  * each row's kept positions (its last token and its accepted drafts) are fed to the MTP layer
  * (spec_mtp_feed). A row's MTP sequence begins at the first position fed: the prompt was
  * computed by a prefill worker, or in a step with prompt chunks, neither of which gives hidden
- * states here, and a step with prompt chunks leaves a gap at which the sequence begins again
+ * states here, and a step with prompt chunks, or one where no row asked for drafts (the policy
+ * off at its batch size, an exploration step at k = 0: a plain step, no hidden states or MTP
+ * forward for drafts nobody asked for), leaves a gap at which the sequence begins again
  * (docs/speculation.md: what this costs). */
 spec_step_t *spec_step_new(const spec_step_config_t *c, spec_proposer_t *draft, int max_seqs, int max_rows, int max_model_len,
                            const spec_hooks_t *hooks, char *err, size_t errlen);
@@ -82,7 +85,8 @@ void spec_step_destroy(spec_step_t **self_p);
 
 /* Drafts for b's rows, appended to their KV: 1 when some row got drafts (the step verifies), 0
  * when none did or b has prompt chunks (the step decodes the plain way). With SPEC_MTP, 1 for
- * every step without prompt chunks (its hidden states feed the MTP layer). */
+ * every step without prompt chunks where some row asked for drafts (its hidden states feed the
+ * MTP layer). */
 int spec_step_propose(spec_step_t *s, const sched_batch_t *b);
 /* Drafts row i carries this step (0 unless spec_step_propose returned 1). */
 int spec_step_drafts(const spec_step_t *s, int i);
