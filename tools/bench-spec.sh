@@ -138,6 +138,7 @@ run() {   # run ENTRY: one cluster, one troupe-bench sweep
   echo "--- $e: TROUPE_SPECULATION=$spec TROUPE_SPEC_POLICY=$policy" >&2
   "$B/bin/troupe-bench" "${common[@]}" --concurrency "$CONC" --rounds "$ROUNDS" --json "$OUT/$e.json" \
     >"$OUT/bench-$e.txt" 2>&1 || { cat "$OUT/bench-$e.txt" >&2; echo "bench-spec: troupe-bench failed for $e" >&2; exit 1; }
+  "$B/bin/troupe-top" --topology "$topo" --json >"$OUT/top-$e.json" 2>/dev/null || true   # the workers' counters
   stop
 }
 
@@ -170,6 +171,28 @@ for c in conc:
             row += "       -         -       -"
     print(row)
 print(f"(output tokens/s of the cluster; troupe-bench JSON and logs in {out})")
+# The decode worker's counters over the whole run (warm-up included): where a step's time goes.
+def decode_metrics(e):
+    try:
+        top = json.load(open(os.path.join(out, f"top-{e}.json")))
+    except (OSError, ValueError):
+        return None
+    m = {}
+    for a in top.get("actors", []):
+        if a.get("role") == "decode":
+            for x in a.get("metrics", []):
+                m[x["name"]] = m.get(x["name"], 0) + x["value"]
+    return m or None
+print("entry    steps  forward ms/step  rows verified  padded steps  steps held (outbox)")
+for e in entries:
+    m = decode_metrics(e)
+    if not m:
+        print(f"{e:>5}  (no troupe-top counters)")
+        continue
+    steps = m.get("steps_total", 0)
+    fwd = 1e3 * m.get("forward_seconds_total", 0) / steps if steps else 0
+    print(f"{e:>5} {int(steps):8d} {fwd:16.3f} {int(m.get('spec_verify_steps_total', 0)):14d} "
+          f"{int(m.get('spec_padded_steps_total', 0)):13d} {int(m.get('steps_held_outbox_total', 0)):20d}")
 PY
 if [ -s "$OUT/policy-sched.log" ] && [ -x "$B/bin/troupe-spec-policy-replay" ]; then
   echo "the draft-scheduler's last policy computation ($OUT/policy-sched.log):"
