@@ -465,6 +465,8 @@ static int s_open(bench_t *b)
             printf("routing: skew %s (router bias on dummy weights; target busiest/average expert load up to %.2f)\n",
                    skew, target);
         json_object_set_new(b->root, "routing", json_string(uniform && !o->dummy ? "checkpoint" : skew));
+        if (!uniform)
+            json_object_set_new(b->root, "routing_target", json_real(target));   /* busiest/average, largest layer */
         const size_t n = (size_t)b->e->cfg.num_layers * (size_t)b->e->cfg.num_experts;
         if (b->e->be->ops->moe_count && (!(b->cnt = calloc(n, sizeof *b->cnt)) ||
                                          !(b->used = calloc((size_t)b->e->cfg.num_layers, sizeof *b->used))))

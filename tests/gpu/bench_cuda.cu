@@ -1,6 +1,9 @@
 /* tests/gpu/bench_cuda.cu — the GPU's two ceilings and the CUDA backend's decode matmuls.
  *
- *   build/gpu-tests/bench_cuda [--quick]
+ *   build/gpu-tests/bench_cuda [--quick | --copy-only]
+ *
+ * --copy-only: the device line and 1. only (a second or two), for scripts that need the copy
+ * ceiling beside a benchmark of their own (tools/bench-moe.sh).
  *
  * 1. Copy bandwidth: cudaMemcpy device to device of 2 GiB, bytes read + written over the median
  *    time of 10 (events, after 2 warm-ups). The HBM ceiling a memory-bound kernel is judged by.
@@ -516,11 +519,14 @@ static void s_sample_bench(void)
 int main(int argc, char **argv)
 {
     const int quick = argc > 1 && !strcmp(argv[1], "--quick");
+    const int copy_only = argc > 1 && !strcmp(argv[1], "--copy-only");
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     printf("device %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
     const double bw = s_copy_bandwidth();
     printf("copy_bandwidth %.3f TB/s\n", bw);
+    if (copy_only)
+        return 0;
     const double tf = s_gemm_tflops(8192);
     printf("gemm_bf16_8192 %.1f TFLOP/s\n", tf);
 
