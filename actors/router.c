@@ -97,7 +97,7 @@ typedef struct router {
     const topo_t *topo;
     const char *name;
     const char *cache_manager;   /* NULL when none */
-    void *clients;               /* ROUTER at endpoints.client */
+    void *clients;               /* ROUTER at our endpoints.clients entry */
     tokenizer_t *tok;            /* NULL: token-id prompts only */
     chat_family_t chat;
     prompt_model_t prompt;       /* tok, chat, vocabulary and max_model_len, for prompt_ids */
@@ -1124,9 +1124,10 @@ int main(int argc, char **argv)
         r->workers[r->n_workers++] = (wk_t){.name = in->name, .role = in->role, .up = 1};
         actor_watch(a, in->name);
     }
-    r->clients = actor_bind_router(a, t->endpoints.client);
+    const char *client_ep = topo_client_endpoint(t, actor_self(a));   /* this router's of endpoints.clients */
+    r->clients = client_ep ? actor_bind_router(a, client_ep) : NULL;
     if (!r->clients) {
-        LOG_E("cannot bind the client endpoint %s", t->endpoints.client);
+        LOG_E("cannot bind the client endpoint %s", client_ep ? client_ep : "(none)");
         goto out;
     }
     actor_reply_backlog(a, r->clients);   /* every reply waits for a slow client, never lost */

@@ -771,7 +771,7 @@ int main(int argc, char **argv)
         }
         http_model = model_name;
     }
-    char epbuf[256], inspect_buf[256], err[512];
+    char epbuf[CLIENT_ROUTERS_MAX * TOPO_ENDPOINT_MAX], inspect_buf[256], err[512];
     if (!ep) {
         if (client_endpoints_from_topology(topology, epbuf, NULL, sizeof epbuf, err, sizeof err) != 0) {
             fprintf(stderr, "troupe-bench: %s\n", err);

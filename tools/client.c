@@ -1,6 +1,6 @@
 /* tools/client.c — troupe-client: submit a request to a cluster and stream the answer.
  *
- *   troupe-client [--endpoint EP | --topology FILE] [--server-key FILE --key PREFIX] [--json]
+ *   troupe-client [--endpoint EP[,EP...] | --topology FILE] [--server-key FILE --key PREFIX] [--json]
  *                 [--timeout-ms N] [--heartbeat-ms N] [--heartbeat-timeout-ms N] submit [opts] TEXT
  *   troupe-client [...] cancel ID
  *
@@ -17,14 +17,17 @@
 #include "common/util.h"
 #include "tools/lib/args.h"
 #include "tools/lib/client.h"
+#include "topology/topology.h"
 
 #define MAX_IDS 65536
 
 static void s_usage(FILE *f)
 {
     fprintf(f,
-        "usage: troupe-client [--endpoint EP | --topology FILE] [--server-key FILE --key PREFIX] [--json]\n"
+        "usage: troupe-client [--endpoint EP[,EP...] | --topology FILE] [--server-key FILE --key PREFIX] [--json]\n"
         "                     [--timeout-ms N] [--heartbeat-ms N] [--heartbeat-timeout-ms N] COMMAND\n"
+        "  --endpoint EP,EP    several routers (a topology's endpoints.clients; --topology gives them all): a\n"
+        "                      request that has no reply yet when its router is lost is sent to the next\n"
         "  --timeout-ms N      wait this long for the terminal reply (default 120000)\n"
         "  --heartbeat-ms N    a heartbeat to the router this often (default %d; 0: none, so only a closed\n"
         "                      connection is noticed)\n"
@@ -49,7 +52,7 @@ static void s_usage(FILE *f)
         "  cancel ID               send a cancel for request ID; the router honours a cancel only from the\n"
         "                          connection that submitted the request, so this separate connection's\n"
         "                          cancel is ignored: use submit --cancel-after-ms\n"
-        "default endpoint: the client endpoint of the embedded default topology\n",
+        "default endpoint: the client endpoints of the embedded default topology\n",
         CLIENT_HEARTBEAT_IVL_MS, CLIENT_HEARTBEAT_TIMEOUT_MS);
 }
 
@@ -71,8 +74,10 @@ static int s_print_reply(const msg_t *r, int json, int *done)
 {
     if (json) {
         static char buf[1 << 20];
-        if (msg_to_json(r, buf, sizeof buf) >= 0)
+        if (msg_to_json(r, buf, sizeof buf) >= 0) {
             printf("%s\n", buf);
+            fflush(stdout);   /* a stream: each message readable as it comes, also in a file or pipe */
+        }
     }
     switch (r->type) {
     case MSG_TOKEN:
@@ -139,7 +144,7 @@ int main(int argc, char **argv)
     }
     if (i >= argc) { s_usage(stderr); return 2; }
     const char *cmd = argv[i++];
-    char err[512], ep[256];
+    char err[512], ep[CLIENT_ROUTERS_MAX * TOPO_ENDPOINT_MAX];
     if (!endpoint) {
         if (client_endpoints_from_topology(topology, ep, NULL, sizeof ep, err, sizeof err) != 0) {
             fprintf(stderr, "troupe-client: %s\n", err);
@@ -271,6 +276,10 @@ int main(int argc, char **argv)
             rc = s_print_reply(&r, json, &done);
         msg_free(&r);
     }
+    if (client_requests_retried(c))
+        fprintf(stderr, "troupe-client: request %llu was sent again to another router %llu time(s): its router's "
+                "connection was lost before any reply\n", (unsigned long long)id,
+                (unsigned long long)client_requests_retried(c));
     client_destroy(&c);
     return rc;
 }

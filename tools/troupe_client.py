@@ -19,6 +19,13 @@ Client ends, exactly once, with a synthesized error: code unavailable, retryable
 to the router ... was lost ...: the request's outcome is unknown". Later replies for those
 requests are dropped. ZeroMQ reconnects, so the same Client serves new requests once a router is
 back.
+
+Failover, as in the C library: Client("tcp://h:5555,tcp://h:5557") or Client([ep, ep]) (a topology's
+endpoints.clients, one a router; TROUPE_ENDPOINT takes the same list) connects to every router.
+New requests go to the first until its connection is lost, then to the next one up. When a
+router's connection is lost, each of its submits that had no reply yet (it has not streamed) is
+sent again, unchanged, to the next router whose connection is up (at most MAX_RESUBMITS times;
+counted in requests_retried) and ends there; one that has streamed ends with the error above.
 """
 import argparse
 import json
@@ -87,20 +94,16 @@ def _decorate(m):
 
 TERMINAL = ("done", "error", "inspect_reply")
 MAX_LOST_IDS = 65536   # ids remembered as lost (their late replies dropped), then forgotten
+MAX_RESUBMITS = 3      # a request that has not streamed moves to another router at most this often
 
 
-class Client:
-    def __init__(self, endpoint, timeout_s=120.0, server_key=None, key=None, max_frame=16 << 20,
-                 heartbeat_ivl_s=1.0, heartbeat_timeout_s=3.0):
-        """server_key: the cluster's CURVE public key file; key: our keypair's prefix (key.pub and
-        key.key, as troupe-keygen writes them); max_frame: the cluster's limits.max_message_bytes;
-        heartbeat_ivl_s: a ZMTP PING this often (0 or None: none, so only a closed connection is
-        noticed); heartbeat_timeout_s: no traffic that long after a PING and the connection is lost."""
-        self.ctx = zmq.Context.instance()
-        self.sock = self.ctx.socket(zmq.DEALER)
+class _Link:
+    """One router's connection: a DEALER, its socket monitor, its state."""
+
+    def __init__(self, ctx, endpoint, server_key, key, heartbeat_ivl_s, heartbeat_timeout_s):
+        self.sock = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 100)
         self.sock.setsockopt(zmq.MAXMSGSIZE, 16 << 20)
-        self.max_frame = max_frame
         if heartbeat_ivl_s:
             to_ms = int(heartbeat_timeout_s * 1000)
             self.sock.setsockopt(zmq.HEARTBEAT_IVL, int(heartbeat_ivl_s * 1000))
@@ -116,11 +119,7 @@ class Client:
         # CURVE key) delivered nothing, and its requests stay queued for a later connection.
         self.mon = self.sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
         self.connected = False    # a connection completed its handshake and has not dropped since
-        self.inflight = set()     # ids sent and not ended yet (no done / error / inspect_reply)
-        self.lost = set()         # ids ended by the synthesized error: their late replies are dropped
-        self.pending = []         # lost ids whose error recv has yet to return
-        self.dropped = False      # a disconnection seen: fail the in-flight ids once sock is drained
-        self.requests_lost = self.connections_lost = 0
+        self.dropped = False      # a disconnection seen: move or fail its requests once sock is drained
         if server_key:
             if not key:
                 raise ValueError("a CURVE server key needs our own keypair too (key=PREFIX)")
@@ -129,6 +128,44 @@ class Client:
             self.sock.curve_publickey = read(key + ".pub")
             self.sock.curve_secretkey = read(key + ".key")
         self.sock.connect(endpoint)
+
+    def read_monitor(self):
+        while self.mon.poll(0):
+            frames = self.mon.recv_multipart()
+            event = int.from_bytes(frames[0][:2], "little")
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self.connected = True
+            elif event == zmq.EVENT_DISCONNECTED and self.connected:
+                self.connected, self.dropped = False, True
+
+    def close(self):
+        if self.mon is not None:
+            self.sock.disable_monitor()
+            self.mon.close(linger=0)
+            self.mon = None
+        self.sock.close()
+
+
+class Client:
+    def __init__(self, endpoint, timeout_s=120.0, server_key=None, key=None, max_frame=16 << 20,
+                 heartbeat_ivl_s=1.0, heartbeat_timeout_s=3.0):
+        """endpoint: a router's client endpoint, or several (a list, or comma-separated: the
+        topology's endpoints.clients) to fail over between; server_key: the cluster's CURVE public key file; key: our keypair's prefix (key.pub and
+        key.key, as troupe-keygen writes them); max_frame: the cluster's limits.max_message_bytes;
+        heartbeat_ivl_s: a ZMTP PING this often (0 or None: none, so only a closed connection is
+        noticed); heartbeat_timeout_s: no traffic that long after a PING and the connection is lost."""
+        self.ctx = zmq.Context.instance()
+        endpoints = endpoint.split(",") if isinstance(endpoint, str) else list(endpoint)
+        self.links = [_Link(self.ctx, ep.strip(), server_key, key, heartbeat_ivl_s, heartbeat_timeout_s)
+                      for ep in endpoints]
+        self.active = 0           # where new requests go (the first router, until it is lost)
+        self.max_frame = max_frame
+        # id -> [link, replied, moves, frame]: sent and not ended yet (no done / error / inspect_reply);
+        # frame (the submit as sent, several routers only) for a resubmission.
+        self.inflight = {}
+        self.lost = set()         # ids ended by the synthesized error: their late replies are dropped
+        self.pending = []         # (id, message) of lost requests whose error recv has yet to return
+        self.requests_lost = self.connections_lost = self.requests_retried = 0
         self.timeout_s = timeout_s
         self.next_id = random.getrandbits(62)
 
@@ -139,11 +176,17 @@ class Client:
         self.close()
 
     def close(self):
-        if self.mon is not None:
-            self.sock.disable_monitor()
-            self.mon.close(linger=0)
-            self.mon = None
-        self.sock.close()
+        for link in self.links:
+            link.close()
+
+    def _other_link(self, not_k):
+        """Another router than not_k whose connection is up, the next in order; None if none."""
+        n = len(self.links)
+        for d in range(1, n):
+            j = (not_k + d) % n
+            if self.links[j].connected and not self.links[j].dropped:
+                return j
+        return None
 
     def send(self, type_name, id=None, **fields):
         if id is None:
@@ -155,30 +198,47 @@ class Client:
         if len(frame) > self.max_frame:
             raise ValueError("a %s of %d bytes exceeds the cluster's limits.max_message_bytes (%d)"
                              % (type_name, len(frame), self.max_frame))
-        if type_name != "cancel":   # a cancel is not a request of its own
-            self.inflight.add(id)
-        self.sock.send(frame)
+        for link in self.links:
+            link.read_monitor()
+        if self.links[self.active].dropped:   # seen lost (not while it is still being made)
+            j = self._other_link(self.active)
+            if j is not None:
+                self.active = j
+        k = self.active
+        if type_name == "cancel":   # to the router that has it; not a request of its own
+            if id in self.inflight:
+                k = self.inflight[id][0]
+        else:
+            keep = frame if type_name == "submit" and len(self.links) > 1 else None
+            self.inflight[id] = [k, False, 0, keep]
+        self.links[k].sock.send(frame)
         return id
 
-    def _lose_inflight(self):
-        """The connection is gone: every request in flight gets its error (its router is dead, or
-        a new connection has another routing id and gets none of its replies)."""
-        self.dropped = False
+    def _lose_link(self, k):
+        """Link k's connection is gone: its requests with no reply yet move to another router
+        whose connection is up; every other gets its error (its router is dead, or a new
+        connection has another routing id and gets none of its replies)."""
+        link = self.links[k]
+        link.dropped = False
         self.connections_lost += 1
         if len(self.lost) + len(self.inflight) > MAX_LOST_IDS:
             self.lost.clear()
-        self.pending.extend(sorted(self.inflight))
-        self.lost.update(self.inflight)
-        self.inflight.clear()
-
-    def _read_monitor(self):
-        while self.mon.poll(0):
-            frames = self.mon.recv_multipart()
-            event = int.from_bytes(frames[0][:2], "little")
-            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                self.connected = True
-            elif event == zmq.EVENT_DISCONNECTED and self.connected:
-                self.connected, self.dropped = False, True
+        to = self._other_link(k)
+        if to is not None and self.active == k:
+            self.active = to
+        for rid in sorted(r for r, q in self.inflight.items() if q[0] == k):
+            q = self.inflight[rid]
+            if to is not None and q[3] is not None and not q[1] and q[2] < MAX_RESUBMITS:
+                try:
+                    self.links[to].sock.send(q[3], zmq.NOBLOCK)
+                    q[0], q[2] = to, q[2] + 1
+                    self.requests_retried += 1
+                    continue
+                except zmq.Again:
+                    pass
+            del self.inflight[rid]
+            self.pending.append((rid, link.lost_message))
+            self.lost.add(rid)
 
     def recv(self, timeout_s=None):
         """The next message (decorated), the synthesized error of a request lost with the
@@ -186,38 +246,48 @@ class Client:
         t = self.timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + t
         poller = zmq.Poller()
-        poller.register(self.sock, zmq.POLLIN)
-        poller.register(self.mon, zmq.POLLIN)
+        for link in self.links:
+            poller.register(link.sock, zmq.POLLIN)
+            poller.register(link.mon, zmq.POLLIN)
         while True:
-            # What the router sent before the drop is read first (a done that made it is the
-            # request's real outcome); then the requests still in flight are failed.
-            if self.dropped and not self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-                self._lose_inflight()
+            # What a router sent before its connection dropped is read first (a done that made it
+            # is the request's real outcome); then its requests still in flight move or fail.
+            for k, link in enumerate(self.links):
+                if link.dropped and not link.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                    self._lose_link(k)
             if self.pending:
                 self.requests_lost += 1
-                return {"v": VERSION, "t": TYPE_NUM["error"], "type": "error", "id": self.pending.pop(0),
+                rid, message = self.pending.pop(0)
+                return {"v": VERSION, "t": TYPE_NUM["error"], "type": "error", "id": rid,
                         "code": ERROR_CODES.index("unavailable"), "code_name": "unavailable",
-                        "retryable": True, "message": self.lost_message}
+                        "retryable": True, "message": message}
             left = deadline - time.monotonic()
             ready = dict(poller.poll(max(0, int(left * 1000))))
-            if self.mon in ready:
-                self._read_monitor()
-            if self.sock not in ready:
-                if self.dropped:
+            for link in self.links:
+                if link.mon in ready:
+                    link.read_monitor()
+            frm = next((k for k, link in enumerate(self.links) if link.sock in ready), None)
+            if frm is None:
+                if any(link.dropped for link in self.links):
                     continue
                 if left <= 0 or not ready:
                     return None
                 continue
             try:
-                frame = self.sock.recv(zmq.NOBLOCK)
+                frame = self.links[frm].sock.recv(zmq.NOBLOCK)
             except zmq.Again:
                 continue
             m = _decorate(msgpack.unpackb(frame, raw=False, strict_map_key=False))
             rid = m.get("id")
             if rid in self.lost:   # it already ended here: a late reply
                 continue
+            q = self.inflight.get(rid)
+            if q is not None and q[0] != frm:   # from a router the request has left
+                continue
+            if q is not None:
+                q[1] = True
             if m["type"] in TERMINAL:
-                self.inflight.discard(rid)
+                self.inflight.pop(rid, None)
             return m
 
     def generate(self, prompt=None, messages=None, tokens=None, max_tokens=256, temperature=None,

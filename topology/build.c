@@ -439,8 +439,9 @@ static void s_roles(topo_diag_t *d, topo_t *t)
     int n[ROLE_COUNT + 1] = { 0 };
     for (int i = 0; i < t->n_actors; i++)
         n[t->actors[i].role] += t->actors[i].count;
-    if (n[ROLE_ROUTER] != 1)
-        topo_diag_err(d, "actors", "exactly one router instance is required (found %d)", n[ROLE_ROUTER]);
+    if (n[ROLE_ROUTER] < 1 || n[ROLE_ROUTER] > TOPO_ROUTERS_MAX)
+        topo_diag_err(d, "actors", "one to %d router instances are required (found %d)", TOPO_ROUTERS_MAX,
+                      n[ROLE_ROUTER]);
     if (n[ROLE_MONITOR] != 1)
         topo_diag_err(d, "actors", "exactly one monitor instance is required (found %d)", n[ROLE_MONITOR]);
     /* No prefill actor: the decode workers compute the prompts themselves (colocated: one process,
@@ -665,14 +666,15 @@ static void s_expand(topo_diag_t *d, topo_t *t)
     }
 }
 
-/* Takes the next derived port, skipping the client and inspect ports so derived endpoints never
+/* Takes the next derived port, skipping the client (every router's) and inspect ports so derived endpoints never
  * clash with them. */
-static int s_next_port(int *port, const s_ep_t *client, int client_ok, const s_ep_t *inspect,
-                       int inspect_ok)
+static int s_next_port(int *port, const s_ep_t *eps, const int *ok, int n)
 {
-    while ((client_ok && client->tcp && *port == client->port) ||
-           (inspect_ok && inspect->tcp && *port == inspect->port))
-        (*port)++;
+    for (int i = 0; i < n; i++)
+        if (ok[i] && eps[i].tcp && *port == eps[i].port) {
+            (*port)++;
+            i = -1;   /* from the start: the next port may be another's */
+        }
     return (*port)++;
 }
 
@@ -701,14 +703,50 @@ static void s_endpoints(topo_diag_t *d, const raw_topo_t *raw, topo_t *t)
     const raw_endpoints_t *e = raw->endpoints ? raw->endpoints : &none;
     topo_endpoints_t *out = &t->endpoints;
     char why[TOPO_ERROR_LEN / 2];
-    s_ep_t client = { 0 }, inspect = { 0 };
-    int client_ok = 0, inspect_ok = 0;
+    /* The ports derived endpoints skip: every client endpoint's, then inspect's. */
+    s_ep_t fixed[TOPO_ROUTERS_MAX + 1] = { { 0 } };
+    int fixed_ok[TOPO_ROUTERS_MAX + 1] = { 0 };
 
-    s_str(d, "endpoints.client", e->client, DEFAULT_CLIENT, out->client, sizeof out->client, 0);
-    if (out->client[0] && !(client_ok = s_ep_parse(out->client, &client, why, sizeof why) == 0))
-        topo_diag_err(d, "endpoints.client", "%s", why);
+    /* endpoints.clients: one a router, in instance order; with one router it may be left out
+     * (endpoints.client alone). endpoints.client is its first entry. */
+    const int n_routers = topo_count_role(t, ROLE_ROUTER);
+    s_str(d, "endpoints.client", e->client, e->clients_count ? NULL : DEFAULT_CLIENT, out->client,
+          sizeof out->client, 0);
+    out->n_clients = 0;
+    if (e->clients_count) {
+        if ((int)e->clients_count != n_routers)
+            topo_diag_err(d, "endpoints.clients", "%u entries for %d router instances (one each, in order)",
+                          e->clients_count, n_routers);
+        for (unsigned i = 0; i < e->clients_count && i < TOPO_ROUTERS_MAX; i++) {
+            char p[TOPO_FIELD_PATH_MAX];
+            snprintf(p, sizeof p, "endpoints.clients[%u]", i);
+            s_str(d, p, e->clients[i], NULL, out->clients[i], sizeof out->clients[i], 0);
+            out->n_clients++;
+        }
+        if (out->client[0] && strcmp(out->client, out->clients[0]) != 0)
+            topo_diag_err(d, "endpoints.client", "%s differs from endpoints.clients[0] (%s): it is the first "
+                          "router's; leave it out", out->client, out->clients[0]);
+        memcpy(out->client, out->clients[0], sizeof out->client);
+    } else {
+        if (n_routers > 1)
+            topo_diag_err(d, "endpoints.clients", "missing: the topology has %d router instances: give each "
+                          "its client endpoint, in order", n_routers);
+        memcpy(out->clients[0], out->client, sizeof out->client);
+        out->n_clients = 1;
+    }
+    for (int i = 0; i < out->n_clients; i++) {
+        char p[TOPO_FIELD_PATH_MAX];
+        if (e->clients_count)
+            snprintf(p, sizeof p, "endpoints.clients[%d]", i);
+        else
+            snprintf(p, sizeof p, "endpoints.client");
+        if (out->clients[i][0] && !(fixed_ok[i] = s_ep_parse(out->clients[i], &fixed[i], why, sizeof why) == 0))
+            topo_diag_err(d, p, "%s", why);
+    }
+    const int n_fixed = out->n_clients + 1;
     s_str(d, "endpoints.inspect", e->inspect, DEFAULT_INSPECT, out->inspect, sizeof out->inspect, 0);
-    if (out->inspect[0] && !(inspect_ok = s_ep_parse(out->inspect, &inspect, why, sizeof why) == 0))
+    if (out->inspect[0] &&
+        !(fixed_ok[out->n_clients] = s_ep_parse(out->inspect, &fixed[out->n_clients], why, sizeof why) == 0))
         topo_diag_err(d, "endpoints.inspect", "%s", why);
     s_str(d, "endpoints.metrics", e->metrics, "", out->metrics, sizeof out->metrics, 1);
     if (out->metrics[0]) {
@@ -778,7 +816,7 @@ static void s_endpoints(topo_diag_t *d, const raw_topo_t *raw, topo_t *t)
         const char *bif = out->bind_interface;
         /* base_port+0 belongs to control even when the file names control itself, so the other
          * derived ports do not move when a printed topology (which spells control out) is reloaded. */
-        int p0 = s_next_port(&port, &client, client_ok, &inspect, inspect_ok);
+        int p0 = s_next_port(&port, fixed, fixed_ok, n_fixed);
         /* The supervisor binds control on its own machine: the first node it launches locally. */
         int sup = -1;
         for (int k = 0; k < t->n_nodes && sup < 0; k++)
@@ -807,13 +845,13 @@ static void s_endpoints(topo_diag_t *d, const raw_topo_t *raw, topo_t *t)
         }
         const topo_instance_t *mon = topo_first(t, ROLE_MONITOR);
         const topo_node_t *mn = &t->nodes[mon ? mon->node : 0];
-        int ps = s_next_port(&port, &client, client_ok, &inspect, inspect_ok);
+        int ps = s_next_port(&port, fixed, fixed_ok, n_fixed);
         s_tcp(out->stats, sizeof out->stats, mn->address, ps);
         s_tcp(out->stats_bind, sizeof out->stats_bind, bif[0] ? bif : mn->address, ps);
         for (int i = 0; i < t->n_instances; i++) {
             topo_instance_t *in = &t->instances[i];
             const topo_node_t *nd = &t->nodes[in->node];
-            int pi = s_next_port(&port, &client, client_ok, &inspect, inspect_ok);
+            int pi = s_next_port(&port, fixed, fixed_ok, n_fixed);
             s_tcp(in->inbox, sizeof in->inbox, nd->address, pi);
             s_tcp(in->inbox_bind, sizeof in->inbox_bind, bif[0] ? bif : nd->address, pi);
         }
@@ -844,7 +882,7 @@ static void s_endpoints(topo_diag_t *d, const raw_topo_t *raw, topo_t *t)
     }
 
     /* Everything that binds, for clash, wildcard and path-length checks. */
-    int nb = 6 + t->n_instances;
+    int nb = 6 + TOPO_ROUTERS_MAX + t->n_instances;
     s_bound_t *b = calloc((size_t)nb, sizeof *b);
     char (*labels)[TOPO_NAME_MAX + 16] = calloc((size_t)nb, sizeof *labels);
     char (*paths)[TOPO_FIELD_PATH_MAX] = calloc((size_t)nb, sizeof *paths);
@@ -856,8 +894,17 @@ static void s_endpoints(topo_diag_t *d, const raw_topo_t *raw, topo_t *t)
         return;
     }
     int n = 0;
-    b[n++] = (s_bound_t){ "endpoints.client", "endpoints.client", out->client };
+    if (e->clients_count) {
+        for (int i = 0; i < out->n_clients; i++) {
+            snprintf(paths[n], sizeof paths[n], "endpoints.clients[%d]", i);
+            b[n] = (s_bound_t){ paths[n], paths[n], out->clients[i] };
+            n++;
+        }
+    } else {
+        b[n++] = (s_bound_t){ "endpoints.client", "endpoints.client", out->client };
+    }
     b[n++] = (s_bound_t){ "endpoints.inspect", "endpoints.inspect", out->inspect };
+    const int n_explicit = n;   /* the file's own endpoints (parse errors reported above) */
     if (out->metrics[0])
         b[n++] = (s_bound_t){ "endpoints.metrics", "endpoints.metrics", out->metrics };
     if (out->http[0] && gateway)
@@ -878,7 +925,7 @@ static void s_endpoints(topo_diag_t *d, const raw_topo_t *raw, topo_t *t)
         int path_reported = 0;
         for (int i = 0; i < n; i++) {
             ok[i] = b[i].ep[0] && s_ep_parse(b[i].ep, &parsed[i], why, sizeof why) == 0;
-            if (!ok[i] && b[i].ep[0] && i >= 2) {
+            if (!ok[i] && b[i].ep[0] && i >= n_explicit) {
                 /* Derived endpoints fail only on a too-long run_dir (or a bad control override). */
                 int explicit_control = strcmp(b[i].path, "endpoints.control") == 0;
                 if (strncmp(b[i].ep, "ipc://", 6) == 0 && !explicit_control && !path_reported) {
@@ -891,7 +938,7 @@ static void s_endpoints(topo_diag_t *d, const raw_topo_t *raw, topo_t *t)
             }
             /* Derived endpoints bind wildcards only through bind_interface: reported once below. */
             if (ok[i] && parsed[i].tcp && s_wildcard_host(parsed[i].host) &&
-                (i < 2 || strcmp(b[i].path, "endpoints.control") == 0))
+                (i < n_explicit || strcmp(b[i].path, "endpoints.control") == 0))
                 s_wildcard(d, t, b[i].path, b[i].ep);
             /* /metrics is plain HTTP, never CURVE: all interfaces only by the explicit opt-in. */
             if (ok[i] && parsed[i].tcp && s_wildcard_host(parsed[i].host) &&

@@ -74,6 +74,14 @@ void topo_print(const topo_t *t, FILE *f)
     const topo_endpoints_t *e = &t->endpoints;
     fprintf(f, "endpoints:\n");
     s_kv(f, "  ", "client", e->client);
+    if (e->n_clients > 1) {
+        fprintf(f, "  clients:\n");
+        for (int i = 0; i < e->n_clients; i++) {
+            fprintf(f, "    - ");
+            s_q(f, e->clients[i]);
+            fputc('\n', f);
+        }
+    }
     s_kv(f, "  ", "inspect", e->inspect);
     if (e->metrics[0])
         s_kv(f, "  ", "metrics", e->metrics);

@@ -31,6 +31,8 @@ typedef struct raw_actor {
 
 typedef struct raw_endpoints {
     char *client, *inspect, *metrics, *run_dir, *bind_interface, *base_port, *control, *http;
+    char **clients;             /* [clients_count] */
+    unsigned clients_count;
 } raw_endpoints_t;
 
 typedef struct raw_limits {

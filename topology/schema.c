@@ -2,6 +2,7 @@
  * scalar is a string). Adding a key here is all it takes for both the pre-pass and libcyaml to
  * accept it; topology/build.c then gives it a meaning, a default and a range. */
 #include "topology/raw.h"
+#include "topology/topology.h"
 
 #include <stddef.h>
 
@@ -69,6 +70,8 @@ static const cyaml_schema_field_t s_endpoints_fields[] = {
     STR("base_port", raw_endpoints_t, base_port),
     STR("control", raw_endpoints_t, control),
     STR("http", raw_endpoints_t, http),
+    CYAML_FIELD_SEQUENCE("clients", OPT | CYAML_FLAG_POINTER, raw_endpoints_t, clients, &s_string_entry, 1,
+                         TOPO_ROUTERS_MAX),
     CYAML_FIELD_END
 };
 

@@ -257,3 +257,16 @@ int topo_count_role(const topo_t *t, topo_role_t role)
         n += t->instances[i].role == role;
     return n;
 }
+
+const char *topo_client_endpoint(const topo_t *t, const topo_instance_t *router)
+{
+    int k = 0;
+    for (int i = 0; i < t->n_instances; i++) {
+        if (t->instances[i].role != ROLE_ROUTER)
+            continue;
+        if (&t->instances[i] == router)
+            return k < t->endpoints.n_clients ? t->endpoints.clients[k] : NULL;
+        k++;
+    }
+    return NULL;
+}

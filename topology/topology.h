@@ -26,6 +26,7 @@
 #define TOPO_ENDPOINT_MAX 256    /* a ZeroMQ endpoint string, with the NUL */
 #define TOPO_PATH_MAX     1024   /* a file or directory path, with the NUL */
 #define TOPO_GPUS_MAX     64     /* GPUs per node, and entries of actors[].gpus */
+#define TOPO_ROUTERS_MAX  8      /* router instances, each with its own client endpoint */
 #define TOPO_ERRORS_MAX   64     /* problems kept per load; more are counted in .dropped */
 #define TOPO_ERROR_LEN    512    /* one problem's text, with the NUL */
 
@@ -101,7 +102,12 @@ typedef struct topo_instance {
 } topo_instance_t;
 
 typedef struct topo_endpoints {
-    char client[TOPO_ENDPOINT_MAX];      /* the router binds it; clients connect. default tcp://127.0.0.1:5555 */
+    char client[TOPO_ENDPOINT_MAX];      /* the (first) router binds it; clients connect. default tcp://127.0.0.1:5555 */
+    /* One client endpoint per router instance, in instance order: clients[0] is client. The file
+     * lists them (endpoints.clients) when it has more than one router; clients fail over between
+     * them (tools/lib/client.h). */
+    char clients[TOPO_ROUTERS_MAX][TOPO_ENDPOINT_MAX];
+    int n_clients;
     char inspect[TOPO_ENDPOINT_MAX];     /* the monitor's inspection endpoint for `top`; default tcp://127.0.0.1:5556 */
     char metrics[TOPO_ENDPOINT_MAX];     /* the monitor's Prometheus endpoint (HTTP GET /metrics), tcp:// only; "" (default) = off */
     char http[TOPO_ENDPOINT_MAX];        /* the gateway's OpenAI HTTP API, tcp:// only; default tcp://127.0.0.1:8000 (used only with a gateway) */
@@ -241,6 +247,9 @@ const topo_instance_t *topo_first(const topo_t *t, topo_role_t role);
 int topo_tokenizer_expected(const topo_t *t);
 /* How many instances have that role. */
 int topo_count_role(const topo_t *t, topo_role_t role);
+/* The client endpoint a router instance binds (endpoints.clients[its index among the routers]);
+ * NULL for an instance that is not a router. */
+const char *topo_client_endpoint(const topo_t *t, const topo_instance_t *router);
 
 /* The embedded default: the one-machine CPU topology, byte for byte topology/examples/cpu-default.yaml
  * (a unit test checks they are equal). */

@@ -66,12 +66,15 @@ print(",".join(map(str, toks)), fin and fin.get("type"))'
 # On a GPU node: BACKEND=cuda NODE_GPUS=N PREFILL_GPUS='[0]' DECODE_GPUS='[1]' places the workers
 # (with BACKEND=cuda both default to GPU 0).
 # N_PREFILL=0: no prefill actor (colocated: the decode workers compute the prompts).
+# N_ROUTERS=2 (up to 8): that many routers (router-0, router-1, ...), each with its own client
+# endpoint (endpoints.clients, the first also as endpoints.client); client_endpoints FILE lists them.
 # KV_DTYPE=fp8 (or f32, bf16, f16): the workers' KV cache dtype (model.kv_dtype; default auto).
 make_topology() {
   local file=$1; shift
-  local p1 p2 p3 PREFILL_GPUS=${PREFILL_GPUS:-} DECODE_GPUS=${DECODE_GPUS:-}
+  local p1 p2 p3 more_clients="" k PREFILL_GPUS=${PREFILL_GPUS:-} DECODE_GPUS=${DECODE_GPUS:-}
   if [ "${BACKEND:-cpu}" = cuda ]; then PREFILL_GPUS=${PREFILL_GPUS:-[0]}; DECODE_GPUS=${DECODE_GPUS:-[0]}; fi
   p1=$(free_port); p2=$(free_port); p3=$(free_port)
+  for ((k = 1; k < ${N_ROUTERS:-1}; k++)); do more_clients+=", tcp://127.0.0.1:$(free_port)"; done
   cat > "$file" <<YAML
 name: t-$TROUPE_TEST_NAME-$$
 model:
@@ -86,7 +89,8 @@ nodes:
 actors:
   - role: monitor
   - role: cache-manager
-  - role: router
+  - role: router${more_clients:+
+    count: ${N_ROUTERS}}
 $( [ "${N_PREFILL:-1}" = 0 ] || printf '  - role: prefill\n    count: %s\n%s' "${N_PREFILL:-1}" \
      "${PREFILL_GPUS:+    gpus: $PREFILL_GPUS
 }" )
@@ -97,7 +101,8 @@ $( [ "${N_PREFILL:-1}" = 0 ] || printf '  - role: prefill\n    count: %s\n%s' "$
   - role: expert-balancer
   - role: draft-scheduler
 endpoints:
-  client: tcp://127.0.0.1:$p1
+  client: tcp://127.0.0.1:$p1${more_clients:+
+  clients: [tcp://127.0.0.1:$p1$more_clients]}
   inspect: tcp://127.0.0.1:$p2
   metrics: tcp://127.0.0.1:$p3
   run_dir: $WORK/run
@@ -121,6 +126,13 @@ make_demo_topology() {
   MODEL_PATH=$ROOT/tests/fixtures/models/qwen3-demo-shape LOAD_FORMAT=dummy N_DECODE=2 HEARTBEAT_MS=200 \
     make_topology "$file" "$@"
   sed -i "s|^  load_format: dummy|  load_format: dummy\n  dtype: bf16\n  tokenizer: $ROOT/third_party/tokenizers/qwen3|" "$file"
+}
+
+# client_endpoints TOPOLOGY: every router's client endpoint, comma-separated (what the clients take).
+client_endpoints() {
+  local l
+  l=$(grep '^  clients:' "$1" | sed 's/^  clients: \[\(.*\)\]/\1/; s/ //g' || true)
+  [ -n "$l" ] && echo "$l" || grep '^  client:' "$1" | awk '{print $2}'
 }
 
 # start_cluster TOPOLOGY [supervisor args]: starts the supervisor in the background and waits

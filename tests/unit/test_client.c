@@ -4,7 +4,8 @@
  * the same client then works against a router bound again at the endpoint. Two ways to lose it:
  * the router's socket closes (a kill -9 closes it the same way), and a router process that stops
  * answering (SIGSTOP: only the heartbeats notice). Waits are generous bounds, never the thing
- * that ends a wait: each check asserts the reply came, not how fast. Also under CURVE. */
+ * that ends a wait: each check asserts the reply came, not how fast. Also under CURVE. With two
+ * routers, requests that have not streamed move to the other one. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -23,11 +24,17 @@
 
 #define WAIT_MS 30000   /* a bound that only a broken client reaches */
 
-static void *s_router(void *ctx, const char *ep, char *bound, size_t cap)
+/* A fake router: a ROUTER bound at ep (a CURVE server with kp's secret when kp is not NULL; without
+ * a ZAP handler it admits any client key); the endpoint bound into `bound` when not NULL. */
+static void *s_fake_router(void *ctx, const char *ep, const auth_keypair_t *kp, char *bound, size_t cap)
 {
     void *r = zmq_socket(ctx, ZMQ_ROUTER);
-    int linger = 0;
+    int one = 1, linger = 0;
     zmq_setsockopt(r, ZMQ_LINGER, &linger, sizeof linger);
+    if (kp) {
+        assert_int_equal(zmq_setsockopt(r, ZMQ_CURVE_SERVER, &one, sizeof one), 0);
+        assert_int_equal(zmq_setsockopt(r, ZMQ_CURVE_SECRETKEY, kp->sec, AUTH_Z85_LEN), 0);
+    }
     assert_int_equal(zmq_bind(r, ep), 0);
     if (bound) {
         size_t n = cap;
@@ -121,7 +128,7 @@ static void test_closed_connection(void **st)
 {
     void *ctx = zmq_ctx_new();
     char ep[256];
-    void *r = s_router(ctx, "tcp://127.0.0.1:*", ep, sizeof ep);
+    void *r = s_fake_router(ctx, "tcp://127.0.0.1:*", NULL, ep, sizeof ep);
     char err[256];
     client_t *c = client_connect_opts(ep, &(client_opts_t){0}, err, sizeof err);
     assert_non_null(c);
@@ -173,7 +180,7 @@ static void test_closed_connection(void **st)
 
     /* A router bound again at the endpoint: ZeroMQ reconnects, a new request completes, and a late
      * reply for a lost request is dropped. */
-    r = s_router(ctx, ep, NULL, 0);
+    r = s_fake_router(ctx, ep, NULL, NULL, 0);
     s_serve_one(c, r, ids[2]);
     assert_int_equal((int)client_requests_lost(c), 2);
     client_destroy(&c);
@@ -188,7 +195,7 @@ static void s_child_router(int ready_fd)
 {
     void *ctx = zmq_ctx_new();
     char ep[256] = "";
-    void *r = s_router(ctx, "tcp://127.0.0.1:*", ep, sizeof ep);
+    void *r = s_fake_router(ctx, "tcp://127.0.0.1:*", NULL, ep, sizeof ep);
     (void)!write(ready_fd, ep, sizeof ep);   /* the endpoint bound, to the parent */
     for (;;) {
         uint8_t rid[256];
@@ -250,7 +257,7 @@ static void test_heartbeats_off(void **st)
 {
     void *ctx = zmq_ctx_new();
     char ep[256];
-    void *r = s_router(ctx, "tcp://127.0.0.1:*", ep, sizeof ep);
+    void *r = s_fake_router(ctx, "tcp://127.0.0.1:*", NULL, ep, sizeof ep);
     char err[256];
     client_t *c = client_connect_opts(ep, &(client_opts_t){.heartbeat_ivl_ms = -1}, err, sizeof err);
     assert_non_null(c);
@@ -270,23 +277,8 @@ static void test_heartbeats_off(void **st)
     zmq_ctx_term(ctx);
 }
 
-/* Under CURVE (a CURVE server without a ZAP handler admits any client key): the loss is seen and
- * the same client is served again by a router bound again with the same key. */
-static void *s_curve_router(void *ctx, const char *ep, const auth_keypair_t *kp, char *bound, size_t cap)
-{
-    void *r = zmq_socket(ctx, ZMQ_ROUTER);
-    int one = 1, linger = 0;
-    zmq_setsockopt(r, ZMQ_LINGER, &linger, sizeof linger);
-    assert_int_equal(zmq_setsockopt(r, ZMQ_CURVE_SERVER, &one, sizeof one), 0);
-    assert_int_equal(zmq_setsockopt(r, ZMQ_CURVE_SECRETKEY, kp->sec, AUTH_Z85_LEN), 0);
-    assert_int_equal(zmq_bind(r, ep), 0);
-    if (bound) {
-        size_t n = cap;
-        zmq_getsockopt(r, ZMQ_LAST_ENDPOINT, bound, &n);
-    }
-    return r;
-}
-
+/* Under CURVE: the loss is seen and the same client is served again by a router bound again with
+ * the same key. */
 static void test_curve(void **st)
 {
     char dir[] = "/tmp/test_client.XXXXXX", sp[128], ss[128], cp[160], cs[160], prefix[128], err[256];
@@ -299,7 +291,7 @@ static void test_curve(void **st)
     assert_int_equal(auth_keypair_generate(cp, cs, &me, err, sizeof err), 0);
     void *ctx = zmq_ctx_new();
     char ep[256];
-    void *r = s_curve_router(ctx, "tcp://127.0.0.1:*", &server, ep, sizeof ep);
+    void *r = s_fake_router(ctx, "tcp://127.0.0.1:*", &server, ep, sizeof ep);
     client_opts_t o = {.server_key = sp, .key = prefix};
     client_t *c = client_connect_opts(ep, &o, err, sizeof err);
     assert_non_null(c);
@@ -315,12 +307,96 @@ static void test_curve(void **st)
     assert_true(s_is_lost(&got));
     assert_true(got.id == id);
     msg_free(&got);
-    r = s_curve_router(ctx, ep, &server, NULL, 0);
+    r = s_fake_router(ctx, ep, &server, NULL, 0);
     s_serve_one(c, r, id);
     client_destroy(&c);
     zmq_close(r);
     zmq_ctx_term(ctx);
     unlink(sp), unlink(ss), unlink(cp), unlink(cs), rmdir(dir);
+}
+
+/* Two routers: when the first one's connection is lost, its requests that had no reply yet are
+ * sent again, with their ids, to the second and end there; the one that had streamed ends with the
+ * lost error; new requests go to the second, even once the first is back. One terminal reply each. */
+static void test_failover(void **st)
+{
+    void *ctx = zmq_ctx_new();
+    char ep_a[256], ep_b[256], eps[600], err[256];
+    void *a = s_fake_router(ctx, "tcp://127.0.0.1:*", NULL, ep_a, sizeof ep_a);
+    void *b = s_fake_router(ctx, "tcp://127.0.0.1:*", NULL, ep_b, sizeof ep_b);
+    snprintf(eps, sizeof eps, "%s, %s", ep_a, ep_b);
+    client_t *c = client_connect_opts(eps, &(client_opts_t){0}, err, sizeof err);
+    assert_non_null(c);
+    uint64_t ids[3];
+    uint8_t rid[256];
+    size_t rid_len;
+    msg_t req, rep, got;
+    for (int i = 0; i < 3; i++) {   /* every one to the first router */
+        ids[i] = s_submit(c);
+        s_take(a, rid, &rid_len, &req);
+        assert_true(req.id == ids[i]);
+        msg_free(&req);
+    }
+    msg_init(&rep, MSG_TOKEN, ids[0]);   /* request 0 streams */
+    static const uint32_t t[] = {7};
+    rep.u.token.tokens = t;
+    rep.u.token.n_tokens = 1;
+    rep.u.token.text = "a";
+    s_reply(a, rid, rid_len, &rep);
+    s_next(c, &got);
+    assert_int_equal(got.type, MSG_TOKEN);
+    msg_free(&got);
+    assert_int_equal(client_recv(c, &got, 300, err, sizeof err), 1);   /* both connections' handshakes seen */
+    zmq_close(a);
+
+    s_next(c, &got);   /* the streamed one: lost */
+    assert_true(s_is_lost(&got));
+    assert_true(got.id == ids[0]);
+    msg_free(&got);
+    uint8_t rid_b[256];
+    size_t rid_b_len;
+    int seen[3] = {0};
+    for (int k = 0; k < 2; k++) {   /* the others: at the second router, unchanged */
+        s_take(b, rid_b, &rid_b_len, &req);
+        assert_int_equal(req.type, MSG_SUBMIT);
+        assert_int_equal(req.u.submit.n_tokens, 3);
+        for (int i = 0; i < 3; i++)
+            seen[i] += req.id == ids[i];
+        msg_init(&rep, MSG_DONE, req.id);
+        s_reply(b, rid_b, rid_b_len, &rep);
+        msg_free(&req);
+    }
+    assert_int_equal(seen[0], 0);
+    assert_int_equal(seen[1], 1);
+    assert_int_equal(seen[2], 1);
+    for (int k = 0; k < 2; k++) {
+        s_next(c, &got);
+        assert_int_equal(got.type, MSG_DONE);
+        assert_true(got.id == ids[1] || got.id == ids[2]);
+        msg_free(&got);
+    }
+    assert_int_equal(client_recv(c, &got, 300, err, sizeof err), 1);   /* nothing more: once each */
+    assert_int_equal((int)client_requests_retried(c), 2);
+    assert_int_equal((int)client_requests_lost(c), 1);
+    assert_int_equal((int)client_connections_lost(c), 1);
+
+    /* New requests go to the second router, with the first back too. */
+    a = s_fake_router(ctx, ep_a, NULL, NULL, 0);
+    s_serve_one(c, b, 0);
+    uint64_t id = s_submit(c);
+    s_take(b, rid_b, &rid_b_len, &req);
+    assert_true(req.id == id);
+    msg_free(&req);
+    msg_init(&rep, MSG_DONE, id);
+    s_reply(b, rid_b, rid_b_len, &rep);
+    s_next(c, &got);
+    assert_int_equal(got.type, MSG_DONE);
+    assert_true(got.id == id);
+    msg_free(&got);
+    client_destroy(&c);
+    zmq_close(a);
+    zmq_close(b);
+    zmq_ctx_term(ctx);
 }
 
 int main(void)
@@ -331,6 +407,7 @@ int main(void)
         cmocka_unit_test(test_stopped_router),
         cmocka_unit_test(test_heartbeats_off),
         cmocka_unit_test(test_curve),
+        cmocka_unit_test(test_failover),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

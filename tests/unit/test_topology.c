@@ -589,6 +589,58 @@ static void test_shape_errors(void **state)
     assert_err("inline.yaml:1: expected a mapping (indented keys), found a list");
 }
 
+/* Several routers: each binds its own entry of endpoints.clients (clients fail over between them);
+ * the list must name one a router, agree with endpoints.client, and clash with nothing. */
+static void test_multi_router(void **state)
+{
+    (void)state;
+#define TWO_ROUTERS "model:\n  path: m\nactors:\n  - role: monitor\n  - role: router\n    count: 2\n" \
+                    "  - role: decode\n"
+    topo_t *t = s_ok(TWO_ROUTERS "endpoints:\n  clients: [tcp://127.0.0.1:7001, 'ipc:///tmp/r1.sock']\n");
+    assert_int_equal(topo_count_role(t, ROLE_ROUTER), 2);
+    assert_int_equal(t->endpoints.n_clients, 2);
+    assert_string_equal(t->endpoints.client, "tcp://127.0.0.1:7001");
+    assert_string_equal(topo_client_endpoint(t, topo_find(t, "router-0")), "tcp://127.0.0.1:7001");
+    assert_string_equal(topo_client_endpoint(t, topo_find(t, "router-1")), "ipc:///tmp/r1.sock");
+    assert_null(topo_client_endpoint(t, topo_find(t, "decode")));
+    char *a = NULL, *b = NULL;   /* printed, it loads back the same */
+    size_t alen = 0, blen = 0;
+    FILE *f = open_memstream(&a, &alen);
+    topo_print(t, f);
+    fclose(f);
+    topo_t *t2 = NULL;
+    assert_int_equal(topo_load_string(a, alen, "printed", &t2, &s_errs), 0);
+    assert_string_equal(topo_client_endpoint(t2, topo_find(t2, "router-1")), "ipc:///tmp/r1.sock");
+    f = open_memstream(&b, &blen);
+    topo_print(t2, f);
+    fclose(f);
+    assert_string_equal(strchr(a, '\n'), strchr(b, '\n'));   /* but the first line's source name */
+    free(a);
+    free(b);
+    topo_destroy(&t2);
+    topo_destroy(&t);
+    t = s_ok(MINIMAL);   /* one router: endpoints.client is its entry */
+    assert_int_equal(t->endpoints.n_clients, 1);
+    assert_string_equal(topo_client_endpoint(t, topo_first(t, ROLE_ROUTER)), "tcp://127.0.0.1:5555");
+    topo_destroy(&t);
+
+    s_bad(TWO_ROUTERS);
+    assert_err("endpoints.clients: missing: the topology has 2 router instances");
+    s_bad(TWO_ROUTERS "endpoints:\n  clients: [tcp://127.0.0.1:7001]\n");
+    assert_err("endpoints.clients: 1 entries for 2 router instances (one each, in order)");
+    s_bad(TWO_ROUTERS "endpoints:\n  client: tcp://127.0.0.1:7000\n  clients: [tcp://127.0.0.1:7001, tcp://127.0.0.1:7002]\n");
+    assert_err("endpoints.client: tcp://127.0.0.1:7000 differs from endpoints.clients[0] (tcp://127.0.0.1:7001)");
+    s_bad(TWO_ROUTERS "endpoints:\n  inspect: tcp://127.0.0.1:7002\n  clients: [tcp://127.0.0.1:7001, tcp://127.0.0.1:7001]\n");
+    assert_err("endpoints.clients[1]: tcp://127.0.0.1:7001 is already bound by endpoints.clients[0]");
+    s_bad(TWO_ROUTERS "endpoints:\n  clients: [tcp://127.0.0.1:7001, 'http://x:1']\n");
+    assert_err("endpoints.clients[1]: 'http://x:1' is not tcp://host:port or ipc://path");
+    s_bad(TWO_ROUTERS "endpoints:\n  clients: [tcp://127.0.0.1:7001, 'tcp://*:7002']\n");
+    assert_err("endpoints.clients[1]: tcp://*:7002 binds all interfaces");
+    s_bad("model:\n  path: m\nactors:\n  - role: monitor\n  - role: router\n    count: 9\n  - role: decode\n");
+    assert_err("actors: one to 8 router instances are required (found 9)");
+#undef TWO_ROUTERS
+}
+
 /* No prefill actor: a colocated cluster (the decode workers compute the prompts); no decode actor
  * is still an error. */
 static void test_colocated(void **state)
@@ -608,7 +660,8 @@ static void test_semantic_errors(void **state)
     (void)state;
     s_bad_file("tests/fixtures/topology/roles.yaml");
     assert_err("roles.yaml:1: model.path: missing: prefill and decode actors load the model");
-    assert_err("roles.yaml:2: actors: exactly one router instance is required (found 2)");
+    assert_err("roles.yaml:1: endpoints.clients: missing: the topology has 2 router instances: give each its "
+               "client endpoint, in order");
     assert_err("roles.yaml:2: actors: exactly one monitor instance is required (found 0)");
     assert_err("roles.yaml:2: actors: at least one decode actor is required");
     assert_err("roles.yaml:2: actors: at most one cache-manager instance (found 2)");
@@ -823,6 +876,7 @@ int main(void)
         cmocka_unit_test(test_multi_error_reports_all),
         cmocka_unit_test(test_shape_errors),
         cmocka_unit_test(test_colocated),
+        cmocka_unit_test(test_multi_router),
         cmocka_unit_test(test_semantic_errors),
         cmocka_unit_test(test_junk_numbers),
         cmocka_unit_test(test_errors_api),

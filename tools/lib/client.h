@@ -1,6 +1,8 @@
 /* tools/lib/client.h — the C client library: talk to a Troupe cluster over ZeroMQ.
  *
- * One DEALER socket to the router's client endpoint (or the monitor's inspection endpoint).
+ * One DEALER socket to the router's client endpoint (or the monitor's inspection endpoint); with
+ * several routers (a topology's endpoints.clients), one to each, the endpoints given
+ * comma-separated ("tcp://h:5555,tcp://h:5557"; client_endpoints_from_topology writes them so).
  * A cluster with CURVE keys (docs/security.md) needs the server's public key and a keypair of
  * ours whose public key is in its allow-list: client_opts_t, or for client_connect the
  * environment (TROUPE_CURVE_SERVER_KEY = the server's .pub file, TROUPE_CURVE_KEY = our key
@@ -16,6 +18,18 @@
  * request's outcome is unknown". Replies that come later for such a request are dropped. ZeroMQ
  * reconnects by itself, so new requests go to the restarted router. A request is in flight from
  * client_send (any type but cancel) until its done, error or inspect_reply is received.
+ *
+ * Failover, with several routers: new requests go to the first router until its connection is
+ * lost, then to the next whose connection is up. When a router's connection is lost, each of its
+ * submits that has had no reply yet (no token: it has not streamed) is sent again, unchanged (its
+ * id too), to the next router whose connection is up, and ends there: it is not lost, and counts
+ * in client_requests_retried. One that has streamed ends with the error above (its tokens came
+ * from a generation that cannot go on elsewhere); so does every request when no other router's
+ * connection is up, or after CLIENT_MAX_RESUBMITS moves. Either way one terminal reply each.
+ * A reply for a moved request from a router it has left is dropped. A cancel goes to the router
+ * that holds the request. Known limit: a router that is down when the client starts (no
+ * connection ever made) is not failed over from: its requests wait for it (ZeroMQ queues them)
+ * until their timeout or until it comes up; the supervisor restarts a router within seconds.
  *
  *     client_t *c = client_connect("tcp://127.0.0.1:5555", err, sizeof err);
  *     msg_t m; msg_init(&m, MSG_SUBMIT, 0); m.u.submit.prompt = "Hello"; m.u.submit.stream = true;
@@ -44,9 +58,12 @@ typedef struct client_opts {
 
 #define CLIENT_HEARTBEAT_IVL_MS     1000
 #define CLIENT_HEARTBEAT_TIMEOUT_MS 3000
+#define CLIENT_ROUTERS_MAX          8      /* endpoints one client connects to */
+#define CLIENT_MAX_RESUBMITS        3      /* a request that has not streamed moves at most this often */
 
-client_t *client_connect(const char *endpoint, char *err, size_t errlen);
-client_t *client_connect_opts(const char *endpoint, const client_opts_t *opts, char *err, size_t errlen);
+/* endpoints: one, or several comma-separated (one a router, at most CLIENT_ROUTERS_MAX). */
+client_t *client_connect(const char *endpoints, char *err, size_t errlen);
+client_t *client_connect_opts(const char *endpoints, const client_opts_t *opts, char *err, size_t errlen);
 void client_destroy(client_t **self_p);
 
 /* Sends m. If m->id is 0 a fresh id is assigned (random 63-bit); it is returned in *id_out. */
@@ -64,6 +81,8 @@ int client_call(client_t *c, msg_t *req, msg_t *reply, int timeout_ms, char *err
  * losses were seen, since client_connect. */
 uint64_t client_requests_lost(const client_t *c);
 uint64_t client_connections_lost(const client_t *c);
+/* How many times a request was sent again to another router after its router's connection was lost. */
+uint64_t client_requests_retried(const client_t *c);
 
 /* "5m" -> 300, "1h" -> 3600, "90" / "90s" -> 90, "2d" -> 172800. -1 on junk or overflow. */
 int64_t client_parse_duration_s(const char *s);
@@ -73,7 +92,8 @@ int64_t client_parse_duration_s(const char *s);
 int client_opts_from_topology(const char *topology_path, client_opts_t *o, char *server_key, size_t cap,
                               char *err, size_t errlen);
 
-/* The client endpoint or inspection endpoint of a topology file (NULL = embedded default). */
+/* The client endpoints (every router's, comma-separated) or the inspection endpoint of a topology
+ * file (NULL = embedded default). */
 int client_endpoints_from_topology(const char *topology_path, char *client_ep, char *inspect_ep,
                                    size_t cap, char *err, size_t errlen);
 
