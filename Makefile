@@ -81,7 +81,7 @@ endif
 GPU_TEST_BINS := $(if $(CUDA_LDLIBS),$(patsubst tests/gpu/%.c,$(B)/gpu-tests/%,$(wildcard tests/gpu/test_*.c)) \
                                      $(patsubst tests/gpu/%.cu,$(B)/gpu-tests/%,$(wildcard tests/gpu/*.cu)))
 
-.PHONY: all deps demo test test-asan fuzz fuzz-long clean cuda gpu-tests check-layers
+.PHONY: all deps demo test test-asan fuzz fuzz-long nemesis-long clean cuda gpu-tests check-layers
 all: $(B)/libtroupe.a $(ACTOR_BINS) $(TOOL_BINS) $(TEST_BINS) $(CUDA_LIB)
 
 # Installs what is missing (apt-get as root; otherwise prints the line), fetches tokenizers.
@@ -97,6 +97,14 @@ demo: deps
 test: deps check-layers
 	@$(MAKE) --no-print-directory -j$(JOBS) all fuzz
 	@tests/run.sh
+
+# The nemesis for NEMESIS_S seconds (default 30 minutes; `make test` runs it for 30 s): random
+# kill -9 and SIGSTOP/SIGCONT of both routers and the workers under continuous load
+# (tests/scenario/nemesis.sh; docs/development.md). Not part of `make test`.
+NEMESIS_S ?= 1800
+nemesis-long:
+	@$(MAKE) --no-print-directory -j$(JOBS) all
+	@NEMESIS_S=$(NEMESIS_S) TROUPE_BIN=$(CURDIR)/$(B)/bin timeout $$(( $(NEMESIS_S) + 300 )) bash tests/scenario/nemesis.sh
 
 # Kernels stand alone: nothing under kernels/ includes a layer above them (engine/ and up).
 check-layers:

@@ -1,21 +1,28 @@
-# A nemesis against the workers under continuous load (issue #21's failure model, workers only):
-# for NEMESIS_S seconds (default 30) 8 clients submit requests back to back while the nemesis,
-# every 0.5-2 s, kill -9s a random prefill or decode worker, or stops it (SIGSTOP) for 0.2-1.2 s
-# and lets it go on (SIGCONT; past 3 missed heartbeats the supervisor kills it as wedged). Checked:
-# every request ends in exactly one terminal reply (done with all its tokens, or an error), no
-# stream repeats or skips a seq, nothing is lost (a request with no terminal reply in 30 s), and
-# once the nemesis stops every worker is back and every KV pool returns to idle; then a request is
-# served again. Prints submitted / done / failed (by code) / lost and the faults dealt.
+# A nemesis under continuous load (issue #21's failure model): a topology with two routers
+# (NEMESIS_ROUTERS, default 2; the clients fail over between them) and two decode workers. For
+# NEMESIS_S seconds (default 30; `make nemesis-long` runs 1800) 8 clients submit requests back to
+# back while the nemesis, every 0.5-2 s, kill -9s a random router, prefill or decode worker, or
+# stops it (SIGSTOP) for 0.2-1.2 s and lets it go on (SIGCONT; past 3 missed heartbeats the
+# supervisor kills it as wedged). Checked: every request ends in exactly one terminal reply (done
+# with all its tokens, or an error), no stream repeats or skips a seq, nothing is lost (a request
+# with no terminal reply in 30 s), and once the nemesis stops every worker and router is back and
+# every KV pool returns to idle; then a request is served again. The resident memory of the actors
+# the nemesis never touches (supervisor, monitor, cache-manager, expert-balancer, draft-scheduler)
+# is sampled after the first tenth and at the end; from 300 s on it must stay flat (at most 20%
+# or 16 MiB more). Prints submitted / done / failed (by code) / lost / retried (sent again to the
+# other router) and the faults dealt.
 . "$(dirname "$0")/lib.sh"
-N_DECODE=2 HEARTBEAT_MS=200 MAX_RESTARTS=1000 PERIOD_S=10 make_topology "$WORK/t.yaml" "limits:
+N_ROUTERS=${NEMESIS_ROUTERS:-2} N_DECODE=2 HEARTBEAT_MS=200 MAX_RESTARTS=1000 PERIOD_S=10 \
+  make_topology "$WORK/t.yaml" "limits:
   max_model_len: 256"
 start_cluster "$WORK/t.yaml"
-ep=$(grep 'client:' "$WORK/t.yaml" | awk '{print $2}')
-$PY - "$ep" "$BIN" "$WORK/t.yaml" "${NEMESIS_S:-30}" <<'PY'
+ep=$(client_endpoints "$WORK/t.yaml")
+$PY - "$ep" "$BIN" "$WORK/t.yaml" "${NEMESIS_S:-30}" "$SUP_PID" <<'PY'
 import collections, os, random, signal, sys, threading, time
 from troupe_client import Client
 from servelib import top, wait_idle_pools, wait_workers
-ep, bin_dir, topo, duration = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+ep, bin_dir, topo, duration, sup_pid = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]), int(sys.argv[5])
+routers = [f"router-{i}" for i in range(len(ep.split(",")))] if "," in ep else ["router"]
 rng = random.Random(21)
 stop = threading.Event()
 lock = threading.Lock()
@@ -57,6 +64,8 @@ def client(k):
             if terminal is not None and terminal["type"] == "error":
                 time.sleep(0.1)   # a client backs off after an error (the workers may be restarting)
             # A second terminal reply for it would show up as the next request's "another id".
+        with lock:
+            stats["retried"] += c.requests_retried
 
 def pid_of(name):
     a = top(bin_dir, topo).get(name)
@@ -68,39 +77,69 @@ def pid_of(name):
         return None
     return a["pid"] if topo.encode() in cmd and name.encode() in b" ".join(cmd) else None
 
+UNTOUCHED = ["monitor", "cache-manager", "expert-balancer", "draft-scheduler"]
+
+def rss_kib():
+    """Resident memory of the supervisor and the actors the nemesis never touches, in KiB."""
+    view, out = top(bin_dir, topo), {}
+    for name, pid in [("supervisor", sup_pid)] + [(n, view[n]["pid"]) for n in UNTOUCHED if n in view]:
+        try:
+            out[name] = next(int(l.split()[1]) for l in open(f"/proc/{pid}/status") if l.startswith("VmRSS:"))
+        except (OSError, StopIteration):
+            pass
+    return out
+
 ts = [threading.Thread(target=client, args=(k,)) for k in range(8)]
 for t in ts: t.start()
 faults = collections.Counter()
-t_end = time.time() + duration
+t_start = time.time()
+t_end = t_start + duration
+rss_start = None
 while time.time() < t_end:
     time.sleep(rng.uniform(0.5, 2.0))
-    name = rng.choice(["prefill", "decode-0", "decode-1"])
+    if rss_start is None and time.time() - t_start >= duration / 10:
+        rss_start = rss_kib()
+    name = rng.choice(["prefill", "decode-0", "decode-1"] + routers)
     pid = pid_of(name)
     if not pid:
         continue
     try:
         if rng.random() < 0.6:
             os.kill(pid, signal.SIGKILL)
-            faults["kill -9"] += 1
+            faults["kill -9 router" if name in routers else "kill -9 worker"] += 1
         else:
             os.kill(pid, signal.SIGSTOP)
             time.sleep(rng.uniform(0.2, 1.2))
             os.kill(pid, signal.SIGCONT)
-            faults["stop/cont"] += 1
+            faults["stop/cont router" if name in routers else "stop/cont worker"] += 1
     except ProcessLookupError:
         pass
 stop.set()
 for t in ts: t.join()
 wait_workers(bin_dir, topo, 3, timeout_s=30)
+deadline = time.time() + 30
+while time.time() < deadline and not all((top(bin_dir, topo).get(r) or {}).get("state") == "ready" for r in routers):
+    time.sleep(0.2)
 wait_idle_pools(bin_dir, topo, timeout_s=15)
-with Client(ep, timeout_s=60) as c:
-    last = list(c.generate(tokens=[1, 2, 3, 4], max_tokens=4))[-1]
-print(f"nemesis {duration:.0f} s, faults {dict(faults)}: {dict(stats)}; pools idle after; served again: {last['type']}")
+for r_ep in ep.split(","):   # every router serves again
+    with Client(r_ep, timeout_s=60) as c:
+        last = list(c.generate(tokens=[1, 2, 3, 4], max_tokens=4))[-1]
+    assert last["type"] == "done", (r_ep, last)
+rss_start = rss_start or rss_kib()
+rss_end = rss_kib()
+print(f"nemesis {duration:.0f} s, {len(routers)} router(s), faults {dict(faults)}: {dict(stats)}; pools idle "
+      f"after; every router served again: {last['type']}")
+print(f"resident KiB of the untouched actors, after {duration / 10:.0f} s -> at the end: "
+      + ", ".join(f"{n} {rss_start.get(n)} -> {v}" for n, v in rss_end.items()))
 for p in problems[:10]:
     print("PROBLEM:", p)
 assert not problems, f"{len(problems)} problems"
-assert stats["lost"] == 0 and stats["submitted"] == sum(v for k, v in stats.items() if k != "submitted" and k != "lost")
+assert stats["lost"] == 0 and stats["submitted"] == sum(v for k, v in stats.items() if k not in ("submitted", "lost", "retried"))
 assert sum(faults.values()) >= duration / 4, faults
 assert last["type"] == "done", last
+if duration >= 300:
+    grown = {n: (rss_start[n], v) for n, v in rss_end.items()
+             if n in rss_start and v > max(rss_start[n] * 1.2, rss_start[n] + 16384)}
+    assert not grown, f"resident memory grew: {grown}"
 PY
 echo "PASS nemesis"
