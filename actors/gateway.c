@@ -60,8 +60,6 @@
 #define GW_MAX_PENDING   (8u << 20)   /* unsent stream bytes before a non-reading client is cut off */
 #define GW_RETRY_AFTER_S 1            /* Retry-After for a full or unavailable cluster */
 #define GW_MAX_METRICS_FETCHES 4      /* concurrent /metrics proxy fetches */
-#define GW_HEARTBEAT_IVL_MS 1000      /* ZMTP heartbeats on the router connection (as the C client's) */
-#define GW_HEARTBEAT_TIMEOUT_MS 3000
 #define GW_ROUTER_BATCH  256          /* router replies read per turn of the loop (submits go between) */
 
 typedef enum { OP_SUBMIT = 1, OP_ABORT = 2 } gw_op_t;
@@ -752,7 +750,7 @@ static void s_peer_event(actor_t *a, void *state, const char *peer, int up)
 }
 
 /* Our own connection to the router's client endpoint: a drop after a completed handshake (its
- * process closed it, or no heartbeat was answered for GW_HEARTBEAT_TIMEOUT_MS: a router stopped
+ * process closed it, or no heartbeat was answered for supervision.client_heartbeat_timeout_ms: a router stopped
  * or cut off, whose inbox connection may still look up). Frame 1 = u16 event + u32 value,
  * frame 2 = the endpoint. */
 static int s_on_router_mon(actor_t *a, void *state, void *sock)
@@ -1320,7 +1318,7 @@ int main(int argc, char **argv)
     zmq_setsockopt(g->router, ZMQ_RCVHWM, &hwm, sizeof hwm);
     /* Heartbeats find a router that stopped answering with its connections up (stopped, cut off);
      * libzmq answers them at the router. The monitor reports the drop. */
-    int ivl = GW_HEARTBEAT_IVL_MS, hb_to = GW_HEARTBEAT_TIMEOUT_MS;
+    int ivl = t->supervision.client_heartbeat_ms, hb_to = t->supervision.client_heartbeat_timeout_ms;
     char mon_ep[96];
     snprintf(mon_ep, sizeof mon_ep, "inproc://gateway-router-mon-%d", (int)getpid());
     if (zmq_setsockopt(g->router, ZMQ_HEARTBEAT_IVL, &ivl, sizeof ivl) != 0 ||

@@ -523,6 +523,14 @@ static void s_limits(topo_diag_t *d, const raw_topo_t *raw, topo_t *t)
     t->supervision.grace_s = (int)s_int(d, "supervision.grace_s", s->grace_s, 0, 600, 5);
     t->supervision.heartbeat_ms = (int)s_int(d, "supervision.heartbeat_ms", s->heartbeat_ms, 10, 60000, 500);
     t->supervision.liveness = (int)s_int(d, "supervision.liveness", s->liveness, 1, 100, 3);
+    t->supervision.client_heartbeat_ms = (int)s_int(d, "supervision.client_heartbeat_ms", s->client_heartbeat_ms,
+                                                    10, 60000, 1000);
+    t->supervision.client_heartbeat_timeout_ms = (int)s_int(d, "supervision.client_heartbeat_timeout_ms",
+                                                            s->client_heartbeat_timeout_ms, 100, 600000, 3000);
+    if (t->supervision.client_heartbeat_timeout_ms <= t->supervision.client_heartbeat_ms)
+        topo_diag_err(d, "supervision.client_heartbeat_timeout_ms", "%d is not more than client_heartbeat_ms (%d): "
+                      "the connection would be given up before a PING could be answered",
+                      t->supervision.client_heartbeat_timeout_ms, t->supervision.client_heartbeat_ms);
 
     s_str(d, "security.curve_server_public", sec->curve_server_public, NULL,
           t->security.curve_server_public, sizeof t->security.curve_server_public, 0);

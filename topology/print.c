@@ -119,8 +119,10 @@ void topo_print(const topo_t *t, FILE *f)
     }
     const topo_supervision_t *s = &t->supervision;
     fprintf(f, "supervision:\n  strategy: %s\n  max_restarts: %d\n  period_s: %d\n  ready_timeout_s: %d\n"
-            "  grace_s: %d\n  heartbeat_ms: %d\n  liveness: %d\n", topo_strategy_name(s->strategy),
-            s->max_restarts, s->period_s, s->ready_timeout_s, s->grace_s, s->heartbeat_ms, s->liveness);
+            "  grace_s: %d\n  heartbeat_ms: %d\n  liveness: %d\n  client_heartbeat_ms: %d\n"
+            "  client_heartbeat_timeout_ms: %d\n", topo_strategy_name(s->strategy), s->max_restarts, s->period_s,
+            s->ready_timeout_s, s->grace_s, s->heartbeat_ms, s->liveness, s->client_heartbeat_ms,
+            s->client_heartbeat_timeout_ms);
     fprintf(f, "security:\n");
     if (t->security.curve_server_public[0]) {
         s_kv(f, "  ", "curve_server_public", t->security.curve_server_public);

@@ -45,7 +45,8 @@ typedef struct raw_cache {
 } raw_cache_t;
 
 typedef struct raw_supervision {
-    char *strategy, *max_restarts, *period_s, *ready_timeout_s, *grace_s, *heartbeat_ms, *liveness;
+    char *strategy, *max_restarts, *period_s, *ready_timeout_s, *grace_s, *heartbeat_ms, *liveness,
+         *client_heartbeat_ms, *client_heartbeat_timeout_ms;
 } raw_supervision_t;
 
 typedef struct raw_security {

@@ -114,6 +114,8 @@ static const cyaml_schema_field_t s_supervision_fields[] = {
     STR("grace_s", raw_supervision_t, grace_s),
     STR("heartbeat_ms", raw_supervision_t, heartbeat_ms),
     STR("liveness", raw_supervision_t, liveness),
+    STR("client_heartbeat_ms", raw_supervision_t, client_heartbeat_ms),
+    STR("client_heartbeat_timeout_ms", raw_supervision_t, client_heartbeat_timeout_ms),
     CYAML_FIELD_END
 };
 

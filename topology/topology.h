@@ -155,6 +155,11 @@ typedef struct topo_supervision {
     int grace_s;                         /* SIGTERM -> wait -> SIGKILL; default 5; 0..600 */
     int heartbeat_ms;                    /* default 500; 10..60000 */
     int liveness;                        /* missed heartbeats before an actor counts as wedged; default 3; 1..100 */
+    /* A client's (and the gateway's) ZMTP heartbeats to a router, for clients that read the
+     * topology (troupe-client --topology, troupe-bench; tools/lib/client.h) and the gateway. */
+    int client_heartbeat_ms;             /* a PING this often; default 1000; 10..60000 */
+    int client_heartbeat_timeout_ms;     /* no answer this long: the connection is lost; default 3000;
+                                            100..600000, more than client_heartbeat_ms */
 } topo_supervision_t;
 
 typedef struct topo_security {

@@ -641,6 +641,26 @@ static void test_multi_router(void **state)
 #undef TWO_ROUTERS
 }
 
+/* The clients' heartbeats: defaults, the range, and a timeout that must exceed the interval. */
+static void test_client_heartbeats(void **state)
+{
+    (void)state;
+    topo_t *t = s_ok(MINIMAL);
+    assert_int_equal(t->supervision.client_heartbeat_ms, 1000);
+    assert_int_equal(t->supervision.client_heartbeat_timeout_ms, 3000);
+    topo_destroy(&t);
+    t = s_ok(MINIMAL "supervision:\n  client_heartbeat_ms: 200\n  client_heartbeat_timeout_ms: 900\n");
+    assert_int_equal(t->supervision.client_heartbeat_ms, 200);
+    assert_int_equal(t->supervision.client_heartbeat_timeout_ms, 900);
+    topo_destroy(&t);
+    s_bad(MINIMAL "supervision:\n  client_heartbeat_ms: 5\n");
+    assert_err("supervision.client_heartbeat_ms");
+    s_bad(MINIMAL "supervision:\n  client_heartbeat_timeout_ms: 99\n");
+    assert_err("supervision.client_heartbeat_timeout_ms");
+    s_bad(MINIMAL "supervision:\n  client_heartbeat_ms: 2000\n  client_heartbeat_timeout_ms: 2000\n");
+    assert_err("supervision.client_heartbeat_timeout_ms: 2000 is not more than client_heartbeat_ms (2000)");
+}
+
 /* No prefill actor: a colocated cluster (the decode workers compute the prompts); no decode actor
  * is still an error. */
 static void test_colocated(void **state)
@@ -877,6 +897,7 @@ int main(void)
         cmocka_unit_test(test_shape_errors),
         cmocka_unit_test(test_colocated),
         cmocka_unit_test(test_multi_router),
+        cmocka_unit_test(test_client_heartbeats),
         cmocka_unit_test(test_semantic_errors),
         cmocka_unit_test(test_junk_numbers),
         cmocka_unit_test(test_errors_api),

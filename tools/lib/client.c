@@ -515,6 +515,10 @@ int client_opts_from_topology(const char *path, client_opts_t *o, char *server_k
     if (!t)
         return -1;
     o->max_frame = t->limits.max_message_bytes;
+    if (!o->heartbeat_ivl_ms)   /* the caller's own choice stands */
+        o->heartbeat_ivl_ms = t->supervision.client_heartbeat_ms;
+    if (!o->heartbeat_timeout_ms)
+        o->heartbeat_timeout_ms = t->supervision.client_heartbeat_timeout_ms;
     snprintf(server_key, cap, "%s", t->security.curve_server_public);
     o->server_key = server_key[0] ? server_key : o->server_key;
     topo_destroy(&t);

@@ -87,7 +87,8 @@ uint64_t client_requests_retried(const client_t *c);
 /* "5m" -> 300, "1h" -> 3600, "90" / "90s" -> 90, "2d" -> 172800. -1 on junk or overflow. */
 int64_t client_parse_duration_s(const char *s);
 
-/* From a topology file (NULL = embedded default): max_frame and, when it has CURVE keys, the
+/* From a topology file (NULL = embedded default): max_frame, the heartbeats where o has none set
+ * (supervision.client_heartbeat_ms / client_heartbeat_timeout_ms) and, when it has CURVE keys, the
  * server key file (server_key gets "" otherwise). */
 int client_opts_from_topology(const char *topology_path, client_opts_t *o, char *server_key, size_t cap,
                               char *err, size_t errlen);
