@@ -1,6 +1,8 @@
 # A decode worker killed while requests are still being prefilled for it: those requests have not
-# streamed anything yet, so the router sends them to the other decode worker and they complete;
-# only requests already streaming from the dead worker fail (retryable). Every request ends once.
+# streamed anything yet, so the router re-routes them (requests_rerouted) to the other decode
+# worker and they complete. Requests already streaming from the dead worker migrate instead
+# (tests/scenario/decode_migrate.sh checks those); any request that fails must have streamed, with
+# the retryable worker_lost error. Every request ends once.
 . "$(dirname "$0")/lib.sh"
 make_demo_topology "$WORK/t.yaml" "limits:" "  max_batch: 32" "  max_model_len: 1024" "  prefill_chunk_tokens: 128"
 start_cluster "$WORK/t.yaml"
