@@ -160,12 +160,56 @@ static int s_on_cancel(actor_t *a, void *state, const actor_peer_t *from, msg_t 
     return 0;
 }
 
+/* The cache-manager has a write-back's copy (or refused it): its segment can go. */
+static int s_on_kv_ack(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
+{
+    decode_t *d = state;
+    writeback_on_ack(d->wb, m->u.kv_ack.transfer_id);
+    return 0;
+}
+
 static int s_on_kv_link(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
 {
     decode_t *d = state;
     return handoff_in_on_link(&d->handoffs, m);
 }
 
+/* The draft-scheduler's policy, applied from the next step (spec_step.h); one this worker cannot
+ * apply is answered with bad_request (the scheduler counts it and never answers back). */
+static int s_on_draft_policy(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
+{
+    decode_t *d = state;
+    char err[256];
+    if (spec_step_on_policy(d->spec, &m->u.draft_policy, err, sizeof err) == 0)
+        return 0;
+    return actor_reply_error(a, from, m->id, MSG_ERR_BAD_REQUEST, 0, "%s", err) < 0 ? -1 : 0;
+}
+
+/* The expert-balancer's placement for the group this worker leads (docs/experts.md): the group
+ * switches to it at a step boundary; one it cannot take is answered with bad_request. */
+static int s_on_placement(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
+{
+    decode_t *d = state;
+    char err[512];
+    if (expert_apply(expert_group_ep(d->w->experts), d->w->eng->model, &m->u.expert_placement, err, sizeof err) == 0)
+        return 0;
+    LOG_W("expert placement refused: %s", err);
+    return actor_reply_error(a, from, m->id, MSG_ERR_BAD_REQUEST, 0, "%s", err) < 0 ? -1 : 0;
+}
+
+static const actor_handler_t s_handlers[] = {
+    {MSG_KV_ANNOUNCE, s_on_kv_announce},
+    {MSG_HANDOFF, s_on_handoff},
+    {MSG_PREFILL_REQUEST, s_on_prefill_request},
+    {MSG_CACHE_FETCH_REPLY, s_on_fetch_reply},
+    {MSG_CANCEL, s_on_cancel},
+    {MSG_KV_ACK, s_on_kv_ack},
+    {MSG_KV_LINK, s_on_kv_link},
+    {MSG_EXPERT_PLACEMENT, s_on_placement},
+    {MSG_DRAFT_POLICY, s_on_draft_policy},
+};
+
+/* Every KVLINK_POLL_MS where NCCL links can exist: links coming up move on. */
 static int s_poll_links(actor_t *a, void *state)
 {
     decode_t *d = state;
@@ -196,13 +240,6 @@ static void s_peer_event(actor_t *a, void *state, const char *peer, int up)
         return;
     }
     handoff_in_peer_event(&d->handoffs, peer, up);
-}
-
-static int s_on_kv_ack(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
-{
-    decode_t *d = state;
-    writeback_on_ack(d->wb, m->u.kv_ack.transfer_id);
-    return 0;
 }
 
 /* The scheduler's hooks: write-back copies give their blocks back; a fetch given up on at its
@@ -399,41 +436,6 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
     spec_step_stats(d->spec, a, st);   /* speculation: acceptance of the drafts, tokens per verify step */
     prompt_intake_stats(&d->prompts, a, st);   /* colocated: the prompts it computes itself */
 }
-
-/* The draft-scheduler's policy, applied from the next step (spec_step.h); one this worker cannot
- * apply is answered with bad_request (the scheduler counts it and never answers back). */
-static int s_on_draft_policy(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
-{
-    decode_t *d = state;
-    char err[256];
-    if (spec_step_on_policy(d->spec, &m->u.draft_policy, err, sizeof err) == 0)
-        return 0;
-    return actor_reply_error(a, from, m->id, MSG_ERR_BAD_REQUEST, 0, "%s", err) < 0 ? -1 : 0;
-}
-
-/* The expert-balancer's placement for the group this worker leads (docs/experts.md): the group
- * switches to it at a step boundary; one it cannot take is answered with bad_request. */
-static int s_on_placement(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
-{
-    decode_t *d = state;
-    char err[512];
-    if (expert_apply(expert_group_ep(d->w->experts), d->w->eng->model, &m->u.expert_placement, err, sizeof err) == 0)
-        return 0;
-    LOG_W("expert placement refused: %s", err);
-    return actor_reply_error(a, from, m->id, MSG_ERR_BAD_REQUEST, 0, "%s", err) < 0 ? -1 : 0;
-}
-
-static const actor_handler_t s_handlers[] = {
-    {MSG_KV_ANNOUNCE, s_on_kv_announce},
-    {MSG_HANDOFF, s_on_handoff},
-    {MSG_PREFILL_REQUEST, s_on_prefill_request},
-    {MSG_CACHE_FETCH_REPLY, s_on_fetch_reply},
-    {MSG_CANCEL, s_on_cancel},
-    {MSG_KV_ACK, s_on_kv_ack},
-    {MSG_KV_LINK, s_on_kv_link},
-    {MSG_EXPERT_PLACEMENT, s_on_placement},
-    {MSG_DRAFT_POLICY, s_on_draft_policy},
-};
 
 /* What a step needs, for the worker's max_seqs rows: its scratch, speculation (spec_cfg), the
  * write-back, the scheduler (the decode rows and up to chunk_tokens tokens of prompt chunks) and
