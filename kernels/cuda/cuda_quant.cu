@@ -1,9 +1,12 @@
 /* kernels/cuda/cuda_quant.cu — y = x W^T for quantized W (kernels/backend.h's bk_mat_t qfmt): fp8,
  * int8, int4 and nvfp4 weights, every scale grid, optional per-token activation quantization.
  *
- * Small M (decode, M <= gemv_max_m): the weight-only GEMV of cuda_qgemv.cuh, which streams the
- * packed codes once with 16-byte loads, decodes them in registers and shares each load of x across
- * four rows (any shape the vector kernel cannot take runs its one-code-per-lane kernel).
+ * Small M (decode, M <= gemv_max_m): the tensor-core GEMV of cuda_qgemv_mma.cuh (fp8, int8 and
+ * int4 with groups of 128 or more: codes decoded into mma fragments, x as f16 hi + lo or, for W8A8,
+ * as its exact f16 codes; it quantizes the activations itself); else, or with
+ * TROUPE_CUDA_QGEMV_MMA=0, the CUDA-core GEMV of cuda_qgemv.cuh, which streams the packed codes once
+ * with 16-byte loads, decodes them in registers and shares each load of x across four rows (any
+ * shape the vector kernel cannot take runs its one-code-per-lane kernel).
  * Larger M (prefill):
  *   - fp8 weights with fp8 per-token activations (W8A8, one scale per row of W: per channel or per
  *     tensor): an FP8 GEMM on the tensor cores (cuBLASLt, e4m3 x e4m3, f32 accumulation): x is
@@ -29,6 +32,7 @@
 #include "kernels/cuda/cuda.h"
 #include "kernels/cuda/cuda_dev.cuh"
 #include "kernels/cuda/cuda_qgemv.cuh"
+#include "kernels/cuda/cuda_qgemv_mma.cuh"
 
 /* The GEMV: the vector kernel where the shape allows (cuda_qgemv.cuh), else the any-shape one;
  * up to 8 rows of x per launch. */
@@ -55,6 +59,41 @@ static void s_qgemv(const cuda_state_t *st, const bk_mat_t *w, const float *x, i
         else
             cuda_launch(st, k_qgemv_any, dim3((unsigned)((N + 7) / 8)), dim3(QV_THREADS), a, fmt);
     }
+}
+
+/* The tensor-core GEMV (cuda_qgemv_mma.cuh) for M <= 8 rows at a time, activations quantized
+ * (w->qact) by its own pre-pass; 1 when it does not take the weight (nothing queued).
+ * TROUPE_CUDA_QGEMV_MMA: 1 (default) on, warps per block by qm_warps; 4, 8 or 16 forces the
+ * warps; 0 off (the CUDA-core GEMV everywhere, for comparison). */
+static int s_qgemv_mma(backend_t *be, cuda_state_t *st, const bk_mat_t *w, const float *x, int M, const float *bias,
+                       float *y)
+{
+    static int mode = -1;
+    if (mode < 0) {
+        const char *e = getenv("TROUPE_CUDA_QGEMV_MMA");
+        const int v = e ? atoi(e) : 1;
+        mode = v == 0 || v == 4 || v == 8 || v == 16 ? v : 1;
+    }
+    const int64_t N = w->rows, K = w->cols;
+    if (!mode || !qm_ok(w->qfmt, N, K, (int)w->qgc, w->qact, w->data, x))
+        return 1;
+    void *scratch = cuda_scratch(be, &st->quant_x, &st->quant_x_bytes, qm_scratch_bytes(K));
+    const int warps = mode == 1 ? 0 : mode;
+    qm_plan_t pl[1];
+    for (int m0 = 0; m0 < M; m0 += 8) {
+        const int mr = M - m0 < 8 ? M - m0 : 8;
+        if (!qm_setup(pl, w->qfmt, (const uint8_t *)w->data, w->qscale, N, K, (int)w->qgr, (int)w->qgc, w->qact,
+                      x + (int64_t)m0 * K, mr, bias, y + (int64_t)m0 * N, scratch, warps, st->n_sm)) {
+            if (m0 == 0)
+                return 1;                          /* (qm_ok said yes: not reached) */
+            fprintf(stderr, "troupe cuda: qgemv_mma refused rows %d.. of a matmul it took\n", m0);
+            abort();
+        }
+        cuda_launch(st, pl->prep, dim3((unsigned)mr), dim3(QM_PREP_THREADS), x + (int64_t)m0 * K, K, mr, (int)w->qact,
+                    (uint16_t *)((char *)scratch + QM_XS_OFF), (float *)scratch);
+        cuda_launch(st, pl->kernel, dim3(pl->blocks), dim3(pl->threads), pl->args);
+    }
+    return 0;
 }
 
 /* The dequantized weight as bf16 [N][K] (round to nearest even). */
@@ -262,6 +301,8 @@ void cuda_qmatmul(backend_t *be, const float *x, int M, const bk_mat_t *w, const
     cuda_state_t *st = cuda_st(be);
     const int64_t N = w->rows, K = w->cols;
     if (M > st->gemv_max_m && s_fp8_gemm(be, st, x, M, w, bias, y) == 0)
+        return;
+    if (M <= st->gemv_max_m && s_qgemv_mma(be, st, w, x, M, bias, y) == 0)
         return;
     if (w->qact) {
         float *xq = (float *)cuda_scratch(be, &st->quant_x, &st->quant_x_bytes, (size_t)M * (size_t)K * 4);

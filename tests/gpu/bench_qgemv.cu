@@ -1,20 +1,28 @@
-/* tests/gpu/bench_qgemv.cu — the quantized weight-only GEMV (kernels/cuda/cuda_qgemv.cuh) checked
- * against a CPU reference and timed on Llama-3.1-8B's decode shapes; needs only the CUDA runtime.
+/* tests/gpu/bench_qgemv.cu — the quantized weight-only GEMVs, the CUDA-core one
+ * (kernels/cuda/cuda_qgemv.cuh) and the tensor-core one (cuda_qgemv_mma.cuh), checked against a
+ * CPU reference and timed side by side on Llama-3.1-8B's decode shapes; needs only the CUDA runtime.
  *
- *   build/gpu-tests/bench_qgemv [--check-only] [--warps W] [--lk 32]
+ *   build/gpu-tests/bench_qgemv [--check-only] [--warps W] [--lk 32] [--mma-warps W] [--path old|mma|both]
  *
- * --warps forces the warps sharing a row group's K (2, 4, 8; default: qv_warps), --lk 32 the
- * whole-warp lane layout at M = 1 (default: QV_LK lanes along K per row group).
+ * --warps forces the CUDA-core kernel's warps sharing a row group's K (2, 4, 8; default:
+ * qv_warps), --lk 32 its whole-warp lane layout at M = 1 (default: QV_LK lanes along K per row
+ * group); --mma-warps the tensor-core kernel's warps per block (4, 8, 16; default: qm_warps, and
+ * the checks cycle through all of them); --path which kernels run (default both).
  * Check: random codes (every code but fp8's NaNs) and positive scales for each format and scale
  * grid (fp8 per tensor, per channel and 128 x 128 blocks; int8 per channel; int4 groups of 128 and
- * 64; nvfp4 groups of 16), M = 1..8, odd N, K on the vector kernel and K it cannot take (the
- * one-code-per-lane kernel), bias or none: y against sum_k x * decode(code) * scale in double, a
- * relative L2 error within 1e-5 (f32 sums) and every element written. One line per format: PASS or
- * FAIL with the worst case.
+ * 64; nvfp4 groups of 16; for the tensor-core path also fp8 and int8 W8A8, x quantized per row),
+ * M = 1..8, odd N, K on the vector kernels and K they cannot take (the one-code-per-lane kernel),
+ * bias or none: y against sum_k x * decode(code) * scale in double, a relative L2 error within 1e-5
+ * and every element written. One line per path and format: PASS or FAIL with the worst case and
+ * how many cases each kernel ran; the tensor-core path FAILs a format it should take and ran no
+ * case of. Then the tensor-core path's row bits at M = 1 against the same row inside M = 2..8
+ * ("check mma rows"), which must be identical.
  * Time: each 8B layer matrix (q 4096, k / v 1024, o 4096 rows x 4096; gate / up 14336 x 4096;
  * down 4096 x 14336) at M = 1 and M = 8, over rotating weight copies (>= 512 MB, so the L2 never
- * holds W), median of 5 repeats of 20 calls after a warm-up; per format the 32 layers' sum (a decode
- * step's quantized matmuls; the bf16 LM head not included) and the bytes it streams per second.
+ * holds W), median of 5 repeats of 20 calls after a warm-up; per format and path the 32 layers'
+ * sum (a decode step's quantized matmuls; the bf16 LM head not included) and the bytes it streams
+ * per second. The tensor-core path's time includes its x pre-pass (a second launch; here without
+ * PDL, so the two do not overlap as they do in the backend).
  * Exit status 1 when a check failed. */
 #include <cuda_runtime.h>
 
@@ -29,6 +37,7 @@
 #define BENCH_NAME "bench_qgemv"
 #include "tests/gpu/bench_check.h"
 #include "kernels/cuda/cuda_qgemv.cuh"
+#include "kernels/cuda/cuda_qgemv_mma.cuh"
 
 static uint64_t s_rng = 0x9e3779b97f4a7c15ull;
 static uint32_t s_rand(void)
@@ -60,11 +69,15 @@ static double s_code(int fmt, const uint8_t *row, int64_t c)
     return (nib & 8) ? -mag[nib & 7] : mag[nib & 7];
 }
 
-typedef struct fmt_case { int fmt, gr, gc; const char *name; } fmt_case_t;
+/* act: BK_QA_* (the W8A8 cases run on the tensor-core path only: the CUDA-core kernel is
+ * weight-only, cuda_quant.cu quantizes x before it); mma: the tensor-core path must take it. */
+typedef struct fmt_case { int fmt, gr, gc, act, mma; const char *name; } fmt_case_t;
 static const fmt_case_t s_fmts[] = {
-    {BK_Q_FP8, 0, 0, "fp8 per tensor"},   {BK_Q_FP8, 1, 0, "fp8 per channel"}, {BK_Q_FP8, 128, 128, "fp8 128x128"},
-    {BK_Q_I8, 1, 0, "int8 per channel"},  {BK_Q_I4, 1, 128, "int4 g128"},      {BK_Q_I4, 1, 64, "int4 g64"},
-    {BK_Q_FP4, 1, 16, "nvfp4 g16"},
+    {BK_Q_FP8, 0, 0, 0, 1, "fp8 per tensor"},  {BK_Q_FP8, 1, 0, 0, 1, "fp8 per channel"},
+    {BK_Q_FP8, 128, 128, 0, 1, "fp8 128x128"}, {BK_Q_I8, 1, 0, 0, 1, "int8 per channel"},
+    {BK_Q_I4, 1, 128, 0, 1, "int4 g128"},      {BK_Q_I4, 1, 64, 0, 0, "int4 g64"},
+    {BK_Q_FP4, 1, 16, 0, 0, "nvfp4 g16"},      {BK_Q_FP8, 1, 0, BK_QA_FP8_TOKEN, 1, "fp8 W8A8"},
+    {BK_Q_I8, 1, 0, BK_QA_I8_TOKEN, 1, "int8 W8A8"},
 };
 
 typedef struct dev_w {
@@ -81,29 +94,84 @@ static void s_effective(const fmt_case_t &f, int64_t N, int64_t K, int *gr, int 
 }
 
 static int s_lk = QV_LK;                           /* --lk 32: the whole-warp layout (M = 1 only) */
+static void *s_scratch;                            /* the tensor-core path's xs (qm_scratch_bytes of the largest K) */
+static int64_t s_scratch_k;
 
-static void s_launch(int fmt, const dev_w_t &w, const float *x, int M, const float *bias, float *y, int warps, int n_sm,
-                     bool *vec_out)
+enum { K_VEC, K_ANY, K_MMA };                      /* which kernel a launch ran */
+static const char *const s_kind_name[] = {"vector", "any-shape", "tensor-core"};
+
+/* y = x W^T on the CUDA-core kernels (mma 0) or the tensor-core one where it takes the shape (mma
+ * 1; the CUDA-core kernels otherwise, as cuda_quant.cu does). act: x quantized per row (mma only). */
+static int s_launch(const fmt_case_t &f, const dev_w_t &w, const float *x, int M, const float *bias, float *y, int warps,
+                    int n_sm, int mma, int mma_warps)
 {
+    if (mma) {
+        if (w.K > s_scratch_k) {
+            if (s_scratch)
+                CK(cudaFree(s_scratch));
+            CK(cudaMalloc(&s_scratch, qm_scratch_bytes(w.K)));
+            s_scratch_k = w.K;
+        }
+        qm_plan_t pl;
+        if (qm_setup(&pl, f.fmt, w.codes, w.scale, w.N, w.K, w.gr, w.gc, f.act, x, M, bias, y, s_scratch, mma_warps,
+                     n_sm)) {
+            pl.prep<<<M, QM_PREP_THREADS>>>(x, w.K, M, f.act, (uint16_t *)((char *)s_scratch + QM_XS_OFF),
+                                            (float *)s_scratch);
+            pl.kernel<<<pl.blocks, pl.threads>>>(pl.args);
+            CK(cudaGetLastError());
+            return K_MMA;
+        }
+    }
     qv_args_t a = {w.codes, w.scale, w.N, w.K, w.ngc, w.gr, w.gc, 0, x, M, bias, y};
     bool rs;
     int gshift;
     qv_kernel_t k = NULL;
     const int lk = M == 1 ? s_lk : QV_LK;
-    const int W = warps ? warps : qv_warps(w.N, w.K, fmt, n_sm, lk);
-    if (qv_vector_ok(fmt, w.N, w.K, w.gr, w.gc, w.codes, x, &rs, &gshift) && (k = qv_kernel(fmt, M, W, rs, lk))) {
+    const int W = warps ? warps : qv_warps(w.N, w.K, f.fmt, n_sm, lk);
+    if (qv_vector_ok(f.fmt, w.N, w.K, w.gr, w.gc, w.codes, x, &rs, &gshift) && (k = qv_kernel(f.fmt, M, W, rs, lk))) {
         a.gshift = gshift;
         k<<<qv_blocks(w.N, W, lk), QV_THREADS>>>(a);
     } else {
-        k_qgemv_any<<<(unsigned)((w.N + 7) / 8), QV_THREADS>>>(a, fmt);
+        k_qgemv_any<<<(unsigned)((w.N + 7) / 8), QV_THREADS>>>(a, f.fmt);
     }
-    if (vec_out)
-        *vec_out = k != NULL;
     CK(cudaGetLastError());
+    return k ? K_VEC : K_ANY;
 }
 
-/* One check; returns the relative error (or 1e30 for an unwritten element). */
-static double s_check(const fmt_case_t &f, int M, int64_t N, int64_t K, bool with_bias, int warps, int n_sm, bool *vec)
+/* x as the kernels see it: weight-only x itself; W8A8 q * s per row, q = quant(x / s), s = amax /
+ * 448 or / 127 in f32 (cpu_quant_act_row's arithmetic; the fp8 rounding is CUDA's host function). */
+static void s_act_x(int act, const float *x, int M, int64_t K, std::vector<double> &out)
+{
+    out.assign((size_t)M * K, 0.0);
+    for (int m = 0; m < M; m++) {
+        const float *r = x + (size_t)m * K;
+        float amax = 0.0f;
+        for (int64_t k = 0; k < K; k++)
+            amax = fmaxf(amax, fabsf(r[k]));
+        const float sc = act == BK_QA_FP8_TOKEN ? amax / 448.0f : amax / 127.0f;
+        for (int64_t k = 0; k < K; k++) {
+            double v = r[k];
+            if (act != BK_QA_NONE && amax != 0.0f) {
+                float q = r[k] / sc;
+                if (act == BK_QA_FP8_TOKEN) {
+                    __nv_fp8_e4m3 c;
+                    c.__x = __nv_cvt_float_to_fp8(q, __NV_SATFINITE, __NV_E4M3);
+                    q = (float)c;
+                } else {
+                    q = rintf(fminf(fmaxf(q, -127.0f), 127.0f));
+                }
+                v = (double)q * sc;
+            }
+            out[(size_t)m * K + k] = v;
+        }
+    }
+}
+
+/* One check; returns the relative error (or 1e30 for an unwritten element); *kind: the kernel.
+ * rows_out (M floats x N, optional): y as computed. */
+static double s_check(const fmt_case_t &f, int M, int64_t N, int64_t K, bool with_bias, int warps, int n_sm, int mma,
+                      int mma_warps, int *kind, std::vector<float> *y_out = NULL, const std::vector<float> *x_in = NULL,
+                      float xmag = 1.0f)
 {
     const bool nib = f.fmt == BK_Q_I4 || f.fmt == BK_Q_FP4;
     const int64_t rowb = nib ? K / 2 : K;
@@ -122,9 +190,13 @@ static double s_check(const fmt_case_t &f, int M, int64_t N, int64_t K, bool wit
     for (auto &s : sc)
         s = (0.25f + fabsf(s_unif(1.0f))) * (f.fmt == BK_Q_I8 ? 0.01f : 0.1f);
     for (auto &v : x)
-        v = s_unif(1.0f);
+        v = s_unif(xmag);
+    if (x_in)
+        x = *x_in;
     for (auto &v : bias)
         v = s_unif(1.0f);
+    std::vector<double> xa;
+    s_act_x(f.act, x.data(), M, K, xa);
     float *dx, *db, *dy;
     CK(cudaMalloc(&w.codes, codes.size() + 16));
     CK(cudaMalloc(&w.scale, sc.size() * 4));
@@ -136,7 +208,7 @@ static double s_check(const fmt_case_t &f, int M, int64_t N, int64_t K, bool wit
     CK(cudaMemcpy(dx, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(db, bias.data(), bias.size() * 4, cudaMemcpyHostToDevice));
     CK(cudaMemset(dy, 0xff, y.size() * 4));        /* NaN: an unwritten element shows */
-    s_launch(f.fmt, w, dx, M, with_bias ? db : NULL, dy, warps, n_sm, vec);
+    *kind = s_launch(f, w, dx, M, with_bias ? db : NULL, dy, warps, n_sm, mma, mma_warps);
     CK(cudaMemcpy(y.data(), dy, y.size() * 4, cudaMemcpyDeviceToHost));
     double num = 0, den = 0;
     for (int m = 0; m < M; m++)
@@ -144,27 +216,40 @@ static double s_check(const fmt_case_t &f, int M, int64_t N, int64_t K, bool wit
             double ref = with_bias ? bias[n] : 0.0;
             const uint8_t *row = codes.data() + n * rowb;
             for (int64_t k = 0; k < K; k++)
-                ref += (double)x[(size_t)m * K + k] * s_code(f.fmt, row, k) * sc[(size_t)((n / w.gr) * w.ngc + k / w.gc)];
+                ref += xa[(size_t)m * K + k] * s_code(f.fmt, row, k) * sc[(size_t)((n / w.gr) * w.ngc + k / w.gc)];
             const double got = y[(size_t)m * N + n];
             if (!isfinite(got))
                 num = 1e300;
             num += (got - ref) * (got - ref);
             den += ref * ref;
         }
+    if (y_out)
+        *y_out = y;
     cudaFree(w.codes), cudaFree(w.scale), cudaFree(dx), cudaFree(db), cudaFree(dy);
     return num >= 1e300 ? 1e30 : sqrt(num / (den > 0 ? den : 1));
 }
 
-static int s_checks(int warps, int n_sm)
+/* mma 0: the CUDA-core kernels on the weight-only cases; mma 1: the tensor-core path on every case
+ * (warps per block: mma_warps, or cycling 0 (qm_warps), 4, 8, 16 over the cases). */
+static int s_checks(int warps, int n_sm, int mma, int mma_warps)
 {
-    /* N, K: the vector kernel's shapes (K a multiple of 128; 1,056 = 8 x 132: int4 g64 and fp8's
-     * 128-blocks end on a partial group), and shapes only the any-shape kernel takes. */
-    static const int64_t shapes[][2] = {{257, 1024}, {37, 4096}, {130, 1056}, {100, 1000}, {64, 1040}, {33, 136}};
-    int failed = 0;
+    /* N, K: the vector kernels' shapes (K a multiple of 128; 1,056 = 8 x 132: int4 g64 and fp8's
+     * 128-blocks end on a partial group, the tensor-core kernel on a partial step), a tall one
+     * (qm_warps gives 16 warps at 1,024 rows of K 4,096... or fewer), and shapes only the any-shape
+     * kernel takes (1,000 and 136 are no multiple of 16; 1,040 of 32). */
+    static const int64_t shapes[][2] = {{257, 1024}, {37, 4096}, {130, 1056}, {100, 1000}, {64, 1040}, {33, 136},
+                                        {1024, 512}, {16, 2048}};
+    static const int cycle[4] = {0, 4, 8, 16};
+    /* activations' magnitude, cycling: beyond f16's range and far below its normal numbers (the
+     * tensor-core path scales each row by a power of two) */
+    static const float mags[3] = {1.0f, 3e6f, 1e-7f};
+    int failed = 0, ci = 0;
     for (const fmt_case_t &f : s_fmts) {
+        if (!mma && f.act)
+            continue;
         double worst = 0;
-        char worst_what[96] = "";
-        int n_vec = 0, n_any = 0;
+        char worst_what[128] = "";
+        int n_kind[3] = {0, 0, 0};
         for (const auto &sh : shapes) {
             const bool nib = f.fmt == BK_Q_I4 || f.fmt == BK_Q_FP4;
             if (nib && sh[1] % 2)
@@ -172,28 +257,71 @@ static int s_checks(int warps, int n_sm)
             if (f.fmt == BK_Q_FP4 && sh[1] % 16)
                 continue;                          /* nvfp4's blocks of 16 */
             for (int M = 1; M <= 8; M++) {
-                bool vec = false;
+                int kind = K_ANY;
                 const bool bias = (M + sh[0]) % 2;
-                const double e = s_check(f, M, sh[0], sh[1], bias, warps, n_sm, &vec);
-                (vec ? n_vec : n_any)++;
+                const int mw = mma_warps ? mma_warps : cycle[ci % 4];
+                const float mag = mags[ci++ % 3];
+                const double e = s_check(f, M, sh[0], sh[1], bias, warps, n_sm, mma, mw, &kind, NULL, NULL, mag);
+                n_kind[kind]++;
                 if (!(e <= worst)) {
                     worst = e;
-                    snprintf(worst_what, sizeof worst_what, "M=%d N=%lld K=%lld%s (%s kernel)", M, (long long)sh[0],
-                             (long long)sh[1], bias ? " bias" : "", vec ? "vector" : "any-shape");
+                    snprintf(worst_what, sizeof worst_what, "M=%d N=%lld K=%lld%s |x| <= %g (%s kernel%s)", M,
+                             (long long)sh[0], (long long)sh[1], bias ? " bias" : "", mag, s_kind_name[kind],
+                             kind == K_MMA ? (mw == 0 ? ", qm_warps" : mw == 4 ? ", 4 warps" : mw == 8 ? ", 8 warps"
+                                                                                              : ", 16 warps")
+                                           : "");
                 }
             }
         }
-        const bool ok = worst <= 1e-5;
+        const bool used = !mma || !f.mma || n_kind[K_MMA] > 0;
+        const bool ok = worst <= 1e-5 && used;
         failed += !ok;
-        printf("check %-18s %s  worst rel err %.2e at %s; %d vector, %d any-shape cases\n", f.name, ok ? "PASS" : "FAIL",
-               worst, worst_what, n_vec, n_any);
+        printf("check %s %-18s %s  worst rel err %.2e at %s; %d tensor-core, %d vector, %d any-shape cases%s\n",
+               mma ? "mma" : "old", f.name, ok ? "PASS" : "FAIL", worst, worst_what, n_kind[K_MMA], n_kind[K_VEC],
+               n_kind[K_ANY], used ? "" : " (the tensor-core kernel should have taken it)");
     }
+    return failed;
+}
+
+/* The tensor-core path's row m of an M-row call equals its row 0 of a 1-row call, bit for bit (a
+ * row's sum does not depend on the other rows), for each format it takes. */
+static int s_check_rows(int n_sm, int mma_warps)
+{
+    int failed = 0, cases = 0;
+    for (const fmt_case_t &f : s_fmts) {
+        if (!f.mma)
+            continue;
+        const int64_t N = 130, K = 1024;
+        for (int M = 2; M <= 8; M++) {
+            std::vector<float> x((size_t)M * K), y, y1;
+            for (auto &v : x)
+                v = s_unif(1.0f);
+            const uint64_t rng = s_rng;
+            int kind, kind1;
+            s_check(f, M, N, K, false, 0, n_sm, 1, mma_warps, &kind, &y, &x);
+            for (int m = 0; m < M; m++) {
+                s_rng = rng;                       /* the same weights */
+                std::vector<float> xm(x.begin() + (size_t)m * K, x.begin() + (size_t)(m + 1) * K);
+                s_check(f, 1, N, K, false, 0, n_sm, 1, mma_warps, &kind1, &y1, &xm);
+                cases++;
+                if (kind != K_MMA || kind1 != K_MMA || memcmp(y.data() + (size_t)m * N, y1.data(), (size_t)N * 4)) {
+                    if (!failed)
+                        printf("check mma rows: %s M=%d row %d differs from the 1-row call (or not the tensor-core kernel)\n",
+                               f.name, M, m);
+                    failed = 1;
+                }
+            }
+        }
+    }
+    printf("check mma rows %s  %d rows of M = 2..8 against M = 1, every tensor-core format\n", failed ? "FAIL" : "PASS",
+           cases);
     return failed;
 }
 
 /* ---- timing ------------------------------------------------------------------------------------ */
 
-static double s_time_shape(const fmt_case_t &f, int M, int64_t N, int64_t K, int warps, int n_sm)
+static double s_time_shape(const fmt_case_t &f, int M, int64_t N, int64_t K, int warps, int n_sm, int mma,
+                           int mma_warps, int *kind)
 {
     const bool nib = f.fmt == BK_Q_I4 || f.fmt == BK_Q_FP4;
     const size_t wbytes = (size_t)(N * (nib ? K / 2 : K));
@@ -223,7 +351,7 @@ static double s_time_shape(const fmt_case_t &f, int M, int64_t N, int64_t K, int
             dev_w_t wc = w;
             wc.codes = codes + wbytes * c;
             wc.scale = scale + nsc * c;
-            s_launch(f.fmt, wc, x, M, NULL, y, warps, n_sm, NULL);
+            *kind = s_launch(f, wc, x, M, NULL, y, warps, n_sm, mma, mma_warps);
         }
         CK(cudaEventRecord(e1));
         CK(cudaEventSynchronize(e1));
@@ -238,53 +366,80 @@ static double s_time_shape(const fmt_case_t &f, int M, int64_t N, int64_t K, int
     return reps[2];
 }
 
-static void s_times(int warps, int n_sm)
+/* One line per M, format and path: "time M=1 fp8 per channel old ..." and "... mma ...". */
+static void s_times(int warps, int n_sm, int paths, int mma_warps)
 {
     /* rows, cols, matrices of the shape per layer: q and o, k and v, gate and up, down */
     static const int64_t shapes[][3] = {{4096, 4096, 2}, {1024, 4096, 2}, {14336, 4096, 2}, {4096, 14336, 1}};
-    static const int fmts[] = {1, 3, 4, 6};        /* fp8 per channel, int8, int4 g128, nvfp4 */
+    static const int fmts[] = {1, 3, 4, 6, 7};     /* fp8 per channel, int8, int4 g128, nvfp4, fp8 W8A8 */
     for (int M : {1, 8}) {
         for (int fi : fmts) {
             const fmt_case_t &f = s_fmts[fi];
-            double step = 0, bytes = 0;
-            char line[256];
-            int used = snprintf(line, sizeof line, "time M=%d %-16s", M, f.name);
-            for (const auto &sh : shapes) {
-                const double us = s_time_shape(f, M, sh[0], sh[1], warps, n_sm);
-                const bool nib = f.fmt == BK_Q_I4 || f.fmt == BK_Q_FP4;
-                const int gr = f.gr ? f.gr : (int)sh[0], gc = f.gc ? f.gc : (int)sh[1];
-                const double b = (double)sh[0] * sh[1] * (nib ? 0.5 : 1.0) +
-                                 4.0 * (double)((sh[0] + gr - 1) / gr) * (double)((sh[1] + gc - 1) / gc);   /* codes + f32 scales */
-                step += us * sh[2] * 32;
-                bytes += b * sh[2] * 32;
-                used += snprintf(line + used, sizeof line - used, " %lldx%lld %.1fus (%.0f GB/s)", (long long)sh[0],
-                                 (long long)sh[1], us, b / us / 1e3);
+            double total[2] = {0, 0};
+            for (int mma = 0; mma < 2; mma++) {
+                if (!(paths & (1 << mma)) || (!mma && f.act))
+                    continue;
+                double step = 0, bytes = 0;
+                char line[320];
+                int used = snprintf(line, sizeof line, "time M=%d %-16s %s", M, f.name, mma ? "mma" : "old");
+                for (const auto &sh : shapes) {
+                    int kind = K_ANY;
+                    const double us = s_time_shape(f, M, sh[0], sh[1], warps, n_sm, mma, mma_warps, &kind);
+                    const bool nib = f.fmt == BK_Q_I4 || f.fmt == BK_Q_FP4;
+                    const int gr = f.gr ? f.gr : (int)sh[0], gc = f.gc ? f.gc : (int)sh[1];
+                    const double b = (double)sh[0] * sh[1] * (nib ? 0.5 : 1.0) +
+                                     4.0 * (double)((sh[0] + gr - 1) / gr) * (double)((sh[1] + gc - 1) / gc);   /* codes + f32 scales */
+                    step += us * sh[2] * 32;
+                    bytes += b * sh[2] * 32;
+                    used += snprintf(line + used, sizeof line - used, " %lldx%lld %.1fus%s (%.0f GB/s)", (long long)sh[0],
+                                     (long long)sh[1], us, kind == K_MMA || !mma ? "" : " [fallback]", b / us / 1e3);
+                }
+                total[mma] = step;
+                printf("%s | 32 layers %.3f ms, %.0f GB/s\n", line, step / 1e3, bytes / step / 1e3);
             }
-            printf("%s | 32 layers %.3f ms, %.0f GB/s\n", line, step / 1e3, bytes / step / 1e3);
+            if (total[0] > 0 && total[1] > 0)
+                printf("time M=%d %-16s mma vs old: %.2fx (32 layers %.3f -> %.3f ms)\n", M, f.name, total[0] / total[1],
+                       total[0] / 1e3, total[1] / 1e3);
         }
     }
 }
 
 int main(int argc, char **argv)
 {
-    int warps = 0, check_only = 0;
+    int warps = 0, check_only = 0, mma_warps = 0, paths = 3;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--warps") == 0 && i + 1 < argc)
             warps = atoi(argv[++i]);
         else if (strcmp(argv[i], "--lk") == 0 && i + 1 < argc)
             s_lk = atoi(argv[++i]) == 32 ? 32 : QV_LK;
-        else if (strcmp(argv[i], "--check-only") == 0)
+        else if (strcmp(argv[i], "--mma-warps") == 0 && i + 1 < argc)
+            mma_warps = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--path") == 0 && i + 1 < argc) {
+            const char *p = argv[++i];
+            paths = strcmp(p, "old") == 0 ? 1 : strcmp(p, "mma") == 0 ? 2 : 3;
+        } else if (strcmp(argv[i], "--check-only") == 0)
             check_only = 1;
         else {
-            fprintf(stderr, "usage: bench_qgemv [--check-only] [--warps 2|4|8] [--lk 8|32]\n");
+            fprintf(stderr, "usage: bench_qgemv [--check-only] [--warps 2|4|8] [--lk 8|32] [--mma-warps 4|8|16] "
+                            "[--path old|mma|both]\n");
             return 2;
         }
     }
+    if (mma_warps && mma_warps != 4 && mma_warps != 8 && mma_warps != 16) {
+        fprintf(stderr, "bench_qgemv: --mma-warps %d (expected 4, 8 or 16)\n", mma_warps);
+        return 2;
+    }
     int n_sm = 0;
     CK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, 0));
-    const int failed = s_checks(warps, n_sm);
+    int failed = 0;
+    if (paths & 1)
+        failed += s_checks(warps, n_sm, 0, 0);
+    if (paths & 2) {
+        failed += s_checks(warps, n_sm, 1, mma_warps);
+        failed += s_check_rows(n_sm, mma_warps);
+    }
     if (!check_only)
-        s_times(warps, n_sm);
+        s_times(warps, n_sm, paths, mma_warps);
     printf("bench_qgemv: %s\n", failed ? "FAILED" : "all checks PASSED");
     return failed ? 1 : 0;
 }

@@ -1,0 +1,498 @@
+/* kernels/cuda/cuda_qgemv_mma.cuh — the weight-only GEMV of quantized weights on the tensor cores
+ * (internal: cuda_quant.cu and tests/gpu/bench_qgemv.cu include it): y[m][n] = sum_k x[m][k] W[n][k]
+ * for M <= 8 rows of f32 x, W in fp8 e4m3, int8 or int4 codes with f32 block scales
+ * (kernels/backend.h's bk_mat_t), optionally x quantized per row first (W8A8's dynamic fp8 / int8
+ * activations, bk_mat_t.qact).
+ *
+ * Why: the CUDA-core GEMV (cuda_qgemv.cuh) spends several instructions per weight and row of x
+ * (decode, convert to f32, one FMA per row) and is bound by them, not by HBM (docs/quantization.md:
+ * 3.4-4.0 ms for the 8B's weights whatever their bytes, eight rows 3.8x one). Here one mma.sync
+ * m16n8k16 (f16 in, f32 accumulation) does 16 rows x 16 k x 8 columns, the codes are decoded in
+ * registers straight into its A fragment (every code is exact in f16) and x's rows are its
+ * columns, so the work per weight is the decode alone, about one instruction per two codes.
+ *
+ * Two kernels per call:
+ *   1. k_qm_prep, one block per row of x, writes x as f16 operands into scratch xs [R][K]:
+ *      - weight-only (qact none): each row as hi + lo f16 (hi = f16(x p), lo = f16(x p - hi), the
+ *        difference exact in f32: ~22 bits of x), p = 2^e chosen from the row's amax so that
+ *        amax p lies in [2^14, 2^15): hi and lo stay in f16's range and normal where it matters,
+ *        and 1 / p is undone exactly after the sum (xmul[m] = 2^-e). Rows 0..M-1 of xs are the hi
+ *        parts, M..2M-1 the lo parts (R = 2M): for M <= 4 one mma's 8 columns hold both;
+ *      - W8A8 (qact fp8 / int8): the row's codes q = quant(x / s), s = amax / 448 or amax / 127 as
+ *        cpu_quant_act_row computes them; every code is exact in f16, so one row each (R = M)
+ *        and y = s * sum q W: the products are exact, the CPU's x = q s rounded once more.
+ *      For 4-bit weights each group of 8 k is stored in the order 0 4 1 5 2 6 3 7, the order in
+ *      which a nibble word decodes into f16 pairs (below).
+ *   2. k_qgemv_mma: a block of W warps owns 16 rows of W (the mma's m); its warps split K into
+ *      steps (warp w takes steps w, w + W, ...; 64 k for byte codes, 128 for nibbles: each lane
+ *      one 16-byte chunk of rows g and g + 8, lanes t = 0..3 of a row 64 contiguous bytes), QM_U
+ *      steps of loads in flight per lane and the next QM_U issued before the current ones are
+ *      used (the first before the PDL wait: weights never change). A step's mmas accumulate into
+ *      a fresh fragment from 0, which is then added (per row scale) or FMA'd with the rows' group
+ *      scale (groups: the step lies inside one group, gc a multiple of the step) into the total in
+ *      f32: the tensor cores' own accumulation spans 4 or 8 mmas only. The W warps' fragments are
+ *      added in shared memory in warp order (deterministic, no atomics), then hi + lo, times
+ *      xmul[m], times the row scale (per channel / per tensor), plus the bias.
+ *
+ * Fragment layout (PTX ISA, mma.m16n8k16 .f16, g = lane / 4, t = lane % 4): a[0] = A[g][2t, 2t+1],
+ * a[1] = A[g+8][2t, 2t+1], a[2] = A[g][2t+8, 2t+9], a[3] = A[g+8][2t+8, 2t+9]; b0 = B[2t, 2t+1][g],
+ * b1 = B[2t+8, 2t+9][g]; c[0..1] = C[g][2t, 2t+1], c[2..3] = C[g+8][2t, 2t+1]. A lane's logical k
+ * (2t, 2t+1, 2t+8, 2t+9) are mapped to physical k of its own chunk, the same for A and B (the map
+ * depends on t only, as A's rows and B's columns of one t share them), so the dot products are
+ * unchanged and every lane decodes and loads contiguous bytes (cuda_gemv_mma.cuh does the same):
+ *   - byte codes, step s, lane t: physical k 64 s + 16 t + 4 j + {0, 1, 2, 3} is mma j's logical
+ *     k {2t, 2t+1, 2t+8, 2t+9}: A word j of the chunk, bytes 0-1 then 2-3; B f16 words 2j, 2j+1;
+ *   - nibbles, step s, lane t: word i of the chunk holds k 128 s + 32 t + 8 i + 0..7, decoded as
+ *     the f16 pairs (0, 4), (1, 5), (2, 6), (3, 7): mma 2i takes the first two as logical
+ *     (2t, 2t+1) and (2t+8, 2t+9), mma 2i + 1 the last two; xs holds x in that order.
+ * Decoding (no tables): fp8 by the hardware's e4m3x2 -> f16x2 convert (one per two codes); int8 by
+ * a byte permute into f16 1024 + (code + 128) and one HSUB2 per two; int4 by OR-ing nibble pairs
+ * into the mantissa of f16 1024 and one HSUB2 / HFMA2 per two (as cuda_qgemv.cuh).
+ *
+ * Numerics against the CPU reference (x times the dequantized f32 weight): products exact in the
+ * tensor cores (f16 x f16), x kept to ~22 bits (weight-only) or exactly (W8A8 codes), f32 sums in
+ * another order: relative ~1e-6. A row's result does not depend on the other rows of x (each
+ * column of the mma is its own dot product, xs's scale is per row) nor on M, so a row's bits are
+ * the same at any M; the warps per block (from N and K) do change the summation order.
+ *
+ * Shapes: K a multiple of 16 (byte codes) or 32 (nibbles), 16-byte aligned codes and x, one scale
+ * per row or column groups of a multiple of the step (64 / 128 k); N < 2^31. Anything else, and
+ * nvfp4's groups of 16, runs cuda_qgemv.cuh's kernels (qm_ok says which).
+ * Known limits: nvfp4 (groups of 16, less than a step) and int4 with groups under 128 are not
+ * taken; one block per 16 rows, so a matrix of few rows and short K leaves SMs idle. */
+#ifndef TROUPE_KERNELS_CUDA_QGEMV_MMA_CUH
+#define TROUPE_KERNELS_CUDA_QGEMV_MMA_CUH
+
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <stdint.h>
+
+#include "kernels/backend.h"
+#include "kernels/cuda/cuda_dev.cuh"
+#include "kernels/cuda/cuda_mma.cuh"
+
+#ifndef QM_U
+#define QM_U 4                    /* steps of loads in flight per lane (another QM_U issued ahead) */
+#endif
+#define QM_PREP_THREADS 512
+#define QM_XS_OFF 64              /* bytes before xs in the scratch: xmul[8] f32, padded */
+
+typedef struct qm_args {
+    const uint8_t *codes;         /* [N][K] bytes, or [N][K/2] nibbles */
+    const float *scale;           /* [ceil(N/gr)][ngc] */
+    int64_t N, K, ngc;
+    int gr, gc;
+    const uint16_t *xs;           /* [R][K] f16 (k_qm_prep) */
+    const float *xmul;            /* [M]: what row m's sums are multiplied by (2^-e or the act scale) */
+    int M, R;                     /* rows of x (1..8); rows of xs: 2M (hi, lo) or M (codes) */
+    const float *bias;            /* [N] or NULL */
+    float *y;                     /* [M][N] */
+} qm_args_t;
+
+template <int FMT> struct qm_fmt {
+    static constexpr bool NIB = FMT == BK_Q_I4 || FMT == BK_Q_FP4;
+    static constexpr int SK = NIB ? 128 : 64;     /* k per step: 4 lanes x one 16-byte chunk */
+    static constexpr int XC = NIB ? 4 : 2;        /* 16-byte pieces of xs per lane per step and column tile */
+};
+
+/* ---- f16x2 helpers -------------------------------------------------------------------------------- */
+
+static __device__ __forceinline__ uint32_t qm_hsub2(uint32_t a, uint32_t b)
+{
+    uint32_t r;
+    asm("sub.rn.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+static __device__ __forceinline__ uint32_t qm_hfma2(uint32_t a, uint32_t b, uint32_t c)
+{
+    uint32_t r;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+}
+static __device__ __forceinline__ uint32_t qm_h16(float v) { return (uint32_t)__half_as_ushort(__float2half_rn(v)); }
+
+/* Word i of n 16-byte chunks (i a constant after unrolling: registers, not local memory). */
+static __device__ __forceinline__ uint32_t qm_word(const uint4 *r, int i)
+{
+    const uint4 &v = r[i / 4];
+    switch (i & 3) {
+    case 0: return v.x;
+    case 1: return v.y;
+    case 2: return v.z;
+    default: return v.w;
+    }
+}
+
+/* Streaming 16-byte load of weights: not kept in L1 (xs is what L1 should hold), 256-byte L2
+ * prefetch (a row's next chunks are the block's next loads). */
+static __device__ __forceinline__ uint4 qm_ld_stream(const uint4 *p)
+{
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+/* ---- decoding into A fragments ---------------------------------------------------------------- */
+
+/* Byte codes: the two codes of bytes 0-1 (H = 0) or 2-3 (H = 1) of w as f16x2, element order kept. */
+template <int FMT, int H> static __device__ __forceinline__ uint32_t qm_dec2(uint32_t w)
+{
+    if constexpr (FMT == BK_Q_FP8) {
+        return dev_e4m3x2_f16x2(H ? w >> 16 : w);
+    } else {                                       /* int8: f16 0x64XX = 1024 + XX, XX = code + 128 */
+        const uint32_t u = __byte_perm(w ^ 0x80808080u, 0x64646464u, H ? 0x4342u : 0x4140u);
+        return qm_hsub2(u, 0x64806480u);           /* - 1152 */
+    }
+}
+
+/* Nibbles (element e at bits 4e of q) as the f16 pairs r[0] = (0, 4), r[1] = (1, 5), r[2] = (2, 6),
+ * r[3] = (3, 7). int4 (value + 8): 1024 + n - 1032, or (1024 + 16 n) / 16 - 72 (exact). fp4 e2m1:
+ * its exponent and mantissa bits into f16 bits 9-11, the sign to 15 (the value times 2^-14, exact,
+ * subnormals included), then times 2^14 in f16 (exact), so the tensor cores see plain normal values. */
+template <int FMT> static __device__ __forceinline__ void qm_dec_nib(uint32_t q, uint32_t r[4])
+{
+    if constexpr (FMT == BK_Q_I4) {
+        const uint32_t q8 = q >> 8;
+        r[0] = qm_hsub2((q & 0x000f000fu) | 0x64006400u, 0x64086408u);
+        r[1] = qm_hfma2((q & 0x00f000f0u) | 0x64006400u, 0x2c002c00u, 0xd480d480u);
+        r[2] = qm_hsub2((q8 & 0x000f000fu) | 0x64006400u, 0x64086408u);
+        r[3] = qm_hfma2((q8 & 0x00f000f0u) | 0x64006400u, 0x2c002c00u, 0xd480d480u);
+    } else {
+        const uint32_t t[4] = {((q & 0x00070007u) << 9) | ((q & 0x00080008u) << 12),
+                               ((q & 0x00700070u) << 5) | ((q & 0x00800080u) << 8),
+                               ((q & 0x07000700u) << 1) | ((q & 0x08000800u) << 4),
+                               ((q & 0x70007000u) >> 3) | (q & 0x80008000u)};
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            r[i] = qm_hfma2(t[i], 0x74007400u, 0u);   /* x 2^14 (+ 0) */
+    }
+}
+
+/* ---- the x pre-pass ------------------------------------------------------------------------------ */
+
+/* Row blockIdx.x of x [M][K] f32 as f16 operands (see the header): xs rows m (hi or codes) and, for
+ * weight-only, M + m (lo); xmul[m]. NIB: groups of 8 k in the order 0 4 1 5 2 6 3 7. K % 8 == 0,
+ * x 16-byte aligned. act: BK_QA_* (the rounding of cpu_quant_act_row / k_qact). */
+template <bool NIB>
+__global__ void __launch_bounds__(QM_PREP_THREADS) k_qm_prep(const float *x, int64_t K, int M, int act, uint16_t *xs,
+                                                            float *xmul)
+{
+    DEV_PDL_ENTER();
+    __shared__ float red[QM_PREP_THREADS / 32];
+    const int m = blockIdx.x;
+    const float4 *xr = (const float4 *)(x + (int64_t)m * K);
+    const int64_t n8 = K / 8;
+    float amax = 0.0f;
+    for (int64_t i = threadIdx.x; i < n8; i += blockDim.x) {
+        const float4 u = xr[2 * i], v = xr[2 * i + 1];
+        amax = fmaxf(amax, fmaxf(fmaxf(fmaxf(fabsf(u.x), fabsf(u.y)), fmaxf(fabsf(u.z), fabsf(u.w))),
+                                 fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)))));
+    }
+    amax = dev_warp_max(amax);                     /* fmaxf skips NaN, as the CPU's comparison does */
+    if (threadIdx.x % 32 == 0)
+        red[threadIdx.x / 32] = amax;
+    __syncthreads();
+    amax = 0.0f;
+    for (int i = 0; i < (int)(blockDim.x / 32); i++)
+        amax = fmaxf(amax, red[i]);
+    /* weight-only: p = 2^e with amax p in [2^14, 2^15) (e clamped so 2^e and 2^-e are normal);
+     * W8A8: the activation scale s, or 1 for an all-zero row (x as it is, as the CPU's "plain"),
+     * NaN for a non-finite amax (every output NaN, as the CPU's). */
+    const bool plain = act == BK_QA_NONE || amax == 0.0f;
+    float p = 1.0f, mul = 1.0f, s = 1.0f;
+    if (act == BK_QA_NONE) {
+        int e = 0;
+        if (amax > 0.0f && isfinite(amax)) {
+            e = 14 - (int)((__float_as_uint(amax) >> 23) & 0xff) + 127;
+            e = e < -126 ? -126 : e > 126 ? 126 : e;
+        }
+        p = __uint_as_float((uint32_t)(127 + e) << 23);
+        mul = __uint_as_float((uint32_t)(127 - e) << 23);
+    } else if (amax != 0.0f) {
+        s = act == BK_QA_FP8_TOKEN ? amax / 448.0f : amax / 127.0f;
+        mul = isfinite(amax) ? s : __int_as_float(0x7fc00000);
+    }
+    if (threadIdx.x == 0)
+        xmul[m] = mul;
+    uint16_t *hi_row = xs + (int64_t)m * K, *lo_row = xs + (int64_t)(M + m) * K;
+    for (int64_t i = threadIdx.x; i < n8; i += blockDim.x) {
+        const float4 u = xr[2 * i], v = xr[2 * i + 1];
+        const float f[8] = {u.x, u.y, u.z, u.w, v.x, v.y, v.z, v.w};
+        uint32_t h[8], l[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            if (act == BK_QA_NONE) {
+                const float xp = f[j] * p;
+                const __half hh = __float2half_rn(xp);
+                h[j] = __half_as_ushort(hh);
+                l[j] = qm_h16(xp - __half2float(hh));
+            } else if (plain) {
+                h[j] = qm_h16(f[j]);
+                l[j] = 0;
+            } else {
+                float q = f[j] / s;
+                if (!isnan(q)) {
+                    if (act == BK_QA_FP8_TOKEN) {
+                        __nv_fp8_e4m3 c;
+                        c.__x = __nv_cvt_float_to_fp8(q, __NV_SATFINITE, __NV_E4M3);
+                        q = (float)c;
+                    } else {
+                        q = rintf(fminf(fmaxf(q, -127.0f), 127.0f));
+                    }
+                }
+                h[j] = qm_h16(q);
+                l[j] = 0;
+            }
+        }
+        /* element order in the 8 halves: natural, or 0 4 1 5 2 6 3 7 */
+        constexpr int o[8] = {0, NIB ? 4 : 1, NIB ? 1 : 2, NIB ? 5 : 3, NIB ? 2 : 4, NIB ? 6 : 5, NIB ? 3 : 6, 7};
+        ((uint4 *)hi_row)[i] = make_uint4(h[o[0]] | h[o[1]] << 16, h[o[2]] | h[o[3]] << 16, h[o[4]] | h[o[5]] << 16,
+                                          h[o[6]] | h[o[7]] << 16);
+        if (act == BK_QA_NONE)
+            ((uint4 *)lo_row)[i] = make_uint4(l[o[0]] | l[o[1]] << 16, l[o[2]] | l[o[3]] << 16,
+                                              l[o[4]] | l[o[5]] << 16, l[o[6]] | l[o[7]] << 16);
+    }
+}
+
+/* ---- the tensor-core kernel ---------------------------------------------------------------------- */
+
+/* This lane's chunks of rows g and g + 8 for QM_U steps from s (warp stride W), zeros past K, and
+ * (group scales) the rows' scales of each step's group. spg: steps per column group. */
+template <int FMT, bool RS, int W>
+static __device__ __forceinline__ void qm_load(uint4 (&q)[QM_U][2], float (&sq)[QM_U][2], const uint4 *w0,
+                                               const uint4 *w1, const float *s0, const float *s1, int64_t s,
+                                               int64_t nch, int t, int spg)
+{
+#pragma unroll
+    for (int u = 0; u < QM_U; u++) {
+        const int64_t su = s + (int64_t)u * W;
+        const bool in = 4 * su + t < nch;
+        q[u][0] = in ? qm_ld_stream(w0 + 4 * su) : make_uint4(0, 0, 0, 0);
+        q[u][1] = in ? qm_ld_stream(w1 + 4 * su) : make_uint4(0, 0, 0, 0);
+        if constexpr (!RS) {
+            const int64_t grp = spg == 1 ? su : su / spg;
+            sq[u][0] = in ? __ldg(s0 + grp) : 0.0f;
+            sq[u][1] = in ? __ldg(s1 + grp) : 0.0f;
+        }
+    }
+}
+
+/* NT: column tiles of 8 (R <= 8: 1, else 2); RS: one scale per row, else per group of columns;
+ * W: warps per block (a block: 16 rows of W, the whole of K). */
+template <int FMT, int NT, bool RS, int W>
+__global__ void __launch_bounds__(W * 32, 16 / W) k_qgemv_mma(qm_args_t a)
+{
+    using F = qm_fmt<FMT>;
+    constexpr int SK = F::SK, XC = F::XC;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int64_t r0 = (int64_t)blockIdx.x * 16 + g, r1 = r0 + 8;
+    const int64_t c0 = r0 < a.N ? r0 : a.N - 1, c1 = r1 < a.N ? r1 : a.N - 1;   /* rows past N: read N - 1, store nothing */
+    const int64_t rowb = F::NIB ? a.K / 2 : a.K, nch = rowb / 16;
+    const uint4 *w0 = (const uint4 *)(a.codes + c0 * rowb) + t, *w1 = (const uint4 *)(a.codes + c1 * rowb) + t;
+    const float *s0 = a.scale + (int64_t)((uint32_t)c0 / (uint32_t)a.gr) * a.ngc;
+    const float *s1 = a.scale + (int64_t)((uint32_t)c1 / (uint32_t)a.gr) * a.ngc;
+    const int spg = RS ? 1 : a.gc / SK;
+    const int64_t steps = (a.K + SK - 1) / SK;
+    uint4 q[QM_U][2];
+    float sq[QM_U][2];
+    qm_load<FMT, RS, W>(q, sq, w0, w1, s0, s1, warp, nch, t, spg);
+    DEV_PDL_ENTER();
+    /* B rows: xs row 8 jt + g of each column tile (zeros past R) */
+    const uint4 *xr[NT];
+    bool xon[NT];
+#pragma unroll
+    for (int jt = 0; jt < NT; jt++) {
+        const int rho = 8 * jt + g;
+        xon[jt] = rho < a.R;
+        xr[jt] = (const uint4 *)(a.xs + (int64_t)(xon[jt] ? rho : 0) * a.K) + XC * t;
+    }
+    float acc[NT][4];
+#pragma unroll
+    for (int jt = 0; jt < NT; jt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            acc[jt][i] = 0.0f;
+    for (int64_t s = warp; s < steps; s += (int64_t)QM_U * W) {
+        uint4 qn[QM_U][2];                         /* the next QM_U steps, in flight while these are used */
+        float sqn[QM_U][2];
+        qm_load<FMT, RS, W>(qn, sqn, w0, w1, s0, s1, s + (int64_t)QM_U * W, nch, t, spg);
+#pragma unroll
+        for (int u = 0; u < QM_U; u++) {
+            const int64_t su = s + (int64_t)u * W;
+            if (su >= steps)
+                break;
+            const bool in = 4 * su + t < nch;
+            uint4 xb[NT][XC];
+#pragma unroll
+            for (int jt = 0; jt < NT; jt++)
+#pragma unroll
+                for (int c = 0; c < XC; c++)
+                    xb[jt][c] = in && xon[jt] ? __ldg(xr[jt] + 4 * XC * su + c) : make_uint4(0, 0, 0, 0);
+            float p[NT][4];
+#pragma unroll
+            for (int jt = 0; jt < NT; jt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    p[jt][i] = 0.0f;
+            if constexpr (!F::NIB) {
+#pragma unroll
+                for (int j = 0; j < 4; j++) {      /* mma j: bytes 4j .. 4j + 3 of the chunk */
+                    const uint32_t wg = qm_word(&q[u][0], j), w8 = qm_word(&q[u][1], j);
+                    const uint32_t af[4] = {qm_dec2<FMT, 0>(wg), qm_dec2<FMT, 0>(w8), qm_dec2<FMT, 1>(wg),
+                                            qm_dec2<FMT, 1>(w8)};
+#pragma unroll
+                    for (int jt = 0; jt < NT; jt++)
+                        dev_mma16<true>(p[jt], af, qm_word(xb[jt], 2 * j), qm_word(xb[jt], 2 * j + 1));
+                }
+            } else {
+#pragma unroll
+                for (int i = 0; i < 4; i++) {      /* word i: mmas 2i and 2i + 1 */
+                    uint32_t rg[4], r8[4];
+                    qm_dec_nib<FMT>(qm_word(&q[u][0], i), rg);
+                    qm_dec_nib<FMT>(qm_word(&q[u][1], i), r8);
+                    const uint32_t a0[4] = {rg[0], r8[0], rg[1], r8[1]}, a1[4] = {rg[2], r8[2], rg[3], r8[3]};
+#pragma unroll
+                    for (int jt = 0; jt < NT; jt++) {
+                        dev_mma16<true>(p[jt], a0, qm_word(xb[jt], 4 * i), qm_word(xb[jt], 4 * i + 1));
+                        dev_mma16<true>(p[jt], a1, qm_word(xb[jt], 4 * i + 2), qm_word(xb[jt], 4 * i + 3));
+                    }
+                }
+            }
+#pragma unroll
+            for (int jt = 0; jt < NT; jt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    acc[jt][i] = RS ? acc[jt][i] + p[jt][i] : fmaf(p[jt][i], sq[u][i >> 1], acc[jt][i]);
+        }
+#pragma unroll
+        for (int u = 0; u < QM_U; u++) {
+            q[u][0] = qn[u][0];
+            q[u][1] = qn[u][1];
+            if constexpr (!RS) {
+                sq[u][0] = sqn[u][0];
+                sq[u][1] = sqn[u][1];
+            }
+        }
+    }
+    /* the warps' fragments: part[warp][row][column], added in warp order */
+    __shared__ float part[W][16][8 * NT + 1];
+#pragma unroll
+    for (int jt = 0; jt < NT; jt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            part[warp][g + 8 * (i >> 1)][8 * jt + 2 * t + (i & 1)] = acc[jt][i];
+    __syncthreads();
+    const bool split = a.R > a.M;                  /* hi + lo columns */
+    for (int o = threadIdx.x; o < 16 * a.M; o += W * 32) {
+        const int r = o & 15, m = o >> 4;
+        const int64_t n = (int64_t)blockIdx.x * 16 + r;
+        if (n >= a.N)
+            continue;
+        float hi = 0.0f, lo = 0.0f;
+#pragma unroll
+        for (int w = 0; w < W; w++)
+            hi += part[w][r][m];
+        if (split) {
+#pragma unroll
+            for (int w = 0; w < W; w++)
+                lo += part[w][r][a.M + m];
+        }
+        float v = (hi + lo) * a.xmul[m];
+        if constexpr (RS)
+            v *= __ldg(a.scale + (int64_t)((uint32_t)n / (uint32_t)a.gr) * a.ngc);
+        a.y[(int64_t)m * a.N + n] = v + (a.bias ? a.bias[n] : 0.0f);
+    }
+}
+
+/* ---- choosing ------------------------------------------------------------------------------------- */
+
+typedef void (*qm_kernel_t)(qm_args_t);
+typedef void (*qm_prep_t)(const float *, int64_t, int, int, uint16_t *, float *);
+
+/* 1 when the tensor-core GEMV takes this weight, x and activation treatment (see the header). */
+static inline bool qm_ok(int fmt, int64_t N, int64_t K, int gc, int act, const void *codes, const float *x)
+{
+    const bool nib = fmt == BK_Q_I4 || fmt == BK_Q_FP4;
+    const int64_t sk = nib ? 128 : 64;
+    const bool rs = gc >= K;
+    if (fmt != BK_Q_FP8 && fmt != BK_Q_I8 && fmt != BK_Q_I4)
+        return false;
+    if ((fmt == BK_Q_I8 && !rs) || (fmt == BK_Q_I4 && rs))   /* combinations not built (never made) */
+        return false;
+    if (!rs && gc % sk)
+        return false;
+    if (act != BK_QA_NONE && act != BK_QA_FP8_TOKEN && act != BK_QA_I8_TOKEN)
+        return false;
+    return N > 0 && N < ((int64_t)1 << 31) && K % (nib ? 32 : 16) == 0 && (uintptr_t)codes % 16 == 0 &&
+           (uintptr_t)x % 16 == 0;
+}
+
+/* Warps per block: the fewest of 4, 8, 16 that give at least 8 warps per SM over the grid, as long
+ * as every warp keeps two steps. Depends on N and K only (not M). */
+static inline int qm_warps(int64_t N, int64_t K, int fmt, int n_sm)
+{
+    const int64_t blocks = (N + 15) / 16, steps = (K + (fmt == BK_Q_I4 || fmt == BK_Q_FP4 ? 127 : 63)) /
+                                                  (fmt == BK_Q_I4 || fmt == BK_Q_FP4 ? 128 : 64);
+    int w = 4;
+    while (w < 16 && blocks * w < 8 * (int64_t)n_sm && steps >= 4 * w)
+        w *= 2;
+    return w;
+}
+
+template <int FMT, int NT, bool RS> static inline qm_kernel_t qm_pick_w(int w)
+{
+    return w <= 4 ? k_qgemv_mma<FMT, NT, RS, 4> : w <= 8 ? k_qgemv_mma<FMT, NT, RS, 8> : k_qgemv_mma<FMT, NT, RS, 16>;
+}
+
+/* The kernel for fmt with R rows of xs, w warps, one scale per row or not; NULL when not built. */
+static inline qm_kernel_t qm_kernel(int fmt, int R, int w, bool rs)
+{
+    const bool two = R > 8;
+    switch (fmt) {
+    case BK_Q_FP8:
+        return rs ? (two ? qm_pick_w<BK_Q_FP8, 2, true>(w) : qm_pick_w<BK_Q_FP8, 1, true>(w))
+                  : (two ? qm_pick_w<BK_Q_FP8, 2, false>(w) : qm_pick_w<BK_Q_FP8, 1, false>(w));
+    case BK_Q_I8: return !rs ? NULL : two ? qm_pick_w<BK_Q_I8, 2, true>(w) : qm_pick_w<BK_Q_I8, 1, true>(w);
+    case BK_Q_I4: return rs ? NULL : two ? qm_pick_w<BK_Q_I4, 2, false>(w) : qm_pick_w<BK_Q_I4, 1, false>(w);
+    default: return NULL;
+    }
+}
+
+/* One call's launches: prep<<<M, QM_PREP_THREADS>>>(x, K, M, act, xs, xmul), then
+ * kernel<<<blocks, threads>>>(args). scratch: qm_scratch_bytes(K) bytes, 16-byte aligned. */
+typedef struct qm_plan {
+    qm_prep_t prep;
+    qm_kernel_t kernel;
+    unsigned blocks, threads;
+    qm_args_t args;
+} qm_plan_t;
+
+static inline size_t qm_scratch_bytes(int64_t K) { return QM_XS_OFF + (size_t)16 * (size_t)K * 2; }
+
+/* The plan for up to 8 rows of x (mr), or 0 when the shape is not taken (qm_ok) or not built.
+ * warps: 0 for qm_warps' choice, else 4, 8 or 16. */
+static inline int qm_setup(qm_plan_t *pl, int fmt, const uint8_t *codes, const float *scale, int64_t N, int64_t K,
+                           int gr, int gc, int act, const float *x, int mr, const float *bias, float *y, void *scratch,
+                           int warps, int n_sm)
+{
+    if (mr < 1 || mr > 8 || !qm_ok(fmt, N, K, gc, act, codes, x))
+        return 0;
+    const int R = act == BK_QA_NONE ? 2 * mr : mr;
+    const int w = warps ? warps : qm_warps(N, K, fmt, n_sm);
+    const bool rs = gc >= K;
+    pl->kernel = qm_kernel(fmt, R, w, rs);
+    if (!pl->kernel)
+        return 0;
+    const bool nib = fmt == BK_Q_I4 || fmt == BK_Q_FP4;
+    pl->prep = nib ? k_qm_prep<true> : k_qm_prep<false>;
+    pl->blocks = (unsigned)((N + 15) / 16);
+    pl->threads = (unsigned)(w <= 4 ? 128 : w <= 8 ? 256 : 512);
+    float *xmul = (float *)scratch;
+    const uint16_t *xs = (const uint16_t *)((char *)scratch + QM_XS_OFF);
+    pl->args = qm_args_t{codes, scale, N, K, (K + gc - 1) / gc, gr, gc, xs, xmul, mr, R, bias, y};
+    return 1;
+}
+
+#endif
