@@ -10,7 +10,9 @@
  *   mlp.gate.weight [E][H], mlp.gate.e_score_correction_bias [E], mlp.experts.<e>.*, mlp.shared_experts.*
  * with qk = dn + dr. kv_b_proj is only used re-laid for the absorbed form (engine/mla.c): per head
  * h its K rows [dn][kvr] transposed to [kvr][dn] (w_uk_t) and its V rows [dv][kvr] (w_uv), each head
- * after the other, in the checkpoint's dtype (a transpose is exact).
+ * after the other, in the checkpoint's dtype (a transpose is exact). A quantized kv_b_proj (DeepSeek-V3's
+ * fp8 checkpoints store it so, with 128 x 128 weight_scale_inv blocks) is decoded at load to bf16
+ * (code times its f32 block scale, rounded to nearest even), as vLLM's absorbed MLA does too.
  *
  * The MTP layer (num_nextn_predict_layers > 0) is model.layers.<num_layers>.*: enorm, hnorm,
  * eh_proj [H][2H], embed_tokens, shared_head.norm, shared_head.head, and a decoder block (always
@@ -22,6 +24,58 @@
 
 #include "common/util.h"
 #include "engine/model_internal.h"
+#include "engine/quant.h"
+
+/* A quantized kv_b_proj [rows][cols] (fp8 or int8 codes, the config's scale blocks) decoded to bf16
+ * host bytes (caller frees); NULL with why. */
+static uint16_t *s_kvb_decode(model_t *m, ckpt_t *ck, const char *name, int64_t rows, int64_t cols, char *err,
+                              size_t errlen)
+{
+    const quant_config_t *qc = &m->cfg.quant;
+    if (qc->fmt != BK_Q_FP8 && qc->fmt != BK_Q_I8)
+        return errf(err, errlen, "%s: %s: a %s kv_b_proj is not supported (fp8 and int8 are decoded for MLA's "
+                    "absorbed form)", m->where, name, quant_format_name(qc->fmt)), NULL;
+    const int64_t shape[2] = {rows, cols};
+    const tensor_view_t *t = ckpt_expect(ck, name, 2, shape, err, errlen);
+    if (!t)
+        return NULL;
+    const dtype_t want = qc->fmt == BK_Q_FP8 ? DT_F8E4M3 : DT_I8;
+    if (t->dtype != want)
+        return errf(err, errlen, "%s: tensor %s has dtype %s (expected %s)", m->where, name, dtype_name(t->dtype),
+                    dtype_name(want)), NULL;
+    char sn[200];
+    snprintf(sn, sizeof sn, "%.*s.%s", (int)strlen(name) - 7, name,
+             qc->method == QUANT_DEEPSEEK_FP8 ? "weight_scale_inv" : "weight_scale");
+    int gr, gc;
+    const size_t ns = quant_grid(rows, cols, qc->gr, qc->gc, &gr, &gc), n = (size_t)rows * (size_t)cols;
+    const tensor_view_t *st = ckpt_get(ck, sn);
+    size_t numel = 1;
+    for (int i = 0; st && i < st->ndim; i++)
+        numel *= (size_t)st->shape[i];
+    if (!st || numel != ns || (st->dtype != DT_F32 && st->dtype != DT_BF16 && st->dtype != DT_F16))
+        return errf(err, errlen, "%s: tensor %s missing, or not %zu f32/bf16/f16 scales", m->where, sn, ns), NULL;
+    float *sc = malloc(ns * sizeof(float)), *w = malloc(n * sizeof(float));
+    uint16_t *out = malloc(n * sizeof(uint16_t));
+    if (!sc || !w || !out) {
+        free(sc), free(w), free(out);
+        return errf(err, errlen, "%s: out of memory", m->where), NULL;
+    }
+    dtype_to_f32(st->dtype, st->data, sc, ns);
+    for (size_t i = 0; i < ns; i++)
+        if (!isfinite(sc[i]) || sc[i] < 0.0f) {
+            errf(err, errlen, "%s: tensor %s has a scale %g at %zu (scales are finite and >= 0)", m->where, sn,
+                 (double)sc[i], i);
+            free(sc), free(w), free(out);
+            return NULL;
+        }
+    quant_decode(qc->fmt, t->data, sc, rows, cols, gr, gc, w);
+    dtype_from_f32(DT_BF16, w, out, n);
+    free(sc);
+    free(w);
+    if (m->be->ops->weights_copied)
+        ckpt_drop(ck, t);
+    return out;
+}
 
 /* kv_b_proj [nH*(dn+dv)][kvr] -> w_uk_t [nH*kvr][dn] and w_uv [nH*dv][kvr], on the device. */
 static int s_absorb(model_t *m, ckpt_t *ck, const char *prefix, model_layer_t *L, char *err, size_t errlen)
@@ -30,21 +84,30 @@ static int s_absorb(model_t *m, ckpt_t *ck, const char *prefix, model_layer_t *L
     const int nH = c->num_heads, dn = c->mla.qk_nope_head_dim, dv = c->mla.v_head_dim, r = c->mla.kv_lora_rank;
     char name[160];
     snprintf(name, sizeof name, "%s.self_attn.kv_b_proj.weight", prefix);
-    if (model_quant_of(m, ck, name) && c->quant.present)
-        return errf(err, errlen, "%s: %s: quantized kv_b_proj is not supported (MLA's absorbed form needs it plain)",
-                    m->where, name);
     const int64_t shape[2] = {(int64_t)nH * (dn + dv), r};
-    const tensor_view_t *t = ckpt_expect(ck, name, 2, shape, err, errlen);
-    if (!t)
-        return -1;
-    if (t->dtype != DT_F32 && t->dtype != DT_BF16 && t->dtype != DT_F16)
-        return errf(err, errlen, "%s: tensor %s has dtype %d (expected f32, bf16 or f16)", m->where, name, (int)t->dtype);
-    const size_t es = dtype_size(t->dtype);
+    uint16_t *decoded = NULL;                      /* a quantized kv_b_proj, decoded to bf16 */
+    const tensor_view_t *t = NULL;
+    dtype_t dt;
+    if (model_quant_of(m, ck, name) && c->quant.present) {
+        if (!(decoded = s_kvb_decode(m, ck, name, shape[0], shape[1], err, errlen)))
+            return -1;
+        dt = DT_BF16;
+    } else {
+        if (!(t = ckpt_expect(ck, name, 2, shape, err, errlen)))
+            return -1;
+        if (t->dtype != DT_F32 && t->dtype != DT_BF16 && t->dtype != DT_F16)
+            return errf(err, errlen, "%s: tensor %s has dtype %d (expected f32, bf16 or f16)", m->where, name,
+                        (int)t->dtype);
+        dt = t->dtype;
+    }
+    const size_t es = dtype_size(dt);
     const size_t uk_bytes = (size_t)nH * r * dn * es, uv_bytes = (size_t)nH * dv * r * es;
     uint8_t *host = malloc(uk_bytes + uv_bytes);
-    if (!host)
+    if (!host) {
+        free(decoded);
         return errf(err, errlen, "%s: out of memory", m->where);
-    const uint8_t *src = t->data;
+    }
+    const uint8_t *src = decoded ? (const uint8_t *)decoded : (const uint8_t *)t->data;
     for (int h = 0; h < nH; h++) {
         const uint8_t *kh = src + (size_t)h * (dn + dv) * r * es;          /* [dn][r] */
         for (int i = 0; i < dn; i++)
@@ -55,12 +118,13 @@ static int s_absorb(model_t *m, ckpt_t *ck, const char *prefix, model_layer_t *L
     uint8_t *dev = model_alloc(m, uk_bytes + uv_bytes, name, err, errlen);
     int rc = dev && m->be->ops->upload(m->be, dev, host, uk_bytes + uv_bytes) == 0 ? 0 : -1;
     free(host);
-    if (m->be->ops->weights_copied)
+    free(decoded);
+    if (t && m->be->ops->weights_copied)
         ckpt_drop(ck, t);
     if (rc < 0)
         return dev ? errf(err, errlen, "%s: cannot upload %s", m->where, name) : -1;
-    L->w_uk_t = (bk_mat_t){.data = dev, .dtype = t->dtype, .rows = (int64_t)nH * r, .cols = dn};
-    L->w_uv = (bk_mat_t){.data = dev + uk_bytes, .dtype = t->dtype, .rows = (int64_t)nH * dv, .cols = r};
+    L->w_uk_t = (bk_mat_t){.data = dev, .dtype = dt, .rows = (int64_t)nH * r, .cols = dn};
+    L->w_uv = (bk_mat_t){.data = dev + uk_bytes, .dtype = dt, .rows = (int64_t)nH * dv, .cols = r};
     return 0;
 }
 

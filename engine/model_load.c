@@ -253,9 +253,10 @@ static int s_experts(model_t *m, ckpt_t *ck, int l, model_layer_t *L, char *err,
     char probe[128];
     snprintf(probe, sizeof probe, mixtral ? "model.layers.%d.block_sparse_moe.experts.0.w1.weight"
                                           : "model.layers.%d.mlp.experts.0.gate_proj.weight", l);
-    if (!m->be->ops->quant_moe && model_quant_of(m, ck, probe))
-        return errf(err, errlen, "%s: the %s backend has no kernels for quantized MoE experts (%s)", m->where,
-                    m->be->ops->name, probe);
+    const int qfmt = !model_quant_of(m, ck, probe) ? 0 : m->cfg.quant.present ? m->cfg.quant.fmt : m->opts.quantize;
+    if (qfmt && !(m->be->ops->quant_moe_formats & (1u << qfmt)))
+        return errf(err, errlen, "%s: the %s backend has no kernels for %s-quantized MoE experts (%s)", m->where,
+                    m->be->ops->name, quant_format_name(qfmt), probe);
     for (int e = 0; e < E; e++) {
         if (m->opts.expert_keep && !m->opts.expert_keep(m->opts.expert_ctx, l, e))
             continue;   /* another rank of an expert-parallel group holds it */

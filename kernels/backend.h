@@ -181,8 +181,9 @@ typedef struct backend_ops {
      * weight (matmul, matmul_n, the fusions, moe_ffn's experts) accepts; the model refuses the
      * others at load. 0: plain weights only. */
     unsigned quant_formats;
-    /* 1: moe_ffn takes quantized experts too (else the model refuses quantized MoE experts). */
-    int quant_moe;
+    /* Bit (1 << BK_Q_x) set for each quantized format moe_ffn takes its experts in (the model refuses
+     * quantized MoE experts of the others at load, naming the format). 0: plain experts only. */
+    unsigned quant_moe_formats;
     void (*destroy)(backend_t *be);
 
     /* Memory. alloc returns 64-byte aligned device memory or NULL; upload/download copy n bytes
@@ -430,7 +431,8 @@ struct backend {
  * every entry's SwiGLU activations [R][I] and expert output [R][H] in f32. Grouped (CUDA's
  * tensor-core path), per chunk of at most BK_MOE_GROUPED_CHUNK tokens, R = chunk * k: a tile count,
  * at most R + E row tiles of 16 bytes, the sorted lists, then (each 64-byte aligned) the chunk's
- * tokens [chunk][H] and activations [R][I] in 16 bits and the expert outputs [R][H] in f32. */
+ * tokens [chunk][H] and activations [R][I] in 16 bits, the expert outputs [R][H] in f32 and the
+ * per-row scales of quantized activations [chunk + R] in f32. */
 static inline size_t moe_scratch_bytes(int M, int k, int H, int I, int E)
 {
     size_t m = (size_t)M, rows = m * (size_t)k;
@@ -438,8 +440,8 @@ static inline size_t moe_scratch_bytes(int M, int k, int H, int I, int E)
     size_t dm = m < BK_MOE_DEVICE_CHUNK ? m : BK_MOE_DEVICE_CHUNK, r = dm * (size_t)k;
     size_t all = ((size_t)E * 2 + 2 + r * 2) * sizeof(int32_t) + 64 + r * ((size_t)H + (size_t)I) * sizeof(float);
     size_t gm = m < BK_MOE_GROUPED_CHUNK ? m : BK_MOE_GROUPED_CHUNK, gr = gm * (size_t)k;
-    size_t grouped = 16 + (gr + (size_t)E) * 16 + gr * 2 * sizeof(int32_t) + 3 * 64 +
-                     (gm * (size_t)H + gr * (size_t)I) * 2 + gr * (size_t)H * sizeof(float);
+    size_t grouped = 16 + (gr + (size_t)E) * 16 + gr * 2 * sizeof(int32_t) + 4 * 64 +
+                     (gm * (size_t)H + gr * (size_t)I) * 2 + (gr * (size_t)H + gm + gr) * sizeof(float);
     size_t most = per_expert > all ? per_expert : all;
     return (most > grouped ? most : grouped) + 256;
 }

@@ -95,7 +95,7 @@ static int cpu_copy(backend_t *be, void *dst, const void *src, size_t n)
 static const backend_ops_t s_cpu_ops = {
     .name = "cpu",
     .quant_formats = (1u << BK_Q_FP8) | (1u << BK_Q_I8) | (1u << BK_Q_I4) | (1u << BK_Q_FP4),
-    .quant_moe = 1,
+    .quant_moe_formats = (1u << BK_Q_FP8) | (1u << BK_Q_I8) | (1u << BK_Q_I4) | (1u << BK_Q_FP4),
     .destroy = s_destroy,
     .alloc = s_alloc,
     .free = s_free,

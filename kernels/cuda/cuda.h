@@ -260,26 +260,57 @@ void cuda_moe_destroy(cuda_state_t *st);   /* frees the moe tables (at backend d
 /* One expert's weights as the device MoE kernels read them (cuda_moe.cu keeps a device table of
  * them per experts array). */
 typedef struct moe_dev_expert {
-    const void *gate;             /* [I][H] */
+    const void *gate;             /* [I][H] (quantized: its codes, one byte each) */
     const void *up;               /* [I][H] */
     const void *down;             /* [H][I] */
+    const float *gate_s, *up_s, *down_s;   /* quantized: each one's f32 block scales (bk_mat_t.qscale); else NULL */
 } moe_dev_expert_t;
+
+/* Quantized experts (cuda_moe_quant.cu): fp8 e4m3 or int8 codes, one byte per weight, with f32
+ * block scales of gr x gc (kernels/backend.h's bk_mat_t; effective blocks, gc a multiple of 16 or
+ * >= the columns). */
+typedef struct moe_qgrid {
+    int fmt;                      /* BK_Q_FP8 or BK_Q_I8 */
+    int gr, gc;                   /* scale block of the matrix (gate and up share one; down its own) */
+} moe_qgrid_t;
+/* Whether the quantized expert kernels take this format (fp8, int8). */
+bool cuda_moe_quant_takes(int fmt);
+/* The FMA device path's expert matmuls over quantized weights, as k_moe_experts (cuda_moe.cu) over
+ * plain ones: gu: act[sorted entry][I] = silu(gate x) * up x with x = in[tok[p]] (N = I, K = H);
+ * else y[slot[p]][H] = down act[p] (N = H, K = I). grid_y = min(E, entries); M sizes the entries
+ * per pass; vec: the 16-byte kernel (codes and in rows 16-byte aligned, K % 16 == 0). */
+void cuda_moe_qexperts(const cuda_state_t *st, moe_qgrid_t g, bool gu, int M, bool vec, unsigned grid_y,
+                       const moe_dev_expert_t *tab, const int32_t *off, const int32_t *active,
+                       const int32_t *n_active, const int32_t *tok, const int32_t *slot, const float *in, int64_t N,
+                       int64_t K, float *out);
+/* bk_mat_t.qact's fake quantization (cpu_quant_act_row's arithmetic) of rows rows of K floats:
+ * out may alias x. */
+void cuda_moe_qact(const cuda_state_t *st, const float *x, int rows, int64_t K, int act, float *out);
+/* The same as GEMM operands: per row the codes q (fp8 values, or integers in [-127, 127]) as bf16,
+ * exactly, into codes [rows][K], and the row's scale s into scale [rows], so q * s is
+ * cpu_quant_act_row's value (an all-zero row: x itself and 1; a non-finite amax: NaN). */
+void cuda_moe_qcodes(const cuda_state_t *st, const float *x, int rows, int64_t K, int act, uint16_t *codes,
+                     float *scale);
 
 /* One chunk of moe_ffn's grouped path (cuda_moe_gemm.cu), every pointer device memory: what the
  * sort made (cuda_moe.cu, k_moe_sort_tiles) and where the GEMMs write. */
 typedef struct moe_grouped_chunk {
     const moe_dev_expert_t *tab;  /* [E] */
-    dtype_t dt;                   /* the weights': bf16 or f16 */
+    dtype_t dt;                   /* the weights': bf16 or f16 (quantized experts: bf16, the operands' type) */
+    int qfmt, qact;               /* quantized experts: BK_Q_FP8 / BK_Q_I8 and BK_QA_*; 0 for plain weights */
+    moe_qgrid_t qgu, qdn;         /* quantized: the scale blocks of gate|up and of down */
+    float *qsx, *qsa;             /* quantized with qact: [mc] the tokens' and [rows] the entries' activation scales */
     int bm;                       /* rows per tile (32, 64, 128): the sort cut the tiles to it */
     int H, I, E;
-    const float *x;               /* [mc][H] the chunk's tokens */
+    const float *x;               /* [mc][H] the chunk's tokens (f32; qact: their codes are taken from it) */
     int mc, rows;                 /* tokens; routing entries, mc * k */
     const int4 *tiles;            /* [cuda_moe_tiles_max]: expert, first sorted entry, rows (1..bm) */
     const int32_t *n_tiles;       /* [1] tiles in use */
     const int32_t *tok, *slot;    /* [rows] each sorted entry's token (in the chunk) and t * k + j */
     void *xh;                     /* [mc][H] 16-bit: x in the weights' type */
-    void *act;                    /* [rows][I] 16-bit: silu(g) * u, sorted order */
-    float *y;                     /* [rows][H]: each entry's expert output, row t * k + j */
+    void *act;                    /* [rows][I] 16-bit: silu(g) * u, sorted order (qact: its codes) */
+    float *y;                     /* [rows][H]: each entry's expert output, row t * k + j (qact: first the
+                                     f32 silu(g) * u [rows][I], I <= H, before its codes are taken) */
 } moe_grouped_chunk_t;
 
 /* Row tiles of bm that rows entries over E experts can need: sum over experts of ceil(n_e / bm)
@@ -288,9 +319,12 @@ static inline int cuda_moe_tiles_max(int rows, int bm, int E)
 {
     return (rows + bm - 1) / bm + (E < rows ? E : rows);
 }
-/* Whether the grouped GEMMs take experts of this dtype and shape (bf16/f16, H and I multiples of
- * 8; the caller checks the weights' 16-byte alignment). */
+/* Whether the grouped GEMMs take experts of this dtype and shape (bf16/f16, H and I multiples of 8;
+ * the caller checks the weights' 16-byte alignment); quantized (qfmt, qact, the scale blocks qgu of
+ * gate|up and qdn of down): fp8/int8 codes, H and I multiples of 16, and with qact one scale per
+ * weight row (per channel or tensor) and I <= H. */
 bool cuda_moe_gemm_takes(dtype_t dt, int64_t H, int64_t I);
+bool cuda_moe_gemm_takes_q(int qfmt, int qact, moe_qgrid_t qgu, moe_qgrid_t qdn, int64_t H, int64_t I);
 /* Their row tile for a chunk of `rows` entries over E experts: 32, 64 or 128. */
 int cuda_moe_gemm_bm(const cuda_state_t *st, int rows, int E);
 /* Queues the chunk's x conversion and its two GEMMs (y complete when the next kernel starts). */

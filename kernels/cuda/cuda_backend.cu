@@ -320,6 +320,7 @@ static const backend_ops_t s_cuda_ops = {
     .fuse_weights = 1,
     .weights_copied = 1,
     .quant_formats = (1u << BK_Q_FP8) | (1u << BK_Q_I8) | (1u << BK_Q_I4) | (1u << BK_Q_FP4),
+    .quant_moe_formats = (1u << BK_Q_FP8) | (1u << BK_Q_I8),   /* cuda_moe_quant.cu */
     .destroy = s_destroy,
     .alloc = s_alloc,
     .free = s_free,

@@ -109,10 +109,13 @@ typedef struct cuda_moe_table {
     moe_dev_expert_t *host_ptrs;        /* host: [cap] what was copied up (kept: the copy is async) */
     moe_dev_expert_t *dev;              /* device: [cap] */
     int n, cap;                         /* experts in use; capacity of the three arrays */
-    int ok;                             /* 1: one dtype (f32/bf16/f16), one shape: the device path can run */
-    dtype_t dt;
+    int ok;                             /* 1: one dtype (f32/bf16/f16, or one quantized format), one shape, one
+                                           scale grid per kind of matrix: the device paths can run */
+    dtype_t dt;                         /* the weights' (quantized: the codes', DT_F8E4M3 or DT_I8) */
     int64_t H, I;
     int aligned;                        /* every weight pointer 16-byte aligned */
+    int qfmt, qact;                     /* quantized experts: BK_Q_FP8 / BK_Q_I8 and BK_QA_*; 0 for plain ones */
+    moe_qgrid_t qgu, qdn;               /* quantized: the scale blocks of gate and up (the same), of down */
 } cuda_moe_table_t;
 
 /* ---- routing -------------------------------------------------------------------------------------- */
@@ -615,7 +618,8 @@ static void *s_xrealloc(void *p, size_t bytes, const char *what)
 
 static bool s_same_mat(const bk_mat_t *a, const bk_mat_t *b)
 {
-    return a->data == b->data && a->dtype == b->dtype && a->rows == b->rows && a->cols == b->cols;
+    return a->data == b->data && a->dtype == b->dtype && a->rows == b->rows && a->cols == b->cols &&
+           a->qfmt == b->qfmt && a->qact == b->qact && a->qgr == b->qgr && a->qgc == b->qgc && a->qscale == b->qscale;
 }
 
 /* The descriptors' fields (not their bytes: padding may differ). */
@@ -670,17 +674,26 @@ static const cuda_moe_table_t *s_table(cuda_state_t *st, const bk_expert_t *expe
     t->dt = x0->gate.dtype;
     t->I = x0->gate.rows;
     t->H = x0->gate.cols;
-    t->ok = t->dt == DT_F32 || t->dt == DT_BF16 || t->dt == DT_F16;
+    t->qfmt = x0->gate.qfmt;
+    t->qact = x0->gate.qact;
+    t->qgu = (moe_qgrid_t){t->qfmt, x0->gate.qgr, x0->gate.qgc};
+    t->qdn = (moe_qgrid_t){t->qfmt, x0->down.qgr, x0->down.qgc};
+    t->ok = t->qfmt ? cuda_moe_quant_takes(t->qfmt) : t->dt == DT_F32 || t->dt == DT_BF16 || t->dt == DT_F16;
     t->aligned = 1;
     for (int e = 0; e < n; e++) {
         const bk_expert_t *x = &experts[e];
         const bk_mat_t *m[3] = {&x->gate, &x->up, &x->down};
         for (int i = 0; i < 3; i++) {
             const int64_t rows = i < 2 ? t->I : t->H, cols = i < 2 ? t->H : t->I;
+            const moe_qgrid_t *g = i < 2 ? &t->qgu : &t->qdn;
             t->ok &= m[i]->dtype == t->dt && m[i]->rows == rows && m[i]->cols == cols && m[i]->data != NULL;
+            t->ok &= m[i]->qfmt == t->qfmt && m[i]->qact == t->qact;   /* one format, one activation rule */
+            if (t->qfmt)                        /* one grid per kind of matrix, every scale present */
+                t->ok &= m[i]->qgr == g->gr && m[i]->qgc == g->gc && g->gr > 0 && g->gc > 0 && m[i]->qscale != NULL;
             t->aligned &= (uintptr_t)m[i]->data % 16 == 0;
         }
-        t->host_ptrs[e] = (moe_dev_expert_t){x->gate.data, x->up.data, x->down.data};
+        t->host_ptrs[e] = (moe_dev_expert_t){x->gate.data, x->up.data, x->down.data, x->gate.qscale, x->up.qscale,
+                                             x->down.qscale};
     }
     t->ok &= t->I > 0 && t->H > 0;
     /* From pageable memory the copy is staged before it returns; host_ptrs is kept regardless. */
@@ -761,6 +774,42 @@ static void s_moe_device(const cuda_state_t *st, const cuda_moe_table_t *tb, con
         cuda_launch(st, k_moe_sort, 1, sort_threads, ic, rows, k, E, off, active, n_active, tok, slot);
         s_experts<WT, true>(st, mc, vec_gu, g_gu, tab, off, active, n_active, tok, slot, xc, I, (int64_t)H, act);
         s_experts<WT, false>(st, mc, vec_dn, g_dn, tab, off, active, n_active, tok, slot, act, (int64_t)H, I, y);
+        cuda_launch(st, k_moe_combine, mc, H >= 1024 ? 256 : 128, (const float *)y, ic, wc, k, H, oc);
+    }
+}
+
+/* The FMA device path over quantized experts (cuda_moe_quant.cu's kernels), in the same scratch
+ * layout and chunks as s_moe_device. With qact, x is fake-quantized per token into y's space first
+ * (y is written only by the down kernel, which runs after the gate|up kernel has read it), and each
+ * entry's SwiGLU output in place before down: what the CPU's per-expert quantized matmuls do. */
+static void s_moe_device_q(const cuda_state_t *st, const cuda_moe_table_t *tb, const float *x, int M, int H,
+                           const int32_t *ids, const float *weights, int k, int E, void *scratch, float *out)
+{
+    const int64_t I = tb->I;
+    const int mc_max = M < BK_MOE_DEVICE_CHUNK ? M : BK_MOE_DEVICE_CHUNK;
+    const size_t R = (size_t)mc_max * k;
+    int32_t *off = (int32_t *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
+    int32_t *active = off + E + 1, *n_active = active + E, *tok = n_active + 1, *slot = tok + R;
+    float *act = (float *)(((uintptr_t)(slot + R) + 63) & ~(uintptr_t)63), *y = act + R * I;
+    const moe_dev_expert_t *tab = tb->dev;
+    const int sort_threads = E <= 32 ? 32 : (E + 31) / 32 * 32;
+    for (int t0 = 0; t0 < M; t0 += BK_MOE_DEVICE_CHUNK) {   /* chunks reuse the scratch: stream order */
+        const int mc = M - t0 < BK_MOE_DEVICE_CHUNK ? M - t0 : BK_MOE_DEVICE_CHUNK, rows = mc * k;
+        const float *xc = x + (size_t)t0 * H, *wc = weights + (size_t)t0 * k;
+        const int32_t *ic = ids + (size_t)t0 * k;
+        float *oc = out + (size_t)t0 * H;
+        const unsigned gy = (unsigned)(rows < E ? rows : E);
+        cuda_launch(st, k_moe_sort, 1, sort_threads, ic, rows, k, E, off, active, n_active, tok, slot);
+        const float *xin = xc;
+        if (tb->qact) {
+            cuda_moe_qact(st, xc, mc, H, tb->qact, y);
+            xin = y;
+        }
+        const bool vec_gu = tb->aligned && (uintptr_t)xin % 16 == 0;
+        cuda_moe_qexperts(st, tb->qgu, true, mc, vec_gu, gy, tab, off, active, n_active, tok, slot, xin, I, H, act);
+        cuda_moe_qact(st, act, rows, I, tb->qact, act);   /* nothing without qact */
+        cuda_moe_qexperts(st, tb->qdn, false, mc, tb->aligned != 0, gy, tab, off, active, n_active, tok, slot, act, H,
+                          I, y);
         cuda_launch(st, k_moe_combine, mc, H >= 1024 ? 256 : 128, (const float *)y, ic, wc, k, H, oc);
     }
 }
@@ -850,7 +899,8 @@ static void s_moe_host(backend_t *be, const float *x, int M, int H, const int32_
 /* Chunks of at most BK_MOE_GROUPED_CHUNK tokens, each: k_moe_sort_tiles, cuda_moe_gemm (x to 16
  * bits, gate|up + SwiGLU, down), k_moe_combine. Scratch (moe_scratch_bytes' grouped layout), for
  * R = chunk * k entries: n_tiles [4 ints] | tiles [R + E] int4 | tok [R] | slot [R], then (each
- * 64-byte aligned) xh [chunk][H] and act [R][I] 16-bit, y [R][H] f32. */
+ * 64-byte aligned) xh [chunk][H] and act [R][I] 16-bit, y [R][H] f32, and for quantized experts with
+ * qact the activation scales qsx [chunk] | qsa [R] f32. */
 static void s_moe_grouped(const cuda_state_t *st, const cuda_moe_table_t *tb, const float *x, int M, int H,
                           const int32_t *ids, const float *weights, int k, int E, void *scratch, float *out)
 {
@@ -863,17 +913,24 @@ static void s_moe_grouped(const cuda_state_t *st, const cuda_moe_table_t *tb, co
     uint16_t *xh = (uint16_t *)(((uintptr_t)(slot + R) + 63) & ~(uintptr_t)63);
     uint16_t *act = (uint16_t *)(((uintptr_t)(xh + (size_t)mc_max * H) + 63) & ~(uintptr_t)63);
     float *y = (float *)(((uintptr_t)(act + R * I) + 63) & ~(uintptr_t)63);
+    float *qsx = (float *)(((uintptr_t)(y + R * H) + 63) & ~(uintptr_t)63), *qsa = qsx + mc_max;
     for (int t0 = 0; t0 < M; t0 += BK_MOE_GROUPED_CHUNK) {   /* chunks reuse the scratch: stream order */
         const int mc = M - t0 < BK_MOE_GROUPED_CHUNK ? M - t0 : BK_MOE_GROUPED_CHUNK, rows = mc * k;
         const int32_t *ic = ids + (size_t)t0 * k;
         moe_grouped_chunk_t c = {};
         c.tab = tb->dev;
-        c.dt = tb->dt;
+        c.dt = tb->qfmt ? DT_BF16 : tb->dt;       /* quantized: decoded to bf16 operands */
+        c.qfmt = tb->qfmt;
+        c.qact = tb->qact;
+        c.qgu = tb->qgu;
+        c.qdn = tb->qdn;
         c.bm = cuda_moe_gemm_bm(st, rows, E);
         c.H = H;
         c.I = I;
         c.E = E;
         c.x = x + (size_t)t0 * H;
+        c.qsx = qsx;
+        c.qsa = qsa;
         c.mc = mc;
         c.rows = rows;
         c.tiles = tiles;
@@ -909,10 +966,12 @@ static moe_path_t s_path(cuda_state_t *st, int M, int H, int k, const bk_expert_
     if (!t->ok || t->H != H)
         return MOE_PATH_HOST;
     *tb = t;
-    const bool grouped = st->moe_grouped && t->aligned && cuda_moe_gemm_takes(t->dt, t->H, t->I);
+    const bool grouped = st->moe_grouped && t->aligned &&
+                         (t->qfmt ? cuda_moe_gemm_takes_q(t->qfmt, t->qact, t->qgu, t->qdn, t->H, t->I)
+                                  : cuda_moe_gemm_takes(t->dt, t->H, t->I));
     if (grouped && M >= st->moe_grouped_min_m)
         return MOE_PATH_GROUPED;
-    if (M <= st->moe_device_max_m)
+    if (M <= st->moe_device_max_m || (t->qfmt && !grouped))   /* quantized: the host path has no benefit */
         return MOE_PATH_DEVICE;
     if (grouped)
         return MOE_PATH_GROUPED;
@@ -939,6 +998,10 @@ void cuda_moe_ffn(backend_t *be, const float *x, int M, int H, const int32_t *id
     case MOE_PATH_HOST: s_moe_host(be, x, M, H, ids, weights, k, experts, n_experts, scratch, out); return;
     case MOE_PATH_GROUPED: s_moe_grouped(st, tb, x, M, H, ids, weights, k, n_experts, scratch, out); return;
     case MOE_PATH_DEVICE: break;
+    }
+    if (tb->qfmt) {
+        s_moe_device_q(st, tb, x, M, H, ids, weights, k, n_experts, scratch, out);
+        return;
     }
     switch (tb->dt) {
     case DT_F32: s_moe_device<float>(st, tb, x, M, H, ids, weights, k, n_experts, scratch, out); break;

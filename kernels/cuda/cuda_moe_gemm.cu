@@ -65,6 +65,7 @@
 #include "kernels/cuda/cuda.h"
 #include "kernels/cuda/cuda_dev.cuh"
 #include "kernels/cuda/cuda_mma.cuh"
+#include "kernels/cuda/cuda_moe_quant.cuh"
 
 #define MG_WARPS 4
 #define MG_THREADS (MG_WARPS * 32)
@@ -73,6 +74,8 @@
 #define MG_STAGES 3
 #define MG_LD (MG_BK + 8)         /* shared row stride in elements: 144 bytes */
 #define MG_CH (MG_BK / 8)         /* 16-byte chunks per row per stage */
+#define MG_QLD (MG_BK + 16)       /* quantized weights: a stage's code row stride in bytes (16-byte aligned) */
+#define MG_QCH (MG_BK / 16)       /* quantized: 16-byte chunks (16 codes) per row per stage */
 
 /* One GEMM of the chunk, passed by value. */
 typedef struct mg_args {
@@ -83,12 +86,23 @@ typedef struct mg_args {
     const int32_t *slot;          /* device [rows]: each sorted entry's t * k + j */
     const uint16_t *a;            /* gate|up: xh [mc][K]; down: act [rows][K] (sorted order) */
     int N, K;                     /* gate|up: I, H; down: H, I */
+    int qgr, qgc;                 /* quantized weights: their scale block (gate and up share one) */
+    int qrow;                     /* quantized: 1 = one scale per weight row (gc >= K), applied to the sums
+                                     (the bf16 operand is the code itself, exact); 0 = code * scale per block */
+    const float *sx;              /* quantized with qact: the A rows' activation scales (gate|up: [mc] by
+                                     token; down: [rows] by sorted entry), the A operand being their codes;
+                                     NULL: A holds the values */
+    float *actf;                  /* gate|up with qact: silu(g) * u in f32 [rows][N] here instead of act */
     uint16_t *act;                /* gate|up: out [rows][N] 16-bit, sorted order */
     float *y;                     /* down: out [rows][N] f32, row t * k + j */
 } mg_args_t;
 
-template <int BM> struct mg_smem {
-    static constexpr size_t BYTES = (size_t)MG_STAGES * (BM + MG_BN) * MG_LD * 2;
+/* 16-bit weights: A and B stages. Quantized (QF): A stages, one bf16 B slice (the decoded
+ * weights the mma reads) and the stages of codes. */
+template <int BM, int QF> struct mg_smem {
+    static constexpr size_t A = (size_t)MG_STAGES * BM * MG_LD * 2;
+    static constexpr size_t BYTES = QF ? A + (size_t)MG_BN * MG_LD * 2 + (size_t)MG_STAGES * MG_BN * MG_QLD
+                                       : (size_t)MG_STAGES * (BM + MG_BN) * MG_LD * 2;
 };
 
 /* Two floats as the 16-bit type, round to nearest even, lo in the low half. bf16: common/dtype.h's
@@ -102,19 +116,26 @@ template <bool F16> static __device__ __forceinline__ uint32_t dev_moe_pack(floa
 }
 
 /* One grouped GEMM (the file header has the tiling). GU: gate|up with the SwiGLU epilogue, else
- * down. Block (x, y) computes columns n0 = x * (GU ? 64 : 128) of row tile tiles[y]. */
-template <bool F16, int BM, bool GU>
+ * down. Block (x, y) computes columns n0 = x * (GU ? 64 : 128) of row tile tiles[y]. QF: the
+ * weights are one-byte codes of that format (fp8, int8) with f32 block scales; every K slice of
+ * codes is decoded once into a bf16 slice in shared memory (code * scale, rounded to bf16), which
+ * the mma reads as it reads 16-bit weights (F16 is false then). */
+template <bool F16, int BM, bool GU, int QF = 0>
 __global__ void __launch_bounds__(MG_THREADS, 2) k_moe_gemm(mg_args_t a)
 {
     constexpr int MT = BM / 32;                    /* m16 tiles per warp: the warp has BM / 2 rows */
     constexpr int NT = 8;                          /* n8 tiles per warp: 64 weight rows */
     constexpr int A_IT = BM * MG_CH / MG_THREADS;  /* A chunks per thread per stage (rows tid / 8 + 16 i) */
     constexpr int B_IT = MG_BN * MG_CH / MG_THREADS;
+    constexpr int Q_IT = MG_BN * MG_QCH / MG_THREADS;   /* quantized: code chunks per thread per stage (rows tid / 4 + 32 i) */
     static_assert(BM == 32 || BM == 64 || BM == 128, "BM");
     static_assert(A_IT * MG_THREADS == BM * MG_CH && B_IT == 8 && MG_THREADS / MG_CH == 16, "one chunk column per thread");
+    static_assert(Q_IT == 4 && MG_THREADS / MG_QCH == 32, "one code chunk column per thread");
+    static_assert(!QF || !F16, "quantized weights decode to bf16");
     extern __shared__ __align__(16) uint16_t mg_sm[];
     uint16_t *As = mg_sm;                          /* [MG_STAGES][BM][MG_LD] */
-    uint16_t *Bs = mg_sm + MG_STAGES * BM * MG_LD; /* [MG_STAGES][MG_BN][MG_LD] */
+    uint16_t *Bs = mg_sm + MG_STAGES * BM * MG_LD; /* [MG_STAGES][MG_BN][MG_LD]; QF: [MG_BN][MG_LD], the decoded slice */
+    uint8_t *Bq = (uint8_t *)(Bs + MG_BN * MG_LD); /* QF: [MG_STAGES][MG_BN][MG_QLD] codes */
 
     DEV_PDL_ENTER();
     if ((int)blockIdx.y >= *a.n_tiles)
@@ -141,14 +162,36 @@ __global__ void __launch_bounds__(MG_THREADS, 2) k_moe_gemm(mg_args_t a)
         amask |= (unsigned)in << i;
     }
     const moe_dev_expert_t ex = a.tab[e];
+    if constexpr (!QF) {
 #pragma unroll
-    for (int i = 0; i < B_IT; i++) {
-        const int j = (tid >> 3) + 16 * i;
-        const int n = n0 + (GU ? (j & 63) : j);
-        const bool in = n < N;
-        const void *w = GU ? (j < 64 ? ex.gate : ex.up) : ex.down;
-        bsrc[i] = (const uint16_t *)w + (in ? (int64_t)n * K : 0);
-        bmask |= (unsigned)in << i;
+        for (int i = 0; i < B_IT; i++) {
+            const int j = (tid >> 3) + 16 * i;
+            const int n = n0 + (GU ? (j & 63) : j);
+            const bool in = n < N;
+            const void *w = GU ? (j < 64 ? ex.gate : ex.up) : ex.down;
+            bsrc[i] = (const uint16_t *)w + (in ? (int64_t)n * K : 0);
+            bmask |= (unsigned)in << i;
+        }
+    }
+    /* Quantized: code chunk qc = tid % 4 (16 codes) of B rows j = tid / 4 + 32 i, their rows' scale
+     * rows; the thread decodes exactly the chunks it loads (so its own cp.async wait suffices
+     * before decoding; the barrier after makes the bf16 slice visible). */
+    const int qc = tid & (MG_QCH - 1);
+    const uint8_t *qsrc[Q_IT];
+    const float *qscl[Q_IT];
+    if constexpr (QF != 0) {
+        const int64_t ngc = (K + a.qgc - 1) / a.qgc;
+#pragma unroll
+        for (int i = 0; i < Q_IT; i++) {
+            const int j = (tid >> 2) + 32 * i;
+            const int n = n0 + (GU ? (j & 63) : j);
+            const bool in = n < N;
+            const void *w = GU ? (j < 64 ? ex.gate : ex.up) : ex.down;
+            const float *sc = GU ? (j < 64 ? ex.gate_s : ex.up_s) : ex.down_s;
+            qsrc[i] = (const uint8_t *)w + (in ? (int64_t)n * K : 0);
+            qscl[i] = sc + (in ? (int64_t)(n / a.qgr) * ngc : 0);
+            bmask |= (unsigned)in << i;
+        }
     }
 
     /* K slice kt into stage buf (the caller commits the group). */
@@ -161,10 +204,45 @@ __global__ void __launch_bounds__(MG_THREADS, 2) k_moe_gemm(mg_args_t a)
             const bool in = kin && (amask >> i & 1u);
             dev_cp_async16(as + ((tid >> 3) + 16 * i) * MG_LD + ch * 8, in ? asrc[i] + k : asrc[i], in ? 16 : 0);
         }
+        if constexpr (!QF) {
 #pragma unroll
-        for (int i = 0; i < B_IT; i++) {
-            const bool in = kin && (bmask >> i & 1u);
-            dev_cp_async16(bs + ((tid >> 3) + 16 * i) * MG_LD + ch * 8, in ? bsrc[i] + k : bsrc[i], in ? 16 : 0);
+            for (int i = 0; i < B_IT; i++) {
+                const bool in = kin && (bmask >> i & 1u);
+                dev_cp_async16(bs + ((tid >> 3) + 16 * i) * MG_LD + ch * 8, in ? bsrc[i] + k : bsrc[i], in ? 16 : 0);
+            }
+        } else {                                   /* K % 16 == 0: a code chunk is wholly in or out */
+            const int kq = kt * MG_BK + qc * 16;
+            uint8_t *bq = Bq + buf * MG_BN * MG_QLD;
+#pragma unroll
+            for (int i = 0; i < Q_IT; i++) {
+                const bool in = kq < K && (bmask >> i & 1u);
+                dev_cp_async16(bq + ((tid >> 2) + 32 * i) * MG_QLD + qc * 16, in ? qsrc[i] + kq : qsrc[i], in ? 16 : 0);
+            }
+        }
+    };
+
+    /* Quantized: the thread's code chunks of K slice kt (stage kt % MG_STAGES) decoded into the bf16
+     * slice: code * its column group's scale, rounded to bf16 (zero-filled chunks give 0). */
+    auto decode_stage = [&](int kt) {
+        if constexpr (QF != 0) {
+            const int kq = kt * MG_BK + qc * 16;
+            const uint8_t *bq = Bq + (kt % MG_STAGES) * MG_BN * MG_QLD;
+#pragma unroll
+            for (int i = 0; i < Q_IT; i++) {
+                const int j = (tid >> 2) + 32 * i;
+                const bool in = kq < K && (bmask >> i & 1u);
+                const float sc = !in ? 0.0f : a.qrow ? 1.0f : __ldg(qscl[i] + (uint32_t)kq / (uint32_t)a.qgc);
+                float f[16];
+                mq_dec16<QF>(*(const uint4 *)(bq + j * MG_QLD + qc * 16), f);
+                uint32_t p[8];
+#pragma unroll
+                for (int h = 0; h < 8; h++)
+                    p[h] = (uint32_t)dev_bf16_bits(__fmul_rn(f[2 * h], sc)) |
+                           (uint32_t)dev_bf16_bits(__fmul_rn(f[2 * h + 1], sc)) << 16;
+                uint4 *dst = (uint4 *)(Bs + j * MG_LD + qc * 16);
+                dst[0] = make_uint4(p[0], p[1], p[2], p[3]);
+                dst[1] = make_uint4(p[4], p[5], p[6], p[7]);
+            }
         }
     };
 
@@ -192,9 +270,14 @@ __global__ void __launch_bounds__(MG_THREADS, 2) k_moe_gemm(mg_args_t a)
         if (nk < KT)
             load_stage(nk, nk % MG_STAGES);
         dev_cp_commit();                           /* empty past KT: the wait count stays uniform */
+        if constexpr (QF != 0) {
+            /* The barrier above also says every warp finished reading the previous bf16 slice. */
+            decode_stage(kt);
+            __syncthreads();
+        }
 
         const uint16_t *as = As + (kt % MG_STAGES) * BM * MG_LD + wm * (BM / 2) * MG_LD;
-        const uint16_t *bs = Bs + (kt % MG_STAGES) * MG_BN * MG_LD;
+        const uint16_t *bs = QF ? Bs : Bs + (kt % MG_STAGES) * MG_BN * MG_LD;
 #pragma unroll
         for (int kk = 0; kk < MG_BK / 16; kk++) {
             /* B: 4 x4 loads of 16 weight rows each; matrices (rows 0-7, k 0-7), (rows 0-7, k 8-15),
@@ -225,6 +308,13 @@ __global__ void __launch_bounds__(MG_THREADS, 2) k_moe_gemm(mg_args_t a)
     /* Accumulators: acc[mt][nt][2h + c] is tile row wm * BM/2 + 16 mt + g + 8h, n8 column 2t + c
      * (g = lane / 4, t = lane % 4). N is a multiple of 8, so column 2t < N implies 2t + 1 < N. */
     const int g = lane >> 2, t2 = (lane & 3) * 2;
+    /* Quantized: the factors of a sum left out of the operands: the weight row's scale (qrow) and
+     * the A row's activation scale (sx). Weight row n's scale row is n / qgr (one scale per row). */
+    auto wscale = [&](const float *s, int n) -> float {
+        if constexpr (QF != 0)
+            return a.qrow ? __ldg(s + n / a.qgr) : 1.0f;
+        return 1.0f;
+    };
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
 #pragma unroll
@@ -233,6 +323,9 @@ __global__ void __launch_bounds__(MG_THREADS, 2) k_moe_gemm(mg_args_t a)
             if (row >= nrows)
                 continue;
             const int p = r0 + row;                /* the sorted entry */
+            float xs = 1.0f;
+            if constexpr (QF != 0)
+                xs = a.sx ? a.sx[GU ? a.tok[p] : p] : 1.0f;
             if constexpr (GU) {
                 uint16_t *dst = a.act + (int64_t)p * N;
 #pragma unroll
@@ -243,18 +336,32 @@ __global__ void __launch_bounds__(MG_THREADS, 2) k_moe_gemm(mg_args_t a)
                     float s[2];
 #pragma unroll
                     for (int c = 0; c < 2; c++) {  /* cuda_swiglu's (and the CPU's) arithmetic */
-                        const float gv = acc[mt][nt][2 * h + c], uv = acc[mt][nt + NT / 2][2 * h + c];
+                        float gv = acc[mt][nt][2 * h + c], uv = acc[mt][nt + NT / 2][2 * h + c];
+                        if constexpr (QF != 0) {
+                            gv = gv * wscale(ex.gate_s, n + c) * xs;
+                            uv = uv * wscale(ex.up_s, n + c) * xs;
+                        }
                         s[c] = dev_swiglu(gv, uv);
                     }
-                    *(uint32_t *)(dst + n) = dev_moe_pack<F16>(s[0], s[1]);
+                    if (QF != 0 && a.actf)
+                        *(float2 *)(a.actf + (int64_t)p * N + n) = make_float2(s[0], s[1]);
+                    else
+                        *(uint32_t *)(dst + n) = dev_moe_pack<F16>(s[0], s[1]);
                 }
             } else {
                 float *dst = a.y + (int64_t)a.slot[p] * N;
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++) {
                     const int n = n0 + wn * 64 + nt * 8 + t2;
+                    float v0 = acc[mt][nt][2 * h], v1 = acc[mt][nt][2 * h + 1];
+                    if constexpr (QF != 0) {
+                        if (n < N) {
+                            v0 = v0 * wscale(ex.down_s, n) * xs;
+                            v1 = v1 * wscale(ex.down_s, n + 1) * xs;
+                        }
+                    }
                     if (n < N)
-                        *(float2 *)(dst + n) = make_float2(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
+                        *(float2 *)(dst + n) = make_float2(v0, v1);
                 }
             }
         }
@@ -266,6 +373,18 @@ __global__ void __launch_bounds__(MG_THREADS, 2) k_moe_gemm(mg_args_t a)
 bool cuda_moe_gemm_takes(dtype_t dt, int64_t H, int64_t I)
 {
     return (dt == DT_BF16 || dt == DT_F16) && H > 0 && I > 0 && H % 8 == 0 && I % 8 == 0;
+}
+
+/* One scale per weight row: the scale block spans the row. */
+static bool s_qrow(moe_qgrid_t g, int64_t K) { return g.gc >= K; }
+
+bool cuda_moe_gemm_takes_q(int qfmt, int qact, moe_qgrid_t qgu, moe_qgrid_t qdn, int64_t H, int64_t I)
+{
+    if (!cuda_moe_quant_takes(qfmt) || H <= 0 || I <= 0 || H % 16 || I % 16)   /* 16-byte chunks of 16 codes */
+        return false;
+    /* qact: the activations' codes are the A operand and their scale multiplies the sum, which needs
+     * one weight scale per row too; the f32 SwiGLU output waits in y's space ([rows][I] <= [rows][H]). */
+    return !qact || (s_qrow(qgu, H) && s_qrow(qdn, I) && I <= H);
 }
 
 /* By the average entries per expert: at ~16 (a 256-token decode step of Qwen3-30B-A3B) the step
@@ -281,7 +400,7 @@ int cuda_moe_gemm_bm(const cuda_state_t *st, int rows, int E)
     return avg <= 24 ? 32 : avg <= 100 ? 64 : 128;
 }
 
-template <bool F16, int BM> static void s_gemms(const cuda_state_t *st, const moe_grouped_chunk_t *c)
+template <bool F16, int BM, int QF> static void s_gemms(const cuda_state_t *st, const moe_grouped_chunk_t *c)
 {
     const unsigned tiles = (unsigned)cuda_moe_tiles_max(c->rows, BM, c->E);
     mg_args_t a = {};
@@ -295,32 +414,51 @@ template <bool F16, int BM> static void s_gemms(const cuda_state_t *st, const mo
     a.N = c->I;
     a.K = c->H;
     a.act = (uint16_t *)c->act;
+    a.qgr = c->qgu.gr;
+    a.qgc = c->qgu.gc;
+    a.qrow = QF && s_qrow(c->qgu, c->H);
+    a.sx = QF && c->qact ? c->qsx : NULL;
+    a.actf = QF && c->qact ? c->y : NULL;
     const dim3 g_gu((unsigned)((c->I + MG_BN / 2 - 1) / (MG_BN / 2)), tiles);
-    cuda_launch_large_smem<k_moe_gemm<F16, BM, true>>(st, g_gu, MG_THREADS, mg_smem<BM>::BYTES, a);
+    cuda_launch_large_smem<k_moe_gemm<F16, BM, true, QF>>(st, g_gu, MG_THREADS, mg_smem<BM, QF>::BYTES, a);
+    if (QF && c->qact)                             /* down's input: each entry's codes and scale */
+        cuda_moe_qcodes(st, c->y, c->rows, c->I, c->qact, (uint16_t *)c->act, c->qsa);
 
     a.a = (const uint16_t *)c->act;
     a.N = c->H;
     a.K = c->I;
     a.act = NULL;
     a.y = c->y;
+    a.qgr = c->qdn.gr;
+    a.qgc = c->qdn.gc;
+    a.qrow = QF && s_qrow(c->qdn, c->I);
+    a.sx = QF && c->qact ? c->qsa : NULL;
+    a.actf = NULL;
     const dim3 g_dn((unsigned)((c->H + MG_BN - 1) / MG_BN), tiles);
-    cuda_launch_large_smem<k_moe_gemm<F16, BM, false>>(st, g_dn, MG_THREADS, mg_smem<BM>::BYTES, a);
+    cuda_launch_large_smem<k_moe_gemm<F16, BM, false, QF>>(st, g_dn, MG_THREADS, mg_smem<BM, QF>::BYTES, a);
 }
 
-template <bool F16> static void s_chunk(const cuda_state_t *st, const moe_grouped_chunk_t *c)
+template <bool F16, int QF> static void s_chunk(const cuda_state_t *st, const moe_grouped_chunk_t *c)
 {
-    cuda_to16(st, c->x, (int64_t)c->mc * c->H, F16, (uint16_t *)c->xh);   /* matmul's conversion */
+    if (QF && c->qact)                             /* the tokens' codes and scales */
+        cuda_moe_qcodes(st, c->x, c->mc, c->H, c->qact, (uint16_t *)c->xh, c->qsx);
+    else
+        cuda_to16(st, c->x, (int64_t)c->mc * c->H, F16, (uint16_t *)c->xh);   /* matmul's conversion */
     switch (c->bm) {
-    case 32: s_gemms<F16, 32>(st, c); break;
-    case 64: s_gemms<F16, 64>(st, c); break;
-    default: s_gemms<F16, 128>(st, c); break;
+    case 32: s_gemms<F16, 32, QF>(st, c); break;
+    case 64: s_gemms<F16, 64, QF>(st, c); break;
+    default: s_gemms<F16, 128, QF>(st, c); break;
     }
 }
 
 void cuda_moe_gemm(const cuda_state_t *st, const moe_grouped_chunk_t *c)
 {
-    if (c->dt == DT_F16)
-        s_chunk<true>(st, c);
+    if (c->qfmt == BK_Q_FP8)
+        s_chunk<false, BK_Q_FP8>(st, c);
+    else if (c->qfmt == BK_Q_I8)
+        s_chunk<false, BK_Q_I8>(st, c);
+    else if (c->dt == DT_F16)
+        s_chunk<true, 0>(st, c);
     else
-        s_chunk<false>(st, c);
+        s_chunk<false, 0>(st, c);
 }

@@ -1362,6 +1362,17 @@ typedef struct moe_case {
     int renorm;                   /* moe_route's renormalisation of the k weights */
 } moe_case_t;
 
+/* Quantized experts (all 0: plain): BK_Q_* (the case's dt unused), the requested scale block as
+ * quant_grid takes it (1 x 0 per channel, 0 x 0 per tensor, 128 x 128 DeepSeek's), BK_QA_*. */
+typedef struct moe_quant {
+    int fmt, gr, gc, act;
+} moe_quant_t;
+
+typedef struct moe_qcase {
+    moe_case_t c;
+    moe_quant_t q;
+} moe_qcase_t;
+
 static const moe_case_t s_moe_cases[] = {
     {DT_F32, 13, 64, 32, 8, 2, MOE_IDS, 0},
     {DT_BF16, 13, 64, 32, 8, 2, MOE_IDS, 0},
@@ -1414,19 +1425,118 @@ static const moe_case_t s_moe_cases[] = {
     {DT_BF16, 2100, 64, 64, 8, 2, MOE_ROUTED, 0},
 };
 
+/* Quantized experts (kernels/cuda/cuda_moe_quant.cu, cuda_moe_gemm.cu's decoding GEMMs) against the
+ * CPU's quantized MoE (per-expert quantized matmuls: decoded code times its f32 scale, f32 sums):
+ * codes and scales from engine/quant.c's encoder. The weights' magnitude changes from row to row
+ * (0.05 to 0.4) and from one 128 x 128 block to the next, so a scale taken from the wrong row or
+ * block is an error of order 1. Fp8 per channel with fp8 per-token activations is what
+ * troupe-quantize --format fp8 and model.quantization fp8 make; 128 x 128 blocks, weight-only, is
+ * DeepSeek-V3's (shapes that are not multiples of 128: partial blocks). Bounds: the FMA device path
+ * sums the CPU's dequantized weight in f32 (B_F32); with qact an activation fake-quantized from an
+ * input that differs in its last bits can round to the neighbouring code (an fp8 step is 1/16 of
+ * the value), an rms error of about sqrt(input error x step) on those elements: ~1e-4 at f32's
+ * ~1e-6, hence B_QMOE_ACT; the grouped path with qact takes the codes of x and of the SwiGLU output
+ * (exact in bf16) and the codes of per-row-scaled weights as its operands, so its products are the
+ * CPU's and the same bound holds; weight-only it rounds x, the activations (and block-scaled
+ * weights) to bf16: B_BF16_GEMM, as the bf16 grouped path. A missing fake-quantization is an
+ * error of ~2e-2. The host path runs cuda_quant.cu's matmul per expert: its bf16 GEMMs feed a
+ * fake-quantization an input ~1e-3 off, ~1e-2 after it (B_QMOE_HOST_ACT). */
+#define B_QMOE_ACT 2e-3
+#define B_QMOE_HOST_ACT 5e-2
+
+static const moe_qcase_t s_moe_qcases[] = {
+    /* fp8 per channel, fp8 activations: batch 1 and 4 (the device path by default), 64 (grouped),
+     * 300 tokens (two device chunks), widths off a 16-byte load (scalar kernels, no grouped path),
+     * I > H (no grouped path with qact: the device path at every M) */
+    {{0, 1, 256, 128, 16, 4, MOE_ROUTED, 1}, {BK_Q_FP8, 1, 0, BK_QA_FP8_TOKEN}},
+    {{0, 4, 256, 128, 16, 4, MOE_ROUTED, 1}, {BK_Q_FP8, 1, 0, BK_QA_FP8_TOKEN}},
+    {{0, 64, 256, 128, 16, 4, MOE_ROUTED, 1}, {BK_Q_FP8, 1, 0, BK_QA_FP8_TOKEN}},
+    {{0, 300, 128, 64, 128, 8, MOE_ROUTED, 1}, {BK_Q_FP8, 1, 0, BK_QA_FP8_TOKEN}},
+    {{0, 7, 72, 40, 8, 2, MOE_ROUTED, 0}, {BK_Q_FP8, 1, 0, BK_QA_FP8_TOKEN}},
+    {{0, 64, 64, 96, 8, 2, MOE_ROUTED, 0}, {BK_Q_FP8, 1, 0, BK_QA_FP8_TOKEN}},
+    /* fp8 per channel weight-only, per tensor with activations */
+    {{0, 1, 128, 64, 128, 8, MOE_ROUTED, 1}, {BK_Q_FP8, 1, 0, BK_QA_NONE}},
+    {{0, 64, 128, 64, 128, 8, MOE_ROUTED, 1}, {BK_Q_FP8, 1, 0, BK_QA_NONE}},
+    {{0, 64, 256, 128, 16, 4, MOE_ROUTED, 0}, {BK_Q_FP8, 0, 0, BK_QA_FP8_TOKEN}},
+    /* DeepSeek-V3's fp8 128 x 128 blocks, weight-only: H = 320, I = 208 (2.5 and 1.6 blocks),
+     * M = 1, 4, 64, 300 and skewed; H = 200, I = 136 (the scalar kernels) */
+    {{0, 1, 320, 208, 16, 4, MOE_ROUTED, 1}, {BK_Q_FP8, 128, 128, BK_QA_NONE}},
+    {{0, 4, 320, 208, 16, 4, MOE_ROUTED, 1}, {BK_Q_FP8, 128, 128, BK_QA_NONE}},
+    {{0, 64, 320, 208, 16, 4, MOE_ROUTED, 1}, {BK_Q_FP8, 128, 128, BK_QA_NONE}},
+    {{0, 300, 320, 208, 16, 4, MOE_SKEWED, 1}, {BK_Q_FP8, 128, 128, BK_QA_NONE}},
+    {{0, 4, 200, 136, 16, 4, MOE_ROUTED, 0}, {BK_Q_FP8, 128, 128, BK_QA_NONE}},
+    {{0, 64, 200, 136, 16, 4, MOE_ROUTED, 0}, {BK_Q_FP8, 128, 128, BK_QA_NONE}},
+    /* int8 per channel with int8 activations (W8A8), and weight-only */
+    {{0, 4, 256, 128, 16, 4, MOE_ROUTED, 1}, {BK_Q_I8, 1, 0, BK_QA_I8_TOKEN}},
+    {{0, 64, 256, 128, 16, 4, MOE_ROUTED, 1}, {BK_Q_I8, 1, 0, BK_QA_I8_TOKEN}},
+    {{0, 37, 128, 64, 128, 8, MOE_ROUTED, 0}, {BK_Q_I8, 1, 0, BK_QA_NONE}},
+};
+
 enum { MOE_CPU, MOE_DEVICE, MOE_GROUPED, MOE_HOST };
 
 /* Whether the grouped path takes the case's experts (cuda_moe_gemm_takes: 16-bit weights, H and
- * I multiples of 8; the backend's weights are 16-byte aligned). */
-static int s_moe_grouped_takes(const moe_case_t *c)
+ * I multiples of 8; the backend's weights are 16-byte aligned; quantized, cuda_moe_gemm_takes_q:
+ * H and I multiples of 16, and with activations one scale per weight row and I <= H). */
+static int s_moe_grouped_takes(const moe_case_t *c, const moe_quant_t *q)
 {
+    if (q->fmt)
+        return c->H % 16 == 0 && c->I % 16 == 0 && (!q->act || (q->gc == 0 && c->I <= c->H));
     return c->dt != DT_F32 && c->H % 8 == 0 && c->I % 8 == 0;
+}
+
+/* A quantized case's weight [rows][cols] in f32: uniform in +-amp, amp in 0.05 .. 0.4 by row and
+ * by 128 x 128 block. */
+static float *s_moe_qweight(int64_t rows, int64_t cols)
+{
+    float *w = malloc((size_t)rows * (size_t)cols * sizeof(float));
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) {
+            const int64_t a = (r * 5 + (r / 128) * 3 + (c / 128) * 7) % 8;
+            w[r * cols + c] = (float)(s_uniform() * (0.05 + 0.05 * (double)a));
+        }
+    return w;
+}
+
+/* One expert matrix quantized with the case's format and block, on the host. */
+typedef struct moe_qmat {
+    uint8_t *codes;
+    float *scales;
+    size_t n_codes, n_scales;
+    int gr, gc;                   /* effective block */
+} moe_qmat_t;
+
+static moe_qmat_t s_moe_qmat(const moe_quant_t *mq, int64_t rows, int64_t cols)
+{
+    moe_qmat_t q = {0};
+    float *w = s_moe_qweight(rows, cols);
+    q.n_scales = quant_grid(rows, cols, mq->gr, mq->gc, &q.gr, &q.gc);
+    q.n_codes = quant_code_bytes(mq->fmt, rows, cols);
+    q.codes = malloc(q.n_codes);
+    q.scales = malloc(q.n_scales * sizeof(float));
+    assert_int_equal(quant_encode(mq->fmt, w, rows, cols, q.gr, q.gc, q.codes, q.scales, NULL, NULL), 0);
+    free(w);
+    return q;
+}
+
+static bk_mat_t s_moe_qput(backend_t *be, const moe_quant_t *mq, const moe_qmat_t *q, int64_t rows, int64_t cols)
+{
+    return (bk_mat_t){.data = be->ops->weight_put(be, q->codes, q->n_codes, 1),
+                      .dtype = mq->fmt == BK_Q_FP8 ? DT_F8E4M3 : DT_I8, .rows = rows, .cols = cols,
+                      .qfmt = (int8_t)mq->fmt, .qact = (int8_t)mq->act, .qgr = q->gr, .qgc = q->gc,
+                      .qscale = s_put(be, q->scales, q->n_scales * sizeof(float))};
 }
 
 /* The bound for a path: the device path computes in f32 for every weight dtype; the host path
  * runs each expert's rows through the matmul op; the grouped path rounds the activations once. */
-static double s_moe_bound(int path, dtype_t dt, int most)
+static double s_moe_bound(int path, dtype_t dt, int most, const moe_quant_t *q)
 {
+    if (q->fmt) {
+        if (path == MOE_HOST)
+            return q->act ? B_QMOE_HOST_ACT : B_BF16_GEMM;
+        if (q->act)
+            return B_QMOE_ACT;
+        return path == MOE_DEVICE ? B_F32 : B_BF16_GEMM;
+    }
     if (path == MOE_DEVICE || dt == DT_F32 || (path == MOE_HOST && most <= GEMV_MAX_M))
         return B_F32;
     if (path == MOE_HOST && most <= SPLIT_MAX_M)
@@ -1434,14 +1544,23 @@ static double s_moe_bound(int path, dtype_t dt, int most)
     return dt == DT_BF16 ? B_BF16_GEMM : B_F16_GEMM;
 }
 
-static void s_moe_ffn_case(const moe_case_t *c)
+static void s_moe_ffn_case(const moe_case_t *c, const moe_quant_t *quant)
 {
+    static const moe_quant_t plain = {0};
+    const moe_quant_t *q = quant ? quant : &plain;
     const dtype_t dt = c->dt;
     const int M = c->M, H = c->H, I = c->I, E = c->E, k = c->k;
-    const size_t es = dtype_size(dt), rows = (size_t)M * k;
-    void *gw[128], *uw[128], *dw[128];
+    const size_t es = q->fmt ? 1 : dtype_size(dt), rows = (size_t)M * k;
+    void *gw[128] = {0}, *uw[128] = {0}, *dw[128] = {0};
+    moe_qmat_t gq[128], uq[128], dq[128];
     assert_true(E <= 128 && k < E);
     for (int e = 0; e < E; e++) {
+        if (q->fmt) {
+            gq[e] = s_moe_qmat(q, I, H);
+            uq[e] = s_moe_qmat(q, I, H);
+            dq[e] = s_moe_qmat(q, H, I);
+            continue;
+        }
         gw[e] = s_rand_dt(dt, (size_t)I * H, 0.3);
         uw[e] = s_rand_dt(dt, (size_t)I * H, 0.3);
         dw[e] = s_rand_dt(dt, (size_t)H * I, 0.3);
@@ -1470,7 +1589,9 @@ static void s_moe_ffn_case(const moe_case_t *c)
     enum { NB = 7 };
     backend_t *be[NB] = {s_cpu, s_gpu, s_gpu_moe_dev, s_gpu_moe_host,
                          s_gpu_moe_grouped[0], s_gpu_moe_grouped[1], s_gpu_moe_grouped[2]};
-    const int grouped = s_moe_grouped_takes(c) ? MOE_GROUPED : MOE_HOST;
+    /* what the backends without the grouped path's experts run: the host path, or (quantized) the
+     * device path at every M */
+    const int grouped = s_moe_grouped_takes(c, q) ? MOE_GROUPED : q->fmt ? MOE_DEVICE : MOE_HOST;
     const int dflt = grouped == MOE_GROUPED && M >= MOE_GROUPED_MIN_M ? MOE_GROUPED
                    : M <= MOE_DEVICE_MAX_M                          ? MOE_DEVICE
                                                                     : grouped;
@@ -1485,11 +1606,23 @@ static void s_moe_ffn_case(const moe_case_t *c)
     float *res[NB];
     int32_t *rid[NB];
     char what[192];
+    char wname[64];
+    if (q->fmt)
+        snprintf(wname, sizeof wname, "%s %dx%d%s", quant_format_name(q->fmt), gq[0].gr == I ? 0 : gq[0].gr,
+                 gq[0].gc == H ? 0 : gq[0].gc, q->act ? " +act" : "");
+    else
+        snprintf(wname, sizeof wname, "%s", dtype_name(dt));
     for (int b = 0; b < NB; b++) {
-        snprintf(what, sizeof what, "moe_ffn %s M=%d H=%d I=%d E=%d k=%d %s%s%s", dtype_name(dt), M, H, I, E, k,
+        snprintf(what, sizeof what, "moe_ffn %s M=%d H=%d I=%d E=%d k=%d %s%s%s", wname, M, H, I, E, k,
                  routing[c->routing], c->routing != MOE_IDS && c->renorm ? " renorm" : "", label[b]);
         bk_expert_t ex[128];
         for (int e = 0; e < E; e++) {
+            if (q->fmt) {
+                ex[e].gate = s_moe_qput(be[b], q, &gq[e], I, H);
+                ex[e].up = s_moe_qput(be[b], q, &uq[e], I, H);
+                ex[e].down = s_moe_qput(be[b], q, &dq[e], H, I);
+                continue;
+            }
             ex[e].gate = (bk_mat_t){.data = be[b]->ops->weight_put(be[b], gw[e], (size_t)I * H * es, es), .dtype = dt, .rows = I, .cols = H};
             ex[e].up = (bk_mat_t){.data = be[b]->ops->weight_put(be[b], uw[e], (size_t)I * H * es, es), .dtype = dt, .rows = I, .cols = H};
             ex[e].down = (bk_mat_t){.data = be[b]->ops->weight_put(be[b], dw[e], (size_t)H * I * es, es), .dtype = dt, .rows = H, .cols = I};
@@ -1506,6 +1639,20 @@ static void s_moe_ffn_case(const moe_case_t *c)
             be[b]->ops->moe_route(be[b], dl, M, E, k, c->renorm, di, dwt);
         }
         rid[b] = s_get(be[b], di, rows * 4);
+        if (b > 0 && be[b]->ops->moe_count) {     /* the expert-balancer's counts of these ids */
+            uint32_t *zero = calloc((size_t)E, 4), *cnt, want[128] = {0};
+            uint32_t *dc = s_put(be[b], zero, (size_t)E * 4);
+            be[b]->ops->moe_count(be[b], di, (int)rows, dc);
+            cnt = s_get(be[b], dc, (size_t)E * 4);
+            for (size_t r = 0; r < rows; r++)
+                want[rid[b][r]]++;
+            for (int e = 0; e < E; e++)
+                if (cnt[e] != want[e])
+                    fail_msg("%s: moe_count gives expert %d %u entries, the ids %u", what, e, cnt[e], want[e]);
+            be[b]->ops->free(be[b], dc);
+            free(zero);
+            free(cnt);
+        }
         void *scratch = s_put(be[b], poison, scratch_bytes);
         float *dout = s_out(be[b], (size_t)M * H);
         be[b]->ops->moe_ffn(be[b], dx, M, H, di, dwt, k, ex, E, scratch, dout);
@@ -1535,9 +1682,12 @@ static void s_moe_ffn_case(const moe_case_t *c)
             be[b]->ops->free(be[b], dl);
         be[b]->ops->free(be[b], scratch);
         for (int e = 0; e < E; e++) {
-            be[b]->ops->weight_release(be[b], ex[e].gate.data);
-            be[b]->ops->weight_release(be[b], ex[e].up.data);
-            be[b]->ops->weight_release(be[b], ex[e].down.data);
+            const bk_mat_t *mats[3] = {&ex[e].gate, &ex[e].up, &ex[e].down};
+            for (int i = 0; i < 3; i++) {
+                be[b]->ops->weight_release(be[b], mats[i]->data);
+                if (mats[i]->qscale)
+                    be[b]->ops->free(be[b], (void *)mats[i]->qscale);
+            }
         }
         if (b == 0)
             continue;
@@ -1557,7 +1707,7 @@ static void s_moe_ffn_case(const moe_case_t *c)
         if (c->routing == MOE_SKEWED && (most != M || empty == 0))
             fail_msg("%s: the skewed routing gave the busiest expert %d of %d tokens, %d experts none", what, most, M,
                      empty);
-        s_compare(res[b], res[0], (size_t)M * H, s_moe_bound(path[b], dt, most), what);
+        s_compare(res[b], res[0], (size_t)M * H, s_moe_bound(path[b], dt, most, q), what);
     }
     free(poison);
     for (int b = 0; b < NB; b++) {
@@ -1568,6 +1718,13 @@ static void s_moe_ffn_case(const moe_case_t *c)
         free(gw[e]);
         free(uw[e]);
         free(dw[e]);
+        if (q->fmt) {
+            moe_qmat_t *qs[3] = {&gq[e], &uq[e], &dq[e]};
+            for (int i = 0; i < 3; i++) {
+                free(qs[i]->codes);
+                free(qs[i]->scales);
+            }
+        }
     }
     free(x);
     free(wts);
@@ -1578,7 +1735,13 @@ static void s_moe_ffn_case(const moe_case_t *c)
 static void test_moe_ffn(void **state)
 {
     for (size_t i = 0; i < ARRAY_LEN(s_moe_cases); i++)
-        s_moe_ffn_case(&s_moe_cases[i]);
+        s_moe_ffn_case(&s_moe_cases[i], NULL);
+}
+
+static void test_moe_ffn_quant(void **state)
+{
+    for (size_t i = 0; i < ARRAY_LEN(s_moe_qcases); i++)
+        s_moe_ffn_case(&s_moe_qcases[i].c, &s_moe_qcases[i].q);
 }
 
 /* ================================================================================================
@@ -1771,6 +1934,7 @@ int main(void)
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_moe_route),
         cmocka_unit_test(test_moe_ffn),
+        cmocka_unit_test(test_moe_ffn_quant),
         cmocka_unit_test(test_fixtures),
     };
     if (getenv("TROUPE_TEST_FILTER"))             /* e.g. '*quant*': a subset of the table (cmocka's wildcards) */

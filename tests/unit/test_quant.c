@@ -479,11 +479,13 @@ static void test_load_refusals(void **state)
     ops.quant_formats = 1u << BK_Q_FP8;
     nq.ops = &ops;
     s_expect_load_error(qd, 0, &nq, "no kernels for nvfp4");
-    /* A backend whose moe_ffn takes no quantized experts (CUDA today). */
+    /* A backend whose moe_ffn takes some formats only (CUDA: fp8 and int8): the format is named. */
     ops.quant_formats = be->ops->quant_formats;
-    ops.quant_moe = 0;
-    s_expect_load_error(FIX "qwen3-moe-f32", BK_Q_FP8, &nq, "quantized MoE experts");
-    ops.quant_moe = 1;
+    ops.quant_moe_formats = (1u << BK_Q_FP8) | (1u << BK_Q_I8);
+    s_expect_load_error(FIX "qwen3-moe-f32", BK_Q_I4, &nq, "no kernels for int4-quantized MoE experts");
+    ops.quant_moe_formats = 0;
+    s_expect_load_error(FIX "qwen3-moe-f32", BK_Q_FP8, &nq, "no kernels for fp8-quantized MoE experts");
+    ops.quant_moe_formats = be->ops->quant_moe_formats;
     /* A config that does not match the tensors: int4 declared over nvfp4 tensors. */
     snprintf(cmd, sizeof cmd, "sed -i 's/nvfp4-pack-quantized/pack-quantized/; s/\"tensor_group\"/\"group\"/; "
              "s/\"group_size\": 16/\"group_size\": 128/; s/\"type\": \"float\"/\"type\": \"int\"/' %s/config.json", qd);

@@ -73,11 +73,13 @@ static int s_ends(const char *s, const char *suffix)
     return n >= k && strcmp(s + n - k, suffix) == 0;
 }
 
-/* The weights that get quantized: 2-D Linear weights of the decoder layers, not the routers. */
+/* The weights that get quantized: 2-D Linear weights of the decoder layers, not the routers, nor a
+ * DeepSeek MTP layer's embedding copy and eh_proj (loaded plain: engine/mla_load.c). */
 static int s_quantized(const tensor_view_t *t)
 {
     return t->ndim == 2 && strncmp(t->name, "model.layers.", 13) == 0 && s_ends(t->name, ".weight") &&
            !s_ends(t->name, ".mlp.gate.weight") && !s_ends(t->name, ".block_sparse_moe.gate.weight") &&
+           !s_ends(t->name, ".embed_tokens.weight") && !s_ends(t->name, ".eh_proj.weight") &&
            (t->dtype == DT_F32 || t->dtype == DT_BF16 || t->dtype == DT_F16);
 }
 
