@@ -17,6 +17,10 @@
  *   otherwise (f32 weights above the threshold, an odd shape,-> the host path
  *     TROUPE_CUDA_MOE_DEVICE=0, E > 1024, k > 32, experts of mixed dtype or shape)
  * The two device paths queue device work only (cuda_moe_graphable says 1 for them).
+ * Quantized experts (fp8 or int8 codes with f32 block scales, one format, activation rule and
+ * scale grid per kind of matrix; cuda_moe_quant.cu): the grouped path where cuda_moe_gemm_takes_q
+ * says so (its GEMMs decode the codes into shared memory), else the FMA device path at every M
+ * (its expert kernels decode in registers): no dequantized copy of the experts is ever made.
  *
  * FMA device path (TROUPE_CUDA_MOE_DEVICE=1, the default, and M <= TROUPE_CUDA_MOE_DEVICE_MAX_M,
  * default 64: measured faster than the host path up to 64 tokens and slower at 256, README.md):
