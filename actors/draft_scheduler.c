@@ -35,8 +35,9 @@
 #include "common/util.h"
 #include "engine/spec_policy.h"
 
-#define DS_PUSH_MS          1000   /* policy pushes (and recomputes) */
-#define DS_VALID_PUSHES     5      /* a pushed policy holds this many push intervals */
+#define DS_PUSH_MS          250    /* policy pushes (and recomputes): a level of a GPU benchmark
+                                    * can be over in half a second */
+#define DS_VALID_PUSHES     20     /* a pushed policy holds this many push intervals (5 s) */
 #define DS_MAX_K            7      /* drafts per row the policy considers */
 #define DS_DECAY_DRAFTS     200000 /* position-0 drafts past which the acceptance counts halve */
 #define DS_DECAY_STEPS      4000   /* steps in a cost cell past which the table halves: the cells

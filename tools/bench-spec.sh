@@ -31,6 +31,8 @@
 #   KS, CONC       the entries and concurrencies above
 #   IN_LEN OUT_LEN prompt tokens (about) and output tokens per request (default 64, 128)
 #   ROUNDS         requests per level = ROUNDS x concurrency (default 3)
+#   WARMUP_ROUNDS  the scheduled entry's warm-up rounds per level (default 2: on a GPU a level of one
+#                  round is a fraction of a second, a few exploration steps per batch size)
 #   BACKEND GPUS   cpu (default) or cuda; GPUS the node's GPU count (cuda: both workers on GPU 0)
 #   MAX_BATCH      limits.max_batch (default 128)
 #   HEARTBEAT_MS LIVENESS  supervision (default 1000 ms x 10 missed before a worker counts as wedged)
@@ -132,7 +134,7 @@ run() {   # run ENTRY: one cluster, one troupe-bench sweep
   [ -s "$OUT/ready-$e" ] || { tail -20 "$OUT/supervisor-$e.log" >&2; echo "bench-spec: cluster $e not ready" >&2; exit 1; }
   local common=(--topology "$topo" --prompt-text "$TEXT" --input-len "$IN_LEN" --output-len "$OUT_LEN" --seed 7)
   if [ "$e" = sched ]; then   # the scheduler measures before the measured run
-    "$B/bin/troupe-bench" "${common[@]}" --concurrency "$CONC" --rounds 1 --warmup 0 --seed 99 \
+    "$B/bin/troupe-bench" "${common[@]}" --concurrency "$CONC" --rounds "${WARMUP_ROUNDS:-2}" --warmup 0 --seed 99 \
       >"$OUT/warmup-$e.txt" 2>&1 || true
   fi
   echo "--- $e: TROUPE_SPECULATION=$spec TROUPE_SPEC_POLICY=$policy" >&2

@@ -24,7 +24,7 @@
 #include "engine/spec_policy.h"
 
 #define SPEC_REPORT_STEPS 256   /* decode-only steps per report window */
-#define SPEC_REPORT_MS    2000  /* ... or this long, when steps are rare */
+#define SPEC_REPORT_MS    500   /* ... or this long (a window of a new load reaches the policy soon) */
 #define SPEC_EXPLORE_EVERY 16   /* one decode-only step in this many runs without drafts; one in 4x as many with one */
 
 typedef struct spec_client spec_client_t;
