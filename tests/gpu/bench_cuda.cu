@@ -36,7 +36,8 @@
  *    them. The grouped path also prints its TFLOP/s (M x 8 entries x 6 H I flops: gate, up, down;
  *    route, sort, conversion and combine included in the time) and, from M = 256, its time with
  *    each row tile forced (moe_M<M>_grouped_bm<BM>_ms, TROUPE_CUDA_MOE_GROUPED_BM) to check the
- *    default's choice.
+ *    default's choice. Then the same layer with fp8 experts (per channel, fp8 per-token activations,
+ *    codes one byte each: moe_fp8_M<M>_device_ms / _grouped_ms / _host_ms).
  * 7. Sampling at M = 256 rows of a 128,256 vocabulary with top-k 50 / top-p 0.9 / temperature 0.8:
  *    the sample op on the device (sample_M256_ms, median of 10 after 2 warm-ups) against bringing
  *    the rows of logits to the host for the host sampler (logits_download_M256_ms, the download
@@ -645,6 +646,41 @@ int main(int argc, char **argv)
             for (int b = 3; M >= 256 && b < NMB; b++)
                 printf("moe_M%d_grouped_bm%d_ms %.4f ms (%.1f TFLOP/s)\n", M, bms[b - 3], ms[b],
                        flop / (ms[b] * 1e-3) / 1e12);
+        }
+        /* The same layer with fp8 experts, per channel, fp8 per-token activations (what troupe-quantize
+         * --format fp8 writes): the bf16 buffers' bytes taken as codes (speed only: the values mean
+         * nothing), scales 0.01. moe_fp8_M<M>_{device,grouped,host}_ms; the bandwidth counts codes. */
+        {
+            float *sc;
+            const size_t ns = (size_t)2 * I + H;   /* one expert's scales: gate, up, down */
+            CK(cudaMalloc(&sc, (size_t)LAYERS * E * ns * 4));
+            std::vector<float> hs((size_t)LAYERS * E * ns, 0.01f);
+            CK(cudaMemcpy(sc, hs.data(), hs.size() * 4, cudaMemcpyHostToDevice));
+            for (int l = 0; l < LAYERS; l++)
+                for (int e = 0; e < E; e++) {
+                    const uint8_t *p = (const uint8_t *)wl[l] + per * e;
+                    const float *s0 = sc + ((size_t)l * E + e) * ns;
+                    ex[l][e].gate = (bk_mat_t){.data = p, .dtype = DT_F8E4M3, .rows = I, .cols = H, .qfmt = BK_Q_FP8,
+                                               .qact = BK_QA_FP8_TOKEN, .qgr = 1, .qgc = H, .qscale = s0};
+                    ex[l][e].up = (bk_mat_t){.data = p + (size_t)I * H, .dtype = DT_F8E4M3, .rows = I, .cols = H,
+                                             .qfmt = BK_Q_FP8, .qact = BK_QA_FP8_TOKEN, .qgr = 1, .qgc = H,
+                                             .qscale = s0 + I};
+                    ex[l][e].down = (bk_mat_t){.data = p + (size_t)2 * I * H, .dtype = DT_F8E4M3, .rows = H,
+                                               .cols = I, .qfmt = BK_Q_FP8, .qact = BK_QA_FP8_TOKEN, .qgr = 1,
+                                               .qgc = I, .qscale = s0 + 2 * I};
+                }
+            for (int i = 0; i < (quick ? 1 : 6); i++) {
+                const int M = Ms[i];
+                double ms[NMB], bytes;
+                s_moe_layer_ms(mbe, 3, ex, M, ms, &bytes);
+                bytes /= 2;                        /* one byte per code */
+                const double flop = (double)M * 8 * 6 * H * I;
+                printf("moe_fp8_M%d_device_ms %.4f ms (%.3f TB/s)\n", M, ms[0], bytes / (ms[0] * 1e-3) / 1e12);
+                printf("moe_fp8_M%d_grouped_ms %.4f ms (%.3f TB/s, %.1f TFLOP/s)\n", M, ms[2],
+                       bytes / (ms[2] * 1e-3) / 1e12, flop / (ms[2] * 1e-3) / 1e12);
+                printf("moe_fp8_M%d_host_ms %.4f ms (%.3f TB/s)\n", M, ms[1], bytes / (ms[1] * 1e-3) / 1e12);
+            }
+            CK(cudaFree(sc));
         }
         for (int l = 0; l < LAYERS; l++)
             CK(cudaFree(wl[l]));
