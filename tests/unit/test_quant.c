@@ -455,6 +455,45 @@ static void test_online_equals_written(void **state)
     backend_destroy(&be);
 }
 
+/* DeepSeek-V3's fp8 layout (128 x 128 blocks, weight_scale_inv) written for the DeepSeek fixture
+ * loads: kv_b_proj quantized as DeepSeek publishes it (decoded at load for MLA's absorbed form), the
+ * routed experts quantized, the routers and the MTP layer's embed_tokens and eh_proj plain. */
+static void test_deepseek_fp8_block(void **state)
+{
+    const quant_write_opts_t o = {.fmt = BK_Q_FP8, .block = 1};
+    char err[1024], qd[256];
+    snprintf(qd, sizeof qd, "%s/ds-fp8-block", s_tmp);
+    if (quant_write(FIX "deepseek-v3-f32", qd, &o, err, sizeof err) < 0)
+        fail_msg("%s", err);
+    model_config_t cfg;
+    assert_int_equal(config_load(qd, &cfg, err, sizeof err), 0);
+    assert_true(cfg.quant.present && cfg.quant.method == QUANT_DEEPSEEK_FP8 && cfg.quant.gr == 128);
+    ckpt_t *ck = ckpt_open(qd, err, sizeof err);
+    assert_non_null(ck);
+    char n[160];
+    const int L = cfg.num_layers;                  /* the MTP layer's index */
+    const char *const want[] = {"model.layers.0.self_attn.kv_b_proj.weight_scale_inv",
+                                "model.layers.1.mlp.experts.0.gate_proj.weight_scale_inv"};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        if (!ckpt_has(ck, want[i]))
+            fail_msg("%s: %s not written", qd, want[i]);
+    const char *const plain[] = {"model.layers.1.mlp.gate.weight_scale_inv", "model.layers.%d.eh_proj.weight_scale_inv",
+                                 "model.layers.%d.embed_tokens.weight_scale_inv"};
+    for (size_t i = 0; i < sizeof plain / sizeof plain[0]; i++) {
+        snprintf(n, sizeof n, plain[i], L);
+        if (ckpt_has(ck, n))
+            fail_msg("%s: %s written (that weight stays plain)", qd, n);
+    }
+    backend_t *be = backend_cpu_new(2);
+    const model_opts_t mo = {.max_tokens = N_TOK, .max_seqs = 1, .max_logit_rows = N_TOK, .max_context = 64};
+    model_t *m = model_load(qd, &cfg, ck, be, &mo, err, sizeof err);
+    if (!m)
+        fail_msg("%s: %s", qd, err);
+    model_destroy(&m);
+    ckpt_destroy(&ck);
+    backend_destroy(&be);
+}
+
 static void s_expect_load_error(const char *dir, int quantize, backend_t *be, const char *needle)
 {
     char err[1024] = "";
@@ -509,6 +548,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_written_equals_dequantized, s_tmp_setup, s_tmp_teardown),
         cmocka_unit_test_setup_teardown(test_online_equals_written, s_tmp_setup, s_tmp_teardown),
         cmocka_unit_test_setup_teardown(test_load_refusals, s_tmp_setup, s_tmp_teardown),
+        cmocka_unit_test_setup_teardown(test_deepseek_fp8_block, s_tmp_setup, s_tmp_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
