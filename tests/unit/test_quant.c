@@ -457,7 +457,8 @@ static void test_online_equals_written(void **state)
 
 /* DeepSeek-V3's fp8 layout (128 x 128 blocks, weight_scale_inv) written for the DeepSeek fixture
  * loads: kv_b_proj quantized as DeepSeek publishes it (decoded at load for MLA's absorbed form), the
- * routed experts quantized, the routers and the MTP layer's embed_tokens and eh_proj plain. */
+ * routed experts quantized, the routers plain (the fixture has no MTP weights: that the MTP layer's
+ * embed_tokens and eh_proj stay plain is checked end to end on kjv-deepseek, docs/quantization.md). */
 static void test_deepseek_fp8_block(void **state)
 {
     const quant_write_opts_t o = {.fmt = BK_Q_FP8, .block = 1};
@@ -471,19 +472,15 @@ static void test_deepseek_fp8_block(void **state)
     ckpt_t *ck = ckpt_open(qd, err, sizeof err);
     assert_non_null(ck);
     char n[160];
-    const int L = cfg.num_layers;                  /* the MTP layer's index */
     const char *const want[] = {"model.layers.0.self_attn.kv_b_proj.weight_scale_inv",
                                 "model.layers.1.mlp.experts.0.gate_proj.weight_scale_inv"};
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
         if (!ckpt_has(ck, want[i]))
             fail_msg("%s: %s not written", qd, want[i]);
-    const char *const plain[] = {"model.layers.1.mlp.gate.weight_scale_inv", "model.layers.%d.eh_proj.weight_scale_inv",
-                                 "model.layers.%d.embed_tokens.weight_scale_inv"};
-    for (size_t i = 0; i < sizeof plain / sizeof plain[0]; i++) {
-        snprintf(n, sizeof n, plain[i], L);
-        if (ckpt_has(ck, n))
-            fail_msg("%s: %s written (that weight stays plain)", qd, n);
-    }
+    assert_true(ckpt_has(ck, "model.layers.1.mlp.gate.weight"));
+    assert_false(ckpt_has(ck, "model.layers.1.mlp.gate.weight_scale_inv"));
+    snprintf(n, sizeof n, "model.layers.%d.eh_proj.weight_scale_inv", cfg.num_layers);
+    assert_false(ckpt_has(ck, n));
     backend_t *be = backend_cpu_new(2);
     const model_opts_t mo = {.max_tokens = N_TOK, .max_seqs = 1, .max_logit_rows = N_TOK, .max_context = 64};
     model_t *m = model_load(qd, &cfg, ck, be, &mo, err, sizeof err);
