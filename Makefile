@@ -98,7 +98,7 @@ test: deps check-layers
 	@$(MAKE) --no-print-directory -j$(JOBS) all fuzz
 	@tests/run.sh
 
-# The nemesis for NEMESIS_S seconds (default 30 minutes; `make test` runs it for 30 s): random
+# The nemesis for NEMESIS_S seconds (default 30 minutes; `make test` runs it for 2 minutes): random
 # kill -9 and SIGSTOP/SIGCONT of both routers and the workers under continuous load
 # (tests/scenario/nemesis.sh; docs/development.md). Not part of `make test`.
 NEMESIS_S ?= 1800

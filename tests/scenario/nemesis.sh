@@ -1,6 +1,6 @@
 # A nemesis under continuous load (issue #21's failure model): a topology with two routers
 # (NEMESIS_ROUTERS, default 2; the clients fail over between them) and two decode workers. For
-# NEMESIS_S seconds (default 30; `make nemesis-long` runs 1800) 8 clients submit requests back to
+# NEMESIS_S seconds (default 120, as `make test` runs it; `make nemesis-long` runs 1800) 8 clients submit requests back to
 # back while the nemesis, every 0.5-2 s, kill -9s a random router, prefill or decode worker, or
 # stops it (SIGSTOP) for 0.2-1.2 s and lets it go on (SIGCONT; past 3 missed heartbeats the
 # supervisor kills it as wedged). Checked: every request ends in exactly one terminal reply (done
@@ -17,7 +17,7 @@ N_ROUTERS=${NEMESIS_ROUTERS:-2} N_DECODE=2 HEARTBEAT_MS=200 MAX_RESTARTS=1000 PE
   max_model_len: 256"
 start_cluster "$WORK/t.yaml"
 ep=$(client_endpoints "$WORK/t.yaml")
-$PY - "$ep" "$BIN" "$WORK/t.yaml" "${NEMESIS_S:-30}" "$SUP_PID" <<'PY'
+$PY - "$ep" "$BIN" "$WORK/t.yaml" "${NEMESIS_S:-120}" "$SUP_PID" <<'PY'
 import collections, os, random, signal, sys, threading, time
 from troupe_client import Client
 from servelib import top, wait_idle_pools, wait_workers
