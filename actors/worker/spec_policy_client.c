@@ -128,8 +128,11 @@ int spec_client_explore(spec_client_t *c)
 {
     if (!c->scheduled || !c->scheduler[0])
         return -1;
-    const uint64_t at = c->explore_steps++ % (4 * SPEC_EXPLORE_EVERY);
-    return at % SPEC_EXPLORE_EVERY == 0 ? 0 : at == 2 * SPEC_EXPLORE_EVERY + SPEC_EXPLORE_EVERY / 2 ? 1 : -1;
+    const uint64_t at = c->explore_steps++ % (4 * SPEC_EXPLORE_EVERY), one = 2 * SPEC_EXPLORE_EVERY + SPEC_EXPLORE_EVERY / 2;
+    /* two one-draft steps in a row: after plain steps the first is a proposer's catch-up (left out
+     * of the cost table with a distribution: spec_step.c s_unlike), the second drafts as a policy
+     * of one draft would */
+    return at % SPEC_EXPLORE_EVERY == 0 ? 0 : at == one || at == one + 1 ? 1 : -1;
 }
 
 int spec_client_keep(spec_client_t *c, int batch, const float *probs, int n)

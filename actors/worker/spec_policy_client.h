@@ -48,8 +48,9 @@ int spec_client_ask(spec_client_t *c, int batch);
 /* The prefix confidence below which a row of a `batch`-row step may stop drafting (0: never). */
 float spec_client_stop_below(const spec_client_t *c, int batch);
 /* Called once per decode-only step: -1 (ask as usual), or the drafts every row of this step asks
- * for and verifies, whatever the policy: 0 in one step of SPEC_EXPLORE_EVERY and 1 in one of
- * 4 x SPEC_EXPLORE_EVERY (a one-draft step costs a draft forward and its catch-up: on a small
+ * for and verifies, whatever the policy: 0 in one step of SPEC_EXPLORE_EVERY and 1 in two
+ * consecutive steps of 4 x SPEC_EXPLORE_EVERY (the first of them a proposer's catch-up after
+ * plain steps; a one-draft step costs a draft forward and its catch-up: on a small
  * target on a GPU, where a step is a fifth of a millisecond, a scheduled run that had settled on
  * no drafts but explored one in 16 got two thirds of the plain run's throughput, one H200,
  * 2026-12-02),

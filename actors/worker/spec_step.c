@@ -12,6 +12,9 @@
 
 #define SPEC_NGRAM_MIN_N 1       /* the n-gram proposer's suffix lengths in a decode worker */
 #define SPEC_NGRAM_MAX_N 3
+/* Graph shapes of a decode-only step (engine/forward.c s_graph_step's buckets): B rows of n
+ * positions each, n in 1..SPEC_MAX_K + 1, plain (logits of the last) or verify (of every one). */
+#define SHAPE_SLOTS(max_seqs) ((size_t)((max_seqs) + 1) * (SPEC_MAX_K + 1) * 2)
 
 struct spec_step {
     int k;                       /* drafts per row at most */
@@ -35,10 +38,14 @@ struct spec_step {
     int *n_pad;                  /* [max_seqs] filler positions after them (spec_step_propose) */
     int pad_max_rows;            /* pad steps of up to this many rows (TROUPE_SPEC_PAD_ROWS; 0: never) */
     uint64_t padded_steps, pad_positions;   /* verify steps padded, filler positions they computed */
+    uint64_t skipped_steps;      /* decode-only steps left out of the cost table (s_unlike) */
     int last_rows, last_tokens;  /* the last step (spec_step_done): decode rows (0: it had prompt rows), positions */
     int last_k;                  /* its cost cell: drafts per row (spec_cost_t: asked, or verified with a distribution) */
     long last_emitted;           /* tokens it emitted */
     int step_asked;              /* this step: drafts each row asked for (0: none asked) */
+    int last_skip;               /* the last step's cycle is left out of the cost table (s_unlike) */
+    int prev_plain;              /* the step before the last asked for no drafts */
+    uint8_t *shape_seen;         /* [SHAPE_SLOTS(max_seqs)] decode-only steps seen of each graph shape, up to 2 */
     long step_emitted;           /* this step's tokens streamed by spec_step_verify; -1: it did not verify */
     int *kv_base;                /* [max_seqs] the row's KV length before its drafts */
     spec_stats_t stats;
@@ -97,6 +104,7 @@ spec_step_t *spec_step_new(const spec_step_config_t *c, spec_proposer_t *draft, 
         s->need = calloc((size_t)max_rows, 1);
         s->row_sample = calloc((size_t)max_rows, sizeof *s->row_sample);
         s->feeds = calloc((size_t)max_seqs, sizeof *s->feeds);
+        s->shape_seen = calloc(SHAPE_SLOTS(max_seqs), 1);
     }
     if (s && !s->proposer && c->method == SPEC_DRAFT) {
         spec_step_destroy(&s);
@@ -110,7 +118,7 @@ spec_step_t *spec_step_new(const spec_step_config_t *c, spec_proposer_t *draft, 
         return NULL;
     }
     if (!s || !s->proposer || !s->asks || !s->ask_row || !s->sample || !s->drafts || !s->n_drafts || !s->n_pad || !s->kv_base ||
-        !s->probs || !s->ids || !s->need || !s->row_sample || !s->feeds) {
+        !s->probs || !s->ids || !s->need || !s->row_sample || !s->feeds || !s->shape_seen) {
         spec_step_destroy(&s);
         errf(err, errlen, "out of memory for speculation over %d rows", max_seqs);
         return NULL;
@@ -138,6 +146,7 @@ void spec_step_destroy(spec_step_t **self_p)
     free(s->need);
     free(s->row_sample);
     free(s->feeds);
+    free(s->shape_seen);
     spec_client_destroy(&s->policy);
     free(s);
     *self_p = NULL;
@@ -378,6 +387,37 @@ int spec_step_on_policy(spec_step_t *s, const msg_draft_policy_t *p, char *err, 
     return spec_client_on_policy(s->policy, p, err, errlen);
 }
 
+/* 1 when the step's cycle would not measure what its cell stands for, so the cost table leaves it
+ * out (counting its shape once):
+ *   - the first two steps of a graph shape (B rows of n positions each, plain or verify): the
+ *     first runs uncaptured and the second records the graph, a few milliseconds on a GPU. A cell
+ *     the exploration fills (k = 0, k = 1: one step in 16 or 64) gets few steps, many of them of
+ *     a batch size not seen before, and with these it read 3 ms a plain step at batch 1 where
+ *     the plain run's steps took 0.21 ms (kjv-deepseek, MTP, one H200, 2026-12-02), and the
+ *     policy drafted at 0.31x of no speculation;
+ *   - with a distribution (a draft model, MTP), the first drafting step after a plain one: the
+ *     proposer catches up first (the draft model computes the tokens it missed; an MTP sequence
+ *     that was not fed begins again and drafts nothing that step), which a policy that keeps
+ *     drafting does not pay every step, nor one that stays at k = 0. */
+static int s_unlike(spec_step_t *s, const sched_batch_t *b, int verified, int asked)
+{
+    const int catch_up = s->has_dist && asked && s->prev_plain;
+    s->prev_plain = !asked;
+    const int n = 1 + s->n_drafts[0] + s->n_pad[0];
+    for (int i = 1; i < b->n; i++)
+        if (1 + s->n_drafts[i] + s->n_pad[i] != n)
+            return catch_up;   /* unequal rows: never a graph */
+    if (b->n > s->max_seqs || n > SPEC_MAX_K + 1)
+        return catch_up;
+    const int verify = verified && n > 1;   /* a one-position verify step shares the plain step's graph */
+    uint8_t *seen = &s->shape_seen[((size_t)(n - 1) * 2 + (size_t)verify) * (size_t)(s->max_seqs + 1) + (size_t)b->n];
+    if (*seen < 2) {
+        ++*seen;
+        return 1;
+    }
+    return catch_up;
+}
+
 void spec_step_done(spec_step_t *s, const sched_batch_t *b)
 {
     if (!s)
@@ -395,13 +435,17 @@ void spec_step_done(spec_step_t *s, const sched_batch_t *b)
     s->last_k = !s->has_dist ? s->step_asked : s->step_asked == 0 ? 0 : mean > 1 ? mean : 1;
     /* a step that did not verify emitted a token per row */
     s->last_emitted = s->step_emitted >= 0 ? s->step_emitted : b->n;
+    s->last_skip = s->last_rows > 0 && s_unlike(s, b, s->step_emitted >= 0, s->step_asked > 0);
 }
 
 void spec_step_cycle(spec_step_t *s, double seconds)
 {
     if (!s || !s->policy || s->last_rows < 1)
         return;
-    spec_client_step(s->policy, s->last_rows, s->last_k, s->last_emitted, seconds);
+    if (s->last_skip)
+        s->skipped_steps++;
+    else
+        spec_client_step(s->policy, s->last_rows, s->last_k, s->last_emitted, seconds);
     s->last_rows = 0;
 }
 
@@ -422,6 +466,7 @@ void spec_step_stats(const spec_step_t *s, actor_t *a, msg_stats_t *st)
     actor_stat_metric(a, st, "spec_mean_accepted_length", spec_stats_mean_len(&s->stats), 0);
     actor_stat_metric(a, st, "spec_padded_steps_total", (double)s->padded_steps, 1);
     actor_stat_metric(a, st, "spec_pad_positions_total", (double)s->pad_positions, 1);
+    actor_stat_metric(a, st, "spec_cost_steps_skipped_total", (double)s->skipped_steps, 1);
     if (s->mtp) {
         spec_mtp_stats_t ms;
         spec_mtp_stats(s->proposer, &ms);
