@@ -95,8 +95,8 @@ static dc_req_t *s_find(decode_t *d, uint64_t id) { return (dc_req_t *)sched_fin
 static void s_admit(decode_t *d, dc_req_t *r, int with_kv, int32_t first, float lp)
 {
     const msg_handoff_t *h = &r->handoff.u.handoff;
-    if (sched_add_running(d->sched, &r->sr, r->sr.id, r->kv, r->toks, (int)h->n_tokens, (int)h->cached_tokens,
-                          with_kv) != 0) {
+    if (sched_add_running(d->sched, &r->sr, r->sr.id, h->client_key, r->kv, r->toks, (int)h->n_tokens,
+                          (int)h->cached_tokens, with_kv) != 0) {
         stream_out_error(&d->out, r, MSG_ERR_OVERLOADED, 1, "decode out of memory");
         s_req_free(d, r);
         return;

@@ -171,8 +171,8 @@ static int s_on_prefill_request(actor_t *a, void *state, const actor_peer_t *fro
     }
     r->kv = kvseq_new(p->w->eng->pool, p->w->max_model_len, q->tenant_salt);
     /* uint32 ids below vocab_size (checked) are valid int32 ids: same bytes. */
-    if (!r->kv || sched_add_prompt(p->sched, &r->sr, m->id, r->kv, (const int32_t *)r->msg.u.prefill_request.tokens,
-                                   (int)q->n_tokens) != 0) {
+    if (!r->kv || sched_add_prompt(p->sched, &r->sr, m->id, q->client_key, r->kv,
+                                   (const int32_t *)r->msg.u.prefill_request.tokens, (int)q->n_tokens) != 0) {
         kvseq_destroy(&r->kv);
         msg_free(&r->msg);
         free(r);
@@ -334,6 +334,7 @@ static void s_send_handoff(actor_t *a, prefill_t *p, pf_req_t *r, msg_channel_t 
     o->reply_to = q->reply_to;
     o->prefill_worker = p->name;
     o->tenant_salt = q->tenant_salt;
+    o->client_key = q->client_key;
     o->prompt_cache_key = q->prompt_cache_key;
     o->cache_retention_s = q->cache_retention_s;
     o->cached_tokens = (uint32_t)r->sr.n_cached;

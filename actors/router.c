@@ -477,6 +477,7 @@ static int s_on_submit(actor_t *a, void *state, const actor_peer_t *from, msg_t 
     p->decode_worker = r->workers[di].name;
     p->reply_to = r->name;
     p->tenant_salt = salt;
+    p->client_key = client_key;   /* the workers' fair admission (engine/sched.h) */
     p->prompt_cache_key = s->prompt_cache_key;
     p->cache_retention_s = s->cache_retention_s;
     p->deadline_ms = s->timeout_ms ? (uint64_t)(wall_ms() + s->timeout_ms) : 0;

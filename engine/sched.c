@@ -14,12 +14,23 @@ typedef struct queue {
     int n;
 } queue_t;
 
+/* One client's requests in the scheduler (fair order, sched.h); freed with its last request. */
+struct sched_client {
+    uint64_t key;                   /* its map key (the client key, 1 for client 0) */
+    int n_req;                      /* its requests in the scheduler */
+    int n_running, n_waiting;       /* of them, RUNNING / WAITING */
+    int turns;                      /* chunk-order turns taken in pass turn_pass */
+    uint64_t turn_pass;
+};
+
 struct sched {
     sched_config_t cfg;
     kvpool_t *pool;
     queue_t q[SCHED_STATE_COUNT];   /* SCHED_OUT's stays empty */
     u64map_t by_id;                 /* id -> sched_req_t * (id 0 lives in zero_id) */
     sched_req_t *zero_id;
+    u64map_t clients;               /* client key (0 as 1) -> sched_client_t * */
+    uint64_t pass;                  /* chunk passes begun (s_prompt_rows): the chunk order's turns */
     uint64_t next_seq;
     uint64_t preemptions;
     sched_batch_t batch;            /* the last step's rows */
@@ -62,6 +73,8 @@ static void s_move(sched_t *s, sched_req_t *r, sched_state_t to, const char *eve
           sched_state_names[to], event);
     if (r->state != SCHED_OUT)
         s_unlink(&s->q[r->state], r);
+    r->cl->n_running += (to == SCHED_RUNNING) - (r->state == SCHED_RUNNING);
+    r->cl->n_waiting += (to == SCHED_WAITING) - (r->state == SCHED_WAITING);
     r->state = to;
     s->preemptions += to == SCHED_PREEMPTED;
     if (to != SCHED_OUT)
@@ -78,7 +91,7 @@ sched_t *sched_new(kvpool_t *pool, const sched_config_t *cfg, char *err, size_t 
     }
     sched_t *s = calloc(1, sizeof *s);
     if (!s || !(s->batch.rows = calloc((size_t)cfg->max_seqs, sizeof *s->batch.rows)) ||
-        u64map_init(&s->by_id, 64) != 0) {
+        u64map_init(&s->by_id, 64) != 0 || u64map_init(&s->clients, 64) != 0) {
         snprintf(err, errlen, "scheduler: out of memory");
         sched_destroy(&s);
         return NULL;
@@ -94,6 +107,10 @@ void sched_destroy(sched_t **self_p)
     sched_t *s = *self_p;
     if (!s)
         return;
+    for (size_t i = 0; i < s->clients.cap && s->clients.keys; i++)
+        if (s->clients.keys[i])
+            free((sched_client_t *)(uintptr_t)s->clients.vals[i]);
+    u64map_free(&s->clients);
     u64map_free(&s->by_id);
     free(s->batch.rows);
     free(s);
@@ -108,22 +125,50 @@ sched_req_t *sched_find(const sched_t *s, uint64_t id)
     return v ? (sched_req_t *)(uintptr_t)*v : NULL;
 }
 
-static int s_add(sched_t *s, sched_req_t *r, uint64_t id, kvseq_t *kv, const int32_t *toks, int n_prompt, int n_toks)
+/* client's counts, made at its first request (NULL: out of memory). */
+static sched_client_t *s_client(sched_t *s, uint64_t client)
+{
+    const uint64_t key = client ? client : 1;
+    const uint64_t *v = u64map_get(&s->clients, key);
+    if (v)
+        return (sched_client_t *)(uintptr_t)*v;
+    sched_client_t *c = calloc(1, sizeof *c);
+    if (!c || u64map_put(&s->clients, key, (uint64_t)(uintptr_t)c) != 0) {
+        free(c);
+        return NULL;
+    }
+    c->key = key;
+    return c;
+}
+
+static int s_add(sched_t *s, sched_req_t *r, uint64_t id, uint64_t client, kvseq_t *kv, const int32_t *toks,
+                 int n_prompt, int n_toks)
 {
     if (sched_find(s, id))
         return -1;
+    sched_client_t *cl = s_client(s, client);
+    if (!cl)
+        return -1;
     if (id == 0)
         s->zero_id = r;
-    else if (u64map_put(&s->by_id, id, (uint64_t)(uintptr_t)r) != 0)
+    else if (u64map_put(&s->by_id, id, (uint64_t)(uintptr_t)r) != 0) {
+        if (cl->n_req == 0) {
+            u64map_del(&s->clients, cl->key);
+            free(cl);
+        }
         return -1;
-    *r = (sched_req_t){.id = id, .kv = kv, .toks = toks, .n_toks = n_toks, .n_prompt = n_prompt, .n_done = -1,
-                       .arrived_ms = s->cfg.now_ms(), .seq = ++s->next_seq, .state = SCHED_OUT};
+    }
+    *r = (sched_req_t){.id = id, .client = client, .cl = cl, .kv = kv, .toks = toks, .n_toks = n_toks,
+                       .n_prompt = n_prompt, .n_done = -1, .arrived_ms = s->cfg.now_ms(), .seq = ++s->next_seq,
+                       .state = SCHED_OUT};
+    cl->n_req++;
     return 0;
 }
 
-int sched_add_prompt(sched_t *s, sched_req_t *r, uint64_t id, kvseq_t *kv, const int32_t *toks, int n_prompt)
+int sched_add_prompt(sched_t *s, sched_req_t *r, uint64_t id, uint64_t client, kvseq_t *kv, const int32_t *toks,
+                     int n_prompt)
 {
-    if (s_add(s, r, id, kv, toks, n_prompt, n_prompt) != 0)
+    if (s_add(s, r, id, client, kv, toks, n_prompt, n_prompt) != 0)
         return -1;
     r->target = n_prompt;
     s_move(s, r, SCHED_PROMPTING, "prompt");
@@ -138,10 +183,10 @@ static sched_state_t s_ready_state(const sched_t *s)
     return s->q[SCHED_RUNNING].n < s->cfg.max_running ? SCHED_RUNNING : SCHED_WAITING;
 }
 
-int sched_add_running(sched_t *s, sched_req_t *r, uint64_t id, kvseq_t *kv, const int32_t *toks, int n_prompt,
-                      int n_cached, int with_kv)
+int sched_add_running(sched_t *s, sched_req_t *r, uint64_t id, uint64_t client, kvseq_t *kv, const int32_t *toks,
+                      int n_prompt, int n_cached, int with_kv)
 {
-    if (s_add(s, r, id, kv, toks, n_prompt, n_prompt) != 0)
+    if (s_add(s, r, id, client, kv, toks, n_prompt, n_prompt) != 0)
         return -1;
     r->started = 1;
     r->n_cached = n_cached;
@@ -166,6 +211,11 @@ void sched_remove(sched_t *s, sched_req_t *r)
         if (s->batch.rows[i].req == r)
             s->batch.rows[i].req = NULL;
     s_move(s, r, SCHED_OUT, "removed");
+    if (--r->cl->n_req == 0) {
+        u64map_del(&s->clients, r->cl->key);
+        free(r->cl);
+    }
+    r->cl = NULL;
 }
 
 void sched_hold(sched_t *s, sched_req_t *r, int64_t until_ms) { r->hold_until_ms = until_ms; }
@@ -297,22 +347,61 @@ static int s_chunk(sched_t *s, sched_req_t *r, int budget, int64_t now, sched_re
     return k;
 }
 
-/* Prompt chunks after the decode rows, oldest first, within chunk_tokens: recomputes first (new
- * prompts wait while any is left, else they would take its blocks), and only while a decode slot
- * is free for them. The oldest that finds no room keeps its turn: the newer ones wait behind it. */
+/* The next request of q in this pass's chunk order, not yet taken in it: lowest rank (its client's
+ * RUNNING + WAITING requests + the turns its client already took in this pass), the oldest
+ * of equal rank (q is in admission order; a recompute re-entering PREEMPTED goes by its re-entry). */
+static sched_req_t *s_next_chunk(sched_t *s, const queue_t *q)
+{
+    sched_req_t *best = NULL;
+    int best_rank = 0;
+    for (sched_req_t *r = q->head; r; r = r->next) {
+        if (r->seen_pass == s->pass)
+            continue;
+        sched_client_t *c = r->cl;
+        if (c->turn_pass != s->pass) {
+            c->turn_pass = s->pass;
+            c->turns = 0;
+        }
+        const int rank = c->n_running + c->n_waiting + c->turns;
+        if (!best || rank < best_rank) {
+            best = r;
+            best_rank = rank;
+        }
+    }
+    return best;
+}
+
+/* The waiting request a freed decode slot goes to: its client has the fewest RUNNING requests, the
+ * oldest of equal count. */
+static sched_req_t *s_next_waiting(const sched_t *s)
+{
+    sched_req_t *best = NULL;
+    for (sched_req_t *r = s->q[SCHED_WAITING].head; r; r = r->next)
+        if (!best || r->cl->n_running < best->cl->n_running)
+            best = r;
+    return best;
+}
+
+/* Prompt chunks after the decode rows, in the fair order (s_next_chunk), within chunk_tokens:
+ * recomputes first (new prompts wait while any is left, else they would take its blocks), and only
+ * while a decode slot is free for them. The first that finds no room keeps its turn: the ones
+ * after it wait behind it. */
 static sched_req_t *s_prompt_rows(sched_t *s)
 {
     sched_batch_t *b = &s->batch;
     sched_req_t *stuck = NULL;
     int budget = s->cfg.chunk_tokens;
     const int64_t now = s->cfg.now_ms();
+    s->pass++;
     queue_t *q = &s->q[SCHED_PREEMPTED];
     if (q->n == 0)
         q = &s->q[SCHED_PROMPTING];
     else if (s->q[SCHED_RUNNING].n >= s->cfg.max_running)
         return NULL;
-    for (sched_req_t *r = q->head, *next; r && budget > 0 && b->n < s->cfg.max_seqs && !stuck; r = next) {
-        next = r->next;
+    sched_req_t *r;
+    while (budget > 0 && b->n < s->cfg.max_seqs && !stuck && (r = s_next_chunk(s, q))) {
+        r->seen_pass = s->pass;   /* before s_chunk, which may drop it */
+        r->cl->turns++;
         const int k = s_chunk(s, r, budget, now, &stuck);
         if (k <= 0)
             continue;
@@ -347,9 +436,9 @@ const sched_batch_t *sched_step(sched_t *s)
     if (!s->committed)   /* the caller's mistake: the last step's prompts would never advance */
         LOG_E("scheduler: a step's rows were never committed");
     b->n = b->n_decode = 0;
-    /* Waiting requests take free slots, oldest first. */
+    /* Waiting requests take free slots, the client with the fewest running first. */
     while (s->q[SCHED_WAITING].n && s->q[SCHED_RUNNING].n < s->cfg.max_running)
-        s_move(s, s->q[SCHED_WAITING].head, SCHED_RUNNING, "a batch slot freed");
+        s_move(s, s_next_waiting(s), SCHED_RUNNING, "a batch slot freed");
     s_decode_rows(s);
     sched_req_t *stuck;
     while ((stuck = s_prompt_rows(s)) && b->n == 0 && s_unstick(s, stuck))

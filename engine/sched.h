@@ -15,12 +15,19 @@
  * `request N: from -> to on event` (debug level).
  *
  * A step (sched_step) is: decode rows first, one token for every RUNNING request, then prompt
- * chunks, oldest first, up to chunk_tokens tokens in all (Sarathi / vLLM chunked prefill). A
- * PREEMPTED request is recomputed through the same chunk path as a new prompt, before any new
- * prompt gets a chunk (new prompts would take the blocks it needs). A prompt's first chunk adopts
- * every cached prefix block of the pool (kvseq_match_prefix). Blocks are reserved as the chunks
- * go: a chunk is only taken when the pool keeps one free block per decode row after it, so a
- * prompt never takes the blocks the batch it joins needs next.
+ * chunks, up to chunk_tokens tokens in all (Sarathi / vLLM chunked prefill). A PREEMPTED request
+ * is recomputed through the same chunk path as a new prompt, before any new prompt gets a chunk
+ * (new prompts would take the blocks it needs). A prompt's first chunk adopts every cached prefix
+ * block of the pool (kvseq_match_prefix). Blocks are reserved as the chunks go: a chunk is only
+ * taken when the pool keeps one free block per decode row after it, so a prompt never takes the
+ * blocks the batch it joins needs next.
+ *
+ * Fair across clients (the router's client key: credential and tenant): a freed decode slot goes
+ * to the waiting request whose client has the fewest RUNNING requests, and prompt chunks go round
+ * robin: a client's k-th prompt in this step's order ranks as its RUNNING + WAITING requests + k,
+ * lowest rank first. Ties, and everything within one client, go oldest first, so for one client
+ * the order is admission order (an old prompt being chunked keeps the budget ahead of new ones).
+ * One client's 40 waiting requests thus do not stand in front of another client's one.
  *
  * Out of blocks for a decode row: the owner's reclaim hook first (finished sequences it still
  * holds), then a part-computed prompt gives its blocks back (it starts over later, reusing those
@@ -28,11 +35,14 @@
  * that can never fit (alone and still out of blocks, or a prompt larger than the whole pool) is
  * dropped through the owner's drop hook.
  *
- * Requests are found by id in O(1) (common/u64map); promotion and queue moves are O(1). The
- * caller owns each sched_req_t (embedded in its own request struct), its kvseq and its tokens.
+ * Requests are found by id in O(1) (common/u64map); queue moves are O(1); a promotion scans the
+ * waiting queue and each prompt chunk the prompt queue (fair order is decided at the step, from
+ * per-client counts kept by every move). The caller owns each sched_req_t (embedded in its own
+ * request struct), its kvseq and its tokens.
  *
  * Known limits: a prompt held for a fetch (sched_hold) is noticed past its deadline only when the
- * step's chunk loop reaches it. */
+ * step's chunk loop reaches it. Preemption still takes the newest running request, whoever's it
+ * is, and fairness counts requests, not their tokens (a client's long prompts weigh as one each). */
 #ifndef TROUPE_ENGINE_SCHED_H
 #define TROUPE_ENGINE_SCHED_H
 
@@ -53,8 +63,13 @@ typedef enum {
 
 extern const char *const sched_state_names[SCHED_STATE_COUNT];
 
+typedef struct sched_client sched_client_t;   /* one client's counts (sched.c) */
+
 typedef struct sched_req {
     uint64_t id;               /* the router's request id */
+    uint64_t client;           /* the router's client key (0: not known, one client for all such) */
+    sched_client_t *cl;        /* its client's counts */
+    uint64_t seen_pass;        /* the last chunk pass that took it (sched.c) */
     kvseq_t *kv;               /* its tokens and blocks (the owner's; the scheduler appends) */
     const int32_t *toks;       /* [n_toks] prompt, then generated tokens (the owner's buffer) */
     int n_toks;                /* prompt + generated (the owner appends); a RUNNING request's last
@@ -105,14 +120,16 @@ typedef struct sched sched_t;
 sched_t *sched_new(kvpool_t *pool, const sched_config_t *cfg, char *err, size_t errlen);
 void sched_destroy(sched_t **self_p);
 
-/* A prompt whose KV is computed here: toks[0..n_prompt), kv empty. -1 when the id is taken. */
-int sched_add_prompt(sched_t *s, sched_req_t *r, uint64_t id, kvseq_t *kv, const int32_t *toks, int n_prompt);
+/* A prompt whose KV is computed here: toks[0..n_prompt), kv empty; client: who submitted it (the
+ * router's client key, 0 = not known). -1 when the id is taken or out of memory. */
+int sched_add_prompt(sched_t *s, sched_req_t *r, uint64_t id, uint64_t client, kvseq_t *kv, const int32_t *toks,
+                     int n_prompt);
 /* A request arriving with its KV (a hand-off): kv holds toks[0..n_prompt); the caller appends its
  * first token (toks[n_prompt], n_toks++) before the next step, which feeds it. with_kv 0: its KV
  * could not be taken (no room): it starts PREEMPTED, recomputed when blocks free up. n_cached: of
  * its prompt, tokens that were cache hits. -1 when the id is taken. */
-int sched_add_running(sched_t *s, sched_req_t *r, uint64_t id, kvseq_t *kv, const int32_t *toks, int n_prompt,
-                      int n_cached, int with_kv);
+int sched_add_running(sched_t *s, sched_req_t *r, uint64_t id, uint64_t client, kvseq_t *kv, const int32_t *toks,
+                      int n_prompt, int n_cached, int with_kv);
 /* A computed prompt (PROMPTING -> RUNNING / WAITING) has n_toks == kvseq_len: the caller appends
  * its first token (from the prompt's last chunk) the same way. */
 /* Out of the scheduler (finished, cancelled, failed); r's kv is left to the owner. */
@@ -132,7 +149,7 @@ void sched_commit(sched_t *s);
 
 int sched_count(const sched_t *s, sched_state_t st);
 int sched_size(const sched_t *s);   /* requests in the scheduler, every state */
-/* Its state's queue, oldest first (r must not be removed while it is the cursor). */
+/* Its state's queue, in admission order (r must not be removed while it is the cursor). */
 sched_req_t *sched_first(const sched_t *s, sched_state_t st);
 static inline sched_req_t *sched_next(const sched_req_t *r) { return r->next; }
 uint64_t sched_preemptions(const sched_t *s);

@@ -302,6 +302,8 @@ typedef struct msg_prefill_request {
     const char *decode_worker;   /* required: where to hand off */
     const char *reply_to;        /* required: the router */
     uint64_t tenant_salt;        /* mixed into block hashes */
+    uint64_t client_key;         /* who submitted it (the router's hash of credential and tenant),
+                                  * for fair admission at the workers; 0 = not known */
     const char *prompt_cache_key;
     uint32_t cache_retention_s;
     const uint64_t *hint_hashes; /* cached prefix hint: block hashes (chained) */
@@ -350,6 +352,7 @@ typedef struct msg_handoff {
     const char *reply_to;        /* required: router that streams to the client */
     const char *prefill_worker;  /* required: the sender, for the kv_ack */
     uint64_t tenant_salt;
+    uint64_t client_key;         /* the prefill_request's */
     const char *prompt_cache_key;
     uint32_t cache_retention_s;
     uint32_t cached_tokens;      /* prompt tokens served from cache, for usage */

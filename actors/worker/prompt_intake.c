@@ -78,10 +78,11 @@ void prompt_intake_take(prompt_intake_t *pi, actor_t *a, const actor_peer_t *fro
                                   .kv_tokens = q->n_tokens,
                                   .block_size = (uint32_t)pi->w->block_size, .reply_to = q->reply_to,
                                   .prefill_worker = pi->self, .tenant_salt = q->tenant_salt,
+                                  .client_key = q->client_key,
                                   .prompt_cache_key = q->prompt_cache_key, .cache_retention_s = q->cache_retention_s,
                                   .queue_ms = q->queue_ms, .deadline_ms = q->deadline_ms};
     dc_req_t *r = dc_req_new(pi->w, &h, err, sizeof err);
-    if (r && sched_add_prompt(pi->sched, &r->sr, m->id, r->kv, r->toks, (int)q->n_tokens) != 0) {
+    if (r && sched_add_prompt(pi->sched, &r->sr, m->id, q->client_key, r->kv, r->toks, (int)q->n_tokens) != 0) {
         snprintf(err, sizeof err, "decode out of memory");
         dc_req_destroy(&r);
     }

@@ -155,7 +155,7 @@ static void fx_fill(msg_t *m, msg_type_t t)
         p->tokens = fx_tokens; p->n_tokens = 7;
         fx_sampling(&p->sampling);
         p->decode_worker = "decode-1"; p->reply_to = "router";
-        p->tenant_salt = 0xdeadbeefcafef00dull;
+        p->tenant_salt = 0xdeadbeefcafef00dull; p->client_key = 0x0123456789abcdefull;
         p->prompt_cache_key = "k"; p->cache_retention_s = 300;
         p->hint_hashes = fx_hashes; p->n_hint_hashes = 4;
         p->hint_holders = fx_holders; p->n_hint_holders = 2;
@@ -169,7 +169,7 @@ static void fx_fill(msg_t *m, msg_type_t t)
         h->first_top_logprobs = fx_first_top_lp; h->n_first_top_logprobs = 3;
         fx_sampling(&h->sampling);
         h->tokens_left = 999; h->kv_tokens = 7; h->block_size = 16;
-        h->reply_to = "router"; h->prefill_worker = "prefill-0"; h->tenant_salt = 99;
+        h->reply_to = "router"; h->prefill_worker = "prefill-0"; h->tenant_salt = 99; h->client_key = 41;
         h->prompt_cache_key = "key"; h->cache_retention_s = 60; h->cached_tokens = 4;
         h->cached_host_tokens = 1; h->cached_disk_tokens = 2;
         h->queue_ms = 2; h->prefill_ms = 18; h->deadline_ms = 1767225600123ull;

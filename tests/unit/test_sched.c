@@ -1,7 +1,7 @@
 /* tests/unit/test_sched.c — the batch scheduler (engine/sched.h) on a bookkeeping-only KV pool (no
  * KV memory) and a fake clock: admission order, the step's token budget, decode rows before prompt
  * chunks, prefix reuse, preemption and resume through the chunk path, prompts larger than the
- * pool, fairness between old and new prompts, holds, promotion, prompts-only workers, no leaks.
+ * pool, fairness between old and new prompts and round robin across clients, holds, promotion, prompts-only workers, no leaks.
  * No model and no processes: a step's "forward" is the commit, and a sampled row's token is made
  * up by the test. */
 #include <setjmp.h>
@@ -15,7 +15,7 @@
 
 #include "engine/sched.h"
 
-enum { MAX_REQ = 16, MAX_TOKS = 512 };
+enum { MAX_REQ = 48, MAX_TOKS = 512 };
 
 typedef struct req {
     sched_req_t sr;            /* first: the scheduler's pointer is the request's */
@@ -94,21 +94,24 @@ static void s_unfix(fix_t *f)
     kvpool_destroy(&f->pool);
 }
 
-/* Request i with a prompt of n tokens (token j of request i: 100 * i + j + 1, so prompts differ
- * unless `base` says otherwise). */
-static req_t *s_prompt(fix_t *f, int i, int n, int base)
+/* Request i of a client (the router's client key) with a prompt of n tokens (token j of request
+ * i: 100 * base + j + 1, so prompts differ unless `base` says otherwise). */
+static req_t *s_prompt_of(fix_t *f, uint64_t client, int i, int n, int base)
 {
     req_t *r = &f->req[i];
     r->kv = kvseq_new(f->pool, MAX_TOKS, 0);
     assert_non_null(r->kv);
     for (int j = 0; j < n; j++)
         r->toks[j] = (int32_t)(100 * base + j + 1);
-    assert_int_equal(sched_add_prompt(f->s, &r->sr, (uint64_t)i + 1, r->kv, r->toks, n), 0);
+    assert_int_equal(sched_add_prompt(f->s, &r->sr, (uint64_t)i + 1, client, r->kv, r->toks, n), 0);
     return r;
 }
 
-/* A hand-off: prompt of n tokens whose KV is in the pool, plus its first token (not fed yet). */
-static req_t *s_handoff(fix_t *f, int i, int n)
+static req_t *s_prompt(fix_t *f, int i, int n, int base) { return s_prompt_of(f, 0, i, n, base); }
+
+/* A client's hand-off: prompt of n tokens whose KV is in the pool, plus its first token (not fed
+ * yet). */
+static req_t *s_handoff_of(fix_t *f, uint64_t client, int i, int n)
 {
     req_t *r = &f->req[i];
     r->kv = kvseq_new(f->pool, MAX_TOKS, 0);
@@ -116,10 +119,12 @@ static req_t *s_handoff(fix_t *f, int i, int n)
         r->toks[j] = (int32_t)(100 * i + j + 1);
     assert_int_equal(kvseq_append(r->kv, r->toks, n), 0);
     kvseq_publish(r->kv);
-    assert_int_equal(sched_add_running(f->s, &r->sr, (uint64_t)i + 1, r->kv, r->toks, n, 0, 1), 0);
+    assert_int_equal(sched_add_running(f->s, &r->sr, (uint64_t)i + 1, client, r->kv, r->toks, n, 0, 1), 0);
     r->sr.n_toks++;
     return r;
 }
+
+static req_t *s_handoff(fix_t *f, int i, int n) { return s_handoff_of(f, 0, i, n); }
 
 /* One step: its rows written as "id:n_new[d|s]" (d decode row, s a sampled prompt chunk),
  * committed, and every sampled row given a next token, as an actor's emit would. */
@@ -361,13 +366,13 @@ static void test_find_by_id(void **st)
     for (int i = 0; i < 12; i++)
         assert_ptr_equal(sched_find(f->s, (uint64_t)i + 1), &f->req[i].sr);
     req_t dup = {0};
-    assert_int_equal(sched_add_prompt(f->s, &dup.sr, 5, f->req[4].kv, dup.toks, 4), -1);
+    assert_int_equal(sched_add_prompt(f->s, &dup.sr, 5, 0, f->req[4].kv, dup.toks, 4), -1);
     assert_ptr_equal(sched_find(f->s, 5), &f->req[4].sr);
     req_t *z = &f->req[12];
     z->kv = kvseq_new(f->pool, MAX_TOKS, 0);
     z->toks[0] = 1;
     assert_null(sched_find(f->s, 0));
-    assert_int_equal(sched_add_prompt(f->s, &z->sr, 0, z->kv, z->toks, 1), 0);
+    assert_int_equal(sched_add_prompt(f->s, &z->sr, 0, 0, z->kv, z->toks, 1), 0);
     assert_ptr_equal(sched_find(f->s, 0), &z->sr);
     sched_remove(f->s, &f->req[4].sr);
     assert_null(sched_find(f->s, 5));
@@ -460,7 +465,7 @@ static void test_handoff_without_room(void **st)
     r->kv = kvseq_new(f->pool, MAX_TOKS, 0);
     for (int j = 0; j < 10; j++)
         r->toks[j] = j + 1;
-    assert_int_equal(sched_add_running(f->s, &r->sr, 1, r->kv, r->toks, 9, 0, 0), 0);
+    assert_int_equal(sched_add_running(f->s, &r->sr, 1, 0, r->kv, r->toks, 9, 0, 0), 0);
     r->sr.n_toks++;   /* its first token, from the prefill worker */
     assert_int_equal(r->sr.state, SCHED_PREEMPTED);
     assert_int_equal(sched_preemptions(f->s), 1);
@@ -472,6 +477,68 @@ static void test_handoff_without_room(void **st)
     assert_int_equal(r->sr.n_toks, 10);   /* nothing sampled from the recompute */
     assert_string_equal(s_step(f), "1:1d");
     assert_memory_equal(kvseq_tokens(r->kv), r->toks, 10 * 4);
+    s_unfix(f);
+}
+
+enum { CLIENT_A = 0xa11ce, CLIENT_B = 0xb0b, CLIENT_C = 0xc0c };
+
+/* A freed decode slot goes to the client with the fewest running requests: client A's 40 waiting
+ * requests do not stand in front of client B's one (oldest first would promote all of A's first);
+ * with the running counts equal again, the oldest waiting goes, A's. */
+static void test_promotion_round_robin(void **st)
+{
+    fix_t *f = s_fix(256, 4, 4, 2, 16);
+    for (int i = 0; i < 42; i++)
+        s_handoff_of(f, CLIENT_A, i, 4);
+    s_handoff_of(f, CLIENT_B, 42, 4);
+    assert_int_equal(sched_count(f->s, SCHED_RUNNING), 2);
+    assert_int_equal(sched_count(f->s, SCHED_WAITING), 41);
+    assert_string_equal(s_step(f), "1:1d 2:1d");
+    sched_remove(f->s, &f->req[0].sr);
+    assert_string_equal(s_step(f), "2:1d 43:1d");
+    assert_int_equal(f->req[42].sr.state, SCHED_RUNNING);
+    assert_int_equal(f->req[2].sr.state, SCHED_WAITING);
+    sched_remove(f->s, &f->req[1].sr);
+    assert_string_equal(s_step(f), "43:1d 3:1d");
+    /* B has nothing waiting: A's requests follow one another, oldest first. */
+    sched_remove(f->s, &f->req[42].sr);
+    assert_string_equal(s_step(f), "3:1d 4:1d");
+    s_unfix(f);
+}
+
+/* Prompt chunks go round robin across clients: client A's 40 prompts, then client B's one and
+ * client C's one: a step's budget (three prompts) takes A's oldest, then B's and C's (each client's
+ * first turn), not A's next two (oldest first would). Within A, oldest first. A later client's
+ * prompt goes ahead of A's next while A has more in service. */
+static void test_prompt_round_robin(void **st)
+{
+    fix_t *f = s_fix(256, 4, 8, 8, 24);
+    for (int i = 0; i < 40; i++)
+        s_prompt_of(f, CLIENT_A, i, 8, i);
+    s_prompt_of(f, CLIENT_B, 40, 8, 40);
+    s_prompt_of(f, CLIENT_C, 41, 8, 41);
+    assert_string_equal(s_step(f), "1:8s 41:8s 42:8s");
+    assert_string_equal(s_step(f), "1:1d 41:1d 42:1d 2:8s 3:8s 4:8s");
+    /* Client D's prompt goes ahead of A's fifth: A has 4 in service, D none. */
+    s_prompt_of(f, 0xd, 42, 8, 42);
+    assert_string_equal(s_step(f), "1:1d 41:1d 42:1d 2:1d 3:1d 4:1d 43:8s 5:8s");
+    s_unfix(f);
+}
+
+/* An old prompt of client A being chunked keeps the budget against client A's newer prompts and
+ * against a newer client with as much in service (equal rank: the older goes); once A runs a
+ * request, client B's prompt goes before A's second. */
+static void test_round_robin_keeps_old_prompt(void **st)
+{
+    fix_t *f = s_fix(128, 4, 8, 8, 8);
+    s_prompt_of(f, CLIENT_A, 0, 24, 0);
+    assert_string_equal(s_step(f), "1:8");
+    s_prompt_of(f, CLIENT_A, 1, 8, 1);
+    s_prompt_of(f, CLIENT_B, 2, 8, 2);
+    assert_string_equal(s_step(f), "1:8");   /* A's rank 0 (oldest) ties B's: the older goes */
+    assert_string_equal(s_step(f), "1:8s");
+    assert_string_equal(s_step(f), "1:1d 3:8s");   /* A runs one now: B's before A's second */
+    assert_string_equal(s_step(f), "1:1d 3:1d 2:8s");
     s_unfix(f);
 }
 
@@ -492,6 +559,9 @@ int main(void)
         cmocka_unit_test(test_prompts_only),
         cmocka_unit_test(test_two_half_prompts_no_deadlock),
         cmocka_unit_test(test_handoff_without_room),
+        cmocka_unit_test(test_promotion_round_robin),
+        cmocka_unit_test(test_prompt_round_robin),
+        cmocka_unit_test(test_round_robin_keeps_old_prompt),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
