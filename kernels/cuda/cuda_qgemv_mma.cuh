@@ -1,6 +1,6 @@
 /* kernels/cuda/cuda_qgemv_mma.cuh — the weight-only GEMV of quantized weights on the tensor cores
  * (internal: cuda_quant.cu and tests/gpu/bench_qgemv.cu include it): y[m][n] = sum_k x[m][k] W[n][k]
- * for M <= 8 rows of f32 x, W in fp8 e4m3, int8 or int4 codes with f32 block scales
+ * for M <= 8 rows of f32 x, W in fp8 e4m3, int8, int4 or fp4 e2m1 codes with f32 block scales
  * (kernels/backend.h's bk_mat_t), optionally x quantized per row first (W8A8's dynamic fp8 / int8
  * activations, bk_mat_t.qact).
  *
@@ -30,7 +30,8 @@
  *      used (the first before the PDL wait: weights never change). A step's mmas accumulate into
  *      a fresh fragment from 0, which is then added (per row scale) or FMA'd with the rows' group
  *      scale (groups: the step lies inside one group, gc a multiple of the step) into the total in
- *      f32: the tensor cores' own accumulation spans 4 or 8 mmas only. The W warps' fragments are
+ *      f32: the tensor cores' own accumulation spans 4 or 8 mmas only (nibbles with smaller groups,
+ *      nvfp4's 16: k_qgemv_mma_bd below). The W warps' fragments are
  *      added in shared memory in warp order (deterministic, no atomics), then hi + lo, times
  *      xmul[m], times the row scale (per channel / per tensor), plus the bias.
  *
@@ -47,7 +48,8 @@
  *     (2t, 2t+1) and (2t+8, 2t+9), mma 2i + 1 the last two; xs holds x in that order.
  * Decoding (no tables): fp8 by the hardware's e4m3x2 -> f16x2 convert (one per two codes); int8 by
  * a byte permute into f16 1024 + (code + 128) and one HSUB2 per two; int4 by OR-ing nibble pairs
- * into the mantissa of f16 1024 and one HSUB2 / HFMA2 per two (as cuda_qgemv.cuh).
+ * into the mantissa of f16 1024 and one HSUB2 / HFMA2 per two (as cuda_qgemv.cuh); fp4 by moving
+ * its bits into an f16 and one HMUL2 per two.
  *
  * Numerics against the CPU reference (x times the dequantized f32 weight): products exact in the
  * tensor cores (f16 x f16), x kept to ~22 bits (weight-only) or exactly (W8A8 codes), f32 sums in
@@ -56,10 +58,10 @@
  * the same at any M; the warps per block (from N and K) do change the summation order.
  *
  * Shapes: K a multiple of 16 (byte codes) or 32 (nibbles), 16-byte aligned codes and x, one scale
- * per row or column groups of a multiple of the step (64 / 128 k); N < 2^31. Anything else, and
- * nvfp4's groups of 16, runs cuda_qgemv.cuh's kernels (qm_ok says which).
- * Known limits: nvfp4 (groups of 16, less than a step) and int4 with groups under 128 are not
- * taken; one block per 16 rows, so a matrix of few rows and short K leaves SMs idle. */
+ * per row or column groups of a multiple of the step (64 k for byte codes; nibbles: any multiple of
+ * 16); N < 2^31. Anything else runs cuda_qgemv.cuh's kernels (qm_ok says which).
+ * Known limits: one block per 16 rows, so a matrix of few rows and short K leaves SMs idle; the
+ * small-group kernel needs R / 2 mmas per 16 k (eight at M = 8, where it spills registers). */
 #ifndef TROUPE_KERNELS_CUDA_QGEMV_MMA_CUH
 #define TROUPE_KERNELS_CUDA_QGEMV_MMA_CUH
 
@@ -272,9 +274,12 @@ static __device__ __forceinline__ void qm_load(uint4 (&q)[QM_U][2], float (&sq)[
         q[u][0] = in ? qm_ld_stream(w0 + 4 * su) : make_uint4(0, 0, 0, 0);
         q[u][1] = in ? qm_ld_stream(w1 + 4 * su) : make_uint4(0, 0, 0, 0);
         if constexpr (!RS) {
+            /* by the step, not the lane: the mma adds every lane's k into each lane's columns, so a
+             * lane whose chunk lies past K still scales the partial sums of the lanes before it */
+            const bool step_in = 4 * su < nch;
             const int64_t grp = spg == 1 ? su : su / spg;
-            sq[u][0] = in ? __ldg(s0 + grp) : 0.0f;
-            sq[u][1] = in ? __ldg(s1 + grp) : 0.0f;
+            sq[u][0] = step_in ? __ldg(s0 + grp) : 0.0f;
+            sq[u][1] = step_in ? __ldg(s1 + grp) : 0.0f;
         }
     }
 }
@@ -324,12 +329,14 @@ __global__ void __launch_bounds__(W * 32, 16 / W) k_qgemv_mma(qm_args_t a)
             if (su >= steps)
                 break;
             const bool in = 4 * su + t < nch;
-            uint4 xb[NT][XC];
+            uint4 xb[NT][XC];                      /* nibbles: one piece at a time, below (registers) */
+            if constexpr (!F::NIB) {
 #pragma unroll
-            for (int jt = 0; jt < NT; jt++)
+                for (int jt = 0; jt < NT; jt++)
 #pragma unroll
-                for (int c = 0; c < XC; c++)
-                    xb[jt][c] = in && xon[jt] ? __ldg(xr[jt] + 4 * XC * su + c) : make_uint4(0, 0, 0, 0);
+                    for (int c = 0; c < XC; c++)
+                        xb[jt][c] = in && xon[jt] ? __ldg(xr[jt] + 4 * XC * su + c) : make_uint4(0, 0, 0, 0);
+            }
             float p[NT][4];
 #pragma unroll
             for (int jt = 0; jt < NT; jt++)
@@ -355,8 +362,9 @@ __global__ void __launch_bounds__(W * 32, 16 / W) k_qgemv_mma(qm_args_t a)
                     const uint32_t a0[4] = {rg[0], r8[0], rg[1], r8[1]}, a1[4] = {rg[2], r8[2], rg[3], r8[3]};
 #pragma unroll
                     for (int jt = 0; jt < NT; jt++) {
-                        dev_mma16<true>(p[jt], a0, qm_word(xb[jt], 4 * i), qm_word(xb[jt], 4 * i + 1));
-                        dev_mma16<true>(p[jt], a1, qm_word(xb[jt], 4 * i + 2), qm_word(xb[jt], 4 * i + 3));
+                        const uint4 b = in && xon[jt] ? __ldg(xr[jt] + 4 * XC * su + i) : make_uint4(0, 0, 0, 0);
+                        dev_mma16<true>(p[jt], a0, b.x, b.y);
+                        dev_mma16<true>(p[jt], a1, b.z, b.w);
                     }
                 }
             }
@@ -406,6 +414,149 @@ __global__ void __launch_bounds__(W * 32, 16 / W) k_qgemv_mma(qm_args_t a)
     }
 }
 
+/* ---- groups smaller than a step: block-diagonal B --------------------------------------------- */
+
+/* Nibbles with groups of 16..112 columns or any multiple of 16 that is not one of 128 (nvfp4's 16,
+ * int4's 32 / 64): an mma sums over all four t lanes' k, which here lie in different groups. So each
+ * lane gets columns of its own: column g of tile jt is xs row 2 jt + (g & 1) restricted to the k of
+ * lane t = g / 2 (the lanes with t != g / 2 give zeros for it), and the lane holding C[.][2t, 2t+1]
+ * is that lane t, whose C is then a sum over its own codes only: a half chunk (16 codes: mmas 4h ..
+ * 4h + 3) lies in one group, is accumulated from zero and FMA'd with that group's scale. The cost is
+ * R / 2 tiles (one per two xs rows) instead of R / 8: the same one mma per 16 k at M = 1, eight at
+ * M = 8; the four lanes' sums are added by shuffles, then the warps' in shared memory. */
+#define QM_U_BD 2                 /* steps of loads in flight per lane (more tiles, fewer registers) */
+
+template <int W>
+static __device__ __forceinline__ void qm_load_bd(uint4 (&q)[QM_U_BD][2], float (&sq)[QM_U_BD][2][2], const uint4 *w0,
+                                                  const uint4 *w1, const float *s0, const float *s1, int64_t s,
+                                                  int64_t nch, int t, int gc)
+{
+#pragma unroll
+    for (int u = 0; u < QM_U_BD; u++) {
+        const int64_t su = s + (int64_t)u * W;
+        const bool in = 4 * su + t < nch;
+        q[u][0] = in ? qm_ld_stream(w0 + 4 * su) : make_uint4(0, 0, 0, 0);
+        q[u][1] = in ? qm_ld_stream(w1 + 4 * su) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int64_t grp = (int64_t)((uint32_t)(128 * su + 32 * t + 16 * h) / (uint32_t)gc);   /* K < 2^31 */
+            sq[u][0][h] = in ? __ldg(s0 + grp) : 0.0f;
+            sq[u][1][h] = in ? __ldg(s1 + grp) : 0.0f;
+        }
+    }
+}
+
+/* NT: column tiles, each two xs rows (R <= 2 NT); W warps per block, 16 rows of W per block. */
+template <int FMT, int NT, int W>
+__global__ void __launch_bounds__(W * 32, 16 / W) k_qgemv_mma_bd(qm_args_t a)
+{
+    static_assert(FMT == BK_Q_I4 || FMT == BK_Q_FP4, "nibbles");
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int64_t r0 = (int64_t)blockIdx.x * 16 + g, r1 = r0 + 8;
+    const int64_t c0 = r0 < a.N ? r0 : a.N - 1, c1 = r1 < a.N ? r1 : a.N - 1;
+    const int64_t rowb = a.K / 2, nch = rowb / 16;
+    const uint4 *w0 = (const uint4 *)(a.codes + c0 * rowb) + t, *w1 = (const uint4 *)(a.codes + c1 * rowb) + t;
+    const float *s0 = a.scale + (int64_t)((uint32_t)c0 / (uint32_t)a.gr) * a.ngc;
+    const float *s1 = a.scale + (int64_t)((uint32_t)c1 / (uint32_t)a.gr) * a.ngc;
+    const int64_t steps = (a.K + 127) / 128;
+    uint4 q[QM_U_BD][2];
+    float sq[QM_U_BD][2][2];
+    qm_load_bd<W>(q, sq, w0, w1, s0, s1, warp, nch, t, a.gc);
+    DEV_PDL_ENTER();
+    const uint4 *xr[NT];
+    bool xon[NT];
+#pragma unroll
+    for (int jt = 0; jt < NT; jt++) {
+        const int rho = 2 * jt + (g & 1);
+        xon[jt] = t == (g >> 1) && rho < a.R;
+        xr[jt] = (const uint4 *)(a.xs + (int64_t)(rho < a.R ? rho : 0) * a.K) + 4 * t;
+    }
+    float acc[NT][4];
+#pragma unroll
+    for (int jt = 0; jt < NT; jt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            acc[jt][i] = 0.0f;
+    for (int64_t s = warp; s < steps; s += (int64_t)QM_U_BD * W) {
+        uint4 qn[QM_U_BD][2];
+        float sqn[QM_U_BD][2][2];
+        qm_load_bd<W>(qn, sqn, w0, w1, s0, s1, s + (int64_t)QM_U_BD * W, nch, t, a.gc);
+#pragma unroll
+        for (int u = 0; u < QM_U_BD; u++) {
+            const int64_t su = s + (int64_t)u * W;
+            if (su >= steps)
+                break;
+            const bool in = 4 * su + t < nch;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {          /* half chunk h: words 2h, 2h + 1, one group */
+                float p[NT][4];
+#pragma unroll
+                for (int jt = 0; jt < NT; jt++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++)
+                        p[jt][i] = 0.0f;
+#pragma unroll
+                for (int i = 2 * h; i < 2 * h + 2; i++) {
+                    uint32_t rg[4], r8[4];
+                    qm_dec_nib<FMT>(qm_word(&q[u][0], i), rg);
+                    qm_dec_nib<FMT>(qm_word(&q[u][1], i), r8);
+                    const uint32_t a0[4] = {rg[0], r8[0], rg[1], r8[1]}, a1[4] = {rg[2], r8[2], rg[3], r8[3]};
+#pragma unroll
+                    for (int jt = 0; jt < NT; jt++) {
+                        const uint4 xb = in && xon[jt] ? __ldg(xr[jt] + 16 * su + i) : make_uint4(0, 0, 0, 0);
+                        dev_mma16<true>(p[jt], a0, xb.x, xb.y);
+                        dev_mma16<true>(p[jt], a1, xb.z, xb.w);
+                    }
+                }
+#pragma unroll
+                for (int jt = 0; jt < NT; jt++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++)
+                        acc[jt][i] = fmaf(p[jt][i], sq[u][i >> 1][h], acc[jt][i]);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < QM_U_BD; u++) {
+            q[u][0] = qn[u][0];
+            q[u][1] = qn[u][1];
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+                sq[u][0][h] = sqn[u][0][h], sq[u][1][h] = sqn[u][1][h];
+        }
+    }
+    /* c[i] of lane t is row g (+ 8), xs row 2 jt + (i & 1), lane t's k: the four t lanes' sums by a
+     * fixed butterfly, then the warps' in shared memory in warp order */
+    __shared__ float part[W][16][2 * NT + 1];
+#pragma unroll
+    for (int jt = 0; jt < NT; jt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float v = acc[jt][i];
+            v += __shfl_xor_sync(0xffffffffu, v, 1);
+            v += __shfl_xor_sync(0xffffffffu, v, 2);
+            if (t == 0)
+                part[warp][g + 8 * (i >> 1)][2 * jt + (i & 1)] = v;
+        }
+    __syncthreads();
+    const bool split = a.R > a.M;
+    for (int o = threadIdx.x; o < 16 * a.M; o += W * 32) {
+        const int r = o & 15, m = o >> 4;
+        const int64_t n = (int64_t)blockIdx.x * 16 + r;
+        if (n >= a.N)
+            continue;
+        float hi = 0.0f, lo = 0.0f;                /* xs rows m (hi or codes) and M + m (lo) */
+#pragma unroll
+        for (int w = 0; w < W; w++)
+            hi += part[w][r][m];
+        if (split) {
+#pragma unroll
+            for (int w = 0; w < W; w++)
+                lo += part[w][r][a.M + m];
+        }
+        a.y[(int64_t)m * a.N + n] = (hi + lo) * a.xmul[m] + (a.bias ? a.bias[n] : 0.0f);
+    }
+}
+
 /* ---- choosing ------------------------------------------------------------------------------------- */
 
 typedef void (*qm_kernel_t)(qm_args_t);
@@ -417,11 +568,11 @@ static inline bool qm_ok(int fmt, int64_t N, int64_t K, int gc, int act, const v
     const bool nib = fmt == BK_Q_I4 || fmt == BK_Q_FP4;
     const int64_t sk = nib ? 128 : 64;
     const bool rs = gc >= K;
-    if (fmt != BK_Q_FP8 && fmt != BK_Q_I8 && fmt != BK_Q_I4)
+    if (fmt != BK_Q_FP8 && fmt != BK_Q_I8 && fmt != BK_Q_I4 && fmt != BK_Q_FP4)
         return false;
-    if ((fmt == BK_Q_I8 && !rs) || (fmt == BK_Q_I4 && rs))   /* combinations not built (never made) */
+    if ((fmt == BK_Q_I8 && !rs) || (nib && rs))   /* combinations not built (never made) */
         return false;
-    if (!rs && gc % sk)
+    if (!rs && gc % (nib ? 16 : sk))               /* nibbles: groups under a step run k_qgemv_mma_bd */
         return false;
     if (act != BK_QA_NONE && act != BK_QA_FP8_TOKEN && act != BK_QA_I8_TOKEN)
         return false;
@@ -444,6 +595,24 @@ static inline int qm_warps(int64_t N, int64_t K, int fmt, int n_sm)
 template <int FMT, int NT, bool RS> static inline qm_kernel_t qm_pick_w(int w)
 {
     return w <= 4 ? k_qgemv_mma<FMT, NT, RS, 4> : w <= 8 ? k_qgemv_mma<FMT, NT, RS, 8> : k_qgemv_mma<FMT, NT, RS, 16>;
+}
+
+template <int FMT, int NT> static inline qm_kernel_t qm_pick_bd(int w)
+{
+    return w <= 4 ? k_qgemv_mma_bd<FMT, NT, 4> : w <= 8 ? k_qgemv_mma_bd<FMT, NT, 8> : k_qgemv_mma_bd<FMT, NT, 16>;
+}
+
+/* The block-diagonal kernel for nibbles with groups under a step, R rows of xs. */
+static inline qm_kernel_t qm_kernel_bd(int fmt, int R, int w)
+{
+    const int nt = (R + 1) / 2;
+    if (fmt == BK_Q_I4)
+        return nt <= 1 ? qm_pick_bd<BK_Q_I4, 1>(w) : nt <= 2 ? qm_pick_bd<BK_Q_I4, 2>(w)
+             : nt <= 4 ? qm_pick_bd<BK_Q_I4, 4>(w) : qm_pick_bd<BK_Q_I4, 8>(w);
+    if (fmt == BK_Q_FP4)
+        return nt <= 1 ? qm_pick_bd<BK_Q_FP4, 1>(w) : nt <= 2 ? qm_pick_bd<BK_Q_FP4, 2>(w)
+             : nt <= 4 ? qm_pick_bd<BK_Q_FP4, 4>(w) : qm_pick_bd<BK_Q_FP4, 8>(w);
+    return NULL;
 }
 
 /* The kernel for fmt with R rows of xs, w warps, one scale per row or not; NULL when not built. */
@@ -482,10 +651,10 @@ static inline int qm_setup(qm_plan_t *pl, int fmt, const uint8_t *codes, const f
     const int R = act == BK_QA_NONE ? 2 * mr : mr;
     const int w = warps ? warps : qm_warps(N, K, fmt, n_sm);
     const bool rs = gc >= K;
-    pl->kernel = qm_kernel(fmt, R, w, rs);
+    const bool nib = fmt == BK_Q_I4 || fmt == BK_Q_FP4;
+    pl->kernel = nib && !rs && gc % 128 ? qm_kernel_bd(fmt, R, w) : qm_kernel(fmt, R, w, rs);
     if (!pl->kernel)
         return 0;
-    const bool nib = fmt == BK_Q_I4 || fmt == BK_Q_FP4;
     pl->prep = nib ? k_qm_prep<true> : k_qm_prep<false>;
     pl->blocks = (unsigned)((N + 15) / 16);
     pl->threads = (unsigned)(w <= 4 ? 128 : w <= 8 ? 256 : 512);

@@ -1,8 +1,8 @@
 /* kernels/cuda/cuda_quant.cu — y = x W^T for quantized W (kernels/backend.h's bk_mat_t qfmt): fp8,
  * int8, int4 and nvfp4 weights, every scale grid, optional per-token activation quantization.
  *
- * Small M (decode, M <= gemv_max_m): the tensor-core GEMV of cuda_qgemv_mma.cuh (fp8, int8 and
- * int4 with groups of 128 or more: codes decoded into mma fragments, x as f16 hi + lo or, for W8A8,
+ * Small M (decode, M <= gemv_max_m): the tensor-core GEMV of cuda_qgemv_mma.cuh (fp8, int8, int4
+ * and nvfp4: codes decoded into mma fragments, x as f16 hi + lo or, for W8A8,
  * as its exact f16 codes; it quantizes the activations itself); else, or with
  * TROUPE_CUDA_QGEMV_MMA=0, the CUDA-core GEMV of cuda_qgemv.cuh, which streams the packed codes once
  * with 16-byte loads, decodes them in registers and shares each load of x across four rows (any

@@ -455,11 +455,12 @@ static void test_quant_matmul(void **state)
         {BK_Q_FP8, 1, 0, BK_QA_FP8_TOKEN}, {BK_Q_I8, 1, 0, BK_QA_I8_TOKEN}, {BK_Q_I8, 1, 0, BK_QA_NONE},
         {BK_Q_I4, 1, 128, BK_QA_NONE}, {BK_Q_FP4, 1, 16, BK_QA_NONE},
     };
-    /* M, N, K, bias: the GEMV for M = 1..8 (by default the tensor-core GEMV for fp8, int8 and
-     * int4 g128, its 8-column tile holding x's hi and lo parts up to M = 4 and two tiles above,
-     * 16 warps per block at 1,024 x 4,096; nvfp4, K = 264, and int4 at K = 1,040 — no multiple of
-     * 32, its last group partial — the CUDA-core kernels, which TROUPE_CUDA_QGEMV_MMA=0 runs for
-     * every case: tools/gpu-quant.sh runs this test both ways), the GEMM paths (fp8 W8A8: the FP8
+    /* M, N, K, bias: the GEMV for M = 1..8 (by default the tensor-core GEMV, its 8-column tile
+     * holding x's hi and lo parts up to M = 4 and two tiles above, nvfp4's groups of 16 on its
+     * block-diagonal kernel, 16 warps per block at 1,024 x 4,096, fp8's 128-blocks and int4's last
+     * group partial at K = 1,040; K = 264, and the nibbles at K = 1,040 — no multiple of 32 — the
+     * CUDA-core kernels, which TROUPE_CUDA_QGEMV_MMA=0 runs for every case: tools/gpu-quant.sh runs
+     * this test both ways), the GEMM paths (fp8 W8A8: the FP8
      * GEMM; the rest: dequantize then bf16). */
     static const int cases[][4] = {{1, 300, 512, 0}, {2, 1000, 2048, 1}, {3, 257, 1024, 1}, {4, 64, 4096, 0},
                                    {5, 130, 1024, 1}, {6, 33, 512, 0}, {7, 17, 2048, 1}, {8, 129, 512, 0},
