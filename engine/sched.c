@@ -19,6 +19,7 @@ struct sched_client {
     uint64_t key;                   /* its map key (the client key, 1 for client 0) */
     int n_req;                      /* its requests in the scheduler */
     int n_running, n_waiting;       /* of them, RUNNING / WAITING */
+    uint64_t last_run;              /* when one of its requests last entered RUNNING (sched_t.runs) */
     int turns;                      /* chunk-order turns taken in pass turn_pass */
     uint64_t turn_pass;
 };
@@ -31,6 +32,7 @@ struct sched {
     sched_req_t *zero_id;
     u64map_t clients;               /* client key (0 as 1) -> sched_client_t * */
     uint64_t pass;                  /* chunk passes begun (s_prompt_rows): the chunk order's turns */
+    uint64_t runs;                  /* moves into RUNNING (the promotion order's clock) */
     uint64_t next_seq;
     uint64_t preemptions;
     sched_batch_t batch;            /* the last step's rows */
@@ -75,6 +77,8 @@ static void s_move(sched_t *s, sched_req_t *r, sched_state_t to, const char *eve
         s_unlink(&s->q[r->state], r);
     r->cl->n_running += (to == SCHED_RUNNING) - (r->state == SCHED_RUNNING);
     r->cl->n_waiting += (to == SCHED_WAITING) - (r->state == SCHED_WAITING);
+    if (to == SCHED_RUNNING)
+        r->cl->last_run = ++s->runs;
     r->state = to;
     s->preemptions += to == SCHED_PREEMPTED;
     if (to != SCHED_OUT)
@@ -371,14 +375,17 @@ static sched_req_t *s_next_chunk(sched_t *s, const queue_t *q)
     return best;
 }
 
-/* The waiting request a freed decode slot goes to: its client has the fewest RUNNING requests, the
- * oldest of equal count. */
+/* The waiting request a freed decode slot goes to: its client has the fewest RUNNING requests;
+ * among equal counts, the client whose turn is the longest ago (round robin: a client new here
+ * first); within a client, the oldest. */
 static sched_req_t *s_next_waiting(const sched_t *s)
 {
     sched_req_t *best = NULL;
-    for (sched_req_t *r = s->q[SCHED_WAITING].head; r; r = r->next)
-        if (!best || r->cl->n_running < best->cl->n_running)
+    for (sched_req_t *r = s->q[SCHED_WAITING].head; r; r = r->next) {
+        const sched_client_t *c = r->cl, *b = best ? best->cl : NULL;
+        if (!b || c->n_running < b->n_running || (c->n_running == b->n_running && c->last_run < b->last_run))
             best = r;
+    }
     return best;
 }
 

@@ -23,11 +23,13 @@
  * blocks the batch it joins needs next.
  *
  * Fair across clients (the router's client key: credential and tenant): a freed decode slot goes
- * to the waiting request whose client has the fewest RUNNING requests, and prompt chunks go round
- * robin: a client's k-th prompt in this step's order ranks as its RUNNING + WAITING requests + k,
- * lowest rank first. Ties, and everything within one client, go oldest first, so for one client
- * the order is admission order (an old prompt being chunked keeps the budget ahead of new ones).
- * One client's 40 waiting requests thus do not stand in front of another client's one.
+ * to the waiting request whose client has the fewest RUNNING requests, among equals the client
+ * whose last turn is the longest ago (round robin). Prompt chunks go round robin too: a client's
+ * k-th prompt in this step's order ranks as its RUNNING + WAITING requests + k, lowest rank
+ * first, the oldest among equal ranks (an old prompt being chunked keeps the budget ahead of new
+ * ones: a part-computed prompt holds blocks). Within one client everything goes oldest first, so
+ * for one client the order is admission order. One client's 40 waiting requests thus do not stand
+ * in front of another client's one.
  *
  * Out of blocks for a decode row: the owner's reclaim hook first (finished sequences it still
  * holds), then a part-computed prompt gives its blocks back (it starts over later, reusing those

@@ -506,6 +506,22 @@ static void test_promotion_round_robin(void **st)
     s_unfix(f);
 }
 
+/* Among clients with as many running, the one whose last turn is the longest ago goes first: a
+ * client new here before client A's older waiting request, then A again. */
+static void test_promotion_turns(void **st)
+{
+    fix_t *f = s_fix(64, 4, 4, 1, 16);
+    s_handoff_of(f, CLIENT_A, 0, 4);
+    s_handoff_of(f, CLIENT_A, 1, 4);
+    s_handoff_of(f, CLIENT_C, 2, 4);
+    assert_string_equal(s_step(f), "1:1d");
+    sched_remove(f->s, &f->req[0].sr);
+    assert_string_equal(s_step(f), "3:1d");
+    sched_remove(f->s, &f->req[2].sr);
+    assert_string_equal(s_step(f), "2:1d");
+    s_unfix(f);
+}
+
 /* Prompt chunks go round robin across clients: client A's 40 prompts, then client B's one and
  * client C's one: a step's budget (three prompts) takes A's oldest, then B's and C's (each client's
  * first turn), not A's next two (oldest first would). Within A, oldest first. A later client's
@@ -560,6 +576,7 @@ int main(void)
         cmocka_unit_test(test_two_half_prompts_no_deadlock),
         cmocka_unit_test(test_handoff_without_room),
         cmocka_unit_test(test_promotion_round_robin),
+        cmocka_unit_test(test_promotion_turns),
         cmocka_unit_test(test_prompt_round_robin),
         cmocka_unit_test(test_round_robin_keeps_old_prompt),
     };
