@@ -112,7 +112,7 @@ int spec_client_active(const spec_client_t *c)
 int spec_client_ask(spec_client_t *c, int batch)
 {
     const int k = spec_client_active(c) ? spec_policy_ask(&c->policy, batch, c->has_dist) : c->default_k;
-    if (!c->has_dist) {   /* a point mass verifies what it asked for: that is the choice */
+    if (!c->has_dist || k == 0) {   /* a point mass verifies what it asked for, and nothing asked is nothing verified */
         c->chosen_sum += (uint64_t)k;
         c->chosen_rows++;
     }
