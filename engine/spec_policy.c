@@ -360,6 +360,20 @@ int spec_policy_compute(const spec_accept_t *a, const spec_cost_t *c, int max_k,
         double r0 = spec_policy_rate(c, b, B, 0, p.survival);
         if (r0 <= 0)
             return snprintf(why, (size_t)why_len, "no step cost for batch %d (fewer than two measured cells)", B), -1;
+        /* A plain step does not get cheaper as its batch grows, so where this bucket's plain step
+         * was not measured, its rate is at most the nearest smaller bucket's measured plain rate
+         * times B / B'. Drafting must beat that bound, not the fit: a fit of a table filled mostly
+         * by drafting steps can underrate the plain step by far (one H200, KJV pair with n-gram
+         * drafts, 2026-12-02: the fit's plain rate at batch 96 was a fifth of the bound from batch
+         * 32's measured plain steps, and the policy drafted 7 there at 0.90x of no speculation).
+         * The bound errs toward no speculation, the side the policy must err on. */
+        if (!s_counted(c, b, 0))
+            for (int bb = b - 1; bb >= 0; bb--)
+                if (s_counted(c, bb, 0)) {
+                    const double bound = spec_policy_rate(c, bb, s_grid[bb], 0, p.survival) * B / s_grid[bb];
+                    r0 = bound > r0 ? bound : r0;
+                    break;
+                }
         int best = 0;
         double rbest = r0;
         for (int k = 1; k <= max_k; k++) {

@@ -9,6 +9,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -394,6 +395,35 @@ static void test_unmeasured_k_scaled(void **state)
     assert_int_equal(r.emitted[spec_cost_bucket(50)][3], 120);
 }
 
+/* The draft-scheduler's last computation of a tools/bench-spec.sh run on one H200 (KJV pair,
+ * n-gram drafts, 2026-12-02; tests/fixtures/spec-policy/h200-kjv-ngram.log, TROUPE_SPEC_POLICY_LOG's
+ * line): the plain step was measured at batches 1-32 but not at 48-128, where the fit of the
+ * drafting cells underrated it and the policy drafted 7 (the cluster ran 0.90x of no
+ * speculation at concurrency 96). With the plain rate bounded from batch 32's measured plain
+ * steps it is off from 48 up, and stays on at batch 1 and 16, where it paid (1.57x, 2.09x). */
+static void test_unmeasured_plain_bounded(void **state)
+{
+    (void)state;
+    FILE *f = fopen("tests/fixtures/spec-policy/h200-kjv-ngram.log", "r");
+    assert_non_null(f);
+    static char line[65536];
+    assert_non_null(fgets(line, sizeof line, f));
+    fclose(f);
+    spec_accept_t a;
+    spec_cost_t c;
+    spec_policy_t logged, p = {.epoch = 1};
+    int max_k = 0, max_batch = 0;
+    char why[160];
+    assert_int_equal(spec_policy_log_parse(line, &a, &c, &max_k, &max_batch, &logged, why, sizeof why), 0);
+    assert_int_equal(spec_policy_bucket(&logged, 96)->max_draft, 7);   /* what the old rule chose */
+    assert_int_equal(spec_policy_compute(&a, &c, max_k, max_batch, &p, why, sizeof why), 0);
+    for (int batch = 48; batch <= 128; batch *= 2)
+        assert_int_equal(spec_policy_bucket(&p, batch)->max_draft, 0);
+    assert_int_equal(spec_policy_bucket(&p, 96)->max_draft, 0);
+    assert_true(spec_policy_bucket(&p, 1)->max_draft > 0);
+    assert_true(spec_policy_bucket(&p, 16)->max_draft > 0);
+}
+
 /* TROUPE_SPEC_POLICY_LOG's line holds everything the computation read: parsed back, the same
  * policy comes out, and the logged choice reads back as it was. */
 static void test_log_line_replays(void **state)
@@ -465,6 +495,7 @@ int main(void)
         cmocka_unit_test(test_measured_k0_faster_turns_off),
         cmocka_unit_test(test_unmeasured_k_scaled),
         cmocka_unit_test(test_log_line_replays),
+        cmocka_unit_test(test_unmeasured_plain_bounded),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
