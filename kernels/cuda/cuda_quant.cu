@@ -21,8 +21,8 @@
  * by the tensor cores and the two scales applied after the sum; the bf16 path rounds the dequantized
  * weight to bf16 (relative 2^-9 per element) and follows the bf16 GEMM's activation rules.
  *
- * Known limits: int8 W8A8 prefill still dequantizes (no IMMA GEMM); moe_ffn does not take quantized
- * experts (quant_moe 0). */
+ * Known limits: int8 W8A8 prefill still dequantizes (no IMMA GEMM); quantized MoE experts (fp8,
+ * int8) run in cuda_moe_quant.cu and cuda_moe_gemm.cu, not here (quant_moe_formats). */
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
