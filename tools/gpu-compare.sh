@@ -8,7 +8,8 @@
 # unit and GPU tests. What is measured is tools/gpu-run.sh with
 # GPU tests skipped: batch-1 decode of the Llama-3.1-8B shape (dummy bf16 weights) beside the HBM
 # bound, and the served colocated fp8 sweep (input 1000, output SERVE_OUT, SERVE_CONC, SERVE_ROUNDS),
-# baseline first, then this tree. Logs: $OUT/base and $OUT/new (or build/gpu-logs/...).
+# baseline first, then this tree. Logs: $OUT/base and $OUT/new (or build/gpu-logs/...), left loose
+# (ARCHIVE=0 for gpu-run.sh: the table reads them; pack $OUT yourself for the device tool).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BASE=${BASE:-.baseline}
@@ -17,16 +18,16 @@ mode=${COMPARE:-all}
 [ -f "$BASE/Makefile" ] || { echo "gpu-compare: no baseline tree in $BASE (see the header)"; exit 2; }
 mkdir -p "$OUT/base" "$OUT/new"
 OUT=$(cd "$OUT" && pwd)
-knobs=(SKIP_TESTS=1 GEN_VARIANTS=default ENGINE=0 SERVE=1
+knobs=(ARCHIVE=0 SKIP_TESTS=1 GEN_VARIANTS=default ENGINE=0 SERVE=1
        SERVE_TOPO=${SERVE_TOPO:-tools/bench/h200-8b-colo-fp8.yaml} SERVE_CONC=${SERVE_CONC:-1,16,64,256}
        SERVE_ROUNDS=${SERVE_ROUNDS:-2} SERVE_OUT=${SERVE_OUT:-1000} SERVE_TIMEOUT=${SERVE_TIMEOUT:-400})
 if [ "$mode" = build ] || [ "$mode" = all ]; then
   # Both trees at once through their own gpu-run.sh (which knows where the GPU machine keeps the
   # CUDA libraries): the baseline only builds; this tree builds and runs its unit and GPU tests.
   t0=$(date +%s)
-  (cd "$BASE" && env SKIP_TESTS=1 SKIP_BENCH=1 GEN_VARIANTS=none ENGINE=0 OUT="$OUT/base" tools/gpu-run.sh) \
+  (cd "$BASE" && env ARCHIVE=0 SKIP_TESTS=1 SKIP_BENCH=1 GEN_VARIANTS=none ENGINE=0 OUT="$OUT/base" tools/gpu-run.sh) \
     >"$OUT/base/build-run.txt" 2>&1 & b=$!
-  env SKIP_UNIT=${SKIP_UNIT:-0} SKIP_BENCH=1 GEN_VARIANTS=none ENGINE=0 OUT="$OUT/new" tools/gpu-run.sh >"$OUT/new/build-run.txt" 2>&1; rn=$?
+  env ARCHIVE=0 SKIP_UNIT=${SKIP_UNIT:-0} SKIP_BENCH=1 GEN_VARIANTS=none ENGINE=0 OUT="$OUT/new" tools/gpu-run.sh >"$OUT/new/build-run.txt" 2>&1; rn=$?
   wait $b; rb=$?
   echo "baseline build: rc $rb; this tree's build and tests: rc $rn; $(( $(date +%s) - t0 )) s"
   tail -15 "$OUT/new/build-run.txt"
