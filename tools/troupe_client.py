@@ -164,6 +164,7 @@ class Client:
         # frame (the submit as sent, several routers only) for a resubmission.
         self.inflight = {}
         self.lost = set()         # ids ended by the synthesized error: their late replies are dropped
+        self.moved = {}           # id -> the links it was moved away from: their replies for it are dropped
         self.pending = []         # (id, message) of lost requests whose error recv has yet to return
         self.requests_lost = self.connections_lost = self.requests_retried = 0
         self.timeout_s = timeout_s
@@ -223,6 +224,7 @@ class Client:
         self.connections_lost += 1
         if len(self.lost) + len(self.inflight) > MAX_LOST_IDS:
             self.lost.clear()
+            self.moved.clear()
         to = self._other_link(k)
         if to is not None and self.active == k:
             self.active = to
@@ -231,6 +233,7 @@ class Client:
             if to is not None and q[3] is not None and not q[1] and q[2] < MAX_RESUBMITS:
                 try:
                     self.links[to].sock.send(q[3], zmq.NOBLOCK)
+                    self.moved.setdefault(rid, set()).add(k)
                     q[0], q[2] = to, q[2] + 1
                     self.requests_retried += 1
                     continue
@@ -281,6 +284,8 @@ class Client:
             rid = m.get("id")
             if rid in self.lost:   # it already ended here: a late reply
                 continue
+            if frm in self.moved.get(rid, ()):   # from a router it was moved away from (one only
+                continue                         # stopped may resume and stream it after it ended)
             q = self.inflight.get(rid)
             if q is not None and q[0] != frm:   # from a router the request has left
                 continue

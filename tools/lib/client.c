@@ -41,6 +41,8 @@ struct client {
     int64_t max_frame;   /* the cluster's frame limit: larger requests are refused before sending */
     u64map_t inflight;   /* id -> req_t *: sent and not yet ended (no done / error / inspect_reply received) */
     u64map_t lost;       /* ids ended by a synthesized error: a late reply for one is dropped */
+    u64map_t moved;      /* id -> bit mask of the routers it was moved away from: a router that was only
+                          * stopped (SIGSTOP) may resume and stream it after it ended elsewhere */
     uint64_t *pending;   /* [n_pending] lost ids whose synthesized error client_recv has yet to return */
     size_t n_pending, cap_pending;
     const char **pending_msg; /* [cap_pending] the message of each pending error (its link's lost_msg) */
@@ -127,7 +129,8 @@ client_t *client_connect_opts(const char *endpoints, const client_opts_t *opts, 
     c->max_frame = opts && opts->max_frame > 0 && opts->max_frame < MSG_MAX_FRAME ? opts->max_frame : MSG_MAX_FRAME;
     c->ctx = zmq_ctx_new();
     c->buf = malloc(MSG_MAX_FRAME);
-    if (!c->ctx || !c->buf || u64map_init(&c->inflight, 64) != 0 || u64map_init(&c->lost, 64) != 0) {
+    if (!c->ctx || !c->buf || u64map_init(&c->inflight, 64) != 0 || u64map_init(&c->lost, 64) != 0 ||
+        u64map_init(&c->moved, 64) != 0) {
         errf(err, errlen, "client: out of memory or sockets (%s)", zmq_strerror(errno));
         client_destroy(&c);
         return NULL;
@@ -196,6 +199,7 @@ void client_destroy(client_t **self_p)
         zmq_ctx_term(c->ctx);
     s_free_inflight(c);
     u64map_free(&c->lost);
+    u64map_free(&c->moved);
     free(c->pending);
     free(c->pending_msg);
     free(c->buf);
@@ -330,7 +334,8 @@ static int s_lose_link(client_t *c, int k)
     c->n_connections_lost++;
     if (c->lost.n + c->inflight.n > CLIENT_MAX_LOST_IDS) {   /* long-past losses: forget their ids */
         u64map_free(&c->lost);
-        if (u64map_init(&c->lost, 64) != 0)
+        u64map_free(&c->moved);
+        if (u64map_init(&c->lost, 64) != 0 || u64map_init(&c->moved, 64) != 0)
             return -1;
     }
     uint64_t *ids = malloc((c->inflight.n + 1) * sizeof *ids);   /* the map changes as they are handled */
@@ -348,6 +353,11 @@ static int s_lose_link(client_t *c, int k)
         req_t *q = s_req(c, ids[i]);
         if (to >= 0 && q->len && !q->replied && q->moves < CLIENT_MAX_RESUBMITS &&
             zmq_send(c->links[to].sock, q->frame, q->len, ZMQ_DONTWAIT) >= 0) {
+            const uint64_t *left = u64map_get(&c->moved, ids[i]);
+            if (u64map_put(&c->moved, ids[i], (left ? *left : 0) | (1ull << k)) != 0) {
+                rc = -1;
+                break;
+            }
             q->link = to;
             q->moves++;
             c->n_requests_retried++;
@@ -424,7 +434,9 @@ int client_recv(client_t *c, msg_t *out, int timeout_ms, char *err, size_t errle
         zmq_msg_close(&part);
         if (rc != 0)
             return -1;
-        if (out->id && u64map_get(&c->lost, out->id)) {   /* it already ended here: a late reply */
+        const uint64_t *moved = out->id ? u64map_get(&c->moved, out->id) : NULL;
+        if ((out->id && u64map_get(&c->lost, out->id)) ||   /* it already ended here: a late reply */
+            (moved && (*moved >> from & 1))) {                /* from a router it was moved away from */
             msg_free(out);
             continue;
         }
