@@ -3,7 +3,9 @@
  * Duties:
  *   - admit client requests (text, chat messages or token ids) into a bounded table
  *     (limits.admission_queue; past it an immediate `overloaded` error), tokenize them, check them
- *     against the model (vocabulary, max_model_len);
+ *     against the model (vocabulary, max_model_len); text and chat prompts are encoded by
+ *     TOKENIZER_THREADS threads (actors/router/tokpool.h), so a long one does not stall the loop,
+ *     and the submit goes on when its ids come back (s_on_tokenized); token-id prompts inline;
  *   - choose a prefill worker by prefix overlap against load (the block hashes of the prompt
  *     against the cache-manager's index, mirrored here from its cache events) and a decode worker
  *     by load; send the prefill_request; pin the prefix when the client asked for retention;
@@ -43,9 +45,11 @@
 #include <string.h>
 #include <sys/random.h>
 #include <xxhash.h>
+#include <zmq.h>
 
 #include "actors/router/prompt.h"
 #include "actors/router/relayed.h"
+#include "actors/router/tokpool.h"
 #include "actors/runtime/actor.h"
 #include "common/log.h"
 #include "common/u64map.h"
@@ -58,6 +62,7 @@
 #define MAX_WORKERS   64          /* prefill + decode instances the index can name */
 #define HOST_BIT      63          /* index bit: the block is in the cache-manager's host store */
 #define LAT_SAMPLES   2048
+#define TOKENIZER_THREADS 2       /* encode text / chat prompts off the loop (tokpool.h) */
 #define MAX_MIGRATIONS 2          /* a streaming request moved to other workers at most this often */
 
 typedef enum { RQ_PREFILL, RQ_DECODE, RQ_STATE_COUNT } rq_state_t;
@@ -101,6 +106,9 @@ typedef struct router {
     tokenizer_t *tok;            /* NULL: token-id prompts only */
     chat_family_t chat;
     prompt_model_t prompt;       /* tok, chat, vocabulary and max_model_len, for prompt_ids */
+    tokpool_t *pool;             /* NULL without a tokenizer: every prompt is token ids */
+    tokjob_t *tokenizing;        /* submits whose prompt is being encoded (dead ones too, until back) */
+    int n_tokenizing;            /* of them, not dead: they count against the admission limits */
     model_config_t cfg;
     int max_model_len, block_size;
     int colocated;               /* no prefill actors: a decode worker computes its requests' prompts */
@@ -360,6 +368,58 @@ static void s_choose(router_t *r, const uint64_t *hashes, int n_hashes, int *pre
         *decode = *prefill;
 }
 
+/* A submit whose prompt is being encoded, by its client's credential and id (dead ones skipped). */
+static tokjob_t *s_find_tokenizing(router_t *r, const actor_peer_t *from, uint64_t client_id)
+{
+    const uint8_t *owner, *o;
+    size_t owner_len, o_len;
+    s_owner(from, &owner, &owner_len);
+    for (tokjob_t *j = r->tokenizing; j; j = j->next) {
+        if (j->dead || j->submit.id != client_id)
+            continue;
+        s_owner(&j->from, &o, &o_len);
+        if (o_len == owner_len && memcmp(o, owner, o_len) == 0)
+            return j;
+    }
+    return NULL;
+}
+
+/* Submits being encoded under one s_fair_key (the per-client cap counts them). */
+static uint64_t s_tokenizing_of(router_t *r, uint64_t client_key)
+{
+    uint64_t n = 0;
+    const uint8_t *o;
+    size_t o_len;
+    for (tokjob_t *j = r->tokenizing; j; j = j->next) {
+        if (j->dead)
+            continue;
+        s_owner(&j->from, &o, &o_len);
+        n += s_fair_key(o, o_len, j->submit.u.submit.tenant) == client_key;
+    }
+    return n;
+}
+
+/* A tokenizing submit got its one terminal reply here: its result, when it comes, is dropped. */
+static void s_tokenizing_end(router_t *r, tokjob_t *j)
+{
+    j->dead = 1;
+    r->n_tokenizing--;
+}
+
+static void s_tokenizing_unlink(router_t *r, tokjob_t *j)
+{
+    if (j->prev)
+        j->prev->next = j->next;
+    else
+        r->tokenizing = j->next;
+    if (j->next)
+        j->next->prev = j->prev;
+    j->prev = j->next = NULL;
+}
+
+static int s_submit_ids(actor_t *a, router_t *r, const actor_peer_t *from, const msg_t *m, int64_t arrived_ms,
+                        int32_t *ids, size_t n);
+
 static int s_on_submit(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
 {
     router_t *r = state;
@@ -371,17 +431,17 @@ static int s_on_submit(actor_t *a, void *state, const actor_peer_t *from, msg_t 
         r->rejected++;
         return actor_reply_error(a, from, m->id, MSG_ERR_UNAVAILABLE, 1, "router is draining"), 0;
     }
-    if (r->n_reqs >= r->topo->limits.admission_queue) {
+    if (r->n_reqs + r->n_tokenizing >= r->topo->limits.admission_queue) {
         r->rejected++;
         return actor_reply_error(a, from, m->id, MSG_ERR_OVERLOADED, 1, "%d requests in flight (admission_queue)",
-                                 r->n_reqs), 0;
+                                 r->n_reqs + r->n_tokenizing), 0;
     }
     const uint8_t *owner;
     size_t owner_len;
     s_owner(from, &owner, &owner_len);
     const uint64_t client_key = s_fair_key(owner, owner_len, s->tenant);
     const uint64_t *in_flight_p = u64map_get(&r->per_client, client_key);
-    const uint64_t in_flight = in_flight_p ? *in_flight_p : 0;
+    const uint64_t in_flight = (in_flight_p ? *in_flight_p : 0) + (r->n_tokenizing ? s_tokenizing_of(r, client_key) : 0);
     const int cap = r->topo->limits.max_inflight_per_client;
     if (cap > 0 && in_flight >= (uint64_t)cap) {
         /* One client cannot take the whole admission queue (and the workers' batches) from others. */
@@ -390,10 +450,28 @@ static int s_on_submit(actor_t *a, void *state, const actor_peer_t *from, msg_t 
         return actor_reply_error(a, from, m->id, MSG_ERR_OVERLOADED, 1,
                                  "this client has %d requests in flight (limits.max_inflight_per_client)", cap), 0;
     }
-    if (s_find_client(r, from, m->id)) {
+    if (s_find_client(r, from, m->id) || (r->n_tokenizing && s_find_tokenizing(r, from, m->id))) {
         r->rejected++;
         return actor_reply_error(a, from, m->id, MSG_ERR_BAD_REQUEST, 0, "request id %llu is already in flight",
                                  (unsigned long long)m->id), 0;
+    }
+    if (r->pool && !s->n_tokens) {
+        /* Text or chat: encoded by the pool, the submit goes on in s_on_tokenized. */
+        tokjob_t *j = calloc(1, sizeof *j);
+        if (!j || msg_clone(m, &j->submit, err, sizeof err) != 0) {
+            free(j);
+            r->rejected++;
+            return actor_reply_error(a, from, m->id, MSG_ERR_OVERLOADED, 1, "router out of memory"), 0;
+        }
+        j->from = *from;
+        j->arrived_ms = now_ms();
+        j->next = r->tokenizing;
+        if (r->tokenizing)
+            r->tokenizing->prev = j;
+        r->tokenizing = j;
+        r->n_tokenizing++;
+        tokpool_submit(r->pool, j);
+        return 0;
     }
     int32_t *ids = NULL;
     size_t n = 0;
@@ -407,6 +485,54 @@ static int s_on_submit(actor_t *a, void *state, const actor_peer_t *from, msg_t 
         actor_reply(a, from, &e);
         return 0;
     }
+    return s_submit_ids(a, r, from, m, now_ms(), ids, n);
+}
+
+/* The prompt's encoded results of a pool job, on the router's loop: each job either goes on to
+ * s_submit_ids, gets the error prompt_ids gave, or (ended meanwhile) is dropped. */
+static int s_on_tokenized(actor_t *a, void *state, void *sock)
+{
+    router_t *r = state;
+    (void)sock;
+    tokjob_t *j;
+    while ((j = tokpool_recv(r->pool)) != NULL) {
+        s_tokenizing_unlink(r, j);
+        if (j->dead) {
+            tokjob_free(&j);
+            continue;
+        }
+        r->n_tokenizing--;
+        if (j->rc != 0) {
+            r->rejected++;
+            msg_t e;
+            msg_init(&e, MSG_ERROR, j->submit.id);
+            e.u.error.code = MSG_ERR_BAD_REQUEST;
+            e.u.error.message = j->err;
+            e.u.error.field = j->field;
+            actor_reply(a, &j->from, &e);
+        } else {
+            int32_t *ids = j->ids;
+            j->ids = NULL;
+            s_submit_ids(a, r, &j->from, &j->submit, j->arrived_ms, ids, j->n);
+        }
+        tokjob_free(&j);
+    }
+    return 0;
+}
+
+/* The rest of a submit once its prompt is token ids (ids: taken): checked against the model,
+ * routed and sent. arrived_ms: when the submit came in (its deadline counts from there). */
+static int s_submit_ids(actor_t *a, router_t *r, const actor_peer_t *from, const msg_t *m, int64_t arrived_ms,
+                        int32_t *ids, size_t n)
+{
+    const msg_submit_t *s = &m->u.submit;
+    char err[512];
+    const uint8_t *owner;
+    size_t owner_len;
+    s_owner(from, &owner, &owner_len);
+    const uint64_t client_key = s_fair_key(owner, owner_len, s->tenant);
+    const uint64_t *in_flight_p = u64map_get(&r->per_client, client_key);
+    const uint64_t in_flight = in_flight_p ? *in_flight_p : 0;
     if (n == 0 || (long)n + (long)s->sampling.max_tokens > r->max_model_len) {
         r->rejected++;
         free(ids);
@@ -460,7 +586,7 @@ static int s_on_submit(actor_t *a, void *state, const actor_peer_t *from, msg_t 
     q->prompt_tokens = q->load_tokens = (uint32_t)n;
     q->max_tokens = s->sampling.max_tokens;
     relayed_init(&q->sent, r->tok, q->max_tokens);
-    q->arrived_ms = now_ms();
+    q->arrived_ms = arrived_ms;
     q->deadline_ms = s->timeout_ms ? q->arrived_ms + s->timeout_ms : 0;
     q->state = RQ_PREFILL;
 
@@ -480,7 +606,7 @@ static int s_on_submit(actor_t *a, void *state, const actor_peer_t *from, msg_t 
     p->client_key = client_key;   /* the workers' fair admission (engine/sched.h) */
     p->prompt_cache_key = s->prompt_cache_key;
     p->cache_retention_s = s->cache_retention_s;
-    p->deadline_ms = s->timeout_ms ? (uint64_t)(wall_ms() + s->timeout_ms) : 0;
+    p->deadline_ms = s->timeout_ms ? (uint64_t)(wall_ms() + q->deadline_ms - now_ms()) : 0;
     msg_cache_holder_t holder;
     s_host_hint(r, p, hashes, n_hashes, &holder);
     int rc = actor_send(a, r->workers[pi].name, &pr);
@@ -531,16 +657,32 @@ static int s_on_cancel(actor_t *a, void *state, const actor_peer_t *from, msg_t 
     /* Only the credential that submitted a request may cancel it (s_owner): ids are chosen by
      * clients, so another client's request may carry the same one. */
     rq_t *q = s_find_client(r, from, m->id);
+    tokjob_t *j = q || !r->n_tokenizing ? NULL : s_find_tokenizing(r, from, m->id);
+    if (j) {
+        /* Still being encoded: ended here, its result dropped when it comes back. */
+        msg_t d;
+        msg_init(&d, MSG_DONE, m->id);
+        d.u.done.finish = MSG_FINISH_CANCELLED;
+        d.u.done.timings.e2e_ms = (uint32_t)(now_ms() - j->arrived_ms);
+        actor_reply_stream(a, &j->from, &d, 1);
+        r->cancelled++;
+        s_tokenizing_end(r, j);
+        return 0;
+    }
     if (!q) {
+        int others = 0;
         for (rq_t *o = r->head; o; o = o->next)
-            if (o->client_id == m->id) {
-                /* In flight, but someone else's: refused, and said so (nothing of that request
-                 * changes; its owner hears nothing of it). */
-                r->cancels_refused++;
-                return actor_reply_error(a, from, m->id, MSG_ERR_BAD_REQUEST, 0,
-                                         "cancel refused: request %llu was not submitted under this client's %s",
-                                         (unsigned long long)m->id, from->user[0] ? "key" : "connection"), 0;
-            }
+            others |= o->client_id == m->id;
+        for (tokjob_t *o = r->tokenizing; o; o = o->next)
+            others |= !o->dead && o->submit.id == m->id;
+        if (others) {
+            /* In flight, but someone else's: refused, and said so (nothing of that request
+             * changes; its owner hears nothing of it). */
+            r->cancels_refused++;
+            return actor_reply_error(a, from, m->id, MSG_ERR_BAD_REQUEST, 0,
+                                     "cancel refused: request %llu was not submitted under this client's %s",
+                                     (unsigned long long)m->id, from->user[0] ? "key" : "connection"), 0;
+        }
         /* Already finished (its one terminal reply is out) or never known: a cancel is idempotent,
          * and answering it would look like a second terminal reply for that id. */
         LOG_D("cancel of request %llu, not in flight: ignored", (unsigned long long)m->id);
@@ -991,6 +1133,19 @@ static int s_deadlines(actor_t *a, void *state)
         if (q->deadline_ms && now > q->deadline_ms)
             s_fail(a, r, q, MSG_ERR_TIMEOUT, 1, "deadline exceeded");
     }
+    for (tokjob_t *j = r->tokenizing; j; j = j->next) {
+        uint32_t timeout = j->submit.u.submit.timeout_ms;
+        if (j->dead || !timeout || now <= j->arrived_ms + timeout)
+            continue;
+        msg_t e;
+        msg_init(&e, MSG_ERROR, j->submit.id);
+        e.u.error.code = MSG_ERR_TIMEOUT;
+        e.u.error.retryable = 1;
+        e.u.error.message = "deadline exceeded";
+        actor_reply_stream(a, &j->from, &e, 1);
+        r->failed++;
+        s_tokenizing_end(r, j);
+    }
     return 0;
 }
 
@@ -1022,6 +1177,7 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
     }
     actor_stat_queue(a, st, "requests", (uint64_t)r->n_reqs, (uint64_t)r->topo->limits.admission_queue);
     actor_stat_metric(a, st, "requests_waiting", prefilling, 0);
+    actor_stat_metric(a, st, "requests_tokenizing", r->n_tokenizing, 0);
     actor_stat_metric(a, st, "requests_running", decoding, 0);
     actor_stat_metric(a, st, "requests_submitted", (double)r->submitted, 1);
     actor_stat_metric(a, st, "requests_rejected", (double)r->rejected, 1);
@@ -1054,7 +1210,8 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
 
 static int s_drained(actor_t *a, void *state)
 {
-    return ((router_t *)state)->n_reqs == 0;
+    const router_t *r = state;
+    return r->n_reqs == 0 && r->n_tokenizing == 0;
 }
 
 static const actor_handler_t s_handlers[] = {
@@ -1132,11 +1289,31 @@ int main(int argc, char **argv)
         goto out;
     }
     actor_reply_backlog(a, r->clients);   /* every reply waits for a slow client, never lost */
+    if (r->tok) {
+        r->pool = tokpool_new(actor_zmq_ctx(a), r->name, &r->prompt, TOKENIZER_THREADS, err, sizeof err);
+        if (!r->pool) {
+            LOG_E("%s", err);
+            goto out;
+        }
+        if (actor_add_reader(a, tokpool_socket(r->pool), s_on_tokenized) != 0) {
+            void *pull = tokpool_socket(r->pool);
+            tokpool_destroy(&r->pool);
+            zmq_close(pull);   /* not the runtime's to close */
+            LOG_E("cannot poll the tokenizer pool's socket");
+            goto out;
+        }
+    }
     actor_timer_add(a, 50, s_deadlines);
     actor_ops_t ops = {.handlers = s_handlers, .n_handlers = ARRAY_LEN(s_handlers), .fill_stats = s_fill_stats,
                        .drained = s_drained, .peer_event = s_peer_event};
     rc = actor_run(a, &ops, r);
 out:
+    tokpool_destroy(&r->pool);   /* joined before the jobs they may hold are freed */
+    while (r->tokenizing) {
+        tokjob_t *j = r->tokenizing;
+        s_tokenizing_unlink(r, j);
+        tokjob_free(&j);
+    }
     while (r->head)
         s_remove(r, r->head);
     tok_destroy(&r->tok);

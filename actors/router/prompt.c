@@ -34,7 +34,7 @@ int prompt_ids(const prompt_model_t *pm, const msg_submit_t *s, int32_t **ids, s
     }
     if (s->prompt) {
         *field = "prompt";
-        /* Bounded before tokenizing (one thread serves every client): no token is longer than
+        /* Bounded before tokenizing (what one request costs a tokenizer thread): no token is longer than
          * tok_max_token_bytes, so a longer text cannot fit in max_model_len tokens. */
         size_t bytes = strlen(s->prompt), cap = (size_t)pm->max_model_len * tok_max_token_bytes(pm->tok);
         if (bytes > cap)

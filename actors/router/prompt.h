@@ -1,6 +1,8 @@
 /* actors/router/prompt.h — a submit's prompt as token ids: token ids checked against the
- * vocabulary, a text prompt bounded in bytes (before any tokenizing: the router has one thread for
- * every client) and encoded, or chat messages rendered with the model's template and encoded. */
+ * vocabulary, a text prompt bounded in bytes (before any tokenizing: what one request can cost a
+ * tokenizer thread is bounded) and encoded, or chat messages rendered with the model's template
+ * and encoded. The router calls it inline for token ids and on its tokenizer threads for text and
+ * chat (tokpool.h): it writes nothing shared, so it may run on several threads at once. */
 #ifndef TROUPE_ROUTER_PROMPT_H
 #define TROUPE_ROUTER_PROMPT_H
 
