@@ -105,6 +105,24 @@ template <typename T> __device__ __forceinline__ T dev_warp_max(T v)
     return v;
 }
 
+/* The block's max of v (fmaxf: NaN skipped, as the CPU's comparison does) to every thread; red is
+ * shared, at least blockDim.x / 32 floats; blockDim.x a multiple of 32. Exact in any order. */
+__device__ __forceinline__ float dev_block_max(float v, float *red)
+{
+    v = dev_warp_max(v);
+    if (threadIdx.x % 32 == 0)
+        red[threadIdx.x / 32] = v;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float w = threadIdx.x < blockDim.x / 32 ? red[threadIdx.x] : 0.0f;
+        w = dev_warp_max(w);
+        if (threadIdx.x == 0)
+            red[0] = w;
+    }
+    __syncthreads();
+    return red[0];
+}
+
 /* N consecutive elements at p (N * sizeof(T) = 4, 8 or 16 bytes, p aligned to that) as floats,
  * in one load through the read-only path. */
 template <typename T, int N> __device__ __forceinline__ void dev_load_vec(const T *p, float *out)

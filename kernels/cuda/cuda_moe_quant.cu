@@ -252,23 +252,6 @@ void cuda_moe_qexperts(const cuda_state_t *st, moe_qgrid_t g, bool gu, int M, bo
 
 /* ---- activation fake-quantization ---------------------------------------------------------------- */
 
-/* The row's amax (NaN skipped, as the CPU's comparison does) to every thread; red is [32] shared. */
-__device__ __forceinline__ float mq_block_amax(float amax, float *red)
-{
-    amax = dev_warp_max(amax);
-    if (threadIdx.x % 32 == 0)
-        red[threadIdx.x / 32] = amax;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        float v = threadIdx.x < blockDim.x / 32 ? red[threadIdx.x] : 0.0f;
-        v = dev_warp_max(v);
-        if (threadIdx.x == 0)
-            red[0] = v;
-    }
-    __syncthreads();
-    return red[0];
-}
-
 /* x's value fake-quantized with the row's scale s (amax != 0, finite): cpu_quant_act_row. */
 __device__ __forceinline__ float mq_fake(float x, float s, int act)
 {
@@ -296,7 +279,7 @@ __global__ void k_moe_qact(const float *x, int64_t K, int act, float *out)
     float amax = 0.0f;
     for (int64_t k = threadIdx.x; k < K; k += blockDim.x)
         amax = fmaxf(amax, fabsf(xr[k]));
-    amax = mq_block_amax(amax, red);
+    amax = dev_block_max(amax, red);
     const float s = act == BK_QA_FP8_TOKEN ? amax / 448.0f : amax / 127.0f;
     for (int64_t k = threadIdx.x; k < K; k += blockDim.x)
         o[k] = amax == 0.0f ? xr[k] : !isfinite(amax) ? __int_as_float(0x7fc00000) : mq_fake(xr[k], s, act);
@@ -313,7 +296,7 @@ __global__ void k_moe_qcodes(const float *x, int64_t K, int act, uint16_t *codes
     float amax = 0.0f;
     for (int64_t k = threadIdx.x; k < K; k += blockDim.x)
         amax = fmaxf(amax, fabsf(xr[k]));
-    amax = mq_block_amax(amax, red);
+    amax = dev_block_max(amax, red);
     const float nan = __int_as_float(0x7fc00000);
     const float s = amax == 0.0f ? 1.0f : !isfinite(amax) ? nan : act == BK_QA_FP8_TOKEN ? amax / 448.0f : amax / 127.0f;
     if (threadIdx.x == 0)

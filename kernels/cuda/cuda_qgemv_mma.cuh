@@ -192,13 +192,7 @@ __global__ void __launch_bounds__(QM_PREP_THREADS) k_qm_prep(const float *x, int
         amax = fmaxf(amax, fmaxf(fmaxf(fmaxf(fabsf(u.x), fabsf(u.y)), fmaxf(fabsf(u.z), fabsf(u.w))),
                                  fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)))));
     }
-    amax = dev_warp_max(amax);                     /* fmaxf skips NaN, as the CPU's comparison does */
-    if (threadIdx.x % 32 == 0)
-        red[threadIdx.x / 32] = amax;
-    __syncthreads();
-    amax = 0.0f;
-    for (int i = 0; i < (int)(blockDim.x / 32); i++)
-        amax = fmaxf(amax, red[i]);
+    amax = dev_block_max(amax, red);              /* fmaxf skips NaN, as the CPU's comparison does */
     /* weight-only: p = 2^e with amax p in [2^14, 2^15) (e clamped so 2^e and 2^-e are normal);
      * W8A8: the activation scale s, or 1 for an all-zero row (x as it is, as the CPU's "plain"),
      * NaN for a non-finite amax (every output NaN, as the CPU's). */

@@ -176,18 +176,7 @@ __global__ void k_qact_fp8(const float *x, int64_t K, uint8_t *xq, float *sx)
     float amax = 0.0f;
     for (int64_t k = threadIdx.x; k < K; k += blockDim.x)
         amax = fmaxf(amax, fabsf(xr[k]));
-    amax = dev_warp_max(amax);
-    if (threadIdx.x % 32 == 0)
-        red[threadIdx.x / 32] = amax;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        float v = threadIdx.x < blockDim.x / 32 ? red[threadIdx.x] : 0.0f;
-        v = dev_warp_max(v);
-        if (threadIdx.x == 0)
-            red[0] = v;
-    }
-    __syncthreads();
-    amax = red[0];
+    amax = dev_block_max(amax, red);
     const float s = amax / 448.0f;
     if (threadIdx.x == 0)
         sx[blockIdx.x] = isfinite(amax) ? s : __int_as_float(0x7fc00000);
