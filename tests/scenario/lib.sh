@@ -34,19 +34,55 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# A free tcp port on loopback (bind to 0, read it back).
-# A port free now and not handed out before in this test: the kernel may give a just-closed
-# ephemeral port again, and two endpoints of one topology on the same port make it invalid
-# (the ports handed out are remembered in $WORK/.ports: free_port runs in $(...) subshells).
-free_port() {
-  local p i
-  for i in 1 2 3 4 5 6 7 8 9 10; do
-    p=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()')
-    grep -qx "$p" "$WORK/.ports" 2>/dev/null || break
-  done
-  echo "$p" >>"$WORK/.ports"
+# free_port_block N [ADDR...]: the first of N consecutive tcp ports free on every ADDR (default
+# 127.0.0.1), in the 10,000 ports below the kernel's ephemeral range
+# (/proc/sys/net/ipv4/ip_local_port_range, 32768-60999 by default). A port read back from bind(0)
+# is an ephemeral one, and between its release here and the actor's bind any outgoing connection
+# on the machine (another test's clients) may take it as its source port ("Address already in
+# use"); ports below the range are never handed out that way. Ports handed out before in this
+# test are skipped (remembered in $WORK/.ports: this runs in $(...) subshells).
+free_port_block() {
+  local n=$1 p
+  shift
+  p=$(/usr/bin/python3 - "$WORK/.ports" "$n" "${@:-127.0.0.1}" <<'PY'
+import random, socket, sys
+try:
+    used = set(open(sys.argv[1]).read().split())
+except OSError:
+    used = set()
+n, addrs = int(sys.argv[2]), sys.argv[3:]
+try:
+    low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+except (OSError, ValueError, IndexError):
+    low = 32768
+low = max(low, 12000)
+
+def free(p):
+    for a in addrs:
+        s = socket.socket()
+        try:
+            s.bind((a, p))
+        except OSError:
+            return False
+        finally:
+            s.close()
+    return True
+
+for _ in range(200):
+    b = random.randrange(low - 10000, low - n)
+    if all(str(p) not in used and free(p) for p in range(b, b + n)):
+        print(b)
+        break
+else:
+    sys.exit("free_port_block: no %d free ports below %d after 200 tries" % (n, low))
+PY
+) || return 1
+  seq "$p" $((p + n - 1)) >>"$WORK/.ports"
   echo "$p"
 }
+
+# A free tcp port on loopback (see free_port_block).
+free_port() { free_port_block 1; }
 
 # stream_summary: a troupe-client --json reply stream on stdin (one JSON message after another) ->
 # "comma-joined token ids, the final message's type" on one line.

@@ -9,17 +9,7 @@ model=$ROOT/tests/fixtures/models/qwen3-f32
 [ -f "$model/expected.json" ] || { echo "SKIP: no fixture model at $model"; exit 0; }
 /usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.2", 0))' 2>/dev/null \
   || { echo "SKIP: 127.0.0.2 is not a local address here"; exit 0; }
-base=$(/usr/bin/python3 -c '
-import random, socket
-for _ in range(200):
-    b = random.randrange(20000, 60000)
-    try:
-        for p in range(b, b + 16):
-            for a in ("127.0.0.1", "127.0.0.2"):
-                s = socket.socket(); s.bind((a, p)); s.close()
-        print(b); break
-    except OSError:
-        pass')
+base=$(free_port_block 16 127.0.0.1 127.0.0.2)
 mkdir -p "$WORK/keys"
 for k in server alice; do "$BIN/troupe-keygen" "$WORK/keys/$k" >/dev/null; done
 cp "$WORK/keys/alice.pub" "$WORK/keys/clients"

@@ -16,17 +16,7 @@ model=$ROOT/tests/fixtures/models/qwen3-f32
   || { echo "SKIP: 127.0.0.2 is not a local address here"; exit 0; }
 
 # A base port whose next 16 ports are free on both addresses (the derived internal endpoints).
-base=$(/usr/bin/python3 -c '
-import random, socket
-for _ in range(200):
-    b = random.randrange(20000, 60000)
-    try:
-        for p in range(b, b + 16):
-            for a in ("127.0.0.1", "127.0.0.2"):
-                s = socket.socket(); s.bind((a, p)); s.close()
-        print(b); break
-    except OSError:
-        pass')
+base=$(free_port_block 16 127.0.0.1 127.0.0.2)
 p1=$(free_port); p2=$(free_port)
 cat > "$WORK/t.yaml" <<YAML
 name: t-two-node-$$
