@@ -34,7 +34,7 @@
 #include <string.h>
 
 #include "actors/runtime/actor.h"
-#include "actors/runtime/worker.h"
+#include "actors/worker/worker.h"
 #include "actors/worker/chan_keys.h"
 #include "actors/worker/dc_req.h"
 #include "actors/worker/expert_apply.h"

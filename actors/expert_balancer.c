@@ -167,7 +167,7 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
 }
 
 /* A table per decode instance that leads a group (the first decode entry with ep > 1: the rule of
- * actors/runtime/worker.c). */
+ * actors/worker/worker.c). */
 static int s_groups(const topo_t *t, eb_state_t *s)
 {
     int ep = 1;

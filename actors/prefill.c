@@ -31,7 +31,7 @@
 #include <string.h>
 
 #include "actors/runtime/actor.h"
-#include "actors/runtime/worker.h"
+#include "actors/worker/worker.h"
 #include "actors/worker/chan_keys.h"
 #include "actors/worker/expert_report.h"
 #include "actors/worker/prefix_fetch.h"

@@ -4,7 +4,7 @@
  *     -> checkpoint (the files, or the 'dummy' load format) -> weights on the backend (model_load)
  *     -> the KV pool, and a host buffer for the logits.
  *
- * The prefill and decode workers (actors/runtime/worker.c), troupe-generate and troupe-bench-engine
+ * The prefill and decode workers (actors/worker/worker.c), troupe-generate and troupe-bench-engine
  * all open their model here, so a cluster and the single-process tools on the same model and
  * options run the same weights with the same KV cache.
  *

@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "actors/runtime/worker.h"
+#include "actors/worker/worker.h"
 #include "actors/worker/prefix_fetch.h"
 #include "engine/sched.h"
 

@@ -19,7 +19,7 @@
 #include <stdint.h>
 
 #include "actors/runtime/actor.h"
-#include "actors/runtime/worker.h"
+#include "actors/worker/worker.h"
 #include "actors/worker/fetch_policy.h"
 #include "messages/msg.h"
 

@@ -12,7 +12,7 @@
 #include <stdint.h>
 
 #include "actors/runtime/actor.h"
-#include "actors/runtime/worker.h"
+#include "actors/worker/worker.h"
 #include "actors/worker/dc_req.h"
 #include "actors/worker/prefix_fetch.h"
 #include "engine/sched.h"

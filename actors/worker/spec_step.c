@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "actors/runtime/worker.h"
+#include "actors/worker/worker.h"
 #include "common/log.h"
 #include "common/util.h"
 #include "engine/mtp.h"

@@ -19,7 +19,7 @@
 #include <stdint.h>
 
 #include "actors/runtime/actor.h"
-#include "actors/runtime/worker.h"
+#include "actors/worker/worker.h"
 #include "actors/worker/dc_req.h"
 #include "actors/worker/token_text.h"
 #include "actors/worker/writeback.h"

@@ -24,7 +24,7 @@
 #include <stdint.h>
 
 #include "actors/runtime/actor.h"
-#include "actors/runtime/worker.h"
+#include "actors/worker/worker.h"
 
 typedef struct writeback writeback_t;
 typedef struct wb_slot wb_slot_t;

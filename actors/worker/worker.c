@@ -1,4 +1,4 @@
-#include "actors/runtime/worker.h"
+#include "actors/worker/worker.h"
 #include "actors/worker/expert_group.h"
 
 #include <stdio.h>

@@ -1,4 +1,4 @@
-/* actors/runtime/worker.h — what a prefill or decode actor holds of the engine: the model opened
+/* actors/worker/worker.h — what a prefill or decode actor holds of the engine: the model opened
  * from the topology's model section (engine/engine_open.h: a replica on a backend and its paged KV
  * pool) and the tokenizer; plus the bridges between wire messages and the engine (sampling
  * parameters, KV blocks).
