@@ -1,5 +1,6 @@
 /* engine/ep.c — expert parallelism: rounds of dispatch / compute / combine over an ep_comm_t, and
  * placements switched at step boundaries (engine/ep.h says the protocol). */
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,14 +12,18 @@
 
 #define EP_MAGIC 0x45505431u      /* "EPT1" */
 
-enum { EP_CMD_MOE = 1, EP_CMD_PLACE = 2, EP_CMD_STOP = 3 };
+enum { EP_CMD_STEP = 1, EP_CMD_MOE = 2 };
+enum { EP_F_DONE = 1u, EP_F_STOP = 2u };   /* STEP flags: draining with nothing left; rank 0 stops followers */
 
-/* The fixed header every rank sends every rank at the start of a round. */
+/* The fixed header every rank sends every rank at the start of a step and of each MoE round. */
 typedef struct ep_hdr {
-    uint32_t magic, cmd, layer, n_entries;   /* n_entries: (token, expert) entries sent to that rank */
-    uint64_t epoch;                          /* the placement this round computes with (leader's) */
+    uint32_t magic, cmd, layer, n_entries;   /* MOE: n_entries (token, expert) entries sent to that rank */
+    uint64_t step;                           /* the group's step number: every rank counts the same */
+    uint64_t epoch;                          /* STEP from rank 0: the placement the step computes with */
     uint64_t ready_epoch;                    /* the placement the sender has loaded (0: none pending) */
-    uint32_t extra_bytes, pad;               /* PLACE: the table's bytes that follow */
+    uint64_t place_epoch;                    /* STEP from rank 0 with a table: the table's epoch */
+    uint32_t rows, flags;                    /* STEP: the sender's rows in the step; EP_F_* */
+    uint32_t extra_bytes, pad;               /* STEP from rank 0: a placement table follows, this long */
 } ep_hdr_t;
 
 /* A dispatched entry on the wire: the rank's slot index, the routing weight, the hidden state. */
@@ -51,6 +56,10 @@ struct ep {
     int prop_slots;
     uint64_t prop_epoch;
     int failed, rounds_done, fail_told;
+    uint64_t step_no;             /* the step in progress, or the last one (numbered from 1) */
+    int all_done;                 /* a step had every rank done: the group has finished */
+    int done_sent;                /* this rank's last step header said done */
+    int stopped;                  /* a follower: rank 0 said stop */
     void (*on_fail)(void *ctx, const char *error);
     void *fail_ctx;
     char err[512];
@@ -342,8 +351,9 @@ static int s_xchg(ep_t *ep, const char *what, void *const *send, const size_t *s
     return 0;
 }
 
-/* Headers: mine[r] to rank r, theirs[r] from rank r. Checks magic and, for rank 0's, the command. */
-static int s_headers(ep_t *ep, ep_hdr_t *mine, ep_hdr_t *theirs, int deadline_ms)
+/* Headers: mine[r] to rank r, theirs[r] from rank r, all of command cmd (of layer `layer` for an
+ * MoE round) in this rank's step: a peer in another step or another round is a broken group. */
+static int s_headers(ep_t *ep, ep_hdr_t *mine, ep_hdr_t *theirs, int cmd, int layer, int deadline_ms)
 {
     void *s[EP_MAX_RANKS], *r[EP_MAX_RANKS];
     size_t n[EP_MAX_RANKS];
@@ -352,19 +362,25 @@ static int s_headers(ep_t *ep, ep_hdr_t *mine, ep_hdr_t *theirs, int deadline_ms
         r[i] = &theirs[i];
         n[i] = sizeof(ep_hdr_t);
     }
-    if (s_xchg(ep, "round header", s, n, r, n, deadline_ms) < 0)
+    if (s_xchg(ep, cmd == EP_CMD_STEP ? "step header" : "round header", s, n, r, n, deadline_ms) < 0)
         return -1;
+    char why[200];
     for (int i = 0; i < ep->n; i++) {
-        if (theirs[i].magic != EP_MAGIC)
-            return s_fail(ep, "round header", "a header without the group's magic number (another program?)");
-        if (i == 0 && (theirs[0].cmd < EP_CMD_MOE || theirs[0].cmd > EP_CMD_STOP))
-            return s_fail(ep, "round header", "the leader sent an unknown command");
-        if (i == 0 && theirs[0].cmd == EP_CMD_MOE &&
-            (theirs[0].layer >= (uint32_t)ep->L || !ep->m->layers[theirs[0].layer].is_moe))
-            return s_fail(ep, "round header", "the leader named a layer that is not an MoE layer of this model");
-        if (i < EP_MAX_RANKS)
-            ep->ready[i] = theirs[i].ready_epoch;
+        const ep_hdr_t *h = &theirs[i];
+        if (h->magic != EP_MAGIC)
+            snprintf(why, sizeof why, "rank %d sent a header without the group's magic number (another program?)", i);
+        else if (h->step != ep->step_no || h->cmd != (uint32_t)cmd)
+            snprintf(why, sizeof why, "rank %d is at step %llu %s, this rank at step %llu %s", i,
+                     (unsigned long long)h->step, h->cmd == EP_CMD_STEP ? "start" : "MoE round",
+                     (unsigned long long)ep->step_no, cmd == EP_CMD_STEP ? "start" : "MoE round");
+        else if (cmd == EP_CMD_MOE && h->layer != (uint32_t)layer)
+            snprintf(why, sizeof why, "rank %d is at MoE layer %u, this rank at %d", i, h->layer, layer);
+        else
+            continue;
+        return s_fail(ep, "lockstep", why);
     }
+    for (int i = 0; i < ep->n; i++)
+        ep->ready[i] = theirs[i].ready_epoch;
     ep->st.rounds++;
     ep->rounds_done++;
     return 0;
@@ -550,8 +566,7 @@ ep_t *ep_new(model_t *m, ckpt_t *ck, ep_comm_t *comm, char *err, size_t errlen)
     free(tab);
     ep->st.rank = ep->rank;
     ep->st.n_ranks = ep->n;
-    if (ep->rank == 0)
-        m->ep = ep;
+    m->ep = ep;
     return ep;
 oom:
     errf(err, errlen, "expert parallelism: out of memory");
@@ -594,14 +609,7 @@ void ep_destroy(ep_t **self_p)
 {
     if (!self_p || !*self_p)
         return;
-    ep_t *ep = *self_p;
-    if (ep->rank == 0 && !ep->failed && ep->comm) {
-        ep_hdr_t mine[EP_MAX_RANKS], theirs[EP_MAX_RANKS];
-        for (int i = 0; i < ep->n; i++)
-            mine[i] = (ep_hdr_t){.magic = EP_MAGIC, .cmd = EP_CMD_STOP};
-        (void)s_headers(ep, mine, theirs, EP_ROUND_DEADLINE_MS);
-    }
-    s_free(ep);
+    s_free(*self_p);
     *self_p = NULL;
 }
 
@@ -701,7 +709,7 @@ static int s_place_round(ep_t *ep, const ep_hdr_t *theirs, const void *table, si
                 rc = s_fail(ep, "placement", "out of memory");
             } else {
                 memcpy(tab, t + sizeof ns, (size_t)ep->L * ns * sizeof(int32_t));
-                if (s_plan_make(ep, &ep->next, theirs[0].epoch, (int)ns, tab, why, sizeof why) < 0)
+                if (s_plan_make(ep, &ep->next, theirs[0].place_epoch, (int)ns, tab, why, sizeof why) < 0)
                     rc = s_fail(ep, "placement", why);
                 free(tab);
             }
@@ -712,40 +720,74 @@ static int s_place_round(ep_t *ep, const ep_hdr_t *theirs, const void *table, si
     return rc;
 }
 
-/* The leader, at a step boundary: sends a proposal, switches when every rank has loaded. */
-static void s_boundary(ep_t *ep)
+/* The step header (ep.h, step 1): rows are this rank's rows in the step, flags its EP_F_*. Rank
+ * 0 first switches to a placement every rank has loaded, and sends a proposal not yet sent; every
+ * other rank switches when rank 0's header names the placement it has loaded. Returns the rows of
+ * every rank together (0: an empty step, no MoE rounds follow), or -1 when the group failed. */
+static long s_step_begin(ep_t *ep, int rows, uint32_t flags, int deadline_ms)
 {
-    if (ep->prop) {
-        const size_t bytes = sizeof(uint32_t) + (size_t)ep->L * (size_t)ep->prop_slots * sizeof(int32_t);
-        uint8_t *t = malloc(bytes);
-        ep_hdr_t mine[EP_MAX_RANKS], theirs[EP_MAX_RANKS];
-        if (!t) {
-            s_fail(ep, "placement", "out of memory");
-            return;
+    if (ep->all_done || ep->stopped)
+        return s_fail(ep, "step", "a step after the group finished");
+    uint8_t *table = NULL;
+    size_t bytes = 0;
+    if (ep->rank == 0) {
+        int all_ready = s_next_ready(ep) && !ep->prop;
+        for (int i = 1; all_ready && i < ep->n; i++)
+            all_ready = ep->ready[i] == ep->next.epoch;
+        if (all_ready)
+            s_switch(ep);
+        if (ep->prop) {
+            bytes = sizeof(uint32_t) + (size_t)ep->L * (size_t)ep->prop_slots * sizeof(int32_t);
+            if (!(table = malloc(bytes)))
+                return s_fail(ep, "placement", "out of memory");
+            const uint32_t ns = (uint32_t)ep->prop_slots;
+            memcpy(table, &ns, sizeof ns);
+            memcpy(table + sizeof ns, ep->prop, bytes - sizeof ns);
         }
-        uint32_t ns = (uint32_t)ep->prop_slots;
-        memcpy(t, &ns, sizeof ns);
-        memcpy(t + sizeof ns, ep->prop, bytes - sizeof ns);
-        for (int i = 0; i < ep->n; i++)
-            mine[i] = (ep_hdr_t){.magic = EP_MAGIC, .cmd = EP_CMD_PLACE, .epoch = ep->prop_epoch,
-                                 .ready_epoch = s_my_ready(ep), .extra_bytes = i ? (uint32_t)bytes : 0};
-        if (s_headers(ep, mine, theirs, ep->rounds_done ? EP_ROUND_DEADLINE_MS : EP_FIRST_DEADLINE_MS) == 0) {
-            theirs[0] = mine[0];
-            theirs[0].extra_bytes = (uint32_t)bytes;
-            (void)s_place_round(ep, theirs, t, bytes);
-        }
-        free(t);
+    }
+    ep_hdr_t mine[EP_MAX_RANKS], theirs[EP_MAX_RANKS];
+    ep->step_no++;
+    for (int i = 0; i < ep->n; i++)
+        mine[i] = (ep_hdr_t){.magic = EP_MAGIC, .cmd = EP_CMD_STEP, .step = ep->step_no, .epoch = ep->cur.epoch,
+                             .ready_epoch = s_my_ready(ep), .rows = (uint32_t)rows, .flags = flags,
+                             .place_epoch = table ? ep->prop_epoch : 0,
+                             .extra_bytes = ep->rank == 0 && i ? (uint32_t)bytes : 0};
+    if (s_headers(ep, mine, theirs, EP_CMD_STEP, 0, deadline_ms) < 0) {
+        free(table);
+        return -1;
+    }
+    ep->done_sent = (flags & EP_F_DONE) != 0;
+    const ep_hdr_t *h0 = &theirs[0];
+    if (ep->rank != 0 && h0->epoch != ep->cur.epoch) {
+        if (!s_next_ready(ep) || h0->epoch != ep->next.epoch)
+            return s_fail(ep, "step", "rank 0 computes with a placement this rank has not loaded");
+        s_switch(ep);
+    }
+    if (ep->rank == 0 && table) {
+        ep_hdr_t self = mine[0];
+        self.extra_bytes = (uint32_t)bytes;
+        const int rc = s_place_round(ep, &self, table, bytes);
+        free(table);
         free(ep->prop);
         ep->prop = NULL;
-        s_load_step(ep);
-        return;
+        if (rc < 0)
+            return -1;
+    } else if (ep->rank != 0 && h0->extra_bytes) {
+        if (s_place_round(ep, theirs, NULL, 0) < 0)
+            return -1;
     }
-    if (!s_next_ready(ep))
-        return;
-    for (int i = 1; i < ep->n; i++)
-        if (ep->ready[i] != ep->next.epoch)
-            return;
-    s_switch(ep);
+    long total = 0;
+    int done = 1;
+    for (int i = 0; i < ep->n; i++) {
+        total += theirs[i].rows;
+        done &= (theirs[i].flags & EP_F_DONE) != 0;
+    }
+    if (h0->flags & EP_F_STOP)
+        ep->stopped = 1;
+    else if (done && total == 0)
+        ep->all_done = 1;
+    s_load_step(ep);
+    return total;
 }
 
 void ep_on_fail(ep_t *ep, void (*cb)(void *ctx, const char *error), void *ctx)
@@ -754,19 +796,10 @@ void ep_on_fail(ep_t *ep, void (*cb)(void *ctx, const char *error), void *ctx)
     ep->fail_ctx = ctx;
 }
 
-void ep_moe_layer(ep_t *ep, int layer, int T, const float *xn, const int32_t *ids, const float *w, float *delta)
+/* One MoE round of this rank's T rows (T may be 0: an entry-less part in a peer's step). xn, ids,
+ * w and delta are device memory of the model's backend, NULL when T is 0. */
+static void s_layer(ep_t *ep, int layer, int T, const float *xn, const int32_t *ids, const float *w, float *delta)
 {
-    if (ep->failed) {   /* the step that met the failure has ended: its requests were answered */
-        if (ep->on_fail && !ep->fail_told && layer == ep->first_moe) {
-            ep->fail_told = 1;
-            ep->on_fail(ep->fail_ctx, ep->err);
-        }
-        return;
-    }
-    if (layer == ep->first_moe)
-        s_boundary(ep);
-    if (ep->failed)
-        return;
     const backend_ops_t *op = ep->m->be->ops;
     backend_t *be = ep->m->be;
     const int k = ep->k, spr = ep->cur.spr;
@@ -795,15 +828,15 @@ void ep_moe_layer(ep_t *ep, int layer, int T, const float *xn, const int32_t *id
         s_fail(ep, "dispatch", "out of memory");
         return;
     }
-    if (op->download(be, ep->h_x, xn, (size_t)T * H * sizeof(float)) < 0 ||
-        op->download(be, ep->h_ids, ids, n_ent * sizeof(int32_t)) < 0 ||
-        op->download(be, ep->h_w, w, n_ent * sizeof(float)) < 0) {
+    if (T > 0 && (op->download(be, ep->h_x, xn, (size_t)T * H * sizeof(float)) < 0 ||
+                  op->download(be, ep->h_ids, ids, n_ent * sizeof(int32_t)) < 0 ||
+                  op->download(be, ep->h_w, w, n_ent * sizeof(float)) < 0)) {
         s_fail(ep, "dispatch", "cannot read the routing");
         return;
     }
     /* Each entry's rank: expert e's replicas take turns. Counting pass, then placing pass. */
     const ep_lplan_t *q = &ep->cur.l[layer];
-    int32_t *dst = malloc(n_ent * sizeof(int32_t));
+    int32_t *dst = malloc((n_ent ? n_ent : 1) * sizeof(int32_t));
     size_t cnt[EP_MAX_RANKS] = {0}, off[EP_MAX_RANKS];
     if (!dst) {
         s_fail(ep, "dispatch", "out of memory");
@@ -841,9 +874,9 @@ void ep_moe_layer(ep_t *ep, int layer, int T, const float *xn, const int32_t *id
     free(dst);
     ep_hdr_t mine[EP_MAX_RANKS], theirs[EP_MAX_RANKS];
     for (int r = 0; r < ep->n; r++)
-        mine[r] = (ep_hdr_t){.magic = EP_MAGIC, .cmd = EP_CMD_MOE, .layer = (uint32_t)layer,
+        mine[r] = (ep_hdr_t){.magic = EP_MAGIC, .cmd = EP_CMD_MOE, .layer = (uint32_t)layer, .step = ep->step_no,
                              .n_entries = (uint32_t)cnt[r], .epoch = ep->cur.epoch, .ready_epoch = s_my_ready(ep)};
-    if (s_headers(ep, mine, theirs, ep->rounds_done ? EP_ROUND_DEADLINE_MS : EP_FIRST_DEADLINE_MS) < 0 ||
+    if (s_headers(ep, mine, theirs, EP_CMD_MOE, layer, EP_ROUND_DEADLINE_MS) < 0 ||
         s_moe_round(ep, layer, mine, theirs) < 0)
         return;
     /* Combine: each token's results in ascending expert order, as moe_ffn adds them. */
@@ -865,7 +898,7 @@ void ep_moe_layer(ep_t *ep, int layer, int T, const float *xn, const int32_t *id
                 out[h] += p[h];
         }
     }
-    if (op->upload(be, delta, ep->h_out, (size_t)T * H * sizeof(float)) < 0)
+    if (T > 0 && op->upload(be, delta, ep->h_out, (size_t)T * H * sizeof(float)) < 0)
         s_fail(ep, "combine", "cannot write the layer's output");
     ep->st.entries_sent += n_ent;
     for (int r = 0; r < ep->n; r++)
@@ -873,34 +906,69 @@ void ep_moe_layer(ep_t *ep, int layer, int T, const float *xn, const int32_t *id
     s_load_step(ep);
 }
 
+void ep_moe_layer(ep_t *ep, int layer, int T, const float *xn, const int32_t *ids, const float *w, float *delta)
+{
+    if (ep->failed) {   /* the step that met the failure has ended: its requests were answered */
+        if (ep->on_fail && !ep->fail_told && layer == ep->first_moe) {
+            ep->fail_told = 1;
+            ep->on_fail(ep->fail_ctx, ep->err);
+        }
+        return;
+    }
+    if (layer == ep->first_moe &&
+        s_step_begin(ep, T, 0, ep->rounds_done ? EP_ROUND_DEADLINE_MS : EP_FIRST_DEADLINE_MS) < 0)
+        return;
+    s_layer(ep, layer, T, xn, ids, w, delta);
+}
+
+/* A step with no rows of this rank's: the header within deadline_ms, then every MoE round. */
+static int s_join(ep_t *ep, uint32_t flags, int deadline_ms)
+{
+    if (ep->failed)
+        return -1;
+    const long total = s_step_begin(ep, 0, flags, deadline_ms);
+    for (int l = 0; total > 0 && l < ep->L && !ep->failed; l++)
+        if (ep->m->layers[l].is_moe)
+            s_layer(ep, l, 0, NULL, NULL, NULL, NULL);
+    return ep->failed ? -1 : 0;
+}
+
+int ep_join(ep_t *ep, int done)
+{
+    return s_join(ep, done ? EP_F_DONE : 0, ep->rounds_done ? EP_ROUND_DEADLINE_MS : EP_FIRST_DEADLINE_MS);
+}
+
 int ep_follow(ep_t *ep, char *err, size_t errlen)
 {
-    ep_hdr_t mine[EP_MAX_RANKS], theirs[EP_MAX_RANKS];
-    while (!ep->failed) {
-        for (int r = 0; r < ep->n; r++)
-            mine[r] = (ep_hdr_t){.magic = EP_MAGIC, .cmd = EP_CMD_MOE, .epoch = ep->cur.epoch,
-                                 .ready_epoch = s_my_ready(ep)};
-        if (s_headers(ep, mine, theirs, -1) < 0)   /* the leader may be idle for hours */
+    while (!ep->failed && !ep->stopped)
+        if (s_join(ep, 0, -1) < 0)   /* the step header without a deadline: rank 0 may be idle for hours */
             break;
-        const ep_hdr_t *h = &theirs[0];
-        if (h->cmd == EP_CMD_STOP)
-            return 0;
-        if (h->cmd == EP_CMD_PLACE) {
-            if (s_place_round(ep, theirs, NULL, 0) == 0)
-                s_load_step(ep);
-            continue;
-        }
-        if (h->epoch != ep->cur.epoch) {
-            if (s_next_ready(ep) && h->epoch == ep->next.epoch) {
-                s_switch(ep);
-            } else {
-                s_fail(ep, "round", "the leader computes with a placement this rank has not loaded");
-                break;
-            }
-        }
-        if (s_moe_round(ep, (int)h->layer, mine, theirs) < 0)
-            break;
-        s_load_step(ep);
-    }
+    if (ep->stopped)
+        return 0;
     return errf(err, errlen, "%s", ep->err);
 }
+
+void ep_stop(ep_t *ep)
+{
+    if (ep && ep->rank == 0 && !ep->failed && !ep->stopped && !ep->all_done)
+        (void)s_step_begin(ep, 0, EP_F_STOP, EP_ROUND_DEADLINE_MS);
+}
+
+int ep_poll_fds(const ep_t *ep, int *fds)
+{
+    return ep->comm->ops->poll_fds ? ep->comm->ops->poll_fds(ep->comm, fds) : 0;
+}
+
+int ep_pending(ep_t *ep)
+{
+    int fds[EP_MAX_RANKS];
+    struct pollfd pf[EP_MAX_RANKS];
+    const int n = ep_poll_fds(ep, fds);
+    for (int i = 0; i < n; i++)
+        pf[i] = (struct pollfd){.fd = fds[i], .events = POLLIN};
+    return n > 0 && poll(pf, (nfds_t)n, 0) > 0;
+}
+
+int ep_all_done(const ep_t *ep) { return ep->all_done; }
+
+int ep_done_sent(const ep_t *ep) { return ep->done_sent; }

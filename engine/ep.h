@@ -3,28 +3,33 @@
  * weighted results sent back (dispatch / combine), and placements (which rank's slot holds which
  * expert, with replicas for hot experts) applied while the group keeps serving.
  *
- * The group's lockstep (docs/experts.md says why): rank 0 leads. It runs the schedule, the
- * attention and the dense parts of its batch, and at each MoE layer one round over the group:
- *   1. every rank sends every other rank a fixed header (ep_hdr_t): the leader's says the command
- *      (an MoE layer, a new placement, stop), the layer, the placement epoch to compute with and
- *      how many entries (token, expert) it sends that rank; a follower's says which placement it
- *      has loaded (ready_epoch);
- *   2. dispatch: each entry's hidden state [H], its routing weight and the rank's slot index;
- *   3. every rank runs its slots' experts over the entries it received (the backend's moe_ffn with
- *      one expert per entry, so each result is weight * expert(x), rounded as moe_ffn rounds it);
- *   4. combine: the results go back, and the sender adds each token's results in ascending expert
- *      order, as moe_ffn does, so the output is the single-process output (bit for bit on the CPU).
- * Followers (ep_follow) hold only their slots' experts and answer rounds until the leader stops
- * the group or goes away. The round is written for any rank sending entries (every rank leading
- * its own batch would use the same exchange); only the leader does today.
+ * The group's lockstep (docs/experts.md says why): every rank may run its own batch (attention
+ * data-parallel: each worker its own requests, KV and schedule), and every forward of any rank is
+ * one step of the whole group, every rank taking part, one with no rows too:
+ *   1. step header: every rank sends every other rank a fixed header (ep_hdr_t) with the group's
+ *      step number, its rows in this step (0 for a rank that only joins) and the placement it has
+ *      loaded (ready_epoch); rank 0's also says the placement epoch the step computes with, and
+ *      whether a new placement table follows (then sent in the same step). A step whose ranks all
+ *      have no rows is empty (no MoE rounds): how draining ranks agree to leave together;
+ *   2. then one round per MoE layer, in layer order: headers again (the layer, how many entries
+ *      (token, expert) the sender sends that rank), dispatch (each entry's hidden state [H], its
+ *      routing weight and the rank's slot index), every rank runs its slots' experts over the
+ *      entries it received (the backend's moe_ffn with one expert per entry, so each result is
+ *      weight * expert(x), rounded as moe_ffn rounds it), and combine: the results go back, and
+ *      each sender adds each token's results in ascending expert order, as moe_ffn does, so a
+ *      rank's output is the single-process output for its rows (bit for bit on the CPU).
+ * A rank with rows runs the step from model_forward (ep_moe_layer: the header at the first MoE
+ * layer); a rank without rows joins when a peer's header arrives (ep_pending, then ep_join: an
+ * empty round per MoE layer). A rank that has only ever joined (a troupe-expert-rank process
+ * holding experts for a worker: ep_follow) is the same protocol with no rows ever.
  *
  * Placements: a table per MoE layer of n_slots = n_ranks * slots_per_rank expert ids (rank r
  * holds slots r*spr .. r*spr+spr-1; engine/eplb.h computes them). A token's choice of expert e
- * goes to one of e's replicas, the replicas taking turns within a step, so a hot expert's tokens
- * split evenly. A new placement (ep_propose) goes to every rank in one round at a step boundary;
- * each rank then loads the experts it lacks beside the ones it runs, one layer per round, and
- * reports it ready; when every rank is, the leader switches the whole group at the start of a
- * step (the epoch in the header). Experts a rank no longer holds are released after the switch.
+ * goes to one of e's replicas, the replicas taking turns within a rank's step, so a hot expert's
+ * tokens split evenly. A new placement (ep_propose, on rank 0) goes to every rank with the next
+ * step's header; each rank then loads the experts it lacks beside the ones it runs, one layer per
+ * round, and reports it ready; when every rank is, rank 0 switches the whole group at the start
+ * of a step (the epoch in its step header). Experts a rank no longer holds are released after the switch.
  *
  * The transport is an ep_comm_t: unix-socket pairs between the processes of one host (ep_sock.c),
  * or NCCL between GPUs (ep_nccl.c). A peer that dies (EOF), a broken header or a deadline ends the
@@ -56,6 +61,10 @@ typedef struct ep_comm_ops {
     int (*exchange)(ep_comm_t *c, const void *const *send, const size_t *send_n, void *const *recv,
                     const size_t *recv_n, int deadline_ms, char *err, size_t errlen);
     void (*destroy)(ep_comm_t *c);
+    /* The descriptors that become readable when a peer starts a step (or goes away), for a
+     * caller's poll loop: up to EP_MAX_RANKS into fds, their number returned. NULL: none (the
+     * rank cannot learn of a peer's step without a blocking call: ep_follow only). */
+    int (*poll_fds)(const ep_comm_t *c, int *fds);
 } ep_comm_ops_t;
 
 struct ep_comm {
@@ -69,6 +78,16 @@ ep_comm_t *ep_sock_new(int rank, int n_ranks, const int *fds, char *err, size_t 
 /* The leader's side of a local group: makes the socket pairs of all n_ranks (pairs[a*n+b] is a's
  * end towards b), returns them for the caller to hand to its children. */
 int ep_sock_pairs(int n_ranks, int *pairs, char *err, size_t errlen);
+
+/* Ranks that are independent processes of one host (decode workers the supervisor starts, each
+ * on its own): rank r listens at <dir>/<group>.ep<r>, connects to every lower rank's socket and
+ * accepts every higher rank, each connection opened by a hello (the group's name, both ranks, the
+ * group size) and its answer. A socket that refuses, is missing, or closes before its answer (a
+ * peer of an earlier incarnation on its way out) is tried again until deadline_ms. The listening
+ * socket is closed and removed once the group is whole, so a later incarnation of a peer never
+ * reaches this one's. NULL with err naming the rank missing. */
+ep_comm_t *ep_sock_rendezvous(const char *dir, const char *group, int rank, int n_ranks, int deadline_ms, char *err,
+                              size_t errlen);
 
 /* NCCL between GPUs of the model's backend (be->ops->nccl): rank `rank` of n_ranks with the unique
  * id the leader made (bk_nccl_ops_t.unique_id) and gave the others. NULL with err where the backend
@@ -94,16 +113,32 @@ typedef struct ep ep_t;
 
 /* A rank of a group over model m (loaded with ep_keep_initial for this rank: it holds the experts
  * of the in-order placement) and comm (owned from here on). ck is the model's checkpoint, kept open
- * for loading the experts later placements move here. The leader (rank 0) then installs itself in
- * the model (every MoE layer of model_forward runs through the group); the others call ep_follow. */
+ * for loading the experts later placements move here. Every rank installs itself in the model
+ * (every MoE layer of model_forward runs through the group). */
 ep_t *ep_new(model_t *m, ckpt_t *ck, ep_comm_t *comm, char *err, size_t errlen);
-/* The leader: sends stop to the followers (when the group is still well); frees. */
+/* Frees; says nothing to the peers (they see the connection close). */
 void ep_destroy(ep_t **self_p);
 
-/* A follower's life: answers rounds until the leader says stop (0) or the group fails (-1, err). */
+/* A rank that leads followers (ep_follow): rank 0 tells them to stop, then they return 0. */
+void ep_stop(ep_t *ep);
+/* A follower's life: joins every step until rank 0 says stop (0) or the group fails (-1, err). */
 int ep_follow(ep_t *ep, char *err, size_t errlen);
 
-/* The leader: a new placement, n_slots per layer for every layer (MoE or not: dense layers' rows
+/* 1 when a peer has started a step this rank has not joined (its header is waiting, or a peer's
+ * connection closed: ep_join then fails), else 0. Never blocks. */
+int ep_pending(ep_t *ep);
+/* Descriptors to poll for ep_pending (ep_comm_ops_t.poll_fds). */
+int ep_poll_fds(const ep_t *ep, int *fds);
+/* Takes part in a step with no rows: the step header, then an empty round per MoE layer (when any
+ * rank has rows). done: this rank is draining with nothing left (the header says so). Starts the
+ * step itself when no peer has. 0, or -1 once the group failed (ep_error). */
+int ep_join(ep_t *ep, int done);
+/* 1 once a step had every rank done (each then leaves; no rank starts another step), else 0. */
+int ep_all_done(const ep_t *ep);
+/* 1 when this rank's last step header said done (a draining rank need not announce again). */
+int ep_done_sent(const ep_t *ep);
+
+/* Rank 0: a new placement, n_slots per layer for every layer (MoE or not: dense layers' rows
  * are ignored), slot_expert [num_layers][n_slots]. It goes to the group at the next step's first
  * MoE layer; the switch comes some steps later. Refused (-1, err) when a layer leaves an expert
  * without a replica, n_slots does not divide over the ranks, or a rank would hold one expert
@@ -123,8 +158,8 @@ typedef struct ep_status {
     int failed;
 } ep_status_t;
 void ep_status(const ep_t *ep, ep_status_t *out);
-/* The leader: (token, expert) entries dispatched to each rank by layer l since the last reset,
- * out [n_ranks] (what each rank's experts computed: the group's measured load per rank). */
+/* (token, expert) entries this rank dispatched to each rank in layer l since the last reset,
+ * out [n_ranks] (with one rank running every row, the group's measured load per rank). */
 void ep_rank_entries(const ep_t *ep, int layer, uint64_t *out);
 void ep_rank_entries_reset(ep_t *ep);
 /* Slots of layer l now: *n_slots, slot_expert (NULL for a dense layer). */
@@ -136,9 +171,9 @@ const int32_t *ep_placement(const ep_t *ep, int layer, int *n_slots);
 void ep_moe_layer(ep_t *ep, int layer, int T, const float *xn, const int32_t *ids, const float *w, float *delta);
 /* 0 while the group is well, else -1 with the error that ended it. */
 int ep_error(const ep_t *ep, char *err, size_t errlen);
-/* The leader: cb(ctx, error) runs once, at the first MoE layer after the group failed (so the
- * failing step's requests were answered first). A worker exits there: its supervisor restarts it
- * with a fresh group. */
+/* cb(ctx, error) runs once, at the first MoE layer after the group failed (so the failing step's
+ * requests were answered first). A worker exits there: its supervisor restarts it with a fresh
+ * group. */
 void ep_on_fail(ep_t *ep, void (*cb)(void *ctx, const char *error), void *ctx);
 
 #endif

@@ -174,7 +174,8 @@ void expert_group_destroy(expert_group_t **self_p)
         return;
     expert_group_t *g = *self_p;
     const int well = g->ep && ep_error(g->ep, NULL, 0) == 0;
-    ep_destroy(&g->ep);   /* stop to the ranks, when the group is still well */
+    ep_stop(g->ep);   /* stop to the ranks, when the group is still well */
+    ep_destroy(&g->ep);
     for (int p = 0; p < g->n; p++)
         if (g->fds[p] >= 0)
             close(g->fds[p]);

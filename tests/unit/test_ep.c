@@ -3,9 +3,19 @@
  * every expert local (qwen3-moe-f32, mixtral-f32, and kjv-moe from TROUPE_MODELS when present); two
  * placements with redundant replicas applied while generating (experts loaded, the switch made,
  * output unchanged); a refused placement; kill -9 of a rank ends the next forward with an error
- * naming it, in bounded time. */
+ * naming it, in bounded time.
+ *
+ * Data-parallel groups (every rank its own batch, engine/ep.h): 2 and 4 processes that meet by
+ * ep_sock_rendezvous, each this program again (--dp-rank), each running its own sequences: the
+ * ranks' steps differ in rows (a prompt step of 10 rows, then decode steps of 2), one rank starts
+ * late (it joins the others' steps with no rows first), one of the group of 4 never has a row, and
+ * a placement with replicas is switched to halfway; every rank's greedy tokens and logits equal
+ * one process with every expert running the same sequences. Then they drain together (the done
+ * step) and exit 0. */
 #include <limits.h>
+#include <poll.h>
 #include <setjmp.h>
+#include <spawn.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -27,6 +38,7 @@
 #define SEQS 2
 
 static char s_exe[PATH_MAX];
+static char s_self[PATH_MAX];   /* this test binary, for the data-parallel ranks */
 
 static engine_spec_t s_spec(void)
 {
@@ -240,8 +252,255 @@ static void test_kill_rank(void **state)
     engine_destroy(&e);
 }
 
-int main(void)
+/* ---- data-parallel ranks --------------------------------------------------------------------- */
+
+#define DP_STEPS 8
+
+/* Rank r's sequences: none for the last rank of a group of 4 (it only joins), else two prompts of
+ * its own. Rank 1 starts after it has joined 3 of the others' steps. */
+static int s_dp_seqs(int r, int n) { return n == 4 && r == n - 1 ? 0 : SEQS; }
+
+static void s_dp_prompt(int r, int s, int32_t *p)
 {
+    for (int i = 0; i < 5; i++)
+        p[i] = (int32_t)(1 + (r * 13 + s * 7 + i * 5) % 40);
+}
+
+/* One step of rank r's batch: the prompts at step 0, then a token each. tok [SEQS][DP_STEPS]. */
+static int s_dp_step(engine_t *e, kvseq_t **kv, model_seq_t *q, int ns, int step, int32_t tok[][DP_STEPS],
+                     float *logits, char *err, size_t errlen)
+{
+    const int V = e->cfg.vocab_size;
+    model_batch_t b = {.n_seqs = ns, .seqs = q};
+    if (model_forward(e->model, &b, e->logits, err, errlen) != 0)
+        return -1;
+    memcpy(logits + (size_t)step * ns * V, e->logits, (size_t)ns * V * sizeof(float));
+    for (int s = 0; s < ns; s++) {
+        const float *lg = e->logits + (size_t)s * V;
+        int32_t best = 0;
+        for (int i = 1; i < V; i++)
+            if (lg[i] > lg[best])
+                best = i;
+        tok[s][step] = best;
+        if (kvseq_append(kv[s], &best, 1) != 0)
+            return errf(err, errlen, "kv full");
+        q[s].n_new = 1;
+    }
+    return 0;
+}
+
+static int s_dp_open_seqs(engine_t *e, int r, int ns, kvseq_t **kv, model_seq_t *q)
+{
+    for (int s = 0; s < ns; s++) {
+        int32_t p[5];
+        s_dp_prompt(r, s, p);
+        if (!(kv[s] = kvseq_new(e->pool, 128, 0)) || kvseq_append(kv[s], p, 5) != 0)
+            return -1;
+        q[s] = (model_seq_t){.kv = kv[s], .n_new = 5};
+    }
+    return 0;
+}
+
+/* A rank's life (this program with --dp-rank): the reference first, one process with every expert,
+ * then the same sequences in the group. Exit 0 when every token and logit matched. */
+static int s_dp_rank(const char *dir, const char *sockdir, int r, int n)
+{
+    char err[1024];
+    const int ns = s_dp_seqs(r, n);
+    engine_spec_t sp = s_spec();
+    engine_status_t est;
+    engine_t *ref = engine_open(dir, &sp, &est, err, sizeof err);
+    if (!ref) {
+        fprintf(stderr, "rank %d: %s\n", r, err);
+        return 2;
+    }
+    const int V = ref->cfg.vocab_size, L = ref->cfg.num_layers, E = ref->cfg.num_experts;
+    float *want = calloc((size_t)DP_STEPS * SEQS * V, sizeof(float)), *got = calloc((size_t)DP_STEPS * SEQS * V, sizeof(float));
+    int32_t wtok[SEQS][DP_STEPS], gtok[SEQS][DP_STEPS];
+    kvseq_t *kv[SEQS];
+    model_seq_t q[SEQS];
+    if (s_dp_open_seqs(ref, r, ns, kv, q) != 0)
+        return 2;
+    for (int step = 0; ns && step < DP_STEPS; step++)
+        if (s_dp_step(ref, kv, q, ns, step, wtok, want, err, sizeof err) != 0) {
+            fprintf(stderr, "rank %d, reference: %s\n", r, err);
+            return 2;
+        }
+    for (int s = 0; s < ns; s++)
+        kvseq_destroy(&kv[s]);
+    engine_destroy(&ref);
+
+    engine_t *e = engine_new(dir, err, sizeof err);
+    ep_keep_t keep = {.rank = r, .n_ranks = n, .n_experts = e ? e->cfg.num_experts : 0};
+    sp = s_spec();
+    sp.model.expert_keep = ep_keep_initial;
+    sp.model.expert_ctx = &keep;
+    ep_comm_t *c = NULL;
+    ep_t *ep = NULL;
+    if (!e || engine_load(e, &sp, err, sizeof err) != ENGINE_OK ||
+        !(c = ep_sock_rendezvous(sockdir, "dp", r, n, 60000, err, sizeof err)) ||
+        !(ep = ep_new(e->model, e->ck, c, err, sizeof err)) || s_dp_open_seqs(e, r, ns, kv, q) != 0) {
+        fprintf(stderr, "rank %d: %s\n", r, err);
+        return 2;
+    }
+    int own = 0, joined = 0, rc = 0;
+    const int delay = r == 1 ? 3 : 0;
+    uint64_t proposed = 0;
+    while (!ep_all_done(ep)) {
+        if (r == 0 && !proposed && own == DP_STEPS / 2) {   /* one redundant slot per rank, a skew per layer */
+            const int n_slots = E + n;
+            int32_t *tab = malloc((size_t)L * n_slots * sizeof(int32_t));
+            double *load = malloc((size_t)E * sizeof(double));
+            for (int l = 0; l < L; l++) {
+                for (int x = 0; x < E; x++)
+                    load[x] = 1.0 + (double)((x * 7 + l * 3) % E) * (x % 3 == 0 ? 9.0 : 1.0);
+                if (eplb_place(load, E, n, 1, n_slots, tab + (size_t)l * n_slots, err, sizeof err) != 0)
+                    return 2;
+            }
+            if (ep_propose(ep, 1, n_slots, tab, err, sizeof err) != 0) {
+                fprintf(stderr, "rank 0: %s\n", err);
+                return 2;
+            }
+            proposed = 1;
+            free(tab);
+            free(load);
+        }
+        if (own < (ns ? DP_STEPS : 0) && joined >= delay) {
+            if (s_dp_step(e, kv, q, ns, own, gtok, got, err, sizeof err) != 0) {
+                fprintf(stderr, "rank %d, group step %d: %s\n", r, own, err);
+                return 1;
+            }
+            own++;
+            continue;
+        }
+        const int done = own >= (ns ? DP_STEPS : 0);
+        if (ep_pending(ep) || (done && !ep_done_sent(ep))) {
+            if (ep_join(ep, done) != 0) {
+                ep_error(ep, err, sizeof err);
+                fprintf(stderr, "rank %d: %s\n", r, err);
+                return 1;
+            }
+            joined++;
+            continue;
+        }
+        int fds[EP_MAX_RANKS];
+        struct pollfd pf[EP_MAX_RANKS];
+        const int nf = ep_poll_fds(ep, fds);
+        for (int i = 0; i < nf; i++)
+            pf[i] = (struct pollfd){.fd = fds[i], .events = POLLIN};
+        poll(pf, (nfds_t)nf, 1000);
+    }
+    for (int s = 0; s < ns; s++)
+        for (int t = 0; t < DP_STEPS; t++)
+            if (gtok[s][t] != wtok[s][t]) {
+                fprintf(stderr, "%s, rank %d of %d: sequence %d token %d is %d, one process gave %d\n", dir, r, n, s, t,
+                        gtok[s][t], wtok[s][t]);
+                rc = 1;
+            }
+    if (ns && memcmp(got, want, (size_t)DP_STEPS * ns * V * sizeof(float)) != 0) {
+        fprintf(stderr, "%s, rank %d of %d: the logits differ from one process's\n", dir, r, n);
+        rc = 1;
+    }
+    ep_status_t st;
+    ep_status(ep, &st);
+    if (st.switches != 1) {
+        fprintf(stderr, "%s, rank %d of %d: %llu placement switches, want 1\n", dir, r, n,
+                (unsigned long long)st.switches);
+        rc = 1;
+    }
+    printf("rank %d of %d: %d own steps, %d joined, %llu rounds, %llu entries sent, epoch %llu%s\n", r, n, own, joined,
+           (unsigned long long)st.rounds, (unsigned long long)st.entries_sent, (unsigned long long)st.epoch,
+           rc ? "" : ", exact");
+    for (int s = 0; s < ns; s++)
+        kvseq_destroy(&kv[s]);
+    ep_destroy(&ep);
+    engine_destroy(&e);
+    free(want);
+    free(got);
+    return rc;
+}
+
+extern char **environ;
+
+static void s_dp_case(const char *dir)
+{
+    engine_t *probe;
+    char err[512], tmp[] = "/tmp/test-ep-dp-XXXXXX";
+    if (!(probe = engine_new(dir, err, sizeof err)))
+        fail_msg("%s", err);
+    const int E = probe->cfg.num_experts;
+    engine_destroy(&probe);
+    assert_non_null(mkdtemp(tmp));
+    for (int n = 2; n <= 4; n *= 2) {
+        if (E % n)
+            continue;
+        pid_t pids[4];
+        for (int r = 0; r < n; r++) {
+            char a_r[16], a_n[16];
+            snprintf(a_r, sizeof a_r, "%d", r);
+            snprintf(a_n, sizeof a_n, "%d", n);
+            char *argv[] = {s_self, "--dp-rank", a_r, (char *)"--ranks", a_n, (char *)dir, tmp, NULL};
+            assert_int_equal(posix_spawn(&pids[r], s_self, NULL, NULL, argv, environ), 0);
+        }
+        int bad = 0;
+        for (int r = 0; r < n; r++) {
+            int st;
+            assert_int_equal(waitpid(pids[r], &st, 0), pids[r]);
+            bad |= !WIFEXITED(st) || WEXITSTATUS(st) != 0;
+        }
+        if (bad)
+            fail_msg("%s, a data-parallel group of %d: a rank failed (its message above)", dir, n);
+    }
+    rmdir(tmp);
+}
+
+static void test_dp_qwen3_moe(void **state)
+{
+    (void)state;
+    s_dp_case(FIXTURES "/qwen3-moe-f32");
+}
+
+static void test_dp_mixtral(void **state)
+{
+    (void)state;
+    s_dp_case(FIXTURES "/mixtral-f32");
+}
+
+static void test_dp_kjv_moe(void **state)
+{
+    (void)state;
+    const char *root = getenv("TROUPE_MODELS");
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s/kjv-moe", root && *root ? root : "../shared/models");
+    if (access(dir, R_OK) != 0) {
+        print_message("SKIP kjv-moe: %s is absent (set TROUPE_MODELS)\n", dir);
+        skip();
+    }
+    s_dp_case(dir);
+}
+
+/* A rank of a data-parallel group killed: the others fail their next step naming it, no hang. */
+static void test_dp_rendezvous_refused(void **state)
+{
+    (void)state;
+    char err[512], tmp[] = "/tmp/test-ep-rv-XXXXXX";
+    assert_non_null(mkdtemp(tmp));
+    const int64_t t0 = now_ns();
+    assert_null(ep_sock_rendezvous(tmp, "lonely", 1, 2, 300, err, sizeof err));
+    assert_non_null(strstr(err, "rank 0 did not answer"));
+    assert_null(ep_sock_rendezvous(tmp, "lonely", 0, 2, 300, err, sizeof err));
+    assert_non_null(strstr(err, "rank 1 did not connect"));
+    assert_true(now_ns() - t0 < 3ll * 1000000000);
+    rmdir(tmp);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 7 && !strcmp(argv[1], "--dp-rank"))
+        return s_dp_rank(argv[5], argv[6], atoi(argv[2]), atoi(argv[4]));
+    ssize_t sk = readlink("/proc/self/exe", s_self, sizeof s_self - 1);
+    assert_true(sk > 0);
+    s_self[sk] = 0;
     const char *bin = getenv("TROUPE_BIN");
     if (bin && *bin) {
         snprintf(s_exe, sizeof s_exe, "%s/troupe-expert-rank", bin);
@@ -261,6 +520,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_qwen3_moe),   cmocka_unit_test(test_mixtral),   cmocka_unit_test(test_kjv_moe),
         cmocka_unit_test(test_refused_placement), cmocka_unit_test(test_kill_rank),
+        cmocka_unit_test(test_dp_qwen3_moe), cmocka_unit_test(test_dp_mixtral), cmocka_unit_test(test_dp_kjv_moe),
+        cmocka_unit_test(test_dp_rendezvous_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
