@@ -300,7 +300,9 @@ static int s_load_mtp(model_t *m, ckpt_t *ck, char *err, size_t errlen)
         !(t->norm = model_vec(m, ck, H, NAME("shared_head.norm.weight"), err, errlen)) ||
         !(t->layer.attn_norm = model_vec(m, ck, H, NAME("input_layernorm.weight"), err, errlen)) ||
         !(t->layer.mlp_norm = model_vec(m, ck, H, NAME("post_attention_layernorm.weight"), err, errlen)) ||
-        mla_load_attention(m, ck, prefix, &t->layer, &bytes, err, errlen) < 0)
+        mla_load_attention(m, ck, prefix, &t->layer, &bytes, err, errlen) < 0 ||
+        !(t->prob = model_alloc(m, (size_t)m->opts.max_logit_rows * sizeof(float), "MTP draft probabilities", err,
+                                errlen)))
         return -1;
 #undef NAME
     t->layer.is_moe = c->num_experts > 0;
@@ -335,8 +337,15 @@ int mla_load_buffers(model_t *m, ckpt_t *ck, char *err, size_t errlen)
 
 void mla_free(model_t *m)
 {
-    if (m->mtp)
-        free(m->mtp->layer.experts);
+    model_mtp_t *t = m->mtp;
+    for (size_t i = 0; t && t->graphs && i < (size_t)(m->opts.max_seqs + 1) * MODEL_GRAPH_MAX_N; i++)
+        if (t->graphs[i])
+            m->be->ops->graph_free(m->be, t->graphs[i]);
+    if (t) {
+        free(t->graphs);
+        free(t->graph_runs);
+        free(t->layer.experts);
+    }
     free(m->mtp);
     m->mtp = NULL;
 }

@@ -43,6 +43,14 @@ typedef struct model_mtp {
     bk_mat_t eh_e, eh_h;             /* eh_proj [H][2H]'s column halves [H][H]: on enorm(embed), on hnorm(h) */
     float *enorm, *hnorm, *norm;     /* device f32 [H] */
     size_t weight_bytes;             /* the checkpoint's bytes of layer num_layers, all of it placed */
+    float *prob;                     /* device f32 [max_logit_rows]: mtp_top's probabilities */
+    /* MTP step graphs (engine/mtp.c, as the decode-step graphs below): graphs[slot] replays the
+     * ops from the embedding to the drafts of B sequences of n new rows each (logits of each
+     * one's last row); graph_runs as graph_runs below. [(opts.max_seqs + 1) x MODEL_GRAPH_MAX_N],
+     * made at the first such step. */
+    void **graphs;
+    uint8_t *graph_runs;
+    const void *graph_kv;            /* the MTP pool the graphs address (another: all dropped) */
 } model_mtp_t;
 
 struct model {

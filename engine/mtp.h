@@ -30,9 +30,13 @@ kvpool_t *model_mtp_pool_new(const model_t *m, int n_blocks, int block_size, dty
  * (n_new rows each; logits of each sequence's last row, or all rows with all_logits; argmax_out
  * as in model_forward). hidden: host [T][H], row i the hidden state of new row i (the target's
  * h_p, or the MTP's own output for a chained draft). hidden_out (host [T][H], may be NULL): the
- * MTP block's output of every new row, the input of a chained draft. 0, or -1 with err. */
+ * MTP block's output of every new row, the input of a chained draft. logits (host [R][V]) may be
+ * NULL. top_prob (host [R], may be NULL; needs argmax_out): each row's argmax softmax
+ * probability, computed on the device with the argmax (the backend's mtp_top), so that drafting
+ * brings no logits to the host. A batch of B sequences of n rows each with top_prob runs through
+ * a step graph where the backend has graphs (from its second step of that shape). 0, or -1 with err. */
 int model_mtp_forward(model_t *m, const model_batch_t *b, const float *hidden, float *logits, float *hidden_out,
-                      char *err, size_t errlen);
+                      float *top_prob, char *err, size_t errlen);
 
 /* The MTP proposer (spec_proposer_t): greedy drafts by the MTP layer of `target`, for up to
  * max_seqs sequences of up to max_context tokens, its KV in its own pool on the target's backend
@@ -93,6 +97,8 @@ typedef struct spec_mtp_stats {
     uint64_t evicted;              /* sequences dropped to make room for another (every slot taken: the one
                                       fed longest ago goes, and begins again at its next feed) */
     int seqs;                      /* sequences tracked now */
+    double feed_seconds;           /* wall time in spec_mtp_feed(_batch): the kept positions' MTP forwards */
+    double propose_seconds;        /* wall time in proposals: catch-up and the chained drafts' forwards */
 } spec_mtp_stats_t;
 void spec_mtp_stats(const spec_proposer_t *p, spec_mtp_stats_t *out);
 /* Target position the MTP sequence of id begins at (-1: not tracked); for tests. */

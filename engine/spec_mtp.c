@@ -9,7 +9,6 @@
  * proposal appends its chained drafts (the MTP's own output as the hidden state, the drafted token
  * as the input) and truncates them away again before it returns, so nothing depends on which drafts
  * the target accepts. */
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -71,13 +70,14 @@ typedef struct {
 typedef struct {
     model_t *m;
     kvpool_t *pool;
-    int max_seqs, max_context, H, V;
+    int max_seqs, max_context, H;
     int run_tokens, run_seqs;      /* rows and sequences per MTP forward (the model's max_tokens, max_seqs) */
     s_seq_t *seqs;
     s_job_t *jobs;                 /* [max_seqs] a batch being gathered */
     int n_jobs;
     float *stage;                  /* [run_tokens][H] a forward's hidden rows */
-    float *logits;                 /* [run_seqs][V] each sequence's last row */
+    int32_t *ids;                  /* [run_seqs] each sequence's last row's argmax (the device's) */
+    float *probs;                  /* [run_seqs] its softmax probability (the device's mtp_top) */
     float *hid_out;                /* [run_tokens][H] */
     float *target_hid;             /* [target_rows][H] spec_mtp_hidden_buffer */
     int target_rows;               /* the model's max_tokens: a target step's rows at most */
@@ -143,9 +143,9 @@ static int s_forward(s_mtp_t *t, s_job_t *jobs, int n, char *err, size_t errlen)
     }
     int rc = i < n ? errf(err, errlen, "mtp: sequence %llu: no room in the MTP KV (%d positions)",
                           (unsigned long long)jobs[i].s->id, kvseq_len(jobs[i].s->kv) + jobs[i].n) : 0;
-    model_batch_t b = {.n_seqs = n, .seqs = q};
+    model_batch_t b = {.n_seqs = n, .seqs = q, .argmax_out = t->ids};
     if (rc == 0)
-        rc = model_mtp_forward(t->m, &b, t->stage, t->logits, t->hid_out, err, errlen);
+        rc = model_mtp_forward(t->m, &b, t->stage, NULL, t->hid_out, t->probs, err, errlen);
     if (rc < 0) {
         for (int u = 0; u < i; u++)
             kvseq_truncate(jobs[u].s->kv, kvseq_len(jobs[u].s->kv) - jobs[u].n);
@@ -158,15 +158,8 @@ static int s_forward(s_mtp_t *t, s_job_t *jobs, int n, char *err, size_t errlen)
         s_seq_t *s = jobs[i].s;
         T += jobs[i].n;
         memcpy(s->last_hid, t->hid_out + (size_t)(T - 1) * t->H, (size_t)t->H * sizeof(float));
-        const float *lg = t->logits + (size_t)i * t->V;
-        int best = 0;
-        for (int v = 1; v < t->V; v++)
-            best = lg[v] > lg[best] ? v : best;
-        double sum = 0;
-        for (int v = 0; v < t->V; v++)
-            sum += exp((double)lg[v] - lg[best]);
-        s->last_draft = best;
-        s->last_prob = (float)(1.0 / sum);
+        s->last_draft = t->ids[i];
+        s->last_prob = t->probs[i];
     }
     return 0;
 }
@@ -281,6 +274,7 @@ int spec_mtp_feed_batch(spec_proposer_t *p, const spec_mtp_feed_t *feeds, int n,
     s_mtp_t *t = p->impl;
     int failed = 0;
     char e1[256];
+    const int64_t t0 = now_ns();
     t->clock++;
     for (int i = 0; i < n; i++)
         if (s_feed_one(t, &feeds[i], e1, sizeof e1) < 0) {
@@ -294,6 +288,7 @@ int spec_mtp_feed_batch(spec_proposer_t *p, const spec_mtp_feed_t *feeds, int n,
         failed++;
         errf(err, errlen, "%s", e1);
     }
+    t->st.feed_seconds += (double)(now_ns() - t0) / 1e9;
     return failed ? -1 : 0;
 }
 
@@ -313,6 +308,7 @@ static int s_propose_batch(spec_proposer_t *p, spec_ask_t *asks, int n)
     s_mtp_t *t = p->impl;
     char err[256];
     int rc = 0, kmax = 0;
+    const int64_t t0 = now_ns();
     s_seq_t *seq[n > 0 ? n : 1];
     float cum[n > 0 ? n : 1];
     for (int i = 0; i < n; i++) {
@@ -369,6 +365,7 @@ static int s_propose_batch(spec_proposer_t *p, spec_ask_t *asks, int n)
         s->last_draft = s->save_draft;
         s->last_prob = s->save_prob;
     }
+    t->st.propose_seconds += (double)(now_ns() - t0) / 1e9;
     return rc;
 }
 
@@ -431,7 +428,8 @@ static void s_destroy(spec_proposer_t *p)
         free(t->jobs);
         kvpool_destroy(&t->pool);
         free(t->stage);
-        free(t->logits);
+        free(t->ids);
+        free(t->probs);
         free(t->hid_out);
         free(t->target_hid);
     }
@@ -461,7 +459,6 @@ spec_proposer_t *spec_mtp_new(model_t *target, int max_seqs, int max_context, ch
     t->max_seqs = max_seqs > 0 ? max_seqs : 1;
     t->max_context = max_context > 0 ? max_context : c->max_position_embeddings;
     t->H = c->hidden_size;
-    t->V = c->vocab_size;
     /* The MTP forwards' own batches, within the model's buffers; at most RUN_TOKENS rows and
      * RUN_SEQS sequences each, so that their host buffers stay small on a large model (a batch
      * over more runs as several forwards). */
@@ -473,10 +470,11 @@ spec_proposer_t *spec_mtp_new(model_t *target, int max_seqs, int max_context, ch
     t->seqs = calloc((size_t)t->max_seqs, sizeof *t->seqs);
     t->jobs = calloc((size_t)t->max_seqs, sizeof *t->jobs);
     t->stage = malloc((size_t)t->run_tokens * t->H * sizeof(float));
-    t->logits = malloc((size_t)t->run_seqs * t->V * sizeof(float));
+    t->ids = malloc((size_t)t->run_seqs * sizeof(int32_t));
+    t->probs = malloc((size_t)t->run_seqs * sizeof(float));
     t->hid_out = malloc((size_t)t->run_tokens * t->H * sizeof(float));
     t->target_hid = malloc((size_t)t->target_rows * t->H * sizeof(float));
-    if (!t->seqs || !t->jobs || !t->stage || !t->logits || !t->hid_out || !t->target_hid)
+    if (!t->seqs || !t->jobs || !t->stage || !t->ids || !t->probs || !t->hid_out || !t->target_hid)
         goto oom;
     if (!(t->pool = model_mtp_pool_new(target, (int)s_pool_blocks(t->max_seqs, t->max_context), MTP_BLOCK, DT_F32,
                                        err, errlen)))

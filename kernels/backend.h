@@ -395,7 +395,13 @@ typedef struct backend_ops {
      * experts scores the sum of its two largest choice values; the topk_group best groups are kept
      * (ties to the lower group), the other experts' choice set to 0.0; the k largest choice values
      * (ties to the lower expert) give ids [M][k]; weights = s of those experts, divided by (their
-     * sum + 1e-20) when renorm, times scale. */
+     * sum + 1e-20) when renorm, times scale.
+     * mtp_top: the MTP layer's drafts and their confidence without the logits coming to the host:
+     * out[m] = argmax's id of x[m][0..N) (the lowest index on ties, NaN never the largest, 0 for
+     * an all-NaN row) and prob[m] = its softmax probability, 1 / sum_j expf(x[m][j] - x[m][out[m]])
+     * over the non-NaN j (0 for an all-NaN row): f32 terms, summed in f32 in index order on the
+     * CPU, in any order on a device (the same up to rounding). NULL in a backend without it (the
+     * MTP proposer needs it: engine/mtp.c). */
     void (*mla_rope_q)(backend_t *be, const float *q, int M, int n_heads, int head_stride, int rope_off, int rope_dim,
                        const int32_t *pos, const float *inv_freq, float mul, int interleave, float *out);
     void (*mla_kv_store)(backend_t *be, const bk_kv_t *kv, int layer, const float *ckv, const float *norm_w, float eps,
@@ -415,6 +421,7 @@ struct backend {
     int n_threads;                /* CPU threads the backend's host work may use */
     void *impl;                   /* the implementation's own state */
 };
+    void (*mtp_top)(backend_t *be, const float *x, int M, int N, int32_t *out, float *prob);
 
 /* Tokens per pass of a device backend's MoE kernels (kernels/cuda/cuda_moe.cu): bound the
  * per-entry part of moe_ffn's scratch for long prefill chunks. The FMA device path works chunks of

@@ -126,6 +126,7 @@ static const backend_ops_t s_cpu_ops = {
     .head_matmul = cpu_head_matmul,
     .add = cpu_add,
     .moe_route_sigmoid = cpu_moe_route_sigmoid,
+    .mtp_top = cpu_mtp_top,
 };
 
 backend_t *backend_cpu_new(int n_threads)

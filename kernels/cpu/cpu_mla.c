@@ -1,6 +1,6 @@
 /* kernels/cpu/cpu_mla.c — DeepSeek-V3's ops on the CPU: MLA's RoPE, compressed-cache store and
- * absorbed attention, the per-head matmul, an elementwise add and the sigmoid group-limited MoE
- * router. Semantics: kernels/backend.h (the DeepSeek-V3 block of backend_ops_t). Plain scalar loops
+ * absorbed attention, the per-head matmul, an elementwise add, the sigmoid group-limited MoE
+ * router and the MTP layer's draft with its probability (mtp_top). Semantics: kernels/backend.h (the DeepSeek-V3 block of backend_ops_t). Plain scalar loops
  * in a fixed order: this is the reference the CUDA kernels are compared with. */
 #include <assert.h>
 #include <math.h>
@@ -211,5 +211,23 @@ void cpu_moe_route_sigmoid(backend_t *be, const float *logits, const float *bias
                 w[j] = w[j] / (sum + 1e-20f);
             w[j] = w[j] * scale;
         }
+    }
+}
+
+void cpu_mtp_top(backend_t *be, const float *x, int M, int N, int32_t *out, float *prob)
+{
+    (void)be;
+    for (int m = 0; m < M; m++) {
+        const float *r = x + (size_t)m * N;
+        int best = -1;
+        for (int i = 0; i < N; i++)                /* strict >: the lowest index wins a tie */
+            if (r[i] == r[i] && (best < 0 || r[i] > r[best]))
+                best = i;
+        float sum = 0.0f;
+        for (int i = 0; best >= 0 && i < N; i++)
+            if (r[i] == r[i])
+                sum += expf(r[i] - r[best]);
+        out[m] = best < 0 ? 0 : best;
+        prob[m] = best < 0 ? 0.0f : 1.0f / sum;
     }
 }

@@ -399,3 +399,4 @@ void cuda_moe_route_sigmoid(backend_t *be, const float *logits, const float *bia
                             int topk_group, int renorm, float scale, int32_t *ids, float *weights);
 
 #endif
+void cuda_mtp_top(backend_t *be, const float *x, int M, int N, int32_t *out, float *prob);

@@ -367,6 +367,7 @@ static const backend_ops_t s_cuda_ops = {
     .head_matmul = cuda_head_matmul,
     .add = cuda_add,
     .moe_route_sigmoid = cuda_moe_route_sigmoid,
+    .mtp_top = cuda_mtp_top,
 };
 
 /* An integer from the environment in [lo, hi], or def when unset; a bad value is an error. */

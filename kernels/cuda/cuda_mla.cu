@@ -1,6 +1,6 @@
 /* kernels/cuda/cuda_mla.cu — DeepSeek-V3's ops on the GPU: MLA's RoPE, compressed-cache store and
- * absorbed attention (prefill and decode alike), the per-head matmul, add and the sigmoid
- * group-limited MoE router. Semantics: kernels/backend.h (the DeepSeek-V3 block); the CPU
+ * absorbed attention (prefill and decode alike), the per-head matmul, add, the sigmoid
+ * group-limited MoE router and the MTP layer's draft with its probability (mtp_top). Semantics: kernels/backend.h (the DeepSeek-V3 block); the CPU
  * reference is kernels/cpu/cpu_mla.c.
  *
  * Where the arithmetic differs from the CPU: dot products are summed by warps (lane partial sums,
@@ -784,4 +784,68 @@ void cuda_moe_route_sigmoid(backend_t *be, const float *logits, const float *bia
     cuda_launch_smem(cuda_st(be), k_moe_route_sigmoid, (unsigned)((M + wpb - 1) / wpb), 32 * wpb,
                                                 (size_t)wpb * row, logits, bias, M, E, k, n_group, topk_group,
                                                 renorm, scale, ids, weights);
+}
+
+#define TOP_THREADS 256
+
+/* One block per row: each thread's best in index order, merged by warps (s_warp_argmax: ties to the
+ * lower index, so the id is the argmax op's), then the sum of expf(x - best) over the row. */
+__global__ void k_mtp_top(const float *x, int N, int32_t *out, float *prob)
+{
+    DEV_PDL_ENTER();
+    __shared__ float wv[TOP_THREADS / 32], ws[TOP_THREADS / 32];
+    __shared__ int wi[TOP_THREADS / 32];
+    const float *r = x + (int64_t)blockIdx.x * N;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float bv = -INFINITY;
+    int bi = -1;
+    for (int i = threadIdx.x; i < N; i += blockDim.x) {
+        const float v = r[i];
+        if (v == v && (bi < 0 || v > bv)) {
+            bv = v;
+            bi = i;
+        }
+    }
+    s_warp_argmax(bv, bi);
+    if (lane == 0) {
+        wv[warp] = bv;
+        wi[warp] = bi;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        bv = lane < TOP_THREADS / 32 ? wv[lane] : -INFINITY;
+        bi = lane < TOP_THREADS / 32 ? wi[lane] : -1;
+        s_warp_argmax(bv, bi);
+        if (lane == 0) {
+            wv[0] = bv;
+            wi[0] = bi;
+        }
+    }
+    __syncthreads();
+    const float top = wv[0];
+    const int best = wi[0];
+    float sum = 0.0f;
+    for (int i = threadIdx.x; best >= 0 && i < N; i += blockDim.x) {
+        const float v = r[i];
+        if (v == v)
+            sum += expf(v - top);
+    }
+    sum = dev_warp_sum(sum);
+    __syncthreads();                               /* wv[0] read by every thread before ws is written */
+    if (lane == 0)
+        ws[warp] = sum;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float t = 0.0f;
+        for (int w = 0; w < TOP_THREADS / 32; w++)
+            t += ws[w];
+        out[blockIdx.x] = best < 0 ? 0 : best;
+        prob[blockIdx.x] = best < 0 ? 0.0f : 1.0f / t;
+    }
+}
+
+void cuda_mtp_top(backend_t *be, const float *x, int M, int N, int32_t *out, float *prob)
+{
+    if (M > 0)
+        cuda_launch(cuda_st(be), k_mtp_top, (unsigned)M, TOP_THREADS, x, N, out, prob);
 }

@@ -16,6 +16,7 @@
 
 #include <cmocka.h>
 
+#include "engine/mtp.h"
 #include "tests/gpu/model_steps.h"
 
 static double s_relerr(const float *a, const float *b, size_t n)
@@ -300,9 +301,179 @@ static void test_route(void **state)
     backend_destroy(&cpu);
 }
 
+/* mtp_top on random rows: the CPU's ids exactly (ties to the lower index: levels > 0 draws each
+ * value from that many only), probabilities within 1e-5 relative (f32 sums in another order);
+ * NaN entries skipped, an all-NaN row id 0 and probability 0. Vocabularies of kjv-deepseek
+ * (4,096), DeepSeek-V3 (129,280) and one below a warp. */
+static void s_top_case(backend_t *cpu, int M, int N, int levels, int nans)
+{
+    const size_t n = (size_t)M * N;
+    float *x = malloc(n * 4), *p_a = malloc((size_t)M * 4), *p_b = malloc((size_t)M * 4);
+    int32_t *i_a = malloc((size_t)M * 4), *i_b = malloc((size_t)M * 4);
+    assert_true(x && p_a && p_b && i_a && i_b);
+    uint64_t r = 99 + (uint64_t)N;
+    for (size_t i = 0; i < n; i++) {
+        r = r * 6364136223846793005ull + 1442695040888963407ull;
+        const int v = (int)(r >> 40) % 4000;
+        x[i] = levels > 0 ? (float)(v % levels) : (float)(v - 2000) / 200.0f;
+        if (nans && v % 97 == 0)
+            x[i] = NAN;
+    }
+    if (nans)
+        for (int j = 0; j < N; j++)
+            x[(size_t)(M - 1) * N + j] = NAN;      /* the last row all NaN */
+    cpu->ops->mtp_top(cpu, x, M, N, i_a, p_a);
+    float *d_x = s_gpu->ops->alloc(s_gpu, n * 4), *d_p = s_gpu->ops->alloc(s_gpu, (size_t)M * 4);
+    int32_t *d_i = s_gpu->ops->alloc(s_gpu, (size_t)M * 4);
+    for (int m = 0; m < M; m++) {
+        p_b[m] = -1.0f;                            /* a row the op does not write fails */
+        i_b[m] = -1;
+    }
+    s_gpu->ops->upload(s_gpu, d_x, x, n * 4);
+    s_gpu->ops->upload(s_gpu, d_p, p_b, (size_t)M * 4);
+    s_gpu->ops->upload(s_gpu, d_i, i_b, (size_t)M * 4);
+    s_gpu->ops->mtp_top(s_gpu, d_x, M, N, d_i, d_p);
+    assert_int_equal(s_gpu->ops->download(s_gpu, i_b, d_i, (size_t)M * 4), 0);
+    assert_int_equal(s_gpu->ops->download(s_gpu, p_b, d_p, (size_t)M * 4), 0);
+    for (int m = 0; m < M; m++) {
+        if (i_a[m] != i_b[m])
+            fail_msg("mtp_top M %d N %d levels %d: row %d CUDA id %d, CPU %d", M, N, levels, m, i_b[m], i_a[m]);
+        if (!(fabsf(p_a[m] - p_b[m]) <= 1e-5f * p_a[m]))
+            fail_msg("mtp_top M %d N %d levels %d: row %d CUDA prob %.9g, CPU %.9g", M, N, levels, m, p_b[m], p_a[m]);
+    }
+    if (nans)
+        assert_true(i_a[M - 1] == 0 && p_a[M - 1] == 0.0f);
+    s_gpu->ops->free(s_gpu, d_x);
+    s_gpu->ops->free(s_gpu, d_p);
+    s_gpu->ops->free(s_gpu, d_i);
+    free(x);
+    free(p_a);
+    free(p_b);
+    free(i_a);
+    free(i_b);
+}
+
+static void test_mtp_top(void **state)
+{
+    (void)state;
+    backend_t *cpu = backend_cpu_new(1);
+    s_top_case(cpu, 7, 4096, 0, 0);
+    s_top_case(cpu, 7, 4096, 3, 0);
+    s_top_case(cpu, 5, 4096, 0, 1);
+    s_top_case(cpu, 3, 129280, 0, 1);
+    s_top_case(cpu, 3, 129280, 50, 0);
+    s_top_case(cpu, 9, 21, 0, 1);
+    backend_destroy(&cpu);
+}
+
+/* MTP steps through graphs (engine/mtp.c) on kjv-deepseek: two sequences take the same one-row
+ * step four times (append, model_mtp_forward with top_prob, truncate): the first runs
+ * uncaptured, the second records, the last two replay; every run's drafts, probabilities and
+ * MTP outputs must equal the first's bit for bit, and a graph must have been recorded and
+ * replayed. The drafts equal the CPU's and the probabilities agree within 2e-2 (bf16 weights). */
+static void test_mtp_graph(void **state)
+{
+    (void)state;
+    const char *root = getenv("TROUPE_MODELS");
+    char dir[4096], err[512];
+    snprintf(dir, sizeof dir, "%s/kjv-deepseek", root && *root ? root : "../shared/models");
+    if (access(dir, R_OK) != 0) {
+        print_message("SKIP %s: absent\n", dir);
+        return;
+    }
+    model_config_t cfg;
+    if (config_load(dir, &cfg, err, sizeof err) != 0)
+        fail_msg("%s", err);
+    ckpt_t *ck = ckpt_open(dir, err, sizeof err);
+    if (!ck)
+        fail_msg("%s", err);
+    backend_t *cpu = backend_cpu_new(0);
+    backend_t *bes[2] = {cpu, s_gpu};
+    enum { B = 2, PRE = 6, RUNS = 4 };
+    const int H = cfg.hidden_size;
+    const model_opts_t o = {.max_tokens = 64, .max_seqs = 4, .max_context = 128, .kv_block_size = 16};
+    float *hid = malloc((size_t)B * PRE * H * 4), *out[2][RUNS], prob[2][RUNS][B];
+    int32_t ids[2][RUNS][B];
+    uint64_t r = 7;
+    for (size_t i = 0; i < (size_t)B * PRE * H; i++)
+        hid[i] = s_rand(&r);
+    for (int e = 0; e < 2; e++) {
+        model_t *m = model_load(dir, &cfg, ck, bes[e], &o, err, sizeof err);
+        if (!m)
+            fail_msg("%s", err);
+        assert_true(model_has_mtp(m));
+        kvpool_t *pool = model_mtp_pool_new(m, 16, 16, DT_F32, err, sizeof err);
+        if (!pool)
+            fail_msg("%s", err);
+        kvseq_t *kv[B];
+        model_seq_t q[B];
+        for (int s = 0; s < B; s++) {
+            kv[s] = kvseq_new(pool, 64, 0);
+            int32_t t[PRE];
+            for (int i = 0; i < PRE; i++)
+                t[i] = (s * 101 + i * 37 + 5) % cfg.vocab_size;
+            assert_int_equal(kvseq_append(kv[s], t, PRE), 0);
+            q[s] = (model_seq_t){.kv = kv[s], .n_new = PRE};
+        }
+        int32_t pre_ids[B];
+        float pre_prob[B], *pre_out = malloc((size_t)B * PRE * H * 4);
+        model_batch_t b = {.n_seqs = B, .seqs = q, .argmax_out = pre_ids};
+        if (model_mtp_forward(m, &b, hid, NULL, pre_out, pre_prob, err, sizeof err) < 0)
+            fail_msg("model_mtp_forward: %s", err);
+        uint64_t rec0 = 0, rep0 = 0, rec1 = 0, rep1 = 0;
+        model_graph_stats(m, &rec0, &rep0);
+        for (int run = 0; run < RUNS; run++) {
+            float h1[B * 256];
+            assert_true(H <= 256);
+            for (int s = 0; s < B; s++) {
+                assert_int_equal(kvseq_append(kv[s], &pre_ids[s], 1), 0);
+                q[s].n_new = 1;
+                memcpy(h1 + (size_t)s * H, pre_out + ((size_t)s * PRE + PRE - 1) * H, (size_t)H * 4);
+            }
+            out[e][run] = malloc((size_t)B * H * 4);
+            b.argmax_out = ids[e][run];
+            if (model_mtp_forward(m, &b, h1, NULL, out[e][run], prob[e][run], err, sizeof err) < 0)
+                fail_msg("model_mtp_forward: %s", err);
+            for (int s = 0; s < B; s++)
+                assert_int_equal(kvseq_truncate(kv[s], PRE), 0);
+        }
+        model_graph_stats(m, &rec1, &rep1);
+        print_message("%s: MTP one-row steps of %d sequences: %llu graphs recorded, %llu replays\n", bes[e]->ops->name,
+                      B, (unsigned long long)(rec1 - rec0), (unsigned long long)(rep1 - rep0));
+        if (e == 1 && !(rec1 - rec0 == 1 && rep1 - rep0 == RUNS - 1))
+            fail_msg("CUDA: %llu MTP graphs recorded and %llu replays in %d runs (expected 1 and %d)",
+                     (unsigned long long)(rec1 - rec0), (unsigned long long)(rep1 - rep0), RUNS, RUNS - 1);
+        for (int run = 1; run < RUNS; run++)
+            for (int s = 0; s < B; s++) {
+                assert_int_equal(ids[e][run][s], ids[e][0][s]);
+                assert_true(prob[e][run][s] == prob[e][0][s]);
+                assert_memory_equal(out[e][run], out[e][0], (size_t)B * H * 4);
+            }
+        free(pre_out);
+        for (int s = 0; s < B; s++)
+            kvseq_destroy(&kv[s]);
+        kvpool_destroy(&pool);
+        model_destroy(&m);
+    }
+    for (int s = 0; s < B; s++) {
+        print_message("sequence %d: draft %d (CPU %d), probability %.5f (CPU %.5f)\n", s, ids[1][0][s], ids[0][0][s],
+                      prob[1][0][s], prob[0][0][s]);
+        assert_int_equal(ids[1][0][s], ids[0][0][s]);
+        assert_true(fabsf(prob[1][0][s] - prob[0][0][s]) <= 2e-2f);
+    }
+    for (int e = 0; e < 2; e++)
+        for (int run = 0; run < RUNS; run++)
+            free(out[e][run]);
+    free(hid);
+    backend_destroy(&cpu);
+    ckpt_destroy(&ck);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_mtp_top),
+        cmocka_unit_test(test_mtp_graph),
         cmocka_unit_test(test_route),
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_fixtures),

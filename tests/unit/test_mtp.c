@@ -16,6 +16,7 @@
  * 5. Batched: two sequences speculating in step, their proposals in one spec_propose_batch and
  *    their feeds in one spec_mtp_feed_batch, give the drafts that one-sequence calls on a second
  *    proposer give; a stop_below ends a sequence's drafts where their confidence falls below it. */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -500,9 +501,46 @@ static void test_mtp_batched(void **state)
     spec_proposer_destroy(&p1);
 }
 
+/* The CPU's mtp_top (kernels/backend.h): the argmax op's id (the lowest index on ties, NaN never),
+ * the probability within 1e-5 relative of 1 / sum exp(x - max) in double, NaN entries skipped, an all-NaN
+ * row id 0 and probability 0. */
+static void test_mtp_top(void **state)
+{
+    (void)state;
+    enum { M = 4, N = 1000 };
+    float *x = malloc((size_t)M * N * sizeof(float)), p[M];
+    int32_t ids[M], want[M];
+    assert_non_null(x);
+    uint64_t r = 3;
+    for (int i = 0; i < M * N; i++) {
+        r = r * 6364136223846793005ull + 1442695040888963407ull;
+        x[i] = (float)((int)(r >> 40) % 3000 - 1500) / 150.0f;
+    }
+    x[17] = NAN;
+    x[1 * N + 5] = x[1 * N + 900] = 20.0f;              /* a tie: the lower index */
+    for (int j = 0; j < N; j++)
+        x[3 * N + j] = NAN;
+    s_env.be->ops->mtp_top(s_env.be, x, M, N, ids, p);
+    s_env.be->ops->argmax(s_env.be, x, M, N, want);
+    for (int m = 0; m < M; m++)
+        assert_int_equal(ids[m], want[m]);
+    assert_int_equal(ids[1], 5);
+    for (int m = 0; m < 3; m++) {
+        double sum = 0;
+        for (int j = 0; j < N; j++)
+            if (x[(size_t)m * N + j] == x[(size_t)m * N + j])
+                sum += exp((double)x[(size_t)m * N + j] - x[(size_t)m * N + ids[m]]);
+        if (!(fabs(p[m] * sum - 1.0) <= 1e-5))    /* f32 terms summed in f32: ~sqrt(N) ulps */
+            fail_msg("row %d: probability %.9g, %.9g in double", m, p[m], 1.0 / sum);
+    }
+    assert_true(ids[3] == 0 && p[3] == 0.0f);
+    free(x);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_mtp_top),
         cmocka_unit_test(test_prefix_reuse),
         cmocka_unit_test(test_mtp_agreement),
         cmocka_unit_test(test_mtp_speculation),
