@@ -6,24 +6,19 @@
  *     requests as fit (chunked prefill), reusing every cached prefix block of the local pool first
  *     (kvseq_match_prefix: blocks of earlier requests, or fetched from the cache-manager's store
  *     when that is cheaper than computing them again: actors/worker/fetch_policy.h);
- *   - when a prompt is complete: sample the first token, move the request's KV blocks towards the
- *     decode worker the router chose (transfer/kv_chan.h: same GPU, CUDA IPC; another GPU, an
- *     NCCL send once the link to it is up; else a shared-memory segment on one node, or bytes
- *     staged for the network across nodes) and hand the request over in one handoff message
- *     that carries the transfer's description; free the blocks once the decode side
- *     acknowledges, or fail the request with a retryable error when it does not within
- *     TRANSFER_TIMEOUT_MS. An NCCL hand-off that fails (the link broke, the send missed its
- *     deadline, the decode side refused it) is done again once through the pair's fallback
- *     (shared memory, or the network across nodes), so a link failure loses no request;
- *   - tell the cache-manager which full blocks this worker now holds (cache_put, device tier);
+ *   - when a prompt is complete: sample the first token and hand the request over to the decode
+ *     worker the router chose (actors/worker/handoff_out.h: its KV blocks by the pair's channel,
+ *     one handoff message carrying the transfer's description, an NCCL failure retried through
+ *     the fallback); free the blocks once the decode side acknowledges, or fail the request with
+ *     a retryable error when it refuses or does not answer within HANDOFF_TIMEOUT_MS;
+ *   - tell the cache-manager which full blocks this worker now holds (cache_put, device tier,
+ *     after the first hand-off);
  *   - cancel frees everything a request holds;
  *   - MoE models: every experts.window_steps forwards, the window's tokens per (layer, expert) to
  *     the expert-balancer as expert_load (actors/worker/expert_report.h), as decode workers do.
  *
  * A request's life is engine/sched.h's for a prompts-only worker: PROMPTING (held while a fetch
  * is in flight) -> PROMPTED (handing off) -> gone; the scheduler decides each step's chunks.
- * An NCCL hand-off leaves PROMPTED only when the decode side acknowledged it AND our send is seen
- * complete (until then NCCL may still read the blocks), or through the shared-memory retry.
  *
  * Known limits: one backend stream; the whole prompt must fit in the KV pool at once. */
 #include <stddef.h>
@@ -32,43 +27,23 @@
 
 #include "actors/runtime/actor.h"
 #include "actors/worker/worker.h"
-#include "actors/worker/chan_keys.h"
 #include "actors/worker/expert_report.h"
+#include "actors/worker/handoff_out.h"
 #include "actors/worker/prefix_fetch.h"
 #include "actors/worker/router_watch.h"
 #include "common/log.h"
 #include "common/util.h"
 #include "engine/sched.h"
-#include "transfer/kv_chan.h"
-#include "transfer/kv_link.h"
-#include "transfer/kv_transfer.h"
-
-/* A hand-off not acknowledged by then fails the request (retryable) and frees the blocks. A dead
- * decode worker is noticed sooner by the router (peer watch); this bounds a live but overloaded
- * one. */
-#define TRANSFER_TIMEOUT_MS 5000
-/* A refused NCCL hand-off is retried through shared memory once our send is over: the decode side
- * receives (and drops) the bytes of a hand-off it refuses, so this only bounds a refusal that left
- * them on the link (its link is then aborted). */
-#define REFUSED_SEND_GRACE_MS 250
 
 typedef struct pf_req {
     sched_req_t sr;              /* first: the scheduler's handle (id, state, prompt = msg's token ids,
                                   * cached and computed tokens, arrival and start times) */
     msg_t msg;                   /* clone of the prefill_request: owns the prompt */
     kvseq_t *kv;                 /* its tokens and blocks in our pool */
-    int64_t deadline_ms;         /* PROMPTED: of the transfer */
-    int handed;                  /* a hand-off went out (the next one is a retry) */
-    uint64_t transfer_id;
+    handoff_out_req_t ho;        /* PROMPTED: its hand-off (the message's body points into msg, first_top) */
     int32_t first_token;         /* sampled at the end of the prompt (kept for a retried hand-off) */
     float first_lp;
     sampler_top_t first_top;     /* its position's most likely tokens (sampling.top_logprobs) */
-    kvchan_out_t out;            /* the current hand-off's transfer: its channel, what it holds (a
-                                  * segment, staged bytes, an NCCL send), its description */
-    int sent;                    /* NCCL: the send is over (done, or its link aborted) */
-    int acked;                   /* NCCL: the decode side acknowledged before the send was seen done */
-    int refused;                 /* NCCL: the decode side refused: retry through shm once the send is over */
-    uint64_t nccl_transfer;      /* the NCCL attempt's transfer id after a retry (its late ok still counts) */
     int fetching;                /* its prompt is held for host-store blocks (sched_hold) */
     fetch_src_t fetched;         /* its fetch: the first hint block asked for, the blocks taken and
                                   * which came from disk (for the hand-off's cached tokens by source) */
@@ -79,35 +54,26 @@ _Static_assert(offsetof(pf_req_t, sr) == 0, "the scheduler's handle is the reque
 typedef struct prefill {
     worker_t *w;
     const char *name;            /* our instance name */
-    const char *cluster;
     actor_t *a;
     sched_t *sched;              /* every request: the prompts' chunks, then the hand-offs */
     model_seq_t *seqs;           /* [max_seqs] scratch for a step */
-    uint64_t next_transfer;
-    /* counters for stats */
+    handoff_out_t out;           /* the hand-offs in flight, and the ways their blocks go out */
     const char *cache_manager;   /* NULL when the topology has none */
-    const topo_t *topo;
-    const topo_instance_t *self;
-    uint64_t prompts, prompt_tokens, computed_tokens, cached_tokens, handoffs, handoff_failures;
+    /* counters for stats */
+    uint64_t prompts, prompt_tokens, computed_tokens, cached_tokens;
     uint64_t steps, forward_ns;  /* model forwards and the time they took */
     expert_report_t *experts;    /* expert_load windows to the expert-balancer, as decode sends; NULL: none */
     prefix_fetch_t fetch;        /* host-store blocks into our pool (and its counters) */
-    uint64_t handoff_retries;    /* NCCL hand-offs done again through shared memory */
-    kvlinks_t *links;            /* NCCL links to decode workers on other GPUs */
-    kvchan_t *chan;              /* how hand-offs' blocks go out, every channel (kv_chan.h) */
-    const char *nccl_peers[KVLINK_MAX];   /* those decode workers (the topology's names) */
-    int n_nccl_peers;
     double tokens_per_s;         /* computed tokens per second over the last stats interval */
     uint64_t last_computed;
     int64_t last_stats_ms;
     router_watch_t routers;      /* the routers our requests belong to: a lost one's are dropped */
-    chan_keys_t chan_keys;       /* CURVE keys of the tcp hand-off channel (none without CURVE) */
 } prefill_t;
 
 static void s_remove(prefill_t *p, pf_req_t *r)
 {
     sched_remove(p->sched, &r->sr);
-    kvchan_release(p->chan, &r->out);
+    handoff_out_release(&p->out, &r->ho);
     kvseq_destroy(&r->kv);
     fetch_src_clear(&r->fetched);
     msg_free(&r->msg);
@@ -118,12 +84,6 @@ static pf_req_t *s_find(prefill_t *p, uint64_t id) { return (pf_req_t *)sched_fi
 /* The requests in state st, oldest first (the scheduler's queue). */
 static pf_req_t *s_first(prefill_t *p, sched_state_t st) { return (pf_req_t *)sched_first(p->sched, st); }
 static pf_req_t *s_next(pf_req_t *r) { return (pf_req_t *)sched_next(&r->sr); }
-
-/* The channel the topology gives a hand-off to decode worker `dw` (kv_link.h). */
-static msg_channel_t s_route(const prefill_t *p, const char *dw)
-{
-    return kvlink_route(p->self, topo_find(p->topo, dw), p->w->ipc_ok, tchan_nccl_available(p->w->eng->be));
-}
 
 /* Fails a request back to the router (which gives the client its one terminal reply). */
 static void s_fail(actor_t *a, prefill_t *p, pf_req_t *r, msg_error_code_t code, int retryable, const char *why)
@@ -204,57 +164,12 @@ static int s_on_cancel(actor_t *a, void *state, const actor_peer_t *from, msg_t 
     return 0;
 }
 
-static void s_retry_shm(actor_t *a, prefill_t *p, pf_req_t *r, const char *why);
-
-/* The decode side answered a hand-off: free the transfer either way (an NCCL one: once our send is
- * seen complete too; a refused NCCL one is retried through shared memory). */
+/* The decode side answered a hand-off (handoff_out ends it through s_handed or s_handoff_failed). */
 static int s_on_kv_ack(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
 {
     prefill_t *p = state;
-    const msg_kv_ack_t *k = &m->u.kv_ack;
-    for (pf_req_t *r = s_first(p, SCHED_PROMPTED); r; r = s_next(r)) {
-        if (r->nccl_transfer && r->nccl_transfer == k->transfer_id) {
-            /* The NCCL attempt's late answer, its shared-memory retry already out: ok means the
-             * decode side has the request (it refuses the retry as a duplicate); a refusal is old news. */
-            if (k->status == MSG_ACK_OK) {
-                p->handoffs++;
-                s_remove(p, r);
-            }
-            return 0;
-        }
-        if (r->transfer_id != k->transfer_id)
-            continue;
-        if (r->out.channel == MSG_CHAN_NCCL && !r->sent) {
-            char err[512];
-            if (kvchan_test(p->chan, r->msg.u.prefill_request.decode_worker, &r->out, err, sizeof err) != 0)
-                r->sent = 1;   /* done, or its link aborted: NCCL reads our blocks no more */
-        }
-        if (k->status == MSG_ACK_OK && r->out.channel == MSG_CHAN_NCCL && !r->sent) {
-            r->acked = 1;   /* NCCL may still read the blocks: freed when our send is seen done */
-        } else if (k->status == MSG_ACK_OK) {
-            p->handoffs++;
-            kvchan_acked(p->chan, r->out.channel);
-            LOG_D("request %llu handed off (%d blocks)", (unsigned long long)r->sr.id, kvseq_n_blocks(r->kv));
-            s_remove(p, r);
-        } else if (r->out.channel == MSG_CHAN_NCCL) {
-            char why[512];
-            snprintf(why, sizeof why, "refused by %s: %s", r->msg.u.prefill_request.decode_worker,
-                     k->message ? k->message : "no reason");
-            r->refused = 1;
-            if (r->sent)
-                s_retry_shm(a, p, r, why);
-            else if (r->out.xfer.deadline_ms > now_ms() + REFUSED_SEND_GRACE_MS)
-                r->out.xfer.deadline_ms = now_ms() + REFUSED_SEND_GRACE_MS;
-        } else {
-            p->handoff_failures++;
-            char why[512];
-            snprintf(why, sizeof why, "KV hand-off refused by %s: %s", r->msg.u.prefill_request.decode_worker,
-                     k->message ? k->message : "no reason");
-            s_fail(a, p, r, MSG_ERR_TRANSFER_FAILED, 1, why);
-        }
-        return 0;
-    }
-    return 0;   /* a late ack for a transfer we already gave up on */
+    handoff_out_on_ack(&p->out, a, &m->u.kv_ack);
+    return 0;
 }
 
 /* A prompt's fetch is answered (or given up): it is scheduled again. */
@@ -296,84 +211,6 @@ static int s_on_fetch_reply(actor_t *a, void *state, const actor_peer_t *from, m
     return 0;
 }
 
-/* Moves r's blocks towards its decode worker by `channel` (NCCL falls back when the send cannot be
- * posted) and sends the handoff, which carries the transfer's description; fails the request when
- * it cannot. */
-static void s_send_handoff(actor_t *a, prefill_t *p, pf_req_t *r, msg_channel_t channel)
-{
-    const msg_prefill_request_t *q = &r->msg.u.prefill_request;
-    char err[512];
-    const bk_kv_t *kv = kvpool_view(p->w->eng->pool);
-    kvchan_release(p->chan, &r->out);   /* a retry: the failed attempt's segment or staged bytes */
-    r->transfer_id = ++p->next_transfer;
-    r->sent = r->acked = r->refused = 0;
-    /* Same GPU: the decode worker copies the blocks straight out of our pool (CUDA IPC); another GPU:
-     * our NCCL send, posted now, which its receive matches; else they travel through a shared-memory
-     * segment in host memory (one node) or are staged for the decode worker to pull over the network.
-     * Either way our blocks stay ours until the kv_ack. */
-    if (kvchan_send(p->chan, q->decode_worker, channel, r->transfer_id, r->sr.id, kvseq_blocks(r->kv),
-                    kvseq_n_blocks(r->kv), TRANSFER_TIMEOUT_MS, &r->out, err, sizeof err) != 0) {
-        s_fail(a, p, r, MSG_ERR_TRANSFER_FAILED, 1, err);
-        return;
-    }
-
-    msg_t h;
-    msg_init(&h, MSG_HANDOFF, r->sr.id);
-    msg_handoff_t *o = &h.u.handoff;
-    o->tokens = q->tokens;
-    o->n_tokens = q->n_tokens;
-    o->first_token = (uint32_t)r->first_token;
-    o->first_logprob = r->first_lp;
-    o->first_top_tokens = (const uint32_t *)r->first_top.ids;   /* ids >= 0: the same bits */
-    o->first_top_logprobs = r->first_top.logprobs;
-    o->n_first_top_tokens = o->n_first_top_logprobs = (uint32_t)r->first_top.n;
-    o->sampling = q->sampling;
-    o->tokens_left = q->sampling.max_tokens > 0 ? q->sampling.max_tokens - 1 : 0;
-    o->kv_tokens = (uint32_t)r->sr.n_prompt;
-    o->block_size = (uint32_t)kv->block_size;
-    o->reply_to = q->reply_to;
-    o->prefill_worker = p->name;
-    o->tenant_salt = q->tenant_salt;
-    o->client_key = q->client_key;
-    o->prompt_cache_key = q->prompt_cache_key;
-    o->cache_retention_s = q->cache_retention_s;
-    o->cached_tokens = (uint32_t)r->sr.n_cached;
-    prefix_fetch_split(&r->fetched, r->sr.n_cached, kv->block_size, &o->cached_host_tokens, &o->cached_disk_tokens);
-    o->queue_ms = q->queue_ms + (uint32_t)(r->sr.started_ms - r->sr.arrived_ms);
-    o->prefill_ms = (uint32_t)(now_ms() - r->sr.started_ms);
-    o->deadline_ms = q->deadline_ms;
-    o->kv = &r->out.desc;
-    o->n_kv = 1;
-    /* Kept past a full outbox (never refused for it): one per request, bounded by our pool's blocks,
-     * which stay ours until the kv_ack; refused, a request would fail only for a burst. */
-    if (actor_send_keep(a, q->decode_worker, &h) != 0) {
-        /* A posted send nobody will receive would pair with the next hand-off's receive. */
-        if (r->out.channel == MSG_CHAN_NCCL)
-            kvlinks_abort(p->links, q->decode_worker, "a posted send could not be announced");
-        s_fail(a, p, r, MSG_ERR_UNAVAILABLE, 1, "decode worker unreachable for the KV hand-off");
-        return;
-    }
-    if (!r->handed)
-        worker_publish_blocks(a, p->name, p->cache_manager, r->kv, p->w->block_size);
-    r->deadline_ms = now_ms() + TRANSFER_TIMEOUT_MS;
-    LOG_D("request %llu: hand-off %s", (unsigned long long)r->sr.id, r->handed ? "retried through the fallback channel" : "sent");
-    r->handed = 1;
-}
-
-/* An NCCL hand-off that failed (link broke, send past its deadline, refused) is done once more
- * through the pair's fallback (shared memory, or the network across nodes): our blocks are still
- * here, so nothing is lost. */
-static void s_retry_shm(actor_t *a, prefill_t *p, pf_req_t *r, const char *why)
-{
-    const char *dw = r->msg.u.prefill_request.decode_worker;
-    const msg_channel_t fb = kvchan_fallback(p->chan, dw);
-    LOG_W("request %llu: NCCL hand-off to %s failed (%s); handing it off through %s", (unsigned long long)r->sr.id, dw,
-          why, msg_channel_name(fb));
-    p->handoff_retries++;
-    r->nccl_transfer = r->transfer_id;
-    s_send_handoff(a, p, r, fb);
-}
-
 /* Samples the first token and hands the request over to its decode worker. */
 static void s_handoff(actor_t *a, prefill_t *p, pf_req_t *r, const float *logits)
 {
@@ -396,39 +233,51 @@ static void s_handoff(actor_t *a, prefill_t *p, pf_req_t *r, const float *logits
     if (q->sampling.top_logprobs > 0)   /* before the sampler forgets this position's state */
         sampler_top_logprobs(smp, logits, (int)q->sampling.top_logprobs, &r->first_top);
     sampler_destroy(&smp);
-    s_send_handoff(a, p, r, kvchan_channel(p->chan, q->decode_worker));
+
+    const int bs = kvpool_view(p->w->eng->pool)->block_size;
+    msg_init(&r->ho.msg, MSG_HANDOFF, r->sr.id);
+    msg_handoff_t *o = &r->ho.msg.u.handoff;
+    o->tokens = q->tokens;
+    o->n_tokens = q->n_tokens;
+    o->first_token = (uint32_t)r->first_token;
+    o->first_logprob = r->first_lp;
+    o->first_top_tokens = (const uint32_t *)r->first_top.ids;   /* ids >= 0: the same bits */
+    o->first_top_logprobs = r->first_top.logprobs;
+    o->n_first_top_tokens = o->n_first_top_logprobs = (uint32_t)r->first_top.n;
+    o->sampling = q->sampling;
+    o->tokens_left = q->sampling.max_tokens > 0 ? q->sampling.max_tokens - 1 : 0;
+    o->kv_tokens = (uint32_t)r->sr.n_prompt;
+    o->block_size = (uint32_t)bs;
+    o->reply_to = q->reply_to;
+    o->tenant_salt = q->tenant_salt;
+    o->client_key = q->client_key;
+    o->prompt_cache_key = q->prompt_cache_key;
+    o->cache_retention_s = q->cache_retention_s;
+    o->cached_tokens = (uint32_t)r->sr.n_cached;
+    prefix_fetch_split(&r->fetched, r->sr.n_cached, bs, &o->cached_host_tokens, &o->cached_disk_tokens);
+    o->queue_ms = q->queue_ms + (uint32_t)(r->sr.started_ms - r->sr.arrived_ms);
+    o->prefill_ms = (uint32_t)(now_ms() - r->sr.started_ms);
+    o->deadline_ms = q->deadline_ms;
+    r->ho.owner = r;
+    r->ho.to = q->decode_worker;
+    r->ho.kv = r->kv;
+    handoff_out_start(&p->out, a, &r->ho);
 }
 
-/* Every KVLINK_POLL_MS: links coming up, and NCCL sends in flight (done, failed, or past their
- * deadline, which aborts their link): an acknowledged hand-off is freed when its send is done, a
- * failed or refused one goes again through shared memory. */
+/* handoff_out's hooks: a hand-off acknowledged (the request is done here), or failed. */
+static void s_handed(void *ctx, handoff_out_req_t *x) { s_remove(ctx, x->owner); }
+
+static void s_handoff_failed(void *ctx, handoff_out_req_t *x, msg_error_code_t code, const char *why)
+{
+    prefill_t *p = ctx;
+    s_fail(p->a, p, x->owner, code, 1, why);
+}
+
+/* Every KVLINK_POLL_MS where NCCL exists: links coming up, NCCL sends in flight. */
 static int s_poll_links(actor_t *a, void *state)
 {
     prefill_t *p = state;
-    /* A link to every decode worker on another GPU of the node, before any prompt needs it: at
-     * start, and again once a failed one's retry time has passed (kvlinks_want does nothing for a
-     * link that is up or coming up), so a decode worker that took longer to load than the link's
-     * set-up deadline still gets one without waiting for a hand-off. A restarted worker's retry
-     * time is cleared when its connection comes back (s_peer_event): offered at the next poll. */
-    for (int i = 0; i < p->n_nccl_peers; i++)
-        kvlinks_want(p->links, p->nccl_peers[i]);
-    kvlinks_poll(p->links);
-    char err[512];
-    for (pf_req_t *r = s_first(p, SCHED_PROMPTED), *next; r; r = next) {
-        next = s_next(r);
-        if (r->out.channel != MSG_CHAN_NCCL || r->sent)
-            continue;
-        int s = kvchan_test(p->chan, r->msg.u.prefill_request.decode_worker, &r->out, err, sizeof err);
-        if (s == 0)
-            continue;
-        r->sent = 1;
-        if (r->acked) {
-            p->handoffs++;
-            s_remove(p, r);
-        } else if (s < 0 || r->refused) {
-            s_retry_shm(a, p, r, s < 0 ? err : "refused by the decode worker");
-        }
-    }
+    handoff_out_poll(&p->out, a);
     return 0;
 }
 
@@ -457,28 +306,13 @@ static void s_peer_event(actor_t *a, void *state, const char *peer, int up)
         s_drop_router(p, peer);
         return;
     }
-    kvlinks_peer_event(p->links, peer, up);
+    handoff_out_peer_event(&p->out, peer, up);
 }
 
 static int s_on_kv_link(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
 {
     prefill_t *p = state;
-    return kvlinks_on_msg(p->links, m);
-}
-
-static int s_link_send(void *ctx, const char *to, const msg_t *m) { return actor_send(ctx, to, m); }
-
-/* Hand-offs the decode side did not acknowledge in time fail (retryable), their blocks freed. */
-static void s_expire_handoffs(actor_t *a, prefill_t *p)
-{
-    const int64_t now = now_ms();
-    for (pf_req_t *r = s_first(p, SCHED_PROMPTED), *next; r; r = next) {
-        next = s_next(r);
-        if (now > r->deadline_ms) {
-            p->handoff_failures++;
-            s_fail(a, p, r, MSG_ERR_TRANSFER_FAILED, 1, "KV hand-off not acknowledged in time");
-        }
-    }
+    return handoff_out_on_link(&p->out, m);
 }
 
 /* One step: expire transfers, run the scheduler's prompt chunks, hand off the prompts they
@@ -486,7 +320,7 @@ static void s_expire_handoffs(actor_t *a, prefill_t *p)
 static int s_step(actor_t *a, void *state)
 {
     prefill_t *p = state;
-    s_expire_handoffs(a, p);
+    handoff_out_expire(&p->out);
     const sched_batch_t *b = sched_step(p->sched);
     if (b->n == 0)
         return 0;
@@ -571,14 +405,8 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
     actor_stat_metric(a, st, "prompt_tokens_total", (double)p->prompt_tokens, 1);
     actor_stat_metric(a, st, "computed_tokens_total", (double)p->computed_tokens, 1);
     actor_stat_metric(a, st, "cached_tokens_total", (double)p->cached_tokens, 1);
-    actor_stat_metric(a, st, "transfers_total", (double)p->handoffs, 1);
-    actor_stat_metric(a, st, "transfer_failures_total", (double)p->handoff_failures, 1);
+    handoff_out_stats(&p->out, a, st);
     prefix_fetch_stats(a, st, &p->fetch);
-    actor_stat_metric(a, st, "transfers_nccl_total", (double)kvlinks_transfers(p->links), 1);
-    actor_stat_metric(a, st, "transfers_tcp_total", (double)kvchan_count(p->chan, MSG_CHAN_TCP), 1);
-    actor_stat_metric(a, st, "nccl_links_ready", kvlinks_ready(p->links), 0);
-    actor_stat_metric(a, st, "transfer_retries_total", (double)p->handoff_retries, 1);
-    actor_stat_metric(a, st, "transfers_nccl_fallback_total", (double)kvlinks_fallbacks(p->links), 1);
     actor_stat_metric(a, st, "steps_total", (double)p->steps, 1);
     actor_stat_metric(a, st, "forward_seconds_total", (double)p->forward_ns / 1e9, 1);
     router_watch_stats(a, st, &p->routers);
@@ -599,7 +427,7 @@ int main(int argc, char **argv)
     if (!a)
         return 2;
     const topo_t *t = actor_topo(a);
-    prefill_t p = {.a = a, .name = actor_self(a)->name, .cluster = t->name, .topo = t, .self = actor_self(a)};
+    prefill_t p = {.a = a, .name = actor_self(a)->name};
     const topo_instance_t *cm = topo_first(t, ROLE_CACHE_MANAGER);
     p.cache_manager = cm ? cm->name : NULL;
     char err[1024];
@@ -617,49 +445,40 @@ int main(int argc, char **argv)
         actor_destroy(&a);
         return config_error ? ACTOR_EXIT_CONFIG : 1;
     }
-    p.next_transfer = kvx_first_id();
     p.seqs = calloc((size_t)max_seqs, sizeof *p.seqs);
     /* Prompt chunks only, oldest first, within the forward's token budget. */
     sched_config_t sc = {.max_seqs = max_seqs, .max_running = 0, .chunk_tokens = p.w->max_tokens, .now_ms = now_ms,
                          .ctx = &p, .hold_expired = s_hold_expired, .drop = s_drop};
     p.sched = sched_new(p.w->eng->pool, &sc, err, sizeof err);
-    p.links = kvlinks_new(p.w->eng->be, p.name, worker_block_bytes(p.w), NULL, s_link_send, a);
-    kvchan_cfg_t cc = {.be = p.w->eng->be, .pool = p.w->eng->pool, .topo = t, .self = actor_self(a),
-                       .cluster = t->name, .zmq_ctx = actor_zmq_ctx(a), .links = p.links};
-    if (chan_keys_fill(a, &p.chan_keys, &cc, err, sizeof err) != 0) {
-        LOG_E("security: the KV channel's keys: %s", err);
+    if (handoff_out_open(&p.out, a, p.w, t, p.cache_manager, err, sizeof err) != 0) {
+        LOG_E("%s", err);
+        handoff_out_close(&p.out);
         worker_destroy(&p.w);
         actor_destroy(&a);
         return 1;
     }
-    p.chan = kvchan_new(&cc, err, sizeof err);
-    if (tchan_nccl_available(p.w->eng->be)) {
+    p.out.ctx = &p;
+    p.out.done = s_handed;
+    p.out.fail = s_handoff_failed;
+    if (p.out.nccl)
         actor_timer_add(a, KVLINK_POLL_MS, s_poll_links);
-        for (int i = 0; i < t->n_instances; i++)
-            if (t->instances[i].role == ROLE_DECODE) {
-                actor_watch(a, t->instances[i].name);
-                if (s_route(&p, t->instances[i].name) == MSG_CHAN_NCCL && p.n_nccl_peers < KVLINK_MAX)
-                    p.nccl_peers[p.n_nccl_peers++] = t->instances[i].name;
-            }
-    }
     int rc = -1;
     if (router_watch_init(&p.routers, a, t) != 0) {
         LOG_E("cannot watch the routers' connections");
-    } else if (!p.links || !p.chan || !p.seqs || !p.sched) {
+    } else if (!p.seqs || !p.sched) {
         LOG_E("out of memory for a batch of %d", max_seqs);
     } else {
-        tchan_shm_sweep(t->name);
         actor_ops_t ops = {.handlers = s_handlers, .n_handlers = ARRAY_LEN(s_handlers), .before_sleep = s_step,
                            .fill_stats = s_fill_stats, .drained = s_drained,
                            .peer_event = s_peer_event};
         rc = actor_run(a, &ops, &p);
     }
-    kvlinks_destroy(&p.links);   /* first: aborts the sends still in flight before their blocks go */
+    handoff_out_close_links(&p.out);   /* first: aborts the sends still in flight before their blocks go */
     for (sched_state_t st = 0; p.sched && st < SCHED_OUT; st++)
         while (sched_first(p.sched, st))
             s_remove(&p, s_first(&p, st));
     sched_destroy(&p.sched);
-    kvchan_destroy(&p.chan);   /* after the requests: they release what they staged on it */
+    handoff_out_close(&p.out);   /* after the requests: they release what they staged on its channels */
     expert_report_destroy(&p.experts);
     free(p.seqs);
     worker_destroy(&p.w);
