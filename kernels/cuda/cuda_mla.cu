@@ -614,40 +614,85 @@ void cuda_mla_attention(backend_t *be, const bk_kv_t *kv, int layer, const float
     }
 }
 
-/* One warp per output element (m, h, n): lanes over k, a butterfly sum. */
-template <typename WT>
+/* A block takes R rows m of one head h and HM_N outputs n: the rows' x[m][h][0..K) are read once
+ * into shared memory, and each weight row w[h*N + n] once for all R rows. (One warp per output
+ * element read the row's x N times and every weight row M times: at DeepSeek-V3's shape, 512 outputs
+ * of q's absorption re-read the same 128 floats, and a batch of 64 rows read w_uk_t, 16 MB a layer,
+ * 64 times.) A warp computes one n at a time: lanes over k with the same partial sums and butterfly
+ * as one warp per output, so the result does not depend on R. */
+#define HM_N 32                   /* outputs n per block (4 per warp of 8) */
+#define HM_SMEM (48 << 10)        /* x rows in the default dynamic shared memory */
+
+template <typename WT, int R>
 __global__ void k_head_matmul(const float *x, int M, int n_heads, int x_stride, int x_head, const WT *w, int N, int K,
                               float *y, int y_stride, int y_head)
 {
     DEV_PDL_ENTER();
-    const int64_t gw = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
-    const int lane = threadIdx.x & 31;
-    if (gw >= (int64_t)M * n_heads * N)
-        return;
-    const int n = (int)(gw % N), h = (int)((gw / N) % n_heads), m = (int)(gw / ((int64_t)N * n_heads));
-    const float *xv = x + (int64_t)m * x_stride + (int64_t)h * x_head;
-    const WT *row = w + ((int64_t)h * N + n) * K;
-    float s = 0;
-    for (int k = lane; k < K; k += 32)
-        s += xv[k] * s_ld(row + k);
-    s = dev_warp_sum(s);
-    if (lane == 0)
-        y[(int64_t)m * y_stride + (int64_t)h * y_head + n] = s;
+    extern __shared__ float xs[];                  /* [R][K] */
+    const int h = blockIdx.y, m0 = blockIdx.z * R, rows = M - m0 < R ? M - m0 : R;
+    for (int i = threadIdx.x; i < R * K; i += blockDim.x) {
+        const int r = i / K, k = i - r * K;
+        xs[i] = r < rows ? x[(int64_t)(m0 + r) * x_stride + (int64_t)h * x_head + k] : 0.0f;
+    }
+    __syncthreads();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+    const int n_end = (blockIdx.x + 1) * HM_N < N ? (blockIdx.x + 1) * HM_N : N;
+    for (int n = blockIdx.x * HM_N + warp; n < n_end; n += n_warps) {
+        const WT *row = w + ((int64_t)h * N + n) * K;
+        float acc[R];
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            acc[r] = 0.0f;
+        for (int k = lane; k < K; k += 32) {
+            const float wv = s_ld(row + k);
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                acc[r] += xs[r * K + k] * wv;
+        }
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const float t = dev_warp_sum(acc[r]);
+            if (lane == 0 && r < rows)
+                y[(int64_t)(m0 + r) * y_stride + (int64_t)h * y_head + n] = t;
+        }
+    }
+}
+
+template <typename WT, int R>
+static void s_head_launch(const cuda_state_t *st, const float *x, int M, int n_heads, int x_stride, int x_head,
+                          const void *w, int N, int K, float *y, int y_stride, int y_head)
+{
+    const dim3 grid((unsigned)((N + HM_N - 1) / HM_N), (unsigned)n_heads, (unsigned)((M + R - 1) / R));
+    cuda_launch_smem(st, k_head_matmul<WT, R>, grid, 256, (size_t)R * K * sizeof(float), x, M, n_heads, x_stride,
+                     x_head, (const WT *)w, N, K, y, y_stride, y_head);
+}
+
+/* Rows a block: one for a single row (decode at batch 1), else 8 while their x fits. */
+template <typename WT>
+static void s_head_rows(const cuda_state_t *st, const float *x, int M, int n_heads, int x_stride, int x_head,
+                        const void *w, int N, int K, float *y, int y_stride, int y_head)
+{
+    if (M > 1 && (size_t)8 * K * sizeof(float) <= HM_SMEM)
+        s_head_launch<WT, 8>(st, x, M, n_heads, x_stride, x_head, w, N, K, y, y_stride, y_head);
+    else if (M > 1 && (size_t)4 * K * sizeof(float) <= HM_SMEM)
+        s_head_launch<WT, 4>(st, x, M, n_heads, x_stride, x_head, w, N, K, y, y_stride, y_head);
+    else
+        s_head_launch<WT, 1>(st, x, M, n_heads, x_stride, x_head, w, N, K, y, y_stride, y_head);
 }
 
 void cuda_head_matmul(backend_t *be, const float *x, int M, int n_heads, int x_stride, int x_head, const bk_mat_t *w,
                       float *y, int y_stride, int y_head)
 {
     const int N = (int)(w->rows / n_heads), K = (int)w->cols;
-    const int64_t warps = (int64_t)M * n_heads * N;
-    if (warps <= 0)
+    if ((int64_t)M * n_heads * N <= 0)
         return;
+    if ((size_t)K * sizeof(float) > HM_SMEM)
+        cuda_die("cuda_head_matmul", "more than 12,288 columns a head", __FILE__, __LINE__);
     const cuda_state_t *st = cuda_st(be);
-    const unsigned grid = (unsigned)((warps * 32 + 255) / 256);
     switch (w->dtype) {
-    case DT_F32: cuda_launch(st, k_head_matmul<float>, grid, 256, x, M, n_heads, x_stride, x_head, (const float *)w->data, N, K, y, y_stride, y_head); break;
-    case DT_BF16: cuda_launch(st, k_head_matmul<__nv_bfloat16>, grid, 256, x, M, n_heads, x_stride, x_head, (const __nv_bfloat16 *)w->data, N, K, y, y_stride, y_head); break;
-    default: cuda_launch(st, k_head_matmul<__half>, grid, 256, x, M, n_heads, x_stride, x_head, (const __half *)w->data, N, K, y, y_stride, y_head); break;
+    case DT_F32: s_head_rows<float>(st, x, M, n_heads, x_stride, x_head, w->data, N, K, y, y_stride, y_head); break;
+    case DT_BF16: s_head_rows<__nv_bfloat16>(st, x, M, n_heads, x_stride, x_head, w->data, N, K, y, y_stride, y_head); break;
+    default: s_head_rows<__half>(st, x, M, n_heads, x_stride, x_head, w->data, N, K, y, y_stride, y_head); break;
     }
 }
 
