@@ -372,13 +372,14 @@ static int s_step(actor_t *a, void *state)
 {
     decode_t *d = state;
     const int copying = writeback_poll(d->wb, a);   /* copies in flight: come back soon to announce them */
+    /* Without a step of ours, an expert-parallel group's step a peer started still needs us. */
     if (sched_size(d->sched) > 0 &&
         !router_watch_room(&d->routers, a, stream_out_step_messages(&d->out, d->spec != NULL)))
-        return copying;   /* a router is behind: no step until its outbox drains (the cycle goes on) */
+        return copying | expert_group_idle(d->w->experts, 0);   /* a router is behind: no step until its outbox drains */
     const sched_batch_t *b = sched_step(d->sched);
     if (b->n == 0) {
         d->cycle_t0 = 0;
-        return copying;
+        return copying | expert_group_idle(d->w->experts, actor_draining(a) && sched_size(d->sched) == 0);
     }
     const int64_t t0 = now_ns();
     if (d->cycle_t0)
@@ -404,7 +405,7 @@ static int s_step(actor_t *a, void *state)
 static int s_drained(actor_t *a, void *state)
 {
     decode_t *d = state;
-    return sched_size(d->sched) == 0;
+    return sched_size(d->sched) == 0 && expert_group_drained(d->w->experts);   /* a group's ranks leave together */
 }
 
 static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
@@ -510,7 +511,7 @@ int main(int argc, char **argv)
     if (spec_step_config_from_env(&spec_cfg, err, sizeof err) != 0) {
         LOG_E("%s", err);
         exit_code = ACTOR_EXIT_CONFIG;
-    } else if (!(d.w = worker_load(t, ROLE_DECODE, actor_self(a)->gpu, max_seqs + chunk_tokens, max_seqs,
+    } else if (!(d.w = worker_load(t, ROLE_DECODE, actor_self(a), max_seqs + chunk_tokens, max_seqs,
                                    &config_error, err, sizeof err))) {
         LOG_E("cannot load the model: %s", err);
         exit_code = config_error ? ACTOR_EXIT_CONFIG : 1;
@@ -518,6 +519,8 @@ int main(int argc, char **argv)
         LOG_E("the hand-off channels: %s", err);
     } else if (router_watch_init(&d.routers, a, t) != 0) {
         LOG_E("cannot watch the routers");
+    } else if (expert_group_watch(d.w->experts, a) != 0) {
+        LOG_E("cannot watch the expert-parallel group");
     } else if (s_open_step(&d, &spec_cfg, chunk_tokens, err, sizeof err) != 0) {
         LOG_E("%s", err);
     } else if (prompt_intake_init(&d.prompts, d.w, d.sched, d.name, d.cache_manager, colocated, err, sizeof err) != 0) {

@@ -4,10 +4,11 @@
  *
  * Duties: add every `expert_load` window (one worker, one layer, tokens per expert) into the
  * totals, answering a refused one with bad_request. Two kinds of table:
- *   - one per decode worker that leads an expert-parallel group (topology actors[].ep > 1): its
- *     windows only, a placement over its ep ranks with experts.redundant_slots replica slots per
- *     rank every experts.interval_steps / experts.window_steps windows, pushed to that worker as
- *     `expert_placement` (the worker's group switches at a step boundary, engine/ep.h);
+ *   - one per expert-parallel group (topology actors[].ep > 1: ep decode instances, each a rank
+ *     running its own requests): the windows of its ranks added up, a placement over its ep ranks
+ *     with experts.redundant_slots replica slots per rank every experts.interval_steps /
+ *     experts.window_steps windows, pushed to its rank 0 as `expert_placement` (the group
+ *     switches at a step boundary, engine/ep.h);
  *   - one over every worker as if each were a rank (what a group of them would gain), shown only.
  * In the periodic stats: the epoch, the ranks, placements pushed, and each of the first
  * EB_SHOWN_LAYERS layers' busiest/average rank load with the experts in order and placed, of the
@@ -31,7 +32,8 @@
 #define EB_MAX_GROUPS 64
 
 typedef struct {
-    char leader[TOPO_NAME_MAX];
+    char leader[TOPO_NAME_MAX];   /* rank 0's instance: placements go there */
+    int actor, first;             /* the ranks: instances first .. first+ranks-1 of topology actor `actor` */
     int ranks;
     eb_table_t *table;
 } eb_group_t;
@@ -44,10 +46,13 @@ typedef struct {
     uint64_t pushed, push_failed; /* expert_placement messages */
 } eb_state_t;
 
-static eb_group_t *s_group(eb_state_t *s, const char *worker)
+/* The group whose rank `worker` is (NULL: none). */
+static eb_group_t *s_group(const topo_t *t, eb_state_t *s, const char *worker)
 {
-    for (int i = 0; i < s->n_groups; i++)
-        if (!strcmp(s->groups[i].leader, worker))
+    const topo_instance_t *in = topo_find(t, worker);
+    for (int i = 0; in && i < s->n_groups; i++)
+        if (in->actor == s->groups[i].actor && in->index >= s->groups[i].first &&
+            in->index < s->groups[i].first + s->groups[i].ranks)
             return &s->groups[i];
     return NULL;
 }
@@ -102,7 +107,7 @@ static int s_on_load(actor_t *a, void *state, const actor_peer_t *from, msg_t *m
     eb_state_t *s = state;
     const msg_expert_load_t *el = &m->u.expert_load;
     char err[512];
-    eb_group_t *g = s_group(s, el->worker);
+    eb_group_t *g = s_group(actor_topo(a), s, el->worker);
     if (g) {
         const int rc = eb_table_add(g->table, el->worker, el->layer, el->counts, el->n_counts, err, sizeof err);
         if (rc < 0) {
@@ -166,20 +171,20 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
     }
 }
 
-/* A table per decode instance that leads a group (the first decode entry with ep > 1: the rule of
- * actors/worker/worker.c). */
+/* A table per expert-parallel group: instances g*ep .. g*ep+ep-1 of a decode entry with ep > 1
+ * (the rule of actors/worker/expert_group.c), led by the first. */
 static int s_groups(const topo_t *t, eb_state_t *s)
 {
-    int ep = 1;
-    for (int i = 0; i < t->n_actors && ep == 1; i++)
-        if (t->actors[i].role == ROLE_DECODE && t->actors[i].ep > 1)
-            ep = t->actors[i].ep;
     const int interval = t->experts.interval_steps / t->experts.window_steps;
-    for (int i = 0; ep > 1 && i < t->n_instances && s->n_groups < EB_MAX_GROUPS; i++) {
-        if (t->instances[i].role != ROLE_DECODE)
+    for (int i = 0; i < t->n_instances && s->n_groups < EB_MAX_GROUPS; i++) {
+        const topo_instance_t *in = &t->instances[i];
+        const int ep = in->role == ROLE_DECODE ? t->actors[in->actor].ep : 1;
+        if (ep < 2 || in->index % ep != 0)
             continue;
         eb_group_t *g = &s->groups[s->n_groups];
-        snprintf(g->leader, sizeof g->leader, "%s", t->instances[i].name);
+        snprintf(g->leader, sizeof g->leader, "%s", in->name);
+        g->actor = in->actor;
+        g->first = in->index;
         g->ranks = ep;
         if (!(g->table = eb_table_new_group(ep, t->experts.redundant_slots, interval)) ||
             eb_table_set_half_life(g->table, t->experts.load_half_life_windows) != 0)

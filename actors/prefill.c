@@ -438,7 +438,7 @@ int main(int argc, char **argv)
     }
     int max_seqs = t->limits.max_batch < 64 ? t->limits.max_batch : 64;
     int config_error;
-    p.w = worker_load(t, ROLE_PREFILL, actor_self(a)->gpu, t->limits.prefill_chunk_tokens, max_seqs, &config_error, err,
+    p.w = worker_load(t, ROLE_PREFILL, actor_self(a), t->limits.prefill_chunk_tokens, max_seqs, &config_error, err,
                       sizeof err);
     if (!p.w) {
         LOG_E("cannot load the model: %s", err);

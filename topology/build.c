@@ -405,6 +405,9 @@ static void s_actors(topo_diag_t *d, const raw_topo_t *raw, topo_t *t)
             topo_diag_err(d, p, "expert-parallel groups run on the cpu backend only for now (a group's ranks "
                           "on their own GPUs over NCCL are not wired into the workers yet: docs/experts.md)");
 
+        else if (a->ep > 1 && a->count % a->ep != 0)
+            topo_diag_err(d, p, "ep: %d does not divide count: %d (each expert-parallel group is ep instances)",
+                          a->ep, a->count);
         a->n_gpus = (int)r->gpus_count;
         snprintf(p, sizeof p, "actors[%d].gpus", i);
         if (a->n_gpus > 0 && a->role < ROLE_COUNT && !worker)

@@ -81,9 +81,9 @@ typedef struct topo_actor {
     int gpus[TOPO_GPUS_MAX];             /* GPU indices on its node */
     int n_gpus;                          /* 0 (none), 1 (shared by every instance) or count (one each) */
     int tp;                              /* tensor-parallel degree; divides count */
-    int ep;                              /* processes in each instance's expert-parallel group (decode: the
-                                            instance leads and starts ep - 1 troupe-expert-rank processes;
-                                            docs/experts.md); 1 = none */
+    int ep;                              /* decode instances per expert-parallel group; divides count
+                                            (instances g*ep .. g*ep+ep-1 form group g, each a rank with its own
+                                            requests: docs/experts.md); 1 = none */
     topo_restart_t restart;              /* default permanent */
 } topo_actor_t;
 

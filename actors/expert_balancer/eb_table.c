@@ -29,7 +29,8 @@ struct eb_table {
     int n_slots;
     double before[EB_MAX_LAYERS];           /* busiest/average rank, experts in order */
     double after[EB_MAX_LAYERS];            /* the same with the placement */
-    int group_ranks;                        /* > 0: one worker's expert-parallel group of this many ranks */
+    int group_ranks;                        /* > 0: an expert-parallel group of this many ranks (the
+                                               workers are its ranks that sent windows) */
     int redundant;                          /* group: replica slots per rank beyond the experts' share */
     int interval;                           /* windows between placements */
 };
@@ -152,8 +153,6 @@ int eb_table_add(eb_table_t *t, const char *worker, uint32_t layer, const uint64
         t->n_experts = (int)n;
         t->clock_layer = (int)layer;   /* the first MoE layer (a model's first layers may be dense) */
     }
-    if (t->group_ranks && t->n_workers == 1 && strcmp(t->workers[0], worker) != 0)
-        return errf(err, errlen, "expert_load from %s: this table is %s's group", worker, t->workers[0]);
     if (s_worker(t, worker) < 0)
         return errf(err, errlen, "expert_load from %s: more than %d workers", worker, EB_MAX_RANKS);
     /* Aging, once per clock-layer window and before it is added: the other layers' windows of the

@@ -18,7 +18,8 @@
 typedef struct eb_table eb_table_t;
 
 eb_table_t *eb_table_new(void);
-/* One decode worker's expert-parallel group of `ranks` ranks (only that worker's windows count):
+/* An expert-parallel group of `ranks` ranks (the caller adds only its ranks' windows; each rank
+ * counts the routing of its own requests, so their sum is the group's load):
  * each placement gives every rank `redundant` slots beyond its share of the experts (fewer when a
  * rank would hold an expert twice), every interval_windows windows. NULL on bad arguments. */
 eb_table_t *eb_table_new_group(int ranks, int redundant, int interval_windows);

@@ -21,6 +21,7 @@
 
 #define MAX_EXTRA     4             /* role-bound ROUTER sockets */
 #define MAX_POLLED    4             /* role sockets with their own reader (SUB, ...) */
+#define MAX_WAKE_FDS  64            /* plain descriptors that wake the loop (actor_add_wake_fd) */
 #define MAX_TIMERS    16
 #define MAX_PEERS     256
 #define SEND_BUF      (MSG_MAX_FRAME)
@@ -101,6 +102,8 @@ struct actor {
     void *polled[MAX_POLLED];       /* role sockets read by their own function */
     actor_reader_fn polled_fn[MAX_POLLED];
     int n_polled;
+    int wake_fds[MAX_WAKE_FDS];     /* readable: the loop comes round (before_sleep reads them) */
+    int n_wake_fds;
     peer_t peers[MAX_PEERS];        /* destinations, by name */
     int n_peers;
     int outbox_cap;                 /* limits.outbox */
@@ -1035,7 +1038,7 @@ int actor_run(actor_t *a, const actor_ops_t *ops, void *state)
      * node lost it): exit rather than serve a cluster nobody manages. */
     const int64_t orphan_ms = (int64_t)a->topo->supervision.heartbeat_ms *
                                   a->topo->supervision.liveness * 4 + 5000;
-    zmq_pollitem_t items[3 + MAX_EXTRA + MAX_POLLED + 2 * MAX_PEERS];
+    zmq_pollitem_t items[3 + MAX_EXTRA + MAX_POLLED + MAX_WAKE_FDS + 2 * MAX_PEERS];
     for (;;) {
         if (s_term_signal)
             s_start_drain(a, s_term_signal == SIGTERM ? "SIGTERM" : "SIGINT");
@@ -1077,6 +1080,8 @@ int actor_run(actor_t *a, const actor_ops_t *ops, void *state)
             items[n++] = (zmq_pollitem_t){.socket = a->extra[i], .events = ZMQ_POLLIN};
         for (int i = 0; i < a->n_polled; i++)
             items[n++] = (zmq_pollitem_t){.socket = a->polled[i], .events = ZMQ_POLLIN};
+        for (int i = 0; i < a->n_wake_fds; i++)
+            items[n++] = (zmq_pollitem_t){.socket = NULL, .fd = a->wake_fds[i], .events = ZMQ_POLLIN};
         for (int i = 0; i < a->n_peers; i++)
             if (a->peers[i].mon)
                 items[n++] = (zmq_pollitem_t){.socket = a->peers[i].mon, .events = ZMQ_POLLIN};
@@ -1128,6 +1133,14 @@ int actor_run(actor_t *a, const actor_ops_t *ops, void *state)
             return -1;
         }
     }
+}
+
+int actor_add_wake_fd(actor_t *a, int fd)
+{
+    if (a->n_wake_fds >= MAX_WAKE_FDS || fd < 0)
+        return -1;
+    a->wake_fds[a->n_wake_fds++] = fd;
+    return 0;
 }
 
 int actor_add_reader(actor_t *a, void *sock, actor_reader_fn fn)

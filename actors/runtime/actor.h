@@ -157,6 +157,11 @@ void *actor_bind_router(actor_t *a, const char *endpoint);
 typedef int (*actor_reader_fn)(actor_t *a, void *state, void *sock);
 int actor_add_reader(actor_t *a, void *sock, actor_reader_fn fn);
 
+/* A plain descriptor (not a ZeroMQ socket) whose readability wakes the loop, so before_sleep
+ * handles it at once: an expert-parallel peer starting a step (actors/worker/expert_group.h). The
+ * role owns and reads it; it stays polled until the actor ends. At most 64. */
+int actor_add_wake_fd(actor_t *a, int fd);
+
 /* Calls fn(a, state) every interval_ms (first call after one interval). At most 16 timers. */
 typedef int (*actor_timer_fn)(actor_t *a, void *state);
 int actor_timer_add(actor_t *a, int interval_ms, actor_timer_fn fn);

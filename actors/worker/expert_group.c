@@ -16,11 +16,15 @@
 #include "common/util.h"
 
 #define EG_FD_BASE 200            /* a rank's socket towards rank p is fd EG_FD_BASE + p */
+#define EG_MEET_MS 120000         /* members meeting at start: every one has loaded its model by then */
 
 extern char **environ;
 
 struct expert_group {
     int n;
+    int member;                   /* 1: one of ep topology instances (rendezvous); 0: rank 0 of spawned ranks */
+    char name[TOPO_NAME_MAX];     /* member: the group's name, its rank 0 instance's */
+    char dir[TOPO_PATH_MAX];      /* member: where the ranks meet (the topology's run_dir) */
     ep_keep_t keep;
     pid_t pids[EP_MAX_RANKS];
     int fds[EP_MAX_RANKS];        /* rank 0's ends */
@@ -150,8 +154,49 @@ static void s_on_fail(void *ctx, const char *error)
     _exit(1);
 }
 
+expert_group_t *expert_group_member(const topo_t *t, const topo_instance_t *self, int n_experts, engine_spec_t *spec,
+                                    char *err, size_t errlen)
+{
+    const int n = self->actor >= 0 && self->actor < t->n_actors ? t->actors[self->actor].ep : 1;
+    if (n < 2)
+        return NULL;
+    if (n > EP_MAX_RANKS || n_experts < n || n_experts % n != 0) {
+        errf(err, errlen, "actors[%d].ep: the model's %d routed experts do not divide evenly over %d ranks", self->actor,
+             n_experts, n);
+        return NULL;
+    }
+    expert_group_t *g = calloc(1, sizeof *g);
+    if (!g) {
+        errf(err, errlen, "expert parallelism: out of memory");
+        return NULL;
+    }
+    g->n = n;
+    g->member = 1;
+    for (int r = 0; r < EP_MAX_RANKS; r++)
+        g->fds[r] = -1;
+    const int rank = self->index % n, first = self->index - rank;
+    for (int i = 0; i < t->n_instances; i++)
+        if (t->instances[i].actor == self->actor && t->instances[i].index == first)
+            snprintf(g->name, sizeof g->name, "%s", t->instances[i].name);
+    snprintf(g->dir, sizeof g->dir, "%s", t->endpoints.run_dir);
+    g->keep = (ep_keep_t){.rank = rank, .n_ranks = n, .n_experts = n_experts};
+    spec->model.expert_keep = ep_keep_initial;
+    spec->model.expert_ctx = &g->keep;
+    LOG_I("expert-parallel group %s: rank %d of %d", g->name, rank, n);
+    return g;
+}
+
 int expert_group_attach(expert_group_t *g, engine_t *eng, char *err, size_t errlen)
 {
+    if (g->member) {
+        ep_comm_t *c = ep_sock_rendezvous(g->dir, g->name, g->keep.rank, g->n, EG_MEET_MS, err, errlen);
+        if (!c || !(g->ep = ep_new(eng->model, eng->ck, c, err, errlen)))
+            return -1;
+        if (g->exit_on_fail)
+            ep_on_fail(g->ep, s_on_fail, g);
+        LOG_I("expert-parallel group %s: all %d ranks connected", g->name, g->n);
+        return 0;
+    }
     ep_comm_t *c = ep_sock_new(0, g->n, g->fds, err, errlen);
     if (!c)
         return -1;
@@ -164,6 +209,38 @@ int expert_group_attach(expert_group_t *g, engine_t *eng, char *err, size_t errl
     return 0;
 }
 
+int expert_group_watch(expert_group_t *g, actor_t *a)
+{
+    int fds[EP_MAX_RANKS];
+    const int n = g && g->member && g->ep ? ep_poll_fds(g->ep, fds) : 0;
+    for (int i = 0; i < n; i++)
+        if (actor_add_wake_fd(a, fds[i]) != 0)
+            return -1;
+    return 0;
+}
+
+int expert_group_idle(expert_group_t *g, int done)
+{
+    if (!g || !g->member || !g->ep || ep_all_done(g->ep))
+        return 0;
+    char err[600];
+    if (ep_error(g->ep, err, sizeof err) == 0) {
+        if (!ep_pending(g->ep) && !(done && !ep_done_sent(g->ep)))
+            return 0;
+        if (ep_join(g->ep, done) == 0)
+            return 1;
+        ep_error(g->ep, err, sizeof err);
+    }
+    if (g->exit_on_fail)   /* no rows of ours were in the step: nothing to answer first */
+        s_on_fail(g, err);
+    return 0;
+}
+
+int expert_group_drained(const expert_group_t *g)
+{
+    return !g || !g->member || !g->ep || ep_all_done(g->ep) || ep_error(g->ep, NULL, 0) != 0;
+}
+
 ep_t *expert_group_ep(expert_group_t *g) { return g ? g->ep : NULL; }
 
 pid_t expert_group_pid(const expert_group_t *g, int r) { return r > 0 && r < g->n ? g->pids[r] : 0; }
@@ -174,7 +251,8 @@ void expert_group_destroy(expert_group_t **self_p)
         return;
     expert_group_t *g = *self_p;
     const int well = g->ep && ep_error(g->ep, NULL, 0) == 0;
-    ep_stop(g->ep);   /* stop to the ranks, when the group is still well */
+    if (!g->member)
+        ep_stop(g->ep);   /* stop to the spawned ranks, when the group is still well */
     ep_destroy(&g->ep);
     for (int p = 0; p < g->n; p++)
         if (g->fds[p] >= 0)

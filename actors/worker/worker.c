@@ -20,16 +20,6 @@ static int s_threads(const topo_t *t)
     return threads < 1 ? 1 : (int)threads;
 }
 
-/* Processes in a decode worker's expert-parallel group: the first decode entry's ep that is > 1
- * (topology.h topo_actor_t.ep), else 1. */
-static int s_ep(const topo_t *t, topo_role_t role)
-{
-    for (int i = 0; role == ROLE_DECODE && i < t->n_actors; i++)
-        if (t->actors[i].role == ROLE_DECODE && t->actors[i].ep > 1)
-            return t->actors[i].ep;
-    return 1;
-}
-
 /* This worker's part of its GPU's memory for KV (engine_open.h's rule): a decode worker holds the
  * whole KV of every running sequence (max_batch x max_model_len), a prefill worker only the prompts
  * it is prefilling and cached prefixes, so decode workers weigh 3 and prefill workers 1; every
@@ -113,10 +103,11 @@ static int s_draft(worker_t *w, const topo_t *t, topo_role_t role, const char *t
     return 0;
 }
 
-worker_t *worker_load(const topo_t *t, topo_role_t role, int gpu, int max_tokens, int max_seqs, int *config_error,
-                      char *err, size_t errlen)
+worker_t *worker_load(const topo_t *t, topo_role_t role, const topo_instance_t *self, int max_tokens, int max_seqs,
+                      int *config_error, char *err, size_t errlen)
 {
     *config_error = 0;
+    const int gpu = self->gpu;
     worker_t *w = calloc(1, sizeof *w);
     if (!w) {
         errf(err, errlen, "out of memory");
@@ -168,9 +159,11 @@ worker_t *worker_load(const topo_t *t, topo_role_t role, int gpu, int max_tokens
                                        .max_model_len = w->max_model_len, .block_size = w->block_size};
         s.kv_reserve_bytes = s_draft_reserve(t, gpu, &dop, &w->eng->cfg);
     }
-    const int ep = s_ep(t, role);
-    if (ep > 1 && !(w->experts = expert_group_spawn(ep, w->eng->cfg.num_experts, tm->path, &s, NULL, err, errlen))) {
-        *config_error = 1;   /* the model's experts do not divide, or the rank binary is missing */
+    /* A decode instance of an actor with ep > 1 is a rank of its group: only its experts load. */
+    err[0] = 0;
+    if (role == ROLE_DECODE && !(w->experts = expert_group_member(t, self, w->eng->cfg.num_experts, &s, err, errlen)) &&
+        err[0]) {
+        *config_error = 1;   /* the model's experts do not divide over the ranks */
         goto fail;
     }
     if (w->experts)

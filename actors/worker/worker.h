@@ -39,11 +39,12 @@ typedef struct worker {
                                     layer (engine/mtp.h), its own KV pool; NULL otherwise */
     int ipc_ok;                  /* the pool can be shared with processes on the same GPU */
     uint8_t ipc_handle[KVX_IPC_HANDLE_BYTES];   /* its CUDA IPC handle + size, when ipc_ok */
-    struct expert_group *experts; /* the expert-parallel group this worker leads (topology ep > 1), or NULL */
+    struct expert_group *experts; /* the expert-parallel group this worker is a rank of (topology ep > 1), or NULL */
 } worker_t;
 
-/* Loads the model of topology t for one actor of `role` (prefill or decode: sizes its share of
- * the device's memory for KV) on GPU `gpu` (CUDA backend; -1 = device 0): max_tokens / max_seqs
+/* Loads the model of topology t for instance self of `role` (prefill or decode: sizes its share
+ * of the device's memory for KV) on its GPU (CUDA backend; -1 = device 0); a decode instance of an
+ * actor with ep > 1 joins its expert-parallel group (actors/worker/expert_group.h). max_tokens / max_seqs
  * size the forward. A decode worker with TROUPE_SPECULATION=draft[:K] also opens model.draft
  * (engine/spec.h's draft proposer: max_seqs sequences of max_model_len), refusing a draft with
  * another tokenizer (a configuration error naming both models) and the knob without model.draft;
@@ -51,8 +52,8 @@ typedef struct worker {
  * model's config, its weights' files, dtype or shapes, a model the device cannot hold, the KV
  * dtype or pool: ENGINE_ERR_CONFIG, exit ACTOR_EXIT_CONFIG) rather than the moment (host memory,
  * the device). */
-worker_t *worker_load(const topo_t *t, topo_role_t role, int gpu, int max_tokens, int max_seqs, int *config_error,
-                      char *err, size_t errlen);
+worker_t *worker_load(const topo_t *t, topo_role_t role, const topo_instance_t *self, int max_tokens, int max_seqs,
+                      int *config_error, char *err, size_t errlen);
 void worker_destroy(worker_t **self_p);
 
 /* Engine sampling parameters from a request's wire parameters (EOS ids from the model). */

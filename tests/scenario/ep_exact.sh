@@ -1,24 +1,35 @@
-# Expert-parallel decode through the whole cluster (supervisor, router, prefill, KV hand-off, a
-# decode worker leading a group of `ep` processes: itself and ep - 1 troupe-expert-rank processes,
-# each holding only its experts): greedy tokens of groups of 2 and of 4 equal the one-process
-# troupe-generate output, for the MoE fixtures (qwen3-moe-f32, mixtral-f32) and kjv-moe from the
-# shared models folder (TROUPE_MODELS; skipped with a message when absent). Then kill -9 of one
-# expert rank while 8 requests stream: every request ends with exactly one terminal reply (a
-# retryable error or done with all its tokens), the worker exits and is restarted with a fresh
-# group, and a request after that is exact again.
+# Expert-parallel decode through the whole cluster (supervisor, router, prefill, KV hand-off):
+# `ep: N` decode instances form a group, each a whole worker with its own requests, KV pool and
+# steps (attention data-parallel), every MoE layer exchanged over the group in lockstep, each rank
+# holding only its experts. 8 requests at once land on every rank of a group of 2 and of 4 (checked
+# per rank in troupe-top), and every greedy output equals the one-process troupe-generate output,
+# for the MoE fixtures (qwen3-moe-f32, mixtral-f32) and kjv-moe from the shared models folder
+# (TROUPE_MODELS; skipped with a message when absent). Placements from the balancer are switched to
+# while serving, output still exact. Then kill -9 of one rank while 8 requests stream on both
+# ranks: every request ends with exactly one terminal reply (a retryable error or done with all its
+# tokens), both ranks are restarted (the survivor exits when its group fails) and meet again, and
+# requests on both are exact again.
 . "$(dirname "$0")/lib.sh"
 MODELS=${TROUPE_MODELS:-$ROOT/../shared/models}
-# ranks_of NAME: the troupe-expert-rank processes under the instance's process.
-ranks_of() {
-  local pid=
-  for _ in $(seq 100); do   # the monitor lists an actor after its first stats
-    pid=$("$BIN/troupe-top" --topology "$1" --json | /usr/bin/python3 -c 'import json, sys
-print(([a["pid"] for a in json.load(sys.stdin).get("actors", []) if a["name"] == sys.argv[1]] + [""])[0])' "$2")
-    [ -n "$pid" ] && break
-    sleep 0.1
-  done
-  [ -n "$pid" ] || fail "$2 is not in troupe-top"
-  ps --ppid "$pid" -o pid=,args= | awk '$2 ~ /troupe-expert-rank$/ {printf "%s ", $1}'
+# ranks_served TOPO N: every decode-R (R < N) has finished a request (troupe-top), else fail.
+ranks_served() {
+  PYTHONPATH="$ROOT/tools:$ROOT/tests/scenario" /usr/bin/python3 - "$BIN" "$1" "$2" <<'PY'
+import subprocess, sys, time
+from servelib import top, metric
+bin_dir, topo, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+for _ in range(50):   # the requests' counts arrive with each rank's next stats
+    try:
+        d = top(bin_dir, topo)
+    except subprocess.CalledProcessError as e:   # the monitor slow to answer on a loaded machine
+        print(f"troupe-top: {e.stderr.strip()}")
+        d = {}
+    done = [int(metric(d[f"decode-{r}"], "requests_finished_total") or 0) if f"decode-{r}" in d else 0 for r in range(n)]
+    if all(done):
+        break
+    time.sleep(0.2)
+assert all(done), f"requests finished per rank {done}: a rank served none"
+print(f"requests finished per rank: {done}")
+PY
 }
 cases=("$ROOT/tests/fixtures/models/qwen3-moe-f32" "$ROOT/tests/fixtures/models/mixtral-f32")
 if [ -f "$MODELS/kjv-moe/config.json" ]; then
@@ -26,7 +37,7 @@ if [ -f "$MODELS/kjv-moe/config.json" ]; then
 else
   echo "SKIP kjv-moe: $MODELS/kjv-moe is absent (set TROUPE_MODELS)"
 fi
-PROMPTS="1,5,9,14,3 2,7,7,30,11,4,19,23,8 40,41,42"
+PROMPTS="1,5,9,14,3 2,7,7,30,11,4,19,23,8 40,41,42 3,3,8,1 17,2,29,6,12 9,9,4 33,21,5,7,1,2 6,28,14"
 stop_cluster() {
   kill -TERM "$SUP_PID" 2>/dev/null || true
   for _ in $(seq 100); do kill -0 "$SUP_PID" 2>/dev/null || break; sleep 0.1; done
@@ -42,11 +53,9 @@ for dir in "${cases[@]}"; do
   done
   for n in 2 4; do
     note "$name, expert-parallel group of $n"
-    MODEL_PATH=$dir N_PREFILL=1 N_DECODE=1 DECODE_EP=$n make_topology "$WORK/$name-$n.yaml" "limits:" \
+    MODEL_PATH=$dir N_PREFILL=1 N_DECODE=$n DECODE_EP=$n make_topology "$WORK/$name-$n.yaml" "limits:" \
       "  prefill_chunk_tokens: 8" "  max_batch: 16"
     start_cluster "$WORK/$name-$n.yaml"
-    ranks=$(ranks_of "$WORK/$name-$n.yaml" decode)
-    [ "$(echo $ranks | wc -w)" = $((n - 1)) ] || fail "$name: decode has expert ranks '$ranks', want $((n - 1))"
     ep=$(grep 'client:' "$WORK/$name-$n.yaml" | awk '{print $2}')
     PYTHONPATH="$ROOT/tools" /usr/bin/python3 - "$ep" "$WORK/$name.generate" "$PROMPTS" <<'PY'
 import sys, threading
@@ -75,14 +84,15 @@ for i in range(len(prompts)):
     assert got[i] == want[i], f"prompt {i}: cluster {got[i]}, troupe-generate {want[i]}"
 print(f"{len(prompts)} prompts x 24 tokens equal troupe-generate")
 PY
-    [ "$(ranks_of "$WORK/$name-$n.yaml" decode)" = "$ranks" ] || fail "$name: the expert ranks changed while serving"
+    ranks_served "$WORK/$name-$n.yaml" "$n"
+    ! grep -E "decode-[0-9]+ exited" "$WORK/supervisor.log" || fail "$name: a rank exited while serving"
     stop_cluster
   done
 done
 
 note "placements while serving (qwen3-moe-f32, group of 4, a window of 4 steps, a placement every 2 windows)"
 dir=$ROOT/tests/fixtures/models/qwen3-moe-f32
-MODEL_PATH=$dir N_PREFILL=1 N_DECODE=1 DECODE_EP=4 make_topology "$WORK/place.yaml" "limits:" \
+MODEL_PATH=$dir N_PREFILL=1 N_DECODE=4 DECODE_EP=4 make_topology "$WORK/place.yaml" "limits:" \
   "  prefill_chunk_tokens: 8" "  max_batch: 16" "experts:" "  window_steps: 4" "  interval_steps: 8" \
   "  redundant_slots: 1"
 start_cluster "$WORK/place.yaml"
@@ -98,7 +108,7 @@ def ep_metric(name):
     # The monitor lists an actor once its stats arrived: between two of them (a placement being
     # switched to holds the worker's loop) it may be absent; the loop below asks again.
     d = top(bin_dir, topo)
-    return (metric(d["decode"], name) or 0) if "decode" in d else 0, d
+    return min((metric(d[f"decode-{r}"], name) or 0) if f"decode-{r}" in d else 0 for r in range(4)), d
 def round_once():
     got, errors = {}, []
     def run(i):
@@ -130,11 +140,11 @@ round_once()   # and after the last switch
 for _ in range(50):   # the balancer's next stats carry the placement's ratios
     d = top(bin_dir, topo)
     eb = d.get("expert-balancer", {})
-    if "decode" in d and any(m["name"] == "layer0_busiest_over_avg_placed" for m in eb.get("metrics", [])):
+    if "decode-0" in d and any(m["name"] == "layer0_busiest_over_avg_placed" for m in eb.get("metrics", [])):
         break
     time.sleep(0.1)
-print(f"{rounds + 1} rounds of {len(prompts)} prompts exact; the group switched placements {int(switched)} times "
-      f"(epoch {int(metric(d['decode'], 'ep_epoch'))}, {int(metric(d['decode'], 'ep_experts_loaded_total'))} experts "
+print(f"{rounds + 1} rounds of {len(prompts)} prompts exact; every rank switched placements {int(switched)} times "
+      f"(epoch {int(metric(d['decode-0'], 'ep_epoch'))}, rank 0 loaded {int(metric(d['decode-0'], 'ep_experts_loaded_total'))} experts "
       f"loaded); the balancer pushed {int(metric(eb, 'placements_pushed'))}, layer 0 busiest/average "
       f"{metric(eb, 'layer0_busiest_over_avg_in_order'):.3f} in order -> {metric(eb, 'layer0_busiest_over_avg_placed'):.3f}")
 PY
@@ -145,18 +155,24 @@ done
 sed -n '/^EXPERT GROUP/,$p' "$WORK/top.txt" | head -20
 stop_cluster
 
-note "kill -9 of an expert rank while 8 requests stream (qwen3-moe-f32, group of 2)"
+ranks_served "$WORK/place.yaml" 4
+stop_cluster
+
 dir=$ROOT/tests/fixtures/models/qwen3-moe-f32
-MODEL_PATH=$dir N_PREFILL=1 N_DECODE=1 DECODE_EP=2 make_topology "$WORK/kill.yaml" "limits:" "  max_batch: 16"
-start_cluster "$WORK/kill.yaml"
-rank=$(ranks_of "$WORK/kill.yaml" decode)
-ep=$(grep 'client:' "$WORK/kill.yaml" | awk '{print $2}')
-PYTHONPATH="$ROOT/tools:$ROOT/tests/scenario" /usr/bin/python3 - "$ep" "$BIN" "$WORK/kill.yaml" "$rank" \
-  "$(sed -n 1p "$WORK/qwen3-moe-f32.generate")" <<'PY'
+for n in 2 4; do
+note "kill -9 of one rank while 8 requests stream on every rank (qwen3-moe-f32, group of $n)"
+MAX_RESTARTS=10 MODEL_PATH=$dir N_PREFILL=1 N_DECODE=$n DECODE_EP=$n make_topology "$WORK/kill-$n.yaml" "limits:" \
+  "  max_batch: 16"
+start_cluster "$WORK/kill-$n.yaml"
+ep=$(grep 'client:' "$WORK/kill-$n.yaml" | awk '{print $2}')
+PYTHONPATH="$ROOT/tools:$ROOT/tests/scenario" /usr/bin/python3 - "$ep" "$BIN" "$WORK/kill-$n.yaml" \
+  "$WORK/qwen3-moe-f32.generate" "$PROMPTS" "$n" <<'PY'
 import os, signal, sys, threading, time
 from troupe_client import Client
-from servelib import top, wait_restarted
-ep, bin_dir, topo, rank, want0 = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
+from servelib import top, metric, wait_restarted
+ep, bin_dir, topo, gen, prompts = sys.argv[1], sys.argv[2], sys.argv[3], open(sys.argv[4]).read().split(), sys.argv[5].split()
+n = int(sys.argv[6])
+want = [list(map(int, g.split(","))) for g in gen]
 streaming, results = set(), {}
 def stream(key, n_tokens):
     with Client(ep, timeout_s=120) as c:
@@ -169,17 +185,37 @@ def stream(key, n_tokens):
                 n_final += 1
             last = m
         results[key] = (toks, last, n_final)
-ts = [threading.Thread(target=stream, args=(i, 400)) for i in range(8)]
-for t in ts: t.start()
-deadline = time.time() + 60
-while len(streaming) < 8 and time.time() < deadline:
-    time.sleep(0.05)
-assert len(streaming) == 8, f"only {len(streaming)} of 8 streams started"
-pid = top(bin_dir, topo)["decode"]["pid"]
-os.kill(rank, signal.SIGKILL)
+# The streams last a fraction of a second on this model and the ranks' stats come every second:
+# a batch whose streams end before the stats show them running on both ranks is let finish, and
+# another batch starts. Each request stays on its rank, so streams all unfinished at the kill and
+# seen running on both ranks means both ranks held some.
+killed = False
+for attempt in range(20):
+    streaming.clear()
+    results.clear()
+    ts = [threading.Thread(target=stream, args=(i, 480)) for i in range(8)]
+    for t in ts: t.start()
+    deadline = time.time() + 60
+    while len(streaming) < 8 and time.time() < deadline:
+        time.sleep(0.01)
+    assert len(streaming) == 8, f"only {len(streaming)} of 8 streams started"
+    while not results:
+        d = top(bin_dir, topo)
+        running = [int(metric(d[f"decode-{r}"], "requests_running") or 0) if f"decode-{r}" in d else 0
+                   for r in range(n)]
+        if all(running) and not results:
+            pids = [d[f"decode-{r}"]["pid"] for r in range(n)]
+            os.kill(pids[1], signal.SIGKILL)
+            killed = True
+            break
+    if killed:
+        break
+    for t in ts: t.join(timeout=90)
+    assert all(r[1]["type"] == "done" for r in results.values()), results
+assert killed, "the streams never showed running on both ranks"
 t0 = time.time()
 for t in ts: t.join(timeout=90)
-assert all(not t.is_alive() for t in ts), "a request hangs after the expert rank died"
+assert all(not t.is_alive() for t in ts), "a request hangs after a rank died"
 assert len(results) == 8, "a request got no terminal reply"
 failed = [r for r in results.values() if r[1]["type"] == "error"]
 done = [r for r in results.values() if r[1]["type"] == "done"]
@@ -187,28 +223,40 @@ assert len(failed) + len(done) == 8 and all(r[2] == 1 for r in results.values())
 for toks, m, _ in failed:
     assert m["retryable"], m
 for toks, m, _ in done:
-    assert toks == 400, (toks, m)
-print(f"kill -9 of expert rank {rank}: {len(failed)} ended with a retryable error "
+    assert toks == 480, (toks, m)
+print(f"kill -9 of decode-1 (batch {attempt + 1}, running per rank before: {running}): {len(failed)} ended with a retryable error "
       f"({sorted(set(m['code_name'] for _, m, _ in failed))}), {len(done)} completed, in {time.time() - t0:.1f} s")
-# The worker learns at its next MoE layer that its group is gone and exits; a request now ends
-# (worker_lost, retryable) or, once the worker is back, completes. Then it is exact again.
-ok = None
-for attempt in range(40):
-    with Client(ep, timeout_s=60) as c:
-        toks, last = [], None
-        for m in c.generate(tokens=[1, 5, 9, 14, 3], max_tokens=24, temperature=0, ignore_eos=True):
-            if m["type"] == "token":
-                toks += m["tokens"]
-            last = m
-    if last["type"] == "done":
-        ok = toks
+# Every rank comes back (the survivors exit when they find their group gone) and they meet again.
+for r in range(n):
+    wait_restarted(bin_dir, topo, f"decode-{r}", pids[r], restarts=1, timeout_s=60)
+def round_once():
+    got, errors = {}, []
+    def run(i):
+        with Client(ep, timeout_s=120) as c:
+            toks = []
+            for m in c.generate(tokens=list(map(int, prompts[i].split(","))), max_tokens=24, temperature=0,
+                                ignore_eos=True):
+                if m["type"] == "token":
+                    toks += m["tokens"]
+                elif m["type"] == "error":
+                    errors.append((i, m))
+            got[i] = toks
+    ts = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    for t in ts: t.start()
+    for t in ts: t.join()
+    return got, errors
+for attempt in range(20):   # the router may still be learning that the new incarnations are up
+    got, errors = round_once()
+    if not errors:
         break
-    assert last["type"] == "error" and last["retryable"], last
+    assert all(m["retryable"] for _, m in errors), errors
     time.sleep(0.5)
-assert ok is not None, "no request completed after the rank died"
-assert ",".join(map(str, ok)) == want0, (ok, want0)
-wait_restarted(bin_dir, topo, "decode", pid, restarts=1, timeout_s=30)
-print(f"decode restarted with a fresh group after {attempt + 1} request(s); output exact again")
+assert not errors, errors
+for i in range(len(prompts)):
+    assert got[i] == want[i], f"after the restart, prompt {i}: cluster {got[i]}, troupe-generate {want[i]}"
+print(f"all {n} ranks restarted and met again; {len(prompts)} prompts exact after {attempt + 1} round(s)")
 PY
-[ -n "$(ranks_of "$WORK/kill.yaml" decode)" ] || fail "the restarted decode worker has no expert rank"
+ranks_served "$WORK/kill-$n.yaml" "$n"
+stop_cluster
+done
 echo "PASS ep_exact"

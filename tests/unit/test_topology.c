@@ -743,6 +743,7 @@ static void test_semantic_errors(void **state)
     assert_err("actors[0].tp: only prefill and decode actors run tensor-parallel");
     assert_err("actors[2].tp: tp: 2 does not divide count: 3");
     assert_err("actors[2].ep: only decode actors run expert-parallel groups");
+    assert_err("actors[3].ep: ep: 3 does not divide count: 4");
     s_bad("model:\n  path: m\nactors:\n  - role: monitor\n  - role: router\n  - role: prefill\n  - role: decode\n"
           "    ep: 65\nexperts:\n  window_steps: 100\n  interval_steps: 250\n  redundant_slots: -1\n"
           "  load_half_life_windows: -3\n");
