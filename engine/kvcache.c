@@ -16,6 +16,7 @@ struct kvpool {
     int n_blocks, block_size;
     bk_kv_t view;                 /* base: device [n_blocks][n_layers][2][block_size][n_kv_heads][head_dim] dtype */
     backend_t *be;                /* owner of view.base; NULL for a bookkeeping-only pool */
+    float *scale_dev;             /* device [n_layers][2][n_kv_heads] f32: view.scale (fp8), owned; NULL: none */
     int32_t *ref;                 /* [n_blocks] reference counts */
     int32_t *next, *prev;         /* [n_blocks] free-list links (-1 ends); valid while ref == 0 */
     int32_t head, tail, n_free;   /* free list: alloc takes the head, free appends at the tail */
@@ -205,6 +206,8 @@ void kvpool_destroy(kvpool_t **self_p)
     kvpool_t *p = *self_p;
     if (p->be && p->view.base)
         p->be->ops->free(p->be, p->view.base);
+    if (p->be && p->scale_dev)
+        p->be->ops->free(p->be, p->scale_dev);
     free(p->ref);
     free(p->next);
     free(p->prev);
@@ -280,6 +283,26 @@ int kvpool_free_count(const kvpool_t *p) { return p->n_free; }
 int kvpool_n_blocks(const kvpool_t *p) { return p->n_blocks; }
 int kvpool_block_size(const kvpool_t *p) { return p->block_size; }
 const bk_kv_t *kvpool_view(const kvpool_t *p) { return &p->view; }
+
+int kvpool_set_scales(kvpool_t *p, const float *scales, char *err, size_t errlen)
+{
+    const bk_kv_t *v = &p->view;
+    if (v->dtype != DT_F8E4M3 || !p->be)
+        return errf(err, errlen, "kvpool: scales are for an fp8 pool with memory (this one: %s%s)", dtype_name(v->dtype),
+                    p->be ? "" : ", bookkeeping only");
+    const size_t n = (size_t)v->n_layers * 2 * (size_t)v->n_kv_heads;
+    for (size_t i = 0; i < n; i++)
+        if (!(scales[i] > 0.0f) || scales[i] > 3.0e38f)
+            return errf(err, errlen, "kvpool: scale %zu (layer %zu %s head %zu) is %g, not positive and finite", i,
+                        i / (2 * (size_t)v->n_kv_heads), i / (size_t)v->n_kv_heads % 2 ? "V" : "K",
+                        i % (size_t)v->n_kv_heads, (double)scales[i]);
+    if (!p->scale_dev && !(p->scale_dev = p->be->ops->alloc(p->be, n * sizeof(float))))
+        return errf(err, errlen, "kvpool: cannot allocate %zu bytes of KV scales on %s", n * sizeof(float), p->be->ops->name);
+    if (p->be->ops->upload(p->be, p->scale_dev, scales, n * sizeof(float)) < 0)
+        return errf(err, errlen, "kvpool: cannot upload the KV scales to %s", p->be->ops->name);
+    p->view.scale = p->scale_dev;
+    return 0;
+}
 
 void *kvpool_block_ptr(const kvpool_t *p, int block)
 {

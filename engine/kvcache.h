@@ -72,6 +72,11 @@ int kvpool_block_hash(const kvpool_t *p, int block, uint64_t *hash);
 
 /* The KV memory as the attention kernels address it (base NULL for a bookkeeping-only pool). */
 const bk_kv_t *kvpool_view(const kvpool_t *p);
+/* An fp8 pool's scales (engine/kvscale.h): host [n_layers][2][n_kv_heads], each positive and
+ * finite, copied to the backend and used by every op on the pool from now on (bk_kv_t.scale; none
+ * set: 1). Set them before the first forward over the pool: its codes mean x / scale, and graphs
+ * record the pointer. 0, or -1 with err (another dtype, a bookkeeping-only pool, a bad value). */
+int kvpool_set_scales(kvpool_t *p, const float *scales, char *err, size_t errlen);
 /* Device pointer to block b's block_bytes (for block copies and hand-offs). */
 void *kvpool_block_ptr(const kvpool_t *p, int block);
 

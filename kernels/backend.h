@@ -83,9 +83,16 @@ typedef struct bk_expert {
  * elements, V the same with 1 for 0. One block is one contiguous chunk of block_bytes. */
 typedef struct bk_kv {
     void *base;                   /* device: [n_blocks][n_layers][2][block_size][n_kv_heads][head_dim] dtype */
-    dtype_t dtype;                /* f32, bf16, f16 or fp8 (e4m3, scale 1); converted to/from f32 on store/load */
+    dtype_t dtype;                /* f32, bf16, f16 or fp8 (e4m3, scaled: `scale`); converted to/from f32 on store/load */
     int n_blocks, block_size, n_layers, n_kv_heads, head_dim;
     size_t block_bytes;           /* n_layers*2*block_size*n_kv_heads*head_dim*dtype_size */
+    /* fp8 only (NULL: every scale 1; other dtypes ignore it): device [n_layers][2][n_kv_heads] f32,
+     * the dequantization scale s of layer l's K (0) or V (1) of kv head h (engine/kvscale.h). An
+     * element x is stored as the e4m3 code of f32(x / s) (IEEE division, nearest even, saturated to
+     * +-448) and read as code * s; a backend may fold s into the scores (K: scale * s) and the output
+     * (V: out * s), which equals reading code * s up to rounding. Fixed for the pool's life (graphs
+     * record the pointer). */
+    const float *scale;
 } bk_kv_t;
 
 /* Where each row of a step's activations lives in the paged cache. Row t belongs to sequence
@@ -261,7 +268,7 @@ typedef struct backend_ops {
                           const float *inv_freq, const bk_attn_meta_t *meta);
 
     /* Stores this step's K and V rows into the paged cache of `layer`, converted to kv->dtype
-     * (round to nearest even). k, v [M][n_kv_heads][head_dim] with M = meta->n_tokens. */
+     * (round to nearest even; fp8: x / kv->scale, bk_kv_t). k, v [M][n_kv_heads][head_dim] with M = meta->n_tokens. */
     void (*kv_store)(backend_t *be, const bk_kv_t *kv, int layer, const float *k, const float *v, const bk_attn_meta_t *meta);
 
     /* Causal GQA attention over the paged cache: row t, head h (kv head h / (n_heads/n_kv_heads))

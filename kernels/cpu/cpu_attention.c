@@ -6,9 +6,12 @@
  * running max m, running sum l, unnormalised accumulator acc, rescaled by exp(m_old - m_new) when
  * the max grows. Everything lives on the stack: no scratch, no allocation, any context length.
  *
- * The cache holds f32, bf16, f16 or fp8 (E4M3, scale 1): K and V are rounded to it on store as
+ * The cache holds f32, bf16, f16 or fp8 (E4M3): K and V are rounded to it on store as
  * dtype_from_f32 does (nearest even; fp8 clamps to +-448 as CUDA's satfinite conversion does) and
  * read back exactly (cpu_load16 / cpu_elem), the products accumulated in f32 whatever the dtype.
+ * An fp8 cache with scales (bk_kv_t.scale) stores f32(x / s) per layer, K or V, and kv head, and
+ * the scales are folded in where CUDA folds them: K's into the score scale (scale * s_k), V's into
+ * the output (out * s_v).
  */
 #include <assert.h>
 #include <math.h>
@@ -34,9 +37,28 @@ static inline int32_t s_block_of(const bk_attn_meta_t *meta, int seq, int pos, i
     return meta->block_table[meta->seq_bt_start[seq] + pos / block_size];
 }
 
+/* K (which 0) or V (1) scale of layer, kv head h: 1 unless an fp8 cache has scales. */
+static inline float s_scale(const bk_kv_t *kv, int layer, int which, int h)
+{
+    return kv->dtype == DT_F8E4M3 && kv->scale ? kv->scale[((size_t)layer * 2 + (size_t)which) * (size_t)kv->n_kv_heads + (size_t)h]
+                                               : 1.0f;
+}
+
+/* n = n_kv_heads * head_dim values of one row into fp8 codes, each head divided by its scale. */
+static void s_store_f8_scaled(const bk_kv_t *kv, int layer, int which, const float *x, uint8_t *dst)
+{
+    const int D = kv->head_dim;
+    for (int h = 0; h < kv->n_kv_heads; h++) {
+        const float s = s_scale(kv, layer, which, h);
+        for (int d = 0; d < D; d++)
+            dst[h * D + d] = f32_to_f8e4m3(x[h * D + d] / s);
+    }
+}
+
 void cpu_kv_store(backend_t *be, const bk_kv_t *kv, int layer, const float *k, const float *v, const bk_attn_meta_t *meta)
 {
     const int n = kv->n_kv_heads * kv->head_dim;
+    const int scaled = kv->dtype == DT_F8E4M3 && kv->scale;
 #pragma omp parallel for schedule(static) num_threads(be->n_threads) if (meta->n_tokens > 16)
     for (int t = 0; t < meta->n_tokens; t++) {
         int seq = meta->tok_seq[t], pos = meta->tok_pos[t];
@@ -46,6 +68,9 @@ void cpu_kv_store(backend_t *be, const bk_kv_t *kv, int layer, const float *k, c
         if (kv->dtype == DT_F32) {
             memcpy(kd, k + (size_t)t * n, (size_t)n * 4);
             memcpy(vd, v + (size_t)t * n, (size_t)n * 4);
+        } else if (scaled) {
+            s_store_f8_scaled(kv, layer, 0, k + (size_t)t * n, kd);
+            s_store_f8_scaled(kv, layer, 1, v + (size_t)t * n, vd);
         } else {
             dtype_from_f32(kv->dtype, k + (size_t)t * n, kd, (size_t)n);
             dtype_from_f32(kv->dtype, v + (size_t)t * n, vd, (size_t)n);
@@ -151,6 +176,7 @@ void cpu_attention(backend_t *be, const bk_kv_t *kv, int layer, const float *q, 
     for (int64_t task = 0; task < tasks; task++) {
         const int t = (int)(task / n_kv), g = (int)(task % n_kv);
         const int seq = meta->tok_seq[t], n_keys = meta->tok_pos[t] + 1;
+        const float kscale = scale * s_scale(kv, layer, 0, g), vscale = s_scale(kv, layer, 1, g);
         float acc[MAX_GROUP][BK_MAX_HEAD_DIM], mx[MAX_GROUP], l[MAX_GROUP], sc[MAX_GROUP][MAX_BLOCK];
         const float *qh[MAX_GROUP];
         for (int i = 0; i < G; i++) {
@@ -170,12 +196,12 @@ void cpu_attention(backend_t *be, const bk_kv_t *kv, int layer, const float *q, 
                 for (int i = 0; i < G; i++) {
                     s_dot4(qh[i], dt, kb + (size_t)key * key_stride, key_stride, D, &sc[i][key]);
                     for (int e = 0; e < 4; e++)
-                        sc[i][key + e] *= scale;
+                        sc[i][key + e] *= kscale;
                 }
 #endif
             for (; key < nk; key++)
                 for (int i = 0; i < G; i++)
-                    sc[i][key] = s_dot(qh[i], dt, kb + (size_t)key * key_stride, D) * scale;
+                    sc[i][key] = s_dot(qh[i], dt, kb + (size_t)key * key_stride, D) * kscale;
             for (int i = 0; i < G; i++) {
                 float bmax = sc[i][0];
                 for (int j = 1; j < nk; j++)
@@ -189,7 +215,7 @@ void cpu_attention(backend_t *be, const bk_kv_t *kv, int layer, const float *q, 
             }
         }
         for (int i = 0; i < G; i++) {
-            float *o = out + ((size_t)t * n_heads + (size_t)g * G + i) * D, inv = 1.0f / l[i];
+            float *o = out + ((size_t)t * n_heads + (size_t)g * G + i) * D, inv = vscale / l[i];
             for (int d = 0; d < D; d++)
                 o[d] = acc[i][d] * inv;
         }

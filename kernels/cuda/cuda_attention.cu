@@ -56,6 +56,7 @@ typedef struct attn_args {
     int S;                        /* key ranges per row (row kernel) */
     float *out;                   /* [T][n_heads][D] */
     float *part;                  /* S > 1: [T][n_heads][S][D + 2] = (m, l, acc[D]) */
+    const float *kv_scale;        /* fp8 with scales (bk_kv_t.scale): [n_layers][2][n_kv]; NULL: 1 */
 } attn_args_t;
 
 /* Element offset, from the start of a block, of K (which 0) or V (1) of `layer`, slot 0, head 0. */
@@ -65,6 +66,13 @@ __device__ __forceinline__ size_t dev_kv_off(const attn_args_t &a, int which)
 }
 
 /* ---- kv_store ----------------------------------------------------------------------------------- */
+
+/* What is stored for value x of K (which 0) or V (1), kv head h: x, or x / s with scales (IEEE
+ * division, as the CPU's; dev_store then rounds it to the cache's dtype). */
+__device__ __forceinline__ float dev_kv_enc(const attn_args_t &a, int which, int h, float x)
+{
+    return a.kv_scale ? __fdiv_rn(x, a.kv_scale[((size_t)a.layer * 2 + (size_t)which) * (size_t)a.n_kv + (size_t)h]) : x;
+}
 
 template <typename KT>
 __global__ void k_kv_store(attn_args_t a, const float *k, const float *v)
@@ -79,8 +87,8 @@ __global__ void k_kv_store(attn_args_t a, const float *k, const float *v)
     KT *vd = blockp + dev_kv_off(a, 1) + (size_t)slot * n;
     const float *ks = k + (size_t)t * n, *vs = v + (size_t)t * n;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        dev_store(kd + i, ks[i]);
-        dev_store(vd + i, vs[i]);
+        dev_store(kd + i, dev_kv_enc(a, 0, i / a.D, ks[i]));
+        dev_store(vd + i, dev_kv_enc(a, 1, i / a.D, vs[i]));
     }
 }
 
@@ -121,13 +129,13 @@ __global__ void k_rope_kv_store(attn_args_t a, float *q, float *k, const float *
         x[i + half] = rhi;
         if (is_k) {
             const int e = (h - a.n_heads) * D + i;
-            dev_store(kd + e, rlo);
-            dev_store(kd + e + half, rhi);
+            dev_store(kd + e, dev_kv_enc(a, 0, h - a.n_heads, rlo));
+            dev_store(kd + e + half, dev_kv_enc(a, 0, h - a.n_heads, rhi));
         }
     }
     const float *vs = v + (size_t)t * n;
     for (int i = blockIdx.y * blockDim.x + threadIdx.x; i < n; i += gridDim.y * blockDim.x)
-        dev_store(vd + i, vs[i]);
+        dev_store(vd + i, dev_kv_enc(a, 1, i / D, vs[i]));
 }
 
 void cuda_rope_kv_store(backend_t *be, const bk_kv_t *kv, int layer, float *q, float *k, const float *v, int n_heads,
@@ -139,6 +147,7 @@ void cuda_rope_kv_store(backend_t *be, const bk_kv_t *kv, int layer, float *q, f
     cuda_kv_addr(a, kv, layer, meta);
     a.D = kv->head_dim;
     a.n_heads = n_heads;
+    a.kv_scale = kv->dtype == DT_F8E4M3 ? kv->scale : NULL;
     const cuda_state_t *st = cuda_st(be);
     const dim3 grid((unsigned)meta->n_tokens, (unsigned)((n_heads + kv->n_kv_heads + ROPE_HEADS - 1) / ROPE_HEADS));
     const int threads = 128;
@@ -157,6 +166,7 @@ void cuda_kv_store(backend_t *be, const bk_kv_t *kv, int layer, const float *k, 
     attn_args_t a = {};
     cuda_kv_addr(a, kv, layer, meta);
     a.D = kv->head_dim;
+    a.kv_scale = kv->dtype == DT_F8E4M3 ? kv->scale : NULL;
     const cuda_state_t *st = cuda_st(be);
     const int threads = kv->n_kv_heads * kv->head_dim >= 512 ? 256 : 128;
     switch (kv->dtype) {
@@ -760,7 +770,9 @@ static int s_decode_split(const cuda_state_t *st, int T, int n_kv)
     return (int)(S > ATTN_MAX_SPLIT ? ATTN_MAX_SPLIT : S);
 }
 
-/* An fp8 cache has only the tensor-core kernels (the fallbacks read 2- and 4-byte elements): decode
+/* An fp8 cache has only the tensor-core kernels (the fallbacks read 2- and 4-byte elements; both
+ * apply the cache's scales, bk_kv_t.scale, by folding K's into the score scale and V's into the
+ * output): decode
  * rows (one new row per sequence) go to the decode kernel, every other shape to the prefill kernel,
  * which is correct for any rows (one sequence per pass). The TROUPE_CUDA_ATTN_* switches do not
  * apply. cuda_kv_supported refuses the shapes these kernels cannot take before a pool is made, so

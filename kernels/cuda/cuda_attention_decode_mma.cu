@@ -50,7 +50,8 @@
  * An fp8 (e4m3) cache (F8): tiles come in at 1 byte per element and stay so in shared memory;
  * ldmatrix reads them as 16-bit pairs and each fragment is converted in registers (one exact cvt
  * per pair; the K and V layouts this implies are described at their loops), and the mma runs on
- * f16: q and p rounded to f16 (2^-11) instead of bf16. Earlier versions converted tiles in shared
+ * f16: q and p rounded to f16 (2^-11) instead of bf16; the cache's scales (bk_kv_t.scale) are
+ * folded into the score scale (K) and the output or partials (V). Earlier versions converted tiles in shared
  * memory (to bf16: conversion-bound; to f16: latency-bound), no faster than bf16 (RESULTS.md,
  * 2026-11-29). Batch 256 at 1,000 keys, H200, 2026-11-29: 5.55 ms, 1.72x the bf16 cache.
  *
@@ -88,6 +89,7 @@ typedef struct dmma_args {
     int RB;                       /* with seq_row0: rows per block (MT * 16 / G) */
     int NGS;                      /* with seq_row0: blocks per sequence and kv head (groups of RB rows) */
     float scale_log2;             /* scale * log2(e): exp(s * scale - m) is computed as exp2 */
+    const float *kv_scale;        /* fp8 with scales (bk_kv_t.scale): [n_layers][2][n_kv]; NULL: 1 */
 } dmma_args_t;
 
 /* Shared memory of one block, in bytes: the K/V stages, tiles as the cache stores them (rows
@@ -163,6 +165,11 @@ __global__ void __launch_bounds__(DMMA_THREADS, MT > 1 ? 2 : F8 ? 4 : D == 64 ? 
     const size_t slot_stride = (size_t)a.n_kv * D * EB;      /* bytes */
     const size_t k_off = (size_t)a.layer * 2 * a.block_size * slot_stride + (size_t)g * D * EB;
     const size_t v_off = k_off + (size_t)a.block_size * slot_stride;
+    /* An fp8 cache's scales of kv head g: K's folded into the score scale, V's into the output
+     * (and the partials, which the merge only weighs and adds). */
+    float sl2 = a.scale_log2;
+    if (F8 && a.kv_scale)
+        sl2 *= a.kv_scale[(size_t)a.layer * 2 * a.n_kv + g];
     /* Query vector v's row of q (valid for v < nvec). */
     auto qvec = [&](int v) { return a.q + ((size_t)(t0 + v / G) * a.n_heads + (size_t)g * G + v % G) * D; };
 
@@ -355,7 +362,7 @@ __global__ void __launch_bounds__(DMMA_THREADS, MT > 1 ? 2 : F8 ? 4 : D == 64 ? 
             mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
             mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
             mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-            const float mn0 = fmaxf(m[mt][0], mx0 * a.scale_log2), mn1 = fmaxf(m[mt][1], mx1 * a.scale_log2);
+            const float mn0 = fmaxf(m[mt][0], mx0 * sl2), mn1 = fmaxf(m[mt][1], mx1 * sl2);
             /* A vector whose keys all lie past its row (a draft's row in the range's first tile of
              * another) has mn = -inf here: the guard keeps -inf - -inf out, and its p are 0. */
             const float mu0 = mn0 == -INFINITY ? 0.0f : mn0, mu1 = mn1 == -INFINITY ? 0.0f : mn1;
@@ -366,10 +373,10 @@ __global__ void __launch_bounds__(DMMA_THREADS, MT > 1 ? 2 : F8 ? 4 : D == 64 ? 
             float ps0 = 0.0f, ps1 = 0.0f;
 #pragma unroll
             for (int j = 0; j < 2; j++) {
-                const uint32_t h0 = dev_pack2<F8>(exp2f(fmaf(s[mt][j][0], a.scale_log2, -mu0)),
-                                                  exp2f(fmaf(s[mt][j][1], a.scale_log2, -mu0)));
-                const uint32_t h1 = dev_pack2<F8>(exp2f(fmaf(s[mt][j][2], a.scale_log2, -mu1)),
-                                                  exp2f(fmaf(s[mt][j][3], a.scale_log2, -mu1)));
+                const uint32_t h0 = dev_pack2<F8>(exp2f(fmaf(s[mt][j][0], sl2, -mu0)),
+                                                  exp2f(fmaf(s[mt][j][1], sl2, -mu0)));
+                const uint32_t h1 = dev_pack2<F8>(exp2f(fmaf(s[mt][j][2], sl2, -mu1)),
+                                                  exp2f(fmaf(s[mt][j][3], sl2, -mu1)));
                 ps0 += dev_lo2<F8>(h0) + dev_hi2<F8>(h0);
                 ps1 += dev_lo2<F8>(h1) + dev_hi2<F8>(h1);
                 pa[mt][2 * j] = h0;
@@ -460,6 +467,7 @@ __global__ void __launch_bounds__(DMMA_THREADS, MT > 1 ? 2 : F8 ? 4 : D == 64 ? 
         }
     }
     __syncthreads();
+    const float vsc = F8 && a.kv_scale ? a.kv_scale[((size_t)a.layer * 2 + 1) * a.n_kv + g] : 1.0f;
     /* Merge (a warp that saw no key of a vector has m = -inf, l = 0, O = 0 and weight 0). */
     for (int i = threadIdx.x; i < nvec * D; i += DMMA_THREADS) {
         const int v = i / D, d = i % D;
@@ -476,7 +484,7 @@ __global__ void __launch_bounds__(DMMA_THREADS, MT > 1 ? 2 : F8 ? 4 : D == 64 ? 
         }
         const size_t row = (size_t)(t0 + v / G) * a.n_heads + (size_t)g * G + v % G;
         if (a.S == 1) {
-            a.out[row * D + d] = x * (1.0f / lt);
+            a.out[row * D + d] = x * (vsc / lt);
         } else {
             /* A range wholly past a vector's row is empty for it: (-inf, 0, zeros), weight 0 in the merge. */
             float *pp = a.part + (row * a.S + sidx) * (size_t)(D + 2);
@@ -484,7 +492,7 @@ __global__ void __launch_bounds__(DMMA_THREADS, MT > 1 ? 2 : F8 ? 4 : D == 64 ? 
                 pp[0] = mt * DMMA_LN2;             /* k_attn_merge weighs ranges by expf(m - max m) */
                 pp[1] = lt;
             }
-            pp[2 + d] = x;
+            pp[2 + d] = F8 ? x * vsc : x;
         }
     }
 }
@@ -538,6 +546,7 @@ int cuda_attention_decode_mma(const cuda_state_t *st, const bk_kv_t *kv, int lay
     a.G = G;
     a.S = S;
     a.scale_log2 = scale * 1.4426950408889634f;
+    a.kv_scale = kv->dtype == DT_F8E4M3 ? kv->scale : NULL;
     int MT = 1, n_groups = T;
     if (T != meta->n_seqs) {                       /* several rows per sequence: by sequence, or refused */
         if (!(n_groups = s_groups(kv, n_heads, meta, st->attn_verify, &MT, &a.RB, &a.NGS)))

@@ -42,7 +42,8 @@
  * An fp8 (e4m3) cache (F8): the stages hold tiles at 1 byte per element; after a tile lands the
  * block converts it into one f16 K/V tile (exact) and the mma runs on f16 (q and p rounded to f16,
  * 2^-11). This kernel also takes every non-decode call over an fp8 cache (the flash kernel reads
- * only 2- and 4-byte elements), e.g. a few rows per sequence.
+ * only 2- and 4-byte elements), e.g. a few rows per sequence. The cache's scales (bk_kv_t.scale)
+ * never touch the tiles: kv head g's K scale multiplies the score scale, its V scale the output.
  *
  * Known limits: no split-KV (prefill rows give enough blocks); q must be 16-byte aligned and out
  * 8-byte aligned (cudaMalloc'd activations are). Written without a GPU at hand: compiled, and its
@@ -73,6 +74,7 @@ typedef struct mma_args {
     int G;                        /* query heads per kv head */
     int NT;                       /* rows per block: MMA_VECS / G */
     float scale_log2;             /* scale * log2(e): exp(s * scale - m) is computed as exp2 */
+    const float *kv_scale;        /* fp8 with scales (bk_kv_t.scale): [n_layers][2][n_kv]; NULL: 1 */
 } mma_args_t;
 
 /* Shared memory of one block, in bytes. The two K/V stages hold tiles as the cache stores them
@@ -114,6 +116,12 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) k_attn_mma(mma_args_t a)
     const size_t slot_stride = (size_t)a.n_kv * D * EB;      /* bytes */
     const size_t k_off = (size_t)a.layer * 2 * a.block_size * slot_stride + (size_t)g * D * EB;
     const size_t v_off = k_off + (size_t)a.block_size * slot_stride;
+    /* An fp8 cache's scales of kv head g: K's folded into the score scale, V's into the output. */
+    float sl2 = a.scale_log2, vsc = 1.0f;
+    if (F8 && a.kv_scale) {
+        sl2 *= a.kv_scale[(size_t)a.layer * 2 * a.n_kv + g];
+        vsc = a.kv_scale[((size_t)a.layer * 2 + 1) * a.n_kv + g];
+    }
     for (int r = threadIdx.x; r < NT; r += MMA_THREADS) {
         const int t = t0 + r;
         s_seq[r] = t < a.T ? a.tok_seq[t] : -1;
@@ -231,7 +239,7 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) k_attn_mma(mma_args_t a)
                 mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
                 mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
                 mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-                const float mn0 = fmaxf(m0, mx0 * a.scale_log2), mn1 = fmaxf(m1, mx1 * a.scale_log2);
+                const float mn0 = fmaxf(m0, mx0 * sl2), mn1 = fmaxf(m1, mx1 * sl2);
                 /* A row with no key yet (-inf) subtracts 0: exp2(-inf) = 0, never -inf - -inf. */
                 const float mu0 = mn0 == -INFINITY ? 0.0f : mn0, mu1 = mn1 == -INFINITY ? 0.0f : mn1;
                 const float c0 = exp2f(m0 - mu0), c1 = exp2f(m1 - mu1);
@@ -242,10 +250,10 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) k_attn_mma(mma_args_t a)
                 float ps0 = 0.0f, ps1 = 0.0f;
 #pragma unroll
                 for (int j = 0; j < NB; j++) {
-                    const uint32_t h0 = dev_pack2<F8>(exp2f(fmaf(s[j][0], a.scale_log2, -mu0)),
-                                                        exp2f(fmaf(s[j][1], a.scale_log2, -mu0)));
-                    const uint32_t h1 = dev_pack2<F8>(exp2f(fmaf(s[j][2], a.scale_log2, -mu1)),
-                                                        exp2f(fmaf(s[j][3], a.scale_log2, -mu1)));
+                    const uint32_t h0 = dev_pack2<F8>(exp2f(fmaf(s[j][0], sl2, -mu0)),
+                                                        exp2f(fmaf(s[j][1], sl2, -mu0)));
+                    const uint32_t h1 = dev_pack2<F8>(exp2f(fmaf(s[j][2], sl2, -mu1)),
+                                                        exp2f(fmaf(s[j][3], sl2, -mu1)));
                     ps0 += dev_lo2<F8>(h0) + dev_hi2<F8>(h0);
                     ps1 += dev_lo2<F8>(h1) + dev_hi2<F8>(h1);
                     pa[j / 2][(j & 1) * 2] = h0;
@@ -287,7 +295,7 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) k_attn_mma(mma_args_t a)
             const int v = wv + gid + 8 * half;
             if ((half ? p1 : p0) < 0)
                 continue;
-            const float inv = 1.0f / (half ? l1 : l0);
+            const float inv = vsc / (half ? l1 : l0);
             float *op = a.out + ((size_t)(t0 + v / G) * a.n_heads + (size_t)g * G + v % G) * D + 2 * tig;
 #pragma unroll
             for (int j = 0; j < DB; j++)
@@ -328,6 +336,7 @@ int cuda_attention_mma(const cuda_state_t *st, const bk_kv_t *kv, int layer, con
     a.NT = NT;
     a.scale_log2 = scale * 1.4426950408889634f;
     const bool f8 = kv->dtype == DT_F8E4M3;
+    a.kv_scale = f8 ? kv->scale : NULL;
     if (D == 64)
         f8 ? s_launch<64, true>(st, a) : s_launch<64, false>(st, a);
     else
