@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "common/util.h"
+#include "engine/kvscale.h"
 #include "engine/mtp.h"
 
 #define DEFAULT_KV_BLOCK 16
@@ -93,6 +94,90 @@ static long s_pool_blocks(const engine_t *e, const engine_spec_t *s, size_t bloc
     return n;
 }
 
+/* Calibration prompts' length: KVSCALE_CALIB_LEN, or the model's whole context when shorter. */
+static int s_calib_len(const model_config_t *c)
+{
+    const int ctx = c->max_position_embeddings;
+    return ctx > 0 && ctx < KVSCALE_CALIB_LEN ? ctx : KVSCALE_CALIB_LEN;
+}
+
+/* Where an fp8 pool's scales come from (spec.kv_scales, engine/kvscale.h), decided before the
+ * weights are loaded: the checkpoint's are read into e->kv_scales now; a calibration makes the
+ * model's buffers big enough for its prompts (*mo), whatever the caller sized them for, so that every
+ * process of a model calibrates on the same chunks and gets the same scales. */
+static engine_status_t s_kv_scales_source(engine_t *e, const engine_spec_t *s, model_opts_t *mo, char *err,
+                                          size_t errlen)
+{
+    const model_config_t *c = &e->cfg;
+    if (e->kv_dtype != DT_F8E4M3 || c->mla.on)
+        return ENGINE_OK;
+    const char *opt = s->kv_scales_option ? s->kv_scales_option : "kv_scales";
+    const int mode = s->kv_scales;
+    if (mode < 0 || mode >= KV_SCALES_COUNT)
+        return errf(err, errlen, "%s: unknown mode %d", opt, mode), ENGINE_ERR_CONFIG;
+    if (!(e->kv_scales = malloc(kvscale_count(c) * sizeof(float))))
+        return errf(err, errlen, "out of memory for the KV scales"), ENGINE_ERR_RUNTIME;
+    e->kv_scales_from = mode;
+    if (mode == KV_SCALES_AUTO || mode == KV_SCALES_CHECKPOINT) {
+        char why[512];
+        const int found = kvscale_from_checkpoint(e->ck, c, e->kv_scales, why, sizeof why);
+        if (found < 0)
+            return errf(err, errlen, "%s %s: %s", opt, kv_scales_name(mode), why), ENGINE_ERR_CONFIG;
+        if (!found && mode == KV_SCALES_CHECKPOINT)
+            return errf(err, errlen, "%s checkpoint: %s has no K/V scales (model.layers.0.self_attn.k_scale / v_scale, "
+                        "k_proj.output_scale / v_proj.output_scale or kv_scale); use calibrate or one", opt,
+                        e->model_dir), ENGINE_ERR_CONFIG;
+        e->kv_scales_from = found ? KV_SCALES_CHECKPOINT : KV_SCALES_CALIBRATE;
+    }
+    if (e->kv_scales_from == KV_SCALES_CALIBRATE) {
+        const int len = s_calib_len(c);
+        if (mo->max_tokens > 0 && mo->max_tokens < KVSCALE_CALIB_CHUNK)
+            mo->max_tokens = KVSCALE_CALIB_CHUNK;
+        if (mo->max_context > 0 && mo->max_context < len)
+            mo->max_context = len;
+    }
+    return ENGINE_OK;
+}
+
+/* The scales into the pool: calibrated on the loaded model when that is their source, else the
+ * checkpoint's; all 1 leaves the pool without a table (the unscaled kernels' bits). */
+static engine_status_t s_kv_scales(engine_t *e, const engine_spec_t *s, int block_size, char *err, size_t errlen)
+{
+    if (!e->kv_scales)
+        return ENGINE_OK;
+    const model_config_t *c = &e->cfg;
+    const char *opt = s->kv_scales_option ? s->kv_scales_option : "kv_scales";
+    const size_t n = kvscale_count(c);
+    char why[512];
+    if (e->kv_scales_from == KV_SCALES_CALIBRATE) {
+        const int len = s_calib_len(c);
+        int32_t ids[KVSCALE_CALIB_SEQS * KVSCALE_CALIB_LEN];
+        kvscale_calib_ids(c->vocab_size, ids, (size_t)KVSCALE_CALIB_SEQS * (size_t)len);
+        if (!s->quiet)
+            fprintf(stderr, "%s: KV scales: calibrating the fp8 cache on %d prompts of %d token ids...\n", e->model_dir,
+                    KVSCALE_CALIB_SEQS, len);
+        if (kvscale_calibrate(e->model, ids, KVSCALE_CALIB_SEQS, len, KVSCALE_CALIB_CHUNK, block_size, e->kv_scales,
+                              NULL, why, sizeof why) < 0)
+            return errf(err, errlen, "%s %s: %s", opt, kv_scales_name(s->kv_scales), why), ENGINE_ERR_RUNTIME;
+    } else if (e->kv_scales_from == KV_SCALES_ONE) {
+        for (size_t i = 0; i < n; i++)
+            e->kv_scales[i] = 1.0f;
+    }
+    if (e->kv_scales_from != KV_SCALES_ONE && kvpool_set_scales(e->pool, e->kv_scales, why, sizeof why) < 0)
+        return errf(err, errlen, "%s: %s", opt, why), ENGINE_ERR_CONFIG;
+    if (!s->quiet) {
+        float lo = e->kv_scales[0], hi = lo;
+        for (size_t i = 1; i < n; i++)
+            lo = e->kv_scales[i] < lo ? e->kv_scales[i] : lo, hi = e->kv_scales[i] > hi ? e->kv_scales[i] : hi;
+        const int f = e->kv_scales_from;
+        fprintf(stderr, "%s: KV scales (%s): %s, %zu in [%.4g, %.4g], digest %016llx\n", e->model_dir,
+                kv_scales_name(s->kv_scales), f == KV_SCALES_CHECKPOINT ? "from the checkpoint"
+                                              : f == KV_SCALES_CALIBRATE ? "calibrated (4 amax / 448)" : "all 1",
+                n, (double)lo, (double)hi, (unsigned long long)kvscale_digest(e->kv_scales, n));
+    }
+    return ENGINE_OK;
+}
+
 engine_status_t engine_load(engine_t *e, const engine_spec_t *s, char *err, size_t errlen)
 {
     e->be_borrowed = s->be != NULL;
@@ -113,6 +198,8 @@ engine_status_t engine_load(engine_t *e, const engine_spec_t *s, char *err, size
      * process of a cluster a named skew (engine/router_skew.h) unless the caller named one. */
     if (s->dummy && !mo.router_skew)
         mo.router_skew = getenv("TROUPE_DUMMY_ROUTER_SKEW");
+    if ((st = s_kv_scales_source(e, s, &mo, err, errlen)) != ENGINE_OK)
+        return st;
     /* Weights that disagree with config.json, or a model the device cannot hold: the model's fault. */
     if (!(e->model = model_load(e->model_dir, &e->cfg, e->ck, e->be, &mo, err, errlen)))
         return ENGINE_ERR_CONFIG;
@@ -131,6 +218,8 @@ engine_status_t engine_load(engine_t *e, const engine_spec_t *s, char *err, size
     }
     if (model_router_skew_calibrate(e->model, e->pool, err, errlen) < 0)
         return ENGINE_ERR_CONFIG;
+    if ((st = s_kv_scales(e, s, mo.kv_block_size, err, errlen)) != ENGINE_OK)
+        return st;
     e->logit_rows = mo.max_logit_rows > 0 ? mo.max_logit_rows : mo.max_seqs > 0 ? mo.max_seqs : 64;
     if (!(e->logits = malloc((size_t)e->logit_rows * (size_t)e->cfg.vocab_size * sizeof(float))))
         return errf(err, errlen, "out of memory for %d rows of logits", e->logit_rows), ENGINE_ERR_RUNTIME;
@@ -155,6 +244,7 @@ void engine_destroy(engine_t **self_p)
         return;
     engine_t *e = *self_p;
     kvpool_destroy(&e->pool);
+    free(e->kv_scales);
     model_destroy(&e->model);
     ckpt_destroy(&e->ck);
     if (!e->be_borrowed)

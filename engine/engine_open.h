@@ -15,6 +15,9 @@
  * help: a worker exits ACTOR_EXIT_CONFIG), ENGINE_ERR_RUNTIME when it is the moment (no device, out
  * of host memory).
  *
+ * An fp8 pool gets its scales last (engine/kvscale.h, spec.kv_scales): the checkpoint's, or
+ * calibrated on the loaded model, with a line on stderr saying which and the table's digest.
+ *
  * Pool sizing: spec.kv_blocks blocks; with kv_fit, at most what memory allows: a quarter of the
  * host's memory on a backend that cannot tell its free memory (the CPU), else kv_share of 90% of
  * the device memory free before the weights were placed, less kv_sharers copies of the weights and
@@ -57,6 +60,9 @@ typedef struct engine_spec {
     double kv_reserve_bytes;      /* kv_fit: device bytes the device's model processes place besides
                                      their weights and pools (draft models), taken off first */
     const char *kv_dtype_option;  /* names the KV option in errors (NULL: "kv_dtype"): "model.kv_dtype" */
+    int kv_scales;                /* an fp8 cache's scales, KV_SCALES_* (engine/kvscale.h); 0: auto */
+    const char *kv_scales_option; /* names it in errors (NULL: "kv_scales"): "model.kv_scales" */
+    int quiet;                    /* 1: no progress lines on stderr (the KV scales' calibration) */
     const char *dummy_option;     /* names the dummy load format in hints (NULL: "load_format: dummy") */
 } engine_spec_t;
 
@@ -71,6 +77,8 @@ typedef struct engine {
     ckpt_t *ck;                   /* outlives the model (the CPU backend reads the mapped files) */
     model_t *model;
     kvpool_t *pool;               /* [n_blocks][layers][2][block_size][kv_heads][head_dim] kv_dtype */
+    float *kv_scales;             /* host [layers][2][kv_heads]: the fp8 pool's scales; NULL: none (1) */
+    int kv_scales_from;           /* where they came from: KV_SCALES_CHECKPOINT, _CALIBRATE or _ONE */
     float *logits;                /* host [logit_rows][vocab_size]: where forwards put their logits */
     int logit_rows;
     size_t mem_at_start;          /* device memory free before the weights (0: the backend cannot tell) */

@@ -217,6 +217,23 @@ static int s_ignore(json_t *ig, const char *where, quant_config_t *qc, char *err
     return 0;
 }
 
+/* kv_cache_scheme: static FP8 K/V scales per tensor or per kv head, which the checkpoint stores as
+ * self_attn.k_scale / v_scale (engine/kvscale.h reads them for an fp8 cache; model.kv_dtype chooses
+ * the cache). Anything else is refused. */
+static int s_ct_kv(json_t *kv, const char *where, char *err, size_t errlen)
+{
+    if (!kv || json_is_null(kv))
+        return 0;
+    const char *type = s_str(kv, "type"), *strategy = s_str(kv, "strategy");
+    json_t *bits = json_object_get(kv, "num_bits"), *sym = json_object_get(kv, "symmetric");
+    if (!json_is_object(kv) || !json_is_integer(bits) || json_integer_value(bits) != 8 || !type ||
+        strcmp(type, "float") != 0 || !strategy || (strcmp(strategy, "tensor") != 0 && strcmp(strategy, "attn_head") != 0) ||
+        !s_false_or_absent(kv, "dynamic") || (sym && !json_is_true(sym)))
+        return errf(err, errlen, "%s: kv_cache_scheme is supported as static symmetric 8-bit float, strategy tensor or "
+                    "attn_head (its k_scale / v_scale are read when model.kv_dtype is fp8)", where);
+    return 0;
+}
+
 static int s_compressed_tensors(json_t *q, const char *where, quant_config_t *qc, char *err, size_t errlen)
 {
     const char *format = s_str(q, "format");
@@ -244,9 +261,8 @@ static int s_compressed_tensors(json_t *q, const char *where, quant_config_t *qc
     snprintf(path, sizeof path, "config_groups.%.32s.input_activations", gname);
     if (s_ct_acts(json_object_get(g, "input_activations"), where, path, qc, err, errlen) < 0)
         return -1;
-    json_t *kv = json_object_get(q, "kv_cache_scheme");
-    if (kv && !json_is_null(kv))
-        return errf(err, errlen, "%s: kv_cache_scheme is not supported (use model.kv_dtype)", where);
+    if (s_ct_kv(json_object_get(q, "kv_cache_scheme"), where, err, errlen) < 0)
+        return -1;
     qc->method = QUANT_CT;
     return s_ignore(json_object_get(q, "ignore"), where, qc, err, errlen);
 }

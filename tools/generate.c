@@ -44,13 +44,16 @@ static const char *s_usage =
     "         [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--min-p P]\n"
     "         [--repetition-penalty R] [--presence-penalty X] [--frequency-penalty X] [--seed S]\n"
     "         [--stop STR]... [--stop-id ID]... [--ignore-eos] [--dtype f32|bf16|f16]\n"
-    "         [--kv-dtype auto|f32|bf16|f16|fp8] [--load-format auto|dummy] [--tokenizer DIR]\n"
+    "         [--kv-dtype auto|f32|bf16|f16|fp8] [--kv-scales auto|checkpoint|calibrate|one]\n"
+    "         [--load-format auto|dummy] [--tokenizer DIR]\n"
     "         [--threads N] [--chunk N] [--speculation off|ngram[:K]|draft[:K]|mtp[:K]] [--draft DIR]\n"
     "         [--backend cpu|cuda|cuda:N]\n"
     "         [--json] [--logprobs] [--logprobs-mode raw|processed] [--no-think] [-v]\n"
     "Sampling options left out take the model's generation_config.json defaults (greedy when it\n"
     "has none). --dtype sets the dummy weights' dtype (default: the config's). --kv-dtype sets the\n"
-    "KV cache's: auto (default) keeps it in the weights' dtype; fp8 is E4M3 with scale 1.\n";
+    "KV cache's: auto (default) keeps it in the weights' dtype; fp8 is E4M3 with a scale per layer,\n"
+    "K or V and kv head, which --kv-scales takes from the checkpoint, calibrates at load, or sets\n"
+    "to 1 (auto, the default: the checkpoint's when it has them, else calibrated).\n";
 
 typedef struct gen_opts {
     const char *model_dir, *prompt, *chat, *system, *ids, *tokenizer_dir;
@@ -60,6 +63,7 @@ typedef struct gen_opts {
     int have_seed;
     const char *dtype;            /* NULL: config */
     dtype_t kv_dtype;             /* DT_COUNT: auto (the weights' dtype) */
+    int kv_scales;                /* --kv-scales: KV_SCALES_* (engine/kvscale.h), 0 auto */
     const char *backend;          /* backend_new kind: cpu (default), cuda, cuda:N */
     int dummy;                    /* --load-format dummy */
     int threads, chunk, json, logprobs, no_think, verbose;
@@ -156,6 +160,11 @@ static int s_parse_args(int argc, char **argv, gen_opts_t *o)
             o->dtype = v;
         } else if (!strcmp(a, "--kv-dtype")) {
             if (arg_kv_dtype("troupe-generate", a, v, &o->kv_dtype) < 0) {
+                fprintf(stderr, "\n%s", s_usage);
+                return 2;
+            }
+        } else if (!strcmp(a, "--kv-scales")) {
+            if (arg_kv_scales("troupe-generate", a, v, &o->kv_scales) < 0) {
                 fprintf(stderr, "\n%s", s_usage);
                 return 2;
             }
@@ -411,6 +420,8 @@ static int s_load(const gen_opts_t *o, gen_t *g)
         dtype_parse(o->dtype, &s.dtype);
     s.kv_dtype = o->kv_dtype;
     s.kv_dtype_option = "--kv-dtype";
+    s.kv_scales = o->kv_scales;
+    s.kv_scales_option = "--kv-scales";
     s.dummy_option = "--load-format dummy";
     int step_tokens = o->chunk < (int)g->n_prompt ? o->chunk : (int)g->n_prompt;
     if (o->spec != SPEC_OFF && step_tokens < 1 + o->spec_k)

@@ -4,6 +4,7 @@
  *
  *   troupe-score MODEL_DIR --text FILE [--window N] [--sep-id ID] [--max-windows N]
  *                [--backend cpu|cuda] [--threads N] [--quantize fp8|int8|int4|nvfp4]
+ *                [--kv-dtype auto|f32|bf16|f16|fp8] [--kv-scales auto|checkpoint|calibrate|one]
  *
  * The text is split into chapters at blank lines; each chapter is tokenized on its own (no special
  * tokens) and the chapters are joined by --sep-id (default 0, the end-of-text token of the KJV
@@ -11,14 +12,17 @@
  * a last partial window is left out); each window is one forward from an empty cache with logits
  * for every position, and position i's log-softmax scores token i + 1. So each window scores
  * window - 1 tokens with a context of 1 .. window - 1. Log-softmax is computed in double.
- * --quantize quantizes a plain checkpoint at load (model_opts_t.quantize).
+ * --quantize quantizes a plain checkpoint at load (model_opts_t.quantize). --kv-dtype sets the KV
+ * cache's dtype (auto: the weights'), --kv-scales where an fp8 cache's scales come from
+ * (engine/kvscale.h; default auto: the checkpoint's, else calibrated at load).
  *
  * --decode N (speed, not quality; no --text): a 128-token prompt of ids, then N greedy batch-1
  * decode steps (argmax on the backend), timed; prints tok/s and the weight bytes one step reads.
  * --dummy uses the 'dummy' load format (bf16 random weights of the config's shape; quantized with
  * --quantize): figures from dummy weights measure speed only.
  *
- * Prints: model, format, windows, tokens scored, context length, mean NLL and perplexity. */
+ * Prints: model, format, KV dtype and scales, windows, tokens scored, context length, mean NLL and
+ * perplexity. */
 #include <math.h>
 #include <stdio.h>
 #include <time.h>
@@ -29,6 +33,7 @@
 #include "engine/config.h"
 #include "engine/engine_open.h"
 #include "engine/kvcache.h"
+#include "engine/kvscale.h"
 #include "engine/model.h"
 #include "engine/quant.h"
 #include "engine/tokenizer.h"
@@ -41,6 +46,7 @@ static int s_usage(void)
 {
     fprintf(stderr, "usage: " TOOL " MODEL_DIR --text FILE [--window N] [--sep-id ID] [--max-windows N] "
                     "[--backend cpu|cuda] [--threads N] [--quantize fp8|int8|int4|nvfp4]\n"
+                    "       [--kv-dtype auto|f32|bf16|f16|fp8] [--kv-scales auto|checkpoint|calibrate|one]\n"
                     "       " TOOL " MODEL_DIR --decode N [--dummy] [--backend ...] [--quantize ...]\n");
     return 2;
 }
@@ -104,11 +110,18 @@ static double s_now(void)
 /* --decode: batch-1 greedy decode speed. */
 /* The model as the workers and troupe-generate open it (engine_open): one sequence, `context`
  * tokens of KV, `logit_rows` rows of host logits; dummy: random bf16 weights of the config's shape. */
+static dtype_t s_kv_dtype = DT_COUNT;   /* --kv-dtype (DT_COUNT: auto) */
+static int s_kv_scales = 0;            /* --kv-scales: KV_SCALES_AUTO */
+
 static engine_status_t s_load(engine_t *e, const char *backend, int threads, int dummy, int qfmt, int max_tokens,
                               int logit_rows, int context, char *err, size_t errlen)
 {
     engine_spec_t sp;
     engine_spec_default(&sp);
+    sp.kv_dtype = s_kv_dtype;
+    sp.kv_dtype_option = "--kv-dtype";
+    sp.kv_scales = s_kv_scales;
+    sp.kv_scales_option = "--kv-scales";
     sp.backend = backend;
     sp.threads = threads;
     sp.dummy = dummy;
@@ -220,6 +233,15 @@ int main(int argc, char **argv)
             backend = v, i++;
         else if (!strcmp(a, "--quantize") && v)
             quantize = v, i++;
+        else if (!strcmp(a, "--kv-dtype") && v) {
+            if (arg_kv_dtype(TOOL, a, v, &s_kv_dtype) < 0)
+                return 2;
+            i++;
+        } else if (!strcmp(a, "--kv-scales") && v) {
+            if (arg_kv_scales(TOOL, a, v, &s_kv_scales) < 0)
+                return 2;
+            i++;
+        }
         else if (a[0] == '-')
             return s_usage();
         else if (!dir)
@@ -312,10 +334,10 @@ int main(int argc, char **argv)
         kvseq_destroy(&seq);
     }
     const double mean = nll / (double)scored;
-    printf("model %s\nformat %s\nbackend %s\ntext %s\ntokens %zu\nwindows %d\ncontext %d\nscored %ld\n"
-           "mean_nll %.4f\nperplexity %.3f\n",
+    printf("model %s\nformat %s\nbackend %s\nkv_dtype %s\nkv_scales %s\ntext %s\ntokens %zu\nwindows %d\n"
+           "context %d\nscored %ld\nmean_nll %.4f\nperplexity %.3f\n",
            dir, cfg.quant.present ? quant_format_name(cfg.quant.fmt) : qfmt ? quant_format_name(qfmt) : "plain",
-           be->ops->name, text_path, n_ids, n_windows, window, scored, mean, exp(mean));
+           be->ops->name, dtype_name(e->kv_dtype), e->kv_scales ? kv_scales_name(e->kv_scales_from) : "none", text_path, n_ids, n_windows, window, scored, mean, exp(mean));
     free(ids);
     engine_destroy(&e);
     return 0;

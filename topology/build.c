@@ -235,6 +235,8 @@ static const char *const s_backends[] = { "cpu", "cuda" };
 static const char *const s_formats[] = { "auto", "dummy" };
 /* model.quantization: the index is kernels/backend.h's BK_Q_* (engine/quant.h's names). */
 static const char *const s_quants[] = { "none", "fp8", "int8", "int4", "nvfp4" };
+/* KV_SCALES_* in order (engine/kvscale.h's kv_scales_name; tests/unit/test_topology.c checks both agree). */
+static const char *const s_kv_scales[] = { "auto", "checkpoint", "calibrate", "one" };
 static const char *const s_launches[] = { "local", "ssh", "srun" };
 static const char *const s_restarts[] = { "permanent", "transient", "temporary" };
 static const char *const s_strategies[] = { "one_for_one", "rest_for_one" };
@@ -256,6 +258,8 @@ static void s_model(topo_diag_t *d, const raw_model_t *m, topo_model_t *out)
     if (m->kv_dtype && strcasecmp(m->kv_dtype, "auto") != 0 && dtype_parse_kv(m->kv_dtype, &out->kv_dtype) != 0)
         topo_diag_err(d, "model.kv_dtype", "unknown KV cache dtype '%s' (expected one of auto, f32, bf16, f16, fp8)",
                       m->kv_dtype);
+    int ks = s_enum(d, "model.kv_scales", m->kv_scales, s_kv_scales, 4, 0, "KV scales source");
+    out->kv_scales = ks < 0 ? 0 : ks;
     int f = s_enum(d, "model.load_format", m->load_format, s_formats, 2, TOPO_LOAD_AUTO, "load format");
     out->load_format = f < 0 ? TOPO_LOAD_AUTO : (topo_load_format_t)f;
     out->threads = (int)s_int(d, "model.threads", m->threads, 0, 1024, 0);

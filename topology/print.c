@@ -39,10 +39,12 @@ void topo_print(const topo_t *t, FILE *f)
     if (t->model.draft[0])
         s_kv(f, "  ", "draft", t->model.draft);
     static const char *const quants[] = {"none", "fp8", "int8", "int4", "nvfp4"};
+    static const char *const kv_scales[] = {"auto", "checkpoint", "calibrate", "one"};
     fprintf(f, "  dtype: %s\n  kv_dtype: %s\n  backend: %s\n  load_format: %s\n  threads: %d\n  quantization: %s\n",
             dtype_name(t->model.dtype), t->model.kv_dtype == DT_COUNT ? "auto" : dtype_name(t->model.kv_dtype),
             topo_backend_name(t->model.backend), topo_load_format_name(t->model.load_format), t->model.threads,
             t->model.quantization >= 0 && t->model.quantization < 5 ? quants[t->model.quantization] : "?");
+    fprintf(f, "  kv_scales: %s\n", t->model.kv_scales >= 0 && t->model.kv_scales < 4 ? kv_scales[t->model.kv_scales] : "?");
     fprintf(f, "nodes:\n");
     for (int i = 0; i < t->n_nodes; i++) {
         const topo_node_t *n = &t->nodes[i];

@@ -15,7 +15,7 @@
 #include <cyaml/cyaml.h>
 
 typedef struct raw_model {
-    char *path, *tokenizer, *dtype, *kv_dtype, *backend, *load_format, *threads, *quantization, *draft;
+    char *path, *tokenizer, *dtype, *kv_dtype, *kv_scales, *backend, *load_format, *threads, *quantization, *draft;
 } raw_model_t;
 
 typedef struct raw_node {

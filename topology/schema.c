@@ -18,6 +18,7 @@ static const cyaml_schema_field_t s_model_fields[] = {
     STR("tokenizer", raw_model_t, tokenizer),
     STR("dtype", raw_model_t, dtype),
     STR("kv_dtype", raw_model_t, kv_dtype),
+    STR("kv_scales", raw_model_t, kv_scales),
     STR("backend", raw_model_t, backend),
     STR("load_format", raw_model_t, load_format),
     STR("threads", raw_model_t, threads),

@@ -56,6 +56,7 @@ typedef struct topo_model {
     char tokenizer[TOPO_PATH_MAX];       /* directory with tokenizer.json; default = path */
     dtype_t dtype;                       /* default bf16 on cuda, f32 on cpu */
     dtype_t kv_dtype;                    /* KV cache; DT_COUNT: auto (config_kv_dtype: the dummy weights' or the config's dtype) */
+    int kv_scales;                       /* an fp8 cache's scales: KV_SCALES_* (engine/kvscale.h), default 0 auto */
     topo_backend_t backend;              /* default cpu */
     topo_load_format_t load_format;      /* default auto */
     int threads;                         /* CPU threads per worker, 0 = auto; 0..1024 */

@@ -74,6 +74,8 @@ uint64_t kv_fingerprint(const topo_t *t)
     h = s_u64(h, (uint64_t)t->model.load_format);
     if (t->model.quantization)                    /* other weights, other KV (0 keeps the older prints) */
         h = s_u64(h, (uint64_t)t->model.quantization);
+    if (t->model.kv_scales)                       /* an fp8 cache's codes under other scales (0 keeps the older prints) */
+        h = s_u64(h, 0x6b7300 + (uint64_t)t->model.kv_scales);
     h = s_u64(h, (uint64_t)t->cache.block_size);
     char path[TOPO_PATH_MAX + 64];
     snprintf(path, sizeof path, "%s/config.json", t->model.path);

@@ -8,6 +8,7 @@
 
 #include "common/log.h"
 #include "common/util.h"
+#include "engine/kvscale.h"
 #include "engine/mtp.h"
 
 /* Threads: the topology's, or the cores shared evenly by the model workers of this node. */
@@ -135,6 +136,9 @@ worker_t *worker_load(const topo_t *t, topo_role_t role, const topo_instance_t *
     s.dtype = tm->dtype;                          /* dummy weights'; a checkpoint's load as stored */
     s.kv_dtype = tm->kv_dtype;
     s.kv_dtype_option = "model.kv_dtype";
+    s.kv_scales = tm->kv_scales;
+    s.kv_scales_option = "model.kv_scales";
+    s.quiet = 1;                                  /* the scales are logged below */
     s.dummy_option = "load_format: dummy";
     /* A speculating decode worker's verify steps compute every draft's row of logits. */
     spec_method_t spec_m;
@@ -198,6 +202,10 @@ worker_t *worker_load(const topo_t *t, topo_role_t role, const topo_instance_t *
           tm->path, w->eng->cfg.num_layers, w->eng->cfg.hidden_size, w->eng->cfg.vocab_size,
           dtype_name(w->eng->weights_dtype), kv->n_blocks, kv->block_size, dtype_name(kv->dtype),
           (double)kv->n_blocks * (double)kv->block_bytes / (1 << 20));
+    if (w->eng->kv_scales)   /* every worker of the topology must print the same digest (engine/kvscale.h) */
+        LOG_I("KV scales (model.kv_scales %s): %s, digest %016llx", kv_scales_name(tm->kv_scales),
+              kv_scales_name(w->eng->kv_scales_from),
+              (unsigned long long)kvscale_digest(w->eng->kv_scales, kvscale_count(&w->eng->cfg)));
     return w;
 fail:
     worker_destroy(&w);

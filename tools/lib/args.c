@@ -2,6 +2,8 @@
  * (strtoll/strtod would skip it), so " 5" and "1, 2" are errors, not numbers. */
 #include "tools/lib/args.h"
 
+#include "engine/kvscale.h"
+
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
@@ -76,5 +78,16 @@ int arg_kv_dtype(const char *tool, const char *opt, const char *v, dtype_t *out)
         return -1;
     }
     *out = t;
+    return 0;
+}
+
+int arg_kv_scales(const char *tool, const char *opt, const char *v, int *out)
+{
+    const int m = kv_scales_parse(v);
+    if (m < 0) {
+        fprintf(stderr, "%s: %s '%s': expected auto, checkpoint, calibrate or one\n", tool, opt, v);
+        return -1;
+    }
+    *out = m;
     return 0;
 }

@@ -16,5 +16,8 @@ int arg_int_list(const char *tool, const char *opt, const char *v, int lo, int h
 /* A KV cache dtype (--kv-dtype): auto (DT_COUNT, the tool's default rule) or one dtype_parse_kv
  * takes (f32, bf16, f16, fp8 and their other names). */
 int arg_kv_dtype(const char *tool, const char *opt, const char *v, dtype_t *out);
+/* An fp8 KV cache's scales (--kv-scales): auto, checkpoint, calibrate or one (KV_SCALES_*,
+ * engine/kvscale.h). */
+int arg_kv_scales(const char *tool, const char *opt, const char *v, int *out);
 
 #endif
