@@ -495,6 +495,9 @@ static void s_check_fixture(const char *dir)
             s_expect1(c, NAME("model.layers.%d.self_attn.q_norm.weight", l), cfg.head_dim, &used);
             s_expect1(c, NAME("model.layers.%d.self_attn.k_norm.weight", l), cfg.head_dim, &used);
         }
+        /* An fp8 KV cache's scales (engine/kvscale.h), when the export stores them (llama-gqa-kvscales). */
+        used += ckpt_has(c, NAME("model.layers.%d.self_attn.k_scale", l));
+        used += ckpt_has(c, NAME("model.layers.%d.self_attn.v_scale", l));
         int64_t E = cfg.num_experts;
         if (cfg.arch == ARCH_MIXTRAL) {
             int64_t I = cfg.moe_intermediate_size;
