@@ -260,20 +260,20 @@ void cuda_moe_destroy(cuda_state_t *st);   /* frees the moe tables (at backend d
 /* One expert's weights as the device MoE kernels read them (cuda_moe.cu keeps a device table of
  * them per experts array). */
 typedef struct moe_dev_expert {
-    const void *gate;             /* [I][H] (quantized: its codes, one byte each) */
+    const void *gate;             /* [I][H] (quantized: its codes, a byte or a nibble each) */
     const void *up;               /* [I][H] */
     const void *down;             /* [H][I] */
     const float *gate_s, *up_s, *down_s;   /* quantized: each one's f32 block scales (bk_mat_t.qscale); else NULL */
 } moe_dev_expert_t;
 
-/* Quantized experts (cuda_moe_quant.cu): fp8 e4m3 or int8 codes, one byte per weight, with f32
- * block scales of gr x gc (kernels/backend.h's bk_mat_t; effective blocks, gc a multiple of 16 or
- * >= the columns). */
+/* Quantized experts (cuda_moe_quant.cu): fp8 e4m3 or int8 codes (a byte per weight), int4 or fp4
+ * e2m1 (a nibble), with f32 block scales of gr x gc (kernels/backend.h's bk_mat_t; effective
+ * blocks, gc a multiple of 16 or >= the columns). */
 typedef struct moe_qgrid {
-    int fmt;                      /* BK_Q_FP8 or BK_Q_I8 */
+    int fmt;                      /* BK_Q_FP8, BK_Q_I8, BK_Q_I4 or BK_Q_FP4 */
     int gr, gc;                   /* scale block of the matrix (gate and up share one; down its own) */
 } moe_qgrid_t;
-/* Whether the quantized expert kernels take this format (fp8, int8). */
+/* Whether the quantized expert kernels take this format (fp8, int8, int4, fp4). */
 bool cuda_moe_quant_takes(int fmt);
 /* The FMA device path's expert matmuls over quantized weights, as k_moe_experts (cuda_moe.cu) over
  * plain ones: gu: act[sorted entry][I] = silu(gate x) * up x with x = in[tok[p]] (N = I, K = H);
@@ -297,7 +297,7 @@ void cuda_moe_qcodes(const cuda_state_t *st, const float *x, int rows, int64_t K
 typedef struct moe_grouped_chunk {
     const moe_dev_expert_t *tab;  /* [E] */
     dtype_t dt;                   /* the weights': bf16 or f16 (quantized experts: bf16, the operands' type) */
-    int qfmt, qact;               /* quantized experts: BK_Q_FP8 / BK_Q_I8 and BK_QA_*; 0 for plain weights */
+    int qfmt, qact;               /* quantized experts: BK_Q_* and BK_QA_*; 0 for plain weights */
     moe_qgrid_t qgu, qdn;         /* quantized: the scale blocks of gate|up and of down */
     float *qsx, *qsa;             /* quantized with qact: [mc] the tokens' and [rows] the entries' activation scales */
     int bm;                       /* rows per tile (32, 64, 128): the sort cut the tiles to it */
@@ -321,8 +321,8 @@ static inline int cuda_moe_tiles_max(int rows, int bm, int E)
 }
 /* Whether the grouped GEMMs take experts of this dtype and shape (bf16/f16, H and I multiples of 8;
  * the caller checks the weights' 16-byte alignment); quantized (qfmt, qact, the scale blocks qgu of
- * gate|up and qdn of down): fp8/int8 codes, H and I multiples of 16, and with qact one scale per
- * weight row (per channel or tensor) and I <= H. */
+ * gate|up and qdn of down): fp8/int8 codes with H and I multiples of 16, int4/fp4 with multiples of
+ * 32, and with qact one scale per weight row (per channel or tensor) and I <= H. */
 bool cuda_moe_gemm_takes(dtype_t dt, int64_t H, int64_t I);
 bool cuda_moe_gemm_takes_q(int qfmt, int qact, moe_qgrid_t qgu, moe_qgrid_t qdn, int64_t H, int64_t I);
 /* Their row tile for a chunk of `rows` entries over E experts: 32, 64 or 128. */

@@ -17,8 +17,8 @@
  *   otherwise (f32 weights above the threshold, an odd shape,-> the host path
  *     TROUPE_CUDA_MOE_DEVICE=0, E > 1024, k > 32, experts of mixed dtype or shape)
  * The two device paths queue device work only (cuda_moe_graphable says 1 for them).
- * Quantized experts (fp8 or int8 codes with f32 block scales, one format, activation rule and
- * scale grid per kind of matrix; cuda_moe_quant.cu): the grouped path where cuda_moe_gemm_takes_q
+ * Quantized experts (fp8, int8, int4 or fp4 codes with f32 block scales, one format, activation
+ * rule and scale grid per kind of matrix; cuda_moe_quant.cu): the grouped path where cuda_moe_gemm_takes_q
  * says so (its GEMMs decode the codes into shared memory), else the FMA device path at every M
  * (its expert kernels decode in registers): no dequantized copy of the experts is ever made.
  *
@@ -30,7 +30,8 @@
  *   1. k_moe_sort (one block): counts per expert, exclusive scans giving each expert's first
  *      entry (off[E+1]) and the list of experts that have tokens (active[], n_active), then a
  *      stable scatter of the (token, slot) pairs by expert (one warp, __match_any_sync ranks).
- *   2. k_moe_experts<GU>: grid (tile of 8 rows of I, active expert); each warp owns row n of
+ *   2. k_moe_experts<GU> (cuda_moe_fma.cuh, one kernel for every weight format, the row's decode
+ *      a type parameter): grid (tile of 8 rows of I, active expert); each warp owns row n of
  *      gate and of up, streams both once per group of up to MT of the expert's tokens (MT = 1 at
  *      batch 1, 4 up to 32 tokens, 8 above; more entries take more passes, the rows then coming
  *      from L2), with 16-byte loads, f32 FMA against the f32 activations, lane sums by a
@@ -98,8 +99,9 @@
 
 #include "kernels/cuda/cuda.h"
 #include "kernels/cuda/cuda_dev.cuh"
+#include "kernels/cuda/cuda_moe_fma.cuh"
 
-#define MOE_THREADS 256                 /* route and expert kernels: 8 warps */
+#define MOE_THREADS 256                 /* route kernel: 8 warps */
 #define MOE_WARPS (MOE_THREADS / 32)
 #define MOE_SORT_THREADS 1024           /* the sort's one block: one expert per thread */
 #define MOE_MAX_E MOE_SORT_THREADS      /* experts the device path (and the warp router) handles */
@@ -115,10 +117,10 @@ typedef struct cuda_moe_table {
     int n, cap;                         /* experts in use; capacity of the three arrays */
     int ok;                             /* 1: one dtype (f32/bf16/f16, or one quantized format), one shape, one
                                            scale grid per kind of matrix: the device paths can run */
-    dtype_t dt;                         /* the weights' (quantized: the codes', DT_F8E4M3 or DT_I8) */
+    dtype_t dt;                         /* the weights' (quantized: the codes', DT_F8E4M3, DT_I8 or DT_U8) */
     int64_t H, I;
     int aligned;                        /* every weight pointer 16-byte aligned */
-    int qfmt, qact;                     /* quantized experts: BK_Q_FP8 / BK_Q_I8 and BK_QA_*; 0 for plain ones */
+    int qfmt, qact;                     /* quantized experts: BK_Q_* and BK_QA_*; 0 for plain ones */
     moe_qgrid_t qgu, qdn;               /* quantized: the scale blocks of gate and up (the same), of down */
 } cuda_moe_table_t;
 
@@ -429,155 +431,7 @@ __global__ void __launch_bounds__(MOE_SORT_THREADS)
     }
 }
 
-/* ---- device path: the experts' matmuls ----------------------------------------------------------- */
-
-/* a0[m] = w0 . xr[m], a1[m] = w1 . xr[m] over K, summed over the warp (every lane gets the totals).
- * VEC: w0, w1 and the xr rows 16-byte aligned, K a multiple of 16 / sizeof(WT); lanes take 16-byte
- * chunks c = lane, lane + 32, ..., U chunks of each row in flight. Otherwise one element per lane
- * per step. The summation order depends on K and VEC only. */
-template <typename WT, bool VEC, int MR>
-__device__ __forceinline__ void dev_dot2(const WT *w0, const WT *w1, int64_t K, const float *const *xr, float *a0,
-                                         float *a1)
-{
-    const int lane = threadIdx.x & 31;
-#pragma unroll
-    for (int m = 0; m < MR; m++) {
-        a0[m] = 0.0f;
-        a1[m] = 0.0f;
-    }
-    if constexpr (VEC) {
-        constexpr int VE = 16 / (int)sizeof(WT), U = MR <= 4 ? 4 : 2;
-        const int64_t chunks = K / VE;
-        const uint4 *v0 = (const uint4 *)w0, *v1 = (const uint4 *)w1;
-        for (int64_t c0 = lane; c0 < chunks; c0 += 32 * U) {
-            uint4 r0[U], r1[U];
-#pragma unroll
-            for (int u = 0; u < U; u++) {          /* all of the pass's weight loads first */
-                const int64_t c = c0 + 32 * u;
-                if (c < chunks) {
-                    r0[u] = __ldg(v0 + c);
-                    r1[u] = __ldg(v1 + c);
-                }
-            }
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                const int64_t c = c0 + 32 * u;
-                if (c >= chunks)
-                    break;
-                float f0[VE], f1[VE];
-                dev_unpack16<WT>(r0[u], f0);
-                dev_unpack16<WT>(r1[u], f1);
-#pragma unroll
-                for (int m = 0; m < MR; m++) {
-                    const float4 *xp = (const float4 *)(xr[m] + c * VE);
-#pragma unroll
-                    for (int q = 0; q < VE / 4; q++) {
-                        const float4 xv = xp[q];
-                        a0[m] = fmaf(xv.x, f0[4 * q + 0], a0[m]);
-                        a0[m] = fmaf(xv.y, f0[4 * q + 1], a0[m]);
-                        a0[m] = fmaf(xv.z, f0[4 * q + 2], a0[m]);
-                        a0[m] = fmaf(xv.w, f0[4 * q + 3], a0[m]);
-                        a1[m] = fmaf(xv.x, f1[4 * q + 0], a1[m]);
-                        a1[m] = fmaf(xv.y, f1[4 * q + 1], a1[m]);
-                        a1[m] = fmaf(xv.z, f1[4 * q + 2], a1[m]);
-                        a1[m] = fmaf(xv.w, f1[4 * q + 3], a1[m]);
-                    }
-                }
-            }
-        }
-    } else {
-        for (int64_t i = lane; i < K; i += 32) {
-            const float f0 = dev_to_f32(w0[i]), f1 = dev_to_f32(w1[i]);
-#pragma unroll
-            for (int m = 0; m < MR; m++) {
-                const float xv = xr[m][i];
-                a0[m] = fmaf(xv, f0, a0[m]);
-                a1[m] = fmaf(xv, f1, a1[m]);
-            }
-        }
-    }
-#pragma unroll
-    for (int m = 0; m < MR; m++) {
-        a0[m] = dev_warp_sum(a0[m]);
-        a1[m] = dev_warp_sum(a1[m]);
-    }
-}
-
-/* MR consecutive sorted entries p .. p + MR - 1 of one expert through the warp's two weight rows.
- * GU: w0, w1 = gate and up row n; inputs x[tok[p]]; out = act [entries][N]: silu(g) * u.
- * Down: w0, w1 = down rows n and n + 1; inputs act[p]; out = y [M * k][N] at row slot[p]. */
-template <typename WT, bool VEC, bool GU, int MR>
-__device__ __forceinline__ void dev_expert_group(const WT *w0, const WT *w1, int64_t N, int64_t K, int64_t n,
-                                                 const float *in, const int32_t *tok, const int32_t *slot, int p,
-                                                 float *out)
-{
-    const float *xr[MR];
-#pragma unroll
-    for (int m = 0; m < MR; m++)
-        xr[m] = in + (int64_t)(GU ? tok[p + m] : p + m) * K;
-    float a0[MR], a1[MR];
-    dev_dot2<WT, VEC, MR>(w0, w1, K, xr, a0, a1);
-    const int lane = threadIdx.x & 31;
-#pragma unroll
-    for (int m = 0; m < MR; m++) {
-        if (lane != m)
-            continue;
-        if constexpr (GU) {
-            const float g = a0[m];                 /* cuda_swiglu's (and the CPU's) arithmetic */
-            out[(int64_t)(p + m) * N + n] = dev_swiglu(g, a1[m]);
-        } else {
-            float *o = out + (int64_t)slot[p + m] * N + n;
-            o[0] = a0[m];
-            if (n + 1 < N)
-                o[1] = a1[m];
-        }
-    }
-}
-
-/* mr (1 .. MR) entries through dev_expert_group<mr>: a chain of compile-time sizes. */
-template <typename WT, bool VEC, bool GU, int MR>
-__device__ __forceinline__ void dev_expert_groups(int mr, const WT *w0, const WT *w1, int64_t N, int64_t K, int64_t n,
-                                                  const float *in, const int32_t *tok, const int32_t *slot, int p,
-                                                  float *out)
-{
-    if constexpr (MR > 1) {
-        if (mr < MR) {
-            dev_expert_groups<WT, VEC, GU, MR - 1>(mr, w0, w1, N, K, n, in, tok, slot, p, out);
-            return;
-        }
-    }
-    dev_expert_group<WT, VEC, GU, MR>(w0, w1, N, K, n, in, tok, slot, p, out);
-}
-
-/* Grid (row tiles, min(E, entries)): block y works active[y]'s entries, or leaves when y >=
- * n_active. GU: warp w owns row n = x * 8 + w of gate and up (N = I, K = H). Down: rows n, n + 1
- * with n = 2 (x * 8 + w) (N = H, K = I). MT: entries per pass over the rows (1 at batch 1: fewest
- * registers, most warps per SM; more entries: passes again, the rows then come from L2). No
- * barrier: a warp past N leaves. */
-template <typename WT, bool VEC, bool GU, int MT>
-__global__ void __launch_bounds__(MOE_THREADS, 2)
-    k_moe_experts(const moe_dev_expert_t *tab, const int32_t *off, const int32_t *active, const int32_t *n_active,
-                  const int32_t *tok, const int32_t *slot, const float *in, int64_t N, int64_t K, float *out)
-{
-    DEV_PDL_ENTER();
-    if ((int)blockIdx.y >= *n_active)
-        return;
-    const int e = active[blockIdx.y], p0 = off[e], c = off[e + 1] - p0;
-    const int64_t wid = (int64_t)blockIdx.x * MOE_WARPS + (threadIdx.x >> 5), n = GU ? wid : 2 * wid;
-    if (n >= N)
-        return;
-    const moe_dev_expert_t ex = tab[e];
-    const WT *w0, *w1;
-    if constexpr (GU) {
-        w0 = (const WT *)ex.gate + n * K;
-        w1 = (const WT *)ex.up + n * K;
-    } else {
-        w0 = (const WT *)ex.down + n * K;
-        w1 = (const WT *)ex.down + (n + 1 < N ? n + 1 : n) * K;
-    }
-    for (int g = 0; g < c; g += MT)
-        dev_expert_groups<WT, VEC, GU, MT>(c - g < MT ? c - g : MT, w0, w1, N, K, n, in, tok, slot, p0 + g, out);
-}
+/* ---- device paths: the combine --------------------------------------------------------------- */
 
 /* out[t] = sum over t's k slots in ascending expert id (ties: slot order) of weight * y[t * k + j],
  * a rounded product then a rounded add, from 0. One block per token. */
@@ -720,35 +574,6 @@ void cuda_moe_destroy(cuda_state_t *st)
     st->n_moe_tables = st->cap_moe_tables = 0;
 }
 
-/* The expert kernel for this dtype, direction, load width and M: entries per pass MT = 1 at
- * batch 1 (an expert then has one entry; ~68 registers, 3 blocks per SM), 4 up to 32 tokens, 8
- * above (~128 registers, 2 blocks per SM). */
-template <typename WT, bool GU, int MT>
-static void s_experts_mt(const cuda_state_t *st, bool vec, dim3 grid, const moe_dev_expert_t *tab, const int32_t *off,
-                         const int32_t *active, const int32_t *n_active, const int32_t *tok, const int32_t *slot,
-                         const float *in, int64_t N, int64_t K, float *out)
-{
-    if (vec)
-        cuda_launch(st, k_moe_experts<WT, true, GU, MT>, grid, MOE_THREADS, tab, off, active, n_active, tok, slot, in,
-                    N, K, out);
-    else
-        cuda_launch(st, k_moe_experts<WT, false, GU, MT>, grid, MOE_THREADS, tab, off, active, n_active, tok, slot, in,
-                    N, K, out);
-}
-
-template <typename WT, bool GU>
-static void s_experts(const cuda_state_t *st, int M, bool vec, dim3 grid, const moe_dev_expert_t *tab,
-                      const int32_t *off, const int32_t *active, const int32_t *n_active, const int32_t *tok,
-                      const int32_t *slot, const float *in, int64_t N, int64_t K, float *out)
-{
-    if (M == 1)
-        s_experts_mt<WT, GU, 1>(st, vec, grid, tab, off, active, n_active, tok, slot, in, N, K, out);
-    else if (M <= 32)
-        s_experts_mt<WT, GU, 4>(st, vec, grid, tab, off, active, n_active, tok, slot, in, N, K, out);
-    else
-        s_experts_mt<WT, GU, 8>(st, vec, grid, tab, off, active, n_active, tok, slot, in, N, K, out);
-}
-
 template <typename WT>
 static void s_moe_device(const cuda_state_t *st, const cuda_moe_table_t *tb, const float *x, int M, int H,
                          const int32_t *ids, const float *weights, int k, int E, void *scratch, float *out)
@@ -773,16 +598,16 @@ static void s_moe_device(const cuda_state_t *st, const cuda_moe_table_t *tb, con
         const int32_t *ic = ids + (size_t)t0 * k;
         float *oc = out + (size_t)t0 * H;
         const unsigned gy = (unsigned)(rows < E ? rows : E);
-        const dim3 g_gu((unsigned)((I + MOE_WARPS - 1) / MOE_WARPS), gy);
-        const dim3 g_dn((unsigned)((H + 2 * MOE_WARPS - 1) / (2 * MOE_WARPS)), gy);
         cuda_launch(st, k_moe_sort, 1, sort_threads, ic, rows, k, E, off, active, n_active, tok, slot);
-        s_experts<WT, true>(st, mc, vec_gu, g_gu, tab, off, active, n_active, tok, slot, xc, I, (int64_t)H, act);
-        s_experts<WT, false>(st, mc, vec_dn, g_dn, tab, off, active, n_active, tok, slot, act, (int64_t)H, I, y);
+        moe_fma_experts<moe_row_plain<WT>, true>(st, mc, vec_gu, gy, tab, off, active, n_active, tok, slot, xc, I,
+                                                 (int64_t)H, 0, 0, act);
+        moe_fma_experts<moe_row_plain<WT>, false>(st, mc, vec_dn, gy, tab, off, active, n_active, tok, slot, act,
+                                                  (int64_t)H, I, 0, 0, y);
         cuda_launch(st, k_moe_combine, mc, H >= 1024 ? 256 : 128, (const float *)y, ic, wc, k, H, oc);
     }
 }
 
-/* The FMA device path over quantized experts (cuda_moe_quant.cu's kernels), in the same scratch
+/* The FMA device path over quantized experts (cuda_moe_quant.cu's rows), in the same scratch
  * layout and chunks as s_moe_device. With qact, x is fake-quantized per token into y's space first
  * (y is written only by the down kernel, which runs after the gate|up kernel has read it), and each
  * entry's SwiGLU output in place before down: what the CPU's per-expert quantized matmuls do. */

@@ -48,11 +48,21 @@
  * slices, whatever the tile, its other rows or BM), so the path is batch-invariant and the same
  * bits run to run, although the sort places an expert's entries in no fixed order.
  *
- * Known limits: bf16/f16 weights only, H and I multiples of 8, 16-byte aligned weights (cuda_moe.cu
- * sends other shapes to its other paths); one fixed tile shape per BM, chosen by the average rows
- * per expert (TROUPE_CUDA_MOE_GROUPED_BM forces one); no split-K, no persistent scheduling, and an
- * expert's tiles are as many blocks as its rows need (a skewed chunk is no long tail, but a row
- * tile holding few rows still costs a full one). mma.sync rather than Hopper's wgmma/TMA: simpler,
+ * Quantized experts (cuda_moe_gemm_takes_q): fp8 / int8 codes (H and I multiples of 16) or int4 /
+ * fp4 nibbles (multiples of 32) with f32 block scales. The B stages hold codes (64 per weight row
+ * per K slice: 64 or 32 bytes), cp.async'd as above; after a slice lands each thread decodes the
+ * chunks it loaded (cuda_moe_quant.cuh) into one bf16 slice, code * its column group's scale
+ * rounded to bf16, and a second barrier publishes it to the mma. Weight-only, that is the bf16
+ * path's grade with the dequantized weight rounded to bf16 too. With per-token activations (qact:
+ * one weight scale per row) the A operands are the activations' codes and the B slice the
+ * weights' codes, both exact in bf16, and the two scales multiply the f32 sums: the CPU's
+ * products, summed in another order.
+ *
+ * Known limits: 16-bit or quantized weights only, H and I multiples of 8, 16-byte aligned weights
+ * (cuda_moe.cu sends other shapes to its other paths); one fixed tile shape per BM, chosen by the
+ * average rows per expert (TROUPE_CUDA_MOE_GROUPED_BM forces one); no split-K, no persistent
+ * scheduling, and an expert's tiles are as many blocks as its rows need (a skewed chunk is no long
+ * tail, but a row tile holding few rows still costs a full one). mma.sync rather than Hopper's wgmma/TMA: simpler,
  * and ~2/3 of the tensor peak at best. Written without a GPU at hand (checked first under a host
  * emulation of the threads, barriers, cp.async, ldmatrix and mma.sync), then run on the H200:
  * tests/gpu/test_backend_cuda.c's moe_ffn cases pass on every row tile, and bench_cuda's layer of
@@ -74,8 +84,12 @@
 #define MG_STAGES 3
 #define MG_LD (MG_BK + 8)         /* shared row stride in elements: 144 bytes */
 #define MG_CH (MG_BK / 8)         /* 16-byte chunks per row per stage */
-#define MG_QLD (MG_BK + 16)       /* quantized weights: a stage's code row stride in bytes (16-byte aligned) */
-#define MG_QCH (MG_BK / 16)       /* quantized: 16-byte chunks (16 codes) per row per stage */
+
+/* Quantized weights of format QF: a K slice's code bytes per weight row (64 codes, or 64 nibbles),
+ * their 16-byte chunks, and the row stride of a stage of codes in shared memory (16-byte aligned). */
+__host__ __device__ constexpr int mg_qbytes(int qf) { return mq_nib(qf) ? MG_BK / 2 : MG_BK; }
+__host__ __device__ constexpr int mg_qch(int qf) { return mg_qbytes(qf) / 16; }
+__host__ __device__ constexpr int mg_qld(int qf) { return mg_qbytes(qf) + 16; }
 
 /* One GEMM of the chunk, passed by value. */
 typedef struct mg_args {
@@ -101,7 +115,7 @@ typedef struct mg_args {
  * weights the mma reads) and the stages of codes. */
 template <int BM, int QF> struct mg_smem {
     static constexpr size_t A = (size_t)MG_STAGES * BM * MG_LD * 2;
-    static constexpr size_t BYTES = QF ? A + (size_t)MG_BN * MG_LD * 2 + (size_t)MG_STAGES * MG_BN * MG_QLD
+    static constexpr size_t BYTES = QF ? A + (size_t)MG_BN * MG_LD * 2 + (size_t)MG_STAGES * MG_BN * mg_qld(QF)
                                        : (size_t)MG_STAGES * (BM + MG_BN) * MG_LD * 2;
 };
 
@@ -117,9 +131,9 @@ template <bool F16> static __device__ __forceinline__ uint32_t dev_moe_pack(floa
 
 /* One grouped GEMM (the file header has the tiling). GU: gate|up with the SwiGLU epilogue, else
  * down. Block (x, y) computes columns n0 = x * (GU ? 64 : 128) of row tile tiles[y]. QF: the
- * weights are one-byte codes of that format (fp8, int8) with f32 block scales; every K slice of
- * codes is decoded once into a bf16 slice in shared memory (code * scale, rounded to bf16), which
- * the mma reads as it reads 16-bit weights (F16 is false then). */
+ * weights are codes of that format (fp8, int8: a byte each; int4, fp4: a nibble) with f32 block
+ * scales; every K slice of codes is decoded once into a bf16 slice in shared memory (code * scale,
+ * rounded to bf16), which the mma reads as it reads 16-bit weights (F16 is false then). */
 template <bool F16, int BM, bool GU, int QF = 0>
 __global__ void __launch_bounds__(MG_THREADS, 2) k_moe_gemm(mg_args_t a)
 {
@@ -127,15 +141,18 @@ __global__ void __launch_bounds__(MG_THREADS, 2) k_moe_gemm(mg_args_t a)
     constexpr int NT = 8;                          /* n8 tiles per warp: 64 weight rows */
     constexpr int A_IT = BM * MG_CH / MG_THREADS;  /* A chunks per thread per stage (rows tid / 8 + 16 i) */
     constexpr int B_IT = MG_BN * MG_CH / MG_THREADS;
-    constexpr int Q_IT = MG_BN * MG_QCH / MG_THREADS;   /* quantized: code chunks per thread per stage (rows tid / 4 + 32 i) */
+    /* Quantized: a row's chunks per stage, their stride, values per chunk, chunks per thread per
+     * stage (rows tid / QCH + QR i) */
+    constexpr int QCH = mg_qch(QF), QLD = mg_qld(QF), QV = mq_chunk_values(QF);
+    constexpr int Q_IT = MG_BN * QCH / MG_THREADS, QR = MG_THREADS / QCH;
     static_assert(BM == 32 || BM == 64 || BM == 128, "BM");
     static_assert(A_IT * MG_THREADS == BM * MG_CH && B_IT == 8 && MG_THREADS / MG_CH == 16, "one chunk column per thread");
-    static_assert(Q_IT == 4 && MG_THREADS / MG_QCH == 32, "one code chunk column per thread");
+    static_assert(!QF || (Q_IT * QR == MG_BN && Q_IT <= 4), "one code chunk column per thread");
     static_assert(!QF || !F16, "quantized weights decode to bf16");
     extern __shared__ __align__(16) uint16_t mg_sm[];
     uint16_t *As = mg_sm;                          /* [MG_STAGES][BM][MG_LD] */
     uint16_t *Bs = mg_sm + MG_STAGES * BM * MG_LD; /* [MG_STAGES][MG_BN][MG_LD]; QF: [MG_BN][MG_LD], the decoded slice */
-    uint8_t *Bq = (uint8_t *)(Bs + MG_BN * MG_LD); /* QF: [MG_STAGES][MG_BN][MG_QLD] codes */
+    uint8_t *Bq = (uint8_t *)(Bs + MG_BN * MG_LD); /* QF: [MG_STAGES][MG_BN][QLD] codes */
 
     DEV_PDL_ENTER();
     if ((int)blockIdx.y >= *a.n_tiles)
@@ -173,22 +190,22 @@ __global__ void __launch_bounds__(MG_THREADS, 2) k_moe_gemm(mg_args_t a)
             bmask |= (unsigned)in << i;
         }
     }
-    /* Quantized: code chunk qc = tid % 4 (16 codes) of B rows j = tid / 4 + 32 i, their rows' scale
-     * rows; the thread decodes exactly the chunks it loads (so its own cp.async wait suffices
+    /* Quantized: code chunk qc = tid % QCH (QV values) of B rows j = tid / QCH + QR i, their rows'
+     * scale rows; the thread decodes exactly the chunks it loads (so its own cp.async wait suffices
      * before decoding; the barrier after makes the bf16 slice visible). */
-    const int qc = tid & (MG_QCH - 1);
+    const int qc = tid & (QCH - 1);
     const uint8_t *qsrc[Q_IT];
     const float *qscl[Q_IT];
     if constexpr (QF != 0) {
         const int64_t ngc = (K + a.qgc - 1) / a.qgc;
 #pragma unroll
         for (int i = 0; i < Q_IT; i++) {
-            const int j = (tid >> 2) + 32 * i;
+            const int j = tid / QCH + QR * i;
             const int n = n0 + (GU ? (j & 63) : j);
             const bool in = n < N;
             const void *w = GU ? (j < 64 ? ex.gate : ex.up) : ex.down;
             const float *sc = GU ? (j < 64 ? ex.gate_s : ex.up_s) : ex.down_s;
-            qsrc[i] = (const uint8_t *)w + (in ? (int64_t)n * K : 0);
+            qsrc[i] = (const uint8_t *)w + (in ? (int64_t)n * (mq_nib(QF) ? K / 2 : K) : 0);
             qscl[i] = sc + (in ? (int64_t)(n / a.qgr) * ngc : 0);
             bmask |= (unsigned)in << i;
         }
@@ -210,38 +227,46 @@ __global__ void __launch_bounds__(MG_THREADS, 2) k_moe_gemm(mg_args_t a)
                 const bool in = kin && (bmask >> i & 1u);
                 dev_cp_async16(bs + ((tid >> 3) + 16 * i) * MG_LD + ch * 8, in ? bsrc[i] + k : bsrc[i], in ? 16 : 0);
             }
-        } else {                                   /* K % 16 == 0: a code chunk is wholly in or out */
-            const int kq = kt * MG_BK + qc * 16;
-            uint8_t *bq = Bq + buf * MG_BN * MG_QLD;
+        } else {                                   /* K % QV == 0: a code chunk is wholly in or out */
+            const int kq = kt * MG_BK + qc * QV, kb = kt * mg_qbytes(QF) + qc * 16;
+            uint8_t *bq = Bq + buf * MG_BN * QLD;
 #pragma unroll
             for (int i = 0; i < Q_IT; i++) {
                 const bool in = kq < K && (bmask >> i & 1u);
-                dev_cp_async16(bq + ((tid >> 2) + 32 * i) * MG_QLD + qc * 16, in ? qsrc[i] + kq : qsrc[i], in ? 16 : 0);
+                dev_cp_async16(bq + (tid / QCH + QR * i) * QLD + qc * 16, in ? qsrc[i] + kb : qsrc[i], in ? 16 : 0);
             }
         }
     };
 
     /* Quantized: the thread's code chunks of K slice kt (stage kt % MG_STAGES) decoded into the bf16
-     * slice: code * its column group's scale, rounded to bf16 (zero-filled chunks give 0). */
+     * slice, 16 values at a time: code * its column group's scale (times mq_dec_scale: fp4's 2^14),
+     * rounded to bf16 (zero-filled chunks give 0). With qrow the row's scale waits for the sums and
+     * the slice holds the codes' values (exact in bf16). */
     auto decode_stage = [&](int kt) {
         if constexpr (QF != 0) {
-            const int kq = kt * MG_BK + qc * 16;
-            const uint8_t *bq = Bq + (kt % MG_STAGES) * MG_BN * MG_QLD;
+            const int kq = kt * MG_BK + qc * QV;
+            const uint8_t *bq = Bq + (kt % MG_STAGES) * MG_BN * QLD;
 #pragma unroll
             for (int i = 0; i < Q_IT; i++) {
-                const int j = (tid >> 2) + 32 * i;
+                const int j = tid / QCH + QR * i;
                 const bool in = kq < K && (bmask >> i & 1u);
-                const float sc = !in ? 0.0f : a.qrow ? 1.0f : __ldg(qscl[i] + (uint32_t)kq / (uint32_t)a.qgc);
-                float f[16];
-                mq_dec16<QF>(*(const uint4 *)(bq + j * MG_QLD + qc * 16), f);
-                uint32_t p[8];
+                const uint4 q = *(const uint4 *)(bq + j * QLD + qc * 16);
 #pragma unroll
-                for (int h = 0; h < 8; h++)
-                    p[h] = (uint32_t)dev_bf16_bits(__fmul_rn(f[2 * h], sc)) |
-                           (uint32_t)dev_bf16_bits(__fmul_rn(f[2 * h + 1], sc)) << 16;
-                uint4 *dst = (uint4 *)(Bs + j * MG_LD + qc * 16);
-                dst[0] = make_uint4(p[0], p[1], p[2], p[3]);
-                dst[1] = make_uint4(p[4], p[5], p[6], p[7]);
+                for (int pc = 0; pc < QV / 16; pc++) {
+                    float sc = !in ? 0.0f : a.qrow ? 1.0f : __ldg(qscl[i] + (uint32_t)(kq + 16 * pc) / (uint32_t)a.qgc);
+                    if constexpr (QF == BK_Q_FP4)
+                        sc *= mq_dec_scale<QF>();
+                    float f[16];
+                    mq_dec16<QF>(q, pc, f);
+                    uint32_t p[8];
+#pragma unroll
+                    for (int h = 0; h < 8; h++)
+                        p[h] = (uint32_t)dev_bf16_bits(__fmul_rn(f[2 * h], sc)) |
+                               (uint32_t)dev_bf16_bits(__fmul_rn(f[2 * h + 1], sc)) << 16;
+                    uint4 *dst = (uint4 *)(Bs + j * MG_LD + qc * QV + 16 * pc);
+                    dst[0] = make_uint4(p[0], p[1], p[2], p[3]);
+                    dst[1] = make_uint4(p[4], p[5], p[6], p[7]);
+                }
             }
         }
     };
@@ -380,7 +405,8 @@ static bool s_qrow(moe_qgrid_t g, int64_t K) { return g.gc >= K; }
 
 bool cuda_moe_gemm_takes_q(int qfmt, int qact, moe_qgrid_t qgu, moe_qgrid_t qdn, int64_t H, int64_t I)
 {
-    if (!cuda_moe_quant_takes(qfmt) || H <= 0 || I <= 0 || H % 16 || I % 16)   /* 16-byte chunks of 16 codes */
+    const int qv = mq_chunk_values(qfmt);          /* 16-byte chunks of 16 codes or 32 nibbles */
+    if (!cuda_moe_quant_takes(qfmt) || H <= 0 || I <= 0 || H % qv || I % qv)
         return false;
     /* qact: the activations' codes are the A operand and their scale multiplies the sum, which needs
      * one weight scale per row too; the f32 SwiGLU output waits in y's space ([rows][I] <= [rows][H]). */
@@ -457,6 +483,10 @@ void cuda_moe_gemm(const cuda_state_t *st, const moe_grouped_chunk_t *c)
         s_chunk<false, BK_Q_FP8>(st, c);
     else if (c->qfmt == BK_Q_I8)
         s_chunk<false, BK_Q_I8>(st, c);
+    else if (c->qfmt == BK_Q_I4)
+        s_chunk<false, BK_Q_I4>(st, c);
+    else if (c->qfmt == BK_Q_FP4)
+        s_chunk<false, BK_Q_FP4>(st, c);
     else if (c->dt == DT_F16)
         s_chunk<true, 0>(st, c);
     else

@@ -1471,17 +1471,39 @@ static const moe_qcase_t s_moe_qcases[] = {
     {{0, 4, 256, 128, 16, 4, MOE_ROUTED, 1}, {BK_Q_I8, 1, 0, BK_QA_I8_TOKEN}},
     {{0, 64, 256, 128, 16, 4, MOE_ROUTED, 1}, {BK_Q_I8, 1, 0, BK_QA_I8_TOKEN}},
     {{0, 37, 128, 64, 128, 8, MOE_ROUTED, 0}, {BK_Q_I8, 1, 0, BK_QA_NONE}},
+    /* int4 in groups of 128 columns (GPTQ/AWQ-style, weight-only): batch 1 and 4 (the device path by
+     * default, 32 nibbles per 16-byte load), 64 (grouped: 32-byte code rows per K slice), 300
+     * skewed (two device chunks, 8 entries per pass on one expert); H = 320, I = 160 (a partial
+     * group of 64 at the end of gate|up's rows, of 32 in down's); H = 200, I = 136 (not multiples
+     * of 32: the element-per-lane kernels, no grouped path) */
+    {{0, 1, 256, 128, 16, 4, MOE_ROUTED, 1}, {BK_Q_I4, 1, 128, BK_QA_NONE}},
+    {{0, 4, 256, 128, 16, 4, MOE_ROUTED, 1}, {BK_Q_I4, 1, 128, BK_QA_NONE}},
+    {{0, 64, 256, 128, 16, 4, MOE_ROUTED, 0}, {BK_Q_I4, 1, 128, BK_QA_NONE}},
+    {{0, 300, 128, 64, 128, 8, MOE_SKEWED, 1}, {BK_Q_I4, 1, 128, BK_QA_NONE}},
+    {{0, 4, 320, 160, 16, 4, MOE_ROUTED, 1}, {BK_Q_I4, 1, 128, BK_QA_NONE}},
+    {{0, 64, 320, 160, 16, 4, MOE_ROUTED, 1}, {BK_Q_I4, 1, 128, BK_QA_NONE}},
+    {{0, 7, 200, 136, 8, 2, MOE_ROUTED, 0}, {BK_Q_I4, 1, 128, BK_QA_NONE}},
+    /* nvfp4 (e2m1 in groups of 16 with the tensor scale folded into the f32 group scales,
+     * weight-only): two scales per 16-byte load; the same batches and shapes */
+    {{0, 1, 256, 128, 16, 4, MOE_ROUTED, 1}, {BK_Q_FP4, 1, 16, BK_QA_NONE}},
+    {{0, 4, 256, 128, 16, 4, MOE_ROUTED, 1}, {BK_Q_FP4, 1, 16, BK_QA_NONE}},
+    {{0, 64, 256, 128, 16, 4, MOE_ROUTED, 0}, {BK_Q_FP4, 1, 16, BK_QA_NONE}},
+    {{0, 300, 128, 64, 128, 8, MOE_SKEWED, 1}, {BK_Q_FP4, 1, 16, BK_QA_NONE}},
+    {{0, 64, 320, 160, 16, 4, MOE_ROUTED, 1}, {BK_Q_FP4, 1, 16, BK_QA_NONE}},
+    {{0, 7, 200, 136, 8, 2, MOE_ROUTED, 0}, {BK_Q_FP4, 1, 16, BK_QA_NONE}},
 };
 
 enum { MOE_CPU, MOE_DEVICE, MOE_GROUPED, MOE_HOST };
 
 /* Whether the grouped path takes the case's experts (cuda_moe_gemm_takes: 16-bit weights, H and
  * I multiples of 8; the backend's weights are 16-byte aligned; quantized, cuda_moe_gemm_takes_q:
- * H and I multiples of 16, and with activations one scale per weight row and I <= H). */
+ * H and I multiples of 16, of 32 for 4-bit codes, and with activations one scale per weight row
+ * and I <= H). */
 static int s_moe_grouped_takes(const moe_case_t *c, const moe_quant_t *q)
 {
+    const int mult = q->fmt == BK_Q_I4 || q->fmt == BK_Q_FP4 ? 32 : 16;
     if (q->fmt)
-        return c->H % 16 == 0 && c->I % 16 == 0 && (!q->act || (q->gc == 0 && c->I <= c->H));
+        return c->H % mult == 0 && c->I % mult == 0 && (!q->act || (q->gc == 0 && c->I <= c->H));
     return c->dt != DT_F32 && c->H % 8 == 0 && c->I % 8 == 0;
 }
 
@@ -1522,7 +1544,8 @@ static moe_qmat_t s_moe_qmat(const moe_quant_t *mq, int64_t rows, int64_t cols)
 static bk_mat_t s_moe_qput(backend_t *be, const moe_quant_t *mq, const moe_qmat_t *q, int64_t rows, int64_t cols)
 {
     return (bk_mat_t){.data = be->ops->weight_put(be, q->codes, q->n_codes, 1),
-                      .dtype = mq->fmt == BK_Q_FP8 ? DT_F8E4M3 : DT_I8, .rows = rows, .cols = cols,
+                      .dtype = mq->fmt == BK_Q_FP8 ? DT_F8E4M3 : mq->fmt == BK_Q_I8 ? DT_I8 : DT_U8,
+                      .rows = rows, .cols = cols,
                       .qfmt = (int8_t)mq->fmt, .qact = (int8_t)mq->act, .qgr = q->gr, .qgc = q->gc,
                       .qscale = s_put(be, q->scales, q->n_scales * sizeof(float))};
 }
