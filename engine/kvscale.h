@@ -34,8 +34,8 @@
  * the disk tier's fingerprint (actors/cache/fingerprint.c), so blocks written under other scales
  * are never read back.
  *
- * Known limits: pseudo-random ids are not text; a text whose K/V reach past the calibrated amax
- * saturates there (the figures in docs/kv-cache.md say what that costs on the KJV models).
+ * Known limits: pseudo-random ids are not text; a text whose K/V reach past the calibrated range
+ * (4x the ids' amax) saturates there. docs/gpus.md has the measured figures.
  */
 #ifndef TROUPE_ENGINE_KVSCALE_H
 #define TROUPE_ENGINE_KVSCALE_H
