@@ -6,6 +6,11 @@
  *       [--prompt-len 1000] [--batch 1,16,64,256] [--steps 32] [--chunk 2048] [--mixed N]
  *       [--copy-bw TB/s] [--profile] [--json FILE] [--router-skew uniform|zipf:S|table:FILE]
  *       [--prompts distinct|shared] [--seed N] [--verify-table [--max-k 7] [--accept 0.6,0.8]]
+ *       [--quantize fp8|int8|int4|nvfp4]
+ *
+ * --quantize quantizes a plain checkpoint (or the dummy weights) at load, as model.quantization
+ * does (model_opts_t.quantize): every step's bytes then count the quantized weights' codes and
+ * scales.
  *
  * What it measures, in one process with one weight load:
  *   - prefill: one --prompt-len prompt of random ids, prefilled in chunks of --chunk tokens
@@ -61,6 +66,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "engine/engine_open.h"
+#include "engine/quant.h"
 #include "tools/lib/args.h"
 
 #define KV_BLOCK 16
@@ -76,6 +82,7 @@ static const char *s_usage =
     "         [--prompt-len N] [--batch 1,16,64,256] [--steps N] [--chunk N] [--mixed N]\n"
     "         [--copy-bw TB/s] [--profile] [--json FILE] [--router-skew uniform|zipf:S|table:FILE]\n"
     "         [--prompts distinct|shared] [--seed N] [--verify-table [--max-k 7] [--accept 0.6,0.8]]\n"
+    "         [--quantize fp8|int8|int4|nvfp4]\n"
     "--kv-dtype auto (default) keeps the KV cache in the weights' dtype; fp8 is E4M3 with scale 1.\n"
     "--router-skew (dummy weights; default TROUPE_DUMMY_ROUTER_SKEW, else uniform): MoE routers biased so\n"
     "that expert choice follows a Zipf law of exponent S or a troupe-expert-load table (docs/experts.md).\n"
@@ -92,6 +99,7 @@ typedef struct opts {
     long long seed;               /* --seed: the rows' prompts */
     dtype_t dtype;                /* the dummy weights'; DT_COUNT: the config's */
     dtype_t kv_dtype;             /* DT_COUNT: auto (the weights' dtype) */
+    int quantize;                 /* --quantize: BK_Q_* at load; 0 none */
     int batch[MAX_LEVELS], n_levels;
     double copy_bw;               /* TB/s, 0 = not given */
     int verify, max_k;            /* --verify-table, drafts 0..max_k */
@@ -163,6 +171,10 @@ static int s_parse(int argc, char **argv, opts_t *o)
             o->json = v;
         else if (!strcmp(a, "--router-skew"))
             o->router_skew = v;
+        else if (!strcmp(a, "--quantize")) {
+            if ((o->quantize = quant_format_parse(v)) < 0)
+                return s_bad(a, v);
+        }
         else if (!strcmp(a, "--prompts")) {
             if (strcmp(v, "distinct") && strcmp(v, "shared"))
                 return s_bad(a, v);
@@ -434,7 +446,7 @@ static int s_open(bench_t *b)
     max_tokens = verify_rows > max_tokens ? verify_rows : max_tokens;
     s.model = (model_opts_t){.max_tokens = max_tokens, .max_seqs = b->max_b + 1, .max_context = b->ctx,
                              .kv_block_size = KV_BLOCK, .max_logit_rows = verify_rows > b->max_b + 1 ? verify_rows : 0,
-                             .router_skew = o->router_skew};
+                             .router_skew = o->router_skew, .quantize = o->quantize};
     if (o->router_skew && !o->dummy)
         return s_fail("--router-skew %s needs --load-format dummy (a checkpoint routes as trained)", o->router_skew);
     s.kv_blocks = (long)(b->max_b + 2) * ((b->ctx + KV_BLOCK - 1) / KV_BLOCK);
@@ -446,9 +458,10 @@ static int s_open(bench_t *b)
     b->wbytes = model_weight_bytes(b->e->model);
     b->abytes = model_active_weight_bytes(b->e->model);
     b->kv_tok = config_kv_bytes_per_token(&b->e->cfg, dtype_size(b->e->kv_dtype));
-    printf("model %s (%s, %s), backend %s: %.2f GB of weights (%.2f GB active per token), KV %.1f KB per token "
-           "(%s), loaded in %.1f s\n", o->model_dir, o->dummy ? "dummy weights" : "checkpoint",
-           dtype_name(b->e->weights_dtype), b->e->be->ops->name, b->wbytes / 1e9, b->abytes / 1e9, b->kv_tok / 1e3,
+    printf("model %s (%s, %s%s%s), backend %s: %.2f GB of weights (%.2f GB active per token), KV %.1f KB per "
+           "token (%s), loaded in %.1f s\n", o->model_dir, o->dummy ? "dummy weights" : "checkpoint",
+           dtype_name(b->e->weights_dtype), o->quantize ? ", quantized at load to " : "",
+           o->quantize ? quant_format_name(o->quantize) : "", b->e->be->ops->name, b->wbytes / 1e9, b->abytes / 1e9, b->kv_tok / 1e3,
            dtype_name(b->e->kv_dtype), load_s);
     if (b->e->cfg.num_experts > 0) {
         const char *skew = model_router_skew(b->e->model);
@@ -911,6 +924,7 @@ static int s_write_json(bench_t *b)
     json_object_set_new(j, "model", json_string(o->model_dir));
     json_object_set_new(j, "backend", json_string(b->e->be->ops->name));
     json_object_set_new(j, "dtype", json_string(dtype_name(b->e->weights_dtype)));
+    json_object_set_new(j, "quantize", json_string(o->quantize ? quant_format_name(o->quantize) : "none"));
     json_object_set_new(j, "weight_bytes", json_real((double)b->wbytes));
     json_object_set_new(j, "active_weight_bytes", json_real((double)b->abytes));
     json_object_set_new(j, "kv_dtype", json_string(dtype_name(b->e->kv_dtype)));

@@ -1,9 +1,10 @@
 /* tests/gpu/bench_cuda.cu — the GPU's two ceilings and the CUDA backend's decode matmuls.
  *
- *   build/gpu-tests/bench_cuda [--quick | --copy-only]
+ *   build/gpu-tests/bench_cuda [--quick | --copy-only | --moe]
  *
  * --copy-only: the device line and 1. only (a second or two), for scripts that need the copy
- * ceiling beside a benchmark of their own (tools/bench-moe.sh).
+ * ceiling beside a benchmark of their own (tools/bench-moe.sh). --moe: the device line, 1. and the
+ * MoE section at M = 1, 16 and 64 only.
  *
  * 1. Copy bandwidth: cudaMemcpy device to device of 2 GiB, bytes read + written over the median
  *    time of 10 (events, after 2 warm-ups). The HBM ceiling a memory-bound kernel is judged by.
@@ -36,8 +37,12 @@
  *    them. The grouped path also prints its TFLOP/s (M x 8 entries x 6 H I flops: gate, up, down;
  *    route, sort, conversion and combine included in the time) and, from M = 256, its time with
  *    each row tile forced (moe_M<M>_grouped_bm<BM>_ms, TROUPE_CUDA_MOE_GROUPED_BM) to check the
- *    default's choice. Then the same layer with fp8 experts (per channel, fp8 per-token activations,
- *    codes one byte each: moe_fp8_M<M>_device_ms / _grouped_ms / _host_ms).
+ *    default's choice. Then the same layer with quantized experts in each format: fp8 and int8 per
+ *    channel with per-token activations of their type (W8A8), int4 in groups of 128 and nvfp4 in
+ *    groups of 16, weight-only (moe_<fmt>_M<M>_device_ms / _grouped_ms / _host_ms / _default_ms,
+ *    the default being what the engine runs), each with the bytes of its codes and scales the
+ *    routed experts hold (moe_<fmt>_M<M>_weight_bytes), the bound they set at the copy bandwidth
+ *    and each path's fraction of it.
  * 7. Sampling at M = 256 rows of a 128,256 vocabulary with top-k 50 / top-p 0.9 / temperature 0.8:
  *    the sample op on the device (sample_M256_ms, median of 10 after 2 warm-ups) against bringing
  *    the rows of logits to the host for the host sampler (logits_download_M256_ms, the download
@@ -517,10 +522,129 @@ static void s_sample_bench(void)
     backend_destroy(&be);
 }
 
+/* The MoE layer with quantized experts of format fmt (activations act, column groups of gc, 0: per
+ * channel), on the device, host, grouped and default backends of bes: the bf16 buffers' bytes of wl
+ * taken as codes (speed only: the values mean nothing), every scale 0.01, written into ex. Lines
+ * moe_<name>_M<M>_{device,grouped,host,default}_ms, each with the bandwidth its bytes (codes and
+ * scales of the experts routed to) reach and its fraction of the bound (those bytes at the copy
+ * bandwidth bw). */
+static void s_moe_quant_bench(backend_t *const *bes, bk_expert_t (*ex)[128], void *const *wl, int fmt, int act, int gc,
+                              const char *name, double bw, const int *Ms, int n_m)
+{
+    enum { H = 2048, I = 768, E = 128, LAYERS = 2 };
+    const size_t per = (size_t)3 * I * H;         /* values of one expert */
+    const int nib = fmt == BK_Q_I4 || fmt == BK_Q_FP4;
+    const dtype_t dt = fmt == BK_Q_FP8 ? DT_F8E4M3 : fmt == BK_Q_I8 ? DT_I8 : DT_U8;
+    const int gcu = gc ? gc : H, gcd = gc ? gc : I;      /* gate|up's and down's column groups */
+    const size_t ns = (size_t)2 * I * ((H + gcu - 1) / gcu) + (size_t)H * ((I + gcd - 1) / gcd);
+    float *sc;
+    CK(cudaMalloc(&sc, (size_t)LAYERS * E * ns * 4));
+    std::vector<float> hs((size_t)LAYERS * E * ns, 0.01f);
+    CK(cudaMemcpy(sc, hs.data(), hs.size() * 4, cudaMemcpyHostToDevice));
+    for (int l = 0; l < LAYERS; l++)
+        for (int e = 0; e < E; e++) {
+            const uint8_t *p = (const uint8_t *)wl[l] + per * e;   /* nibbles use half of it */
+            const size_t cu = (size_t)I * H / (nib ? 2 : 1);       /* code bytes of gate (and of up) */
+            const float *s0 = sc + ((size_t)l * E + e) * ns, *s1 = s0 + (size_t)I * ((H + gcu - 1) / gcu);
+            const bk_mat_t g = {.data = p, .dtype = dt, .rows = I, .cols = H, .qfmt = (int8_t)fmt, .qact = (int8_t)act,
+                                .qgr = 1, .qgc = gcu, .qscale = s0};
+            ex[l][e].gate = g;
+            ex[l][e].up = g;
+            ex[l][e].up.data = p + cu;
+            ex[l][e].up.qscale = s1;
+            ex[l][e].down = (bk_mat_t){.data = p + 2 * cu, .dtype = dt, .rows = H, .cols = I, .qfmt = (int8_t)fmt,
+                                       .qact = (int8_t)act, .qgr = 1, .qgc = gcd,
+                                       .qscale = s1 + (size_t)I * ((H + gcu - 1) / gcu)};
+        }
+    const double expert_bytes =
+        (double)(bk_mat_bytes(&ex[0][0].gate) + bk_mat_bytes(&ex[0][0].up) + bk_mat_bytes(&ex[0][0].down));
+    const char *path[4] = {"device", "host", "grouped", "default"};
+    for (int i = 0; i < n_m; i++) {
+        const int M = Ms[i];
+        double ms[4], bytes;
+        s_moe_layer_ms(bes, 4, ex, M, ms, &bytes);
+        bytes *= expert_bytes / (3.0 * H * I * 2);   /* the routed experts' bytes in this format */
+        const double bound_ms = bytes / (bw * 1e12) * 1e3, flop = (double)M * 8 * 6 * H * I;
+        printf("moe_%s_M%d_weight_bytes %.0f bytes (%.2f MB per expert; bound %.4f ms at the copy bandwidth)\n", name,
+               M, bytes, expert_bytes / 1e6, bound_ms);
+        for (int b = 0; b < 4; b++)
+            printf("moe_%s_M%d_%s_ms %.4f ms (%.3f TB/s, %.0f%% of the bound, %.1f TFLOP/s)\n", name, M, path[b], ms[b],
+                   bytes / (ms[b] * 1e-3) / 1e12, 100.0 * bound_ms / ms[b], flop / (ms[b] * 1e-3) / 1e12);
+    }
+    CK(cudaFree(sc));
+}
+
+
+/* The MoE layer of Qwen3-30B-A3B's shape (s_moe_layer_ms) at the first n_m of M = 1, 16, 64 (decode
+ * batches), 256, 1024, 2048 (prefill chunks): bf16 experts on the FMA device path, the grouped path
+ * (its default row tile, then each forced from M = 256) and the host-sorted path; then quantized
+ * experts in each format (s_moe_quant_bench). bw: the copy bandwidth (TB/s), the bound's rate. */
+static void s_moe_bench(double bw, int n_m)
+{
+    enum { H = 2048, I = 768, E = 128, LAYERS = 2, NMB = 6 };
+    backend_t *mbe[NMB + 1] = {NULL, s_backend("TROUPE_CUDA_MOE_DEVICE", "0"),
+                               s_backend("TROUPE_CUDA_MOE_DEVICE_MAX_M", "0"), NULL, NULL, NULL, s_backend(NULL, NULL)};
+    setenv("TROUPE_CUDA_MOE_GROUPED_MIN_M", "1000000", 1);   /* with the next: the FMA path for every M */
+    mbe[0] = s_backend("TROUPE_CUDA_MOE_DEVICE_MAX_M", "1000000");
+    unsetenv("TROUPE_CUDA_MOE_GROUPED_MIN_M");
+    const int bms[3] = {32, 64, 128};
+    setenv("TROUPE_CUDA_MOE_DEVICE_MAX_M", "0", 1);
+    for (int i = 0; i < 3; i++) {
+        char v[8];
+        snprintf(v, sizeof v, "%d", bms[i]);
+        mbe[3 + i] = s_backend("TROUPE_CUDA_MOE_GROUPED_BM", v);
+    }
+    unsetenv("TROUPE_CUDA_MOE_DEVICE_MAX_M");
+    static bk_expert_t ex[LAYERS][E];
+    const size_t per = (size_t)3 * I * H;     /* bf16 elements of one expert: gate, up, down */
+    void *wl[LAYERS];
+    for (int l = 0; l < LAYERS; l++) {
+        CK(cudaMalloc(&wl[l], per * E * 2));
+        s_fill(wl[l], per * E * 2, 200 + l);
+        for (int e = 0; e < E; e++) {
+            const uint16_t *p = (const uint16_t *)wl[l] + per * e;
+            ex[l][e].gate = (bk_mat_t){.data = p, .dtype = DT_BF16, .rows = I, .cols = H};
+            ex[l][e].up = (bk_mat_t){.data = p + (size_t)I * H, .dtype = DT_BF16, .rows = I, .cols = H};
+            ex[l][e].down = (bk_mat_t){.data = p + (size_t)2 * I * H, .dtype = DT_BF16, .rows = H, .cols = I};
+        }
+    }
+    const int Ms[6] = {1, 16, 64, 256, 1024, 2048};    /* 1024, 2048: prefill chunks */
+    for (int i = 0; i < n_m; i++) {
+        const int M = Ms[i];
+        double ms[NMB], bytes;
+        s_moe_layer_ms(mbe, M >= 256 ? NMB : 3, ex, M, ms, &bytes);
+        const double flop = (double)M * 8 * 6 * H * I;
+        printf("moe_M%d_weight_bytes %.0f bytes (%.1f experts of 9.4 MB)\n", M, bytes, bytes / (3.0 * H * I * 2));
+        printf("moe_M%d_device_ms %.4f ms (%.3f TB/s, %.0f%% of the bound %.4f ms)\n", M, ms[0],
+               bytes / (ms[0] * 1e-3) / 1e12, 100.0 * bytes / (bw * 1e12) * 1e3 / ms[0], bytes / (bw * 1e12) * 1e3);
+        printf("moe_M%d_grouped_ms %.4f ms (%.3f TB/s, %.1f TFLOP/s)\n", M, ms[2], bytes / (ms[2] * 1e-3) / 1e12,
+               flop / (ms[2] * 1e-3) / 1e12);
+        printf("moe_M%d_host_ms %.4f ms (%.3f TB/s)\n", M, ms[1], bytes / (ms[1] * 1e-3) / 1e12);
+        for (int b = 3; M >= 256 && b < NMB; b++)
+            printf("moe_M%d_grouped_bm%d_ms %.4f ms (%.1f TFLOP/s)\n", M, bms[b - 3], ms[b],
+                   flop / (ms[b] * 1e-3) / 1e12);
+    }
+    /* Quantized experts: the device, host, grouped and default backends. */
+    backend_t *qbe[4] = {mbe[0], mbe[1], mbe[2], mbe[NMB]};
+    static const struct { int fmt, act, gc; const char *name; } fmts[4] = {
+        {BK_Q_FP8, BK_QA_FP8_TOKEN, 0, "fp8"},     /* per channel, fp8 per-token activations */
+        {BK_Q_I8, BK_QA_I8_TOKEN, 0, "int8"},      /* per channel, int8 per-token activations (W8A8) */
+        {BK_Q_I4, BK_QA_NONE, 128, "int4"},        /* groups of 128, weight-only */
+        {BK_Q_FP4, BK_QA_NONE, 16, "nvfp4"},       /* groups of 16, weight-only */
+    };
+    for (int f = 0; f < 4; f++)
+        s_moe_quant_bench(qbe, ex, wl, fmts[f].fmt, fmts[f].act, fmts[f].gc, fmts[f].name, bw, Ms, n_m);
+    for (int l = 0; l < LAYERS; l++)
+        CK(cudaFree(wl[l]));
+    for (int b = 0; b <= NMB; b++)
+        backend_destroy(&mbe[b]);
+}
+
 int main(int argc, char **argv)
 {
     const int quick = argc > 1 && !strcmp(argv[1], "--quick");
     const int copy_only = argc > 1 && !strcmp(argv[1], "--copy-only");
+    const int moe_only = argc > 1 && !strcmp(argv[1], "--moe");
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     printf("device %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
@@ -528,6 +652,10 @@ int main(int argc, char **argv)
     printf("copy_bandwidth %.3f TB/s\n", bw);
     if (copy_only)
         return 0;
+    if (moe_only) {                                /* the decode batches only */
+        s_moe_bench(bw, 3);
+        return 0;
+    }
     const double tf = s_gemm_tflops(8192);
     printf("gemm_bf16_8192 %.1f TFLOP/s\n", tf);
 
@@ -602,91 +730,7 @@ int main(int argc, char **argv)
     for (int v = 0; v < NV; v++)
         backend_destroy(&bes[v]);
 
-    /* The MoE layer of Qwen3-30B-A3B's shape at decode and prefill-chunk sizes: FMA device path,
-     * grouped path (its default row tile, then each forced) and host-sorted path. */
-    {
-        enum { H = 2048, I = 768, E = 128, LAYERS = 2, NMB = 6 };
-        backend_t *mbe[NMB] = {NULL, s_backend("TROUPE_CUDA_MOE_DEVICE", "0"),
-                               s_backend("TROUPE_CUDA_MOE_DEVICE_MAX_M", "0"), NULL, NULL, NULL};
-        setenv("TROUPE_CUDA_MOE_GROUPED_MIN_M", "1000000", 1);   /* with the next: the FMA path for every M */
-        mbe[0] = s_backend("TROUPE_CUDA_MOE_DEVICE_MAX_M", "1000000");
-        unsetenv("TROUPE_CUDA_MOE_GROUPED_MIN_M");
-        const int bms[3] = {32, 64, 128};
-        setenv("TROUPE_CUDA_MOE_DEVICE_MAX_M", "0", 1);
-        for (int i = 0; i < 3; i++) {
-            char v[8];
-            snprintf(v, sizeof v, "%d", bms[i]);
-            mbe[3 + i] = s_backend("TROUPE_CUDA_MOE_GROUPED_BM", v);
-        }
-        unsetenv("TROUPE_CUDA_MOE_DEVICE_MAX_M");
-        static bk_expert_t ex[LAYERS][E];
-        const size_t per = (size_t)3 * I * H;     /* bf16 elements of one expert: gate, up, down */
-        void *wl[LAYERS];
-        for (int l = 0; l < LAYERS; l++) {
-            CK(cudaMalloc(&wl[l], per * E * 2));
-            s_fill(wl[l], per * E * 2, 200 + l);
-            for (int e = 0; e < E; e++) {
-                const uint16_t *p = (const uint16_t *)wl[l] + per * e;
-                ex[l][e].gate = (bk_mat_t){.data = p, .dtype = DT_BF16, .rows = I, .cols = H};
-                ex[l][e].up = (bk_mat_t){.data = p + (size_t)I * H, .dtype = DT_BF16, .rows = I, .cols = H};
-                ex[l][e].down = (bk_mat_t){.data = p + (size_t)2 * I * H, .dtype = DT_BF16, .rows = H, .cols = I};
-            }
-        }
-        const int Ms[6] = {1, 16, 64, 256, 1024, 2048};    /* 1024, 2048: prefill chunks */
-        for (int i = 0; i < (quick ? 1 : 6); i++) {
-            const int M = Ms[i];
-            double ms[NMB], bytes;
-            s_moe_layer_ms(mbe, M >= 256 ? NMB : 3, ex, M, ms, &bytes);
-            const double flop = (double)M * 8 * 6 * H * I;
-            printf("moe_M%d_weight_bytes %.0f bytes (%.1f experts of 9.4 MB)\n", M, bytes, bytes / (3.0 * H * I * 2));
-            printf("moe_M%d_device_ms %.4f ms (%.3f TB/s)\n", M, ms[0], bytes / (ms[0] * 1e-3) / 1e12);
-            printf("moe_M%d_grouped_ms %.4f ms (%.3f TB/s, %.1f TFLOP/s)\n", M, ms[2], bytes / (ms[2] * 1e-3) / 1e12,
-                   flop / (ms[2] * 1e-3) / 1e12);
-            printf("moe_M%d_host_ms %.4f ms (%.3f TB/s)\n", M, ms[1], bytes / (ms[1] * 1e-3) / 1e12);
-            for (int b = 3; M >= 256 && b < NMB; b++)
-                printf("moe_M%d_grouped_bm%d_ms %.4f ms (%.1f TFLOP/s)\n", M, bms[b - 3], ms[b],
-                       flop / (ms[b] * 1e-3) / 1e12);
-        }
-        /* The same layer with fp8 experts, per channel, fp8 per-token activations (what troupe-quantize
-         * --format fp8 writes): the bf16 buffers' bytes taken as codes (speed only: the values mean
-         * nothing), scales 0.01. moe_fp8_M<M>_{device,grouped,host}_ms; the bandwidth counts codes. */
-        {
-            float *sc;
-            const size_t ns = (size_t)2 * I + H;   /* one expert's scales: gate, up, down */
-            CK(cudaMalloc(&sc, (size_t)LAYERS * E * ns * 4));
-            std::vector<float> hs((size_t)LAYERS * E * ns, 0.01f);
-            CK(cudaMemcpy(sc, hs.data(), hs.size() * 4, cudaMemcpyHostToDevice));
-            for (int l = 0; l < LAYERS; l++)
-                for (int e = 0; e < E; e++) {
-                    const uint8_t *p = (const uint8_t *)wl[l] + per * e;
-                    const float *s0 = sc + ((size_t)l * E + e) * ns;
-                    ex[l][e].gate = (bk_mat_t){.data = p, .dtype = DT_F8E4M3, .rows = I, .cols = H, .qfmt = BK_Q_FP8,
-                                               .qact = BK_QA_FP8_TOKEN, .qgr = 1, .qgc = H, .qscale = s0};
-                    ex[l][e].up = (bk_mat_t){.data = p + (size_t)I * H, .dtype = DT_F8E4M3, .rows = I, .cols = H,
-                                             .qfmt = BK_Q_FP8, .qact = BK_QA_FP8_TOKEN, .qgr = 1, .qgc = H,
-                                             .qscale = s0 + I};
-                    ex[l][e].down = (bk_mat_t){.data = p + (size_t)2 * I * H, .dtype = DT_F8E4M3, .rows = H,
-                                               .cols = I, .qfmt = BK_Q_FP8, .qact = BK_QA_FP8_TOKEN, .qgr = 1,
-                                               .qgc = I, .qscale = s0 + 2 * I};
-                }
-            for (int i = 0; i < (quick ? 1 : 6); i++) {
-                const int M = Ms[i];
-                double ms[NMB], bytes;
-                s_moe_layer_ms(mbe, 3, ex, M, ms, &bytes);
-                bytes /= 2;                        /* one byte per code */
-                const double flop = (double)M * 8 * 6 * H * I;
-                printf("moe_fp8_M%d_device_ms %.4f ms (%.3f TB/s)\n", M, ms[0], bytes / (ms[0] * 1e-3) / 1e12);
-                printf("moe_fp8_M%d_grouped_ms %.4f ms (%.3f TB/s, %.1f TFLOP/s)\n", M, ms[2],
-                       bytes / (ms[2] * 1e-3) / 1e12, flop / (ms[2] * 1e-3) / 1e12);
-                printf("moe_fp8_M%d_host_ms %.4f ms (%.3f TB/s)\n", M, ms[1], bytes / (ms[1] * 1e-3) / 1e12);
-            }
-            CK(cudaFree(sc));
-        }
-        for (int l = 0; l < LAYERS; l++)
-            CK(cudaFree(wl[l]));
-        for (int b = 0; b < NMB; b++)
-            backend_destroy(&mbe[b]);
-    }
+    s_moe_bench(bw, quick ? 1 : 6);
 
     /* Prefill attention, 1,000 tokens x 32 layers: tensor cores vs the flash kernel. */
     {
