@@ -338,7 +338,7 @@ int mla_load_buffers(model_t *m, ckpt_t *ck, char *err, size_t errlen)
 void mla_free(model_t *m)
 {
     model_mtp_t *t = m->mtp;
-    for (size_t i = 0; t && t->graphs && i < (size_t)(m->opts.max_seqs + 1) * MODEL_GRAPH_MAX_N; i++)
+    for (size_t i = 0; t && t->graphs && i < (size_t)(m->opts.max_seqs + 1) * MODEL_GRAPH_MAX_N * 2; i++)
         if (t->graphs[i])
             m->be->ops->graph_free(m->be, t->graphs[i]);
     if (t) {

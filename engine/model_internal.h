@@ -46,8 +46,8 @@ typedef struct model_mtp {
     float *prob;                     /* device f32 [max_logit_rows]: mtp_top's probabilities */
     /* MTP step graphs (engine/mtp.c, as the decode-step graphs below): graphs[slot] replays the
      * ops from the embedding to the drafts of B sequences of n new rows each (logits of each
-     * one's last row); graph_runs as graph_runs below. [(opts.max_seqs + 1) x MODEL_GRAPH_MAX_N],
-     * made at the first such step. */
+     * one's last row, or of every row); graph_runs as graph_runs below.
+     * [(opts.max_seqs + 1) x MODEL_GRAPH_MAX_N x 2], made at the first such step. */
     void **graphs;
     uint8_t *graph_runs;
     const void *graph_kv;            /* the MTP pool the graphs address (another: all dropped) */

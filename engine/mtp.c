@@ -89,7 +89,8 @@ static void s_body(model_t *m, int T, int R, const bk_kv_t *kv, const bk_attn_me
         PROF(m, P_ARGMAX, op->mtp_top(be, m->logits, R, m->cfg.vocab_size, m->argmax, t->prob));
 }
 
-/* An MTP step of B sequences of n new rows each, drafts and probabilities on the device (top),
+/* An MTP step of B sequences of n new rows each (logits of each one's last row, or of every row:
+ * a padded feed, engine/spec_mtp.c), drafts and probabilities on the device (top),
  * through a graph as forward.c's s_graph_step does the target's decode steps: the first step of a
  * (B, n) bucket runs uncaptured, the second records, later ones replay. On a small model an MTP
  * step is mostly launches (one layer and the head: some 30 kernels), as long as a captured step
@@ -101,12 +102,12 @@ static int s_graph_step(model_t *m, const model_batch_t *b, int T, int R, const 
     model_mtp_t *t = m->mtp;
     const int B = b->n_seqs, n = T / B;
     if (!top || m->graph_off || m->opts.no_graphs || !op->graph_begin || m->prof || T % B != 0 ||
-        n > MODEL_GRAPH_MAX_N || R != B)
+        n > MODEL_GRAPH_MAX_N || (R != B && R != T))
         return 0;
     for (int s = 0; s < B; s++)
         if (b->seqs[s].n_new != n)
             return 0;
-    const size_t slots = (size_t)(m->opts.max_seqs + 1) * MODEL_GRAPH_MAX_N;
+    const size_t slots = (size_t)(m->opts.max_seqs + 1) * MODEL_GRAPH_MAX_N * 2;
     if (!t->graphs) {
         t->graphs = calloc(slots, sizeof *t->graphs);
         t->graph_runs = calloc(slots, 1);
@@ -126,7 +127,7 @@ static int s_graph_step(model_t *m, const model_batch_t *b, int T, int R, const 
             }
         t->graph_kv = kv->base;
     }
-    const size_t slot = (size_t)(n - 1) * (size_t)(m->opts.max_seqs + 1) + (size_t)B;
+    const size_t slot = (size_t)((n - 1) * 2 + (R == T && n > 1)) * (size_t)(m->opts.max_seqs + 1) + (size_t)B;
     void *g = t->graphs[slot];
     if (g && op->graph_launch(m->be, g) == 0) {
         m->graph_replays++;

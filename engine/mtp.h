@@ -97,10 +97,15 @@ typedef struct spec_mtp_stats {
     uint64_t evicted;              /* sequences dropped to make room for another (every slot taken: the one
                                       fed longest ago goes, and begins again at its next feed) */
     int seqs;                      /* sequences tracked now */
+    uint64_t padded;               /* forwards padded to equal rows per sequence (graph replays; spec_mtp.c) */
     double feed_seconds;           /* wall time in spec_mtp_feed(_batch): the kept positions' MTP forwards */
     double propose_seconds;        /* wall time in proposals: catch-up and the chained drafts' forwards */
 } spec_mtp_stats_t;
 void spec_mtp_stats(const spec_proposer_t *p, spec_mtp_stats_t *out);
+/* Pads forwards of unequal rows (up to 16 sequences) to equal rows with filler positions, as the
+ * proposer does on its own where the backend has graphs (on: 1), or never (0); for tests: the
+ * drafts must not change. */
+void spec_mtp_pad(spec_proposer_t *p, int on);
 /* Target position the MTP sequence of id begins at (-1: not tracked); for tests. */
 int spec_mtp_base(const spec_proposer_t *p, uint64_t id);
 

@@ -76,8 +76,9 @@ typedef struct {
     s_job_t *jobs;                 /* [max_seqs] a batch being gathered */
     int n_jobs;
     float *stage;                  /* [run_tokens][H] a forward's hidden rows */
-    int32_t *ids;                  /* [run_seqs] each sequence's last row's argmax (the device's) */
-    float *probs;                  /* [run_seqs] its softmax probability (the device's mtp_top) */
+    int32_t *ids;                  /* [run_tokens] each logits row's argmax (the device's) */
+    float *probs;                  /* [run_tokens] its softmax probability (the device's mtp_top) */
+    int pad;                       /* pad unequal forwards (PAD_SEQS): the backend has graphs */
     float *hid_out;                /* [run_tokens][H] */
     float *target_hid;             /* [target_rows][H] spec_mtp_hidden_buffer */
     int target_rows;               /* the model's max_tokens: a target step's rows at most */
@@ -126,40 +127,72 @@ static void s_drop(s_seq_t *s)
     s->base = 0;
 }
 
+/* Filler positions for a forward of unequal rows (s_forward): where the backend has graphs, a
+ * forward of up to PAD_SEQS sequences whose rows differ (a feed after verification: each row's
+ * last token and its accepted drafts) is padded to its longest with filler positions (the last
+ * token and hidden row repeated), so that it replays a graph of B sequences of n rows: on a small
+ * model an MTP forward is mostly its launches, and the filler rows cost little beside them.
+ * Causal attention keeps the filler out of every real row, each sequence's outputs are read at its
+ * last real row (the forward takes logits of every row), and the filler positions leave the MTP
+ * KV after the forward. As the target's verify steps (actors/worker/spec_step.c s_pad). */
+#define PAD_SEQS 16
+
 /* One MTP forward over jobs[0..n) (each a different sequence, rows within run_tokens in all): each
  * sequence keeps its last row's output, argmax and probability. On failure the rows appended are
  * taken back (the sequences keep what they had: a later feed finds the gap). */
 static int s_forward(s_mtp_t *t, s_job_t *jobs, int n, char *err, size_t errlen)
 {
     model_seq_t q[n];
-    int T = 0, i = 0;
+    int T = 0, i = 0, nmax = 0, pad[n];
+    for (int u = 0; u < n; u++)
+        nmax = jobs[u].n > nmax ? jobs[u].n : nmax;
+    /* every row's logits: padded, or unequal rows (the outputs of each last real row) */
+    int every = t->pad && n <= PAD_SEQS && nmax <= SPEC_MAX_K + 1 && n * nmax <= t->run_tokens;
+    if (every) {
+        int equal = 1;
+        for (int u = 0; u < n; u++)
+            equal &= jobs[u].n == nmax;
+        every = !equal;
+    }
     for (; i < n; i++) {
         s_job_t *j = &jobs[i];
         if (kvseq_append(j->s->kv, j->toks, j->n) < 0)
             break;
-        q[i] = (model_seq_t){.kv = j->s->kv, .n_new = j->n};
         memcpy(t->stage + (size_t)T * t->H, j->hid, (size_t)j->n * t->H * sizeof(float));
         T += j->n;
+        pad[i] = 0;
+        if (every && j->n < nmax) {
+            int32_t fill[SPEC_MAX_K + 1];
+            for (int f = 0; f < nmax - j->n; f++)
+                fill[f] = j->toks[j->n - 1];
+            if (kvseq_append(j->s->kv, fill, nmax - j->n) == 0)
+                pad[i] = nmax - j->n;              /* no room: this forward runs unequal */
+            for (int f = 0; f < pad[i]; f++, T++)
+                memcpy(t->stage + (size_t)T * t->H, j->hid + (size_t)(j->n - 1) * t->H, (size_t)t->H * sizeof(float));
+        }
+        q[i] = (model_seq_t){.kv = j->s->kv, .n_new = j->n + pad[i]};
     }
     int rc = i < n ? errf(err, errlen, "mtp: sequence %llu: no room in the MTP KV (%d positions)",
                           (unsigned long long)jobs[i].s->id, kvseq_len(jobs[i].s->kv) + jobs[i].n) : 0;
-    model_batch_t b = {.n_seqs = n, .seqs = q, .argmax_out = t->ids};
+    model_batch_t b = {.n_seqs = n, .seqs = q, .argmax_out = t->ids, .all_logits = every};
+    t->st.padded += every;
     if (rc == 0)
         rc = model_mtp_forward(t->m, &b, t->stage, NULL, t->hid_out, t->probs, err, errlen);
-    if (rc < 0) {
-        for (int u = 0; u < i; u++)
-            kvseq_truncate(jobs[u].s->kv, kvseq_len(jobs[u].s->kv) - jobs[u].n);
+    for (int u = 0; u < i; u++)                     /* the filler goes; on failure every row appended */
+        kvseq_truncate(jobs[u].s->kv, kvseq_len(jobs[u].s->kv) - pad[u] - (rc < 0 ? jobs[u].n : 0));
+    if (rc < 0)
         return -1;
-    }
     t->st.forwards++;
-    t->st.rows += (uint64_t)T;
-    T = 0;
+    int row = 0;
     for (i = 0; i < n; i++) {
         s_seq_t *s = jobs[i].s;
-        T += jobs[i].n;
-        memcpy(s->last_hid, t->hid_out + (size_t)(T - 1) * t->H, (size_t)t->H * sizeof(float));
-        s->last_draft = t->ids[i];
-        s->last_prob = t->probs[i];
+        row += jobs[i].n;
+        t->st.rows += (uint64_t)jobs[i].n;
+        const int at = every ? row - 1 : i;         /* its last real row's logits */
+        memcpy(s->last_hid, t->hid_out + (size_t)(row - 1) * t->H, (size_t)t->H * sizeof(float));
+        s->last_draft = t->ids[at];
+        s->last_prob = t->probs[at];
+        row += pad[i];
     }
     return 0;
 }
@@ -405,6 +438,13 @@ void spec_mtp_stats(const spec_proposer_t *p, spec_mtp_stats_t *out)
         out->seqs += t->seqs[i].used;
 }
 
+void spec_mtp_pad(spec_proposer_t *p, int on)
+{
+    s_mtp_t *t = p && p->ops == &s_ops ? p->impl : NULL;
+    if (t)
+        t->pad = on;
+}
+
 int spec_mtp_base(const spec_proposer_t *p, uint64_t id)
 {
     const s_mtp_t *t = p && p->ops == &s_ops ? p->impl : NULL;
@@ -470,8 +510,9 @@ spec_proposer_t *spec_mtp_new(model_t *target, int max_seqs, int max_context, ch
     t->seqs = calloc((size_t)t->max_seqs, sizeof *t->seqs);
     t->jobs = calloc((size_t)t->max_seqs, sizeof *t->jobs);
     t->stage = malloc((size_t)t->run_tokens * t->H * sizeof(float));
-    t->ids = malloc((size_t)t->run_seqs * sizeof(int32_t));
-    t->probs = malloc((size_t)t->run_seqs * sizeof(float));
+    t->ids = malloc((size_t)t->run_tokens * sizeof(int32_t));
+    t->probs = malloc((size_t)t->run_tokens * sizeof(float));
+    t->pad = target->be->ops->graph_begin != NULL && o->max_logit_rows >= PAD_SEQS * (SPEC_MAX_K + 1);
     t->hid_out = malloc((size_t)t->run_tokens * t->H * sizeof(float));
     t->target_hid = malloc((size_t)t->target_rows * t->H * sizeof(float));
     if (!t->seqs || !t->jobs || !t->stage || !t->ids || !t->probs || !t->hid_out || !t->target_hid)

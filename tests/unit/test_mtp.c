@@ -398,9 +398,11 @@ static void test_mtp_batched(void **state)
     const int V = s_env.cfg.vocab_size, H = s_env.cfg.hidden_size;
     char err[512];
     spec_proposer_t *pb = spec_mtp_new(s_env.m, 4, MAX_CTX + SPEC_MAX_K, err, sizeof err),
-                    *p1 = spec_mtp_new(s_env.m, 4, MAX_CTX + SPEC_MAX_K, err, sizeof err);
-    if (!pb || !p1)
+                    *p1 = spec_mtp_new(s_env.m, 4, MAX_CTX + SPEC_MAX_K, err, sizeof err),
+                    *pp = spec_mtp_new(s_env.m, 4, MAX_CTX + SPEC_MAX_K, err, sizeof err);
+    if (!pb || !p1 || !pp)
         fail_msg("%s", err);
+    spec_mtp_pad(pp, 1);   /* pb as the CPU runs it, pp padded as a backend with graphs runs it */
     int32_t all[NS][MAX_CTX + SPEC_MAX_K + 1], ref[NS][N_NEW];
     int n[NS], np[NS], out[NS];
     kvseq_t *kv[NS];
@@ -422,12 +424,12 @@ static void test_mtp_batched(void **state)
         if (spec_mtp_feed(p1, 40 + q, all[q], n[q], 0, np[q], hid[q], err, sizeof err) < 0)
             fail_msg("%s", err);
     }
-    if (spec_mtp_feed_batch(pb, feeds, NS, err, sizeof err) < 0)
+    if (spec_mtp_feed_batch(pb, feeds, NS, err, sizeof err) < 0 || spec_mtp_feed_batch(pp, feeds, NS, err, sizeof err) < 0)
         fail_msg("%s", err);
     int steps = 0, stopped = 0;
     while (out[0] < N_NEW || out[1] < N_NEW) {
-        int32_t d[NS][SPEC_MAX_K], d1[SPEC_MAX_K];
-        float pr[NS][SPEC_MAX_K], pr1[SPEC_MAX_K];
+        int32_t d[NS][SPEC_MAX_K], d1[SPEC_MAX_K], dp[NS][SPEC_MAX_K];
+        float pr[NS][SPEC_MAX_K], pr1[SPEC_MAX_K], pp_pr[NS][SPEC_MAX_K];
         spec_ask_t asks[NS];
         int na = 0, row_of[NS];
         for (int q = 0; q < NS; q++)
@@ -448,6 +450,17 @@ static void test_mtp_batched(void **state)
         }
         assert_int_equal(spec_propose_batch(pb, cut, na), 0);
         assert_int_equal(spec_propose_batch(pb, asks, na), 0);
+        spec_ask_t pad_asks[NS];
+        for (int a = 0; a < na; a++) {
+            pad_asks[a] = asks[a];
+            pad_asks[a].drafts = dp[a];
+            pad_asks[a].probs = pp_pr[a];
+        }
+        assert_int_equal(spec_propose_batch(pp, pad_asks, na), 0);
+        for (int a = 0; a < na; a++) {
+            assert_int_equal(pad_asks[a].n_drafts, asks[a].n_drafts);
+            assert_memory_equal(dp[a], d[row_of[a]], (size_t)asks[a].n_drafts * sizeof(int32_t));
+        }
         for (int a = 0; a < na; a++) {
             const int q = row_of[a];
             const int r1 = spec_propose(p1, 40 + q, all[q], n[q], asks[a].k, d1, pr1);
@@ -479,7 +492,7 @@ static void test_mtp_batched(void **state)
             n[q] += acc + 1;
             out[q] += acc + 1;
         }
-        if (spec_mtp_feed_batch(pb, feeds, na, err, sizeof err) < 0)
+        if (spec_mtp_feed_batch(pb, feeds, na, err, sizeof err) < 0 || spec_mtp_feed_batch(pp, feeds, na, err, sizeof err) < 0)
             fail_msg("%s", err);
         steps++;
     }
@@ -488,9 +501,14 @@ static void test_mtp_batched(void **state)
         kvseq_destroy(&kv[q]);
         free(hid[q]);
     }
-    spec_mtp_stats_t sb, s1;
+    spec_mtp_stats_t sb, s1, sp;
     spec_mtp_stats(pb, &sb);
     spec_mtp_stats(p1, &s1);
+    spec_mtp_stats(pp, &sp);
+    print_message("padded: %llu of %llu MTP forwards padded to equal rows, drafts equal\n",
+                  (unsigned long long)sp.padded, (unsigned long long)sp.forwards);
+    assert_true(sp.padded > 0 && sb.padded == 0);
+    assert_int_equal(sp.rows, sb.rows);
     print_message("kjv-deepseek MTP batched, 2 sequences, k=%d: %d steps, drafts equal to one-sequence proposals; "
                   "MTP forwards %llu batched against %llu one by one; stop_below 0.9 cut %d proposals short\n", K,
                   steps, (unsigned long long)sb.forwards, (unsigned long long)s1.forwards, stopped);
@@ -499,6 +517,7 @@ static void test_mtp_batched(void **state)
     free(lg);
     spec_proposer_destroy(&pb);
     spec_proposer_destroy(&p1);
+    spec_proposer_destroy(&pp);
 }
 
 /* The CPU's mtp_top (kernels/backend.h): the argmax op's id (the lowest index on ties, NaN never),
