@@ -187,6 +187,8 @@ void *cuda_scratch(backend_t *be, void **buf, size_t *cap, size_t bytes);
 void cuda_matmul(backend_t *be, const float *x, int M, const bk_mat_t *w, const float *bias, float *y);
 /* cuda_matmul for a quantized w (kernels/cuda/cuda_quant.cu); cuda_matmul calls it. */
 void cuda_qmatmul(backend_t *be, const float *x, int M, const bk_mat_t *w, const float *bias, float *y);
+void cuda_qmatmul_n(backend_t *be, const float *x, int M, int n, const bk_mat_t *const w[], const float *const bias[],
+                    float *const y[]);
 /* x [n] as 16-bit GEMM operands into out (f16: saturated; else bf16, round to nearest even). */
 void cuda_to16(const cuda_state_t *st, const float *x, int64_t n, bool f16, uint16_t *out);
 void cuda_matmul_n(backend_t *be, const float *x, int M, int n, const bk_mat_t *const w[], const float *const bias[],

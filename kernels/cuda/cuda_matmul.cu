@@ -627,8 +627,15 @@ void cuda_matmul_n(backend_t *be, const float *x, int M, int n, const bk_mat_t *
 {
     if (M <= 0 || n <= 0)
         return;
+    bool all_q = true;
     for (int i = 0; i < n; i++)
-        if (w[i]->qfmt) {                          /* quantized: one matmul each (cuda_quant.cu) */
+        all_q = all_q && w[i]->qfmt;
+    if (all_q) {                                   /* quantized: one launch where it can (cuda_quant.cu) */
+        cuda_qmatmul_n(be, x, M, n, w, bias, y);
+        return;
+    }
+    for (int i = 0; i < n; i++)
+        if (w[i]->qfmt) {                          /* some quantized: one matmul each */
             for (int j = 0; j < n; j++)
                 cuda_matmul(be, x, M, w[j], bias ? bias[j] : NULL, y[j]);
             return;

@@ -2,7 +2,9 @@
  * (internal: cuda_quant.cu and tests/gpu/bench_qgemv.cu include it): y[m][n] = sum_k x[m][k] W[n][k]
  * for M <= 8 rows of f32 x, W in fp8 e4m3, int8, int4 or fp4 e2m1 codes with f32 block scales
  * (kernels/backend.h's bk_mat_t), optionally x quantized per row first (W8A8's dynamic fp8 / int8
- * activations, bk_mat_t.qact).
+ * activations, bk_mat_t.qact). One launch may cover up to QM_PARTS matrices over the same x (q, k,
+ * v; gate, up): its blocks are dealt out to the parts in order, each part with its own codes,
+ * scales, bias and output.
  *
  * Why: the CUDA-core GEMV (cuda_qgemv.cuh) spends several instructions per weight and row of x
  * (decode, convert to f32, one FMA per row) and is bound by them, not by HBM (docs/quantization.md:
@@ -11,29 +13,33 @@
  * registers straight into its A fragment (every code is exact in f16) and x's rows are its
  * columns, so the work per weight is the decode alone, about one instruction per two codes.
  *
- * Two kernels per call:
- *   1. k_qm_prep, one block per row of x, writes x as f16 operands into scratch xs [R][K]:
- *      - weight-only (qact none): each row as hi + lo f16 (hi = f16(x p), lo = f16(x p - hi), the
- *        difference exact in f32: ~22 bits of x), p = 2^e chosen from the row's amax so that
- *        amax p lies in [2^14, 2^15): hi and lo stay in f16's range and normal where it matters,
- *        and 1 / p is undone exactly after the sum (xmul[m] = 2^-e). Rows 0..M-1 of xs are the hi
- *        parts, M..2M-1 the lo parts (R = 2M): for M <= 4 one mma's 8 columns hold both;
- *      - W8A8 (qact fp8 / int8): the row's codes q = quant(x / s), s = amax / 448 or amax / 127 as
- *        cpu_quant_act_row computes them; every code is exact in f16, so one row each (R = M)
- *        and y = s * sum q W: the products are exact, the CPU's x = q s rounded once more.
- *      For 4-bit weights each group of 8 k is stored in the order 0 4 1 5 2 6 3 7, the order in
- *      which a nibble word decodes into f16 pairs (below).
- *   2. k_qgemv_mma: a block of W warps owns 16 rows of W (the mma's m); its warps split K into
- *      steps (warp w takes steps w, w + W, ...; 64 k for byte codes, 128 for nibbles: each lane
- *      one 16-byte chunk of rows g and g + 8, lanes t = 0..3 of a row 64 contiguous bytes), QM_U
- *      steps of loads in flight per lane and the next QM_U issued before the current ones are
- *      used (the first before the PDL wait: weights never change). A step's mmas accumulate into
- *      a fresh fragment from 0, which is then added (per row scale) or FMA'd with the rows' group
- *      scale (groups: the step lies inside one group, gc a multiple of the step) into the total in
- *      f32: the tensor cores' own accumulation spans 4 or 8 mmas only (nibbles with smaller groups,
- *      nvfp4's 16: k_qgemv_mma_bd below). The W warps' fragments are
- *      added in shared memory in warp order (deterministic, no atomics), then hi + lo, times
- *      xmul[m], times the row scale (per channel / per tensor), plus the bias.
+ * x as f16 operands, xs [R][K] (qm_stage_row; the same function wherever it runs, so the same bits):
+ *   - weight-only (qact none): each row as hi + lo f16 (hi = f16(x p), lo = f16(x p - hi), the
+ *     difference exact in f32: ~22 bits of x), p = 2^e chosen from the row's amax so that
+ *     amax p lies in [2^14, 2^15): hi and lo stay in f16's range and normal where it matters,
+ *     and 1 / p is undone exactly after the sum (xmul[m] = 2^-e). Rows 0..M-1 of xs are the hi
+ *     parts, M..2M-1 the lo parts (R = 2M): for M <= 4 one mma's 8 columns hold both;
+ *   - W8A8 (qact fp8 / int8): the row's codes q = quant(x / s), s = amax / 448 or amax / 127 as
+ *     cpu_quant_act_row computes them; every code is exact in f16, so one row each (R = M)
+ *     and y = s * sum q W: the products are exact, the CPU's x = q s rounded once more.
+ *   For 4-bit weights each group of 8 k is stored in the order 0 4 1 5 2 6 3 7, the order in
+ *   which a nibble word decodes into f16 pairs (below).
+ * Where xs fits in QM_STAGE_MAX bytes of shared memory (every M = 1 decode shape, and M up to 4 at
+ * K = 4,096), each block computes the rows' amax and writes xs into its own shared memory after the
+ * PDL wait: no other launch, and nothing in device memory between the two. Else one pre-pass launch
+ * (k_qm_prep, a block per row) writes xs to scratch for every part and block of the GEMV after it.
+ *
+ * The GEMV (k_qgemv_mma): a block of W warps owns 16 rows of W (the mma's m); its warps split K
+ * into steps (warp w takes steps w, w + W, ...; 64 k for byte codes, 128 for nibbles: each lane
+ * one 16-byte chunk of rows g and g + 8, lanes t = 0..3 of a row 64 contiguous bytes), QM_U steps
+ * of loads in flight per lane and the next QM_U issued before the current ones are used (the first
+ * before the PDL wait: weights never change). A step's mmas accumulate into a fresh fragment from
+ * 0, which is then added (per row scale) or FMA'd with the rows' group scale (groups: the step lies
+ * inside one group, gc a multiple of the step) into the total in f32: the tensor cores' own
+ * accumulation spans 4 or 8 mmas only (nibbles with smaller groups, nvfp4's 16: k_qgemv_mma_bd
+ * below). The W warps' fragments are added in shared memory in warp order (qm_put, qm_finish:
+ * deterministic, no atomics, one piece of code for both kernels), then hi + lo, times xmul[m],
+ * times the row scale (per channel / per tensor), plus the bias.
  *
  * Fragment layout (PTX ISA, mma.m16n8k16 .f16, g = lane / 4, t = lane % 4): a[0] = A[g][2t, 2t+1],
  * a[1] = A[g+8][2t, 2t+1], a[2] = A[g][2t+8, 2t+9], a[3] = A[g+8][2t+8, 2t+9]; b0 = B[2t, 2t+1][g],
@@ -53,20 +59,26 @@
  *
  * Numerics against the CPU reference (x times the dequantized f32 weight): products exact in the
  * tensor cores (f16 x f16), x kept to ~22 bits (weight-only) or exactly (W8A8 codes), f32 sums in
- * another order: relative ~1e-6. A row's result does not depend on the other rows of x (each
- * column of the mma is its own dot product, xs's scale is per row) nor on M, so a row's bits are
- * the same at any M; the warps per block (from N and K) do change the summation order.
+ * another order: relative ~1e-6. The summation order depends on K and the format only: a row's
+ * result does not depend on the other rows of x (each column of the mma is its own dot product,
+ * xs's scale is per row), nor on M, nor on where xs was made, nor on the other parts of a launch
+ * or N (the warps per block come from K: qm_warps). So a row's bits are the same at any M, and
+ * matmul_n's parts equal separate matmuls. Forcing the warps (TROUPE_CUDA_QGEMV_MMA=4/8/16) changes
+ * the order.
  *
  * Shapes: K a multiple of 16 (byte codes) or 32 (nibbles), 16-byte aligned codes and x, one scale
  * per row or column groups of a multiple of the step (64 k for byte codes; nibbles: any multiple of
  * 16); N < 2^31. Anything else runs cuda_qgemv.cuh's kernels (qm_ok says which).
- * Known limits: one block per 16 rows, so a matrix of few rows and short K leaves SMs idle; the
- * small-group kernel needs R / 2 mmas per 16 k (eight at M = 8, where it spills registers). */
+ * Known limits: a block covers all of K for its 16 rows (no split-K across blocks), so a lone
+ * matrix of few rows and short K leaves SMs idle (q|k|v in one launch has 384 blocks at the 8B);
+ * each block stages all of x, ~M K 4 bytes read from L2 per 16 rows; the small-group kernel needs
+ * R / 2 mmas per 16 k (eight at M = 8, where it spills registers). */
 #ifndef TROUPE_KERNELS_CUDA_QGEMV_MMA_CUH
 #define TROUPE_KERNELS_CUDA_QGEMV_MMA_CUH
 
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
+#include <cuda_runtime.h>
 #include <stdint.h>
 
 #include "kernels/backend.h"
@@ -78,17 +90,31 @@
 #endif
 #define QM_PREP_THREADS 512
 #define QM_XS_OFF 64              /* bytes before xs in the scratch: xmul[8] f32, padded */
+#define QM_PARTS 3                /* matrices per launch */
+#ifndef QM_STAGE_MAX
+#define QM_STAGE_MAX (64 << 10)   /* bytes of shared memory a block may stage xs in */
+#endif
 
-typedef struct qm_args {
+typedef struct qm_part {
     const uint8_t *codes;         /* [N][K] bytes, or [N][K/2] nibbles */
     const float *scale;           /* [ceil(N/gr)][ngc] */
-    int64_t N, K, ngc;
-    int gr, gc;
-    const uint16_t *xs;           /* [R][K] f16 (k_qm_prep) */
-    const float *xmul;            /* [M]: what row m's sums are multiplied by (2^-e or the act scale) */
-    int M, R;                     /* rows of x (1..8); rows of xs: 2M (hi, lo) or M (codes) */
     const float *bias;            /* [N] or NULL */
     float *y;                     /* [M][N] */
+    int64_t N;
+    int gr;
+    unsigned end;                 /* blocks of this part and the ones before it (qm_setup) */
+} qm_part_t;
+
+typedef struct qm_args {
+    qm_part_t part[QM_PARTS];
+    int parts;
+    int64_t K, ngc;
+    int gc;
+    int act;                      /* BK_QA_*: how xs is made from x */
+    const float *x;               /* [M][K] f32: each block stages xs from it (xs NULL) */
+    const uint16_t *xs;           /* [R][K] f16 from k_qm_prep, or NULL */
+    const float *xmul;            /* [M] from k_qm_prep: what row m's sums are multiplied by (2^-e or s) */
+    int M, R;                     /* rows of x (1..8); rows of xs: 2M (hi, lo) or M (codes) */
 } qm_args_t;
 
 template <int FMT> struct qm_fmt {
@@ -172,63 +198,68 @@ template <int FMT> static __device__ __forceinline__ void qm_dec_nib(uint32_t q,
     }
 }
 
-/* ---- the x pre-pass ------------------------------------------------------------------------------ */
 
-/* Row blockIdx.x of x [M][K] f32 as f16 operands (see the header): xs rows m (hi or codes) and, for
- * weight-only, M + m (lo); xmul[m]. NIB: groups of 8 k in the order 0 4 1 5 2 6 3 7. K % 8 == 0,
- * x 16-byte aligned. act: BK_QA_* (the rounding of cpu_quant_act_row / k_qact). */
-template <bool NIB>
-__global__ void __launch_bounds__(QM_PREP_THREADS) k_qm_prep(const float *x, int64_t K, int M, int act, uint16_t *xs,
-                                                            float *xmul)
+/* ---- x as f16 operands ------------------------------------------------------------------------- */
+
+/* A row's treatment from its amax (see the header). weight-only: p = 2^e with amax p in
+ * [2^14, 2^15) (e clamped so 2^e and 2^-e are normal), mul = 2^-e; W8A8: the activation scale s,
+ * or 1 for an all-zero row (x as it is, as the CPU's "plain"), mul NaN for a non-finite amax
+ * (every output NaN, as the CPU's). */
+typedef struct qm_rowq {
+    float p, s, mul;
+    bool plain;
+} qm_rowq_t;
+
+static __device__ __forceinline__ qm_rowq_t qm_row_scale(float amax, int act)
 {
-    DEV_PDL_ENTER();
-    __shared__ float red[QM_PREP_THREADS / 32];
-    const int m = blockIdx.x;
-    const float4 *xr = (const float4 *)(x + (int64_t)m * K);
-    const int64_t n8 = K / 8;
-    float amax = 0.0f;
-    for (int64_t i = threadIdx.x; i < n8; i += blockDim.x) {
-        const float4 u = xr[2 * i], v = xr[2 * i + 1];
-        amax = fmaxf(amax, fmaxf(fmaxf(fmaxf(fabsf(u.x), fabsf(u.y)), fmaxf(fabsf(u.z), fabsf(u.w))),
-                                 fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)))));
-    }
-    amax = dev_block_max(amax, red);              /* fmaxf skips NaN, as the CPU's comparison does */
-    /* weight-only: p = 2^e with amax p in [2^14, 2^15) (e clamped so 2^e and 2^-e are normal);
-     * W8A8: the activation scale s, or 1 for an all-zero row (x as it is, as the CPU's "plain"),
-     * NaN for a non-finite amax (every output NaN, as the CPU's). */
-    const bool plain = act == BK_QA_NONE || amax == 0.0f;
-    float p = 1.0f, mul = 1.0f, s = 1.0f;
+    qm_rowq_t r = {1.0f, 1.0f, 1.0f, act == BK_QA_NONE || amax == 0.0f};
     if (act == BK_QA_NONE) {
         int e = 0;
         if (amax > 0.0f && isfinite(amax)) {
             e = 14 - (int)((__float_as_uint(amax) >> 23) & 0xff) + 127;
             e = e < -126 ? -126 : e > 126 ? 126 : e;
         }
-        p = __uint_as_float((uint32_t)(127 + e) << 23);
-        mul = __uint_as_float((uint32_t)(127 - e) << 23);
+        r.p = __uint_as_float((uint32_t)(127 + e) << 23);
+        r.mul = __uint_as_float((uint32_t)(127 - e) << 23);
     } else if (amax != 0.0f) {
-        s = act == BK_QA_FP8_TOKEN ? amax / 448.0f : amax / 127.0f;
-        mul = isfinite(amax) ? s : __int_as_float(0x7fc00000);
+        r.s = act == BK_QA_FP8_TOKEN ? amax / 448.0f : amax / 127.0f;
+        r.mul = isfinite(amax) ? r.s : __int_as_float(0x7fc00000);
     }
-    if (threadIdx.x == 0)
-        xmul[m] = mul;
-    uint16_t *hi_row = xs + (int64_t)m * K, *lo_row = xs + (int64_t)(M + m) * K;
-    for (int64_t i = threadIdx.x; i < n8; i += blockDim.x) {
-        const float4 u = xr[2 * i], v = xr[2 * i + 1];
+    return r;
+}
+
+static __device__ __forceinline__ float qm_amax8(float4 u, float4 v)
+{
+    return fmaxf(fmaxf(fmaxf(fabsf(u.x), fabsf(u.y)), fmaxf(fabsf(u.z), fabsf(u.w))),
+                 fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+}
+
+/* Row m of x [M][K] (its amax known) as xs rows m (hi or codes) and, weight-only, M + m (lo), row
+ * stride ld halves, by threads tid = 0..nt-1; x read through the read-only path. NIB: groups of 8 k
+ * in the order 0 4 1 5 2 6 3 7. The rounding of cpu_quant_act_row / k_qact for W8A8. */
+template <bool NIB>
+static __device__ __forceinline__ void qm_stage_row(const float *x, int64_t K, int M, int m, int act, float amax,
+                                                    uint16_t *xs, int64_t ld, int tid, int nt)
+{
+    const qm_rowq_t rq = qm_row_scale(amax, act);
+    const float4 *xr = (const float4 *)(x + (int64_t)m * K);
+    uint4 *hi_row = (uint4 *)(xs + (int64_t)m * ld), *lo_row = (uint4 *)(xs + (int64_t)(M + m) * ld);
+    for (int64_t i = tid; i < K / 8; i += nt) {
+        const float4 u = __ldg(xr + 2 * i), v = __ldg(xr + 2 * i + 1);
         const float f[8] = {u.x, u.y, u.z, u.w, v.x, v.y, v.z, v.w};
         uint32_t h[8], l[8];
 #pragma unroll
         for (int j = 0; j < 8; j++) {
             if (act == BK_QA_NONE) {
-                const float xp = f[j] * p;
+                const float xp = f[j] * rq.p;
                 const __half hh = __float2half_rn(xp);
                 h[j] = __half_as_ushort(hh);
                 l[j] = qm_h16(xp - __half2float(hh));
-            } else if (plain) {
+            } else if (rq.plain) {
                 h[j] = qm_h16(f[j]);
                 l[j] = 0;
             } else {
-                float q = f[j] / s;
+                float q = f[j] / rq.s;
                 if (!isnan(q)) {
                     if (act == BK_QA_FP8_TOKEN) {
                         __nv_fp8_e4m3 c;
@@ -244,13 +275,153 @@ __global__ void __launch_bounds__(QM_PREP_THREADS) k_qm_prep(const float *x, int
         }
         /* element order in the 8 halves: natural, or 0 4 1 5 2 6 3 7 */
         constexpr int o[8] = {0, NIB ? 4 : 1, NIB ? 1 : 2, NIB ? 5 : 3, NIB ? 2 : 4, NIB ? 6 : 5, NIB ? 3 : 6, 7};
-        ((uint4 *)hi_row)[i] = make_uint4(h[o[0]] | h[o[1]] << 16, h[o[2]] | h[o[3]] << 16, h[o[4]] | h[o[5]] << 16,
-                                          h[o[6]] | h[o[7]] << 16);
+        hi_row[i] = make_uint4(h[o[0]] | h[o[1]] << 16, h[o[2]] | h[o[3]] << 16, h[o[4]] | h[o[5]] << 16,
+                               h[o[6]] | h[o[7]] << 16);
         if (act == BK_QA_NONE)
-            ((uint4 *)lo_row)[i] = make_uint4(l[o[0]] | l[o[1]] << 16, l[o[2]] | l[o[3]] << 16,
-                                              l[o[4]] | l[o[5]] << 16, l[o[6]] | l[o[7]] << 16);
+            lo_row[i] = make_uint4(l[o[0]] | l[o[1]] << 16, l[o[2]] | l[o[3]] << 16, l[o[4]] | l[o[5]] << 16,
+                                   l[o[6]] | l[o[7]] << 16);
     }
 }
+
+/* The pre-pass where xs does not fit a block's shared memory: row blockIdx.x of x [M][K] f32 into
+ * xs [R][K] and xmul[m], for every block of the GEMV after it. K % 8 == 0, x 16-byte aligned. */
+template <bool NIB>
+__global__ void __launch_bounds__(QM_PREP_THREADS) k_qm_prep(const float *x, int64_t K, int M, int act, uint16_t *xs,
+                                                            float *xmul)
+{
+    DEV_PDL_ENTER();
+    __shared__ float red[QM_PREP_THREADS / 32];
+    const int m = blockIdx.x;
+    const float4 *xr = (const float4 *)(x + (int64_t)m * K);
+    float amax = 0.0f;
+    for (int64_t i = threadIdx.x; i < K / 8; i += blockDim.x)
+        amax = fmaxf(amax, qm_amax8(xr[2 * i], xr[2 * i + 1]));
+    amax = dev_block_max(amax, red);              /* fmaxf skips NaN, as the CPU's comparison does */
+    if (threadIdx.x == 0)
+        xmul[m] = qm_row_scale(amax, act).mul;
+    qm_stage_row<NIB>(x, K, M, m, act, amax, xs, K, threadIdx.x, blockDim.x);
+}
+
+/* ---- what every block does first and last ----------------------------------------------------- */
+
+/* The block's part and its first row; *xs_out / *ld / *xmul_out: where its xs lie. Stages xs into
+ * the block's dynamic shared memory when the launch has none (a.xs NULL): every row's amax (W
+ * warps, in any order: max is exact), then the rows, then a barrier. After the PDL wait only. */
+struct qm_block {
+    qm_part_t p;
+    int64_t n0;                   /* the block's first row of its part */
+};
+
+static __device__ __forceinline__ qm_block qm_block_of(const qm_args_t &a)
+{
+    qm_block b;
+    b.p = a.part[0];
+    unsigned first = 0;
+#pragma unroll
+    for (int i = 1; i < QM_PARTS; i++)            /* constant indices: the parameters stay in param space */
+        if (i < a.parts && blockIdx.x >= a.part[i - 1].end) {
+            first = a.part[i - 1].end;
+            b.p = a.part[i];
+        }
+    b.n0 = (int64_t)(blockIdx.x - first) * 16;
+    return b;
+}
+
+extern __shared__ uint4 qm_dyn_smem[];
+
+template <bool NIB>
+static __device__ __forceinline__ void qm_xs(const qm_args_t &a, const uint16_t **xs, int64_t *ld, const float **xmul)
+{
+    __shared__ float s_amax[8][32];               /* [row][warp] */
+    __shared__ float s_xmul[8];
+    if (a.xs) {
+        *xs = a.xs;
+        *ld = a.K;
+        *xmul = a.xmul;
+        return;
+    }
+    uint16_t *st = (uint16_t *)qm_dyn_smem;
+    const int64_t sld = a.K + 8;                  /* 16 bytes of padding: rows g and g + 1 in other banks */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int m = 0; m < a.M; m++) {
+        const float4 *xr = (const float4 *)(a.x + (int64_t)m * a.K);
+        float amax = 0.0f;
+        for (int64_t i = threadIdx.x; i < a.K / 8; i += blockDim.x)
+            amax = fmaxf(amax, qm_amax8(__ldg(xr + 2 * i), __ldg(xr + 2 * i + 1)));
+        amax = dev_warp_max(amax);
+        if (lane == 0)
+            s_amax[m][warp] = amax;
+    }
+    __syncthreads();
+    if (threadIdx.x < a.M) {
+        float v = 0.0f;
+        for (int w = 0; w < nw; w++)
+            v = fmaxf(v, s_amax[threadIdx.x][w]);
+        s_amax[threadIdx.x][0] = v;
+        s_xmul[threadIdx.x] = qm_row_scale(v, a.act).mul;
+    }
+    __syncthreads();
+    for (int m = 0; m < a.M; m++)
+        qm_stage_row<NIB>(a.x, a.K, a.M, m, a.act, s_amax[m][0], st, sld, threadIdx.x, blockDim.x);
+    __syncthreads();
+    *xs = st;
+    *ld = sld;
+    *xmul = s_xmul;
+}
+
+/* A warp's accumulators into its slice of the block's partial sums, part[row][column], the column
+ * being the xs row: mma layout, c[jt][i] = row g + 8 (i >> 1), column 8 jt + 2t + (i & 1); or the
+ * block-diagonal one (BD, below), where c[jt][i] of lane t holds column 2 jt + (i & 1) over lane
+ * t's k only: the four t lanes' sums by a fixed butterfly first. */
+template <int NT, bool BD, int C>
+static __device__ __forceinline__ void qm_put(float (&part)[16][C], const float (&acc)[NT][4], int g, int t)
+{
+#pragma unroll
+    for (int jt = 0; jt < NT; jt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            if constexpr (BD) {
+                float v = acc[jt][i];
+                v += __shfl_xor_sync(0xffffffffu, v, 1);
+                v += __shfl_xor_sync(0xffffffffu, v, 2);
+                if (t == 0)
+                    part[g + 8 * (i >> 1)][2 * jt + (i & 1)] = v;
+            } else {
+                part[g + 8 * (i >> 1)][8 * jt + 2 * t + (i & 1)] = acc[jt][i];
+            }
+        }
+}
+
+/* After qm_put and a barrier: the W warps' sums added in warp order (the split-K reduction), xs
+ * rows m (hi or codes) and M + m (lo), times xmul[m], times the row's scale (RS), plus the bias. */
+template <int W, int C, bool RS>
+static __device__ __forceinline__ void qm_finish(const qm_args_t &a, const qm_block &b, const float (&part)[W][16][C],
+                                                 const float *xmul)
+{
+    const bool split = a.R > a.M;                  /* hi + lo columns */
+    for (int o = threadIdx.x; o < 16 * a.M; o += W * 32) {
+        const int r = o & 15, m = o >> 4;
+        const int64_t n = b.n0 + r;
+        if (n >= b.p.N)
+            continue;
+        float hi = 0.0f, lo = 0.0f;
+#pragma unroll
+        for (int w = 0; w < W; w++)
+            hi += part[w][r][m];
+        if (split) {
+#pragma unroll
+            for (int w = 0; w < W; w++)
+                lo += part[w][r][a.M + m];
+        }
+        float v = (hi + lo) * xmul[m];
+        if constexpr (RS)
+            v *= __ldg(b.p.scale + (int64_t)((uint32_t)n / (uint32_t)b.p.gr) * a.ngc);
+        b.p.y[(int64_t)m * b.p.N + n] = v + (b.p.bias ? b.p.bias[n] : 0.0f);
+    }
+}
+
+/* xs through a generic load: shared memory (staged) or device memory (the pre-pass). */
+static __device__ __forceinline__ uint4 qm_ldx(const uint4 *p) { return *p; }
 
 /* ---- the tensor-core kernel ---------------------------------------------------------------------- */
 
@@ -279,25 +450,30 @@ static __device__ __forceinline__ void qm_load(uint4 (&q)[QM_U][2], float (&sq)[
 }
 
 /* NT: column tiles of 8 (R <= 8: 1, else 2); RS: one scale per row, else per group of columns;
- * W: warps per block (a block: 16 rows of W, the whole of K). */
+ * W: warps per block (a block: 16 rows of one part, the whole of K). */
 template <int FMT, int NT, bool RS, int W>
 __global__ void __launch_bounds__(W * 32, 16 / W) k_qgemv_mma(qm_args_t a)
 {
     using F = qm_fmt<FMT>;
     constexpr int SK = F::SK, XC = F::XC;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int64_t r0 = (int64_t)blockIdx.x * 16 + g, r1 = r0 + 8;
-    const int64_t c0 = r0 < a.N ? r0 : a.N - 1, c1 = r1 < a.N ? r1 : a.N - 1;   /* rows past N: read N - 1, store nothing */
+    const qm_block b = qm_block_of(a);
+    const int64_t r0 = b.n0 + g, r1 = r0 + 8, N = b.p.N;
+    const int64_t c0 = r0 < N ? r0 : N - 1, c1 = r1 < N ? r1 : N - 1;   /* rows past N: read N - 1, store nothing */
     const int64_t rowb = F::NIB ? a.K / 2 : a.K, nch = rowb / 16;
-    const uint4 *w0 = (const uint4 *)(a.codes + c0 * rowb) + t, *w1 = (const uint4 *)(a.codes + c1 * rowb) + t;
-    const float *s0 = a.scale + (int64_t)((uint32_t)c0 / (uint32_t)a.gr) * a.ngc;
-    const float *s1 = a.scale + (int64_t)((uint32_t)c1 / (uint32_t)a.gr) * a.ngc;
+    const uint4 *w0 = (const uint4 *)(b.p.codes + c0 * rowb) + t, *w1 = (const uint4 *)(b.p.codes + c1 * rowb) + t;
+    const float *s0 = b.p.scale + (int64_t)((uint32_t)c0 / (uint32_t)b.p.gr) * a.ngc;
+    const float *s1 = b.p.scale + (int64_t)((uint32_t)c1 / (uint32_t)b.p.gr) * a.ngc;
     const int spg = RS ? 1 : a.gc / SK;
     const int64_t steps = (a.K + SK - 1) / SK;
     uint4 q[QM_U][2];
     float sq[QM_U][2];
     qm_load<FMT, RS, W>(q, sq, w0, w1, s0, s1, warp, nch, t, spg);
     DEV_PDL_ENTER();
+    const uint16_t *xs;
+    const float *xmul;
+    int64_t ld;
+    qm_xs<F::NIB>(a, &xs, &ld, &xmul);
     /* B rows: xs row 8 jt + g of each column tile (zeros past R) */
     const uint4 *xr[NT];
     bool xon[NT];
@@ -305,7 +481,7 @@ __global__ void __launch_bounds__(W * 32, 16 / W) k_qgemv_mma(qm_args_t a)
     for (int jt = 0; jt < NT; jt++) {
         const int rho = 8 * jt + g;
         xon[jt] = rho < a.R;
-        xr[jt] = (const uint4 *)(a.xs + (int64_t)(xon[jt] ? rho : 0) * a.K) + XC * t;
+        xr[jt] = (const uint4 *)(xs + (int64_t)(xon[jt] ? rho : 0) * ld) + XC * t;
     }
     float acc[NT][4];
 #pragma unroll
@@ -329,7 +505,7 @@ __global__ void __launch_bounds__(W * 32, 16 / W) k_qgemv_mma(qm_args_t a)
                 for (int jt = 0; jt < NT; jt++)
 #pragma unroll
                     for (int c = 0; c < XC; c++)
-                        xb[jt][c] = in && xon[jt] ? __ldg(xr[jt] + 4 * XC * su + c) : make_uint4(0, 0, 0, 0);
+                        xb[jt][c] = in && xon[jt] ? qm_ldx(xr[jt] + 4 * XC * su + c) : make_uint4(0, 0, 0, 0);
             }
             float p[NT][4];
 #pragma unroll
@@ -356,9 +532,9 @@ __global__ void __launch_bounds__(W * 32, 16 / W) k_qgemv_mma(qm_args_t a)
                     const uint32_t a0[4] = {rg[0], r8[0], rg[1], r8[1]}, a1[4] = {rg[2], r8[2], rg[3], r8[3]};
 #pragma unroll
                     for (int jt = 0; jt < NT; jt++) {
-                        const uint4 b = in && xon[jt] ? __ldg(xr[jt] + 4 * XC * su + i) : make_uint4(0, 0, 0, 0);
-                        dev_mma16<true>(p[jt], a0, b.x, b.y);
-                        dev_mma16<true>(p[jt], a1, b.z, b.w);
+                        const uint4 xv = in && xon[jt] ? qm_ldx(xr[jt] + 4 * XC * su + i) : make_uint4(0, 0, 0, 0);
+                        dev_mma16<true>(p[jt], a0, xv.x, xv.y);
+                        dev_mma16<true>(p[jt], a1, xv.z, xv.w);
                     }
                 }
             }
@@ -378,34 +554,10 @@ __global__ void __launch_bounds__(W * 32, 16 / W) k_qgemv_mma(qm_args_t a)
             }
         }
     }
-    /* the warps' fragments: part[warp][row][column], added in warp order */
     __shared__ float part[W][16][8 * NT + 1];
-#pragma unroll
-    for (int jt = 0; jt < NT; jt++)
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-            part[warp][g + 8 * (i >> 1)][8 * jt + 2 * t + (i & 1)] = acc[jt][i];
+    qm_put<NT, false>(part[warp], acc, g, t);
     __syncthreads();
-    const bool split = a.R > a.M;                  /* hi + lo columns */
-    for (int o = threadIdx.x; o < 16 * a.M; o += W * 32) {
-        const int r = o & 15, m = o >> 4;
-        const int64_t n = (int64_t)blockIdx.x * 16 + r;
-        if (n >= a.N)
-            continue;
-        float hi = 0.0f, lo = 0.0f;
-#pragma unroll
-        for (int w = 0; w < W; w++)
-            hi += part[w][r][m];
-        if (split) {
-#pragma unroll
-            for (int w = 0; w < W; w++)
-                lo += part[w][r][a.M + m];
-        }
-        float v = (hi + lo) * a.xmul[m];
-        if constexpr (RS)
-            v *= __ldg(a.scale + (int64_t)((uint32_t)n / (uint32_t)a.gr) * a.ngc);
-        a.y[(int64_t)m * a.N + n] = v + (a.bias ? a.bias[n] : 0.0f);
-    }
+    qm_finish<W, 8 * NT + 1, RS>(a, b, part, xmul);
 }
 
 /* ---- groups smaller than a step: block-diagonal B --------------------------------------------- */
@@ -440,30 +592,35 @@ static __device__ __forceinline__ void qm_load_bd(uint4 (&q)[QM_U_BD][2], float 
     }
 }
 
-/* NT: column tiles, each two xs rows (R <= 2 NT); W warps per block, 16 rows of W per block. */
+/* NT: column tiles, each two xs rows (R <= 2 NT); W warps per block, 16 rows of one part per block. */
 template <int FMT, int NT, int W>
 __global__ void __launch_bounds__(W * 32, 16 / W) k_qgemv_mma_bd(qm_args_t a)
 {
     static_assert(FMT == BK_Q_I4 || FMT == BK_Q_FP4, "nibbles");
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int64_t r0 = (int64_t)blockIdx.x * 16 + g, r1 = r0 + 8;
-    const int64_t c0 = r0 < a.N ? r0 : a.N - 1, c1 = r1 < a.N ? r1 : a.N - 1;
+    const qm_block b = qm_block_of(a);
+    const int64_t r0 = b.n0 + g, r1 = r0 + 8, N = b.p.N;
+    const int64_t c0 = r0 < N ? r0 : N - 1, c1 = r1 < N ? r1 : N - 1;
     const int64_t rowb = a.K / 2, nch = rowb / 16;
-    const uint4 *w0 = (const uint4 *)(a.codes + c0 * rowb) + t, *w1 = (const uint4 *)(a.codes + c1 * rowb) + t;
-    const float *s0 = a.scale + (int64_t)((uint32_t)c0 / (uint32_t)a.gr) * a.ngc;
-    const float *s1 = a.scale + (int64_t)((uint32_t)c1 / (uint32_t)a.gr) * a.ngc;
+    const uint4 *w0 = (const uint4 *)(b.p.codes + c0 * rowb) + t, *w1 = (const uint4 *)(b.p.codes + c1 * rowb) + t;
+    const float *s0 = b.p.scale + (int64_t)((uint32_t)c0 / (uint32_t)b.p.gr) * a.ngc;
+    const float *s1 = b.p.scale + (int64_t)((uint32_t)c1 / (uint32_t)b.p.gr) * a.ngc;
     const int64_t steps = (a.K + 127) / 128;
     uint4 q[QM_U_BD][2];
     float sq[QM_U_BD][2][2];
     qm_load_bd<W>(q, sq, w0, w1, s0, s1, warp, nch, t, a.gc);
     DEV_PDL_ENTER();
+    const uint16_t *xs;
+    const float *xmul;
+    int64_t ld;
+    qm_xs<true>(a, &xs, &ld, &xmul);
     const uint4 *xr[NT];
     bool xon[NT];
 #pragma unroll
     for (int jt = 0; jt < NT; jt++) {
         const int rho = 2 * jt + (g & 1);
         xon[jt] = t == (g >> 1) && rho < a.R;
-        xr[jt] = (const uint4 *)(a.xs + (int64_t)(rho < a.R ? rho : 0) * a.K) + 4 * t;
+        xr[jt] = (const uint4 *)(xs + (int64_t)(rho < a.R ? rho : 0) * ld) + 4 * t;
     }
     float acc[NT][4];
 #pragma unroll
@@ -497,9 +654,9 @@ __global__ void __launch_bounds__(W * 32, 16 / W) k_qgemv_mma_bd(qm_args_t a)
                     const uint32_t a0[4] = {rg[0], r8[0], rg[1], r8[1]}, a1[4] = {rg[2], r8[2], rg[3], r8[3]};
 #pragma unroll
                     for (int jt = 0; jt < NT; jt++) {
-                        const uint4 xb = in && xon[jt] ? __ldg(xr[jt] + 16 * su + i) : make_uint4(0, 0, 0, 0);
-                        dev_mma16<true>(p[jt], a0, xb.x, xb.y);
-                        dev_mma16<true>(p[jt], a1, xb.z, xb.w);
+                        const uint4 xv = in && xon[jt] ? qm_ldx(xr[jt] + 16 * su + i) : make_uint4(0, 0, 0, 0);
+                        dev_mma16<true>(p[jt], a0, xv.x, xv.y);
+                        dev_mma16<true>(p[jt], a1, xv.z, xv.w);
                     }
                 }
 #pragma unroll
@@ -518,37 +675,10 @@ __global__ void __launch_bounds__(W * 32, 16 / W) k_qgemv_mma_bd(qm_args_t a)
                 sq[u][0][h] = sqn[u][0][h], sq[u][1][h] = sqn[u][1][h];
         }
     }
-    /* c[i] of lane t is row g (+ 8), xs row 2 jt + (i & 1), lane t's k: the four t lanes' sums by a
-     * fixed butterfly, then the warps' in shared memory in warp order */
     __shared__ float part[W][16][2 * NT + 1];
-#pragma unroll
-    for (int jt = 0; jt < NT; jt++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            float v = acc[jt][i];
-            v += __shfl_xor_sync(0xffffffffu, v, 1);
-            v += __shfl_xor_sync(0xffffffffu, v, 2);
-            if (t == 0)
-                part[warp][g + 8 * (i >> 1)][2 * jt + (i & 1)] = v;
-        }
+    qm_put<NT, true>(part[warp], acc, g, t);
     __syncthreads();
-    const bool split = a.R > a.M;
-    for (int o = threadIdx.x; o < 16 * a.M; o += W * 32) {
-        const int r = o & 15, m = o >> 4;
-        const int64_t n = (int64_t)blockIdx.x * 16 + r;
-        if (n >= a.N)
-            continue;
-        float hi = 0.0f, lo = 0.0f;                /* xs rows m (hi or codes) and M + m (lo) */
-#pragma unroll
-        for (int w = 0; w < W; w++)
-            hi += part[w][r][m];
-        if (split) {
-#pragma unroll
-            for (int w = 0; w < W; w++)
-                lo += part[w][r][a.M + m];
-        }
-        a.y[(int64_t)m * a.N + n] = (hi + lo) * a.xmul[m] + (a.bias ? a.bias[n] : 0.0f);
-    }
+    qm_finish<W, 2 * NT + 1, false>(a, b, part, xmul);   /* group scales are in the sums */
 }
 
 /* ---- choosing ------------------------------------------------------------------------------------- */
@@ -570,20 +700,17 @@ static inline bool qm_ok(int fmt, int64_t N, int64_t K, int gc, int act, const v
         return false;
     if (act != BK_QA_NONE && act != BK_QA_FP8_TOKEN && act != BK_QA_I8_TOKEN)
         return false;
-    return N > 0 && N < ((int64_t)1 << 31) && K % (nib ? 32 : 16) == 0 && (uintptr_t)codes % 16 == 0 &&
-           (uintptr_t)x % 16 == 0;
+    return N > 0 && N < ((int64_t)1 << 31) && K > 0 && K < ((int64_t)1 << 31) && K % (nib ? 32 : 16) == 0 &&
+           (uintptr_t)codes % 16 == 0 && (uintptr_t)x % 16 == 0;
 }
 
-/* Warps per block: the fewest of 4, 8, 16 that give at least 8 warps per SM over the grid, as long
- * as every warp keeps two steps. Depends on N and K only (not M). */
-static inline int qm_warps(int64_t N, int64_t K, int fmt, int n_sm)
+/* Warps per block: from K and the format only (never N or M, so that a row's bits do not depend on
+ * the matrix's height, the other parts of a launch or the rows of x): 8 while every warp keeps two
+ * steps, else 4. */
+static inline int qm_warps(int64_t K, int fmt)
 {
-    const int64_t blocks = (N + 15) / 16, steps = (K + (fmt == BK_Q_I4 || fmt == BK_Q_FP4 ? 127 : 63)) /
-                                                  (fmt == BK_Q_I4 || fmt == BK_Q_FP4 ? 128 : 64);
-    int w = 4;
-    while (w < 16 && blocks * w < 8 * (int64_t)n_sm && steps >= 4 * w)
-        w *= 2;
-    return w;
+    const int64_t sk = fmt == BK_Q_I4 || fmt == BK_Q_FP4 ? 128 : 64, steps = (K + sk - 1) / sk;
+    return steps >= 16 ? 8 : 4;
 }
 
 template <int FMT, int NT, bool RS> static inline qm_kernel_t qm_pick_w(int w)
@@ -623,38 +750,92 @@ static inline qm_kernel_t qm_kernel(int fmt, int R, int w, bool rs)
     }
 }
 
-/* One call's launches: prep<<<M, QM_PREP_THREADS>>>(x, K, M, act, xs, xmul), then
- * kernel<<<blocks, threads>>>(args). scratch: qm_scratch_bytes(K) bytes, 16-byte aligned. */
+/* A call's launches: when prep is set, prep<<<M, QM_PREP_THREADS>>>(x, K, M, act, xs, xmul) first
+ * (qm_prep_args), then kernel<<<blocks, threads, smem>>>(args). */
 typedef struct qm_plan {
-    qm_prep_t prep;
+    qm_prep_t prep;               /* NULL: every block stages xs itself (smem bytes of it) */
     qm_kernel_t kernel;
     unsigned blocks, threads;
+    size_t smem;
     qm_args_t args;
 } qm_plan_t;
 
+/* Scratch for the pre-pass (16-byte aligned): xmul, then xs [16][K]. */
 static inline size_t qm_scratch_bytes(int64_t K) { return QM_XS_OFF + (size_t)16 * (size_t)K * 2; }
+static inline uint16_t *qm_scratch_xs(void *scratch) { return (uint16_t *)((char *)scratch + QM_XS_OFF); }
 
-/* The plan for up to 8 rows of x (mr), or 0 when the shape is not taken (qm_ok) or not built.
- * warps: 0 for qm_warps' choice, else 4, 8 or 16. */
-static inline int qm_setup(qm_plan_t *pl, int fmt, const uint8_t *codes, const float *scale, int64_t N, int64_t K,
-                           int gr, int gc, int act, const float *x, int mr, const float *bias, float *y, void *scratch,
-                           int warps, int n_sm)
+/* Raises kernel k's dynamic shared memory limit to QM_STAGE_MAX on the current device, once per
+ * kernel and device (a small table; a race between threads can only repeat the call). */
+static inline bool qm_allow_smem(qm_kernel_t k)
 {
-    if (mr < 1 || mr > 8 || !qm_ok(fmt, N, K, gc, act, codes, x))
+    static struct {
+        qm_kernel_t k;
+        int dev;
+    } done[128];
+    static int n_done;
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess)
+        return false;
+    for (int i = 0; i < n_done && i < 128; i++)
+        if (done[i].k == k && done[i].dev == dev)
+            return true;
+    if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, QM_STAGE_MAX) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    if (n_done < 128)
+        done[n_done] = {k, dev}, n_done++;
+    return true;
+}
+
+/* The plan for up to 8 rows of x (mr) times n <= QM_PARTS weights of one format, K, column grid
+ * (gc) and activation treatment (each part's codes, scale, N, gr, bias, y in parts[]; end is set
+ * here), or 0 when a part is not taken (qm_ok) or the kernel not built. warps: 0 for qm_warps'
+ * choice, else 4, 8 or 16. stage: 1 lets blocks stage xs in shared memory where it fits, 0 always
+ * runs the pre-pass (its xs in scratch: qm_scratch_bytes(K), 16-byte aligned). */
+static inline int qm_setup(qm_plan_t *pl, int fmt, int64_t K, int gc, int act, const float *x, int mr,
+                           const qm_part_t *parts, int n, void *scratch, int warps, int stage)
+{
+    if (mr < 1 || mr > 8 || n < 1 || n > QM_PARTS)
         return 0;
-    const int R = act == BK_QA_NONE ? 2 * mr : mr;
-    const int w = warps ? warps : qm_warps(N, K, fmt, n_sm);
     const bool rs = gc >= K;
+    for (int i = 0; i < n; i++)
+        if (!qm_ok(fmt, parts[i].N, K, gc, act, parts[i].codes, x) || (gc >= K) != rs || parts[i].gr < 1)
+            return 0;
+    const int R = act == BK_QA_NONE ? 2 * mr : mr;
+    const int w = warps ? warps : qm_warps(K, fmt);
     const bool nib = fmt == BK_Q_I4 || fmt == BK_Q_FP4;
     pl->kernel = nib && !rs && gc % 128 ? qm_kernel_bd(fmt, R, w) : qm_kernel(fmt, R, w, rs);
     if (!pl->kernel)
         return 0;
-    pl->prep = nib ? k_qm_prep<true> : k_qm_prep<false>;
-    pl->blocks = (unsigned)((N + 15) / 16);
     pl->threads = (unsigned)(w <= 4 ? 128 : w <= 8 ? 256 : 512);
-    float *xmul = (float *)scratch;
-    const uint16_t *xs = (const uint16_t *)((char *)scratch + QM_XS_OFF);
-    pl->args = qm_args_t{codes, scale, N, K, (K + gc - 1) / gc, gr, gc, xs, xmul, mr, R, bias, y};
+    qm_args_t &a = pl->args;
+    a = qm_args_t{};
+    unsigned blocks = 0;
+    for (int i = 0; i < n; i++) {
+        a.part[i] = parts[i];
+        blocks += (unsigned)((parts[i].N + 15) / 16);
+        a.part[i].end = blocks;
+    }
+    pl->blocks = blocks;
+    a.parts = n;
+    a.K = K;
+    a.ngc = (K + gc - 1) / gc;
+    a.gc = gc;
+    a.act = act;
+    a.x = x;
+    a.M = mr;
+    a.R = R;
+    const size_t smem = (size_t)R * (size_t)(K + 8) * 2;
+    if (stage && smem <= QM_STAGE_MAX && (smem <= (48 << 10) || qm_allow_smem(pl->kernel))) {
+        pl->prep = NULL;
+        pl->smem = smem;
+    } else {
+        pl->prep = nib ? k_qm_prep<true> : k_qm_prep<false>;
+        pl->smem = 0;
+        a.xs = qm_scratch_xs(scratch);
+        a.xmul = (const float *)scratch;
+    }
     return 1;
 }
 

@@ -3,7 +3,8 @@
  *
  * Small M (decode, M <= gemv_max_m): the tensor-core GEMV of cuda_qgemv_mma.cuh (fp8, int8, int4
  * and nvfp4: codes decoded into mma fragments, x as f16 hi + lo or, for W8A8,
- * as its exact f16 codes; it quantizes the activations itself); else, or with
+ * as its exact f16 codes; it quantizes the activations itself; matmul_n's q, k, v or gate, up in
+ * one launch, cuda_qmatmul_n); else, or with
  * TROUPE_CUDA_QGEMV_MMA=0, the CUDA-core GEMV of cuda_qgemv.cuh, which streams the packed codes once
  * with 16-byte loads, decodes them in registers and shares each load of x across four rows (any
  * shape the vector kernel cannot take runs its one-code-per-lane kernel).
@@ -61,37 +62,52 @@ static void s_qgemv(const cuda_state_t *st, const bk_mat_t *w, const float *x, i
     }
 }
 
-/* The tensor-core GEMV (cuda_qgemv_mma.cuh) for M <= 8 rows at a time, activations quantized
- * (w->qact) by its own pre-pass; 1 when it does not take the weight (nothing queued).
+/* The tensor-core GEMV (cuda_qgemv_mma.cuh) for n <= QM_PARTS weights over one x (q, k, v; gate,
+ * up: one format, K, column grid and activation treatment), all in ONE launch per 8 rows of x,
+ * activations quantized (w->qact) by the kernel itself, or by one pre-pass shared by every part
+ * where x's operands do not fit a block's shared memory; 1 when it does not take them (nothing
+ * queued). Each part's rows get the bits a launch of their own would give (qm_warps: from K).
  * TROUPE_CUDA_QGEMV_MMA: 1 (default) on, warps per block by qm_warps; 4, 8 or 16 forces the
- * warps; 0 off (the CUDA-core GEMV everywhere, for comparison). */
-static int s_qgemv_mma(backend_t *be, cuda_state_t *st, const bk_mat_t *w, const float *x, int M, const float *bias,
-                       float *y)
+ * warps; 0 off (the CUDA-core GEMV everywhere, for comparison). TROUPE_CUDA_QGEMV_STAGE=0 runs the
+ * pre-pass for every call (to compare). */
+static int s_qgemv_mma(backend_t *be, cuda_state_t *st, int n, const bk_mat_t *const w[], const float *x, int M,
+                       const float *const bias[], float *const y[])
 {
-    static int mode = -1;
+    static int mode = -1, stage = -1;
     if (mode < 0) {
         const char *e = getenv("TROUPE_CUDA_QGEMV_MMA");
         const int v = e ? atoi(e) : 1;
         mode = v == 0 || v == 4 || v == 8 || v == 16 ? v : 1;
+        const char *s = getenv("TROUPE_CUDA_QGEMV_STAGE");
+        stage = !(s && s[0] == '0');
     }
-    const int64_t N = w->rows, K = w->cols;
-    if (!mode || !qm_ok(w->qfmt, N, K, (int)w->qgc, w->qact, w->data, x))
+    const int64_t K = w[0]->cols;
+    if (!mode || n < 1 || n > QM_PARTS)
         return 1;
+    for (int i = 0; i < n; i++)
+        if (w[i]->qfmt != w[0]->qfmt || w[i]->qact != w[0]->qact || w[i]->qgc != w[0]->qgc || w[i]->cols != K ||
+            !qm_ok(w[i]->qfmt, w[i]->rows, K, (int)w[i]->qgc, w[i]->qact, w[i]->data, x))
+            return 1;
     void *scratch = cuda_scratch(be, &st->quant_x, &st->quant_x_bytes, qm_scratch_bytes(K));
     const int warps = mode == 1 ? 0 : mode;
     qm_plan_t pl[1];
     for (int m0 = 0; m0 < M; m0 += 8) {
         const int mr = M - m0 < 8 ? M - m0 : 8;
-        if (!qm_setup(pl, w->qfmt, (const uint8_t *)w->data, w->qscale, N, K, (int)w->qgr, (int)w->qgc, w->qact,
-                      x + (int64_t)m0 * K, mr, bias, y + (int64_t)m0 * N, scratch, warps, st->n_sm)) {
+        qm_part_t parts[QM_PARTS];
+        for (int i = 0; i < n; i++)
+            parts[i] = qm_part_t{(const uint8_t *)w[i]->data, w[i]->qscale, bias ? bias[i] : NULL,
+                                 y[i] + (int64_t)m0 * w[i]->rows, w[i]->rows, (int)w[i]->qgr, 0};
+        const float *xm = x + (int64_t)m0 * K;
+        if (!qm_setup(pl, w[0]->qfmt, K, (int)w[0]->qgc, w[0]->qact, xm, mr, parts, n, scratch, warps, stage)) {
             if (m0 == 0)
                 return 1;                          /* (qm_ok said yes: not reached) */
             fprintf(stderr, "troupe cuda: qgemv_mma refused rows %d.. of a matmul it took\n", m0);
             abort();
         }
-        cuda_launch(st, pl->prep, dim3((unsigned)mr), dim3(QM_PREP_THREADS), x + (int64_t)m0 * K, K, mr, (int)w->qact,
-                    (uint16_t *)((char *)scratch + QM_XS_OFF), (float *)scratch);
-        cuda_launch(st, pl->kernel, dim3(pl->blocks), dim3(pl->threads), pl->args);
+        if (pl->prep)
+            cuda_launch(st, pl->prep, dim3((unsigned)mr), dim3(QM_PREP_THREADS), xm, K, mr, (int)w[0]->qact,
+                        qm_scratch_xs(scratch), (float *)scratch);
+        cuda_launch_smem(st, pl->kernel, dim3(pl->blocks), dim3(pl->threads), pl->smem, pl->args);
     }
     return 0;
 }
@@ -291,7 +307,7 @@ void cuda_qmatmul(backend_t *be, const float *x, int M, const bk_mat_t *w, const
     const int64_t N = w->rows, K = w->cols;
     if (M > st->gemv_max_m && s_fp8_gemm(be, st, x, M, w, bias, y) == 0)
         return;
-    if (M <= st->gemv_max_m && s_qgemv_mma(be, st, w, x, M, bias, y) == 0)
+    if (M <= st->gemv_max_m && s_qgemv_mma(be, st, 1, &w, x, M, &bias, &y) == 0)
         return;
     if (w->qact) {
         float *xq = (float *)cuda_scratch(be, &st->quant_x, &st->quant_x_bytes, (size_t)M * (size_t)K * 4);
@@ -309,4 +325,18 @@ void cuda_qmatmul(backend_t *be, const float *x, int M, const bk_mat_t *w, const
                 (int)w->qgr, (int)w->qgc, wb);
     const bk_mat_t plain = {.data = wb, .dtype = DT_BF16, .rows = N, .cols = K};
     cuda_matmul(be, x, M, &plain, bias, y);
+}
+
+/* n quantized matmuls over one x (backend.h matmul_n: q, k, v; gate, up): on the tensor-core GEMV
+ * one launch for all of them, each part's bits those of its own cuda_qmatmul; else one each. */
+void cuda_qmatmul_n(backend_t *be, const float *x, int M, int n, const bk_mat_t *const w[], const float *const bias[],
+                    float *const y[])
+{
+    if (M <= 0)
+        return;
+    cuda_state_t *st = cuda_st(be);
+    if (M <= st->gemv_max_m && s_qgemv_mma(be, st, n, w, x, M, bias, y) == 0)
+        return;
+    for (int i = 0; i < n; i++)
+        cuda_qmatmul(be, x, M, w[i], bias ? bias[i] : NULL, y[i]);
 }

@@ -3,11 +3,14 @@
  * CPU reference and timed side by side on Llama-3.1-8B's decode shapes; needs only the CUDA runtime.
  *
  *   build/gpu-tests/bench_qgemv [--check-only] [--warps W] [--lk 32] [--mma-warps W] [--path old|mma|both]
+ *                               [--stage 0]
  *
  * --warps forces the CUDA-core kernel's warps sharing a row group's K (2, 4, 8; default:
  * qv_warps), --lk 32 its whole-warp lane layout at M = 1 (default: QV_LK lanes along K per row
  * group); --mma-warps the tensor-core kernel's warps per block (4, 8, 16; default: qm_warps, and
- * the checks cycle through all of them); --path which kernels run (default both).
+ * the checks cycle through all of them); --path which kernels run (default both); --stage 0 makes
+ * the tensor-core path run its x pre-pass for every call (default: each block stages x itself
+ * where it fits, as the backend does).
  * Check: random codes (every code but fp8's NaNs) and positive scales for each format and scale
  * grid (fp8 per tensor, per channel and 128 x 128 blocks; int8 per channel; int4 groups of 128 and
  * 64; nvfp4 groups of 16; for the tensor-core path also fp8 and int8 W8A8, x quantized per row),
@@ -16,13 +19,16 @@
  * and every element written. One line per path and format: PASS or FAIL with the worst case and
  * how many cases each kernel ran; the tensor-core path FAILs a format it should take and ran no
  * case of. Then the tensor-core path's row bits at M = 1 against the same row inside M = 2..8
- * ("check mma rows"), which must be identical.
+ * ("check mma rows"), which must be identical; and a launch over three parts (q, k, v-like) against
+ * each part's own launch and against the pre-pass ("check mma parts"), also bit for bit.
  * Time: each 8B layer matrix (q 4096, k / v 1024, o 4096 rows x 4096; gate / up 14336 x 4096;
  * down 4096 x 14336) at M = 1 and M = 8, over rotating weight copies (>= 512 MB, so the L2 never
  * holds W), median of 5 repeats of 20 calls after a warm-up; per format and path the 32 layers'
  * sum (a decode step's quantized matmuls; the bf16 LM head not included) and the bytes it streams
  * per second. Kernels launch with PDL, as the backend's do; the tensor-core path's time includes
- * its x pre-pass (a second launch, overlapped with the weight loads of the GEMV after it).
+ * its x pre-pass where it runs one (a second launch, overlapped with the weight loads of the GEMV
+ * after it). Then per format "mma layer": a layer as the engine runs it, q|k|v and gate|up each in
+ * one launch, and the 32 layers' sum.
  * Exit status 1 when a check failed. */
 #include <cuda_runtime.h>
 
@@ -100,7 +106,7 @@ static int64_t s_scratch_k;
 /* Launches as the backend makes them (cuda.h's cuda_launch): with programmatic dependent launch, so
  * a kernel's weight loads before its PDL wait overlap the previous kernel's end. */
 template <typename... KArgs, typename... Args>
-static void s_pdl(void (*kernel)(KArgs...), unsigned grid, unsigned block, Args... args)
+static void s_pdl_smem(void (*kernel)(KArgs...), unsigned grid, unsigned block, size_t smem, Args... args)
 {
     cudaLaunchAttribute attr;
     attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -108,9 +114,32 @@ static void s_pdl(void (*kernel)(KArgs...), unsigned grid, unsigned block, Args.
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(grid);
     cfg.blockDim = dim3(block);
+    cfg.dynamicSmemBytes = smem;
     cfg.attrs = &attr;
     cfg.numAttrs = 1;
     CK(cudaLaunchKernelEx(&cfg, kernel, ((KArgs)args)...));
+}
+template <typename... KArgs, typename... Args>
+static void s_pdl(void (*kernel)(KArgs...), unsigned grid, unsigned block, Args... args)
+{
+    s_pdl_smem(kernel, grid, block, 0, args...);
+}
+
+static int s_stage = 1;                            /* --stage 0: the tensor-core path's pre-pass for every call */
+
+/* The tensor-core GEMV over n parts (one x), as cuda_quant.cu launches it; 0 when it does not
+ * take them. s_scratch must hold qm_scratch_bytes(K). */
+static int s_qm_launch(const fmt_case_t &f, int64_t K, int gc, const float *x, int M, const qm_part_t *parts, int n,
+                       int mma_warps)
+{
+    qm_plan_t pl;
+    if (!qm_setup(&pl, f.fmt, K, gc, f.act, x, M, parts, n, s_scratch, mma_warps, s_stage))
+        return 0;
+    if (pl.prep)
+        s_pdl(pl.prep, (unsigned)M, QM_PREP_THREADS, x, K, M, f.act, qm_scratch_xs(s_scratch), (float *)s_scratch);
+    s_pdl_smem(pl.kernel, pl.blocks, pl.threads, pl.smem, pl.args);
+    CK(cudaGetLastError());
+    return 1;
 }
 
 enum { K_VEC, K_ANY, K_MMA };                      /* which kernel a launch ran */
@@ -128,15 +157,9 @@ static int s_launch(const fmt_case_t &f, const dev_w_t &w, const float *x, int M
             CK(cudaMalloc(&s_scratch, qm_scratch_bytes(w.K)));
             s_scratch_k = w.K;
         }
-        qm_plan_t pl;
-        if (qm_setup(&pl, f.fmt, w.codes, w.scale, w.N, w.K, w.gr, w.gc, f.act, x, M, bias, y, s_scratch, mma_warps,
-                     n_sm)) {
-            s_pdl(pl.prep, (unsigned)M, QM_PREP_THREADS, x, w.K, M, f.act, (uint16_t *)((char *)s_scratch + QM_XS_OFF),
-                  (float *)s_scratch);
-            s_pdl(pl.kernel, pl.blocks, pl.threads, pl.args);
-            CK(cudaGetLastError());
+        const qm_part_t part = {w.codes, w.scale, bias, y, w.N, w.gr, 0};
+        if (s_qm_launch(f, w.K, w.gc, x, M, &part, 1, mma_warps))
             return K_MMA;
-        }
     }
     qv_args_t a = {w.codes, w.scale, w.N, w.K, w.ngc, w.gr, w.gc, 0, x, M, bias, y};
     bool rs;
@@ -339,6 +362,112 @@ static int s_check_rows(int n_sm, int mma_warps)
     return failed;
 }
 
+/* One launch over three parts (q, k, v-like heights) gives each part the bits of its own launch,
+ * and a block's own xs the bits of the pre-pass's (--stage 0 for every call): the shapes stage at
+ * M = 1 and fall back to the pre-pass at M = 8 (K = 4,096 weight-only) or M >= 3 (K = 8,192). */
+static int s_check_parts(int mma_warps)
+{
+    int failed = 0, cases = 0;
+    static const int64_t Ks[3] = {1024, 4096, 8192};
+    for (const fmt_case_t &f : s_fmts) {
+        if (!f.mma)
+            continue;
+        for (int64_t K : Ks) {
+            const bool nib = f.fmt == BK_Q_I4 || f.fmt == BK_Q_FP4;
+            const int64_t Ns[3] = {130, 37, 64}, rowb = nib ? K / 2 : K;
+            qm_part_t parts[3];
+            std::vector<void *> bufs;
+            for (int i = 0; i < 3; i++) {
+                int gr, gc;
+                s_effective(f, Ns[i], K, &gr, &gc);
+                const int64_t ngc = (K + gc - 1) / gc, ngr = (Ns[i] + gr - 1) / gr;
+                std::vector<uint8_t> codes((size_t)(Ns[i] * rowb));
+                for (auto &c : codes) {
+                    c = (uint8_t)s_rand();
+                    if (f.fmt == BK_Q_FP8 && (c & 0x7f) == 0x7f)
+                        c ^= 1;
+                }
+                std::vector<float> sc((size_t)(ngr * ngc)), bias((size_t)Ns[i]);
+                for (auto &v : sc)
+                    v = (0.25f + fabsf(s_unif(1.0f))) * 0.1f;
+                for (auto &v : bias)
+                    v = s_unif(1.0f);
+                uint8_t *dc;
+                float *ds, *db, *dy;
+                CK(cudaMalloc(&dc, codes.size()));
+                CK(cudaMalloc(&ds, sc.size() * 4));
+                CK(cudaMalloc(&db, bias.size() * 4));
+                CK(cudaMalloc(&dy, (size_t)8 * Ns[i] * 4));
+                CK(cudaMemcpy(dc, codes.data(), codes.size(), cudaMemcpyHostToDevice));
+                CK(cudaMemcpy(ds, sc.data(), sc.size() * 4, cudaMemcpyHostToDevice));
+                CK(cudaMemcpy(db, bias.data(), bias.size() * 4, cudaMemcpyHostToDevice));
+                bufs.push_back(dc), bufs.push_back(ds), bufs.push_back(db), bufs.push_back(dy);
+                parts[i] = qm_part_t{dc, ds, i == 1 ? NULL : db, dy, Ns[i], gr, 0};
+            }
+            int gr0, gc;
+            s_effective(f, Ns[0], K, &gr0, &gc);
+            if (K > s_scratch_k) {
+                if (s_scratch)
+                    CK(cudaFree(s_scratch));
+                CK(cudaMalloc(&s_scratch, qm_scratch_bytes(K)));
+                s_scratch_k = K;
+            }
+            float *dx;
+            CK(cudaMalloc(&dx, (size_t)8 * K * 4));
+            for (int M = 1; M <= 8; M++) {
+                std::vector<float> x((size_t)M * K);
+                for (auto &v : x)
+                    v = s_unif(M % 3 == 0 ? 3e6f : 1.0f);
+                CK(cudaMemcpy(dx, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+                std::vector<float> got[3][3];                  /* [run][part]: fused, separate, fused pre-pass */
+                for (int run = 0; run < 3; run++) {
+                    const int keep = s_stage;
+                    s_stage = run == 2 ? 0 : keep;
+                    int ok = 1;
+                    for (int i = 0; i < 3; i++)
+                        CK(cudaMemset(parts[i].y, 0xff, (size_t)M * Ns[i] * 4));
+                    if (run == 1) {
+                        for (int i = 0; i < 3; i++)
+                            ok &= s_qm_launch(f, K, gc, dx, M, &parts[i], 1, mma_warps);
+                    } else {
+                        ok = s_qm_launch(f, K, gc, dx, M, parts, 3, mma_warps);
+                    }
+                    s_stage = keep;
+                    CK(cudaDeviceSynchronize());
+                    if (!ok) {
+                        printf("check mma parts: %s K=%lld M=%d not taken\n", f.name, (long long)K, M);
+                        failed = 1;
+                        continue;
+                    }
+                    for (int i = 0; i < 3; i++) {
+                        got[run][i].resize((size_t)M * Ns[i]);
+                        CK(cudaMemcpy(got[run][i].data(), parts[i].y, got[run][i].size() * 4, cudaMemcpyDeviceToHost));
+                    }
+                }
+                for (int i = 0; i < 3; i++) {
+                    cases++;
+                    bool nan = false;
+                    for (float v : got[0][i])
+                        nan |= !isfinite(v);
+                    if (nan || got[0][i] != got[1][i] || got[0][i] != got[2][i]) {
+                        if (!failed)
+                            printf("check mma parts: %s K=%lld M=%d part %d: %s\n", f.name, (long long)K, M, i,
+                                   nan ? "an element not written" : got[0][i] != got[1][i] ? "differs from its own launch"
+                                                                                            : "differs from the pre-pass's");
+                        failed = 1;
+                    }
+                }
+            }
+            cudaFree(dx);
+            for (void *b : bufs)
+                cudaFree(b);
+        }
+    }
+    printf("check mma parts %s  %d parts of a 3-part launch against their own launches and the pre-pass, M = 1..8\n",
+           failed ? "FAIL" : "PASS", cases);
+    return failed;
+}
+
 /* ---- timing ------------------------------------------------------------------------------------ */
 
 static double s_time_shape(const fmt_case_t &f, int M, int64_t N, int64_t K, int warps, int n_sm, int mma,
@@ -387,6 +516,80 @@ static double s_time_shape(const fmt_case_t &f, int M, int64_t N, int64_t K, int
     return reps[2];
 }
 
+/* The tensor-core path over n parts of heights Ns (one x, ONE launch, as matmul_n runs q|k|v and
+ * gate|up), rotating weight copies as s_time_shape; the median per call in us. */
+static double s_time_parts(const fmt_case_t &f, int M, int n, const int64_t *Ns, int64_t K, int mma_warps)
+{
+    const bool nib = f.fmt == BK_Q_I4 || f.fmt == BK_Q_FP4;
+    size_t wbytes = 0;
+    for (int i = 0; i < n; i++)
+        wbytes += (size_t)(Ns[i] * (nib ? K / 2 : K));
+    const int copies = (int)std::max<size_t>(2, ((size_t)512 << 20) / wbytes + 1);
+    std::vector<qm_part_t> parts((size_t)copies * n);
+    std::vector<void *> bufs;
+    int gc = 0;
+    for (int c = 0; c < copies; c++)
+        for (int i = 0; i < n; i++) {
+            int gr;
+            s_effective(f, Ns[i], K, &gr, &gc);
+            const size_t cb = (size_t)(Ns[i] * (nib ? K / 2 : K)), ns = (size_t)((Ns[i] + gr - 1) / gr * ((K + gc - 1) / gc));
+            uint8_t *codes;
+            float *scale, *y;
+            CK(cudaMalloc(&codes, cb));
+            CK(cudaMalloc(&scale, ns * 4));
+            CK(cudaMalloc(&y, (size_t)M * Ns[i] * 4));
+            CK(cudaMemset(codes, 0x31, cb));
+            CK(cudaMemset(scale, 0, ns * 4));
+            bufs.push_back(codes), bufs.push_back(scale), bufs.push_back(y);
+            parts[(size_t)c * n + i] = qm_part_t{codes, scale, NULL, y, Ns[i], gr, 0};
+        }
+    float *x;
+    CK(cudaMalloc(&x, (size_t)M * K * 4));
+    CK(cudaMemset(x, 0, (size_t)M * K * 4));
+    if (K > s_scratch_k) {
+        if (s_scratch)
+            CK(cudaFree(s_scratch));
+        CK(cudaMalloc(&s_scratch, qm_scratch_bytes(K)));
+        s_scratch_k = K;
+    }
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    std::vector<float> reps;
+    for (int rep = -1; rep < 5; rep++) {
+        CK(cudaEventRecord(e0));
+        for (int i = 0; i < 20; i++)
+            s_qm_launch(f, K, gc, x, M, &parts[(size_t)((rep * 20 + i + 20) % copies) * n], n, mma_warps);
+        CK(cudaEventRecord(e1));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        if (rep >= 0)
+            reps.push_back(ms * 1000.0f / 20.0f);
+    }
+    std::sort(reps.begin(), reps.end());
+    for (void *b : bufs)
+        cudaFree(b);
+    cudaFree(x);
+    cudaEventDestroy(e0), cudaEventDestroy(e1);
+    return reps[2];
+}
+
+/* A layer's quantized matmuls as the engine runs them on the tensor-core path: q|k|v in one launch,
+ * o, gate|up in one launch, down; the 32 layers' sum and its bytes per second. */
+static void s_time_layer(const fmt_case_t &f, int M, int mma_warps)
+{
+    static const int64_t qkv[3] = {4096, 1024, 1024}, o[1] = {4096}, gu[2] = {14336, 14336}, dn[1] = {4096};
+    const double t_qkv = s_time_parts(f, M, 3, qkv, 4096, mma_warps), t_o = s_time_parts(f, M, 1, o, 4096, mma_warps),
+                 t_gu = s_time_parts(f, M, 2, gu, 4096, mma_warps), t_dn = s_time_parts(f, M, 1, dn, 14336, mma_warps);
+    const bool nib = f.fmt == BK_Q_I4 || f.fmt == BK_Q_FP4;
+    const double bytes = 32.0 * (6144.0 * 4096 + 4096.0 * 4096 + 28672.0 * 4096 + 4096.0 * 14336) * (nib ? 0.5 : 1.0);
+    const double step = 32 * (t_qkv + t_o + t_gu + t_dn);
+    printf("time M=%d %-16s mma layer: q|k|v 6144x4096 %.1fus o %.1fus gate|up 28672x4096 %.1fus down %.1fus | 32 layers "
+           "%.3f ms, %.0f GB/s (codes only)\n",
+           M, f.name, t_qkv, t_o, t_gu, t_dn, step / 1e3, bytes / step / 1e3);
+}
+
 /* One line per M, format and path: "time M=1 fp8 per channel old ..." and "... mma ...". */
 static void s_times(int warps, int n_sm, int paths, int mma_warps)
 {
@@ -421,6 +624,8 @@ static void s_times(int warps, int n_sm, int paths, int mma_warps)
             if (total[0] > 0 && total[1] > 0)
                 printf("time M=%d %-16s mma vs old: %.2fx (32 layers %.3f -> %.3f ms)\n", M, f.name, total[0] / total[1],
                        total[0] / 1e3, total[1] / 1e3);
+            if (paths & 2)
+                s_time_layer(f, M, mma_warps);
         }
     }
 }
@@ -438,11 +643,13 @@ int main(int argc, char **argv)
         else if (strcmp(argv[i], "--path") == 0 && i + 1 < argc) {
             const char *p = argv[++i];
             paths = strcmp(p, "old") == 0 ? 1 : strcmp(p, "mma") == 0 ? 2 : 3;
-        } else if (strcmp(argv[i], "--check-only") == 0)
+        } else if (strcmp(argv[i], "--stage") == 0 && i + 1 < argc)
+            s_stage = atoi(argv[++i]) != 0;
+        else if (strcmp(argv[i], "--check-only") == 0)
             check_only = 1;
         else {
             fprintf(stderr, "usage: bench_qgemv [--check-only] [--warps 2|4|8] [--lk 8|32] [--mma-warps 4|8|16] "
-                            "[--path old|mma|both]\n");
+                            "[--path old|mma|both] [--stage 0|1]\n");
             return 2;
         }
     }
@@ -458,6 +665,7 @@ int main(int argc, char **argv)
     if (paths & 2) {
         failed += s_checks(warps, n_sm, 1, mma_warps);
         failed += s_check_rows(n_sm, mma_warps);
+        failed += s_check_parts(mma_warps);
     }
     if (!check_only)
         s_times(warps, n_sm, paths, mma_warps);

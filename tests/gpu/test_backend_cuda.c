@@ -472,6 +472,66 @@ static void test_quant_matmul(void **state)
                            cases[i][3]);
 }
 
+/* matmul_n over quantized weights (q, k, v: one launch of the tensor-core GEMV up to GEMV_MAX_M
+ * rows) gives the bits of separate matmuls, for every format, with a bias on two parts; M = 9 runs
+ * the GEMM path part by part. K = 4,096 at M = 8 (weight-only) takes the x pre-pass instead of each
+ * block's own staging. */
+static void test_quant_matmul_n(void **state)
+{
+    static const int fmts[][4] = {
+        {BK_Q_FP8, 0, 0, BK_QA_NONE}, {BK_Q_FP8, 1, 0, BK_QA_FP8_TOKEN}, {BK_Q_FP8, 128, 128, BK_QA_NONE},
+        {BK_Q_I8, 1, 0, BK_QA_I8_TOKEN}, {BK_Q_I4, 1, 128, BK_QA_NONE}, {BK_Q_FP4, 1, 16, BK_QA_NONE},
+    };
+    static const int cases[][2] = {{1, 1024}, {3, 512}, {8, 512}, {8, 4096}, {1, 4096}, {9, 512}};
+    static const int64_t N[3] = {256, 64, 96};
+    for (size_t f = 0; f < ARRAY_LEN(fmts); f++)
+        for (size_t c = 0; c < ARRAY_LEN(cases); c++) {
+            const int fmt = fmts[f][0], act = fmts[f][3], M = cases[c][0], K = cases[c][1];
+            float *x = s_rand_f32((size_t)M * K, 1.0), *dx = s_put(s_gpu, x, (size_t)M * K * 4);
+            bk_mat_t W[3];
+            const bk_mat_t *wp[3];
+            const float *bias[3];
+            float *yn[3], *y1[3];
+            for (int i = 0; i < 3; i++) {
+                float *wf = s_rand_f32((size_t)N[i] * K, 0.5), *b = s_rand_f32((size_t)N[i], 1.0);
+                int er, ec;
+                const size_t ns = quant_grid(N[i], K, fmts[f][1], fmts[f][2], &er, &ec), cb = quant_code_bytes(fmt, N[i], K);
+                uint8_t *codes = malloc(cb);
+                float *sc = malloc(ns * 4);
+                assert_int_equal(quant_encode(fmt, wf, N[i], K, er, ec, codes, sc, NULL, NULL), 0);
+                W[i] = (bk_mat_t){.data = s_gpu->ops->weight_put(s_gpu, codes, cb, 1), .dtype = DT_U8, .rows = N[i],
+                                  .cols = K, .qfmt = (int8_t)fmt, .qact = (int8_t)act, .qgr = er, .qgc = ec,
+                                  .qscale = s_put(s_gpu, sc, ns * 4)};
+                wp[i] = &W[i];
+                bias[i] = i == 1 ? NULL : s_put(s_gpu, b, (size_t)N[i] * 4);
+                yn[i] = s_out(s_gpu, (size_t)M * N[i]);
+                y1[i] = s_out(s_gpu, (size_t)M * N[i]);
+                free(wf), free(b), free(codes), free(sc);
+            }
+            s_gpu->ops->matmul_n(s_gpu, dx, M, 3, wp, bias, yn);
+            for (int i = 0; i < 3; i++)
+                s_gpu->ops->matmul(s_gpu, dx, M, &W[i], bias[i], y1[i]);
+            for (int i = 0; i < 3; i++) {
+                char what[96];
+                snprintf(what, sizeof what, "qmatmul_n %s act %d M=%d K=%d part %d", quant_format_name(fmt), act, M, K, i);
+                float *a = s_take(s_gpu, yn[i], (size_t)M * N[i], what), *b = s_take(s_gpu, y1[i], (size_t)M * N[i], what);
+                for (size_t e = 0; e < (size_t)M * N[i]; e++)
+                    if (!isfinite(a[e]))
+                        fail_msg("%s: element %zu not finite", what, e);
+                if (memcmp(a, b, (size_t)M * N[i] * 4) != 0)
+                    fail_msg("%s: differs from a separate matmul", what);
+                free(a), free(b);
+                s_gpu->ops->weight_release(s_gpu, W[i].data);
+                s_gpu->ops->free(s_gpu, (void *)W[i].qscale);
+                if (bias[i])
+                    s_gpu->ops->free(s_gpu, (void *)bias[i]);
+            }
+            s_gpu->ops->free(s_gpu, dx);
+            free(x);
+        }
+    print_message("  qmatmul_n: bit-identical to separate matmuls (every format; M = 1, 3, 8, 9)\n");
+}
+
 /* matmul_n (q, k, v or gate, up over one x, converted once) gives the bits of separate matmuls, on
  * every path: GEMV, split, rounded once (vector and one-element conversion), f32, GEMV off. */
 static void test_matmul_n(void **state)
@@ -1942,6 +2002,7 @@ int main(void)
         cmocka_unit_test(test_memory),
         cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_quant_matmul),
+        cmocka_unit_test(test_quant_matmul_n),
         cmocka_unit_test(test_matmul_n),
         cmocka_unit_test(test_mlp_swiglu),
         cmocka_unit_test(test_matmul_batch_invariance),
