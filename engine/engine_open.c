@@ -129,6 +129,12 @@ static engine_status_t s_kv_scales_source(engine_t *e, const engine_spec_t *s, m
                         e->model_dir), ENGINE_ERR_CONFIG;
         e->kv_scales_from = found ? KV_SCALES_CHECKPOINT : KV_SCALES_CALIBRATE;
     }
+    if (e->kv_scales_from == KV_SCALES_CALIBRATE && (s->kv_no_calibrate || mo->expert_keep)) {
+        if (mode == KV_SCALES_CALIBRATE)
+            return errf(err, errlen, "%s calibrate: not with an expert-parallel group (no process holds every expert "
+                        "to run the calibration); use checkpoint or one", opt), ENGINE_ERR_CONFIG;
+        e->kv_scales_from = KV_SCALES_ONE;        /* auto: the same choice in every process of the topology */
+    }
     if (e->kv_scales_from == KV_SCALES_CALIBRATE) {
         const int len = s_calib_len(c);
         if (mo->max_tokens > 0 && mo->max_tokens < KVSCALE_CALIB_CHUNK)

@@ -62,6 +62,10 @@ typedef struct engine_spec {
     const char *kv_dtype_option;  /* names the KV option in errors (NULL: "kv_dtype"): "model.kv_dtype" */
     int kv_scales;                /* an fp8 cache's scales, KV_SCALES_* (engine/kvscale.h); 0: auto */
     const char *kv_scales_option; /* names it in errors (NULL: "kv_scales"): "model.kv_scales" */
+    int kv_no_calibrate;          /* 1: never calibrate (every process of a topology with an expert-parallel
+                                     group, where no process holds every expert): auto without the
+                                     checkpoint's scales takes 1, calibrate is refused. Also when
+                                     model.expert_keep is set */
     int quiet;                    /* 1: no progress lines on stderr (the KV scales' calibration) */
     const char *dummy_option;     /* names the dummy load format in hints (NULL: "load_format: dummy") */
 } engine_spec_t;

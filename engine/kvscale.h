@@ -21,7 +21,8 @@
  *               below 2^-6 s into its subnormals (absolute error <= 2^-10 s, ~1/100,000 of amax
  *               at headroom 4), while a value past 448 s saturates.
  *   one         every scale 1 (the cache as it was).
- *   auto        (the default) the checkpoint's when it has them, else calibrate.
+ *   auto        (the default) the checkpoint's when it has them, else calibrate (else one where no
+ *               process holds every expert: an expert-parallel group, engine_spec_t.kv_no_calibrate).
  * Only an fp8 cache of a model with ordinary attention has scales: other dtypes ignore them, and
  * MLA's latent cache (DeepSeek-V3) keeps scale 1.
  *

@@ -138,6 +138,8 @@ worker_t *worker_load(const topo_t *t, topo_role_t role, const topo_instance_t *
     s.kv_dtype_option = "model.kv_dtype";
     s.kv_scales = tm->kv_scales;
     s.kv_scales_option = "model.kv_scales";
+    for (int i = 0; i < t->n_actors; i++)         /* an expert-parallel group cannot calibrate: none of it, alike */
+        s.kv_no_calibrate |= t->actors[i].role == ROLE_DECODE && t->actors[i].ep > 1;
     s.quiet = 1;                                  /* the scales are logged below */
     s.dummy_option = "load_format: dummy";
     /* A speculating decode worker's verify steps compute every draft's row of logits. */

@@ -11,7 +11,8 @@
  *     a wrong count, a zero, a wrong dtype) refused naming the tensor; a checkpoint without them
  *     is refused under "checkpoint" and calibrated under "auto";
  *   - calibration: 4 amax / 448 of the calibration prompts' K and V, the same table however the
- *     caller sized the model (every worker must agree), and compressed-tensors' kv_cache_scheme
+ *     caller sized the model (every worker must agree), none where no process holds every expert
+ *     (auto takes 1, calibrate is refused), and compressed-tensors' kv_cache_scheme
  *     accepted as static fp8 and refused otherwise.
  * Run from the repository root (the fixtures are opened by relative path). */
 #include <math.h>
@@ -431,6 +432,22 @@ static void test_calibrate(void **state)
     for (size_t i = 0; i < n; i++)
         assert_true(b->kv_scales[i] == 1.0f);
     engine_destroy(&b);
+    /* No calibration where no process holds every expert: auto takes 1, calibrate is refused. */
+    engine_spec_t sp;
+    engine_spec_default(&sp);
+    sp.kv_dtype = DT_F8E4M3;
+    sp.kv_blocks = 8;
+    sp.kv_no_calibrate = 1;
+    b = engine_open(FIXTURES "/llama-gqa-f32", &sp, NULL, err, sizeof err);
+    assert_non_null(b);
+    assert_int_equal(b->kv_scales_from, KV_SCALES_ONE);
+    assert_null(kvpool_view(b->pool)->scale);
+    engine_destroy(&b);
+    sp.kv_scales = KV_SCALES_CALIBRATE;
+    engine_status_t st;
+    assert_null(engine_open(FIXTURES "/llama-gqa-f32", &sp, &st, err, sizeof err));
+    assert_int_equal(st, ENGINE_ERR_CONFIG);
+    assert_non_null(strstr(err, "expert-parallel"));
     engine_destroy(&a);
     free(s);
     free(amax);
