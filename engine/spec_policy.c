@@ -123,6 +123,8 @@ void spec_cost_decay(spec_cost_t *c)
     for (int b = 0; b < SPEC_COST_BATCHES; b++)
         for (int k = 0; k <= SPEC_MAX_K; k++) {
             const uint64_t n = c->steps[b][k];
+            if (n < 2 * SPEC_POLICY_MIN_STEPS)
+                continue;
             c->seconds[b][k] = n > 1 ? c->seconds[b][k] * (double)(n / 2) / (double)n : c->seconds[b][k];
             c->steps[b][k] = n > 1 ? n / 2 : n;
             /* tokens per row kept as they were: rows and emitted scale with the counted steps */
@@ -133,6 +135,63 @@ void spec_cost_decay(spec_cost_t *c)
                 c->counted[b][k] = m / 2;
             }
         }
+}
+
+int spec_cost_leave_out(int has_dist, int prev_asked, int asked)
+{
+    return has_dist && prev_asked != asked;
+}
+
+double spec_cost_cell_rate(const spec_cost_t *c, int bucket, int k)
+{
+    if (bucket < 0 || bucket >= SPEC_COST_BATCHES || k < 0 || k > SPEC_MAX_K ||
+        c->counted[bucket][k] < SPEC_POLICY_MIN_STEPS || c->steps[bucket][k] == 0 || !(c->seconds[bucket][k] > 0))
+        return -1;
+    return (double)c->emitted[bucket][k] / (double)c->counted[bucket][k] /
+           (c->seconds[bucket][k] / (double)c->steps[bucket][k]);
+}
+
+/* 1 when the measured cells of bucket b say drafting loses by far there: the plain cell and at
+ * least one drafting cell measured, and the best drafting cell below 1 - SPEC_EXPLORE_WIDE of
+ * the plain one. */
+static int s_loses_by_far(const spec_cost_t *seen, int b)
+{
+    const double r0 = seen ? spec_cost_cell_rate(seen, b, 0) : -1;
+    double best = -1;
+    for (int k = 1; r0 > 0 && k <= SPEC_MAX_K; k++) {
+        const double r = spec_cost_cell_rate(seen, b, k);
+        best = r > best ? r : best;
+    }
+    return r0 > 0 && best >= 0 && best < r0 * (1.0 - SPEC_EXPLORE_WIDE);
+}
+
+int spec_explore_next(spec_explore_t *e, int batch, const spec_cost_t *seen)
+{
+    const int b = spec_cost_bucket(batch < 1 ? 1 : batch);
+    const uint64_t step = e->steps++, at = e->at[b]++;
+    if (e->one_left > 0) {   /* the pair's second step: it drafts as a one-draft policy would */
+        e->one_left--;
+        return 1;
+    }
+    if (step % (2 * SPEC_EXPLORE_EVERY) < 2)
+        return 0;
+    if (e->one_every[b] == 0) {   /* the bucket's first step: its first pair comes half an interval on */
+        e->one_every[b] = SPEC_EXPLORE_ONE_EVERY;
+        e->one_next[b] = at + SPEC_EXPLORE_ONE_EVERY / 2;
+    }
+    if (at < e->one_next[b])
+        return -1;
+    if (s_loses_by_far(seen, b)) {
+        if (e->one_every[b] < SPEC_EXPLORE_ONE_MAX) {
+            e->one_every[b] *= 2;
+            e->backoffs++;
+        }
+    } else {
+        e->one_every[b] = SPEC_EXPLORE_ONE_EVERY;
+    }
+    e->one_next[b] = at + e->one_every[b];
+    e->one_left = 1;
+    return 1;
 }
 
 double spec_cost_tokens_per_row(const spec_cost_t *c, int bucket, int k)

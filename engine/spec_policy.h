@@ -85,6 +85,10 @@ void spec_cost_add_tokens(spec_cost_t *c, int bucket, int k, uint64_t steps, uin
 /* Measured tokens per row of a cell (SPEC_POLICY_MIN_STEPS counted steps); -1 when not measured. */
 double spec_cost_tokens_per_row(const spec_cost_t *c, int bucket, int k);
 void spec_cost_add(spec_cost_t *into, const spec_cost_t *from);
+/* Halves the table (old steps weigh less), except cells with fewer than 2 x SPEC_POLICY_MIN_STEPS
+ * steps, which keep what they have: a cell that exploration fills rarely (a one-draft cell where
+ * drafting loses by far) stays measured until newer steps outweigh it, instead of halving into
+ * an unmeasured cell that the fit would then stand in for. */
 void spec_cost_decay(spec_cost_t *c);
 /* Estimated seconds of one step at batch bucket `bucket` with k drafts per row: the cell's mean
  * when measured (SPEC_POLICY_MIN_STEPS steps); else a least-squares fit over every measured cell,
@@ -92,6 +96,59 @@ void spec_cost_decay(spec_cost_t *c);
  * apart: a step is the whole of it, drafting and emitting included), scaled to the bucket's
  * nearest measured cell. -1 when the table cannot say (fewer than two measured cells). */
 double spec_cost_estimate(const spec_cost_t *c, int bucket, int k);
+
+/* Which decode-only steps measure their cell (the worker asks before recording a step's cycle):
+ * 0, or 1 when the step is left out of the cost table. has_dist: the proposer keeps state per
+ * sequence (a draft model's KV, an MTP layer's); prev_asked / asked: whether the step before and
+ * this one asked for drafts. With such a proposer two steps are not what their cell stands for:
+ *   - a drafting step after a plain one: the proposer catches up first (the draft model computes
+ *     the tokens it missed; an MTP sequence not fed begins again), which a policy that keeps
+ *     drafting does not pay every step, nor one that stays at k = 0;
+ *   - a plain step after a drafting one. Its own cycle runs no proposer code, yet on one H200
+ *     (kjv-dense with kjv-draft, 2026-12-02, commit 2e81020) the plain cell at batch 1, filled by
+ *     exploration steps amid drafting ones, read 2,533 tokens/s where plain steps run at 5,100,
+ *     and the policy drafted at 0.49x of no speculation: whatever a drafting step leaves behind
+ *     (the draft model's upkeep, the router relaying its burst of tokens) lands in the step after
+ *     it. A plain step inside a stretch of plain steps pays none of it, and that is the step a
+ *     policy at k = 0 runs; so only those measure the plain cell.
+ * A proposer without state (n-gram) leaves nothing behind a drafting step; every step counts. */
+int spec_cost_leave_out(int has_dist, int prev_asked, int asked);
+
+/* Exploration: which decode-only steps ask for drafts whatever the policy, so that the cost
+ * table keeps the plain step and the one-draft step measured at every batch size next to the
+ * policy's choice (a fit from one length cannot tell a step's fixed cost from its cost per token,
+ * and a policy settled on k would otherwise never see that k = 0 became better, or the reverse).
+ *   - plain: two steps in a row in every 2 x SPEC_EXPLORE_EVERY (the second measures the plain
+ *     cell with a stateful proposer: spec_cost_leave_out);
+ *   - one draft: two steps in a row (the first is the catch-up) every `one_every` decode-only steps
+ *     of the batch bucket, SPEC_EXPLORE_ONE_EVERY to begin with. Where the worker's own measured
+ *     cells say drafting loses by far at that bucket (the best measured drafting cell below
+ *     1 - SPEC_EXPLORE_WIDE of the plain cell's tokens/s), each exploration doubles the bucket's
+ *     interval, up to SPEC_EXPLORE_ONE_MAX; anything else puts it back to the start. On one
+ *     H200 (kjv-dense with kjv-draft at concurrency 96, 2026-12-02) a policy that was off lost
+ *     21% to two one-draft steps in 64 and the draft model's catch-up before them, where the
+ *     measured one-draft cell gave a tenth of the plain one's tokens/s. */
+#define SPEC_EXPLORE_EVERY      16    /* plain: two steps in every 2 x this many */
+#define SPEC_EXPLORE_ONE_EVERY  64    /* one draft: two steps in this many (per batch bucket), at first */
+#define SPEC_EXPLORE_ONE_MAX    1024  /* ... backing off up to this many */
+#define SPEC_EXPLORE_WIDE       0.15  /* drafting losing by this fraction of tokens/s is losing by far */
+
+typedef struct spec_explore {
+    uint64_t steps;                          /* decode-only steps asked about */
+    uint64_t at[SPEC_COST_BATCHES];          /* ... of each batch bucket */
+    uint64_t one_next[SPEC_COST_BATCHES];    /* the bucket's step at which its next one-draft pair begins */
+    uint32_t one_every[SPEC_COST_BATCHES];   /* the bucket's interval (0: not set yet, the start) */
+    int one_left;                            /* one-draft steps left in the pair under way */
+    uint64_t backoffs;                       /* explorations that doubled an interval */
+} spec_explore_t;
+
+/* Tokens per second a measured cell gave (its counted steps' tokens over its steps' time); -1
+ * when the cell has fewer than SPEC_POLICY_MIN_STEPS counted steps. */
+double spec_cost_cell_rate(const spec_cost_t *c, int bucket, int k);
+/* For a decode-only step of `batch` rows: -1 (ask as the policy says), or the drafts every row
+ * asks for and verifies in this exploration step (0 or 1). seen: the worker's own measured cells
+ * (decaying), which decide the back-off; NULL: never back off. */
+int spec_explore_next(spec_explore_t *e, int batch, const spec_cost_t *seen);
 
 /* The policy, what draft_policy carries (messages/msg.h). */
 typedef struct spec_policy_bucket {

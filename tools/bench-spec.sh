@@ -195,6 +195,15 @@ for e in entries:
     fwd = 1e3 * m.get("forward_seconds_total", 0) / steps if steps else 0
     print(f"{e:>5} {int(steps):8d} {fwd:16.3f} {int(m.get('spec_verify_steps_total', 0)):14d} "
           f"{int(m.get('spec_padded_steps_total', 0)):13d} {int(m.get('steps_held_outbox_total', 0)):20d}")
+# One-row plain steps of the scheduled run: the cycle right after a drafting step (left out of the
+# cost table with a draft model or MTP) against the one inside a plain stretch (what k = 0 costs).
+m = decode_metrics("sched") if "sched" in entries else None
+if m:
+    print("sched: one-row plain steps after a drafting step %d (%.3f ms a cycle), inside a plain stretch %d "
+          "(%.3f ms); cost-table steps left out %d; explorations that backed off %d" % (
+              m.get("spec_plain1_after_draft_steps_total", 0), m.get("spec_plain1_after_draft_ms", 0),
+              m.get("spec_plain1_in_stretch_steps_total", 0), m.get("spec_plain1_in_stretch_ms", 0),
+              m.get("spec_cost_steps_skipped_total", 0), m.get("spec_explore_backoffs_total", 0)))
 PY
 if [ -s "$OUT/policy-sched.log" ] && [ -x "$B/bin/troupe-spec-policy-replay" ]; then
   echo "the draft-scheduler's last policy computation ($OUT/policy-sched.log):"

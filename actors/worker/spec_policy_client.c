@@ -28,8 +28,12 @@ struct spec_client {
     /* the chosen verify length, for stats */
     uint64_t chosen_sum, chosen_rows;
     double chosen_mean;          /* over the rows since the stats before */
-    uint64_t explore_steps;      /* decode-only steps asked about (spec_client_explore) */
+    spec_explore_t explore;      /* which steps explore k = 0 and k = 1 (spec_explore_next) */
+    spec_cost_t seen;            /* every cell this worker measured, decaying (the window's are sent
+                                  * and cleared): what the exploration's back-off reads */
 };
+
+#define SEEN_DECAY_STEPS 4000    /* steps in a cell of `seen` past which it halves (the draft-scheduler's rule) */
 
 int spec_client_scheduled_from_env(char *err, size_t errlen)
 {
@@ -124,15 +128,11 @@ float spec_client_stop_below(const spec_client_t *c, int batch)
     return c->has_dist && spec_client_active(c) ? spec_policy_stop_below(&c->policy, batch) : 0;
 }
 
-int spec_client_explore(spec_client_t *c)
+int spec_client_explore(spec_client_t *c, int batch)
 {
     if (!c->scheduled || !c->scheduler[0])
         return -1;
-    const uint64_t at = c->explore_steps++ % (4 * SPEC_EXPLORE_EVERY), one = 2 * SPEC_EXPLORE_EVERY + SPEC_EXPLORE_EVERY / 2;
-    /* two one-draft steps in a row: after plain steps the first is a proposer's catch-up (left out
-     * of the cost table with a distribution: spec_step.c s_unlike), the second drafts as a policy
-     * of one draft would */
-    return at % SPEC_EXPLORE_EVERY == 0 ? 0 : at == one || at == one + 1 ? 1 : -1;
+    return spec_explore_next(&c->explore, batch, &c->seen);
 }
 
 int spec_client_keep(spec_client_t *c, int batch, const float *probs, int n)
@@ -222,6 +222,10 @@ static void s_report(spec_client_t *c)
 void spec_client_step(spec_client_t *c, int rows, int k, long emitted, double seconds)
 {
     spec_cost_record_step(&c->cost, rows, k, emitted, seconds);
+    spec_cost_record_step(&c->seen, rows, k, emitted, seconds);
+    const int b = spec_cost_bucket(rows < 1 ? 1 : rows), kk = k > SPEC_MAX_K ? SPEC_MAX_K : k;
+    if (kk >= 0 && c->seen.steps[b][kk] > SEEN_DECAY_STEPS)
+        spec_cost_decay(&c->seen);
     c->win_steps++;
     if (!c->scheduler[0])
         return;
@@ -241,4 +245,5 @@ void spec_client_stats(spec_client_t *c, actor_t *a, msg_stats_t *st)
     actor_stat_metric(a, st, "spec_reports_total", (double)c->reports, 1);
     actor_stat_metric(a, st, "spec_reports_dropped_total", (double)c->reports_dropped, 1);
     actor_stat_metric(a, st, "spec_policies_total", (double)c->policies, 1);
+    actor_stat_metric(a, st, "spec_explore_backoffs_total", (double)c->explore.backoffs, 1);
 }

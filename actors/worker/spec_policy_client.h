@@ -25,7 +25,6 @@
 
 #define SPEC_REPORT_STEPS 256   /* decode-only steps per report window */
 #define SPEC_REPORT_MS    500   /* ... or this long (a window of a new load reaches the policy soon) */
-#define SPEC_EXPLORE_EVERY 16   /* one decode-only step in this many runs without drafts; one in 4x as many with one */
 
 typedef struct spec_client spec_client_t;
 
@@ -47,19 +46,12 @@ int spec_client_on_policy(spec_client_t *c, const msg_draft_policy_t *p, char *e
 int spec_client_ask(spec_client_t *c, int batch);
 /* The prefix confidence below which a row of a `batch`-row step may stop drafting (0: never). */
 float spec_client_stop_below(const spec_client_t *c, int batch);
-/* Called once per decode-only step: -1 (ask as usual), or the drafts every row of this step asks
- * for and verifies, whatever the policy: 0 in one step of SPEC_EXPLORE_EVERY and 1 in two
- * consecutive steps of 4 x SPEC_EXPLORE_EVERY (the first of them a proposer's catch-up after
- * plain steps; a one-draft step costs a draft forward and its catch-up: on a small
- * target on a GPU, where a step is a fifth of a millisecond, a scheduled run that had settled on
- * no drafts but explored one in 16 got two thirds of the plain run's throughput, one H200,
- * 2026-12-02),
- * while a draft-scheduler is there to learn from them (not with TROUPE_SPEC_POLICY=fixed). The
- * cost table then always holds the plain step and the one-draft step next to the policy's
- * choice: a fit from one verify length alone cannot tell a step's fixed cost (launches, a draft
- * forward per position) from its cost per token, and a policy that has settled on k would
- * otherwise never measure whether k = 0 had become better. */
-int spec_client_explore(spec_client_t *c);
+/* Called once per decode-only step of `batch` rows: -1 (ask as usual), or the drafts every row
+ * of this step asks for and verifies, whatever the policy (spec_explore_next: two plain steps in
+ * 2 x SPEC_EXPLORE_EVERY, two one-draft steps in SPEC_EXPLORE_ONE_EVERY steps of the batch
+ * bucket, backing off where this worker's measured cells say drafting loses by far there), while
+ * a draft-scheduler is there to learn from them (not with TROUPE_SPEC_POLICY=fixed). */
+int spec_client_explore(spec_client_t *c, int batch);
 /* Of the n drafts a row got, with their probabilities probs (NULL: a point mass), how many it
  * verifies (<= n). */
 int spec_client_keep(spec_client_t *c, int batch, const float *probs, int n);
@@ -75,7 +67,8 @@ int spec_client_active(const spec_client_t *c);
 
 /* spec_policy_active, spec_policy_epoch, spec_chosen_verify_len (mean drafts per row the policy,
  * or the default, let rows verify since the last stats), spec_reports_total,
- * spec_policies_total. */
+ * spec_policies_total, spec_explore_backoffs_total (explorations that doubled a bucket's
+ * one-draft interval). */
 void spec_client_stats(spec_client_t *c, actor_t *a, msg_stats_t *st);
 
 #endif

@@ -44,7 +44,12 @@ struct spec_step {
     long last_emitted;           /* tokens it emitted */
     int step_asked;              /* this step: drafts each row asked for (0: none asked) */
     int last_skip;               /* the last step's cycle is left out of the cost table (s_unlike) */
-    int prev_plain;              /* the step before the last asked for no drafts */
+    int prev_asked;              /* the decode-only step before the last asked for drafts */
+    /* Plain steps of one row, the cost table's batch-1 plain cell: cycles after a drafting step
+     * (left out with a stateful proposer) and inside a plain stretch (spec_cost_leave_out). */
+    double plain1_after_s, plain1_stretch_s;
+    uint64_t plain1_after, plain1_stretch;
+    int last_prev_asked;         /* the last step's prev_asked, for those */
     uint8_t *shape_seen;         /* [SHAPE_SLOTS(max_seqs)] decode-only steps seen of each graph shape, up to 2 */
     long step_emitted;           /* this step's tokens streamed by spec_step_verify; -1: it did not verify */
     int *kv_base;                /* [max_seqs] the row's KV length before its drafts */
@@ -168,7 +173,7 @@ int spec_step_propose(spec_step_t *s, const sched_batch_t *b)
     if (b->n != b->n_decode)
         return 0;
     int budget = s->max_rows - b->n, any = 0, n_ask = 0;
-    const int explore = s->policy ? spec_client_explore(s->policy) : -1;
+    const int explore = s->policy ? spec_client_explore(s->policy, b->n) : -1;
     for (int i = 0; i < b->n; i++) {
         sched_req_t *r = b->rows[i].req;
         if (!r)
@@ -391,31 +396,30 @@ int spec_step_on_policy(spec_step_t *s, const msg_draft_policy_t *p, char *err, 
  * out (counting its shape once):
  *   - the first two steps of a graph shape (B rows of n positions each, plain or verify): the
  *     first runs uncaptured and the second records the graph, a few milliseconds on a GPU. A cell
- *     the exploration fills (k = 0, k = 1: one step in 16 or 64) gets few steps, many of them of
- *     a batch size not seen before, and with these it read 3 ms a plain step at batch 1 where
- *     the plain run's steps took 0.21 ms (kjv-deepseek, MTP, one H200, 2026-12-02), and the
- *     policy drafted at 0.31x of no speculation;
- *   - with a distribution (a draft model, MTP), the first drafting step after a plain one: the
- *     proposer catches up first (the draft model computes the tokens it missed; an MTP sequence
- *     that was not fed begins again and drafts nothing that step), which a policy that keeps
- *     drafting does not pay every step, nor one that stays at k = 0. */
+ *     the exploration fills gets few steps, many of them of a batch size not seen before, and
+ *     with these it read 3 ms a plain step at batch 1 where the plain run's steps took 0.21 ms
+ *     (kjv-deepseek, MTP, one H200, 2026-12-02), and the policy drafted at 0.31x of no speculation;
+ *   - with a stateful proposer (a draft model, MTP), a step whose predecessor drafted where it did
+ *     not or the reverse (spec_cost_leave_out: the proposer's catch-up; what a drafting step
+ *     leaves for the plain step after it). */
 static int s_unlike(spec_step_t *s, const sched_batch_t *b, int verified, int asked)
 {
-    const int catch_up = s->has_dist && asked && s->prev_plain;
-    s->prev_plain = !asked;
+    const int transition = spec_cost_leave_out(s->has_dist, s->prev_asked, asked);
+    s->last_prev_asked = s->prev_asked;
+    s->prev_asked = asked;
     const int n = 1 + s->n_drafts[0] + s->n_pad[0];
     for (int i = 1; i < b->n; i++)
         if (1 + s->n_drafts[i] + s->n_pad[i] != n)
-            return catch_up;   /* unequal rows: never a graph */
+            return transition;   /* unequal rows: never a graph */
     if (b->n > s->max_seqs || n > SPEC_MAX_K + 1)
-        return catch_up;
+        return transition;
     const int verify = verified && n > 1;   /* a one-position verify step shares the plain step's graph */
     uint8_t *seen = &s->shape_seen[((size_t)(n - 1) * 2 + (size_t)verify) * (size_t)(s->max_seqs + 1) + (size_t)b->n];
     if (*seen < 2) {
         ++*seen;
         return 1;
     }
-    return catch_up;
+    return transition;
 }
 
 void spec_step_done(spec_step_t *s, const sched_batch_t *b)
@@ -442,6 +446,15 @@ void spec_step_cycle(spec_step_t *s, double seconds)
 {
     if (!s || !s->policy || s->last_rows < 1)
         return;
+    if (s->last_rows == 1 && s->last_k == 0) {   /* where the batch-1 plain cell's time goes */
+        if (s->last_prev_asked) {
+            s->plain1_after_s += seconds;
+            s->plain1_after++;
+        } else {
+            s->plain1_stretch_s += seconds;
+            s->plain1_stretch++;
+        }
+    }
     if (s->last_skip)
         s->skipped_steps++;
     else
@@ -467,6 +480,11 @@ void spec_step_stats(const spec_step_t *s, actor_t *a, msg_stats_t *st)
     actor_stat_metric(a, st, "spec_padded_steps_total", (double)s->padded_steps, 1);
     actor_stat_metric(a, st, "spec_pad_positions_total", (double)s->pad_positions, 1);
     actor_stat_metric(a, st, "spec_cost_steps_skipped_total", (double)s->skipped_steps, 1);
+    /* one-row plain steps: after a drafting step and inside a plain stretch, count and mean cycle */
+    actor_stat_metric(a, st, "spec_plain1_after_draft_steps_total", (double)s->plain1_after, 1);
+    actor_stat_metric(a, st, "spec_plain1_after_draft_ms", s->plain1_after ? 1e3 * s->plain1_after_s / (double)s->plain1_after : 0, 0);
+    actor_stat_metric(a, st, "spec_plain1_in_stretch_steps_total", (double)s->plain1_stretch, 1);
+    actor_stat_metric(a, st, "spec_plain1_in_stretch_ms", s->plain1_stretch ? 1e3 * s->plain1_stretch_s / (double)s->plain1_stretch : 0, 0);
     if (s->mtp) {
         spec_mtp_stats_t ms;
         spec_mtp_stats(s->proposer, &ms);

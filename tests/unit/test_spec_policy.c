@@ -480,6 +480,140 @@ static void test_log_line_replays(void **state)
     assert_non_null(strstr(why, "max_k"));
 }
 
+/* A decode worker at batch 1 with a draft model, the policy drafting: its steps through the
+ * exploration and the rule of which steps measure their cell. Drafting steps (3 drafts verified a
+ * row) take 0.5 ms and emit 2 tokens; a plain step takes 0.2 ms inside a plain stretch but
+ * 0.6 ms right after a drafting step (what the drafting step left behind), and a drafting step
+ * right after a plain one 0.8 ms (the draft model's catch-up). old: the rule before (only the
+ * catch-up left out). */
+static void s_run_batch1(spec_cost_t *c, int old, int steps)
+{
+    memset(c, 0, sizeof *c);
+    spec_explore_t e = {0};
+    int prev = 1;
+    for (int i = 0; i < steps; i++) {
+        const int x = spec_explore_next(&e, 1, NULL), k = x >= 0 ? x : 3, asked = k > 0;
+        double sec = asked ? (prev ? 0.5e-3 : 0.8e-3) : (prev ? 0.6e-3 : 0.2e-3);
+        const long emitted = k == 0 ? 1 : k == 1 ? 1 : 2;   /* a one-draft step: its draft rejected, say */
+        const int skip = old ? (asked && !prev) : spec_cost_leave_out(1, prev, asked);
+        if (!skip)
+            spec_cost_record_step(c, 1, k, emitted, sec);
+        prev = asked;
+    }
+}
+
+static void test_plain_cell_without_upkeep(void **state)
+{
+    (void)state;
+    spec_accept_t a;
+    s_fill_accept(&a, 0.6, 7);
+    spec_cost_t c;
+    spec_policy_t p = {.epoch = 1};
+    char why[128];
+    /* The rule before: the plain cell mixes 0.6 ms and 0.2 ms steps (2,500 tokens/s), drafting
+     * (4,000) seems to pay, and the policy drafts where plain steps give 5,000. */
+    s_run_batch1(&c, 1, 4096);
+    assert_int_equal(spec_policy_compute(&a, &c, 7, 1, &p, why, sizeof why), 0);
+    assert_true(spec_policy_bucket(&p, 1)->max_draft > 0);
+    assert_true(spec_cost_cell_rate(&c, 0, 0) < 3000);
+    /* Now: the plain cell is the stretch's 0.2 ms step, and speculation is off at batch 1. */
+    s_run_batch1(&c, 0, 4096);
+    assert_true(fabs(spec_cost_cell_rate(&c, 0, 0) - 5000) < 1);
+    assert_true(fabs(spec_cost_cell_rate(&c, 0, 3) - 4000) < 1);
+    assert_true(c.counted[0][0] >= 4096 / (2 * SPEC_EXPLORE_EVERY) - 1);
+    assert_int_equal(spec_policy_compute(&a, &c, 7, 1, &p, why, sizeof why), 0);
+    assert_int_equal(spec_policy_bucket(&p, 1)->max_draft, 0);
+    /* Without a stateful proposer (n-gram) every step measures its cell. */
+    for (int pa = 0; pa < 2; pa++)
+        for (int as = 0; as < 2; as++)
+            assert_int_equal(spec_cost_leave_out(0, pa, as), 0);
+}
+
+/* seen: bucket b's plain cell at r0 tokens/s and its one-draft cell at r1 (B rows a step). */
+static void s_fill_seen(spec_cost_t *c, int batch, double r0, double r1)
+{
+    memset(c, 0, sizeof *c);
+    spec_cost_record_step(c, batch, 0, batch, 0);
+    for (int i = 0; i < 100; i++) {
+        spec_cost_record_step(c, batch, 0, batch, batch / r0);
+        spec_cost_record_step(c, batch, 1, batch, batch / r1);
+    }
+}
+
+static int s_count_explore(spec_explore_t *e, int batch, const spec_cost_t *seen, int steps, int want)
+{
+    int n = 0;
+    for (int i = 0; i < steps; i++)
+        n += spec_explore_next(e, batch, seen) == want;
+    return n;
+}
+
+static void test_explore_backs_off(void **state)
+{
+    (void)state;
+    const int steps = 64 * 1024;
+    spec_cost_t seen;
+    /* Concurrency 96 on the KJV pair: one draft gives a tenth of the plain step's tokens/s. Two
+     * one-draft steps in 64 cost a fifth of the throughput; backing off, a pair in 1,024. */
+    s_fill_seen(&seen, 96, 150000, 15000);
+    spec_explore_t e = {0};
+    const int far = s_count_explore(&e, 96, &seen, steps, 1);
+    assert_true(far <= 2 * (steps / SPEC_EXPLORE_ONE_MAX + 6));
+    assert_true(far >= 2 * (steps / SPEC_EXPLORE_ONE_MAX));   /* never stops: the cell stays measured */
+    assert_true(e.backoffs >= 4 && e.backoffs <= 5);   /* 64 -> 1,024 */
+    /* Drafting close to paying: the interval stays at its start. */
+    s_fill_seen(&seen, 96, 150000, 140000);
+    spec_explore_t e2 = {0};
+    const int close = s_count_explore(&e2, 96, &seen, steps, 1);
+    assert_true(close >= 2 * (steps / SPEC_EXPLORE_ONE_EVERY) - 4);
+    assert_int_equal(e2.backoffs, 0);
+    /* Nothing measured (NULL or an empty table): no back-off either. */
+    spec_explore_t e3 = {0};
+    assert_int_equal(s_count_explore(&e3, 96, NULL, steps, 1), close);
+    /* Backed off at 96, at its start at 16: the buckets keep their own intervals. */
+    s_fill_seen(&seen, 96, 150000, 15000);
+    spec_explore_t e4 = {0};
+    for (int i = 0; i < steps; i++)
+        spec_explore_next(&e4, i % 2 ? 96 : 16, &seen);
+    assert_int_equal(e4.one_every[spec_cost_bucket(96)], SPEC_EXPLORE_ONE_MAX);
+    assert_int_equal(e4.one_every[spec_cost_bucket(16)], SPEC_EXPLORE_ONE_EVERY);
+    /* When drafting stops losing by far, the next exploration goes back to the start. */
+    s_fill_seen(&seen, 96, 150000, 140000);
+    for (int i = 0; i < SPEC_EXPLORE_ONE_MAX + 2; i++)
+        spec_explore_next(&e4, 96, &seen);
+    assert_int_equal(e4.one_every[spec_cost_bucket(96)], SPEC_EXPLORE_ONE_EVERY);
+    /* Plain exploration: two steps in a row in every 2 x SPEC_EXPLORE_EVERY. */
+    spec_explore_t e5 = {0};
+    int plain = 0, pairs = 0, last = -1;
+    for (int i = 0; i < steps; i++) {
+        const int x = spec_explore_next(&e5, 1, NULL);
+        plain += x == 0;
+        pairs += x == 0 && last == 0;
+        last = x;
+    }
+    assert_true(plain >= steps / SPEC_EXPLORE_EVERY - steps / SPEC_EXPLORE_ONE_EVERY);
+    assert_true(pairs >= plain / 2 - steps / SPEC_EXPLORE_ONE_EVERY);
+}
+
+static void test_decay_keeps_rare_cells(void **state)
+{
+    (void)state;
+    spec_cost_t c = {0};
+    for (int i = 0; i < 5; i++)
+        spec_cost_record_step(&c, 96, 1, 150, 2e-3);
+    for (int i = 0; i < 100; i++)
+        spec_cost_record_step(&c, 96, 0, 96, 0.6e-3);
+    const int b = spec_cost_bucket(96);
+    spec_cost_decay(&c);
+    assert_int_equal(c.steps[b][0], 50);
+    assert_int_equal(c.counted[b][0], 50);
+    assert_true(fabs(c.seconds[b][0] - 50 * 0.6e-3) < 1e-9);
+    /* 5 steps: halved they would be 2, no longer measured, and the fit would stand in for them */
+    assert_int_equal(c.steps[b][1], 5);
+    assert_true(spec_cost_cell_rate(&c, b, 1) > 0);
+    assert_true(fabs(spec_cost_cell_rate(&c, b, 1) - 75000) < 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -496,6 +630,9 @@ int main(void)
         cmocka_unit_test(test_unmeasured_k_scaled),
         cmocka_unit_test(test_log_line_replays),
         cmocka_unit_test(test_unmeasured_plain_bounded),
+        cmocka_unit_test(test_plain_cell_without_upkeep),
+        cmocka_unit_test(test_explore_backs_off),
+        cmocka_unit_test(test_decay_keeps_rare_cells),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
