@@ -301,9 +301,10 @@ static int s_load_mtp(model_t *m, ckpt_t *ck, char *err, size_t errlen)
         !(t->layer.attn_norm = model_vec(m, ck, H, NAME("input_layernorm.weight"), err, errlen)) ||
         !(t->layer.mlp_norm = model_vec(m, ck, H, NAME("post_attention_layernorm.weight"), err, errlen)) ||
         mla_load_attention(m, ck, prefix, &t->layer, &bytes, err, errlen) < 0 ||
-        !(t->prob = model_alloc(m, (size_t)m->opts.max_logit_rows * sizeof(float), "MTP draft probabilities", err,
-                                errlen)))
+        !(t->top = model_alloc(m, 2 * (size_t)m->opts.max_logit_rows * sizeof(int32_t), "MTP drafts", err, errlen)))
         return -1;
+    if (!(t->h_top = malloc(2 * (size_t)m->opts.max_logit_rows * sizeof(int32_t))))
+        return errf(err, errlen, "%s: out of memory", m->where);
 #undef NAME
     t->layer.is_moe = c->num_experts > 0;
     if (t->layer.is_moe) {
@@ -344,6 +345,7 @@ void mla_free(model_t *m)
     if (t) {
         free(t->graphs);
         free(t->graph_runs);
+        free(t->h_top);
         free(t->layer.experts);
     }
     free(m->mtp);

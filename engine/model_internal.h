@@ -43,7 +43,9 @@ typedef struct model_mtp {
     bk_mat_t eh_e, eh_h;             /* eh_proj [H][2H]'s column halves [H][H]: on enorm(embed), on hnorm(h) */
     float *enorm, *hnorm, *norm;     /* device f32 [H] */
     size_t weight_bytes;             /* the checkpoint's bytes of layer num_layers, all of it placed */
-    float *prob;                     /* device f32 [max_logit_rows]: mtp_top's probabilities */
+    int32_t *top;                    /* device [2][max_logit_rows] words: mtp_top's ids [R], then its f32
+                                        probabilities [R] (one download for both) */
+    int32_t *h_top;                  /* host, the same */
     /* MTP step graphs (engine/mtp.c, as the decode-step graphs below): graphs[slot] replays the
      * ops from the embedding to the drafts of B sequences of n new rows each (logits of each
      * one's last row, or of every row); graph_runs as graph_runs below.

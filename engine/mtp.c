@@ -57,7 +57,7 @@ static int s_validate(const model_t *m, const model_batch_t *b, int *T_out, int 
 }
 
 /* The MTP step's ops from the embedding to the logits [R][V], and with top each row's draft and
- * its probability (mtp_top into argmax and t->prob): everything an MTP step graph holds. The
+ * its probability (mtp_top into t->top): everything an MTP step graph holds. The
  * hidden rows are in hid_in already. */
 static void s_body(model_t *m, int T, int R, const bk_kv_t *kv, const bk_attn_meta_t *meta, const int32_t *ids,
                    const int32_t *rows, int top)
@@ -86,7 +86,7 @@ static void s_body(model_t *m, int T, int R, const bk_kv_t *kv, const bk_attn_me
     PROF(m, P_LM_HEAD, op->gather_rows(be, m->xn, rows, R, H, m->rows));
     PROF(m, P_LM_HEAD, op->matmul(be, m->rows, R, &t->head, NULL, m->logits));
     if (top)
-        PROF(m, P_ARGMAX, op->mtp_top(be, m->logits, R, m->cfg.vocab_size, m->argmax, t->prob));
+        PROF(m, P_ARGMAX, op->mtp_top(be, m->logits, R, m->cfg.vocab_size, t->top, (float *)(t->top + R)));
 }
 
 /* An MTP step of B sequences of n new rows each (logits of each one's last row, or of every row:
@@ -197,10 +197,15 @@ int model_mtp_forward(model_t *m, const model_batch_t *b, const float *hidden, f
     int rc = 0;
     if (hidden_out)
         rc = op->download(be, hidden_out, m->res, (size_t)T * rowf);
-    if (rc == 0 && b->argmax_out)
+    if (rc == 0 && top) {           /* ids and probabilities in one download */
+        rc = op->download(be, m->mtp->h_top, m->mtp->top, 2 * (size_t)R * sizeof(int32_t));
+        if (rc == 0) {
+            memcpy(b->argmax_out, m->mtp->h_top, (size_t)R * sizeof(int32_t));
+            memcpy(top_prob, m->mtp->h_top + R, (size_t)R * sizeof(float));
+        }
+    } else if (rc == 0 && b->argmax_out) {
         rc = op->download(be, b->argmax_out, m->argmax, (size_t)R * sizeof(int32_t));
-    if (rc == 0 && top)
-        rc = op->download(be, top_prob, m->mtp->prob, (size_t)R * sizeof(float));
+    }
     if (rc == 0 && logits)
         rc = op->download(be, logits, m->logits, (size_t)R * V * sizeof(float));
     if (rc < 0)
