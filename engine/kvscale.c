@@ -49,7 +49,7 @@ static int s_read(const ckpt_t *ck, const char *name, int n_kv, float *out, char
         n *= t->shape[i];
     if (n != 1 && n != n_kv)
         return errf(err, errlen, "%s: %lld values (one per tensor, or one per kv head: %d)", name, (long long)n, n_kv);
-    float v[BK_MAX_GQA_GROUP * 64];
+    float v[1024];                                 /* n <= n_kv: any model's kv heads */
     if (n > (int64_t)(sizeof v / sizeof v[0]))
         return errf(err, errlen, "%s: %lld values, more than the %zu read", name, (long long)n, sizeof v / sizeof v[0]);
     dtype_to_f32(t->dtype, t->data, v, (size_t)n);
