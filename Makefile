@@ -2,6 +2,7 @@
 #
 # Layout is discovered by wildcard so a new file needs no Makefile edit:
 #   common/ messages/ topology/ engine/ kernels/cpu/ transfer/ actors/*/ (runtime, worker, ...) tools/lib/
+#   tools/generate/ (troupe-generate's pieces)
 #                                                   -> build/libtroupe.a
 #   actors/<name>.c  -> build/bin/troupe-<name>   (one process per actor; '_' becomes '-')
 #   tools/<name>.c   -> build/bin/troupe-<name>   (supervisor, client, top, generate, bench)
@@ -40,7 +41,8 @@ NCCL_LDLIBS := $(if $(NCCL),$(if $(filter /usr/lib/x86_64-linux-gnu,$(NCCL_LIBDI
 B := build
 # make demo and make test build with one job per core (JOBS=1 builds serially).
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
-LIB_SRCS   := $(wildcard common/*.c messages/*.c topology/*.c engine/*.c kernels/cpu/*.c transfer/*.c actors/*/*.c tools/lib/*.c)
+LIB_SRCS   := $(wildcard common/*.c messages/*.c topology/*.c engine/*.c kernels/cpu/*.c transfer/*.c actors/*/*.c tools/lib/*.c \
+                        tools/generate/*.c)
 ACTOR_SRCS := $(wildcard actors/*.c)
 TOOL_SRCS  := $(wildcard tools/*.c)
 TEST_SRCS  := $(wildcard tests/unit/test_*.c)
