@@ -2,7 +2,8 @@
 # step (--mixed: the largest batch's decode rows and a fresh prompt in one forward) and the per-op
 # profile, with the JSON the GPU runs are read from (rows sharing one prompt there, distinct prompts
 # below); an MoE model's bytes from the experts each step routed to; distinct prompts against shared
-# ones on a dummy MoE shape; and its usage errors (exit 2, naming the option).
+# ones on a dummy MoE shape; --quantize (int4 at load: fewer bytes, named in the output and the
+# JSON); and its usage errors (exit 2, naming the option).
 . "$(dirname "$0")/lib.sh"
 MODEL=$ROOT/tests/fixtures/models/llama-gqa-f32
 timeout 120 "$BIN/troupe-bench-engine" "$MODEL" --prompt-len 24 --batch 1,3 --steps 2 --mixed 10 --profile \
@@ -66,8 +67,21 @@ import json, sys
 sh, di = (json.load(open(f))["decode"][0]["experts_routed_per_layer"] for f in sys.argv[1:3])
 assert di >= 24 and di > sh + 5, (sh, di)
 EOF
+# --quantize: the MoE model quantized at load (int4 groups of 128) reads fewer bytes than its f32
+# weights, says so, and the JSON names the format.
+timeout 120 "$BIN/troupe-bench-engine" "$ROOT/tests/fixtures/models/qwen3-moe-f32" --prompt-len 16 --batch 1,4 --steps 3 \
+  --copy-bw 0.01 --quantize int4 --json "$WORK/moe-i4.json" >"$WORK/moe-i4.txt" 2>&1 \
+  || { cat "$WORK/moe-i4.txt"; fail "troupe-bench-engine --quantize int4 exited $?"; }
+grep -q "quantized at load to int4" "$WORK/moe-i4.txt" || { cat "$WORK/moe-i4.txt"; fail "--quantize is not printed"; }
+python3 - "$WORK/moe.json" "$WORK/moe-i4.json" <<'EOF' || fail "--quantize int4 does not shrink the bytes"
+import json, sys
+f, q = (json.load(open(p)) for p in sys.argv[1:3])
+assert f["quantize"] == "none" and q["quantize"] == "int4", (f["quantize"], q["quantize"])
+assert q["weight_bytes"] < 0.5 * f["weight_bytes"], (q["weight_bytes"], f["weight_bytes"])
+assert q["decode"][0]["bytes_per_step"] < f["decode"][0]["bytes_per_step"], (q["decode"][0], f["decode"][0])
+EOF
 # Usage errors: exit 2 and the option named.
-for args in "--mixed -1" "--mixed lots" "--batch 0" "--steps" "--prompts some" "--seed -3"; do
+for args in "--mixed -1" "--mixed lots" "--batch 0" "--steps" "--prompts some" "--seed -3" "--quantize int3"; do
   rc=0
   "$BIN/troupe-bench-engine" "$MODEL" $args >"$WORK/u.txt" 2>&1 || rc=$?
   [ "$rc" -eq 2 ] || { cat "$WORK/u.txt"; fail "'$args': exit $rc, expected 2"; }
