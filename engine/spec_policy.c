@@ -142,24 +142,32 @@ int spec_cost_leave_out(int has_dist, int prev_asked, int asked)
     return has_dist && prev_asked != asked;
 }
 
-double spec_cost_cell_rate(const spec_cost_t *c, int bucket, int k)
+static double s_cell_rate(const spec_cost_t *c, int bucket, int k, uint64_t min_counted)
 {
-    if (bucket < 0 || bucket >= SPEC_COST_BATCHES || k < 0 || k > SPEC_MAX_K ||
-        c->counted[bucket][k] < SPEC_POLICY_MIN_STEPS || c->steps[bucket][k] == 0 || !(c->seconds[bucket][k] > 0))
+    if (bucket < 0 || bucket >= SPEC_COST_BATCHES || k < 0 || k > SPEC_MAX_K || c->counted[bucket][k] < min_counted ||
+        c->steps[bucket][k] == 0 || !(c->seconds[bucket][k] > 0))
         return -1;
     return (double)c->emitted[bucket][k] / (double)c->counted[bucket][k] /
            (c->seconds[bucket][k] / (double)c->steps[bucket][k]);
 }
 
-/* 1 when the measured cells of bucket b say drafting loses by far there: the plain cell and at
- * least one drafting cell measured, and the best drafting cell below 1 - SPEC_EXPLORE_WIDE of
- * the plain one. */
+double spec_cost_cell_rate(const spec_cost_t *c, int bucket, int k)
+{
+    return s_cell_rate(c, bucket, k, SPEC_POLICY_MIN_STEPS);
+}
+
+/* 1 when the measured cells of bucket b say drafting loses by far there: the plain cell measured,
+ * a drafting cell with SPEC_EXPLORE_MIN_COUNTED counted steps, and the best of them below
+ * 1 - SPEC_EXPLORE_WIDE of the plain one. Fewer steps than the policy needs: each exploration
+ * adds one counted step (its first is the catch-up), a level of a GPU benchmark at concurrency
+ * 96 is a few hundred steps, and a margin this wide is not the noise of two steps. */
+#define SPEC_EXPLORE_MIN_COUNTED 2
 static int s_loses_by_far(const spec_cost_t *seen, int b)
 {
     const double r0 = seen ? spec_cost_cell_rate(seen, b, 0) : -1;
     double best = -1;
     for (int k = 1; r0 > 0 && k <= SPEC_MAX_K; k++) {
-        const double r = spec_cost_cell_rate(seen, b, k);
+        const double r = s_cell_rate(seen, b, k, SPEC_EXPLORE_MIN_COUNTED);
         best = r > best ? r : best;
     }
     return r0 > 0 && best >= 0 && best < r0 * (1.0 - SPEC_EXPLORE_WIDE);

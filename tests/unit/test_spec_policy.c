@@ -582,6 +582,17 @@ static void test_explore_backs_off(void **state)
     for (int i = 0; i < SPEC_EXPLORE_ONE_MAX + 2; i++)
         spec_explore_next(&e4, 96, &seen);
     assert_int_equal(e4.one_every[spec_cost_bucket(96)], SPEC_EXPLORE_ONE_EVERY);
+    /* Two counted one-draft steps are enough to back off on (each exploration counts one); one is not. */
+    for (int n1 = 1; n1 <= 2; n1++) {
+        memset(&seen, 0, sizeof seen);
+        for (int i = 0; i < 100; i++)
+            spec_cost_record_step(&seen, 96, 0, 96, 96 / 150000.0);
+        for (int i = 0; i < n1; i++)
+            spec_cost_record_step(&seen, 96, 1, 96, 96 / 15000.0);
+        spec_explore_t e6 = {0};
+        s_count_explore(&e6, 96, &seen, 4 * SPEC_EXPLORE_ONE_EVERY, 1);
+        assert_int_equal(e6.backoffs > 0, n1 == 2);
+    }
     /* Plain exploration: two steps in a row in every 2 x SPEC_EXPLORE_EVERY. */
     spec_explore_t e5 = {0};
     int plain = 0, pairs = 0, last = -1;
