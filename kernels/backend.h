@@ -421,6 +421,7 @@ typedef struct backend_ops {
     void (*add)(backend_t *be, float *y, const float *x, int n);
     void (*moe_route_sigmoid)(backend_t *be, const float *logits, const float *bias, int M, int E, int k, int n_group,
                               int topk_group, int renorm, float scale, int32_t *ids, float *weights);
+    void (*mtp_top)(backend_t *be, const float *x, int M, int N, int32_t *out, float *prob);
 } backend_ops_t;
 
 struct backend {
@@ -428,7 +429,6 @@ struct backend {
     int n_threads;                /* CPU threads the backend's host work may use */
     void *impl;                   /* the implementation's own state */
 };
-    void (*mtp_top)(backend_t *be, const float *x, int M, int N, int32_t *out, float *prob);
 
 /* Tokens per pass of a device backend's MoE kernels (kernels/cuda/cuda_moe.cu): bound the
  * per-entry part of moe_ffn's scratch for long prefill chunks. The FMA device path works chunks of
