@@ -2,8 +2,8 @@
  * prefill and its batched decode step, next to the memory-bandwidth bound.
  *
  *   troupe-bench-engine MODEL_DIR [--backend cpu|cuda|cuda:N] [--dtype bf16|f16|f32]
- *       [--kv-dtype auto|f32|bf16|f16|fp8] [--load-format auto|dummy] [--threads N]
- *       [--prompt-len 1000] [--batch 1,16,64,256] [--steps 32] [--chunk 2048] [--mixed N]
+ *       [--kv-dtype auto|f32|bf16|f16|fp8] [--kv-scales auto|checkpoint|calibrate|one]
+ *       [--load-format auto|dummy] [--threads N] [--prompt-len 1000] [--batch 1,16,64,256] [--steps 32] [--chunk 2048] [--mixed N]
  *       [--copy-bw TB/s] [--profile] [--json FILE] [--router-skew uniform|zipf:S|table:FILE]
  *       [--prompts distinct|shared] [--seed N] [--verify-table [--max-k 7] [--accept 0.6,0.8]]
  *       [--quantize fp8|int8|int4|nvfp4]
@@ -78,12 +78,14 @@
 
 static const char *s_usage =
     "usage: troupe-bench-engine MODEL_DIR [--backend cpu|cuda|cuda:N] [--dtype bf16|f16|f32]\n"
-    "         [--kv-dtype auto|f32|bf16|f16|fp8] [--load-format auto|dummy] [--threads N]\n"
+    "         [--kv-dtype auto|f32|bf16|f16|fp8] [--kv-scales auto|checkpoint|calibrate|one]\n"
+    "         [--load-format auto|dummy] [--threads N]\n"
     "         [--prompt-len N] [--batch 1,16,64,256] [--steps N] [--chunk N] [--mixed N]\n"
     "         [--copy-bw TB/s] [--profile] [--json FILE] [--router-skew uniform|zipf:S|table:FILE]\n"
     "         [--prompts distinct|shared] [--seed N] [--verify-table [--max-k 7] [--accept 0.6,0.8]]\n"
     "         [--quantize fp8|int8|int4|nvfp4]\n"
-    "--kv-dtype auto (default) keeps the KV cache in the weights' dtype; fp8 is E4M3 with scale 1.\n"
+    "--kv-dtype auto (default) keeps the KV cache in the weights' dtype; fp8 is E4M3 with a scale per\n"
+    "layer, K/V and kv head: --kv-scales auto (default: the checkpoint's, else calibrated), one (scale 1).\n"
     "--router-skew (dummy weights; default TROUPE_DUMMY_ROUTER_SKEW, else uniform): MoE routers biased so\n"
     "that expert choice follows a Zipf law of exponent S or a troupe-expert-load table (docs/experts.md).\n"
     "--prompts distinct (default): every row its own random prompt (from --seed, default 1), prefilled once;\n"
@@ -99,6 +101,7 @@ typedef struct opts {
     long long seed;               /* --seed: the rows' prompts */
     dtype_t dtype;                /* the dummy weights'; DT_COUNT: the config's */
     dtype_t kv_dtype;             /* DT_COUNT: auto (the weights' dtype) */
+    int kv_scales;                /* --kv-scales: KV_SCALES_* (engine/kvscale.h), 0 auto */
     int quantize;                 /* --quantize: BK_Q_* at load; 0 none */
     int batch[MAX_LEVELS], n_levels;
     double copy_bw;               /* TB/s, 0 = not given */
@@ -167,6 +170,8 @@ static int s_parse(int argc, char **argv, opts_t *o)
         }
         else if (!strcmp(a, "--kv-dtype"))
             rc = arg_kv_dtype(T, a, v, &o->kv_dtype);
+        else if (!strcmp(a, "--kv-scales"))
+            rc = arg_kv_scales(T, a, v, &o->kv_scales);
         else if (!strcmp(a, "--json"))
             o->json = v;
         else if (!strcmp(a, "--router-skew"))
@@ -438,6 +443,8 @@ static int s_open(bench_t *b)
     s.dtype = o->dtype;
     s.kv_dtype = o->kv_dtype;
     s.kv_dtype_option = "--kv-dtype";
+    s.kv_scales = o->kv_scales;
+    s.kv_scales_option = "--kv-scales";
     s.dummy_option = "--load-format dummy";
     int max_tokens = b->max_b + o->mixed > b->chunk ? b->max_b + o->mixed : b->chunk;
     const int rows_tokens = o->shared ? 0 : b->rows_per_prefill * b->chunk;   /* distinct rows' prefills */
