@@ -200,9 +200,11 @@ for e in entries:
 m = decode_metrics("sched") if "sched" in entries else None
 if m:
     print("sched: one-row plain steps after a drafting step %d (%.3f ms a cycle), inside a plain stretch %d "
-          "(%.3f ms); cost-table steps left out %d; explorations that backed off %d" % (
+          "(%.3f ms); one-row cycles over 1 ms: plain %d, drafting %d; cost-table steps left out %d; explorations that "
+          "backed off %d" % (
               m.get("spec_plain1_after_draft_steps_total", 0), m.get("spec_plain1_after_draft_ms", 0),
               m.get("spec_plain1_in_stretch_steps_total", 0), m.get("spec_plain1_in_stretch_ms", 0),
+              m.get("spec_plain1_slow_steps_total", 0), m.get("spec_draft1_slow_steps_total", 0),
               m.get("spec_cost_steps_skipped_total", 0), m.get("spec_explore_backoffs_total", 0)))
 PY
 if [ -s "$OUT/policy-sched.log" ] && [ -x "$B/bin/troupe-spec-policy-replay" ]; then

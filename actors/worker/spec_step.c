@@ -49,6 +49,7 @@ struct spec_step {
      * (left out with a stateful proposer) and inside a plain stretch (spec_cost_leave_out). */
     double plain1_after_s, plain1_stretch_s;
     uint64_t plain1_after, plain1_stretch;
+    uint64_t slow1[2];           /* one-row cycles over 1 ms (five plain steps of a small GPU model): plain, drafting */
     int last_prev_asked;         /* the last step's prev_asked, for those */
     uint8_t *shape_seen;         /* [SHAPE_SLOTS(max_seqs)] decode-only steps seen of each graph shape, up to 2 */
     long step_emitted;           /* this step's tokens streamed by spec_step_verify; -1: it did not verify */
@@ -446,6 +447,8 @@ void spec_step_cycle(spec_step_t *s, double seconds)
 {
     if (!s || !s->policy || s->last_rows < 1)
         return;
+    if (s->last_rows == 1 && seconds > 1e-3)
+        s->slow1[s->last_k > 0]++;
     if (s->last_rows == 1 && s->last_k == 0) {   /* where the batch-1 plain cell's time goes */
         if (s->last_prev_asked) {
             s->plain1_after_s += seconds;
@@ -485,6 +488,8 @@ void spec_step_stats(const spec_step_t *s, actor_t *a, msg_stats_t *st)
     actor_stat_metric(a, st, "spec_plain1_after_draft_ms", s->plain1_after ? 1e3 * s->plain1_after_s / (double)s->plain1_after : 0, 0);
     actor_stat_metric(a, st, "spec_plain1_in_stretch_steps_total", (double)s->plain1_stretch, 1);
     actor_stat_metric(a, st, "spec_plain1_in_stretch_ms", s->plain1_stretch ? 1e3 * s->plain1_stretch_s / (double)s->plain1_stretch : 0, 0);
+    actor_stat_metric(a, st, "spec_plain1_slow_steps_total", (double)s->slow1[0], 1);
+    actor_stat_metric(a, st, "spec_draft1_slow_steps_total", (double)s->slow1[1], 1);
     if (s->mtp) {
         spec_mtp_stats_t ms;
         spec_mtp_stats(s->proposer, &ms);
