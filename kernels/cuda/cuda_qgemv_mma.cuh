@@ -29,8 +29,10 @@
  * PDL wait: no other launch, and nothing in device memory between the two. Else one pre-pass launch
  * (k_qm_prep, a block per row) writes xs to scratch for every part and block of the GEMV after it.
  *
- * The GEMV (k_qgemv_mma): a block of W warps owns 16 rows of W (the mma's m); its warps split K
- * into steps (warp w takes steps w, w + W, ...; 64 k for byte codes, 128 for nibbles: each lane
+ * The GEMV (k_qgemv_mma): a block of W warps takes row blocks of 16 rows of W (the mma's m) in
+ * turn (blockIdx.x, + gridDim.x, ...; the grid is what the SMs hold at once, so xs is staged once
+ * per block, and a warp's loads for its next row block are issued before the reduction of the
+ * current one); its warps split K into steps (warp w takes steps w, w + W, ...; 64 k for byte codes, 128 for nibbles: each lane
  * one 16-byte chunk of rows g and g + 8, lanes t = 0..3 of a row 64 contiguous bytes), QM_U steps
  * of loads in flight per lane and the next QM_U issued before the current ones are used (the first
  * before the PDL wait: weights never change). A step's mmas accumulate into a fresh fragment from
@@ -69,10 +71,11 @@
  * Shapes: K a multiple of 16 (byte codes) or 32 (nibbles), 16-byte aligned codes and x, one scale
  * per row or column groups of a multiple of the step (64 k for byte codes; nibbles: any multiple of
  * 16); N < 2^31. Anything else runs cuda_qgemv.cuh's kernels (qm_ok says which).
- * Known limits: a block covers all of K for its 16 rows (no split-K across blocks), so a lone
- * matrix of few rows and short K leaves SMs idle (q|k|v in one launch has 384 blocks at the 8B);
- * each block stages all of x, ~M K 4 bytes read from L2 per 16 rows; the small-group kernel needs
- * R / 2 mmas per 16 k (eight at M = 8, where it spills registers). */
+ * Known limits: a row block is one block's over all of K (no split-K across blocks), so a lone
+ * matrix of few rows and short K leaves SMs idle (q|k|v in one launch has 384 row blocks at the
+ * 8B); the small-group kernel takes one row block per block (staging x for each, ~M K 4 bytes
+ * read from L2 per 16 rows) and needs R / 2 mmas per 16 k (eight at M = 8, where it spills
+ * registers). */
 #ifndef TROUPE_KERNELS_CUDA_QGEMV_MMA_CUH
 #define TROUPE_KERNELS_CUDA_QGEMV_MMA_CUH
 
@@ -108,6 +111,7 @@ typedef struct qm_part {
 typedef struct qm_args {
     qm_part_t part[QM_PARTS];
     int parts;
+    unsigned blocks;              /* row blocks (16 rows of a part) of all the parts */
     int64_t K, ngc;
     int gc;
     int act;                      /* BK_QA_*: how xs is made from x */
@@ -312,18 +316,18 @@ struct qm_block {
     int64_t n0;                   /* the block's first row of its part */
 };
 
-static __device__ __forceinline__ qm_block qm_block_of(const qm_args_t &a)
+static __device__ __forceinline__ qm_block qm_block_of(const qm_args_t &a, unsigned rb)
 {
     qm_block b;
     b.p = a.part[0];
     unsigned first = 0;
 #pragma unroll
     for (int i = 1; i < QM_PARTS; i++)            /* constant indices: the parameters stay in param space */
-        if (i < a.parts && blockIdx.x >= a.part[i - 1].end) {
+        if (i < a.parts && rb >= a.part[i - 1].end) {
             first = a.part[i - 1].end;
             b.p = a.part[i];
         }
-    b.n0 = (int64_t)(blockIdx.x - first) * 16;
+    b.n0 = (int64_t)(rb - first) * 16;
     return b;
 }
 
@@ -449,26 +453,47 @@ static __device__ __forceinline__ void qm_load(uint4 (&q)[QM_U][2], float (&sq)[
     }
 }
 
+/* A block's rows g and g + 8 of a row block: code and scale pointers of lane (g, t). */
+template <int FMT> struct qm_rows {
+    const uint4 *w0, *w1;
+    const float *s0, *s1;
+};
+
+template <int FMT>
+static __device__ __forceinline__ qm_rows<FMT> qm_rows_of(const qm_args_t &a, const qm_block &b, int g, int t)
+{
+    using F = qm_fmt<FMT>;
+    const int64_t r0 = b.n0 + g, r1 = r0 + 8, N = b.p.N;
+    const int64_t c0 = r0 < N ? r0 : N - 1, c1 = r1 < N ? r1 : N - 1;   /* rows past N: read N - 1, store nothing */
+    const int64_t rowb = F::NIB ? a.K / 2 : a.K;
+    qm_rows<FMT> r;
+    r.w0 = (const uint4 *)(b.p.codes + c0 * rowb) + t;
+    r.w1 = (const uint4 *)(b.p.codes + c1 * rowb) + t;
+    r.s0 = b.p.scale + (int64_t)((uint32_t)c0 / (uint32_t)b.p.gr) * a.ngc;
+    r.s1 = b.p.scale + (int64_t)((uint32_t)c1 / (uint32_t)b.p.gr) * a.ngc;
+    return r;
+}
+
 /* NT: column tiles of 8 (R <= 8: 1, else 2); RS: one scale per row, else per group of columns;
- * W: warps per block (a block: 16 rows of one part, the whole of K). */
+ * W: warps per block. A block takes row blocks (16 rows of one part, the whole of K) blockIdx.x,
+ * + gridDim.x, ... (a grid of what fits the SMs at once: qm_setup), staging xs once for all of
+ * them; a warp's last loads of one row block are followed by the first of its next, so the loads
+ * stay in flight across the reduction between them. */
 template <int FMT, int NT, bool RS, int W>
 __global__ void __launch_bounds__(W * 32, 16 / W) k_qgemv_mma(qm_args_t a)
 {
     using F = qm_fmt<FMT>;
     constexpr int SK = F::SK, XC = F::XC;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const qm_block b = qm_block_of(a);
-    const int64_t r0 = b.n0 + g, r1 = r0 + 8, N = b.p.N;
-    const int64_t c0 = r0 < N ? r0 : N - 1, c1 = r1 < N ? r1 : N - 1;   /* rows past N: read N - 1, store nothing */
-    const int64_t rowb = F::NIB ? a.K / 2 : a.K, nch = rowb / 16;
-    const uint4 *w0 = (const uint4 *)(b.p.codes + c0 * rowb) + t, *w1 = (const uint4 *)(b.p.codes + c1 * rowb) + t;
-    const float *s0 = b.p.scale + (int64_t)((uint32_t)c0 / (uint32_t)b.p.gr) * a.ngc;
-    const float *s1 = b.p.scale + (int64_t)((uint32_t)c1 / (uint32_t)b.p.gr) * a.ngc;
+    const unsigned n_rb = a.blocks;
+    unsigned rb = blockIdx.x;
+    qm_rows<FMT> w = qm_rows_of<FMT>(a, qm_block_of(a, rb), g, t);
+    const int64_t nch = (F::NIB ? a.K / 2 : a.K) / 16;
     const int spg = RS ? 1 : a.gc / SK;
     const int64_t steps = (a.K + SK - 1) / SK;
     uint4 q[QM_U][2];
     float sq[QM_U][2];
-    qm_load<FMT, RS, W>(q, sq, w0, w1, s0, s1, warp, nch, t, spg);
+    qm_load<FMT, RS, W>(q, sq, w.w0, w.w1, w.s0, w.s1, warp, nch, t, spg);
     DEV_PDL_ENTER();
     const uint16_t *xs;
     const float *xmul;
@@ -483,81 +508,95 @@ __global__ void __launch_bounds__(W * 32, 16 / W) k_qgemv_mma(qm_args_t a)
         xon[jt] = rho < a.R;
         xr[jt] = (const uint4 *)(xs + (int64_t)(xon[jt] ? rho : 0) * ld) + XC * t;
     }
-    float acc[NT][4];
+    __shared__ float part[2][W][16][8 * NT + 1];  /* two: a row block's sums are read while the next's are put */
+    for (int buf = 0;; buf ^= 1) {
+        const unsigned rb_next = rb + gridDim.x;
+        const bool more = rb_next < n_rb;
+        float acc[NT][4];
 #pragma unroll
-    for (int jt = 0; jt < NT; jt++)
+        for (int jt = 0; jt < NT; jt++)
 #pragma unroll
-        for (int i = 0; i < 4; i++)
-            acc[jt][i] = 0.0f;
-    for (int64_t s = warp; s < steps; s += (int64_t)QM_U * W) {
-        uint4 qn[QM_U][2];                         /* the next QM_U steps, in flight while these are used */
-        float sqn[QM_U][2];
-        qm_load<FMT, RS, W>(qn, sqn, w0, w1, s0, s1, s + (int64_t)QM_U * W, nch, t, spg);
+            for (int i = 0; i < 4; i++)
+                acc[jt][i] = 0.0f;
+        for (int64_t s = warp; s < steps; s += (int64_t)QM_U * W) {
+            uint4 qn[QM_U][2];                     /* the next QM_U steps, in flight while these are used: */
+            float sqn[QM_U][2];                    /* this row block's, or the next one's first */
+            if (s + (int64_t)QM_U * W < steps || !more) {
+                qm_load<FMT, RS, W>(qn, sqn, w.w0, w.w1, w.s0, w.s1, s + (int64_t)QM_U * W, nch, t, spg);
+            } else {                               /* (the pointers made here, not kept: registers) */
+                const qm_rows<FMT> wn = qm_rows_of<FMT>(a, qm_block_of(a, rb_next), g, t);
+                qm_load<FMT, RS, W>(qn, sqn, wn.w0, wn.w1, wn.s0, wn.s1, warp, nch, t, spg);
+            }
 #pragma unroll
-        for (int u = 0; u < QM_U; u++) {
-            const int64_t su = s + (int64_t)u * W;
-            if (su >= steps)
-                break;
-            const bool in = 4 * su + t < nch;
-            uint4 xb[NT][XC];                      /* nibbles: one piece at a time, below (registers) */
-            if constexpr (!F::NIB) {
+            for (int u = 0; u < QM_U; u++) {
+                const int64_t su = s + (int64_t)u * W;
+                if (su >= steps)
+                    break;
+                const bool in = 4 * su + t < nch;
+                uint4 xb[NT][XC];                  /* nibbles: one piece at a time, below (registers) */
+                if constexpr (!F::NIB) {
+#pragma unroll
+                    for (int jt = 0; jt < NT; jt++)
+#pragma unroll
+                        for (int c = 0; c < XC; c++)
+                            xb[jt][c] = in && xon[jt] ? qm_ldx(xr[jt] + 4 * XC * su + c) : make_uint4(0, 0, 0, 0);
+                }
+                float p[NT][4];
 #pragma unroll
                 for (int jt = 0; jt < NT; jt++)
 #pragma unroll
-                    for (int c = 0; c < XC; c++)
-                        xb[jt][c] = in && xon[jt] ? qm_ldx(xr[jt] + 4 * XC * su + c) : make_uint4(0, 0, 0, 0);
-            }
-            float p[NT][4];
+                    for (int i = 0; i < 4; i++)
+                        p[jt][i] = 0.0f;
+                if constexpr (!F::NIB) {
 #pragma unroll
-            for (int jt = 0; jt < NT; jt++)
+                    for (int j = 0; j < 4; j++) {  /* mma j: bytes 4j .. 4j + 3 of the chunk */
+                        const uint32_t wg = qm_word(&q[u][0], j), w8 = qm_word(&q[u][1], j);
+                        const uint32_t af[4] = {qm_dec2<FMT, 0>(wg), qm_dec2<FMT, 0>(w8), qm_dec2<FMT, 1>(wg),
+                                                qm_dec2<FMT, 1>(w8)};
 #pragma unroll
-                for (int i = 0; i < 4; i++)
-                    p[jt][i] = 0.0f;
-            if constexpr (!F::NIB) {
+                        for (int jt = 0; jt < NT; jt++)
+                            dev_mma16<true>(p[jt], af, qm_word(xb[jt], 2 * j), qm_word(xb[jt], 2 * j + 1));
+                    }
+                } else {
 #pragma unroll
-                for (int j = 0; j < 4; j++) {      /* mma j: bytes 4j .. 4j + 3 of the chunk */
-                    const uint32_t wg = qm_word(&q[u][0], j), w8 = qm_word(&q[u][1], j);
-                    const uint32_t af[4] = {qm_dec2<FMT, 0>(wg), qm_dec2<FMT, 0>(w8), qm_dec2<FMT, 1>(wg),
-                                            qm_dec2<FMT, 1>(w8)};
+                    for (int i = 0; i < 4; i++) {  /* word i: mmas 2i and 2i + 1 */
+                        uint32_t rg[4], r8[4];
+                        qm_dec_nib<FMT>(qm_word(&q[u][0], i), rg);
+                        qm_dec_nib<FMT>(qm_word(&q[u][1], i), r8);
+                        const uint32_t a0[4] = {rg[0], r8[0], rg[1], r8[1]}, a1[4] = {rg[2], r8[2], rg[3], r8[3]};
 #pragma unroll
-                    for (int jt = 0; jt < NT; jt++)
-                        dev_mma16<true>(p[jt], af, qm_word(xb[jt], 2 * j), qm_word(xb[jt], 2 * j + 1));
-                }
-            } else {
-#pragma unroll
-                for (int i = 0; i < 4; i++) {      /* word i: mmas 2i and 2i + 1 */
-                    uint32_t rg[4], r8[4];
-                    qm_dec_nib<FMT>(qm_word(&q[u][0], i), rg);
-                    qm_dec_nib<FMT>(qm_word(&q[u][1], i), r8);
-                    const uint32_t a0[4] = {rg[0], r8[0], rg[1], r8[1]}, a1[4] = {rg[2], r8[2], rg[3], r8[3]};
-#pragma unroll
-                    for (int jt = 0; jt < NT; jt++) {
-                        const uint4 xv = in && xon[jt] ? qm_ldx(xr[jt] + 4 * XC * su + i) : make_uint4(0, 0, 0, 0);
-                        dev_mma16<true>(p[jt], a0, xv.x, xv.y);
-                        dev_mma16<true>(p[jt], a1, xv.z, xv.w);
+                        for (int jt = 0; jt < NT; jt++) {
+                            const uint4 xv = in && xon[jt] ? qm_ldx(xr[jt] + 4 * XC * su + i) : make_uint4(0, 0, 0, 0);
+                            dev_mma16<true>(p[jt], a0, xv.x, xv.y);
+                            dev_mma16<true>(p[jt], a1, xv.z, xv.w);
+                        }
                     }
                 }
+#pragma unroll
+                for (int jt = 0; jt < NT; jt++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++)
+                        acc[jt][i] = RS ? acc[jt][i] + p[jt][i] : fmaf(p[jt][i], sq[u][i >> 1], acc[jt][i]);
             }
 #pragma unroll
-            for (int jt = 0; jt < NT; jt++)
-#pragma unroll
-                for (int i = 0; i < 4; i++)
-                    acc[jt][i] = RS ? acc[jt][i] + p[jt][i] : fmaf(p[jt][i], sq[u][i >> 1], acc[jt][i]);
-        }
-#pragma unroll
-        for (int u = 0; u < QM_U; u++) {
-            q[u][0] = qn[u][0];
-            q[u][1] = qn[u][1];
-            if constexpr (!RS) {
-                sq[u][0] = sqn[u][0];
-                sq[u][1] = sqn[u][1];
+            for (int u = 0; u < QM_U; u++) {
+                q[u][0] = qn[u][0];
+                q[u][1] = qn[u][1];
+                if constexpr (!RS) {
+                    sq[u][0] = sqn[u][0];
+                    sq[u][1] = sqn[u][1];
+                }
             }
         }
+        /* part[buf] was last read two row blocks ago, before the barrier of the previous one */
+        qm_put<NT, false>(part[buf][warp], acc, g, t);
+        __syncthreads();
+        qm_finish<W, 8 * NT + 1, RS>(a, qm_block_of(a, rb), part[buf], xmul);
+        if (!more)
+            break;
+        rb = rb_next;
+        w = qm_rows_of<FMT>(a, qm_block_of(a, rb), g, t);
     }
-    __shared__ float part[W][16][8 * NT + 1];
-    qm_put<NT, false>(part[warp], acc, g, t);
-    __syncthreads();
-    qm_finish<W, 8 * NT + 1, RS>(a, b, part, xmul);
 }
 
 /* ---- groups smaller than a step: block-diagonal B --------------------------------------------- */
@@ -598,7 +637,7 @@ __global__ void __launch_bounds__(W * 32, 16 / W) k_qgemv_mma_bd(qm_args_t a)
 {
     static_assert(FMT == BK_Q_I4 || FMT == BK_Q_FP4, "nibbles");
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const qm_block b = qm_block_of(a);
+    const qm_block b = qm_block_of(a, blockIdx.x);
     const int64_t r0 = b.n0 + g, r1 = r0 + 8, N = b.p.N;
     const int64_t c0 = r0 < N ? r0 : N - 1, c1 = r1 < N ? r1 : N - 1;
     const int64_t rowb = a.K / 2, nch = rowb / 16;
@@ -788,13 +827,39 @@ static inline bool qm_allow_smem(qm_kernel_t k)
     return true;
 }
 
+/* Blocks of kernel k (threads, smem bytes) one SM holds at once, on the current device: a small
+ * table, so the occupancy query runs once per kernel and size; 0 when the query fails. */
+static inline int qm_occupancy(qm_kernel_t k, unsigned threads, size_t smem)
+{
+    static struct {
+        qm_kernel_t k;
+        size_t smem;
+        int dev, n;
+    } seen[256];
+    static int n_seen;
+    int dev = 0, n = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess)
+        return 0;
+    for (int i = 0; i < n_seen && i < 256; i++)
+        if (seen[i].k == k && seen[i].smem == smem && seen[i].dev == dev)
+            return seen[i].n;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, (int)threads, smem) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    if (n_seen < 256)
+        seen[n_seen] = {k, smem, dev, n}, n_seen++;
+    return n;
+}
+
 /* The plan for up to 8 rows of x (mr) times n <= QM_PARTS weights of one format, K, column grid
  * (gc) and activation treatment (each part's codes, scale, N, gr, bias, y in parts[]; end is set
  * here), or 0 when a part is not taken (qm_ok) or the kernel not built. warps: 0 for qm_warps'
  * choice, else 4, 8 or 16. stage: 1 lets blocks stage xs in shared memory where it fits, 0 always
- * runs the pre-pass (its xs in scratch: qm_scratch_bytes(K), 16-byte aligned). */
+ * runs the pre-pass (its xs in scratch: qm_scratch_bytes(K), 16-byte aligned). n_sm: the SMs, for
+ * k_qgemv_mma's grid of as many blocks as they hold at once (0: a block per row block). */
 static inline int qm_setup(qm_plan_t *pl, int fmt, int64_t K, int gc, int act, const float *x, int mr,
-                           const qm_part_t *parts, int n, void *scratch, int warps, int stage)
+                           const qm_part_t *parts, int n, void *scratch, int warps, int stage, int n_sm)
 {
     if (mr < 1 || mr > 8 || n < 1 || n > QM_PARTS)
         return 0;
@@ -805,7 +870,8 @@ static inline int qm_setup(qm_plan_t *pl, int fmt, int64_t K, int gc, int act, c
     const int R = act == BK_QA_NONE ? 2 * mr : mr;
     const int w = warps ? warps : qm_warps(K, fmt);
     const bool nib = fmt == BK_Q_I4 || fmt == BK_Q_FP4;
-    pl->kernel = nib && !rs && gc % 128 ? qm_kernel_bd(fmt, R, w) : qm_kernel(fmt, R, w, rs);
+    const bool bd = nib && !rs && gc % 128;
+    pl->kernel = bd ? qm_kernel_bd(fmt, R, w) : qm_kernel(fmt, R, w, rs);
     if (!pl->kernel)
         return 0;
     pl->threads = (unsigned)(w <= 4 ? 128 : w <= 8 ? 256 : 512);
@@ -819,6 +885,7 @@ static inline int qm_setup(qm_plan_t *pl, int fmt, int64_t K, int gc, int act, c
     }
     pl->blocks = blocks;
     a.parts = n;
+    a.blocks = blocks;
     a.K = K;
     a.ngc = (K + gc - 1) / gc;
     a.gc = gc;
@@ -835,6 +902,11 @@ static inline int qm_setup(qm_plan_t *pl, int fmt, int64_t K, int gc, int act, c
         pl->smem = 0;
         a.xs = qm_scratch_xs(scratch);
         a.xmul = (const float *)scratch;
+    }
+    if (!bd && n_sm > 0) {                         /* k_qgemv_mma takes row blocks in turn */
+        const int per_sm = qm_occupancy(pl->kernel, pl->threads, pl->smem);
+        if (per_sm > 0 && (int64_t)per_sm * n_sm < (int64_t)blocks)
+            pl->blocks = (unsigned)(per_sm * n_sm);
     }
     return 1;
 }

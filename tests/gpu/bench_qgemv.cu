@@ -3,14 +3,16 @@
  * CPU reference and timed side by side on Llama-3.1-8B's decode shapes; needs only the CUDA runtime.
  *
  *   build/gpu-tests/bench_qgemv [--check-only] [--warps W] [--lk 32] [--mma-warps W] [--path old|mma|both]
- *                               [--stage 0]
+ *                               [--stage 0] [--grid 0] [--layer-only]
  *
  * --warps forces the CUDA-core kernel's warps sharing a row group's K (2, 4, 8; default:
  * qv_warps), --lk 32 its whole-warp lane layout at M = 1 (default: QV_LK lanes along K per row
  * group); --mma-warps the tensor-core kernel's warps per block (4, 8, 16; default: qm_warps, and
  * the checks cycle through all of them); --path which kernels run (default both); --stage 0 makes
  * the tensor-core path run its x pre-pass for every call (default: each block stages x itself
- * where it fits, as the backend does).
+ * where it fits, as the backend does); --grid 0 gives the tensor-core kernel a block per 16 rows
+ * (default: as many blocks as the SMs hold at once, each taking row blocks in turn); --layer-only: no checks, only the "mma layer" timing of fp8
+ * W8A8, int4 and nvfp4 at M = 1 (120 launches of each of its four matrices in turn: for ncu).
  * Check: random codes (every code but fp8's NaNs) and positive scales for each format and scale
  * grid (fp8 per tensor, per channel and 128 x 128 blocks; int8 per channel; int4 groups of 128 and
  * 64; nvfp4 groups of 16; for the tensor-core path also fp8 and int8 W8A8, x quantized per row),
@@ -126,6 +128,7 @@ static void s_pdl(void (*kernel)(KArgs...), unsigned grid, unsigned block, Args.
 }
 
 static int s_stage = 1;                            /* --stage 0: the tensor-core path's pre-pass for every call */
+static int s_n_sm;                                 /* --grid 0: a block per row block (0); else the SMs */
 
 /* The tensor-core GEMV over n parts (one x), as cuda_quant.cu launches it; 0 when it does not
  * take them. s_scratch must hold qm_scratch_bytes(K). */
@@ -133,7 +136,7 @@ static int s_qm_launch(const fmt_case_t &f, int64_t K, int gc, const float *x, i
                        int mma_warps)
 {
     qm_plan_t pl;
-    if (!qm_setup(&pl, f.fmt, K, gc, f.act, x, M, parts, n, s_scratch, mma_warps, s_stage))
+    if (!qm_setup(&pl, f.fmt, K, gc, f.act, x, M, parts, n, s_scratch, mma_warps, s_stage, s_n_sm))
         return 0;
     if (pl.prep)
         s_pdl(pl.prep, (unsigned)M, QM_PREP_THREADS, x, K, M, f.act, qm_scratch_xs(s_scratch), (float *)s_scratch);
@@ -632,7 +635,7 @@ static void s_times(int warps, int n_sm, int paths, int mma_warps)
 
 int main(int argc, char **argv)
 {
-    int warps = 0, check_only = 0, mma_warps = 0, paths = 3;
+    int warps = 0, check_only = 0, mma_warps = 0, paths = 3, layer_only = 0, grid_all = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--warps") == 0 && i + 1 < argc)
             warps = atoi(argv[++i]);
@@ -645,11 +648,15 @@ int main(int argc, char **argv)
             paths = strcmp(p, "old") == 0 ? 1 : strcmp(p, "mma") == 0 ? 2 : 3;
         } else if (strcmp(argv[i], "--stage") == 0 && i + 1 < argc)
             s_stage = atoi(argv[++i]) != 0;
+        else if (strcmp(argv[i], "--layer-only") == 0)
+            layer_only = 1;
+        else if (strcmp(argv[i], "--grid") == 0 && i + 1 < argc)
+            grid_all = atoi(argv[++i]) == 0;
         else if (strcmp(argv[i], "--check-only") == 0)
             check_only = 1;
         else {
             fprintf(stderr, "usage: bench_qgemv [--check-only] [--warps 2|4|8] [--lk 8|32] [--mma-warps 4|8|16] "
-                            "[--path old|mma|both] [--stage 0|1]\n");
+                            "[--path old|mma|both] [--stage 0|1] [--grid 0] [--layer-only]\n");
             return 2;
         }
     }
@@ -659,7 +666,13 @@ int main(int argc, char **argv)
     }
     int n_sm = 0;
     CK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, 0));
+    s_n_sm = grid_all ? 0 : n_sm;
     int failed = 0;
+    if (layer_only) {                              /* no checks: fp8 W8A8, int4, nvfp4 at M = 1 (for ncu) */
+        for (int fi : {7, 4, 6})
+            s_time_layer(s_fmts[fi], 1, mma_warps);
+        return 0;
+    }
     if (paths & 1)
         failed += s_checks(warps, n_sm, 0, 0);
     if (paths & 2) {
