@@ -366,8 +366,9 @@ static int s_check_rows(int n_sm, int mma_warps)
 }
 
 /* One launch over three parts (q, k, v-like heights) gives each part the bits of its own launch,
- * and a block's own xs the bits of the pre-pass's (--stage 0 for every call): the shapes stage at
- * M = 1 and fall back to the pre-pass at M = 8 (K = 4,096 weight-only) or M >= 3 (K = 8,192). */
+ * a block's own xs the bits of the pre-pass's (--stage 0 for every call: the shapes stage at
+ * M = 1 and fall back to the pre-pass at M = 8 (K = 4,096 weight-only) or M >= 3 (K = 8,192)), and
+ * a grid of one SM's blocks (each taking several of the 16 row blocks in turn) the same bits. */
 static int s_check_parts(int mma_warps)
 {
     int failed = 0, cases = 0;
@@ -422,10 +423,13 @@ static int s_check_parts(int mma_warps)
                 for (auto &v : x)
                     v = s_unif(M % 3 == 0 ? 3e6f : 1.0f);
                 CK(cudaMemcpy(dx, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
-                std::vector<float> got[3][3];                  /* [run][part]: fused, separate, fused pre-pass */
-                for (int run = 0; run < 3; run++) {
-                    const int keep = s_stage;
+                /* [run][part]: fused, separate, fused with the pre-pass, fused on a grid of one SM's
+                 * blocks (each taking several row blocks, across the parts' boundaries) */
+                std::vector<float> got[4][3];
+                for (int run = 0; run < 4; run++) {
+                    const int keep = s_stage, keep_sm = s_n_sm;
                     s_stage = run == 2 ? 0 : keep;
+                    s_n_sm = run == 3 ? 1 : keep_sm;
                     int ok = 1;
                     for (int i = 0; i < 3; i++)
                         CK(cudaMemset(parts[i].y, 0xff, (size_t)M * Ns[i] * 4));
@@ -436,6 +440,7 @@ static int s_check_parts(int mma_warps)
                         ok = s_qm_launch(f, K, gc, dx, M, parts, 3, mma_warps);
                     }
                     s_stage = keep;
+                    s_n_sm = keep_sm;
                     CK(cudaDeviceSynchronize());
                     if (!ok) {
                         printf("check mma parts: %s K=%lld M=%d not taken\n", f.name, (long long)K, M);
@@ -452,11 +457,13 @@ static int s_check_parts(int mma_warps)
                     bool nan = false;
                     for (float v : got[0][i])
                         nan |= !isfinite(v);
-                    if (nan || got[0][i] != got[1][i] || got[0][i] != got[2][i]) {
+                    if (nan || got[0][i] != got[1][i] || got[0][i] != got[2][i] || got[0][i] != got[3][i]) {
                         if (!failed)
                             printf("check mma parts: %s K=%lld M=%d part %d: %s\n", f.name, (long long)K, M, i,
-                                   nan ? "an element not written" : got[0][i] != got[1][i] ? "differs from its own launch"
-                                                                                            : "differs from the pre-pass's");
+                                   nan                        ? "an element not written"
+                                   : got[0][i] != got[1][i] ? "differs from its own launch"
+                                   : got[0][i] != got[2][i] ? "differs from the pre-pass's"
+                                                            : "differs on a one-SM grid");
                         failed = 1;
                     }
                 }
@@ -466,7 +473,8 @@ static int s_check_parts(int mma_warps)
                 cudaFree(b);
         }
     }
-    printf("check mma parts %s  %d parts of a 3-part launch against their own launches and the pre-pass, M = 1..8\n",
+    printf("check mma parts %s  %d parts of a 3-part launch against their own launches, the pre-pass and a one-SM grid, "
+           "M = 1..8\n",
            failed ? "FAIL" : "PASS", cases);
     return failed;
 }
