@@ -107,8 +107,8 @@ static int s_draft(worker_t *w, const topo_t *t, topo_role_t role, const char *t
 worker_t *worker_load(const topo_t *t, topo_role_t role, const topo_instance_t *self, int max_tokens, int max_seqs,
                       int *config_error, char *err, size_t errlen)
 {
-    *config_error = 0;
     const int gpu = self->gpu;
+    *config_error = 0;
     worker_t *w = calloc(1, sizeof *w);
     if (!w) {
         errf(err, errlen, "out of memory");
@@ -167,7 +167,7 @@ worker_t *worker_load(const topo_t *t, topo_role_t role, const topo_instance_t *
     }
     /* A decode instance of an actor with ep > 1 is a rank of its group: only its experts load. */
     err[0] = 0;
-    if (role == ROLE_DECODE && !(w->experts = expert_group_member(t, self, w->eng->cfg.num_experts, &s, err, errlen)) &&
+    if (role == ROLE_DECODE && !(w->experts = expert_group_member(t, self, &w->eng->cfg, &s, err, errlen)) &&
         err[0]) {
         *config_error = 1;   /* the model's experts do not divide over the ranks */
         goto fail;

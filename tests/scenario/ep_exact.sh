@@ -38,11 +38,16 @@ else
   echo "SKIP kjv-moe: $MODELS/kjv-moe is absent (set TROUPE_MODELS)"
 fi
 PROMPTS="1,5,9,14,3 2,7,7,30,11,4,19,23,8 40,41,42 3,3,8,1 17,2,29,6,12 9,9,4 33,21,5,7,1,2 6,28,14"
+# stop_cluster: a graceful stop, the ranks of each group draining together: the supervisor exits
+# 0 only when every actor exited 0 within the grace period.
 stop_cluster() {
+  local rc=0
   kill -TERM "$SUP_PID" 2>/dev/null || true
   for _ in $(seq 100); do kill -0 "$SUP_PID" 2>/dev/null || break; sleep 0.1; done
   kill -KILL "$SUP_PID" 2>/dev/null || true
+  wait "$SUP_PID" || rc=$?
   SUP_PID=
+  [ "$rc" = 0 ] || { grep -E " (WARN|ERROR) " "$WORK/supervisor.log" | tail -5; fail "the cluster did not stop cleanly (supervisor exit $rc)"; }
 }
 for dir in "${cases[@]}"; do
   name=$(basename "$dir")
@@ -153,7 +158,6 @@ for want in "EXPERT GROUP" "EXPERT BALANCER" "load per expert" "placement (exper
   grep -q "$want" "$WORK/top.txt" || { cat "$WORK/top.txt"; fail "troupe-top has no '$want'"; }
 done
 sed -n '/^EXPERT GROUP/,$p' "$WORK/top.txt" | head -20
-stop_cluster
 
 ranks_served "$WORK/place.yaml" 4
 stop_cluster

@@ -136,6 +136,19 @@ static void test_examples_load(void **state)
     assert_null(topo_find(t, "decode"));
     assert_int_equal(t->supervision.strategy, TOPO_STRATEGY_REST_FOR_ONE);
     topo_destroy(&t);
+
+    assert_int_equal(topo_load_file("topology/examples/cpu-moe-ep.yaml", &t, &s_errs), 0);
+    assert_int_equal(topo_count_role(t, ROLE_DECODE), 4);
+    for (int i = 0; i < 4; i++) {   /* one group: decode-0 .. decode-3, ranks 0..3 */
+        char name[16];
+        snprintf(name, sizeof name, "decode-%d", i);
+        const topo_instance_t *in = topo_find(t, name);
+        assert_non_null(in);
+        assert_int_equal(in->index, i);
+        assert_int_equal(t->actors[in->actor].ep, 4);
+    }
+    assert_int_equal(t->experts.redundant_slots, 1);
+    topo_destroy(&t);
 }
 
 static void test_defaults(void **state)
@@ -478,7 +491,8 @@ static void test_print_round_trip(void **state)
     static const char *const files[] = { "topology/examples/cpu-default.yaml",
                                          "topology/examples/qwen3-shape-random.yaml",
                                          "topology/examples/h200-1gpu.yaml",
-                                         "topology/examples/moe-8gpu.yaml" };
+                                         "topology/examples/moe-8gpu.yaml",
+                                         "topology/examples/cpu-moe-ep.yaml" };
     for (size_t k = 0; k < sizeof files / sizeof files[0]; k++) {
         topo_t *t = NULL, *t2 = NULL;
         assert_int_equal(topo_load_file(files[k], &t, &s_errs), 0);
