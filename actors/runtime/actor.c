@@ -406,6 +406,15 @@ static int s_flush_peer(peer_t *p)
     return p->q.len;
 }
 
+void actor_tend_peers(actor_t *a)
+{
+    for (int i = 0; i < a->n_peers; i++) {
+        int events;
+        size_t len = sizeof events;
+        zmq_getsockopt(a->peers[i].sock, ZMQ_EVENTS, &events, &len);   /* runs the socket's commands */
+    }
+}
+
 int actor_watch(actor_t *a, const char *peer_name)
 {
     peer_t *p = s_peer(a, peer_name);
@@ -1120,6 +1129,7 @@ int actor_run(actor_t *a, const actor_ops_t *ops, void *state)
         if (now >= a->next_stats_ms) {
             a->next_stats_ms = now + STATS_MS;
             s_publish_stats(a, ops, state);
+            actor_tend_peers(a);
             for (int i = 0; i < a->n_peers; i++)   /* the ends of bursts the last lines did not count */
                 s_log_outbox(a, &a->peers[i], now);
             s_log_backlogs(a, now);

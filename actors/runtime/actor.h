@@ -142,6 +142,11 @@ int actor_reply_backlog(actor_t *a, void *sock);
 /* Sends what the peers' outboxes and the client backlogs can send now (the loop does this every
  * time round). Returns how many messages still wait. */
 int actor_flush(actor_t *a);
+/* Lets libzmq finish its work on every peer's socket: it runs a socket's pending commands (freeing
+ * the pipes of a connection that ended, attaching a reconnection's) only when the application calls
+ * that socket, so a DEALER to a peer we never send to kept the two pipes of each connection its
+ * peer's restarts ended (16 KiB per restart, never freed). The loop calls it once a second. */
+void actor_tend_peers(actor_t *a);
 /* Replies with an error message (code, text, retryable) to a sender, correlated by id. To another
  * actor it is kept past a full outbox (actor_send_keep): a terminal reply. */
 int actor_reply_error(actor_t *a, const actor_peer_t *to, uint64_t id, msg_error_code_t code,
