@@ -36,8 +36,10 @@
  * A graceful stop (TERM) writes the host store's blocks that are not on disk yet, newest first,
  * within the grace period.
  *
- * Known limits: device-tier entries are what workers announced and may be stale after a worker
- * evicts (harmless: a stale hint only costs a recompute); after a kill -9, unpinned blocks that
+ * Known limits: device-tier entries are what workers announced, kept within each worker's pool by
+ * the order of its announcements (actors/cache/dev_index.h: workers do not say when their pool
+ * drops a block), so some may be stale (harmless: a stale hint only costs a recompute); a worker's
+ * entries go when its connection drops (its process ended); after a kill -9, unpinned blocks that
  * were only in memory are lost (pinned and spilled ones are on disk); a fetch asking for more
  * blocks than the host store holds gets the leading ones that fit (in the slots other waiting
  * fetches do not keep for themselves), each read from disk once; disk blocks are served through
@@ -48,6 +50,7 @@
 #include <string.h>
 
 #include "actors/cache/disk_io.h"
+#include "actors/cache/dev_index.h"
 #include "actors/cache/disk_store.h"
 #include "actors/cache/fingerprint.h"
 #include "actors/runtime/actor.h"
@@ -58,7 +61,8 @@
 #include "common/u64map.h"
 #include "common/util.h"
 
-#define MAX_WORKERS      64
+#define MAX_WORKERS      DEVIDX_MAX_WORKERS
+#define DEVICE_POOL_DEFAULT 65536   /* blocks a worker's pool is taken to hold when nothing says */
 #define MAX_PENDING      256        /* host puts waiting for their kv_announce */
 #define MAX_FETCHES      64         /* fetch segments waiting for their kv_ack */
 #define FETCH_TIMEOUT_MS 2000
@@ -116,7 +120,7 @@ typedef struct cmgr {
     int n_routers;
     const char *workers[MAX_WORKERS];
     int n_workers;
-    u64map_t device;                /* hash -> bitmask of worker indices holding it */
+    devidx_t *device;               /* hash -> the workers holding it, each bounded by its pool */
     u64map_t host;                  /* hash -> slot index + 1 */
     u64map_t pins;                  /* hash -> pin expiry (ms, monotonic): pins may precede the block */
     slot_t *slots;                  /* [n_slots] */
@@ -409,6 +413,18 @@ static const char *s_shape(cmgr_t *c, size_t bb, uint32_t n_layers, uint32_t blo
 
 /* ---- device tier: what workers hold ------------------------------------------------------ */
 
+typedef struct {
+    actor_t *a;
+    cmgr_t *c;
+} s_dev_ctx_t;
+
+/* Blocks the index no longer counts in worker w's pool: the routers forget them too. */
+static void s_dev_gone(void *arg, int w, const uint64_t *hashes, uint32_t n)
+{
+    s_dev_ctx_t *ctx = arg;
+    s_event(ctx->a, ctx->c, MSG_CEV_REMOVED, MSG_TIER_DEVICE, ctx->c->workers[w], hashes, n);
+}
+
 static int s_on_put(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
 {
     cmgr_t *c = state;
@@ -439,11 +455,11 @@ static int s_on_put(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)
     int bit = s_worker_bit(c, p->holder);
     if (bit < 0)
         return 0;
-    for (uint32_t i = 0; i < p->n_hashes; i++) {
-        uint64_t *v = u64map_get(&c->device, p->hashes[i]);
-        u64map_put(&c->device, p->hashes[i], (v ? *v : 0) | (1ULL << bit));
-    }
     s_event(a, c, MSG_CEV_STORED, MSG_TIER_DEVICE, p->holder, p->hashes, p->n_hashes);
+    /* After the stored event: the hashes this pushes out of the worker's share are removed after it. */
+    s_dev_ctx_t ctx = {a, c};
+    if (devidx_put(c->device, bit, p->hashes, p->n_hashes, p->pool_blocks, s_dev_gone, &ctx) != 0)
+        LOG_W("out of memory indexing %u blocks of %s", p->n_hashes, p->holder);
     return 0;
 }
 
@@ -454,11 +470,7 @@ static int s_on_evict(actor_t *a, void *state, const actor_peer_t *from, msg_t *
     int bit = s_worker_bit(c, e->holder);
     if (bit < 0)
         return 0;
-    for (uint32_t i = 0; i < e->n_hashes; i++) {
-        uint64_t *v = u64map_get(&c->device, e->hashes[i]);
-        if (v && !(*v &= ~(1ULL << bit)))
-            u64map_del(&c->device, e->hashes[i]);
-    }
+    devidx_evict(c->device, bit, e->hashes, e->n_hashes);
     s_event(a, c, MSG_CEV_REMOVED, MSG_TIER_DEVICE, e->holder, e->hashes, e->n_hashes);
     return 0;
 }
@@ -1072,8 +1084,21 @@ static int s_drained(actor_t *a, void *state)
 
 /* A watched router reconnected (its first connection at start is not reported: the start-up
  * announcement is already queued for it). */
+/* A router that connects gets the disk's index; a worker whose connection drops (its process
+ * ended: a restarted one starts with an empty pool) loses its device entries. */
 static void s_peer_event(actor_t *a, void *state, const char *peer, int up)
 {
+    cmgr_t *c = state;
+    const int w = s_worker_bit(c, peer);
+    if (w >= 0) {
+        if (!up) {
+            const size_t n = devidx_held(c->device, w);
+            s_dev_ctx_t ctx = {a, c};
+            devidx_forget(c->device, w, s_dev_gone, &ctx);
+            LOG_I("worker %s gone: its %zu device blocks withdrawn", peer, n);
+        }
+        return;
+    }
     if (up)
         s_announce_all(a, state, peer);
 }
@@ -1183,7 +1208,8 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
     actor_stat_metric(a, st, "host_blocks_free", c->n_slots - used, 0);
     actor_stat_metric(a, st, "host_blocks_pinned", pinned, 0);
     actor_stat_metric(a, st, "pins", (double)c->pins.n, 0);
-    actor_stat_metric(a, st, "device_blocks_indexed", (double)c->device.n, 0);
+    actor_stat_metric(a, st, "device_blocks_indexed", (double)devidx_size(c->device), 0);
+    actor_stat_metric(a, st, "device_blocks_withdrawn_total", (double)devidx_withdrawn(c->device), 1);
     actor_stat_metric(a, st, "blocks_stored_total", (double)c->stored, 1);
     actor_stat_metric(a, st, "blocks_evicted_total", (double)c->evicted, 1);
     actor_stat_metric(a, st, "pins_expired_total", (double)c->expired, 1);
@@ -1191,7 +1217,7 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
     actor_stat_metric(a, st, "fetch_hits_total", (double)c->fetch_hits, 1);
     actor_stat_metric(a, st, "fetches_parked_total", (double)c->fetches_parked, 1);
     /* Per tier: blocks and bytes held, blocks served (hits). */
-    actor_stat_metric(a, st, "device_bytes_indexed", (double)c->device.n * (double)c->block_bytes, 0);
+    actor_stat_metric(a, st, "device_bytes_indexed", (double)devidx_size(c->device) * (double)c->block_bytes, 0);
     actor_stat_metric(a, st, "host_bytes_used", (double)used * (double)c->block_bytes, 0);
     actor_stat_metric(a, st, "fetch_hits_host_total", (double)c->hits_host, 1);
     if (!c->disk)
@@ -1249,7 +1275,6 @@ int main(int argc, char **argv)
     c->cluster = t->name;
     c->n_slots = t->cache.host_store_blocks;
     c->slots = calloc((size_t)(c->n_slots ? c->n_slots : 1), sizeof *c->slots);
-    u64map_init(&c->device, 1024);
     u64map_init(&c->host, 1024);
     u64map_init(&c->pins, 256);
     u64map_init(&c->tenants, 256);
@@ -1262,6 +1287,14 @@ int main(int argc, char **argv)
         if ((in->role == ROLE_PREFILL || in->role == ROLE_DECODE) && c->n_workers < MAX_WORKERS)
             c->workers[c->n_workers++] = in->name;
     }
+    /* A worker that does not say its pool's size is bounded by the topology's, else by DEVICE_POOL_DEFAULT. */
+    c->device = devidx_new(c->n_workers, t->limits.kv_blocks >= 2 ? (uint32_t)t->limits.kv_blocks : DEVICE_POOL_DEFAULT);
+    if (!c->device) {
+        LOG_E("out of memory");
+        return 1;
+    }
+    for (int i = 0; i < c->n_workers; i++)
+        actor_watch(a, c->workers[i]);
     tchan_shm_sweep(t->name);
     c->next_transfer = kvx_first_id();
     if (t->cache.disk_dir[0] && c->n_slots > 0) {
@@ -1311,7 +1344,7 @@ int main(int argc, char **argv)
     }
     for (int i = 0; i < MAX_FETCHES; i++)
         tchan_shm_close(&c->fetches[i].seg);
-    u64map_free(&c->device);
+    devidx_destroy(&c->device);
     u64map_free(&c->host);
     u64map_free(&c->pins);
     u64map_free(&c->tenants);

@@ -412,6 +412,8 @@ typedef struct msg_cache_put {
     const uint64_t *hashes;
     uint32_t n_hashes;           /* required */
     uint64_t parent_hash;        /* hash of the block before hashes[0]; 0 = start of sequence */
+    uint32_t pool_blocks;        /* tier device: the holder's KV pool size in blocks, which bounds what the
+                                    cache-manager keeps of its hashes (actors/cache/dev_index.h); 0 = not said */
 } msg_cache_put_t;
 
 typedef struct msg_cache_evict {

@@ -635,6 +635,7 @@ static const msg_field_t s_cache_put_f[] = {
     F_ENUM(msg_cache_put_t, tier, 0, 0, s_tier_names),
     F_U64A(msg_cache_put_t, hashes, n_hashes, REQ, 1, MSG_MAX_BLOCKS),
     F_U64(msg_cache_put_t, parent_hash, 0, 0, U64MAX),
+    F_U32(msg_cache_put_t, pool_blocks, 0, 0, 1u << 26),
 };
 
 static const msg_field_t s_cache_evict_f[] = {

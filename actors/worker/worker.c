@@ -275,5 +275,6 @@ void worker_publish_blocks(actor_t *a, const char *holder, const char *cache_man
     m.u.cache_put.tier = MSG_TIER_DEVICE;
     m.u.cache_put.hashes = hashes;
     m.u.cache_put.n_hashes = (uint32_t)n;
+    m.u.cache_put.pool_blocks = (uint32_t)kvpool_n_blocks(kvseq_pool(kv));   /* bounds what the index keeps of ours */
     actor_send(a, cache_manager, &m);
 }

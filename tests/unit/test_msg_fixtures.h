@@ -207,6 +207,7 @@ static void fx_fill(msg_t *m, msg_type_t t)
         msg_cache_put_t *p = &m->u.cache_put;
         p->holder = "prefill-1"; p->tier = MSG_TIER_HOST; p->hashes = fx_hashes; p->n_hashes = 4;
         p->parent_hash = 0xabcdef;
+        p->pool_blocks = 1040;
         break;
     }
     case MSG_CACHE_EVICT: {
