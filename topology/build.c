@@ -405,13 +405,11 @@ static void s_actors(topo_diag_t *d, const raw_topo_t *raw, topo_t *t)
         a->ep = (int)s_int(d, p, r->ep, 1, 64, 1);
         if (a->ep > 1 && a->role < ROLE_COUNT && a->role != ROLE_DECODE)
             topo_diag_err(d, p, "only decode actors run expert-parallel groups");
-        else if (a->ep > 1 && t->model.backend == TOPO_BACKEND_CUDA)
-            topo_diag_err(d, p, "expert-parallel groups run on the cpu backend only for now (a group's ranks "
-                          "on their own GPUs over NCCL are not wired into the workers yet: docs/experts.md)");
-
         else if (a->ep > 1 && a->count % a->ep != 0)
             topo_diag_err(d, p, "ep: %d does not divide count: %d (each expert-parallel group is ep instances)",
                           a->ep, a->count);
+        /* On a GPU too: the ranks' exchange goes through host memory over unix sockets (docs/experts.md). */
+
         a->n_gpus = (int)r->gpus_count;
         snprintf(p, sizeof p, "actors[%d].gpus", i);
         if (a->n_gpus > 0 && a->role < ROLE_COUNT && !worker)

@@ -5,10 +5,12 @@
 # per rank in troupe-top), and every greedy output equals the one-process troupe-generate output,
 # for the MoE fixtures (qwen3-moe-f32, mixtral-f32) and kjv-moe from the shared models folder
 # (TROUPE_MODELS; skipped with a message when absent). Placements from the balancer are switched to
-# while serving, output still exact. Then kill -9 of one rank while 8 requests stream on both
-# ranks: every request ends with exactly one terminal reply (a retryable error or done with all its
-# tokens), both ranks are restarted (the survivor exits when its group fails) and meet again, and
-# requests on both are exact again.
+# while serving, output still exact. Then kill -9 of one rank of a group of 2 and of 4 while 8
+# requests stream on every rank: every request ends with exactly one terminal reply (a retryable
+# error or done with all its tokens), every rank is restarted (the survivors exit when their group
+# fails) and they meet again, and requests on every rank are exact again. Every cluster must stop
+# cleanly (the ranks drain together). BACKEND=cuda runs it all on GPU 0, every process sharing it
+# (the reference is troupe-generate on the same GPU).
 . "$(dirname "$0")/lib.sh"
 MODELS=${TROUPE_MODELS:-$ROOT/../shared/models}
 # ranks_served TOPO N: every decode-R (R < N) has finished a request (troupe-top), else fail.
@@ -53,7 +55,8 @@ for dir in "${cases[@]}"; do
   name=$(basename "$dir")
   : > "$WORK/$name.generate"
   for ids in $PROMPTS; do
-    "$BIN/troupe-generate" "$dir" --ids "$ids" --chunk 8 --max-tokens 24 --temperature 0 --ignore-eos --json \
+    "$BIN/troupe-generate" "$dir" --backend "${BACKEND:-cpu}" --ids "$ids" --chunk 8 --max-tokens 24 --temperature 0 \
+      --ignore-eos --json \
       | /usr/bin/python3 -c 'import json,sys; print(",".join(map(str, json.load(sys.stdin)["ids"])))' >> "$WORK/$name.generate"
   done
   for n in 2 4; do
