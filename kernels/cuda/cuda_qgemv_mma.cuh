@@ -73,8 +73,7 @@
  * 16); N < 2^31. Anything else runs cuda_qgemv.cuh's kernels (qm_ok says which).
  * Known limits: a row block is one block's over all of K (no split-K across blocks), so a lone
  * matrix of few rows and short K leaves SMs idle (q|k|v in one launch has 384 row blocks at the
- * 8B); the small-group kernel takes one row block per block (staging x for each, ~M K 4 bytes
- * read from L2 per 16 rows) and needs R / 2 mmas per 16 k (eight at M = 8, where it spills
+ * 8B); the small-group kernel needs R / 2 mmas per 16 k (eight at M = 8, where it spills
  * registers). */
 #ifndef TROUPE_KERNELS_CUDA_QGEMV_MMA_CUH
 #define TROUPE_KERNELS_CUDA_QGEMV_MMA_CUH
@@ -631,23 +630,21 @@ static __device__ __forceinline__ void qm_load_bd(uint4 (&q)[QM_U_BD][2], float 
     }
 }
 
-/* NT: column tiles, each two xs rows (R <= 2 NT); W warps per block, 16 rows of one part per block. */
+/* NT: column tiles, each two xs rows (R <= 2 NT); W warps per block; row blocks taken in turn as
+ * k_qgemv_mma's. */
 template <int FMT, int NT, int W>
 __global__ void __launch_bounds__(W * 32, 16 / W) k_qgemv_mma_bd(qm_args_t a)
 {
     static_assert(FMT == BK_Q_I4 || FMT == BK_Q_FP4, "nibbles");
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const qm_block b = qm_block_of(a, blockIdx.x);
-    const int64_t r0 = b.n0 + g, r1 = r0 + 8, N = b.p.N;
-    const int64_t c0 = r0 < N ? r0 : N - 1, c1 = r1 < N ? r1 : N - 1;
-    const int64_t rowb = a.K / 2, nch = rowb / 16;
-    const uint4 *w0 = (const uint4 *)(b.p.codes + c0 * rowb) + t, *w1 = (const uint4 *)(b.p.codes + c1 * rowb) + t;
-    const float *s0 = b.p.scale + (int64_t)((uint32_t)c0 / (uint32_t)b.p.gr) * a.ngc;
-    const float *s1 = b.p.scale + (int64_t)((uint32_t)c1 / (uint32_t)b.p.gr) * a.ngc;
+    const unsigned n_rb = a.blocks;
+    unsigned rb = blockIdx.x;
+    qm_rows<FMT> w = qm_rows_of<FMT>(a, qm_block_of(a, rb), g, t);
+    const int64_t nch = a.K / 2 / 16;
     const int64_t steps = (a.K + 127) / 128;
     uint4 q[QM_U_BD][2];
     float sq[QM_U_BD][2][2];
-    qm_load_bd<W>(q, sq, w0, w1, s0, s1, warp, nch, t, a.gc);
+    qm_load_bd<W>(q, sq, w.w0, w.w1, w.s0, w.s1, warp, nch, t, a.gc);
     DEV_PDL_ENTER();
     const uint16_t *xs;
     const float *xmul;
@@ -661,63 +658,76 @@ __global__ void __launch_bounds__(W * 32, 16 / W) k_qgemv_mma_bd(qm_args_t a)
         xon[jt] = t == (g >> 1) && rho < a.R;
         xr[jt] = (const uint4 *)(xs + (int64_t)(rho < a.R ? rho : 0) * ld) + 4 * t;
     }
-    float acc[NT][4];
+    __shared__ float part[2][W][16][2 * NT + 1];
+    for (int buf = 0;; buf ^= 1) {
+        const unsigned rb_next = rb + gridDim.x;
+        const bool more = rb_next < n_rb;
+        float acc[NT][4];
 #pragma unroll
-    for (int jt = 0; jt < NT; jt++)
+        for (int jt = 0; jt < NT; jt++)
 #pragma unroll
-        for (int i = 0; i < 4; i++)
-            acc[jt][i] = 0.0f;
-    for (int64_t s = warp; s < steps; s += (int64_t)QM_U_BD * W) {
-        uint4 qn[QM_U_BD][2];
-        float sqn[QM_U_BD][2][2];
-        qm_load_bd<W>(qn, sqn, w0, w1, s0, s1, s + (int64_t)QM_U_BD * W, nch, t, a.gc);
+            for (int i = 0; i < 4; i++)
+                acc[jt][i] = 0.0f;
+        for (int64_t s = warp; s < steps; s += (int64_t)QM_U_BD * W) {
+            uint4 qn[QM_U_BD][2];
+            float sqn[QM_U_BD][2][2];
+            if (s + (int64_t)QM_U_BD * W < steps || !more) {
+                qm_load_bd<W>(qn, sqn, w.w0, w.w1, w.s0, w.s1, s + (int64_t)QM_U_BD * W, nch, t, a.gc);
+            } else {
+                const qm_rows<FMT> wn = qm_rows_of<FMT>(a, qm_block_of(a, rb_next), g, t);
+                qm_load_bd<W>(qn, sqn, wn.w0, wn.w1, wn.s0, wn.s1, warp, nch, t, a.gc);
+            }
 #pragma unroll
-        for (int u = 0; u < QM_U_BD; u++) {
-            const int64_t su = s + (int64_t)u * W;
-            if (su >= steps)
-                break;
-            const bool in = 4 * su + t < nch;
+            for (int u = 0; u < QM_U_BD; u++) {
+                const int64_t su = s + (int64_t)u * W;
+                if (su >= steps)
+                    break;
+                const bool in = 4 * su + t < nch;
 #pragma unroll
-            for (int h = 0; h < 2; h++) {          /* half chunk h: words 2h, 2h + 1, one group */
-                float p[NT][4];
+                for (int h = 0; h < 2; h++) {      /* half chunk h: words 2h, 2h + 1, one group */
+                    float p[NT][4];
 #pragma unroll
-                for (int jt = 0; jt < NT; jt++)
+                    for (int jt = 0; jt < NT; jt++)
 #pragma unroll
-                    for (int i = 0; i < 4; i++)
-                        p[jt][i] = 0.0f;
+                        for (int i = 0; i < 4; i++)
+                            p[jt][i] = 0.0f;
 #pragma unroll
-                for (int i = 2 * h; i < 2 * h + 2; i++) {
-                    uint32_t rg[4], r8[4];
-                    qm_dec_nib<FMT>(qm_word(&q[u][0], i), rg);
-                    qm_dec_nib<FMT>(qm_word(&q[u][1], i), r8);
-                    const uint32_t a0[4] = {rg[0], r8[0], rg[1], r8[1]}, a1[4] = {rg[2], r8[2], rg[3], r8[3]};
+                    for (int i = 2 * h; i < 2 * h + 2; i++) {
+                        uint32_t rg[4], r8[4];
+                        qm_dec_nib<FMT>(qm_word(&q[u][0], i), rg);
+                        qm_dec_nib<FMT>(qm_word(&q[u][1], i), r8);
+                        const uint32_t a0[4] = {rg[0], r8[0], rg[1], r8[1]}, a1[4] = {rg[2], r8[2], rg[3], r8[3]};
 #pragma unroll
-                    for (int jt = 0; jt < NT; jt++) {
-                        const uint4 xv = in && xon[jt] ? qm_ldx(xr[jt] + 16 * su + i) : make_uint4(0, 0, 0, 0);
-                        dev_mma16<true>(p[jt], a0, xv.x, xv.y);
-                        dev_mma16<true>(p[jt], a1, xv.z, xv.w);
+                        for (int jt = 0; jt < NT; jt++) {
+                            const uint4 xv = in && xon[jt] ? qm_ldx(xr[jt] + 16 * su + i) : make_uint4(0, 0, 0, 0);
+                            dev_mma16<true>(p[jt], a0, xv.x, xv.y);
+                            dev_mma16<true>(p[jt], a1, xv.z, xv.w);
+                        }
                     }
+#pragma unroll
+                    for (int jt = 0; jt < NT; jt++)
+#pragma unroll
+                        for (int i = 0; i < 4; i++)
+                            acc[jt][i] = fmaf(p[jt][i], sq[u][i >> 1][h], acc[jt][i]);
                 }
+            }
 #pragma unroll
-                for (int jt = 0; jt < NT; jt++)
+            for (int u = 0; u < QM_U_BD; u++) {
+                q[u][0] = qn[u][0];
+                q[u][1] = qn[u][1];
 #pragma unroll
-                    for (int i = 0; i < 4; i++)
-                        acc[jt][i] = fmaf(p[jt][i], sq[u][i >> 1][h], acc[jt][i]);
+                for (int h = 0; h < 2; h++)
+                    sq[u][0][h] = sqn[u][0][h], sq[u][1][h] = sqn[u][1][h];
             }
         }
-#pragma unroll
-        for (int u = 0; u < QM_U_BD; u++) {
-            q[u][0] = qn[u][0];
-            q[u][1] = qn[u][1];
-#pragma unroll
-            for (int h = 0; h < 2; h++)
-                sq[u][0][h] = sqn[u][0][h], sq[u][1][h] = sqn[u][1][h];
-        }
+        qm_put<NT, true>(part[buf][warp], acc, g, t);
+        __syncthreads();
+        qm_finish<W, 2 * NT + 1, false>(a, qm_block_of(a, rb), part[buf], xmul);   /* group scales are in the sums */
+        if (!more)
+            break;
+        rb = rb_next;
+        w = qm_rows_of<FMT>(a, qm_block_of(a, rb), g, t);
     }
-    __shared__ float part[W][16][2 * NT + 1];
-    qm_put<NT, true>(part[warp], acc, g, t);
-    __syncthreads();
-    qm_finish<W, 2 * NT + 1, false>(a, b, part, xmul);   /* group scales are in the sums */
 }
 
 /* ---- choosing ------------------------------------------------------------------------------------- */
@@ -857,7 +867,7 @@ static inline int qm_occupancy(qm_kernel_t k, unsigned threads, size_t smem)
  * here), or 0 when a part is not taken (qm_ok) or the kernel not built. warps: 0 for qm_warps'
  * choice, else 4, 8 or 16. stage: 1 lets blocks stage xs in shared memory where it fits, 0 always
  * runs the pre-pass (its xs in scratch: qm_scratch_bytes(K), 16-byte aligned). n_sm: the SMs, for
- * k_qgemv_mma's grid of as many blocks as they hold at once (0: a block per row block). */
+ * a grid of as many blocks as they hold at once (0: a block per row block). */
 static inline int qm_setup(qm_plan_t *pl, int fmt, int64_t K, int gc, int act, const float *x, int mr,
                            const qm_part_t *parts, int n, void *scratch, int warps, int stage, int n_sm)
 {
@@ -903,7 +913,7 @@ static inline int qm_setup(qm_plan_t *pl, int fmt, int64_t K, int gc, int act, c
         a.xs = qm_scratch_xs(scratch);
         a.xmul = (const float *)scratch;
     }
-    if (!bd && n_sm > 0) {                         /* k_qgemv_mma takes row blocks in turn */
+    if (n_sm > 0) {                                /* blocks take row blocks in turn */
         const int per_sm = qm_occupancy(pl->kernel, pl->threads, pl->smem);
         if (per_sm > 0 && (int64_t)per_sm * n_sm < (int64_t)blocks)
             pl->blocks = (unsigned)(per_sm * n_sm);
