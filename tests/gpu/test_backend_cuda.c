@@ -475,18 +475,22 @@ static void test_quant_matmul(void **state)
 /* matmul_n over quantized weights (q, k, v: one launch of the tensor-core GEMV up to GEMV_MAX_M
  * rows) gives the bits of separate matmuls, for every format, with a bias on two parts; M = 9 runs
  * the GEMM path part by part. K = 4,096 at M = 8 (weight-only) takes the x pre-pass instead of each
- * block's own staging. */
+ * block's own staging; the tall parts make the launch's blocks take several row blocks each. */
 static void test_quant_matmul_n(void **state)
 {
     static const int fmts[][4] = {
         {BK_Q_FP8, 0, 0, BK_QA_NONE}, {BK_Q_FP8, 1, 0, BK_QA_FP8_TOKEN}, {BK_Q_FP8, 128, 128, BK_QA_NONE},
         {BK_Q_I8, 1, 0, BK_QA_I8_TOKEN}, {BK_Q_I4, 1, 128, BK_QA_NONE}, {BK_Q_FP4, 1, 16, BK_QA_NONE},
     };
-    static const int cases[][2] = {{1, 1024}, {3, 512}, {8, 512}, {8, 4096}, {1, 4096}, {9, 512}};
-    static const int64_t N[3] = {256, 64, 96};
+    /* M, K, shape: 0 the small one, 1 tall parts (2,512 row blocks of 16: more than the SMs hold
+     * at once, so the launch's blocks take several in turn; each part alone fewer) */
+    static const int cases[][3] = {{1, 1024, 0}, {3, 512, 0}, {8, 512, 0}, {8, 4096, 0}, {1, 4096, 0}, {9, 512, 0},
+                                   {1, 256, 1}, {2, 256, 1}};
+    static const int64_t shapes[2][3] = {{256, 64, 96}, {24576, 8192, 8192}};
     for (size_t f = 0; f < ARRAY_LEN(fmts); f++)
         for (size_t c = 0; c < ARRAY_LEN(cases); c++) {
             const int fmt = fmts[f][0], act = fmts[f][3], M = cases[c][0], K = cases[c][1];
+            const int64_t *N = shapes[cases[c][2]];
             float *x = s_rand_f32((size_t)M * K, 1.0), *dx = s_put(s_gpu, x, (size_t)M * K * 4);
             bk_mat_t W[3];
             const bk_mat_t *wp[3];
@@ -529,7 +533,7 @@ static void test_quant_matmul_n(void **state)
             s_gpu->ops->free(s_gpu, dx);
             free(x);
         }
-    print_message("  qmatmul_n: bit-identical to separate matmuls (every format; M = 1, 3, 8, 9)\n");
+    print_message("  qmatmul_n: bit-identical to separate matmuls (every format; M = 1, 2, 3, 8, 9; 40,960 rows)\n");
 }
 
 /* matmul_n (q, k, v or gate, up over one x, converted once) gives the bits of separate matmuls, on
