@@ -11,7 +11,8 @@
  * late (it joins the others' steps with no rows first), one of the group of 4 never has a row, and
  * a placement with replicas is switched to halfway; every rank's greedy tokens and logits equal
  * one process with every expert running the same sequences. Then they drain together (the done
- * step) and exit 0. */
+ * step) and exit 0. kill -9 of one rank of a group of 4: the stepping rank's next forward fails
+ * naming a rank within seconds and the idle ranks exit on their own. */
 #include <limits.h>
 #include <poll.h>
 #include <setjmp.h>
@@ -479,7 +480,99 @@ static void test_dp_kjv_moe(void **state)
     s_dp_case(dir);
 }
 
-/* A rank of a data-parallel group killed: the others fail their next step naming it, no hang. */
+/* A member that only joins (this program with --dp-idle): rank r of n over dir, its peers' steps
+ * joined until the group fails. */
+static int s_dp_idle(const char *dir, const char *sockdir, int r, int n)
+{
+    char err[1024];
+    engine_t *e = engine_new(dir, err, sizeof err);
+    ep_keep_t keep = {.rank = r, .n_ranks = n, .n_experts = e ? e->cfg.num_experts : 0};
+    engine_spec_t sp = s_spec();
+    sp.model.expert_keep = ep_keep_initial;
+    sp.model.expert_ctx = &keep;
+    ep_comm_t *c = NULL;
+    ep_t *ep = NULL;
+    if (!e || engine_load(e, &sp, err, sizeof err) != ENGINE_OK ||
+        !(c = ep_sock_rendezvous(sockdir, "kill", r, n, 60000, err, sizeof err)) ||
+        !(ep = ep_new(e->model, e->ck, c, err, sizeof err)))
+        return 2;
+    for (;;) {
+        int fds[EP_MAX_RANKS];
+        struct pollfd pf[EP_MAX_RANKS];
+        const int nf = ep_poll_fds(ep, fds);
+        for (int i = 0; i < nf; i++)
+            pf[i] = (struct pollfd){.fd = fds[i], .events = POLLIN};
+        poll(pf, (nfds_t)nf, 1000);
+        if (ep_pending(ep) && ep_join(ep, 0) != 0)
+            return 1;
+    }
+}
+
+/* kill -9 of a rank of a data-parallel group of 4 (rank 0 here, running steps; ranks 1..3 joining
+ * them): rank 0's next step fails naming it within seconds, and the idle ranks learn at once (a
+ * readable socket, a failed join: they exit 1): no rank waits for a step that never comes. */
+static void test_dp_kill(void **state)
+{
+    (void)state;
+    char err[1024], tmp[] = "/tmp/test-ep-kill-XXXXXX";
+    const char *dir = FIXTURES "/qwen3-moe-f32";
+    assert_non_null(mkdtemp(tmp));
+    pid_t pids[4] = {0};
+    for (int r = 1; r < 4; r++) {
+        char a_r[16];
+        snprintf(a_r, sizeof a_r, "%d", r);
+        char *argv[] = {s_self, "--dp-idle", a_r, (char *)"--ranks", (char *)"4", (char *)dir, tmp, NULL};
+        assert_int_equal(posix_spawn(&pids[r], s_self, NULL, NULL, argv, environ), 0);
+    }
+    engine_t *e = engine_new(dir, err, sizeof err);
+    assert_non_null(e);
+    ep_keep_t keep = {.rank = 0, .n_ranks = 4, .n_experts = e->cfg.num_experts};
+    engine_spec_t sp = s_spec();
+    sp.model.expert_keep = ep_keep_initial;
+    sp.model.expert_ctx = &keep;
+    ep_comm_t *c = NULL;
+    ep_t *ep = NULL;
+    if (engine_load(e, &sp, err, sizeof err) != ENGINE_OK || !(c = ep_sock_rendezvous(tmp, "kill", 0, 4, 60000, err, sizeof err)) ||
+        !(ep = ep_new(e->model, e->ck, c, err, sizeof err)))
+        fail_msg("%s", err);
+    kvseq_t *kv = kvseq_new(e->pool, 128, 0);
+    assert_int_equal(kvseq_append(kv, s_prompts[0], 5), 0);
+    model_seq_t q = {.kv = kv, .n_new = 5};
+    model_batch_t b = {.n_seqs = 1, .seqs = &q};
+    assert_int_equal(model_forward(e->model, &b, e->logits, err, sizeof err), 0);
+    kill(pids[2], SIGKILL);
+    assert_int_equal(waitpid(pids[2], NULL, 0), pids[2]);
+    for (int r = 1; r < 4; r++) {   /* the idle ranks exit 1 on their own (rank 0 starts no step), in bounded time */
+        if (r == 2)
+            continue;
+        int st = 0, gone = 0;
+        for (int i = 0; i < 1000 && !gone; i++) {
+            gone = waitpid(pids[r], &st, WNOHANG) == pids[r];
+            if (!gone)
+                usleep(10000);
+        }
+        if (!gone) {
+            kill(pids[r], SIGKILL);
+            waitpid(pids[r], NULL, 0);
+            fail_msg("idle rank %d still runs 10 s after rank 2 died", r);
+        }
+        assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 1);
+    }
+    int32_t t = 3;
+    assert_int_equal(kvseq_append(kv, &t, 1), 0);
+    q.n_new = 1;
+    const int64_t t0 = now_ns();
+    assert_int_equal(model_forward(e->model, &b, e->logits, err, sizeof err), -1);
+    assert_true(now_ns() - t0 < 10ll * 1000000000);
+    if (!strstr(err, "rank 2") && !strstr(err, "rank 1") && !strstr(err, "rank 3"))
+        fail_msg("the failed step names no rank: %s", err);
+    kvseq_destroy(&kv);
+    ep_destroy(&ep);
+    engine_destroy(&e);
+    rmdir(tmp);
+}
+
+/* Rendezvous with a peer that never comes: refused within its deadline, naming the rank. */
 static void test_dp_rendezvous_refused(void **state)
 {
     (void)state;
@@ -498,6 +591,8 @@ int main(int argc, char **argv)
 {
     if (argc == 7 && !strcmp(argv[1], "--dp-rank"))
         return s_dp_rank(argv[5], argv[6], atoi(argv[2]), atoi(argv[4]));
+    if (argc == 7 && !strcmp(argv[1], "--dp-idle"))
+        return s_dp_idle(argv[5], argv[6], atoi(argv[2]), atoi(argv[4]));
     ssize_t sk = readlink("/proc/self/exe", s_self, sizeof s_self - 1);
     assert_true(sk > 0);
     s_self[sk] = 0;
@@ -521,7 +616,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_qwen3_moe),   cmocka_unit_test(test_mixtral),   cmocka_unit_test(test_kjv_moe),
         cmocka_unit_test(test_refused_placement), cmocka_unit_test(test_kill_rank),
         cmocka_unit_test(test_dp_qwen3_moe), cmocka_unit_test(test_dp_mixtral), cmocka_unit_test(test_dp_kjv_moe),
-        cmocka_unit_test(test_dp_rendezvous_refused),
+        cmocka_unit_test(test_dp_kill),            cmocka_unit_test(test_dp_rendezvous_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
