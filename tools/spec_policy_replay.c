@@ -6,7 +6,7 @@
  *
  * For each line with a computation (ok=1): its time, then per batch bucket the logged verify
  * length, the recomputed one, and the tokens/s this build expects of every k there (k = 0
- * first). Only the last line unless --all; --batch B shows the bucket of batch B only. Ends with
+ * first), and the plain cell's steps and mean cycle. Only the last line unless --all; --batch B shows the bucket of batch B only. Ends with
  * the number of bucket decisions that differ; exit status 0, 1 when any differs, 2 on a usage or
  * parse error. */
 #include <stdio.h>
@@ -53,6 +53,8 @@ static int s_replay(const char *line, int batch, int *differ)
             if (tpr >= 0)
                 printf("[%.2f]", tpr);
         }
+        if (c.steps[b][0])   /* how much the plain rate rests on */
+            printf("  (k=0: %llu steps, %.3f ms)", (unsigned long long)c.steps[b][0], 1e3 * c.seconds[b][0] / (double)c.steps[b][0]);
         printf("\n");
     }
     return 0;
