@@ -178,6 +178,16 @@ template <int FMT, int H> static __device__ __forceinline__ uint32_t qm_dec2(uin
     }
 }
 
+/* fp8 e4m3 by integer operations (the Marlin kernels' way): a byte's exponent and mantissa bits
+ * into f16 bits 7-13, its sign to 15, which is the value times 2^-8 exactly (subnormals included;
+ * NaN codes become 480 x 2^-8, not NaN: checkpoints have none). H = 0: bytes 0 and 2 of w as
+ * f16x2, H = 1: bytes 1 and 3. */
+template <int H> static __device__ __forceinline__ uint32_t qm_dec_fp8_int(uint32_t w)
+{
+    const uint32_t v = H ? w : w << 8;
+    return (v & 0x80008000u) | ((v & 0x7f007f00u) >> 1);
+}
+
 /* Nibbles (element e at bits 4e of q) as the f16 pairs r[0] = (0, 4), r[1] = (1, 5), r[2] = (2, 6),
  * r[3] = (3, 7). int4 (value + 8): 1024 + n - 1032, or (1024 + 16 n) / 16 - 72 (exact). fp4 e2m1:
  * its exponent and mantissa bits into f16 bits 9-11, the sign to 15 (the value times 2^-14, exact,
@@ -237,10 +247,15 @@ static __device__ __forceinline__ float qm_amax8(float4 u, float4 v)
                  fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
 }
 
+/* The order of x in xs, per group of 8 k: QM_ORD_NAT natural; QM_ORD_NIB 0 4 1 5 2 6 3 7 (nibbles);
+ * QM_ORD_MIX natural in even groups, 0 2 1 3 4 6 5 7 in odd ones (fp8 decoded half by the convert,
+ * half by integer ops: qm_dec_fp8_int). */
+enum { QM_ORD_NAT, QM_ORD_NIB, QM_ORD_MIX };
+
 /* Row m of x [M][K] (its amax known) as xs rows m (hi or codes) and, weight-only, M + m (lo), row
- * stride ld halves, by threads tid = 0..nt-1; x read through the read-only path. NIB: groups of 8 k
- * in the order 0 4 1 5 2 6 3 7. The rounding of cpu_quant_act_row / k_qact for W8A8. */
-template <bool NIB>
+ * stride ld halves, by threads tid = 0..nt-1, in the order ORD; x read through the read-only path.
+ * The rounding of cpu_quant_act_row / k_qact for W8A8. */
+template <int ORD>
 static __device__ __forceinline__ void qm_stage_row(const float *x, int64_t K, int M, int m, int act, float amax,
                                                     uint16_t *xs, int64_t ld, int tid, int nt)
 {
@@ -276,7 +291,13 @@ static __device__ __forceinline__ void qm_stage_row(const float *x, int64_t K, i
                 l[j] = 0;
             }
         }
-        /* element order in the 8 halves: natural, or 0 4 1 5 2 6 3 7 */
+        if (ORD == QM_ORD_MIX && (i & 1)) {
+            hi_row[i] = make_uint4(h[0] | h[2] << 16, h[1] | h[3] << 16, h[4] | h[6] << 16, h[5] | h[7] << 16);
+            if (act == BK_QA_NONE)
+                lo_row[i] = make_uint4(l[0] | l[2] << 16, l[1] | l[3] << 16, l[4] | l[6] << 16, l[5] | l[7] << 16);
+            continue;
+        }
+        constexpr bool NIB = ORD == QM_ORD_NIB;
         constexpr int o[8] = {0, NIB ? 4 : 1, NIB ? 1 : 2, NIB ? 5 : 3, NIB ? 2 : 4, NIB ? 6 : 5, NIB ? 3 : 6, 7};
         hi_row[i] = make_uint4(h[o[0]] | h[o[1]] << 16, h[o[2]] | h[o[3]] << 16, h[o[4]] | h[o[5]] << 16,
                                h[o[6]] | h[o[7]] << 16);
@@ -288,7 +309,7 @@ static __device__ __forceinline__ void qm_stage_row(const float *x, int64_t K, i
 
 /* The pre-pass where xs does not fit a block's shared memory: row blockIdx.x of x [M][K] f32 into
  * xs [R][K] and xmul[m], for every block of the GEMV after it. K % 8 == 0, x 16-byte aligned. */
-template <bool NIB>
+template <int ORD>
 __global__ void __launch_bounds__(QM_PREP_THREADS) k_qm_prep(const float *x, int64_t K, int M, int act, uint16_t *xs,
                                                             float *xmul)
 {
@@ -302,7 +323,7 @@ __global__ void __launch_bounds__(QM_PREP_THREADS) k_qm_prep(const float *x, int
     amax = dev_block_max(amax, red);              /* fmaxf skips NaN, as the CPU's comparison does */
     if (threadIdx.x == 0)
         xmul[m] = qm_row_scale(amax, act).mul;
-    qm_stage_row<NIB>(x, K, M, m, act, amax, xs, K, threadIdx.x, blockDim.x);
+    qm_stage_row<ORD>(x, K, M, m, act, amax, xs, K, threadIdx.x, blockDim.x);
 }
 
 /* ---- what every block does first and last ----------------------------------------------------- */
@@ -332,7 +353,7 @@ static __device__ __forceinline__ qm_block qm_block_of(const qm_args_t &a, unsig
 
 extern __shared__ uint4 qm_dyn_smem[];
 
-template <bool NIB>
+template <int ORD>
 static __device__ __forceinline__ void qm_xs(const qm_args_t &a, const uint16_t **xs, int64_t *ld, const float **xmul)
 {
     __shared__ float s_amax[8][32];               /* [row][warp] */
@@ -365,7 +386,7 @@ static __device__ __forceinline__ void qm_xs(const qm_args_t &a, const uint16_t 
     }
     __syncthreads();
     for (int m = 0; m < a.M; m++)
-        qm_stage_row<NIB>(a.x, a.K, a.M, m, a.act, s_amax[m][0], st, sld, threadIdx.x, blockDim.x);
+        qm_stage_row<ORD>(a.x, a.K, a.M, m, a.act, s_amax[m][0], st, sld, threadIdx.x, blockDim.x);
     __syncthreads();
     *xs = st;
     *ld = sld;
@@ -474,13 +495,16 @@ static __device__ __forceinline__ qm_rows<FMT> qm_rows_of(const qm_args_t &a, co
 }
 
 /* NT: column tiles of 8 (R <= 8: 1, else 2); RS: one scale per row, else per group of columns;
- * W: warps per block. A block takes row blocks (16 rows of one part, the whole of K) blockIdx.x,
+ * W: warps per block; MIX (fp8): words 2 and 3 of each chunk decoded by qm_dec_fp8_int into a
+ * fragment of their own (scaled by 2^8 when added), words 0 and 1 by the convert, so that the
+ * decode is split between the conversion and the integer pipes (xs in QM_ORD_MIX). A block takes row blocks (16 rows of one part, the whole of K) blockIdx.x,
  * + gridDim.x, ... (a grid of what fits the SMs at once: qm_setup), staging xs once for all of
  * them; a warp's last loads of one row block are followed by the first of its next, so the loads
  * stay in flight across the reduction between them. */
-template <int FMT, int NT, bool RS, int W>
+template <int FMT, int NT, bool RS, int W, bool MIX = false>
 __global__ void __launch_bounds__(W * 32, 16 / W) k_qgemv_mma(qm_args_t a)
 {
+    static_assert(!MIX || FMT == BK_Q_FP8, "the split decode is fp8's");
     using F = qm_fmt<FMT>;
     constexpr int SK = F::SK, XC = F::XC;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -497,7 +521,7 @@ __global__ void __launch_bounds__(W * 32, 16 / W) k_qgemv_mma(qm_args_t a)
     const uint16_t *xs;
     const float *xmul;
     int64_t ld;
-    qm_xs<F::NIB>(a, &xs, &ld, &xmul);
+    qm_xs<F::NIB ? QM_ORD_NIB : MIX ? QM_ORD_MIX : QM_ORD_NAT>(a, &xs, &ld, &xmul);
     /* B rows: xs row 8 jt + g of each column tile (zeros past R) */
     const uint4 *xr[NT];
     bool xon[NT];
@@ -540,21 +564,36 @@ __global__ void __launch_bounds__(W * 32, 16 / W) k_qgemv_mma(qm_args_t a)
                         for (int c = 0; c < XC; c++)
                             xb[jt][c] = in && xon[jt] ? qm_ldx(xr[jt] + 4 * XC * su + c) : make_uint4(0, 0, 0, 0);
                 }
-                float p[NT][4];
+                float p[NT][4], p8[NT][4];         /* p8: MIX's integer-decoded words, times 2^-8 */
 #pragma unroll
                 for (int jt = 0; jt < NT; jt++)
 #pragma unroll
                     for (int i = 0; i < 4; i++)
-                        p[jt][i] = 0.0f;
+                        p[jt][i] = 0.0f, p8[jt][i] = 0.0f;
                 if constexpr (!F::NIB) {
 #pragma unroll
                     for (int j = 0; j < 4; j++) {  /* mma j: bytes 4j .. 4j + 3 of the chunk */
                         const uint32_t wg = qm_word(&q[u][0], j), w8 = qm_word(&q[u][1], j);
-                        const uint32_t af[4] = {qm_dec2<FMT, 0>(wg), qm_dec2<FMT, 0>(w8), qm_dec2<FMT, 1>(wg),
-                                                qm_dec2<FMT, 1>(w8)};
+                        if (MIX && j >= 2) {       /* bytes (0, 2) as logical (2t, 2t+1), (1, 3) as (2t+8, 2t+9) */
+                            const uint32_t af[4] = {qm_dec_fp8_int<0>(wg), qm_dec_fp8_int<0>(w8), qm_dec_fp8_int<1>(wg),
+                                                    qm_dec_fp8_int<1>(w8)};
+#pragma unroll
+                            for (int jt = 0; jt < NT; jt++)
+                                dev_mma16<true>(p8[jt], af, qm_word(xb[jt], 2 * j), qm_word(xb[jt], 2 * j + 1));
+                        } else {
+                            const uint32_t af[4] = {qm_dec2<FMT, 0>(wg), qm_dec2<FMT, 0>(w8), qm_dec2<FMT, 1>(wg),
+                                                    qm_dec2<FMT, 1>(w8)};
+#pragma unroll
+                            for (int jt = 0; jt < NT; jt++)
+                                dev_mma16<true>(p[jt], af, qm_word(xb[jt], 2 * j), qm_word(xb[jt], 2 * j + 1));
+                        }
+                    }
+                    if constexpr (MIX) {
 #pragma unroll
                         for (int jt = 0; jt < NT; jt++)
-                            dev_mma16<true>(p[jt], af, qm_word(xb[jt], 2 * j), qm_word(xb[jt], 2 * j + 1));
+#pragma unroll
+                            for (int i = 0; i < 4; i++)
+                                p[jt][i] = fmaf(p8[jt][i], 256.0f, p[jt][i]);   /* exact scaling, one rounding */
                     }
                 } else {
 #pragma unroll
@@ -649,7 +688,7 @@ __global__ void __launch_bounds__(W * 32, 16 / W) k_qgemv_mma_bd(qm_args_t a)
     const uint16_t *xs;
     const float *xmul;
     int64_t ld;
-    qm_xs<true>(a, &xs, &ld, &xmul);
+    qm_xs<QM_ORD_NIB>(a, &xs, &ld, &xmul);
     const uint4 *xr[NT];
     bool xon[NT];
 #pragma unroll
@@ -762,9 +801,10 @@ static inline int qm_warps(int64_t K, int fmt)
     return steps >= 16 ? 8 : 4;
 }
 
-template <int FMT, int NT, bool RS> static inline qm_kernel_t qm_pick_w(int w)
+template <int FMT, int NT, bool RS, bool MIX = false> static inline qm_kernel_t qm_pick_w(int w)
 {
-    return w <= 4 ? k_qgemv_mma<FMT, NT, RS, 4> : w <= 8 ? k_qgemv_mma<FMT, NT, RS, 8> : k_qgemv_mma<FMT, NT, RS, 16>;
+    return w <= 4 ? k_qgemv_mma<FMT, NT, RS, 4, MIX> : w <= 8 ? k_qgemv_mma<FMT, NT, RS, 8, MIX>
+                                                              : k_qgemv_mma<FMT, NT, RS, 16, MIX>;
 }
 
 template <int FMT, int NT> static inline qm_kernel_t qm_pick_bd(int w)
@@ -785,12 +825,15 @@ static inline qm_kernel_t qm_kernel_bd(int fmt, int R, int w)
     return NULL;
 }
 
-/* The kernel for fmt with R rows of xs, w warps, one scale per row or not; NULL when not built. */
-static inline qm_kernel_t qm_kernel(int fmt, int R, int w, bool rs)
+/* The kernel for fmt with R rows of xs, w warps, one scale per row or not (mix: fp8's split decode,
+ * one scale per row only); NULL when not built. */
+static inline qm_kernel_t qm_kernel(int fmt, int R, int w, bool rs, bool mix)
 {
     const bool two = R > 8;
     switch (fmt) {
     case BK_Q_FP8:
+        if (mix && rs)
+            return two ? qm_pick_w<BK_Q_FP8, 2, true, true>(w) : qm_pick_w<BK_Q_FP8, 1, true, true>(w);
         return rs ? (two ? qm_pick_w<BK_Q_FP8, 2, true>(w) : qm_pick_w<BK_Q_FP8, 1, true>(w))
                   : (two ? qm_pick_w<BK_Q_FP8, 2, false>(w) : qm_pick_w<BK_Q_FP8, 1, false>(w));
     case BK_Q_I8: return !rs ? NULL : two ? qm_pick_w<BK_Q_I8, 2, true>(w) : qm_pick_w<BK_Q_I8, 1, true>(w);
@@ -808,6 +851,8 @@ typedef struct qm_plan {
     size_t smem;
     qm_args_t args;
 } qm_plan_t;
+
+enum { QM_F_STAGE = 1, QM_F_FP8_MIX = 2 };       /* qm_setup's flags */
 
 /* Scratch for the pre-pass (16-byte aligned): xmul, then xs [16][K]. */
 static inline size_t qm_scratch_bytes(int64_t K) { return QM_XS_OFF + (size_t)16 * (size_t)K * 2; }
@@ -865,12 +910,14 @@ static inline int qm_occupancy(qm_kernel_t k, unsigned threads, size_t smem)
 /* The plan for up to 8 rows of x (mr) times n <= QM_PARTS weights of one format, K, column grid
  * (gc) and activation treatment (each part's codes, scale, N, gr, bias, y in parts[]; end is set
  * here), or 0 when a part is not taken (qm_ok) or the kernel not built. warps: 0 for qm_warps'
- * choice, else 4, 8 or 16. stage: 1 lets blocks stage xs in shared memory where it fits, 0 always
- * runs the pre-pass (its xs in scratch: qm_scratch_bytes(K), 16-byte aligned). n_sm: the SMs, for
+ * choice, else 4, 8 or 16. flags: QM_F_STAGE lets blocks stage xs in shared memory where it fits
+ * (else always the pre-pass, its xs in scratch: qm_scratch_bytes(K), 16-byte aligned); QM_F_FP8_MIX
+ * fp8's split decode (one scale per row; the bits differ from the convert's). n_sm: the SMs, for
  * a grid of as many blocks as they hold at once (0: a block per row block). */
 static inline int qm_setup(qm_plan_t *pl, int fmt, int64_t K, int gc, int act, const float *x, int mr,
-                           const qm_part_t *parts, int n, void *scratch, int warps, int stage, int n_sm)
+                           const qm_part_t *parts, int n, void *scratch, int warps, int flags, int n_sm)
 {
+    const bool stage = flags & QM_F_STAGE, mix = (flags & QM_F_FP8_MIX) && fmt == BK_Q_FP8 && gc >= K;
     if (mr < 1 || mr > 8 || n < 1 || n > QM_PARTS)
         return 0;
     const bool rs = gc >= K;
@@ -881,7 +928,7 @@ static inline int qm_setup(qm_plan_t *pl, int fmt, int64_t K, int gc, int act, c
     const int w = warps ? warps : qm_warps(K, fmt);
     const bool nib = fmt == BK_Q_I4 || fmt == BK_Q_FP4;
     const bool bd = nib && !rs && gc % 128;
-    pl->kernel = bd ? qm_kernel_bd(fmt, R, w) : qm_kernel(fmt, R, w, rs);
+    pl->kernel = bd ? qm_kernel_bd(fmt, R, w) : qm_kernel(fmt, R, w, rs, mix);
     if (!pl->kernel)
         return 0;
     pl->threads = (unsigned)(w <= 4 ? 128 : w <= 8 ? 256 : 512);
@@ -908,7 +955,7 @@ static inline int qm_setup(qm_plan_t *pl, int fmt, int64_t K, int gc, int act, c
         pl->prep = NULL;
         pl->smem = smem;
     } else {
-        pl->prep = nib ? k_qm_prep<true> : k_qm_prep<false>;
+        pl->prep = nib ? k_qm_prep<QM_ORD_NIB> : mix ? k_qm_prep<QM_ORD_MIX> : k_qm_prep<QM_ORD_NAT>;
         pl->smem = 0;
         a.xs = qm_scratch_xs(scratch);
         a.xmul = (const float *)scratch;

@@ -29,6 +29,7 @@
 #include <cuda_fp8.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kernels/cuda/cuda.h"
 #include "kernels/cuda/cuda_dev.cuh"
@@ -70,17 +71,18 @@ static void s_qgemv(const cuda_state_t *st, const bk_mat_t *w, const float *x, i
  * TROUPE_CUDA_QGEMV_MMA: 1 (default) on, warps per block by qm_warps; 4, 8 or 16 forces the
  * warps; 0 off (the CUDA-core GEMV everywhere, for comparison). TROUPE_CUDA_QGEMV_STAGE=0 runs the
  * pre-pass for every call, TROUPE_CUDA_QGEMV_GRID=0 a block per 16 rows instead of a grid the SMs
- * hold at once (to compare). */
+ * hold at once, TROUPE_CUDA_QGEMV_FP8_DECODE=mix fp8 (one scale per row) decoded half by the
+ * convert, half by integer operations (to compare). */
 static int s_qgemv_mma(backend_t *be, cuda_state_t *st, int n, const bk_mat_t *const w[], const float *x, int M,
                        const float *const bias[], float *const y[])
 {
-    static int mode = -1, stage = -1, grid_sms = -1;
+    static int mode = -1, flags = -1, grid_sms = -1;
     if (mode < 0) {
         const char *e = getenv("TROUPE_CUDA_QGEMV_MMA");
         const int v = e ? atoi(e) : 1;
         mode = v == 0 || v == 4 || v == 8 || v == 16 ? v : 1;
-        const char *s = getenv("TROUPE_CUDA_QGEMV_STAGE");
-        stage = !(s && s[0] == '0');
+        const char *s = getenv("TROUPE_CUDA_QGEMV_STAGE"), *d = getenv("TROUPE_CUDA_QGEMV_FP8_DECODE");
+        flags = (s && s[0] == '0' ? 0 : QM_F_STAGE) | (d && strcmp(d, "mix") == 0 ? QM_F_FP8_MIX : 0);
         const char *gs = getenv("TROUPE_CUDA_QGEMV_GRID");
         grid_sms = !(gs && gs[0] == '0');
     }
@@ -101,7 +103,7 @@ static int s_qgemv_mma(backend_t *be, cuda_state_t *st, int n, const bk_mat_t *c
             parts[i] = qm_part_t{(const uint8_t *)w[i]->data, w[i]->qscale, bias ? bias[i] : NULL,
                                  y[i] + (int64_t)m0 * w[i]->rows, w[i]->rows, (int)w[i]->qgr, 0};
         const float *xm = x + (int64_t)m0 * K;
-        if (!qm_setup(pl, w[0]->qfmt, K, (int)w[0]->qgc, w[0]->qact, xm, mr, parts, n, scratch, warps, stage,
+        if (!qm_setup(pl, w[0]->qfmt, K, (int)w[0]->qgc, w[0]->qact, xm, mr, parts, n, scratch, warps, flags,
                       grid_sms ? st->n_sm : 0)) {
             if (m0 == 0)
                 return 1;                          /* (qm_ok said yes: not reached) */
