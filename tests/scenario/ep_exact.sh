@@ -84,13 +84,15 @@ def run(i):   # all at once: the decode batch mixes the requests
             got[i] = toks
     except Exception as e:
         errors.append((i, repr(e)))
+run(1)   # alone first: one rank steps, the others only join its steps
+assert not errors and got[1] == want[1], (errors, got.get(1), want[1])
 ts = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
 for t in ts: t.start()
 for t in ts: t.join()
 assert not errors, errors
 for i in range(len(prompts)):
     assert got[i] == want[i], f"prompt {i}: cluster {got[i]}, troupe-generate {want[i]}"
-print(f"{len(prompts)} prompts x 24 tokens equal troupe-generate")
+print(f"1 prompt alone, then {len(prompts)} at once, x 24 tokens equal troupe-generate")
 PY
     ranks_served "$WORK/$name-$n.yaml" "$n"
     ! grep -E "decode-[0-9]+ exited" "$WORK/supervisor.log" || fail "$name: a rank exited while serving"
