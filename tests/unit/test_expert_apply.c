@@ -96,12 +96,14 @@ static void test_group_table(void **state)
     assert_null(eb_table_new_group(0, 1, 3));
     uint64_t c[E] = {90, 5, 5, 5, 5, 5, 5, 80};
     char err[256];
+    /* Both ranks send windows (each counts its own requests' routing) and they add up; a placement
+     * comes every 3 windows per rank: at the sixth window of the clock layer. */
     assert_int_equal(eb_table_add(t, "decode-0", 0, c, E, err, sizeof err), 0);
-    assert_int_equal(eb_table_add(t, "decode-1", 0, c, E, err, sizeof err), -1);
-    assert_non_null(strstr(err, "decode-0's group"));
+    assert_int_equal(eb_table_add(t, "decode-1", 0, c, E, err, sizeof err), 0);
     assert_int_equal(eb_table_add(t, "decode-0", 1, c, E, err, sizeof err), 0);   /* not the clock layer */
-    assert_int_equal(eb_table_add(t, "decode-0", 0, c, E, err, sizeof err), 0);
-    assert_int_equal(eb_table_add(t, "decode-0", 0, c, E, err, sizeof err), 1);   /* third window: placed */
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(eb_table_add(t, i % 2 ? "decode-0" : "decode-1", 0, c, E, err, sizeof err), 0);
+    assert_int_equal(eb_table_add(t, "decode-1", 0, c, E, err, sizeof err), 1);   /* sixth window: placed */
     assert_int_equal(eb_table_epoch(t), 1);
     assert_int_equal(eb_table_ranks(t), 2);
     int ns = 0;
