@@ -22,6 +22,8 @@ struct sched_client {
     uint64_t last_run;              /* when one of its requests last entered RUNNING (sched_t.runs) */
     int turns;                      /* chunk-order turns taken in pass turn_pass */
     uint64_t turn_pass;
+    sched_req_t *w_head, *w_tail;   /* its WAITING requests, oldest first (cw_prev / cw_next) */
+    struct sched_client *wc_prev, *wc_next;   /* in sched_t's clients with waiting requests */
 };
 
 struct sched {
@@ -33,6 +35,8 @@ struct sched {
     u64map_t clients;               /* client key (0 as 1) -> sched_client_t * */
     uint64_t pass;                  /* chunk passes begun (s_prompt_rows): the chunk order's turns */
     uint64_t runs;                  /* moves into RUNNING (the promotion order's clock) */
+    sched_client_t *wc_head;        /* the clients with WAITING requests (a promotion looks at these only) */
+    uint64_t waits;                 /* moves into WAITING (sched_req_t.wait_seq) */
     uint64_t next_seq;
     uint64_t preemptions;
     sched_batch_t batch;            /* the last step's rows */
@@ -65,6 +69,39 @@ static void s_unlink(queue_t *q, sched_req_t *r)
     q->n--;
 }
 
+/* A client's waiting requests, and the list of clients that have some: a promotion picks among
+ * clients, not among every waiting request. */
+static void s_wait_add(sched_t *s, sched_req_t *r)
+{
+    sched_client_t *c = r->cl;
+    r->wait_seq = ++s->waits;
+    r->cw_next = NULL;
+    r->cw_prev = c->w_tail;
+    *(c->w_tail ? &c->w_tail->cw_next : &c->w_head) = r;
+    c->w_tail = r;
+    if (r->cw_prev)
+        return;
+    c->wc_prev = NULL;   /* its first: the client joins the list */
+    c->wc_next = s->wc_head;
+    if (s->wc_head)
+        s->wc_head->wc_prev = c;
+    s->wc_head = c;
+}
+
+static void s_wait_del(sched_t *s, sched_req_t *r)
+{
+    sched_client_t *c = r->cl;
+    *(r->cw_prev ? &r->cw_prev->cw_next : &c->w_head) = r->cw_next;
+    *(r->cw_next ? &r->cw_next->cw_prev : &c->w_tail) = r->cw_prev;
+    r->cw_prev = r->cw_next = NULL;
+    if (c->w_head)
+        return;
+    *(c->wc_prev ? &c->wc_prev->wc_next : &s->wc_head) = c->wc_next;   /* its last: the client leaves */
+    if (c->wc_next)
+        c->wc_next->wc_prev = c->wc_prev;
+    c->wc_prev = c->wc_next = NULL;
+}
+
 /* The one place a request changes state: its queue, the counts and the preemptions follow. A
  * queue stays in admission order only for requests entering it once; a request re-entering one
  * (RUNNING after a recompute) goes to the tail, which is what "newest first" preemption then sees
@@ -75,6 +112,10 @@ static void s_move(sched_t *s, sched_req_t *r, sched_state_t to, const char *eve
           sched_state_names[to], event);
     if (r->state != SCHED_OUT)
         s_unlink(&s->q[r->state], r);
+    if (r->state == SCHED_WAITING)
+        s_wait_del(s, r);
+    if (to == SCHED_WAITING)
+        s_wait_add(s, r);
     r->cl->n_running += (to == SCHED_RUNNING) - (r->state == SCHED_RUNNING);
     r->cl->n_waiting += (to == SCHED_WAITING) - (r->state == SCHED_WAITING);
     if (to == SCHED_RUNNING)
@@ -377,16 +418,17 @@ static sched_req_t *s_next_chunk(sched_t *s, const queue_t *q)
 
 /* The waiting request a freed decode slot goes to: its client has the fewest RUNNING requests;
  * among equal counts, the client whose turn is the longest ago (round robin: a client new here
- * first); within a client, the oldest. */
+ * first), then the one whose oldest waiting request waited longest; within a client, the oldest.
+ * O(clients with waiting requests), not O(waiting requests). */
 static sched_req_t *s_next_waiting(const sched_t *s)
 {
-    sched_req_t *best = NULL;
-    for (sched_req_t *r = s->q[SCHED_WAITING].head; r; r = r->next) {
-        const sched_client_t *c = r->cl, *b = best ? best->cl : NULL;
-        if (!b || c->n_running < b->n_running || (c->n_running == b->n_running && c->last_run < b->last_run))
-            best = r;
-    }
-    return best;
+    const sched_client_t *b = NULL;
+    for (const sched_client_t *c = s->wc_head; c; c = c->wc_next)
+        if (!b || c->n_running < b->n_running ||
+            (c->n_running == b->n_running &&
+             (c->last_run < b->last_run || (c->last_run == b->last_run && c->w_head->wait_seq < b->w_head->wait_seq))))
+            b = c;
+    return b ? b->w_head : NULL;
 }
 
 /* Prompt chunks after the decode rows, in the fair order (s_next_chunk), within chunk_tokens:

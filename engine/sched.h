@@ -87,6 +87,8 @@ typedef struct sched_req {
     uint64_t seq;              /* admission order */
     sched_state_t state;
     struct sched_req *prev, *next;   /* its state's queue */
+    struct sched_req *cw_prev, *cw_next;   /* WAITING: its client's waiting requests, oldest first */
+    uint64_t wait_seq;         /* WAITING: when it entered (the waiting queue's order) */
 } sched_req_t;
 
 /* One row of a step: n_new tokens of req computed. */

@@ -480,7 +480,7 @@ static void test_handoff_without_room(void **st)
     s_unfix(f);
 }
 
-enum { CLIENT_A = 0xa11ce, CLIENT_B = 0xb0b, CLIENT_C = 0xc0c };
+enum { CLIENT_A = 0xa11ce, CLIENT_B = 0xb0b, CLIENT_C = 0xc0c, CLIENT_D = 0xd0d };
 
 /* A freed decode slot goes to the client with the fewest running requests: client A's 40 waiting
  * requests do not stand in front of client B's one (oldest first would promote all of A's first);
@@ -519,6 +519,29 @@ static void test_promotion_turns(void **st)
     assert_string_equal(s_step(f), "3:1d");
     sched_remove(f->s, &f->req[2].sr);
     assert_string_equal(s_step(f), "2:1d");
+    s_unfix(f);
+}
+
+/* Clients that never ran tie: the one whose oldest waiting request waited longest goes first,
+ * whatever order the clients came in, also after a cancel left a client with a later head (B's
+ * first request cancelled: C's, older than B's second, goes first; then B's before D's). */
+static void test_promotion_tie_oldest_waiting(void **st)
+{
+    fix_t *f = s_fix(64, 4, 4, 1, 16);
+    s_handoff_of(f, CLIENT_A, 0, 4);
+    s_handoff_of(f, CLIENT_B, 1, 4);
+    s_handoff_of(f, CLIENT_C, 2, 4);
+    s_handoff_of(f, CLIENT_B, 3, 4);
+    s_handoff_of(f, CLIENT_D, 4, 4);
+    assert_string_equal(s_step(f), "1:1d");
+    sched_remove(f->s, &f->req[1].sr);   /* B's first, still waiting */
+    sched_remove(f->s, &f->req[0].sr);
+    assert_string_equal(s_step(f), "3:1d");
+    sched_remove(f->s, &f->req[2].sr);
+    assert_string_equal(s_step(f), "4:1d");
+    sched_remove(f->s, &f->req[3].sr);
+    assert_string_equal(s_step(f), "5:1d");
+    assert_int_equal(sched_count(f->s, SCHED_WAITING), 0);
     s_unfix(f);
 }
 
@@ -577,6 +600,7 @@ int main(void)
         cmocka_unit_test(test_handoff_without_room),
         cmocka_unit_test(test_promotion_round_robin),
         cmocka_unit_test(test_promotion_turns),
+        cmocka_unit_test(test_promotion_tie_oldest_waiting),
         cmocka_unit_test(test_prompt_round_robin),
         cmocka_unit_test(test_round_robin_keeps_old_prompt),
     };
