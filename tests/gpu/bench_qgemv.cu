@@ -677,6 +677,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_qgemv: --mma-warps %d (expected 4, 8 or 16)\n", mma_warps);
         return 2;
     }
+    setvbuf(stdout, NULL, _IOLBF, 0);              /* a failed check's exit shows after the lines before it */
     int n_sm = 0;
     CK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, 0));
     s_n_sm = grid_all ? 0 : n_sm;

@@ -457,14 +457,16 @@ static void test_quant_matmul(void **state)
     };
     /* M, N, K, bias: the GEMV for M = 1..8 (by default the tensor-core GEMV, its 8-column tile
      * holding x's hi and lo parts up to M = 4 and two tiles above, nvfp4's groups of 16 on its
-     * block-diagonal kernel, 16 warps per block at 1,024 x 4,096, fp8's 128-blocks and int4's last
-     * group partial at K = 1,040; K = 264, and the nibbles at K = 1,040 — no multiple of 32 — the
+     * block-diagonal kernel, fp8's 128-blocks and int4's last group partial at K = 1,040, x staged
+     * in a block's shared memory beside its partial sums over 48 KB at 8 x 1,024 (weight-only) and
+     * made by the pre-pass at 8 x 4,096; K = 264, and the nibbles at K = 1,040 — no multiple of 32 — the
      * CUDA-core kernels, which TROUPE_CUDA_QGEMV_MMA=0 runs for every case: tools/gpu-quant.sh runs
      * this test both ways), the GEMM paths (fp8 W8A8: the FP8
      * GEMM; the rest: dequantize then bf16). */
     static const int cases[][4] = {{1, 300, 512, 0}, {2, 1000, 2048, 1}, {3, 257, 1024, 1}, {4, 64, 4096, 0},
                                    {5, 130, 1024, 1}, {6, 33, 512, 0}, {7, 17, 2048, 1}, {8, 129, 512, 0},
                                    {2, 100, 264, 1}, {5, 64, 1040, 0}, {1, 1024, 4096, 1}, {8, 1024, 4096, 0},
+                                   {8, 100, 1024, 1},
                                    {9, 200, 512, 1}, {64, 384, 256, 0}, {300, 96, 512, 1}};
     for (size_t f = 0; f < ARRAY_LEN(fmts); f++)
         for (size_t i = 0; i < ARRAY_LEN(cases); i++)
