@@ -16,9 +16,12 @@
 
 void msg_path_init(msg_path_t *p, const char *root)
 {
-    p->n = 0;
-    p->s[0] = 0;
-    msg_path_push(p, "%s", root);
+    size_t k = strlen(root);
+    if (k > sizeof p->s - 1)
+        k = sizeof p->s - 1;
+    memcpy(p->s, root, k);
+    p->s[k] = 0;
+    p->n = k;
 }
 
 size_t msg_path_push(msg_path_t *p, const char *fmt, ...)
@@ -44,6 +47,24 @@ size_t msg_path_key(msg_path_t *p, const char *key)
         memcpy(p->s + p->n, key, k);
         p->n += k;
     }
+    p->s[p->n] = 0;
+    return mark;
+}
+
+size_t msg_path_index(msg_path_t *p, uint32_t i)
+{
+    char d[12];
+    int k = 0;
+    do
+        d[k++] = (char)('0' + i % 10);
+    while ((i /= 10) != 0);
+    const size_t mark = p->n;
+    if (p->n + (size_t)k + 2 > sizeof p->s - 1)
+        return mark;   /* no room: the path stays as it is (as a cut printf would leave it, near enough) */
+    p->s[p->n++] = '[';
+    while (k > 0)
+        p->s[p->n++] = d[--k];
+    p->s[p->n++] = ']';
     p->s[p->n] = 0;
     return mark;
 }
@@ -228,7 +249,7 @@ static int s_validate_field(const msg_field_t *f, const void *base, msg_path_t *
             if (isfinite(v) && v >= f->flo && v <= f->fhi)
                 continue;
         }
-        size_t mark = msg_path_push(path, "[%u]", i);
+        size_t mark = msg_path_index(path, i);
         if (f->kind == MSG_F_F32_ARR) {
             rc = msg_check_float(f, ((const float *)p)[i], path->s, err, errlen);
         } else if (f->kind == MSG_F_STR_ARR) {
@@ -298,13 +319,13 @@ static bool s_equal_field(const msg_field_t *f, const void *a, const void *b, ms
     case MSG_F_STR_ARR:
         for (uint32_t i = 0; i < n; i++)
             if (!s_str_eq(((const char *const *)(const void *)pa)[i], ((const char *const *)(const void *)pb)[i])) {
-                msg_path_push(path, "[%u]", i);
+                msg_path_index(path, i);
                 return false;
             }
         return true;
     case MSG_F_STRUCT_ARR:
         for (uint32_t i = 0; i < n; i++) {
-            size_t mark = msg_path_push(path, "[%u]", i);
+            size_t mark = msg_path_index(path, i);
             size_t off = (size_t)i * f->sub->size;
             if (!s_equal_struct(f->sub, pa + off, pb + off, path))
                 return false;

@@ -420,7 +420,7 @@ static int s_decode_array(s_dec_t *d, const msg_field_t *f, void *base, const ms
             ((float *)p)[i] = (float)e.f;  /* exact: it was a float32 on the wire */
             continue;
         }
-        size_t mark = msg_path_push(&d->path, "[%u]", i);
+        size_t mark = msg_path_index(&d->path, i);
         switch (f->kind) {
         case MSG_F_U32_ARR:
             if (s_read_uint(d, &e, &u) < 0)

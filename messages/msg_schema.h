@@ -85,8 +85,10 @@ typedef struct msg_path {
 } msg_path_t;
 void msg_path_init(msg_path_t *p, const char *root);
 size_t msg_path_push(msg_path_t *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* push(".key") without printf: this one runs for every field of every message. */
+/* push(".key") and push("[%u]") without printf: they run for every field and element of every
+ * message (init once per message: also without printf). */
 size_t msg_path_key(msg_path_t *p, const char *key);
+size_t msg_path_index(msg_path_t *p, uint32_t i);
 void msg_path_pop(msg_path_t *p, size_t mark);
 
 /* The value-level rules, shared by decode (before storing) and validate, so both report alike. */
