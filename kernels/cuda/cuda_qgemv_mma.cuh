@@ -449,15 +449,15 @@ static __device__ __forceinline__ uint4 qm_ldx(const uint4 *p) { return *p; }
 
 /* ---- the tensor-core kernel ---------------------------------------------------------------------- */
 
-/* This lane's chunks of rows g and g + 8 for QM_U steps from s (warp stride W), zeros past K, and
+/* This lane's chunks of rows g and g + 8 for U steps from s (warp stride W), zeros past K, and
  * (group scales) the rows' scales of each step's group. spg: steps per column group. */
-template <int FMT, bool RS, int W>
-static __device__ __forceinline__ void qm_load(uint4 (&q)[QM_U][2], float (&sq)[QM_U][2], const uint4 *w0,
+template <int FMT, bool RS, int W, int U>
+static __device__ __forceinline__ void qm_load(uint4 (&q)[U][2], float (&sq)[U][2], const uint4 *w0,
                                                const uint4 *w1, const float *s0, const float *s1, int64_t s,
                                                int64_t nch, int t, int spg)
 {
 #pragma unroll
-    for (int u = 0; u < QM_U; u++) {
+    for (int u = 0; u < U; u++) {
         const int64_t su = s + (int64_t)u * W;
         const bool in = 4 * su + t < nch;
         q[u][0] = in ? qm_ld_stream(w0 + 4 * su) : make_uint4(0, 0, 0, 0);
@@ -495,14 +495,15 @@ static __device__ __forceinline__ qm_rows<FMT> qm_rows_of(const qm_args_t &a, co
 }
 
 /* NT: column tiles of 8 (R <= 8: 1, else 2); RS: one scale per row, else per group of columns;
- * W: warps per block; MIX (fp8): words 2 and 3 of each chunk decoded by qm_dec_fp8_int into a
+ * W: warps per block; U: steps of loads in flight per lane (QM_U, or fewer for more blocks per SM:
+ * QM_F_SHALLOW); MIX (fp8): words 2 and 3 of each chunk decoded by qm_dec_fp8_int into a
  * fragment of their own (scaled by 2^8 when added), words 0 and 1 by the convert, so that the
  * decode is split between the conversion and the integer pipes (xs in QM_ORD_MIX). A block takes row blocks (16 rows of one part, the whole of K) blockIdx.x,
  * + gridDim.x, ... (a grid of what fits the SMs at once: qm_setup), staging xs once for all of
  * them; a warp's last loads of one row block are followed by the first of its next, so the loads
  * stay in flight across the reduction between them. */
-template <int FMT, int NT, bool RS, int W, bool MIX = false>
-__global__ void __launch_bounds__(W * 32, 16 / W) k_qgemv_mma(qm_args_t a)
+template <int FMT, int NT, bool RS, int W, bool MIX = false, int U = QM_U>
+__global__ void __launch_bounds__(W * 32, (U < QM_U ? 24 : 16) / W) k_qgemv_mma(qm_args_t a)
 {
     static_assert(!MIX || FMT == BK_Q_FP8, "the split decode is fp8's");
     using F = qm_fmt<FMT>;
@@ -514,9 +515,9 @@ __global__ void __launch_bounds__(W * 32, 16 / W) k_qgemv_mma(qm_args_t a)
     const int64_t nch = (F::NIB ? a.K / 2 : a.K) / 16;
     const int spg = RS ? 1 : a.gc / SK;
     const int64_t steps = (a.K + SK - 1) / SK;
-    uint4 q[QM_U][2];
-    float sq[QM_U][2];
-    qm_load<FMT, RS, W>(q, sq, w.w0, w.w1, w.s0, w.s1, warp, nch, t, spg);
+    uint4 q[U][2];
+    float sq[U][2];
+    qm_load<FMT, RS, W, U>(q, sq, w.w0, w.w1, w.s0, w.s1, warp, nch, t, spg);
     DEV_PDL_ENTER();
     const uint16_t *xs;
     const float *xmul;
@@ -541,17 +542,17 @@ __global__ void __launch_bounds__(W * 32, 16 / W) k_qgemv_mma(qm_args_t a)
 #pragma unroll
             for (int i = 0; i < 4; i++)
                 acc[jt][i] = 0.0f;
-        for (int64_t s = warp; s < steps; s += (int64_t)QM_U * W) {
-            uint4 qn[QM_U][2];                     /* the next QM_U steps, in flight while these are used: */
-            float sqn[QM_U][2];                    /* this row block's, or the next one's first */
-            if (s + (int64_t)QM_U * W < steps || !more) {
-                qm_load<FMT, RS, W>(qn, sqn, w.w0, w.w1, w.s0, w.s1, s + (int64_t)QM_U * W, nch, t, spg);
+        for (int64_t s = warp; s < steps; s += (int64_t)U * W) {
+            uint4 qn[U][2];                     /* the next U steps, in flight while these are used: */
+            float sqn[U][2];                    /* this row block's, or the next one's first */
+            if (s + (int64_t)U * W < steps || !more) {
+                qm_load<FMT, RS, W, U>(qn, sqn, w.w0, w.w1, w.s0, w.s1, s + (int64_t)U * W, nch, t, spg);
             } else {                               /* (the pointers made here, not kept: registers) */
                 const qm_rows<FMT> wn = qm_rows_of<FMT>(a, qm_block_of(a, rb_next), g, t);
-                qm_load<FMT, RS, W>(qn, sqn, wn.w0, wn.w1, wn.s0, wn.s1, warp, nch, t, spg);
+                qm_load<FMT, RS, W, U>(qn, sqn, wn.w0, wn.w1, wn.s0, wn.s1, warp, nch, t, spg);
             }
 #pragma unroll
-            for (int u = 0; u < QM_U; u++) {
+            for (int u = 0; u < U; u++) {
                 const int64_t su = s + (int64_t)u * W;
                 if (su >= steps)
                     break;
@@ -617,7 +618,7 @@ __global__ void __launch_bounds__(W * 32, 16 / W) k_qgemv_mma(qm_args_t a)
                         acc[jt][i] = RS ? acc[jt][i] + p[jt][i] : fmaf(p[jt][i], sq[u][i >> 1], acc[jt][i]);
             }
 #pragma unroll
-            for (int u = 0; u < QM_U; u++) {
+            for (int u = 0; u < U; u++) {
                 q[u][0] = qn[u][0];
                 q[u][1] = qn[u][1];
                 if constexpr (!RS) {
@@ -801,10 +802,10 @@ static inline int qm_warps(int64_t K, int fmt)
     return steps >= 16 ? 8 : 4;
 }
 
-template <int FMT, int NT, bool RS, bool MIX = false> static inline qm_kernel_t qm_pick_w(int w)
+template <int FMT, int NT, bool RS, bool MIX = false, int U = QM_U> static inline qm_kernel_t qm_pick_w(int w)
 {
-    return w <= 4 ? k_qgemv_mma<FMT, NT, RS, 4, MIX> : w <= 8 ? k_qgemv_mma<FMT, NT, RS, 8, MIX>
-                                                              : k_qgemv_mma<FMT, NT, RS, 16, MIX>;
+    return w <= 4 ? k_qgemv_mma<FMT, NT, RS, 4, MIX, U> : w <= 8 ? k_qgemv_mma<FMT, NT, RS, 8, MIX, U>
+                                                                 : k_qgemv_mma<FMT, NT, RS, 16, MIX, U>;
 }
 
 template <int FMT, int NT> static inline qm_kernel_t qm_pick_bd(int w)
@@ -826,10 +827,21 @@ static inline qm_kernel_t qm_kernel_bd(int fmt, int R, int w)
 }
 
 /* The kernel for fmt with R rows of xs, w warps, one scale per row or not (mix: fp8's split decode,
- * one scale per row only); NULL when not built. */
-static inline qm_kernel_t qm_kernel(int fmt, int R, int w, bool rs, bool mix)
+ * one scale per row only; shallow: 2 steps in flight, R <= 8 only); NULL when not built. */
+static inline qm_kernel_t qm_kernel(int fmt, int R, int w, bool rs, bool mix, bool shallow)
 {
     const bool two = R > 8;
+    if (shallow && !two) {
+        switch (fmt) {
+        case BK_Q_FP8:
+            return mix && rs ? qm_pick_w<BK_Q_FP8, 1, true, true, 2>(w)
+                 : rs        ? qm_pick_w<BK_Q_FP8, 1, true, false, 2>(w)
+                             : qm_pick_w<BK_Q_FP8, 1, false, false, 2>(w);
+        case BK_Q_I8: return rs ? qm_pick_w<BK_Q_I8, 1, true, false, 2>(w) : NULL;
+        case BK_Q_I4: return rs ? NULL : qm_pick_w<BK_Q_I4, 1, false, false, 2>(w);
+        default: return NULL;
+        }
+    }
     switch (fmt) {
     case BK_Q_FP8:
         if (mix && rs)
@@ -852,7 +864,7 @@ typedef struct qm_plan {
     qm_args_t args;
 } qm_plan_t;
 
-enum { QM_F_STAGE = 1, QM_F_FP8_MIX = 2 };       /* qm_setup's flags */
+enum { QM_F_STAGE = 1, QM_F_FP8_MIX = 2, QM_F_SHALLOW = 4 };   /* qm_setup's flags */
 
 /* Scratch for the pre-pass (16-byte aligned): xmul, then xs [16][K]. */
 static inline size_t qm_scratch_bytes(int64_t K) { return QM_XS_OFF + (size_t)16 * (size_t)K * 2; }
@@ -912,7 +924,9 @@ static inline int qm_occupancy(qm_kernel_t k, unsigned threads, size_t smem)
  * here), or 0 when a part is not taken (qm_ok) or the kernel not built. warps: 0 for qm_warps'
  * choice, else 4, 8 or 16. flags: QM_F_STAGE lets blocks stage xs in shared memory where it fits
  * (else always the pre-pass, its xs in scratch: qm_scratch_bytes(K), 16-byte aligned); QM_F_FP8_MIX
- * fp8's split decode (one scale per row; the bits differ from the convert's). n_sm: the SMs, for
+ * fp8's split decode (one scale per row; the bits differ from the convert's); QM_F_SHALLOW 2 steps
+ * of loads in flight instead of QM_U and registers for 1.5x the blocks per SM (up to 8 rows of xs;
+ * the same bits). n_sm: the SMs, for
  * a grid of as many blocks as they hold at once (0: a block per row block). */
 static inline int qm_setup(qm_plan_t *pl, int fmt, int64_t K, int gc, int act, const float *x, int mr,
                            const qm_part_t *parts, int n, void *scratch, int warps, int flags, int n_sm)
@@ -928,7 +942,7 @@ static inline int qm_setup(qm_plan_t *pl, int fmt, int64_t K, int gc, int act, c
     const int w = warps ? warps : qm_warps(K, fmt);
     const bool nib = fmt == BK_Q_I4 || fmt == BK_Q_FP4;
     const bool bd = nib && !rs && gc % 128;
-    pl->kernel = bd ? qm_kernel_bd(fmt, R, w) : qm_kernel(fmt, R, w, rs, mix);
+    pl->kernel = bd ? qm_kernel_bd(fmt, R, w) : qm_kernel(fmt, R, w, rs, mix, flags & QM_F_SHALLOW);
     if (!pl->kernel)
         return 0;
     pl->threads = (unsigned)(w <= 4 ? 128 : w <= 8 ? 256 : 512);

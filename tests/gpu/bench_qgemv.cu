@@ -3,7 +3,7 @@
  * CPU reference and timed side by side on Llama-3.1-8B's decode shapes; needs only the CUDA runtime.
  *
  *   build/gpu-tests/bench_qgemv [--check-only] [--warps W] [--lk 32] [--mma-warps W] [--path old|mma|both]
- *                               [--stage 0] [--grid 0] [--fp8-decode mix] [--layer-only]
+ *                               [--stage 0] [--grid 0] [--fp8-decode mix] [--depth 2] [--layer-only]
  *
  * --warps forces the CUDA-core kernel's warps sharing a row group's K (2, 4, 8; default:
  * qv_warps), --lk 32 its whole-warp lane layout at M = 1 (default: QV_LK lanes along K per row
@@ -12,7 +12,8 @@
  * the tensor-core path run its x pre-pass for every call (default: each block stages x itself
  * where it fits, as the backend does); --grid 0 gives the tensor-core kernel a block per 16 rows
  * (default: as many blocks as the SMs hold at once, each taking row blocks in turn); --fp8-decode
- * mix decodes fp8 (one scale per row) half by the convert, half by integer operations; --layer-only: no checks, only the "mma layer" timing of fp8
+ * mix decodes fp8 (one scale per row) half by the convert, half by integer operations; --depth 2
+ * keeps two steps of loads in flight per lane (not four) for 1.5x the blocks per SM; --layer-only: no checks, only the "mma layer" timing of fp8
  * W8A8, int4 and nvfp4 at M = 1 (120 launches of each of its four matrices in turn: for ncu).
  * Check: random codes (every code but fp8's NaNs) and positive scales for each format and scale
  * grid (fp8 per tensor, per channel and 128 x 128 blocks; int8 per channel; int4 groups of 128 and
@@ -131,6 +132,7 @@ static void s_pdl(void (*kernel)(KArgs...), unsigned grid, unsigned block, Args.
 static int s_stage = 1;                            /* --stage 0: the tensor-core path's pre-pass for every call */
 static int s_n_sm;                                 /* --grid 0: a block per row block (0); else the SMs */
 static int s_fp8_mix;                              /* --fp8-decode mix: fp8 decoded half by integer ops */
+static int s_shallow;                              /* --depth 2: two steps of loads in flight, more blocks */
 
 /* The tensor-core GEMV over n parts (one x), as cuda_quant.cu launches it; 0 when it does not
  * take them. s_scratch must hold qm_scratch_bytes(K). */
@@ -139,7 +141,8 @@ static int s_qm_launch(const fmt_case_t &f, int64_t K, int gc, const float *x, i
 {
     qm_plan_t pl;
     if (!qm_setup(&pl, f.fmt, K, gc, f.act, x, M, parts, n, s_scratch, mma_warps,
-                  (s_stage ? QM_F_STAGE : 0) | (s_fp8_mix ? QM_F_FP8_MIX : 0), s_n_sm))
+                  (s_stage ? QM_F_STAGE : 0) | (s_fp8_mix ? QM_F_FP8_MIX : 0) | (s_shallow ? QM_F_SHALLOW : 0),
+                  s_n_sm))
         return 0;
     if (pl.prep)
         s_pdl(pl.prep, (unsigned)M, QM_PREP_THREADS, x, K, M, f.act, qm_scratch_xs(s_scratch), (float *)s_scratch);
@@ -665,11 +668,14 @@ int main(int argc, char **argv)
             grid_all = atoi(argv[++i]) == 0;
         else if (strcmp(argv[i], "--fp8-decode") == 0 && i + 1 < argc)
             s_fp8_mix = strcmp(argv[++i], "mix") == 0;
+        else if (strcmp(argv[i], "--depth") == 0 && i + 1 < argc)
+            s_shallow = atoi(argv[++i]) == 2;
         else if (strcmp(argv[i], "--check-only") == 0)
             check_only = 1;
         else {
             fprintf(stderr, "usage: bench_qgemv [--check-only] [--warps 2|4|8] [--lk 8|32] [--mma-warps 4|8|16] "
-                            "[--path old|mma|both] [--stage 0|1] [--grid 0] [--fp8-decode cvt|mix] [--layer-only]\n");
+                            "[--path old|mma|both] [--stage 0|1] [--grid 0] [--fp8-decode cvt|mix] [--depth 2|4] "
+                            "[--layer-only]\n");
             return 2;
         }
     }
