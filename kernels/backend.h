@@ -406,8 +406,8 @@ typedef struct backend_ops {
      * mtp_top: the MTP layer's drafts and their confidence without the logits coming to the host:
      * out[m] = argmax's id of x[m][0..N) (the lowest index on ties, NaN never the largest, 0 for
      * an all-NaN row) and prob[m] = its softmax probability, 1 / sum_j expf(x[m][j] - x[m][out[m]])
-     * over the non-NaN j (0 for an all-NaN row): f32 terms, summed in f32 in index order on the
-     * CPU, in any order on a device (the same up to rounding). NULL in a backend without it (the
+     * over the non-NaN j (0 for an all-NaN row): f32 terms, summed in double on the CPU, in f32
+     * in any order on a device (the same up to rounding). NULL in a backend without it (the
      * MTP proposer needs it: engine/mtp.c). */
     void (*mla_rope_q)(backend_t *be, const float *q, int M, int n_heads, int head_stride, int rope_off, int rope_dim,
                        const int32_t *pos, const float *inv_freq, float mul, int interleave, float *out);

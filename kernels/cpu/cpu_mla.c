@@ -223,11 +223,11 @@ void cpu_mtp_top(backend_t *be, const float *x, int M, int N, int32_t *out, floa
         for (int i = 0; i < N; i++)                /* strict >: the lowest index wins a tie */
             if (r[i] == r[i] && (best < 0 || r[i] > r[best]))
                 best = i;
-        float sum = 0.0f;
+        double sum = 0.0;                          /* the reference: f32 terms, summed in double */
         for (int i = 0; best >= 0 && i < N; i++)
             if (r[i] == r[i])
                 sum += expf(r[i] - r[best]);
         out[m] = best < 0 ? 0 : best;
-        prob[m] = best < 0 ? 0.0f : 1.0f / sum;
+        prob[m] = best < 0 ? 0.0f : (float)(1.0 / sum);
     }
 }
