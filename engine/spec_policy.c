@@ -358,12 +358,28 @@ static double s_model_drafts(int k, const float *s)
     return d;
 }
 
+/* A drafting cell's measured tokens per row as the policy reads them: with SPEC_POLICY_PRIOR_ROWS
+ * rows more that emitted one token each (no draft kept), so a cell of a few steps at a small batch
+ * (a handful of rows) cannot win on luck. On one H200 (kjv-deepseek, MTP, 2026-12-02, commit
+ * b73d0f6) the batch-1 cell of two drafts had 7 steps that kept every draft (3.00 tokens a row,
+ * 5,493 tokens/s against the plain cell's 4,886) and the policy drafted at 0.77x of no
+ * speculation; with the prior rows it reads 1.93 (3,540 tokens/s), and a cell of hundreds of rows
+ * (a larger batch, or a length the policy kept choosing) is all but unchanged. The prior errs
+ * toward no speculation, the side the policy must err on. -1 when not measured. */
+static double s_drafting_tokens_per_row(const spec_cost_t *c, int bucket, int k)
+{
+    const double tpr = spec_cost_tokens_per_row(c, bucket, k);
+    if (tpr < 0 || k == 0)
+        return tpr;
+    return ((double)c->emitted[bucket][k] + SPEC_POLICY_PRIOR_ROWS) / ((double)c->rows[bucket][k] + SPEC_POLICY_PRIOR_ROWS);
+}
+
 double spec_policy_rate(const spec_cost_t *c, int bucket, int batch, int k, const float *s)
 {
     const double sec = spec_cost_estimate(c, bucket, k);
     if (sec <= 0)
         return -1;
-    double per_row = spec_cost_tokens_per_row(c, bucket, k);
+    double per_row = s_drafting_tokens_per_row(c, bucket, k);
     if (per_row < 0) {
         /* The model, its accepted drafts scaled to what the nearest counted k > 0 cell got of it. */
         double eff = 1.0;
@@ -371,7 +387,7 @@ double spec_policy_rate(const spec_cost_t *c, int bucket, int batch, int k, cons
             const int kk[2] = {k - d, k + d};
             int found = 0;
             for (int i = 0; i < 2 && !found; i++) {
-                const double tpr = kk[i] >= 1 ? spec_cost_tokens_per_row(c, bucket, kk[i]) : -1;
+                const double tpr = kk[i] >= 1 ? s_drafting_tokens_per_row(c, bucket, kk[i]) : -1;
                 const double model = kk[i] >= 1 ? s_model_drafts(kk[i], s) : 0;
                 if (tpr >= 0 && model > 0) {
                     eff = (tpr - 1.0) / model;

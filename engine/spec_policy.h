@@ -35,6 +35,8 @@
 #define SPEC_COST_BATCHES   20    /* batch buckets of the cost table (spec_cost_batch) */
 #define SPEC_POLICY_MIN_SAMPLES 32 /* drafts a position (or a confidence bin) needs to be measured */
 #define SPEC_POLICY_MIN_STEPS   4  /* steps a cost cell needs to be measured */
+#define SPEC_POLICY_PRIOR_ROWS  8  /* rows of one token each a drafting cell's tokens per row counts beside its own
+                                    * (spec_policy_rate: a few lucky steps at a small batch do not win) */
 #define SPEC_POLICY_MIN_GAIN    0.05 /* a k > 0 must beat k = 0 by this fraction of tokens/s (the
                                       * noise of whole-step times on a busy host: a GPU run's cycles
                                       * vary by a few percent from window to window) */
