@@ -11,8 +11,9 @@
 #   k = 0      TROUPE_SPECULATION=off
 #   k = 1..7   TROUPE_SPECULATION=METHOD:k with TROUPE_SPEC_POLICY=fixed (the policy is ignored)
 #   sched      TROUPE_SPECULATION=METHOD:SCHED_K (the default until a policy is in force) with the
-#              draft-scheduler's policy applied; a warm-up run first lets it measure acceptance and
-#              step costs.
+#              draft-scheduler's policy applied.
+# Every entry's cluster first runs a warm-up (WARMUP_ROUNDS rounds of every level, other prompts):
+# the scheduler measures acceptance and step costs there, and every cluster records its graphs.
 # Then a table: one row per concurrency, output tokens/s for each k and scheduled, the best fixed k,
 # and scheduled against k = 0 and against the best fixed k; acceptance and tokens per verify step of
 # the scheduled run. Every run's troupe-bench JSON is kept in OUT_DIR (default build/bench-spec/<date-time>),
@@ -31,8 +32,8 @@
 #   KS, CONC       the entries and concurrencies above
 #   IN_LEN OUT_LEN prompt tokens (about) and output tokens per request (default 64, 128)
 #   ROUNDS         requests per level = ROUNDS x concurrency (default 3)
-#   WARMUP_ROUNDS  the scheduled entry's warm-up rounds per level (default 2: on a GPU a level of one
-#                  round is a fraction of a second, a few exploration steps per batch size)
+#   WARMUP_ROUNDS  every entry's warm-up rounds per level (default 2: on a GPU a level of one round
+#                  is a fraction of a second, a few exploration steps per batch size)
 #   BACKEND GPUS   cpu (default) or cuda; GPUS the node's GPU count (cuda: both workers on GPU 0)
 #   MAX_BATCH      limits.max_batch (default 128)
 #   HEARTBEAT_MS LIVENESS  supervision (default 1000 ms x 10 missed before a worker counts as wedged)
@@ -133,10 +134,13 @@ run() {   # run ENTRY: one cluster, one troupe-bench sweep
   for _ in $(seq 1200); do [ -s "$OUT/ready-$e" ] && break; sleep 0.1; done
   [ -s "$OUT/ready-$e" ] || { tail -20 "$OUT/supervisor-$e.log" >&2; echo "bench-spec: cluster $e not ready" >&2; exit 1; }
   local common=(--topology "$topo" --prompt-text "$TEXT" --input-len "$IN_LEN" --output-len "$OUT_LEN" --seed 7)
-  if [ "$e" = sched ]; then   # the scheduler measures before the measured run
-    "$B/bin/troupe-bench" "${common[@]}" --concurrency "$CONC" --rounds "${WARMUP_ROUNDS:-2}" --warmup 0 --seed 99 \
-      >"$OUT/warmup-$e.txt" 2>&1 || true
-  fi
+  # Every entry runs the same warm-up first: the scheduler measures there, and every cluster
+  # records its CUDA graphs there (one per exact batch size and positions; a few milliseconds
+  # each, a third of a 0.2 s level). With the warm-up for the scheduled entry only, its policy
+  # off at every level gave 1.02-1.54x of k = 0 (one H200, KJV pair, 2026-12-02, b73d0f6),
+  # which a policy that drafts nothing cannot earn.
+  "$B/bin/troupe-bench" "${common[@]}" --concurrency "$CONC" --rounds "${WARMUP_ROUNDS:-2}" --warmup 0 --seed 99 \
+    >"$OUT/warmup-$e.txt" 2>&1 || true
   echo "--- $e: TROUPE_SPECULATION=$spec TROUPE_SPEC_POLICY=$policy" >&2
   "$B/bin/troupe-bench" "${common[@]}" --concurrency "$CONC" --rounds "$ROUNDS" --json "$OUT/$e.json" \
     >"$OUT/bench-$e.txt" 2>&1 || { cat "$OUT/bench-$e.txt" >&2; echo "bench-spec: troupe-bench failed for $e" >&2; exit 1; }
