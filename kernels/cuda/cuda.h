@@ -288,7 +288,7 @@ void cuda_moe_qexperts(const cuda_state_t *st, moe_qgrid_t g, bool gu, int M, bo
 /* bk_mat_t.qact's fake quantization (cpu_quant_act_row's arithmetic) of rows rows of K floats:
  * out may alias x. */
 void cuda_moe_qact(const cuda_state_t *st, const float *x, int rows, int64_t K, int act, float *out);
-/* The same as GEMM operands: per row the codes q (fp8 values, or integers in [-127, 127]) as bf16,
+/* The same as GEMM operands: per row the codes q (fp8 values, or integers in [-127, 127]) as f16,
  * exactly, into codes [rows][K], and the row's scale s into scale [rows], so q * s is
  * cpu_quant_act_row's value (an all-zero row: x itself and 1; a non-finite amax: NaN). */
 void cuda_moe_qcodes(const cuda_state_t *st, const float *x, int rows, int64_t K, int act, uint16_t *codes,
@@ -298,7 +298,7 @@ void cuda_moe_qcodes(const cuda_state_t *st, const float *x, int rows, int64_t K
  * sort made (cuda_moe.cu, k_moe_sort_tiles) and where the GEMMs write. */
 typedef struct moe_grouped_chunk {
     const moe_dev_expert_t *tab;  /* [E] */
-    dtype_t dt;                   /* the weights': bf16 or f16 (quantized experts: bf16, the operands' type) */
+    dtype_t dt;                   /* the weights': bf16 or f16 (quantized experts: bf16; unused, qfmt decides) */
     int qfmt, qact;               /* quantized experts: BK_Q_* and BK_QA_*; 0 for plain weights */
     moe_qgrid_t qgu, qdn;         /* quantized: the scale blocks of gate|up and of down */
     float *qsx, *qsa;             /* quantized with qact: [mc] the tokens' and [rows] the entries' activation scales */

@@ -748,7 +748,7 @@ static void s_moe_grouped(const cuda_state_t *st, const cuda_moe_table_t *tb, co
         const int32_t *ic = ids + (size_t)t0 * k;
         moe_grouped_chunk_t c = {};
         c.tab = tb->dev;
-        c.dt = tb->qfmt ? DT_BF16 : tb->dt;       /* quantized: decoded to bf16 operands */
+        c.dt = tb->qfmt ? DT_BF16 : tb->dt;       /* quantized: decoded to bf16 operands (W8A8: f16) */
         c.qfmt = tb->qfmt;
         c.qact = tb->qact;
         c.qgu = tb->qgu;

@@ -54,8 +54,9 @@
  * chunks it loaded (cuda_moe_quant.cuh) into one bf16 slice, code * its column group's scale
  * rounded to bf16, and a second barrier publishes it to the mma. Weight-only, that is the bf16
  * path's grade with the dequantized weight rounded to bf16 too. With per-token activations (qact:
- * one weight scale per row) the A operands are the activations' codes and the B slice the
- * weights' codes, both exact in bf16, and the two scales multiply the f32 sums: the CPU's
+ * one-byte codes, one weight scale per row) the A operands are the activations' codes and the B
+ * slice the weights' codes, both exact in f16 and run as f16 (decoding fp8 is then one convert per
+ * two codes, no scale: the cheapest decode), and the two scales multiply the f32 sums: the CPU's
  * products, summed in another order.
  *
  * Known limits: 16-bit or quantized weights only, H and I multiples of 8, 16-byte aligned weights
@@ -148,7 +149,10 @@ __global__ void __launch_bounds__(MG_THREADS, 2) k_moe_gemm(mg_args_t a)
     static_assert(BM == 32 || BM == 64 || BM == 128, "BM");
     static_assert(A_IT * MG_THREADS == BM * MG_CH && B_IT == 8 && MG_THREADS / MG_CH == 16, "one chunk column per thread");
     static_assert(!QF || (Q_IT * QR == MG_BN && Q_IT <= 4), "one code chunk column per thread");
-    static_assert(!QF || !F16, "quantized weights decode to bf16");
+    /* Quantized weights decode to bf16 (code * scale); to f16 only with one scale per row (qrow),
+     * the slice then holding the codes' values, exact (cuda_moe_gemm picks F16 for W8A8 alone; a
+     * zero-filled nibble would not decode to 0). */
+    static_assert(!QF || !F16 || !mq_nib(QF), "f16 operands: one-byte codes");
     extern __shared__ __align__(16) uint16_t mg_sm[];
     uint16_t *As = mg_sm;                          /* [MG_STAGES][BM][MG_LD] */
     uint16_t *Bs = mg_sm + MG_STAGES * BM * MG_LD; /* [MG_STAGES][MG_BN][MG_LD]; QF: [MG_BN][MG_LD], the decoded slice */
@@ -253,17 +257,25 @@ __global__ void __launch_bounds__(MG_THREADS, 2) k_moe_gemm(mg_args_t a)
                 const uint4 q = *(const uint4 *)(bq + j * QLD + qc * 16);
 #pragma unroll
                 for (int pc = 0; pc < QV / 16; pc++) {
-                    float sc = !in ? 0.0f : a.qrow ? 1.0f : __ldg(qscl[i] + (uint32_t)(kq + 16 * pc) / (uint32_t)a.qgc);
-                    if constexpr (QF == BK_Q_FP4)
-                        sc *= mq_dec_scale<QF>();
-                    float f[16];
-                    mq_dec16<QF>(q, pc, f);
-                    uint32_t p[8];
-#pragma unroll
-                    for (int h = 0; h < 8; h++)
-                        p[h] = (uint32_t)dev_bf16_bits(__fmul_rn(f[2 * h], sc)) |
-                               (uint32_t)dev_bf16_bits(__fmul_rn(f[2 * h + 1], sc)) << 16;
                     uint4 *dst = (uint4 *)(Bs + j * MG_LD + qc * QV + 16 * pc);
+                    uint32_t p[8];
+                    if constexpr (F16) {           /* qrow: the codes as f16 (a zero-filled chunk's: 0) */
+                        mq_dec16_h2<QF>(q, pc, p);
+                    } else {
+                        float sc = !in     ? 0.0f
+                                 : a.qrow ? 1.0f
+                                          : __ldg(qscl[i] + (uint32_t)(kq + 16 * pc) / (uint32_t)a.qgc);
+                        if constexpr (QF == BK_Q_FP4)
+                            sc *= mq_dec_scale<QF>();
+                        float f[16];
+                        mq_dec16<QF>(q, pc, f);
+#pragma unroll
+                        for (int h = 0; h < 8; h++) {   /* one convert per two values (a NaN stays a NaN) */
+                            const __nv_bfloat162 v =
+                                __floats2bfloat162_rn(__fmul_rn(f[2 * h], sc), __fmul_rn(f[2 * h + 1], sc));
+                            p[h] = *(const uint32_t *)&v;
+                        }
+                    }
                     dst[0] = make_uint4(p[0], p[1], p[2], p[3]);
                     dst[1] = make_uint4(p[4], p[5], p[6], p[7]);
                 }
@@ -409,8 +421,9 @@ bool cuda_moe_gemm_takes_q(int qfmt, int qact, moe_qgrid_t qgu, moe_qgrid_t qdn,
     if (!cuda_moe_quant_takes(qfmt) || H <= 0 || I <= 0 || H % qv || I % qv)
         return false;
     /* qact: the activations' codes are the A operand and their scale multiplies the sum, which needs
-     * one weight scale per row too; the f32 SwiGLU output waits in y's space ([rows][I] <= [rows][H]). */
-    return !qact || (s_qrow(qgu, H) && s_qrow(qdn, I) && I <= H);
+     * one weight scale per row too; the f32 SwiGLU output waits in y's space ([rows][I] <= [rows][H]).
+     * Only the one-byte formats have such a kernel (4-bit checkpoints are weight-only). */
+    return !qact || (!mq_nib(qfmt) && s_qrow(qgu, H) && s_qrow(qdn, I) && I <= H);
 }
 
 /* By the average entries per expert: at ~16 (a 256-token decode step of Qwen3-30B-A3B) the step
@@ -479,8 +492,14 @@ template <bool F16, int QF> static void s_chunk(const cuda_state_t *st, const mo
 
 void cuda_moe_gemm(const cuda_state_t *st, const moe_grouped_chunk_t *c)
 {
-    if (c->qfmt == BK_Q_FP8)
+    /* W8A8 (qact): both operands are codes, exact in f16, whose f16 decode is the cheapest (fp8: one
+     * convert per two codes, no scale); weight-only: code * scale in bf16. */
+    if (c->qfmt == BK_Q_FP8 && c->qact)
+        s_chunk<true, BK_Q_FP8>(st, c);
+    else if (c->qfmt == BK_Q_FP8)
         s_chunk<false, BK_Q_FP8>(st, c);
+    else if (c->qfmt == BK_Q_I8 && c->qact)
+        s_chunk<true, BK_Q_I8>(st, c);
     else if (c->qfmt == BK_Q_I8)
         s_chunk<false, BK_Q_I8>(st, c);
     else if (c->qfmt == BK_Q_I4)

@@ -107,10 +107,11 @@ __device__ __forceinline__ float mq_code(float x, float s, int act)
 }
 
 /* One block per row, cpu_quant_act_row: the row's amax, its scale s = amax / 448 (fp8) or / 127
- * (int8), each element's code q. CODES: q as bf16 (exact: fp8 values and integers up to 127 are
- * bf16 values) into codes and s into scale, so q * s is the CPU's value; else q * s into out. A
- * zero row stays (codes: x itself, scale 1); a non-finite amax gives NaN. In place (out = x) is
- * safe: each thread reads the elements it writes, after the barrier of the amax. */
+ * (int8), each element's code q. CODES: q as f16 (exact: fp8 values and integers up to 127 are
+ * f16 values; the grouped GEMMs' W8A8 operands) into codes and s into scale, so q * s is the CPU's
+ * value; else q * s into out. A zero row stays (codes: x itself, scale 1); a non-finite amax gives
+ * NaN. In place (out = x) is safe: each thread reads the elements it writes, after the barrier of
+ * the amax. */
 template <bool CODES>
 __global__ void k_moe_qrow(const float *x, int64_t K, int act, float *out, uint16_t *codes, float *scale)
 {
@@ -133,7 +134,7 @@ __global__ void k_moe_qrow(const float *x, int64_t K, int act, float *out, uint1
                 v *= s;
         }
         if constexpr (CODES)
-            codes[(int64_t)blockIdx.x * K + k] = dev_bf16_bits(v);
+            codes[(int64_t)blockIdx.x * K + k] = __half_as_ushort(__float2half_rn(v));
         else
             out[(int64_t)blockIdx.x * K + k] = v;
     }

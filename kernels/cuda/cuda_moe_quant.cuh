@@ -89,6 +89,30 @@ template <int FMT> __device__ __forceinline__ void mq_dec16(const uint4 &q, int 
     }
 }
 
+/* Values 16 p .. 16 p + 15 of a 16-byte chunk as f16 pairs (value 2h in the low half of h2[h]), each
+ * the code's true value exactly (fp8 e4m3 values, integers of int8 / int4 and e2m1 values are all
+ * f16 values): fp8 by the hardware's e4m3x2 -> f16x2 convert alone. */
+template <int FMT> __device__ __forceinline__ void mq_dec16_h2(const uint4 &q, int p, uint32_t *h2)
+{
+    if constexpr (FMT == BK_Q_FP8) {
+        const uint32_t ws[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const __half2_raw h =
+                __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(ws[i / 2] >> (16 * (i % 2))), __NV_E4M3);
+            h2[i] = (uint32_t)h.x | (uint32_t)h.y << 16;
+        }
+    } else {
+        float f[16];
+        mq_dec16<FMT>(q, p, f);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const __half2 h = __floats2half2_rn(f[2 * i] * mq_dec_scale<FMT>(), f[2 * i + 1] * mq_dec_scale<FMT>());
+            h2[i] = *(const uint32_t *)&h;
+        }
+    }
+}
+
 /* Element i of a row of codes as f32, its true value (no mq_dec_scale), before the block scale. */
 template <int FMT> __device__ __forceinline__ float mq_dec1(const uint8_t *row, int64_t i)
 {

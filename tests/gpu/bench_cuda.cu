@@ -439,8 +439,11 @@ static void s_moe_layer_ms(backend_t *const *bes, int n, const bk_expert_t (*ex)
                 be->ops->moe_route(be, logits + (size_t)r * M * E, M, E, K, 1, ids + r * rk, w + r * rk);
                 be->ops->moe_ffn(be, x, M, H, ids + r * rk, w + r * rk, K, ex[l], E, scratch, out);
             }
-            if (be->ops->sync(be) != 0)
+            if (be->ops->sync(be) != 0) {
+                fprintf(stderr, "bench_cuda: moe_ffn failed on backend %d of %d at M = %d (experts' qfmt %d)\n", b, n,
+                        M, ex[0][0].gate.qfmt);
                 exit(1);
+            }
             if (rep >= 2)
                 t_ms.push_back((float)((s_now() - t0) / calls * 1e3));
         }
@@ -642,6 +645,7 @@ static void s_moe_bench(double bw, int n_m)
 
 int main(int argc, char **argv)
 {
+    setvbuf(stdout, NULL, _IOLBF, 0);              /* lines in order with stderr's messages */
     const int quick = argc > 1 && !strcmp(argv[1], "--quick");
     const int copy_only = argc > 1 && !strcmp(argv[1], "--copy-only");
     const int moe_only = argc > 1 && !strcmp(argv[1], "--moe");

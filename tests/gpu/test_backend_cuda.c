@@ -1503,7 +1503,7 @@ static const moe_case_t s_moe_cases[] = {
  * input that differs in its last bits can round to the neighbouring code (an fp8 step is 1/16 of
  * the value), an rms error of about sqrt(input error x step) on those elements: ~1e-4 at f32's
  * ~1e-6, hence B_QMOE_ACT; the grouped path with qact takes the codes of x and of the SwiGLU output
- * (exact in bf16) and the codes of per-row-scaled weights as its operands, so its products are the
+ * (exact in f16) and the codes of per-row-scaled weights as its f16 operands, so its products are the
  * CPU's and the same bound holds; weight-only it rounds x, the activations (and block-scaled
  * weights) to bf16: B_BF16_GEMM, as the bf16 grouped path. A missing fake-quantization is an
  * error of ~2e-2. The host path runs cuda_quant.cu's matmul per expert: its bf16 GEMMs feed a
@@ -1563,13 +1563,13 @@ enum { MOE_CPU, MOE_DEVICE, MOE_GROUPED, MOE_HOST };
 
 /* Whether the grouped path takes the case's experts (cuda_moe_gemm_takes: 16-bit weights, H and
  * I multiples of 8; the backend's weights are 16-byte aligned; quantized, cuda_moe_gemm_takes_q:
- * H and I multiples of 16, of 32 for 4-bit codes, and with activations one scale per weight row
- * and I <= H). */
+ * H and I multiples of 16, of 32 for 4-bit codes, and with activations one-byte codes, one scale
+ * per weight row and I <= H). */
 static int s_moe_grouped_takes(const moe_case_t *c, const moe_quant_t *q)
 {
     const int mult = q->fmt == BK_Q_I4 || q->fmt == BK_Q_FP4 ? 32 : 16;
     if (q->fmt)
-        return c->H % mult == 0 && c->I % mult == 0 && (!q->act || (q->gc == 0 && c->I <= c->H));
+        return c->H % mult == 0 && c->I % mult == 0 && (!q->act || (mult == 16 && q->gc == 0 && c->I <= c->H));
     return c->dt != DT_F32 && c->H % 8 == 0 && c->I % 8 == 0;
 }
 
