@@ -277,6 +277,12 @@ static int s_split_eh(model_t *m, ckpt_t *ck, const char *name, model_mtp_t *t, 
     return 0;
 }
 
+/* model_mtp_t.top's words: ids and probabilities of max_logit_rows, and MTP_JOIN_ROWS rows of H. */
+static size_t s_top_words(const model_t *m)
+{
+    return 2 * (size_t)m->opts.max_logit_rows + (size_t)MTP_JOIN_ROWS * m->cfg.hidden_size;
+}
+
 static int s_load_mtp(model_t *m, ckpt_t *ck, char *err, size_t errlen)
 {
     const model_config_t *c = &m->cfg;
@@ -301,9 +307,9 @@ static int s_load_mtp(model_t *m, ckpt_t *ck, char *err, size_t errlen)
         !(t->layer.attn_norm = model_vec(m, ck, H, NAME("input_layernorm.weight"), err, errlen)) ||
         !(t->layer.mlp_norm = model_vec(m, ck, H, NAME("post_attention_layernorm.weight"), err, errlen)) ||
         mla_load_attention(m, ck, prefix, &t->layer, &bytes, err, errlen) < 0 ||
-        !(t->top = model_alloc(m, 2 * (size_t)m->opts.max_logit_rows * sizeof(int32_t), "MTP drafts", err, errlen)))
+        !(t->top = model_alloc(m, s_top_words(m) * sizeof(int32_t), "MTP drafts", err, errlen)))
         return -1;
-    if (!(t->h_top = malloc(2 * (size_t)m->opts.max_logit_rows * sizeof(int32_t))))
+    if (!(t->h_top = malloc(s_top_words(m) * sizeof(int32_t))))
         return errf(err, errlen, "%s: out of memory", m->where);
 #undef NAME
     t->layer.is_moe = c->num_experts > 0;

@@ -7,6 +7,7 @@
 
 #define MODEL_PROF_SLOTS 16       /* profile categories (engine/forward.c) */
 #define MODEL_GRAPH_MAX_N 16      /* new rows per sequence a step graph may have (a token and 15 drafts) */
+#define MTP_JOIN_ROWS 64          /* MTP steps of up to this many rows bring their outputs in one download */
 
 typedef struct model_layer {
     float *attn_norm;             /* device [H] f32: input_layernorm */
@@ -43,8 +44,9 @@ typedef struct model_mtp {
     bk_mat_t eh_e, eh_h;             /* eh_proj [H][2H]'s column halves [H][H]: on enorm(embed), on hnorm(h) */
     float *enorm, *hnorm, *norm;     /* device f32 [H] */
     size_t weight_bytes;             /* the checkpoint's bytes of layer num_layers, all of it placed */
-    int32_t *top;                    /* device [2][max_logit_rows] words: mtp_top's ids [R], then its f32
-                                        probabilities [R] (one download for both) */
+    int32_t *top;                    /* device, 2 max_logit_rows + MTP_JOIN_ROWS x H words: mtp_top's ids
+                                        [R], its f32 probabilities [R], then (T <= MTP_JOIN_ROWS) a copy
+                                        of the block's output [T][H]: one download for the three */
     int32_t *h_top;                  /* host, the same */
     /* MTP step graphs (engine/mtp.c, as the decode-step graphs below): graphs[slot] replays the
      * ops from the embedding to the drafts of B sequences of n new rows each (logits of each

@@ -87,6 +87,8 @@ static void s_body(model_t *m, int T, int R, const bk_kv_t *kv, const bk_attn_me
     PROF(m, P_LM_HEAD, op->matmul(be, m->rows, R, &t->head, NULL, m->logits));
     if (top)
         PROF(m, P_ARGMAX, op->mtp_top(be, m->logits, R, m->cfg.vocab_size, t->top, (float *)(t->top + R)));
+    if (top && T <= MTP_JOIN_ROWS)   /* the block's output beside them: one download (model_mtp_forward) */
+        PROF(m, P_DOWNLOAD, op->copy(be, t->top + 2 * R, m->res, (size_t)T * H * sizeof(float)));
 }
 
 /* An MTP step of B sequences of n new rows each (logits of each one's last row, or of every row:
@@ -194,14 +196,21 @@ int model_mtp_forward(model_t *m, const model_batch_t *b, const float *hidden, f
         s_body(m, T, R, kv, &meta, ids, rows, top);
     if (b->argmax_out && !top)
         PROF(m, P_ARGMAX, op->argmax(be, m->logits, R, V, m->argmax));
+    /* Each download waits for the stream: ids, probabilities and (small steps) the block's output
+     * come down together. */
+    const int joined = top && T <= MTP_JOIN_ROWS;
     int rc = 0;
-    if (hidden_out)
+    if (hidden_out && !joined)
         rc = op->download(be, hidden_out, m->res, (size_t)T * rowf);
-    if (rc == 0 && top) {           /* ids and probabilities in one download */
-        rc = op->download(be, m->mtp->h_top, m->mtp->top, 2 * (size_t)R * sizeof(int32_t));
+    if (rc == 0 && top) {
+        const int32_t *h = m->mtp->h_top;
+        rc = op->download(be, m->mtp->h_top, m->mtp->top,
+                          (2 * (size_t)R + (joined && hidden_out ? (size_t)T * H : 0)) * sizeof(int32_t));
         if (rc == 0) {
-            memcpy(b->argmax_out, m->mtp->h_top, (size_t)R * sizeof(int32_t));
-            memcpy(top_prob, m->mtp->h_top + R, (size_t)R * sizeof(float));
+            memcpy(b->argmax_out, h, (size_t)R * sizeof(int32_t));
+            memcpy(top_prob, h + R, (size_t)R * sizeof(float));
+            if (joined && hidden_out)
+                memcpy(hidden_out, h + 2 * R, (size_t)T * rowf);
         }
     } else if (rc == 0 && b->argmax_out) {
         rc = op->download(be, b->argmax_out, m->argmax, (size_t)R * sizeof(int32_t));
