@@ -5,7 +5,8 @@
  * the router's socket closes (a kill -9 closes it the same way), and a router process that stops
  * answering (SIGSTOP: only the heartbeats notice). Waits are generous bounds, never the thing
  * that ends a wait: each check asserts the reply came, not how fast. Also under CURVE. With two
- * routers, requests that have not streamed move to the other one. */
+ * routers, requests that have not streamed move to the other one, and what the router they left
+ * sends for them later is dropped, after they ended too. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -15,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -51,7 +53,7 @@ static void s_take(void *r, uint8_t *rid, size_t *rid_len, msg_t *m)
     int n = zmq_recv(r, rid, 256, 0);
     assert_true(n > 0);
     *rid_len = (size_t)n;
-    static uint8_t buf[1 << 16];
+    static uint8_t buf[4 << 20];   /* test_late_reply_from_left_router's big submit */
     n = zmq_recv(r, buf, sizeof buf, 0);
     assert_true(n > 0);
     char err[256];
@@ -399,6 +401,142 @@ static void test_failover(void **st)
     zmq_ctx_term(ctx);
 }
 
+/* The first router of test_late_reply_from_left_router: a process answering every small submit
+ * with a token and a done, then a token for MARKER_ID (an id the client never used: delivered as it
+ * comes, it shows that what came before on this connection has been read). A submit it cannot
+ * decode (the rest of a big one its connection lost) is skipped. */
+#define MARKER_ID 0xfeedULL
+static pid_t s_child = -1;   /* the first router's process, ended by the teardown whatever happened */
+
+static int s_end_child(void **st)
+{
+    if (s_child > 0) {
+        kill(s_child, SIGKILL);
+        waitpid(s_child, NULL, 0);
+        s_child = -1;
+    }
+    return 0;
+}
+static void s_child_answering_router(const char *ep)
+{
+    void *ctx = zmq_ctx_new(), *r = s_fake_router(ctx, ep, NULL, NULL, 0);
+    static uint8_t buf[8 << 20];
+    for (;;) {
+        uint8_t rid[256];
+        int n = zmq_recv(r, rid, sizeof rid, 0), more = 0;
+        size_t sz = sizeof more;
+        zmq_getsockopt(r, ZMQ_RCVMORE, &more, &sz);
+        if (n <= 0 || !more)
+            continue;
+        int len = zmq_recv(r, buf, sizeof buf, 0);
+        msg_t req, rep;
+        char err[256];
+        if (len <= 0 || len > (int)sizeof buf || msg_decode(buf, (size_t)len, &req, err, sizeof err) != 0)
+            continue;
+        if (req.type == MSG_SUBMIT && !req.u.submit.prompt) {
+            static const uint32_t t[] = {5};
+            msg_init(&rep, MSG_TOKEN, req.id);
+            rep.u.token.tokens = t;
+            rep.u.token.n_tokens = 1;
+            rep.u.token.text = "late";
+            s_reply(r, rid, (size_t)n, &rep);
+            msg_init(&rep, MSG_DONE, req.id);
+            s_reply(r, rid, (size_t)n, &rep);
+            msg_init(&rep, MSG_TOKEN, MARKER_ID);
+            rep.u.token.tokens = t;
+            rep.u.token.n_tokens = 1;
+            rep.u.token.text = "marker";
+            s_reply(r, rid, (size_t)n, &rep);
+        }
+        msg_free(&req);
+    }
+}
+
+/* A request the client moved away from a router that was only stopped, and that the router then
+ * gets after all: a submit made while the stopped router's connection could take no more (a big
+ * one before it fills the socket's buffers) waits in the client's queue for that router; the
+ * heartbeat sent before them times out and the client moves both to the second router, where they end. When the
+ * first resumes, ZeroMQ's reconnection delivers the queued submit to it and it streams it: those
+ * replies, for a request that ended elsewhere, must be dropped (the nemesis saw them delivered as
+ * replies for an unknown id, 1799b52). */
+static void test_late_reply_from_left_router(void **st)
+{
+    char dir[64], ep_a[128];
+    snprintf(dir, sizeof dir, "/tmp/troupe-client-late-%d", (int)getpid());
+    assert_int_equal(mkdir(dir, 0700), 0);
+    snprintf(ep_a, sizeof ep_a, "ipc://%s/a.sock", dir);   /* unix sockets: small buffers, filled at once */
+    pid_t pid = s_child = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        s_child_answering_router(ep_a);
+        _exit(0);
+    }
+    void *ctx = zmq_ctx_new();
+    char ep_b[256], eps[400], err[256];
+    void *b = s_fake_router(ctx, "tcp://127.0.0.1:*", NULL, ep_b, sizeof ep_b);
+    snprintf(eps, sizeof eps, "%s, %s", ep_a, ep_b);
+    client_opts_t o = {.heartbeat_ivl_ms = 200, .heartbeat_timeout_ms = 1000};
+    client_t *c = client_connect_opts(eps, &o, err, sizeof err);
+    assert_non_null(c);
+    msg_t got, req, rep;
+    s_submit(c);   /* the first router answers: both connections are up */
+    s_next(c, &got);
+    assert_int_equal(got.type, MSG_TOKEN);
+    msg_free(&got);
+    for (int k = 0; k < 2; k++) {   /* its done, then the marker */
+        s_next(c, &got);
+        msg_free(&got);
+    }
+    assert_int_equal(client_recv(c, &got, 300, err, sizeof err), 1);   /* both connections' handshakes seen */
+
+    kill(pid, SIGSTOP);
+    usleep(500 * 1000);   /* a heartbeat goes out unanswered first: its timeout runs while the big one blocks */
+    msg_init(&req, MSG_SUBMIT, 0);
+    static char big[2 << 20];
+    memset(big, 'x', sizeof big - 1);
+    req.u.submit.prompt = big;
+    uint64_t big_id, id;
+    assert_int_equal(client_send(c, &req, &big_id, err, sizeof err), 0);
+    id = s_submit(c);   /* queued behind the big one */
+    uint8_t rid[256];
+    size_t rid_len;
+    int seen = 0;
+    for (int k = 0; k < 2; k++) {   /* both moved to the second router (after the heartbeat timeout) */
+        zmq_pollitem_t it = {.socket = b, .events = ZMQ_POLLIN};
+        while (zmq_poll(&it, 1, 0) == 0)
+            assert_int_equal(client_recv(c, &got, 50, err, sizeof err), 1);   /* the client notices the loss */
+        s_take(b, rid, &rid_len, &req);
+        seen |= (req.id == big_id) | 2 * (req.id == id);
+        msg_init(&rep, MSG_DONE, req.id);
+        s_reply(b, rid, rid_len, &rep);
+        msg_free(&req);
+    }
+    assert_int_equal(seen, 3);
+    for (int k = 0; k < 2; k++) {
+        s_next(c, &got);
+        assert_int_equal(got.type, MSG_DONE);
+        msg_free(&got);
+    }
+    assert_int_equal((int)client_requests_retried(c), 2);
+
+    kill(pid, SIGCONT);   /* it gets the queued submit and streams it: only the marker may come */
+    s_next(c, &got);
+    if (got.id != MARKER_ID)
+        fail_msg("a %s for request %llu from the router it had left (the marker was due)", msg_type_name(got.type),
+                 (unsigned long long)got.id);
+    msg_free(&got);
+    assert_int_equal(client_recv(c, &got, 300, err, sizeof err), 1);
+    assert_int_equal((int)client_requests_lost(c), 0);
+    s_end_child(NULL);
+    client_destroy(&c);
+    zmq_close(b);
+    zmq_ctx_term(ctx);
+    char path[160];
+    snprintf(path, sizeof path, "%s/a.sock", dir);
+    unlink(path);
+    rmdir(dir);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -408,6 +546,7 @@ int main(void)
         cmocka_unit_test(test_heartbeats_off),
         cmocka_unit_test(test_curve),
         cmocka_unit_test(test_failover),
+        cmocka_unit_test_teardown(test_late_reply_from_left_router, s_end_child),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
