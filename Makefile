@@ -172,7 +172,7 @@ $(B)/gpu-tests/%: tests/gpu/%.cu $(B)/libtroupe.a $(CUDA_DEP)
 	$(CC) $(CFLAGS) $@.o -o $@ $(B)/libtroupe.a $(CUDA_LDLIBS) $(LDLIBS)
 # The quantized GEMVs' kernels live in headers, which the .cu rules do not track.
 $(B)/obj/kernels/cuda/cuda_quant.o $(B)/gpu-tests/bench_qgemv: kernels/cuda/cuda_qgemv.cuh kernels/cuda/cuda_qgemv_mma.cuh
-$(B)/obj/kernels/cuda/cuda_moe_quant.o $(B)/obj/kernels/cuda/cuda_moe_gemm.o: kernels/cuda/cuda_moe_quant.cuh
+$(B)/obj/kernels/cuda/cuda_moe.o $(B)/obj/kernels/cuda/cuda_moe_quant.o $(B)/obj/kernels/cuda/cuda_moe_gemm.o: kernels/cuda/cuda_moe_quant.cuh
 $(B)/obj/kernels/cuda/cuda_moe.o $(B)/obj/kernels/cuda/cuda_moe_quant.o: kernels/cuda/cuda_moe_fma.cuh
 
 # Fuzzers: the library sources rebuilt with clang and sanitizers, one binary per target.

@@ -100,6 +100,7 @@
 #include "kernels/cuda/cuda.h"
 #include "kernels/cuda/cuda_dev.cuh"
 #include "kernels/cuda/cuda_moe_fma.cuh"
+#include "kernels/cuda/cuda_moe_quant.cuh"
 
 #define MOE_THREADS 256                 /* route kernel: 8 warps */
 #define MOE_WARPS (MOE_THREADS / 32)
@@ -309,15 +310,13 @@ __device__ int dev_block_excl_scan(int v, int *wsum, int *total)
  * entries are off[e] .. off[e + 1] - 1), active[n_active] (experts with entries, ascending),
  * tok[rows] (the entry's token) and slot[rows] (its index t * k + j), stable: an expert's entries
  * in ascending (token, slot). One block of a multiple of 32 threads, E <= blockDim.x <=
- * MOE_SORT_THREADS. */
-__global__ void __launch_bounds__(MOE_SORT_THREADS)
-    k_moe_sort(const int32_t *ids, int rows, int k, int E, int32_t *off, int32_t *active, int32_t *n_active,
-               int32_t *tok, int32_t *slot)
+ * MOE_SORT_THREADS (k_moe_sort, or block 0 of k_moe_sort_qact). */
+__device__ __forceinline__ void dev_moe_sort(const int32_t *ids, int rows, int k, int E, int32_t *off, int32_t *active,
+                                             int32_t *n_active, int32_t *tok, int32_t *slot)
 {
     __shared__ int cnt[MOE_SORT_THREADS];          /* [blockDim.x] counts, then each expert's next free place */
     __shared__ int wsum[32];
     __shared__ int32_t sid[MOE_SORT_SMEM_ROWS];    /* the first routing entries, for the scatter */
-    DEV_PDL_ENTER();
     const int tid = threadIdx.x;
     cnt[tid] = 0;
     __syncthreads();
@@ -367,6 +366,28 @@ __global__ void __launch_bounds__(MOE_SORT_THREADS)
             slot[pos] = r;
         }
     }
+}
+
+__global__ void __launch_bounds__(MOE_SORT_THREADS)
+    k_moe_sort(const int32_t *ids, int rows, int k, int E, int32_t *off, int32_t *active, int32_t *n_active,
+               int32_t *tok, int32_t *slot)
+{
+    DEV_PDL_ENTER();
+    dev_moe_sort(ids, rows, k, E, off, active, n_active, tok, slot);
+}
+
+/* The sort (block 0) and, independent of it, the per-token activation fake-quantization of the
+ * chunk's x [mc][K] into xq (block 1 + t: token t, cpu_quant_act_row as k_moe_qrow): one launch
+ * instead of two on the quantized FMA path. blockDim.x as the sort needs (>= E). */
+__global__ void __launch_bounds__(MOE_SORT_THREADS)
+    k_moe_sort_qact(const int32_t *ids, int rows, int k, int E, int32_t *off, int32_t *active, int32_t *n_active,
+                    int32_t *tok, int32_t *slot, const float *x, int64_t K, int act, float *xq)
+{
+    DEV_PDL_ENTER();
+    if (blockIdx.x == 0)
+        dev_moe_sort(ids, rows, k, E, off, active, n_active, tok, slot);
+    else
+        mq_qrow<false>(x, K, act, blockIdx.x - 1, xq, NULL, NULL);
 }
 
 /* The grouped path's counting sort of one chunk's rows = M * k routing entries by expert, and its
@@ -628,11 +649,14 @@ static void s_moe_device_q(const cuda_state_t *st, const cuda_moe_table_t *tb, c
         const int32_t *ic = ids + (size_t)t0 * k;
         float *oc = out + (size_t)t0 * H;
         const unsigned gy = (unsigned)(rows < E ? rows : E);
-        cuda_launch(st, k_moe_sort, 1, sort_threads, ic, rows, k, E, off, active, n_active, tok, slot);
         const float *xin = xc;
-        if (tb->qact) {
-            cuda_moe_qact(st, xc, mc, H, tb->qact, y);
+        if (tb->qact) {                            /* x's fake-quantization into y's space, with the sort */
+            const int bd = sort_threads > 256 ? sort_threads : 256;
+            cuda_launch(st, k_moe_sort_qact, 1 + mc, bd, ic, rows, k, E, off, active, n_active, tok, slot, xc,
+                        (int64_t)H, (int)tb->qact, y);
             xin = y;
+        } else {
+            cuda_launch(st, k_moe_sort, 1, sort_threads, ic, rows, k, E, off, active, n_active, tok, slot);
         }
         const bool vec_gu = tb->aligned && (uintptr_t)xin % 16 == 0;
         cuda_moe_qexperts(st, tb->qgu, true, mc, vec_gu, gy, tab, off, active, n_active, tok, slot, xin, I, H, act);

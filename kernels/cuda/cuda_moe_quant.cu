@@ -14,8 +14,8 @@
  * Numerics against the CPU reference (cpu_moe.c running cpu_quant.c's matmul per expert): the same
  * dequantized f32 weight (decode(code) * scale, one rounding), f32 products and sums in another
  * order (~1e-6 relative, the plain FMA path's grade). With qact the activations are fake-quantized
- * per row first, with cpu_quant_act_row's arithmetic: x once per token (k_moe_qrow into scratch;
- * bit-identical to the CPU's), and each entry's SwiGLU output before down (in place; an input
+ * per row first, with cpu_quant_act_row's arithmetic: x once per token (mq_qrow into scratch, in
+ * the sort's launch: cuda_moe.cu's k_moe_sort_qact; bit-identical to the CPU's), and each entry's SwiGLU output before down (in place; an input
  * that differs from the CPU's in its last bit can round to the neighbouring fp8 code, so those
  * cases are compared with a looser bound). Batch-invariant and the same bits run to run, like the
  * plain FMA path.
@@ -91,53 +91,12 @@ void cuda_moe_qexperts(const cuda_state_t *st, moe_qgrid_t g, bool gu, int M, bo
 
 /* ---- activation fake-quantization ---------------------------------------------------------------- */
 
-/* x / s as the activation's code (an fp8 value, or an integer in [-127, 127]): cpu_quant_act_row's
- * rounding (a NaN stays). */
-__device__ __forceinline__ float mq_code(float x, float s, int act)
-{
-    float q = x / s;
-    if (isnan(q))
-        return q;
-    if (act == BK_QA_FP8_TOKEN) {
-        __nv_fp8_e4m3 f;
-        f.__x = __nv_cvt_float_to_fp8(q, __NV_SATFINITE, __NV_E4M3);   /* f32_to_f8e4m3's rounding in range */
-        return (float)f;
-    }
-    return rintf(fminf(fmaxf(q, -127.0f), 127.0f));
-}
-
-/* One block per row, cpu_quant_act_row: the row's amax, its scale s = amax / 448 (fp8) or / 127
- * (int8), each element's code q. CODES: q as f16 (exact: fp8 values and integers up to 127 are
- * f16 values; the grouped GEMMs' W8A8 operands) into codes and s into scale, so q * s is the CPU's
- * value; else q * s into out. A zero row stays (codes: x itself, scale 1); a non-finite amax gives
- * NaN. In place (out = x) is safe: each thread reads the elements it writes, after the barrier of
- * the amax. */
+/* mq_qrow (cuda_moe_quant.cuh) of row blockIdx.x. */
 template <bool CODES>
 __global__ void k_moe_qrow(const float *x, int64_t K, int act, float *out, uint16_t *codes, float *scale)
 {
-    __shared__ float red[32];
     DEV_PDL_ENTER();
-    const float *xr = x + (int64_t)blockIdx.x * K;
-    float amax = 0.0f;
-    for (int64_t k = threadIdx.x; k < K; k += blockDim.x)
-        amax = fmaxf(amax, fabsf(xr[k]));
-    amax = dev_block_max(amax, red);
-    const float nan = __int_as_float(0x7fc00000), s = act == BK_QA_FP8_TOKEN ? amax / 448.0f : amax / 127.0f;
-    if (CODES && threadIdx.x == 0)
-        scale[blockIdx.x] = amax == 0.0f ? 1.0f : !isfinite(amax) ? nan : s;
-    for (int64_t k = threadIdx.x; k < K; k += blockDim.x) {
-        const float xv = xr[k];
-        float v = xv;
-        if (amax != 0.0f) {
-            v = !isfinite(amax) ? nan : mq_code(xv, s, act);
-            if (!CODES && !isnan(v))
-                v *= s;
-        }
-        if constexpr (CODES)
-            codes[(int64_t)blockIdx.x * K + k] = __half_as_ushort(__float2half_rn(v));
-        else
-            out[(int64_t)blockIdx.x * K + k] = v;
-    }
+    mq_qrow<CODES>(x, K, act, blockIdx.x, out, codes, scale);
 }
 
 void cuda_moe_qact(const cuda_state_t *st, const float *x, int rows, int64_t K, int act, float *out)

@@ -17,9 +17,11 @@
 
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
+#include <math.h>
 #include <stdint.h>
 
 #include "kernels/backend.h"
+#include "kernels/cuda/cuda_dev.cuh"
 
 /* 4-bit codes, two per byte. */
 __host__ __device__ constexpr bool mq_nib(int fmt) { return fmt == BK_Q_I4 || fmt == BK_Q_FP4; }
@@ -128,6 +130,57 @@ template <int FMT> __device__ __forceinline__ float mq_dec1(const uint8_t *row, 
         const unsigned e = (n >> 1) & 3u, m = n & 1u;  /* e2m1: 0, 0.5 (subnormal), 1 .. 6 */
         const float mag = e == 0 ? 0.5f * (float)m : ldexpf(1.0f + 0.5f * (float)m, (int)e - 1);
         return (n & 8u) ? -mag : mag;
+    }
+}
+
+/* x / s as the activation's code (an fp8 value, or an integer in [-127, 127]): cpu_quant_act_row's
+ * rounding (a NaN stays). */
+__device__ __forceinline__ float mq_code(float x, float s, int act)
+{
+    float q = x / s;
+    if (isnan(q))
+        return q;
+    if (act == BK_QA_FP8_TOKEN) {
+        __nv_fp8_e4m3 f;
+        f.__x = __nv_cvt_float_to_fp8(q, __NV_SATFINITE, __NV_E4M3);   /* f32_to_f8e4m3's rounding in range */
+        return (float)f;
+    }
+    return rintf(fminf(fmaxf(q, -127.0f), 127.0f));
+}
+
+/* ---- the per-token activation fake-quantization (bk_mat_t.qact) ---- */
+
+/* Row `row` of x [][K] by one block (k_moe_qrow, k_moe_sort_qact), cpu_quant_act_row: the row's amax, its scale s = amax / 448 (fp8) or / 127
+ * (int8), each element's code q. CODES: q as f16 (exact: fp8 values and integers up to 127 are
+ * f16 values; the grouped GEMMs' W8A8 operands) into codes and s into scale, so q * s is the CPU's
+ * value; else q * s into out. A zero row stays (codes: x itself, scale 1); a non-finite amax gives
+ * NaN. In place (out = x) is safe: each thread reads the elements it writes, after the barrier of
+ * the amax. */
+template <bool CODES>
+__device__ __forceinline__ void mq_qrow(const float *x, int64_t K, int act, int64_t row, float *out, uint16_t *codes,
+                                        float *scale)
+{
+    __shared__ float red[32];
+    const float *xr = x + row * K;
+    float amax = 0.0f;
+    for (int64_t k = threadIdx.x; k < K; k += blockDim.x)
+        amax = fmaxf(amax, fabsf(xr[k]));
+    amax = dev_block_max(amax, red);
+    const float nan = __int_as_float(0x7fc00000), s = act == BK_QA_FP8_TOKEN ? amax / 448.0f : amax / 127.0f;
+    if (CODES && threadIdx.x == 0)
+        scale[row] = amax == 0.0f ? 1.0f : !isfinite(amax) ? nan : s;
+    for (int64_t k = threadIdx.x; k < K; k += blockDim.x) {
+        const float xv = xr[k];
+        float v = xv;
+        if (amax != 0.0f) {
+            v = !isfinite(amax) ? nan : mq_code(xv, s, act);
+            if (!CODES && !isnan(v))
+                v *= s;
+        }
+        if constexpr (CODES)
+            codes[row * K + k] = __half_as_ushort(__float2half_rn(v));
+        else
+            out[row * K + k] = v;
     }
 }
 
