@@ -233,7 +233,9 @@ class Client:
             if to is not None and q[3] is not None and not q[1] and q[2] < MAX_RESUBMITS:
                 try:
                     self.links[to].sock.send(q[3], zmq.NOBLOCK)
-                    self.moved.setdefault(rid, set()).add(k)
+                    left = self.moved.setdefault(rid, set())
+                    left.add(k)
+                    left.discard(to)   # moved back to a router it had left: its replies end it there
                     q[0], q[2] = to, q[2] + 1
                     self.requests_retried += 1
                     continue

@@ -7,7 +7,8 @@
 # a small one behind it wait in the client's queue for it; the heartbeat sent before them times out
 # and the client moves both to the second router, where they end. Resumed, the first router gets
 # the queued submit through ZeroMQ's reconnection and streams it: only the marker may reach the
-# caller.
+# caller. Then a request moved back to a router it had left (that one lost, then the other): its
+# replies there are its own and end it.
 . "$(dirname "$0")/lib.sh"
 $PY - "$WORK" <<'PY'
 import os, signal, sys, time
@@ -75,6 +76,37 @@ try:
     assert c.requests_lost == 0, c.requests_lost
     print(f"late replies from the router left dropped: request {rid} moved, its replies there dropped, the marker delivered")
     c.close()
+
+    def fake():
+        r = ctx.socket(zmq.ROUTER)
+        r.setsockopt(zmq.LINGER, 0)
+        return r
+    def take(r):   # the client runs meanwhile: it notices a loss and moves requests only then
+        while not r.poll(0):
+            m = c.recv(0.05)
+            assert m is None, m
+        return r.recv_multipart()
+    a, b2 = fake(), fake()
+    pa, pb = a.bind_to_random_port("tcp://127.0.0.1"), b2.bind_to_random_port("tcp://127.0.0.1")
+    c = Client([f"tcp://127.0.0.1:{pa}", f"tcp://127.0.0.1:{pb}"], timeout_s=30)
+    rid = c.send("submit", tokens=[1, 2, 3], stream=True)
+    take(a)
+    assert c.recv(0.3) is None   # both connections' handshakes seen
+    a.close()
+    take(b2)   # moved to the second
+    a = fake()
+    a.bind(f"tcp://127.0.0.1:{pa}")   # the first back: the client reconnects
+    assert c.recv(0.5) is None
+    b2.close()
+    ident, frame = take(a)   # moved back to the first
+    assert msgpack.unpackb(frame, raw=False)["id"] == rid
+    reply(a, ident, "done", rid, finish=0)
+    m = c.recv(10)
+    assert m is not None and m["type"] == "done" and m["id"] == rid, m
+    assert c.requests_retried == 2, c.requests_retried
+    print(f"request {rid} moved back to the router it had left: ended there")
+    c.close()
+    a.close()
 finally:
     os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)

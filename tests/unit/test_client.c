@@ -537,6 +537,60 @@ static void test_late_reply_from_left_router(void **st)
     rmdir(dir);
 }
 
+/* s_take at r while the client runs (it notices a lost connection and moves requests only then);
+ * nothing may reach the caller meanwhile. */
+static void s_take_pumping(client_t *c, void *r, uint8_t *rid, size_t *rid_len, msg_t *m)
+{
+    zmq_pollitem_t it = {.socket = r, .events = ZMQ_POLLIN};
+    char err[256];
+    msg_t got;
+    for (int k = 0; zmq_poll(&it, 1, 0) == 0; k++) {
+        assert_true(k < WAIT_MS / 50);
+        assert_int_equal(client_recv(c, &got, 50, err, sizeof err), 1);
+    }
+    s_take(r, rid, rid_len, m);
+}
+
+/* A request moved back to a router it had left (first lost, then the second): that router's
+ * replies over its new connection are the request's own and end it. */
+static void test_moved_back(void **st)
+{
+    void *ctx = zmq_ctx_new();
+    char ep_a[256], ep_b[256], eps[600], err[256];
+    void *a = s_fake_router(ctx, "tcp://127.0.0.1:*", NULL, ep_a, sizeof ep_a);
+    void *b = s_fake_router(ctx, "tcp://127.0.0.1:*", NULL, ep_b, sizeof ep_b);
+    snprintf(eps, sizeof eps, "%s, %s", ep_a, ep_b);
+    client_t *c = client_connect_opts(eps, &(client_opts_t){0}, err, sizeof err);
+    assert_non_null(c);
+    uint8_t rid[256];
+    size_t rid_len;
+    msg_t req, rep, got;
+    uint64_t id = s_submit(c);
+    s_take(a, rid, &rid_len, &req);
+    msg_free(&req);
+    assert_int_equal(client_recv(c, &got, 300, err, sizeof err), 1);   /* both connections' handshakes seen */
+    zmq_close(a);
+    s_take_pumping(c, b, rid, &rid_len, &req);   /* moved to the second */
+    assert_true(req.id == id);
+    msg_free(&req);
+    a = s_fake_router(ctx, ep_a, NULL, NULL, 0);   /* the first back: the client reconnects */
+    assert_int_equal(client_recv(c, &got, 500, err, sizeof err), 1);
+    zmq_close(b);
+    s_take_pumping(c, a, rid, &rid_len, &req);   /* moved back to the first */
+    assert_true(req.id == id);
+    msg_free(&req);
+    msg_init(&rep, MSG_DONE, id);
+    s_reply(a, rid, rid_len, &rep);
+    s_next(c, &got);
+    assert_int_equal(got.type, MSG_DONE);
+    assert_true(got.id == id);
+    msg_free(&got);
+    assert_int_equal((int)client_requests_retried(c), 2);
+    client_destroy(&c);
+    zmq_close(a);
+    zmq_ctx_term(ctx);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -547,6 +601,7 @@ int main(void)
         cmocka_unit_test(test_curve),
         cmocka_unit_test(test_failover),
         cmocka_unit_test_teardown(test_late_reply_from_left_router, s_end_child),
+        cmocka_unit_test(test_moved_back),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -353,8 +353,9 @@ static int s_lose_link(client_t *c, int k)
         req_t *q = s_req(c, ids[i]);
         if (to >= 0 && q->len && !q->replied && q->moves < CLIENT_MAX_RESUBMITS &&
             zmq_send(c->links[to].sock, q->frame, q->len, ZMQ_DONTWAIT) >= 0) {
+            /* Moved back to a router it had left, it is that router's again: its replies end it. */
             const uint64_t *left = u64map_get(&c->moved, ids[i]);
-            if (u64map_put(&c->moved, ids[i], (left ? *left : 0) | (1ull << k)) != 0) {
+            if (u64map_put(&c->moved, ids[i], ((left ? *left : 0) | (1ull << k)) & ~(1ull << to)) != 0) {
                 rc = -1;
                 break;
             }
