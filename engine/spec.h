@@ -69,6 +69,12 @@ typedef struct spec_ask {
      * drafts' probs so far is below it (the policy would not verify the rest: spec_policy_keep),
      * so a row drafts about what it keeps. 0: draft k. */
     float stop_below;
+    /* > 0: a draft model whose KV of this sequence lacks more than this many tokens computes only
+     * the sequence's last max_catch_up tokens, a window (an exploration step after a long stretch
+     * without drafts: what it measures is a step's cost, and a catch-up of every token since costs
+     * as much as the window's drafts are worth). The next ask without it computes the whole
+     * sequence again. 0: the whole sequence. */
+    int max_catch_up;
 } spec_ask_t;
 
 typedef struct spec_proposer_ops {
@@ -165,6 +171,7 @@ typedef struct spec_draft_stats {
     uint64_t forwards;             /* draft forwards run */
     uint64_t tokens;               /* tokens they computed (catch-up and drafts) */
     uint64_t ns;                   /* time in propose */
+    uint64_t windows;              /* catch-ups cut to a window (spec_ask_t.max_catch_up) */
     int seqs;                      /* sequences tracked now */
     int blocks_used, blocks_total; /* the draft pool */
 } spec_draft_stats_t;

@@ -3,7 +3,8 @@
  *
  * Each sequence keeps a kvseq in the draft's own pool. A proposal first brings it in step with
  * the sequence (the tokens it lacks: the whole prompt the first time, then the last accepted draft
- * and the target's own token), all sequences in one forward (chunked by max_tokens), and then
+ * and the target's own token; at most the last max_catch_up tokens when the ask says so, a window
+ * whose positions start at 0), all sequences in one forward (chunked by max_tokens), and then
  * runs one forward per draft position for every sequence still drafting, each appending its
  * previous draft. The last draft is never computed: the target may reject it, and if it is kept
  * the next catch-up computes it with the target's token. */
@@ -27,7 +28,8 @@
 typedef struct d_seq {
     uint64_t id;
     kvseq_t *kv;                   /* the draft's KV: tokens whose draft KV is computed */
-    int base;                      /* n of the last proposal: the sequence's length then */
+    int off;                       /* the sequence position of kv's first token (> 0: a window, spec_ask_t.max_catch_up) */
+    int base;                      /* n - off of the last proposal: the sequence's length then, in kv's positions */
     float *q;                      /* [q_rows][V]: the last sampled proposal's distributions */
     int q_rows;
     int q_valid;                   /* rows of q that belong to the last proposal (0: greedy) */
@@ -161,20 +163,32 @@ static int s_group(draft_t *d, spec_ask_t *asks, int n)
             s->q = q;
             s->q_rows = k;
         }
-        /* In step: keep the longest prefix of the draft KV the sequence still starts with, but
-         * never its last token (its logits give the first draft). */
-        const int len = kvseq_len(s->kv);
+        /* A window asked no more: the whole sequence again. */
+        if (s->off > 0 && a->max_catch_up <= 0) {
+            kvseq_release(s->kv);
+            s->off = 0;
+        }
+        /* In step: keep the longest prefix of the draft KV the sequence still starts with (from
+         * off), but never its last token (its logits give the first draft). */
+        const int len = kvseq_len(s->kv), n_rel = a->n - s->off;
         const int32_t *have = kvseq_tokens(s->kv);
         int m = 0;
-        const int upto = len < a->n - 1 ? len : a->n - 1;
-        while (m < upto && have[m] == a->tokens[m])
+        const int upto = len < n_rel - 1 ? len : n_rel - 1;
+        while (m < upto && have[m] == a->tokens[s->off + m])
             m++;
         if (m < len && kvseq_truncate(s->kv, m) != 0)
             kvseq_release(s->kv), m = 0;
-        s->base = a->n;
+        int pend = n_rel - m;
+        if (a->max_catch_up > 0 && pend > a->max_catch_up) {   /* the last max_catch_up tokens only */
+            kvseq_release(s->kv);
+            s->off = a->n - a->max_catch_up;
+            pend = a->max_catch_up;
+            d->st.windows++;
+        }
+        s->base = a->n - s->off;
         s->q_valid = 0;
         d->seq[i] = s;
-        d->pend[i] = a->n - m;
+        d->pend[i] = pend;
         d->kk[i] = k;
         kmax = k > kmax ? k : kmax;
     }

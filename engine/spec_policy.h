@@ -134,6 +134,8 @@ int spec_cost_leave_out(int has_dist, int prev_asked, int asked);
 #define SPEC_EXPLORE_ONE_EVERY  64    /* one draft: two steps in this many (per batch bucket), at first */
 #define SPEC_EXPLORE_ONE_MAX    1024  /* ... backing off up to this many */
 #define SPEC_EXPLORE_WIDE       0.15  /* drafting losing by this fraction of tokens/s is losing by far */
+#define SPEC_EXPLORE_CATCH_UP   32    /* a one-draft exploration's draft model computes at most the last
+                                       * this many tokens of a row it lost step with (spec_ask_t.max_catch_up) */
 
 typedef struct spec_explore {
     uint64_t steps;                          /* decode-only steps asked about */

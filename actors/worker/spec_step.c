@@ -195,7 +195,8 @@ int spec_step_propose(spec_step_t *s, const sched_batch_t *b)
                                       .sample = s->sample[i].temperature > 0 ? &s->sample[i] : NULL,
                                       .drafts = s->drafts + (size_t)i * SPEC_MAX_K,
                                       .probs = s->probs + (size_t)i * SPEC_MAX_K,
-                                      .stop_below = explore < 0 && s->policy ? spec_client_stop_below(s->policy, b->n) : 0};
+                                      .stop_below = explore < 0 && s->policy ? spec_client_stop_below(s->policy, b->n) : 0,
+                                      .max_catch_up = explore > 0 ? SPEC_EXPLORE_CATCH_UP : 0};
         s->ask_row[n_ask++] = i;
         budget -= k;
     }
@@ -490,6 +491,13 @@ void spec_step_stats(const spec_step_t *s, actor_t *a, msg_stats_t *st)
     actor_stat_metric(a, st, "spec_plain1_in_stretch_ms", s->plain1_stretch ? 1e3 * s->plain1_stretch_s / (double)s->plain1_stretch : 0, 0);
     actor_stat_metric(a, st, "spec_plain1_slow_steps_total", (double)s->slow1[0], 1);
     actor_stat_metric(a, st, "spec_draft1_slow_steps_total", (double)s->slow1[1], 1);
+    if (s->borrowed && !s->mtp) {
+        spec_draft_stats_t ds;
+        spec_draft_stats(s->proposer, &ds);
+        actor_stat_metric(a, st, "spec_draft_forwards_total", (double)ds.forwards, 1);
+        actor_stat_metric(a, st, "spec_draft_positions_total", (double)ds.tokens, 1);
+        actor_stat_metric(a, st, "spec_draft_windows_total", (double)ds.windows, 1);
+    }
     if (s->mtp) {
         spec_mtp_stats_t ms;
         spec_mtp_stats(s->proposer, &ms);

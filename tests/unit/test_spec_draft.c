@@ -246,6 +246,61 @@ static void test_batch_equals_single(void **state)
     engine_destroy(&t);
 }
 
+/* max_catch_up: a sequence whose draft KV lacks more than that many tokens computes only its last
+ * max_catch_up, a window: its drafts are those of a fresh proposer asked with the window alone,
+ * the catch-up costs the window's tokens, and the sequence's next steps stay in step within it;
+ * an ask without max_catch_up computes the whole sequence again and drafts as a fresh proposer
+ * asked with all of it. */
+static void test_windowed_catch_up(void **state)
+{
+    (void)state;
+    engine_t *t = s_target();
+    spec_proposer_t *a = s_draft(t, DRAFT, 0), *ref = s_draft(t, DRAFT, 0);
+    int32_t toks[64], got[SPEC_MAX_K], want[SPEC_MAX_K];
+    for (int i = 0; i < 64; i++)
+        toks[i] = (int32_t)((i * 13 + i * i + 5) % 511);
+    /* In step at 10 tokens, then 30 tokens later (a plain stretch): a window of 8. */
+    assert_int_equal(spec_propose(a, 7, toks, 10, 2, got, NULL), 2);
+    spec_accepted(a, 7, 0);
+    spec_draft_stats_t st0, st;
+    spec_draft_stats(a, &st0);
+    spec_ask_t w = {.id = 7, .tokens = toks, .n = 40, .k = 3, .drafts = got, .max_catch_up = 8};
+    assert_int_equal(spec_propose_batch(a, &w, 1), 0);
+    spec_draft_stats(a, &st);
+    assert_int_equal(w.n_drafts, 3);
+    assert_int_equal(st.windows - st0.windows, 1);
+    assert_int_equal(st.tokens - st0.tokens, 8 + 2);   /* the window, then two draft positions */
+    assert_int_equal(spec_draft_kv_len(a, 7), 8 + 2);
+    assert_int_equal(spec_propose(ref, 1, toks + 32, 8, 3, want, NULL), 3);
+    assert_memory_equal(got, want, 3 * sizeof(int32_t));
+    /* The next step (one draft kept, the target's own token): still in step inside the window. */
+    spec_accepted(a, 7, 1);
+    spec_accepted(ref, 1, 1);
+    toks[41] = (got[1] + 1) % 511;
+    toks[40] = got[0];
+    w.n = 42;
+    spec_draft_stats(a, &st0);
+    assert_int_equal(spec_propose_batch(a, &w, 1), 0);
+    spec_draft_stats(a, &st);
+    assert_int_equal(st.windows - st0.windows, 0);
+    assert_int_equal(st.tokens - st0.tokens, 1 + 2);
+    assert_int_equal(spec_propose(ref, 1, toks + 32, 10, 3, want, NULL), 3);
+    assert_memory_equal(got, want, 3 * sizeof(int32_t));
+    /* Without max_catch_up: the whole sequence again, as a fresh proposer would. */
+    spec_accepted(a, 7, 0);
+    spec_ask_t f = {.id = 7, .tokens = toks, .n = 42, .k = 3, .drafts = got};
+    spec_draft_stats(a, &st0);
+    assert_int_equal(spec_propose_batch(a, &f, 1), 0);
+    spec_draft_stats(a, &st);
+    assert_int_equal(st.tokens - st0.tokens, 42 + 2);
+    assert_int_equal(spec_propose(ref, 2, toks, 42, 3, want, NULL), 3);
+    assert_memory_equal(got, want, 3 * sizeof(int32_t));
+    assert_int_equal(spec_draft_kv_len(a, 7), 42 + 2);
+    spec_proposer_destroy(&a);
+    spec_proposer_destroy(&ref);
+    engine_destroy(&t);
+}
+
 /* spec_draft_device_bytes, from the config alone, against what spec_draft_new then places: the
  * draft's weights (model_weight_bytes of the same checkpoint) and its pool (blocks x block bytes),
  * for a sized pool and the default one (max_seqs sequences of max_model_len). */
@@ -539,7 +594,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_self_draft_is_the_target),      cmocka_unit_test(test_kv_bookkeeping),
         cmocka_unit_test(test_batch_equals_single),           cmocka_unit_test(test_device_bytes),
-        cmocka_unit_test(test_pool_runs_out),
+        cmocka_unit_test(test_pool_runs_out),                 cmocka_unit_test(test_windowed_catch_up),
         cmocka_unit_test(test_sampled_self_draft_is_accepted), cmocka_unit_test(test_refuses_another_vocabulary),
         cmocka_unit_test(test_refuses_another_tokenizer),     cmocka_unit_test(test_verify_dist_follows_target),
     };
