@@ -111,7 +111,13 @@ static int s_device_dummy(model_t *m, ckpt_t *ck, bk_mat_t *out, const char *nam
     float *sc = codes ? model_alloc(m, ns * sizeof(float), name, err, errlen) : NULL;
     if (!sc)
         return -1;
-    m->be->ops->fill_dummy(m->be, codes, DT_BF16, (cb + 1) / 2, r.key, 0.0f, 1.0f);
+    /* fp8 codes are made as fp8 values: bf16 bytes would hold e4m3's NaN codes (0x7f, 0xff) in about
+     * 1 of 128, turning every hidden state NaN, so MoE rows would all route alike. Any byte is a
+     * valid int8, int4 pair or fp4 pair. */
+    if (fmt == BK_Q_FP8)
+        m->be->ops->fill_dummy(m->be, codes, DT_F8E4M3, cb, r.key, 0.0f, 1.0f);
+    else
+        m->be->ops->fill_dummy(m->be, codes, DT_BF16, (cb + 1) / 2, r.key, 0.0f, 1.0f);
     m->be->ops->fill_dummy(m->be, sc, DT_F32, ns, r.key ^ 0x5ca1eull, 0.01f, 0.005f);
     const dtype_t cdt = fmt == BK_Q_FP8 ? DT_F8E4M3 : fmt == BK_Q_I8 ? DT_I8 : DT_U8;
     *out = (bk_mat_t){.data = codes, .dtype = cdt, .rows = rows, .cols = cols, .qfmt = (int8_t)fmt,

@@ -2,7 +2,7 @@
  * (backend.h fill_dummy): bit for bit what engine/checkpoint.c makes on the host (both call
  * kernels/dummy_fill.h), so a GPU worker of a 61 GB model neither generates it on the host nor
  * copies it over PCIe. Rounding to bf16/f16 is round-to-nearest-even, as dtype_from_f32 (the
- * values are finite). */
+ * values are finite); to fp8 e4m3 as common/dtype.h's f32_to_f8e4m3. */
 #include "kernels/cuda/cuda.h"
 #include "kernels/cuda/cuda_dev.cuh"
 #include "kernels/dummy_fill.h"
@@ -25,6 +25,10 @@ void cuda_fill_dummy(backend_t *be, void *dev, dtype_t dt, size_t n, uint64_t ke
     case DT_F32: cuda_launch(st, k_fill_dummy<float>, (unsigned)blocks, 256, (float *)dev, (uint64_t)n, key, center, scale); break;
     case DT_BF16:
         cuda_launch(st, k_fill_dummy<__nv_bfloat16>, (unsigned)blocks, 256, (__nv_bfloat16 *)dev, (uint64_t)n, key, center,
+                    scale);
+        break;
+    case DT_F8E4M3:   /* online-quantized fp8 codes: values, never the NaN codes another type's bytes hold */
+        cuda_launch(st, k_fill_dummy<__nv_fp8_e4m3>, (unsigned)blocks, 256, (__nv_fp8_e4m3 *)dev, (uint64_t)n, key, center,
                     scale);
         break;
     default: cuda_launch(st, k_fill_dummy<__half>, (unsigned)blocks, 256, (__half *)dev, (uint64_t)n, key, center, scale); break;

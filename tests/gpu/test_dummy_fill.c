@@ -2,6 +2,8 @@
  * with the bits the checkpoint makes on the host:
  *   - fill_dummy against ckpt_expect's host bytes for matrices and norm vectors in bf16, f16 and
  *     f32 (odd sizes);
+ *   - the fp8 e4m3 fill (online-quantized dummy codes) against common/dtype.h's f32_to_f8e4m3 of
+ *     the same values, and none of its codes NaN;
  *   - a whole dummy model (the Qwen3-0.6B shape, bf16) loaded with its weights made on the device
  *     and made on the host (model_opts_t.dummy_on_host): the logits of a prompt and 4 decode steps
  *     bit-identical; both load times printed.
@@ -15,12 +17,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/dtype.h"
 #include "common/util.h"
 #include "engine/checkpoint.h"
 #include "engine/config.h"
 #include "engine/kvcache.h"
 #include "engine/model.h"
 #include "kernels/backend.h"
+#include "kernels/dummy_fill.h"
 #include "tests/gpu/model_steps.h"
 
 
@@ -58,6 +62,25 @@ static void test_fill_matches_host(void **state)
         ckpt_destroy(&host);
         ckpt_destroy(&dev);
     }
+}
+
+static void test_fill_e4m3(void **state)
+{
+    const size_t n = 100003;
+    const uint64_t key = 0x1234abcdull;
+    uint8_t *buf = s_gpu->ops->alloc(s_gpu, n), *back = malloc(n);
+    s_gpu->ops->fill_dummy(s_gpu, buf, DT_F8E4M3, n, key, 0.0f, 1.0f);
+    assert_int_equal(s_gpu->ops->download(s_gpu, back, buf, n), 0);
+    for (size_t i = 0; i < n; i++) {
+        if ((back[i] & 0x7f) == 0x7f)
+            fail_msg("fp8 fill element %zu: NaN code 0x%02x", i, back[i]);
+        const uint8_t want = f32_to_f8e4m3(dummy_value(key, i, 0.0f, 1.0f));
+        if (back[i] != want)
+            fail_msg("fp8 fill element %zu: device 0x%02x, host 0x%02x", i, back[i], want);
+    }
+    print_message("  fill_dummy f8e4m3: %zu codes equal to the host's rounding, none NaN\n", n);
+    free(back);
+    s_gpu->ops->free(s_gpu, buf);
 }
 
 /* The dummy bf16 model of dir, its weights made on the host (on_host) or on the device: a prompt
@@ -99,6 +122,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fill_matches_host),
+        cmocka_unit_test(test_fill_e4m3),
         cmocka_unit_test(test_model_same_bits),
     };
     return cmocka_run_group_tests(tests, s_setup, gpu_teardown);
