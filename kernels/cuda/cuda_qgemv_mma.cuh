@@ -250,60 +250,80 @@ static __device__ __forceinline__ float qm_amax8(float4 u, float4 v)
 /* The order of x in xs, per group of 8 k: QM_ORD_NAT natural; QM_ORD_NIB 0 4 1 5 2 6 3 7 (nibbles);
  * QM_ORD_MIX natural in even groups, 0 2 1 3 4 6 5 7 in odd ones (fp8 decoded half by the convert,
  * half by integer ops: qm_dec_fp8_int). */
-enum { QM_ORD_NAT, QM_ORD_NIB, QM_ORD_MIX };
+enum { QM_ORD_NAT, QM_ORD_NIB, QM_ORD_MIX, QM_ORD_I8 };   /* QM_ORD_I8: int8 W8A8's codes as bytes (IMMA) */
 
 /* Row m of x [M][K] (its amax known) as xs rows m (hi or codes) and, weight-only, M + m (lo), row
  * stride ld halves, by threads tid = 0..nt-1, in the order ORD; x read through the read-only path.
  * The rounding of cpu_quant_act_row / k_qact for W8A8. */
 template <int ORD>
 static __device__ __forceinline__ void qm_stage_row(const float *x, int64_t K, int M, int m, int act, float amax,
-                                                    uint16_t *xs, int64_t ld, int tid, int nt)
+                                                    uint16_t *xs, int64_t ld, int tid, int nt, int *nan_flag = NULL)
 {
     const qm_rowq_t rq = qm_row_scale(amax, act);
     const float4 *xr = (const float4 *)(x + (int64_t)m * K);
     uint4 *hi_row = (uint4 *)(xs + (int64_t)m * ld), *lo_row = (uint4 *)(xs + (int64_t)(M + m) * ld);
-    for (int64_t i = tid; i < K / 8; i += nt) {
-        const float4 u = __ldg(xr + 2 * i), v = __ldg(xr + 2 * i + 1);
-        const float f[8] = {u.x, u.y, u.z, u.w, v.x, v.y, v.z, v.w};
-        uint32_t h[8], l[8];
+    if constexpr (ORD == QM_ORD_I8) {             /* int8 W8A8 only: the codes as bytes; a NaN sets *nan_flag */
+        uint2 *row = (uint2 *)(xs + (int64_t)m * ld);
+        bool nan = false;
+        for (int64_t i = tid; i < K / 8; i += nt) {
+            const float4 u = __ldg(xr + 2 * i), v = __ldg(xr + 2 * i + 1);
+            const float f[8] = {u.x, u.y, u.z, u.w, v.x, v.y, v.z, v.w};
+            uint32_t b[2] = {0, 0};
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
-            if (act == BK_QA_NONE) {
-                const float xp = f[j] * rq.p;
-                const __half hh = __float2half_rn(xp);
-                h[j] = __half_as_ushort(hh);
-                l[j] = qm_h16(xp - __half2float(hh));
-            } else if (rq.plain) {
-                h[j] = qm_h16(f[j]);
-                l[j] = 0;
-            } else {
-                float q = f[j] / rq.s;
-                if (!isnan(q)) {
-                    if (act == BK_QA_FP8_TOKEN) {
-                        __nv_fp8_e4m3 c;
-                        c.__x = __nv_cvt_float_to_fp8(q, __NV_SATFINITE, __NV_E4M3);
-                        q = (float)c;
-                    } else {
-                        q = rintf(fminf(fmaxf(q, -127.0f), 127.0f));
-                    }
-                }
-                h[j] = qm_h16(q);
-                l[j] = 0;
+            for (int j = 0; j < 8; j++) {
+                const float q = rq.plain ? f[j] : f[j] / rq.s;   /* plain: an all-zero row (or NaNs) */
+                nan |= isnan(q);
+                const int c = isnan(q) ? 0 : (int)(rq.plain ? q : rintf(fminf(fmaxf(q, -127.0f), 127.0f)));
+                b[j / 4] |= (uint32_t)(c & 0xff) << (8 * (j % 4));
             }
+            row[i] = make_uint2(b[0], b[1]);
         }
-        if (ORD == QM_ORD_MIX && (i & 1)) {
-            hi_row[i] = make_uint4(h[0] | h[2] << 16, h[1] | h[3] << 16, h[4] | h[6] << 16, h[5] | h[7] << 16);
+        if (nan)
+            *nan_flag = 1;
+    } else {
+        for (int64_t i = tid; i < K / 8; i += nt) {
+            const float4 u = __ldg(xr + 2 * i), v = __ldg(xr + 2 * i + 1);
+            const float f[8] = {u.x, u.y, u.z, u.w, v.x, v.y, v.z, v.w};
+            uint32_t h[8], l[8];
+    #pragma unroll
+            for (int j = 0; j < 8; j++) {
+                if (act == BK_QA_NONE) {
+                    const float xp = f[j] * rq.p;
+                    const __half hh = __float2half_rn(xp);
+                    h[j] = __half_as_ushort(hh);
+                    l[j] = qm_h16(xp - __half2float(hh));
+                } else if (rq.plain) {
+                    h[j] = qm_h16(f[j]);
+                    l[j] = 0;
+                } else {
+                    float q = f[j] / rq.s;
+                    if (!isnan(q)) {
+                        if (act == BK_QA_FP8_TOKEN) {
+                            __nv_fp8_e4m3 c;
+                            c.__x = __nv_cvt_float_to_fp8(q, __NV_SATFINITE, __NV_E4M3);
+                            q = (float)c;
+                        } else {
+                            q = rintf(fminf(fmaxf(q, -127.0f), 127.0f));
+                        }
+                    }
+                    h[j] = qm_h16(q);
+                    l[j] = 0;
+                }
+            }
+            if (ORD == QM_ORD_MIX && (i & 1)) {
+                hi_row[i] = make_uint4(h[0] | h[2] << 16, h[1] | h[3] << 16, h[4] | h[6] << 16, h[5] | h[7] << 16);
+                if (act == BK_QA_NONE)
+                    lo_row[i] = make_uint4(l[0] | l[2] << 16, l[1] | l[3] << 16, l[4] | l[6] << 16, l[5] | l[7] << 16);
+                continue;
+            }
+            constexpr bool NIB = ORD == QM_ORD_NIB;
+            constexpr int o[8] = {0, NIB ? 4 : 1, NIB ? 1 : 2, NIB ? 5 : 3, NIB ? 2 : 4, NIB ? 6 : 5, NIB ? 3 : 6, 7};
+            hi_row[i] = make_uint4(h[o[0]] | h[o[1]] << 16, h[o[2]] | h[o[3]] << 16, h[o[4]] | h[o[5]] << 16,
+                                   h[o[6]] | h[o[7]] << 16);
             if (act == BK_QA_NONE)
-                lo_row[i] = make_uint4(l[0] | l[2] << 16, l[1] | l[3] << 16, l[4] | l[6] << 16, l[5] | l[7] << 16);
-            continue;
+                lo_row[i] = make_uint4(l[o[0]] | l[o[1]] << 16, l[o[2]] | l[o[3]] << 16, l[o[4]] | l[o[5]] << 16,
+                                       l[o[6]] | l[o[7]] << 16);
         }
-        constexpr bool NIB = ORD == QM_ORD_NIB;
-        constexpr int o[8] = {0, NIB ? 4 : 1, NIB ? 1 : 2, NIB ? 5 : 3, NIB ? 2 : 4, NIB ? 6 : 5, NIB ? 3 : 6, 7};
-        hi_row[i] = make_uint4(h[o[0]] | h[o[1]] << 16, h[o[2]] | h[o[3]] << 16, h[o[4]] | h[o[5]] << 16,
-                               h[o[6]] | h[o[7]] << 16);
-        if (act == BK_QA_NONE)
-            lo_row[i] = make_uint4(l[o[0]] | l[o[1]] << 16, l[o[2]] | l[o[3]] << 16, l[o[4]] | l[o[5]] << 16,
-                                   l[o[6]] | l[o[7]] << 16);
     }
 }
 
@@ -321,9 +341,14 @@ __global__ void __launch_bounds__(QM_PREP_THREADS) k_qm_prep(const float *x, int
     for (int64_t i = threadIdx.x; i < K / 8; i += blockDim.x)
         amax = fmaxf(amax, qm_amax8(xr[2 * i], xr[2 * i + 1]));
     amax = dev_block_max(amax, red);              /* fmaxf skips NaN, as the CPU's comparison does */
+    __shared__ int nan;
     if (threadIdx.x == 0)
-        xmul[m] = qm_row_scale(amax, act).mul;
-    qm_stage_row<ORD>(x, K, M, m, act, amax, xs, K, threadIdx.x, blockDim.x);
+        nan = 0;
+    __syncthreads();
+    qm_stage_row<ORD>(x, K, M, m, act, amax, xs, ORD == QM_ORD_I8 ? K / 2 + 32 : K, threadIdx.x, blockDim.x, &nan);
+    __syncthreads();
+    if (threadIdx.x == 0)
+        xmul[m] = nan ? __int_as_float(0x7fc00000) : qm_row_scale(amax, act).mul;
 }
 
 /* ---- what every block does first and last ----------------------------------------------------- */
@@ -358,14 +383,17 @@ static __device__ __forceinline__ void qm_xs(const qm_args_t &a, const uint16_t 
 {
     __shared__ float s_amax[8][32];               /* [row][warp] */
     __shared__ float s_xmul[8];
+    __shared__ int s_nan[8];
     if (a.xs) {
         *xs = a.xs;
-        *ld = a.K;
+        *ld = ORD == QM_ORD_I8 ? a.K / 2 + 32 : a.K;
         *xmul = a.xmul;
         return;
     }
     uint16_t *st = (uint16_t *)qm_dyn_smem;
-    const int64_t sld = a.K + 8;                  /* 16 bytes of padding: rows g and g + 1 in other banks */
+    /* padding, so that rows g and g + 1 lie in other banks: 16 bytes (f16 rows: 4 lanes read 128
+     * bytes of a row), 64 (byte rows: 4 lanes read 64) */
+    const int64_t sld = ORD == QM_ORD_I8 ? a.K / 2 + 32 : a.K + 8;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     for (int m = 0; m < a.M; m++) {
         const float4 *xr = (const float4 *)(a.x + (int64_t)m * a.K);
@@ -383,11 +411,17 @@ static __device__ __forceinline__ void qm_xs(const qm_args_t &a, const uint16_t 
             v = fmaxf(v, s_amax[threadIdx.x][w]);
         s_amax[threadIdx.x][0] = v;
         s_xmul[threadIdx.x] = qm_row_scale(v, a.act).mul;
+        s_nan[threadIdx.x] = 0;
     }
     __syncthreads();
     for (int m = 0; m < a.M; m++)
-        qm_stage_row<ORD>(a.x, a.K, a.M, m, a.act, s_amax[m][0], st, sld, threadIdx.x, blockDim.x);
+        qm_stage_row<ORD>(a.x, a.K, a.M, m, a.act, s_amax[m][0], st, sld, threadIdx.x, blockDim.x, &s_nan[m]);
     __syncthreads();
+    if constexpr (ORD == QM_ORD_I8) {
+        if (threadIdx.x < a.M && s_nan[threadIdx.x])
+            s_xmul[threadIdx.x] = __int_as_float(0x7fc00000);   /* a NaN in x: every output NaN, as the CPU's */
+        __syncthreads();
+    }
     *xs = st;
     *ld = sld;
     *xmul = s_xmul;
@@ -416,38 +450,70 @@ static __device__ __forceinline__ void qm_put(float (&part)[16][C], const float 
         }
 }
 
+/* The row scale (RS; else 1) and bias (else 0) of the output this thread writes in qm_finish (a
+ * thread writes at most one: 16 M <= 128 <= the block's threads); with one scale per row loaded
+ * while the row block's steps run rather than after its barrier. */
+struct qm_fin {
+    float scale, bias;
+};
+
+template <bool RS> static __device__ __forceinline__ qm_fin qm_fin_of(const qm_args_t &a, const qm_block &b)
+{
+    qm_fin f = {1.0f, 0.0f};
+    const int o = threadIdx.x, r = o & 15;
+    const int64_t n = b.n0 + r;
+    if (o < 16 * a.M && n < b.p.N) {
+        if constexpr (RS)
+            f.scale = __ldg(b.p.scale + (int64_t)((uint32_t)n / (uint32_t)b.p.gr) * a.ngc);
+        if (b.p.bias)
+            f.bias = __ldg(b.p.bias + n);
+    }
+    return f;
+}
+
 /* After qm_put and a barrier: the W warps' sums added in warp order (the split-K reduction), xs
- * rows m (hi or codes) and M + m (lo), times xmul[m], times the row's scale (RS), plus the bias. */
+ * rows m (hi or codes) and M + m (lo), times xmul[m], times the row's scale (RS), plus the bias
+ * (f from qm_fin_of). */
 template <int W, int C, bool RS>
 static __device__ __forceinline__ void qm_finish(const qm_args_t &a, const qm_block &b, const float (&part)[W][16][C],
-                                                 const float *xmul)
+                                                 const float *xmul, qm_fin f)
 {
+    static_assert(W * 32 >= 128, "one output per thread");
     const bool split = a.R > a.M;                  /* hi + lo columns */
-    for (int o = threadIdx.x; o < 16 * a.M; o += W * 32) {
-        const int r = o & 15, m = o >> 4;
-        const int64_t n = b.n0 + r;
-        if (n >= b.p.N)
-            continue;
-        float hi = 0.0f, lo = 0.0f;
+    const int o = threadIdx.x, r = o & 15, m = o >> 4;
+    const int64_t n = b.n0 + r;
+    if (o >= 16 * a.M || n >= b.p.N)
+        return;
+    float hi = 0.0f, lo = 0.0f;
+#pragma unroll
+    for (int w = 0; w < W; w++)
+        hi += part[w][r][m];
+    if (split) {
 #pragma unroll
         for (int w = 0; w < W; w++)
-            hi += part[w][r][m];
-        if (split) {
-#pragma unroll
-            for (int w = 0; w < W; w++)
-                lo += part[w][r][a.M + m];
-        }
-        float v = (hi + lo) * xmul[m];
-        if constexpr (RS)
-            v *= __ldg(b.p.scale + (int64_t)((uint32_t)n / (uint32_t)b.p.gr) * a.ngc);
-        b.p.y[(int64_t)m * b.p.N + n] = v + (b.p.bias ? b.p.bias[n] : 0.0f);
+            lo += part[w][r][a.M + m];
     }
+    float v = (hi + lo) * xmul[m];
+    if constexpr (RS)
+        v *= f.scale;
+    b.p.y[(int64_t)m * b.p.N + n] = v + f.bias;
 }
 
 /* xs through a generic load: shared memory (staged) or device memory (the pre-pass). */
 static __device__ __forceinline__ uint4 qm_ldx(const uint4 *p) { return *p; }
 
 /* ---- the tensor-core kernel ---------------------------------------------------------------------- */
+
+/* c += A B exactly in int32: A 16 x 32 int8 (a[0] = A[g][4t..4t+3], a[1] = A[g+8][4t..], a[2] =
+ * A[g][4t+16..], a[3] = A[g+8][4t+16..]), B 32 x 8 int8 (b0 = B[4t..4t+3][g], b1 = B[4t+16..][g]),
+ * c as the f16 mma's C. */
+static __device__ __forceinline__ void qm_imma(int (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};\n"
+                 : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
 
 /* This lane's chunks of rows g and g + 8 for U steps from s (warp stride W), zeros past K, and
  * (group scales) the rows' scales of each step's group. spg: steps per column group. */
@@ -505,7 +571,8 @@ static __device__ __forceinline__ qm_rows<FMT> qm_rows_of(const qm_args_t &a, co
 template <int FMT, int NT, bool RS, int W, bool MIX = false, int U = QM_U>
 __global__ void __launch_bounds__(W * 32, (U < QM_U ? 24 : 16) / W) k_qgemv_mma(qm_args_t a)
 {
-    static_assert(!MIX || FMT == BK_Q_FP8, "the split decode is fp8's");
+    static_assert(!MIX || FMT == BK_Q_FP8 || (FMT == BK_Q_I8 && NT == 1), "fp8's split decode, int8 W8A8's IMMA");
+    constexpr bool IMMA = MIX && FMT == BK_Q_I8;   /* int8 codes times x's int8 codes, exactly */
     using F = qm_fmt<FMT>;
     constexpr int SK = F::SK, XC = F::XC;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -522,7 +589,7 @@ __global__ void __launch_bounds__(W * 32, (U < QM_U ? 24 : 16) / W) k_qgemv_mma(
     const uint16_t *xs;
     const float *xmul;
     int64_t ld;
-    qm_xs<F::NIB ? QM_ORD_NIB : MIX ? QM_ORD_MIX : QM_ORD_NAT>(a, &xs, &ld, &xmul);
+    qm_xs<F::NIB ? QM_ORD_NIB : IMMA ? QM_ORD_I8 : MIX ? QM_ORD_MIX : QM_ORD_NAT>(a, &xs, &ld, &xmul);
     /* B rows: xs row 8 jt + g of each column tile (zeros past R) */
     const uint4 *xr[NT];
     bool xon[NT];
@@ -530,18 +597,22 @@ __global__ void __launch_bounds__(W * 32, (U < QM_U ? 24 : 16) / W) k_qgemv_mma(
     for (int jt = 0; jt < NT; jt++) {
         const int rho = 8 * jt + g;
         xon[jt] = rho < a.R;
-        xr[jt] = (const uint4 *)(xs + (int64_t)(xon[jt] ? rho : 0) * ld) + XC * t;
+        xr[jt] = (const uint4 *)(xs + (int64_t)(xon[jt] ? rho : 0) * ld) + (IMMA ? t : XC * t);
     }
     __shared__ float part[2][W][16][8 * NT + 1];  /* two: a row block's sums are read while the next's are put */
     for (int buf = 0;; buf ^= 1) {
         const unsigned rb_next = rb + gridDim.x;
         const bool more = rb_next < n_rb;
+        qm_fin fin;
+        if constexpr (RS)                          /* (group scales: registers are short, loaded late) */
+            fin = qm_fin_of<RS>(a, qm_block_of(a, rb));
         float acc[NT][4];
+        int acci[NT][4];                           /* IMMA: the row block's exact sums */
 #pragma unroll
         for (int jt = 0; jt < NT; jt++)
 #pragma unroll
             for (int i = 0; i < 4; i++)
-                acc[jt][i] = 0.0f;
+                acc[jt][i] = 0.0f, acci[jt][i] = 0;
         for (int64_t s = warp; s < steps; s += (int64_t)U * W) {
             uint4 qn[U][2];                     /* the next U steps, in flight while these are used: */
             float sqn[U][2];                    /* this row block's, or the next one's first */
@@ -557,6 +628,17 @@ __global__ void __launch_bounds__(W * 32, (U < QM_U ? 24 : 16) / W) k_qgemv_mma(
                 if (su >= steps)
                     break;
                 const bool in = 4 * su + t < nch;
+                if constexpr (IMMA) {              /* words 0-1 and 2-3: one m16n8k32 each, into acci */
+#pragma unroll
+                    for (int jt = 0; jt < NT; jt++) {
+                        const uint4 xv = in && xon[jt] ? qm_ldx(xr[jt] + 4 * su) : make_uint4(0, 0, 0, 0);
+                        const uint32_t a0[4] = {q[u][0].x, q[u][1].x, q[u][0].y, q[u][1].y};
+                        const uint32_t a1[4] = {q[u][0].z, q[u][1].z, q[u][0].w, q[u][1].w};
+                        qm_imma(acci[jt], a0, xv.x, xv.y);
+                        qm_imma(acci[jt], a1, xv.z, xv.w);
+                    }
+                    continue;
+                }
                 uint4 xb[NT][XC];                  /* nibbles: one piece at a time, below (registers) */
                 if constexpr (!F::NIB) {
 #pragma unroll
@@ -627,10 +709,19 @@ __global__ void __launch_bounds__(W * 32, (U < QM_U ? 24 : 16) / W) k_qgemv_mma(
                 }
             }
         }
+        if constexpr (IMMA) {
+#pragma unroll
+            for (int jt = 0; jt < NT; jt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    acc[jt][i] = (float)acci[jt][i];
+        }
         /* part[buf] was last read two row blocks ago, before the barrier of the previous one */
         qm_put<NT, false>(part[buf][warp], acc, g, t);
         __syncthreads();
-        qm_finish<W, 8 * NT + 1, RS>(a, qm_block_of(a, rb), part[buf], xmul);
+        if constexpr (!RS)
+            fin = qm_fin_of<RS>(a, qm_block_of(a, rb));
+        qm_finish<W, 8 * NT + 1, RS>(a, qm_block_of(a, rb), part[buf], xmul, fin);
         if (!more)
             break;
         rb = rb_next;
@@ -762,7 +853,8 @@ __global__ void __launch_bounds__(W * 32, 16 / W) k_qgemv_mma_bd(qm_args_t a)
         }
         qm_put<NT, true>(part[buf][warp], acc, g, t);
         __syncthreads();
-        qm_finish<W, 2 * NT + 1, false>(a, qm_block_of(a, rb), part[buf], xmul);   /* group scales are in the sums */
+        qm_finish<W, 2 * NT + 1, false>(a, qm_block_of(a, rb), part[buf], xmul,
+                                        qm_fin_of<false>(a, qm_block_of(a, rb)));   /* group scales: in the sums */
         if (!more)
             break;
         rb = rb_next;
@@ -826,8 +918,9 @@ static inline qm_kernel_t qm_kernel_bd(int fmt, int R, int w)
     return NULL;
 }
 
-/* The kernel for fmt with R rows of xs, w warps, one scale per row or not (mix: fp8's split decode,
- * one scale per row only; shallow: 2 steps in flight, R <= 8 only); NULL when not built. */
+/* The kernel for fmt with R rows of xs, w warps, one scale per row or not (mix: fp8's split decode
+ * or int8 W8A8's IMMA, one scale per row only; shallow: 2 steps in flight, R <= 8 only); NULL when
+ * not built. */
 static inline qm_kernel_t qm_kernel(int fmt, int R, int w, bool rs, bool mix, bool shallow)
 {
     const bool two = R > 8;
@@ -837,7 +930,8 @@ static inline qm_kernel_t qm_kernel(int fmt, int R, int w, bool rs, bool mix, bo
             return mix && rs ? qm_pick_w<BK_Q_FP8, 1, true, true, 2>(w)
                  : rs        ? qm_pick_w<BK_Q_FP8, 1, true, false, 2>(w)
                              : qm_pick_w<BK_Q_FP8, 1, false, false, 2>(w);
-        case BK_Q_I8: return rs ? qm_pick_w<BK_Q_I8, 1, true, false, 2>(w) : NULL;
+        case BK_Q_I8:
+            return !rs ? NULL : mix ? qm_pick_w<BK_Q_I8, 1, true, true, 2>(w) : qm_pick_w<BK_Q_I8, 1, true, false, 2>(w);
         case BK_Q_I4: return rs ? NULL : qm_pick_w<BK_Q_I4, 1, false, false, 2>(w);
         default: return NULL;
         }
@@ -848,7 +942,10 @@ static inline qm_kernel_t qm_kernel(int fmt, int R, int w, bool rs, bool mix, bo
             return two ? qm_pick_w<BK_Q_FP8, 2, true, true>(w) : qm_pick_w<BK_Q_FP8, 1, true, true>(w);
         return rs ? (two ? qm_pick_w<BK_Q_FP8, 2, true>(w) : qm_pick_w<BK_Q_FP8, 1, true>(w))
                   : (two ? qm_pick_w<BK_Q_FP8, 2, false>(w) : qm_pick_w<BK_Q_FP8, 1, false>(w));
-    case BK_Q_I8: return !rs ? NULL : two ? qm_pick_w<BK_Q_I8, 2, true>(w) : qm_pick_w<BK_Q_I8, 1, true>(w);
+    case BK_Q_I8:
+        if (mix)
+            return rs && !two ? qm_pick_w<BK_Q_I8, 1, true, true>(w) : NULL;
+        return !rs ? NULL : two ? qm_pick_w<BK_Q_I8, 2, true>(w) : qm_pick_w<BK_Q_I8, 1, true>(w);
     case BK_Q_I4: return rs ? NULL : two ? qm_pick_w<BK_Q_I4, 2, false>(w) : qm_pick_w<BK_Q_I4, 1, false>(w);
     default: return NULL;
     }
@@ -864,7 +961,7 @@ typedef struct qm_plan {
     qm_args_t args;
 } qm_plan_t;
 
-enum { QM_F_STAGE = 1, QM_F_FP8_MIX = 2, QM_F_SHALLOW = 4 };   /* qm_setup's flags */
+enum { QM_F_STAGE = 1, QM_F_FP8_MIX = 2, QM_F_SHALLOW = 4, QM_F_I8_IMMA = 8 };   /* qm_setup's flags */
 
 /* Scratch for the pre-pass (16-byte aligned): xmul, then xs [16][K]. */
 static inline size_t qm_scratch_bytes(int64_t K) { return QM_XS_OFF + (size_t)16 * (size_t)K * 2; }
@@ -924,14 +1021,18 @@ static inline int qm_occupancy(qm_kernel_t k, unsigned threads, size_t smem)
  * here), or 0 when a part is not taken (qm_ok) or the kernel not built. warps: 0 for qm_warps'
  * choice, else 4, 8 or 16. flags: QM_F_STAGE lets blocks stage xs in shared memory where it fits
  * (else always the pre-pass, its xs in scratch: qm_scratch_bytes(K), 16-byte aligned); QM_F_FP8_MIX
- * fp8's split decode (one scale per row; the bits differ from the convert's); QM_F_SHALLOW 2 steps
+ * fp8's split decode (one scale per row; the bits differ from the convert's); QM_F_I8_IMMA int8
+ * W8A8 (one scale per row) on the integer tensor cores, x's codes as bytes and the sums exact in
+ * int32 per row block (other bits than the f16 path's); QM_F_SHALLOW 2 steps
  * of loads in flight instead of QM_U and registers for 1.5x the blocks per SM (up to 8 rows of xs;
  * the same bits). n_sm: the SMs, for
  * a grid of as many blocks as they hold at once (0: a block per row block). */
 static inline int qm_setup(qm_plan_t *pl, int fmt, int64_t K, int gc, int act, const float *x, int mr,
                            const qm_part_t *parts, int n, void *scratch, int warps, int flags, int n_sm)
 {
-    const bool stage = flags & QM_F_STAGE, mix = (flags & QM_F_FP8_MIX) && fmt == BK_Q_FP8 && gc >= K;
+    const bool stage = flags & QM_F_STAGE;
+    const bool imma = (flags & QM_F_I8_IMMA) && fmt == BK_Q_I8 && act == BK_QA_I8_TOKEN && gc >= K;
+    const bool mix = ((flags & QM_F_FP8_MIX) && fmt == BK_Q_FP8 && gc >= K) || imma;
     if (mr < 1 || mr > 8 || n < 1 || n > QM_PARTS)
         return 0;
     const bool rs = gc >= K;
@@ -964,14 +1065,15 @@ static inline int qm_setup(qm_plan_t *pl, int fmt, int64_t K, int gc, int act, c
     a.x = x;
     a.M = mr;
     a.R = R;
-    const size_t smem = (size_t)R * (size_t)(K + 8) * 2;
+    const size_t smem = imma ? (size_t)R * (size_t)(K + 64) : (size_t)R * (size_t)(K + 8) * 2;
     /* the limit raised for every staging kernel: 48 KB bounds static + dynamic shared memory, and
      * the partial sums alone take up to 36 KB */
     if (stage && smem <= QM_STAGE_MAX && qm_allow_smem(pl->kernel)) {
         pl->prep = NULL;
         pl->smem = smem;
     } else {
-        pl->prep = nib ? k_qm_prep<QM_ORD_NIB> : mix ? k_qm_prep<QM_ORD_MIX> : k_qm_prep<QM_ORD_NAT>;
+        pl->prep = nib ? k_qm_prep<QM_ORD_NIB> : imma ? k_qm_prep<QM_ORD_I8> : mix ? k_qm_prep<QM_ORD_MIX>
+                                                                              : k_qm_prep<QM_ORD_NAT>;
         pl->smem = 0;
         a.xs = qm_scratch_xs(scratch);
         a.xmul = (const float *)scratch;

@@ -73,7 +73,8 @@ static void s_qgemv(const cuda_state_t *st, const bk_mat_t *w, const float *x, i
  * pre-pass for every call, TROUPE_CUDA_QGEMV_GRID=0 a block per 16 rows instead of a grid the SMs
  * hold at once, TROUPE_CUDA_QGEMV_FP8_DECODE=mix fp8 (one scale per row) decoded half by the
  * convert, half by integer operations, TROUPE_CUDA_QGEMV_DEPTH=2 two steps of loads in flight per
- * lane instead of four, with 1.5x the blocks per SM (to compare). */
+ * lane instead of four, with 1.5x the blocks per SM, TROUPE_CUDA_QGEMV_I8_IMMA=1 int8 W8A8 on the
+ * integer tensor cores (to compare). */
 static int s_qgemv_mma(backend_t *be, cuda_state_t *st, int n, const bk_mat_t *const w[], const float *x, int M,
                        const float *const bias[], float *const y[])
 {
@@ -83,9 +84,9 @@ static int s_qgemv_mma(backend_t *be, cuda_state_t *st, int n, const bk_mat_t *c
         const int v = e ? atoi(e) : 1;
         mode = v == 0 || v == 4 || v == 8 || v == 16 ? v : 1;
         const char *s = getenv("TROUPE_CUDA_QGEMV_STAGE"), *d = getenv("TROUPE_CUDA_QGEMV_FP8_DECODE");
-        const char *sh = getenv("TROUPE_CUDA_QGEMV_DEPTH");
+        const char *sh = getenv("TROUPE_CUDA_QGEMV_DEPTH"), *im = getenv("TROUPE_CUDA_QGEMV_I8_IMMA");
         flags = (s && s[0] == '0' ? 0 : QM_F_STAGE) | (d && strcmp(d, "mix") == 0 ? QM_F_FP8_MIX : 0) |
-                (sh && atoi(sh) == 2 ? QM_F_SHALLOW : 0);
+                (sh && atoi(sh) == 2 ? QM_F_SHALLOW : 0) | (im && im[0] == '1' ? QM_F_I8_IMMA : 0);
         const char *gs = getenv("TROUPE_CUDA_QGEMV_GRID");
         grid_sms = !(gs && gs[0] == '0');
     }

@@ -3,7 +3,7 @@
  * CPU reference and timed side by side on Llama-3.1-8B's decode shapes; needs only the CUDA runtime.
  *
  *   build/gpu-tests/bench_qgemv [--check-only] [--warps W] [--lk 32] [--mma-warps W] [--path old|mma|both]
- *                               [--stage 0] [--grid 0] [--fp8-decode mix] [--depth 2] [--layer-only]
+ *                               [--stage 0] [--grid 0] [--fp8-decode mix] [--depth 2] [--i8-imma] [--layer-only]
  *
  * --warps forces the CUDA-core kernel's warps sharing a row group's K (2, 4, 8; default:
  * qv_warps), --lk 32 its whole-warp lane layout at M = 1 (default: QV_LK lanes along K per row
@@ -13,8 +13,9 @@
  * where it fits, as the backend does); --grid 0 gives the tensor-core kernel a block per 16 rows
  * (default: as many blocks as the SMs hold at once, each taking row blocks in turn); --fp8-decode
  * mix decodes fp8 (one scale per row) half by the convert, half by integer operations; --depth 2
- * keeps two steps of loads in flight per lane (not four) for 1.5x the blocks per SM; --layer-only: no checks, only the "mma layer" timing of fp8
- * W8A8, int4 and nvfp4 at M = 1 (120 launches of each of its four matrices in turn: for ncu).
+ * keeps two steps of loads in flight per lane (not four) for 1.5x the blocks per SM; --i8-imma runs
+ * int8 W8A8 on the integer tensor cores (x's codes as bytes, exact int32 sums); --layer-only: no checks, only the "mma layer" timing of fp8
+ * W8A8, int8 W8A8, int4 and nvfp4 at M = 1 (120 launches of each of its four matrices in turn: for ncu).
  * Check: random codes (every code but fp8's NaNs) and positive scales for each format and scale
  * grid (fp8 per tensor, per channel and 128 x 128 blocks; int8 per channel; int4 groups of 128 and
  * 64; nvfp4 groups of 16; for the tensor-core path also fp8 and int8 W8A8, x quantized per row),
@@ -133,6 +134,7 @@ static int s_stage = 1;                            /* --stage 0: the tensor-core
 static int s_n_sm;                                 /* --grid 0: a block per row block (0); else the SMs */
 static int s_fp8_mix;                              /* --fp8-decode mix: fp8 decoded half by integer ops */
 static int s_shallow;                              /* --depth 2: two steps of loads in flight, more blocks */
+static int s_i8_imma;                              /* --i8-imma: int8 W8A8 on the integer tensor cores */
 
 /* The tensor-core GEMV over n parts (one x), as cuda_quant.cu launches it; 0 when it does not
  * take them. s_scratch must hold qm_scratch_bytes(K). */
@@ -141,7 +143,8 @@ static int s_qm_launch(const fmt_case_t &f, int64_t K, int gc, const float *x, i
 {
     qm_plan_t pl;
     if (!qm_setup(&pl, f.fmt, K, gc, f.act, x, M, parts, n, s_scratch, mma_warps,
-                  (s_stage ? QM_F_STAGE : 0) | (s_fp8_mix ? QM_F_FP8_MIX : 0) | (s_shallow ? QM_F_SHALLOW : 0),
+                  (s_stage ? QM_F_STAGE : 0) | (s_fp8_mix ? QM_F_FP8_MIX : 0) | (s_shallow ? QM_F_SHALLOW : 0) |
+                      (s_i8_imma ? QM_F_I8_IMMA : 0),
                   s_n_sm))
         return 0;
     if (pl.prep)
@@ -670,12 +673,14 @@ int main(int argc, char **argv)
             s_fp8_mix = strcmp(argv[++i], "mix") == 0;
         else if (strcmp(argv[i], "--depth") == 0 && i + 1 < argc)
             s_shallow = atoi(argv[++i]) == 2;
+        else if (strcmp(argv[i], "--i8-imma") == 0)
+            s_i8_imma = 1;
         else if (strcmp(argv[i], "--check-only") == 0)
             check_only = 1;
         else {
             fprintf(stderr, "usage: bench_qgemv [--check-only] [--warps 2|4|8] [--lk 8|32] [--mma-warps 4|8|16] "
                             "[--path old|mma|both] [--stage 0|1] [--grid 0] [--fp8-decode cvt|mix] [--depth 2|4] "
-                            "[--layer-only]\n");
+                            "[--i8-imma] [--layer-only]\n");
             return 2;
         }
     }
@@ -688,8 +693,8 @@ int main(int argc, char **argv)
     CK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, 0));
     s_n_sm = grid_all ? 0 : n_sm;
     int failed = 0;
-    if (layer_only) {                              /* no checks: fp8 W8A8, int4, nvfp4 at M = 1 (for ncu) */
-        for (int fi : {7, 4, 6})
+    if (layer_only) {                              /* no checks: fp8 and int8 W8A8, int4, nvfp4 at M = 1 (for ncu) */
+        for (int fi : {7, 8, 4, 6})
             s_time_layer(s_fmts[fi], 1, mma_warps);
         return 0;
     }
