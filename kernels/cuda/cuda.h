@@ -399,6 +399,6 @@ void cuda_head_matmul(backend_t *be, const float *x, int M, int n_heads, int x_s
 void cuda_add(backend_t *be, float *y, const float *x, int n);
 void cuda_moe_route_sigmoid(backend_t *be, const float *logits, const float *bias, int M, int E, int k, int n_group,
                             int topk_group, int renorm, float scale, int32_t *ids, float *weights);
+void cuda_mtp_top(backend_t *be, const float *x, int M, int N, int32_t *out, float *prob);
 
 #endif
-void cuda_mtp_top(backend_t *be, const float *x, int M, int N, int32_t *out, float *prob);
