@@ -19,7 +19,10 @@
  *     calibration (how often a prefix of that confidence really survived). A draft is worth its
  *     place while its survival is at least the bucket's break-even survival, theta = R* x dc: the
  *     batch's tokens per second at the optimum times the seconds one more token adds to the step
- *     (below theta the token it may add is worth less than the time it costs).
+ *     (below theta the token it may add is worth less than the time it costs). Such a bucket
+ *     drafts only where its drafting steps, every cell together (spec_policy_drafting_rate),
+ *     beat its plain step: it cannot choose a cell, and the steps that kept no draft paid the
+ *     proposer all the same.
  * Each batch bucket thus gets (max_draft, min_confidence): the decode worker decides per row and
  * per step from them, locally, without a round trip.
  *
@@ -185,6 +188,13 @@ int spec_policy_survival(const spec_accept_t *a, int max_k, float *s);
  * (at most 1: rows with no match, a step's draft budget, rows that end). -1 when the cost is
  * unknown. */
 double spec_policy_rate(const spec_cost_t *c, int bucket, int batch, int k, const float *s);
+
+/* Tokens per second of bucket b's drafting steps, every cell k > 0 together, as for a step of
+ * `batch` rows: their counted tokens per row (SPEC_POLICY_PRIOR_ROWS rows of one token beside
+ * them) over their mean step. What drafting gave at that bucket where the policy cannot choose a
+ * cell (a proposer with a distribution: confidence decides each row's drafts). -1 when fewer than
+ * SPEC_POLICY_MIN_STEPS drafting steps were counted. */
+double spec_policy_drafting_rate(const spec_cost_t *c, int bucket, int batch);
 
 /* The policy for proposers that verify at most max_k (1..SPEC_MAX_K) drafts per row, from the
  * acceptance counts and the cost table: buckets for every batch size up to max_batch. -1 (out

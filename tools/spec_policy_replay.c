@@ -53,6 +53,9 @@ static int s_replay(const char *line, int batch, int *differ)
             if (tpr >= 0)
                 printf("[%.2f]", tpr);
         }
+        const double rd = spec_policy_drafting_rate(&c, b, B);
+        if (rd >= 0)   /* every drafting cell together: what a proposer with a distribution is judged by */
+            printf("  drafting %.0f", rd);
         if (c.steps[b][0])   /* how much the plain rate rests on */
             printf("  (k=0: %llu steps, %.3f ms)", (unsigned long long)c.steps[b][0], 1e3 * c.seconds[b][0] / (double)c.steps[b][0]);
         printf("\n");

@@ -659,6 +659,68 @@ static void test_lucky_cell_at_batch1(void **state)
     assert_true(spec_policy_bucket(&p, 1)->max_draft > 0);
 }
 
+/* A proposer with a distribution (MTP, a draft model) cannot choose a cell: a bucket that drafts
+ * asks every row for max_k and keeps what confidence allows, so its steps are all its drafting
+ * cells, the ones that kept no draft (cell 1) among them. The batch-1 cells of one H200
+ * (kjv-deepseek, MTP, 2026-12-02, b73d0f6: plain 0.205 ms; one draft 0.357 ms for 1.14 tokens,
+ * most steps kept none at the policy's confidence of 0.82) with a cell of confident rows that
+ * pays on its own (three drafts, 3.6 tokens in 0.6 ms: 6,000 tokens/s against the plain 4,886):
+ * together they give 4,870, no better than plain, and drafting there ran at 0.77x of no
+ * speculation. Without a distribution (n-gram) the policy chooses the cell: three drafts. */
+static void test_dist_drafting_cells_together(void **state)
+{
+    (void)state;
+    spec_accept_t a;
+    s_fill_accept(&a, 0.7, 7);
+    spec_cost_t c = {0};
+    spec_cost_add_cell(&c, 0, 0, 9, 0.001842);
+    spec_cost_add_tokens(&c, 0, 0, 9, 9, 9);
+    spec_cost_add_cell(&c, 0, 1, 207, 0.073971);
+    spec_cost_add_tokens(&c, 0, 1, 207, 207, 236);
+    spec_cost_add_cell(&c, 0, 3, 200, 0.12);
+    spec_cost_add_tokens(&c, 0, 3, 200, 200, 720);
+    /* batch 16: every drafting cell beats the plain step (0.30 ms), together too */
+    const int b16 = spec_cost_bucket(16);
+    spec_cost_add_cell(&c, b16, 0, 40, 40 * 0.30e-3);
+    spec_cost_add_tokens(&c, b16, 0, 40, 640, 640);
+    spec_cost_add_cell(&c, b16, 1, 100, 100 * 0.36e-3);
+    spec_cost_add_tokens(&c, b16, 1, 100, 1600, 2400);
+    spec_cost_add_cell(&c, b16, 3, 100, 100 * 0.50e-3);
+    spec_cost_add_tokens(&c, b16, 3, 100, 1600, 4300);
+    const double rd = spec_policy_drafting_rate(&c, 0, 1);
+    assert_true(fabs(rd - (236.0 + 720 + SPEC_POLICY_PRIOR_ROWS) / (407 + SPEC_POLICY_PRIOR_ROWS) / (0.193971 / 407)) < 1e-6 * rd);
+    assert_true(rd < 4886 * 1.05);
+    assert_true(spec_policy_drafting_rate(&c, spec_cost_bucket(2), 2) < 0);   /* nothing drafted there */
+    spec_policy_t p = {.epoch = 1};
+    char why[128];
+    /* n-gram: the three-draft cell pays, and the policy verifies three */
+    assert_int_equal(spec_policy_compute(&a, &c, 7, 16, &p, why, sizeof why), 0);
+    assert_int_equal(spec_policy_bucket(&p, 1)->max_draft, 3);
+    assert_true(spec_policy_bucket(&p, 16)->max_draft > 0);
+    /* with a distribution (its confidence calibrated): off at batch 1, on at 16 */
+    const float conf[1] = {0.85f};
+    for (int n = 0; n < 200; n++)
+        spec_accept_record(&a, 1, n & 1, conf);
+    assert_int_equal(spec_policy_compute(&a, &c, 7, 16, &p, why, sizeof why), 0);
+    assert_int_equal(spec_policy_bucket(&p, 1)->max_draft, 0);
+    assert_int_equal(spec_policy_ask(&p, 1, 1), 0);
+    assert_true(spec_policy_bucket(&p, 16)->max_draft > 0);
+    assert_int_equal(spec_policy_ask(&p, 16, 1), 7);
+    /* the lucky table of test_lucky_cell_at_batch1 with its 150 steps that kept every draft pays
+     * as a cell (n-gram, there), not beside the 301 steps of one and four drafts it came with */
+    spec_cost_t l = {0};
+    spec_cost_add_cell(&l, 0, 0, 9, 0.001842);
+    spec_cost_add_tokens(&l, 0, 0, 9, 9, 9);
+    spec_cost_add_cell(&l, 0, 1, 207, 0.073971);
+    spec_cost_add_tokens(&l, 0, 1, 207, 207, 236);
+    spec_cost_add_cell(&l, 0, 2, 150, 0.003823 / 7 * 150);
+    spec_cost_add_tokens(&l, 0, 2, 150, 150, 450);
+    spec_cost_add_cell(&l, 0, 4, 94, 0.064058);
+    spec_cost_add_tokens(&l, 0, 4, 94, 94, 227);
+    assert_int_equal(spec_policy_compute(&a, &l, 7, 1, &p, why, sizeof why), 0);
+    assert_int_equal(spec_policy_bucket(&p, 1)->max_draft, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -679,6 +741,7 @@ int main(void)
         cmocka_unit_test(test_explore_backs_off),
         cmocka_unit_test(test_decay_keeps_rare_cells),
         cmocka_unit_test(test_lucky_cell_at_batch1),
+        cmocka_unit_test(test_dist_drafting_cells_together),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
