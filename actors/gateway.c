@@ -6,15 +6,19 @@
  *   - check the API key (Authorization: Bearer) against gateway.api_keys: no or wrong key -> 401
  *     when keys are configured; the key's tenant goes into the submit (the per-tenant cache salt);
  *     its requests / tokens per minute -> 429 with Retry-After;
- *   - turn each call into a router submit (the client protocol over a DEALER at endpoints.client,
- *     many requests in flight at once), relay the tokens as Server-Sent Events or collect them
- *     into one reply, with usage (prompt_tokens_details.cached_tokens) and OpenAI finish reasons;
+ *   - turn each call into a router submit (the client protocol, through the C client library
+ *     tools/lib/client.h connected to every router's endpoint of endpoints.clients, many requests
+ *     in flight at once), relay the tokens as Server-Sent Events or collect them into one reply,
+ *     with usage (prompt_tokens_details.cached_tokens) and OpenAI finish reasons;
  *   - map the router's errors onto HTTP: overloaded / unavailable / a lost worker -> 503 with
  *     Retry-After, bad request -> 400 (a prompt longer than the context: context_length_exceeded);
  *   - cancel the request at the router when its client goes away mid-stream;
- *   - fail every call in flight (503, or an SSE error event) when the router is lost: its inbox
- *     connection or our own client connection drops (ZMTP heartbeats on the latter find a router
- *     that stopped answering);
+ *   - when a router is lost (our connection to it drops: it died, or answered no ZMTP heartbeat),
+ *     fail over as every client does (the library's rule, one place): a request of it that has had
+ *     no reply yet, so nothing was sent to its HTTP client, goes to the next router whose
+ *     connection is up (same id; at most CLIENT_MAX_RESUBMITS moves; requests_moved_total); one
+ *     that has (a stream begun), or with no router left, ends with 503 / an SSE error event,
+ *     retryable;
  *   - bound everything a client controls: body size (413), time to send the body (408), idle
  *     connections (closed), unread stream output (the request is cancelled).
  *
@@ -56,6 +60,7 @@
 #include "common/u64map.h"
 #include "common/util.h"
 #include "engine/tokenizer.h"
+#include "tools/lib/client.h"
 
 #define GW_MAX_PENDING   (8u << 20)   /* unsent stream bytes before a non-reading client is cut off */
 #define GW_RETRY_AFTER_S 1            /* Retry-After for a full or unavailable cluster */
@@ -125,12 +130,10 @@ struct gateway {
     const topo_t *topo;
     actor_t *a;
     struct MHD_Daemon *httpd;
-    void *router;                /* DEALER at endpoints.client (actor thread) */
-    void *router_mon;            /* PAIR: router's socket-monitor events (its handshakes and drops) */
-    int router_connected;        /* router's connection completed its handshake, not dropped since */
+    client_t *routers;           /* every router's client endpoint, with failover (actor thread) */
+    uint64_t routers_lost_seen;  /* client_connections_lost(routers) last logged */
     void *push, *pull;           /* inproc: HTTP threads -> actor thread */
     pthread_mutex_t push_mu;     /* push is one socket for every HTTP thread (libzmq's are not thread-safe) */
-    const char *router_name;
     tokenizer_t *tok;            /* the model's, for the text of logprobs' tokens (NULL: "token_id:<id>") */
     char model[256];             /* the model id served: the model directory's name */
     int64_t started_s;           /* unix time, for /v1/models */
@@ -139,11 +142,11 @@ struct gateway {
     pthread_mutex_t keys_mu;
     u64map_t calls;              /* router id -> gw_call_t * (actor thread) */
     uint64_t next_id;
-    uint8_t *buf;                /* [MSG_MAX_FRAME] encode scratch (actor thread) */
     atomic_int draining;
     atomic_int metrics_fetches;
     /* stats (atomics: both threads count) */
     atomic_ullong n_http, n_2xx, n_4xx, n_5xx, n_401, n_429, n_503, n_cancelled, n_cutoff;
+    uint64_t n_router_lost;      /* calls failed because their router was lost (actor thread) */
     atomic_ullong prompt_tokens, cached_tokens, completion_tokens;
 };
 
@@ -315,12 +318,8 @@ static int s_cancel(gateway_t *g, gw_call_t *c)
     for (uint32_t i = 0; i < c->req.n; i++) {
         if (c->choices && !c->choices[i].live)
             continue;
-        msg_t m;
-        msg_init(&m, MSG_CANCEL, c->id + i);
-        size_t len;
         char err[256];
-        if (msg_encode(&m, g->buf, MSG_MAX_FRAME, &len, err, sizeof err) != 0 ||
-            zmq_send(g->router, g->buf, len, ZMQ_DONTWAIT) < 0)
+        if (client_cancel(g->routers, c->id + i, err, sizeof err) != 0)   /* to the router that holds it */
             rc = -1;
     }
     return rc;
@@ -580,24 +579,42 @@ static void s_on_error(gw_call_t *c, const msg_error_t *e)
     s_fail_call(c, status, code, retry, "%s", e->message);
 }
 
-static int s_on_router(actor_t *a, void *state, void *sock)
+/* A router's connection was lost (the library noticed it while reading): say so once per loss,
+ * with how many requests moved to another router so far. */
+static void s_log_router_loss(gateway_t *g)
+{
+    const uint64_t lost = client_connections_lost(g->routers);
+    if (lost == g->routers_lost_seen)
+        return;
+    g->routers_lost_seen = lost;
+    LOG_W("a router was lost (its client connection dropped): loss %llu; so far %llu requests moved to another "
+          "router, %llu calls failed with 503",
+          (unsigned long long)lost, (unsigned long long)client_requests_retried(g->routers),
+          (unsigned long long)g->n_router_lost);
+}
+
+/* Before the loop sleeps: the routers' replies, GW_ROUTER_BATCH at most (calls from the HTTP
+ * threads go between batches), dispatched to their calls. The library's descriptors woke the loop
+ * (client_fds); they are edge-triggered, so a full batch asks the loop to come round at once.
+ * A request lost with its router, not moved, comes back as the library's own error (unavailable):
+ * it is told from the router's errors by client_requests_lost, which counts those alone. */
+static int s_on_routers(actor_t *a, void *state)
 {
     gateway_t *g = state;
     for (int k = 0; k < GW_ROUTER_BATCH; k++) {
-        zmq_msg_t part;
-        zmq_msg_init(&part);
-        if (zmq_msg_recv(&part, sock, ZMQ_DONTWAIT) < 0) {
-            zmq_msg_close(&part);
-            return 0;
-        }
         msg_t m;
         char err[256];
-        int rc = msg_decode(zmq_msg_data(&part), zmq_msg_size(&part), &m, err, sizeof err);
-        zmq_msg_close(&part);
+        const uint64_t lost_before = client_requests_lost(g->routers);
+        int rc = client_recv(g->routers, &m, 0, err, sizeof err);
+        if (rc == 1) {
+            s_log_router_loss(g);
+            return 0;
+        }
         if (rc != 0) {
-            LOG_W("undecodable reply from the router: %s", err);
+            LOG_W("reply from a router: %s", err);
             continue;
         }
+        const int router_lost = client_requests_lost(g->routers) != lost_before;
         uint64_t *v = u64map_get(&g->calls, m.id);
         gw_call_t *c = v ? (gw_call_t *)(uintptr_t)*v : NULL;
         const uint32_t i = c ? (uint32_t)(m.id - c->id) : 0;   /* the choice: ids are id + index */
@@ -616,7 +633,12 @@ static int s_on_router(actor_t *a, void *state, void *sock)
             }
             case MSG_ERROR:
                 c->choices[i].live = 0;
-                s_on_error(c, &m.u.error);
+                if (router_lost) {
+                    g->n_router_lost++;
+                    s_fail_call(c, 503, "unavailable", GW_RETRY_AFTER_S, "the router was lost; retry the request");
+                } else {
+                    s_on_error(c, &m.u.error);
+                }
                 s_end_early(g, c);
                 break;
             default:
@@ -626,7 +648,8 @@ static int s_on_router(actor_t *a, void *state, void *sock)
         }
         msg_free(&m);
     }
-    return 0;   /* more may be queued: the loop's poll sees them at once */
+    s_log_router_loss(g);
+    return 1;   /* more may be queued: come round without sleeping */
 }
 
 /* ---- the actor thread: calls from the HTTP thread ------------------------------------------------ */
@@ -649,22 +672,22 @@ static void s_submit(gateway_t *g, gw_call_t *c)
         if (c->key)
             m.u.submit.tenant = c->key->cfg->tenant;
         m.u.submit.timeout_ms = (uint32_t)g->topo->gateway.request_timeout_s * 1000u;
-        size_t len;
         char err[512];
-        if (msg_encode(&m, g->buf, MSG_MAX_FRAME, &len, err, sizeof err) != 0) {
+        if (u64map_put(&g->calls, c->id + i, (uint64_t)(uintptr_t)c) != 0) {
+            s_fail_call(c, 503, "overloaded", GW_RETRY_AFTER_S, "the gateway is out of memory");
+            goto fail;
+        }
+        c->in_table = 1;   /* s_forget takes every id out, present or not */
+        const int sent = client_send(g->routers, &m, NULL, err, sizeof err);
+        if (sent == -2) {
             /* The parser's checks should have caught it: say what the protocol refused. */
             gw_error_t e;
             gw_error_set(&e, 400, NULL, NULL, "%s", err);
             s_answer(c, 400, 0, gw_error_json(&e));
             goto fail;
         }
-        if (u64map_put(&g->calls, c->id + i, (uint64_t)(uintptr_t)c) != 0) {
-            s_fail_call(c, 503, "overloaded", GW_RETRY_AFTER_S, "the gateway is out of memory");
-            goto fail;
-        }
-        c->in_table = 1;   /* s_forget takes every id out, present or not */
-        if (zmq_send(g->router, g->buf, len, ZMQ_DONTWAIT) < 0) {
-            s_fail_call(c, 503, "unavailable", GW_RETRY_AFTER_S, "the router is not reachable (%s)", zmq_strerror(errno));
+        if (sent != 0) {   /* no router's connection takes it now (every router down or restarting) */
+            s_fail_call(c, 503, "unavailable", GW_RETRY_AFTER_S, "the router is not reachable (%s)", err);
             goto fail;
         }
         c->choices[i].live = 1;
@@ -716,64 +739,6 @@ static int s_push(gateway_t *g, gw_op_t op, gw_call_t *c)
     const int rc = zmq_send(g->push, buf, sizeof buf, ZMQ_DONTWAIT) == (int)sizeof buf ? 0 : -1;
     pthread_mutex_unlock(&g->push_mu);
     return rc;
-}
-
-/* The router is lost (it died, the supervisor killed it as wedged, or it answered no heartbeat):
- * every request it held is lost with it, so each is failed now, retryable, instead of hanging. */
-static void s_router_lost(gateway_t *g, const char *why)
-{
-    int n = 0;
-    for (size_t i = 0; i < g->calls.cap; i++) {
-        if (!g->calls.keys[i])
-            continue;
-        gw_call_t *c = (gw_call_t *)(uintptr_t)g->calls.vals[i];
-        if (g->calls.keys[i] != c->id)
-            continue;   /* another choice of a call: the call is its first choice's entry */
-        s_fail_call(c, 503, "unavailable", GW_RETRY_AFTER_S, "the router was lost; retry the request");
-        c->in_table = 0;
-        s_call_unref(c);
-        n++;
-    }
-    u64map_free(&g->calls);
-    u64map_init(&g->calls, 256);
-    if (n)
-        LOG_W("the router (%s) was lost (%s): %d requests failed with 503", g->router_name, why, n);
-}
-
-/* The router's inbox went away (it died; the supervisor restarts it). */
-static void s_peer_event(actor_t *a, void *state, const char *peer, int up)
-{
-    gateway_t *g = state;
-    if (up || strcmp(peer, g->router_name) != 0)
-        return;
-    s_router_lost(g, "its inbox closed");
-}
-
-/* Our own connection to the router's client endpoint: a drop after a completed handshake (its
- * process closed it, or no heartbeat was answered for supervision.client_heartbeat_timeout_ms: a router stopped
- * or cut off, whose inbox connection may still look up). Frame 1 = u16 event + u32 value,
- * frame 2 = the endpoint. */
-static int s_on_router_mon(actor_t *a, void *state, void *sock)
-{
-    gateway_t *g = state;
-    uint8_t ev[6];
-    char ep[256];
-    while (zmq_recv(sock, ev, sizeof ev, ZMQ_DONTWAIT) >= 0) {
-        int more = 0;
-        size_t sz = sizeof more;
-        zmq_getsockopt(sock, ZMQ_RCVMORE, &more, &sz);
-        if (more)
-            zmq_recv(sock, ep, sizeof ep, ZMQ_DONTWAIT);
-        uint16_t e;
-        memcpy(&e, ev, sizeof e);
-        if (e == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
-            g->router_connected = 1;
-        } else if (e == ZMQ_EVENT_DISCONNECTED && g->router_connected) {
-            g->router_connected = 0;
-            s_router_lost(g, "its client connection dropped");
-        }
-    }
-    return 0;
 }
 
 /* Once a second: the library does not watch a suspended connection, so a client that went away
@@ -1207,6 +1172,11 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
     actor_stat_metric(a, st, "http_503_total", (double)atomic_load(&g->n_503), 1);
     actor_stat_metric(a, st, "requests_cancelled_by_client", (double)atomic_load(&g->n_cancelled), 1);
     actor_stat_metric(a, st, "requests_cut_off", (double)atomic_load(&g->n_cutoff), 1);
+    /* Failover between routers (tools/lib/client.h): requests sent again to another router after
+     * theirs was lost; calls failed because theirs was lost (streamed, or no router left). */
+    actor_stat_metric(a, st, "requests_moved_total", (double)client_requests_retried(g->routers), 1);
+    actor_stat_metric(a, st, "requests_router_lost_total", (double)g->n_router_lost, 1);
+    actor_stat_metric(a, st, "router_connections_lost_total", (double)client_connections_lost(g->routers), 1);
     actor_stat_metric(a, st, "prompt_tokens_total", (double)atomic_load(&g->prompt_tokens), 1);
     actor_stat_metric(a, st, "cached_tokens_total", (double)atomic_load(&g->cached_tokens), 1);
     actor_stat_metric(a, st, "generation_tokens_total", (double)atomic_load(&g->completion_tokens), 1);
@@ -1240,6 +1210,23 @@ static unsigned s_http_threads(void)
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     long n = cpus / 4;
     return n < 1 ? 1u : n > 4 ? 4u : (unsigned)n;
+}
+
+/* The client library's hook for each router's socket: the cluster's limits, deep queues (a
+ * stream's tokens), sends that never wait (ZMQ_IMMEDIATE: no queueing for a router whose
+ * connection is down, SNDTIMEO 0: the actor loop never blocks), and under CURVE our own keypair
+ * (the router admits gateway instances by their keys, docs/security.md). */
+static int s_router_sock(void *sock, void *arg)
+{
+    actor_t *a = arg;
+    int one = 1, hwm = 100000, zero = 0;
+    actor_sock_defaults(sock, &actor_topo(a)->limits);
+    if (zmq_setsockopt(sock, ZMQ_IMMEDIATE, &one, sizeof one) != 0 ||
+        zmq_setsockopt(sock, ZMQ_SNDHWM, &hwm, sizeof hwm) != 0 ||
+        zmq_setsockopt(sock, ZMQ_RCVHWM, &hwm, sizeof hwm) != 0 ||
+        zmq_setsockopt(sock, ZMQ_SNDTIMEO, &zero, sizeof zero) != 0)
+        return -1;
+    return actor_curve_client_endpoint(a, sock);
 }
 
 /* The listening address of endpoints.http ("tcp://host:port"). */
@@ -1283,7 +1270,6 @@ int main(int argc, char **argv)
     pthread_mutex_init(&g->keys_mu, NULL);
     pthread_mutex_init(&g->push_mu, NULL);
     u64map_init(&g->calls, 256);
-    g->buf = malloc(MSG_MAX_FRAME);
     const char *slash = strrchr(t->model.path, '/');
     snprintf(g->model, sizeof g->model, "%.255s", slash && slash[1] ? slash + 1 : t->model.path[0] ? t->model.path : "troupe");
     /* The tokenizer the workers use, for the text and bytes of logprobs' tokens (without one, a
@@ -1296,7 +1282,7 @@ int main(int argc, char **argv)
     g->opts = (gw_parse_opts_t){.model = g->model, .can_retain = cm && t->cache.host_store_blocks > 0,
                                 .max_retention_s = MSG_MAX_RETENTION_S,
                                 .default_retention_s = (uint32_t)t->cache.default_retention_s};
-    if (!g->buf || gw_keys_init(&g->keys, &t->gateway, now_ms()) != 0) {
+    if (gw_keys_init(&g->keys, &t->gateway, now_ms()) != 0) {
         LOG_E("out of memory");
         goto out;
     }
@@ -1307,40 +1293,24 @@ int main(int argc, char **argv)
         fclose(r);
     g->next_id &= 0x3fffffffffffffffULL;
 
-    /* The router, as any client reaches it; and its inbox watched, to learn when it dies. */
-    const topo_instance_t *ri = topo_first(t, ROLE_ROUTER);
-    g->router_name = ri->name;
-    g->router = zmq_socket(actor_zmq_ctx(a), ZMQ_DEALER);
-    actor_sock_defaults(g->router, &t->limits);
-    int one = 1, hwm = 100000;
-    zmq_setsockopt(g->router, ZMQ_IMMEDIATE, &one, sizeof one);
-    zmq_setsockopt(g->router, ZMQ_SNDHWM, &hwm, sizeof hwm);
-    zmq_setsockopt(g->router, ZMQ_RCVHWM, &hwm, sizeof hwm);
-    /* Heartbeats find a router that stopped answering with its connections up (stopped, cut off);
-     * libzmq answers them at the router. The monitor reports the drop. */
-    int ivl = t->supervision.client_heartbeat_ms, hb_to = t->supervision.client_heartbeat_timeout_ms;
-    char mon_ep[96];
-    snprintf(mon_ep, sizeof mon_ep, "inproc://gateway-router-mon-%d", (int)getpid());
-    if (zmq_setsockopt(g->router, ZMQ_HEARTBEAT_IVL, &ivl, sizeof ivl) != 0 ||
-        zmq_setsockopt(g->router, ZMQ_HEARTBEAT_TIMEOUT, &hb_to, sizeof hb_to) != 0 ||
-        zmq_setsockopt(g->router, ZMQ_HEARTBEAT_TTL, &hb_to, sizeof hb_to) != 0 ||
-        zmq_socket_monitor(g->router, mon_ep, ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED) != 0 ||
-        !(g->router_mon = zmq_socket(actor_zmq_ctx(a), ZMQ_PAIR)) || zmq_connect(g->router_mon, mon_ep) != 0) {
-        LOG_E("the router connection's heartbeats or monitor: %s", zmq_strerror(errno));
+    /* Every router, as any client reaches it (the C client library: one connection each, ZMTP
+     * heartbeats, failover). */
+    char eps[TOPO_ROUTERS_MAX * (TOPO_ENDPOINT_MAX + 1)], cerr[512];
+    client_opts_t copts = {.sock_setup = s_router_sock, .sock_setup_arg = a};
+    client_opts_from_topo(t, &copts);
+    if (client_endpoints_of_topo(t, eps, sizeof eps, cerr, sizeof cerr) != 0 ||
+        !(g->routers = client_connect_opts(eps, &copts, cerr, sizeof cerr))) {
+        LOG_E("the routers' client endpoints: %s", cerr);
         goto out;
     }
-    zmq_setsockopt(g->router_mon, ZMQ_LINGER, &(int){0}, sizeof(int));
-    actor_add_reader(a, g->router_mon, s_on_router_mon);
-    /* Under CURVE the router admits a gateway by its own key (docs/security.md). */
-    if (actor_curve_client_endpoint(a, g->router) != 0) {
-        LOG_E("CURVE client of the router at %s: %s", t->endpoints.client, zmq_strerror(errno));
-        goto out;
-    }
-    if (zmq_connect(g->router, t->endpoints.client) != 0) {
-        LOG_E("cannot connect to the router at %s: %s", t->endpoints.client, zmq_strerror(errno));
-        goto out;
-    }
-    actor_watch(a, ri->name);
+    int fds[2 * CLIENT_ROUTERS_MAX];
+    const int n_fds = client_fds(g->routers, fds, 2 * CLIENT_ROUTERS_MAX);
+    for (int i = 0; i < n_fds; i++)
+        if (actor_add_wake_fd(a, fds[i]) != 0) {
+            LOG_E("too many descriptors for the actor loop");
+            goto out;
+        }
+    int hwm = 100000;
 
     char inproc[128];
     snprintf(inproc, sizeof inproc, "inproc://gateway-calls-%d", (int)getpid());
@@ -1355,11 +1325,10 @@ int main(int argc, char **argv)
         LOG_E("inproc %s: %s", inproc, zmq_strerror(errno));
         goto out;
     }
-    /* Calls from the HTTP threads before the router's replies (the loop reads its readers in this
-     * order): a new request goes to the router before the next batch of other streams' tokens is
-     * relayed, not after every token queued (s_on_router reads GW_ROUTER_BATCH at a time). */
+    /* Calls from the HTTP threads between batches of the routers' replies: a new request goes to
+     * a router before the next batch of other streams' tokens is relayed, not after every token
+     * queued (s_on_routers reads GW_ROUTER_BATCH at a time, before the loop sleeps). */
     actor_add_reader(a, g->pull, s_on_pull);
-    actor_add_reader(a, g->router, s_on_router);
     actor_timer_add(a, 1000, s_liveness);
 
     struct sockaddr_storage ss;
@@ -1387,8 +1356,8 @@ int main(int argc, char **argv)
     }
     LOG_I("OpenAI API at http://%s/v1 (model '%s', %s, %u HTTP thread%s)", t->endpoints.http + 6, g->model,
           gw_keys_open(&g->keys) ? "no API keys: open" : "API keys required", n_http, n_http > 1 ? "s" : "");
-    actor_ops_t ops = {.handlers = s_handlers, .n_handlers = 0, .fill_stats = s_fill_stats,
-                       .drained = s_drained, .peer_event = s_peer_event};
+    actor_ops_t ops = {.handlers = s_handlers, .n_handlers = 0, .before_sleep = s_on_routers,
+                       .fill_stats = s_fill_stats, .drained = s_drained};
     rc = actor_run(a, &ops, g);
 out:
     if (g) {
@@ -1407,16 +1376,10 @@ out:
             zmq_close(g->push);
         if (g->pull)
             zmq_close(g->pull);
-        if (g->router_mon) {
-            zmq_socket_monitor(g->router, NULL, 0);
-            zmq_close(g->router_mon);
-        }
-        if (g->router)
-            zmq_close(g->router);
+        client_destroy(&g->routers);
         gw_keys_free(&g->keys);
         tok_destroy(&g->tok);
         u64map_free(&g->calls);
-        free(g->buf);
         free(g);
     }
     actor_destroy(&a);

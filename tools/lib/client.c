@@ -116,6 +116,8 @@ static int s_link_open(client_t *c, int k, const char *endpoint, const client_op
         return errf(err, errlen, "client: socket monitor: %s", zmq_strerror(errno));
     if (opts && opts->server_key && *opts->server_key && s_curve(l->sock, opts, err, errlen) != 0)
         return -1;
+    if (opts && opts->sock_setup && opts->sock_setup(l->sock, opts->sock_setup_arg) != 0)
+        return errf(err, errlen, "client: the caller's options for the socket to %s: %s", endpoint, zmq_strerror(errno));
     if (zmq_connect(l->sock, endpoint) != 0)
         return errf(err, errlen, "connect %s: %s", endpoint, zmq_strerror(errno));
     return 0;
@@ -259,10 +261,12 @@ int client_send(client_t *c, msg_t *m, uint64_t *id_out, char *err, size_t errle
         m->id = ++c->next_id;
     size_t len;
     if (msg_encode(m, c->buf, MSG_MAX_FRAME, &len, err, errlen) != 0)
-        return -1;
-    if ((int64_t)len > c->max_frame)   /* the cluster would refuse it: say so without sending */
-        return errf(err, errlen, "a %s of %zu bytes exceeds the cluster's limits.max_message_bytes (%lld)",
-                    msg_type_name(m->type), len, (long long)c->max_frame);
+        return -2;
+    if ((int64_t)len > c->max_frame) {   /* the cluster would refuse it: say so without sending */
+        errf(err, errlen, "a %s of %zu bytes exceeds the cluster's limits.max_message_bytes (%lld)",
+             msg_type_name(m->type), len, (long long)c->max_frame);
+        return -2;
+    }
     /* New requests go off the active router once its connection is seen lost (not while it is
      * still being made: the first router is the one to use while it comes up). */
     for (int k = 0; k < c->n_links; k++)
@@ -274,6 +278,7 @@ int client_send(client_t *c, msg_t *m, uint64_t *id_out, char *err, size_t errle
     }
     int k = c->active;
     const req_t *known = s_req(c, m->id);
+    req_t *q = NULL;
     if (m->type == MSG_CANCEL) {   /* to the router that has the request; not a request of its own */
         if (known)
             k = known->link;
@@ -282,7 +287,7 @@ int client_send(client_t *c, msg_t *m, uint64_t *id_out, char *err, size_t errle
          * is kept for a resubmission where another router may take it. */
         const size_t keep = m->type == MSG_SUBMIT && c->n_links > 1 ? len : 0;
         s_req_end(c, m->id);   /* an id sent again: the new request is the one tracked */
-        req_t *q = malloc(sizeof *q + keep);
+        q = malloc(sizeof *q + keep);
         if (!q || u64map_put(&c->inflight, m->id, (uint64_t)(uintptr_t)q) != 0) {
             free(q);
             return errf(err, errlen, "client: out of memory");
@@ -290,10 +295,22 @@ int client_send(client_t *c, msg_t *m, uint64_t *id_out, char *err, size_t errle
         *q = (req_t){.link = k, .len = keep};
         memcpy(q->frame, c->buf, keep);
     }
-    if (zmq_send(c->links[k].sock, c->buf, len, 0) < 0) {
-        if (m->type != MSG_CANCEL)
+    int sent = zmq_send(c->links[k].sock, c->buf, len, 0) >= 0;
+    if (!sent && errno == EAGAIN && q) {
+        /* That router's connection cannot take it now (full; or, with ZMQ_IMMEDIATE, none is up
+         * yet, as while it restarts): the next router whose connection is up takes this one.
+         * New requests still try the active router first: a moment's refusal is no loss. */
+        const int j = s_other_link(c, k);
+        if (j >= 0 && zmq_send(c->links[j].sock, c->buf, len, 0) >= 0)
+            sent = 1, q->link = j;
+        else
+            errno = EAGAIN;
+    }
+    if (!sent) {
+        const int e = errno;
+        if (q)
             s_req_end(c, m->id);
-        return errf(err, errlen, "send: %s (is the cluster running?)", zmq_strerror(errno));
+        return errf(err, errlen, "send: %s (is the cluster running?)", zmq_strerror(e));
     }
     if (id_out)
         *id_out = m->id;
@@ -454,6 +471,20 @@ int client_recv(client_t *c, msg_t *out, int timeout_ms, char *err, size_t errle
     }
 }
 
+int client_fds(const client_t *c, int *fds, int cap)
+{
+    int n = 0;
+    for (int k = 0; k < c->n_links; k++) {
+        void *socks[2] = {c->links[k].sock, c->links[k].mon};
+        for (int i = 0; i < 2 && n < cap; i++) {
+            size_t sz = sizeof fds[n];
+            if (zmq_getsockopt(socks[i], ZMQ_FD, &fds[n], &sz) == 0)
+                n++;
+        }
+    }
+    return n;
+}
+
 int client_cancel(client_t *c, uint64_t id, char *err, size_t errlen)
 {
     msg_t m;
@@ -527,11 +558,7 @@ int client_opts_from_topology(const char *path, client_opts_t *o, char *server_k
     topo_t *t = s_topology(path, err, errlen);
     if (!t)
         return -1;
-    o->max_frame = t->limits.max_message_bytes;
-    if (!o->heartbeat_ivl_ms)   /* the caller's own choice stands */
-        o->heartbeat_ivl_ms = t->supervision.client_heartbeat_ms;
-    if (!o->heartbeat_timeout_ms)
-        o->heartbeat_timeout_ms = t->supervision.client_heartbeat_timeout_ms;
+    client_opts_from_topo(t, o);
     snprintf(server_key, cap, "%s", t->security.curve_server_public);
     o->server_key = server_key[0] ? server_key : o->server_key;
     topo_destroy(&t);
@@ -544,20 +571,37 @@ int client_endpoints_from_topology(const char *path, char *client_ep, char *insp
     topo_t *t = s_topology(path, err, errlen);
     if (!t)
         return -1;
-    if (client_ep) {   /* every router's, comma-separated: the client fails over between them */
-        size_t used = 0;
-        client_ep[0] = '\0';
-        for (int i = 0; i < t->endpoints.n_clients && used < cap; i++) {
-            int w = snprintf(client_ep + used, cap - used, "%s%s", i ? "," : "", t->endpoints.clients[i]);
-            if (w < 0 || (size_t)w >= cap - used) {
-                topo_destroy(&t);
-                return errf(err, errlen, "the topology's client endpoints do not fit in %zu bytes", cap);
-            }
-            used += (size_t)w;
-        }
+    if (client_ep && client_endpoints_of_topo(t, client_ep, cap, err, errlen) != 0) {
+        topo_destroy(&t);
+        return -1;
     }
     if (inspect_ep)
         snprintf(inspect_ep, cap, "%s", t->endpoints.inspect);
     topo_destroy(&t);
+    return 0;
+}
+
+void client_opts_from_topo(const topo_t *t, client_opts_t *o)
+{
+    o->max_frame = t->limits.max_message_bytes;
+    if (!o->heartbeat_ivl_ms)   /* the caller's own choice stands */
+        o->heartbeat_ivl_ms = t->supervision.client_heartbeat_ms;
+    if (!o->heartbeat_timeout_ms)
+        o->heartbeat_timeout_ms = t->supervision.client_heartbeat_timeout_ms;
+}
+
+int client_endpoints_of_topo(const topo_t *t, char *client_ep, size_t cap, char *err, size_t errlen)
+{
+    /* every router's, comma-separated: the client fails over between them */
+    size_t used = 0;
+    if (cap == 0)
+        return errf(err, errlen, "no room for the topology's client endpoints");
+    client_ep[0] = '\0';
+    for (int i = 0; i < t->endpoints.n_clients; i++) {
+        int w = snprintf(client_ep + used, cap - used, "%s%s", i ? "," : "", t->endpoints.clients[i]);
+        if (w < 0 || (size_t)w >= cap - used)
+            return errf(err, errlen, "the topology's client endpoints do not fit in %zu bytes", cap);
+        used += (size_t)w;
+    }
     return 0;
 }

@@ -54,6 +54,11 @@ typedef struct client_opts {
                                    (a dead peer is then noticed only when its connection closes) */
     int heartbeat_timeout_ms;   /* no traffic for this long after a PING: the connection is lost;
                                    0 = CLIENT_HEARTBEAT_TIMEOUT_MS */
+    /* Called for each router's socket after the options above, before it connects: a caller's own
+     * (an actor's limits, its CURVE keypair, ZMQ_IMMEDIATE and ZMQ_SNDTIMEO 0 so that no send
+     * waits: the gateway). 0, or -1 to fail client_connect_opts. NULL = none. */
+    int (*sock_setup)(void *sock, void *arg);
+    void *sock_setup_arg;
 } client_opts_t;
 
 #define CLIENT_HEARTBEAT_IVL_MS     1000
@@ -66,12 +71,21 @@ client_t *client_connect(const char *endpoints, char *err, size_t errlen);
 client_t *client_connect_opts(const char *endpoints, const client_opts_t *opts, char *err, size_t errlen);
 void client_destroy(client_t **self_p);
 
-/* Sends m. If m->id is 0 a fresh id is assigned (random 63-bit); it is returned in *id_out. */
+/* Sends m. If m->id is 0 a fresh id is assigned (random 63-bit); it is returned in *id_out.
+ * A request the active router's connection cannot take (EAGAIN: its queue is full, or with
+ * ZMQ_IMMEDIATE no connection is up) goes to the next router whose connection is up.
+ * 0; -1 when no router took it (err says why); -2 when m itself was refused before sending (it
+ * does not encode, or is larger than the cluster's limit: sending it again cannot help). */
 int client_send(client_t *c, msg_t *m, uint64_t *id_out, char *err, size_t errlen);
 /* Waits up to timeout_ms for the next message. 0 with *out decoded (msg_free it); 1 on timeout;
  * -1 on a receive or decode error (err says which). After a lost connection, *out is the
  * synthesized error of one request that was in flight (one per call, each request once). */
 int client_recv(client_t *c, msg_t *out, int timeout_ms, char *err, size_t errlen);
+/* For a caller's own event loop (the gateway's actor loop): the descriptors (ZMQ_FD) of every
+ * socket of c, at most cap; returns how many. One becoming readable means client_recv may have
+ * something: call client_recv(c, &m, 0, ...) until it returns 1. They are edge-triggered (libzmq):
+ * a loop that stops reading before that must come round again without waiting on them. */
+int client_fds(const client_t *c, int *fds, int cap);
 /* Sends a cancel for request id. */
 int client_cancel(client_t *c, uint64_t id, char *err, size_t errlen);
 /* One request, one reply with the same id (other messages are skipped): for inspect. */
@@ -97,5 +111,11 @@ int client_opts_from_topology(const char *topology_path, client_opts_t *o, char 
  * file (NULL = embedded default). */
 int client_endpoints_from_topology(const char *topology_path, char *client_ep, char *inspect_ep,
                                    size_t cap, char *err, size_t errlen);
+
+/* The same from a topology already loaded (an actor's): max_frame and the heartbeats (no CURVE:
+ * an actor uses its own keypair, through sock_setup), and every router's client endpoint. */
+struct topo;
+void client_opts_from_topo(const struct topo *t, client_opts_t *o);
+int client_endpoints_of_topo(const struct topo *t, char *client_ep, size_t cap, char *err, size_t errlen);
 
 #endif
