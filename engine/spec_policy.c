@@ -483,14 +483,25 @@ int spec_policy_compute(const spec_accept_t *a, const spec_cost_t *c, int max_k,
          * by drafting steps can underrate the plain step by far (one H200, KJV pair with n-gram
          * drafts, 2026-12-02: the fit's plain rate at batch 96 was a fifth of the bound from batch
          * 32's measured plain steps, and the policy drafted 7 there at 0.90x of no speculation).
-         * The bound errs toward no speculation, the side the policy must err on. */
-        if (!s_counted(c, b, 0))
+         * The bound errs toward no speculation, the side the policy must err on. For the same
+         * reason the nearest larger bucket's measured plain step, B / its seconds, is a rate this
+         * one's plain step reaches at least: the only one a batch-1 bucket has, whose plain cell
+         * exploration fills one step in 32 while the policy drafts (and whose fit rests on
+         * drafting cells alone until then). */
+        if (!s_counted(c, b, 0)) {
             for (int bb = b - 1; bb >= 0; bb--)
                 if (s_counted(c, bb, 0)) {
                     const double bound = spec_policy_rate(c, bb, s_grid[bb], 0, p.survival) * B / s_grid[bb];
                     r0 = bound > r0 ? bound : r0;
                     break;
                 }
+            for (int bb = b + 1; bb <= last; bb++)
+                if (s_counted(c, bb, 0)) {
+                    const double bound = spec_policy_rate(c, bb, s_grid[bb], 0, p.survival) * B / s_grid[bb];
+                    r0 = bound > r0 ? bound : r0;
+                    break;
+                }
+        }
         int best = 0;
         double rbest = r0;
         for (int k = 1; k <= max_k; k++) {

@@ -721,6 +721,33 @@ static void test_dist_drafting_cells_together(void **state)
     assert_int_equal(spec_policy_bucket(&p, 1)->max_draft, 0);
 }
 
+/* A batch-1 bucket whose plain step was not measured (exploration fills it one step in 32 while
+ * the policy drafts) has no smaller bucket to bound it from; the nearest larger bucket's measured
+ * plain step is a rate it reaches at least (a plain step does not get dearer as its batch
+ * shrinks). Here the fit, from drafting cells that cost about the same at one and four drafts
+ * (a launch-bound step), puts the plain step at 0.3 ms where batch 2's took 0.15 ms. */
+static void test_unmeasured_plain_bounded_from_above(void **state)
+{
+    (void)state;
+    spec_accept_t a;
+    s_fill_accept(&a, 0.7, 7);
+    spec_cost_t c = {0};
+    s_cell(&c, 1, 1, 0.357, 1.14);
+    s_cell(&c, 1, 4, 0.40, 2.41);
+    s_cell(&c, 2, 0, 0.15, 1.0);
+    float s[SPEC_MAX_K];
+    assert_int_equal(spec_policy_survival(&a, 7, s), 0);
+    assert_true(spec_policy_rate(&c, 0, 1, 0, s) < 1 / 0.25e-3);   /* the fit underrates the plain step */
+    assert_true(spec_policy_rate(&c, 0, 1, 4, s) > 1.05 / 0.25e-3);
+    assert_true(spec_policy_rate(&c, 0, 1, 4, s) < 1 / 0.15e-3);
+    spec_policy_t p = s_compute(&a, &c, 7);
+    assert_int_equal(spec_policy_bucket(&p, 1)->max_draft, 0);
+    /* measured at batch 1 as well (and slower than batch 2's, 0.3 ms): the cell decides, drafting pays */
+    s_cell(&c, 1, 0, 0.30, 1.0);
+    p = s_compute(&a, &c, 7);
+    assert_true(spec_policy_bucket(&p, 1)->max_draft > 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -742,6 +769,7 @@ int main(void)
         cmocka_unit_test(test_decay_keeps_rare_cells),
         cmocka_unit_test(test_lucky_cell_at_batch1),
         cmocka_unit_test(test_dist_drafting_cells_together),
+        cmocka_unit_test(test_unmeasured_plain_bounded_from_above),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
