@@ -6,7 +6,8 @@
  * answering (SIGSTOP: only the heartbeats notice). Waits are generous bounds, never the thing
  * that ends a wait: each check asserts the reply came, not how fast. Also under CURVE. With two
  * routers, requests that have not streamed move to the other one, and what the router they left
- * sends for them later is dropped, after they ended too. */
+ * sends for them later is dropped, after they ended too. A client whose sends never wait (the
+ * gateway's: ZMQ_IMMEDIATE) sends past a router that is down. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -591,6 +592,71 @@ static void test_moved_back(void **st)
     zmq_ctx_term(ctx);
 }
 
+/* The gateway's kind of client (sock_setup: ZMQ_IMMEDIATE, no send timeout): a send the active
+ * router's connection cannot take (none up) goes to the other router, whose reply then ends it; with
+ * neither up it fails at once (-1); a message over max_frame is refused before sending (-2). */
+static int s_immediate(void *sock, void *arg)
+{
+    int one = 1, zero = 0;
+    ++*(int *)arg;
+    return zmq_setsockopt(sock, ZMQ_IMMEDIATE, &one, sizeof one) | zmq_setsockopt(sock, ZMQ_SNDTIMEO, &zero, sizeof zero);
+}
+
+static void test_immediate_send_fallback(void **st)
+{
+    void *ctx = zmq_ctx_new();
+    char ep_a[256], ep_b[256], eps[600], err[256];
+    void *a = s_fake_router(ctx, "tcp://127.0.0.1:*", NULL, ep_a, sizeof ep_a);
+    zmq_close(a);   /* a port where no router listens: the first router is down */
+    void *b = s_fake_router(ctx, "tcp://127.0.0.1:*", NULL, ep_b, sizeof ep_b);
+    snprintf(eps, sizeof eps, "%s,%s", ep_a, ep_b);
+    int setups = 0;
+    client_t *c = client_connect_opts(eps, &(client_opts_t){.sock_setup = s_immediate, .sock_setup_arg = &setups,
+                                                            .max_frame = 1024}, err, sizeof err);
+    assert_non_null(c);
+    assert_int_equal(setups, 2);
+    int fds[8];
+    assert_int_equal(client_fds(c, fds, 8), 4);   /* each router's socket and its monitor */
+    for (int i = 0; i < 4; i++)
+        assert_true(fds[i] >= 0);
+    msg_t req, rep, got;
+    assert_int_equal(client_recv(c, &got, 300, err, sizeof err), 1);   /* the second's handshake seen */
+    uint64_t id = s_submit(c);   /* the first refuses it at once: it goes to the second */
+    uint8_t rid[256];
+    size_t rid_len;
+    s_take(b, rid, &rid_len, &req);
+    assert_true(req.id == id);
+    msg_free(&req);
+    msg_init(&rep, MSG_DONE, id);
+    s_reply(b, rid, rid_len, &rep);
+    s_next(c, &got);   /* its reply from the second is its own: the request is the second's */
+    assert_int_equal(got.type, MSG_DONE);
+    assert_true(got.id == id);
+    msg_free(&got);
+
+    static uint32_t many[2000];
+    msg_t m;
+    msg_init(&m, MSG_SUBMIT, 0);
+    m.u.submit.tokens = many;
+    m.u.submit.n_tokens = 2000;
+    assert_int_equal(client_send(c, &m, NULL, err, sizeof err), -2);
+    assert_non_null(strstr(err, "max_message_bytes"));
+
+    zmq_close(b);   /* neither router up: a send fails at once instead of waiting */
+    for (int waited = 0; client_connections_lost(c) == 0 && waited < WAIT_MS; waited += 100)
+        assert_int_equal(client_recv(c, &got, 100, err, sizeof err), 1);
+    assert_int_equal((int)client_connections_lost(c), 1);
+    msg_init(&m, MSG_SUBMIT, 0);
+    static const uint32_t toks[] = {1, 2, 3};
+    m.u.submit.tokens = toks;
+    m.u.submit.n_tokens = 3;
+    assert_int_equal(client_send(c, &m, NULL, err, sizeof err), -1);
+    assert_int_equal(client_recv(c, &got, 100, err, sizeof err), 1);   /* nothing in flight: no error comes */
+    assert_int_equal((int)client_requests_retried(c), 0);
+    client_destroy(&c);
+    zmq_ctx_term(ctx);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -602,6 +668,7 @@ int main(void)
         cmocka_unit_test(test_failover),
         cmocka_unit_test_teardown(test_late_reply_from_left_router, s_end_child),
         cmocka_unit_test(test_moved_back),
+        cmocka_unit_test(test_immediate_send_fallback),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
