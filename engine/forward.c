@@ -446,6 +446,32 @@ int model_forward(model_t *m, const model_batch_t *batch, float *logits, char *e
     return 0;
 }
 
+int model_forward_top(model_t *m, const model_batch_t *batch, const int32_t *dev_ids, int32_t *dev_top,
+                      float *dev_prob, char *err, size_t errlen)
+{
+    int T = 0, R = 0;
+    const bk_kv_t *kv = NULL;
+    if (s_validate(m, batch, &T, &R, &kv, err, errlen) < 0)
+        return -1;
+    const backend_ops_t *op = m->be->ops;
+    backend_t *be = m->be;
+    if (!op->mtp_top)
+        return errf(err, errlen, "%s: the %s backend has no mtp_top op", m->where, op->name);
+    bk_attn_meta_t meta;
+    int32_t *ids = NULL, *rows = NULL;
+    if (s_layout(m, batch, T, R, &meta, &ids, &rows, err, errlen) < 0)
+        return -1;
+    /* Over the uploaded ids, before the body reads them (the same stream: in order). */
+    if (dev_ids && op->copy(be, ids, dev_ids, (size_t)T * sizeof(int32_t)) != 0)
+        return errf(err, errlen, "%s: cannot copy the step's token ids on the %s backend", m->where, op->name);
+    if (!s_graph_step(m, batch, T, R, kv, &meta, ids, rows))
+        s_body(m, T, R, kv, &meta, ids, rows);
+    PROF(m, P_ARGMAX, op->mtp_top(be, m->logits, R, m->cfg.vocab_size, dev_top, dev_prob));
+    if (m->ep && ep_error(m->ep, err, errlen) < 0)
+        return -1;
+    return 0;
+}
+
 int model_step_layout(model_t *m, const model_batch_t *b, int T, int R, bk_attn_meta_t *meta, int32_t **d_ids,
                       int32_t **d_rows, char *err, size_t errlen)
 {

@@ -438,6 +438,18 @@ int kvseq_truncate(kvseq_t *s, int n)
     return 0;
 }
 
+int kvseq_set_tokens(kvseq_t *s, int at, const int32_t *tokens, int n)
+{
+    const int bs = s->pool->block_size;
+    if (at < 0 || n < 0 || n > s->n_tokens - at || s->n_published > at / bs)
+        return -1;
+    memcpy(s->tokens + at, tokens, (size_t)n * sizeof(int32_t));
+    if (s->n_hashed > at / bs)
+        s->n_hashed = at / bs;
+    s_hash_full_blocks(s);
+    return 0;
+}
+
 int kvseq_len(const kvseq_t *s) { return s->n_tokens; }
 const int32_t *kvseq_tokens(const kvseq_t *s) { return s->tokens; }
 int kvseq_n_blocks(const kvseq_t *s) { return s->n_blocks; }

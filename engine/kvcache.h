@@ -105,6 +105,12 @@ void kvseq_publish(kvseq_t *s);
  * published or adopted full (its content must not change under its hash), or when n is out of
  * range. */
 int kvseq_truncate(kvseq_t *s, int n);
+/* Rewrites the recorded tokens [at, at + n) in place (0 <= at, at + n <= len), the blocks and their
+ * KV untouched: for a caller that appended placeholders and computed their KV from ids it kept on
+ * the device (the draft model's chained drafts, engine/spec_draft.c). The hashes of the full blocks
+ * from at's on are computed again. -1 (nothing changed) when at, n are out of range or a block
+ * holding one of those tokens was published or adopted (its hash names its tokens). */
+int kvseq_set_tokens(kvseq_t *s, int at, const int32_t *tokens, int n);
 /* Frees every block and forgets the tokens (the sequence can be reused). */
 void kvseq_release(kvseq_t *s);
 

@@ -107,6 +107,19 @@ void model_destroy(model_t **self_p);
  * too many tokens, a pool of another shape, ...), nothing computed. */
 int model_forward(model_t *m, const model_batch_t *batch, float *logits, char *err, size_t errlen);
 
+/* A step queued on the device and left there: nothing comes to the host and nothing waits for the
+ * backend, so a caller can queue several steps back to back (the draft model's chained drafts,
+ * engine/spec_draft.c) and bring their results down with one download. The batch's seqs,
+ * all_logits and n_logits are model_forward's; its argmax_out, need_logits, sample and hidden_out
+ * are not read. dev_ids (device [T], may be NULL): the step's token ids, copied over the ids the
+ * sequences recorded (placeholders, for tokens that a step queued before computed and the host has
+ * not seen), so step j + 1 can read step j's draft without a round trip. dev_top, dev_prob (device
+ * [R] each): every row of logits' argmax and its softmax probability, the backend's mtp_top op
+ * (kernels/backend.h; the argmax op's id). Replayed from a graph as model_forward's steps are.
+ * -1 with err on a bad batch or a backend without mtp_top. */
+int model_forward_top(model_t *m, const model_batch_t *batch, const int32_t *dev_ids, int32_t *dev_top,
+                      float *dev_prob, char *err, size_t errlen);
+
 /* Per-op time profile (TROUPE_PROFILE=1 at model_load): every op is followed by a backend sync
  * and its wall time added to its category, so a profiled step is slower than a real one; it says
  * where a step's time goes, not how long a step takes. model_profile writes "name ms calls" lines

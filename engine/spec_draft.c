@@ -7,7 +7,14 @@
  * whose positions start at 0), all sequences in one forward (chunked by max_tokens), and then
  * runs one forward per draft position for every sequence still drafting, each appending its
  * previous draft. The last draft is never computed: the target may reject it, and if it is kept
- * the next catch-up computes it with the target's token. */
+ * the next catch-up computes it with the target's token.
+ *
+ * Greedy groups (s_group_dev) take each draft and its probability from the device (the backend's
+ * mtp_top op, model_forward_top): no row of logits comes to the host. By default their draft
+ * positions are chained: each position's forward reads the previous one's drafts on the device,
+ * so the k forwards are queued back to back and their drafts come down in one download, one wait
+ * for the device per proposal instead of two per draft position. TROUPE_DRAFT_DEVICE=1: device
+ * drafts, one download per position; 0: every draft from a row of logits on the host (before). */
 #include "engine/spec.h"
 
 #include <math.h>
@@ -24,6 +31,9 @@
 #include "kernels/cpu/cpu_sample.h"
 
 #define DEFAULT_BLOCK 16
+
+/* How greedy drafts come from the device (TROUPE_DRAFT_DEVICE; the header says why). */
+enum { DEV_HOST = 0, DEV_PER_POSITION = 1, DEV_CHAINED = 2 };
 
 typedef struct d_seq {
     uint64_t id;
@@ -49,6 +59,12 @@ typedef struct draft {
     int *pend, *kk;
     float *work, *mass;            /* [V] sampling scratch */
     int32_t *idx;
+    /* Device drafts (s_group_dev): dev_mode DEV_*; per draft position j, top + j x 2 max_seqs
+     * holds the ids of the position's rows, then their probabilities (f32); h_top its host copy. */
+    int dev_mode;
+    int block_size;
+    int32_t *top, *h_top;
+    int *ord;                      /* [max_seqs] asks by k, largest first */
     spec_draft_stats_t st;
 } draft_t;
 
@@ -143,6 +159,196 @@ static int s_forward(draft_t *d, int n, int any_sampled)
     return -1;
 }
 
+/* One forward over rows [0, n) of the scratch whose drafts and probabilities stay on the device,
+ * in draft position slot's place of d->top; dev_ids: the rows' token ids there (NULL: recorded).
+ * The rows' sequences lose their KV on failure. */
+static int s_forward_top(draft_t *d, int n, const int32_t *dev_ids, int slot)
+{
+    model_batch_t b = {.n_seqs = n, .seqs = d->rows};
+    int32_t *top = d->top + (size_t)slot * 2 * (size_t)d->max_seqs;
+    char err[512];
+    d->st.forwards++;
+    for (int r = 0; r < n; r++)
+        d->st.tokens += (uint64_t)d->rows[r].n_new;
+    if (model_forward_top(d->e->model, &b, dev_ids, top, (float *)(top + d->max_seqs), err, sizeof err) == 0)
+        return 0;
+    LOG_E("draft model %s: %s", d->e->model_dir, err);
+    for (int r = 0; r < n; r++)
+        s_drop_kv(d, d->which[r]);
+    return -1;
+}
+
+/* Draft position slots [0, n_slots) of d->top, each's first rows ids and probabilities, to h_top. */
+static int s_fetch(draft_t *d, int n_slots, int rows)
+{
+    backend_t *be = d->e->be;
+    const size_t words = (size_t)(n_slots - 1) * 2 * (size_t)d->max_seqs + (size_t)d->max_seqs + (size_t)rows;
+    if (be->ops->download(be, d->h_top, d->top, words * sizeof(int32_t)) == 0)
+        return 0;
+    LOG_E("draft model %s: the drafts' download failed", d->e->model_dir);
+    return -1;
+}
+
+static int32_t s_top_id(const draft_t *d, int slot, int row) { return d->h_top[(size_t)slot * 2 * (size_t)d->max_seqs + (size_t)row]; }
+
+static float s_top_prob(const draft_t *d, int slot, int row)
+{
+    float p;
+    memcpy(&p, &d->h_top[(size_t)slot * 2 * (size_t)d->max_seqs + (size_t)d->max_seqs + (size_t)row], sizeof p);
+    return p;
+}
+
+/* Whether ask i goes on to draft position j: what the policy would verify (stop_below). */
+static int s_confident(const spec_ask_t *a, int j)
+{
+    if (a->stop_below <= 0 || !a->probs)
+        return 1;
+    double conf = 1.0;
+    for (int q = 0; q < j; q++)
+        conf *= a->probs[q];
+    return conf >= a->stop_below;
+}
+
+/* Greedy proposals of the group set up by s_group (every ask greedy, the catch-up one forward):
+ * each draft and its probability from the device. The catch-up's rows, in order of k (largest
+ * first), give draft 0 of each. Chained, the forward of draft position j runs the rows with k > j,
+ * a prefix of the catch-up's rows, each with a placeholder token whose id the device copies from
+ * position j - 1's drafts, so the positions are queued back to back and come down in one
+ * download; the placeholders are then rewritten with the drafts (kvseq_set_tokens), and
+ * stop_below cuts a row's drafts where the loop of s_group would have stopped it (the positions
+ * past the cut were computed for nothing: a draft forward of a few rows costs its launches, a
+ * wait for the device costs as much). Chaining needs every row's placeholders to fit the pool,
+ * else (and with DEV_PER_POSITION) each position's drafts come down before the next, whose rows
+ * are those still drafting and confident, as in s_group. */
+static int s_group_dev(draft_t *d, spec_ask_t *asks, int n, int kmax)
+{
+    int na = 0, r = 0, rc = 0;
+    for (int i = 0; i < n; i++)
+        asks[i].n_drafts = 0;
+    for (int k = SPEC_MAX_K; k >= 1; k--)
+        for (int i = 0; i < n; i++)
+            if (d->seq[i] && d->kk[i] == k)
+                d->ord[na++] = i;
+    for (int q = 0; q < na; q++) {
+        const int i = d->ord[q];
+        kvseq_t *kv = d->seq[i]->kv;
+        if (kvseq_append(kv, asks[i].tokens + (asks[i].n - d->pend[i]), d->pend[i]) != 0) {
+            s_drop_kv(d, i);                           /* out of draft blocks */
+            continue;
+        }
+        d->rows[r] = (model_seq_t){.kv = kv, .n_new = d->pend[i]};
+        d->which[r++] = i;
+    }
+    if (r == 0)
+        return 0;
+    if (s_forward_top(d, r, NULL, 0) != 0)
+        return -1;
+    int chain = d->dev_mode == DEV_CHAINED;
+    long blocks = 0;
+    for (int q = 0; chain && q < r; q++) {
+        const kvseq_t *kv = d->seq[d->which[q]]->kv;
+        blocks += (kvseq_len(kv) + d->kk[d->which[q]] - 1 + d->block_size - 1) / d->block_size - kvseq_n_blocks(kv);
+    }
+    chain = chain && blocks <= kvpool_free_count(d->e->pool);
+    if (!chain) {                                      /* draft 0 of every row to the host now */
+        if (s_fetch(d, 1, r) != 0) {
+            for (int q = 0; q < r; q++)
+                s_drop_kv(d, d->which[q]);
+            return -1;
+        }
+        for (int q = 0; q < r; q++) {
+            spec_ask_t *a = &asks[d->which[q]];
+            a->drafts[0] = s_top_id(d, 0, q);
+            if (a->probs)
+                a->probs[0] = s_top_prob(d, 0, q);
+            a->n_drafts = 1;
+        }
+    }
+    int rows_at[SPEC_MAX_K];                           /* chained: the rows of each position's forward */
+    rows_at[0] = r;
+    int j = 1;
+    const int32_t zero = 0;
+    for (; j < kmax; j++) {
+        int rr = 0;
+        if (chain) {
+            while (rr < rows_at[j - 1] && d->kk[d->which[rr]] > j)
+                rr++;
+            for (int q = 0; q < rr; q++) {
+                if (kvseq_append(d->seq[d->which[q]]->kv, &zero, 1) != 0) {
+                    rr = q;                            /* cannot happen (the room was checked): a prefix goes on */
+                    break;
+                }
+                d->rows[q].n_new = 1;                  /* the catch-up's rows, one position now */
+            }
+            if (rr == 0)
+                break;
+            const int32_t *prev = d->top + (size_t)(j - 1) * 2 * (size_t)d->max_seqs;
+            if (s_forward_top(d, rr, prev, j) != 0) {  /* its rows lose their KV; the others' drafts stand */
+                rc = -1;
+                break;
+            }
+            rows_at[j] = rr;
+            continue;
+        }
+        for (int q = 0; q < na; q++) {
+            const int i = d->ord[q];
+            if (!d->seq[i] || d->kk[i] <= j || asks[i].n_drafts != j || !s_confident(&asks[i], j))
+                continue;
+            if (kvseq_append(d->seq[i]->kv, &asks[i].drafts[j - 1], 1) != 0)
+                continue;                              /* no block for it: the drafts so far stand */
+            d->rows[rr] = (model_seq_t){.kv = d->seq[i]->kv, .n_new = 1};
+            d->which[rr++] = i;
+        }
+        if (rr == 0)
+            break;
+        if (s_forward_top(d, rr, NULL, j) != 0 || s_fetch(d, j + 1, rr) != 0) {
+            for (int q = 0; q < rr; q++)
+                asks[d->which[q]].n_drafts = 0;
+            rc = -1;
+            continue;
+        }
+        for (int q = 0; q < rr; q++) {
+            spec_ask_t *a = &asks[d->which[q]];
+            a->drafts[j] = s_top_id(d, j, q);
+            if (a->probs)
+                a->probs[j] = s_top_prob(d, j, q);
+            a->n_drafts = j + 1;
+        }
+    }
+    if (!chain)
+        return rc;
+    /* One download for every position; row q of the catch-up is row q of each position it ran in. */
+    if (s_fetch(d, j, rows_at[j - 1]) != 0) {
+        for (int q = 0; q < r; q++)
+            if (d->seq[d->which[q]])
+                s_drop_kv(d, d->which[q]);
+        return -1;
+    }
+    for (int q = 0; q < r; q++) {
+        const int i = d->which[q];
+        spec_ask_t *a = &asks[i];
+        if (!d->seq[i])
+            continue;                                  /* a failed forward took its KV */
+        int nd = 0;
+        for (; nd < j && q < rows_at[nd]; nd++) {
+            a->drafts[nd] = s_top_id(d, nd, q);
+            if (a->probs)
+                a->probs[nd] = s_top_prob(d, nd, q);
+        }
+        /* The placeholders of positions 1 .. nd - 1 are drafts 0 .. nd - 2. */
+        if (nd > 1 && kvseq_set_tokens(d->seq[i]->kv, d->seq[i]->base, a->drafts, nd - 1) != 0) {
+            s_drop_kv(d, i);
+            rc = -1;
+            continue;
+        }
+        int keep = 1;
+        while (keep < nd && s_confident(a, keep))
+            keep++;
+        a->n_drafts = keep;
+    }
+    return rc;
+}
+
 /* Proposals for asks[0, n), n <= max_seqs. */
 static int s_group(draft_t *d, spec_ask_t *asks, int n)
 {
@@ -192,6 +398,15 @@ static int s_group(draft_t *d, spec_ask_t *asks, int n)
         d->kk[i] = k;
         kmax = k > kmax ? k : kmax;
     }
+    /* Greedy asks whose catch-up is one forward: their drafts from the device. */
+    int greedy = d->dev_mode != DEV_HOST, pending = 0;
+    for (int i = 0; greedy && i < n; i++)
+        if (d->seq[i]) {
+            greedy = !asks[i].sample && d->kk[i] <= SPEC_MAX_K;
+            pending += d->pend[i];
+        }
+    if (greedy && pending <= d->max_tokens)
+        return s_group_dev(d, asks, n, kmax);
     /* Catch-up: every sequence's missing tokens, max_tokens per forward; the forward that
      * computes a sequence's last token gives its first draft. */
     for (;;) {
@@ -328,6 +543,10 @@ static void s_destroy(spec_proposer_t *p)
                 free(s);
             }
         u64map_free(&d->by_id);
+        if (d->top)
+            d->e->be->ops->free(d->e->be, d->top);
+        free(d->h_top);
+        free(d->ord);
         engine_destroy(&d->e);
         free(d->rows);
         free(d->argmax);
@@ -484,8 +703,19 @@ spec_proposer_t *spec_draft_new(const spec_draft_opts_t *o, int *config_error, c
     d->work = malloc(V * sizeof *d->work);
     d->mass = malloc(V * sizeof *d->mass);
     d->idx = malloc(V * sizeof *d->idx);
+    d->block_size = bs;
+    d->ord = calloc(ms, sizeof *d->ord);
+    const char *dv = getenv("TROUPE_DRAFT_DEVICE");
+    d->dev_mode = dv && (dv[0] == '0' || dv[0] == '1') && !dv[1] ? dv[0] - '0' : DEV_CHAINED;
+    if (!t->be->ops->mtp_top || !t->be->ops->copy)
+        d->dev_mode = DEV_HOST;
+    const size_t top_words = (size_t)SPEC_MAX_K * 2 * ms;
+    if (d->dev_mode != DEV_HOST) {
+        d->top = t->be->ops->alloc(t->be, top_words * sizeof(int32_t));
+        d->h_top = malloc(top_words * sizeof(int32_t));
+    }
     if (u64map_init(&d->by_id, 64) != 0 || !d->rows || !d->argmax || !d->need || !d->which || !d->seq || !d->pend ||
-        !d->kk || !d->work || !d->mass || !d->idx) {
+        !d->kk || !d->work || !d->mass || !d->idx || !d->ord || (d->dev_mode != DEV_HOST && (!d->top || !d->h_top))) {
         cfg_err = 0;
         errf(err, errlen, "draft model %s: out of memory", o->model_dir);
         goto fail;
