@@ -497,6 +497,7 @@ void spec_step_stats(const spec_step_t *s, actor_t *a, msg_stats_t *st)
         actor_stat_metric(a, st, "spec_draft_forwards_total", (double)ds.forwards, 1);
         actor_stat_metric(a, st, "spec_draft_positions_total", (double)ds.tokens, 1);
         actor_stat_metric(a, st, "spec_draft_windows_total", (double)ds.windows, 1);
+        actor_stat_metric(a, st, "spec_draft_seconds_total", (double)ds.ns / 1e9, 1);   /* proposals' wall time */
     }
     if (s->mtp) {
         spec_mtp_stats_t ms;

@@ -302,6 +302,33 @@ static int s_fake_kv_supported(backend_t *be, dtype_t dtype, int head_dim, int n
     return -1;
 }
 
+/* kvseq_set_tokens rewrites recorded tokens in place (the draft model's placeholders): the same
+ * blocks, the hashes of a sequence appended with those tokens, and never a published block. */
+static void test_set_tokens(void **state)
+{
+    kvpool_t *p = s_pool(8, 4);
+    kvseq_t *a = kvseq_new(p, 32, 0), *b = kvseq_new(p, 32, 0);
+    const int32_t real[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, zero[10] = {0};
+    assert_int_equal(kvseq_append(a, real, 3), 0);
+    assert_int_equal(kvseq_append(a, zero, 7), 0);
+    int32_t blocks[3];
+    memcpy(blocks, kvseq_blocks(a), sizeof blocks);
+    assert_int_equal(kvseq_set_tokens(a, 3, real + 3, 7), 0);
+    assert_memory_equal(kvseq_tokens(a), real, sizeof real);
+    assert_memory_equal(kvseq_blocks(a), blocks, sizeof blocks);
+    assert_int_equal(kvseq_append(b, real, 10), 0);
+    for (int i = 0; i < 2; i++)
+        assert_true(kvseq_hash(a, i) == kvseq_hash(b, i));
+    assert_int_equal(kvseq_set_tokens(a, 8, real, 3), -1);       /* past the end */
+    kvseq_publish(a);
+    assert_int_equal(kvseq_set_tokens(a, 5, real, 1), -1);       /* block 1 is published */
+    assert_int_equal(kvseq_set_tokens(a, 9, zero, 1), 0);        /* the partial block 2 is not */
+    kvseq_destroy(&a);
+    kvseq_destroy(&b);
+    kvpool_destroy(&p);
+    (void)state;
+}
+
 static void test_check(void **state)
 {
     char err[256];
@@ -352,6 +379,7 @@ int main(void)
         cmocka_unit_test(test_index_churn),
         cmocka_unit_test(test_block_layout),
         cmocka_unit_test(test_block_layout_fp8),
+        cmocka_unit_test(test_set_tokens),
         cmocka_unit_test(test_check),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
