@@ -581,6 +581,30 @@ static void test_round_robin_keeps_old_prompt(void **st)
     s_unfix(f);
 }
 
+/* The colocated benchmark's shape (tools/bench/h200-8b-colo-fp8.yaml under troupe-bench: every
+ * connection a client of its own with one request at a time, 1,000-token prompts, a 2,048-token
+ * budget), scaled down: the fair order is then admission order and the budget is filled to its
+ * last token, the last prompt split, as fd93cd4's decode worker (oldest first) composed its steps;
+ * a finished request's client's next prompt is taken at the next step beside the decode rows.
+ * Issue 15's conc-16 comparison rests on these steps being the same in both trees. */
+static void test_one_request_clients_fill_budget(void **st)
+{
+    fix_t *f = s_fix(256, 4, 8, 8, 21);
+    for (int i = 0; i < 6; i++)
+        s_prompt_of(f, 0x100 + (uint64_t)i, i, 10, i);
+    assert_string_equal(s_step(f), "1:10s 2:10s 3:1");
+    assert_string_equal(s_step(f), "1:1d 2:1d 3:9s 4:10s 5:2");
+    assert_string_equal(s_step(f), "1:1d 2:1d 3:1d 4:1d 5:8s 6:10s");
+    assert_string_equal(s_step(f), "1:1d 2:1d 3:1d 4:1d 5:1d 6:1d");
+    sched_remove(f->s, &f->req[0].sr);   /* done: its client sends its next prompt */
+    sched_remove(f->s, &f->req[1].sr);
+    s_prompt_of(f, 0x100, 6, 10, 6);
+    s_prompt_of(f, 0x101, 7, 10, 7);
+    assert_string_equal(s_step(f), "3:1d 4:1d 5:1d 6:1d 7:10s 8:10s");
+    assert_string_equal(s_step(f), "3:1d 4:1d 5:1d 6:1d 7:1d 8:1d");
+    s_unfix(f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -603,6 +627,7 @@ int main(void)
         cmocka_unit_test(test_promotion_tie_oldest_waiting),
         cmocka_unit_test(test_prompt_round_robin),
         cmocka_unit_test(test_round_robin_keeps_old_prompt),
+        cmocka_unit_test(test_one_request_clients_fill_budget),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
