@@ -13,7 +13,7 @@ make_demo_topology "$WORK/t.yaml" "limits:
   max_model_len: 64"
 start_cluster "$WORK/t.yaml" --verbose
 ep=$(grep 'client:' "$WORK/t.yaml" | awk '{print $2}')
-PYTHONPATH="$ROOT/tools" /usr/bin/python3 - "$ep" <<'PY' || fail "see above"
+PYTHONPATH="$ROOT/tools${PYTHONPATH:+:$PYTHONPATH}" /usr/bin/python3 - "$ep" <<'PY' || fail "see above"
 import sys, time, msgpack, zmq
 from troupe_client import Client, TYPE_NUM
 ep = sys.argv[1]

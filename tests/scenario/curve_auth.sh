@@ -31,7 +31,7 @@ note "right key: exit $rc"
 grep -q "done:" "$WORK/right.out" || fail "no done for the allow-listed client"
 grep -q "refused a connection" "$WORK/supervisor.log" || fail "the refusals were not logged"
 # The Python client takes keys too.
-PYTHONPATH="$ROOT/tools" /usr/bin/python3 - "$ep" "$WORK/keys" <<'PY' || fail "the Python client with the allow-listed key"
+PYTHONPATH="$ROOT/tools${PYTHONPATH:+:$PYTHONPATH}" /usr/bin/python3 - "$ep" "$WORK/keys" <<'PY' || fail "the Python client with the allow-listed key"
 import sys
 from troupe_client import Client
 ep, keys = sys.argv[1], sys.argv[2]
@@ -42,7 +42,7 @@ assert last["type"] == "done", last
 PY
 
 # A plaintext peer at decode.s inbox, claiming to be the router, sends a cancel.
-PYTHONPATH="$ROOT/tools" /usr/bin/python3 - "$WORK/run/decode.sock" <<'PY'
+PYTHONPATH="$ROOT/tools${PYTHONPATH:+:$PYTHONPATH}" /usr/bin/python3 - "$WORK/run/decode.sock" <<'PY'
 import sys, time, msgpack, zmq
 from troupe_client import TYPE_NUM
 s = zmq.Context.instance().socket(zmq.DEALER)

@@ -15,7 +15,7 @@
 MODELS=${TROUPE_MODELS:-$ROOT/../shared/models}
 # ranks_served TOPO N: every decode-R (R < N) has finished a request (troupe-top), else fail.
 ranks_served() {
-  PYTHONPATH="$ROOT/tools:$ROOT/tests/scenario" /usr/bin/python3 - "$BIN" "$1" "$2" <<'PY'
+  PYTHONPATH="$ROOT/tools:$ROOT/tests/scenario${PYTHONPATH:+:$PYTHONPATH}" /usr/bin/python3 - "$BIN" "$1" "$2" <<'PY'
 import subprocess, sys, time
 from servelib import top, metric
 bin_dir, topo, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -65,7 +65,7 @@ for dir in "${cases[@]}"; do
       "  prefill_chunk_tokens: 8" "  max_batch: 16"
     start_cluster "$WORK/$name-$n.yaml"
     ep=$(grep 'client:' "$WORK/$name-$n.yaml" | awk '{print $2}')
-    PYTHONPATH="$ROOT/tools" /usr/bin/python3 - "$ep" "$WORK/$name.generate" "$PROMPTS" <<'PY'
+    PYTHONPATH="$ROOT/tools${PYTHONPATH:+:$PYTHONPATH}" /usr/bin/python3 - "$ep" "$WORK/$name.generate" "$PROMPTS" <<'PY'
 import sys, threading
 from troupe_client import Client
 ep, gen, prompts = sys.argv[1], open(sys.argv[2]).read().split(), sys.argv[3].split()
@@ -107,7 +107,7 @@ MODEL_PATH=$dir N_PREFILL=1 N_DECODE=4 DECODE_EP=4 make_topology "$WORK/place.ya
   "  redundant_slots: 1"
 start_cluster "$WORK/place.yaml"
 ep=$(grep 'client:' "$WORK/place.yaml" | awk '{print $2}')
-PYTHONPATH="$ROOT/tools:$ROOT/tests/scenario" /usr/bin/python3 - "$ep" "$BIN" "$WORK/place.yaml" \
+PYTHONPATH="$ROOT/tools:$ROOT/tests/scenario${PYTHONPATH:+:$PYTHONPATH}" /usr/bin/python3 - "$ep" "$BIN" "$WORK/place.yaml" \
   "$WORK/qwen3-moe-f32.generate" "$PROMPTS" <<'PY'
 import sys, threading, time
 from troupe_client import Client
@@ -174,7 +174,7 @@ MAX_RESTARTS=10 MODEL_PATH=$dir N_PREFILL=1 N_DECODE=$n DECODE_EP=$n make_topolo
   "  max_batch: 16"
 start_cluster "$WORK/kill-$n.yaml"
 ep=$(grep 'client:' "$WORK/kill-$n.yaml" | awk '{print $2}')
-PYTHONPATH="$ROOT/tools:$ROOT/tests/scenario" /usr/bin/python3 - "$ep" "$BIN" "$WORK/kill-$n.yaml" \
+PYTHONPATH="$ROOT/tools:$ROOT/tests/scenario${PYTHONPATH:+:$PYTHONPATH}" /usr/bin/python3 - "$ep" "$BIN" "$WORK/kill-$n.yaml" \
   "$WORK/qwen3-moe-f32.generate" "$PROMPTS" "$n" <<'PY'
 import os, signal, sys, threading, time
 from troupe_client import Client

@@ -206,5 +206,5 @@ wait_for() {
 }
 
 # Python for the serving tests: the client and servelib on the path.
-export PYTHONPATH="$ROOT/tools:$ROOT/tests/scenario"
+export PYTHONPATH="$ROOT/tools:$ROOT/tests/scenario${PYTHONPATH:+:$PYTHONPATH}"
 PY=/usr/bin/python3

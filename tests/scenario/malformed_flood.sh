@@ -6,7 +6,7 @@ make_topology "$WORK/t.yaml"
 start_cluster "$WORK/t.yaml"
 before=$(pgrep -f -- "--topology $WORK/t.yaml" | sort | tr '\n' ' ')
 ep=$(grep 'client:' "$WORK/t.yaml" | awk '{print $2}')
-PYTHONPATH="$ROOT/tools" /usr/bin/python3 - "$ep" <<'PY'
+PYTHONPATH="$ROOT/tools${PYTHONPATH:+:$PYTHONPATH}" /usr/bin/python3 - "$ep" <<'PY'
 import random, sys, time
 import msgpack, zmq
 from troupe_client import TYPE_NUM

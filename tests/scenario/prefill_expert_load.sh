@@ -7,7 +7,7 @@ MODEL_PATH=$ROOT/tests/fixtures/models/qwen3-moe-f32 N_PREFILL=1 N_DECODE=1 make
   "limits:" "  prefill_chunk_tokens: 8" "experts:" "  window_steps: 1" "  interval_steps: 1"
 start_cluster "$WORK/t.yaml"
 ep=$(grep 'client:' "$WORK/t.yaml" | awk '{print $2}')
-PYTHONPATH="$ROOT/tools:$ROOT/tests/scenario" /usr/bin/python3 - "$ep" "$BIN" "$WORK/t.yaml" <<'PY'
+PYTHONPATH="$ROOT/tools:$ROOT/tests/scenario${PYTHONPATH:+:$PYTHONPATH}" /usr/bin/python3 - "$ep" "$BIN" "$WORK/t.yaml" <<'PY'
 import sys, time
 from troupe_client import Client
 from servelib import top, metric

@@ -69,7 +69,7 @@ PY
       echo >> "$WORK/$name.cluster"
     done < "$WORK/$name.prompts"
   fi
-  PYTHONPATH="$ROOT/tools" /usr/bin/python3 - "$ep" "$model" "$WORK/$name.generate" "$n_bg" "$gen_backend" \
+  PYTHONPATH="$ROOT/tools${PYTHONPATH:+:$PYTHONPATH}" /usr/bin/python3 - "$ep" "$model" "$WORK/$name.generate" "$n_bg" "$gen_backend" \
     "$WORK/$name.cluster" <<'PY'
 import json, os, random, sys, threading
 ep, expected, gen_file = sys.argv[1], json.load(open(sys.argv[2])), sys.argv[3]
