@@ -706,7 +706,16 @@ spec_proposer_t *spec_draft_new(const spec_draft_opts_t *o, int *config_error, c
     d->block_size = bs;
     d->ord = calloc(ms, sizeof *d->ord);
     const char *dv = getenv("TROUPE_DRAFT_DEVICE");
-    d->dev_mode = dv && (dv[0] == '0' || dv[0] == '1') && !dv[1] ? dv[0] - '0' : DEV_CHAINED;
+    d->dev_mode = DEV_CHAINED;
+    if (dv && *dv) {   /* a value we do not know is refused, not taken as the default */
+        if (dv[0] < '0' || dv[0] > '2' || dv[1]) {
+            cfg_err = 1;
+            errf(err, errlen, "draft model %s: TROUPE_DRAFT_DEVICE=%s: expected 0 (host), 1 (one download per "
+                 "position) or 2 (chained)", o->model_dir, dv);
+            goto fail;
+        }
+        d->dev_mode = dv[0] - '0';
+    }
     if (!t->be->ops->mtp_top || !t->be->ops->copy)
         d->dev_mode = DEV_HOST;
     const size_t top_words = (size_t)SPEC_MAX_K * 2 * ms;

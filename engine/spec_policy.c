@@ -366,12 +366,19 @@ static double s_model_drafts(int k, const float *s)
  * speculation; with the prior rows it reads 1.93 (3,540 tokens/s), and a cell of hundreds of rows
  * (a larger batch, or a length the policy kept choosing) is all but unchanged. The prior errs
  * toward no speculation, the side the policy must err on. -1 when not measured. */
+/* Tokens per row of drafting steps that emitted `emitted` over `rows` rows, with
+ * SPEC_POLICY_PRIOR_ROWS rows of one token beside them. */
+static double s_prior_tokens_per_row(uint64_t emitted, uint64_t rows)
+{
+    return ((double)emitted + SPEC_POLICY_PRIOR_ROWS) / ((double)rows + SPEC_POLICY_PRIOR_ROWS);
+}
+
 static double s_drafting_tokens_per_row(const spec_cost_t *c, int bucket, int k)
 {
     const double tpr = spec_cost_tokens_per_row(c, bucket, k);
     if (tpr < 0 || k == 0)
         return tpr;
-    return ((double)c->emitted[bucket][k] + SPEC_POLICY_PRIOR_ROWS) / ((double)c->rows[bucket][k] + SPEC_POLICY_PRIOR_ROWS);
+    return s_prior_tokens_per_row(c->emitted[bucket][k], c->rows[bucket][k]);
 }
 
 double spec_policy_rate(const spec_cost_t *c, int bucket, int batch, int k, const float *s)
@@ -449,8 +456,17 @@ double spec_policy_drafting_rate(const spec_cost_t *c, int bucket, int batch)
     }
     if (counted < SPEC_POLICY_MIN_STEPS || !(seconds > 0))
         return -1;
-    const double per_row = ((double)emitted + SPEC_POLICY_PRIOR_ROWS) / ((double)rows + SPEC_POLICY_PRIOR_ROWS);
-    return (double)batch * per_row / (seconds / (double)steps);
+    return (double)batch * s_prior_tokens_per_row(emitted, rows) / (seconds / (double)steps);
+}
+
+/* The measured plain rate of the bucket nearest to b in direction dir (-1 smaller, +1 larger,
+ * up to last), as for a step of `batch` rows (its B / seconds scaled to batch); -1 when none. */
+static double s_nearest_plain_rate(const spec_cost_t *c, int b, int dir, int last, int batch, const float *s)
+{
+    for (int bb = b + dir; bb >= 0 && bb <= last; bb += dir)
+        if (s_counted(c, bb, 0))
+            return spec_policy_rate(c, bb, s_grid[bb], 0, s) * batch / s_grid[bb];
+    return -1;
 }
 
 /* 1 when the drafts' probabilities reached the calibration: the proposer has a distribution. */
@@ -489,18 +505,10 @@ int spec_policy_compute(const spec_accept_t *a, const spec_cost_t *c, int max_k,
          * exploration fills one step in 32 while the policy drafts (and whose fit rests on
          * drafting cells alone until then). */
         if (!s_counted(c, b, 0)) {
-            for (int bb = b - 1; bb >= 0; bb--)
-                if (s_counted(c, bb, 0)) {
-                    const double bound = spec_policy_rate(c, bb, s_grid[bb], 0, p.survival) * B / s_grid[bb];
-                    r0 = bound > r0 ? bound : r0;
-                    break;
-                }
-            for (int bb = b + 1; bb <= last; bb++)
-                if (s_counted(c, bb, 0)) {
-                    const double bound = spec_policy_rate(c, bb, s_grid[bb], 0, p.survival) * B / s_grid[bb];
-                    r0 = bound > r0 ? bound : r0;
-                    break;
-                }
+            const double below = s_nearest_plain_rate(c, b, -1, last, B, p.survival);
+            const double above = s_nearest_plain_rate(c, b, +1, last, B, p.survival);
+            r0 = below > r0 ? below : r0;
+            r0 = above > r0 ? above : r0;
         }
         int best = 0;
         double rbest = r0;

@@ -477,6 +477,26 @@ static void test_refuses_another_vocabulary(void **state)
     engine_destroy(&t);
 }
 
+/* An unknown TROUPE_DRAFT_DEVICE is a configuration error naming the variable, not the default. */
+static void test_refuses_unknown_device_mode(void **state)
+{
+    (void)state;
+    engine_t *t = s_target();
+    const char *was = getenv("TROUPE_DRAFT_DEVICE");
+    char keep[16] = "";
+    if (was)
+        snprintf(keep, sizeof keep, "%s", was);
+    setenv("TROUPE_DRAFT_DEVICE", "3", 1);
+    s_expect_refusal(t, NULL, TARGET, "TROUPE_DRAFT_DEVICE=3", "expected 0");
+    setenv("TROUPE_DRAFT_DEVICE", "chained", 1);
+    s_expect_refusal(t, NULL, TARGET, "TROUPE_DRAFT_DEVICE=chained", NULL);
+    if (was)
+        setenv("TROUPE_DRAFT_DEVICE", keep, 1);   /* the mode the rest of the run was given */
+    else
+        unsetenv("TROUPE_DRAFT_DEVICE");
+    engine_destroy(&t);
+}
+
 static void test_refuses_another_tokenizer(void **state)
 {
     (void)state;
@@ -597,6 +617,7 @@ int main(void)
         cmocka_unit_test(test_pool_runs_out),                 cmocka_unit_test(test_windowed_catch_up),
         cmocka_unit_test(test_sampled_self_draft_is_accepted), cmocka_unit_test(test_refuses_another_vocabulary),
         cmocka_unit_test(test_refuses_another_tokenizer),     cmocka_unit_test(test_verify_dist_follows_target),
+        cmocka_unit_test(test_refuses_unknown_device_mode),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
