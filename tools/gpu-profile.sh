@@ -2,6 +2,7 @@
 # tools/gpu-profile.sh — where one decode step's GPU time goes, kernel by kernel (GPU node, built tree).
 #
 #   . .gpu-debs/env.sh && BATCH=256 KV=fp8 tools/gpu-profile.sh [OUT_DIR]
+#   . .gpu-debs/env.sh && BATCH=1 QUANT=fp8 tools/gpu-profile.sh [OUT_DIR]   (weights quantized at load)
 #
 # Runs troupe-bench-engine on Llama-3.1-8B's shape (dummy bf16 weights, 1,000 tokens of context,
 # one batch size, 2 timed steps, graphs on) under Nsight Compute with one metric (each kernel's
@@ -18,13 +19,15 @@ cd "$(dirname "$0")/.."
 OUT=${1:-${OUT:-build/gpu-logs}}
 BATCH=${BATCH:-256}
 KV=${KV:-auto}
+QUANT=${QUANT:-}   # fp8|int8|int4|nvfp4: the dummy weights quantized at load (--quantize)
+MODEL=${MODEL:-tests/fixtures/models/llama-3.1-8b-shape}
 mkdir -p "$OUT"
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 [ -n "$NCU" ] || { echo "gpu-profile: no ncu on this machine"; exit 1; }
 csv="$OUT/profile-b$BATCH.csv"   # ncu's report (its --log-file; the engine's own output goes to .txt)
 timeout "${PROFILE_TIMEOUT:-400}" "$NCU" --clock-control none --graph-profiling node --metrics gpu__time_duration.sum \
   --csv --print-units base --log-file "$csv" \
-  build/bin/troupe-bench-engine tests/fixtures/models/llama-3.1-8b-shape --load-format dummy --dtype bf16 \
+  build/bin/troupe-bench-engine "$MODEL" --load-format dummy --dtype bf16 ${QUANT:+--quantize $QUANT} \
   --backend cuda --kv-dtype "$KV" --prompt-len 1000 --batch "$BATCH" --steps 2 >"$OUT/profile-b$BATCH.txt" 2>"$OUT/profile-b$BATCH.err"
 rc=$?
 [ $rc -eq 0 ] || { echo "gpu-profile: ncu exit $rc"; tail -5 "$OUT/profile-b$BATCH.err" "$csv"; exit 1; }
