@@ -10,12 +10,13 @@
 # error or done with all its tokens), every rank is restarted (the survivors exit when their group
 # fails) and they meet again, and requests on every rank are exact again. Every cluster must stop
 # cleanly (the ranks drain together). BACKEND=cuda runs it all on GPU 0, every process sharing it
-# (the reference is troupe-generate on the same GPU).
+# (the reference is troupe-generate on the same GPU). Requests go through the C client
+# (troupe-client, servelib.c_generate): no pyzmq needed (the GPU machine has none).
 . "$(dirname "$0")/lib.sh"
 MODELS=${TROUPE_MODELS:-$ROOT/../shared/models}
 # ranks_served TOPO N: every decode-R (R < N) has finished a request (troupe-top), else fail.
 ranks_served() {
-  PYTHONPATH="$ROOT/tools:$ROOT/tests/scenario${PYTHONPATH:+:$PYTHONPATH}" /usr/bin/python3 - "$BIN" "$1" "$2" <<'PY'
+  PYTHONPATH="$ROOT/tests/scenario${PYTHONPATH:+:$PYTHONPATH}" /usr/bin/python3 - "$BIN" "$1" "$2" <<'PY'
 import subprocess, sys, time
 from servelib import top, metric
 bin_dir, topo, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -65,23 +66,21 @@ for dir in "${cases[@]}"; do
       "  prefill_chunk_tokens: 8" "  max_batch: 16"
     start_cluster "$WORK/$name-$n.yaml"
     ep=$(grep 'client:' "$WORK/$name-$n.yaml" | awk '{print $2}')
-    PYTHONPATH="$ROOT/tools${PYTHONPATH:+:$PYTHONPATH}" /usr/bin/python3 - "$ep" "$WORK/$name.generate" "$PROMPTS" <<'PY'
+    PYTHONPATH="$ROOT/tests/scenario${PYTHONPATH:+:$PYTHONPATH}" /usr/bin/python3 - "$ep" "$BIN" "$WORK/$name.generate" "$PROMPTS" <<'PY'
 import sys, threading
-from troupe_client import Client
-ep, gen, prompts = sys.argv[1], open(sys.argv[2]).read().split(), sys.argv[3].split()
+from servelib import c_generate
+ep, bin_dir, gen, prompts = sys.argv[1], sys.argv[2], open(sys.argv[3]).read().split(), sys.argv[4].split()
 want = [list(map(int, g.split(","))) for g in gen]
 got, errors = {}, []
 def run(i):   # all at once: the decode batch mixes the requests
     try:
-        with Client(ep, timeout_s=120) as c:
-            toks = []
-            for m in c.generate(tokens=list(map(int, prompts[i].split(","))), max_tokens=24, temperature=0,
-                                ignore_eos=True):
-                if m["type"] == "token":
-                    toks += m["tokens"]
-                elif m["type"] == "error":
-                    errors.append((i, m))
-            got[i] = toks
+        toks = []
+        for m in c_generate(bin_dir, ep, list(map(int, prompts[i].split(","))), max_tokens=24, timeout_s=120):
+            if m["type"] == "token":
+                toks += m["tokens"]
+            elif m["type"] == "error":
+                errors.append((i, m))
+        got[i] = toks
     except Exception as e:
         errors.append((i, repr(e)))
 run(1)   # alone first: one rank steps, the others only join its steps
@@ -107,11 +106,10 @@ MODEL_PATH=$dir N_PREFILL=1 N_DECODE=4 DECODE_EP=4 make_topology "$WORK/place.ya
   "  redundant_slots: 1"
 start_cluster "$WORK/place.yaml"
 ep=$(grep 'client:' "$WORK/place.yaml" | awk '{print $2}')
-PYTHONPATH="$ROOT/tools:$ROOT/tests/scenario${PYTHONPATH:+:$PYTHONPATH}" /usr/bin/python3 - "$ep" "$BIN" "$WORK/place.yaml" \
+PYTHONPATH="$ROOT/tests/scenario${PYTHONPATH:+:$PYTHONPATH}" /usr/bin/python3 - "$ep" "$BIN" "$WORK/place.yaml" \
   "$WORK/qwen3-moe-f32.generate" "$PROMPTS" <<'PY'
 import sys, threading, time
-from troupe_client import Client
-from servelib import top, metric
+from servelib import c_generate, top, metric
 ep, bin_dir, topo, gen, prompts = sys.argv[1], sys.argv[2], sys.argv[3], open(sys.argv[4]).read().split(), sys.argv[5].split()
 want = [list(map(int, g.split(","))) for g in gen]
 def ep_metric(name):
@@ -122,15 +120,13 @@ def ep_metric(name):
 def round_once():
     got, errors = {}, []
     def run(i):
-        with Client(ep, timeout_s=120) as c:
-            toks = []
-            for m in c.generate(tokens=list(map(int, prompts[i].split(","))), max_tokens=24, temperature=0,
-                                ignore_eos=True):
-                if m["type"] == "token":
-                    toks += m["tokens"]
-                elif m["type"] == "error":
-                    errors.append((i, m))
-            got[i] = toks
+        toks = []
+        for m in c_generate(bin_dir, ep, list(map(int, prompts[i].split(","))), max_tokens=24, timeout_s=120):
+            if m["type"] == "token":
+                toks += m["tokens"]
+            elif m["type"] == "error":
+                errors.append((i, m))
+        got[i] = toks
     ts = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
     for t in ts: t.start()
     for t in ts: t.join()
@@ -174,26 +170,24 @@ MAX_RESTARTS=10 MODEL_PATH=$dir N_PREFILL=1 N_DECODE=$n DECODE_EP=$n make_topolo
   "  max_batch: 16"
 start_cluster "$WORK/kill-$n.yaml"
 ep=$(grep 'client:' "$WORK/kill-$n.yaml" | awk '{print $2}')
-PYTHONPATH="$ROOT/tools:$ROOT/tests/scenario${PYTHONPATH:+:$PYTHONPATH}" /usr/bin/python3 - "$ep" "$BIN" "$WORK/kill-$n.yaml" \
+PYTHONPATH="$ROOT/tests/scenario${PYTHONPATH:+:$PYTHONPATH}" /usr/bin/python3 - "$ep" "$BIN" "$WORK/kill-$n.yaml" \
   "$WORK/qwen3-moe-f32.generate" "$PROMPTS" "$n" <<'PY'
 import os, signal, sys, threading, time
-from troupe_client import Client
-from servelib import top, metric, wait_restarted
+from servelib import c_generate, top, metric, wait_restarted
 ep, bin_dir, topo, gen, prompts = sys.argv[1], sys.argv[2], sys.argv[3], open(sys.argv[4]).read().split(), sys.argv[5].split()
 n = int(sys.argv[6])
 want = [list(map(int, g.split(","))) for g in gen]
 streaming, results = set(), {}
 def stream(key, n_tokens):
-    with Client(ep, timeout_s=120) as c:
-        toks, last, n_final = 0, None, 0
-        for m in c.generate(tokens=[1 + key, 5, 9, 14, 3], max_tokens=n_tokens, temperature=0, ignore_eos=True):
-            if m["type"] == "token":
-                toks += len(m["tokens"])
-                streaming.add(key)
-            else:
-                n_final += 1
-            last = m
-        results[key] = (toks, last, n_final)
+    toks, last, n_final = 0, None, 0
+    for m in c_generate(bin_dir, ep, [1 + key, 5, 9, 14, 3], max_tokens=n_tokens, timeout_s=120):
+        if m["type"] == "token":
+            toks += len(m["tokens"])
+            streaming.add(key)
+        else:
+            n_final += 1
+        last = m
+    results[key] = (toks, last, n_final)
 # The streams last a fraction of a second on this model and the ranks' stats come every second:
 # a batch whose streams end before the stats show them running on both ranks is let finish, and
 # another batch starts. Each request stays on its rank, so streams all unfinished at the kill and
@@ -241,15 +235,13 @@ for r in range(n):
 def round_once():
     got, errors = {}, []
     def run(i):
-        with Client(ep, timeout_s=120) as c:
-            toks = []
-            for m in c.generate(tokens=list(map(int, prompts[i].split(","))), max_tokens=24, temperature=0,
-                                ignore_eos=True):
-                if m["type"] == "token":
-                    toks += m["tokens"]
-                elif m["type"] == "error":
-                    errors.append((i, m))
-            got[i] = toks
+        toks = []
+        for m in c_generate(bin_dir, ep, list(map(int, prompts[i].split(","))), max_tokens=24, timeout_s=120):
+            if m["type"] == "token":
+                toks += m["tokens"]
+            elif m["type"] == "error":
+                errors.append((i, m))
+        got[i] = toks
     ts = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
     for t in ts: t.start()
     for t in ts: t.join()

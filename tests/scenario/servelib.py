@@ -1,15 +1,62 @@
-"""Helpers for the serving scenario tests: run requests through a live cluster, read top."""
+"""Helpers for the serving scenario tests: run requests through a live cluster, read top.
+
+The Python client (tools/troupe_client.py) needs pyzmq, which a machine may lack (the GPU node:
+no pyzmq for its Python, no network for pip). It is imported only by the helpers that use it
+(run_one, run_many, run_many_live); top, metric, the waits and the c_* helpers (the C client,
+troupe-client, as a subprocess) need only the standard library."""
 import json
 import subprocess
+import tempfile
 import threading
 import time
 
-from troupe_client import Client  # PYTHONPATH has tools/ (tests/scenario/lib.sh sets it)
+
+def _client():
+    from troupe_client import Client  # PYTHONPATH has tools/ (tests/scenario/lib.sh sets it)
+    return Client
+
+
+def c_generate(bin_dir, ep, ids, max_tokens=8, temperature=0, ignore_eos=True, timeout_s=120):
+    """Client.generate(tokens=ids, ...) through the C client: one troupe-client --json process,
+    its replies yielded as dicts as they arrive (one JSON object a line). An error's code name
+    (the JSON's "code") is also under "code_name", the Python client's key. A troupe-client that
+    ends without a terminal reply (its timeout, a usage error) raises RuntimeError with its stderr."""
+    cmd = [f"{bin_dir}/troupe-client", "--endpoint", ep, "--timeout-ms", str(int(timeout_s * 1000)), "--json",
+           "submit", "--ids", ",".join(map(str, ids)), "--max-tokens", str(max_tokens),
+           "--temperature", repr(float(temperature))] + (["--ignore-eos"] if ignore_eos else [])
+    with tempfile.TemporaryFile(mode="w+") as err:
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
+        terminal = False
+        try:
+            for line in p.stdout:
+                m = json.loads(line)
+                if m["type"] == "error":
+                    m.setdefault("code_name", m.get("code"))
+                terminal = terminal or m["type"] in ("done", "error")
+                yield m
+        finally:
+            if p.poll() is None and not terminal:
+                p.kill()
+            rc = p.wait()
+            p.stdout.close()
+        if not terminal:
+            err.seek(0)
+            raise RuntimeError(f"troupe-client exit {rc}, no terminal reply: {err.read().strip()}")
+
+
+def c_run_one(bin_dir, ep, ids, max_tokens=8, timeout_s=120):
+    """run_one through the C client: (tokens, terminal message, [all replies])."""
+    toks, replies = [], []
+    for m in c_generate(bin_dir, ep, ids, max_tokens=max_tokens, timeout_s=timeout_s):
+        replies.append(m)
+        if m["type"] == "token":
+            toks += m["tokens"]
+    return toks, replies[-1], replies
 
 
 def run_one(ep, ids, max_tokens=8, timeout_s=120, **kw):
     """(tokens, terminal message, [all replies]) for one request."""
-    with Client(ep, timeout_s=timeout_s) as c:
+    with _client()(ep, timeout_s=timeout_s) as c:
         toks, replies = [], []
         for m in c.generate(tokens=ids, max_tokens=max_tokens, temperature=0, ignore_eos=True, **kw):
             replies.append(m)
@@ -82,7 +129,7 @@ def run_many_live(ep, jobs, workers=32, stall_s=30, limit_s=900):
                            f"{stall_s} s (or {limit_s} s in all)")
 
     def worker():
-        with Client(ep, timeout_s=limit_s) as c:
+        with _client()(ep, timeout_s=limit_s) as c:
             _drain(it, lock, results, lambda **kw: one(c, **kw))
 
     ts = [threading.Thread(target=worker, daemon=True) for _ in range(workers)]
