@@ -4,22 +4,24 @@
 # with empty pools, so from then on the history comes from the cache-manager's host store
 # (TROUPE_PREFILL_FETCH=always: the fetch path, not the choice). Every turn's greedy tokens must
 # equal troupe-generate's on the same ids (one process, nothing cached): blocks of latent + RoPE key
-# survive hand-off, write-back and fetch unchanged.
+# survive hand-off, write-back and fetch unchanged. Requests go through the C client (troupe-client,
+# servelib.c_run_one): no pyzmq needed. BACKEND=cuda: the cluster and troupe-generate on GPU 0.
 . "$(dirname "$0")/lib.sh"
 MODEL=$ROOT/tests/fixtures/models/deepseek-v3-f32
 MODEL_PATH=$MODEL N_PREFILL=2 make_topology "$WORK/t.yaml"
 TROUPE_PREFILL_FETCH=always start_cluster "$WORK/t.yaml"
 ep=$(grep 'client:' "$WORK/t.yaml" | awk '{print $2}')
-$PY - "$ep" "$BIN" "$WORK/t.yaml" "$MODEL" <<'PY'
+$PY - "$ep" "$BIN" "$WORK/t.yaml" "$MODEL" "${BACKEND:-cpu}" <<'PY'
 import random, subprocess, sys, time
-from servelib import run_one, top
-ep, bin_dir, topo, model = sys.argv[1:5]
+from servelib import c_run_one, top
+ep, bin_dir, topo, model, backend = sys.argv[1:6]
 random.seed(5)
 while len([a for a in top(bin_dir, topo).values() if a["role"] == "prefill"]) < 2:
     time.sleep(0.2)
 def generate(ids):
-    out = subprocess.run([f"{bin_dir}/troupe-generate", model, "--ids", ",".join(map(str, ids)), "--max-tokens", "8",
-                          "--temperature", "0", "--ignore-eos", "--json"], capture_output=True, text=True, check=True)
+    out = subprocess.run([f"{bin_dir}/troupe-generate", model, "--backend", backend, "--ids", ",".join(map(str, ids)),
+                          "--max-tokens", "8", "--temperature", "0", "--ignore-eos", "--json"],
+                         capture_output=True, text=True, check=True)
     import json
     d = json.loads(out.stdout)
     return d["ids"]   # the generated ids
@@ -37,7 +39,7 @@ for turn in range(1, 7):
         else:
             raise AssertionError("prefill workers not restarted")
     prompt = history + [random.randrange(3, 500) for _ in range(random.randrange(5, 15))]
-    toks, done, _ = run_one(ep, prompt, max_tokens=8)
+    toks, done, _ = c_run_one(bin_dir, ep, prompt, max_tokens=8)
     assert done["type"] == "done", done
     ref = generate(prompt)
     cached = done["usage"]["cached_tokens"]
