@@ -44,6 +44,7 @@
 #include "actors/worker/prompt_intake.h"
 #include "actors/worker/router_watch.h"
 #include "actors/worker/spec_step.h"
+#include "actors/worker/step_trace.h"
 #include "actors/worker/stream_out.h"
 #include "actors/worker/writeback.h"
 #include "common/log.h"
@@ -71,9 +72,15 @@ typedef struct decode {
     router_watch_t routers;      /* the routers our requests belong to: a lost one's are dropped, a slow
                                     one's hold the steps */
     expert_report_t *experts;    /* expert_load windows to the expert-balancer; NULL: none */
+    step_trace_t trace;          /* TROUPE_STEP_TRACE: a line per step, arrival and end (step_trace.h) */
     /* Where the decode loop's time goes (ns): model steps, the recomputes' share of them. */
     uint64_t steps, forward_ns, recompute_ns;
+    /* Step cycles (start to the next step's start, while busy: s_step), every step's and those of
+     * decode rows only, so a speculating worker's (spec_step_counts by kind) compare with a plain one's. */
+    uint64_t cycle_ns, decode_cycles, decode_cycle_ns;
+    int last_decode_only;        /* the last step had decode rows only */
     int last_batch;              /* the last step's decode rows */
+    step_trace_step_t tstep;     /* tracing: the step being run, for its line */
 } decode_t;
 
 /* Frees a request and everything it holds, out of the scheduler first (NULL: nothing). */
@@ -83,6 +90,7 @@ static void s_req_free(decode_t *d, dc_req_t *r)
         return;
     if (sched_find(d->sched, r->sr.id) == &r->sr)
         sched_remove(d->sched, &r->sr);
+    step_trace_end(&d->trace, r->sr.id);   /* (one that never arrived, refused on the way in, too) */
     spec_step_forget(d->spec, r->sr.id);
     dc_req_destroy(&r);
 }
@@ -102,6 +110,7 @@ static void s_admit(decode_t *d, dc_req_t *r, int with_kv, int32_t first, float 
         return;
     }
     r->admitted_ms = now_ms();
+    step_trace_arrive(&d->trace, r->sr.id, (int)h->n_tokens, 1);
     if (stream_out_first(&d->out, r, first, lp))
         s_req_free(d, r);
 }
@@ -141,6 +150,8 @@ static int s_on_prefill_request(actor_t *a, void *state, const actor_peer_t *fro
         return 0;
     }
     prompt_intake_take(&d->prompts, a, from, m);
+    if (step_trace_on(&d->trace) && sched_find(d->sched, m->id))   /* taken, not refused */
+        step_trace_arrive(&d->trace, m->id, (int)m->u.prefill_request.n_tokens, 0);
     return 0;
 }
 
@@ -278,8 +289,10 @@ static int s_forward(actor_t *a, decode_t *d, const sched_batch_t *b, int spec)
         const dc_req_t *r = (const dc_req_t *)b->rows[i].req;
         const int used = b->rows[i].sample;   /* a chunk not ending its prompt: its token is not used */
         d->seqs[i] = (model_seq_t){.kv = r->kv, .n_new = b->rows[i].n_new + spec_step_drafts(d->spec, i)};
-        if (i >= b->n_decode)
+        if (i >= b->n_decode) {
             *(r->sr.state == SCHED_PROMPTING ? &prompt_tokens : &recompute_tokens) += (uint64_t)b->rows[i].n_new;
+            step_trace_chunk(&d->trace, r->sr.id, b->rows[i].n_new);
+        }
         d->need_logits[i] = used && (sampler_needs_host(r->smp) || r->handoff.u.handoff.sampling.logprobs ||
                                      (!dev_sample && !sampler_is_greedy(r->smp)));
         any_sampled |= used && !d->need_logits[i] && !sampler_is_greedy(r->smp);
@@ -302,6 +315,10 @@ static int s_forward(actor_t *a, decode_t *d, const sched_batch_t *b, int spec)
     d->recompute_ns += ns * recompute_tokens / all;
     d->steps++;
     d->last_batch = b->n_decode;
+    if (step_trace_on(&d->trace))
+        d->tstep = (step_trace_step_t){.fwd_begin_ns = t0, .fwd_end_ns = t0 + (int64_t)ns, .dec = b->n_decode,
+                                       .prm = b->n - b->n_decode, .ptok = (int)prompt_tokens,
+                                       .rtok = (int)recompute_tokens};
     if (frc == 0)
         return 0;
     LOG_E("forward: %s", err);
@@ -374,16 +391,29 @@ static int s_step(actor_t *a, void *state)
     const int copying = writeback_poll(d->wb, a);   /* copies in flight: come back soon to announce them */
     /* Without a step of ours, an expert-parallel group's step a peer started still needs us. */
     if (sched_size(d->sched) > 0 &&
-        !router_watch_room(&d->routers, a, stream_out_step_messages(&d->out, d->spec != NULL)))
+        !router_watch_room(&d->routers, a, stream_out_step_messages(&d->out, d->spec != NULL))) {
+        step_trace_hold(&d->trace);
         return copying | expert_group_idle(d->w->experts, 0);   /* a router is behind: no step until its outbox drains */
+    }
+    const int64_t sched_t0 = step_trace_on(&d->trace) ? now_ns() : 0;
     const sched_batch_t *b = sched_step(d->sched);
     if (b->n == 0) {
         d->cycle_t0 = 0;
+        step_trace_idle(&d->trace);
         return copying | expert_group_idle(d->w->experts, actor_draining(a) && sched_size(d->sched) == 0);
     }
+    const int waiting = step_trace_on(&d->trace) ? sched_count(d->sched, SCHED_WAITING) : 0;
+    const int prompting = step_trace_on(&d->trace) ? sched_count(d->sched, SCHED_PROMPTING) : 0;
+    const int preempted = step_trace_on(&d->trace) ? sched_count(d->sched, SCHED_PREEMPTED) : 0;
     const int64_t t0 = now_ns();
-    if (d->cycle_t0)
-        spec_step_cycle(d->spec, (double)(t0 - d->cycle_t0) / 1e9);   /* the step before this one, whole */
+    if (d->cycle_t0) {
+        const uint64_t cyc = (uint64_t)(t0 - d->cycle_t0);
+        d->cycle_ns += cyc;
+        d->decode_cycles += (uint64_t)d->last_decode_only;
+        d->decode_cycle_ns += d->last_decode_only ? cyc : 0;
+        spec_step_cycle(d->spec, (double)cyc / 1e9);   /* the step before this one, whole */
+    }
+    d->last_decode_only = b->n == b->n_decode;
     const int spec = spec_step_propose(d->spec, b);
     const int frc = s_forward(a, d, b, spec);
     if (spec) {
@@ -399,6 +429,14 @@ static int s_step(actor_t *a, void *state)
     }
     spec_step_done(d->spec, b);   /* its rows and drafts, for its cycle's report */
     d->cycle_t0 = t0;
+    if (step_trace_on(&d->trace)) {
+        d->tstep.begin_ns = sched_t0;
+        d->tstep.end_ns = now_ns();
+        d->tstep.waiting = waiting;
+        d->tstep.prompting = prompting;
+        d->tstep.preempted = preempted;
+        step_trace_step(&d->trace, &d->tstep);
+    }
     return 1;
 }
 
@@ -434,6 +472,9 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
     expert_apply_stats(a, st, expert_group_ep(d->w->experts));     /* the expert-parallel group, if any */
     actor_stat_metric(a, st, "forward_seconds_total", (double)d->forward_ns / 1e9, 1);
     actor_stat_metric(a, st, "recompute_seconds_total", (double)d->recompute_ns / 1e9, 1);
+    actor_stat_metric(a, st, "step_cycle_seconds_total", (double)d->cycle_ns / 1e9, 1);
+    actor_stat_metric(a, st, "decode_only_cycles_total", (double)d->decode_cycles, 1);
+    actor_stat_metric(a, st, "decode_only_cycle_seconds_total", (double)d->decode_cycle_ns / 1e9, 1);
     spec_step_stats(d->spec, a, st);   /* speculation: acceptance of the drafts, tokens per verify step */
     prompt_intake_stats(&d->prompts, a, st);   /* colocated: the prompts it computes itself */
 }
@@ -478,6 +519,7 @@ static void s_close(decode_t *d)
     for (sched_state_t st = 0; d->sched && st < SCHED_OUT; st++)
         while (sched_first(d->sched, st))
             s_req_free(d, (dc_req_t *)sched_first(d->sched, st));
+    step_trace_close(&d->trace);   /* after the requests' end lines */
     sched_destroy(&d->sched);
     free(d->seqs);
     free(d->argmax);
@@ -526,7 +568,12 @@ int main(int argc, char **argv)
     } else if (prompt_intake_init(&d.prompts, d.w, d.sched, d.name, d.cache_manager, colocated, err, sizeof err) != 0) {
         LOG_E("%s", err);   /* a bad TROUPE_PREFILL_FETCH */
         exit_code = 2;
+    } else if (step_trace_open(&d.trace, getenv("TROUPE_STEP_TRACE"), max_seqs, err, sizeof err) != 0) {
+        LOG_E("%s", err);
+        exit_code = ACTOR_EXIT_CONFIG;
     } else {
+        if (step_trace_on(&d.trace))
+            LOG_I("step trace: %s", getenv("TROUPE_STEP_TRACE"));
         if (d.handoffs.nccl)
             actor_timer_add(a, KVLINK_POLL_MS, s_poll_links);
         actor_ops_t ops = {.handlers = s_handlers, .n_handlers = ARRAY_LEN(s_handlers), .before_sleep = s_step,
