@@ -19,6 +19,9 @@
  *                                     the last step for a router's outbox; the chunks in row order
  *   end t=T id=ID                     a request left (finished, failed or cancelled)
  *
+ * An arrival's t is when the worker's loop read the message, which it does between steps: one
+ * that reached the socket during a forward shows up at that step's end.
+ *
  * tools/bench/step_trace.py summarises a trace. Lines go through stdio's buffer and are flushed
  * when the worker goes idle and at close: a worker killed mid-run loses the buffer's tail
  * (SIGTERM drains and closes). Known limit: the trace file is not rotated or bounded. */
