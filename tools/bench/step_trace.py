@@ -88,6 +88,32 @@ def summary(tr):
         f = [s["fwd"] for s in ss]
         rows.append(("fwd us %s: mean / p50 / p99" % name, "%.0f / %s / %s" % (mean(f), pct(f, 50), pct(f, 99))))
     rows.append(("forward seconds (sum)", "%.3f" % (sum(s["fwd"] for s in st) / 1e6)))
+    # Like for like: decode-only forwards by their rows (a slower kernel shows here whatever the
+    # arrivals), and mixed ones by their prompt tokens.
+    by = {}
+    for s in plain:
+        by.setdefault(s["dec"], []).append(s["fwd"])
+    common = sorted((k for k in by if len(by[k]) >= 20), reverse=True)[:6]
+    rows.append(("decode-only fwd us by rows (n >= 20)", "  ".join(
+        "%d:%.0f(%d)" % (k, mean(by[k]), len(by[k])) for k in common) or "-"))
+    edges = [1, 512, 1024, 1536, 2048]
+    byp = {}
+    for s in mixed:
+        e = max(x for x in edges if s["ptok"] + s["rtok"] >= x)
+        byp.setdefault(e, []).append(s["fwd"])
+    rows.append(("mixed fwd us by prompt tokens from", "  ".join(
+        "%d:%.0f(%d)" % (k, mean(byp[k]), len(byp[k])) for k in sorted(byp)) or "-"))
+    # Decode-only forwards while a finished request's write-back copy may be running (the 50 ms
+    # after an end) against the others: the copier reads the pool beside the steps.
+    ends = sorted(tr.end.values())
+    near, far = [], []
+    k = 0
+    for s in plain:
+        while k < len(ends) and ends[k] <= s["t"] - 50000:
+            k += 1
+        (near if k < len(ends) and ends[k] <= s["t"] else far).append(s["fwd"])
+    rows.append(("decode-only fwd us <= 50 ms after an end / other", "%.0f (%d) / %.0f (%d)" % (
+        mean(near), len(near), mean(far), len(far))))
     if st:
         span = (st[-1]["t"] + st[-1]["sched"] + st[-1]["fwd"] + st[-1]["post"] - st[0]["t"]) / 1e6
         rows.append(("first step to last step's end, s", "%.3f" % span))
