@@ -541,11 +541,6 @@ ep_t *ep_new(model_t *m, ckpt_t *ck, ep_comm_t *comm, char *err, size_t errlen)
         errf(err, errlen, "expert parallelism: %s has no MoE layers", m->where);
         goto fail;
     }
-    if (c->mla.on) {   /* engine/mla.c runs its MoE layers itself, never through the group */
-        errf(err, errlen, "expert parallelism: %s is a DeepSeek (MLA) model; its MoE layers do not run through a group",
-             m->where);
-        goto fail;
-    }
     if (!(tab = malloc((size_t)ep->L * (size_t)ep->E * sizeof(int32_t))) || !(ep->ctr = calloc((size_t)ep->E, sizeof(int))) ||
         !(ep->rank_entries = calloc((size_t)ep->L * (size_t)ep->n, sizeof(uint64_t))))
         goto oom;

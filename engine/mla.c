@@ -16,10 +16,14 @@
  * DeepSeekMoE (DeepseekV3MoE): the router's sigmoid scores plus e_score_correction_bias choose the
  * experts (group-limited: kernels/backend.h, moe_route_sigmoid), the unbiased scores weight them
  * (normalised when norm_topk_prob, times routed_scaling_factor), and the shared experts' MLP is
- * added to the routed sum. */
+ * added to the routed sum. In an expert-parallel group the routed sum comes from the group
+ * (ep_moe_layer, the same per-expert moe_ffn results added in the same order), the router and the
+ * shared experts run on each rank for its own rows; the MTP layer's MoE never goes through the
+ * group (only a drafting rank runs it), so each rank loads all of its experts (mla_load.c). */
 #include "engine/model_internal.h"
 
 #include "common/util.h"
+#include "engine/ep.h"
 
 /* The step's MLA activations, carved from mla_buf for T rows (mla_buf_floats' order). */
 typedef struct {
@@ -85,7 +89,10 @@ void mla_moe(model_t *m, const model_layer_t *L, int l, int T)
     PROF(m, P_MOE_ROUTE, op->moe_route_sigmoid(be, m->rlogits, L->e_bias, T, E, k, c->mla.n_group, c->mla.topk_group,
                                                c->norm_topk_prob, (float)c->mla.routed_scaling_factor, m->moe_ids,
                                                m->moe_w));
-    PROF(m, P_MOE_FFN, op->moe_ffn(be, m->xn, T, H, m->moe_ids, m->moe_w, k, L->experts, E, m->moe_scratch, routed));
+    if (m->ep && l >= 0)   /* through the group (engine/ep.h); the MTP layer (l < 0) holds all its experts */
+        PROF(m, P_MOE_FFN, ep_moe_layer(m->ep, l, T, m->xn, m->moe_ids, m->moe_w, routed));
+    else
+        PROF(m, P_MOE_FFN, op->moe_ffn(be, m->xn, T, H, m->moe_ids, m->moe_w, k, L->experts, E, m->moe_scratch, routed));
     if (op->moe_count && l >= 0)
         op->moe_count(be, m->moe_ids, T * k, m->moe_counts + (size_t)l * E);
     if (!L->has_shared)

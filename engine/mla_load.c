@@ -314,8 +314,13 @@ static int s_load_mtp(model_t *m, ckpt_t *ck, char *err, size_t errlen)
 #undef NAME
     t->layer.is_moe = c->num_experts > 0;
     if (t->layer.is_moe) {
-        if (model_load_moe(m, ck, l, &t->layer, err, errlen) < 0 ||
-            mla_load_moe_extra(m, ck, prefix, &t->layer, &bytes, err, errlen) < 0)
+        /* All its experts, whatever an expert-parallel group's filter (expert_keep): the MTP layer
+         * runs on a drafting rank alone, never through the group (engine/mla.c, mla_moe). */
+        int (*const keep)(void *, int, int) = m->opts.expert_keep;
+        m->opts.expert_keep = NULL;
+        const int rc = model_load_moe(m, ck, l, &t->layer, err, errlen);
+        m->opts.expert_keep = keep;
+        if (rc < 0 || mla_load_moe_extra(m, ck, prefix, &t->layer, &bytes, err, errlen) < 0)
             return -1;
     } else {
         snprintf(n, sizeof n, "%s.mlp", prefix);

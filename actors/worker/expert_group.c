@@ -160,11 +160,6 @@ expert_group_t *expert_group_member(const topo_t *t, const topo_instance_t *self
     const int n = self->actor >= 0 && self->actor < t->n_actors ? t->actors[self->actor].ep : 1, n_experts = cfg->num_experts;
     if (n < 2)
         return NULL;
-    if (cfg->mla.on) {   /* engine/mla.c's MoE layers do not go through the group */
-        errf(err, errlen, "actors[%d].ep: expert-parallel groups of DeepSeek (MLA) models are not supported yet",
-             self->actor);
-        return NULL;
-    }
     if (n > EP_MAX_RANKS || n_experts < n || n_experts % n != 0) {
         errf(err, errlen, "actors[%d].ep: the model's %d routed experts do not divide evenly over %d ranks", self->actor,
              n_experts, n);

@@ -37,7 +37,7 @@ expert_group_t *expert_group_spawn(int n, int n_experts, const char *model_dir, 
 int expert_group_attach(expert_group_t *g, engine_t *eng, char *err, size_t errlen);
 /* Instance self of topology t when its actor entry has ep > 1 (NULL and no error otherwise): its
  * rank in its group; sets spec's expert filter to that rank's experts. NULL with err (a config
- * error) when the model cfg's experts do not divide over the ranks, or its MoE is DeepSeek's. */
+ * error) when the model cfg's experts do not divide over the ranks. */
 expert_group_t *expert_group_member(const topo_t *t, const topo_instance_t *self, const model_config_t *cfg,
                                     engine_spec_t *spec, char *err, size_t errlen);
 /* A member: its peers' connections wake the actor's loop (actor_add_wake_fd). */

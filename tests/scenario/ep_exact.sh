@@ -3,12 +3,14 @@
 # steps (attention data-parallel), every MoE layer exchanged over the group in lockstep, each rank
 # holding only its experts. 8 requests at once land on every rank of a group of 2 and of 4 (checked
 # per rank in troupe-top), and every greedy output equals the one-process troupe-generate output,
-# for the MoE fixtures (qwen3-moe-f32, mixtral-f32) and kjv-moe from the shared models folder
-# (TROUPE_MODELS; skipped with a message when absent). Placements from the balancer are switched to
-# while serving, output still exact. Then kill -9 of one rank of a group of 2 and of 4 while 8
-# requests stream on every rank: every request ends with exactly one terminal reply (a retryable
-# error or done with all its tokens), every rank is restarted (the survivors exit when their group
-# fails) and they meet again, and requests on every rank are exact again. Every cluster must stop
+# for the MoE fixtures (qwen3-moe-f32, mixtral-f32, deepseek-v3-f32: MLA with DeepSeekMoE's
+# group-limited routing and shared expert) and kjv-moe and kjv-deepseek from the shared models
+# folder (TROUPE_MODELS; each skipped with a message when absent); kjv-deepseek in a group of 2
+# with MTP speculation too (exact, drafts accepted on every rank). Placements from the balancer
+# are switched to while serving, output still exact. Then kill -9 of one rank of a group of 2 and
+# of 4 while 8 requests stream on every rank: every request ends with exactly one terminal reply (a
+# retryable error or done with all its tokens), every rank is restarted (the survivors exit when
+# their group fails) and they meet again, and requests on every rank are exact again. Every cluster must stop
 # cleanly (the ranks drain together). BACKEND=cuda runs it all on GPU 0, every process sharing it
 # (the reference is troupe-generate on the same GPU). Requests go through the C client
 # (troupe-client, servelib.c_generate): no pyzmq needed (the GPU machine has none).
@@ -34,12 +36,15 @@ assert all(done), f"requests finished per rank {done}: a rank served none"
 print(f"requests finished per rank: {done}")
 PY
 }
-cases=("$ROOT/tests/fixtures/models/qwen3-moe-f32" "$ROOT/tests/fixtures/models/mixtral-f32")
-if [ -f "$MODELS/kjv-moe/config.json" ]; then
-  cases+=("$MODELS/kjv-moe")
-else
-  echo "SKIP kjv-moe: $MODELS/kjv-moe is absent (set TROUPE_MODELS)"
-fi
+cases=("$ROOT/tests/fixtures/models/qwen3-moe-f32" "$ROOT/tests/fixtures/models/mixtral-f32"
+       "$ROOT/tests/fixtures/models/deepseek-v3-f32")
+for shared in kjv-moe kjv-deepseek; do
+  if [ -f "$MODELS/$shared/config.json" ]; then
+    cases+=("$MODELS/$shared")
+  else
+    echo "SKIP $shared: $MODELS/$shared is absent (set TROUPE_MODELS)"
+  fi
+done
 PROMPTS="1,5,9,14,3 2,7,7,30,11,4,19,23,8 40,41,42 3,3,8,1 17,2,29,6,12 9,9,4 33,21,5,7,1,2 6,28,14"
 # stop_cluster: a graceful stop, the ranks of each group draining together: the supervisor exits
 # 0 only when every actor exited 0 within the grace period.
@@ -98,6 +103,52 @@ PY
     stop_cluster
   done
 done
+
+if [ -f "$MODELS/kjv-deepseek/config.json" ]; then
+  # DeepSeek's MTP layer runs on each rank alone (its experts loaded whole, engine/mla_load.c); the
+  # verify steps are ordinary group steps. Lossless: the same greedy tokens, and drafts accepted.
+  note "MTP speculation in a group (kjv-deepseek, group of 2, TROUPE_SPECULATION=mtp:3)"
+  MODEL_PATH=$MODELS/kjv-deepseek N_PREFILL=1 N_DECODE=2 DECODE_EP=2 make_topology "$WORK/mtp.yaml" "limits:" \
+    "  prefill_chunk_tokens: 8" "  max_batch: 16"
+  # fixed: the draft-scheduler's policy would turn speculation off where it does not pay (spec_mtp_exact.sh)
+  TROUPE_SPECULATION=mtp:3 TROUPE_SPEC_POLICY=fixed start_cluster "$WORK/mtp.yaml"
+  ep=$(grep 'client:' "$WORK/mtp.yaml" | awk '{print $2}')
+  PYTHONPATH="$ROOT/tests/scenario${PYTHONPATH:+:$PYTHONPATH}" /usr/bin/python3 - "$ep" "$BIN" "$WORK/mtp.yaml" \
+    "$WORK/kjv-deepseek.generate" "$PROMPTS" <<'PY'
+import sys, threading, time
+from servelib import c_generate, top, metric
+ep, bin_dir, topo, gen, prompts = sys.argv[1], sys.argv[2], sys.argv[3], open(sys.argv[4]).read().split(), sys.argv[5].split()
+want = [list(map(int, g.split(","))) for g in gen]
+got, errors = {}, []
+def run(i):
+    try:
+        toks = []
+        for m in c_generate(bin_dir, ep, list(map(int, prompts[i].split(","))), max_tokens=24, timeout_s=120):
+            if m["type"] == "token":
+                toks += m["tokens"]
+            elif m["type"] == "error":
+                errors.append((i, m))
+        got[i] = toks
+    except Exception as e:
+        errors.append((i, repr(e)))
+ts = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+for t in ts: t.start()
+for t in ts: t.join()
+assert not errors, errors
+for i in range(len(prompts)):
+    assert got[i] == want[i], f"prompt {i}: cluster with MTP {got[i]}, troupe-generate {want[i]}"
+names = ("spec_verify_steps_total", "spec_draft_tokens_total", "spec_accepted_tokens_total")
+for _ in range(50):   # the counts arrive with each rank's next stats
+    d = top(bin_dir, topo)
+    per = [[int(metric(d[f"decode-{r}"], n) or 0) if f"decode-{r}" in d else 0 for n in names] for r in range(2)]
+    if all(p[2] > 0 for p in per):
+        break
+    time.sleep(0.2)
+assert all(p[2] > 0 for p in per), f"[verify steps, drafts, accepted] per rank {per}: a rank accepted no MTP draft"
+print(f"{len(prompts)} prompts at once equal troupe-generate; [verify steps, drafts, accepted] per rank {per}")
+PY
+  stop_cluster
+fi
 
 note "placements while serving (qwen3-moe-f32, group of 4, a window of 4 steps, a placement every 2 windows)"
 dir=$ROOT/tests/fixtures/models/qwen3-moe-f32

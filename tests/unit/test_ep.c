@@ -33,6 +33,7 @@
 #include "common/util.h"
 #include "engine/engine_open.h"
 #include "engine/eplb.h"
+#include "engine/model_internal.h"   /* the MTP layer's experts (test_deepseek_v3) */
 
 #define FIXTURES "tests/fixtures/models"
 #define STEPS 10
@@ -146,6 +147,10 @@ static void s_case(const char *dir)
         for (int place = 0; place <= 1; place++) {
             expert_group_t *g;
             engine_t *e = s_open_group(dir, n, &g);
+            const model_mtp_t *mtp = e->model->mtp;   /* DeepSeek's MTP layer runs outside the group: whole */
+            for (int x = 0; mtp && mtp->layer.is_moe && x < ref->cfg.num_experts; x++)
+                if (!mtp->layer.experts[x].gate.data)
+                    fail_msg("%s, %d ranks: rank 0 lacks expert %d of the MTP layer", dir, n, x);
             run_t got;
             s_generate(e, expert_group_ep(g), place, &got);
             for (int q = 0; q < SEQS; q++)
@@ -193,6 +198,27 @@ static void test_kjv_moe(void **state)
     snprintf(dir, sizeof dir, "%s/kjv-moe", root && *root ? root : "../shared/models");
     if (access(dir, R_OK) != 0) {
         print_message("SKIP kjv-moe: %s is absent (set TROUPE_MODELS)\n", dir);
+        skip();
+    }
+    s_case(dir);
+}
+
+/* DeepSeek-V3 (MLA attention, DeepSeekMoE: group-limited sigmoid routing, a shared expert added to
+ * the routed sum, a dense first layer, an MTP layer loaded whole on every rank). */
+static void test_deepseek_v3(void **state)
+{
+    (void)state;
+    s_case(FIXTURES "/deepseek-v3-f32");
+}
+
+static void test_kjv_deepseek(void **state)
+{
+    (void)state;
+    const char *root = getenv("TROUPE_MODELS");
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s/kjv-deepseek", root && *root ? root : "../shared/models");
+    if (access(dir, R_OK) != 0) {
+        print_message("SKIP kjv-deepseek: %s is absent (set TROUPE_MODELS)\n", dir);
         skip();
     }
     s_case(dir);
@@ -467,6 +493,12 @@ static void test_dp_mixtral(void **state)
     s_dp_case(FIXTURES "/mixtral-f32");
 }
 
+static void test_dp_deepseek_v3(void **state)
+{
+    (void)state;
+    s_dp_case(FIXTURES "/deepseek-v3-f32");
+}
+
 static void test_dp_kjv_moe(void **state)
 {
     (void)state;
@@ -614,8 +646,10 @@ int main(int argc, char **argv)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_qwen3_moe),   cmocka_unit_test(test_mixtral),   cmocka_unit_test(test_kjv_moe),
+        cmocka_unit_test(test_deepseek_v3), cmocka_unit_test(test_kjv_deepseek),
         cmocka_unit_test(test_refused_placement), cmocka_unit_test(test_kill_rank),
         cmocka_unit_test(test_dp_qwen3_moe), cmocka_unit_test(test_dp_mixtral), cmocka_unit_test(test_dp_kjv_moe),
+        cmocka_unit_test(test_dp_deepseek_v3),
         cmocka_unit_test(test_dp_kill),            cmocka_unit_test(test_dp_rendezvous_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
