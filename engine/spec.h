@@ -70,10 +70,13 @@ typedef struct spec_ask {
      * so a row drafts about what it keeps. 0: draft k. */
     float stop_below;
     /* > 0: a draft model whose KV of this sequence lacks more than this many tokens computes only
-     * the sequence's last max_catch_up tokens, a window (an exploration step after a long stretch
-     * without drafts: what it measures is a step's cost, and a catch-up of every token since costs
-     * as much as the window's drafts are worth). The next ask without it computes the whole
-     * sequence again. 0: the whole sequence. */
+     * the sequence's last max_catch_up tokens, a window (a step after a long stretch without
+     * drafts, a sequence's first proposal: a catch-up of every token since costs more than the
+     * drafts it improves are worth). A window stays, caught up, while the asks carry a bound it
+     * holds (as many tokens of the sequence as the bound, or the whole sequence); an ask with a
+     * larger bound computes its own window once, and the next ask without one the whole
+     * sequence again. 0: the whole sequence. The decode worker's asks always carry one
+     * (SPEC_EXPLORE_CATCH_UP, SPEC_RESUME_CATCH_UP). */
     int max_catch_up;
 } spec_ask_t;
 

@@ -4,7 +4,8 @@
  * Each sequence keeps a kvseq in the draft's own pool. A proposal first brings it in step with
  * the sequence (the tokens it lacks: the whole prompt the first time, then the last accepted draft
  * and the target's own token; at most the last max_catch_up tokens when the ask says so, a window
- * whose positions start at 0), all sequences in one forward (chunked by max_tokens), and then
+ * whose positions start at 0, kept and caught up while later asks carry a bound it holds), all
+ * sequences in one forward (chunked by max_tokens), and then
  * runs one forward per draft position for every sequence still drafting, each appending its
  * previous draft. The last draft is never computed: the target may reject it, and if it is kept
  * the next catch-up computes it with the target's token.
@@ -369,8 +370,11 @@ static int s_group(draft_t *d, spec_ask_t *asks, int n)
             s->q = q;
             s->q_rows = k;
         }
-        /* A window asked no more: the whole sequence again. */
-        if (s->off > 0 && a->max_catch_up <= 0) {
+        /* A window (off > 0) is kept while the asks carry a bound it holds: an ask without one
+         * computes the whole sequence again, and one whose bound is more than the window holds
+         * (a drafting step after an exploration's window) computes its own window of the
+         * sequence's last max_catch_up tokens, once: bounded, and its drafts see that much. */
+        if (s->off > 0 && (a->max_catch_up <= 0 || a->n - s->off < a->max_catch_up)) {
             kvseq_release(s->kv);
             s->off = 0;
         }

@@ -139,6 +139,9 @@ int spec_cost_leave_out(int has_dist, int prev_asked, int asked);
 #define SPEC_EXPLORE_WIDE       0.15  /* drafting losing by this fraction of tokens/s is losing by far */
 #define SPEC_EXPLORE_CATCH_UP   32    /* a one-draft exploration's draft model computes at most the last
                                        * this many tokens of a row it lost step with (spec_ask_t.max_catch_up) */
+#define SPEC_RESUME_CATCH_UP    128   /* ... and a drafting step's (the policy turning drafting on after a
+                                       * plain stretch, a row's first proposal): a bounded catch-up, whose
+                                       * drafts see this much of the row's context */
 
 typedef struct spec_explore {
     uint64_t steps;                          /* decode-only steps asked about */

@@ -2,6 +2,7 @@
  * (spec_step.h says when each runs and why). */
 #include "actors/worker/spec_step.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -55,6 +56,9 @@ struct spec_step {
     long step_emitted;           /* this step's tokens streamed by spec_step_verify; -1: it did not verify */
     int *kv_base;                /* [max_seqs] the row's KV length before its drafts */
     spec_stats_t stats;
+    int kind;                    /* this step's spec_step_kind_t (spec_step_propose); -1: it had prompt rows */
+    int last_kind;               /* the last done step's, for its cycle (spec_step_cycle) */
+    spec_step_counts_t n;        /* where the time goes, by step kind (spec_step_counts) */
     spec_client_t *policy;       /* the draft-scheduler's policy and reports (spec_step_policy_init); NULL: none */
     int has_dist;                /* the proposer gives draft probabilities */
     float *probs;                /* [max_seqs][SPEC_MAX_K] each row's draft probabilities this step */
@@ -88,7 +92,7 @@ spec_step_t *spec_step_new(const spec_step_config_t *c, spec_proposer_t *draft, 
     spec_step_t *s = calloc(1, sizeof *s);
     if (s) {
         *s = (spec_step_t){.k = c->k, .max_seqs = max_seqs, .max_rows = max_rows, .max_model_len = max_model_len,
-                           .hooks = *hooks};
+                           .hooks = *hooks, .kind = -1, .last_kind = -1};
         if (c->method == SPEC_DRAFT || c->method == SPEC_MTP) {   /* opened by worker_load, freed with the worker */
             s->proposer = draft;
             s->borrowed = 1;
@@ -159,18 +163,59 @@ void spec_step_destroy(spec_step_t **self_p)
 }
 
 static void s_pad(spec_step_t *s, const sched_batch_t *b);
+static int s_propose(spec_step_t *s, const sched_batch_t *b);
 
-/* Every drafting row's proposal in one call (the draft model batches its forwards across rows);
- * each row's k is reserved from the step's budget before the proposals come back. A sampled row
- * (temperature > 0) gives a draft model its sampling, so it draws from its distribution. */
+/* The proposer's calls of this step, timed and counted by the step's kind (s->kind). */
+static void s_proposer_time(spec_step_t *s, int64_t t0)
+{
+    const int k = s->kind >= 0 ? s->kind : SPEC_STEP_DRAFTING;
+    s->n.proposer_calls[k]++;
+    s->n.proposer_seconds[k] += (double)(now_ns() - t0) / 1e9;
+}
+
+/* The step's own host time: from t0 on, less what the proposer took since proposer_s0. */
+static void s_host_time(spec_step_t *s, int64_t t0, double proposer_s0)
+{
+    double p = -proposer_s0;
+    for (int k = 0; k < SPEC_STEP_KINDS; k++)
+        p += s->n.proposer_seconds[k];
+    s->n.host_seconds += (double)(now_ns() - t0) / 1e9 - p;
+}
+
+static double s_proposer_total(const spec_step_t *s)
+{
+    double p = 0;
+    for (int k = 0; k < SPEC_STEP_KINDS; k++)
+        p += s->n.proposer_seconds[k];
+    return p;
+}
+
 int spec_step_propose(spec_step_t *s, const sched_batch_t *b)
 {
     if (!s)
         return 0;
+    const int64_t t0 = now_ns();
+    const double p0 = s_proposer_total(s);
+    const int rc = s_propose(s, b);
+    s_host_time(s, t0, p0);
+    return rc;
+}
+
+/* Every drafting row's proposal in one call (the draft model batches its forwards across rows);
+ * each row's k is reserved from the step's budget before the proposals come back. A sampled row
+ * (temperature > 0) gives a draft model its sampling, so it draws from its distribution. The
+ * step's kind: off when no row asks (nothing of the proposer runs: a worker whose policy is off
+ * pays for its proposer in its exploration steps only), explore, or drafting. A draft model asked
+ * by the policy catches up at most SPEC_RESUME_CATCH_UP tokens of a row it lost step with (the
+ * policy turning drafting on after a plain stretch, a row's first proposal), an exploration step
+ * at most SPEC_EXPLORE_CATCH_UP (spec_ask_t.max_catch_up). */
+static int s_propose(spec_step_t *s, const sched_batch_t *b)
+{
     for (int i = 0; i < b->n; i++)   /* spec_step_drafts: 0 in a step that does not verify */
         s->n_drafts[i] = s->n_pad[i] = 0;
     s->step_asked = 0;
     s->step_emitted = -1;
+    s->kind = -1;
     if (b->n != b->n_decode)
         return 0;
     int budget = s->max_rows - b->n, any = 0, n_ask = 0;
@@ -196,7 +241,7 @@ int spec_step_propose(spec_step_t *s, const sched_batch_t *b)
                                       .drafts = s->drafts + (size_t)i * SPEC_MAX_K,
                                       .probs = s->probs + (size_t)i * SPEC_MAX_K,
                                       .stop_below = explore < 0 && s->policy ? spec_client_stop_below(s->policy, b->n) : 0,
-                                      .max_catch_up = explore > 0 ? SPEC_EXPLORE_CATCH_UP : 0};
+                                      .max_catch_up = explore > 0 ? SPEC_EXPLORE_CATCH_UP : SPEC_RESUME_CATCH_UP};
         s->ask_row[n_ask++] = i;
         budget -= k;
     }
@@ -205,9 +250,12 @@ int spec_step_propose(spec_step_t *s, const sched_batch_t *b)
      * forward for drafts nobody asks for; its sequences begin again at their next feed (a row
      * then drafts from the step after, the output is the same), and the k = 0 cell of the cost
      * table is the plain step the policy compares against. */
+    s->kind = explore > 0 ? SPEC_STEP_EXPLORE : s->step_asked > 0 ? SPEC_STEP_DRAFTING : SPEC_STEP_OFF;
     if (n_ask == 0)
         return 0;
+    const int64_t tp = now_ns();
     spec_propose_batch(s->proposer, s->asks, n_ask);
+    s_proposer_time(s, tp);
     for (int a = 0; a < n_ask; a++) {
         const int i = s->ask_row[a];
         sched_req_t *r = b->rows[i].req;
@@ -285,6 +333,7 @@ int spec_step_drafts(const spec_step_t *s, int i) { return s ? s->n_drafts[i] + 
  * sample op's at the RNG step of its position (the tokens generated before it). */
 void spec_step_batch(spec_step_t *s, const sched_batch_t *b, int dev_sample, model_batch_t *mb)
 {
+    const int64_t t0 = now_ns();
     int row = 0, any_sampled = 0;
     for (int i = 0; i < b->n; i++) {
         sched_req_t *r = b->rows[i].req;
@@ -308,6 +357,7 @@ void spec_step_batch(spec_step_t *s, const sched_batch_t *b, int dev_sample, mod
     *mb = (model_batch_t){.n_seqs = b->n, .seqs = mb->seqs, .all_logits = 1, .argmax_out = s->ids,
                           .need_logits = s->need, .sample = any_sampled ? s->row_sample : NULL,
                           .hidden_out = s->hid_ok ? s->hid : NULL};
+    s->n.host_seconds += (double)(now_ns() - t0) / 1e9;
 }
 
 /* Row i's positions in order (its last token, then its drafts), the target's token for each,
@@ -318,6 +368,8 @@ void spec_step_verify(spec_step_t *s, const sched_batch_t *b, const float *logit
 {
     if (!s)
         return;
+    const int64_t t0 = now_ns();
+    const double p0 = s_proposer_total(s);
     const size_t V = (size_t)vocab;
     size_t row = 0;
     int n_feeds = 0;
@@ -374,8 +426,13 @@ void spec_step_verify(spec_step_t *s, const sched_batch_t *b, const float *logit
     /* Every row's kept positions through the MTP layer together. A feed that fails drops its
      * sequence, which begins again at its next feed (fewer drafts accepted a while, the same output). */
     char err[256];
-    if (n_feeds > 0 && spec_mtp_feed_batch(s->proposer, s->feeds, n_feeds, err, sizeof err) != 0)
-        LOG_W("MTP: %s; that sequence begins again", err);
+    if (n_feeds > 0) {
+        const int64_t tp = now_ns();
+        if (spec_mtp_feed_batch(s->proposer, s->feeds, n_feeds, err, sizeof err) != 0)
+            LOG_W("MTP: %s; that sequence begins again", err);
+        s_proposer_time(s, tp);
+    }
+    s_host_time(s, t0, p0);
 }
 
 int spec_step_policy_init(spec_step_t *s, actor_t *a, int has_dist, char *err, size_t errlen)
@@ -419,6 +476,8 @@ static int s_unlike(spec_step_t *s, const sched_batch_t *b, int verified, int as
     uint8_t *seen = &s->shape_seen[((size_t)(n - 1) * 2 + (size_t)verify) * (size_t)(s->max_seqs + 1) + (size_t)b->n];
     if (*seen < 2) {
         ++*seen;
+        if (s->kind >= 0)
+            s->n.graph_warmups[s->kind]++;
         return 1;
     }
     return transition;
@@ -428,6 +487,8 @@ void spec_step_done(spec_step_t *s, const sched_batch_t *b)
 {
     if (!s)
         return;
+    const int64_t t0 = now_ns();
+    s->last_kind = s->kind;
     s->last_rows = b->n == b->n_decode ? b->n : 0;   /* a step with prompt rows is no verify cost */
     s->last_tokens = b->n;
     for (int i = 0; i < b->n; i++)
@@ -442,11 +503,17 @@ void spec_step_done(spec_step_t *s, const sched_batch_t *b)
     /* a step that did not verify emitted a token per row */
     s->last_emitted = s->step_emitted >= 0 ? s->step_emitted : b->n;
     s->last_skip = s->last_rows > 0 && s_unlike(s, b, s->step_emitted >= 0, s->step_asked > 0);
+    s->n.host_seconds += (double)(now_ns() - t0) / 1e9;
 }
 
-void spec_step_cycle(spec_step_t *s, double seconds)
+static void s_cycle(spec_step_t *s, double seconds)
 {
-    if (!s || !s->policy || s->last_rows < 1)
+    if (s->last_kind >= 0 && s->last_rows >= 1) {
+        s->n.steps[s->last_kind]++;
+        s->n.seconds[s->last_kind] += seconds;
+    }
+    s->last_kind = -1;
+    if (!s->policy || s->last_rows < 1)
         return;
     if (s->last_rows == 1 && seconds > 1e-3)
         s->slow1[s->last_k > 0]++;
@@ -466,16 +533,47 @@ void spec_step_cycle(spec_step_t *s, double seconds)
     s->last_rows = 0;
 }
 
+void spec_step_cycle(spec_step_t *s, double seconds)
+{
+    if (!s)
+        return;
+    const int64_t t0 = now_ns();
+    s_cycle(s, seconds);
+    s->n.host_seconds += (double)(now_ns() - t0) / 1e9;
+}
+
 void spec_step_forget(spec_step_t *s, uint64_t id)
 {
     if (s)
         spec_forget(s->proposer, id);
 }
 
+void spec_step_counts(const spec_step_t *s, spec_step_counts_t *out)
+{
+    *out = s ? s->n : (spec_step_counts_t){0};
+}
+
 void spec_step_stats(const spec_step_t *s, actor_t *a, msg_stats_t *st)
 {
     if (!s)
         return;
+    /* Where the time goes, by step kind: a worker whose policy is off runs off steps (whose
+     * proposer calls must stay 0) and exploration steps, whose proposer time is its upkeep. */
+    static const char *const kinds[SPEC_STEP_KINDS] = {"off", "explore", "drafting"};
+    char name[64];
+    for (int k = 0; k < SPEC_STEP_KINDS; k++) {
+        snprintf(name, sizeof name, "spec_%s_steps_total", kinds[k]);
+        actor_stat_metric(a, st, name, (double)s->n.steps[k], 1);
+        snprintf(name, sizeof name, "spec_%s_seconds_total", kinds[k]);
+        actor_stat_metric(a, st, name, s->n.seconds[k], 1);
+    }
+    actor_stat_metric(a, st, "spec_upkeep_seconds_total",
+                      s->n.proposer_seconds[SPEC_STEP_OFF] + s->n.proposer_seconds[SPEC_STEP_EXPLORE], 1);
+    actor_stat_metric(a, st, "spec_upkeep_calls_total",
+                      (double)(s->n.proposer_calls[SPEC_STEP_OFF] + s->n.proposer_calls[SPEC_STEP_EXPLORE]), 1);
+    actor_stat_metric(a, st, "spec_off_proposer_calls_total", (double)s->n.proposer_calls[SPEC_STEP_OFF], 1);
+    actor_stat_metric(a, st, "spec_explore_graph_warmups_total", (double)s->n.graph_warmups[SPEC_STEP_EXPLORE], 1);
+    actor_stat_metric(a, st, "spec_host_seconds_total", s->n.host_seconds, 1);
     actor_stat_metric(a, st, "spec_verify_steps_total", (double)s->stats.verify_steps, 1);
     actor_stat_metric(a, st, "spec_draft_tokens_total", (double)s->stats.drafts, 1);
     actor_stat_metric(a, st, "spec_accepted_tokens_total", (double)s->stats.accepted, 1);

@@ -116,8 +116,30 @@ void spec_step_cycle(spec_step_t *s, double seconds);
 /* Request id ended: a proposer with per-sequence state drops it. */
 void spec_step_forget(spec_step_t *s, uint64_t id);
 
+/* What decided a decode-only step's drafts (spec_step_propose): no row asked for any (the policy
+ * off at the step's batch, or an exploration step at k = 0: a plain step), an exploration step's
+ * one draft per row, or the policy's (or the default k's) drafts. */
+typedef enum { SPEC_STEP_OFF = 0, SPEC_STEP_EXPLORE, SPEC_STEP_DRAFTING, SPEC_STEP_KINDS } spec_step_kind_t;
+
+/* Where a speculating worker's time goes, by step kind: what a worker whose policy is off pays
+ * beside a worker without speculation (docs/speculation.md, Stats). */
+typedef struct spec_step_counts {
+    uint64_t steps[SPEC_STEP_KINDS];            /* decode-only steps whose cycle was reported (spec_step_cycle) */
+    double seconds[SPEC_STEP_KINDS];            /* those cycles */
+    uint64_t proposer_calls[SPEC_STEP_KINDS];   /* proposals (spec_propose_batch) and MTP feeds in steps of each kind */
+    double proposer_seconds[SPEC_STEP_KINDS];   /* their wall time */
+    uint64_t graph_warmups[SPEC_STEP_KINDS];    /* steps that were a graph shape's first or second (s_unlike) */
+    double host_seconds;                        /* spec_step_*'s own host time, outside the proposer and the forward */
+} spec_step_counts_t;
+/* All 0 when s is NULL. */
+void spec_step_counts(const spec_step_t *s, spec_step_counts_t *out);
+
 /* spec_verify_steps_total, spec_draft_tokens_total, spec_accepted_tokens_total,
- * spec_acceptance_rate, spec_mean_accepted_length (nothing when off). */
+ * spec_acceptance_rate, spec_mean_accepted_length, the step kinds' counts (spec_step_counts:
+ * spec_off_steps_total, spec_off_seconds_total, spec_explore_*, spec_drafting_*,
+ * spec_upkeep_seconds_total and spec_upkeep_calls_total: the proposer in steps the policy asked
+ * nothing of, spec_off_proposer_calls_total, spec_host_seconds_total), the proposer's and the
+ * policy client's (nothing when off). */
 void spec_step_stats(const spec_step_t *s, actor_t *a, msg_stats_t *st);
 
 #endif

@@ -301,6 +301,66 @@ static void test_windowed_catch_up(void **state)
     engine_destroy(&t);
 }
 
+/* A window kept by asks with a bound it holds, and one with a larger bound (a drafting step after
+ * an exploration's window): that ask computes its own window of the last max_catch_up tokens,
+ * once, drafting as a fresh proposer asked with them; the asks after it keep it. */
+static void test_window_grows_to_a_larger_bound(void **state)
+{
+    (void)state;
+    engine_t *t = s_target();
+    spec_proposer_t *a = s_draft(t, DRAFT, 0), *ref = s_draft(t, DRAFT, 0);
+    int32_t toks[64], got[SPEC_MAX_K], want[SPEC_MAX_K];
+    for (int i = 0; i < 64; i++)
+        toks[i] = (int32_t)((i * 7 + i * i * 3 + 11) % 509);
+    spec_draft_stats_t st0, st;
+    /* An exploration's window of 8 at 40 tokens. */
+    spec_ask_t w = {.id = 9, .tokens = toks, .n = 40, .k = 1, .drafts = got, .max_catch_up = 8};
+    assert_int_equal(spec_propose_batch(a, &w, 1), 0);
+    spec_accepted(a, 9, 0);
+    /* Its second step asks with the same bound: kept, one token more. */
+    w.n = 41;
+    spec_draft_stats(a, &st0);
+    assert_int_equal(spec_propose_batch(a, &w, 1), 0);
+    spec_draft_stats(a, &st);
+    assert_int_equal(st.windows - st0.windows, 0);
+    assert_int_equal(st.tokens - st0.tokens, 1);
+    spec_accepted(a, 9, 0);
+    /* The policy drafts with a bound of 16: a window of the last 16 tokens, once. */
+    spec_ask_t p = {.id = 9, .tokens = toks, .n = 42, .k = 3, .drafts = got, .max_catch_up = 16};
+    spec_draft_stats(a, &st0);
+    assert_int_equal(spec_propose_batch(a, &p, 1), 0);
+    spec_draft_stats(a, &st);
+    assert_int_equal(st.windows - st0.windows, 1);
+    assert_int_equal(st.tokens - st0.tokens, 16 + 2);
+    assert_int_equal(spec_propose(ref, 1, toks + 26, 16, 3, want, NULL), 3);
+    assert_memory_equal(got, want, 3 * sizeof(int32_t));
+    /* The next ask, same bound: in step inside that window (two tokens more: a kept draft and the
+     * target's own). */
+    spec_accepted(a, 9, 1);
+    spec_accepted(ref, 1, 1);
+    toks[42] = got[0];
+    toks[43] = (got[1] + 3) % 509;
+    p.n = 44;
+    spec_draft_stats(a, &st0);
+    assert_int_equal(spec_propose_batch(a, &p, 1), 0);
+    spec_draft_stats(a, &st);
+    assert_int_equal(st.windows - st0.windows, 0);
+    assert_int_equal(st.tokens - st0.tokens, 1 + 2);
+    assert_int_equal(spec_propose(ref, 1, toks + 26, 18, 3, want, NULL), 3);
+    assert_memory_equal(got, want, 3 * sizeof(int32_t));
+    /* An exploration's smaller bound keeps it too (it holds more than 8 tokens). */
+    spec_accepted(a, 9, 0);
+    spec_ask_t e = {.id = 9, .tokens = toks, .n = 45, .k = 1, .drafts = got, .max_catch_up = 8};
+    spec_draft_stats(a, &st0);
+    assert_int_equal(spec_propose_batch(a, &e, 1), 0);
+    spec_draft_stats(a, &st);
+    assert_int_equal(st.windows - st0.windows, 0);
+    assert_true(st.tokens - st0.tokens <= 2);
+    spec_proposer_destroy(&a);
+    spec_proposer_destroy(&ref);
+    engine_destroy(&t);
+}
+
 /* spec_draft_device_bytes, from the config alone, against what spec_draft_new then places: the
  * draft's weights (model_weight_bytes of the same checkpoint) and its pool (blocks x block bytes),
  * for a sized pool and the default one (max_seqs sequences of max_model_len). */
@@ -617,7 +677,7 @@ int main(void)
         cmocka_unit_test(test_pool_runs_out),                 cmocka_unit_test(test_windowed_catch_up),
         cmocka_unit_test(test_sampled_self_draft_is_accepted), cmocka_unit_test(test_refuses_another_vocabulary),
         cmocka_unit_test(test_refuses_another_tokenizer),     cmocka_unit_test(test_verify_dist_follows_target),
-        cmocka_unit_test(test_refuses_unknown_device_mode),
+        cmocka_unit_test(test_refuses_unknown_device_mode),   cmocka_unit_test(test_window_grows_to_a_larger_bound),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
