@@ -96,6 +96,14 @@ def summary(tr):
     common = sorted((k for k in by if len(by[k]) >= 20), reverse=True)[:6]
     rows.append(("decode-only fwd us by rows (n >= 20)", "  ".join(
         "%d:%.0f(%d)" % (k, mean(by[k]), len(by[k])) for k in common) or "-"))
+    # The whole cycle (this step's start to the next one's, host time included): what a client's
+    # inter-token time is made of. Not counted across an idle gap (> 1 s).
+    cyc = {}
+    for s0, s1 in zip(st, st[1:]):
+        if not s0["prm"] and s1["t"] - s0["t"] < 1000000:
+            cyc.setdefault(s0["dec"], []).append(s1["t"] - s0["t"])
+    rows.append(("decode-only cycle us by rows (to the next start)", "  ".join(
+        "%d:%.0f(%d)" % (k, mean(cyc[k]), len(cyc[k])) for k in common if k in cyc) or "-"))
     edges = [1, 512, 1024, 1536, 2048]
     byp = {}
     for s in mixed:
