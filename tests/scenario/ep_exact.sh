@@ -14,9 +14,12 @@
 # cleanly (the ranks drain together). BACKEND=cuda runs it all on GPU 0, every process sharing it
 # (the reference is troupe-generate on the same GPU). Requests go through the C client
 # (troupe-client, servelib.c_generate): no pyzmq needed (the GPU machine has none).
+# EP_SIZES="1 2 4" also serves each model with one decode worker and no group (1): on a GPU, a
+# difference from troupe-generate there too is the batch's rounding, not the group's.
 . "$(dirname "$0")/lib.sh"
 MODELS=${TROUPE_MODELS:-$ROOT/../shared/models}
-# ranks_served TOPO N: every decode-R (R < N) has finished a request (troupe-top), else fail.
+# ranks_served TOPO N: every decode-R (R < N; "decode" when N is 1) has finished a request
+# (troupe-top), else fail.
 ranks_served() {
   PYTHONPATH="$ROOT/tests/scenario${PYTHONPATH:+:$PYTHONPATH}" /usr/bin/python3 - "$BIN" "$1" "$2" <<'PY'
 import subprocess, sys, time
@@ -28,7 +31,8 @@ for _ in range(50):   # the requests' counts arrive with each rank's next stats
     except subprocess.CalledProcessError as e:   # the monitor slow to answer on a loaded machine
         print(f"troupe-top: {e.stderr.strip()}")
         d = {}
-    done = [int(metric(d[f"decode-{r}"], "requests_finished_total") or 0) if f"decode-{r}" in d else 0 for r in range(n)]
+    names = [f"decode-{r}" for r in range(n)] if n > 1 else ["decode"]   # one instance has no index
+    done = [int(metric(d[a], "requests_finished_total") or 0) if a in d else 0 for a in names]
     if all(done):
         break
     time.sleep(0.2)
@@ -65,7 +69,7 @@ for dir in "${cases[@]}"; do
       --ignore-eos --json \
       | /usr/bin/python3 -c 'import json,sys; print(",".join(map(str, json.load(sys.stdin)["ids"])))' >> "$WORK/$name.generate"
   done
-  for n in 2 4; do
+  for n in ${EP_SIZES:-2 4}; do
     note "$name, expert-parallel group of $n"
     MODEL_PATH=$dir N_PREFILL=1 N_DECODE=$n DECODE_EP=$n make_topology "$WORK/$name-$n.yaml" "limits:" \
       "  prefill_chunk_tokens: 8" "  max_batch: 16"
