@@ -12,6 +12,10 @@
  * cached vectors directly (mla_attention: q_lat . latent + q_pe . k_pe), and its latent output goes
  * through W_UV[h] (head_matmul through w_uv) before o_proj. Nothing per head is ever cached.
  * scale = qk_head_dim^-0.5 (times mscale^2 under YaRN, engine/config.c).
+ * A prompt chunk (a sequence with more rows than any graph-replayed step has, MODEL_GRAPH_MAX_N)
+ * is offered to the backend's mla_prefill, the decompressed form (K and V per head from the
+ * cached latents, ordinary attention: kernels/backend.h); the rows it declines, and every other
+ * row, run the absorbed form, sequence runs of them in one call.
  *
  * DeepSeekMoE (DeepseekV3MoE): the router's sigmoid scores plus e_score_correction_bias choose the
  * experts (group-limited: kernels/backend.h, moe_route_sigmoid), the unbiased scores weight them
@@ -50,6 +54,44 @@ static s_bufs_t s_bufs(const model_t *m, int T)
     return b;
 }
 
+/* The step's host copy of one of meta's device sections: forward.c's s_layout uploads m->h_meta
+ * to m->d_meta in one piece, so a section sits at the same offset in both. */
+static const int32_t *s_host(const model_t *m, const int32_t *dev)
+{
+    return m->h_meta + (dev - m->d_meta);
+}
+
+/* meta restricted to rows r0 .. r0 + n - 1 (their sequences' block tables unchanged). */
+static bk_attn_meta_t s_rows(const bk_attn_meta_t *meta, int r0, int n)
+{
+    bk_attn_meta_t s = *meta;
+    s.n_tokens = n;
+    s.tok_seq += r0;
+    s.tok_pos += r0;
+    s.n_single = r0 < meta->n_single ? (meta->n_single - r0 < n ? meta->n_single - r0 : n) : 0;
+    s.seq_row0 = NULL;   /* indexed by sequence from row 0: meaningless for a part */
+    s.max_rows = 0;
+    return s;
+}
+
+/* The absorbed form for rows r0 .. r0 + n - 1: q into the latent space, attention over the
+ * compressed cache, the latent output through W_UV into att. */
+static void s_absorbed(model_t *m, const model_layer_t *L, int kv_layer, const s_bufs_t *b, int r0, int n,
+                       const bk_kv_t *kv, const bk_attn_meta_t *meta)
+{
+    const backend_ops_t *op = m->be->ops;
+    backend_t *be = m->be;
+    const struct config_mla *a = &m->cfg.mla;
+    const int nH = m->cfg.num_heads, r = a->kv_lora_rank, dr = a->qk_rope_head_dim, qk = a->qk_nope_head_dim + dr,
+              dv = a->v_head_dim;
+    const size_t o = (size_t)r0 * nH;
+    const bk_attn_meta_t part = r0 == 0 && n == meta->n_tokens ? *meta : s_rows(meta, r0, n);
+    PROF(m, P_QKV, op->head_matmul(be, b->q + o * qk, n, nH, nH * qk, qk, &L->w_uk_t, b->q_lat + o * r, nH * r, r));
+    PROF(m, P_ATTENTION, op->mla_attention(be, kv, kv_layer, b->q_lat + o * r, b->q_pe + o * dr, nH, r, dr, m->scale,
+                                           &part, b->o_lat + o * r));
+    PROF(m, P_O, op->head_matmul(be, b->o_lat + o * r, n, nH, nH * r, r, &L->w_uv, b->att + o * dv, nH * dv, dv));
+}
+
 void mla_attention(model_t *m, const model_layer_t *L, int kv_layer, int T, const bk_kv_t *kv,
                    const bk_attn_meta_t *meta)
 {
@@ -72,9 +114,30 @@ void mla_attention(model_t *m, const model_layer_t *L, int kv_layer, int T, cons
                                          a->rope_interleave, meta));
     PROF(m, P_ROPE, op->mla_rope_q(be, b.q, T, nH, qk, dn, dr, meta->tok_pos, m->inv_freq, m->rope_mul,
                                    a->rope_interleave, b.q_pe));
-    PROF(m, P_QKV, op->head_matmul(be, b.q, T, nH, nH * qk, qk, &L->w_uk_t, b.q_lat, nH * r, r));
-    PROF(m, P_ATTENTION, op->mla_attention(be, kv, kv_layer, b.q_lat, b.q_pe, nH, r, dr, m->scale, meta, b.o_lat));
-    PROF(m, P_O, op->head_matmul(be, b.o_lat, T, nH, nH * r, r, &L->w_uv, b.att, nH * dv, dv));
+    int from = 0;   /* the first row not computed yet: rows from..a0-1 go absorbed together */
+    if (op->mla_prefill && meta->seq_row0 && meta->max_rows > MODEL_GRAPH_MAX_N) {
+        const int32_t *row0 = s_host(m, meta->seq_row0), *pos = s_host(m, meta->tok_pos);
+        for (int s = 0; s < meta->n_seqs; s++) {
+            const int a0 = row0[s], n = row0[s + 1] - a0;
+            if (n <= MODEL_GRAPH_MAX_N)
+                continue;
+            /* s_layout's rows of a sequence are its last n positions in order: the last one's
+             * position + 1 is the context's length. */
+            const bk_attn_meta_t part = s_rows(meta, a0, n);
+            const size_t o = (size_t)a0 * nH;
+            int rc;
+            PROF(m, P_ATTENTION, rc = op->mla_prefill(be, kv, kv_layer, b.q + o * qk, b.q_pe + o * dr, nH, r, dn, dr, dv,
+                                                      &L->w_uk_t, &L->w_uv, m->scale, &part, pos[a0 + n - 1] + 1,
+                                                      b.att + o * dv));
+            if (rc != 0)
+                continue;
+            if (a0 > from)
+                s_absorbed(m, L, kv_layer, &b, from, a0 - from, kv, meta);
+            from = a0 + n;
+        }
+    }
+    if (from < T)
+        s_absorbed(m, L, kv_layer, &b, from, T - from, kv, meta);
     PROF(m, P_O, op->matmul(be, b.att, T, &L->o, NULL, m->delta));
 }
 

@@ -393,6 +393,17 @@ typedef struct backend_ops {
      * head h attends to positions 0..tok_pos[t] of its sequence: score = (q_lat . latent + q_pe .
      * key) * scale in f32 (the two dot products summed, then scaled), online softmax as `attention`,
      * out [M][n_heads][kv_lora] = sum p latent / sum p.
+     * mla_prefill (optional, NULL: never): the decompressed form of mla_attention followed by the
+     * latent output's head_matmul through w_uv, for a prompt chunk: every row of meta is of one
+     * sequence, n_ctx (host) exceeds each row's position and its positions 0..n_ctx-1 are stored.
+     * Per head h: k_j = [W_UK[h] latent_j, key_j], v_j = W_UV[h] latent_j (W_UK[h] = w_uk_t's
+     * block h transposed, W_UV[h] = w_uv's block h: mla_load.c's layout), row t's score against
+     * position j <= tok_pos[t] = (q[t][h][0..dn) . W_UK[h] latent_j + q_pe[t][h] . key_j) * scale,
+     * softmax as `attention`, out [M][n_heads][dv] = sum p v / sum p: the same function as the
+     * absorbed ops, up to rounding (a backend may round K, V and q to 16 bits). q [M][n_heads][dn +
+     * dr] (its no-RoPE part read), q_pe [M][n_heads][dr]. Returns 0 when it wrote out, -1 when it
+     * declines the call (its own choice by rows and shape, a knob, memory): nothing is written and
+     * the caller runs the absorbed ops. Never called while a graph is recorded.
      * head_matmul: y[m*y_stride + h*y_head + n] = sum_k w[h*N + n][k] * x[m*x_stride + h*x_head + k]
      * for n < N = w->rows / n_heads, k < K = w->cols, f32 sums in k order (a per-head matmul: q
      * into the latent space through kv_b's K half, the latent output through its V half).
@@ -416,6 +427,9 @@ typedef struct backend_ops {
                          const bk_attn_meta_t *meta);
     void (*mla_attention)(backend_t *be, const bk_kv_t *kv, int layer, const float *q_lat, const float *q_pe,
                           int n_heads, int kv_lora, int rope_dim, float scale, const bk_attn_meta_t *meta, float *out);
+    int (*mla_prefill)(backend_t *be, const bk_kv_t *kv, int layer, const float *q, const float *q_pe, int n_heads,
+                       int kv_lora, int dn, int dr, int dv, const bk_mat_t *w_uk_t, const bk_mat_t *w_uv, float scale,
+                       const bk_attn_meta_t *meta, int n_ctx, float *out);
     void (*head_matmul)(backend_t *be, const float *x, int M, int n_heads, int x_stride, int x_head,
                         const bk_mat_t *w, float *y, int y_stride, int y_head);
     void (*add)(backend_t *be, float *y, const float *x, int n);

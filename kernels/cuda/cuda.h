@@ -176,7 +176,14 @@ typedef struct cuda_state {
     size_t quant_x_bytes;
     void *quant_w;                /* device: cuda_qmatmul's dequantized weight [N][K] bf16 (GEMM-sized steps) */
     size_t quant_w_bytes;
+    int mla_prefill;              /* MLA prompt chunks: CUDA_MLA_PF_* (TROUPE_CUDA_MLA_PREFILL, default auto) */
+    void *mla_pf;                 /* device: mla_prefill's latents, K and V of one call (cuda_mla_prefill.cu) */
+    size_t mla_pf_bytes;
 } cuda_state_t;
+
+/* TROUPE_CUDA_MLA_PREFILL: absorbed (every row over the compressed cache), decompressed (every
+ * sequence the engine offers: more rows than a graph step has), auto (those of at least 32 rows). */
+enum { CUDA_MLA_PF_AUTO = 0, CUDA_MLA_PF_ABSORBED, CUDA_MLA_PF_DECOMPRESSED };
 
 static inline cuda_state_t *cuda_st(backend_t *be) { return (cuda_state_t *)be->impl; }
 
@@ -394,6 +401,9 @@ void cuda_mla_kv_store(backend_t *be, const bk_kv_t *kv, int layer, const float 
                        const bk_attn_meta_t *meta);
 void cuda_mla_attention(backend_t *be, const bk_kv_t *kv, int layer, const float *q_lat, const float *q_pe,
                         int n_heads, int kv_lora, int rope_dim, float scale, const bk_attn_meta_t *meta, float *out);
+int cuda_mla_prefill(backend_t *be, const bk_kv_t *kv, int layer, const float *q, const float *q_pe, int n_heads,
+                     int kv_lora, int dn, int dr, int dv, const bk_mat_t *w_uk_t, const bk_mat_t *w_uv, float scale,
+                     const bk_attn_meta_t *meta, int n_ctx, float *out);   /* cuda_mla_prefill.cu */
 void cuda_head_matmul(backend_t *be, const float *x, int M, int n_heads, int x_stride, int x_head, const bk_mat_t *w,
                       float *y, int y_stride, int y_head);
 void cuda_add(backend_t *be, float *y, const float *x, int n);

@@ -244,6 +244,8 @@ static void s_destroy(backend_t *be)
             cudaFree(st->sample_params);
         if (st->part)
             cudaFree(st->part);
+        if (st->mla_pf)
+            cudaFree(st->mla_pf);
         if (st->lt_ws)
             cudaFree(st->lt_ws);
         if (st->lt)
@@ -364,6 +366,7 @@ static const backend_ops_t s_cuda_ops = {
     .mla_rope_q = cuda_mla_rope_q,
     .mla_kv_store = cuda_mla_kv_store,
     .mla_attention = cuda_mla_attention,
+    .mla_prefill = cuda_mla_prefill,
     .head_matmul = cuda_head_matmul,
     .add = cuda_add,
     .moe_route_sigmoid = cuda_moe_route_sigmoid,
@@ -382,6 +385,22 @@ static int s_env_int(const char *name, int def, int lo, int hi, int *out, char *
     if (*end || x < lo || x > hi)
         return errf(err, errlen, "backend cuda: %s='%s' (expected an integer in [%d, %d])", name, v, lo, hi);
     *out = (int)x;
+    return 0;
+}
+
+/* TROUPE_CUDA_MLA_PREFILL: absorbed, decompressed or auto (unset or empty: auto). */
+static int s_env_mla_prefill(int *out, char *err, size_t errlen)
+{
+    const char *v = getenv("TROUPE_CUDA_MLA_PREFILL");
+    *out = CUDA_MLA_PF_AUTO;
+    if (!v || !*v || !strcmp(v, "auto"))
+        return 0;
+    if (!strcmp(v, "absorbed"))
+        *out = CUDA_MLA_PF_ABSORBED;
+    else if (!strcmp(v, "decompressed"))
+        *out = CUDA_MLA_PF_DECOMPRESSED;
+    else
+        return errf(err, errlen, "backend cuda: TROUPE_CUDA_MLA_PREFILL='%s' (expected absorbed, decompressed or auto)", v);
     return 0;
 }
 
@@ -440,7 +459,8 @@ extern "C" backend_t *backend_cuda_new(int device, char *err, size_t errlen)
         s_env_int("TROUPE_CUDA_MOE_DEVICE_MAX_M", 64, 0, 1 << 30, &st->moe_device_max_m, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_MOE_GROUPED", 1, 0, 1, &st->moe_grouped, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_MOE_GROUPED_MIN_M", 9, 1, 1 << 30, &st->moe_grouped_min_m, err, errlen) < 0 ||
-        s_env_int("TROUPE_CUDA_MOE_GROUPED_BM", 0, 0, 128, &st->moe_grouped_bm, err, errlen) < 0)
+        s_env_int("TROUPE_CUDA_MOE_GROUPED_BM", 0, 0, 128, &st->moe_grouped_bm, err, errlen) < 0 ||
+        s_env_mla_prefill(&st->mla_prefill, err, errlen) < 0)
         goto fail;
     if (st->gemv_warps != 0 && st->gemv_warps != 1 && st->gemv_warps != 4 && st->gemv_warps != 8) {
         errf(err, errlen, "backend cuda: TROUPE_CUDA_GEMV_WARPS=%d (expected 0 = by the matrix, 1, 4 or 8)",

@@ -554,6 +554,371 @@ static void test_head_matmul(void **state)
     backend_destroy(&cpu);
 }
 
+/* ---- mla_prefill: the decompressed form for prompt chunks ------------------------------------------
+ *
+ * A CUDA backend made with TROUPE_CUDA_MLA_PREFILL set to `mode` (the knob is read at creation),
+ * the variable restored after. */
+static backend_t *s_gpu_mode(const char *mode)
+{
+    char err[512], *old = getenv("TROUPE_CUDA_MLA_PREFILL");
+    char keep[64] = "";
+    if (old)
+        snprintf(keep, sizeof keep, "%s", old);
+    setenv("TROUPE_CUDA_MLA_PREFILL", mode, 1);
+    backend_t *be = backend_new("cuda", 0, err, sizeof err);
+    if (old)
+        setenv("TROUPE_CUDA_MLA_PREFILL", keep, 1);
+    else
+        unsetenv("TROUPE_CUDA_MLA_PREFILL");
+    if (!be)
+        fail_msg("%s", err);
+    return be;
+}
+
+/* One head configuration and one call: T rows of sequence 1 of two (the other's table first, so
+ * the sequence index matters) at positions p0 .. p0 + T - 1, keys 0 .. p0 + T - 1 in the cache. */
+typedef struct pf_case {
+    const char *name;
+    int nH, r, dr, dn, dv;
+    int T, p0, bs;
+    dtype_t dt;                   /* the cache's */
+    float scale;
+} pf_case_t;
+
+/* The case's inputs, host (the same bytes go to every backend). */
+typedef struct pf_in {
+    void *cache;
+    size_t cache_bytes;
+    int n_blocks, n_bt;
+    int32_t bt_start[2], bt[256], seq[512], pos[512];
+    uint16_t *w_uk_t, *w_uv;      /* bf16 [nH*r][dn], [nH*dv][r] */
+    float *q, *q_pe;              /* [T][nH][dn + dr], [T][nH][dr] */
+} pf_in_t;
+
+enum { PF_LAYERS = 2, PF_LAYER = 1 };
+
+static void s_pf_inputs(const pf_case_t *c, pf_in_t *in)
+{
+    const int W = c->r + c->dr, n_ctx = c->p0 + c->T, qk = c->dn + c->dr;
+    assert_true(c->T <= 512);
+    /* sequence 0: 2 blocks of its own; sequence 1: the context's blocks, numbered backwards */
+    const int nb1 = (n_ctx + c->bs - 1) / c->bs;
+    in->bt_start[0] = 0;
+    in->bt_start[1] = 2;
+    in->n_bt = 2 + nb1;
+    in->n_blocks = in->n_bt;
+    assert_true(in->n_bt <= 256);
+    in->bt[0] = in->n_blocks - 1;
+    in->bt[1] = in->n_blocks - 2;
+    for (int i = 0; i < nb1; i++)
+        in->bt[2 + i] = nb1 - 1 - i;
+    for (int t = 0; t < c->T; t++) {
+        in->seq[t] = 1;
+        in->pos[t] = c->p0 + t;
+    }
+    const size_t n_el = (size_t)in->n_blocks * PF_LAYERS * c->bs * W;
+    in->cache_bytes = n_el * dtype_size(c->dt);
+    float *f = malloc(n_el * 4);
+    in->cache = malloc(in->cache_bytes);
+    const size_t nuk = (size_t)c->nH * c->r * c->dn, nuv = (size_t)c->nH * c->dv * c->r;
+    const size_t nq = (size_t)c->T * c->nH * qk, np = (size_t)c->T * c->nH * c->dr;
+    in->w_uk_t = malloc(nuk * 2);
+    in->w_uv = malloc(nuv * 2);
+    in->q = malloc(nq * 4);
+    in->q_pe = malloc(np * 4);
+    assert_true(f && in->cache && in->w_uk_t && in->w_uv && in->q && in->q_pe);
+    uint64_t rs = 4242 + (uint64_t)c->nH * 7 + (uint64_t)c->p0;
+    for (size_t i = 0; i < n_el; i++)
+        f[i] = s_rand(&rs);
+    dtype_from_f32(c->dt, f, in->cache, n_el);
+    /* Weights ~ U(-1, 1) / sqrt(kv_lora) and queries ~ 4 U(-1, 1): scores of a few units. */
+    const float ws = 1.0f / sqrtf((float)c->r);
+    for (size_t i = 0; i < nuk; i++)
+        in->w_uk_t[i] = f32_to_bf16(ws * s_rand(&rs));
+    for (size_t i = 0; i < nuv; i++)
+        in->w_uv[i] = f32_to_bf16(ws * s_rand(&rs));
+    for (size_t i = 0; i < nq; i++)
+        in->q[i] = 4.0f * s_rand(&rs);
+    for (size_t i = 0; i < np; i++)
+        in->q_pe[i] = 4.0f * s_rand(&rs);
+    free(f);
+}
+
+static void s_pf_free(pf_in_t *in)
+{
+    free(in->cache);
+    free(in->w_uk_t);
+    free(in->w_uv);
+    free(in->q);
+    free(in->q_pe);
+}
+
+/* att [T][nH][dv] on be: decompressed (mla_prefill; *rc its return, out poisoned with NaN) or the
+ * absorbed ops (head_matmul, mla_attention, head_matmul), as engine/mla.c runs them. */
+static float *s_pf_run(backend_t *be, const pf_case_t *c, const pf_in_t *in, int decompressed, int *rc)
+{
+    const backend_ops_t *op = be->ops;
+    const int W = c->r + c->dr, qk = c->dn + c->dr, T = c->T, nH = c->nH;
+    const size_t nuk = (size_t)nH * c->r * c->dn, nuv = (size_t)nH * c->dv * c->r;
+    const size_t nq = (size_t)T * nH * qk, np = (size_t)T * nH * c->dr, nl = (size_t)T * nH * c->r,
+                 no = (size_t)T * nH * c->dv;
+    bk_kv_t kv = {.dtype = c->dt, .n_blocks = in->n_blocks, .block_size = c->bs, .n_layers = PF_LAYERS,
+                  .n_kv_heads = 1, .head_dim = W / 2,
+                  .block_bytes = (size_t)PF_LAYERS * c->bs * W * dtype_size(c->dt)};
+    kv.base = op->alloc(be, in->cache_bytes);
+    int32_t *d_seq = op->alloc(be, (size_t)T * 4), *d_pos = op->alloc(be, (size_t)T * 4),
+            *d_bts = op->alloc(be, 2 * 4), *d_bt = op->alloc(be, (size_t)in->n_bt * 4);
+    void *d_uk = op->alloc(be, nuk * 2), *d_uv = op->alloc(be, nuv * 2);
+    float *d_q = op->alloc(be, nq * 4), *d_qp = op->alloc(be, np * 4), *d_lat = op->alloc(be, nl * 4),
+          *d_olat = op->alloc(be, nl * 4), *d_out = op->alloc(be, no * 4);
+    float *out = malloc(no * 4);
+    assert_non_null(out);
+    for (size_t i = 0; i < no; i++)
+        out[i] = NAN;
+    assert_int_equal(op->upload(be, kv.base, in->cache, in->cache_bytes), 0);
+    assert_int_equal(op->upload(be, d_seq, in->seq, (size_t)T * 4), 0);
+    assert_int_equal(op->upload(be, d_pos, in->pos, (size_t)T * 4), 0);
+    assert_int_equal(op->upload(be, d_bts, in->bt_start, 2 * 4), 0);
+    assert_int_equal(op->upload(be, d_bt, in->bt, (size_t)in->n_bt * 4), 0);
+    assert_int_equal(op->upload(be, d_uk, in->w_uk_t, nuk * 2), 0);
+    assert_int_equal(op->upload(be, d_uv, in->w_uv, nuv * 2), 0);
+    assert_int_equal(op->upload(be, d_q, in->q, nq * 4), 0);
+    assert_int_equal(op->upload(be, d_qp, in->q_pe, np * 4), 0);
+    assert_int_equal(op->upload(be, d_out, out, no * 4), 0);
+    const bk_mat_t uk = {.data = d_uk, .dtype = DT_BF16, .rows = (int64_t)nH * c->r, .cols = c->dn};
+    const bk_mat_t uv = {.data = d_uv, .dtype = DT_BF16, .rows = (int64_t)nH * c->dv, .cols = c->r};
+    const bk_attn_meta_t meta = {.n_tokens = T, .n_seqs = 2, .tok_seq = d_seq, .tok_pos = d_pos,
+                                 .seq_bt_start = d_bts, .block_table = d_bt};
+    *rc = 0;
+    if (decompressed) {
+        *rc = op->mla_prefill(be, &kv, PF_LAYER, d_q, d_qp, nH, c->r, c->dn, c->dr, c->dv, &uk, &uv, c->scale, &meta,
+                              c->p0 + T, d_out);
+    } else {
+        op->head_matmul(be, d_q, T, nH, nH * qk, qk, &uk, d_lat, nH * c->r, c->r);
+        op->mla_attention(be, &kv, PF_LAYER, d_lat, d_qp, nH, c->r, c->dr, c->scale, &meta, d_olat);
+        op->head_matmul(be, d_olat, T, nH, nH * c->r, c->r, &uv, d_out, nH * c->dv, c->dv);
+    }
+    assert_int_equal(op->download(be, out, d_out, no * 4), 0);
+    void *bufs[] = {kv.base, d_seq, d_pos, d_bts, d_bt, d_uk, d_uv, d_q, d_qp, d_lat, d_olat, d_out};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        op->free(be, bufs[i]);
+    return out;
+}
+
+/* The worst relative error over the (row, head) vectors of dv; NaN (an output not written) wins. */
+static double s_pf_worst(const float *x, const float *ref, const pf_case_t *c)
+{
+    double worst = 0;
+    for (size_t i = 0; i < (size_t)c->T * c->nH; i++) {
+        const double e = s_relerr(x + i * c->dv, ref + i * c->dv, (size_t)c->dv);
+        worst = e > worst || e != e ? e : worst;
+    }
+    return worst;
+}
+
+/* mla_prefill against the CPU's absorbed ops and CUDA's: kjv-deepseek's heads (4 x (32 + 16), v 32,
+ * kv_lora 64) and DeepSeek-V2-Lite's (16 x (128 + 64), v 128, kv_lora 512, with its YaRN softmax
+ * scale: 192^-0.5 x mscale(40, 0.707)^2), chunks of 100 and 70 rows with no context before them
+ * and after 200 positions (prefix-cached or earlier chunks: the rows' causal window starts
+ * mid-context), bf16 and fp8 caches, block sizes 16 and 64. The absorbed CUDA path agrees with the
+ * CPU within 1e-5 (test_attention's bound); the decompressed one rounds q, K, V and p to bf16, so
+ * within 1e-2 of both (a CPU emulation of that rounding, as cuda_attention_mma.cu's, is ~3e-3; a
+ * wrong mask, scale or head layout is an error of order 1). TROUPE_CUDA_MLA_PREFILL=absorbed
+ * declines (-1, nothing written); decompressed takes a 20-row chunk that auto declines. */
+static void test_prefill(void **state)
+{
+    (void)state;
+    backend_t *cpu = backend_cpu_new(0), *dec = s_gpu_mode("decompressed"), *abs_be = s_gpu_mode("absorbed"),
+              *aut = s_gpu_mode("auto");
+    const float yarn = 0.1f * 0.707f * logf(40.0f) + 1.0f;
+    const pf_case_t cases[] = {
+        {"kjv heads, no context", 4, 64, 16, 32, 32, 100, 0, 16, DT_BF16, 1.0f / sqrtf(48.0f)},
+        {"kjv heads, 200 before", 4, 64, 16, 32, 32, 70, 200, 16, DT_BF16, 1.0f / sqrtf(48.0f)},
+        {"V2-Lite heads, no context", 16, 512, 64, 128, 128, 100, 0, 64, DT_BF16, yarn * yarn / sqrtf(192.0f)},
+        {"V2-Lite heads, 200 before", 16, 512, 64, 128, 128, 70, 200, 16, DT_BF16, yarn * yarn / sqrtf(192.0f)},
+        {"V2-Lite heads, 200 before, fp8", 16, 512, 64, 128, 128, 70, 200, 64, DT_F8E4M3,
+         yarn * yarn / sqrtf(192.0f)},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        const pf_case_t *c = &cases[k];
+        pf_in_t in;
+        s_pf_inputs(c, &in);
+        int rc_ref, rc_abs, rc_dec;
+        float *ref = s_pf_run(cpu, c, &in, 0, &rc_ref);
+        float *ab = s_pf_run(s_gpu, c, &in, 0, &rc_abs);
+        float *de = s_pf_run(dec, c, &in, 1, &rc_dec);
+        assert_int_equal(rc_dec, 0);
+        const double e_abs = s_pf_worst(ab, ref, c), e_dec = s_pf_worst(de, ref, c), e_da = s_pf_worst(de, ab, c);
+        print_message("  mla_prefill %s (%d rows, %s cache): worst (row, head) rel err: CUDA absorbed vs CPU %.2e, "
+                      "decompressed vs CPU %.2e, vs CUDA absorbed %.2e\n", c->name, c->T, dtype_name(c->dt), e_abs,
+                      e_dec, e_da);
+        if (!(e_abs <= 1e-5))
+            fail_msg("%s: CUDA absorbed vs CPU %.3g exceeds 1e-5", c->name, e_abs);
+        if (!(e_dec <= 1e-2 && e_da <= 1e-2))
+            fail_msg("%s: decompressed vs CPU %.3g, vs CUDA absorbed %.3g: beyond 1e-2", c->name, e_dec, e_da);
+        if (k == 0) {   /* the knob: absorbed declines and writes nothing */
+            int rc;
+            float *no = s_pf_run(abs_be, c, &in, 1, &rc);
+            assert_int_equal(rc, -1);
+            for (size_t i = 0; i < (size_t)c->T * c->nH * c->dv; i++)
+                assert_true(isnan(no[i]));
+            free(no);
+        }
+        free(ref);
+        free(ab);
+        free(de);
+        s_pf_free(&in);
+    }
+    /* 20 rows: auto leaves them to the absorbed form, decompressed takes them. */
+    const pf_case_t small = {"kjv heads, 20 rows", 4, 64, 16, 32, 32, 20, 37, 16, DT_BF16, 1.0f / sqrtf(48.0f)};
+    pf_in_t in;
+    s_pf_inputs(&small, &in);
+    int rc_a, rc_d, rc_r;
+    float *fa = s_pf_run(aut, &small, &in, 1, &rc_a), *fd = s_pf_run(dec, &small, &in, 1, &rc_d),
+          *fr = s_pf_run(cpu, &small, &in, 0, &rc_r);
+    assert_int_equal(rc_a, -1);
+    assert_int_equal(rc_d, 0);
+    const double e = s_pf_worst(fd, fr, &small);
+    print_message("  mla_prefill %s: decompressed vs CPU %.2e\n", small.name, e);
+    if (!(e <= 1e-2))
+        fail_msg("%s: decompressed vs CPU %.3g exceeds 1e-2", small.name, e);
+    free(fa);
+    free(fd);
+    free(fr);
+    s_pf_free(&in);
+    backend_destroy(&aut);
+    backend_destroy(&abs_be);
+    backend_destroy(&dec);
+    backend_destroy(&cpu);
+}
+
+/* Logits of one model through chunked prefill with the decompressed form on and off: sequence A's
+ * prompt of 60 ids, then its next 40 (60 positions before them) beside B's first 20 (a chunk auto
+ * leaves absorbed: rows of both forms in one step); then A one decode row beside B's next 30;
+ * then C, whose first 48 ids are A's, adopts those positions from the prefix cache
+ * (kvseq_match_prefix) and computes 30 more. The last row of each sequence of each step gives logits: [PF_ROWS_OUT][vocab]. */
+enum { PF_ROWS_OUT = 6 };
+
+static float *s_pf_model(backend_t *be, const char *dir, const model_config_t *cfg, ckpt_t *ck)
+{
+    char err[512];
+    const model_opts_t o = {.max_tokens = 128, .max_seqs = 2, .max_context = 160, .kv_block_size = 16};
+    model_t *m = model_load(dir, cfg, ck, be, &o, err, sizeof err);
+    if (!m)
+        fail_msg("%s", err);
+    const dtype_t kvt = cfg->dtype == DT_F32 ? DT_F32 : DT_BF16;
+    kvpool_t *pool = kvpool_new(32, 16, cfg->num_layers, cfg->num_kv_heads, cfg->head_dim, kvt, be, err, sizeof err);
+    if (!pool)
+        fail_msg("%s", err);
+    const int V = cfg->vocab_size;
+    float *lg = malloc((size_t)PF_ROWS_OUT * V * sizeof(float));
+    assert_non_null(lg);
+    kvseq_t *A = kvseq_new(pool, 128, 0), *B = kvseq_new(pool, 128, 0), *C = kvseq_new(pool, 128, 0);
+    int32_t ids[128];
+    for (int i = 0; i < 128; i++)
+        ids[i] = (i * 7919 + 3) % V;
+    int32_t idb[64];
+    for (int i = 0; i < 64; i++)
+        idb[i] = (i * 104729 + 11) % V;
+    model_seq_t q[2];
+    model_batch_t b = {.seqs = q};
+    /* step 1: A's 60 */
+    assert_int_equal(kvseq_append(A, ids, 60), 0);
+    q[0] = (model_seq_t){.kv = A, .n_new = 60};
+    b.n_seqs = 1;
+    if (model_forward(m, &b, lg, err, sizeof err) < 0)
+        fail_msg("model_forward: %s", err);
+    kvseq_publish(A);
+    /* step 2: B's 20, A's next 40 */
+    assert_int_equal(kvseq_append(B, idb, 20), 0);
+    assert_int_equal(kvseq_append(A, ids + 60, 40), 0);
+    q[0] = (model_seq_t){.kv = B, .n_new = 20};
+    q[1] = (model_seq_t){.kv = A, .n_new = 40};
+    b.n_seqs = 2;
+    if (model_forward(m, &b, lg + (size_t)1 * V, err, sizeof err) < 0)
+        fail_msg("model_forward: %s", err);
+    kvseq_publish(A);
+    kvseq_publish(B);
+    /* step 3: A one row, B's next 30 */
+    assert_int_equal(kvseq_append(A, ids + 100, 1), 0);
+    assert_int_equal(kvseq_append(B, idb + 20, 30), 0);
+    q[0] = (model_seq_t){.kv = A, .n_new = 1};
+    q[1] = (model_seq_t){.kv = B, .n_new = 30};
+    if (model_forward(m, &b, lg + (size_t)3 * V, err, sizeof err) < 0)
+        fail_msg("model_forward: %s", err);
+    /* step 4: C = A's first 48 ids (three published blocks) and 30 of its own */
+    int32_t idc[78];
+    for (int i = 0; i < 78; i++)
+        idc[i] = i < 48 ? ids[i] : (i * 31337 + 5) % V;
+    assert_int_equal(kvseq_match_prefix(C, idc, 78), 48);
+    assert_int_equal(kvseq_append(C, idc + 48, 30), 0);
+    q[0] = (model_seq_t){.kv = C, .n_new = 30};
+    b.n_seqs = 1;
+    if (model_forward(m, &b, lg + (size_t)5 * V, err, sizeof err) < 0)
+        fail_msg("model_forward: %s", err);
+    kvseq_destroy(&A);
+    kvseq_destroy(&B);
+    kvseq_destroy(&C);
+    kvpool_destroy(&pool);
+    model_destroy(&m);
+    return lg;
+}
+
+/* s_pf_model on the CPU and on CUDA with TROUPE_CUDA_MLA_PREFILL absorbed, auto and decompressed,
+ * for the bf16 DeepSeek models (kjv-deepseek when present, the deepseek-v3-noqlora-bf16 fixture):
+ * every row's argmax equal to the CPU's and the relative error within test_fixtures' bf16 bounds
+ * (median BF16_MEDIAN, worst BF16_WORST: the GEMMs' bf16 activations dominate, absorbed or not). */
+static void test_prefill_model(void **state)
+{
+    (void)state;
+    char dirs[2][4096];
+    const char *root = getenv("TROUPE_MODELS");
+    snprintf(dirs[0], sizeof dirs[0], "%s/kjv-deepseek", root && *root ? root : "../shared/models");
+    snprintf(dirs[1], sizeof dirs[1], "%s/deepseek-v3-noqlora-bf16", gpu_fixture_root());
+    const char *modes[] = {"absorbed", "auto", "decompressed"};
+    for (int d = 0; d < 2; d++) {
+        const char *dir = dirs[d];
+        char err[512];
+        if (access(dir, R_OK) != 0) {
+            print_message("SKIP %s: absent\n", dir);
+            continue;
+        }
+        model_config_t cfg;
+        if (config_load(dir, &cfg, err, sizeof err) != 0)
+            fail_msg("%s", err);
+        ckpt_t *ck = ckpt_open(dir, err, sizeof err);
+        if (!ck)
+            fail_msg("%s", err);
+        backend_t *cpu = backend_cpu_new(0);
+        float *ref = s_pf_model(cpu, dir, &cfg, ck);
+        const int V = cfg.vocab_size;
+        for (int k = 0; k < 3; k++) {
+            backend_t *be = s_gpu_mode(modes[k]);
+            float *x = s_pf_model(be, dir, &cfg, ck);
+            double e[PF_ROWS_OUT], worst = 0;
+            for (int r = 0; r < PF_ROWS_OUT; r++) {
+                e[r] = s_relerr(x + (size_t)r * V, ref + (size_t)r * V, (size_t)V);
+                worst = e[r] > worst || e[r] != e[r] ? e[r] : worst;
+                if (s_argmax(x + (size_t)r * V, V) != s_argmax(ref + (size_t)r * V, V))
+                    fail_msg("%s, %s: row %d: CUDA argmax %d, CPU %d", dir, modes[k], r,
+                             s_argmax(x + (size_t)r * V, V), s_argmax(ref + (size_t)r * V, V));
+            }
+            qsort(e, PF_ROWS_OUT, sizeof e[0], s_cmp_double);
+            const double median = (e[PF_ROWS_OUT / 2 - 1] + e[PF_ROWS_OUT / 2]) / 2;
+            print_message("%s, TROUPE_CUDA_MLA_PREFILL=%s: chunked-prefill logits vs CPU, median %.2e, worst %.2e\n",
+                          dir, modes[k], median, worst);
+            if (!(median <= BF16_MEDIAN && worst <= BF16_WORST))
+                fail_msg("%s, %s: relative error median %.3g, worst %.3g exceed %.0e, %.0e", dir, modes[k], median,
+                         worst, BF16_MEDIAN, BF16_WORST);
+            free(x);
+            backend_destroy(&be);
+        }
+        free(ref);
+        backend_destroy(&cpu);
+        ckpt_destroy(&ck);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -562,7 +927,9 @@ int main(void)
         cmocka_unit_test(test_mtp_graph),
         cmocka_unit_test(test_route),
         cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_prefill),
         cmocka_unit_test(test_fixtures),
+        cmocka_unit_test(test_prefill_model),
     };
     return cmocka_run_group_tests(tests, gpu_setup, gpu_teardown);
 }

@@ -1,0 +1,402 @@
+/* kernels/cuda/cuda_mla_prefill.cu — MLA's decompressed form for prompt chunks (backend.h,
+ * mla_prefill): the rows of one sequence attend to its keys 0..n_ctx-1 with K and V made per head
+ * from the compressed cache, on the tensor cores. The cache keeps only [latent, k_pe]; decode and
+ * short verify steps stay absorbed (cuda_mla.cu).
+ *
+ * Why: the absorbed form scores every (row, key) against kv_lora + rope = 576 values per head on the
+ * CUDA cores in f32 (k_mla_split); a prompt chunk of a thousand rows spends most of its attention
+ * time there (V2-Lite shape on one H200: 122 of a 1,000-token prefill's 221 ms). Decompressed, the
+ * per-key work is one GEMM over the context (latent [n_ctx][kv_lora] times kv_b), done once for all
+ * the chunk's rows, and the per-(row, key) work is ordinary attention with head dim 192 / 128 on
+ * the tensor cores. vLLM, SGLang and FlashMLA split prefill and decode the same way.
+ *
+ * Steps of one call (one stream, in order):
+ *   1. k_pf_gather: the context's entries from the paged cache as bf16: the latents into
+ *      lat [n_ctx][kv_lora], the RoPE key broadcast into every head's last dr columns of
+ *      K [n_ctx][n_heads][dn + dr].
+ *   2. cuBLAS, bf16 in, f32 accumulation, bf16 out: K[:, h, :dn] = lat W_UK[h]^T (a batched GEMM
+ *      over the heads with w_uk_t, the absorbed form's own re-laid copy: no second copy of kv_b is
+ *      kept) and V [n_ctx][n_heads][dv] = lat w_uv^T (one GEMM).
+ *   3. k_mla_prefill: causal flash attention (FlashAttention-2's structure, mma.sync m16n8k16 bf16,
+ *      as cuda_attention_mma.cu's kernel): one block per (head, 64 rows), 4 warps of 16 rows; Q
+ *      (q's no-RoPE part and the RoPE'd q_pe, f32 -> bf16) in registers, 64-key K/V tiles
+ *      double-buffered by cp.async, online softmax in the log2 domain, P reused from S's
+ *      accumulators as A fragments. Each row attends to keys 0..tok_pos[t]: the chunk's offset into
+ *      the context (prefix-cached or earlier chunks) comes with the positions; K/V hold positions
+ *      0..n_ctx-1 in order, so key index = position.
+ * Why a kernel of its own rather than cuda_attention_mma.cu's: that one takes one head_dim (64 or
+ * 128) for both K and V, read from the paged cache. Here K is 192 wide and V 128, in dense per-call
+ * buffers; padding V to 192 would waste a third of P V and still need the dense addressing. The
+ * template takes DK != DV: Q K^T runs DK / 16 k-steps, P V DV / 8 n-blocks.
+ *
+ * Numerics (against the absorbed form, the CPU's): the latent is the cache's value (exact for a bf16
+ * or fp8 cache; an f32 cache's is rounded to bf16), K_nope and V are rounded once to bf16 after f32
+ * accumulation, q to bf16, and p to bf16 before P V (l sums the rounded p): ~3e-3 relative on random
+ * inputs, tests/gpu/test_mla_cuda.c's test_prefill.
+ *
+ * Declines (returns -1, the caller runs the absorbed form): TROUPE_CUDA_MLA_PREFILL=absorbed, auto
+ * with fewer than MLA_PF_AUTO_ROWS rows, a graph being recorded (the scratch depends on n_ctx), kv_b
+ * not bf16, a head shape not instantiated below, an fp8 cache with scales, misaligned activations,
+ * or K/V scratch above MLA_PF_MAX_SCRATCH (a long context at 128 heads: 80 KB a token; chunking
+ * the context with a log-sum-exp merge is not written) or that cannot be allocated.
+ *
+ * Written without a GPU at hand: compiled for sm_90, first run pending. */
+#include <limits.h>
+#include <math.h>
+
+#include "kernels/cuda/cuda.h"
+#include "kernels/cuda/cuda_dev.cuh"
+#include "kernels/cuda/cuda_mma.cuh"
+
+#define PF_WARPS 4
+#define PF_THREADS (PF_WARPS * 32)
+#define PF_ROWS 64                /* query rows per block: 16 per warp, one m16 tile each */
+#define PF_KEYS 64                /* keys per K/V tile */
+#define PF_PAD 8                  /* bf16 elements (16 bytes) added to every shared row: no ldmatrix conflicts */
+/* auto: a sequence's rows from which the decompressed form runs. Unmeasured guess: by FLOPs the
+ * context GEMM (2 kv_lora (dn + dv) per key and head) costs what ~8 rows of absorbed scores do on
+ * the CUDA cores at a tenth of the tensor cores' rate; 32 leaves room for the K/V round trip. */
+#define MLA_PF_AUTO_ROWS 32
+#define MLA_PF_MAX_SCRATCH ((size_t)1 << 30)
+
+typedef struct pf_args {
+    const float *q;               /* [T][n_heads][DK]: each head's first dn = DK - dr values (no RoPE) */
+    const float *q_pe;            /* [T][n_heads][dr]: the RoPE'd part */
+    const uint16_t *k;            /* [n_ctx][n_heads][DK] bf16 */
+    const uint16_t *v;            /* [n_ctx][n_heads][DV] bf16 */
+    const int32_t *tok_pos;       /* device [T] */
+    float *out;                   /* [T][n_heads][DV] */
+    int T, n_heads, dr, n_ctx;
+    float scale_log2;             /* scale * log2(e) */
+} pf_args_t;
+
+/* Shared memory: K and V stages 2 x 64 x (D + 8) bf16 each, Q 64 x (DK + 8): 109 KB at 192 / 128
+ * (2 blocks per SM). */
+template <int DK, int DV> struct pf_smem {
+    static constexpr int KS = DK + PF_PAD, VS = DV + PF_PAD;  /* row strides, elements */
+    static constexpr size_t BYTES = ((size_t)2 * PF_KEYS * KS + (size_t)2 * PF_KEYS * VS + (size_t)PF_ROWS * KS) * 2;
+};
+
+template <int DK, int DV>
+__global__ void __launch_bounds__(PF_THREADS, 2) k_mla_prefill(pf_args_t a)
+{
+    static_assert(DK % 16 == 0 && DV % 16 == 0, "k16 steps of Q K^T, pairs of n8 blocks of P V");
+    DEV_PDL_ENTER();
+    typedef pf_smem<DK, DV> SM;
+    constexpr int KS = SM::KS, VS = SM::VS;
+    constexpr int KCH = DK / 8, VCH = DV / 8;      /* 16-byte chunks per K, V row */
+    constexpr int KD = DK / 16;                    /* k16 steps of Q K^T */
+    constexpr int NB = PF_KEYS / 8;                /* n8 blocks of S (keys) */
+    constexpr int KP = PF_KEYS / 16;               /* k16 steps of P V */
+    constexpr int DB = DV / 8;                     /* n8 blocks of O */
+    extern __shared__ __align__(16) uint8_t pf_sm[];
+    uint16_t *Ks = (uint16_t *)pf_sm;              /* [2][PF_KEYS][KS] */
+    uint16_t *Vs = Ks + 2 * PF_KEYS * KS;          /* [2][PF_KEYS][VS] */
+    uint16_t *Qs = Vs + 2 * PF_KEYS * VS;          /* [PF_ROWS][KS] */
+    __shared__ int s_pos[PF_ROWS];                 /* per tile row; -1: no row */
+
+    const int h = blockIdx.x, t0 = (gridDim.y - 1 - blockIdx.y) * PF_ROWS;   /* the long (late) rows first */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
+    const int dn = DK - a.dr;
+    for (int r = threadIdx.x; r < PF_ROWS; r += PF_THREADS)
+        s_pos[r] = t0 + r < a.T ? a.tok_pos[t0 + r] : -1;
+    __syncthreads();
+    int max_pos = -1;
+    for (int r = 0; r < PF_ROWS; r++)
+        max_pos = max(max_pos, s_pos[r]);
+    const int n_keys = min(max_pos + 1, a.n_ctx);  /* block-uniform */
+
+    const size_t kst = (size_t)a.n_heads * DK, vst = (size_t)a.n_heads * DV;   /* elements per key */
+    const uint16_t *kh = a.k + (size_t)h * DK, *vh = a.v + (size_t)h * DV;
+    auto load_tile = [&](int kt, int buf) {
+        uint16_t *kd = Ks + buf * PF_KEYS * KS, *vd = Vs + buf * PF_KEYS * VS;
+        /* Keys past n_keys are zero-filled: P = 0 must never meet garbage (0 * NaN). */
+        for (int c = threadIdx.x; c < PF_KEYS * KCH; c += PF_THREADS) {
+            const int j = c / KCH, part = c % KCH, key = kt + j;
+            const bool in = key < n_keys;
+            dev_cp_async16(kd + j * KS + part * 8, kh + (in ? (size_t)key * kst : 0) + part * 8, in ? 16 : 0);
+        }
+        for (int c = threadIdx.x; c < PF_KEYS * VCH; c += PF_THREADS) {
+            const int j = c / VCH, part = c % VCH, key = kt + j;
+            const bool in = key < n_keys;
+            dev_cp_async16(vd + j * VS + part * 8, vh + (in ? (size_t)key * vst : 0) + part * 8, in ? 16 : 0);
+        }
+        dev_cp_commit();
+    };
+    load_tile(0, 0);                               /* in flight while the queries are converted */
+
+    for (int i = threadIdx.x; i < PF_ROWS * (DK / 4); i += PF_THREADS) {
+        const int v = i / (DK / 4), d = (i % (DK / 4)) * 4;
+        float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (s_pos[v] >= 0) {
+            const size_t rh = (size_t)(t0 + v) * a.n_heads + h;
+            x = d < dn ? *(const float4 *)(a.q + rh * DK + d) : *(const float4 *)(a.q_pe + rh * a.dr + (d - dn));
+        }
+        *(uint2 *)(Qs + v * KS + d) = make_uint2(dev_pack_bf16x2(x.x, x.y), dev_pack_bf16x2(x.z, x.w));
+    }
+    __syncthreads();
+
+    /* This warp's rows: the lane holds rows gid (p0) and gid + 8 (p1) of the warp's 16. */
+    const int wv = warp * 16;
+    const int p0 = s_pos[wv + gid], p1 = s_pos[wv + gid + 8];
+    int wmin = INT_MAX, wmax = -1;
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+        wmin = min(wmin, s_pos[wv + i]);
+        wmax = max(wmax, s_pos[wv + i]);
+    }
+    uint32_t qf[KD][4];
+#pragma unroll
+    for (int kk = 0; kk < KD; kk++)
+        dev_ldsm_x4(Qs + (wv + (lane & 15)) * KS + kk * 16 + (lane >> 4) * 8, qf[kk]);
+
+    float o[DB][4];
+#pragma unroll
+    for (int j = 0; j < DB; j++)
+        o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;   /* l: this thread's share of the row sum */
+    const float sl2 = a.scale_log2;
+
+    for (int kt = 0, buf = 0; kt < n_keys; kt += PF_KEYS, buf ^= 1) {
+        if (kt + PF_KEYS < n_keys)
+            load_tile(kt + PF_KEYS, buf ^ 1);
+        else
+            dev_cp_commit();                       /* an empty group keeps the wait count uniform */
+        dev_cp_wait<1>();
+        __syncthreads();                           /* tile kt visible to every warp */
+        const uint16_t *Kt = Ks + buf * PF_KEYS * KS, *Vt = Vs + buf * PF_KEYS * VS;
+        if (kt <= wmax) {                          /* warp-uniform: some row of this warp sees a key here */
+            float s[NB][4];
+#pragma unroll
+            for (int j = 0; j < NB; j++)
+                s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < KD; kk++) {
+#pragma unroll
+                for (int jp = 0; jp < NB / 2; jp++) {
+                    uint32_t b[4];
+                    dev_ldsm_x4(Kt + (jp * 16 + (lane & 7) + (lane >> 4) * 8) * KS + kk * 16 + ((lane >> 3) & 1) * 8, b);
+                    dev_mma16<false>(s[2 * jp], qf[kk], b[0], b[1]);
+                    dev_mma16<false>(s[2 * jp + 1], qf[kk], b[2], b[3]);
+                }
+            }
+            /* Keys past a row's position (the zero-filled keys past n_keys too, every key of a
+             * padding row) masked on tiles that reach past some row's position. */
+            if (kt + PF_KEYS - 1 > wmin) {
+#pragma unroll
+                for (int j = 0; j < NB; j++) {
+                    const int key = kt + 8 * j + 2 * tig;
+                    if (key > p0) s[j][0] = -INFINITY;
+                    if (key + 1 > p0) s[j][1] = -INFINITY;
+                    if (key > p1) s[j][2] = -INFINITY;
+                    if (key + 1 > p1) s[j][3] = -INFINITY;
+                }
+            }
+            float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < NB; j++) {
+                mx0 = fmaxf(mx0, fmaxf(s[j][0], s[j][1]));
+                mx1 = fmaxf(mx1, fmaxf(s[j][2], s[j][3]));
+            }
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+            const float mn0 = fmaxf(m0, mx0 * sl2), mn1 = fmaxf(m1, mx1 * sl2);
+            /* A row with no key yet (-inf) subtracts 0: exp2(-inf) = 0, never -inf - -inf. */
+            const float mu0 = mn0 == -INFINITY ? 0.0f : mn0, mu1 = mn1 == -INFINITY ? 0.0f : mn1;
+            const float c0 = exp2f(m0 - mu0), c1 = exp2f(m1 - mu1);
+            m0 = mn0;
+            m1 = mn1;
+            uint32_t pa[KP][4];
+            float ps0 = 0.0f, ps1 = 0.0f;
+#pragma unroll
+            for (int j = 0; j < NB; j++) {
+                const uint32_t h0 = dev_pack_bf16x2(exp2f(fmaf(s[j][0], sl2, -mu0)), exp2f(fmaf(s[j][1], sl2, -mu0)));
+                const uint32_t h1 = dev_pack_bf16x2(exp2f(fmaf(s[j][2], sl2, -mu1)), exp2f(fmaf(s[j][3], sl2, -mu1)));
+                ps0 += dev_bf16x2_lo(h0) + dev_bf16x2_hi(h0);
+                ps1 += dev_bf16x2_lo(h1) + dev_bf16x2_hi(h1);
+                pa[j / 2][(j & 1) * 2] = h0;
+                pa[j / 2][(j & 1) * 2 + 1] = h1;
+            }
+            l0 = l0 * c0 + ps0;
+            l1 = l1 * c1 + ps1;
+#pragma unroll
+            for (int j = 0; j < DB; j++) {
+                o[j][0] *= c0;
+                o[j][1] *= c0;
+                o[j][2] *= c1;
+                o[j][3] *= c1;
+            }
+#pragma unroll
+            for (int kk = 0; kk < KP; kk++) {
+#pragma unroll
+                for (int dp = 0; dp < DB / 2; dp++) {
+                    uint32_t b[4];
+                    dev_ldsm_x4_trans(Vt + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * VS + dp * 16 + (lane >> 4) * 8, b);
+                    dev_mma16<false>(o[2 * dp], pa[kk], b[0], b[1]);
+                    dev_mma16<false>(o[2 * dp + 1], pa[kk], b[2], b[3]);
+                }
+            }
+        }
+        __syncthreads();                           /* every warp is done with buf before it is refilled */
+    }
+    dev_cp_wait<0>();
+
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const int v = wv + gid + 8 * half;
+        if ((half ? p1 : p0) < 0)
+            continue;
+        const float inv = 1.0f / (half ? l1 : l0);
+        float *op = a.out + ((size_t)(t0 + v) * a.n_heads + h) * DV + 2 * tig;
+#pragma unroll
+        for (int j = 0; j < DB; j++)
+            *(float2 *)(op + 8 * j) = make_float2(o[j][2 * half] * inv, o[j][2 * half + 1] * inv);
+    }
+}
+
+template <typename KT> __device__ __forceinline__ float s_f32(const KT *p) { return float(*p); }
+template <> __device__ __forceinline__ float s_f32(const __nv_bfloat16 *p) { return __bfloat162float(*p); }
+template <> __device__ __forceinline__ float s_f32(const __half *p) { return __half2float(*p); }
+
+/* One context position p per block: its [latent | k_pe] entry (the layer's slot of the sequence's
+ * block, backend.h's MLA addressing) as bf16 into lat[p] and, k_pe, into every head's last dr
+ * columns of K[p] (k_pe is shared by the heads). The sequence is the call's rows' (all one). */
+template <typename KT>
+__global__ void k_pf_gather(const uint8_t *base, size_t block_bytes, int block_size, int layer, const int32_t *tok_seq,
+                            const int32_t *seq_bt_start, const int32_t *block_table, int kv_lora, int dr, int n_heads,
+                            int DK, __nv_bfloat16 *lat, __nv_bfloat16 *k)
+{
+    DEV_PDL_ENTER();
+    const int p = blockIdx.x, W = kv_lora + dr, seq = tok_seq[0];
+    const int32_t blk = block_table[seq_bt_start[seq] + p / block_size];
+    const KT *e = (const KT *)(base + (size_t)blk * block_bytes) + ((size_t)layer * block_size + p % block_size) * W;
+    for (int i = threadIdx.x; i < kv_lora; i += blockDim.x)
+        dev_store(lat + (size_t)p * kv_lora + i, s_f32(e + i));
+    for (int i = threadIdx.x; i < n_heads * dr; i += blockDim.x) {
+        const int hh = i / dr, j = i % dr;
+        dev_store(k + ((size_t)p * n_heads + hh) * DK + (DK - dr) + j, s_f32(e + kv_lora + j));
+    }
+}
+
+/* The call's scratch: lat, K and V of n_ctx positions in one buffer, grown (never shrunk) outside
+ * graphs: this op never runs while one is recorded, so no graph holds the address and a
+ * reallocation leaves them valid (no scratch_gen bump, unlike cuda_scratch). NULL when the device
+ * has no memory for it (the caller falls back to the absorbed form). */
+static void *s_pf_scratch(cuda_state_t *st, size_t bytes)
+{
+    if (bytes <= st->mla_pf_bytes)
+        return st->mla_pf;
+    CUDA_CHECK(cudaStreamSynchronize(st->stream));   /* a queued op may still read the old buffer */
+    if (st->mla_pf)
+        CUDA_CHECK(cudaFree(st->mla_pf));
+    st->mla_pf = NULL;
+    st->mla_pf_bytes = 0;
+    const size_t want = bytes + bytes / 4;
+    if (cudaMalloc(&st->mla_pf, want) != cudaSuccess) {
+        (void)cudaGetLastError();                  /* clear the sticky-free allocation error */
+        st->mla_pf = NULL;
+        return NULL;
+    }
+    st->mla_pf_bytes = want;
+    return st->mla_pf;
+}
+
+template <int DK, int DV>
+static void s_attend(const cuda_state_t *st, const pf_args_t &a)
+{
+    const dim3 grid((unsigned)a.n_heads, (unsigned)((a.T + PF_ROWS - 1) / PF_ROWS));
+    cuda_launch_large_smem<k_mla_prefill<DK, DV>>(st, grid, PF_THREADS, pf_smem<DK, DV>::BYTES, a);
+}
+
+/* The (dn + dr, dv) head shapes compiled: DeepSeek-V2/V3 (192, 128), kjv-deepseek (48, 32), the
+ * deepseek-v3-noqlora-bf16 fixture (32, 32). */
+static bool s_shape_ok(int DK, int DV)
+{
+    return (DK == 192 && DV == 128) || (DK == 48 && DV == 32) || (DK == 32 && DV == 32);
+}
+
+int cuda_mla_prefill(backend_t *be, const bk_kv_t *kv, int layer, const float *q, const float *q_pe, int n_heads,
+                     int kv_lora, int dn, int dr, int dv, const bk_mat_t *w_uk_t, const bk_mat_t *w_uv, float scale,
+                     const bk_attn_meta_t *meta, int n_ctx, float *out)
+{
+    cuda_state_t *st = cuda_st(be);
+    const int T = meta->n_tokens, DK = dn + dr, DV = dv;
+    if (st->mla_prefill == CUDA_MLA_PF_ABSORBED || (st->mla_prefill == CUDA_MLA_PF_AUTO && T < MLA_PF_AUTO_ROWS) ||
+        st->capturing || T <= 0 || n_ctx <= 0 || !s_shape_ok(DK, DV) || dr % 4 || !(scale > 0.0f))
+        return -1;
+    if (w_uk_t->dtype != DT_BF16 || w_uk_t->qfmt || w_uv->dtype != DT_BF16 || w_uv->qfmt ||
+        w_uk_t->rows != (int64_t)n_heads * kv_lora || w_uk_t->cols != dn || w_uv->rows != (int64_t)n_heads * dv ||
+        w_uv->cols != kv_lora)
+        return -1;
+    if ((kv->dtype == DT_F8E4M3 && kv->scale) || 2 * kv->head_dim != kv_lora + dr || kv->n_kv_heads != 1)
+        return -1;
+    if (((uintptr_t)q & 15) || ((uintptr_t)q_pe & 15) || ((uintptr_t)out & 7) || (T + PF_ROWS - 1) / PF_ROWS > 65535)
+        return -1;
+    /* lat, then K, then V, each 256-byte aligned (cuBLAS and the 16-byte cp.async chunks). */
+    const size_t lat_b = ((size_t)n_ctx * kv_lora * 2 + 255) & ~(size_t)255;
+    const size_t k_b = ((size_t)n_ctx * n_heads * DK * 2 + 255) & ~(size_t)255;
+    const size_t v_b = (size_t)n_ctx * n_heads * DV * 2;
+    if (lat_b + k_b + v_b > MLA_PF_MAX_SCRATCH)
+        return -1;
+    uint8_t *scr = (uint8_t *)s_pf_scratch(st, lat_b + k_b + v_b);
+    if (!scr)
+        return -1;
+    __nv_bfloat16 *lat = (__nv_bfloat16 *)scr, *kb = (__nv_bfloat16 *)(scr + lat_b), *vb = (__nv_bfloat16 *)(scr + lat_b + k_b);
+
+    const uint8_t *base = (const uint8_t *)kv->base;
+    const unsigned g = (unsigned)n_ctx;
+#define PF_GATHER(KT)                                                                                      \
+    cuda_launch(st, k_pf_gather<KT>, g, 128, base, kv->block_bytes, kv->block_size, layer, meta->tok_seq,     \
+                meta->seq_bt_start, meta->block_table, kv_lora, dr, n_heads, DK, lat, kb)
+    switch (kv->dtype) {
+    case DT_F32: PF_GATHER(float); break;
+    case DT_BF16: PF_GATHER(__nv_bfloat16); break;
+    case DT_F8E4M3: PF_GATHER(__nv_fp8_e4m3); break;
+    default: PF_GATHER(__half); break;
+    }
+#undef PF_GATHER
+
+    /* Column-major views (cuBLAS): per head h, K_h (dn x n_ctx, ld n_heads * DK, at column offset h
+     * * DK) = A_h (dn x kv_lora: w_uk_t's [kv_lora][dn] block h, ld dn) . lat (kv_lora x n_ctx, ld
+     * kv_lora; the same for every head: stride 0); V (n_heads * dv x n_ctx) = w_uv^T ([n_heads * dv]
+     * [kv_lora] row-major: op T) . lat. The backend's handle is pedantic (no TF32 for its f32
+     * GEMMs); these are bf16 GEMMs that should take the tensor cores, so default math for the two calls,
+     * with any split-K reduction in f32 (not in the bf16 output type). */
+    const float alpha = 1.0f, beta = 0.0f;
+    CUBLAS_CHECK(cublasSetMathMode(st->blas, (cublasMath_t)(CUBLAS_DEFAULT_MATH |
+                                                            CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
+    CUBLAS_CHECK(cublasGemmStridedBatchedEx(st->blas, CUBLAS_OP_N, CUBLAS_OP_N, dn, n_ctx, kv_lora, &alpha, w_uk_t->data,
+                                            CUDA_R_16BF, dn, (long long)kv_lora * dn, lat, CUDA_R_16BF, kv_lora, 0,
+                                            &beta, kb, CUDA_R_16BF, n_heads * DK, DK, n_heads, CUBLAS_COMPUTE_32F,
+                                            CUBLAS_GEMM_DEFAULT));
+    CUBLAS_CHECK(cublasGemmEx(st->blas, CUBLAS_OP_T, CUBLAS_OP_N, n_heads * dv, n_ctx, kv_lora, &alpha, w_uv->data,
+                              CUDA_R_16BF, kv_lora, lat, CUDA_R_16BF, kv_lora, &beta, vb, CUDA_R_16BF, n_heads * dv,
+                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    CUBLAS_CHECK(cublasSetMathMode(st->blas, CUBLAS_PEDANTIC_MATH));
+
+    pf_args_t a = {};
+    a.q = q;
+    a.q_pe = q_pe;
+    a.k = (const uint16_t *)kb;
+    a.v = (const uint16_t *)vb;
+    a.tok_pos = meta->tok_pos;
+    a.out = out;
+    a.T = T;
+    a.n_heads = n_heads;
+    a.dr = dr;
+    a.n_ctx = n_ctx;
+    a.scale_log2 = scale * 1.4426950408889634f;
+    if (DK == 192)
+        s_attend<192, 128>(st, a);
+    else if (DK == 48)
+        s_attend<48, 32>(st, a);
+    else
+        s_attend<32, 32>(st, a);
+    return 0;
+}
