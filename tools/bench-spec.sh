@@ -141,9 +141,17 @@ run() {   # run ENTRY: one cluster, one troupe-bench sweep
   # which a policy that drafts nothing cannot earn.
   "$B/bin/troupe-bench" "${common[@]}" --concurrency "$CONC" --rounds "${WARMUP_ROUNDS:-2}" --warmup 0 --seed 99 \
     >"$OUT/warmup-$e.txt" 2>&1 || true
+  # The workers' counters before the timed run: the table of the timed window is the difference
+  # (the totals count the warm-up too, where a scheduled worker drafts the default k until its
+  # first policy comes, so its steps and forwards there are no measure of the timed run). An actor
+  # sends its stats every second (actors/runtime/actor.c STATS_MS), and a GPU's timed run is less
+  # than that: each snapshot waits for the idle worker's next stats.
+  sleep 1.5
+  "$B/bin/troupe-top" --topology "$topo" --json >"$OUT/top0-$e.json" 2>/dev/null || true
   echo "--- $e: TROUPE_SPECULATION=$spec TROUPE_SPEC_POLICY=$policy" >&2
   "$B/bin/troupe-bench" "${common[@]}" --concurrency "$CONC" --rounds "$ROUNDS" --json "$OUT/$e.json" \
     >"$OUT/bench-$e.txt" 2>&1 || { cat "$OUT/bench-$e.txt" >&2; echo "bench-spec: troupe-bench failed for $e" >&2; exit 1; }
+  sleep 1.5
   "$B/bin/troupe-top" --topology "$topo" --json >"$OUT/top-$e.json" 2>/dev/null || true   # the workers' counters
   stop
 }
@@ -178,9 +186,9 @@ for c in conc:
     print(row)
 print(f"(output tokens/s of the cluster; troupe-bench JSON and logs in {out})")
 # The decode worker's counters over the whole run (warm-up included): where a step's time goes.
-def decode_metrics(e):
+def decode_metrics(e, name="top"):
     try:
-        top = json.load(open(os.path.join(out, f"top-{e}.json")))
+        top = json.load(open(os.path.join(out, f"{name}-{e}.json")))
     except (OSError, ValueError):
         return None
     m = {}
@@ -199,6 +207,30 @@ for e in entries:
     fwd = 1e3 * m.get("forward_seconds_total", 0) / steps if steps else 0
     print(f"{e:>5} {int(steps):8d} {fwd:16.3f} {int(m.get('spec_verify_steps_total', 0)):14d} "
           f"{int(m.get('spec_padded_steps_total', 0)):13d} {int(m.get('steps_held_outbox_total', 0)):20d}")
+# The timed run alone (the counters after it less those before it): cycles of decode-only steps
+# (start to the next step's start) beside the forward, and a speculating worker's steps by kind:
+# off (no row asked: what k = 0 runs), explore (an exploration's one draft), drafting; upkeep is
+# the proposer's time in steps the policy asked nothing of, host the speculation code's own.
+def window(e):
+    a, b = decode_metrics(e, "top0"), decode_metrics(e)
+    if not a or not b:
+        return None
+    return {k: b[k] - a.get(k, 0) for k in b}
+print("timed run: entry  steps  fwd ms/step  decode-only cycles  ms/cycle  off steps (ms)  explore steps (ms)  "
+      "drafting steps (ms)  upkeep s  host ms/step  held")
+def ms(w, kind):
+    n = w.get(f"spec_{kind}_steps_total", 0)
+    return f"{int(n):6d} ({1e3 * w.get(f'spec_{kind}_seconds_total', 0) / n:.3f})" if n else f"{0:6d} (    -)"
+for e in entries:
+    w = window(e)
+    if not w:
+        print(f"{e:>16}  (no troupe-top counters before and after)")
+        continue
+    steps, cyc = w.get("steps_total", 0), w.get("decode_only_cycles_total", 0)
+    print(f"{e:>16} {int(steps):6d} {1e3 * w.get('forward_seconds_total', 0) / max(steps, 1):12.3f} "
+          f"{int(cyc):19d} {1e3 * w.get('decode_only_cycle_seconds_total', 0) / max(cyc, 1):9.3f} "
+          f"{ms(w, 'off'):>15} {ms(w, 'explore'):>19} {ms(w, 'drafting'):>20} {w.get('spec_upkeep_seconds_total', 0):9.4f} "
+          f"{1e3 * w.get('spec_host_seconds_total', 0) / max(steps, 1):13.4f} {int(w.get('steps_held_outbox_total', 0)):5d}")
 # One-row plain steps of the scheduled run: the cycle right after a drafting step (left out of the
 # cost table with a draft model or MTP) against the one inside a plain stretch (what k = 0 costs).
 m = decode_metrics("sched") if "sched" in entries else None

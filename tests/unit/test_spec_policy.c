@@ -552,6 +552,32 @@ static int s_count_explore(spec_explore_t *e, int batch, const spec_cost_t *seen
     return n;
 }
 
+/* However the batch sizes of a worker's steps spread over the buckets (concurrency 16 ramping up
+ * and down between rounds: every bucket from 1 to 16), its one-draft exploration steps stay within
+ * two in SPEC_EXPLORE_ONE_EVERY of all its decode-only steps, besides each bucket's first pair:
+ * each bucket's interval counts that bucket's own steps. What a worker whose policy is off pays
+ * for its proposer is these steps (spec_explore_steps_total, spec_upkeep_seconds_total). */
+static void test_explore_share_bounded(void **state)
+{
+    (void)state;
+    const int steps = 64 * 1024;
+    spec_explore_t e = {0};
+    uint64_t x = 12345;
+    int one = 0, buckets = 0;
+    int seen_bucket[SPEC_COST_BATCHES] = {0};
+    for (int i = 0; i < steps; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        const int batch = (i / 100) % 7 == 0 ? 1 + (int)((x >> 33) % 16) : 16;   /* mostly 16, ramps */
+        const int b = spec_cost_bucket(batch);
+        buckets += !seen_bucket[b];
+        seen_bucket[b] = 1;
+        one += spec_explore_next(&e, batch, NULL) == 1;
+    }
+    assert_true(buckets >= 8);
+    assert_true(one <= 2 * (steps / SPEC_EXPLORE_ONE_EVERY) + 2 * buckets);
+    assert_true(one >= 2 * (steps / SPEC_EXPLORE_ONE_EVERY) - 2 * buckets);   /* never stops */
+}
+
 static void test_explore_backs_off(void **state)
 {
     (void)state;
@@ -766,6 +792,7 @@ int main(void)
         cmocka_unit_test(test_unmeasured_plain_bounded),
         cmocka_unit_test(test_plain_cell_without_upkeep),
         cmocka_unit_test(test_explore_backs_off),
+        cmocka_unit_test(test_explore_share_bounded),
         cmocka_unit_test(test_decay_keeps_rare_cells),
         cmocka_unit_test(test_lucky_cell_at_batch1),
         cmocka_unit_test(test_dist_drafting_cells_together),
