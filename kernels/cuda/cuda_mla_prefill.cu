@@ -371,10 +371,16 @@ int cuda_mla_prefill(backend_t *be, const bk_kv_t *kv, int layer, const float *q
     const float alpha = 1.0f, beta = 0.0f;
     CUBLAS_CHECK(cublasSetMathMode(st->blas, (cublasMath_t)(CUBLAS_DEFAULT_MATH |
                                                             CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
-    CUBLAS_CHECK(cublasGemmStridedBatchedEx(st->blas, CUBLAS_OP_N, CUBLAS_OP_N, dn, n_ctx, kv_lora, &alpha, w_uk_t->data,
-                                            CUDA_R_16BF, dn, (long long)kv_lora * dn, lat, CUDA_R_16BF, kv_lora, 0,
-                                            &beta, kb, CUDA_R_16BF, n_heads * DK, DK, n_heads, CUBLAS_COMPUTE_32F,
-                                            CUBLAS_GEMM_DEFAULT));
+    const cublasStatus_t bs = cublasGemmStridedBatchedEx(
+        st->blas, CUBLAS_OP_N, CUBLAS_OP_N, dn, n_ctx, kv_lora, &alpha, w_uk_t->data, CUDA_R_16BF, dn,
+        (long long)kv_lora * dn, lat, CUDA_R_16BF, kv_lora, 0, &beta, kb, CUDA_R_16BF, n_heads * DK, DK, n_heads,
+        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (bs != CUBLAS_STATUS_SUCCESS)               /* should a library refuse B's stride 0: one GEMM a head */
+        for (int h = 0; h < n_heads; h++)
+            CUBLAS_CHECK(cublasGemmEx(st->blas, CUBLAS_OP_N, CUBLAS_OP_N, dn, n_ctx, kv_lora, &alpha,
+                                      (const __nv_bfloat16 *)w_uk_t->data + (size_t)h * kv_lora * dn, CUDA_R_16BF, dn,
+                                      lat, CUDA_R_16BF, kv_lora, &beta, kb + (size_t)h * DK, CUDA_R_16BF, n_heads * DK,
+                                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     CUBLAS_CHECK(cublasGemmEx(st->blas, CUBLAS_OP_T, CUBLAS_OP_N, n_heads * dv, n_ctx, kv_lora, &alpha, w_uv->data,
                               CUDA_R_16BF, kv_lora, lat, CUDA_R_16BF, kv_lora, &beta, vb, CUDA_R_16BF, n_heads * dv,
                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
