@@ -17,8 +17,8 @@ if [ ! -d "$model" ]; then echo "SKIP: $model absent (set TROUPE_MODELS to the s
 py=/usr/bin/python3
 prompts=("And God said unto Moses" "In the beginning" "The LORD is my shepherd; I shall not want.")
 maxes=(40 33 29)
-gen() {   # gen PROMPT MAX: troupe-generate's greedy ids, no speculation
-  TROUPE_SPECULATION= "$BIN/troupe-generate" "$model" --backend cpu --threads 1 --prompt "$1" --temperature 0 \
+gen() {   # gen PROMPT MAX: troupe-generate's greedy ids, no speculation, on the cluster's backend
+  TROUPE_SPECULATION= "$BIN/troupe-generate" "$model" --backend "${BACKEND:-cpu}" --threads 1 --prompt "$1" --temperature 0 \
     --ignore-eos --max-tokens "$2" --json | $py -c 'import json,sys; print(",".join(map(str, json.load(sys.stdin)["ids"])))'
 }
 metric() {   # metric TOPOLOGY NAME: the sum over the decode workers
