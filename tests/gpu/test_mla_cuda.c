@@ -722,9 +722,14 @@ static double s_pf_worst(const float *x, const float *ref, const pf_case_t *c)
  * and after 200 positions (prefix-cached or earlier chunks: the rows' causal window starts
  * mid-context), bf16 and fp8 caches, block sizes 16 and 64. The absorbed CUDA path agrees with the
  * CPU within 1e-5 (test_attention's bound); the decompressed one rounds q, K, V and p to bf16, so
- * within 1e-2 of both (a CPU emulation of that rounding, as cuda_attention_mma.cu's, is ~3e-3; a
- * wrong mask, scale or head layout is an error of order 1). TROUPE_CUDA_MLA_PREFILL=absorbed
+ * within PF_BOUND of both: a CPU emulation of exactly that rounding (f64 otherwise) over these
+ * shapes and input ranges gives worst (row, head) errors of 5.6e-3 / 4.4e-3 (kjv, without / with
+ * context) and 7.8e-3 / 6.5e-3 (V2-Lite): the scores are a few units, so q's and K's rounding moves
+ * them by ~1e-2 absolute. A wrong mask, scale (without YaRN's mscale^2: 1.59x) or head layout is
+ * an error of order 1e-1 or more. TROUPE_CUDA_MLA_PREFILL=absorbed
  * declines (-1, nothing written); decompressed takes a 20-row chunk that auto declines. */
+#define PF_BOUND 2e-2
+
 static void test_prefill(void **state)
 {
     (void)state;
@@ -754,8 +759,8 @@ static void test_prefill(void **state)
                       e_dec, e_da);
         if (!(e_abs <= 1e-5))
             fail_msg("%s: CUDA absorbed vs CPU %.3g exceeds 1e-5", c->name, e_abs);
-        if (!(e_dec <= 1e-2 && e_da <= 1e-2))
-            fail_msg("%s: decompressed vs CPU %.3g, vs CUDA absorbed %.3g: beyond 1e-2", c->name, e_dec, e_da);
+        if (!(e_dec <= PF_BOUND && e_da <= PF_BOUND))
+            fail_msg("%s: decompressed vs CPU %.3g, vs CUDA absorbed %.3g: beyond %.0e", c->name, e_dec, e_da, PF_BOUND);
         if (k == 0) {   /* the knob: absorbed declines and writes nothing */
             int rc;
             float *no = s_pf_run(abs_be, c, &in, 1, &rc);
@@ -780,8 +785,8 @@ static void test_prefill(void **state)
     assert_int_equal(rc_d, 0);
     const double e = s_pf_worst(fd, fr, &small);
     print_message("  mla_prefill %s: decompressed vs CPU %.2e\n", small.name, e);
-    if (!(e <= 1e-2))
-        fail_msg("%s: decompressed vs CPU %.3g exceeds 1e-2", small.name, e);
+    if (!(e <= PF_BOUND))
+        fail_msg("%s: decompressed vs CPU %.3g exceeds %.0e", small.name, e, PF_BOUND);
     free(fa);
     free(fd);
     free(fr);
@@ -796,7 +801,8 @@ static void test_prefill(void **state)
  * prompt of 60 ids, then its next 40 (60 positions before them) beside B's first 20 (a chunk auto
  * leaves absorbed: rows of both forms in one step); then A one decode row beside B's next 30;
  * then C, whose first 48 ids are A's, adopts those positions from the prefix cache
- * (kvseq_match_prefix) and computes 30 more. The last row of each sequence of each step gives logits: [PF_ROWS_OUT][vocab]. */
+ * (kvseq_match_prefix) and computes 40 more. Under auto, A's chunks and C's go decompressed, B's
+ * (20 and 30 rows) absorbed; under decompressed every chunk. The last row of each sequence of each step gives logits: [PF_ROWS_OUT][vocab]. */
 enum { PF_ROWS_OUT = 6 };
 
 static float *s_pf_model(backend_t *be, const char *dir, const model_config_t *cfg, ckpt_t *ck)
@@ -846,13 +852,13 @@ static float *s_pf_model(backend_t *be, const char *dir, const model_config_t *c
     q[1] = (model_seq_t){.kv = B, .n_new = 30};
     if (model_forward(m, &b, lg + (size_t)3 * V, err, sizeof err) < 0)
         fail_msg("model_forward: %s", err);
-    /* step 4: C = A's first 48 ids (three published blocks) and 30 of its own */
-    int32_t idc[78];
-    for (int i = 0; i < 78; i++)
+    /* step 4: C = A's first 48 ids (three published blocks) and 40 of its own */
+    int32_t idc[88];
+    for (int i = 0; i < 88; i++)
         idc[i] = i < 48 ? ids[i] : (i * 31337 + 5) % V;
-    assert_int_equal(kvseq_match_prefix(C, idc, 78), 48);
-    assert_int_equal(kvseq_append(C, idc + 48, 30), 0);
-    q[0] = (model_seq_t){.kv = C, .n_new = 30};
+    assert_int_equal(kvseq_match_prefix(C, idc, 88), 48);
+    assert_int_equal(kvseq_append(C, idc + 48, 40), 0);
+    q[0] = (model_seq_t){.kv = C, .n_new = 40};
     b.n_seqs = 1;
     if (model_forward(m, &b, lg + (size_t)5 * V, err, sizeof err) < 0)
         fail_msg("model_forward: %s", err);
