@@ -141,7 +141,11 @@ int spec_cost_leave_out(int has_dist, int prev_asked, int asked);
                                        * this many tokens of a row it lost step with (spec_ask_t.max_catch_up) */
 #define SPEC_RESUME_CATCH_UP    128   /* ... and a drafting step's (the policy turning drafting on after a
                                        * plain stretch, a row's first proposal): a bounded catch-up, whose
-                                       * drafts see this much of the row's context */
+                                       * drafts see this much of the row's context, */
+#define SPEC_RESUME_TOKENS      512   /* ... and this many tokens over all the step's drafting rows, but
+                                       * never below SPEC_EXPLORE_CATCH_UP a row: a step where drafting
+                                       * resumes costs one draft forward of at most 512 positions (its
+                                       * greedy drafts then come from the device: engine/spec_draft.c) */
 
 typedef struct spec_explore {
     uint64_t steps;                          /* decode-only steps asked about */

@@ -206,9 +206,10 @@ int spec_step_propose(spec_step_t *s, const sched_batch_t *b)
  * (temperature > 0) gives a draft model its sampling, so it draws from its distribution. The
  * step's kind: off when no row asks (nothing of the proposer runs: a worker whose policy is off
  * pays for its proposer in its exploration steps only), explore, or drafting. A draft model asked
- * by the policy catches up at most SPEC_RESUME_CATCH_UP tokens of a row it lost step with (the
- * policy turning drafting on after a plain stretch, a row's first proposal), an exploration step
- * at most SPEC_EXPLORE_CATCH_UP (spec_ask_t.max_catch_up). */
+ * by the policy catches up at most SPEC_RESUME_TOKENS / rows tokens of a row it lost step with
+ * (within SPEC_EXPLORE_CATCH_UP .. SPEC_RESUME_CATCH_UP: the policy turning drafting on after a
+ * plain stretch, a row's first proposal), an exploration step at most SPEC_EXPLORE_CATCH_UP
+ * (spec_ask_t.max_catch_up): the step that brings it back in step is one bounded forward. */
 static int s_propose(spec_step_t *s, const sched_batch_t *b)
 {
     for (int i = 0; i < b->n; i++)   /* spec_step_drafts: 0 in a step that does not verify */
@@ -241,7 +242,7 @@ static int s_propose(spec_step_t *s, const sched_batch_t *b)
                                       .drafts = s->drafts + (size_t)i * SPEC_MAX_K,
                                       .probs = s->probs + (size_t)i * SPEC_MAX_K,
                                       .stop_below = explore < 0 && s->policy ? spec_client_stop_below(s->policy, b->n) : 0,
-                                      .max_catch_up = explore > 0 ? SPEC_EXPLORE_CATCH_UP : SPEC_RESUME_CATCH_UP};
+                                      .max_catch_up = SPEC_EXPLORE_CATCH_UP};
         s->ask_row[n_ask++] = i;
         budget -= k;
     }
@@ -253,6 +254,12 @@ static int s_propose(spec_step_t *s, const sched_batch_t *b)
     s->kind = explore > 0 ? SPEC_STEP_EXPLORE : s->step_asked > 0 ? SPEC_STEP_DRAFTING : SPEC_STEP_OFF;
     if (n_ask == 0)
         return 0;
+    if (explore <= 0) {   /* the policy's drafts: SPEC_RESUME_TOKENS over the rows, within the bounds */
+        int per = SPEC_RESUME_TOKENS / n_ask;
+        per = per < SPEC_EXPLORE_CATCH_UP ? SPEC_EXPLORE_CATCH_UP : per > SPEC_RESUME_CATCH_UP ? SPEC_RESUME_CATCH_UP : per;
+        for (int a = 0; a < n_ask; a++)
+            s->asks[a].max_catch_up = per;
+    }
     const int64_t tp = now_ns();
     spec_propose_batch(s->proposer, s->asks, n_ask);
     s_proposer_time(s, tp);
@@ -370,6 +377,7 @@ void spec_step_verify(spec_step_t *s, const sched_batch_t *b, const float *logit
         return;
     const int64_t t0 = now_ns();
     const double p0 = s_proposer_total(s);
+    int64_t emit_ns = 0;
     const size_t V = (size_t)vocab;
     size_t row = 0;
     int n_feeds = 0;
@@ -399,8 +407,10 @@ void spec_step_verify(spec_step_t *s, const sched_batch_t *b, const float *logit
                                         j < n ? spec_dist(s->proposer, id, j) : NULL, logprobs ? &lp : NULL, &acc);
             else
                 acc = j < n && t == dr[j];
+            const int64_t te = now_ns();   /* streaming is the owner's, as a plain step's emit: not ours */
             alive = s->hooks.emit(s->hooks.ctx, r, t, lp, s->need[at] ? logits + at * V : NULL,
                                   base + j + 1 >= s->max_model_len, base + j);
+            emit_ns += now_ns() - te;
             s->step_emitted++;
             if (!acc || !alive)
                 break;
@@ -432,7 +442,7 @@ void spec_step_verify(spec_step_t *s, const sched_batch_t *b, const float *logit
             LOG_W("MTP: %s; that sequence begins again", err);
         s_proposer_time(s, tp);
     }
-    s_host_time(s, t0, p0);
+    s_host_time(s, t0 + emit_ns, p0);
 }
 
 int spec_step_policy_init(spec_step_t *s, actor_t *a, int has_dist, char *err, size_t errlen)

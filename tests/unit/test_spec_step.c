@@ -5,10 +5,10 @@
  *   - a worker whose policy is off at its batch runs plain steps and never calls its proposer (a
  *     counting proposer), and its steps count as off (spec_step_counts); with no policy in force
  *     (the default k) and with a policy that drafts, every step calls it, the policy's asks
- *     bounded (max_catch_up = SPEC_RESUME_CATCH_UP);
+ *     bounded (max_catch_up: SPEC_RESUME_TOKENS over the rows, at most SPEC_RESUME_CATCH_UP);
  *   - the draft model (fixture checkpoints): a stretch of off steps runs not one draft forward,
- *     and the step the policy turns drafting on again computes at most SPEC_RESUME_CATCH_UP
- *     tokens a row (a window) where the whole stretch is longer, then the next step only the
+ *     and the step the policy turns drafting on again computes at most its bound a row (a window)
+ *     where the whole stretch is longer, then the next step only the
  *     row's new tokens (fails with the catch-up of every token since);
  *   - MTP (kjv-deepseek from TROUPE_MODELS; skipped when absent): off steps are plain steps (no
  *     hidden states asked, no feed, no MTP forward), and the step drafting resumes in feeds each
@@ -33,7 +33,10 @@
 #include "engine/model.h"
 #include "engine/mtp.h"
 
-#define ROWS 3
+#define ROWS 6
+/* the policy's catch-up bound a row at ROWS drafting rows (spec_step.c s_propose) */
+#define RESUME (SPEC_RESUME_TOKENS / ROWS < SPEC_EXPLORE_CATCH_UP ? SPEC_EXPLORE_CATCH_UP \
+                : SPEC_RESUME_TOKENS / ROWS > SPEC_RESUME_CATCH_UP ? SPEC_RESUME_CATCH_UP : SPEC_RESUME_TOKENS / ROWS)
 #define MAX_TOKS 512
 #define PROMPT 20
 #define MAX_K 2
@@ -221,7 +224,7 @@ static void test_off_policy_calls_no_proposer(void **state)
     assert_int_equal(c.calls, 5);
     assert_int_equal(c.asks, 5 * ROWS);
     for (int i = 0; i < ROWS; i++)
-        assert_int_equal(c.catch_up[i], SPEC_RESUME_CATCH_UP);
+        assert_int_equal(c.catch_up[i], RESUME);
     /* Off again. */
     s_push(s, 0);
     for (int i = 0; i < 50; i++)
@@ -273,7 +276,7 @@ static void test_draft_resumes_within_window(void **state)
     spec_draft_stats_t st0, st;
     spec_draft_stats(d, &st0);
     /* A stretch of off steps longer than the window: not one draft forward. */
-    const int off = SPEC_RESUME_CATCH_UP + 100;
+    const int off = RESUME + 100;
     s_push(s, 0);
     for (int i = 0; i < off; i++)
         assert_int_equal(s_step(&h, s, NULL, NULL), 0);
@@ -283,16 +286,17 @@ static void test_draft_resumes_within_window(void **state)
     spec_step_counts_t n;
     spec_step_counts(s, &n);
     assert_int_equal(n.proposer_calls[SPEC_STEP_OFF], 0);
-    /* Drafting again: each row computes its last SPEC_RESUME_CATCH_UP tokens (a window), not the
-     * 100 + the window it lacks, then its MAX_K - 1 draft positions. */
+    /* Drafting again: each row computes its last RESUME tokens (a window; SPEC_RESUME_TOKENS in
+     * all), not the 100 + RESUME it lacks, then its MAX_K - 1 draft positions. */
+    assert_true(ROWS * RESUME <= SPEC_RESUME_TOKENS);
     for (int i = 0; i < ROWS; i++)
-        assert_true(spec_draft_kv_len(d, h.req[i].id) < h.req[i].n_toks - SPEC_RESUME_CATCH_UP);
+        assert_true(spec_draft_kv_len(d, h.req[i].id) < h.req[i].n_toks - RESUME);
     s_push(s, MAX_K);
     assert_int_equal(s_step(&h, s, NULL, NULL), 1);
     spec_draft_stats(d, &st);
     assert_int_equal(st.windows - st0.windows, ROWS);
-    assert_true(st.tokens - st0.tokens <= (uint64_t)ROWS * (SPEC_RESUME_CATCH_UP + MAX_K - 1));
-    assert_true(st.tokens - st0.tokens >= (uint64_t)ROWS * SPEC_RESUME_CATCH_UP);
+    assert_true(st.tokens - st0.tokens <= (uint64_t)ROWS * (RESUME + MAX_K - 1));
+    assert_true(st.tokens - st0.tokens >= (uint64_t)ROWS * RESUME);
     /* The next step: in step within the window, the row's new tokens and its draft positions. */
     spec_draft_stats(d, &st0);
     assert_int_equal(s_step(&h, s, NULL, NULL), 1);
