@@ -870,10 +870,25 @@ static float *s_pf_model(backend_t *be, const char *dir, const model_config_t *c
     return lg;
 }
 
+/* The gap between a row's largest and second largest logit, over the row's RMS. */
+static double s_margin(const float *x, int n)
+{
+    const int b = s_argmax(x, n);
+    double second = -INFINITY, ss = 0;
+    for (int i = 0; i < n; i++) {
+        ss += (double)x[i] * x[i];
+        if (i != b && x[i] > second)
+            second = x[i];
+    }
+    return ((double)x[b] - second) / sqrt(ss / n + 1e-30);
+}
+
 /* s_pf_model on the CPU and on CUDA with TROUPE_CUDA_MLA_PREFILL absorbed, auto and decompressed,
  * for the bf16 DeepSeek models (kjv-deepseek when present, the deepseek-v3-noqlora-bf16 fixture):
- * every row's argmax equal to the CPU's and the relative error within test_fixtures' bf16 bounds
- * (median BF16_MEDIAN, worst BF16_WORST: the GEMMs' bf16 activations dominate, absorbed or not). */
+ * every row's argmax equal to the CPU's (where the CPU's top two logits are at least 1% of the
+ * row's RMS apart: the random fixture may have near-ties that bf16 rounding flips, absorbed or
+ * not) and the relative error within test_fixtures' bf16 bounds (median BF16_MEDIAN, worst
+ * BF16_WORST: the GEMMs' bf16 activations dominate, absorbed or not). */
 static void test_prefill_model(void **state)
 {
     (void)state;
@@ -905,9 +920,12 @@ static void test_prefill_model(void **state)
             for (int r = 0; r < PF_ROWS_OUT; r++) {
                 e[r] = s_relerr(x + (size_t)r * V, ref + (size_t)r * V, (size_t)V);
                 worst = e[r] > worst || e[r] != e[r] ? e[r] : worst;
-                if (s_argmax(x + (size_t)r * V, V) != s_argmax(ref + (size_t)r * V, V))
-                    fail_msg("%s, %s: row %d: CUDA argmax %d, CPU %d", dir, modes[k], r,
-                             s_argmax(x + (size_t)r * V, V), s_argmax(ref + (size_t)r * V, V));
+                const int want = s_argmax(ref + (size_t)r * V, V), got = s_argmax(x + (size_t)r * V, V);
+                if (got != want && s_margin(ref + (size_t)r * V, V) >= 0.01)
+                    fail_msg("%s, %s: row %d: CUDA argmax %d, CPU %d", dir, modes[k], r, got, want);
+                if (got != want)
+                    print_message("  %s, %s: row %d: argmax %d, CPU %d, within the CPU's own margin %.2g\n", dir,
+                                  modes[k], r, got, want, s_margin(ref + (size_t)r * V, V));
             }
             qsort(e, PF_ROWS_OUT, sizeof e[0], s_cmp_double);
             const double median = (e[PF_ROWS_OUT / 2 - 1] + e[PF_ROWS_OUT / 2]) / 2;
