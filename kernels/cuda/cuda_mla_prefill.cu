@@ -171,6 +171,8 @@ __global__ void __launch_bounds__(PF_THREADS, 2) k_mla_prefill(pf_args_t a)
 #pragma unroll
             for (int j = 0; j < NB; j++)
                 s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+            /* S: matrices (keys 0-7, d 0-7), (keys 0-7, d 8-15), (keys 8-15, d 0-7), (keys 8-15,
+             * d 8-15) of each 16 keys = b0, b1 of n-block 2jp, then of 2jp + 1. */
 #pragma unroll
             for (int kk = 0; kk < KD; kk++) {
 #pragma unroll
@@ -209,6 +211,7 @@ __global__ void __launch_bounds__(PF_THREADS, 2) k_mla_prefill(pf_args_t a)
             const float c0 = exp2f(m0 - mu0), c1 = exp2f(m1 - mu1);
             m0 = mn0;
             m1 = mn1;
+            /* P as bf16 A fragments: n-blocks 2kk, 2kk + 1 of S are k16 step kk of P V. */
             uint32_t pa[KP][4];
             float ps0 = 0.0f, ps1 = 0.0f;
 #pragma unroll
@@ -229,6 +232,8 @@ __global__ void __launch_bounds__(PF_THREADS, 2) k_mla_prefill(pf_args_t a)
                 o[j][2] *= c1;
                 o[j][3] *= c1;
             }
+            /* O += P V: .trans matrices (keys 0-7, d 0-7), (keys 8-15, d 0-7), (keys 0-7, d 8-15),
+             * (keys 8-15, d 8-15) of each 16 dimensions = b0, b1 of n-block 2dp, then of 2dp + 1. */
 #pragma unroll
             for (int kk = 0; kk < KP; kk++) {
 #pragma unroll
