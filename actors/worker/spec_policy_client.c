@@ -123,6 +123,21 @@ int spec_client_ask(spec_client_t *c, int batch)
     return k;
 }
 
+int spec_client_max_ask(const spec_client_t *c)
+{
+    int k = c->default_k;
+    if (spec_client_active(c)) {
+        k = 0;
+        for (int i = 0; i < c->policy.n_buckets; i++) {
+            const int a = spec_policy_ask(&c->policy, c->policy.buckets[i].max_batch, c->has_dist);
+            k = a > k ? a : k;
+        }
+    }
+    if (c->scheduled && c->scheduler[0] && k < 1)   /* an exploration step's one draft */
+        k = 1;
+    return k;
+}
+
 float spec_client_stop_below(const spec_client_t *c, int batch)
 {
     return c->has_dist && spec_client_active(c) ? spec_policy_stop_below(&c->policy, batch) : 0;

@@ -44,6 +44,9 @@ int spec_client_on_policy(spec_client_t *c, const msg_draft_policy_t *p, char *e
 
 /* Drafts a row of a step with `batch` decode rows asks its proposer for (0: none). */
 int spec_client_ask(spec_client_t *c, int batch);
+/* The most drafts a row of any step may ask for now: the policy's most at any batch (the default
+ * k while none is in force), and at least 1 where exploration steps come (spec_client_explore). */
+int spec_client_max_ask(const spec_client_t *c);
 /* The prefix confidence below which a row of a `batch`-row step may stop drafting (0: never). */
 float spec_client_stop_below(const spec_client_t *c, int batch);
 /* Called once per decode-only step of `batch` rows: -1 (ask as usual), or the drafts every row

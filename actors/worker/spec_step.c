@@ -331,6 +331,13 @@ static void s_pad(spec_step_t *s, const sched_batch_t *b)
 
 int spec_step_drafts(const spec_step_t *s, int i) { return s ? s->n_drafts[i] + s->n_pad[i] : 0; }
 
+int spec_step_max_drafts(const spec_step_t *s)
+{
+    if (!s)
+        return 0;
+    return s->policy ? spec_client_max_ask(s->policy) : s->k;
+}
+
 /* A verify step's rows of logits: every position of every row (all_logits), each row's token from
  * the device, and a row's logits on the host only where its acceptance reads them: penalties or
  * log-probabilities (sampler_needs_host), a sampled row without the backend's sample op, or a

@@ -88,6 +88,11 @@ void spec_step_destroy(spec_step_t **self_p);
  * every step without prompt chunks where some row asked for drafts (its hidden states feed the
  * MTP layer). */
 int spec_step_propose(spec_step_t *s, const sched_batch_t *b);
+/* The most drafts a row of the next step may verify, for the room its messages need (decode.c's
+ * backpressure): the policy's most at any batch (the default k without one), and 1 where an
+ * exploration step may come; 0 when off (s NULL). A worker whose policy is off everywhere waits
+ * for the room of 1 + 1 tokens a row, not 1 + SPEC_MAX_K. */
+int spec_step_max_drafts(const spec_step_t *s);
 /* Drafts row i carries this step (0 unless spec_step_propose returned 1). */
 int spec_step_drafts(const spec_step_t *s, int i);
 /* A verify step's model batch (spec_step_propose returned 1): mb keeps its seqs and gets every

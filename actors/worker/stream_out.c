@@ -115,11 +115,11 @@ int stream_out_first(stream_out_t *so, dc_req_t *r, int32_t first, float lp)
     return stream_out_token(so, r, first, lp, top.n ? &top : NULL, 0);
 }
 
-long stream_out_step_messages(const stream_out_t *so, int speculating)
+long stream_out_step_messages(const stream_out_t *so, int drafts_per_row)
 {
     const int n = sched_size(so->sched);
     const int rows = n < so->max_seqs ? n : so->max_seqs;
-    long tokens = speculating ? (long)rows * (1 + SPEC_MAX_K) : rows;
+    long tokens = (long)rows * (1 + (drafts_per_row > 0 ? drafts_per_row : 0));
     if (tokens > so->max_logit_rows && so->max_logit_rows >= rows)
         tokens = so->max_logit_rows;
     return tokens + rows;

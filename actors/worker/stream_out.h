@@ -64,9 +64,9 @@ int stream_out_token(stream_out_t *so, dc_req_t *r, int32_t t, float lp, const s
 int stream_out_first(stream_out_t *so, dc_req_t *r, int32_t first, float lp);
 
 /* Backpressure (router_watch_room): the most messages the next step may send the routers: its
- * rows' tokens (each row's drafts when speculating, at most the rows of logits a forward has) and a
- * done per row. */
-long stream_out_step_messages(const stream_out_t *so, int speculating);
+ * rows' tokens (with up to drafts_per_row drafts each when speculating, spec_step_max_drafts; at
+ * most the rows of logits a forward has) and a done per row. */
+long stream_out_step_messages(const stream_out_t *so, int drafts_per_row);
 
 /* Tokens streamed per second since the last call (the stats interval); the last rate when no time
  * has passed, 0 at the first call. */

@@ -37,6 +37,7 @@ static void test_default_policy_and_expiry(void **state)
     assert_non_null(c);
     assert_false(spec_client_active(c));
     assert_int_equal(spec_client_ask(c, 1), 3);          /* no policy yet: the default */
+    assert_int_equal(spec_client_max_ask(c), 3);
     assert_int_equal(spec_client_keep(c, 1, NULL, 3), 3);
     msg_draft_policy_t p = s_policy(150);
     assert_int_equal(spec_client_on_policy(c, &p, err, sizeof err), 0);
@@ -46,10 +47,17 @@ static void test_default_policy_and_expiry(void **state)
     assert_int_equal(spec_client_ask(c, 64), 0);          /* speculation off at a large batch */
     assert_int_equal(spec_client_ask(c, 5000), 0);        /* past the last bucket: the last */
     assert_int_equal(spec_client_keep(c, 8, NULL, 5), 2);
+    assert_int_equal(spec_client_max_ask(c), 6);          /* the most at any batch: a step's room */
     s_sleep_ms(200);                                      /* the scheduler went away */
     assert_false(spec_client_active(c));
     assert_int_equal(spec_client_ask(c, 64), 3);
     assert_int_equal(spec_client_keep(c, 64, NULL, 3), 3);
+    assert_int_equal(spec_client_max_ask(c), 3);
+    /* Off at every batch: no step drafts (no draft-scheduler here: no exploration either). */
+    const msg_draft_bucket_t off[] = {{16, 0, 1.0f}, {1024, 0, 1.0f}};
+    const msg_draft_policy_t po = {.epoch = 4, .valid_ms = 60000, .max_k = 7, .buckets = off, .n_buckets = 2};
+    assert_int_equal(spec_client_on_policy(c, &po, err, sizeof err), 0);
+    assert_int_equal(spec_client_max_ask(c), 0);
     spec_client_destroy(&c);
     assert_null(c);
     spec_client_destroy(&c);
@@ -64,6 +72,7 @@ static void test_confidence_rows(void **state)
     msg_draft_policy_t p = s_policy(60000);
     assert_int_equal(spec_client_on_policy(c, &p, err, sizeof err), 0);
     assert_int_equal(spec_client_ask(c, 1), 7);           /* a distribution asks max_k, then trims */
+    assert_int_equal(spec_client_max_ask(c), 7);
     const float sure[7] = {0.95f, 0.95f, 0.95f, 0.95f, 0.95f, 0.95f, 0.95f};
     const float unsure[7] = {0.7f, 0.4f, 0.9f, 0.9f, 0.9f, 0.9f, 0.9f};
     assert_int_equal(spec_client_keep(c, 1, sure, 7), 7);     /* 0.95^7 = 0.70 >= 0.3 */

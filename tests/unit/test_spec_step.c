@@ -205,8 +205,11 @@ static void test_off_policy_calls_no_proposer(void **state)
     for (int i = 0; i < 4; i++)
         assert_int_equal(s_step(&h, s, NULL, NULL), 1);
     assert_int_equal(c.calls, 4);
-    /* The policy off at this batch: plain steps, the proposer untouched. */
+    assert_int_equal(spec_step_max_drafts(s), MAX_K);
+    /* The policy off at this batch: plain steps, the proposer untouched, and a step waits for the
+     * router's room of a plain step's messages. */
     s_push(s, 0);
+    assert_int_equal(spec_step_max_drafts(s), 0);
     for (int i = 0; i < 300; i++)
         assert_int_equal(s_step(&h, s, NULL, NULL), 0);
     assert_int_equal(c.calls, 4);
@@ -220,6 +223,7 @@ static void test_off_policy_calls_no_proposer(void **state)
     assert_true(n.host_seconds > 0);
     /* Drafting again: one proposal a step, every ask's catch-up bounded. */
     s_push(s, MAX_K);
+    assert_int_equal(spec_step_max_drafts(s), MAX_K);
     assert_int_equal(s_step(&h, s, NULL, NULL), 1);
     assert_int_equal(c.calls, 5);
     assert_int_equal(c.asks, 5 * ROWS);
