@@ -177,6 +177,7 @@ typedef struct cuda_state {
     void *quant_w;                /* device: cuda_qmatmul's dequantized weight [N][K] bf16 (GEMM-sized steps) */
     size_t quant_w_bytes;
     int mla_prefill;              /* MLA prompt chunks: CUDA_MLA_PF_* (TROUPE_CUDA_MLA_PREFILL, default auto) */
+    int mla_pf_keys;              /* ... keys per pass of the decompressed form (TROUPE_CUDA_MLA_PREFILL_KEYS; 0: by 1 GiB of scratch) */
     void *mla_pf;                 /* device: mla_prefill's latents, K and V of one call (cuda_mla_prefill.cu) */
     size_t mla_pf_bytes;
 } cuda_state_t;

@@ -460,7 +460,8 @@ extern "C" backend_t *backend_cuda_new(int device, char *err, size_t errlen)
         s_env_int("TROUPE_CUDA_MOE_GROUPED", 1, 0, 1, &st->moe_grouped, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_MOE_GROUPED_MIN_M", 9, 1, 1 << 30, &st->moe_grouped_min_m, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_MOE_GROUPED_BM", 0, 0, 128, &st->moe_grouped_bm, err, errlen) < 0 ||
-        s_env_mla_prefill(&st->mla_prefill, err, errlen) < 0)
+        s_env_mla_prefill(&st->mla_prefill, err, errlen) < 0 ||
+        s_env_int("TROUPE_CUDA_MLA_PREFILL_KEYS", 0, 0, 1 << 30, &st->mla_pf_keys, err, errlen) < 0)
         goto fail;
     if (st->gemv_warps != 0 && st->gemv_warps != 1 && st->gemv_warps != 4 && st->gemv_warps != 8) {
         errf(err, errlen, "backend cuda: TROUPE_CUDA_GEMV_WARPS=%d (expected 0 = by the matrix, 1, 4 or 8)",

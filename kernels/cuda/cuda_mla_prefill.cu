@@ -10,20 +10,24 @@
  * the chunk's rows, and the per-(row, key) work is ordinary attention with head dim 192 / 128 on
  * the tensor cores. vLLM, SGLang and FlashMLA split prefill and decode the same way.
  *
- * Steps of one call (one stream, in order):
- *   1. k_pf_gather: the context's entries from the paged cache as bf16: the latents into
- *      lat [n_ctx][kv_lora], the RoPE key broadcast into every head's last dr columns of
- *      K [n_ctx][n_heads][dn + dr].
+ * Steps of one call (one stream, in order), per pass over a range of the context's positions (one
+ * pass unless K and V of the whole context would pass MLA_PF_MAX_SCRATCH, or
+ * TROUPE_CUDA_MLA_PREFILL_KEYS sets the keys per pass):
+ *   1. k_pf_gather: the range's entries from the paged cache as bf16: the latents into
+ *      lat [nk][kv_lora], the RoPE key broadcast into every head's last dr columns of
+ *      K [nk][n_heads][dn + dr] (nk: the pass's positions).
  *   2. cuBLAS, bf16 in, f32 accumulation, bf16 out: K[:, h, :dn] = lat W_UK[h]^T (a batched GEMM
  *      over the heads with w_uk_t, the absorbed form's own re-laid copy: no second copy of kv_b is
- *      kept) and V [n_ctx][n_heads][dv] = lat w_uv^T (one GEMM).
+ *      kept) and V [nk][n_heads][dv] = lat w_uv^T (one GEMM).
  *   3. k_mla_prefill: causal flash attention (FlashAttention-2's structure, mma.sync m16n8k16 bf16,
  *      as cuda_attention_mma.cu's kernel): one block per (head, 64 rows), 4 warps of 16 rows; Q
  *      (q's no-RoPE part and the RoPE'd q_pe, f32 -> bf16) in registers, 64-key K/V tiles
  *      double-buffered by cp.async, online softmax in the log2 domain, P reused from S's
  *      accumulators as A fragments. Each row attends to keys 0..tok_pos[t]: the chunk's offset into
- *      the context (prefix-cached or earlier chunks) comes with the positions; K/V hold positions
- *      0..n_ctx-1 in order, so key index = position.
+ *      the context (prefix-cached or earlier chunks) comes with the positions; K/V hold the pass's
+ *      positions k0..k1-1 in order, so key index = position - k0. Between passes each row's
+ *      softmax state stays in memory (FlashAttention's split over keys): out holds the
+ *      unnormalised sum, ml the running max and sum; the last pass divides. 
  * Why a kernel of its own rather than cuda_attention_mma.cu's: that one takes one head_dim (64 or
  * 128) for both K and V, read from the paged cache. Here K is 192 wide and V 128, in dense per-call
  * buffers; padding V to 192 would waste a third of P V and still need the dense addressing. The
@@ -38,8 +42,7 @@
  * Declines (returns -1, the caller runs the absorbed form): TROUPE_CUDA_MLA_PREFILL=absorbed, auto
  * with fewer than MLA_PF_AUTO_ROWS rows, a graph being recorded (the scratch depends on n_ctx), kv_b
  * not bf16, a head shape not instantiated below, an fp8 cache with scales, misaligned activations,
- * or K/V scratch above MLA_PF_MAX_SCRATCH (a long context at 128 heads: 80 KB a token; chunking
- * the context with a log-sum-exp merge is not written) or that cannot be allocated.
+ * or scratch that cannot be allocated.
  *
  * Written without a GPU at hand: compiled for sm_90, first run pending. */
 #include <limits.h>
@@ -63,11 +66,14 @@
 typedef struct pf_args {
     const float *q;               /* [T][n_heads][DK]: each head's first dn = DK - dr values (no RoPE) */
     const float *q_pe;            /* [T][n_heads][dr]: the RoPE'd part */
-    const uint16_t *k;            /* [n_ctx][n_heads][DK] bf16 */
-    const uint16_t *v;            /* [n_ctx][n_heads][DV] bf16 */
+    const uint16_t *k;            /* [k1 - k0][n_heads][DK] bf16 */
+    const uint16_t *v;            /* [k1 - k0][n_heads][DV] bf16 */
     const int32_t *tok_pos;       /* device [T] */
-    float *out;                   /* [T][n_heads][DV] */
-    int T, n_heads, dr, n_ctx;
+    float *out;                   /* [T][n_heads][DV]: the result; between passes the unnormalised sum */
+    float *ml;                    /* [T][n_heads][2]: the running (max, sum) between passes */
+    int T, n_heads, dr;
+    int k0, k1;                   /* this pass's positions k0..k1-1: k[0] is position k0 */
+    int first, last;              /* whether the pass starts (no state to read) or ends the softmax */
     float scale_log2;             /* scale * log2(e) */
 } pf_args_t;
 
@@ -105,7 +111,7 @@ __global__ void __launch_bounds__(PF_THREADS, 2) k_mla_prefill(pf_args_t a)
     int max_pos = -1;
     for (int r = 0; r < PF_ROWS; r++)
         max_pos = max(max_pos, s_pos[r]);
-    const int n_keys = min(max_pos + 1, a.n_ctx);  /* block-uniform */
+    const int n_keys = min(max_pos + 1, a.k1) - a.k0;   /* this pass's, block-uniform; may be <= 0 */
 
     const size_t kst = (size_t)a.n_heads * DK, vst = (size_t)a.n_heads * DV;   /* elements per key */
     const uint16_t *kh = a.k + (size_t)h * DK, *vh = a.v + (size_t)h * DV;
@@ -157,6 +163,31 @@ __global__ void __launch_bounds__(PF_THREADS, 2) k_mla_prefill(pf_args_t a)
         o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;   /* l: this thread's share of the row sum */
     const float sl2 = a.scale_log2;
+    if (!a.first) {                                /* an earlier pass's state: o, max, the whole sum in tig 0 */
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            const int v = wv + gid + 8 * half;
+            if ((half ? p1 : p0) < 0)
+                continue;
+            const size_t rh = (size_t)(t0 + v) * a.n_heads + h;
+            const float *op = a.out + rh * DV + 2 * tig;
+#pragma unroll
+            for (int j = 0; j < DB; j++) {
+                const float2 x = *(const float2 *)(op + 8 * j);
+                o[j][2 * half] = x.x;
+                o[j][2 * half + 1] = x.y;
+            }
+            const float mm = a.ml[rh * 2], ll = tig == 0 ? a.ml[rh * 2 + 1] : 0.0f;
+            if (half) {
+                m1 = mm;
+                l1 = ll;
+            } else {
+                m0 = mm;
+                l0 = ll;
+            }
+        }
+    }
+    const int ka = a.k0;                           /* the absolute position of this pass's key 0 */
 
     for (int kt = 0, buf = 0; kt < n_keys; kt += PF_KEYS, buf ^= 1) {
         if (kt + PF_KEYS < n_keys)
@@ -166,7 +197,7 @@ __global__ void __launch_bounds__(PF_THREADS, 2) k_mla_prefill(pf_args_t a)
         dev_cp_wait<1>();
         __syncthreads();                           /* tile kt visible to every warp */
         const uint16_t *Kt = Ks + buf * PF_KEYS * KS, *Vt = Vs + buf * PF_KEYS * VS;
-        if (kt <= wmax) {                          /* warp-uniform: some row of this warp sees a key here */
+        if (ka + kt <= wmax) {                     /* warp-uniform: some row of this warp sees a key here */
             float s[NB][4];
 #pragma unroll
             for (int j = 0; j < NB; j++)
@@ -185,10 +216,10 @@ __global__ void __launch_bounds__(PF_THREADS, 2) k_mla_prefill(pf_args_t a)
             }
             /* Keys past a row's position (the zero-filled keys past n_keys too, every key of a
              * padding row) masked on tiles that reach past some row's position. */
-            if (kt + PF_KEYS - 1 > wmin) {
+            if (ka + kt + PF_KEYS - 1 > wmin) {
 #pragma unroll
                 for (int j = 0; j < NB; j++) {
-                    const int key = kt + 8 * j + 2 * tig;
+                    const int key = ka + kt + 8 * j + 2 * tig;
                     if (key > p0) s[j][0] = -INFINITY;
                     if (key + 1 > p0) s[j][1] = -INFINITY;
                     if (key > p1) s[j][2] = -INFINITY;
@@ -258,11 +289,16 @@ __global__ void __launch_bounds__(PF_THREADS, 2) k_mla_prefill(pf_args_t a)
         const int v = wv + gid + 8 * half;
         if ((half ? p1 : p0) < 0)
             continue;
-        const float inv = 1.0f / (half ? l1 : l0);
-        float *op = a.out + ((size_t)(t0 + v) * a.n_heads + h) * DV + 2 * tig;
+        const size_t rh = (size_t)(t0 + v) * a.n_heads + h;
+        const float inv = a.last ? 1.0f / (half ? l1 : l0) : 1.0f;   /* not last: the state, unnormalised */
+        float *op = a.out + rh * DV + 2 * tig;
 #pragma unroll
         for (int j = 0; j < DB; j++)
             *(float2 *)(op + 8 * j) = make_float2(o[j][2 * half] * inv, o[j][2 * half + 1] * inv);
+        if (!a.last && tig == 0) {
+            a.ml[rh * 2] = half ? m1 : m0;
+            a.ml[rh * 2 + 1] = half ? l1 : l0;
+        }
     }
 }
 
@@ -270,27 +306,28 @@ template <typename KT> __device__ __forceinline__ float s_f32(const KT *p) { ret
 template <> __device__ __forceinline__ float s_f32(const __nv_bfloat16 *p) { return __bfloat162float(*p); }
 template <> __device__ __forceinline__ float s_f32(const __half *p) { return __half2float(*p); }
 
-/* One context position p per block: its [latent | k_pe] entry (the layer's slot of the sequence's
- * block, backend.h's MLA addressing) as bf16 into lat[p] and, k_pe, into every head's last dr
- * columns of K[p] (k_pe is shared by the heads). The sequence is the call's rows' (all one). */
+/* One context position p = k0 + blockIdx.x per block: its [latent | k_pe] entry (the layer's slot
+ * of the sequence's block, backend.h's MLA addressing) as bf16 into lat[p - k0] and, k_pe, into
+ * every head's last dr columns of K[p - k0] (k_pe is shared by the heads). The sequence is the
+ * call's rows' (all one). */
 template <typename KT>
 __global__ void k_pf_gather(const uint8_t *base, size_t block_bytes, int block_size, int layer, const int32_t *tok_seq,
                             const int32_t *seq_bt_start, const int32_t *block_table, int kv_lora, int dr, int n_heads,
-                            int DK, __nv_bfloat16 *lat, __nv_bfloat16 *k)
+                            int DK, int k0, __nv_bfloat16 *lat, __nv_bfloat16 *k)
 {
     DEV_PDL_ENTER();
-    const int p = blockIdx.x, W = kv_lora + dr, seq = tok_seq[0];
+    const int i0 = blockIdx.x, p = k0 + i0, W = kv_lora + dr, seq = tok_seq[0];
     const int32_t blk = block_table[seq_bt_start[seq] + p / block_size];
     const KT *e = (const KT *)(base + (size_t)blk * block_bytes) + ((size_t)layer * block_size + p % block_size) * W;
     for (int i = threadIdx.x; i < kv_lora; i += blockDim.x)
-        dev_store(lat + (size_t)p * kv_lora + i, s_f32(e + i));
+        dev_store(lat + (size_t)i0 * kv_lora + i, s_f32(e + i));
     for (int i = threadIdx.x; i < n_heads * dr; i += blockDim.x) {
         const int hh = i / dr, j = i % dr;
-        dev_store(k + ((size_t)p * n_heads + hh) * DK + (DK - dr) + j, s_f32(e + kv_lora + j));
+        dev_store(k + ((size_t)i0 * n_heads + hh) * DK + (DK - dr) + j, s_f32(e + kv_lora + j));
     }
 }
 
-/* The call's scratch: lat, K and V of n_ctx positions in one buffer, grown (never shrunk) outside
+/* The call's scratch: lat, K and V of a pass's positions and the rows' softmax state in one buffer, grown (never shrunk) outside
  * graphs: this op never runs while one is recorded, so no graph holds the address and a
  * reallocation leaves them valid (no scratch_gen bump, unlike cuda_scratch). NULL when the device
  * has no memory for it (the caller falls back to the absorbed form). */
@@ -344,53 +381,25 @@ int cuda_mla_prefill(backend_t *be, const bk_kv_t *kv, int layer, const float *q
         return -1;
     if (((uintptr_t)q & 15) || ((uintptr_t)q_pe & 15) || ((uintptr_t)out & 7) || (T + PF_ROWS - 1) / PF_ROWS > 65535)
         return -1;
-    /* lat, then K, then V, each 256-byte aligned (cuBLAS and the 16-byte cp.async chunks). */
-    const size_t lat_b = ((size_t)n_ctx * kv_lora * 2 + 255) & ~(size_t)255;
-    const size_t k_b = ((size_t)n_ctx * n_heads * DK * 2 + 255) & ~(size_t)255;
-    const size_t v_b = (size_t)n_ctx * n_heads * DV * 2;
-    if (lat_b + k_b + v_b > MLA_PF_MAX_SCRATCH)
+    /* Positions go in passes of at most KP keys (the scratch bound, or TROUPE_CUDA_MLA_PREFILL_KEYS):
+     * each pass makes its keys' K and V and runs the attention over them, carrying every row's
+     * softmax state (out unnormalised, ml) to the next; one pass when the context fits. Scratch:
+     * lat, K, V of KP keys, then ml, each 256-byte aligned (cuBLAS, the 16-byte cp.async chunks). */
+    const size_t per_key = ((size_t)kv_lora + (size_t)n_heads * (DK + DV)) * 2;
+    const size_t ml_b = ((size_t)T * n_heads * 2 * sizeof(float) + 255) & ~(size_t)255;
+    if (ml_b + 64 * per_key + 3 * 256 > MLA_PF_MAX_SCRATCH)
         return -1;
-    uint8_t *scr = (uint8_t *)s_pf_scratch(st, lat_b + k_b + v_b);
+    size_t KP = st->mla_pf_keys > 0 ? (size_t)st->mla_pf_keys : (MLA_PF_MAX_SCRATCH - ml_b - 3 * 256) / per_key / 64 * 64;
+    if (KP > (size_t)n_ctx)
+        KP = (size_t)n_ctx;
+    const size_t lat_b = (KP * kv_lora * 2 + 255) & ~(size_t)255;
+    const size_t k_b = (KP * n_heads * DK * 2 + 255) & ~(size_t)255;
+    const size_t v_b = (KP * n_heads * DV * 2 + 255) & ~(size_t)255;
+    uint8_t *scr = (uint8_t *)s_pf_scratch(st, lat_b + k_b + v_b + ml_b);
     if (!scr)
         return -1;
     __nv_bfloat16 *lat = (__nv_bfloat16 *)scr, *kb = (__nv_bfloat16 *)(scr + lat_b), *vb = (__nv_bfloat16 *)(scr + lat_b + k_b);
-
-    const uint8_t *base = (const uint8_t *)kv->base;
-    const unsigned g = (unsigned)n_ctx;
-#define PF_GATHER(KT)                                                                                      \
-    cuda_launch(st, k_pf_gather<KT>, g, 128, base, kv->block_bytes, kv->block_size, layer, meta->tok_seq,     \
-                meta->seq_bt_start, meta->block_table, kv_lora, dr, n_heads, DK, lat, kb)
-    switch (kv->dtype) {
-    case DT_F32: PF_GATHER(float); break;
-    case DT_BF16: PF_GATHER(__nv_bfloat16); break;
-    case DT_F8E4M3: PF_GATHER(__nv_fp8_e4m3); break;
-    default: PF_GATHER(__half); break;
-    }
-#undef PF_GATHER
-
-    /* Column-major views (cuBLAS): per head h, K_h (dn x n_ctx, ld n_heads * DK, at column offset h
-     * * DK) = A_h (dn x kv_lora: w_uk_t's [kv_lora][dn] block h, ld dn) . lat (kv_lora x n_ctx, ld
-     * kv_lora; the same for every head: stride 0); V (n_heads * dv x n_ctx) = w_uv^T ([n_heads * dv]
-     * [kv_lora] row-major: op T) . lat. The backend's handle is pedantic (no TF32 for its f32
-     * GEMMs); these are bf16 GEMMs that should take the tensor cores, so default math for the two calls,
-     * with any split-K reduction in f32 (not in the bf16 output type). */
-    const float alpha = 1.0f, beta = 0.0f;
-    CUBLAS_CHECK(cublasSetMathMode(st->blas, (cublasMath_t)(CUBLAS_DEFAULT_MATH |
-                                                            CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
-    const cublasStatus_t bs = cublasGemmStridedBatchedEx(
-        st->blas, CUBLAS_OP_N, CUBLAS_OP_N, dn, n_ctx, kv_lora, &alpha, w_uk_t->data, CUDA_R_16BF, dn,
-        (long long)kv_lora * dn, lat, CUDA_R_16BF, kv_lora, 0, &beta, kb, CUDA_R_16BF, n_heads * DK, DK, n_heads,
-        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    if (bs != CUBLAS_STATUS_SUCCESS)               /* should a library refuse B's stride 0: one GEMM a head */
-        for (int h = 0; h < n_heads; h++)
-            CUBLAS_CHECK(cublasGemmEx(st->blas, CUBLAS_OP_N, CUBLAS_OP_N, dn, n_ctx, kv_lora, &alpha,
-                                      (const __nv_bfloat16 *)w_uk_t->data + (size_t)h * kv_lora * dn, CUDA_R_16BF, dn,
-                                      lat, CUDA_R_16BF, kv_lora, &beta, kb + (size_t)h * DK, CUDA_R_16BF, n_heads * DK,
-                                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    CUBLAS_CHECK(cublasGemmEx(st->blas, CUBLAS_OP_T, CUBLAS_OP_N, n_heads * dv, n_ctx, kv_lora, &alpha, w_uv->data,
-                              CUDA_R_16BF, kv_lora, lat, CUDA_R_16BF, kv_lora, &beta, vb, CUDA_R_16BF, n_heads * dv,
-                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    CUBLAS_CHECK(cublasSetMathMode(st->blas, CUBLAS_PEDANTIC_MATH));
+    float *ml = (float *)(scr + lat_b + k_b + v_b);
 
     pf_args_t a = {};
     a.q = q;
@@ -399,16 +408,59 @@ int cuda_mla_prefill(backend_t *be, const bk_kv_t *kv, int layer, const float *q
     a.v = (const uint16_t *)vb;
     a.tok_pos = meta->tok_pos;
     a.out = out;
+    a.ml = ml;
     a.T = T;
     a.n_heads = n_heads;
     a.dr = dr;
-    a.n_ctx = n_ctx;
     a.scale_log2 = scale * 1.4426950408889634f;
-    if (DK == 192)
-        s_attend<192, 128>(st, a);
-    else if (DK == 48)
-        s_attend<48, 32>(st, a);
-    else
-        s_attend<32, 32>(st, a);
+    const uint8_t *base = (const uint8_t *)kv->base;
+    const float alpha = 1.0f, beta = 0.0f;
+    /* The backend's handle is pedantic (no TF32 for its f32 GEMMs); these are bf16 GEMMs that
+     * should take the tensor cores: default math, with any split-K reduction in f32 (not in the
+     * bf16 output type), restored after the passes. */
+    CUBLAS_CHECK(cublasSetMathMode(st->blas, (cublasMath_t)(CUBLAS_DEFAULT_MATH |
+                                                            CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
+    for (int k0 = 0; k0 < n_ctx; k0 += (int)KP) {
+        const int nk = n_ctx - k0 < (int)KP ? n_ctx - k0 : (int)KP;
+#define PF_GATHER(KT)                                                                                      \
+    cuda_launch(st, k_pf_gather<KT>, (unsigned)nk, 128, base, kv->block_bytes, kv->block_size, layer,         \
+                meta->tok_seq, meta->seq_bt_start, meta->block_table, kv_lora, dr, n_heads, DK, k0, lat, kb)
+        switch (kv->dtype) {
+        case DT_F32: PF_GATHER(float); break;
+        case DT_BF16: PF_GATHER(__nv_bfloat16); break;
+        case DT_F8E4M3: PF_GATHER(__nv_fp8_e4m3); break;
+        default: PF_GATHER(__half); break;
+        }
+#undef PF_GATHER
+        /* Column-major views (cuBLAS): per head h, K_h (dn x nk, ld n_heads * DK, at column offset
+         * h * DK) = A_h (dn x kv_lora: w_uk_t's [kv_lora][dn] block h, ld dn) . lat (kv_lora x nk,
+         * ld kv_lora; the same for every head: stride 0); V (n_heads * dv x nk) = w_uv^T ([n_heads *
+         * dv][kv_lora] row-major: op T) . lat. (Checked against the direct formula on the CPU with
+         * these exact parameters and mla_load.c's layouts.) */
+        const cublasStatus_t bs = cublasGemmStridedBatchedEx(
+            st->blas, CUBLAS_OP_N, CUBLAS_OP_N, dn, nk, kv_lora, &alpha, w_uk_t->data, CUDA_R_16BF, dn,
+            (long long)kv_lora * dn, lat, CUDA_R_16BF, kv_lora, 0, &beta, kb, CUDA_R_16BF, n_heads * DK, DK, n_heads,
+            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        if (bs != CUBLAS_STATUS_SUCCESS)           /* should a library refuse B's stride 0: one GEMM a head */
+            for (int h = 0; h < n_heads; h++)
+                CUBLAS_CHECK(cublasGemmEx(st->blas, CUBLAS_OP_N, CUBLAS_OP_N, dn, nk, kv_lora, &alpha,
+                                          (const __nv_bfloat16 *)w_uk_t->data + (size_t)h * kv_lora * dn, CUDA_R_16BF,
+                                          dn, lat, CUDA_R_16BF, kv_lora, &beta, kb + (size_t)h * DK, CUDA_R_16BF,
+                                          n_heads * DK, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        CUBLAS_CHECK(cublasGemmEx(st->blas, CUBLAS_OP_T, CUBLAS_OP_N, n_heads * dv, nk, kv_lora, &alpha, w_uv->data,
+                                  CUDA_R_16BF, kv_lora, lat, CUDA_R_16BF, kv_lora, &beta, vb, CUDA_R_16BF, n_heads * dv,
+                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        a.k0 = k0;
+        a.k1 = k0 + nk;
+        a.first = k0 == 0;
+        a.last = k0 + nk >= n_ctx;
+        if (DK == 192)
+            s_attend<192, 128>(st, a);
+        else if (DK == 48)
+            s_attend<48, 32>(st, a);
+        else
+            s_attend<32, 32>(st, a);
+    }
+    CUBLAS_CHECK(cublasSetMathMode(st->blas, CUBLAS_PEDANTIC_MATH));
     return 0;
 }

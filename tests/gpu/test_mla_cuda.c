@@ -554,26 +554,39 @@ static void test_head_matmul(void **state)
     backend_destroy(&cpu);
 }
 
-/* ---- mla_prefill: the decompressed form for prompt chunks ------------------------------------------
- *
- * A CUDA backend made with TROUPE_CUDA_MLA_PREFILL set to `mode` (the knob is read at creation),
- * the variable restored after. */
-static backend_t *s_gpu_mode(const char *mode)
+/* ---- mla_prefill: the decompressed form for prompt chunks ------------------------------------------ */
+
+/* Sets (value NULL: unsets) environment variable name, keeping its old value in keep (have: set). */
+static void s_env_swap(const char *name, const char *value, char keep[64], int *have)
 {
-    char err[512], *old = getenv("TROUPE_CUDA_MLA_PREFILL");
-    char keep[64] = "";
-    if (old)
-        snprintf(keep, sizeof keep, "%s", old);
-    setenv("TROUPE_CUDA_MLA_PREFILL", mode, 1);
-    backend_t *be = backend_new("cuda", 0, err, sizeof err);
-    if (old)
-        setenv("TROUPE_CUDA_MLA_PREFILL", keep, 1);
+    const char *old = getenv(name);
+    *have = old != NULL;
+    snprintf(keep, 64, "%s", old ? old : "");
+    if (value)
+        setenv(name, value, 1);
     else
-        unsetenv("TROUPE_CUDA_MLA_PREFILL");
+        unsetenv(name);
+}
+
+/* A CUDA backend made with TROUPE_CUDA_MLA_PREFILL = mode and TROUPE_CUDA_MLA_PREFILL_KEYS = keys
+ * (NULL: unset; the knobs are read at creation), the variables restored after. */
+static backend_t *s_gpu_knobs(const char *mode, const char *keys)
+{
+    char err[512], k1[64], k2[64];
+    int h1, h2;
+    s_env_swap("TROUPE_CUDA_MLA_PREFILL", mode, k1, &h1);
+    s_env_swap("TROUPE_CUDA_MLA_PREFILL_KEYS", keys, k2, &h2);
+    backend_t *be = backend_new("cuda", 0, err, sizeof err);
+    int unused;
+    char tmp[64];
+    s_env_swap("TROUPE_CUDA_MLA_PREFILL", h1 ? k1 : NULL, tmp, &unused);
+    s_env_swap("TROUPE_CUDA_MLA_PREFILL_KEYS", h2 ? k2 : NULL, tmp, &unused);
     if (!be)
         fail_msg("%s", err);
     return be;
 }
+
+static backend_t *s_gpu_mode(const char *mode) { return s_gpu_knobs(mode, NULL); }
 
 /* One head configuration and one call: T rows of sequence 1 of two (the other's table first, so
  * the sequence index matters) at positions p0 .. p0 + T - 1, keys 0 .. p0 + T - 1 in the cache. */
@@ -726,7 +739,9 @@ static double s_pf_worst(const float *x, const float *ref, const pf_case_t *c)
  * shapes and input ranges gives worst (row, head) errors of 5.6e-3 / 4.4e-3 (kjv, without / with
  * context) and 7.8e-3 / 6.5e-3 (V2-Lite): the scores are a few units, so q's and K's rounding moves
  * them by ~1e-2 absolute. A wrong mask, scale (without YaRN's mscale^2: 1.59x) or head layout is
- * an error of order 1e-1 or more. TROUPE_CUDA_MLA_PREFILL=absorbed
+ * an error of order 1e-1 or more. Each case runs again in passes of 96 keys
+ * (TROUPE_CUDA_MLA_PREFILL_KEYS=96: 2 passes over 100 keys, 3 over 270, the softmax state carried
+ * between them), within the same bound. TROUPE_CUDA_MLA_PREFILL=absorbed
  * declines (-1, nothing written); decompressed takes a 20-row chunk that auto declines. */
 #define PF_BOUND 2e-2
 
@@ -734,7 +749,7 @@ static void test_prefill(void **state)
 {
     (void)state;
     backend_t *cpu = backend_cpu_new(0), *dec = s_gpu_mode("decompressed"), *abs_be = s_gpu_mode("absorbed"),
-              *aut = s_gpu_mode("auto");
+              *aut = s_gpu_mode("auto"), *passes = s_gpu_knobs("decompressed", "96");
     const float yarn = 0.1f * 0.707f * logf(40.0f) + 1.0f;
     const pf_case_t cases[] = {
         {"kjv heads, no context", 4, 64, 16, 32, 32, 100, 0, 16, DT_BF16, 1.0f / sqrtf(48.0f)},
@@ -753,14 +768,21 @@ static void test_prefill(void **state)
         float *ab = s_pf_run(s_gpu, c, &in, 0, &rc_abs);
         float *de = s_pf_run(dec, c, &in, 1, &rc_dec);
         assert_int_equal(rc_dec, 0);
-        const double e_abs = s_pf_worst(ab, ref, c), e_dec = s_pf_worst(de, ref, c), e_da = s_pf_worst(de, ab, c);
+        int rc_pass;
+        float *dp = s_pf_run(passes, c, &in, 1, &rc_pass);
+        assert_int_equal(rc_pass, 0);
+        const double e_abs = s_pf_worst(ab, ref, c), e_dec = s_pf_worst(de, ref, c), e_da = s_pf_worst(de, ab, c),
+                     e_pass = s_pf_worst(dp, ref, c);
         print_message("  mla_prefill %s (%d rows, %s cache): worst (row, head) rel err: CUDA absorbed vs CPU %.2e, "
-                      "decompressed vs CPU %.2e, vs CUDA absorbed %.2e\n", c->name, c->T, dtype_name(c->dt), e_abs,
-                      e_dec, e_da);
+                      "decompressed vs CPU %.2e, vs CUDA absorbed %.2e; in passes of 96 keys vs CPU %.2e\n", c->name,
+                      c->T, dtype_name(c->dt), e_abs, e_dec, e_da, e_pass);
         if (!(e_abs <= 1e-5))
             fail_msg("%s: CUDA absorbed vs CPU %.3g exceeds 1e-5", c->name, e_abs);
         if (!(e_dec <= PF_BOUND && e_da <= PF_BOUND))
             fail_msg("%s: decompressed vs CPU %.3g, vs CUDA absorbed %.3g: beyond %.0e", c->name, e_dec, e_da, PF_BOUND);
+        if (!(e_pass <= PF_BOUND))
+            fail_msg("%s: decompressed in passes of 96 keys vs CPU %.3g: beyond %.0e", c->name, e_pass, PF_BOUND);
+        free(dp);
         if (k == 0) {   /* the knob: absorbed declines and writes nothing */
             int rc;
             float *no = s_pf_run(abs_be, c, &in, 1, &rc);
@@ -791,6 +813,7 @@ static void test_prefill(void **state)
     free(fd);
     free(fr);
     s_pf_free(&in);
+    backend_destroy(&passes);
     backend_destroy(&aut);
     backend_destroy(&abs_be);
     backend_destroy(&dec);
