@@ -216,7 +216,7 @@ def window(e):
     if not a or not b:
         return None
     return {k: b[k] - a.get(k, 0) for k in b}
-print("timed run: entry  steps  fwd ms/step  decode-only cycles  ms/cycle  off steps (ms)  explore steps (ms)  "
+print("timed run: entry  steps  tok/step  fwd ms/step  decode-only cycles  ms/cycle  off steps (ms)  explore steps (ms)  "
       "drafting steps (ms)  upkeep s  host ms/step  held")
 def ms(w, kind):
     n = w.get(f"spec_{kind}_steps_total", 0)
@@ -227,10 +227,20 @@ for e in entries:
         print(f"{e:>16}  (no troupe-top counters before and after)")
         continue
     steps, cyc = w.get("steps_total", 0), w.get("decode_only_cycles_total", 0)
-    print(f"{e:>16} {int(steps):6d} {1e3 * w.get('forward_seconds_total', 0) / max(steps, 1):12.3f} "
+    print(f"{e:>16} {int(steps):6d} {w.get('generation_tokens_total', 0) / max(steps, 1):9.2f} "
+          f"{1e3 * w.get('forward_seconds_total', 0) / max(steps, 1):12.3f} "
           f"{int(cyc):19d} {1e3 * w.get('decode_only_cycle_seconds_total', 0) / max(cyc, 1):9.3f} "
           f"{ms(w, 'off'):>15} {ms(w, 'explore'):>19} {ms(w, 'drafting'):>20} {w.get('spec_upkeep_seconds_total', 0):9.4f} "
           f"{1e3 * w.get('spec_host_seconds_total', 0) / max(steps, 1):13.4f} {int(w.get('steps_held_outbox_total', 0)):5d}")
+# Per level: how long requests waited for their first token and between tokens (a closed loop's
+# batch is only as full as its requests come back: fewer tokens a step at the same step cost).
+print("level  entry  ttft p50 ms (queue / prefill / rest)  itl p50 ms  e2e p50 ms")
+for c in conc:
+    for e in entries:
+        l = level(e, c)
+        print(f"{c:5d} {e:>6} {l.get('ttft_ms_p50', 0):12.2f} ({l.get('ttft_queue_ms_p50', 0):.2f} / "
+              f"{l.get('ttft_prefill_ms_p50', 0):.2f} / {l.get('ttft_rest_ms_p50', 0):.2f}) {l.get('itl_ms_p50', 0):11.3f} "
+              f"{l.get('e2e_ms_p50', 0):11.1f}")
 # One-row plain steps of the scheduled run: the cycle right after a drafting step (left out of the
 # cost table with a draft model or MTP) against the one inside a plain stretch (what k = 0 costs).
 m = decode_metrics("sched") if "sched" in entries else None
