@@ -173,21 +173,18 @@ static void s_proposer_time(spec_step_t *s, int64_t t0)
     s->n.proposer_seconds[k] += (double)(now_ns() - t0) / 1e9;
 }
 
-/* The step's own host time: from t0 on, less what the proposer took since proposer_s0. */
-static void s_host_time(spec_step_t *s, int64_t t0, double proposer_s0)
-{
-    double p = -proposer_s0;
-    for (int k = 0; k < SPEC_STEP_KINDS; k++)
-        p += s->n.proposer_seconds[k];
-    s->n.host_seconds += (double)(now_ns() - t0) / 1e9 - p;
-}
-
 static double s_proposer_total(const spec_step_t *s)
 {
     double p = 0;
     for (int k = 0; k < SPEC_STEP_KINDS; k++)
         p += s->n.proposer_seconds[k];
     return p;
+}
+
+/* The step's own host time: from t0 on, less what the proposer took since its total was proposer_s0. */
+static void s_host_time(spec_step_t *s, int64_t t0, double proposer_s0)
+{
+    s->n.host_seconds += (double)(now_ns() - t0) / 1e9 - (s_proposer_total(s) - proposer_s0);
 }
 
 int spec_step_propose(spec_step_t *s, const sched_batch_t *b)
