@@ -19,6 +19,7 @@ struct sched_client {
     uint64_t key;                   /* its map key (the client key, 1 for client 0) */
     int n_req;                      /* its requests in the scheduler */
     int n_running, n_waiting;       /* of them, RUNNING / WAITING */
+    int n_preempted;                /* of them, PREEMPTED (the chunk order counts them: fair order) */
     uint64_t last_run;              /* when one of its requests last entered RUNNING (sched_t.runs) */
     int turns;                      /* chunk-order turns taken in pass turn_pass */
     uint64_t turn_pass;
@@ -118,6 +119,7 @@ static void s_move(sched_t *s, sched_req_t *r, sched_state_t to, const char *eve
         s_wait_add(s, r);
     r->cl->n_running += (to == SCHED_RUNNING) - (r->state == SCHED_RUNNING);
     r->cl->n_waiting += (to == SCHED_WAITING) - (r->state == SCHED_WAITING);
+    r->cl->n_preempted += (to == SCHED_PREEMPTED) - (r->state == SCHED_PREEMPTED);
     if (to == SCHED_RUNNING)
         r->cl->last_run = ++s->runs;
     r->state = to;
@@ -301,13 +303,42 @@ static int s_release_prompt(sched_t *s, const sched_req_t *keep)
     return 0;
 }
 
-/* Frees blocks for a decode row: the owner's reclaim, a part-computed prompt, else the newest
- * running request is preempted (never the last one). 0 when blocks were freed. */
+/* r (RUNNING or WAITING) gives its blocks back: its KV is recomputed through the chunk path
+ * before it runs (every token but its last, which its next decode row feeds). */
+static void s_preempt(sched_t *s, sched_req_t *r, const char *event)
+{
+    LOG_I("request %llu preempted (KV pool full); its KV will be recomputed", (unsigned long long)r->id);
+    kvseq_release(r->kv);
+    r->target = r->n_toks - 1;
+    r->n_done = -1;
+    s_move(s, r, SCHED_PREEMPTED, event);
+}
+
+/* The newest WAITING request holding blocks gives them back (1 if one did). A waiting request
+ * makes no progress with its KV, so its blocks go before any running request's: otherwise each
+ * request promoted from a long waiting queue would be the newest running one, the next to be
+ * preempted, and the queue would turn into preempted requests one promotion at a time while
+ * the waiting ones kept their blocks. */
+static int s_release_waiting(sched_t *s)
+{
+    for (sched_req_t *r = s->q[SCHED_WAITING].tail; r; r = r->prev)
+        if (kvseq_n_blocks(r->kv) > 0) {
+            s_preempt(s, r, "KV pool full, waiting");
+            return 1;
+        }
+    return 0;
+}
+
+/* Frees blocks for a decode row: the owner's reclaim, a part-computed prompt, a waiting request's
+ * KV, else the newest running request is preempted (never the last one). 0 when blocks were
+ * freed. */
 static int s_free_blocks(sched_t *s)
 {
     if (s->cfg.reclaim && s->cfg.reclaim(s->cfg.ctx))
         return 0;
     if (s_release_prompt(s, NULL))
+        return 0;
+    if (s_release_waiting(s))
         return 0;
     if (s->q[SCHED_RUNNING].n <= 1)
         return -1;
@@ -315,11 +346,7 @@ static int s_free_blocks(sched_t *s)
     for (sched_req_t *r = s->q[SCHED_RUNNING].head; r; r = r->next)
         if (!victim || r->seq > victim->seq)
             victim = r;
-    LOG_I("request %llu preempted (KV pool full); its KV will be recomputed", (unsigned long long)victim->id);
-    kvseq_release(victim->kv);
-    victim->target = victim->n_toks - 1;
-    victim->n_done = -1;
-    s_move(s, victim, SCHED_PREEMPTED, "KV pool full");
+    s_preempt(s, victim, "KV pool full");
     return 0;
 }
 
@@ -393,8 +420,10 @@ static int s_chunk(sched_t *s, sched_req_t *r, int budget, int64_t now, sched_re
 }
 
 /* The next request of q in this pass's chunk order, not yet taken in it: lowest rank (its client's
- * RUNNING + WAITING requests + the turns its client already took in this pass), the oldest
- * of equal rank (q is in admission order; a recompute re-entering PREEMPTED goes by its re-entry). */
+ * other RUNNING, WAITING and PREEMPTED requests + the turns its client already took in this pass),
+ * the oldest of equal rank (q is in admission order; a recompute re-entering PREEMPTED goes by its
+ * re-entry). Counting the preempted ones keeps a client with one preempted request from waiting
+ * behind every older recompute of clients with several. */
 static sched_req_t *s_next_chunk(sched_t *s, const queue_t *q)
 {
     sched_req_t *best = NULL;
@@ -407,7 +436,7 @@ static sched_req_t *s_next_chunk(sched_t *s, const queue_t *q)
             c->turn_pass = s->pass;
             c->turns = 0;
         }
-        const int rank = c->n_running + c->n_waiting + c->turns;
+        const int rank = c->n_running + c->n_waiting + c->n_preempted - (r->state == SCHED_PREEMPTED) + c->turns;
         if (!best || rank < best_rank) {
             best = r;
             best_rank = rank;
@@ -466,7 +495,7 @@ static sched_req_t *s_prompt_rows(sched_t *s)
  * never fits and is dropped. */
 static int s_unstick(sched_t *s, sched_req_t *stuck)
 {
-    if (s_release_prompt(s, stuck))
+    if (s_release_prompt(s, stuck) || s_release_waiting(s))
         return 1;
     const int own = kvseq_n_blocks(stuck->kv);
     if (kvpool_free_count(s->pool) + own < kvpool_n_blocks(s->pool))
@@ -485,8 +514,10 @@ const sched_batch_t *sched_step(sched_t *s)
     if (!s->committed)   /* the caller's mistake: the last step's prompts would never advance */
         LOG_E("scheduler: a step's rows were never committed");
     b->n = b->n_decode = 0;
-    /* Waiting requests take free slots, the client with the fewest running first. */
-    while (s->q[SCHED_WAITING].n && s->q[SCHED_RUNNING].n < s->cfg.max_running)
+    /* Waiting requests take free slots, the client with the fewest running first; not a slot a
+     * preempted request waits for (its recompute, below, takes it): preempted requests are older
+     * work, and a stream of new hand-offs would otherwise keep them from ever running again. */
+    while (s->q[SCHED_WAITING].n && s->q[SCHED_RUNNING].n + s->q[SCHED_PREEMPTED].n < s->cfg.max_running)
         s_move(s, s_next_waiting(s), SCHED_RUNNING, "a batch slot freed");
     s_decode_rows(s);
     sched_req_t *stuck;

@@ -17,7 +17,8 @@
  * A step (sched_step) is: decode rows first, one token for every RUNNING request, then prompt
  * chunks, up to chunk_tokens tokens in all (Sarathi / vLLM chunked prefill). A PREEMPTED request
  * is recomputed through the same chunk path as a new prompt, before any new prompt gets a chunk
- * (new prompts would take the blocks it needs). A prompt's first chunk adopts every cached prefix
+ * (new prompts would take the blocks it needs), and a freed decode slot goes to it before any
+ * WAITING request (a stream of hand-offs would otherwise keep it from ever running again). A prompt's first chunk adopts every cached prefix
  * block of the pool (kvseq_match_prefix). Blocks are reserved as the chunks go: a chunk is only
  * taken when the pool keeps one free block per decode row after it, so a prompt never takes the
  * blocks the batch it joins needs next.
@@ -25,7 +26,7 @@
  * Fair across clients (the router's client key: credential and tenant): a freed decode slot goes
  * to the waiting request whose client has the fewest RUNNING requests, among equals the client
  * whose last turn is the longest ago (round robin). Prompt chunks go round robin too: a client's
- * k-th prompt in this step's order ranks as its RUNNING + WAITING requests + k, lowest rank
+ * k-th prompt in this step's order ranks as its other RUNNING + WAITING + PREEMPTED requests + k, lowest rank
  * first, the oldest among equal ranks (an old prompt being chunked keeps the budget ahead of new
  * ones: a part-computed prompt holds blocks). Within one client everything goes oldest first, so
  * for one client the order is admission order. One client's 40 waiting requests thus do not stand
@@ -33,7 +34,8 @@
  *
  * Out of blocks for a decode row: the owner's reclaim hook first (finished sequences it still
  * holds), then a part-computed prompt gives its blocks back (it starts over later, reusing those
- * still cached), then the newest running request is preempted (never the last one). A request
+ * still cached), then the newest WAITING request's KV (it makes no progress with it: it becomes
+ * PREEMPTED), then the newest running request is preempted (never the last one). A request
  * that can never fit (alone and still out of blocks, or a prompt larger than the whole pool) is
  * dropped through the owner's drop hook.
  *

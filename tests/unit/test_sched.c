@@ -605,6 +605,93 @@ static void test_one_request_clients_fill_budget(void **st)
     s_unfix(f);
 }
 
+/* A hand-off whose KV could not be taken: it starts PREEMPTED (client given). */
+static req_t *s_handoff_no_room_of(fix_t *f, uint64_t client, int i, int n)
+{
+    req_t *r = &f->req[i];
+    r->kv = kvseq_new(f->pool, MAX_TOKS, 0);
+    for (int j = 0; j <= n; j++)
+        r->toks[j] = (int32_t)(100 * i + j + 1);
+    assert_int_equal(sched_add_running(f->s, &r->sr, (uint64_t)i + 1, client, r->kv, r->toks, n, 0, 0), 0);
+    r->sr.n_toks++;
+    assert_int_equal(r->sr.state, SCHED_PREEMPTED);
+    return r;
+}
+
+/* Out of blocks for a decode row, a WAITING request's KV goes before a running request's: it
+ * makes no progress with it. (Preempting the newest running one instead made each request
+ * promoted from a long waiting queue the next victim: under load every waiting request turned
+ * into a preempted one, one promotion at a time, while the others kept their blocks.) */
+static void test_waiting_gives_blocks_before_running(void **st)
+{
+    fix_t *f = s_fix(7, 4, 4, 2, 16);
+    req_t *a = s_handoff(f, 0, 7);   /* 2 blocks each, the 8th token next */
+    req_t *b = s_handoff(f, 1, 7);
+    req_t *c = s_handoff(f, 2, 7);   /* no slot: WAITING, holding its 2 blocks */
+    assert_int_equal(c->sr.state, SCHED_WAITING);
+    assert_string_equal(s_step(f), "1:1d 2:1d");   /* tokens 8: still 2 blocks */
+    assert_int_equal(kvpool_free_count(f->pool), 1);
+    /* Token 9 needs a third block each: a takes the free one, b's comes from c. */
+    assert_string_equal(s_step(f), "1:1d 2:1d");
+    assert_int_equal(a->sr.state, SCHED_RUNNING);
+    assert_int_equal(b->sr.state, SCHED_RUNNING);
+    assert_int_equal(c->sr.state, SCHED_PREEMPTED);
+    assert_int_equal(kvseq_n_blocks(c->kv), 0);
+    assert_int_equal(c->sr.target, c->sr.n_toks - 1);
+    assert_int_equal(sched_preemptions(f->s), 1);
+    /* a leaves: c is recomputed into its slot (its first block is still cached: 3 of its 7
+     * tokens are computed) and runs with its own next token. */
+    sched_remove(f->s, &a->sr);
+    kvseq_destroy(&a->kv);
+    assert_string_equal(s_step(f), "2:1d 3:3");
+    assert_int_equal(c->sr.state, SCHED_RUNNING);
+    assert_string_equal(s_step(f), "2:1d 3:1d");
+    assert_memory_equal(kvseq_tokens(c->kv), c->toks, 8 * 4);
+    s_unfix(f);
+}
+
+/* A freed decode slot goes to a preempted request's recompute before any waiting request: a
+ * stream of hand-offs arriving with their KV would otherwise take every slot while the preempted
+ * request (older work) waits for the waiting queue to run dry. */
+static void test_preempted_before_waiting(void **st)
+{
+    fix_t *f = s_fix(64, 4, 4, 2, 16);
+    req_t *a = s_handoff(f, 0, 4);
+    s_handoff(f, 1, 4);
+    req_t *p = s_handoff_no_room_of(f, 0, 2, 4);   /* older than the waiting ones below */
+    req_t *w1 = s_handoff(f, 3, 4);
+    req_t *w2 = s_handoff(f, 4, 4);
+    assert_int_equal(w1->sr.state, SCHED_WAITING);
+    assert_string_equal(s_step(f), "1:1d 2:1d");   /* no free slot: nothing recomputed yet */
+    sched_remove(f->s, &a->sr);
+    assert_string_equal(s_step(f), "2:1d 3:4");    /* the slot is the recompute's */
+    assert_int_equal(p->sr.state, SCHED_RUNNING);
+    assert_int_equal(w1->sr.state, SCHED_WAITING);
+    assert_int_equal(w2->sr.state, SCHED_WAITING);
+    s_unfix(f);
+}
+
+/* Recomputes go round robin over clients counting their preempted requests: client B's one
+ * preempted request is recomputed before client A's three older ones (oldest first among equal
+ * ranks would put it behind all of them; with many such clients it waited for minutes). */
+static void test_light_client_recompute_first(void **st)
+{
+    fix_t *f = s_fix(64, 4, 4, 1, 16);
+    req_t *run = s_handoff_of(f, CLIENT_C, 0, 4);
+    for (int i = 1; i <= 3; i++)
+        s_handoff_no_room_of(f, CLIENT_A, i, 4);
+    req_t *b = s_handoff_no_room_of(f, CLIENT_B, 4, 4);
+    assert_string_equal(s_step(f), "1:1d");
+    sched_remove(f->s, &run->sr);
+    /* Every recompute fits the step's budget; B's comes first and takes the slot, A's wait. */
+    assert_string_equal(s_step(f), "5:4 2:4 3:4 4:4");
+    assert_int_equal(b->sr.state, SCHED_RUNNING);
+    assert_int_equal(f->req[1].sr.state, SCHED_WAITING);
+    sched_remove(f->s, &b->sr);
+    assert_string_equal(s_step(f), "2:1d");          /* then A's, oldest first */
+    s_unfix(f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -628,6 +715,9 @@ int main(void)
         cmocka_unit_test(test_prompt_round_robin),
         cmocka_unit_test(test_round_robin_keeps_old_prompt),
         cmocka_unit_test(test_one_request_clients_fill_budget),
+        cmocka_unit_test(test_waiting_gives_blocks_before_running),
+        cmocka_unit_test(test_preempted_before_waiting),
+        cmocka_unit_test(test_light_client_recompute_first),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
