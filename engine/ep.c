@@ -57,6 +57,8 @@ struct ep {
     uint64_t prop_epoch;
     int failed, rounds_done, fail_told;
     uint64_t step_no;             /* the step in progress, or the last one (numbered from 1) */
+    uint32_t step_rows[EP_MAX_RANKS]; /* each rank's rows in that step (its step header): the batch its
+                                     entries come from, which their numerics follow (s_compute) */
     int all_done;                 /* a step had every rank done: the group has finished */
     int done_sent;                /* this rank's last step header said done */
     int stopped;                  /* a follower: rank 0 said stop */
@@ -417,8 +419,14 @@ static int s_dev_grow(ep_t *ep, size_t n)
     return 0;
 }
 
-/* The experts of layer l over n received rows (rows: slot, w, x[H] each): res [n][H] = w * expert(x). */
-static int s_compute(ep_t *ep, int l, const float *rows, size_t n, float *res)
+/* The experts of layer l over n received rows (rows: slot, w, x[H] each; n_from[r] of them from rank
+ * r, rank by rank): res [n][H] = w * expert(x). Each rank's part is rounded as that rank's own
+ * moe_ffn over its step's rows would round it (moe_ffn_as with the rows of its step header): a
+ * backend that picks its arithmetic by the call's size (CUDA: f32 activations below 9 tokens of
+ * bf16 experts, bf16 from there) would otherwise pick it by the entries of every rank together,
+ * and a rank's 4 rows of top-4 over 2 ranks would be 16 entries: bf16 where one process computes
+ * in f32. */
+static int s_compute(ep_t *ep, int l, const float *rows, size_t n, const size_t *n_from, float *res)
 {
     if (n == 0)
         return 0;
@@ -452,7 +460,15 @@ static int s_compute(ep_t *ep, int l, const float *rows, size_t n, float *res)
         rc = s_fail(ep, "experts", "cannot upload the received entries");
         goto done;
     }
-    op->moe_ffn(be, ep->d_x, (int)n, ep->H, ep->d_ids, ep->d_w, 1, q->local, ep->cur.spr, ep->d_scratch, ep->d_out);
+    if (op->moe_ffn_as) {
+        size_t o = 0;   /* the parts in turn over one scratch: stream order */
+        for (int r = 0; r < ep->n; o += n_from[r], r++)
+            if (n_from[r])
+                op->moe_ffn_as(be, ep->d_x + o * H, (int)n_from[r], ep->H, ep->d_ids + o, ep->d_w + o, 1, q->local,
+                               ep->cur.spr, ep->d_scratch, ep->d_out + o * H, (int)ep->step_rows[r]);
+    } else {
+        op->moe_ffn(be, ep->d_x, (int)n, ep->H, ep->d_ids, ep->d_w, 1, q->local, ep->cur.spr, ep->d_scratch, ep->d_out);
+    }
     if (op->download(be, res, ep->d_out, n * H * sizeof(float)) < 0)
         rc = s_fail(ep, "experts", "cannot read the experts' results");
 done:
@@ -488,7 +504,10 @@ static int s_moe_round(ep_t *ep, int l, const ep_hdr_t *mine, const ep_hdr_t *th
     }
     if (s_xchg(ep, "dispatch", s, sn, r, rn, EP_ROUND_DEADLINE_MS) < 0)
         return -1;
-    if (s_compute(ep, l, (const float *)ep->rbuf, n_in, ep->res_s) < 0)
+    size_t n_from[EP_MAX_RANKS];
+    for (int i = 0; i < ep->n; i++)
+        n_from[i] = theirs[i].n_entries;
+    if (s_compute(ep, l, (const float *)ep->rbuf, n_in, n_from, ep->res_s) < 0)
         return -1;
     so = ro = 0;
     for (int i = 0; i < ep->n; i++) {
@@ -757,6 +776,8 @@ static long s_step_begin(ep_t *ep, int rows, uint32_t flags, int deadline_ms)
         return -1;
     }
     ep->done_sent = (flags & EP_F_DONE) != 0;
+    for (int i = 0; i < ep->n; i++)
+        ep->step_rows[i] = theirs[i].rows;
     const ep_hdr_t *h0 = &theirs[0];
     if (ep->rank != 0 && h0->epoch != ep->cur.epoch) {
         if (!s_next_ready(ep) || h0->epoch != ep->next.epoch)

@@ -15,9 +15,13 @@
  *      (token, expert) the sender sends that rank), dispatch (each entry's hidden state [H], its
  *      routing weight and the rank's slot index), every rank runs its slots' experts over the
  *      entries it received (the backend's moe_ffn with one expert per entry, so each result is
- *      weight * expert(x), rounded as moe_ffn rounds it), and combine: the results go back, and
- *      each sender adds each token's results in ascending expert order, as moe_ffn does, so a
- *      rank's output is the single-process output for its rows (bit for bit on the CPU).
+ *      weight * expert(x), rounded as moe_ffn rounds it; a sender's entries through moe_ffn_as
+ *      with the sender's rows where the backend has it, so they get the arithmetic the sender's
+ *      own moe_ffn over its rows would pick: CUDA's f32 or bf16 activations), and combine: the
+ *      results go back, and each sender adds each token's results in ascending expert order, as
+ *      moe_ffn does, so a rank's output is the single-process output for its rows (bit for bit
+ *      on the CPU; on CUDA too while each expert has one replica: the host path's matmuls, f32
+ *      experts past 64 rows, also depend on an expert's rows, which replicas split).
  * A rank with rows runs the step from model_forward (ep_moe_layer: the header at the first MoE
  * layer); a rank without rows joins when a peer's header arrives (ep_pending, then ep_join: an
  * empty round per MoE layer). A rank that has only ever joined (a troupe-expert-rank process

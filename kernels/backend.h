@@ -300,6 +300,18 @@ typedef struct backend_ops {
     void (*moe_ffn)(backend_t *be, const float *x, int M, int H, const int32_t *ids, const float *weights, int k,
                     const bk_expert_t *experts, int n_experts, void *scratch, float *out);
 
+    /* moe_ffn rounded as a call of as_m tokens would be. A backend whose moe_ffn picks its
+     * arithmetic by M (CUDA: bf16/f16 experts run the FMA device path, f32 activations, below
+     * TROUPE_CUDA_MOE_GROUPED_MIN_M tokens and the grouped path, activations rounded to 16 bits,
+     * from there; kernels/cuda/cuda_moe.cu) picks it by as_m here and runs it over the M entries.
+     * For an expert-parallel rank computing a peer's entries (k = 1, M of them from the peer's
+     * as_m rows of top-k; engine/ep.c): each result is then the one the peer's own moe_ffn over
+     * its as_m rows gives, where plain moe_ffn would pick by the entries received from every
+     * rank. NULL: moe_ffn's result for a token does not depend on M (the CPU). Same scratch as
+     * moe_ffn for M and k. */
+    void (*moe_ffn_as)(backend_t *be, const float *x, int M, int H, const int32_t *ids, const float *weights, int k,
+                       const bk_expert_t *experts, int n_experts, void *scratch, float *out, int as_m);
+
     /* counts[ids[i]] += 1 for i < n (ids device [n], each in 0..E-1; counts device uint32 [E]): the
      * per-expert token counts the expert-balancer reads (engine/model.h, model_expert_load). Device
      * work only (CUDA: one atomic add per id), so it may sit in a captured graph; the caller reads

@@ -264,6 +264,8 @@ int cuda_attention_decode_mma_groups(const bk_kv_t *kv, int n_heads, const bk_at
 void cuda_moe_route(backend_t *be, const float *logits, int M, int E, int k, int renorm, int32_t *ids, float *weights);
 void cuda_moe_ffn(backend_t *be, const float *x, int M, int H, const int32_t *ids, const float *weights, int k,
                   const bk_expert_t *experts, int n_experts, void *scratch, float *out);
+void cuda_moe_ffn_as(backend_t *be, const float *x, int M, int H, const int32_t *ids, const float *weights, int k,
+                     const bk_expert_t *experts, int n_experts, void *scratch, float *out, int as_m);
 void cuda_moe_count(backend_t *be, const int32_t *ids, int n, uint32_t *counts);
 void cuda_moe_destroy(cuda_state_t *st);   /* frees the moe tables (at backend destroy) */
 

@@ -348,6 +348,7 @@ static const backend_ops_t s_cuda_ops = {
     .kv_supported = cuda_kv_supported,
     .moe_route = cuda_moe_route,
     .moe_ffn = cuda_moe_ffn,
+    .moe_ffn_as = cuda_moe_ffn_as,
     .moe_count = cuda_moe_count,
     .gather_rows = cuda_gather_rows,
     .argmax = cuda_argmax,

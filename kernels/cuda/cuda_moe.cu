@@ -8,8 +8,9 @@
  * by the sequential sum of the k weights. Ids agree with the CPU unless expf's last bit decides a
  * near-tie (CUDA's expf is not glibc's).
  *
- * The FFN has three paths, chosen on the host by M and the experts' dtype and shape alone (the host
- * never sees the routing there):
+ * The FFN has three paths, chosen on the host by M (moe_ffn_as: by its as_m, so an expert-parallel
+ * rank rounds a peer's entries as the peer's own call over its rows would) and the experts' dtype
+ * and shape alone (the host never sees the routing there):
  *   bf16/f16 weights, H and I multiples of 8, 16-byte       -> the grouped path (decode batches,
  *     aligned, M >= TROUPE_CUDA_MOE_GROUPED_MIN_M (default 9)    prefill chunks)
  *   otherwise M <= TROUPE_CUDA_MOE_DEVICE_MAX_M (default 64) -> the FMA device path (small decode
@@ -840,14 +841,15 @@ int cuda_moe_graphable(backend_t *be, int M, int H, int k, const bk_expert_t *ex
     return M > 0 && s_path(cuda_st(be), M, H, k, experts, n_experts, &tb) != MOE_PATH_HOST;
 }
 
-void cuda_moe_ffn(backend_t *be, const float *x, int M, int H, const int32_t *ids, const float *weights, int k,
-                  const bk_expert_t *experts, int n_experts, void *scratch, float *out)
+/* moe_ffn over M rows with the path s_path picks for path_m tokens (moe_ffn: M itself). */
+static void s_ffn(backend_t *be, int path_m, const float *x, int M, int H, const int32_t *ids, const float *weights,
+                  int k, const bk_expert_t *experts, int n_experts, void *scratch, float *out)
 {
     if (M <= 0)
         return;
     cuda_state_t *st = cuda_st(be);
     const cuda_moe_table_t *tb;
-    switch (s_path(st, M, H, k, experts, n_experts, &tb)) {
+    switch (s_path(st, path_m, H, k, experts, n_experts, &tb)) {
     case MOE_PATH_HOST: s_moe_host(be, x, M, H, ids, weights, k, experts, n_experts, scratch, out); return;
     case MOE_PATH_GROUPED: s_moe_grouped(st, tb, x, M, H, ids, weights, k, n_experts, scratch, out); return;
     case MOE_PATH_DEVICE: break;
@@ -861,4 +863,20 @@ void cuda_moe_ffn(backend_t *be, const float *x, int M, int H, const int32_t *id
     case DT_BF16: s_moe_device<__nv_bfloat16>(st, tb, x, M, H, ids, weights, k, n_experts, scratch, out); break;
     default: s_moe_device<__half>(st, tb, x, M, H, ids, weights, k, n_experts, scratch, out); break;
     }
+}
+
+void cuda_moe_ffn(backend_t *be, const float *x, int M, int H, const int32_t *ids, const float *weights, int k,
+                  const bk_expert_t *experts, int n_experts, void *scratch, float *out)
+{
+    s_ffn(be, M, x, M, H, ids, weights, k, experts, n_experts, scratch, out);
+}
+
+/* The path of as_m tokens over M entries: every path's result for a row depends on its own inputs
+ * only (the FMA and grouped paths are batch-invariant, see the header), so each entry gets the
+ * bits the as_m-token call would give it; the host path's matmuls also depend on rows per expert,
+ * which an expert-parallel rank's entries match only when an expert has one replica. */
+void cuda_moe_ffn_as(backend_t *be, const float *x, int M, int H, const int32_t *ids, const float *weights, int k,
+                     const bk_expert_t *experts, int n_experts, void *scratch, float *out, int as_m)
+{
+    s_ffn(be, as_m > 0 ? as_m : M, x, M, H, ids, weights, k, experts, n_experts, scratch, out);
 }

@@ -254,6 +254,52 @@ static void test_refused_placement(void **state)
     engine_destroy(&e);
 }
 
+/* A rank computes each sender's entries rounded as that sender's own moe_ffn over its rows would be
+ * (engine/ep.c, s_compute: moe_ffn_as with the rows of the sender's step header), where a backend
+ * has moe_ffn_as (CUDA: its arithmetic follows the call's size, and the entries of a step are not
+ * its rows: tests/gpu/test_ep_cuda.c has the numerics). The CPU has none, so rank 0's backend gets
+ * a recording one here, which computes as moe_ffn does: every call of rank 0's own entries (its
+ * peer has no rows) names the rows of the step they came from, the prompt step's or a decode
+ * step's, and holds at most rows x top-k entries of one expert each. */
+static const backend_ops_t *s_rec_base;
+static int s_rec_calls, s_rec_bad, s_rec_prompt, s_rec_decode;
+static int s_rec_k;   /* the model's top-k */
+
+static void s_rec_ffn_as(backend_t *be, const float *x, int M, int H, const int32_t *ids, const float *weights, int k,
+                         const bk_expert_t *experts, int n_experts, void *scratch, float *out, int as_m)
+{
+    s_rec_calls++;
+    s_rec_prompt += as_m == SEQS * 5;
+    s_rec_decode += as_m == SEQS;
+    s_rec_bad += k != 1 || (as_m != SEQS * 5 && as_m != SEQS) || M > as_m * s_rec_k;
+    s_rec_base->moe_ffn(be, x, M, H, ids, weights, k, experts, n_experts, scratch, out);
+}
+
+static void test_rows_for_rounding(void **state)
+{
+    (void)state;
+    expert_group_t *g;
+    engine_t *e = s_open_group(FIXTURES "/qwen3-moe-f32", 2, &g);
+    static backend_ops_t ops;
+    s_rec_base = e->be->ops;
+    assert_null(s_rec_base->moe_ffn_as);   /* the CPU's result does not depend on the call's size */
+    ops = *s_rec_base;
+    ops.moe_ffn_as = s_rec_ffn_as;
+    e->be->ops = &ops;
+    s_rec_k = e->cfg.num_experts_per_tok;
+    s_rec_calls = s_rec_bad = s_rec_prompt = s_rec_decode = 0;
+    run_t got;
+    s_generate(e, expert_group_ep(g), 0, &got);
+    e->be->ops = s_rec_base;
+    if (s_rec_calls == 0 || s_rec_bad || !s_rec_prompt || !s_rec_decode)
+        fail_msg("moe_ffn_as: %d calls, %d without the sender's rows (%d x %d prompt rows, %d x %d decode rows) or "
+                 "with more entries than rows x top-k", s_rec_calls, s_rec_bad, s_rec_prompt, SEQS * 5, s_rec_decode,
+                 SEQS);
+    free(got.logits);
+    expert_group_destroy(&g);
+    engine_destroy(&e);
+}
+
 static void test_kill_rank(void **state)
 {
     (void)state;
@@ -647,7 +693,8 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_qwen3_moe),   cmocka_unit_test(test_mixtral),   cmocka_unit_test(test_kjv_moe),
         cmocka_unit_test(test_deepseek_v3), cmocka_unit_test(test_kjv_deepseek),
-        cmocka_unit_test(test_refused_placement), cmocka_unit_test(test_kill_rank),
+        cmocka_unit_test(test_refused_placement), cmocka_unit_test(test_rows_for_rounding),
+        cmocka_unit_test(test_kill_rank),
         cmocka_unit_test(test_dp_qwen3_moe), cmocka_unit_test(test_dp_mixtral), cmocka_unit_test(test_dp_kjv_moe),
         cmocka_unit_test(test_dp_deepseek_v3),
         cmocka_unit_test(test_dp_kill),            cmocka_unit_test(test_dp_rendezvous_refused),
