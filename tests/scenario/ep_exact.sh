@@ -15,7 +15,11 @@
 # (the reference is troupe-generate on the same GPU). Requests go through the C client
 # (troupe-client, servelib.c_generate): no pyzmq needed (the GPU machine has none).
 # EP_SIZES="1 2 4" also serves each model with one decode worker and no group (1): on a GPU, a
-# difference from troupe-generate there too is the batch's rounding, not the group's.
+# difference from troupe-generate there too is the batch's rounding, not the group's. On CUDA a rank
+# computes a peer's entries with the arithmetic of the peer's rows (moe_ffn_as, engine/ep.c): ranks
+# of at most 8 rows a step round their experts as one process at batch 1 does (f32 activations), so
+# the groups here must be exact with the defaults; before, 16 entries took bf16 activations and
+# kjv-deepseek's prompt 2 flipped a routing near-tie at token 19 (H200, 2026-12-03).
 . "$(dirname "$0")/lib.sh"
 MODELS=${TROUPE_MODELS:-$ROOT/../shared/models}
 # ranks_served TOPO N: every decode-R (R < N; "decode" when N is 1) has finished a request
@@ -115,7 +119,13 @@ if [ -f "$MODELS/kjv-deepseek/config.json" ]; then
   MODEL_PATH=$MODELS/kjv-deepseek N_PREFILL=1 N_DECODE=2 DECODE_EP=2 make_topology "$WORK/mtp.yaml" "limits:" \
     "  prefill_chunk_tokens: 8" "  max_batch: 16"
   # fixed: the draft-scheduler's policy would turn speculation off where it does not pay (spec_mtp_exact.sh)
-  TROUPE_SPECULATION=mtp:3 TROUPE_SPEC_POLICY=fixed start_cluster "$WORK/mtp.yaml"
+  # On CUDA a verify step is 4 rows a request, and from 9 rows bf16 experts take moe_ffn's grouped
+  # path (bf16 activations) where the reference's one-row steps take the FMA path (f32): one process
+  # verifying the same batch rounds so too, and on kjv-deepseek that flips a routing near-tie (prompt
+  # 2, token 19: the last layer's 4th and 5th experts 1.9e-4 apart, then a 0.48 logit gap). The FMA
+  # path up to 64 rows (max_batch 16 x 4) here, so the check compares like arithmetic with like;
+  # the groups above, whose ranks have at most 8 rows a step, run the defaults. (The CPU ignores it.)
+  TROUPE_CUDA_MOE_GROUPED_MIN_M=65 TROUPE_SPECULATION=mtp:3 TROUPE_SPEC_POLICY=fixed start_cluster "$WORK/mtp.yaml"
   ep=$(grep 'client:' "$WORK/mtp.yaml" | awk '{print $2}')
   PYTHONPATH="$ROOT/tests/scenario${PYTHONPATH:+:$PYTHONPATH}" /usr/bin/python3 - "$ep" "$BIN" "$WORK/mtp.yaml" \
     "$WORK/kjv-deepseek.generate" "$PROMPTS" <<'PY'
