@@ -142,6 +142,17 @@ int spec_cost_leave_out(int has_dist, int prev_asked, int asked)
     return has_dist && prev_asked != asked;
 }
 
+int spec_plain_guard_slow(spec_plain_guard_t *g, double seconds)
+{
+    if (!(seconds >= 0))
+        return 1;
+    const int slow = g->seen >= SPEC_POLICY_MIN_STEPS && seconds > SPEC_COST_PLAIN_SLOW * g->low;
+    g->low = g->seen == 0 || seconds < g->low ? seconds : g->low * (1.0 + 1.0 / SPEC_COST_PLAIN_RISE);
+    g->seen++;
+    g->slow += (uint64_t)slow;
+    return slow;
+}
+
 static double s_cell_rate(const spec_cost_t *c, int bucket, int k, uint64_t min_counted)
 {
     if (bucket < 0 || bucket >= SPEC_COST_BATCHES || k < 0 || k > SPEC_MAX_K || c->counted[bucket][k] < min_counted ||
@@ -295,6 +306,17 @@ static int s_fit(const spec_cost_t *c, double coef[FIT_TERMS], double *min_mean)
     return -1;
 }
 
+/* The largest measured mean of a cell with at most `bucket`'s rows and at most k drafts a row. */
+static double s_cost_floor(const spec_cost_t *c, int bucket, int k)
+{
+    double f = 0;
+    for (int b = 0; b <= bucket; b++)
+        for (int j = 0; j <= k; j++)
+            if (s_measured(c, b, j) && s_mean(c, b, j) > f)
+                f = s_mean(c, b, j);
+    return f;
+}
+
 static double s_fit_at(const double coef[FIT_TERMS], int b, int k)
 {
     const double B = s_grid[b];
@@ -326,7 +348,16 @@ double spec_cost_estimate(const spec_cost_t *c, int bucket, int k)
             break;
     }
     /* A fit may go below zero for small steps: never cheaper than a quarter of the cheapest step seen. */
-    return est > floor_s / 4 ? est : floor_s / 4;
+    est = est > floor_s / 4 ? est : floor_s / 4;
+    /* Nor cheaper than a measured step of no more rows and no more drafts a row: a step does not get
+     * cheaper as its batch or its drafts grow. Without this the fit ran away where nothing was
+     * measured (one H200, kjv-deepseek with MTP, 2026-12-03, f25aa02: buckets 24-128 measured
+     * nothing, the fit's cost fell to its floor as k grew, and batch 96 read 1,979,577 tokens/s at
+     * k = 7 against 82,489 at k = 0, so a worker reaching batch 96 would have drafted 7). So an
+     * unmeasured cell's tokens/s is at most its batch times its tokens per row over that measured
+     * step's seconds. */
+    const double below = s_cost_floor(c, bucket, k);
+    return est > below ? est : below;
 }
 
 int spec_policy_survival(const spec_accept_t *a, int max_k, float *s)
@@ -478,6 +509,83 @@ static int s_has_dist(const spec_accept_t *a)
     return 0;
 }
 
+/* What drafting gave at bucket b where it was measured: the best drafting rate over the plain
+ * rate (with a distribution every drafting cell together: spec_policy_drafting_rate), both counted;
+ * -1 when either is not. */
+static double s_measured_gain(const spec_cost_t *c, int b, const float *s, int has_dist)
+{
+    if (!s_counted(c, b, 0))
+        return -1;
+    const int B = s_grid[b];
+    const double r0 = spec_policy_rate(c, b, B, 0, s);
+    double best = has_dist ? spec_policy_drafting_rate(c, b, B) : -1;
+    for (int k = 1; !has_dist && k <= SPEC_MAX_K; k++)
+        if (s_counted(c, b, k)) {
+            const double r = spec_policy_rate(c, b, B, k, s);
+            best = r > best ? r : best;
+        }
+    return best > 0 && r0 > 0 ? best / r0 : -1;
+}
+
+/* The most drafting may gain at bucket b, as a factor of its plain rate, where b's own gain was
+ * not measured: the larger of the measured gains of the nearest buckets below and above that have
+ * one. -1 (no bound: the model alone) where b measured its own, or where no bucket did. On one
+ * H200 (kjv-deepseek with MTP, 2026-12-03, f25aa02) the buckets 24-128 had measured nothing and the
+ * model (the survival curve over a fitted cost) had k = 5-7 win there by 2-40x, where batch 16,
+ * measured, gained nothing (drafting 43,277 tokens/s against a plain 43,800). */
+static double s_gain_cap(const spec_cost_t *c, int b, const float *s, int has_dist)
+{
+    if (s_measured_gain(c, b, s, has_dist) >= 0)
+        return -1;
+    double cap = -1;
+    for (int dir = -1; dir <= 1; dir += 2)
+        for (int bb = b + dir; bb >= 0 && bb < SPEC_COST_BATCHES; bb += dir) {
+            const double g = s_measured_gain(c, bb, s, has_dist);
+            if (g >= 0) {
+                cap = g > cap ? g : cap;
+                break;
+            }
+        }
+    return cap;
+}
+
+int spec_policy_bucket_rates(const spec_accept_t *a, const spec_cost_t *c, int max_k, int max_batch, int b,
+                             const float *s, double *r)
+{
+    const int last = spec_cost_bucket(max_batch < 1 ? 1 : max_batch);
+    if (b < 0 || b > last || max_k < 1 || max_k > SPEC_MAX_K)
+        return -1;
+    const int B = s_grid[b];
+    double r0 = spec_policy_rate(c, b, B, 0, s);
+    if (r0 <= 0)
+        return -1;
+    /* A plain step does not get cheaper as its batch grows, so where this bucket's plain step
+     * was not measured, its rate is at most the nearest smaller bucket's measured plain rate
+     * times B / B'. Drafting must beat that bound, not the fit: a fit of a table filled mostly
+     * by drafting steps can underrate the plain step by far (one H200, KJV pair with n-gram
+     * drafts, 2026-12-02: the fit's plain rate at batch 96 was a fifth of the bound from batch
+     * 32's measured plain steps, and the policy drafted 7 there at 0.90x of no speculation).
+     * The bound errs toward no speculation, the side the policy must err on. For the same
+     * reason the nearest larger bucket's measured plain step, B / its seconds, is a rate this
+     * one's plain step reaches at least: the only one a batch-1 bucket has, whose plain cell
+     * exploration fills one step in 32 while the policy drafts (and whose fit rests on
+     * drafting cells alone until then). */
+    if (!s_counted(c, b, 0)) {
+        const double below = s_nearest_plain_rate(c, b, -1, last, B, s);
+        const double above = s_nearest_plain_rate(c, b, +1, last, B, s);
+        r0 = below > r0 ? below : r0;
+        r0 = above > r0 ? above : r0;
+    }
+    r[0] = r0;
+    const double cap = s_gain_cap(c, b, s, s_has_dist(a));
+    for (int k = 1; k <= max_k; k++) {
+        r[k] = spec_policy_rate(c, b, B, k, s);
+        if (cap >= 0 && r[k] > r0 * cap)
+            r[k] = r0 * cap;
+    }
+    return 0;
+}
+
 int spec_policy_compute(const spec_accept_t *a, const spec_cost_t *c, int max_k, int max_batch, spec_policy_t *out,
                         char *why, int why_len)
 {
@@ -490,30 +598,14 @@ int spec_policy_compute(const spec_accept_t *a, const spec_cost_t *c, int max_k,
     const int last = spec_cost_bucket(max_batch < 1 ? 1 : max_batch);
     for (int b = 0; b <= last; b++) {
         const int B = s_grid[b];
-        double r0 = spec_policy_rate(c, b, B, 0, p.survival);
-        if (r0 <= 0)
+        double rk[SPEC_MAX_K + 1];
+        if (spec_policy_bucket_rates(a, c, max_k, max_batch, b, p.survival, rk) != 0)
             return snprintf(why, (size_t)why_len, "no step cost for batch %d (fewer than two measured cells)", B), -1;
-        /* A plain step does not get cheaper as its batch grows, so where this bucket's plain step
-         * was not measured, its rate is at most the nearest smaller bucket's measured plain rate
-         * times B / B'. Drafting must beat that bound, not the fit: a fit of a table filled mostly
-         * by drafting steps can underrate the plain step by far (one H200, KJV pair with n-gram
-         * drafts, 2026-12-02: the fit's plain rate at batch 96 was a fifth of the bound from batch
-         * 32's measured plain steps, and the policy drafted 7 there at 0.90x of no speculation).
-         * The bound errs toward no speculation, the side the policy must err on. For the same
-         * reason the nearest larger bucket's measured plain step, B / its seconds, is a rate this
-         * one's plain step reaches at least: the only one a batch-1 bucket has, whose plain cell
-         * exploration fills one step in 32 while the policy drafts (and whose fit rests on
-         * drafting cells alone until then). */
-        if (!s_counted(c, b, 0)) {
-            const double below = s_nearest_plain_rate(c, b, -1, last, B, p.survival);
-            const double above = s_nearest_plain_rate(c, b, +1, last, B, p.survival);
-            r0 = below > r0 ? below : r0;
-            r0 = above > r0 ? above : r0;
-        }
+        const double r0 = rk[0];
         int best = 0;
         double rbest = r0;
         for (int k = 1; k <= max_k; k++) {
-            const double r = spec_policy_rate(c, b, B, k, p.survival);
+            const double r = rk[k];
             if (r > rbest && r >= r0 * (1.0 + SPEC_POLICY_MIN_GAIN)) {
                 rbest = r;
                 best = k;
@@ -672,9 +764,13 @@ int spec_policy_log_line(char *buf, int len, double t, const spec_accept_t *a, c
     const int have_s = spec_policy_survival(a, max_k, surv) == 0;
     const int last = spec_cost_bucket(max_batch < 1 ? 1 : max_batch);
     for (int b = 0; have_s && b <= last; b++) {
+        double r[SPEC_MAX_K + 1];
+        if (spec_policy_bucket_rates(a, c, max_k, max_batch, b, surv, r) != 0)
+            for (int k = 0; k <= max_k; k++)
+                r[k] = -1;
         rc |= s_put(buf, len, &at, "%s%d:", b ? "," : "", b);
         for (int k = 0; k <= max_k; k++)
-            rc |= s_put(buf, len, &at, "%s%.0f", k ? "/" : "", spec_policy_rate(c, b, spec_cost_batch(b), k, surv));
+            rc |= s_put(buf, len, &at, "%s%.0f", k ? "/" : "", r[k]);
     }
     rc |= s_put(buf, len, &at, " choice=");
     for (int i = 0; i < p->n_buckets; i++)

@@ -119,6 +119,29 @@ double spec_cost_estimate(const spec_cost_t *c, int bucket, int k);
  * A proposer without state (n-gram) leaves nothing behind a drafting step; every step counts. */
 int spec_cost_leave_out(int has_dist, int prev_asked, int asked);
 
+/* Which plain (k = 0) cycles are too slow to be a plain step's cost, by batch bucket: one more than
+ * SPEC_COST_PLAIN_SLOW times the lowest plain cycle the worker saw at that bucket, once it saw
+ * SPEC_POLICY_MIN_STEPS of them. The lowest rises by 1/SPEC_COST_PLAIN_RISE of itself with every
+ * plain cycle, so a step that really got slower (longer contexts) is measured again after a few
+ * dozen. Why: the plain cell is the baseline every drafting cell is judged against, and a worker
+ * that drafts fills it with few steps (exploration: one in 32), so a handful of cycles that paid
+ * for something else inflates it. On one H200 (kjv-deepseek with MTP, 2026-12-03, f25aa02) the
+ * batch-1 plain cell read 0.412 ms from 20 steps where the timed run's plain steps took 0.21 ms:
+ * 7 of them, in the warm-up's concurrency-16 level (a batch of one while the prefill worker, on the
+ * same GPU, computed the other 15 prompts and their hand-offs came in), averaged 0.79 ms; the
+ * policy drafted at batch 1 and the cluster ran 0.60x of no speculation. A drafting cell keeps
+ * its slow cycles: leaving only the plain ones out errs toward no speculation. */
+#define SPEC_COST_PLAIN_SLOW 2.0
+#define SPEC_COST_PLAIN_RISE 64
+typedef struct spec_plain_guard {
+    double low;          /* the lowest plain cycle seen (rising slowly), seconds */
+    uint64_t seen;       /* plain cycles seen */
+    uint64_t slow;       /* ... of them too slow (left out of the cost table) */
+} spec_plain_guard_t;
+/* A plain cycle of `seconds` at the guard's bucket: 1 when it is left out of the cost table. Graph
+ * warm-ups are not given to it (their first and second steps are left out anyway). */
+int spec_plain_guard_slow(spec_plain_guard_t *g, double seconds);
+
 /* Exploration: which decode-only steps ask for drafts whatever the policy, so that the cost
  * table keeps the plain step and the one-draft step measured at every batch size next to the
  * policy's choice (a fit from one length cannot tell a step's fixed cost from its cost per token,
@@ -203,6 +226,16 @@ double spec_policy_rate(const spec_cost_t *c, int bucket, int batch, int k, cons
  * SPEC_POLICY_MIN_STEPS drafting steps were counted. */
 double spec_policy_drafting_rate(const spec_cost_t *c, int bucket, int batch);
 
+/* Tokens per second of bucket b (0 .. the bucket of max_batch) for k = 0..max_k into r, as
+ * spec_policy_compute judges them for survival s: r[0] the plain rate (an unmeasured plain cell
+ * bounded from the nearest measured plain cells below and above), r[k] spec_policy_rate, but where
+ * the bucket's own gain from drafting was not measured (its plain cell and a drafting cell, both
+ * counted) at most r[0] times the larger gain its nearest measured buckets below and above show
+ * (a bucket the workers never ran is not predicted to gain more than its neighbours did). 0, or
+ * -1 when the cost is unknown. */
+int spec_policy_bucket_rates(const spec_accept_t *a, const spec_cost_t *c, int max_k, int max_batch, int b,
+                             const float *s, double *r);
+
 /* The policy for proposers that verify at most max_k (1..SPEC_MAX_K) drafts per row, from the
  * acceptance counts and the cost table: buckets for every batch size up to max_batch. -1 (out
  * untouched, why says what is missing) when acceptance or cost is not measured well enough yet. */
@@ -212,8 +245,8 @@ int spec_policy_compute(const spec_accept_t *a, const spec_cost_t *c, int max_k,
 /* One line (no newline) into buf saying everything a computation read and decided, for
  * TROUPE_SPEC_POLICY_LOG: "t=SECONDS epoch=E max_k=K max_batch=B ok=0|1 acc=P/A,... conf=S/A,...
  * cells=BUCKET:K:STEPS:SECONDS:COUNTED:ROWS:EMITTED,... rates=BUCKET:R0/R1/.../Rmax_k,...
- * choice=MAX_BATCH:K:MIN_CONFIDENCE,... why=..." (rates in tokens/s as spec_policy_rate gives
- * them for the policy's survival, the chosen k and break-even; -1 where unknown). p: the policy
+ * choice=MAX_BATCH:K:MIN_CONFIDENCE,... why=..." (rates in tokens/s as spec_policy_bucket_rates
+ * gives them for the policy's survival, the chosen k and break-even; -1 where unknown). p: the policy
  * computed (ok=1), or the one in force when the computation failed with why (ok=0). Returns the
  * length written, or -1 when buf is too small (4096 bytes hold any table of a run). */
 int spec_policy_log_line(char *buf, int len, double t, const spec_accept_t *a, const spec_cost_t *c, int max_k,

@@ -6,7 +6,7 @@
  *
  * For each line with a computation (ok=1): its time, then per batch bucket the logged verify
  * length, the recomputed one, and the tokens/s this build expects of every k there (k = 0
- * first), and the plain cell's steps and mean cycle. Only the last line unless --all; --batch B shows the bucket of batch B only. Ends with
+ * first, as spec_policy_bucket_rates judges them: plain bounded, unmeasured gains capped), and the plain cell's steps and mean cycle. Only the last line unless --all; --batch B shows the bucket of batch B only. Ends with
  * the number of bucket decisions that differ; exit status 0, 1 when any differs, 2 on a usage or
  * parse error. */
 #include <stdio.h>
@@ -47,9 +47,13 @@ static int s_replay(const char *line, int batch, int *differ)
         *differ += lb && !same;
         printf("  %5d  %6d  %3d%s %8.3f ", B, lb ? lb->max_draft : -1, p.buckets[b].max_draft, same || !lb ? " " : "*",
                p.buckets[b].min_confidence);
+        double r[SPEC_MAX_K + 1];
+        if (spec_policy_bucket_rates(&a, &c, max_k, max_batch, b, s, r) != 0)
+            for (int k = 0; k <= max_k; k++)
+                r[k] = -1;
         for (int k = 0; k <= max_k; k++) {
             const double tpr = spec_cost_tokens_per_row(&c, b, k);
-            printf(" %.0f", spec_policy_rate(&c, b, B, k, s));
+            printf(" %.0f", r[k]);
             if (tpr >= 0)
                 printf("[%.2f]", tpr);
         }

@@ -52,6 +52,8 @@ struct spec_step {
     uint64_t plain1_after, plain1_stretch;
     uint64_t slow1[2];           /* one-row cycles over 1 ms (five plain steps of a small GPU model): plain, drafting */
     int last_prev_asked;         /* the last step's prev_asked, for those */
+    int last_warmup;             /* the last step was a graph shape's first or second (s_unlike) */
+    spec_plain_guard_t plain_guard[SPEC_COST_BATCHES];   /* plain cycles too slow for the cost table, by bucket */
     uint8_t *shape_seen;         /* [SHAPE_SLOTS(max_seqs)] decode-only steps seen of each graph shape, up to 2 */
     long step_emitted;           /* this step's tokens streamed by spec_step_verify; -1: it did not verify */
     int *kv_base;                /* [max_seqs] the row's KV length before its drafts */
@@ -478,6 +480,7 @@ int spec_step_on_policy(spec_step_t *s, const msg_draft_policy_t *p, char *err, 
 static int s_unlike(spec_step_t *s, const sched_batch_t *b, int verified, int asked)
 {
     const int transition = spec_cost_leave_out(s->has_dist, s->prev_asked, asked);
+    s->last_warmup = 0;
     s->last_prev_asked = s->prev_asked;
     s->prev_asked = asked;
     const int n = 1 + s->n_drafts[0] + s->n_pad[0];
@@ -492,6 +495,7 @@ static int s_unlike(spec_step_t *s, const sched_batch_t *b, int verified, int as
         ++*seen;
         if (s->kind >= 0)
             s->n.graph_warmups[s->kind]++;
+        s->last_warmup = 1;
         return 1;
     }
     return transition;
@@ -539,6 +543,13 @@ static void s_cycle(spec_step_t *s, double seconds)
             s->plain1_stretch_s += seconds;
             s->plain1_stretch++;
         }
+    }
+    /* A plain cycle far slower than the bucket's plain steps paid for something else (the
+     * prefill on the same GPU, hand-offs coming in: engine/spec_policy.h spec_plain_guard_slow). */
+    if (s->last_k == 0 && !s->last_warmup &&
+        spec_plain_guard_slow(&s->plain_guard[spec_cost_bucket(s->last_rows)], seconds) && !s->last_skip) {
+        s->n.plain_slow++;
+        s->last_skip = 1;
     }
     if (s->last_skip)
         s->skipped_steps++;
@@ -596,6 +607,7 @@ void spec_step_stats(const spec_step_t *s, actor_t *a, msg_stats_t *st)
     actor_stat_metric(a, st, "spec_padded_steps_total", (double)s->padded_steps, 1);
     actor_stat_metric(a, st, "spec_pad_positions_total", (double)s->pad_positions, 1);
     actor_stat_metric(a, st, "spec_cost_steps_skipped_total", (double)s->skipped_steps, 1);
+    actor_stat_metric(a, st, "spec_cost_plain_slow_total", (double)s->n.plain_slow, 1);
     /* one-row plain steps: after a drafting step and inside a plain stretch, count and mean cycle */
     actor_stat_metric(a, st, "spec_plain1_after_draft_steps_total", (double)s->plain1_after, 1);
     actor_stat_metric(a, st, "spec_plain1_after_draft_ms", s->plain1_after ? 1e3 * s->plain1_after_s / (double)s->plain1_after : 0, 0);

@@ -134,6 +134,8 @@ typedef struct spec_step_counts {
     uint64_t proposer_calls[SPEC_STEP_KINDS];   /* proposals (spec_propose_batch) and MTP feeds in steps of each kind */
     double proposer_seconds[SPEC_STEP_KINDS];   /* their wall time */
     uint64_t graph_warmups[SPEC_STEP_KINDS];    /* steps that were a graph shape's first or second (s_unlike) */
+    uint64_t plain_slow;                        /* plain cycles left out of the cost table as too slow to be a
+                                                 * plain step's cost (spec_plain_guard_slow) */
     double host_seconds;                        /* spec_step_*'s own host time, outside the proposer, the forward
                                                  * and the owner's emit hook (streaming, as a plain step's) */
 } spec_step_counts_t;

@@ -774,6 +774,138 @@ static void test_unmeasured_plain_bounded_from_above(void **state)
     assert_true(spec_policy_bucket(&p, 1)->max_draft > 0);
 }
 
+/* The n-th line with a computation (ok=1) of a fixture log into line. */
+static void s_fixture_line(const char *path, int nth, char *line, int len)
+{
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    int n = 0;
+    while (fgets(line, len, f))
+        if (strstr(line, " ok=1") && n++ == nth)
+            break;
+    fclose(f);
+    assert_int_equal(n, nth + 1);
+}
+
+/* The MTP run on one H200 (kjv-deepseek, 2026-12-03, f25aa02; tests/fixtures/spec-policy/
+ * h200-kjv-mtp.log): buckets 24-128 measured nothing, and the fit had k = 7 at 1,979,577 tokens/s
+ * at batch 96 (3.5M at 128) against 82,489 plain, so the logged policy drafted 7 there. Now an
+ * unmeasured cell is no cheaper than a measured step of fewer rows and drafts, and an unmeasured
+ * bucket gains at most what its nearest measured ones show (batch 16: nothing): off from 24 up,
+ * and no k there above the plain rate times its tokens per row. */
+static void test_unmeasured_buckets_bounded(void **state)
+{
+    (void)state;
+    static char line[65536];
+    s_fixture_line("tests/fixtures/spec-policy/h200-kjv-mtp.log", 0, line, sizeof line);
+    spec_accept_t a;
+    spec_cost_t c;
+    spec_policy_t logged, p = {.epoch = 1};
+    int max_k = 0, max_batch = 0;
+    char why[160];
+    assert_int_equal(spec_policy_log_parse(line, &a, &c, &max_k, &max_batch, &logged, why, sizeof why), 0);
+    assert_int_equal(spec_policy_bucket(&logged, 96)->max_draft, 7);   /* what the old rule chose */
+    assert_int_equal(spec_policy_compute(&a, &c, max_k, max_batch, &p, why, sizeof why), 0);
+    for (int batch = 24; batch <= 128; batch = batch * 4 / 3)
+        assert_int_equal(spec_policy_bucket(&p, batch)->max_draft, 0);
+    float s[SPEC_MAX_K];
+    assert_int_equal(spec_policy_survival(&a, max_k, s), 0);
+    const double plain16 = spec_cost_estimate(&c, spec_cost_bucket(16), 0);
+    for (int b = spec_cost_bucket(24); b <= spec_cost_bucket(128); b++) {
+        double r[SPEC_MAX_K + 1];
+        assert_int_equal(spec_policy_bucket_rates(&a, &c, max_k, max_batch, b, s, r), 0);
+        double model = 1;
+        for (int k = 1; k <= max_k; k++) {
+            model += s[k - 1];
+            assert_true(r[k] <= r[0] * 1.0001);   /* batch 16 gained nothing: neither does this bucket */
+            /* the raw rate too: no step costs less than batch 16's measured plain step */
+            assert_true(spec_policy_rate(&c, b, spec_cost_batch(b), k, s) <= spec_cost_batch(b) * model / plain16 * 1.0001);
+        }
+    }
+}
+
+/* The gain of an unmeasured bucket is bounded by its measured neighbours' whatever the model says:
+ * batch 1 and 16 measured, drafting gaining 1.2x at 1 and 1.03x at 16 (as the policy reads the
+ * cells: with SPEC_POLICY_PRIOR_ROWS rows of one token); batches 2-12 between them get at most the
+ * larger, 1.2x, batches above 16 at most 1.03x, below the margin: off (the model, 90% acceptance,
+ * would say 2-3x). */
+static void test_unmeasured_gain_from_neighbours(void **state)
+{
+    (void)state;
+    spec_accept_t a;
+    s_fill_accept(&a, 0.9, 7);
+    spec_cost_t c = {0};
+    s_cell(&c, 1, 0, 0.20, 1.0);
+    s_cell(&c, 1, 3, 0.50, 3.4);    /* (136 + 8) / 48 = 3.0 tokens a row: 6,000 against 5,000 tokens/s */
+    s_cell(&c, 16, 0, 0.40, 1.0);
+    s_cell(&c, 16, 3, 1.00, 2.6);   /* (1,664 + 8) / 648 = 2.58: 41,284 against 40,000 */
+    float s[SPEC_MAX_K];
+    assert_int_equal(spec_policy_survival(&a, 7, s), 0);
+    for (int b = 1; b <= spec_cost_bucket(256); b++) {
+        if (b == spec_cost_bucket(16))
+            continue;
+        double r[SPEC_MAX_K + 1];
+        assert_int_equal(spec_policy_bucket_rates(&a, &c, 7, 256, b, s, r), 0);
+        const double cap = b < spec_cost_bucket(16) ? 1.2 : 1.672 / 0.648 * 16 / 40.0;
+        for (int k = 1; k <= 7; k++)
+            assert_true(r[k] <= r[0] * cap * 1.0001);
+        if (b == 1) {   /* batch 2: the model's gain is larger, the bound is what is left */
+            double best = 0;
+            for (int k = 1; k <= 7; k++)
+                best = r[k] > best ? r[k] : best;
+            assert_true(best >= r[0] * cap * 0.9999);
+        }
+    }
+    const spec_policy_t p = s_compute(&a, &c, 7);
+    assert_true(spec_policy_bucket(&p, 2)->max_draft > 0);   /* 1.2x at batch 1 nearby: still drafting */
+    assert_int_equal(spec_policy_bucket(&p, 64)->max_draft, 0);   /* beyond 16 (1.1x, past the margin only just) */
+}
+
+/* The plain guard: the lowest plain cycle of a bucket sets what a plain step costs; one more than
+ * SPEC_COST_PLAIN_SLOW times it is left out, and the lowest rises so that steps that really got
+ * slower are measured again. */
+static void test_plain_guard(void **state)
+{
+    (void)state;
+    spec_plain_guard_t g = {0};
+    /* the first SPEC_POLICY_MIN_STEPS are taken whatever they are */
+    for (int i = 0; i < SPEC_POLICY_MIN_STEPS; i++)
+        assert_int_equal(spec_plain_guard_slow(&g, i == 1 ? 0.8e-3 : 0.2e-3), 0);
+    assert_int_equal(spec_plain_guard_slow(&g, 0.79e-3), 1);   /* the H200's warm-up cycles at batch 1 */
+    assert_int_equal(spec_plain_guard_slow(&g, 0.21e-3), 0);
+    assert_int_equal(spec_plain_guard_slow(&g, 0.35e-3), 0);
+    assert_int_equal(g.slow, 1);
+    /* a plain step that became 2.3x slower for good is measured again within a few dozen cycles */
+    int taken_at = -1;
+    for (int i = 0; i < 64 && taken_at < 0; i++)
+        if (!spec_plain_guard_slow(&g, 0.5e-3))
+            taken_at = i;
+    assert_true(taken_at > 0 && taken_at < 40);
+}
+
+/* The batch-1 plain cell as the timed run measured it (the second line of the MTP fixture: the 7
+ * warm-up cycles left out, 0.207 ms a step): drafting loses at batch 1 (3,054 tokens/s against
+ * 4,824), so the policy is off there and, with no bucket gaining, at every batch. */
+static void test_mtp_batch1_plain_measured(void **state)
+{
+    (void)state;
+    static char line[65536];
+    spec_accept_t a;
+    spec_cost_t c;
+    spec_policy_t logged, p = {.epoch = 1};
+    int max_k = 0, max_batch = 0;
+    char why[160];
+    s_fixture_line("tests/fixtures/spec-policy/h200-kjv-mtp.log", 0, line, sizeof line);
+    assert_int_equal(spec_policy_log_parse(line, &a, &c, &max_k, &max_batch, &logged, why, sizeof why), 0);
+    assert_int_equal(spec_policy_compute(&a, &c, max_k, max_batch, &p, why, sizeof why), 0);
+    assert_true(spec_policy_bucket(&p, 1)->max_draft > 0);   /* the inflated cell (0.412 ms): drafting "wins" */
+    s_fixture_line("tests/fixtures/spec-policy/h200-kjv-mtp.log", 1, line, sizeof line);
+    assert_int_equal(spec_policy_log_parse(line, &a, &c, &max_k, &max_batch, &logged, why, sizeof why), 0);
+    assert_int_equal(spec_policy_compute(&a, &c, max_k, max_batch, &p, why, sizeof why), 0);
+    for (int i = 0; i < p.n_buckets; i++)
+        assert_int_equal(p.buckets[i].max_draft, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -797,6 +929,10 @@ int main(void)
         cmocka_unit_test(test_lucky_cell_at_batch1),
         cmocka_unit_test(test_dist_drafting_cells_together),
         cmocka_unit_test(test_unmeasured_plain_bounded_from_above),
+        cmocka_unit_test(test_unmeasured_buckets_bounded),
+        cmocka_unit_test(test_unmeasured_gain_from_neighbours),
+        cmocka_unit_test(test_plain_guard),
+        cmocka_unit_test(test_mtp_batch1_plain_measured),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
