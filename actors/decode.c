@@ -472,6 +472,13 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
     expert_apply_stats(a, st, expert_group_ep(d->w->experts));     /* the expert-parallel group, if any */
     actor_stat_metric(a, st, "forward_seconds_total", (double)d->forward_ns / 1e9, 1);
     actor_stat_metric(a, st, "recompute_seconds_total", (double)d->recompute_ns / 1e9, 1);
+    /* The target's CUDA graphs: a record is a step that ran uncaptured-then-captured (a new shape,
+     * or every shape again after a shared scratch buffer grew: the draft model and the MTP layer
+     * run on the target's backend, and any cuda_scratch growth makes every recorded graph stale). */
+    uint64_t g_rec = 0, g_rep = 0;
+    model_graph_stats(d->w->eng->model, &g_rec, &g_rep);
+    actor_stat_metric(a, st, "graph_records_total", (double)g_rec, 1);
+    actor_stat_metric(a, st, "graph_replays_total", (double)g_rep, 1);
     actor_stat_metric(a, st, "step_cycle_seconds_total", (double)d->cycle_ns / 1e9, 1);
     actor_stat_metric(a, st, "decode_only_cycles_total", (double)d->decode_cycles, 1);
     actor_stat_metric(a, st, "decode_only_cycle_seconds_total", (double)d->decode_cycle_ns / 1e9, 1);
