@@ -908,10 +908,20 @@ static double s_margin(const float *x, int n)
 
 /* s_pf_model on the CPU and on CUDA with TROUPE_CUDA_MLA_PREFILL absorbed, auto and decompressed,
  * for the bf16 DeepSeek models (kjv-deepseek when present, the deepseek-v3-noqlora-bf16 fixture):
- * every row's argmax equal to the CPU's (where the CPU's top two logits are at least 1% of the
- * row's RMS apart: the random fixture may have near-ties that bf16 rounding flips, absorbed or
- * not) and the relative error within test_fixtures' bf16 bounds (median BF16_MEDIAN, worst
- * BF16_WORST: the GEMMs' bf16 activations dominate, absorbed or not). */
+ * the relative error within test_fixtures' bf16 bounds (median BF16_MEDIAN, worst BF16_WORST: the
+ * GEMMs' bf16 activations dominate, absorbed or not) and every row's argmax equal to the CPU's
+ * where the CPU's top two logits are further apart than rounding can move them: PF_MARGIN_ERRS
+ * times the worst relative error the absorbed run of the same model measures here (at least
+ * 1e-2), in units of the row's RMS. A relative error e is an RMS error of e x RMS(row) per logit;
+ * single logits of a row reach ~3 times that, and a flip takes two of them moving apart. Rows
+ * under the bar are printed, not checked, and at least half of the rows must be checked. Why not
+ * a fixed 1% (798ae43): the fixture's row 2 (A's 40-row chunk after 60 positions) has CPU top
+ * two 182 / 228 at 6.2997 / 6.2461, 0.021 RMS apart, and its absorbed run's worst error is
+ * 2.2e-2; a CPU emulation of the decompressed form's bf16 rounding of q, K, V and p (f32
+ * otherwise) flips that row to 228 as well (relative error 1.5e-2), while the GPU's absorbed run
+ * happened to keep 182. The other rows' margins: 0.60, 0.19, 0.45, 0.13, 0.021 (fixture) and
+ * 0.055 or more (kjv-deepseek, absorbed worst 8.1e-3: all six checked). */
+#define PF_MARGIN_ERRS 4.0
 static void test_prefill_model(void **state)
 {
     (void)state;
@@ -936,6 +946,7 @@ static void test_prefill_model(void **state)
         backend_t *cpu = backend_cpu_new(0);
         float *ref = s_pf_model(cpu, dir, &cfg, ck);
         const int V = cfg.vocab_size;
+        double bar = 0;   /* the margin under which argmax is not checked: from modes[0], absorbed */
         for (int k = 0; k < 3; k++) {
             backend_t *be = s_gpu_mode(modes[k]);
             float *x = s_pf_model(be, dir, &cfg, ck);
@@ -943,12 +954,6 @@ static void test_prefill_model(void **state)
             for (int r = 0; r < PF_ROWS_OUT; r++) {
                 e[r] = s_relerr(x + (size_t)r * V, ref + (size_t)r * V, (size_t)V);
                 worst = e[r] > worst || e[r] != e[r] ? e[r] : worst;
-                const int want = s_argmax(ref + (size_t)r * V, V), got = s_argmax(x + (size_t)r * V, V);
-                if (got != want && s_margin(ref + (size_t)r * V, V) >= 0.01)
-                    fail_msg("%s, %s: row %d: CUDA argmax %d, CPU %d", dir, modes[k], r, got, want);
-                if (got != want)
-                    print_message("  %s, %s: row %d: argmax %d, CPU %d, within the CPU's own margin %.2g\n", dir,
-                                  modes[k], r, got, want, s_margin(ref + (size_t)r * V, V));
             }
             qsort(e, PF_ROWS_OUT, sizeof e[0], s_cmp_double);
             const double median = (e[PF_ROWS_OUT / 2 - 1] + e[PF_ROWS_OUT / 2]) / 2;
@@ -957,6 +962,25 @@ static void test_prefill_model(void **state)
             if (!(median <= BF16_MEDIAN && worst <= BF16_WORST))
                 fail_msg("%s, %s: relative error median %.3g, worst %.3g exceed %.0e, %.0e", dir, modes[k], median,
                          worst, BF16_MEDIAN, BF16_WORST);
+            if (k == 0)
+                bar = fmax(1e-2, PF_MARGIN_ERRS * worst);
+            int checked = 0;
+            for (int r = 0; r < PF_ROWS_OUT; r++) {
+                const int want = s_argmax(ref + (size_t)r * V, V), got = s_argmax(x + (size_t)r * V, V);
+                const double margin = s_margin(ref + (size_t)r * V, V);
+                if (margin < bar) {
+                    print_message("  %s, %s: row %d: argmax %d, CPU %d, not checked: CPU top-2 margin %.3g RMS under "
+                                  "%.3g\n", dir, modes[k], r, got, want, margin, bar);
+                    continue;
+                }
+                checked++;
+                if (got != want)
+                    fail_msg("%s, %s: row %d: CUDA argmax %d, CPU %d (CPU top-2 margin %.3g RMS, bar %.3g)", dir,
+                             modes[k], r, got, want, margin, bar);
+            }
+            if (2 * checked < PF_ROWS_OUT)
+                fail_msg("%s, %s: argmax checked on %d of %d rows only (bar %.3g)", dir, modes[k], checked,
+                         PF_ROWS_OUT, bar);
             free(x);
             backend_destroy(&be);
         }
