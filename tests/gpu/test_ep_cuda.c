@@ -110,8 +110,11 @@ static void test_group_rounds_as_one_process(void **state)
     engine_spec_t spec;
     engine_spec_default(&spec);
     spec.be = s_gpu;
+    /* No CUDA graphs on either side: a group rank never records one (its exchange waits on the
+     * host), and graphs recorded by the one-process runs would otherwise be replayed or recorded
+     * once the group is attached. Graph replays equal op-by-op steps bit for bit (test_graphs). */
     spec.model = (model_opts_t){.max_tokens = MAX_SEQS * PROMPT, .max_seqs = MAX_SEQS, .max_context = 64,
-                                .kv_block_size = 16};
+                                .kv_block_size = 16, .no_graphs = 1};
     spec.kv_blocks = 4 * MAX_SEQS;
     engine_status_t st;
     engine_t *e = engine_open(dir, &spec, &st, err, sizeof err);
