@@ -135,8 +135,6 @@ typedef struct cuda_state {
     int attn_split;               /* 0: never split the keys of a row across blocks (TROUPE_CUDA_ATTN_SPLIT=0) */
     int attn_split_blocks;        /* tensor-core decode: key ranges until rows x kv heads x ranges is this many blocks per SM
                                      (TROUPE_CUDA_ATTN_SPLIT_BLOCKS, default 1) */
-    int attn_split_blocks_small;  /* ... where rows x kv heads is at most an eighth of the SMs (one or two sequences)
-                                     (TROUPE_CUDA_ATTN_SPLIT_BLOCKS_SMALL, default 8) */
     int attn_flash;               /* 1 (default): the flash kernel for head_dim 64/128 (TROUPE_CUDA_ATTN_FLASH) */
     int attn_mma;                 /* 1 (default): the tensor-core kernel for bf16 prefill within attn_flash (TROUPE_CUDA_ATTN_MMA) */
     int attn_mma_decode;          /* 1 (default): the tensor-core kernel for bf16 decode within attn_flash (TROUPE_CUDA_ATTN_MMA_DECODE) */

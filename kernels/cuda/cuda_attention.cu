@@ -760,19 +760,13 @@ static void s_merge(const cuda_state_t *st, const float *part, int64_t rh, int S
  * The partials' writes and the merge cost more than a partly filled GPU: 8B heads over 1,000 keys
  * on an H200, a target of 8 blocks per SM took 44 / 67 / 106 us at batch 16 / 32 / 64, 1 took
  * 27 / 41 / 81 (batch 1: 10.1 against 9.4; batch 1 over 4,000 keys is the exception, 12.9 against
- * 16.8). Where rows x kv heads is at most an eighth of the SMs (one or two sequences of the 8B
- * shape) the target is TROUPE_CUDA_ATTN_SPLIT_BLOCKS_SMALL (default 8): there a range of several
- * tiles per block is what the step waits for. H200, 2026-12-03, 8B shape over 1,500 keys, the
- * whole decode step (dummy weights): batch 1 with a target of 1 / 4 / 8 took 4.87 / 4.74 / 4.67 ms
- * (fp8 cache) and 5.05 / 4.63 / 4.64 ms (bf16), while batch 64 took 7.60 / 7.87 / 8.12 (fp8) and
- * 8.97 / 9.29 / 9.56 (bf16). */
+ * 16.8). */
 static int s_decode_split(const cuda_state_t *st, int T, int n_kv)
 {
     const int64_t base = (int64_t)T * n_kv;
     if (!st->attn_split || base >= 4 * (int64_t)st->n_sm)
         return 1;
-    const int target = 8 * base <= (int64_t)st->n_sm ? st->attn_split_blocks_small : st->attn_split_blocks;
-    const int64_t S = ((int64_t)target * st->n_sm + base - 1) / base;
+    const int64_t S = ((int64_t)st->attn_split_blocks * st->n_sm + base - 1) / base;
     return (int)(S > ATTN_MAX_SPLIT ? ATTN_MAX_SPLIT : S);
 }
 

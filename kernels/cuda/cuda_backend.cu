@@ -449,7 +449,6 @@ extern "C" backend_t *backend_cuda_new(int device, char *err, size_t errlen)
         s_env_int("TROUPE_CUDA_MLP_FUSE", 1, 0, 1, &st->mlp_fuse, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_ATTN_SPLIT", 1, 0, 1, &st->attn_split, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_ATTN_SPLIT_BLOCKS", 1, 1, 64, &st->attn_split_blocks, err, errlen) < 0 ||
-        s_env_int("TROUPE_CUDA_ATTN_SPLIT_BLOCKS_SMALL", 8, 1, 64, &st->attn_split_blocks_small, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_ATTN_FLASH", 1, 0, 1, &st->attn_flash, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_ATTN_MMA", 1, 0, 1, &st->attn_mma, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_ATTN_MMA_DECODE", 1, 0, 1, &st->attn_mma_decode, err, errlen) < 0 ||
