@@ -63,6 +63,7 @@ typedef struct peer {
     msg_type_t refused_type;        /* the latest of them, for the log line */
     uint64_t refused_id;
     ratelog_t over;                 /* actor_send_keep sends queued past limits.outbox */
+    int64_t rejected_ms;            /* when the runtime last answered a bad message of its (s_reject) */
 } peer_t;
 
 /* Replies for one client connection that its pipe could not take (it reads slowly): sent in order
@@ -127,6 +128,10 @@ struct actor {
     auth_keypair_t kp;              /* our own keypair (CURVE): inbox server key, client key everywhere */
     auth_keypair_t server_kp;       /* the client-facing endpoints' keypair (security.curve_server_*) */
     uint64_t refused, oversized;    /* inbox messages refused (sender's role or name), frames over the cap */
+    uint64_t errors_unanswered;     /* error messages in with no handler, or that a handler tried to answer
+                                       with an error: never answered (s_reject) */
+    uint64_t rejects_limited;       /* bad messages from actors left unanswered: one error a second each */
+    const actor_peer_t *error_from; /* while a handler runs on an error message: its sender (no error to it) */
     msg_queue_depth_t queues[MSG_MAX_QUEUES];   /* storage for the stats being built */
     msg_metric_t metrics[MSG_MAX_METRICS];
     /* Copies of the metrics' names: callers build names like "layer_3_ratio" in reused stack
@@ -477,9 +482,26 @@ static void s_log_outbox(actor_t *a, peer_t *p, int64_t now)
     }
 }
 
+/* 1 when an error to (sock, id) would answer the error message a handler is running on: dropped
+ * (counted, logged) instead. Two actors that each answer the other's errors with one of their own
+ * (mixed versions, a handler that refuses what it cannot use) would never stop. */
+static int s_answers_error(actor_t *a, const void *sock, const uint8_t *id, size_t id_len)
+{
+    const actor_peer_t *f = a->error_from;
+    if (!f || f->sock != sock || f->id_len != id_len || memcmp(f->id, id, id_len) != 0)
+        return 0;
+    a->errors_unanswered++;
+    if (a->errors_unanswered <= 10 || a->errors_unanswered % 100 == 0)
+        LOG_W("an error to %.*s answering its error not sent (%llu errors not answered)", (int)id_len,
+              (const char *)id, (unsigned long long)a->errors_unanswered);
+    return 1;
+}
+
 /* actor_send and actor_send_keep: keep queues past limits.outbox instead of refusing. */
 static int s_send(actor_t *a, const char *peer_name, const msg_t *m, int keep)
 {
+    if (m->type == MSG_ERROR && s_answers_error(a, a->inbox, (const uint8_t *)peer_name, strlen(peer_name)))
+        return 0;
     peer_t *p = s_peer(a, peer_name);
     if (!p) {
         LOG_W("send %s to unknown peer '%s'", msg_type_name(m->type), peer_name);
@@ -702,6 +724,8 @@ int actor_reply_error(actor_t *a, const actor_peer_t *to, uint64_t id, msg_error
     va_start(ap, fmt);
     vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
+    if (s_answers_error(a, to->sock, to->id, to->id_len))
+        return 0;
     msg_t m;
     msg_init(&m, MSG_ERROR, id);
     m.u.error.code = code;
@@ -846,6 +870,8 @@ static void s_publish_stats(actor_t *a, const actor_ops_t *ops, void *state)
         actor_stat_metric(a, st, "replies_dropped_client_gone", (double)a->replies_dropped, 1);
     }
     actor_stat_metric(a, st, "frames_oversized", (double)a->oversized, 1);
+    actor_stat_metric(a, st, "errors_not_answered", (double)a->errors_unanswered, 1);
+    actor_stat_metric(a, st, "error_replies_limited", (double)a->rejects_limited, 1);
     if (a->auth)
         actor_stat_metric(a, st, "auth_refused", (double)auth_refused(a->auth), 1);
     if (ops->fill_stats)
@@ -857,14 +883,60 @@ static void s_publish_stats(actor_t *a, const actor_ops_t *ops, void *state)
 
 /* ---- receive / dispatch ------------------------------------------------------------------ */
 
+/* The runtime's own answer to a message it cannot take (malformed, oversized, multipart, a type
+ * with no handler). The rule that keeps two mismatched peers (mixed versions) from answering each
+ * other forever: an error is never answered with an error, whatever its content (`type` is the
+ * message's, peeked when it did not decode); and another actor (on the inbox) gets at most one
+ * such error a second, the rest counted (error_replies_limited), so a peer that answers our
+ * errors with bad messages stops hearing from us. Senders not of the cluster get none (as in
+ * s_check_sender). Clients keep one terminal error per bad message: they never answer errors, so
+ * there is no loop, and each of their requests must end. */
+static void s_reject(actor_t *a, const actor_peer_t *from, msg_type_t type, uint64_t id, msg_error_code_t code,
+                     const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+static void s_reject(actor_t *a, const actor_peer_t *from, msg_type_t type, uint64_t id, msg_error_code_t code,
+                     const char *fmt, ...)
+{
+    if (type == MSG_ERROR) {
+        a->errors_unanswered++;
+        if (a->errors_unanswered <= 10 || a->errors_unanswered % 100 == 0)
+            LOG_W("an error message from %.*s (id=%llu) we could not take: not answered (%llu errors not answered)",
+                  (int)from->id_len, (const char *)from->id, (unsigned long long)id,
+                  (unsigned long long)a->errors_unanswered);
+        return;
+    }
+    if (from->sock == a->inbox) {
+        char name[TOPO_NAME_MAX];
+        snprintf(name, sizeof name, "%.*s", (int)from->id_len, (const char *)from->id);
+        peer_t *p = from->id_len < TOPO_NAME_MAX && topo_find(a->topo, name) ? s_peer(a, name) : NULL;
+        const int64_t now = now_ms();
+        if (!p || (p->rejected_ms && now - p->rejected_ms < 1000)) {
+            a->rejects_limited++;
+            return;
+        }
+        p->rejected_ms = now;
+    }
+    char text[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    actor_reply_error(a, from, id, code, 0, "%s", text);
+}
+
 static int s_dispatch(actor_t *a, const actor_ops_t *ops, void *state, const actor_peer_t *from,
                       msg_t *m)
 {
     for (size_t i = 0; i < ops->n_handlers; i++)
-        if (ops->handlers[i].type == m->type)
-            return ops->handlers[i].fn(a, state, from, m);
-    actor_reply_error(a, from, m->id, MSG_ERR_BAD_REQUEST, 0, "%s does not handle '%s' messages",
-                      topo_role_name(a->role), msg_type_name(m->type));
+        if (ops->handlers[i].type == m->type) {
+            if (m->type != MSG_ERROR)
+                return ops->handlers[i].fn(a, state, from, m);
+            a->error_from = from;   /* its handler may not answer it with an error (s_answers_error) */
+            int rc = ops->handlers[i].fn(a, state, from, m);
+            a->error_from = NULL;
+            return rc;
+        }
+    s_reject(a, from, m->type, m->id, MSG_ERR_BAD_REQUEST, "%s does not handle '%s' messages",
+             topo_role_name(a->role), msg_type_name(m->type));
     return 0;
 }
 
@@ -951,15 +1023,15 @@ static int s_drain_router(actor_t *a, const actor_ops_t *ops, void *state, void 
         a->msgs_in++;
         if (!extra_frames && zmq_msg_size(&part) > (size_t)a->topo->limits.max_message_bytes) {
             /* Read (up to twice the limit, s_router) only to say so: never decoded. */
-            msg_type_t t;
+            msg_type_t t = MSG_NONE;
             uint64_t id = 0;
             if (msg_peek(zmq_msg_data(&part), zmq_msg_size(&part), &t, &id) != 0)
                 id = 0;
             a->oversized++;
             a->malformed++;
-            actor_reply_error(a, &from, id, MSG_ERR_BAD_REQUEST, 0,
-                              "a frame of %zu bytes exceeds limits.max_message_bytes (%lld)", zmq_msg_size(&part),
-                              (long long)a->topo->limits.max_message_bytes);
+            s_reject(a, &from, t, id, MSG_ERR_BAD_REQUEST,
+                     "a frame of %zu bytes exceeds limits.max_message_bytes (%lld)", zmq_msg_size(&part),
+                     (long long)a->topo->limits.max_message_bytes);
             zmq_msg_close(&part);
             continue;
         }
@@ -972,6 +1044,9 @@ static int s_drain_router(actor_t *a, const actor_ops_t *ops, void *state, void 
         }
         if (extra_frames) {
             /* One message = one frame. Swallow the rest of a multipart message and refuse it. */
+            msg_type_t t = MSG_NONE;
+            uint64_t id = 0;
+            msg_peek(zmq_msg_data(&part), zmq_msg_size(&part), &t, &id);
             zmq_msg_t rest;
             do {
                 zmq_msg_init(&rest);
@@ -980,7 +1055,7 @@ static int s_drain_router(actor_t *a, const actor_ops_t *ops, void *state, void 
                 zmq_msg_close(&rest);
             } while (extra_frames);
             a->malformed++;
-            actor_reply_error(a, &from, 0, MSG_ERR_MALFORMED, 0, "a message is exactly one frame");
+            s_reject(a, &from, t, 0, MSG_ERR_MALFORMED, "a message is exactly one frame");
             zmq_msg_close(&part);
             continue;
         }
@@ -990,14 +1065,14 @@ static int s_drain_router(actor_t *a, const actor_ops_t *ops, void *state, void 
         if (rc != 0) {
             /* Answer with the request id when the frame still shows one, so the client can
              * correlate the error with what it sent. */
-            msg_type_t t;
+            msg_type_t t = MSG_NONE;
             uint64_t id = 0;
             if (msg_peek(zmq_msg_data(&part), zmq_msg_size(&part), &t, &id) != 0)
                 id = 0;
             zmq_msg_close(&part);
             a->malformed++;
             LOG_D("malformed message from %.*s: %s", (int)from.id_len, (const char *)from.id, err);
-            actor_reply_error(a, &from, id, MSG_ERR_MALFORMED, 0, "malformed message: %s", err);
+            s_reject(a, &from, t, id, MSG_ERR_MALFORMED, "malformed message: %s", err);
             continue;
         }
         zmq_msg_close(&part);

@@ -148,7 +148,9 @@ int actor_flush(actor_t *a);
  * peer's restarts ended (16 KiB per restart, never freed). The loop calls it once a second. */
 void actor_tend_peers(actor_t *a);
 /* Replies with an error message (code, text, retryable) to a sender, correlated by id. To another
- * actor it is kept past a full outbox (actor_send_keep): a terminal reply. */
+ * actor it is kept past a full outbox (actor_send_keep): a terminal reply. Never to the sender of
+ * the error message a handler is running on (nor does any send of an error to it go): dropped and
+ * counted, so two peers cannot answer each other's errors forever. */
 int actor_reply_error(actor_t *a, const actor_peer_t *to, uint64_t id, msg_error_code_t code,
                       int retryable, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 
