@@ -218,8 +218,8 @@ void model_mlp_dense(model_t *m, const model_layer_t *L, int T)
 }
 
 /* TROUPE_MOE_COUNT=0 leaves the MoE load counters out of every step (the expert-balancer then gets
- * no load): to measure what counting costs. Read once. */
-static int s_moe_count_on(void)
+ * no load): to measure what counting costs. Read once. The MLA models' MoE layers (mla.c) ask too. */
+int model_moe_count_on(void)
 {
     static int on = -1;
     if (on < 0) {
@@ -252,7 +252,7 @@ static void s_mlp(model_t *m, int l, int T)
     else
         PROF(m, P_MOE_FFN, op->moe_ffn(be, m->xn, T, c->hidden_size, m->moe_ids, m->moe_w, c->num_experts_per_tok,
                                        L->experts, c->num_experts, m->moe_scratch, m->delta));
-    if (op->moe_count && s_moe_count_on())   /* the expert-balancer's load: device work, read once per window */
+    if (op->moe_count && model_moe_count_on())   /* the expert-balancer's load: device work, read once per window */
         op->moe_count(be, m->moe_ids, T * c->num_experts_per_tok, m->moe_counts + (size_t)l * c->num_experts);
 }
 

@@ -156,7 +156,7 @@ void mla_moe(model_t *m, const model_layer_t *L, int l, int T)
         PROF(m, P_MOE_FFN, ep_moe_layer(m->ep, l, T, m->xn, m->moe_ids, m->moe_w, routed));
     else
         PROF(m, P_MOE_FFN, op->moe_ffn(be, m->xn, T, H, m->moe_ids, m->moe_w, k, L->experts, E, m->moe_scratch, routed));
-    if (op->moe_count && l >= 0)
+    if (op->moe_count && l >= 0 && model_moe_count_on())
         op->moe_count(be, m->moe_ids, T * k, m->moe_counts + (size_t)l * E);
     if (!L->has_shared)
         return;

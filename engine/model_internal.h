@@ -145,6 +145,8 @@ int model_router_skew_apply(model_t *m, ckpt_t *ck, char *err, size_t errlen);
 
 /* Allocates and zeroes moe_counts (engine/model_expert_load.c); 0, or -1 with err. */
 int model_expert_load_init(model_t *m, char *err, size_t errlen);
+/* 0 when TROUPE_MOE_COUNT=0: no MoE layer counts its experts' load (engine/forward.c). */
+int model_moe_count_on(void);
 int model_keep_weight(model_t *m, const void *dev, char *err, size_t errlen);
 /* Quantized weights (engine/model_quant.c). model_quant_of: 1 when the 2-D weight `name` is loaded
  * quantized (the checkpoint's quantization_config, or online quantization at load), else 0.
