@@ -28,10 +28,9 @@
  *      positions k0..k1-1 in order, so key index = position - k0. Between passes each row's
  *      softmax state stays in memory (FlashAttention's split over keys): out holds the
  *      unnormalised sum, ml the running max and sum; the last pass divides. 
- * Why a kernel of its own rather than cuda_attention_mma.cu's: that one takes one head_dim (64 or
- * 128) for both K and V, read from the paged cache. Here K is 192 wide and V 128, in dense per-call
- * buffers; padding V to 192 would waste a third of P V and still need the dense addressing. The
- * template takes DK != DV: Q K^T runs DK / 16 k-steps, P V DV / 8 n-blocks.
+ * K is 192 wide and V 128, in dense per-call buffers (cuda_attention_mma.cu's kernel reads one
+ * head_dim, 64 or 128, for both from the paged cache; V padded to 192 would cost a third more P V),
+ * so the kernel's template has a width for each: Q K^T in DK / 16 k-steps, P V in DV / 8 n-blocks.
  *
  * Numerics (against the absorbed form, the CPU's): the latent is the cache's value (exact for a bf16
  * or fp8 cache; an f32 cache's is rounded to bf16), K_nope and V are rounded once to bf16 after f32
