@@ -19,37 +19,15 @@
 
 #include "actors/runtime/actor.h"
 #include "common/util.h"
+#include "tests/unit/actor_topo_harness.h"
 
 enum { PROBE_ID = 999, N_ERRORS = 100, PROBES = 200 };
 
-static char s_dir[128], s_topo[192];
 static atomic_int s_stop;
 
-static int s_setup(void **st)
-{
-    snprintf(s_dir, sizeof s_dir, "/tmp/troupe-errors-%d", (int)getpid());
-    mkdir(s_dir, 0700);
-    char run[160];
-    snprintf(run, sizeof run, "%s/run", s_dir);
-    mkdir(run, 0700);
-    snprintf(s_topo, sizeof s_topo, "%s/t.yaml", s_dir);
-    FILE *f = fopen(s_topo, "w");
-    if (!f)
-        return -1;
-    fprintf(f, "name: errors-%d\nmodel:\n  path: models/kjv-tiny\n  backend: cpu\n"
-               "nodes:\n  - name: local\n    address: 127.0.0.1\n"
-               "actors:\n  - role: monitor\n  - role: router\n  - role: decode\n"
-               "endpoints:\n  client: ipc://%s/client.sock\n  run_dir: %s\n", (int)getpid(), s_dir, run);
-    fclose(f);
-    return 0;
-}
+static int s_setup(void **st) { return actor_topo_setup("errors", ""); }
 
-static int s_teardown(void **st)
-{
-    char cmd[200];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", s_dir);
-    return system(cmd) == 0 ? 0 : -1;
-}
+static int s_teardown(void **st) { return actor_topo_teardown(); }
 
 /* The probe: a cancel, answered with a done of the same id (a request the actor keeps serving). */
 static int s_on_cancel(actor_t *a, void *state, const actor_peer_t *from, msg_t *m)

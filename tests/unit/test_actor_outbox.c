@@ -16,38 +16,21 @@
 
 #include "actors/runtime/actor.h"
 #include "common/util.h"
+#include "tests/unit/actor_topo_harness.h"
 
 enum { CAP = 16, N = 60000 };   /* N tokens: far more than the kernel's socket buffers hold */
 
-static char s_dir[128], s_topo[192];
-
 /* A cluster of a router and a decode worker in a fresh run directory, an outbox of CAP. */
-static int s_setup(void **st)
+static const char *s_limits(void)
 {
-    snprintf(s_dir, sizeof s_dir, "/tmp/troupe-outbox-%d", (int)getpid());
-    mkdir(s_dir, 0700);
-    char run[160];
-    snprintf(run, sizeof run, "%s/run", s_dir);
-    mkdir(run, 0700);
-    snprintf(s_topo, sizeof s_topo, "%s/t.yaml", s_dir);
-    FILE *f = fopen(s_topo, "w");
-    if (!f)
-        return -1;
-    fprintf(f, "name: outbox-%d\nmodel:\n  path: models/kjv-tiny\n  backend: cpu\n"
-               "nodes:\n  - name: local\n    address: 127.0.0.1\n"
-               "actors:\n  - role: monitor\n  - role: router\n  - role: decode\n"
-               "endpoints:\n  client: ipc://%s/client.sock\n  run_dir: %s\n"
-               "limits:\n  send_hwm: 1000\n  recv_hwm: 1000\n  outbox: %d\n", (int)getpid(), s_dir, run, CAP);
-    fclose(f);
-    return 0;
+    static char l[96];
+    snprintf(l, sizeof l, "limits:\n  send_hwm: 1000\n  recv_hwm: 1000\n  outbox: %d\n", CAP);
+    return l;
 }
 
-static int s_teardown(void **st)
-{
-    char cmd[200];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", s_dir);
-    return system(cmd) == 0 ? 0 : -1;
-}
+static int s_setup(void **st) { return actor_topo_setup("outbox", s_limits()); }
+
+static int s_teardown(void **st) { return actor_topo_teardown(); }
 
 static actor_t *s_actor(const char *name, topo_role_t role)
 {

@@ -19,36 +19,13 @@
 
 #include "actors/runtime/actor.h"
 #include "common/util.h"
+#include "tests/unit/actor_topo_harness.h"
 
 enum { RESTARTS = 40 };
 
-static char s_dir[128], s_topo[192];
+static int s_setup(void **st) { return actor_topo_setup("peers", ""); }
 
-static int s_setup(void **st)
-{
-    snprintf(s_dir, sizeof s_dir, "/tmp/troupe-peers-%d", (int)getpid());
-    mkdir(s_dir, 0700);
-    char run[160];
-    snprintf(run, sizeof run, "%s/run", s_dir);
-    mkdir(run, 0700);
-    snprintf(s_topo, sizeof s_topo, "%s/t.yaml", s_dir);
-    FILE *f = fopen(s_topo, "w");
-    if (!f)
-        return -1;
-    fprintf(f, "name: peers-%d\nmodel:\n  path: models/kjv-tiny\n  backend: cpu\n"
-               "nodes:\n  - name: local\n    address: 127.0.0.1\n"
-               "actors:\n  - role: monitor\n  - role: router\n  - role: decode\n"
-               "endpoints:\n  client: ipc://%s/client.sock\n  run_dir: %s\n", (int)getpid(), s_dir, run);
-    fclose(f);
-    return 0;
-}
-
-static int s_teardown(void **st)
-{
-    char cmd[200];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", s_dir);
-    return system(cmd) == 0 ? 0 : -1;
-}
+static int s_teardown(void **st) { return actor_topo_teardown(); }
 
 /* Binds endpoint, waits (up to 5 s) until a connection to it has completed its handshake, then
  * closes it: one incarnation of the peer. */
