@@ -174,6 +174,7 @@ $(B)/gpu-tests/%: tests/gpu/%.cu $(B)/libtroupe.a $(CUDA_DEP)
 $(B)/obj/kernels/cuda/cuda_quant.o $(B)/gpu-tests/bench_qgemv: kernels/cuda/cuda_qgemv.cuh kernels/cuda/cuda_qgemv_mma.cuh
 $(B)/obj/kernels/cuda/cuda_moe.o $(B)/obj/kernels/cuda/cuda_moe_quant.o $(B)/obj/kernels/cuda/cuda_moe_gemm.o: kernels/cuda/cuda_moe_quant.cuh
 $(B)/obj/kernels/cuda/cuda_moe.o $(B)/obj/kernels/cuda/cuda_moe_quant.o: kernels/cuda/cuda_moe_fma.cuh
+$(B)/obj/kernels/cuda/cuda_attention_mma.o $(B)/obj/kernels/cuda/cuda_mla_prefill.o: kernels/cuda/cuda_flash_tile.cuh
 
 # Fuzzers: the library sources rebuilt with clang and sanitizers, one binary per target.
 FUZZ_CC     ?= clang

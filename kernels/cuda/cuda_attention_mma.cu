@@ -22,6 +22,7 @@
  *      holds 2 rows x 16 keys of the 16 x 64 tile; row maxima and sums over the quad by shuffles.
  *   O += P V: P re-used from S's accumulator registers as bf16 A fragments (the C layout of two
  *      n8 blocks is the A layout of one k16 step), V's B fragments by ldmatrix .trans.
+ * The key-tile loop (S, softmax, P V, masking) is cuda_flash_tile.cuh's, shared with the MLA prefill.
  * Causality: each row attends to keys 0..its position. A warp skips the key tiles above all of its
  * rows' positions, masks only tiles that reach past one of them (the diagonal), and takes the
  * others unmasked. Rows of one tile that belong to different sequences (the interface allows any
@@ -49,17 +50,17 @@
  * 8-byte aligned (cudaMalloc'd activations are). Written without a GPU at hand: compiled, and its
  * fragment layouts checked against the PTX ISA's tables, first run pending.
  */
-#include <limits.h>
 #include <math.h>
 
 #include "kernels/cuda/cuda.h"
 #include "kernels/cuda/cuda_dev.cuh"
+#include "kernels/cuda/cuda_flash_tile.cuh"
 #include "kernels/cuda/cuda_mma.cuh"
 
 #define MMA_WARPS 4
 #define MMA_THREADS (MMA_WARPS * 32)
 #define MMA_VECS 64               /* query vectors (rows x heads) per block: 16 per warp, one m16 tile each */
-#define MMA_KEYS 64               /* keys per K/V tile */
+#define MMA_KEYS FLASH_KEYS       /* keys per K/V tile (the tile loop's) */
 #define MMA_PAD 8                 /* bf16 elements (16 bytes) added to every shared row */
 
 /* Everything the kernel needs, passed by value. */
@@ -97,9 +98,6 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) k_attn_mma(mma_args_t a)
     constexpr int ST = SM::STRIDE;
     constexpr int EB = F8 ? 1 : 2;                 /* bytes per cached element */
     constexpr int CH = D * EB / 16;                /* 16-byte chunks per key row */
-    constexpr int KD = D / 16;                     /* k16 steps of Q K^T */
-    constexpr int NB = MMA_KEYS / 8;               /* n8 blocks of S (keys) */
-    constexpr int KP = MMA_KEYS / 16;              /* k16 steps of P V */
     constexpr int DB = D / 8;                      /* n8 blocks of O (dimensions) */
     extern __shared__ __align__(16) uint8_t mma_sm[];
     uint8_t *Ks = mma_sm;                         /* [2][MMA_KEYS][SROW bytes] */
@@ -167,129 +165,29 @@ __global__ void __launch_bounds__(MMA_THREADS, 2) k_attn_mma(mma_args_t a)
         /* This warp's rows: lane holds rows gid (p0) and gid + 8 (p1) of the warp's 16. */
         const int wv = warp * 16;
         const int p0 = s_vpos[wv + gid], p1 = s_vpos[wv + gid + 8];
-        int wmin = INT_MAX, wmax = -1;
-#pragma unroll
-        for (int i = 0; i < 16; i++) {
-            wmin = min(wmin, s_vpos[wv + i]);
-            wmax = max(wmax, s_vpos[wv + i]);
-        }
-        uint32_t qf[KD][4];
-#pragma unroll
-        for (int kk = 0; kk < KD; kk++)
-            dev_ldsm_x4(Qs + (wv + (lane & 15)) * ST + kk * 16 + (lane >> 4) * 8, qf[kk]);
-
+        int wmin, wmax;
+        uint32_t qf[D / 16][4];
         float o[DB][4];
-#pragma unroll
-        for (int j = 0; j < DB; j++)
-            o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+        dev_flash_begin<D, D, ST>(s_vpos, Qs, wv, lane, wmin, wmax, qf, o);
         float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;   /* l: this thread's share of the row sum */
 
-        for (int kt = 0, buf = 0; kt < n_keys; kt += MMA_KEYS, buf ^= 1) {
-            if (kt + MMA_KEYS < n_keys)
-                load_tile(kt + MMA_KEYS, buf ^ 1);
-            else
-                dev_cp_commit();                   /* an empty group keeps the wait count uniform */
-            dev_cp_wait<1>();
-            __syncthreads();                       /* tile kt visible to every warp */
-            const uint16_t *Kt = (const uint16_t *)(Ks + buf * SM::TILE);
-            const uint16_t *Vt = (const uint16_t *)(Vs + buf * SM::TILE);
-            if constexpr (F8) {                    /* Kc/Vc are free: the last tile's closing barrier */
+        /* The tiles the mma reads: the stage itself, or (fp8) its f16 conversion. Kc/Vc are free:
+         * the last tile's closing barrier. */
+        auto stage = [&](int buf) {
+            if constexpr (F8) {
                 dev_f8_rows_to_f16<D>(Ks + buf * SM::TILE, SM::SROW, Kc, ST, MMA_KEYS, threadIdx.x, MMA_THREADS);
                 dev_f8_rows_to_f16<D>(Vs + buf * SM::TILE, SM::SROW, Vc, ST, MMA_KEYS, threadIdx.x, MMA_THREADS);
                 __syncthreads();
-                Kt = Kc;
-                Vt = Vc;
+                return flash_kv_t{Kc, Vc};
             }
-            if (kt <= wmax) {                      /* warp-uniform: some row of this warp sees a key here */
-                float s[NB][4];
-#pragma unroll
-                for (int j = 0; j < NB; j++)
-                    s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-                /* S: matrices (keys 0-7, d 0-7), (keys 0-7, d 8-15), (keys 8-15, d 0-7), (keys 8-15,
-                 * d 8-15) of each 16 keys = b0, b1 of n-block 2jp, then of 2jp + 1. */
-#pragma unroll
-                for (int kk = 0; kk < KD; kk++) {
-#pragma unroll
-                    for (int jp = 0; jp < NB / 2; jp++) {
-                        uint32_t b[4];
-                        dev_ldsm_x4(Kt + (jp * 16 + (lane & 7) + (lane >> 4) * 8) * ST + kk * 16 + ((lane >> 3) & 1) * 8, b);
-                        dev_mma16<F8>(s[2 * jp], qf[kk], b[0], b[1]);
-                        dev_mma16<F8>(s[2 * jp + 1], qf[kk], b[2], b[3]);
-                    }
-                }
-                /* Mask keys past a row's position (also the zero-filled keys past n_keys, and every key
-                 * for vectors not in this pass) on tiles that reach past some row's position. */
-                if (kt + MMA_KEYS - 1 > wmin) {
-#pragma unroll
-                    for (int j = 0; j < NB; j++) {
-                        const int key = kt + 8 * j + 2 * tig;
-                        if (key > p0) s[j][0] = -INFINITY;
-                        if (key + 1 > p0) s[j][1] = -INFINITY;
-                        if (key > p1) s[j][2] = -INFINITY;
-                        if (key + 1 > p1) s[j][3] = -INFINITY;
-                    }
-                }
-                float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-                for (int j = 0; j < NB; j++) {
-                    mx0 = fmaxf(mx0, fmaxf(s[j][0], s[j][1]));
-                    mx1 = fmaxf(mx1, fmaxf(s[j][2], s[j][3]));
-                }
-                mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-                mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-                mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-                mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-                const float mn0 = fmaxf(m0, mx0 * sl2), mn1 = fmaxf(m1, mx1 * sl2);
-                /* A row with no key yet (-inf) subtracts 0: exp2(-inf) = 0, never -inf - -inf. */
-                const float mu0 = mn0 == -INFINITY ? 0.0f : mn0, mu1 = mn1 == -INFINITY ? 0.0f : mn1;
-                const float c0 = exp2f(m0 - mu0), c1 = exp2f(m1 - mu1);
-                m0 = mn0;
-                m1 = mn1;
-                /* P as bf16 A fragments: n-blocks 2kk, 2kk + 1 of S are k16 step kk of P V. */
-                uint32_t pa[KP][4];
-                float ps0 = 0.0f, ps1 = 0.0f;
-#pragma unroll
-                for (int j = 0; j < NB; j++) {
-                    const uint32_t h0 = dev_pack2<F8>(exp2f(fmaf(s[j][0], sl2, -mu0)),
-                                                        exp2f(fmaf(s[j][1], sl2, -mu0)));
-                    const uint32_t h1 = dev_pack2<F8>(exp2f(fmaf(s[j][2], sl2, -mu1)),
-                                                        exp2f(fmaf(s[j][3], sl2, -mu1)));
-                    ps0 += dev_lo2<F8>(h0) + dev_hi2<F8>(h0);
-                    ps1 += dev_lo2<F8>(h1) + dev_hi2<F8>(h1);
-                    pa[j / 2][(j & 1) * 2] = h0;
-                    pa[j / 2][(j & 1) * 2 + 1] = h1;
-                }
-                l0 = l0 * c0 + ps0;
-                l1 = l1 * c1 + ps1;
-#pragma unroll
-                for (int j = 0; j < DB; j++) {
-                    o[j][0] *= c0;
-                    o[j][1] *= c0;
-                    o[j][2] *= c1;
-                    o[j][3] *= c1;
-                }
-                /* O += P V: .trans matrices (keys 0-7, d 0-7), (keys 8-15, d 0-7), (keys 0-7, d 8-15),
-                 * (keys 8-15, d 8-15) of each 16 dimensions = b0, b1 of n-block 2dp, then of 2dp + 1. */
-#pragma unroll
-                for (int kk = 0; kk < KP; kk++) {
-#pragma unroll
-                    for (int dp = 0; dp < DB / 2; dp++) {
-                        uint32_t b[4];
-                        dev_ldsm_x4_trans(Vt + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ST + dp * 16 + (lane >> 4) * 8, b);
-                        dev_mma16<F8>(o[2 * dp], pa[kk], b[0], b[1]);
-                        dev_mma16<F8>(o[2 * dp + 1], pa[kk], b[2], b[3]);
-                    }
-                }
-            }
-            __syncthreads();                       /* every warp is done with buf before it is refilled */
-        }
-        dev_cp_wait<0>();
+            return flash_kv_t{(const uint16_t *)(Ks + buf * SM::TILE), (const uint16_t *)(Vs + buf * SM::TILE)};
+        };
+        /* Key index = position (ka 0); a row's limit is its position (-1 for vectors not in this
+         * pass), which also masks the zero-filled keys past n_keys. */
+        const flash_rows_t rows = {n_keys, 0, wmax, wmin, p0, p1, sl2};
+        dev_flash_tiles<D, D, ST, ST, F8>(rows, qf, o, m0, m1, l0, l1, lane, load_tile, stage);
 
-        /* Results: the row sums over the quad, then the normalised output of this pass's vectors. */
-        l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-        l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-        l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-        l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+        /* Results: the normalised output of this pass's vectors. */
 #pragma unroll
         for (int half = 0; half < 2; half++) {
             const int v = wv + gid + 8 * half;

@@ -20,7 +20,7 @@
  *      over the heads with w_uk_t, the absorbed form's own re-laid copy: no second copy of kv_b is
  *      kept) and V [nk][n_heads][dv] = lat w_uv^T (one GEMM).
  *   3. k_mla_prefill: causal flash attention (FlashAttention-2's structure, mma.sync m16n8k16 bf16,
- *      as cuda_attention_mma.cu's kernel): one block per (head, 64 rows), 4 warps of 16 rows; Q
+ *      the key-tile loop of cuda_flash_tile.cuh, shared with cuda_attention_mma.cu's kernel): one block per (head, 64 rows), 4 warps of 16 rows; Q
  *      (q's no-RoPE part and the RoPE'd q_pe, f32 -> bf16) in registers, 64-key K/V tiles
  *      double-buffered by cp.async, online softmax in the log2 domain, P reused from S's
  *      accumulators as A fragments. Each row attends to keys 0..tok_pos[t]: the chunk's offset into
@@ -44,17 +44,17 @@
  * or scratch that cannot be allocated.
  *
  * Written without a GPU at hand: compiled for sm_90, first run pending. */
-#include <limits.h>
 #include <math.h>
 
 #include "kernels/cuda/cuda.h"
 #include "kernels/cuda/cuda_dev.cuh"
+#include "kernels/cuda/cuda_flash_tile.cuh"
 #include "kernels/cuda/cuda_mma.cuh"
 
 #define PF_WARPS 4
 #define PF_THREADS (PF_WARPS * 32)
 #define PF_ROWS 64                /* query rows per block: 16 per warp, one m16 tile each */
-#define PF_KEYS 64                /* keys per K/V tile */
+#define PF_KEYS FLASH_KEYS        /* keys per K/V tile (the tile loop's) */
 #define PF_PAD 8                  /* bf16 elements (16 bytes) added to every shared row: no ldmatrix conflicts */
 /* auto: a sequence's rows from which the decompressed form runs. Unmeasured guess: by FLOPs the
  * context GEMM (2 kv_lora (dn + dv) per key and head) costs what ~8 rows of absorbed scores do on
@@ -86,14 +86,11 @@ template <int DK, int DV> struct pf_smem {
 template <int DK, int DV>
 __global__ void __launch_bounds__(PF_THREADS, 2) k_mla_prefill(pf_args_t a)
 {
-    static_assert(DK % 16 == 0 && DV % 16 == 0, "k16 steps of Q K^T, pairs of n8 blocks of P V");
     DEV_PDL_ENTER();
     typedef pf_smem<DK, DV> SM;
     constexpr int KS = SM::KS, VS = SM::VS;
     constexpr int KCH = DK / 8, VCH = DV / 8;      /* 16-byte chunks per K, V row */
     constexpr int KD = DK / 16;                    /* k16 steps of Q K^T */
-    constexpr int NB = PF_KEYS / 8;                /* n8 blocks of S (keys) */
-    constexpr int KP = PF_KEYS / 16;               /* k16 steps of P V */
     constexpr int DB = DV / 8;                     /* n8 blocks of O */
     extern __shared__ __align__(16) uint8_t pf_sm[];
     uint16_t *Ks = (uint16_t *)pf_sm;              /* [2][PF_KEYS][KS] */
@@ -145,21 +142,10 @@ __global__ void __launch_bounds__(PF_THREADS, 2) k_mla_prefill(pf_args_t a)
     /* This warp's rows: the lane holds rows gid (p0) and gid + 8 (p1) of the warp's 16. */
     const int wv = warp * 16;
     const int p0 = s_pos[wv + gid], p1 = s_pos[wv + gid + 8];
-    int wmin = INT_MAX, wmax = -1;
-#pragma unroll
-    for (int i = 0; i < 16; i++) {
-        wmin = min(wmin, s_pos[wv + i]);
-        wmax = max(wmax, s_pos[wv + i]);
-    }
+    int wmin, wmax;
     uint32_t qf[KD][4];
-#pragma unroll
-    for (int kk = 0; kk < KD; kk++)
-        dev_ldsm_x4(Qs + (wv + (lane & 15)) * KS + kk * 16 + (lane >> 4) * 8, qf[kk]);
-
     float o[DB][4];
-#pragma unroll
-    for (int j = 0; j < DB; j++)
-        o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+    dev_flash_begin<DK, DV, KS>(s_pos, Qs, wv, lane, wmin, wmax, qf, o);
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;   /* l: this thread's share of the row sum */
     const float sl2 = a.scale_log2;
     if (!a.first) {                                /* an earlier pass's state: o, max, the whole sum in tig 0 */
@@ -194,101 +180,10 @@ __global__ void __launch_bounds__(PF_THREADS, 2) k_mla_prefill(pf_args_t a)
      * 3.5e-2 against 5.9e-3 in one pass. */
     const int lim0 = min(p0, a.k1 - 1), lim1 = min(p1, a.k1 - 1), wlim = min(wmin, a.k1 - 1);
 
-    for (int kt = 0, buf = 0; kt < n_keys; kt += PF_KEYS, buf ^= 1) {
-        if (kt + PF_KEYS < n_keys)
-            load_tile(kt + PF_KEYS, buf ^ 1);
-        else
-            dev_cp_commit();                       /* an empty group keeps the wait count uniform */
-        dev_cp_wait<1>();
-        __syncthreads();                           /* tile kt visible to every warp */
-        const uint16_t *Kt = Ks + buf * PF_KEYS * KS, *Vt = Vs + buf * PF_KEYS * VS;
-        if (ka + kt <= wmax) {                     /* warp-uniform: some row of this warp sees a key here */
-            float s[NB][4];
-#pragma unroll
-            for (int j = 0; j < NB; j++)
-                s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-            /* S: matrices (keys 0-7, d 0-7), (keys 0-7, d 8-15), (keys 8-15, d 0-7), (keys 8-15,
-             * d 8-15) of each 16 keys = b0, b1 of n-block 2jp, then of 2jp + 1. */
-#pragma unroll
-            for (int kk = 0; kk < KD; kk++) {
-#pragma unroll
-                for (int jp = 0; jp < NB / 2; jp++) {
-                    uint32_t b[4];
-                    dev_ldsm_x4(Kt + (jp * 16 + (lane & 7) + (lane >> 4) * 8) * KS + kk * 16 + ((lane >> 3) & 1) * 8, b);
-                    dev_mma16<false>(s[2 * jp], qf[kk], b[0], b[1]);
-                    dev_mma16<false>(s[2 * jp + 1], qf[kk], b[2], b[3]);
-                }
-            }
-            /* Keys past a row's limit (its position, the pass's end: the zero-filled keys past
-             * n_keys too, every key of a padding row) masked on tiles that reach past some row's. */
-            if (ka + kt + PF_KEYS - 1 > wlim) {
-#pragma unroll
-                for (int j = 0; j < NB; j++) {
-                    const int key = ka + kt + 8 * j + 2 * tig;
-                    if (key > lim0) s[j][0] = -INFINITY;
-                    if (key + 1 > lim0) s[j][1] = -INFINITY;
-                    if (key > lim1) s[j][2] = -INFINITY;
-                    if (key + 1 > lim1) s[j][3] = -INFINITY;
-                }
-            }
-            float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-            for (int j = 0; j < NB; j++) {
-                mx0 = fmaxf(mx0, fmaxf(s[j][0], s[j][1]));
-                mx1 = fmaxf(mx1, fmaxf(s[j][2], s[j][3]));
-            }
-            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-            const float mn0 = fmaxf(m0, mx0 * sl2), mn1 = fmaxf(m1, mx1 * sl2);
-            /* A row with no key yet (-inf) subtracts 0: exp2(-inf) = 0, never -inf - -inf. */
-            const float mu0 = mn0 == -INFINITY ? 0.0f : mn0, mu1 = mn1 == -INFINITY ? 0.0f : mn1;
-            const float c0 = exp2f(m0 - mu0), c1 = exp2f(m1 - mu1);
-            m0 = mn0;
-            m1 = mn1;
-            /* P as bf16 A fragments: n-blocks 2kk, 2kk + 1 of S are k16 step kk of P V. */
-            uint32_t pa[KP][4];
-            float ps0 = 0.0f, ps1 = 0.0f;
-#pragma unroll
-            for (int j = 0; j < NB; j++) {
-                const uint32_t h0 = dev_pack_bf16x2(exp2f(fmaf(s[j][0], sl2, -mu0)), exp2f(fmaf(s[j][1], sl2, -mu0)));
-                const uint32_t h1 = dev_pack_bf16x2(exp2f(fmaf(s[j][2], sl2, -mu1)), exp2f(fmaf(s[j][3], sl2, -mu1)));
-                ps0 += dev_bf16x2_lo(h0) + dev_bf16x2_hi(h0);
-                ps1 += dev_bf16x2_lo(h1) + dev_bf16x2_hi(h1);
-                pa[j / 2][(j & 1) * 2] = h0;
-                pa[j / 2][(j & 1) * 2 + 1] = h1;
-            }
-            l0 = l0 * c0 + ps0;
-            l1 = l1 * c1 + ps1;
-#pragma unroll
-            for (int j = 0; j < DB; j++) {
-                o[j][0] *= c0;
-                o[j][1] *= c0;
-                o[j][2] *= c1;
-                o[j][3] *= c1;
-            }
-            /* O += P V: .trans matrices (keys 0-7, d 0-7), (keys 8-15, d 0-7), (keys 0-7, d 8-15),
-             * (keys 8-15, d 8-15) of each 16 dimensions = b0, b1 of n-block 2dp, then of 2dp + 1. */
-#pragma unroll
-            for (int kk = 0; kk < KP; kk++) {
-#pragma unroll
-                for (int dp = 0; dp < DB / 2; dp++) {
-                    uint32_t b[4];
-                    dev_ldsm_x4_trans(Vt + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * VS + dp * 16 + (lane >> 4) * 8, b);
-                    dev_mma16<false>(o[2 * dp], pa[kk], b[0], b[1]);
-                    dev_mma16<false>(o[2 * dp + 1], pa[kk], b[2], b[3]);
-                }
-            }
-        }
-        __syncthreads();                           /* every warp is done with buf before it is refilled */
-    }
-    dev_cp_wait<0>();
+    auto stage = [&](int buf) { return flash_kv_t{Ks + buf * PF_KEYS * KS, Vs + buf * PF_KEYS * VS}; };   /* bf16 already */
+    const flash_rows_t rows = {n_keys, ka, wmax, wlim, lim0, lim1, sl2};
+    dev_flash_tiles<DK, DV, KS, VS, false>(rows, qf, o, m0, m1, l0, l1, lane, load_tile, stage);
 
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
 #pragma unroll
     for (int half = 0; half < 2; half++) {
         const int v = wv + gid + 8 * half;
