@@ -108,8 +108,24 @@ print(int(sum(m["value"] for a in json.load(sys.stdin)["actors"] if a.get("role"
               for m in a["metrics"] if m["name"] == "handoffs_in_flight")))'
 }
 
+# Whether every thread of process $1 is stopped. kill(1) returns once SIGSTOP is queued; the kernel
+# stops the other threads only when the one woken for it gets a CPU (its group stop), on a loaded
+# machine milliseconds later, and until then the prefill worker's channel thread still serves the
+# decode worker's fetches. (SIGKILL needs no such wait: it is put on every thread at once, and none
+# runs again.)
+stopped() {
+  local f l
+  for f in /proc/$1/task/*/stat; do
+    l=$(cat "$f") || return 1
+    l=${l##*) }
+    [ "${l%% *}" = T ] || return 1
+  done
+}
+
 # fault KIND: hold the decode worker, let two hand-offs go out, then stall (STOP) or kill (KILL) the
-# prefill worker and release the decode worker. Both requests must end in one retryable error each.
+# prefill worker and release the decode worker (a stall once it has taken effect; after a kill at
+# once, so that it reads the dead sender's hand-offs before the restarted one connects and takes over
+# its routing id). Both requests must end in one retryable error each.
 fault() {
   local kind=$1 dec pf
   dec=$(pgrep -f -- "troupe-decode --topology $WORK/t.yaml" | head -1)
@@ -120,6 +136,7 @@ fault() {
   for _ in $(seq 200); do [ "$(in_flight)" = 0 ] && break; sleep 0.1; done
   [ "$(in_flight)" = 0 ] || fail "$kind: hand-offs of an earlier round still in flight"
   kill -STOP "$dec"
+  wait_for stopped "$dec" || { kill -CONT "$dec"; fail "$kind: the decode worker did not stop"; }
   $PY - "$ep" "$WORK/prompts" "$BIN" "$WORK/t.yaml" > "$WORK/fault.out" 2>&1 <<'PY' &
 import sys
 from servelib import run_many
@@ -144,9 +161,10 @@ PY
   done
   [ "$n" -ge 2 ] || { kill -CONT "$dec"; fail "$kind: the hand-offs never went out"; }
   kill "-$kind" "$pf"
+  [ "$kind" != STOP ] || wait_for stopped "$pf" || { kill -CONT "$dec"; fail "STOP: the prefill worker did not stop"; }
   kill -CONT "$dec"
   wait_for sh -c "[ \$(grep -c 'hand-off of request .* refused: tcp transfer' '$WORK/supervisor.log') -ge $((refused0 + 2)) ]" \
-    || { [ "$kind" = STOP ] && kill -CONT "$pf"; sleep 1; cat "$WORK/fault.out"
+    || { [ "$kind" != STOP ] || kill -CONT "$pf" 2>/dev/null || true; sleep 1; cat "$WORK/fault.out"
          fail "$kind: the decode worker did not give up on the two transfers"; }
   [ "$kind" = STOP ] && kill -CONT "$pf"
   wait "$client" || { cat "$WORK/fault.out"; fail "$kind: a request did not end in one retryable error"; }
