@@ -173,7 +173,9 @@ double spec_cost_cell_rate(const spec_cost_t *c, int bucket, int k)
  * adds one counted step (its first is the catch-up), a level of a GPU benchmark at concurrency
  * 96 is a few hundred steps, and a margin this wide is not the noise of two steps. */
 #define SPEC_EXPLORE_MIN_COUNTED 2
-static int s_loses_by_far(const spec_cost_t *seen, int b)
+/* 1 or 0 as above where bucket b's own cells tell; -1 where they do not (no measured plain cell,
+ * or no drafting cell with SPEC_EXPLORE_MIN_COUNTED counted steps). */
+static int s_verdict(const spec_cost_t *seen, int b)
 {
     const double r0 = seen ? spec_cost_cell_rate(seen, b, 0) : -1;
     double best = -1;
@@ -181,7 +183,28 @@ static int s_loses_by_far(const spec_cost_t *seen, int b)
         const double r = s_cell_rate(seen, b, k, SPEC_EXPLORE_MIN_COUNTED);
         best = r > best ? r : best;
     }
-    return r0 > 0 && best >= 0 && best < r0 * (1.0 - SPEC_EXPLORE_WIDE);
+    if (!(r0 > 0) || best < 0)
+        return -1;
+    return best < r0 * (1.0 - SPEC_EXPLORE_WIDE);
+}
+
+/* Whether drafting loses by far at bucket b: its own cells' verdict, or where they have none yet
+ * the nearest smaller bucket's that has one. A draft costs a larger share of a step as the batch
+ * grows (the step turns compute-bound, the draft model's forward grows with its rows), so a
+ * bucket where drafting loses by far tells the larger ones above it until they have their own
+ * cells. Without it every bucket a level ramps through explored every 64 of its steps from the
+ * start: on one H200 (kjv-dense with kjv-draft, 2026-12-03, cd61b16, policy off everywhere) the
+ * timed run's 28 exploration steps took 1.713 ms a cycle against 0.370 for its 2,120 off steps,
+ * 5.8% of its decode-only time, and batches 24-48 had no one-draft cell while batch 16's gave
+ * half the plain rate and batch 64's a third. */
+static int s_loses_by_far(const spec_cost_t *seen, int b)
+{
+    for (int bb = b; bb >= 0; bb--) {
+        const int v = s_verdict(seen, bb);
+        if (v >= 0)
+            return v;
+    }
+    return 0;
 }
 
 int spec_explore_next(spec_explore_t *e, int batch, const spec_cost_t *seen)
@@ -196,7 +219,13 @@ int spec_explore_next(spec_explore_t *e, int batch, const spec_cost_t *seen)
         return 0;
     if (e->one_every[b] == 0) {   /* the bucket's first step: its first pair comes half an interval on */
         e->one_every[b] = SPEC_EXPLORE_ONE_EVERY;
-        e->one_next[b] = at + SPEC_EXPLORE_ONE_EVERY / 2;
+        /* where a smaller bucket already says drafting loses by far, from that bucket's interval */
+        for (int bb = b - 1; bb >= 0 && s_loses_by_far(seen, b); bb--)
+            if (e->one_every[bb]) {
+                e->one_every[b] = e->one_every[bb] > e->one_every[b] ? e->one_every[bb] : e->one_every[b];
+                break;
+            }
+        e->one_next[b] = at + e->one_every[b] / 2;
     }
     if (at < e->one_next[b])
         return -1;
@@ -323,41 +352,86 @@ static double s_fit_at(const double coef[FIT_TERMS], int b, int k)
     return coef[0] + coef[1] * B * (1 + k) + coef[2] * B + coef[3] * k;
 }
 
+/* The bucket's own measured drafting cells (k >= 1) nearest to k below and above it (-1: none).
+ * Both carry what drafting costs at all (the draft forward, its catch-up) and differ only by
+ * drafts a row, so between them the step grows linearly with its drafts at this bucket. */
+static void s_drafting_neighbours(const spec_cost_t *c, int bucket, int k, int *lo, int *hi, int *top2)
+{
+    *lo = *hi = top2[0] = top2[1] = -1;
+    for (int j = 1; j <= SPEC_MAX_K; j++) {
+        if (!s_measured(c, bucket, j))
+            continue;
+        if (j < k)
+            *lo = j;
+        if (j > k && *hi < 0)
+            *hi = j;
+        top2[1] = top2[0];   /* the two largest measured drafting lengths, largest first */
+        top2[0] = j;
+    }
+}
+
 double spec_cost_estimate(const spec_cost_t *c, int bucket, int k)
 {
     if (bucket < 0 || bucket >= SPEC_COST_BATCHES || k < 0 || k > SPEC_MAX_K)
         return -1;
     if (s_measured(c, bucket, k))
         return s_mean(c, bucket, k);
-    double coef[FIT_TERMS], floor_s;
-    if (s_fit(c, coef, &floor_s) != 0)
-        return -1;
-    double est = s_fit_at(coef, bucket, k);
-    /* The bucket's own level: the ratio of measured to fitted at its nearest measured cell. */
-    for (int d = 1; d <= SPEC_MAX_K; d++) {
-        const int kk[2] = {k - d, k + d};
-        int found = 0;
-        for (int i = 0; i < 2 && !found; i++)
-            if (kk[i] >= 0 && kk[i] <= SPEC_MAX_K && s_measured(c, bucket, kk[i])) {
-                const double f = s_fit_at(coef, bucket, kk[i]);
-                if (f > 0)
-                    est *= s_mean(c, bucket, kk[i]) / f;
-                found = 1;
-            }
-        if (found)
-            break;
+    /* The bucket's own measured drafting cells come first: the global fit is dominated by other
+     * buckets' cells, and scaled to one neighbour it misses the bucket's own cost of a draft. On
+     * one H200 (kjv-dense with kjv-draft, 2026-12-03, cd61b16) batch 1 had k = 1 measured at
+     * 0.292 ms and k = 4 at 0.441 ms; the fit gave k = 2 the floor, 0.292 ms, k = 3 0.573 ms
+     * (dearer than the measured k = 4) and k = 5-7 0.441 ms, where the fixed-k runs' concurrency-1
+     * levels took 0.309 / 0.363 ms a step at k = 2 / 3 and 0.494 / 0.534 / 0.590 at k = 5 / 6 / 7
+     * (the level's time less its TTFTs over its verify steps). Between two measured drafting cells
+     * their line (0.342, 0.392); past the longest, its own slope (0.491, 0.541, 0.591). */
+    int lo, hi, top[2];
+    s_drafting_neighbours(c, bucket, k, &lo, &hi, top);
+    double est;
+    if (k >= 1 && lo >= 1 && hi >= 1) {
+        const double at_lo = s_mean(c, bucket, lo), at_hi = s_mean(c, bucket, hi);
+        est = at_lo + (at_hi - at_lo) * (double)(k - lo) / (double)(hi - lo);
+    } else {
+        double coef[FIT_TERMS], floor_s;
+        if (s_fit(c, coef, &floor_s) != 0)
+            return -1;
+        est = s_fit_at(coef, bucket, k);
+        /* The bucket's own level: the ratio of measured to fitted at its nearest measured cell. */
+        for (int d = 1; d <= SPEC_MAX_K; d++) {
+            const int kk[2] = {k - d, k + d};
+            int found = 0;
+            for (int i = 0; i < 2 && !found; i++)
+                if (kk[i] >= 0 && kk[i] <= SPEC_MAX_K && s_measured(c, bucket, kk[i])) {
+                    const double f = s_fit_at(coef, bucket, kk[i]);
+                    if (f > 0)
+                        est *= s_mean(c, bucket, kk[i]) / f;
+                    found = 1;
+                }
+            if (found)
+                break;
+        }
+        /* A fit may go below zero for small steps: never cheaper than a quarter of the cheapest step seen. */
+        est = est > floor_s / 4 ? est : floor_s / 4;
+        if (k > top[0] && top[0] >= 1 && top[1] >= 1) {   /* past the longest: its own cost of a draft */
+            const double per = (s_mean(c, bucket, top[0]) - s_mean(c, bucket, top[1])) / (double)(top[0] - top[1]);
+            const double ext = s_mean(c, bucket, top[0]) + (per > 0 ? per : 0) * (double)(k - top[0]);
+            est = ext > est ? ext : est;
+        }
     }
-    /* A fit may go below zero for small steps: never cheaper than a quarter of the cheapest step seen. */
-    est = est > floor_s / 4 ? est : floor_s / 4;
-    /* Nor cheaper than a measured step of no more rows and no more drafts a row: a step does not get
-     * cheaper as its batch or its drafts grow. Without this the fit ran away where nothing was
+    /* Never cheaper than a measured step of no more rows and no more drafts a row: a step does not
+     * get cheaper as its batch or its drafts grow. Without this the fit ran away where nothing was
      * measured (one H200, kjv-deepseek with MTP, 2026-12-03, f25aa02: buckets 24-128 measured
      * nothing, the fit's cost fell to its floor as k grew, and batch 96 read 1,979,577 tokens/s at
      * k = 7 against 82,489 at k = 0, so a worker reaching batch 96 would have drafted 7). So an
      * unmeasured cell's tokens/s is at most its batch times its tokens per row over that measured
      * step's seconds. */
     const double below = s_cost_floor(c, bucket, k);
-    return est > below ? est : below;
+    est = est > below ? est : below;
+    /* Nor dearer than the bucket's own measured step with more drafts a row, which is the more
+     * direct measurement where the two disagree (cd61b16 above: batch 4's plain cell of 5 steps
+     * read 2.888 ms, and made k = 1-3 at batch 16 dearer than its measured k = 4, 1.279 ms). */
+    if (hi >= 1 && est > s_mean(c, bucket, hi))
+        est = s_mean(c, bucket, hi);
+    return est;
 }
 
 int spec_policy_survival(const spec_accept_t *a, int max_k, float *s)
@@ -419,22 +493,28 @@ double spec_policy_rate(const spec_cost_t *c, int bucket, int batch, int k, cons
         return -1;
     double per_row = s_drafting_tokens_per_row(c, bucket, k);
     if (per_row < 0) {
-        /* The model, its accepted drafts scaled to what the nearest counted k > 0 cell got of it. */
-        double eff = 1.0;
-        for (int d = 1; d <= SPEC_MAX_K; d++) {
-            const int kk[2] = {k - d, k + d};
-            int found = 0;
-            for (int i = 0; i < 2 && !found; i++) {
-                const double tpr = kk[i] >= 1 ? s_drafting_tokens_per_row(c, bucket, kk[i]) : -1;
-                const double model = kk[i] >= 1 ? s_model_drafts(kk[i], s) : 0;
-                if (tpr >= 0 && model > 0) {
-                    eff = (tpr - 1.0) / model;
-                    found = 1;
-                }
-            }
-            if (found)
+        /* The model, its accepted drafts scaled to what the bucket's counted k > 0 cells nearest
+         * to k (one on each side where there are two) got of it, their rows pooled and the prior
+         * rows counted once over the pool: a rarely explored cell next to a well-measured one
+         * does not scale the model by its own few rows, halved by the prior. On one H200
+         * (kjv-dense with kjv-draft, 2026-12-03, cd61b16) batch 1's k = 1 cell (9 rows, 1.78
+         * tokens a row, 1.41 with the prior) scaled k = 2's model drafts by 0.65, beside a k = 4
+         * cell of 172 rows that got 0.97 of the model. */
+        double got = 0, model = 0, rows = 0;
+        for (int dir = -1; dir <= 1; dir += 2)
+            for (int j = k + dir; j >= 1 && j <= SPEC_MAX_K; j += dir) {
+                const double tpr = spec_cost_tokens_per_row(c, bucket, j);
+                if (tpr < 0)
+                    continue;
+                const double r = (double)c->rows[bucket][j];
+                got += (tpr - 1.0) * r;
+                model += s_model_drafts(j, s) * r;
+                rows += r;
                 break;
-        }
+            }
+        double eff = 1.0;
+        if (rows > 0 && model > 0)
+            eff = got / (model * (rows + SPEC_POLICY_PRIOR_ROWS) / rows);
         eff = eff < 0 ? 0 : eff > 1 ? 1 : eff;
         per_row = 1.0 + eff * s_model_drafts(k, s);
     }

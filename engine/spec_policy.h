@@ -96,10 +96,14 @@ void spec_cost_add(spec_cost_t *into, const spec_cost_t *from);
  * an unmeasured cell that the fit would then stand in for. */
 void spec_cost_decay(spec_cost_t *c);
 /* Estimated seconds of one step at batch bucket `bucket` with k drafts per row: the cell's mean
- * when measured (SPEC_POLICY_MIN_STEPS steps); else a least-squares fit over every measured cell,
- * cost = c0 + c1 * tokens (+ c2 * batch + c3 * drafts per row, when the cells tell the terms
- * apart: a step is the whole of it, drafting and emitting included), scaled to the bucket's
- * nearest measured cell. -1 when the table cannot say (fewer than two measured cells). */
+ * when measured (SPEC_POLICY_MIN_STEPS steps); between two measured drafting cells (k >= 1) of the
+ * bucket, their line; else a least-squares fit over every measured cell, cost = c0 + c1 * tokens
+ * (+ c2 * batch + c3 * drafts per row, when the cells tell the terms apart: a step is the whole of
+ * it, drafting and emitting included), scaled to the bucket's nearest measured cell, and past the
+ * bucket's longest measured drafting cell at least that cell plus the bucket's own slope between
+ * its two longest. Never below a measured cell of no more rows and drafts, never above the
+ * bucket's own measured cell of more drafts. -1 when the table cannot say (fewer than two
+ * measured cells). */
 double spec_cost_estimate(const spec_cost_t *c, int bucket, int k);
 
 /* Which decode-only steps measure their cell (the worker asks before recording a step's cycle):
@@ -152,7 +156,10 @@ int spec_plain_guard_slow(spec_plain_guard_t *g, double seconds);
  *     of the batch bucket, SPEC_EXPLORE_ONE_EVERY to begin with. Where the worker's own measured
  *     cells say drafting loses by far at that bucket (the best measured drafting cell below
  *     1 - SPEC_EXPLORE_WIDE of the plain cell's tokens/s), each exploration doubles the bucket's
- *     interval, up to SPEC_EXPLORE_ONE_MAX; anything else puts it back to the start. On one
+ *     interval, up to SPEC_EXPLORE_ONE_MAX; anything else puts it back to the start. A bucket
+ *     whose own cells do not tell yet takes the verdict of the nearest smaller bucket whose cells
+ *     do, and a new bucket so judged starts from that bucket's interval (a draft costs a larger
+ *     share of a step as the batch grows). On one
  *     H200 (kjv-dense with kjv-draft at concurrency 96, 2026-12-02) a policy that was off lost
  *     21% to two one-draft steps in 64 and the draft model's catch-up before them, where the
  *     measured one-draft cell gave a tenth of the plain one's tokens/s. */
@@ -214,9 +221,10 @@ int spec_policy_survival(const spec_accept_t *a, int max_k, float *s);
  * survival curve s: batch x tokens per row / spec_cost_estimate. Tokens per row are the cell's
  * measured ones where its steps were counted (spec_cost_tokens_per_row: what asking k gave, like
  * for like with the measured k = 0 of the same bucket); else the model's 1 + sum_{i<k} S(i),
- * its drafts scaled by what the bucket's nearest counted k > 0 cell really got of the model's
- * (at most 1: rows with no match, a step's draft budget, rows that end). -1 when the cost is
- * unknown. */
+ * its drafts scaled by what the bucket's counted k > 0 cells nearest to k (one on each side,
+ * their rows pooled, SPEC_POLICY_PRIOR_ROWS rows of one token beside them once) really got of
+ * the model's (at most 1: rows with no match, a step's draft budget, rows that end). -1 when the
+ * cost is unknown. */
 double spec_policy_rate(const spec_cost_t *c, int bucket, int batch, int k, const float *s);
 
 /* Tokens per second of bucket b's drafting steps, every cell k > 0 together, as for a step of

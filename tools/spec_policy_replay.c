@@ -6,7 +6,10 @@
  *
  * For each line with a computation (ok=1): its time, then per batch bucket the logged verify
  * length, the recomputed one, and the tokens/s this build expects of every k there (k = 0
- * first, as spec_policy_bucket_rates judges them: plain bounded, unmeasured gains capped), and the plain cell's steps and mean cycle. Only the last line unless --all; --batch B shows the bucket of batch B only. Ends with
+ * first, as spec_policy_bucket_rates judges them: plain bounded, unmeasured gains capped), and
+ * the plain cell's steps and mean cycle. Only the last line unless --all; --batch B shows the
+ * bucket of batch B only, with the seconds a step of every k as spec_cost_estimate gives them
+ * (measured cells marked). Ends with
  * the number of bucket decisions that differ; exit status 0, 1 when any differs, 2 on a usage or
  * parse error. */
 #include <stdio.h>
@@ -63,6 +66,13 @@ static int s_replay(const char *line, int batch, int *differ)
         if (c.steps[b][0])   /* how much the plain rate rests on */
             printf("  (k=0: %llu steps, %.3f ms)", (unsigned long long)c.steps[b][0], 1e3 * c.seconds[b][0] / (double)c.steps[b][0]);
         printf("\n");
+        if (batch > 0) {   /* the step costs the rates rest on, to set beside a fixed-k run's */
+            printf("         ms a step by k:");
+            for (int k = 0; k <= max_k; k++)
+                printf(" %.3f%s", 1e3 * spec_cost_estimate(&c, b, k),
+                       c.steps[b][k] >= SPEC_POLICY_MIN_STEPS ? "m" : "");
+            printf("  (m: measured)\n");
+        }
     }
     return 0;
 }

@@ -906,6 +906,94 @@ static void test_mtp_batch1_plain_measured(void **state)
         assert_int_equal(p.buckets[i].max_draft, 0);
 }
 
+/* The draft model's sweep on one H200 (kjv-dense with kjv-draft, 2026-12-03, cd61b16;
+ * tests/fixtures/spec-policy/h200-kjv-draft-cd61b16.log, the last computation): batch 1 measured
+ * k = 0 (513 steps, 0.153 ms), k = 1 (9 steps, 0.292 ms, 1.78 tokens a row) and k = 4 (172 steps,
+ * 0.441 ms, 2.27). The fixed-k runs' concurrency-1 levels (their time less the TTFTs, over their
+ * verify steps) took 0.309 / 0.363 ms a step at k = 2 / 3, and 0.494-0.590 ms at k = 5-7. The old
+ * estimate gave k = 2 the floor of k = 1's cost (0.292 ms) and model drafts scaled by the 9-row
+ * cell halved by the prior rows (1.63 tokens a row), k = 3 0.573 ms (dearer than the measured
+ * k = 4) and k = 5-7 no more than k = 4. Between measured drafting cells the bucket's own line,
+ * past them its own slope, and the neighbours' rows pooled. No k pays at batch 1 or at 16-96
+ * either way (the fixed k = 2 runs' median request was 1.02x of k = 0's in decode time). */
+static void test_cost_from_own_drafting_cells(void **state)
+{
+    (void)state;
+    static char line[65536];
+    s_fixture_line("tests/fixtures/spec-policy/h200-kjv-draft-cd61b16.log", 0, line, sizeof line);
+    spec_accept_t a;
+    spec_cost_t c;
+    int max_k, max_batch;
+    char why[160];
+    assert_int_equal(spec_policy_log_parse(line, &a, &c, &max_k, &max_batch, NULL, why, sizeof why), 0);
+    const double k1 = spec_cost_estimate(&c, 0, 1), k4 = spec_cost_estimate(&c, 0, 4);
+    assert_true(fabs(k1 - 0.292e-3) < 0.001e-3 && fabs(k4 - 0.4413e-3) < 0.001e-3);   /* measured */
+    const double k2 = spec_cost_estimate(&c, 0, 2), k3 = spec_cost_estimate(&c, 0, 3);
+    assert_true(fabs(k2 - (k1 + (k4 - k1) / 3)) < 1e-9);
+    assert_true(fabs(k3 - (k1 + 2 * (k4 - k1) / 3)) < 1e-9);
+    assert_true(k2 > 0.335e-3 && k2 < 0.35e-3);
+    assert_true(k3 > k2 && k3 <= k4);
+    for (int k = 5; k <= 7; k++)   /* k = 4's cost and the bucket's slope a draft on top */
+        assert_true(spec_cost_estimate(&c, 0, k) >= k4 + (k - 4) * (k4 - k1) / 3 - 1e-9);
+    float s[SPEC_MAX_K];
+    assert_int_equal(spec_policy_survival(&a, max_k, s), 0);
+    const double tpr2 = spec_policy_rate(&c, 0, 1, 2, s) * k2;   /* tokens a row the rate rests on */
+    assert_true(tpr2 > 1.85 && tpr2 < 1.0 + s[0] + s[1] + 1e-6);
+    /* The decisions stay: off at every measured bucket (batch 1's drafting cells together 5,060
+     * tokens/s against 6,526 plain; 16-96 a third to a half of plain). */
+    spec_policy_t p = {.epoch = 1};
+    assert_int_equal(spec_policy_compute(&a, &c, max_k, max_batch, &p, why, sizeof why), 0);
+    const int batches[] = {1, 16, 64, 96};
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(spec_policy_bucket(&p, batches[i])->max_draft, 0);
+    /* A bucket with k = 0 and one drafting cell: the draft's own fixed cost is not on a line from
+     * k = 0, so the fit decides there, but never above the measured longer step. */
+    spec_cost_t d;
+    s_fill_cost(&d, 0.1, 0.001, 0);   /* every cell measured: 0.1 ms a step + 1 us a position */
+    for (int k = 1; k <= SPEC_MAX_K; k++)
+        if (k != 4)
+            d.steps[0][k] = 0, d.seconds[0][k] = 0;
+    d.seconds[0][4] = d.steps[0][4] * 0.2e-3;   /* batch 1, k = 4: dearer than the fit says */
+    for (int k = 1; k < 4; k++) {
+        const double e = spec_cost_estimate(&d, 0, k);
+        assert_true(e >= spec_cost_estimate(&d, 0, 0) && e <= 0.2e-3 + 1e-12);
+    }
+}
+
+/* Exploration where no cell of the bucket tells yet: on the same run (policy off everywhere) the
+ * timed run's 28 exploration steps took 1.713 ms a cycle against 0.370 ms for its off steps, and
+ * batches 24-48, which the levels ramp through, had no one-draft cell while batch 16's one-draft
+ * steps gave half the plain rate. A bucket without its own verdict takes the nearest smaller
+ * bucket's, and a new bucket starts from that bucket's interval; its own cells overrule both. */
+static void test_explore_inherits_from_smaller_bucket(void **state)
+{
+    (void)state;
+    const int steps = 4096;
+    spec_cost_t seen;
+    s_fill_seen(&seen, 16, 47000, 24700);   /* batch 16 loses by far; nothing measured at 32 */
+    spec_explore_t e = {0};
+    const int at32 = s_count_explore(&e, 32, &seen, steps, 1);
+    assert_true(at32 <= 2 * (steps / SPEC_EXPLORE_ONE_MAX + 6));   /* the old policy: 2 in 64, 128 */
+    assert_true(at32 >= 2);   /* never stops */
+    /* A new bucket starts from the smaller one's backed-off interval: batch 16 at 1,024, so batch
+     * 48's first pair comes 512 of its steps on, not 32. */
+    spec_explore_t e2 = {0};
+    s_count_explore(&e2, 16, &seen, 16 * SPEC_EXPLORE_ONE_MAX, 1);
+    assert_int_equal(e2.one_every[spec_cost_bucket(16)], SPEC_EXPLORE_ONE_MAX);
+    assert_int_equal(s_count_explore(&e2, 48, &seen, SPEC_EXPLORE_ONE_MAX / 2 - 2, 1), 0);
+    /* Its own cells decide once it has them: drafting close to paying at 32. */
+    for (int i = 0; i < 100; i++) {
+        spec_cost_record_step(&seen, 32, 0, 32, 32 / 90000.0);
+        spec_cost_record_step(&seen, 32, 1, 32, 32 / 88000.0);
+    }
+    spec_explore_t e3 = {0};
+    assert_true(s_count_explore(&e3, 32, &seen, steps, 1) >= 2 * (steps / SPEC_EXPLORE_ONE_EVERY) - 4);
+    /* Larger buckets never tell smaller ones: batch 1 explores at its start. */
+    spec_explore_t e4 = {0};
+    assert_true(s_count_explore(&e4, 1, &seen, steps, 1) >= 2 * (steps / SPEC_EXPLORE_ONE_EVERY) - 4);
+    assert_int_equal(e4.backoffs, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -933,6 +1021,8 @@ int main(void)
         cmocka_unit_test(test_unmeasured_gain_from_neighbours),
         cmocka_unit_test(test_plain_guard),
         cmocka_unit_test(test_mtp_batch1_plain_measured),
+        cmocka_unit_test(test_cost_from_own_drafting_cells),
+        cmocka_unit_test(test_explore_inherits_from_smaller_bucket),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
