@@ -141,6 +141,8 @@ typedef struct cuda_state {
     int attn_verify;              /* verify steps' rows (TROUPE_CUDA_ATTN_VERIFY): 0 as any rows; 1 by sequence in the decode
                                      kernel up to one m16 tile per block, else the prefill kernel; 2 (default) up to two */
     int pdl;                      /* 1 (default): kernels launch with programmatic dependent launch (TROUPE_CUDA_PDL) */
+    const char *pdl_skip;         /* kernels that launch without it: comma-separated parts of their names, NULL for
+                                     none (TROUPE_CUDA_PDL_SKIP: to find a kernel whose early launch costs more than it saves) */
     cuda_plan_t plans[CUDA_MAX_PLANS];
     int next_plan;                /* round-robin victim when the plan cache is full */
 
@@ -360,6 +362,9 @@ void cuda_launch_gather(const cuda_state_t *st, const float *src, const int32_t 
  * before touching anything but immutable weights; launches that are not kernels (copies, memsets,
  * cuBLAS) keep the stream's full ordering. The check after the launch catches a bad configuration
  * at once. */
+/* Whether `kernel` is one of TROUPE_CUDA_PDL_SKIP's (cuda_backend.cu; called only when it is set). */
+int cuda_pdl_skipped(const cuda_state_t *st, const void *kernel);
+
 template <typename... KArgs, typename... Args>
 static inline void cuda_launch_smem(const cuda_state_t *st, void (*kernel)(KArgs...), dim3 grid, dim3 block,
                                     size_t smem, Args... args)
@@ -373,7 +378,8 @@ static inline void cuda_launch_smem(const cuda_state_t *st, void (*kernel)(KArgs
     cfg.dynamicSmemBytes = smem;
     cfg.stream = st->stream;
     cfg.attrs = &attr;
-    cfg.numAttrs = st->pdl && (!st->capturing || st->graph_pdl) ? 1 : 0;
+    cfg.numAttrs = st->pdl && (!st->capturing || st->graph_pdl) &&
+                           !(st->pdl_skip && cuda_pdl_skipped(st, (const void *)kernel)) ? 1 : 0;
     CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, ((KArgs)args)...));
 }
 template <typename... KArgs, typename... Args>

@@ -375,6 +375,44 @@ static const backend_ops_t s_cuda_ops = {
 };
 
 /* An integer from the environment in [lo, hi], or def when unset; a bad value is an error. */
+/* TROUPE_CUDA_PDL_SKIP: each kernel's verdict found once from its (mangled) name, which holds the
+ * source name verbatim, so "k_attn_merge" matches every instantiation of it. A diagnostic: with
+ * the variable unset this is never called. Launches come from the backend's one thread. */
+int cuda_pdl_skipped(const cuda_state_t *st, const void *kernel)
+{
+    enum { CACHE = 256 };
+    static const void *seen[CACHE];
+    static signed char verdict[CACHE];
+    static int n_seen;
+    for (int i = 0; i < n_seen; i++)
+        if (seen[i] == kernel)
+            return verdict[i];
+    const char *name = NULL;
+    int skip = 0;
+    if (cudaFuncGetName(&name, kernel) == cudaSuccess && name) {
+        for (const char *p = st->pdl_skip; *p && !skip;) {
+            const char *end = strchr(p, ',');
+            const size_t len = end ? (size_t)(end - p) : strlen(p);
+            char part[128];
+            if (len > 0 && len < sizeof part) {
+                memcpy(part, p, len);
+                part[len] = '\0';
+                skip = strstr(name, part) != NULL;
+            }
+            p += len + (end ? 1 : 0);
+        }
+        if (skip)
+            fprintf(stderr, "backend cuda: %s launches without PDL (TROUPE_CUDA_PDL_SKIP)\n", name);
+    } else {
+        (void)cudaGetLastError();
+    }
+    if (n_seen < CACHE) {
+        seen[n_seen] = kernel;
+        verdict[n_seen++] = (signed char)skip;
+    }
+    return skip;
+}
+
 static int s_env_int(const char *name, int def, int lo, int hi, int *out, char *err, size_t errlen)
 {
     const char *v = getenv(name);
@@ -464,6 +502,10 @@ extern "C" backend_t *backend_cuda_new(int device, char *err, size_t errlen)
         s_env_mla_prefill(&st->mla_prefill, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_MLA_PREFILL_KEYS", 0, 0, 1 << 30, &st->mla_pf_keys, err, errlen) < 0)
         goto fail;
+    {
+        const char *skip = getenv("TROUPE_CUDA_PDL_SKIP");
+        st->pdl_skip = skip && *skip ? skip : NULL;
+    }
     if (st->gemv_warps != 0 && st->gemv_warps != 1 && st->gemv_warps != 4 && st->gemv_warps != 8) {
         errf(err, errlen, "backend cuda: TROUPE_CUDA_GEMV_WARPS=%d (expected 0 = by the matrix, 1, 4 or 8)",
              st->gemv_warps);
