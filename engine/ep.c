@@ -292,12 +292,11 @@ static int s_grow(void **p, size_t *cap, size_t need)
     return 0;
 }
 
-/* One exchange of host buffers, staged through device memory when the comm moves device memory. */
-static int s_xchg(ep_t *ep, const char *what, void *const *send, const size_t *sn, void *const *recv, const size_t *rn,
-                  int deadline_ms)
+/* One exchange of host buffers over c, staged through device memory when c moves device memory. */
+static int s_xchg_on(ep_t *ep, ep_comm_t *c, const char *what, void *const *send, const size_t *sn, void *const *recv,
+                     const size_t *rn, int deadline_ms)
 {
     char why[400];
-    ep_comm_t *c = ep->comm;
     if (!c->ops->device) {
         if (c->ops->exchange(c, (const void *const *)send, sn, recv, rn, deadline_ms, why, sizeof why) < 0)
             return s_fail(ep, what, why);
@@ -353,6 +352,21 @@ static int s_xchg(ep_t *ep, const char *what, void *const *send, const size_t *s
     return 0;
 }
 
+/* The dispatch and the combine: over the group's comm. */
+static int s_xchg(ep_t *ep, const char *what, void *const *send, const size_t *sn, void *const *recv, const size_t *rn,
+                  int deadline_ms)
+{
+    return s_xchg_on(ep, ep->comm, what, send, sn, recv, rn, deadline_ms);
+}
+
+/* Headers and placement tables: over the comm's ctrl when it has one (the sockets beside NCCL:
+ * small host structs, and a rank waiting for a peer's step waits in poll, not in NCCL). */
+static int s_xchg_ctrl(ep_t *ep, const char *what, void *const *send, const size_t *sn, void *const *recv,
+                       const size_t *rn, int deadline_ms)
+{
+    return s_xchg_on(ep, ep->comm->ctrl ? ep->comm->ctrl : ep->comm, what, send, sn, recv, rn, deadline_ms);
+}
+
 /* Headers: mine[r] to rank r, theirs[r] from rank r, all of command cmd (of layer `layer` for an
  * MoE round) in this rank's step: a peer in another step or another round is a broken group. */
 static int s_headers(ep_t *ep, ep_hdr_t *mine, ep_hdr_t *theirs, int cmd, int layer, int deadline_ms)
@@ -364,7 +378,7 @@ static int s_headers(ep_t *ep, ep_hdr_t *mine, ep_hdr_t *theirs, int cmd, int la
         r[i] = &theirs[i];
         n[i] = sizeof(ep_hdr_t);
     }
-    if (s_xchg(ep, cmd == EP_CMD_STEP ? "step header" : "round header", s, n, r, n, deadline_ms) < 0)
+    if (s_xchg_ctrl(ep, cmd == EP_CMD_STEP ? "step header" : "round header", s, n, r, n, deadline_ms) < 0)
         return -1;
     char why[200];
     for (int i = 0; i < ep->n; i++) {
@@ -648,6 +662,7 @@ void ep_status(const ep_t *ep, ep_status_t *out)
     for (int l = ep->next_layer; ep->next.n_slots && l < ep->L; l++)
         left += ep->m->layers[l].is_moe;
     out->loading_layers = left;
+    out->nccl = ep->comm->ops->device;
     out->failed = ep->failed;
 }
 
@@ -708,7 +723,7 @@ static int s_place_round(ep_t *ep, const ep_hdr_t *theirs, const void *table, si
         r[i] = in;
         rn[i] = i == 0 && ep->rank != 0 ? theirs[0].extra_bytes : 0;
     }
-    int rc = s_xchg(ep, "placement", s, sn, r, rn, EP_ROUND_DEADLINE_MS);
+    int rc = s_xchg_ctrl(ep, "placement", s, sn, r, rn, EP_ROUND_DEADLINE_MS);
     const uint8_t *t = ep->rank == 0 ? table : in;
     const size_t tb = ep->rank == 0 ? bytes : theirs[0].extra_bytes;
     uint32_t ns = 0;

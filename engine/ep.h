@@ -36,7 +36,8 @@
  * of a step (the epoch in its step header). Experts a rank no longer holds are released after the switch.
  *
  * The transport is an ep_comm_t: unix-socket pairs between the processes of one host (ep_sock.c),
- * or NCCL between GPUs (ep_nccl.c). A peer that dies (EOF), a broken header or a deadline ends the
+ * or NCCL between GPUs (ep_nccl.c) for the dispatch and the combine, with the headers on the
+ * sockets (ep_comm_t.ctrl); ep_meet picks one when the group meets. A peer that dies (EOF), a broken header or a deadline ends the
  * group: the call fails with the error naming the rank, and the group stays failed. */
 #ifndef TROUPE_ENGINE_EP_H
 #define TROUPE_ENGINE_EP_H
@@ -74,6 +75,11 @@ typedef struct ep_comm_ops {
 struct ep_comm {
     const ep_comm_ops_t *ops;
     int rank, n_ranks;
+    /* NULL, or a host comm (sockets) that carries the step and round headers and placement tables
+     * and whose descriptors wake a poll loop, owned by this one: a device comm's (NCCL has no
+     * descriptor to poll, and a rank waiting for a peer's step must not sit in an NCCL call).
+     * ep.c sends only the dispatch and the combine through ops->exchange then. */
+    ep_comm_t *ctrl;
 };
 
 /* Unix stream sockets: fds[r] is this rank's end of the pair it shares with rank r (fds[rank] is
@@ -94,9 +100,62 @@ ep_comm_t *ep_sock_rendezvous(const char *dir, const char *group, int rank, int 
                               size_t errlen);
 
 /* NCCL between GPUs of the model's backend (be->ops->nccl): rank `rank` of n_ranks with the unique
- * id the leader made (bk_nccl_ops_t.unique_id) and gave the others. NULL with err where the backend
- * has no NCCL (the CPU). */
-ep_comm_t *ep_nccl_new(backend_t *be, const uint8_t *id, int rank, int n_ranks, char *err, size_t errlen);
+ * id the leader made (bk_nccl_ops_t.unique_id) and gave the others; the communicator must be up
+ * within init_ms (every rank joined), else it is aborted. NULL with err where the backend has no
+ * NCCL (the CPU) or it did not come up. Its ctrl (ep_comm_t) is set by the caller (ep_meet). */
+ep_comm_t *ep_nccl_new(backend_t *be, const uint8_t *id, int rank, int n_ranks, int init_ms, char *err, size_t errlen);
+
+/* ---- the transport a group of member processes uses (ep_meet.c) ------------------------------ */
+
+/* TROUPE_EP_TRANSPORT: unset, "" or "auto" (NCCL where every rank can, else sockets), "sock"
+ * (sockets always), "nccl" (NCCL or the group does not form). */
+typedef enum { EP_WANT_AUTO = 0, EP_WANT_SOCK = 1, EP_WANT_NCCL = 2 } ep_want_t;
+/* -1 with err naming the variable and the value when it is none of those. */
+int ep_want_parse(const char *s, ep_want_t *out, char *err, size_t errlen);
+
+/* What each rank tells the others at the meeting (on the wire between processes of one build). */
+typedef struct ep_rank_info {
+    uint32_t magic;
+    uint32_t want;                /* ep_want_t: this rank's TROUPE_EP_TRANSPORT */
+    uint32_t nccl;                /* 1: its backend is a GPU's with NCCL hooks (bk_nccl_ops_t) */
+    int32_t device;               /* its GPU's ordinal (the topology's gpu), -1: none */
+    uint64_t host;                /* a hash of its host name */
+    uint64_t visible;             /* a hash of its CUDA_VISIBLE_DEVICES (0: unset): ordinals compare
+                                     only where every rank numbers the GPUs alike */
+} ep_rank_info_t;
+
+/* The choice, made alike on every rank from every rank's info (info[r] is rank r's): 1 NCCL, when
+ * no rank wants sockets and every rank has NCCL, on one host, with one numbering of the GPUs, each
+ * on its own GPU; 0 sockets otherwise; why says which and, for sockets, what kept NCCL off (naming
+ * the ranks). -1 when the group cannot form: a rank requires NCCL (EP_WANT_NCCL) where it cannot
+ * be had, or one rank requires NCCL and another sockets. */
+int ep_xport_choose(const ep_rank_info_t *info, int n, char *why, size_t whylen);
+
+typedef struct ep_meet_opts {
+    const char *group;            /* the group's name, for logs and errors */
+    const char *want;             /* TROUPE_EP_TRANSPORT's value (NULL: auto) */
+    int device;                   /* this rank's GPU ordinal, -1: none (a CPU rank) */
+    const char *visible;          /* this process's CUDA_VISIBLE_DEVICES (NULL: unset) */
+    int meet_ms;                  /* each exchange of the meeting over the sockets */
+    int init_ms;                  /* NCCL: the communicator up, and then the check trade, each within this */
+} ep_meet_opts_t;
+
+/* Right after ep_sock_rendezvous, every rank of the group (the calls pair up over ctrl):
+ *   1. the ranks trade their ep_rank_info_t over ctrl and each runs ep_xport_choose;
+ *   2. sockets: ctrl is returned as it is;
+ *   3. NCCL: rank 0 makes the unique id and sends it to every rank over ctrl; every rank inits its
+ *      communicator (ep_nccl_new, within init_ms), then the group trades a pattern over it (a
+ *      rank's bytes to each peer, checked on arrival: NCCL's connections come up here, not in the
+ *      first step); every rank then tells every other whether all of that went well (over ctrl).
+ *      All well: the NCCL comm is returned, with ctrl as its ctrl (headers on the sockets, the
+ *      dispatch and the combine over NCCL). Anywhere not: every rank aborts its communicator and
+ *      keeps ctrl, with a warning naming the group and the rank and step that failed (with
+ *      EP_WANT_NCCL the group fails instead).
+ * why gets the choice and its reason, for the caller's log line. NULL with err (ctrl destroyed)
+ * when the group cannot go on: an exchange over the sockets failed (a rank died or never answered
+ * within meet_ms), or NCCL was required and could not be had. */
+ep_comm_t *ep_meet(ep_comm_t *ctrl, backend_t *be, const ep_meet_opts_t *o, char *why, size_t whylen, char *err,
+                   size_t errlen);
 
 /* ---- placements --------------------------------------------------------------------------- */
 
@@ -159,6 +218,7 @@ typedef struct ep_status {
     uint64_t entries_sent;        /* (token, expert) entries dispatched by this rank */
     uint64_t experts_loaded;      /* expert weights loaded for placements */
     uint64_t switches;            /* placements switched to */
+    int nccl;                     /* 1: the dispatch and the combine go over NCCL, 0: over the host comm */
     int failed;
 } ep_status_t;
 void ep_status(const ep_t *ep, ep_status_t *out);

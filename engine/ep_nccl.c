@@ -4,7 +4,19 @@
  * trades with r at the same step, so every pair's send and receive are posted together (one
  * grouped ncclSend/ncclRecv each, bk_nccl_ops_t.xfer) and no rank waits on a peer busy with a third.
  * Both sides of a pair skip a step with nothing either way. Every wait has the exchange's deadline;
- * a failure aborts the communicator. Written for any number of GPUs; not yet run on more than one. */
+ * a failure aborts the communicator.
+ *
+ * It carries the dispatch and the combine only: the step and round headers go over the sockets
+ * the group met on (ep_comm_t.ctrl, set by ep_meet, which also hands the unique id over), whose
+ * descriptors are this comm's poll_fds, so a rank with no rows learns of a peer's step in its poll
+ * loop and every NCCL exchange starts with every rank agreed on its sizes.
+ *
+ * Known limits: the buffers are staged through the host on both sides (engine/ep.c packs the
+ * dispatch and adds the combine on the host, as for the sockets). Written for any number of GPUs;
+ * its exchange logic runs on the CPU against a stand-in for the NCCL hooks (tests/unit/test_ep_meet.c);
+ * not yet run on two GPUs. */
+#include <poll.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -19,6 +31,23 @@ typedef struct {
     bk_comm_t *comm;
 } ep_nccl_t;
 
+/* 1 when a peer's ctrl socket says it closed (a rank killed mid-exchange): NCCL itself may not
+ * notice before the deadline. Never blocks. */
+static int s_peer_gone(const ep_comm_t *c)
+{
+    int fds[EP_MAX_RANKS];
+    struct pollfd pf[EP_MAX_RANKS];
+    const int n = c->ctrl && c->ctrl->ops->poll_fds ? c->ctrl->ops->poll_fds(c->ctrl, fds) : 0;
+    for (int i = 0; i < n; i++)
+        pf[i] = (struct pollfd){.fd = fds[i], .events = POLLRDHUP};
+    if (n <= 0 || poll(pf, (nfds_t)n, 0) <= 0)
+        return 0;
+    for (int i = 0; i < n; i++)
+        if (pf[i].revents & (POLLRDHUP | POLLHUP | POLLERR))
+            return 1;
+    return 0;
+}
+
 static void s_nap(void)
 {
     struct timespec ts = {0, 20000};
@@ -32,6 +61,8 @@ static int s_exchange(ep_comm_t *c, const void *const *send, const size_t *send_
     const int n = c->n_ranks, me = c->rank;
     const int64_t end = deadline_ms < 0 ? -1 : now_ns() + (int64_t)deadline_ms * 1000000;
     int64_t last = -1;
+    char peers[160] = "";         /* the ranks traded with, for an error */
+    size_t pk = 0;
     if (!s->comm)
         return errf(err, errlen, "rank %d: the NCCL communicator was aborted", me);
     if (send_n[me] || recv_n[me])
@@ -46,6 +77,8 @@ static int s_exchange(ep_comm_t *c, const void *const *send, const size_t *send_
             int64_t t = s->nc->xfer(s->comm, p, &sp, send_n[p] ? 1 : 0, &rp, recv_n[p] ? 1 : 0, why, sizeof why);
             if (t >= 0) {
                 last = t;
+                if (pk + 8 < sizeof peers)
+                    pk += (size_t)snprintf(peers + pk, sizeof peers - pk, "%s%d", pk ? ", " : "", p);
                 break;
             }
             if (s->nc->comm_poll(s->comm, why, sizeof why) < 0 || (end >= 0 && now_ns() > end)) {
@@ -55,14 +88,19 @@ static int s_exchange(ep_comm_t *c, const void *const *send, const size_t *send_
             s_nap();
         }
     }
-    while (last >= 0) {
+    for (unsigned spin = 1; last >= 0; spin++) {
         char why[256];
         int k = s->nc->xfer_poll(s->comm, last, why, sizeof why);
         if (k == 1)
             break;
+        if (k == 0 && spin % 64 == 0 && s_peer_gone(c)) {
+            s->nc->comm_abort(&s->comm);
+            return errf(err, errlen, "rank %d: NCCL exchange with rank(s) %s not complete: a peer's connection "
+                        "closed (it has gone)", me, peers);
+        }
         if (k < 0 || (end >= 0 && now_ns() > end)) {
             s->nc->comm_abort(&s->comm);
-            return errf(err, errlen, "rank %d: NCCL exchange not complete%s: %s", me,
+            return errf(err, errlen, "rank %d: NCCL exchange with rank(s) %s not complete%s: %s", me, peers,
                         k < 0 ? "" : " by its deadline", k < 0 ? why : "a rank is gone or stalled");
         }
         s_nap();
@@ -75,12 +113,21 @@ static void s_destroy(ep_comm_t *c)
     ep_nccl_t *s = (ep_nccl_t *)c;
     if (s->comm)
         s->nc->comm_abort(&s->comm);
+    if (c->ctrl)
+        c->ctrl->ops->destroy(c->ctrl);
     free(s);
 }
 
-static const ep_comm_ops_t s_ops = {.name = "NCCL", .device = 1, .exchange = s_exchange, .destroy = s_destroy};
+/* The ctrl sockets' descriptors: a peer's step header (or its going away) arrives there. */
+static int s_poll_fds(const ep_comm_t *c, int *fds)
+{
+    return c->ctrl && c->ctrl->ops->poll_fds ? c->ctrl->ops->poll_fds(c->ctrl, fds) : 0;
+}
 
-ep_comm_t *ep_nccl_new(backend_t *be, const uint8_t *id, int rank, int n_ranks, char *err, size_t errlen)
+static const ep_comm_ops_t s_ops = {.name = "NCCL", .device = 1, .exchange = s_exchange, .destroy = s_destroy,
+                                    .poll_fds = s_poll_fds};
+
+ep_comm_t *ep_nccl_new(backend_t *be, const uint8_t *id, int rank, int n_ranks, int init_ms, char *err, size_t errlen)
 {
     const bk_nccl_ops_t *nc = be->ops->nccl;
     if (!nc) {
@@ -105,14 +152,17 @@ ep_comm_t *ep_nccl_new(backend_t *be, const uint8_t *id, int rank, int n_ranks, 
         free(s);
         return NULL;
     }
-    const int64_t end = now_ns() + (int64_t)EP_FIRST_DEADLINE_MS * 1000000;
+    const int64_t end = now_ns() + (int64_t)(init_ms > 0 ? init_ms : EP_FIRST_DEADLINE_MS) * 1000000;
     for (;;) {
         int k = nc->comm_poll(s->comm, why, sizeof why);
         if (k == 1)
             break;
         if (k < 0 || now_ns() > end) {
-            errf(err, errlen, "expert parallelism: NCCL rank %d of %d: %s", rank, n_ranks,
-                 k < 0 ? why : "the communicator did not come up (a rank never joined)");
+            if (k < 0)
+                errf(err, errlen, "expert parallelism: NCCL rank %d of %d: %s", rank, n_ranks, why);
+            else
+                errf(err, errlen, "expert parallelism: NCCL rank %d of %d: the communicator did not come up within "
+                     "%d ms (a rank never joined)", rank, n_ranks, init_ms);
             s_destroy(&s->base);
             return NULL;
         }

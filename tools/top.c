@@ -93,7 +93,7 @@ static size_t s_tiers(const msg_stats_t *st, char *buf, size_t cap)
  * actor's life (first table), then the serving view of the actors that serve (second table), then
  * with all_metrics every metric by name. */
 /* Experts: each decode worker's expert-parallel group (ranks, the placement in use and the one
- * loading, switches, experts moved) and the expert-balancer's view: its epoch, pushes, per-layer
+ * loading, switches, experts moved, the transport of its dispatch and combine) and the expert-balancer's view: its epoch, pushes, per-layer
  * busiest/average rank load in order -> placed, the shown layer's load share per expert and the
  * experts each rank holds in the latest placement. */
 static size_t s_experts(const msg_stats_t *rows, uint32_t n_rows, char *buf, size_t cap)
@@ -105,8 +105,8 @@ static size_t s_experts(const msg_stats_t *rows, uint32_t n_rows, char *buf, siz
         if (!s_has(st, "ep_ranks"))
             continue;
         if (!groups++)
-            n += (size_t)snprintf(buf + n, cap - n, "\n%-18s %5s %6s %8s %8s %9s %7s %10s\n", "EXPERT GROUP", "RANKS",
-                                  "EPOCH", "PENDING", "LOADING", "SWITCHES", "MOVED", "ENTRIES");
+            n += (size_t)snprintf(buf + n, cap - n, "\n%-18s %5s %6s %8s %8s %9s %7s %10s %5s\n", "EXPERT GROUP", "RANKS",
+                                  "EPOCH", "PENDING", "LOADING", "SWITCHES", "MOVED", "ENTRIES", "XPORT");
         n += (size_t)snprintf(buf + n, cap - n, "%-18s", st->name);
         n += s_col(buf + n, cap - n, st, "ep_ranks", 5, 0);
         n += s_col(buf + n, cap - n, st, "ep_epoch", 6, 0);
@@ -115,7 +115,8 @@ static size_t s_experts(const msg_stats_t *rows, uint32_t n_rows, char *buf, siz
         n += s_col(buf + n, cap - n, st, "ep_switches_total", 9, 0);
         n += s_col(buf + n, cap - n, st, "ep_experts_loaded_total", 7, 0);
         n += s_col(buf + n, cap - n, st, "ep_entries_total", 10, 0);
-        n += (size_t)snprintf(buf + n, cap - n, "\n");
+        n += (size_t)snprintf(buf + n, cap - n, " %5s\n", !s_has(st, "ep_transport_nccl") ? "-"
+                              : s_metric(st, "ep_transport_nccl", 0) > 0 ? "nccl" : "sock");
     }
     for (uint32_t i = 0; i < n_rows && n + 2048 < cap; i++) {
         const msg_stats_t *st = &rows[i];

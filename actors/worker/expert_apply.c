@@ -131,4 +131,5 @@ void expert_apply_stats(actor_t *a, msg_stats_t *st, const ep_t *ep)
     actor_stat_metric(a, st, "ep_switches_total", (double)s.switches, 1);
     actor_stat_metric(a, st, "ep_experts_loaded_total", (double)s.experts_loaded, 1);
     actor_stat_metric(a, st, "ep_entries_total", (double)s.entries_sent, 1);
+    actor_stat_metric(a, st, "ep_transport_nccl", s.nccl, 0);   /* 1: dispatch/combine over NCCL, 0: sockets */
 }

@@ -31,7 +31,8 @@ int expert_placement_decode(const msg_expert_placement_t *p, int n_ranks, int mo
 int expert_apply(ep_t *ep, const model_t *m, const msg_expert_placement_t *p, char *err, size_t errlen);
 
 /* The group's state in the worker's stats: ep_ranks, ep_epoch, ep_pending_epoch, ep_loading_layers,
- * ep_switches_total, ep_experts_loaded_total, ep_entries_total. Nothing without a group. */
+ * ep_switches_total, ep_experts_loaded_total, ep_entries_total, ep_transport_nccl (1: the dispatch
+ * and the combine go over NCCL, 0: over unix sockets). Nothing without a group. */
 void expert_apply_stats(actor_t *a, msg_stats_t *st, const ep_t *ep);
 
 #endif

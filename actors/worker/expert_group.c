@@ -17,6 +17,10 @@
 
 #define EG_FD_BASE 200            /* a rank's socket towards rank p is fd EG_FD_BASE + p */
 #define EG_MEET_MS 120000         /* members meeting at start: every one has loaded its model by then */
+#define EG_CHOOSE_MS 30000        /* each exchange of the transport's choice, once the members have met */
+#define EG_NCCL_INIT_MS 15000     /* the group's NCCL communicator up, then its check trade, each within this:
+                                     one node's init takes seconds, and the fallback must fit the
+                                     supervisor's ready timeout (60 s by default) */
 
 extern char **environ;
 
@@ -25,6 +29,7 @@ struct expert_group {
     int member;                   /* 1: one of ep topology instances (rendezvous); 0: rank 0 of spawned ranks */
     char name[TOPO_NAME_MAX];     /* member: the group's name, its rank 0 instance's */
     char dir[TOPO_PATH_MAX];      /* member: where the ranks meet (the topology's run_dir) */
+    int device;                   /* member: its GPU's ordinal (the backend's cuda:N), -1 on the CPU backend */
     ep_keep_t keep;
     pid_t pids[EP_MAX_RANKS];
     int fds[EP_MAX_RANKS];        /* rank 0's ends */
@@ -179,6 +184,7 @@ expert_group_t *expert_group_member(const topo_t *t, const topo_instance_t *self
         if (t->instances[i].actor == self->actor && t->instances[i].index == first)
             snprintf(g->name, sizeof g->name, "%s", t->instances[i].name);
     snprintf(g->dir, sizeof g->dir, "%s", t->endpoints.run_dir);
+    g->device = t->model.backend == TOPO_BACKEND_CUDA ? (self->gpu > 0 ? self->gpu : 0) : -1;   /* as worker_load's cuda:N */
     g->keep = (ep_keep_t){.rank = rank, .n_ranks = n, .n_experts = n_experts};
     spec->model.expert_keep = ep_keep_initial;
     spec->model.expert_ctx = &g->keep;
@@ -190,11 +196,22 @@ int expert_group_attach(expert_group_t *g, engine_t *eng, char *err, size_t errl
 {
     if (g->member) {
         ep_comm_t *c = ep_sock_rendezvous(g->dir, g->name, g->keep.rank, g->n, EG_MEET_MS, err, errlen);
-        if (!c || !(g->ep = ep_new(eng->model, eng->ck, c, err, errlen)))
+        if (!c)
+            return -1;
+        LOG_I("expert-parallel group %s: all %d ranks connected", g->name, g->n);
+        /* NCCL for the dispatch and the combine where every rank is on its own GPU, else the
+         * sockets (ep_meet). */
+        const ep_meet_opts_t mo = {.group = g->name, .want = getenv("TROUPE_EP_TRANSPORT"), .device = g->device,
+                                   .visible = getenv("CUDA_VISIBLE_DEVICES"), .meet_ms = EG_CHOOSE_MS,
+                                   .init_ms = EG_NCCL_INIT_MS};
+        char why[400];
+        if (!(c = ep_meet(c, eng->be, &mo, why, sizeof why, err, errlen)) ||
+            !(g->ep = ep_new(eng->model, eng->ck, c, err, errlen)))
             return -1;
         if (g->exit_on_fail)
             ep_on_fail(g->ep, s_on_fail, g);
-        LOG_I("expert-parallel group %s: all %d ranks connected", g->name, g->n);
+        LOG_I("expert-parallel group %s: rank %d of %d, transport %s (%s)", g->name, g->keep.rank, g->n,
+              c->ops->device ? "nccl" : "sock", why);
         return 0;
     }
     ep_comm_t *c = ep_sock_new(0, g->n, g->fds, err, errlen);

@@ -3,7 +3,10 @@
  *   - members: ep decode instances of the topology (actors[].ep: instances index g*ep ..
  *     g*ep+ep-1 form group g, rank = index mod ep), each a whole worker with its own requests, KV
  *     pool and steps, started by the supervisor; they meet at start by ep_sock_rendezvous in the
- *     topology's run_dir (the group named after its rank 0 instance). A member with no rows takes
+ *     topology's run_dir (the group named after its rank 0 instance), then pick the transport
+ *     (ep_meet: NCCL for the dispatch and the combine when every rank is on its own GPU of a CUDA
+ *     backend with NCCL and TROUPE_EP_TRANSPORT is not sock; the sockets otherwise, and when NCCL
+ *     does not come up; logged, and ep_transport_nccl in the stats). A member with no rows takes
  *     part in its peers' steps from its loop (expert_group_idle, woken by expert_group_watch), and
  *     the members drain together (expert_group_drained);
  *   - spawned: the process is rank 0 and starts ranks 1..n-1 as troupe-expert-rank processes that
