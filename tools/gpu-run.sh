@@ -23,8 +23,10 @@ status=0
 # troupe process of the machine (the scenario scripts it starts are not signalled by a timeout):
 # meant for the GPU node, where it is the only user.
 s_stop_clusters() {
-  pkill -TERM -f "build/bin/troupe-supervisor" 2>/dev/null && sleep 3
-  pkill -KILL -f "build/bin/troupe-" 2>/dev/null
+  # Programs only (the command's first word is a troupe binary): a make of another tree whose
+  # targets name build/bin/troupe-* must survive this one's exit.
+  pkill -TERM -f "^[^ ]*build/bin/troupe-supervisor" 2>/dev/null && sleep 3
+  pkill -KILL -f "^[^ ]*build/bin/troupe-" 2>/dev/null
   return 0
 }
 trap 's_stop_clusters' EXIT
