@@ -20,8 +20,49 @@
 # of at most 8 rows a step round their experts as one process at batch 1 does (f32 activations), so
 # the groups here must be exact with the defaults; before, 16 entries took bf16 activations and
 # kjv-deepseek's prompt 2 flipped a routing near-tie at token 19 (H200, 2026-12-03).
+# GPUS=N (BACKEND=cuda, NODE_GPUS >= N): rank r of every group on GPU r mod N (the prefill worker on
+# GPU 0), so a group of at most N ranks has each rank on its own GPU and must run its dispatch and
+# combine over NCCL, a larger one shares GPUs and keeps the unix sockets: every group's ranks'
+# ep_transport_nccl is checked against that (on the CPU, and with one GPU, always the sockets).
+# E.g. BACKEND=cuda GPUS=2 NODE_GPUS=2 EP_SIZES="2 4": the group of 2 over NCCL, of 4 over sockets.
 . "$(dirname "$0")/lib.sh"
 MODELS=${TROUPE_MODELS:-$ROOT/../shared/models}
+GPUS=${GPUS:-1}
+# ep_gpus N: the decode instances' GPUs for a group of N (exported as DECODE_GPUS for
+# make_topology); with one GPU the topology's default (every worker on GPU 0), as before.
+ep_gpus() {
+  if [ "${BACKEND:-cpu}" = cuda ] && [ "$GPUS" -ge 2 ]; then
+    local s="" r
+    for ((r = 0; r < $1; r++)); do s+="${s:+, }$((r % GPUS))"; done
+    export DECODE_GPUS="[$s]"
+  else
+    unset DECODE_GPUS
+  fi
+}
+# ep_transport TOPO N: every rank of the group of N shows the transport it must have chosen
+# (ep_transport_nccl 1 when each rank has its own GPU on CUDA, else 0), else fail, with the ranks'
+# log lines saying what they chose and why.
+ep_transport() {
+  local want=0
+  if [ "${BACKEND:-cpu}" = cuda ] && [ "$GPUS" -ge 2 ] && [ "$2" -le "$GPUS" ]; then want=1; fi
+  PYTHONPATH="$ROOT/tests/scenario${PYTHONPATH:+:$PYTHONPATH}" /usr/bin/python3 - "$BIN" "$1" "$2" "$want" <<'PY' \
+    || { grep -E "expert-parallel group .*(transport|NCCL)" "$WORK/supervisor.log" | tail -8; fail "ep_transport_nccl"; }
+import subprocess, sys, time
+from servelib import top, metric
+bin_dir, topo, n, want = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+got = []
+for _ in range(50):   # each rank's stats arrive every second
+    try:
+        d = top(bin_dir, topo)
+        got = [int(metric(d[f"decode-{r}"], "ep_transport_nccl")) for r in range(n)]
+        break
+    except (KeyError, subprocess.CalledProcessError):
+        time.sleep(0.2)
+assert got == [want] * n, f"ep_transport_nccl per rank {got}, expected {[want] * n} ({'nccl' if want else 'sock'})"
+print(f"ep_transport_nccl per rank: {got} ({'nccl' if want else 'sock'})")
+PY
+  grep -E "expert-parallel group .* transport (nccl|sock)" "$WORK/supervisor.log" | head -1 | sed 's/^.*\(expert-parallel group\)/\1/'
+}
 # ranks_served TOPO N: every decode-R (R < N; "decode" when N is 1) has finished a request
 # (troupe-top), else fail.
 ranks_served() {
@@ -75,9 +116,11 @@ for dir in "${cases[@]}"; do
   done
   for n in ${EP_SIZES:-2 4}; do
     note "$name, expert-parallel group of $n"
+    ep_gpus "$n"
     MODEL_PATH=$dir N_PREFILL=1 N_DECODE=$n DECODE_EP=$n make_topology "$WORK/$name-$n.yaml" "limits:" \
       "  prefill_chunk_tokens: 8" "  max_batch: 16"
     start_cluster "$WORK/$name-$n.yaml"
+    [ "$n" -lt 2 ] || ep_transport "$WORK/$name-$n.yaml" "$n"
     ep=$(grep 'client:' "$WORK/$name-$n.yaml" | awk '{print $2}')
     PYTHONPATH="$ROOT/tests/scenario${PYTHONPATH:+:$PYTHONPATH}" /usr/bin/python3 - "$ep" "$BIN" "$WORK/$name.generate" "$PROMPTS" <<'PY'
 import sys, threading
@@ -116,6 +159,7 @@ if [ -f "$MODELS/kjv-deepseek/config.json" ]; then
   # DeepSeek's MTP layer runs on each rank alone (its experts loaded whole, engine/mla_load.c); the
   # verify steps are ordinary group steps. Lossless: the same greedy tokens, and drafts accepted.
   note "MTP speculation in a group (kjv-deepseek, group of 2, TROUPE_SPECULATION=mtp:3)"
+  ep_gpus 2
   MODEL_PATH=$MODELS/kjv-deepseek N_PREFILL=1 N_DECODE=2 DECODE_EP=2 make_topology "$WORK/mtp.yaml" "limits:" \
     "  prefill_chunk_tokens: 8" "  max_batch: 16"
   # fixed: the draft-scheduler's policy would turn speculation off where it does not pay (spec_mtp_exact.sh)
@@ -126,6 +170,7 @@ if [ -f "$MODELS/kjv-deepseek/config.json" ]; then
   # path up to 64 rows (max_batch 16 x 4) here, so the check compares like arithmetic with like;
   # the groups above, whose ranks have at most 8 rows a step, run the defaults. (The CPU ignores it.)
   TROUPE_CUDA_MOE_GROUPED_MIN_M=65 TROUPE_SPECULATION=mtp:3 TROUPE_SPEC_POLICY=fixed start_cluster "$WORK/mtp.yaml"
+  ep_transport "$WORK/mtp.yaml" 2
   ep=$(grep 'client:' "$WORK/mtp.yaml" | awk '{print $2}')
   PYTHONPATH="$ROOT/tests/scenario${PYTHONPATH:+:$PYTHONPATH}" /usr/bin/python3 - "$ep" "$BIN" "$WORK/mtp.yaml" \
     "$WORK/kjv-deepseek.generate" "$PROMPTS" <<'PY'
@@ -166,10 +211,12 @@ fi
 
 note "placements while serving (qwen3-moe-f32, group of 4, a window of 4 steps, a placement every 2 windows)"
 dir=$ROOT/tests/fixtures/models/qwen3-moe-f32
+ep_gpus 4
 MODEL_PATH=$dir N_PREFILL=1 N_DECODE=4 DECODE_EP=4 make_topology "$WORK/place.yaml" "limits:" \
   "  prefill_chunk_tokens: 8" "  max_batch: 16" "experts:" "  window_steps: 4" "  interval_steps: 8" \
   "  redundant_slots: 1"
 start_cluster "$WORK/place.yaml"
+ep_transport "$WORK/place.yaml" 4
 ep=$(grep 'client:' "$WORK/place.yaml" | awk '{print $2}')
 PYTHONPATH="$ROOT/tests/scenario${PYTHONPATH:+:$PYTHONPATH}" /usr/bin/python3 - "$ep" "$BIN" "$WORK/place.yaml" \
   "$WORK/qwen3-moe-f32.generate" "$PROMPTS" <<'PY'
@@ -231,9 +278,11 @@ stop_cluster
 dir=$ROOT/tests/fixtures/models/qwen3-moe-f32
 for n in 2 4; do
 note "kill -9 of one rank while 8 requests stream on every rank (qwen3-moe-f32, group of $n)"
+ep_gpus "$n"
 MAX_RESTARTS=10 MODEL_PATH=$dir N_PREFILL=1 N_DECODE=$n DECODE_EP=$n make_topology "$WORK/kill-$n.yaml" "limits:" \
   "  max_batch: 16"
 start_cluster "$WORK/kill-$n.yaml"
+ep_transport "$WORK/kill-$n.yaml" "$n"
 ep=$(grep 'client:' "$WORK/kill-$n.yaml" | awk '{print $2}')
 PYTHONPATH="$ROOT/tests/scenario${PYTHONPATH:+:$PYTHONPATH}" /usr/bin/python3 - "$ep" "$BIN" "$WORK/kill-$n.yaml" \
   "$WORK/qwen3-moe-f32.generate" "$PROMPTS" "$n" <<'PY'
