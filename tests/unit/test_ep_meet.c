@@ -13,7 +13,10 @@
  * (with the reason naming the rank) when a communicator never comes up, is refused, or its check
  * trade gets a wrong byte; a required NCCL failing the group; a silent peer and a stalled exchange
  * ending at their deadlines, a peer gone mid-exchange ending it at once; and whatever was chosen then moves every byte of an all-to-all of
- * uneven sizes (some pairs empty) between 2 and 4 ranks. */
+ * uneven sizes (some pairs empty) between 2 and 4 ranks. Then whole groups of 2 and 4 ranks of
+ * qwen3-moe-f32 (threads, a CPU engine each holding its experts): every logit over the NCCL comm
+ * (ep.c staging the dispatch and combine through "device" buffers, the headers over the sockets)
+ * equals the same group's over the sockets, bit for bit. */
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -27,7 +30,9 @@
 #include <cmocka.h>
 
 #include "common/util.h"
+#include "engine/engine_open.h"
 #include "engine/ep.h"
+#include "engine/kvcache.h"
 #include "kernels/backend.h"
 
 #define MAXR 8
@@ -671,6 +676,148 @@ static void test_nccl_exchange_peer_gone(void **state)
     assert_true(now_ns() - t0 < 5ll * 1000000000);
 }
 
+/* ---- a whole group over the stand-in ------------------------------------------------------------ */
+
+#define G_STEPS 6
+#define G_SEQS 3
+
+typedef struct {
+    int rank, n;
+    engine_t *e;
+    int fds[MAXR];
+    const char *want;             /* TROUPE_EP_TRANSPORT */
+    float *lg;                    /* [G_STEPS][rows][V] */
+    int nccl;                     /* ep_status's */
+    uint64_t entries;
+    char err[800];
+} grank_t;
+
+static int s_grows(int rank) { return rank == 0 ? G_SEQS : rank == 1 ? 1 : 2; }
+
+/* One rank's group life: meet, its own sequences through G_STEPS forwards (each a group step: a
+ * 5-token prompt then one-row steps), a done step with every rank, then the comm goes. */
+static void *s_grank_main(void *arg)
+{
+    grank_t *k = arg;
+    char err[300], why[600];
+    ep_comm_t *c = ep_sock_new(k->rank, k->n, k->fds, err, sizeof err);
+    const ep_meet_opts_t o = {.group = "decode-0", .want = k->want, .device = k->rank, .meet_ms = 5000,
+                              .init_ms = 5000};
+    ep_t *ep = NULL;
+    if (!c || !(c = ep_meet(c, k->e->be, &o, why, sizeof why, k->err, sizeof k->err)) ||
+        !(ep = ep_new(k->e->model, k->e->ck, c, k->err, sizeof k->err)))
+        return NULL;
+    const int V = k->e->cfg.vocab_size, ns = s_grows(k->rank);
+    kvseq_t *kv[G_SEQS];
+    model_seq_t q[G_SEQS];
+    for (int s = 0; s < ns; s++) {
+        int32_t p[5];
+        for (int i = 0; i < 5; i++)
+            p[i] = (k->rank * 53 + s * 29 + i * 7 + 1) % V;
+        kv[s] = kvseq_new(k->e->pool, 64, 0);
+        kvseq_append(kv[s], p, 5);
+        q[s] = (model_seq_t){.kv = kv[s], .n_new = 5};
+    }
+    for (int step = 0; step < G_STEPS; step++) {
+        model_batch_t b = {.n_seqs = ns, .seqs = q};
+        if (model_forward(k->e->model, &b, k->e->logits, err, sizeof err) != 0) {
+            snprintf(k->err, sizeof k->err, "rank %d, step %d: %s", k->rank, step, err);
+            break;
+        }
+        memcpy(k->lg + (size_t)step * ns * V, k->e->logits, (size_t)ns * V * sizeof(float));
+        for (int s = 0; s < ns; s++) {
+            kvseq_publish(kv[s]);
+            const int32_t t = (step * 11 + s * 3 + k->rank) % V;
+            kvseq_append(kv[s], &t, 1);
+            q[s].n_new = 1;
+        }
+    }
+    if (!k->err[0] && (ep_join(ep, 1) != 0 || !ep_all_done(ep)))
+        snprintf(k->err, sizeof k->err, "rank %d: the done step did not end the group", k->rank);
+    ep_status_t st;
+    ep_status(ep, &st);
+    k->nccl = st.nccl;
+    k->entries = st.entries_sent;
+    for (int s = 0; s < ns; s++)
+        kvseq_destroy(&kv[s]);
+    ep_destroy(&ep);
+    return NULL;
+}
+
+/* n ranks (threads) of qwen3-moe-f32 on CPU backends with the stand-in's NCCL hooks, over the
+ * transport `want` asks for; lg[r] gets rank r's logits. */
+static void s_group(int n, engine_t **e, const char *want, float **lg, int want_nccl)
+{
+    s_fake_reset();
+    int pairs[MAXR * MAXR];
+    char err[200];
+    assert_int_equal(ep_sock_pairs(n, pairs, err, sizeof err), 0);
+    grank_t k[MAXR];
+    memset(k, 0, sizeof k);
+    pthread_t th[MAXR];
+    for (int r = 0; r < n; r++) {
+        k[r] = (grank_t){.rank = r, .n = n, .e = e[r], .want = want, .lg = lg[r]};
+        for (int p = 0; p < n; p++)
+            k[r].fds[p] = p == r ? -1 : pairs[r * n + p];
+        assert_int_equal(pthread_create(&th[r], NULL, s_grank_main, &k[r]), 0);
+    }
+    for (int r = 0; r < n; r++)
+        pthread_join(th[r], NULL);
+    for (int r = 0; r < n; r++) {
+        if (k[r].err[0])
+            fail_msg("over %s: %s", want, k[r].err);
+        assert_int_equal(k[r].nccl, want_nccl);
+        assert_true(k[r].entries > 0);
+    }
+}
+
+/* A group's every logit over the NCCL comm (the stand-in: ep.c's device staging of the dispatch
+ * and combine, the headers over ctrl) equals the same group over the sockets, bit for bit; ranks
+ * of 3, 1 and 2 rows. */
+static void test_group_nccl_equals_sockets(void **state)
+{
+    (void)state;
+    for (int n = 2; n <= 4; n *= 2) {   /* qwen3-moe-f32's 8 experts over 2 and 4 ranks */
+        engine_t *e[MAXR];
+        ep_keep_t keep[MAXR];
+        backend_ops_t ops[MAXR];
+        float *lg[2][MAXR];
+        for (int r = 0; r < n; r++) {
+            char err[600];
+            engine_spec_t sp;
+            engine_spec_default(&sp);
+            sp.threads = 1;
+            assert_non_null(sp.be = backend_new("cpu", 1, err, sizeof err));
+            ops[r] = *sp.be->ops;
+            ops[r].nccl = &s_fake;
+            sp.be->ops = &ops[r];
+            assert_non_null(e[r] = engine_new("tests/fixtures/models/qwen3-moe-f32", err, sizeof err));
+            keep[r] = (ep_keep_t){.rank = r, .n_ranks = n, .n_experts = e[r]->cfg.num_experts};
+            sp.model = (model_opts_t){.max_tokens = 32, .max_seqs = G_SEQS, .max_context = 64, .kv_block_size = 16,
+                                      .expert_keep = ep_keep_initial, .expert_ctx = &keep[r]};
+            sp.kv_blocks = 16;
+            if (engine_load(e[r], &sp, err, sizeof err) != ENGINE_OK)
+                fail_msg("rank %d: %s", r, err);
+            const size_t cnt = (size_t)G_STEPS * s_grows(r) * e[r]->cfg.vocab_size;
+            lg[0][r] = calloc(cnt, sizeof(float));
+            lg[1][r] = calloc(cnt, sizeof(float));
+        }
+        s_group(n, e, "nccl", lg[0], 1);
+        s_group(n, e, "sock", lg[1], 0);
+        for (int r = 0; r < n; r++) {
+            const size_t cnt = (size_t)G_STEPS * s_grows(r) * e[r]->cfg.vocab_size;
+            if (memcmp(lg[0][r], lg[1][r], cnt * sizeof(float)) != 0)
+                fail_msg("group of %d, rank %d: logits over the NCCL comm differ from the sockets'", n, r);
+            free(lg[0][r]);
+            free(lg[1][r]);
+            backend_t *be = e[r]->be;
+            engine_destroy(&e[r]);
+            be->ops = s_cpu->ops;   /* its own ops to be destroyed by */
+            backend_destroy(&be);
+        }
+    }
+}
+
 int main(void)
 {
     srand(12345);
@@ -682,6 +829,7 @@ int main(void)
         cmocka_unit_test(test_meet_init_refused),   cmocka_unit_test(test_meet_check_corrupt),
         cmocka_unit_test(test_meet_required),       cmocka_unit_test(test_meet_peer_silent),
         cmocka_unit_test(test_nccl_exchange_deadline), cmocka_unit_test(test_nccl_exchange_peer_gone),
+        cmocka_unit_test(test_group_nccl_equals_sockets),
     };
     return cmocka_run_group_tests(tests, s_setup, s_teardown);
 }
