@@ -229,6 +229,12 @@ int spec_explore_next(spec_explore_t *e, int batch, const spec_cost_t *seen)
     }
     if (at < e->one_next[b])
         return -1;
+    if (e->credit < 0) {   /* due, but the last pairs are not paid for yet: it goes once they are */
+        e->held += !e->one_held[b];
+        e->one_held[b] = 1;
+        return -1;
+    }
+    e->one_held[b] = 0;
     if (s_loses_by_far(seen, b)) {
         if (e->one_every[b] < SPEC_EXPLORE_ONE_MAX) {
             e->one_every[b] *= 2;
@@ -240,6 +246,20 @@ int spec_explore_next(spec_explore_t *e, int batch, const spec_cost_t *seen)
     e->one_next[b] = at + e->one_every[b];
     e->one_left = 1;
     return 1;
+}
+
+void spec_explore_cycle(spec_explore_t *e, int explored, double seconds)
+{
+    if (!(seconds > 0))
+        return;
+    if (explored) {
+        e->credit -= seconds;
+        e->explore_seconds += seconds;
+        return;
+    }
+    e->credit += (e->share > 0 ? e->share : SPEC_EXPLORE_SHARE) * seconds;
+    e->credit = e->credit > 0 ? 0 : e->credit;   /* nothing saved up: no burst after a quiet stretch */
+    e->other_seconds += seconds;
 }
 
 double spec_cost_tokens_per_row(const spec_cost_t *c, int bucket, int k)

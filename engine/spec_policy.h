@@ -176,6 +176,18 @@ int spec_plain_guard_slow(spec_plain_guard_t *g, double seconds);
                                        * never below SPEC_EXPLORE_CATCH_UP a row: a step where drafting
                                        * resumes costs one draft forward of at most 512 positions (its
                                        * greedy drafts then come from the device: engine/spec_draft.c) */
+/* The exploration budget: one-draft pairs take at most this share of the worker's decode-only
+ * time. Every other decode-only cycle earns the share of its seconds, every exploration cycle
+ * spends its own (measured, the draft model's catch-up included), and a bucket's pair that is due
+ * waits while the balance is below zero; nothing is saved up beyond zero. So over any stretch of
+ * a run exploration takes at most share x the other cycles' time plus one pair, whatever the
+ * buckets, their intervals or the cost of a pair. Why: the intervals above count steps, not time,
+ * and an exploration step of a draft model whose policy is off costs several plain ones (it
+ * catches up on the context first). On one H200 (kjv-dense with kjv-draft, 2026-12-03, 720ee79,
+ * policy off at every bucket) the timed run's 32 exploration steps took 1.975 ms a cycle against
+ * 0.364 ms for its 3,354 off steps, 5% of its decode-only time, and the scheduled entry ran
+ * 0.925-1.056x of no speculation. TROUPE_SPEC_EXPLORE_SHARE overrides it (in (0, 1]). */
+#define SPEC_EXPLORE_SHARE      0.01
 
 typedef struct spec_explore {
     uint64_t steps;                          /* decode-only steps asked about */
@@ -184,6 +196,11 @@ typedef struct spec_explore {
     uint32_t one_every[SPEC_COST_BATCHES];   /* the bucket's interval (0: not set yet, the start) */
     int one_left;                            /* one-draft steps left in the pair under way */
     uint64_t backoffs;                       /* explorations that doubled an interval */
+    double share;                            /* the budget's share (0: SPEC_EXPLORE_SHARE) */
+    double credit;                           /* seconds exploration may still spend (<= 0: spec_explore_cycle) */
+    uint8_t one_held[SPEC_COST_BATCHES];     /* the bucket's due pair waits for the budget */
+    uint64_t held;                           /* pairs that waited for the budget */
+    double explore_seconds, other_seconds;   /* the cycles reported: exploration's, and the rest */
 } spec_explore_t;
 
 /* Tokens per second a measured cell gave (its counted steps' tokens over its steps' time); -1
@@ -191,8 +208,13 @@ typedef struct spec_explore {
 double spec_cost_cell_rate(const spec_cost_t *c, int bucket, int k);
 /* For a decode-only step of `batch` rows: -1 (ask as the policy says), or the drafts every row
  * asks for and verifies in this exploration step (0 or 1). seen: the worker's own measured cells
- * (decaying), which decide the back-off; NULL: never back off. */
+ * (decaying), which decide the back-off; NULL: never back off. A one-draft pair that is due waits
+ * while the budget is spent (SPEC_EXPLORE_SHARE, spec_explore_cycle). */
 int spec_explore_next(spec_explore_t *e, int batch, const spec_cost_t *seen);
+/* A decode-only cycle of `seconds` ended; explored: it was a one-draft exploration step (a step
+ * spec_explore_next answered 1 for). Feeds the budget (SPEC_EXPLORE_SHARE); a worker that never
+ * reports its cycles explores by the intervals alone. */
+void spec_explore_cycle(spec_explore_t *e, int explored, double seconds);
 
 /* The policy, what draft_policy carries (messages/msg.h). */
 typedef struct spec_policy_bucket {

@@ -45,10 +45,27 @@ int spec_client_scheduled_from_env(char *err, size_t errlen)
     return errf(err, errlen, "TROUPE_SPEC_POLICY '%s': expected scheduled or fixed", v);
 }
 
+int spec_client_explore_share_from_env(double *share, char *err, size_t errlen)
+{
+    *share = SPEC_EXPLORE_SHARE;
+    const char *v = getenv("TROUPE_SPEC_EXPLORE_SHARE");
+    if (!v || !*v)
+        return 0;
+    char *end;
+    const double x = strtod(v, &end);
+    if (*end || !(x > 0 && x <= 1))   /* 0 would never explore: the policy could not turn drafting on */
+        return errf(err, errlen, "TROUPE_SPEC_EXPLORE_SHARE '%s': expected a share of decode time in (0, 1]", v);
+    *share = x;
+    return 0;
+}
+
 spec_client_t *spec_client_new(actor_t *a, int default_k, int has_dist, char *err, size_t errlen)
 {
     const int scheduled = spec_client_scheduled_from_env(err, errlen);
     if (scheduled < 0)
+        return NULL;
+    double share;
+    if (spec_client_explore_share_from_env(&share, err, errlen) != 0)
         return NULL;
     spec_client_t *c = calloc(1, sizeof *c);
     if (!c) {
@@ -64,6 +81,7 @@ spec_client_t *spec_client_new(actor_t *a, int default_k, int has_dist, char *er
         snprintf(c->scheduler, sizeof c->scheduler, "%s", ds->name);
     c->win_start_ms = now_ms();
     c->chosen_mean = c->default_k;
+    c->explore.share = share;
     return c;
 }
 
@@ -148,6 +166,11 @@ int spec_client_explore(spec_client_t *c, int batch)
     if (!c->scheduled || !c->scheduler[0])
         return -1;
     return spec_explore_next(&c->explore, batch, &c->seen);
+}
+
+void spec_client_cycle(spec_client_t *c, int explored, double seconds)
+{
+    spec_explore_cycle(&c->explore, explored, seconds);
 }
 
 int spec_client_keep(spec_client_t *c, int batch, const float *probs, int n)
@@ -261,4 +284,6 @@ void spec_client_stats(spec_client_t *c, actor_t *a, msg_stats_t *st)
     actor_stat_metric(a, st, "spec_reports_dropped_total", (double)c->reports_dropped, 1);
     actor_stat_metric(a, st, "spec_policies_total", (double)c->policies, 1);
     actor_stat_metric(a, st, "spec_explore_backoffs_total", (double)c->explore.backoffs, 1);
+    actor_stat_metric(a, st, "spec_explore_share", c->explore.share, 0);
+    actor_stat_metric(a, st, "spec_explore_held_total", (double)c->explore.held, 1);
 }

@@ -35,6 +35,9 @@ typedef struct spec_client spec_client_t;
  * reports; it applies a policy handed to spec_client_on_policy all the same. */
 /* TROUPE_SPEC_POLICY: 1 scheduled (unset, "" or "scheduled"), 0 fixed, -1 with why naming it. */
 int spec_client_scheduled_from_env(char *err, size_t errlen);
+/* TROUPE_SPEC_EXPLORE_SHARE into share (unset or "": SPEC_EXPLORE_SHARE): 0, or -1 with why
+ * naming it when it is not a number in (0, 1]. */
+int spec_client_explore_share_from_env(double *share, char *err, size_t errlen);
 spec_client_t *spec_client_new(actor_t *a, int default_k, int has_dist, char *err, size_t errlen);
 void spec_client_destroy(spec_client_t **self_p);
 
@@ -53,8 +56,13 @@ float spec_client_stop_below(const spec_client_t *c, int batch);
  * of this step asks for and verifies, whatever the policy (spec_explore_next: two plain steps in
  * 2 x SPEC_EXPLORE_EVERY, two one-draft steps in SPEC_EXPLORE_ONE_EVERY steps of the batch
  * bucket, backing off where this worker's measured cells say drafting loses by far there), while
- * a draft-scheduler is there to learn from them (not with TROUPE_SPEC_POLICY=fixed). */
+ * a draft-scheduler is there to learn from them (not with TROUPE_SPEC_POLICY=fixed); a due
+ * one-draft pair waits while exploration has spent its share of the decode time
+ * (TROUPE_SPEC_EXPLORE_SHARE, default SPEC_EXPLORE_SHARE: engine/spec_policy.h). */
 int spec_client_explore(spec_client_t *c, int batch);
+/* A decode-only step's whole cycle took seconds; explored: it was a one-draft exploration step.
+ * What the exploration budget earns and spends (spec_explore_cycle). */
+void spec_client_cycle(spec_client_t *c, int explored, double seconds);
 /* Of the n drafts a row got, with their probabilities probs (NULL: a point mass), how many it
  * verifies (<= n). */
 int spec_client_keep(spec_client_t *c, int batch, const float *probs, int n);
@@ -71,7 +79,8 @@ int spec_client_active(const spec_client_t *c);
 /* spec_policy_active, spec_policy_epoch, spec_chosen_verify_len (mean drafts per row the policy,
  * or the default, let rows verify since the last stats), spec_reports_total,
  * spec_policies_total, spec_explore_backoffs_total (explorations that doubled a bucket's
- * one-draft interval). */
+ * one-draft interval), spec_explore_share (the budget's share of decode time),
+ * spec_explore_held_total (due one-draft pairs that waited for the budget). */
 void spec_client_stats(spec_client_t *c, actor_t *a, msg_stats_t *st);
 
 #endif

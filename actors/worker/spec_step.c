@@ -526,13 +526,16 @@ void spec_step_done(spec_step_t *s, const sched_batch_t *b)
 
 static void s_cycle(spec_step_t *s, double seconds)
 {
-    if (s->last_kind >= 0 && s->last_rows >= 1) {
-        s->n.steps[s->last_kind]++;
-        s->n.seconds[s->last_kind] += seconds;
+    const int kind = s->last_kind;
+    if (kind >= 0 && s->last_rows >= 1) {
+        s->n.steps[kind]++;
+        s->n.seconds[kind] += seconds;
     }
     s->last_kind = -1;
     if (!s->policy || s->last_rows < 1)
         return;
+    /* every decode-only cycle, left out of the cost table or not: the budget is of time spent */
+    spec_client_cycle(s->policy, kind == SPEC_STEP_EXPLORE, seconds);
     if (s->last_rows == 1 && seconds > 1e-3)
         s->slow1[s->last_k > 0]++;
     if (s->last_rows == 1 && s->last_k == 0) {   /* where the batch-1 plain cell's time goes */

@@ -994,6 +994,146 @@ static void test_explore_inherits_from_smaller_bucket(void **state)
     assert_int_equal(e4.backoffs, 0);
 }
 
+/* A decode worker whose policy drafts nothing, step by step: each decode-only step asks
+ * spec_explore_next; a plain step's cycle is plain_s, a one-draft exploration's first step (the
+ * draft model's catch-up) first_s and its second second_s, each row's draft accepted at the rate
+ * `accept`. Its own cells (`seen`, decaying as the client's) and acceptance are what a worker and
+ * its draft-scheduler would hold, the catch-up step left out as spec_cost_leave_out says. */
+typedef struct s_sim {
+    spec_explore_t e;
+    spec_cost_t seen;
+    spec_accept_t acc;
+    int budget;                  /* reports its cycles (spec_explore_cycle); 0: the worker before the budget */
+    int prev_asked, pair_step;   /* the step before asked for drafts; steps into the exploration under way */
+    double acc_carry;            /* acceptance spread evenly over the drafts */
+    double explore_s, other_s;   /* cycles of exploration steps, and of the rest */
+    int explore_steps;
+} s_sim_t;
+
+static void s_sim_step(s_sim_t *w, int batch, double plain_s, double first_s, double second_s, double accept)
+{
+    const int x = spec_explore_next(&w->e, batch, &w->seen), asked = x > 0;
+    w->pair_step = asked ? w->pair_step + 1 : 0;
+    const double sec = !asked ? plain_s : w->pair_step % 2 ? first_s : second_s;
+    long emitted = batch;
+    for (int r = 0; asked && r < batch; r++) {
+        w->acc_carry += accept;
+        const int ok = w->acc_carry >= 1;
+        w->acc_carry -= ok;
+        spec_accept_record(&w->acc, 1, ok, NULL);
+        emitted += ok;
+    }
+    if (!spec_cost_leave_out(1, w->prev_asked, asked)) {
+        spec_cost_record_step(&w->seen, batch, asked, emitted, sec);
+        if (w->seen.steps[spec_cost_bucket(batch)][asked] > 4000)
+            spec_cost_decay(&w->seen);
+    }
+    w->prev_asked = asked;
+    if (w->budget)
+        spec_explore_cycle(&w->e, asked, sec);
+    if (asked) {
+        w->explore_s += sec;
+        w->explore_steps++;
+    } else {
+        w->other_s += sec;
+    }
+}
+
+/* The bench's levels (concurrency 1, 16, 64, 96; 9 rounds of 128 tokens a request, warm-up
+ * included, closed loop): the batch ramps up through every bucket to the level's concurrency,
+ * stays there but for the requests that end and are replaced (a row or three fewer one step in
+ * four), and ramps down. Cycles about as on one H200 (kjv-dense with kjv-draft, 2026-12-03,
+ * 720ee79, the policy off everywhere): a plain step 0.15 ms + 2.5 us a row (0.39 ms at 96); an
+ * exploration step that plus 0.12 ms + 30 us a row, the draft model's catch-up growing with the
+ * rows (0.30 ms at batch 1, 3.4 ms at 96); 78% of one-draft rows accepted. So drafting is close to paying at batch 1 (0.9x: no back-off) and
+ * loses by far from batch 2 on. */
+static double s_plain_s(int b) { return (0.15 + 0.0025 * b) * 1e-3; }
+static double s_explore_s(int b) { return s_plain_s(b) + (0.12 + 0.03 * b) * 1e-3; }
+
+static void s_sim_levels(s_sim_t *w)
+{
+    static const int conc[] = {1, 16, 64, 96};
+    for (int l = 0; l < 4; l++) {
+        const int C = conc[l];
+        for (int b = 1; b < C; b++)
+            s_sim_step(w, b, s_plain_s(b), s_explore_s(b), s_explore_s(b), 0.78);
+        for (int i = 0; i < 9 * 128; i++) {
+            const int b = C > 3 && i % 4 == 0 ? C - 1 - i % 3 : C;
+            s_sim_step(w, b, s_plain_s(b), s_explore_s(b), s_explore_s(b), 0.78);
+        }
+        for (int b = C - 1; b >= 1; b -= 3)
+            s_sim_step(w, b, s_plain_s(b), s_explore_s(b), s_explore_s(b), 0.78);
+    }
+}
+
+/* On that run the timed part's 32 exploration steps took 1.975 ms a cycle against 0.364 ms for
+ * its 3,354 off steps, 5% of the decode-only time, and the scheduled entry ran 0.925-1.056x of no
+ * speculation. By the intervals alone (two steps in 64 of a bucket, backing off to 1,024 where
+ * drafting loses by far) batch 1 explores 2 in 64 at twice a plain step's cost, and every bucket
+ * a ramp passes through starts at 64: over the levels above 2.5% of the time. With the budget,
+ * exploration takes at most SPEC_EXPLORE_SHARE of the other cycles' time plus one pair, over the
+ * run and over any stretch of it, and still explores. */
+static void test_explore_budget_bounds_time(void **state)
+{
+    (void)state;
+    const double plain = 0.364e-3, explore = 1.975e-3, pair = 2 * s_explore_s(96);
+    s_sim_t *old = calloc(1, sizeof *old), *w = calloc(1, sizeof *w);
+    assert_non_null(old);
+    assert_non_null(w);
+    s_sim_levels(old);
+    assert_true(old->explore_s > SPEC_EXPLORE_SHARE * old->other_s + pair);   /* the bound below, broken */
+    w->budget = 1;
+    s_sim_levels(w);
+    assert_true(w->explore_s <= SPEC_EXPLORE_SHARE * w->other_s + pair);
+    assert_true(w->explore_steps >= 8);   /* it still explores, a few pairs over the run */
+    assert_true(w->e.held > 0);
+    assert_true(fabs(w->e.explore_seconds - w->explore_s) < 1e-9 && fabs(w->e.other_seconds - w->other_s) < 1e-9);
+    /* A larger share bounds at that share (TROUPE_SPEC_EXPLORE_SHARE). */
+    memset(w, 0, sizeof *w);
+    w->budget = 1;
+    w->e.share = 0.03;
+    s_sim_levels(w);
+    assert_true(w->explore_s <= 0.03 * w->other_s + pair);
+    assert_true(w->explore_s > SPEC_EXPLORE_SHARE * w->other_s + pair);
+    /* Over every stretch of the run, not only the whole: no credit saved in a quiet stretch. */
+    memset(w, 0, sizeof *w);
+    w->budget = 1;
+    for (int i = 0; i < 20000; i++)   /* a long stretch at 96, where drafting loses, backs off to 1,024 */
+        s_sim_step(w, 96, plain, explore, explore, 0.3);
+    const double e0 = w->explore_s, o0 = w->other_s;
+    for (int i = 0; i < 4000; i++)   /* then batch sizes it never saw: every bucket's first pair comes */
+        s_sim_step(w, 1 + i % 48, plain, explore, explore, 0.3);
+    assert_true(w->explore_s - e0 <= SPEC_EXPLORE_SHARE * (w->other_s - o0) + 2 * explore);
+    free(old);
+    free(w);
+}
+
+/* Where drafting pays (batch 1: plain steps 0.2 ms, the exploration's catch-up step 0.8 ms, a
+ * one-draft step 0.25 ms for 1.8 tokens: 7,200 tokens/s against 5,000), the budget slows the
+ * exploration but does not stop it: no back-off, and the policy computed from what it measured
+ * turns drafting on at batch 1, its exploration within the budget all the while. */
+static void test_explore_budget_still_turns_on(void **state)
+{
+    (void)state;
+    s_sim_t *w = calloc(1, sizeof *w);
+    assert_non_null(w);
+    w->budget = 1;
+    int on_at = -1;
+    for (int i = 1; i <= 40000 && on_at < 0; i++) {
+        s_sim_step(w, 1, 0.2e-3, 0.8e-3, 0.25e-3, 0.8);
+        spec_policy_t p = {.epoch = 1};
+        char why[128];
+        if (i % 256 == 0 && spec_policy_compute(&w->acc, &w->seen, 4, 1, &p, why, sizeof why) == 0 &&
+            spec_policy_bucket(&p, 1)->max_draft > 0)
+            on_at = i;
+    }
+    assert_true(on_at > 0);
+    assert_int_equal(w->e.backoffs, 0);
+    assert_true(w->explore_s <= SPEC_EXPLORE_SHARE * w->other_s + 2 * 0.8e-3);
+    assert_true(w->explore_steps >= SPEC_POLICY_MIN_SAMPLES);   /* a draft a step: the acceptance it needed */
+    free(w);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1023,6 +1163,8 @@ int main(void)
         cmocka_unit_test(test_mtp_batch1_plain_measured),
         cmocka_unit_test(test_cost_from_own_drafting_cells),
         cmocka_unit_test(test_explore_inherits_from_smaller_bucket),
+        cmocka_unit_test(test_explore_budget_bounds_time),
+        cmocka_unit_test(test_explore_budget_still_turns_on),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

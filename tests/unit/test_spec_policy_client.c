@@ -115,12 +115,42 @@ static void test_fixed_and_bad_knob(void **state)
     spec_client_destroy(&c);
 }
 
+/* TROUPE_SPEC_EXPLORE_SHARE: the exploration budget's share of decode time, SPEC_EXPLORE_SHARE
+ * unset; a share outside (0, 1] or not a number refuses the worker, naming the variable (0 would
+ * never explore, so the policy could never turn drafting on). */
+static void test_explore_share_knob(void **state)
+{
+    (void)state;
+    char err[256];
+    double share = -1;
+    unsetenv("TROUPE_SPEC_EXPLORE_SHARE");
+    assert_int_equal(spec_client_explore_share_from_env(&share, err, sizeof err), 0);
+    assert_true(share == SPEC_EXPLORE_SHARE);
+    setenv("TROUPE_SPEC_EXPLORE_SHARE", "0.05", 1);
+    assert_int_equal(spec_client_explore_share_from_env(&share, err, sizeof err), 0);
+    assert_true(share == 0.05);
+    static const char *const bad[] = {"0", "-0.01", "1.5", "one", "0.01x", "nan"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        setenv("TROUPE_SPEC_EXPLORE_SHARE", bad[i], 1);
+        assert_int_equal(spec_client_explore_share_from_env(&share, err, sizeof err), -1);
+        assert_non_null(strstr(err, "TROUPE_SPEC_EXPLORE_SHARE"));
+        assert_null(spec_client_new(NULL, 4, 1, err, sizeof err));
+        assert_non_null(strstr(err, bad[i]));
+    }
+    unsetenv("TROUPE_SPEC_EXPLORE_SHARE");
+    spec_client_t *c = spec_client_new(NULL, 4, 1, err, sizeof err);
+    assert_non_null(c);
+    spec_client_cycle(c, 1, 1e-3);   /* fed whether or not a scheduler is there to explore for */
+    spec_client_destroy(&c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_default_policy_and_expiry),
         cmocka_unit_test(test_confidence_rows),
         cmocka_unit_test(test_fixed_and_bad_knob),
+        cmocka_unit_test(test_explore_share_knob),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
