@@ -252,6 +252,13 @@ if m:
               m.get("spec_plain1_in_stretch_steps_total", 0), m.get("spec_plain1_in_stretch_ms", 0),
               m.get("spec_plain1_slow_steps_total", 0), m.get("spec_draft1_slow_steps_total", 0),
               m.get("spec_cost_steps_skipped_total", 0), m.get("spec_explore_backoffs_total", 0)))
+    # The exploration budget (engine/spec_policy.h SPEC_EXPLORE_SHARE): its share of the timed
+    # run's decode-only time against the budget's, and the pairs that waited for it (whole run).
+    w = window("sched")
+    if w and w.get("decode_only_cycle_seconds_total", 0) > 0:
+        print("sched: exploration %.2f%% of the timed run's decode-only time (budget %.2f%%); pairs held for the "
+              "budget %d" % (100 * w.get("spec_explore_seconds_total", 0) / w["decode_only_cycle_seconds_total"],
+                             100 * m.get("spec_explore_share", 0), m.get("spec_explore_held_total", 0)))
 PY
 if [ -s "$OUT/policy-sched.log" ] && [ -x "$B/bin/troupe-spec-policy-replay" ]; then
   echo "the draft-scheduler's last policy computation ($OUT/policy-sched.log):"
