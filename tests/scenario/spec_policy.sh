@@ -89,6 +89,12 @@ try:
     print("computed policy:", {k: metric(d, k) for k in ("reports_total", "policy_epoch", "spec_acceptance_rate",
                                                         "survival_pos0", "verify_len_batch1", "verify_len_batch16",
                                                         "min_confidence_batch1")})
+    # The exploration budget is in force at every worker (engine/spec_policy.h SPEC_EXPLORE_SHARE).
+    for a in workers():
+        assert metric(a, "spec_explore_share") == 0.01, f"{a['name']}: no exploration budget of 0.01: {a}"
+        print(a["name"], "exploration:", {k: metric(a, k) for k in (
+            "spec_explore_steps_total", "spec_explore_seconds_total", "decode_only_cycle_seconds_total",
+            "spec_explore_held_total")})
 finally:
     stop.set()
     for t in ts: t.join()
