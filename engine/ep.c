@@ -86,6 +86,19 @@ struct ep {
     /* device staging when the comm moves device memory */
     void *d_sstage, *d_rstage;
     size_t d_sstage_cap, d_rstage_cap;
+    /* dev_pack (s_dev_round): the dispatch packed, exchanged, computed and combined in device memory */
+    int dev_pack;                 /* 1: a device comm (NCCL) and TROUPE_EP_DEVICE_PACK is not 0 */
+    int32_t *h_rows, *h_pslot;    /* [T*k] packed order: each entry's token, its slot on its rank */
+    float *h_pw;                  /* [T*k] packed order: its routing weight */
+    int32_t *h_crow;              /* [1 + k][T] combine: the zero row, then the packed entry of token t's
+                                     j-th expert in id order */
+    int32_t *h_chk;               /* [entries received] slots read back for checking */
+    float *h_zero;                /* [H] zeros: the combine's starting row */
+    size_t h_pack_cap, h_crow_cap, h_chk_cap, h_zero_cap;
+    float *d_pack, *d_recv;       /* per rank a block (s_blk): x [n][H], w [n], slot [n] (int32) */
+    float *d_resin, *d_tmp;       /* [my entries][H] results back, in packed order; [T][H] */
+    int32_t *d_rows, *d_crow;     /* [T*k]; [1 + k][T] (row 0: the zero row's index) */
+    size_t d_pack_cap, d_recv_cap, d_resin_cap, d_tmp_cap, d_rows_cap, d_crow_cap;   /* bytes */
 };
 
 /* ---- placements ---------------------------------------------------------------------------- */
@@ -599,6 +612,11 @@ ep_t *ep_new(model_t *m, ckpt_t *ck, ep_comm_t *comm, char *err, size_t errlen)
     free(tab);
     ep->st.rank = ep->rank;
     ep->st.n_ranks = ep->n;
+    /* A device comm moves device memory: keep the dispatch there unless told not to (the host
+     * staging path, TROUPE_EP_DEVICE_PACK=0, is the sockets' arithmetic over the device comm). */
+    const char *dp = getenv("TROUPE_EP_DEVICE_PACK");
+    const backend_ops_t *bo = m->be->ops;
+    ep->dev_pack = comm->ops->device && bo->gather_rows && bo->add && bo->copy && !(dp && strcmp(dp, "0") == 0);
     m->ep = ep;
     return ep;
 oom:
@@ -613,10 +631,17 @@ static void s_free(ep_t *ep)
 {
     const backend_ops_t *op = ep->m->be->ops;
     backend_t *be = ep->m->be;
-    void *const dev[7] = {ep->d_x, ep->d_w, ep->d_out, ep->d_ids, ep->d_scratch, ep->d_sstage, ep->d_rstage};
-    for (int i = 0; i < 7; i++)
+    void *const dev[13] = {ep->d_x,     ep->d_w,      ep->d_out,  ep->d_ids,   ep->d_scratch, ep->d_sstage, ep->d_rstage,
+                           ep->d_pack,  ep->d_recv,   ep->d_resin, ep->d_tmp,  ep->d_rows,    ep->d_crow};
+    for (int i = 0; i < 13; i++)
         if (dev[i])
             op->free(be, dev[i]);
+    free(ep->h_rows);
+    free(ep->h_pslot);
+    free(ep->h_pw);
+    free(ep->h_crow);
+    free(ep->h_chk);
+    free(ep->h_zero);
     s_plan_free(ep, &ep->cur);
     s_plan_free(ep, &ep->next);
     free(ep->prop);
@@ -832,6 +857,205 @@ void ep_on_fail(ep_t *ep, void (*cb)(void *ctx, const char *error), void *ctx)
     ep->fail_ctx = ctx;
 }
 
+/* Token t's k entries in ascending expert id (order[j] is the j-th), the order moe_ffn adds them
+ * in; returns how many (k, at most 64). */
+static int s_expert_order(const ep_t *ep, int t, int *order)
+{
+    const int k = ep->k, kk = k < 64 ? k : 64;
+    for (int j = 0; j < kk; j++)
+        order[j] = j;
+    for (int a = 1; a < kk; a++)   /* insertion sort by expert id */
+        for (int b = a; b > 0 && ep->h_ids[(size_t)t * k + order[b]] < ep->h_ids[(size_t)t * k + order[b - 1]]; b--) {
+            int x = order[b];
+            order[b] = order[b - 1];
+            order[b - 1] = x;
+        }
+    return kk;
+}
+
+/* dev_pack's host arrays for n entries. */
+static int s_grow_pack(ep_t *ep, size_t n)
+{
+    if (n <= ep->h_pack_cap)
+        return 0;
+    int32_t *r = realloc(ep->h_rows, n * sizeof(int32_t)), *sl;
+    if (r)
+        ep->h_rows = r;
+    sl = realloc(ep->h_pslot, n * sizeof(int32_t));
+    if (sl)
+        ep->h_pslot = sl;
+    float *w = realloc(ep->h_pw, n * sizeof(float));
+    if (w)
+        ep->h_pw = w;
+    if (!r || !sl || !w)
+        return -1;
+    ep->h_pack_cap = n;
+    return 0;
+}
+
+/* A device buffer of at least `bytes` (its contents are not kept). */
+static int s_dgrow(ep_t *ep, void **p, size_t *cap, size_t bytes)
+{
+    if (bytes <= *cap)
+        return 0;
+    const backend_ops_t *op = ep->m->be->ops;
+    if (*p)
+        op->free(ep->m->be, *p);
+    *cap = 0;
+    if (!(*p = op->alloc(ep->m->be, bytes)))
+        return -1;
+    *cap = bytes;
+    return 0;
+}
+
+/* dev_pack's block of n entries: x [n][H], then w [n], then slot [n] (int32), each part at a
+ * multiple of EP_DEV_ALIGN floats (256 bytes: the experts' kernels may load x by vectors). Both
+ * sides of an exchange compute it from the header's count. */
+#define EP_DEV_ALIGN 64
+static size_t s_al(size_t n) { return (n + EP_DEV_ALIGN - 1) / EP_DEV_ALIGN * EP_DEV_ALIGN; }
+static size_t s_blk(size_t n, size_t H) { return s_al(n * H) + 2 * s_al(n); }
+
+/* One exchange of device buffers over the group's device comm; a rank's own part is a device copy
+ * (the NCCL comm never sends to itself). */
+static int s_xchg_dev(ep_t *ep, const char *what, void *const *send, const size_t *sn, void *const *recv,
+                      const size_t *rn)
+{
+    const int me = ep->rank;
+    size_t sn2[EP_MAX_RANKS], rn2[EP_MAX_RANKS];
+    char why[400];
+    if (sn[me] != rn[me])
+        return s_fail(ep, what, "a rank sends itself other than it expects");
+    if (sn[me] && ep->m->be->ops->copy(ep->m->be, recv[me], send[me], sn[me]) < 0)
+        return s_fail(ep, what, "cannot copy this rank's own part");
+    for (int r = 0; r < ep->n; r++) {
+        sn2[r] = r == me ? 0 : sn[r];
+        rn2[r] = r == me ? 0 : rn[r];
+    }
+    if (ep->comm->ops->exchange(ep->comm, (const void *const *)send, sn2, recv, rn2, EP_ROUND_DEADLINE_MS, why,
+                                sizeof why) < 0)
+        return s_fail(ep, what, why);
+    return 0;
+}
+
+/* The MoE part of a round on the device (dev_pack), after the headers: this rank's entries are
+ * gathered from xn by token into one block per rank (ent, h_rows, h_pslot, h_pw in packed order,
+ * cnt[r] of them from first[r]), exchanged, each sender's block run through the experts where it
+ * landed (moe_ffn_as with the sender's rows, as s_compute), the results sent back, and delta [T][H]
+ * made from zeros by gathering each token's j-th result in expert id order and adding it: the
+ * host combine's additions in the host combine's order, so the same bits. Only the routing, the small index
+ * arrays and the received slots (checked) cross to the host. */
+static int s_dev_round(ep_t *ep, int l, int T, const float *xn, const size_t *cnt, const size_t *first,
+                       const ep_hdr_t *theirs, float *delta)
+{
+    const backend_ops_t *op = ep->m->be->ops;
+    backend_t *be = ep->m->be;
+    const size_t H = (size_t)ep->H, k = (size_t)ep->k, n_ent = (size_t)T * k;
+    const ep_lplan_t *q = &ep->cur.l[l];
+    size_t sb[EP_MAX_RANKS], rb[EP_MAX_RANKS], st = 0, rt = 0, n_in = 0, n_from[EP_MAX_RANKS];
+    for (int r = 0; r < ep->n; r++) {
+        n_from[r] = theirs[r].n_entries;
+        sb[r] = st;
+        rb[r] = rt;
+        st += s_blk(cnt[r], H);
+        rt += s_blk(n_from[r], H);
+        n_in += n_from[r];
+    }
+    if (s_dgrow(ep, (void **)&ep->d_pack, &ep->d_pack_cap, (st ? st : 1) * sizeof(float)) < 0 ||
+        s_dgrow(ep, (void **)&ep->d_recv, &ep->d_recv_cap, (rt ? rt : 1) * sizeof(float)) < 0 ||
+        s_dgrow(ep, (void **)&ep->d_rows, &ep->d_rows_cap, (n_ent ? n_ent : 1) * sizeof(int32_t)) < 0 ||
+        s_dgrow(ep, (void **)&ep->d_resin, &ep->d_resin_cap, (n_ent + 1) * H * sizeof(float)) < 0 ||
+        s_dev_grow(ep, n_in ? n_in : 1) < 0)
+        return s_fail(ep, "dispatch", "out of device memory");
+    /* Pack: rank r's block gets its entries' hidden states (gathered by token), weights, slots. */
+    if (n_ent && op->upload(be, ep->d_rows, ep->h_rows, n_ent * sizeof(int32_t)) < 0)
+        return s_fail(ep, "dispatch", "cannot upload the packing order");
+    void *s[EP_MAX_RANKS], *r[EP_MAX_RANKS];
+    size_t sn[EP_MAX_RANKS], rn[EP_MAX_RANKS];
+    for (int p = 0; p < ep->n; p++) {
+        float *blk = ep->d_pack + sb[p];
+        const size_t c = cnt[p];
+        if (c) {
+            op->gather_rows(be, xn, ep->d_rows + first[p], (int)c, ep->H, blk);
+            if (op->upload(be, blk + s_al(c * H), ep->h_pw + first[p], c * sizeof(float)) < 0 ||
+                op->upload(be, blk + s_al(c * H) + s_al(c), ep->h_pslot + first[p], c * sizeof(int32_t)) < 0)
+                return s_fail(ep, "dispatch", "cannot upload the entries' weights and slots");
+        }
+        s[p] = blk;
+        sn[p] = c ? s_blk(c, H) * sizeof(float) : 0;
+        r[p] = ep->d_recv + rb[p];
+        rn[p] = n_from[p] ? s_blk(n_from[p], H) * sizeof(float) : 0;
+    }
+    if (s_xchg_dev(ep, "dispatch", s, sn, r, rn) < 0)
+        return -1;
+    /* The slots a peer sent index this rank's experts: read back and checked before any kernel
+     * uses them. */
+    if (s_grow((void **)&ep->h_chk, &ep->h_chk_cap, (n_in ? n_in : 1) * sizeof(int32_t)) < 0)
+        return s_fail(ep, "experts", "out of memory");
+    size_t o = 0;
+    for (int p = 0; p < ep->n; o += n_from[p], p++) {
+        const size_t c = n_from[p];
+        if (c && op->download(be, ep->h_chk + o, ep->d_recv + rb[p] + s_al(c * H) + s_al(c), c * sizeof(int32_t)) < 0)
+            return s_fail(ep, "experts", "cannot read the received slots");
+    }
+    for (size_t i = 0; i < n_in; i++)
+        if (ep->h_chk[i] < 0 || ep->h_chk[i] >= ep->cur.spr)
+            return s_fail(ep, "experts", "an entry for a slot this rank does not have");
+    o = 0;
+    for (int p = 0; p < ep->n; o += n_from[p], p++) {
+        const size_t c = n_from[p];
+        if (!c)
+            continue;
+        const float *blk = ep->d_recv + rb[p];
+        const int32_t *sl = (const int32_t *)(blk + s_al(c * H) + s_al(c));
+        if (op->moe_ffn_as)
+            op->moe_ffn_as(be, blk, (int)c, ep->H, sl, blk + s_al(c * H), 1, q->local, ep->cur.spr, ep->d_scratch,
+                           ep->d_out + o * H, (int)ep->step_rows[p]);
+        else
+            op->moe_ffn(be, blk, (int)c, ep->H, sl, blk + s_al(c * H), 1, q->local, ep->cur.spr, ep->d_scratch,
+                        ep->d_out + o * H);
+    }
+    /* Combine: the results back to their senders, into d_resin in packed order. */
+    o = 0;
+    for (int p = 0; p < ep->n; o += n_from[p], p++) {
+        s[p] = ep->d_out + o * H;
+        sn[p] = n_from[p] * H * sizeof(float);
+        r[p] = ep->d_resin + first[p] * H;
+        rn[p] = cnt[p] * H * sizeof(float);
+    }
+    if (s_xchg_dev(ep, "combine", s, sn, r, rn) < 0)
+        return -1;
+    if (T == 0)
+        return 0;
+    /* delta = each token's results in ascending expert order, from zero: a row of zeros (row
+     * n_ent of d_resin) gathered for every token, then the j-th result of every token gathered
+     * and added, so delta[t] = ((0 + res_0) + res_1) + ... exactly as the host loop adds them
+     * (0 + -0.0 is +0.0: starting from res_0 itself would differ in a zero's sign). */
+    int order[64];
+    const int kk = ep->k < 64 ? ep->k : 64;
+    const size_t rows = (size_t)(kk + 1) * (size_t)T;
+    if (s_grow((void **)&ep->h_crow, &ep->h_crow_cap, rows * sizeof(int32_t)) < 0 ||
+        s_grow((void **)&ep->h_zero, &ep->h_zero_cap, H * sizeof(float)) < 0 ||
+        s_dgrow(ep, (void **)&ep->d_crow, &ep->d_crow_cap, rows * sizeof(int32_t)) < 0 ||
+        s_dgrow(ep, (void **)&ep->d_tmp, &ep->d_tmp_cap, (size_t)T * H * sizeof(float)) < 0)
+        return s_fail(ep, "combine", "out of memory");
+    memset(ep->h_zero, 0, H * sizeof(float));
+    for (int t = 0; t < T; t++) {
+        s_expert_order(ep, t, order);
+        ep->h_crow[t] = (int32_t)n_ent;
+        for (int j = 0; j < kk; j++)
+            ep->h_crow[(size_t)(j + 1) * T + t] = ep->ent[(size_t)t * k + order[j]];
+    }
+    if (op->upload(be, ep->d_resin + n_ent * H, ep->h_zero, H * sizeof(float)) < 0 ||
+        op->upload(be, ep->d_crow, ep->h_crow, rows * sizeof(int32_t)) < 0)
+        return s_fail(ep, "combine", "cannot upload the combine order");
+    op->gather_rows(be, ep->d_resin, ep->d_crow, T, ep->H, delta);
+    for (int j = 1; j <= kk; j++) {
+        op->gather_rows(be, ep->d_resin, ep->d_crow + (size_t)j * T, T, ep->H, ep->d_tmp);
+        op->add(be, delta, ep->d_tmp, T * ep->H);
+    }
+    return 0;
+}
+
 /* One MoE round of this rank's T rows (T may be 0: an entry-less part in a peer's step). xn, ids,
  * w and delta are device memory of the model's backend, NULL when T is 0. */
 static void s_layer(ep_t *ep, int layer, int T, const float *xn, const int32_t *ids, const float *w, float *delta)
@@ -864,16 +1088,21 @@ static void s_layer(ep_t *ep, int layer, int T, const float *xn, const int32_t *
         s_fail(ep, "dispatch", "out of memory");
         return;
     }
-    if (T > 0 && (op->download(be, ep->h_x, xn, (size_t)T * H * sizeof(float)) < 0 ||
+    /* The device path reads only the routing; the host path the hidden states too. */
+    if (T > 0 && ((!ep->dev_pack && op->download(be, ep->h_x, xn, (size_t)T * H * sizeof(float)) < 0) ||
                   op->download(be, ep->h_ids, ids, n_ent * sizeof(int32_t)) < 0 ||
                   op->download(be, ep->h_w, w, n_ent * sizeof(float)) < 0)) {
         s_fail(ep, "dispatch", "cannot read the routing");
         return;
     }
+    if (ep->dev_pack && s_grow_pack(ep, n_ent) < 0) {
+        s_fail(ep, "dispatch", "out of memory");
+        return;
+    }
     /* Each entry's rank: expert e's replicas take turns. Counting pass, then placing pass. */
     const ep_lplan_t *q = &ep->cur.l[layer];
     int32_t *dst = malloc((n_ent ? n_ent : 1) * sizeof(int32_t));
-    size_t cnt[EP_MAX_RANKS] = {0}, off[EP_MAX_RANKS];
+    size_t cnt[EP_MAX_RANKS] = {0}, off[EP_MAX_RANKS], first[EP_MAX_RANKS];
     if (!dst) {
         s_fail(ep, "dispatch", "out of memory");
         return;
@@ -893,18 +1122,24 @@ static void s_layer(ep_t *ep, int layer, int T, const float *xn, const int32_t *
     }
     size_t o = 0;
     for (int r = 0; r < ep->n; r++) {
-        off[r] = o;
+        first[r] = off[r] = o;
         o += cnt[r];
     }
     float *sb = (float *)ep->sbuf;
     for (size_t i = 0; i < n_ent; i++) {
         const int r = dst[i] / spr;
         const size_t at = off[r]++;
-        float *row = sb + at * RF;
         const int32_t local = dst[i] % spr;
-        memcpy(&row[0], &local, sizeof local);
-        row[1] = ep->h_w[i];
-        memcpy(row + 2, ep->h_x + (i / (size_t)k) * H, H * sizeof(float));
+        if (ep->dev_pack) {   /* gathered on the device from xn by token */
+            ep->h_rows[at] = (int32_t)(i / (size_t)k);
+            ep->h_pslot[at] = local;
+            ep->h_pw[at] = ep->h_w[i];
+        } else {
+            float *row = sb + at * RF;
+            memcpy(&row[0], &local, sizeof local);
+            row[1] = ep->h_w[i];
+            memcpy(row + 2, ep->h_x + (i / (size_t)k) * H, H * sizeof(float));
+        }
         ep->ent[i] = (int32_t)at;   /* results come back in the same order, rank by rank */
     }
     free(dst);
@@ -912,30 +1147,29 @@ static void s_layer(ep_t *ep, int layer, int T, const float *xn, const int32_t *
     for (int r = 0; r < ep->n; r++)
         mine[r] = (ep_hdr_t){.magic = EP_MAGIC, .cmd = EP_CMD_MOE, .layer = (uint32_t)layer, .step = ep->step_no,
                              .n_entries = (uint32_t)cnt[r], .epoch = ep->cur.epoch, .ready_epoch = s_my_ready(ep)};
-    if (s_headers(ep, mine, theirs, EP_CMD_MOE, layer, EP_ROUND_DEADLINE_MS) < 0 ||
-        s_moe_round(ep, layer, mine, theirs) < 0)
+    if (s_headers(ep, mine, theirs, EP_CMD_MOE, layer, EP_ROUND_DEADLINE_MS) < 0)
         return;
-    /* Combine: each token's results in ascending expert order, as moe_ffn adds them. */
-    for (int t = 0; t < T; t++) {
-        float *out = ep->h_out + (size_t)t * H;
-        memset(out, 0, H * sizeof(float));
-        int order[64], kk = k < 64 ? k : 64;
-        for (int j = 0; j < kk; j++)
-            order[j] = j;
-        for (int a = 1; a < kk; a++)   /* insertion sort by expert id */
-            for (int b = a; b > 0 && ep->h_ids[(size_t)t * k + order[b]] < ep->h_ids[(size_t)t * k + order[b - 1]]; b--) {
-                int x = order[b];
-                order[b] = order[b - 1];
-                order[b - 1] = x;
+    if (ep->dev_pack) {
+        if (s_dev_round(ep, layer, T, xn, cnt, first, theirs, delta) < 0)
+            return;
+    } else {
+        if (s_moe_round(ep, layer, mine, theirs) < 0)
+            return;
+        /* Combine: each token's results in ascending expert order, as moe_ffn adds them. */
+        for (int t = 0; t < T; t++) {
+            float *out = ep->h_out + (size_t)t * H;
+            memset(out, 0, H * sizeof(float));
+            int order[64];
+            const int kk = s_expert_order(ep, t, order);
+            for (int j = 0; j < kk; j++) {
+                const float *p = ep->res_r + (size_t)ep->ent[(size_t)t * k + order[j]] * H;
+                for (size_t h = 0; h < H; h++)
+                    out[h] += p[h];
             }
-        for (int j = 0; j < kk; j++) {
-            const float *p = ep->res_r + (size_t)ep->ent[(size_t)t * k + order[j]] * H;
-            for (size_t h = 0; h < H; h++)
-                out[h] += p[h];
         }
+        if (T > 0 && op->upload(be, delta, ep->h_out, (size_t)T * H * sizeof(float)) < 0)
+            s_fail(ep, "combine", "cannot write the layer's output");
     }
-    if (T > 0 && op->upload(be, delta, ep->h_out, (size_t)T * H * sizeof(float)) < 0)
-        s_fail(ep, "combine", "cannot write the layer's output");
     ep->st.entries_sent += n_ent;
     for (int r = 0; r < ep->n; r++)
         ep->rank_entries[(size_t)layer * ep->n + r] += cnt[r];

@@ -37,7 +37,11 @@
  *
  * The transport is an ep_comm_t: unix-socket pairs between the processes of one host (ep_sock.c),
  * or NCCL between GPUs (ep_nccl.c) for the dispatch and the combine, with the headers on the
- * sockets (ep_comm_t.ctrl); ep_meet picks one when the group meets. A peer that dies (EOF), a broken header or a deadline ends the
+ * sockets (ep_comm_t.ctrl); ep_meet picks one when the group meets. Over the sockets the dispatch
+ * is packed and the combine added on the host; over NCCL both stay in device memory (gathered by
+ * token into a block per rank, the results gathered back in expert order and added: the host's
+ * additions in the host's order), unless TROUPE_EP_DEVICE_PACK=0 stages them through the host.
+ * A peer that dies (EOF), a broken header or a deadline ends the
  * group: the call fails with the error naming the rank, and the group stays failed. */
 #ifndef TROUPE_ENGINE_EP_H
 #define TROUPE_ENGINE_EP_H

@@ -11,10 +11,13 @@
  * descriptors are this comm's poll_fds, so a rank with no rows learns of a peer's step in its poll
  * loop and every NCCL exchange starts with every rank agreed on its sizes.
  *
- * Known limits: the buffers are staged through the host on both sides (engine/ep.c packs the
- * dispatch and adds the combine on the host, as for the sockets). Written for any number of GPUs;
- * its exchange logic runs on the CPU against a stand-in for the NCCL hooks (tests/unit/test_ep_meet.c);
- * not yet run on two GPUs. */
+ * engine/ep.c keeps the dispatch and the combine in device memory over this comm (s_dev_round:
+ * gathered, exchanged, computed and added on the device; only the routing and index arrays cross
+ * to the host), or with TROUPE_EP_DEVICE_PACK=0 stages them through the host as for the sockets.
+ *
+ * Known limits: written for any number of GPUs; its exchange logic and both of ep.c's paths over
+ * it run on the CPU against a stand-in for the NCCL hooks (tests/unit/test_ep_meet.c); not yet run
+ * on two GPUs. */
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>

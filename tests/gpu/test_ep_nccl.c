@@ -5,14 +5,16 @@
  * This program is rank 0 on cuda:0 and runs itself again as rank 1 on cuda:1 (a fresh process:
  * CUDA does not survive fork). Each loads deepseek-v3-noqlora-bf16 (6 routed experts, 3 a rank:
  * DeepSeekMoE with a shared expert, bf16 experts) with only its experts, meets the other by
- * ep_sock_rendezvous in a temporary folder and ep_meet, twice: first with TROUPE_EP_TRANSPORT=nccl
+ * ep_sock_rendezvous in a temporary folder and ep_meet, three times: with TROUPE_EP_TRANSPORT=nccl
  * (the group must come up on NCCL: ep_status says nccl, else the set-up's error fails the test),
- * then =sock. Each time every rank runs its own sequences (rank 0 four, rank 1 three: steps of
+ * the dispatch kept in device memory (engine/ep.c s_dev_round, the default); again with
+ * TROUPE_EP_DEVICE_PACK=0 (staged through the host); then with =sock. Each time every rank runs its own sequences (rank 0 four, rank 1 three: steps of
  * different rows on the two ranks; a 5-token prompt each, the prompt step on the grouped path,
  * then 8 one-row steps), every forward one step of the group; then both end the group together
- * (a done step). Every logit of every step of each rank must be bit equal between the two
- * transports: the dispatch and the combine move the same bytes and the host adds them in the
- * same order, so any difference is a transport that lost or moved bytes.
+ * (a done step). Every logit of every step of each rank must be bit equal to the sockets' in
+ * both NCCL runs: the same entries reach the same experts, and the combine adds the same results
+ * in the same order (on the device: gathered from zeros and added in expert id order), so a
+ * difference is a transport that lost or moved bytes or a device combine that strayed.
  *
  * One GPU: skipped with "needs 2 GPUs" (NCCL cannot put two ranks on one GPU). An alarm ends the
  * program after ALARM_S: a hang is a failure with a message. */
@@ -113,11 +115,17 @@ static int s_rank(int rank, const char *sockdir, backend_t *be)
     }
     const int V = e->cfg.vocab_size, n = s_seqs(rank);
     const size_t cnt = (size_t)(1 + STEPS) * n * V;
-    float *lg[2] = {malloc(cnt * sizeof(float)), malloc(cnt * sizeof(float))};
-    const char *const want[2] = {"nccl", "sock"};
-    for (int t = 0; t < 2; t++) {
+    float *lg[3] = {malloc(cnt * sizeof(float)), malloc(cnt * sizeof(float)), malloc(cnt * sizeof(float))};
+    /* NCCL with the dispatch kept on the device (the default), NCCL staged through the host
+     * (TROUPE_EP_DEVICE_PACK=0, read by ep_new), the sockets. */
+    const char *const want[3] = {"nccl", "nccl", "sock"};
+    for (int t = 0; t < 3; t++) {
         char group[32], why[600];
-        snprintf(group, sizeof group, "ep-%s", want[t]);
+        snprintf(group, sizeof group, "ep-%s-%d", want[t], t);
+        if (t == 1)
+            setenv("TROUPE_EP_DEVICE_PACK", "0", 1);
+        else
+            unsetenv("TROUPE_EP_DEVICE_PACK");
         ep_comm_t *c = ep_sock_rendezvous(sockdir, group, rank, 2, 60000, err, sizeof err);
         const ep_meet_opts_t o = {.group = group, .want = want[t], .device = rank,
                                   .visible = getenv("CUDA_VISIBLE_DEVICES"), .meet_ms = 30000, .init_ms = 30000};
@@ -130,7 +138,7 @@ static int s_rank(int rank, const char *sockdir, backend_t *be)
         ep_status_t st;
         ep_status(ep, &st);
         printf("rank %d on cuda:%d: group %s: %s; ep_transport_nccl %d\n", rank, rank, group, why, st.nccl);
-        if (st.nccl != (t == 0)) {
+        if (st.nccl != (t < 2)) {
             fprintf(stderr, "rank %d: asked for %s, got ep_transport_nccl %d\n", rank, want[t], st.nccl);
             return 1;
         }
@@ -150,23 +158,25 @@ static int s_rank(int rank, const char *sockdir, backend_t *be)
         ep_destroy(&ep);
     }
     int rc = 0;
-    for (int step = 0; step <= STEPS; step++) {
-        const float *a = lg[0] + (size_t)step * n * V, *b = lg[1] + (size_t)step * n * V;
-        if (memcmp(a, b, (size_t)n * V * sizeof(float)) == 0)
-            continue;
-        float most = 0.0f;
-        for (size_t j = 0; j < (size_t)n * V; j++)
-            most = fabsf(a[j] - b[j]) > most ? fabsf(a[j] - b[j]) : most;
-        fprintf(stderr, "rank %d, %s %d: logits over NCCL differ from the sockets' (largest difference %g)\n", rank,
-                step ? "decode step" : "prompt step", step, (double)most);
-        rc = 1;
-    }
+    for (int v = 0; v < 2; v++)
+        for (int step = 0; step <= STEPS; step++) {
+            const float *a = lg[v] + (size_t)step * n * V, *b = lg[2] + (size_t)step * n * V;
+            if (memcmp(a, b, (size_t)n * V * sizeof(float)) == 0)
+                continue;
+            float most = 0.0f;
+            for (size_t j = 0; j < (size_t)n * V; j++)
+                most = fabsf(a[j] - b[j]) > most ? fabsf(a[j] - b[j]) : most;
+            fprintf(stderr, "rank %d, %s %d: logits over NCCL (%s) differ from the sockets' (largest difference %g)\n",
+                    rank, step ? "decode step" : "prompt step", step, v ? "staged through the host" : "on the device",
+                    (double)most);
+            rc = 1;
+        }
     if (rc == 0)
-        printf("rank %d: %d sequences, %d steps: every logit bit equal over NCCL and over the sockets\n", rank, n,
-               1 + STEPS);
+        printf("rank %d: %d sequences, %d steps: every logit bit equal over NCCL (on the device, and staged through "
+               "the host) and over the sockets\n", rank, n, 1 + STEPS);
     fflush(stdout);
-    free(lg[0]);
-    free(lg[1]);
+    for (int v = 0; v < 3; v++)
+        free(lg[v]);
     engine_destroy(&e);
     return rc;
 }

@@ -15,8 +15,8 @@
  * ending at their deadlines, a peer gone mid-exchange ending it at once; and whatever was chosen then moves every byte of an all-to-all of
  * uneven sizes (some pairs empty) between 2 and 4 ranks. Then whole groups of 2 and 4 ranks of
  * qwen3-moe-f32 (threads, a CPU engine each holding its experts): every logit over the NCCL comm
- * (ep.c staging the dispatch and combine through "device" buffers, the headers over the sockets)
- * equals the same group's over the sockets, bit for bit. */
+ * (the dispatch packed, exchanged and combined in the backend's buffers, or staged through the
+ * host; the headers over the sockets) equals the same group's over the sockets, bit for bit. */
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -771,9 +771,10 @@ static void s_group(int n, engine_t **e, const char *want, float **lg, int want_
     }
 }
 
-/* A group's every logit over the NCCL comm (the stand-in: ep.c's device staging of the dispatch
- * and combine, the headers over ctrl) equals the same group over the sockets, bit for bit; ranks
- * of 3, 1 and 2 rows. */
+/* A group's every logit over the NCCL comm (the stand-in; the headers over ctrl) equals the same
+ * group over the sockets, bit for bit, with the dispatch packed, computed and combined in the
+ * backend's buffers (ep.c s_dev_round, the default on a device comm) and with it staged through
+ * the host (TROUPE_EP_DEVICE_PACK=0); groups of 2 and 4 ranks, of 3, 1, 2 and 2 rows. */
 static void test_group_nccl_equals_sockets(void **state)
 {
     (void)state;
@@ -781,7 +782,7 @@ static void test_group_nccl_equals_sockets(void **state)
         engine_t *e[MAXR];
         ep_keep_t keep[MAXR];
         backend_ops_t ops[MAXR];
-        float *lg[2][MAXR];
+        float *lg[3][MAXR];
         for (int r = 0; r < n; r++) {
             char err[600];
             engine_spec_t sp;
@@ -799,17 +800,24 @@ static void test_group_nccl_equals_sockets(void **state)
             if (engine_load(e[r], &sp, err, sizeof err) != ENGINE_OK)
                 fail_msg("rank %d: %s", r, err);
             const size_t cnt = (size_t)G_STEPS * s_grows(r) * e[r]->cfg.vocab_size;
-            lg[0][r] = calloc(cnt, sizeof(float));
-            lg[1][r] = calloc(cnt, sizeof(float));
+            for (int v = 0; v < 3; v++)
+                lg[v][r] = calloc(cnt, sizeof(float));
         }
-        s_group(n, e, "nccl", lg[0], 1);
-        s_group(n, e, "sock", lg[1], 0);
+        s_group(n, e, "nccl", lg[0], 1);   /* the dispatch packed and combined in "device" buffers */
+        setenv("TROUPE_EP_DEVICE_PACK", "0", 1);
+        s_group(n, e, "nccl", lg[1], 1);   /* host staging over the device comm */
+        unsetenv("TROUPE_EP_DEVICE_PACK");
+        s_group(n, e, "sock", lg[2], 0);
         for (int r = 0; r < n; r++) {
             const size_t cnt = (size_t)G_STEPS * s_grows(r) * e[r]->cfg.vocab_size;
-            if (memcmp(lg[0][r], lg[1][r], cnt * sizeof(float)) != 0)
-                fail_msg("group of %d, rank %d: logits over the NCCL comm differ from the sockets'", n, r);
-            free(lg[0][r]);
-            free(lg[1][r]);
+            if (memcmp(lg[0][r], lg[2][r], cnt * sizeof(float)) != 0)
+                fail_msg("group of %d, rank %d: logits over the NCCL comm, packed on the device, differ from the "
+                         "sockets'", n, r);
+            if (memcmp(lg[1][r], lg[2][r], cnt * sizeof(float)) != 0)
+                fail_msg("group of %d, rank %d: logits over the NCCL comm, staged through the host, differ from the "
+                         "sockets'", n, r);
+            for (int v = 0; v < 3; v++)
+                free(lg[v][r]);
             backend_t *be = e[r]->be;
             engine_destroy(&e[r]);
             be->ops = s_cpu->ops;   /* its own ops to be destroyed by */
