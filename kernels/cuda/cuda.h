@@ -141,6 +141,8 @@ typedef struct cuda_state {
     int attn_verify;              /* verify steps' rows (TROUPE_CUDA_ATTN_VERIFY): 0 as any rows; 1 by sequence in the decode
                                      kernel up to one m16 tile per block, else the prefill kernel; 2 (default) up to two */
     int pdl;                      /* 1 (default): kernels launch with programmatic dependent launch (TROUPE_CUDA_PDL) */
+    int attn_decode_pdl;          /* the tensor-core decode attention's own launch (TROUPE_CUDA_ATTN_DECODE_PDL): 0 never
+                                     with PDL, 1 always, 2 (default) only for one sequence (cuda_attention_decode_mma.cu) */
     const char *pdl_skip;         /* kernels that launch without it: comma-separated parts of their names, NULL for
                                      none (TROUPE_CUDA_PDL_SKIP: to find a kernel whose early launch costs more than it saves) */
     cuda_plan_t plans[CUDA_MAX_PLANS];
@@ -366,8 +368,8 @@ void cuda_launch_gather(const cuda_state_t *st, const float *src, const int32_t 
 int cuda_pdl_skipped(const cuda_state_t *st, const void *kernel);
 
 template <typename... KArgs, typename... Args>
-static inline void cuda_launch_smem(const cuda_state_t *st, void (*kernel)(KArgs...), dim3 grid, dim3 block,
-                                    size_t smem, Args... args)
+static inline void cuda_launch_smem_pdl(const cuda_state_t *st, int pdl, void (*kernel)(KArgs...), dim3 grid,
+                                        dim3 block, size_t smem, Args... args)
 {
     cudaLaunchAttribute attr;
     attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -378,9 +380,15 @@ static inline void cuda_launch_smem(const cuda_state_t *st, void (*kernel)(KArgs
     cfg.dynamicSmemBytes = smem;
     cfg.stream = st->stream;
     cfg.attrs = &attr;
-    cfg.numAttrs = st->pdl && (!st->capturing || st->graph_pdl) &&
+    cfg.numAttrs = pdl && st->pdl && (!st->capturing || st->graph_pdl) &&
                            !(st->pdl_skip && cuda_pdl_skipped(st, (const void *)kernel)) ? 1 : 0;
     CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, ((KArgs)args)...));
+}
+template <typename... KArgs, typename... Args>
+static inline void cuda_launch_smem(const cuda_state_t *st, void (*kernel)(KArgs...), dim3 grid, dim3 block,
+                                    size_t smem, Args... args)
+{
+    cuda_launch_smem_pdl(st, 1, kernel, grid, block, smem, args...);
 }
 template <typename... KArgs, typename... Args>
 static inline void cuda_launch(const cuda_state_t *st, void (*kernel)(KArgs...), dim3 grid, dim3 block, Args... args)
@@ -392,14 +400,20 @@ static inline void cuda_launch(const cuda_state_t *st, void (*kernel)(KArgs...),
  * memory: the kernel's limit is raised (cudaFuncSetAttribute) the first time a launch asks for more
  * than it was set to, once per kernel and size rather than per launch. */
 template <auto Kernel, typename... Args>
-static inline void cuda_launch_large_smem(const cuda_state_t *st, dim3 grid, dim3 block, size_t smem, Args... args)
+static inline void cuda_launch_large_smem_pdl(const cuda_state_t *st, int pdl, dim3 grid, dim3 block, size_t smem,
+                                              Args... args)
 {
     static size_t allowed = 48 << 10;              /* per kernel (each Kernel is its own instantiation) */
     if (smem > allowed) {
         CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         allowed = smem;
     }
-    cuda_launch_smem(st, Kernel, grid, block, smem, args...);
+    cuda_launch_smem_pdl(st, pdl, Kernel, grid, block, smem, args...);
+}
+template <auto Kernel, typename... Args>
+static inline void cuda_launch_large_smem(const cuda_state_t *st, dim3 grid, dim3 block, size_t smem, Args... args)
+{
+    cuda_launch_large_smem_pdl<Kernel>(st, 1, grid, block, smem, args...);
 }
 
 /* DeepSeek-V3 (kernels/cuda/cuda_mla.cu). */

@@ -497,11 +497,17 @@ __global__ void __launch_bounds__(DMMA_THREADS, MT > 1 ? 2 : F8 ? 4 : D == 64 ? 
     }
 }
 
+/* Launched without programmatic dependent launch for more than one sequence (st->attn_decode_pdl):
+ * on an H200 (2026-12-03) the 8B shape's 16-row decode step over 1,500 fp8 keys took 6.868 ms with
+ * this kernel's early launch and 6.599 without it, the rest of the step's kernels keeping theirs
+ * (TROUPE_CUDA_PDL_SKIP=k_attn_decode_mma); the baseline tree before the kernel took sequences
+ * together ran 6.626. One sequence (batch-1 decode) keeps it: not measured without. */
 template <int D, bool F8, int MT>
 static void s_launch(const cuda_state_t *st, const dmma_args_t &a, int n_groups)
 {
     const dim3 grid((unsigned)(n_groups * a.n_kv), (unsigned)a.S);   /* the kv heads of one group side by side */
-    cuda_launch_large_smem<k_attn_decode_mma<D, F8, MT>>(st, grid, DMMA_THREADS, dmma_smem<D, F8, MT>::BYTES, a);
+    const int pdl = st->attn_decode_pdl == 1 || (st->attn_decode_pdl == 2 && n_groups == 1);
+    cuda_launch_large_smem_pdl<k_attn_decode_mma<D, F8, MT>>(st, pdl, grid, DMMA_THREADS, dmma_smem<D, F8, MT>::BYTES, a);
 }
 
 /* The grouping of a call's rows (cuda.h): 0 when the call is not one the kernel takes by sequence;

@@ -492,6 +492,7 @@ extern "C" backend_t *backend_cuda_new(int device, char *err, size_t errlen)
         s_env_int("TROUPE_CUDA_ATTN_MMA_DECODE", 1, 0, 1, &st->attn_mma_decode, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_ATTN_VERIFY", 2, 0, 2, &st->attn_verify, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_PDL", 1, 0, 1, &st->pdl, err, errlen) < 0 ||
+        s_env_int("TROUPE_CUDA_ATTN_DECODE_PDL", 2, 0, 2, &st->attn_decode_pdl, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_GRAPHS", 1, 0, 1, &st->graphs, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_GRAPH_PDL", 1, 0, 1, &st->graph_pdl, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_MOE_DEVICE", 1, 0, 1, &st->moe_device, err, errlen) < 0 ||
