@@ -71,7 +71,9 @@ assert m["disk_spills_shed_total"] == 0, m
 assert m["disk_persists_deferred_total"] > 0, f"no write-through waited for an I/O job: the test no longer exceeds them ({m})"
 PY
 # kill -9 of everything, frozen first (an actor that saw its supervisor die would drain and write
-# its memory to disk): only what was written through survives.
+# its memory to disk): only what was written through survives. The drain runs on an actor's main
+# loop, frozen once kill -STOP returns (see stopped in lib.sh); the I/O threads that may run on
+# until their group stop only finish jobs queued before it, so there is nothing to wait for.
 pkill -STOP -f -- "--topology $WORK/" || true
 pkill -KILL -f -- "--topology $WORK/" || true
 wait "$SUP_PID" 2>/dev/null || true

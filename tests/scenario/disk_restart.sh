@@ -104,7 +104,9 @@ read -r c1 _ < <(turn "$WORK/pinned2.json" conv-b); read -r u1 _ < <(turn "$WORK
 [ "$c1" = 0 ] && [ "$u1" = 0 ] || fail "first turns found something cached ($c1, $u1)"
 wait_for persisted $((before + 5)) || fail "the second pinned conversation's blocks never reached the disk"
 # Frozen first, all of them, then killed: an actor that saw its supervisor die first would drain
-# (and write its memory to disk) before its own SIGKILL came.
+# (and write its memory to disk) before its own SIGKILL came. The drain runs on an actor's main
+# loop, frozen once kill -STOP returns (see stopped in lib.sh); the I/O threads that may run on
+# until their group stop only finish jobs queued before it, so there is nothing to wait for.
 pkill -STOP -f -- "--topology $WORK/" || true
 pkill -KILL -f -- "--topology $WORK/" || true
 wait "$SUP_PID" 2>/dev/null || true

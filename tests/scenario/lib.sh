@@ -205,6 +205,23 @@ wait_for() {
   return 1
 }
 
+# stopped PID: whether every thread of the process is stopped (state T), as `wait_for stopped PID`
+# after `kill -STOP PID`. kill returns once SIGSTOP is queued; the kernel stops the process's other
+# threads only when the one woken for it gets a CPU (its group stop), on a loaded machine
+# milliseconds later, and until then its I/O threads still serve peers. Wait for it where a test's
+# next action needs the process quiet (two_node_handoff: a stalled sender's channel thread must not
+# answer fetches). The woken thread is the main one unless it already has a signal pending, and a
+# thread with one pending runs no more user code, so a process's main loop is frozen when kill
+# returns. SIGKILL needs no wait: it is put on every thread at once, and none runs again.
+stopped() {
+  local f l
+  for f in /proc/$1/task/*/stat; do
+    l=$(cat "$f") || return 1
+    l=${l##*) }
+    [ "${l%% *}" = T ] || return 1
+  done
+}
+
 # Python for the serving tests: the client and servelib on the path.
 export PYTHONPATH="$ROOT/tools:$ROOT/tests/scenario${PYTHONPATH:+:$PYTHONPATH}"
 PY=/usr/bin/python3

@@ -108,20 +108,6 @@ print(int(sum(m["value"] for a in json.load(sys.stdin)["actors"] if a.get("role"
               for m in a["metrics"] if m["name"] == "handoffs_in_flight")))'
 }
 
-# Whether every thread of process $1 is stopped. kill(1) returns once SIGSTOP is queued; the kernel
-# stops the other threads only when the one woken for it gets a CPU (its group stop), on a loaded
-# machine milliseconds later, and until then the prefill worker's channel thread still serves the
-# decode worker's fetches. (SIGKILL needs no such wait: it is put on every thread at once, and none
-# runs again.)
-stopped() {
-  local f l
-  for f in /proc/$1/task/*/stat; do
-    l=$(cat "$f") || return 1
-    l=${l##*) }
-    [ "${l%% *}" = T ] || return 1
-  done
-}
-
 # fault KIND: hold the decode worker, let two hand-offs go out, then stall (STOP) or kill (KILL) the
 # prefill worker and release the decode worker (a stall once it has taken effect; after a kill at
 # once, so that it reads the dead sender's hand-offs before the restarted one connects and takes over
