@@ -357,16 +357,17 @@ extern const bk_nccl_ops_t cuda_nccl_ops;
 /* Shared by moe_ffn: dst[i] = src[rows[i]] for n rows of cols floats (rows on the device). */
 void cuda_launch_gather(const cuda_state_t *st, const float *src, const int32_t *rows, int n, int cols, float *dst);
 
+/* Whether `kernel` is one of TROUPE_CUDA_PDL_SKIP's (cuda_backend.cu; called only when it is set). */
+int cuda_pdl_skipped(const cuda_state_t *st, const void *kernel);
+
 /* Every kernel of this backend is launched here, on the backend's stream. With st->pdl the launch
  * allows programmatic dependent launch (Hopper): the kernel may start while its predecessor in
  * the stream is finishing. That is safe because every kernel begins with DEV_PDL_ENTER (in
  * cuda_dev.cuh), which waits until the predecessor grid has completed and its writes are visible
  * before touching anything but immutable weights; launches that are not kernels (copies, memsets,
  * cuBLAS) keep the stream's full ordering. The check after the launch catches a bad configuration
- * at once. */
-/* Whether `kernel` is one of TROUPE_CUDA_PDL_SKIP's (cuda_backend.cu; called only when it is set). */
-int cuda_pdl_skipped(const cuda_state_t *st, const void *kernel);
-
+ * at once. pdl 0 launches this one kernel without it, whatever st->pdl says (a kernel whose early
+ * launch was measured to cost more than it saves). */
 template <typename... KArgs, typename... Args>
 static inline void cuda_launch_smem_pdl(const cuda_state_t *st, int pdl, void (*kernel)(KArgs...), dim3 grid,
                                         dim3 block, size_t smem, Args... args)

@@ -374,7 +374,6 @@ static const backend_ops_t s_cuda_ops = {
     .mtp_top = cuda_mtp_top,
 };
 
-/* An integer from the environment in [lo, hi], or def when unset; a bad value is an error. */
 /* TROUPE_CUDA_PDL_SKIP: each kernel's verdict found once from its (mangled) name, which holds the
  * source name verbatim, so "k_attn_merge" matches every instantiation of it. A diagnostic: with
  * the variable unset this is never called. Launches come from the backend's one thread. */
@@ -413,6 +412,7 @@ int cuda_pdl_skipped(const cuda_state_t *st, const void *kernel)
     return skip;
 }
 
+/* An integer from the environment in [lo, hi], or def when unset; a bad value is an error. */
 static int s_env_int(const char *name, int def, int lo, int hi, int *out, char *err, size_t errlen)
 {
     const char *v = getenv(name);
