@@ -170,6 +170,12 @@ expert_group_t *expert_group_member(const topo_t *t, const topo_instance_t *self
              n_experts, n);
         return NULL;
     }
+    /* A transport the group cannot be told to use is the configuration's fault: found here, before
+     * the model loads, so the worker exits as misconfigured instead of being restarted to fail again
+     * at its group's meeting. */
+    ep_want_t want;
+    if (ep_want_parse(getenv("TROUPE_EP_TRANSPORT"), &want, err, errlen) < 0)
+        return NULL;
     expert_group_t *g = calloc(1, sizeof *g);
     if (!g) {
         errf(err, errlen, "expert parallelism: out of memory");

@@ -169,7 +169,7 @@ worker_t *worker_load(const topo_t *t, topo_role_t role, const topo_instance_t *
     err[0] = 0;
     if (role == ROLE_DECODE && !(w->experts = expert_group_member(t, self, &w->eng->cfg, &s, err, errlen)) &&
         err[0]) {
-        *config_error = 1;   /* the model's experts do not divide over the ranks */
+        *config_error = 1;   /* the model's experts do not divide over the ranks, or a bad TROUPE_EP_TRANSPORT */
         goto fail;
     }
     if (w->experts)
