@@ -178,6 +178,21 @@ static void s_case(const char *dir)
     engine_destroy(&ref);
 }
 
+/* The directory of model `name` under TROUPE_MODELS (../shared/models when unset), in a static
+ * buffer that the next call overwrites; the calling test is skipped when it is absent, as these
+ * models are not in the tree. */
+static const char *s_models_dir(const char *name)
+{
+    static char dir[PATH_MAX];
+    const char *root = getenv("TROUPE_MODELS");
+    snprintf(dir, sizeof dir, "%s/%s", root && *root ? root : "../shared/models", name);
+    if (access(dir, R_OK) != 0) {
+        print_message("SKIP %s: %s is absent (set TROUPE_MODELS)\n", name, dir);
+        skip();
+    }
+    return dir;
+}
+
 static void test_qwen3_moe(void **state)
 {
     (void)state;
@@ -193,14 +208,7 @@ static void test_mixtral(void **state)
 static void test_kjv_moe(void **state)
 {
     (void)state;
-    const char *root = getenv("TROUPE_MODELS");
-    char dir[PATH_MAX];
-    snprintf(dir, sizeof dir, "%s/kjv-moe", root && *root ? root : "../shared/models");
-    if (access(dir, R_OK) != 0) {
-        print_message("SKIP kjv-moe: %s is absent (set TROUPE_MODELS)\n", dir);
-        skip();
-    }
-    s_case(dir);
+    s_case(s_models_dir("kjv-moe"));
 }
 
 /* DeepSeek-V3 (MLA attention, DeepSeekMoE: group-limited sigmoid routing, a shared expert added to
@@ -214,14 +222,7 @@ static void test_deepseek_v3(void **state)
 static void test_kjv_deepseek(void **state)
 {
     (void)state;
-    const char *root = getenv("TROUPE_MODELS");
-    char dir[PATH_MAX];
-    snprintf(dir, sizeof dir, "%s/kjv-deepseek", root && *root ? root : "../shared/models");
-    if (access(dir, R_OK) != 0) {
-        print_message("SKIP kjv-deepseek: %s is absent (set TROUPE_MODELS)\n", dir);
-        skip();
-    }
-    s_case(dir);
+    s_case(s_models_dir("kjv-deepseek"));
 }
 
 static void test_refused_placement(void **state)
@@ -548,14 +549,7 @@ static void test_dp_deepseek_v3(void **state)
 static void test_dp_kjv_moe(void **state)
 {
     (void)state;
-    const char *root = getenv("TROUPE_MODELS");
-    char dir[PATH_MAX];
-    snprintf(dir, sizeof dir, "%s/kjv-moe", root && *root ? root : "../shared/models");
-    if (access(dir, R_OK) != 0) {
-        print_message("SKIP kjv-moe: %s is absent (set TROUPE_MODELS)\n", dir);
-        skip();
-    }
-    s_dp_case(dir);
+    s_dp_case(s_models_dir("kjv-moe"));
 }
 
 /* A member that only joins (this program with --dp-idle): rank r of n over dir, its peers' steps

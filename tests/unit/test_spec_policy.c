@@ -655,6 +655,26 @@ static void test_decay_keeps_rare_cells(void **state)
     assert_true(fabs(spec_cost_cell_rate(&c, b, 1) - 75000) < 1);
 }
 
+/* `steps` steps of cell (bucket b, k drafts) with their seconds, rows and emitted tokens in all. */
+static void s_cell_steps(spec_cost_t *c, int b, int k, uint64_t steps, double seconds, uint64_t rows,
+                         uint64_t emitted)
+{
+    spec_cost_add_cell(c, b, k, steps, seconds);
+    spec_cost_add_tokens(c, b, k, steps, rows, emitted);
+}
+
+/* c: only the batch-1 cells of the MTP run below (kjv-deepseek, b73d0f6) that every table built
+ * from it shares: the plain step (9 steps of 0.205 ms) and one draft (207 steps of 0.357 ms, 1.14
+ * tokens a row); with_k4, four drafts too (94 steps of 0.681 ms, 2.41). */
+static void s_h200_mtp_batch1(spec_cost_t *c, int with_k4)
+{
+    memset(c, 0, sizeof *c);
+    s_cell_steps(c, 0, 0, 9, 0.001842, 9, 9);
+    s_cell_steps(c, 0, 1, 207, 0.073971, 207, 236);
+    if (with_k4)
+        s_cell_steps(c, 0, 4, 94, 0.064058, 94, 227);
+}
+
 /* The last computation of an MTP run on one H200 (kjv-deepseek, 2026-12-02, commit b73d0f6) at
  * batch 1: the plain cell 9 steps of 0.205 ms, one draft 207 steps of 0.357 ms (1.14 tokens a
  * row), two drafts 7 steps of 0.546 ms that kept every draft (3.00: 5,493 tokens/s against the
@@ -665,22 +685,15 @@ static void test_lucky_cell_at_batch1(void **state)
     (void)state;
     spec_accept_t a;
     s_fill_accept(&a, 0.7, 7);
-    spec_cost_t c = {0};
-    spec_cost_add_cell(&c, 0, 0, 9, 0.001842);
-    spec_cost_add_tokens(&c, 0, 0, 9, 9, 9);
-    spec_cost_add_cell(&c, 0, 1, 207, 0.073971);
-    spec_cost_add_tokens(&c, 0, 1, 207, 207, 236);
-    spec_cost_add_cell(&c, 0, 2, 7, 0.003823);
-    spec_cost_add_tokens(&c, 0, 2, 7, 7, 21);
-    spec_cost_add_cell(&c, 0, 4, 94, 0.064058);
-    spec_cost_add_tokens(&c, 0, 4, 94, 94, 227);
+    spec_cost_t c;
+    s_h200_mtp_batch1(&c, 1);
+    s_cell_steps(&c, 0, 2, 7, 0.003823, 7, 21);
     spec_policy_t p = {.epoch = 1};
     char why[128];
     assert_int_equal(spec_policy_compute(&a, &c, 7, 1, &p, why, sizeof why), 0);
     assert_int_equal(spec_policy_bucket(&p, 1)->max_draft, 0);
     /* The same cell of 150 steps that kept every draft is no luck: it pays. */
-    spec_cost_add_cell(&c, 0, 2, 143, 0.003823 / 7 * 143);
-    spec_cost_add_tokens(&c, 0, 2, 143, 143, 429);
+    s_cell_steps(&c, 0, 2, 143, 0.003823 / 7 * 143, 143, 429);
     assert_int_equal(spec_policy_compute(&a, &c, 7, 1, &p, why, sizeof why), 0);
     assert_true(spec_policy_bucket(&p, 1)->max_draft > 0);
 }
@@ -698,21 +711,14 @@ static void test_dist_drafting_cells_together(void **state)
     (void)state;
     spec_accept_t a;
     s_fill_accept(&a, 0.7, 7);
-    spec_cost_t c = {0};
-    spec_cost_add_cell(&c, 0, 0, 9, 0.001842);
-    spec_cost_add_tokens(&c, 0, 0, 9, 9, 9);
-    spec_cost_add_cell(&c, 0, 1, 207, 0.073971);
-    spec_cost_add_tokens(&c, 0, 1, 207, 207, 236);
-    spec_cost_add_cell(&c, 0, 3, 200, 0.12);
-    spec_cost_add_tokens(&c, 0, 3, 200, 200, 720);
+    spec_cost_t c;
+    s_h200_mtp_batch1(&c, 0);
+    s_cell_steps(&c, 0, 3, 200, 0.12, 200, 720);
     /* batch 16: every drafting cell beats the plain step (0.30 ms), together too */
     const int b16 = spec_cost_bucket(16);
-    spec_cost_add_cell(&c, b16, 0, 40, 40 * 0.30e-3);
-    spec_cost_add_tokens(&c, b16, 0, 40, 640, 640);
-    spec_cost_add_cell(&c, b16, 1, 100, 100 * 0.36e-3);
-    spec_cost_add_tokens(&c, b16, 1, 100, 1600, 2400);
-    spec_cost_add_cell(&c, b16, 3, 100, 100 * 0.50e-3);
-    spec_cost_add_tokens(&c, b16, 3, 100, 1600, 4300);
+    s_cell_steps(&c, b16, 0, 40, 40 * 0.30e-3, 640, 640);
+    s_cell_steps(&c, b16, 1, 100, 100 * 0.36e-3, 1600, 2400);
+    s_cell_steps(&c, b16, 3, 100, 100 * 0.50e-3, 1600, 4300);
     const double rd = spec_policy_drafting_rate(&c, 0, 1);
     assert_true(fabs(rd - (236.0 + 720 + SPEC_POLICY_PRIOR_ROWS) / (407 + SPEC_POLICY_PRIOR_ROWS) / (0.193971 / 407)) < 1e-6 * rd);
     assert_true(rd < 4886 * 1.05);
@@ -734,15 +740,9 @@ static void test_dist_drafting_cells_together(void **state)
     assert_int_equal(spec_policy_ask(&p, 16, 1), 7);
     /* the lucky table of test_lucky_cell_at_batch1 with its 150 steps that kept every draft pays
      * as a cell (n-gram, there), not beside the 301 steps of one and four drafts it came with */
-    spec_cost_t l = {0};
-    spec_cost_add_cell(&l, 0, 0, 9, 0.001842);
-    spec_cost_add_tokens(&l, 0, 0, 9, 9, 9);
-    spec_cost_add_cell(&l, 0, 1, 207, 0.073971);
-    spec_cost_add_tokens(&l, 0, 1, 207, 207, 236);
-    spec_cost_add_cell(&l, 0, 2, 150, 0.003823 / 7 * 150);
-    spec_cost_add_tokens(&l, 0, 2, 150, 150, 450);
-    spec_cost_add_cell(&l, 0, 4, 94, 0.064058);
-    spec_cost_add_tokens(&l, 0, 4, 94, 94, 227);
+    spec_cost_t l;
+    s_h200_mtp_batch1(&l, 1);
+    s_cell_steps(&l, 0, 2, 150, 0.003823 / 7 * 150, 150, 450);
     assert_int_equal(spec_policy_compute(&a, &l, 7, 1, &p, why, sizeof why), 0);
     assert_int_equal(spec_policy_bucket(&p, 1)->max_draft, 0);
 }
