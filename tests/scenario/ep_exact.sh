@@ -85,6 +85,31 @@ assert all(done), f"requests finished per rank {done}: a rank served none"
 print(f"requests finished per rank: {done}")
 PY
 }
+# ep_py ARGS...: python3 running the script on stdin with ARGS (sys.argv[1:]), after a prelude
+# defining what the request checks share: generate_all(bin_dir, ep, prompts, indices) sends
+# prompts[i] (comma-joined ids) for every i in indices all at once, one thread each (the decode
+# batch mixes the requests), 24 greedy tokens through the C client, and returns ({i: tokens},
+# [(i, error reply)]). A request whose troupe-client raises has no tokens (its thread prints the
+# exception), so the caller's check of got[i] fails.
+ep_py() {
+  PYTHONPATH="$ROOT/tests/scenario${PYTHONPATH:+:$PYTHONPATH}" /usr/bin/python3 -c 'import threading
+from servelib import c_generate
+def generate_all(bin_dir, ep, prompts, indices):
+    got, errors = {}, []
+    def run(i):
+        toks = []
+        for m in c_generate(bin_dir, ep, list(map(int, prompts[i].split(","))), max_tokens=24, timeout_s=120):
+            if m["type"] == "token":
+                toks += m["tokens"]
+            elif m["type"] == "error":
+                errors.append((i, m))
+        got[i] = toks
+    ts = [threading.Thread(target=run, args=(i,)) for i in indices]
+    for t in ts: t.start()
+    for t in ts: t.join()
+    return got, errors
+'"$(cat)" "$@"
+}
 cases=("$ROOT/tests/fixtures/models/qwen3-moe-f32" "$ROOT/tests/fixtures/models/mixtral-f32"
        "$ROOT/tests/fixtures/models/deepseek-v3-f32")
 for shared in kjv-moe kjv-deepseek; do
@@ -122,28 +147,14 @@ for dir in "${cases[@]}"; do
     start_cluster "$WORK/$name-$n.yaml"
     [ "$n" -lt 2 ] || ep_transport "$WORK/$name-$n.yaml" "$n"
     ep=$(grep 'client:' "$WORK/$name-$n.yaml" | awk '{print $2}')
-    PYTHONPATH="$ROOT/tests/scenario${PYTHONPATH:+:$PYTHONPATH}" /usr/bin/python3 - "$ep" "$BIN" "$WORK/$name.generate" "$PROMPTS" <<'PY'
-import sys, threading
-from servelib import c_generate
+    ep_py "$ep" "$BIN" "$WORK/$name.generate" "$PROMPTS" <<'PY'
+import sys
 ep, bin_dir, gen, prompts = sys.argv[1], sys.argv[2], open(sys.argv[3]).read().split(), sys.argv[4].split()
 want = [list(map(int, g.split(","))) for g in gen]
-got, errors = {}, []
-def run(i):   # all at once: the decode batch mixes the requests
-    try:
-        toks = []
-        for m in c_generate(bin_dir, ep, list(map(int, prompts[i].split(","))), max_tokens=24, timeout_s=120):
-            if m["type"] == "token":
-                toks += m["tokens"]
-            elif m["type"] == "error":
-                errors.append((i, m))
-        got[i] = toks
-    except Exception as e:
-        errors.append((i, repr(e)))
-run(1)   # alone first: one rank steps, the others only join its steps
+# Alone first: one rank steps, the others only join its steps.
+got, errors = generate_all(bin_dir, ep, prompts, [1])
 assert not errors and got[1] == want[1], (errors, got.get(1), want[1])
-ts = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
-for t in ts: t.start()
-for t in ts: t.join()
+got, errors = generate_all(bin_dir, ep, prompts, range(len(prompts)))
 assert not errors, errors
 for i in range(len(prompts)):
     assert got[i] == want[i], f"prompt {i}: cluster {got[i]}, troupe-generate {want[i]}"
@@ -172,27 +183,12 @@ if [ -f "$MODELS/kjv-deepseek/config.json" ]; then
   TROUPE_CUDA_MOE_GROUPED_MIN_M=65 TROUPE_SPECULATION=mtp:3 TROUPE_SPEC_POLICY=fixed start_cluster "$WORK/mtp.yaml"
   ep_transport "$WORK/mtp.yaml" 2
   ep=$(grep 'client:' "$WORK/mtp.yaml" | awk '{print $2}')
-  PYTHONPATH="$ROOT/tests/scenario${PYTHONPATH:+:$PYTHONPATH}" /usr/bin/python3 - "$ep" "$BIN" "$WORK/mtp.yaml" \
-    "$WORK/kjv-deepseek.generate" "$PROMPTS" <<'PY'
-import sys, threading, time
-from servelib import c_generate, top, metric
+  ep_py "$ep" "$BIN" "$WORK/mtp.yaml" "$WORK/kjv-deepseek.generate" "$PROMPTS" <<'PY'
+import sys, time
+from servelib import top, metric
 ep, bin_dir, topo, gen, prompts = sys.argv[1], sys.argv[2], sys.argv[3], open(sys.argv[4]).read().split(), sys.argv[5].split()
 want = [list(map(int, g.split(","))) for g in gen]
-got, errors = {}, []
-def run(i):
-    try:
-        toks = []
-        for m in c_generate(bin_dir, ep, list(map(int, prompts[i].split(","))), max_tokens=24, timeout_s=120):
-            if m["type"] == "token":
-                toks += m["tokens"]
-            elif m["type"] == "error":
-                errors.append((i, m))
-        got[i] = toks
-    except Exception as e:
-        errors.append((i, repr(e)))
-ts = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
-for t in ts: t.start()
-for t in ts: t.join()
+got, errors = generate_all(bin_dir, ep, prompts, range(len(prompts)))
 assert not errors, errors
 for i in range(len(prompts)):
     assert got[i] == want[i], f"prompt {i}: cluster with MTP {got[i]}, troupe-generate {want[i]}"
@@ -218,10 +214,9 @@ MODEL_PATH=$dir N_PREFILL=1 N_DECODE=4 DECODE_EP=4 make_topology "$WORK/place.ya
 start_cluster "$WORK/place.yaml"
 ep_transport "$WORK/place.yaml" 4
 ep=$(grep 'client:' "$WORK/place.yaml" | awk '{print $2}')
-PYTHONPATH="$ROOT/tests/scenario${PYTHONPATH:+:$PYTHONPATH}" /usr/bin/python3 - "$ep" "$BIN" "$WORK/place.yaml" \
-  "$WORK/qwen3-moe-f32.generate" "$PROMPTS" <<'PY'
-import sys, threading, time
-from servelib import c_generate, top, metric
+ep_py "$ep" "$BIN" "$WORK/place.yaml" "$WORK/qwen3-moe-f32.generate" "$PROMPTS" <<'PY'
+import sys, time
+from servelib import top, metric
 ep, bin_dir, topo, gen, prompts = sys.argv[1], sys.argv[2], sys.argv[3], open(sys.argv[4]).read().split(), sys.argv[5].split()
 want = [list(map(int, g.split(","))) for g in gen]
 def ep_metric(name):
@@ -230,18 +225,7 @@ def ep_metric(name):
     d = top(bin_dir, topo)
     return min((metric(d[f"decode-{r}"], name) or 0) if f"decode-{r}" in d else 0 for r in range(4)), d
 def round_once():
-    got, errors = {}, []
-    def run(i):
-        toks = []
-        for m in c_generate(bin_dir, ep, list(map(int, prompts[i].split(","))), max_tokens=24, timeout_s=120):
-            if m["type"] == "token":
-                toks += m["tokens"]
-            elif m["type"] == "error":
-                errors.append((i, m))
-        got[i] = toks
-    ts = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
-    for t in ts: t.start()
-    for t in ts: t.join()
+    got, errors = generate_all(bin_dir, ep, prompts, range(len(prompts)))
     assert not errors, errors
     for i in range(len(prompts)):
         assert got[i] == want[i], f"prompt {i}: cluster {got[i]}, troupe-generate {want[i]}"
@@ -284,8 +268,7 @@ MAX_RESTARTS=10 MODEL_PATH=$dir N_PREFILL=1 N_DECODE=$n DECODE_EP=$n make_topolo
 start_cluster "$WORK/kill-$n.yaml"
 ep_transport "$WORK/kill-$n.yaml" "$n"
 ep=$(grep 'client:' "$WORK/kill-$n.yaml" | awk '{print $2}')
-PYTHONPATH="$ROOT/tests/scenario${PYTHONPATH:+:$PYTHONPATH}" /usr/bin/python3 - "$ep" "$BIN" "$WORK/kill-$n.yaml" \
-  "$WORK/qwen3-moe-f32.generate" "$PROMPTS" "$n" <<'PY'
+ep_py "$ep" "$BIN" "$WORK/kill-$n.yaml" "$WORK/qwen3-moe-f32.generate" "$PROMPTS" "$n" <<'PY'
 import os, signal, sys, threading, time
 from servelib import c_generate, top, metric, wait_restarted
 ep, bin_dir, topo, gen, prompts = sys.argv[1], sys.argv[2], sys.argv[3], open(sys.argv[4]).read().split(), sys.argv[5].split()
@@ -346,22 +329,8 @@ print(f"kill -9 of decode-1 (batch {attempt + 1}, running per rank before: {runn
 # Every rank comes back (the survivors exit when they find their group gone) and they meet again.
 for r in range(n):
     wait_restarted(bin_dir, topo, f"decode-{r}", pids[r], restarts=1, timeout_s=60)
-def round_once():
-    got, errors = {}, []
-    def run(i):
-        toks = []
-        for m in c_generate(bin_dir, ep, list(map(int, prompts[i].split(","))), max_tokens=24, timeout_s=120):
-            if m["type"] == "token":
-                toks += m["tokens"]
-            elif m["type"] == "error":
-                errors.append((i, m))
-        got[i] = toks
-    ts = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
-    for t in ts: t.start()
-    for t in ts: t.join()
-    return got, errors
 for attempt in range(20):   # the router may still be learning that the new incarnations are up
-    got, errors = round_once()
+    got, errors = generate_all(bin_dir, ep, prompts, range(len(prompts)))
     if not errors:
         break
     assert all(m["retryable"] for _, m in errors), errors

@@ -164,6 +164,73 @@ make_demo_topology() {
   sed -i "s|^  load_format: dummy|  load_format: dummy\n  dtype: bf16\n  tokenizer: $ROOT/third_party/tokenizers/qwen3|" "$file"
 }
 
+# two_node_topology FILE NAME [extra yaml appended]: a cluster of two nodes on distinct loopback
+# addresses, a (127.0.0.1) and b (127.0.0.2), both launch: local, the prefill worker on b and the
+# decode worker on a, so every KV hand-off goes over the tcp channel. The CPU fixture model
+# qwen3-f32, prefill chunks of 8 tokens (as generate_reference's), cluster name NAME; slow
+# heartbeats (1 s, liveness 10) so that a held (SIGSTOPped) worker is not taken for wedged; GRACE_S:
+# the supervisor's grace (default 5, the topology's own). Skips the test (exit 0) without the
+# model or where 127.0.0.2 is not a local address. Sets MODEL (the model's folder) and CLIENT_EP.
+two_node_topology() {
+  local file=$1 name=$2 base p2
+  shift 2
+  MODEL=$ROOT/tests/fixtures/models/qwen3-f32
+  [ -f "$MODEL/expected.json" ] || { echo "SKIP: no fixture model at $MODEL"; exit 0; }
+  /usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.2", 0))' 2>/dev/null \
+    || { echo "SKIP: 127.0.0.2 is not a local address here"; exit 0; }
+  # A base port whose next 16 ports are free on both addresses (the derived internal endpoints).
+  base=$(free_port_block 16 127.0.0.1 127.0.0.2)
+  CLIENT_EP=tcp://127.0.0.1:$(free_port); p2=$(free_port)
+  cat > "$file" <<YAML
+name: $name
+model:
+  path: $MODEL
+  backend: cpu
+nodes:
+  - name: a
+    address: 127.0.0.1
+    launch: local
+  - name: b
+    address: 127.0.0.2
+    launch: local
+actors:
+  - role: monitor
+  - role: cache-manager
+  - role: router
+  - role: prefill
+    node: b
+  - role: decode
+    node: a
+endpoints:
+  client: $CLIENT_EP
+  inspect: tcp://127.0.0.1:$p2
+  base_port: $base
+  run_dir: $WORK/run
+limits:
+  prefill_chunk_tokens: 8
+supervision:
+  ready_timeout_s: 30
+  grace_s: ${GRACE_S:-5}
+  heartbeat_ms: 1000
+  liveness: 10
+YAML
+  for extra in "$@"; do echo "$extra" >> "$file"; done
+}
+
+# generate_reference MODEL: the one-process reference for each of the model's fixture prompts
+# (expected.json): the prompts' ids into $WORK/prompts and troupe-generate's greedy 16 tokens
+# (prefill chunks of 8, EOS ignored) into $WORK/generate, one comma-joined line each.
+generate_reference() {
+  local model=$1 ids
+  /usr/bin/python3 -c 'import json, sys
+for p in json.load(open(sys.argv[1]))["prompts"]: print(",".join(map(str, p["ids"])))' "$model/expected.json" > "$WORK/prompts"
+  : > "$WORK/generate"
+  while read -r ids; do
+    "$BIN/troupe-generate" "$model" --ids "$ids" --chunk 8 --max-tokens 16 --temperature 0 --ignore-eos --json \
+      | /usr/bin/python3 -c 'import json,sys; print(",".join(map(str, json.load(sys.stdin)["ids"])))' >> "$WORK/generate"
+  done < "$WORK/prompts"
+}
+
 # client_endpoints TOPOLOGY: every router's client endpoint, comma-separated (what the clients take).
 client_endpoints() {
   local l

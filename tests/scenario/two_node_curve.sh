@@ -5,61 +5,16 @@
 # decode worker's key. Greedy output equals troupe-generate, every hand-off went over tcp, and no
 # fetch was refused.
 . "$(dirname "$0")/lib.sh"
-model=$ROOT/tests/fixtures/models/qwen3-f32
-[ -f "$model/expected.json" ] || { echo "SKIP: no fixture model at $model"; exit 0; }
-/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.2", 0))' 2>/dev/null \
-  || { echo "SKIP: 127.0.0.2 is not a local address here"; exit 0; }
-base=$(free_port_block 16 127.0.0.1 127.0.0.2)
+two_node_topology "$WORK/t.yaml" "t-two-node-curve-$$" "security:" \
+  "  curve_server_public: $WORK/keys/server.pub" "  curve_server_secret: $WORK/keys/server.key" \
+  "  curve_clients: $WORK/keys/clients"
 mkdir -p "$WORK/keys"
 for k in server alice; do "$BIN/troupe-keygen" "$WORK/keys/$k" >/dev/null; done
 cp "$WORK/keys/alice.pub" "$WORK/keys/clients"
-p1=$(free_port); p2=$(free_port)
-cat > "$WORK/t.yaml" <<YAML
-name: t-two-node-curve-$$
-model:
-  path: $model
-  backend: cpu
-nodes:
-  - name: a
-    address: 127.0.0.1
-    launch: local
-  - name: b
-    address: 127.0.0.2
-    launch: local
-actors:
-  - role: monitor
-  - role: cache-manager
-  - role: router
-  - role: prefill
-    node: b
-  - role: decode
-    node: a
-endpoints:
-  client: tcp://127.0.0.1:$p1
-  inspect: tcp://127.0.0.1:$p2
-  base_port: $base
-  run_dir: $WORK/run
-limits:
-  prefill_chunk_tokens: 8
-security:
-  curve_server_public: $WORK/keys/server.pub
-  curve_server_secret: $WORK/keys/server.key
-  curve_clients: $WORK/keys/clients
-supervision:
-  ready_timeout_s: 30
-  heartbeat_ms: 1000
-  liveness: 10
-YAML
 start_cluster "$WORK/t.yaml"
-/usr/bin/python3 -c 'import json, sys
-for p in json.load(open(sys.argv[1]))["prompts"]: print(",".join(map(str, p["ids"])))' "$model/expected.json" > "$WORK/prompts"
-: > "$WORK/generate"
-while read -r ids; do
-  "$BIN/troupe-generate" "$model" --ids "$ids" --chunk 8 --max-tokens 16 --temperature 0 --ignore-eos --json \
-    | /usr/bin/python3 -c 'import json,sys; print(",".join(map(str, json.load(sys.stdin)["ids"])))' >> "$WORK/generate"
-done < "$WORK/prompts"
+generate_reference "$MODEL"
 export TROUPE_CURVE_SERVER_KEY=$WORK/keys/server.pub TROUPE_CURVE_KEY=$WORK/keys/alice
-$PY - "$BIN" "$WORK/t.yaml" "tcp://127.0.0.1:$p1" "$WORK/prompts" "$WORK/generate" "$WORK/keys" <<'PY'
+$PY - "$BIN" "$WORK/t.yaml" "$CLIENT_EP" "$WORK/prompts" "$WORK/generate" "$WORK/keys" <<'PY'
 import sys, time
 from troupe_client import Client
 from servelib import top

@@ -10,63 +10,13 @@
 # while the hand-offs queue up, so "mid-transfer" is a state the test makes, not a race it hopes for;
 # heartbeats are slow (1 s, liveness 10) so no held process is taken for wedged.
 . "$(dirname "$0")/lib.sh"
-model=$ROOT/tests/fixtures/models/qwen3-f32
-[ -f "$model/expected.json" ] || { echo "SKIP: no fixture model at $model"; exit 0; }
-/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.2", 0))' 2>/dev/null \
-  || { echo "SKIP: 127.0.0.2 is not a local address here"; exit 0; }
-
-# A base port whose next 16 ports are free on both addresses (the derived internal endpoints).
-base=$(free_port_block 16 127.0.0.1 127.0.0.2)
-p1=$(free_port); p2=$(free_port)
-cat > "$WORK/t.yaml" <<YAML
-name: t-two-node-$$
-model:
-  path: $model
-  backend: cpu
-nodes:
-  - name: a
-    address: 127.0.0.1
-    launch: local
-  - name: b
-    address: 127.0.0.2
-    launch: local
-actors:
-  - role: monitor
-  - role: cache-manager
-  - role: router
-  - role: prefill
-    node: b
-  - role: decode
-    node: a
-endpoints:
-  client: tcp://127.0.0.1:$p1
-  inspect: tcp://127.0.0.1:$p2
-  base_port: $base
-  run_dir: $WORK/run
-limits:
-  prefill_chunk_tokens: 8
-supervision:
-  max_restarts: 5
-  period_s: 10
-  ready_timeout_s: 30
-  grace_s: 2
-  heartbeat_ms: 1000
-  liveness: 10
-YAML
+GRACE_S=2 two_node_topology "$WORK/t.yaml" "t-two-node-$$"
+ep=$CLIENT_EP
 start_cluster "$WORK/t.yaml"
-ep=tcp://127.0.0.1:$p1
-
-# The one-process reference for each fixture prompt.
-/usr/bin/python3 -c 'import json, sys
-for p in json.load(open(sys.argv[1]))["prompts"]: print(",".join(map(str, p["ids"])))' "$model/expected.json" > "$WORK/prompts"
-: > "$WORK/generate"
-while read -r ids; do
-  "$BIN/troupe-generate" "$model" --ids "$ids" --chunk 8 --max-tokens 16 --temperature 0 --ignore-eos --json \
-    | /usr/bin/python3 -c 'import json,sys; print(",".join(map(str, json.load(sys.stdin)["ids"])))' >> "$WORK/generate"
-done < "$WORK/prompts"
+generate_reference "$MODEL"
 
 note "1. hand-offs over the network, greedy exact"
-$PY - "$BIN" "$WORK/t.yaml" "$ep" "$WORK/prompts" "$WORK/generate" "$model/expected.json" <<'PY'
+$PY - "$BIN" "$WORK/t.yaml" "$ep" "$WORK/prompts" "$WORK/generate" "$MODEL/expected.json" <<'PY'
 import json, sys, time
 from servelib import run_many, top
 bin_dir, topo, ep = sys.argv[1], sys.argv[2], sys.argv[3]
