@@ -220,11 +220,12 @@ int spec_explore_next(spec_explore_t *e, int batch, const spec_cost_t *seen)
     if (e->one_every[b] == 0) {   /* the bucket's first step: its first pair comes half an interval on */
         e->one_every[b] = SPEC_EXPLORE_ONE_EVERY;
         /* where a smaller bucket already says drafting loses by far, from that bucket's interval */
-        for (int bb = b - 1; bb >= 0 && s_loses_by_far(seen, b); bb--)
-            if (e->one_every[bb]) {
-                e->one_every[b] = e->one_every[bb] > e->one_every[b] ? e->one_every[bb] : e->one_every[b];
-                break;
-            }
+        if (s_loses_by_far(seen, b))
+            for (int bb = b - 1; bb >= 0; bb--)
+                if (e->one_every[bb]) {
+                    e->one_every[b] = e->one_every[bb] > e->one_every[b] ? e->one_every[bb] : e->one_every[b];
+                    break;
+                }
         e->one_next[b] = at + e->one_every[b] / 2;
     }
     if (at < e->one_next[b])

@@ -429,6 +429,20 @@ static void s_meet(rank_t *k, int n, const int *dev, const char *const *want, in
         pthread_join(th[r], NULL);
 }
 
+/* Ranks 0..n-1 on GPUs 0..n-1 (k zeroed first), each trading over the comm it ends with, each
+ * stalling as `stall` says (rank_t.stall). */
+static void s_meet_trading(rank_t *k, int n, int stall, int init_ms)
+{
+    int dev[MAXR];
+    memset(k, 0, MAXR * sizeof *k);
+    for (int r = 0; r < n; r++) {
+        dev[r] = r;
+        k[r].trade = 1;
+        k[r].stall = stall;
+    }
+    s_meet(k, n, dev, NULL, init_ms);
+}
+
 static void s_expect_all(const rank_t *k, int n, int device, const char *why)
 {
     for (int r = 0; r < n; r++) {
@@ -519,11 +533,7 @@ static void test_meet_init_timeout(void **state)
     s_fake_reset();
     s_hang = 1;
     rank_t k[MAXR];
-    memset(k, 0, sizeof k);
-    const int dev[3] = {0, 1, 2};
-    for (int r = 0; r < 3; r++)
-        k[r].trade = 1;
-    s_meet(k, 3, dev, NULL, 300);
+    s_meet_trading(k, 3, 0, 300);
     s_expect_all(k, 3, 0, "sockets: the NCCL set-up failed (rank 0: expert parallelism: NCCL rank 0 of 3: the "
                           "communicator did not come up within 300 ms");
     for (int r = 0; r < 3; r++)
@@ -538,10 +548,7 @@ static void test_meet_init_refused(void **state)
     s_fake_reset();
     s_refuse = 1;
     rank_t k[MAXR];
-    memset(k, 0, sizeof k);
-    const int dev[2] = {0, 1};
-    k[0].trade = k[1].trade = 1;
-    s_meet(k, 2, dev, NULL, 300);
+    s_meet_trading(k, 2, 0, 300);
     s_expect_all(k, 2, 0, "rank 1: expert parallelism: NCCL rank 1 of 2: stand-in ncclCommInitRankConfig refused");
 }
 
@@ -552,10 +559,7 @@ static void test_meet_check_corrupt(void **state)
     s_fake_reset();
     s_corrupt = 1;
     rank_t k[MAXR];
-    memset(k, 0, sizeof k);
-    const int dev[2] = {0, 1};
-    k[0].trade = k[1].trade = 1;
-    s_meet(k, 2, dev, NULL, 2000);
+    s_meet_trading(k, 2, 0, 2000);
     s_expect_all(k, 2, 0, "rank 0: the check bytes from rank 1 differ at byte");
 }
 
@@ -646,11 +650,7 @@ static void test_nccl_exchange_deadline(void **state)
     (void)state;
     s_fake_reset();
     rank_t k[MAXR];
-    memset(k, 0, sizeof k);
-    const int dev[2] = {0, 1};
-    k[0].trade = k[1].trade = 1;
-    k[0].stall = k[1].stall = 1;
-    s_meet(k, 2, dev, NULL, 2000);
+    s_meet_trading(k, 2, 1, 2000);
     assert_true(k[0].got && k[0].device == 1);
     assert_int_equal(k[0].trade_rc, -1);
     assert_non_null(strstr(k[0].trade_err, "rank 0: NCCL exchange with rank(s) 1 not complete by its deadline"));
@@ -663,12 +663,8 @@ static void test_nccl_exchange_peer_gone(void **state)
     (void)state;
     s_fake_reset();
     rank_t k[MAXR];
-    memset(k, 0, sizeof k);
-    const int dev[2] = {0, 1};
-    k[0].trade = k[1].trade = 1;
-    k[0].stall = k[1].stall = 2;
     const int64_t t0 = now_ns();
-    s_meet(k, 2, dev, NULL, 2000);
+    s_meet_trading(k, 2, 2, 2000);
     assert_true(k[0].got && k[0].device == 1);
     assert_int_equal(k[0].trade_rc, -1);
     assert_non_null(strstr(k[0].trade_err, "rank 0: NCCL exchange with rank(s) 1 not complete: a peer's connection "
