@@ -34,13 +34,19 @@ typedef struct {
     bk_comm_t *comm;
 } ep_nccl_t;
 
+/* The ctrl sockets' descriptors: a peer's step header (or its going away) arrives there. */
+static int s_poll_fds(const ep_comm_t *c, int *fds)
+{
+    return c->ctrl && c->ctrl->ops->poll_fds ? c->ctrl->ops->poll_fds(c->ctrl, fds) : 0;
+}
+
 /* 1 when a peer's ctrl socket says it closed (a rank killed mid-exchange): NCCL itself may not
  * notice before the deadline. Never blocks. */
 static int s_peer_gone(const ep_comm_t *c)
 {
     int fds[EP_MAX_RANKS];
     struct pollfd pf[EP_MAX_RANKS];
-    const int n = c->ctrl && c->ctrl->ops->poll_fds ? c->ctrl->ops->poll_fds(c->ctrl, fds) : 0;
+    const int n = s_poll_fds(c, fds);
     for (int i = 0; i < n; i++)
         pf[i] = (struct pollfd){.fd = fds[i], .events = POLLRDHUP};
     if (n <= 0 || poll(pf, (nfds_t)n, 0) <= 0)
@@ -119,12 +125,6 @@ static void s_destroy(ep_comm_t *c)
     if (c->ctrl)
         c->ctrl->ops->destroy(c->ctrl);
     free(s);
-}
-
-/* The ctrl sockets' descriptors: a peer's step header (or its going away) arrives there. */
-static int s_poll_fds(const ep_comm_t *c, int *fds)
-{
-    return c->ctrl && c->ctrl->ops->poll_fds ? c->ctrl->ops->poll_fds(c->ctrl, fds) : 0;
 }
 
 static const ep_comm_ops_t s_ops = {.name = "NCCL", .device = 1, .exchange = s_exchange, .destroy = s_destroy,
