@@ -697,6 +697,18 @@ int spec_policy_compute(const spec_accept_t *a, const spec_cost_t *c, int max_k,
         return snprintf(why, (size_t)why_len, "fewer than %d drafts verified at position 0", SPEC_POLICY_MIN_SAMPLES),
                -1;
     const int last = spec_cost_bucket(max_batch < 1 ? 1 : max_batch);
+    /* Drafting is judged against the plain step, so no policy until one is measured: a table of
+     * drafting cells alone says nothing of what a step without drafts costs. The fit then stands
+     * a drafting step's fixed cost (the draft model's forward, its catch-up) in for the plain
+     * step, and every k looks nearly free. On one H200 (kjv-dense with kjv-draft, 2026-12-03,
+     * 22dde92) the first computation had only k = 4 cells measured (1.97 ms a step at batch 64,
+     * where plain steps take 0.35 ms): it gave k = 0 the same 2 ms and chose k = 7 at every
+     * batch, and the next, still without a plain cell, 7 at batches 1-12. */
+    int plain = 0;
+    for (int b = 0; b <= last && !plain; b++)
+        plain = s_measured(c, b, 0);
+    if (!plain)
+        return snprintf(why, (size_t)why_len, "no plain step measured yet (the cost of k = 0 is unknown)"), -1;
     for (int b = 0; b <= last; b++) {
         const int B = s_grid[b];
         double rk[SPEC_MAX_K + 1];

@@ -428,6 +428,37 @@ static void test_unmeasured_plain_bounded(void **state)
     assert_true(spec_policy_bucket(&p, 16)->max_draft > 0);
 }
 
+/* No policy from drafting cells alone: the first computation of a draft-model run on one H200
+ * (kjv-dense with kjv-draft, 2026-12-03, 22dde92) had only k = 4 cells measured (batches 64 and
+ * 96, about 1.95 ms a step; their plain cells one step each) and chose k = 7 at every batch. It is
+ * refused now, and once the plain step is measured at batch 64 (0.35 ms), drafting is off there. */
+static void test_no_policy_without_plain_step(void **state)
+{
+    (void)state;
+    FILE *f = fopen("tests/fixtures/spec-policy/h200-kjv-draft-no-plain.log", "r");
+    assert_non_null(f);
+    static char line[65536];
+    assert_non_null(fgets(line, sizeof line, f));
+    fclose(f);
+    spec_accept_t a;
+    spec_cost_t c;
+    spec_policy_t logged, p = {.epoch = 3};
+    int max_k = 0, max_batch = 0;
+    char why[160];
+    assert_int_equal(spec_policy_log_parse(line, &a, &c, &max_k, &max_batch, &logged, why, sizeof why), 0);
+    assert_int_equal(spec_policy_bucket(&logged, 1)->max_draft, 7);    /* what the old rule chose */
+    assert_int_equal(spec_policy_bucket(&logged, 64)->max_draft, 7);
+    assert_int_equal(spec_policy_compute(&a, &c, max_k, max_batch, &p, why, sizeof why), -1);
+    assert_non_null(strstr(why, "plain"));
+    assert_int_equal(p.epoch, 3);   /* untouched */
+    const int b64 = spec_cost_bucket(64);
+    for (int i = 0; i < 8; i++)
+        spec_cost_record_step(&c, 64, 0, 64, 0.00035);
+    assert_int_equal(spec_policy_compute(&a, &c, max_k, max_batch, &p, why, sizeof why), 0);
+    assert_int_equal(spec_policy_bucket(&p, spec_cost_batch(b64))->max_draft, 0);
+    assert_int_equal(spec_policy_bucket(&p, 96)->max_draft, 0);
+}
+
 /* TROUPE_SPEC_POLICY_LOG's line holds everything the computation read: parsed back, the same
  * policy comes out, and the logged choice reads back as it was. */
 static void test_log_line_replays(void **state)
@@ -1165,6 +1196,7 @@ int main(void)
         cmocka_unit_test(test_explore_inherits_from_smaller_bucket),
         cmocka_unit_test(test_explore_budget_bounds_time),
         cmocka_unit_test(test_explore_budget_still_turns_on),
+        cmocka_unit_test(test_no_policy_without_plain_step),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
