@@ -20,7 +20,8 @@
 # and the scheduled run's draft-scheduler writes every policy computation to OUT_DIR/policy-sched.log
 # (TROUPE_SPEC_POLICY_LOG: acceptance, cost cells with their emitted tokens, the tokens/s expected of
 # each k per batch bucket, the choice); its last computation is printed after the table, through
-# troupe-spec-policy-replay (which recomputes it with this build's policy).
+# troupe-spec-policy-replay (which recomputes it with this build's policy). The table and that
+# computation are also written to OUT_DIR/table.txt.
 #
 # Environment:
 #   TROUPE_MODELS  the folder holding kjv-dense, kjv-draft and kjv-text (default ../shared/models)
@@ -158,6 +159,8 @@ run() {   # run ENTRY: one cluster, one troupe-bench sweep
 
 for e in $KS; do run "$e"; done
 
+# The table and the policy's last computation, on stdout and in OUT_DIR/table.txt.
+{
 python3 - "$OUT" $KS <<'PY'
 import json, os, sys
 out, entries = sys.argv[1], sys.argv[2:]
@@ -264,3 +267,4 @@ if [ -s "$OUT/policy-sched.log" ] && [ -x "$B/bin/troupe-spec-policy-replay" ]; 
   echo "the draft-scheduler's last policy computation ($OUT/policy-sched.log):"
   "$B/bin/troupe-spec-policy-replay" "$OUT/policy-sched.log" || true
 fi
+} 2>&1 | tee "$OUT/table.txt"

@@ -20,6 +20,11 @@ OUT=${1:-${OUT:-build/gpu-logs}}
 BATCH=${BATCH:-256}
 KV=${KV:-auto}
 QUANT=${QUANT:-}   # fp8|int8|int4|nvfp4: the dummy weights quantized at load (--quantize)
+# PROMPTS: --prompts of the engine (distinct, the default, or shared). Under ncu every kernel runs
+# alone, so 256 distinct 1,000-token prompts take minutes to prefill (raise PROFILE_TIMEOUT, or use
+# shared, whose decode reads one prompt's KV for every row). KV_SCALES: --kv-scales (auto, one, ...).
+PROMPTS=${PROMPTS:-distinct}
+KV_SCALES=${KV_SCALES:-auto}
 MODEL=${MODEL:-tests/fixtures/models/llama-3.1-8b-shape}
 mkdir -p "$OUT"
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
@@ -28,7 +33,7 @@ csv="$OUT/profile-b$BATCH.csv"   # ncu's report (its --log-file; the engine's ow
 timeout "${PROFILE_TIMEOUT:-400}" "$NCU" --clock-control none --graph-profiling node --metrics gpu__time_duration.sum \
   --csv --print-units base --log-file "$csv" \
   build/bin/troupe-bench-engine "$MODEL" --load-format dummy --dtype bf16 ${QUANT:+--quantize $QUANT} \
-  --backend cuda --kv-dtype "$KV" --prompt-len 1000 --batch "$BATCH" --steps 2 >"$OUT/profile-b$BATCH.txt" 2>"$OUT/profile-b$BATCH.err"
+  --backend cuda --kv-dtype "$KV" --kv-scales "$KV_SCALES" --prompts "$PROMPTS" --prompt-len 1000 --batch "$BATCH" --steps 2 >"$OUT/profile-b$BATCH.txt" 2>"$OUT/profile-b$BATCH.err"
 rc=$?
 [ $rc -eq 0 ] || { echo "gpu-profile: ncu exit $rc"; tail -5 "$OUT/profile-b$BATCH.err" "$csv"; exit 1; }
 python3 - "$csv" "$BATCH" <<'PY'
