@@ -171,7 +171,15 @@ __global__ void __launch_bounds__(DMMA_THREADS, MT > 1 ? 2 : F8 ? 4 : D == 64 ? 
     if (F8 && a.kv_scale)
         sl2 *= a.kv_scale[(size_t)a.layer * 2 * a.n_kv + g];
     /* Query vector v's row of q (valid for v < nvec). */
-    auto qvec = [&](int v) { return a.q + ((size_t)(t0 + v / G) * a.n_heads + (size_t)g * G + v % G) * D; };
+    /* Vector v = r * G + h: row r of the block's rows, head gG + h. G is a runtime value, so r
+     * costs an integer division; a block of one row (decode, the common case) has r = 0 without
+     * one. The fp8 kernel's PTX had 14 divisions while it took one row per block, 37 once it took
+     * rows by sequence (a qvec per k16 step), 19 with this and the row pointers found once. */
+    auto vrow = [&](int v) { return n_rows == 1 ? 0 : v / G; };
+    auto qvec = [&](int v) {
+        const int r = vrow(v);
+        return a.q + ((size_t)(t0 + r) * a.n_heads + (size_t)g * G + (v - r * G)) * D;
+    };
 
     /* Tile i of the range into stage i % STAGES, or an empty group past the last tile (keeps the
      * wait count uniform). */
@@ -208,16 +216,21 @@ __global__ void __launch_bounds__(DMMA_THREADS, MT > 1 ? 2 : F8 ? 4 : D == 64 ? 
      * 2t+9 = those dimensions of 16kk). */
     uint32_t qf[MT > 1 ? 1 : KD][4];
     if constexpr (MT > 1) {
-        for (int mt = 0; mt < MT; mt++)
+        for (int mt = 0; mt < MT; mt++) {
+            const float *qr[2];                    /* this lane's two vectors of tile mt (NULL: past nvec) */
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+                const int v = mt * DMMA_ROWS + gid + 8 * half;
+                qr[half] = v < nvec ? qvec(v) : NULL;
+            }
 #pragma unroll
             for (int kk = 0; kk < KD; kk++) {
                 uint32_t f[4];
 #pragma unroll
                 for (int half = 0; half < 2; half++) {
-                    const int v = mt * DMMA_ROWS + gid + 8 * half;
                     float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                    if (v < nvec) {
-                        const float *qv = qvec(v) + kk * 16;
+                    if (qr[half]) {
+                        const float *qv = qr[half] + kk * 16;
                         if constexpr (F8) {
                             x = *(const float4 *)(qv + 4 * tig);
                         } else {
@@ -230,16 +243,19 @@ __global__ void __launch_bounds__(DMMA_THREADS, MT > 1 ? 2 : F8 ? 4 : D == 64 ? 
                 }
                 Qf[(mt * KD + kk) * 32 + lane] = make_uint4(f[0], f[1], f[2], f[3]);
             }
+        }
         __syncwarp();                              /* a lane reads back only its own fragments */
     } else if constexpr (F8) {
+        /* This lane's two vectors' rows found once, not per k16 step: each qvec was a division
+         * ahead of a load, 16 of them in a row before the first score. */
+        const float *qr[2] = {gid < nvec ? qvec(gid) : NULL, gid + 8 < nvec ? qvec(gid + 8) : NULL};
 #pragma unroll
         for (int kk = 0; kk < KD; kk++) {
 #pragma unroll
             for (int half = 0; half < 2; half++) {
-                const int v = gid + 8 * half;
                 float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                if (v < nvec)
-                    x = *(const float4 *)(qvec(v) + kk * 16 + 4 * tig);
+                if (qr[half])
+                    x = *(const float4 *)(qr[half] + kk * 16 + 4 * tig);
                 qf[kk][half] = dev_pack2<F8>(x.x, x.y);
                 qf[kk][2 + half] = dev_pack2<F8>(x.z, x.w);
             }
@@ -281,8 +297,9 @@ __global__ void __launch_bounds__(DMMA_THREADS, MT > 1 ? 2 : F8 ? 4 : D == 64 ? 
         l[mt][0] = l[mt][1] = 0.0f;
     }
     /* The end of vector v's keys in this range: its row's position + 1, at most k1 (re-read where
-     * a tile is masked, rather than held in registers the fp8 kernel has none to spare of). */
-    auto key_end = [&](int v) { return v < nvec ? min(k1, a.tok_pos[t0 + v / G] + 1) : k1; };
+     * a tile is masked, rather than held in registers the fp8 kernel has none to spare of); k1
+     * for a block of one row, whose position is the last of its keys. */
+    auto key_end = [&](int v) { return v < nvec && n_rows > 1 ? min(k1, a.tok_pos[t0 + v / G] + 1) : k1; };
 
     for (int i = 0; i < n_tiles; i++) {
         dev_cp_wait<STAGES - 2>();                 /* this thread's chunks of tile i have landed */
@@ -482,7 +499,8 @@ __global__ void __launch_bounds__(DMMA_THREADS, MT > 1 ? 2 : F8 ? 4 : D == 64 ? 
             lt += Rl[w * VROWS + v] * wt;
             x += Ro[(w * VROWS + v) * RST + d] * wt;
         }
-        const size_t row = (size_t)(t0 + v / G) * a.n_heads + (size_t)g * G + v % G;
+        const int r = vrow(v);
+        const size_t row = (size_t)(t0 + r) * a.n_heads + (size_t)g * G + (v - r * G);
         if (a.S == 1) {
             a.out[row * D + d] = x * (vsc / lt);
         } else {
