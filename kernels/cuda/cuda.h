@@ -182,6 +182,8 @@ typedef struct cuda_state {
     size_t quant_w_bytes;
     int mla_prefill;              /* MLA prompt chunks: CUDA_MLA_PF_* (TROUPE_CUDA_MLA_PREFILL, default auto) */
     int mla_pf_keys;              /* ... keys per pass of the decompressed form (TROUPE_CUDA_MLA_PREFILL_KEYS; 0: by 1 GiB of scratch) */
+    int mla_mma;                  /* MLA's absorbed attention on the tensor cores (TROUPE_CUDA_MLA_MMA): 0 (default) never, 1 where
+                                     cuda_mla_decode_mma.cu takes the shape, 2 the same and a refusal is fatal (tests) */
     void *mla_pf;                 /* device: mla_prefill's latents, K and V of one call (cuda_mla_prefill.cu) */
     size_t mla_pf_bytes;
 } cuda_state_t;
@@ -428,6 +430,12 @@ void cuda_mla_attention(backend_t *be, const bk_kv_t *kv, int layer, const float
 int cuda_mla_prefill(backend_t *be, const bk_kv_t *kv, int layer, const float *q, const float *q_pe, int n_heads,
                      int kv_lora, int dn, int dr, int dv, const bk_mat_t *w_uk_t, const bk_mat_t *w_uv, float scale,
                      const bk_attn_meta_t *meta, int n_ctx, float *out);   /* cuda_mla_prefill.cu */
+/* The absorbed attention on the tensor cores (cuda_mla_decode_mma.cu): k_mla_split's result, its
+ * partials [T][n_heads][S][kv_lora + 2] in part when S > 1 (the caller combines them); -1 when it
+ * refuses the shape (nothing launched). */
+int cuda_mla_decode_mma(const cuda_state_t *st, const bk_kv_t *kv, int layer, const float *q_lat, const float *q_pe,
+                        int n_heads, int kv_lora, int rope_dim, float scale, const bk_attn_meta_t *meta, int S,
+                        float *part, float *out);
 void cuda_head_matmul(backend_t *be, const float *x, int M, int n_heads, int x_stride, int x_head, const bk_mat_t *w,
                       float *y, int y_stride, int y_head);
 void cuda_add(backend_t *be, float *y, const float *x, int n);

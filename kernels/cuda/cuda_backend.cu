@@ -501,7 +501,8 @@ extern "C" backend_t *backend_cuda_new(int device, char *err, size_t errlen)
         s_env_int("TROUPE_CUDA_MOE_GROUPED_MIN_M", 9, 1, 1 << 30, &st->moe_grouped_min_m, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_MOE_GROUPED_BM", 0, 0, 128, &st->moe_grouped_bm, err, errlen) < 0 ||
         s_env_mla_prefill(&st->mla_prefill, err, errlen) < 0 ||
-        s_env_int("TROUPE_CUDA_MLA_PREFILL_KEYS", 0, 0, 1 << 30, &st->mla_pf_keys, err, errlen) < 0)
+        s_env_int("TROUPE_CUDA_MLA_PREFILL_KEYS", 0, 0, 1 << 30, &st->mla_pf_keys, err, errlen) < 0 ||
+        s_env_int("TROUPE_CUDA_MLA_MMA", 0, 0, 2, &st->mla_mma, err, errlen) < 0)
         goto fail;
     {
         const char *skip = getenv("TROUPE_CUDA_PDL_SKIP");

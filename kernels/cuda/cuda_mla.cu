@@ -14,7 +14,9 @@
  * a range of its keys, each cached entry read once for all those heads; key ranges (split-KV,
  * flash-decoding) fill the GPU when rows are few, k_mla_combine merges them. Other shapes take
  * k_mla_attention, one block per (row, head). The split kernel's softmax runs per 32-key tile and
- * per range (the CPU's per cache block): the same up to rounding.
+ * per range (the CPU's per cache block): the same up to rounding. TROUPE_CUDA_MLA_MMA=1 sends the
+ * split kernel's calls to cuda_mla_decode_mma.cu (tensor cores, q and p rounded to 16 bits) where
+ * it takes the shape; off by default until it is measured on a GPU.
  *
  * The router selects with one warp per row (lane scans and warp argmaxes), the CPU's ids and
  * weights exactly. */
@@ -595,6 +597,17 @@ void cuda_mla_attention(backend_t *be, const bk_kv_t *kv, int layer, const float
         if (x.S > 1)
             x.part = (float *)cuda_scratch(be, (void **)&st->part, &st->part_bytes,
                                            (size_t)rh * x.S * (kv_lora + 2) * sizeof(float));
+        /* TROUPE_CUDA_MLA_MMA (default off until measured): the tensor-core kernel, same ranges and
+         * partials; a shape it refuses stays here (2: is fatal, so a test knows it ran). */
+        if (st->mla_mma &&
+            cuda_mla_decode_mma(st, kv, layer, q_lat, q_pe, n_heads, kv_lora, rope_dim, scale, meta, x.S, x.part, out) == 0) {
+            if (x.S > 1)
+                cuda_launch(st, k_mla_combine, (unsigned)rh, 128, (const float *)x.part, x.S, kv_lora, out);
+            return;
+        }
+        if (st->mla_mma == 2)
+            cuda_die("cuda_mla_attention", "TROUPE_CUDA_MLA_MMA=2: the tensor-core kernel refused the shape", __FILE__,
+                     __LINE__);
         switch (kv->dtype) {
         case DT_F32: s_split_launch<float>(st, x, T, hpw); break;
         case DT_BF16: s_split_launch<__nv_bfloat16>(st, x, T, hpw); break;

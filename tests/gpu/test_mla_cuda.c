@@ -4,8 +4,9 @@
  * 40 ids and 24 one-row decode steps on both backends (prefill: MLA over many rows; decode: the
  * absorbed attention of one row over the compressed cache, the sigmoid group routing on the
  * device); every step's logits must have the same argmax and agree within the bounds at
- * s_compare. The ops' own results are compared too: mla_attention and moe_route_sigmoid on random
- * inputs, ids equal and values close. */
+ * s_compare. The ops' own results are compared too: mla_attention (the CUDA-core kernels, and the
+ * tensor-core one under TROUPE_CUDA_MLA_MMA) and moe_route_sigmoid on random inputs, ids equal and
+ * values close. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -121,36 +122,39 @@ typedef struct attn_case {
     dtype_t dt;
     int bs, n_heads, T, n_seqs;
     const int32_t *seq, *pos;     /* [T] */
+    int lora, rope;               /* kv_lora_rank, qk_rope_head_dim */
+    float scale;
 } attn_case_t;
 
-enum { A_LORA = 512, A_ROPE = 64, A_W = A_LORA + A_ROPE, A_LAYERS = 2, A_LAYER = 1 };
+enum { A_LORA = 512, A_ROPE = 64, A_LAYERS = 2, A_LAYER = 1 };
 
 static float *s_attn_run(backend_t *be, const attn_case_t *c, const void *cache, size_t cache_bytes, int n_blocks,
                          const int32_t *bt_start, const int32_t *bt, int n_bt, const float *ql, const float *qp)
 {
     const backend_ops_t *op = be->ops;
-    const size_t nq = (size_t)c->T * c->n_heads, out_bytes = nq * A_LORA * sizeof(float);
+    const int L = c->lora, R = c->rope;
+    const size_t nq = (size_t)c->T * c->n_heads, out_bytes = nq * L * sizeof(float);
     bk_kv_t kv = {.dtype = c->dt, .n_blocks = n_blocks, .block_size = c->bs, .n_layers = A_LAYERS, .n_kv_heads = 1,
-                  .head_dim = A_W / 2, .block_bytes = (size_t)A_LAYERS * c->bs * A_W * dtype_size(c->dt)};
+                  .head_dim = (L + R) / 2, .block_bytes = (size_t)A_LAYERS * c->bs * (L + R) * dtype_size(c->dt)};
     kv.base = op->alloc(be, cache_bytes);
     int32_t *d_seq = op->alloc(be, (size_t)c->T * 4), *d_pos = op->alloc(be, (size_t)c->T * 4),
             *d_bts = op->alloc(be, (size_t)c->n_seqs * 4), *d_bt = op->alloc(be, (size_t)n_bt * 4);
-    float *d_ql = op->alloc(be, nq * A_LORA * 4), *d_qp = op->alloc(be, nq * A_ROPE * 4), *d_out = op->alloc(be, out_bytes);
+    float *d_ql = op->alloc(be, nq * L * 4), *d_qp = op->alloc(be, nq * R * 4), *d_out = op->alloc(be, out_bytes);
     float *out = malloc(out_bytes);
     assert_non_null(out);
-    for (size_t i = 0; i < nq * A_LORA; i++)
+    for (size_t i = 0; i < nq * L; i++)
         out[i] = NAN;                              /* an output the op does not write fails the check */
     assert_int_equal(op->upload(be, kv.base, cache, cache_bytes), 0);
     assert_int_equal(op->upload(be, d_seq, c->seq, (size_t)c->T * 4), 0);
     assert_int_equal(op->upload(be, d_pos, c->pos, (size_t)c->T * 4), 0);
     assert_int_equal(op->upload(be, d_bts, bt_start, (size_t)c->n_seqs * 4), 0);
     assert_int_equal(op->upload(be, d_bt, bt, (size_t)n_bt * 4), 0);
-    assert_int_equal(op->upload(be, d_ql, ql, nq * A_LORA * 4), 0);
-    assert_int_equal(op->upload(be, d_qp, qp, nq * A_ROPE * 4), 0);
+    assert_int_equal(op->upload(be, d_ql, ql, nq * L * 4), 0);
+    assert_int_equal(op->upload(be, d_qp, qp, nq * R * 4), 0);
     assert_int_equal(op->upload(be, d_out, out, out_bytes), 0);
     const bk_attn_meta_t meta = {.n_tokens = c->T, .n_seqs = c->n_seqs, .tok_seq = d_seq, .tok_pos = d_pos,
                                  .seq_bt_start = d_bts, .block_table = d_bt};
-    op->mla_attention(be, &kv, A_LAYER, d_ql, d_qp, c->n_heads, A_LORA, A_ROPE, 1.0f / sqrtf(192.0f), &meta, d_out);
+    op->mla_attention(be, &kv, A_LAYER, d_ql, d_qp, c->n_heads, L, R, c->scale, &meta, d_out);
     assert_int_equal(op->download(be, out, d_out, out_bytes), 0);
     op->free(be, kv.base);
     op->free(be, d_seq);
@@ -167,6 +171,54 @@ static float s_rand(uint64_t *r)
 {
     *r = *r * 6364136223846793005ull + 1442695040888963407ull;
     return (float)((int)(*r >> 40) % 2000 - 1000) / 1000.0f;
+}
+
+/* One mla_attention case on the CPU and on gpu: random cache values (never zeros) and queries,
+ * each sequence's blocks numbered backwards (tables are not the identity). Returns the worst
+ * (row, head) relative error of gpu's output against the CPU's (NaN if any is NaN). */
+static double s_attn_case(backend_t *cpu, backend_t *gpu, const attn_case_t *c, uint64_t seed)
+{
+    const int L = c->lora, R = c->rope, W = L + R;
+    int32_t bt_start[64], bt[512];
+    int n_bt = 0;
+    assert_true(c->n_seqs <= 64);
+    for (int s = 0; s < c->n_seqs; s++) {
+        int max_pos = 0;
+        for (int t = 0; t < c->T; t++)
+            max_pos = c->seq[t] == s && c->pos[t] > max_pos ? c->pos[t] : max_pos;
+        bt_start[s] = n_bt;
+        n_bt += max_pos / c->bs + 1;
+    }
+    assert_true(n_bt <= 512);
+    for (int i = 0; i < n_bt; i++)
+        bt[i] = n_bt - 1 - i;
+    const size_t block_bytes = (size_t)A_LAYERS * c->bs * W * dtype_size(c->dt);
+    const size_t n_el = (size_t)n_bt * A_LAYERS * c->bs * W, nq = (size_t)c->T * c->n_heads;
+    float *f = malloc(n_el * 4), *ql = malloc(nq * L * 4), *qp = malloc(nq * R * 4);
+    void *cache = malloc((size_t)n_bt * block_bytes);
+    assert_true(f && ql && qp && cache);
+    uint64_t r = seed;
+    for (size_t i = 0; i < n_el; i++)
+        f[i] = s_rand(&r);
+    for (size_t i = 0; i < nq * L; i++)
+        ql[i] = 4.0f * s_rand(&r);                 /* scores of a few units: the max matters */
+    for (size_t i = 0; i < nq * R; i++)
+        qp[i] = 4.0f * s_rand(&r);
+    dtype_from_f32(c->dt, f, cache, n_el);
+    float *a = s_attn_run(cpu, c, cache, (size_t)n_bt * block_bytes, n_bt, bt_start, bt, n_bt, ql, qp);
+    float *b = s_attn_run(gpu, c, cache, (size_t)n_bt * block_bytes, n_bt, bt_start, bt, n_bt, ql, qp);
+    double worst = 0;
+    for (size_t i = 0; i < nq; i++) {
+        const double e = s_relerr(b + i * L, a + i * L, (size_t)L);
+        worst = e > worst || e != e ? e : worst;
+    }
+    free(a);
+    free(b);
+    free(f);
+    free(ql);
+    free(qp);
+    free(cache);
+    return worst;
 }
 
 /* mla_attention at DeepSeek's shape (kv_lora 512, rope 64) over 1,000+ keys: decode rows of
@@ -186,56 +238,19 @@ static void test_attention(void **state)
     }
     const dtype_t dts[] = {DT_F32, DT_BF16, DT_F8E4M3};
     const int bss[] = {16, 64}, heads[] = {16, 20};
+    const float sc = 1.0f / sqrtf(192.0f);
     for (int di = 0; di < 3; di++)
         for (int bi = 0; bi < 2; bi++)
             for (int hi = 0; hi < 2; hi++)
                 for (int shape = 0; shape < 2; shape++) {
-                    const attn_case_t c = shape == 0 ? (attn_case_t){dts[di], bss[bi], heads[hi], 4, 4, dec_seq, dec_pos}
-                                                     : (attn_case_t){dts[di], bss[bi], heads[hi], 40, 1, pre_seq, pre_pos};
-                    /* Each sequence's blocks, numbered backwards so that tables are not the identity. */
-                    int32_t bt_start[4], bt[512];
-                    int n_bt = 0;
-                    for (int s = 0; s < c.n_seqs; s++) {
-                        int max_pos = 0;
-                        for (int t = 0; t < c.T; t++)
-                            max_pos = c.seq[t] == s && c.pos[t] > max_pos ? c.pos[t] : max_pos;
-                        bt_start[s] = n_bt;
-                        n_bt += max_pos / c.bs + 1;
-                    }
-                    assert_true(n_bt <= 512);
-                    for (int i = 0; i < n_bt; i++)
-                        bt[i] = n_bt - 1 - i;
-                    const size_t block_bytes = (size_t)A_LAYERS * c.bs * A_W * dtype_size(c.dt);
-                    const size_t n_el = (size_t)n_bt * A_LAYERS * c.bs * A_W, nq = (size_t)c.T * c.n_heads;
-                    float *f = malloc(n_el * 4), *ql = malloc(nq * A_LORA * 4), *qp = malloc(nq * A_ROPE * 4);
-                    void *cache = malloc((size_t)n_bt * block_bytes);
-                    assert_true(f && ql && qp && cache);
-                    uint64_t r = 777 + (uint64_t)(di * 8 + bi * 4 + hi * 2 + shape);
-                    for (size_t i = 0; i < n_el; i++)
-                        f[i] = s_rand(&r);
-                    for (size_t i = 0; i < nq * A_LORA; i++)
-                        ql[i] = 4.0f * s_rand(&r);        /* scores of a few units: the max matters */
-                    for (size_t i = 0; i < nq * A_ROPE; i++)
-                        qp[i] = 4.0f * s_rand(&r);
-                    dtype_from_f32(c.dt, f, cache, n_el);
-                    float *a = s_attn_run(cpu, &c, cache, (size_t)n_bt * block_bytes, n_bt, bt_start, bt, n_bt, ql, qp);
-                    float *b = s_attn_run(s_gpu, &c, cache, (size_t)n_bt * block_bytes, n_bt, bt_start, bt, n_bt, ql, qp);
-                    double worst = 0;
-                    for (size_t i = 0; i < nq; i++) {
-                        const double e = s_relerr(b + i * A_LORA, a + i * A_LORA, A_LORA);
-                        worst = e > worst || e != e ? e : worst;
-                    }
+                    const attn_case_t c = shape == 0 ? (attn_case_t){dts[di], bss[bi], heads[hi], 4, 4, dec_seq, dec_pos, A_LORA, A_ROPE, sc}
+                                                     : (attn_case_t){dts[di], bss[bi], heads[hi], 40, 1, pre_seq, pre_pos, A_LORA, A_ROPE, sc};
+                    const double worst = s_attn_case(cpu, s_gpu, &c, 777 + (uint64_t)(di * 8 + bi * 4 + hi * 2 + shape));
                     print_message("  mla_attention %s bs %d heads %d %s: worst (row, head) rel err %.2e\n",
                                   dtype_name(c.dt), c.bs, c.n_heads, shape == 0 ? "decode x4" : "prefill x40", worst);
                     if (!(worst <= 1e-5))
                         fail_msg("mla_attention %s bs %d heads %d %s: rel err %.3g exceeds 1e-5", dtype_name(c.dt), c.bs,
                                  c.n_heads, shape == 0 ? "decode" : "prefill", worst);
-                    free(a);
-                    free(b);
-                    free(f);
-                    free(ql);
-                    free(qp);
-                    free(cache);
                 }
     backend_destroy(&cpu);
 }
@@ -568,25 +583,99 @@ static void s_env_swap(const char *name, const char *value, char keep[64], int *
         unsetenv(name);
 }
 
-/* A CUDA backend made with TROUPE_CUDA_MLA_PREFILL = mode and TROUPE_CUDA_MLA_PREFILL_KEYS = keys
- * (NULL: unset; the knobs are read at creation), the variables restored after. */
-static backend_t *s_gpu_knobs(const char *mode, const char *keys)
+/* A CUDA backend made with environment variables n1 = v1 and n2 = v2 (NULL: unset; the knobs are
+ * read at creation), the variables restored after. */
+static backend_t *s_gpu_env(const char *n1, const char *v1, const char *n2, const char *v2)
 {
     char err[512], k1[64], k2[64];
     int h1, h2;
-    s_env_swap("TROUPE_CUDA_MLA_PREFILL", mode, k1, &h1);
-    s_env_swap("TROUPE_CUDA_MLA_PREFILL_KEYS", keys, k2, &h2);
+    s_env_swap(n1, v1, k1, &h1);
+    s_env_swap(n2, v2, k2, &h2);
     backend_t *be = backend_new("cuda", 0, err, sizeof err);
     int unused;
     char tmp[64];
-    s_env_swap("TROUPE_CUDA_MLA_PREFILL", h1 ? k1 : NULL, tmp, &unused);
-    s_env_swap("TROUPE_CUDA_MLA_PREFILL_KEYS", h2 ? k2 : NULL, tmp, &unused);
+    s_env_swap(n1, h1 ? k1 : NULL, tmp, &unused);
+    s_env_swap(n2, h2 ? k2 : NULL, tmp, &unused);
     if (!be)
         fail_msg("%s", err);
     return be;
 }
 
+/* TROUPE_CUDA_MLA_PREFILL = mode and TROUPE_CUDA_MLA_PREFILL_KEYS = keys. */
+static backend_t *s_gpu_knobs(const char *mode, const char *keys)
+{
+    return s_gpu_env("TROUPE_CUDA_MLA_PREFILL", mode, "TROUPE_CUDA_MLA_PREFILL_KEYS", keys);
+}
+
 static backend_t *s_gpu_mode(const char *mode) { return s_gpu_knobs(mode, NULL); }
+
+/* ---- mla_attention on the tensor cores (TROUPE_CUDA_MLA_MMA, cuda_mla_decode_mma.cu) ------------------ */
+
+/* Bounds for the tensor-core kernel against the CPU, per (row, head): q is rounded to 16 bits once,
+ * each p before P V. A relative rounding error e of q moves a score (raw dot product of 576
+ * products, q up to 4, cache values up to 1: RMS ~32) by ~sqrt(576 (16/3)(1/3)) e_rms, times
+ * scale 1/sqrt(192): 2.6e-3 for bf16 (e_rms = 2^-9 / sqrt 3), so each p is off by that factor
+ * relatively, p's own rounding adds 1.1e-3; the output's relative error is about that RMS,
+ * ~3e-3, and its 512 dims average the per-key noise. f16 (the fp8 cache's mma type) has 2^-11:
+ * ~7e-4. The bounds allow 3x (some (row, head) with few dominant keys lies above the RMS). A
+ * dropped or repeated key among n moves the output by ~1 / sqrt(n) relative (3e-2 at n = 1,000),
+ * a wrong mask or tile by O(1): both fail. */
+#define MMA_BF16_BOUND 1e-2
+#define MMA_F16_BOUND 3e-3
+
+/* The tensor-core kernel with TROUPE_CUDA_MLA_MMA=2, so that a shape it refused would be fatal
+ * rather than quietly run by k_mla_split: DeepSeek-V2-Lite's heads (16: one m16 tile), 40 (two
+ * groups and a partial third, V3's 128 in miniature) and kjv-deepseek's (4 heads, kv_lora 64, rope
+ * 16); bf16 and fp8 caches; a batch of 1 at 1,201 keys (split over up to 64 ranges: most of a
+ * range's tile masked), 6 decode rows of 1, 15, 64, 1,037, 518 and 128 keys (lengths at, below and
+ * past a 64-key tile; ranges that are empty), and 4 rows of one sequence (a verify step's shape);
+ * split (the default rule) and unsplit (TROUPE_CUDA_ATTN_SPLIT=0: one range, out written
+ * directly). */
+static void test_attention_mma(void **state)
+{
+    (void)state;
+    backend_t *cpu = backend_cpu_new(0);
+    backend_t *gpus[2] = {s_gpu_env("TROUPE_CUDA_MLA_MMA", "2", "TROUPE_CUDA_ATTN_SPLIT", NULL),
+                          s_gpu_env("TROUPE_CUDA_MLA_MMA", "2", "TROUPE_CUDA_ATTN_SPLIT", "0")};
+    static const int32_t one_seq[] = {0}, one_pos[] = {1200};
+    static const int32_t dec_seq[] = {0, 1, 2, 3, 4, 5}, dec_pos[] = {0, 14, 63, 1036, 517, 127};
+    static const int32_t ver_seq[] = {0, 0, 0, 0}, ver_pos[] = {97, 98, 99, 100};
+    static const struct {
+        const char *name;
+        int n_heads, lora, rope;
+        float scale;
+    } heads[] = {
+        {"V2-Lite heads", 16, 512, 64, 0.07216878f},   /* 1 / sqrt(192) */
+        {"40 heads", 40, 512, 64, 0.07216878f},
+        {"kjv-deepseek heads", 4, 64, 16, 0.14433757f}, /* 1 / sqrt(48) */
+    };
+    static const dtype_t dts[] = {DT_BF16, DT_F8E4M3};
+    for (size_t hi = 0; hi < sizeof heads / sizeof heads[0]; hi++)
+        for (int di = 0; di < 2; di++)
+            for (int rows = 0; rows < 3; rows++)
+                for (int split = 0; split < 2; split++) {
+                    const int bs = di == 0 ? 16 : 64;
+                    attn_case_t c = {dts[di], bs, heads[hi].n_heads, 1, 1, one_seq, one_pos, heads[hi].lora,
+                                     heads[hi].rope, heads[hi].scale};
+                    if (rows == 1)
+                        c.T = c.n_seqs = 6, c.seq = dec_seq, c.pos = dec_pos;
+                    else if (rows == 2)
+                        c.T = 4, c.seq = ver_seq, c.pos = ver_pos;
+                    static const char *row_names[] = {"batch 1, 1,201 keys", "6 decode rows", "4 rows of one sequence"};
+                    const double bound = dts[di] == DT_BF16 ? MMA_BF16_BOUND : MMA_F16_BOUND;
+                    const double worst =
+                        s_attn_case(cpu, gpus[split], &c, 4242 + (uint64_t)(hi * 16 + di * 8 + rows * 2 + split));
+                    print_message("  mla_attention (tensor cores) %s, %s, %s, %s: worst (row, head) rel err %.2e\n",
+                                  heads[hi].name, dtype_name(c.dt), row_names[rows], split ? "unsplit" : "split", worst);
+                    if (!(worst <= bound))
+                        fail_msg("mla_attention (tensor cores) %s, %s, %s, %s: rel err %.3g exceeds %.0e",
+                                 heads[hi].name, dtype_name(c.dt), row_names[rows], split ? "unsplit" : "split", worst,
+                                 bound);
+                }
+    backend_destroy(&gpus[0]);
+    backend_destroy(&gpus[1]);
+    backend_destroy(&cpu);
+}
 
 /* One head configuration and one call: T rows of sequence 1 of two (the other's table first, so
  * the sequence index matters) at positions p0 .. p0 + T - 1, keys 0 .. p0 + T - 1 in the cache. */
@@ -998,6 +1087,7 @@ int main(void)
         cmocka_unit_test(test_mtp_graph),
         cmocka_unit_test(test_route),
         cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_attention_mma),
         cmocka_unit_test(test_prefill),
         cmocka_unit_test(test_fixtures),
         cmocka_unit_test(test_prefill_model),
