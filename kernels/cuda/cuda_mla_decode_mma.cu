@@ -23,7 +23,7 @@
  *     tile loads while this one is used); keys past the range are zero-filled (p = 0 must never
  *     meet stale or uninitialised bits: 0 * NaN). An fp8 tile is converted once to f16 in shared
  *     memory (dev_f8_rows_to_f16: exact), then read as a 16-bit tile.
- *   Per tile, three block barriers apart:
+ *   Per tile, three block barriers apart (four with the fp8 conversion):
  *     1. S = Q K^T: warp w scores keys 8w..8w+7 (one n8 block) over the W / 16 k16 steps, K as B by
  *        plain ldmatrix; scores into shared memory [16][64].
  *     2. Online softmax in the log2 domain (s * scale * log2 e, exp2): warp w takes heads 2w, 2w+1,
