@@ -215,7 +215,7 @@ int spec_explore_next(spec_explore_t *e, int batch, const spec_cost_t *seen)
         e->one_left--;
         return 1;
     }
-    if (step % (2 * SPEC_EXPLORE_EVERY) < 2)
+    if (step % (2 * (e->early ? SPEC_EXPLORE_EARLY_EVERY : SPEC_EXPLORE_EVERY)) < 2)
         return 0;
     if (e->one_every[b] == 0) {   /* the bucket's first step: its first pair comes half an interval on */
         e->one_every[b] = SPEC_EXPLORE_ONE_EVERY;

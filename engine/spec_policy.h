@@ -150,8 +150,9 @@ int spec_plain_guard_slow(spec_plain_guard_t *g, double seconds);
  * table keeps the plain step and the one-draft step measured at every batch size next to the
  * policy's choice (a fit from one length cannot tell a step's fixed cost from its cost per token,
  * and a policy settled on k would otherwise never see that k = 0 became better, or the reverse).
- *   - plain: two steps in a row in every 2 x SPEC_EXPLORE_EVERY (the second measures the plain
- *     cell with a stateful proposer: spec_cost_leave_out);
+ *   - plain: two steps in a row in every 2 x SPEC_EXPLORE_EVERY, SPEC_EXPLORE_EARLY_EVERY while
+ *     no policy is in force (the second measures the plain cell with a stateful proposer:
+ *     spec_cost_leave_out);
  *   - one draft: two steps in a row (the first is the catch-up) every `one_every` decode-only steps
  *     of the batch bucket, SPEC_EXPLORE_ONE_EVERY to begin with. Where the worker's own measured
  *     cells say drafting loses by far at that bucket (the best measured drafting cell below
@@ -164,6 +165,14 @@ int spec_plain_guard_slow(spec_plain_guard_t *g, double seconds);
  *     21% to two one-draft steps in 64 and the draft model's catch-up before them, where the
  *     measured one-draft cell gave a tenth of the plain one's tokens/s. */
 #define SPEC_EXPLORE_EVERY      16    /* plain: two steps in every 2 x this many */
+#define SPEC_EXPLORE_EARLY_EVERY 4    /* ... and in every 2 x this many while no policy is in force
+                                       * (spec_explore_t.early): the policy waits for a measured plain
+                                       * cell (spec_policy_compute), and one pair in 32 steps, spread over
+                                       * every batch bucket a level ramps through, fills one slowly. On
+                                       * one H200 (kjv-dense with kjv-draft, 2026-12-03, 22dde92) the
+                                       * batch-64 and batch-96 buckets had one counted plain step each
+                                       * after 124 and 104 drafting ones (the cell needs 4), while their
+                                       * drafting steps took 1.97 ms against a plain 0.35. */
 #define SPEC_EXPLORE_ONE_EVERY  64    /* one draft: two steps in this many (per batch bucket), at first */
 #define SPEC_EXPLORE_ONE_MAX    1024  /* ... backing off up to this many */
 #define SPEC_EXPLORE_WIDE       0.15  /* drafting losing by this fraction of tokens/s is losing by far */
@@ -191,6 +200,7 @@ int spec_plain_guard_slow(spec_plain_guard_t *g, double seconds);
 
 typedef struct spec_explore {
     uint64_t steps;                          /* decode-only steps asked about */
+    int early;                               /* no policy in force (the caller sets it): SPEC_EXPLORE_EARLY_EVERY */
     uint64_t at[SPEC_COST_BATCHES];          /* ... of each batch bucket */
     uint64_t one_next[SPEC_COST_BATCHES];    /* the bucket's step at which its next one-draft pair begins */
     uint32_t one_every[SPEC_COST_BATCHES];   /* the bucket's interval (0: not set yet, the start) */

@@ -165,6 +165,7 @@ int spec_client_explore(spec_client_t *c, int batch)
 {
     if (!c->scheduled || !c->scheduler[0])
         return -1;
+    c->explore.early = !spec_client_active(c);   /* plain pairs come oftener until a policy is in force */
     return spec_explore_next(&c->explore, batch, &c->seen);
 }
 

@@ -609,6 +609,25 @@ static void test_explore_share_bounded(void **state)
     assert_true(one >= 2 * (steps / SPEC_EXPLORE_ONE_EVERY) - 2 * buckets);   /* never stops */
 }
 
+/* Until a policy is in force the plain pairs come every 2 x SPEC_EXPLORE_EARLY_EVERY steps, not
+ * every 2 x SPEC_EXPLORE_EVERY: the policy waits for a measured plain cell. */
+static void test_explore_early_plain(void **state)
+{
+    (void)state;
+    const int steps = 64 * 2 * SPEC_EXPLORE_EVERY;
+    spec_explore_t late = {0}, early = {.early = 1};
+    const int n_late = s_count_explore(&late, 64, NULL, steps, 0);
+    const int n_early = s_count_explore(&early, 64, NULL, steps, 0);
+    assert_int_equal(n_late, 2 * (steps / (2 * SPEC_EXPLORE_EVERY)));
+    assert_int_equal(n_early, 2 * (steps / (2 * SPEC_EXPLORE_EARLY_EVERY)));
+    /* the plain steps come in pairs: the second is the one that measures the cell */
+    spec_explore_t e = {.early = 1};
+    for (int i = 0; i < 4 * SPEC_EXPLORE_EARLY_EVERY; i++) {
+        const int r = spec_explore_next(&e, 64, NULL);
+        assert_int_equal(r == 0, i % (2 * SPEC_EXPLORE_EARLY_EVERY) < 2);
+    }
+}
+
 static void test_explore_backs_off(void **state)
 {
     (void)state;
@@ -1197,6 +1216,7 @@ int main(void)
         cmocka_unit_test(test_explore_budget_bounds_time),
         cmocka_unit_test(test_explore_budget_still_turns_on),
         cmocka_unit_test(test_no_policy_without_plain_step),
+        cmocka_unit_test(test_explore_early_plain),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
