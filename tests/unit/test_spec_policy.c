@@ -399,6 +399,19 @@ static void test_unmeasured_k_scaled(void **state)
     assert_int_equal(r.emitted[spec_cost_bucket(50)][3], 120);
 }
 
+/* The nth computation (ok=1) of a TROUPE_SPEC_POLICY_LOG fixture into line. */
+static void s_fixture_line(const char *path, int nth, char *line, int len)
+{
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    int n = 0;
+    while (fgets(line, len, f))
+        if (strstr(line, " ok=1") && n++ == nth)
+            break;
+    fclose(f);
+    assert_int_equal(n, nth + 1);
+}
+
 /* The draft-scheduler's last computation of a tools/bench-spec.sh run on one H200 (KJV pair,
  * n-gram drafts, 2026-12-02; tests/fixtures/spec-policy/h200-kjv-ngram.log, TROUPE_SPEC_POLICY_LOG's
  * line): the plain step was measured at batches 1-32 but not at 48-128, where the fit of the
@@ -408,11 +421,8 @@ static void test_unmeasured_k_scaled(void **state)
 static void test_unmeasured_plain_bounded(void **state)
 {
     (void)state;
-    FILE *f = fopen("tests/fixtures/spec-policy/h200-kjv-ngram.log", "r");
-    assert_non_null(f);
     static char line[65536];
-    assert_non_null(fgets(line, sizeof line, f));
-    fclose(f);
+    s_fixture_line("tests/fixtures/spec-policy/h200-kjv-ngram.log", 0, line, sizeof line);
     spec_accept_t a;
     spec_cost_t c;
     spec_policy_t logged, p = {.epoch = 1};
@@ -435,11 +445,8 @@ static void test_unmeasured_plain_bounded(void **state)
 static void test_no_policy_without_plain_step(void **state)
 {
     (void)state;
-    FILE *f = fopen("tests/fixtures/spec-policy/h200-kjv-draft-no-plain.log", "r");
-    assert_non_null(f);
     static char line[65536];
-    assert_non_null(fgets(line, sizeof line, f));
-    fclose(f);
+    s_fixture_line("tests/fixtures/spec-policy/h200-kjv-draft-no-plain.log", 0, line, sizeof line);
     spec_accept_t a;
     spec_cost_t c;
     spec_policy_t logged, p = {.epoch = 3};
@@ -825,17 +832,6 @@ static void test_unmeasured_plain_bounded_from_above(void **state)
 }
 
 /* The n-th line with a computation (ok=1) of a fixture log into line. */
-static void s_fixture_line(const char *path, int nth, char *line, int len)
-{
-    FILE *f = fopen(path, "r");
-    assert_non_null(f);
-    int n = 0;
-    while (fgets(line, len, f))
-        if (strstr(line, " ok=1") && n++ == nth)
-            break;
-    fclose(f);
-    assert_int_equal(n, nth + 1);
-}
 
 /* The MTP run on one H200 (kjv-deepseek, 2026-12-03, f25aa02; tests/fixtures/spec-policy/
  * h200-kjv-mtp.log): buckets 24-128 measured nothing, and the fit had k = 7 at 1,979,577 tokens/s
