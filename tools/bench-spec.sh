@@ -35,6 +35,8 @@
 #   ROUNDS         requests per level = ROUNDS x concurrency (default 3)
 #   WARMUP_ROUNDS  every entry's warm-up rounds per level (default 2: on a GPU a level of one round
 #                  is a fraction of a second, a few exploration steps per batch size)
+#   WARMUP_MORE    the scheduled entry's further warm-ups, at most, while its workers have no policy
+#                  yet (default 3): it is timed with its policy in force
 #   BACKEND GPUS   cpu (default) or cuda; GPUS the node's GPU count (cuda: both workers on GPU 0)
 #   MAX_BATCH      limits.max_batch (default 128)
 #   HEARTBEAT_MS LIVENESS  supervision (default 1000 ms x 10 missed before a worker counts as wedged)
@@ -117,6 +119,16 @@ YAML
   echo "$f"
 }
 
+# policy_in_force TOPO: every decode worker has a policy of the draft-scheduler in force
+# (spec_policy_active; the stats come every second, so this waits for the next).
+policy_in_force() {
+  sleep 1.5
+  "$B/bin/troupe-top" --topology "$1" --json 2>/dev/null | python3 -c 'import json, sys
+w = [a for a in json.load(sys.stdin).get("actors", []) if a.get("role") == "decode"]
+ok = w and all(any(m["name"] == "spec_policy_active" and m["value"] >= 1 for m in a["metrics"]) for a in w)
+sys.exit(0 if ok else 1)'
+}
+
 run() {   # run ENTRY: one cluster, one troupe-bench sweep
   local e=$1 spec policy=fixed
   case $e in
@@ -142,6 +154,24 @@ run() {   # run ENTRY: one cluster, one troupe-bench sweep
   # which a policy that drafts nothing cannot earn.
   "$B/bin/troupe-bench" "${common[@]}" --concurrency "$CONC" --rounds "${WARMUP_ROUNDS:-2}" --warmup 0 --seed 99 \
     >"$OUT/warmup-$e.txt" 2>&1 || true
+  # The scheduled entry is timed with its policy in force: until the first one comes its workers
+  # draft the default k, a start-up cost and not what the policy does (on one H200, 2026-12-03,
+  # 22dde92, the first policy came 6.5 s in, after the warm-up, and the timed run's concurrency
+  # 64 / 96 levels paid 303 such drafting steps at 2.2 ms against 0.47 for a plain one). Up to
+  # WARMUP_MORE (default 3) more warm-ups while a decode worker has received none.
+  if [ "$e" = sched ]; then
+    local more=0
+    until policy_in_force "$topo"; do
+      if [ "$more" -ge "${WARMUP_MORE:-3}" ]; then
+        echo "bench-spec: sched: no policy in force after $more more warm-ups; timed all the same" >&2
+        break
+      fi
+      more=$((more + 1))
+      echo "bench-spec: sched: no policy in force yet; warm-up $more more" >&2
+      "$B/bin/troupe-bench" "${common[@]}" --concurrency "$CONC" --rounds "${WARMUP_ROUNDS:-2}" --warmup 0 \
+        --seed $((99 + more)) >>"$OUT/warmup-$e.txt" 2>&1 || true
+    done
+  fi
   # The workers' counters before the timed run: the table of the timed window is the difference
   # (the totals count the warm-up too, where a scheduled worker drafts the default k until its
   # first policy comes, so its steps and forwards there are no measure of the timed run). An actor
