@@ -2,7 +2,7 @@
 # tools/gpu-compare.sh — the same measurements on a baseline tree and on this one, in one call, so a
 # change is judged against figures from the same machine and minute. From the repository root:
 #   git archive COMMIT | (mkdir -p .baseline && tar -x -C .baseline)   # on a machine with git
-#   . .gpu-debs/env.sh && COMPARE=build tools/gpu-compare.sh   # builds both trees (in parallel)
+#   . .gpu-debs/env.sh && COMPARE=build tools/gpu-compare.sh   # builds both trees (one after the other)
 #   . .gpu-debs/env.sh && COMPARE=bench tools/gpu-compare.sh   # measures both, prints a table
 # COMPARE=all does both (may exceed a 10-minute window). The build step also runs this tree's
 # unit and GPU tests. What is measured is tools/gpu-run.sh with
@@ -22,13 +22,15 @@ knobs=(ARCHIVE=0 SKIP_TESTS=1 GEN_VARIANTS=default ENGINE=0 SERVE=1
        SERVE_TOPO=${SERVE_TOPO:-tools/bench/h200-8b-colo-fp8.yaml} SERVE_CONC=${SERVE_CONC:-1,16,64,256}
        SERVE_ROUNDS=${SERVE_ROUNDS:-2} SERVE_OUT=${SERVE_OUT:-1000} SERVE_TIMEOUT=${SERVE_TIMEOUT:-400})
 if [ "$mode" = build ] || [ "$mode" = all ]; then
-  # Both trees at once through their own gpu-run.sh (which knows where the GPU machine keeps the
-  # CUDA libraries): the baseline only builds; this tree builds and runs its unit and GPU tests.
+  # Each tree through its own gpu-run.sh (which knows where the GPU machine keeps the CUDA
+  # libraries): the baseline only builds; this tree builds and runs its unit and GPU tests. One
+  # after the other: a baseline's gpu-run.sh from before a0ffd7b ends with `pkill -f
+  # build/bin/troupe-`, which also kills a make of the other tree running beside it (its targets
+  # name build/bin/troupe-*), and the second tree's GPU tests then go silently missing.
   t0=$(date +%s)
   (cd "$BASE" && env ARCHIVE=0 SKIP_TESTS=1 SKIP_BENCH=1 GEN_VARIANTS=none ENGINE=0 OUT="$OUT/base" tools/gpu-run.sh) \
-    >"$OUT/base/build-run.txt" 2>&1 & b=$!
+    >"$OUT/base/build-run.txt" 2>&1; rb=$?
   env ARCHIVE=0 SKIP_UNIT=${SKIP_UNIT:-0} SKIP_BENCH=1 GEN_VARIANTS=none ENGINE=0 OUT="$OUT/new" tools/gpu-run.sh >"$OUT/new/build-run.txt" 2>&1; rn=$?
-  wait $b; rb=$?
   echo "baseline build: rc $rb; this tree's build and tests: rc $rn; $(( $(date +%s) - t0 )) s"
   tail -15 "$OUT/new/build-run.txt"
   grep -E "FAILED|error" "$OUT/base/build-run.txt" | head -5
