@@ -72,7 +72,10 @@ int spec_cost_batch(int bucket)
 
 void spec_cost_add_cell(spec_cost_t *c, int bucket, int k, uint64_t steps, double seconds)
 {
-    if (bucket < 0 || bucket >= SPEC_COST_BATCHES || k < 0 || k > SPEC_MAX_K || !(seconds >= 0))
+    /* a cell's seconds stay finite (a report of absurd times is dropped, not summed to inf) and
+     * belong to steps */
+    if (bucket < 0 || bucket >= SPEC_COST_BATCHES || k < 0 || k > SPEC_MAX_K || steps == 0 || !(seconds >= 0) ||
+        !isfinite(c->seconds[bucket][k] + seconds) || c->steps[bucket][k] + steps < steps)
         return;
     c->steps[bucket][k] += steps;
     c->seconds[bucket][k] += seconds;
@@ -80,8 +83,11 @@ void spec_cost_add_cell(spec_cost_t *c, int bucket, int k, uint64_t steps, doubl
 
 void spec_cost_add_tokens(spec_cost_t *c, int bucket, int k, uint64_t steps, uint64_t rows, uint64_t emitted)
 {
-    if (bucket < 0 || bucket >= SPEC_COST_BATCHES || k < 0 || k > SPEC_MAX_K || rows == 0)
-        return;
+    if (bucket < 0 || bucket >= SPEC_COST_BATCHES || k < 0 || k > SPEC_MAX_K || rows == 0 || steps == 0)
+        return;                                    /* rows of no counted step are nobody's */
+    if (c->counted[bucket][k] + steps < steps || c->rows[bucket][k] + rows < rows ||
+        c->emitted[bucket][k] + emitted < emitted)
+        return;                                    /* counts that would wrap: dropped, not wrapped */
     c->counted[bucket][k] += steps;
     c->rows[bucket][k] += rows;
     c->emitted[bucket][k] += emitted;
@@ -763,7 +769,8 @@ int spec_policy_compute(const spec_accept_t *a, const spec_cost_t *c, int max_k,
         const int lo = best > 0 ? best - 1 : 0, hi = best < max_k ? best + 1 : max_k;
         const double dc = (spec_cost_estimate(c, b, hi) - spec_cost_estimate(c, b, lo)) / (double)(hi - lo) / (double)B;
         double theta = rbest * dc;
-        theta = theta < 0 ? 0 : theta > 1 ? 1 : theta;
+        /* NaN (an estimate that overflowed: inf - inf) as 1, keeping no draft: the side to err on */
+        theta = theta < 0 ? 0 : theta <= 1 ? theta : 1;
         p.buckets[p.n_buckets++] = (spec_policy_bucket_t){.max_batch = B, .max_draft = best,
                                                           .min_confidence = (float)theta};
     }
@@ -947,7 +954,7 @@ int spec_policy_log_parse(const char *line, spec_accept_t *a, spec_cost_t *c, in
         unsigned long long st, co, ro, em;
         double sec;
         if (sscanf(q, "%d:%d:%llu:%lf:%llu:%llu:%llu%n", &b, &k, &st, &sec, &co, &ro, &em, &used) != 7 || b < 0 ||
-            b >= SPEC_COST_BATCHES || k < 0 || k > SPEC_MAX_K || !(sec >= 0))
+            b >= SPEC_COST_BATCHES || k < 0 || k > SPEC_MAX_K || !(sec >= 0) || isinf(sec))
             return snprintf(why, (size_t)why_len, "cells: entry %d does not read as BUCKET:K:STEPS:SECONDS:COUNTED:ROWS:EMITTED",
                             i), -1;
         spec_cost_add_cell(c, b, k, st, sec);
