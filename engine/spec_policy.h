@@ -83,9 +83,12 @@ void spec_cost_record(spec_cost_t *c, int batch, int tokens, double seconds);
 /* A decode-only step of `batch` rows in cell k (drafts per row, as above) that emitted `emitted`
  * tokens (< 0: not counted) and took seconds. */
 void spec_cost_record_step(spec_cost_t *c, int batch, int k, long emitted, double seconds);
-/* The same for `steps` steps of one cell (bucket, drafts per row) that took seconds in all. */
+/* The same for `steps` steps of one cell (bucket, drafts per row) that took seconds in all. Dropped
+ * (the cell unchanged) for no steps, negative or NaN seconds, or a sum that would not stay finite or
+ * would wrap: a report's absurd figures must not turn the policy's arithmetic into NaN. */
 void spec_cost_add_cell(spec_cost_t *c, int bucket, int k, uint64_t steps, double seconds);
-/* `steps` counted steps of one cell had `rows` decode rows and emitted `emitted` tokens in all. */
+/* `steps` counted steps of one cell had `rows` decode rows and emitted `emitted` tokens in all
+ * (dropped for no steps or no rows, or counts that would wrap). */
 void spec_cost_add_tokens(spec_cost_t *c, int bucket, int k, uint64_t steps, uint64_t rows, uint64_t emitted);
 /* Measured tokens per row of a cell (SPEC_POLICY_MIN_STEPS counted steps); -1 when not measured. */
 double spec_cost_tokens_per_row(const spec_cost_t *c, int bucket, int k);
