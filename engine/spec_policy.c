@@ -2,6 +2,7 @@
  * them (engine/spec_policy.h has the model). */
 #include "engine/spec_policy.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -921,11 +922,15 @@ int spec_policy_log_parse(const char *line, spec_accept_t *a, spec_cost_t *c, in
     memset(c, 0, sizeof *c);
     const char *q = s_field(line, "max_k");
     char *end;
-    if (!q || (*max_k = (int)strtol(q, &end, 10)) < 1 || *max_k > SPEC_MAX_K || !s_end(end))
+    long v = q ? strtol(q, &end, 10) : 0;
+    if (!q || v < 1 || v > SPEC_MAX_K || !s_end(end))
         return snprintf(why, (size_t)why_len, "max_k: missing or outside [1, %d]", SPEC_MAX_K), -1;
+    *max_k = (int)v;
     q = s_field(line, "max_batch");
-    if (!q || (*max_batch = (int)strtol(q, &end, 10)) < 1 || !s_end(end))
-        return snprintf(why, (size_t)why_len, "max_batch: missing or below 1"), -1;
+    v = q ? strtol(q, &end, 10) : 0;
+    if (!q || v < 1 || v > INT_MAX || !s_end(end))
+        return snprintf(why, (size_t)why_len, "max_batch: missing or outside [1, %d]", INT_MAX), -1;
+    *max_batch = (int)v;
     q = s_field(line, "acc");
     for (int i = 0; q && !s_end(q); i++) {
         unsigned long long pr, ac;

@@ -49,7 +49,7 @@ static void s_check_policy(const spec_policy_t *p, int max_k, int max_batch)
         if (!s_unit(p->calibration[j]))
             s_die("a calibration bin is not in [0, 1]");
     const float probs[SPEC_MAX_K] = {0.9f, 0.8f, 0.7f, 0.6f, 0.5f, 0.4f, 0.3f};
-    for (int batch = 1; batch <= 2 * max_batch && batch <= 4096; batch = batch * 2 + 1)
+    for (int batch = 1; batch <= 4096 && batch <= 2 * (long long)max_batch; batch = batch * 2 + 1)
         for (int dist = 0; dist <= 1; dist++) {
             const int k = spec_policy_ask(p, batch, dist);
             if (k < 0 || k > max_k)
