@@ -412,6 +412,16 @@ static void s_fixture_line(const char *path, int nth, char *line, int len)
     assert_int_equal(n, nth + 1);
 }
 
+/* The tables and logged choice of that computation, parsed (asserted to parse). */
+static void s_fixture_tables(const char *path, int nth, spec_accept_t *a, spec_cost_t *c, int *max_k, int *max_batch,
+                             spec_policy_t *logged)
+{
+    static char line[65536];
+    char why[160];
+    s_fixture_line(path, nth, line, sizeof line);
+    assert_int_equal(spec_policy_log_parse(line, a, c, max_k, max_batch, logged, why, sizeof why), 0);
+}
+
 /* The draft-scheduler's last computation of a tools/bench-spec.sh run on one H200 (KJV pair,
  * n-gram drafts, 2026-12-02; tests/fixtures/spec-policy/h200-kjv-ngram.log, TROUPE_SPEC_POLICY_LOG's
  * line): the plain step was measured at batches 1-32 but not at 48-128, where the fit of the
@@ -421,14 +431,12 @@ static void s_fixture_line(const char *path, int nth, char *line, int len)
 static void test_unmeasured_plain_bounded(void **state)
 {
     (void)state;
-    static char line[65536];
-    s_fixture_line("tests/fixtures/spec-policy/h200-kjv-ngram.log", 0, line, sizeof line);
     spec_accept_t a;
     spec_cost_t c;
     spec_policy_t logged, p = {.epoch = 1};
     int max_k = 0, max_batch = 0;
     char why[160];
-    assert_int_equal(spec_policy_log_parse(line, &a, &c, &max_k, &max_batch, &logged, why, sizeof why), 0);
+    s_fixture_tables("tests/fixtures/spec-policy/h200-kjv-ngram.log", 0, &a, &c, &max_k, &max_batch, &logged);
     assert_int_equal(spec_policy_bucket(&logged, 96)->max_draft, 7);   /* what the old rule chose */
     assert_int_equal(spec_policy_compute(&a, &c, max_k, max_batch, &p, why, sizeof why), 0);
     for (int batch = 48; batch <= 128; batch *= 2)
@@ -445,14 +453,12 @@ static void test_unmeasured_plain_bounded(void **state)
 static void test_no_policy_without_plain_step(void **state)
 {
     (void)state;
-    static char line[65536];
-    s_fixture_line("tests/fixtures/spec-policy/h200-kjv-draft-no-plain.log", 0, line, sizeof line);
     spec_accept_t a;
     spec_cost_t c;
     spec_policy_t logged, p = {.epoch = 3};
     int max_k = 0, max_batch = 0;
     char why[160];
-    assert_int_equal(spec_policy_log_parse(line, &a, &c, &max_k, &max_batch, &logged, why, sizeof why), 0);
+    s_fixture_tables("tests/fixtures/spec-policy/h200-kjv-draft-no-plain.log", 0, &a, &c, &max_k, &max_batch, &logged);
     assert_int_equal(spec_policy_bucket(&logged, 1)->max_draft, 7);    /* what the old rule chose */
     assert_int_equal(spec_policy_bucket(&logged, 64)->max_draft, 7);
     assert_int_equal(spec_policy_compute(&a, &c, max_k, max_batch, &p, why, sizeof why), -1);
@@ -842,14 +848,12 @@ static void test_unmeasured_plain_bounded_from_above(void **state)
 static void test_unmeasured_buckets_bounded(void **state)
 {
     (void)state;
-    static char line[65536];
-    s_fixture_line("tests/fixtures/spec-policy/h200-kjv-mtp.log", 0, line, sizeof line);
     spec_accept_t a;
     spec_cost_t c;
     spec_policy_t logged, p = {.epoch = 1};
     int max_k = 0, max_batch = 0;
     char why[160];
-    assert_int_equal(spec_policy_log_parse(line, &a, &c, &max_k, &max_batch, &logged, why, sizeof why), 0);
+    s_fixture_tables("tests/fixtures/spec-policy/h200-kjv-mtp.log", 0, &a, &c, &max_k, &max_batch, &logged);
     assert_int_equal(spec_policy_bucket(&logged, 96)->max_draft, 7);   /* what the old rule chose */
     assert_int_equal(spec_policy_compute(&a, &c, max_k, max_batch, &p, why, sizeof why), 0);
     for (int batch = 24; batch <= 128; batch = batch * 4 / 3)
