@@ -41,9 +41,12 @@
 #include "actors/worker/expert_group.h"
 #include "actors/worker/expert_report.h"
 #include "actors/worker/handoff_in.h"
+#include "actors/worker/load_stats.h"
 #include "actors/worker/prompt_intake.h"
 #include "actors/worker/router_watch.h"
 #include "actors/worker/spec_step.h"
+#include "actors/worker/step_clock.h"
+#include "actors/worker/step_scratch.h"
 #include "actors/worker/step_trace.h"
 #include "actors/worker/stream_out.h"
 #include "actors/worker/writeback.h"
@@ -57,12 +60,7 @@ typedef struct decode {
     const char *name, *cluster;  /* our instance's name; the topology's */
     const char *cache_manager;   /* NULL when the topology has none */
     sched_t *sched;              /* every request, by state */
-    /* The step's scratch, a row each. */
-    model_seq_t *seqs;           /* [max_seqs] the forward's sequences */
-    int32_t *argmax;             /* [max_seqs] the device's ids of a step (argmax or sampled) */
-    bk_sample_t *sample;         /* [max_seqs] each row's sampling parameters for the device */
-    uint8_t *need_logits;        /* [max_seqs] rows whose logits the host sampler needs */
-    int64_t cycle_t0;            /* the last step's start (now_ns), while the worker has rows to step; 0: idle */
+    step_scratch_t step;         /* the step's scratch, a row each: sequences, sampling, ids (step_scratch.h) */
     /* Requests in and out, and what they travel on. */
     handoff_in_t handoffs;       /* prefill workers' hand-offs in, and the channels they come on (handoff_in.h) */
     prompt_intake_t prompts;     /* colocated: the prompts computed here (prompt_intake.h) */
@@ -73,14 +71,7 @@ typedef struct decode {
                                     one's hold the steps */
     expert_report_t *experts;    /* expert_load windows to the expert-balancer; NULL: none */
     step_trace_t trace;          /* TROUPE_STEP_TRACE: a line per step, arrival and end (step_trace.h) */
-    /* Where the decode loop's time goes (ns): model steps, the recomputes' share of them. */
-    uint64_t steps, forward_ns, recompute_ns;
-    /* Step cycles (start to the next step's start, while busy: s_step), every step's and those of
-     * decode rows only, so a speculating worker's (spec_step_counts by kind) compare with a plain one's. */
-    uint64_t cycle_ns, decode_cycles, decode_cycle_ns;
-    int last_decode_only;        /* the last step had decode rows only */
-    int last_batch;              /* the last step's decode rows */
-    step_trace_step_t tstep;     /* tracing: the step being run, for its line */
+    step_clock_t clock;          /* where the loop's time goes: steps, forwards, cycles (step_clock.h) */
 } decode_t;
 
 /* Frees a request and everything it holds, out of the scheduler first (NULL: nothing). */
@@ -288,37 +279,29 @@ static int s_forward(actor_t *a, decode_t *d, const sched_batch_t *b, int spec)
     for (int i = 0; i < b->n; i++) {
         const dc_req_t *r = (const dc_req_t *)b->rows[i].req;
         const int used = b->rows[i].sample;   /* a chunk not ending its prompt: its token is not used */
-        d->seqs[i] = (model_seq_t){.kv = r->kv, .n_new = b->rows[i].n_new + spec_step_drafts(d->spec, i)};
-        if (i >= b->n_decode) {
+        d->step.seqs[i] = (model_seq_t){.kv = r->kv, .n_new = b->rows[i].n_new + spec_step_drafts(d->spec, i)};
+        if (i >= b->n_decode)
             *(r->sr.state == SCHED_PROMPTING ? &prompt_tokens : &recompute_tokens) += (uint64_t)b->rows[i].n_new;
-            step_trace_chunk(&d->trace, r->sr.id, b->rows[i].n_new);
-        }
-        d->need_logits[i] = used && (sampler_needs_host(r->smp) || r->handoff.u.handoff.sampling.logprobs ||
-                                     (!dev_sample && !sampler_is_greedy(r->smp)));
-        any_sampled |= used && !d->need_logits[i] && !sampler_is_greedy(r->smp);
+        d->step.need_logits[i] = used && (sampler_needs_host(r->smp) || r->handoff.u.handoff.sampling.logprobs ||
+                                          (!dev_sample && !sampler_is_greedy(r->smp)));
+        any_sampled |= used && !d->step.need_logits[i] && !sampler_is_greedy(r->smp);
     }
     for (int i = 0; any_sampled && i < b->n; i++)
-        sampler_device_params(((const dc_req_t *)b->rows[i].req)->smp, &d->sample[i]);
+        sampler_device_params(((const dc_req_t *)b->rows[i].req)->smp, &d->step.sample[i]);
     /* An all-greedy step keeps the plain argmax (the sample op's greedy rows give the same ids). */
-    model_batch_t mb = {.n_seqs = b->n, .seqs = d->seqs, .argmax_out = d->argmax, .need_logits = d->need_logits,
-                        .sample = any_sampled ? d->sample : NULL};
+    model_batch_t mb = {.n_seqs = b->n, .seqs = d->step.seqs, .argmax_out = d->step.argmax,
+                        .need_logits = d->step.need_logits, .sample = any_sampled ? d->step.sample : NULL};
     if (spec)   /* a verify step: every position's token, logits only where the acceptance reads them */
         spec_step_batch(d->spec, b, dev_sample, &mb);
     char err[512];
     const int64_t t0 = now_ns();
     const int frc = model_forward(d->w->eng->model, &mb, d->w->eng->logits, err, sizeof err);
-    const uint64_t ns = (uint64_t)(now_ns() - t0);
+    const int64_t t1 = now_ns();
     /* The chunks' share of the step, by tokens: the prompts' compute rate, the recomputes' cost. */
-    const uint64_t all = prompt_tokens + recompute_tokens + (uint64_t)b->n_decode;
-    d->forward_ns += ns;
-    prompt_intake_computed(&d->prompts, prompt_tokens, ns * prompt_tokens / all);
-    d->recompute_ns += ns * recompute_tokens / all;
-    d->steps++;
-    d->last_batch = b->n_decode;
-    if (step_trace_on(&d->trace))
-        d->tstep = (step_trace_step_t){.fwd_begin_ns = t0, .fwd_end_ns = t0 + (int64_t)ns, .dec = b->n_decode,
-                                       .prm = b->n - b->n_decode, .ptok = (int)prompt_tokens,
-                                       .rtok = (int)recompute_tokens};
+    const uint64_t prompt_ns = step_clock_forward(&d->clock, (uint64_t)(t1 - t0), b->n_decode, prompt_tokens,
+                                                  recompute_tokens);
+    prompt_intake_computed(&d->prompts, prompt_tokens, prompt_ns);
+    step_trace_forward(&d->trace, b, t0, t1, (int)prompt_tokens, (int)recompute_tokens);   /* before rows are failed */
     if (frc == 0)
         return 0;
     LOG_E("forward: %s", err);
@@ -334,15 +317,16 @@ static int s_forward(actor_t *a, decode_t *d, const sched_batch_t *b, int spec)
  * from its logits); a decode row streams it, the chunk that ends a prompt gives its first token. */
 static void s_sample_emit(actor_t *a, decode_t *d, const sched_batch_t *b)
 {
+    const size_t vocab = (size_t)d->w->eng->cfg.vocab_size;
     for (int i = 0; i < b->n; i++) {
         dc_req_t *r = (dc_req_t *)b->rows[i].req;
         if (!b->rows[i].sample)
             continue;
         /* The log-probability costs a softmax over the vocabulary: only when it was asked for. */
         float lp = 0;
-        const float *row = d->need_logits[i] ? d->w->eng->logits + (size_t)i * (size_t)d->w->eng->cfg.vocab_size : NULL;
+        const float *row = d->step.need_logits[i] ? d->w->eng->logits + (size_t)i * vocab : NULL;
         const int32_t t = row ? sampler_sample(r->smp, row, r->handoff.u.handoff.sampling.logprobs ? &lp : NULL)
-                              : d->argmax[i];
+                              : d->step.argmax[i];
         sampler_top_t top;
         const sampler_top_t *alt = stream_out_top(r, row, &top);
         if (i >= b->n_decode)   /* a colocated prompt's last chunk: its first token, as a hand-off's */
@@ -377,14 +361,8 @@ static int s_spec_emit(void *ctx, sched_req_t *sr, int32_t t, float lp, const fl
 
 /* One step: schedule -> propose -> forward -> sample -> emit. Returns 1 if it did work.
  *
- * The step-cost table of speculation gets each decode-only step's cycle: from its start to the
- * next step's start, while the worker has rows to step (an idle gap ends a cycle unreported). A
- * verify length pays for the drafting and the emitting of its tokens, for the messages the loop
- * handles between steps, and for the time the next step is held for a router's outbox: what
- * throughput is made of. A policy that saw only the forward chose long drafts where the draft
- * model costs as much as the target (a small target on a GPU), and one that saw only the step
- * drafted 7 per row at concurrency 64-96 of the KJV model with n-gram and got 0.60-0.69x of no
- * speculation (one H200, 2026-12-02). */
+ * The step-cost table of speculation gets each decode-only step's whole cycle, from its start to
+ * the next step's start, before the next step proposes (step_clock.h says why not the forward). */
 static int s_step(actor_t *a, void *state)
 {
     decode_t *d = state;
@@ -395,25 +373,17 @@ static int s_step(actor_t *a, void *state)
         step_trace_hold(&d->trace);
         return copying | expert_group_idle(d->w->experts, 0);   /* a router is behind: no step until its outbox drains */
     }
-    const int64_t sched_t0 = step_trace_on(&d->trace) ? now_ns() : 0;
+    step_trace_begin(&d->trace);
     const sched_batch_t *b = sched_step(d->sched);
     if (b->n == 0) {
-        d->cycle_t0 = 0;
+        step_clock_idle(&d->clock);
         step_trace_idle(&d->trace);
         return copying | expert_group_idle(d->w->experts, actor_draining(a) && sched_size(d->sched) == 0);
     }
-    const int waiting = step_trace_on(&d->trace) ? sched_count(d->sched, SCHED_WAITING) : 0;
-    const int prompting = step_trace_on(&d->trace) ? sched_count(d->sched, SCHED_PROMPTING) : 0;
-    const int preempted = step_trace_on(&d->trace) ? sched_count(d->sched, SCHED_PREEMPTED) : 0;
-    const int64_t t0 = now_ns();
-    if (d->cycle_t0) {
-        const uint64_t cyc = (uint64_t)(t0 - d->cycle_t0);
-        d->cycle_ns += cyc;
-        d->decode_cycles += (uint64_t)d->last_decode_only;
-        d->decode_cycle_ns += d->last_decode_only ? cyc : 0;
-        spec_step_cycle(d->spec, (double)cyc / 1e9);   /* the step before this one, whole */
-    }
-    d->last_decode_only = b->n == b->n_decode;
+    step_trace_scheduled(&d->trace, d->sched);
+    double cycle_s;
+    if (step_clock_begin(&d->clock, b->n == b->n_decode, &cycle_s))
+        spec_step_cycle(d->spec, cycle_s);   /* the step before this one, whole */
     const int spec = spec_step_propose(d->spec, b);
     const int frc = s_forward(a, d, b, spec);
     if (spec) {
@@ -428,15 +398,7 @@ static int s_step(actor_t *a, void *state)
             s_sample_emit(a, d, b);
     }
     spec_step_done(d->spec, b);   /* its rows and drafts, for its cycle's report */
-    d->cycle_t0 = t0;
-    if (step_trace_on(&d->trace)) {
-        d->tstep.begin_ns = sched_t0;
-        d->tstep.end_ns = now_ns();
-        d->tstep.waiting = waiting;
-        d->tstep.prompting = prompting;
-        d->tstep.preempted = preempted;
-        step_trace_step(&d->trace, &d->tstep);
-    }
+    step_trace_done(&d->trace);
     return 1;
 }
 
@@ -449,39 +411,14 @@ static int s_drained(actor_t *a, void *state)
 static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
 {
     decode_t *d = state;
-    const int running = sched_count(d->sched, SCHED_RUNNING), waiting = sched_count(d->sched, SCHED_WAITING);
-    const int preempted = sched_count(d->sched, SCHED_PREEMPTED);
-    actor_stat_queue(a, st, "running", (uint64_t)running, (uint64_t)d->w->max_seqs);
-    actor_stat_queue(a, st, "waiting", (uint64_t)waiting, 0);
-    actor_stat_queue(a, st, "preempted", (uint64_t)preempted, 0);
-    actor_stat_metric(a, st, "requests_running", running, 0);
-    actor_stat_metric(a, st, "requests_waiting", waiting + preempted, 0);
-    actor_stat_metric(a, st, "batch_size", running ? d->last_batch : 0, 0);
-    actor_stat_metric(a, st, "tokens_per_s", stream_out_rate(&d->out), 0);
-    const kvpool_t *pool = d->w->eng->pool;
-    actor_stat_metric(a, st, "kv_blocks_free", kvpool_free_count(pool), 0);
-    actor_stat_metric(a, st, "kv_blocks_used", kvpool_n_blocks(pool) - kvpool_free_count(pool), 0);
-    actor_stat_metric(a, st, "generation_tokens_total", (double)d->out.tokens_out, 1);
-    actor_stat_metric(a, st, "requests_finished_total", (double)d->out.finished, 1);
-    actor_stat_metric(a, st, "preemptions_total", (double)sched_preemptions(d->sched), 1);
+    /* requests by state, the batch, the output, the KV pool */
+    load_stats_fill(a, st, d->sched, d->w->max_seqs, d->clock.last_batch, &d->out, d->w->eng->pool);
     handoff_in_stats(&d->handoffs, a, st);
     router_watch_stats(a, st, &d->routers);
     writeback_stats(d->wb, a, st);
-    actor_stat_metric(a, st, "steps_total", (double)d->steps, 1);
-    expert_report_tick(&d->experts, a, d->w->eng->model, d->steps);   /* an expert_load window per 1,000 steps */
+    step_clock_stats(&d->clock, d->w->eng->model, a, st);   /* steps, forwards, cycles, the target's CUDA graphs */
+    expert_report_tick(&d->experts, a, d->w->eng->model, d->clock.steps);   /* an expert_load window per 1,000 steps */
     expert_apply_stats(a, st, expert_group_ep(d->w->experts));     /* the expert-parallel group, if any */
-    actor_stat_metric(a, st, "forward_seconds_total", (double)d->forward_ns / 1e9, 1);
-    actor_stat_metric(a, st, "recompute_seconds_total", (double)d->recompute_ns / 1e9, 1);
-    /* The target's CUDA graphs: a record is a step that ran uncaptured-then-captured (a new shape,
-     * or every shape again after a shared scratch buffer grew: the draft model and the MTP layer
-     * run on the target's backend, and any cuda_scratch growth makes every recorded graph stale). */
-    uint64_t g_rec = 0, g_rep = 0;
-    model_graph_stats(d->w->eng->model, &g_rec, &g_rep);
-    actor_stat_metric(a, st, "graph_records_total", (double)g_rec, 1);
-    actor_stat_metric(a, st, "graph_replays_total", (double)g_rep, 1);
-    actor_stat_metric(a, st, "step_cycle_seconds_total", (double)d->cycle_ns / 1e9, 1);
-    actor_stat_metric(a, st, "decode_only_cycles_total", (double)d->decode_cycles, 1);
-    actor_stat_metric(a, st, "decode_only_cycle_seconds_total", (double)d->decode_cycle_ns / 1e9, 1);
     spec_step_stats(d->spec, a, st);   /* speculation: acceptance of the drafts, tokens per verify step */
     prompt_intake_stats(&d->prompts, a, st);   /* colocated: the prompts it computes itself */
 }
@@ -502,17 +439,13 @@ static int s_open_step(decode_t *d, spec_step_config_t *spec_cfg, int chunk_toke
         spec_step_destroy(&d->spec);
     if (!d->spec && spec_cfg->method != SPEC_OFF)
         return -1;
-    d->seqs = calloc((size_t)max_seqs, sizeof *d->seqs);
-    d->argmax = calloc((size_t)max_seqs, sizeof *d->argmax);
-    d->sample = calloc((size_t)max_seqs, sizeof *d->sample);
-    d->need_logits = calloc((size_t)max_seqs, 1);
+    const int scratch_rc = step_scratch_init(&d->step, max_seqs);
     d->handoffs.wb = d->wb = writeback_new(d->w, d->name, d->cluster, d->cache_manager);
     sched_config_t sc = {.max_seqs = max_seqs, .max_running = max_seqs, .chunk_tokens = chunk_tokens, .now_ms = now_ms,
                          .ctx = d, .reclaim = s_reclaim, .hold_expired = s_hold_expired, .drop = s_drop};
     if (!(d->sched = sched_new(d->w->eng->pool, &sc, err, errlen)))
         return -1;
-    if (!d->seqs || !d->argmax || !d->sample || !d->need_logits || !d->wb ||
-        stream_out_init(&d->out, d->a, d->w, d->sched, d->wb) != 0)
+    if (scratch_rc != 0 || !d->wb || stream_out_init(&d->out, d->a, d->w, d->sched, d->wb) != 0)
         return errf(err, errlen, "out of memory for a batch of %d", max_seqs);
     return 0;
 }
@@ -528,10 +461,7 @@ static void s_close(decode_t *d)
             s_req_free(d, (dc_req_t *)sched_first(d->sched, st));
     step_trace_close(&d->trace);   /* after the requests' end lines */
     sched_destroy(&d->sched);
-    free(d->seqs);
-    free(d->argmax);
-    free(d->sample);
-    free(d->need_logits);
+    step_scratch_free(&d->step);
     spec_step_destroy(&d->spec);
     stream_out_free(&d->out);
     expert_report_destroy(&d->experts);

@@ -101,6 +101,43 @@ void step_trace_step(step_trace_t *t, const step_trace_step_t *s)
     t->dirty = 1;
 }
 
+void step_trace_begin(step_trace_t *t)
+{
+    if (t->f)
+        t->cur = (step_trace_step_t){.begin_ns = now_ns()};
+}
+
+void step_trace_scheduled(step_trace_t *t, const sched_t *s)
+{
+    if (!t->f)
+        return;
+    t->cur.waiting = sched_count(s, SCHED_WAITING);
+    t->cur.prompting = sched_count(s, SCHED_PROMPTING);
+    t->cur.preempted = sched_count(s, SCHED_PREEMPTED);
+}
+
+void step_trace_forward(step_trace_t *t, const sched_batch_t *b, int64_t begin_ns, int64_t end_ns, int ptok, int rtok)
+{
+    if (!t->f)
+        return;
+    t->cur.fwd_begin_ns = begin_ns;
+    t->cur.fwd_end_ns = end_ns;
+    t->cur.dec = b->n_decode;
+    t->cur.prm = b->n - b->n_decode;
+    t->cur.ptok = ptok;
+    t->cur.rtok = rtok;
+    for (int i = b->n_decode; i < b->n; i++)
+        step_trace_chunk(t, b->rows[i].req->id, b->rows[i].n_new);
+}
+
+void step_trace_done(step_trace_t *t)
+{
+    if (!t->f)
+        return;
+    t->cur.end_ns = now_ns();
+    step_trace_step(t, &t->cur);
+}
+
 void step_trace_idle(step_trace_t *t)
 {
     if (!t->f || !t->dirty)

@@ -32,6 +32,15 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "engine/sched.h"
+
+/* The timings and counts of one step (now_ns times; counts as the worker's scheduler has them). */
+typedef struct step_trace_step {
+    int64_t begin_ns, fwd_begin_ns, fwd_end_ns, end_ns;
+    int dec, prm, ptok, rtok;
+    int waiting, prompting, preempted;
+} step_trace_step_t;
+
 typedef struct step_trace {
     FILE *f;                   /* NULL: off */
     uint64_t *chunk_id;        /* [cap] this step's prompt chunks: request ids */
@@ -40,14 +49,8 @@ typedef struct step_trace {
     int holds;                 /* steps held for a router's outbox since the last step */
     int64_t last_end_ns;       /* the last step's end (now_ns); 0: none yet */
     int dirty;                 /* lines written since the last flush */
+    step_trace_step_t cur;     /* the step being run, for its line (step_trace_begin .. step_trace_done) */
 } step_trace_t;
-
-/* The timings and counts of one step (now_ns times; counts as the worker's scheduler has them). */
-typedef struct step_trace_step {
-    int64_t begin_ns, fwd_begin_ns, fwd_end_ns, end_ns;
-    int dec, prm, ptok, rtok;
-    int waiting, prompting, preempted;
-} step_trace_step_t;
 
 /* Opens the trace at path (NULL or "": off, returns 0), for steps of up to max_rows rows. -1 with
  * why (the file cannot be made, out of memory); t is then off. */
@@ -61,10 +64,20 @@ void step_trace_arrive(step_trace_t *t, uint64_t id, int n_tokens, int handoff);
 void step_trace_end(step_trace_t *t, uint64_t id);
 /* A loop pass that held the step for a router's outbox. */
 static inline void step_trace_hold(step_trace_t *t) { t->holds++; }
-/* One prompt chunk of the step being built (before its forward: its request may be gone after). */
+/* One prompt chunk of the step being built (step_trace_forward records the batch's, while their
+ * requests are there: a failed forward frees them). */
 void step_trace_chunk(step_trace_t *t, uint64_t id, int n_tokens);
 /* The step's line, with the chunks recorded since the last one. */
 void step_trace_step(step_trace_t *t, const step_trace_step_t *s);
+/* The step being run, in the worker's order (off: nothing, and no clock read): its scheduling
+ * begins; its scheduler's counts of requests waiting, prompting and preempted once it is
+ * scheduled; its forward, from begin_ns to end_ns, of batch b's rows, its prompt chunks of ptok /
+ * rtok tokens (new prompts / recomputes) recorded in row order (step_trace_chunk: so before a
+ * failed forward frees their requests); its end, which writes its line. */
+void step_trace_begin(step_trace_t *t);
+void step_trace_scheduled(step_trace_t *t, const sched_t *s);
+void step_trace_forward(step_trace_t *t, const sched_batch_t *b, int64_t begin_ns, int64_t end_ns, int ptok, int rtok);
+void step_trace_done(step_trace_t *t);
 /* The worker has nothing to step: the lines so far reach the file. */
 void step_trace_idle(step_trace_t *t);
 
