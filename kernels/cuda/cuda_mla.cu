@@ -597,7 +597,8 @@ void cuda_mla_attention(backend_t *be, const bk_kv_t *kv, int layer, const float
         if (x.S > 1)
             x.part = (float *)cuda_scratch(be, (void **)&st->part, &st->part_bytes,
                                            (size_t)rh * x.S * (kv_lora + 2) * sizeof(float));
-        /* TROUPE_CUDA_MLA_MMA (default off until measured): the tensor-core kernel, same ranges and
+        /* TROUPE_CUDA_MLA_MMA (default off until its fixtures are checked on a GPU; measured faster,
+         * docs/deepseek.md): the tensor-core kernel, same ranges and
          * partials; a shape it refuses stays here (2: is fatal, so a test knows it ran). */
         if (st->mla_mma &&
             cuda_mla_decode_mma(st, kv, layer, q_lat, q_pe, n_heads, kv_lora, rope_dim, scale, meta, x.S, x.part, out) == 0) {
