@@ -122,7 +122,62 @@ static int s_qgemv_mma(backend_t *be, cuda_state_t *st, int n, const bk_mat_t *c
     return 0;
 }
 
-/* The dequantized weight as bf16 [N][K] (round to nearest even). */
+/* Code j (0..7) of eight consecutive ones as a value: bytes (fp8, int8) from w8, nibbles (int4,
+ * nvfp4: element 2i in byte i's low half, as qv_code reads them) from w4. E2M1 without a table
+ * (an indexed local array goes to local memory): exponent bits e, mantissa bit m give m / 2 for
+ * e = 0, else (1 + m / 2) * 2^(e-1): 0, 0.5, 1, 1.5, 2, 3, 4, 6, the same floats. */
+__device__ __forceinline__ float qd_code8(int fmt, uint64_t w8, uint32_t w4, int j)
+{
+    if (fmt == BK_Q_FP8) {
+        __nv_fp8_e4m3 f;
+        f.__x = (__nv_fp8_storage_t)((w8 >> (8 * j)) & 0xffu);
+        return (float)f;
+    }
+    if (fmt == BK_Q_I8)
+        return (float)(int8_t)((w8 >> (8 * j)) & 0xffu);
+    const unsigned nib = (w4 >> (4 * j)) & 15u;
+    if (fmt == BK_Q_I4)
+        return (float)((int)nib - 8);
+    const unsigned e = (nib >> 1) & 3u, m = nib & 1u;
+    const float mag = e == 0 ? 0.5f * (float)m : (1.0f + 0.5f * (float)m) * (float)(1u << (e - 1));
+    return (nib & 8) ? -mag : mag;
+}
+
+/* The dequantized weight as bf16 [N][K] (round to nearest even), K a multiple of 8: block (n,
+ * chunk) writes row n's 8 * QD_THREADS elements of that chunk, a thread 8 of them in one 16-byte
+ * store from one 8- or 4-byte load of codes. The same values as k_qdequant_bf16, whose grid-stride
+ * loop divides by K in 64 bits for every element and keeps nvfp4's value table in local memory:
+ * with it the dequantization, not the GEMM, is most of a quantized batch-256 step (int4 on the 8B
+ * shape, one H100, 2026-12-06: 75.5 ms a step against bf16's 15.6). Opt-in while it has not run on
+ * a GPU (TROUPE_CUDA_QDEQUANT_X8=1; tools/gpu-run.sh runs the quantized matmul tests with it). */
+#define QD_THREADS 128
+__global__ void __launch_bounds__(QD_THREADS) k_qdequant_bf16_x8(const uint8_t *codes, const float *scale, int fmt,
+                                                                 int64_t K, int gr, int gc, uint16_t *out)
+{
+    DEV_PDL_ENTER();
+    const int64_t n = blockIdx.x, c0 = ((int64_t)blockIdx.y * QD_THREADS + threadIdx.x) * 8;
+    if (c0 >= K)
+        return;
+    const bool nib = fmt == BK_Q_I4 || fmt == BK_Q_FP4;
+    uint64_t w8 = 0;
+    uint32_t w4 = 0;
+    if (nib)
+        w4 = *(const uint32_t *)(codes + n * (K / 2) + c0 / 2);
+    else
+        w8 = *(const uint64_t *)(codes + n * K + c0);
+    const float *srow = scale + (n / gr) * ((K + gc - 1) / gc);
+    uint32_t h[4];
+#pragma unroll
+    for (int j = 0; j < 8; j += 2) {
+        const uint32_t lo = dev_bf16_bits(qd_code8(fmt, w8, w4, j) * srow[(uint32_t)(c0 + j) / (uint32_t)gc]);
+        const uint32_t hi = dev_bf16_bits(qd_code8(fmt, w8, w4, j + 1) * srow[(uint32_t)(c0 + j + 1) / (uint32_t)gc]);
+        h[j / 2] = lo | hi << 16;
+    }
+    *(uint4 *)(out + n * K + c0) = make_uint4(h[0], h[1], h[2], h[3]);
+}
+
+/* The dequantized weight as bf16 [N][K] (round to nearest even): any K (k_qdequant_bf16_x8 takes
+ * K a multiple of 8). */
 __global__ void k_qdequant_bf16(const uint8_t *codes, const float *scale, int fmt, int64_t N, int64_t K, int gr, int gc,
                                 uint16_t *out)
 {
@@ -329,10 +384,21 @@ void cuda_qmatmul(backend_t *be, const float *x, int M, const bk_mat_t *w, const
         return;
     }
     uint16_t *wb = (uint16_t *)cuda_scratch(be, &st->quant_w, &st->quant_w_bytes, (size_t)N * (size_t)K * 2);
-    const int64_t total = N * K;
-    const unsigned blocks = (unsigned)((total + 255) / 256 < 65535 * 4 ? (total + 255) / 256 : 65535 * 4);
-    cuda_launch(st, k_qdequant_bf16, dim3(blocks), dim3(256), (const uint8_t *)w->data, w->qscale, (int)w->qfmt, N, K,
-                (int)w->qgr, (int)w->qgc, wb);
+    static int x8 = -1;
+    if (x8 < 0) {
+        const char *e = getenv("TROUPE_CUDA_QDEQUANT_X8");
+        x8 = e && e[0] == '1';
+    }
+    if (x8 && K % 8 == 0 && (uintptr_t)w->data % 8 == 0 && N <= INT_MAX && K < (int64_t)UINT32_MAX) {
+        const dim3 grid((unsigned)N, (unsigned)((K / 8 + QD_THREADS - 1) / QD_THREADS));
+        cuda_launch(st, k_qdequant_bf16_x8, grid, dim3(QD_THREADS), (const uint8_t *)w->data, w->qscale, (int)w->qfmt,
+                    K, (int)w->qgr, (int)w->qgc, wb);
+    } else {
+        const int64_t total = N * K;
+        const unsigned blocks = (unsigned)((total + 255) / 256 < 65535 * 4 ? (total + 255) / 256 : 65535 * 4);
+        cuda_launch(st, k_qdequant_bf16, dim3(blocks), dim3(256), (const uint8_t *)w->data, w->qscale, (int)w->qfmt, N,
+                    K, (int)w->qgr, (int)w->qgc, wb);
+    }
     const bk_mat_t plain = {.data = wb, .dtype = DT_BF16, .rows = N, .cols = K};
     cuda_matmul(be, x, M, &plain, bias, y);
 }
