@@ -146,9 +146,9 @@ __device__ __forceinline__ float qd_code8(int fmt, uint64_t w8, uint32_t w4, int
 /* The dequantized weight as bf16 [N][K] (round to nearest even), K a multiple of 8: block (n,
  * chunk) writes row n's 8 * QD_THREADS elements of that chunk, a thread 8 of them in one 16-byte
  * store from one 8- or 4-byte load of codes. The same values as k_qdequant_bf16, whose grid-stride
- * loop divides by K in 64 bits for every element and keeps nvfp4's value table in local memory:
- * with it the dequantization, not the GEMM, is most of a quantized batch-256 step (int4 on the 8B
- * shape, one H100, 2026-12-06: 75.5 ms a step against bf16's 15.6). Opt-in while it has not run on
+ * loop divides by K in 64 bits for every element and keeps nvfp4's value table in local memory,
+ * the likely cost of a quantized batch-256 step (int4 on the 8B shape, one H100, 2026-12-06: 75.5
+ * ms a step against bf16's 15.6, where its bytes alone would take about 7 ms). Opt-in while it has not run on
  * a GPU (TROUPE_CUDA_QDEQUANT_X8=1; tools/gpu-run.sh runs the quantized matmul tests with it). */
 #define QD_THREADS 128
 __global__ void __launch_bounds__(QD_THREADS) k_qdequant_bf16_x8(const uint8_t *codes, const float *scale, int fmt,
