@@ -48,6 +48,14 @@ fds1=$(n_fds)
 grow=$((rss1 - rss0))
 note "after $MEASURED more: VmRSS $rss1 KiB (+$grow KiB), $fds1 descriptors"
 [ "$fds1" -eq "$fds0" ] || { ls -l "/proc/$SUP_PID/fd"; fail "the supervisor's descriptors went $fds0 -> $fds1 over $MEASURED restarts"; }
-[ "$grow" -le "$RSS_BOUND_KB" ] || fail "the supervisor grew $grow KiB over $MEASURED restarts (bound $RSS_BOUND_KB KiB)"
+# Under AddressSanitizer (make test-asan sets ASAN_OPTIONS) freed memory waits in the allocator's
+# quarantine, so resident memory grows with any allocation churn (+3.2 MiB over the 50 there,
+# 2026-12-06): the bound holds for the plain build (make test checks it); descriptors are checked
+# in both.
+if [ -n "${ASAN_OPTIONS:-}" ]; then
+  note "resident-memory bound not applied under AddressSanitizer (its quarantine keeps freed memory)"
+else
+  [ "$grow" -le "$RSS_BOUND_KB" ] || fail "the supervisor grew $grow KiB over $MEASURED restarts (bound $RSS_BOUND_KB KiB)"
+fi
 grep -q "decode ready in .*restarted" "$WORK/supervisor.log" || fail "no restarted decode in the log"
 echo PASS
