@@ -4,7 +4,10 @@
 #   git archive COMMIT | (mkdir -p .baseline && tar -x -C .baseline)   # on a machine with git
 #   . .gpu-debs/env.sh && COMPARE=build tools/gpu-compare.sh   # builds both trees (one after the other)
 #   . .gpu-debs/env.sh && COMPARE=bench tools/gpu-compare.sh   # measures both, prints a table
-# COMPARE=all does both (may exceed a 10-minute window). The build step also runs this tree's
+# COMPARE=all does both (may exceed a 10-minute window). PREBUILT=1 COMPARE=bench measures trees
+# whose build/ came from tools/gpu-pack.sh (built on another machine): nothing is compiled here,
+# also for a baseline whose gpu-run.sh predates PREBUILT (a make that does nothing stands in for
+# make in its PATH). The build step also runs this tree's
 # unit and GPU tests. What is measured is tools/gpu-run.sh with
 # GPU tests skipped: batch-1 decode of the Llama-3.1-8B shape (dummy bf16 weights) beside the HBM
 # bound, and the served colocated fp8 sweep (input 1000, output SERVE_OUT, SERVE_CONC, SERVE_ROUNDS),
@@ -34,6 +37,11 @@ if [ "$mode" = build ] || [ "$mode" = all ]; then
   echo "baseline build: rc $rb; this tree's build and tests: rc $rn; $(( $(date +%s) - t0 )) s"
   tail -15 "$OUT/new/build-run.txt"
   grep -E "FAILED|error" "$OUT/base/build-run.txt" | head -5
+fi
+if [ "${PREBUILT:-0}" = 1 ]; then
+  nomake=$(mktemp -d)
+  printf '#!/bin/sh\nexit 0\n' >"$nomake/make" && chmod +x "$nomake/make"
+  export PATH="$nomake:$PATH" PREBUILT
 fi
 if [ "$mode" = bench ] || [ "$mode" = all ]; then
   # The baseline skips the ceilings and its exactness check (time): this tree measures both.
