@@ -5,7 +5,7 @@
 # 2. runs the unit tests (tests/run.sh; SCENARIOS=1 runs the scenario tests too);
 # 3. runs the GPU tests (build/gpu-tests/test_backend_cuda: every op against the CPU backend, and
 #    the transformers fixtures end to end on CUDA), with PDL (default) and with plain launches, and
-#    its quantized matmuls again with TROUPE_CUDA_QDEQUANT_X8=1;
+#    its quantized matmuls again with TROUPE_CUDA_QDEQUANT_CHUNKS=1;
 # 4. benchmarks: copy bandwidth and the bf16 GEMM ceiling (build/gpu-tests/bench_cuda, which also
 #    times the backend's M=1 matmuls), then troupe-generate on Llama-3.1-8B's shape (dummy bf16
 #    weights, 128 prompt ids, 128 greedy tokens, --ignore-eos) on the CUDA backend, with the GEMV
@@ -85,12 +85,12 @@ if [ "${PREBUILT:-0}" = 1 ]; then
   [ -x build/bin/troupe-generate ] || { echo "gpu-run: PREBUILT=1 but no build/bin/troupe-generate (unpack tools/gpu-pack.sh's archive first)"; exit 1; }
   echo "prebuilt: $(ls build/bin | wc -l) programs, $(ls build/gpu-tests 2>/dev/null | wc -l) GPU tests; not built here" | tee -a "$OUT/build.log"
 else
-MK=(make -j16 NVCC="$NVCC" CUDA_HOME="$CUDA_HOME" CUDA_LIBDIR="$LIBDIR")
-t0=$(date +%s)
-"${MK[@]}" gpu-tests build/bin/troupe-generate >>"$OUT/build.log" 2>&1 || { echo "build of the GPU targets FAILED"; status=1; }
-"${MK[@]}" -k all >>"$OUT/build.log" 2>&1 || { echo "make all FAILED (some targets)"; status=1; }
-grep -E "error|warning" "$OUT/build.log" | grep -v "^make" | head -30
-echo "build: $(( $(date +%s) - t0 )) s"
+  MK=(make -j16 NVCC="$NVCC" CUDA_HOME="$CUDA_HOME" CUDA_LIBDIR="$LIBDIR")
+  t0=$(date +%s)
+  "${MK[@]}" gpu-tests build/bin/troupe-generate >>"$OUT/build.log" 2>&1 || { echo "build of the GPU targets FAILED"; status=1; }
+  "${MK[@]}" -k all >>"$OUT/build.log" 2>&1 || { echo "make all FAILED (some targets)"; status=1; }
+  grep -E "error|warning" "$OUT/build.log" | grep -v "^make" | head -30
+  echo "build: $(( $(date +%s) - t0 )) s"
 fi
 
 # ---- unit tests -----------------------------------------------------------------------------------
@@ -109,17 +109,17 @@ if [ "${SKIP_TESTS:-0}" = 1 ]; then
   gpu="skipped (SKIP_TESTS=1)"
 elif [ -x build/gpu-tests/test_backend_cuda ]; then
   # Twice: programmatic dependent launches (the default), then plain launches (TROUPE_CUDA_PDL=0).
-  # Then the quantized matmuls once more with the opt-in eight-codes-a-thread dequantization
-  # (TROUPE_CUDA_QDEQUANT_X8=1), which must give the same results.
+  # Then the quantized matmuls once more with the opt-in chunk-a-thread dequantization
+  # (TROUPE_CUDA_QDEQUANT_CHUNKS=1), which must give the same results.
   { echo "### launches: PDL (default)"; timeout 200 build/gpu-tests/test_backend_cuda 2>&1 || { status=1; echo "### FAILED"; }
     echo "### launches: TROUPE_CUDA_PDL=0"; TROUPE_CUDA_PDL=0 timeout 200 build/gpu-tests/test_backend_cuda 2>&1 \
       || { status=1; echo "### FAILED"; }
-    echo "### quantized matmuls: TROUPE_CUDA_QDEQUANT_X8=1"; TROUPE_CUDA_QDEQUANT_X8=1 TROUPE_TEST_FILTER='*quant_matmul*' \
+    echo "### quantized matmuls: TROUPE_CUDA_QDEQUANT_CHUNKS=1"; TROUPE_CUDA_QDEQUANT_CHUNKS=1 TROUPE_TEST_FILTER='*quant_matmul*' \
       timeout 100 build/gpu-tests/test_backend_cuda 2>&1 || { status=1; echo "### FAILED"; }; } >"$OUT/gpu-tests.log"
   grep -E '###|FAILED|ERROR|error|PASSED|rel err [0-9.e+-]+ \(bound 1e-0[24]\)|lockstep' "$OUT/gpu-tests.log" | head -60
   p=$(grep -oE '\[  PASSED  \] [0-9]+' "$OUT/gpu-tests.log" | awk '{s+=$4} END {print s+0}')
   f=$(grep -oE '\[  FAILED  \] [0-9]+ test' "$OUT/gpu-tests.log" | awk '{s+=$4} END {print s+0}')
-  gpu="$p passed, $f failed (PDL + plain launches + QDEQUANT_X8)"
+  gpu="$p passed, $f failed (PDL + plain launches + QDEQUANT_CHUNKS)"
 else
   status=1
 fi

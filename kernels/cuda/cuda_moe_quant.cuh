@@ -1,5 +1,6 @@
 /* kernels/cuda/cuda_moe_quant.cuh — decoding the codes of quantized MoE experts in registers
- * (internal: cuda_moe_quant.cu's FMA kernels and cuda_moe_gemm.cu's grouped GEMMs), every value
+ * (internal: cuda_moe_quant.cu's FMA kernels, cuda_moe_gemm.cu's grouped GEMMs and cuda_quant.cu's
+ * dequantization of a dense weight for the bf16 GEMM), every value
  * exact before the block scale:
  *   fp8 e4m3: the hardware's e4m3x2 -> f16x2 convert, two codes per instruction (NaN stays NaN);
  *   int8: the byte as a signed integer;

@@ -33,6 +33,7 @@
 
 #include "kernels/cuda/cuda.h"
 #include "kernels/cuda/cuda_dev.cuh"
+#include "kernels/cuda/cuda_moe_quant.cuh"   /* mq_dec16: the codes of a 16-byte chunk */
 #include "kernels/cuda/cuda_qgemv.cuh"
 #include "kernels/cuda/cuda_qgemv_mma.cuh"
 
@@ -122,62 +123,57 @@ static int s_qgemv_mma(backend_t *be, cuda_state_t *st, int n, const bk_mat_t *c
     return 0;
 }
 
-/* Code j (0..7) of eight consecutive ones as a value: bytes (fp8, int8) from w8, nibbles (int4,
- * nvfp4: element 2i in byte i's low half, as qv_code reads them) from w4. E2M1 without a table
- * (an indexed local array goes to local memory): exponent bits e, mantissa bit m give m / 2 for
- * e = 0, else (1 + m / 2) * 2^(e-1): 0, 0.5, 1, 1.5, 2, 3, 4, 6, the same floats. */
-__device__ __forceinline__ float qd_code8(int fmt, uint64_t w8, uint32_t w4, int j)
-{
-    if (fmt == BK_Q_FP8) {
-        __nv_fp8_e4m3 f;
-        f.__x = (__nv_fp8_storage_t)((w8 >> (8 * j)) & 0xffu);
-        return (float)f;
-    }
-    if (fmt == BK_Q_I8)
-        return (float)(int8_t)((w8 >> (8 * j)) & 0xffu);
-    const unsigned nib = (w4 >> (4 * j)) & 15u;
-    if (fmt == BK_Q_I4)
-        return (float)((int)nib - 8);
-    const unsigned e = (nib >> 1) & 3u, m = nib & 1u;
-    const float mag = e == 0 ? 0.5f * (float)m : (1.0f + 0.5f * (float)m) * (float)(1u << (e - 1));
-    return (nib & 8) ? -mag : mag;
-}
-
-/* The dequantized weight as bf16 [N][K] (round to nearest even), K a multiple of 8: block (n,
- * chunk) writes row n's 8 * QD_THREADS elements of that chunk, a thread 8 of them in one 16-byte
- * store from one 8- or 4-byte load of codes. The same values as k_qdequant_bf16, whose grid-stride
- * loop divides by K in 64 bits for every element and keeps nvfp4's value table in local memory,
- * the likely cost of a quantized batch-256 step (int4 on the 8B shape, one H100, 2026-12-06: 75.5
- * ms a step against bf16's 15.6, where its bytes alone would take about 7 ms). Opt-in while it has not run on
- * a GPU (TROUPE_CUDA_QDEQUANT_X8=1; tools/gpu-run.sh runs the quantized matmul tests with it). */
+/* The dequantized weight as bf16 [N][K] (round to nearest even), K a multiple of
+ * mq_chunk_values(FMT): block (n, chunk) writes row n's part of QD_THREADS 16-byte chunks of
+ * codes, a thread one chunk (16 byte codes or 32 nibbles) in one load, decoded by the MoE kernels'
+ * mq_dec16 (cuda_moe_quant.cuh; fp4 comes times 2^-14, so the scale is taken times mq_dec_scale,
+ * exactly) and written 8 values to a 16-byte store. The same values as k_qdequant_bf16, whose
+ * grid-stride loop divides by K in 64 bits for every element and keeps nvfp4's value table in
+ * local memory, the likely cost of a quantized batch-256 step (int4 on the 8B shape, one H100,
+ * 2026-12-06: 75.5 ms a step against bf16's 15.6, where its bytes alone would take about 7 ms).
+ * Opt-in while it has not run on a GPU (TROUPE_CUDA_QDEQUANT_CHUNKS=1; tools/gpu-run.sh runs the
+ * quantized matmul tests with it). */
 #define QD_THREADS 128
-__global__ void __launch_bounds__(QD_THREADS) k_qdequant_bf16_x8(const uint8_t *codes, const float *scale, int fmt,
-                                                                 int64_t K, int gr, int gc, uint16_t *out)
+template <int FMT>
+__global__ void __launch_bounds__(QD_THREADS) k_qdequant_bf16_chunks(const uint8_t *codes, const float *scale,
+                                                                     int64_t K, int gr, int gc, uint16_t *out)
 {
     DEV_PDL_ENTER();
-    const int64_t n = blockIdx.x, c0 = ((int64_t)blockIdx.y * QD_THREADS + threadIdx.x) * 8;
+    constexpr int V = mq_chunk_values(FMT);
+    const int64_t n = blockIdx.x, c0 = ((int64_t)blockIdx.y * QD_THREADS + threadIdx.x) * V;
     if (c0 >= K)
         return;
-    const bool nib = fmt == BK_Q_I4 || fmt == BK_Q_FP4;
-    uint64_t w8 = 0;
-    uint32_t w4 = 0;
-    if (nib)
-        w4 = *(const uint32_t *)(codes + n * (K / 2) + c0 / 2);
-    else
-        w8 = *(const uint64_t *)(codes + n * K + c0);
+    const uint4 q = *(const uint4 *)(codes + (mq_nib(FMT) ? n * (K / 2) + c0 / 2 : n * K + c0));
     const float *srow = scale + (n / gr) * ((K + gc - 1) / gc);
-    uint32_t h[4];
 #pragma unroll
-    for (int j = 0; j < 8; j += 2) {
-        const uint32_t lo = dev_bf16_bits(qd_code8(fmt, w8, w4, j) * srow[(uint32_t)(c0 + j) / (uint32_t)gc]);
-        const uint32_t hi = dev_bf16_bits(qd_code8(fmt, w8, w4, j + 1) * srow[(uint32_t)(c0 + j + 1) / (uint32_t)gc]);
-        h[j / 2] = lo | hi << 16;
+    for (int p = 0; p < V / 16; p++) {
+        float f[16];
+        mq_dec16<FMT>(q, p, f);
+        uint32_t h[8];
+#pragma unroll
+        for (int i = 0; i < 16; i += 2) {
+            const uint32_t c = (uint32_t)(c0 + 16 * p + i);
+            const uint32_t lo = dev_bf16_bits(f[i] * (srow[c / (uint32_t)gc] * mq_dec_scale<FMT>()));
+            const uint32_t hi = dev_bf16_bits(f[i + 1] * (srow[(c + 1) / (uint32_t)gc] * mq_dec_scale<FMT>()));
+            h[i / 2] = lo | hi << 16;
+        }
+        uint4 *o = (uint4 *)(out + n * K + c0 + 16 * p);
+        o[0] = make_uint4(h[0], h[1], h[2], h[3]);
+        o[1] = make_uint4(h[4], h[5], h[6], h[7]);
     }
-    *(uint4 *)(out + n * K + c0) = make_uint4(h[0], h[1], h[2], h[3]);
 }
 
-/* The dequantized weight as bf16 [N][K] (round to nearest even): any K (k_qdequant_bf16_x8 takes
- * K a multiple of 8). */
+template <int FMT>
+static void s_dequant_chunks(const cuda_state_t *st, const bk_mat_t *w, uint16_t *wb)
+{
+    const int64_t N = w->rows, K = w->cols;
+    const dim3 grid((unsigned)N, (unsigned)((K / mq_chunk_values(FMT) + QD_THREADS - 1) / QD_THREADS));
+    cuda_launch(st, k_qdequant_bf16_chunks<FMT>, grid, dim3(QD_THREADS), (const uint8_t *)w->data, w->qscale, K,
+                (int)w->qgr, (int)w->qgc, wb);
+}
+
+/* The dequantized weight as bf16 [N][K] (round to nearest even): any K (k_qdequant_bf16_chunks
+ * takes whole 16-byte chunks of codes per row). */
 __global__ void k_qdequant_bf16(const uint8_t *codes, const float *scale, int fmt, int64_t N, int64_t K, int gr, int gc,
                                 uint16_t *out)
 {
@@ -384,15 +380,19 @@ void cuda_qmatmul(backend_t *be, const float *x, int M, const bk_mat_t *w, const
         return;
     }
     uint16_t *wb = (uint16_t *)cuda_scratch(be, &st->quant_w, &st->quant_w_bytes, (size_t)N * (size_t)K * 2);
-    static int x8 = -1;
-    if (x8 < 0) {
-        const char *e = getenv("TROUPE_CUDA_QDEQUANT_X8");
-        x8 = e && e[0] == '1';
+    static int chunks = -1;
+    if (chunks < 0) {
+        const char *e = getenv("TROUPE_CUDA_QDEQUANT_CHUNKS");
+        chunks = e && e[0] == '1';
     }
-    if (x8 && K % 8 == 0 && (uintptr_t)w->data % 8 == 0 && N <= INT_MAX && K < (int64_t)UINT32_MAX) {
-        const dim3 grid((unsigned)N, (unsigned)((K / 8 + QD_THREADS - 1) / QD_THREADS));
-        cuda_launch(st, k_qdequant_bf16_x8, grid, dim3(QD_THREADS), (const uint8_t *)w->data, w->qscale, (int)w->qfmt,
-                    K, (int)w->qgr, (int)w->qgc, wb);
+    if (chunks && K % mq_chunk_values(w->qfmt) == 0 && (uintptr_t)w->data % 16 == 0 && N <= INT_MAX &&
+        K < (int64_t)UINT32_MAX) {
+        switch (w->qfmt) {
+        case BK_Q_FP8: s_dequant_chunks<BK_Q_FP8>(st, w, wb); break;
+        case BK_Q_I8: s_dequant_chunks<BK_Q_I8>(st, w, wb); break;
+        case BK_Q_I4: s_dequant_chunks<BK_Q_I4>(st, w, wb); break;
+        default: s_dequant_chunks<BK_Q_FP4>(st, w, wb); break;
+        }
     } else {
         const int64_t total = N * K;
         const unsigned blocks = (unsigned)((total + 255) / 256 < 65535 * 4 ? (total + 255) / 256 : 65535 * 4);
