@@ -14,15 +14,19 @@
  *     quantized per row to e4m3 with scale amax / 448 (the CPU's arithmetic, cpu_quant_act_row), the
  *     GEMM gives sum_k q_x q_w in f32, and one pass multiplies by the row's and the channel's scales
  *     and adds the bias. No dequantized copy of W is written;
+ *   - int8 weights with int8 per-token activations (W8A8, one scale per row of W): the same on the
+ *     integer tensor cores (cuBLASLt, int8 x int8, exact int32 sums), opt-in with
+ *     TROUPE_CUDA_QUANT_I8_GEMM=1 until it has run on a GPU;
  *   - everything else: W dequantized to bf16 into scratch and the bf16 GEMM (cuda_matmul's cuBLASLt
  *     path); with qact, x is first fake-quantized per row into scratch (the CPU's arithmetic).
  *
  * Semantics against the CPU reference (cpu_quant.c): the same dequantized f32 weight; the GEMV sums
  * in another order (f32, within rounding); the FP8 GEMM has the same products (exact in f32) summed
- * by the tensor cores and the two scales applied after the sum; the bf16 path rounds the dequantized
- * weight to bf16 (relative 2^-9 per element) and follows the bf16 GEMM's activation rules.
+ * by the tensor cores and the two scales applied after the sum (the int8 GEMM's sums are exact);
+ * the bf16 path rounds the dequantized weight to bf16 (relative 2^-9 per element) and follows the
+ * bf16 GEMM's activation rules.
  *
- * Known limits: int8 W8A8 prefill still dequantizes (no IMMA GEMM); quantized MoE experts (fp8,
+ * Known limits: int8 W8A8 prefill dequantizes by default (above); quantized MoE experts (fp8,
  * int8) run in cuda_moe_quant.cu and cuda_moe_gemm.cu, not here (quant_moe_formats). */
 #include <cublasLt.h>
 #include <cuda_bf16.h>
@@ -239,80 +243,102 @@ __global__ void k_qact(const float *x, int64_t K, int act, float *out)
     }
 }
 
-/* ---- FP8 GEMM (W8A8 prefill) ------------------------------------------------------------------ */
+/* ---- W8A8 GEMMs (prefill): fp8 on the FP8 tensor cores, int8 on the integer ones ------------- */
 
-/* x row blockIdx.x quantized to e4m3 with scale amax / 448, as cpu_quant_act_row: codes into xq
- * [M][K], the scale into sx[row] (an all-zero row: codes 0; a non-finite amax: scale NaN, so every
- * output of the row is NaN, as the CPU's). */
-__global__ void k_qact_fp8(const float *x, int64_t K, uint8_t *xq, float *sx)
+/* x row blockIdx.x quantized as cpu_quant_act_row: e4m3 codes with scale amax / 448 (I8 false) or
+ * int8 codes rint(x / s) clamped to +-127 with scale amax / 127 (I8 true), into xq [M][K], the scale
+ * into sx[row]. An all-zero row: codes 0. A non-finite amax, or (int8, which has no NaN code) a NaN
+ * element: scale NaN, so every output of the row is NaN, as the CPU's (fp8's NaN element converts to
+ * a NaN code). */
+template <bool I8>
+__global__ void k_qact_w8(const float *x, int64_t K, uint8_t *xq, float *sx)
 {
     DEV_PDL_ENTER();
     __shared__ float red[32];
     const float *xr = x + (int64_t)blockIdx.x * K;
     uint8_t *o = xq + (int64_t)blockIdx.x * K;
     float amax = 0.0f;
-    for (int64_t k = threadIdx.x; k < K; k += blockDim.x)
-        amax = fmaxf(amax, fabsf(xr[k]));
+    int nan = 0;
+    for (int64_t k = threadIdx.x; k < K; k += blockDim.x) {
+        amax = fmaxf(amax, fabsf(xr[k]));          /* fmaxf skips NaN, as the CPU's comparison does */
+        nan |= isnan(xr[k]);
+    }
     amax = dev_block_max(amax, red);
-    const float s = amax / 448.0f;
+    if (I8)
+        nan = __syncthreads_or(nan);
+    const float s = amax / (I8 ? 127.0f : 448.0f);
+    const bool dead = amax == 0.0f || !isfinite(amax);
     if (threadIdx.x == 0)
-        sx[blockIdx.x] = isfinite(amax) ? s : __int_as_float(0x7fc00000);
-    for (int64_t k = threadIdx.x; k < K; k += blockDim.x)
-        o[k] = amax == 0.0f || !isfinite(amax) ? 0 : __nv_cvt_float_to_fp8(xr[k] / s, __NV_SATFINITE, __NV_E4M3);
+        sx[blockIdx.x] = isfinite(amax) && !(I8 && nan) ? s : __int_as_float(0x7fc00000);
+    for (int64_t k = threadIdx.x; k < K; k += blockDim.x) {
+        if (dead)
+            o[k] = 0;
+        else if (I8)
+            o[k] = (uint8_t)(int8_t)rintf(fminf(fmaxf(xr[k] / s, -127.0f), 127.0f));   /* NaN: sx is NaN */
+        else
+            o[k] = __nv_cvt_float_to_fp8(xr[k] / s, __NV_SATFINITE, __NV_E4M3);
+    }
 }
 
-/* y[m][n] = raw[m][n] * sx[m] * ws[n] (+ bias[n]), in place; ws one scale per row block of W. */
-__global__ void k_fp8_epilogue(float *y, int64_t M, int64_t N, const float *sx, const float *ws, int gr,
-                               const float *bias)
+/* y[m][n] = raw[m][n] * sx[m] * ws[n] (+ bias[n]), in place over the GEMM's output (RAW float for
+ * fp8, int32 for int8: the same 4 bytes); ws one scale per row block of W. */
+template <typename RAW>
+__global__ void k_w8a8_epilogue(float *y, int64_t M, int64_t N, const float *sx, const float *ws, int gr,
+                                const float *bias)
 {
     DEV_PDL_ENTER();
     const int64_t n = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, m = blockIdx.y;
     if (n >= N)
         return;
-    float v = y[m * N + n] * sx[m] * ws[gr == 1 ? n : n / gr];
+    const RAW raw = ((const RAW *)y)[m * N + n];
+    float v = (float)raw * sx[m] * ws[gr == 1 ? n : n / gr];
     if (bias)
         v = __fadd_rn(v, bias[n]);
     y[m * N + n] = v;
 }
 
-/* cuBLASLt plans of the FP8 GEMM, by shape (and handle), made on first use. */
-typedef struct fp8_plan {
+/* cuBLASLt plans of the W8A8 GEMMs, by element type, shape (and handle), made on first use. */
+typedef struct w8_plan {
     cublasLtHandle_t lt;
+    int i8;                                        /* int8 (int32 sums) or fp8 (f32 sums) */
     int M;
     int64_t N, K;
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t la, lb, lc;
     cublasLtMatmulAlgo_t algo;
     int ok;                                        /* 0: no algorithm (the bf16 path runs) */
-} fp8_plan_t;
+} w8_plan_t;
 
-#define FP8_PLANS 64
-static fp8_plan_t s_fp8_plans[FP8_PLANS];
-static int s_fp8_next;
+#define W8_PLANS 64
+static w8_plan_t s_w8_plans[W8_PLANS];
+static int s_w8_next;
 
-static const fp8_plan_t *s_fp8_plan(cuda_state_t *st, int M, int64_t N, int64_t K)
+static const w8_plan_t *s_w8_plan(cuda_state_t *st, int i8, int M, int64_t N, int64_t K)
 {
-    for (int i = 0; i < FP8_PLANS; i++) {
-        const fp8_plan_t *p = &s_fp8_plans[i];
-        if (p->lt == st->lt && p->M == M && p->N == N && p->K == K)
+    for (int i = 0; i < W8_PLANS; i++) {
+        const w8_plan_t *p = &s_w8_plans[i];
+        if (p->lt == st->lt && p->i8 == i8 && p->M == M && p->N == N && p->K == K)
             return p;
     }
-    fp8_plan_t *p = &s_fp8_plans[s_fp8_next];
-    s_fp8_next = (s_fp8_next + 1) % FP8_PLANS;
+    w8_plan_t *p = &s_w8_plans[s_w8_next];
+    s_w8_next = (s_w8_next + 1) % W8_PLANS;
     if (p->lt) {
         cublasLtMatrixLayoutDestroy(p->la);
         cublasLtMatrixLayoutDestroy(p->lb);
         cublasLtMatrixLayoutDestroy(p->lc);
         cublasLtMatmulDescDestroy(p->desc);
     }
-    *p = (fp8_plan_t){.lt = st->lt, .M = M, .N = N, .K = K};
+    *p = (w8_plan_t){.lt = st->lt, .i8 = i8, .M = M, .N = N, .K = K};
+    /* "TN": W [N][K] row-major is column-major K x N, transposed; x's codes K x M as they are. The
+     * integer tensor cores take int8 only in this form (K a multiple of 4). */
     const cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
-    CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cudaDataType_t in = i8 ? CUDA_R_8I : CUDA_R_8F_E4M3, acc = i8 ? CUDA_R_32I : CUDA_R_32F;
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, i8 ? CUBLAS_COMPUTE_32I : CUBLAS_COMPUTE_32F, acc));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof(op_t)));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof(op_n)));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->la, CUDA_R_8F_E4M3, (uint64_t)K, (uint64_t)N, K));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_8F_E4M3, (uint64_t)K, (uint64_t)M, K));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_32F, (uint64_t)N, (uint64_t)M, N));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->la, in, (uint64_t)K, (uint64_t)N, K));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lb, in, (uint64_t)K, (uint64_t)M, K));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lc, acc, (uint64_t)N, (uint64_t)M, N));
     cublasLtMatmulPreference_t pref;
     const uint64_t ws = st->lt_ws_bytes;
     CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -326,37 +352,44 @@ static const fp8_plan_t *s_fp8_plan(cuda_state_t *st, int M, int64_t N, int64_t 
     if (p->ok)
         p->algo = res.algo;
     else
-        fprintf(stderr, "troupe cuda: cuBLASLt has no FP8 algorithm for %d x %lld x %lld (%s); dequantizing to bf16\n",
-                M, (long long)N, (long long)K, cublasGetStatusString(hs));
+        fprintf(stderr, "troupe cuda: cuBLASLt has no %s algorithm for %d x %lld x %lld (%s); dequantizing to bf16\n",
+                i8 ? "int8" : "FP8", M, (long long)N, (long long)K, cublasGetStatusString(hs));
     return p;
 }
 
-/* The FP8 GEMM for a W8A8 fp8 weight with one scale per row block; 1 when it does not apply (or
- * cuBLASLt has no algorithm), nothing queued. TROUPE_CUDA_QUANT_FP8_GEMM=0 turns it off. */
-static int s_fp8_gemm(backend_t *be, cuda_state_t *st, const float *x, int M, const bk_mat_t *w, const float *bias,
-                      float *y)
+/* The W8A8 GEMM for an fp8 or int8 weight with one scale per row block and per-token activations of
+ * its own format; 1 when it does not apply (or cuBLASLt has no algorithm), nothing queued.
+ * TROUPE_CUDA_QUANT_FP8_GEMM=0 turns fp8's off; TROUPE_CUDA_QUANT_I8_GEMM=1 turns int8's on (opt-in
+ * until it has run on a GPU: int8 W8A8 prefill otherwise dequantizes to bf16). int8's sums are
+ * exact (int32), fp8's the tensor cores' f32 sums of exact products; the scales come after. */
+static int s_w8a8_gemm(backend_t *be, cuda_state_t *st, const float *x, int M, const bk_mat_t *w, const float *bias,
+                       float *y)
 {
-    static int enabled = -1;
-    if (enabled < 0) {
-        const char *e = getenv("TROUPE_CUDA_QUANT_FP8_GEMM");
-        enabled = !(e && e[0] == '0');
+    static int fp8_on = -1, i8_on = -1;
+    if (fp8_on < 0) {
+        const char *e = getenv("TROUPE_CUDA_QUANT_FP8_GEMM"), *i = getenv("TROUPE_CUDA_QUANT_I8_GEMM");
+        fp8_on = !(e && e[0] == '0');
+        i8_on = i && i[0] == '1';
     }
     const int64_t N = w->rows, K = w->cols;
-    if (!enabled || w->qfmt != BK_Q_FP8 || w->qact != BK_QA_FP8_TOKEN || w->qgc < K || K % 16 || N % 16 ||
-        (uintptr_t)w->data % 16 || (uintptr_t)y % 16 || M > 65535)
+    const int i8 = w->qfmt == BK_Q_I8;
+    if (!(i8 ? i8_on && w->qact == BK_QA_I8_TOKEN : fp8_on && w->qfmt == BK_Q_FP8 && w->qact == BK_QA_FP8_TOKEN) ||
+        w->qgc < K || K % 16 || N % 16 || (uintptr_t)w->data % 16 || (uintptr_t)y % 16 || M > 65535)
         return 1;
-    const fp8_plan_t *p = s_fp8_plan(st, M, N, K);
+    const w8_plan_t *p = s_w8_plan(st, i8, M, N, K);
     if (!p->ok)
         return 1;
     const size_t xq_bytes = ((size_t)M * (size_t)K + 255) / 256 * 256;
     uint8_t *xq = (uint8_t *)cuda_scratch(be, &st->quant_x, &st->quant_x_bytes, xq_bytes + (size_t)M * 4);
     float *sx = (float *)(xq + xq_bytes);
-    cuda_launch(st, k_qact_fp8, dim3((unsigned)M), dim3(256), x, K, xq, sx);
+    cuda_launch(st, i8 ? k_qact_w8<true> : k_qact_w8<false>, dim3((unsigned)M), dim3(256), x, K, xq, sx);
     const float alpha = 1.0f, beta = 0.0f;
-    CUBLAS_CHECK(cublasLtMatmul(st->lt, p->desc, &alpha, w->data, p->la, xq, p->lb, &beta, y, p->lc, y, p->lc, &p->algo,
-                                st->lt_ws, st->lt_ws_bytes, st->stream));
-    cuda_launch(st, k_fp8_epilogue, dim3((unsigned)((N + 255) / 256), (unsigned)M), dim3(256), y, (int64_t)M, N,
-                (const float *)sx, w->qscale, (int)w->qgr, bias);
+    const int32_t alpha_i = 1, beta_i = 0;
+    CUBLAS_CHECK(cublasLtMatmul(st->lt, p->desc, i8 ? (const void *)&alpha_i : (const void *)&alpha, w->data, p->la,
+                                xq, p->lb, i8 ? (const void *)&beta_i : (const void *)&beta, y, p->lc, y, p->lc,
+                                &p->algo, st->lt_ws, st->lt_ws_bytes, st->stream));
+    cuda_launch(st, i8 ? k_w8a8_epilogue<int32_t> : k_w8a8_epilogue<float>, dim3((unsigned)((N + 255) / 256), (unsigned)M),
+                dim3(256), y, (int64_t)M, N, (const float *)sx, w->qscale, (int)w->qgr, bias);
     return 0;
 }
 
@@ -366,7 +399,7 @@ void cuda_qmatmul(backend_t *be, const float *x, int M, const bk_mat_t *w, const
         return;
     cuda_state_t *st = cuda_st(be);
     const int64_t N = w->rows, K = w->cols;
-    if (M > st->gemv_max_m && s_fp8_gemm(be, st, x, M, w, bias, y) == 0)
+    if (M > st->gemv_max_m && s_w8a8_gemm(be, st, x, M, w, bias, y) == 0)
         return;
     if (M <= st->gemv_max_m && s_qgemv_mma(be, st, 1, &w, x, M, &bias, &y) == 0)
         return;

@@ -60,7 +60,7 @@ static const uint32_t GUARD_BITS = 0x7fbadbadu;
 #define B_F32 1e-5                /* f32 arithmetic in another order */
 #define B_SPLIT 2e-5              /* bf16/f16 GEMM, activations as hi + lo (the default) */
 #define B_BF16_GEMM 1e-2          /* bf16 activations rounded once (more than SPLIT_MAX_M rows, or split off) */
-#define B_FP8_GEMM 1e-3           /* fp8 W8A8 on the FP8 tensor cores: the same products, another summation */
+#define B_FP8_GEMM 1e-3           /* fp8 / int8 W8A8 on the tensor cores: the same products, another summation */
 #define B_F16_GEMM 2e-3
 #define BF16_ACT_LOGITS 3e-2      /* a bf16 fixture's logits with bf16 activations in every GEMM and a
                                      bf16 KV cache (measured 1.5e-2): the precision HF runs bf16 at */
@@ -442,9 +442,13 @@ static void s_qmatmul_case(int fmt, int gr, int gc, int act, int M, int N, int K
         be[b]->ops->free(be[b], ds);
         be[b]->ops->weight_release(be[b], wd);
     }
-    /* the FP8 GEMM (fp8 W8A8, one scale per row of W): the CPU's products, summed by the tensor cores */
-    const int fp8_gemm = fmt == BK_Q_FP8 && act == BK_QA_FP8_TOKEN && ec >= K && K % 16 == 0 && N % 16 == 0;
-    s_compare(res[1], res[0], (size_t)M * N, M <= GEMV_MAX_M ? B_F32 : fp8_gemm ? B_FP8_GEMM : B_BF16_GEMM, what);
+    /* the W8A8 GEMMs (one scale per row of W): the CPU's products, summed by the tensor cores (fp8;
+     * int8 with TROUPE_CUDA_QUANT_I8_GEMM=1, exact int32 sums) */
+    const char *i8e = getenv("TROUPE_CUDA_QUANT_I8_GEMM");
+    const int w8_shape = ec >= K && K % 16 == 0 && N % 16 == 0;
+    const int w8_gemm = w8_shape && ((fmt == BK_Q_FP8 && act == BK_QA_FP8_TOKEN) ||
+                                     (fmt == BK_Q_I8 && act == BK_QA_I8_TOKEN && i8e && i8e[0] == '1'));
+    s_compare(res[1], res[0], (size_t)M * N, M <= GEMV_MAX_M ? B_F32 : w8_gemm ? B_FP8_GEMM : B_BF16_GEMM, what);
     free(res[0]), free(res[1]), free(codes), free(sc), free(wf), free(x), free(bias);
 }
 
@@ -462,7 +466,7 @@ static void test_quant_matmul(void **state)
      * made by the pre-pass at 8 x 4,096; K = 264, and the nibbles at K = 1,040 — no multiple of 32 — the
      * CUDA-core kernels, which TROUPE_CUDA_QGEMV_MMA=0 runs for every case: tools/gpu-quant.sh runs
      * this test both ways), the GEMM paths (fp8 W8A8: the FP8
-     * GEMM; the rest: dequantize then bf16, a 16-byte chunk of codes a thread where a row is whole
+     * GEMM; int8 W8A8 with TROUPE_CUDA_QUANT_I8_GEMM=1: the int8 GEMM; the rest: dequantize then bf16, a 16-byte chunk of codes a thread where a row is whole
      * chunks, one element a thread at K = 1,044). */
     static const int cases[][4] = {{1, 300, 512, 0}, {2, 1000, 2048, 1}, {3, 257, 1024, 1}, {4, 64, 4096, 0},
                                    {5, 130, 1024, 1}, {6, 33, 512, 0}, {7, 17, 2048, 1}, {8, 129, 512, 0},
