@@ -83,10 +83,10 @@ const float *spec_dist(spec_proposer_t *p, uint64_t id, int i)
     return p->ops->dist ? p->ops->dist(p, id, i) : NULL;
 }
 
-void spec_accepted(spec_proposer_t *p, uint64_t id, int n_accepted)
+void spec_accepted(spec_proposer_t *p, uint64_t id, int n_verified, int n_accepted)
 {
     if (p->ops->accepted)
-        p->ops->accepted(p, id, n_accepted);
+        p->ops->accepted(p, id, n_verified, n_accepted);
 }
 
 void spec_forget(spec_proposer_t *p, uint64_t id)

@@ -96,8 +96,9 @@ typedef struct spec_proposer_ops {
      * until the next proposal for id or its forget; NULL for a point mass (greedy or n-gram
      * drafts). NULL entry: always a point mass. */
     const float *(*dist)(spec_proposer_t *p, uint64_t id, int i);
-    /* The target kept n_accepted of the last proposal's drafts (NULL: nothing to track). */
-    void (*accepted)(spec_proposer_t *p, uint64_t id, int n_accepted);
+    /* The target verified n_verified of the last proposal's drafts (the caller may verify fewer
+     * than were proposed) and kept the first n_accepted of them (NULL: nothing to track). */
+    void (*accepted)(spec_proposer_t *p, uint64_t id, int n_verified, int n_accepted);
     /* Sequence id ended (NULL: nothing to track). */
     void (*forget)(spec_proposer_t *p, uint64_t id);
     void (*destroy)(spec_proposer_t *p);
@@ -112,7 +113,7 @@ struct spec_proposer {
 int spec_propose(spec_proposer_t *p, uint64_t id, const int32_t *tokens, int n, int k, int32_t *drafts, float *probs);
 int spec_propose_batch(spec_proposer_t *p, spec_ask_t *asks, int n);
 const float *spec_dist(spec_proposer_t *p, uint64_t id, int i);
-void spec_accepted(spec_proposer_t *p, uint64_t id, int n_accepted);
+void spec_accepted(spec_proposer_t *p, uint64_t id, int n_verified, int n_accepted);
 void spec_forget(spec_proposer_t *p, uint64_t id);
 void spec_proposer_destroy(spec_proposer_t **self_p);
 
@@ -120,8 +121,12 @@ void spec_proposer_destroy(spec_proposer_t **self_p);
  * (1 <= min_n <= max_n <= 64), that occurred earlier in the sequence; the most recent earlier
  * occurrence wins; the tokens that followed it are the drafts (a continuation that runs into the
  * end of the sequence keeps copying its own drafts, so a repeating pattern extends itself). Cost
- * O(n * (max_n - min_n + 1)) per proposal, on the CPU. NULL on bad sizes or out of memory. */
-spec_proposer_t *spec_ngram_new(int min_n, int max_n);
+ * O(n * (max_n - min_n + 1)) per proposal, on the CPU. calibrated 0: every draft's confidence
+ * (probs) is 1.0, a point mass's; 1: the proposer's running estimate of the draft's acceptance
+ * given the drafts before it, by match length and draft position, learnt from `accepted`
+ * (engine/spec_ngram.c), which a verify-length policy can read as a draft model's probabilities.
+ * Either way the drafts are point masses to the verify rule. NULL on bad sizes or out of memory. */
+spec_proposer_t *spec_ngram_new(int min_n, int max_n, int calibrated);
 
 /* The n-gram search itself (what the proposer's propose does), for callers without a proposer. */
 int spec_ngram_propose(const int32_t *tokens, int n, int min_n, int max_n, int k, int32_t *drafts);

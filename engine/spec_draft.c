@@ -515,8 +515,9 @@ static const float *s_dist(spec_proposer_t *p, uint64_t id, int i)
 
 /* The target kept n_accepted drafts: the draft KV keeps the sequence as it was plus those (at
  * most what it computed: the last draft never is). */
-static void s_accepted(spec_proposer_t *p, uint64_t id, int n_accepted)
+static void s_accepted(spec_proposer_t *p, uint64_t id, int n_verified, int n_accepted)
 {
+    (void)n_verified;
     draft_t *d = p->impl;
     d_seq_t *s = s_get(d, id);
     if (!s || n_accepted < 0)

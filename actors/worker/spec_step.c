@@ -81,6 +81,12 @@ int spec_step_config_from_env(spec_step_config_t *c, char *err, size_t errlen)
             return errf(err, errlen, "TROUPE_SPEC_PAD_ROWS '%s': expected a row count >= 0", pv);
         c->pad_max_rows = (int)v;
     }
+    const char *nc = getenv("TROUPE_SPEC_NGRAM_CONFIDENCE");
+    if (nc && *nc) {
+        if (strcmp(nc, "0") && strcmp(nc, "1"))
+            return errf(err, errlen, "TROUPE_SPEC_NGRAM_CONFIDENCE '%s': expected 0 or 1", nc);
+        c->ngram_confidence = nc[0] == '1';
+    }
     return spec_knob_parse("TROUPE_SPECULATION", getenv("TROUPE_SPECULATION"), &c->method, &c->k, err, errlen);
 }
 
@@ -101,7 +107,7 @@ spec_step_t *spec_step_new(const spec_step_config_t *c, spec_proposer_t *draft, 
             s->mtp = c->method == SPEC_MTP;
             s->hid = s->mtp ? spec_mtp_hidden_buffer(draft, &s->hid_rows, &s->H) : NULL;
         } else {
-            s->proposer = spec_ngram_new(SPEC_NGRAM_MIN_N, SPEC_NGRAM_MAX_N);
+            s->proposer = spec_ngram_new(SPEC_NGRAM_MIN_N, SPEC_NGRAM_MAX_N, c->ngram_confidence);
         }
         s->asks = calloc((size_t)max_seqs, sizeof *s->asks);
         s->ask_row = calloc((size_t)max_seqs, sizeof *s->ask_row);
@@ -431,7 +437,7 @@ void spec_step_verify(spec_step_t *s, const sched_batch_t *b, const float *logit
         }
         if (!alive)
             continue;
-        spec_accepted(s->proposer, id, j);
+        spec_accepted(s->proposer, id, n, j);
         if (s->hid_ok)   /* the kept positions: the last token's and the j accepted drafts' */
             s->feeds[n_feeds++] = (spec_mtp_feed_t){.id = id, .tokens = r->toks, .n_tokens = r->n_toks,
                                                     .pos0 = base - 1, .n = j + 1,

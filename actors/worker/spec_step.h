@@ -38,6 +38,11 @@ typedef struct spec_step_config {
      * CUDA graph replays them (spec_step.c s_pad); 0: never. TROUPE_SPEC_PAD_ROWS; -1 when unset:
      * the owner chooses (the decode worker: 16 on a backend with graphs, else 0). */
     int pad_max_rows;
+    /* SPEC_NGRAM: 1 reports the proposer's calibrated confidence in each draft (spec_ngram_new),
+     * so the draft-scheduler's policy chooses each row's verify length from it as from a draft
+     * model's probabilities; 0 (default): a point mass's 1.0, every row the batch's length.
+     * TROUPE_SPEC_NGRAM_CONFIDENCE. */
+    int ngram_confidence;
 } spec_step_config_t;
 
 #define SPEC_PAD_ROWS_GRAPHS 16   /* pad_max_rows on a backend with graphs (the decode worker's choice) */

@@ -97,7 +97,7 @@ static void s_run(spec_proposer_t *p, int32_t *drafts, float *probs, int *counts
         float *q = probs + (size_t)step * SPEC_MAX_K;
         counts[step] = spec_propose(p, 9, seq, n, k, d, q);
         const int keep = counts[step] ? step % (counts[step] + 1) : 0;
-        spec_accepted(p, 9, keep);
+        spec_accepted(p, 9, counts[step], keep);
         for (int i = 0; i < keep; i++)
             seq[n++] = d[i];
         seq[n++] = (int32_t)((d[keep < counts[step] ? keep : 0] + 1 + step) % 3000);
@@ -201,7 +201,7 @@ static double s_propose_us(spec_proposer_t *p, int k, int reps, uint64_t id)
             t0 = now_ns();
         const int got = spec_propose(p, id, seq, n, k, d, q);
         assert_int_equal(got, k);
-        spec_accepted(p, id, 0);
+        spec_accepted(p, id, got, 0);
         seq[n++] = (int32_t)((d[0] + 1) % 3000);
     }
     const double us = (double)(now_ns() - t0) / 1e3 / reps;

@@ -72,10 +72,10 @@ static void test_ngram_no_match_and_limits(void **state)
 static void test_ngram_proposer_vtable(void **state)
 {
     (void)state;
-    assert_null(spec_ngram_new(0, 3));
-    assert_null(spec_ngram_new(3, 2));
-    assert_null(spec_ngram_new(1, 65));
-    spec_proposer_t *p = spec_ngram_new(1, 4);
+    assert_null(spec_ngram_new(0, 3, 0));
+    assert_null(spec_ngram_new(3, 2, 0));
+    assert_null(spec_ngram_new(1, 65, 1));
+    spec_proposer_t *p = spec_ngram_new(1, 4, 0);
     assert_non_null(p);
     assert_string_equal(p->ops->name, "ngram");
     const int32_t t[] = {9, 8, 7, 9, 8};
@@ -88,10 +88,72 @@ static void test_ngram_proposer_vtable(void **state)
     for (int i = 0; i < 3; i++)
         assert_true(q[i] == 1.0f);
     assert_int_equal(spec_propose(p, 42, t, 5, 0, d, NULL), 0);
-    spec_accepted(p, 42, 2);                       /* stateless: optional calls are no-ops */
+    spec_accepted(p, 42, 3, 2);                    /* uncalibrated: nothing learnt, still 1.0 */
+    assert_int_equal(spec_propose(p, 42, t, 5, 3, d, q), 3);
+    for (int i = 0; i < 3; i++)
+        assert_true(q[i] == 1.0f);
     spec_forget(p, 42);
     spec_proposer_destroy(&p);
     assert_null(p);
+    spec_proposer_destroy(&p);
+}
+
+/* The calibrated n-gram proposer: its confidence in a draft is its running estimate of acceptance
+ * given the drafts before it, by match length and position, learnt from what the target kept. */
+static void test_ngram_confidence(void **state)
+{
+    (void)state;
+    spec_proposer_t *p = spec_ngram_new(1, 4, 1);
+    assert_non_null(p);
+    /* long: "1 2 3 4 5 6 1 2 3" matches 3 tokens (drafts 4 5 6); short: "1 2 3 9 1" matches 1 (2 3 9) */
+    const int32_t lng[] = {1, 2, 3, 4, 5, 6, 1, 2, 3}, sht[] = {1, 2, 3, 9, 1};
+    int32_t d[4];
+    float q[4];
+    assert_int_equal(spec_propose(p, 1, lng, 9, 3, d, q), 3);
+    assert_int_equal(d[0], 4);
+    for (int i = 0; i < 3; i++)
+        assert_float_equal(q[i], 0.5f, 1e-6);       /* nothing seen: (0 + 1) / (0 + 2) */
+    /* The long match's drafts are all kept, the short match's first draft never. */
+    for (int r = 0; r < 200; r++) {
+        assert_int_equal(spec_propose(p, 1, lng, 9, 3, d, q), 3);
+        spec_accepted(p, 1, 3, 3);
+        assert_int_equal(spec_propose(p, 2, sht, 5, 3, d, q), 3);
+        spec_accepted(p, 2, 3, 0);
+    }
+    assert_int_equal(spec_propose(p, 1, lng, 9, 3, d, q), 3);
+    for (int i = 0; i < 3; i++)
+        assert_true(q[i] > 0.99f);
+    assert_int_equal(spec_propose(p, 2, sht, 5, 3, d, q), 3);
+    assert_true(q[0] < 0.01f);
+    assert_float_equal(q[1], 0.5f, 1e-6);           /* never reached: still the prior */
+    assert_float_equal(q[2], 0.5f, 1e-6);
+    /* Only verified drafts count: 2 verified of 3, both kept, reaches positions 0 and 1 only. */
+    spec_accepted(p, 2, 2, 2);
+    assert_int_equal(spec_propose(p, 2, sht, 5, 3, d, q), 3);
+    assert_float_equal(q[1], 2.0f / 3.0f, 1e-6);    /* (1 + 1) / (1 + 2) */
+    assert_float_equal(q[2], 0.5f, 1e-6);
+    /* One report per proposal; a forgotten sequence's report is dropped. */
+    spec_accepted(p, 2, 3, 1);
+    spec_accepted(p, 2, 3, 1);
+    assert_int_equal(spec_propose(p, 2, sht, 5, 3, d, q), 3);
+    assert_float_equal(q[1], 2.0f / 4.0f, 1e-6);    /* reached 2, kept 1 (the second report ignored) */
+    spec_forget(p, 2);
+    spec_accepted(p, 2, 3, 3);
+    assert_int_equal(spec_propose(p, 2, sht, 5, 3, d, q), 3);
+    assert_float_equal(q[1], 2.0f / 4.0f, 1e-6);
+    /* Bad reports change nothing; no match, no drafts and no confidence. */
+    spec_accepted(p, 2, 3, 4);
+    spec_accepted(p, 2, 0, 0);
+    assert_float_equal(q[1], 2.0f / 4.0f, 1e-6);
+    const int32_t none[] = {5, 6, 7};
+    assert_int_equal(spec_propose(p, 3, none, 3, 3, d, q), 0);
+    /* Counts halve past 2,048 reached: the estimate follows a change of text within a few thousand. */
+    for (int r = 0; r < 5000; r++) {
+        assert_int_equal(spec_propose(p, 1, lng, 9, 3, d, q), 3);
+        spec_accepted(p, 1, 3, 0);
+    }
+    assert_int_equal(spec_propose(p, 1, lng, 9, 3, d, q), 3);
+    assert_true(q[0] < 0.05f);
     spec_proposer_destroy(&p);
 }
 
@@ -211,7 +273,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ngram_longest_suffix_wins),  cmocka_unit_test(test_ngram_most_recent_occurrence),
         cmocka_unit_test(test_ngram_repeat_extends_itself), cmocka_unit_test(test_ngram_no_match_and_limits),
-        cmocka_unit_test(test_ngram_proposer_vtable),      cmocka_unit_test(test_method_names),
+        cmocka_unit_test(test_ngram_proposer_vtable),
+        cmocka_unit_test(test_ngram_confidence),      cmocka_unit_test(test_method_names),
         cmocka_unit_test(test_accept_dist_follows_target), cmocka_unit_test(test_accept_dist_edges),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -129,7 +129,7 @@ static void test_kv_bookkeeping(void **state)
     assert_int_equal(spec_propose(p, 5, seq, n, 4, d, NULL), 4);
     assert_int_equal(spec_draft_kv_len(p, 5), n + 3);      /* the last draft is never computed */
     /* The target keeps 2 drafts and emits a token of its own. */
-    spec_accepted(p, 5, 2);
+    spec_accepted(p, 5, 2, 2);
     assert_int_equal(spec_draft_kv_len(p, 5), n + 2);
     seq[n] = d[0], seq[n + 1] = d[1], seq[n + 2] = (d[2] + 1) % 512;
     n += 3;
@@ -140,7 +140,7 @@ static void test_kv_bookkeeping(void **state)
     assert_int_equal(st.tokens - tokens_before, 1 + 2);     /* catch-up: only the target's token; 2 drafts */
     assert_int_equal(spec_draft_kv_len(p, 5), n + 2);
     /* Everything kept: the last draft is computed by the next catch-up with the target's token. */
-    spec_accepted(p, 5, 3);
+    spec_accepted(p, 5, 3, 3);
     assert_int_equal(spec_draft_kv_len(p, 5), n + 2);
     memcpy(seq + n, d, 3 * sizeof *d);
     seq[n + 3] = 9;
@@ -207,8 +207,8 @@ static void test_batch_equals_single(void **state)
     spec_draft_stats_t st0, st;
     spec_draft_stats(b, &st0);
     for (int s = 0; s < 6; s++) {
-        spec_accepted(a, 100 + s, 0);
-        spec_accepted(b, 100 + s, 0);
+        spec_accepted(a, 100 + s, 0, 0);
+        spec_accepted(b, 100 + s, 0, 0);
         toks[s][asks[s].n] = (batched[s][0] + 1) % 511;
         asks[s].n++;
         asks[s].k = 5 - s % 5;                     /* group 1: 5 4 3 2; group 2: 1 5 */
@@ -229,14 +229,14 @@ static void test_batch_equals_single(void **state)
      * drafts and probabilities: a threshold just above the first two drafts' product stops it
      * after those two, one that low drafts all k. */
     float probs[SPEC_MAX_K];
-    spec_accepted(b, 100, 0);
+    spec_accepted(b, 100, 0, 0);
     spec_ask_t full = {.id = 100, .tokens = toks[0], .n = asks[0].n, .k = 6, .drafts = batched[0], .probs = probs,
                        .stop_below = 1e-30f};
     assert_int_equal(spec_propose_batch(b, &full, 1), 0);
     assert_int_equal(full.n_drafts, 6);
     const double two = (double)probs[0] * probs[1];
     assert_true(probs[1] < 0.9999f);
-    spec_accepted(b, 100, 0);
+    spec_accepted(b, 100, 0, 0);
     spec_ask_t cut = full;
     cut.stop_below = (float)(two * 1.0001);
     assert_int_equal(spec_propose_batch(b, &cut, 1), 0);
@@ -261,7 +261,7 @@ static void test_windowed_catch_up(void **state)
         toks[i] = (int32_t)((i * 13 + i * i + 5) % 511);
     /* In step at 10 tokens, then 30 tokens later (a plain stretch): a window of 8. */
     assert_int_equal(spec_propose(a, 7, toks, 10, 2, got, NULL), 2);
-    spec_accepted(a, 7, 0);
+    spec_accepted(a, 7, 0, 0);
     spec_draft_stats_t st0, st;
     spec_draft_stats(a, &st0);
     spec_ask_t w = {.id = 7, .tokens = toks, .n = 40, .k = 3, .drafts = got, .max_catch_up = 8};
@@ -274,8 +274,8 @@ static void test_windowed_catch_up(void **state)
     assert_int_equal(spec_propose(ref, 1, toks + 32, 8, 3, want, NULL), 3);
     assert_memory_equal(got, want, 3 * sizeof(int32_t));
     /* The next step (one draft kept, the target's own token): still in step inside the window. */
-    spec_accepted(a, 7, 1);
-    spec_accepted(ref, 1, 1);
+    spec_accepted(a, 7, 1, 1);
+    spec_accepted(ref, 1, 1, 1);
     toks[41] = (got[1] + 1) % 511;
     toks[40] = got[0];
     w.n = 42;
@@ -287,7 +287,7 @@ static void test_windowed_catch_up(void **state)
     assert_int_equal(spec_propose(ref, 1, toks + 32, 10, 3, want, NULL), 3);
     assert_memory_equal(got, want, 3 * sizeof(int32_t));
     /* Without max_catch_up: the whole sequence again, as a fresh proposer would. */
-    spec_accepted(a, 7, 0);
+    spec_accepted(a, 7, 0, 0);
     spec_ask_t f = {.id = 7, .tokens = toks, .n = 42, .k = 3, .drafts = got};
     spec_draft_stats(a, &st0);
     assert_int_equal(spec_propose_batch(a, &f, 1), 0);
@@ -316,7 +316,7 @@ static void test_window_grows_to_a_larger_bound(void **state)
     /* An exploration's window of 8 at 40 tokens. */
     spec_ask_t w = {.id = 9, .tokens = toks, .n = 40, .k = 1, .drafts = got, .max_catch_up = 8};
     assert_int_equal(spec_propose_batch(a, &w, 1), 0);
-    spec_accepted(a, 9, 0);
+    spec_accepted(a, 9, 0, 0);
     /* Its second step asks with the same bound: kept, one token more. */
     w.n = 41;
     spec_draft_stats(a, &st0);
@@ -324,7 +324,7 @@ static void test_window_grows_to_a_larger_bound(void **state)
     spec_draft_stats(a, &st);
     assert_int_equal(st.windows - st0.windows, 0);
     assert_int_equal(st.tokens - st0.tokens, 1);
-    spec_accepted(a, 9, 0);
+    spec_accepted(a, 9, 0, 0);
     /* The policy drafts with a bound of 16: a window of the last 16 tokens, once. */
     spec_ask_t p = {.id = 9, .tokens = toks, .n = 42, .k = 3, .drafts = got, .max_catch_up = 16};
     spec_draft_stats(a, &st0);
@@ -336,8 +336,8 @@ static void test_window_grows_to_a_larger_bound(void **state)
     assert_memory_equal(got, want, 3 * sizeof(int32_t));
     /* The next ask, same bound: in step inside that window (two tokens more: a kept draft and the
      * target's own). */
-    spec_accepted(a, 9, 1);
-    spec_accepted(ref, 1, 1);
+    spec_accepted(a, 9, 1, 1);
+    spec_accepted(ref, 1, 1, 1);
     toks[42] = got[0];
     toks[43] = (got[1] + 3) % 509;
     p.n = 44;
@@ -349,7 +349,7 @@ static void test_window_grows_to_a_larger_bound(void **state)
     assert_int_equal(spec_propose(ref, 1, toks + 26, 18, 3, want, NULL), 3);
     assert_memory_equal(got, want, 3 * sizeof(int32_t));
     /* An exploration's smaller bound keeps it too (it holds more than 8 tokens). */
-    spec_accepted(a, 9, 0);
+    spec_accepted(a, 9, 0, 0);
     spec_ask_t e = {.id = 9, .tokens = toks, .n = 45, .k = 1, .drafts = got, .max_catch_up = 8};
     spec_draft_stats(a, &st0);
     assert_int_equal(spec_propose_batch(a, &e, 1), 0);
@@ -487,7 +487,7 @@ static void test_sampled_self_draft_is_accepted(void **state)
         }
         drafts += 4;
         accepted += j;
-        spec_accepted(p, 3, j);
+        spec_accepted(p, 3, j, j);
         assert_int_equal(kvseq_truncate(kv, base + 1 + j), 0);
     }
     print_message("self draft, sampled: %d of %d drafts accepted\n", accepted, drafts);

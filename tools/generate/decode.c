@@ -139,7 +139,7 @@ int gen_decode(const gen_opts_t *o, gen_t *g)
         g->spec.emitted += (uint64_t)(j + (g->fin == FINISH_NONE));
         g->hid_n = 1 + j;                         /* the input row and the accepted drafts' rows */
         if (g->prop)
-            spec_accepted(g->prop, 1, j);
+            spec_accepted(g->prop, 1, r, j);
         /* The KV keeps the step's input and the accepted drafts; t (the target's own token, not
          * yet taken) is the next step's input. */
         if (kvseq_truncate(g->seq, base + 1 + j) != 0)
