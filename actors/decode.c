@@ -435,8 +435,7 @@ static int s_open_step(decode_t *d, spec_step_config_t *spec_cfg, int chunk_toke
         spec_cfg->pad_max_rows = d->w->eng->be->ops->graph_begin ? SPEC_PAD_ROWS_GRAPHS : 0;
     d->spec = spec_step_new(spec_cfg, d->w->draft, max_seqs, d->w->max_logit_rows, d->w->max_model_len, &spec_hooks,
                             err, errlen);
-    const int has_dist = spec_cfg->method == SPEC_DRAFT || (spec_cfg->method == SPEC_NGRAM && spec_cfg->ngram_confidence);
-    if (spec_step_policy_init(d->spec, d->a, has_dist, err, errlen) != 0)
+    if (spec_step_policy_init(d->spec, d->a, err, errlen) != 0)
         spec_step_destroy(&d->spec);
     if (!d->spec && spec_cfg->method != SPEC_OFF)
         return -1;

@@ -109,6 +109,10 @@ spec_step_t *spec_step_new(const spec_step_config_t *c, spec_proposer_t *draft, 
         } else {
             s->proposer = spec_ngram_new(SPEC_NGRAM_MIN_N, SPEC_NGRAM_MAX_N, c->ngram_confidence);
         }
+        /* a confidence per draft: the draft model's and the MTP layer's softmax probabilities, the
+         * calibrated n-gram proposer's estimate */
+        s->has_dist = c->method == SPEC_DRAFT || c->method == SPEC_MTP ||
+                      (c->method == SPEC_NGRAM && c->ngram_confidence);
         s->asks = calloc((size_t)max_seqs, sizeof *s->asks);
         s->ask_row = calloc((size_t)max_seqs, sizeof *s->ask_row);
         s->sample = calloc((size_t)max_seqs, sizeof *s->sample);
@@ -457,11 +461,10 @@ void spec_step_verify(spec_step_t *s, const sched_batch_t *b, const float *logit
     s_host_time(s, t0 + emit_ns, p0);
 }
 
-int spec_step_policy_init(spec_step_t *s, actor_t *a, int has_dist, char *err, size_t errlen)
+int spec_step_policy_init(spec_step_t *s, actor_t *a, char *err, size_t errlen)
 {
     if (!s)
         return 0;
-    s->has_dist = has_dist || s->mtp;   /* the MTP layer's softmax probability is a confidence too */
     s->policy = spec_client_new(a, s->k, s->has_dist, err, errlen);
     return s->policy ? 0 : -1;
 }

@@ -111,10 +111,11 @@ void spec_step_batch(spec_step_t *s, const sched_batch_t *b, int dev_sample, mod
  * ([rows of every position][vocab], rows in b's order). */
 void spec_step_verify(spec_step_t *s, const sched_batch_t *b, const float *logits, int vocab);
 /* The draft-scheduler's side (spec_policy_client.h): reports to it and its policy applied per row
- * (the verify length from the step's batch size and, has_dist, the row's draft confidence). -1
- * with err when out of memory (TROUPE_SPEC_POLICY is checked by spec_step_config_from_env).
+ * (the verify length from the step's batch size and, for a proposer with a confidence per draft
+ * (the draft model, the MTP layer, the calibrated n-gram proposer), the row's draft confidence).
+ * -1 with err when out of memory (TROUPE_SPEC_POLICY is checked by spec_step_config_from_env).
  * Without it every row asks for k. */
-int spec_step_policy_init(spec_step_t *s, actor_t *a, int has_dist, char *err, size_t errlen);
+int spec_step_policy_init(spec_step_t *s, actor_t *a, char *err, size_t errlen);
 /* A draft_policy from the draft-scheduler; -1 with err when it cannot be applied. */
 int spec_step_on_policy(spec_step_t *s, const msg_draft_policy_t *p, char *err, size_t errlen);
 /* The step-cost table's measure is a step's cycle (decode.c s_step): spec_step_done records b's

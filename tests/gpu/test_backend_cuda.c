@@ -465,9 +465,9 @@ static void test_quant_matmul(void **state)
      * in a block's shared memory beside its partial sums over 48 KB at 8 x 1,024 (weight-only) and
      * made by the pre-pass at 8 x 4,096; K = 264, and the nibbles at K = 1,040 — no multiple of 32 — the
      * CUDA-core kernels, which TROUPE_CUDA_QGEMV_MMA=0 runs for every case: tools/gpu-quant.sh runs
-     * this test both ways), the GEMM paths (fp8 W8A8: the FP8
-     * GEMM; int8 W8A8 with TROUPE_CUDA_QUANT_I8_GEMM=1: the int8 GEMM; the rest: dequantize then bf16, a 16-byte chunk of codes a thread where a row is whole
-     * chunks, one element a thread at K = 1,044). */
+     * this test both ways), the GEMM paths (fp8 W8A8: the FP8 GEMM; int8 W8A8 with
+     * TROUPE_CUDA_QUANT_I8_GEMM=1: the int8 GEMM; the rest: dequantize then bf16, a 16-byte chunk
+     * of codes a thread where a row is whole chunks, one element a thread at K = 1,044). */
     static const int cases[][4] = {{1, 300, 512, 0}, {2, 1000, 2048, 1}, {3, 257, 1024, 1}, {4, 64, 4096, 0},
                                    {5, 130, 1024, 1}, {6, 33, 512, 0}, {7, 17, 2048, 1}, {8, 129, 512, 0},
                                    {2, 100, 264, 1}, {5, 64, 1040, 0}, {1, 1024, 4096, 1}, {8, 1024, 4096, 0},

@@ -159,7 +159,7 @@ static spec_step_t *s_spec(spec_method_t m, spec_proposer_t *p, h_t *h, int max_
     if (!s)
         fail_msg("%s", err);
     /* no actor: no draft-scheduler, so no exploration steps (spec_explore_next has its own tests) */
-    assert_int_equal(spec_step_policy_init(s, NULL, m == SPEC_DRAFT, err, sizeof err), 0);
+    assert_int_equal(spec_step_policy_init(s, NULL, err, sizeof err), 0);
     return s;
 }
 
