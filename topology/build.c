@@ -679,12 +679,22 @@ static void s_expand(topo_diag_t *d, topo_t *t)
     }
 }
 
+/* ---- endpoints --------------------------------------------------------------------------- */
+
+/* The file's own client and inspect endpoints, parsed: derived ports step over their tcp ports,
+ * so those must be known before any port is derived. */
+typedef struct {
+    s_ep_t ep[TOPO_ROUTERS_MAX + 1];     /* every client endpoint's, then inspect's */
+    int ok[TOPO_ROUTERS_MAX + 1];        /* ep[i] parsed */
+    int n;                               /* entries in use: n_clients + 1 */
+} s_fixed_t;
+
 /* Takes the next derived port, skipping the client (every router's) and inspect ports so derived endpoints never
  * clash with them. */
-static int s_next_port(int *port, const s_ep_t *eps, const int *ok, int n)
+static int s_next_port(int *port, const s_fixed_t *f)
 {
-    for (int i = 0; i < n; i++)
-        if (ok[i] && eps[i].tcp && *port == eps[i].port) {
+    for (int i = 0; i < f->n; i++)
+        if (f->ok[i] && f->ep[i].tcp && *port == f->ep[i].port) {
             (*port)++;
             i = -1;   /* from the start: the next port may be another's */
         }
@@ -703,25 +713,13 @@ static void s_wildcard(topo_diag_t *d, const topo_t *t, const char *path, const 
                   keys ? "" : "CURVE keys (security.curve_server_public and curve_server_secret)");
 }
 
-typedef struct {
-    const char *what;                    /* "endpoints.client", "instance 'router'" */
-    const char *path;                    /* field path for the line */
-    const char *ep;                      /* the bind string */
-} s_bound_t;
-
-/* Run dir, control, stats, inboxes; then clashes, wildcards and socket path lengths. */
-static void s_endpoints(topo_diag_t *d, const raw_topo_t *raw, topo_t *t)
+/* endpoints.clients: one a router, in instance order; with one router it may be left out
+ * (endpoints.client alone). endpoints.client is its first entry. Each is parsed into f here so
+ * a bad one is reported once, under the field the user wrote. */
+static void s_clients(topo_diag_t *d, const raw_endpoints_t *e, topo_t *t, s_fixed_t *f)
 {
-    static const raw_endpoints_t none;
-    const raw_endpoints_t *e = raw->endpoints ? raw->endpoints : &none;
     topo_endpoints_t *out = &t->endpoints;
     char why[TOPO_ERROR_LEN / 2];
-    /* The ports derived endpoints skip: every client endpoint's, then inspect's. */
-    s_ep_t fixed[TOPO_ROUTERS_MAX + 1] = { { 0 } };
-    int fixed_ok[TOPO_ROUTERS_MAX + 1] = { 0 };
-
-    /* endpoints.clients: one a router, in instance order; with one router it may be left out
-     * (endpoints.client alone). endpoints.client is its first entry. */
     const int n_routers = topo_count_role(t, ROLE_ROUTER);
     s_str(d, "endpoints.client", e->client, e->clients_count ? NULL : DEFAULT_CLIENT, out->client,
           sizeof out->client, 0);
@@ -753,14 +751,26 @@ static void s_endpoints(topo_diag_t *d, const raw_topo_t *raw, topo_t *t)
             snprintf(p, sizeof p, "endpoints.clients[%d]", i);
         else
             snprintf(p, sizeof p, "endpoints.client");
-        if (out->clients[i][0] && !(fixed_ok[i] = s_ep_parse(out->clients[i], &fixed[i], why, sizeof why) == 0))
+        if (out->clients[i][0] && !(f->ok[i] = s_ep_parse(out->clients[i], &f->ep[i], why, sizeof why) == 0))
             topo_diag_err(d, p, "%s", why);
     }
-    const int n_fixed = out->n_clients + 1;
+}
+
+/* inspect is the last fixed endpoint: it takes the entry after the clients'. */
+static void s_inspect(topo_diag_t *d, const raw_endpoints_t *e, topo_endpoints_t *out, s_fixed_t *f)
+{
+    char why[TOPO_ERROR_LEN / 2];
+    f->n = out->n_clients + 1;
     s_str(d, "endpoints.inspect", e->inspect, DEFAULT_INSPECT, out->inspect, sizeof out->inspect, 0);
     if (out->inspect[0] &&
-        !(fixed_ok[out->n_clients] = s_ep_parse(out->inspect, &fixed[out->n_clients], why, sizeof why) == 0))
+        !(f->ok[out->n_clients] = s_ep_parse(out->inspect, &f->ep[out->n_clients], why, sizeof why) == 0))
         topo_diag_err(d, "endpoints.inspect", "%s", why);
+}
+
+/* Optional; Prometheus scrapes over HTTP, so only tcp:// will do. */
+static void s_metrics(topo_diag_t *d, const raw_endpoints_t *e, topo_endpoints_t *out)
+{
+    char why[TOPO_ERROR_LEN / 2];
     s_str(d, "endpoints.metrics", e->metrics, "", out->metrics, sizeof out->metrics, 1);
     if (out->metrics[0]) {
         s_ep_t mep = { 0 };
@@ -770,8 +780,13 @@ static void s_endpoints(topo_diag_t *d, const raw_topo_t *raw, topo_t *t)
             topo_diag_err(d, "endpoints.metrics", "'%s': Prometheus scrapes over HTTP: give a tcp:// endpoint",
                           out->metrics);
     }
+}
 
-    /* The gateway's HTTP endpoint: bound (and checked for clashes) only when a gateway exists. */
+/* The gateway's HTTP endpoint: bound (and checked for clashes) only when a gateway exists. */
+static void s_http(topo_diag_t *d, const raw_endpoints_t *e, topo_t *t)
+{
+    topo_endpoints_t *out = &t->endpoints;
+    char why[TOPO_ERROR_LEN / 2];
     int gateway = topo_first(t, ROLE_GATEWAY) != NULL;
     s_str(d, "endpoints.http", e->http, gateway ? "tcp://127.0.0.1:8000" : "", out->http, sizeof out->http, 1);
     if (out->http[0]) {
@@ -785,7 +800,12 @@ static void s_endpoints(topo_diag_t *d, const raw_topo_t *raw, topo_t *t)
             topo_diag_err(d, "endpoints.http", "%s binds all interfaces: that needs security.allow_wildcard: true",
                           out->http);
     }
+}
 
+/* What the derived endpoints are made from: the run dir (ipc), bind_interface and base_port (tcp). */
+static void s_derive_inputs(topo_diag_t *d, const raw_endpoints_t *e, topo_t *t)
+{
+    topo_endpoints_t *out = &t->endpoints;
     char def_run[TOPO_PATH_MAX];
     snprintf(def_run, sizeof def_run, "/tmp/troupe-%s-%u", t->name, (unsigned)getuid());
     s_str(d, "endpoints.run_dir", e->run_dir, def_run, out->run_dir, sizeof out->run_dir, 0);
@@ -798,126 +818,182 @@ static void s_endpoints(topo_diag_t *d, const raw_topo_t *raw, topo_t *t)
         topo_diag_err(d, "endpoints.bind_interface", "'%s' is not a host, IP address or interface name",
                       out->bind_interface);
     out->base_port = (int)s_int(d, "endpoints.base_port", e->base_port, 1024, 65535, DEFAULT_BASE_PORT);
+}
 
-    /* Multi-node: any two nodes in use, or one reached by ssh/srun; then internal sockets are tcp. */
-    int first_node = -1;
-    t->multi_node = 0;
+/* Multi-node: any two nodes in use, or one reached by ssh/srun; then internal sockets are tcp. */
+static int s_multi_node(const topo_t *t)
+{
+    int first_node = -1, multi = 0;
     for (int i = 0; i < t->n_instances; i++) {
         int nd = t->instances[i].node;
         if (first_node < 0)
             first_node = nd;
         if (nd != first_node || t->nodes[nd].launch != TOPO_LAUNCH_LOCAL)
-            t->multi_node = 1;
+            multi = 1;
     }
+    return multi;
+}
 
-    int port = out->base_port;
-    if (!t->multi_node) {
-        snprintf(out->control, sizeof out->control, "ipc://%s/control.sock", out->run_dir);
-        snprintf(out->stats, sizeof out->stats, "ipc://%s/stats.sock", out->run_dir);
-        for (int i = 0; i < t->n_instances; i++) {
-            topo_instance_t *in = &t->instances[i];
-            snprintf(in->inbox, sizeof in->inbox, "ipc://%s/%s.sock", out->run_dir, in->name);
-            memcpy(in->inbox_bind, in->inbox, sizeof in->inbox);
-        }
+/* One machine: every internal socket is an ipc file in the run dir; control may be overridden. */
+static void s_derive_ipc(topo_diag_t *d, const raw_endpoints_t *e, topo_t *t)
+{
+    topo_endpoints_t *out = &t->endpoints;
+    snprintf(out->control, sizeof out->control, "ipc://%s/control.sock", out->run_dir);
+    snprintf(out->stats, sizeof out->stats, "ipc://%s/stats.sock", out->run_dir);
+    for (int i = 0; i < t->n_instances; i++) {
+        topo_instance_t *in = &t->instances[i];
+        snprintf(in->inbox, sizeof in->inbox, "ipc://%s/%s.sock", out->run_dir, in->name);
+        memcpy(in->inbox_bind, in->inbox, sizeof in->inbox);
+    }
+    memcpy(out->control_bind, out->control, sizeof out->control);
+    memcpy(out->stats_bind, out->stats, sizeof out->stats);
+    if (e->control) {
+        s_str(d, "endpoints.control", e->control, NULL, out->control, sizeof out->control, 0);
         memcpy(out->control_bind, out->control, sizeof out->control);
-        memcpy(out->stats_bind, out->stats, sizeof out->stats);
-        if (e->control) {
-            s_str(d, "endpoints.control", e->control, NULL, out->control, sizeof out->control, 0);
-            memcpy(out->control_bind, out->control, sizeof out->control);
-        }
-    } else {
-        const char *bif = out->bind_interface;
-        /* base_port+0 belongs to control even when the file names control itself, so the other
-         * derived ports do not move when a printed topology (which spells control out) is reloaded. */
-        int p0 = s_next_port(&port, fixed, fixed_ok, n_fixed);
-        /* The supervisor binds control on its own machine: the first node it launches locally. */
-        int sup = -1;
-        for (int k = 0; k < t->n_nodes && sup < 0; k++)
-            if (t->nodes[k].launch == TOPO_LAUNCH_LOCAL)
-                sup = k;
-        if (e->control) {
-            s_str(d, "endpoints.control", e->control, NULL, out->control, sizeof out->control, 0);
-            s_ep_t c;
-            int parsed_ok = out->control[0] && s_ep_parse(out->control, &c, why, sizeof why) == 0;
-            if (parsed_ok && !c.tcp)
-                topo_diag_err(d, "endpoints.control", "'%s': actors on other nodes cannot reach an ipc "
-                              "socket; use tcp://<supervisor host>:<port>", out->control);
-            if (parsed_ok && c.tcp && bif[0])
-                s_tcp(out->control_bind, sizeof out->control_bind, bif, c.port);
-            else
-                memcpy(out->control_bind, out->control, sizeof out->control);
-        } else {
-            if (sup < 0) {
-                topo_diag_err(d, "endpoints", "control: missing: no node is launched locally, so the "
-                              "supervisor's own address is unknown; set endpoints.control: "
-                              "tcp://<supervisor host>:<port>");
-            } else {
-                s_tcp(out->control, sizeof out->control, t->nodes[sup].address, p0);
-                s_tcp(out->control_bind, sizeof out->control_bind, bif[0] ? bif : t->nodes[sup].address, p0);
-            }
-        }
-        const topo_instance_t *mon = topo_first(t, ROLE_MONITOR);
-        const topo_node_t *mn = &t->nodes[mon ? mon->node : 0];
-        int ps = s_next_port(&port, fixed, fixed_ok, n_fixed);
-        s_tcp(out->stats, sizeof out->stats, mn->address, ps);
-        s_tcp(out->stats_bind, sizeof out->stats_bind, bif[0] ? bif : mn->address, ps);
-        for (int i = 0; i < t->n_instances; i++) {
-            topo_instance_t *in = &t->instances[i];
-            const topo_node_t *nd = &t->nodes[in->node];
-            int pi = s_next_port(&port, fixed, fixed_ok, n_fixed);
-            s_tcp(in->inbox, sizeof in->inbox, nd->address, pi);
-            s_tcp(in->inbox_bind, sizeof in->inbox_bind, bif[0] ? bif : nd->address, pi);
-        }
-        if (port - 1 > 65535) {
-            topo_diag_err(d, "endpoints.base_port", "%d derived ports from %d run past 65535: lower it",
-                          port - out->base_port, out->base_port);
-        }
-        /* Remote peers cannot reach a loopback address. */
-        int remote = 0;
-        for (int i = 0; i < t->n_instances; i++)
-            remote |= t->nodes[t->instances[i].node].launch != TOPO_LAUNCH_LOCAL;
-        if (remote) {
-            for (int k = 0; k < t->n_nodes; k++) {
-                int used = 0;
-                for (int i = 0; i < t->n_instances; i++)
-                    used |= t->instances[i].node == k;
-                /* An address left out defaults to loopback; that case is reported in s_nodes. */
-                int given = !raw->nodes || raw->nodes[k].address;
-                if ((used || (!e->control && k == sup)) && given && s_loopback_host(t->nodes[k].address)) {
-                    char p[TOPO_FIELD_PATH_MAX];
-                    snprintf(p, sizeof p, "nodes[%d].address", k);
-                    topo_diag_err(d, p, "'%s' is loopback, but actors on other machines must reach "
-                                  "node '%s': give its routable address", t->nodes[k].address,
-                                  t->nodes[k].name);
-                }
-            }
-        }
     }
+}
 
-    /* Everything that binds, for clash, wildcard and path-length checks. */
-    int nb = 6 + TOPO_ROUTERS_MAX + t->n_instances;
-    s_bound_t *b = calloc((size_t)nb, sizeof *b);
-    char (*labels)[TOPO_NAME_MAX + 16] = calloc((size_t)nb, sizeof *labels);
-    char (*paths)[TOPO_FIELD_PATH_MAX] = calloc((size_t)nb, sizeof *paths);
-    if (!b || !labels || !paths) {
-        topo_diag_err(d, "endpoints", "out of memory");
-        free(b);
-        free(labels);
-        free(paths);
-        return;
+/* The supervisor binds control on its own machine: the first node it launches locally (-1: none). */
+static int s_supervisor_node(const topo_t *t)
+{
+    int sup = -1;
+    for (int k = 0; k < t->n_nodes && sup < 0; k++)
+        if (t->nodes[k].launch == TOPO_LAUNCH_LOCAL)
+            sup = k;
+    return sup;
+}
+
+/* Control over tcp: the file's own (which must be tcp, peers on other nodes connect to it), else
+ * port p0 on the supervisor's node. bind_interface moves only where it binds. */
+static void s_tcp_control(topo_diag_t *d, const raw_endpoints_t *e, topo_t *t, int sup, int p0)
+{
+    topo_endpoints_t *out = &t->endpoints;
+    const char *bif = out->bind_interface;
+    char why[TOPO_ERROR_LEN / 2];
+    if (e->control) {
+        s_str(d, "endpoints.control", e->control, NULL, out->control, sizeof out->control, 0);
+        s_ep_t c;
+        int parsed_ok = out->control[0] && s_ep_parse(out->control, &c, why, sizeof why) == 0;
+        if (parsed_ok && !c.tcp)
+            topo_diag_err(d, "endpoints.control", "'%s': actors on other nodes cannot reach an ipc "
+                          "socket; use tcp://<supervisor host>:<port>", out->control);
+        if (parsed_ok && c.tcp && bif[0])
+            s_tcp(out->control_bind, sizeof out->control_bind, bif, c.port);
+        else
+            memcpy(out->control_bind, out->control, sizeof out->control);
+    } else {
+        if (sup < 0) {
+            topo_diag_err(d, "endpoints", "control: missing: no node is launched locally, so the "
+                          "supervisor's own address is unknown; set endpoints.control: "
+                          "tcp://<supervisor host>:<port>");
+        } else {
+            s_tcp(out->control, sizeof out->control, t->nodes[sup].address, p0);
+            s_tcp(out->control_bind, sizeof out->control_bind, bif[0] ? bif : t->nodes[sup].address, p0);
+        }
     }
+}
+
+/* Remote peers cannot reach a loopback address: checked for every node in use, and for the
+ * supervisor's when control is derived from it. */
+static void s_remote_loopback(topo_diag_t *d, const raw_topo_t *raw, const raw_endpoints_t *e,
+                              const topo_t *t, int sup)
+{
+    int remote = 0;
+    for (int i = 0; i < t->n_instances; i++)
+        remote |= t->nodes[t->instances[i].node].launch != TOPO_LAUNCH_LOCAL;
+    if (!remote)
+        return;
+    for (int k = 0; k < t->n_nodes; k++) {
+        int used = 0;
+        for (int i = 0; i < t->n_instances; i++)
+            used |= t->instances[i].node == k;
+        /* An address left out defaults to loopback; that case is reported in s_nodes. */
+        int given = !raw->nodes || raw->nodes[k].address;
+        if ((used || (!e->control && k == sup)) && given && s_loopback_host(t->nodes[k].address)) {
+            char p[TOPO_FIELD_PATH_MAX];
+            snprintf(p, sizeof p, "nodes[%d].address", k);
+            topo_diag_err(d, p, "'%s' is loopback, but actors on other machines must reach "
+                          "node '%s': give its routable address", t->nodes[k].address,
+                          t->nodes[k].name);
+        }
+    }
+}
+
+/* Several machines: control, stats and every inbox on tcp, ports counted up from base_port in
+ * that order, stepping over the fixed ones. */
+static void s_derive_tcp(topo_diag_t *d, const raw_topo_t *raw, const raw_endpoints_t *e, topo_t *t,
+                         const s_fixed_t *f)
+{
+    topo_endpoints_t *out = &t->endpoints;
+    const char *bif = out->bind_interface;
+    int port = out->base_port;
+    /* base_port+0 belongs to control even when the file names control itself, so the other
+     * derived ports do not move when a printed topology (which spells control out) is reloaded. */
+    int p0 = s_next_port(&port, f);
+    int sup = s_supervisor_node(t);
+    s_tcp_control(d, e, t, sup, p0);
+    const topo_instance_t *mon = topo_first(t, ROLE_MONITOR);
+    const topo_node_t *mn = &t->nodes[mon ? mon->node : 0];
+    int ps = s_next_port(&port, f);
+    s_tcp(out->stats, sizeof out->stats, mn->address, ps);
+    s_tcp(out->stats_bind, sizeof out->stats_bind, bif[0] ? bif : mn->address, ps);
+    for (int i = 0; i < t->n_instances; i++) {
+        topo_instance_t *in = &t->instances[i];
+        const topo_node_t *nd = &t->nodes[in->node];
+        int pi = s_next_port(&port, f);
+        s_tcp(in->inbox, sizeof in->inbox, nd->address, pi);
+        s_tcp(in->inbox_bind, sizeof in->inbox_bind, bif[0] ? bif : nd->address, pi);
+    }
+    if (port - 1 > 65535) {
+        topo_diag_err(d, "endpoints.base_port", "%d derived ports from %d run past 65535: lower it",
+                      port - out->base_port, out->base_port);
+    }
+    s_remote_loopback(d, raw, e, t, sup);
+}
+
+typedef struct {
+    const char *what;                    /* "endpoints.client", "instance 'router'" */
+    const char *path;                    /* field path for the line */
+    const char *ep;                      /* the bind string */
+} s_bound_t;
+
+/* Everything that binds, in reporting order: the file's own endpoints first, then derived ones. */
+typedef struct {
+    s_bound_t *b;                        /* [cap] */
+    char (*labels)[TOPO_NAME_MAX + 16];  /* [cap]: storage for b[i].what of instances */
+    char (*paths)[TOPO_FIELD_PATH_MAX];  /* [cap]: storage for b[i].path of clients and instances */
+    s_ep_t *parsed;                      /* [n] */
+    int *ok;                             /* [n]: parsed[i] is valid */
+    int n;                               /* entries in use */
+    int n_explicit;                      /* b[0 .. n_explicit): the file's clients and inspect */
+} s_binds_t;
+
+static void s_binds_free(s_binds_t *s)
+{
+    free(s->parsed);
+    free(s->ok);
+    free(s->b);
+    free(s->labels);
+    free(s->paths);
+}
+
+static void s_binds_collect(const raw_endpoints_t *e, const topo_t *t, s_binds_t *s)
+{
+    const topo_endpoints_t *out = &t->endpoints;
+    int gateway = topo_first(t, ROLE_GATEWAY) != NULL;
+    s_bound_t *b = s->b;
     int n = 0;
     if (e->clients_count) {
         for (int i = 0; i < out->n_clients; i++) {
-            snprintf(paths[n], sizeof paths[n], "endpoints.clients[%d]", i);
-            b[n] = (s_bound_t){ paths[n], paths[n], out->clients[i] };
+            snprintf(s->paths[n], sizeof s->paths[n], "endpoints.clients[%d]", i);
+            b[n] = (s_bound_t){ s->paths[n], s->paths[n], out->clients[i] };
             n++;
         }
     } else {
         b[n++] = (s_bound_t){ "endpoints.client", "endpoints.client", out->client };
     }
     b[n++] = (s_bound_t){ "endpoints.inspect", "endpoints.inspect", out->inspect };
-    const int n_explicit = n;   /* the file's own endpoints (parse errors reported above) */
+    s->n_explicit = n;   /* the file's own endpoints (parse errors reported by s_clients, s_inspect) */
     if (out->metrics[0])
         b[n++] = (s_bound_t){ "endpoints.metrics", "endpoints.metrics", out->metrics };
     if (out->http[0] && gateway)
@@ -927,67 +1003,120 @@ static void s_endpoints(topo_diag_t *d, const raw_topo_t *raw, topo_t *t)
                               out->control_bind };
     b[n++] = (s_bound_t){ "the stats endpoint", "endpoints", out->stats_bind };
     for (int i = 0; i < t->n_instances; i++) {
-        snprintf(labels[n], sizeof labels[n], "instance '%s'", t->instances[i].name);
-        snprintf(paths[n], sizeof paths[n], "actors[%d]", t->instances[i].actor);
-        b[n] = (s_bound_t){ labels[n], paths[n], t->instances[i].inbox_bind };
+        snprintf(s->labels[n], sizeof s->labels[n], "instance '%s'", t->instances[i].name);
+        snprintf(s->paths[n], sizeof s->paths[n], "actors[%d]", t->instances[i].actor);
+        b[n] = (s_bound_t){ s->labels[n], s->paths[n], t->instances[i].inbox_bind };
         n++;
     }
-    s_ep_t *parsed = calloc((size_t)n, sizeof *parsed);
-    int *ok = calloc((size_t)n, sizeof *ok);
-    if (parsed && ok) {
-        int path_reported = 0;
-        for (int i = 0; i < n; i++) {
-            ok[i] = b[i].ep[0] && s_ep_parse(b[i].ep, &parsed[i], why, sizeof why) == 0;
-            if (!ok[i] && b[i].ep[0] && i >= n_explicit) {
-                /* Derived endpoints fail only on a too-long run_dir (or a bad control override). */
-                int explicit_control = strcmp(b[i].path, "endpoints.control") == 0;
-                if (strncmp(b[i].ep, "ipc://", 6) == 0 && !explicit_control && !path_reported) {
-                    topo_diag_err(d, "endpoints.run_dir", "'%s' is too long for Unix socket paths: %s",
-                                  out->run_dir, why);
-                    path_reported = 1;
-                } else if (strncmp(b[i].ep, "ipc://", 6) != 0 || explicit_control) {
-                    topo_diag_err(d, b[i].path, "%s", why);
-                }
+    s->n = n;
+}
+
+/* Parses every bind into s->parsed; reports derived ones that fail (a too-long run_dir once, not
+ * per socket) and wildcard binds the file did not opt in to. */
+static void s_binds_parse(topo_diag_t *d, const topo_t *t, s_binds_t *s)
+{
+    const s_bound_t *b = s->b;
+    char why[TOPO_ERROR_LEN / 2];
+    int path_reported = 0;
+    for (int i = 0; i < s->n; i++) {
+        s->ok[i] = b[i].ep[0] && s_ep_parse(b[i].ep, &s->parsed[i], why, sizeof why) == 0;
+        if (!s->ok[i] && b[i].ep[0] && i >= s->n_explicit) {
+            /* Derived endpoints fail only on a too-long run_dir (or a bad control override). */
+            int explicit_control = strcmp(b[i].path, "endpoints.control") == 0;
+            if (strncmp(b[i].ep, "ipc://", 6) == 0 && !explicit_control && !path_reported) {
+                topo_diag_err(d, "endpoints.run_dir", "'%s' is too long for Unix socket paths: %s",
+                              t->endpoints.run_dir, why);
+                path_reported = 1;
+            } else if (strncmp(b[i].ep, "ipc://", 6) != 0 || explicit_control) {
+                topo_diag_err(d, b[i].path, "%s", why);
             }
-            /* Derived endpoints bind wildcards only through bind_interface: reported once below. */
-            if (ok[i] && parsed[i].tcp && s_wildcard_host(parsed[i].host) &&
-                (i < n_explicit || strcmp(b[i].path, "endpoints.control") == 0))
-                s_wildcard(d, t, b[i].path, b[i].ep);
-            /* /metrics is plain HTTP, never CURVE: all interfaces only by the explicit opt-in. */
-            if (ok[i] && parsed[i].tcp && s_wildcard_host(parsed[i].host) &&
-                strcmp(b[i].path, "endpoints.metrics") == 0 && !t->security.allow_wildcard)
-                topo_diag_err(d, b[i].path, "%s binds all interfaces with plain HTTP (CURVE does not cover "
-                              "/metrics): that needs security.allow_wildcard: true", b[i].ep);
         }
-        for (int i = 0; i < n; i++) {
-            for (int j = 0; j < i; j++) {
-                if (!ok[i] || !ok[j] || parsed[i].tcp != parsed[j].tcp)
-                    continue;
-                int clash = parsed[i].tcp
-                    ? parsed[i].port == parsed[j].port &&
-                      (strcmp(parsed[i].host, parsed[j].host) == 0 || s_wildcard_host(parsed[i].host) ||
-                       s_wildcard_host(parsed[j].host))
-                    : strcmp(parsed[i].path, parsed[j].path) == 0;
-                if (clash) {
-                    if (strcmp(b[i].what, b[i].path) == 0)
-                        topo_diag_err(d, b[i].path, "%s is already bound by %s", b[i].ep, b[j].what);
-                    else
-                        topo_diag_err(d, b[i].path, "%s binds %s, already bound by %s", b[i].what,
-                                      b[i].ep, b[j].what);
-                    break;
-                }
+        /* Derived endpoints bind wildcards only through bind_interface: reported once, by s_check_binds. */
+        if (s->ok[i] && s->parsed[i].tcp && s_wildcard_host(s->parsed[i].host) &&
+            (i < s->n_explicit || strcmp(b[i].path, "endpoints.control") == 0))
+            s_wildcard(d, t, b[i].path, b[i].ep);
+        /* /metrics is plain HTTP, never CURVE: all interfaces only by the explicit opt-in. */
+        if (s->ok[i] && s->parsed[i].tcp && s_wildcard_host(s->parsed[i].host) &&
+            strcmp(b[i].path, "endpoints.metrics") == 0 && !t->security.allow_wildcard)
+            topo_diag_err(d, b[i].path, "%s binds all interfaces with plain HTTP (CURVE does not cover "
+                          "/metrics): that needs security.allow_wildcard: true", b[i].ep);
+    }
+}
+
+/* Two binds clash on the same tcp port (same host, or either a wildcard) or the same ipc path;
+ * each is reported once, against the first earlier bind it clashes with. */
+static void s_binds_clash(topo_diag_t *d, const s_binds_t *s)
+{
+    const s_bound_t *b = s->b;
+    const s_ep_t *parsed = s->parsed;
+    for (int i = 0; i < s->n; i++) {
+        for (int j = 0; j < i; j++) {
+            if (!s->ok[i] || !s->ok[j] || parsed[i].tcp != parsed[j].tcp)
+                continue;
+            int clash = parsed[i].tcp
+                ? parsed[i].port == parsed[j].port &&
+                  (strcmp(parsed[i].host, parsed[j].host) == 0 || s_wildcard_host(parsed[i].host) ||
+                   s_wildcard_host(parsed[j].host))
+                : strcmp(parsed[i].path, parsed[j].path) == 0;
+            if (clash) {
+                if (strcmp(b[i].what, b[i].path) == 0)
+                    topo_diag_err(d, b[i].path, "%s is already bound by %s", b[i].ep, b[j].what);
+                else
+                    topo_diag_err(d, b[i].path, "%s binds %s, already bound by %s", b[i].what,
+                                  b[i].ep, b[j].what);
+                break;
             }
         }
     }
-    if (s_wildcard_host(out->bind_interface) && t->multi_node)
-        s_wildcard(d, t, "endpoints.bind_interface", out->bind_interface);
-    if (!parsed || !ok)
+}
+
+/* Everything that binds, for clash, wildcard and path-length checks: last, once every endpoint
+ * is known. */
+static void s_check_binds(topo_diag_t *d, const raw_endpoints_t *e, const topo_t *t)
+{
+    int cap = 6 + TOPO_ROUTERS_MAX + t->n_instances;
+    s_binds_t s = { 0 };
+    s.b = calloc((size_t)cap, sizeof *s.b);
+    s.labels = calloc((size_t)cap, sizeof *s.labels);
+    s.paths = calloc((size_t)cap, sizeof *s.paths);
+    if (!s.b || !s.labels || !s.paths) {
         topo_diag_err(d, "endpoints", "out of memory");
-    free(parsed);
-    free(ok);
-    free(b);
-    free(labels);
-    free(paths);
+        s_binds_free(&s);
+        return;
+    }
+    s_binds_collect(e, t, &s);
+    s.parsed = calloc((size_t)s.n, sizeof *s.parsed);
+    s.ok = calloc((size_t)s.n, sizeof *s.ok);
+    if (s.parsed && s.ok) {
+        s_binds_parse(d, t, &s);
+        s_binds_clash(d, &s);
+    }
+    if (s_wildcard_host(t->endpoints.bind_interface) && t->multi_node)
+        s_wildcard(d, t, "endpoints.bind_interface", t->endpoints.bind_interface);
+    if (!s.parsed || !s.ok)
+        topo_diag_err(d, "endpoints", "out of memory");
+    s_binds_free(&s);
+}
+
+/* Run dir, control, stats, inboxes; then clashes, wildcards and socket path lengths. The order
+ * is the order problems are reported in, and the fixed endpoints come first because the derived
+ * ports step over them. */
+static void s_endpoints(topo_diag_t *d, const raw_topo_t *raw, topo_t *t)
+{
+    static const raw_endpoints_t none;
+    const raw_endpoints_t *e = raw->endpoints ? raw->endpoints : &none;
+    s_fixed_t fixed = { 0 };
+    s_clients(d, e, t, &fixed);
+    s_inspect(d, e, &t->endpoints, &fixed);
+    s_metrics(d, e, &t->endpoints);
+    s_http(d, e, t);
+    s_derive_inputs(d, e, t);
+    t->multi_node = s_multi_node(t);
+    if (!t->multi_node)
+        s_derive_ipc(d, e, t);
+    else
+        s_derive_tcp(d, raw, e, t, &fixed);
+    s_check_binds(d, e, t);
 }
 
 int topo_build(topo_diag_t *d, const raw_topo_t *raw, topo_t *t)
