@@ -483,7 +483,7 @@ static summary_t s_run_level(level_t *L)
     return S;
 }
 
-/* ---- speculation: the decode workers' counters, through the monitor ------------------------------ */
+/* ---- speculation: the decode workers' counters, through the monitor ----------------------------- */
 
 typedef struct spec_read {
     int ok;                     /* the monitor answered */
@@ -606,7 +606,7 @@ static int s_bytes_from_config(bytes_model_t *b, const char *model_dir, const ch
     return 0;
 }
 
-/* ---- troupe-generate, for the ratio at concurrency 1 ------------------------------------------- */
+/* ---- troupe-generate, for the ratio at concurrency 1 -------------------------------------------- */
 
 /* Median decode tokens/s of 3 troupe-generate runs with the same lengths. */
 static double s_generate(const char *bin_dir, const char *model, const char *extra, int in_len, int out_len, int vocab)
@@ -684,6 +684,7 @@ static void s_spec_level(summary_t *S, const spec_read_t *a, const spec_read_t *
     S->spec_drafts = drafts;
 }
 
+/* ---- the command line --------------------------------------------------------------------------- */
 static void s_usage(FILE *f)
 {
     fprintf(f, "usage: troupe-bench [--endpoint EP | --topology FILE] [--input-len N] [--output-len N]\n"
@@ -696,302 +697,518 @@ static void s_usage(FILE *f)
                "       [--prompt-text FILE]   (prompts are passages of a text file)\n");
 }
 
-int main(int argc, char **argv)
+
+/* What the command line asks for, the defaults filled in. */
+typedef struct options {
+    const char *ep;             /* --endpoint; NULL: the --topology's routers */
+    const char *topology;
+    const char *gen_model, *gen_args;   /* --generate, --generate-args */
+    const char *json_path;
+    const char *model_dir, *dtype;      /* --model, --dtype: the config.json of the bytes model */
+    dtype_t kv_dtype;           /* --kv-dtype; DT_COUNT: auto */
+    int in_len, out_len;
+    int per_level, rounds;      /* --prompts-per-level, --rounds; 0: not given */
+    int warmup, vocab;
+    int levels[MAX_LEVELS], n_levels;   /* --concurrency */
+    int multi, turns, sys_len, turn_len;   /* --multi-turn and its shape */
+    int64_t retention;          /* --retention in seconds; 0: the topology's */
+    uint64_t seed;
+    const char *http, *http_model, *prompt_text;
+    int gpus;
+    double copy_bw;             /* bytes/s (--copy-bw is in GB/s); 0: not given */
+    double weight_bytes, kv_per_token;   /* --weight-bytes, --kv-bytes-per-token; 0: not given */
+} options_t;
+
+/* The defaults, then the command line. Returns the exit status when troupe-bench stops here (0
+ * after --help, 2 on a bad option), else -1. */
+static int s_parse_args(options_t *o, int argc, char **argv)
 {
-    const char *ep = NULL, *topology = NULL, *gen_model = NULL, *gen_args = "", *json_path = NULL;
-    const char *model_dir = NULL, *dtype = NULL;
-    dtype_t kv_dtype = DT_COUNT;               /* --kv-dtype: auto */
-    int in_len = 64, out_len = 64, per_level = 0, rounds = 0, warmup = 2, vocab = 500;
-    int levels[MAX_LEVELS] = {1, 8, 32, 64}, n_levels = 4;
-    int multi = 0, turns = 4, sys_len = 256, turn_len = 64;
-    int64_t retention = 0;
-    uint64_t seed = 1;
-    const char *http = NULL, *http_model = NULL, *prompt_text = NULL;
-    bytes_model_t bm = {.gpus = 1};
+    *o = (options_t){.gen_args = "", .kv_dtype = DT_COUNT, .in_len = 64, .out_len = 64, .warmup = 2, .vocab = 500,
+                     .levels = {1, 8, 32, 64}, .n_levels = 4, .turns = 4, .sys_len = 256, .turn_len = 64,
+                     .seed = 1, .gpus = 1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { s_usage(stdout); return 0; }
-        if (!strcmp(a, "--multi-turn")) { multi = 1; continue; }
+        if (!strcmp(a, "--multi-turn")) { o->multi = 1; continue; }
         if (!v) { fprintf(stderr, "troupe-bench: %s needs a value\n", a); return 2; }
         i++;
         static const char *T = "troupe-bench";
         const int BIG = 1 << 30;
         int rc = 0;
-        if (!strcmp(a, "--endpoint")) ep = v;
-        else if (!strcmp(a, "--topology")) topology = v;
-        else if (!strcmp(a, "--input-len")) rc = arg_int(T, a, v, 1, BIG, &in_len);
-        else if (!strcmp(a, "--output-len")) rc = arg_int(T, a, v, 1, BIG, &out_len);
-        else if (!strcmp(a, "--concurrency")) rc = (n_levels = arg_int_list(T, a, v, 1, 1 << 16, levels, MAX_LEVELS)) < 0;
-        else if (!strcmp(a, "--prompts-per-level")) rc = arg_int(T, a, v, 1, BIG, &per_level);
-        else if (!strcmp(a, "--rounds")) rc = arg_int(T, a, v, 1, BIG, &rounds);
-        else if (!strcmp(a, "--warmup")) rc = arg_int(T, a, v, 0, BIG, &warmup);
-        else if (!strcmp(a, "--vocab")) rc = arg_int(T, a, v, 11, BIG, &vocab);
-        else if (!strcmp(a, "--generate")) gen_model = v;
-        else if (!strcmp(a, "--generate-args")) gen_args = v;
-        else if (!strcmp(a, "--json")) json_path = v;
-        else if (!strcmp(a, "--seed")) { long long x; rc = arg_ll(T, a, v, 0, INT64_MAX, &x); seed = (uint64_t)x; }
-        else if (!strcmp(a, "--gpus")) rc = arg_int(T, a, v, 1, 1 << 16, &bm.gpus);
-        else if (!strcmp(a, "--copy-bw")) { rc = arg_double(T, a, v, 0, 1e9, &bm.copy_bw); bm.copy_bw *= 1e9; }
-        else if (!strcmp(a, "--model")) model_dir = v;
-        else if (!strcmp(a, "--dtype")) dtype = v;
-        else if (!strcmp(a, "--kv-dtype")) rc = arg_kv_dtype(T, a, v, &kv_dtype);
-        else if (!strcmp(a, "--weight-bytes")) rc = arg_double(T, a, v, 0, 1e18, &bm.weight_bytes);
-        else if (!strcmp(a, "--kv-bytes-per-token")) rc = arg_double(T, a, v, 0, 1e12, &bm.kv_per_token);
-        else if (!strcmp(a, "--turns")) rc = arg_int(T, a, v, 1, BIG, &turns);
-        else if (!strcmp(a, "--system-len")) rc = arg_int(T, a, v, 0, BIG, &sys_len);
-        else if (!strcmp(a, "--turn-len")) rc = arg_int(T, a, v, 1, BIG, &turn_len);
-        else if (!strcmp(a, "--retention")) retention = client_parse_duration_s(v);
-        else if (!strcmp(a, "--http")) http = v;
-        else if (!strcmp(a, "--http-model")) http_model = v;
-        else if (!strcmp(a, "--prompt-text")) prompt_text = v;
+        if (!strcmp(a, "--endpoint")) o->ep = v;
+        else if (!strcmp(a, "--topology")) o->topology = v;
+        else if (!strcmp(a, "--input-len")) rc = arg_int(T, a, v, 1, BIG, &o->in_len);
+        else if (!strcmp(a, "--output-len")) rc = arg_int(T, a, v, 1, BIG, &o->out_len);
+        else if (!strcmp(a, "--concurrency"))
+            rc = (o->n_levels = arg_int_list(T, a, v, 1, 1 << 16, o->levels, MAX_LEVELS)) < 0;
+        else if (!strcmp(a, "--prompts-per-level")) rc = arg_int(T, a, v, 1, BIG, &o->per_level);
+        else if (!strcmp(a, "--rounds")) rc = arg_int(T, a, v, 1, BIG, &o->rounds);
+        else if (!strcmp(a, "--warmup")) rc = arg_int(T, a, v, 0, BIG, &o->warmup);
+        else if (!strcmp(a, "--vocab")) rc = arg_int(T, a, v, 11, BIG, &o->vocab);
+        else if (!strcmp(a, "--generate")) o->gen_model = v;
+        else if (!strcmp(a, "--generate-args")) o->gen_args = v;
+        else if (!strcmp(a, "--json")) o->json_path = v;
+        else if (!strcmp(a, "--seed")) { long long x; rc = arg_ll(T, a, v, 0, INT64_MAX, &x); o->seed = (uint64_t)x; }
+        else if (!strcmp(a, "--gpus")) rc = arg_int(T, a, v, 1, 1 << 16, &o->gpus);
+        else if (!strcmp(a, "--copy-bw")) { rc = arg_double(T, a, v, 0, 1e9, &o->copy_bw); o->copy_bw *= 1e9; }
+        else if (!strcmp(a, "--model")) o->model_dir = v;
+        else if (!strcmp(a, "--dtype")) o->dtype = v;
+        else if (!strcmp(a, "--kv-dtype")) rc = arg_kv_dtype(T, a, v, &o->kv_dtype);
+        else if (!strcmp(a, "--weight-bytes")) rc = arg_double(T, a, v, 0, 1e18, &o->weight_bytes);
+        else if (!strcmp(a, "--kv-bytes-per-token")) rc = arg_double(T, a, v, 0, 1e12, &o->kv_per_token);
+        else if (!strcmp(a, "--turns")) rc = arg_int(T, a, v, 1, BIG, &o->turns);
+        else if (!strcmp(a, "--system-len")) rc = arg_int(T, a, v, 0, BIG, &o->sys_len);
+        else if (!strcmp(a, "--turn-len")) rc = arg_int(T, a, v, 1, BIG, &o->turn_len);
+        else if (!strcmp(a, "--retention")) o->retention = client_parse_duration_s(v);
+        else if (!strcmp(a, "--http")) o->http = v;
+        else if (!strcmp(a, "--http-model")) o->http_model = v;
+        else if (!strcmp(a, "--prompt-text")) o->prompt_text = v;
         else { fprintf(stderr, "troupe-bench: unknown option '%s'\n", a); s_usage(stderr); return 2; }
         if (rc)
             return 2;
     }
-    if (multi && (retention < 0 || retention > MSG_MAX_RETENTION_S)) {
+    /* Only the multi-turn run pins cache keys; single prompts ignore --retention. */
+    if (o->multi && (o->retention < 0 || o->retention > MSG_MAX_RETENTION_S)) {
         fprintf(stderr, "troupe-bench: --retention: expected a duration of at most %u s\n", MSG_MAX_RETENTION_S);
         return 2;
     }
+    return -1;
+}
 
-    char model_name[256] = "";
-    if (http && multi) {
+/* ---- the run: what main works out before the levels, and their results -------------------------- */
+
+typedef struct bench {
+    options_t o;
+    const char *ep;             /* the routers: --endpoint, else epbuf */
+    char epbuf[CLIENT_ROUTERS_MAX * TOPO_ENDPOINT_MAX];
+    const char *http_model;     /* --http-model, else model_name */
+    char model_name[256];       /* the --topology's model directory name */
+    const char *inspect_ep;     /* the monitor (inspect_buf), for the speculation counters; NULL: none */
+    char inspect_buf[256];
+    char *text;                 /* --prompt-text's bytes (NUL-terminated), or NULL */
+    size_t text_len;
+    bytes_model_t bm;           /* the decode bytes: the options' figures, else a config.json's */
+    int have_bytes;             /* weight and KV bytes both known: the decode-bytes columns */
+    double gen_tps;             /* troupe-generate's decode tok/s (--generate); 0: none */
+    summary_t S[MAX_LEVELS];    /* per level; multi-turn: with reuse */
+    summary_t N[MAX_LEVELS];    /* multi-turn without reuse */
+    int errors;                 /* failed requests over every level: exit 1 */
+} bench_t;
+
+/* --http names the model in every request: --http-model, else the topology's model directory
+ * name. 0, or -1 (said on stderr) when there is none or the mode is multi-turn. */
+static int s_http_model(bench_t *b)
+{
+    const options_t *o = &b->o;
+    b->http_model = o->http_model;
+    if (o->http && o->multi) {
         fprintf(stderr, "troupe-bench: --http runs single prompts only (not --multi-turn)\n");
-        return 2;
+        return -1;
     }
-    if (http && !http_model) {
-        topo_t *ht = NULL;
-        if (topology && topo_load_file(topology, &ht, NULL) == 0) {
-            const char *sl = strrchr(ht->model.path, '/');
-            snprintf(model_name, sizeof model_name, "%.255s", sl ? sl + 1 : ht->model.path);
-            topo_destroy(&ht);
-        }
-        if (!model_name[0]) {
-            fprintf(stderr, "troupe-bench: --http needs the model's name: --topology FILE or --http-model NAME\n");
-            return 2;
-        }
-        http_model = model_name;
+    if (!o->http || o->http_model)
+        return 0;
+    topo_t *ht = NULL;
+    if (o->topology && topo_load_file(o->topology, &ht, NULL) == 0) {
+        const char *sl = strrchr(ht->model.path, '/');
+        snprintf(b->model_name, sizeof b->model_name, "%.255s", sl ? sl + 1 : ht->model.path);
+        topo_destroy(&ht);
     }
-    char epbuf[CLIENT_ROUTERS_MAX * TOPO_ENDPOINT_MAX], inspect_buf[256], err[512];
-    if (!ep) {
-        if (client_endpoints_from_topology(topology, epbuf, NULL, sizeof epbuf, err, sizeof err) != 0) {
+    if (!b->model_name[0]) {
+        fprintf(stderr, "troupe-bench: --http needs the model's name: --topology FILE or --http-model NAME\n");
+        return -1;
+    }
+    b->http_model = b->model_name;
+    return 0;
+}
+
+/* The routers (--endpoint, else the topology's) and the monitor, whose inspect answers carry the
+ * speculation counters: only a topology names it, and without one the levels report none. */
+static int s_endpoints(bench_t *b)
+{
+    const options_t *o = &b->o;
+    char err[512];
+    b->ep = o->ep;
+    if (!b->ep) {
+        if (client_endpoints_from_topology(o->topology, b->epbuf, NULL, sizeof b->epbuf, err, sizeof err) != 0) {
             fprintf(stderr, "troupe-bench: %s\n", err);
-            return 2;
+            return -1;
         }
-        ep = epbuf;
+        b->ep = b->epbuf;
     }
-    /* the monitor, for the speculation counters: only with a topology that names it */
-    const char *inspect_ep = topology && client_endpoints_from_topology(topology, NULL, inspect_buf, sizeof inspect_buf,
-                                                                        err, sizeof err) == 0 ? inspect_buf : NULL;
-    char *text = NULL;
-    size_t text_len = 0;
-    if (prompt_text) {
-        if (http || multi) {
-            fprintf(stderr, "troupe-bench: --prompt-text runs single prompts over ZeroMQ only\n");
-            return 2;
-        }
-        text = util_read_file(prompt_text, &text_len);
-        if (!text || text_len < 2) {
-            fprintf(stderr, "troupe-bench: --prompt-text %s: %s\n", prompt_text, text ? "empty" : strerror(errno));
-            free(text);
-            return 2;
-        }
+    b->inspect_ep = o->topology && client_endpoints_from_topology(o->topology, NULL, b->inspect_buf,
+                                                                  sizeof b->inspect_buf, err, sizeof err) == 0
+                        ? b->inspect_buf : NULL;
+    return 0;
+}
+
+/* --prompt-text's file, read once: every request's passage is cut from it. */
+static int s_prompt_text(bench_t *b)
+{
+    const options_t *o = &b->o;
+    if (!o->prompt_text)
+        return 0;
+    if (o->http || o->multi) {
+        fprintf(stderr, "troupe-bench: --prompt-text runs single prompts over ZeroMQ only\n");
+        return -1;
     }
-    if (!multi) {
-        int rc = s_bytes_from_config(&bm, model_dir, dtype, kv_dtype, topology, err, sizeof err);
-        if (rc < 0 && (model_dir || bm.copy_bw > 0)) {
+    b->text = util_read_file(o->prompt_text, &b->text_len);
+    if (!b->text || b->text_len < 2) {
+        fprintf(stderr, "troupe-bench: --prompt-text %s: %s\n", o->prompt_text, b->text ? "empty" : strerror(errno));
+        free(b->text);
+        b->text = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+/* The decode-bytes model (header comment): the given figures, the rest from a config.json. A
+ * config that cannot be read is an error only where the bytes were asked for (--model, --copy-bw);
+ * otherwise the columns are left out. */
+static int s_bytes_model(bench_t *b)
+{
+    const options_t *o = &b->o;
+    bytes_model_t *bm = &b->bm;
+    *bm = (bytes_model_t){.gpus = o->gpus, .copy_bw = o->copy_bw, .weight_bytes = o->weight_bytes,
+                          .kv_per_token = o->kv_per_token};
+    if (!o->multi) {
+        char err[512];
+        int rc = s_bytes_from_config(bm, o->model_dir, o->dtype, o->kv_dtype, o->topology, err, sizeof err);
+        if (rc < 0 && (o->model_dir || bm->copy_bw > 0)) {
             fprintf(stderr, "troupe-bench: %s\n", err);
-            return 2;
+            return -1;
         }
-        if (bm.have_cfg && bm.kv_per_token == 0)
-            bm.kv_per_token = (double)config_kv_bytes_per_token(&bm.cfg, dtype_size(bm.kv));
+        if (bm->have_cfg && bm->kv_per_token == 0)
+            bm->kv_per_token = (double)config_kv_bytes_per_token(&bm->cfg, dtype_size(bm->kv));
     }
-    const int have_bytes = s_step_weight_bytes(&bm, 1) > 0 && bm.kv_per_token > 0;
-    if (!multi && bm.copy_bw > 0 && !have_bytes) {
+    b->have_bytes = s_step_weight_bytes(bm, 1) > 0 && bm->kv_per_token > 0;
+    if (!o->multi && bm->copy_bw > 0 && !b->have_bytes) {
         fprintf(stderr, "troupe-bench: --copy-bw needs the model's bytes: --model DIR, a --topology with a model, "
                         "or --weight-bytes and --kv-bytes-per-token\n");
-        return 2;
+        return -1;
     }
-    char self[1024], bin_dir[1024] = ".";
+    return 0;
+}
+
+/* troupe-generate is the one beside this binary (the same build), else the one in ".". */
+static void s_bin_dir(char *bin_dir, size_t cap)
+{
+    char self[1024];
+    snprintf(bin_dir, cap, ".");
     ssize_t sl = readlink("/proc/self/exe", self, sizeof self - 1);
     if (sl > 0) {
         self[sl] = 0;
         char *slash = strrchr(self, '/');
         if (slash) {
             *slash = 0;
-            snprintf(bin_dir, sizeof bin_dir, "%s", self);
+            snprintf(bin_dir, cap, "%s", self);
         }
     }
-    double gen_tps = gen_model && !multi ? s_generate(bin_dir, gen_model, gen_args, in_len, out_len, vocab) : 0;
-    if (warmup) {
-        level_t W = {.ep = ep, .http = http, .http_model = http_model, .in_len = in_len, .out_len = out_len < 8 ? out_len : 8, .n_prompts = warmup,
-                     .concurrency = 1, .vocab = vocab, .seed = seed + 999, .text = text, .text_len = text_len};
-        summary_t ws = s_run_level(&W);
-        if (ws.errors) {
-            fprintf(stderr, "troupe-bench: warm-up failed (is the cluster at %s running?)\n", ep);
-            return 1;
-        }
+}
+
+/* ---- the levels --------------------------------------------------------------------------------- */
+
+/* A level's settings common to both modes; the seed differs per level so that levels do not
+ * share prompts. */
+static level_t s_level(const bench_t *b, int concurrency, int out_len, uint64_t seed)
+{
+    const options_t *o = &b->o;
+    return (level_t){.ep = b->ep, .http = o->http, .http_model = b->http_model, .in_len = o->in_len,
+                     .out_len = out_len, .concurrency = concurrency, .vocab = o->vocab, .seed = seed,
+                     .text = b->text, .text_len = b->text_len};
+}
+
+/* A few short requests first, so that the first level does not pay for the cluster's cold start;
+ * one failing means the cluster is not there. */
+static int s_warmup(const bench_t *b)
+{
+    const options_t *o = &b->o;
+    if (!o->warmup)
+        return 0;
+    level_t W = s_level(b, 1, o->out_len < 8 ? o->out_len : 8, o->seed + 999);
+    W.n_prompts = o->warmup;
+    summary_t ws = s_run_level(&W);
+    if (ws.errors) {
+        fprintf(stderr, "troupe-bench: warm-up failed (is the cluster at %s running?)\n", b->ep);
+        return -1;
     }
+    return 0;
+}
+
+/* One level of single prompts, with the decode workers' speculation counters read around it. */
+static void s_single_level(bench_t *b, int l)
+{
+    const options_t *o = &b->o;
+    const int c = o->levels[l];
+    level_t L = s_level(b, c, o->out_len, o->seed + (uint64_t)c);
+    L.n_prompts = o->per_level > 0 ? o->per_level : o->rounds > 0 ? o->rounds * c : (4 * c > 8 ? 4 * c : 8);
+    summary_t *S = &b->S[l];
+    const spec_read_t before = s_spec_read(b->inspect_ep);
+    *S = s_run_level(&L);
+    b->errors += S->errors;
+    if (b->inspect_ep) {
+        usleep(1200 * 1000);   /* the workers' next stats carry the level's last steps */
+        const spec_read_t after = s_spec_read(b->inspect_ep);
+        s_spec_level(S, &before, &after);
+    }
+    fprintf(stderr, "  concurrency %4d: %9.1f out tok/s, %7.1f tok/s/user, TTFT p50 %8.1f ms (queue %.1f, "
+                    "prefill %.1f, rest %.1f), ITL p50 %6.2f ms\n",
+            S->concurrency, S->out_tps, S->per_user, S->ttft50, S->queue50, S->prefill50, S->rest50, S->itl50);
+    if (S->spec)
+        fprintf(stderr, "  concurrency %4d: speculation: acceptance %.1f%%, %.2f tokens per verify step, "
+                        "chosen verify length %.2f\n", S->concurrency, 100 * S->spec_acceptance,
+                S->spec_tokens_per_step, S->spec_chosen_len);
+}
+
+/* One level of conversations, run twice on the same token sequences: with reuse (cache keys),
+ * then without (a fresh tenant per request). The tags carry run_id so that no other run's cache
+ * is hit. */
+static void s_multi_level(bench_t *b, int l, uint64_t run_id)
+{
+    const options_t *o = &b->o;
+    const int c = o->levels[l];
+    level_t L = s_level(b, c, o->out_len, o->seed + (uint64_t)c);
+    uint32_t *sys = malloc(((size_t)o->sys_len + 1) * sizeof *sys);
+    uint64_t st = L.seed ^ 0x5157454e;
+    for (int i = 0; i < o->sys_len; i++)
+        sys[i] = s_token(&st, o->vocab);
+    L.n_prompts = o->per_level > 0 ? o->per_level : c;
+    L.turns = o->turns, L.turn_len = o->turn_len, L.system = sys, L.sys_len = o->sys_len;
+    L.retention_s = (uint32_t)o->retention;
+    for (int reuse = 1; reuse >= 0; reuse--) {
+        L.reuse = reuse;
+        snprintf(L.tag, sizeof L.tag, "bench-%016llx-c%d-%s", (unsigned long long)run_id, c, reuse ? "reuse" : "fresh");
+        summary_t *s = reuse ? &b->S[l] : &b->N[l];
+        *s = s_run_level(&L);
+        b->errors += s->errors;
+        fprintf(stderr, "  concurrency %4d, %s reuse: cache hit rate %5.1f%% (cached tokens from device %ld, host "
+                "%ld, disk %ld), TTFT p50 %8.1f ms, p99 %8.1f ms\n", c, reuse ? "with" : "without",
+                100 * s->hit_rate, s->cached_from[0], s->cached_from[1], s->cached_from[2], s->ttft50, s->ttft99);
+    }
+    free(sys);
+}
+
+/* The levels in --concurrency order. */
+static void s_run_levels(bench_t *b)
+{
     /* Tenants and cache keys of this run: a later run on the same cluster must not hit its cache. */
     uint64_t run_id = (uint64_t)now_ns() ^ ((uint64_t)getpid() << 32);
-    summary_t S[MAX_LEVELS], N[MAX_LEVELS];   /* N: multi-turn without reuse */
-    int errors = 0;
-    for (int l = 0; l < n_levels; l++) {
-        level_t L = {.ep = ep, .http = http, .http_model = http_model, .in_len = in_len, .out_len = out_len, .concurrency = levels[l], .vocab = vocab,
-                     .seed = seed + (uint64_t)levels[l], .text = text, .text_len = text_len};
-        if (!multi) {
-            L.n_prompts = per_level > 0 ? per_level : rounds > 0 ? rounds * levels[l]
-                                                    : (4 * levels[l] > 8 ? 4 * levels[l] : 8);
-            const spec_read_t before = s_spec_read(inspect_ep);
-            S[l] = s_run_level(&L);
-            errors += S[l].errors;
-            if (inspect_ep) {
-                usleep(1200 * 1000);   /* the workers' next stats carry the level's last steps */
-                const spec_read_t after = s_spec_read(inspect_ep);
-                s_spec_level(&S[l], &before, &after);
-            }
-            fprintf(stderr, "  concurrency %4d: %9.1f out tok/s, %7.1f tok/s/user, TTFT p50 %8.1f ms (queue %.1f, "
-                            "prefill %.1f, rest %.1f), ITL p50 %6.2f ms\n",
-                    S[l].concurrency, S[l].out_tps, S[l].per_user, S[l].ttft50, S[l].queue50, S[l].prefill50,
-                    S[l].rest50, S[l].itl50);
-            if (S[l].spec)
-                fprintf(stderr, "  concurrency %4d: speculation: acceptance %.1f%%, %.2f tokens per verify step, "
-                                "chosen verify length %.2f\n", S[l].concurrency, 100 * S[l].spec_acceptance,
-                        S[l].spec_tokens_per_step, S[l].spec_chosen_len);
-            continue;
-        }
-        uint32_t *sys = malloc(((size_t)sys_len + 1) * sizeof *sys);
-        uint64_t st = L.seed ^ 0x5157454e;
-        for (int i = 0; i < sys_len; i++)
-            sys[i] = s_token(&st, vocab);
-        L.n_prompts = per_level > 0 ? per_level : levels[l];
-        L.turns = turns, L.turn_len = turn_len, L.system = sys, L.sys_len = sys_len;
-        L.retention_s = (uint32_t)retention;
-        for (int reuse = 1; reuse >= 0; reuse--) {
-            L.reuse = reuse;
-            snprintf(L.tag, sizeof L.tag, "bench-%016llx-c%d-%s", (unsigned long long)run_id, levels[l],
-                     reuse ? "reuse" : "fresh");
-            summary_t *s = reuse ? &S[l] : &N[l];
-            *s = s_run_level(&L);
-            errors += s->errors;
-            fprintf(stderr, "  concurrency %4d, %s reuse: cache hit rate %5.1f%% (cached tokens from device %ld, host "
-                    "%ld, disk %ld), TTFT p50 %8.1f ms, p99 %8.1f ms\n", levels[l], reuse ? "with" : "without",
-                    100 * s->hit_rate, s->cached_from[0], s->cached_from[1], s->cached_from[2], s->ttft50, s->ttft99);
-        }
-        free(sys);
+    for (int l = 0; l < b->o.n_levels; l++) {
+        if (b->o.multi)
+            s_multi_level(b, l, run_id);
+        else
+            s_single_level(b, l);
     }
+}
 
-    json_t *j = json_pack("{s:s, s:i, s:s, s:i}", "mode", multi ? "multi-turn" : "single", "output_len", out_len,
-                          "endpoint", ep, "gpus", bm.gpus);
+/* ---- the multi-turn report ---------------------------------------------------------------------- */
+
+/* Per level, with and without reuse side by side; then each turn's TTFT, which tells which turn a
+ * large p99 comes from. */
+static void s_print_multi(const bench_t *b)
+{
+    const options_t *o = &b->o;
+    const summary_t *S = b->S, *N = b->N;
+    printf("\nmulti-turn: %d turns; %d system tokens shared by every conversation, %d new user tokens and %d "
+           "output tokens per turn; endpoint %s\n", o->turns, o->sys_len, o->turn_len, o->out_len, b->ep);
+    printf("%5s %5s %5s | %-41s | %-41s | %4s\n", "", "", "", "                 with reuse",
+           "               without reuse", "");
+    printf("%5s %5s %5s | %8s %9s %9s %11s | %8s %9s %9s %11s | %4s\n", "conc", "convs", "reqs", "hit rate",
+           "TTFT p50", "TTFT p99", "out tok/s", "hit rate", "TTFT p50", "TTFT p99", "out tok/s", "err");
+    for (int l = 0; l < o->n_levels; l++) {
+        int convs = o->per_level > 0 ? o->per_level : o->levels[l];
+        printf("%5d %5d %5d | %7.1f%% %9.1f %9.1f %11.1f | %7.1f%% %9.1f %9.1f %11.1f | %4d\n", o->levels[l], convs,
+               convs * o->turns, 100 * S[l].hit_rate, S[l].ttft50, S[l].ttft99, S[l].out_tps, 100 * N[l].hit_rate,
+               N[l].ttft50, N[l].ttft99, N[l].out_tps, S[l].errors + N[l].errors);
+    }
+    printf("TTFT by turn, p50 / largest ms (with reuse | without):\n");
+    for (int l = 0; l < o->n_levels; l++) {
+        printf("%5d", o->levels[l]);
+        for (int t = 0; t < S[l].n_turns; t++)
+            printf("  t%d %.1f/%.1f | %.1f/%.1f", t + 1, S[l].turn_ttft50[t], S[l].turn_ttft_max[t],
+                   N[l].turn_ttft50[t], N[l].turn_ttft_max[t]);
+        printf("\n");
+    }
+}
+
+/* Per level both summaries (reuse, no_reuse); the run's conversation shape beside them. */
+static void s_json_multi(const bench_t *b, json_t *j, json_t *arr)
+{
+    const options_t *o = &b->o;
+    for (int l = 0; l < o->n_levels; l++) {
+        int convs = o->per_level > 0 ? o->per_level : o->levels[l];
+        json_array_append_new(arr, json_pack("{s:i, s:i, s:o, s:o}", "concurrency", o->levels[l], "conversations",
+                                             convs, "reuse", s_summary_json(&b->S[l]),
+                                             "no_reuse", s_summary_json(&b->N[l])));
+    }
+    json_object_update_new(j, json_pack("{s:i, s:i, s:i, s:i}", "turns", o->turns, "system_len", o->sys_len,
+                                        "turn_len", o->turn_len, "retention_s", (int)o->retention));
+}
+
+/* ---- the single-prompt report ------------------------------------------------------------------- */
+
+/* Decode bytes per level (header comment): steps/s = out tok/s / concurrency; a step reads the
+ * weights once and every sequence's KV at the mean context. Zeros without the model's bytes. */
+typedef struct decode_bytes {
+    double ctx;                 /* the mean context of a sequence: input_len + output_len / 2 */
+    double bw;                  /* copy bandwidth of all the GPUs, bytes/s */
+    double step[MAX_LEVELS];    /* bytes a decode step reads */
+    double per_s[MAX_LEVELS];   /* bytes/s at the level's rate */
+} decode_bytes_t;
+
+static decode_bytes_t s_decode_bytes(const bench_t *b)
+{
+    const options_t *o = &b->o;
+    decode_bytes_t d = {.ctx = o->in_len + o->out_len / 2.0, .bw = b->bm.copy_bw * b->bm.gpus};
+    for (int l = 0; b->have_bytes && l < o->n_levels; l++) {
+        d.step[l] = s_step_weight_bytes(&b->bm, o->levels[l]) + o->levels[l] * d.ctx * b->bm.kv_per_token;
+        d.per_s[l] = b->S[l].out_tps / o->levels[l] * d.step[l];
+    }
+    return d;
+}
+
+/* The speculation columns appear when any level speculated; "-" where this one did not, or its
+ * workers did not report a chosen length. */
+static void s_print_spec_cells(const summary_t *S, int any_spec)
+{
+    if (any_spec && S->spec && S->spec_chosen_len >= 0)
+        printf(" %6.1f%% %8.2f %7.2f", 100 * S->spec_acceptance, S->spec_tokens_per_step, S->spec_chosen_len);
+    else if (any_spec && S->spec)
+        printf(" %6.1f%% %8.2f %7s", 100 * S->spec_acceptance, S->spec_tokens_per_step, "-");
+    else if (any_spec)
+        printf(" %7s %8s %7s", "-", "-", "-");
+}
+
+/* One row per level; the per-GPU, decode-bytes and speculation columns only where they mean
+ * something. */
+static void s_print_single(const bench_t *b, const decode_bytes_t *d)
+{
+    const options_t *o = &b->o;
+    const bytes_model_t *bm = &b->bm;
+    printf("\ninput %d / output %d tokens, endpoint %s\n", o->in_len, o->out_len, b->ep);
+    if (b->have_bytes)
+        printf("decode bytes: weights %.3f GB per step, KV %.0f bytes per token (%s); copy bandwidth %s\n",
+               s_step_weight_bytes(bm, 1) / 1e9, bm->kv_per_token, bm->have_cfg ? bm->source : "given",
+               bm->copy_bw > 0 ? "given" : "not given");
+    printf("%5s %5s %10s %11s %10s %9s %9s %8s %8s %9s %9s", "conc", "reqs", "out tok/s", "total tok/s",
+           "tok/s/user", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99", "E2E p50", "E2E p99");
+    if (bm->gpus > 1)
+        printf(" %9s", "tok/s/GPU");
+    if (b->have_bytes)
+        printf(" %8s", "dec GB/s");
+    if (bm->copy_bw > 0)
+        printf(" %7s", "of copy");
+    int any_spec = 0;
+    for (int l = 0; l < o->n_levels; l++)
+        any_spec |= b->S[l].spec;
+    if (any_spec)
+        printf(" %7s %8s %7s", "accept%", "tok/step", "verify");
+    printf(" %4s\n", "err");
+    for (int l = 0; l < o->n_levels; l++) {
+        const summary_t *S = &b->S[l];
+        printf("%5d %5d %10.1f %11.1f %10.1f %9.1f %9.1f %8.2f %8.2f %9.1f %9.1f", S->concurrency, S->requests,
+               S->out_tps, S->total_tps, S->per_user, S->ttft50, S->ttft99, S->itl50, S->itl99, S->e2e50, S->e2e99);
+        if (bm->gpus > 1)
+            printf(" %9.1f", S->out_tps / bm->gpus);
+        if (b->have_bytes)
+            printf(" %8.1f", d->per_s[l] / 1e9);
+        if (bm->copy_bw > 0)
+            printf(" %6.1f%%", 100 * d->per_s[l] / d->bw);
+        s_print_spec_cells(S, any_spec);
+        printf(" %4d\n", S->errors);
+    }
+}
+
+/* The cluster's tokens/s per user at concurrency 1 over troupe-generate's (the last level of
+ * concurrency 1 gives it; 0 without one), printed for every such level. */
+static double s_print_generate(const bench_t *b)
+{
+    double ratio = 0;
+    printf("troupe-generate (one process): %.1f decode tok/s", b->gen_tps);
+    for (int l = 0; l < b->o.n_levels; l++)
+        if (b->S[l].concurrency == 1 && b->gen_tps > 0) {
+            ratio = b->S[l].per_user / b->gen_tps;
+            printf("; cluster at concurrency 1: %.1f tok/s/user = %.1f%% of it", b->S[l].per_user, 100 * ratio);
+        }
+    printf("\n");
+    return ratio;
+}
+
+/* Per level the summary and its decode bytes; the run's lengths, bytes model and the
+ * troupe-generate ratio beside them. */
+static void s_json_single(const bench_t *b, const decode_bytes_t *d, double gen_ratio, json_t *j, json_t *arr)
+{
+    const options_t *o = &b->o;
+    const bytes_model_t *bm = &b->bm;
+    for (int l = 0; l < o->n_levels; l++) {
+        json_t *lj = s_summary_json(&b->S[l]);
+        json_object_set_new(lj, "output_tokens_per_s_per_gpu", json_real(b->S[l].out_tps / bm->gpus));
+        if (b->have_bytes) {
+            json_object_set_new(lj, "decode_bytes_per_step", json_real(d->step[l]));
+            json_object_set_new(lj, "decode_bytes_per_s", json_real(d->per_s[l]));
+        }
+        if (bm->copy_bw > 0)
+            json_object_set_new(lj, "copy_bandwidth_fraction", json_real(d->per_s[l] / d->bw));
+        json_array_append_new(arr, lj);
+    }
+    json_object_set_new(j, "input_len", json_integer(o->in_len));
+    if (b->have_bytes) {
+        json_object_set_new(j, "weight_bytes_per_step", json_real(s_step_weight_bytes(bm, 1)));
+        json_object_set_new(j, "kv_bytes_per_token", json_real(bm->kv_per_token));
+        json_object_set_new(j, "decode_context_tokens", json_real(d->ctx));
+        if (bm->have_cfg)
+            json_object_set_new(j, "model_bytes_source", json_string(bm->source));
+    }
+    if (bm->copy_bw > 0)
+        json_object_set_new(j, "copy_bandwidth_GBps", json_real(bm->copy_bw / 1e9));
+    if (o->gen_model) {
+        json_object_set_new(j, "generate_decode_tokens_per_s", json_real(b->gen_tps));
+        json_object_set_new(j, "cluster_c1_over_generate", json_real(gen_ratio));
+    }
+}
+
+/* The table on stdout and, with --json, the same figures in a file (a write failure is reported,
+ * not fatal: the table has been printed). */
+static void s_report(const bench_t *b)
+{
+    const options_t *o = &b->o;
+    json_t *j = json_pack("{s:s, s:i, s:s, s:i}", "mode", o->multi ? "multi-turn" : "single", "output_len", o->out_len,
+                          "endpoint", b->ep, "gpus", b->bm.gpus);
     json_t *arr = json_array();
-    if (multi) {
-        printf("\nmulti-turn: %d turns; %d system tokens shared by every conversation, %d new user tokens and %d "
-               "output tokens per turn; endpoint %s\n", turns, sys_len, turn_len, out_len, ep);
-        printf("%5s %5s %5s | %-41s | %-41s | %4s\n", "", "", "", "                 with reuse",
-               "               without reuse", "");
-        printf("%5s %5s %5s | %8s %9s %9s %11s | %8s %9s %9s %11s | %4s\n", "conc", "convs", "reqs", "hit rate",
-               "TTFT p50", "TTFT p99", "out tok/s", "hit rate", "TTFT p50", "TTFT p99", "out tok/s", "err");
-        for (int l = 0; l < n_levels; l++) {
-            int convs = per_level > 0 ? per_level : levels[l];
-            printf("%5d %5d %5d | %7.1f%% %9.1f %9.1f %11.1f | %7.1f%% %9.1f %9.1f %11.1f | %4d\n", levels[l], convs,
-                   convs * turns, 100 * S[l].hit_rate, S[l].ttft50, S[l].ttft99, S[l].out_tps, 100 * N[l].hit_rate,
-                   N[l].ttft50, N[l].ttft99, N[l].out_tps, S[l].errors + N[l].errors);
-            json_array_append_new(arr, json_pack("{s:i, s:i, s:o, s:o}", "concurrency", levels[l], "conversations",
-                                                 convs, "reuse", s_summary_json(&S[l]),
-                                                 "no_reuse", s_summary_json(&N[l])));
-        }
-        printf("TTFT by turn, p50 / largest ms (with reuse | without):\n");
-        for (int l = 0; l < n_levels; l++) {
-            printf("%5d", levels[l]);
-            for (int t = 0; t < S[l].n_turns; t++)
-                printf("  t%d %.1f/%.1f | %.1f/%.1f", t + 1, S[l].turn_ttft50[t], S[l].turn_ttft_max[t],
-                       N[l].turn_ttft50[t], N[l].turn_ttft_max[t]);
-            printf("\n");
-        }
-        json_object_update_new(j, json_pack("{s:i, s:i, s:i, s:i}", "turns", turns, "system_len", sys_len,
-                                            "turn_len", turn_len, "retention_s", (int)retention));
+    if (o->multi) {
+        s_print_multi(b);
+        s_json_multi(b, j, arr);
     } else {
-        /* Decode bytes per level (header comment): steps/s = out tok/s / concurrency; a step reads the
-         * weights once and every sequence's KV at the mean context. */
-        const double ctx = in_len + out_len / 2.0, bw = bm.copy_bw * bm.gpus;
-        double step_bytes[MAX_LEVELS] = {0}, bytes_s[MAX_LEVELS] = {0};
-        for (int l = 0; have_bytes && l < n_levels; l++) {
-            step_bytes[l] = s_step_weight_bytes(&bm, levels[l]) + levels[l] * ctx * bm.kv_per_token;
-            bytes_s[l] = S[l].out_tps / levels[l] * step_bytes[l];
-        }
-        printf("\ninput %d / output %d tokens, endpoint %s\n", in_len, out_len, ep);
-        if (have_bytes)
-            printf("decode bytes: weights %.3f GB per step, KV %.0f bytes per token (%s); copy bandwidth %s\n",
-                   s_step_weight_bytes(&bm, 1) / 1e9, bm.kv_per_token, bm.have_cfg ? bm.source : "given",
-                   bm.copy_bw > 0 ? "given" : "not given");
-        printf("%5s %5s %10s %11s %10s %9s %9s %8s %8s %9s %9s", "conc", "reqs", "out tok/s", "total tok/s",
-               "tok/s/user", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99", "E2E p50", "E2E p99");
-        if (bm.gpus > 1)
-            printf(" %9s", "tok/s/GPU");
-        if (have_bytes)
-            printf(" %8s", "dec GB/s");
-        if (bm.copy_bw > 0)
-            printf(" %7s", "of copy");
-        int any_spec = 0;
-        for (int l = 0; l < n_levels; l++)
-            any_spec |= S[l].spec;
-        if (any_spec)
-            printf(" %7s %8s %7s", "accept%", "tok/step", "verify");
-        printf(" %4s\n", "err");
-        for (int l = 0; l < n_levels; l++) {
-            printf("%5d %5d %10.1f %11.1f %10.1f %9.1f %9.1f %8.2f %8.2f %9.1f %9.1f", S[l].concurrency,
-                   S[l].requests, S[l].out_tps, S[l].total_tps, S[l].per_user, S[l].ttft50, S[l].ttft99, S[l].itl50,
-                   S[l].itl99, S[l].e2e50, S[l].e2e99);
-            if (bm.gpus > 1)
-                printf(" %9.1f", S[l].out_tps / bm.gpus);
-            if (have_bytes)
-                printf(" %8.1f", bytes_s[l] / 1e9);
-            if (bm.copy_bw > 0)
-                printf(" %6.1f%%", 100 * bytes_s[l] / bw);
-            if (any_spec && S[l].spec && S[l].spec_chosen_len >= 0)
-                printf(" %6.1f%% %8.2f %7.2f", 100 * S[l].spec_acceptance, S[l].spec_tokens_per_step,
-                       S[l].spec_chosen_len);
-            else if (any_spec && S[l].spec)
-                printf(" %6.1f%% %8.2f %7s", 100 * S[l].spec_acceptance, S[l].spec_tokens_per_step, "-");
-            else if (any_spec)
-                printf(" %7s %8s %7s", "-", "-", "-");
-            printf(" %4d\n", S[l].errors);
-            json_t *lj = s_summary_json(&S[l]);
-            json_object_set_new(lj, "output_tokens_per_s_per_gpu", json_real(S[l].out_tps / bm.gpus));
-            if (have_bytes) {
-                json_object_set_new(lj, "decode_bytes_per_step", json_real(step_bytes[l]));
-                json_object_set_new(lj, "decode_bytes_per_s", json_real(bytes_s[l]));
-            }
-            if (bm.copy_bw > 0)
-                json_object_set_new(lj, "copy_bandwidth_fraction", json_real(bytes_s[l] / bw));
-            json_array_append_new(arr, lj);
-        }
-        json_object_set_new(j, "input_len", json_integer(in_len));
-        if (have_bytes) {
-            json_object_set_new(j, "weight_bytes_per_step", json_real(s_step_weight_bytes(&bm, 1)));
-            json_object_set_new(j, "kv_bytes_per_token", json_real(bm.kv_per_token));
-            json_object_set_new(j, "decode_context_tokens", json_real(ctx));
-            if (bm.have_cfg)
-                json_object_set_new(j, "model_bytes_source", json_string(bm.source));
-        }
-        if (bm.copy_bw > 0)
-            json_object_set_new(j, "copy_bandwidth_GBps", json_real(bm.copy_bw / 1e9));
-        double ratio = 0;
-        if (gen_model) {
-            printf("troupe-generate (one process): %.1f decode tok/s", gen_tps);
-            for (int l = 0; l < n_levels; l++)
-                if (S[l].concurrency == 1 && gen_tps > 0) {
-                    ratio = S[l].per_user / gen_tps;
-                    printf("; cluster at concurrency 1: %.1f tok/s/user = %.1f%% of it", S[l].per_user, 100 * ratio);
-                }
-            printf("\n");
-            json_object_set_new(j, "generate_decode_tokens_per_s", json_real(gen_tps));
-            json_object_set_new(j, "cluster_c1_over_generate", json_real(ratio));
-        }
+        const decode_bytes_t d = s_decode_bytes(b);
+        s_print_single(b, &d);
+        double ratio = o->gen_model ? s_print_generate(b) : 0;
+        s_json_single(b, &d, ratio, j, arr);
     }
     json_object_set_new(j, "levels", arr);
-    if (json_path && json_dump_file(j, json_path, JSON_INDENT(1)) != 0)
-        fprintf(stderr, "troupe-bench: cannot write %s\n", json_path);
+    if (o->json_path && json_dump_file(j, o->json_path, JSON_INDENT(1)) != 0)
+        fprintf(stderr, "troupe-bench: cannot write %s\n", o->json_path);
     json_decref(j);
-    free(text);
-    return errors ? 1 : 0;
+}
+
+/* The options; what they name (the model for --http, the endpoints, the prompt text, the decode
+ * bytes), each refused with exit 2 when wrong; troupe-generate's rate; a warm-up; the levels; the
+ * report. Exit 1 when a request failed. */
+int main(int argc, char **argv)
+{
+    bench_t b = {0};
+    int rc = s_parse_args(&b.o, argc, argv);
+    if (rc >= 0)
+        return rc;
+    if (s_http_model(&b) != 0 || s_endpoints(&b) != 0 || s_prompt_text(&b) != 0 || s_bytes_model(&b) != 0)
+        return 2;
+    char bin_dir[1024];
+    s_bin_dir(bin_dir, sizeof bin_dir);
+    const options_t *o = &b.o;
+    if (o->gen_model && !o->multi)
+        b.gen_tps = s_generate(bin_dir, o->gen_model, o->gen_args, o->in_len, o->out_len, o->vocab);
+    if (s_warmup(&b) != 0)
+        return 1;
+    s_run_levels(&b);
+    s_report(&b);
+    free(b.text);
+    return b.errors ? 1 : 0;
 }
