@@ -530,23 +530,34 @@ static void s_usage(FILE *f)
             "  --verbose        debug logging (also passed to actors via TROUPE_VERBOSE)\n");
 }
 
-int main(int argc, char **argv)
+/* What the command line asked for; everything else comes from the topology. */
+typedef struct options {
+    const char *topo_arg;     /* --topology FILE; NULL = the embedded default */
+    const char *bin_dir;      /* --bin-dir DIR; NULL = beside this program */
+    const char *ready_file;   /* --ready-file F; NULL = none */
+    int check;                /* --check: validate the topology and exit */
+    int print;                /* --print: print the effective topology and exit */
+} options_t;
+
+#define GO_ON (-1)   /* not an exit code: this step went well, carry on */
+
+/* Fills *o from argv. Returns GO_ON, or the exit code for --help (0) and bad usage. --verbose
+ * takes effect at once, and reaches the actors through the environment they inherit. */
+static int s_parse_options(int argc, char **argv, options_t *o)
 {
-    const char *topo_arg = NULL, *bin_dir = NULL, *ready_file = NULL;
-    int check = 0, print = 0;
     static const struct option opts[] = {
         {"topology", required_argument, 0, 't'}, {"bin-dir", required_argument, 0, 'b'},
         {"check", no_argument, 0, 'c'},          {"print", no_argument, 0, 'p'},
         {"ready-file", required_argument, 0, 'r'}, {"verbose", no_argument, 0, 'v'},
         {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
-    int o;
-    while ((o = getopt_long(argc, argv, "t:b:cpr:vh", opts, NULL)) != -1) {
-        switch (o) {
-        case 't': topo_arg = optarg; break;
-        case 'b': bin_dir = optarg; break;
-        case 'c': check = 1; break;
-        case 'p': print = 1; break;
-        case 'r': ready_file = optarg; break;
+    int opt;
+    while ((opt = getopt_long(argc, argv, "t:b:cpr:vh", opts, NULL)) != -1) {
+        switch (opt) {
+        case 't': o->topo_arg = optarg; break;
+        case 'b': o->bin_dir = optarg; break;
+        case 'c': o->check = 1; break;
+        case 'p': o->print = 1; break;
+        case 'r': o->ready_file = optarg; break;
         case 'v': log_set_verbose(1); setenv("TROUPE_VERBOSE", "1", 1); break;
         case 'h': s_usage(stdout); return 0;
         default: s_usage(stderr); return EXIT_USAGE;
@@ -557,56 +568,77 @@ int main(int argc, char **argv)
         s_usage(stderr);
         return EXIT_USAGE;
     }
-    log_init("supervisor", -1);
+    return GO_ON;
+}
 
-    supervisor_t sv = {0}, *s = &sv;
-    s->started_ms = now_ms();
-    topo_errors_t *errs = calloc(1, sizeof *errs);
-    int rc = topo_arg ? topo_load_file(topo_arg, &s->topo, errs) : topo_load_default(&s->topo, errs);
+/* The topology from --topology, or the embedded default. A bad one is reported with every
+ * problem found, not just the first, so one edit can fix them all. */
+static int s_load_topology(supervisor_t *s, const options_t *o)
+{
+    topo_errors_t *errs = calloc(1, sizeof *errs);   /* 32 KB of messages: not on the stack */
+    int rc = o->topo_arg ? topo_load_file(o->topo_arg, &s->topo, errs) : topo_load_default(&s->topo, errs);
     if (rc != 0) {
-        fprintf(stderr, "troupe-supervisor: %s is not a valid topology:\n", topo_arg ? topo_arg : "the embedded default");
+        fprintf(stderr, "troupe-supervisor: %s is not a valid topology:\n", o->topo_arg ? o->topo_arg : "the embedded default");
         topo_errors_print(errs, stderr);
-        free(errs);
-        return EXIT_USAGE;
     }
     free(errs);
-    if (print)
+    return rc != 0 ? -1 : 0;
+}
+
+/* --check and --print answer from the topology alone: nothing is bound or started. */
+static void s_check_or_print(supervisor_t *s, const options_t *o)
+{
+    if (o->print)
         topo_print(s->topo, stdout);
-    if (check || print) {
-        if (check)
-            printf("%s: ok (%d actors on %d node%s)\n", s->topo->source, s->topo->n_instances,
-                   s->topo->n_nodes, s->topo->n_nodes == 1 ? "" : "s");
-        topo_destroy(&s->topo);
+    if (o->check)
+        printf("%s: ok (%d actors on %d node%s)\n", s->topo->source, s->topo->n_instances,
+               s->topo->n_nodes, s->topo->n_nodes == 1 ? "" : "s");
+    topo_destroy(&s->topo);
+}
+
+/* Every actor is given the topology's path, so it is made absolute (an actor need not share our
+ * working directory). The actor binaries are beside ours unless --bin-dir says otherwise. */
+static int s_resolve_paths(supervisor_t *s, const options_t *o)
+{
+    if (o->topo_arg && !realpath(o->topo_arg, s->topo_path)) {
+        LOG_E("%s: %s", o->topo_arg, strerror(errno));
+        return -1;
+    }
+    if (o->bin_dir) {
+        snprintf(s->bin_dir, sizeof s->bin_dir, "%s", o->bin_dir);
         return 0;
     }
-    if (topo_arg && !realpath(topo_arg, s->topo_path)) {
-        LOG_E("%s: %s", topo_arg, strerror(errno));
-        return EXIT_USAGE;
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) {
+        LOG_E("cannot find my own directory; pass --bin-dir");
+        return -1;
     }
-    if (bin_dir) {
-        snprintf(s->bin_dir, sizeof s->bin_dir, "%s", bin_dir);
-    } else {
-        char self[PATH_MAX];
-        ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-        if (n <= 0) {
-            LOG_E("cannot find my own directory; pass --bin-dir");
-            return EXIT_USAGE;
-        }
-        self[n] = 0;
-        snprintf(s->bin_dir, sizeof s->bin_dir, "%s", dirname(self));
-    }
+    self[n] = 0;
+    snprintf(s->bin_dir, sizeof s->bin_dir, "%s", dirname(self));
+    return 0;
+}
 
-    /* The run directory holds the ipc:// sockets; private to this user. */
+/* The run directory holds the ipc:// sockets; private to this user. */
+static int s_make_run_dir(const supervisor_t *s)
+{
     const char *run_dir = s->topo->endpoints.run_dir;
     if (mkdir(run_dir, 0700) != 0 && errno != EEXIST) {
         LOG_E("cannot create run directory %s: %s", run_dir, strerror(errno));
-        return EXIT_USAGE;
+        return -1;
     }
+    return 0;
+}
 
+/* The control socket, where every actor says READY and answers heartbeats. With CURVE our own
+ * key must exist before the bind, and the actors' key files are written only after it: a bind
+ * that fails means another supervisor of this cluster runs, and its actors use those files. */
+static int s_bind_control(supervisor_t *s)
+{
     s->sendbuf = malloc(MSG_MAX_FRAME);
     s->ctx = zmq_ctx_new();
     if (s->topo->security.curve_server_public[0] && s_own_key(s) != 0)
-        return EXIT_USAGE;
+        return -1;
     s->control = zmq_socket(s->ctx, ZMQ_ROUTER);
     actor_sock_defaults(s->control, &s->topo->limits);
     int one = 1;
@@ -616,10 +648,16 @@ int main(int argc, char **argv)
     if (zmq_bind(s->control, s->topo->endpoints.control_bind) != 0) {
         LOG_E("bind control %s: %s (is cluster '%s' already running?)", s->topo->endpoints.control_bind,
               zmq_strerror(errno), s->topo->name);
-        return EXIT_USAGE;
+        return -1;
     }
     if (s->auth && s_keys(s) != 0)
-        return EXIT_USAGE;
+        return -1;
+    return 0;
+}
+
+/* Our own stats go to the monitor like every actor's; with CURVE, to the monitor's key. */
+static int s_connect_stats(supervisor_t *s)
+{
     s->stats_pub = zmq_socket(s->ctx, ZMQ_PUB);
     actor_sock_defaults(s->stats_pub, &s->topo->limits);
     const topo_instance_t *mon = topo_first(s->topo, ROLE_MONITOR);
@@ -627,39 +665,87 @@ int main(int argc, char **argv)
     if (s->auth && mon && (actor_public_key(s->topo, mon->name, mon_pub, kerr, sizeof kerr) != 0 ||
                            auth_client(s->stats_pub, &s->kp, mon_pub) != 0)) {
         LOG_E("security: %s", kerr);
-        return EXIT_USAGE;
+        return -1;
     }
     zmq_connect(s->stats_pub, s->topo->endpoints.stats);
+    return 0;
+}
 
+/* A stop signal only sets a flag: the run loop then stops the actors in order. SIGPIPE is
+ * ignored so that a write to a closed pipe fails instead of killing the supervisor. */
+static void s_install_signals(void)
+{
     struct sigaction sa = {.sa_handler = s_on_signal};
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
+}
 
+/* Launches every instance in the topology's order; their READYs arrive in the run loop. If one
+ * cannot be launched, those already started are stopped: the cluster never became ready. */
+static int s_start_all(supervisor_t *s)
+{
     s->n = s->topo->n_instances;
     s->children = calloc((size_t)s->n, sizeof *s->children);
     restart_window_init(&s->window, s->topo->supervision.max_restarts,
                         (int64_t)s->topo->supervision.period_s * 1000);
     LOG_I("starting cluster '%s': %d actors from %s", s->topo->name, s->n, s->topo->source);
-    int exit_code = 0;
     for (int i = 0; i < s->n; i++) {
         s->children[i].inst = &s->topo->instances[i];
         s->children[i].last_status = -1;
         if (s_spawn(s, &s->children[i]) != 0) {
-            exit_code = EXIT_NOT_READY;
             s_stop_all(s, "start failed");
-            goto out;
+            return EXIT_NOT_READY;
         }
     }
+    return 0;
+}
 
+/* Ready: every actor meant to be running has said READY (one that finished by policy counts). */
+static int s_all_ready(const supervisor_t *s)
+{
+    for (int i = 0; i < s->n; i++)
+        if (!s->children[i].finished && !(s->children[i].pid && s->children[i].ready))
+            return 0;
+    return 1;
+}
+
+/* Said once, when the cluster first becomes ready; the ready file lets a script wait for it. */
+static void s_announce_ready(const supervisor_t *s, const char *ready_file, int64_t now)
+{
+    LOG_I("cluster '%s' ready: %d actors in %lld ms; clients: %s; inspect: %s",
+          s->topo->name, s->n, (long long)(now - s->started_ms),
+          s->topo->endpoints.client, s->topo->endpoints.inspect);
+    if (ready_file) {
+        FILE *f = fopen(ready_file, "w");
+        if (f) {
+            fprintf(f, "%lld\n", (long long)(now - s->started_ms));
+            fclose(f);
+        }
+    }
+}
+
+/* Once no actor runs (each one finished by its restart policy) there is nothing left to supervise. */
+static int s_any_alive(const supervisor_t *s)
+{
+    int alive = 0;
+    for (int i = 0; i < s->n; i++)
+        alive += s->children[i].pid != 0;
+    return alive != 0;
+}
+
+/* The main loop (duties in the file header), woken by the control socket or every 20 ms: a stop
+ * signal, control messages, exits and restarts, heartbeat and stats timers, wedged or late
+ * actors, the first moment every actor is ready. Returns the exit code. */
+static int s_run(supervisor_t *s, const char *ready_file)
+{
     int all_ready = 0;
     int64_t next_hb = now_ms(), next_stats = now_ms();
     for (;;) {
         if (s_stop_signal) {
             LOG_I("%s: stopping the cluster (grace %d s)", s_stop_signal == SIGINT ? "SIGINT" : "SIGTERM",
                   s->topo->supervision.grace_s);
-            exit_code = s_stop_all(s, "supervisor stopping") ? EXIT_PARTIAL : 0;
-            break;
+            return s_stop_all(s, "supervisor stopping") ? EXIT_PARTIAL : 0;
         }
         zmq_pollitem_t item = {.socket = s->control, .events = ZMQ_POLLIN};
         zmq_poll(&item, 1, 20);
@@ -667,8 +753,7 @@ int main(int argc, char **argv)
         const int reaped = s_reap(s);
         if (reaped != 0) {
             s_stop_all(s, reaped == -2 ? "an actor cannot run with this topology" : "restart limit reached");
-            exit_code = reaped == -2 ? EXIT_USAGE : EXIT_GAVE_UP;
-            break;
+            return reaped == -2 ? EXIT_USAGE : EXIT_GAVE_UP;
         }
         int64_t now = now_ms();
         if (now >= next_hb) {
@@ -680,35 +765,20 @@ int main(int argc, char **argv)
             next_stats = now + 1000;
         }
         s_check_liveness(s);
-        if (!all_ready) {
-            int ready = 1;
-            for (int i = 0; i < s->n; i++)
-                if (!s->children[i].finished && !(s->children[i].pid && s->children[i].ready))
-                    ready = 0;
-            if (ready) {
-                all_ready = 1;
-                LOG_I("cluster '%s' ready: %d actors in %lld ms; clients: %s; inspect: %s",
-                      s->topo->name, s->n, (long long)(now - s->started_ms),
-                      s->topo->endpoints.client, s->topo->endpoints.inspect);
-                if (ready_file) {
-                    FILE *f = fopen(ready_file, "w");
-                    if (f) {
-                        fprintf(f, "%lld\n", (long long)(now - s->started_ms));
-                        fclose(f);
-                    }
-                }
-            }
+        if (!all_ready && s_all_ready(s)) {
+            all_ready = 1;
+            s_announce_ready(s, ready_file, now);
         }
-        int alive = 0;
-        for (int i = 0; i < s->n; i++)
-            alive += s->children[i].pid != 0;
-        if (!alive) {
+        if (!s_any_alive(s)) {
             LOG_I("every actor has exited; stopping");
-            break;
+            return 0;
         }
     }
-out:
-    s_report(s, stderr);
+}
+
+/* Sockets close before zmq_ctx_term, which would otherwise wait for them forever. */
+static void s_destroy(supervisor_t *s)
+{
     zmq_close(s->control);
     zmq_close(s->stats_pub);
     auth_destroy(&s->auth);
@@ -717,5 +787,34 @@ out:
     free(s->children);
     free(s->sendbuf);
     topo_destroy(&s->topo);
+}
+
+int main(int argc, char **argv)
+{
+    options_t o = {0};
+    const int parsed = s_parse_options(argc, argv, &o);
+    if (parsed != GO_ON)
+        return parsed;
+    log_init("supervisor", -1);
+
+    supervisor_t sv = {0}, *s = &sv;
+    s->started_ms = now_ms();
+    if (s_load_topology(s, &o) != 0)
+        return EXIT_USAGE;
+    if (o.check || o.print) {
+        s_check_or_print(s, &o);
+        return 0;
+    }
+    /* A failed setup leaves the cleanup to exit(): no actor has been started yet. */
+    if (s_resolve_paths(s, &o) != 0 || s_make_run_dir(s) != 0 || s_bind_control(s) != 0 ||
+        s_connect_stats(s) != 0)
+        return EXIT_USAGE;
+    s_install_signals();
+
+    int exit_code = s_start_all(s);
+    if (exit_code == 0)
+        exit_code = s_run(s, o.ready_file);
+    s_report(s, stderr);
+    s_destroy(s);
     return exit_code;
 }
