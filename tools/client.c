@@ -111,148 +111,205 @@ static int s_print_reply(const msg_t *r, int json, int *done)
     }
 }
 
-int main(int argc, char **argv)
+#define GO_ON (-1)   /* not an exit code: this step went well, carry on */
+
+/* The global options, before the command; the topology fills in what they leave out. */
+typedef struct options {
+    const char *endpoint;     /* --endpoint EP[,EP...]; NULL = the topology's client endpoints */
+    const char *topology;     /* --topology FILE; NULL = the embedded default */
+    client_opts_t copts;      /* keys, heartbeats and frame limit for client_connect_opts */
+    int json;                 /* --json: every reply as one JSON object per line */
+    long long timeout_ms;     /* --timeout-ms: how long to wait for the terminal reply */
+    char ep[CLIENT_ROUTERS_MAX * TOPO_ENDPOINT_MAX];   /* the topology's endpoints, when endpoint points here */
+    char server_key[1024];    /* the topology's server key, when copts.server_key points here */
+} options_t;
+
+/* What to send. The SUBMIT's pointers point into argv, into chat, or into the arrays below. */
+typedef struct request {
+    msg_t m;                  /* SUBMIT or CANCEL */
+    long long cancel_after;   /* --cancel-after-ms: cancel it ourselves this long after sending; -1 never */
+    msg_chat_t chat[2];       /* with --chat: the --system message, if any, then the user's */
+} request_t;
+
+/* Static, not on the stack: 256 KB of token ids. */
+static uint32_t s_ids[MAX_IDS];                        /* --ids: the prompt's tokens */
+static uint32_t s_stop_ids[MSG_MAX_STOP_TOKENS];       /* --stop-id */
+static const char *s_stops[MSG_MAX_STOP];              /* --stop */
+
+/* What `submit` reads besides the sampling and request fields, which go straight into the message. */
+typedef struct submit_args {
+    int as_chat;              /* --chat or --system: TEXT is a user chat message */
+    int as_ids;               /* --ids: TEXT is comma-separated token ids */
+    const char *system;       /* --system TEXT; NULL none */
+    const char *text;         /* the one TEXT */
+} submit_args_t;
+
+/* Global options come before the command. Leaves *cmd at the command's index in argv. Returns
+ * GO_ON, or the exit code for --help (0) and bad usage. */
+static int s_parse_global(int argc, char **argv, options_t *o, int *cmd)
 {
-    const char *endpoint = NULL, *topology = NULL;
-    client_opts_t copts = {.server_key = getenv("TROUPE_CURVE_SERVER_KEY"), .key = getenv("TROUPE_CURVE_KEY")};
-    char server_key[1024];
-    int json = 0;
-    long long timeout_ms = 120000;
     int i = 1;
-    /* Global options come before the command. */
     for (; i < argc && argv[i][0] == '-'; i++) {
-        if (!strcmp(argv[i], "--endpoint") && i + 1 < argc) endpoint = argv[++i];
-        else if (!strcmp(argv[i], "--topology") && i + 1 < argc) topology = argv[++i];
-        else if (!strcmp(argv[i], "--server-key") && i + 1 < argc) copts.server_key = argv[++i];
-        else if (!strcmp(argv[i], "--key") && i + 1 < argc) copts.key = argv[++i];
-        else if (!strcmp(argv[i], "--json")) json = 1;
+        if (!strcmp(argv[i], "--endpoint") && i + 1 < argc) o->endpoint = argv[++i];
+        else if (!strcmp(argv[i], "--topology") && i + 1 < argc) o->topology = argv[++i];
+        else if (!strcmp(argv[i], "--server-key") && i + 1 < argc) o->copts.server_key = argv[++i];
+        else if (!strcmp(argv[i], "--key") && i + 1 < argc) o->copts.key = argv[++i];
+        else if (!strcmp(argv[i], "--json")) o->json = 1;
         else if (!strcmp(argv[i], "--timeout-ms") && i + 1 < argc) {
-            if (s_parse_u("--timeout-ms", argv[++i], 1, 86400000, &timeout_ms) != 0)
+            if (s_parse_u("--timeout-ms", argv[++i], 1, 86400000, &o->timeout_ms) != 0)
                 return 2;
         } else if (!strcmp(argv[i], "--heartbeat-ms") && i + 1 < argc) {
             long long v;
             if (s_parse_u("--heartbeat-ms", argv[++i], 0, 3600000, &v) != 0)
                 return 2;
-            copts.heartbeat_ivl_ms = v ? (int)v : -1;
+            o->copts.heartbeat_ivl_ms = v ? (int)v : -1;
         } else if (!strcmp(argv[i], "--heartbeat-timeout-ms") && i + 1 < argc) {
             long long v;
             if (s_parse_u("--heartbeat-timeout-ms", argv[++i], 1, 3600000, &v) != 0)
                 return 2;
-            copts.heartbeat_timeout_ms = (int)v;
+            o->copts.heartbeat_timeout_ms = (int)v;
         } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { s_usage(stdout); return 0; }
         else { fprintf(stderr, "troupe-client: unknown option '%s'\n", argv[i]); s_usage(stderr); return 2; }
     }
     if (i >= argc) { s_usage(stderr); return 2; }
-    const char *cmd = argv[i++];
-    char err[512], ep[CLIENT_ROUTERS_MAX * TOPO_ENDPOINT_MAX];
-    if (!endpoint) {
-        if (client_endpoints_from_topology(topology, ep, NULL, sizeof ep, err, sizeof err) != 0) {
+    *cmd = i;
+    return GO_ON;
+}
+
+/* Without --endpoint, the routers are the topology's. The topology also gives the frame limit
+ * (checked before sending) and the server key, unless --server-key (or the environment) gave one. */
+static int s_resolve_cluster(options_t *o)
+{
+    char err[512];
+    if (!o->endpoint) {
+        if (client_endpoints_from_topology(o->topology, o->ep, NULL, sizeof o->ep, err, sizeof err) != 0) {
             fprintf(stderr, "troupe-client: %s\n", err);
-            return 2;
+            return -1;
         }
-        endpoint = ep;
+        o->endpoint = o->ep;
     }
-    /* The topology's frame limit (checked before sending) and server key, unless given. */
-    const char *given_server_key = copts.server_key;
-    if ((topology || !endpoint || endpoint == ep) &&
-        client_opts_from_topology(topology, &copts, server_key, sizeof server_key, err, sizeof err) != 0) {
+    const char *given_server_key = o->copts.server_key;
+    if ((o->topology || !o->endpoint || o->endpoint == o->ep) &&
+        client_opts_from_topology(o->topology, &o->copts, o->server_key, sizeof o->server_key, err, sizeof err) != 0) {
         fprintf(stderr, "troupe-client: %s\n", err);
-        return 2;
+        return -1;
     }
     if (given_server_key)
-        copts.server_key = given_server_key;
+        o->copts.server_key = given_server_key;
+    return 0;
+}
 
-    msg_t m;
-    long long cancel_after = -1;
-    static uint32_t ids[MAX_IDS], stop_ids[MSG_MAX_STOP_TOKENS];
-    static const char *stops[MSG_MAX_STOP];
-    msg_chat_t chat[2];
-    if (!strcmp(cmd, "cancel")) {
-        long long id;
-        if (i >= argc || s_parse_u("cancel", argv[i], 1, INT64_MAX, &id) != 0)
-            return 2;
-        msg_init(&m, MSG_CANCEL, (uint64_t)id);
-    } else if (!strcmp(cmd, "submit")) {
-        msg_init(&m, MSG_SUBMIT, 0);
-        msg_submit_t *s = &m.u.submit;
-        msg_sampling_t *sp = &s->sampling;
-        s->stream = true;
-        int as_chat = 0, as_ids = 0;
-        const char *system = NULL, *text = NULL;
-        for (; i < argc; i++) {
-            const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+/* `cancel ID`: a CANCEL for request ID. */
+static int s_parse_cancel(int argc, char **argv, int i, request_t *r)
+{
+    long long id;
+    if (i >= argc || s_parse_u("cancel", argv[i], 1, INT64_MAX, &id) != 0)
+        return -1;
+    msg_init(&r->m, MSG_CANCEL, (uint64_t)id);
+    return 0;
+}
+
+/* One argument of `submit`: a, with v the one after it (NULL at the end). Returns how many of
+ * the arguments after a it used (0 or 1), or -1 on bad usage, its message printed. The flags are
+ * matched before the value check: any other --option last on the line needs a value (an unknown
+ * one too). */
+static int s_submit_arg(request_t *r, submit_args_t *sa, const char *a, const char *v)
+{
+    msg_submit_t *s = &r->m.u.submit;
+    msg_sampling_t *sp = &s->sampling;
+    long long x;
+    if (!strcmp(a, "--chat")) { sa->as_chat = 1; return 0; }
+    if (!strcmp(a, "--ids")) { sa->as_ids = 1; return 0; }
+    if (!strcmp(a, "--ignore-eos")) { sp->ignore_eos = true; return 0; }
+    if (!strcmp(a, "--logprobs")) { sp->logprobs = true; return 0; }
+    if (!strcmp(a, "--no-stream")) { s->stream = false; return 0; }
+    if (a[0] == '-' && a[1] == '-' && !v) { fprintf(stderr, "troupe-client: %s needs a value\n", a); return -1; }
+    if (!strcmp(a, "--system")) { sa->system = v; sa->as_chat = 1; }
+    else if (!strcmp(a, "--max-tokens")) { if (s_parse_u(a, v, 1, MSG_MAX_NEW_TOKENS, &x)) return -1; sp->max_tokens = (uint32_t)x; }
+    else if (!strcmp(a, "--temperature")) { if (s_parse_f(a, v, &sp->temperature)) return -1; }
+    else if (!strcmp(a, "--top-k")) { if (s_parse_u(a, v, 0, UINT32_MAX, &x)) return -1; sp->top_k = (uint32_t)x; }
+    else if (!strcmp(a, "--top-p")) { if (s_parse_f(a, v, &sp->top_p)) return -1; }
+    else if (!strcmp(a, "--min-p")) { if (s_parse_f(a, v, &sp->min_p)) return -1; }
+    else if (!strcmp(a, "--repetition-penalty")) { if (s_parse_f(a, v, &sp->repetition_penalty)) return -1; }
+    else if (!strcmp(a, "--presence-penalty")) { if (s_parse_f(a, v, &sp->presence_penalty)) return -1; }
+    else if (!strcmp(a, "--frequency-penalty")) { if (s_parse_f(a, v, &sp->frequency_penalty)) return -1; }
+    else if (!strcmp(a, "--seed")) { if (s_parse_u(a, v, 0, INT64_MAX, &x)) return -1; sp->seed = x; }
+    else if (!strcmp(a, "--stop")) { if (sp->n_stop >= MSG_MAX_STOP) { fprintf(stderr, "troupe-client: at most %d --stop\n", MSG_MAX_STOP); return -1; } s_stops[sp->n_stop++] = v; sp->stop = s_stops; }
+    else if (!strcmp(a, "--stop-id")) { if (sp->n_stop_token_ids >= MSG_MAX_STOP_TOKENS || s_parse_u(a, v, 0, UINT32_MAX, &x)) return -1; s_stop_ids[sp->n_stop_token_ids++] = (uint32_t)x; sp->stop_token_ids = s_stop_ids; }
+    else if (!strcmp(a, "--cache-key")) { s->prompt_cache_key = v; }
+    else if (!strcmp(a, "--retention")) { int64_t d = client_parse_duration_s(v); if (d < 0) { fprintf(stderr, "troupe-client: --retention: '%s' is not a duration (300, 5m, 1h)\n", v); return -1; } s->cache_retention_s = (uint32_t)d; }
+    else if (!strcmp(a, "--tenant")) { s->tenant = v; }
+    else if (!strcmp(a, "--timeout")) { int64_t d = client_parse_duration_s(v); if (d < 0) { fprintf(stderr, "troupe-client: --timeout: '%s' is not a duration\n", v); return -1; } s->timeout_ms = (uint32_t)(d * 1000); }
+    else if (!strcmp(a, "--cancel-after-ms")) { if (s_parse_u(a, v, 0, 86400000, &r->cancel_after)) return -1; }
+    else if (a[0] == '-' && a[1] == '-') { fprintf(stderr, "troupe-client: unknown option '%s'\n", a); return -1; }
+    else { if (sa->text) { fprintf(stderr, "troupe-client: one TEXT only (quote it)\n"); return -1; } sa->text = a; return 0; }
+    return 1;
+}
+
+/* TEXT becomes the prompt in the shape asked for: token ids, chat messages, or plain text. */
+static int s_submit_prompt(request_t *r, const submit_args_t *sa)
+{
+    msg_submit_t *s = &r->m.u.submit;
+    if (sa->as_ids) {
+        char *copy = strdup(sa->text), *save = NULL;
+        for (char *t = strtok_r(copy, ", ", &save); t; t = strtok_r(NULL, ", ", &save)) {
             long long x;
-            int need = 1;
-            if (!strcmp(a, "--chat")) { as_chat = 1; need = 0; }
-            else if (!strcmp(a, "--ids")) { as_ids = 1; need = 0; }
-            else if (!strcmp(a, "--ignore-eos")) { sp->ignore_eos = true; need = 0; }
-            else if (!strcmp(a, "--logprobs")) { sp->logprobs = true; need = 0; }
-            else if (!strcmp(a, "--no-stream")) { s->stream = false; need = 0; }
-            else if (a[0] == '-' && a[1] == '-' && !v) { fprintf(stderr, "troupe-client: %s needs a value\n", a); return 2; }
-            else if (!strcmp(a, "--system")) { system = v; as_chat = 1; }
-            else if (!strcmp(a, "--max-tokens")) { if (s_parse_u(a, v, 1, MSG_MAX_NEW_TOKENS, &x)) return 2; sp->max_tokens = (uint32_t)x; }
-            else if (!strcmp(a, "--temperature")) { if (s_parse_f(a, v, &sp->temperature)) return 2; }
-            else if (!strcmp(a, "--top-k")) { if (s_parse_u(a, v, 0, UINT32_MAX, &x)) return 2; sp->top_k = (uint32_t)x; }
-            else if (!strcmp(a, "--top-p")) { if (s_parse_f(a, v, &sp->top_p)) return 2; }
-            else if (!strcmp(a, "--min-p")) { if (s_parse_f(a, v, &sp->min_p)) return 2; }
-            else if (!strcmp(a, "--repetition-penalty")) { if (s_parse_f(a, v, &sp->repetition_penalty)) return 2; }
-            else if (!strcmp(a, "--presence-penalty")) { if (s_parse_f(a, v, &sp->presence_penalty)) return 2; }
-            else if (!strcmp(a, "--frequency-penalty")) { if (s_parse_f(a, v, &sp->frequency_penalty)) return 2; }
-            else if (!strcmp(a, "--seed")) { if (s_parse_u(a, v, 0, INT64_MAX, &x)) return 2; sp->seed = x; }
-            else if (!strcmp(a, "--stop")) { if (sp->n_stop >= MSG_MAX_STOP) { fprintf(stderr, "troupe-client: at most %d --stop\n", MSG_MAX_STOP); return 2; } stops[sp->n_stop++] = v; sp->stop = stops; }
-            else if (!strcmp(a, "--stop-id")) { if (sp->n_stop_token_ids >= MSG_MAX_STOP_TOKENS || s_parse_u(a, v, 0, UINT32_MAX, &x)) return 2; stop_ids[sp->n_stop_token_ids++] = (uint32_t)x; sp->stop_token_ids = stop_ids; }
-            else if (!strcmp(a, "--cache-key")) { s->prompt_cache_key = v; }
-            else if (!strcmp(a, "--retention")) { int64_t d = client_parse_duration_s(v); if (d < 0) { fprintf(stderr, "troupe-client: --retention: '%s' is not a duration (300, 5m, 1h)\n", v); return 2; } s->cache_retention_s = (uint32_t)d; }
-            else if (!strcmp(a, "--tenant")) { s->tenant = v; }
-            else if (!strcmp(a, "--timeout")) { int64_t d = client_parse_duration_s(v); if (d < 0) { fprintf(stderr, "troupe-client: --timeout: '%s' is not a duration\n", v); return 2; } s->timeout_ms = (uint32_t)(d * 1000); }
-            else if (!strcmp(a, "--cancel-after-ms")) { if (s_parse_u(a, v, 0, 86400000, &cancel_after)) return 2; }
-            else if (a[0] == '-' && a[1] == '-') { fprintf(stderr, "troupe-client: unknown option '%s'\n", a); return 2; }
-            else { if (text) { fprintf(stderr, "troupe-client: one TEXT only (quote it)\n"); return 2; } text = a; need = 0; }
-            i += need;
+            if (s->n_tokens >= MAX_IDS || s_parse_u("--ids", t, 0, UINT32_MAX, &x)) return -1;
+            s_ids[s->n_tokens++] = (uint32_t)x;
         }
-        if (!text) { fprintf(stderr, "troupe-client: submit needs TEXT\n"); return 2; }
-        if (as_ids) {
-            char *copy = strdup(text), *save = NULL;
-            for (char *t = strtok_r(copy, ", ", &save); t; t = strtok_r(NULL, ", ", &save)) {
-                long long x;
-                if (s->n_tokens >= MAX_IDS || s_parse_u("--ids", t, 0, UINT32_MAX, &x)) return 2;
-                ids[s->n_tokens++] = (uint32_t)x;
-            }
-            s->tokens = ids;
-        } else if (as_chat) {
-            int n = 0;
-            if (system) chat[n++] = (msg_chat_t){.role = MSG_CHAT_SYSTEM, .content = system};
-            chat[n++] = (msg_chat_t){.role = MSG_CHAT_USER, .content = text};
-            s->messages = chat;
-            s->n_messages = (uint32_t)n;
-        } else {
-            s->prompt = text;
-        }
+        s->tokens = s_ids;
+    } else if (sa->as_chat) {
+        int n = 0;
+        if (sa->system) r->chat[n++] = (msg_chat_t){.role = MSG_CHAT_SYSTEM, .content = sa->system};
+        r->chat[n++] = (msg_chat_t){.role = MSG_CHAT_USER, .content = sa->text};
+        s->messages = r->chat;
+        s->n_messages = (uint32_t)n;
     } else {
-        fprintf(stderr, "troupe-client: unknown command '%s'\n", cmd);
-        s_usage(stderr);
-        return 2;
+        s->prompt = sa->text;
     }
+    return 0;
+}
 
-    client_t *c = client_connect_opts(endpoint, &copts, err, sizeof err);
-    if (!c) { fprintf(stderr, "troupe-client: %s\n", err); return 2; }
-    uint64_t id;
-    if (client_send(c, &m, &id, err, sizeof err) != 0) {
-        fprintf(stderr, "troupe-client: %s\n", err);
-        client_destroy(&c);
-        return 2;
+/* `submit [options] TEXT`: a streamed SUBMIT unless --no-stream. */
+static int s_parse_submit(int argc, char **argv, int i, request_t *r)
+{
+    msg_init(&r->m, MSG_SUBMIT, 0);
+    r->m.u.submit.stream = true;
+    submit_args_t sa = {0};
+    for (; i < argc; i++) {
+        const int used = s_submit_arg(r, &sa, argv[i], i + 1 < argc ? argv[i + 1] : NULL);
+        if (used < 0)
+            return -1;
+        i += used;
     }
-    if (m.type == MSG_CANCEL) {
-        /* Fire and forget: the request's own stream gets its terminal reply (done, cancelled). */
-        client_destroy(&c);
-        return 0;
-    }
-    int64_t start = now_ms(), deadline = start + timeout_ms;
+    if (!sa.text) { fprintf(stderr, "troupe-client: submit needs TEXT\n"); return -1; }
+    return s_submit_prompt(r, &sa);
+}
+
+/* The command at argv[i] and its arguments, into *r. Returns 0, or -1 on bad usage. */
+static int s_parse_command(int argc, char **argv, int i, request_t *r)
+{
+    const char *cmd = argv[i++];
+    if (!strcmp(cmd, "cancel"))
+        return s_parse_cancel(argc, argv, i, r);
+    if (!strcmp(cmd, "submit"))
+        return s_parse_submit(argc, argv, i, r);
+    fprintf(stderr, "troupe-client: unknown command '%s'\n", cmd);
+    s_usage(stderr);
+    return -1;
+}
+
+/* Waits for the request's terminal reply (done or error), printing every reply to it as it comes,
+ * and sends the --cancel-after-ms cancel when its time comes. Returns the exit code. */
+static int s_stream_replies(client_t *c, uint64_t id, const options_t *o, const request_t *r)
+{
+    char err[512];
+    int64_t start = now_ms(), deadline = start + o->timeout_ms;
     int done = 0, rc = 0, cancelled = 0;
     while (!done) {
         int64_t left = deadline - now_ms();
-        if (cancel_after >= 0 && !cancelled) {
-            int64_t until = start + cancel_after - now_ms();
+        if (r->cancel_after >= 0 && !cancelled) {
+            int64_t until = start + r->cancel_after - now_ms();
             if (until <= 0) {
                 client_cancel(c, id, err, sizeof err);
                 cancelled = 1;
@@ -263,23 +320,61 @@ int main(int argc, char **argv)
         }
         if (left <= 0 && now_ms() >= deadline) {
             fprintf(stderr, "troupe-client: no terminal reply for request %llu within %lld ms\n",
-                    (unsigned long long)id, timeout_ms);
-            rc = 3;
-            break;
+                    (unsigned long long)id, o->timeout_ms);
+            return 3;
         }
-        msg_t r;
-        int got = client_recv(c, &r, (int)(left > 0 ? left : 1), err, sizeof err);
+        msg_t reply;
+        int got = client_recv(c, &reply, (int)(left > 0 ? left : 1), err, sizeof err);
         if (got == 1)
             continue;
-        if (got < 0) { fprintf(stderr, "troupe-client: %s\n", err); rc = 1; break; }
-        if (r.id == id)
-            rc = s_print_reply(&r, json, &done);
-        msg_free(&r);
+        if (got < 0) { fprintf(stderr, "troupe-client: %s\n", err); return 1; }
+        if (reply.id == id)
+            rc = s_print_reply(&reply, o->json, &done);
+        msg_free(&reply);
     }
+    return rc;
+}
+
+/* Said on stderr, whatever the outcome: a request that had to go to another router means one
+ * router's connection was lost, which the answer alone would not show. */
+static void s_report_retries(client_t *c, uint64_t id)
+{
     if (client_requests_retried(c))
         fprintf(stderr, "troupe-client: request %llu was sent again to another router %llu time(s): its router's "
                 "connection was lost before any reply\n", (unsigned long long)id,
                 (unsigned long long)client_requests_retried(c));
+}
+
+int main(int argc, char **argv)
+{
+    options_t o = {.copts = {.server_key = getenv("TROUPE_CURVE_SERVER_KEY"), .key = getenv("TROUPE_CURVE_KEY")},
+                   .timeout_ms = 120000};
+    int cmd = 0;
+    const int parsed = s_parse_global(argc, argv, &o, &cmd);
+    if (parsed != GO_ON)
+        return parsed;
+    if (s_resolve_cluster(&o) != 0)
+        return 2;
+    request_t r = {.cancel_after = -1};
+    if (s_parse_command(argc, argv, cmd, &r) != 0)
+        return 2;
+
+    char err[512];
+    client_t *c = client_connect_opts(o.endpoint, &o.copts, err, sizeof err);
+    if (!c) { fprintf(stderr, "troupe-client: %s\n", err); return 2; }
+    uint64_t id;
+    if (client_send(c, &r.m, &id, err, sizeof err) != 0) {
+        fprintf(stderr, "troupe-client: %s\n", err);
+        client_destroy(&c);
+        return 2;
+    }
+    if (r.m.type == MSG_CANCEL) {
+        /* Fire and forget: the request's own stream gets its terminal reply (done, cancelled). */
+        client_destroy(&c);
+        return 0;
+    }
+    const int rc = s_stream_replies(c, id, &o, &r);
+    s_report_retries(c, id);
     client_destroy(&c);
     return rc;
 }
