@@ -10,9 +10,8 @@
  *     to f16 bits 9-11 and the sign to bit 15, which is the value times 2^-14 exactly (subnormals
  *     included); mq_dec_scale says so, and the caller multiplies the block scale by it (the scale
  *     times 2^14 is exact, so code * that scale rounds once, as the CPU's value * scale).
- * The 4-bit decodes are cuda_qgemv.cuh's qv_dec8_i4 / qv_dec8_fp4 arithmetic, kept here so that
- * the MoE kernels do not take in the dense GEMV's header. The block scale is applied by the
- * caller. */
+ * The 4-bit decodes are cuda_qcodes.cuh's, shared with the dense GEMV. The block scale is applied
+ * by the caller. */
 #ifndef TROUPE_KERNELS_CUDA_MOE_QUANT_CUH
 #define TROUPE_KERNELS_CUDA_MOE_QUANT_CUH
 
@@ -23,6 +22,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_dev.cuh"
+#include "kernels/cuda/cuda_qcodes.cuh"
 
 /* 4-bit codes, two per byte. */
 __host__ __device__ constexpr bool mq_nib(int fmt) { return fmt == BK_Q_I4 || fmt == BK_Q_FP4; }
@@ -32,38 +32,6 @@ __host__ __device__ constexpr int mq_chunk_values(int fmt) { return mq_nib(fmt) 
 
 /* What a decoded value is to be multiplied by besides its block scale (fp4: 2^14). */
 template <int FMT> __device__ __forceinline__ constexpr float mq_dec_scale() { return FMT == BK_Q_FP4 ? 16384.0f : 1.0f; }
-
-/* int4: the 8 nibbles of q (element i at bits 4i), in order. */
-__device__ __forceinline__ void mq_dec8_i4(uint32_t q, float *w)
-{
-    const uint32_t q8 = q >> 8;
-    const uint32_t r[4] = {(q & 0x000f000fu) | 0x64006400u, (q & 0x00f000f0u) | 0x64006400u,
-                           (q8 & 0x000f000fu) | 0x64006400u, (q8 & 0x00f000f0u) | 0x64006400u};
-    const __half2 sub = __floats2half2_rn(1032.0f, 1032.0f), mul = __floats2half2_rn(0.0625f, 0.0625f),
-                  add = __floats2half2_rn(-72.0f, -72.0f);
-#pragma unroll
-    for (int j = 0; j < 4; j++) {                  /* 1024 + n - 1032, or (1024 + 16 n) / 16 - 72 */
-        const __half2 h = *(const __half2 *)&r[j];
-        const float2 f = __half22float2(j % 2 ? __hfma2(h, mul, add) : __hsub2(h, sub));
-        w[j] = f.x;                                /* elements j (low half) and j + 4 (high half) */
-        w[j + 4] = f.y;
-    }
-}
-
-/* fp4: the 8 nibbles of q, in order, each times 2^-14. */
-__device__ __forceinline__ void mq_dec8_fp4(uint32_t q, float *w)
-{
-    const uint32_t r[4] = {((q & 0x00070007u) << 9) | ((q & 0x00080008u) << 12),
-                           ((q & 0x00700070u) << 5) | ((q & 0x00800080u) << 8),
-                           ((q & 0x07000700u) << 1) | ((q & 0x08000800u) << 4),
-                           ((q & 0x70007000u) >> 3) | (q & 0x80008000u)};
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        const float2 f = __half22float2(*(const __half2 *)&r[j]);
-        w[j] = f.x;
-        w[j + 4] = f.y;
-    }
-}
 
 /* Values 16 p .. 16 p + 15 of a 16-byte chunk as f32, before the scale (and mq_dec_scale): p = 0
  * for one-byte codes, 0 or 1 for nibbles. */
@@ -84,11 +52,11 @@ template <int FMT> __device__ __forceinline__ void mq_dec16(const uint4 &q, int 
         for (int i = 0; i < 16; i++)
             w[i] = (float)(int8_t)(uint8_t)(ws[i / 4] >> (8 * (i % 4)));
     } else if constexpr (FMT == BK_Q_I4) {
-        mq_dec8_i4(ws[2 * p], w);
-        mq_dec8_i4(ws[2 * p + 1], w + 8);
+        qc_dec8_i4(ws[2 * p], w);
+        qc_dec8_i4(ws[2 * p + 1], w + 8);
     } else {
-        mq_dec8_fp4(ws[2 * p], w);
-        mq_dec8_fp4(ws[2 * p + 1], w + 8);
+        qc_dec8_fp4(ws[2 * p], w);
+        qc_dec8_fp4(ws[2 * p + 1], w + 8);
     }
 }
 

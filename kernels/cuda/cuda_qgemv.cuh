@@ -37,6 +37,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_dev.cuh"
+#include "kernels/cuda/cuda_qcodes.cuh"   /* the 4-bit decoders */
 
 #define QV_THREADS 256
 #ifndef QV_R
@@ -85,40 +86,6 @@ __device__ __forceinline__ void qv_dec8_i8(uint32_t a, uint32_t b, float *w)
         w[i] = __uint_as_float(__byte_perm(ws[i / 4], 0x4b000000u, 0x7440u | (uint32_t)(i % 4))) - 8388736.0f;
 }
 
-/* int4 (value + 8, element i at bits 4i): nibble pairs (i, i + 4) into f16 1024 + n (or 1024 + 16n),
- * then minus 1032 (or / 16 - 72): n - 8 exactly. */
-__device__ __forceinline__ void qv_dec8_i4(uint32_t q, float *w)
-{
-    const uint32_t q8 = q >> 8;
-    const uint32_t r[4] = {(q & 0x000f000fu) | 0x64006400u, (q & 0x00f000f0u) | 0x64006400u,
-                           (q8 & 0x000f000fu) | 0x64006400u, (q8 & 0x00f000f0u) | 0x64006400u};
-    const __half2 sub = __floats2half2_rn(1032.0f, 1032.0f), mul = __floats2half2_rn(0.0625f, 0.0625f),
-                  add = __floats2half2_rn(-72.0f, -72.0f);
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        const __half2 h = *(const __half2 *)&r[j];
-        const float2 f = __half22float2(j % 2 ? __hfma2(h, mul, add) : __hsub2(h, sub));
-        w[j] = f.x;                                /* elements j (low half) and j + 4 (high half) */
-        w[j + 4] = f.y;
-    }
-}
-
-/* fp4 e2m1 (bit 3 sign, bits 1-2 exponent, bit 0 mantissa): exponent and mantissa bits to f16 bits
- * 9-11, the sign to bit 15: the f16 is the value times 2^-14, exactly (subnormals included). */
-__device__ __forceinline__ void qv_dec8_fp4(uint32_t q, float *w)
-{
-    const uint32_t r[4] = {((q & 0x00070007u) << 9) | ((q & 0x00080008u) << 12),
-                           ((q & 0x00700070u) << 5) | ((q & 0x00800080u) << 8),
-                           ((q & 0x07000700u) << 1) | ((q & 0x08000800u) << 4),
-                           ((q & 0x70007000u) >> 3) | (q & 0x80008000u)};
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        const float2 f = __half22float2(*(const __half2 *)&r[j]);
-        w[j] = f.x;
-        w[j + 4] = f.y;
-    }
-}
-
 /* Piece p (8 values) of a 16-byte chunk. */
 template <int FMT> __device__ __forceinline__ void qv_dec8(const uint4 &q, int p, float *w)
 {
@@ -128,9 +95,9 @@ template <int FMT> __device__ __forceinline__ void qv_dec8(const uint4 &q, int p
     else if constexpr (FMT == BK_Q_I8)
         qv_dec8_i8(qs[2 * p], qs[2 * p + 1], w);
     else if constexpr (FMT == BK_Q_I4)
-        qv_dec8_i4(qs[p], w);
+        qc_dec8_i4(qs[p], w);
     else
-        qv_dec8_fp4(qs[p], w);
+        qc_dec8_fp4(qs[p], w);
 }
 
 /* What the decoded value is to be multiplied by besides the block scale (fp4: 2^14). */
