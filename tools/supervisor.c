@@ -28,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -82,6 +83,7 @@ typedef struct supervisor {
     uint8_t buf[MSG_MAX_FRAME > 65536 ? 65536 : MSG_MAX_FRAME];
     uint8_t *sendbuf;
     uint64_t total_restarts;
+    int lock_fd;                   /* run_dir/supervisor.pid, flock'ed for our lifetime (s_lock_run_dir) */
 } supervisor_t;
 
 static volatile sig_atomic_t s_stop_signal = 0;
@@ -630,6 +632,36 @@ static int s_make_run_dir(const supervisor_t *s)
     return 0;
 }
 
+/* One supervisor per run directory. A second one of a running cluster must be refused before it
+ * binds: an ipc bind replaces the first one's control socket file without an error, and the
+ * second would then take over heartbeats and restarts of actors it never started. So the run
+ * directory holds supervisor.pid, locked (flock: released by the kernel however we die, so a
+ * kill -9 leaves no stale lock) for our whole life and holding our pid for the message. */
+static int s_lock_run_dir(supervisor_t *s)
+{
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/supervisor.pid", s->topo->endpoints.run_dir);
+    s->lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (s->lock_fd < 0) {
+        LOG_E("cannot open %s: %s", path, strerror(errno));
+        return -1;
+    }
+    if (flock(s->lock_fd, LOCK_EX | LOCK_NB) != 0) {
+        char pid[32] = "";
+        const ssize_t n = pread(s->lock_fd, pid, sizeof pid - 1, 0);
+        pid[n > 0 ? n : 0] = '\0';
+        pid[strcspn(pid, "\n")] = '\0';
+        LOG_E("cluster '%s' is already running: supervisor pid %s holds %s (stop it with SIGTERM first, or give "
+              "this topology another name or endpoints.run_dir)", s->topo->name, pid[0] ? pid : "?", path);
+        return -1;
+    }
+    char pid[32];
+    const int n = snprintf(pid, sizeof pid, "%d\n", (int)getpid());
+    if (ftruncate(s->lock_fd, 0) != 0 || pwrite(s->lock_fd, pid, (size_t)n, 0) != n)
+        LOG_W("cannot write %s: %s (the lock holds regardless)", path, strerror(errno));
+    return 0;
+}
+
 /* The control socket, where every actor says READY and answers heartbeats. With CURVE our own
  * key must exist before the bind, and the actors' key files are written only after it: a bind
  * that fails means another supervisor of this cluster runs, and its actors use those files. */
@@ -687,12 +719,16 @@ static int s_start_all(supervisor_t *s)
 {
     s->n = s->topo->n_instances;
     s->children = calloc((size_t)s->n, sizeof *s->children);
+    /* every child knows its instance before the first spawn: a failed start stops and reports
+     * all of them, the ones never started included */
+    for (int i = 0; i < s->n; i++) {
+        s->children[i].inst = &s->topo->instances[i];
+        s->children[i].last_status = -1;
+    }
     restart_window_init(&s->window, s->topo->supervision.max_restarts,
                         (int64_t)s->topo->supervision.period_s * 1000);
     LOG_I("starting cluster '%s': %d actors from %s", s->topo->name, s->n, s->topo->source);
     for (int i = 0; i < s->n; i++) {
-        s->children[i].inst = &s->topo->instances[i];
-        s->children[i].last_status = -1;
         if (s_spawn(s, &s->children[i]) != 0) {
             s_stop_all(s, "start failed");
             return EXIT_NOT_READY;
@@ -787,6 +823,7 @@ static void s_destroy(supervisor_t *s)
     free(s->children);
     free(s->sendbuf);
     topo_destroy(&s->topo);
+    close(s->lock_fd);             /* the last thing: the run directory is free for another supervisor */
 }
 
 int main(int argc, char **argv)
@@ -806,8 +843,8 @@ int main(int argc, char **argv)
         return 0;
     }
     /* A failed setup leaves the cleanup to exit(): no actor has been started yet. */
-    if (s_resolve_paths(s, &o) != 0 || s_make_run_dir(s) != 0 || s_bind_control(s) != 0 ||
-        s_connect_stats(s) != 0)
+    if (s_resolve_paths(s, &o) != 0 || s_make_run_dir(s) != 0 || s_lock_run_dir(s) != 0 ||
+        s_bind_control(s) != 0 || s_connect_stats(s) != 0)
         return EXIT_USAGE;
     s_install_signals();
 

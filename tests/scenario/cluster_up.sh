@@ -44,6 +44,15 @@ except urllib.error.HTTPError as e:
 print(f"/metrics: {len(body.splitlines())} samples, every actor up")
 PY
 
+# A second supervisor of the running cluster is refused before it touches anything (its ipc bind
+# would replace the first one's control socket), naming the pid that runs it; the cluster goes on.
+rc=0; timeout 20 "$BIN/troupe-supervisor" --topology "$WORK/t.yaml" >"$WORK/second.log" 2>&1 || rc=$?
+note "second supervisor: exit $rc: $(grep -m1 'already running' "$WORK/second.log")"
+[ "$rc" -eq 2 ] || { cat "$WORK/second.log"; fail "second supervisor exit $rc (want 2)"; }
+grep -q "already running: supervisor pid $SUP_PID holds" "$WORK/second.log" || { cat "$WORK/second.log"; fail "no 'already running' naming pid $SUP_PID"; }
+"$BIN/troupe-top" --topology "$WORK/t.yaml" --once | awk '$5 == "ready" && $6 == 0' | grep -c . | grep -qx 8 \
+  || { "$BIN/troupe-top" --topology "$WORK/t.yaml" --once; fail "the cluster did not stay as it was (8 ready, no restarts)"; }
+
 # SIGTERM: everything stops, exit 0, within the grace period (5 s) plus a margin.
 pids=$(pgrep -f -- "--topology $WORK/t.yaml" || true)
 [ -n "$pids" ] || fail "no actor processes found"
