@@ -153,7 +153,7 @@ static void s_name(topo_diag_t *d, const char *path, const char *src, const char
                       "starting with '-' or '.')", dst);
 }
 
-/* ---- endpoints --------------------------------------------------------------------------- */
+/* ---- parsing one endpoint ---------------------------------------------------------------- */
 
 typedef struct {
     int tcp;                             /* 1 tcp://host:port, 0 ipc://path */
@@ -679,7 +679,7 @@ static void s_expand(topo_diag_t *d, topo_t *t)
     }
 }
 
-/* ---- endpoints --------------------------------------------------------------------------- */
+/* ---- the endpoints section: given, derived, checked -------------------------------------- */
 
 /* The file's own client and inspect endpoints, parsed: derived ports step over their tcp ports,
  * so those must be known before any port is derived. */
