@@ -478,6 +478,8 @@ extern "C" backend_t *backend_cuda_new(int device, char *err, size_t errlen)
     be->impl = st;
     st->device = device;
     if (s_env_int("TROUPE_CUDA_GEMV_MAX_M", 8, 0, 64, &st->gemv_max_m, err, errlen) < 0 ||
+        s_env_int("TROUPE_CUDA_QGEMV_MAX_M", st->gemv_max_m < 16 ? st->gemv_max_m : 16, 0, 16, &st->qgemv_max_m, err,
+                  errlen) < 0 ||
         s_env_int("TROUPE_CUDA_GEMV_WARPS", 0, 0, 8, &st->gemv_warps, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_GEMV_MMA", 8, 0, 8, &st->gemv_mma, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_GEMV_MMA_MIN_M", 2, 1, 64, &st->gemv_mma_min_m, err, errlen) < 0 ||

@@ -1,10 +1,10 @@
 /* kernels/cuda/cuda_qgemv_mma.cuh — the weight-only GEMV of quantized weights on the tensor cores
  * (internal: cuda_quant.cu and tests/gpu/bench_qgemv.cu include it): y[m][n] = sum_k x[m][k] W[n][k]
- * for M <= 8 rows of f32 x, W in fp8 e4m3, int8, int4 or fp4 e2m1 codes with f32 block scales
- * (kernels/backend.h's bk_mat_t), optionally x quantized per row first (W8A8's dynamic fp8 / int8
- * activations, bk_mat_t.qact). One launch may cover up to QM_PARTS matrices over the same x (q, k,
- * v; gate, up): its blocks are dealt out to the parts in order, each part with its own codes,
- * scales, bias and output.
+ * for M <= 8 rows of f32 x (16 with W8A8 activations: qm_max_rows), W in fp8 e4m3, int8, int4 or
+ * fp4 e2m1 codes with f32 block scales (kernels/backend.h's bk_mat_t), optionally x quantized per
+ * row first (W8A8's dynamic fp8 / int8 activations, bk_mat_t.qact). One launch may cover up to
+ * QM_PARTS matrices over the same x (q, k, v; gate, up): its blocks are dealt out to the parts in
+ * order, each part with its own codes, scales, bias and output.
  *
  * Why: the CUDA-core GEMV (cuda_qgemv.cuh) spends several instructions per weight and row of x
  * (decode, convert to f32, one FMA per row) and is bound by them, not by HBM (docs/quantization.md:
@@ -91,7 +91,7 @@
 #define QM_U 4                    /* steps of loads in flight per lane (another QM_U issued ahead) */
 #endif
 #define QM_PREP_THREADS 512
-#define QM_XS_OFF 64              /* bytes before xs in the scratch: xmul[8] f32, padded */
+#define QM_XS_OFF 64              /* bytes before xs in the scratch: xmul[16] f32 */
 #define QM_PARTS 3                /* matrices per launch */
 #ifndef QM_STAGE_MAX
 #define QM_STAGE_MAX (64 << 10)   /* bytes of shared memory a block may stage xs in */
@@ -117,7 +117,7 @@ typedef struct qm_args {
     const float *x;               /* [M][K] f32: each block stages xs from it (xs NULL) */
     const uint16_t *xs;           /* [R][K] f16 from k_qm_prep, or NULL */
     const float *xmul;            /* [M] from k_qm_prep: what row m's sums are multiplied by (2^-e or s) */
-    int M, R;                     /* rows of x (1..8); rows of xs: 2M (hi, lo) or M (codes) */
+    int M, R;                     /* rows of x (1..qm_max_rows); rows of xs: 2M (hi, lo) or M (codes) */
 } qm_args_t;
 
 template <int FMT> struct qm_fmt {
@@ -451,7 +451,7 @@ static __device__ __forceinline__ void qm_put(float (&part)[16][C], const float 
 }
 
 /* The row scale (RS; else 1) and bias (else 0) of the output this thread writes in qm_finish (a
- * thread writes at most one: 16 M <= 128 <= the block's threads); with one scale per row loaded
+ * thread writes at most one: 16 M <= the block's threads, qm_setup); with one scale per row loaded
  * while the row block's steps run rather than after its barrier. */
 struct qm_fin {
     float scale, bias;
@@ -1016,7 +1016,13 @@ static inline int qm_occupancy(qm_kernel_t k, unsigned threads, size_t smem)
     return n;
 }
 
-/* The plan for up to 8 rows of x (mr) times n <= QM_PARTS weights of one format, K, column grid
+/* Rows of x one launch takes: 8 weight-only (x's hi and lo parts, 16 columns: two tiles), 16 with
+ * quantized activations (W8A8: one column a row, the same two tiles). Past 8 rows xs always comes
+ * from the pre-pass and a block needs a thread per output of its row block (16 M), so every row
+ * keeps the bits it has at M = 1: each column is its own dot product, the warps come from K. */
+static inline int qm_max_rows(int act) { return act == BK_QA_NONE ? 8 : 16; }
+
+/* The plan for up to qm_max_rows(act) rows of x (mr) times n <= QM_PARTS weights of one format, K, column grid
  * (gc) and activation treatment (each part's codes, scale, N, gr, bias, y in parts[]; end is set
  * here), or 0 when a part is not taken (qm_ok) or the kernel not built. warps: 0 for qm_warps'
  * choice, else 4, 8 or 16. flags: QM_F_STAGE lets blocks stage xs in shared memory where it fits
@@ -1033,7 +1039,7 @@ static inline int qm_setup(qm_plan_t *pl, int fmt, int64_t K, int gc, int act, c
     const bool stage = flags & QM_F_STAGE;
     const bool imma = (flags & QM_F_I8_IMMA) && fmt == BK_Q_I8 && act == BK_QA_I8_TOKEN && gc >= K;
     const bool mix = ((flags & QM_F_FP8_MIX) && fmt == BK_Q_FP8 && gc >= K) || imma;
-    if (mr < 1 || mr > 8 || n < 1 || n > QM_PARTS)
+    if (mr < 1 || mr > qm_max_rows(act) || n < 1 || n > QM_PARTS)
         return 0;
     const bool rs = gc >= K;
     for (int i = 0; i < n; i++)
@@ -1047,6 +1053,8 @@ static inline int qm_setup(qm_plan_t *pl, int fmt, int64_t K, int gc, int act, c
     if (!pl->kernel)
         return 0;
     pl->threads = (unsigned)(w <= 4 ? 128 : w <= 8 ? 256 : 512);
+    if (16 * mr > (int)pl->threads)               /* qm_finish: one output a thread */
+        return 0;
     qm_args_t &a = pl->args;
     a = qm_args_t{};
     unsigned blocks = 0;
@@ -1068,7 +1076,7 @@ static inline int qm_setup(qm_plan_t *pl, int fmt, int64_t K, int gc, int act, c
     const size_t smem = imma ? (size_t)R * (size_t)(K + 64) : (size_t)R * (size_t)(K + 8) * 2;
     /* the limit raised for every staging kernel: 48 KB bounds static + dynamic shared memory, and
      * the partial sums alone take up to 36 KB */
-    if (stage && smem <= QM_STAGE_MAX && qm_allow_smem(pl->kernel)) {
+    if (stage && mr <= 8 && smem <= QM_STAGE_MAX && qm_allow_smem(pl->kernel)) {   /* (qm_xs stages 8 rows) */
         pl->prep = NULL;
         pl->smem = smem;
     } else {

@@ -1,7 +1,9 @@
 /* kernels/cuda/cuda_quant.cu — y = x W^T for quantized W (kernels/backend.h's bk_mat_t qfmt): fp8,
  * int8, int4 and nvfp4 weights, every scale grid, optional per-token activation quantization.
  *
- * Small M (decode, M <= gemv_max_m): the tensor-core GEMV of cuda_qgemv_mma.cuh (fp8, int8, int4
+ * Small M (decode, M <= qgemv_max_m: TROUPE_CUDA_QGEMV_MAX_M, by default TROUPE_CUDA_GEMV_MAX_M's
+ * 8; up to 16, one launch per 16 rows with W8A8 activations, per 8 weight-only): the tensor-core
+ * GEMV of cuda_qgemv_mma.cuh (fp8, int8, int4
  * and nvfp4: codes decoded into mma fragments, x as f16 hi + lo or, for W8A8,
  * as its exact f16 codes; it quantizes the activations itself; matmul_n's q, k, v or gate, up in
  * one launch, cuda_qmatmul_n); else, or with
@@ -105,8 +107,9 @@ static int s_qgemv_mma(backend_t *be, cuda_state_t *st, int n, const bk_mat_t *c
     void *scratch = cuda_scratch(be, &st->quant_x, &st->quant_x_bytes, qm_scratch_bytes(K));
     const int warps = mode == 1 ? 0 : mode;
     qm_plan_t pl[1];
-    for (int m0 = 0; m0 < M; m0 += 8) {
-        const int mr = M - m0 < 8 ? M - m0 : 8;
+    const int rows = qm_max_rows(w[0]->qact);
+    for (int m0 = 0; m0 < M; m0 += rows) {
+        const int mr = M - m0 < rows ? M - m0 : rows;
         qm_part_t parts[QM_PARTS];
         for (int i = 0; i < n; i++)
             parts[i] = qm_part_t{(const uint8_t *)w[i]->data, w[i]->qscale, bias ? bias[i] : NULL,
@@ -399,16 +402,16 @@ void cuda_qmatmul(backend_t *be, const float *x, int M, const bk_mat_t *w, const
         return;
     cuda_state_t *st = cuda_st(be);
     const int64_t N = w->rows, K = w->cols;
-    if (M > st->gemv_max_m && s_w8a8_gemm(be, st, x, M, w, bias, y) == 0)
+    if (M > st->qgemv_max_m && s_w8a8_gemm(be, st, x, M, w, bias, y) == 0)
         return;
-    if (M <= st->gemv_max_m && s_qgemv_mma(be, st, 1, &w, x, M, &bias, &y) == 0)
+    if (M <= st->qgemv_max_m && s_qgemv_mma(be, st, 1, &w, x, M, &bias, &y) == 0)
         return;
     if (w->qact) {
         float *xq = (float *)cuda_scratch(be, &st->quant_x, &st->quant_x_bytes, (size_t)M * (size_t)K * 4);
         cuda_launch(st, k_qact, dim3((unsigned)M), dim3(256), x, K, (int)w->qact, xq);
         x = xq;
     }
-    if (M <= st->gemv_max_m) {
+    if (M <= st->qgemv_max_m) {
         s_qgemv(st, w, x, M, bias, y);
         return;
     }
@@ -444,7 +447,7 @@ void cuda_qmatmul_n(backend_t *be, const float *x, int M, int n, const bk_mat_t 
     if (M <= 0)
         return;
     cuda_state_t *st = cuda_st(be);
-    if (M <= st->gemv_max_m && s_qgemv_mma(be, st, n, w, x, M, bias, y) == 0)
+    if (M <= st->qgemv_max_m && s_qgemv_mma(be, st, n, w, x, M, bias, y) == 0)
         return;
     for (int i = 0; i < n; i++)
         cuda_qmatmul(be, x, M, w[i], bias ? bias[i] : NULL, y[i]);

@@ -448,7 +448,10 @@ static void s_qmatmul_case(int fmt, int gr, int gc, int act, int M, int N, int K
     const int w8_shape = ec >= K && K % 16 == 0 && N % 16 == 0;
     const int w8_gemm = w8_shape && ((fmt == BK_Q_FP8 && act == BK_QA_FP8_TOKEN) ||
                                      (fmt == BK_Q_I8 && act == BK_QA_I8_TOKEN && i8e && i8e[0] == '1'));
-    s_compare(res[1], res[0], (size_t)M * N, M <= GEMV_MAX_M ? B_F32 : w8_gemm ? B_FP8_GEMM : B_BF16_GEMM, what);
+    /* TROUPE_CUDA_QGEMV_MAX_M=16: W8A8 rows 9-16 on the tensor-core GEMV too (one launch of 16) */
+    const char *qme = getenv("TROUPE_CUDA_QGEMV_MAX_M");
+    const int gemv_m = act != BK_QA_NONE && qme && atoi(qme) > GEMV_MAX_M ? atoi(qme) : GEMV_MAX_M;
+    s_compare(res[1], res[0], (size_t)M * N, M <= gemv_m ? B_F32 : w8_gemm ? B_FP8_GEMM : B_BF16_GEMM, what);
     free(res[0]), free(res[1]), free(codes), free(sc), free(wf), free(x), free(bias);
 }
 
@@ -467,12 +470,14 @@ static void test_quant_matmul(void **state)
      * CUDA-core kernels, which TROUPE_CUDA_QGEMV_MMA=0 runs for every case: tools/gpu-quant.sh runs
      * this test both ways), the GEMM paths (fp8 W8A8: the FP8 GEMM; int8 W8A8 with
      * TROUPE_CUDA_QUANT_I8_GEMM=1: the int8 GEMM; the rest: dequantize then bf16, a 16-byte chunk
-     * of codes a thread where a row is whole chunks, one element a thread at K = 1,044). */
+     * of codes a thread where a row is whole chunks, one element a thread at K = 1,044; M = 13 and
+     * 16 on the GEMV with W8A8 activations when TROUPE_CUDA_QGEMV_MAX_M=16). */
     static const int cases[][4] = {{1, 300, 512, 0}, {2, 1000, 2048, 1}, {3, 257, 1024, 1}, {4, 64, 4096, 0},
                                    {5, 130, 1024, 1}, {6, 33, 512, 0}, {7, 17, 2048, 1}, {8, 129, 512, 0},
                                    {2, 100, 264, 1}, {5, 64, 1040, 0}, {1, 1024, 4096, 1}, {8, 1024, 4096, 0},
                                    {8, 100, 1024, 1},
-                                   {9, 200, 512, 1}, {64, 384, 256, 0}, {300, 96, 512, 1}, {12, 70, 1044, 1}};
+                                   {9, 200, 512, 1}, {64, 384, 256, 0}, {300, 96, 512, 1}, {12, 70, 1044, 1},
+                                   {16, 520, 4096, 1}, {13, 96, 2048, 0}};
     for (size_t f = 0; f < ARRAY_LEN(fmts); f++)
         for (size_t i = 0; i < ARRAY_LEN(cases); i++)
             s_qmatmul_case(fmts[f][0], fmts[f][1], fmts[f][2], fmts[f][3], cases[i][0], cases[i][1], cases[i][2],
