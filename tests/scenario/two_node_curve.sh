@@ -39,7 +39,9 @@ def metrics():
 deadline = time.time() + 10
 while True:
     m = metrics()
-    if m.get(("decode", "transfers_tcp_total"), 0) >= len(prompts) or time.time() > deadline:
+    # both sides' counters: each actor publishes its stats on its own period, so one may lag
+    if (m.get(("decode", "transfers_tcp_total"), 0) >= len(prompts) and
+            m.get(("prefill", "transfers_tcp_total"), 0) >= len(prompts)) or time.time() > deadline:
         break
     time.sleep(0.2)
 tcp_in, tcp_out = m.get(("decode", "transfers_tcp_total"), 0), m.get(("prefill", "transfers_tcp_total"), 0)
