@@ -155,9 +155,11 @@ $(B)/tests/test_kernels_cpu_novec: tests/unit/test_kernels_cpu.c $(CPU_KERNEL_SR
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -mno-avx512f $(PKG_CFLAGS) $< $(CPU_KERNEL_SRCS) -o $@ $(B)/libtroupe.a $(CMOCKA) $(LDLIBS)
 
+# -MMD -MP: every header a .cu includes (cuda.h's cuda_state_t, the kernels in .cuh files) is a
+# dependency, as for the C sources: an object built against an older struct layout is never linked.
 $(B)/obj/%.o: %.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) -O3 -std=c++17 $(CUDA_ARCH) -I. $(if $(NCCL),-DTROUPE_NCCL -I$(dir $(NCCL_INC))) -c $< -o $@
+	$(NVCC) -O3 -std=c++17 $(CUDA_ARCH) -I. $(if $(NCCL),-DTROUPE_NCCL -I$(dir $(NCCL_INC))) -MMD -MP -c $< -o $@
 
 $(B)/libtroupe_cuda.a: $(CU_OBJS)
 	@rm -f $@
@@ -168,13 +170,8 @@ $(B)/gpu-tests/%: tests/gpu/%.c $(B)/libtroupe.a $(CUDA_DEP)
 	$(CC) $(CFLAGS) $(PKG_CFLAGS) -I$(CUDA_HOME)/include $< -o $@ $(B)/libtroupe.a $(CUDA_LDLIBS) $(CMOCKA) $(LDLIBS)
 $(B)/gpu-tests/%: tests/gpu/%.cu $(B)/libtroupe.a $(CUDA_DEP)
 	@mkdir -p $(dir $@)
-	$(NVCC) -O3 -std=c++17 $(CUDA_ARCH) -I. -c $< -o $@.o
+	$(NVCC) -O3 -std=c++17 $(CUDA_ARCH) -I. -MMD -MP -MT $@ -c $< -o $@.o
 	$(CC) $(CFLAGS) $@.o -o $@ $(B)/libtroupe.a $(CUDA_LDLIBS) $(LDLIBS)
-# The quantized GEMVs' kernels live in headers, which the .cu rules do not track.
-$(B)/obj/kernels/cuda/cuda_quant.o $(B)/gpu-tests/bench_qgemv: kernels/cuda/cuda_qgemv.cuh kernels/cuda/cuda_qgemv_mma.cuh
-$(B)/obj/kernels/cuda/cuda_moe.o $(B)/obj/kernels/cuda/cuda_moe_quant.o $(B)/obj/kernels/cuda/cuda_moe_gemm.o: kernels/cuda/cuda_moe_quant.cuh
-$(B)/obj/kernels/cuda/cuda_moe.o $(B)/obj/kernels/cuda/cuda_moe_quant.o: kernels/cuda/cuda_moe_fma.cuh
-$(B)/obj/kernels/cuda/cuda_attention_mma.o $(B)/obj/kernels/cuda/cuda_mla_prefill.o: kernels/cuda/cuda_flash_tile.cuh
 
 # Fuzzers: the library sources rebuilt with clang and sanitizers, one binary per target.
 FUZZ_CC     ?= clang
