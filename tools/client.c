@@ -7,7 +7,8 @@
  * Text streams to stdout as it arrives; --json prints every reply as one JSON object per line.
  * Exit codes: 0 done, 1 the cluster answered with an error (or the connection to the router was
  * lost mid-request: the library's retryable `unavailable` error, tools/lib/client.h), 2 bad usage,
- * 3 no reply in time. */
+ * 3 no reply in time, or no connection to any router within the heartbeat timeout (a cluster that
+ * is not running: said at once, not after --timeout-ms of silence). */
 #include <float.h>
 #include <getopt.h>
 #include <stdio.h>
@@ -32,7 +33,8 @@ static void s_usage(FILE *f)
         "  --heartbeat-ms N    a heartbeat to the router this often (default %d; 0: none, so only a closed\n"
         "                      connection is noticed)\n"
         "  --heartbeat-timeout-ms N  no answer this long: the connection is lost and the request ends with a\n"
-        "                      retryable unavailable error (default %d)\n"
+        "                      retryable unavailable error (default %d); no connection this long at the\n"
+        "                      start: exit 3 (is the cluster running?)\n"
         "  --server-key FILE   the cluster's CURVE public key (default with --topology: security.curve_server_public)\n"
         "  --key PREFIX        our CURVE keypair, PREFIX.pub and PREFIX.key (make one with troupe-keygen)\n"
         "commands:\n"
@@ -362,6 +364,19 @@ int main(int argc, char **argv)
     char err[512];
     client_t *c = client_connect_opts(o.endpoint, &o.copts, err, sizeof err);
     if (!c) { fprintf(stderr, "troupe-client: %s\n", err); return 2; }
+    /* ZeroMQ connects in the background and queues what is sent: against a cluster that is not
+     * running, a request would wait in silence for the whole --timeout-ms, and a cancel would be
+     * dropped unsent at exit while this says nothing. */
+    int connect_ms = o.copts.heartbeat_timeout_ms > 0 ? o.copts.heartbeat_timeout_ms : CLIENT_HEARTBEAT_TIMEOUT_MS;
+    if (connect_ms > o.timeout_ms)
+        connect_ms = (int)o.timeout_ms;
+    if (!client_wait_connected(c, connect_ms)) {
+        fprintf(stderr, "troupe-client: no connection to the router at %s within %d ms: is the cluster running, "
+                "and is that its client endpoint (endpoints.client)?%s\n", o.endpoint, connect_ms,
+                o.copts.server_key && *o.copts.server_key ? " (or its CURVE allow-list lacks our key)" : "");
+        client_destroy(&c);
+        return 3;
+    }
     uint64_t id;
     if (client_send(c, &r.m, &id, err, sizeof err) != 0) {
         fprintf(stderr, "troupe-client: %s\n", err);

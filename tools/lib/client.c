@@ -18,6 +18,7 @@ typedef struct link {
     void *sock;          /* DEALER to the router's client endpoint */
     void *mon;           /* PAIR: the socket monitor's events for sock (disconnections) */
     int connected;       /* a connection completed its handshake and has not dropped since */
+    int ever;            /* some connection completed its handshake (client_wait_connected) */
     int dropped;         /* that connection dropped: its requests move or fail once sock is drained */
     char lost_msg[400];  /* the synthesized error's message, naming this endpoint */
 } link_t;
@@ -238,7 +239,7 @@ static void s_read_monitor(link_t *l)
         uint16_t e;
         memcpy(&e, ev, sizeof e);
         if (e == ZMQ_EVENT_HANDSHAKE_SUCCEEDED)
-            l->connected = 1;
+            l->connected = l->ever = 1;
         else if (e == ZMQ_EVENT_DISCONNECTED && l->connected)
             l->connected = 0, l->dropped = 1;
     }
@@ -483,6 +484,25 @@ int client_fds(const client_t *c, int *fds, int cap)
         }
     }
     return n;
+}
+
+int client_wait_connected(client_t *c, int timeout_ms)
+{
+    const int64_t deadline = now_ms() + (timeout_ms > 0 ? timeout_ms : 0);
+    for (;;) {
+        zmq_pollitem_t items[CLIENT_ROUTERS_MAX];
+        for (int k = 0; k < c->n_links; k++) {
+            s_read_monitor(&c->links[k]);
+            if (c->links[k].ever)
+                return 1;
+            items[k] = (zmq_pollitem_t){.socket = c->links[k].mon, .events = ZMQ_POLLIN};
+        }
+        const int64_t left = deadline - now_ms();
+        if (left <= 0)
+            return 0;
+        if (zmq_poll(items, c->n_links, (long)left) < 0 && errno != EINTR)
+            return 0;
+    }
 }
 
 int client_cancel(client_t *c, uint64_t id, char *err, size_t errlen)

@@ -86,6 +86,11 @@ int client_recv(client_t *c, msg_t *out, int timeout_ms, char *err, size_t errle
  * something: call client_recv(c, &m, 0, ...) until it returns 1. They are edge-triggered (libzmq):
  * a loop that stops reading before that must come round again without waiting on them. */
 int client_fds(const client_t *c, int *fds, int cap);
+/* Waits up to timeout_ms until a connection to one of the routers has completed its handshake
+ * (now or before). 1 once one has; 0 when none did in time: nothing listens at the endpoints (the
+ * cluster is not running, or they are not its), or a CURVE server refused our keys. A request sent
+ * meanwhile is not lost: ZeroMQ queues it for the connection. */
+int client_wait_connected(client_t *c, int timeout_ms);
 /* Sends a cancel for request id. */
 int client_cancel(client_t *c, uint64_t id, char *err, size_t errlen);
 /* One request, one reply with the same id (other messages are skipped): for inspect. */
