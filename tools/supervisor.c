@@ -785,6 +785,9 @@ static int s_run(supervisor_t *s, const char *ready_file)
         }
         zmq_pollitem_t item = {.socket = s->control, .events = ZMQ_POLLIN};
         zmq_poll(&item, 1, 20);
+        if (s_stop_signal)
+            continue;   /* not a reap first: a Ctrl-C reaches the actors too, and one that has exited
+                           by now is part of the stop, not a crash to restart */
         s_read_control(s);
         const int reaped = s_reap(s);
         if (reaped != 0) {

@@ -141,8 +141,18 @@ struct actor {
 };
 
 static volatile sig_atomic_t s_term_signal = 0;
+/* 0 until actor_run: the role is still setting up (loading a model may take minutes) and reads no
+ * flag, so a stop signal then (the supervisor's SIGTERM, a Ctrl-C, the supervisor's death) ends the
+ * process at once. Nothing has been served, so nothing is to drain; waiting for the set-up to end
+ * made the supervisor SIGKILL it after its grace period and report an unclean stop. */
+static volatile sig_atomic_t s_serving = 0;
 
-static void s_on_signal(int sig) { s_term_signal = sig; }
+static void s_on_signal(int sig)
+{
+    if (!s_serving)
+        _exit(0);
+    s_term_signal = sig;
+}
 
 /* ---- queues ------------------------------------------------------------------------------ */
 
@@ -1103,6 +1113,7 @@ static void s_start_drain(actor_t *a, const char *why)
 
 int actor_run(actor_t *a, const actor_ops_t *ops, void *state)
 {
+    s_serving = 1;   /* before READY: from now on a stop signal drains */
     a->state = MSG_STATE_READY;
     atomic_store(&a->last_sup_ms, now_ms());
     atomic_store(&a->progress_ms, now_ms());

@@ -6,7 +6,8 @@
  *   role's table keyed by message type, fires timers, calls the role's before_sleep hook (where
  *   decode runs a step), answers the supervisor's heartbeats, publishes stats, and on TERM or
  *   SIGTERM drains (the role says when it is drained) and returns 0. A fatal error returns -1 and
- *   main() exits non-zero so the supervisor can decide what happens next.
+ *   main() exits non-zero so the supervisor can decide what happens next. SIGTERM or SIGINT during
+ *   the set-up, before actor_run, exits 0 at once (nothing to drain yet).
  *
  * Sockets (endpoints all derived by topology/):
  *   inbox    ROUTER, bound at our instance's inbox; peers' DEALERs connect with routing id = their
