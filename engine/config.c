@@ -721,11 +721,11 @@ static int s_read_file(const char *path, int may_miss, char **buf, size_t *len, 
         if (got == 0)
             break;
     }
-    int bad = !b || ferror(fp);
+    const int e = !b ? ENOMEM : ferror(fp) ? errno : 0;   /* EISDIR for a directory named config.json */
     fclose(fp);
-    if (bad) {
+    if (e) {
         free(b);
-        return errf(err, errlen, "%s: read failed", path);
+        return errf(err, errlen, "%s: read failed: %s", path, strerror(e));
     }
     *buf = b;
     *len = n;

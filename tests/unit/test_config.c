@@ -1,6 +1,7 @@
 /* tests/unit/test_config.c — config.json in both transformers spellings gives identical structs;
  * absent keys take transformers' class defaults; bad values are errors naming the file and key. */
 #include <setjmp.h>
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -442,6 +443,17 @@ static void test_errors(void **state)
     snprintf(missing, sizeof missing, "%s/nowhere", s_dir);
     assert_int_equal(config_load(missing, &c, err, sizeof err), -1);
     assert_non_null(strstr(err, "nowhere/config.json: cannot open"));
+
+    /* A config.json that opens but cannot be read (here a directory) says why. */
+    char dir[300], cfg_dir[340];
+    snprintf(dir, sizeof dir, "%s/dir-config", s_dir);
+    snprintf(cfg_dir, sizeof cfg_dir, "%s/config.json", dir);
+    assert_int_equal(mkdir(dir, 0700) == 0 || errno == EEXIST, 1);
+    assert_int_equal(mkdir(cfg_dir, 0700) == 0 || errno == EEXIST, 1);
+    assert_int_equal(config_load(dir, &c, err, sizeof err), -1);
+    assert_non_null(strstr(err, "dir-config/config.json: read failed: Is a directory"));
+    rmdir(cfg_dir);
+    rmdir(dir);
 }
 
 /* The config-only fixture directories (shapes for the dummy load format) parse to the published values. */
