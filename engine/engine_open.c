@@ -35,7 +35,7 @@ static int s_exists(const char *dir, const char *file)
 {
     char p[4096];
     snprintf(p, sizeof p, "%s/%s", dir, file);
-    return access(p, R_OK) == 0;
+    return access(p, F_OK) == 0;   /* not R_OK: an unreadable file is there, and opening it says why */
 }
 
 /* The KV dtype by config_kv_dtype's rule, refused here (before any weight is read) when the
