@@ -146,11 +146,20 @@ static volatile sig_atomic_t s_term_signal = 0;
  * process at once. Nothing has been served, so nothing is to drain; waiting for the set-up to end
  * made the supervisor SIGKILL it after its grace period and report an unclean stop. */
 static volatile sig_atomic_t s_serving = 0;
+/* The supervisor that started us (our parent, set in actor_new); 0 when run by hand. */
+static pid_t s_sup_pid = 0;
 
 static void s_on_signal(int sig)
 {
     if (!s_serving)
         _exit(0);
+    /* Our supervisor died (kill -9, OOM): its death's SIGTERM (PR_SET_PDEATHSIG) ends us at once,
+     * without a drain. Nobody manages this cluster any more, and a draining actor blocks the next
+     * supervisor of it: it holds its tcp ports (a new router's bind fails), and its sockets,
+     * reconnecting to the new actors' ipc paths under its instance's name, take that name's
+     * traffic from the new incarnation (handover), which then never gets its READY through. */
+    if (s_sup_pid && getppid() != s_sup_pid)
+        _exit(1);
     s_term_signal = sig;
 }
 
@@ -1318,8 +1327,10 @@ actor_t *actor_new(int argc, char **argv, topo_role_t role)
 
     /* Die with the supervisor when it started us locally (remote children rely on the orphan
      * timeout in the loop instead). */
-    if (getenv("TROUPE_SUPERVISED"))
+    if (getenv("TROUPE_SUPERVISED")) {
+        s_sup_pid = getppid();
         prctl(PR_SET_PDEATHSIG, SIGTERM);
+    }
     struct sigaction sa = {.sa_handler = s_on_signal};
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);

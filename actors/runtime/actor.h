@@ -7,7 +7,8 @@
  *   decode runs a step), answers the supervisor's heartbeats, publishes stats, and on TERM or
  *   SIGTERM drains (the role says when it is drained) and returns 0. A fatal error returns -1 and
  *   main() exits non-zero so the supervisor can decide what happens next. SIGTERM or SIGINT during
- *   the set-up, before actor_run, exits 0 at once (nothing to drain yet).
+ *   the set-up, before actor_run, exits 0 at once (nothing to drain yet); the SIGTERM of the local
+ *   supervisor's death exits 1 at once, without a drain (a new supervisor may start at once).
  *
  * Sockets (endpoints all derived by topology/):
  *   inbox    ROUTER, bound at our instance's inbox; peers' DEALERs connect with routing id = their
