@@ -14,9 +14,10 @@
  *
  * Settings (environment, read by backend_cuda_new; a bad value is an error naming it):
  *   TROUPE_CUDA_GEMV_MAX_M  rows up to which matmul runs the GEMV kernel (default 8; 0: never)
- *   TROUPE_CUDA_QGEMV_MAX_M  the same for quantized weights (default: GEMV_MAX_M's, at most 16):
- *                           16 lets W8A8 steps of 9-16 rows (batch 16, verify steps) read the codes
- *                           once on the tensor-core GEMV instead of the FP8 GEMM or a dequantization
+ *   TROUPE_CUDA_QGEMV_MAX_M  the same for W8A8 weights (fp8 / int8 with per-token activations;
+ *                           default 16, or TROUPE_CUDA_GEMV_MAX_M where that is given lower): steps
+ *                           of 9-16 rows (batch 16, verify steps) read the codes once on the
+ *                           tensor-core GEMV instead of running the FP8 / int8 GEMM
  *   TROUPE_CUDA_GEMV_WARPS  warps sharing a GEMV row: 0 (default: 8 for matrices of fewer than 3
  *                           waves of 4-warp blocks, else 4; cuda_matmul.cu), 1, 4 or 8 for all
  *   TROUPE_CUDA_GEMM_SPLIT  N: GEMMs of <= N rows (default 32) take activations as bf16/f16 hi + lo,
@@ -128,7 +129,7 @@ typedef struct cuda_state {
     float *gout;                  /* device: the split GEMM's [2M][N] output (hi rows, then lo rows), or a fused one's [M][sum N] */
     size_t gout_bytes;
     int gemv_max_m;               /* matmuls with M <= this run the GEMV kernel (TROUPE_CUDA_GEMV_MAX_M, default 8) */
-    int qgemv_max_m;              /* quantized ones (TROUPE_CUDA_QGEMV_MAX_M, default gemv_max_m up to 16) */
+    int qgemv_max_m;              /* W8A8 ones (TROUPE_CUDA_QGEMV_MAX_M: 16, or a lower GEMV_MAX_M given) */
     int gemv_warps;               /* warps sharing one output row in the GEMV (TROUPE_CUDA_GEMV_WARPS: 0 = by N, 1, 4, 8) */
     int gemv_mma;                 /* bf16 weights' GEMV on tensor cores with this many warps per block, 4 or 8 (TROUPE_CUDA_GEMV_MMA, default 8); 0: the CUDA-core GEMV */
     int gemv_mma_min_m;           /* ... for matmuls of at least this many rows (TROUPE_CUDA_GEMV_MMA_MIN_M, default 2) */

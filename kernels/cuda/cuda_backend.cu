@@ -478,8 +478,9 @@ extern "C" backend_t *backend_cuda_new(int device, char *err, size_t errlen)
     be->impl = st;
     st->device = device;
     if (s_env_int("TROUPE_CUDA_GEMV_MAX_M", 8, 0, 64, &st->gemv_max_m, err, errlen) < 0 ||
-        s_env_int("TROUPE_CUDA_QGEMV_MAX_M", st->gemv_max_m < 16 ? st->gemv_max_m : 16, 0, 16, &st->qgemv_max_m, err,
-                  errlen) < 0 ||
+        s_env_int("TROUPE_CUDA_QGEMV_MAX_M",
+                  getenv("TROUPE_CUDA_GEMV_MAX_M") && st->gemv_max_m < 16 ? st->gemv_max_m : 16, 0, 16,
+                  &st->qgemv_max_m, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_GEMV_WARPS", 0, 0, 8, &st->gemv_warps, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_GEMV_MMA", 8, 0, 8, &st->gemv_mma, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_GEMV_MMA_MIN_M", 2, 1, 64, &st->gemv_mma_min_m, err, errlen) < 0 ||
@@ -504,7 +505,7 @@ extern "C" backend_t *backend_cuda_new(int device, char *err, size_t errlen)
         s_env_int("TROUPE_CUDA_MOE_GROUPED_BM", 0, 0, 128, &st->moe_grouped_bm, err, errlen) < 0 ||
         s_env_mla_prefill(&st->mla_prefill, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_MLA_PREFILL_KEYS", 0, 0, 1 << 30, &st->mla_pf_keys, err, errlen) < 0 ||
-        s_env_int("TROUPE_CUDA_MLA_MMA", 0, 0, 2, &st->mla_mma, err, errlen) < 0)
+        s_env_int("TROUPE_CUDA_MLA_MMA", 1, 0, 2, &st->mla_mma, err, errlen) < 0)
         goto fail;
     {
         const char *skip = getenv("TROUPE_CUDA_PDL_SKIP");

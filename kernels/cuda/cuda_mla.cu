@@ -597,9 +597,9 @@ void cuda_mla_attention(backend_t *be, const bk_kv_t *kv, int layer, const float
         if (x.S > 1)
             x.part = (float *)cuda_scratch(be, (void **)&st->part, &st->part_bytes,
                                            (size_t)rh * x.S * (kv_lora + 2) * sizeof(float));
-        /* TROUPE_CUDA_MLA_MMA (default off until its fixtures are checked on a GPU; measured faster,
-         * docs/deepseek.md): the tensor-core kernel, same ranges and
-         * partials; a shape it refuses stays here (2: is fatal, so a test knows it ran). */
+        /* TROUPE_CUDA_MLA_MMA (default 1; 0: the CUDA-core kernels below, f32 sums): the tensor-core
+         * kernel, same ranges and partials, 1.02-1.84x faster on the V2-Lite shape (docs/deepseek.md);
+         * a shape it refuses stays here (2: is fatal, so a test knows it ran). */
         if (st->mla_mma &&
             cuda_mla_decode_mma(st, kv, layer, q_lat, q_pe, n_heads, kv_lora, rope_dim, scale, meta, x.S, x.part, out) == 0) {
             if (x.S > 1)

@@ -1,9 +1,9 @@
 /* kernels/cuda/cuda_quant.cu — y = x W^T for quantized W (kernels/backend.h's bk_mat_t qfmt): fp8,
  * int8, int4 and nvfp4 weights, every scale grid, optional per-token activation quantization.
  *
- * Small M (decode, M <= qgemv_max_m: TROUPE_CUDA_QGEMV_MAX_M, by default TROUPE_CUDA_GEMV_MAX_M's
- * 8; up to 16, one launch per 16 rows with W8A8 activations, per 8 weight-only): the tensor-core
- * GEMV of cuda_qgemv_mma.cuh (fp8, int8, int4
+ * Small M (decode): the tensor-core GEMV of cuda_qgemv_mma.cuh, up to gemv_max_m rows (8) for
+ * weight-only formats and qgemv_max_m (16) with W8A8 activations, one launch per 16 rows there
+ * (a batch-16 step reads the codes once: s_qgemv_rows) (fp8, int8, int4
  * and nvfp4: codes decoded into mma fragments, x as f16 hi + lo or, for W8A8,
  * as its exact f16 codes; it quantizes the activations itself; matmul_n's q, k, v or gate, up in
  * one launch, cuda_qmatmul_n); else, or with
@@ -17,8 +17,8 @@
  *     GEMM gives sum_k q_x q_w in f32, and one pass multiplies by the row's and the channel's scales
  *     and adds the bias. No dequantized copy of W is written;
  *   - int8 weights with int8 per-token activations (W8A8, one scale per row of W): the same on the
- *     integer tensor cores (cuBLASLt, int8 x int8, exact int32 sums), opt-in with
- *     TROUPE_CUDA_QUANT_I8_GEMM=1 until it has run on a GPU;
+ *     integer tensor cores (cuBLASLt, int8 x int8, exact int32 sums; TROUPE_CUDA_QUANT_I8_GEMM=0
+ *     dequantizes instead);
  *   - everything else: W dequantized to bf16 into scratch and the bf16 GEMM (cuda_matmul's cuBLASLt
  *     path); with qact, x is first fake-quantized per row into scratch (the CPU's arithmetic).
  *
@@ -42,6 +42,15 @@
 #include "kernels/cuda/cuda_moe_quant.cuh"   /* mq_dec16: the codes of a 16-byte chunk */
 #include "kernels/cuda/cuda_qgemv.cuh"
 #include "kernels/cuda/cuda_qgemv_mma.cuh"
+
+/* Rows up to which a matmul over w runs the GEMV: gemv_max_m weight-only (x's hi and lo parts, 8
+ * rows a launch: more rows would read the codes again per 8), qgemv_max_m with W8A8 activations
+ * (one launch of up to 16). One H100, 2026-12-07, 8B shape at batch 16 (16 rows): fp8 W8A8 5.88 ms
+ * a step against 6.70 on the FP8 GEMM, int8 5.88 against 7.10 on the int8 GEMM. */
+static int s_qgemv_rows(const cuda_state_t *st, const bk_mat_t *w)
+{
+    return w->qact == BK_QA_NONE ? st->gemv_max_m : st->qgemv_max_m;
+}
 
 /* The GEMV: the vector kernel where the shape allows (cuda_qgemv.cuh), else the any-shape one;
  * up to 8 rows of x per launch. */
@@ -136,10 +145,9 @@ static int s_qgemv_mma(backend_t *be, cuda_state_t *st, int n, const bk_mat_t *c
  * mq_dec16 (cuda_moe_quant.cuh; fp4 comes times 2^-14, so the scale is taken times mq_dec_scale,
  * exactly) and written 8 values to a 16-byte store. The same values as k_qdequant_bf16, whose
  * grid-stride loop divides by K in 64 bits for every element and keeps nvfp4's value table in
- * local memory, the likely cost of a quantized batch-256 step (int4 on the 8B shape, one H100,
- * 2026-12-06: 75.5 ms a step against bf16's 15.6, where its bytes alone would take about 7 ms).
- * Opt-in while it has not run on a GPU (TROUPE_CUDA_QDEQUANT_CHUNKS=1; tools/gpu-run.sh runs the
- * quantized matmul tests with it). */
+ * local memory: on one H100 (2026-12-07, 8B shape, dummy weights) a batch-256 step took 25.3 ms
+ * (int4), 25.6 (nvfp4), 28.9 (int8 without its GEMM) this way against 75.7, 85.7 and 74.4 through
+ * k_qdequant_bf16, and bf16's 15.4. TROUPE_CUDA_QDEQUANT_CHUNKS=0 runs the old kernel. */
 #define QD_THREADS 128
 template <int FMT>
 __global__ void __launch_bounds__(QD_THREADS) k_qdequant_bf16_chunks(const uint8_t *codes, const float *scale,
@@ -362,9 +370,10 @@ static const w8_plan_t *s_w8_plan(cuda_state_t *st, int i8, int M, int64_t N, in
 
 /* The W8A8 GEMM for an fp8 or int8 weight with one scale per row block and per-token activations of
  * its own format; 1 when it does not apply (or cuBLASLt has no algorithm), nothing queued.
- * TROUPE_CUDA_QUANT_FP8_GEMM=0 turns fp8's off; TROUPE_CUDA_QUANT_I8_GEMM=1 turns int8's on (opt-in
- * until it has run on a GPU: int8 W8A8 prefill otherwise dequantizes to bf16). int8's sums are
- * exact (int32), fp8's the tensor cores' f32 sums of exact products; the scales come after. */
+ * TROUPE_CUDA_QUANT_FP8_GEMM=0 turns fp8's off, TROUPE_CUDA_QUANT_I8_GEMM=0 int8's (both then
+ * dequantize to bf16; on one H100, 2026-12-07, an 8B int8 step at batch 256 took 17.8 ms with the
+ * int8 GEMM, 28.9 dequantizing). int8's sums are exact (int32), fp8's the tensor cores' f32 sums
+ * of exact products; the scales come after. */
 static int s_w8a8_gemm(backend_t *be, cuda_state_t *st, const float *x, int M, const bk_mat_t *w, const float *bias,
                        float *y)
 {
@@ -372,7 +381,7 @@ static int s_w8a8_gemm(backend_t *be, cuda_state_t *st, const float *x, int M, c
     if (fp8_on < 0) {
         const char *e = getenv("TROUPE_CUDA_QUANT_FP8_GEMM"), *i = getenv("TROUPE_CUDA_QUANT_I8_GEMM");
         fp8_on = !(e && e[0] == '0');
-        i8_on = i && i[0] == '1';
+        i8_on = !(i && i[0] == '0');
     }
     const int64_t N = w->rows, K = w->cols;
     const int i8 = w->qfmt == BK_Q_I8;
@@ -402,16 +411,17 @@ void cuda_qmatmul(backend_t *be, const float *x, int M, const bk_mat_t *w, const
         return;
     cuda_state_t *st = cuda_st(be);
     const int64_t N = w->rows, K = w->cols;
-    if (M > st->qgemv_max_m && s_w8a8_gemm(be, st, x, M, w, bias, y) == 0)
+    const int gemv_rows = s_qgemv_rows(st, w);
+    if (M > gemv_rows && s_w8a8_gemm(be, st, x, M, w, bias, y) == 0)
         return;
-    if (M <= st->qgemv_max_m && s_qgemv_mma(be, st, 1, &w, x, M, &bias, &y) == 0)
+    if (M <= gemv_rows && s_qgemv_mma(be, st, 1, &w, x, M, &bias, &y) == 0)
         return;
     if (w->qact) {
         float *xq = (float *)cuda_scratch(be, &st->quant_x, &st->quant_x_bytes, (size_t)M * (size_t)K * 4);
         cuda_launch(st, k_qact, dim3((unsigned)M), dim3(256), x, K, (int)w->qact, xq);
         x = xq;
     }
-    if (M <= st->qgemv_max_m) {
+    if (M <= gemv_rows) {
         s_qgemv(st, w, x, M, bias, y);
         return;
     }
@@ -419,7 +429,7 @@ void cuda_qmatmul(backend_t *be, const float *x, int M, const bk_mat_t *w, const
     static int chunks = -1;
     if (chunks < 0) {
         const char *e = getenv("TROUPE_CUDA_QDEQUANT_CHUNKS");
-        chunks = e && e[0] == '1';
+        chunks = !(e && e[0] == '0');
     }
     if (chunks && K % mq_chunk_values(w->qfmt) == 0 && (uintptr_t)w->data % 16 == 0 && N <= INT_MAX &&
         K < (int64_t)UINT32_MAX) {
@@ -447,7 +457,7 @@ void cuda_qmatmul_n(backend_t *be, const float *x, int M, int n, const bk_mat_t 
     if (M <= 0)
         return;
     cuda_state_t *st = cuda_st(be);
-    if (M <= st->qgemv_max_m && s_qgemv_mma(be, st, n, w, x, M, bias, y) == 0)
+    if (M <= s_qgemv_rows(st, w[0]) && s_qgemv_mma(be, st, n, w, x, M, bias, y) == 0)
         return;
     for (int i = 0; i < n; i++)
         cuda_qmatmul(be, x, M, w[i], bias ? bias[i] : NULL, y[i]);

@@ -443,14 +443,14 @@ static void s_qmatmul_case(int fmt, int gr, int gc, int act, int M, int N, int K
         be[b]->ops->weight_release(be[b], wd);
     }
     /* the W8A8 GEMMs (one scale per row of W): the CPU's products, summed by the tensor cores (fp8;
-     * int8 with TROUPE_CUDA_QUANT_I8_GEMM=1, exact int32 sums) */
+     * int8 unless TROUPE_CUDA_QUANT_I8_GEMM=0, exact int32 sums) */
     const char *i8e = getenv("TROUPE_CUDA_QUANT_I8_GEMM");
     const int w8_shape = ec >= K && K % 16 == 0 && N % 16 == 0;
     const int w8_gemm = w8_shape && ((fmt == BK_Q_FP8 && act == BK_QA_FP8_TOKEN) ||
-                                     (fmt == BK_Q_I8 && act == BK_QA_I8_TOKEN && i8e && i8e[0] == '1'));
-    /* TROUPE_CUDA_QGEMV_MAX_M=16: W8A8 rows 9-16 on the tensor-core GEMV too (one launch of 16) */
+                                     (fmt == BK_Q_I8 && act == BK_QA_I8_TOKEN && !(i8e && i8e[0] == '0')));
+    /* W8A8: rows up to 16 on the tensor-core GEMV (one launch), unless TROUPE_CUDA_QGEMV_MAX_M says less */
     const char *qme = getenv("TROUPE_CUDA_QGEMV_MAX_M");
-    const int gemv_m = act != BK_QA_NONE && qme && atoi(qme) > GEMV_MAX_M ? atoi(qme) : GEMV_MAX_M;
+    const int gemv_m = act == BK_QA_NONE ? GEMV_MAX_M : qme ? atoi(qme) : 16;
     s_compare(res[1], res[0], (size_t)M * N, M <= gemv_m ? B_F32 : w8_gemm ? B_FP8_GEMM : B_BF16_GEMM, what);
     free(res[0]), free(res[1]), free(codes), free(sc), free(wf), free(x), free(bias);
 }
@@ -468,10 +468,9 @@ static void test_quant_matmul(void **state)
      * in a block's shared memory beside its partial sums over 48 KB at 8 x 1,024 (weight-only) and
      * made by the pre-pass at 8 x 4,096; K = 264, and the nibbles at K = 1,040 — no multiple of 32 — the
      * CUDA-core kernels, which TROUPE_CUDA_QGEMV_MMA=0 runs for every case: tools/gpu-quant.sh runs
-     * this test both ways), the GEMM paths (fp8 W8A8: the FP8 GEMM; int8 W8A8 with
-     * TROUPE_CUDA_QUANT_I8_GEMM=1: the int8 GEMM; the rest: dequantize then bf16, a 16-byte chunk
+     * this test both ways), the GEMM paths (fp8 W8A8: the FP8 GEMM; int8 W8A8: the int8 GEMM; the rest: dequantize then bf16, a 16-byte chunk
      * of codes a thread where a row is whole chunks, one element a thread at K = 1,044; M = 13 and
-     * 16 on the GEMV with W8A8 activations when TROUPE_CUDA_QGEMV_MAX_M=16). */
+     * 16 on the GEMV with W8A8 activations; tools/gpu-run.sh runs the older paths too). */
     static const int cases[][4] = {{1, 300, 512, 0}, {2, 1000, 2048, 1}, {3, 257, 1024, 1}, {4, 64, 4096, 0},
                                    {5, 130, 1024, 1}, {6, 33, 512, 0}, {7, 17, 2048, 1}, {8, 129, 512, 0},
                                    {2, 100, 264, 1}, {5, 64, 1040, 0}, {1, 1024, 4096, 1}, {8, 1024, 4096, 0},
