@@ -1307,6 +1307,13 @@ int main(int argc, char **argv)
     actor_ops_t ops = {.handlers = s_handlers, .n_handlers = ARRAY_LEN(s_handlers), .fill_stats = s_fill_stats,
                        .drained = s_drained, .peer_event = s_peer_event};
     rc = actor_run(a, &ops, r);
+    /* Drained with requests in flight (their work outlasted supervision.grace_s): each client
+     * gets its one terminal reply, retryable, flushed by the sockets' linger, instead of a
+     * dropped connection. */
+    while (rc == 0 && r->head)
+        s_fail(a, r, r->head, MSG_ERR_UNAVAILABLE, 1,
+               "the cluster is stopping and the request did not finish within its grace period (supervision.grace_s); "
+               "retry it");
 out:
     tokpool_destroy(&r->pool);   /* joined before the jobs they may hold are freed */
     while (r->tokenizing) {

@@ -1114,7 +1114,11 @@ static void s_start_drain(actor_t *a, const char *why)
         return;
     a->draining = 1;
     a->state = MSG_STATE_DRAINING;
-    a->drain_deadline_ms = now_ms() + (int64_t)a->topo->supervision.grace_s * 1000;
+    /* Ends a little before the supervisor's SIGKILL (it waits grace_s from the same TERM), so
+     * that an actor whose work outlasts the grace still exits by itself and says goodbye: the
+     * router tells its clients, rather than their connections dropping. */
+    const int64_t grace_ms = (int64_t)a->topo->supervision.grace_s * 1000;
+    a->drain_deadline_ms = now_ms() + grace_ms - (grace_ms / 5 < 1000 ? grace_ms / 5 : 1000);
     LOG_I("draining (%s)", why);
 }
 
