@@ -226,6 +226,8 @@ static double s_attn_case(backend_t *cpu, backend_t *gpu, const attn_case_t *c, 
  * mid-tile), a prefill-shaped call of 40 rows, 16 heads (one group a block) and 20 (a partial
  * second group), block sizes 16 and 64, f32 / bf16 / fp8 caches. The cache holds the same bits on
  * both backends, so only the summation order differs: relative error within 1e-5. */
+static backend_t *s_gpu_env(const char *n1, const char *v1, const char *n2, const char *v2);   /* below */
+
 static void test_attention(void **state)
 {
     (void)state;
