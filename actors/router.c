@@ -13,7 +13,9 @@
  *     internal id to the client's own; none is dropped on the way: a reply a client's connection
  *     cannot take now waits in its backlog (actor_reply_stream), and a client that does not read
  *     (its backlog at limits.outbox) has its requests failed with an error saying so, queued
- *     behind what it has not read: one slow client costs only its own requests;
+ *     behind what it has not read: one slow client costs only its own requests; a request that
+ *     does not stream (submit.stream false) gets no token messages: they are collected
+ *     (actors/router/collected.h) and its one reply, the done, carries them whole;
  *   - enforce deadlines and cancellation; when a worker's process goes away (runtime peer watch,
  *     milliseconds), re-send its requests that have not streamed yet to live workers, and migrate
  *     the ones already streaming (s_migrate): a new prefill_request, under a new id of ours, whose
@@ -47,6 +49,7 @@
 #include <xxhash.h>
 #include <zmq.h>
 
+#include "actors/router/collected.h"
 #include "actors/router/prompt.h"
 #include "actors/router/relayed.h"
 #include "actors/router/tokpool.h"
@@ -87,6 +90,8 @@ typedef struct rq {
     uint32_t max_tokens;         /* the client's sampling.max_tokens */
     relayed_t sent;              /* what the client has been sent (sent.n: its completion), for a migration */
     int migrations;              /* times moved while streaming */
+    int stream;                  /* submit.stream: relay its token messages; else collect them (got) */
+    collected_t got;             /* !stream: the completion so far, for its done */
     struct rq *prev, *next;      /* every request (router_t.head), for the sweeps */
 } rq_t;
 
@@ -284,6 +289,7 @@ static void s_remove(router_t *r, rq_t *q)
     r->n_reqs--;
     msg_free(&q->pr);
     relayed_free(&q->sent);
+    collected_free(&q->got);
     free(q);
 }
 
@@ -450,6 +456,18 @@ static int s_on_submit(actor_t *a, void *state, const actor_peer_t *from, msg_t 
         return actor_reply_error(a, from, m->id, MSG_ERR_OVERLOADED, 1,
                                  "this client has %d requests in flight (limits.max_inflight_per_client)", cap), 0;
     }
+    if (!s->stream && s->sampling.top_logprobs) {
+        /* The done that answers a request that does not stream carries no alternatives. */
+        r->rejected++;
+        msg_t e;
+        msg_init(&e, MSG_ERROR, m->id);
+        e.u.error.code = MSG_ERR_BAD_REQUEST;
+        e.u.error.message = "sampling.top_logprobs needs stream: a request that does not stream gets its "
+                            "tokens' logprobs in its done, without alternatives";
+        e.u.error.field = "sampling.top_logprobs";
+        actor_reply(a, from, &e);
+        return 0;
+    }
     if (s_find_client(r, from, m->id) || (r->n_tokenizing && s_find_tokenizing(r, from, m->id))) {
         r->rejected++;
         return actor_reply_error(a, from, m->id, MSG_ERR_BAD_REQUEST, 0, "request id %llu is already in flight",
@@ -586,6 +604,8 @@ static int s_submit_ids(actor_t *a, router_t *r, const actor_peer_t *from, const
     q->prompt_tokens = q->load_tokens = (uint32_t)n;
     q->max_tokens = s->sampling.max_tokens;
     relayed_init(&q->sent, r->tok, q->max_tokens);
+    q->stream = s->stream;
+    collected_init(&q->got, s->sampling.logprobs);
     q->arrived_ms = arrived_ms;
     q->deadline_ms = s->timeout_ms ? q->arrived_ms + s->timeout_ms : 0;
     q->state = RQ_PREFILL;
@@ -701,6 +721,8 @@ static int s_on_cancel(actor_t *a, void *state, const actor_peer_t *from, msg_t 
     d.u.done.usage.cached_tokens = q->cached_tokens;
     d.u.done.usage.completion_tokens = q->sent.n;
     d.u.done.timings.e2e_ms = (uint32_t)(now_ms() - q->arrived_ms);
+    if (!q->stream)
+        collected_fill(&q->got, &d.u.done);   /* what it made before the cancel */
     actor_reply_stream(a, &q->client, &d, 1);
     r->cancelled++;
     s_remove(r, q);
@@ -804,6 +826,12 @@ static int s_on_token(actor_t *a, void *state, const actor_peer_t *from, msg_t *
     if (relayed_track(&q->sent, t, r->text_scratch, r->text_scratch_cap, &lost) != 0)
         LOG_W("request %llu: its tokens cannot be kept (%s): it cannot migrate", (unsigned long long)q->id, lost);
     r->gen_tokens += t->n_tokens;
+    if (!q->stream) {   /* kept for its done, which carries the whole completion */
+        int overloaded;
+        if (collected_add(&q->got, t, &lost, &overloaded) != 0)
+            s_fail(a, r, q, overloaded ? MSG_ERR_OVERLOADED : MSG_ERR_BAD_REQUEST, overloaded, lost);
+        return 0;
+    }
     m->id = q->client_id;
     const int rc = actor_reply_stream(a, &q->client, m, 0);
     if (rc == ACTOR_REFUSED) {
@@ -854,6 +882,8 @@ static int s_on_done(actor_t *a, void *state, const actor_peer_t *from, msg_t *m
     r->cached_by_tier[MSG_TIER_DEVICE] += d->usage.cached_device_tokens;
     r->cached_by_tier[MSG_TIER_HOST] += d->usage.cached_host_tokens;
     r->cached_by_tier[MSG_TIER_DISK] += d->usage.cached_disk_tokens;
+    if (!q->stream)
+        collected_fill(&q->got, d);   /* freed with q, after the reply is encoded */
     m->id = q->client_id;
     actor_reply_stream(a, &q->client, m, 1);   /* terminal: never refused */
     r->completed++;
@@ -975,6 +1005,8 @@ static void s_end_here(actor_t *a, router_t *r, rq_t *q, msg_finish_t fin)
     d.u.done.usage.completion_tokens = q->sent.n;
     d.u.done.timings.ttft_ms = q->first_ms ? (uint32_t)(q->first_ms - q->arrived_ms) : 0;
     d.u.done.timings.e2e_ms = (uint32_t)(now_ms() - q->arrived_ms);
+    if (!q->stream)
+        collected_fill(&q->got, &d.u.done);
     actor_reply_stream(a, &q->client, &d, 1);
     r->completed++;
     LOG_I("request %llu: its worker was lost after its last token; done (%s) sent here", (unsigned long long)q->id,

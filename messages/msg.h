@@ -41,6 +41,7 @@
 #define MSG_MAX_PROMPT_TOKENS  262144       /* token ids in one prompt */
 #define MSG_MAX_NEW_TOKENS     262144       /* max_tokens */
 #define MSG_MAX_PIECE          65536        /* text of one token message */
+#define MSG_MAX_COMPLETION_TEXT (8u << 20)  /* a done's whole text (a request that did not stream) */
 #define MSG_MAX_TOKEN_CHUNK    4096         /* token ids in one token message */
 #define MSG_MAX_CHAT_MESSAGES  1024
 #define MSG_MAX_STOP           16           /* stop strings */
@@ -256,7 +257,8 @@ typedef struct msg_submit {
     uint32_t n_tokens;           /* <= MSG_MAX_PROMPT_TOKENS */
     const char *model;           /* optional */
     msg_sampling_t sampling;
-    bool stream;                 /* send token messages (else only done) */
+    bool stream;                 /* send token messages; false: none, the done carries the whole
+                                    completion (its tokens, text and logprobs) */
     const char *prompt_cache_key;/* optional; names a prefix to retain */
     uint32_t cache_retention_s;  /* <= MSG_MAX_RETENTION_S; > 0 needs prompt_cache_key */
     uint32_t timeout_ms;         /* relative budget, 0 = none; the router turns it into a deadline */
@@ -278,10 +280,17 @@ typedef struct msg_token {
     uint32_t n_top_logprobs;     /* == n_top_tokens */
 } msg_token_t;
 
+/* The completion fields are set only for a request that did not stream (submit.stream false):
+ * every token it made (up to a cancel, too), which no token message carried. */
 typedef struct msg_done {
     msg_finish_t finish;
     msg_usage_t usage;
     msg_timings_t timings;
+    const uint32_t *tokens;      /* optional: the completion's token ids */
+    uint32_t n_tokens;           /* <= MSG_MAX_NEW_TOKENS */
+    const char *text;            /* optional: their text, <= MSG_MAX_COMPLETION_TEXT */
+    const float *logprobs;       /* optional (sampling.logprobs): each token's */
+    uint32_t n_logprobs;         /* 0 or n_tokens */
 } msg_done_t;
 
 typedef struct msg_error {

@@ -215,6 +215,14 @@ static int s_token_check(const void *p, const char *path, char *err, size_t errl
                        k ? k : 1, err, errlen);
 }
 
+static int s_done_check(const void *p, const char *path, char *err, size_t errlen)
+{
+    const msg_done_t *d = p;
+    if (d->n_logprobs != 0 && d->n_logprobs != d->n_tokens)
+        return errf(err, errlen, "%s.logprobs: %u entries for %u tokens", path, d->n_logprobs, d->n_tokens);
+    return 0;
+}
+
 static int s_prefill_check(const void *p, const char *path, char *err, size_t errlen)
 {
     const msg_prefill_request_t *r = p;
@@ -531,6 +539,9 @@ static const msg_field_t s_done_f[] = {
     F_ENUM(msg_done_t, finish, REQ, 0, s_finish_names),
     F_STRUCT(msg_done_t, usage, 0, s_usage_s),
     F_STRUCT(msg_done_t, timings, 0, s_timings_s),
+    F_U32A(msg_done_t, tokens, n_tokens, 0, 0, MSG_MAX_NEW_TOKENS),
+    F_STR(msg_done_t, text, 0, 0, MSG_MAX_COMPLETION_TEXT),
+    F_F32A(msg_done_t, logprobs, n_logprobs, 0, 0, MSG_MAX_NEW_TOKENS, -FLT_MAX, 0.0),
 };
 
 static const msg_field_t s_error_f[] = {
@@ -739,7 +750,7 @@ static const msg_schema_t s_schemas[MSG_TYPE_COUNT] = {
     [MSG_STATS] = SCHEMA("stats", msg_stats_t, s_stats_f, NULL, NULL),
     [MSG_SUBMIT] = SCHEMA("submit", msg_submit_t, s_submit_f, NULL, s_submit_check),
     [MSG_TOKEN] = SCHEMA("token", msg_token_t, s_token_f, NULL, s_token_check),
-    [MSG_DONE] = SCHEMA("done", msg_done_t, s_done_f, NULL, NULL),
+    [MSG_DONE] = SCHEMA("done", msg_done_t, s_done_f, NULL, s_done_check),
     [MSG_ERROR] = SCHEMA("error", msg_error_t, s_error_f, NULL, NULL),
     [MSG_CANCEL] = {.name = "cancel", .size = sizeof(msg_cancel_t)},  /* no fields: the id says which */
     [MSG_PREFILL_REQUEST] = SCHEMA("prefill_request", msg_prefill_request_t, s_prefill_f, NULL, s_prefill_check),

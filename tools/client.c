@@ -4,7 +4,8 @@
  *                 [--timeout-ms N] [--heartbeat-ms N] [--heartbeat-timeout-ms N] submit [opts] TEXT
  *   troupe-client [...] cancel ID
  *
- * Text streams to stdout as it arrives; --json prints every reply as one JSON object per line.
+ * Text streams to stdout as it arrives (with submit --no-stream, all of it at the end, from the done);
+ * --json prints every reply as one JSON object per line.
  * Exit codes: 0 done, 1 the cluster answered with an error (or the connection to the router was
  * lost mid-request: the library's retryable `unavailable` error, tools/lib/client.h), 2 bad usage,
  * 3 no reply in time, or no connection to any router within the heartbeat timeout (a cluster that
@@ -49,7 +50,7 @@ static void s_usage(FILE *f)
         "    --retention DUR       how long: 300, 5m, 1h (needs --cache-key)\n"
         "    --tenant NAME         cache isolation domain\n"
         "    --timeout DUR         the request's deadline at the cluster\n"
-        "    --no-stream           only the final reply\n"
+        "    --no-stream           no token messages: one final reply (done) carries the whole text\n"
         "    --cancel-after-ms N   send a cancel N ms after submitting\n"
         "  cancel ID               send a cancel for request ID; the router honours a cancel only from the\n"
         "                          connection that submitted the request, so this separate connection's\n"
@@ -90,6 +91,10 @@ static int s_print_reply(const msg_t *r, int json, int *done)
         return 0;
     case MSG_DONE: {
         *done = 1;
+        if (!json && r->u.done.text) {   /* --no-stream: the whole text comes here */
+            fputs(r->u.done.text, stdout);
+            fflush(stdout);
+        }
         const msg_usage_t *u = &r->u.done.usage;
         char from[96] = "";   /* where the cached tokens came from, when the cluster said */
         if (u->cached_tokens && u->cached_device_tokens + u->cached_host_tokens + u->cached_disk_tokens)

@@ -300,7 +300,8 @@ class Client:
     def generate(self, prompt=None, messages=None, tokens=None, max_tokens=256, temperature=None,
                  top_k=None, top_p=None, min_p=None, seed=None, stop=None, ignore_eos=None,
                  prompt_cache_key=None, cache_retention=None, tenant=None, stream=True):
-        """Yields every reply for one request: token events, then exactly one done or error."""
+        """Yields every reply for one request: token events, then exactly one done or error.
+        stream=False: no token events; the done carries the whole completion ("tokens", "text")."""
         sampling = {"max_tokens": max_tokens}
         for k, v in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p),
                      ("min_p", min_p), ("seed", seed), ("stop", stop), ("ignore_eos", ignore_eos)):
@@ -325,10 +326,11 @@ class Client:
                 return
 
     def complete(self, prompt, **kw):
-        """The whole text of one request, or raises TroupeError."""
+        """The whole text of one request (streamed, or with stream=False from its done), or raises
+        TroupeError."""
         text = []
         for m in self.generate(prompt, **kw):
-            if m["type"] == "token":
+            if m["type"] in ("token", "done"):   # a done has text only when the request did not stream
                 text.append(m.get("text", ""))
             elif m["type"] == "error":
                 raise TroupeError(m)
@@ -365,6 +367,8 @@ def main(argv=None):
     s.add_argument("--cache-key")
     s.add_argument("--retention")
     s.add_argument("--json", action="store_true")
+    s.add_argument("--no-stream", action="store_true",
+                   help="no token messages: one final reply (done) carries the whole text")
     sub.add_parser("inspect")
     a = ap.parse_args(argv)
     with Client(a.endpoint, a.timeout, server_key=a.server_key, key=a.key) as c:
@@ -372,7 +376,7 @@ def main(argv=None):
             print(json.dumps(c.inspect(), default=str))
             return 0
         kw = dict(max_tokens=a.max_tokens, temperature=a.temperature, seed=a.seed,
-                  prompt_cache_key=a.cache_key, cache_retention=a.retention)
+                  prompt_cache_key=a.cache_key, cache_retention=a.retention, stream=not a.no_stream)
         if a.chat:
             kw["messages"] = [{"role": "user", "content": a.text}]
         else:
@@ -384,6 +388,7 @@ def main(argv=None):
             elif m["type"] == "token":
                 print(m.get("text", ""), end="", flush=True)
             elif m["type"] == "done":
+                print(m.get("text", ""), end="", flush=True)   # the whole text, with --no-stream
                 u = m.get("usage", {})
                 src = cached_by_source(u)
                 where = f" (cached from {', '.join(f'{k} {v}' for k, v in src.items())})" if src and u["cached_tokens"] else ""

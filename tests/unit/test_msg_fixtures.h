@@ -140,6 +140,8 @@ static void fx_fill(msg_t *m, msg_type_t t)
         d->usage = (msg_usage_t){.prompt_tokens = 100, .cached_tokens = 64, .completion_tokens = 1000,
                                  .cached_device_tokens = 32, .cached_host_tokens = 16, .cached_disk_tokens = 16};
         d->timings = (msg_timings_t){.queue_ms = 1, .prefill_ms = 20, .ttft_ms = 25, .decode_ms = 9000, .e2e_ms = 9026};
+        d->tokens = fx_tokens; d->n_tokens = 7; d->text = " hello, w\xc3\xb6rld";
+        d->logprobs = fx_logprobs; d->n_logprobs = 7;
         break;
     }
     case MSG_ERROR: {
