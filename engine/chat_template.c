@@ -318,7 +318,7 @@ chat_family_t chat_family_detect(const char *path)
     json_error_t e;
     json_t *cfg = json_load_file(file, JSON_DECODE_INT_AS_REAL, &e);
     if (!cfg) {
-        LOG_D("chat_family_detect: %s:%d: %s", file, e.line, e.text);
+        LOG_D("chat_family_detect: %s: %s", file, e.text);   /* e.line is -1 when it cannot be opened */
         return CHAT_NONE;
     }
     chat_family_t f = CHAT_NONE;

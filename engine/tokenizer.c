@@ -667,6 +667,33 @@ static int s_config_token(s_ctx_t *c, const char *cfg_path, json_t *cfg, const c
     return 0;
 }
 
+/* A JSON file, opened here so that one that cannot be read says why ("cannot open: Permission
+ * denied", "read failed: Is a directory"): jansson's message for a file it cannot open has no
+ * position (line and column -1) and names the file twice, and a directory reads to it as an
+ * empty file. A parse error gets "file:line:column: " only where jansson knows the position. */
+static json_t *s_load_json_file(const char *path, size_t flags, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        errf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        return NULL;
+    }
+    json_error_t jerr;
+    errno = 0;
+    json_t *root = json_loadf(f, flags, &jerr);
+    const int read_errno = ferror(f) ? (errno ? errno : EIO) : 0;
+    fclose(f);
+    if (root)
+        return root;
+    if (read_errno)
+        errf(err, errlen, "%s: read failed: %s", path, strerror(read_errno));
+    else if (jerr.line >= 1 && jerr.column >= 0)
+        errf(err, errlen, "%s:%d:%d: %s", path, jerr.line, jerr.column, jerr.text);
+    else
+        errf(err, errlen, "%s: %s", path, jerr.text);
+    return NULL;
+}
+
 static int s_load_config(s_ctx_t *c, const char *cfg_path)
 {
     struct stat st;
@@ -675,12 +702,11 @@ static int s_load_config(s_ctx_t *c, const char *cfg_path)
     if (st.st_size > (off_t)TOK_MAX_FILE_BYTES)
         return errf(c->err, c->errlen, "%s: %lld bytes is larger than %u", cfg_path,
                     (long long)st.st_size, TOK_MAX_FILE_BYTES);
-    json_error_t jerr;
     /* As reals: model_max_length is often 1e30 written as an integer, too big for json_int_t;
      * only strings are read from this file. */
-    json_t *cfg = json_load_file(cfg_path, JSON_DECODE_INT_AS_REAL, &jerr);
+    json_t *cfg = s_load_json_file(cfg_path, JSON_DECODE_INT_AS_REAL, c->err, c->errlen);
     if (!cfg)
-        return errf(c->err, c->errlen, "%s:%d:%d: %s", cfg_path, jerr.line, jerr.column, jerr.text);
+        return -1;
     int rc = -1;
     if (!json_is_object(cfg)) {
         errf(c->err, c->errlen, "%s: expected a JSON object", cfg_path);
@@ -804,12 +830,9 @@ tokenizer_t *tok_load(const char *path, char *err, size_t errlen)
         goto fail;
     }
 
-    json_error_t jerr;
-    json_t *root = json_load_file(t->path, 0, &jerr);
-    if (!root) {
-        errf(err, errlen, "%s:%d:%d: %s", t->path, jerr.line, jerr.column, jerr.text);
+    json_t *root = s_load_json_file(t->path, 0, err, errlen);
+    if (!root)
         goto fail;
-    }
     int rc = s_load_json(&c, root);
     json_decref(root);
     if (rc < 0 || s_load_config(&c, cfg) < 0)

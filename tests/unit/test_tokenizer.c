@@ -19,7 +19,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -764,6 +766,62 @@ static void test_malformed_files(void **state)
     assert_null(tok_load(NULL, err, sizeof err));
 }
 
+/* A unix socket at s_tmp/name: stat() sees a file, open() fails (ENXIO), as root too (a file
+ * without read permission fails the same way, but not for root). Returns its fd. */
+static int s_socket_file(const char *name)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    const int n = snprintf(sa.sun_path, sizeof sa.sun_path, "%s/%s", s_tmp, name);
+    assert_true(n > 0 && (size_t)n < sizeof sa.sun_path);
+    unlink(sa.sun_path);
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    return fd;
+}
+
+/* A file that is there but cannot be read says so, naming it, without a position: jansson gives
+ * none (line and column -1) for a file it cannot open, and the error used to read
+ * "...tokenizer_config.json:-1:-1: unable to open ...tokenizer_config.json: ...". A directory in
+ * a file's place says so too, not "1:0: '[' or '{' expected". A parse error keeps its position. */
+static void test_unreadable_files(void **state)
+{
+    char err[512], path[400], cfg[400];
+    snprintf(path, sizeof path, "%s/tokenizer.json", s_tmp);
+    snprintf(cfg, sizeof cfg, "%s/tokenizer_config.json", s_tmp);
+    s_write("tokenizer.json", MINI);
+    int fd = s_socket_file("tokenizer_config.json");
+    assert_null(tok_load(s_tmp, err, sizeof err));
+    if (!strstr(err, cfg) || !strstr(err, "cannot open") || strstr(err, ":-1"))
+        fail_msg("tokenizer_config.json that cannot be opened: \"%s\"", err);
+    close(fd);
+    unlink(cfg);
+    assert_int_equal(mkdir(cfg, 0755), 0);
+    assert_null(tok_load(s_tmp, err, sizeof err));
+    if (!strstr(err, cfg) || !strstr(err, "Is a directory") || strstr(err, ":1:0"))
+        fail_msg("tokenizer_config.json that is a directory: \"%s\"", err);
+    rmdir(cfg);
+
+    unlink(path);
+    fd = s_socket_file("tokenizer.json");
+    assert_null(tok_load(s_tmp, err, sizeof err));
+    if (!strstr(err, path) || !strstr(err, "cannot open") || strstr(err, ":-1"))
+        fail_msg("tokenizer.json that cannot be opened: \"%s\"", err);
+    assert_null(tok_load(path, err, sizeof err));   /* named as the file itself */
+    if (!strstr(err, path) || !strstr(err, "cannot open") || strstr(err, ":-1"))
+        fail_msg("tokenizer.json (the file named) that cannot be opened: \"%s\"", err);
+    close(fd);
+    unlink(path);
+
+    s_write("tokenizer.json", "{\n  \"model\": [1,\n}");   /* a parse error: file:line:column */
+    assert_null(tok_load(s_tmp, err, sizeof err));
+    char want[420];
+    snprintf(want, sizeof want, "%s:3:1: ", path);
+    if (!strstr(err, want))
+        fail_msg("parse error without its position (%s): \"%s\"", want, err);
+    unlink(path);
+}
+
 /* Encode and decode share the loaded tokenizer read-only: two threads encoding the corpus at
  * once get exactly the single-threaded ids. */
 typedef struct {
@@ -889,6 +947,7 @@ int main(void)
         cmocka_unit_test(test_nfc_conformance),
         cmocka_unit_test(test_minimal_valid),
         cmocka_unit_test(test_malformed_files),
+        cmocka_unit_test(test_unreadable_files),
         cmocka_unit_test(test_synth_flags),
         cmocka_unit_test(test_synth_splits),
         cmocka_unit_test(test_synth_invert),
