@@ -1254,6 +1254,30 @@ static int s_listen_addr(const char *ep, struct sockaddr_storage *ss, int *famil
     return 0;
 }
 
+/* The HTTP port's listening socket, bound here rather than by libmicrohttpd so that a bind that
+ * fails says why (the library's NULL leaves errno unset): the port another program holds is then
+ * named, and the gateway exits ACTOR_EXIT_CONFIG instead of being restarted (actor_bind). Options
+ * as the library's own listening socket (SO_REUSEADDR; v6 only for a v6 address). -1 on failure. */
+static int s_http_listen(const char *ep, const struct sockaddr_storage *ss, int family)
+{
+    const int fd = socket(family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) {
+        actor_bind_failed(ep, "endpoints.http", errno);
+        return -1;
+    }
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (family == AF_INET6)
+        setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+    const socklen_t len = family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
+    if (bind(fd, (const struct sockaddr *)ss, len) != 0 || listen(fd, SOMAXCONN) != 0) {
+        actor_bind_failed(ep, "endpoints.http", errno);
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
 int main(int argc, char **argv)
 {
     actor_t *a = actor_new(argc, argv, ROLE_GATEWAY);
@@ -1337,6 +1361,11 @@ int main(int argc, char **argv)
         LOG_E("endpoints.http '%s': cannot resolve its host", t->endpoints.http);
         goto out;
     }
+    const int listen_fd = s_http_listen(t->endpoints.http, &ss, family);
+    if (listen_fd < 0) {
+        rc = ACTOR_EXIT_CONFIG;
+        goto out;
+    }
     unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG |
                      (family == AF_INET6 ? MHD_USE_IPv6 : 0);
     unsigned n_http = s_http_threads();
@@ -1345,14 +1374,14 @@ int main(int argc, char **argv)
     g->httpd = MHD_start_daemon(flags, 0, NULL, NULL, s_access, g,
                                 MHD_OPTION_THREAD_POOL_SIZE, n_http > 1 ? n_http : 0u,
                                 MHD_OPTION_EXTERNAL_LOGGER, s_mhd_log, g,
-                                MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
+                                MHD_OPTION_LISTEN_SOCKET, (MHD_socket)listen_fd,   /* the daemon closes it */
                                 MHD_OPTION_NOTIFY_COMPLETED, s_completed, g,
                                 MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)t->gateway.idle_timeout_s,
                                 MHD_OPTION_CONNECTION_LIMIT, (unsigned)t->gateway.max_connections,
                                 MHD_OPTION_END);
     if (!g->httpd) {
-        LOG_E("cannot serve HTTP at %s: %s", t->endpoints.http, strerror(errno));
-        goto out;
+        LOG_E("cannot serve HTTP at %s (libmicrohttpd's error is above)", t->endpoints.http);
+        goto out;   /* listen_fd is the library's now, closed or not; we exit */
     }
     LOG_I("OpenAI API at http://%s/v1 (model '%s', %s, %u HTTP thread%s)", t->endpoints.http + 6, g->model,
           gw_keys_open(&g->keys) ? "no API keys: open" : "API keys required", n_http, n_http > 1 ? "s" : "");
@@ -1383,5 +1412,5 @@ out:
         free(g);
     }
     actor_destroy(&a);
-    return rc == 0 ? 0 : 1;
+    return rc == 0 || rc == ACTOR_EXIT_CONFIG ? rc : 1;
 }

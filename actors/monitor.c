@@ -329,15 +329,23 @@ int main(int argc, char **argv)
     actor_sock_defaults(mon->sub, &t->limits);
     zmq_setsockopt(mon->sub, ZMQ_SUBSCRIBE, "", 0);
     int rc = -1;
-    if (actor_curve_server(a, mon->sub) != 0 || zmq_bind(mon->sub, t->endpoints.stats_bind) != 0) {
-        LOG_E("bind stats %s: %s", t->endpoints.stats_bind, zmq_strerror(zmq_errno()));
+    /* A bind that fails is not cured by a restart (actor_bind): exit ACTOR_EXIT_CONFIG. */
+    if (actor_curve_server(a, mon->sub) != 0) {
+        LOG_E("CURVE options on the stats endpoint %s: %s", t->endpoints.stats_bind, zmq_strerror(zmq_errno()));
         zmq_close(mon->sub);
         goto out;
     }
+    if (actor_bind(mon->sub, t->endpoints.stats_bind,
+                   strncmp(t->endpoints.stats_bind, "ipc://", 6) == 0 ? "the stats endpoint, in endpoints.run_dir"
+                                                                     : "the stats endpoint, from endpoints.base_port") != 0) {
+        zmq_close(mon->sub);
+        rc = ACTOR_EXIT_CONFIG;
+        goto out;
+    }
     actor_add_reader(a, mon->sub, s_on_stats);
-    mon->inspect = actor_bind_router(a, t->endpoints.inspect);
+    mon->inspect = actor_bind_router(a, t->endpoints.inspect, "endpoints.inspect");
     if (!mon->inspect) {
-        LOG_E("cannot bind the inspection endpoint %s", t->endpoints.inspect);
+        rc = ACTOR_EXIT_CONFIG;
         goto out;
     }
     if (t->endpoints.metrics[0]) {
@@ -347,9 +355,14 @@ int main(int argc, char **argv)
         zmq_setsockopt(mon->http, ZMQ_LINGER, &linger, sizeof linger);
         zmq_setsockopt(mon->http, ZMQ_SNDHWM, &hwm, sizeof hwm);
         zmq_setsockopt(mon->http, ZMQ_SNDTIMEO, &timeo, sizeof timeo);
-        if (!mon->page || zmq_bind(mon->http, t->endpoints.metrics) != 0) {
-            LOG_E("cannot serve /metrics at %s: %s", t->endpoints.metrics, zmq_strerror(zmq_errno()));
+        if (!mon->page) {
+            LOG_E("out of memory for the /metrics page");
             zmq_close(mon->http);
+            goto out;
+        }
+        if (actor_bind(mon->http, t->endpoints.metrics, "endpoints.metrics") != 0) {
+            zmq_close(mon->http);
+            rc = ACTOR_EXIT_CONFIG;
             goto out;
         }
         actor_add_reader(a, mon->http, s_on_http);
@@ -363,5 +376,5 @@ out:
         free(mon->actors[i].frame);
     free(mon->page);
     free(mon);
-    return rc == 0 ? 0 : 1;
+    return rc == 0 || rc == ACTOR_EXIT_CONFIG ? rc : 1;
 }

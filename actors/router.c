@@ -1315,9 +1315,17 @@ int main(int argc, char **argv)
         actor_watch(a, in->name);
     }
     const char *client_ep = topo_client_endpoint(t, actor_self(a));   /* this router's of endpoints.clients */
-    r->clients = client_ep ? actor_bind_router(a, client_ep) : NULL;
+    if (!client_ep) {
+        LOG_E("no client endpoint for %s in endpoints.clients", r->name);
+        rc = ACTOR_EXIT_CONFIG;
+        goto out;
+    }
+    char what[64] = "endpoints.client";
+    if (t->endpoints.n_clients > 1)
+        snprintf(what, sizeof what, "endpoints.clients[%d]", (int)((client_ep - t->endpoints.clients[0]) / TOPO_ENDPOINT_MAX));
+    r->clients = actor_bind_router(a, client_ep, what);
     if (!r->clients) {
-        LOG_E("cannot bind the client endpoint %s", client_ep ? client_ep : "(none)");
+        rc = ACTOR_EXIT_CONFIG;   /* a port another program holds stays taken: no restart (actor_bind) */
         goto out;
     }
     actor_reply_backlog(a, r->clients);   /* every reply waits for a slow client, never lost */

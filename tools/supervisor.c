@@ -13,8 +13,8 @@
  *
  * Exit codes: 0 clean stop; 1 a stop where some actor had to be killed or failed; 2 bad usage or
  * topology (also when an actor exits ACTOR_EXIT_CONFIG: the topology asks it for what it cannot
- * run, say a model path without weights; not restarted); 3 gave up after too many restarts; 4 the
- * cluster never became ready.
+ * run, say a model path without weights or a port another program holds; not restarted); 3 gave
+ * up after too many restarts; 4 the cluster never became ready.
  *
  * Known limits: a remote (ssh) child is stopped by TERM over the control socket and by killing
  * the local ssh process; if both fail, the remote actor exits by itself once it hears nothing

@@ -319,7 +319,7 @@ int actor_curve_client_endpoint(actor_t *a, void *sock)
  * client-facing socket (clients = 1). Frames up to twice limits.max_message_bytes are read so
  * that one over the limit can be answered with an error naming it (s_drain_router); past that
  * libzmq drops the connection. */
-static void *s_router(actor_t *a, const char *endpoint, int clients)
+static void *s_router(actor_t *a, const char *endpoint, const char *what, int clients)
 {
     void *s = zmq_socket(a->ctx, ZMQ_ROUTER);
     if (!s)
@@ -336,12 +336,31 @@ static void *s_router(actor_t *a, const char *endpoint, int clients)
         zmq_close(s);
         return NULL;
     }
-    if (zmq_bind(s, endpoint) != 0) {
-        LOG_E("bind %s: %s", endpoint, zmq_strerror(errno));
+    if (actor_bind(s, endpoint, what) != 0) {
         zmq_close(s);
         return NULL;
     }
     return s;
+}
+
+void actor_bind_failed(const char *endpoint, const char *what, int err)
+{
+    const int ipc = strncmp(endpoint, "ipc://", 6) == 0;
+    const char *hint = err == EADDRINUSE      ? "; another cluster or program holds it"
+                       : err == EADDRNOTAVAIL ? "; no interface of this host has that address"
+                       : err == EACCES        ? (ipc ? "; its directory is not writable by this user"
+                                                     : "; a port below 1024 needs privileges")
+                       : err == ENOENT && ipc ? "; its directory does not exist"
+                                              : "";
+    LOG_E("cannot bind %s (%s): %s%s", endpoint, what, zmq_strerror(err), hint);
+}
+
+int actor_bind(void *sock, const char *endpoint, const char *what)
+{
+    if (zmq_bind(sock, endpoint) == 0)
+        return 0;
+    actor_bind_failed(endpoint, what, zmq_errno());
+    return -1;
 }
 
 static int s_curve_client(actor_t *a, void *s, const char *server)
@@ -377,11 +396,13 @@ static void *s_dealer(actor_t *a, const char *endpoint, const char *identity, in
     return s;
 }
 
-void *actor_bind_router(actor_t *a, const char *endpoint)
+void *actor_bind_router(actor_t *a, const char *endpoint, const char *what)
 {
-    if (a->n_extra >= MAX_EXTRA)
+    if (a->n_extra >= MAX_EXTRA) {
+        LOG_E("%s: more than %d client-facing sockets", endpoint, MAX_EXTRA);
         return NULL;
-    void *s = s_router(a, endpoint, 1);
+    }
+    void *s = s_router(a, endpoint, what, 1);
     if (s)
         a->extra[a->n_extra++] = s;
     return s;
@@ -1346,11 +1367,14 @@ actor_t *actor_new(int argc, char **argv, topo_role_t role)
         goto fail;
     if (a->topo->security.curve_server_public[0] && s_curve_setup(a) != 0)
         goto fail;
-    a->inbox = s_router(a, a->self->inbox_bind, 0);
+    const int ipc_inbox = strncmp(a->self->inbox_bind, "ipc://", 6) == 0;
+    a->inbox = s_router(a, a->self->inbox_bind,
+                        ipc_inbox ? "our inbox, in endpoints.run_dir" : "our inbox, from endpoints.base_port", 0);
     if (!a->inbox) {
-        LOG_E("cannot bind the inbox %s (is another cluster with the same name running?)",
-              a->self->inbox_bind);
-        goto fail;
+        /* The line above says why; restarting cannot cure it (actor_bind): the supervisor stops
+         * the cluster instead. */
+        actor_destroy(&a);
+        exit(ACTOR_EXIT_CONFIG);
     }
     if (getenv("TROUPE_SUPERVISED")) {
         a->control = s_dealer(a, a->topo->endpoints.control, a->self->name, 0, "supervisor");

@@ -59,8 +59,9 @@
 
 #define ACTOR_ID_MAX 256           /* ZeroMQ routing ids are at most 255 bytes */
 /* An actor's exit status when the topology asks for what it cannot run (a model path without
- * weights, a KV dtype the backend refuses, an unreadable config): restarting cannot help, so the
- * supervisor stops the cluster at once (its exit 2) instead of restarting it (sysexits' EX_CONFIG). */
+ * weights, a KV dtype the backend refuses, an unreadable config, an endpoint it cannot bind):
+ * restarting cannot help, so the supervisor stops the cluster at once (its exit 2) instead of
+ * restarting it (sysexits' EX_CONFIG). */
 #define ACTOR_EXIT_CONFIG 78
 
 typedef struct actor actor_t;
@@ -103,7 +104,8 @@ typedef struct actor_ops {
 
 /* Parses --topology FILE (default: the embedded default), --name INSTANCE, --verbose, --help,
  * loads and validates the topology, checks the instance's role is `role`, sets up logging and
- * opens the sockets. Returns NULL after logging a clear error (main exits 2 then). */
+ * opens the sockets. Returns NULL after logging a clear error (main exits 2 then); an inbox it
+ * cannot bind exits ACTOR_EXIT_CONFIG here (actor_bind). */
 actor_t *actor_new(int argc, char **argv, topo_role_t role);
 void actor_destroy(actor_t **self_p);
 
@@ -156,10 +158,20 @@ void actor_tend_peers(actor_t *a);
 int actor_reply_error(actor_t *a, const actor_peer_t *to, uint64_t id, msg_error_code_t code,
                       int retryable, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 
-/* Adds a ROUTER socket the role binds itself (client-facing, inspection). Its messages are
- * decoded and dispatched through the same handler table; the socket is closed by actor_destroy.
- * Returns the socket (the runtime applies the standard options first) or NULL. */
-void *actor_bind_router(actor_t *a, const char *endpoint);
+/* Binds sock at an endpoint of the topology; `what` names where it comes from for the error
+ * ("endpoints.client"). A bind that fails logs one line, `cannot bind <endpoint> (<what>): <reason>`
+ * with a hint for the usual causes, and returns -1: the role then exits ACTOR_EXIT_CONFIG, since a
+ * port another program holds, an address this host lacks or a directory it cannot write stays so
+ * however often the actor is restarted (the supervisor restart-looped to its limit in 0.2 s). */
+int actor_bind(void *sock, const char *endpoint, const char *what);
+/* actor_bind's error line, for a bind done without ZeroMQ (the gateway's HTTP port); err: errno. */
+void actor_bind_failed(const char *endpoint, const char *what, int err);
+
+/* Adds a ROUTER socket the role binds itself (client-facing, inspection) at endpoint (`what`: as
+ * actor_bind's). Its messages are decoded and dispatched through the same handler table; the
+ * socket is closed by actor_destroy. Returns the socket (the runtime applies the standard options
+ * first) or NULL after logging why (a failed bind: exit ACTOR_EXIT_CONFIG). */
+void *actor_bind_router(actor_t *a, const char *endpoint, const char *what);
 
 /* Adds a socket the role reads itself (the monitor's stats SUB): fn is called when it is
  * readable and must not block (ZMQ_DONTWAIT). The socket is closed by actor_destroy. */

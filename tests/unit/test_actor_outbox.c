@@ -110,7 +110,7 @@ static void test_backlog_for_a_slow_client(void **st)
 {
     actor_t *r = s_actor("router", ROLE_ROUTER);
     assert_non_null(r);
-    void *clients = actor_bind_router(r, actor_topo(r)->endpoints.client);
+    void *clients = actor_bind_router(r, actor_topo(r)->endpoints.client, "endpoints.client");
     assert_non_null(clients);
     assert_int_equal(actor_reply_backlog(r, clients), 0);
     void *ctx = zmq_ctx_new(), *c = zmq_socket(ctx, ZMQ_DEALER);
