@@ -26,6 +26,14 @@ New requests go to the first until its connection is lost, then to the next one 
 router's connection is lost, each of its submits that had no reply yet (it has not streamed) is
 sent again, unchanged, to the next router whose connection is up (at most MAX_RESUBMITS times;
 counted in requests_retried) and ends there; one that has streamed ends with the error above.
+
+No cluster, as in the C client (troupe-client exits 3): the first send waits at most
+connect_timeout_s (default heartbeat_timeout_s, 3 s) for a connection to one of the routers to
+complete its handshake, and raises NoClusterError naming the endpoints if none did (nothing
+listens there, or a CURVE server refused our key); ZeroMQ would otherwise queue the request for a
+connection that never comes, and the caller would wait in silence for the whole timeout_s. Once a
+connection has been made the check is not made again (a router that dies later is the lost
+connection above). The command line exits 3 with the message.
 """
 import argparse
 import json
@@ -52,6 +60,11 @@ CHAT_ROLES = {"system": 0, "user": 1, "assistant": 2, "tool": 3}
 ROLES = ["none", "supervisor", "router", "prefill", "decode", "cache_manager", "expert_balancer",
          "draft_scheduler", "monitor", "client"]
 STATES = ["starting", "ready", "draining", "stopping"]
+
+
+class NoClusterError(ConnectionError):
+    """No connection to any of the routers within connect_timeout_s: the cluster is not running,
+    the endpoint is not its client endpoint, or a CURVE server refused our key."""
 
 
 class TroupeError(Exception):
@@ -119,6 +132,7 @@ class _Link:
         # CURVE key) delivered nothing, and its requests stay queued for a later connection.
         self.mon = self.sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
         self.connected = False    # a connection completed its handshake and has not dropped since
+        self.ever = False         # a connection completed its handshake, now or before (Client.wait_connected)
         self.dropped = False      # a disconnection seen: move or fail its requests once sock is drained
         if server_key:
             if not key:
@@ -134,7 +148,7 @@ class _Link:
             frames = self.mon.recv_multipart()
             event = int.from_bytes(frames[0][:2], "little")
             if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                self.connected = True
+                self.connected = self.ever = True
             elif event == zmq.EVENT_DISCONNECTED and self.connected:
                 self.connected, self.dropped = False, True
 
@@ -148,12 +162,15 @@ class _Link:
 
 class Client:
     def __init__(self, endpoint, timeout_s=120.0, server_key=None, key=None, max_frame=16 << 20,
-                 heartbeat_ivl_s=1.0, heartbeat_timeout_s=3.0):
+                 heartbeat_ivl_s=1.0, heartbeat_timeout_s=3.0, connect_timeout_s=None):
         """endpoint: a router's client endpoint, or several (a list, or comma-separated: the
         topology's endpoints.clients) to fail over between; server_key: the cluster's CURVE public key file; key: our keypair's prefix (key.pub and
         key.key, as troupe-keygen writes them); max_frame: the cluster's limits.max_message_bytes;
         heartbeat_ivl_s: a ZMTP PING this often (0 or None: none, so only a closed connection is
-        noticed); heartbeat_timeout_s: no traffic that long after a PING and the connection is lost."""
+        noticed); heartbeat_timeout_s: no traffic that long after a PING and the connection is lost;
+        connect_timeout_s: how long the first send waits for a connection before it raises
+        NoClusterError (None: heartbeat_timeout_s, or 3 s without heartbeats; at most timeout_s;
+        0: no wait, a request is queued until a router comes, as ZeroMQ does)."""
         self.ctx = zmq.Context.instance()
         endpoints = endpoint.split(",") if isinstance(endpoint, str) else list(endpoint)
         self.links = [_Link(self.ctx, ep.strip(), server_key, key, heartbeat_ivl_s, heartbeat_timeout_s)
@@ -168,6 +185,11 @@ class Client:
         self.pending = []         # (id, message) of lost requests whose error recv has yet to return
         self.requests_lost = self.connections_lost = self.requests_retried = 0
         self.timeout_s = timeout_s
+        if connect_timeout_s is None:
+            connect_timeout_s = heartbeat_timeout_s if heartbeat_ivl_s and heartbeat_timeout_s else 3.0
+        self.connect_timeout_s = min(connect_timeout_s, timeout_s)
+        self.endpoints = ",".join(ep.strip() for ep in endpoints)
+        self.curve = bool(server_key)
         self.next_id = random.getrandbits(62)
 
     def __enter__(self):
@@ -179,6 +201,38 @@ class Client:
     def close(self):
         for link in self.links:
             link.close()
+
+    def wait_connected(self, timeout_s):
+        """True once a connection to one of the routers has completed its handshake (now or
+        before); False when none did within timeout_s. A request sent meanwhile is not lost:
+        ZeroMQ queues it for the connection."""
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        poller = zmq.Poller()
+        for link in self.links:
+            poller.register(link.mon, zmq.POLLIN)
+        while True:
+            for link in self.links:
+                link.read_monitor()
+            if any(link.ever for link in self.links):
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            poller.poll(max(1, int(left * 1000)))
+
+    def _check_connected(self, type_name):
+        """Raises NoClusterError when no connection completes within connect_timeout_s (until one
+        first has: later losses are the lost connection's error). type_name: what is being sent
+        (an inspect goes to the monitor's endpoint)."""
+        if not self.connect_timeout_s or any(link.ever for link in self.links):
+            return
+        if not self.wait_connected(self.connect_timeout_s):
+            who, key = ("monitor", "inspection endpoint (endpoints.inspect)") if type_name == "inspect" \
+                else ("router", "client endpoint (endpoints.client)")
+            raise NoClusterError(
+                f"no connection to the {who} at {self.endpoints} within {int(self.connect_timeout_s * 1000)} ms: "
+                f"is the cluster running, and is that its {key}?"
+                + (" (or its CURVE allow-list lacks our key)" if self.curve else ""))
 
     def _other_link(self, not_k):
         """Another router than not_k whose connection is up, the next in order; None if none."""
@@ -199,6 +253,7 @@ class Client:
         if len(frame) > self.max_frame:
             raise ValueError("a %s of %d bytes exceeds the cluster's limits.max_message_bytes (%d)"
                              % (type_name, len(frame), self.max_frame))
+        self._check_connected(type_name)
         for link in self.links:
             link.read_monitor()
         if self.links[self.active].dropped:   # seen lost (not while it is still being made)
@@ -371,6 +426,17 @@ def main(argv=None):
                    help="no token messages: one final reply (done) carries the whole text")
     sub.add_parser("inspect")
     a = ap.parse_args(argv)
+    try:
+        return _run(a)
+    except NoClusterError as e:
+        print(f"troupe_client: {e}", file=sys.stderr)
+        return 3
+    except TimeoutError as e:   # no terminal reply in time: troupe-client's exit 3 too
+        print(f"troupe_client: {e}", file=sys.stderr)
+        return 3
+
+
+def _run(a):
     with Client(a.endpoint, a.timeout, server_key=a.server_key, key=a.key) as c:
         if a.cmd == "inspect":
             print(json.dumps(c.inspect(), default=str))

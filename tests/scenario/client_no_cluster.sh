@@ -2,7 +2,10 @@
 # on, an ipc path with no socket) say so within seconds, naming the endpoint, and exit 3. The
 # client used to wait in silence for the whole --timeout-ms (120 s by default: ZeroMQ queues a
 # request for a connection that never comes), and `cancel` exited 0 having sent nothing. Against
-# the same endpoint once a cluster runs, both work.
+# the same endpoint once a cluster runs, both work. The Python client (tools/troupe_client.py) the
+# same way: its command line exits 3 with the message, the library's first send raises
+# NoClusterError with it; it used to wait for its whole timeout (120 s) and end in a TimeoutError
+# traceback. Its part is skipped, saying so, where $PY has no pyzmq / msgpack.
 . "$(dirname "$0")/lib.sh"
 make_topology "$WORK/t.yaml"
 ep=$(grep '^  client:' "$WORK/t.yaml" | awk '{print $2}')
@@ -26,9 +29,50 @@ expect_down "cancel" "$ep" "$BIN/troupe-client" --endpoint "$ep" cancel 7
 expect_down "top --json" "$inspect" "$BIN/troupe-top" --topology "$WORK/t.yaml" --json
 expect_down "top --once, ipc" "ipc://$WORK/none.sock" "$BIN/troupe-top" --endpoint "ipc://$WORK/none.sock" --once
 
+have_py=1
+$PY -c 'import zmq, msgpack' 2>/dev/null || { have_py=0; echo "SKIP (the Python client's part): no pyzmq / msgpack for $PY"; }
+if [ "$have_py" = 1 ]; then
+  expect_down "Python submit, tcp" "$ep" $PY "$ROOT/tools/troupe_client.py" --endpoint "$ep" submit hi
+  expect_down "Python submit, ipc" "ipc://$WORK/none.sock" $PY "$ROOT/tools/troupe_client.py" --endpoint "ipc://$WORK/none.sock" submit hi
+  expect_down "Python inspect" "$inspect" $PY "$ROOT/tools/troupe_client.py" --endpoint "$inspect" inspect
+  # The library: generate (and a cancel) raise NoClusterError naming every endpoint, within seconds.
+  $PY - "$ep" "ipc://$WORK/none.sock" <<'PY' || fail "the Python library against no cluster"
+import sys, time
+from troupe_client import Client, NoClusterError
+ep, ipc = sys.argv[1], sys.argv[2]
+for eps, call in (([ep], lambda c: list(c.generate("hi", max_tokens=2))), ([ep, ipc], lambda c: c.cancel(7))):
+    t0 = time.monotonic()
+    with Client(eps, timeout_s=60) as c:
+        try:
+            call(c)
+            sys.exit(f"{eps}: no NoClusterError")
+        except NoClusterError as e:
+            ms = (time.monotonic() - t0) * 1000
+            print(f"--- library, {eps}: NoClusterError after {ms:.0f} ms: {e}")
+            assert ms < 10000, ms
+            assert all(x in str(e) for x in eps), e
+PY
+fi
+
 start_cluster "$WORK/t.yaml"
 timeout 30 "$BIN/troupe-client" --endpoint "$ep" --json submit --ids --max-tokens 2 --temperature 0 1,2,3 >"$WORK/out" \
   || fail "submit to the running cluster failed"
 grep -q '"type":"done"' "$WORK/out" || fail "no done from the running cluster: $(cat "$WORK/out")"
 timeout 30 "$BIN/troupe-client" --endpoint "$ep" cancel 7 || fail "cancel to the running cluster: exit $?"
+if [ "$have_py" = 1 ]; then
+  # This model has no tokenizer (and the command line sends text): the cluster's own error, exit 1.
+  rc=0; timeout 30 $PY "$ROOT/tools/troupe_client.py" --endpoint "$ep" submit --max-tokens 2 hi >"$WORK/out" 2>"$WORK/err" || rc=$?
+  { [ "$rc" = 0 ] && grep -q "done:" "$WORK/err"; } || { [ "$rc" = 1 ] && grep -q "^error bad_request" "$WORK/err"; } \
+    || fail "Python submit to the running cluster: exit $rc: $(cat "$WORK/err")"
+  timeout 30 $PY "$ROOT/tools/troupe_client.py" --endpoint "$inspect" inspect >"$WORK/out" \
+    || fail "Python inspect of the running cluster: exit $?"
+  grep -q '"inspect_reply"' "$WORK/out" || fail "Python inspect: $(head -c 300 "$WORK/out")"
+  $PY - "$ep" <<'PY' || fail "the Python library against the running cluster"
+import sys
+from troupe_client import Client
+with Client(sys.argv[1], timeout_s=30) as c:
+    last = list(c.generate(tokens=[1, 2, 3], max_tokens=2, temperature=0))[-1]
+    assert last["type"] == "done", last
+PY
+fi
 echo "PASS client_no_cluster"
