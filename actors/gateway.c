@@ -1255,9 +1255,10 @@ static int s_listen_addr(const char *ep, struct sockaddr_storage *ss, int *famil
 }
 
 /* The HTTP port's listening socket, bound here rather than by libmicrohttpd so that a bind that
- * fails says why (the library's NULL leaves errno unset): the port another program holds is then
- * named, and the gateway exits ACTOR_EXIT_CONFIG instead of being restarted (actor_bind). Options
- * as the library's own listening socket (SO_REUSEADDR; v6 only for a v6 address). -1 on failure. */
+ * fails is known as one, with its own errno (after the library's NULL, errno is whatever its last
+ * call left): the gateway then says so as every actor does (actor_bind_failed) and exits
+ * ACTOR_EXIT_CONFIG instead of being restarted. Options as the library's own listening socket
+ * (SO_REUSEADDR; v6 only for a v6 address). -1 on failure. */
 static int s_http_listen(const char *ep, const struct sockaddr_storage *ss, int family)
 {
     const int fd = socket(family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
