@@ -9,7 +9,9 @@
  *     rest_for_one), at most max_restarts in period_s — one more and the whole cluster is stopped
  *     with a report and a non-zero exit;
  *   - on SIGINT / SIGTERM: TERM every actor in reverse start order, wait the grace period, SIGKILL
- *     whatever is left, print the report; exit 0 when every actor exited 0 in time.
+ *     whatever is left, print the report; exit 0 when every actor exited 0 in time;
+ *   - on the way out, every local actor reaped: remove the cluster's files from the run directory
+ *     (s_clean_run_dir).
  *
  * Exit codes: 0 clean stop; 1 a stop where some actor had to be killed or failed; 2 bad usage or
  * topology (also when an actor exits ACTOR_EXIT_CONFIG: the topology asks it for what it cannot
@@ -84,6 +86,8 @@ typedef struct supervisor {
     uint8_t *sendbuf;
     uint64_t total_restarts;
     int lock_fd;                   /* run_dir/supervisor.pid, flock'ed for our lifetime (s_lock_run_dir) */
+    int locked;                    /* 1 once lock_fd is flock'ed: the run directory is ours to clean */
+    int made_run_dir;              /* we created run_dir: removed on the way out when nothing else is in it */
 } supervisor_t;
 
 static volatile sig_atomic_t s_stop_signal = 0;
@@ -622,10 +626,14 @@ static int s_resolve_paths(supervisor_t *s, const options_t *o)
 }
 
 /* The run directory holds the ipc:// sockets; private to this user. */
-static int s_make_run_dir(const supervisor_t *s)
+static int s_make_run_dir(supervisor_t *s)
 {
     const char *run_dir = s->topo->endpoints.run_dir;
-    if (mkdir(run_dir, 0700) != 0 && errno != EEXIST) {
+    if (mkdir(run_dir, 0700) == 0) {
+        s->made_run_dir = 1;
+        return 0;
+    }
+    if (errno != EEXIST) {
         LOG_E("cannot create run directory %s: %s", run_dir, strerror(errno));
         return -1;
     }
@@ -641,20 +649,41 @@ static int s_lock_run_dir(supervisor_t *s)
 {
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/supervisor.pid", s->topo->endpoints.run_dir);
-    s->lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (s->lock_fd < 0) {
-        LOG_E("cannot open %s: %s", path, strerror(errno));
-        return -1;
+    /* A supervisor of this cluster that is stopping unlinks supervisor.pid, still locked, and may
+     * remove the directory (s_clean_run_dir): an open that finds no directory, or a lock won on a
+     * file no longer at the path, was in its way; try again, on the path as it is now. */
+    for (int attempt = 0;; attempt++) {
+        if (attempt > 0 && s_make_run_dir(s) != 0)
+            return -1;
+        s->lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+        if (s->lock_fd < 0) {
+            if (errno == ENOENT && attempt < 3)
+                continue;
+            LOG_E("cannot open %s: %s", path, strerror(errno));
+            return -1;
+        }
+        if (flock(s->lock_fd, LOCK_EX | LOCK_NB) != 0) {
+            char pid[32] = "";
+            const ssize_t n = pread(s->lock_fd, pid, sizeof pid - 1, 0);
+            pid[n > 0 ? n : 0] = '\0';
+            pid[strcspn(pid, "\n")] = '\0';
+            LOG_E("cluster '%s' is already running: supervisor pid %s holds %s (stop it with SIGTERM first, or give "
+                  "this topology another name or endpoints.run_dir)", s->topo->name, pid[0] ? pid : "?", path);
+            return -1;
+        }
+        struct stat held, there;
+        if (fstat(s->lock_fd, &held) == 0 && stat(path, &there) == 0 && held.st_dev == there.st_dev &&
+            held.st_ino == there.st_ino)
+            break;
+        close(s->lock_fd);
+        s->lock_fd = -1;
+        if (attempt >= 3) {
+            LOG_E("%s keeps being removed as we lock it (another supervisor of cluster '%s' stopping and starting?)",
+                  path, s->topo->name);
+            return -1;
+        }
     }
-    if (flock(s->lock_fd, LOCK_EX | LOCK_NB) != 0) {
-        char pid[32] = "";
-        const ssize_t n = pread(s->lock_fd, pid, sizeof pid - 1, 0);
-        pid[n > 0 ? n : 0] = '\0';
-        pid[strcspn(pid, "\n")] = '\0';
-        LOG_E("cluster '%s' is already running: supervisor pid %s holds %s (stop it with SIGTERM first, or give "
-              "this topology another name or endpoints.run_dir)", s->topo->name, pid[0] ? pid : "?", path);
-        return -1;
-    }
+    s->locked = 1;
     char pid[32];
     const int n = snprintf(pid, sizeof pid, "%d\n", (int)getpid());
     if (ftruncate(s->lock_fd, 0) != 0 || pwrite(s->lock_fd, pid, (size_t)n, 0) != n)
@@ -815,7 +844,68 @@ static int s_run(supervisor_t *s, const char *ready_file)
     }
 }
 
-/* Sockets close before zmq_ctx_term, which would otherwise wait for them forever. */
+/* Removes endpoint's socket file when it is an ipc endpoint inside the run directory. One
+ * elsewhere (an ipc endpoints.client of the user's choosing) is not under our lock, and a cluster
+ * started since may have bound the same path: left alone (the next bind replaces it anyway). */
+static void s_unlink_ipc(const supervisor_t *s, const char *endpoint)
+{
+    const char *dir = s->topo->endpoints.run_dir;
+    const size_t n = strlen(dir);
+    if (strncmp(endpoint, "ipc://", 6) != 0 || strncmp(endpoint + 6, dir, n) != 0 || endpoint[6 + n] != '/')
+        return;
+    if (unlink(endpoint + 6) != 0 && errno != ENOENT)
+        LOG_W("cannot remove %s: %s", endpoint + 6, strerror(errno));
+}
+
+/* What the cluster left in its run directory, removed once none of our local actors runs (each
+ * one reaped, the SIGKILLed ones too, which could not remove their own; libzmq leaves an ipc
+ * socket's file behind even on a clean close): every ipc socket the topology puts there
+ * (control, stats, each inbox, a client or inspect endpoint placed there), the expert-parallel
+ * groups' meeting sockets, the default key directory <run_dir>/keys (made fresh at each launch;
+ * a named security.curve_keys_dir is kept, other nodes read it), supervisor.pid and, when we
+ * created it and nothing else is left in it, the directory. Only under our lock of supervisor.pid,
+ * which says the directory is ours: a second supervisor of it was refused before it bound anything.
+ * Anything else in it (a cache.disk_dir placed there, a user's file) stays. */
+static void s_clean_run_dir(supervisor_t *s)
+{
+    if (!s->locked)
+        return;
+    const topo_t *t = s->topo;
+    const char *dir = t->endpoints.run_dir;
+    char path[PATH_MAX];
+    s_unlink_ipc(s, t->endpoints.control_bind);
+    s_unlink_ipc(s, t->endpoints.stats_bind);
+    s_unlink_ipc(s, t->endpoints.inspect);
+    for (int k = 0; k < t->endpoints.n_clients; k++)
+        s_unlink_ipc(s, t->endpoints.clients[k]);
+    for (int i = 0; i < t->n_instances; i++) {
+        const topo_instance_t *in = &t->instances[i];
+        s_unlink_ipc(s, in->inbox_bind);
+        /* <run_dir>/<rank 0's name>.ep<rank> (engine/ep_sock.c): a rank unlinks its own once the
+         * group has met, so only one killed while meeting leaves it */
+        const int ep = in->actor >= 0 && in->actor < t->n_actors ? t->actors[in->actor].ep : 1;
+        for (int r = 0; ep > 1 && in->index % ep == 0 && r < ep; r++)
+            if (snprintf(path, sizeof path, "%s/%s.ep%d", dir, in->name, r) < (int)sizeof path)
+                unlink(path);
+    }
+    if (!t->security.curve_keys_dir[0]) {
+        char pub[TOPO_PATH_MAX + 128], key[TOPO_PATH_MAX + 128];
+        for (int i = 0; i <= t->n_instances; i++)
+            if (actor_key_paths(t, i < t->n_instances ? t->instances[i].name : "supervisor", pub, key, sizeof pub) == 0) {
+                unlink(pub);
+                unlink(key);
+            }
+        snprintf(path, sizeof path, "%s/keys", dir);
+        rmdir(path);   /* absent without CURVE; kept if something else is in it */
+    }
+    snprintf(path, sizeof path, "%s/supervisor.pid", dir);
+    unlink(path);      /* still locked: a supervisor starting now retries on a new file (s_lock_run_dir) */
+    if (s->made_run_dir)
+        rmdir(dir);    /* fails, harmlessly, when anything else is in it */
+}
+
+/* Sockets close before zmq_ctx_term, which would otherwise wait for them forever. Every local
+ * actor has been reaped by now (s_stop_all), so the run directory can be cleaned. */
 static void s_destroy(supervisor_t *s)
 {
     zmq_close(s->control);
@@ -825,6 +915,7 @@ static void s_destroy(supervisor_t *s)
     restart_window_free(&s->window);
     free(s->children);
     free(s->sendbuf);
+    s_clean_run_dir(s);
     topo_destroy(&s->topo);
     close(s->lock_fd);             /* the last thing: the run directory is free for another supervisor */
 }
@@ -845,10 +936,13 @@ int main(int argc, char **argv)
         s_check_or_print(s, &o);
         return 0;
     }
-    /* A failed setup leaves the cleanup to exit(): no actor has been started yet. */
+    /* A failed setup leaves the cleanup to exit(): no actor has been started yet. What it made in
+     * the run directory goes, if the directory is ours (locked). */
     if (s_resolve_paths(s, &o) != 0 || s_make_run_dir(s) != 0 || s_lock_run_dir(s) != 0 ||
-        s_bind_control(s) != 0 || s_connect_stats(s) != 0)
+        s_bind_control(s) != 0 || s_connect_stats(s) != 0) {
+        s_clean_run_dir(s);
         return EXIT_USAGE;
+    }
     s_install_signals();
 
     int exit_code = s_start_all(s);
