@@ -6,7 +6,7 @@
 # 3. runs the GPU tests (build/gpu-tests/test_backend_cuda: every op against the CPU backend, and
 #    the transformers fixtures end to end on CUDA), with PDL (default) and with plain launches, and
 #    its quantized matmuls again on the older paths (TROUPE_CUDA_QDEQUANT_CHUNKS=0,
-#    TROUPE_CUDA_QUANT_I8_GEMM=0, TROUPE_CUDA_QGEMV_MAX_M=8), which must stay right too;
+#    TROUPE_CUDA_QUANT_I8_GEMM=0, TROUPE_CUDA_QGEMV_MAX_M=8, TROUPE_CUDA_QGEMV_WIDE=0), which must stay right too;
 # 4. benchmarks: copy bandwidth and the bf16 GEMM ceiling (build/gpu-tests/bench_cuda, which also
 #    times the backend's M=1 matmuls), then troupe-generate on Llama-3.1-8B's shape (dummy bf16
 #    weights, 128 prompt ids, 128 greedy tokens, --ignore-eos) on the CUDA backend, with the GEMV
@@ -115,8 +115,8 @@ elif [ -x build/gpu-tests/test_backend_cuda ]; then
   { echo "### launches: PDL (default)"; timeout 200 build/gpu-tests/test_backend_cuda 2>&1 || { status=1; echo "### FAILED"; }
     echo "### launches: TROUPE_CUDA_PDL=0"; TROUPE_CUDA_PDL=0 timeout 200 build/gpu-tests/test_backend_cuda 2>&1 \
       || { status=1; echo "### FAILED"; }
-    echo "### quantized matmuls: TROUPE_CUDA_QDEQUANT_CHUNKS=0 TROUPE_CUDA_QUANT_I8_GEMM=0 TROUPE_CUDA_QGEMV_MAX_M=8"
-    TROUPE_CUDA_QDEQUANT_CHUNKS=0 TROUPE_CUDA_QUANT_I8_GEMM=0 TROUPE_CUDA_QGEMV_MAX_M=8 TROUPE_TEST_FILTER='*quant_matmul*' \
+    echo "### quantized matmuls: TROUPE_CUDA_QDEQUANT_CHUNKS=0 TROUPE_CUDA_QUANT_I8_GEMM=0 TROUPE_CUDA_QGEMV_MAX_M=8 TROUPE_CUDA_QGEMV_WIDE=0"
+    TROUPE_CUDA_QDEQUANT_CHUNKS=0 TROUPE_CUDA_QUANT_I8_GEMM=0 TROUPE_CUDA_QGEMV_MAX_M=8 TROUPE_CUDA_QGEMV_WIDE=0 TROUPE_TEST_FILTER='*quant_matmul*' \
       timeout 100 build/gpu-tests/test_backend_cuda 2>&1 || { status=1; echo "### FAILED"; }; } >"$OUT/gpu-tests.log"
   grep -E '###|FAILED|ERROR|error|PASSED|rel err [0-9.e+-]+ \(bound 1e-0[24]\)|lockstep' "$OUT/gpu-tests.log" | head -60
   p=$(grep -oE '\[  PASSED  \] [0-9]+' "$OUT/gpu-tests.log" | awk '{s+=$4} END {print s+0}')

@@ -17,7 +17,8 @@
  *   TROUPE_CUDA_QGEMV_MAX_M  the same for W8A8 weights (fp8 / int8 with per-token activations;
  *                           default 16, or TROUPE_CUDA_GEMV_MAX_M where that is given lower): steps
  *                           of 9-16 rows (batch 16, verify steps) read the codes once on the
- *                           tensor-core GEMV instead of running the FP8 / int8 GEMM
+ *                           tensor-core GEMV instead of running the FP8 / int8 GEMM; weight-only fp8,
+ *                           int8 and int4 g128 too unless TROUPE_CUDA_QGEMV_WIDE=0 (cuda_quant.cu)
  *   TROUPE_CUDA_GEMV_WARPS  warps sharing a GEMV row: 0 (default: 8 for matrices of fewer than 3
  *                           waves of 4-warp blocks, else 4; cuda_matmul.cu), 1, 4 or 8 for all
  *   TROUPE_CUDA_GEMM_SPLIT  N: GEMMs of <= N rows (default 32) take activations as bf16/f16 hi + lo,

@@ -1,6 +1,6 @@
 /* kernels/cuda/cuda_qgemv_mma.cuh — the weight-only GEMV of quantized weights on the tensor cores
  * (internal: cuda_quant.cu and tests/gpu/bench_qgemv.cu include it): y[m][n] = sum_k x[m][k] W[n][k]
- * for M <= 8 rows of f32 x (16 with W8A8 activations: qm_max_rows), W in fp8 e4m3, int8, int4 or
+ * for M <= 8 rows of f32 x (16 with W8A8 activations or QM_F_WIDE: qm_launch_rows), W in fp8 e4m3, int8, int4 or
  * fp4 e2m1 codes with f32 block scales (kernels/backend.h's bk_mat_t), optionally x quantized per
  * row first (W8A8's dynamic fp8 / int8 activations, bk_mat_t.qact). One launch may cover up to
  * QM_PARTS matrices over the same x (q, k, v; gate, up): its blocks are dealt out to the parts in
@@ -117,7 +117,7 @@ typedef struct qm_args {
     const float *x;               /* [M][K] f32: each block stages xs from it (xs NULL) */
     const uint16_t *xs;           /* [R][K] f16 from k_qm_prep, or NULL */
     const float *xmul;            /* [M] from k_qm_prep: what row m's sums are multiplied by (2^-e or s) */
-    int M, R;                     /* rows of x (1..qm_max_rows); rows of xs: 2M (hi, lo) or M (codes) */
+    int M, R;                     /* rows of x (1..qm_launch_rows); rows of xs: 2M (hi, lo) or M (codes) */
 } qm_args_t;
 
 template <int FMT> struct qm_fmt {
@@ -560,7 +560,8 @@ static __device__ __forceinline__ qm_rows<FMT> qm_rows_of(const qm_args_t &a, co
     return r;
 }
 
-/* NT: column tiles of 8 (R <= 8: 1, else 2); RS: one scale per row, else per group of columns;
+/* NT: column tiles of 8 (R <= 8: 1, R <= 16: 2, else 4: weight-only x of 16 rows, QM_F_WIDE, one
+ * block of 8 warps per SM for its registers); RS: one scale per row, else per group of columns;
  * W: warps per block; U: steps of loads in flight per lane (QM_U, or fewer for more blocks per SM:
  * QM_F_SHALLOW); MIX (fp8): words 2 and 3 of each chunk decoded by qm_dec_fp8_int into a
  * fragment of their own (scaled by 2^8 when added), words 0 and 1 by the convert, so that the
@@ -569,7 +570,7 @@ static __device__ __forceinline__ qm_rows<FMT> qm_rows_of(const qm_args_t &a, co
  * them; a warp's last loads of one row block are followed by the first of its next, so the loads
  * stay in flight across the reduction between them. */
 template <int FMT, int NT, bool RS, int W, bool MIX = false, int U = QM_U>
-__global__ void __launch_bounds__(W * 32, (U < QM_U ? 24 : 16) / W) k_qgemv_mma(qm_args_t a)
+__global__ void __launch_bounds__(W * 32, (NT > 2 ? 8 : U < QM_U ? 24 : 16) / W) k_qgemv_mma(qm_args_t a)
 {
     static_assert(!MIX || FMT == BK_Q_FP8 || (FMT == BK_Q_I8 && NT == 1), "fp8's split decode, int8 W8A8's IMMA");
     constexpr bool IMMA = MIX && FMT == BK_Q_I8;   /* int8 codes times x's int8 codes, exactly */
@@ -918,12 +919,29 @@ static inline qm_kernel_t qm_kernel_bd(int fmt, int R, int w)
     return NULL;
 }
 
+/* Four column tiles (R up to 32): 8 warps only (qm_wide_ok; 16 would pass 48 KB of static shared
+ * memory for the partial sums). */
+template <int FMT, bool RS> static inline qm_kernel_t qm_pick_wide(int w)
+{
+    return w == 8 ? k_qgemv_mma<FMT, 4, RS, 8> : NULL;
+}
+
 /* The kernel for fmt with R rows of xs, w warps, one scale per row or not (mix: fp8's split decode
  * or int8 W8A8's IMMA, one scale per row only; shallow: 2 steps in flight, R <= 8 only); NULL when
  * not built. */
 static inline qm_kernel_t qm_kernel(int fmt, int R, int w, bool rs, bool mix, bool shallow)
 {
     const bool two = R > 8;
+    if (R > 16) {                                  /* weight-only x of 9..16 rows (hi and lo) */
+        if (mix || shallow)
+            return NULL;
+        switch (fmt) {
+        case BK_Q_FP8: return rs ? qm_pick_wide<BK_Q_FP8, true>(w) : qm_pick_wide<BK_Q_FP8, false>(w);
+        case BK_Q_I8: return rs ? qm_pick_wide<BK_Q_I8, true>(w) : NULL;
+        case BK_Q_I4: return rs ? NULL : qm_pick_wide<BK_Q_I4, false>(w);
+        default: return NULL;
+        }
+    }
     if (shallow && !two) {
         switch (fmt) {
         case BK_Q_FP8:
@@ -961,10 +979,10 @@ typedef struct qm_plan {
     qm_args_t args;
 } qm_plan_t;
 
-enum { QM_F_STAGE = 1, QM_F_FP8_MIX = 2, QM_F_SHALLOW = 4, QM_F_I8_IMMA = 8 };   /* qm_setup's flags */
+enum { QM_F_STAGE = 1, QM_F_FP8_MIX = 2, QM_F_SHALLOW = 4, QM_F_I8_IMMA = 8, QM_F_WIDE = 16 };   /* qm_setup's flags */
 
-/* Scratch for the pre-pass (16-byte aligned): xmul, then xs [16][K]. */
-static inline size_t qm_scratch_bytes(int64_t K) { return QM_XS_OFF + (size_t)16 * (size_t)K * 2; }
+/* Scratch for the pre-pass (16-byte aligned): xmul, then xs [32][K] (16 rows' hi and lo parts). */
+static inline size_t qm_scratch_bytes(int64_t K) { return QM_XS_OFF + (size_t)32 * (size_t)K * 2; }
 static inline uint16_t *qm_scratch_xs(void *scratch) { return (uint16_t *)((char *)scratch + QM_XS_OFF); }
 
 /* Raises kernel k's dynamic shared memory limit to QM_STAGE_MAX on the current device, once per
@@ -1020,9 +1038,26 @@ static inline int qm_occupancy(qm_kernel_t k, unsigned threads, size_t smem)
  * quantized activations (W8A8: one column a row, the same two tiles). Past 8 rows xs always comes
  * from the pre-pass and a block needs a thread per output of its row block (16 M), so every row
  * keeps the bits it has at M = 1: each column is its own dot product, the warps come from K. */
-static inline int qm_max_rows(int act) { return act == BK_QA_NONE ? 8 : 16; }
+/* Whether weight-only x of up to 16 rows runs in one launch (QM_F_WIDE; TROUPE_CUDA_QGEMV_WIDE=1 in
+ * cuda_quant.cu): its 32 xs rows are four column tiles, so a step's decoded A fragment serves 16
+ * rows and the codes are read once, not once per 8 rows. The byte codes (fp8 any grid, int8 one
+ * scale per row) and int4 with groups of whole steps; not the block-diagonal kernel (nvfp4, int4
+ * g32 / g64), whose tiles grow with the rows. A block needs 8 warps (a thread per output of 16
+ * rows: qm_finish), which qm_warps gives from 16 steps of K on. */
+static inline bool qm_wide_ok(int fmt, int64_t K, int gc)
+{
+    const bool rs = gc >= K;
+    const bool kernel = fmt == BK_Q_FP8 || (fmt == BK_Q_I8 && rs) || (fmt == BK_Q_I4 && !rs && gc % 128 == 0);
+    return kernel && qm_warps(K, fmt) == 8;
+}
 
-/* The plan for up to qm_max_rows(act) rows of x (mr) times n <= QM_PARTS weights of one format, K, column grid
+/* Rows of x one launch takes (qm_setup's flags). */
+static inline int qm_launch_rows(int fmt, int64_t K, int gc, int act, int flags)
+{
+    return act != BK_QA_NONE || ((flags & QM_F_WIDE) && qm_wide_ok(fmt, K, gc)) ? 16 : 8;
+}
+
+/* The plan for up to qm_launch_rows rows of x (mr) times n <= QM_PARTS weights of one format, K, column grid
  * (gc) and activation treatment (each part's codes, scale, N, gr, bias, y in parts[]; end is set
  * here), or 0 when a part is not taken (qm_ok) or the kernel not built. warps: 0 for qm_warps'
  * choice, else 4, 8 or 16. flags: QM_F_STAGE lets blocks stage xs in shared memory where it fits
@@ -1039,7 +1074,7 @@ static inline int qm_setup(qm_plan_t *pl, int fmt, int64_t K, int gc, int act, c
     const bool stage = flags & QM_F_STAGE;
     const bool imma = (flags & QM_F_I8_IMMA) && fmt == BK_Q_I8 && act == BK_QA_I8_TOKEN && gc >= K;
     const bool mix = ((flags & QM_F_FP8_MIX) && fmt == BK_Q_FP8 && gc >= K) || imma;
-    if (mr < 1 || mr > qm_max_rows(act) || n < 1 || n > QM_PARTS)
+    if (mr < 1 || mr > qm_launch_rows(fmt, K, gc, act, flags) || n < 1 || n > QM_PARTS)
         return 0;
     const bool rs = gc >= K;
     for (int i = 0; i < n; i++)

@@ -43,13 +43,26 @@
 #include "kernels/cuda/cuda_qgemv.cuh"
 #include "kernels/cuda/cuda_qgemv_mma.cuh"
 
-/* Rows up to which a matmul over w runs the GEMV: gemv_max_m weight-only (x's hi and lo parts, 8
- * rows a launch: more rows would read the codes again per 8), qgemv_max_m with W8A8 activations
- * (one launch of up to 16). One H100, 2026-12-07, 8B shape at batch 16 (16 rows): fp8 W8A8 5.88 ms
- * a step against 6.70 on the FP8 GEMM, int8 5.88 against 7.10 on the int8 GEMM. */
+/* Rows up to which a matmul over w runs the GEMV: with W8A8 activations qgemv_max_m (16, one
+ * launch: one H100, 2026-12-07, 8B shape at batch 16: fp8 5.88 ms a step against 6.70 on the FP8
+ * GEMM, int8 5.88 against 7.10 on the int8 GEMM); weight-only, the same where qm_wide_ok takes 16
+ * rows (x's hi and lo parts in four column tiles; same H100 and day: int4 g128 at batch 16 9.17 ms
+ * against 16.69 dequantizing to bf16, TROUPE_CUDA_QGEMV_WIDE=0), else gemv_max_m (8: more rows
+ * would read the codes again per 8). */
+static int s_qgemv_wide(void)
+{
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("TROUPE_CUDA_QGEMV_WIDE");
+        on = !(e && e[0] == '0');
+    }
+    return on;
+}
+
 static int s_qgemv_rows(const cuda_state_t *st, const bk_mat_t *w)
 {
-    return w->qact == BK_QA_NONE ? st->gemv_max_m : st->qgemv_max_m;
+    const bool wide = s_qgemv_wide() && qm_wide_ok(w->qfmt, w->cols, (int)w->qgc);
+    return w->qact == BK_QA_NONE && !wide ? st->gemv_max_m : st->qgemv_max_m;
 }
 
 /* The GEMV: the vector kernel where the shape allows (cuda_qgemv.cuh), else the any-shape one;
@@ -80,7 +93,8 @@ static void s_qgemv(const cuda_state_t *st, const bk_mat_t *w, const float *x, i
 }
 
 /* The tensor-core GEMV (cuda_qgemv_mma.cuh) for n <= QM_PARTS weights over one x (q, k, v; gate,
- * up: one format, K, column grid and activation treatment), all in ONE launch per 8 rows of x,
+ * up: one format, K, column grid and activation treatment), all in ONE launch per 8 rows of x (16
+ * with W8A8 activations, and weight-only where qm_wide_ok says so),
  * activations quantized (w->qact) by the kernel itself, or by one pre-pass shared by every part
  * where x's operands do not fit a block's shared memory; 1 when it does not take them (nothing
  * queued). Each part's rows get the bits a launch of their own would give (qm_warps: from K).
@@ -90,7 +104,8 @@ static void s_qgemv(const cuda_state_t *st, const bk_mat_t *w, const float *x, i
  * hold at once, TROUPE_CUDA_QGEMV_FP8_DECODE=mix fp8 (one scale per row) decoded half by the
  * convert, half by integer operations, TROUPE_CUDA_QGEMV_DEPTH=2 two steps of loads in flight per
  * lane instead of four, with 1.5x the blocks per SM, TROUPE_CUDA_QGEMV_I8_IMMA=1 int8 W8A8 on the
- * integer tensor cores (to compare). */
+ * integer tensor cores (to compare), TROUPE_CUDA_QGEMV_WIDE=0 weight-only steps of 9-16 rows dequantized to bf16
+ * for the GEMM instead of one launch (to compare). */
 static int s_qgemv_mma(backend_t *be, cuda_state_t *st, int n, const bk_mat_t *const w[], const float *x, int M,
                        const float *const bias[], float *const y[])
 {
@@ -102,7 +117,8 @@ static int s_qgemv_mma(backend_t *be, cuda_state_t *st, int n, const bk_mat_t *c
         const char *s = getenv("TROUPE_CUDA_QGEMV_STAGE"), *d = getenv("TROUPE_CUDA_QGEMV_FP8_DECODE");
         const char *sh = getenv("TROUPE_CUDA_QGEMV_DEPTH"), *im = getenv("TROUPE_CUDA_QGEMV_I8_IMMA");
         flags = (s && s[0] == '0' ? 0 : QM_F_STAGE) | (d && strcmp(d, "mix") == 0 ? QM_F_FP8_MIX : 0) |
-                (sh && atoi(sh) == 2 ? QM_F_SHALLOW : 0) | (im && im[0] == '1' ? QM_F_I8_IMMA : 0);
+                (sh && atoi(sh) == 2 ? QM_F_SHALLOW : 0) | (im && im[0] == '1' ? QM_F_I8_IMMA : 0) |
+                (s_qgemv_wide() ? QM_F_WIDE : 0);
         const char *gs = getenv("TROUPE_CUDA_QGEMV_GRID");
         grid_sms = !(gs && gs[0] == '0');
     }
@@ -116,7 +132,7 @@ static int s_qgemv_mma(backend_t *be, cuda_state_t *st, int n, const bk_mat_t *c
     void *scratch = cuda_scratch(be, &st->quant_x, &st->quant_x_bytes, qm_scratch_bytes(K));
     const int warps = mode == 1 ? 0 : mode;
     qm_plan_t pl[1];
-    const int rows = qm_max_rows(w[0]->qact);
+    const int rows = qm_launch_rows(w[0]->qfmt, K, (int)w[0]->qgc, w[0]->qact, flags);
     for (int m0 = 0; m0 < M; m0 += rows) {
         const int mr = M - m0 < rows ? M - m0 : rows;
         qm_part_t parts[QM_PARTS];
@@ -308,7 +324,10 @@ __global__ void k_w8a8_epilogue(float *y, int64_t M, int64_t N, const float *sx,
     y[m * N + n] = v;
 }
 
-/* cuBLASLt plans of the W8A8 GEMMs, by element type, shape (and handle), made on first use. */
+/* cuBLASLt plans of the W8A8 GEMMs, by element type, shape (and handle), made on first use. (The
+ * scales stay in our own epilogue pass: the cuBLASLt of the H100 machine of 2026-12-07 refused
+ * outer-vector scales, CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F, for FP8 with 'an unsupported
+ * value or parameter'.) */
 typedef struct w8_plan {
     cublasLtHandle_t lt;
     int i8;                                        /* int8 (int32 sums) or fp8 (f32 sums) */
@@ -368,14 +387,11 @@ static const w8_plan_t *s_w8_plan(cuda_state_t *st, int i8, int M, int64_t N, in
     return p;
 }
 
-/* The W8A8 GEMM for an fp8 or int8 weight with one scale per row block and per-token activations of
- * its own format; 1 when it does not apply (or cuBLASLt has no algorithm), nothing queued.
- * TROUPE_CUDA_QUANT_FP8_GEMM=0 turns fp8's off, TROUPE_CUDA_QUANT_I8_GEMM=0 int8's (both then
- * dequantize to bf16; on one H100, 2026-12-07, an 8B int8 step at batch 256 took 17.8 ms with the
- * int8 GEMM, 28.9 dequantizing). int8's sums are exact (int32), fp8's the tensor cores' f32 sums
- * of exact products; the scales come after. */
-static int s_w8a8_gemm(backend_t *be, cuda_state_t *st, const float *x, int M, const bk_mat_t *w, const float *bias,
-                       float *y)
+/* Whether w takes the W8A8 GEMM: an fp8 or int8 weight with one scale per row block and per-token
+ * activations of its own format (TROUPE_CUDA_QUANT_FP8_GEMM=0 turns fp8's off,
+ * TROUPE_CUDA_QUANT_I8_GEMM=0 int8's: both then dequantize to bf16; on one H100, 2026-12-07, an 8B
+ * int8 step at batch 256 took 17.8 ms with the int8 GEMM, 28.9 dequantizing). */
+static bool s_w8a8_takes(const bk_mat_t *w, const float *y, int M)
 {
     static int fp8_on = -1, i8_on = -1;
     if (fp8_on < 0) {
@@ -385,23 +401,71 @@ static int s_w8a8_gemm(backend_t *be, cuda_state_t *st, const float *x, int M, c
     }
     const int64_t N = w->rows, K = w->cols;
     const int i8 = w->qfmt == BK_Q_I8;
-    if (!(i8 ? i8_on && w->qact == BK_QA_I8_TOKEN : fp8_on && w->qfmt == BK_Q_FP8 && w->qact == BK_QA_FP8_TOKEN) ||
-        w->qgc < K || K % 16 || N % 16 || (uintptr_t)w->data % 16 || (uintptr_t)y % 16 || M > 65535)
-        return 1;
-    const w8_plan_t *p = s_w8_plan(st, i8, M, N, K);
-    if (!p->ok)
-        return 1;
+    return (i8 ? i8_on && w->qact == BK_QA_I8_TOKEN : fp8_on && w->qfmt == BK_Q_FP8 && w->qact == BK_QA_FP8_TOKEN) &&
+           w->qgc >= K && K % 16 == 0 && N % 16 == 0 && (uintptr_t)w->data % 16 == 0 && (uintptr_t)y % 16 == 0 &&
+           M <= 65535;
+}
+
+/* x's codes for the W8A8 GEMM (k_qact_w8 into scratch): [M][K] bytes, then [M] f32 row scales. */
+typedef struct w8_x {
+    const uint8_t *q;
+    const float *s;
+} w8_x_t;
+
+static w8_x_t s_w8a8_quantize(backend_t *be, cuda_state_t *st, const float *x, int M, int64_t K, int i8)
+{
     const size_t xq_bytes = ((size_t)M * (size_t)K + 255) / 256 * 256;
     uint8_t *xq = (uint8_t *)cuda_scratch(be, &st->quant_x, &st->quant_x_bytes, xq_bytes + (size_t)M * 4);
     float *sx = (float *)(xq + xq_bytes);
     cuda_launch(st, i8 ? k_qact_w8<true> : k_qact_w8<false>, dim3((unsigned)M), dim3(256), x, K, xq, sx);
+    return (w8_x_t){xq, sx};
+}
+
+/* The GEMM over x's codes and its epilogue: int8's sums are exact (int32), fp8's the tensor cores'
+ * f32 sums of exact products; the scales come after, in one pass over y (k_w8a8_epilogue). 1 when
+ * cuBLASLt has no algorithm for the shape, nothing queued. */
+static int s_w8a8_run(cuda_state_t *st, const w8_x_t *xq, int M, const bk_mat_t *w, const float *bias, float *y)
+{
+    const int64_t N = w->rows, K = w->cols;
+    const int i8 = w->qfmt == BK_Q_I8;
     const float alpha = 1.0f, beta = 0.0f;
     const int32_t alpha_i = 1, beta_i = 0;
+    const w8_plan_t *p = s_w8_plan(st, i8, M, N, K);
+    if (!p->ok)
+        return 1;
     CUBLAS_CHECK(cublasLtMatmul(st->lt, p->desc, i8 ? (const void *)&alpha_i : (const void *)&alpha, w->data, p->la,
-                                xq, p->lb, i8 ? (const void *)&beta_i : (const void *)&beta, y, p->lc, y, p->lc,
+                                xq->q, p->lb, i8 ? (const void *)&beta_i : (const void *)&beta, y, p->lc, y, p->lc,
                                 &p->algo, st->lt_ws, st->lt_ws_bytes, st->stream));
     cuda_launch(st, i8 ? k_w8a8_epilogue<int32_t> : k_w8a8_epilogue<float>, dim3((unsigned)((N + 255) / 256), (unsigned)M),
-                dim3(256), y, (int64_t)M, N, (const float *)sx, w->qscale, (int)w->qgr, bias);
+                dim3(256), y, (int64_t)M, N, xq->s, w->qscale, (int)w->qgr, bias);
+    return 0;
+}
+
+/* The W8A8 GEMM of one weight; 1 when it does not apply, nothing queued. */
+static int s_w8a8_gemm(backend_t *be, cuda_state_t *st, const float *x, int M, const bk_mat_t *w, const float *bias,
+                       float *y)
+{
+    const int i8 = w->qfmt == BK_Q_I8;
+    if (!s_w8a8_takes(w, y, M) || !s_w8_plan(st, i8, M, w->rows, w->cols)->ok)
+        return 1;
+    const w8_x_t xq = s_w8a8_quantize(be, st, x, M, w->cols, i8);
+    return s_w8a8_run(st, &xq, M, w, bias, y);
+}
+
+/* n W8A8 GEMMs over one x (q, k, v; gate, up) with x quantized once: the bits of n cuda_qmatmul
+ * calls (the same codes, plans and epilogue), less n - 1 passes over x. 1 when any part does not
+ * take it, nothing queued. */
+static int s_w8a8_gemm_n(backend_t *be, cuda_state_t *st, const float *x, int M, int n, const bk_mat_t *const w[],
+                         const float *const bias[], float *const y[])
+{
+    const int i8 = w[0]->qfmt == BK_Q_I8;
+    for (int i = 0; i < n; i++)
+        if (w[i]->qfmt != w[0]->qfmt || w[i]->qact != w[0]->qact || w[i]->cols != w[0]->cols ||
+            !s_w8a8_takes(w[i], y[i], M) || !s_w8_plan(st, i8, M, w[i]->rows, w[i]->cols)->ok)
+            return 1;
+    const w8_x_t xq = s_w8a8_quantize(be, st, x, M, w[0]->cols, i8);
+    for (int i = 0; i < n; i++)
+        s_w8a8_run(st, &xq, M, w[i], bias ? bias[i] : NULL, y[i]);   /* planned above: cannot refuse */
     return 0;
 }
 
@@ -450,7 +514,8 @@ void cuda_qmatmul(backend_t *be, const float *x, int M, const bk_mat_t *w, const
 }
 
 /* n quantized matmuls over one x (backend.h matmul_n: q, k, v; gate, up): on the tensor-core GEMV
- * one launch for all of them, each part's bits those of its own cuda_qmatmul; else one each. */
+ * one launch for all of them, on the W8A8 GEMM x quantized once for all of them, each part's bits
+ * those of its own cuda_qmatmul; else one each. */
 void cuda_qmatmul_n(backend_t *be, const float *x, int M, int n, const bk_mat_t *const w[], const float *const bias[],
                     float *const y[])
 {
@@ -458,6 +523,8 @@ void cuda_qmatmul_n(backend_t *be, const float *x, int M, int n, const bk_mat_t 
         return;
     cuda_state_t *st = cuda_st(be);
     if (M <= s_qgemv_rows(st, w[0]) && s_qgemv_mma(be, st, n, w, x, M, bias, y) == 0)
+        return;
+    if (M > s_qgemv_rows(st, w[0]) && s_w8a8_gemm_n(be, st, x, M, n, w, bias, y) == 0)
         return;
     for (int i = 0; i < n; i++)
         cuda_qmatmul(be, x, M, w[i], bias ? bias[i] : NULL, y[i]);

@@ -412,6 +412,16 @@ static void test_matmul(void **state)
     s_matmul_case(s_gpu2, DT_F16, 300, 200, 136, 0, 0);
 }
 
+/* kernels/cuda/cuda_qgemv_mma.cuh's qm_wide_ok, whether a weight-only GEMV takes 16 rows in one
+ * launch (unless TROUPE_CUDA_QGEMV_WIDE=0): byte codes, or int4 with groups of whole 128-k steps, and 16
+ * steps of K (8 warps a block). */
+static int s_qgemv_wide_ok(int fmt, int K, int gc)
+{
+    const int nib = fmt == BK_Q_I4 || fmt == BK_Q_FP4, rs = gc >= K, sk = nib ? 128 : 64;
+    const int kernel = fmt == BK_Q_FP8 || (fmt == BK_Q_I8 && rs) || (fmt == BK_Q_I4 && !rs && gc % 128 == 0);
+    return kernel && (K + sk - 1) / sk >= 16;
+}
+
 /* Quantized weights (kernels/cuda/cuda_quant.cu) against the CPU reference (cpu_quant.c): codes and
  * scales from engine/quant.c's encoder, every format and scale grid, per-token activations. The
  * GEMV (M <= 8) sums the same dequantized f32 weight in another order; GEMM-sized steps round the
@@ -448,9 +458,11 @@ static void s_qmatmul_case(int fmt, int gr, int gc, int act, int M, int N, int K
     const int w8_shape = ec >= K && K % 16 == 0 && N % 16 == 0;
     const int w8_gemm = w8_shape && ((fmt == BK_Q_FP8 && act == BK_QA_FP8_TOKEN) ||
                                      (fmt == BK_Q_I8 && act == BK_QA_I8_TOKEN && !(i8e && i8e[0] == '0')));
-    /* W8A8: rows up to 16 on the tensor-core GEMV (one launch), unless TROUPE_CUDA_QGEMV_MAX_M says less */
-    const char *qme = getenv("TROUPE_CUDA_QGEMV_MAX_M");
-    const int gemv_m = act == BK_QA_NONE ? GEMV_MAX_M : qme ? atoi(qme) : 16;
+    /* W8A8: rows up to 16 on the tensor-core GEMV (one launch), unless TROUPE_CUDA_QGEMV_MAX_M says
+     * less; weight-only too where the kernel takes 16 rows, unless TROUPE_CUDA_QGEMV_WIDE=0 */
+    const char *qme = getenv("TROUPE_CUDA_QGEMV_MAX_M"), *wide = getenv("TROUPE_CUDA_QGEMV_WIDE");
+    const int w16 = act != BK_QA_NONE || (!(wide && wide[0] == '0') && s_qgemv_wide_ok(fmt, K, ec));
+    const int gemv_m = !w16 ? GEMV_MAX_M : qme ? atoi(qme) : 16;
     s_compare(res[1], res[0], (size_t)M * N, M <= gemv_m ? B_F32 : w8_gemm ? B_FP8_GEMM : B_BF16_GEMM, what);
     free(res[0]), free(res[1]), free(codes), free(sc), free(wf), free(x), free(bias);
 }
@@ -468,9 +480,11 @@ static void test_quant_matmul(void **state)
      * in a block's shared memory beside its partial sums over 48 KB at 8 x 1,024 (weight-only) and
      * made by the pre-pass at 8 x 4,096; K = 264, and the nibbles at K = 1,040 — no multiple of 32 — the
      * CUDA-core kernels, which TROUPE_CUDA_QGEMV_MMA=0 runs for every case: tools/gpu-quant.sh runs
-     * this test both ways), the GEMM paths (fp8 W8A8: the FP8 GEMM; int8 W8A8: the int8 GEMM; the rest: dequantize then bf16, a 16-byte chunk
-     * of codes a thread where a row is whole chunks, one element a thread at K = 1,044; M = 13 and
-     * 16 on the GEMV with W8A8 activations; tools/gpu-run.sh runs the older paths too). */
+     * this test both ways), the GEMM paths (fp8 W8A8: the FP8 GEMM; int8 W8A8: the int8 GEMM; the
+     * rest: dequantize then bf16, a 16-byte chunk of codes a thread where a row is whole chunks, one
+     * element a thread at K = 1,044); M = 13 and 16 on the GEMV with W8A8 activations, and
+     * weight-only at K = 2,048 and 4,096 (16 rows a launch: qm_wide_ok); tools/gpu-run.sh runs the
+     * older paths too). */
     static const int cases[][4] = {{1, 300, 512, 0}, {2, 1000, 2048, 1}, {3, 257, 1024, 1}, {4, 64, 4096, 0},
                                    {5, 130, 1024, 1}, {6, 33, 512, 0}, {7, 17, 2048, 1}, {8, 129, 512, 0},
                                    {2, 100, 264, 1}, {5, 64, 1040, 0}, {1, 1024, 4096, 1}, {8, 1024, 4096, 0},
@@ -496,7 +510,7 @@ static void test_quant_matmul_n(void **state)
     /* M, K, shape: 0 the small one, 1 tall parts (2,512 row blocks of 16: more than the SMs hold
      * at once, so the launch's blocks take several in turn; each part alone fewer) */
     static const int cases[][3] = {{1, 1024, 0}, {3, 512, 0}, {8, 512, 0}, {8, 4096, 0}, {1, 4096, 0}, {9, 512, 0},
-                                   {1, 256, 1}, {2, 256, 1}};
+                                   {1, 256, 1}, {2, 256, 1}, {41, 512, 0}};   /* 41: W8A8's GEMM, x quantized once */
     static const int64_t shapes[2][3] = {{256, 64, 96}, {24576, 8192, 8192}};
     for (size_t f = 0; f < ARRAY_LEN(fmts); f++)
         for (size_t c = 0; c < ARRAY_LEN(cases); c++) {
@@ -544,7 +558,7 @@ static void test_quant_matmul_n(void **state)
             s_gpu->ops->free(s_gpu, dx);
             free(x);
         }
-    print_message("  qmatmul_n: bit-identical to separate matmuls (every format; M = 1, 2, 3, 8, 9; 40,960 rows)\n");
+    print_message("  qmatmul_n: bit-identical to separate matmuls (every format; M = 1, 2, 3, 8, 9, 41; 40,960 rows)\n");
 }
 
 /* matmul_n (q, k, v or gate, up over one x, converted once) gives the bits of separate matmuls, on

@@ -62,7 +62,7 @@ TROUPE_SPEC_NGRAM_CONFIDENCE=yes "$BIN/troupe-supervisor" --topology "$WORK/t.ya
   > "$WORK/bad.log" 2>&1 &
 bad_pid=$!
 for _ in $(seq 100); do grep -q "TROUPE_SPEC_NGRAM_CONFIDENCE 'yes'" "$WORK/bad.log" && break; sleep 0.1; done
-kill -TERM "$bad_pid" 2>/dev/null; wait "$bad_pid" 2>/dev/null || true
+kill -TERM "$bad_pid" 2>/dev/null || true; wait "$bad_pid" 2>/dev/null || true
 grep -q "TROUPE_SPEC_NGRAM_CONFIDENCE 'yes': expected 0 or 1" "$WORK/bad.log" \
   || { tail -20 "$WORK/bad.log"; fail "a bad TROUPE_SPEC_NGRAM_CONFIDENCE was not refused by name"; }
 echo "PASS spec_ngram_confidence"
