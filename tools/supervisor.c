@@ -706,11 +706,9 @@ static int s_bind_control(supervisor_t *s)
     zmq_setsockopt(s->control, ZMQ_ROUTER_HANDOVER, &one, sizeof one);
     if (s->auth)
         auth_server(s->control, &s->kp, "cluster");
-    if (zmq_bind(s->control, s->topo->endpoints.control_bind) != 0) {
-        LOG_E("bind control %s: %s (is cluster '%s' already running?)", s->topo->endpoints.control_bind,
-              zmq_strerror(errno), s->topo->name);
-        return -1;
-    }
+    if (actor_bind(s->control, s->topo->endpoints.control_bind, "endpoints.control") != 0)
+        return -1;   /* (the same line as an actor's bind failure; a second supervisor of this run
+                      * directory was refused by its lock before this) */
     if (s->auth && s_keys(s) != 0)
         return -1;
     return 0;

@@ -1,7 +1,8 @@
 # A configured port another program holds stops the cluster at once: the actor that binds it (the
 # router's endpoints.client, the monitor's endpoints.inspect and endpoints.metrics, the gateway's
 # endpoints.http) says in one line which endpoint, from which key, and why, exits ACTOR_EXIT_CONFIG
-# (78), and the supervisor exits 2 without a restart, leaving no process behind. A bind failure
+# (78), and the supervisor exits 2 without a restart, leaving no process behind; the supervisor's
+# own endpoints.control says the same line and exits 2 before it starts any actor. A bind failure
 # does not cure itself: the supervisor restarted the router 5 times in 0.2 s and gave up with exit 3
 # and a generic "more than 5 restarts". Once the port is free the same topology comes up and serves
 # (the gateway's HTTP on the listening socket it now binds itself).
@@ -49,6 +50,23 @@ taken client router
 taken inspect monitor
 taken metrics monitor
 taken http gateway
+
+# The supervisor's own control endpoint (set to tcp here; by default an ipc socket in run_dir, which
+# the run directory's lock keeps to one supervisor): the same one line, exit 2, no actor started.
+cp=$(free_port)
+sed "s|^endpoints:|endpoints:\n  control: tcp://127.0.0.1:$cp|" "$WORK/t.yaml" > "$WORK/tc.yaml"
+$PY -c 'import socket, sys, time
+s = socket.socket(); s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen()
+open(sys.argv[2], "w").write("1"); time.sleep(120)' "$cp" "$WORK/held-c" &
+HOLDER=$!
+wait_for test -s "$WORK/held-c" || fail "control: could not hold port $cp"
+rc=0; timeout 30 "$BIN/troupe-supervisor" --topology "$WORK/tc.yaml" >"$WORK/control.log" 2>&1 || rc=$?
+release
+note "endpoints.control held: supervisor exit $rc; $(grep "cannot bind" "$WORK/control.log" || true)"
+[ "$rc" -eq 2 ] || { tail -20 "$WORK/control.log"; fail "control: exit $rc, expected 2"; }
+grep -q "ERROR cannot bind tcp://127.0.0.1:$cp (endpoints.control): Address already in use; another cluster or program holds it\$" \
+  "$WORK/control.log" || { tail -20 "$WORK/control.log"; fail "control: no line naming the endpoint, endpoints.control and the reason"; }
+! grep -q "started\|READY" "$WORK/control.log" || fail "control: actors were started"
 
 start_cluster "$WORK/t.yaml"
 U=$(gw_url "$WORK/t.yaml")
