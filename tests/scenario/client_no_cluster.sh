@@ -11,16 +11,29 @@ make_topology "$WORK/t.yaml"
 ep=$(grep '^  client:' "$WORK/t.yaml" | awk '{print $2}')
 inspect=$(grep '^  inspect:' "$WORK/t.yaml" | awk '{print $2}')
 
+# Each check runs in the background (each waits about 3 s for a connection that never comes);
+# wait_down collects them.
+pids=() n=0
 expect_down() {   # WHAT EXPECTED-ENDPOINT COMMAND...: exit 3 within 10 s, stderr naming the endpoint
-  local what=$1 want=$2 rc=0 t0 ms
+  local what=$1 want=$2 f
   shift 2
-  t0=$(date +%s%N)
-  timeout 30 "$@" >"$WORK/out" 2>"$WORK/err" </dev/null || rc=$?
-  ms=$(( ($(date +%s%N) - t0) / 1000000 ))
-  note "$what: exit $rc after $ms ms: $(head -c 300 "$WORK/err")"
-  [ "$rc" -eq 3 ] || fail "$what: exit $rc, expected 3 (no connection)"
-  [ "$ms" -lt 10000 ] || fail "$what: took $ms ms to say the cluster is not there"
-  grep -qF -- "$want" "$WORK/err" || fail "$what: the error does not name $want"
+  n=$((n + 1)) f="$WORK/down$n"
+  (
+    rc=0 t0=$(date +%s%N)
+    timeout 30 "$@" >"$f.out" 2>"$f.err" </dev/null || rc=$?
+    ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+    note "$what: exit $rc after $ms ms: $(head -c 300 "$f.err")"
+    [ "$rc" -eq 3 ] || fail "$what: exit $rc, expected 3 (no connection)"
+    [ "$ms" -lt 10000 ] || fail "$what: took $ms ms to say the cluster is not there"
+    grep -qF -- "$want" "$f.err" || fail "$what: the error does not name $want"
+  ) &
+  pids+=($!)
+}
+wait_down() {
+  local p bad=0
+  for p in "${pids[@]}"; do wait "$p" || bad=1; done
+  pids=()
+  [ "$bad" = 0 ] || fail "a client against no cluster did not say so in time (above)"
 }
 expect_down "submit, tcp" "$ep" "$BIN/troupe-client" --endpoint "$ep" submit --ids --max-tokens 2 1,2,3
 expect_down "submit, ipc" "ipc://$WORK/none.sock" "$BIN/troupe-client" --endpoint "ipc://$WORK/none.sock" submit --max-tokens 2 hi
@@ -36,6 +49,7 @@ if [ "$have_py" = 1 ]; then
   expect_down "Python submit, ipc" "ipc://$WORK/none.sock" $PY "$ROOT/tools/troupe_client.py" --endpoint "ipc://$WORK/none.sock" submit hi
   expect_down "Python inspect" "$inspect" $PY "$ROOT/tools/troupe_client.py" --endpoint "$inspect" inspect
   # The library: generate (and a cancel) raise NoClusterError naming every endpoint, within seconds.
+  wait_down   # (before the library's own timing, so the checks do not slow it)
   $PY - "$ep" "ipc://$WORK/none.sock" <<'PY' || fail "the Python library against no cluster"
 import sys, time
 from troupe_client import Client, NoClusterError
@@ -53,6 +67,7 @@ for eps, call in (([ep], lambda c: list(c.generate("hi", max_tokens=2))), ([ep, 
             assert all(x in str(e) for x in eps), e
 PY
 fi
+wait_down
 
 start_cluster "$WORK/t.yaml"
 timeout 30 "$BIN/troupe-client" --endpoint "$ep" --json submit --ids --max-tokens 2 --temperature 0 1,2,3 >"$WORK/out" \
