@@ -337,9 +337,29 @@ typedef struct w8_plan {
     cublasLtMatrixLayout_t la, lb, lc;
     cublasLtMatmulAlgo_t algo;
     int ok;                                        /* 0: no algorithm (the bf16 path runs) */
+    /* TROUPE_CUDA_LT_SEARCH: the heuristic's candidates, timed on the first run outside a graph
+     * capture (s_w8_search), then algo is the fastest */
+    cublasLtMatmulAlgo_t cand[16];
+    int n_cand, searched;
 } w8_plan_t;
 
-#define W8_PLANS 64
+/* TROUPE_CUDA_LT_SEARCH=N (2..16; opt-in until measured): the W8A8 GEMM asks cuBLASLt's heuristic
+ * for N algorithms and times them on the first run of each shape, instead of taking its first
+ * answer. Why: at batch 256 on one H100 the FP8 GEMMs of the 8B shape were no faster than bf16's
+ * (docs/quantization.md), far from both the compute and the byte bound, and the heuristic's first
+ * answer is not timed. 0 / unset: the first answer. */
+static int s_lt_search(void)
+{
+    static int n = -1;
+    if (n < 0) {
+        const char *e = getenv("TROUPE_CUDA_LT_SEARCH");
+        const int v = e ? atoi(e) : 0;
+        n = v >= 2 && v <= 16 ? v : 0;
+    }
+    return n;
+}
+
+#define W8_PLANS 256
 static w8_plan_t s_w8_plans[W8_PLANS];
 static int s_w8_next;
 
@@ -373,14 +393,19 @@ static const w8_plan_t *s_w8_plan(cuda_state_t *st, int i8, int M, int64_t N, in
     const uint64_t ws = st->lt_ws_bytes;
     CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-    cublasLtMatmulHeuristicResult_t res;
+    cublasLtMatmulHeuristicResult_t res[16];
     int found = 0;
+    const int want = s_lt_search() ? s_lt_search() : 1;
     const cublasStatus_t hs =
-        cublasLtMatmulAlgoGetHeuristic(st->lt, p->desc, p->la, p->lb, p->lc, p->lc, pref, 1, &res, &found);
+        cublasLtMatmulAlgoGetHeuristic(st->lt, p->desc, p->la, p->lb, p->lc, p->lc, pref, want, res, &found);
     CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
-    p->ok = hs == CUBLAS_STATUS_SUCCESS && found > 0 && res.state == CUBLAS_STATUS_SUCCESS;
+    p->ok = hs == CUBLAS_STATUS_SUCCESS && found > 0 && res[0].state == CUBLAS_STATUS_SUCCESS;
+    for (int i = 0; p->ok && i < found; i++)
+        if (res[i].state == CUBLAS_STATUS_SUCCESS)
+            p->cand[p->n_cand++] = res[i].algo;
+    p->searched = p->n_cand < 2;
     if (p->ok)
-        p->algo = res.algo;
+        p->algo = res[0].algo;
     else
         fprintf(stderr, "troupe cuda: cuBLASLt has no %s algorithm for %d x %lld x %lld (%s); dequantizing to bf16\n",
                 i8 ? "int8" : "FP8", M, (long long)N, (long long)K, cublasGetStatusString(hs));
@@ -421,6 +446,45 @@ static w8_x_t s_w8a8_quantize(backend_t *be, cuda_state_t *st, const float *x, i
     return (w8_x_t){xq, sx};
 }
 
+/* Times each candidate of p on these operands (y is written; the real run after overwrites it) and
+ * keeps the fastest: 2 runs to warm, 5 timed, one event pair each. Not while the stream is being
+ * captured into a graph (events cannot be waited on then): a later uncaptured run searches. */
+static void s_w8_search(cuda_state_t *st, w8_plan_t *p, const void *w, const void *xq, void *y)
+{
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(st->stream, &cap) != cudaSuccess || cap != cudaStreamCaptureStatusNone)
+        return;
+    const float alpha = 1.0f, beta = 0.0f;
+    const int32_t alpha_i = 1, beta_i = 0;
+    const void *a = p->i8 ? (const void *)&alpha_i : (const void *)&alpha, *b = p->i8 ? (const void *)&beta_i : (const void *)&beta;
+    cudaEvent_t e0, e1;
+    CUDA_CHECK(cudaEventCreate(&e0));
+    CUDA_CHECK(cudaEventCreate(&e1));
+    float best = -1.0f;
+    int best_i = 0;
+    for (int c = 0; c < p->n_cand; c++) {
+        bool ok = true;
+        for (int r = 0; r < 7 && ok; r++) {
+            if (r == 2)
+                CUDA_CHECK(cudaEventRecord(e0, st->stream));
+            ok = cublasLtMatmul(st->lt, p->desc, a, w, p->la, xq, p->lb, b, y, p->lc, y, p->lc, &p->cand[c], st->lt_ws,
+                                st->lt_ws_bytes, st->stream) == CUBLAS_STATUS_SUCCESS;
+        }
+        CUDA_CHECK(cudaEventRecord(e1, st->stream));
+        CUDA_CHECK(cudaEventSynchronize(e1));
+        float ms = 0.0f;
+        if (ok && cudaEventElapsedTime(&ms, e0, e1) == cudaSuccess && (best < 0 || ms < best))
+            best = ms, best_i = c;
+    }
+    CUDA_CHECK(cudaEventDestroy(e0));
+    CUDA_CHECK(cudaEventDestroy(e1));
+    p->algo = p->cand[best_i];
+    p->searched = 1;
+    if (getenv("TROUPE_CUDA_LT_SEARCH_LOG"))
+        fprintf(stderr, "troupe cuda: %s GEMM %d x %lld x %lld: candidate %d of %d, %.1f us a run\n",
+                p->i8 ? "int8" : "FP8", p->M, (long long)p->N, (long long)p->K, best_i, p->n_cand, 1e3 * best / 5);
+}
+
 /* The GEMM over x's codes and its epilogue: int8's sums are exact (int32), fp8's the tensor cores'
  * f32 sums of exact products; the scales come after, in one pass over y (k_w8a8_epilogue). 1 when
  * cuBLASLt has no algorithm for the shape, nothing queued. */
@@ -430,9 +494,11 @@ static int s_w8a8_run(cuda_state_t *st, const w8_x_t *xq, int M, const bk_mat_t 
     const int i8 = w->qfmt == BK_Q_I8;
     const float alpha = 1.0f, beta = 0.0f;
     const int32_t alpha_i = 1, beta_i = 0;
-    const w8_plan_t *p = s_w8_plan(st, i8, M, N, K);
+    w8_plan_t *p = (w8_plan_t *)s_w8_plan(st, i8, M, N, K);
     if (!p->ok)
         return 1;
+    if (!p->searched)
+        s_w8_search(st, p, w->data, xq->q, y);
     CUBLAS_CHECK(cublasLtMatmul(st->lt, p->desc, i8 ? (const void *)&alpha_i : (const void *)&alpha, w->data, p->la,
                                 xq->q, p->lb, i8 ? (const void *)&beta_i : (const void *)&beta, y, p->lc, y, p->lc,
                                 &p->algo, st->lt_ws, st->lt_ws_bytes, st->stream));
