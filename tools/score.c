@@ -107,7 +107,6 @@ static double s_now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* --decode: batch-1 greedy decode speed. */
 /* The model as the workers and troupe-generate open it (engine_open): one sequence, `context`
  * tokens of KV, `logit_rows` rows of host logits; dummy: random bf16 weights of the config's shape. */
 static dtype_t s_kv_dtype = DT_COUNT;   /* --kv-dtype (DT_COUNT: auto) */
@@ -134,6 +133,7 @@ static engine_status_t s_load(engine_t *e, const char *backend, int threads, int
     return engine_load(e, &sp, err, errlen);
 }
 
+/* --decode: batch-1 greedy decode speed. */
 static int s_decode(engine_t *e, const char *backend, int threads, int qfmt, int dummy, int steps)
 {
     enum { PROMPT = 128 };
@@ -199,38 +199,56 @@ static int s_decode(engine_t *e, const char *backend, int threads, int qfmt, int
     return 0;
 }
 
-int main(int argc, char **argv)
+/* What the command line asked for. */
+typedef struct options {
+    const char *dir;          /* MODEL_DIR */
+    const char *text_path;    /* --text FILE; NULL with --decode */
+    const char *backend;      /* --backend (default cpu) */
+    int window;               /* --window N: tokens per window (default 256) */
+    int sep;                  /* --sep-id ID: the token between chapters (default 0) */
+    int max_windows;          /* --max-windows N; 0: every whole window */
+    int threads;              /* --threads N; 0: the backend's default */
+    int decode;               /* --decode N: the decode steps to time; 0: score the text */
+    int dummy;                /* --dummy: random weights of the config's shape */
+    int qfmt;                 /* --quantize parsed (quant_format_parse); 0: none */
+} options_t;
+
+#define GO_ON (-1)   /* not an exit code: this step went well, carry on */
+
+/* Fills *o from argv; --kv-dtype and --kv-scales go to s_kv_dtype and s_kv_scales. Returns GO_ON,
+ * or the exit code (2, after the usage or a message naming the option). */
+static int s_parse_args(int argc, char **argv, options_t *o)
 {
-    const char *dir = NULL, *text_path = NULL, *backend = "cpu", *quantize = NULL;
-    int window = 256, sep = 0, max_windows = 0, threads = 0, decode = 0, dummy = 0;
+    *o = (options_t){.backend = "cpu", .window = 256};
+    const char *quantize = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--text") && v)
-            text_path = v, i++;
+            o->text_path = v, i++;
         else if (!strcmp(a, "--window") && v) {
-            if (arg_int(TOOL, a, v, 2, 1 << 16, &window) < 0)
+            if (arg_int(TOOL, a, v, 2, 1 << 16, &o->window) < 0)
                 return 2;
             i++;
         } else if (!strcmp(a, "--sep-id") && v) {
-            if (arg_int(TOOL, a, v, 0, 1 << 30, &sep) < 0)
+            if (arg_int(TOOL, a, v, 0, 1 << 30, &o->sep) < 0)
                 return 2;
             i++;
         } else if (!strcmp(a, "--max-windows") && v) {
-            if (arg_int(TOOL, a, v, 0, 1 << 30, &max_windows) < 0)
+            if (arg_int(TOOL, a, v, 0, 1 << 30, &o->max_windows) < 0)
                 return 2;
             i++;
         } else if (!strcmp(a, "--threads") && v) {
-            if (arg_int(TOOL, a, v, 0, 4096, &threads) < 0)
+            if (arg_int(TOOL, a, v, 0, 4096, &o->threads) < 0)
                 return 2;
             i++;
         } else if (!strcmp(a, "--decode") && v) {
-            if (arg_int(TOOL, a, v, 1, 1 << 20, &decode) < 0)
+            if (arg_int(TOOL, a, v, 1, 1 << 20, &o->decode) < 0)
                 return 2;
             i++;
         } else if (!strcmp(a, "--dummy"))
-            dummy = 1;
+            o->dummy = 1;
         else if (!strcmp(a, "--backend") && v)
-            backend = v, i++;
+            o->backend = v, i++;
         else if (!strcmp(a, "--quantize") && v)
             quantize = v, i++;
         else if (!strcmp(a, "--kv-dtype") && v) {
@@ -244,101 +262,153 @@ int main(int argc, char **argv)
         }
         else if (a[0] == '-')
             return s_usage();
-        else if (!dir)
-            dir = a;
+        else if (!o->dir)
+            o->dir = a;
         else
             return s_usage();
     }
-    if (!dir || (!text_path && !decode) || (text_path && decode))
+    if (!o->dir || (!o->text_path && !o->decode) || (o->text_path && o->decode))
         return s_usage();
-    int qfmt = 0;
-    if (quantize && (qfmt = quant_format_parse(quantize)) < 0) {
+    if (quantize && (o->qfmt = quant_format_parse(quantize)) < 0) {
         fprintf(stderr, TOOL ": --quantize '%s': expected fp8, int8, int4 or nvfp4\n", quantize);
         return 2;
     }
+    return GO_ON;
+}
+
+/* The text as scored, and the running sum. */
+typedef struct score {
+    int32_t *ids;      /* [n_ids] the chapters' tokens joined by --sep-id */
+    size_t n_ids;
+    int n_windows;     /* whole windows of --window tokens, at most --max-windows */
+    double nll;        /* the sum of -log p over the positions scored */
+    long scored;       /* positions scored */
+} score_t;
+
+/* --sep-id is checked against the model's vocabulary, known only once its config is read. */
+static int s_check_sep(const engine_t *e, const options_t *o)
+{
+    if (o->sep >= e->cfg.vocab_size) {
+        fprintf(stderr, TOOL ": --sep-id %d is outside the vocabulary (%d)\n", o->sep, e->cfg.vocab_size);
+        return -1;
+    }
+    return 0;
+}
+
+/* The text's token stream (s_tokens), then how many windows it holds. -1 after saying why. */
+static int s_text_ids(const options_t *o, score_t *sc)
+{
+    char err[1024];
+    tokenizer_t *tok = tok_load(o->dir, err, sizeof err);
+    if (!tok) {
+        fprintf(stderr, TOOL ": %s\n", err);
+        return -1;
+    }
+    size_t len = 0;
+    char *text = util_read_file(o->text_path, &len);
+    if (!text || s_tokens(tok, text, len, o->sep, &sc->ids, &sc->n_ids) < 0) {
+        fprintf(stderr, TOOL ": %s: cannot read or tokenize\n", o->text_path);
+        return -1;
+    }
+    free(text);
+    tok_destroy(&tok);
+    sc->n_windows = (int)(sc->n_ids / (size_t)o->window);
+    if (o->max_windows > 0 && sc->n_windows > o->max_windows)
+        sc->n_windows = o->max_windows;
+    if (sc->n_windows < 1) {
+        fprintf(stderr, TOOL ": %s: %zu tokens, fewer than one window of %d\n", o->text_path, sc->n_ids, o->window);
+        return -1;
+    }
+    return 0;
+}
+
+/* Window w's positions 0 .. window - 2 (the logits of each scoring the next token of t) added to
+ * the sum. -1 after saying so when a log-probability is not finite. */
+static int s_window_nll(const float *logits, const int32_t *t, int window, int V, int w, score_t *sc)
+{
+    for (int i = 0; i + 1 < window; i++) {
+        const float *row = logits + (size_t)i * V;
+        double mx = -INFINITY, s = 0.0;
+        for (int v = 0; v < V; v++)
+            mx = row[v] > mx ? row[v] : mx;
+        for (int v = 0; v < V; v++)
+            s += exp((double)row[v] - mx);
+        const double lp = (double)row[t[i + 1]] - mx - log(s);
+        if (!isfinite(lp)) {
+            fprintf(stderr, TOOL ": window %d position %d: non-finite log-probability\n", w, i);
+            return -1;
+        }
+        sc->nll -= lp;
+        sc->scored++;
+    }
+    return 0;
+}
+
+/* Each window is one forward from an empty cache with logits for every position. -1 after
+ * saying which window failed. */
+static int s_score_windows(engine_t *e, const options_t *o, score_t *sc)
+{
+    char err[1024];
+    const int window = o->window;
+    for (int w = 0; w < sc->n_windows; w++) {
+        const int32_t *t = sc->ids + (size_t)w * (size_t)window;
+        kvseq_t *seq = kvseq_new(e->pool, window, 0);
+        model_seq_t q = {.kv = seq, .n_new = window};
+        model_batch_t b = {.n_seqs = 1, .seqs = &q, .all_logits = 1};
+        if (!seq || kvseq_append(seq, t, window) < 0 || model_forward(e->model, &b, e->logits, err, sizeof err) < 0) {
+            fprintf(stderr, TOOL ": window %d: %s\n", w, seq ? err : "out of memory");
+            return -1;
+        }
+        if (s_window_nll(e->logits, t, window, e->cfg.vocab_size, w, sc) != 0)
+            return -1;
+        kvseq_destroy(&seq);
+    }
+    return 0;
+}
+
+static void s_print_score(const engine_t *e, const options_t *o, const score_t *sc)
+{
+    const model_config_t *cfg = &e->cfg;
+    const double mean = sc->nll / (double)sc->scored;
+    printf("model %s\nformat %s\nbackend %s\nkv_dtype %s\nkv_scales %s\ntext %s\ntokens %zu\nwindows %d\n"
+           "context %d\nscored %ld\nmean_nll %.4f\nperplexity %.3f\n",
+           o->dir, cfg->quant.present ? quant_format_name(cfg->quant.fmt) : o->qfmt ? quant_format_name(o->qfmt) : "plain",
+           e->be->ops->name, dtype_name(e->kv_dtype), e->kv_scales ? kv_scales_name(e->kv_scales_from) : "none",
+           o->text_path, sc->n_ids, sc->n_windows, o->window, sc->scored, mean, exp(mean));
+}
+
+int main(int argc, char **argv)
+{
+    options_t o;
+    const int parsed = s_parse_args(argc, argv, &o);
+    if (parsed != GO_ON)
+        return parsed;
 
     char err[1024];
-    engine_t *e = engine_new(dir, err, sizeof err);
+    engine_t *e = engine_new(o.dir, err, sizeof err);   /* the config now, the weights below */
     if (!e) {
         fprintf(stderr, TOOL ": %s\n", err);
         return 1;
     }
-    const model_config_t cfg = e->cfg;
-    if (decode) {
-        const int rc = s_decode(e, backend, threads, qfmt, dummy, decode);
+    if (o.decode) {
+        const int rc = s_decode(e, o.backend, o.threads, o.qfmt, o.dummy, o.decode);
         engine_destroy(&e);
         return rc;
     }
-    if (sep >= cfg.vocab_size) {
-        fprintf(stderr, TOOL ": --sep-id %d is outside the vocabulary (%d)\n", sep, cfg.vocab_size);
+    score_t sc = {0};
+    /* A failed step leaves the cleanup to exit(). */
+    if (s_check_sep(e, &o) != 0)
         return 2;
-    }
-    tokenizer_t *tok = tok_load(dir, err, sizeof err);
-    if (!tok) {
+    if (s_text_ids(&o, &sc) != 0)
+        return 1;
+    if (s_load(e, o.backend, o.threads, 0, o.qfmt, o.window, o.window, o.window, err, sizeof err) != ENGINE_OK) {
         fprintf(stderr, TOOL ": %s\n", err);
         return 1;
     }
-    size_t len = 0;
-    char *text = util_read_file(text_path, &len);
-    int32_t *ids = NULL;
-    size_t n_ids = 0;
-    if (!text || s_tokens(tok, text, len, sep, &ids, &n_ids) < 0) {
-        fprintf(stderr, TOOL ": %s: cannot read or tokenize\n", text_path);
+    if (s_score_windows(e, &o, &sc) != 0)
         return 1;
-    }
-    free(text);
-    tok_destroy(&tok);
-    int n_windows = (int)(n_ids / (size_t)window);
-    if (max_windows > 0 && n_windows > max_windows)
-        n_windows = max_windows;
-    if (n_windows < 1) {
-        fprintf(stderr, TOOL ": %s: %zu tokens, fewer than one window of %d\n", text_path, n_ids, window);
-        return 1;
-    }
-
-    if (s_load(e, backend, threads, 0, qfmt, window, window, window, err, sizeof err) != ENGINE_OK) {
-        fprintf(stderr, TOOL ": %s\n", err);
-        return 1;
-    }
-    backend_t *be = e->be;
-    model_t *m = e->model;
-    kvpool_t *pool = e->pool;
-    float *logits = e->logits;
-    double nll = 0.0;
-    long scored = 0;
-    const int V = cfg.vocab_size;
-    for (int w = 0; w < n_windows; w++) {
-        const int32_t *t = ids + (size_t)w * (size_t)window;
-        kvseq_t *seq = kvseq_new(pool, window, 0);
-        model_seq_t q = {.kv = seq, .n_new = window};
-        model_batch_t b = {.n_seqs = 1, .seqs = &q, .all_logits = 1};
-        if (!seq || kvseq_append(seq, t, window) < 0 || model_forward(m, &b, logits, err, sizeof err) < 0) {
-            fprintf(stderr, TOOL ": window %d: %s\n", w, seq ? err : "out of memory");
-            return 1;
-        }
-        for (int i = 0; i + 1 < window; i++) {
-            const float *row = logits + (size_t)i * V;
-            double mx = -INFINITY, s = 0.0;
-            for (int v = 0; v < V; v++)
-                mx = row[v] > mx ? row[v] : mx;
-            for (int v = 0; v < V; v++)
-                s += exp((double)row[v] - mx);
-            const double lp = (double)row[t[i + 1]] - mx - log(s);
-            if (!isfinite(lp)) {
-                fprintf(stderr, TOOL ": window %d position %d: non-finite log-probability\n", w, i);
-                return 1;
-            }
-            nll -= lp;
-            scored++;
-        }
-        kvseq_destroy(&seq);
-    }
-    const double mean = nll / (double)scored;
-    printf("model %s\nformat %s\nbackend %s\nkv_dtype %s\nkv_scales %s\ntext %s\ntokens %zu\nwindows %d\n"
-           "context %d\nscored %ld\nmean_nll %.4f\nperplexity %.3f\n",
-           dir, cfg.quant.present ? quant_format_name(cfg.quant.fmt) : qfmt ? quant_format_name(qfmt) : "plain",
-           be->ops->name, dtype_name(e->kv_dtype), e->kv_scales ? kv_scales_name(e->kv_scales_from) : "none", text_path, n_ids, n_windows, window, scored, mean, exp(mean));
-    free(ids);
+    s_print_score(e, &o, &sc);
+    free(sc.ids);
     engine_destroy(&e);
     return 0;
 }
