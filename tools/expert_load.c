@@ -183,33 +183,49 @@ done:
     return rc;
 }
 
-int main(int argc, char **argv)
+/* What the command line asked for. */
+typedef struct options {
+    const char *dir;          /* MODEL_DIR */
+    const char *text_path;    /* --text FILE */
+    const char *backend;      /* --backend (default cpu) */
+    int window;               /* --window N: tokens per prefill (default 256) */
+    int max_windows;          /* --max-windows N; 0: every whole window */
+    int R;                    /* --ranks R: the group the placement is for (default 4) */
+    int redundant;            /* --redundant S: slots beyond one per expert (default 4) */
+    int threads;              /* --threads N; 0: the backend's default */
+    int group;                /* --group: measure on a real expert-parallel group */
+} options_t;
+
+#define GO_ON (-1)   /* not an exit code: this step went well, carry on */
+
+/* Fills *o from argv. Returns GO_ON, or the exit code (2, after the usage or a message naming
+ * the option). */
+static int s_parse_args(int argc, char **argv, options_t *o)
 {
-    const char *dir = NULL, *text_path = NULL, *backend = "cpu";
-    int window = 256, max_windows = 0, R = 4, redundant = 4, threads = 0, group = 0;
+    *o = (options_t){.backend = "cpu", .window = 256, .R = 4, .redundant = 4};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int rc = 0;
         if (!strcmp(a, "--group")) {
-            group = 1;
+            o->group = 1;
             continue;
         }
         if (!strcmp(a, "--text"))
-            text_path = v;
+            o->text_path = v;
         else if (!strcmp(a, "--backend"))
-            backend = v;
+            o->backend = v;
         else if (!strcmp(a, "--window"))
-            rc = s_int(a, v, 2, &window);
+            rc = s_int(a, v, 2, &o->window);
         else if (!strcmp(a, "--max-windows"))
-            rc = s_int(a, v, 0, &max_windows);
+            rc = s_int(a, v, 0, &o->max_windows);
         else if (!strcmp(a, "--ranks"))
-            rc = s_int(a, v, 1, &R);
+            rc = s_int(a, v, 1, &o->R);
         else if (!strcmp(a, "--redundant"))
-            rc = s_int(a, v, 0, &redundant);
+            rc = s_int(a, v, 0, &o->redundant);
         else if (!strcmp(a, "--threads"))
-            rc = s_int(a, v, 0, &threads);
-        else if (a[0] != '-' && !dir) {
-            dir = a;
+            rc = s_int(a, v, 0, &o->threads);
+        else if (a[0] != '-' && !o->dir) {
+            o->dir = a;
             continue;
         } else
             return s_usage();
@@ -217,93 +233,124 @@ int main(int argc, char **argv)
             return rc != 0 ? 2 : s_usage();
         i++;
     }
-    if (!dir || !text_path || !backend)
+    if (!o->dir || !o->text_path || !o->backend)
         return s_usage();
-    char err[1024];
-    engine_t *eng = engine_new(dir, err, sizeof err);   /* the config now, the weights below */
-    if (!eng) {
-        fprintf(stderr, TOOL ": %s\n", err);
+    return GO_ON;
+}
+
+/* The run: the model, the text's windows, and what they routed. */
+typedef struct run {
+    engine_t *eng;            /* the config from engine_new, the weights from s_open */
+    expert_group_t *eg;       /* --group: the other ranks; NULL: counted here alone */
+    int E, L;                 /* experts per layer, layers */
+    int32_t *ids;             /* [n_ids] the text's tokens */
+    size_t n_ids;
+    int n_windows;            /* whole windows of --window tokens, at most --max-windows */
+    uint64_t *load;           /* [L][E] tokens routed to each (layer, expert) */
+} run_t;
+
+/* A MoE model this tool takes, with experts and slots that --ranks divides evenly. Returns GO_ON,
+ * or the exit code after saying why. */
+static int s_check_model(const run_t *r, const options_t *o)
+{
+    if (r->E < 1 || r->E > MAX_EXPERTS_TOOL) {
+        fprintf(stderr, TOOL ": %s: %d experts per layer: not a MoE model this tool takes\n", o->dir, r->E);
         return 1;
     }
-    const model_config_t cfg = eng->cfg;
-    const int E = cfg.num_experts, L = cfg.num_layers;
-    if (E < 1 || E > MAX_EXPERTS_TOOL) {
-        fprintf(stderr, TOOL ": %s: %d experts per layer: not a MoE model this tool takes\n", dir, E);
-        return 1;
-    }
-    if (E % R != 0 || (E + redundant) % R != 0) {
-        fprintf(stderr, TOOL ": --ranks %d must divide the %d experts and the %d slots evenly\n", R, E, E + redundant);
+    if (r->E % o->R != 0 || (r->E + o->redundant) % o->R != 0) {
+        fprintf(stderr, TOOL ": --ranks %d must divide the %d experts and the %d slots evenly\n", o->R, r->E,
+                r->E + o->redundant);
         return 2;
     }
-    tokenizer_t *tok = tok_load(dir, err, sizeof err);
-    size_t len = 0, n_ids = 0;
-    char *text = tok ? util_read_file(text_path, &len) : NULL;
-    int32_t *ids = NULL;
-    if (!tok || !text || tok_encode(tok, text, len, 0, &ids, &n_ids) < 0) {
+    return GO_ON;
+}
+
+/* The text tokenized whole, then how many windows it holds. -1 after saying why. */
+static int s_text_ids(run_t *r, const options_t *o)
+{
+    char err[1024];
+    tokenizer_t *tok = tok_load(o->dir, err, sizeof err);
+    size_t len = 0;
+    char *text = tok ? util_read_file(o->text_path, &len) : NULL;
+    if (!tok || !text || tok_encode(tok, text, len, 0, &r->ids, &r->n_ids) < 0) {
         fprintf(stderr, TOOL ": %s\n", !tok ? err : !text ? "cannot read the text" : "cannot tokenize the text");
-        return 1;
+        return -1;
     }
     free(text);
     tok_destroy(&tok);
-    int n_windows = (int)(n_ids / (size_t)window);
-    if (max_windows > 0 && n_windows > max_windows)
-        n_windows = max_windows;
-    if (n_windows < 1) {
-        fprintf(stderr, TOOL ": %s: %zu tokens, fewer than one window of %d\n", text_path, n_ids, window);
-        return 1;
+    r->n_windows = (int)(r->n_ids / (size_t)o->window);
+    if (o->max_windows > 0 && r->n_windows > o->max_windows)
+        r->n_windows = o->max_windows;
+    if (r->n_windows < 1) {
+        fprintf(stderr, TOOL ": %s: %zu tokens, fewer than one window of %d\n", o->text_path, r->n_ids, o->window);
+        return -1;
     }
-    /* The model as the workers open it (engine_open): one sequence of one window. */
+    return 0;
+}
+
+/* The model as the workers open it (engine_open): one sequence of one window. With --group the
+ * other ranks are started first (expert_group_spawn sets the spec's expert filter to rank 0's
+ * experts), then attached once our own share is loaded. -1 after saying why. */
+static int s_open(run_t *r, const options_t *o)
+{
+    char err[1024];
     engine_spec_t sp;
     engine_spec_default(&sp);
-    sp.backend = backend;
-    sp.threads = threads;
-    sp.model = (model_opts_t){.max_tokens = window, .max_seqs = 1, .max_logit_rows = 1, .max_context = window,
+    sp.backend = o->backend;
+    sp.threads = o->threads;
+    sp.model = (model_opts_t){.max_tokens = o->window, .max_seqs = 1, .max_logit_rows = 1, .max_context = o->window,
                               .kv_block_size = 16};
-    sp.kv_blocks = (window + 15) / 16;
-    expert_group_t *eg = NULL;
-    if (group && (R < 2 || !(eg = expert_group_spawn(R, E, dir, &sp, NULL, err, sizeof err)))) {
-        fprintf(stderr, TOOL ": --group: %s\n", R < 2 ? "needs --ranks 2 or more" : err);
-        return 1;
+    sp.kv_blocks = (o->window + 15) / 16;
+    if (o->group && (o->R < 2 || !(r->eg = expert_group_spawn(o->R, r->E, o->dir, &sp, NULL, err, sizeof err)))) {
+        fprintf(stderr, TOOL ": --group: %s\n", o->R < 2 ? "needs --ranks 2 or more" : err);
+        return -1;
     }
-    const int loaded = engine_load(eng, &sp, err, sizeof err) == ENGINE_OK &&
-                       (!eg || expert_group_attach(eg, eng, err, sizeof err) == 0);
-    backend_t *be = eng->be;
-    model_t *m = eng->model;
-    kvpool_t *pool = loaded ? eng->pool : NULL;
-    float *logits = eng->logits;
-    uint64_t *load = calloc((size_t)L * (size_t)E, sizeof(uint64_t));
-    if (!pool || !logits || !load) {
+    const int loaded = engine_load(r->eng, &sp, err, sizeof err) == ENGINE_OK &&
+                       (!r->eg || expert_group_attach(r->eg, r->eng, err, sizeof err) == 0);
+    const kvpool_t *pool = loaded ? r->eng->pool : NULL;
+    r->load = calloc((size_t)r->L * (size_t)r->E, sizeof(uint64_t));
+    if (!pool || !r->eng->logits || !r->load) {
         fprintf(stderr, TOOL ": %s\n", pool ? "out of memory" : err);
-        return 1;
+        return -1;
     }
-    if (eg) {
-        const int rc = s_group(m, eng, expert_group_ep(eg), pool, ids, window, n_windows, E, L, R, redundant, dir);
-        expert_group_destroy(&eg);
-        free(load);
-        free(ids);
-        engine_destroy(&eng);
-        return rc;
-    }
-    for (int w = 0; w < n_windows; w++) {
-        kvseq_t *seq = kvseq_new(pool, window, 0);
+    return 0;
+}
+
+/* Every window's prefill here, then the MoE kernels' counts into r->load. -1 after saying why. */
+static int s_count(run_t *r, const options_t *o)
+{
+    char err[1024];
+    const int window = o->window;
+    model_t *m = r->eng->model;
+    for (int w = 0; w < r->n_windows; w++) {
+        kvseq_t *seq = kvseq_new(r->eng->pool, window, 0);
         model_seq_t q = {.kv = seq, .n_new = window};
         model_batch_t b = {.n_seqs = 1, .seqs = &q};
-        if (!seq || kvseq_append(seq, ids + (size_t)w * window, window) < 0 ||
-            model_forward(m, &b, logits, err, sizeof err) < 0) {
+        if (!seq || kvseq_append(seq, r->ids + (size_t)w * window, window) < 0 ||
+            model_forward(m, &b, r->eng->logits, err, sizeof err) < 0) {
             fprintf(stderr, TOOL ": window %d: %s\n", w, seq ? err : "out of memory");
-            return 1;
+            return -1;
         }
         kvseq_destroy(&seq);
     }
-    if (model_expert_load(m, load, err, sizeof err) != 0) {
+    if (model_expert_load(m, r->load, err, sizeof err) != 0) {
         fprintf(stderr, TOOL ": %s\n", err);
-        return 1;
+        return -1;
     }
-    printf("model %s\nbackend %s\ntext %s\ntokens %d\nexperts %d top-%d\nranks %d\nredundant %d\n", dir,
-           be->ops->name, text_path, n_windows * window, E, cfg.num_experts_per_tok, R, redundant);
+    return 0;
+}
+
+/* The counts per MoE layer, the busiest expert over the average, and the placement (s_layer).
+ * Returns the exit code: 1 when eplb refused a layer (the others are still printed). */
+static int s_report(const run_t *r, const options_t *o)
+{
+    const int E = r->E;
+    printf("model %s\nbackend %s\ntext %s\ntokens %d\nexperts %d top-%d\nranks %d\nredundant %d\n", o->dir,
+           r->eng->be->ops->name, o->text_path, r->n_windows * o->window, E, r->eng->cfg.num_experts_per_tok, o->R,
+           o->redundant);
     int rc = 0;
-    for (int l = 0; l < L; l++) {
-        const uint64_t *c = load + (size_t)l * E;
+    for (int l = 0; l < r->L; l++) {
+        const uint64_t *c = r->load + (size_t)l * E;
         uint64_t sum = 0, mx = 0;
         for (int e = 0; e < E; e++) {
             sum += c[e];
@@ -316,14 +363,48 @@ int main(int argc, char **argv)
             printf(" %llu", (unsigned long long)c[e]);
         printf("\nlayer %d expert_busiest_over_avg %.2f\n", l, (double)mx / ((double)sum / E));
         double before, after;
-        if (s_layer(l, c, E, R, redundant, &before, &after) != 0) {
+        if (s_layer(l, c, E, o->R, o->redundant, &before, &after) != 0) {
             rc = 1;
             continue;
         }
         printf("layer %d rank_busiest_over_avg without %.3f after %.3f\n", l, before, after);
     }
-    free(load);
-    free(ids);
-    engine_destroy(&eng);
+    return rc;
+}
+
+/* The group first, then the engine it is attached to. */
+static void s_destroy(run_t *r)
+{
+    expert_group_destroy(&r->eg);
+    free(r->load);
+    free(r->ids);
+    engine_destroy(&r->eng);
+}
+
+int main(int argc, char **argv)
+{
+    options_t o;
+    const int parsed = s_parse_args(argc, argv, &o);
+    if (parsed != GO_ON)
+        return parsed;
+
+    char err[1024];
+    run_t r = {.eng = engine_new(o.dir, err, sizeof err)};   /* the config now, the weights below */
+    if (!r.eng) {
+        fprintf(stderr, TOOL ": %s\n", err);
+        return 1;
+    }
+    r.E = r.eng->cfg.num_experts;
+    r.L = r.eng->cfg.num_layers;
+    /* A failed step leaves the cleanup to exit(). */
+    const int checked = s_check_model(&r, &o);
+    if (checked != GO_ON)
+        return checked;
+    if (s_text_ids(&r, &o) != 0 || s_open(&r, &o) != 0 || (!r.eg && s_count(&r, &o) != 0))
+        return 1;
+    const int rc = r.eg ? s_group(r.eng->model, r.eng, expert_group_ep(r.eg), r.eng->pool, r.ids, o.window,
+                                  r.n_windows, r.E, r.L, o.R, o.redundant, o.dir)
+                        : s_report(&r, &o);
+    s_destroy(&r);
     return rc;
 }
