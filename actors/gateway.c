@@ -1279,16 +1279,11 @@ static int s_http_listen(const char *ep, const struct sockaddr_storage *ss, int 
     return fd;
 }
 
-int main(int argc, char **argv)
+/* The state before any socket: the model's name and tokenizer, the request parser's options, the
+ * API keys, the first request id. -1 after saying why. */
+static int s_init(gateway_t *g, actor_t *a)
 {
-    actor_t *a = actor_new(argc, argv, ROLE_GATEWAY);
-    if (!a)
-        return 2;
     const topo_t *t = actor_topo(a);
-    gateway_t *g = calloc(1, sizeof *g);
-    int rc = -1;
-    if (!g)
-        goto out;
     g->topo = t;
     g->a = a;
     g->started_s = (int64_t)time(NULL);
@@ -1309,7 +1304,7 @@ int main(int argc, char **argv)
                                 .default_retention_s = (uint32_t)t->cache.default_retention_s};
     if (gw_keys_init(&g->keys, &t->gateway, now_ms()) != 0) {
         LOG_E("out of memory");
-        goto out;
+        return -1;
     }
     FILE *r = fopen("/dev/urandom", "rb");
     if (!r || fread(&g->next_id, sizeof g->next_id, 1, r) != 1)
@@ -1317,26 +1312,37 @@ int main(int argc, char **argv)
     if (r)
         fclose(r);
     g->next_id &= 0x3fffffffffffffffULL;
+    return 0;
+}
 
-    /* Every router, as any client reaches it (the C client library: one connection each, ZMTP
-     * heartbeats, failover). */
+/* Every router, as any client reaches it (the C client library: one connection each, ZMTP
+ * heartbeats, failover). Its sockets wake the actor loop. -1 after saying why. */
+static int s_connect_routers(gateway_t *g)
+{
     char eps[TOPO_ROUTERS_MAX * (TOPO_ENDPOINT_MAX + 1)], cerr[512];
-    client_opts_t copts = {.sock_setup = s_router_sock, .sock_setup_arg = a};
-    client_opts_from_topo(t, &copts);
-    if (client_endpoints_of_topo(t, eps, sizeof eps, cerr, sizeof cerr) != 0 ||
+    client_opts_t copts = {.sock_setup = s_router_sock, .sock_setup_arg = g->a};
+    client_opts_from_topo(g->topo, &copts);
+    if (client_endpoints_of_topo(g->topo, eps, sizeof eps, cerr, sizeof cerr) != 0 ||
         !(g->routers = client_connect_opts(eps, &copts, cerr, sizeof cerr))) {
         LOG_E("the routers' client endpoints: %s", cerr);
-        goto out;
+        return -1;
     }
     int fds[2 * CLIENT_ROUTERS_MAX];
     const int n_fds = client_fds(g->routers, fds, 2 * CLIENT_ROUTERS_MAX);
     for (int i = 0; i < n_fds; i++)
-        if (actor_add_wake_fd(a, fds[i]) != 0) {
+        if (actor_add_wake_fd(g->a, fds[i]) != 0) {
             LOG_E("too many descriptors for the actor loop");
-            goto out;
+            return -1;
         }
-    int hwm = 100000;
+    return 0;
+}
 
+/* The inproc PUSH/PULL pair that carries calls from the HTTP threads to the actor thread, and the
+ * once-a-second check for clients gone away (s_liveness). -1 after saying why. */
+static int s_open_calls(gateway_t *g)
+{
+    actor_t *a = g->a;
+    int hwm = 100000;
     char inproc[128];
     snprintf(inproc, sizeof inproc, "inproc://gateway-calls-%d", (int)getpid());
     g->pull = zmq_socket(actor_zmq_ctx(a), ZMQ_PULL);
@@ -1348,25 +1354,30 @@ int main(int argc, char **argv)
     zmq_setsockopt(g->pull, ZMQ_RCVHWM, &hwm, sizeof hwm);
     if (zmq_bind(g->pull, inproc) != 0 || zmq_connect(g->push, inproc) != 0) {
         LOG_E("inproc %s: %s", inproc, zmq_strerror(errno));
-        goto out;
+        return -1;
     }
     /* Calls from the HTTP threads between batches of the routers' replies: a new request goes to
      * a router before the next batch of other streams' tokens is relayed, not after every token
      * queued (s_on_routers reads GW_ROUTER_BATCH at a time, before the loop sleeps). */
     actor_add_reader(a, g->pull, s_on_pull);
     actor_timer_add(a, 1000, s_liveness);
+    return 0;
+}
 
+/* libmicrohttpd on endpoints.http, on our own listening socket (s_http_listen). Returns 0, -1
+ * after saying why, or ACTOR_EXIT_CONFIG when the port cannot be bound. */
+static int s_serve_http(gateway_t *g)
+{
+    const topo_t *t = g->topo;
     struct sockaddr_storage ss;
     int family = AF_INET;
     if (s_listen_addr(t->endpoints.http, &ss, &family) != 0) {
         LOG_E("endpoints.http '%s': cannot resolve its host", t->endpoints.http);
-        goto out;
+        return -1;
     }
     const int listen_fd = s_http_listen(t->endpoints.http, &ss, family);
-    if (listen_fd < 0) {
-        rc = ACTOR_EXIT_CONFIG;
-        goto out;
-    }
+    if (listen_fd < 0)
+        return ACTOR_EXIT_CONFIG;
     unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG |
                      (family == AF_INET6 ? MHD_USE_IPv6 : 0);
     unsigned n_http = s_http_threads();
@@ -1382,36 +1393,60 @@ int main(int argc, char **argv)
                                 MHD_OPTION_END);
     if (!g->httpd) {
         LOG_E("cannot serve HTTP at %s (libmicrohttpd's error is above)", t->endpoints.http);
-        goto out;   /* listen_fd is the library's now, closed or not; we exit */
+        return -1;   /* listen_fd is the library's now, closed or not; we exit */
     }
     LOG_I("OpenAI API at http://%s/v1 (model '%s', %s, %u HTTP thread%s)", t->endpoints.http + 6, g->model,
           gw_keys_open(&g->keys) ? "no API keys: open" : "API keys required", n_http, n_http > 1 ? "s" : "");
+    return 0;
+}
+
+/* The actor loop until TERM: no message handlers of its own (the routers' replies are read before
+ * each sleep, the calls by s_on_pull). Returns actor_run's result. */
+static int s_run(gateway_t *g)
+{
     actor_ops_t ops = {.handlers = s_handlers, .n_handlers = 0, .before_sleep = s_on_routers,
                        .fill_stats = s_fill_stats, .drained = s_drained};
-    rc = actor_run(a, &ops, g);
-out:
-    if (g) {
-        atomic_store(&g->draining, 1);
-        if (g->httpd) {
-            /* Calls still in flight end now (the grace period ran out): their connections resume,
-             * then the library closes every connection. */
-            for (size_t i = 0; i < g->calls.cap; i++)
-                if (g->calls.keys[i] && g->calls.keys[i] == ((gw_call_t *)(uintptr_t)g->calls.vals[i])->id)
-                    s_fail_call((gw_call_t *)(uintptr_t)g->calls.vals[i], 503, "draining", GW_RETRY_AFTER_S,
-                                "the gateway is shutting down");
-            usleep(100 * 1000);
-            MHD_stop_daemon(g->httpd);
-        }
-        if (g->push)
-            zmq_close(g->push);
-        if (g->pull)
-            zmq_close(g->pull);
-        client_destroy(&g->routers);
-        gw_keys_free(&g->keys);
-        tok_destroy(&g->tok);
-        u64map_free(&g->calls);
-        free(g);
+    return actor_run(g->a, &ops, g);
+}
+
+/* Whatever s_init and the steps after it got to; g may be NULL. */
+static void s_destroy(gateway_t *g)
+{
+    if (!g)
+        return;
+    atomic_store(&g->draining, 1);
+    if (g->httpd) {
+        /* Calls still in flight end now (the grace period ran out): their connections resume,
+         * then the library closes every connection. */
+        for (size_t i = 0; i < g->calls.cap; i++)
+            if (g->calls.keys[i] && g->calls.keys[i] == ((gw_call_t *)(uintptr_t)g->calls.vals[i])->id)
+                s_fail_call((gw_call_t *)(uintptr_t)g->calls.vals[i], 503, "draining", GW_RETRY_AFTER_S,
+                            "the gateway is shutting down");
+        usleep(100 * 1000);
+        MHD_stop_daemon(g->httpd);
     }
+    if (g->push)
+        zmq_close(g->push);
+    if (g->pull)
+        zmq_close(g->pull);
+    client_destroy(&g->routers);
+    gw_keys_free(&g->keys);
+    tok_destroy(&g->tok);
+    u64map_free(&g->calls);
+    free(g);
+}
+
+int main(int argc, char **argv)
+{
+    actor_t *a = actor_new(argc, argv, ROLE_GATEWAY);
+    if (!a)
+        return 2;
+    gateway_t *g = calloc(1, sizeof *g);
+    int rc = -1;
+    if (g && s_init(g, a) == 0 && s_connect_routers(g) == 0 && s_open_calls(g) == 0 &&
+        (rc = s_serve_http(g)) == 0)
+        rc = s_run(g);
+    s_destroy(g);
     actor_destroy(&a);
     return rc == 0 || rc == ACTOR_EXIT_CONFIG ? rc : 1;
 }
