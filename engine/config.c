@@ -436,6 +436,197 @@ static json_t *s_load_object(const char *json, size_t len, const char *file, cha
     return root;
 }
 
+/* ---- config_parse's steps, in the order it runs them; each returns 0, or -1 with the error ---- */
+
+static int s_sizes(ctx_t *c, const arch_defaults_t *d, model_config_t *cfg)
+{
+    json_t *root = c->root;
+    if (s_int(c, root, "vocab_size", d->vocab, 1, CFG_MAX_VOCAB, &cfg->vocab_size) ||
+        s_int(c, root, "hidden_size", d->hidden, 1, CFG_MAX_HIDDEN, &cfg->hidden_size) ||
+        s_int(c, root, "intermediate_size", d->intermediate, 1, CFG_MAX_INTERMEDIATE, &cfg->intermediate_size) ||
+        s_int(c, root, "num_hidden_layers", d->layers, 1, CFG_MAX_LAYERS, &cfg->num_layers) ||
+        s_int(c, root, "num_attention_heads", d->heads, 1, CFG_MAX_HEADS, &cfg->num_heads) ||
+        s_int(c, root, "max_position_embeddings", d->max_pos, 1, CFG_MAX_POS, &cfg->max_position_embeddings))
+        return -1;
+    return 0;
+}
+
+static int s_kv_heads(ctx_t *c, const arch_defaults_t *d, model_config_t *cfg)
+{
+    /* A null num_key_value_heads means MHA in every class; an absent one takes the class default. */
+    json_t *kv = json_object_get(c->root, "num_key_value_heads");
+    int kv_def = (kv && json_is_null(kv)) || d->kv_heads == 0 ? cfg->num_heads : d->kv_heads;
+    if (s_int(c, c->root, "num_key_value_heads", kv_def, 1, CFG_MAX_HEADS, &cfg->num_kv_heads))
+        return -1;
+    if (cfg->num_heads % cfg->num_kv_heads != 0)
+        return errf(c->err, c->errlen, "%s: \"num_key_value_heads\" (%d) must divide \"num_attention_heads\" (%d)",
+                    c->file, cfg->num_kv_heads, cfg->num_heads);
+    return 0;
+}
+
+static int s_head_dim(ctx_t *c, const arch_defaults_t *d, model_config_t *cfg)
+{
+    /* head_dim: explicit wins; null means hidden/heads; absent takes the class default (Qwen3: 128). */
+    json_t *hd = json_object_get(c->root, "head_dim");
+    if ((!hd && d->head_dim == 0) || (hd && json_is_null(hd))) {
+        if (cfg->hidden_size % cfg->num_heads != 0)
+            return errf(c->err, c->errlen,
+                        "%s: \"hidden_size\" (%d) is not a multiple of \"num_attention_heads\" (%d) and no \"head_dim\" is given",
+                        c->file, cfg->hidden_size, cfg->num_heads);
+        cfg->head_dim = cfg->hidden_size / cfg->num_heads;
+    } else if (s_int(c, c->root, "head_dim", d->head_dim, 1, CFG_MAX_HEAD_DIM, &cfg->head_dim)) {
+        return -1;
+    }
+    if (cfg->head_dim % 2 != 0)
+        return errf(c->err, c->errlen, "%s: \"head_dim\" (%d) must be even for rotary embeddings", c->file,
+                    cfg->head_dim);
+    return 0;
+}
+
+static int s_norm_eps(ctx_t *c, const arch_defaults_t *d, model_config_t *cfg)
+{
+    if (s_num(c, c->root, "rms_norm_eps", d->rms_eps, NULL, &cfg->rms_norm_eps))
+        return -1;
+    if (!(cfg->rms_norm_eps > 0) || cfg->rms_norm_eps >= 1)
+        return errf(c->err, c->errlen, "%s: \"rms_norm_eps\" must be in (0, 1)", c->file);
+    return 0;
+}
+
+/* tie_word_embeddings, attention_bias; q/k norms come with the class. */
+static int s_flags(ctx_t *c, const arch_defaults_t *d, model_config_t *cfg)
+{
+    if (s_bool(c, c->root, "tie_word_embeddings", 0, &cfg->tie_word_embeddings) ||
+        s_bool(c, c->root, "attention_bias", 0, &cfg->attention_bias))
+        return -1;
+    cfg->has_qk_norm = d->qk_norm;
+    return 0;
+}
+
+static int s_mlp_only_layers(ctx_t *c, model_config_t *cfg)
+{
+    json_t *mol = json_object_get(c->root, "mlp_only_layers");
+    if (!mol || json_is_null(mol))
+        return 0;
+    if (!json_is_array(mol))
+        return errf(c->err, c->errlen, "%s: \"mlp_only_layers\" must be a list of layer indices", c->file);
+    if (json_array_size(mol) > CONFIG_MAX_MLP_ONLY_LAYERS)
+        return errf(c->err, c->errlen, "%s: \"mlp_only_layers\" lists %zu layers (at most %d)", c->file,
+                    json_array_size(mol), CONFIG_MAX_MLP_ONLY_LAYERS);
+    for (size_t i = 0; i < json_array_size(mol); i++) {
+        json_t *e = json_array_get(mol, i);
+        if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) >= cfg->num_layers)
+            return errf(c->err, c->errlen, "%s: \"mlp_only_layers\"[%zu] is not a layer index in [0, %d)", c->file, i,
+                        cfg->num_layers);
+        cfg->mlp_only_layers[cfg->n_mlp_only_layers++] = (int)json_integer_value(e);
+    }
+    return 0;
+}
+
+/* Qwen3-MoE's expert width, routing normalisation and which layers are sparse. */
+static int s_qwen3_moe(ctx_t *c, const arch_defaults_t *d, model_config_t *cfg)
+{
+    json_t *root = c->root;
+    if (s_int(c, root, "moe_intermediate_size", d->moe_intermediate, 1, CFG_MAX_INTERMEDIATE,
+              &cfg->moe_intermediate_size) ||
+        s_bool(c, root, "norm_topk_prob", d->norm_topk, &cfg->norm_topk_prob) ||
+        s_int(c, root, "decoder_sparse_step", 1, 1, CFG_MAX_LAYERS, &cfg->decoder_sparse_step))
+        return -1;
+    return s_mlp_only_layers(c, cfg);
+}
+
+/* MoE: Qwen3-MoE writes num_experts (v4) or num_local_experts (v5); Mixtral num_local_experts.
+ * DeepSeek-V3's experts are s_deepseek's. */
+static int s_moe(ctx_t *c, const arch_defaults_t *d, model_config_t *cfg)
+{
+    json_t *root = c->root;
+    const model_arch_t arch = cfg->arch;
+    cfg->decoder_sparse_step = 1;
+    if (arch != ARCH_QWEN3_MOE && arch != ARCH_MIXTRAL)
+        return 0;
+    int ne_a = -1, ne_b = -1;
+    if (s_int(c, root, "num_experts", -1, 0, CFG_MAX_EXPERTS, &ne_a) ||
+        s_int(c, root, "num_local_experts", -1, 0, CFG_MAX_EXPERTS, &ne_b))
+        return -1;
+    if (ne_a >= 0 && ne_b >= 0 && ne_a != ne_b)
+        return errf(c->err, c->errlen, "%s: \"num_experts\" (%d) and \"num_local_experts\" (%d) disagree", c->file,
+                    ne_a, ne_b);
+    cfg->num_experts = ne_b >= 0 ? ne_b : ne_a >= 0 ? ne_a : d->experts;
+    if (arch == ARCH_MIXTRAL && cfg->num_experts == 0)
+        return errf(c->err, c->errlen, "%s: \"num_local_experts\" must be > 0 for Mixtral", c->file);
+    if (s_int(c, root, "num_experts_per_tok", d->experts_per_tok, 1, CFG_MAX_EXPERTS, &cfg->num_experts_per_tok))
+        return -1;
+    if (cfg->num_experts > 0 && cfg->num_experts_per_tok > cfg->num_experts)
+        return errf(c->err, c->errlen, "%s: \"num_experts_per_tok\" (%d) exceeds the number of experts (%d)", c->file,
+                    cfg->num_experts_per_tok, cfg->num_experts);
+    if (arch == ARCH_MIXTRAL) {
+        cfg->moe_intermediate_size = cfg->intermediate_size;   /* Mixtral's experts are intermediate_size wide */
+        cfg->norm_topk_prob = 1;
+    } else if (s_qwen3_moe(c, d, cfg) != 0) {
+        return -1;
+    }
+    if (cfg->num_experts == 0)
+        cfg->num_experts_per_tok = 0;     /* every layer dense */
+    return 0;
+}
+
+static int s_dtype(ctx_t *c, model_config_t *cfg)
+{
+    json_t *root = c->root;
+    if (!s_present(root, "torch_dtype") && !s_present(root, "dtype")) {
+        cfg->dtype = DT_F32;
+        return 0;
+    }
+    const char *key = s_present(root, "dtype") ? "dtype" : "torch_dtype";
+    json_t *v = json_object_get(root, key);
+    if (!json_is_string(v) || dtype_parse(json_string_value(v), &cfg->dtype) != 0)
+        return errf(c->err, c->errlen, "%s: \"%s\" must be \"float32\", \"bfloat16\" or \"float16\"", c->file, key);
+    return 0;
+}
+
+static int s_special_tokens(ctx_t *c, const arch_defaults_t *d, model_config_t *cfg)
+{
+    json_t *root = c->root;
+    /* Explicit null means "no such token"; only an absent key takes the class default. */
+    json_t *bos = json_object_get(root, "bos_token_id");
+    if (s_int(c, root, "bos_token_id", bos ? -1 : d->bos, -1, cfg->vocab_size - 1, &cfg->bos_token_id))
+        return -1;
+    if (json_object_get(root, "eos_token_id"))
+        return s_token_list(c, root, "eos_token_id", cfg->vocab_size, cfg->eos_token_ids, &cfg->n_eos);
+    if (d->eos >= 0 && d->eos < cfg->vocab_size) {
+        cfg->eos_token_ids[0] = d->eos;
+        cfg->n_eos = 1;
+    }
+    return 0;
+}
+
+/* Quantized weights (engine/quant.h): refused here, naming the field, when unsupported. */
+static int s_quant(ctx_t *c, model_config_t *cfg)
+{
+    char qwhere[300];
+    snprintf(qwhere, sizeof qwhere, "%s: quantization_config", c->file);
+    if (quant_config_parse(json_object_get(c->root, "quantization_config"), qwhere, &cfg->quant, c->err, c->errlen) < 0)
+        return -1;
+    return 0;
+}
+
+/* The order matters twice: a step reads what earlier ones set (head_dim the heads, the MoE fields
+ * the layers, DeepSeek's the rope and attention_bias, the tokens the vocabulary), and the first
+ * error found is the one reported. */
+static int s_parse_root(ctx_t *c, model_config_t *cfg)
+{
+    model_arch_t arch = ARCH_LLAMA;
+    if (s_arch_of(c, &arch) != 0 || s_unsupported(c, arch) != 0)
+        return -1;
+    const arch_defaults_t *d = &s_arch[arch];
+    cfg->arch = arch;
+    if (s_sizes(c, d, cfg) || s_kv_heads(c, d, cfg) || s_head_dim(c, d, cfg) || s_norm_eps(c, d, cfg) ||
+        s_rope(c, cfg, d->rope_theta, arch) || s_flags(c, d, cfg) || s_moe(c, d, cfg) ||
+        (arch == ARCH_DEEPSEEK_V3 && s_deepseek(c, cfg) != 0) || s_dtype(c, cfg) || s_special_tokens(c, d, cfg))
+        return -1;
+    s_gen_defaults(cfg);
+    return s_quant(c, cfg);
+}
+
 int config_parse(const char *json, size_t len, const char *name_for_errors, model_config_t *cfg, char *err,
                  size_t errlen)
 {
@@ -445,151 +636,7 @@ int config_parse(const char *json, size_t len, const char *name_for_errors, mode
     if (!root)
         return -1;
     ctx_t c = {root, file, err, errlen, ""};
-    ctx_t *C = &c;
-    int rc = -1;
-    model_arch_t arch = ARCH_LLAMA;
-    if (s_arch_of(C, &arch) != 0 || s_unsupported(C, arch) != 0)
-        goto out;
-    const arch_defaults_t *d = &s_arch[arch];
-    cfg->arch = arch;
-
-    if (s_int(C, root, "vocab_size", d->vocab, 1, CFG_MAX_VOCAB, &cfg->vocab_size) ||
-        s_int(C, root, "hidden_size", d->hidden, 1, CFG_MAX_HIDDEN, &cfg->hidden_size) ||
-        s_int(C, root, "intermediate_size", d->intermediate, 1, CFG_MAX_INTERMEDIATE, &cfg->intermediate_size) ||
-        s_int(C, root, "num_hidden_layers", d->layers, 1, CFG_MAX_LAYERS, &cfg->num_layers) ||
-        s_int(C, root, "num_attention_heads", d->heads, 1, CFG_MAX_HEADS, &cfg->num_heads) ||
-        s_int(C, root, "max_position_embeddings", d->max_pos, 1, CFG_MAX_POS, &cfg->max_position_embeddings))
-        goto out;
-    /* A null num_key_value_heads means MHA in every class; an absent one takes the class default. */
-    json_t *kv = json_object_get(root, "num_key_value_heads");
-    int kv_def = (kv && json_is_null(kv)) || d->kv_heads == 0 ? cfg->num_heads : d->kv_heads;
-    if (s_int(C, root, "num_key_value_heads", kv_def, 1, CFG_MAX_HEADS, &cfg->num_kv_heads))
-        goto out;
-    if (cfg->num_heads % cfg->num_kv_heads != 0) {
-        errf(err, errlen, "%s: \"num_key_value_heads\" (%d) must divide \"num_attention_heads\" (%d)", file,
-             cfg->num_kv_heads, cfg->num_heads);
-        goto out;
-    }
-    /* head_dim: explicit wins; null means hidden/heads; absent takes the class default (Qwen3: 128). */
-    json_t *hd = json_object_get(root, "head_dim");
-    if ((!hd && d->head_dim == 0) || (hd && json_is_null(hd))) {
-        if (cfg->hidden_size % cfg->num_heads != 0) {
-            errf(err, errlen, "%s: \"hidden_size\" (%d) is not a multiple of \"num_attention_heads\" (%d) and no \"head_dim\" is given",
-                 file, cfg->hidden_size, cfg->num_heads);
-            goto out;
-        }
-        cfg->head_dim = cfg->hidden_size / cfg->num_heads;
-    } else if (s_int(C, root, "head_dim", d->head_dim, 1, CFG_MAX_HEAD_DIM, &cfg->head_dim)) {
-        goto out;
-    }
-    if (cfg->head_dim % 2 != 0) {
-        errf(err, errlen, "%s: \"head_dim\" (%d) must be even for rotary embeddings", file, cfg->head_dim);
-        goto out;
-    }
-
-    if (s_num(C, root, "rms_norm_eps", d->rms_eps, NULL, &cfg->rms_norm_eps))
-        goto out;
-    if (!(cfg->rms_norm_eps > 0) || cfg->rms_norm_eps >= 1) {
-        errf(err, errlen, "%s: \"rms_norm_eps\" must be in (0, 1)", file);
-        goto out;
-    }
-    if (s_rope(C, cfg, d->rope_theta, arch))
-        goto out;
-    if (s_bool(C, root, "tie_word_embeddings", 0, &cfg->tie_word_embeddings) ||
-        s_bool(C, root, "attention_bias", 0, &cfg->attention_bias))
-        goto out;
-    cfg->has_qk_norm = d->qk_norm;
-
-    /* MoE: Qwen3-MoE writes num_experts (v4) or num_local_experts (v5); Mixtral num_local_experts. */
-    cfg->decoder_sparse_step = 1;
-    if (arch == ARCH_QWEN3_MOE || arch == ARCH_MIXTRAL) {
-        int ne_a = -1, ne_b = -1;
-        if (s_int(C, root, "num_experts", -1, 0, CFG_MAX_EXPERTS, &ne_a) ||
-            s_int(C, root, "num_local_experts", -1, 0, CFG_MAX_EXPERTS, &ne_b))
-            goto out;
-        if (ne_a >= 0 && ne_b >= 0 && ne_a != ne_b) {
-            errf(err, errlen, "%s: \"num_experts\" (%d) and \"num_local_experts\" (%d) disagree", file, ne_a, ne_b);
-            goto out;
-        }
-        cfg->num_experts = ne_b >= 0 ? ne_b : ne_a >= 0 ? ne_a : d->experts;
-        if (arch == ARCH_MIXTRAL && cfg->num_experts == 0) {
-            errf(err, errlen, "%s: \"num_local_experts\" must be > 0 for Mixtral", file);
-            goto out;
-        }
-        if (s_int(C, root, "num_experts_per_tok", d->experts_per_tok, 1, CFG_MAX_EXPERTS, &cfg->num_experts_per_tok))
-            goto out;
-        if (cfg->num_experts > 0 && cfg->num_experts_per_tok > cfg->num_experts) {
-            errf(err, errlen, "%s: \"num_experts_per_tok\" (%d) exceeds the number of experts (%d)", file,
-                 cfg->num_experts_per_tok, cfg->num_experts);
-            goto out;
-        }
-        if (arch == ARCH_MIXTRAL) {
-            cfg->moe_intermediate_size = cfg->intermediate_size;   /* Mixtral's experts are intermediate_size wide */
-            cfg->norm_topk_prob = 1;
-        } else {
-            if (s_int(C, root, "moe_intermediate_size", d->moe_intermediate, 1, CFG_MAX_INTERMEDIATE,
-                      &cfg->moe_intermediate_size) ||
-                s_bool(C, root, "norm_topk_prob", d->norm_topk, &cfg->norm_topk_prob) ||
-                s_int(C, root, "decoder_sparse_step", 1, 1, CFG_MAX_LAYERS, &cfg->decoder_sparse_step))
-                goto out;
-            json_t *mol = json_object_get(root, "mlp_only_layers");
-            if (mol && !json_is_null(mol)) {
-                if (!json_is_array(mol)) {
-                    errf(err, errlen, "%s: \"mlp_only_layers\" must be a list of layer indices", file);
-                    goto out;
-                }
-                if (json_array_size(mol) > CONFIG_MAX_MLP_ONLY_LAYERS) {
-                    errf(err, errlen, "%s: \"mlp_only_layers\" lists %zu layers (at most %d)", file,
-                         json_array_size(mol), CONFIG_MAX_MLP_ONLY_LAYERS);
-                    goto out;
-                }
-                for (size_t i = 0; i < json_array_size(mol); i++) {
-                    json_t *e = json_array_get(mol, i);
-                    if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) >= cfg->num_layers) {
-                        errf(err, errlen, "%s: \"mlp_only_layers\"[%zu] is not a layer index in [0, %d)", file, i,
-                             cfg->num_layers);
-                        goto out;
-                    }
-                    cfg->mlp_only_layers[cfg->n_mlp_only_layers++] = (int)json_integer_value(e);
-                }
-            }
-        }
-        if (cfg->num_experts == 0)
-            cfg->num_experts_per_tok = 0;     /* every layer dense */
-    }
-    if (arch == ARCH_DEEPSEEK_V3 && s_deepseek(C, cfg) != 0)
-        goto out;
-
-    if (s_present(root, "torch_dtype") || s_present(root, "dtype")) {
-        const char *key = s_present(root, "dtype") ? "dtype" : "torch_dtype";
-        json_t *v = json_object_get(root, key);
-        if (!json_is_string(v) || dtype_parse(json_string_value(v), &cfg->dtype) != 0) {
-            errf(err, errlen, "%s: \"%s\" must be \"float32\", \"bfloat16\" or \"float16\"", file, key);
-            goto out;
-        }
-    } else {
-        cfg->dtype = DT_F32;
-    }
-
-    /* Explicit null means "no such token"; only an absent key takes the class default. */
-    json_t *bos = json_object_get(root, "bos_token_id");
-    if (s_int(C, root, "bos_token_id", bos ? -1 : d->bos, -1, cfg->vocab_size - 1, &cfg->bos_token_id))
-        goto out;
-    if (json_object_get(root, "eos_token_id")) {
-        if (s_token_list(C, root, "eos_token_id", cfg->vocab_size, cfg->eos_token_ids, &cfg->n_eos))
-            goto out;
-    } else if (d->eos >= 0 && d->eos < cfg->vocab_size) {
-        cfg->eos_token_ids[0] = d->eos;
-        cfg->n_eos = 1;
-    }
-    s_gen_defaults(cfg);
-    /* Quantized weights (engine/quant.h): refused here, naming the field, when unsupported. */
-    char qwhere[300];
-    snprintf(qwhere, sizeof qwhere, "%s: quantization_config", file);
-    if (quant_config_parse(json_object_get(root, "quantization_config"), qwhere, &cfg->quant, err, errlen) < 0)
-        goto out;
-    rc = 0;
-out:
+    int rc = s_parse_root(&c, cfg);
     json_decref(root);
     return rc;
 }
