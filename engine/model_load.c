@@ -333,158 +333,222 @@ static int s_check_config(const model_config_t *c, const char *where, char *err,
     return 0;
 }
 
-model_t *model_load(const char *model_dir, const model_config_t *cfg, ckpt_t *ck, backend_t *be,
-                    const model_opts_t *opts, char *err, size_t errlen)
+/* The quantization asked for (the checkpoint's own, or model_opts_t.quantize at load) must be one
+ * the backend has kernels for and the checkpoint can provide. */
+static int s_check_quant(const model_config_t *cfg, ckpt_t *ck, const backend_t *be, const model_opts_t *opts,
+                         const char *where, char *err, size_t errlen)
 {
-    const char *where = model_dir ? model_dir : "model";
-    if (!cfg || !ck || !be)
-        return errf(err, errlen, "%s: model_load needs a config, a checkpoint and a backend", where), NULL;
-    if (s_check_config(cfg, where, err, errlen) < 0)
-        return NULL;
     const int qfmt = cfg->quant.present ? cfg->quant.fmt : opts ? opts->quantize : 0;
     if (opts && opts->quantize && (opts->quantize < 0 || opts->quantize >= BK_Q_COUNT))
-        return errf(err, errlen, "%s: quantization %d is not a format", where, opts->quantize), NULL;
+        return errf(err, errlen, "%s: quantization %d is not a format", where, opts->quantize);
     if (opts && opts->quantize && cfg->quant.present)
         return errf(err, errlen, "%s: the checkpoint is already quantized (quantization_config); drop the online "
-                    "quantization (%s)", where, quant_format_name(opts->quantize)), NULL;
+                    "quantization (%s)", where, quant_format_name(opts->quantize));
     if (qfmt && !(be->ops->quant_formats & (1u << qfmt)))
         return errf(err, errlen, "%s: the %s backend has no kernels for %s weights", where, be->ops->name,
-                    quant_format_name(qfmt)), NULL;
+                    quant_format_name(qfmt));
     if (cfg->quant.present && ckpt_is_dummy(ck))
         return errf(err, errlen, "%s: load_format dummy cannot make a quantized checkpoint's tensors "
-                    "(quantization_config); quantize dummy weights at load instead (model.quantization)", where), NULL;
-    model_t *m = calloc(1, sizeof(*m));
-    if (!m)
-        return errf(err, errlen, "%s: out of memory", where), NULL;
-    m->cfg = *cfg;
-    m->be = be;
-    snprintf(m->where, sizeof m->where, "%s", where);
+                    "(quantization_config); quantize dummy weights at load instead (model.quantization)", where);
+    return 0;
+}
+
+/* The options with every size not set (<= 0) at its default. */
+static model_opts_t s_opts_with_defaults(const model_opts_t *opts, const model_config_t *cfg)
+{
     model_opts_t o = opts ? *opts : (model_opts_t){0};
     if (o.max_tokens <= 0) o.max_tokens = 512;
     if (o.max_seqs <= 0) o.max_seqs = 64;
     if (o.max_logit_rows <= 0) o.max_logit_rows = o.max_seqs;
     if (o.max_context <= 0) o.max_context = cfg->max_position_embeddings > 0 ? cfg->max_position_embeddings : 4096;
     if (o.kv_block_size <= 0) o.kv_block_size = 16;
-    m->opts = o;
+    return o;
+}
+
+/* An empty model: config, backend, options; nothing placed yet. */
+static model_t *s_new(const char *where, const model_config_t *cfg, backend_t *be, const model_opts_t *opts,
+                      char *err, size_t errlen)
+{
+    model_t *m = calloc(1, sizeof(*m));
+    if (!m)
+        return errf(err, errlen, "%s: out of memory", where), NULL;
+    m->cfg = *cfg;
+    m->be = be;
+    snprintf(m->where, sizeof m->where, "%s", where);
+    m->opts = s_opts_with_defaults(opts, cfg);
     const char *prof = getenv("TROUPE_PROFILE");
     m->prof = prof && *prof && strcmp(prof, "0") != 0;
+    return m;
+}
 
+/* Adds bytes to the model's weight counts: all of them, and those one token's step reads. */
+static void s_count(model_t *m, size_t all, size_t active)
+{
+    m->weight_bytes += all;
+    m->active_weight_bytes += active;
+}
+
+/* q, k, v (fused into one matrix where the backend wants it) and o. */
+static int s_load_qkvo(model_t *m, ckpt_t *ck, int l, model_layer_t *Ly, char *err, size_t errlen)
+{
     const model_config_t *c = &m->cfg;
-    const int H = c->hidden_size, V = c->vocab_size, D = c->head_dim, nH = c->num_heads, nKV = c->num_kv_heads;
-    const int L = c->num_layers, E = c->num_experts, K = c->num_experts_per_tok;
-    m->layers = calloc((size_t)L, sizeof(model_layer_t));
-    if (!m->layers) {
-        errf(err, errlen, "%s: out of memory", where);
-        goto fail;
-    }
-    if (s_mat(m, ck, &m->embed, V, H, err, errlen, "model.embed_tokens.weight") < 0)
-        goto fail;
-    size_t layer_bytes = 0, active_bytes = 0;
-    m->max_i = 0;
-    for (int l = 0; l < L; l++) {
-        model_layer_t *Ly = &m->layers[l];
-        char qn[96], kn[96], vn[96];
-        snprintf(qn, sizeof qn, "model.layers.%d.self_attn.q_proj.weight", l);
-        snprintf(kn, sizeof kn, "model.layers.%d.self_attn.k_proj.weight", l);
-        snprintf(vn, sizeof vn, "model.layers.%d.self_attn.v_proj.weight", l);
-        const char *const qkv_names[3] = {qn, kn, vn};
-        bk_mat_t *const qkv_parts[3] = {&Ly->q, &Ly->k, &Ly->v};
-        const int64_t qkv_rows[3] = {(int64_t)nH * D, (int64_t)nKV * D, (int64_t)nKV * D};
-        if (!(Ly->attn_norm = s_vec(m, ck, H, err, errlen, "model.layers.%d.input_layernorm.weight", l)) ||
-            !(Ly->mlp_norm = s_vec(m, ck, H, err, errlen, "model.layers.%d.post_attention_layernorm.weight", l)))
-            goto fail;
-        if (c->mla.on) {          /* DeepSeek-V3's MLA (engine/mla_load.c) */
-            char prefix[48];
-            snprintf(prefix, sizeof prefix, "model.layers.%d", l);
-            size_t attn = 0;
-            if (mla_load_attention(m, ck, prefix, Ly, &attn, err, errlen) < 0 ||
-                (config_layer_is_moe(c, l) && mla_load_moe_extra(m, ck, prefix, Ly, &attn, err, errlen) < 0))
-                goto fail;
-            layer_bytes += attn;
-            active_bytes += attn;
-        } else if (s_mats_fused(m, ck, &Ly->qkv, qkv_parts, qkv_rows, 3, H, qkv_names, err, errlen) < 0 ||
-                   s_mat(m, ck, &Ly->o, H, (int64_t)nH * D, err, errlen, "model.layers.%d.self_attn.o_proj.weight", l) < 0) {
-            goto fail;
-        }
-        if (c->attention_bias &&
-            (!(Ly->q_bias = s_vec(m, ck, (int64_t)nH * D, err, errlen, "model.layers.%d.self_attn.q_proj.bias", l)) ||
-             !(Ly->k_bias = s_vec(m, ck, (int64_t)nKV * D, err, errlen, "model.layers.%d.self_attn.k_proj.bias", l)) ||
-             !(Ly->v_bias = s_vec(m, ck, (int64_t)nKV * D, err, errlen, "model.layers.%d.self_attn.v_proj.bias", l)) ||
-             !(Ly->o_bias = s_vec(m, ck, H, err, errlen, "model.layers.%d.self_attn.o_proj.bias", l))))
-            goto fail;
-        if (c->has_qk_norm &&
-            (!(Ly->q_norm = s_vec(m, ck, D, err, errlen, "model.layers.%d.self_attn.q_norm.weight", l)) ||
-             !(Ly->k_norm = s_vec(m, ck, D, err, errlen, "model.layers.%d.self_attn.k_norm.weight", l))))
-            goto fail;
-        size_t attn = s_bytes(&Ly->q) + s_bytes(&Ly->k) + s_bytes(&Ly->v) + s_bytes(&Ly->o);
-        layer_bytes += attn;
-        active_bytes += attn;
-        Ly->is_moe = E > 0 && config_layer_is_moe(c, l);
-        if (Ly->is_moe) {
-            if (s_router(m, ck, l, Ly, err, errlen) < 0 || s_experts(m, ck, l, Ly, err, errlen) < 0)
-                goto fail;
-            const bk_expert_t *x0 = &Ly->experts[0];   /* the first loaded (a rank may hold a few) */
-            for (int e = 1; !x0->gate.data && e < E; e++)
-                x0 = &Ly->experts[e];
-            size_t one = s_bytes(&x0->gate) + s_bytes(&x0->up) + s_bytes(&x0->down);
-            layer_bytes += s_bytes(&Ly->router) + one * (size_t)E;
-            active_bytes += s_bytes(&Ly->router) + one * (size_t)K;
-            m->max_i = c->moe_intermediate_size > m->max_i ? c->moe_intermediate_size : m->max_i;
-        } else {
-            const int I = c->intermediate_size;
-            char gn[96], un[96];
-            snprintf(gn, sizeof gn, "model.layers.%d.mlp.gate_proj.weight", l);
-            snprintf(un, sizeof un, "model.layers.%d.mlp.up_proj.weight", l);
-            const char *const gu_names[2] = {gn, un};
-            bk_mat_t *const gu_parts[2] = {&Ly->gate, &Ly->up};
-            const int64_t gu_rows[2] = {I, I};
-            if (s_mats_fused(m, ck, &Ly->gate_up, gu_parts, gu_rows, 2, H, gu_names, err, errlen) < 0 ||
-                s_mat(m, ck, &Ly->down, H, I, err, errlen, "model.layers.%d.mlp.down_proj.weight", l) < 0)
-                goto fail;
-            size_t mlp = s_bytes(&Ly->gate) + s_bytes(&Ly->up) + s_bytes(&Ly->down);
-            layer_bytes += mlp;
-            active_bytes += mlp;
-            m->max_i = I > m->max_i ? I : m->max_i;
-        }
-    }
-    if (!(m->final_norm = s_vec(m, ck, H, err, errlen, "model.norm.weight")))
-        goto fail;
+    const int H = c->hidden_size, D = c->head_dim, nH = c->num_heads, nKV = c->num_kv_heads;
+    char qn[96], kn[96], vn[96];
+    snprintf(qn, sizeof qn, "model.layers.%d.self_attn.q_proj.weight", l);
+    snprintf(kn, sizeof kn, "model.layers.%d.self_attn.k_proj.weight", l);
+    snprintf(vn, sizeof vn, "model.layers.%d.self_attn.v_proj.weight", l);
+    const char *const qkv_names[3] = {qn, kn, vn};
+    bk_mat_t *const qkv_parts[3] = {&Ly->q, &Ly->k, &Ly->v};
+    const int64_t qkv_rows[3] = {(int64_t)nH * D, (int64_t)nKV * D, (int64_t)nKV * D};
+    if (s_mats_fused(m, ck, &Ly->qkv, qkv_parts, qkv_rows, 3, H, qkv_names, err, errlen) < 0 ||
+        s_mat(m, ck, &Ly->o, H, (int64_t)nH * D, err, errlen, "model.layers.%d.self_attn.o_proj.weight", l) < 0)
+        return -1;
+    return 0;
+}
+
+/* DeepSeek-V3's MLA (engine/mla_load.c), with a MoE layer's extra tensors; counts their bytes. */
+static int s_load_mla(model_t *m, ckpt_t *ck, int l, model_layer_t *Ly, char *err, size_t errlen)
+{
+    char prefix[48];
+    snprintf(prefix, sizeof prefix, "model.layers.%d", l);
+    size_t attn = 0;
+    if (mla_load_attention(m, ck, prefix, Ly, &attn, err, errlen) < 0 ||
+        (config_layer_is_moe(&m->cfg, l) && mla_load_moe_extra(m, ck, prefix, Ly, &attn, err, errlen) < 0))
+        return -1;
+    s_count(m, attn, attn);
+    return 0;
+}
+
+/* Layer l's attention with its optional biases and q/k norms; counts the q/k/v/o bytes. */
+static int s_load_attention(model_t *m, ckpt_t *ck, int l, model_layer_t *Ly, char *err, size_t errlen)
+{
+    const model_config_t *c = &m->cfg;
+    const int H = c->hidden_size, D = c->head_dim, nH = c->num_heads, nKV = c->num_kv_heads;
+    const int rc = c->mla.on ? s_load_mla(m, ck, l, Ly, err, errlen) : s_load_qkvo(m, ck, l, Ly, err, errlen);
+    if (rc < 0)
+        return -1;
+    if (c->attention_bias &&
+        (!(Ly->q_bias = s_vec(m, ck, (int64_t)nH * D, err, errlen, "model.layers.%d.self_attn.q_proj.bias", l)) ||
+         !(Ly->k_bias = s_vec(m, ck, (int64_t)nKV * D, err, errlen, "model.layers.%d.self_attn.k_proj.bias", l)) ||
+         !(Ly->v_bias = s_vec(m, ck, (int64_t)nKV * D, err, errlen, "model.layers.%d.self_attn.v_proj.bias", l)) ||
+         !(Ly->o_bias = s_vec(m, ck, H, err, errlen, "model.layers.%d.self_attn.o_proj.bias", l))))
+        return -1;
+    if (c->has_qk_norm &&
+        (!(Ly->q_norm = s_vec(m, ck, D, err, errlen, "model.layers.%d.self_attn.q_norm.weight", l)) ||
+         !(Ly->k_norm = s_vec(m, ck, D, err, errlen, "model.layers.%d.self_attn.k_norm.weight", l))))
+        return -1;
+    size_t attn = s_bytes(&Ly->q) + s_bytes(&Ly->k) + s_bytes(&Ly->v) + s_bytes(&Ly->o);
+    s_count(m, attn, attn);
+    return 0;
+}
+
+/* Layer l's router and experts: all experts count in the weights, num_experts_per_tok of them per step. */
+static int s_load_layer_moe(model_t *m, ckpt_t *ck, int l, model_layer_t *Ly, char *err, size_t errlen)
+{
+    const model_config_t *c = &m->cfg;
+    const int E = c->num_experts;
+    if (model_load_moe(m, ck, l, Ly, err, errlen) < 0)
+        return -1;
+    const bk_expert_t *x0 = &Ly->experts[0];   /* the first loaded (a rank may hold a few) */
+    for (int e = 1; !x0->gate.data && e < E; e++)
+        x0 = &Ly->experts[e];
+    size_t one = s_bytes(&x0->gate) + s_bytes(&x0->up) + s_bytes(&x0->down);
+    s_count(m, s_bytes(&Ly->router) + one * (size_t)E, s_bytes(&Ly->router) + one * (size_t)c->num_experts_per_tok);
+    m->max_i = c->moe_intermediate_size > m->max_i ? c->moe_intermediate_size : m->max_i;
+    return 0;
+}
+
+/* Layer l's dense MLP of intermediate_size. */
+static int s_load_layer_mlp(model_t *m, ckpt_t *ck, int l, model_layer_t *Ly, char *err, size_t errlen)
+{
+    char prefix[48];
+    snprintf(prefix, sizeof prefix, "model.layers.%d.mlp", l);
+    if (model_load_dense_mlp(m, ck, prefix, m->cfg.intermediate_size, Ly, err, errlen) < 0)
+        return -1;
+    size_t mlp = s_bytes(&Ly->gate) + s_bytes(&Ly->up) + s_bytes(&Ly->down);
+    s_count(m, mlp, mlp);
+    return 0;
+}
+
+/* Decoder layer l: its two norms, attention, then its MoE block or dense MLP. */
+static int s_load_layer(model_t *m, ckpt_t *ck, int l, char *err, size_t errlen)
+{
+    const model_config_t *c = &m->cfg;
+    const int H = c->hidden_size;
+    model_layer_t *Ly = &m->layers[l];
+    if (!(Ly->attn_norm = s_vec(m, ck, H, err, errlen, "model.layers.%d.input_layernorm.weight", l)) ||
+        !(Ly->mlp_norm = s_vec(m, ck, H, err, errlen, "model.layers.%d.post_attention_layernorm.weight", l)))
+        return -1;
+    if (s_load_attention(m, ck, l, Ly, err, errlen) < 0)
+        return -1;
+    Ly->is_moe = c->num_experts > 0 && config_layer_is_moe(c, l);
+    return Ly->is_moe ? s_load_layer_moe(m, ck, l, Ly, err, errlen) : s_load_layer_mlp(m, ck, l, Ly, err, errlen);
+}
+
+/* The final norm and the LM head; the head's bytes count in every step. */
+static int s_load_head(model_t *m, ckpt_t *ck, char *err, size_t errlen)
+{
+    const model_config_t *c = &m->cfg;
+    if (!(m->final_norm = s_vec(m, ck, c->hidden_size, err, errlen, "model.norm.weight")))
+        return -1;
     /* Tied only when the config says so: an untied model without lm_head.weight is refused (HF
      * would run it with a randomly initialised head). */
-    if (c->tie_word_embeddings) {
+    if (c->tie_word_embeddings)
         m->lm_head = m->embed;
-    } else if (s_mat(m, ck, &m->lm_head, V, H, err, errlen, "lm_head.weight") < 0) {
-        goto fail;
-    }
-    if (model_router_skew_apply(m, ck, err, errlen) < 0)
-        goto fail;
-    m->weight_bytes = layer_bytes + s_bytes(&m->lm_head);
-    m->active_weight_bytes = active_bytes + s_bytes(&m->lm_head);
+    else if (s_mat(m, ck, &m->lm_head, c->vocab_size, c->hidden_size, err, errlen, "lm_head.weight") < 0)
+        return -1;
+    s_count(m, s_bytes(&m->lm_head), s_bytes(&m->lm_head));
+    return 0;
+}
 
+/* Every weight, in the checkpoint's order: embeddings, layers, final norm and head, then the
+ * router skew on top. `where` is model_load's name for the model (m->where may cut it short). */
+static int s_load_weights(model_t *m, ckpt_t *ck, const char *where, char *err, size_t errlen)
+{
+    const model_config_t *c = &m->cfg;
+    m->layers = calloc((size_t)c->num_layers, sizeof(model_layer_t));
+    if (!m->layers)
+        return errf(err, errlen, "%s: out of memory", where);
+    if (s_mat(m, ck, &m->embed, c->vocab_size, c->hidden_size, err, errlen, "model.embed_tokens.weight") < 0)
+        return -1;
+    m->max_i = 0;
+    for (int l = 0; l < c->num_layers; l++)
+        if (s_load_layer(m, ck, l, err, errlen) < 0)
+            return -1;
+    if (s_load_head(m, ck, err, errlen) < 0 || model_router_skew_apply(m, ck, err, errlen) < 0)
+        return -1;
+    return 0;
+}
+
+/* RoPE's inverse frequencies on the device and the attention scale (MLA: engine/mla_load.c). */
+static int s_load_rope(model_t *m, char *err, size_t errlen)
+{
+    if (m->cfg.mla.on)
+        return mla_load_rope(m, err, errlen);
+    const int D = m->cfg.head_dim;
     float inv[BK_MAX_HEAD_DIM / 2];
-    if (c->mla.on) {
-        if (mla_load_rope(m, err, errlen) < 0)
-            goto fail;
-    } else {
-        if (rope_inv_freq(c, inv, err, errlen) < 0)
-            goto fail;
-        if (!(m->inv_freq = model_alloc(m, (size_t)(D / 2) * sizeof(float), "rope", err, errlen)) ||
-            be->ops->upload(be, m->inv_freq, inv, (size_t)(D / 2) * sizeof(float)) < 0)
-            goto fail;
-        m->scale = (float)(1.0 / sqrt((double)D));
-    }
+    if (rope_inv_freq(&m->cfg, inv, err, errlen) < 0)
+        return -1;
+    if (!(m->inv_freq = model_alloc(m, (size_t)(D / 2) * sizeof(float), "rope", err, errlen)) ||
+        m->be->ops->upload(m->be, m->inv_freq, inv, (size_t)(D / 2) * sizeof(float)) < 0)
+        return -1;
+    m->scale = (float)(1.0 / sqrt((double)D));
+    return 0;
+}
 
-    /* Step buffers. */
-    const size_t T = (size_t)o.max_tokens, R = (size_t)o.max_logit_rows, S = (size_t)o.max_seqs;
-    m->max_bt = (int)(S * (size_t)((o.max_context + o.kv_block_size - 1) / o.kv_block_size));
+/* The step buffers, sized for the largest step the options allow. `where` as in s_load_weights. */
+static int s_alloc_step_buffers(model_t *m, const char *where, char *err, size_t errlen)
+{
+    const model_config_t *c = &m->cfg;
+    const model_opts_t *o = &m->opts;
+    const int H = c->hidden_size, V = c->vocab_size, D = c->head_dim, nH = c->num_heads, nKV = c->num_kv_heads;
+    const size_t T = (size_t)o->max_tokens, R = (size_t)o->max_logit_rows, S = (size_t)o->max_seqs;
+    m->max_bt = (int)(S * (size_t)((o->max_context + o->kv_block_size - 1) / o->kv_block_size));
     size_t meta_n = 3 * T + R + 2 * S + 1 + (size_t)m->max_bt;   /* forward.c's layout (model_internal.h) */
     m->h_meta = malloc(meta_n * sizeof(int32_t));
-    if (!m->h_meta) {
-        errf(err, errlen, "%s: out of memory for step metadata", where);
-        goto fail;
-    }
+    if (!m->h_meta)
+        return errf(err, errlen, "%s: out of memory for step metadata", where);
     const size_t f = sizeof(float);
-    const int kk = K > 0 ? K : 1, EE = E > 0 ? E : 1;
     if (!(m->d_meta = model_alloc(m, meta_n * sizeof(int32_t), "step metadata", err, errlen)) ||
         !(m->res = model_alloc(m, T * H * f, "activations", err, errlen)) ||
         !(m->xn = model_alloc(m, T * H * f, "activations", err, errlen)) ||
@@ -495,22 +559,50 @@ model_t *model_load(const char *model_dir, const model_config_t *cfg, ckpt_t *ck
         !(m->rows = model_alloc(m, R * H * f, "activations", err, errlen)) ||
         !(m->logits = model_alloc(m, R * V * f, "logits", err, errlen)) ||
         !(m->argmax = model_alloc(m, R * sizeof(int32_t), "argmax", err, errlen)))
-        goto fail;
-    if (E > 0 && (!(m->rlogits = model_alloc(m, T * EE * f, "router logits", err, errlen)) ||
-                  !(m->moe_ids = model_alloc(m, T * kk * sizeof(int32_t), "routing", err, errlen)) ||
-                  !(m->moe_w = model_alloc(m, T * kk * f, "routing", err, errlen)) ||
-                  !(m->moe_scratch = model_alloc(m, moe_scratch_bytes((int)T, kk, H, c->moe_intermediate_size, EE),
-                                             "MoE scratch", err, errlen)) ||
-                  model_expert_load_init(m, err, errlen) != 0))
-        goto fail;
-    if (c->mla.on && mla_load_buffers(m, ck, err, errlen) < 0)
-        goto fail;
-    LOG_D("%s: %s loaded on %s: %.1f MB of weights per step", where, config_arch_name(c->arch), be->ops->name,
+        return -1;
+    return 0;
+}
+
+/* A MoE model's router and routing buffers and the expert loader's state; nothing for a dense one.
+ * num_experts_per_tok is at least 1 here (s_check_config). */
+static int s_alloc_moe_buffers(model_t *m, char *err, size_t errlen)
+{
+    const model_config_t *c = &m->cfg;
+    const int E = c->num_experts, K = c->num_experts_per_tok, H = c->hidden_size;
+    if (E <= 0)
+        return 0;
+    const size_t T = (size_t)m->opts.max_tokens, f = sizeof(float);
+    if (!(m->rlogits = model_alloc(m, T * E * f, "router logits", err, errlen)) ||
+        !(m->moe_ids = model_alloc(m, T * K * sizeof(int32_t), "routing", err, errlen)) ||
+        !(m->moe_w = model_alloc(m, T * K * f, "routing", err, errlen)) ||
+        !(m->moe_scratch = model_alloc(m, moe_scratch_bytes((int)T, K, H, c->moe_intermediate_size, E), "MoE scratch",
+                                       err, errlen)) ||
+        model_expert_load_init(m, err, errlen) != 0)
+        return -1;
+    return 0;
+}
+
+model_t *model_load(const char *model_dir, const model_config_t *cfg, ckpt_t *ck, backend_t *be,
+                    const model_opts_t *opts, char *err, size_t errlen)
+{
+    const char *where = model_dir ? model_dir : "model";
+    if (!cfg || !ck || !be)
+        return errf(err, errlen, "%s: model_load needs a config, a checkpoint and a backend", where), NULL;
+    if (s_check_config(cfg, where, err, errlen) < 0 || s_check_quant(cfg, ck, be, opts, where, err, errlen) < 0)
+        return NULL;
+    model_t *m = s_new(where, cfg, be, opts, err, errlen);
+    if (!m)
+        return NULL;
+    /* One cleanup path: model_destroy frees whatever the steps before a failure placed. */
+    if (s_load_weights(m, ck, where, err, errlen) < 0 || s_load_rope(m, err, errlen) < 0 ||
+        s_alloc_step_buffers(m, where, err, errlen) < 0 || s_alloc_moe_buffers(m, err, errlen) < 0 ||
+        (m->cfg.mla.on && mla_load_buffers(m, ck, err, errlen) < 0)) {
+        model_destroy(&m);
+        return NULL;
+    }
+    LOG_D("%s: %s loaded on %s: %.1f MB of weights per step", where, config_arch_name(m->cfg.arch), be->ops->name,
           (double)m->weight_bytes / 1e6);
     return m;
-fail:
-    model_destroy(&m);
-    return NULL;
 }
 
 void model_destroy(model_t **self_p)
