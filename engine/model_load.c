@@ -403,6 +403,8 @@ static int s_load_qkvo(model_t *m, ckpt_t *ck, int l, model_layer_t *Ly, char *e
     if (s_mats_fused(m, ck, &Ly->qkv, qkv_parts, qkv_rows, 3, H, qkv_names, err, errlen) < 0 ||
         s_mat(m, ck, &Ly->o, H, (int64_t)nH * D, err, errlen, "model.layers.%d.self_attn.o_proj.weight", l) < 0)
         return -1;
+    const size_t attn = s_bytes(&Ly->q) + s_bytes(&Ly->k) + s_bytes(&Ly->v) + s_bytes(&Ly->o);
+    s_count(m, attn, attn);
     return 0;
 }
 
@@ -419,7 +421,8 @@ static int s_load_mla(model_t *m, ckpt_t *ck, int l, model_layer_t *Ly, char *er
     return 0;
 }
 
-/* Layer l's attention with its optional biases and q/k norms; counts the q/k/v/o bytes. */
+/* Layer l's attention with its optional biases and q/k norms (each loader counts its own bytes: MLA's
+ * o_proj is in mla_load_attention's total, and was counted a second time here). */
 static int s_load_attention(model_t *m, ckpt_t *ck, int l, model_layer_t *Ly, char *err, size_t errlen)
 {
     const model_config_t *c = &m->cfg;
@@ -437,8 +440,6 @@ static int s_load_attention(model_t *m, ckpt_t *ck, int l, model_layer_t *Ly, ch
         (!(Ly->q_norm = s_vec(m, ck, D, err, errlen, "model.layers.%d.self_attn.q_norm.weight", l)) ||
          !(Ly->k_norm = s_vec(m, ck, D, err, errlen, "model.layers.%d.self_attn.k_norm.weight", l))))
         return -1;
-    size_t attn = s_bytes(&Ly->q) + s_bytes(&Ly->k) + s_bytes(&Ly->v) + s_bytes(&Ly->o);
-    s_count(m, attn, attn);
     return 0;
 }
 

@@ -101,6 +101,10 @@ static void s_run_fixture(const char *name)
     model_t *m = model_load(dir, &cfg, ck, s_be, &o, err, sizeof err);
     if (!m)
         fail_msg("%s", err);
+    /* The loader's weight count (the workers size their KV pool after it) equals the shape-only one:
+     * MLA's o_proj was once counted twice. */
+    if (cfg.mla.on)
+        assert_int_equal((size_t)config_weight_bytes(&cfg, dtype_size(cfg.dtype), cfg.num_experts), model_weight_bytes(m));
     const int V = cfg.vocab_size, bs = 4;
     kvpool_t *pool = kvpool_new(256, bs, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, DT_F32, s_be, err, sizeof err);
     assert_non_null(pool);
