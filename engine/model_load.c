@@ -530,9 +530,10 @@ static int s_load_rope(model_t *m, char *err, size_t errlen)
     float inv[BK_MAX_HEAD_DIM / 2];
     if (rope_inv_freq(&m->cfg, inv, err, errlen) < 0)
         return -1;
-    if (!(m->inv_freq = model_alloc(m, (size_t)(D / 2) * sizeof(float), "rope", err, errlen)) ||
-        m->be->ops->upload(m->be, m->inv_freq, inv, (size_t)(D / 2) * sizeof(float)) < 0)
+    if (!(m->inv_freq = model_alloc(m, (size_t)(D / 2) * sizeof(float), "rope", err, errlen)))
         return -1;
+    if (m->be->ops->upload(m->be, m->inv_freq, inv, (size_t)(D / 2) * sizeof(float)) < 0)
+        return errf(err, errlen, "%s: cannot upload the rope frequencies", m->where);   /* as mla_load_rope says */
     m->scale = (float)(1.0 / sqrt((double)D));
     return 0;
 }
