@@ -415,7 +415,9 @@ double spec_cost_estimate(const spec_cost_t *c, int bucket, int k)
     int lo, hi, top[2];
     s_drafting_neighbours(c, bucket, k, &lo, &hi, top);
     double est;
+    int own = 0;   /* est is from the bucket's own measured cells: the floor below guards the fit */
     if (k >= 1 && lo >= 1 && hi >= 1) {
+        own = 1;
         const double at_lo = s_mean(c, bucket, lo), at_hi = s_mean(c, bucket, hi);
         est = at_lo + (at_hi - at_lo) * (double)(k - lo) / (double)(hi - lo);
     } else {
@@ -439,10 +441,18 @@ double spec_cost_estimate(const spec_cost_t *c, int bucket, int k)
         }
         /* A fit may go below zero for small steps: never cheaper than a quarter of the cheapest step seen. */
         est = est > floor_s / 4 ? est : floor_s / 4;
-        if (k > top[0] && top[0] >= 1 && top[1] >= 1) {   /* past the longest: its own cost of a draft */
-            const double per = (s_mean(c, bucket, top[0]) - s_mean(c, bucket, top[1])) / (double)(top[0] - top[1]);
-            const double ext = s_mean(c, bucket, top[0]) + (per > 0 ? per : 0) * (double)(k - top[0]);
-            est = ext > est ? ext : est;
+        /* Past the longest measured drafting cell, the bucket's own cost of a draft, not the fit:
+         * from its two longest drafting cells, or with one, from the line through its plain step,
+         * which takes drafting's fixed cost (a draft model's forward) into the slope too, so it
+         * errs dear. The fit is other buckets' steps: on one H100 (kjv-dense, n-gram, padding to
+         * 128 rows, 2026-12-07) batch 16 measured 0.390 ms plain and 0.465 ms at k = 4, the fit
+         * (dragged by larger batches' unpadded steps) made k = 7 1.928 ms, and the policy kept
+         * k = 4 at 16 where the fixed k = 7 run was the fastest; the line gives 0.521 ms. */
+        if (k > top[0] && top[0] >= 1 && (top[1] >= 1 || s_measured(c, bucket, 0))) {
+            const int from = top[1] >= 1 ? top[1] : 0;
+            const double per = (s_mean(c, bucket, top[0]) - s_mean(c, bucket, from)) / (double)(top[0] - from);
+            est = s_mean(c, bucket, top[0]) + (per > 0 ? per : 0) * (double)(k - top[0]);
+            own = 1;
         }
     }
     /* Never cheaper than a measured step of no more rows and no more drafts a row: a step does not
@@ -451,8 +461,10 @@ double spec_cost_estimate(const spec_cost_t *c, int bucket, int k)
      * nothing, the fit's cost fell to its floor as k grew, and batch 96 read 1,979,577 tokens/s at
      * k = 7 against 82,489 at k = 0, so a worker reaching batch 96 would have drafted 7). So an
      * unmeasured cell's tokens/s is at most its batch times its tokens per row over that measured
-     * step's seconds. */
-    const double below = s_cost_floor(c, bucket, k);
+     * step's seconds. Only for the fit's estimates: a bucket's own cells are the more direct
+     * measurement, and one slow cell of few steps at a smaller batch (batch 6 at k = 6, 2.0 ms, in
+     * the H100 run above) would otherwise set every larger bucket's long steps. */
+    const double below = own ? 0 : s_cost_floor(c, bucket, k);
     est = est > below ? est : below;
     /* Nor dearer than the bucket's own measured step with more drafts a row, which is the more
      * direct measurement where the two disagree (cd61b16 above: batch 4's plain cell of 5 steps

@@ -1010,6 +1010,35 @@ static void test_cost_from_own_drafting_cells(void **state)
     }
 }
 
+/* Past a bucket's longest measured drafting cell its own slope decides, not the fit (other
+ * buckets' steps) nor a slow cell of a smaller bucket. The n-gram sweep with padding to 128 rows
+ * on one H100 (kjv-dense, 2026-12-07; tests/fixtures/spec-policy/h100-kjv-ngram-pad128.log, its
+ * last computation): batch 16 measured 0.390 ms plain and 0.465 ms at k = 4, and nothing longer;
+ * the fit and batch 6's k = 6 cell (2.0 ms, few steps) had made k = 5-7 0.81-1.93 ms, so the
+ * policy kept k = 4 at 16 where the fixed k = 7 run was the fastest (64,715 tokens/s against
+ * 59,836). Now k = 5-7 lie on the line through the plain step and k = 4 (a dear line: it puts
+ * drafting's fixed cost into the slope), and batch 16 drafts 7. The draft model's fixture keeps
+ * its policy off (test_cost_from_own_drafting_cells). */
+static void test_cost_past_longest_from_own_slope(void **state)
+{
+    (void)state;
+    spec_accept_t a;
+    spec_cost_t c;
+    spec_policy_t logged;
+    int max_k, max_batch;
+    s_fixture_tables("tests/fixtures/spec-policy/h100-kjv-ngram-pad128.log", 0, &a, &c, &max_k, &max_batch, &logged);
+    const int b16 = spec_cost_bucket(16);
+    const double k0 = spec_cost_estimate(&c, b16, 0), k4 = spec_cost_estimate(&c, b16, 4);
+    assert_true(fabs(k0 - 0.390e-3) < 0.001e-3 && fabs(k4 - 0.465e-3) < 0.001e-3);   /* measured */
+    for (int k = 5; k <= 7; k++)
+        assert_true(fabs(spec_cost_estimate(&c, b16, k) - (k4 + (k - 4) * (k4 - k0) / 4)) < 1e-9);
+    assert_int_equal(spec_policy_bucket(&logged, 16)->max_draft, 4);   /* what the worker was told */
+    spec_policy_t p = {.epoch = 1};
+    char why[160];
+    assert_int_equal(spec_policy_compute(&a, &c, max_k, max_batch, &p, why, sizeof why), 0);
+    assert_int_equal(spec_policy_bucket(&p, 16)->max_draft, 7);
+}
+
 /* Exploration where no cell of the bucket tells yet: on the same run (policy off everywhere) the
  * timed run's 28 exploration steps took 1.713 ms a cycle against 0.370 ms for its off steps, and
  * batches 24-48, which the levels ramp through, had no one-draft cell while batch 16's one-draft
@@ -1212,6 +1241,7 @@ int main(void)
         cmocka_unit_test(test_plain_guard),
         cmocka_unit_test(test_mtp_batch1_plain_measured),
         cmocka_unit_test(test_cost_from_own_drafting_cells),
+        cmocka_unit_test(test_cost_past_longest_from_own_slope),
         cmocka_unit_test(test_explore_inherits_from_smaller_bucket),
         cmocka_unit_test(test_explore_budget_bounds_time),
         cmocka_unit_test(test_explore_budget_still_turns_on),
