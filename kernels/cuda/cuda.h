@@ -138,6 +138,8 @@ typedef struct cuda_state {
     int gemm_split_max_m;         /* GEMMs of at most this many rows take activations as hi + lo (TROUPE_CUDA_GEMM_SPLIT, default 32) */
     int gemm_fuse;                /* 1 (default): matmul_n runs q|k|v as one GEMM (TROUPE_CUDA_GEMM_FUSE) */
     int mlp_fuse;                 /* 1: mlp_swiglu takes GEMM-sized steps (TROUPE_CUDA_MLP_FUSE, default 1) */
+    int w8a8_mlp;                 /* 1: and W8A8 ones, gate's and up's sums straight to down's codes
+                                     (TROUPE_CUDA_W8A8_MLP, default 1) */
     int attn_split;               /* 0: never split the keys of a row across blocks (TROUPE_CUDA_ATTN_SPLIT=0) */
     int attn_split_blocks;        /* tensor-core decode: key ranges until rows x kv heads x ranges is this many blocks per SM
                                      (TROUPE_CUDA_ATTN_SPLIT_BLOCKS, default 1) */
@@ -207,6 +209,8 @@ void *cuda_scratch(backend_t *be, void **buf, size_t *cap, size_t bytes);
 void cuda_matmul(backend_t *be, const float *x, int M, const bk_mat_t *w, const float *bias, float *y);
 /* cuda_matmul for a quantized w (kernels/cuda/cuda_quant.cu); cuda_matmul calls it. */
 void cuda_qmatmul(backend_t *be, const float *x, int M, const bk_mat_t *w, const float *bias, float *y);
+int cuda_w8a8_mlp(backend_t *be, const float *x, int M, const bk_mat_t *gate, const bk_mat_t *up,
+                  const bk_mat_t *down, float *g, float *u, float *out);
 void cuda_qmatmul_n(backend_t *be, const float *x, int M, int n, const bk_mat_t *const w[], const float *const bias[],
                     float *const y[]);
 /* x [n] as 16-bit GEMM operands into out (f16: saturated; else bf16, round to nearest even). */

@@ -488,6 +488,7 @@ extern "C" backend_t *backend_cuda_new(int device, char *err, size_t errlen)
         s_env_int("TROUPE_CUDA_GEMM_SPLIT", 32, 0, 1 << 30, &st->gemm_split_max_m, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_GEMM_FUSE", 1, 0, 1, &st->gemm_fuse, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_MLP_FUSE", 1, 0, 1, &st->mlp_fuse, err, errlen) < 0 ||
+        s_env_int("TROUPE_CUDA_W8A8_MLP", 1, 0, 1, &st->w8a8_mlp, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_ATTN_SPLIT", 1, 0, 1, &st->attn_split, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_ATTN_SPLIT_BLOCKS", 1, 1, 64, &st->attn_split_blocks, err, errlen) < 0 ||
         s_env_int("TROUPE_CUDA_ATTN_FLASH", 1, 0, 1, &st->attn_flash, err, errlen) < 0 ||

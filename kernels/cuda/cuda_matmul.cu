@@ -708,7 +708,7 @@ int cuda_mlp_swiglu(backend_t *be, const float *x, int M, const bk_mat_t *gate, 
     const dtype_t dt = gate->dtype;
     const int64_t I = gate->rows, K = gate->cols;
     if (gate->qfmt || up->qfmt || down->qfmt)
-        return 1;
+        return st->mlp_fuse ? cuda_w8a8_mlp(be, x, M, gate, up, down, g, u, out) : 1;
     if (!st->mlp_fuse || M <= st->gemv_max_m || M <= st->gemm_split_max_m || dt == DT_F32 || up->dtype != dt ||
         down->dtype != dt || up->rows != I || up->cols != K || down->cols != I)
         return 1;

@@ -272,6 +272,17 @@ __global__ void k_qact(const float *x, int64_t K, int act, float *out)
 
 /* ---- W8A8 GEMMs (prefill): fp8 on the FP8 tensor cores, int8 on the integer ones ------------- */
 
+/* One activation code of a row whose amax is known (k_qact_w8, k_w8a8_rows_q): e4m3 of v / s, or
+ * int8 rint(v / s) clamped to +-127; 0 for a dead row (amax 0 or not finite). */
+template <bool I8> __device__ __forceinline__ uint8_t dev_w8_code(float v, float s, bool dead)
+{
+    if (dead)
+        return 0;
+    if (I8)
+        return (uint8_t)(int8_t)rintf(fminf(fmaxf(v / s, -127.0f), 127.0f));   /* NaN: the row's scale is NaN */
+    return __nv_cvt_float_to_fp8(v / s, __NV_SATFINITE, __NV_E4M3);
+}
+
 /* x row blockIdx.x quantized as cpu_quant_act_row: e4m3 codes with scale amax / 448 (I8 false) or
  * int8 codes rint(x / s) clamped to +-127 with scale amax / 127 (I8 true), into xq [M][K], the scale
  * into sx[row]. An all-zero row: codes 0. A non-finite amax, or (int8, which has no NaN code) a NaN
@@ -297,14 +308,8 @@ __global__ void k_qact_w8(const float *x, int64_t K, uint8_t *xq, float *sx)
     const bool dead = amax == 0.0f || !isfinite(amax);
     if (threadIdx.x == 0)
         sx[blockIdx.x] = isfinite(amax) && !(I8 && nan) ? s : __int_as_float(0x7fc00000);
-    for (int64_t k = threadIdx.x; k < K; k += blockDim.x) {
-        if (dead)
-            o[k] = 0;
-        else if (I8)
-            o[k] = (uint8_t)(int8_t)rintf(fminf(fmaxf(xr[k] / s, -127.0f), 127.0f));   /* NaN: sx is NaN */
-        else
-            o[k] = __nv_cvt_float_to_fp8(xr[k] / s, __NV_SATFINITE, __NV_E4M3);
-    }
+    for (int64_t k = threadIdx.x; k < K; k += blockDim.x)
+        o[k] = dev_w8_code<I8>(xr[k], s, dead);
 }
 
 /* y[m][n] = raw[m][n] * sx[m] * ws[n] (+ bias[n]), in place over the GEMM's output (RAW float for
@@ -322,6 +327,61 @@ __global__ void k_w8a8_epilogue(float *y, int64_t M, int64_t N, const float *sx,
     if (bias)
         v = __fadd_rn(v, bias[n]);
     y[m * N + n] = v;
+}
+
+/* The dense MLP's middle on the W8A8 path (cuda_w8a8_mlp), in two passes over [M][I] whose blocks
+ * each take a slice of a row (a block a row would leave most SMs idle at M = 64):
+ *
+ * k_w8a8_swiglu_h: gate's and up's raw sums scaled as k_w8a8_epilogue scales them, silu(g) * u as
+ * cuda_swiglu computes it, written as f32 over gate's sums (the same 4 bytes, read first by the
+ * same thread); each block's amax of its slice (fmaxf: NaN skipped, as k_qact_w8) into the row's
+ * (atomicMax on the bits: a non-negative float's order is its bits' order), and whether the slice
+ * held a NaN. k_w8a8_rows_q: the rows quantized for down as k_qact_w8 quantizes them, with the
+ * row's amax. The codes and scales are the bits of those ops (a max is exact in any order). amax and
+ * nan start at 0 (a memset before the first pass). */
+template <typename RAW>
+__global__ void k_w8a8_swiglu_h(void *graw, const void *uraw, int64_t I, const float *sx, const float *sg, int grg,
+                                const float *su, int gru, unsigned *amax, int *nan)
+{
+    DEV_PDL_ENTER();
+    __shared__ float red[32];
+    const int64_t m = blockIdx.y;
+    const RAW *gr = (const RAW *)graw + m * I, *ur = (const RAW *)uraw + m * I;
+    float *h = (float *)graw + m * I;
+    const float s_x = sx[m];
+    float mx = 0.0f;
+    int bad = 0;
+    for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < I; k += (int64_t)gridDim.x * blockDim.x) {
+        const float v = dev_swiglu((float)gr[k] * s_x * sg[grg == 1 ? k : k / grg],
+                                   (float)ur[k] * s_x * su[gru == 1 ? k : k / gru]);
+        h[k] = v;
+        mx = fmaxf(mx, fabsf(v));
+        bad |= isnan(v);
+    }
+    mx = dev_block_max(mx, red);
+    bad = __syncthreads_or(bad);
+    if (threadIdx.x == 0) {
+        atomicMax(amax + m, __float_as_uint(mx));
+        if (bad)
+            atomicOr(nan + m, 1);
+    }
+}
+
+template <bool I8>
+__global__ void k_w8a8_rows_q(const float *h, int64_t I, const unsigned *amax_bits, const int *nan, uint8_t *hq,
+                              float *sh)
+{
+    DEV_PDL_ENTER();
+    const int64_t m = blockIdx.y;
+    const float *hr = h + m * I;
+    uint8_t *o = hq + m * I;
+    const float amax = __uint_as_float(amax_bits[m]);
+    const float s = amax / (I8 ? 127.0f : 448.0f);
+    const bool dead = amax == 0.0f || !isfinite(amax);
+    if (blockIdx.x == 0 && threadIdx.x == 0)
+        sh[m] = isfinite(amax) && !(I8 && nan[m]) ? s : __int_as_float(0x7fc00000);
+    for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < I; k += (int64_t)gridDim.x * blockDim.x)
+        o[k] = dev_w8_code<I8>(hr[k], s, dead);
 }
 
 /* cuBLASLt plans of the W8A8 GEMMs, by element type, shape (and handle), made on first use. (The
@@ -437,13 +497,24 @@ typedef struct w8_x {
     const float *s;
 } w8_x_t;
 
+/* The bytes of M rows of K codes and their scales (aligned for the next such block). */
+static size_t s_w8_x_bytes(int M, int64_t K)
+{
+    return ((size_t)M * (size_t)K + 255) / 256 * 256 + ((size_t)M * 4 + 255) / 256 * 256;
+}
+
+/* x's codes into buf (s_w8_x_bytes(M, K) of device memory). */
+static w8_x_t s_w8a8_quantize_into(cuda_state_t *st, const float *x, int M, int64_t K, int i8, uint8_t *buf)
+{
+    float *sx = (float *)(buf + ((size_t)M * (size_t)K + 255) / 256 * 256);
+    cuda_launch(st, i8 ? k_qact_w8<true> : k_qact_w8<false>, dim3((unsigned)M), dim3(256), x, K, buf, sx);
+    return (w8_x_t){buf, sx};
+}
+
 static w8_x_t s_w8a8_quantize(backend_t *be, cuda_state_t *st, const float *x, int M, int64_t K, int i8)
 {
-    const size_t xq_bytes = ((size_t)M * (size_t)K + 255) / 256 * 256;
-    uint8_t *xq = (uint8_t *)cuda_scratch(be, &st->quant_x, &st->quant_x_bytes, xq_bytes + (size_t)M * 4);
-    float *sx = (float *)(xq + xq_bytes);
-    cuda_launch(st, i8 ? k_qact_w8<true> : k_qact_w8<false>, dim3((unsigned)M), dim3(256), x, K, xq, sx);
-    return (w8_x_t){xq, sx};
+    uint8_t *buf = (uint8_t *)cuda_scratch(be, &st->quant_x, &st->quant_x_bytes, s_w8_x_bytes(M, K));
+    return s_w8a8_quantize_into(st, x, M, K, i8, buf);
 }
 
 /* Times each candidate of p on these operands (y is written; the real run after overwrites it) and
@@ -485,10 +556,9 @@ static void s_w8_search(cuda_state_t *st, w8_plan_t *p, const void *w, const voi
                 p->i8 ? "int8" : "FP8", p->M, (long long)p->N, (long long)p->K, best_i, p->n_cand, 1e3 * best / 5);
 }
 
-/* The GEMM over x's codes and its epilogue: int8's sums are exact (int32), fp8's the tensor cores'
- * f32 sums of exact products; the scales come after, in one pass over y (k_w8a8_epilogue). 1 when
- * cuBLASLt has no algorithm for the shape, nothing queued. */
-static int s_w8a8_run(cuda_state_t *st, const w8_x_t *xq, int M, const bk_mat_t *w, const float *bias, float *y)
+/* The GEMM over x's codes alone: y gets the raw sums, int8's exact (int32), fp8's the tensor cores'
+ * f32 sums of exact products. 1 when cuBLASLt has no algorithm for the shape, nothing queued. */
+static int s_w8a8_raw(cuda_state_t *st, const w8_x_t *xq, int M, const bk_mat_t *w, float *y)
 {
     const int64_t N = w->rows, K = w->cols;
     const int i8 = w->qfmt == BK_Q_I8;
@@ -502,6 +572,17 @@ static int s_w8a8_run(cuda_state_t *st, const w8_x_t *xq, int M, const bk_mat_t 
     CUBLAS_CHECK(cublasLtMatmul(st->lt, p->desc, i8 ? (const void *)&alpha_i : (const void *)&alpha, w->data, p->la,
                                 xq->q, p->lb, i8 ? (const void *)&beta_i : (const void *)&beta, y, p->lc, y, p->lc,
                                 &p->algo, st->lt_ws, st->lt_ws_bytes, st->stream));
+    return 0;
+}
+
+/* The GEMM and its epilogue: the scales come after the raw sums, in one pass over y
+ * (k_w8a8_epilogue). 1 when cuBLASLt has no algorithm for the shape, nothing queued. */
+static int s_w8a8_run(cuda_state_t *st, const w8_x_t *xq, int M, const bk_mat_t *w, const float *bias, float *y)
+{
+    const int64_t N = w->rows;
+    const int i8 = w->qfmt == BK_Q_I8;
+    if (s_w8a8_raw(st, xq, M, w, y) != 0)
+        return 1;
     cuda_launch(st, i8 ? k_w8a8_epilogue<int32_t> : k_w8a8_epilogue<float>, dim3((unsigned)((N + 255) / 256), (unsigned)M),
                 dim3(256), y, (int64_t)M, N, xq->s, w->qscale, (int)w->qgr, bias);
     return 0;
@@ -533,6 +614,48 @@ static int s_w8a8_gemm_n(backend_t *be, cuda_state_t *st, const float *x, int M,
     for (int i = 0; i < n; i++)
         s_w8a8_run(st, &xq, M, w[i], bias ? bias[i] : NULL, y[i]);   /* planned above: cannot refuse */
     return 0;
+}
+
+/* The dense MLP of a W8A8 step (cuda_mlp_swiglu's quantized half, TROUPE_CUDA_W8A8_MLP, default on:
+ * on one H100, 2026-12-07, the 8B fp8 step at batch 64 / 256 took 7.50 / 14.91 ms with it against
+ * 8.10 / 16.15 without, a 1,000-token prefill 24.0 against 28.1 ms; docs/quantization.md): x
+ * quantized once for gate and up, their raw sums, then two passes (k_w8a8_swiglu_h, k_w8a8_rows_q)
+ * from those sums to down's codes, then down's GEMM and epilogue: the bits of matmul_n + swiglu +
+ * matmul, with 17 bytes an element of [M][I] moved instead of 37 (gate's and up's epilogues, the
+ * SwiGLU pass and down's quantize pass) and one launch fewer. g ends holding silu(g) * u, u the raw
+ * sums. 1 when a part does not take the W8A8 GEMM, nothing queued. */
+int cuda_w8a8_mlp(backend_t *be, const float *x, int M, const bk_mat_t *gate, const bk_mat_t *up,
+                  const bk_mat_t *down, float *g, float *u, float *out)
+{
+    cuda_state_t *st = cuda_st(be);
+    if (!st->w8a8_mlp)
+        return 1;
+    const int64_t I = gate->rows, H = gate->cols;
+    const int i8 = gate->qfmt == BK_Q_I8;
+    if (M <= s_qgemv_rows(st, gate) || M <= s_qgemv_rows(st, down) || up->qfmt != gate->qfmt ||
+        down->qfmt != gate->qfmt || up->qact != gate->qact || down->qact != gate->qact || up->rows != I ||
+        up->cols != H || down->cols != I || !s_w8a8_takes(gate, g, M) || !s_w8a8_takes(up, u, M) ||
+        !s_w8a8_takes(down, out, M) || !s_w8_plan(st, i8, M, I, H)->ok || !s_w8_plan(st, i8, M, down->rows, I)->ok)
+        return 1;
+    /* x's codes, then down's (the passes over the sums read x's row scales), then the rows' amax and
+     * NaN flags */
+    const size_t xb = s_w8_x_bytes(M, H), hb = s_w8_x_bytes(M, I);
+    uint8_t *buf = (uint8_t *)cuda_scratch(be, &st->quant_x, &st->quant_x_bytes, xb + hb + (size_t)M * 8);
+    const w8_x_t xq = s_w8a8_quantize_into(st, x, M, H, i8, buf);
+    s_w8a8_raw(st, &xq, M, gate, g);   /* planned above: cannot refuse */
+    s_w8a8_raw(st, &xq, M, up, u);
+    uint8_t *hq = buf + xb;
+    float *sh = (float *)(hq + ((size_t)M * (size_t)I + 255) / 256 * 256);
+    unsigned *amax = (unsigned *)(buf + xb + hb);
+    int *nan = (int *)(amax + M);
+    CUDA_CHECK(cudaMemsetAsync(amax, 0, (size_t)M * 8, st->stream));
+    const dim3 grid((unsigned)((I + 1023) / 1024), (unsigned)M);
+    cuda_launch(st, i8 ? k_w8a8_swiglu_h<int32_t> : k_w8a8_swiglu_h<float>, grid, dim3(256), (void *)g, (const void *)u,
+                I, xq.s, gate->qscale, (int)gate->qgr, up->qscale, (int)up->qgr, amax, nan);
+    cuda_launch(st, i8 ? k_w8a8_rows_q<true> : k_w8a8_rows_q<false>, grid, dim3(256), (const float *)g, I,
+                (const unsigned *)amax, (const int *)nan, hq, sh);
+    const w8_x_t hx = {hq, sh};
+    return s_w8a8_run(st, &hx, M, down, NULL, out);
 }
 
 void cuda_qmatmul(backend_t *be, const float *x, int M, const bk_mat_t *w, const float *bias, float *y)

@@ -88,6 +88,7 @@ static backend_t *s_gpu_moe_host;          /* CUDA: moe_ffn's host-sorted path f
 static backend_t *s_gpu_moe_grouped[3];    /* CUDA: moe_ffn's grouped path for every M, row tiles 32, 64, 128 */
 static const int s_grouped_bm[3] = {32, 64, 128};
 static backend_t *s_gpu_mlp;               /* CUDA: mlp_swiglu on (TROUPE_CUDA_MLP_FUSE=1) */
+static backend_t *s_gpu_w8mlp;             /* CUDA: mlp_swiglu off for W8A8 weights (TROUPE_CUDA_W8A8_MLP=0) */
 static backend_t *s_gpu_nomma;             /* CUDA: attention without the tensor cores (TROUPE_CUDA_ATTN_MMA=0, _DECODE=0) */
 
 /* ---- random inputs ------------------------------------------------------------------------ */
@@ -254,6 +255,9 @@ static int s_setup(void **state)
     static const char *const mlp[] = {"TROUPE_CUDA_MLP_FUSE", "1"};
     if (!(s_gpu_mlp = s_gpu_with(mlp, 2)))
         return -1;
+    static const char *const w8mlp[] = {"TROUPE_CUDA_W8A8_MLP", "0"};
+    if (!(s_gpu_w8mlp = s_gpu_with(w8mlp, 2)))
+        return -1;
     return s_cpu && s_gpu && s_gpu2 && s_gpu_w1 && s_gpu_w4 && s_gpu_w8 && s_gpu_nomma && s_gpu_gemv_cc && s_gpu_mma4 && s_gpu_mma_k128 ? 0 : -1;
 }
 
@@ -262,6 +266,7 @@ static int s_teardown(void **state)
     for (int i = 0; i < 3; i++)
         backend_destroy(&s_gpu_moe_grouped[i]);
     backend_destroy(&s_gpu_mlp);
+    backend_destroy(&s_gpu_w8mlp);
     backend_destroy(&s_gpu_moe_host);
     backend_destroy(&s_gpu_moe_dev);
     backend_destroy(&s_gpu_nomma);
@@ -664,6 +669,23 @@ static void test_matmul_n(void **state)
             }
 }
 
+/* The dense MLP by the separate ops (matmul_n of gate and up, swiglu, matmul of down) on gpu:
+ * mlp_swiglu's reference, [M][H] on the host. */
+static float *s_mlp_separate(backend_t *gpu, const float *dx, int M, const bk_mat_t *Wg, const bk_mat_t *Wu,
+                             const bk_mat_t *Wd, const char *what)
+{
+    const int64_t I = Wg->rows, H = Wd->rows;
+    float *g2 = s_out(gpu, (size_t)M * I), *u2 = s_out(gpu, (size_t)M * I), *y2 = s_out(gpu, (size_t)M * H);
+    const bk_mat_t *const w[2] = {Wg, Wu};
+    float *const gu[2] = {g2, u2};
+    gpu->ops->matmul_n(gpu, dx, M, 2, w, NULL, gu);
+    gpu->ops->swiglu(gpu, g2, u2, M * (int)I, g2);
+    gpu->ops->matmul(gpu, g2, M, Wd, NULL, y2);
+    free(s_take(gpu, g2, (size_t)M * I, what));
+    free(s_take(gpu, u2, (size_t)M * I, what));
+    return s_take(gpu, y2, (size_t)M * H, what);
+}
+
 /* mlp_swiglu (the dense MLP with silu(g) * u written straight into down's 16-bit input) gives the
  * bits of matmul_n + swiglu + matmul on the same backend, for bf16 and f16 weights, with the
  * vector (I % 4 == 0) and one-element epilogues; at and below the split rows it declines. */
@@ -694,19 +716,10 @@ static void test_mlp_swiglu(void **state)
                 } else {
                     if (rc != 0)
                         fail_msg("%s: declined", what);
-                    float *g2 = s_out(gpu, (size_t)M * I), *u2 = s_out(gpu, (size_t)M * I);
-                    float *y2 = s_out(gpu, (size_t)M * H);
-                    const bk_mat_t *const w[2] = {&Wg, &Wu};
-                    float *const gu[2] = {g2, u2};
-                    gpu->ops->matmul_n(gpu, dx, M, 2, w, NULL, gu);
-                    gpu->ops->swiglu(gpu, g2, u2, M * I, g2);
-                    gpu->ops->matmul(gpu, g2, M, &Wd, NULL, y2);
-                    float *a = s_take(gpu, y, (size_t)M * H, what), *b = s_take(gpu, y2, (size_t)M * H, what);
+                    float *a = s_take(gpu, y, (size_t)M * H, what), *b = s_mlp_separate(gpu, dx, M, &Wg, &Wu, &Wd, what);
                     s_compare(a, b, (size_t)M * H, 0, what);
                     free(a);
                     free(b);
-                    free(s_take(gpu, g2, (size_t)M * I, what));
-                    free(s_take(gpu, u2, (size_t)M * I, what));
                     y = NULL;
                 }
                 if (y)
@@ -730,6 +743,74 @@ static void test_mlp_swiglu(void **state)
     if (nomlp->ops->mlp_swiglu(nomlp, &dummy, 300, &W, &W, &W, &dummy, &dummy, &dummy) != 1)
         fail_msg("mlp_swiglu ran with TROUPE_CUDA_MLP_FUSE=0");
     backend_destroy(&nomlp);
+}
+
+/* mlp_swiglu over W8A8 weights (TROUPE_CUDA_W8A8_MLP, default on; 0 declines; fp8 per-tensor and
+ * per-channel, int8 per-channel, per-token activations) gives the bits of matmul_n + swiglu + matmul on the same backend: gate's and up's
+ * raw sums go straight to down's codes (k_w8a8_swiglu_h, k_w8a8_rows_q). At the GEMV's rows (16 by default) it
+ * declines; I = 208 is no multiple of 256 (a slice's last threads idle), 2,064 three slices of a
+ * row whose amax meet in one atomicMax, M = 300 a tall step. */
+static void test_w8a8_mlp(void **state)
+{
+    static const int fmts[][4] = {{BK_Q_FP8, 1, 0, BK_QA_FP8_TOKEN}, {BK_Q_FP8, 0, 0, BK_QA_FP8_TOKEN},
+                                  {BK_Q_I8, 1, 0, BK_QA_I8_TOKEN}};
+    static const int Ms[] = {9, 16, 17, 41, 300};
+    static const int Is[] = {96, 208, 2064};   /* the W8A8 GEMM's N % 16; 2,064: three slices a row */
+    backend_t *gpu = s_gpu;
+    assert_non_null(s_gpu_w8mlp);
+    for (size_t f = 0; f < ARRAY_LEN(fmts); f++)
+        for (size_t ii = 0; ii < ARRAY_LEN(Is); ii++)
+            for (size_t mi = 0; mi < ARRAY_LEN(Ms); mi++) {
+                const int fmt = fmts[f][0], act = fmts[f][3], M = Ms[mi], H = 256, I = Is[ii];
+                const int64_t rows[3] = {I, I, H}, cols[3] = {H, H, I};
+                bk_mat_t W[3];
+                for (int i = 0; i < 3; i++) {
+                    float *wf = s_rand_f32((size_t)rows[i] * cols[i], 0.5);
+                    int er, ec;
+                    const size_t ns = quant_grid(rows[i], cols[i], fmts[f][1], fmts[f][2], &er, &ec);
+                    const size_t cb = quant_code_bytes(fmt, rows[i], cols[i]);
+                    uint8_t *codes = malloc(cb);
+                    float *sc = malloc(ns * 4);
+                    assert_int_equal(quant_encode(fmt, wf, rows[i], cols[i], er, ec, codes, sc, NULL, NULL), 0);
+                    W[i] = (bk_mat_t){.data = gpu->ops->weight_put(gpu, codes, cb, 1), .dtype = DT_U8, .rows = rows[i],
+                                      .cols = cols[i], .qfmt = (int8_t)fmt, .qact = (int8_t)act, .qgr = er, .qgc = ec,
+                                      .qscale = s_put(gpu, sc, ns * 4)};
+                    free(wf), free(codes), free(sc);
+                }
+                float *x = s_rand_f32((size_t)M * H, 1.0), *dx = s_put(gpu, x, (size_t)M * H * 4);
+                float *g = s_out(gpu, (size_t)M * I), *u = s_out(gpu, (size_t)M * I), *y = s_out(gpu, (size_t)M * H);
+                char what[96];
+                snprintf(what, sizeof what, "mlp_swiglu %s act %d M=%d H=%d I=%d", quant_format_name(fmt), act, M, H, I);
+                if (s_gpu_w8mlp->ops->mlp_swiglu(s_gpu_w8mlp, dx, M, &W[0], &W[1], &W[2], g, u, y) != 1)
+                    fail_msg("%s: ran with TROUPE_CUDA_W8A8_MLP=0", what);
+                const int rc = gpu->ops->mlp_swiglu(gpu, dx, M, &W[0], &W[1], &W[2], g, u, y);
+                if (M <= 16) {
+                    if (rc != 1)
+                        fail_msg("%s: took a step of the GEMV's rows", what);
+                } else {
+                    if (rc != 0)
+                        fail_msg("%s: declined", what);
+                    float *a = s_take(gpu, y, (size_t)M * H, what), *b = s_mlp_separate(gpu, dx, M, &W[0], &W[1], &W[2], what);
+                    for (size_t e = 0; e < (size_t)M * H; e++)
+                        if (!isfinite(a[e]))
+                            fail_msg("%s: element %zu not finite", what, e);
+                    if (memcmp(a, b, (size_t)M * H * 4) != 0)
+                        fail_msg("%s: differs from matmul_n + swiglu + matmul", what);
+                    free(a), free(b);
+                    y = NULL;
+                }
+                if (y)
+                    free(s_take(gpu, y, (size_t)M * H, what));
+                free(s_take(gpu, g, (size_t)M * I, what));
+                free(s_take(gpu, u, (size_t)M * I, what));
+                gpu->ops->free(gpu, dx);
+                for (int i = 0; i < 3; i++) {
+                    gpu->ops->weight_release(gpu, W[i].data);
+                    gpu->ops->free(gpu, (void *)W[i].qscale);
+                }
+                free(x);
+            }
+    print_message("  w8a8 mlp: bit-identical to matmul_n + swiglu + matmul (fp8 per-tensor / per-channel, int8; M = 17, 41, 300)\n");
 }
 
 /* The GEMV paths are batch-invariant: a row gives the same bits in a batch of 2 as in a batch of 7
@@ -2034,6 +2115,7 @@ int main(void)
         cmocka_unit_test(test_quant_matmul_n),
         cmocka_unit_test(test_matmul_n),
         cmocka_unit_test(test_mlp_swiglu),
+        cmocka_unit_test(test_w8a8_mlp),
         cmocka_unit_test(test_matmul_batch_invariance),
         cmocka_unit_test(test_embed),
         cmocka_unit_test(test_add_rmsnorm),
