@@ -315,6 +315,8 @@ void model_graphs_drop(model_t *m)
         }
 }
 
+uint64_t model_graph_rerecords(const model_t *m) { return m->graph_rerecords; }
+
 void model_graph_stats(const model_t *m, uint64_t *records, uint64_t *replays)
 {
     if (records)
@@ -382,6 +384,7 @@ static int s_graph_step(model_t *m, const model_batch_t *b, int T, int R, const 
     if (g) {   /* stale: a scratch buffer it uses was reallocated by a larger step */
         op->graph_free(m->be, g);
         m->graphs[slot] = NULL;
+        m->graph_rerecords++;
     } else if (m->graph_runs[slot] == 0) {
         m->graph_runs[slot] = 1;
         return 0;

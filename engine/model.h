@@ -148,6 +148,9 @@ long model_router_skew_fit_tokens(const model_t *m);
 
 /* Decode steps recorded as a backend graph, and steps replayed from one, since load. */
 void model_graph_stats(const model_t *m, uint64_t *records, uint64_t *replays);
+/* Of those records, the ones of a shape recorded before whose graph went stale (a backend scratch
+ * buffer grew since, so every graph addressing it was recorded again): the rest are new shapes. */
+uint64_t model_graph_rerecords(const model_t *m);
 
 const model_config_t *model_config(const model_t *m);
 backend_t *model_backend(const model_t *m);

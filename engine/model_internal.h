@@ -123,6 +123,7 @@ struct model {
     const void *graph_kv;         /* the KV pool the graphs address (another pool: all dropped) */
     int graph_off;                /* 1: never (opts.no_graphs, the backend refused, a recording failed) */
     uint64_t graph_records, graph_replays;
+    uint64_t graph_rerecords;     /* records of a shape whose graph went stale (a scratch buffer grew) */
 
     /* TROUPE_PROFILE=1: wall time per op category (forward.c's P_* list). */
     int prof;

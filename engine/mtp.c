@@ -138,6 +138,7 @@ static int s_graph_step(model_t *m, const model_batch_t *b, int T, int R, const 
     if (g) {   /* stale: a scratch buffer it uses was reallocated by a larger step */
         op->graph_free(m->be, g);
         t->graphs[slot] = NULL;
+        m->graph_rerecords++;
     } else if (t->graph_runs[slot] == 0) {
         t->graph_runs[slot] = 1;
         return 0;

@@ -42,6 +42,7 @@ void step_clock_stats(const step_clock_t *c, const model_t *model, actor_t *a, m
     model_graph_stats(model, &g_rec, &g_rep);
     actor_stat_metric(a, st, "graph_records_total", (double)g_rec, 1);
     actor_stat_metric(a, st, "graph_replays_total", (double)g_rep, 1);
+    actor_stat_metric(a, st, "graph_rerecords_total", (double)model_graph_rerecords(model), 1);   /* stale ones */
     actor_stat_metric(a, st, "step_cycle_seconds_total", (double)c->cycle_ns / 1e9, 1);
     actor_stat_metric(a, st, "decode_only_cycles_total", (double)c->decode_cycles, 1);
     actor_stat_metric(a, st, "decode_only_cycle_seconds_total", (double)c->decode_cycle_ns / 1e9, 1);

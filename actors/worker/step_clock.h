@@ -41,7 +41,8 @@ static inline void step_clock_idle(step_clock_t *c) { c->cycle_t0 = 0; }
 uint64_t step_clock_forward(step_clock_t *c, uint64_t ns, int n_decode, uint64_t prompt_tokens,
                             uint64_t recompute_tokens);
 /* steps_total, forward_seconds_total, recompute_seconds_total, graph_records_total,
- * graph_replays_total (the target model's CUDA graphs), step_cycle_seconds_total,
+ * graph_replays_total, graph_rerecords_total (the target model's CUDA graphs; the rerecords are
+ * records of shapes whose graph went stale), step_cycle_seconds_total,
  * decode_only_cycles_total, decode_only_cycle_seconds_total. */
 void step_clock_stats(const step_clock_t *c, const model_t *model, actor_t *a, msg_stats_t *st);
 
