@@ -230,7 +230,7 @@ def decode_metrics(e, name="top"):
             for x in a.get("metrics", []):
                 m[x["name"]] = m.get(x["name"], 0) + x["value"]
     return m or None
-print("entry    steps  forward ms/step  rows verified  padded steps  steps held (outbox)")
+print("entry    steps  forward ms/step  rows verified  padded steps  steps held (outbox)  graphs recorded (stale) / in the timed run")
 for e in entries:
     m = decode_metrics(e)
     if not m:
@@ -238,8 +238,12 @@ for e in entries:
         continue
     steps = m.get("steps_total", 0)
     fwd = 1e3 * m.get("forward_seconds_total", 0) / steps if steps else 0
+    m0 = decode_metrics(e, "top0") or {}
+    rec, stale = int(m.get("graph_records_total", 0)), int(m.get("graph_rerecords_total", 0))
+    timed = rec - int(m0.get("graph_records_total", 0))
     print(f"{e:>5} {int(steps):8d} {fwd:16.3f} {int(m.get('spec_verify_steps_total', 0)):14d} "
-          f"{int(m.get('spec_padded_steps_total', 0)):13d} {int(m.get('steps_held_outbox_total', 0)):20d}")
+          f"{int(m.get('spec_padded_steps_total', 0)):13d} {int(m.get('steps_held_outbox_total', 0)):20d}"
+          f"  {rec:9d} ({stale}) / {timed}")
 # The timed run alone (the counters after it less those before it): cycles of decode-only steps
 # (start to the next step's start) beside the forward, and a speculating worker's steps by kind:
 # off (no row asked: what k = 0 runs), explore (an exploration's one draft), drafting; upkeep is
