@@ -272,8 +272,21 @@ __global__ void k_qact(const float *x, int64_t K, int act, float *out)
 
 /* ---- W8A8 GEMMs (prefill): fp8 on the FP8 tensor cores, int8 on the integer ones ------------- */
 
-/* One activation code of a row whose amax is known (k_qact_w8, k_w8a8_rows_q): e4m3 of v / s, or
- * int8 rint(v / s) clamped to +-127; 0 for a dead row (amax 0 or not finite). */
+/* A row's quantization from its amax (k_qact_w8, k_w8a8_rows_q): s the step, dead a row whose
+ * codes are all 0 (amax 0 or not finite), stored the scale the GEMM's epilogue multiplies by (NaN
+ * for a non-finite amax, or for int8, which has no NaN code, a row holding a NaN). */
+struct w8_row {
+    float s, stored;
+    bool dead;
+};
+template <bool I8> __device__ __forceinline__ w8_row dev_w8_row(float amax, bool nan)
+{
+    const float s = amax / (I8 ? 127.0f : 448.0f);
+    return {s, isfinite(amax) && !(I8 && nan) ? s : __int_as_float(0x7fc00000), amax == 0.0f || !isfinite(amax)};
+}
+
+/* One activation code of a row (dev_w8_row): e4m3 of v / s, or int8 rint(v / s) clamped to +-127;
+ * 0 for a dead row. */
 template <bool I8> __device__ __forceinline__ uint8_t dev_w8_code(float v, float s, bool dead)
 {
     if (dead)
@@ -304,12 +317,11 @@ __global__ void k_qact_w8(const float *x, int64_t K, uint8_t *xq, float *sx)
     amax = dev_block_max(amax, red);
     if (I8)
         nan = __syncthreads_or(nan);
-    const float s = amax / (I8 ? 127.0f : 448.0f);
-    const bool dead = amax == 0.0f || !isfinite(amax);
+    const w8_row r = dev_w8_row<I8>(amax, nan);
     if (threadIdx.x == 0)
-        sx[blockIdx.x] = isfinite(amax) && !(I8 && nan) ? s : __int_as_float(0x7fc00000);
+        sx[blockIdx.x] = r.stored;
     for (int64_t k = threadIdx.x; k < K; k += blockDim.x)
-        o[k] = dev_w8_code<I8>(xr[k], s, dead);
+        o[k] = dev_w8_code<I8>(xr[k], r.s, r.dead);
 }
 
 /* y[m][n] = raw[m][n] * sx[m] * ws[n] (+ bias[n]), in place over the GEMM's output (RAW float for
@@ -375,13 +387,11 @@ __global__ void k_w8a8_rows_q(const float *h, int64_t I, const unsigned *amax_bi
     const int64_t m = blockIdx.y;
     const float *hr = h + m * I;
     uint8_t *o = hq + m * I;
-    const float amax = __uint_as_float(amax_bits[m]);
-    const float s = amax / (I8 ? 127.0f : 448.0f);
-    const bool dead = amax == 0.0f || !isfinite(amax);
+    const w8_row r = dev_w8_row<I8>(__uint_as_float(amax_bits[m]), nan[m] != 0);
     if (blockIdx.x == 0 && threadIdx.x == 0)
-        sh[m] = isfinite(amax) && !(I8 && nan[m]) ? s : __int_as_float(0x7fc00000);
+        sh[m] = r.stored;
     for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < I; k += (int64_t)gridDim.x * blockDim.x)
-        o[k] = dev_w8_code<I8>(hr[k], s, dead);
+        o[k] = dev_w8_code<I8>(hr[k], r.s, r.dead);
 }
 
 /* cuBLASLt plans of the W8A8 GEMMs, by element type, shape (and handle), made on first use. (The
@@ -497,16 +507,15 @@ typedef struct w8_x {
     const float *s;
 } w8_x_t;
 
-/* The bytes of M rows of K codes and their scales (aligned for the next such block). */
-static size_t s_w8_x_bytes(int M, int64_t K)
-{
-    return ((size_t)M * (size_t)K + 255) / 256 * 256 + ((size_t)M * 4 + 255) / 256 * 256;
-}
+/* M rows of K codes at buf, then their M scales, each part 256-byte aligned: the codes' bytes
+ * (rounded up) and s_w8_x_bytes in all, so such blocks can follow one another. */
+static size_t s_w8_codes_bytes(int M, int64_t K) { return ((size_t)M * (size_t)K + 255) / 256 * 256; }
+static size_t s_w8_x_bytes(int M, int64_t K) { return s_w8_codes_bytes(M, K) + ((size_t)M * 4 + 255) / 256 * 256; }
 
 /* x's codes into buf (s_w8_x_bytes(M, K) of device memory). */
 static w8_x_t s_w8a8_quantize_into(cuda_state_t *st, const float *x, int M, int64_t K, int i8, uint8_t *buf)
 {
-    float *sx = (float *)(buf + ((size_t)M * (size_t)K + 255) / 256 * 256);
+    float *sx = (float *)(buf + s_w8_codes_bytes(M, K));
     cuda_launch(st, i8 ? k_qact_w8<true> : k_qact_w8<false>, dim3((unsigned)M), dim3(256), x, K, buf, sx);
     return (w8_x_t){buf, sx};
 }
@@ -645,7 +654,7 @@ int cuda_w8a8_mlp(backend_t *be, const float *x, int M, const bk_mat_t *gate, co
     s_w8a8_raw(st, &xq, M, gate, g);   /* planned above: cannot refuse */
     s_w8a8_raw(st, &xq, M, up, u);
     uint8_t *hq = buf + xb;
-    float *sh = (float *)(hq + ((size_t)M * (size_t)I + 255) / 256 * 256);
+    float *sh = (float *)(hq + s_w8_codes_bytes(M, I));
     unsigned *amax = (unsigned *)(buf + xb + hb);
     int *nan = (int *)(amax + M);
     CUDA_CHECK(cudaMemsetAsync(amax, 0, (size_t)M * 8, st->stream));

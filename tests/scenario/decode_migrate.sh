@@ -24,7 +24,7 @@ ep=$(grep 'client:' "$WORK/t.yaml" | awk '{print $2}')
 $PY - "$ep" "$BIN" "$WORK/t.yaml" "$WORK/supervisor.log" <<'PY'
 import os, random, re, signal, sys, threading, time
 from troupe_client import Client
-from servelib import top, metric, wait_idle_pools, wait_workers
+from servelib import top, metric, submit_collect, wait_idle_pools, wait_workers
 ep, bin_dir, topo, log = sys.argv[1:5]
 N, PROMPT, MAX_TOKENS = 6, 24, 48
 rng = random.Random(4)
@@ -37,26 +37,12 @@ def run(need=None, kill=None):
     streamed need[i] tokens, for every i."""
     out, progress, lock = {}, {}, threading.Lock()
     def one(i):
-        with Client(ep, timeout_s=120) as c:
-            sampling = {"max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True}
-            if i in stops:
-                sampling["stop"] = [stops[i]]
-            rid = c.send("submit", tokens=prompts[i], stream=True, sampling=sampling)
-            replies, deadline = [], time.time() + 120
-            while time.time() < deadline:
-                m = c.recv(0.5)
-                if m is None or m.get("id") != rid:
-                    continue
-                replies.append(m)
-                if m["type"] == "token":
-                    with lock: progress[i] = progress.get(i, 0) + len(m["tokens"])
-                if m["type"] in ("done", "error"):
-                    break
-            # A second terminal reply, or anything after it, would show here.
-            while (m := c.recv(0.3)) is not None:
-                if m.get("id") == rid:
-                    replies.append(m)
-            out[i] = replies
+        sampling = {"max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True}
+        if i in stops:
+            sampling["stop"] = [stops[i]]
+        def seen(m):
+            with lock: progress[i] = progress.get(i, 0) + len(m["tokens"])
+        out[i] = submit_collect(ep, prompts[i], sampling, on_token=seen)[1]
     ts = [threading.Thread(target=one, args=(i,)) for i in range(N)]
     for t in ts: t.start()
     if kill:

@@ -12,8 +12,7 @@ start_cluster "$WORK/t.yaml"
 ep=$(grep 'client:' "$WORK/t.yaml" | awk '{print $2}')
 $PY - "$ep" "$BIN" "$WORK/t.yaml" "$WORK/supervisor.log" <<'PY'
 import os, random, re, signal, sys, threading, time
-from troupe_client import Client
-from servelib import top, metric, wait_idle_pools, wait_workers
+from servelib import top, metric, submit_collect, wait_idle_pools, wait_workers
 ep, bin_dir, topo, log = sys.argv[1:5]
 N_STREAM, N_WHOLE, PROMPT, MAX_TOKENS = 4, 8, 24, 48
 N = N_STREAM + N_WHOLE
@@ -26,23 +25,10 @@ def run(kill=None):
     once every stream has 3 tokens or more."""
     out, progress, lock = {}, {}, threading.Lock()
     def one(i):
-        with Client(ep, timeout_s=120) as c:
-            sampling = {"max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True}
-            rid = c.send("submit", tokens=prompts[i], stream=i < N_STREAM, sampling=sampling)
-            replies, deadline = [], time.time() + 120
-            while time.time() < deadline:
-                m = c.recv(0.5)
-                if m is None or m.get("id") != rid:
-                    continue
-                replies.append(m)
-                if m["type"] == "token":
-                    with lock: progress[i] = progress.get(i, 0) + len(m["tokens"])
-                if m["type"] in ("done", "error"):
-                    break
-            while (m := c.recv(0.3)) is not None:   # a second terminal reply would show here
-                if m.get("id") == rid:
-                    replies.append(m)
-            out[i] = (rid, replies)
+        def seen(m):
+            with lock: progress[i] = progress.get(i, 0) + len(m["tokens"])
+        out[i] = submit_collect(ep, prompts[i], {"max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True},
+                                stream=i < N_STREAM, on_token=seen)
     ts = [threading.Thread(target=one, args=(i,)) for i in range(N)]
     for t in ts: t.start()
     if kill:

@@ -65,6 +65,29 @@ def run_one(ep, ids, max_tokens=8, timeout_s=120, **kw):
         return toks, replies[-1], replies
 
 
+def submit_collect(ep, tokens, sampling, stream=True, on_token=None, timeout_s=120):
+    """One submit of tokens with sampling, on a client of its own: (its id, every reply to it up to
+    and including its terminal one, and then any that came within 0.3 s after it: a second terminal
+    reply, or anything after one, shows there). on_token(m) is called for each token message as it
+    arrives (the scenarios that kill a worker mid-stream time the kill by it)."""
+    with _client()(ep, timeout_s=timeout_s) as c:
+        rid = c.send("submit", tokens=tokens, stream=stream, sampling=sampling)
+        replies, deadline = [], time.time() + timeout_s
+        while time.time() < deadline:
+            m = c.recv(0.5)
+            if m is None or m.get("id") != rid:
+                continue
+            replies.append(m)
+            if m["type"] == "token" and on_token:
+                on_token(m)
+            if m["type"] in ("done", "error"):
+                break
+        while (m := c.recv(0.3)) is not None:
+            if m.get("id") == rid:
+                replies.append(m)
+        return rid, replies
+
+
 def _drain(it, lock, results, run):
     """One worker thread of a job pool: takes (key, kwargs) jobs from it until none are left and
     stores run(**kwargs), or the exception it raised, under key."""
