@@ -294,6 +294,9 @@ static int s_forward(actor_t *a, decode_t *d, const sched_batch_t *b, int spec)
     if (spec)   /* a verify step: every position's token, logits only where the acceptance reads them */
         spec_step_batch(d->spec, b, dev_sample, &mb);
     char err[512];
+    uint64_t rec0 = 0, rep0 = 0, rec1 = 0, rep1 = 0;
+    if (step_trace_on(&d->trace))
+        model_graph_stats(d->w->eng->model, &rec0, &rep0);
     const int64_t t0 = now_ns();
     const int frc = model_forward(d->w->eng->model, &mb, d->w->eng->logits, err, sizeof err);
     const int64_t t1 = now_ns();
@@ -301,7 +304,14 @@ static int s_forward(actor_t *a, decode_t *d, const sched_batch_t *b, int spec)
     const uint64_t prompt_ns = step_clock_forward(&d->clock, (uint64_t)(t1 - t0), b->n_decode, prompt_tokens,
                                                   recompute_tokens);
     prompt_intake_computed(&d->prompts, prompt_tokens, prompt_ns);
-    step_trace_forward(&d->trace, b, t0, t1, (int)prompt_tokens, (int)recompute_tokens);   /* before rows are failed */
+    if (step_trace_on(&d->trace)) {   /* before rows are failed */
+        model_graph_stats(d->w->eng->model, &rec1, &rep1);
+        int pos = 0;
+        for (int i = 0; i < b->n; i++)
+            pos += d->step.seqs[i].n_new;
+        step_trace_forward(&d->trace, b, t0, t1, (int)prompt_tokens, (int)recompute_tokens, pos,
+                           rec1 > rec0 ? 'r' : rep1 > rep0 ? 'p' : 'e');
+    }
     if (frc == 0)
         return 0;
     LOG_E("forward: %s", err);

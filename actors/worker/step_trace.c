@@ -44,7 +44,7 @@ int step_trace_open(step_trace_t *t, const char *path, int max_rows, char *err, 
         return errf(err, errlen, "TROUPE_STEP_TRACE=%s: %s", name, strerror(e));
     }
     setvbuf(t->f, NULL, _IOFBF, TRACE_BUF_BYTES);
-    fprintf(t->f, "# troupe step trace v1 pid=%ld\n", (long)getpid());
+    fprintf(t->f, "# troupe step trace v2 pid=%ld\n", (long)getpid());
     t->dirty = 1;
     return 0;
 }
@@ -88,10 +88,10 @@ void step_trace_step(step_trace_t *t, const step_trace_step_t *s)
     if (!t->f)
         return;
     fprintf(t->f, "step t=%lld gap=%lld sched=%lld fwd=%lld post=%lld dec=%d prm=%d ptok=%d rtok=%d wait=%d "
-            "prompting=%d pre=%d holds=%d chunks=", s_us(s->begin_ns),
+            "prompting=%d pre=%d holds=%d pos=%d graph=%c chunks=", s_us(s->begin_ns),
             t->last_end_ns ? s_us(s->begin_ns - t->last_end_ns) : -1LL, s_us(s->fwd_begin_ns - s->begin_ns),
             s_us(s->fwd_end_ns - s->fwd_begin_ns), s_us(s->end_ns - s->fwd_end_ns), s->dec, s->prm, s->ptok, s->rtok,
-            s->waiting, s->prompting, s->preempted, t->holds);
+            s->waiting, s->prompting, s->preempted, t->holds, s->pos, s->graph ? s->graph : 'e');
     for (int i = 0; i < t->n_chunks; i++)
         fprintf(t->f, "%s%llu:%d", i ? "," : "", (unsigned long long)t->chunk_id[i], t->chunk_n[i]);
     fputs(t->n_chunks ? "\n" : "-\n", t->f);
@@ -116,7 +116,8 @@ void step_trace_scheduled(step_trace_t *t, const sched_t *s)
     t->cur.preempted = sched_count(s, SCHED_PREEMPTED);
 }
 
-void step_trace_forward(step_trace_t *t, const sched_batch_t *b, int64_t begin_ns, int64_t end_ns, int ptok, int rtok)
+void step_trace_forward(step_trace_t *t, const sched_batch_t *b, int64_t begin_ns, int64_t end_ns, int ptok, int rtok,
+                        int pos, char graph)
 {
     if (!t->f)
         return;
@@ -126,6 +127,8 @@ void step_trace_forward(step_trace_t *t, const sched_batch_t *b, int64_t begin_n
     t->cur.prm = b->n - b->n_decode;
     t->cur.ptok = ptok;
     t->cur.rtok = rtok;
+    t->cur.pos = pos;
+    t->cur.graph = graph;
     for (int i = b->n_decode; i < b->n; i++)
         step_trace_chunk(t, b->rows[i].req->id, b->rows[i].n_new);
 }

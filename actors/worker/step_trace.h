@@ -6,17 +6,22 @@
  * One text line per event, space-separated key=value after the event's name; times are
  * CLOCK_MONOTONIC microseconds (comparable across the processes of one machine):
  *
- *   # troupe step trace v1 pid=P
+ *   # troupe step trace v2 pid=P
  *   arrive t=T id=ID ntok=N src=p|h   a request joined: a prompt to compute here (p), or a
  *                                     prefill worker's hand-off with its KV (h)
  *   step t=T gap=G sched=S fwd=F post=E dec=D prm=R ptok=PT rtok=RT wait=W prompting=P pre=X
- *        holds=H chunks=ID:N,ID:N|-   one model step: T when scheduling began, G since the previous
+ *        holds=H pos=Q graph=r|p|e chunks=ID:N,ID:N|-
+ *                                     one model step: T when scheduling began, G since the previous
  *                                     step's end (-1: the first), S scheduling, F the forward, E
  *                                     sampling and emitting (all us); D decode rows, R prompt-chunk
  *                                     rows (new prompts and recomputes), PT / RT their tokens; W / P
  *                                     / X requests waiting / prompting / preempted after scheduling
  *                                     (the step's own prompts included); H loop passes held since
- *                                     the last step for a router's outbox; the chunks in row order
+ *                                     the last step for a router's outbox; Q the forward's positions
+ *                                     (rows' tokens, a verify step's drafts and fillers included); how
+ *                                     the forward ran: recorded into a CUDA graph (r), replayed from
+ *                                     one (p), or its ops launched one by one (e); the chunks in row
+ *                                     order
  *   end t=T id=ID                     a request left (finished, failed or cancelled)
  *
  * An arrival's t is when the worker's loop read the message, which it does between steps: one
@@ -39,6 +44,8 @@ typedef struct step_trace_step {
     int64_t begin_ns, fwd_begin_ns, fwd_end_ns, end_ns;
     int dec, prm, ptok, rtok;
     int waiting, prompting, preempted;
+    int pos;                   /* the forward's positions */
+    char graph;                /* 'r' recorded, 'p' replayed, 'e' no graph (0 in a step that set none: 'e') */
 } step_trace_step_t;
 
 typedef struct step_trace {
@@ -72,11 +79,12 @@ void step_trace_step(step_trace_t *t, const step_trace_step_t *s);
 /* The step being run, in the worker's order (off: nothing, and no clock read): its scheduling
  * begins; its scheduler's counts of requests waiting, prompting and preempted once it is
  * scheduled; its forward, from begin_ns to end_ns, of batch b's rows, its prompt chunks of ptok /
- * rtok tokens (new prompts / recomputes) recorded in row order (step_trace_chunk: so before a
+ * rtok tokens (new prompts / recomputes) recorded in row order, its positions and graph use (step_trace_chunk: so before a
  * failed forward frees their requests); its end, which writes its line. */
 void step_trace_begin(step_trace_t *t);
 void step_trace_scheduled(step_trace_t *t, const sched_t *s);
-void step_trace_forward(step_trace_t *t, const sched_batch_t *b, int64_t begin_ns, int64_t end_ns, int ptok, int rtok);
+void step_trace_forward(step_trace_t *t, const sched_batch_t *b, int64_t begin_ns, int64_t end_ns, int ptok, int rtok,
+                        int pos, char graph);
 void step_trace_done(step_trace_t *t);
 /* The worker has nothing to step: the lines so far reach the file. */
 void step_trace_idle(step_trace_t *t);

@@ -78,10 +78,12 @@ static void test_lines_well_formed(void **st)
     const int64_t base = 5000000000LL;   /* now_ns-like: 5 s */
     step_trace_step(&t, &(step_trace_step_t){.begin_ns = base, .fwd_begin_ns = base + 20000, .fwd_end_ns = base + 7020000,
                                              .end_ns = base + 7100000, .dec = 15, .prm = 2, .ptok = 600, .rtok = 48,
-                                             .waiting = 1, .prompting = 3, .preempted = 1});
+                                             .waiting = 1, .prompting = 3, .preempted = 1, .pos = 663,
+                                             .graph = 'r'});
     /* No chunk recorded: "-"; holds back to 0; gap from the last end (7.1 ms) to this begin (8 ms). */
     step_trace_step(&t, &(step_trace_step_t){.begin_ns = base + 8000000, .fwd_begin_ns = base + 8010000,
-                                             .fwd_end_ns = base + 9010000, .end_ns = base + 9050000, .dec = 16});
+                                             .fwd_end_ns = base + 9010000, .end_ns = base + 9050000, .dec = 16,
+                                             .pos = 16, .graph = 'p'});
     /* More chunks than rows: the extra ones are left out, not written past the arrays. */
     for (int i = 0; i < 6; i++)
         step_trace_chunk(&t, 100 + (uint64_t)i, 10);
@@ -94,7 +96,7 @@ static void test_lines_well_formed(void **st)
     const int n = s_lines(s_path, lines, 16);
     assert_int_equal(n, 7);
     long pid = 0;
-    assert_int_equal(sscanf(lines[0], "# troupe step trace v1 pid=%ld", &pid), 1);
+    assert_int_equal(sscanf(lines[0], "# troupe step trace v2 pid=%ld", &pid), 1);
     assert_int_equal(pid, (long)getpid());
 
     long long tt;
@@ -111,12 +113,12 @@ static void test_lines_well_formed(void **st)
     assert_int_equal(src, 'h');
 
     long long t0, gap, sch, fwd, post;
-    int dec, prm, ptok, rtok, wait, prompting, pre, holds;
-    char chunks[256];
+    int dec, prm, ptok, rtok, wait, prompting, pre, holds, pos;
+    char graph, chunks[256];
     const char *fmt = "step t=%lld gap=%lld sched=%lld fwd=%lld post=%lld dec=%d prm=%d ptok=%d rtok=%d wait=%d "
-                      "prompting=%d pre=%d holds=%d chunks=%255s";
+                      "prompting=%d pre=%d holds=%d pos=%d graph=%c chunks=%255s";
     assert_int_equal(sscanf(lines[3], fmt, &t0, &gap, &sch, &fwd, &post, &dec, &prm, &ptok, &rtok, &wait, &prompting,
-                            &pre, &holds, chunks), 14);
+                            &pre, &holds, &pos, &graph, chunks), 16);
     assert_int_equal(t0, base / 1000);
     assert_int_equal(gap, -1);
     assert_int_equal(sch, 20);
@@ -130,20 +132,25 @@ static void test_lines_well_formed(void **st)
     assert_int_equal(prompting, 3);
     assert_int_equal(pre, 1);
     assert_int_equal(holds, 2);
+    assert_int_equal(pos, 663);
+    assert_int_equal(graph, 'r');
     assert_string_equal(chunks, "7:600,9:48");
     assert_int_equal(lines[3][strlen(lines[3]) - 1], '\n');
 
     assert_int_equal(sscanf(lines[4], fmt, &t0, &gap, &sch, &fwd, &post, &dec, &prm, &ptok, &rtok, &wait, &prompting,
-                            &pre, &holds, chunks), 14);
+                            &pre, &holds, &pos, &graph, chunks), 16);
     assert_int_equal(gap, 900);
     assert_int_equal(fwd, 1000);
     assert_int_equal(dec, 16);
     assert_int_equal(holds, 0);
+    assert_int_equal(pos, 16);
+    assert_int_equal(graph, 'p');
     assert_string_equal(chunks, "-");
 
     assert_int_equal(sscanf(lines[5], fmt, &t0, &gap, &sch, &fwd, &post, &dec, &prm, &ptok, &rtok, &wait, &prompting,
-                            &pre, &holds, chunks), 14);
+                            &pre, &holds, &pos, &graph, chunks), 16);
     assert_int_equal(gap, 0);
+    assert_int_equal(graph, 'e');   /* none set: launched one by one */
     assert_string_equal(chunks, "100:10,101:10,102:10,103:10");
 
     assert_int_equal(sscanf(lines[6], "end t=%lld id=%llu", &tt, &id), 2);

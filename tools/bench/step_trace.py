@@ -15,10 +15,12 @@ import re
 import sys
 
 STEP_KEYS = ("t", "gap", "sched", "fwd", "post", "dec", "prm", "ptok", "rtok", "wait", "prompting", "pre", "holds")
-STEP_RE = re.compile(r"^step " + " ".join(k + r"=(-?\d+)" for k in STEP_KEYS) + r" chunks=(-|\d+:\d+(?:,\d+:\d+)*)$")
+# v2 adds pos= (the forward's positions) and graph= (r recorded, p replayed, e launched op by op)
+STEP_RE = re.compile(r"^step " + " ".join(k + r"=(-?\d+)" for k in STEP_KEYS) +
+                     r"(?: pos=(\d+) graph=([rpe]))? chunks=(-|\d+:\d+(?:,\d+:\d+)*)$")
 ARRIVE_RE = re.compile(r"^arrive t=(\d+) id=(\d+) ntok=(\d+) src=([ph])$")
 END_RE = re.compile(r"^end t=(\d+) id=(\d+)$")
-HEAD_RE = re.compile(r"^# troupe step trace v1 pid=(\d+)$")
+HEAD_RE = re.compile(r"^# troupe step trace v[12] pid=(\d+)$")
 
 
 class Trace:
@@ -33,7 +35,10 @@ class Trace:
                 m = STEP_RE.match(line)
                 if m:
                     s = {k: int(v) for k, v in zip(STEP_KEYS, m.groups())}
-                    c = m.group(len(STEP_KEYS) + 1)
+                    n = len(STEP_KEYS)
+                    s["pos"] = int(m.group(n + 1)) if m.group(n + 1) is not None else None
+                    s["graph"] = m.group(n + 2)
+                    c = m.group(n + 3)
                     s["chunks"] = [] if c == "-" else [tuple(int(x) for x in p.split(":")) for p in c.split(",")]
                     if len(s["chunks"]) != s["prm"] or sum(n for _, n in s["chunks"]) != s["ptok"] + s["rtok"]:
                         raise ValueError("%s:%d: chunks disagree with prm / ptok + rtok: %s" % (path, no, line))
@@ -96,6 +101,20 @@ def summary(tr):
     common = sorted((k for k in by if len(by[k]) >= 20), reverse=True)[:6]
     rows.append(("decode-only fwd us by rows (n >= 20)", "  ".join(
         "%d:%.0f(%d)" % (k, mean(by[k]), len(by[k])) for k in common) or "-"))
+    # v2: how each decode-only forward ran (graph recorded / replayed / op by op), plain (one position
+    # a row) apart from verify steps (drafts), and plain replays by rows: what a graph churn costs.
+    if any(x["graph"] for x in plain):
+        for name, ss in (("plain", [x for x in plain if x["pos"] == x["dec"]]),
+                         ("verify", [x for x in plain if x["pos"] > x["dec"]])):
+            rows.append(("decode-only %s steps by graph r / p / e: n (fwd us mean)" % name, "  ".join(
+                "%s:%d(%.0f)" % (g, len(gs), mean([x["fwd"] for x in gs]))
+                for g, gs in ((g, [x for x in ss if x["graph"] == g]) for g in "rpe")) or "-"))
+        rep = {}
+        for x in plain:
+            if x["pos"] == x["dec"] and x["graph"] == "p":
+                rep.setdefault(x["dec"], []).append(x["fwd"])
+        rows.append(("plain replays fwd us by rows (n >= 20)", "  ".join(
+            "%d:%.0f(%d)" % (k, mean(rep[k]), len(rep[k])) for k in common if k in rep and len(rep[k]) >= 20) or "-"))
     # The whole cycle (this step's start to the next one's, host time included): what a client's
     # inter-token time is made of. Not counted across an idle gap (> 1 s).
     cyc = {}
