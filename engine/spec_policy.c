@@ -728,6 +728,11 @@ int spec_policy_compute(const spec_accept_t *a, const spec_cost_t *c, int max_k,
         plain = s_measured(c, b, 0);
     if (!plain)
         return snprintf(why, (size_t)why_len, "no plain step measured yet (the cost of k = 0 is unknown)"), -1;
+    int top_drafting = -1;   /* the largest bucket that measured drafting steps of its own */
+    for (int b = 0; b <= last; b++)
+        for (int k = 1; k <= SPEC_MAX_K; k++)
+            if (s_measured(c, b, k))
+                top_drafting = b;
     for (int b = 0; b <= last; b++) {
         const int B = s_grid[b];
         double rk[SPEC_MAX_K + 1];
@@ -742,6 +747,20 @@ int spec_policy_compute(const spec_accept_t *a, const spec_cost_t *c, int max_k,
                 rbest = r;
                 best = k;
             }
+        }
+        /* No drafting past what was measured: a bucket above the largest one with drafting steps
+         * of its own measured stays plain until its exploration pairs measure one (a one-draft
+         * step, from which its own slope prices the longer lengths); between measured buckets the
+         * model stands, bounded by their gains (s_gain_cap). A verify step's cost does not carry
+         * up the batch sizes: past the rows a worker pads (TROUPE_SPEC_PAD_ROWS) rows with
+         * different draft counts run op by op instead of from a CUDA graph. On one H100 (kjv-dense,
+         * n-gram drafts, 2026-12-07; tests/fixtures/spec-policy/h100-kjv-ngram-sched.log) the
+         * policy drafted 6, 3, 2 and 1 at batches 24-64 from the cells of batches 1-16; batch 64's
+         * one-draft steps then took 1.18 ms against 0.40 ms plain, and the cluster ran 0.68x of no
+         * speculation at concurrency 64. */
+        if (best > 0 && b > top_drafting) {
+            best = 0;
+            rbest = r0;
         }
         /* Like for like: where this bucket's plain step and some of its drafting steps were
          * measured (times and emitted tokens), speculation stays on only if one of those drafting

@@ -1039,6 +1039,42 @@ static void test_cost_past_longest_from_own_slope(void **state)
     assert_int_equal(spec_policy_bucket(&p, 16)->max_draft, 7);
 }
 
+/* No drafting above the largest bucket that measured drafting steps of its own. The scheduled n-gram run on
+ * one H100 (kjv-dense, 2026-12-07; tests/fixtures/spec-policy/h100-kjv-ngram-sched.log, the
+ * computation in force while the concurrency-64 level ran): batches 24-64 had measured only plain
+ * steps, and the model from batch 1-16's cells had them draft 6, 3, 2 and 1. Batch 64's one-draft
+ * steps then took 1.18 ms against 0.40 ms plain (the rows with and without a draft ran op by op)
+ * and the cluster gave 0.68x of no speculation at concurrency 64. Those buckets stay plain now
+ * until their exploration measures a drafting step; batches 1 and 16, which measured theirs, still
+ * draft, and a bucket drafts again once it has a drafting cell that pays. */
+static void test_no_drafting_above_measured(void **state)
+{
+    (void)state;
+    spec_accept_t a;
+    spec_cost_t c;
+    spec_policy_t logged, p = {.epoch = 1};
+    int max_k = 0, max_batch = 0;
+    char why[160];
+    s_fixture_tables("tests/fixtures/spec-policy/h100-kjv-ngram-sched.log", 0, &a, &c, &max_k, &max_batch, &logged);
+    assert_int_equal(spec_policy_bucket(&logged, 64)->max_draft, 1);   /* what the old rule chose */
+    assert_int_equal(spec_policy_bucket(&logged, 24)->max_draft, 6);
+    assert_int_equal(spec_policy_compute(&a, &c, max_k, max_batch, &p, why, sizeof why), 0);
+    static const int plain_only[] = {24, 32, 48, 64, 96, 128};
+    for (size_t i = 0; i < sizeof plain_only / sizeof plain_only[0]; i++)
+        assert_int_equal(spec_policy_bucket(&p, plain_only[i])->max_draft, 0);
+    assert_true(spec_policy_bucket(&p, 1)->max_draft > 0);
+    assert_true(spec_policy_bucket(&p, 16)->max_draft > 0);
+    /* Batch 48 measures one-draft steps that pay (1.5 tokens a row for 1.1x the plain step's
+     * 0.33 ms): it drafts. */
+    for (int i = 0; i < 16; i++) {
+        spec_cost_record_step(&c, 48, 0, 48, 0.00033);
+        spec_cost_record_step(&c, 48, 1, 72, 0.00036);
+    }
+    assert_int_equal(spec_policy_compute(&a, &c, max_k, max_batch, &p, why, sizeof why), 0);
+    assert_true(spec_policy_bucket(&p, 48)->max_draft > 0);
+    assert_int_equal(spec_policy_bucket(&p, 64)->max_draft, 0);
+}
+
 /* Exploration where no cell of the bucket tells yet: on the same run (policy off everywhere) the
  * timed run's 28 exploration steps took 1.713 ms a cycle against 0.370 ms for its off steps, and
  * batches 24-48, which the levels ramp through, had no one-draft cell while batch 16's one-draft
@@ -1242,6 +1278,7 @@ int main(void)
         cmocka_unit_test(test_mtp_batch1_plain_measured),
         cmocka_unit_test(test_cost_from_own_drafting_cells),
         cmocka_unit_test(test_cost_past_longest_from_own_slope),
+        cmocka_unit_test(test_no_drafting_above_measured),
         cmocka_unit_test(test_explore_inherits_from_smaller_bucket),
         cmocka_unit_test(test_explore_budget_bounds_time),
         cmocka_unit_test(test_explore_budget_still_turns_on),
