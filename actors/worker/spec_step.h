@@ -38,6 +38,14 @@ typedef struct spec_step_config {
      * CUDA graph replays them (spec_step.c s_pad); 0: never. TROUPE_SPEC_PAD_ROWS; -1 when unset:
      * the owner chooses (the decode worker: 16 on a backend with graphs, else 0). */
     int pad_max_rows;
+    /* The count those steps are padded to: 1 (default) the length the step asked (the policy's
+     * for its batch size, an exploration's one draft), so a batch size has one verify shape per
+     * length asked whatever its rows' proposals found, and a cost cell is the cost of its length;
+     * 0 the step's most drafts found (fewer filler positions, but a graph shape for every count,
+     * each recorded on first sight in the middle of serving). Proposers without a distribution only
+     * (n-gram): the others ask max_k and keep what their confidence passes. TROUPE_SPEC_PAD_TO=asked
+     * or found. */
+    int pad_to_asked;
     /* SPEC_NGRAM: 1 reports the proposer's calibrated confidence in each draft (spec_ngram_new),
      * so the draft-scheduler's policy chooses each row's verify length from it as from a draft
      * model's probabilities; 0 (default): a point mass's 1.0, every row the batch's length.
