@@ -183,7 +183,14 @@ typedef struct cuda_state {
     int graphs;                   /* 1 (default): graph_begin records (TROUPE_CUDA_GRAPHS=0: it refuses) */
     int graph_pdl;                /* 1 (default): recorded kernels keep their PDL edges (TROUPE_CUDA_GRAPH_PDL) */
     int capturing;                /* between graph_begin and graph_end */
-    uint64_t scratch_gen;         /* bumped by every cuda_scratch reallocation (cuda_graph.cu) */
+    uint64_t scratch_gen;         /* bumped by every cuda_scratch reallocation that frees (cuda_graph.cu) */
+    /* Scratch buffers a larger step replaced, kept allocated so that the graphs recorded with them
+     * stay valid (cuda_scratch), up to scratch_keep_bytes in all (TROUPE_CUDA_SCRATCH_KEEP_MB) */
+#define CUDA_RETIRED_MAX 64
+    void *retired[CUDA_RETIRED_MAX];
+    int n_retired;
+    size_t retired_bytes, scratch_keep_bytes;
+    int scratch_keep_mb;
     void *quant_x;                /* device: cuda_qmatmul's fake-quantized activations [M][K] f32 */
     size_t quant_x_bytes;
     void *quant_w;                /* device: cuda_qmatmul's dequantized weight [N][K] bf16 (GEMM-sized steps) */

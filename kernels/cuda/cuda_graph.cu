@@ -6,10 +6,11 @@
  * only steps whose shape ran uncaptured before (so cuda_scratch has already grown the buffers the
  * step needs) and whose ops never wait for the host (no host-sorted MoE path).
  *
- * Staleness: cuda_scratch frees and reallocates a buffer when a larger step needs more; a graph
- * recorded before still holds the old address. Every reallocation bumps st->scratch_gen, a graph
- * remembers the generation it was recorded in, and graph_launch refuses a graph of an older one
- * (returns 1): the model frees it and records the step again.
+ * Staleness: cuda_scratch reallocates a buffer when a larger step needs more, keeping the old one
+ * (up to TROUPE_CUDA_SCRATCH_KEEP_MB in all: the graphs recorded with it stay valid) or freeing it; a graph
+ * recorded before still holds the old address. Every reallocation that frees one bumps
+ * st->scratch_gen, a graph remembers the generation it was recorded in, and graph_launch refuses a
+ * graph of an older one (returns 1): the model frees it and records the step again.
  *
  * PDL: kernels are recorded with the programmatic-serialisation attribute (programmatic edges,
  * CUDA 12.3+), so inside a graph too a GEMV streams its first weights while the kernel before it

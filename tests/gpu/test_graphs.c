@@ -159,14 +159,26 @@ static void test_moe_host_path_not_recorded(void **state)
     backend_destroy(&gpu);
 }
 
-/* A graph recorded with a scratch buffer goes stale when a larger op reallocates it: a 9-row
- * matmul on bf16 weights (the split GEMM: gout [18][N]) recorded and replayed, then a 30-row one
- * run op by op (gout [60][N]) makes graph_launch refuse it (1, nothing queued); recorded again it
- * replays, and the outputs equal the op-by-op ones. A backend of its own: fresh scratch. */
+/* A graph recorded with a scratch buffer goes stale when a larger op reallocates it and frees the
+ * old one (TROUPE_CUDA_SCRATCH_KEEP_MB=0): a 9-row matmul on bf16 weights (the split GEMM: gout
+ * [18][N]) recorded and replayed, then a 30-row one run op by op (gout [60][N]) makes graph_launch
+ * refuse it (1, nothing queued); recorded again it replays, and the outputs equal the op-by-op
+ * ones. By default the replaced buffer is kept (up to 256 MB of them), and the graph replays
+ * after the growth, bit-identical (s_stale_case keep = 1). A backend of its own each: fresh
+ * scratch. */
+static void s_stale_case(int keep);
 static void test_stale(void **state)
 {
+    s_stale_case(0);
+    s_stale_case(1);
+}
+
+static void s_stale_case(int keep)
+{
     char err[256];
+    setenv("TROUPE_CUDA_SCRATCH_KEEP_MB", keep ? "256" : "0", 1);
     backend_t *be = backend_new("cuda", 0, err, sizeof err);
+    unsetenv("TROUPE_CUDA_SCRATCH_KEEP_MB");
     if (!be)
         fail_msg("%s", err);
     const backend_ops_t *op = be->ops;
@@ -194,6 +206,19 @@ static void test_stale(void **state)
     assert_memory_equal(y_op, y_gr, (size_t)M0 * N * 4);
     op->matmul(be, x, M1, &W, NULL, y);   /* grows the scratch the graph uses */
     assert_int_equal(op->sync(be), 0);
+    if (keep) {   /* the old buffer is still there: the graph replays, the same bits */
+        memset(y_gr, 0, (size_t)M0 * N * 4);
+        assert_int_equal(op->upload(be, y, y_gr, (size_t)M0 * N * 4), 0);
+        assert_int_equal(op->graph_launch(be, g), 0);
+        assert_int_equal(op->download(be, y_gr, y, (size_t)M0 * N * 4), 0);
+        assert_memory_equal(y_op, y_gr, (size_t)M0 * N * 4);
+        print_message("  scratch kept: the 9-row graph replays after a 30-row matmul grew its buffer, bit-identical\n");
+        op->graph_free(be, g);
+        op->free(be, w), op->free(be, x), op->free(be, y);
+        free(hw), free(hx), free(y_op), free(y_gr);
+        backend_destroy(&be);
+        return;
+    }
     assert_int_equal(op->graph_launch(be, g), 1);   /* stale: refused, nothing queued */
     op->graph_free(be, g);
     assert_int_equal(op->graph_begin(be), 0);
