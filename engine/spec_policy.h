@@ -280,9 +280,11 @@ int spec_policy_bucket_rates(const spec_accept_t *a, const spec_cost_t *c, int m
                              const float *s, double *r);
 
 /* The policy for proposers that verify at most max_k (1..SPEC_MAX_K) drafts per row, from the
- * acceptance counts and the cost table: buckets for every batch size up to max_batch. -1 (out
- * untouched, why says what is missing) when acceptance or cost is not measured well enough yet,
- * among them a table with no plain (k = 0) cell measured at any of those batch sizes. */
+ * acceptance counts and the cost table: buckets for every batch size up to max_batch. out comes in
+ * as the policy in force (n_buckets 0: none): a drafting bucket keeps its length unless the new best
+ * beats it by SPEC_POLICY_MIN_GAIN (proposers without a distribution). -1 (out untouched, why says
+ * what is missing) when acceptance or cost is not measured well enough yet, among them a table
+ * with no plain (k = 0) cell measured at any of those batch sizes. */
 int spec_policy_compute(const spec_accept_t *a, const spec_cost_t *c, int max_k, int max_batch, spec_policy_t *out,
                         char *why, int why_len);
 

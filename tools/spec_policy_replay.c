@@ -18,7 +18,8 @@
 
 #include "engine/spec_policy.h"
 
-static int s_replay(const char *line, int batch, int *differ)
+/* prev: the line before's logged policy, the one in force when line was computed (empty: none). */
+static int s_replay(const char *line, const char *prev, int batch, int *differ)
 {
     spec_accept_t a;
     spec_cost_t c;
@@ -28,6 +29,13 @@ static int s_replay(const char *line, int batch, int *differ)
     if (spec_policy_log_parse(line, &a, &c, &max_k, &max_batch, &logged, why, sizeof why) != 0) {
         fprintf(stderr, "spec-policy-replay: %s\n", why);
         return -1;
+    }
+    if (prev[0]) {   /* the policy in force then (its hysteresis): the previous line's choice */
+        spec_accept_t pa;
+        spec_cost_t pc;
+        int pk, pb;
+        if (spec_policy_log_parse(prev, &pa, &pc, &pk, &pb, &p, why, sizeof why) != 0)
+            p = (spec_policy_t){0};
     }
     const char *t = strstr(line, "t=");
     printf("%.*s", t ? (int)strcspn(t, " ") : 0, t ? t : "");
@@ -102,19 +110,20 @@ int main(int argc, char **argv)
         perror(path);
         return 2;
     }
-    static char line[1 << 17], last[1 << 17];
+    static char line[1 << 17], last[1 << 17], before[1 << 17];
     int n = 0, differ = 0, rc = 0;
-    last[0] = 0;
+    last[0] = before[0] = 0;
     while (fgets(line, sizeof line, f)) {
         if (!strstr(line, " ok=1"))
             continue;
         n++;
-        if (all && s_replay(line, batch, &differ) != 0)
+        if (all && s_replay(line, last, batch, &differ) != 0)
             rc = 2;
+        memcpy(before, last, strlen(last) + 1);
         memcpy(last, line, strlen(line) + 1);
     }
     fclose(f);
-    if (!all && last[0] && s_replay(last, batch, &differ) != 0)
+    if (!all && last[0] && s_replay(last, before, batch, &differ) != 0)
         rc = 2;
     printf("%d computations in %s; %d bucket decisions differ from the logged ones (*)\n", n, path, differ);
     return rc ? rc : differ ? 1 : 0;

@@ -1075,6 +1075,46 @@ static void test_no_drafting_above_measured(void **state)
     assert_int_equal(spec_policy_bucket(&p, 64)->max_draft, 0);
 }
 
+/* Hysteresis: a drafting bucket keeps the length in force unless the new best beats it by
+ * SPEC_POLICY_MIN_GAIN (each length is a graph shape of its own at every batch size). On the same
+ * fixture: batch 16's best length, then the policy in force set to a length within the margin of
+ * it (kept) and to one outside it (the best again); no policy in force: the best. */
+static void test_length_in_force_kept_within_margin(void **state)
+{
+    (void)state;
+    spec_accept_t a;
+    spec_cost_t c;
+    spec_policy_t logged, p = {.epoch = 1};
+    int max_k = 0, max_batch = 0;
+    char why[160];
+    s_fixture_tables("tests/fixtures/spec-policy/h100-kjv-ngram-sched.log", 0, &a, &c, &max_k, &max_batch, &logged);
+    assert_int_equal(spec_policy_compute(&a, &c, max_k, max_batch, &p, why, sizeof why), 0);
+    const int b16 = spec_cost_bucket(16), best = spec_policy_bucket(&p, 16)->max_draft;
+    assert_true(best > 0);
+    float sv[SPEC_MAX_K];
+    double r[SPEC_MAX_K + 1];
+    assert_int_equal(spec_policy_survival(&a, max_k, sv), 0);
+    assert_int_equal(spec_policy_bucket_rates(&a, &c, max_k, max_batch, b16, sv, r), 0);
+    int near = 0, far = 0;
+    for (int k = 1; k <= max_k; k++) {
+        if (k == best)
+            continue;
+        if (!near && r[k] * (1.0 + SPEC_POLICY_MIN_GAIN) >= r[best])
+            near = k;
+        if (!far && r[k] * (1.0 + SPEC_POLICY_MIN_GAIN) < r[best])
+            far = k;
+    }
+    assert_true(near > 0 && far > 0);   /* the fixture has both */
+    spec_policy_t in_force = p;
+    in_force.buckets[b16].max_draft = near;
+    assert_int_equal(spec_policy_compute(&a, &c, max_k, max_batch, &in_force, why, sizeof why), 0);
+    assert_int_equal(spec_policy_bucket(&in_force, 16)->max_draft, near);   /* kept */
+    in_force = p;
+    in_force.buckets[b16].max_draft = far;
+    assert_int_equal(spec_policy_compute(&a, &c, max_k, max_batch, &in_force, why, sizeof why), 0);
+    assert_int_equal(spec_policy_bucket(&in_force, 16)->max_draft, best);   /* switched */
+}
+
 /* Exploration where no cell of the bucket tells yet: on the same run (policy off everywhere) the
  * timed run's 28 exploration steps took 1.713 ms a cycle against 0.370 ms for its off steps, and
  * batches 24-48, which the levels ramp through, had no one-draft cell while batch 16's one-draft
@@ -1279,6 +1319,7 @@ int main(void)
         cmocka_unit_test(test_cost_from_own_drafting_cells),
         cmocka_unit_test(test_cost_past_longest_from_own_slope),
         cmocka_unit_test(test_no_drafting_above_measured),
+        cmocka_unit_test(test_length_in_force_kept_within_margin),
         cmocka_unit_test(test_explore_inherits_from_smaller_bucket),
         cmocka_unit_test(test_explore_budget_bounds_time),
         cmocka_unit_test(test_explore_budget_still_turns_on),
