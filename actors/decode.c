@@ -460,6 +460,31 @@ static int s_open_step(decode_t *d, spec_step_config_t *spec_cfg, int chunk_toke
     return 0;
 }
 
+/* TROUPE_GRAPH_WARMUP: the target's graphs recorded before serving (model_graph_warmup): "verify"
+ * the verify steps a speculating worker pads (up to its padded rows x 2..SPEC_MAX_K + 1
+ * positions), "all" those and the decode steps of 1..max_seqs rows; unset or "0": none (each shape
+ * is recorded on first sight, in the middle of serving). Opt-in: not yet measured on a GPU. -2
+ * with why for another value, -1 for a failed warm-up. */
+static int s_graph_warmup(decode_t *d, const spec_step_config_t *c, char *err, size_t errlen)
+{
+    const char *v = getenv("TROUPE_GRAPH_WARMUP");
+    if (!v || !*v || !strcmp(v, "0"))
+        return 0;
+    const int all = !strcmp(v, "all");
+    if (!all && strcmp(v, "verify")) {
+        errf(err, errlen, "TROUPE_GRAPH_WARMUP '%s': expected 0, verify or all", v);
+        return -2;
+    }
+    const int verify_rows = d->spec ? c->pad_max_rows : 0;
+    const int64_t t0 = now_ns();
+    int recorded = 0;
+    if (model_graph_warmup(d->w->eng->model, d->w->eng->pool, all ? d->w->max_seqs : 0, verify_rows, SPEC_MAX_K + 1,
+                           &recorded, err, errlen) != 0)
+        return -1;
+    LOG_I("graph warm-up (%s): %d graphs recorded in %.2f s", v, recorded, (double)(now_ns() - t0) / 1e9);
+    return 0;
+}
+
 /* Frees everything of main's opens and s_open_step, and the worker: the channels first, the
  * requests out of the scheduler before it goes. */
 static void s_close(decode_t *d)
@@ -495,7 +520,7 @@ int main(int argc, char **argv)
      * prompts, and every worker's recomputes of preempted requests). */
     const int max_seqs = t->limits.max_batch, chunk_tokens = t->limits.prefill_chunk_tokens;
     char err[1024];
-    int rc = -1, exit_code = 1, config_error = 0;
+    int rc = -1, exit_code = 1, config_error = 0, warm = 0;
     spec_step_config_t spec_cfg;
     if (spec_step_config_from_env(&spec_cfg, err, sizeof err) != 0) {
         LOG_E("%s", err);
@@ -512,6 +537,9 @@ int main(int argc, char **argv)
         LOG_E("cannot watch the expert-parallel group");
     } else if (s_open_step(&d, &spec_cfg, chunk_tokens, err, sizeof err) != 0) {
         LOG_E("%s", err);
+    } else if ((warm = s_graph_warmup(&d, &spec_cfg, err, sizeof err)) != 0) {
+        LOG_E("%s", err);
+        exit_code = warm == -2 ? ACTOR_EXIT_CONFIG : 1;
     } else if (prompt_intake_init(&d.prompts, d.w, d.sched, d.name, d.cache_manager, colocated, err, sizeof err) != 0) {
         LOG_E("%s", err);   /* a bad TROUPE_PREFILL_FETCH */
         exit_code = 2;

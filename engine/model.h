@@ -107,6 +107,17 @@ void model_destroy(model_t **self_p);
  * too many tokens, a pool of another shape, ...), nothing computed. */
 int model_forward(model_t *m, const model_batch_t *batch, float *logits, char *err, size_t errlen);
 
+/* Records the backend graphs of decode steps of 1..plain_rows sequences and of verify steps of
+ * 1..verify_rows sequences x 2..max_n new rows (logits of every row) before serving, so that no
+ * step of those shapes is run op by op and recorded in the middle of serving (each costs a few ms
+ * there: a scheduled speculation worker meets new shapes all through a run, docs/speculation.md).
+ * Each shape runs twice on fresh sequences of pool (token 0, a context of its own rows; their blocks
+ * are given back), the largest first. *recorded: graphs recorded. 0 where the backend records
+ * none (the CPU, opts.no_graphs, an expert-parallel group); -1 with err when a forward fails or the
+ * pool has no room. */
+int model_graph_warmup(model_t *m, kvpool_t *pool, int plain_rows, int verify_rows, int max_n, int *recorded,
+                       char *err, size_t errlen);
+
 /* A step queued on the device and left there: nothing comes to the host and nothing waits for the
  * backend, so a caller can queue several steps back to back (the draft model's chained drafts,
  * engine/spec_draft.c) and bring their results down with one download. The batch's seqs,

@@ -30,6 +30,8 @@ static const int s_sched[] = {1, 1, 1, 2, 2, 2, 9, 9, 9, 12, 12, 12, 2, 2, 2, 1,
 
 /* Every logits row of the run, in order: the 12 prompts' last rows, then each step's k rows.
  * dummy: DT_COUNT runs the fixture's weights, else dummy weights of its shape in that dtype. */
+static int s_warm;   /* s_run: model_graph_warmup first (decode steps of 1..12 rows, verify steps of 1..2 x 2..3) */
+
 static float *s_run(backend_t *gpu, const char *dir, const model_config_t *cfg, dtype_t dummy, int no_graphs,
                     uint64_t *records, uint64_t *replays, size_t *n_rows)
 {
@@ -46,6 +48,13 @@ static float *s_run(backend_t *gpu, const char *dir, const model_config_t *cfg, 
                                 gpu, err, sizeof err);
     if (!pool)
         fail_msg("%s", err);
+    int warmed = 0;
+    if (s_warm && !no_graphs) {
+        if (model_graph_warmup(m, pool, N_SEQ, 2, 3, &warmed, err, sizeof err) != 0)
+            fail_msg("warm-up: %s", err);
+        assert_int_equal(warmed, N_SEQ + 2 * 2);   /* every shape asked for, once */
+        assert_int_equal(kvpool_free_count(pool), kvpool_n_blocks(pool));   /* its blocks given back */
+    }
     const int V = cfg->vocab_size;
     size_t rows = N_SEQ;
     for (int i = 0; i < N_STEPS; i++)
@@ -81,6 +90,8 @@ static float *s_run(backend_t *gpu, const char *dir, const model_config_t *cfg, 
         at += (size_t)k;
     }
     model_graph_stats(m, records, replays);
+    if (warmed)   /* the run's decode steps (1, 2, 9, 12 rows) all had their graph already */
+        assert_int_equal(*records, (uint64_t)warmed);
     *n_rows = rows;
     for (int s = 0; s < N_SEQ; s++)
         kvseq_destroy(&seqs[s]);
@@ -133,6 +144,15 @@ static void test_models(void **state)
     const char *names[] = {"qwen3-f32", "llama-gqa-f32", "llama-tied-bf16", "qwen3-moe-f32"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         s_compare(s_gpu, names[i], 4);
+}
+
+/* Graphs recorded before serving (model_graph_warmup): the same run records nothing more, and its
+ * logits stay bit-identical to the op-by-op run's. */
+static void test_warmup(void **state)
+{
+    s_warm = 1;
+    s_compare(s_gpu, "llama-gqa-f32", 4);
+    s_warm = 0;
 }
 
 /* bf16 experts: the steps of 9 and 12 rows take the grouped tensor-core path (cuda_moe_gemm.cu:
@@ -242,6 +262,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_models),
+        cmocka_unit_test(test_warmup),
         cmocka_unit_test(test_moe_grouped_path_recorded),
         cmocka_unit_test(test_moe_host_path_not_recorded),
         cmocka_unit_test(test_stale),

@@ -19,4 +19,12 @@ grep -q "exit 78" "$WORK/sup.log" || fail "the worker's exit status (78) is not 
 ! grep -q "): restarting" "$WORK/sup.log" || fail "a worker was restarted"
 sleep 0.2
 pgrep -f -- "--topology $WORK/t.yaml" && fail "processes left behind"
+# A bad TROUPE_GRAPH_WARMUP is a configuration error of the same kind, named in the log.
+MODEL_PATH=$ROOT/tests/fixtures/models/qwen3-f32 MAX_RESTARTS=5 PERIOD_S=30 make_topology "$WORK/t2.yaml"
+rc=0
+TROUPE_GRAPH_WARMUP=sometimes timeout 60 "$BIN/troupe-supervisor" --topology "$WORK/t2.yaml" >"$WORK/sup2.log" 2>&1 || rc=$?
+[ "$rc" -eq 2 ] || fail "TROUPE_GRAPH_WARMUP=sometimes: exit code $rc, expected 2"
+grep -q "TROUPE_GRAPH_WARMUP 'sometimes': expected 0, verify or all" "$WORK/sup2.log" || fail "no error naming TROUPE_GRAPH_WARMUP"
+sleep 0.2
+pgrep -f -- "--topology $WORK/t2.yaml" && fail "processes left behind"
 echo "PASS config_error"

@@ -768,6 +768,11 @@ static void test_errors(void **state)
     kvpool_t *pool = kvpool_new(16, 4, 1, 2, 16, DT_F32, s_be, err, sizeof err);
     kvpool_t *meta_only = kvpool_new(16, 4, 1, 2, 16, DT_F32, NULL, err, sizeof err);
     kvpool_t *other = kvpool_new(16, 4, 2, 2, 16, DT_F32, s_be, err, sizeof err);
+    /* The graph warm-up where the backend records no graphs (the CPU): nothing run, nothing taken. */
+    int warmed = -1;
+    assert_int_equal(model_graph_warmup(m, pool, 2, 2, 8, &warmed, err, sizeof err), 0);
+    assert_int_equal(warmed, 0);
+    assert_int_equal(kvpool_free_count(pool), 16);
     kvseq_t *s = kvseq_new(pool, 32, 0);
     float *lg = malloc(97 * 8 * sizeof(float));
     int32_t bad[2] = {3, 97};
