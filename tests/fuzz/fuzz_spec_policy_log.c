@@ -125,5 +125,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     else if (ok != -1 || !pwhy[0])
         s_die("a policy refused without saying why");
     s_round_trip(&a, &c, max_k, max_batch, ok == 0, &p, pwhy);
+    /* The logged policy as the one in force (its lengths kept within the margin): whatever it holds,
+     * the new policy is as well formed, and computed or refused as without it. */
+    spec_policy_t in_force = logged;
+    const int ok2 = spec_policy_compute(&a, &c, max_k, max_batch, &in_force, pwhy, sizeof pwhy);
+    if (ok2 != ok)
+        s_die("the policy in force changed whether a policy is computed");
+    if (ok2 == 0)
+        s_check_policy(&in_force, max_k, max_batch);
     return 0;
 }
