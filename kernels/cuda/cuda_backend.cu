@@ -55,7 +55,19 @@ void *cuda_scratch(backend_t *be, void **buf, size_t *cap, size_t bytes)
     }
     *buf = NULL;
     *cap = 0;
-    CUDA_CHECK(cudaMalloc(buf, want));
+    cudaError_t e = cudaMalloc(buf, want);
+    if (e == cudaErrorMemoryAllocation && st->n_retired > 0) {
+        /* the kept buffers are what is missing: freed (every graph goes stale), then again */
+        (void)cudaGetLastError();
+        CUDA_CHECK(cudaStreamSynchronize(st->stream));
+        for (int i = 0; i < st->n_retired; i++)
+            CUDA_CHECK(cudaFree(st->retired[i]));
+        st->n_retired = 0;
+        st->retired_bytes = 0;
+        st->scratch_gen++;
+        e = cudaMalloc(buf, want);
+    }
+    CUDA_CHECK(e);
     *cap = want;
     return *buf;
 }
