@@ -30,6 +30,15 @@ int cuda_report(const char *expr, const char *why, const char *file, int line)
     return -1;
 }
 
+/* The scratch buffers cuda_scratch kept after a growth, freed (graphs recorded with them are stale). */
+static void s_free_retired(cuda_state_t *st)
+{
+    for (int i = 0; i < st->n_retired; i++)
+        cudaFree(st->retired[i]);
+    st->n_retired = 0;
+    st->retired_bytes = 0;
+}
+
 void *cuda_scratch(backend_t *be, void **buf, size_t *cap, size_t bytes)
 {
     if (bytes <= *cap)
@@ -60,10 +69,7 @@ void *cuda_scratch(backend_t *be, void **buf, size_t *cap, size_t bytes)
         /* the kept buffers are what is missing: freed (every graph goes stale), then again */
         (void)cudaGetLastError();
         CUDA_CHECK(cudaStreamSynchronize(st->stream));
-        for (int i = 0; i < st->n_retired; i++)
-            CUDA_CHECK(cudaFree(st->retired[i]));
-        st->n_retired = 0;
-        st->retired_bytes = 0;
+        s_free_retired(st);
         st->scratch_gen++;
         e = cudaMalloc(buf, want);
     }
@@ -253,8 +259,7 @@ static void s_destroy(backend_t *be)
             if (st->stage_done[i])
                 cudaEventDestroy(st->stage_done[i]);
         }
-        for (int i = 0; i < st->n_retired; i++)
-            cudaFree(st->retired[i]);
+        s_free_retired(st);
         if (st->conv)
             cudaFree(st->conv);
         if (st->gout)

@@ -671,6 +671,16 @@ static void test_matmul_n(void **state)
 
 /* The dense MLP by the separate ops (matmul_n of gate and up, swiglu, matmul of down) on gpu:
  * mlp_swiglu's reference, [M][H] on the host. */
+/* The MLP cases' device outputs freed: y (NULL once taken), g and u (taken too, so a fault in the
+ * fused call shows as an error of its own). */
+static void s_mlp_drop(backend_t *gpu, float *y, float *g, float *u, size_t ny, size_t ngu, const char *what)
+{
+    if (y)
+        free(s_take(gpu, y, ny, what));
+    free(s_take(gpu, g, ngu, what));
+    free(s_take(gpu, u, ngu, what));
+}
+
 static float *s_mlp_separate(backend_t *gpu, const float *dx, int M, const bk_mat_t *Wg, const bk_mat_t *Wu,
                              const bk_mat_t *Wd, const char *what)
 {
@@ -722,10 +732,7 @@ static void test_mlp_swiglu(void **state)
                     free(b);
                     y = NULL;
                 }
-                if (y)
-                    free(s_take(gpu, y, (size_t)M * H, what));
-                free(s_take(gpu, g, (size_t)M * I, what));
-                free(s_take(gpu, u, (size_t)M * I, what));
+                s_mlp_drop(gpu, y, g, u, (size_t)M * H, (size_t)M * I, what);
                 gpu->ops->free(gpu, dx);
                 gpu->ops->weight_release(gpu, Wg.data);
                 gpu->ops->weight_release(gpu, Wu.data);
@@ -799,10 +806,7 @@ static void test_w8a8_mlp(void **state)
                     free(a), free(b);
                     y = NULL;
                 }
-                if (y)
-                    free(s_take(gpu, y, (size_t)M * H, what));
-                free(s_take(gpu, g, (size_t)M * I, what));
-                free(s_take(gpu, u, (size_t)M * I, what));
+                s_mlp_drop(gpu, y, g, u, (size_t)M * H, (size_t)M * I, what);
                 gpu->ops->free(gpu, dx);
                 for (int i = 0; i < 3; i++) {
                     gpu->ops->weight_release(gpu, W[i].data);
