@@ -476,12 +476,18 @@ static int s_graph_warmup(decode_t *d, const spec_step_config_t *c, char *err, s
         return -2;
     }
     const int verify_rows = d->spec ? c->pad_max_rows : 0;
+    backend_t *be = d->w->eng->be;
+    /* What the graphs and the scratch they grew took of the device, for the log line (0 where the
+     * backend cannot say). */
+    const size_t free0 = be->ops->mem_available ? be->ops->mem_available(be) : 0;
     const int64_t t0 = now_ns();
     int recorded = 0;
     if (model_graph_warmup(d->w->eng->model, d->w->eng->pool, all ? d->w->max_seqs : 0, verify_rows, SPEC_MAX_K + 1,
                            &recorded, err, errlen) != 0)
         return -1;
-    LOG_I("graph warm-up (%s): %d graphs recorded in %.2f s", v, recorded, (double)(now_ns() - t0) / 1e9);
+    const size_t free1 = be->ops->mem_available ? be->ops->mem_available(be) : 0;
+    LOG_I("graph warm-up (%s): %d graphs recorded in %.2f s, %.1f MB of device memory taken", v, recorded,
+          (double)(now_ns() - t0) / 1e9, free0 > free1 ? (double)(free0 - free1) / 1e6 : 0.0);
     return 0;
 }
 
