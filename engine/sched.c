@@ -460,6 +460,39 @@ static sched_req_t *s_next_waiting(const sched_t *s)
     return b ? b->w_head : NULL;
 }
 
+/* r's client's other requests that the fair order counts: s_next_chunk's rank before the pass's
+ * turns. */
+static int s_rank(const sched_req_t *r)
+{
+    const sched_client_t *c = r->cl;
+    return c->n_running + c->n_waiting + c->n_preempted - 1;
+}
+
+/* While the free slots are owed to recomputes (RUNNING + PREEMPTED fill max_running): the waiting
+ * request that goes into a free slot before them, or NULL. The candidate is the waiting request of
+ * the lowest rank (each client's oldest; the oldest admitted among equal ranks); it goes first when
+ * it ranks below the recompute the chunk order takes next, or ranks alike and was admitted before
+ * it. Otherwise a client's one waiting request could wait for as long as other clients kept
+ * requests preempted: its only way out was to be the newest waiting one when blocks ran short
+ * (s_release_waiting), and under a flood of hand-offs a newer one always was (a short request
+ * beside 80 flooding clients got no reply in 60 s, once in about a hundred runs of
+ * tests/scenario/client_fairness_rr.sh). Older preempted work keeps its place against newer
+ * hand-offs of clients as loaded. O(preempted + clients with waiting requests). */
+static sched_req_t *s_waiting_before_recompute(const sched_t *s)
+{
+    const sched_req_t *p = NULL;   /* s_next_chunk's pick: lowest rank, the queue's first of equal ones */
+    for (const sched_req_t *r = s->q[SCHED_PREEMPTED].head; r; r = r->next)
+        if (!p || s_rank(r) < s_rank(p))
+            p = r;
+    sched_req_t *w = NULL;
+    for (const sched_client_t *c = s->wc_head; c; c = c->wc_next)
+        if (!w || s_rank(c->w_head) < s_rank(w) || (s_rank(c->w_head) == s_rank(w) && c->w_head->seq < w->seq))
+            w = c->w_head;
+    if (!w || !p)
+        return w;
+    return s_rank(w) < s_rank(p) || (s_rank(w) == s_rank(p) && w->seq < p->seq) ? w : NULL;
+}
+
 /* Prompt chunks after the decode rows, in the fair order (s_next_chunk), within chunk_tokens:
  * recomputes first (new prompts wait while any is left, else they would take its blocks), and only
  * while a decode slot is free for them. The first that finds no room keeps its turn: the ones
@@ -514,11 +547,18 @@ const sched_batch_t *sched_step(sched_t *s)
     if (!s->committed)   /* the caller's mistake: the last step's prompts would never advance */
         LOG_E("scheduler: a step's rows were never committed");
     b->n = b->n_decode = 0;
-    /* Waiting requests take free slots, the client with the fewest running first; not a slot a
-     * preempted request waits for (its recompute, below, takes it): preempted requests are older
-     * work, and a stream of new hand-offs would otherwise keep them from ever running again. */
-    while (s->q[SCHED_WAITING].n && s->q[SCHED_RUNNING].n + s->q[SCHED_PREEMPTED].n < s->cfg.max_running)
-        s_move(s, s_next_waiting(s), SCHED_RUNNING, "a batch slot freed");
+    /* Waiting requests take free slots, the client with the fewest running first; a slot a
+     * preempted request waits for (its recompute, below, takes it) only when the waiting one comes
+     * first in the fair order (s_waiting_before_recompute): preempted requests are older work, and
+     * a stream of new hand-offs would otherwise keep them from ever running again. */
+    while (s->q[SCHED_WAITING].n && s->q[SCHED_RUNNING].n < s->cfg.max_running) {
+        sched_req_t *w = s->q[SCHED_RUNNING].n + s->q[SCHED_PREEMPTED].n < s->cfg.max_running
+                             ? s_next_waiting(s)
+                             : s_waiting_before_recompute(s);
+        if (!w)
+            break;
+        s_move(s, w, SCHED_RUNNING, "a batch slot freed");
+    }
     s_decode_rows(s);
     sched_req_t *stuck;
     while ((stuck = s_prompt_rows(s)) && b->n == 0 && s_unstick(s, stuck))

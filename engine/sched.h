@@ -17,8 +17,10 @@
  * A step (sched_step) is: decode rows first, one token for every RUNNING request, then prompt
  * chunks, up to chunk_tokens tokens in all (Sarathi / vLLM chunked prefill). A PREEMPTED request
  * is recomputed through the same chunk path as a new prompt, before any new prompt gets a chunk
- * (new prompts would take the blocks it needs), and a freed decode slot goes to it before any
- * WAITING request (a stream of hand-offs would otherwise keep it from ever running again). A prompt's first chunk adopts every cached prefix
+ * (new prompts would take the blocks it needs), and a freed decode slot goes to it before a
+ * WAITING request of a client as loaded admitted after it (a stream of hand-offs would otherwise
+ * keep it from ever running again); a waiting request of a less loaded client, or an older one,
+ * goes first (else it could wait for as long as other clients kept requests preempted). A prompt's first chunk adopts every cached prefix
  * block of the pool (kvseq_match_prefix). Blocks are reserved as the chunks go: a chunk is only
  * taken when the pool keeps one free block per decode row after it, so a prompt never takes the
  * blocks the batch it joins needs next.

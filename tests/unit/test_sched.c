@@ -692,6 +692,42 @@ static void test_light_client_recompute_first(void **st)
     s_unfix(f);
 }
 
+/* A freed slot owed to recomputes goes to a waiting request of a less loaded client first: B's one
+ * waiting hand-off runs before client A's two older preempted requests (before, B could only leave
+ * WAITING by being the newest waiting request when blocks ran short; under a flood of hand-offs a
+ * newer one always was, and B waited as long as the flood lasted). Against a recompute of a
+ * client as loaded, the one admitted first goes first: D's older preempted request before E's
+ * waiting one. */
+static void test_light_waiting_before_recompute(void **st)
+{
+    fix_t *f = s_fix(64, 4, 4, 1, 16);
+    req_t *run = s_handoff_of(f, CLIENT_C, 0, 4);
+    s_handoff_no_room_of(f, CLIENT_A, 1, 4);
+    s_handoff_no_room_of(f, CLIENT_A, 2, 4);
+    req_t *b = s_handoff_of(f, CLIENT_B, 3, 4);
+    assert_int_equal(b->sr.state, SCHED_WAITING);
+    assert_string_equal(s_step(f), "1:1d");
+    sched_remove(f->s, &run->sr);
+    assert_string_equal(s_step(f), "4:1d");           /* B's hand-off, not A's recomputes */
+    assert_int_equal(b->sr.state, SCHED_RUNNING);
+    assert_int_equal(f->req[1].sr.state, SCHED_PREEMPTED);
+    sched_remove(f->s, &b->sr);
+    assert_string_equal(s_step(f), "2:4 3:4");         /* then A's, oldest first, into the slot */
+    assert_int_equal(f->req[1].sr.state, SCHED_RUNNING);
+    sched_remove(f->s, &f->req[1].sr);
+    sched_remove(f->s, &f->req[2].sr);
+    /* Equal ranks: D's preempted request was admitted before E's waiting one. */
+    req_t *run2 = s_handoff_of(f, CLIENT_C, 4, 4);
+    req_t *d = s_handoff_no_room_of(f, CLIENT_D, 5, 4);
+    req_t *e = s_handoff_of(f, 0xe, 6, 4);
+    assert_int_equal(e->sr.state, SCHED_WAITING);
+    sched_remove(f->s, &run2->sr);
+    assert_string_equal(s_step(f), "6:4");
+    assert_int_equal(d->sr.state, SCHED_RUNNING);
+    assert_int_equal(e->sr.state, SCHED_WAITING);
+    s_unfix(f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -718,6 +754,7 @@ int main(void)
         cmocka_unit_test(test_waiting_gives_blocks_before_running),
         cmocka_unit_test(test_preempted_before_waiting),
         cmocka_unit_test(test_light_client_recompute_first),
+        cmocka_unit_test(test_light_waiting_before_recompute),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
