@@ -41,6 +41,13 @@
 #   MAX_BATCH      limits.max_batch (default 128)
 #   HEARTBEAT_MS LIVENESS  supervision (default 1000 ms x 10 missed before a worker counts as wedged)
 #   B              the build folder (default build)
+#   REPEATS        N > 1: the whole sweep N times, OUT_DIR/r1 .. rN (each a sweep as above, its
+#                  entries in KS's order, so every repeat has its own k = 0 beside its other
+#                  entries), then OUT_DIR/summary.txt: per concurrency the median output tokens/s of
+#                  each entry over the repeats, and scheduled against k = 0 and against the best
+#                  fixed k as each repeat measured them (min / median / max of those ratios). A
+#                  level lasts a fraction of a second on a GPU, so one sweep's ratios move by 10-20%;
+#                  a claim of a few percent wants the spread of several.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -60,6 +67,16 @@ BACKEND=${BACKEND:-cpu}
 MAX_BATCH=${MAX_BATCH:-128}
 OUT=${1:-build/bench-spec/$(date +%Y%m%d-%H%M%S)}   # topologies, logs and the table
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)          # absolute: run_dir and ready files use it
+REPEATS=${REPEATS:-1}
+[[ "$REPEATS" =~ ^[1-9][0-9]*$ ]] || { echo "bench-spec: REPEATS must be a count of 1 or more, not '$REPEATS'" >&2; exit 1; }
+if [ "$REPEATS" -gt 1 ]; then
+  for i in $(seq "$REPEATS"); do
+    echo "bench-spec: repeat $i of $REPEATS into $OUT/r$i" >&2
+    REPEATS=1 "$ROOT/tools/bench-spec.sh" "$OUT/r$i" >"$OUT/r$i.out" 2>&1 || { tail -20 "$OUT/r$i.out" >&2; echo "bench-spec: repeat $i failed" >&2; exit 1; }
+  done
+  python3 "$ROOT/tools/bench/spec_repeats.py" "$OUT" $KS | tee "$OUT/summary.txt"
+  exit 0
+fi
 for b in troupe-supervisor troupe-bench; do
   [ -x "$B/bin/$b" ] || { echo "bench-spec: $B/bin/$b is missing; build first (make B=$B)" >&2; exit 1; }
 done
