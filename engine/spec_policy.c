@@ -464,7 +464,17 @@ double spec_cost_estimate(const spec_cost_t *c, int bucket, int k)
      * step's seconds. Only for the fit's estimates: a bucket's own cells are the more direct
      * measurement, and one slow cell of few steps at a smaller batch (batch 6 at k = 6, 2.0 ms, in
      * the H100 run above) would otherwise set every larger bucket's long steps. */
-    const double below = own ? 0 : s_cost_floor(c, bucket, k);
+    double below = own ? 0 : s_cost_floor(c, bucket, k);
+    /* And, from the fit, never cheaper than the same bucket's step with one draft less: the fit
+     * scaled to the bucket's nearest measured cell is not monotone in k. On one H100 (kjv-dense,
+     * n-gram, 2026-12-07, 1a4d520; tests/fixtures/spec-policy/h100-kjv-ngram-1a4d520.log) batch 16
+     * had k = 0, 4 and 7 measured (0.407, 0.456, 0.540 ms); k = 1 and 2 came to 0.456 (capped
+     * at k = 4's, below) and k = 3 to 0.407, the plain step's, so k = 3 read 70,177 tokens/s and
+     * was chosen over the measured k = 4 (68,167). */
+    if (!own && k >= 1) {
+        const double prev = spec_cost_estimate(c, bucket, k - 1);
+        below = prev > below ? prev : below;
+    }
     est = est > below ? est : below;
     /* Nor dearer than the bucket's own measured step with more drafts a row, which is the more
      * direct measurement where the two disagree (cd61b16 above: batch 4's plain cell of 5 steps

@@ -1075,6 +1075,36 @@ static void test_no_drafting_above_measured(void **state)
     assert_int_equal(spec_policy_bucket(&p, 64)->max_draft, 0);
 }
 
+/* A step's estimated cost never falls as its drafts grow, at any bucket. The scheduled n-gram run's
+ * last computation on one H100 (kjv-dense, 2026-12-07, 1a4d520;
+ * tests/fixtures/spec-policy/h100-kjv-ngram-1a4d520.log): batch 16 measured k = 0, 4 and 7; the fit
+ * gave k = 3 the plain step's 0.407 ms, below k = 1 and 2 (0.456), so k = 3 was chosen (70,177
+ * tokens/s) over the measured k = 4 (68,167). Now k = 3 costs at least what k = 2 does, and the
+ * measured cells keep their own means. */
+static void test_cost_monotone_in_drafts(void **state)
+{
+    (void)state;
+    spec_accept_t a;
+    spec_cost_t c;
+    spec_policy_t logged, p = {.epoch = 1};
+    int max_k = 0, max_batch = 0;
+    char why[160];
+    s_fixture_tables("tests/fixtures/spec-policy/h100-kjv-ngram-1a4d520.log", 0, &a, &c, &max_k, &max_batch, &logged);
+    assert_int_equal(spec_policy_bucket(&logged, 16)->max_draft, 3);   /* what the old estimate chose */
+    for (int b = 0; b < SPEC_COST_BATCHES; b++)
+        for (int k = 1; k <= SPEC_MAX_K; k++) {
+            const double prev = spec_cost_estimate(&c, b, k - 1), est = spec_cost_estimate(&c, b, k);
+            if (prev > 0 && est > 0 && c.steps[b][k] < SPEC_POLICY_MIN_STEPS)
+                assert_true(est >= prev);
+        }
+    const int b16 = spec_cost_bucket(16);
+    assert_true(c.steps[b16][4] >= SPEC_POLICY_MIN_STEPS);
+    assert_float_equal(spec_cost_estimate(&c, b16, 4), c.seconds[b16][4] / (double)c.steps[b16][4], 1e-12);
+    assert_true(spec_cost_estimate(&c, b16, 3) >= spec_cost_estimate(&c, b16, 2));
+    assert_int_equal(spec_policy_compute(&a, &c, max_k, max_batch, &p, why, sizeof why), 0);
+    assert_int_not_equal(spec_policy_bucket(&p, 16)->max_draft, 3);
+}
+
 /* Hysteresis: a drafting bucket keeps the length in force unless the new best beats it by
  * SPEC_POLICY_MIN_GAIN (each length is a graph shape of its own at every batch size). On the same
  * fixture: batch 16's best length, then the policy in force set to a length within the margin of
@@ -1320,6 +1350,7 @@ int main(void)
         cmocka_unit_test(test_cost_past_longest_from_own_slope),
         cmocka_unit_test(test_no_drafting_above_measured),
         cmocka_unit_test(test_length_in_force_kept_within_margin),
+        cmocka_unit_test(test_cost_monotone_in_drafts),
         cmocka_unit_test(test_explore_inherits_from_smaller_bucket),
         cmocka_unit_test(test_explore_budget_bounds_time),
         cmocka_unit_test(test_explore_budget_still_turns_on),
