@@ -280,6 +280,14 @@ int sched_size(const sched_t *s)
     return n;
 }
 
+/* r's client's other requests that the fair order counts: s_next_chunk's rank before the pass's
+ * turns. */
+static int s_rank(const sched_req_t *r)
+{
+    const sched_client_t *c = r->cl;
+    return c->n_running + c->n_waiting + c->n_preempted - 1;
+}
+
 static int s_blocks_for(const sched_t *s, int tokens)
 {
     const int bs = kvpool_block_size(s->pool);
@@ -303,6 +311,20 @@ static int s_release_prompt(sched_t *s, const sched_req_t *keep)
     return 0;
 }
 
+/* Whose KV goes when blocks run short, of q's requests (with holding: those holding blocks): one
+ * of the client the fair order ranks last (the most requests here), its newest admitted; among
+ * clients alike, the newest admitted. A client's one request keeps its KV while another client
+ * has several here: its progress is not what pays for their load. NULL: none. */
+static sched_req_t *s_victim(const queue_t *q, int holding)
+{
+    sched_req_t *v = NULL;
+    for (sched_req_t *r = q->head; r; r = r->next)
+        if ((!holding || kvseq_n_blocks(r->kv) > 0) &&
+            (!v || s_rank(r) > s_rank(v) || (s_rank(r) == s_rank(v) && r->seq > v->seq)))
+            v = r;
+    return v;
+}
+
 /* r (RUNNING or WAITING) gives its blocks back: its KV is recomputed through the chunk path
  * before it runs (every token but its last, which its next decode row feeds). */
 static void s_preempt(sched_t *s, sched_req_t *r, const char *event)
@@ -314,24 +336,23 @@ static void s_preempt(sched_t *s, sched_req_t *r, const char *event)
     s_move(s, r, SCHED_PREEMPTED, event);
 }
 
-/* The newest WAITING request holding blocks gives them back (1 if one did). A waiting request
+/* A WAITING request holding blocks gives them back (s_victim; 1 if one did). A waiting request
  * makes no progress with its KV, so its blocks go before any running request's: otherwise each
  * request promoted from a long waiting queue would be the newest running one, the next to be
  * preempted, and the queue would turn into preempted requests one promotion at a time while
  * the waiting ones kept their blocks. */
 static int s_release_waiting(sched_t *s)
 {
-    for (sched_req_t *r = s->q[SCHED_WAITING].tail; r; r = r->prev)
-        if (kvseq_n_blocks(r->kv) > 0) {
-            s_preempt(s, r, "KV pool full, waiting");
-            return 1;
-        }
-    return 0;
+    sched_req_t *r = s_victim(&s->q[SCHED_WAITING], 1);
+    if (!r)
+        return 0;
+    s_preempt(s, r, "KV pool full, waiting");
+    return 1;
 }
 
 /* Frees blocks for a decode row: the owner's reclaim, a part-computed prompt, a waiting request's
- * KV, else the newest running request is preempted (never the last one). 0 when blocks were
- * freed. */
+ * KV, else a running request is preempted (never the last one); both by s_victim. 0 when blocks
+ * were freed. */
 static int s_free_blocks(sched_t *s)
 {
     if (s->cfg.reclaim && s->cfg.reclaim(s->cfg.ctx))
@@ -342,11 +363,7 @@ static int s_free_blocks(sched_t *s)
         return 0;
     if (s->q[SCHED_RUNNING].n <= 1)
         return -1;
-    sched_req_t *victim = NULL;   /* the newest admitted */
-    for (sched_req_t *r = s->q[SCHED_RUNNING].head; r; r = r->next)
-        if (!victim || r->seq > victim->seq)
-            victim = r;
-    s_preempt(s, victim, "KV pool full");
+    s_preempt(s, s_victim(&s->q[SCHED_RUNNING], 0), "KV pool full");
     return 0;
 }
 
@@ -458,14 +475,6 @@ static sched_req_t *s_next_waiting(const sched_t *s)
              (c->last_run < b->last_run || (c->last_run == b->last_run && c->w_head->wait_seq < b->w_head->wait_seq))))
             b = c;
     return b ? b->w_head : NULL;
-}
-
-/* r's client's other requests that the fair order counts: s_next_chunk's rank before the pass's
- * turns. */
-static int s_rank(const sched_req_t *r)
-{
-    const sched_client_t *c = r->cl;
-    return c->n_running + c->n_waiting + c->n_preempted - 1;
 }
 
 /* While the free slots are owed to recomputes (RUNNING + PREEMPTED fill max_running): the waiting

@@ -37,7 +37,9 @@
  * Out of blocks for a decode row: the owner's reclaim hook first (finished sequences it still
  * holds), then a part-computed prompt gives its blocks back (it starts over later, reusing those
  * still cached), then the newest WAITING request's KV (it makes no progress with it: it becomes
- * PREEMPTED), then the newest running request is preempted (never the last one). A request
+ * PREEMPTED), then a running request is preempted (never the last one): the newest of the
+ * client with the most requests here (RUNNING + WAITING + PREEMPTED), so a light client's one
+ * request is not the one recomputed. A request
  * that can never fit (alone and still out of blocks, or a prompt larger than the whole pool) is
  * dropped through the owner's drop hook.
  *
@@ -47,8 +49,8 @@
  * request struct), its kvseq and its tokens.
  *
  * Known limits: a prompt held for a fetch (sched_hold) is noticed past its deadline only when the
- * step's chunk loop reaches it. Preemption still takes the newest running request, whoever's it
- * is, and fairness counts requests, not their tokens (a client's long prompts weigh as one each). */
+ * step's chunk loop reaches it. Fairness counts requests, not their tokens (a client's long prompts
+ * weigh as one each, in admission and in the choice of a preemption's victim). */
 #ifndef TROUPE_ENGINE_SCHED_H
 #define TROUPE_ENGINE_SCHED_H
 

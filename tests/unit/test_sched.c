@@ -728,6 +728,28 @@ static void test_light_waiting_before_recompute(void **st)
     s_unfix(f);
 }
 
+/* Out of blocks, the running request preempted is the newest of the client with the most requests
+ * here, not the newest overall: B's one request (admitted last) keeps its KV, A's newer of two
+ * gives its blocks back. Among clients alike the newest goes, as before (test_preempt_and_resume). */
+static void test_preempt_heaviest_client(void **st)
+{
+    fix_t *f = s_fix(9, 4, 4, 4, 16);
+    req_t *a1 = s_handoff_of(f, CLIENT_A, 0, 7);   /* 2 blocks each, the 8th token next */
+    req_t *a2 = s_handoff_of(f, CLIENT_A, 1, 7);
+    req_t *b = s_handoff_of(f, CLIENT_B, 2, 7);
+    for (int i = 0; i < 5; i++)
+        assert_string_equal(s_step(f), "1:1d 2:1d 3:1d");   /* tokens 8..12: 3 blocks each */
+    assert_int_equal(kvpool_free_count(f->pool), 0);
+    assert_int_equal(sched_preemptions(f->s), 0);
+    /* Token 13 needs a fourth block each: A's newer request gives its 3 back. */
+    assert_string_equal(s_step(f), "1:1d 3:1d");
+    assert_int_equal(sched_preemptions(f->s), 1);
+    assert_int_equal(a2->sr.state, SCHED_PREEMPTED);
+    assert_int_equal(a1->sr.state, SCHED_RUNNING);
+    assert_int_equal(b->sr.state, SCHED_RUNNING);
+    s_unfix(f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -755,6 +777,7 @@ int main(void)
         cmocka_unit_test(test_preempted_before_waiting),
         cmocka_unit_test(test_light_client_recompute_first),
         cmocka_unit_test(test_light_waiting_before_recompute),
+        cmocka_unit_test(test_preempt_heaviest_client),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
