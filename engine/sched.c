@@ -280,12 +280,18 @@ int sched_size(const sched_t *s)
     return n;
 }
 
-/* r's client's other requests that the fair order counts: s_next_chunk's rank before the pass's
- * turns. */
+/* The fair order's rank of r: its client's other RUNNING, WAITING and PREEMPTED requests (r itself
+ * is one of them unless it is PROMPTING). */
 static int s_rank(const sched_req_t *r)
 {
     const sched_client_t *c = r->cl;
-    return c->n_running + c->n_waiting + c->n_preempted - 1;
+    return c->n_running + c->n_waiting + c->n_preempted - (r->state != SCHED_PROMPTING);
+}
+
+/* Whether a comes before b in the fair order: a lower rank, or the same and admitted first. */
+static int s_fair_before(const sched_req_t *a, const sched_req_t *b)
+{
+    return s_rank(a) < s_rank(b) || (s_rank(a) == s_rank(b) && a->seq < b->seq);
 }
 
 static int s_blocks_for(const sched_t *s, int tokens)
@@ -319,8 +325,7 @@ static sched_req_t *s_victim(const queue_t *q, int holding)
 {
     sched_req_t *v = NULL;
     for (sched_req_t *r = q->head; r; r = r->next)
-        if ((!holding || kvseq_n_blocks(r->kv) > 0) &&
-            (!v || s_rank(r) > s_rank(v) || (s_rank(r) == s_rank(v) && r->seq > v->seq)))
+        if ((!holding || kvseq_n_blocks(r->kv) > 0) && (!v || s_fair_before(v, r)))
             v = r;
     return v;
 }
@@ -453,7 +458,7 @@ static sched_req_t *s_next_chunk(sched_t *s, const queue_t *q)
             c->turn_pass = s->pass;
             c->turns = 0;
         }
-        const int rank = c->n_running + c->n_waiting + c->n_preempted - (r->state == SCHED_PREEMPTED) + c->turns;
+        const int rank = s_rank(r) + c->turns;
         if (!best || rank < best_rank) {
             best = r;
             best_rank = rank;
@@ -495,11 +500,9 @@ static sched_req_t *s_waiting_before_recompute(const sched_t *s)
             p = r;
     sched_req_t *w = NULL;
     for (const sched_client_t *c = s->wc_head; c; c = c->wc_next)
-        if (!w || s_rank(c->w_head) < s_rank(w) || (s_rank(c->w_head) == s_rank(w) && c->w_head->seq < w->seq))
+        if (!w || s_fair_before(c->w_head, w))
             w = c->w_head;
-    if (!w || !p)
-        return w;
-    return s_rank(w) < s_rank(p) || (s_rank(w) == s_rank(p) && w->seq < p->seq) ? w : NULL;
+    return w && p && !s_fair_before(w, p) ? NULL : w;
 }
 
 /* Prompt chunks after the decode rows, in the fair order (s_next_chunk), within chunk_tokens:

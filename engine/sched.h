@@ -36,9 +36,9 @@
  *
  * Out of blocks for a decode row: the owner's reclaim hook first (finished sequences it still
  * holds), then a part-computed prompt gives its blocks back (it starts over later, reusing those
- * still cached), then the newest WAITING request's KV (it makes no progress with it: it becomes
- * PREEMPTED), then a running request is preempted (never the last one): the newest of the
- * client with the most requests here (RUNNING + WAITING + PREEMPTED), so a light client's one
+ * still cached), then a WAITING request's KV (it makes no progress with it: it becomes
+ * PREEMPTED), then a running request is preempted (never the last one); each time the newest of
+ * the client with the most requests here (RUNNING + WAITING + PREEMPTED), so a light client's one
  * request is not the one recomputed. A request
  * that can never fit (alone and still out of blocks, or a prompt larger than the whole pool) is
  * dropped through the owner's drop hook.
