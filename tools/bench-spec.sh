@@ -14,8 +14,10 @@
 #              draft-scheduler's policy applied.
 # Every entry's cluster first runs a warm-up (WARMUP_ROUNDS rounds of every level, other prompts):
 # the scheduler measures acceptance and step costs there, and every cluster records its graphs.
-# Then a table: one row per concurrency, output tokens/s for each k and scheduled, the best fixed k,
-# and scheduled against k = 0 and against the best fixed k; acceptance and tokens per verify step of
+# Then a table: one row per concurrency, output tokens/s for each k and scheduled, the best fixed k
+# (the best verify length among the entries k = 1..7: k = 0 is no speculation, the baseline, as in
+# the "fixed verify length (k = 1..7) against scheduled"), and scheduled against k = 0 and
+# against that best fixed k; acceptance and tokens per verify step of
 # the scheduled run. Every run's troupe-bench JSON is kept in OUT_DIR (default build/bench-spec/<date-time>),
 # and the scheduled run's draft-scheduler writes every policy computation to OUT_DIR/policy-sched.log
 # (TROUPE_SPEC_POLICY_LOG: acceptance, cost cells with their emitted tokens, the tokens/s expected of
@@ -215,7 +217,7 @@ runs = {e: json.load(open(os.path.join(out, f"{e}.json"))) for e in entries}
 conc = [l["concurrency"] for l in runs[entries[0]]["levels"]]
 def level(e, c):
     return next(l for l in runs[e]["levels"] if l["concurrency"] == c)
-fixed = [e for e in entries if e != "sched"]
+fixed = [e for e in entries if e not in ("sched", "0")]   # verify lengths k >= 1; k = 0 is no speculation
 head = "conc " + "".join(f"{('k=' + e) if e != 'sched' else 'sched':>9}" for e in entries)
 extra = "  best-k" + ("  sched/k0 sched/best  accept  tok/step  verify" if "sched" in entries else "")
 print(head + extra)

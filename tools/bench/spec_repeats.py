@@ -5,7 +5,8 @@
 
 OUT_DIR holds r1, r2, ... (one whole sweep each, its troupe-bench JSON per entry: r1/0.json,
 r1/sched.json, ...). Per concurrency it prints the median output tokens/s of every entry over the
-repeats, then the scheduled entry against k = 0 and against the best fixed k, each ratio taken
+repeats, then the scheduled entry against k = 0 (no speculation) and against the best fixed verify
+length (the best of the entries k = 1..7 given: k = 0 is the baseline, not a length), each ratio taken
 inside one repeat (the entries of a repeat ran one after another on the same machine) and given as
 min / median / max over the repeats. A repeat that lacks an entry's JSON is named and left out.
 Exit 1 when no repeat is complete. Standard library only."""
@@ -51,7 +52,7 @@ def main(argv):
         return 1
     first = next(iter(reps.values()))
     conc = sorted(first[entries[0]])
-    fixed = [e for e in entries if e != "sched"]
+    fixed = [e for e in entries if e not in ("sched", "0")]   # verify lengths; k = 0 is no speculation
     print(f"{len(reps)} repeats ({', '.join(reps)}); median output tokens/s of the cluster, and the ratios of each "
           "repeat as min / median / max")
     head = "conc " + "".join(f"{('k=' + e) if e != 'sched' else 'sched':>10}" for e in entries)
