@@ -214,6 +214,39 @@ static int s_loses_by_far(const spec_cost_t *seen, int b)
     return 0;
 }
 
+/* 1 when bucket b's own measured cells say drafting wins by far there: the plain cell and a
+ * drafting cell measured (SPEC_POLICY_MIN_STEPS counted steps each), the drafting one above 1 +
+ * SPEC_EXPLORE_WIDE of the plain one's tokens/s. Own cells only: a plain pair at a bucket not
+ * measured yet is what measures its plain cell. */
+static int s_wins_by_far(const spec_cost_t *seen, int b)
+{
+    const double r0 = seen ? spec_cost_cell_rate(seen, b, 0) : -1;
+    for (int k = 1; r0 > 0 && k <= SPEC_MAX_K; k++)
+        if (spec_cost_cell_rate(seen, b, k) > r0 * (1.0 + SPEC_EXPLORE_WIDE))
+            return 1;
+    return 0;
+}
+
+/* 1 when this step of bucket b (its at-th) begins a plain pair, and sets the bucket's next one:
+ * doubled interval where drafting wins by far, the start's otherwise. A bucket's first step
+ * begins one. */
+static int s_plain_due(spec_explore_t *e, int b, uint64_t at, const spec_cost_t *seen)
+{
+    uint32_t *every = &e->plain_every[b];
+    if (*every == 0)
+        *every = 2 * SPEC_EXPLORE_EVERY;
+    if (at < e->plain_next[b])
+        return 0;
+    if (!s_wins_by_far(seen, b)) {
+        *every = 2 * SPEC_EXPLORE_EVERY;
+    } else if (*every < SPEC_EXPLORE_PLAIN_MAX) {
+        *every *= 2;
+        e->plain_backoffs++;
+    }
+    e->plain_next[b] = at + *every;
+    return 1;
+}
+
 int spec_explore_next(spec_explore_t *e, int batch, const spec_cost_t *seen)
 {
     const int b = spec_cost_bucket(batch < 1 ? 1 : batch);
@@ -222,8 +255,14 @@ int spec_explore_next(spec_explore_t *e, int batch, const spec_cost_t *seen)
         e->one_left--;
         return 1;
     }
-    if (step % (2 * (e->early ? SPEC_EXPLORE_EARLY_EVERY : SPEC_EXPLORE_EVERY)) < 2)
+    if (e->plain_left > 0) {   /* the plain pair's second step: the one that measures the cell */
+        e->plain_left--;
         return 0;
+    }
+    if (e->early ? step % (2 * SPEC_EXPLORE_EARLY_EVERY) < 2 : s_plain_due(e, b, at, seen)) {
+        e->plain_left = !e->early;   /* early pairs are two steps of the global count already */
+        return 0;
+    }
     if (e->one_every[b] == 0) {   /* the bucket's first step: its first pair comes half an interval on */
         e->one_every[b] = SPEC_EXPLORE_ONE_EVERY;
         /* where a smaller bucket already says drafting loses by far, from that bucket's interval */

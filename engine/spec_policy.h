@@ -153,9 +153,15 @@ int spec_plain_guard_slow(spec_plain_guard_t *g, double seconds);
  * table keeps the plain step and the one-draft step measured at every batch size next to the
  * policy's choice (a fit from one length cannot tell a step's fixed cost from its cost per token,
  * and a policy settled on k would otherwise never see that k = 0 became better, or the reverse).
- *   - plain: two steps in a row in every 2 x SPEC_EXPLORE_EVERY, SPEC_EXPLORE_EARLY_EVERY while
- *     no policy is in force (the second measures the plain cell with a stateful proposer:
- *     spec_cost_leave_out);
+ *   - plain: two steps in a row (the second measures the plain cell with a stateful proposer:
+ *     spec_cost_leave_out) every 2 x SPEC_EXPLORE_EVERY decode-only steps of the batch bucket,
+ *     and in every 2 x SPEC_EXPLORE_EARLY_EVERY steps while no policy is in force. Where the
+ *     bucket's own measured cells say drafting wins by far (a drafting cell above 1 +
+ *     SPEC_EXPLORE_WIDE of the plain cell's tokens/s), each plain pair doubles the bucket's
+ *     interval, up to SPEC_EXPLORE_PLAIN_MAX; anything else puts it back to the start. A plain
+ *     pair where drafting pays costs what drafting would have given: on one H100 (KJV pair,
+ *     n-gram, 2026-12-07, 7ea3ba5) batch 16 drafted 6.4 a row for 2.75 tokens a verify step,
+ *     and its plain pairs (2 steps in 32) took about 3% of its tokens/s;
  *   - one draft: two steps in a row (the first is the catch-up) every `one_every` decode-only steps
  *     of the batch bucket, SPEC_EXPLORE_ONE_EVERY to begin with. Where the worker's own measured
  *     cells say drafting loses by far at that bucket (the best measured drafting cell below
@@ -176,6 +182,7 @@ int spec_plain_guard_slow(spec_plain_guard_t *g, double seconds);
                                        * batch-64 and batch-96 buckets had one counted plain step each
                                        * after 124 and 104 drafting ones (the cell needs 4), while their
                                        * drafting steps took 1.97 ms against a plain 0.35. */
+#define SPEC_EXPLORE_PLAIN_MAX  512   /* plain: a pair in this many at most, where drafting wins by far */
 #define SPEC_EXPLORE_ONE_EVERY  64    /* one draft: two steps in this many (per batch bucket), at first */
 #define SPEC_EXPLORE_ONE_MAX    1024  /* ... backing off up to this many */
 #define SPEC_EXPLORE_WIDE       0.15  /* drafting losing by this fraction of tokens/s is losing by far */
@@ -209,6 +216,10 @@ typedef struct spec_explore {
     uint32_t one_every[SPEC_COST_BATCHES];   /* the bucket's interval (0: not set yet, the start) */
     int one_left;                            /* one-draft steps left in the pair under way */
     uint64_t backoffs;                       /* explorations that doubled an interval */
+    uint64_t plain_next[SPEC_COST_BATCHES];  /* the bucket's step at which its next plain pair begins */
+    uint32_t plain_every[SPEC_COST_BATCHES]; /* the bucket's plain interval (0: not set yet, the start) */
+    int plain_left;                          /* plain steps left in the pair under way */
+    uint64_t plain_backoffs;                 /* plain pairs that doubled an interval */
     double share;                            /* the budget's share (0: SPEC_EXPLORE_SHARE) */
     double credit;                           /* seconds exploration may still spend (<= 0: spec_explore_cycle) */
     uint8_t one_held[SPEC_COST_BATCHES];     /* the bucket's due pair waits for the budget */

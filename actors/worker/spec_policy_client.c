@@ -285,6 +285,7 @@ void spec_client_stats(spec_client_t *c, actor_t *a, msg_stats_t *st)
     actor_stat_metric(a, st, "spec_reports_dropped_total", (double)c->reports_dropped, 1);
     actor_stat_metric(a, st, "spec_policies_total", (double)c->policies, 1);
     actor_stat_metric(a, st, "spec_explore_backoffs_total", (double)c->explore.backoffs, 1);
+    actor_stat_metric(a, st, "spec_explore_plain_backoffs_total", (double)c->explore.plain_backoffs, 1);
     actor_stat_metric(a, st, "spec_explore_share", c->explore.share, 0);
     actor_stat_metric(a, st, "spec_explore_held_total", (double)c->explore.held, 1);
 }

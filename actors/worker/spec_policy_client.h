@@ -79,7 +79,8 @@ int spec_client_active(const spec_client_t *c);
 /* spec_policy_active, spec_policy_epoch, spec_chosen_verify_len (mean drafts per row the policy,
  * or the default, let rows verify since the last stats), spec_reports_total,
  * spec_policies_total, spec_explore_backoffs_total (explorations that doubled a bucket's
- * one-draft interval), spec_explore_share (the budget's share of decode time),
+ * one-draft interval), spec_explore_plain_backoffs_total (plain pairs that doubled a bucket's
+ * plain interval, where drafting wins by far), spec_explore_share (the budget's share of decode time),
  * spec_explore_held_total (due one-draft pairs that waited for the budget). */
 void spec_client_stats(spec_client_t *c, actor_t *a, msg_stats_t *st);
 

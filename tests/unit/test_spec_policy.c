@@ -641,6 +641,74 @@ static void test_explore_early_plain(void **state)
     }
 }
 
+/* Plain pairs back off where the bucket's own cells say drafting wins by far: at batch 16 on the
+ * KJV pair (n-gram, one H100, 2026-12-07) k = 7 gave about twice the plain step's tokens/s, and a
+ * plain pair in every 32 steps cost about 3% of them. The plain cell stays measured (a pair in
+ * SPEC_EXPLORE_PLAIN_MAX at least), every plain step still comes in a pair, and drafting close to
+ * the plain rate keeps the interval at its start. */
+static void test_explore_plain_backs_off(void **state)
+{
+    (void)state;
+    const int steps = 64 * 1024;
+    spec_cost_t seen;
+    memset(&seen, 0, sizeof seen);
+    for (int i = 0; i < 100; i++) {
+        spec_cost_record_step(&seen, 16, 0, 16, 16 / 40000.0);
+        spec_cost_record_step(&seen, 16, 7, 16 * 2.6, 16 / 40000.0 * 1.25);   /* 2.08x the plain rate */
+    }
+    spec_explore_t e = {0};
+    int plain = 0, odd_runs = 0, run = 0;
+    for (int i = 0; i < steps; i++) {
+        const int x = spec_explore_next(&e, 16, &seen);
+        plain += x == 0;
+        if (x == 0) {
+            run++;
+        } else {
+            odd_runs += run % 2;
+            run = 0;
+        }
+    }
+    assert_int_equal(odd_runs, 0);   /* pairs only */
+    assert_true(plain <= 2 * (steps / SPEC_EXPLORE_PLAIN_MAX + 6));
+    assert_true(plain >= 2 * (steps / SPEC_EXPLORE_PLAIN_MAX));   /* never stops */
+    assert_int_equal(e.plain_every[spec_cost_bucket(16)], SPEC_EXPLORE_PLAIN_MAX);
+    assert_true(e.plain_backoffs >= 4 && e.plain_backoffs <= 5);   /* 32 -> 512 */
+    /* Drafting 10% above plain (inside SPEC_EXPLORE_WIDE): the pairs stay at their start. */
+    memset(&seen, 0, sizeof seen);
+    for (int i = 0; i < 100; i++) {
+        spec_cost_record_step(&seen, 16, 0, 16, 16 / 40000.0);
+        spec_cost_record_step(&seen, 16, 7, 16 * 1.1, 16 / 40000.0);
+    }
+    spec_explore_t e2 = {0};
+    const int at_start = s_count_explore(&e2, 16, &seen, steps, 0);   /* a one-draft pair may push one on */
+    assert_true(at_start >= 2 * (steps / (2 * SPEC_EXPLORE_EVERY)) - 4 && at_start <= 2 * (steps / (2 * SPEC_EXPLORE_EVERY)));
+    assert_int_equal(e2.plain_backoffs, 0);
+    /* Backed off, then drafting stops winning by far: the next pair puts the interval back. */
+    for (int i = 0; i < 100; i++)
+        spec_cost_record_step(&seen, 16, 0, 16, 16 / 40000.0);
+    for (int i = 0; i < 200; i++)
+        spec_cost_record_step(&seen, 16, 7, 16 * 4.0, 16 / 40000.0);   /* wins by far */
+    spec_explore_t e3 = {0};
+    s_count_explore(&e3, 16, &seen, steps, 0);
+    assert_int_equal(e3.plain_every[spec_cost_bucket(16)], SPEC_EXPLORE_PLAIN_MAX);
+    memset(&seen, 0, sizeof seen);
+    for (int i = 0; i < 100; i++) {
+        spec_cost_record_step(&seen, 16, 0, 16, 16 / 40000.0);
+        spec_cost_record_step(&seen, 16, 7, 16 * 0.5, 16 / 40000.0);   /* drafting loses now */
+    }
+    s_count_explore(&e3, 16, &seen, SPEC_EXPLORE_PLAIN_MAX + 2, 0);
+    assert_int_equal(e3.plain_every[spec_cost_bucket(16)], 2 * SPEC_EXPLORE_EVERY);
+    /* Another bucket's cells do not back a bucket off: batch 64 has none of its own. */
+    spec_explore_t e4 = {0};
+    memset(&seen, 0, sizeof seen);
+    for (int i = 0; i < 100; i++) {
+        spec_cost_record_step(&seen, 16, 0, 16, 16 / 40000.0);
+        spec_cost_record_step(&seen, 16, 7, 16 * 2.6, 16 / 40000.0 * 1.25);
+    }
+    assert_true(s_count_explore(&e4, 64, &seen, steps, 0) >= 2 * (steps / (2 * SPEC_EXPLORE_EVERY)) - 4);
+    assert_int_equal(e4.plain_backoffs, 0);
+}
+
 static void test_explore_backs_off(void **state)
 {
     (void)state;
@@ -1337,6 +1405,7 @@ int main(void)
         cmocka_unit_test(test_unmeasured_plain_bounded),
         cmocka_unit_test(test_plain_cell_without_upkeep),
         cmocka_unit_test(test_explore_backs_off),
+        cmocka_unit_test(test_explore_plain_backs_off),
         cmocka_unit_test(test_explore_share_bounded),
         cmocka_unit_test(test_decay_keeps_rare_cells),
         cmocka_unit_test(test_lucky_cell_at_batch1),
