@@ -422,6 +422,32 @@ static void s_fixture_tables(const char *path, int nth, spec_accept_t *a, spec_c
     assert_int_equal(spec_policy_log_parse(line, a, c, max_k, max_batch, logged, why, sizeof why), 0);
 }
 
+/* One computation of a fixture: its tables and logged choice, and a policy to compute from them
+ * (p: of epoch `epoch`, no buckets in force). */
+typedef struct {
+    spec_accept_t a;
+    spec_cost_t c;
+    spec_policy_t logged, p;
+    int max_k, max_batch;
+    char why[160];
+} s_fixture_t;
+
+/* The first computation (ok=1) of the fixture at path, parsed (asserted to); one at a time. */
+static s_fixture_t *s_fixture(const char *path, uint64_t epoch)
+{
+    static s_fixture_t f;
+    memset(&f, 0, sizeof f);
+    f.p.epoch = epoch;
+    s_fixture_tables(path, 0, &f.a, &f.c, &f.max_k, &f.max_batch, &f.logged);
+    return &f;
+}
+
+/* spec_policy_compute on the fixture's tables into f->p (why into f->why). */
+static int s_fixture_compute(s_fixture_t *f)
+{
+    return spec_policy_compute(&f->a, &f->c, f->max_k, f->max_batch, &f->p, f->why, sizeof f->why);
+}
+
 /* The draft-scheduler's last computation of a tools/bench-spec.sh run on one H200 (KJV pair,
  * n-gram drafts, 2026-12-02; tests/fixtures/spec-policy/h200-kjv-ngram.log, TROUPE_SPEC_POLICY_LOG's
  * line): the plain step was measured at batches 1-32 but not at 48-128, where the fit of the
@@ -431,19 +457,14 @@ static void s_fixture_tables(const char *path, int nth, spec_accept_t *a, spec_c
 static void test_unmeasured_plain_bounded(void **state)
 {
     (void)state;
-    spec_accept_t a;
-    spec_cost_t c;
-    spec_policy_t logged, p = {.epoch = 1};
-    int max_k = 0, max_batch = 0;
-    char why[160];
-    s_fixture_tables("tests/fixtures/spec-policy/h200-kjv-ngram.log", 0, &a, &c, &max_k, &max_batch, &logged);
-    assert_int_equal(spec_policy_bucket(&logged, 96)->max_draft, 7);   /* what the old rule chose */
-    assert_int_equal(spec_policy_compute(&a, &c, max_k, max_batch, &p, why, sizeof why), 0);
+    s_fixture_t *f = s_fixture("tests/fixtures/spec-policy/h200-kjv-ngram.log", 1);
+    assert_int_equal(spec_policy_bucket(&f->logged, 96)->max_draft, 7);   /* what the old rule chose */
+    assert_int_equal(s_fixture_compute(f), 0);
     for (int batch = 48; batch <= 128; batch *= 2)
-        assert_int_equal(spec_policy_bucket(&p, batch)->max_draft, 0);
-    assert_int_equal(spec_policy_bucket(&p, 96)->max_draft, 0);
-    assert_true(spec_policy_bucket(&p, 1)->max_draft > 0);
-    assert_true(spec_policy_bucket(&p, 16)->max_draft > 0);
+        assert_int_equal(spec_policy_bucket(&f->p, batch)->max_draft, 0);
+    assert_int_equal(spec_policy_bucket(&f->p, 96)->max_draft, 0);
+    assert_true(spec_policy_bucket(&f->p, 1)->max_draft > 0);
+    assert_true(spec_policy_bucket(&f->p, 16)->max_draft > 0);
 }
 
 /* No policy from drafting cells alone: the first computation of a draft-model run on one H200
@@ -453,23 +474,18 @@ static void test_unmeasured_plain_bounded(void **state)
 static void test_no_policy_without_plain_step(void **state)
 {
     (void)state;
-    spec_accept_t a;
-    spec_cost_t c;
-    spec_policy_t logged, p = {.epoch = 3};
-    int max_k = 0, max_batch = 0;
-    char why[160];
-    s_fixture_tables("tests/fixtures/spec-policy/h200-kjv-draft-no-plain.log", 0, &a, &c, &max_k, &max_batch, &logged);
-    assert_int_equal(spec_policy_bucket(&logged, 1)->max_draft, 7);    /* what the old rule chose */
-    assert_int_equal(spec_policy_bucket(&logged, 64)->max_draft, 7);
-    assert_int_equal(spec_policy_compute(&a, &c, max_k, max_batch, &p, why, sizeof why), -1);
-    assert_non_null(strstr(why, "plain"));
-    assert_int_equal(p.epoch, 3);   /* untouched */
+    s_fixture_t *f = s_fixture("tests/fixtures/spec-policy/h200-kjv-draft-no-plain.log", 3);
+    assert_int_equal(spec_policy_bucket(&f->logged, 1)->max_draft, 7);    /* what the old rule chose */
+    assert_int_equal(spec_policy_bucket(&f->logged, 64)->max_draft, 7);
+    assert_int_equal(s_fixture_compute(f), -1);
+    assert_non_null(strstr(f->why, "plain"));
+    assert_int_equal(f->p.epoch, 3);   /* untouched */
     const int b64 = spec_cost_bucket(64);
     for (int i = 0; i < 8; i++)
-        spec_cost_record_step(&c, 64, 0, 64, 0.00035);
-    assert_int_equal(spec_policy_compute(&a, &c, max_k, max_batch, &p, why, sizeof why), 0);
-    assert_int_equal(spec_policy_bucket(&p, spec_cost_batch(b64))->max_draft, 0);
-    assert_int_equal(spec_policy_bucket(&p, 96)->max_draft, 0);
+        spec_cost_record_step(&f->c, 64, 0, 64, 0.00035);
+    assert_int_equal(s_fixture_compute(f), 0);
+    assert_int_equal(spec_policy_bucket(&f->p, spec_cost_batch(b64))->max_draft, 0);
+    assert_int_equal(spec_policy_bucket(&f->p, 96)->max_draft, 0);
 }
 
 /* TROUPE_SPEC_POLICY_LOG's line holds everything the computation read: parsed back, the same
@@ -916,28 +932,23 @@ static void test_unmeasured_plain_bounded_from_above(void **state)
 static void test_unmeasured_buckets_bounded(void **state)
 {
     (void)state;
-    spec_accept_t a;
-    spec_cost_t c;
-    spec_policy_t logged, p = {.epoch = 1};
-    int max_k = 0, max_batch = 0;
-    char why[160];
-    s_fixture_tables("tests/fixtures/spec-policy/h200-kjv-mtp.log", 0, &a, &c, &max_k, &max_batch, &logged);
-    assert_int_equal(spec_policy_bucket(&logged, 96)->max_draft, 7);   /* what the old rule chose */
-    assert_int_equal(spec_policy_compute(&a, &c, max_k, max_batch, &p, why, sizeof why), 0);
+    s_fixture_t *f = s_fixture("tests/fixtures/spec-policy/h200-kjv-mtp.log", 1);
+    assert_int_equal(spec_policy_bucket(&f->logged, 96)->max_draft, 7);   /* what the old rule chose */
+    assert_int_equal(s_fixture_compute(f), 0);
     for (int batch = 24; batch <= 128; batch = batch * 4 / 3)
-        assert_int_equal(spec_policy_bucket(&p, batch)->max_draft, 0);
+        assert_int_equal(spec_policy_bucket(&f->p, batch)->max_draft, 0);
     float s[SPEC_MAX_K];
-    assert_int_equal(spec_policy_survival(&a, max_k, s), 0);
-    const double plain16 = spec_cost_estimate(&c, spec_cost_bucket(16), 0);
+    assert_int_equal(spec_policy_survival(&f->a, f->max_k, s), 0);
+    const double plain16 = spec_cost_estimate(&f->c, spec_cost_bucket(16), 0);
     for (int b = spec_cost_bucket(24); b <= spec_cost_bucket(128); b++) {
         double r[SPEC_MAX_K + 1];
-        assert_int_equal(spec_policy_bucket_rates(&a, &c, max_k, max_batch, b, s, r), 0);
+        assert_int_equal(spec_policy_bucket_rates(&f->a, &f->c, f->max_k, f->max_batch, b, s, r), 0);
         double model = 1;
-        for (int k = 1; k <= max_k; k++) {
+        for (int k = 1; k <= f->max_k; k++) {
             model += s[k - 1];
             assert_true(r[k] <= r[0] * 1.0001);   /* batch 16 gained nothing: neither does this bucket */
             /* the raw rate too: no step costs less than batch 16's measured plain step */
-            assert_true(spec_policy_rate(&c, b, spec_cost_batch(b), k, s) <= spec_cost_batch(b) * model / plain16 * 1.0001);
+            assert_true(spec_policy_rate(&f->c, b, spec_cost_batch(b), k, s) <= spec_cost_batch(b) * model / plain16 * 1.0001);
         }
     }
 }
@@ -1090,21 +1101,15 @@ static void test_cost_from_own_drafting_cells(void **state)
 static void test_cost_past_longest_from_own_slope(void **state)
 {
     (void)state;
-    spec_accept_t a;
-    spec_cost_t c;
-    spec_policy_t logged;
-    int max_k, max_batch;
-    s_fixture_tables("tests/fixtures/spec-policy/h100-kjv-ngram-pad128.log", 0, &a, &c, &max_k, &max_batch, &logged);
+    s_fixture_t *f = s_fixture("tests/fixtures/spec-policy/h100-kjv-ngram-pad128.log", 1);
     const int b16 = spec_cost_bucket(16);
-    const double k0 = spec_cost_estimate(&c, b16, 0), k4 = spec_cost_estimate(&c, b16, 4);
+    const double k0 = spec_cost_estimate(&f->c, b16, 0), k4 = spec_cost_estimate(&f->c, b16, 4);
     assert_true(fabs(k0 - 0.390e-3) < 0.001e-3 && fabs(k4 - 0.465e-3) < 0.001e-3);   /* measured */
     for (int k = 5; k <= 7; k++)
-        assert_true(fabs(spec_cost_estimate(&c, b16, k) - (k4 + (k - 4) * (k4 - k0) / 4)) < 1e-9);
-    assert_int_equal(spec_policy_bucket(&logged, 16)->max_draft, 4);   /* what the worker was told */
-    spec_policy_t p = {.epoch = 1};
-    char why[160];
-    assert_int_equal(spec_policy_compute(&a, &c, max_k, max_batch, &p, why, sizeof why), 0);
-    assert_int_equal(spec_policy_bucket(&p, 16)->max_draft, 7);
+        assert_true(fabs(spec_cost_estimate(&f->c, b16, k) - (k4 + (k - 4) * (k4 - k0) / 4)) < 1e-9);
+    assert_int_equal(spec_policy_bucket(&f->logged, 16)->max_draft, 4);   /* what the worker was told */
+    assert_int_equal(s_fixture_compute(f), 0);
+    assert_int_equal(spec_policy_bucket(&f->p, 16)->max_draft, 7);
 }
 
 /* No drafting above the largest bucket that measured drafting steps of its own. The scheduled n-gram run on
@@ -1118,29 +1123,24 @@ static void test_cost_past_longest_from_own_slope(void **state)
 static void test_no_drafting_above_measured(void **state)
 {
     (void)state;
-    spec_accept_t a;
-    spec_cost_t c;
-    spec_policy_t logged, p = {.epoch = 1};
-    int max_k = 0, max_batch = 0;
-    char why[160];
-    s_fixture_tables("tests/fixtures/spec-policy/h100-kjv-ngram-sched.log", 0, &a, &c, &max_k, &max_batch, &logged);
-    assert_int_equal(spec_policy_bucket(&logged, 64)->max_draft, 1);   /* what the old rule chose */
-    assert_int_equal(spec_policy_bucket(&logged, 24)->max_draft, 6);
-    assert_int_equal(spec_policy_compute(&a, &c, max_k, max_batch, &p, why, sizeof why), 0);
+    s_fixture_t *f = s_fixture("tests/fixtures/spec-policy/h100-kjv-ngram-sched.log", 1);
+    assert_int_equal(spec_policy_bucket(&f->logged, 64)->max_draft, 1);   /* what the old rule chose */
+    assert_int_equal(spec_policy_bucket(&f->logged, 24)->max_draft, 6);
+    assert_int_equal(s_fixture_compute(f), 0);
     static const int plain_only[] = {24, 32, 48, 64, 96, 128};
     for (size_t i = 0; i < sizeof plain_only / sizeof plain_only[0]; i++)
-        assert_int_equal(spec_policy_bucket(&p, plain_only[i])->max_draft, 0);
-    assert_true(spec_policy_bucket(&p, 1)->max_draft > 0);
-    assert_true(spec_policy_bucket(&p, 16)->max_draft > 0);
+        assert_int_equal(spec_policy_bucket(&f->p, plain_only[i])->max_draft, 0);
+    assert_true(spec_policy_bucket(&f->p, 1)->max_draft > 0);
+    assert_true(spec_policy_bucket(&f->p, 16)->max_draft > 0);
     /* Batch 48 measures one-draft steps that pay (1.5 tokens a row for 1.1x the plain step's
      * 0.33 ms): it drafts. */
     for (int i = 0; i < 16; i++) {
-        spec_cost_record_step(&c, 48, 0, 48, 0.00033);
-        spec_cost_record_step(&c, 48, 1, 72, 0.00036);
+        spec_cost_record_step(&f->c, 48, 0, 48, 0.00033);
+        spec_cost_record_step(&f->c, 48, 1, 72, 0.00036);
     }
-    assert_int_equal(spec_policy_compute(&a, &c, max_k, max_batch, &p, why, sizeof why), 0);
-    assert_true(spec_policy_bucket(&p, 48)->max_draft > 0);
-    assert_int_equal(spec_policy_bucket(&p, 64)->max_draft, 0);
+    assert_int_equal(s_fixture_compute(f), 0);
+    assert_true(spec_policy_bucket(&f->p, 48)->max_draft > 0);
+    assert_int_equal(spec_policy_bucket(&f->p, 64)->max_draft, 0);
 }
 
 /* A step's estimated cost never falls as its drafts grow, at any bucket. The scheduled n-gram run's
@@ -1152,25 +1152,20 @@ static void test_no_drafting_above_measured(void **state)
 static void test_cost_monotone_in_drafts(void **state)
 {
     (void)state;
-    spec_accept_t a;
-    spec_cost_t c;
-    spec_policy_t logged, p = {.epoch = 1};
-    int max_k = 0, max_batch = 0;
-    char why[160];
-    s_fixture_tables("tests/fixtures/spec-policy/h100-kjv-ngram-1a4d520.log", 0, &a, &c, &max_k, &max_batch, &logged);
-    assert_int_equal(spec_policy_bucket(&logged, 16)->max_draft, 3);   /* what the old estimate chose */
+    s_fixture_t *f = s_fixture("tests/fixtures/spec-policy/h100-kjv-ngram-1a4d520.log", 1);
+    assert_int_equal(spec_policy_bucket(&f->logged, 16)->max_draft, 3);   /* what the old estimate chose */
     for (int b = 0; b < SPEC_COST_BATCHES; b++)
         for (int k = 1; k <= SPEC_MAX_K; k++) {
-            const double prev = spec_cost_estimate(&c, b, k - 1), est = spec_cost_estimate(&c, b, k);
-            if (prev > 0 && est > 0 && c.steps[b][k] < SPEC_POLICY_MIN_STEPS)
+            const double prev = spec_cost_estimate(&f->c, b, k - 1), est = spec_cost_estimate(&f->c, b, k);
+            if (prev > 0 && est > 0 && f->c.steps[b][k] < SPEC_POLICY_MIN_STEPS)
                 assert_true(est >= prev);
         }
     const int b16 = spec_cost_bucket(16);
-    assert_true(c.steps[b16][4] >= SPEC_POLICY_MIN_STEPS);
-    assert_float_equal(spec_cost_estimate(&c, b16, 4), c.seconds[b16][4] / (double)c.steps[b16][4], 1e-12);
-    assert_true(spec_cost_estimate(&c, b16, 3) >= spec_cost_estimate(&c, b16, 2));
-    assert_int_equal(spec_policy_compute(&a, &c, max_k, max_batch, &p, why, sizeof why), 0);
-    assert_int_not_equal(spec_policy_bucket(&p, 16)->max_draft, 3);
+    assert_true(f->c.steps[b16][4] >= SPEC_POLICY_MIN_STEPS);
+    assert_float_equal(spec_cost_estimate(&f->c, b16, 4), f->c.seconds[b16][4] / (double)f->c.steps[b16][4], 1e-12);
+    assert_true(spec_cost_estimate(&f->c, b16, 3) >= spec_cost_estimate(&f->c, b16, 2));
+    assert_int_equal(s_fixture_compute(f), 0);
+    assert_int_not_equal(spec_policy_bucket(&f->p, 16)->max_draft, 3);
 }
 
 /* Hysteresis: a drafting bucket keeps the length in force unless the new best beats it by
@@ -1180,21 +1175,16 @@ static void test_cost_monotone_in_drafts(void **state)
 static void test_length_in_force_kept_within_margin(void **state)
 {
     (void)state;
-    spec_accept_t a;
-    spec_cost_t c;
-    spec_policy_t logged, p = {.epoch = 1};
-    int max_k = 0, max_batch = 0;
-    char why[160];
-    s_fixture_tables("tests/fixtures/spec-policy/h100-kjv-ngram-sched.log", 0, &a, &c, &max_k, &max_batch, &logged);
-    assert_int_equal(spec_policy_compute(&a, &c, max_k, max_batch, &p, why, sizeof why), 0);
-    const int b16 = spec_cost_bucket(16), best = spec_policy_bucket(&p, 16)->max_draft;
+    s_fixture_t *f = s_fixture("tests/fixtures/spec-policy/h100-kjv-ngram-sched.log", 1);
+    assert_int_equal(s_fixture_compute(f), 0);
+    const int b16 = spec_cost_bucket(16), best = spec_policy_bucket(&f->p, 16)->max_draft;
     assert_true(best > 0);
     float sv[SPEC_MAX_K];
     double r[SPEC_MAX_K + 1];
-    assert_int_equal(spec_policy_survival(&a, max_k, sv), 0);
-    assert_int_equal(spec_policy_bucket_rates(&a, &c, max_k, max_batch, b16, sv, r), 0);
+    assert_int_equal(spec_policy_survival(&f->a, f->max_k, sv), 0);
+    assert_int_equal(spec_policy_bucket_rates(&f->a, &f->c, f->max_k, f->max_batch, b16, sv, r), 0);
     int near = 0, far = 0;
-    for (int k = 1; k <= max_k; k++) {
+    for (int k = 1; k <= f->max_k; k++) {
         if (k == best)
             continue;
         if (!near && r[k] * (1.0 + SPEC_POLICY_MIN_GAIN) >= r[best])
@@ -1203,13 +1193,13 @@ static void test_length_in_force_kept_within_margin(void **state)
             far = k;
     }
     assert_true(near > 0 && far > 0);   /* the fixture has both */
-    spec_policy_t in_force = p;
+    spec_policy_t in_force = f->p;
     in_force.buckets[b16].max_draft = near;
-    assert_int_equal(spec_policy_compute(&a, &c, max_k, max_batch, &in_force, why, sizeof why), 0);
+    assert_int_equal(spec_policy_compute(&f->a, &f->c, f->max_k, f->max_batch, &in_force, f->why, sizeof f->why), 0);
     assert_int_equal(spec_policy_bucket(&in_force, 16)->max_draft, near);   /* kept */
-    in_force = p;
+    in_force = f->p;
     in_force.buckets[b16].max_draft = far;
-    assert_int_equal(spec_policy_compute(&a, &c, max_k, max_batch, &in_force, why, sizeof why), 0);
+    assert_int_equal(spec_policy_compute(&f->a, &f->c, f->max_k, f->max_batch, &in_force, f->why, sizeof f->why), 0);
     assert_int_equal(spec_policy_bucket(&in_force, 16)->max_draft, best);   /* switched */
 }
 
