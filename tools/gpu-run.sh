@@ -449,6 +449,37 @@ if [ "${DISK_TTFT:-0}" = 1 ] && [ -x build/bin/troupe-bench-disk ]; then
   cat "$OUT/disk-ttft.txt"
 fi
 
+# ---- speculation's sweep (issue 16) ---------------------------------------------------------------
+# SPEC_SWEEP=1: tools/bench-spec.sh on the GPU (BACKEND=cuda; SPEC_BACKEND=cpu tries the step on a
+# machine without one), its own clusters with both workers on GPU 0, over the KJV models in
+# TROUPE_MODELS (default ../shared/models; on the GPU machine an ignored folder of the checkout,
+# carried along, holding kjv-dense, kjv-draft and kjv-text): SPEC_METHOD (default ngram), SPEC_KS
+# (default "0 1 2 3 4 5 6 7 sched"), SPEC_CONC (1,16,64,96), SPEC_REPEATS whole sweeps (default 3:
+# a level lasts a fraction of a second, so one sweep's ratios move by 10-20%), SPEC_ROUNDS (10) and
+# SPEC_WARMUP (3) rounds a level. The summary (medians, and each repeat's ratios against k = 0 and
+# the best fixed length) goes into the table; every sweep's tables, troupe-bench JSON and the
+# scheduled entry's policy log stay in $OUT/spec (in the archive).
+spec_line="not run (SPEC_SWEEP=1 runs it)"
+if [ "${SPEC_SWEEP:-0}" = 1 ] && [ -x build/bin/troupe-bench ]; then
+  step "speculation's sweep (tools/bench-spec.sh, ${SPEC_METHOD:-ngram})"
+  spec_ks=${SPEC_KS:-0 1 2 3 4 5 6 7 sched}
+  if BACKEND="${SPEC_BACKEND:-cuda}" METHOD="${SPEC_METHOD:-ngram}" KS="$spec_ks" CONC="${SPEC_CONC:-1,16,64,96}" \
+      REPEATS="${SPEC_REPEATS:-3}" ROUNDS="${SPEC_ROUNDS:-10}" WARMUP_ROUNDS="${SPEC_WARMUP:-3}" \
+      timeout "${SPEC_TIMEOUT:-560}" tools/bench-spec.sh "$OUT/spec" >"$OUT/spec.txt" 2>&1; then
+    spec_line="see spec.txt"
+  else
+    status=1; spec_line="FAILED or cut short (spec.txt; the summary below is of the complete repeats)"
+    tail -20 "$OUT/spec.txt"
+  fi
+  # Also after a timeout: the repeats that finished.
+  if [ "${SPEC_REPEATS:-3}" -gt 1 ]; then
+    python3 tools/bench/spec_repeats.py "$OUT/spec" $spec_ks >"$OUT/spec-summary.txt" 2>&1 || status=1
+  else
+    cp "$OUT/spec/table.txt" "$OUT/spec-summary.txt" 2>/dev/null || status=1
+  fi
+  cat "$OUT/spec-summary.txt"
+fi
+
 # ---- the table ------------------------------------------------------------------------------------
 gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 fix=$(grep -cE 'greedy [0-9]+/[0-9]+ equal|all [0-9]+ tokens equal' "$OUT/gpu-tests.log" 2>/dev/null)
@@ -491,6 +522,8 @@ printf '%-30s %s\n' "multi-GPU (MULTIGPU=1)" "$multi_line"
 printf '%-30s %s\n' "transformers (HF=1)" "$hf_line"
 printf '%-30s %s\n' "disk-tier prefix (DISK_TTFT=1)" "$disk_ttft_line"
 [ -s "$OUT/disk-ttft.txt" ] && grep -E "bandwidth|^  prefix|page cache|TTFT|medians|cached_tokens|blocks read|FAILED|NOTE" "$OUT/disk-ttft.txt"
+printf '%-30s %s\n' "speculation (SPEC_SWEEP=1)" "$spec_line"
+[ -s "$OUT/spec-summary.txt" ] && cat "$OUT/spec-summary.txt"
 [ -s "$OUT/hf.txt" ] && grep -E '^(batch|hf )' "$OUT/hf.txt"
 if [ -s "$OUT/serve-bench.json" ]; then   # output tokens/s per GPU against tokens/s per user
   hf_json=(); [ -s "$OUT/hf.json" ] && hf_json=(--hf "$OUT/hf.json")
@@ -500,6 +533,6 @@ fi
 # The device tool brings back few files: everything but the plot goes into one archive.
 if [ "${ARCHIVE:-1}" = 1 ] && [ "$OUT" != build/gpu-logs ]; then
   ( cd "$OUT" && files=$(ls | grep -v -e '\.png$' -e '^gpu-run\.tgz$') && [ -n "$files" ] \
-      && tar czf gpu-run.tgz $files && rm -f $files )
+      && tar czf gpu-run.tgz $files && rm -rf $files )   # folders too (spec/): the tool brings back few files
 fi
 exit $status
