@@ -35,6 +35,9 @@ kvpool_t *model_mtp_pool_new(const model_t *m, int n_blocks, int block_size, dty
  * probability, computed on the device with the argmax (the backend's mtp_top), so that drafting
  * brings no logits to the host. A batch of B sequences of n rows each with top_prob runs through
  * a step graph where the backend has graphs (from its second step of that shape). 0, or -1 with err. */
+/* Row `row` of the last MTP step's logits into out [V] (host); valid until the model's next step.
+ * 0, or -1 when the backend fails. */
+int model_mtp_logits_row(model_t *m, int row, float *out);
 int model_mtp_forward(model_t *m, const model_batch_t *b, const float *hidden, float *logits, float *hidden_out,
                       float *top_prob, char *err, size_t errlen);
 
@@ -75,6 +78,9 @@ typedef struct spec_mtp_feed {
     int n_tokens;
     int pos0, n;                   /* the target positions of the hidden rows */
     const float *hidden;           /* [n][hidden_size] */
+    int sampled;                   /* a sampled request's (temperature > 0): the MTP keeps the logits of
+                                    * its newest position, so that a sampled proposal draws its drafts
+                                    * from the MTP's distribution (spec_dist) instead of taking its argmax */
 } spec_mtp_feed_t;
 int spec_mtp_feed_batch(spec_proposer_t *p, const spec_mtp_feed_t *feeds, int n, char *err, size_t errlen);
 

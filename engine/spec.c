@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "common/util.h"
+#include "kernels/cpu/cpu_sample.h"
 #include "kernels/sample_rng.h"
 
 const char *spec_method_name(spec_method_t m)
@@ -144,6 +145,30 @@ int32_t spec_accept_dist(const double *p, const double *q, int V, int32_t x, dou
 double spec_rng_uniform(uint64_t seed, uint64_t stream, uint64_t step)
 {
     return sample_rng_uniform(sample_rng_mix(seed ^ stream), step);
+}
+
+int32_t spec_draw(const float *logits, int V, const bk_sample_t *sp_in, int j, float *q, float *work, float *mass,
+                  int32_t *idx, float *prob)
+{
+    bk_sample_t sp = *sp_in;
+    sp.step += (uint64_t)j;
+    const double total = cpu_sample_mass(logits, V, &sp, work, mass, idx);
+    const double u = spec_rng_uniform(sp.seed, SPEC_RNG_DRAFT, sp.step) * total;
+    double acc = 0;
+    int32_t x = -1, last = idx[0];
+    for (int t = 0; t < V; t++) {
+        q[t] = (float)(work[t] / total);
+        if (work[t] > 0)
+            last = t;
+        acc += work[t];
+        if (x < 0 && acc > u)
+            x = t;
+    }
+    if (x < 0)   /* rounding left u past the last kept mass */
+        x = last;
+    if (prob)
+        *prob = q[x];
+    return x;
 }
 
 int32_t spec_accept_mass(const float *p_mass, double p_total, const float *q, int V, int32_t x, double u_accept,

@@ -195,6 +195,14 @@ int spec_draft_kv_len(const spec_proposer_t *p, uint64_t id);
 #define SPEC_RNG_RESAMPLE 0x726573616d706c33ull
 double spec_rng_uniform(uint64_t seed, uint64_t stream, uint64_t step);
 
+/* A sampled proposer's draft j, drawn from its row of logits under the request's sampling sp
+ * (temperature, top-k, top-p, min-p; no penalties: cpu_sample_mass's distribution) at the RNG step
+ * sp->step + j (draft j stands at the target's step + j), on the SPEC_RNG_DRAFT stream. q [V]: the
+ * distribution it was drawn from, what the verification's rejection sampling reads (spec_dist);
+ * *prob (may be NULL): q at the draw. work, mass, idx: scratch of V each. */
+int32_t spec_draw(const float *logits, int V, const bk_sample_t *sp, int j, float *q, float *work, float *mass,
+                  int32_t *idx, float *prob);
+
 /* spec_accept_dist on the sampler's representation: the target as kept masses p_mass [V] with
  * their total (p = p_mass / p_total, cpu_sample_mass), the draft as probabilities q [V] (f32,
  * summing to 1, q[x] > 0). Same rule, same walk. */

@@ -115,26 +115,8 @@ static int32_t s_pick(draft_t *d, spec_ask_t *a, d_seq_t *s, int j, const float 
             a->probs[j] = expf(cpu_log_softmax_at(logits, d->V, argmax));
         return argmax;
     }
-    bk_sample_t sp = *a->sample;
-    sp.step += (uint64_t)j;        /* draft j stands at the target's step + j */
-    const double total = cpu_sample_mass(logits, d->V, &sp, d->work, d->mass, d->idx);
-    float *q = s->q + (size_t)j * (size_t)d->V;
-    const double u = spec_rng_uniform(sp.seed, SPEC_RNG_DRAFT, sp.step) * total;
-    double acc = 0;
-    int32_t x = -1, last = d->idx[0];
-    for (int t = 0; t < d->V; t++) {
-        q[t] = (float)(d->work[t] / total);
-        if (d->work[t] > 0)
-            last = t;
-        acc += d->work[t];
-        if (x < 0 && acc > u)
-            x = t;
-    }
-    if (x < 0)
-        x = last;
-    if (a->probs)
-        a->probs[j] = q[x];
-    return x;
+    return spec_draw(logits, d->V, a->sample, j, s->q + (size_t)j * (size_t)d->V, d->work, d->mass, d->idx,
+                     a->probs ? &a->probs[j] : NULL);
 }
 
 /* The sequence's draft KV and tokens are of no use any more (a failed forward, no blocks). */

@@ -8,7 +8,13 @@
  * every fed position whose next token is known (others wait, at most a few rows, in `pend`), and a
  * proposal appends its chained drafts (the MTP's own output as the hidden state, the drafted token
  * as the input) and truncates them away again before it returns, so nothing depends on which drafts
- * the target accepts. */
+ * the target accepts.
+ *
+ * A sampled request's sequence (fed with `sampled`) also keeps the MTP logits of its newest
+ * position, and its proposals draw each draft from the MTP's distribution under the request's
+ * sampling (spec_draw), keeping those distributions for the verification's rejection sampling
+ * (spec_dist): acceptance min(1, p/q) instead of the point mass's p(argmax). A greedy request's
+ * drafts stay the device's argmax, and nothing of the logits comes to the host for it. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -56,6 +62,13 @@ typedef struct {
     float save_prob;
     int save_len;
     int in_run;                    /* has a job in the batch being gathered (s_gather) */
+    int sampled;                   /* fed as a sampled request's: keeps its logits (below) */
+    float *logits;                 /* [V] the MTP logits at position len - 1, when has_logits */
+    int has_logits;
+    float *save_logits;            /* [V] a proposal's copy, restored after */
+    int save_has_logits;
+    float *q;                      /* [SPEC_MAX_K][V] the last sampled proposal's distributions */
+    int q_valid;                   /* rows of q that belong to the last proposal (0: greedy) */
     uint64_t fed;                  /* the feed call (s_mtp_t.clock) that last fed it */
 } s_seq_t;
 
@@ -78,6 +91,10 @@ typedef struct {
     float *stage;                  /* [run_tokens][H] a forward's hidden rows */
     int32_t *ids;                  /* [run_tokens] each logits row's argmax (the device's) */
     float *probs;                  /* [run_tokens] its softmax probability (the device's mtp_top) */
+    int V;
+    int draw;                      /* sampled requests draw their drafts (TROUPE_SPEC_MTP_DRAW, default 1) */
+    float *work, *mass;            /* [V] spec_draw's scratch */
+    int32_t *idx;
     int pad;                       /* pad unequal forwards (PAD_SEQS): the backend has graphs */
     float *hid_out;                /* [run_tokens][H] */
     float *target_hid;             /* [target_rows][H] spec_mtp_hidden_buffer */
@@ -115,6 +132,7 @@ static s_seq_t *s_find(s_mtp_t *t, uint64_t id, int make)
     free_slot->id = id;
     free_slot->n_pend = 0;
     free_slot->base = 0;
+    free_slot->sampled = free_slot->has_logits = free_slot->q_valid = 0;
     kvseq_release(free_slot->kv);
     return free_slot;
 }
@@ -125,6 +143,27 @@ static void s_drop(s_seq_t *s)
     s->used = 0;
     s->n_pend = 0;
     s->base = 0;
+    s->has_logits = s->q_valid = 0;
+}
+
+/* A sampled sequence's buffers (logits, their copy, the proposal's distributions), made on its
+ * first sampled feed and kept with its slot. 0, or -1 out of memory (it is fed as greedy). */
+static int s_sampled_buffers(s_mtp_t *t, s_seq_t *s)
+{
+    if (s->q)
+        return 0;
+    float *l = malloc((size_t)t->V * sizeof(float)), *sl = malloc((size_t)t->V * sizeof(float)),
+          *q = malloc((size_t)SPEC_MAX_K * (size_t)t->V * sizeof(float));
+    if (!l || !sl || !q) {
+        free(l);
+        free(sl);
+        free(q);
+        return -1;
+    }
+    s->logits = l;
+    s->save_logits = sl;
+    s->q = q;
+    return 0;
 }
 
 /* Filler positions for a forward of unequal rows (s_forward): where the backend has graphs, a
@@ -192,6 +231,9 @@ static int s_forward(s_mtp_t *t, s_job_t *jobs, int n, char *err, size_t errlen)
         memcpy(s->last_hid, t->hid_out + (size_t)(row - 1) * t->H, (size_t)t->H * sizeof(float));
         s->last_draft = t->ids[at];
         s->last_prob = t->probs[at];
+        /* a sampled sequence's draws need the distribution, not the argmax alone; without it
+         * (the download failed) its next proposal takes the argmax, verified as a point mass */
+        s->has_logits = s->sampled && s->logits && model_mtp_logits_row(t->m, at, s->logits) == 0;
         row += pad[i];
     }
     return 0;
@@ -264,6 +306,7 @@ static int s_feed_one(s_mtp_t *t, const spec_mtp_feed_t *f, char *err, size_t er
     if (!s)
         return errf(err, errlen, "mtp: more than %d sequences fed at once", t->max_seqs);
     s->fed = t->clock;
+    s->sampled = f->sampled && t->draw && s_sampled_buffers(t, s) == 0;
     const int fresh = kvseq_len(s->kv) == 0 && s->n_pend == 0;
     if (s_advance(t, s, f->tokens, f->n_tokens, err, errlen) < 0)
         return -1;
@@ -332,10 +375,21 @@ int spec_mtp_feed(spec_proposer_t *p, uint64_t id, const int32_t *tokens, int n_
     return spec_mtp_feed_batch(p, &f, 1, err, errlen);
 }
 
+/* Draft r of a sampled ask from its sequence's logits (spec_draw): q row r kept for spec_dist. */
+static int32_t s_draw(s_mtp_t *t, const spec_ask_t *a, s_seq_t *s, int r, float *prob)
+{
+    const int32_t x = spec_draw(s->logits, t->V, a->sample, r, s->q + (size_t)r * (size_t)t->V, t->work, t->mass,
+                                t->idx, prob);
+    s->q_valid = r + 1;
+    return x;
+}
+
 /* Every asking sequence's drafts: the first is the guess the MTP layer made at its newest
  * target-backed position; each further draft position is one forward for all sequences still
- * drafting (the MTP's own output as the hidden state, the draft before as the token). Then every
- * sequence's MTP KV goes back to its target-backed positions. */
+ * drafting (the MTP's own output as the hidden state, the draft before as the token). A sampled
+ * ask whose sequence kept its logits draws each draft from them instead (s_draw); one that has
+ * none for a position stops there. Then every sequence's MTP KV goes back to its target-backed
+ * positions. */
 static int s_propose_batch(spec_proposer_t *p, spec_ask_t *asks, int n)
 {
     s_mtp_t *t = p->impl;
@@ -344,10 +398,14 @@ static int s_propose_batch(spec_proposer_t *p, spec_ask_t *asks, int n)
     const int64_t t0 = now_ns();
     s_seq_t *seq[n > 0 ? n : 1];
     float cum[n > 0 ? n : 1];
+    uint8_t drawn[n > 0 ? n : 1];   /* a sampled ask drawing from the MTP's distribution */
     for (int i = 0; i < n; i++) {
         spec_ask_t *a = &asks[i];
         s_seq_t *s = seq[i] = s_find(t, a->id, 0);
         a->n_drafts = 0;
+        drawn[i] = 0;
+        if (s)
+            s->q_valid = 0;
         if (!s || a->k < 1 || s_advance(t, s, a->tokens, a->n, err, sizeof err) < 0) {
             seq[i] = NULL;
             continue;
@@ -361,11 +419,16 @@ static int s_propose_batch(spec_proposer_t *p, spec_ask_t *asks, int n)
         memcpy(s->save_hid, s->last_hid, (size_t)t->H * sizeof(float));
         s->save_draft = s->last_draft;
         s->save_prob = s->last_prob;
-        a->drafts[0] = s->last_draft;
+        s->save_has_logits = s->has_logits;
+        if (s->has_logits)
+            memcpy(s->save_logits, s->logits, (size_t)t->V * sizeof(float));
+        float prob = s->last_prob;
+        drawn[i] = a->sample && s->has_logits;
+        a->drafts[0] = drawn[i] ? s_draw(t, a, s, 0, &prob) : s->last_draft;
         if (a->probs)
-            a->probs[0] = s->last_prob;
+            a->probs[0] = prob;
         a->n_drafts = 1;
-        cum[i] = s->last_prob;
+        cum[i] = prob;
         kmax = a->k > kmax ? a->k : kmax;
     }
     for (int r = 1; r < kmax && rc == 0; r++) {
@@ -380,10 +443,13 @@ static int s_propose_batch(spec_proposer_t *p, spec_ask_t *asks, int n)
             spec_ask_t *a = &asks[i];
             if (!seq[i] || a->n_drafts != r || kvseq_len(seq[i]->kv) != seq[i]->save_len + r)
                 continue;                               /* not drafting at r */
-            a->drafts[r] = seq[i]->last_draft;
+            if (drawn[i] && !seq[i]->has_logits)
+                continue;                               /* no distribution to draw from: stops */
+            float prob = seq[i]->last_prob;
+            a->drafts[r] = drawn[i] ? s_draw(t, a, seq[i], r, &prob) : seq[i]->last_draft;
             if (a->probs)
-                a->probs[r] = seq[i]->last_prob;
-            cum[i] *= seq[i]->last_prob;
+                a->probs[r] = prob;
+            cum[i] *= prob;
             a->n_drafts = r + 1;
         }
     }
@@ -397,6 +463,11 @@ static int s_propose_batch(spec_proposer_t *p, spec_ask_t *asks, int n)
         memcpy(s->last_hid, s->save_hid, (size_t)t->H * sizeof(float));
         s->last_draft = s->save_draft;
         s->last_prob = s->save_prob;
+        s->has_logits = s->save_has_logits;
+        if (s->has_logits)
+            memcpy(s->logits, s->save_logits, (size_t)t->V * sizeof(float));
+        if (!drawn[i])
+            s->q_valid = 0;
     }
     t->st.propose_seconds += (double)(now_ns() - t0) / 1e9;
     return rc;
@@ -409,6 +480,14 @@ static int s_propose(spec_proposer_t *p, uint64_t id, const int32_t *tokens, int
                     .probs = probs};
     s_propose_batch(p, &a, 1);
     return a.n_drafts;
+}
+
+/* Draft i's distribution of id's last proposal: the sampled ones' (s_draw), NULL for a point mass. */
+static const float *s_dist(spec_proposer_t *p, uint64_t id, int i)
+{
+    s_mtp_t *t = p->impl;
+    const s_seq_t *s = s_find(t, id, 0);
+    return s && i >= 0 && i < s->q_valid ? s->q + (size_t)i * (size_t)t->V : NULL;
 }
 
 static void s_forget(spec_proposer_t *p, uint64_t id)
@@ -462,6 +541,9 @@ static void s_destroy(spec_proposer_t *p)
         free(t->seqs[i].pend);
         free(t->seqs[i].last_hid);
         free(t->seqs[i].save_hid);
+        free(t->seqs[i].logits);
+        free(t->seqs[i].save_logits);
+        free(t->seqs[i].q);
     }
     if (t) {
         free(t->seqs);
@@ -472,13 +554,17 @@ static void s_destroy(spec_proposer_t *p)
         free(t->probs);
         free(t->hid_out);
         free(t->target_hid);
+        free(t->work);
+        free(t->mass);
+        free(t->idx);
     }
     free(t);
     free(p);
 }
 
 static const spec_proposer_ops_t s_ops = {
-    .name = "mtp", .propose = s_propose, .propose_batch = s_propose_batch, .forget = s_forget, .destroy = s_destroy,
+    .name = "mtp", .propose = s_propose, .propose_batch = s_propose_batch, .dist = s_dist, .forget = s_forget,
+    .destroy = s_destroy,
 };
 
 spec_proposer_t *spec_mtp_new(model_t *target, int max_seqs, int max_context, char *err, size_t errlen)
@@ -499,6 +585,11 @@ spec_proposer_t *spec_mtp_new(model_t *target, int max_seqs, int max_context, ch
     t->max_seqs = max_seqs > 0 ? max_seqs : 1;
     t->max_context = max_context > 0 ? max_context : c->max_position_embeddings;
     t->H = c->hidden_size;
+    t->V = c->vocab_size;
+    /* TROUPE_SPEC_MTP_DRAW=0: sampled requests take the argmax drafts, verified as point masses
+     * (how MTP drafted before it drew from its distribution: for comparison) */
+    const char *draw = getenv("TROUPE_SPEC_MTP_DRAW");
+    t->draw = !(draw && !strcmp(draw, "0"));
     /* The MTP forwards' own batches, within the model's buffers; at most RUN_TOKENS rows and
      * RUN_SEQS sequences each, so that their host buffers stay small on a large model (a batch
      * over more runs as several forwards). */
@@ -515,7 +606,11 @@ spec_proposer_t *spec_mtp_new(model_t *target, int max_seqs, int max_context, ch
     t->pad = target->be->ops->graph_begin != NULL && o->max_logit_rows >= PAD_SEQS * (SPEC_MAX_K + 1);
     t->hid_out = malloc((size_t)t->run_tokens * t->H * sizeof(float));
     t->target_hid = malloc((size_t)t->target_rows * t->H * sizeof(float));
-    if (!t->seqs || !t->jobs || !t->stage || !t->ids || !t->probs || !t->hid_out || !t->target_hid)
+    t->work = malloc((size_t)t->V * sizeof(float));
+    t->mass = malloc((size_t)t->V * sizeof(float));
+    t->idx = malloc((size_t)t->V * sizeof(int32_t));
+    if (!t->seqs || !t->jobs || !t->stage || !t->ids || !t->probs || !t->hid_out || !t->target_hid || !t->work ||
+        !t->mass || !t->idx)
         goto oom;
     if (!(t->pool = model_mtp_pool_new(target, (int)s_pool_blocks(t->max_seqs, t->max_context), MTP_BLOCK, DT_F32,
                                        err, errlen)))

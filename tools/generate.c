@@ -202,7 +202,9 @@ static int s_prefill(const gen_opts_t *o, gen_t *g)
         model_batch_t b = {.n_seqs = 1, .seqs = &q, .hidden_out = g->hid};
         if (kvseq_append(g->seq, g->prompt + at, k) < 0 || model_forward(g->e->model, &b, g->e->logits, err, sizeof err) < 0)
             return gen_fail(1, "prefill", err);
-        if (g->hid && spec_mtp_feed(g->prop, 1, g->prompt, (int)g->n_prompt, (int)at, k, g->hid, err, sizeof err) < 0)
+        const spec_mtp_feed_t f = {.id = 1, .tokens = g->prompt, .n_tokens = (int)g->n_prompt, .pos0 = (int)at,
+                                   .n = k, .hidden = g->hid, .sampled = !sampler_is_greedy(g->smp)};
+        if (g->hid && spec_mtp_feed_batch(g->prop, &f, 1, err, sizeof err) < 0)
             return gen_fail(1, "mtp", err);
     }
     return 0;

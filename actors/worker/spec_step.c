@@ -461,7 +461,8 @@ void spec_step_verify(spec_step_t *s, const sched_batch_t *b, const float *logit
         if (s->hid_ok)   /* the kept positions: the last token's and the j accepted drafts' */
             s->feeds[n_feeds++] = (spec_mtp_feed_t){.id = id, .tokens = r->toks, .n_tokens = r->n_toks,
                                                     .pos0 = base - 1, .n = j + 1,
-                                                    .hidden = s->hid + first * (size_t)s->H};
+                                                    .hidden = s->hid + first * (size_t)s->H,
+                                                    .sampled = smp && !sampler_is_greedy(smp)};
         if (kvseq_truncate(kv, base + j) != 0)
             LOG_E("request %llu: cannot roll its KV back to %d tokens", (unsigned long long)id, base + j);
     }

@@ -81,7 +81,8 @@ for layout in disaggregated colocated; do
       done
       echo "$layout mtp:3: ${#prompts[@]} concurrent requests equal too"
       if [ "$layout" = disaggregated ]; then
-        # sampled: the coupling verifies point-mass drafts; it must end done with all its tokens
+        # sampled: drafts drawn from the MTP distribution, verified by rejection sampling (spec_dist);
+        # it must end done with all its tokens
         got=$(submit "$topo" 30 "${prompts[1]}" --temperature 0.8 --top-k 40 --seed 5)
         [ "$(echo "${got% *}" | tr , '\n' | wc -l) ${got##* }" = "30 done" ] || fail "sampled with MTP: '$got'"
       fi

@@ -15,7 +15,11 @@
  *    step whose hidden states never came) begins the sequence again at the next position fed.
  * 5. Batched: two sequences speculating in step, their proposals in one spec_propose_batch and
  *    their feeds in one spec_mtp_feed_batch, give the drafts that one-sequence calls on a second
- *    proposer give; a stop_below ends a sequence's drafts where their confidence falls below it. */
+ *    proposer give; a stop_below ends a sequence's drafts where their confidence falls below it.
+ * 6. Sampled drafts: a sequence fed as a sampled request's draws its drafts from the MTP's
+ *    distribution under the request's sampling, and spec_dist gives that distribution (what the
+ *    rejection sampling needs to stay lossless): over many seeds the first draft's frequencies
+ *    approach q; fed as a greedy request's, the drafts are the argmax and there is no distribution. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -556,6 +560,107 @@ static void test_mtp_top(void **state)
     free(x);
 }
 
+/* 6. Sampled drafts (the header). Temperature 1 on the first prompt, 2 drafts a proposal: every
+ * draft's q (spec_dist) sums to 1 and holds the draft with the probability the proposal gave;
+ * the first draft's q is the same whatever the seed (a proposal leaves the sequence as it found
+ * it), and its draws over the seeds approach it: total variation at 4,000 draws under 0.08 and
+ * below that at 250; the same seed draws the same drafts. Fed without `sampled`, the same ask
+ * takes the argmax drafts, with no distribution. */
+static void test_mtp_sampled_draws(void **state)
+{
+    (void)state;
+    s_need_model();
+    const int V = s_env.cfg.vocab_size, H = s_env.cfg.hidden_size;
+    enum { K = 2, SMALL = 250, BIG = 4000 };
+    char err[512];
+    spec_proposer_t *p = spec_mtp_new(s_env.m, 2, MAX_CTX + SPEC_MAX_K, err, sizeof err),
+                    *g = spec_mtp_new(s_env.m, 2, MAX_CTX + SPEC_MAX_K, err, sizeof err);
+    if (!p || !g)
+        fail_msg("%s", err);
+    int32_t all[MAX_CTX + SPEC_MAX_K + 1];
+    const int np = s_encode(s_prompts[0], all);
+    int n = np;
+    kvseq_t *kv = kvseq_new(s_env.pool, MAX_CTX, 0);
+    float *hid = malloc((size_t)MAX_CTX * H * sizeof(float)), *lg = malloc((size_t)V * sizeof(float)),
+          *q0 = malloc((size_t)V * sizeof(float));
+    double *seen = calloc((size_t)V, sizeof(double));
+    assert_non_null(kv);
+    assert_non_null(hid);
+    assert_non_null(lg);
+    assert_non_null(q0);
+    assert_non_null(seen);
+    assert_int_equal(kvseq_append(kv, all, n), 0);
+    s_step(kv, n, 0, lg, hid);
+    all[n++] = s_argmax(lg, V);
+    spec_mtp_feed_t f = {.id = 50, .tokens = all, .n_tokens = n, .pos0 = 0, .n = np, .hidden = hid, .sampled = 1};
+    if (spec_mtp_feed_batch(p, &f, 1, err, sizeof err) < 0)
+        fail_msg("%s", err);
+    f.sampled = 0;
+    if (spec_mtp_feed_batch(g, &f, 1, err, sizeof err) < 0)
+        fail_msg("%s", err);
+    bk_sample_t sp = {.temperature = 1.0, .top_p = 1.0, .step = 5};
+    double tv_small = -1;
+    int32_t first[K] = {0};
+    for (int seed = 1; seed <= BIG; seed++) {
+        sp.seed = (uint64_t)seed;
+        int32_t d[K];
+        float pr[K];
+        spec_ask_t a = {.id = 50, .tokens = all, .n = n, .k = K, .sample = &sp, .drafts = d, .probs = pr};
+        spec_propose_batch(p, &a, 1);
+        assert_int_equal(a.n_drafts, K);
+        for (int j = 0; j < a.n_drafts; j++) {
+            const float *q = spec_dist(p, 50, j);
+            assert_non_null(q);
+            double sum = 0;
+            for (int t = 0; t < V; t++)
+                sum += q[t];
+            assert_true(fabs(sum - 1.0) < 1e-4);
+            assert_true(q[d[j]] > 0 && q[d[j]] == pr[j]);
+        }
+        const float *q = spec_dist(p, 50, 0);
+        if (seed == 1) {
+            memcpy(q0, q, (size_t)V * sizeof(float));
+            memcpy(first, d, sizeof first);
+        } else if (memcmp(q0, q, (size_t)V * sizeof(float)) != 0) {
+            fail_msg("seed %d: the first draft's distribution moved", seed);
+        }
+        seen[d[0]] += 1;
+        if (seed == SMALL || seed == BIG) {
+            double tv = 0;
+            for (int t = 0; t < V; t++)
+                tv += fabs(seen[t] / seed - q0[t]);
+            tv /= 2;
+            print_message("sampled MTP drafts: total variation %.4f of the first draft's frequencies after %d draws\n",
+                          tv, seed);
+            if (seed == SMALL)
+                tv_small = tv;
+            else
+                assert_true(tv < 0.08 && tv < tv_small);
+        }
+    }
+    sp.seed = 1;   /* the same seed: the same drafts */
+    int32_t d[K];
+    spec_ask_t a = {.id = 50, .tokens = all, .n = n, .k = K, .sample = &sp, .drafts = d};
+    spec_propose_batch(p, &a, 1);
+    assert_memory_equal(d, first, sizeof first);
+    /* fed as a greedy request's: the argmax drafts, whatever the ask, and no distribution */
+    int32_t dg[K], dref[K];
+    spec_ask_t ag = {.id = 50, .tokens = all, .n = n, .k = K, .sample = &sp, .drafts = dg},
+               aref = {.id = 50, .tokens = all, .n = n, .k = K, .drafts = dref};
+    spec_propose_batch(g, &ag, 1);
+    assert_null(spec_dist(g, 50, 0));
+    spec_propose_batch(g, &aref, 1);
+    assert_int_equal(ag.n_drafts, aref.n_drafts);
+    assert_memory_equal(dg, dref, (size_t)aref.n_drafts * sizeof(int32_t));
+    kvseq_destroy(&kv);
+    free(hid);
+    free(lg);
+    free(q0);
+    free(seen);
+    spec_proposer_destroy(&p);
+    spec_proposer_destroy(&g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -565,6 +670,7 @@ int main(void)
         cmocka_unit_test(test_mtp_speculation),
         cmocka_unit_test(test_mtp_late_start),
         cmocka_unit_test(test_mtp_batched),
+        cmocka_unit_test(test_mtp_sampled_draws),
     };
     const char *only = getenv("TEST_FILTER");   /* e.g. TEST_FILTER=test_mtp_agreement */
     if (only && *only)

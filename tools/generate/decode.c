@@ -100,10 +100,13 @@ int gen_decode(const gen_opts_t *o, gen_t *g)
     float lp = 0;
     int32_t t = sampler_sample(g->smp, g->e->logits, o->logprobs ? &lp : NULL);
     while (!s_take(g, &ts, t, lp)) {
-        if (g->hid && g->hid_n > 0 &&               /* the last step's rows whose tokens are final */
-            spec_mtp_feed(g->prop, 1, g->all, (int)g->n_prompt + g->n_out, g->hid_pos, g->hid_n, g->hid, err,
-                          sizeof err) < 0)
-            return gen_fail(1, "mtp", err);
+        if (g->hid && g->hid_n > 0) {               /* the last step's rows whose tokens are final */
+            const spec_mtp_feed_t f = {.id = 1, .tokens = g->all, .n_tokens = (int)g->n_prompt + g->n_out,
+                                       .pos0 = g->hid_pos, .n = g->hid_n, .hidden = g->hid,
+                                       .sampled = !sampler_is_greedy(g->smp)};
+            if (spec_mtp_feed_batch(g->prop, &f, 1, err, sizeof err) < 0)
+                return gen_fail(1, "mtp", err);
+        }
         const int r = o->spec != SPEC_OFF ? s_drafts(o, g, drafts, q) : 0;
         const int base = kvseq_len(g->seq);
         model_seq_t qs = {.kv = g->seq, .n_new = 1 + r};
