@@ -78,7 +78,7 @@ typedef struct spec_mtp_feed {
     int n_tokens;
     int pos0, n;                   /* the target positions of the hidden rows */
     const float *hidden;           /* [n][hidden_size] */
-    int sampled;                   /* a sampled request's (temperature > 0): the MTP keeps the logits of
+    int sampled;                   /* a drawing request's (sampler_draws): the MTP keeps the logits of
                                     * its newest position, so that a sampled proposal draws its drafts
                                     * from the MTP's distribution (spec_dist) instead of taking its argmax */
 } spec_mtp_feed_t;

@@ -165,6 +165,8 @@ static void s_penalise(sampler_t *s)
     }
 }
 
+int sampler_draws(const sampler_t *s) { return s->p.temperature > 0; }
+
 int sampler_is_greedy(const sampler_t *s)
 {
     return s->p.temperature == 0 && s->p.repetition_penalty == 1.0 && s->p.presence_penalty == 0 &&

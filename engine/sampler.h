@@ -139,6 +139,9 @@ finish_reason_t sampler_accept(sampler_t *s, int32_t token);
 /* 1 when sampler_sample is a plain argmax of the raw logits (temperature 0, no penalties): the
  * caller may take the token from a device-side argmax (model_batch_t.argmax_out) instead. */
 int sampler_is_greedy(const sampler_t *s);
+/* 1 when the request draws its tokens (temperature > 0, penalties or not): a proposer with a
+ * distribution draws its drafts for it (spec_ask_t.sample), and MTP keeps its logits (spec_mtp_feed_t.sampled). */
+int sampler_draws(const sampler_t *s);
 /* 1 when the request has penalties (repetition, presence, frequency): its logits must come to the
  * host (sampler_sample). Otherwise sampler_sample equals steps 3-7 on the raw logits with
  * sampler_device_params: the backend's `sample` op may choose the token instead. */

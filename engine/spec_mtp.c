@@ -65,7 +65,8 @@ typedef struct {
     int sampled;                   /* fed as a sampled request's: keeps its logits (below) */
     float *logits;                 /* [V] the MTP logits at position len - 1, when has_logits */
     int has_logits;
-    float *save_logits;            /* [V] a proposal's copy, restored after */
+    float *save_logits;            /* [V] during a proposal: the feed's logits (swapped with logits, whose
+                                    * buffer the chained forwards write), swapped back after */
     int save_has_logits;
     float *q;                      /* [SPEC_MAX_K][V] the last sampled proposal's distributions */
     int q_valid;                   /* rows of q that belong to the last proposal (0: greedy) */
@@ -375,10 +376,10 @@ int spec_mtp_feed(spec_proposer_t *p, uint64_t id, const int32_t *tokens, int n_
     return spec_mtp_feed_batch(p, &f, 1, err, errlen);
 }
 
-/* Draft r of a sampled ask from its sequence's logits (spec_draw): q row r kept for spec_dist. */
-static int32_t s_draw(s_mtp_t *t, const spec_ask_t *a, s_seq_t *s, int r, float *prob)
+/* Draft r of a sampled ask from logits (spec_draw): q row r kept for spec_dist. */
+static int32_t s_draw(s_mtp_t *t, const spec_ask_t *a, s_seq_t *s, int r, const float *logits, float *prob)
 {
-    const int32_t x = spec_draw(s->logits, t->V, a->sample, r, s->q + (size_t)r * (size_t)t->V, t->work, t->mass,
+    const int32_t x = spec_draw(logits, t->V, a->sample, r, s->q + (size_t)r * (size_t)t->V, t->work, t->mass,
                                 t->idx, prob);
     s->q_valid = r + 1;
     return x;
@@ -419,12 +420,16 @@ static int s_propose_batch(spec_proposer_t *p, spec_ask_t *asks, int n)
         memcpy(s->save_hid, s->last_hid, (size_t)t->H * sizeof(float));
         s->save_draft = s->last_draft;
         s->save_prob = s->last_prob;
+        /* the feed's logits aside, their buffer for the chained forwards: no copy of V floats */
         s->save_has_logits = s->has_logits;
-        if (s->has_logits)
-            memcpy(s->save_logits, s->logits, (size_t)t->V * sizeof(float));
+        if (s->logits) {
+            float *feed = s->logits;
+            s->logits = s->save_logits;
+            s->save_logits = feed;
+        }
         float prob = s->last_prob;
         drawn[i] = a->sample && s->has_logits;
-        a->drafts[0] = drawn[i] ? s_draw(t, a, s, 0, &prob) : s->last_draft;
+        a->drafts[0] = drawn[i] ? s_draw(t, a, s, 0, s->save_logits, &prob) : s->last_draft;
         if (a->probs)
             a->probs[0] = prob;
         a->n_drafts = 1;
@@ -446,7 +451,7 @@ static int s_propose_batch(spec_proposer_t *p, spec_ask_t *asks, int n)
             if (drawn[i] && !seq[i]->has_logits)
                 continue;                               /* no distribution to draw from: stops */
             float prob = seq[i]->last_prob;
-            a->drafts[r] = drawn[i] ? s_draw(t, a, seq[i], r, &prob) : seq[i]->last_draft;
+            a->drafts[r] = drawn[i] ? s_draw(t, a, seq[i], r, seq[i]->logits, &prob) : seq[i]->last_draft;
             if (a->probs)
                 a->probs[r] = prob;
             cum[i] *= prob;
@@ -464,8 +469,11 @@ static int s_propose_batch(spec_proposer_t *p, spec_ask_t *asks, int n)
         s->last_draft = s->save_draft;
         s->last_prob = s->save_prob;
         s->has_logits = s->save_has_logits;
-        if (s->has_logits)
-            memcpy(s->logits, s->save_logits, (size_t)t->V * sizeof(float));
+        if (s->logits) {
+            float *feed = s->save_logits;
+            s->save_logits = s->logits;
+            s->logits = feed;
+        }
         if (!drawn[i])
             s->q_valid = 0;
     }

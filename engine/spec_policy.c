@@ -228,17 +228,16 @@ static int s_wins_by_far(const spec_cost_t *seen, int b)
 }
 
 /* 1 when this step of bucket b (its at-th) begins a plain pair, and sets the bucket's next one:
- * doubled interval where drafting wins by far, the start's otherwise. A bucket's first step
- * begins one. */
+ * doubled interval where drafting wins by far, the start's otherwise (2 x SPEC_EXPLORE_EVERY, or
+ * 2 x SPEC_EXPLORE_EARLY_EVERY while no policy is in force). A bucket's first step begins one. */
 static int s_plain_due(spec_explore_t *e, int b, uint64_t at, const spec_cost_t *seen)
 {
+    const uint32_t start = 2 * (e->early ? SPEC_EXPLORE_EARLY_EVERY : SPEC_EXPLORE_EVERY);
     uint32_t *every = &e->plain_every[b];
-    if (*every == 0)
-        *every = 2 * SPEC_EXPLORE_EVERY;
     if (at < e->plain_next[b])
         return 0;
-    if (!s_wins_by_far(seen, b)) {
-        *every = 2 * SPEC_EXPLORE_EVERY;
+    if (*every == 0 || !s_wins_by_far(seen, b)) {
+        *every = start;
     } else if (*every < SPEC_EXPLORE_PLAIN_MAX) {
         *every *= 2;
         e->plain_backoffs++;
@@ -250,7 +249,8 @@ static int s_plain_due(spec_explore_t *e, int b, uint64_t at, const spec_cost_t 
 int spec_explore_next(spec_explore_t *e, int batch, const spec_cost_t *seen)
 {
     const int b = spec_cost_bucket(batch < 1 ? 1 : batch);
-    const uint64_t step = e->steps++, at = e->at[b]++;
+    const uint64_t at = e->at[b]++;
+    e->steps++;
     if (e->one_left > 0) {   /* the pair's second step: it drafts as a one-draft policy would */
         e->one_left--;
         return 1;
@@ -259,8 +259,8 @@ int spec_explore_next(spec_explore_t *e, int batch, const spec_cost_t *seen)
         e->plain_left--;
         return 0;
     }
-    if (e->early ? step % (2 * SPEC_EXPLORE_EARLY_EVERY) < 2 : s_plain_due(e, b, at, seen)) {
-        e->plain_left = !e->early;   /* early pairs are two steps of the global count already */
+    if (s_plain_due(e, b, at, seen)) {
+        e->plain_left = 1;
         return 0;
     }
     if (e->one_every[b] == 0) {   /* the bucket's first step: its first pair comes half an interval on */

@@ -155,7 +155,7 @@ int spec_plain_guard_slow(spec_plain_guard_t *g, double seconds);
  * and a policy settled on k would otherwise never see that k = 0 became better, or the reverse).
  *   - plain: two steps in a row (the second measures the plain cell with a stateful proposer:
  *     spec_cost_leave_out) every 2 x SPEC_EXPLORE_EVERY decode-only steps of the batch bucket,
- *     and in every 2 x SPEC_EXPLORE_EARLY_EVERY steps while no policy is in force. Where the
+ *     every 2 x SPEC_EXPLORE_EARLY_EVERY of them while no policy is in force. Where the
  *     bucket's own measured cells say drafting wins by far (a drafting cell above 1 +
  *     SPEC_EXPLORE_WIDE of the plain cell's tokens/s), each plain pair doubles the bucket's
  *     interval, up to SPEC_EXPLORE_PLAIN_MAX; anything else puts it back to the start. A plain
@@ -174,7 +174,7 @@ int spec_plain_guard_slow(spec_plain_guard_t *g, double seconds);
  *     21% to two one-draft steps in 64 and the draft model's catch-up before them, where the
  *     measured one-draft cell gave a tenth of the plain one's tokens/s. */
 #define SPEC_EXPLORE_EVERY      16    /* plain: two steps in every 2 x this many */
-#define SPEC_EXPLORE_EARLY_EVERY 4    /* ... and in every 2 x this many while no policy is in force
+#define SPEC_EXPLORE_EARLY_EVERY 4    /* ... and every 2 x this many while no policy is in force
                                        * (spec_explore_t.early): the policy waits for a measured plain
                                        * cell (spec_policy_compute), and one pair in 32 steps, spread over
                                        * every batch bucket a level ramps through, fills one slowly. On

@@ -203,7 +203,7 @@ static int s_prefill(const gen_opts_t *o, gen_t *g)
         if (kvseq_append(g->seq, g->prompt + at, k) < 0 || model_forward(g->e->model, &b, g->e->logits, err, sizeof err) < 0)
             return gen_fail(1, "prefill", err);
         const spec_mtp_feed_t f = {.id = 1, .tokens = g->prompt, .n_tokens = (int)g->n_prompt, .pos0 = (int)at,
-                                   .n = k, .hidden = g->hid, .sampled = !sampler_is_greedy(g->smp)};
+                                   .n = k, .hidden = g->hid, .sampled = sampler_draws(g->smp)};
         if (g->hid && spec_mtp_feed_batch(g->prop, &f, 1, err, sizeof err) < 0)
             return gen_fail(1, "mtp", err);
     }

@@ -255,7 +255,7 @@ static int s_propose(spec_step_t *s, const sched_batch_t *b)
         const sampler_t *smp = s->hooks.sampler(s->hooks.ctx, r, &logprobs);
         sampler_device_params(smp, &s->sample[i]);
         s->asks[n_ask] = (spec_ask_t){.id = r->id, .tokens = r->toks, .n = r->n_toks, .k = k,
-                                      .sample = s->sample[i].temperature > 0 ? &s->sample[i] : NULL,
+                                      .sample = sampler_draws(smp) ? &s->sample[i] : NULL,
                                       .drafts = s->drafts + (size_t)i * SPEC_MAX_K,
                                       .probs = s->probs + (size_t)i * SPEC_MAX_K,
                                       .stop_below = explore < 0 && s->policy ? spec_client_stop_below(s->policy, b->n) : 0,
@@ -462,7 +462,7 @@ void spec_step_verify(spec_step_t *s, const sched_batch_t *b, const float *logit
             s->feeds[n_feeds++] = (spec_mtp_feed_t){.id = id, .tokens = r->toks, .n_tokens = r->n_toks,
                                                     .pos0 = base - 1, .n = j + 1,
                                                     .hidden = s->hid + first * (size_t)s->H,
-                                                    .sampled = smp && !sampler_is_greedy(smp)};
+                                                    .sampled = smp && sampler_draws(smp)};
         if (kvseq_truncate(kv, base + j) != 0)
             LOG_E("request %llu: cannot roll its KV back to %d tokens", (unsigned long long)id, base + j);
     }

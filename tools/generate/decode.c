@@ -71,7 +71,7 @@ static int s_drafts(const gen_opts_t *o, gen_t *g, int32_t *drafts, const float 
         return spec_ngram_propose(g->all, n, 1, 3, k, drafts);
     bk_sample_t sp;
     sampler_device_params(g->smp, &sp);
-    spec_ask_t a = {.id = 1, .tokens = g->all, .n = n, .k = k, .sample = sp.temperature > 0 ? &sp : NULL,
+    spec_ask_t a = {.id = 1, .tokens = g->all, .n = n, .k = k, .sample = sampler_draws(g->smp) ? &sp : NULL,
                     .drafts = drafts};
     spec_propose_batch(g->prop, &a, 1);
     for (int i = 0; i < a.n_drafts; i++)
@@ -103,7 +103,7 @@ int gen_decode(const gen_opts_t *o, gen_t *g)
         if (g->hid && g->hid_n > 0) {               /* the last step's rows whose tokens are final */
             const spec_mtp_feed_t f = {.id = 1, .tokens = g->all, .n_tokens = (int)g->n_prompt + g->n_out,
                                        .pos0 = g->hid_pos, .n = g->hid_n, .hidden = g->hid,
-                                       .sampled = !sampler_is_greedy(g->smp)};
+                                       .sampled = sampler_draws(g->smp)};
             if (spec_mtp_feed_batch(g->prop, &f, 1, err, sizeof err) < 0)
                 return gen_fail(1, "mtp", err);
         }
