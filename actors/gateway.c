@@ -16,8 +16,10 @@
  *   - when a router is lost (our connection to it drops: it died, or answered no ZMTP heartbeat),
  *     fail over as every client does (the library's rule, one place): a request of it that has had
  *     no reply yet, so nothing was sent to its HTTP client, goes to the next router whose
- *     connection is up (same id; at most CLIENT_MAX_RESUBMITS moves; requests_moved_total); one
- *     that has (a stream begun), or with no router left, ends with 503 / an SSE error event,
+ *     connection is up (same id; at most CLIENT_MAX_RESUBMITS moves; requests_moved_total); a
+ *     non-streamed one that has (its tokens collected here, none sent) starts again there from the
+ *     beginning, its collected tokens dropped (requests_restarted_total, counted in moved too); a
+ *     stream that has begun, or any call with no router left, ends with 503 / an SSE error event,
  *     retryable;
  *   - bound everything a client controls: body size (413), time to send the body (408), idle
  *     connections (closed), unread stream output (the request is cancelled).
@@ -66,6 +68,7 @@
 #define GW_RETRY_AFTER_S 1            /* Retry-After for a full or unavailable cluster */
 #define GW_MAX_METRICS_FETCHES 4      /* concurrent /metrics proxy fetches */
 #define GW_ROUTER_BATCH  256          /* router replies read per turn of the loop (submits go between) */
+#define GW_MAX_RESTARTS  CLIENT_MAX_RESUBMITS   /* a non-streamed choice starts again at most this often */
 
 typedef enum { OP_SUBMIT = 1, OP_ABORT = 2 } gw_op_t;
 
@@ -77,6 +80,7 @@ typedef struct gateway gateway_t;
 typedef struct gw_choice {
     int live;                    /* its request is at the router: no done or error came yet */
     int started;                 /* its first token seen (a chat stream sent its role chunk) */
+    int restarts;                /* times started again after its router was lost (s_restart_choice) */
     const char *finish;          /* "stop" / "length" once its done came */
     msg_usage_t usage;           /* from its done */
     char *text;                  /* [text_cap] collected text (non-streamed) */
@@ -147,6 +151,7 @@ struct gateway {
     /* stats (atomics: both threads count) */
     atomic_ullong n_http, n_2xx, n_4xx, n_5xx, n_401, n_429, n_503, n_cancelled, n_cutoff;
     uint64_t n_router_lost;      /* calls failed because their router was lost (actor thread) */
+    uint64_t n_restarted;        /* non-streamed choices started again after their router was lost (actor thread) */
     atomic_ullong prompt_tokens, cached_tokens, completion_tokens;
 };
 
@@ -593,6 +598,8 @@ static void s_log_router_loss(gateway_t *g)
           (unsigned long long)g->n_router_lost);
 }
 
+static int s_restart_choice(gateway_t *g, gw_call_t *c, uint32_t i);
+
 /* Before the loop sleeps: the routers' replies, GW_ROUTER_BATCH at most (calls from the HTTP
  * threads go between batches), dispatched to their calls. The library's descriptors woke the loop
  * (client_fds); they are edge-triggered, so a full batch asks the loop to come round at once.
@@ -633,6 +640,8 @@ static int s_on_routers(actor_t *a, void *state)
             }
             case MSG_ERROR:
                 c->choices[i].live = 0;
+                if (router_lost && s_restart_choice(g, c, i) == 0)
+                    break;
                 if (router_lost) {
                     g->n_router_lost++;
                     s_fail_call(c, 503, "unavailable", GW_RETRY_AFTER_S, "the router was lost; retry the request");
@@ -654,6 +663,49 @@ static int s_on_routers(actor_t *a, void *state)
 
 /* ---- the actor thread: calls from the HTTP thread ------------------------------------------------ */
 
+/* Choice i's submit to the routers (client_send's return), with timeout_ms for the router. */
+static int s_send_choice(gateway_t *g, gw_call_t *c, uint32_t i, uint32_t timeout_ms, char *err, size_t errlen)
+{
+    msg_t m;
+    msg_init(&m, MSG_SUBMIT, c->id + i);
+    m.u.submit = c->req.submit;
+    m.u.submit.sampling.seed = gw_choice_seed(c->req.submit.sampling.seed, i);
+    if (c->key)
+        m.u.submit.tenant = c->key->cfg->tenant;
+    m.u.submit.timeout_ms = timeout_ms;
+    return client_send(g->routers, &m, NULL, err, errlen);
+}
+
+/* A non-streamed call's choice whose router was lost after its first token (the library moves
+ * only requests with no reply yet, since a stream's tokens cannot be taken back): nothing of it
+ * has reached the HTTP client, so it starts again, same request and seed, at the router the
+ * library sends to now, and what it had collected is dropped (requests_restarted_total). It keeps
+ * what is left of the gateway's request timeout. 0 when it went; -1 when it fails as a stream
+ * would: a stream, its client gone, GW_MAX_RESTARTS restarts already, no time left, or no router
+ * took it. */
+static int s_restart_choice(gateway_t *g, gw_call_t *c, uint32_t i)
+{
+    gw_choice_t *ch = &c->choices[i];
+    const int64_t limit_ms = (int64_t)g->topo->gateway.request_timeout_s * 1000;   /* 0: none */
+    const int64_t left_ms = limit_ms ? limit_ms - (now_ms() - c->t0_ms) : 0;
+    if (c->req.stream || c->cancel_sent || ch->restarts >= GW_MAX_RESTARTS || (limit_ms && left_ms < 1000))
+        return -1;
+    char err[512];
+    if (s_send_choice(g, c, i, (uint32_t)left_ms, err, sizeof err) != 0) {
+        LOG_W("request %llu: no router took its restart: %s", (unsigned long long)(c->id + i), err);
+        return -1;
+    }
+    if (ch->text)
+        ch->text[0] = 0;
+    ch->text_len = 0;
+    ch->n_lp = ch->n_alt = 0;
+    ch->started = 0;
+    ch->live = 1;
+    ch->restarts++;
+    g->n_restarted++;
+    return 0;
+}
+
 /* Submits the call's n choices, ids id .. id + n - 1; any that cannot go fails the call (and
  * cancels those that went). */
 static void s_submit(gateway_t *g, gw_call_t *c)
@@ -665,20 +717,13 @@ static void s_submit(gateway_t *g, gw_call_t *c)
         return;
     }
     for (uint32_t i = 0; i < c->req.n; i++) {
-        msg_t m;
-        msg_init(&m, MSG_SUBMIT, c->id + i);
-        m.u.submit = c->req.submit;
-        m.u.submit.sampling.seed = gw_choice_seed(c->req.submit.sampling.seed, i);
-        if (c->key)
-            m.u.submit.tenant = c->key->cfg->tenant;
-        m.u.submit.timeout_ms = (uint32_t)g->topo->gateway.request_timeout_s * 1000u;
         char err[512];
         if (u64map_put(&g->calls, c->id + i, (uint64_t)(uintptr_t)c) != 0) {
             s_fail_call(c, 503, "overloaded", GW_RETRY_AFTER_S, "the gateway is out of memory");
             goto fail;
         }
         c->in_table = 1;   /* s_forget takes every id out, present or not */
-        const int sent = client_send(g->routers, &m, NULL, err, sizeof err);
+        const int sent = s_send_choice(g, c, i, (uint32_t)g->topo->gateway.request_timeout_s * 1000u, err, sizeof err);
         if (sent == -2) {
             /* The parser's checks should have caught it: say what the protocol refused. */
             gw_error_t e;
@@ -1174,7 +1219,8 @@ static void s_fill_stats(actor_t *a, void *state, msg_stats_t *st)
     actor_stat_metric(a, st, "requests_cut_off", (double)atomic_load(&g->n_cutoff), 1);
     /* Failover between routers (tools/lib/client.h): requests sent again to another router after
      * theirs was lost; calls failed because theirs was lost (streamed, or no router left). */
-    actor_stat_metric(a, st, "requests_moved_total", (double)client_requests_retried(g->routers), 1);
+    actor_stat_metric(a, st, "requests_moved_total", (double)(client_requests_retried(g->routers) + g->n_restarted), 1);
+    actor_stat_metric(a, st, "requests_restarted_total", (double)g->n_restarted, 1);
     actor_stat_metric(a, st, "requests_router_lost_total", (double)g->n_router_lost, 1);
     actor_stat_metric(a, st, "router_connections_lost_total", (double)client_connections_lost(g->routers), 1);
     actor_stat_metric(a, st, "prompt_tokens_total", (double)atomic_load(&g->prompt_tokens), 1);

@@ -1,8 +1,8 @@
 # The gateway's failover between two routers (issue 21, item 4; actors/gateway.c through
 # tools/lib/client.h): router-0 and router-1, each on its own client endpoint (endpoints.clients),
 # one decode worker whose batch holds 4 (limits.max_batch). Every call goes to router-0 (the
-# gateway's first router). Four long streams fill the batch; then six more streams and four
-# non-streamed completions (longer prompts) are sent: the prefill worker gets to some of them (a
+# gateway's first router). A long non-streamed completion and three long streams fill the batch;
+# then six more streams and four non-streamed completions (longer prompts) are sent: the prefill worker gets to some of them (a
 # first token), the others wait with none. Once router-0 holds all fourteen (its stats say so) and
 # at least one later stream has no token, router-0 gets kill -9. Checked:
 #   - every HTTP request ends exactly once, none by its client's own timeout: a stream with
@@ -11,8 +11,9 @@
 #     its tokens, or 503 with Retry-After in OpenAI's shape;
 #   - a stream that fails had streamed (tokens came before its error): the ones without were
 #     sent again to router-1 and completed;
-#   - at least one non-streamed request in flight at the kill completed with 200 (via router-1:
-#     router-0 is dead);
+#   - every non-streamed request in flight at the kill completed with 200 (via router-1: router-0
+#     is dead), those that had tokens at router-0 too: the gateway had sent none of them, so it
+#     started them again there (requests_restarted_total);
 #   - the gateway's counters agree with the outcomes: requests_moved_total is the number of calls
 #     in flight at the kill that completed, requests_router_lost_total the number that failed;
 #   - new requests right after (router-0 not yet back, or back) succeed at once, streamed and not.
@@ -97,8 +98,10 @@ def wait_until(cond, what, limit_s=90):
         time.sleep(0.02)
     raise AssertionError(f"never: {what}: {[(r['kind'], r['tokens']) for r in reqs]}")
 
-first = [start("stream", LONG) for _ in range(4)]
-wait_until(lambda: all(r["tokens"] > 0 for r in first), "the batch's four streams streaming")
+# The batch: one non-streamed call first (its prompt is computed first: it is decoding at the kill,
+# its tokens collected at the gateway, so it must start again), then three streams.
+first = [start("whole", LONG)] + [start("stream", LONG) for _ in range(3)]
+wait_until(lambda: all(r["tokens"] > 0 for r in first[1:]), "the batch's three streams streaming")
 # The prefill worker goes on computing prompts (each gets its first token) while the batch is full:
 # longer prompts for these, so that several still wait at the kill.
 later = []
@@ -169,11 +172,14 @@ for r in reqs:
         else:
             problems.append(f"{name}: HTTP {r['status']} {r['body'][:200]}")
 whole_ok = sum(bool(r.get("ok")) for r in reqs)
-print(f"kill -9 of router-0 with {sum(r['at_kill'] > 0 for r in reqs)} streams streaming and "
-      f"{sum(r['at_kill'] == 0 for r in reqs)} calls without a token; all ended "
+print(f"kill -9 of router-0 with {sum(r['at_kill'] > 0 for r in reqs)} streams streaming, "
+      f"{sum(r['kind'] == 'stream' and r['at_kill'] == 0 for r in reqs)} without a token and "
+      f"{sum(r['kind'] == 'whole' for r in reqs)} non-streamed calls; all ended "
       f"{max(r['t_end'] for r in reqs) - t_kill:.1f} s after the kill")
-if whole_ok == 0:
-    problems.append("no non-streamed request in flight at the kill completed: none went to router-1")
+n_whole = sum(r["kind"] == "whole" for r in reqs)
+if whole_ok != n_whole:
+    problems.append(f"{n_whole - whole_ok} of the {n_whole} non-streamed requests in flight at the kill did not "
+                    "complete: nothing of them had been sent, so they should have moved or started again")
 g = top(bin_dir, topo)["gateway"]
 try:
     moved, lost = metric(g, "requests_moved_total"), metric(g, "requests_router_lost_total")
@@ -189,6 +195,11 @@ if moved is not None:
     if (moved, lost) != (completed, failed):
         problems.append(f"the gateway counts {moved} moved and {lost} lost; the HTTP clients saw {completed} "
                         f"complete and {failed} fail")
+    restarted = metric(g, "requests_restarted_total")
+    if restarted < 1:
+        problems.append("the batch's non-streamed call was not started again (requests_restarted_total 0)")
+    if restarted > n_whole:
+        problems.append(f"the gateway restarted {restarted} calls, more than the {n_whole} non-streamed ones")
 for p in problems:
     print("PROBLEM:", p)
 assert not problems, f"{len(problems)} problems"
@@ -203,7 +214,8 @@ c.request("POST", "/v1/completions", body(91, True, 4), KEY)
 resp = c.getresponse()
 text = resp.read().decode()
 assert resp.status == 200 and text.rstrip().endswith("data: [DONE]"), (resp.status, text[-300:])
-print(f"gateway failover: submitted {len(reqs)} / completed {completed} (non-streamed {whole_ok}) / moved "
-      f"{int(moved)} / failed-retryable {failed} (each ended once); new requests served")
+print(f"gateway failover: submitted {len(reqs)} / completed {completed} (non-streamed {whole_ok}, "
+      f"{int(restarted)} of them started again) / moved {int(moved)} / failed-retryable {failed} (each ended once); "
+      "new requests served")
 PY
 echo "PASS gateway_failover_multi"

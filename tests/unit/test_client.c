@@ -7,7 +7,8 @@
  * that ends a wait: each check asserts the reply came, not how fast. Also under CURVE. With two
  * routers, requests that have not streamed move to the other one, and what the router they left
  * sends for them later is dropped, after they ended too. A client whose sends never wait (the
- * gateway's: ZMQ_IMMEDIATE) sends past a router that is down. */
+ * gateway's: ZMQ_IMMEDIATE) sends past a router that is down. A request lost after it streamed can
+ * be sent again by its caller, same id. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -402,6 +403,75 @@ static void test_failover(void **st)
     zmq_ctx_term(ctx);
 }
 
+/* A request that streamed and was lost with its router, sent again by its caller with the same id
+ * (the gateway restarts a non-streamed call so): it is the new send's, at the other router, and its
+ * replies there come through, where a lost request's late replies are dropped. */
+static void test_restart_after_lost(void **st)
+{
+    void *ctx = zmq_ctx_new();
+    char ep_a[256], ep_b[256], eps[600], err[256];
+    void *a = s_fake_router(ctx, "tcp://127.0.0.1:*", NULL, ep_a, sizeof ep_a);
+    void *b = s_fake_router(ctx, "tcp://127.0.0.1:*", NULL, ep_b, sizeof ep_b);
+    snprintf(eps, sizeof eps, "%s, %s", ep_a, ep_b);
+    client_t *c = client_connect_opts(eps, &(client_opts_t){0}, err, sizeof err);
+    assert_non_null(c);
+    uint8_t rid[256];
+    size_t rid_len;
+    msg_t req, rep, got;
+    const uint64_t id = s_submit(c);
+    s_take(a, rid, &rid_len, &req);
+    msg_free(&req);
+    msg_init(&rep, MSG_TOKEN, id);   /* it streams: the library cannot move it */
+    static const uint32_t t[] = {7};
+    rep.u.token.tokens = t;
+    rep.u.token.n_tokens = 1;
+    rep.u.token.text = "a";
+    s_reply(a, rid, rid_len, &rep);
+    s_next(c, &got);
+    assert_int_equal(got.type, MSG_TOKEN);
+    msg_free(&got);
+    assert_int_equal(client_recv(c, &got, 300, err, sizeof err), 1);   /* both connections' handshakes seen */
+    zmq_close(a);
+    s_next(c, &got);
+    assert_true(s_is_lost(&got));
+    assert_true(got.id == id);
+    msg_free(&got);
+
+    msg_t m;   /* the caller starts it again, same id */
+    msg_init(&m, MSG_SUBMIT, id);
+    static const uint32_t toks[] = {1, 2, 3};
+    m.u.submit.tokens = toks;
+    m.u.submit.n_tokens = 3;
+    uint64_t again = 0;
+    assert_int_equal(client_send(c, &m, &again, err, sizeof err), 0);
+    assert_true(again == id);
+    uint8_t rid_b[256];
+    size_t rid_b_len;
+    s_take(b, rid_b, &rid_b_len, &req);
+    assert_true(req.id == id);
+    msg_free(&req);
+    msg_init(&rep, MSG_TOKEN, id);
+    rep.u.token.tokens = t;
+    rep.u.token.n_tokens = 1;
+    rep.u.token.text = "b";
+    s_reply(b, rid_b, rid_b_len, &rep);
+    msg_init(&rep, MSG_DONE, id);
+    s_reply(b, rid_b, rid_b_len, &rep);
+    s_next(c, &got);
+    assert_int_equal(got.type, MSG_TOKEN);
+    assert_string_equal(got.u.token.text, "b");
+    msg_free(&got);
+    s_next(c, &got);
+    assert_int_equal(got.type, MSG_DONE);
+    assert_true(got.id == id);
+    msg_free(&got);
+    assert_int_equal(client_recv(c, &got, 300, err, sizeof err), 1);   /* once */
+    assert_int_equal((int)client_requests_lost(c), 1);
+    client_destroy(&c);
+    zmq_close(b);
+    zmq_ctx_term(ctx);
+}
+
 /* The first router of test_late_reply_from_left_router: a process answering every small submit
  * with a token and a done, then a token for MARKER_ID (an id the client never used: delivered as it
  * comes, it shows that what came before on this connection has been read). A submit it cannot
@@ -668,6 +738,7 @@ int main(void)
         cmocka_unit_test(test_heartbeats_off),
         cmocka_unit_test(test_curve),
         cmocka_unit_test(test_failover),
+        cmocka_unit_test(test_restart_after_lost),
         cmocka_unit_test_teardown(test_late_reply_from_left_router, s_end_child),
         cmocka_unit_test(test_moved_back),
         cmocka_unit_test(test_immediate_send_fallback),

@@ -41,7 +41,8 @@ struct client {
     uint64_t next_id;
     int64_t max_frame;   /* the cluster's frame limit: larger requests are refused before sending */
     u64map_t inflight;   /* id -> req_t *: sent and not yet ended (no done / error / inspect_reply received) */
-    u64map_t lost;       /* ids ended by a synthesized error: a late reply for one is dropped */
+    u64map_t lost;       /* id -> bit mask of the router it was lost with: it ended by a synthesized
+                          * error, and a late reply for it is dropped (client_send of it again: moved) */
     u64map_t moved;      /* id -> bit mask of the routers it was moved away from: a router that was only
                           * stopped (SIGSTOP) may resume and stream it after it ended elsewhere */
     uint64_t *pending;   /* [n_pending] lost ids whose synthesized error client_recv has yet to return */
@@ -288,6 +289,17 @@ int client_send(client_t *c, msg_t *m, uint64_t *id_out, char *err, size_t errle
          * is kept for a resubmission where another router may take it. */
         const size_t keep = m->type == MSG_SUBMIT && c->n_links > 1 ? len : 0;
         s_req_end(c, m->id);   /* an id sent again: the new request is the one tracked */
+        const uint64_t *lost_at = u64map_get(&c->lost, m->id);
+        if (lost_at) {
+            /* Sent again after it was lost with its router (the caller restarts it): it is this
+             * send's now, and a reply from the router it was lost with (one that only stopped
+             * answering) is dropped as a moved request's is. */
+            const uint64_t *left = u64map_get(&c->moved, m->id);
+            const uint64_t mask = (left ? *left : 0) | *lost_at;
+            u64map_del(&c->lost, m->id);
+            if (u64map_put(&c->moved, m->id, mask & ~(1ull << k)) != 0)
+                return errf(err, errlen, "client: out of memory");
+        }
         q = malloc(sizeof *q + keep);
         if (!q || u64map_put(&c->inflight, m->id, (uint64_t)(uintptr_t)q) != 0) {
             free(q);
@@ -322,7 +334,7 @@ uint64_t client_requests_lost(const client_t *c) { return c->n_requests_lost; }
 uint64_t client_connections_lost(const client_t *c) { return c->n_connections_lost; }
 uint64_t client_requests_retried(const client_t *c) { return c->n_requests_retried; }
 
-static int s_pend(client_t *c, uint64_t id, const char *msg)
+static int s_pend(client_t *c, uint64_t id, int link, const char *msg)
 {
     if (c->n_pending == c->cap_pending) {
         size_t cap = c->cap_pending ? 2 * c->cap_pending : 64;
@@ -338,7 +350,7 @@ static int s_pend(client_t *c, uint64_t id, const char *msg)
     }
     c->pending_msg[c->n_pending] = msg;
     c->pending[c->n_pending++] = id;
-    return u64map_put(&c->lost, id, 1);
+    return u64map_put(&c->lost, id, 1ull << link);
 }
 
 /* Link k's connection is gone: the requests it carried are lost (the router that held them is
@@ -383,7 +395,7 @@ static int s_lose_link(client_t *c, int k)
             continue;
         }
         s_req_end(c, ids[i]);
-        rc = s_pend(c, ids[i], l->lost_msg);
+        rc = s_pend(c, ids[i], k, l->lost_msg);
     }
     free(ids);
     return rc;

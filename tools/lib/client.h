@@ -26,8 +26,11 @@
  * in client_requests_retried. One that has streamed ends with the error above (its tokens came
  * from a generation that cannot go on elsewhere); so does every request when no other router's
  * connection is up, or after CLIENT_MAX_RESUBMITS moves. Either way one terminal reply each.
- * A reply for a moved request from a router it has left is dropped, unless it moved back there. A cancel goes to the router
- * that holds the request. Known limit: a router that is down when the client starts (no
+ * A caller that has shown nothing of such a request's tokens to anyone (the gateway's non-streamed
+ * calls) may start it again: client_send of the same submit, same id, after its error; the
+ * request is then the new send's, and a late reply from the router it was lost with is dropped.
+ * A reply for a moved request from a router it has left is dropped, unless it moved back there.
+ * A cancel goes to the router that holds the request. Known limit: a router that is down when the client starts (no
  * connection ever made) is not failed over from: its requests wait for it (ZeroMQ queues them)
  * until their timeout or until it comes up; the supervisor restarts a router within seconds.
  *
