@@ -71,6 +71,7 @@ typedef struct decode {
                                     one's hold the steps */
     expert_report_t *experts;    /* expert_load windows to the expert-balancer; NULL: none */
     step_trace_t trace;          /* TROUPE_STEP_TRACE: a line per step, arrival and end (step_trace.h) */
+    int coalesce;                /* a verify step's run of a row's tokens is one token message (TROUPE_SPEC_COALESCE) */
     step_clock_t clock;          /* where the loop's time goes: steps, forwards, cycles (step_clock.h) */
 } decode_t;
 
@@ -355,13 +356,14 @@ static sampler_t *s_spec_sampler(void *ctx, sched_req_t *sr, int *logprobs)
     return r->smp;
 }
 
-static int s_spec_emit(void *ctx, sched_req_t *sr, int32_t t, float lp, const float *row, int at_length, int kv_keep)
+static int s_spec_emit(void *ctx, sched_req_t *sr, int32_t t, float lp, const float *row, int at_length, int kv_keep,
+                       int more)
 {
     decode_t *d = ctx;
     dc_req_t *r = (dc_req_t *)sr;
     r->kv_keep = kv_keep;
     sampler_top_t top;
-    if (stream_out_token(&d->out, r, t, lp, stream_out_top(r, row, &top), at_length)) {
+    if (stream_out_token_more(&d->out, r, t, lp, stream_out_top(r, row, &top), at_length, more && d->coalesce)) {
         s_req_free(d, r);
         return 0;
     }
@@ -541,7 +543,9 @@ int main(int argc, char **argv)
     char err[1024];
     int rc = -1, exit_code = 1, config_error = 0, warm = 0;
     spec_step_config_t spec_cfg;
-    if (spec_step_config_from_env(&spec_cfg, err, sizeof err) != 0) {
+    const int spec_rc = spec_step_config_from_env(&spec_cfg, err, sizeof err);
+    d.coalesce = spec_cfg.coalesce;
+    if (spec_rc != 0) {
         LOG_E("%s", err);
         exit_code = ACTOR_EXIT_CONFIG;
     } else if (!(d.w = worker_load(t, ROLE_DECODE, actor_self(a), max_seqs + chunk_tokens, max_seqs,

@@ -16,6 +16,7 @@ void load_stats_fill(actor_t *a, msg_stats_t *st, const sched_t *s, int max_seqs
     actor_stat_metric(a, st, "kv_blocks_free", kvpool_free_count(pool), 0);
     actor_stat_metric(a, st, "kv_blocks_used", kvpool_n_blocks(pool) - kvpool_free_count(pool), 0);
     actor_stat_metric(a, st, "generation_tokens_total", (double)out->tokens_out, 1);
+    actor_stat_metric(a, st, "token_messages_total", (double)out->messages_out, 1);
     actor_stat_metric(a, st, "requests_finished_total", (double)out->finished, 1);
     actor_stat_metric(a, st, "preemptions_total", (double)sched_preemptions(s), 1);
 }

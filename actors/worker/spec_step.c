@@ -73,7 +73,13 @@ struct spec_step {
 
 int spec_step_config_from_env(spec_step_config_t *c, char *err, size_t errlen)
 {
-    *c = (spec_step_config_t){.method = SPEC_OFF, .pad_max_rows = -1, .pad_to_asked = 1};
+    *c = (spec_step_config_t){.method = SPEC_OFF, .pad_max_rows = -1, .pad_to_asked = 1, .coalesce = 1};
+    const char *co = getenv("TROUPE_SPEC_COALESCE");
+    if (co && *co) {
+        if (strcmp(co, "0") && strcmp(co, "1"))
+            return errf(err, errlen, "TROUPE_SPEC_COALESCE '%s': expected 0 or 1", co);
+        c->coalesce = co[0] == '1';
+    }
     const char *pt = getenv("TROUPE_SPEC_PAD_TO");
     if (pt && *pt) {
         if (strcmp(pt, "asked") && strcmp(pt, "found"))
@@ -441,7 +447,7 @@ void spec_step_verify(spec_step_t *s, const sched_batch_t *b, const float *logit
                 acc = j < n && t == dr[j];
             const int64_t te = now_ns();   /* streaming is the owner's, as a plain step's emit: not ours */
             alive = s->hooks.emit(s->hooks.ctx, r, t, lp, s->need[at] ? logits + at * V : NULL,
-                                  base + j + 1 >= s->max_model_len, base + j);
+                                  base + j + 1 >= s->max_model_len, base + j, acc);
             emit_ns += now_ns() - te;
             s->step_emitted++;
             if (!acc || !alive)

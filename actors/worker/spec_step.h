@@ -51,6 +51,9 @@ typedef struct spec_step_config {
      * model's probabilities; 0 (default): a point mass's 1.0, every row the batch's length.
      * TROUPE_SPEC_NGRAM_CONFIDENCE. */
     int ngram_confidence;
+    /* A verify step's accepted run of a row streams as one token message (the owner's emit holds
+     * while `more`); 0: a message a token, as before. TROUPE_SPEC_COALESCE (default 1). */
+    int coalesce;
 } spec_step_config_t;
 
 #define SPEC_PAD_ROWS_GRAPHS 16   /* pad_max_rows on a backend with graphs (the decode worker's choice) */
@@ -63,8 +66,10 @@ typedef struct spec_hooks {
     /* Streams token t of r (at_length: no room for another); row is the row of logits t was
      * chosen from when it came to the host (NULL: it stayed on the device), for its position's
      * alternatives; kv_keep is the KV length right for the tokens streamed so far, to which r's
-     * KV is rolled back if t ends it. 1 while r goes on, 0 when it ended (r is freed). */
-    int (*emit)(void *ctx, sched_req_t *r, int32_t t, float lp, const float *row, int at_length, int kv_keep);
+     * KV is rolled back if t ends it; more: r's next token follows in this step (t's draft was
+     * accepted), so the owner may hold t to stream the row's run as one message. 1 while r goes
+     * on, 0 when it ended (r is freed). */
+    int (*emit)(void *ctx, sched_req_t *r, int32_t t, float lp, const float *row, int at_length, int kv_keep, int more);
 } spec_hooks_t;
 
 typedef struct spec_step spec_step_t;

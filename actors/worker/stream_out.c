@@ -3,6 +3,7 @@
 #include "engine/spec.h"   /* SPEC_MAX_K */
 
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/log.h"
@@ -15,10 +16,19 @@ int stream_out_init(stream_out_t *so, actor_t *a, const worker_t *w, const sched
     return token_text_init(&so->text, 8192);
 }
 
-void stream_out_free(stream_out_t *so) { token_text_free(&so->text); }
+void stream_out_free(stream_out_t *so)
+{
+    token_text_free(&so->text);
+    free(so->held.text);
+    so->held.text = NULL;
+}
+
+static void s_send_held(stream_out_t *so);
 
 void stream_out_error(stream_out_t *so, const dc_req_t *r, msg_error_code_t code, int retryable, const char *why)
 {
+    if (so->held.r == r)   /* its tokens before its end (a verify step ends each row's holding itself) */
+        s_send_held(so);
     msg_t e;
     msg_init(&e, MSG_ERROR, r->sr.id);
     e.u.error.code = code;
@@ -73,11 +83,9 @@ const sampler_top_t *stream_out_top(const dc_req_t *r, const float *row, sampler
     return top;
 }
 
-int stream_out_token(stream_out_t *so, dc_req_t *r, int32_t t, float lp, const sampler_top_t *top, int at_length)
+/* Token t alone as a token message, with the text token_text_accept gave it. */
+static void s_send_one(stream_out_t *so, dc_req_t *r, int32_t t, float lp, const sampler_top_t *top)
 {
-    finish_reason_t fin = token_text_accept(&so->text, r->smp, so->tok ? &r->ts : NULL, t);
-    r->toks[r->sr.n_toks++] = t;
-    r->n_gen++;
     msg_t m;
     msg_init(&m, MSG_TOKEN, r->sr.id);
     uint32_t tok = (uint32_t)t;
@@ -96,12 +104,100 @@ int stream_out_token(stream_out_t *so, dc_req_t *r, int32_t t, float lp, const s
     }
     actor_send_keep(so->a, r->handoff.u.handoff.reply_to, &m);   /* never refused: the header says why */
     so->tokens_out++;
+    so->messages_out++;
+}
+
+/* The held tokens as one token message, if any. */
+static void s_send_held(stream_out_t *so)
+{
+    if (!so->held.r || so->held.n == 0) {
+        so->held.r = NULL;
+        return;
+    }
+    dc_req_t *r = so->held.r;
+    msg_t m;
+    msg_init(&m, MSG_TOKEN, r->sr.id);
+    m.u.token.seq = so->held.seq;
+    m.u.token.tokens = so->held.tokens;
+    m.u.token.n_tokens = so->held.n;
+    m.u.token.text = so->held.text_len ? so->held.text : NULL;
+    if (so->held.logprobs) {
+        m.u.token.logprobs = so->held.lps;
+        m.u.token.n_logprobs = so->held.n;
+        if (so->held.k > 0) {
+            m.u.token.top_tokens = so->held.top_ids;
+            m.u.token.top_logprobs = so->held.top_lps;
+            m.u.token.n_top_tokens = m.u.token.n_top_logprobs = so->held.n * so->held.k;
+        }
+    }
+    actor_send_keep(so->a, r->handoff.u.handoff.reply_to, &m);   /* never refused: the header says why */
+    so->tokens_out += so->held.n;
+    so->messages_out++;
+    so->held.r = NULL;
+    so->held.n = 0;
+    so->held.text_len = 0;
+}
+
+/* Token t into the held message (sent first if it is another request's, full, or its tokens have
+ * another number of alternatives). -1 when out of memory for its text: then it goes alone. */
+static int s_hold(stream_out_t *so, dc_req_t *r, int32_t t, float lp, const sampler_top_t *top)
+{
+    const uint32_t k = r->handoff.u.handoff.sampling.logprobs && top && top->n > 0 ? (uint32_t)top->n : 0;
+    if (so->held.r && (so->held.r != r || so->held.n == STREAM_OUT_HOLD || so->held.k != k))
+        s_send_held(so);
+    const size_t len = so->text.len;
+    if (so->held.text_len + len + 1 > so->held.text_cap) {
+        size_t cap = so->held.text_cap ? so->held.text_cap : 256;
+        while (cap < so->held.text_len + len + 1)
+            cap *= 2;
+        char *b = realloc(so->held.text, cap);
+        if (!b)
+            return -1;
+        so->held.text = b;
+        so->held.text_cap = cap;
+    }
+    if (!so->held.r) {
+        so->held.r = r;
+        so->held.seq = (uint32_t)(r->n_gen - 1);
+        so->held.k = k;
+        so->held.logprobs = r->handoff.u.handoff.sampling.logprobs;
+    }
+    const uint32_t i = so->held.n++;
+    so->held.tokens[i] = (uint32_t)t;
+    so->held.lps[i] = lp;
+    for (uint32_t j = 0; j < k; j++) {
+        so->held.top_ids[i * k + j] = (uint32_t)top->ids[j];   /* ids >= 0: the same bits */
+        so->held.top_lps[i * k + j] = top->logprobs[j];
+    }
+    memcpy(so->held.text + so->held.text_len, so->text.buf, len);
+    so->held.text_len += len;
+    so->held.text[so->held.text_len] = 0;
+    return 0;
+}
+
+int stream_out_token_more(stream_out_t *so, dc_req_t *r, int32_t t, float lp, const sampler_top_t *top, int at_length,
+                          int more)
+{
+    finish_reason_t fin = token_text_accept(&so->text, r->smp, so->tok ? &r->ts : NULL, t);
+    r->toks[r->sr.n_toks++] = t;
+    r->n_gen++;
+    if (s_hold(so, r, t, lp, top) != 0) {   /* out of memory: what is held, then this one alone */
+        s_send_held(so);
+        s_send_one(so, r, t, lp, top);
+    }
     if (fin == FINISH_NONE && at_length)
         fin = FINISH_LENGTH;
+    if (fin != FINISH_NONE || !more)
+        s_send_held(so);
     if (fin == FINISH_NONE)
         return 0;
     s_finish(so, r, fin == FINISH_LENGTH ? MSG_FINISH_LENGTH : MSG_FINISH_STOP);
     return 1;
+}
+
+int stream_out_token(stream_out_t *so, dc_req_t *r, int32_t t, float lp, const sampler_top_t *top, int at_length)
+{
+    return stream_out_token_more(so, r, t, lp, top, at_length, 0);
 }
 
 int stream_out_first(stream_out_t *so, dc_req_t *r, int32_t first, float lp)

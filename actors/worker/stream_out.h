@@ -25,6 +25,8 @@
 #include "actors/worker/writeback.h"
 #include "engine/sched.h"
 
+#define STREAM_OUT_HOLD 8        /* tokens of one row held for one message: a verify step's, SPEC_MAX_K + 1 */
+
 typedef struct stream_out {
     actor_t *a;
     const tokenizer_t *tok;      /* the worker's; NULL: tokens go out without text */
@@ -33,7 +35,21 @@ typedef struct stream_out {
     int max_seqs;                /* the batch: at least half of it running is busy */
     int max_logit_rows;          /* the worker's rows of logits per forward (worker_t.max_logit_rows) */
     token_text_t text;           /* the text of the token being streamed */
-    uint64_t tokens_out;         /* token messages sent */
+    /* A verify step's tokens of one row, held for one token message (stream_out_token_more): */
+    struct {
+        dc_req_t *r;             /* whose (NULL: none held) */
+        uint32_t seq, n;         /* the first one's index among r's generated tokens; how many */
+        uint32_t k;              /* alternatives per token (top_logprobs) */
+        int logprobs;            /* r asked for log-probabilities */
+        uint32_t tokens[STREAM_OUT_HOLD];
+        float lps[STREAM_OUT_HOLD];
+        uint32_t top_ids[STREAM_OUT_HOLD * MSG_MAX_LOGPROBS];
+        float top_lps[STREAM_OUT_HOLD * MSG_MAX_LOGPROBS];
+        char *text;              /* [text_cap] their text, concatenated */
+        size_t text_len, text_cap;
+    } held;
+    uint64_t tokens_out;         /* tokens streamed */
+    uint64_t messages_out;       /* token messages they went in (fewer: a verify step's run is one) */
     uint64_t finished;           /* requests ended with done */
     uint64_t last_tokens;        /* tokens_out at the last stream_out_rate */
     int64_t last_ms;             /* its time (now_ms); 0: never */
@@ -58,6 +74,13 @@ const sampler_top_t *stream_out_top(const dc_req_t *r, const float *row, sampler
  * (NULL: none), and ends r with done when it finished (at_length: no room for another token). 1
  * when r ended: the caller frees it. */
 int stream_out_token(stream_out_t *so, dc_req_t *r, int32_t t, float lp, const sampler_top_t *top, int at_length);
+/* The same, for a verify step's row: with more set (the row's next token follows in this step)
+ * the token is held, and r's held tokens go out as one token message with the first token after
+ * which more is 0, or when r ends: a row's run of accepted tokens costs its router (and the
+ * clients after it) one message, not one a token. The order and the seqs are those of one message
+ * a token. Holding is for one row at a time: a token of another request sends what is held. */
+int stream_out_token_more(stream_out_t *so, dc_req_t *r, int32_t t, float lp, const sampler_top_t *top, int at_length,
+                          int more);
 
 /* Streams a hand-off's first token (sampled by the prefill worker: its alternatives come in the
  * handoff message). 1 when r ended: the caller frees it. */

@@ -7,14 +7,17 @@
 # id (a token of its own output); sampled requests (temperature, top-k, a repetition penalty, a
 # seed) must give the same tokens too: the acceptance keeps the tokens sampling without
 # speculation draws (one at a low temperature, so that its drafts are accepted and later positions
-# of a verify step are sampled at their own RNG step).
+# of a verify step are sampled at their own RNG step). Each row's run of accepted tokens in a
+# verify step goes out as one token message (generation_tokens_total - accepted drafts =
+# token_messages_total).
 # FIXTURES=regex limits the fixtures.
 . "$(dirname "$0")/lib.sh"
 export TROUPE_SPECULATION=${SPEC:-ngram:4}   # SPEC=off: the same comparison without speculation
-metric() {
-  "$BIN/troupe-top" --topology "$1" --json | /usr/bin/python3 -c 'import json, sys
-print(sum(m["value"] for a in json.load(sys.stdin)["actors"] if a.get("role") == "decode"
-          for m in a["metrics"] if m["name"] == sys.argv[1]))' "$2"
+metric() {   # metric TOPOLOGY NAME...: each metric summed over the decode workers, from one troupe-top call
+  local topo=$1; shift
+  "$BIN/troupe-top" --topology "$topo" --json | /usr/bin/python3 -c 'import json, sys
+actors = [a for a in json.load(sys.stdin)["actors"] if a.get("role") == "decode"]
+print(" ".join(str(sum(m["value"] for a in actors for m in a["metrics"] if m["name"] == n)) for n in sys.argv[1:]))' "$@"
 }
 models=$(ls -d "$ROOT"/tests/fixtures/models/*/ | while read -r d; do [ -f "$d/expected.json" ] && echo "${d%/}"; done)
 kjv="$ROOT/../shared/models/kjv-dense"
@@ -83,9 +86,16 @@ for dir in $models; do
   done
   acc=$(metric "$WORK/$name.yaml" spec_accepted_tokens_total)
   drafts=$(metric "$WORK/$name.yaml" spec_draft_tokens_total)
-  echo "$name: $i prompts equal; verify steps $steps, drafts $drafts, accepted $acc"
+  # one report's counters (each troupe-top call may see a newer report)
+  read -r toks msgs acc_now < <(metric "$WORK/$name.yaml" generation_tokens_total token_messages_total \
+    spec_accepted_tokens_total)
+  echo "$name: $i prompts equal; verify steps $steps, drafts $drafts, accepted $acc; $toks tokens in $msgs messages"
   /usr/bin/python3 -c 'import sys; sys.exit(0 if float(sys.argv[1]) > 0 else 1)' "$steps" \
     || fail "$name: no verify step with drafts"
+  # A row's run of a verify step is one token message: every accepted draft saves one (one report:
+  # the counters agree).
+  /usr/bin/python3 -c 'import sys; t, m, a = map(float, sys.argv[1:]); sys.exit(0 if m == t - a else 1)' \
+    "$toks" "$msgs" "$acc_now" || fail "$name: $toks tokens in $msgs token messages with $acc_now drafts accepted (want $toks - $acc_now)"
   kill -TERM "$SUP_PID"; wait "$SUP_PID" || fail "supervisor exit $?"; SUP_PID=
   [ "$name" = kjv-dense ] || continue
   # Padded verify steps (TROUPE_SPEC_PAD_ROWS, the GPU's default for graph replays; the CPU's is

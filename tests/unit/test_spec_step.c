@@ -62,9 +62,16 @@ static sampler_t *s_sampler(void *ctx, sched_req_t *r, int *logprobs)
     return ((h_t *)ctx)->smp;
 }
 
-static int s_emit(void *ctx, sched_req_t *r, int32_t t, float lp, const float *row, int at_length, int kv_keep)
+/* The row whose emit said more follows (-1: none): its next token must come before any other's. */
+static int s_more_row = -1;
+
+static int s_emit(void *ctx, sched_req_t *r, int32_t t, float lp, const float *row, int at_length, int kv_keep,
+                  int more)
 {
     h_t *h = ctx;
+    if (s_more_row >= 0)
+        assert_int_equal(s_more_row, (int)(r - h->req));
+    s_more_row = more ? (int)(r - h->req) : -1;
     int32_t *toks = h->toks[r - h->req];
     assert_true(r->n_toks < MAX_TOKS);
     toks[r->n_toks++] = t;
@@ -131,7 +138,7 @@ static int s_step(h_t *h, spec_step_t *s, s_hidden_fn fill, void *arg)
         spec_step_verify(s, &h->b, NULL, h->V);
     } else {
         for (int i = 0; i < ROWS; i++)
-            s_emit(h, &h->req[i], s_target_of(h, h->toks[i][h->req[i].n_toks - 1]), 0, NULL, 0, 0);
+            s_emit(h, &h->req[i], s_target_of(h, h->toks[i][h->req[i].n_toks - 1]), 0, NULL, 0, 0, 0);
     }
     spec_step_done(s, &h->b);
     spec_step_cycle(s, s_cycle_s);
