@@ -288,6 +288,28 @@ for e in entries:
           f"{int(cyc):19d} {1e3 * w.get('decode_only_cycle_seconds_total', 0) / max(cyc, 1):9.3f} "
           f"{ms(w, 'off'):>15} {ms(w, 'explore'):>19} {ms(w, 'drafting'):>20} {w.get('spec_upkeep_seconds_total', 0):9.4f} "
           f"{1e3 * w.get('spec_host_seconds_total', 0) / max(steps, 1):13.4f} {int(w.get('steps_held_outbox_total', 0)):5d}")
+# Each actor's CPU in the timed run (cpu_seconds_total between the two reports, over the levels'
+# wall time; the idle seconds around them add a little), in % of one core: a process near 100% (a
+# router relaying every token, a decode worker's host loop) bounds the cluster whatever the GPU
+# does. Processes restarted in between are left out.
+def actors(e, name):
+    try:
+        return {a["name"]: a for a in json.load(open(os.path.join(out, f"{name}-{e}.json"))).get("actors", [])}
+    except (OSError, ValueError):
+        return {}
+print("timed run CPU, % of one core (cpu_seconds_total): entry  actor  ...")
+for e in entries:
+    a0, a1 = actors(e, "top0"), actors(e, "top")
+    cells = []
+    for n, b in sorted(a1.items()):
+        a = a0.get(n)
+        if not a or a.get("pid") != b.get("pid") or b.get("role") not in ("router", "decode", "prefill", "gateway"):
+            continue
+        cpu = lambda x: next((m["value"] for m in x.get("metrics", []) if m["name"] == "cpu_seconds_total"), None)
+        c0, c1, dt = cpu(a), cpu(b), sum(l.get("wall_s", 0) for l in runs[e]["levels"])
+        if c0 is not None and c1 is not None and dt > 0:
+            cells.append(f"{n} {100 * (c1 - c0) / dt:.0f}%")
+    print(f"{e:>16}  " + ("  ".join(cells) if cells else "(no cpu_seconds_total in the reports)"))
 # Per level: how long requests waited for their first token and between tokens (a closed loop's
 # batch is only as full as its requests come back: fewer tokens a step at the same step cost).
 print("level  entry  ttft p50 ms (queue / prefill / rest)  itl p50 ms  e2e p50 ms")

@@ -175,21 +175,25 @@ static void s_render(const msg_t *r, char *buf, size_t cap, int all_metrics)
     size_t n = 0;
     n += (size_t)snprintf(buf + n, cap - n, "troupe-top — %u actors, monitor up %.1f s\n",
                           ir->n_actors, (double)ir->uptime_ms / 1000.0);
-    n += (size_t)snprintf(buf + n, cap - n, "%-18s %-16s %7s %9s %-9s %8s %9s %9s %9s %6s\n",
+    n += (size_t)snprintf(buf + n, cap - n, "%-18s %-16s %7s %9s %-9s %8s %9s %9s %9s %6s %6s\n",
                           "ACTOR", "ROLE", "PID", "UPTIME", "STATE", "RESTARTS", "MSGS_IN",
-                          "MSGS_OUT", "MALFORMED", "QUEUE");
+                          "MSGS_OUT", "MALFORMED", "QUEUE", "CPU%");
     for (uint32_t i = 0; i < ir->n_actors && n < cap - 512; i++) {
         const msg_stats_t *st = &rows[i];
         uint64_t q = 0;
         for (uint32_t k = 0; k < st->n_queues; k++)
             q += st->queues[k].depth;
-        n += (size_t)snprintf(buf + n, cap - n, "%-18s %-16s %7u %8.1fs %-9s %8u %9llu %9llu %9llu %6llu\n",
+        n += (size_t)snprintf(buf + n, cap - n, "%-18s %-16s %7u %8.1fs %-9s %8u %9llu %9llu %9llu %6llu",
                               st->name, msg_role_name(st->role), st->pid,
                               /* stats are up to a second old: age them to now */
                               (double)st->uptime_ms / 1000.0 + s_metric(st, "silent_ms", 0) / 1000.0,
                               s_state(st), st->restarts, (unsigned long long)st->msgs_in,
                               (unsigned long long)st->msgs_out, (unsigned long long)st->malformed,
                               (unsigned long long)q);
+        /* its CPU over its last stats interval, all threads: an actor near 100% x its threads is
+         * the cluster's limit (a router relaying every token) */
+        n += s_col(buf + n, cap - n, st, "cpu_percent", 6, 0);
+        n += (size_t)snprintf(buf + n, cap - n, "\n");
     }
     n += (size_t)snprintf(buf + n, cap - n, "\n%-18s %5s %5s %5s %8s %8s %8s %7s %7s %6s %8s %8s %7s %7s\n",
                           "SERVING", "RUN", "WAIT", "BATCH", "TOK/S", "KV_USED", "KV_FREE", "HIT%", "XFERS",

@@ -1,5 +1,5 @@
-# The cluster comes up under the supervisor, every actor reports to the monitor, `top` shows
-# them all, and SIGTERM stops everything with exit code 0 within the grace period.
+# The cluster comes up under the supervisor, every actor reports to the monitor (with its CPU
+# time), `top` shows them all, and SIGTERM stops everything with exit code 0 within the grace period.
 . "$(dirname "$0")/lib.sh"
 make_topology "$WORK/t.yaml"
 start=$(date +%s%N)
@@ -22,6 +22,9 @@ for a in actors:
     for k in ("role", "name", "pid", "uptime_ms", "state", "restarts", "msgs_in", "msgs_out", "malformed"):
         assert k in a, (k, a)
     assert a["pid"] > 0
+    if a["role"] != "supervisor":   # the runtime's own: the process's CPU time, and its rate
+        m = {x["name"]: x["value"] for x in a.get("metrics", [])}
+        assert m.get("cpu_seconds_total", 0) > 0 and 0 <= m.get("cpu_percent", -1), (a["name"], m)
 PY
 
 # Prometheus: every actor's samples on GET /metrics, and a 404 elsewhere.
@@ -36,6 +39,7 @@ for name in ("router", "prefill", "decode", "cache-manager", "monitor", "supervi
     assert f'actor="{name}"' in body, name
 assert 'troupe_kv_blocks_free{actor="decode",role="decode"}' in body
 assert "troupe_requests_submitted_total{" in body    # counters get _total
+assert 'troupe_cpu_seconds_total{actor="router",role="router"}' in body
 try:
     urllib.request.urlopen(f"http://127.0.0.1:{port}/nope", timeout=5)
     raise AssertionError("no 404")
