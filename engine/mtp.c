@@ -172,10 +172,10 @@ static int s_graph_step(model_t *m, const model_batch_t *b, int T, int R, const 
     return 1;
 }
 
-int model_mtp_logits_row(model_t *m, int row, float *out)
+int model_mtp_logits_rows(model_t *m, int row0, int n, float *out)
 {
     const size_t V = (size_t)m->cfg.vocab_size;
-    return m->be->ops->download(m->be, out, m->logits + (size_t)row * V, V * sizeof(float)) < 0 ? -1 : 0;
+    return m->be->ops->download(m->be, out, m->logits + (size_t)row0 * V, (size_t)n * V * sizeof(float)) < 0 ? -1 : 0;
 }
 
 int model_mtp_forward(model_t *m, const model_batch_t *b, const float *hidden, float *logits, float *hidden_out,

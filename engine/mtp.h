@@ -35,9 +35,9 @@ kvpool_t *model_mtp_pool_new(const model_t *m, int n_blocks, int block_size, dty
  * probability, computed on the device with the argmax (the backend's mtp_top), so that drafting
  * brings no logits to the host. A batch of B sequences of n rows each with top_prob runs through
  * a step graph where the backend has graphs (from its second step of that shape). 0, or -1 with err. */
-/* Row `row` of the last MTP step's logits into out [V] (host); valid until the model's next step.
- * 0, or -1 when the backend fails. */
-int model_mtp_logits_row(model_t *m, int row, float *out);
+/* Rows row0 .. row0 + n - 1 of the last MTP step's logits into out [n][V] (host), one copy;
+ * valid until the model's next step. 0, or -1 when the backend fails. */
+int model_mtp_logits_rows(model_t *m, int row0, int n, float *out);
 int model_mtp_forward(model_t *m, const model_batch_t *b, const float *hidden, float *logits, float *hidden_out,
                       float *top_prob, char *err, size_t errlen);
 
@@ -104,6 +104,8 @@ typedef struct spec_mtp_stats {
                                       fed longest ago goes, and begins again at its next feed) */
     int seqs;                      /* sequences tracked now */
     uint64_t padded;               /* forwards padded to equal rows per sequence (graph replays; spec_mtp.c) */
+    uint64_t logits_copies;        /* copies of sampled sequences' logits to the host (one a forward where
+                                      their rows lie close, else one a sequence) */
     double feed_seconds;           /* wall time in spec_mtp_feed(_batch): the kept positions' MTP forwards */
     double propose_seconds;        /* wall time in proposals: catch-up and the chained drafts' forwards */
 } spec_mtp_stats_t;

@@ -28,6 +28,8 @@ static const spec_proposer_ops_t s_ops;   /* below: tells an MTP proposer from a
 #define MTP_BLOCK 16                /* the MTP pool's tokens per block */
 #define RUN_TOKENS 1024             /* rows per MTP forward at most */
 #define RUN_SEQS 64                 /* sequences per MTP forward at most */
+#define MTP_SPAN_ROWS 4             /* one copy of sampled rows' logits spans at most this x their rows ... */
+#define MTP_SPAN_BYTES (8u << 20)   /* ... and these bytes (s_fetch_logits) */
 
 /* The MTP pool's blocks: every sequence's longest MTP sequence (max_context, a proposal's chained
  * drafts past it) and a partial block. */
@@ -98,6 +100,10 @@ typedef struct {
     int32_t *idx;
     int pad;                       /* pad unequal forwards (PAD_SEQS): the backend has graphs */
     float *hid_out;                /* [run_tokens][H] */
+    s_seq_t **want;                /* [run_seqs] a forward's sampled sequences (s_fetch_logits) */
+    int *want_row;                 /* [run_seqs] their logits rows */
+    float *span;                   /* [span_cap][V] one copy of logits rows */
+    int span_cap;
     float *target_hid;             /* [target_rows][H] spec_mtp_hidden_buffer */
     int target_rows;               /* the model's max_tokens: a target step's rows at most */
     uint64_t clock;                /* feed calls so far */
@@ -167,6 +173,41 @@ static int s_sampled_buffers(s_mtp_t *t, s_seq_t *s)
     return 0;
 }
 
+/* The logits of the sampled sequences of the last forward (want, want_row: n of them, rows in
+ * increasing order), each into its sequence: a sampled sequence's draws need the distribution,
+ * not the argmax alone. One copy of the rows from the first to the last of them where that span
+ * is at most MTP_SPAN_ROWS x the rows wanted and MTP_SPAN_BYTES (each copy waits for the device:
+ * one a sequence was a wait a sequence), else a copy each. A sequence whose copy failed takes the
+ * argmax at its next proposal, verified as a point mass. */
+static void s_fetch_logits(s_mtp_t *t, int n)
+{
+    if (n == 0)
+        return;
+    const size_t row_bytes = (size_t)t->V * sizeof(float);
+    const int lo = t->want_row[0], span = t->want_row[n - 1] - lo + 1;
+    if (n > 1 && span <= MTP_SPAN_ROWS * n && (size_t)span * row_bytes <= MTP_SPAN_BYTES) {
+        if (span > t->span_cap) {
+            float *b = realloc(t->span, (size_t)span * row_bytes);
+            if (b) {
+                t->span = b;
+                t->span_cap = span;
+            }
+        }
+        if (span <= t->span_cap && model_mtp_logits_rows(t->m, lo, span, t->span) == 0) {
+            for (int i = 0; i < n; i++) {
+                memcpy(t->want[i]->logits, t->span + (size_t)(t->want_row[i] - lo) * t->V, row_bytes);
+                t->want[i]->has_logits = 1;
+            }
+            t->st.logits_copies++;
+            return;
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        t->want[i]->has_logits = model_mtp_logits_rows(t->m, t->want_row[i], 1, t->want[i]->logits) == 0;
+        t->st.logits_copies++;
+    }
+}
+
 /* Filler positions for a forward of unequal rows (s_forward): where the backend has graphs, a
  * forward of up to PAD_SEQS sequences whose rows differ (a feed after verification: each row's
  * last token and its accepted drafts) is padded to its longest with filler positions (the last
@@ -223,7 +264,7 @@ static int s_forward(s_mtp_t *t, s_job_t *jobs, int n, char *err, size_t errlen)
     if (rc < 0)
         return -1;
     t->st.forwards++;
-    int row = 0;
+    int row = 0, n_want = 0;
     for (i = 0; i < n; i++) {
         s_seq_t *s = jobs[i].s;
         row += jobs[i].n;
@@ -232,11 +273,14 @@ static int s_forward(s_mtp_t *t, s_job_t *jobs, int n, char *err, size_t errlen)
         memcpy(s->last_hid, t->hid_out + (size_t)(row - 1) * t->H, (size_t)t->H * sizeof(float));
         s->last_draft = t->ids[at];
         s->last_prob = t->probs[at];
-        /* a sampled sequence's draws need the distribution, not the argmax alone; without it
-         * (the download failed) its next proposal takes the argmax, verified as a point mass */
-        s->has_logits = s->sampled && s->logits && model_mtp_logits_row(t->m, at, s->logits) == 0;
+        s->has_logits = 0;
+        if (s->sampled && s->logits) {
+            t->want[n_want] = s;
+            t->want_row[n_want++] = at;
+        }
         row += pad[i];
     }
+    s_fetch_logits(t, n_want);
     return 0;
 }
 
@@ -561,6 +605,9 @@ static void s_destroy(spec_proposer_t *p)
         free(t->ids);
         free(t->probs);
         free(t->hid_out);
+        free(t->want);
+        free(t->want_row);
+        free(t->span);
         free(t->target_hid);
         free(t->work);
         free(t->mass);
@@ -613,12 +660,14 @@ spec_proposer_t *spec_mtp_new(model_t *target, int max_seqs, int max_context, ch
     t->probs = malloc((size_t)t->run_tokens * sizeof(float));
     t->pad = target->be->ops->graph_begin != NULL && o->max_logit_rows >= PAD_SEQS * (SPEC_MAX_K + 1);
     t->hid_out = malloc((size_t)t->run_tokens * t->H * sizeof(float));
+    t->want = calloc((size_t)t->run_seqs, sizeof *t->want);
+    t->want_row = calloc((size_t)t->run_seqs, sizeof *t->want_row);
     t->target_hid = malloc((size_t)t->target_rows * t->H * sizeof(float));
     t->work = malloc((size_t)t->V * sizeof(float));
     t->mass = malloc((size_t)t->V * sizeof(float));
     t->idx = malloc((size_t)t->V * sizeof(int32_t));
-    if (!t->seqs || !t->jobs || !t->stage || !t->ids || !t->probs || !t->hid_out || !t->target_hid || !t->work ||
-        !t->mass || !t->idx)
+    if (!t->seqs || !t->jobs || !t->stage || !t->ids || !t->probs || !t->hid_out || !t->want || !t->want_row ||
+        !t->target_hid || !t->work || !t->mass || !t->idx)
         goto oom;
     if (!(t->pool = model_mtp_pool_new(target, (int)s_pool_blocks(t->max_seqs, t->max_context), MTP_BLOCK, DT_F32,
                                        err, errlen)))

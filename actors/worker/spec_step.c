@@ -667,6 +667,7 @@ void spec_step_stats(const spec_step_t *s, actor_t *a, msg_stats_t *st)
         actor_stat_metric(a, st, "spec_mtp_begun_late_total", (double)ms.started_late, 1);
         actor_stat_metric(a, st, "spec_mtp_evicted_total", (double)ms.evicted, 1);
         actor_stat_metric(a, st, "spec_mtp_padded_forwards_total", (double)ms.padded, 1);
+        actor_stat_metric(a, st, "spec_mtp_logits_copies_total", (double)ms.logits_copies, 1);
         actor_stat_metric(a, st, "spec_mtp_feed_seconds_total", ms.feed_seconds, 1);
         actor_stat_metric(a, st, "spec_mtp_propose_seconds_total", ms.propose_seconds, 1);
     }

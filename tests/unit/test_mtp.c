@@ -661,6 +661,75 @@ static void test_mtp_sampled_draws(void **state)
     spec_proposer_destroy(&g);
 }
 
+/* 7. Two sampled sequences fed in one MTP forward: their logits come to the host in one copy
+ * (spec_mtp_stats' logits_copies: 1, where it was a copy a sequence), each into its own sequence:
+ * each one's first-draft distribution is the one it gets fed alone. */
+static void test_mtp_sampled_batch_copy(void **state)
+{
+    (void)state;
+    s_need_model();
+    const int V = s_env.cfg.vocab_size, H = s_env.cfg.hidden_size;
+    char err[512];
+    spec_proposer_t *both = spec_mtp_new(s_env.m, 2, MAX_CTX + SPEC_MAX_K, err, sizeof err),
+                    *alone = spec_mtp_new(s_env.m, 2, MAX_CTX + SPEC_MAX_K, err, sizeof err);
+    if (!both || !alone)
+        fail_msg("%s", err);
+    int32_t all[2][MAX_CTX + SPEC_MAX_K + 1];
+    int n[2];
+    float *hid[2], *lg = malloc((size_t)V * sizeof(float)), *q = malloc((size_t)V * sizeof(float));
+    kvseq_t *kv[2];
+    spec_mtp_feed_t f[2];
+    assert_non_null(lg);
+    assert_non_null(q);
+    for (int i = 0; i < 2; i++) {
+        const int np = s_encode(s_prompts[i], all[i]);
+        n[i] = np;
+        kv[i] = kvseq_new(s_env.pool, MAX_CTX, 0);
+        hid[i] = malloc((size_t)MAX_CTX * H * sizeof(float));
+        assert_non_null(kv[i]);
+        assert_non_null(hid[i]);
+        assert_int_equal(kvseq_append(kv[i], all[i], np), 0);
+        s_step(kv[i], np, 0, lg, hid[i]);
+        all[i][n[i]++] = s_argmax(lg, V);
+        f[i] = (spec_mtp_feed_t){.id = 60 + (uint64_t)i, .tokens = all[i], .n_tokens = n[i], .pos0 = 0, .n = np,
+                                 .hidden = hid[i], .sampled = 1};
+    }
+    if (spec_mtp_feed_batch(both, f, 2, err, sizeof err) < 0)
+        fail_msg("%s", err);
+    spec_mtp_stats_t st;
+    spec_mtp_stats(both, &st);
+    assert_int_equal((int)st.logits_copies, 1);
+    bk_sample_t sp = {.temperature = 1.0, .top_p = 1.0, .step = 5, .seed = 3};
+    for (int i = 0; i < 2; i++) {
+        int32_t d[2];
+        spec_ask_t a = {.id = 60 + (uint64_t)i, .tokens = all[i], .n = n[i], .k = 1, .sample = &sp, .drafts = d};
+        spec_propose_batch(both, &a, 1);
+        assert_int_equal(a.n_drafts, 1);
+        const float *qb = spec_dist(both, 60 + (uint64_t)i, 0);
+        assert_non_null(qb);
+        memcpy(q, qb, (size_t)V * sizeof(float));
+        if (spec_mtp_feed_batch(alone, &f[i], 1, err, sizeof err) < 0)
+            fail_msg("%s", err);
+        spec_ask_t b = {.id = 60 + (uint64_t)i, .tokens = all[i], .n = n[i], .k = 1, .sample = &sp, .drafts = d};
+        spec_propose_batch(alone, &b, 1);
+        const float *qa = spec_dist(alone, 60 + (uint64_t)i, 0);
+        assert_non_null(qa);
+        double worst = 0;
+        for (int t = 0; t < V; t++)
+            worst = fmax(worst, fabs((double)q[t] - qa[t]));
+        if (worst > 1e-5)
+            fail_msg("sequence %d: its distribution fed with another differs from fed alone by %g", i, worst);
+    }
+    for (int i = 0; i < 2; i++) {
+        kvseq_destroy(&kv[i]);
+        free(hid[i]);
+    }
+    free(lg);
+    free(q);
+    spec_proposer_destroy(&both);
+    spec_proposer_destroy(&alone);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -671,6 +740,7 @@ int main(void)
         cmocka_unit_test(test_mtp_late_start),
         cmocka_unit_test(test_mtp_batched),
         cmocka_unit_test(test_mtp_sampled_draws),
+        cmocka_unit_test(test_mtp_sampled_batch_copy),
     };
     const char *only = getenv("TEST_FILTER");   /* e.g. TEST_FILTER=test_mtp_agreement */
     if (only && *only)
