@@ -3,6 +3,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <time.h>
 
 int64_t now_ns(void)
@@ -49,4 +50,19 @@ char *util_read_file(const char *path, size_t *len)
         *len = (size_t)n;
     }
     return b;
+}
+
+int cpu_meter_read(cpu_meter_t *cm, int64_t start_ms, double *total, double *percent)
+{
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0)
+        return -1;
+    const double cpu = (double)ru.ru_utime.tv_sec + (double)ru.ru_stime.tv_sec +
+                       ((double)ru.ru_utime.tv_usec + (double)ru.ru_stime.tv_usec) / 1e6;
+    const int64_t now = now_ms(), since = cm->prev_ms ? cm->prev_ms : start_ms;
+    *total = cpu;
+    *percent = now > since ? 100.0 * (cpu - cm->prev_s) / ((double)(now - since) / 1e3) : 0;
+    cm->prev_s = cpu;
+    cm->prev_ms = now;
+    return 0;
 }

@@ -82,6 +82,7 @@ typedef struct supervisor {
     restart_window_t window;
     uint64_t hb_seq;
     int64_t started_ms;
+    cpu_meter_t cpu;               /* our CPU time at the last stats report */
     uint8_t buf[MSG_MAX_FRAME > 65536 ? 65536 : MSG_MAX_FRAME];
     uint8_t *sendbuf;
     uint64_t total_restarts;
@@ -314,7 +315,11 @@ static void s_publish_stats(supervisor_t *s)
         running += s->children[i].pid != 0;
         ready += s->children[i].pid && s->children[i].ready;
     }
+    double cpu = 0, pct = 0;
+    cpu_meter_read(&s->cpu, s->started_ms, &cpu, &pct);   /* 0s if getrusage fails */
     msg_metric_t metrics[] = {
+        {.name = "cpu_seconds_total", .value = cpu, .kind = MSG_METRIC_COUNTER},
+        {.name = "cpu_percent", .value = pct},
         {.name = "actors_total", .value = s->n},
         {.name = "actors_running", .value = running},
         {.name = "actors_ready", .value = ready},

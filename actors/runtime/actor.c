@@ -10,7 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
-#include <sys/resource.h>
 #include <unistd.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -120,8 +119,7 @@ struct actor {
     int64_t started_ms;             /* monotonic, for uptime */
     _Atomic int64_t last_sup_ms;    /* last message from the supervisor (orphan detection) */
     int64_t next_stats_ms;
-    double cpu_prev_s;              /* CPU seconds at the last stats report (cpu_percent's window) */
-    int64_t cpu_prev_ms;            /* its time; 0: none yet (the window starts at started_ms) */
+    cpu_meter_t cpu;                /* the process's CPU time at the last stats report (cpu_percent) */
     int64_t drain_deadline_ms;      /* 0 until TERM */
     uint64_t restarts;              /* incarnation number from the supervisor (TROUPE_RESTARTS) */
     uint64_t msgs_in, msgs_out, malformed, steps;
@@ -918,17 +916,10 @@ static void s_publish_stats(actor_t *a, const actor_ops_t *ops, void *state)
     /* The process's CPU time over all its threads (libzmq's I/O thread, OpenMP's): which actor is
      * busy, e.g. a router relaying every token of a large batch (its rate over a window: the
      * difference of two reports over their uptime_ms). */
-    struct rusage ru;
-    if (getrusage(RUSAGE_SELF, &ru) == 0) {
-        const double cpu = (double)ru.ru_utime.tv_sec + (double)ru.ru_stime.tv_sec +
-                           ((double)ru.ru_utime.tv_usec + (double)ru.ru_stime.tv_usec) / 1e6;
-        const int64_t now = now_ms(), since = a->cpu_prev_ms ? a->cpu_prev_ms : a->started_ms;
+    double cpu, pct;
+    if (cpu_meter_read(&a->cpu, a->started_ms, &cpu, &pct) == 0) {
         actor_stat_metric(a, st, "cpu_seconds_total", cpu, 1);
-        /* since the last report, in % of one core (troupe-top's CPU% column) */
-        if (now > since)
-            actor_stat_metric(a, st, "cpu_percent", 100.0 * (cpu - a->cpu_prev_s) / ((double)(now - since) / 1e3), 0);
-        a->cpu_prev_s = cpu;
-        a->cpu_prev_ms = now;
+        actor_stat_metric(a, st, "cpu_percent", pct, 0);   /* since the last report: troupe-top's CPU% */
     }
     if (a->auth)
         actor_stat_metric(a, st, "auth_refused", (double)auth_refused(a->auth), 1);

@@ -22,9 +22,8 @@ for a in actors:
     for k in ("role", "name", "pid", "uptime_ms", "state", "restarts", "msgs_in", "msgs_out", "malformed"):
         assert k in a, (k, a)
     assert a["pid"] > 0
-    if a["role"] != "supervisor":   # the runtime's own: the process's CPU time, and its rate
-        m = {x["name"]: x["value"] for x in a.get("metrics", [])}
-        assert m.get("cpu_seconds_total", 0) > 0 and 0 <= m.get("cpu_percent", -1), (a["name"], m)
+    m = {x["name"]: x["value"] for x in a.get("metrics", [])}   # the process's CPU time, and its rate
+    assert m.get("cpu_seconds_total", 0) > 0 and 0 <= m.get("cpu_percent", -1), (a["name"], m)
 PY
 
 # Prometheus: every actor's samples on GET /metrics, and a 404 elsewhere.
