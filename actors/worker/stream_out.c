@@ -181,14 +181,16 @@ int stream_out_token_more(stream_out_t *so, dc_req_t *r, int32_t t, float lp, co
     finish_reason_t fin = token_text_accept(&so->text, r->smp, so->tok ? &r->ts : NULL, t);
     r->toks[r->sr.n_toks++] = t;
     r->n_gen++;
-    if (s_hold(so, r, t, lp, top) != 0) {   /* out of memory: what is held, then this one alone */
-        s_send_held(so);
-        s_send_one(so, r, t, lp, top);
-    }
     if (fin == FINISH_NONE && at_length)
         fin = FINISH_LENGTH;
-    if (fin != FINISH_NONE || !more)
+    if (!more && !so->held.r) {
+        s_send_one(so, r, t, lp, top);   /* a plain step's token: nothing held, nothing to hold */
+    } else if (s_hold(so, r, t, lp, top) != 0) {   /* out of memory: what is held, then this one alone */
         s_send_held(so);
+        s_send_one(so, r, t, lp, top);
+    } else if (fin != FINISH_NONE || !more) {
+        s_send_held(so);
+    }
     if (fin == FINISH_NONE)
         return 0;
     s_finish(so, r, fin == FINISH_LENGTH ? MSG_FINISH_LENGTH : MSG_FINISH_STOP);
