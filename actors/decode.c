@@ -381,7 +381,9 @@ static int s_step(actor_t *a, void *state)
     const int copying = writeback_poll(d->wb, a);   /* copies in flight: come back soon to announce them */
     /* Without a step of ours, an expert-parallel group's step a peer started still needs us. */
     if (sched_size(d->sched) > 0 &&
-        !router_watch_room(&d->routers, a, stream_out_step_messages(&d->out, spec_step_max_drafts(d->spec)))) {
+        !router_watch_room(&d->routers, a,
+                           /* a verify step's run of a row is one message when coalesced (STREAM_OUT_HOLD) */
+                           stream_out_step_messages(&d->out, d->coalesce ? 0 : spec_step_max_drafts(d->spec)))) {
         step_trace_hold(&d->trace);
         return copying | expert_group_idle(d->w->experts, 0);   /* a router is behind: no step until its outbox drains */
     }

@@ -73,6 +73,7 @@ static void s_finish(stream_out_t *so, dc_req_t *r, msg_finish_t fin)
 }
 
 _Static_assert(MSG_MAX_LOGPROBS <= SAMPLER_MAX_TOP, "a request's top_logprobs fit a sampler_top_t");
+_Static_assert(STREAM_OUT_HOLD >= SPEC_MAX_K + 1, "a verify step's run of a row fits one held message");
 
 const sampler_top_t *stream_out_top(const dc_req_t *r, const float *row, sampler_top_t *top)
 {

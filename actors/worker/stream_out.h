@@ -24,8 +24,9 @@
 #include "actors/worker/token_text.h"
 #include "actors/worker/writeback.h"
 #include "engine/sched.h"
+#include "engine/spec.h"   /* SPEC_MAX_K */
 
-#define STREAM_OUT_HOLD 8        /* tokens of one row held for one message: a verify step's, SPEC_MAX_K + 1 */
+#define STREAM_OUT_HOLD (SPEC_MAX_K + 1)   /* tokens of one row held for one message: a verify step's at most */
 
 typedef struct stream_out {
     actor_t *a;
@@ -87,8 +88,9 @@ int stream_out_token_more(stream_out_t *so, dc_req_t *r, int32_t t, float lp, co
 int stream_out_first(stream_out_t *so, dc_req_t *r, int32_t first, float lp);
 
 /* Backpressure (router_watch_room): the most messages the next step may send the routers: its
- * rows' tokens (with up to drafts_per_row drafts each when speculating, spec_step_max_drafts; at
- * most the rows of logits a forward has) and a done per row. */
+ * rows' tokens (with up to drafts_per_row drafts each when speculating a message a token,
+ * spec_step_max_drafts; 0 when a row's run is one message; at most the rows of logits a forward
+ * has) and a done per row. */
 long stream_out_step_messages(const stream_out_t *so, int drafts_per_row);
 
 /* Tokens streamed per second since the last call (the stats interval); the last rate when no time
