@@ -3,7 +3,6 @@
 #include "engine/spec.h"   /* SPEC_MAX_K */
 
 #include <stddef.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "common/log.h"
@@ -16,12 +15,7 @@ int stream_out_init(stream_out_t *so, actor_t *a, const worker_t *w, const sched
     return token_text_init(&so->text, 8192);
 }
 
-void stream_out_free(stream_out_t *so)
-{
-    token_text_free(&so->text);
-    free(so->held.text);
-    so->held.text = NULL;
-}
+void stream_out_free(stream_out_t *so) { token_text_free(&so->text); }
 
 static void s_send_held(stream_out_t *so);
 
@@ -73,7 +67,6 @@ static void s_finish(stream_out_t *so, dc_req_t *r, msg_finish_t fin)
 }
 
 _Static_assert(MSG_MAX_LOGPROBS <= SAMPLER_MAX_TOP, "a request's top_logprobs fit a sampler_top_t");
-_Static_assert(STREAM_OUT_HOLD >= SPEC_MAX_K + 1, "a verify step's run of a row fits one held message");
 
 const sampler_top_t *stream_out_top(const dc_req_t *r, const float *row, sampler_top_t *top)
 {
@@ -84,45 +77,20 @@ const sampler_top_t *stream_out_top(const dc_req_t *r, const float *row, sampler
     return top;
 }
 
-/* Token t alone as a token message, with the text token_text_accept gave it. */
-static void s_send_one(stream_out_t *so, dc_req_t *r, int32_t t, float lp, const sampler_top_t *top)
-{
-    msg_t m;
-    msg_init(&m, MSG_TOKEN, r->sr.id);
-    uint32_t tok = (uint32_t)t;
-    m.u.token.seq = (uint32_t)(r->n_gen - 1);
-    m.u.token.tokens = &tok;
-    m.u.token.n_tokens = 1;
-    m.u.token.text = so->text.len ? so->text.buf : NULL;
-    if (r->handoff.u.handoff.sampling.logprobs) {
-        m.u.token.logprobs = &lp;
-        m.u.token.n_logprobs = 1;
-        if (top && top->n > 0) {
-            m.u.token.top_tokens = (const uint32_t *)top->ids;   /* ids >= 0: the same bits */
-            m.u.token.top_logprobs = top->logprobs;
-            m.u.token.n_top_tokens = m.u.token.n_top_logprobs = (uint32_t)top->n;
-        }
-    }
-    actor_send_keep(so->a, r->handoff.u.handoff.reply_to, &m);   /* never refused: the header says why */
-    so->tokens_out++;
-    so->messages_out++;
-}
-
-/* The held tokens as one token message, if any. */
+/* The held run as one token message (nothing when none is held); its text is the one the run's
+ * tokens put together in so->text. */
 static void s_send_held(stream_out_t *so)
 {
-    if (!so->held.r || so->held.n == 0) {
-        so->held.r = NULL;
-        return;
-    }
     dc_req_t *r = so->held.r;
+    if (!r)
+        return;
     msg_t m;
     msg_init(&m, MSG_TOKEN, r->sr.id);
     m.u.token.seq = so->held.seq;
     m.u.token.tokens = so->held.tokens;
     m.u.token.n_tokens = so->held.n;
-    m.u.token.text = so->held.text_len ? so->held.text : NULL;
-    if (so->held.logprobs) {
+    m.u.token.text = so->text.len ? so->text.buf : NULL;
+    if (r->handoff.u.handoff.sampling.logprobs) {
         m.u.token.logprobs = so->held.lps;
         m.u.token.n_logprobs = so->held.n;
         if (so->held.k > 0) {
@@ -136,32 +104,24 @@ static void s_send_held(stream_out_t *so)
     so->messages_out++;
     so->held.r = NULL;
     so->held.n = 0;
-    so->held.text_len = 0;
 }
 
-/* Token t into the held message (sent first if it is another request's, full, or its tokens have
- * another number of alternatives). -1 when out of memory for its text: then it goes alone. */
-static int s_hold(stream_out_t *so, dc_req_t *r, int32_t t, float lp, const sampler_top_t *top)
+int stream_out_token_more(stream_out_t *so, dc_req_t *r, int32_t t, float lp, const sampler_top_t *top, int at_length,
+                          int more)
 {
+    /* A run is one request's tokens with the same number of alternatives (a plain step's token is
+     * a run of one): anything else held goes first. */
     const uint32_t k = r->handoff.u.handoff.sampling.logprobs && top && top->n > 0 ? (uint32_t)top->n : 0;
     if (so->held.r && (so->held.r != r || so->held.n == STREAM_OUT_HOLD || so->held.k != k))
         s_send_held(so);
-    const size_t len = so->text.len;
-    if (so->held.text_len + len + 1 > so->held.text_cap) {
-        size_t cap = so->held.text_cap ? so->held.text_cap : 256;
-        while (cap < so->held.text_len + len + 1)
-            cap *= 2;
-        char *b = realloc(so->held.text, cap);
-        if (!b)
-            return -1;
-        so->held.text = b;
-        so->held.text_cap = cap;
-    }
-    if (!so->held.r) {
+    const int goes_on = so->held.r != NULL;   /* t's text joins the run's */
+    finish_reason_t fin = token_text_accept(&so->text, r->smp, so->tok ? &r->ts : NULL, t, goes_on);
+    r->toks[r->sr.n_toks++] = t;
+    r->n_gen++;
+    if (!goes_on) {
         so->held.r = r;
         so->held.seq = (uint32_t)(r->n_gen - 1);
         so->held.k = k;
-        so->held.logprobs = r->handoff.u.handoff.sampling.logprobs;
     }
     const uint32_t i = so->held.n++;
     so->held.tokens[i] = (uint32_t)t;
@@ -170,28 +130,10 @@ static int s_hold(stream_out_t *so, dc_req_t *r, int32_t t, float lp, const samp
         so->held.top_ids[i * k + j] = (uint32_t)top->ids[j];   /* ids >= 0: the same bits */
         so->held.top_lps[i * k + j] = top->logprobs[j];
     }
-    memcpy(so->held.text + so->held.text_len, so->text.buf, len);
-    so->held.text_len += len;
-    so->held.text[so->held.text_len] = 0;
-    return 0;
-}
-
-int stream_out_token_more(stream_out_t *so, dc_req_t *r, int32_t t, float lp, const sampler_top_t *top, int at_length,
-                          int more)
-{
-    finish_reason_t fin = token_text_accept(&so->text, r->smp, so->tok ? &r->ts : NULL, t);
-    r->toks[r->sr.n_toks++] = t;
-    r->n_gen++;
     if (fin == FINISH_NONE && at_length)
         fin = FINISH_LENGTH;
-    if (!more && !so->held.r) {
-        s_send_one(so, r, t, lp, top);   /* a plain step's token: nothing held, nothing to hold */
-    } else if (s_hold(so, r, t, lp, top) != 0) {   /* out of memory: what is held, then this one alone */
+    if (fin != FINISH_NONE || !more)
         s_send_held(so);
-        s_send_one(so, r, t, lp, top);
-    } else if (fin != FINISH_NONE || !more) {
-        s_send_held(so);
-    }
     if (fin == FINISH_NONE)
         return 0;
     s_finish(so, r, fin == FINISH_LENGTH ? MSG_FINISH_LENGTH : MSG_FINISH_STOP);

@@ -35,19 +35,17 @@ typedef struct stream_out {
     writeback_t *wb;             /* finished sequences' blocks to the host store */
     int max_seqs;                /* the batch: at least half of it running is busy */
     int max_logit_rows;          /* the worker's rows of logits per forward (worker_t.max_logit_rows) */
-    token_text_t text;           /* the text of the token being streamed */
-    /* A verify step's tokens of one row, held for one token message (stream_out_token_more): */
+    token_text_t text;           /* the text of the run being streamed (held) */
+    /* The run of tokens going out as one token message (stream_out_token_more): a verify step's
+     * accepted run of one row, or a plain step's one token. */
     struct {
         dc_req_t *r;             /* whose (NULL: none held) */
         uint32_t seq, n;         /* the first one's index among r's generated tokens; how many */
         uint32_t k;              /* alternatives per token (top_logprobs) */
-        int logprobs;            /* r asked for log-probabilities */
         uint32_t tokens[STREAM_OUT_HOLD];
         float lps[STREAM_OUT_HOLD];
         uint32_t top_ids[STREAM_OUT_HOLD * MSG_MAX_LOGPROBS];
         float top_lps[STREAM_OUT_HOLD * MSG_MAX_LOGPROBS];
-        char *text;              /* [text_cap] their text, concatenated */
-        size_t text_len, text_cap;
     } held;
     uint64_t tokens_out;         /* tokens streamed */
     uint64_t messages_out;       /* token messages they went in (fewer: a verify step's run is one) */

@@ -29,11 +29,13 @@ static void s_append(void *ctx, const char *t, size_t n)
     tt->buf[tt->len] = 0;
 }
 
-finish_reason_t token_text_accept(token_text_t *tt, sampler_t *smp, tok_stream_t *ts, int32_t t)
+finish_reason_t token_text_accept(token_text_t *tt, sampler_t *smp, tok_stream_t *ts, int32_t t, int append)
 {
     finish_reason_t fin = sampler_accept(smp, t);
-    tt->len = 0;
-    tt->buf[0] = 0;
+    if (!append) {
+        tt->len = 0;
+        tt->buf[0] = 0;
+    }
     if (!ts)
         return fin;
     char piece[1024];

@@ -15,7 +15,7 @@
 #include "engine/tokenizer.h"
 
 typedef struct token_text {
-    char *buf;                   /* [cap] the text of the last token, NUL-terminated */
+    char *buf;                   /* [cap] the text of the last token (or run of tokens), NUL-terminated */
     size_t cap, len;
 } token_text_t;
 
@@ -23,7 +23,8 @@ typedef struct token_text {
 int token_text_init(token_text_t *tt, size_t cap);
 void token_text_free(token_text_t *tt);
 
-/* Accepts token t: its finish reason, and its text in tt (len 0: none; ts NULL: no tokenizer). */
-finish_reason_t token_text_accept(token_text_t *tt, sampler_t *smp, tok_stream_t *ts, int32_t t);
+/* Accepts token t: its finish reason, and its text in tt (len 0: none; ts NULL: no tokenizer),
+ * after the text already there with append (a run of tokens streamed as one message), else alone. */
+finish_reason_t token_text_accept(token_text_t *tt, sampler_t *smp, tok_stream_t *ts, int32_t t, int append);
 
 #endif

@@ -72,10 +72,11 @@ static void s_reply(void *r, const uint8_t *rid, size_t rid_len, const msg_t *m)
     assert_true(zmq_send(r, buf, len, 0) >= 0);
 }
 
-static uint64_t s_submit(client_t *c)
+/* A streamed submit of three tokens: with id 0 a fresh one, else that id sent again. Its id. */
+static uint64_t s_submit_id(client_t *c, uint64_t id_in)
 {
     msg_t m;
-    msg_init(&m, MSG_SUBMIT, 0);
+    msg_init(&m, MSG_SUBMIT, id_in);
     static const uint32_t toks[] = {1, 2, 3};
     m.u.submit.tokens = toks;
     m.u.submit.n_tokens = 3;
@@ -84,6 +85,34 @@ static uint64_t s_submit(client_t *c)
     char err[256];
     assert_int_equal(client_send(c, &m, &id, err, sizeof err), 0);
     return id;
+}
+
+static uint64_t s_submit(client_t *c) { return s_submit_id(c, 0); }
+
+/* A token message for id (one token, 7, with text) from the fake router. */
+static void s_reply_token(void *r, const uint8_t *rid, size_t rid_len, uint64_t id, const char *text)
+{
+    msg_t rep;
+    msg_init(&rep, MSG_TOKEN, id);
+    static const uint32_t t[] = {7};
+    rep.u.token.tokens = t;
+    rep.u.token.n_tokens = 1;
+    rep.u.token.text = text;
+    s_reply(r, rid, rid_len, &rep);
+}
+
+/* Two fake routers on free ports, *a first (its endpoint into ep_a: bound again later), and a
+ * client of both (failover between them). */
+static client_t *s_two_routers(void *ctx, void **a, void **b, char *ep_a, size_t cap)
+{
+    char ep_b[256], eps[600], err[256];
+    *a = s_fake_router(ctx, "tcp://127.0.0.1:*", NULL, ep_a, cap);
+    *b = s_fake_router(ctx, "tcp://127.0.0.1:*", NULL, ep_b, sizeof ep_b);
+    snprintf(eps, sizeof eps, "%s, %s", ep_a, ep_b);
+    client_t *c = client_connect_opts(eps, &(client_opts_t){0}, err, sizeof err);
+    if (!c)
+        fail_msg("client_connect_opts: %s", err);
+    return c;
 }
 
 /* The next message at the client: it must come before the bound. */
@@ -324,13 +353,9 @@ static void test_curve(void **st)
  * lost error; new requests go to the second, even once the first is back. One terminal reply each. */
 static void test_failover(void **st)
 {
-    void *ctx = zmq_ctx_new();
-    char ep_a[256], ep_b[256], eps[600], err[256];
-    void *a = s_fake_router(ctx, "tcp://127.0.0.1:*", NULL, ep_a, sizeof ep_a);
-    void *b = s_fake_router(ctx, "tcp://127.0.0.1:*", NULL, ep_b, sizeof ep_b);
-    snprintf(eps, sizeof eps, "%s, %s", ep_a, ep_b);
-    client_t *c = client_connect_opts(eps, &(client_opts_t){0}, err, sizeof err);
-    assert_non_null(c);
+    void *ctx = zmq_ctx_new(), *a, *b;
+    char ep_a[256], err[256];
+    client_t *c = s_two_routers(ctx, &a, &b, ep_a, sizeof ep_a);
     uint64_t ids[3];
     uint8_t rid[256];
     size_t rid_len;
@@ -341,12 +366,7 @@ static void test_failover(void **st)
         assert_true(req.id == ids[i]);
         msg_free(&req);
     }
-    msg_init(&rep, MSG_TOKEN, ids[0]);   /* request 0 streams */
-    static const uint32_t t[] = {7};
-    rep.u.token.tokens = t;
-    rep.u.token.n_tokens = 1;
-    rep.u.token.text = "a";
-    s_reply(a, rid, rid_len, &rep);
+    s_reply_token(a, rid, rid_len, ids[0], "a");   /* request 0 streams */
     s_next(c, &got);
     assert_int_equal(got.type, MSG_TOKEN);
     msg_free(&got);
@@ -408,25 +428,16 @@ static void test_failover(void **st)
  * replies there come through, where a lost request's late replies are dropped. */
 static void test_restart_after_lost(void **st)
 {
-    void *ctx = zmq_ctx_new();
-    char ep_a[256], ep_b[256], eps[600], err[256];
-    void *a = s_fake_router(ctx, "tcp://127.0.0.1:*", NULL, ep_a, sizeof ep_a);
-    void *b = s_fake_router(ctx, "tcp://127.0.0.1:*", NULL, ep_b, sizeof ep_b);
-    snprintf(eps, sizeof eps, "%s, %s", ep_a, ep_b);
-    client_t *c = client_connect_opts(eps, &(client_opts_t){0}, err, sizeof err);
-    assert_non_null(c);
+    void *ctx = zmq_ctx_new(), *a, *b;
+    char ep_a[256], err[256];
+    client_t *c = s_two_routers(ctx, &a, &b, ep_a, sizeof ep_a);
     uint8_t rid[256];
     size_t rid_len;
     msg_t req, rep, got;
     const uint64_t id = s_submit(c);
     s_take(a, rid, &rid_len, &req);
     msg_free(&req);
-    msg_init(&rep, MSG_TOKEN, id);   /* it streams: the library cannot move it */
-    static const uint32_t t[] = {7};
-    rep.u.token.tokens = t;
-    rep.u.token.n_tokens = 1;
-    rep.u.token.text = "a";
-    s_reply(a, rid, rid_len, &rep);
+    s_reply_token(a, rid, rid_len, id, "a");   /* it streams: the library cannot move it */
     s_next(c, &got);
     assert_int_equal(got.type, MSG_TOKEN);
     msg_free(&got);
@@ -437,24 +448,13 @@ static void test_restart_after_lost(void **st)
     assert_true(got.id == id);
     msg_free(&got);
 
-    msg_t m;   /* the caller starts it again, same id */
-    msg_init(&m, MSG_SUBMIT, id);
-    static const uint32_t toks[] = {1, 2, 3};
-    m.u.submit.tokens = toks;
-    m.u.submit.n_tokens = 3;
-    uint64_t again = 0;
-    assert_int_equal(client_send(c, &m, &again, err, sizeof err), 0);
-    assert_true(again == id);
+    assert_true(s_submit_id(c, id) == id);   /* the caller starts it again, same id */
     uint8_t rid_b[256];
     size_t rid_b_len;
     s_take(b, rid_b, &rid_b_len, &req);
     assert_true(req.id == id);
     msg_free(&req);
-    msg_init(&rep, MSG_TOKEN, id);
-    rep.u.token.tokens = t;
-    rep.u.token.n_tokens = 1;
-    rep.u.token.text = "b";
-    s_reply(b, rid_b, rid_b_len, &rep);
+    s_reply_token(b, rid_b, rid_b_len, id, "b");
     msg_init(&rep, MSG_DONE, id);
     s_reply(b, rid_b, rid_b_len, &rep);
     s_next(c, &got);
@@ -626,13 +626,9 @@ static void s_take_pumping(client_t *c, void *r, uint8_t *rid, size_t *rid_len, 
  * replies over its new connection are the request's own and end it. */
 static void test_moved_back(void **st)
 {
-    void *ctx = zmq_ctx_new();
-    char ep_a[256], ep_b[256], eps[600], err[256];
-    void *a = s_fake_router(ctx, "tcp://127.0.0.1:*", NULL, ep_a, sizeof ep_a);
-    void *b = s_fake_router(ctx, "tcp://127.0.0.1:*", NULL, ep_b, sizeof ep_b);
-    snprintf(eps, sizeof eps, "%s, %s", ep_a, ep_b);
-    client_t *c = client_connect_opts(eps, &(client_opts_t){0}, err, sizeof err);
-    assert_non_null(c);
+    void *ctx = zmq_ctx_new(), *a, *b;
+    char ep_a[256], err[256];
+    client_t *c = s_two_routers(ctx, &a, &b, ep_a, sizeof ep_a);
     uint8_t rid[256];
     size_t rid_len;
     msg_t req, rep, got;

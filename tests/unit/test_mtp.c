@@ -38,6 +38,7 @@
 #include "engine/model.h"
 #include "engine/mtp.h"
 #include "engine/tokenizer.h"
+#include "tests/unit/spec_dist_check.h"
 
 #define N_NEW 32
 #define MAX_CTX 256
@@ -608,15 +609,7 @@ static void test_mtp_sampled_draws(void **state)
         spec_ask_t a = {.id = 50, .tokens = all, .n = n, .k = K, .sample = &sp, .drafts = d, .probs = pr};
         spec_propose_batch(p, &a, 1);
         assert_int_equal(a.n_drafts, K);
-        for (int j = 0; j < a.n_drafts; j++) {
-            const float *q = spec_dist(p, 50, j);
-            assert_non_null(q);
-            double sum = 0;
-            for (int t = 0; t < V; t++)
-                sum += q[t];
-            assert_true(fabs(sum - 1.0) < 1e-4);
-            assert_true(q[d[j]] > 0 && q[d[j]] == pr[j]);
-        }
+        spec_check_dists(p, 50, d, pr, a.n_drafts, (size_t)V);
         const float *q = spec_dist(p, 50, 0);
         if (seed == 1) {
             memcpy(q0, q, (size_t)V * sizeof(float));

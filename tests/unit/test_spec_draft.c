@@ -28,6 +28,7 @@
 #include "engine/sampler.h"
 #include "engine/spec.h"
 #include "kernels/sample_rng.h"
+#include "tests/unit/spec_dist_check.h"
 
 #define FIXTURES "tests/fixtures/models"
 #define TARGET FIXTURES "/llama-gqa-f32"
@@ -459,15 +460,7 @@ static void test_sampled_self_draft_is_accepted(void **state)
         spec_ask_t a = {.id = 3, .tokens = seq, .n = n, .k = 4, .sample = &bs, .drafts = d, .probs = probs};
         assert_int_equal(spec_propose_batch(p, &a, 1), 0);
         assert_int_equal(a.n_drafts, 4);
-        for (int i = 0; i < 4; i++) {
-            const float *q = spec_dist(p, 3, i);
-            assert_non_null(q);
-            double sum = 0;
-            for (size_t v = 0; v < V; v++)
-                sum += q[v];
-            assert_true(fabs(sum - 1) < 1e-4);
-            assert_true(probs[i] == q[d[i]] && probs[i] > 0);
-        }
+        spec_check_dists(p, 3, d, probs, 4, V);
         assert_null(spec_dist(p, 3, 4));
         /* The verify: the last token and the drafts through the target. */
         const int base = kvseq_len(kv);

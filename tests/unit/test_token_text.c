@@ -65,7 +65,7 @@ static finish_reason_t s_stream(const char *text, const char *stop, size_t cap, 
     out[0] = 0;
     int i = 0;
     while (i < (int)n && fin == FINISH_NONE) {
-        fin = token_text_accept(&tt, smp, &ts, ids[i++]);
+        fin = token_text_accept(&tt, smp, &ts, ids[i++], 0);
         assert_true(tt.len < cap && tt.buf[tt.len] == 0);
         strncat(out, tt.buf, outcap - strlen(out) - 1);
     }
@@ -127,14 +127,42 @@ static void test_held_back_then_flushed(void **st)
     assert_string_equal(out, want);
 }
 
+/* A run of tokens streamed as one message (append): the buffer holds the run's text whole, the
+ * same bytes as the tokens' texts one by one. */
+static void test_append_run(void **st)
+{
+    const char *text = "hello world, a longer sentence";
+    char want[256];
+    s_decoded(text, want, sizeof want);
+    int32_t *ids = NULL;
+    size_t n = 0;
+    assert_int_equal(tok_encode(s_tok, text, strlen(text), 0, &ids, &n), 0);
+    assert_true(n >= 3);
+    sampler_t *smp = s_sampler(NULL, (int)n);
+    tok_stream_t ts;
+    tok_stream_init(&ts, s_tok);
+    token_text_t tt;
+    assert_int_equal(token_text_init(&tt, 256), 0);
+    char out[256] = "";
+    for (size_t i = 0; i < n; i++) {   /* runs of 3 tokens: the first replaces, the others append */
+        token_text_accept(&tt, smp, &ts, ids[i], i % 3 != 0);
+        if (i % 3 == 2 || i + 1 == n)
+            strncat(out, tt.buf, sizeof out - strlen(out) - 1);
+    }
+    assert_string_equal(out, want);
+    token_text_free(&tt);
+    sampler_destroy(&smp);
+    free(ids);
+}
+
 static void test_no_tokenizer(void **st)
 {
     sampler_t *smp = s_sampler(NULL, 2);
     token_text_t tt;
     assert_int_equal(token_text_init(&tt, 16), 0);
-    assert_int_equal(token_text_accept(&tt, smp, NULL, 5), FINISH_NONE);
+    assert_int_equal(token_text_accept(&tt, smp, NULL, 5, 0), FINISH_NONE);
     assert_int_equal(tt.len, 0);
-    assert_int_equal(token_text_accept(&tt, smp, NULL, 6), FINISH_LENGTH);
+    assert_int_equal(token_text_accept(&tt, smp, NULL, 6, 0), FINISH_LENGTH);
     assert_int_equal(tt.len, 0);
     token_text_free(&tt);
     assert_null(tt.buf);
@@ -155,6 +183,7 @@ int main(void)
         cmocka_unit_test(test_pieces_add_up),
         cmocka_unit_test(test_stop_string),
         cmocka_unit_test(test_held_back_then_flushed),
+        cmocka_unit_test(test_append_run),
         cmocka_unit_test(test_no_tokenizer),
         cmocka_unit_test(test_small_buffer_cuts),
     };
