@@ -238,13 +238,14 @@ for c in conc:
     print(row)
 print(f"(output tokens/s of the cluster; troupe-bench JSON and logs in {out})")
 # The decode worker's counters over the whole run (warm-up included): where a step's time goes.
-def decode_metrics(e, name="top"):
+def actors(e, name):   # the actors of a troupe-top snapshot (top0-E.json: before the timed run; top-E.json: after)
     try:
-        top = json.load(open(os.path.join(out, f"{name}-{e}.json")))
+        return {a["name"]: a for a in json.load(open(os.path.join(out, f"{name}-{e}.json"))).get("actors", [])}
     except (OSError, ValueError):
-        return None
+        return {}
+def decode_metrics(e, name="top"):
     m = {}
-    for a in top.get("actors", []):
+    for a in actors(e, name).values():
         if a.get("role") == "decode":
             for x in a.get("metrics", []):
                 m[x["name"]] = m.get(x["name"], 0) + x["value"]
@@ -292,11 +293,8 @@ for e in entries:
 # wall time; the idle seconds around them add a little), in % of one core: a process near 100% (a
 # router relaying every token, a decode worker's host loop) bounds the cluster whatever the GPU
 # does. Processes restarted in between are left out.
-def actors(e, name):
-    try:
-        return {a["name"]: a for a in json.load(open(os.path.join(out, f"{name}-{e}.json"))).get("actors", [])}
-    except (OSError, ValueError):
-        return {}
+def cpu(a):
+    return next((m["value"] for m in a.get("metrics", []) if m["name"] == "cpu_seconds_total"), None)
 print("timed run CPU, % of one core (cpu_seconds_total): entry  actor  ...")
 for e in entries:
     a0, a1 = actors(e, "top0"), actors(e, "top")
@@ -305,7 +303,6 @@ for e in entries:
         a = a0.get(n)
         if not a or a.get("pid") != b.get("pid") or b.get("role") not in ("router", "decode", "prefill", "gateway"):
             continue
-        cpu = lambda x: next((m["value"] for m in x.get("metrics", []) if m["name"] == "cpu_seconds_total"), None)
         c0, c1, dt = cpu(a), cpu(b), sum(l.get("wall_s", 0) for l in runs[e]["levels"])
         if c0 is not None and c1 is not None and dt > 0:
             cells.append(f"{n} {100 * (c1 - c0) / dt:.0f}%")
